@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The full test suite: set up .venv with the dev extras and run pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-venv.sh dev
+export MPLCONFIGDIR="${MPLCONFIGDIR:-$PWD/.cache/matplotlib}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,24 @@
+import subprocess
+import sys
+
+CORE = [
+    "seqpack",
+    "seqpack.examples",
+    "seqpack.policies",
+    "seqpack.batch",
+    "seqpack.permission",
+    "seqpack.counts",
+    "seqpack.budget",
+    "seqpack.demo",
+]
+
+
+def test_core_modules_import_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        + "".join(f"import {m}\n" for m in CORE)
+        + "from seqpack.demo import demo_trace; demo_trace()\n"
+        + "assert 'torch' not in {k for k, v in sys.modules.items() if v is not None}\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
