@@ -42,9 +42,13 @@ def format_json(value: object, indent: int = 0) -> str:
         ]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        if all(
-            isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value
-        ) and len(json.dumps(value)) <= 100:
+        if (
+            all(
+                isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v)
+                for v in value
+            )
+            and len(json.dumps(value)) <= 100
+        ):
             return json.dumps(value)
         items = [f"{inner}{format_json(v, indent + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + f"\n{pad}]"
