@@ -1,0 +1,145 @@
+"""Deterministic, balanced assignment of packed rows to ranks and micro-batches.
+
+Data-parallel training hangs when ranks run different numbers of forward
+calls, and silently re-weights tokens when a short last batch is dropped.
+:func:`schedule_rows` makes both impossible: every optimizer step gives
+every rank exactly ``micro_batches`` micro-batch slots, every packed row is
+placed in exactly one slot, and a short final step is balanced *explicitly*
+— its slots may hold fewer rows, or none (an empty micro-batch contributes a
+zero loss sum, but the rank still runs its forward/backward so collectives
+stay in step).
+
+Worked example: 5 rows, ``world_size=2``, ``micro_batches=1``,
+``rows_per_micro_batch=2``::
+
+    step 0: rank 0 <- rows {r_a, r_b}   rank 1 <- rows {r_c, r_d}
+    step 1: rank 0 <- rows {r_e}        rank 1 <- {}  (explicitly empty)
+
+Within a step rows go to the slot with the least load so far (longest
+processing time first), where load is the rows' eligible-target count
+(``balance="tokens"``) or their attention cost ``Σ l²`` over segments
+(``balance="attention"``); ties break by slot index, so the schedule is a
+pure function of (inputs, seed, epoch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import InvalidInput
+
+Balance = Literal["tokens", "attention", "none"]
+
+
+@dataclass(frozen=True, eq=False)
+class StepSchedule:
+    """``slots[step, rank, micro]`` lists row ids; ``loads`` holds each slot's load.
+
+    ``row_ids``: int64 [num_rows_assigned] concatenated per slot; ``slot_offsets``:
+    int64 [steps*world_size*micro_batches + 1] into ``row_ids`` (slot-major order
+    step, rank, micro).
+    """
+
+    row_ids: np.ndarray
+    slot_offsets: np.ndarray
+    steps: int
+    world_size: int
+    micro_batches: int
+    loads: np.ndarray  # float64 [steps, world_size, micro_batches]
+
+    def slot(self, step: int, rank: int, micro: int) -> np.ndarray:
+        """Row ids of one micro-batch (possibly empty), int64."""
+        if not (0 <= step < self.steps and 0 <= rank < self.world_size):
+            raise InvalidInput(f"step {step} / rank {rank} outside the schedule")
+        if not 0 <= micro < self.micro_batches:
+            raise InvalidInput(f"micro-batch {micro} outside 0..{self.micro_batches - 1}")
+        i = (step * self.world_size + rank) * self.micro_batches + micro
+        return self.row_ids[self.slot_offsets[i] : self.slot_offsets[i + 1]]
+
+    def rank_slots(self, rank: int) -> list[list[np.ndarray]]:
+        """For one rank: per step, its ``micro_batches`` row-id arrays."""
+        return [
+            [self.slot(s, rank, m) for m in range(self.micro_batches)] for s in range(self.steps)
+        ]
+
+
+def row_costs(row_lengths: list[np.ndarray] | np.ndarray, balance: Balance) -> np.ndarray:
+    """Per-row load from per-row segment lengths: Σl (tokens) or Σl² (attention)."""
+    if balance == "none":
+        return np.zeros(len(row_lengths), dtype=np.float64)
+    power = 1 if balance == "tokens" else 2
+    return np.array([float((np.asarray(s, np.float64) ** power).sum()) for s in row_lengths])
+
+
+def schedule_rows(
+    loads: np.ndarray,
+    *,
+    world_size: int,
+    micro_batches: int,
+    rows_per_micro_batch: int,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+) -> StepSchedule:
+    """Assign rows (with per-row ``loads``, float [n]) to steps, ranks and micro-batches.
+
+    Every row appears exactly once. A step holds up to
+    ``world_size * micro_batches * rows_per_micro_batch`` rows; only the last
+    step may hold fewer: then each slot takes at most ``ceil(rows / slots)``,
+    still balanced by load.
+    """
+    for name, v in (
+        ("world_size", world_size),
+        ("micro_batches", micro_batches),
+        ("rows_per_micro_batch", rows_per_micro_batch),
+    ):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise InvalidInput(f"{name} must be a positive integer, got {v!r}")
+    loads = np.asarray(loads, dtype=np.float64)
+    n = loads.shape[0]
+    order = np.arange(n, dtype=np.int64)
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+    slots_per_step = world_size * micro_batches
+    per_step = slots_per_step * rows_per_micro_batch
+    steps = -(-n // per_step)
+    groups: list[list[int]] = []
+    slot_loads = np.zeros((steps, world_size, micro_batches), dtype=np.float64)
+    for step in range(steps):
+        rows = order[step * per_step : (step + 1) * per_step]
+        step_groups, step_loads = _balance_step(
+            rows, loads[rows], slots_per_step, rows_per_micro_batch
+        )
+        groups.extend(step_groups)
+        slot_loads[step] = step_loads.reshape(world_size, micro_batches)
+    sizes = np.array([len(g) for g in groups], dtype=np.int64)
+    offsets = np.zeros(len(groups) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.array([r for g in groups for r in g], dtype=np.int64)
+    return StepSchedule(flat, offsets, steps, world_size, micro_batches, slot_loads)
+
+
+def _balance_step(
+    rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int
+) -> tuple[list[list[int]], np.ndarray]:
+    """Longest-first greedy into ``slots`` slots of at most ``per_slot`` rows each.
+
+    With fewer rows than ``slots * per_slot`` (the short last step) the
+    per-slot cap becomes ``ceil(len(rows) / slots)`` so rows spread evenly.
+    """
+    cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
+    groups: list[list[int]] = [[] for _ in range(slots)]
+    load = np.zeros(slots, dtype=np.float64)
+    count = np.zeros(slots, dtype=np.int64)
+    for i in np.argsort(-loads, kind="stable"):
+        open_slots = np.flatnonzero(count < cap)
+        target = open_slots[np.argmin(load[open_slots])]
+        groups[target].append(int(rows[i]))
+        load[target] += loads[i]
+        count[target] += 1
+    for g in groups:
+        g.sort()
+    return groups, load

@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqpack import InvalidInput
+from seqpack.training.distributed import row_costs, schedule_rows
+
+
+@given(
+    n=st.integers(0, 60),
+    world=st.integers(1, 4),
+    micro=st.integers(1, 3),
+    per=st.integers(1, 4),
+    seed=st.integers(0, 5),
+)
+def test_every_row_once_and_every_rank_same_number_of_slots(n, world, micro, per, seed):
+    loads = np.random.default_rng(seed).integers(1, 100, size=n).astype(float)
+    s = schedule_rows(
+        loads, world_size=world, micro_batches=micro, rows_per_micro_batch=per, seed=seed, epoch=1
+    )
+    got = np.sort(s.row_ids)
+    assert np.array_equal(got, np.arange(n))  # none dropped, none duplicated
+    assert s.steps == -(-n // (world * micro * per))
+    for rank in range(world):
+        slots = s.rank_slots(rank)
+        assert len(slots) == s.steps and all(len(step) == micro for step in slots)
+        assert all(len(m) <= per for step in slots for m in step)
+    # Only the last step may be short.
+    for step in range(s.steps - 1):
+        assert sum(len(s.slot(step, r, m)) for r in range(world) for m in range(micro)) == (
+            world * micro * per
+        )
+    for step in range(s.steps):
+        for r in range(world):
+            for m in range(micro):
+                assert s.loads[step, r, m] == loads[s.slot(step, r, m)].sum()
+
+
+def test_deterministic_per_seed_and_epoch():
+    loads = np.arange(40, dtype=float)
+    a = schedule_rows(loads, world_size=2, micro_batches=2, rows_per_micro_batch=3, seed=7, epoch=0)
+    b = schedule_rows(loads, world_size=2, micro_batches=2, rows_per_micro_batch=3, seed=7, epoch=0)
+    c = schedule_rows(loads, world_size=2, micro_batches=2, rows_per_micro_batch=3, seed=7, epoch=1)
+    assert np.array_equal(a.row_ids, b.row_ids) and np.array_equal(a.slot_offsets, b.slot_offsets)
+    assert not np.array_equal(a.row_ids, c.row_ids)
+
+
+def test_balancing_beats_round_robin_on_skewed_loads():
+    rng = np.random.default_rng(0)
+    loads = rng.lognormal(5, 1.5, size=64)
+    s = schedule_rows(loads, world_size=4, micro_batches=1, rows_per_micro_batch=16, shuffle=False)
+    balanced = s.loads[0, :, 0]
+    naive = np.array([loads[r::4].sum() for r in range(4)])
+    assert balanced.max() - balanced.min() < naive.max() - naive.min()
+
+
+def test_short_final_step_is_explicitly_empty_not_dropped():
+    s = schedule_rows(
+        np.ones(5), world_size=2, micro_batches=1, rows_per_micro_batch=2, shuffle=False
+    )
+    assert s.steps == 2
+    last = [len(s.slot(1, r, 0)) for r in range(2)]
+    assert sorted(last) == [0, 1]
+
+
+def test_attention_cost_balancing_uses_squared_lengths():
+    rows = [np.array([4]), np.array([2, 2]), np.array([1, 1, 1, 1])]
+    assert row_costs(rows, "tokens").tolist() == [4, 4, 4]
+    assert row_costs(rows, "attention").tolist() == [16, 8, 4]
+
+
+def test_bad_arguments():
+    with pytest.raises(InvalidInput, match="world_size must be a positive integer"):
+        schedule_rows(np.ones(3), world_size=0, micro_batches=1, rows_per_micro_batch=1)
