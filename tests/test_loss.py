@@ -166,7 +166,7 @@ def test_zero_eligible_targets_is_a_clear_error():
     t = torch.zeros(1, 4, 266, requires_grad=True)
     raw = token_weighted_sum(t, batch)
     raw.sum.backward()
-    assert raw.count == 0 and float(raw.sum) == 0.0 and torch.all(t.grad == 0)
+    assert raw.count == 0 and raw.sum.item() == 0.0 and torch.all(t.grad == 0)
     with pytest.raises(EmptyObjective):
         token_weighted_loss(t, batch)
 

@@ -15,6 +15,7 @@ from . import permission
 from .batch import PackConfig, PackedBatch, PackedEpoch, pack_examples
 from .counts import batch_counts, compare_layouts
 from .examples import Binding, Partition, SequenceExample, split_digest
+from .loss import probe_logits, weighting_report
 
 FIXTURE_VOCAB = 266
 FIXTURE_CAPACITY = 6
@@ -26,6 +27,8 @@ FIXTURE_DOCUMENTS: dict[str, list[int]] = {
 #: Prediction lengths whose packed density rises from 75% to 100% while the
 #: packed rectangle computes more dense score positions (capacity 6).
 DENSITY_LENGTHS = [2, 4, 4, 2]
+#: The constructed loss probe: gold probability of every target of each document.
+FIXTURE_PROBE: dict[str, float] = {"A": 0.5, "B": 0.25, "C": 0.5}
 
 
 def fixture_binding() -> Binding:
@@ -96,8 +99,72 @@ def layout_section(batch: PackedBatch) -> dict[str, Any]:
     }
 
 
-def demo_trace() -> dict[str, Any]:
-    """The full JSON-ready trace of the fixture."""
+def probe_gold_probability(batch: PackedBatch) -> np.ndarray:
+    """Gold probability per cell, float64 [R, T], from :data:`FIXTURE_PROBE` (0.5 on padding)."""
+    occ = batch.occurrences
+    q = np.full(batch.shape, 0.5)
+    for row, start, end, source in zip(
+        occ.row, occ.col_start, occ.col_end, occ.source_ids, strict=True
+    ):
+        q[row, start:end] = FIXTURE_PROBE[source]
+    return q
+
+
+def probe_section(batch: PackedBatch) -> dict[str, Any]:
+    """The constructed loss probe: token-weighted sum and mean, and the wrong weightings.
+
+    Logits are built so that A's and C's targets get gold probability 1/2
+    and B's 1/4 (sums 3 ln2, 4 ln2, 4 ln2); the section shows the sum, the
+    mean over the 9 targets, and the row-mean and document-mean that weigh
+    targets unequally. A NaN written into every excluded cell changes nothing.
+    """
+    logits = probe_logits(batch, probe_gold_probability(batch))
+    report = weighting_report(logits, batch)
+    poisoned = logits.copy()
+    poisoned[~batch.loss_mask] = np.nan
+    same = weighting_report(poisoned, batch) == report
+    keys = ("loss_sum", "mean", "row_mean", "document_mean")
+    return {
+        "gold_probability": FIXTURE_PROBE,
+        **report,
+        "printed": {k: f"{report[k]:.6f}" for k in keys},
+        "nan_in_excluded_cells_changes_nothing": same,
+    }
+
+
+def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
+    """The tiny decoder run separate, padded and packed on the fixture (needs torch)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return {"skipped": "PyTorch is not installed — pip install 'seqpack[torch]'"}
+    from .nn.decoder import TinyDecoder
+    from .nn.verify import describe, three_way
+
+    model = TinyDecoder(profile, seed=seed)
+    report = three_way(model, fixture_examples(), FIXTURE_CAPACITY)
+    sums, diffs = report["loss_sum"], report["max_abs_diff"]
+    return {
+        **describe(model),
+        "loss_sum": sums,
+        "max_abs_diff": diffs,
+        "comparisons": report["comparisons"],
+        "failures": report["failures"],
+        "tolerance": report["tolerance"],
+        "passed": report["passed"],
+        "printed": {
+            "loss_sum": {k: f"{v:.6f}" for k, v in sums.items()},
+            "max_abs_diff": {k: f"{v:.12f}" for k, v in diffs.items()},
+        },
+    }
+
+
+def demo_trace(model: bool = True) -> dict[str, Any]:
+    """The full JSON-ready trace of the fixture.
+
+    ``model=False`` leaves out the decoder comparison; without PyTorch the
+    ``model`` section only says it was skipped (the rest needs NumPy only).
+    """
     epoch = fixture_epoch()
     batch = epoch.batches[0]
     trace: dict[str, Any] = {
@@ -111,4 +178,7 @@ def demo_trace() -> dict[str, Any]:
         }
     }
     trace.update(layout_section(batch))
+    trace["probe"] = probe_section(batch)
+    if model:
+        trace["model"] = model_section()
     return trace

@@ -1,0 +1,113 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqpack import InvalidInput
+from seqpack.demo import fixture_batch
+from seqpack.nn import AttentionLayout, attention
+
+from strategies import packed_epochs
+
+torch.set_num_threads(1)
+BACKENDS = ("ranges", "dense")
+
+
+def qkv(batch, heads=2, dim=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch.shape[0], heads, batch.shape[1], dim)
+    return [
+        torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_(True)
+        for _ in range(3)
+    ]
+
+
+def within(a, b):
+    return bool(torch.all((a - b).abs() <= 1e-10 + 1e-9 * torch.maximum(a.abs(), b.abs())))
+
+
+def predicate_reference(q, k, v, batch):
+    """Per query, softmax over exactly the keys ``batch.allowed_key`` permits (a plain loop)."""
+    out = torch.zeros_like(q)
+    rows, width = batch.shape
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    for r in range(rows):
+        for i in range(width):
+            keys = [j for j in range(width) if batch.allowed_key(r, i, j)]
+            if keys:
+                s = (q[r, :, i, None, :] * k[r, :, keys, :]).sum(-1) * scale  # (H, K)
+                out[r, :, i] = (torch.softmax(s, dim=-1)[..., None] * v[r, :, keys]).sum(1)
+    return out
+
+
+@given(packed_epochs(max_capacity=7, max_examples=5), st.integers(0, 2**16))
+def test_backends_match_the_predicate_and_each_other(case, seed):
+    _, _, epoch = case
+    batch = epoch.batches[0]
+    q, k, v = qkv(batch, seed=seed)
+    expected = predicate_reference(q, k, v, batch)
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=q.dtype)
+    results = {}
+    for name in BACKENDS:
+        out = attention(q, k, v, batch, backend=name)
+        assert within(out, expected.detach()), name
+        grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+        assert all(torch.isfinite(g).all() for g in grads), name
+        results[name] = (out, grads)
+    (out_r, g_r), (out_d, g_d) = results["ranges"], results["dense"]
+    assert within(out_r, out_d)
+    assert all(within(a, b) for a, b in zip(g_r, g_d, strict=True))
+
+
+@given(packed_epochs(max_capacity=7, max_examples=5))
+def test_padding_queries_are_exactly_zero_and_get_no_gradient(case):
+    _, _, epoch = case
+    for batch in epoch.batches:
+        q, k, v = qkv(batch)
+        pad = torch.as_tensor(~batch.input_valid)
+        for name in BACKENDS:
+            out = attention(q, k, v, batch, backend=name)
+            assert torch.all(out.transpose(1, 2)[pad] == 0), name
+            gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
+            for g in (gq, gk, gv):  # padding is neither a query nor a key
+                assert torch.all(g.transpose(1, 2)[pad] == 0), name
+
+
+@given(packed_epochs(max_capacity=7, max_examples=5))
+def test_no_gradient_crosses_a_segment(case):
+    """d out[segment s] / d (q, k, v)[any other cell] is exactly zero."""
+    _, _, epoch = case
+    batch = epoch.batches[0]
+    q, k, v = qkv(batch)
+    layout = AttentionLayout.from_batch(batch)
+    for name in BACKENDS:
+        out = attention(q, k, v, layout, backend=name)
+        for s in np.unique(batch.segments[batch.input_valid]):
+            own = torch.as_tensor(batch.segments == s)  # (R, T)
+            objective = out.transpose(1, 2)[own].sum()
+            for g in torch.autograd.grad(objective, (q, k, v), retain_graph=True):
+                assert torch.all(g.transpose(1, 2)[~own] == 0), (name, int(s))
+
+
+def test_fixture_b_first_query_sees_only_itself():
+    batch = fixture_batch()
+    q, k, v = qkv(batch, dim=4)
+    for name in BACKENDS:
+        out = attention(q, k, v, batch, backend=name)
+        # One permitted key (column 3): its softmax weight is exactly 1.
+        assert within(out[0, :, 3], v[0, :, 3].detach())
+        assert not within(out[0, :, 4], v[0, :, 4].detach())
+
+
+def test_unknown_backend_and_bad_shapes_are_clear_errors():
+    batch = fixture_batch()
+    q, k, v = qkv(batch)
+    with pytest.raises(InvalidInput, match="unknown attention backend 'nope'; choose one of"):
+        attention(q, k, v, batch, backend="nope")
+    with pytest.raises(InvalidInput, match=r"expected \(rows, heads, capacity, head_dim\)"):
+        attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], batch)
+    with pytest.raises(InvalidInput, match="must match q"):
+        attention(q, k[:, :1], v, batch)
