@@ -1,0 +1,206 @@
+"""Draw a packed batch: each row's cell fields above its permission matrix.
+
+For every storage row the figure shows one panel: the fields (input,
+target, segment, local position, input valid, target valid, loss eligible)
+one line each, column by column, and under them the row's permission matrix
+with a matrix row per **query** column and a matrix column per **key**
+column, aligned with the fields above. Cells are tinted by occurrence, so
+on the fixture B's separate 2x2 causal block at columns 3-4 stands beside
+A's 3x3 block::
+
+    q\\k 0 1 2 3 4 5
+    3    . . . 1 . .      B's first query: only itself
+    4    . . . 1 1 .      B's second query: B only, never A
+
+PNG or SVG is chosen by the file extension; the file is written whole or
+not at all (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batch import PackedBatch
+from .errors import InvalidInput, NotAvailable
+
+FORMATS = {".png": "png", ".svg": "svg"}
+_NO_STAMP = {"png": {"Software": None}, "svg": {"Date": None}}
+FIELDS = (
+    ("input", "inputs"),
+    ("target", "targets"),
+    ("segment", "segments"),
+    ("position", "positions"),
+    ("input valid", "input_valid"),
+    ("target valid", "target_valid"),
+    ("loss eligible", "loss_mask"),
+)
+PAD_COLOR = (0.86, 0.86, 0.86)  # RGB
+CELL_INCHES = 0.5
+MAX_ROWS = 8
+MAX_COLUMNS = 48
+
+
+def _format_of(path: Path) -> str:
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InvalidInput(
+            f"figure path {str(path)!r} has extension {path.suffix or '(none)'!r}; use .png or .svg"
+        )
+    if not path.parent.is_dir():
+        raise InvalidInput(f"folder {str(path.parent)!r} for the figure does not exist — create it")
+    return fmt
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / "seqpack-matplotlib"))
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise NotAvailable(
+            "drawing figures needs matplotlib — pip install 'seqpack[plot]'"
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def _segment_colors(batch: PackedBatch) -> dict[int, tuple[float, float, float]]:
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"]
+    return {int(s): palette(i % 10)[:3] for i, s in enumerate(batch.occurrences.segment)}
+
+
+def _tint(rgb: np.ndarray, strength: float) -> np.ndarray:
+    """Blend colours (..., 3) towards white; ``strength`` 1 keeps them."""
+    return 1.0 - strength * (1.0 - rgb)
+
+
+def _cell_text(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "✓" if value else "✗"
+    return str(int(value))
+
+
+def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: dict) -> None:
+    fields_ax, matrix_ax = fig_axes
+    width = batch.shape[1]
+    seg = batch.segments[row]
+    occ = batch.occurrences
+    names = {int(s): str(n) for s, n in zip(occ.segment, occ.source_ids, strict=True)}
+    cell_rgb = np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in seg])  # (T, 3)
+
+    # Fields: one line per field, one column per storage cell.
+    fields_ax.imshow(np.broadcast_to(_tint(cell_rgb, 0.35), (len(FIELDS), width, 3)))
+    for line, (_, attr) in enumerate(FIELDS):
+        for col in range(width):
+            fields_ax.text(
+                col,
+                line,
+                _cell_text(getattr(batch, attr)[row, col]),
+                ha="center",
+                va="center",
+                fontsize=9,
+            )
+    fields_ax.set_yticks(range(len(FIELDS)), [label for label, _ in FIELDS], fontsize=9)
+    occupant = [names.get(int(s), "pad") for s in seg]
+    fields_ax.set_xticks(range(width), [f"{c}\n{o}" for c, o in enumerate(occupant)], fontsize=9)
+    fields_ax.xaxis.set_ticks_position("top")
+    fields_ax.set_title(f"row {batch.first_row + row}: storage column / occupant", fontsize=10)
+
+    # Permission matrix: query columns down, key columns across.
+    allowed = batch.dense_mask()[row]  # (T, T): query, key
+    valid = batch.input_valid[row]
+    matrix = np.ones((width, width, 3))
+    matrix[~(valid[:, None] & valid[None, :])] = _tint(np.array(PAD_COLOR), 0.6)
+    query_rgb = np.broadcast_to(_tint(cell_rgb, 0.75)[:, None], (width, width, 3))
+    matrix[allowed] = query_rgb[allowed]
+    matrix_ax.imshow(matrix)
+    for q in range(width):
+        for k in range(width):
+            matrix_ax.text(
+                k,
+                q,
+                "1" if allowed[q, k] else "·",
+                ha="center",
+                va="center",
+                fontsize=9,
+                fontweight="bold" if allowed[q, k] else "normal",
+            )
+    matrix_ax.set_xticks(range(width), [str(k) for k in range(width)], fontsize=9)
+    ylabels = [
+        f"q{q} {occupant[q]}·p{batch.positions[row, q]}"
+        if batch.input_valid[row, q]
+        else f"q{q} pad"
+        for q in range(width)
+    ]
+    matrix_ax.set_yticks(range(width), ylabels, fontsize=9)
+    matrix_ax.set_xlabel("key column", fontsize=9)
+    matrix_ax.set_ylabel("query column · occupant · local position", fontsize=9)
+    for ax, n in ((fields_ax, len(FIELDS)), (matrix_ax, width)):
+        ax.set_xticks(np.arange(-0.5, width), minor=True)
+        ax.set_yticks(np.arange(-0.5, n), minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.5)
+        ax.tick_params(which="minor", length=0)
+        ax.tick_params(which="major", length=0)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+
+
+def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:
+    """Draw every row of ``batch`` (fields above permission matrix) to ``path`` (.png/.svg)."""
+    target = Path(path)
+    fmt = _format_of(target)
+    rows, width = batch.shape
+    if rows > MAX_ROWS or width > MAX_COLUMNS:
+        raise InvalidInput(
+            f"a batch of {rows} rows x {width} columns is too large to draw legibly"
+            f" (at most {MAX_ROWS} rows x {MAX_COLUMNS} columns) — draw a smaller batch"
+        )
+    Figure, FigureCanvasAgg = _matplotlib()
+    from matplotlib import rc_context
+
+    colors = _segment_colors(batch)
+    panel_w = CELL_INCHES * width + 2.4
+    panel_h = CELL_INCHES * (len(FIELDS) + width) + 1.6
+    fig = Figure(figsize=(panel_w * rows, panel_h + 0.9), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(2, rows, height_ratios=[len(FIELDS), width])
+    for r in range(rows):
+        axes = (fig.add_subplot(grid[0, r]), fig.add_subplot(grid[1, r]))
+        _draw_row(axes, batch, r, colors)
+    fig.suptitle(
+        title or "packed rows: cell fields aligned with each row's permission matrix",
+        fontsize=12,
+    )
+    fig.supxlabel(
+        "matrix: row = query column, column = key column; 1 = permitted"
+        " (both valid, same occurrence, key position ≤ query position)",
+        fontsize=9,
+    )
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with rc_context({"svg.fonttype": "none", "svg.hashsalt": "seqpack"}):
+            fig.savefig(tmp, format=fmt, dpi=150, metadata=_NO_STAMP[fmt])
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def draw_fixture(path: str | os.PathLike[str]) -> Path:
+    """Draw the seed's A/B/C fixture batch (``seqpack demo --figure PATH``)."""
+    from .demo import fixture_batch
+
+    return draw_batch(
+        fixture_batch(),
+        path,
+        title="A=[0,99,100,1]  B=[0,101,1]  C=[0,102,103,104,1]  packed next-fit at capacity 6",
+    )
+
+
+__all__ = ["FORMATS", "draw_batch", "draw_fixture"]
