@@ -55,8 +55,121 @@ def format_json(value: object, indent: int = 0) -> str:
     return json.dumps(value)
 
 
+def _add_input(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help=".jsonl/.json, .parquet, a folder of shards or a datasets folder")
+    p.add_argument("--capacity", type=int, required=True, help="prediction pairs per row")
+    p.add_argument("--tokenizer", help="'bytes' (built-in, 266 ids) or a local tokenizer path")
+    p.add_argument("--text-field", default="text", help="text column when there is no input_ids")
+    p.add_argument("--partition", default="train", help="train, validation or test")
+    p.add_argument("--split-long", action="store_true", help="split sources longer than a row")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
+
+
+def _add_pack(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    p.add_argument("--policy", default="best-fit-decreasing", help="packing policy")
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size of pre-tokenized input")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--max-rows-per-batch", type=int, default=8, help="rows per model call")
+    p.add_argument("--tokenizer-id", help="tokenizer identity recorded in the binding")
+    p.add_argument("--split-id", help="split-receipt identity (default: digest of the data)")
+    p.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="policy option"
+    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+
+
+def _policy_options(items: list[str]) -> dict[str, object]:
+    from .errors import InvalidInput
+
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--option {item!r} is not KEY=VALUE")
+        try:
+            options[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.replace("-", "_")] = value
+    return options
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from .pipeline import pack_path
+
+    stats = pack_path(
+        args.input,
+        args.out,
+        capacity=args.capacity,
+        policy=args.policy,
+        vocab_size=args.vocab_size,
+        tokenizer=args.tokenizer,
+        partition=args.partition,
+        split_long_sources=args.split_long,
+        overwrite=args.overwrite,
+        max_rows_per_batch=args.max_rows_per_batch,
+        text_field=args.text_field,
+        tokenizer_id=args.tokenizer_id,
+        split_id=args.split_id,
+        policy_options=_policy_options(args.option),
+        progress=args.progress,
+    )
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    print(
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} prediction pairs,"
+        f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
+        f" {stats['rows']:,} rows of {stats['capacity']}: lower bound {stats['lower_bound']:,},"
+        f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
+    )
+    print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
+    return 0
+
+
+def _add_stats(p: argparse.ArgumentParser) -> None:
+    _add_input(p)
+    p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
+    p.add_argument("--policy", action="append", help="only these policies (repeatable)")
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from .pipeline import stats_path
+
+    report = stats_path(
+        args.input,
+        capacity=args.capacity,
+        tokenizer=args.tokenizer,
+        partition=args.partition,
+        text_field=args.text_field,
+        split_long_sources=args.split_long,
+        policies=args.policy,
+        plot=args.plot,
+    )
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{report['examples']:,} examples ({report['split_sources']:,} sources split),"
+        f" {report['tokens']:,} prediction pairs, capacity {report['capacity']},"
+        f" lower bound {report['lower_bound']:,} rows"
+    )
+    print(f"{'policy':<22} {'rows':>12} {'rows/LB':>9} {'efficiency':>11} {'seconds':>9}")
+    for r in report["policies"]:
+        print(
+            f"{r['policy']:<22} {r['rows']:>12,} {r['rows_over_lower_bound']:>9.4f}"
+            f" {r['efficiency']:>11.2%} {r['seconds']:>9.3f}"
+        )
+    if "plot" in report:
+        print(f"plot: {report['plot']}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Command]] = {
     "demo": ("pack the seed's A/B/C fixture and print its JSON trace", (_add_demo, _cmd_demo)),
+    "pack": ("pack a dataset into Parquet shards of rows + manifest", (_add_pack, _cmd_pack)),
+    "stats": ("compare every policy on a dataset without writing rows", (_add_stats, _cmd_stats)),
 }
 
 

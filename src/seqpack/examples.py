@@ -368,3 +368,66 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     np.cumsum(lengths[:-1], out=firsts[1:])
     step = np.arange(total, dtype=np.int64) - np.repeat(firsts, lengths)
     return np.repeat(starts.astype(np.int64), lengths) + step
+
+
+def long_ranges(
+    token_counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ranges that keep every next-token pair of each source exactly once (``--split-long``).
+
+    A source of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole,
+    ``[0, n)``. A longer one becomes consecutive interior ranges of at most
+    ``capacity + 1`` tokens that overlap by one token, so range ``k`` is
+    ``[k*capacity, min((k+1)*capacity + 1, n))``. Pairs form inside each
+    range, so none crosses a range and none is lost or repeated::
+
+        tokens  [0, 11, 12, 13, 14, 15, 1]    7 tokens, 6 pairs, capacity 4
+        ranges  [0, 5)  -> pairs 0->11 11->12 12->13 13->14
+                [4, 7)  -> pairs 14->15 15->1
+
+    Returns ``(source, starts, ends)``, int64 [m] each, in source order.
+    """
+    counts = np.asarray(token_counts, dtype=np.int64)
+    pieces = np.maximum(1, -(-(counts - 1) // capacity))
+    source = np.repeat(np.arange(counts.shape[0], dtype=np.int64), pieces)
+    first = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(pieces[:-1], out=first[1:])
+    k = np.arange(source.shape[0], dtype=np.int64) - first[source]
+    starts = k * capacity
+    ends = np.minimum(starts + capacity + 1, counts[source])
+    return source, starts, ends
+
+
+def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
+    """Select examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, split)``.
+
+    ``split`` counts the examples that were divided. Each piece keeps its
+    source id, gets the range in source coordinates and the example id
+    ``'{source_id}[{start}:{end}]'``; its loss flags are the source's flags
+    for the targets it holds. A table with nothing to split is returned as is.
+    """
+    counts = np.diff(table.offsets)
+    long = counts - 1 > capacity
+    if not long.any():
+        return table, 0
+    source, starts, ends = long_ranges(counts, capacity)
+    lens = ends - starts
+    offsets = np.zeros(source.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    range_starts = table.range_starts[source] + starts
+    range_ends = table.range_starts[source] + ends
+    example_ids = table.example_ids[source].copy()
+    for i in np.flatnonzero(long[source]).tolist():
+        example_ids[i] = f"{table.source_ids[source[i]]}[{range_starts[i]}:{range_ends[i]}]"
+    split = ExampleTable(
+        windows=table.windows[_ranges(table.offsets[source] + starts, lens)],
+        offsets=offsets,
+        loss_mask=table.loss_mask[_ranges(table.target_offsets[source] + starts, lens - 1)],
+        source_ids=table.source_ids[source],
+        example_ids=example_ids,
+        range_starts=range_starts,
+        range_ends=range_ends,
+        partition=table.partition,
+        binding=table.binding,
+    )
+    return split, int(long.sum())

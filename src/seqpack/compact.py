@@ -1,0 +1,245 @@
+"""Compact rows: a plan's occurrences in storage order, without padding.
+
+What the pipeline materialises, the Parquet store writes and the loader
+reads back. A row holds its occurrences' *windows* (``len + 1`` tokens each,
+so inputs and targets both come from them) back to back; the column where
+each occurrence starts is kept, so the padded :class:`PackedBatch` is rebuilt
+exactly. The fixture (capacity 6, next-fit)::
+
+    row 0: tokens [0 99 100 1 | 0 101 1]   lengths [3, 2]  starts [0, 3]
+    row 1: tokens [0 102 103 104 1]        lengths [4]     starts [0]
+
+Struct of arrays, per occurrence [k] in storage order (row, column) and per
+token; the gather is one pass (numba when installed, else chunked NumPy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch, check_segment_namespace
+from .errors import InvalidInput
+from .examples import Binding, ExampleTable, Partition
+from .policies import Plan
+
+#: Tokens gathered per NumPy chunk when numba is missing (bounds the int64 index).
+GATHER_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True, eq=False)
+class CompactRows:
+    """Rows ``first_row .. first_row + num_rows - 1`` of a packing, unpadded.
+
+    Per occurrence, shape [k]: ``lengths`` (prediction pairs), ``starts``
+    (column), ``ordinals`` (index among the packed examples = segment id),
+    ``source_ids``/``example_ids`` (str), ``range_starts``/``range_ends``.
+    ``row_offsets`` int64 [rows+1]: row ``r`` holds occurrences
+    ``row_offsets[r]:row_offsets[r+1]``. Per token: ``tokens`` int32
+    [Σ(len+1)] (windows), ``loss_mask`` bool [Σlen] (supervised targets).
+    """
+
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    lengths: np.ndarray
+    starts: np.ndarray
+    row_offsets: np.ndarray
+    ordinals: np.ndarray
+    source_ids: np.ndarray
+    example_ids: np.ndarray
+    range_starts: np.ndarray
+    range_ends: np.ndarray
+    capacity: int
+    partition: Partition
+    binding: Binding
+    first_row: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_offsets.shape[0] - 1)
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def token_offsets(self) -> np.ndarray:
+        """Window ``i`` is ``tokens[token_offsets[i]:token_offsets[i+1]]``, int64 [k+1]."""
+        out = np.zeros(self.lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(self.lengths + 1, out=out[1:])
+        return out
+
+    @property
+    def target_offsets(self) -> np.ndarray:
+        """Flags of occurrence ``i`` are ``loss_mask[target_offsets[i]:...[i+1]]``, int64 [k+1]."""
+        out = np.zeros(self.lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=out[1:])
+        return out
+
+    @property
+    def row_of(self) -> np.ndarray:
+        """Local row of each occurrence, int64 [k]."""
+        return np.repeat(np.arange(self.num_rows, dtype=np.int64), np.diff(self.row_offsets))
+
+    def slice_rows(self, start: int, stop: int) -> CompactRows:
+        """Rows ``[start, stop)`` (local numbering) as views."""
+        o0, o1 = int(self.row_offsets[start]), int(self.row_offsets[stop])
+        tok = self.token_offsets
+        return replace(
+            self,
+            tokens=self.tokens[tok[o0] : tok[o1]],
+            loss_mask=self.loss_mask[tok[o0] - o0 : tok[o1] - o1],
+            lengths=self.lengths[o0:o1],
+            starts=self.starts[o0:o1],
+            row_offsets=self.row_offsets[start : stop + 1] - o0,
+            ordinals=self.ordinals[o0:o1],
+            source_ids=self.source_ids[o0:o1],
+            example_ids=self.example_ids[o0:o1],
+            range_starts=self.range_starts[o0:o1],
+            range_ends=self.range_ends[o0:o1],
+            first_row=self.first_row + start,
+        )
+
+    def to_batch(self) -> PackedBatch:
+        """These rows as one padded model call, identical to :func:`seqpack.materialize`'s."""
+        rows, cap = self.num_rows, self.capacity
+        shape = (rows, cap)
+        inputs = np.full(shape, PAD_CELL, dtype=np.int32)
+        targets = np.full(shape, PAD_CELL, dtype=np.int32)
+        segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
+        positions = np.zeros(shape, dtype=np.int32)
+        valid = np.zeros(shape, dtype=bool)
+        loss_mask = np.zeros(shape, dtype=bool)
+        row = self.row_of
+        total = int(self.lengths.sum())
+        if total:
+            t_off = self.target_offsets
+            owner = np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)  # [cells]
+            local = np.arange(total, dtype=np.int64) - t_off[owner]
+            dest = (row * cap + self.starts)[owner] + local
+            src = self.token_offsets[owner] + local
+            inputs.flat[dest] = self.tokens[src]
+            targets.flat[dest] = self.tokens[src + 1]
+            segments.flat[dest] = self.ordinals[owner]
+            positions.flat[dest] = local
+            valid.flat[dest] = True
+            loss_mask.flat[dest] = self.loss_mask
+        occurrences = Occurrences(
+            ordinal=self.ordinals.astype(np.int64),
+            row=row,
+            col_start=self.starts.astype(np.int64),
+            col_end=(self.starts + self.lengths).astype(np.int64),
+            segment=self.ordinals.astype(np.int32),
+            source_ids=self.source_ids,
+            example_ids=self.example_ids,
+            range_starts=self.range_starts.astype(np.int64),
+            range_ends=self.range_ends.astype(np.int64),
+        )
+        return PackedBatch(
+            inputs,
+            targets,
+            segments,
+            positions,
+            valid,
+            valid.copy(),
+            loss_mask,
+            occurrences,
+            self.partition,
+            self.binding,
+            self.first_row,
+        )
+
+    def batches(self, max_rows_per_batch: int) -> Iterator[PackedBatch]:
+        """Model calls of ``max_rows_per_batch`` rows (the last keeps its real count)."""
+        for first in range(0, self.num_rows, max_rows_per_batch):
+            yield self.slice_rows(first, min(first + max_rows_per_batch, self.num_rows)).to_batch()
+
+
+def _gather_loop(src, starts, lens, out):  # pragma: no cover - compiled by numba
+    pos = 0
+    for i in range(starts.shape[0]):
+        n = lens[i]
+        out[pos : pos + n] = src[starts[i] : starts[i] + n]
+        pos += n
+
+
+_NUMBA_GATHER = None
+
+
+def _numba_gather():
+    """The compiled copy loop, or None without numba (compiled once, cached on disk)."""
+    global _NUMBA_GATHER
+    if _NUMBA_GATHER is None:
+        try:
+            import numba
+        except ImportError:
+            _NUMBA_GATHER = False
+        else:
+            _NUMBA_GATHER = numba.njit(cache=True, nogil=True)(_gather_loop)
+    return _NUMBA_GATHER or None
+
+
+def gather_segments(
+    src: np.ndarray, starts: np.ndarray, lens: np.ndarray, use_numba: bool = True
+) -> np.ndarray:
+    """Concatenate ``src[starts[i]:starts[i]+lens[i]]`` for every ``i`` (one output array).
+
+    Memory: the output plus, without numba, an int64 index of at most
+    :data:`GATHER_CHUNK` entries at a time.
+    """
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    out = np.empty(int(lens.sum()), dtype=src.dtype)
+    kernel = _numba_gather() if use_numba else None
+    if kernel is not None:
+        kernel(np.ascontiguousarray(src), starts, lens, out)
+        return out
+    ends = np.cumsum(lens)
+    cut = np.searchsorted(ends, np.arange(GATHER_CHUNK, out.shape[0], GATHER_CHUNK), "left")
+    bounds = np.unique(np.concatenate([[0], cut, [lens.shape[0]]]))
+    pos = 0
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        n = lens[a:b]
+        first = np.zeros(b - a, dtype=np.int64)
+        np.cumsum(n[:-1], out=first[1:])
+        step = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(first, n)
+        out[pos : pos + step.shape[0]] = src[np.repeat(starts[a:b], n) + step]
+        pos += step.shape[0]
+    return out
+
+
+def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
+    """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
+
+    Memory: one copy of the windows and flags (none when the plan keeps the
+    supplied order, e.g. next-fit) plus per-occurrence arrays.
+    """
+    n = len(table)
+    if plan.lengths.shape[0] != n or not np.array_equal(plan.lengths, table.lengths):
+        raise InvalidInput("plan lengths do not match the examples supplied")
+    check_segment_namespace(n)
+    order = plan.row_order()
+    rows = plan.row_of[order]
+    row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
+    lengths = plan.lengths[order]
+    if np.array_equal(order, np.arange(n, dtype=np.int64)):
+        tokens, mask = table.windows, table.loss_mask
+    else:
+        tokens = gather_segments(table.windows, table.offsets[order], lengths + 1, use_numba)
+        mask = gather_segments(table.loss_mask, table.target_offsets[order], lengths, use_numba)
+    return CompactRows(
+        tokens=tokens,
+        loss_mask=mask,
+        lengths=lengths,
+        starts=plan.start_of[order],
+        row_offsets=row_offsets.astype(np.int64),
+        ordinals=order,
+        source_ids=table.source_ids[order],
+        example_ids=table.example_ids[order],
+        range_starts=table.range_starts[order],
+        range_ends=table.range_ends[order],
+        capacity=plan.capacity,
+        partition=table.partition,
+        binding=table.binding,
+    )

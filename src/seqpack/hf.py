@@ -1,0 +1,158 @@
+"""Hugging Face ``datasets`` in and out: pack a Dataset into a packed Dataset, and back.
+
+``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
+``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
+see :mod:`seqpack.io`) and returns one output row per packed row, with the
+columns of the packed-directory format (:data:`seqpack.store.SCHEMA`:
+``tokens``, ``labels``, ``seq_lengths``, ``seq_starts``, provenance). The
+binding, partition, capacity, policy and statistics travel as JSON in
+``info.description`` under the key ``"seqpack"``. For the fixture::
+
+    >>> packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 6, "next-fit")
+    >>> packed["tokens"]        # [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
+    >>> packed["seq_starts"]    # [[0, 3], [0]]
+
+``to_batches(packed)`` rebuilds the padded :class:`PackedBatch` model calls;
+``unpack_dataset(packed)`` recovers the examples in their original order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .batch import PackConfig, PackedBatch
+from .compact import CompactRows, gather_segments
+from .errors import InvalidInput
+from .examples import Binding, Partition, split_long
+from .io import IGNORE_INDEX, documents_from_arrow, read_arrow, resolve_binding
+from .pipeline import DEFAULT_POLICY, DEFAULT_ROWS_PER_BATCH, pack_table
+from .store import FORMAT, VERSION, arrow_to_rows, rows_to_arrow
+
+META_KEY = "seqpack"
+
+
+def pack_dataset(
+    dataset: Any,
+    capacity: int,
+    policy: str = DEFAULT_POLICY,
+    *,
+    vocab_size: int | None = None,
+    tokenizer_id: str | None = None,
+    partition: Partition | str = "train",
+    split_long_sources: bool = False,
+    max_rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
+    split_id: str | None = None,
+    **policy_options: Any,
+) -> Any:
+    """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
+
+    ``vocab_size`` defaults to the largest id + 1 and ``tokenizer_id`` to
+    ``"pretokenized"``; pass the real ones to bind the output to your model.
+    """
+    import datasets
+
+    config = PackConfig(capacity, max_rows_per_batch)
+    table, origin = read_arrow(dataset, partition)
+    docs = documents_from_arrow(table, origin)
+    if not len(docs):
+        raise InvalidInput("the dataset has no rows — nothing to pack")
+    if vocab_size is None:
+        vocab_size = int(docs.tokens.max()) + 1
+    binding = resolve_binding(
+        docs, partition, vocab_size=vocab_size, tokenizer_id=tokenizer_id, split_id=split_id
+    )
+    examples = docs.to_table(binding, partition)
+    split = 0
+    if split_long_sources:
+        examples, split = split_long(examples, config.capacity)
+    plan, rows = pack_table(examples, config.capacity, policy, **policy_options)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "binding": binding.to_dict(),
+        "partition": examples.partition.value,
+        "config": {"capacity": config.capacity, "max_rows_per_batch": config.max_rows_per_batch},
+        "policy": {"name": policy, "options": policy_options},
+        "statistics": plan.stats() | {"sources": len(docs), "split_sources": split},
+    }
+    info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
+    return datasets.Dataset(datasets.table.InMemoryTable(rows_to_arrow(rows)), info=info)
+
+
+def packed_metadata(packed: Any) -> dict[str, Any]:
+    """The ``seqpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
+    try:
+        meta = json.loads(packed.info.description or "")[META_KEY]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput(
+            "this dataset carries no seqpack metadata in info.description — was it made by"
+            " seqpack.hf.pack_dataset?"
+        ) from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise InvalidInput(f"packed dataset format {meta.get('format')!r} is not {FORMAT!r}")
+    return meta
+
+
+def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
+    """All rows of a packed dataset as :class:`CompactRows` (checked)."""
+    meta = packed_metadata(packed)
+    table = packed.with_format("arrow")[0 : len(packed)]
+    return arrow_to_rows(
+        table,
+        capacity=int(meta["config"]["capacity"]),
+        partition=Partition.parse(meta["partition"]),
+        binding=Binding.from_dict(meta["binding"]),
+        where="packed dataset",
+        contiguous=contiguous,
+    )
+
+
+def to_batches(
+    packed: Any, max_rows_per_batch: int | None = None, expected_binding: Binding | None = None
+) -> Iterator[PackedBatch]:
+    """The padded model calls of a packed dataset, identical to :func:`seqpack.materialize`'s."""
+    rows = packed_rows(packed)
+    if expected_binding is not None:
+        expected_binding.require(rows.binding, "the packed dataset")
+    per = max_rows_per_batch or int(packed_metadata(packed)["config"]["max_rows_per_batch"])
+    yield from rows.batches(PackConfig(rows.capacity, per).max_rows_per_batch)
+
+
+def unpack_dataset(packed: Any) -> Any:
+    """The packed examples back as a ``datasets.Dataset``, in their original order.
+
+    Columns: ``id`` (source id), ``example_id``, ``range_start``, ``range_end``,
+    ``input_ids`` (the selected range's tokens) and ``labels`` (the token
+    where its pair is supervised, -100 otherwise and on the first token).
+    """
+    import datasets
+
+    rows = packed_rows(packed, contiguous=False)
+    order = np.argsort(rows.ordinals, kind="stable")
+    lens = rows.lengths[order]
+    tokens = gather_segments(rows.tokens, rows.token_offsets[order], lens + 1)
+    mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
+    offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens + 1, out=offsets[1:])
+    supervised = np.zeros(tokens.shape[0], dtype=bool)
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    keep[offsets[:-1]] = False
+    supervised[keep] = mask
+    labels = np.where(supervised, tokens, IGNORE_INDEX).astype(np.int32)
+    off = pa.array(offsets.astype(np.int32))
+    table = pa.table(
+        {
+            "id": pa.array(rows.source_ids[order], pa.string()),
+            "example_id": pa.array(rows.example_ids[order], pa.string()),
+            "range_start": pa.array(rows.range_starts[order]),
+            "range_end": pa.array(rows.range_ends[order]),
+            "input_ids": pa.ListArray.from_arrays(off, pa.array(tokens)),
+            "labels": pa.ListArray.from_arrays(off, pa.array(labels)),
+        }
+    )
+    return datasets.Dataset(datasets.table.InMemoryTable(table))

@@ -1,0 +1,238 @@
+"""The packing pipeline: read -> plan -> materialise -> write, and the statistics report.
+
+``pack_path`` is what ``seqpack pack`` runs; ``stats_path`` is ``seqpack
+stats``. Both are plain functions over the library: readers from
+:mod:`seqpack.io`, any policy of :func:`seqpack.plan_rows`, compact rows
+from :mod:`seqpack.compact`, the atomic writer of :mod:`seqpack.store`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batch import PackConfig
+from .compact import CompactRows, compact_rows
+from .errors import InvalidInput
+from .examples import ExampleTable, Partition, long_ranges, split_long
+from .io import Documents, read_documents, resolve_binding
+from .policies import POLICIES, Plan, plan_rows
+from .store import check_output, write_packed
+from .tokenizers import Tokenizer, load_tokenizer
+
+DEFAULT_POLICY = "best-fit-decreasing"
+DEFAULT_ROWS_PER_BATCH = 8
+
+
+def pack_table(
+    table: ExampleTable,
+    capacity: int,
+    policy: str = DEFAULT_POLICY,
+    labels: Callable[[int], str] | None = None,
+    **options: Any,
+) -> tuple[Plan, CompactRows]:
+    """Plan ``table`` with ``policy`` and materialise it as compact rows (in memory).
+
+    ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
+    """
+    plan = plan_rows(table.lengths, capacity, policy, labels=labels or table.label, **options)
+    return plan, compact_rows(table, plan)
+
+
+def _tokenizer(spec: str | Tokenizer | None) -> Tokenizer | None:
+    return load_tokenizer(spec) if isinstance(spec, (str, Path)) else spec
+
+
+def _status(enabled: bool) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if enabled:
+            print(f"seqpack: {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def pack_path(
+    source: str | Path | Any,
+    out: str | Path,
+    *,
+    capacity: int,
+    policy: str = DEFAULT_POLICY,
+    vocab_size: int | None = None,
+    tokenizer: str | Tokenizer | None = None,
+    partition: Partition | str = "train",
+    split_long_sources: bool = False,
+    overwrite: bool = False,
+    max_rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
+    text_field: str = "text",
+    tokenizer_id: str | None = None,
+    split_id: str | None = None,
+    policy_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Pack ``source`` into the packed directory ``out``; return the statistics.
+
+    Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``,
+    ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``
+    (``tokens / (rows * capacity)``), ``sources``, ``split_sources``,
+    ``eligible_targets``, ``batches``, ``shards``, ``seconds``. Progress goes to
+    stderr (a tqdm bar) when ``progress`` is True, or by default when stderr
+    is a terminal.
+    """
+    started = time.perf_counter()
+    config = PackConfig(capacity, max_rows_per_batch)
+    out = check_output(out, overwrite)
+    show = sys.stderr.isatty() if progress is None else progress
+    say = _status(show)
+    tok = _tokenizer(tokenizer)
+    say(f"reading {source}")
+    docs = read_documents(source, tokenizer=tok, text_field=text_field, partition=partition)
+    if not len(docs):
+        raise InvalidInput(f"{source} holds no rows — nothing to pack")
+    binding = resolve_binding(
+        docs,
+        partition,
+        vocab_size=vocab_size,
+        tokenizer=tok,
+        tokenizer_id=tokenizer_id,
+        split_id=split_id,
+    )
+    table = docs.to_table(binding, partition)
+    split = 0
+    if split_long_sources:
+        table, split = split_long(table, config.capacity)
+    say(f"planning {len(table):,} examples with {policy}")
+
+    def name(i: int) -> str:
+        return table.label(i) if split else f"{docs.origin.locate(i)}: {table.label(i)}"
+
+    plan, rows = pack_table(table, config.capacity, policy, name, **(policy_options or {}))
+    stats = plan.stats() | {
+        "sources": len(docs),
+        "split_sources": split,
+        "eligible_targets": int(table.loss_mask.sum()),
+        "batches": -(-plan.num_rows // config.max_rows_per_batch),
+    }
+    from tqdm import tqdm
+
+    with tqdm(
+        total=plan.num_rows, desc="seqpack: writing", unit="row", disable=not show, file=sys.stderr
+    ) as bar:
+        manifest = write_packed(
+            rows,
+            out,
+            max_rows_per_batch=config.max_rows_per_batch,
+            extra={
+                "policy": {"name": policy, "options": policy_options or {}},
+                "statistics": stats,
+                "input": {"source": str(source), "text_field": text_field},
+            },
+            overwrite=overwrite,
+            on_shard=bar.update,
+        )
+    return stats | {
+        "shards": len(manifest["shards"]),
+        "out": str(out),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
+    """Prediction lengths as packed (after ``--split-long`` when ``split``), and sources split."""
+    counts = np.diff(docs.offsets)
+    if not split:
+        return counts - 1, 0
+    _, starts, ends = long_ranges(counts, capacity)
+    return ends - starts - 1, int(np.count_nonzero(counts - 1 > capacity))
+
+
+def compare_policies(
+    lengths: np.ndarray,
+    capacity: int,
+    policies: Sequence[str] | None = None,
+    labels: Callable[[int], str] | None = None,
+) -> list[tuple[Plan, float]]:
+    """Plan ``lengths`` with every policy (default: all registered); (plan, seconds) each."""
+    out = []
+    for name in policies or list(POLICIES):
+        t0 = time.perf_counter()
+        plan = plan_rows(lengths, capacity, name, labels=labels)
+        out.append((plan, time.perf_counter() - t0))
+    return out
+
+
+def stats_path(
+    source: str | Path | Any,
+    *,
+    capacity: int,
+    tokenizer: str | Tokenizer | None = None,
+    partition: Partition | str = "train",
+    text_field: str = "text",
+    split_long_sources: bool = False,
+    policies: Sequence[str] | None = None,
+    plot: str | Path | None = None,
+) -> dict[str, Any]:
+    """Rows, lower bound, efficiency and planning time of every policy; no rows written."""
+    docs = read_documents(
+        source, tokenizer=_tokenizer(tokenizer), text_field=text_field, partition=partition
+    )
+    if not len(docs):
+        raise InvalidInput(f"{source} holds no rows — nothing to plan")
+    lengths, split = example_lengths(docs, capacity, split_long_sources)
+    labels = None if split else (lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})")
+    results = compare_policies(lengths, capacity, policies, labels)
+    report: dict[str, Any] = {
+        "source": str(source),
+        "capacity": capacity,
+        "sources": len(docs),
+        "split_sources": split,
+        "examples": int(lengths.shape[0]),
+        "tokens": int(lengths.sum()),
+        "lower_bound": -(-int(lengths.sum()) // capacity),
+        "policies": [
+            plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
+            for plan, seconds in results
+        ],
+    }
+    if plot is not None:
+        report["plot"] = str(plot_stats(lengths, [p for p, _ in results], capacity, plot))
+    return report
+
+
+def _ratio(plan: Plan) -> float:
+    lower = plan.stats()["lower_bound"]
+    return plan.num_rows / lower if lower else 0.0
+
+
+def plot_stats(lengths: np.ndarray, plans: Sequence[Plan], capacity: int, path: str | Path) -> Path:
+    """Left: histogram of prediction lengths. Right: each row's fill, fullest first, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    left.hist(lengths, bins=min(80, max(10, int(np.sqrt(lengths.shape[0])))), color="#4c72b0")
+    left.axvline(capacity, color="#c44e52", linestyle="--", label=f"capacity {capacity}")
+    left.set(xlabel="prediction pairs per example", ylabel="examples", yscale="log")
+    left.set_title(f"{lengths.shape[0]:,} examples, {int(lengths.sum()):,} pairs")
+    left.legend()
+    lower = -(-int(lengths.sum()) // capacity)
+    for plan in plans:
+        fill = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows) / capacity
+        fill = np.sort(fill)[::-1]
+        eff = plan.stats()["efficiency"]
+        right.plot(np.arange(1, fill.shape[0] + 1), fill, label=f"{plan.policy} ({eff:.2%})")
+    right.axvline(lower, color="gray", linestyle=":", label=f"lower bound {lower:,} rows")
+    right.set(xlabel="rows, fullest first", ylabel="row fill", ylim=(0, 1.05))
+    right.set_title("row fill by policy (efficiency)")
+    right.legend(fontsize="small")
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,389 @@
+"""The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
+
+One Parquet row per packed row (``K`` = occurrences in that row)::
+
+    row           int64           global row index
+    tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))
+    labels        list<int32>     aligned with tokens: the token where its pair is
+                                  supervised, -100 otherwise (always on a window's first token)
+    seq_lengths   list<int32>     [K] prediction pairs per occurrence
+    seq_starts    list<int32>     [K] column where each occurrence starts
+    ordinals      list<int64>     [K] occurrence ordinal = segment id
+    source_ids    list<string>    [K]
+    example_ids   list<string>    [K]
+    range_starts  list<int64>     [K] selected source range [start, end)
+    range_ends    list<int64>     [K]
+
+Shards hold whole model calls (a multiple of ``max_rows_per_batch`` rows).
+``manifest.json`` records the format version, binding, partition, config,
+policy, statistics and every shard's row span, size and sha256. A directory
+is complete exactly when its manifest exists: :func:`write_packed` builds it
+under a hidden temporary sibling, fsyncs, then renames it into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .batch import PackedBatch
+from .compact import CompactRows
+from .errors import InvalidInput
+from .examples import INT32_MAX, Binding, Partition
+
+FORMAT = "seqpack.packed-rows"
+VERSION = 1
+MANIFEST = "manifest.json"
+IGNORE_INDEX = -100
+#: Target tokens per shard; shards always end on a model-call boundary.
+SHARD_TOKENS = 1 << 25
+
+SCHEMA = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("seq_lengths", pa.list_(pa.int32())),
+        ("seq_starts", pa.list_(pa.int32())),
+        ("ordinals", pa.list_(pa.int64())),
+        ("source_ids", pa.list_(pa.string())),
+        ("example_ids", pa.list_(pa.string())),
+        ("range_starts", pa.list_(pa.int64())),
+        ("range_ends", pa.list_(pa.int64())),
+    ]
+)
+_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts")
+
+
+def _lists(offsets: np.ndarray, values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=kind))
+
+
+def rows_to_arrow(rows: CompactRows) -> pa.Table:
+    """Compact rows as a table with :data:`SCHEMA` (one table row per packed row)."""
+    tok = rows.token_offsets
+    row_tok = tok[rows.row_offsets]
+    if int(row_tok[-1]) > INT32_MAX:
+        raise InvalidInput(
+            f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
+            " — lower --max-rows-per-batch"
+        )
+    supervised = np.zeros(rows.tokens.shape[0], dtype=bool)
+    keep = np.ones(rows.tokens.shape[0], dtype=bool)
+    keep[tok[:-1]] = False
+    supervised[keep] = rows.loss_mask
+    labels = np.where(supervised, rows.tokens, IGNORE_INDEX).astype(np.int32)
+    occ = rows.row_offsets
+    first = rows.first_row
+    columns = [
+        pa.array(np.arange(first, first + rows.num_rows, dtype=np.int64)),
+        _lists(row_tok, rows.tokens, pa.int32()),
+        _lists(row_tok, labels, pa.int32()),
+        _lists(occ, rows.lengths.astype(np.int32), pa.int32()),
+        _lists(occ, rows.starts.astype(np.int32), pa.int32()),
+        _lists(occ, rows.ordinals, pa.int64()),
+        _lists(occ, rows.source_ids, pa.string()),
+        _lists(occ, rows.example_ids, pa.string()),
+        _lists(occ, rows.range_starts, pa.int64()),
+        _lists(occ, rows.range_ends, pa.int64()),
+    ]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def _flat(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    col = table.column(name).combine_chunks()
+    offsets = np.asarray(col.offsets, dtype=np.int64)
+    return col.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0]
+
+
+def arrow_to_rows(
+    table: pa.Table,
+    *,
+    capacity: int,
+    partition: Partition,
+    binding: Binding,
+    where: str,
+    contiguous: bool = True,
+) -> CompactRows:
+    """Read :data:`SCHEMA` rows back, checking they describe whole, in-row occurrences.
+
+    ``contiguous`` also requires consecutive ``row`` values (needed to rebuild
+    model calls; not to recover the examples).
+    """
+    missing = [n for n in SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise InvalidInput(f"{where}: missing columns {missing} — not seqpack packed rows")
+    tokens, row_tok = _flat(table, "tokens")
+    labels, label_off = _flat(table, "labels")
+    lengths, occ = _flat(table, "seq_lengths")
+    flat = {name: _flat(table, name) for name in (*_PER_OCCURRENCE, "range_ends")}
+    lengths = lengths.astype(np.int64)
+    tok = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths + 1, out=tok[1:])
+    starts = flat["seq_starts"][0].astype(np.int64)
+    row_ids = table.column("row").to_numpy()
+    first_row = int(row_ids[0]) if row_ids.size else 0
+    consistent = (
+        all(np.array_equal(off, occ) for _, off in flat.values())
+        and np.array_equal(label_off, row_tok)
+        and np.array_equal(tok[occ], row_tok)
+        and (lengths.size == 0 or (lengths.min() >= 1 and starts.min() >= 0))
+        and bool(np.all(starts + lengths <= capacity))
+        and (
+            not contiguous
+            or np.array_equal(row_ids, np.arange(first_row, first_row + row_ids.size))
+        )
+    )
+    if not consistent:
+        raise InvalidInput(f"{where}: rows are inconsistent — the file is damaged; pack again")
+    supervised = labels != IGNORE_INDEX
+    if np.any(supervised & (labels != tokens)):
+        raise InvalidInput(f"{where}: a label differs from its token — the file is damaged")
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    keep[tok[:-1]] = False
+    return CompactRows(
+        tokens=tokens.astype(np.int32, copy=False),
+        loss_mask=supervised[keep],
+        lengths=lengths,
+        starts=starts,
+        row_offsets=occ,
+        ordinals=flat["ordinals"][0].astype(np.int64),
+        source_ids=flat["source_ids"][0].astype(object),
+        example_ids=flat["example_ids"][0].astype(object),
+        range_starts=flat["range_starts"][0].astype(np.int64),
+        range_ends=flat["range_ends"][0].astype(np.int64),
+        capacity=capacity,
+        partition=partition,
+        binding=binding,
+        first_row=first_row,
+    )
+
+
+def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
+    """Row boundaries of the shards: whole model calls, about ``shard_tokens`` tokens each."""
+    calls = np.arange(0, rows.num_rows, max_rows_per_batch, dtype=np.int64)
+    cum = rows.token_offsets[rows.row_offsets[calls]]
+    group = cum // max(1, shard_tokens)
+    starts = calls[np.flatnonzero(np.diff(group, prepend=-1))]
+    return np.append(starts, rows.num_rows)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_shard(table: pa.Table, path: Path) -> None:
+    with path.open("wb") as f:
+        pq.write_table(table, f, compression="zstd", row_group_size=4096)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_output(out: str | Path, overwrite: bool) -> Path:
+    """Refuse an existing ``out`` unless ``overwrite`` and it is a seqpack output (or empty)."""
+    path = Path(out)
+    if not path.exists():
+        return path
+    if not overwrite:
+        raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
+    if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).is_file()):
+        raise InvalidInput(
+            f"{path} exists and is not a seqpack output; refusing to replace it — choose"
+            " another --out"
+        )
+    return path
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first, then removed."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.seqpack-old-{secrets.token_hex(4)}")
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.rename(old, out)
+        raise
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_packed(
+    rows: CompactRows,
+    out: str | Path,
+    *,
+    max_rows_per_batch: int,
+    extra: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    shard_tokens: int = SHARD_TOKENS,
+    on_shard: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``rows`` as a packed directory at ``out`` atomically; return the manifest.
+
+    Shards and the manifest go to a hidden sibling ``.NAME.seqpack-tmp-*``,
+    each fsynced, and the folder is renamed to ``out`` only when complete.
+    On any failure the temporary folder is removed and a previous ``out`` is
+    left untouched. ``on_shard(rows_written)`` reports progress.
+    """
+    out = check_output(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.seqpack-tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    try:
+        bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
+        shards = []
+        for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+            part = rows.slice_rows(a, b)
+            name = f"shard-{k:05d}.parquet"
+            _write_shard(rows_to_arrow(part), tmp / name)
+            shards.append(
+                {
+                    "file": name,
+                    "first_row": rows.first_row + a,
+                    "rows": b - a,
+                    "occurrences": len(part),
+                    "tokens": int(part.tokens.shape[0]),
+                    "bytes": (tmp / name).stat().st_size,
+                    "sha256": _sha256(tmp / name),
+                }
+            )
+            if on_shard is not None:
+                on_shard(b - a)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "binding": rows.binding.to_dict(),
+            "partition": rows.partition.value,
+            "config": {"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
+            "rows": rows.num_rows,
+            "occurrences": len(rows),
+            **(extra or {}),
+            "shards": shards,
+        }
+        with (tmp / MANIFEST).open("w") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+class PackedStore:
+    """A packed directory, read back as the model calls that were packed.
+
+    ``len(store)`` model calls; ``store[i]`` / iteration give
+    :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s
+    (same cells, segments, positions, flags, occurrences and provenance).
+    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.binding = Binding.from_dict(manifest["binding"])
+        self.partition = Partition.parse(manifest["partition"])
+        self.capacity = int(manifest["config"]["capacity"])
+        self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
+        self.num_rows = int(manifest["rows"])
+        self.shards = manifest["shards"]
+        self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
+        self._cached: tuple[int, CompactRows] | None = None
+
+    def __len__(self) -> int:
+        return -(-self.num_rows // self.max_rows_per_batch)
+
+    def shard_rows(self, k: int) -> CompactRows:
+        if self._cached is None or self._cached[0] != k:
+            file = self.path / self.shards[k]["file"]
+            rows = arrow_to_rows(
+                pq.read_table(file, memory_map=True),
+                capacity=self.capacity,
+                partition=self.partition,
+                binding=self.binding,
+                where=str(file),
+            )
+            self._cached = (k, rows)
+        return self._cached[1]
+
+    def __getitem__(self, i: int) -> PackedBatch:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"model call {i} outside 0..{len(self) - 1}")
+        first = (i % len(self)) * self.max_rows_per_batch
+        k = int(np.searchsorted(self._first_rows, first, "right") - 1)
+        rows = self.shard_rows(k)
+        local = first - rows.first_row
+        stop = min(local + self.max_rows_per_batch, rows.num_rows)
+        return rows.slice_rows(local, stop).to_batch()
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def load_packed(
+    path: str | Path, expected_binding: Binding | None = None, *, verify: bool = True
+) -> PackedStore:
+    """Open a packed directory, checking its manifest, shards, checksums and binding."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise InvalidInput(
+            f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
+            " leaves none) — run seqpack pack again"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as err:
+        raise InvalidInput(f"{mpath}: not valid JSON ({err.msg}) — pack again") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise InvalidInput(
+            f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
+            f" this seqpack reads {FORMAT!r} version {VERSION}"
+        )
+    store = PackedStore(path, manifest)
+    expected_first = 0
+    for shard in store.shards:
+        file = path / shard["file"]
+        if shard["first_row"] != expected_first or shard["first_row"] % store.max_rows_per_batch:
+            raise InvalidInput(f"{mpath}: shard {shard['file']} starts at an unexpected row")
+        expected_first += shard["rows"]
+        if not file.is_file():
+            raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
+        if verify and (file.stat().st_size != shard["bytes"] or _sha256(file) != shard["sha256"]):
+            raise InvalidInput(
+                f"{file}: checksum mismatch — the file was changed or damaged; pack again"
+            )
+    if expected_first != store.num_rows:
+        raise InvalidInput(f"{mpath}: shards hold {expected_first} rows, not {store.num_rows}")
+    if expected_binding is not None:
+        expected_binding.require(store.binding, f"packed data {path}")
+    return store
