@@ -84,8 +84,8 @@ def _run_epoch(
     for batch in epoch.batches:
         out = forward(batch)  # (R, T, V)
         sums.append(masked_nll_sum(out, batch.targets, batch.loss_mask).sum)
-        flat = out.reshape(-1, out.shape[-1])
-        chunks.append(flat.index_select(0, torch.as_tensor(_occurrence_cells(batch))))
+        cells = torch.as_tensor(_occurrence_cells(batch), device=out.device)
+        chunks.append(out.reshape(-1, out.shape[-1]).index_select(0, cells))
         occ = batch.occurrences
         ordinals.append(np.repeat(occ.ordinal, occ.col_end - occ.col_start))
     total = torch.stack(sums).sum()
