@@ -314,9 +314,26 @@ def documents_from_arrow(
     return Documents(tokens, offsets, mask, _ids(table, origin, len(offsets) - 1), origin)
 
 
+def _json_kind(value: Any, key: str) -> str | None:
+    """'integer', 'boolean', 'string' or 'invalid' for one decoded field (None if absent)."""
+    if value is None:
+        return None
+    if key == "id":
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            return "invalid"
+        return "string" if isinstance(value, str) else "integer"
+    if not isinstance(value, list):
+        return "invalid"
+    if key == "loss_mask" and value and all(isinstance(v, bool) for v in value):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "integer" if value else None
+    return "invalid"
+
+
 def _diagnose_jsonl(path: Path, err: Exception) -> InvalidInput:
     """Find the first bad line with the json module (only after Arrow failed)."""
-    id_type = None
+    seen: dict[str, str] = {}
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -331,19 +348,17 @@ def _diagnose_jsonl(path: Path, err: Exception) -> InvalidInput:
                 )
             if not isinstance(obj, dict):
                 return InvalidInput(f"{where}: is a {type(obj).__name__}, not a JSON object")
-            for key in ("input_ids", "labels", "loss_mask"):
-                value = obj.get(key)
-                if value is not None and not (
-                    isinstance(value, list) and all(isinstance(v, int) for v in value)
-                ):
-                    return InvalidInput(f"{where}: {key} must be a list of integers")
-            if "id" in obj:
-                kind = type(obj["id"])
-                id_type = id_type or kind
-                if kind is not id_type:
+            for key in ("input_ids", "labels", "loss_mask", "id"):
+                kind = _json_kind(obj.get(key), key)
+                if kind is None:
+                    continue
+                if kind == "invalid":
+                    what = "a string or integer" if key == "id" else "a list of integers"
+                    return InvalidInput(f"{where}: {key} must be {what}")
+                if seen.setdefault(key, kind) != kind:
                     return InvalidInput(
-                        f"{where}: id is a {kind.__name__} but earlier ids are"
-                        f" {id_type.__name__} — use one type for every id"
+                        f"{where}: {key} holds {kind} values but earlier lines hold"
+                        f" {seen[key]} — use one type in every line"
                     )
     return InvalidInput(f"{path}: cannot read as JSON Lines ({err})")
 

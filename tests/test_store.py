@@ -1,0 +1,208 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import (
+    Binding,
+    BindingMismatch,
+    ExampleTable,
+    PackConfig,
+    Partition,
+    materialize,
+    plan_rows,
+)
+from seqpack import store as store_mod
+from seqpack.compact import compact_rows, gather_segments
+from seqpack.demo import fixture_binding, fixture_epoch, fixture_examples
+from seqpack.errors import InvalidInput
+from seqpack.policies import POLICIES
+from seqpack.store import SCHEMA, load_packed, rows_to_arrow, write_packed
+
+from packed_helpers import assert_same_batches
+from strategies import BINDING, example_lists
+
+
+def _fixture_rows(policy="next-fit"):
+    table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
+    return table, compact_rows(table, plan_rows(table.lengths, 6, policy))
+
+
+def test_fixture_compact_rows_hold_windows_back_to_back():
+    _, rows = _fixture_rows()
+    docs = [ex.window.tolist() for ex in fixture_examples()]
+    arrow = rows_to_arrow(rows)
+    assert arrow.schema == SCHEMA
+    assert arrow.column("tokens").to_pylist() == [docs[0] + docs[1], docs[2]]
+    assert arrow.column("seq_lengths").to_pylist() == [[3, 2], [4]]
+    assert arrow.column("seq_starts").to_pylist() == [[0, 3], [0]]
+    assert arrow.column("source_ids").to_pylist() == [["A", "B"], ["C"]]
+    # every target supervised: labels equal tokens except each window's first token
+    labels = arrow.column("labels").to_pylist()
+    assert labels == [[-100, *docs[0][1:], -100, *docs[1][1:]], [-100, *docs[2][1:]]]
+    assert_same_batches(rows.batches(2), fixture_epoch(2).batches)
+
+
+@settings(max_examples=80)
+@given(example_lists(max_capacity=10, max_examples=12), st.sampled_from(sorted(POLICIES)))
+def test_compact_rows_rebuild_exactly_what_materialize_builds(case, policy):
+    examples, capacity = case
+    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    plan = plan_rows(table.lengths, capacity, policy)
+    for per in (1, 3):
+        want = materialize(table, plan, PackConfig(capacity, per)).batches
+        assert_same_batches(compact_rows(table, plan).batches(per), want)
+        assert_same_batches(compact_rows(table, plan, use_numba=False).batches(per), want)
+
+
+def test_numpy_and_numba_gathers_agree(rng, monkeypatch):
+    src = rng.integers(0, 1000, size=5000).astype(np.int32)
+    lens = rng.integers(0, 40, size=300)
+    starts = rng.integers(0, 5000 - 40, size=300)
+    want = np.concatenate([src[s : s + n] for s, n in zip(starts, lens, strict=True)])
+    assert np.array_equal(gather_segments(src, starts, lens), want)
+    monkeypatch.setattr("seqpack.compact.GATHER_CHUNK", 64)  # many chunks
+    assert np.array_equal(gather_segments(src, starts, lens, use_numba=False), want)
+
+
+def _random_table(rng, n=200, capacity=32):
+    from seqpack import SequenceExample
+
+    examples = []
+    for i in range(n):
+        length = int(rng.integers(1, capacity + 1))
+        mask = rng.random(length) < 0.7
+        examples.append(
+            SequenceExample.from_document(
+                rng.integers(0, 266, size=length + 1),
+                source_id=f"s{i}",
+                partition="train",
+                binding=BINDING,
+                loss_mask=mask,
+            )
+        )
+    return ExampleTable.from_examples(examples, "train", BINDING)
+
+
+def _packed(tmp_path, rng, name="out", policy="next-fit", per=4, shard_tokens=1000, **kw):
+    table = _random_table(rng)
+    plan = plan_rows(table.lengths, 32, policy)
+    rows = compact_rows(table, plan)
+    manifest = write_packed(
+        rows, tmp_path / name, max_rows_per_batch=per, shard_tokens=shard_tokens, **kw
+    )
+    return table, plan, manifest
+
+
+def test_write_then_load_gives_the_same_model_calls(tmp_path, rng):
+    table, plan, manifest = _packed(tmp_path, rng, policy=sorted(POLICIES)[0])
+    assert len(manifest["shards"]) > 1
+    for shard in manifest["shards"]:
+        assert shard["first_row"] % 4 == 0
+        assert pq.read_schema(tmp_path / "out" / shard["file"]).names == SCHEMA.names
+    store = load_packed(tmp_path / "out", BINDING)
+    want = materialize(table, plan, PackConfig(32, 4)).batches
+    assert len(store) == len(want)
+    assert_same_batches(store, want)
+    assert_same_batches([store[-1]], want[-1:])
+    assert store.manifest == json.loads((tmp_path / "out" / "manifest.json").read_text())
+
+
+def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
+    _packed(tmp_path, rng)
+    out = tmp_path / "out"
+    with pytest.raises(BindingMismatch, match="vocab_size 266 != expected 300"):
+        load_packed(out, Binding(300, BINDING.tokenizer_id, BINDING.split_id))
+    shard = out / "shard-00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(InvalidInput, match=r"shard-00001\.parquet: checksum mismatch"):
+        load_packed(out)
+    (out / "manifest.json").unlink()
+    with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished seqpack output"):
+        load_packed(out)
+
+
+def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, rng):
+    _packed(tmp_path, rng)
+    with pytest.raises(InvalidInput, match="already exists — pass --overwrite"):
+        _packed(tmp_path, rng)
+    before = (tmp_path / "out" / "manifest.json").read_text()
+    _packed(tmp_path, rng, policy="padded", overwrite=True)
+    assert (tmp_path / "out" / "manifest.json").read_text() != before
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(InvalidInput, match="not a seqpack output; refusing"):
+        _packed(tmp_path, rng, name="mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, monkeypatch):
+    _packed(tmp_path, rng)
+    before = _snapshot(tmp_path / "out")
+    real = store_mod._write_shard
+    calls = []
+
+    def failing(table, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full (simulated)")
+        real(table, path)
+
+    monkeypatch.setattr(store_mod, "_write_shard", failing)
+    with pytest.raises(OSError, match="simulated"):
+        _packed(tmp_path, rng, policy="padded", overwrite=True)
+    with pytest.raises(OSError, match="simulated"):
+        calls.clear()
+        _packed(tmp_path, rng, name="fresh")
+    assert _snapshot(tmp_path / "out") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp, no "fresh"
+    load_packed(tmp_path / "out")
+
+
+KILLER = """
+import os, signal, sys
+import numpy as np
+from seqpack import store
+from seqpack.compact import compact_rows
+from seqpack.examples import ExampleTable
+from seqpack.policies import plan_rows
+from seqpack.demo import fixture_binding, fixture_examples
+
+real = store._write_shard
+def dying(table, path):
+    real(table, path)
+    os.kill(os.getpid(), signal.SIGKILL)   # the run is killed after one shard
+store._write_shard = dying
+table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
+rows = compact_rows(table, plan_rows(table.lengths, 6, "padded"))
+store.write_packed(rows, sys.argv[1], max_rows_per_batch=1, shard_tokens=1, overwrite=True)
+"""
+
+
+def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
+    _packed(tmp_path, rng)
+    before = _snapshot(tmp_path / "out")
+    for target in ("out", "new"):
+        proc = subprocess.run([sys.executable, "-c", KILLER, str(tmp_path / target)])
+        assert proc.returncode == -9
+    assert _snapshot(tmp_path / "out") == before
+    assert not (tmp_path / "new").exists()
+    leftovers = [p for p in tmp_path.iterdir() if p.name not in ("out",)]
+    assert leftovers and all(p.name.startswith(".") for p in leftovers)
+    assert not any((p / "manifest.json").exists() for p in leftovers)
+    with pytest.raises(InvalidInput, match=r"no manifest\.json"):
+        load_packed(leftovers[0])
+    assert os.path.isfile(tmp_path / "out" / "manifest.json")
