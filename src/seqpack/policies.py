@@ -12,12 +12,16 @@ supplied order::
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import _kernels
 from .errors import InvalidInput, OversizedExample
 
 PolicyFn = Callable[..., tuple[np.ndarray, np.ndarray]]
@@ -81,6 +85,26 @@ class Plan:
         validate_plan(plan)
         return plan
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as one ``.npz`` file (int64 arrays plus a JSON header)."""
+        header = {"policy": self.policy, "capacity": self.capacity, "num_rows": self.num_rows}
+        with open(path, "wb") as fh:
+            np.savez(
+                fh,
+                header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                lengths=self.lengths,
+                row_of=self.row_of,
+                start_of=self.start_of,
+            )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan written by :meth:`save`; it is validated before use."""
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(data["header"].tobytes().decode())
+            arrays = {k: data[k].astype(np.int64) for k in ("lengths", "row_of", "start_of")}
+        return cls.from_dict({**header, **arrays})
+
 
 def validate_plan(plan: Plan) -> None:
     """Check a plan places every example once, whole, inside a row, without overlap."""
@@ -130,7 +154,9 @@ def check_lengths(
     return arr
 
 
-def next_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+def next_fit(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """The seed's policy: supplied order, fill only the current row, never revisit.
 
     An exact fill makes no empty row: a new row opens only when the next
@@ -139,14 +165,9 @@ def next_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray
     n = lengths.shape[0]
     row_of = np.empty(n, dtype=np.int64)
     start_of = np.empty(n, dtype=np.int64)
-    row, used = 0, 0
-    for i, length in enumerate(lengths.tolist()):
-        if length > capacity - used:
-            row += 1
-            used = 0
-        row_of[i] = row
-        start_of[i] = used
-        used += length
+    _kernels.call(
+        _kernels.resolve(engine), "next_fit", lengths, capacity, row_of, start_of, inputs=1
+    )
     return row_of, start_of
 
 
@@ -156,22 +177,163 @@ def one_per_row(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndar
     return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
 
+def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -> np.ndarray:
+    """Example indices by length, longest first, ties in supplied order; int64 [n]."""
+    if _kernels.resolve(engine) == "python":
+        return np.argsort(-lengths, kind="stable").astype(np.int64)
+    order = np.empty(lengths.shape[0], dtype=np.int64)
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    _kernels.call("numba", "decreasing_order", lengths, capacity, counts, order, inputs=1)
+    return order
+
+
+def _row_bound(lengths: np.ndarray, capacity: int) -> int:
+    """Rows any fit-into-an-open-row policy can need: ``min(n, 2 * lower + 1)``.
+
+    Two rows of such a packing always hold more than ``capacity`` together
+    (the first item of the later row did not fit in the earlier one).
+    """
+    lower = -(-int(lengths.sum()) // capacity)
+    return max(min(lengths.shape[0], 2 * lower + 1), 1)
+
+
+def first_fit_decreasing(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Longest first, each into the lowest-numbered row with room.
+
+    A max-tree over rows by remaining capacity finds that row in
+    O(log rows), so planning is O(n log n). Deterministic: ties in length
+    keep the supplied order.
+    """
+    engine = _kernels.resolve(engine)
+    leaves = _kernels.pow2_at_least(_row_bound(lengths, capacity))
+    tree = np.full(2 * leaves, capacity, dtype=np.int64)
+    return _decreasing(lengths, capacity, engine, "first_fit", tree, leaves)
+
+
+def best_fit_decreasing(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Longest first, each into the open row it fills most tightly.
+
+    A max-tree over remaining capacities finds the tightest row in
+    O(log capacity); rows with equal room are used oldest first and ties
+    in length keep the supplied order, so the plan is deterministic.
+    Rows are numbered in the order they open::
+
+        lengths [3, 2, 4], capacity 6: order C(4) A(3) B(2)
+        row 0: C C C C B B      B fills row 0 exactly (2 cells left)
+        row 1: A A A . . .
+    """
+    engine = _kernels.resolve(engine)
+    check_tree_capacity(capacity, "best-fit-decreasing")
+    leaves = _kernels.pow2_at_least(capacity)
+    tree = np.zeros(2 * leaves, dtype=np.int64)
+    head = np.full(capacity, -1, dtype=np.int64)
+    tail = np.full(capacity, -1, dtype=np.int64)
+    nxt = np.full(_row_bound(lengths, capacity), -1, dtype=np.int64)
+    return _decreasing(lengths, capacity, engine, "best_fit", tree, leaves, head, tail, nxt)
+
+
+def _decreasing(
+    lengths: np.ndarray, capacity: int, engine: str, kernel: str, *state: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run a fit ``kernel`` over the examples longest first; placements by example."""
+    order = decreasing_order(lengths, capacity, engine)
+    # The kernel reads lengths and writes placements in sorted order (sequential
+    # memory access); scattering back afterwards is several times faster.
+    n = lengths.shape[0]
+    rows, starts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    _kernels.call(engine, kernel, lengths[order], capacity, *state, rows, starts, inputs=1)
+    row_of, start_of = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    row_of[order] = rows
+    start_of[order] = starts
+    return row_of, start_of
+
+
+MAX_TREE_CAPACITY = 1 << 22
+
+
+def check_tree_capacity(capacity: int, policy: str) -> None:
+    """Best-fit policies index remaining capacities: keep the tree small."""
+    if capacity > MAX_TREE_CAPACITY:
+        raise InvalidInput(
+            f"capacity {capacity:,} exceeds {MAX_TREE_CAPACITY:,}, the largest {policy}"
+            " indexes; use first-fit-decreasing or next-fit"
+        )
+
+
+def stream_best_fit(
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    window: int | None = None,
+    max_open_rows: int | None = None,
+    seed: int = 0,
+    engine: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """:class:`~seqpack.stream_packer.StreamPacker` over an in-memory array.
+
+    ``window`` / ``max_open_rows`` of None take the packer's defaults.
+    """
+    from . import stream_packer as sp
+
+    packer = sp.StreamPacker(
+        capacity,
+        window=sp.DEFAULT_WINDOW if window is None else window,
+        max_open_rows=sp.DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
+        seed=seed,
+        engine=engine,
+    )
+    parts = [packer.push(lengths), packer.finish()]
+    n = lengths.shape[0]
+    row_of = np.empty(n, dtype=np.int64)
+    start_of = np.empty(n, dtype=np.int64)
+    for part in parts:
+        row_of[part.example] = part.row
+        start_of[part.example] = part.start
+    return row_of, start_of
+
+
 POLICIES: dict[str, PolicyFn] = {
     "next-fit": next_fit,
+    "first-fit-decreasing": first_fit_decreasing,
+    "best-fit-decreasing": best_fit_decreasing,
+    "stream-best-fit": stream_best_fit,
     "padded": one_per_row,
 }
+
+
+def _options_of(fn: PolicyFn) -> set[str]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:
     """Plan whole examples of the given prediction ``lengths`` into rows.
 
+    ``policy``: ``next-fit`` (supplied order, the default),
+    ``first-fit-decreasing``, ``best-fit-decreasing`` (fewest rows),
+    ``stream-best-fit`` (options ``window``, ``max_open_rows``, ``seed``)
+    or ``padded`` (one example per row). Every policy but ``padded`` takes
+    ``engine="auto"|"numba"|"python"``; both engines give the same plan.
+
     >>> plan = plan_rows([3, 2, 4], 6)
     >>> plan.row_of.tolist(), plan.start_of.tolist(), plan.num_rows
     ([0, 0, 1], [0, 3, 0], 2)
+    >>> plan_rows([3, 2, 4], 6, "best-fit-decreasing").row_of.tolist()
+    [1, 0, 0]
     """
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     labels = options.pop("labels", None)
+    unknown = set(options) - _options_of(POLICIES[policy])
+    if unknown:
+        raise InvalidInput(
+            f"policy {policy!r} takes no option {', '.join(sorted(unknown))};"
+            f" its options: {', '.join(sorted(_options_of(POLICIES[policy]))) or 'none'}"
+        )
     arr = check_lengths(lengths, capacity, labels)
     row_of, start_of = POLICIES[policy](arr, int(capacity), **options)
     num_rows = int(row_of.max()) + 1 if arr.shape[0] else 0
