@@ -1,5 +1,8 @@
 """PyTorch layer: attention backends over packed layouts, the tiny decoder, verification."""
 
+# Importing the backend modules registers "varlen", "flex", "flash" and "auto";
+# flex and flash import their kernels only when called.
+from . import auto, flash, flex, varlen  # noqa: F401
 from .attention import BACKENDS, AttentionLayout, attention, register_backend
 from .decoder import PROFILES, DecoderConfig, TinyDecoder
 

@@ -160,6 +160,10 @@ def attention(
 ) -> torch.Tensor:
     """Block-causal attention of ``q, k, v`` (R, H, T, D) under ``batch``'s permission.
 
+    ``backend``: ``"ranges"`` (reference), ``"dense"``, and, registered by
+    ``seqpack.nn``, ``"varlen"``, ``"flex"``, ``"flash"`` and ``"auto"``
+    (README, "Attention backends").
+
     >>> from seqpack.demo import fixture_batch
     >>> q = k = v = torch.ones(2, 2, 6, 4, dtype=torch.float64)
     >>> out = attention(q, k, v, fixture_batch())

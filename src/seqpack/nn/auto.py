@@ -1,0 +1,51 @@
+"""``auto``: the fastest backend that can serve these inputs on this machine.
+
+The rule (measured numbers in the README, "Attention backends"):
+
+* CUDA, float16/bfloat16: ``flash`` (flash-attn, else torch ``varlen_attn``);
+* CUDA, float32 (or no flash kernel): ``flex`` — fused, forward and backward;
+* CUDA, float64: ``varlen`` (FlexAttention's fused kernel has no float64);
+* CPU: ``varlen``, with or without grad. FlexAttention has no CPU
+  backward, and its compiled CPU forward costs a compile of ~10-20 s per
+  new shape for at best a tie with ``varlen``.
+
+Every choice is a backend that agrees with ``ranges`` in the tests, so the
+choice changes speed, never results beyond floating-point rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import NotAvailable
+from .attention import BACKENDS, AttentionLayout, register_backend
+from .flash import check_flash
+from .flex import COMPILED_DTYPES, check_flex
+
+
+def choose_backend(q: torch.Tensor) -> str:
+    """Name of the backend ``auto`` uses for ``q`` (its device and dtype)."""
+    if q.device.type != "cuda":
+        return "varlen"
+    try:
+        check_flash(q)
+        return "flash"
+    except NotAvailable:
+        pass
+    if q.dtype in COMPILED_DTYPES:
+        try:
+            check_flex(q, q, q)
+            return "flex"
+        except NotAvailable:
+            pass
+    return "varlen"
+
+
+def auto_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+) -> torch.Tensor:
+    """Dispatch to :func:`choose_backend`'s pick; ``q, k, v, out`` (R, H, T, D)."""
+    return BACKENDS[choose_backend(q)](q, k, v, layout, scale)
+
+
+register_backend("auto", auto_attention)

@@ -1,0 +1,117 @@
+"""``flex``: PyTorch FlexAttention with a ``BlockMask`` built from the permission predicate.
+
+The ``mask_mod`` *is* :func:`seqpack.permission.allowed_key` written over
+the layout's tensors: both cells valid, same segment, key position no later
+than the query's. ``create_block_mask`` evaluates it once per layout
+(cached in ``AttentionLayout.cache``); the compiled kernel then skips every
+128x128 tile with no permitted edge and masks the partial ones. Fixture
+row 0 (A = columns 0-2, B = 3-4, padding at 5) is one partial tile in which
+``mask_mod`` permits A's 6 and B's 3 causal edges and nothing else.
+
+Constraints (checked before any kernel runs, each a :class:`NotAvailable`
+naming the fix — never a silent fallback):
+
+* CPU has no FlexAttention backward: inputs that require grad on CPU are
+  refused (use ``varlen`` or ``ranges`` there).
+* The fused (compiled) kernel takes float32 / bfloat16 / float16; float64
+  runs FlexAttention's unfused eager path, which materialises the
+  ``(R, H, T, T)`` scores (a verification path, not a fast one).
+* The compiled wrapper uses ``fullgraph=True``: a failing compiled call
+  otherwise marks the function as skipped and every later call silently runs
+  the unfused path (measured on torch 2.13), and a recompile-limit hit
+  otherwise degrades the same way. Failures surface as ``NotAvailable``.
+
+The module imports FlexAttention lazily, so ``import seqpack.nn`` stays
+cheap and never fails where FlexAttention is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from ..errors import NotAvailable
+from .attention import AttentionLayout, register_backend
+
+#: Dtypes the fused FlexAttention kernel accepts (CPU and CUDA).
+COMPILED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _flex_module() -> Any:
+    try:
+        from torch.nn.attention import flex_attention as flex
+    except ImportError as err:  # torch < 2.5
+        raise NotAvailable(
+            f"FlexAttention needs torch >= 2.5 (found {torch.__version__});"
+            " upgrade torch or use backend='varlen'"
+        ) from err
+    return flex
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    return torch.compile(_flex_module().flex_attention, dynamic=False, fullgraph=True)
+
+
+def flex_block_mask(layout: AttentionLayout) -> Any:
+    """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
+    if "flex_block_mask" not in layout.cache:
+        valid, segments, positions = layout.valid, layout.segments, layout.positions
+
+        def permitted(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            return (
+                valid[b, q_idx]
+                & valid[b, kv_idx]
+                & (segments[b, q_idx] == segments[b, kv_idx])
+                & (positions[b, kv_idx] <= positions[b, q_idx])
+            )
+
+        rows, width = layout.shape
+        layout.cache["flex_block_mask"] = _flex_module().create_block_mask(
+            permitted, rows, None, width, width, device=valid.device
+        )
+    return layout.cache["flex_block_mask"]
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors)
+
+
+def check_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise :class:`NotAvailable` when FlexAttention cannot serve these inputs here."""
+    _flex_module()
+    if q.device.type == "cpu" and needs_grad(q, k, v):
+        raise NotAvailable(
+            "FlexAttention has no backward on CPU (inputs require grad); use"
+            " backend='varlen' (or 'ranges') to train on CPU, or run flex under torch.no_grad()"
+        )
+
+
+def flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+) -> torch.Tensor:
+    """FlexAttention over ``flex_block_mask(layout)``; ``q, k, v, out`` (R, H, T, D)."""
+    check_flex(q, k, v)
+    if not needs_grad(q, k, v):  # FlexAttention refuses CPU inputs that merely require grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    block_mask = flex_block_mask(layout)
+    if q.dtype in COMPILED_DTYPES:
+        try:
+            out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)
+        except Exception as err:  # Dynamo/Inductor raise many types; keep the cause chained
+            raise NotAvailable(
+                f"compiled FlexAttention failed for {q.dtype} {tuple(q.shape)} on {q.device}:"
+                f" {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''};"
+                " use backend='varlen'"
+            ) from err
+    else:
+        with warnings.catch_warnings():  # the unfused path is deliberate here
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            out = _flex_module().flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    return out * layout.valid[:, None, :, None]
+
+
+register_backend("flex", flex_attention)

@@ -1,0 +1,181 @@
+"""``varlen``: attention inside each segment's causal block only, in pure PyTorch.
+
+The dense backend scores the whole ``R*T^2`` rectangle and masks most of it;
+this one visits ``Σ l^2`` cells. Segments are contiguous in their row, so a
+segment is the cells ``[start, start + l)`` of the flat ``R*T`` cell axis and
+its block is plain causal attention over them. Segments of equal or similar
+length are stacked into one ``scaled_dot_product_attention`` call on 4-D
+``(n, H, L, D)`` inputs with ``is_causal=True`` (4-D inputs are ~10x faster
+than 3-D on CPU; nested jagged tensors reject causal attention on CPU).
+
+A segment shorter than its group's ``L`` is right-padded by repeating its own
+last cell: causal attention never lets a real query see a later key, the
+padded queries' outputs are dropped, and the group never reads another
+segment's cells. Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) with
+``bucketing="exact"``::
+
+    group (n=1, L=3): A -> cells [0, 1, 2]
+    group (n=1, L=2): B -> cells [3, 4]
+    scatter: cell 5 (padding) reads the zero row
+
+All index tensors are built once per layout (:func:`varlen_plan`, cached in
+``AttentionLayout.cache``) and reused by every layer; a call costs one gather
+of ``q, k, v``, one SDPA per group and one gather back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import InvalidInput
+from .attention import AttentionLayout, register_backend
+
+#: Bucketing policies: one call per segment, one per distinct length, or the
+#: cost-model grouping of similar lengths (the default; see README for the
+#: measured comparison).
+BUCKETING = ("segment", "exact", "bucket")
+
+#: Cost model of one fused SDPA forward+backward call on ``n`` segments
+#: padded to ``L``: ``CALL_COST + n * L * (L + TOKEN_COST)`` score cells.
+#: Fitted on this machine's CPU (H=4, D=64, float32, one thread): a call
+#: costs ~28 us, a score cell ~0.025 us, a token ~1.2 us.
+CALL_COST = 1024
+TOKEN_COST = 48
+
+
+@dataclass(frozen=True)
+class VarlenPlan:
+    """Gather/scatter indices of one layout, shared by all layers and heads.
+
+    ``gather`` int64 (P,): flat cell (into ``R*T``) of each padded slot,
+    groups laid out one after another, each as ``n`` segments of ``L`` slots;
+    ``scatter`` int64 (R*T,): ``1 +`` the slot holding each valid cell's
+    output, ``0`` (the zero row) for padding; ``groups``: ``(n, L)`` per call.
+    """
+
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    groups: tuple[tuple[int, int], ...]
+
+    @property
+    def padded_slots(self) -> int:
+        return int(self.gather.shape[0])
+
+
+def group_segments(
+    lengths: np.ndarray,
+    bucketing: str = "bucket",
+    call_cost: float = CALL_COST,
+    token_cost: float = TOKEN_COST,
+) -> list[np.ndarray]:
+    """Partition segment indices into SDPA calls; each group is sorted longest first.
+
+    ``segment``: one call per segment. ``exact``: one call per distinct
+    length (no padding). ``bucket``: the longest-first contiguous grouping
+    of minimum modelled cost ``Σ_g call_cost + n_g * L_g * (L_g + token_cost)``
+    (dynamic programming over the distinct lengths; merging equal lengths
+    is always cheaper, so ``bucket`` never makes more calls than ``exact``).
+
+    >>> [g.tolist() for g in group_segments(np.array([3, 2, 3]), "exact")]
+    [[0, 2], [1]]
+    """
+    if bucketing not in BUCKETING:
+        raise InvalidInput(f"unknown bucketing {bucketing!r}; choose one of {', '.join(BUCKETING)}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    if bucketing == "segment" or order.size == 0:
+        return [order[i : i + 1] for i in range(order.size)]
+    sorted_lengths = lengths[order]
+    run_starts = np.flatnonzero(np.r_[True, sorted_lengths[1:] != sorted_lengths[:-1]])
+    if bucketing == "exact":
+        return np.split(order, run_starts[1:])
+    run_length = sorted_lengths[run_starts].astype(np.float64)  # descending
+    before = np.r_[run_starts, order.size]  # segments before run u
+    runs = run_starts.size
+    best = np.zeros(runs + 1)
+    cut = np.zeros(runs + 1, dtype=np.int64)
+    for i in range(1, runs + 1):
+        n = before[i] - before[:i]  # segments in runs j..i-1, padded to run j's length
+        cost = best[:i] + call_cost + n * run_length[:i] * (run_length[:i] + token_cost)
+        cut[i] = int(np.argmin(cost))
+        best[i] = cost[cut[i]]
+    groups = []
+    i = runs
+    while i > 0:
+        groups.append(order[before[cut[i]] : before[i]])
+        i = int(cut[i])
+    return groups[::-1]
+
+
+def varlen_plan(layout: AttentionLayout, bucketing: str = "bucket") -> VarlenPlan:
+    """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
+    key = f"varlen:{bucketing}"
+    if key in layout.cache:
+        return layout.cache[key]
+    rows, width = layout.shape
+    lengths = layout.lengths
+    cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
+    starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each segment's position 0
+    scatter = np.zeros(rows * width, dtype=np.int64)
+    gather_parts, groups = [], []
+    offset = 0
+    for members in group_segments(lengths, bucketing):
+        n, size = members.size, int(lengths[members].max())
+        steps = np.arange(size, dtype=np.int64)
+        first, seg_len = starts[members][:, None], lengths[members][:, None]  # (n, 1)
+        gather_parts.append((first + np.minimum(steps, seg_len - 1)).ravel())
+        real = steps < seg_len  # (n, L)
+        slot = offset + np.arange(n, dtype=np.int64)[:, None] * size + steps
+        scatter[(first + steps)[real]] = slot[real] + 1
+        groups.append((n, size))
+        offset += n * size
+    device = layout.valid.device
+    gather = np.concatenate(gather_parts) if gather_parts else np.zeros(0, dtype=np.int64)
+    plan = VarlenPlan(
+        gather=torch.as_tensor(gather, device=device),
+        scatter=torch.as_tensor(scatter, device=device),
+        groups=tuple(groups),
+    )
+    layout.cache[key] = plan
+    return plan
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    bucketing: str = "bucket",
+) -> torch.Tensor:
+    """Block-causal attention computed per segment group; ``q, k, v, out`` (R, H, T, D)."""
+    rows, heads, width, _ = q.shape
+    plan = varlen_plan(layout, bucketing)
+
+    def slots(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (P, H, D)
+        flat = x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1])
+        return flat.index_select(0, plan.gather)
+
+    # One gather per tensor, split into groups: split's backward is a single
+    # cat, where narrowing each group would zero-fill a full-size gradient per call.
+    sizes = [n * size for n, size in plan.groups]
+    parts = zip(*(slots(x).split(sizes) for x in (q, k, v)), plan.groups, strict=True)
+    outs = [v.new_zeros(1, heads, v.shape[-1])]  # the zero row read by padding cells
+    for qg, kg, vg, (n, size) in parts:
+
+        def block(x: torch.Tensor, n: int = n, size: int = size) -> torch.Tensor:
+            return x.view(n, size, heads, x.shape[-1]).transpose(1, 2)  # (n, H, L, D)
+
+        o = F.scaled_dot_product_attention(
+            block(qg), block(kg), block(vg), is_causal=True, scale=scale
+        )
+        outs.append(o.transpose(1, 2).reshape(n * size, heads, v.shape[-1]))  # (n*L, H, D)
+    out = torch.cat(outs).index_select(0, plan.scatter)  # (R*T, H, D)
+    return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
+
+
+register_backend("varlen", varlen_attention)
