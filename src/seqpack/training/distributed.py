@@ -20,12 +20,18 @@ processing time first), where load is the rows' eligible-target count
 (``balance="tokens"``) or their attention cost ``Σ l²`` over segments
 (``balance="attention"``); ties break by slot index, so the schedule is a
 pure function of (inputs, seed, epoch).
+
+:class:`RowSampler` turns a schedule into the micro-batches of one rank
+(:class:`Slot`), each carrying the eligible-target count of its whole
+optimizer step across every rank and micro-batch, so the loss can be
+normalised before the forward pass (:mod:`seqpack.training.loss`).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -127,19 +133,274 @@ def _balance_step(
 ) -> tuple[list[list[int]], np.ndarray]:
     """Longest-first greedy into ``slots`` slots of at most ``per_slot`` rows each.
 
-    With fewer rows than ``slots * per_slot`` (the short last step) the
-    per-slot cap becomes ``ceil(len(rows) / slots)`` so rows spread evenly.
+    Each row (heaviest first, stable) joins the open slot with the least load,
+    ties to the lowest slot index (a heap of ``(load, slot)``). With fewer rows
+    than ``slots * per_slot`` (the short last step) the per-slot cap becomes
+    ``ceil(len(rows) / slots)`` so rows spread evenly.
     """
     cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
     groups: list[list[int]] = [[] for _ in range(slots)]
     load = np.zeros(slots, dtype=np.float64)
-    count = np.zeros(slots, dtype=np.int64)
-    for i in np.argsort(-loads, kind="stable"):
-        open_slots = np.flatnonzero(count < cap)
-        target = open_slots[np.argmin(load[open_slots])]
+    heap = [(0.0, s) for s in range(slots)]
+    for i in np.argsort(-loads, kind="stable").tolist():
+        total, target = heapq.heappop(heap)
         groups[target].append(int(rows[i]))
-        load[target] += loads[i]
-        count[target] += 1
+        total += float(loads[i])
+        load[target] = total
+        if len(groups[target]) < cap:
+            heapq.heappush(heap, (total, target))
     for g in groups:
         g.sort()
     return groups, load
+
+
+@dataclass(frozen=True, eq=False)
+class RowStats:
+    """Per packed row, arrays of shape [rows]: ``tokens`` int64 (valid cells, Σl over its
+    segments), ``eligible`` int64 (loss-eligible targets), ``attention`` float64 (Σl²).
+
+    Fixture (rows ``[A A A B B .]`` and ``[C C C C . .]``): tokens ``[5, 4]``,
+    eligible ``[5, 4]``, attention ``[3²+2², 4²] = [13, 16]``.
+    """
+
+    tokens: np.ndarray
+    eligible: np.ndarray
+    attention: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @classmethod
+    def from_segments(
+        cls, lengths: np.ndarray, row_of: np.ndarray, eligible: np.ndarray
+    ) -> RowStats:
+        """From per-occurrence ``lengths`` and ``row_of`` (int [k]) and per-row ``eligible``."""
+        eligible = np.asarray(eligible, dtype=np.int64)
+        row_of = np.asarray(row_of, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        tokens = np.zeros(eligible.shape[0], dtype=np.int64)
+        np.add.at(tokens, row_of, lengths)
+        attention = np.zeros(eligible.shape[0], dtype=np.float64)
+        np.add.at(attention, row_of, lengths.astype(np.float64) ** 2)
+        return cls(tokens=tokens, eligible=eligible, attention=attention)
+
+    @classmethod
+    def from_batches(cls, batches: Any) -> RowStats:
+        """Rows of ``batches`` (PackedBatch objects) numbered consecutively in order."""
+        lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+        first = 0
+        for batch in batches:
+            occ = batch.occurrences
+            lengths.append(occ.col_end - occ.col_start)
+            row_of.append(occ.row + first)
+            eligible.append(batch.loss_mask.sum(axis=1, dtype=np.int64))
+            first += batch.shape[0]
+        return cls.from_segments(
+            np.concatenate(lengths),
+            np.concatenate(row_of),
+            np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
+        )
+
+    def costs(self, balance: Balance) -> np.ndarray:
+        """Load per row for :func:`schedule_rows`: tokens, attention (Σl²) or none (zeros)."""
+        if balance == "tokens":
+            return self.tokens.astype(np.float64)
+        if balance == "attention":
+            return self.attention.copy()
+        if balance == "none":
+            return np.zeros(len(self), dtype=np.float64)
+        raise InvalidInput(f"unknown balance {balance!r}; use tokens, attention or none")
+
+
+def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.ndarray:
+    """Eligible targets of every optimizer step over all ranks and micro-batches, int64 [steps].
+
+    Known from the plan alone, before any forward pass: the denominator of
+    the step's token-weighted mean.
+    """
+    per_step = schedule.world_size * schedule.micro_batches
+    sizes = np.diff(schedule.slot_offsets)
+    step_of_row = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) // per_step, sizes)
+    out = np.zeros(schedule.steps, dtype=np.int64)
+    np.add.at(out, step_of_row, np.asarray(eligible, dtype=np.int64)[schedule.row_ids])
+    return out
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch of one rank: the global ``rows`` it holds (possibly none).
+
+    ``step_eligible`` is N of the whole optimizer step (every rank, every
+    micro-batch): divide this micro-batch's raw loss sum by it.
+    ``index`` is the slot's place in this rank's sequence for the epoch;
+    resume after it with ``position = index + 1``.
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    micro: int
+    micro_batches: int
+    rows: tuple[int, ...]
+    step_eligible: int
+    index: int
+
+    @property
+    def last_micro(self) -> bool:
+        """True on the micro-batch whose backward should synchronise gradients."""
+        return self.micro == self.micro_batches - 1
+
+
+SAMPLER_FORMAT = "seqpack.row-sampler/1"
+_SAMPLER_CONFIG = (
+    "rows",
+    "world_size",
+    "rank",
+    "micro_batches",
+    "rows_per_micro_batch",
+    "seed",
+    "balance",
+    "shuffle",
+)
+
+
+def _default_world() -> tuple[int, int]:
+    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1, 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class RowSampler:
+    """This rank's micro-batches of an epoch, from :func:`schedule_rows`.
+
+    Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
+    :class:`Slot` objects, the dataset turns each into its rows
+    (:class:`seqpack.training.data.PackedDataset`), the collator into tensors.
+    Every rank yields exactly ``steps * micro_batches`` slots; a short final
+    step holds explicitly empty slots rather than dropping or repeating rows.
+    ``world_size``/``rank`` default to the initialised ``torch.distributed``
+    group (else 1 and 0).
+
+    Resumable: ``state_dict()`` records the epoch and how many slots this
+    iterator has yielded; a fresh sampler given ``load_state_dict(state)``
+    continues with exactly the remaining slots.
+    """
+
+    def __init__(
+        self,
+        stats: RowStats,
+        *,
+        rows_per_micro_batch: int,
+        micro_batches: int = 1,
+        world_size: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        balance: Balance = "tokens",
+        shuffle: bool = True,
+    ) -> None:
+        default_world, default_rank = _default_world()
+        self.world_size = default_world if world_size is None else int(world_size)
+        self.rank = default_rank if rank is None else int(rank)
+        if not 0 <= self.rank < self.world_size:
+            raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        self.stats = stats
+        self.rows = len(stats)
+        self.micro_batches = micro_batches
+        self.rows_per_micro_batch = rows_per_micro_batch
+        self.seed = seed
+        self.balance = balance
+        self.shuffle = shuffle
+        self._costs = stats.costs(balance)
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
+        self._scheduled()  # validates the arguments now
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first slot (a new seeded order)."""
+        self.epoch = int(epoch)
+        self.position = 0
+
+    @property
+    def schedule(self) -> StepSchedule:
+        """The whole epoch's schedule (every rank), computed once per epoch."""
+        return self._scheduled()[0]
+
+    @property
+    def step_eligible(self) -> np.ndarray:
+        """Eligible targets per optimizer step over all ranks, int64 [steps]."""
+        return self._scheduled()[1]
+
+    def _scheduled(self) -> tuple[StepSchedule, np.ndarray]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            schedule = schedule_rows(
+                self._costs,
+                world_size=self.world_size,
+                micro_batches=self.micro_batches,
+                rows_per_micro_batch=self.rows_per_micro_batch,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+            )
+            self._cache = (
+                self.epoch,
+                schedule,
+                step_eligible_counts(schedule, self.stats.eligible),
+            )
+        return self._cache[1], self._cache[2]
+
+    def __len__(self) -> int:
+        return self.schedule.steps * self.micro_batches
+
+    def slot(self, index: int) -> Slot:
+        """This rank's ``index``-th slot of the epoch."""
+        schedule, counts = self._scheduled()
+        step, micro = divmod(index, self.micro_batches)
+        rows = schedule.slot(step, self.rank, micro)
+        return Slot(
+            self.epoch,
+            step,
+            self.rank,
+            micro,
+            self.micro_batches,
+            tuple(rows.tolist()),
+            int(counts[step]),
+            index,
+        )
+
+    def __iter__(self):
+        start = self.position
+        for index in range(start, len(self)):
+            self.position = index + 1
+            yield self.slot(index)
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Configuration, epoch and position (slots yielded so far), as plain data."""
+        return {
+            "format": SAMPLER_FORMAT,
+            "epoch": self.epoch,
+            "position": self.position,
+            **{key: getattr(self, key) for key in _SAMPLER_CONFIG},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was taken; the configuration must match."""
+        if state.get("format") != SAMPLER_FORMAT:
+            raise InvalidInput(f"not a row-sampler state (format {state.get('format')!r})")
+        for key in _SAMPLER_CONFIG:
+            if state[key] != getattr(self, key):
+                raise InvalidInput(
+                    f"sampler state has {key}={state[key]!r} but this sampler has"
+                    f" {getattr(self, key)!r} — build the sampler with the saved settings"
+                )
+        self.epoch = int(state["epoch"])
+        position = int(state["position"])
+        if not 0 <= position <= len(self):
+            raise InvalidInput(f"sampler position {position} outside 0..{len(self)}")
+        self.position = position

@@ -1,0 +1,380 @@
+"""PyTorch data path: packed rows -> model calls -> tensors.
+
+:class:`PackedDataset` reads a packed directory (``seqpack pack``) as model
+calls, or as any selection of its rows (what :class:`RowSampler` slots ask
+for); :class:`PackedCollator` turns a model call into tensors. The fixture's
+call (rows ``[A A A B B .]`` and ``[C C C C . .]``) collates, with
+``pad_id=0``, to::
+
+    input_ids     [[ 0, 99, 100,   0, 101,    0], [  0, 102, 103, 104,    0,    0]]
+    labels        [[99, 100,  1, 101,   1, -100], [102, 103, 104,   1, -100, -100]]
+    position_ids  [[ 0,  1,   2,   0,   1,    0], [  0,   1,   2,   3,    0,    0]]
+    segment_ids   [[ 0,  0,   0,   1,   1,   -1], [  2,   2,   2,   2,   -1,   -1]]
+    cu_seq_lens_q = cu_seq_lens_k = [0, 3, 5, 9]     max_length_q = max_length_k = 4
+    num_items_in_batch = 9
+
+``labels`` are aligned with ``input_ids``: ``labels[r, c]`` is the token
+cell ``c`` must predict (already shifted, never a pair across examples), or
+``-100`` where the target is not loss-eligible. A Hugging Face model must
+therefore receive them as ``shift_labels`` (or the loss be computed outside
+it), never as ``labels``, which it would shift once more.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..batch import NO_SEGMENT, Occurrences, PackedBatch
+from ..compact import CompactRows
+from ..errors import InvalidInput
+from ..examples import Binding, Partition
+from ..nn.attention import AttentionLayout
+from ..store import IGNORE_INDEX, PackedStore, load_packed
+from .distributed import RowStats, Slot
+
+_CELL_FIELDS = (
+    "inputs",
+    "targets",
+    "segments",
+    "positions",
+    "input_valid",
+    "target_valid",
+    "loss_mask",
+)
+
+
+def _occurrences_take(occ: Occurrences, index: np.ndarray, rows: np.ndarray) -> Occurrences:
+    """Occurrences ``index`` with their rows replaced by ``rows``."""
+    values = {f.name: getattr(occ, f.name)[index] for f in fields(Occurrences)}
+    return Occurrences(**(values | {"row": rows.astype(np.int64)}))
+
+
+def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedBatch:
+    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order.
+
+    Occurrences follow their rows; ``first_row`` becomes the global index of
+    the first selected row (later rows need not be consecutive). An empty
+    selection gives a call of 0 rows.
+    """
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    count = batch.shape[0]
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= count):
+        raise InvalidInput(f"row selection {rows.tolist()} lies outside 0..{count - 1}")
+    if np.unique(rows).shape[0] != rows.shape[0]:
+        raise InvalidInput(f"row selection {rows.tolist()} repeats a row; select each row once")
+    new_of_old = np.full(count, -1, dtype=np.int64)
+    new_of_old[rows] = np.arange(rows.shape[0], dtype=np.int64)
+    occ = batch.occurrences
+    new_row = new_of_old[occ.row]
+    keep = np.flatnonzero(new_row >= 0)
+    keep = keep[np.lexsort((occ.col_start[keep], new_row[keep]))]  # storage order
+    cells = {name: getattr(batch, name)[rows] for name in _CELL_FIELDS}
+    first = batch.first_row + int(rows[0]) if rows.size else batch.first_row
+    return replace(
+        batch, **cells, occurrences=_occurrences_take(occ, keep, new_row[keep]), first_row=first
+    )
+
+
+def empty_batch(
+    capacity: int, partition: Partition | str, binding: Binding, first_row: int = 0
+) -> PackedBatch:
+    """A model call of 0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
+    none = np.zeros(0, dtype=np.int64)
+    return CompactRows(
+        tokens=np.zeros(0, dtype=np.int32),
+        loss_mask=np.zeros(0, dtype=bool),
+        lengths=none,
+        starts=none,
+        row_offsets=np.zeros(1, dtype=np.int64),
+        ordinals=none,
+        source_ids=np.zeros(0, dtype=object),
+        example_ids=np.zeros(0, dtype=object),
+        range_starts=none,
+        range_ends=none,
+        capacity=capacity,
+        partition=Partition.parse(partition),
+        binding=binding,
+        first_row=first_row,
+    ).to_batch()
+
+
+def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
+    """Stack the rows of several model calls (same capacity, partition, binding) into one."""
+    if not batches:
+        raise InvalidInput("concat_batches needs at least one batch")
+    head = batches[0]
+    for b in batches[1:]:
+        if b.shape[1] != head.shape[1] or b.partition is not head.partition:
+            raise InvalidInput(
+                f"cannot stack a {b.partition.value} batch of width {b.shape[1]} onto a"
+                f" {head.partition.value} batch of width {head.shape[1]}"
+            )
+        head.binding.require(b.binding, "a stacked batch")
+    if len(batches) == 1:
+        return head
+    parts = [b.occurrences for b in batches]
+    occ = {f.name: np.concatenate([getattr(o, f.name) for o in parts]) for f in fields(Occurrences)}
+    offsets = np.cumsum([0] + [b.shape[0] for b in batches[:-1]])
+    occ["row"] = np.concatenate([o.row + off for o, off in zip(parts, offsets, strict=True)])
+    cells = {name: np.concatenate([getattr(b, name) for b in batches]) for name in _CELL_FIELDS}
+    return replace(head, **cells, occurrences=Occurrences(**occ))
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledBatch:
+    """A model call together with the :class:`Slot` it fills (step, rank, micro, step count)."""
+
+    batch: PackedBatch
+    slot: Slot
+
+
+class PackedDataset(Dataset):
+    """Map-style dataset over a packed directory (checksums and binding verified on open).
+
+    ``ds[i]`` (int) is model call ``i`` exactly as packed; ``ds[slot]`` (a
+    :class:`Slot` from :class:`RowSampler`) is a :class:`ScheduledBatch` of
+    the slot's rows; ``ds.rows([5, 2, 9])`` is any selection of global rows.
+    ``row_stats()`` gives the per-row counts a :class:`RowSampler` needs.
+    Up to ``cache_shards`` decoded shards are kept (least recently used out).
+    """
+
+    def __init__(
+        self,
+        source: str | Path | PackedStore,
+        expected_binding: Binding | None = None,
+        *,
+        cache_shards: int = 4,
+        verify: bool = True,
+    ) -> None:
+        if isinstance(source, PackedStore):
+            if expected_binding is not None:
+                expected_binding.require(source.binding, f"packed data {source.path}")
+            self.store = source
+        else:
+            self.store = load_packed(source, expected_binding, verify=verify)
+        if cache_shards < 1:
+            raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
+        self.cache_shards = cache_shards
+        self._shards: OrderedDict[int, CompactRows] = OrderedDict()
+        self._stats: RowStats | None = None
+        self._first_rows = np.array(
+            [s["first_row"] for s in self.store.shards] + [self.store.num_rows], dtype=np.int64
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get the dataset pickled: send no decoded shards.
+        return self.__dict__ | {"_shards": OrderedDict()}
+
+    @property
+    def num_rows(self) -> int:
+        return self.store.num_rows
+
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity
+
+    @property
+    def binding(self) -> Binding:
+        return self.store.binding
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, index: int | Slot) -> PackedBatch | ScheduledBatch:
+        if isinstance(index, Slot):
+            return ScheduledBatch(self.rows(index.rows), index)
+        return self.store[int(index)]
+
+    def _shard(self, k: int) -> CompactRows:
+        if k in self._shards:
+            self._shards.move_to_end(k)
+            return self._shards[k]
+        rows = self.store.shard_rows(k)
+        self._shards[k] = rows
+        if len(self._shards) > self.cache_shards:
+            self._shards.popitem(last=False)
+        return rows
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
+        """Global rows ``ids`` (distinct, in this order) as one model call; none: 0 rows."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
+            raise InvalidInput(f"rows {ids.tolist()} lie outside 0..{self.num_rows - 1}")
+        if np.unique(ids).shape[0] != ids.shape[0]:
+            raise InvalidInput(f"rows {ids.tolist()} repeat a row; select each row once")
+        if not ids.size:
+            return empty_batch(self.capacity, self.store.partition, self.binding)
+        shard_of = np.searchsorted(self._first_rows, ids, "right") - 1
+        parts = []
+        for row, k in zip(ids.tolist(), shard_of.tolist(), strict=True):
+            shard = self._shard(k)
+            local = row - shard.first_row
+            parts.append(shard.slice_rows(local, local + 1).to_batch())
+        return concat_batches(parts)
+
+    def row_stats(self) -> RowStats:
+        """Valid tokens, eligible targets and Σl² of every row (read once, then cached)."""
+        if self._stats is None:
+            lengths, row_of, eligible = [], [], []
+            for k in range(len(self.store.shards)):
+                shard = self._shard(k)
+                rows_of_occ = shard.row_of
+                lengths.append(shard.lengths)
+                row_of.append(rows_of_occ + shard.first_row)
+                per_row = np.zeros(shard.num_rows, dtype=np.int64)
+                np.add.at(per_row, np.repeat(rows_of_occ, shard.lengths), shard.loss_mask)
+                eligible.append(per_row)
+            empty = [np.zeros(0, np.int64)]
+            self._stats = RowStats.from_segments(
+                np.concatenate(empty + lengths),
+                np.concatenate(empty + row_of),
+                np.concatenate(empty + eligible),
+            )
+        return self._stats
+
+
+def _as_batch(item: Any) -> tuple[PackedBatch, Slot | None]:
+    if isinstance(item, ScheduledBatch):
+        return item.batch, item.slot
+    if isinstance(item, PackedBatch):
+        return item, None
+    if isinstance(item, (list, tuple)) and item:
+        if len(item) == 1:
+            return _as_batch(item[0])
+        if all(isinstance(b, PackedBatch) for b in item):
+            return concat_batches(item), None
+    raise InvalidInput(
+        f"cannot collate {type(item).__name__}; pass a PackedBatch, a ScheduledBatch, or a list"
+        " of PackedBatch (use DataLoader(batch_size=None) with a RowSampler)"
+    )
+
+
+class PackedCollator:
+    """Tensors for one model call (see the module docstring for the fixture's values).
+
+    Keys: ``input_ids`` int64 (``pad_id`` on padding), ``labels`` int64
+    (``ignore_index`` where not loss-eligible), ``position_ids`` int64,
+    ``segment_ids`` int64 (-1 on padding), ``cu_seq_lens_q``/``_k`` int32
+    [S+1] over the valid cells in row-major order, ``max_length_q``/``_k``
+    (int), ``num_eligible`` (int, this call's eligible targets) and
+    ``num_items_in_batch`` (int: the whole optimizer step's count across
+    ranks and micro-batches for a :class:`ScheduledBatch`, else this call's).
+    Rows mode (default) keeps ``[R, T]`` and adds ``valid_index`` int64
+    [Σl] (flat cells to gather); ``flatten=True`` drops padding and returns
+    ``[1, Σl]`` tensors (what varlen / flash kernels and HF's flattening
+    collator use). ``attention_mask=True`` (rows mode only) adds the
+    permission as a bool ``[R, 1, T, T]`` mask (True = may attend). A
+    scheduled call also carries its ``slot``.
+    """
+
+    def __init__(
+        self,
+        pad_id: int = 0,
+        *,
+        ignore_index: int = IGNORE_INDEX,
+        flatten: bool = False,
+        attention_mask: bool = False,
+    ) -> None:
+        if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
+            raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
+        if flatten and attention_mask:
+            raise InvalidInput("flatten=True has no padding to mask; use attention_mask=False")
+        self.pad_id = int(pad_id)
+        self.ignore_index = int(ignore_index)
+        self.flatten = flatten
+        self.attention_mask = attention_mask
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        batch, slot = _as_batch(item)
+        cu = batch.cu_seqlens()
+        cells = {
+            "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
+            "labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
+            "position_ids": batch.position_ids(),
+            "segment_ids": batch.segments,
+        }
+        if self.flatten:
+            cells = {k: v.reshape(-1)[cu.valid_index][None] for k, v in cells.items()}
+        out: dict[str, Any] = {
+            k: torch.as_tensor(np.ascontiguousarray(v), dtype=torch.int64) for k, v in cells.items()
+        }
+        cu_t = torch.as_tensor(cu.cu_seqlens, dtype=torch.int32)
+        out |= {
+            "cu_seq_lens_q": cu_t,
+            "cu_seq_lens_k": cu_t.clone(),
+            "max_length_q": cu.max_seqlen,
+            "max_length_k": cu.max_seqlen,
+            "num_eligible": batch.eligible_count,
+            "num_items_in_batch": batch.eligible_count if slot is None else slot.step_eligible,
+        }
+        if not self.flatten:
+            out["valid_index"] = torch.as_tensor(cu.valid_index, dtype=torch.int64)
+        if self.attention_mask:
+            out["attention_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
+        if slot is not None:
+            out["slot"] = slot
+        return out
+
+
+def move_features(features: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """The collated dict with every tensor on ``device`` (other values as they are)."""
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        for k, v in features.items()
+    }
+
+
+def layout_from_features(
+    features: dict[str, Any], device: torch.device | str | None = None
+) -> AttentionLayout:
+    """The :class:`AttentionLayout` of rows-mode features, equal to ``from_batch``'s.
+
+    Lets a training loop run :class:`~seqpack.nn.TinyDecoder` from collated
+    tensors alone: ``model(features["input_ids"], layout_from_features(features))``.
+    """
+    if "valid_index" not in features:
+        raise InvalidInput("layout_from_features needs rows-mode features (flatten=False)")
+    seg = features["segment_ids"].to(device)
+    pos = features["position_ids"].to(device)
+    valid = seg != NO_SEGMENT
+    cols = torch.arange(seg.shape[1], device=seg.device).expand_as(seg)
+    cu = features["cu_seq_lens_q"]
+    return AttentionLayout(
+        valid=valid,
+        segments=seg,
+        positions=pos,
+        key_starts=torch.where(valid, cols - pos, cols),
+        key_ends=torch.where(valid, cols + 1, cols),
+        cu_seqlens=cu.to(device),
+        max_seqlen=int(features["max_length_q"]),
+        valid_index=features["valid_index"].to(device),
+        lengths=np.diff(cu.cpu().numpy()).astype(np.int64),
+    )
+
+
+def decoder_inputs(
+    features: dict[str, Any], device: torch.device | str | None = None
+) -> tuple[torch.Tensor, AttentionLayout]:
+    """``(ids, layout)`` for :class:`~seqpack.nn.TinyDecoder` from rows-mode features."""
+    return features["input_ids"].to(device), layout_from_features(features, device)
+
+
+__all__ = [
+    "PackedCollator",
+    "PackedDataset",
+    "ScheduledBatch",
+    "concat_batches",
+    "decoder_inputs",
+    "empty_batch",
+    "layout_from_features",
+    "move_features",
+    "select_rows",
+]

@@ -1,0 +1,373 @@
+"""Iterable dataset over a stream: documents -> examples -> StreamPacker -> scheduled calls.
+
+For corpora read once, in order, without a packed directory. Documents are
+read in chunks and their examples pushed to a
+:class:`~seqpack.stream_packer.StreamPacker` (bounded memory: only examples
+still waiting or in open rows are held). Closed rows gather into optimizer
+steps of ``world_size * micro_batches * rows_per_micro_batch`` rows; each
+step is split with :func:`schedule_rows` (no shuffle, balanced by load), so
+every rank yields exactly ``micro_batches`` slots per step, with explicit
+empty slots in a short last step, and every slot carries the step's global
+eligible count. Every rank packs the whole stream (the packer is
+deterministic), so no communication is needed to agree on the steps.
+
+Resumable: ``state_dict()`` is small plain data (the packer's state, the
+closed rows not yet trained on, the document cursor); after
+``load_state_dict``, iteration re-reads the source from the first document
+that still has a waiting example and continues exactly as the uninterrupted
+run would have. The source must therefore give the same documents in the
+same order each time it is iterated (a list, a ``datasets.Dataset``, or a
+function returning a fresh iterator).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ..batch import check_segment_namespace
+from ..compact import CompactRows
+from ..errors import InvalidInput, OversizedExample
+from ..examples import Binding, Partition, as_token_array, long_ranges
+from ..store import IGNORE_INDEX
+from ..stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from ..tokenizers import Tokenizer
+from .data import ScheduledBatch
+from .distributed import Balance, RowStats, Slot, _default_world, schedule_rows
+
+STATE_FORMAT = "seqpack.stream-dataset/1"
+_CONFIG = (
+    "capacity",
+    "rows_per_micro_batch",
+    "micro_batches",
+    "world_size",
+    "rank",
+    "window",
+    "max_open_rows",
+    "seed",
+    "split_long",
+    "balance",
+)
+_CLOSED = ("example", "row", "start")
+
+
+@dataclass(frozen=True, eq=False)
+class _Example:
+    window: np.ndarray  # int32 [len + 1]
+    loss_mask: np.ndarray  # bool [len]
+    source_id: str
+    start: int
+    doc: int
+    doc_first_example: int
+
+
+class StreamDataset(IterableDataset):
+    """Scheduled model calls (:class:`ScheduledBatch`) of one rank, packed on the fly.
+
+    ``documents``: token-id sequences, ``str`` (with ``tokenizer``) or
+    mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
+    per target) or ``labels`` (HF convention, ``-100`` = not supervised).
+    A document longer than ``capacity`` prediction pairs is an error unless
+    ``split_long`` (then it becomes consecutive ranges, every pair kept once).
+    With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
+    of this rank (state_dict / resume need ``num_workers=0``).
+    """
+
+    def __init__(
+        self,
+        documents: Iterable[Any] | Callable[[], Iterable[Any]],
+        *,
+        binding: Binding,
+        capacity: int,
+        rows_per_micro_batch: int,
+        micro_batches: int = 1,
+        world_size: int | None = None,
+        rank: int | None = None,
+        partition: Partition | str = "train",
+        split_long: bool = False,
+        tokenizer: Tokenizer | None = None,
+        window: int = DEFAULT_WINDOW,
+        max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
+        seed: int = 0,
+        balance: Balance = "tokens",
+        read_chunk: int = 256,
+    ) -> None:
+        default_world, default_rank = _default_world()
+        self.documents = documents
+        self.binding = binding
+        self.partition = Partition.parse(partition)
+        self.capacity = capacity
+        self.rows_per_micro_batch = rows_per_micro_batch
+        self.micro_batches = micro_batches
+        self.world_size = default_world if world_size is None else int(world_size)
+        self.rank = default_rank if rank is None else int(rank)
+        self.split_long = bool(split_long)
+        self.tokenizer = tokenizer
+        self.window = window
+        self.max_open_rows = max_open_rows
+        self.seed = seed
+        self.balance = balance
+        self.read_chunk = read_chunk
+        if not 0 <= self.rank < self.world_size:
+            raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        RowStats(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)).costs(balance)
+        self._new_packer()  # validates capacity, window, max_open_rows, seed
+        self._cursor: _Cursor | None = None
+        self._resume: dict[str, Any] | None = None
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.world_size * self.micro_batches * self.rows_per_micro_batch
+
+    def _new_packer(self) -> StreamPacker:
+        return StreamPacker(
+            self.capacity, window=self.window, max_open_rows=self.max_open_rows, seed=self.seed
+        )
+
+    def _source(self) -> Iterator[Any]:
+        docs = self.documents() if callable(self.documents) else self.documents
+        return iter(docs)
+
+    def __iter__(self) -> Iterator[ScheduledBatch]:
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        cursor = _Cursor(self, self._resume)
+        self._cursor, self._resume = cursor, None
+        for item in cursor.run():
+            if item.slot.index % workers == worker:
+                yield item
+        self._cursor = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current iteration stands (or the state loaded, or the start)."""
+        if self._cursor is not None:
+            return self._cursor.state()
+        if self._resume is not None:
+            return self._resume
+        return _Cursor(self, None).state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration continues from ``state`` (same configuration required)."""
+        if state.get("format") != STATE_FORMAT:
+            raise InvalidInput(f"not a stream-dataset state (format {state.get('format')!r})")
+        for key in _CONFIG:
+            if state[key] != getattr(self, key):
+                raise InvalidInput(
+                    f"stream state has {key}={state[key]!r} but this dataset has"
+                    f" {getattr(self, key)!r} — build the dataset with the saved settings"
+                )
+        self._resume, self._cursor = state, None
+
+    # Documents to examples.
+
+    def _documents(self, items: list[Any], first: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
+        """``(tokens int32, loss flags bool [n-1], source id)`` per item."""
+        texts = [i for i, item in enumerate(items) if isinstance(item, str)]
+        encoded: dict[int, np.ndarray] = {}
+        if texts:
+            if self.tokenizer is None:
+                raise InvalidInput(f"document {first + texts[0]} is text; pass a tokenizer")
+            tokens, offsets = self.tokenizer.encode_batch([items[i] for i in texts])
+            encoded = {i: tokens[offsets[j] : offsets[j + 1]] for j, i in enumerate(texts)}
+        out = []
+        for i, item in enumerate(items):
+            index = first + i
+            source_id, mask = str(index), None
+            if i in encoded:
+                raw = encoded[i]
+            elif isinstance(item, Mapping):
+                raw = item["input_ids"]
+                source_id = str(item.get("id", index))
+                if item.get("loss_mask") is not None:
+                    mask = np.asarray(item["loss_mask"]).astype(bool)
+                elif item.get("labels") is not None:
+                    mask = np.asarray(item["labels"])[1:] != IGNORE_INDEX
+            else:
+                raw = item
+            what = f"document {index} ({source_id!r})"
+            tokens = as_token_array(raw, self.binding.vocab_size, what)
+            if tokens.shape[0] < 2:
+                raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
+            pairs = tokens.shape[0] - 1
+            if mask is None:
+                mask = np.ones(pairs, dtype=bool)
+            elif mask.shape != (pairs,):
+                raise InvalidInput(f"{what}: {mask.shape[0]} loss flags for {pairs} targets")
+            if pairs > self.capacity and not self.split_long:
+                raise OversizedExample(
+                    f"{what} has {pairs} prediction pairs; capacity is {self.capacity}"
+                    " — raise the capacity or pass split_long=True"
+                )
+            out.append((tokens, mask, source_id))
+        return out
+
+    def _examples(self, doc: int, tokens: np.ndarray, mask: np.ndarray, source_id: str, first: int):
+        """The examples of one document (one, or its ``long_ranges`` pieces)."""
+        _, starts, ends = long_ranges(np.array([tokens.shape[0]]), self.capacity)
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            yield _Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
+
+
+class _Cursor:
+    """One pass over the stream; its fields are exactly what :meth:`state` saves."""
+
+    def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
+        self.ds = ds
+        self.packer = ds._new_packer()
+        self.pending: dict[int, _Example] = {}  # example index -> data, until trained on
+        empty = np.zeros(0, dtype=np.int64)
+        self.closed = (empty, empty, empty)  # example, row, start of closed rows not yet used
+        self.docs_read = self.step = self.micro_done = 0
+        self.source_done = False
+        self.source = ds._source()
+        if state is not None:
+            self._restore(state)
+
+    def state(self) -> dict[str, Any]:
+        docs = [(e.doc, e.doc_first_example) for e in self.pending.values()]
+        first_doc, first_example = min(docs) if docs else (self.docs_read, 0)
+        return {
+            "format": STATE_FORMAT,
+            **{key: getattr(self.ds, key) for key in _CONFIG},
+            "packer": self.packer.state_dict(),
+            "closed": {k: v.tolist() for k, v in zip(_CLOSED, self.closed, strict=True)},
+            "docs_read": self.docs_read,
+            "first_doc": first_doc,
+            "first_doc_example": first_example,
+            "step": self.step,
+            "micro_done": self.micro_done,
+            "source_done": self.source_done,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Re-read the documents that still have waiting examples, then continue."""
+        packer = state["packer"]
+        self.packer = StreamPacker.from_state_dict(packer)
+        self.closed = tuple(np.asarray(state["closed"][k], dtype=np.int64) for k in _CLOSED)
+        self.step, self.micro_done = int(state["step"]), int(state["micro_done"])
+        self.source_done = bool(state["source_done"])
+        wanted = set(packer["buffer"]["example"]) | set(self.closed[0].tolist())
+        wanted |= {e for row in packer["open_rows"] for e in row["example"]}
+        self.docs_read = int(state["first_doc"])
+        self.source = itertools.islice(self.source, self.docs_read, None)
+        example = int(state["first_doc_example"])
+        while self.docs_read < int(state["docs_read"]):
+            count = min(self.ds.read_chunk, int(state["docs_read"]) - self.docs_read)
+            examples, read = self._read(count, example)
+            if read != count:
+                raise InvalidInput(f"the source ended after {self.docs_read} documents")
+            for ex in examples:
+                if example in wanted:
+                    self.pending[example] = ex
+                example += 1
+        if len(self.pending) != len(wanted):
+            raise InvalidInput(
+                "the source gave different documents than when the state was saved — resume"
+                " needs a source that yields the same documents in the same order"
+            )
+
+    def _read(self, count: int, first_example: int) -> tuple[list[_Example], int]:
+        """Up to ``count`` next documents as examples numbered from ``first_example``."""
+        items = list(itertools.islice(self.source, count))
+        examples: list[_Example] = []
+        for i, (tokens, mask, sid) in enumerate(self.ds._documents(items, self.docs_read)):
+            doc_first = first_example + len(examples)
+            examples.extend(self.ds._examples(self.docs_read + i, tokens, mask, sid, doc_first))
+        self.docs_read += len(items)
+        return examples, len(items)
+
+    def _push_chunk(self) -> None:
+        """Read up to ``read_chunk`` documents and push their examples; finish at the end."""
+        first = self.packer.examples_pushed
+        examples, read = self._read(self.ds.read_chunk, first)
+        check_segment_namespace(first + len(examples))
+        if examples:
+            lengths = np.array([e.window.shape[0] - 1 for e in examples], dtype=np.int64)
+            placed = self.packer.push(lengths)
+            self.pending.update(zip(range(first, first + len(examples)), examples, strict=True))
+            self._close(placed)
+        if read < self.ds.read_chunk:
+            self._close(self.packer.finish())
+            self.source_done = True
+
+    def _close(self, placed: Any) -> None:
+        self.closed = tuple(
+            np.concatenate([old, new]) for old, new in zip(self.closed, placed, strict=True)
+        )
+
+    def _batch(self, rows: np.ndarray, example: np.ndarray, row: np.ndarray, start: np.ndarray):
+        """Global ``rows`` (ascending) as one model call."""
+        take = np.flatnonzero(np.isin(row, rows))  # already in (row, start) order
+        local = np.searchsorted(rows, row[take])
+        exs = [self.pending[e] for e in example[take].tolist()]
+        offsets = np.searchsorted(local, np.arange(rows.size + 1, dtype=np.int64))
+        lengths = np.array([e.window.shape[0] - 1 for e in exs], dtype=np.int64)
+        ids = np.array([e.source_id for e in exs], dtype=object)
+        range_starts = np.array([e.start for e in exs], dtype=np.int64)
+        range_ends = range_starts + lengths + 1
+        return CompactRows(
+            tokens=np.concatenate([np.zeros(0, np.int32)] + [e.window for e in exs]),
+            loss_mask=np.concatenate([np.zeros(0, bool)] + [e.loss_mask for e in exs]),
+            lengths=lengths,
+            starts=start[take],
+            row_offsets=offsets.astype(np.int64),
+            ordinals=example[take],
+            source_ids=ids,
+            example_ids=np.array(
+                [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)],
+                dtype=object,
+            ),
+            range_starts=range_starts,
+            range_ends=range_ends,
+            capacity=self.ds.capacity,
+            partition=self.ds.partition,
+            binding=self.ds.binding,
+            first_row=int(rows[0]) if rows.size else 0,
+        ).to_batch()
+
+    def _step_stats(self, step_rows: np.ndarray, example: np.ndarray, row: np.ndarray):
+        lengths = np.array([self.pending[e].window.shape[0] - 1 for e in example.tolist()])
+        eligible = np.array([int(self.pending[e].loss_mask.sum()) for e in example.tolist()])
+        local = np.searchsorted(step_rows, row)
+        per_row = np.zeros(step_rows.shape[0], dtype=np.int64)
+        np.add.at(per_row, local, eligible.astype(np.int64))
+        return RowStats.from_segments(lengths.astype(np.int64), local, per_row)
+
+    def run(self) -> Iterator[ScheduledBatch]:
+        ds = self.ds
+        while True:
+            while np.unique(self.closed[1]).shape[0] < ds.rows_per_step and not self.source_done:
+                self._push_chunk()
+            example, row, start = self.closed
+            if row.size == 0:
+                return
+            step_rows = np.unique(row)[: ds.rows_per_step]
+            in_step = np.isin(row, step_rows)
+            stats = self._step_stats(step_rows, example[in_step], row[in_step])
+            plan = schedule_rows(
+                stats.costs(ds.balance),
+                world_size=ds.world_size,
+                micro_batches=ds.micro_batches,
+                rows_per_micro_batch=ds.rows_per_micro_batch,
+                shuffle=False,
+            )
+            eligible = int(stats.eligible.sum())
+            for micro in range(self.micro_done, ds.micro_batches):
+                rows = step_rows[plan.slot(0, ds.rank, micro)]
+                batch = self._batch(rows, example, row, start)
+                self.micro_done = micro + 1
+                index = self.step * ds.micro_batches + micro
+                slot = Slot(
+                    0, self.step, ds.rank, micro, ds.micro_batches, tuple(rows.tolist()),
+                    eligible, index,
+                )  # fmt: skip
+                yield ScheduledBatch(batch, slot)
+            for e in example[in_step].tolist():
+                del self.pending[e]
+            self.closed = (example[~in_step], row[~in_step], start[~in_step])
+            self.step, self.micro_done = self.step + 1, 0
