@@ -19,7 +19,7 @@ from seqpack import (
     plan_rows,
 )
 from seqpack import store as store_mod
-from seqpack.compact import compact_rows, gather_segments
+from seqpack.compact import compact_rows, gather_segments, window_labels
 from seqpack.demo import fixture_binding, fixture_epoch, fixture_examples
 from seqpack.errors import InvalidInput
 from seqpack.policies import POLICIES
@@ -69,6 +69,22 @@ def test_numpy_and_numba_gathers_agree(rng, monkeypatch):
     assert np.array_equal(gather_segments(src, starts, lens), want)
     monkeypatch.setattr("seqpack.compact.GATHER_CHUNK", 64)  # many chunks
     assert np.array_equal(gather_segments(src, starts, lens, use_numba=False), want)
+
+
+def test_window_labels_mark_unsupervised_and_first_tokens(rng):
+    lens = rng.integers(1, 9, size=50)
+    tokens = rng.integers(0, 266, size=int((lens + 1).sum())).astype(np.int32)
+    mask = rng.random(int(lens.sum())) < 0.5
+    want, p, q = [], 0, 0
+    for n in lens.tolist():
+        want.append(-100)
+        want += [
+            int(t) if m else -100
+            for t, m in zip(tokens[p + 1 : p + 1 + n], mask[q : q + n], strict=True)
+        ]
+        p, q = p + n + 1, q + n
+    assert window_labels(tokens, mask, lens).tolist() == want
+    assert window_labels(tokens, mask, lens, use_numba=False).tolist() == want
 
 
 def _random_table(rng, n=200, capacity=32):

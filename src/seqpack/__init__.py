@@ -1,6 +1,8 @@
 """seqpack: pack tokenized examples into shared rows without joining their contexts.
 
 Core layers import NumPy only; ``seqpack.nn`` and ``seqpack.training`` need PyTorch.
+The data pipeline (``seqpack.io``, ``seqpack.store``, ``seqpack.pipeline``,
+``seqpack.hf``) needs pyarrow (``pip install seqpack[hf]``) and is imported explicitly.
 """
 
 from .batch import (
@@ -13,6 +15,7 @@ from .batch import (
     materialize,
     pack_examples,
 )
+from .compact import CompactRows, compact_rows
 from .errors import (
     BindingMismatch,
     BudgetExceeded,
@@ -23,9 +26,18 @@ from .errors import (
     PartitionMismatch,
     SeqpackError,
 )
-from .examples import Binding, ExampleTable, Partition, SequenceExample, split_digest
+from .examples import (
+    Binding,
+    ExampleTable,
+    Partition,
+    SequenceExample,
+    long_ranges,
+    split_digest,
+    split_long,
+)
 from .permission import CuSeqlens, KeyRanges
 from .policies import Plan, plan_rows
+from .tokenizers import ByteTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
 
@@ -35,6 +47,8 @@ __all__ = [
     "Binding",
     "BindingMismatch",
     "BudgetExceeded",
+    "ByteTokenizer",
+    "CompactRows",
     "CuSeqlens",
     "EmptyObjective",
     "ExampleTable",
@@ -51,8 +65,12 @@ __all__ = [
     "Plan",
     "SeqpackError",
     "SequenceExample",
+    "compact_rows",
+    "load_tokenizer",
+    "long_ranges",
     "materialize",
     "pack_examples",
     "plan_rows",
     "split_digest",
+    "split_long",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from .policies import Plan
 
 #: Tokens gathered per NumPy chunk when numba is missing (bounds the int64 index).
 GATHER_CHUNK = 1 << 22
+#: The HF label of a target outside the loss (and of each window's first token).
+IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +79,10 @@ class CompactRows:
         out = np.zeros(self.lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=out[1:])
         return out
+
+    def labels(self, use_numba: bool = True) -> np.ndarray:
+        """HF-style labels aligned with ``tokens`` (see :func:`window_labels`)."""
+        return window_labels(self.tokens, self.loss_mask, self.lengths, use_numba)
 
     @property
     def row_of(self) -> np.ndarray:
@@ -157,27 +164,68 @@ class CompactRows:
 
 
 def _gather_loop(src, starts, lens, out):  # pragma: no cover - compiled by numba
-    pos = 0
+    # Unsigned indices let LLVM drop the negative-index wraparound and vectorise the copy
+    # (about 4x faster than slice assignment; near memcpy speed).
+    pos = np.uint64(0)
     for i in range(starts.shape[0]):
-        n = lens[i]
-        out[pos : pos + n] = src[starts[i] : starts[i] + n]
+        s = np.uint64(starts[i])
+        n = np.uint64(lens[i])
+        for j in range(n):
+            out[pos + j] = src[s + j]
         pos += n
 
 
-_NUMBA_GATHER = None
+def _labels_loop(tokens, mask, lens, out):  # pragma: no cover - compiled by numba
+    one = np.uint64(1)  # keep every index unsigned (uint64 + int64 would be float64)
+    p = np.uint64(0)
+    q = np.uint64(0)
+    for i in range(lens.shape[0]):
+        n = np.uint64(lens[i])
+        out[p] = IGNORE_INDEX
+        for j in range(n):
+            out[p + one + j] = tokens[p + one + j] if mask[q + j] else IGNORE_INDEX
+        p += n + one
+        q += n
 
 
-def _numba_gather():
-    """The compiled copy loop, or None without numba (compiled once, cached on disk)."""
-    global _NUMBA_GATHER
-    if _NUMBA_GATHER is None:
+_KERNELS: dict[str, Any] = {}
+
+
+def _numba_kernel(fn: Any) -> Any:
+    """``fn`` compiled by numba (once, cached on disk), or None without numba."""
+    if fn.__name__ not in _KERNELS:
         try:
             import numba
         except ImportError:
-            _NUMBA_GATHER = False
+            _KERNELS[fn.__name__] = None
         else:
-            _NUMBA_GATHER = numba.njit(cache=True, nogil=True)(_gather_loop)
-    return _NUMBA_GATHER or None
+            _KERNELS[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
+    return _KERNELS[fn.__name__]
+
+
+def window_labels(
+    tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, use_numba: bool = True
+) -> np.ndarray:
+    """HF-style labels for windows back to back, int32 [Σ(len+1)].
+
+    Window ``i`` has ``lengths[i] + 1`` tokens and ``lengths[i]`` flags; its
+    label is the token where that token's pair is supervised, and
+    :data:`IGNORE_INDEX` otherwise and on its first token (no pair predicts it).
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    out = np.empty(tokens.shape[0], dtype=np.int32)
+    kernel = _numba_kernel(_labels_loop) if use_numba else None
+    if kernel is not None:
+        kernel(tokens, loss_mask, lengths, out)
+        return out
+    firsts = np.zeros(lengths.shape[0], dtype=np.int64)
+    np.cumsum(lengths[:-1] + 1, out=firsts[1:])
+    supervised = np.zeros(tokens.shape[0], dtype=bool)
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    keep[firsts] = False
+    supervised[keep] = loss_mask
+    np.copyto(out, np.where(supervised, tokens, IGNORE_INDEX))
+    return out
 
 
 def gather_segments(
@@ -191,7 +239,7 @@ def gather_segments(
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     out = np.empty(int(lens.sum()), dtype=src.dtype)
-    kernel = _numba_gather() if use_numba else None
+    kernel = _numba_kernel(_gather_loop) if use_numba else None
     if kernel is not None:
         kernel(np.ascontiguousarray(src), starts, lens, out)
         return out
@@ -209,17 +257,29 @@ def gather_segments(
     return out
 
 
+def _gather_flags(
+    table: ExampleTable, order: np.ndarray, lengths: np.ndarray, use_numba: bool
+) -> np.ndarray:
+    """Loss flags in storage order; uniform flags (all supervised) need no gather."""
+    flags = table.loss_mask
+    if flags.size == 0 or flags.all() or not flags.any():
+        return flags
+    return gather_segments(flags, table.target_offsets[order], lengths, use_numba)
+
+
 def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
     """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
 
-    Memory: one copy of the windows and flags (none when the plan keeps the
-    supplied order, e.g. next-fit) plus per-occurrence arrays.
+    Memory: one copy of the windows and flags plus per-occurrence arrays; the
+    windows are shared when the plan keeps the supplied order (next-fit), and
+    uniform flags (every target supervised) are always shared.
     """
     n = len(table)
     if plan.lengths.shape[0] != n or not np.array_equal(plan.lengths, table.lengths):
         raise InvalidInput("plan lengths do not match the examples supplied")
     check_segment_namespace(n)
-    order = plan.row_order()
+    # One unique int64 key per placement sorts faster than lexsort((start, row)).
+    order = np.argsort(plan.row_of * plan.capacity + plan.start_of).astype(np.int64, copy=False)
     rows = plan.row_of[order]
     row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
     lengths = plan.lengths[order]
@@ -227,7 +287,8 @@ def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> Com
         tokens, mask = table.windows, table.loss_mask
     else:
         tokens = gather_segments(table.windows, table.offsets[order], lengths + 1, use_numba)
-        mask = gather_segments(table.loss_mask, table.target_offsets[order], lengths, use_numba)
+        mask = _gather_flags(table, order, lengths, use_numba)
+    sources = table.source_ids[order]
     return CompactRows(
         tokens=tokens,
         loss_mask=mask,
@@ -235,8 +296,8 @@ def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> Com
         starts=plan.start_of[order],
         row_offsets=row_offsets.astype(np.int64),
         ordinals=order,
-        source_ids=table.source_ids[order],
-        example_ids=table.example_ids[order],
+        source_ids=sources,
+        example_ids=sources if table.example_ids is table.source_ids else table.example_ids[order],
         range_starts=table.range_starts[order],
         range_ends=table.range_ends[order],
         capacity=plan.capacity,

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 
 from .batch import PackConfig, PackedBatch
-from .compact import CompactRows, gather_segments
+from .compact import CompactRows, gather_segments, window_labels
 from .errors import InvalidInput
 from .examples import Binding, Partition, split_long
-from .io import IGNORE_INDEX, documents_from_arrow, read_arrow, resolve_binding
+from .io import documents_from_arrow, read_arrow, resolve_binding
 from .pipeline import DEFAULT_POLICY, DEFAULT_ROWS_PER_BATCH, pack_table
 from .store import FORMAT, VERSION, arrow_to_rows, rows_to_arrow
 
@@ -139,11 +139,7 @@ def unpack_dataset(packed: Any) -> Any:
     mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
     offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(lens + 1, out=offsets[1:])
-    supervised = np.zeros(tokens.shape[0], dtype=bool)
-    keep = np.ones(tokens.shape[0], dtype=bool)
-    keep[offsets[:-1]] = False
-    supervised[keep] = mask
-    labels = np.where(supervised, tokens, IGNORE_INDEX).astype(np.int32)
+    labels = window_labels(tokens, mask, lens)
     off = pa.array(offsets.astype(np.int32))
     table = pa.table(
         {

@@ -28,11 +28,11 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from .compact import IGNORE_INDEX
 from .errors import InvalidInput
 from .examples import INT32_MAX, Binding, ExampleTable, Partition, split_digest
 from .tokenizers import ByteTokenizer, Tokenizer
 
-IGNORE_INDEX = -100
 COLUMNS = ("input_ids", "labels", "loss_mask", "id")
 
 

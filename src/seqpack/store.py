@@ -37,14 +37,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .batch import PackedBatch
-from .compact import CompactRows
+from .compact import IGNORE_INDEX, CompactRows
 from .errors import InvalidInput
 from .examples import INT32_MAX, Binding, Partition
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 1
 MANIFEST = "manifest.json"
-IGNORE_INDEX = -100
 #: Target tokens per shard; shards always end on a model-call boundary.
 SHARD_TOKENS = 1 << 25
 
@@ -78,11 +77,7 @@ def rows_to_arrow(rows: CompactRows) -> pa.Table:
             f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
             " — lower --max-rows-per-batch"
         )
-    supervised = np.zeros(rows.tokens.shape[0], dtype=bool)
-    keep = np.ones(rows.tokens.shape[0], dtype=bool)
-    keep[tok[:-1]] = False
-    supervised[keep] = rows.loss_mask
-    labels = np.where(supervised, rows.tokens, IGNORE_INDEX).astype(np.int32)
+    labels = rows.labels()
     occ = rows.row_offsets
     first = rows.first_row
     columns = [
@@ -295,6 +290,66 @@ def write_packed(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def temp_output(out: Path) -> Path:
+    """Create the hidden sibling ``.NAME.seqpack-tmp-*`` a packed directory is built in."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.seqpack-tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    return tmp
+
+
+def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[str, Any]:
+    """Write :data:`SCHEMA` rows as ``directory/name``; return its manifest entry.
+
+    The file is written under a unique hidden name, fsynced and renamed, so a
+    writer that runs twice (a task retried after a crash) replaces it whole
+    and a reader never sees a torn shard. The entry has the keys of
+    :func:`write_packed`'s: file, first_row, rows, occurrences, tokens,
+    bytes, sha256.
+    """
+    directory = Path(directory)
+    path = directory / name
+    part = directory / f".{name}.{secrets.token_hex(4)}.part"
+    try:
+        _write_shard(table, part)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+    rows = table.column("row")
+    return {
+        "file": name,
+        "first_row": int(rows[0].as_py()) if table.num_rows else 0,
+        "rows": table.num_rows,
+        "occurrences": int(_flat(table, "seq_lengths")[1][-1]),
+        "tokens": int(_flat(table, "tokens")[1][-1]),
+        "bytes": path.stat().st_size,
+        "sha256": _sha256(path),
+    }
+
+
+def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` into ``tmp`` last, fsync, and rename ``tmp`` to ``out``.
+
+    Files in ``tmp`` that the manifest does not list (e.g. parts left by a
+    crashed writer) are removed first. On failure ``tmp`` is removed and a
+    previous ``out`` is left untouched.
+    """
+    try:
+        listed = {shard["file"] for shard in manifest["shards"]}
+        for path in tmp.iterdir():
+            if path.name not in listed:
+                path.unlink()
+        with (tmp / MANIFEST).open("w") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 class PackedStore:
