@@ -22,6 +22,7 @@ function returning a fresh iterator).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -71,7 +72,8 @@ class StreamDataset(IterableDataset):
 
     ``documents``: token-id sequences, ``str`` (with ``tokenizer``) or
     mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
-    per target) or ``labels`` (HF convention, ``-100`` = not supervised).
+    per target, or per token with the first unused) or ``labels`` (HF
+    convention, ``-100`` = not supervised).
     A document longer than ``capacity`` prediction pairs is an error unless
     ``split_long`` (then it becomes consecutive ranges, every pair kept once).
     With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
@@ -196,8 +198,13 @@ class StreamDataset(IterableDataset):
             pairs = tokens.shape[0] - 1
             if mask is None:
                 mask = np.ones(pairs, dtype=bool)
+            elif mask.shape == (pairs + 1,):  # one flag per token: the first is unused
+                mask = mask[1:]
             elif mask.shape != (pairs,):
-                raise InvalidInput(f"{what}: {mask.shape[0]} loss flags for {pairs} targets")
+                raise InvalidInput(
+                    f"{what}: {mask.shape[0]} loss flags for {pairs} targets — give one per"
+                    " target (or one per token)"
+                )
             if pairs > self.capacity and not self.split_long:
                 raise OversizedExample(
                     f"{what} has {pairs} prediction pairs; capacity is {self.capacity}"
@@ -242,7 +249,17 @@ class _Cursor:
             "step": self.step,
             "micro_done": self.micro_done,
             "source_done": self.source_done,
+            "pending_digest": self._digest(),
         }
+
+    def _digest(self) -> str:
+        """Fingerprint of the waiting examples, to detect a source that changed on resume."""
+        h = hashlib.sha256()
+        for e in sorted(self.pending):
+            ex = self.pending[e]
+            h.update(f"{e}:{ex.source_id}:{ex.start}:".encode())
+            h.update(ex.window.tobytes() + np.packbits(ex.loss_mask).tobytes())
+        return h.hexdigest()
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Re-read the documents that still have waiting examples, then continue."""
@@ -265,7 +282,7 @@ class _Cursor:
                 if example in wanted:
                     self.pending[example] = ex
                 example += 1
-        if len(self.pending) != len(wanted):
+        if len(self.pending) != len(wanted) or self._digest() != state["pending_digest"]:
             raise InvalidInput(
                 "the source gave different documents than when the state was saved — resume"
                 " needs a source that yields the same documents in the same order"
