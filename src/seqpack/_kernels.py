@@ -229,13 +229,27 @@ def _compiled() -> dict[str, Callable[..., Any]] | None:
             _NUMBA_ERROR = f"numba is not installed ({err}); pip install 'seqpack[fast]'"
             return None
         _load_all()
-        jit = numba.njit(cache=True, nogil=True)
+        jit = numba.njit(cache=True, nogil=True, **_no_refcounts(numba))
         compiled = {name: jit(fn) for name, fn in _PLAIN.items()}
         for fn in _PLAIN.values():  # numba reads kernel names from module globals
             for name in compiled.keys() & fn.__globals__.keys():
                 fn.__globals__[name] = compiled[name]
         _COMPILED = compiled
     return _COMPILED
+
+
+def _no_refcounts(numba: Any) -> dict[str, Any]:
+    """``_nrt=False`` where this numba knows it.
+
+    Kernels never allocate, so they need no reference counting; without it
+    a call that passes arrays to a helper numba does not inline costs no
+    atomic increments (the streaming kernel ran 3x faster).
+    """
+    try:
+        from numba.core.cpu import CPUTargetOptions
+    except ImportError:
+        return {}
+    return {"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {}
 
 
 def _python() -> dict[str, Callable[..., Any]]:

@@ -176,14 +176,17 @@ def stream_push(
 
     ``fronts`` (0/1 per example) picks the bucket end each joins.
     """
-    window = len(buf[0])
+    bex = buf[0]
+    window = len(bex)
+    i = scalars[S_PUSHED]
+    slot = i % window
     for j in range(len(lengths)):
-        i = scalars[S_PUSHED]
-        slot = i % window
-        if buf[0][slot] >= 0:  # example i - window is still waiting: its time is up
+        if bex[slot] >= 0:  # example i - window is still waiting: its time is up
             place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, slot)
         buffer_insert(buf, lleaves, slot, i, lengths[j], fronts[j])
-        scalars[S_PUSHED] = i + 1
+        i += 1
+        slot = slot + 1 if slot + 1 < window else 0
+    scalars[S_PUSHED] = i
 
 
 @kernel

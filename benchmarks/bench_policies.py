@@ -1,0 +1,187 @@
+"""Planning speed and quality of every packing policy on W1-W3.
+
+    .venv/bin/python benchmarks/bench_policies.py            # table
+    .venv/bin/python benchmarks/bench_policies.py --json     # JSON (one object per row)
+
+For each workload and policy: median seconds of ``--repeat`` timed runs of
+``seqpack.plan_rows`` (after one untimed call, whose time is reported as
+``first s``: numba JIT compile, or loading it from numba's on-disk cache;
+``--cold-jit`` uses an empty cache so it shows the compile), examples/s,
+rows, and rows / lower bound. Lengths are the workloads' prediction lengths
+at the workload capacity.
+
+If ``trl`` imports, TRL's best-fit-decreasing planner (``_pack_bfd``, the
+function ``trl.pack_dataset(strategy="bfd")`` maps over the dataset) runs on
+the same lengths: once per 1,000-example batch as ``pack_dataset`` does by
+default, and once over the whole workload. Its input is a one-column Arrow
+table of int8 zeros with those lengths; ``vs TRL`` is TRL's default time
+divided by ours, measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import Workload, all_workloads
+
+POLICIES = [
+    ("next-fit", {}),
+    ("first-fit-decreasing", {}),
+    ("best-fit-decreasing", {}),
+    ("stream-best-fit", {}),
+    ("stream-best-fit", {"window": 256}),
+    ("stream-best-fit", {"window": 1024}),
+    ("stream-best-fit", {"window": 16384}),
+]
+TARGETS = {"next-fit": 50e6, "best-fit-decreasing": 5e6}  # examples/s, issue 4
+
+
+def timed(fn, repeat: int) -> tuple[float, float, object]:
+    """(first-call seconds, median seconds of ``repeat`` further calls, last result)."""
+    t0 = time.perf_counter()
+    result = fn()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times), result
+
+
+def bench_seqpack(w: Workload, engine: str, repeat: int) -> list[dict]:
+    from seqpack import plan_rows
+
+    rows = []
+    for policy, options in POLICIES:
+        reps = repeat if engine != "python" else 1
+        first, seconds, plan = timed(
+            lambda p=policy, o=options: plan_rows(w.lengths, w.capacity, p, engine=engine, **o),
+            reps,
+        )
+        label = policy + "".join(f" {k}={v}" for k, v in options.items())
+        rows.append(row(w, label, engine, seconds, first, plan.num_rows))
+    return rows
+
+
+def trl_planner():
+    try:
+        from trl.data_utils import _pack_bfd
+    except ImportError:
+        return None
+    return _pack_bfd
+
+
+def bench_trl(w: Workload, pack_bfd, batch: int | None) -> dict:
+    import pyarrow as pa
+
+    offsets = np.zeros(w.lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(w.lengths, out=offsets[1:])
+    values = pa.array(np.zeros(int(offsets[-1]), dtype=np.int8))
+    table = pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), values)})
+    step = batch or table.num_rows
+    t0 = time.perf_counter()
+    packed = sum(
+        pack_bfd(table.slice(lo, step), w.capacity).num_rows
+        for lo in range(0, table.num_rows, step)
+    )
+    seconds = time.perf_counter() - t0
+    label = "TRL _pack_bfd (" + (f"batches of {batch}" if batch else "one batch") + ")"
+    return row(w, label, "trl", seconds, None, packed)
+
+
+def row(w: Workload, policy: str, engine: str, seconds, first, rows: int) -> dict:
+    return {
+        "workload": w.name,
+        "examples": int(w.lengths.shape[0]),
+        "capacity": w.capacity,
+        "policy": policy,
+        "engine": engine,
+        "seconds": seconds,
+        "first_call_seconds": first,
+        "examples_per_s": w.lengths.shape[0] / seconds if seconds else float("inf"),
+        "rows": int(rows),
+        "lower_bound": w.lower_bound,
+        "rows_over_lower_bound": rows / w.lower_bound,
+    }
+
+
+def print_table(results: list[dict]) -> None:
+    head = (
+        f"{'workload':9} {'policy':36} {'engine':6} {'seconds':>9} {'first s':>8}"
+        f" {'examples/s':>11} {'rows':>8} {'rows/LB':>8} {'vs TRL':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        first = "" if r["first_call_seconds"] is None else f"{r['first_call_seconds']:.3f}"
+        speedup = "" if r.get("vs_trl") is None else f"{r['vs_trl']:.0f}x"
+        print(
+            f"{r['workload']:9} {r['policy']:36} {r['engine']:6} {r['seconds']:9.4f} {first:>8}"
+            f" {r['examples_per_s'] / 1e6:10.1f}M {r['rows']:8d}"
+            f" {r['rows_over_lower_bound']:8.5f} {speedup:>7}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per policy (median)")
+    parser.add_argument(
+        "--engines", default="auto", help="comma list of auto,numba,python (python is slow)"
+    )
+    parser.add_argument("--no-trl", action="store_true", help="skip TRL even if installed")
+    parser.add_argument("--cold-jit", action="store_true", help="empty numba cache: time compile")
+    args = parser.parse_args()
+    if args.cold_jit:
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="seqpack-numba-")
+
+    from seqpack import _kernels
+
+    engines = [_kernels.resolve(e) for e in args.engines.split(",")]
+    pack_bfd = None if args.no_trl else trl_planner()
+    results = []
+    for w in all_workloads():
+        ours = [r for e in engines for r in bench_seqpack(w, e, args.repeat)]
+        if pack_bfd is not None:
+            trl_default = bench_trl(w, pack_bfd, 1000)
+            for r in ours:
+                r["vs_trl"] = trl_default["seconds"] / r["seconds"]
+            ours += [trl_default, bench_trl(w, pack_bfd, None)]
+        results += ours
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print_table(results)
+    if pack_bfd is None and not args.no_trl:
+        print("\nTRL is not installed: no comparison (pip install trl, if it leaves torch alone)")
+    print()
+    for policy, target in TARGETS.items():
+        timed_here = [
+            r["examples_per_s"]
+            for r in results
+            if r["policy"] == policy and r["engine"] == "numba" and r["workload"] != "W3 real"
+        ]
+        if not timed_here:
+            continue
+        worst = min(timed_here)
+        verdict = "meets" if worst >= target else "MISSES"
+        print(
+            f"{policy} (numba, W1/W2): slowest {worst / 1e6:.1f}M examples/s"
+            f" {verdict} the target of {target / 1e6:g}M"
+        )
+
+
+if __name__ == "__main__":
+    main()
