@@ -1,0 +1,271 @@
+"""seqpack.training.hf: the transformers keyword arguments, loss and Trainer collator."""
+
+import itertools
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from seqpack import InvalidInput, PackConfig, pack_examples
+from seqpack.demo import fixture_batch, fixture_epoch
+from seqpack.hf import pack_dataset, to_batches
+from seqpack.loss import token_weighted_loss
+from seqpack.nn.hf_verify import FLOAT32_TOLERANCE, verification_examples
+from seqpack.training.hf import (
+    IGNORE_INDEX,
+    PackedCollator,
+    additive_mask,
+    block_mask,
+    cell_logits,
+    concat_batches,
+    hf_allowed,
+    hf_inputs,
+    hf_loss,
+)
+
+from strategies import packed_epochs
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+torch.set_num_threads(1)
+CONFIG = Path(__file__).parent / "data" / "tiny_llama.json"
+
+
+def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
+    torch.manual_seed(seed)
+    config = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=dtype)
+    return model.eval()
+
+
+def predicate_or_pad_diagonal(batch):
+    """Reference: allowed_key, plus each padding cell on itself, by a loop over cells."""
+    rows, width = batch.shape
+    out = np.zeros((rows, width, width), dtype=bool)
+    for r, q, k in itertools.product(range(rows), range(width), range(width)):
+        pad_self = q == k and not batch.input_valid[r, q]
+        out[r, q, k] = batch.allowed_key(r, q, k) or pad_self
+    return out
+
+
+def close(a, b, atol=1e-10, rtol=1e-9):
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return bool(((a - b).abs() <= atol + rtol * torch.maximum(a.abs(), b.abs())).all())
+
+
+def test_fixture_sdpa_kwargs():
+    batch = fixture_batch()
+    kw = hf_inputs(batch, "sdpa", dtype=torch.float64, pad_token_id=7)
+    assert set(kw) == {
+        "input_ids",
+        "position_ids",
+        "labels",
+        "shift_labels",
+        "attention_mask",
+        "use_cache",
+    }
+    assert kw["use_cache"] is False
+    assert kw["input_ids"].tolist() == np.where(batch.input_valid, batch.inputs, 7).tolist()
+    assert kw["position_ids"].tolist() == batch.positions.tolist()
+    want = np.where(batch.loss_mask, batch.targets, IGNORE_INDEX)
+    assert kw["labels"].tolist() == want.tolist()
+    assert kw["shift_labels"] is kw["labels"]  # already shifted: the model must not shift again
+    mask = kw["attention_mask"]
+    assert mask.dtype == torch.float64 and mask.shape == (2, 1, 6, 6)
+    allowed = predicate_or_pad_diagonal(batch)
+    assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
+    assert bool((mask[:, 0][~torch.as_tensor(allowed)] == torch.finfo(torch.float64).min).all())
+    # B's queries (row 0, columns 3-4) see keys [3, 4) and [3, 5) only.
+    assert (mask[0, 0, 3] == 0).nonzero().flatten().tolist() == [3]
+    assert (mask[0, 0, 4] == 0).nonzero().flatten().tolist() == [3, 4]
+
+
+@settings(max_examples=40)
+@given(packed_epochs())
+def test_masks_match_the_predicate_on_random_layouts(case):
+    _, _, epoch = case
+    for batch in epoch.batches:
+        allowed = predicate_or_pad_diagonal(batch)
+        assert np.array_equal(hf_allowed(batch), allowed)
+        mask = additive_mask(batch, torch.float32)
+        assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
+        kw = hf_inputs(batch, "flash_attention_2", labels=False)
+        cu = batch.cu_seqlens()
+        assert kw["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
+        assert kw["input_ids"].shape == (1, cu.valid_index.shape[0])
+
+
+def test_flash_kwargs_are_the_flattened_valid_cells():
+    batch = fixture_batch()
+    kw = hf_inputs(batch, "flash_attention_2", num_items_in_batch=20)
+    cu = batch.cu_seqlens()
+    assert "attention_mask" not in kw and kw["use_cache"] is False
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert kw[name].dtype == torch.int32 and kw[name].tolist() == cu.cu_seqlens.tolist()
+    assert kw["max_length_q"] == kw["max_length_k"] == cu.max_seqlen
+    valid = batch.input_valid
+    assert kw["input_ids"].tolist() == [batch.inputs[valid].tolist()]
+    assert kw["position_ids"].tolist() == [batch.positions[valid].tolist()]
+    assert kw["labels"].tolist() == [batch.targets[valid].tolist()]  # all eligible here
+    assert kw["num_items_in_batch"] == 20
+    # Each segment restarts its positions at a cu_seqlens boundary.
+    starts = np.flatnonzero(kw["position_ids"][0].numpy() == 0)
+    assert starts.tolist() == cu.cu_seqlens[:-1].tolist()
+
+
+def test_cell_logits_scatters_flattened_logits_back():
+    batch = fixture_batch()
+    n = int(batch.input_valid.sum())
+    flat = torch.randn(1, n, 5, dtype=torch.float64)
+    cells = cell_logits(flat, batch)
+    assert cells.shape == (2, 6, 5)
+    assert torch.equal(cells[torch.as_tensor(batch.input_valid)], flat[0])
+    assert not cells[torch.as_tensor(~batch.input_valid)].any()
+    assert cell_logits(cells, batch) is cells
+    with pytest.raises(InvalidInput, match="fit neither"):
+        cell_logits(torch.zeros(1, n + 1, 5), batch)
+
+
+def test_flex_block_mask_attends_like_the_dense_predicate():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    batch = fixture_epoch(3).batches[0]
+    bm = hf_inputs(batch, "flex_attention")["attention_mask"]
+    assert bm.shape == (2, 1, 6, 6)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    allowed = torch.as_tensor(hf_allowed(batch))[:, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    with pytest.warns(UserWarning):  # the unfused path is deliberate here
+        got = flex_attention(q, k, v, block_mask=bm)
+    assert close(got, want)
+    assert block_mask(batch).shape == bm.shape
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn):
+    model = tiny_llama(attn)
+    examples = verification_examples(266, seed=3)
+    batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
+    out = model(**hf_inputs(batch, attn, dtype=torch.float64))
+    separate = [
+        model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0] for ex in examples
+    ]
+    occ = batch.occurrences
+    for i, sep in enumerate(separate):
+        j = int(np.flatnonzero(occ.ordinal == i)[0])
+        packed = out.logits[occ.row[j], occ.col_start[j] : occ.col_end[j]]
+        assert close(packed, sep, *(FLOAT32_TOLERANCE if attn == "eager" else (1e-10, 1e-9)))
+    ref = token_weighted_loss(out.logits, batch)
+    assert ref.count == batch.eligible_count < int(batch.input_valid.sum())
+    assert close(hf_loss(out.logits, batch).mean, ref.mean)
+    assert close(out.loss, ref.mean, *FLOAT32_TOLERANCE)  # transformers' float32 loss
+    # A global count divides the raw sum once (gradient accumulation / ranks).
+    out = model(**hf_inputs(batch, attn, dtype=torch.float64, num_items_in_batch=100))
+    assert close(out.loss, ref.sum / 100, *FLOAT32_TOLERANCE)
+    assert close(hf_loss(out.logits, batch, count=100).mean, ref.sum / 100)
+
+
+def test_bad_arguments_are_refused():
+    batch = fixture_batch()
+    with pytest.raises(InvalidInput, match="flash_attention_2"):
+        hf_inputs(batch, "flash_attention_3")
+    with pytest.raises(InvalidInput, match="pad_token_id"):
+        hf_inputs(batch, "sdpa", pad_token_id=266)
+    with pytest.raises(InvalidInput, match="floating"):
+        additive_mask(batch, torch.int64)
+    with pytest.raises(InvalidInput, match="not supported"):
+        PackedCollator("paged_attention")
+
+
+def _packed_dataset():
+    rng = np.random.default_rng(5)
+    pairs = [6, 3, 8, 4, 5, 2, 7, 1]  # capacity 12 next-fit: rows of 9, 12, 7 and 8 targets
+    docs = [rng.integers(0, 266, size=n + 1).tolist() for n in pairs]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    return pack_dataset(ds, 12, "next-fit", vocab_size=266, max_rows_per_batch=4)
+
+
+def test_collator_on_dataset_rows_and_on_batches():
+    packed = _packed_dataset()
+    (whole,) = to_batches(packed)
+    collate = PackedCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    got = collate([packed[2], packed[0]])  # Trainer's sampler reorders rows
+    want = hf_inputs(whole, "sdpa", dtype=torch.float64)
+    assert got.keys() == want.keys()
+    for name in ("input_ids", "position_ids", "labels", "attention_mask"):
+        assert torch.equal(got[name], want[name][[2, 0]])
+    assert collate.batch_of([packed[2], packed[0]]).eligible_count == 7 + 9
+    halves = list(to_batches(packed, 2))
+    assert torch.equal(collate(halves)["attention_mask"], want["attention_mask"])
+    with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
+        collate([{"input_ids": packed[0]["tokens"]}])
+    with pytest.raises(InvalidInput, match="for_dataset"):
+        PackedCollator("sdpa")([packed[0]])
+    with pytest.raises(InvalidInput, match="capacity"):
+        concat_batches([fixture_batch(), halves[0]])
+
+
+def test_concat_batches_keeps_rows_and_occurrences():
+    one, two = fixture_epoch(1).batches
+    both = concat_batches([one, two])
+    ref = fixture_batch()
+    for name in ("inputs", "targets", "segments", "positions", "loss_mask"):
+        assert np.array_equal(getattr(both, name), getattr(ref, name))
+    assert both.occurrences.row.tolist() == ref.occurrences.row.tolist()
+    assert both.key_ranges().get(0, 4) == (3, 5)
+
+
+def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path):
+    """Trainer, 2 micro-batches of 2 rows, SGD: the update is lr * grad of sum / N_step."""
+    from transformers import Trainer, TrainingArguments
+
+    packed = _packed_dataset()
+    (whole,) = to_batches(packed)
+    assert whole.loss_mask.sum(axis=1).tolist() == [9, 12, 7, 8]
+    model = tiny_llama("sdpa")
+    params = list(model.parameters())
+
+    def grad_of(batch):
+        logits = model(**hf_inputs(batch, "sdpa", dtype=torch.float64)).logits
+        grads = torch.autograd.grad(hf_loss(logits, batch).mean, params)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def rows(pair):
+        return collate.batch_of([packed[i] for i in pair])
+
+    collate = PackedCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    want = grad_of(whole)
+    # Control: the mean of per-micro-batch means differs for every split into pairs.
+    for a, b in (((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2))):
+        naive = 0.5 * (grad_of(rows(a)) + grad_of(rows(b)))
+        assert not close(naive, want, 1e-7, 1e-4)
+
+    before = torch.cat([p.detach().reshape(-1).clone() for p in params])
+    lr = 0.5
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=1,
+        learning_rate=lr,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        remove_unused_columns=False,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    Trainer(model=model, args=args, train_dataset=packed, data_collator=collate).train()
+    got = (before - torch.cat([p.detach().reshape(-1) for p in params])) / lr
+    assert close(got, want, 1e-7, 1e-4)  # transformers' loss runs in float32
