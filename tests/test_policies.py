@@ -324,3 +324,11 @@ def test_every_registered_policy_is_planned_and_valid():
     lengths = np.random.default_rng(3).integers(1, 33, 300)
     for policy in POLICIES:
         validate_plan(plan_rows(lengths, 32, policy))
+
+
+@given(st.lists(st.integers(1, 2**40), max_size=30))
+def test_first_fit_decreasing_takes_any_capacity(values):
+    capacity = 2**40
+    lengths = np.asarray(values, dtype=np.int64)
+    plan = plan_rows(lengths, capacity, "first-fit-decreasing")
+    assert_same(plan, *reference_first_fit_decreasing(lengths, capacity))

@@ -8,6 +8,19 @@ supplied order::
     lengths [3, 2, 4], capacity 6, next-fit
     row 0: A A A B B .      A at column 0, B at column 3
     row 1: C C C C . .      C does not fit in the one free cell
+
+======================  ==========================================  ============
+policy                  rule                                        per example
+======================  ==========================================  ============
+next-fit                supplied order, current row only            O(1)
+first-fit-decreasing    longest first, first row with room          O(log rows)
+best-fit-decreasing     longest first, tightest row (fewest rows)   O(log cap)
+stream-best-fit         bounded look-ahead and open rows            O(log cap)
+padded                  one example per row (the baseline)          O(1)
+======================  ==========================================  ============
+
+The loops run in :mod:`seqpack._kernels` (numba when installed, else the
+same code in plain Python; both give identical plans).
 """
 
 from __future__ import annotations
@@ -179,7 +192,8 @@ def one_per_row(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndar
 
 def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -> np.ndarray:
     """Example indices by length, longest first, ties in supplied order; int64 [n]."""
-    if _kernels.resolve(engine) == "python":
+    if _kernels.resolve(engine) == "python" or capacity > 4 * lengths.shape[0] + 65536:
+        # the same order; a counting sort would spend more on its counts
         return np.argsort(-lengths, kind="stable").astype(np.int64)
     order = np.empty(lengths.shape[0], dtype=np.int64)
     counts = np.zeros(capacity + 2, dtype=np.int64)
