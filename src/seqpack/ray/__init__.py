@@ -1,0 +1,50 @@
+"""Pack Parquet shards on Ray: the local pipeline, one block at a time, across machines.
+
+::
+
+    seqpack pack shards/ --engine ray --capacity 4096 --out packed/ [--ray-address auto]
+
+The input is cut into *blocks* of consecutive examples in input order (files
+in sorted name order, rows in file order): one input shard per block by
+default, or ``block_examples`` examples per block. Two kinds of Ray task do
+the work, on Arrow tables throughout:
+
+1. **plan**, one per block: read the block's rows, check them exactly as the
+   local pipeline does (token ids against the binding, labels, a
+   ``partition`` column if present), plan them with the policy and
+   materialise compact rows — the local pipeline's output for that block
+   alone, rows and occurrence ordinals numbered from 0;
+2. **write**, one per output shard: take the rows of one or more planned
+   blocks, renumber rows and ordinals globally and write one Parquet shard of
+   :data:`seqpack.store.SCHEMA` into a hidden temporary folder.
+
+The driver sees only per-block statistics. It lays the blocks' rows end to
+end in block order, cuts shards on model-call boundaries (one or more per
+block), merges the statistics into one ``manifest.json``, writes it last and
+renames the folder into place — the local format, read by
+:func:`seqpack.store.load_packed`. With the A/B/C fixture (capacity 6,
+next-fit) in blocks of 2 examples: block 0 = A, B -> row 0
+``[0 99 100 1 | 0 101 1]``; block 1 = C -> row 1 ``[0 102 103 104 1]``, its
+ordinal 0 renumbered 2.
+
+Guarantees: the output depends only on the input, the block size and the
+policy (and its seed), never on the number of workers or the order tasks
+finish in. A task retried by Ray recomputes the same block or rewrites the
+same shard name whole; the manifest lists exactly the shards the driver laid
+out, and the driver checks that they hold every example once.
+"""
+
+from __future__ import annotations
+
+from .blocks import PARTITION_COLUMN, plain_columns
+from .driver import DEFAULT_BLOCK_EXAMPLES, pack, ray_session
+from .layout import RayTaskFailed
+
+__all__ = [
+    "DEFAULT_BLOCK_EXAMPLES",
+    "PARTITION_COLUMN",
+    "RayTaskFailed",
+    "pack",
+    "plain_columns",
+    "ray_session",
+]

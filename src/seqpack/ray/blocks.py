@@ -1,0 +1,220 @@
+"""Blocks: consecutive runs of input rows, the unit a Ray task plans.
+
+A block is a list of :class:`Piece` (rows ``[start, stop)`` of one input):
+one whole Parquet shard by default, or ``block_examples`` rows cut across
+shards (or across the tables of a materialised ``ray.data.Dataset``) by
+global row number. Blocks are laid out on the driver from Parquet footers or
+Dataset row counts only; the rows are read by the task that plans them,
+as Arrow tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import InvalidInput
+from ..io import COLUMNS, Origin
+
+if TYPE_CHECKING:
+    import ray.data
+
+#: Optional input column: every row must name the partition being packed.
+PARTITION_COLUMN = "partition"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of one input (a Parquet file, or a table passed to the task);
+    errors call its first row ``label_start`` of ``name``."""
+
+    name: str
+    start: int
+    stop: int
+    label_start: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """Examples ``first .. first + sum(piece rows) - 1`` of the input, in order."""
+
+    index: int
+    first: int
+    pieces: tuple[Piece, ...]
+    from_files: bool
+
+
+def wanted_columns(names: Sequence[str], text_field: str) -> list[str] | None:
+    """The columns a block reads (None: all, so a missing-column error lists them)."""
+    if "input_ids" in names:
+        keep = {*COLUMNS, PARTITION_COLUMN}
+    elif text_field in names:
+        keep = {text_field, "id", PARTITION_COLUMN}
+    else:
+        return None
+    return [n for n in names if n in keep]
+
+
+def _unwrap(col: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
+    """A Ray tensor column (numpy batch format) as plain lists, one list per row."""
+    kind = col.type
+    ndim = getattr(kind, "ndim", None) or len(getattr(kind, "shape", ()))
+    if ndim != 1:
+        raise InvalidInput(
+            f"column {name!r} holds {ndim}-D tensors ({kind}); seqpack reads one list of ids"
+            " per row — flatten it"
+        )
+    chunks = []
+    for chunk in col.chunks:
+        storage = chunk.storage
+        if pa.types.is_struct(storage.type):
+            storage = storage.field("data")
+        chunks.append(storage)
+    return pa.chunked_array(chunks, type=chunks[0].type if chunks else pa.list_(pa.int64()))
+
+
+def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
+    """The columns seqpack reads, with Ray's tensor extension columns as plain lists.
+
+    Ray's numpy batch format stores ragged ids as an extension type that
+    plain pyarrow cannot read as lists; this is the ``map_batches`` step
+    (``batch_format="pyarrow"``) a ``ray.data.Dataset`` input goes through.
+    """
+    names = wanted_columns(table.column_names, text_field)
+    if names is not None:
+        table = table.select(names)
+    for i, field in enumerate(table.schema):
+        if isinstance(field.type, pa.ExtensionType):
+            table = table.set_column(i, field.name, _unwrap(table.column(i), field.name))
+    return table
+
+
+def read_piece(piece: Piece, text_field: str) -> pa.Table:
+    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them."""
+    try:
+        pf = pq.ParquetFile(piece.name)
+        sizes = np.array(
+            [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)],
+            dtype=np.int64,
+        )
+        ends = np.cumsum(sizes)
+        begins = ends - sizes
+        groups = np.flatnonzero((begins < piece.stop) & (ends > piece.start)).tolist()
+        table = pf.read_row_groups(
+            groups, columns=wanted_columns(pf.schema_arrow.names, text_field)
+        )
+    except (pa.ArrowInvalid, OSError) as err:
+        raise InvalidInput(f"{piece.name}: cannot read as Parquet ({err})") from None
+    first = int(begins[groups[0]]) if groups else 0
+    return table.slice(piece.start - first, piece.stop - piece.start)
+
+
+def block_table(
+    block: Block, text_field: str, tables: Sequence[pa.Table]
+) -> tuple[pa.Table, Origin]:
+    """The block's rows as one table, an ``id`` column (global row number) where absent,
+    and an :class:`Origin` naming each row by its file (or dataset) row."""
+    if block.from_files:
+        parts = [read_piece(p, text_field) for p in block.pieces]
+    else:
+        parts = [
+            plain_columns(t, text_field).slice(p.start, p.stop - p.start)
+            for p, t in zip(block.pieces, tables, strict=True)
+        ]
+    try:
+        table = pa.concat_tables(parts, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        names = ", ".join(p.name for p in block.pieces)
+        raise InvalidInput(f"{names}: shards disagree on their columns ({err})") from None
+    if "id" not in table.column_names:
+        ids = np.arange(block.first, block.first + table.num_rows, dtype=np.int64)
+        table = table.append_column("id", pa.array(ids))
+    origin, offset = [], 0
+    for p in block.pieces:
+        origin.append((p.name, offset - p.label_start, "row"))
+        offset += p.stop - p.start
+    return table, Origin(tuple(origin))
+
+
+def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
+    """Blocks over a ``.parquet`` file or a folder of them (sorted names), from the footers."""
+    if source.is_dir():
+        files = sorted(source.glob("*.parquet"))
+        if not files:
+            raise InvalidInput(
+                f"{source} holds no *.parquet shards — the ray engine reads Parquet (convert"
+                " other inputs, or pass a ray.data.Dataset)"
+            )
+    elif source.suffix.lower() == ".parquet":
+        files = [source]
+    else:
+        raise InvalidInput(
+            f"{source}: the ray engine reads a .parquet file or a folder of Parquet shards"
+            " (or a ray.data.Dataset) — use --engine local for other inputs"
+        )
+    counts = []
+    for file in files:
+        try:
+            counts.append(pq.ParquetFile(file).metadata.num_rows)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
+    if block_examples is None:
+        pieces = [(Piece(str(f), 0, n, 0),) for f, n in zip(files, counts, strict=True) if n]
+    else:
+        pieces = cut_pieces([str(f) for f in files], counts, block_examples, local_labels=True)
+    return _number_blocks(pieces, from_files=True)
+
+
+def cut_pieces(
+    names: Sequence[str], counts: Sequence[int], size: int, local_labels: bool
+) -> list[tuple[Piece, ...]]:
+    """Consecutive runs of ``size`` rows across inputs of ``counts`` rows (the last shorter)."""
+    starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    total = int(starts[-1])
+    out = []
+    for lo in range(0, total, size):
+        hi = min(lo + size, total)
+        run = []
+        for k in np.flatnonzero((starts[:-1] < hi) & (starts[1:] > lo)).tolist():
+            a, b = max(lo, starts[k]) - starts[k], min(hi, starts[k + 1]) - starts[k]
+            label = int(a) if local_labels else int(starts[k] + a)
+            run.append(Piece(names[k], int(a), int(b), label))
+        out.append(tuple(run))
+    return out
+
+
+def _number_blocks(pieces: list[tuple[Piece, ...]], from_files: bool) -> list[Block]:
+    blocks, first = [], 0
+    for k, run in enumerate(pieces):
+        blocks.append(Block(k, first, run, from_files))
+        first += sum(p.stop - p.start for p in run)
+    return blocks
+
+
+def _num_rows(table: pa.Table) -> int:
+    return table.num_rows
+
+
+def dataset_blocks(
+    ray: Any, dataset: ray.data.Dataset, block_examples: int, text_field: str, show: bool
+) -> tuple[list[Block], list[list[Any]]]:
+    """Blocks over a Dataset: normalised with ``map_batches(batch_format="pyarrow")``,
+    materialised in order, then cut by global row number."""
+    ds = dataset.map_batches(
+        plain_columns, batch_format="pyarrow", fn_kwargs={"text_field": text_field}
+    )
+    ds.context.execution_options.preserve_order = True
+    ds.context.enable_progress_bars = show
+    refs = ds.to_arrow_refs()
+    counts = ray.get([ray.remote(_num_rows).remote(r) for r in refs])
+    names = [str(k) for k in range(len(refs))]
+    pieces = cut_pieces(names, counts, block_examples, local_labels=False)
+    inputs = [[refs[int(p.name)] for p in run] for run in pieces]
+    runs = [tuple(Piece("dataset", p.start, p.stop, p.label_start) for p in r) for r in pieces]
+    return _number_blocks(runs, from_files=False), inputs

@@ -1,0 +1,134 @@
+"""The two Ray tasks: plan one block, write one output shard.
+
+Both are plain functions of their arguments (Arrow tables in, Arrow tables
+or small dicts out), so a task Ray retries computes exactly the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import PartitionMismatch
+from ..examples import Partition, example_label, split_long
+from ..io import Documents, documents_from_arrow, resolve_binding
+from ..pipeline import pack_table
+from ..store import SCHEMA, rows_to_arrow, shard_bounds, write_shard_file
+from ..tokenizers import Tokenizer
+from .blocks import PARTITION_COLUMN, Block, block_table
+
+TaskHook = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a task needs, shipped once through the object store."""
+
+    capacity: int
+    policy: str
+    options: dict[str, Any]
+    max_rows_per_batch: int
+    shard_tokens: int
+    partition: Partition
+    vocab_size: int | None
+    tokenizer: Tokenizer | None
+    tokenizer_id: str | None
+    split_id: str | None
+    text_field: str
+    split_long: bool
+    hook: TaskHook | None
+
+
+def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
+    if PARTITION_COLUMN not in table.column_names:
+        return
+    values = table.column(PARTITION_COLUMN).to_numpy(zero_copy_only=False).astype(object)
+    bad = values != partition.value
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise PartitionMismatch(
+            f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
+            f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
+            " another partition's rows; filter the input or pack it with"
+            f" --partition {values[row]}"
+        )
+
+
+def plan_block(
+    block: Block, settings: Settings, *tables: pa.Table
+) -> tuple[dict[str, Any], pa.Table]:
+    """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow)."""
+    table, origin = block_table(block, settings.text_field, tables)
+    docs = documents_from_arrow(
+        table, origin, tokenizer=settings.tokenizer, text_field=settings.text_field
+    )
+    check_partition(table, docs, settings.partition)
+    binding = resolve_binding(
+        docs,
+        settings.partition,
+        vocab_size=settings.vocab_size,
+        tokenizer=settings.tokenizer,
+        tokenizer_id=settings.tokenizer_id,
+        split_id=settings.split_id,
+    )
+    examples = docs.to_table(binding, settings.partition)
+    split = 0
+    if settings.split_long:
+        examples, split = split_long(examples, settings.capacity)
+
+    def name(i: int) -> str:
+        if split:
+            return f"block {block.index}: {examples.label(i)}"
+        ex = examples.example(i)
+        return f"{origin.locate(i)}: {example_label(block.first + i, ex.example_id, *ex.range)}"
+
+    plan, rows = pack_table(examples, settings.capacity, settings.policy, name, **settings.options)
+    cuts = shard_bounds(rows, settings.max_rows_per_batch, settings.shard_tokens)[1:-1]
+    stats = plan.stats() | {
+        "sources": len(docs),
+        "split_sources": split,
+        "eligible_targets": int(examples.loss_mask.sum()),
+        "split_id": binding.split_id,
+        "cuts": cuts.tolist(),
+    }
+    out = rows_to_arrow(rows)
+    if settings.hook is not None:
+        settings.hook("plan", block.index)
+    return stats, out
+
+
+def _renumber_ordinals(table: pa.Table, offset: int) -> pa.Table:
+    if offset == 0:
+        return table
+    col = table.column("ordinals").combine_chunks()
+    offsets = np.asarray(col.offsets, dtype=np.int32)
+    values = col.flatten().to_numpy() + np.int64(offset)
+    renumbered = pa.ListArray.from_arrays(pa.array(offsets - offsets[0]), pa.array(values))
+    index = table.schema.get_field_index("ordinals")
+    return table.set_column(index, SCHEMA.field("ordinals"), renumbered)
+
+
+def write_shard(
+    tmp: str,
+    index: int,
+    first_row: int,
+    spans: tuple[tuple[int, int, int], ...],
+    settings: Settings,
+    *tables: pa.Table,
+) -> dict[str, Any]:
+    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as one shard."""
+    parts = [
+        _renumber_ordinals(t.slice(a, b - a), offset)
+        for (a, b, offset), t in zip(spans, tables, strict=True)
+    ]
+    table = pa.concat_tables(parts).combine_chunks()
+    rows = pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
+    table = table.set_column(table.schema.get_field_index("row"), SCHEMA.field("row"), rows)
+    entry = write_shard_file(table, tmp, f"shard-{index:05d}.parquet")
+    if settings.hook is not None:
+        settings.hook("write", index)
+    return entry
