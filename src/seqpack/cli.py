@@ -78,6 +78,17 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
         "--option", action="append", default=[], metavar="KEY=VALUE", help="policy option"
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process; ray: plan per block on Ray (Parquet shards in)",
+    )
+    p.add_argument("--ray-address", metavar="ADDR", help="ray: join this cluster (e.g. auto)")
+    p.add_argument("--ray-num-cpus", type=int, metavar="N", help="ray: size of a local instance")
+    p.add_argument(
+        "--block-examples", type=int, metavar="N", help="ray: examples per block (default: a shard)"
+    )
 
 
 def _policy_options(items: list[str]) -> dict[str, object]:
@@ -98,7 +109,21 @@ def _policy_options(items: list[str]) -> dict[str, object]:
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .pipeline import pack_path
 
-    stats = pack_path(
+    run, engine = pack_path, {}
+    if args.engine == "ray":
+        from . import ray as ray_engine
+
+        run = ray_engine.pack
+        engine = {
+            "block_examples": args.block_examples,
+            "address": args.ray_address,
+            "num_cpus": args.ray_num_cpus,
+        }
+    elif args.block_examples or args.ray_address or args.ray_num_cpus:
+        from .errors import InvalidInput
+
+        raise InvalidInput("--block-examples and --ray-* options need --engine ray")
+    stats = run(
         args.input,
         args.out,
         capacity=args.capacity,
@@ -114,6 +139,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         split_id=args.split_id,
         policy_options=_policy_options(args.option),
         progress=args.progress,
+        **engine,
     )
     if args.json:
         print(json.dumps(stats))
@@ -125,6 +151,12 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
     )
     print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
+    if "blocks" in stats:
+        print(
+            f"ray: {stats['blocks']:,} block(s); rows / global lower bound"
+            f" {stats['rows_over_lower_bound']:.4f} (per-block lower bounds sum to"
+            f" {stats['block_lower_bound']:,})"
+        )
     return 0
 
 
