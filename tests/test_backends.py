@@ -21,8 +21,9 @@ from seqpack.nn.varlen import (
     varlen_attention,
     varlen_plan,
 )
+from seqpack.nn.verify import three_way
 
-from strategies import packed_epochs
+from strategies import example_lists, packed_epochs
 
 torch.set_num_threads(1)
 
@@ -174,6 +175,17 @@ def test_decoder_runs_on_varlen_like_on_ranges():
     for name in ("varlen", "auto"):
         assert within(logits[name], logits["ranges"]), name
         assert within(grads[name], grads["ranges"]), name
+
+
+@settings(max_examples=40)
+@given(example_lists(), st.sampled_from(["varlen", "auto"]))
+def test_decoder_on_varlen_packed_equals_separate(case, backend):
+    """The decoder's verifier: separate = padded = packed logits, loss and gradients."""
+    examples, capacity = case
+    model = TinyDecoder(profile="large", seed=3, attention=backend)
+    report = three_way(model, examples, capacity)
+    assert report["passed"], report["max_abs_diff"]
+    assert report["comparisons"]["gradients"] > 0
 
 
 @settings(max_examples=40)
