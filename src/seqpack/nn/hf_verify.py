@@ -319,7 +319,7 @@ def _hint(mode: str, attn_implementation: str) -> str:
         return (
             "position_ids alone do not separate packed examples: with the default"
             " use_cache=True a cache exists and transformers skips its packed-position"
-            f" detection (older versions never detect) — {fix}"
+            f" detection (some older versions never detect) — {fix}"
         )
     if mode == "bool-mask" and attn_implementation == "eager":
         return f"eager adds a boolean 4-D mask to the scores as numbers (True = 1) — {fix}"

@@ -4,27 +4,26 @@ A ``transformers`` causal LM fed a packed row the way most code does —
 ``model(input_ids, position_ids=...)`` — attends **across** the examples of
 the row: with the default ``use_cache=True`` a cache object exists, and
 ``transformers`` (5.x) looks for packed ``position_ids`` only when there is
-no cache; older versions never look. The eager implementation also *adds*
+no cache (some older versions never look). The eager implementation also *adds*
 a boolean 4-D mask to the scores as numbers. :func:`hf_inputs` gives the
 arguments that are right on each implementation:
 
-================== ===========================================================
-``eager``, ``sdpa`` ``attention_mask``: float additive ``(R, 1, T, T)`` in the
-                    model's dtype — 0 where :func:`hf_allowed` permits, the
-                    dtype's most negative value elsewhere (never boolean)
-``flex_attention``  ``attention_mask``: a FlexAttention ``BlockMask`` of the same
-                    predicate
-``flash_attention_2`` the valid cells flattened into one row ``(1, N)`` (padding
-                    dropped) with ``cu_seq_lens_q/k`` = the batch's
-                    ``cu_seqlens`` and ``max_length_q/k`` = its ``max_seqlen``
-================== ===========================================================
+* ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)``
+  mask in the model's dtype — 0 where :func:`hf_allowed` permits, the
+  dtype's most negative value elsewhere (never boolean);
+* ``flex_attention``: ``attention_mask``, a FlexAttention ``BlockMask`` of
+  the same predicate;
+* ``flash_attention_2``: the valid cells flattened into one row ``(1, N)``
+  (padding dropped) with ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``
+  and ``max_length_q/k`` = its ``max_seqlen`` (``transformers`` infers
+  boundaries from ``position_ids`` only for a batch of one row);
 
 and always ``input_ids`` (padding cells hold ``pad_token_id``, a real id
 no real query ever sees), local ``position_ids`` and ``use_cache=False``.
 
 Labels: seqpack's targets are already shifted (cell ``c`` predicts
-``targets[c]``; the last target of an example is its EOS, which is no input
-of the row), so they cannot be given to ``transformers`` as unshifted
+``targets[c]``; an example's last target, e.g. its EOS, is no input of
+the row), so they cannot be given to ``transformers`` as unshifted
 ``labels``. The adapter passes ``labels`` *and* ``shift_labels``, both the
 per-cell targets with ``-100`` where the target is not loss-eligible:
 ``ForCausalLMLoss`` uses ``shift_labels`` as they are and never shifts
