@@ -56,6 +56,15 @@ def _status(enabled: bool) -> Callable[[str], None]:
     return say
 
 
+def _progress_bar(total: int, show: bool) -> Any:
+    """A tqdm bar over rows written (stderr), or None when not shown."""
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="seqpack: writing", unit="row", file=sys.stderr)
+
+
 def pack_path(
     source: str | Path | Any,
     out: str | Path,
@@ -117,11 +126,8 @@ def pack_path(
         "eligible_targets": int(table.loss_mask.sum()),
         "batches": -(-plan.num_rows // config.max_rows_per_batch),
     }
-    from tqdm import tqdm
-
-    with tqdm(
-        total=plan.num_rows, desc="seqpack: writing", unit="row", disable=not show, file=sys.stderr
-    ) as bar:
+    bar = _progress_bar(plan.num_rows, show)
+    try:
         manifest = write_packed(
             rows,
             out,
@@ -132,8 +138,11 @@ def pack_path(
                 "input": {"source": str(source), "text_field": text_field},
             },
             overwrite=overwrite,
-            on_shard=bar.update,
+            on_shard=None if bar is None else bar.update,
         )
+    finally:
+        if bar is not None:
+            bar.close()
     return stats | {
         "shards": len(manifest["shards"]),
         "out": str(out),
