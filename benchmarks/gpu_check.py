@@ -169,10 +169,12 @@ def timings(args: argparse.Namespace) -> None:
         def train(leaves=leaves, backend=backend, g=g):
             attention(*leaves, layout, backend).backward(g)
 
-        try:
-            cells = [f"{cuda_ms(forward):.2f}", f"{cuda_ms(train):.2f}"]
-        except Exception as err:  # not available here, out of memory, ...: report and go on
-            cells = [f"n/a: {type(err).__name__}: {str(err).splitlines()[0][:60]}", ""]
+        cells = []
+        for fn in (forward, train):
+            try:
+                cells.append(f"{cuda_ms(fn):.2f}")
+            except Exception as err:  # not available here, out of memory, ...: report, go on
+                cells.append(f"n/a: {type(err).__name__}: {str(err).splitlines()[0][:60]}")
         print(f"| {backend} | {str(dtype).removeprefix('torch.')} | {cells[0]} | {cells[1]} |")
 
 
