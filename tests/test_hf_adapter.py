@@ -19,11 +19,10 @@ from seqpack.loss import token_weighted_loss
 from seqpack.nn.hf_verify import FLOAT32_TOLERANCE, verification_examples
 from seqpack.training.hf import (
     IGNORE_INDEX,
-    PackedCollator,
+    HFCollator,
     additive_mask,
     block_mask,
     cell_logits,
-    concat_batches,
     hf_allowed,
     hf_inputs,
     hf_loss,
@@ -180,7 +179,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(InvalidInput, match="floating"):
         additive_mask(batch, torch.int64)
     with pytest.raises(InvalidInput, match="not supported"):
-        PackedCollator("paged_attention")
+        HFCollator("paged_attention")
 
 
 def _packed_dataset():
@@ -194,7 +193,7 @@ def _packed_dataset():
 def test_collator_on_dataset_rows_and_on_batches():
     packed = _packed_dataset()
     (whole,) = to_batches(packed)
-    collate = PackedCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
     got = collate([packed[2], packed[0]])  # Trainer's sampler reorders rows
     want = hf_inputs(whole, "sdpa", dtype=torch.float64)
     assert got.keys() == want.keys()
@@ -206,19 +205,9 @@ def test_collator_on_dataset_rows_and_on_batches():
     with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
         collate([{"input_ids": packed[0]["tokens"]}])
     with pytest.raises(InvalidInput, match="for_dataset"):
-        PackedCollator("sdpa")([packed[0]])
-    with pytest.raises(InvalidInput, match="capacity"):
-        concat_batches([fixture_batch(), halves[0]])
-
-
-def test_concat_batches_keeps_rows_and_occurrences():
-    one, two = fixture_epoch(1).batches
-    both = concat_batches([one, two])
-    ref = fixture_batch()
-    for name in ("inputs", "targets", "segments", "positions", "loss_mask"):
-        assert np.array_equal(getattr(both, name), getattr(ref, name))
-    assert both.occurrences.row.tolist() == ref.occurrences.row.tolist()
-    assert both.key_ranges().get(0, 4) == (3, 5)
+        HFCollator("sdpa")([packed[0]])
+    with pytest.raises(InvalidInput, match="width"):
+        collate([fixture_batch(), halves[0]])
 
 
 def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path):
@@ -239,7 +228,7 @@ def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path)
     def rows(pair):
         return collate.batch_of([packed[i] for i in pair])
 
-    collate = PackedCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
     want = grad_of(whole)
     # Control: the mean of per-micro-batch means differs for every split into pairs.
     for a, b in (((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2))):

@@ -52,15 +52,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batch import Occurrences, PackedBatch
-from ..compact import CompactRows
+from ..batch import PackedBatch
+from ..compact import IGNORE_INDEX, CompactRows
 from ..errors import InvalidInput
 from ..examples import Binding, Partition
 from ..loss import LossResult, LossSum, divide, masked_nll_sum
+from .data import concat_batches
 
 #: Attention implementations :func:`hf_inputs` knows how to serve.
 IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-IGNORE_INDEX = -100
 
 
 def _check_implementation(attn_implementation: str) -> str:
@@ -218,54 +218,12 @@ def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) 
     return divide(hf_loss_sum(logits, batch), count)
 
 
-def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
-    """Rows of several batches (same capacity, binding, partition) as one model call."""
-    if not batches:
-        raise InvalidInput("no packed batch to collate")
-    first = batches[0]
-    if len(batches) == 1:
-        return first
-    for i, b in enumerate(batches):
-        if b.shape[1] != first.shape[1] or b.binding != first.binding:
-            raise InvalidInput(
-                f"batch {i} has capacity {b.shape[1]} and binding {b.binding.to_dict()};"
-                f" batch 0 has {first.shape[1]} and {first.binding.to_dict()} — collate"
-                " batches of one packing only"
-            )
-        if b.partition is not first.partition:
-            raise InvalidInput(
-                f"batch {i} is {b.partition.value!r} but batch 0 is {first.partition.value!r}"
-                " — a model call holds one partition only"
-            )
-    offsets = np.cumsum([0] + [b.shape[0] for b in batches[:-1]])
-    occ = [b.occurrences for b in batches]
-
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate([getattr(o, name) for o in occ])
-
-    occurrences = Occurrences(
-        ordinal=cat("ordinal"),
-        row=np.concatenate([o.row + off for o, off in zip(occ, offsets, strict=True)]),
-        col_start=cat("col_start"),
-        col_end=cat("col_end"),
-        segment=cat("segment"),
-        source_ids=cat("source_ids"),
-        example_ids=cat("example_ids"),
-        range_starts=cat("range_starts"),
-        range_ends=cat("range_ends"),
-    )
-    cells = ("inputs", "targets", "segments", "positions", "input_valid", "target_valid")
-    arrays = [np.concatenate([getattr(b, n) for b in batches]) for n in (*cells, "loss_mask")]
-    return PackedBatch(
-        *arrays, occurrences, first.partition, first.binding, first_row=first.first_row
-    )
-
-
 @dataclass
-class PackedCollator:
+class HFCollator:
     """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
 
-    ``features`` are :class:`PackedBatch` objects (their rows are stacked)
+    ``features`` are :class:`PackedBatch` objects (their rows are stacked by
+    :func:`seqpack.training.data.concat_batches`)
     or rows of :func:`seqpack.hf.pack_dataset` output (dicts with the packed
     columns; build the collator with :meth:`for_dataset` and set
     ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
@@ -284,7 +242,7 @@ class PackedCollator:
         _check_implementation(self.attn_implementation)
 
     @classmethod
-    def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> PackedCollator:
+    def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
         """A collator for the rows of ``packed`` (capacity, binding, partition: its metadata)."""
         from ..hf import packed_metadata
 
@@ -321,7 +279,7 @@ class PackedCollator:
         if self.capacity is None or self.binding is None:
             raise InvalidInput(
                 "this collator does not know the packing's capacity and binding — build it"
-                " with PackedCollator.for_dataset(packed, attn_implementation)"
+                " with HFCollator.for_dataset(packed, attn_implementation)"
             )
         table = pa.Table.from_pylist([{n: f[n] for n in SCHEMA.names} for f in features], SCHEMA)
         return arrow_to_rows(
@@ -345,11 +303,10 @@ class PackedCollator:
 __all__ = [
     "IGNORE_INDEX",
     "IMPLEMENTATIONS",
-    "PackedCollator",
+    "HFCollator",
     "additive_mask",
     "block_mask",
     "cell_logits",
-    "concat_batches",
     "hf_allowed",
     "hf_inputs",
     "hf_labels",
