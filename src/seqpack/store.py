@@ -246,49 +246,30 @@ def write_packed(
     left untouched. ``on_shard(rows_written)`` reports progress.
     """
     out = check_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.seqpack-tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()
+    tmp = temp_output(out)
     try:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         shards = []
         for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-            part = rows.slice_rows(a, b)
-            name = f"shard-{k:05d}.parquet"
-            _write_shard(rows_to_arrow(part), tmp / name)
-            shards.append(
-                {
-                    "file": name,
-                    "first_row": rows.first_row + a,
-                    "rows": b - a,
-                    "occurrences": len(part),
-                    "tokens": int(part.tokens.shape[0]),
-                    "bytes": (tmp / name).stat().st_size,
-                    "sha256": _sha256(tmp / name),
-                }
-            )
+            table = rows_to_arrow(rows.slice_rows(a, b))
+            shards.append(write_shard_file(table, tmp, f"shard-{k:05d}.parquet"))
             if on_shard is not None:
                 on_shard(b - a)
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "binding": rows.binding.to_dict(),
-            "partition": rows.partition.value,
-            "config": {"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
-            "rows": rows.num_rows,
-            "occurrences": len(rows),
-            **(extra or {}),
-            "shards": shards,
-        }
-        with (tmp / MANIFEST).open("w") as f:
-            json.dump(manifest, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "binding": rows.binding.to_dict(),
+        "partition": rows.partition.value,
+        "config": {"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
+        "rows": rows.num_rows,
+        "occurrences": len(rows),
+        **(extra or {}),
+        "shards": shards,
+    }
+    publish_packed(tmp, out, manifest)
     return manifest
 
 
