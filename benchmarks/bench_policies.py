@@ -6,8 +6,9 @@
 For each workload and policy: median seconds of ``--repeat`` timed runs of
 ``seqpack.plan_rows`` (after one untimed call, whose time is reported as
 ``first s``: numba JIT compile, or loading it from numba's on-disk cache;
-``--cold-jit`` uses an empty cache so it shows the compile), examples/s,
-rows, and rows / lower bound. Lengths are the workloads' prediction lengths
+``--cold-jit`` uses an empty cache so it shows the compile), the median
+CPU seconds of the same runs (robust when other jobs share the cores),
+examples/s (wall clock), rows, and rows / lower bound. Lengths are the workloads' prediction lengths
 at the workload capacity.
 
 If ``trl`` imports, TRL's best-fit-decreasing planner (``_pack_bfd``, the
@@ -47,17 +48,19 @@ POLICIES = [
 TARGETS = {"next-fit": 50e6, "best-fit-decreasing": 5e6}  # examples/s, issue 4
 
 
-def timed(fn, repeat: int) -> tuple[float, float, object]:
-    """(first-call seconds, median seconds of ``repeat`` further calls, last result)."""
+def timed(fn, repeat: int) -> tuple[float, float, float, object]:
+    """(first-call seconds, median wall and median CPU seconds of ``repeat`` further
+    calls, last result). CPU time shows the cost when other jobs share the cores."""
     t0 = time.perf_counter()
     result = fn()
     first = time.perf_counter() - t0
-    times = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times), result
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return first, statistics.median(wall), statistics.median(cpu), result
 
 
 def bench_seqpack(w: Workload, engine: str, repeat: int) -> list[dict]:
@@ -66,12 +69,12 @@ def bench_seqpack(w: Workload, engine: str, repeat: int) -> list[dict]:
     rows = []
     for policy, options in POLICIES:
         reps = repeat if engine != "python" else 1
-        first, seconds, plan = timed(
+        first, seconds, cpu, plan = timed(
             lambda p=policy, o=options: plan_rows(w.lengths, w.capacity, p, engine=engine, **o),
             reps,
         )
         label = policy + "".join(f" {k}={v}" for k, v in options.items())
-        rows.append(row(w, label, engine, seconds, first, plan.num_rows))
+        rows.append(row(w, label, engine, seconds, cpu, first, plan.num_rows))
     return rows
 
 
@@ -91,17 +94,17 @@ def bench_trl(w: Workload, pack_bfd, batch: int | None) -> dict:
     values = pa.array(np.zeros(int(offsets[-1]), dtype=np.int8))
     table = pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), values)})
     step = batch or table.num_rows
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     packed = sum(
         pack_bfd(table.slice(lo, step), w.capacity).num_rows
         for lo in range(0, table.num_rows, step)
     )
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     label = "TRL _pack_bfd (" + (f"batches of {batch}" if batch else "one batch") + ")"
-    return row(w, label, "trl", seconds, None, packed)
+    return row(w, label, "trl", seconds, cpu, None, packed)
 
 
-def row(w: Workload, policy: str, engine: str, seconds, first, rows: int) -> dict:
+def row(w: Workload, policy: str, engine: str, seconds, cpu, first, rows: int) -> dict:
     return {
         "workload": w.name,
         "examples": int(w.lengths.shape[0]),
@@ -109,6 +112,7 @@ def row(w: Workload, policy: str, engine: str, seconds, first, rows: int) -> dic
         "policy": policy,
         "engine": engine,
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "first_call_seconds": first,
         "examples_per_s": w.lengths.shape[0] / seconds if seconds else float("inf"),
         "rows": int(rows),
@@ -119,7 +123,7 @@ def row(w: Workload, policy: str, engine: str, seconds, first, rows: int) -> dic
 
 def print_table(results: list[dict]) -> None:
     head = (
-        f"{'workload':9} {'policy':36} {'engine':6} {'seconds':>9} {'first s':>8}"
+        f"{'workload':9} {'policy':36} {'engine':6} {'seconds':>9} {'cpu s':>9} {'first s':>8}"
         f" {'examples/s':>11} {'rows':>8} {'rows/LB':>8} {'vs TRL':>7}"
     )
     print(head)
@@ -128,7 +132,8 @@ def print_table(results: list[dict]) -> None:
         first = "" if r["first_call_seconds"] is None else f"{r['first_call_seconds']:.3f}"
         speedup = "" if r.get("vs_trl") is None else f"{r['vs_trl']:.0f}x"
         print(
-            f"{r['workload']:9} {r['policy']:36} {r['engine']:6} {r['seconds']:9.4f} {first:>8}"
+            f"{r['workload']:9} {r['policy']:36} {r['engine']:6} {r['seconds']:9.4f}"
+            f" {r['cpu_seconds']:9.4f} {first:>8}"
             f" {r['examples_per_s'] / 1e6:10.1f}M {r['rows']:8d}"
             f" {r['rows_over_lower_bound']:8.5f} {speedup:>7}"
         )
