@@ -188,7 +188,7 @@ def test_one_block_is_byte_identical_to_the_local_pipeline(ray_instance, shards,
 def test_manifest_merges_the_blocks_statistics(packed_blocks, records):
     out, stats = packed_blocks
     m = _manifest(out)
-    blocks, s = m["engine"]["blocks"], m["statistics"]
+    blocks, s = m["engine"]["per_block"], m["statistics"]
     assert [b["examples"] for b in blocks] == [1000] * 4 + [len(records) - 4000]
     assert [b["first_row"] for b in blocks] == np.cumsum(
         [0] + [b["rows"] for b in blocks[:-1]]
@@ -264,8 +264,10 @@ def test_dataset_of_numpy_tensors_packs_like_its_parquet_shards(
         }
         for r in records
     ]
-    ds = ray.data.from_items(items, override_num_blocks=7).map_batches(
-        lambda batch: batch, batch_format="numpy"
+    ds = (
+        ray.data.from_items(items, override_num_blocks=7)
+        .map_batches(lambda batch: batch, batch_format="numpy")
+        .materialize()
     )
     assert "tensor" in str(ds.schema().types[1]).lower()  # Ray's extension type, not a list
     out = tmp_path / "out"
@@ -274,6 +276,15 @@ def test_dataset_of_numpy_tensors_packs_like_its_parquet_shards(
     assert _manifest(out)["shards"] == _manifest(packed_blocks[0])["shards"]
     field = pq.read_schema(out / "shard-00000.parquet").field("tokens")
     assert field.type == pa.list_(pa.int32()) and not field.metadata
+    ds.write_parquet(str(tmp_path / "written"))  # tensor extension columns in the files
+    assert "extension" in str(pq.read_schema(next((tmp_path / "written").iterdir())))
+    _pack(tmp_path / "written", tmp_path / "from-files", block_examples=1000)
+    by_id = {r["id"]: r for r in records}
+    got = recovered_examples(load_packed(tmp_path / "from-files"))
+    assert sorted(ex["source_id"] for ex in got.values()) == sorted(by_id)
+    for ex in got.values():
+        assert ex["tokens"] == by_id[ex["source_id"]]["input_ids"]
+        assert ex["loss"] == expected_flags(by_id[ex["source_id"]])
 
 
 def test_default_ids_and_split_receipt_follow_the_input(ray_instance, records, tmp_path):

@@ -10,6 +10,7 @@ as Arrow tables.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +97,13 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
 
 
 def read_piece(piece: Piece, text_field: str) -> pa.Table:
-    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them."""
+    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them.
+
+    Ray's tensor types are registered first (when Ray is installed), so a
+    file written from numpy batches reads back as them and is unwrapped.
+    """
+    with contextlib.suppress(ImportError):
+        import ray.data  # noqa: F401
     try:
         pf = pq.ParquetFile(piece.name)
         sizes = np.array(
@@ -112,7 +119,7 @@ def read_piece(piece: Piece, text_field: str) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as err:
         raise InvalidInput(f"{piece.name}: cannot read as Parquet ({err})") from None
     first = int(begins[groups[0]]) if groups else 0
-    return table.slice(piece.start - first, piece.stop - piece.start)
+    return plain_columns(table.slice(piece.start - first, piece.stop - piece.start), text_field)
 
 
 def block_table(
@@ -122,10 +129,9 @@ def block_table(
     and an :class:`Origin` naming each row by its file (or dataset) row."""
     if block.from_files:
         parts = [read_piece(p, text_field) for p in block.pieces]
-    else:
+    else:  # already through plain_columns (dataset_blocks)
         parts = [
-            plain_columns(t, text_field).slice(p.start, p.stop - p.start)
-            for p, t in zip(block.pieces, tables, strict=True)
+            t.slice(p.start, p.stop - p.start) for p, t in zip(block.pieces, tables, strict=True)
         ]
     try:
         table = pa.concat_tables(parts, promote_options="permissive")

@@ -123,6 +123,7 @@ def run_tasks(
     except BaseException as err:
         for ref in [p[0] for p in planned] + writes:
             ray.cancel(ref)
+        ray.wait(writes, num_returns=len(writes), timeout=60)  # let writers stop before cleanup
         if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, SeqpackError):
             raise err.cause from None
         if isinstance(err, ray.exceptions.RayError):
@@ -131,6 +132,46 @@ def run_tasks(
     finally:
         bar.close()
     return [stats[k] for k in range(len(blocks))], layout, entries
+
+
+def _manifest(
+    settings: Settings,
+    binding: Binding,
+    layout: Layout,
+    block_stats: list[dict[str, Any]],
+    shards: list[dict[str, Any]],
+    source: str,
+    block_examples: int | None,
+) -> dict[str, Any]:
+    """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record."""
+    stats = merge_statistics(block_stats, layout, settings.max_rows_per_batch)
+    receipt = settings.split_id or split_digest(
+        "seqpack-split-blocks", settings.partition.value, *(s["split_id"] for s in block_stats)
+    )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "binding": Binding(binding.vocab_size, binding.tokenizer_id, receipt).to_dict(),
+        "partition": settings.partition.value,
+        "config": {
+            "capacity": settings.capacity,
+            "max_rows_per_batch": settings.max_rows_per_batch,
+        },
+        "rows": layout.rows,
+        "occurrences": layout.examples,
+        "policy": {"name": settings.policy, "options": settings.options},
+        "statistics": stats,
+        "input": {"source": source, "text_field": settings.text_field},
+        "engine": {
+            "name": "ray",
+            "block_examples": block_examples,
+            "blocks": len(layout.blocks),
+            "block_lower_bound": sum(s["lower_bound"] for s in block_stats),
+            "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
+            "per_block": layout.blocks,
+        },
+        "shards": shards,
+    }
 
 
 def pack(
@@ -185,6 +226,7 @@ def pack(
     say = _status(show)
     tok = _tokenizer(tokenizer)
     part = Partition.parse(partition)
+    # The vocabulary and tokenizer checks now; the split receipt once the blocks are read.
     binding = resolve_binding(
         _NO_DOCUMENTS,
         part,
@@ -214,6 +256,8 @@ def pack(
             raise InvalidInput(f"input {str(source)!r} does not exist")
         blocks = file_blocks(Path(source), block_examples)
         inputs: list[list[Any]] = [[] for _ in blocks]
+    else:
+        block_examples = block_examples or DEFAULT_BLOCK_EXAMPLES
     with ray_session(address, num_cpus) as ray:
         if not from_path:
             if not isinstance(source, ray.data.Dataset):
@@ -222,8 +266,7 @@ def pack(
                     f" ray.data.Dataset, not a {type(source).__name__}"
                 )
             say("materialising the dataset in order")
-            size = block_examples or DEFAULT_BLOCK_EXAMPLES
-            blocks, inputs = dataset_blocks(ray, source, size, text_field, show)
+            blocks, inputs = dataset_blocks(ray, source, block_examples, text_field, show)
         if not blocks:
             raise InvalidInput(f"{source} holds no rows — nothing to pack")
         say(f"planning {len(blocks):,} block(s) with {policy} on Ray")
@@ -233,44 +276,18 @@ def pack(
                 ray, blocks, inputs, settings, tmp, dict(ray_remote_args or {}), show
             )
             check_written(layout, shards, tmp)
-            stats = merge_statistics(block_stats, layout, config.max_rows_per_batch)
-            receipt = split_id or split_digest(
-                "seqpack-split-blocks", part.value, *(s["split_id"] for s in block_stats)
+            name = str(source) if from_path else "ray.data.Dataset"
+            manifest = _manifest(
+                settings, binding, layout, block_stats, shards, name, block_examples
             )
-            engine = {
-                "name": "ray",
-                "block_examples": block_examples if from_path else size,
-                "block_lower_bound": sum(s["lower_bound"] for s in block_stats),
-                "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
-                "blocks": layout.blocks,
-            }
-            manifest = {
-                "format": FORMAT,
-                "version": VERSION,
-                "binding": Binding(binding.vocab_size, binding.tokenizer_id, receipt).to_dict(),
-                "partition": part.value,
-                "config": {
-                    "capacity": config.capacity,
-                    "max_rows_per_batch": config.max_rows_per_batch,
-                },
-                "rows": layout.rows,
-                "occurrences": layout.examples,
-                "policy": {"name": policy, "options": options},
-                "statistics": stats,
-                "input": {
-                    "source": str(source) if from_path else "ray.data.Dataset",
-                    "text_field": text_field,
-                },
-                "engine": engine,
-                "shards": shards,
-            }
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         publish_packed(tmp, out, manifest)
-    return stats | {
-        "blocks": len(blocks),
-        "block_examples": engine["block_examples"],
+    engine = manifest["engine"]
+    return manifest["statistics"] | {
+        "blocks": engine["blocks"],
+        "block_examples": block_examples,
         "block_lower_bound": engine["block_lower_bound"],
         "rows_over_lower_bound": engine["rows_over_lower_bound"],
         "shards": len(shards),
