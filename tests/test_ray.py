@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -389,3 +391,19 @@ def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
         main(["pack", str(shards), "--capacity", "8", "--out", "y", "--block-examples", "9"]) == 2
     )
     assert "need --engine ray" in capsys.readouterr().err
+
+
+def test_without_ray_the_engine_says_how_to_install_it(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import seqpack.ray\n"
+        "from seqpack import NotAvailable\n"
+        "try:\n"
+        f"    seqpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, capacity=8,"
+        " vocab_size=9)\n"
+        "except NotAvailable as err:\n"
+        "    print(err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'seqpack[ray]'" in proc.stdout

@@ -216,6 +216,7 @@ def pack(
     depends on the block layout, so pin it when several layouts must agree.
     """
     started = time.perf_counter()
+    _ray()  # say how to install it before anything else
     config = PackConfig(capacity, max_rows_per_batch)
     options = dict(policy_options or {})
     plan_rows(np.zeros(0, dtype=np.int64), config.capacity, policy, **options)  # check early
