@@ -1,5 +1,11 @@
 """Loss normalisation across micro-batches and (simulated) ranks: exact gradient equality."""
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -187,3 +193,23 @@ def test_loss_factor_rule_and_errors():
         loss_factor(3, world_size=0)
     with pytest.raises(InvalidInput, match="disagree"):
         labels_nll_sum(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.int64))
+
+
+def test_train_tiny_example_smoke(tmp_path):
+    """examples/train_tiny.py briefly: packed and separate float64 training stay together."""
+    script = Path(__file__).parents[1] / "examples" / "train_tiny.py"
+    out = tmp_path / "curves.png"
+    args = "--max-files 20 --steps 3 --compare-steps 2 --bench-steps 2 --bench-repeats 1"
+    env = os.environ | {"MPLCONFIGDIR": str(tmp_path / "mpl")}
+    run = subprocess.run(
+        [sys.executable, str(script), *args.split(), "--capacity", "128", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = re.search(r"largest \|loss diff\| (\S+), largest \|param diff\| (\S+)", run.stdout)
+    assert found is not None, run.stdout
+    assert float(found[1]) <= 1e-10 and float(found[2]) <= 1e-10
+    assert out.stat().st_size > 0
