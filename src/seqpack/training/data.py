@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
@@ -37,9 +38,10 @@ from ..compact import CompactRows
 from ..errors import InvalidInput
 from ..examples import Binding, Partition
 from ..nn.attention import AttentionLayout
-from ..store import IGNORE_INDEX, PackedStore, load_packed
+from ..store import IGNORE_INDEX, PackedStore, _flat, load_packed
 from .distributed import RowStats, Slot
 
+COLUMNS = ["seq_lengths", "labels"]  # what row_stats reads
 _CELL_FIELDS = (
     "inputs",
     "targets",
@@ -221,22 +223,25 @@ class PackedDataset(Dataset):
         return concat_batches(parts)
 
     def row_stats(self) -> RowStats:
-        """Valid tokens, eligible targets and Σl² of every row (read once, then cached)."""
+        """Valid tokens, eligible targets and Σl² of every row (computed once, then cached).
+
+        Reads only the ``seq_lengths`` and ``labels`` columns of each shard.
+        """
         if self._stats is None:
-            lengths, row_of, eligible = [], [], []
-            for k in range(len(self.store.shards)):
-                shard = self._shard(k)
-                rows_of_occ = shard.row_of
-                lengths.append(shard.lengths)
-                row_of.append(rows_of_occ + shard.first_row)
-                per_row = np.zeros(shard.num_rows, dtype=np.int64)
-                np.add.at(per_row, np.repeat(rows_of_occ, shard.lengths), shard.loss_mask)
-                eligible.append(per_row)
-            empty = [np.zeros(0, np.int64)]
+            lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+            for shard in self.store.shards:
+                table = pq.read_table(self.store.path / shard["file"], columns=COLUMNS)
+                seq, occ = _flat(table, "seq_lengths")
+                labels, offsets = _flat(table, "labels")
+                counts = np.concatenate([[0], np.cumsum(labels != IGNORE_INDEX, dtype=np.int64)])
+                rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
+                lengths.append(seq.astype(np.int64))
+                row_of.append(np.repeat(rows, np.diff(occ)))
+                eligible.append(counts[offsets[1:]] - counts[offsets[:-1]])
             self._stats = RowStats.from_segments(
-                np.concatenate(empty + lengths),
-                np.concatenate(empty + row_of),
-                np.concatenate(empty + eligible),
+                np.concatenate(lengths),
+                np.concatenate(row_of),
+                np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
             )
         return self._stats
 
