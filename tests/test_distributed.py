@@ -4,7 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.training.distributed import row_costs, schedule_rows
+from seqpack.demo import fixture_batch
+from seqpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
 
 
 @given(
@@ -73,3 +74,49 @@ def test_attention_cost_balancing_uses_squared_lengths():
 def test_bad_arguments():
     with pytest.raises(InvalidInput, match="world_size must be a positive integer"):
         schedule_rows(np.ones(3), world_size=0, micro_batches=1, rows_per_micro_batch=1)
+
+
+def _reference_balance(rows, loads, slots, per_slot):
+    """The plain algorithm: heaviest first, to the open slot with least load (lowest index)."""
+    cap = min(per_slot, -(-len(rows) // slots)) if len(rows) else 0
+    groups = [[] for _ in range(slots)]
+    load = np.zeros(slots)
+    for i in np.argsort(-loads, kind="stable"):
+        open_slots = [s for s in range(slots) if len(groups[s]) < cap]
+        target = min(open_slots, key=lambda s: (load[s], s))
+        groups[target].append(int(rows[i]))
+        load[target] += loads[i]
+    return [sorted(g) for g in groups], load
+
+
+@given(
+    n=st.integers(0, 40),
+    slots=st.integers(1, 6),
+    per=st.integers(1, 8),
+    ties=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_heap_balancing_equals_the_plain_greedy(n, slots, per, ties, seed):
+    from seqpack.training.distributed import _balance_step
+
+    rng = np.random.default_rng(seed)
+    n = min(n, slots * per)
+    loads = rng.integers(1, 4, size=n).astype(float) if ties else rng.lognormal(3, 1, size=n)
+    rows = rng.permutation(100)[:n]
+    got_groups, got_load = _balance_step(rows, loads, slots, per)
+    want_groups, want_load = _reference_balance(rows, loads, slots, per)
+    assert got_groups == want_groups
+    assert np.array_equal(got_load, want_load)
+
+
+def test_sampler_and_stats_reject_bad_settings():
+    stats = RowStats.from_batches([fixture_batch()])
+    with pytest.raises(InvalidInput, match="unknown balance"):
+        RowSampler(stats, rows_per_micro_batch=1, balance="flops")
+    with pytest.raises(InvalidInput, match="rank 2 outside"):
+        RowSampler(stats, rows_per_micro_batch=1, world_size=2, rank=2)
+    with pytest.raises(InvalidInput, match="micro_batches"):
+        RowSampler(stats, rows_per_micro_batch=1, micro_batches=0)
+    sampler = RowSampler(stats, rows_per_micro_batch=1)
+    with pytest.raises(InvalidInput, match="position"):
+        sampler.load_state_dict(sampler.state_dict() | {"position": 99})

@@ -38,6 +38,12 @@ import numpy as np
 from ..errors import InvalidInput
 
 Balance = Literal["tokens", "attention", "none"]
+BALANCES = ("tokens", "attention", "none")
+
+
+def check_balance(balance: str) -> None:
+    if balance not in BALANCES:
+        raise InvalidInput(f"unknown balance {balance!r}; use one of {', '.join(BALANCES)}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -207,9 +213,8 @@ class RowStats:
             return self.tokens.astype(np.float64)
         if balance == "attention":
             return self.attention.copy()
-        if balance == "none":
-            return np.zeros(len(self), dtype=np.float64)
-        raise InvalidInput(f"unknown balance {balance!r}; use tokens, attention or none")
+        check_balance(balance)
+        return np.zeros(len(self), dtype=np.float64)
 
 
 def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.ndarray:

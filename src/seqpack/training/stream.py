@@ -39,7 +39,7 @@ from ..store import IGNORE_INDEX
 from ..stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
 from ..tokenizers import Tokenizer
 from .data import ScheduledBatch
-from .distributed import Balance, RowStats, Slot, _default_world, schedule_rows
+from .distributed import Balance, RowStats, Slot, _default_world, check_balance, schedule_rows
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 _CONFIG = (
@@ -117,7 +117,7 @@ class StreamDataset(IterableDataset):
         self.read_chunk = read_chunk
         if not 0 <= self.rank < self.world_size:
             raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
-        RowStats(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)).costs(balance)
+        check_balance(balance)
         self._new_packer()  # validates capacity, window, max_open_rows, seed
         self._cursor: _Cursor | None = None
         self._resume: dict[str, Any] | None = None
