@@ -49,8 +49,8 @@ def test_fixture_collates_to_the_views_of_the_batch():
     assert f["max_length_q"] == f["max_length_k"] == cu.max_seqlen == 4
     assert f["num_items_in_batch"] == f["num_eligible"] == batch.eligible_count == 9
     assert all(f[k].dtype == torch.int64 for k in ("input_ids", "labels", "position_ids"))
-    assert "attention_mask" not in f
-    masked = PackedCollator(attention_mask=True)(batch)["attention_mask"]
+    assert "attention_mask" not in f and "permission_mask" not in f
+    masked = PackedCollator(permission_mask=True)(batch)["permission_mask"]
     assert masked.shape == (2, 1, 6, 6) and np.array_equal(masked[:, 0].numpy(), batch.dense_mask())
 
 
@@ -282,7 +282,7 @@ def test_collator_rejects_what_it_cannot_collate():
     with pytest.raises(InvalidInput, match="pad_id"):
         PackedCollator(pad_id=-1)
     with pytest.raises(InvalidInput, match="flatten"):
-        PackedCollator(flatten=True, attention_mask=True)
+        PackedCollator(flatten=True, permission_mask=True)
     b = fixture_batch()
     stacked = PackedCollator()([select_rows(b, [0]), select_rows(b, [1])])
     assert torch.equal(stacked["input_ids"], PackedCollator()(b)["input_ids"])

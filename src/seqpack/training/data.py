@@ -275,8 +275,13 @@ class PackedCollator:
     Rows mode (default) keeps ``[R, T]`` and adds ``valid_index`` int64
     [Σl] (flat cells to gather); ``flatten=True`` drops padding and returns
     ``[1, Σl]`` tensors (what varlen / flash kernels and HF's flattening
-    collator use). ``attention_mask=True`` (rows mode only) adds the
-    permission as a bool ``[R, 1, T, T]`` mask (True = may attend). A
+    collator use). ``permission_mask=True`` (rows mode only) adds the
+    permission as a bool ``[R, 1, T, T]`` mask under the key
+    ``permission_mask`` (True = may attend; for ``F.scaled_dot_product_attention``).
+    It is deliberately not called ``attention_mask``: a ``transformers``
+    eager model adds a boolean 4-D mask as numbers and silently attends
+    across examples — feed Hugging Face models with
+    :func:`seqpack.training.hf.hf_inputs` instead. A
     scheduled call also carries its ``slot``.
     """
 
@@ -286,16 +291,16 @@ class PackedCollator:
         *,
         ignore_index: int = IGNORE_INDEX,
         flatten: bool = False,
-        attention_mask: bool = False,
+        permission_mask: bool = False,
     ) -> None:
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
             raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
-        if flatten and attention_mask:
-            raise InvalidInput("flatten=True has no padding to mask; use attention_mask=False")
+        if flatten and permission_mask:
+            raise InvalidInput("flatten=True has no padding to mask; use permission_mask=False")
         self.pad_id = int(pad_id)
         self.ignore_index = int(ignore_index)
         self.flatten = flatten
-        self.attention_mask = attention_mask
+        self.permission_mask = permission_mask
 
     def __call__(self, item: Any) -> dict[str, Any]:
         batch, slot = _as_batch(item)
@@ -322,8 +327,8 @@ class PackedCollator:
         }
         if not self.flatten:
             out["valid_index"] = torch.as_tensor(cu.valid_index, dtype=torch.int64)
-        if self.attention_mask:
-            out["attention_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
+        if self.permission_mask:
+            out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
         if slot is not None:
             out["slot"] = slot
         return out
