@@ -10,6 +10,10 @@ CORE = [
     "seqpack.counts",
     "seqpack.budget",
     "seqpack.demo",
+    "seqpack.stream_packer",
+    "seqpack.compact",
+    "seqpack.loss",
+    "seqpack.tokenizers",
 ]
 
 

@@ -37,6 +37,7 @@ from .examples import (
 )
 from .permission import CuSeqlens, KeyRanges
 from .policies import Plan, plan_rows
+from .stream_packer import Placements, StreamPacker
 from .tokenizers import ByteTokenizer, load_tokenizer
 
 __version__ = "0.1.0"
@@ -62,9 +63,11 @@ __all__ = [
     "PackedEpoch",
     "Partition",
     "PartitionMismatch",
+    "Placements",
     "Plan",
     "SeqpackError",
     "SequenceExample",
+    "StreamPacker",
     "compact_rows",
     "load_tokenizer",
     "long_ranges",
