@@ -21,8 +21,10 @@ peak resident memory added by one step (``/proc/self/clear_refs`` resets
 VmHWM, freed heap trimmed first), or ``torch.cuda.max_memory_allocated``.
 
 Also: one layer's attention alone (q, k, v of the packed rows, heads x 64)
-for every varlen bucketing, dense and flex; and loss/gradient agreement of
-the backends on the same examples (float32).
+for every varlen bucketing, dense and flex, on the W1 rows, on W2 rows and
+on rows of 8-64-token segments (where grouping matters; ``--attention-only``
+stops there); and loss/gradient agreement of the backends on the same
+examples.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -46,7 +50,7 @@ from seqpack.nn.varlen import BUCKETING, varlen_attention, varlen_plan
 from seqpack.policies import plan_rows
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workloads import w1_sft
+from workloads import w1_sft, w2_short
 
 BINDING = Binding(266, "seqpack/bytes-266", "sha256:bench-attention")
 RUNS = [  # (layout, backend, mode)
@@ -62,9 +66,19 @@ CUDA_RUNS = [("padded", "dense", "train")] + [
 ]
 
 
-def w1_table(rows: int, capacity: int, seed: int = 0) -> ExampleTable:
-    """The W1 examples (lengths <= capacity, supplied order) that fill ``rows`` next-fit rows."""
-    lengths = w1_sft().lengths
+LABELS = {"w1": "W1", "w2": "W2", "tiny": "8-64-token"}
+
+
+def workload_lengths(workload: str) -> np.ndarray:
+    """W1 or W2 (benchmarks/workloads.py), or ``tiny``: uniform 8-64 (many short segments)."""
+    if workload == "tiny":
+        return np.random.default_rng(20240603).integers(8, 65, size=100_000).astype(np.int64)
+    return (w1_sft() if workload == "w1" else w2_short()).lengths
+
+
+def workload_table(rows: int, capacity: int, workload: str = "w1", seed: int = 0) -> ExampleTable:
+    """The workload's examples, lengths <= capacity in supplied order, filling ``rows`` rows."""
+    lengths = workload_lengths(workload)
     lengths = lengths[lengths <= capacity][: rows * capacity]
     plan = plan_rows(lengths, capacity, "next-fit")
     lengths = lengths[: int(np.searchsorted(plan.row_of, rows))]
@@ -85,8 +99,8 @@ def w1_table(rows: int, capacity: int, seed: int = 0) -> ExampleTable:
     )
 
 
-def layouts(rows: int, capacity: int) -> dict:
-    table = w1_table(rows, capacity)
+def layouts(rows: int, capacity: int, workload: str = "w1") -> dict:
+    table = workload_table(rows, capacity, workload)
     n, longest = len(table), int(table.lengths.max())
     packed = pack_examples("train", table, BINDING, PackConfig(capacity, rows))
     padded = pack_examples("train", table, BINDING, PackConfig(longest, n), policy="padded")
@@ -200,10 +214,11 @@ def worker(args: argparse.Namespace, spec: dict) -> dict:
     }
 
 
-def attention_alone(args: argparse.Namespace, threads: int) -> dict:
+def attention_alone(args: argparse.Namespace, threads: int, workload: str) -> dict:
     """Best seconds of one layer's attention over the packed rows, per (backend, mode)."""
     torch.set_num_threads(threads)
-    layout = AttentionLayout.from_batch(layouts(args.rows, args.capacity)["packed"], args.device)
+    batch = layouts(args.rows, args.capacity, workload)["packed"]
+    layout = AttentionLayout.from_batch(batch, args.device)
     gen = torch.Generator().manual_seed(0)
     shape = (layout.shape[0], args.heads, layout.shape[1], args.width // args.heads)
     dtype = getattr(torch, args.dtype)
@@ -278,6 +293,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--no-memory", action="store_true", help="skip the per-run memory subprocesses")
+    p.add_argument("--attention-only", action="store_true", help="only the attention tables")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -303,15 +319,22 @@ def main() -> None:
     )
     print(
         f"model: width {args.width}, {args.heads} heads, ff {args.ff}, {args.layers} layers,"
-        f" vocab 266, {args.dtype}, {args.device}; best of {args.repeats} interleaved rounds"
+        f" vocab 266, {args.dtype}, {args.device}; best of {args.repeats} interleaved rounds;"
+        f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    for threads in args.threads:
-        print(f"\none layer's attention alone, {threads} thread(s), ms:")
+    for workload, threads in itertools.product(("w1", "w2", "tiny"), args.threads):
+        lengths = layouts(args.rows, args.capacity, workload)["packed"].cu_seqlens().cu_seqlens
+        print(
+            f"\none layer's attention alone, {LABELS[workload]} rows ({len(lengths) - 1} segments),"
+            f" {threads} thread(s), ms:"
+        )
         print("| backend | forward + backward | forward |\n|---|---:|---:|")
-        best = attention_alone(args, threads)
+        best = attention_alone(args, threads, workload)
         for name in dict.fromkeys(n for n, _ in best):
             cells = [fmt(best.get((name, mode), "-")) for mode in ("train", "forward")]
             print(f"| {name} | {cells[0]} | {cells[1]} |")
+    if args.attention_only:
+        return
 
     memory = {}
     if not args.no_memory:
@@ -338,6 +361,7 @@ def main() -> None:
                 f" {speed / base[mode]:.2f}x | {mem} |"
             )
 
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     if "packed + varlen" in grads:
         print("\nagreement with packed + varlen (same weights, same examples, last timed step):")
         print(

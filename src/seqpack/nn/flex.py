@@ -16,10 +16,14 @@ naming the fix — never a silent fallback):
 * The fused (compiled) kernel takes float32 / bfloat16 / float16; float64
   runs FlexAttention's unfused eager path, which materialises the
   ``(R, H, T, T)`` scores (a verification path, not a fast one).
-* The compiled wrapper uses ``fullgraph=True``: a failing compiled call
-  otherwise marks the function as skipped and every later call silently runs
-  the unfused path (measured on torch 2.13), and a recompile-limit hit
-  otherwise degrades the same way. Failures surface as ``NotAvailable``.
+* Inputs the kernel would refuse never reach the compiled wrapper, and it
+  is compiled with ``fullgraph=True``: measured on torch 2.13, one failing
+  call of a default compiled wrapper (e.g. CPU inputs that require grad)
+  leaves FlexAttention's code marked as skipped, so every later call, even
+  through a new wrapper, silently runs the unfused path; with
+  ``fullgraph=True`` the failure raises and later calls still compile, and
+  hitting Dynamo's recompile limit (8 shapes by default) raises too.
+  Failures surface as ``NotAvailable`` with the cause chained.
 
 The module imports FlexAttention lazily, so ``import seqpack.nn`` stays
 cheap and never fails where FlexAttention is missing.

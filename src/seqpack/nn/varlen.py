@@ -3,20 +3,24 @@
 The dense backend scores the whole ``R*T^2`` rectangle and masks most of it;
 this one visits ``Σ l^2`` cells. Segments are contiguous in their row, so a
 segment is the cells ``[start, start + l)`` of the flat ``R*T`` cell axis and
-its block is plain causal attention over them. Segments of equal or similar
-length are stacked into one ``scaled_dot_product_attention`` call on 4-D
-``(n, H, L, D)`` inputs with ``is_causal=True`` (4-D inputs are ~10x faster
-than 3-D on CPU; nested jagged tensors reject causal attention on CPU).
+its block is plain causal attention over them. Segments of equal length
+(``bucketing="exact"``, the default) are stacked into one
+``scaled_dot_product_attention`` call on 4-D ``(n, H, L, D)`` inputs with
+``is_causal=True`` (4-D inputs are ~10x faster than 3-D on CPU; nested
+jagged tensors reject causal attention on CPU).
 
-A segment shorter than its group's ``L`` is right-padded by repeating its own
-last cell: causal attention never lets a real query see a later key, the
-padded queries' outputs are dropped, and the group never reads another
-segment's cells. Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) with
-``bucketing="exact"``::
+``bucketing="bucket"`` also stacks similar lengths: a segment shorter than
+its group's ``L`` is right-padded by repeating its own last cell, so causal
+attention never lets a real query see the pad, the padded queries' outputs
+are dropped, and a group never reads another segment's cells. Measured on
+this CPU it was never faster than ``exact`` (README, "Attention
+backends"). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the flat
+``2*6`` cells; 5, 10, 11 padding) under ``exact``::
 
+    group (n=1, L=4): C -> cells [6, 7, 8, 9]
     group (n=1, L=3): A -> cells [0, 1, 2]
     group (n=1, L=2): B -> cells [3, 4]
-    scatter: cell 5 (padding) reads the zero row
+    scatter: cells 5, 10, 11 (padding) read the zero row
 
 All index tensors are built once per layout (:func:`varlen_plan`, cached in
 ``AttentionLayout.cache``) and reused by every layer; a call costs one gather
@@ -34,9 +38,9 @@ import torch.nn.functional as F
 from ..errors import InvalidInput
 from .attention import AttentionLayout, register_backend
 
-#: Bucketing policies: one call per segment, one per distinct length, or the
-#: cost-model grouping of similar lengths (the default; see README for the
-#: measured comparison).
+#: Bucketing policies: one call per segment, one per distinct length (the
+#: default: fastest or tied in every measurement, see README), or the
+#: cost-model grouping of similar lengths with padding.
 BUCKETING = ("segment", "exact", "bucket")
 
 #: Cost model of one fused SDPA forward+backward call on ``n`` segments
@@ -68,7 +72,7 @@ class VarlenPlan:
 
 def group_segments(
     lengths: np.ndarray,
-    bucketing: str = "bucket",
+    bucketing: str = "exact",
     call_cost: float = CALL_COST,
     token_cost: float = TOKEN_COST,
 ) -> list[np.ndarray]:
@@ -111,7 +115,7 @@ def group_segments(
     return groups[::-1]
 
 
-def varlen_plan(layout: AttentionLayout, bucketing: str = "bucket") -> VarlenPlan:
+def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
     """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
     key = f"varlen:{bucketing}"
     if key in layout.cache:
@@ -150,7 +154,7 @@ def varlen_attention(
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    bucketing: str = "bucket",
+    bucketing: str = "exact",
 ) -> torch.Tensor:
     """Block-causal attention computed per segment group; ``q, k, v, out`` (R, H, T, D)."""
     rows, heads, width, _ = q.shape
