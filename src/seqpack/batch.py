@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import budget, permission
-from .errors import BudgetExceeded, InvalidInput
+from .errors import BudgetExceeded, InvalidInput, PartitionMismatch
 from .examples import INT32_MAX, Binding, ExampleTable, Partition, SequenceExample
 from .policies import Plan, plan_rows
 
@@ -37,7 +37,10 @@ def _positive_int(name: str, value: Any, maximum: int = INT32_MAX) -> int:
         or not isinstance(value, (int, np.integer))
         or not 0 < value <= maximum
     ):
-        raise InvalidInput(f"{name} must be an integer in [1, {maximum:,}], got {value!r}")
+        raise InvalidInput(
+            f"{name} must be an integer in [1, {maximum:,}], got {value!r} — pass a positive"
+            " integer within that range"
+        )
     return int(value)
 
 
@@ -350,8 +353,9 @@ def pack_examples(
     if isinstance(examples, ExampleTable):
         table = examples
         if table.partition is not part:
-            raise InvalidInput(
+            raise PartitionMismatch(
                 f"examples belong to partition {table.partition.value!r}, not {part.value!r}"
+                " — a batch holds one partition only; pack them separately"
             )
         expected_binding.require(table.binding, "the example table")
     else:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from .errors import SeqpackError
@@ -89,6 +91,25 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--block-examples", type=int, metavar="N", help="ray: examples per block (default: a shard)"
     )
+    p.add_argument(
+        "--max-metadata-bytes",
+        type=_byte_size,
+        metavar="BYTES",
+        help="refuse (before planning) to pack when the plan, rows and one model call need"
+        " more memory than this (e.g. 2G)",
+    )
+
+
+def _byte_size(text: str) -> int:
+    """``123``, ``512K``, ``2G`` (powers of 1024) as a byte count."""
+    units = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+    body = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = body[-1:] if body[-1:] in units else ""
+    try:
+        value = float(body[: len(body) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte size like 512M or 2G") from None
+    return int(value * (1 << units[unit]))
 
 
 def _policy_options(items: list[str]) -> dict[str, object]:
@@ -123,6 +144,12 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         from .errors import InvalidInput
 
         raise InvalidInput("--block-examples and --ray-* options need --engine ray")
+    if args.max_metadata_bytes is not None:
+        if args.engine == "ray":
+            from .errors import InvalidInput
+
+            raise InvalidInput("--max-metadata-bytes applies to --engine local only")
+        engine["max_metadata_bytes"] = args.max_metadata_bytes
     stats = run(
         args.input,
         args.out,
@@ -141,6 +168,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         progress=args.progress,
         **engine,
     )
+    _report_input(args.command, stats)
     if args.json:
         print(json.dumps(stats))
         return 0
@@ -158,6 +186,21 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             f" {stats['block_lower_bound']:,})"
         )
     return 0
+
+
+def _report_input(command: str, stats: dict) -> None:
+    """Warn on stderr about repeated ids; note hidden folders of killed runs cleaned up."""
+    for note in stats.get("recovered", []):
+        print(f"seqpack {command}: note: {note}", file=sys.stderr)
+    if stats.get("duplicate_ids"):
+        first = stats["duplicate_first"]
+        print(
+            f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an earlier id"
+            f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
+            " each is packed as its own occurrence — de-duplicate the input if that is not"
+            " intended",
+            file=sys.stderr,
+        )
 
 
 def _add_stats(p: argparse.ArgumentParser) -> None:
@@ -179,6 +222,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         policies=args.policy,
         plot=args.plot,
     )
+    _report_input(args.command, report)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -312,10 +356,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # SystemExit unwinds like an exception, so a half-written output is removed.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Library errors: one line, exit 2; other OS errors: one line, exit 1.
+
+    SIGTERM unwinds like Ctrl-C: temporary output is removed before exiting
+    (exit code 143, or 130 on Ctrl-C).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     _, (_, run) = COMMANDS[args.command]
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return run(args)
     except SeqpackError as err:
@@ -323,6 +379,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except OSError as err:
+        print(f"seqpack {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"seqpack {args.command}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,14 @@ class ExampleTable:
     binding: Binding
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "partition", Partition.parse(self.partition))
+        if not isinstance(self.binding, Binding):
+            raise InvalidInput("ExampleTable.binding must be a seqpack.Binding")
+        for name, kinds in (("windows", "iu"), ("offsets", "iu"), ("loss_mask", "b")):
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in kinds:
+                what = "bool" if kinds == "b" else "integer"
+                raise InvalidInput(f"ExampleTable.{name} must be a 1-D {what} NumPy array")
         n = self.offsets.shape[0] - 1
         if n < 0 or self.offsets[0] != 0 or self.offsets[-1] != self.windows.shape[0]:
             raise InvalidInput("ExampleTable offsets must start at 0 and end at len(windows)")
@@ -263,6 +271,16 @@ class ExampleTable:
         for name in ("source_ids", "example_ids", "range_starts", "range_ends"):
             if getattr(self, name).shape[0] != n:
                 raise InvalidInput(f"ExampleTable.{name} must have one entry per example")
+        if self.windows.size:
+            lo, hi = int(self.windows.min()), int(self.windows.max())
+            if lo < 0 or hi >= self.binding.vocab_size:
+                bad = lo if lo < 0 else hi
+                pos = int(np.argmax(self.windows == bad))
+                i = int(np.searchsorted(self.offsets, pos, "right") - 1)
+                raise InvalidInput(
+                    f"{self.label(i)}: token id {bad} is outside [0, {self.binding.vocab_size})"
+                    " — check the tokenizer or raise the vocabulary size"
+                )
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)

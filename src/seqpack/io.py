@@ -8,7 +8,10 @@ Every input becomes an Arrow table with one row per source document:
   ``-100`` = not supervised, otherwise equal to the token (unshifted);
 - ``loss_mask`` (list of bool or 0/1, optional): per token (aligned with
   ``input_ids``, first entry unused) or per target (one shorter);
-- ``id`` (string or int, optional): the source id; the row number when absent.
+- ``id`` (string or int, optional): the source id; the row number when absent;
+- ``partition`` (string, optional): train / validation / test; when present every
+  row must belong to the partition being read (a validation row never enters a
+  training pack).
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is
 ``labels[j + 1] != -100``. Columns are converted with Arrow and NumPy, no
@@ -17,7 +20,6 @@ Python loop per token; errors name the file, the line or row, and the fix.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +27,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from .compact import IGNORE_INDEX
-from .errors import InvalidInput
+from .errors import BindingMismatch, InvalidInput, PartitionMismatch
 from .examples import INT32_MAX, Binding, ExampleTable, Partition, split_digest
+from .jsonl import first_bad_line, read_json
 from .tokenizers import ByteTokenizer, Tokenizer
 
-COLUMNS = ("input_ids", "labels", "loss_mask", "id")
+COLUMNS = ("input_ids", "labels", "loss_mask", "id", "partition")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,19 @@ class Origin:
         if unit == "line":
             return f"{name} line {_line_of(Path(name), local)}"
         return f"{name} row {local}"
+
+    def type_error(self, message: str, row: int | None = None) -> InvalidInput:
+        """A wrong-type error at the line the json module finds first, else at ``row``.
+
+        Arrow converts a whole JSON column to one type (a float anywhere makes
+        every id a float), so for JSON Lines the offending line is found by
+        re-reading with the json module (only on this error path).
+        """
+        for name, _, unit in self.parts:
+            if unit == "line" and (found := first_bad_line(Path(name))) is not None:
+                return found
+        where = self.parts[0][0] if row is None else self.locate(row)
+        return InvalidInput(f"{where}: {message}")
 
 
 def _line_of(path: Path, record: int) -> int:
@@ -140,12 +155,12 @@ def _lists(
     values and ``present`` is False for its row.
     """
     arr = _column(table, name)
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: column {name!r} has type {arr.type}; it must hold one list"
-            " per row"
-        )
     present = ~pc.is_null(arr).to_numpy(zero_copy_only=False)
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        raise origin.type_error(
+            f"column {name!r} has type {arr.type}; it must hold one list per row",
+            _first(present) if present.any() else None,
+        )
     if not optional and not present.all():
         row = _first(~present)
         raise InvalidInput(f"{origin.locate(row)}: {name} is missing — give every row {name}")
@@ -160,24 +175,31 @@ def _lists(
     return values.to_numpy(zero_copy_only=False), offsets, present
 
 
-def _ints(values: np.ndarray, name: str, origin: Origin) -> np.ndarray:
+def _ints(values: np.ndarray, offsets: np.ndarray, name: str, origin: Origin) -> np.ndarray:
     if values.size and (not np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_):
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {name} holds {values.dtype} values; token ids must be"
-            " integers — tokenize the text first or pass --tokenizer"
+        pos = 0
+        if np.issubdtype(values.dtype, np.floating):  # NaN, inf or a fraction first, if any
+            pos = _first(~np.isfinite(values) | (values != np.round(values)))
+        row = int(np.searchsorted(offsets, pos, "right") - 1)
+        raise origin.type_error(
+            f"{name} holds {values.dtype} values (e.g. {values[pos].item()!r} at position"
+            f" {pos - int(offsets[row])}); token ids must be integers — tokenize the text"
+            " first or pass --tokenizer",
+            row,
         )
     return values
 
 
 def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarray]:
     values, offsets, _ = _lists(table, "input_ids", origin)
-    values = _ints(values, "input_ids", origin)
+    values = _ints(values, offsets, "input_ids", origin)
     if values.size and (int(values.min()) < 0 or int(values.max()) > INT32_MAX):
         pos = _first((values < 0) | (values > INT32_MAX))
         row = int(np.searchsorted(offsets, pos, "right") - 1)
         raise InvalidInput(
             f"{origin.locate(row)}: token id {int(values[pos])} at position"
-            f" {pos - int(offsets[row])} is not a valid id (0 <= id <= {INT32_MAX})"
+            f" {pos - int(offsets[row])} is not a valid id (0 <= id <= {INT32_MAX}) — ids come"
+            " from a tokenizer and are never negative; re-encode the row"
         )
     counts = np.diff(offsets)
     if counts.size and int(counts.min()) < 2:
@@ -209,7 +231,7 @@ def _loss_flags(
         )
     if "labels" in names:
         labels, loffsets, present = _lists(table, "labels", origin, optional=True)
-        labels = _ints(labels, "labels", origin)
+        labels = _ints(labels, loffsets, "labels", origin)
         bad = present & (np.diff(loffsets) != counts)
         if bad.any():
             row = _first(bad)
@@ -231,8 +253,18 @@ def _loss_flags(
     elif "loss_mask" in names:
         mask, moffsets, present = _lists(table, "loss_mask", origin, optional=True)
         if mask.dtype != np.bool_:
-            if not np.issubdtype(mask.dtype, np.integer) or not np.isin(mask, (0, 1)).all():
-                raise InvalidInput(f"{origin.parts[0][0]}: loss_mask must hold booleans or 0/1")
+            numeric = np.issubdtype(mask.dtype, np.integer) or np.issubdtype(
+                mask.dtype, np.floating
+            )
+            bad = ~np.isin(mask, (0, 1)) if numeric else np.ones(mask.shape[0], dtype=bool)
+            if mask.size and (bad.any() or not np.issubdtype(mask.dtype, np.integer)):
+                pos = _first(bad) if bad.any() else 0
+                row = int(np.searchsorted(moffsets, pos, "right") - 1)
+                raise origin.type_error(
+                    f"loss_mask holds {mask[pos].item()!r} at position {pos - int(moffsets[row])};"
+                    " it must hold booleans or 0/1 — one flag per token or per target",
+                    row,
+                )
             mask = mask.astype(bool)
         mcounts = np.diff(moffsets)
         aligned = present & (mcounts == counts)
@@ -256,7 +288,7 @@ def _ids(table: pa.Table, origin: Origin, n: int) -> np.ndarray:
         raise InvalidInput(f"{origin.locate(row)}: id is missing — give every row an id or none")
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if not pa.types.is_integer(col.type):
-            raise InvalidInput(f"{origin.parts[0][0]}: id has type {col.type}; use str or int")
+            raise origin.type_error(f"id has type {col.type}; use str or int", 0)
         col = pc.cast(col, pa.string())
     return col.to_numpy(zero_copy_only=False).astype(object)
 
@@ -266,7 +298,10 @@ def _texts(
 ) -> tuple[np.ndarray, np.ndarray]:
     col = _column(table, field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        raise InvalidInput(f"{origin.parts[0][0]}: {field!r} has type {col.type}, not text")
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {field!r} has type {col.type}, not text — pass"
+            " --text-field with the column that holds the text"
+        )
     if col.null_count:
         row = _first(pc.is_null(col).to_numpy(zero_copy_only=False))
         raise InvalidInput(f"{origin.locate(row)}: {field} is missing — give every row text")
@@ -279,14 +314,61 @@ def _texts(
     return tokenizer.encode_batch(col.to_pylist())
 
 
+def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> None:
+    """Every row's ``partition`` value, when the column exists, must be ``partition``."""
+    if "partition" not in table.column_names:
+        return
+    col = _column(table, "partition")
+    if pa.types.is_null(col.type):
+        return
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
+    names = [p.value for p in Partition]
+    same = [v for v in pc.unique(col).to_pylist() if v is not None and v.lower() == partition.value]
+    fine = pc.or_(pc.is_in(col, value_set=pa.array(same, col.type)), pc.is_null(col))
+    fine = fine.to_numpy(zero_copy_only=False)
+    if fine.all():
+        return
+    row = _first(~fine)
+    value = col[row].as_py()
+    where = origin.locate(row)
+    if value.lower() not in names:
+        raise InvalidInput(f"{where}: partition {value!r} is not one of {', '.join(names)}")
+    raise PartitionMismatch(
+        f"{where}: the row belongs to partition {value!r} but {partition.value!r} is being"
+        f" packed — a pack holds one partition only; pack those rows separately with"
+        f" --partition {value.lower()}"
+    )
+
+
 def documents_from_arrow(
     table: pa.Table,
     origin: Origin,
     *,
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
+    partition: Partition | str | None = None,
 ) -> Documents:
-    """Convert an Arrow table with the columns above into :class:`Documents`."""
+    """Convert an Arrow table with the columns above into :class:`Documents`.
+
+    With ``partition``, a ``partition`` column must name it on every row
+    (:class:`~seqpack.errors.PartitionMismatch` otherwise).
+    """
+    try:
+        return _documents(table, origin, tokenizer, text_field, partition)
+    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
+        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
+
+
+def _documents(
+    table: pa.Table,
+    origin: Origin,
+    tokenizer: Tokenizer | None,
+    text_field: str,
+    partition: Partition | str | None,
+) -> Documents:
+    if partition is not None:
+        _check_partition(table, origin, Partition.parse(partition))
     names = set(table.column_names)
     if "input_ids" in names:
         tokens, offsets = _token_column(table, origin)
@@ -314,82 +396,19 @@ def documents_from_arrow(
     return Documents(tokens, offsets, mask, _ids(table, origin, len(offsets) - 1), origin)
 
 
-def _json_kind(value: Any, key: str) -> str | None:
-    """'integer', 'boolean', 'string' or 'invalid' for one decoded field (None if absent)."""
-    if value is None:
-        return None
-    if key == "id":
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            return "invalid"
-        return "string" if isinstance(value, str) else "integer"
-    if not isinstance(value, list):
-        return "invalid"
-    if key == "loss_mask" and value and all(isinstance(v, bool) for v in value):
-        return "boolean"
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return "integer" if value else None
-    return "invalid"
-
-
-def _diagnose_jsonl(path: Path, err: Exception) -> InvalidInput:
-    """Find the first bad line with the json module (only after Arrow failed)."""
-    seen: dict[str, str] = {}
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                return InvalidInput(
-                    f"{where}: not valid JSON ({e.msg}, column {e.colno}) — write one JSON"
-                    " object per line"
-                )
-            if not isinstance(obj, dict):
-                return InvalidInput(f"{where}: is a {type(obj).__name__}, not a JSON object")
-            for key in ("input_ids", "labels", "loss_mask", "id"):
-                kind = _json_kind(obj.get(key), key)
-                if kind is None:
-                    continue
-                if kind == "invalid":
-                    what = "a string or integer" if key == "id" else "a list of integers"
-                    return InvalidInput(f"{where}: {key} must be {what}")
-                if seen.setdefault(key, kind) != kind:
-                    return InvalidInput(
-                        f"{where}: {key} holds {kind} values but earlier lines hold"
-                        f" {seen[key]} — use one type in every line"
-                    )
-    return InvalidInput(f"{path}: cannot read as JSON Lines ({err})")
-
-
-def _read_jsonl(path: Path) -> pa.Table:
-    with path.open("rb") as f:
-        head = f.read(4096).lstrip()
-    if head.startswith(b"["):
-        try:
-            rows = json.loads(path.read_bytes())
-        except json.JSONDecodeError as e:
-            raise InvalidInput(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise InvalidInput(f"{path}: a .json file must hold a list of objects or JSON Lines")
-        try:
-            return pa.Table.from_pylist(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise InvalidInput(f"{path}: inconsistent rows ({err})") from None
-    block = int(min(max(path.stat().st_size + 1, 1 << 20), 1 << 28))
-    try:
-        return pajson.read_json(path, read_options=pajson.ReadOptions(block_size=block))
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise _diagnose_jsonl(path, err) from None
-
-
 def _read_parquet(path: Path) -> pa.Table:
     try:
         present = set(pq.read_schema(path).names)
         return pq.read_table(path, columns=[c for c in present if c in _wanted(present)])
-    except (pa.ArrowInvalid, OSError) as err:
-        raise InvalidInput(f"{path}: cannot read as Parquet ({err})") from None
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # damaged metadata too
+        raise InvalidInput(
+            f"{path}: cannot read as Parquet ({err}) — the file is damaged or not Parquet;"
+            " write it again"
+        ) from None
+
+
+def _parquet_rows(path: Path) -> tuple[pa.Table, str]:
+    return _read_parquet(path), "row"
 
 
 def _wanted(present: set[str]) -> set[str]:
@@ -398,16 +417,29 @@ def _wanted(present: set[str]) -> set[str]:
     return keep if "input_ids" in present else present
 
 
-def _concat(tables: list[pa.Table], files: list[Path], unit: str) -> tuple[pa.Table, Origin]:
-    parts, first = [], 0
-    for table, file in zip(tables, files, strict=True):
+def _concat(read: list[tuple[pa.Table, str]], files: list[Path]) -> tuple[pa.Table, Origin]:
+    parts, first, tables = [], 0, []
+    for (table, unit), file in zip(read, files, strict=True):
         parts.append((str(file), first, unit))
         first += table.num_rows
+        tables.append(table)
     try:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise InvalidInput(f"{files[0].parent}: shards disagree on their columns ({err})") from None
     return table, Origin(tuple(parts))
+
+
+def _load_from_disk(path: Path) -> Any:
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises many kinds on a damaged folder
+        raise InvalidInput(
+            f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
+            f" {err}) — save it again with Dataset.save_to_disk"
+        ) from None
 
 
 def _dataset_table(dataset: Any, partition: Partition, name: str) -> tuple[pa.Table, Origin]:
@@ -443,25 +475,28 @@ def read_arrow(
         return _dataset_table(source, part, "dataset")
     path = Path(source)
     if not path.exists():
-        raise InvalidInput(f"input {str(path)!r} does not exist")
+        raise InvalidInput(f"input {str(path)!r} does not exist — check the path")
+    try:
+        return _read_path(path, part)
+    except OSError as err:  # unreadable (permissions, a folder named *.jsonl, I/O error)
+        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
+
+
+def _read_path(path: Path, part: Partition) -> tuple[pa.Table, Origin]:
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            import datasets
-
-            return _dataset_table(datasets.load_from_disk(str(path)), part, str(path))
-        for pattern, reader, unit in (
-            ("*.parquet", _read_parquet, "row"),
-            ("*.jsonl", _read_jsonl, "line"),
-        ):
+            return _dataset_table(_load_from_disk(path), part, str(path))
+        for pattern, reader in (("*.parquet", _parquet_rows), ("*.jsonl", read_json)):
             files = sorted(path.glob(pattern))
             if files:
-                return _concat([reader(f) for f in files], files, unit)
+                return _concat([reader(f) for f in files], files)
         raise InvalidInput(
             f"{path} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk folder"
         )
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        return _read_jsonl(path), Origin(((str(path), 0, "line"),))
+        table, unit = read_json(path)
+        return table, Origin(((str(path), 0, unit),))
     if suffix == ".parquet":
         return _read_parquet(path), Origin(((str(path), 0, "row"),))
     raise InvalidInput(
@@ -479,7 +514,9 @@ def read_documents(
 ) -> Documents:
     """Read ``source`` (see :func:`read_arrow`) into :class:`Documents`."""
     table, origin = read_arrow(source, partition)
-    return documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=text_field)
+    return documents_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
+    )
 
 
 def resolve_binding(
@@ -502,7 +539,7 @@ def resolve_binding(
             " --tokenizer that defines it"
         )
     if vocab_size is not None and tokenizer is not None and vocab_size < tokenizer.vocab_size:
-        raise InvalidInput(
+        raise BindingMismatch(
             f"--vocab-size {vocab_size} is below the tokenizer's {tokenizer.vocab_size}"
             " — drop --vocab-size or raise it"
         )

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from . import budget
+from .atomic import recover_output
 from .batch import PackConfig
 from .compact import CompactRows, compact_rows
 from .errors import InvalidInput
@@ -29,19 +31,102 @@ DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
 
 
+#: Bytes per example, per capacity unit, and whether the windows may be gathered
+#: into a new order, for each policy (upper bounds; tests/test_stress.py checks them
+#: against tracemalloc).
+_POLICY_BYTES: dict[str, tuple[int, int, bool]] = {
+    "next-fit": (128, 0, False),
+    "padded": (128, 0, False),
+    "first-fit-decreasing": (192, 16, True),
+    "best-fit-decreasing": (192, 72, True),
+    "stream-best-fit": (192, 128, True),
+}
+#: Fixed slack: Python objects, kernels' scalars, small temporaries.
+_FIXED_BYTES = 1 << 20
+
+
+def packing_bytes(table: ExampleTable, capacity: int, policy: str = DEFAULT_POLICY) -> int:
+    """Upper bound of the bytes :func:`pack_table` allocates, computed before allocating.
+
+    Plan and per-occurrence arrays (per example), the policy's index over
+    capacities, and, for policies that reorder, one gathered copy of the
+    windows (4 bytes a token) and of non-uniform loss flags (1 byte a target).
+    The stream policy's look-ahead buffers are covered for its default window.
+    """
+    per_example, per_capacity, gathers = _POLICY_BYTES.get(policy, (192, 128, True))
+    n, tokens, flags = len(table), table.windows.shape[0], table.loss_mask
+    need = budget.checked_add(
+        budget.checked_mul(n, per_example),
+        budget.checked_mul(capacity, per_capacity),
+        _FIXED_BYTES,
+    )
+    if gathers:
+        uniform = flags.size == 0 or bool(flags.all()) or not bool(flags.any())
+        need = budget.checked_add(
+            need, budget.checked_mul(tokens, 4), 0 if uniform else int(flags.shape[0])
+        )
+    return need
+
+
 def pack_table(
     table: ExampleTable,
     capacity: int,
     policy: str = DEFAULT_POLICY,
     labels: Callable[[int], str] | None = None,
+    *,
+    max_metadata_bytes: int | None = None,
     **options: Any,
 ) -> tuple[Plan, CompactRows]:
     """Plan ``table`` with ``policy`` and materialise it as compact rows (in memory).
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
+    With ``max_metadata_bytes``, :func:`packing_bytes` is checked against it
+    first: :class:`~seqpack.errors.BudgetExceeded` before anything is allocated.
     """
+    if max_metadata_bytes is not None:
+        budget.enforce(packing_bytes(table, capacity, policy), max_metadata_bytes, "packing")
     plan = plan_rows(table.lengths, capacity, policy, labels=labels or table.label, **options)
     return plan, compact_rows(table, plan)
+
+
+def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
+    """Rows whose id repeats an earlier row's: ``(count, first such row, the row it repeats)``.
+
+    ``(0, -1, -1)`` when every id is distinct. Arrow hashes the strings; the
+    rest is vectorised (a row is a repeat unless its value's code is new).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = pa.array(ids, type=pa.string())
+    if pc.count_distinct(arr).as_py() == len(arr):
+        return 0, -1, -1
+    codes = pc.index_in(arr, value_set=pc.unique(arr)).to_numpy(zero_copy_only=False)
+    seen = np.maximum.accumulate(codes)
+    new = np.ones(codes.shape[0], dtype=bool)
+    new[1:] = codes[1:] > seen[:-1]
+    repeat = int(np.argmax(~new))
+    return int((~new).sum()), repeat, int(np.argmax(codes == codes[repeat]))
+
+
+def _duplicates(docs: Documents) -> dict[str, Any]:
+    count, row, first = duplicate_ids(docs.ids)
+    if not count:
+        return {"duplicate_ids": 0}
+    return {
+        "duplicate_ids": count,
+        "duplicate_first": {
+            "id": str(docs.ids[row]),
+            "at": docs.origin.locate(row),
+            "first_seen": docs.origin.locate(first),
+        },
+    }
+
+
+def model_call_bytes(config: PackConfig) -> int:
+    """Bytes of one padded model call (:class:`~seqpack.PackedBatch` cells) when read back."""
+    cells = budget.checked_mul(config.max_rows_per_batch, config.capacity)
+    return budget.checked_mul(cells, budget.CELL_BYTES)
 
 
 def _tokenizer(spec: str | Tokenizer | None) -> Tokenizer | None:
@@ -82,18 +167,25 @@ def pack_path(
     split_id: str | None = None,
     policy_options: dict[str, Any] | None = None,
     progress: bool | None = None,
+    max_metadata_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Pack ``source`` into the packed directory ``out``; return the statistics.
 
     Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``,
     ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``
     (``tokens / (rows * capacity)``), ``sources``, ``split_sources``,
-    ``eligible_targets``, ``batches``, ``shards``, ``seconds``. Progress goes to
+    ``eligible_targets``, ``batches``, ``shards``, ``seconds``,
+    ``duplicate_ids`` (rows whose id repeats an earlier row's; each is still
+    packed as its own occurrence; ``duplicate_first`` names the first) and
+    ``recovered`` (notes on hidden folders of killed runs cleaned up at
+    ``out``, see :func:`seqpack.atomic.recover_output`). Progress goes to
     stderr (a tqdm bar) when ``progress`` is True, or by default when stderr
-    is a terminal.
+    is a terminal. ``max_metadata_bytes`` bounds :func:`packing_bytes` plus
+    one padded model call (:func:`model_call_bytes`), checked before planning.
     """
     started = time.perf_counter()
-    config = PackConfig(capacity, max_rows_per_batch)
+    config = PackConfig(capacity, max_rows_per_batch, max_metadata_bytes=max_metadata_bytes)
+    recovered = recover_output(out)
     out = check_output(out, overwrite)
     show = sys.stderr.isatty() if progress is None else progress
     say = _status(show)
@@ -114,6 +206,11 @@ def pack_path(
     split = 0
     if split_long_sources:
         table, split = split_long(table, config.capacity)
+    if max_metadata_bytes is not None:
+        need = budget.checked_add(
+            packing_bytes(table, config.capacity, policy), model_call_bytes(config)
+        )
+        budget.enforce(need, max_metadata_bytes, f"packing {len(table):,} examples with {policy}")
     say(f"planning {len(table):,} examples with {policy}")
 
     def name(i: int) -> str:
@@ -143,11 +240,16 @@ def pack_path(
     finally:
         if bar is not None:
             bar.close()
-    return stats | {
-        "shards": len(manifest["shards"]),
-        "out": str(out),
-        "seconds": time.perf_counter() - started,
-    }
+    return (
+        stats
+        | _duplicates(docs)
+        | {
+            "shards": len(manifest["shards"]),
+            "out": str(out),
+            "recovered": recovered,
+            "seconds": time.perf_counter() - started,
+        }
+    )
 
 
 def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
@@ -207,6 +309,7 @@ def stats_path(
         "examples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
         "lower_bound": -(-int(lengths.sum()) // capacity),
+        **_duplicates(docs),
         "policies": [
             plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
             for plan, seconds in results

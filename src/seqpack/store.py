@@ -18,7 +18,9 @@ Shards hold whole model calls (a multiple of ``max_rows_per_batch`` rows).
 ``manifest.json`` records the format version, binding, partition, config,
 policy, statistics and every shard's row span, size and sha256. A directory
 is complete exactly when its manifest exists: :func:`write_packed` builds it
-under a hidden temporary sibling, fsyncs, then renames it into place.
+under a hidden temporary sibling, fsyncs, then renames it into place
+(:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
+shard's size and sha256, and the caller's expected binding and partition.
 """
 
 from __future__ import annotations
@@ -36,14 +38,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .atomic import HIDDEN, MANIFEST, check_output, fsync_dir, publish, temp_output
 from .batch import PackedBatch
 from .compact import IGNORE_INDEX, CompactRows
-from .errors import InvalidInput
+from .errors import InvalidInput, PartitionMismatch
 from .examples import INT32_MAX, Binding, Partition
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 1
-MANIFEST = "manifest.json"
 #: Target tokens per shard; shards always end on a model-call boundary.
 SHARD_TOKENS = 1 << 25
 
@@ -181,51 +183,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_shard(table: pa.Table, path: Path) -> None:
     with path.open("wb") as f:
         pq.write_table(table, f, compression="zstd", row_group_size=4096)
         f.flush()
         os.fsync(f.fileno())
-
-
-def check_output(out: str | Path, overwrite: bool) -> Path:
-    """Refuse an existing ``out`` unless ``overwrite`` and it is a seqpack output (or empty)."""
-    path = Path(out)
-    if not path.exists():
-        return path
-    if not overwrite:
-        raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
-    if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).is_file()):
-        raise InvalidInput(
-            f"{path} exists and is not a seqpack output; refusing to replace it — choose"
-            " another --out"
-        )
-    return path
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first, then removed."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.seqpack-old-{secrets.token_hex(4)}")
-        os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.rename(old, out)
-        raise
-    _fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_packed(
@@ -273,14 +235,6 @@ def write_packed(
     return manifest
 
 
-def temp_output(out: Path) -> Path:
-    """Create the hidden sibling ``.NAME.seqpack-tmp-*`` a packed directory is built in."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.seqpack-tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()
-    return tmp
-
-
 def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[str, Any]:
     """Write :data:`SCHEMA` rows as ``directory/name``; return its manifest entry.
 
@@ -326,8 +280,8 @@ def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
             json.dump(manifest, f, indent=2)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        _publish(tmp, out)
+        fsync_dir(tmp)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -360,8 +314,15 @@ class PackedStore:
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
             file = self.path / self.shards[k]["file"]
+            try:
+                table = pq.read_table(file, memory_map=True)
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+                raise InvalidInput(
+                    f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
+                    " pack again"
+                ) from None
             rows = arrow_to_rows(
-                pq.read_table(file, memory_map=True),
+                table,
                 capacity=self.capacity,
                 partition=self.partition,
                 binding=self.binding,
@@ -385,27 +346,68 @@ class PackedStore:
             yield self[i]
 
 
-def load_packed(
-    path: str | Path, expected_binding: Binding | None = None, *, verify: bool = True
-) -> PackedStore:
-    """Open a packed directory, checking its manifest, shards, checksums and binding."""
-    path = Path(path)
+def _open_manifest(path: Path) -> PackedStore:
+    """Read ``manifest.json`` and check its shape (types, shard names, counts)."""
     mpath = path / MANIFEST
-    if not mpath.is_file():
-        raise InvalidInput(
-            f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
-            " leaves none) — run seqpack pack again"
-        )
     try:
-        manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as err:
-        raise InvalidInput(f"{mpath}: not valid JSON ({err.msg}) — pack again") from None
+        manifest = json.loads(mpath.read_bytes())
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInput(f"{mpath}: not valid JSON ({err}) — pack again") from None
+    if not isinstance(manifest, dict):
+        raise InvalidInput(f"{mpath}: holds a {type(manifest).__name__}, not a manifest object")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise InvalidInput(
             f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
             f" this seqpack reads {FORMAT!r} version {VERSION}"
         )
-    store = PackedStore(path, manifest)
+    try:
+        store = PackedStore(path, manifest)
+        for shard in store.shards:
+            name = shard["file"]
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"shard file {name!r} is not a plain file name")
+            if not all(isinstance(shard[k], int) for k in ("first_row", "rows", "bytes")):
+                raise ValueError(f"shard {name} has non-integer counts")
+            if not isinstance(shard["sha256"], str):
+                raise ValueError(f"shard {name} has no sha256")
+        if store.capacity < 1 or store.max_rows_per_batch < 1 or store.num_rows < 0:
+            raise ValueError("config values must be positive")
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InvalidInput(f"{mpath}: malformed manifest ({err!s}) — pack again") from None
+    return store
+
+
+def load_packed(
+    path: str | Path,
+    expected_binding: Binding | None = None,
+    *,
+    verify: bool = True,
+    expected_partition: Partition | str | None = None,
+) -> PackedStore:
+    """Open a packed directory, checking its manifest, shards, checksums and binding.
+
+    Raises :class:`~seqpack.errors.InvalidInput` for a missing, malformed or
+    damaged output (a shard changed, truncated or missing: its size and
+    sha256 differ from the manifest's), :class:`~seqpack.errors.BindingMismatch`
+    when ``expected_binding`` differs from the manifest's and
+    :class:`~seqpack.errors.PartitionMismatch` when ``expected_partition`` does.
+    Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
+    refused even when they hold a manifest.
+    """
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise InvalidInput(
+            f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
+            " leaves none) — run seqpack pack again"
+        )
+    if HIDDEN.match(path.name):
+        raise InvalidInput(
+            f"{path} is the temporary folder of a seqpack run that did not finish (or an old"
+            " output being replaced), not an output — load the folder it was written for;"
+            " the next seqpack pack there removes it"
+        )
+    store = _open_manifest(path)
+    mpath = path / MANIFEST
     expected_first = 0
     for shard in store.shards:
         file = path / shard["file"]
@@ -416,10 +418,18 @@ def load_packed(
             raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
         if verify and (file.stat().st_size != shard["bytes"] or _sha256(file) != shard["sha256"]):
             raise InvalidInput(
-                f"{file}: checksum mismatch — the file was changed or damaged; pack again"
+                f"{file}: checksum mismatch (size or sha256 differs from the manifest) — the"
+                " file was changed, truncated or damaged; pack again"
             )
     if expected_first != store.num_rows:
         raise InvalidInput(f"{mpath}: shards hold {expected_first} rows, not {store.num_rows}")
     if expected_binding is not None:
         expected_binding.require(store.binding, f"packed data {path}")
+    if expected_partition is not None:
+        want = Partition.parse(expected_partition)
+        if store.partition is not want:
+            raise PartitionMismatch(
+                f"packed data {path} holds partition {store.partition.value!r}, not"
+                f" {want.value!r} — load the {want.value} output instead"
+            )
     return store

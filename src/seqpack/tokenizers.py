@@ -173,8 +173,11 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             ) from err
         try:
             backend = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise InvalidInput(f"cannot load the tokenizer in {path}: {err}") from err
+        except Exception as err:  # transformers raises many kinds on a damaged folder
+            raise InvalidInput(
+                f"cannot load the tokenizer in {path} ({type(err).__name__}: {err}) — save it"
+                " again with save_pretrained()"
+            ) from None
         files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
         return HFTokenizer(backend, "transformers", _identity("hf", path, files), len(backend))
     file = path / "tokenizer.json" if path.is_dir() else path
@@ -190,7 +193,10 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
     try:
         backend = RustTokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a plain Exception
-        raise InvalidInput(f"cannot load {file} as a tokenizers tokenizer: {err}") from err
+        raise InvalidInput(
+            f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
+            " a tokenizer saved with save_pretrained() or Tokenizer.save()"
+        ) from None
     size = backend.get_vocab_size(with_added_tokens=True)
     name = path if path.is_dir() else file
     return HFTokenizer(backend, "tokenizers", _identity("tokenizers", name, [file]), size)

@@ -1,0 +1,361 @@
+"""Integrity: checksums and bindings on load, partitions kept apart, provenance of every cell.
+
+Also the end-to-end invariants as properties: next-fit keeps every occurrence
+whole, once and in order through the Parquet store, and the loss does not
+depend on what padding or unsupervised cells hold (NaN and inf included).
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import (
+    Binding,
+    BindingMismatch,
+    ExampleTable,
+    InvalidInput,
+    PackConfig,
+    Partition,
+    PartitionMismatch,
+    SequenceExample,
+    pack_examples,
+)
+from seqpack.io import load_examples
+from seqpack.loss import token_weighted_loss
+from seqpack.pipeline import pack_path, pack_table
+from seqpack.store import MANIFEST, load_packed, write_packed
+
+from packed_helpers import random_records, recovered_examples, write_jsonl
+from strategies import BINDING, packed_epochs
+
+torch.set_num_threads(1)
+VOCAB = 500
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """A packed output of several shards (tiny shard size) and its source records."""
+    folder = tmp_path_factory.mktemp("packed")
+    records = random_records(np.random.default_rng(3), 120, vocab=VOCAB, max_len=30)
+    table = load_examples(write_jsonl(folder / "data.jsonl", records), vocab_size=VOCAB)
+    _, rows = pack_table(table, 32)
+    write_packed(rows, folder / "out", max_rows_per_batch=2, shard_tokens=200)
+    return folder / "out", records
+
+
+def _copy(packed, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    return out
+
+
+def _flip(path, at=0.5):
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _manifest(out):
+    return json.loads((out / MANIFEST).read_text())
+
+
+def _rewrite(out, manifest):
+    (out / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_the_fixture_output_has_several_shards_and_loads(packed):
+    store = load_packed(packed[0])
+    assert len(store.manifest["shards"]) >= 3
+    assert len(recovered_examples(store)) == len(packed[1])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda f: _flip(f, 0.5), "checksum mismatch"),
+        (lambda f: _flip(f, 0.999), "checksum mismatch"),
+        (lambda f: f.write_bytes(f.read_bytes()[:-100]), "checksum mismatch"),
+        (lambda f: f.write_bytes(f.read_bytes() + b"\0"), "checksum mismatch"),
+        (lambda f: f.write_bytes(b""), "checksum mismatch"),
+        (lambda f: f.unlink(), "is missing — the packed directory is incomplete"),
+    ],
+    ids=["flip-middle", "flip-footer", "truncated", "appended", "emptied", "deleted"],
+)
+def test_a_damaged_shard_is_refused_on_load(packed, tmp_path, damage, message):
+    out = _copy(packed, tmp_path)
+    shard = out / _manifest(out)["shards"][1]["file"]
+    damage(shard)
+    with pytest.raises(InvalidInput, match=message) as err:
+        load_packed(out)
+    assert shard.name in str(err.value)
+
+
+def test_swapped_shards_are_refused(packed, tmp_path):
+    out = _copy(packed, tmp_path)
+    a, b = (out / s["file"] for s in _manifest(out)["shards"][:2])
+    a.rename(tmp_path / "x")
+    b.rename(a)
+    (tmp_path / "x").rename(b)
+    with pytest.raises(InvalidInput, match="checksum mismatch"):
+        load_packed(out)
+
+
+def test_without_verification_a_truncated_shard_is_still_a_clear_error(packed, tmp_path):
+    out = _copy(packed, tmp_path)
+    shard = out / _manifest(out)["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    store = load_packed(out, verify=False)
+    with pytest.raises(InvalidInput, match="cannot read the shard"):
+        store[0]
+
+
+def _tamper(manifest, how):
+    if how == "rows":
+        manifest["rows"] += 1
+    elif how == "sha":
+        manifest["shards"][0]["sha256"] = "0" * 64
+    elif how == "first-row":
+        manifest["shards"][1]["first_row"] += 2
+    elif how == "traversal":
+        manifest["shards"][0]["file"] = "../data.jsonl"
+    elif how == "absolute":
+        manifest["shards"][0]["file"] = "/etc/passwd"
+    elif how == "no-binding":
+        del manifest["binding"]
+    elif how == "bad-types":
+        manifest["shards"][0]["rows"] = "many"
+    elif how == "version":
+        manifest["version"] = 99
+    elif how == "list":
+        manifest = [manifest]
+    elif how == "capacity":
+        manifest["config"]["capacity"] = 0
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("rows", r"shards hold \d+ rows, not \d+"),
+        ("sha", "checksum mismatch"),
+        ("first-row", "starts at an unexpected row"),
+        ("traversal", "'../data.jsonl' is not a plain file name"),
+        ("absolute", "'/etc/passwd' is not a plain file name"),
+        ("no-binding", "malformed manifest"),
+        ("bad-types", "non-integer counts"),
+        ("version", "this seqpack reads 'seqpack.packed-rows' version 1"),
+        ("list", "holds a list, not a manifest object"),
+        ("capacity", "config values must be positive"),
+    ],
+)
+def test_a_tampered_manifest_is_refused(packed, tmp_path, how, message):
+    out = _copy(packed, tmp_path)
+    _rewrite(out, _tamper(_manifest(out), how))
+    with pytest.raises(InvalidInput, match=message):
+        load_packed(out)
+
+
+def test_a_manifest_that_is_not_json_is_refused(packed, tmp_path):
+    out = _copy(packed, tmp_path)
+    (out / MANIFEST).write_bytes(b'{"format": "seqpack.packed-rows", \xff')
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        load_packed(out)
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "tokenizer_id", "split_id"])
+def test_a_different_expected_binding_is_refused(packed, field):
+    store = load_packed(packed[0])
+    values = store.binding.to_dict()
+    values[field] = values[field] + 1 if field == "vocab_size" else values[field] + "-other"
+    with pytest.raises(BindingMismatch, match=f"{field} .* != expected") as err:
+        load_packed(packed[0], Binding.from_dict(values))
+    assert "re-encode it with the expected tokenizer and split" in str(err.value)
+    assert load_packed(packed[0], store.binding).binding == store.binding
+
+
+def test_a_temporary_folder_is_refused_even_with_a_manifest(packed, tmp_path):
+    hidden = tmp_path / ".out.seqpack-tmp-host-123-deadbeef"
+    shutil.copytree(packed[0], hidden)
+    with pytest.raises(InvalidInput, match="temporary folder of a seqpack run"):
+        load_packed(hidden)
+
+
+# ---------------------------------------------------------------- partitions
+
+
+def _split_records(tmp_path, rng):
+    records = random_records(rng, 40, vocab=VOCAB, max_len=12)
+    for i, r in enumerate(records):
+        r["partition"] = "validation" if i % 4 == 0 else "train"
+    return records
+
+
+def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rng):
+    records = _split_records(tmp_path, rng)
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", records)
+    with pytest.raises(PartitionMismatch, match=r"mixed\.jsonl line 1: .* 'validation'"):
+        pack_path(mixed, tmp_path / "bad", capacity=16, vocab_size=VOCAB)
+    assert not (tmp_path / "bad").exists()
+    outs = {}
+    for part in ("train", "validation"):
+        subset = [r for r in records if r["partition"] == part]
+        data = write_jsonl(tmp_path / f"{part}.jsonl", subset)
+        outs[part] = tmp_path / part
+        pack_path(data, outs[part], capacity=16, vocab_size=VOCAB, partition=part)
+        got = recovered_examples(load_packed(outs[part], expected_partition=part))
+        assert sorted(e["source_id"] for e in got.values()) == sorted(r["id"] for r in subset)
+    train = load_packed(outs["train"])
+    with pytest.raises(PartitionMismatch, match="holds partition 'validation', not 'train'"):
+        load_packed(outs["validation"], expected_partition="train")
+    # The split receipt differs too: the training binding refuses validation data.
+    with pytest.raises(BindingMismatch, match="split_id"):
+        load_packed(outs["validation"], train.binding)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(["train", "validation", "test"]), min_size=1, max_size=8))
+def test_a_batch_never_holds_an_example_of_another_partition(parts):
+    examples = [
+        SequenceExample.from_document(
+            [0, 10 + i, 1], source_id=f"s{i}", partition=p, binding=BINDING
+        )
+        for i, p in enumerate(parts)
+    ]
+    if set(parts) != {"train"}:
+        with pytest.raises(PartitionMismatch):
+            pack_examples("train", examples, BINDING, PackConfig(4, 2))
+        table = ExampleTable.from_examples(
+            [e for e in examples if e.partition.value == parts[0]], parts[0], BINDING
+        )
+        if parts[0] != "train":
+            with pytest.raises(PartitionMismatch):
+                pack_examples("train", table, BINDING, PackConfig(4, 2))
+        return
+    epoch = pack_examples("train", examples, BINDING, PackConfig(4, 2))
+    assert all(b.partition is Partition.TRAIN for b in epoch.batches)
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def _documents(records):
+    return {r["id"]: r["input_ids"] for r in records}
+
+
+def _check_cells(store, docs, rng, cells_per_batch):
+    """Random cells: the token is the source document's at range_start + position (+1)."""
+    checked = 0
+    for batch in store:
+        occ = batch.occurrences
+        rows, cols = np.nonzero(batch.input_valid)
+        for k in rng.choice(rows.shape[0], size=min(cells_per_batch, rows.shape[0]), replace=False):
+            r, c = int(rows[k]), int(cols[k])
+            i = int(np.flatnonzero((occ.row == r) & (occ.col_start <= c) & (c < occ.col_end))[0])
+            assert batch.segments[r, c] == occ.segment[i]
+            doc = docs[str(occ.source_ids[i])]
+            at = int(occ.range_starts[i]) + int(batch.positions[r, c])
+            assert batch.inputs[r, c] == doc[at]
+            assert batch.targets[r, c] == doc[at + 1]
+            assert at + 1 < int(occ.range_ends[i]) <= len(doc)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "best-fit-decreasing", "stream-best-fit"])
+def test_every_cell_traces_back_to_its_source_document(tmp_path, rng, policy):
+    records = random_records(rng, 150, vocab=VOCAB, max_len=70)
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    pack_path(
+        data,
+        tmp_path / "out",
+        capacity=24,
+        vocab_size=VOCAB,
+        policy=policy,
+        split_long_sources=True,
+        max_rows_per_batch=3,
+    )
+    checked = _check_cells(load_packed(tmp_path / "out"), _documents(records), rng, 8)
+    assert checked > 500
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 12), st.booleans())
+def test_next_fit_through_the_store_is_whole_once_and_in_order(tmp_path_factory, seed, cap, split):
+    rng = np.random.default_rng(seed)
+    records = random_records(rng, int(rng.integers(1, 25)), vocab=VOCAB, max_len=3 * cap)
+    if not split:
+        records = [r for r in records if len(r["input_ids"]) - 1 <= cap] or records[:0]
+    if not records:
+        return
+    folder = tmp_path_factory.mktemp("nf")
+    data = write_jsonl(folder / "d.jsonl", records)
+    pack_path(
+        data,
+        folder / "out",
+        capacity=cap,
+        vocab_size=VOCAB,
+        policy="next-fit",
+        split_long_sources=split,
+        max_rows_per_batch=2,
+    )
+    store = load_packed(folder / "out")
+    got = recovered_examples(store)
+    assert sorted(got) == list(range(len(got)))  # every occurrence once
+    # Supplied order is storage order, and the pieces tile each document in order.
+    place = [
+        (b.first_row + int(r), int(c)) for b in store for r, c in zip(*_starts(b), strict=True)
+    ]
+    assert place == sorted(place)
+    pieces = [got[i] for i in range(len(got))]
+    rebuilt = {}
+    for p in pieces:
+        s, e = p["range"]
+        rebuilt.setdefault(p["source_id"], []).append((s, e, p["tokens"]))
+    assert list(rebuilt) == [r["id"] for r in records]  # documents in supplied order
+    for r in records:
+        spans = rebuilt[r["id"]]
+        assert spans[0][0] == 0 and spans[-1][1] == len(r["input_ids"])
+        for (s, e, tokens), nxt in zip(spans, [*spans[1:], None], strict=True):
+            assert tokens == r["input_ids"][s:e]  # whole
+            assert nxt is None or nxt[0] == e - 1  # consecutive, one token overlap
+
+
+def _starts(batch):
+    order = np.argsort(batch.occurrences.ordinal)
+    return batch.occurrences.row[order], batch.occurrences.col_start[order]
+
+
+# ---------------------------------------------------------------- loss and padding
+
+
+@settings(max_examples=60, deadline=None)
+@given(packed_epochs(max_capacity=8, max_examples=6), st.data())
+def test_loss_ignores_whatever_excluded_cells_hold(case, data):
+    """Padding and unsupervised cells may hold NaN, inf or garbage: loss and gradient stay."""
+    _, _, epoch = case
+    batch = epoch.batches[0]
+    if batch.eligible_count == 0:
+        return
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    logits = rng.normal(size=(*batch.shape, BINDING.vocab_size))
+    excluded = ~batch.loss_mask
+    poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e308, "mixed"]))
+    dirty = logits.copy()
+    if poison == "mixed":
+        choice = rng.choice([np.nan, np.inf, -np.inf, 1e300], size=dirty[excluded].shape)
+        dirty[excluded] = choice
+    else:
+        dirty[excluded] = poison
+    clean = token_weighted_loss(logits, batch)
+    assert token_weighted_loss(dirty, batch) == clean
+    t_dirty = torch.tensor(dirty, requires_grad=True)
+    result = token_weighted_loss(t_dirty, batch)
+    result.mean.backward()
+    assert abs(result.sum.item() - clean.sum) <= 1e-10 + 1e-9 * abs(clean.sum)
+    grad = t_dirty.grad.numpy()
+    assert np.isfinite(grad).all() and not grad[excluded].any()
