@@ -1,0 +1,234 @@
+"""Fuzz the readers: whatever the bytes, only seqpack's own errors come out.
+
+Four targets, each a hypothesis property: JSON Lines built from random
+records and then damaged byte by byte; mostly valid records as JSON Lines,
+a JSON array and Parquet; Arrow tables with random column types; and a valid
+Parquet file with random bytes replaced. A read either raises a
+:class:`~seqpack.SeqpackError` or returns a table that satisfies the
+ExampleTable invariants. pyarrow's own JSON reader crashes the process on
+some of these inputs (a ``null`` first line, deep nesting), so a regression
+shows up here as a dead test process, not as a failure message.
+"""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seqpack import ExampleTable, SeqpackError
+from seqpack.io import load_examples
+from seqpack.tokenizers import ByteTokenizer
+
+FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+
+ints = st.one_of(st.integers(-3, 300), st.integers(-(2**70), 2**70))
+scalars = st.one_of(st.none(), st.booleans(), ints, st.floats(allow_nan=True), st.text(max_size=5))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(st.sampled_from(["a", "input_ids", "id"]), inner, max_size=3),
+    ),
+    max_leaves=20,
+)
+FIELDS = {
+    "input_ids": st.one_of(st.lists(ints, max_size=8), values),
+    "labels": st.one_of(st.lists(st.one_of(st.just(-100), ints), max_size=8), values),
+    "loss_mask": st.one_of(st.lists(st.one_of(st.booleans(), st.integers(-1, 2))), values),
+    "id": st.one_of(st.text(max_size=4), ints, values),
+    "text": st.one_of(st.text(max_size=10), values),
+    "partition": st.one_of(st.sampled_from(["train", "validation", "dev"]), values),
+    "other": values,
+}
+records = st.fixed_dictionaries({}, optional=FIELDS)
+lines = st.one_of(
+    records.map(lambda r: json.dumps(r).encode()),
+    values.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=20),
+)
+
+
+@st.composite
+def damaged_files(draw):
+    """JSON Lines of random records, then bytes inserted/replaced, maybe a BOM."""
+    sep = draw(st.sampled_from([b"\n", b"\r\n", b"\n\n"]))
+    data = sep.join(draw(st.lists(lines, max_size=6))) + draw(st.sampled_from([b"", b"\n"]))
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(data)))
+        data = data[:at] + draw(st.binary(max_size=4)) + data[at + draw(st.integers(0, 3)) :]
+    if draw(st.booleans()) and draw(st.booleans()):
+        data = b"\xef\xbb\xbf" + data
+    if draw(st.integers(0, 19)) == 0:
+        depth = draw(st.integers(60, 30000))
+        data = b'{"input_ids": ' + b"[" * depth + b"]" * depth + b"}\n" + data
+    return data, draw(st.sampled_from([".jsonl", ".json"]))
+
+
+binding_args = st.one_of(
+    st.integers(1, 300).map(lambda v: {"vocab_size": v}),
+    st.just({"tokenizer": ByteTokenizer()}),
+)
+
+
+def check_read(source, args, partition="train"):
+    """Read ``source``: a SeqpackError, or a table that keeps the ExampleTable invariants."""
+    try:
+        table = load_examples(source, partition=partition, **args)
+    except SeqpackError:
+        return False
+    assert isinstance(table, ExampleTable)
+    vocab = table.binding.vocab_size
+    assert table.windows.dtype == np.int32 and table.offsets.dtype == np.int64
+    if table.windows.size:
+        assert table.windows.min() >= 0 and table.windows.max() < vocab
+    assert (table.lengths >= 1).all()
+    assert table.loss_mask.dtype == bool and table.loss_mask.shape[0] == table.lengths.sum()
+    assert table.partition.value == partition
+    return True
+
+
+@FUZZ
+@given(damaged_files(), binding_args, st.sampled_from(["train", "validation"]))
+def test_damaged_json_lines(tmp_path_factory, case, args, partition):
+    data, suffix = case
+    path = tmp_path_factory.mktemp("fuzz") / f"data{suffix}"
+    path.write_bytes(data)
+    check_read(path, args, partition)
+
+
+good_ids = st.lists(st.integers(0, 265), max_size=8)
+good_records = st.fixed_dictionaries(
+    {},
+    optional={
+        "input_ids": st.one_of(good_ids, good_ids, st.lists(ints, max_size=8), st.none()),
+        "labels": st.one_of(st.lists(st.sampled_from([-100, 0, 1, 5, 265])), st.none()),
+        "loss_mask": st.one_of(st.lists(st.one_of(st.booleans(), st.integers(0, 1))), st.none()),
+        "id": st.one_of(st.text(max_size=4), st.integers(0, 10), st.none()),
+        "partition": st.sampled_from(["train", "validation"]),
+        "text": st.text(max_size=10),
+    },
+)
+
+
+@FUZZ
+@given(
+    st.lists(good_records, max_size=6),
+    binding_args,
+    st.sampled_from([".jsonl", ".json", ".parquet"]),
+)
+def test_mostly_valid_records_in_every_format(tmp_path_factory, rows, args, suffix):
+    path = tmp_path_factory.mktemp("fuzz") / f"data{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows))
+    else:
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowException, OverflowError):
+            return  # not representable as one Arrow table: nothing to write
+        pq.write_table(table, path)
+    check_read(path, args)
+
+
+ARROW_TYPES = [
+    pa.int8(),
+    pa.int32(),
+    pa.int64(),
+    pa.uint64(),
+    pa.float32(),
+    pa.float64(),
+    pa.bool_(),
+    pa.string(),
+    pa.null(),
+    pa.binary(),
+]
+
+
+@st.composite
+def arrow_columns(draw, n):
+    inner = draw(st.sampled_from(ARROW_TYPES))
+    wrap = draw(st.sampled_from(["list", "large_list", "fixed", "plain", "nested", "dictionary"]))
+    items = st.one_of(st.none(), st.integers(-2, 300), st.floats(), st.booleans(), st.text())
+    rows = []
+    for _ in range(n):
+        k = 2 if wrap == "fixed" else draw(st.integers(0, 4))
+        rows.append(
+            None if draw(st.integers(0, 5)) == 0 else draw(st.lists(items, min_size=k, max_size=k))
+        )
+    try:
+        if wrap == "dictionary":
+            return pa.array([None if r is None else str(r) for r in rows]).dictionary_encode()
+        kind = {
+            "list": pa.list_(inner),
+            "large_list": pa.large_list(inner),
+            "fixed": pa.list_(inner, 2),
+            "nested": pa.list_(pa.list_(inner)),
+            "plain": inner,
+        }[wrap]
+        if wrap == "nested":
+            rows = [None if r is None else [r] for r in rows]
+        if wrap == "plain":
+            rows = [r[0] if r else None for r in rows]
+        return pa.array(rows, type=kind, from_pandas=True)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return pa.array([[0, 1]] * n)  # values that do not convert: a plain valid column
+
+
+@FUZZ
+@given(st.data(), binding_args)
+def test_arrow_tables_with_any_column_types(data, args):
+    names = data.draw(
+        st.lists(
+            st.sampled_from(["input_ids", "labels", "loss_mask", "id", "text", "partition"]),
+            unique=True,
+            max_size=4,
+        )
+    )
+    n = data.draw(st.integers(0, 4))
+    table = (
+        pa.table({name: data.draw(arrow_columns(n)) for name in names}) if names else pa.table({})
+    )
+    check_read(table, args)
+
+
+@pytest.fixture(scope="module")
+def parquet_bytes(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "base.parquet"
+    table = pa.table(
+        {
+            "input_ids": [[0, 5, 6, 1], [0, 7, 1]],
+            "id": ["a", "b"],
+            "labels": [[-100, 5, 6, 1], None],
+        }
+    )
+    pq.write_table(table, path)
+    return path.read_bytes()
+
+
+@FUZZ
+@given(
+    st.lists(st.tuples(st.floats(0, 1), st.binary(max_size=3), st.integers(0, 3)), max_size=4),
+    st.booleans(),
+)
+def test_damaged_parquet(tmp_path_factory, parquet_bytes, edits, truncate):
+    data = parquet_bytes
+    for where, insert, remove in edits:
+        at = int(where * len(data))
+        data = data[:at] + insert + data[at + remove :]
+    if truncate:
+        data = data[: len(data) // 2]
+    path = tmp_path_factory.mktemp("fuzz") / "data.parquet"
+    path.write_bytes(data)
+    check_read(path, {"vocab_size": 300})
+
+
+def test_the_undamaged_inputs_read(parquet_bytes, tmp_path):
+    (tmp_path / "d.parquet").write_bytes(parquet_bytes)
+    assert check_read(tmp_path / "d.parquet", {"vocab_size": 300})
+    (tmp_path / "d.jsonl").write_text('{"input_ids": [0, 5, 1]}\n')
+    assert check_read(tmp_path / "d.jsonl", {"vocab_size": 300})
