@@ -7,8 +7,8 @@ The rule (measured numbers in the README, "Attention backends"):
 * CUDA, float64: ``varlen`` (FlexAttention's fused kernel has no float64);
 * CPU: ``varlen``, with or without grad. FlexAttention has no CPU
   backward, and its compiled CPU forward, after a compile of ~10-20 s per
-  new shape, was no faster than ``varlen`` (52 vs 56 ms per layer on the
-  benchmark's W1 rows, one thread).
+  new shape, was slower than ``varlen`` in the benchmark's decoder forward
+  (870 vs 814 ms on one thread, 501 vs 449 ms on two).
 
 Every choice is a backend that agrees with ``ranges`` in the tests, so the
 choice changes speed, never results beyond floating-point rounding.
