@@ -270,8 +270,9 @@ def _gather_flags(
 def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
     """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
 
-    Memory: one copy of the windows and flags plus per-occurrence arrays; the
-    windows are shared when the plan keeps the supplied order (next-fit), and
+    Memory: one copy of the windows and flags plus per-occurrence arrays; when
+    the plan keeps the supplied order (next-fit, padded) the windows, flags and
+    per-example arrays of ``table`` and ``plan`` are shared, not copied, and
     uniform flags (every target supervised) are always shared.
     """
     n = len(table)
@@ -279,27 +280,36 @@ def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> Com
         raise InvalidInput("plan lengths do not match the examples supplied")
     check_segment_namespace(n)
     # One unique int64 key per placement sorts faster than lexsort((start, row)).
-    order = np.argsort(plan.row_of * plan.capacity + plan.start_of).astype(np.int64, copy=False)
-    rows = plan.row_of[order]
-    row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
-    lengths = plan.lengths[order]
-    if np.array_equal(order, np.arange(n, dtype=np.int64)):
+    key = plan.row_of * plan.capacity + plan.start_of
+    if bool(np.all(key[1:] > key[:-1])):  # already in storage order: share, do not gather
+        del key
+        order = np.arange(n, dtype=np.int64)
+        rows, lengths, starts = plan.row_of, plan.lengths, plan.start_of
         tokens, mask = table.windows, table.loss_mask
+        sources, examples = table.source_ids, table.example_ids
+        range_starts, range_ends = table.range_starts, table.range_ends
     else:
+        order = np.argsort(key).astype(np.int64, copy=False)
+        del key
+        rows, lengths, starts = plan.row_of[order], plan.lengths[order], plan.start_of[order]
         tokens = gather_segments(table.windows, table.offsets[order], lengths + 1, use_numba)
         mask = _gather_flags(table, order, lengths, use_numba)
-    sources = table.source_ids[order]
+        sources = table.source_ids[order]
+        same = table.example_ids is table.source_ids
+        examples = sources if same else table.example_ids[order]
+        range_starts, range_ends = table.range_starts[order], table.range_ends[order]
+    row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
     return CompactRows(
         tokens=tokens,
         loss_mask=mask,
         lengths=lengths,
-        starts=plan.start_of[order],
-        row_offsets=row_offsets.astype(np.int64),
+        starts=starts,
+        row_offsets=row_offsets.astype(np.int64, copy=False),
         ordinals=order,
         source_ids=sources,
-        example_ids=sources if table.example_ids is table.source_ids else table.example_ids[order],
-        range_starts=table.range_starts[order],
-        range_ends=table.range_ends[order],
+        example_ids=examples,
+        range_starts=range_starts.astype(np.int64, copy=False),
+        range_ends=range_ends.astype(np.int64, copy=False),
         capacity=plan.capacity,
         partition=table.partition,
         binding=table.binding,
