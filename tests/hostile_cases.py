@@ -524,7 +524,7 @@ CASES: list[Case] = [
         lambda: _pack(max_metadata_bytes=1024),
         BudgetExceeded,
         (
-            "packing 2 examples with next-fit needs",
+            "packing 2 examples with next-fit (plus one model call of 8 x 8 cells) needs",
             "max_metadata_bytes is 1,024",
             "raise the budget",
         ),
@@ -536,7 +536,7 @@ CASES: list[Case] = [
         _pack_argv("--max-metadata-bytes", "8G", capacity=2**31 - 1),
         lambda: _pack(capacity=2**31 - 1, max_metadata_bytes=8 << 30),
         BudgetExceeded,
-        ("but max_metadata_bytes is 8,589,934,592",),
+        ("one model call of 8 x 2,147,483,647 cells", "but max_metadata_bytes is 8,589,934,592"),
     ),
     Case(
         "budget-api",

@@ -102,3 +102,13 @@ def test_argparse_refuses_a_non_integer_capacity(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "invalid int value: 'lots'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_docs_reliability_lists_every_case_as_generated():
+    """Inputs and expectations match; observed words may vary with pyarrow/tokenizers versions."""
+    from gen_reliability import DOC, render
+
+    def rows(text):
+        return [line.split(" | ")[:3] for line in text.splitlines() if line.startswith("| ")]
+
+    assert rows(DOC.read_text()) == rows(render()), "run .venv/bin/python tests/gen_reliability.py"

@@ -211,7 +211,11 @@ def pack_path(
         need = budget.checked_add(
             packing_bytes(table, config.capacity, policy), model_call_bytes(config)
         )
-        budget.enforce(need, max_metadata_bytes, f"packing {len(table):,} examples with {policy}")
+        what = (
+            f"packing {len(table):,} examples with {policy} (plus one model call of"
+            f" {config.max_rows_per_batch} x {config.capacity:,} cells)"
+        )
+        budget.enforce(need, max_metadata_bytes, what)
     say(f"planning {len(table):,} examples with {policy}")
 
     def name(i: int) -> str:

@@ -354,11 +354,13 @@ def _open_manifest(path: Path) -> PackedStore:
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidInput(f"{mpath}: not valid JSON ({err}) — pack again") from None
     if not isinstance(manifest, dict):
-        raise InvalidInput(f"{mpath}: holds a {type(manifest).__name__}, not a manifest object")
+        raise InvalidInput(
+            f"{mpath}: holds a {type(manifest).__name__}, not a manifest object — pack again"
+        )
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise InvalidInput(
             f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
-            f" this seqpack reads {FORMAT!r} version {VERSION}"
+            f" this seqpack reads {FORMAT!r} version {VERSION} — pack it again with this version"
         )
     try:
         store = PackedStore(path, manifest)
@@ -412,7 +414,10 @@ def load_packed(
     for shard in store.shards:
         file = path / shard["file"]
         if shard["first_row"] != expected_first or shard["first_row"] % store.max_rows_per_batch:
-            raise InvalidInput(f"{mpath}: shard {shard['file']} starts at an unexpected row")
+            raise InvalidInput(
+                f"{mpath}: shard {shard['file']} starts at an unexpected row — the manifest was"
+                " changed; pack again"
+            )
         expected_first += shard["rows"]
         if not file.is_file():
             raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
@@ -422,7 +427,10 @@ def load_packed(
                 " file was changed, truncated or damaged; pack again"
             )
     if expected_first != store.num_rows:
-        raise InvalidInput(f"{mpath}: shards hold {expected_first} rows, not {store.num_rows}")
+        raise InvalidInput(
+            f"{mpath}: shards hold {expected_first} rows, not {store.num_rows} — the manifest"
+            " was changed; pack again"
+        )
     if expected_binding is not None:
         expected_binding.require(store.binding, f"packed data {path}")
     if expected_partition is not None:
