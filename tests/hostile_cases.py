@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,6 +35,7 @@ from seqpack import (
     Binding,
     BindingMismatch,
     BudgetExceeded,
+    ExampleTable,
     InvalidInput,
     OversizedExample,
     PackConfig,
@@ -105,6 +107,33 @@ def _truncated_parquet(folder: Path) -> None:
     pq.write_table(pa.table({"input_ids": [[0, 5, 1]] * 50}), folder / "data.parquet")
     data = (folder / "data.parquet").read_bytes()
     (folder / "data.parquet").write_bytes(data[: len(data) // 2])
+
+
+def _broken_tokenizer_folder(folder: Path) -> None:
+    (folder / "tok").mkdir()
+    (folder / "tok" / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchOne"}')
+
+
+def _broken_datasets_folder(folder: Path) -> None:
+    (folder / "ds").mkdir()
+    (folder / "ds" / "state.json").write_text('{"_data_files": 5}')
+    (folder / "ds" / "dataset_info.json").write_text("{}")
+
+
+def _hand_table(window: list) -> ExampleTable:
+    n = len(window)
+    ids = np.array(["h"], dtype=object)
+    return ExampleTable(
+        windows=np.asarray(window),
+        offsets=np.array([0, n], dtype=np.int64),
+        loss_mask=np.ones(n - 1, dtype=bool),
+        source_ids=ids,
+        example_ids=ids,
+        range_starts=np.zeros(1, dtype=np.int64),
+        range_ends=np.array([n], dtype=np.int64),
+        partition="train",
+        binding=Binding(300, "t", "s"),
+    )
 
 
 def _val_example() -> SequenceExample:
@@ -200,6 +229,15 @@ CASES: list[Case] = [
         lambda: _pack(data="data.json"),
         InvalidInput,
         ("data.json row 1", "input_ids must be a list of integers", "JSON integers"),
+    ),
+    Case(
+        "empty-json-array",
+        "a `.json` file holding `[]`",
+        {"data.json": b"[]"},
+        _pack_argv(data="data.json"),
+        lambda: _pack(data="data.json"),
+        InvalidInput,
+        ("data.json holds an empty list: no rows", "nothing to pack"),
     ),
     Case(
         "missing-column",
@@ -330,6 +368,24 @@ CASES: list[Case] = [
             pa.table({"input_ids": [[0, 5, 1], [0, 6, 1]], "loss_mask": [[1, 1], [1, 2]]}),
             d / "data.parquet",
         ),
+    ),
+    Case(
+        "table-id-beyond-vocabulary",
+        "an `ExampleTable` built by hand with an id >= its vocabulary (API)",
+        {},
+        None,
+        lambda: _hand_table(window=[0, 5, 300, 1]),
+        InvalidInput,
+        ("example 0 ('h'[0:4]): token id 300 is outside [0, 300)", "raise the vocabulary size"),
+    ),
+    Case(
+        "table-float-windows",
+        "an `ExampleTable` whose windows are floats (API)",
+        {},
+        None,
+        lambda: _hand_table(window=[0.0, 5.5, 1.0]),
+        InvalidInput,
+        ("ExampleTable.windows must be a 1-D integer NumPy array, got float64", "— encode"),
     ),
     Case(
         "labels-disagree",
@@ -470,6 +526,26 @@ CASES: list[Case] = [
         lambda: load_tokenizer("tokenizer.json"),
         InvalidInput,
         ("cannot load tokenizer.json as a tokenizers tokenizer",),
+    ),
+    Case(
+        "tokenizer-folder-broken",
+        "a tokenizer folder whose config names no real tokenizer",
+        {DATA: lines({"text": "hi"})},
+        _pack_argv("--tokenizer", "tok", vocab=None),
+        lambda: load_tokenizer("tok"),
+        InvalidInput,
+        ("cannot load the tokenizer in tok (ValueError:", "save it again with save_pretrained()"),
+        setup=_broken_tokenizer_folder,
+    ),
+    Case(
+        "datasets-folder-broken",
+        "a `datasets` folder whose state.json is damaged",
+        {},
+        _pack_argv(data="ds"),
+        lambda: _pack(data="ds"),
+        InvalidInput,
+        ("ds: cannot load as a datasets save_to_disk folder", "save it again"),
+        setup=_broken_datasets_folder,
     ),
     Case(
         "capacity-zero",

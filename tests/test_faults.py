@@ -248,3 +248,46 @@ def test_stale_folders_are_recovered_only_when_safe(tmp_path):
     assert not stale.exists()
     assert live.exists() and other_host.exists() and foreign.exists()
     assert len(notes) == 2 and "restored" in notes[0] + notes[1]
+
+
+def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from seqpack import store
+    from seqpack.cli import main
+
+    def full(table, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(store, "_write_shard", full)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
+    code = main(["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4",
+                 "--vocab-size", "10"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("seqpack pack: error: [Errno 28] No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+def test_ctrl_c_unwinds_like_sigterm(tmp_path):
+    script = (
+        "import os, signal, sys\n"
+        "import seqpack.store as store\n"
+        "real = store._write_shard\n"
+        "def interrupted(table, path):\n"
+        "    real(table, path)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "store._write_shard = interrupted\n"
+        "from seqpack.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
+    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args, "--vocab-size", "10"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 130 and proc.stderr == "seqpack pack: interrupted\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]

@@ -232,3 +232,26 @@ def test_the_undamaged_inputs_read(parquet_bytes, tmp_path):
     assert check_read(tmp_path / "d.parquet", {"vocab_size": 300})
     (tmp_path / "d.jsonl").write_text('{"input_ids": [0, 5, 1]}\n')
     assert check_read(tmp_path / "d.jsonl", {"vocab_size": 300})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'\xef\xbb\xbf{"input_ids": [null, null]}',  # Arrow built an invalid list<null> array
+        b'{"\x80input_ids": []}',  # invalid UTF-8 in a key: UnicodeDecodeError from Arrow
+        b'{"input_ids": [0, 0], "loss_mask": []}',  # an empty mask: IndexError
+        b"\n\nnull\n",  # a null first record: pyarrow segfault
+        b'{"input_ids": ' + b"[" * 7000 + b"]" * 7000 + b"}",  # deep nesting: segfault
+        b"[]",  # an empty JSON array
+    ],
+)
+def test_inputs_that_crashed_earlier_versions(tmp_path, data):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(data)
+    assert not check_read(path, {"vocab_size": 300})
+
+
+def test_an_empty_partition_column_is_read():
+    ids = pa.array([], pa.list_(pa.int64()))
+    table = pa.table({"input_ids": ids, "partition": pa.array([], pa.string())})
+    assert len(load_examples(table, vocab_size=10)) == 0

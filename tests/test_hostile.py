@@ -112,3 +112,23 @@ def test_docs_reliability_lists_every_case_as_generated():
         return [line.split(" | ")[:3] for line in text.splitlines() if line.startswith("| ")]
 
     assert rows(DOC.read_text()) == rows(render()), "run .venv/bin/python tests/gen_reliability.py"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("123", 123), ("1K", 1024), ("1.5M", 3 << 19), ("2GiB", 2 << 30)]
+)
+def test_byte_sizes_on_the_command_line(text, size):
+    from seqpack.cli import _byte_size
+
+    assert _byte_size(text) == size
+
+
+def test_a_bad_byte_size_and_the_budget_with_ray_are_refused(tmp_path, capsys):
+    from seqpack.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["pack", "x", "--out", "o", "--capacity", "4", "--max-metadata-bytes", "lots"])
+    assert "'lots' is not a byte size like 512M or 2G" in capsys.readouterr().err
+    args = ["pack", "x", "--out", str(tmp_path / "o"), "--capacity", "4", "--engine", "ray"]
+    assert main([*args, "--max-metadata-bytes", "1G"]) == 2
+    assert "--max-metadata-bytes applies to --engine local only" in capsys.readouterr().err

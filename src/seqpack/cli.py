@@ -128,8 +128,11 @@ def _policy_options(items: list[str]) -> dict[str, object]:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
+    from .errors import InvalidInput
     from .pipeline import pack_path
 
+    if args.max_metadata_bytes is not None and args.engine == "ray":
+        raise InvalidInput("--max-metadata-bytes applies to --engine local only — drop it")
     run, engine = pack_path, {}
     if args.engine == "ray":
         from . import ray as ray_engine
@@ -141,14 +144,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             "num_cpus": args.ray_num_cpus,
         }
     elif args.block_examples or args.ray_address or args.ray_num_cpus:
-        from .errors import InvalidInput
-
         raise InvalidInput("--block-examples and --ray-* options need --engine ray")
     if args.max_metadata_bytes is not None:
-        if args.engine == "ray":
-            from .errors import InvalidInput
-
-            raise InvalidInput("--max-metadata-bytes applies to --engine local only")
         engine["max_metadata_bytes"] = args.max_metadata_bytes
     stats = run(
         args.input,
@@ -356,6 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    """The message on one line (wrapped third-party messages may hold newlines)."""
+    return " ".join(str(err).split())
+
+
 def _terminated(signum: int, frame: object) -> None:
     # SystemExit unwinds like an exception, so a half-written output is removed.
     raise SystemExit(128 + signum)
@@ -375,12 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except SeqpackError as err:
-        print(f"seqpack {args.command}: error: {err}", file=sys.stderr)
+        print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
     except OSError as err:
-        print(f"seqpack {args.command}: error: {err}", file=sys.stderr)
+        print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"seqpack {args.command}: interrupted", file=sys.stderr)

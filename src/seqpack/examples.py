@@ -252,12 +252,19 @@ class ExampleTable:
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition", Partition.parse(self.partition))
         if not isinstance(self.binding, Binding):
-            raise InvalidInput("ExampleTable.binding must be a seqpack.Binding")
+            raise InvalidInput(
+                "ExampleTable.binding must be a seqpack.Binding — build one with"
+                " Binding(vocab_size, tokenizer_id, split_id)"
+            )
         for name, kinds in (("windows", "iu"), ("offsets", "iu"), ("loss_mask", "b")):
             arr = getattr(self, name)
             if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in kinds:
                 what = "bool" if kinds == "b" else "integer"
-                raise InvalidInput(f"ExampleTable.{name} must be a 1-D {what} NumPy array")
+                raise InvalidInput(
+                    f"ExampleTable.{name} must be a 1-D {what} NumPy array, got"
+                    f" {getattr(arr, 'dtype', type(arr).__name__)} — encode text with a tokenizer;"
+                    " build tables with ExampleTable.from_examples or seqpack.io.load_examples"
+                )
         n = self.offsets.shape[0] - 1
         if n < 0 or self.offsets[0] != 0 or self.offsets[-1] != self.windows.shape[0]:
             raise InvalidInput("ExampleTable offsets must start at 0 and end at len(windows)")

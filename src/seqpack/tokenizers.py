@@ -174,8 +174,9 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         try:
             backend = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as err:  # transformers raises many kinds on a damaged folder
+            why = " ".join(str(err).split())
             raise InvalidInput(
-                f"cannot load the tokenizer in {path} ({type(err).__name__}: {err}) — save it"
+                f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"
                 " again with save_pretrained()"
             ) from None
         files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
