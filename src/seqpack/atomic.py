@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import re
 import secrets
@@ -89,6 +90,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+@functools.cache
 def _renameat2() -> Any:
     if not sys.platform.startswith("linux"):
         return None
@@ -134,12 +136,16 @@ def publish(tmp: Path, out: Path) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # it exists, under another user
     return True
+
+
+def _only_ours(path: Path) -> bool:
+    return all(_OURS.match(p.name) and p.is_file() for p in path.iterdir())
 
 
 def _stale_temp(path: Path, host: str) -> bool:
@@ -148,9 +154,7 @@ def _stale_temp(path: Path, host: str) -> bool:
     if match is None or match["host"] != host:
         return False
     pid = int(match["pid"])
-    if pid == os.getpid() or _alive(pid):
-        return False
-    return all(_OURS.match(p.name) and p.is_file() for p in path.iterdir())
+    return pid != os.getpid() and not _alive(pid) and _only_ours(path)
 
 
 def recover_output(out: str | Path) -> list[str]:
@@ -159,7 +163,7 @@ def recover_output(out: str | Path) -> list[str]:
     - ``.NAME.seqpack-old-*`` with ``out`` missing: a replacement was
       interrupted between its two renames; the old folder is renamed back.
     - ``.NAME.seqpack-old-*`` with ``out`` present: the new folder was
-      published; the old one is removed.
+      published; the old one is removed (when it holds only seqpack files).
     - ``.NAME.seqpack-tmp-HOST-PID-*`` of a dead process on this host, holding
       only shard, part and manifest files: removed. Anything else is left.
     """
@@ -175,7 +179,7 @@ def recover_output(out: str | Path) -> list[str]:
         if kind == "old-" and not os.path.lexists(out) and (path / MANIFEST).is_file():
             os.rename(path, out)
             notes.append(f"restored {out} from {path.name}, left by an interrupted --overwrite")
-        elif kind == "old-" and out.exists():
+        elif kind == "old-" and out.exists() and _only_ours(path):
             shutil.rmtree(path, ignore_errors=True)
             notes.append(f"removed {path.name}, a replaced output left by an interrupted run")
         elif kind == "tmp-" and _stale_temp(path, host):
