@@ -7,15 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-BATCH_FIELDS = (
-    "inputs",
-    "targets",
-    "segments",
-    "positions",
-    "input_valid",
-    "target_valid",
-    "loss_mask",
-)
+from seqpack.batch import CELL_FIELDS as BATCH_FIELDS
+
 OCCURRENCE_FIELDS = (
     "ordinal",
     "row",

@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from seqpack import ExampleTable, InvalidInput, Partition, SequenceExample, plan_rows
+from seqpack import (
+    ExampleTable,
+    InvalidInput,
+    Partition,
+    PartitionMismatch,
+    SequenceExample,
+    plan_rows,
+)
 from seqpack.compact import compact_rows
 from seqpack.demo import fixture_batch, fixture_binding
 from seqpack.nn import TinyDecoder
@@ -286,3 +293,14 @@ def test_collator_rejects_what_it_cannot_collate():
     b = fixture_batch()
     stacked = PackedCollator()([select_rows(b, [0]), select_rows(b, [1])])
     assert torch.equal(stacked["input_ids"], PackedCollator()(b)["input_ids"])
+
+
+def test_packed_dataset_refuses_another_partition(tmp_path):
+    examples, capacity = _examples(3, n=6)
+    path, _ = _write(tmp_path, examples, capacity)
+    assert len(PackedDataset(path, BINDING, expected_partition="train")) > 0
+    with pytest.raises(PartitionMismatch, match="holds partition 'train', not 'validation'"):
+        PackedDataset(path, BINDING, expected_partition="validation")
+    store = PackedDataset(path).store
+    with pytest.raises(PartitionMismatch, match="not 'test'"):
+        PackedDataset(store, expected_partition=Partition.TEST)

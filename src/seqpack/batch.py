@@ -29,6 +29,16 @@ from .policies import Plan, plan_rows
 
 PAD_CELL = -1
 NO_SEGMENT = -1
+#: The per-cell arrays of a :class:`PackedBatch`, each of shape [rows, capacity].
+CELL_FIELDS = (
+    "inputs",
+    "targets",
+    "segments",
+    "positions",
+    "input_valid",
+    "target_valid",
+    "loss_mask",
+)
 
 
 def _positive_int(name: str, value: Any, maximum: int = INT32_MAX) -> int:
@@ -188,16 +198,9 @@ class PackedBatch:
 
     def rows_as_dicts(self) -> list[dict[str, list[Any]]]:
         """Per row: inputs, targets, segments, positions and the three validity fields."""
-        names = (
-            "inputs",
-            "targets",
-            "segments",
-            "positions",
-            "input_valid",
-            "target_valid",
-            "loss_mask",
-        )
-        return [{n: getattr(self, n)[r].tolist() for n in names} for r in range(self.shape[0])]
+        return [
+            {n: getattr(self, n)[r].tolist() for n in CELL_FIELDS} for r in range(self.shape[0])
+        ]
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,24 +33,15 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from ..batch import NO_SEGMENT, Occurrences, PackedBatch
+from ..batch import CELL_FIELDS, NO_SEGMENT, Occurrences, PackedBatch
 from ..compact import CompactRows
-from ..errors import InvalidInput
+from ..errors import InvalidInput, PartitionMismatch
 from ..examples import Binding, Partition
 from ..nn.attention import AttentionLayout
 from ..store import IGNORE_INDEX, PackedStore, _flat, load_packed
 from .distributed import RowStats, Slot
 
 COLUMNS = ["seq_lengths", "labels"]  # what row_stats reads
-_CELL_FIELDS = (
-    "inputs",
-    "targets",
-    "segments",
-    "positions",
-    "input_valid",
-    "target_valid",
-    "loss_mask",
-)
 
 
 def _occurrences_take(occ: Occurrences, index: np.ndarray, rows: np.ndarray) -> Occurrences:
@@ -78,7 +69,7 @@ def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedB
     new_row = new_of_old[occ.row]
     keep = np.flatnonzero(new_row >= 0)
     keep = keep[np.lexsort((occ.col_start[keep], new_row[keep]))]  # storage order
-    cells = {name: getattr(batch, name)[rows] for name in _CELL_FIELDS}
+    cells = {name: getattr(batch, name)[rows] for name in CELL_FIELDS}
     first = batch.first_row + int(rows[0]) if rows.size else batch.first_row
     return replace(
         batch, **cells, occurrences=_occurrences_take(occ, keep, new_row[keep]), first_row=first
@@ -126,7 +117,7 @@ def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
     occ = {f.name: np.concatenate([getattr(o, f.name) for o in parts]) for f in fields(Occurrences)}
     offsets = np.cumsum([0] + [b.shape[0] for b in batches[:-1]])
     occ["row"] = np.concatenate([o.row + off for o, off in zip(parts, offsets, strict=True)])
-    cells = {name: np.concatenate([getattr(b, name) for b in batches]) for name in _CELL_FIELDS}
+    cells = {name: np.concatenate([getattr(b, name) for b in batches]) for name in CELL_FIELDS}
     return replace(head, **cells, occurrences=Occurrences(**occ))
 
 
@@ -146,6 +137,8 @@ class PackedDataset(Dataset):
     the slot's rows; ``ds.rows([5, 2, 9])`` is any selection of global rows.
     ``row_stats()`` gives the per-row counts a :class:`RowSampler` needs.
     Up to ``cache_shards`` decoded shards are kept (least recently used out).
+    Pass ``expected_partition="train"`` in a training loop so a validation or
+    test output can never be trained on by mistake.
     """
 
     def __init__(
@@ -155,13 +148,23 @@ class PackedDataset(Dataset):
         *,
         cache_shards: int = 4,
         verify: bool = True,
+        expected_partition: Partition | str | None = None,
     ) -> None:
         if isinstance(source, PackedStore):
             if expected_binding is not None:
                 expected_binding.require(source.binding, f"packed data {source.path}")
+            if expected_partition is not None:
+                want = Partition.parse(expected_partition)
+                if source.partition is not want:
+                    raise PartitionMismatch(
+                        f"packed data {source.path} holds partition {source.partition.value!r},"
+                        f" not {want.value!r} — load the {want.value} output instead"
+                    )
             self.store = source
         else:
-            self.store = load_packed(source, expected_binding, verify=verify)
+            self.store = load_packed(
+                source, expected_binding, verify=verify, expected_partition=expected_partition
+            )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
         self.cache_shards = cache_shards
