@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack import ExampleTable, SeqpackError
+from seqpack import ExampleTable, InvalidInput, SeqpackError
 from seqpack.io import load_examples
 from seqpack.tokenizers import ByteTokenizer
 
@@ -194,6 +194,21 @@ def test_arrow_tables_with_any_column_types(data, args):
         pa.table({name: data.draw(arrow_columns(n)) for name in names}) if names else pa.table({})
     )
     check_read(table, args)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([[[]]], type=pa.list_(pa.list_(pa.int8()))),  # found by the fuzz target
+        pa.array([[[0, 1], [2]]], type=pa.list_(pa.list_(pa.int64()))),
+        pa.array([["a", "b"]]),
+    ],
+)
+def test_nested_or_non_integer_id_lists_are_a_clear_error(column):
+    table = pa.table({"input_ids": column})
+    with pytest.raises(InvalidInput, match=r"input_ids holds .* token ids must be integers"):
+        load_examples(table, partition="train", vocab_size=266)
+    assert check_read(table, {"vocab_size": 266}) is False
 
 
 @pytest.fixture(scope="module")

@@ -175,6 +175,16 @@ def _lists(
     return values.to_numpy(zero_copy_only=False), offsets, present
 
 
+def _show(value: Any) -> str:
+    """A short repr of one cell for an error message (nested lists included)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _ints(values: np.ndarray, offsets: np.ndarray, name: str, origin: Origin) -> np.ndarray:
     if values.size and (not np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_):
         pos = 0
@@ -182,7 +192,7 @@ def _ints(values: np.ndarray, offsets: np.ndarray, name: str, origin: Origin) ->
             pos = _first(~np.isfinite(values) | (values != np.round(values)))
         row = int(np.searchsorted(offsets, pos, "right") - 1)
         raise origin.type_error(
-            f"{name} holds {values.dtype} values (e.g. {values[pos].item()!r} at position"
+            f"{name} holds {values.dtype} values (e.g. {_show(values[pos])} at position"
             f" {pos - int(offsets[row])}); token ids must be integers — tokenize the text"
             " first or pass --tokenizer",
             row,
