@@ -308,6 +308,22 @@ class PackedStore:
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
 
+    def require(
+        self,
+        expected_binding: Binding | None = None,
+        expected_partition: Partition | str | None = None,
+    ) -> None:
+        """Raise BindingMismatch / PartitionMismatch unless this output is the expected one."""
+        if expected_binding is not None:
+            expected_binding.require(self.binding, f"packed data {self.path}")
+        if expected_partition is not None:
+            want = Partition.parse(expected_partition)
+            if self.partition is not want:
+                raise PartitionMismatch(
+                    f"packed data {self.path} holds partition {self.partition.value!r}, not"
+                    f" {want.value!r} — load the {want.value} output instead"
+                )
+
     def __len__(self) -> int:
         return -(-self.num_rows // self.max_rows_per_batch)
 
@@ -431,13 +447,5 @@ def load_packed(
             f"{mpath}: shards hold {expected_first} rows, not {store.num_rows} — the manifest"
             " was changed; pack again"
         )
-    if expected_binding is not None:
-        expected_binding.require(store.binding, f"packed data {path}")
-    if expected_partition is not None:
-        want = Partition.parse(expected_partition)
-        if store.partition is not want:
-            raise PartitionMismatch(
-                f"packed data {path} holds partition {store.partition.value!r}, not"
-                f" {want.value!r} — load the {want.value} output instead"
-            )
+    store.require(expected_binding, expected_partition)
     return store

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 
 from ..batch import CELL_FIELDS, NO_SEGMENT, Occurrences, PackedBatch
 from ..compact import CompactRows
-from ..errors import InvalidInput, PartitionMismatch
+from ..errors import InvalidInput
 from ..examples import Binding, Partition
 from ..nn.attention import AttentionLayout
 from ..store import IGNORE_INDEX, PackedStore, _flat, load_packed
@@ -151,15 +151,7 @@ class PackedDataset(Dataset):
         expected_partition: Partition | str | None = None,
     ) -> None:
         if isinstance(source, PackedStore):
-            if expected_binding is not None:
-                expected_binding.require(source.binding, f"packed data {source.path}")
-            if expected_partition is not None:
-                want = Partition.parse(expected_partition)
-                if source.partition is not want:
-                    raise PartitionMismatch(
-                        f"packed data {source.path} holds partition {source.partition.value!r},"
-                        f" not {want.value!r} — load the {want.value} output instead"
-                    )
+            source.require(expected_binding, expected_partition)
             self.store = source
         else:
             self.store = load_packed(
