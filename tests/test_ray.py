@@ -5,6 +5,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, Partition, PartitionMismatch, split_digest
+from seqpack import BudgetExceeded, InvalidInput, Partition, PartitionMismatch, split_digest
 from seqpack.cli import main
 from seqpack.io import read_documents
 from seqpack.pipeline import pack_path
@@ -407,3 +408,83 @@ def test_without_ray_the_engine_says_how_to_install_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'seqpack[ray]'" in proc.stdout
+
+
+def _small_shards(folder, records, sizes):
+    """Shards ``part-KK.parquet`` of ``sizes`` consecutive records."""
+    folder.mkdir(parents=True)
+    bounds = np.cumsum((0, *sizes))
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        table = pa.Table.from_pylist(records[a:b])
+        pq.write_table(table, folder / f"part-{k:02d}.parquet", row_group_size=32)
+    return folder
+
+
+def test_duplicate_ids_are_counted_across_blocks_like_the_local_pipeline(
+    ray_instance, packed_blocks, records, tmp_path, capsys
+):
+    rows = [dict(r) for r in records[:300]]
+    rows[40]["id"] = rows[30]["id"]  # within a block
+    rows[250]["id"] = rows[10]["id"]  # across blocks and shards
+    rows[260]["id"] = rows[10]["id"]
+    folder = _small_shards(tmp_path / "dup", rows, (100, 120, 80))
+    seen, repeats = set(), 0
+    for r in rows:
+        repeats += r["id"] in seen
+        seen.add(r["id"])
+    stats = _pack(folder, tmp_path / "ray", block_examples=50, split_id=PINNED)
+    local = pack_path(
+        folder, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
+    )
+    assert stats["duplicate_ids"] == local["duplicate_ids"] == repeats == 3
+    assert stats["duplicate_first"] == local["duplicate_first"]
+    assert stats["duplicate_first"]["at"].endswith("part-00.parquet row 40")
+    assert stats["duplicate_first"]["first_seen"].endswith("part-00.parquet row 30")
+    a, b = _manifest(tmp_path / "ray"), _manifest(tmp_path / "local")
+    assert (
+        "duplicate_ids" not in a["statistics"] and a["statistics"].keys() == b["statistics"].keys()
+    )
+    argv = ["pack", str(folder), "--engine", "ray", "--capacity", str(CAPACITY)]
+    argv += ["--vocab-size", str(VOCAB), "--block-examples", "50", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1])["duplicate_ids"] == repeats
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and f"{repeats} row(s) repeat an earlier id" in warnings[0]
+    assert repr(rows[30]["id"]) in warnings[0]
+    assert packed_blocks[1]["duplicate_ids"] == 0 and "duplicate_first" not in packed_blocks[1]
+
+
+def _local_need(source, tmp_path):
+    """The local pipeline's budget need for ``source``, read from its BudgetExceeded."""
+    with pytest.raises(BudgetExceeded) as err:
+        pack_path(
+            source, tmp_path / "never", capacity=CAPACITY, vocab_size=VOCAB, max_metadata_bytes=1
+        )
+    assert not (tmp_path / "never").exists()
+    return int(re.search(r"needs ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
+
+
+def test_the_metadata_budget_applies_per_block(ray_instance, records, tmp_path, capsys):
+    folder = _small_shards(tmp_path / "in", records[:400], (120, 200, 80))
+    needs = [_local_need(f, tmp_path) for f in sorted(folder.glob("*.parquet"))]
+    biggest = int(np.argmax(needs))
+    limit = needs[biggest]  # enough for every block, far below the whole input's need
+    assert limit < _local_need(folder, tmp_path)
+    within = _pack(folder, tmp_path / "ok", max_metadata_bytes=limit, split_id=PINNED)
+    free = _pack(folder, tmp_path / "free", split_id=PINNED)
+    assert within["rows"] == free["rows"]
+    assert _manifest(tmp_path / "ok")["shards"] == _manifest(tmp_path / "free")["shards"]
+    with pytest.raises(BudgetExceeded) as err:
+        _pack(folder, tmp_path / "out", max_metadata_bytes=limit - 1)
+    msg = str(err.value)
+    assert msg.startswith(f"block {biggest} (") and f"part-{biggest:02d}.parquet" in msg
+    assert f"needs {limit:,} bytes but max_metadata_bytes is {limit - 1:,}" in msg
+    assert _no_output(tmp_path)
+    argv = ["pack", str(folder), "--engine", "ray", "--capacity", str(CAPACITY)]
+    argv += ["--vocab-size", str(VOCAB), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--max-metadata-bytes", str(limit - 1)]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and err_lines[0].startswith("seqpack pack: error: block ")
+    assert f"max_metadata_bytes is {limit - 1:,}" in err_lines[0]
+    assert _no_output(tmp_path)

@@ -96,7 +96,7 @@ def _add_pack(p: argparse.ArgumentParser) -> None:
         type=_byte_size,
         metavar="BYTES",
         help="refuse (before planning) to pack when the plan, rows and one model call need"
-        " more memory than this (e.g. 2G)",
+        " more memory than this (e.g. 2G; with --engine ray, per block)",
     )
 
 
@@ -131,8 +131,6 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from .errors import InvalidInput
     from .pipeline import pack_path
 
-    if args.max_metadata_bytes is not None and args.engine == "ray":
-        raise InvalidInput("--max-metadata-bytes applies to --engine local only — drop it")
     run, engine = pack_path, {}
     if args.engine == "ray":
         from . import ray as ray_engine

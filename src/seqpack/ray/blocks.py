@@ -141,11 +141,16 @@ def block_table(
     if "id" not in table.column_names:
         ids = np.arange(block.first, block.first + table.num_rows, dtype=np.int64)
         table = table.append_column("id", pa.array(ids))
+    return table, block_origin(block)
+
+
+def block_origin(block: Block) -> Origin:
+    """Names row ``i`` of the block by its file (or dataset) row; needs no reading."""
     origin, offset = [], 0
     for p in block.pieces:
         origin.append((p.name, offset - p.label_start, "row"))
         offset += p.stop - p.start
-    return table, Origin(tuple(origin))
+    return Origin(tuple(origin))
 
 
 def file_blocks(source: Path, block_examples: int | None) -> list[Block]:

@@ -12,16 +12,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..batch import PackConfig
 from ..errors import InvalidInput, NotAvailable, SeqpackError
 from ..examples import Binding, Partition, split_digest
 from ..io import Documents, Origin, resolve_binding
-from ..pipeline import DEFAULT_POLICY, DEFAULT_ROWS_PER_BATCH, _status, _tokenizer
+from ..pipeline import (
+    DEFAULT_POLICY,
+    DEFAULT_ROWS_PER_BATCH,
+    _status,
+    _tokenizer,
+    duplicate_ids,
+)
 from ..policies import plan_rows
 from ..store import FORMAT, SHARD_TOKENS, VERSION, check_output, publish_packed, temp_output
 from ..tokenizers import Tokenizer
-from .blocks import Block, dataset_blocks, file_blocks
+from .blocks import Block, block_origin, dataset_blocks, file_blocks
 from .layout import Layout, RayTaskFailed, check_written, merge_statistics
 from .tasks import Settings, TaskHook, plan_block, write_shard
 
@@ -85,8 +92,9 @@ def run_tasks(
     tmp: Path,
     remote_args: dict[str, Any],
     show: bool,
-) -> tuple[list[dict[str, Any]], Layout, list[dict[str, Any]]]:
-    """Plan every block, write shards as their rows become known; (block stats, layout, shards).
+) -> tuple[list[dict[str, Any]], Layout, list[dict[str, Any]], pa.Array]:
+    """Plan every block, write shards as their rows become known; (block stats, layout,
+    shards, every block's ids in input order).
 
     A task that raised a seqpack error re-raises it here unchanged; any other
     failure (out of retries, lost worker) is :class:`RayTaskFailed`.
@@ -102,12 +110,14 @@ def run_tasks(
     pending = [p[0] for p in planned]
     layout = Layout(len(blocks), settings.max_rows_per_batch)
     stats: dict[int, dict[str, Any]] = {}
+    ids: dict[int, Any] = {}
     writes: list[Any] = []
     bar = tqdm(total=len(blocks), desc="seqpack: blocks", unit="block", disable=not show)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
             for ref, value in zip(ready, ray.get(ready), strict=True):
+                ids[position[ref]] = value.pop("ids")
                 stats[position[ref]] = value
             bar.update(len(ready))
             while len(layout.blocks) in stats:
@@ -131,7 +141,34 @@ def run_tasks(
         raise
     finally:
         bar.close()
-    return [stats[k] for k in range(len(blocks))], layout, entries
+    merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
+    return [stats[k] for k in range(len(blocks))], layout, entries, merged
+
+
+def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
+    """The local pipeline's ``duplicate_ids`` (and ``duplicate_first``) over all blocks.
+
+    ``ids`` holds every block's ids end to end in input order (an Arrow
+    string array on the driver: about 4 bytes plus the id's length per
+    example, exact — no hashing); repeats within and across blocks count.
+    """
+    count, row, first = duplicate_ids(ids)
+    if not count:
+        return {"duplicate_ids": 0}
+    starts = np.array([b.first for b in blocks], dtype=np.int64)
+
+    def locate(global_row: int) -> str:
+        block = blocks[int(np.searchsorted(starts, global_row, side="right")) - 1]
+        return block_origin(block).locate(global_row - block.first)
+
+    return {
+        "duplicate_ids": count,
+        "duplicate_first": {
+            "id": ids[row].as_py(),
+            "at": locate(row),
+            "first_seen": locate(first),
+        },
+    }
 
 
 def _manifest(
@@ -197,6 +234,7 @@ def pack(
     ray_remote_args: dict[str, Any] | None = None,
     shard_tokens: int = SHARD_TOKENS,
     task_hook: TaskHook | None = None,
+    max_metadata_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Pack Parquet shards (or a ``ray.data.Dataset``) on Ray into the packed directory ``out``.
 
@@ -207,7 +245,11 @@ def pack(
     e.g. ``{"num_cpus": 2, "max_retries": 5}``) and ``task_hook(stage,
     index)``, called in the worker once a task's output exists (``"plan"``
     with the block, ``"write"`` with the shard) — for logging or fault
-    injection. Statistics add ``blocks``, ``block_examples``,
+    injection. ``max_metadata_bytes`` is the local budget applied to each
+    block alone (its :func:`seqpack.pipeline.packing_bytes` plus one model
+    call, checked in the task before planning; ``BudgetExceeded`` names the
+    block). ``duplicate_ids`` / ``duplicate_first`` count repeated ids across
+    all blocks, as locally. Statistics add ``blocks``, ``block_examples``,
     ``block_lower_bound`` (sum of the blocks' lower bounds) and
     ``rows_over_lower_bound`` (rows / the global ``ceil(tokens / capacity)``).
 
@@ -217,7 +259,7 @@ def pack(
     """
     started = time.perf_counter()
     _ray()  # say how to install it before anything else
-    config = PackConfig(capacity, max_rows_per_batch)
+    config = PackConfig(capacity, max_rows_per_batch, max_metadata_bytes=max_metadata_bytes)
     options = dict(policy_options or {})
     plan_rows(np.zeros(0, dtype=np.int64), config.capacity, policy, **options)  # check early
     if block_examples is not None and (isinstance(block_examples, bool) or block_examples < 1):
@@ -250,6 +292,7 @@ def pack(
         text_field=text_field,
         split_long=split_long_sources,
         hook=task_hook,
+        max_metadata_bytes=max_metadata_bytes,
     )
     from_path = isinstance(source, (str, Path))
     if from_path:
@@ -273,7 +316,7 @@ def pack(
         say(f"planning {len(blocks):,} block(s) with {policy} on Ray")
         tmp = temp_output(out)
         try:
-            block_stats, layout, shards = run_tasks(
+            block_stats, layout, shards, ids = run_tasks(
                 ray, blocks, inputs, settings, tmp, dict(ray_remote_args or {}), show
             )
             check_written(layout, shards, tmp)
@@ -286,12 +329,16 @@ def pack(
             raise
         publish_packed(tmp, out, manifest)
     engine = manifest["engine"]
-    return manifest["statistics"] | {
-        "blocks": engine["blocks"],
-        "block_examples": block_examples,
-        "block_lower_bound": engine["block_lower_bound"],
-        "rows_over_lower_bound": engine["rows_over_lower_bound"],
-        "shards": len(shards),
-        "out": str(out),
-        "seconds": time.perf_counter() - started,
-    }
+    return (
+        manifest["statistics"]
+        | duplicates(blocks, ids)
+        | {
+            "blocks": engine["blocks"],
+            "block_examples": block_examples,
+            "block_lower_bound": engine["block_lower_bound"],
+            "rows_over_lower_bound": engine["rows_over_lower_bound"],
+            "shards": len(shards),
+            "out": str(out),
+            "seconds": time.perf_counter() - started,
+        }
+    )

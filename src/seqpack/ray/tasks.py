@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import PartitionMismatch
-from ..examples import Partition, example_label, split_long
+from .. import budget
+from ..batch import PackConfig
+from ..errors import BudgetExceeded, PartitionMismatch
+from ..examples import ExampleTable, Partition, example_label, split_long
 from ..io import Documents, documents_from_arrow, resolve_binding
-from ..pipeline import pack_table
+from ..pipeline import model_call_bytes, pack_table, packing_bytes
 from ..store import SCHEMA, rows_to_arrow, shard_bounds, write_shard_file
 from ..tokenizers import Tokenizer
 from .blocks import PARTITION_COLUMN, Block, block_table
@@ -41,6 +43,7 @@ class Settings:
     text_field: str
     split_long: bool
     hook: TaskHook | None
+    max_metadata_bytes: int | None = None
 
 
 def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
@@ -58,10 +61,39 @@ def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> N
         )
 
 
+def check_budget(block: Block, sources: int, examples: ExampleTable, settings: Settings) -> None:
+    """The local pipeline's ``max_metadata_bytes`` check, for this block alone.
+
+    The bound is :func:`seqpack.pipeline.packing_bytes` of the block's examples
+    plus one padded model call, computed before planning allocates anything.
+    """
+    limit = settings.max_metadata_bytes
+    if limit is None:
+        return
+    config = PackConfig(settings.capacity, settings.max_rows_per_batch)
+    need = budget.checked_add(
+        packing_bytes(examples, settings.capacity, settings.policy), model_call_bytes(config)
+    )
+    if need > limit:
+        names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
+        raise BudgetExceeded(
+            f"block {block.index} ({names}, input rows {block.first:,}.."
+            f"{block.first + sources - 1:,}): packing {len(examples):,} examples with"
+            f" {settings.policy} (plus one model call of {config.max_rows_per_batch} x"
+            f" {config.capacity:,} cells) needs {need:,} bytes but max_metadata_bytes is"
+            f" {limit:,} (the budget applies per block on Ray) — raise the budget or use"
+            " fewer examples per block (--block-examples)"
+        )
+
+
 def plan_block(
     block: Block, settings: Settings, *tables: pa.Table
 ) -> tuple[dict[str, Any], pa.Table]:
-    """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow)."""
+    """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow).
+
+    The statistics carry ``ids``: the block's example ids as an Arrow string
+    array in row order, which the driver merges to count repeated ids.
+    """
     table, origin = block_table(block, settings.text_field, tables)
     docs = documents_from_arrow(
         table, origin, tokenizer=settings.tokenizer, text_field=settings.text_field
@@ -79,6 +111,7 @@ def plan_block(
     split = 0
     if settings.split_long:
         examples, split = split_long(examples, settings.capacity)
+    check_budget(block, len(docs), examples, settings)
 
     def name(i: int) -> str:
         if split:
@@ -94,6 +127,7 @@ def plan_block(
         "eligible_targets": int(examples.loss_mask.sum()),
         "split_id": binding.split_id,
         "cuts": cuts.tolist(),
+        "ids": pa.array(docs.ids, type=pa.string()),
     }
     out = rows_to_arrow(rows)
     if settings.hook is not None:
