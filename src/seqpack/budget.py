@@ -40,10 +40,15 @@ def checked_add(*terms: int) -> int:
     return out
 
 
-def enforce(need: int, limit: int | None, what: str = "packing metadata") -> None:
-    """Raise :class:`BudgetExceeded` naming the need and the limit."""
+def enforce(
+    need: int,
+    limit: int | None,
+    what: str = "packing metadata",
+    fix: str = "pack fewer examples per call",
+) -> None:
+    """Raise :class:`BudgetExceeded` naming the need, the limit and ``fix`` (or more budget)."""
     if limit is not None and need > limit:
         raise BudgetExceeded(
             f"{what} needs {need:,} bytes but max_metadata_bytes is {limit:,}"
-            " — raise the budget or pack fewer examples per call"
+            f" — raise the budget or {fix}"
         )

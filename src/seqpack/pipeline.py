@@ -130,6 +130,30 @@ def model_call_bytes(config: PackConfig) -> int:
     return budget.checked_mul(cells, budget.CELL_BYTES)
 
 
+def check_budget(
+    table: ExampleTable,
+    config: PackConfig,
+    policy: str,
+    limit: int | None,
+    where: str = "",
+    fix: str = "pack fewer examples per call",
+) -> None:
+    """Raise :class:`~seqpack.errors.BudgetExceeded` before planning when packing ``table``
+    (:func:`packing_bytes`) plus one model call (:func:`model_call_bytes`) needs more
+    than ``limit`` bytes; ``where`` prefixes the message, ``fix`` ends it. No-op without a limit.
+    """
+    if limit is None:
+        return
+    need = budget.checked_add(
+        packing_bytes(table, config.capacity, policy), model_call_bytes(config)
+    )
+    what = (
+        f"{where}packing {len(table):,} examples with {policy} (plus one model call of"
+        f" {config.max_rows_per_batch} x {config.capacity:,} cells)"
+    )
+    budget.enforce(need, limit, what, fix)
+
+
 def _tokenizer(spec: str | Tokenizer | None) -> Tokenizer | None:
     return load_tokenizer(spec) if isinstance(spec, (str, Path)) else spec
 
@@ -207,15 +231,7 @@ def pack_path(
     split = 0
     if split_long_sources:
         table, split = split_long(table, config.capacity)
-    if max_metadata_bytes is not None:
-        need = budget.checked_add(
-            packing_bytes(table, config.capacity, policy), model_call_bytes(config)
-        )
-        what = (
-            f"packing {len(table):,} examples with {policy} (plus one model call of"
-            f" {config.max_rows_per_batch} x {config.capacity:,} cells)"
-        )
-        budget.enforce(need, max_metadata_bytes, what)
+    check_budget(table, config, policy, max_metadata_bytes)
     say(f"planning {len(table):,} examples with {policy}")
 
     def name(i: int) -> str:

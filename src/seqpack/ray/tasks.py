@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import budget
 from ..batch import PackConfig
-from ..errors import BudgetExceeded, PartitionMismatch
+from ..errors import PartitionMismatch
 from ..examples import ExampleTable, Partition, example_label, split_long
 from ..io import Documents, documents_from_arrow, resolve_binding
-from ..pipeline import model_call_bytes, pack_table, packing_bytes
+from ..pipeline import check_budget, pack_table
 from ..store import SCHEMA, rows_to_arrow, shard_bounds, write_shard_file
 from ..tokenizers import Tokenizer
 from .blocks import PARTITION_COLUMN, Block, block_table
@@ -61,29 +60,21 @@ def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> N
         )
 
 
-def check_budget(block: Block, sources: int, examples: ExampleTable, settings: Settings) -> None:
-    """The local pipeline's ``max_metadata_bytes`` check, for this block alone.
-
-    The bound is :func:`seqpack.pipeline.packing_bytes` of the block's examples
-    plus one padded model call, computed before planning allocates anything.
-    """
-    limit = settings.max_metadata_bytes
-    if limit is None:
-        return
-    config = PackConfig(settings.capacity, settings.max_rows_per_batch)
-    need = budget.checked_add(
-        packing_bytes(examples, settings.capacity, settings.policy), model_call_bytes(config)
+def _check_block_budget(
+    block: Block, sources: int, examples: ExampleTable, settings: Settings
+) -> None:
+    """The local pipeline's ``max_metadata_bytes`` check (:func:`seqpack.pipeline.check_budget`),
+    for this block alone; the message names the block and its input rows."""
+    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
+    check_budget(
+        examples,
+        PackConfig(settings.capacity, settings.max_rows_per_batch),
+        settings.policy,
+        settings.max_metadata_bytes,
+        where=f"block {block.index} ({names}, input rows {block.first:,}.."
+        f"{block.first + sources - 1:,}): ",
+        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
     )
-    if need > limit:
-        names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
-        raise BudgetExceeded(
-            f"block {block.index} ({names}, input rows {block.first:,}.."
-            f"{block.first + sources - 1:,}): packing {len(examples):,} examples with"
-            f" {settings.policy} (plus one model call of {config.max_rows_per_batch} x"
-            f" {config.capacity:,} cells) needs {need:,} bytes but max_metadata_bytes is"
-            f" {limit:,} (the budget applies per block on Ray) — raise the budget or use"
-            " fewer examples per block (--block-examples)"
-        )
 
 
 def plan_block(
@@ -111,7 +102,7 @@ def plan_block(
     split = 0
     if settings.split_long:
         examples, split = split_long(examples, settings.capacity)
-    check_budget(block, len(docs), examples, settings)
+    _check_block_budget(block, len(docs), examples, settings)
 
     def name(i: int) -> str:
         if split:
