@@ -13,6 +13,7 @@ from seqpack.demo import fixture_batch
 from seqpack.nn import BACKENDS, AttentionLayout, TinyDecoder, attention
 from seqpack.nn.auto import choose_backend
 from seqpack.nn.flash import check_flash
+from seqpack.nn.flex import flex_block_mask
 from seqpack.nn.varlen import (
     BUCKETING,
     CALL_COST,
@@ -23,6 +24,7 @@ from seqpack.nn.varlen import (
 )
 from seqpack.nn.verify import three_way
 
+from mask_helpers import block_mask_cells
 from strategies import example_lists, packed_epochs
 
 torch.set_num_threads(1)
@@ -217,6 +219,23 @@ def long_rows_batch():
         for i, n in enumerate(lengths)
     ]
     return pack_examples("train", examples, binding, PackConfig(260, 4)).batches[0]
+
+
+@settings(max_examples=60)
+@given(packed_epochs())
+def test_flex_block_mask_is_the_dense_predicate(case):
+    """The BlockMask, materialised (tiles and mask_mod), equals ``batch.dense_mask()``."""
+    _, _, epoch = case
+    for batch in epoch.batches:
+        cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch)))
+        assert cells.shape[1] == 1
+        assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask())
+
+
+def test_flex_block_mask_over_many_tiles_is_the_dense_predicate():
+    batch = long_rows_batch()
+    cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch)))
+    assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask())
 
 
 def test_flex_cpu_backward_is_refused_and_compiled_forward_still_matches():

@@ -29,6 +29,7 @@ from seqpack.training.hf import (
     hf_loss,
 )
 
+from mask_helpers import block_mask_cells
 from strategies import packed_epochs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -98,6 +99,21 @@ def test_masks_match_the_predicate_on_random_layouts(case):
         cu = batch.cu_seqlens()
         assert kw["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
         assert kw["input_ids"].shape == (1, cu.valid_index.shape[0])
+
+
+@settings(max_examples=40)
+@given(packed_epochs())
+def test_flex_block_mask_matches_the_predicate_on_random_layouts(case):
+    """On valid cells the BlockMask is ``dense_mask()``; a padding cell reaches itself only."""
+    _, _, epoch = case
+    for batch in epoch.batches:
+        cells = block_mask_cells(block_mask(batch))[:, 0].numpy()
+        both = batch.input_valid[:, :, None] & batch.input_valid[:, None, :]
+        assert np.array_equal(cells & both, batch.dense_mask())
+        pad = ~batch.input_valid
+        assert not (cells & pad[:, :, None] & ~pad[:, None, :]).any()  # pad query -> valid key
+        assert not (cells & ~pad[:, :, None] & pad[:, None, :]).any()  # valid query -> pad key
+        assert np.array_equal(cells, hf_allowed(batch))
 
 
 def test_flash_kwargs_are_the_flattened_valid_cells():
