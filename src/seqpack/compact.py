@@ -23,7 +23,7 @@ import numpy as np
 
 from .batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch, check_segment_namespace
 from .errors import InvalidInput
-from .examples import Binding, ExampleTable, Partition
+from .examples import Binding, ExampleTable, Partition, concat_ranges
 from .policies import Plan
 
 #: Tokens gathered per NumPy chunk when numba is missing (bounds the int64 index).
@@ -248,12 +248,9 @@ def gather_segments(
     bounds = np.unique(np.concatenate([[0], cut, [lens.shape[0]]]))
     pos = 0
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        n = lens[a:b]
-        first = np.zeros(b - a, dtype=np.int64)
-        np.cumsum(n[:-1], out=first[1:])
-        step = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(first, n)
-        out[pos : pos + step.shape[0]] = src[np.repeat(starts[a:b], n) + step]
-        pos += step.shape[0]
+        index = concat_ranges(starts[a:b], lens[a:b])
+        out[pos : pos + index.shape[0]] = src[index]
+        pos += index.shape[0]
     return out
 
 

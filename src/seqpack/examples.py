@@ -368,9 +368,9 @@ class ExampleTable:
         lens = np.diff(self.offsets)[index]
         offsets = np.zeros(index.shape[0] + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
-        src = _ranges(self.offsets[index], lens)
+        src = concat_ranges(self.offsets[index], lens)
         tlens = lens - 1
-        tsrc = _ranges(self.target_offsets[index], tlens)
+        tsrc = concat_ranges(self.target_offsets[index], tlens)
         return ExampleTable(
             windows=self.windows[src],
             offsets=offsets,
@@ -384,8 +384,12 @@ class ExampleTable:
         )
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64)."""
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64).
+
+    Starts ``[5, 0]`` with lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``: the
+    indices that gather ``src[5:7]`` then ``src[0:3]``.
+    """
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
@@ -445,9 +449,9 @@ def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
     for i in np.flatnonzero(long[source]).tolist():
         example_ids[i] = f"{table.source_ids[source[i]]}[{range_starts[i]}:{range_ends[i]}]"
     split = ExampleTable(
-        windows=table.windows[_ranges(table.offsets[source] + starts, lens)],
+        windows=table.windows[concat_ranges(table.offsets[source] + starts, lens)],
         offsets=offsets,
-        loss_mask=table.loss_mask[_ranges(table.target_offsets[source] + starts, lens - 1)],
+        loss_mask=table.loss_mask[concat_ranges(table.target_offsets[source] + starts, lens - 1)],
         source_ids=table.source_ids[source],
         example_ids=example_ids,
         range_starts=range_starts,
