@@ -60,22 +60,31 @@ def _compiled_flex() -> Any:
     return torch.compile(_flex_module().flex_attention, dynamic=False, fullgraph=True)
 
 
+def permission_mod(valid: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor) -> Any:
+    """:func:`seqpack.permission.allowed_key` as a FlexAttention ``mask_mod`` on (R, T) tensors."""
+
+    def permitted(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (
+            valid[b, q_idx]
+            & valid[b, kv_idx]
+            & (segments[b, q_idx] == segments[b, kv_idx])
+            & (positions[b, kv_idx] <= positions[b, q_idx])
+        )
+
+    return permitted
+
+
 def flex_block_mask(layout: AttentionLayout) -> Any:
     """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
     if "flex_block_mask" not in layout.cache:
-        valid, segments, positions = layout.valid, layout.segments, layout.positions
-
-        def permitted(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            return (
-                valid[b, q_idx]
-                & valid[b, kv_idx]
-                & (segments[b, q_idx] == segments[b, kv_idx])
-                & (positions[b, kv_idx] <= positions[b, q_idx])
-            )
-
         rows, width = layout.shape
         layout.cache["flex_block_mask"] = _flex_module().create_block_mask(
-            permitted, rows, None, width, width, device=valid.device
+            permission_mod(layout.valid, layout.segments, layout.positions),
+            rows,
+            None,
+            width,
+            width,
+            device=layout.valid.device,
         )
     return layout.cache["flex_block_mask"]
 

@@ -57,6 +57,7 @@ from ..compact import IGNORE_INDEX, CompactRows
 from ..errors import InvalidInput
 from ..examples import Binding, Partition
 from ..loss import LossResult, LossSum, divide, masked_nll_sum
+from ..nn.flex import permission_mod
 from .data import concat_batches
 
 #: Attention implementations :func:`hf_inputs` knows how to serve.
@@ -103,11 +104,11 @@ def block_mask(batch: PackedBatch, device: torch.device | str | None = None) -> 
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, device=device)
 
-    valid, segments, positions = t(batch.input_valid), t(batch.segments), t(batch.positions)
+    valid = t(batch.input_valid)
+    allowed = permission_mod(valid, t(batch.segments), t(batch.positions))
 
     def permitted(b: Any, h: Any, q: Any, k: Any) -> Any:
-        same = (segments[b, q] == segments[b, k]) & (positions[b, k] <= positions[b, q])
-        return (valid[b, q] & valid[b, k] & same) | (~valid[b, q] & (q == k))
+        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
 
     rows, width = batch.shape
     return create_block_mask(permitted, rows, None, width, width, device=valid.device)
