@@ -14,7 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput, OversizedExample, Plan, _kernels, plan_rows
-from seqpack.policies import MAX_TREE_CAPACITY, POLICIES, decreasing_order, validate_plan
+from seqpack.policies import (
+    MAX_TREE_CAPACITY,
+    POLICIES,
+    decreasing_order,
+    positive_int,
+    validate_plan,
+)
 
 PACKING = ["next-fit", "first-fit-decreasing", "best-fit-decreasing", "stream-best-fit"]
 ENGINES = ["python", "numba"] if _kernels.numba_available() else ["python"]
@@ -332,3 +338,16 @@ def test_first_fit_decreasing_takes_any_capacity(values):
     lengths = np.asarray(values, dtype=np.int64)
     plan = plan_rows(lengths, capacity, "first-fit-decreasing")
     assert_same(plan, *reference_first_fit_decreasing(lengths, capacity))
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.0, "4", None])
+def test_positive_int_rejects_non_positive_and_non_integers(value):
+    with pytest.raises(InvalidInput, match=f"size must be a positive integer, got {value!r}"):
+        positive_int("size", value)
+
+
+def test_positive_int_bounds_and_converts():
+    assert positive_int("size", np.int16(7)) == 7 and type(positive_int("size", np.int16(7))) is int
+    assert positive_int("size", 9, maximum=9) == 9
+    with pytest.raises(InvalidInput, match=r"size must be an integer in \[1, 1,000\], got 1001"):
+        positive_int("size", 1001, maximum=1000)

@@ -25,7 +25,7 @@ import numpy as np
 from . import budget, permission
 from .errors import BudgetExceeded, InvalidInput, PartitionMismatch
 from .examples import INT32_MAX, Binding, ExampleTable, Partition, SequenceExample
-from .policies import Plan, plan_rows
+from .policies import Plan, plan_rows, positive_int
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -39,19 +39,6 @@ CELL_FIELDS = (
     "target_valid",
     "loss_mask",
 )
-
-
-def _positive_int(name: str, value: Any, maximum: int = INT32_MAX) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or not 0 < value <= maximum
-    ):
-        raise InvalidInput(
-            f"{name} must be an integer in [1, {maximum:,}], got {value!r} — pass a positive"
-            " integer within that range"
-        )
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -71,17 +58,17 @@ class PackConfig:
     max_metadata_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        cap = _positive_int("capacity", self.capacity)
-        rows = _positive_int("max_rows_per_batch", self.max_rows_per_batch)
+        cap = positive_int("capacity", self.capacity, INT32_MAX)
+        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
         cells = cap * rows if self.max_cells is None else self.max_cells
-        cells = _positive_int("max_cells", cells, budget.MAX_BYTES)
+        cells = positive_int("max_cells", cells, budget.MAX_BYTES)
         if cells < cap:
             raise InvalidInput(
                 f"max_cells {cells} is smaller than one row of capacity {cap}"
                 " — no model call could hold a row; raise max_cells"
             )
         if self.max_metadata_bytes is not None:
-            _positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
+            positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
         object.__setattr__(self, "capacity", cap)
         object.__setattr__(self, "max_rows_per_batch", rows)
         object.__setattr__(self, "max_cells", cells)

@@ -142,12 +142,32 @@ def validate_plan(plan: Plan) -> None:
         raise InvalidInput("plan has an empty row")
 
 
+def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` when it is an integer (not a bool) in ``[1, maximum]``.
+
+    Otherwise :class:`~seqpack.errors.InvalidInput` naming ``name``, the value
+    and the range.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < 1
+        or (maximum is not None and value > maximum)
+    ):
+        if maximum is None:
+            raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidInput(
+            f"{name} must be an integer in [1, {maximum:,}], got {value!r} — pass a positive"
+            " integer within that range"
+        )
+    return int(value)
+
+
 def check_lengths(
     lengths: Any, capacity: int, labels: Callable[[int], str] | None = None
 ) -> np.ndarray:
     """Validate lengths against ``capacity``; return int64 [n]."""
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-        raise InvalidInput(f"capacity must be a positive integer, got {capacity!r}")
+    positive_int("capacity", capacity)
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InvalidInput("lengths must be a 1-D integer array of prediction pairs per example")

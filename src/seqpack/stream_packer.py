@@ -45,7 +45,7 @@ from ._stream_kernels import (
     S_ROWS,
 )
 from .errors import InvalidInput
-from .policies import check_lengths, check_tree_capacity
+from .policies import check_lengths, check_tree_capacity, positive_int
 
 DEFAULT_WINDOW = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
@@ -61,12 +61,6 @@ class Placements(NamedTuple):
     example: np.ndarray
     row: np.ndarray
     start: np.ndarray
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def fronts(index: np.ndarray, seed: int) -> np.ndarray:
@@ -101,10 +95,10 @@ class StreamPacker:
         seed: int = 0,
         engine: str = "auto",
     ) -> None:
-        self.capacity = _positive("capacity", capacity)
+        self.capacity = positive_int("capacity", capacity)
         check_tree_capacity(self.capacity, "stream-best-fit")
-        self.window = _positive("window", window)
-        self.max_open_rows = _positive("max_open_rows", max_open_rows)
+        self.window = positive_int("window", window)
+        self.max_open_rows = positive_int("max_open_rows", max_open_rows)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)

@@ -25,7 +25,7 @@ from ..pipeline import (
     _tokenizer,
     duplicate_ids,
 )
-from ..policies import plan_rows
+from ..policies import plan_rows, positive_int
 from ..store import FORMAT, SHARD_TOKENS, VERSION, check_output, publish_packed, temp_output
 from ..tokenizers import Tokenizer
 from .blocks import Block, block_origin, dataset_blocks, file_blocks
@@ -262,8 +262,8 @@ def pack(
     config = PackConfig(capacity, max_rows_per_batch, max_metadata_bytes=max_metadata_bytes)
     options = dict(policy_options or {})
     plan_rows(np.zeros(0, dtype=np.int64), config.capacity, policy, **options)  # check early
-    if block_examples is not None and (isinstance(block_examples, bool) or block_examples < 1):
-        raise InvalidInput(f"block_examples must be a positive integer, got {block_examples!r}")
+    if block_examples is not None:
+        positive_int("block_examples", block_examples)
     out = check_output(out, overwrite)
     show = sys.stderr.isatty() if progress is None else progress
     say = _status(show)
