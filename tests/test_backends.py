@@ -104,6 +104,41 @@ def test_no_backend_creates_a_cross_segment_edge(case, seed, data):
         assert torch.count_nonzero(grads[2] * inside) > 0, name
 
 
+def plan_edges(plan, cells):
+    """Bool (R*T, R*T): the key cells each valid cell's output slot attends in the plan.
+
+    A query cell reads slot ``scatter - 1``; that slot, ``i`` slots into its
+    ``L``-slot block, attends (causally) the block's slots ``0..i``, each the
+    cell ``gather`` names.
+    """
+    gather, scatter = plan.gather.numpy(), plan.scatter.numpy()
+    block_start = np.zeros(gather.shape[0], dtype=np.int64)
+    offset = 0
+    for n, size in plan.groups:
+        block_start[offset : offset + n * size] = offset + np.arange(n * size) // size * size
+        offset += n * size
+    edges = np.zeros((cells, cells), dtype=bool)
+    for cell in np.flatnonzero(scatter):
+        slot = scatter[cell] - 1
+        edges[cell, gather[block_start[slot] : slot + 1]] = True
+    return edges
+
+
+@settings(max_examples=60)
+@given(packed_epochs(), st.sampled_from(BUCKETING))
+def test_varlen_plan_edges_are_the_dense_predicate(case, bucketing):
+    _, _, epoch = case
+    for batch in epoch.batches:
+        plan = varlen_plan(AttentionLayout.from_batch(batch), bucketing)
+        assert plan.padded_slots == sum(n * size for n, size in plan.groups)
+        rows, width = batch.shape
+        edges = plan_edges(plan, rows * width).reshape(rows, width, rows, width)
+        r = np.arange(rows)
+        within_rows = edges[r, :, r, :]  # (R, T, T)
+        assert edges.sum() == within_rows.sum()  # no edge leaves its row
+        assert np.array_equal(within_rows, batch.dense_mask())
+
+
 lengths_lists = st.lists(st.integers(1, 64), min_size=0, max_size=12)
 
 
