@@ -92,6 +92,25 @@ def test_no_gradient_crosses_a_segment(case):
                 assert torch.all(g.transpose(1, 2)[~own] == 0), (name, int(s))
 
 
+@given(packed_epochs())
+def test_layout_views_are_the_predicate(case):
+    """The torch layout's dense and key-range masks and cu_seqlens are the batch's views."""
+    _, _, epoch = case
+    for batch in epoch.batches:
+        layout = AttentionLayout.from_batch(batch)
+        dense = batch.dense_mask()
+        assert np.array_equal(layout.dense_mask().numpy(), dense)
+        assert np.array_equal(layout.range_mask().numpy(), dense)  # empty range on padding
+        cu = batch.cu_seqlens()
+        assert layout.cu_seqlens.tolist() == cu.cu_seqlens.tolist()
+        assert layout.valid_index.tolist() == cu.valid_index.tolist()
+        assert layout.max_seqlen == cu.max_seqlen
+        # Each cu_seqlens span of the valid cells is one segment's whole causal block.
+        flat = dense.sum(-1).reshape(-1)[cu.valid_index]
+        for a, b in zip(cu.cu_seqlens[:-1], cu.cu_seqlens[1:], strict=True):
+            assert flat[a:b].tolist() == list(range(1, b - a + 1))
+
+
 def test_fixture_b_first_query_sees_only_itself():
     batch = fixture_batch()
     q, k, v = qkv(batch, dim=4)
