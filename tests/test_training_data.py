@@ -1,5 +1,7 @@
 """PyTorch data path: row selection, PackedDataset, collator, layout, RowSampler, DataLoader."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -89,6 +91,31 @@ def test_layout_from_features_equals_layout_from_batch(case):
             assert a.dtype == b.dtype and torch.equal(a, b), name
         assert got.max_seqlen == want.max_seqlen
         assert np.array_equal(got.lengths, want.lengths)
+
+
+@settings(max_examples=60)
+@given(packed_epochs())
+def test_collated_ids_rebuild_the_predicate(case):
+    """segment_ids / position_ids (rows) and cu_seq_lens (flat) give back ``dense_mask()``."""
+    _, _, epoch = case
+    for batch in epoch.batches:
+        f = PackedCollator(permission_mask=True)(batch)
+        seg, pos = f["segment_ids"], f["position_ids"]
+        valid = seg != -1
+        rebuilt = (
+            (seg[:, :, None] == seg[:, None, :])
+            & (pos[:, None, :] <= pos[:, :, None])
+            & valid[:, :, None]
+            & valid[:, None, :]
+        )
+        assert np.array_equal(rebuilt.numpy(), batch.dense_mask())
+        assert torch.equal(f["permission_mask"][:, 0], rebuilt)
+        flat = PackedCollator(flatten=True)(batch)
+        cu = flat["cu_seq_lens_q"].tolist()
+        for a, b in itertools.pairwise(cu):  # one segment per span, positions 0..l-1
+            assert flat["segment_ids"][0, a:b].unique().numel() == 1
+            assert flat["position_ids"][0, a:b].tolist() == list(range(b - a))
+        assert bool((flat["segment_ids"] != -1).all())
 
 
 def test_decoder_runs_from_collated_tensors_alone():
