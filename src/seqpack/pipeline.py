@@ -110,17 +110,18 @@ def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
     return int((~new).sum()), repeat, int(np.argmax(codes == codes[repeat]))
 
 
-def _duplicates(docs: Documents) -> dict[str, Any]:
-    count, row, first = duplicate_ids(docs.ids)
+def duplicate_report(ids: Any, locate: Callable[[int], str]) -> dict[str, Any]:
+    """``duplicate_ids`` and, when some repeat, ``duplicate_first`` (its id, where, first seen).
+
+    ``ids``: every input row's id in order (NumPy or Arrow strings);
+    ``locate(row)`` names an input row (file and line, or block and row).
+    """
+    count, row, first = duplicate_ids(ids)
     if not count:
         return {"duplicate_ids": 0}
     return {
         "duplicate_ids": count,
-        "duplicate_first": {
-            "id": str(docs.ids[row]),
-            "at": docs.origin.locate(row),
-            "first_seen": docs.origin.locate(first),
-        },
+        "duplicate_first": {"id": str(ids[row]), "at": locate(row), "first_seen": locate(first)},
     }
 
 
@@ -263,7 +264,7 @@ def pack_path(
             bar.close()
     return (
         stats
-        | _duplicates(docs)
+        | duplicate_report(docs.ids, docs.origin.locate)
         | {
             "shards": len(manifest["shards"]),
             "out": str(out),
@@ -330,7 +331,7 @@ def stats_path(
         "examples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
         "lower_bound": -(-int(lengths.sum()) // capacity),
-        **_duplicates(docs),
+        **duplicate_report(docs.ids, docs.origin.locate),
         "policies": [
             plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
             for plan, seconds in results

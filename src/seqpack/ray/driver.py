@@ -23,7 +23,7 @@ from ..pipeline import (
     DEFAULT_ROWS_PER_BATCH,
     _status,
     _tokenizer,
-    duplicate_ids,
+    duplicate_report,
 )
 from ..policies import plan_rows, positive_int
 from ..store import FORMAT, SHARD_TOKENS, VERSION, check_output, publish_packed, temp_output
@@ -152,23 +152,13 @@ def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
     string array on the driver: about 4 bytes plus the id's length per
     example, exact — no hashing); repeats within and across blocks count.
     """
-    count, row, first = duplicate_ids(ids)
-    if not count:
-        return {"duplicate_ids": 0}
     starts = np.array([b.first for b in blocks], dtype=np.int64)
 
     def locate(global_row: int) -> str:
         block = blocks[int(np.searchsorted(starts, global_row, side="right")) - 1]
         return block_origin(block).locate(global_row - block.first)
 
-    return {
-        "duplicate_ids": count,
-        "duplicate_first": {
-            "id": ids[row].as_py(),
-            "at": locate(row),
-            "first_seen": locate(first),
-        },
-    }
+    return duplicate_report(ids, locate)
 
 
 def _manifest(
