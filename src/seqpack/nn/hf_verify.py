@@ -47,7 +47,7 @@ from ..examples import Binding, SequenceExample
 from ..loss import masked_nll_sum
 from ..training.hf import IMPLEMENTATIONS, cell_logits, hf_allowed, hf_inputs, hf_loss_sum
 from .decoder import TinyDecoder
-from .verify import ATOL, RTOL, three_way, unguarded_causal_attention
+from .verify import ATOL, RTOL, occurrence_cells, three_way, unguarded_causal_attention
 
 MODES = ("adapter", "naive", "bool-mask")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -223,13 +223,8 @@ def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str,
 def _example_cells(batch: PackedBatch) -> torch.Tensor:
     """Flat cell indices of every occurrence, in example (ordinal) order, int64."""
     occ = batch.occurrences
-    order = np.argsort(occ.ordinal, kind="stable")
-    width = batch.shape[1]
-    cells = [
-        occ.row[i] * width + np.arange(occ.col_start[i], occ.col_end[i], dtype=np.int64)
-        for i in order
-    ]
-    return torch.as_tensor(np.concatenate(cells))
+    order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
+    return torch.as_tensor(occurrence_cells(batch)[order])
 
 
 def verify_hf(

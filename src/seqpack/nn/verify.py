@@ -84,7 +84,7 @@ def _run_epoch(
     for batch in epoch.batches:
         out = forward(batch)  # (R, T, V)
         sums.append(masked_nll_sum(out, batch.targets, batch.loss_mask).sum)
-        cells = torch.as_tensor(_occurrence_cells(batch), device=out.device)
+        cells = torch.as_tensor(occurrence_cells(batch), device=out.device)
         chunks.append(out.reshape(-1, out.shape[-1]).index_select(0, cells))
         occ = batch.occurrences
         ordinals.append(np.repeat(occ.ordinal, occ.col_end - occ.col_start))
@@ -94,7 +94,7 @@ def _run_epoch(
     return LayoutRun(logits, total.detach(), _grads(model, total))
 
 
-def _occurrence_cells(batch: PackedBatch) -> np.ndarray:
+def occurrence_cells(batch: PackedBatch) -> np.ndarray:
     """Flat cell indices of every occurrence's cells, occurrence by occurrence, int64."""
     occ = batch.occurrences
     lengths = occ.col_end - occ.col_start
@@ -392,6 +392,7 @@ __all__ = [
     "describe",
     "first_query_probe",
     "isolation_probe",
+    "occurrence_cells",
     "run_packed",
     "run_padded",
     "run_separate",
