@@ -265,37 +265,65 @@ def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEp
     return PackedEpoch(batches, plan.num_rows, n, peak, plan)
 
 
-def _build_batch(
-    table: ExampleTable, plan: Plan, idx: np.ndarray, first_row: int, rows: int, capacity: int
-) -> PackedBatch:
-    shape = (rows, capacity)
+def fill_cells(
+    shape: tuple[int, int],
+    row: np.ndarray,
+    start: np.ndarray,
+    lens: np.ndarray,
+    segment: np.ndarray,
+    tokens: np.ndarray,
+    token_starts: np.ndarray,
+    flags: np.ndarray,
+    flag_starts: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
+    """Padded cells of one model call: ``inputs, targets, segments, positions, valid, loss_mask``.
+
+    Occurrence ``i`` covers cells ``[start[i], start[i] + lens[i])`` of row
+    ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]`` and segment
+    ``segment[i]``; its flags are ``flags[flag_starts[i]:][:lens[i]]``, or, with
+    ``flag_starts`` None, the next ``lens[i]`` of ``flags`` (already in cell
+    order). Arrays are [rows, capacity]; vectorised over cells.
+    """
     inputs = np.full(shape, PAD_CELL, dtype=np.int32)
     targets = np.full(shape, PAD_CELL, dtype=np.int32)
     segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
     positions = np.zeros(shape, dtype=np.int32)
-    input_valid = np.zeros(shape, dtype=bool)
-    target_valid = np.zeros(shape, dtype=bool)
+    valid = np.zeros(shape, dtype=bool)
     loss_mask = np.zeros(shape, dtype=bool)
+    total = int(lens.sum())
+    if total:
+        firsts = np.zeros(lens.shape[0], dtype=np.int64)
+        np.cumsum(lens[:-1], out=firsts[1:])
+        owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)  # [cells]
+        local = np.arange(total, dtype=np.int64) - firsts[owner]  # position in occurrence
+        dest = (row * shape[1] + start)[owner] + local  # flat cell index
+        src = token_starts[owner] + local  # index into tokens
+        inputs.flat[dest] = tokens[src]
+        targets.flat[dest] = tokens[src + 1]
+        segments.flat[dest] = segment[owner]
+        positions.flat[dest] = local
+        valid.flat[dest] = True
+        loss_mask.flat[dest] = flags if flag_starts is None else flags[flag_starts[owner] + local]
+    return inputs, targets, segments, positions, valid, loss_mask
 
+
+def _build_batch(
+    table: ExampleTable, plan: Plan, idx: np.ndarray, first_row: int, rows: int, capacity: int
+) -> PackedBatch:
     lens = plan.lengths[idx]
     row = plan.row_of[idx] - first_row
     start = plan.start_of[idx]
-    total = int(lens.sum())
-    if total:
-        firsts = np.zeros(idx.shape[0], dtype=np.int64)
-        np.cumsum(lens[:-1], out=firsts[1:])
-        owner = np.repeat(np.arange(idx.shape[0], dtype=np.int64), lens)  # [cells]
-        local = np.arange(total, dtype=np.int64) - firsts[owner]  # position in occurrence
-        dest = (row * capacity + start)[owner] + local  # flat cell index
-        src = table.offsets[idx][owner] + local  # index into windows
-        inputs.flat[dest] = table.windows[src]
-        targets.flat[dest] = table.windows[src + 1]
-        segments.flat[dest] = idx[owner]
-        positions.flat[dest] = local
-        input_valid.flat[dest] = True
-        target_valid.flat[dest] = True
-        loss_mask.flat[dest] = table.loss_mask[table.target_offsets[idx][owner] + local]
-
+    inputs, targets, segments, positions, valid, loss_mask = fill_cells(
+        (rows, capacity),
+        row,
+        start,
+        lens,
+        idx,
+        table.windows,
+        table.offsets[idx],
+        table.loss_mask,
+        table.target_offsets[idx],
+    )
     occurrences = Occurrences(
         ordinal=idx.astype(np.int64),
         row=row.astype(np.int64),
@@ -312,8 +340,8 @@ def _build_batch(
         targets,
         segments,
         positions,
-        input_valid,
-        target_valid,
+        valid,
+        valid.copy(),
         loss_mask,
         occurrences,
         table.partition,

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch, check_segment_namespace
+from .batch import Occurrences, PackedBatch, check_segment_namespace, fill_cells
 from .errors import InvalidInput
 from .examples import Binding, ExampleTable, Partition, concat_ranges
 from .policies import Plan
@@ -110,28 +110,17 @@ class CompactRows:
 
     def to_batch(self) -> PackedBatch:
         """These rows as one padded model call, identical to :func:`seqpack.materialize`'s."""
-        rows, cap = self.num_rows, self.capacity
-        shape = (rows, cap)
-        inputs = np.full(shape, PAD_CELL, dtype=np.int32)
-        targets = np.full(shape, PAD_CELL, dtype=np.int32)
-        segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
-        positions = np.zeros(shape, dtype=np.int32)
-        valid = np.zeros(shape, dtype=bool)
-        loss_mask = np.zeros(shape, dtype=bool)
         row = self.row_of
-        total = int(self.lengths.sum())
-        if total:
-            t_off = self.target_offsets
-            owner = np.repeat(np.arange(len(self), dtype=np.int64), self.lengths)  # [cells]
-            local = np.arange(total, dtype=np.int64) - t_off[owner]
-            dest = (row * cap + self.starts)[owner] + local
-            src = self.token_offsets[owner] + local
-            inputs.flat[dest] = self.tokens[src]
-            targets.flat[dest] = self.tokens[src + 1]
-            segments.flat[dest] = self.ordinals[owner]
-            positions.flat[dest] = local
-            valid.flat[dest] = True
-            loss_mask.flat[dest] = self.loss_mask
+        inputs, targets, segments, positions, valid, loss_mask = fill_cells(
+            (self.num_rows, self.capacity),
+            row,
+            self.starts,
+            self.lengths,
+            self.ordinals,
+            self.tokens,
+            self.token_offsets,
+            self.loss_mask,
+        )
         occurrences = Occurrences(
             ordinal=self.ordinals.astype(np.int64),
             row=row,
