@@ -50,6 +50,16 @@ def _occurrences_take(occ: Occurrences, index: np.ndarray, rows: np.ndarray) -> 
     return Occurrences(**(values | {"row": rows.astype(np.int64)}))
 
 
+def _distinct_rows(rows: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
+    """``rows`` as int64 [k], checked to be distinct indices in ``0..count-1``."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= count):
+        raise InvalidInput(f"row selection {rows.tolist()} lies outside 0..{count - 1}")
+    if np.unique(rows).shape[0] != rows.shape[0]:
+        raise InvalidInput(f"row selection {rows.tolist()} repeats a row; select each row once")
+    return rows
+
+
 def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedBatch:
     """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order.
 
@@ -57,12 +67,8 @@ def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedB
     the first selected row (later rows need not be consecutive). An empty
     selection gives a call of 0 rows.
     """
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     count = batch.shape[0]
-    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= count):
-        raise InvalidInput(f"row selection {rows.tolist()} lies outside 0..{count - 1}")
-    if np.unique(rows).shape[0] != rows.shape[0]:
-        raise InvalidInput(f"row selection {rows.tolist()} repeats a row; select each row once")
+    rows = _distinct_rows(rows, count)
     new_of_old = np.full(count, -1, dtype=np.int64)
     new_of_old[rows] = np.arange(rows.shape[0], dtype=np.int64)
     occ = batch.occurrences
@@ -202,11 +208,7 @@ class PackedDataset(Dataset):
 
     def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
         """Global rows ``ids`` (distinct, in this order) as one model call; none: 0 rows."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
-            raise InvalidInput(f"rows {ids.tolist()} lie outside 0..{self.num_rows - 1}")
-        if np.unique(ids).shape[0] != ids.shape[0]:
-            raise InvalidInput(f"rows {ids.tolist()} repeat a row; select each row once")
+        ids = _distinct_rows(ids, self.num_rows)
         if not ids.size:
             return empty_batch(self.capacity, self.store.partition, self.binding)
         shard_of = np.searchsorted(self._first_rows, ids, "right") - 1
