@@ -31,7 +31,7 @@ from .errors import InvalidInput
 from .examples import Binding, Partition, split_long
 from .io import documents_from_arrow, read_arrow, resolve_binding
 from .pipeline import DEFAULT_POLICY, DEFAULT_ROWS_PER_BATCH, pack_table
-from .store import FORMAT, VERSION, arrow_to_rows, rows_to_arrow
+from .store import FORMAT, VERSION, arrow_to_rows, list_array, rows_to_arrow
 
 META_KEY = "seqpack"
 
@@ -140,15 +140,14 @@ def unpack_dataset(packed: Any) -> Any:
     offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(lens + 1, out=offsets[1:])
     labels = window_labels(tokens, mask, lens)
-    off = pa.array(offsets.astype(np.int32))
     table = pa.table(
         {
             "id": pa.array(rows.source_ids[order], pa.string()),
             "example_id": pa.array(rows.example_ids[order], pa.string()),
             "range_start": pa.array(rows.range_starts[order]),
             "range_end": pa.array(rows.range_ends[order]),
-            "input_ids": pa.ListArray.from_arrays(off, pa.array(tokens)),
-            "labels": pa.ListArray.from_arrays(off, pa.array(labels)),
+            "input_ids": list_array(offsets, tokens, pa.int32()),
+            "labels": list_array(offsets, labels, pa.int32()),
         }
     )
     return datasets.Dataset(datasets.table.InMemoryTable(table))

@@ -66,7 +66,8 @@ SCHEMA = pa.schema(
 _PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts")
 
 
-def _lists(offsets: np.ndarray, values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
+def list_array(offsets: np.ndarray, values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
+    """Arrow ``list<kind>``: list ``i`` is ``values[offsets[i]:offsets[i+1]]`` (int32 offsets)."""
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=kind))
 
 
@@ -84,15 +85,15 @@ def rows_to_arrow(rows: CompactRows) -> pa.Table:
     first = rows.first_row
     columns = [
         pa.array(np.arange(first, first + rows.num_rows, dtype=np.int64)),
-        _lists(row_tok, rows.tokens, pa.int32()),
-        _lists(row_tok, labels, pa.int32()),
-        _lists(occ, rows.lengths.astype(np.int32), pa.int32()),
-        _lists(occ, rows.starts.astype(np.int32), pa.int32()),
-        _lists(occ, rows.ordinals, pa.int64()),
-        _lists(occ, rows.source_ids, pa.string()),
-        _lists(occ, rows.example_ids, pa.string()),
-        _lists(occ, rows.range_starts, pa.int64()),
-        _lists(occ, rows.range_ends, pa.int64()),
+        list_array(row_tok, rows.tokens, pa.int32()),
+        list_array(row_tok, labels, pa.int32()),
+        list_array(occ, rows.lengths.astype(np.int32), pa.int32()),
+        list_array(occ, rows.starts.astype(np.int32), pa.int32()),
+        list_array(occ, rows.ordinals, pa.int64()),
+        list_array(occ, rows.source_ids, pa.string()),
+        list_array(occ, rows.example_ids, pa.string()),
+        list_array(occ, rows.range_starts, pa.int64()),
+        list_array(occ, rows.range_ends, pa.int64()),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 

@@ -18,7 +18,7 @@ from ..errors import PartitionMismatch
 from ..examples import ExampleTable, Partition, example_label, split_long
 from ..io import Documents, documents_from_arrow, resolve_binding
 from ..pipeline import check_budget, pack_table
-from ..store import SCHEMA, rows_to_arrow, shard_bounds, write_shard_file
+from ..store import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
 from ..tokenizers import Tokenizer
 from .blocks import PARTITION_COLUMN, Block, block_table
 
@@ -132,7 +132,7 @@ def _renumber_ordinals(table: pa.Table, offset: int) -> pa.Table:
     col = table.column("ordinals").combine_chunks()
     offsets = np.asarray(col.offsets, dtype=np.int32)
     values = col.flatten().to_numpy() + np.int64(offset)
-    renumbered = pa.ListArray.from_arrays(pa.array(offsets - offsets[0]), pa.array(values))
+    renumbered = list_array(offsets - offsets[0], values, pa.int64())
     index = table.schema.get_field_index("ordinals")
     return table.set_column(index, SCHEMA.field("ordinals"), renumbered)
 
