@@ -26,6 +26,7 @@ from seqpack.training.hf import (
     cell_logits,
     hf_allowed,
     hf_inputs,
+    hf_labels,
     hf_loss,
 )
 
@@ -114,6 +115,23 @@ def test_flex_block_mask_matches_the_predicate_on_random_layouts(case):
         assert not (cells & pad[:, :, None] & ~pad[:, None, :]).any()  # pad query -> valid key
         assert not (cells & ~pad[:, :, None] & pad[:, None, :]).any()  # valid query -> pad key
         assert np.array_equal(cells, hf_allowed(batch))
+
+
+@settings(max_examples=40)
+@given(packed_epochs())
+def test_flash_kwargs_spans_are_the_segments_on_random_layouts(case):
+    """Each cu_seq_lens span of the flattened cells is one segment, positions 0..l-1."""
+    _, _, epoch = case
+    for batch in epoch.batches:
+        kw = hf_inputs(batch, "flash_attention_2")
+        cu = kw["cu_seq_lens_q"].tolist()
+        assert kw["max_length_q"] == max(np.diff(cu), default=0)
+        assert len(cu) - 1 == batch.occurrences.row.shape[0]  # one span per occurrence
+        segments = batch.segments[batch.input_valid]
+        for a, b in itertools.pairwise(cu):
+            assert np.unique(segments[a:b]).size == 1
+            assert kw["position_ids"][0, a:b].tolist() == list(range(b - a))
+        assert kw["labels"].tolist() == [hf_labels(batch)[batch.input_valid].tolist()]
 
 
 def test_flash_kwargs_are_the_flattened_valid_cells():
