@@ -103,6 +103,18 @@ def row_close(rows, pool, out, scalars, slot):
 
 
 @kernel
+def row_open(rows, scalars):
+    """Take a free row slot, empty, and count it open; return the slot."""
+    rnext, rhead, rtail = rows[1], rows[2], rows[3]
+    row = scalars[S_FREE_ROW]
+    scalars[S_FREE_ROW] = rnext[row]
+    scalars[S_OPEN] += 1
+    rhead[row] = -1
+    rtail[row] = -1
+    return row
+
+
+@kernel
 def row_append(rows, pool, scalars, slot, ex, start):
     """Record example ``ex`` at column ``start`` of open row ``slot``."""
     rhead, rtail = rows[2], rows[3]
@@ -130,7 +142,7 @@ def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, s
     example that fits its cells left. An exactly full row closes.
     """
     bex, blen, lhead, ltree = buf[0], buf[1], buf[4], buf[6]
-    rrem, rnext, rhead, rtail, rstamp, qhead, qtail, qtree = rows
+    rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     ex = bex[slot]
     n = blen[slot]
     buffer_remove(buf, lleaves, slot)
@@ -143,11 +155,7 @@ def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, s
             row_close(
                 rows, pool, out, scalars, bucket_pop(qtree, qleaves, qhead, qtail, rnext, fullest)
             )
-        row = scalars[S_FREE_ROW]
-        scalars[S_FREE_ROW] = rnext[row]
-        scalars[S_OPEN] += 1
-        rhead[row] = -1
-        rtail[row] = -1
+        row = row_open(rows, scalars)
         left = capacity
     row_append(rows, pool, scalars, row, ex, capacity - left)
     left -= n
@@ -213,17 +221,13 @@ def stream_restore(
     """Rebuild a fresh state from a saved one: waiting examples in arrival
     order (each to its ring slot and bucket end), then the open rows in
     bucket-entry order (``row_sizes[r]`` placements each, packed from column 0)."""
-    rrem, rnext, rhead, rtail, rstamp, qhead, qtail, qtree = rows
+    rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     window = len(buf[0])
     for j in range(len(examples)):
         buffer_insert(buf, lleaves, examples[j] % window, examples[j], lengths[j], fronts[j])
     k = 0
     for r in range(len(row_sizes)):
-        row = scalars[S_FREE_ROW]
-        scalars[S_FREE_ROW] = rnext[row]
-        scalars[S_OPEN] += 1
-        rhead[row] = -1
-        rtail[row] = -1
+        row = row_open(rows, scalars)
         start = 0
         for _ in range(row_sizes[r]):
             row_append(rows, pool, scalars, row, row_examples[k], start)
