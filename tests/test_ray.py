@@ -364,28 +364,6 @@ def test_validation_rows_never_enter_training_rows(ray_instance, records, tmp_pa
     assert store.manifest["statistics"]["examples"] == split.count("validation")
 
 
-def test_partition_values_are_read_as_by_the_local_pipeline(ray_instance, records, tmp_path):
-    """Case and missing values: Ray blocks share the reader's partition check."""
-    folder = tmp_path / "mixed"
-    folder.mkdir()
-    marks = [("Train", None, "train")[i % 3] for i in range(40)]
-    rows = [r | {"partition": p} for r, p in zip(records[:40], marks, strict=True)]
-    pq.write_table(pa.Table.from_pylist(rows), folder / "all.parquet")
-    stats = _pack(folder, tmp_path / "out", split_id=PINNED)
-    local = pack_path(
-        folder, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
-    )
-    assert stats["examples"] == local["examples"] == len(rows)
-    with pytest.raises(PartitionMismatch) as err:
-        _pack(folder, tmp_path / "val", partition="validation")
-    ray_msg = str(err.value)
-    with pytest.raises(PartitionMismatch) as err:
-        pack_path(folder, tmp_path / "val", capacity=CAPACITY, vocab_size=VOCAB, partition="test")
-    assert "all.parquet row 0 (id 'doc-0') belongs to partition 'Train'" in ray_msg
-    assert "all.parquet row 0 (id 'doc-0') belongs to partition 'Train'" in str(err.value)
-    assert not (tmp_path / "val").exists()
-
-
 def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
     argv = [
         "pack",

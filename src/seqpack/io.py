@@ -344,10 +344,8 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     where = origin.locate(row)
     if value.lower() not in names:
         raise InvalidInput(f"{where}: partition {value!r} is not one of {', '.join(names)}")
-    if "id" in table.column_names:
-        where += f" (id {str(table.column('id')[row])!r})"
     raise PartitionMismatch(
-        f"{where} belongs to partition {value!r} but {partition.value!r} is being"
+        f"{where}: the row belongs to partition {value!r} but {partition.value!r} is being"
         f" packed — a pack holds one partition only; pack those rows separately with"
         f" --partition {value.lower()}"
     )

@@ -14,12 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..batch import PackConfig
+from ..errors import PartitionMismatch
 from ..examples import ExampleTable, Partition, example_label, split_long
-from ..io import documents_from_arrow, resolve_binding
+from ..io import Documents, documents_from_arrow, resolve_binding
 from ..pipeline import check_budget, pack_table
 from ..store import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
 from ..tokenizers import Tokenizer
-from .blocks import Block, block_table
+from .blocks import PARTITION_COLUMN, Block, block_table
 
 TaskHook = Callable[[str, int], None]
 
@@ -42,6 +43,21 @@ class Settings:
     split_long: bool
     hook: TaskHook | None
     max_metadata_bytes: int | None = None
+
+
+def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
+    if PARTITION_COLUMN not in table.column_names:
+        return
+    values = table.column(PARTITION_COLUMN).to_numpy(zero_copy_only=False).astype(object)
+    bad = values != partition.value
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise PartitionMismatch(
+            f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
+            f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
+            " another partition's rows; filter the input or pack it with"
+            f" --partition {values[row]}"
+        )
 
 
 def _check_block_budget(
@@ -71,12 +87,9 @@ def plan_block(
     """
     table, origin = block_table(block, settings.text_field, tables)
     docs = documents_from_arrow(
-        table,
-        origin,
-        tokenizer=settings.tokenizer,
-        text_field=settings.text_field,
-        partition=settings.partition,
+        table, origin, tokenizer=settings.tokenizer, text_field=settings.text_field
     )
+    check_partition(table, docs, settings.partition)
     binding = resolve_binding(
         docs,
         settings.partition,
