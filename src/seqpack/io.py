@@ -271,7 +271,7 @@ def _loss_flags(
                 pos = _first(bad) if bad.any() else 0
                 row = int(np.searchsorted(moffsets, pos, "right") - 1)
                 raise origin.type_error(
-                    f"loss_mask holds {mask[pos].item()!r} at position {pos - int(moffsets[row])};"
+                    f"loss_mask holds {_show(mask[pos])} at position {pos - int(moffsets[row])};"
                     " it must hold booleans or 0/1 — one flag per token or per target",
                     row,
                 )
