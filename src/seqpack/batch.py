@@ -97,6 +97,31 @@ class Occurrences:
     def __len__(self) -> int:
         return int(self.ordinal.shape[0])
 
+    @classmethod
+    def placed(
+        cls,
+        ordinal: np.ndarray,
+        row: np.ndarray,
+        start: np.ndarray,
+        lens: np.ndarray,
+        source_ids: np.ndarray,
+        example_ids: np.ndarray,
+        range_starts: np.ndarray,
+        range_ends: np.ndarray,
+    ) -> Occurrences:
+        """Records of occurrences ``ordinal`` at columns ``[start, start + lens)`` of ``row``."""
+        return cls(
+            ordinal=ordinal.astype(np.int64),
+            row=row.astype(np.int64, copy=False),
+            col_start=start.astype(np.int64),
+            col_end=(start + lens).astype(np.int64),
+            segment=ordinal.astype(np.int32),
+            source_ids=source_ids,
+            example_ids=example_ids,
+            range_starts=range_starts.astype(np.int64, copy=False),
+            range_ends=range_ends.astype(np.int64, copy=False),
+        )
+
     @property
     def nbytes(self) -> int:
         ids = 8 * (self.source_ids.shape[0] + self.example_ids.shape[0])
@@ -143,6 +168,35 @@ class PackedBatch:
     partition: Partition
     binding: Binding
     first_row: int = 0
+
+    @classmethod
+    def from_cells(
+        cls,
+        cells: tuple[np.ndarray, ...],
+        occurrences: Occurrences,
+        partition: Partition,
+        binding: Binding,
+        first_row: int = 0,
+    ) -> PackedBatch:
+        """A batch from the six arrays :func:`fill_cells` returns.
+
+        Pairs are formed inside each range, so every input has its target:
+        target validity starts equal to input validity (as its own array).
+        """
+        inputs, targets, segments, positions, valid, loss_mask = cells
+        return cls(
+            inputs,
+            targets,
+            segments,
+            positions,
+            valid,
+            valid.copy(),
+            loss_mask,
+            occurrences,
+            partition,
+            binding,
+            first_row,
+        )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -324,30 +378,18 @@ def _build_batch(
         table.loss_mask,
         table.target_offsets[idx],
     )
-    occurrences = Occurrences(
-        ordinal=idx.astype(np.int64),
-        row=row.astype(np.int64),
-        col_start=start.astype(np.int64),
-        col_end=(start + lens).astype(np.int64),
-        segment=idx.astype(np.int32),
-        source_ids=table.source_ids[idx],
-        example_ids=table.example_ids[idx],
-        range_starts=table.range_starts[idx],
-        range_ends=table.range_ends[idx],
+    occurrences = Occurrences.placed(
+        idx,
+        row,
+        start,
+        lens,
+        table.source_ids[idx],
+        table.example_ids[idx],
+        table.range_starts[idx],
+        table.range_ends[idx],
     )
-    return PackedBatch(
-        inputs,
-        targets,
-        segments,
-        positions,
-        valid,
-        valid.copy(),
-        loss_mask,
-        occurrences,
-        table.partition,
-        table.binding,
-        first_row,
-    )
+    cells = (inputs, targets, segments, positions, valid, loss_mask)
+    return PackedBatch.from_cells(cells, occurrences, table.partition, table.binding, first_row)
 
 
 def pack_examples(

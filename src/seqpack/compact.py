@@ -110,10 +110,9 @@ class CompactRows:
 
     def to_batch(self) -> PackedBatch:
         """These rows as one padded model call, identical to :func:`seqpack.materialize`'s."""
-        row = self.row_of
-        inputs, targets, segments, positions, valid, loss_mask = fill_cells(
+        cells = fill_cells(
             (self.num_rows, self.capacity),
-            row,
+            self.row_of,
             self.starts,
             self.lengths,
             self.ordinals,
@@ -121,29 +120,18 @@ class CompactRows:
             self.token_offsets,
             self.loss_mask,
         )
-        occurrences = Occurrences(
-            ordinal=self.ordinals.astype(np.int64),
-            row=row,
-            col_start=self.starts.astype(np.int64),
-            col_end=(self.starts + self.lengths).astype(np.int64),
-            segment=self.ordinals.astype(np.int32),
-            source_ids=self.source_ids,
-            example_ids=self.example_ids,
-            range_starts=self.range_starts.astype(np.int64),
-            range_ends=self.range_ends.astype(np.int64),
+        occurrences = Occurrences.placed(
+            self.ordinals,
+            self.row_of,
+            self.starts,
+            self.lengths,
+            self.source_ids,
+            self.example_ids,
+            self.range_starts,
+            self.range_ends,
         )
-        return PackedBatch(
-            inputs,
-            targets,
-            segments,
-            positions,
-            valid,
-            valid.copy(),
-            loss_mask,
-            occurrences,
-            self.partition,
-            self.binding,
-            self.first_row,
+        return PackedBatch.from_cells(
+            cells, occurrences, self.partition, self.binding, self.first_row
         )
 
     def batches(self, max_rows_per_batch: int) -> Iterator[PackedBatch]:
