@@ -202,26 +202,31 @@ def test_a_fresh_target_killed_at_random_is_absent_or_complete(data, tmp_path):
         assert [p.name for p in out.parent.iterdir()] in ([], ["out"])
 
 
-def test_sigterm_in_the_command_line_unwinds_and_removes_its_temporary_folder(tmp_path):
+def _pack_signalled_after_first_shard(tmp_path, signum):
+    """Run ``seqpack pack`` in a subprocess that signals itself after writing one shard."""
     script = (
-        "import os, signal, sys\n"
+        "import os, sys\n"
         "import seqpack.store as store\n"
         "real = store._write_shard\n"
-        "def slow(table, path):\n"
+        "def signalled(table, path):\n"
         "    real(table, path)\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "store._write_shard = slow\n"
+        f"    os.kill(os.getpid(), {int(signum)})\n"
+        "store._write_shard = signalled\n"
         "from seqpack.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
     args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", script, *args, "--vocab-size", "10"],
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+def test_sigterm_in_the_command_line_unwinds_and_removes_its_temporary_folder(tmp_path):
+    proc = _pack_signalled_after_first_shard(tmp_path, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 
@@ -270,24 +275,6 @@ def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, 
 
 
 def test_ctrl_c_unwinds_like_sigterm(tmp_path):
-    script = (
-        "import os, signal, sys\n"
-        "import seqpack.store as store\n"
-        "real = store._write_shard\n"
-        "def interrupted(table, path):\n"
-        "    real(table, path)\n"
-        "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "store._write_shard = interrupted\n"
-        "from seqpack.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
-    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args, "--vocab-size", "10"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _pack_signalled_after_first_shard(tmp_path, signal.SIGINT)
     assert proc.returncode == 130 and proc.stderr == "seqpack pack: interrupted\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
