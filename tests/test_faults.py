@@ -278,3 +278,32 @@ def test_ctrl_c_unwinds_like_sigterm(tmp_path):
     proc = _pack_signalled_after_first_shard(tmp_path, signal.SIGINT)
     assert proc.returncode == 130 and proc.stderr == "seqpack pack: interrupted\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
+    # A SIGTERM landing inside a third-party import that catches BaseException
+    # leaves the module half-initialised; the error that follows is the termination.
+    script = (
+        "import os, signal, sys\n"
+        "import seqpack.store as store\n"
+        "def swallowing(table, path):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    except BaseException:\n"
+        "        pass\n"
+        "    raise AttributeError('partially initialized module')\n"
+        "store._write_shard = swallowing\n"
+        "from seqpack.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
+    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args, "--vocab-size", "10"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.stderr == "seqpack pack: terminated\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]

@@ -356,8 +356,15 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+_TERMINATED: list[int] = []
+
+
 def _terminated(signum: int, frame: object) -> None:
     # SystemExit unwinds like an exception, so a half-written output is removed.
+    # It is remembered too: if it lands inside a third-party import that swallows
+    # it, the module is left half-initialised and a later error must still read
+    # as the termination it is.
+    _TERMINATED.append(signum)
     raise SystemExit(128 + signum)
 
 
@@ -372,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, (_, run) = COMMANDS[args.command]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    _TERMINATED.clear()
     try:
         return run(args)
     except SeqpackError as err:
@@ -385,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"seqpack {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if not _TERMINATED:
+            raise
+        print(f"seqpack {args.command}: terminated", file=sys.stderr)
+        return 128 + _TERMINATED[-1]
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
