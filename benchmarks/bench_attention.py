@@ -44,10 +44,10 @@ import numpy as np
 import torch
 
 from seqpack import Binding, ExampleTable, PackConfig, Partition, pack_examples
-from seqpack.loss import token_weighted_loss
+from seqpack.core.loss import token_weighted_loss
+from seqpack.core.policies import plan_rows
 from seqpack.nn import AttentionLayout, DecoderConfig, TinyDecoder, attention
 from seqpack.nn.varlen import BUCKETING, varlen_attention, varlen_plan
-from seqpack.policies import plan_rows
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import w1_sft, w2_short

@@ -38,8 +38,8 @@ import tracemalloc
 import numpy as np
 
 from seqpack import Binding, ExampleTable
-from seqpack.pipeline import pack_table
-from seqpack.store import rows_to_arrow
+from seqpack.io.shards import rows_to_arrow
+from seqpack.pipeline.local import pack_table
 from workloads import EXPECTED_SHA, Workload, w1_sft, w2_short
 
 VOCAB = 32_000

@@ -152,9 +152,9 @@ def main() -> None:
     if args.cold_jit:
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="seqpack-numba-")
 
-    from seqpack import _kernels
+    from seqpack.core import engine as kernels
 
-    engines = [_kernels.resolve(e) for e in args.engines.split(",")]
+    engines = [kernels.resolve(e) for e in args.engines.split(",")]
     pack_bfd = None if args.no_trl else trl_planner()
     results = []
     for w in all_workloads():

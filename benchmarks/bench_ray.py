@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.examples import Partition
-from seqpack.pipeline import pack_path
+from seqpack.io.store import publish_packed, temp_output
+from seqpack.pipeline.local import pack_path
+from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import file_blocks
-from seqpack.ray.layout import Layout
+from seqpack.ray.shard_layout import ShardLayout
 from seqpack.ray.tasks import Settings, plan_block, write_shard
-from seqpack.store import SHARD_TOKENS, publish_packed, temp_output
 from workloads import EXPECTED_SHA, w1_sft
 
 VOCAB = 32_000
@@ -71,23 +71,11 @@ def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
     """seqpack.ray's tasks on a process pool: plan every block, lay out, write every shard."""
     blocks = file_blocks(folder, None)
     settings = Settings(
-        capacity=capacity,
-        policy=POLICY,
-        options={},
-        max_rows_per_batch=8,
-        shard_tokens=SHARD_TOKENS,
-        partition=Partition.TRAIN,
-        vocab_size=VOCAB,
-        tokenizer=None,
-        tokenizer_id=None,
-        split_id="bench",
-        text_field="text",
-        split_long=False,
-        hook=None,
+        PackOptions(capacity=capacity, policy=POLICY, vocab_size=VOCAB, split_id="bench")
     )
     with ProcessPoolExecutor(workers) as pool:
         planned = list(pool.map(plan_block, blocks, [settings] * len(blocks)))
-        layout = Layout(len(blocks), settings.max_rows_per_batch)
+        layout = ShardLayout(len(blocks), settings.options.max_rows_per_batch)
         shards = [shard for stats, _ in planned for shard in layout.add(stats)]
         tmp = temp_output(out)
         jobs = [

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.demo import fixture_batch
+from seqpack.core.fixture import fixture_batch
 from seqpack.nn import AttentionLayout, attention
 from seqpack.nn.auto import choose_backend
 

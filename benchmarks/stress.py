@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from seqpack import Binding, BudgetExceeded, ExampleTable, plan_rows
-from seqpack.pipeline import pack_table, packing_bytes
-from seqpack.policies import POLICIES
+from seqpack.core.policies import POLICIES
+from seqpack.pipeline.budget import packing_bytes
+from seqpack.pipeline.local import pack_table
 
 CAPACITY = 2048
 VOCAB = 32_000
@@ -135,7 +136,7 @@ def run_step(step: str, n: int, out_dir: str | None) -> dict:
 
 
 def _write(rows, out_dir: str | None) -> dict:
-    from seqpack.store import load_packed, write_packed
+    from seqpack.io.store import load_packed, write_packed
 
     folder = Path(out_dir or tempfile.mkdtemp(prefix="seqpack-stress-")) / "packed"
     t0 = time.perf_counter()

@@ -36,11 +36,11 @@ import torch
 from tqdm import tqdm
 
 from seqpack import ByteTokenizer, ExampleTable, Partition, split_digest, split_long
-from seqpack.examples import Binding
-from seqpack.loss import masked_nll_sum
+from seqpack.core.examples import Binding
+from seqpack.core.loss import masked_nll_sum
+from seqpack.io.store import write_packed
 from seqpack.nn import DecoderConfig, TinyDecoder
-from seqpack.pipeline import pack_table
-from seqpack.store import write_packed
+from seqpack.pipeline.local import pack_table
 from seqpack.training import (
     PackedCollator,
     PackedDataset,

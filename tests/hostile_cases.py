@@ -44,11 +44,11 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.batch import check_segment_namespace
 from seqpack.cli import main
-from seqpack.io import load_examples
-from seqpack.pipeline import pack_path
-from seqpack.tokenizers import ByteTokenizer, load_tokenizer
+from seqpack.core.batch import check_segment_namespace
+from seqpack.io.readers import load_examples
+from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
+from seqpack.pipeline.local import pack_path
 
 DATA = "data.jsonl"
 OUT = "out"
@@ -441,7 +441,7 @@ CASES: list[Case] = [
         "the same example with `--split-long`",
         {DATA: lines({"id": "long", "input_ids": list(range(10))})},
         (*_pack_argv(capacity=4), "--split-long"),
-        lambda: _pack(capacity=4, split_long_sources=True),
+        lambda: _pack(capacity=4, split_long=True),
         None,
         ("split_sources",),
         expect="packed: 3 pieces [0:5] [4:9] [8:10], split_sources 1",

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from seqpack import Binding, BindingMismatch, InvalidInput, PartitionMismatch, SeqpackError
-from seqpack.io import load_examples
-from seqpack.pipeline import pack_table
-from seqpack.store import MANIFEST, load_packed, write_packed
+from seqpack.io.readers import load_examples
+from seqpack.io.store import MANIFEST, load_packed, write_packed
+from seqpack.pipeline.local import pack_table
 
 from packed_helpers import random_records, write_jsonl
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.demo import fixture_batch
+from seqpack.core.fixture import fixture_batch
 from seqpack.nn import AttentionLayout, attention
 
 from strategies import packed_epochs

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.demo import fixture_batch
+from seqpack.core.fixture import fixture_batch
 from seqpack.nn import BACKENDS, AttentionLayout, TinyDecoder, attention
 from seqpack.nn.auto import choose_backend
 from seqpack.nn.flash import check_flash

@@ -13,8 +13,8 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.batch import check_segment_namespace
-from seqpack.demo import FIXTURE_DOCUMENTS, fixture_binding, fixture_epoch, fixture_examples
+from seqpack.core.batch import check_segment_namespace
+from seqpack.core.fixture import FIXTURE_DOCUMENTS, fixture_binding, fixture_epoch, fixture_examples
 
 from strategies import BINDING, example_lists, packed_epochs
 

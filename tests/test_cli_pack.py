@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from seqpack import plan_rows
-from seqpack.policies import POLICIES
-from seqpack.store import load_packed
+from seqpack.core.policies import POLICIES
+from seqpack.io.store import load_packed
 
 from packed_helpers import expected_flags, random_records, recovered_examples, write_jsonl
 
@@ -111,7 +111,7 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
     store = load_packed(out)
     assert store.binding.tokenizer_id == "seqpack/bytes-266" and store.binding.vocab_size == 266
     got = recovered_examples(store)
-    from seqpack.tokenizers import ByteTokenizer
+    from seqpack.io.tokenizers import ByteTokenizer
 
     for ex in got.values():
         assert ByteTokenizer().decode(ex["tokens"]) == texts[int(ex["source_id"][1:])]

@@ -44,7 +44,7 @@ def test_bool_mask_on_eager_is_flagged_and_human_output(capsys):
 
 
 def test_hf_model_dir(capsys, tmp_path):
-    from seqpack.nn.hf_verify import load_model
+    from seqpack.hf.verify import load_model
 
     load_model(config=CONFIG, seed=2).save_pretrained(tmp_path)
     code, out, _ = verify(capsys, "--hf-model", str(tmp_path), "--json", "--seed", "2")

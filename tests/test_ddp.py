@@ -128,8 +128,8 @@ def _free_port() -> int:
 
 def _write_data(path: Path) -> None:
     from seqpack import ExampleTable, SequenceExample, plan_rows
-    from seqpack.compact import compact_rows
-    from seqpack.store import write_packed
+    from seqpack.core.compact import compact_rows
+    from seqpack.io.store import write_packed
 
     from strategies import BINDING
 
@@ -153,7 +153,7 @@ def _write_data(path: Path) -> None:
 
 def _reference(data: Path):
     """One process: per step, the gradient of the mean over all the step's rows; SGD between."""
-    from seqpack.loss import token_weighted_loss
+    from seqpack.core.loss import token_weighted_loss
     from seqpack.training import PackedDataset
 
     ds = PackedDataset(data)

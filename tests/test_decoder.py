@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
-from seqpack.demo import fixture_batch, fixture_binding, fixture_examples
-from seqpack.loss import masked_nll_sum
+from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
+from seqpack.core.loss import masked_nll_sum
 from seqpack.nn import BACKENDS, AttentionLayout, DecoderConfig, TinyDecoder
 from seqpack.nn.attention import ranges_attention
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.demo import fixture_batch
+from seqpack.core.fixture import fixture_batch
 from seqpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
 
 

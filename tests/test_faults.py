@@ -25,24 +25,24 @@ import time
 import numpy as np
 import pytest
 
-from seqpack.atomic import _host, recover_output
-from seqpack.errors import InvalidInput
-from seqpack.store import load_packed
+from seqpack.core.errors import InvalidInput
+from seqpack.io.atomic import _host, recover_output
+from seqpack.io.store import load_packed
 
 from packed_helpers import random_records, write_jsonl
 
 SWEEP = r"""
 import os, shutil, signal, sys
 from pathlib import Path
-import seqpack.atomic as atomic
-import seqpack.store as store
-from seqpack.pipeline import pack_path
+import seqpack.io.atomic as atomic
+import seqpack.io.shards as shards
+from seqpack.pipeline.local import pack_path
 
 data, root, mode, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 old = root / "old"  # the earlier output for "over"; packing it also warms the kernels
 pack_path(data, old, capacity=64, vocab_size=500, policy="padded")
 STEPS = [(os, "mkdir"), (os, "rename"), (os, "replace"), (os, "fsync"), (os, "unlink"),
-         (shutil, "rmtree"), (atomic, "exchange"), (store, "_write_shard")]
+         (shutil, "rmtree"), (atomic, "exchange"), (shards, "_write_shard")]
 
 def run(kill_at):
     out = root / f"k{kill_at}" / "out"
@@ -206,12 +206,12 @@ def _pack_signalled_after_first_shard(tmp_path, signum):
     """Run ``seqpack pack`` in a subprocess that signals itself after writing one shard."""
     script = (
         "import os, sys\n"
-        "import seqpack.store as store\n"
-        "real = store._write_shard\n"
+        "import seqpack.io.shards as shards\n"
+        "real = shards._write_shard\n"
         "def signalled(table, path):\n"
         "    real(table, path)\n"
         f"    os.kill(os.getpid(), {int(signum)})\n"
-        "store._write_shard = signalled\n"
+        "shards._write_shard = signalled\n"
         "from seqpack.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -258,13 +258,13 @@ def test_stale_folders_are_recovered_only_when_safe(tmp_path):
 def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, capsys):
     import errno
 
-    from seqpack import store
     from seqpack.cli import main
+    from seqpack.io import shards
 
     def full(table, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(store, "_write_shard", full)
+    monkeypatch.setattr(shards, "_write_shard", full)
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
     code = main(["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4",
                  "--vocab-size", "10"])  # fmt: skip
@@ -285,14 +285,14 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
     # leaves the module half-initialised; the error that follows is the termination.
     script = (
         "import os, signal, sys\n"
-        "import seqpack.store as store\n"
+        "import seqpack.io.shards as shards\n"
         "def swallowing(table, path):\n"
         "    try:\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
         "    except BaseException:\n"
         "        pass\n"
         "    raise AttributeError('partially initialized module')\n"
-        "store._write_shard = swallowing\n"
+        "shards._write_shard = swallowing\n"
         "from seqpack.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from seqpack import InvalidInput, PackConfig, Partition, pack_examples
-from seqpack.demo import fixture_batch, fixture_binding, fixture_examples
+from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.figure import draw_batch, draw_fixture
 
 pytest.importorskip("matplotlib")

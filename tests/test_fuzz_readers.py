@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqpack import ExampleTable, InvalidInput, SeqpackError
-from seqpack.io import load_examples
-from seqpack.tokenizers import ByteTokenizer
+from seqpack.io.readers import load_examples
+from seqpack.io.tokenizers import ByteTokenizer
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 

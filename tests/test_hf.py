@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from seqpack import Binding, BindingMismatch, PackConfig, materialize, plan_rows
-from seqpack.demo import FIXTURE_DOCUMENTS, fixture_epoch
-from seqpack.errors import InvalidInput
-from seqpack.hf import pack_dataset, packed_metadata, to_batches, unpack_dataset
-from seqpack.io import load_examples
-from seqpack.store import SCHEMA
+from seqpack.core.errors import InvalidInput
+from seqpack.core.fixture import FIXTURE_DOCUMENTS, fixture_epoch
+from seqpack.hf.data import pack_dataset, packed_metadata, to_batches, unpack_dataset
+from seqpack.io.readers import load_examples
+from seqpack.io.shards import SCHEMA
 
 from packed_helpers import assert_same_batches, expected_flags, random_records
 
@@ -55,7 +55,7 @@ def test_pack_then_unpack_recovers_every_example(rng, policy):
 
 def test_binding_defaults_split_long_and_errors(rng):
     records = random_records(rng, 10, vocab=50, max_len=40)
-    packed = pack_dataset(_dataset(records), 8, "next-fit", split_long_sources=True)
+    packed = pack_dataset(_dataset(records), 8, "next-fit", split_long=True)
     meta = packed_metadata(packed)
     assert meta["binding"]["vocab_size"] == max(max(r["input_ids"]) for r in records) + 1
     assert meta["statistics"]["split_sources"] == sum(len(r["input_ids"]) > 9 for r in records)

@@ -1,4 +1,4 @@
-"""seqpack.training.hf: the transformers keyword arguments, loss and Trainer collator."""
+"""seqpack.hf.adapter: the transformers keyword arguments, loss and Trainer collator."""
 
 import itertools
 import os
@@ -14,13 +14,10 @@ from hypothesis import given, settings
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from seqpack import InvalidInput, PackConfig, pack_examples
-from seqpack.demo import fixture_batch, fixture_epoch
-from seqpack.hf import pack_dataset, to_batches
-from seqpack.loss import token_weighted_loss
-from seqpack.nn.hf_verify import FLOAT32_TOLERANCE, verification_examples
-from seqpack.training.hf import (
+from seqpack.core.fixture import fixture_batch, fixture_epoch
+from seqpack.core.loss import token_weighted_loss
+from seqpack.hf.adapter import (
     IGNORE_INDEX,
-    HFCollator,
     additive_mask,
     block_mask,
     cell_logits,
@@ -29,6 +26,9 @@ from seqpack.training.hf import (
     hf_labels,
     hf_loss,
 )
+from seqpack.hf.collator import HFCollator
+from seqpack.hf.data import pack_dataset, to_batches
+from seqpack.hf.verify import FLOAT32_TOLERANCE, verification_examples
 
 from mask_helpers import block_mask_cells
 from strategies import packed_epochs

@@ -1,4 +1,4 @@
-"""seqpack.nn.hf_verify: separate vs packed on a tiny Llama built from a config, and the leaks."""
+"""seqpack.hf.verify: separate vs packed on a tiny Llama built from a config, and the leaks."""
 
 import os
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from seqpack import InvalidInput, NotAvailable
-from seqpack.nn.hf_verify import (
+from seqpack.hf.verify import (
     CAPACITY,
     FLOAT32_TOLERANCE,
     LENGTHS,

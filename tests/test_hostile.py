@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hostile_cases import CASES, DATA, OUT, Case, run_case
-from seqpack.store import load_packed
+from seqpack.io.store import load_packed
 
 from packed_helpers import recovered_examples
 
@@ -118,9 +118,9 @@ def test_docs_reliability_lists_every_case_as_generated():
     ("text", "size"), [("123", 123), ("1K", 1024), ("1.5M", 3 << 19), ("2GiB", 2 << 30)]
 )
 def test_byte_sizes_on_the_command_line(text, size):
-    from seqpack.cli import _byte_size
+    from seqpack.core.checks import parse_byte_size
 
-    assert _byte_size(text) == size
+    assert parse_byte_size(text, "--max-metadata-bytes") == size
 
 
 def test_a_bad_byte_size_is_refused(capsys):

@@ -3,17 +3,17 @@ import sys
 
 CORE = [
     "seqpack",
-    "seqpack.examples",
-    "seqpack.policies",
-    "seqpack.batch",
-    "seqpack.permission",
-    "seqpack.counts",
-    "seqpack.budget",
+    "seqpack.core.examples",
+    "seqpack.core.policies",
+    "seqpack.core.batch",
+    "seqpack.core.permission",
+    "seqpack.core.counts",
+    "seqpack.core.budget",
     "seqpack.demo",
-    "seqpack.stream_packer",
-    "seqpack.compact",
-    "seqpack.loss",
-    "seqpack.tokenizers",
+    "seqpack.core.stream_packer",
+    "seqpack.core.compact",
+    "seqpack.core.loss",
+    "seqpack.io.tokenizers",
 ]
 
 

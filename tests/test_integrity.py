@@ -21,9 +21,9 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.loss import token_weighted_loss
-from seqpack.pipeline import pack_path
-from seqpack.store import load_packed
+from seqpack.core.loss import token_weighted_loss
+from seqpack.io.store import load_packed
+from seqpack.pipeline.local import pack_path
 
 from packed_helpers import random_records, recovered_examples, write_jsonl
 from strategies import BINDING, packed_epochs
@@ -52,11 +52,11 @@ def test_a_damaged_output_or_a_wrong_expectation_is_refused(packed, tmp_path, ca
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
-    from seqpack import store as store_mod
+    from seqpack.io import store as store_mod
 
     seen = []
-    real = store_mod._sha256
-    monkeypatch.setattr(store_mod, "_sha256", lambda path: seen.append(path.name) or real(path))
+    real = store_mod.sha256_file
+    monkeypatch.setattr(store_mod, "sha256_file", lambda path: seen.append(path.name) or real(path))
     store = load_packed(packed[0])
     assert seen == [s["file"] for s in store.manifest["shards"]]
 
@@ -152,7 +152,7 @@ def test_every_cell_traces_back_to_its_source_document(tmp_path, rng, policy):
         capacity=24,
         vocab_size=VOCAB,
         policy=policy,
-        split_long_sources=True,
+        split_long=True,
         max_rows_per_batch=3,
     )
     checked = _check_cells(load_packed(tmp_path / "out"), _documents(records), rng, 8)
@@ -176,7 +176,7 @@ def test_next_fit_through_the_store_is_whole_once_and_in_order(tmp_path_factory,
         capacity=cap,
         vocab_size=VOCAB,
         policy="next-fit",
-        split_long_sources=split,
+        split_long=split,
         max_rows_per_batch=2,
     )
     store = load_packed(folder / "out")

@@ -6,9 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from seqpack import Binding
-from seqpack.errors import InvalidInput
-from seqpack.io import load_examples, read_documents, resolve_binding
-from seqpack.tokenizers import ByteTokenizer
+from seqpack.core.errors import InvalidInput
+from seqpack.io.documents import resolve_binding
+from seqpack.io.readers import load_examples, read_documents
+from seqpack.io.tokenizers import ByteTokenizer
 
 from packed_helpers import expected_flags, random_records, write_jsonl
 

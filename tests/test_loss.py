@@ -7,8 +7,8 @@ from hypothesis import given
 
 from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, SequenceExample
 from seqpack import pack_examples as pack
-from seqpack.demo import fixture_batch, probe_gold_probability, probe_section
-from seqpack.loss import (
+from seqpack.core.fixture import fixture_batch, probe_gold_probability
+from seqpack.core.loss import (
     LossSum,
     divide,
     probe_logits,
@@ -16,6 +16,7 @@ from seqpack.loss import (
     token_weighted_sum,
     weighting_report,
 )
+from seqpack.demo import probe_section
 
 from strategies import BINDING, packed_epochs
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 
 from seqpack import InvalidInput
-from seqpack.demo import fixture_batch
-from seqpack.permission import tiled_edges
+from seqpack.core.fixture import fixture_batch
+from seqpack.core.permission import tiled_edges
 
 from strategies import packed_epochs
 

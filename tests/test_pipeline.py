@@ -6,10 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import ExampleTable, OversizedExample, SequenceExample, plan_rows
-from seqpack.examples import long_ranges, split_long
-from seqpack.pipeline import pack_path, stats_path
-from seqpack.policies import POLICIES
-from seqpack.store import load_packed
+from seqpack.core.examples import long_ranges, split_long
+from seqpack.core.policies import POLICIES
+from seqpack.io.store import load_packed
+from seqpack.pipeline.local import pack_path
+from seqpack.pipeline.stats import stats_path
 
 from packed_helpers import expected_flags, random_records, recovered_examples, write_jsonl
 from strategies import BINDING
@@ -95,7 +96,7 @@ def test_split_long_through_the_pipeline(tmp_path, rng):
     assert not (tmp_path / "x").exists()
     stats = pack_path(
         path, tmp_path / "out", capacity=16, policy="next-fit", tokenizer="bytes",
-        split_long_sources=True,
+        split_long=True,
     )  # fmt: skip
     long = [r for r in records if len(r["input_ids"]) - 1 > 16]
     assert stats["split_sources"] == len(long) > 0

@@ -13,18 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, OversizedExample, Plan, _kernels, plan_rows
-from seqpack.policies import (
-    MAX_TREE_CAPACITY,
-    POLICIES,
-    decreasing_order,
-    positive_int,
-    validate_plan,
-)
+from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
+from seqpack.core import engine
+from seqpack.core.checks import MAX_TREE_CAPACITY, positive_int
+from seqpack.core.plan import validate_plan
+from seqpack.core.policies import POLICIES, decreasing_order
 
 PACKING = ["next-fit", "first-fit-decreasing", "best-fit-decreasing", "stream-best-fit"]
-ENGINES = ["python", "numba"] if _kernels.numba_available() else ["python"]
-needs_numba = pytest.mark.skipif(not _kernels.numba_available(), reason="numba not installed")
+ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
+needs_numba = pytest.mark.skipif(not engine.numba_available(), reason="numba not installed")
 
 
 @st.composite
@@ -229,8 +226,9 @@ def test_the_core_plans_without_numba():
 import json, sys
 sys.modules["numba"] = None
 import numpy as np
-from seqpack import NotAvailable, plan_rows, _kernels
-assert not _kernels.numba_available()
+from seqpack import NotAvailable, plan_rows
+from seqpack.core import engine
+assert not engine.numba_available()
 lengths = np.random.default_rng(7).integers(1, 100, 500)
 out = {{p: plan_rows(lengths, 128, p).to_dict() for p in {PACKING!r}}}
 try:

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from seqpack import BudgetExceeded, InvalidInput, Partition, PartitionMismatch, split_digest
 from seqpack.cli import main
-from seqpack.io import read_documents
-from seqpack.pipeline import pack_path
-from seqpack.ray.layout import Layout
-from seqpack.store import load_packed
+from seqpack.io.readers import read_documents
+from seqpack.io.store import load_packed
+from seqpack.pipeline.local import pack_path
+from seqpack.ray.shard_layout import ShardLayout
 
 from packed_helpers import expected_flags, random_records, recovered_examples
 
@@ -127,7 +127,7 @@ def _manifest(out):
     st.data(),
 )
 def test_layout_cuts_every_row_once_on_model_call_boundaries(rows, step, data):
-    layout = Layout(len(rows), step)
+    layout = ShardLayout(len(rows), step)
     shards = []
     for n in rows:
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=3))) if n > 1 else []

@@ -18,12 +18,13 @@ from seqpack import (
     materialize,
     plan_rows,
 )
-from seqpack import store as store_mod
-from seqpack.compact import compact_rows, gather_segments, window_labels
-from seqpack.demo import fixture_binding, fixture_epoch, fixture_examples
-from seqpack.errors import InvalidInput
-from seqpack.policies import POLICIES
-from seqpack.store import SCHEMA, load_packed, rows_to_arrow, write_packed
+from seqpack.core.compact import compact_rows, gather_segments, window_labels
+from seqpack.core.errors import InvalidInput
+from seqpack.core.fixture import fixture_binding, fixture_epoch, fixture_examples
+from seqpack.core.policies import POLICIES
+from seqpack.io import shards as shards_mod
+from seqpack.io.shards import SCHEMA, rows_to_arrow
+from seqpack.io.store import load_packed, write_packed
 
 from packed_helpers import assert_same_batches
 from strategies import BINDING, example_lists
@@ -67,7 +68,7 @@ def test_numpy_and_numba_gathers_agree(rng, monkeypatch):
     starts = rng.integers(0, 5000 - 40, size=300)
     want = np.concatenate([src[s : s + n] for s, n in zip(starts, lens, strict=True)])
     assert np.array_equal(gather_segments(src, starts, lens), want)
-    monkeypatch.setattr("seqpack.compact.GATHER_CHUNK", 64)  # many chunks
+    monkeypatch.setattr("seqpack.core.compact.GATHER_CHUNK", 64)  # many chunks
     assert np.array_equal(gather_segments(src, starts, lens, use_numba=False), want)
 
 
@@ -168,7 +169,7 @@ def _snapshot(folder):
 def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, monkeypatch):
     _packed(tmp_path, rng)
     before = _snapshot(tmp_path / "out")
-    real = store_mod._write_shard
+    real = shards_mod._write_shard
     calls = []
 
     def failing(table, path):
@@ -177,7 +178,7 @@ def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, mo
             raise OSError("disk full (simulated)")
         real(table, path)
 
-    monkeypatch.setattr(store_mod, "_write_shard", failing)
+    monkeypatch.setattr(shards_mod, "_write_shard", failing)
     with pytest.raises(OSError, match="simulated"):
         _packed(tmp_path, rng, policy="padded", overwrite=True)
     with pytest.raises(OSError, match="simulated"):
@@ -191,17 +192,17 @@ def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, mo
 KILLER = """
 import os, signal, sys
 import numpy as np
-from seqpack import store
-from seqpack.compact import compact_rows
-from seqpack.examples import ExampleTable
-from seqpack.policies import plan_rows
-from seqpack.demo import fixture_binding, fixture_examples
+from seqpack.io import shards, store
+from seqpack.core.compact import compact_rows
+from seqpack.core.examples import ExampleTable
+from seqpack.core.policies import plan_rows
+from seqpack.core.fixture import fixture_binding, fixture_examples
 
-real = store._write_shard
+real = shards._write_shard
 def dying(table, path):
     real(table, path)
     os.kill(os.getpid(), signal.SIGKILL)   # the run is killed after one shard
-store._write_shard = dying
+shards._write_shard = dying
 table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
 rows = compact_rows(table, plan_rows(table.lengths, 6, "padded"))
 store.write_packed(rows, sys.argv[1], max_rows_per_batch=1, shard_tokens=1, overwrite=True)

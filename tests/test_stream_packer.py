@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, OversizedExample, _kernels, plan_rows
-from seqpack.policies import validate_plan
-from seqpack.stream_packer import Placements, StreamPacker
+from seqpack import InvalidInput, OversizedExample, plan_rows
+from seqpack.core import engine
+from seqpack.core.plan import validate_plan
+from seqpack.core.stream_packer import Placements, StreamPacker
 
-ENGINES = ["python", "numba"] if _kernels.numba_available() else ["python"]
+ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
 
 
 @st.composite

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import Binding, BudgetExceeded, ExampleTable
-from seqpack.pipeline import pack_table, packing_bytes
-from seqpack.policies import POLICIES
+from seqpack.core.policies import POLICIES
+from seqpack.pipeline.budget import packing_bytes
+from seqpack.pipeline.local import pack_table
 
 #: Allocations below this are Python bookkeeping, not packing arrays.
 NOTHING = 64 << 10

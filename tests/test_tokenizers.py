@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.demo import FIXTURE_VOCAB, fixture_binding
-from seqpack.errors import InvalidInput
-from seqpack.tokenizers import (
+from seqpack.core.errors import InvalidInput
+from seqpack.core.fixture import FIXTURE_VOCAB, fixture_binding
+from seqpack.io.tokenizers import (
     BOS_ID,
     BYTE_OFFSET,
     EOS_ID,

@@ -17,11 +17,11 @@ from seqpack import (
     SequenceExample,
     plan_rows,
 )
-from seqpack.compact import compact_rows
-from seqpack.demo import fixture_batch, fixture_binding
+from seqpack.core.compact import compact_rows
+from seqpack.core.fixture import fixture_batch, fixture_binding
+from seqpack.io.store import write_packed
 from seqpack.nn import TinyDecoder
 from seqpack.nn.attention import AttentionLayout
-from seqpack.store import write_packed
 from seqpack.training.data import (
     PackedCollator,
     PackedDataset,

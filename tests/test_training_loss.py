@@ -18,8 +18,8 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.demo import fixture_batch
-from seqpack.loss import token_weighted_loss, token_weighted_sum
+from seqpack.core.fixture import fixture_batch
+from seqpack.core.loss import token_weighted_loss, token_weighted_sum
 from seqpack.nn import TinyDecoder
 from seqpack.nn.verify import within_tolerance
 from seqpack.training.data import PackedCollator, ScheduledBatch, decoder_inputs, select_rows

@@ -13,7 +13,7 @@ from seqpack import (
     plan_rows,
     split_long,
 )
-from seqpack.compact import compact_rows
+from seqpack.core.compact import compact_rows
 from seqpack.training.data import PackedCollator
 from seqpack.training.stream import StreamDataset
 

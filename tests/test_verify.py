@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
-from seqpack.demo import demo_trace, fixture_batch, fixture_binding, fixture_examples
+from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
+from seqpack.demo import demo_trace
 from seqpack.nn import PROFILES, TinyDecoder
 from seqpack.nn.verify import (
     first_query_probe,

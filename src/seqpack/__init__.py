@@ -1,11 +1,23 @@
 """seqpack: pack tokenized examples into shared rows without joining their contexts.
 
-Core layers import NumPy only; ``seqpack.nn`` and ``seqpack.training`` need PyTorch.
-The data pipeline (``seqpack.io``, ``seqpack.store``, ``seqpack.pipeline``,
-``seqpack.hf``) needs pyarrow (``pip install seqpack[hf]``) and is imported explicitly.
+The package is layered; each folder imports only the ones below it::
+
+    cli, demo, figure        the faces: command line, fixture trace, figures
+    ray                      the pipeline as Ray tasks, for clusters
+    hf                       Hugging Face: datasets in/out, transformers adapter, verify
+    training                 torch datasets, collators, samplers, loss normalisation
+    nn                       attention backends, the tiny decoder, its verification
+    pipeline                 read -> plan -> materialise -> write; PackOptions
+    io                       readers, tokenizers, the packed store (pyarrow)
+    core                     examples, policies, batches, permission, loss (NumPy only)
+
+``import seqpack`` loads the NumPy core only (the names below); the other
+layers are imported explicitly (``seqpack.nn`` needs PyTorch, ``seqpack.io``
+and ``seqpack.pipeline`` pyarrow, ``seqpack.hf`` transformers and datasets).
 """
 
-from .batch import (
+from seqpack import _compat
+from seqpack.core.batch import (
     NO_SEGMENT,
     PAD_CELL,
     Occurrences,
@@ -15,8 +27,8 @@ from .batch import (
     materialize,
     pack_examples,
 )
-from .compact import CompactRows, compact_rows
-from .errors import (
+from seqpack.core.compact import CompactRows, compact_rows
+from seqpack.core.errors import (
     BindingMismatch,
     BudgetExceeded,
     EmptyObjective,
@@ -26,7 +38,7 @@ from .errors import (
     PartitionMismatch,
     SeqpackError,
 )
-from .examples import (
+from seqpack.core.examples import (
     Binding,
     ExampleTable,
     Partition,
@@ -35,12 +47,16 @@ from .examples import (
     split_digest,
     split_long,
 )
-from .permission import CuSeqlens, KeyRanges
-from .policies import Plan, plan_rows
-from .stream_packer import Placements, StreamPacker
-from .tokenizers import ByteTokenizer, load_tokenizer
+from seqpack.core.permission import CuSeqlens, KeyRanges
+from seqpack.core.plan import Plan
+from seqpack.core.policies import plan_rows
+from seqpack.core.stream_packer import Placements, StreamPacker
+from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
+from seqpack.pipeline.options import PackOptions
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_compat.install()
 
 __all__ = [
     "NO_SEGMENT",
@@ -59,6 +75,7 @@ __all__ = [
     "Occurrences",
     "OversizedExample",
     "PackConfig",
+    "PackOptions",
     "PackedBatch",
     "PackedEpoch",
     "Partition",

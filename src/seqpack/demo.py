@@ -1,8 +1,7 @@
-"""The seed's A/B/C fixture and the JSON trace ``seqpack demo`` prints.
+"""The JSON trace ``seqpack demo`` prints for the seed's A/B/C fixture.
 
-Documents (BOS 0, EOS 1, vocabulary 266): A=[0,99,100,1], B=[0,101,1],
-C=[0,102,103,104,1]; capacity 6, next-fit. Every number in the trace is
-computed from the packed layout, none is typed in.
+The fixture itself lives in :mod:`seqpack.core.fixture`; every number in
+the trace is computed from the packed layout, none is typed in.
 """
 
 from __future__ import annotations
@@ -11,49 +10,20 @@ from typing import Any
 
 import numpy as np
 
-from . import permission
-from .batch import PackConfig, PackedBatch, PackedEpoch, pack_examples
-from .counts import batch_counts, compare_layouts
-from .examples import Binding, Partition, SequenceExample, split_digest
-from .loss import probe_logits, weighting_report
-
-FIXTURE_VOCAB = 266
-FIXTURE_CAPACITY = 6
-FIXTURE_DOCUMENTS: dict[str, list[int]] = {
-    "A": [0, 99, 100, 1],
-    "B": [0, 101, 1],
-    "C": [0, 102, 103, 104, 1],
-}
-#: Prediction lengths whose packed density rises from 75% to 100% while the
-#: packed rectangle computes more dense score positions (capacity 6).
-DENSITY_LENGTHS = [2, 4, 4, 2]
-#: The constructed loss probe: gold probability of every target of each document.
-FIXTURE_PROBE: dict[str, float] = {"A": 0.5, "B": 0.25, "C": 0.5}
-
-
-def fixture_binding() -> Binding:
-    return Binding(FIXTURE_VOCAB, "seqpack/bytes-266", split_digest("seqpack-fixture", "A,B,C"))
-
-
-def fixture_examples(binding: Binding | None = None) -> list[SequenceExample]:
-    binding = binding or fixture_binding()
-    return [
-        SequenceExample.from_document(
-            tokens, source_id=name, example_id=name, partition=Partition.TRAIN, binding=binding
-        )
-        for name, tokens in FIXTURE_DOCUMENTS.items()
-    ]
-
-
-def fixture_epoch(max_rows_per_batch: int = 2) -> PackedEpoch:
-    binding = fixture_binding()
-    config = PackConfig(capacity=FIXTURE_CAPACITY, max_rows_per_batch=max_rows_per_batch)
-    return pack_examples(Partition.TRAIN, fixture_examples(binding), binding, config)
-
-
-def fixture_batch() -> PackedBatch:
-    """The fixture as one model call of two rows."""
-    return fixture_epoch().batches[0]
+from seqpack.core import permission
+from seqpack.core.batch import PackedBatch
+from seqpack.core.counts import batch_counts, compare_layouts
+from seqpack.core.fixture import (
+    DENSITY_LENGTHS,
+    FIXTURE_CAPACITY,
+    FIXTURE_DOCUMENTS,
+    FIXTURE_PROBE,
+    FIXTURE_VOCAB,
+    fixture_epoch,
+    fixture_examples,
+    probe_gold_probability,
+)
+from seqpack.core.loss import probe_logits, weighting_report
 
 
 def layout_section(batch: PackedBatch) -> dict[str, Any]:
@@ -99,17 +69,6 @@ def layout_section(batch: PackedBatch) -> dict[str, Any]:
     }
 
 
-def probe_gold_probability(batch: PackedBatch) -> np.ndarray:
-    """Gold probability per cell, float64 [R, T], from :data:`FIXTURE_PROBE` (0.5 on padding)."""
-    occ = batch.occurrences
-    q = np.full(batch.shape, 0.5)
-    for row, start, end, source in zip(
-        occ.row, occ.col_start, occ.col_end, occ.source_ids, strict=True
-    ):
-        q[row, start:end] = FIXTURE_PROBE[source]
-    return q
-
-
 def probe_section(batch: PackedBatch) -> dict[str, Any]:
     """The constructed loss probe: token-weighted sum and mean, and the wrong weightings.
 
@@ -138,8 +97,8 @@ def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
         import torch  # noqa: F401
     except ImportError:
         return {"skipped": "PyTorch is not installed — pip install 'seqpack[torch]'"}
-    from .nn.decoder import TinyDecoder
-    from .nn.verify import describe, three_way
+    from seqpack.nn.decoder import TinyDecoder
+    from seqpack.nn.verify import describe, three_way
 
     model = TinyDecoder(profile, seed=seed)
     report = three_way(model, fixture_examples(), FIXTURE_CAPACITY)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .batch import PackedBatch
-from .errors import InvalidInput, NotAvailable
+from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import InvalidInput, NotAvailable
 
 FORMATS = {".png": "png", ".svg": "svg"}
 _NO_STAMP = {"png": {"Software": None}, "svg": {"Date": None}}
@@ -194,7 +194,7 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
 
 def draw_fixture(path: str | os.PathLike[str]) -> Path:
     """Draw the seed's A/B/C fixture batch (``seqpack demo --figure PATH``)."""
-    from .demo import fixture_batch
+    from seqpack.core.fixture import fixture_batch
 
     return draw_batch(
         fixture_batch(),

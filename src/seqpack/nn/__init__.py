@@ -2,9 +2,9 @@
 
 # Importing the backend modules registers "varlen", "flex", "flash" and "auto";
 # flex and flash import their kernels only when called.
-from . import auto, flash, flex, varlen  # noqa: F401
-from .attention import BACKENDS, AttentionLayout, attention, register_backend
-from .decoder import PROFILES, DecoderConfig, TinyDecoder
+from seqpack.nn import auto, flash, flex, varlen  # noqa: F401
+from seqpack.nn.attention import BACKENDS, AttentionLayout, attention, register_backend
+from seqpack.nn.decoder import PROFILES, DecoderConfig, TinyDecoder
 
 __all__ = [
     "BACKENDS",

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..batch import PackedBatch
-from ..errors import InvalidInput, NotAvailable
+from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import InvalidInput, NotAvailable
 
 
 @dataclass(eq=False)
@@ -164,7 +164,7 @@ def attention(
     ``seqpack.nn``, ``"varlen"``, ``"flex"``, ``"flash"`` and ``"auto"``
     (README, "Attention backends").
 
-    >>> from seqpack.demo import fixture_batch
+    >>> from seqpack.core.fixture import fixture_batch
     >>> q = k = v = torch.ones(2, 2, 6, 4, dtype=torch.float64)
     >>> out = attention(q, k, v, fixture_batch())
     >>> out[0, 0, 5].abs().sum().item()   # padding query: zero mixture

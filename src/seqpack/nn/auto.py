@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import NotAvailable
-from .attention import BACKENDS, AttentionLayout, register_backend
-from .flash import check_flash
-from .flex import COMPILED_DTYPES, check_flex
+from seqpack.core.errors import NotAvailable
+from seqpack.nn.attention import BACKENDS, AttentionLayout, register_backend
+from seqpack.nn.flash import check_flash
+from seqpack.nn.flex import COMPILED_DTYPES, check_flex
 
 
 def choose_backend(q: torch.Tensor) -> str:

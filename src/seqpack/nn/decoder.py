@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..batch import PackConfig, PackedBatch, pack_examples
-from ..errors import InvalidInput
-from ..examples import SequenceExample
-from ..loss import LossResult, LossSum, token_weighted_loss, token_weighted_sum
-from .attention import AttentionLayout, Backend, resolve_backend
+from seqpack.core.batch import PackConfig, PackedBatch, pack_examples
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import SequenceExample
+from seqpack.core.loss import LossResult, LossSum, token_weighted_loss, token_weighted_sum
+from seqpack.nn.attention import AttentionLayout, Backend, resolve_backend
 
 
 @dataclass(frozen=True)

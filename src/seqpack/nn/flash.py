@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import NotAvailable
-from .attention import AttentionLayout, register_backend
+from seqpack.core.errors import NotAvailable
+from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Dtypes both varlen flash kernels accept.
 FLASH_DTYPES = (torch.float16, torch.bfloat16)

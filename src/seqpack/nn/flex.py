@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from ..errors import NotAvailable
-from .attention import AttentionLayout, register_backend
+from seqpack.core.errors import NotAvailable
+from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Dtypes the fused FlexAttention kernel accepts (CPU and CUDA).
 COMPILED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import InvalidInput
-from .attention import AttentionLayout, register_backend
+from seqpack.core.errors import InvalidInput
+from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Bucketing policies: one call per segment, one per distinct length (the
 #: default: fastest or tied in every measurement, see README), or the

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batch import PackConfig, PackedBatch, pack_examples
-from ..errors import InvalidInput
-from ..examples import SequenceExample
-from ..loss import masked_nll_sum
-from .attention import AttentionLayout, Backend
+from seqpack.core.batch import PackConfig, PackedBatch, pack_examples
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import SequenceExample
+from seqpack.core.loss import masked_nll_sum
+from seqpack.nn.attention import AttentionLayout, Backend
 
 ATOL = 1e-10
 RTOL = 1e-9

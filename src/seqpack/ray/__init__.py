@@ -16,13 +16,13 @@ the work, on Arrow tables throughout:
    alone, rows and occurrence ordinals numbered from 0;
 2. **write**, one per output shard: take the rows of one or more planned
    blocks, renumber rows and ordinals globally and write one Parquet shard of
-   :data:`seqpack.store.SCHEMA` into a hidden temporary folder.
+   :data:`seqpack.io.shards.SCHEMA` into a hidden temporary folder.
 
 The driver sees only per-block statistics. It lays the blocks' rows end to
 end in block order, cuts shards on model-call boundaries (one or more per
 block), merges the statistics into one ``manifest.json``, writes it last and
 renames the folder into place — the local format, read by
-:func:`seqpack.store.load_packed`. With the A/B/C fixture (capacity 6,
+:func:`seqpack.io.store.load_packed`. With the A/B/C fixture (capacity 6,
 next-fit) in blocks of 2 examples: block 0 = A, B -> row 0
 ``[0 99 100 1 | 0 101 1]``; block 1 = C -> row 1 ``[0 102 103 104 1]``, its
 ordinal 0 renumbered 2.
@@ -36,15 +36,26 @@ out, and the driver checks that they hold every example once.
 
 from __future__ import annotations
 
-from .blocks import PARTITION_COLUMN, plain_columns
-from .driver import DEFAULT_BLOCK_EXAMPLES, pack, ray_session
-from .layout import RayTaskFailed
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULT_BLOCK_EXAMPLES",
-    "PARTITION_COLUMN",
-    "RayTaskFailed",
-    "pack",
-    "plain_columns",
-    "ray_session",
-]
+_NAMES = {
+    "PARTITION_COLUMN": "blocks",
+    "plain_columns": "blocks",
+    "pack": "driver",
+    "ray_session": "driver",
+    "DEFAULT_BLOCK_EXAMPLES": "options",
+    "RayOptions": "options",
+    "RayTaskFailed": "shard_layout",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(_NAMES)

@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InvalidInput
-from ..io import COLUMNS, Origin
+from seqpack.core.errors import InvalidInput
+from seqpack.io.columns import COLUMNS
+from seqpack.io.documents import Origin
 
 if TYPE_CHECKING:
     import ray.data

@@ -14,31 +14,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from ..batch import PackConfig
-from ..errors import InvalidInput, NotAvailable, SeqpackError
-from ..examples import Binding, Partition, split_digest
-from ..io import Documents, Origin, resolve_binding
-from ..pipeline import (
-    DEFAULT_POLICY,
-    DEFAULT_ROWS_PER_BATCH,
-    _status,
-    _tokenizer,
-    duplicate_report,
-)
-from ..policies import plan_rows, positive_int
-from ..store import FORMAT, SHARD_TOKENS, VERSION, check_output, publish_packed, temp_output
-from ..tokenizers import Tokenizer
-from .blocks import Block, block_origin, dataset_blocks, file_blocks
-from .layout import Layout, RayTaskFailed, check_written, merge_statistics
-from .tasks import Settings, TaskHook, plan_block, write_shard
+from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
+from seqpack.core.examples import Binding, split_digest
+from seqpack.core.policies import check_policy_options
+from seqpack.io.atomic import recover_output
+from seqpack.io.documents import Documents, Origin, resolve_binding
+from seqpack.io.shards import manifest_record
+from seqpack.io.store import check_output, publish_packed, temp_output
+from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.progress import status
+from seqpack.pipeline.report import duplicate_report
+from seqpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
+from seqpack.ray.options import DEFAULT_BLOCK_EXAMPLES, RayOptions
+from seqpack.ray.shard_layout import RayTaskFailed, ShardLayout, check_written, merge_statistics
+from seqpack.ray.tasks import Settings, plan_block, write_shard
 
 if TYPE_CHECKING:
     import ray.data
 
-#: Examples per block for a ``ray.data.Dataset`` input (it has no shards to follow).
-DEFAULT_BLOCK_EXAMPLES = 10_000
-
-_NO_DOCUMENTS = Documents(
+#: No documents: the vocabulary and tokenizer checks run before any block is read.
+NO_DOCUMENTS = Documents(
     np.zeros(0, np.int32),
     np.zeros(1, np.int64),
     np.zeros(0, bool),
@@ -92,7 +87,7 @@ def run_tasks(
     tmp: Path,
     remote_args: dict[str, Any],
     show: bool,
-) -> tuple[list[dict[str, Any]], Layout, list[dict[str, Any]], pa.Array]:
+) -> tuple[list[dict[str, Any]], ShardLayout, list[dict[str, Any]], pa.Array]:
     """Plan every block, write shards as their rows become known; (block stats, layout,
     shards, every block's ids in input order).
 
@@ -108,7 +103,7 @@ def run_tasks(
     tables: list[Any] = [p[1] for p in planned]
     position = {p[0]: k for k, p in enumerate(planned)}
     pending = [p[0] for p in planned]
-    layout = Layout(len(blocks), settings.max_rows_per_batch)
+    layout = ShardLayout(len(blocks), settings.options.max_rows_per_batch)
     stats: dict[int, dict[str, Any]] = {}
     ids: dict[int, Any] = {}
     writes: list[Any] = []
@@ -162,34 +157,30 @@ def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
 
 
 def _manifest(
-    settings: Settings,
+    options: PackOptions,
     binding: Binding,
-    layout: Layout,
+    layout: ShardLayout,
     block_stats: list[dict[str, Any]],
     shards: list[dict[str, Any]],
     source: str,
     block_examples: int | None,
 ) -> dict[str, Any]:
     """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record."""
-    stats = merge_statistics(block_stats, layout, settings.max_rows_per_batch)
-    receipt = settings.split_id or split_digest(
-        "seqpack-split-blocks", settings.partition.value, *(s["split_id"] for s in block_stats)
+    stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
+    receipt = options.split_id or split_digest(
+        "seqpack-split-blocks", options.partition.value, *(s["split_id"] for s in block_stats)
     )
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "binding": Binding(binding.vocab_size, binding.tokenizer_id, receipt).to_dict(),
-        "partition": settings.partition.value,
-        "config": {
-            "capacity": settings.capacity,
-            "max_rows_per_batch": settings.max_rows_per_batch,
-        },
-        "rows": layout.rows,
-        "occurrences": layout.examples,
-        "policy": {"name": settings.policy, "options": settings.options},
-        "statistics": stats,
-        "input": {"source": source, "text_field": settings.text_field},
-        "engine": {
+    return manifest_record(
+        binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
+        partition=options.partition,
+        config=options.manifest_fields()["config"],
+        shards=shards,
+        rows=layout.rows,
+        occurrences=layout.examples,
+        policy=options.manifest_fields()["policy"],
+        statistics=stats,
+        input={"source": source, "text_field": options.text_field},
+        engine={
             "name": "ray",
             "block_examples": block_examples,
             "blocks": len(layout.blocks),
@@ -197,138 +188,109 @@ def _manifest(
             "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
             "per_block": layout.blocks,
         },
-        "shards": shards,
-    }
+    )
+
+
+def _blocks(
+    ray: Any, source: str | Path | ray.data.Dataset, options: PackOptions, engine: RayOptions
+) -> tuple[list[Block], list[list[Any]], int | None]:
+    """The input cut into blocks; the block size actually used (None: one per shard)."""
+    if isinstance(source, (str, Path)):
+        blocks = file_blocks(Path(source), engine.block_examples)
+        return blocks, [[] for _ in blocks], engine.block_examples
+    if not isinstance(source, ray.data.Dataset):
+        raise InvalidInput(
+            "the ray engine reads a Parquet file, a folder of Parquet shards or a"
+            f" ray.data.Dataset, not a {type(source).__name__}"
+        )
+    size = engine.block_examples or DEFAULT_BLOCK_EXAMPLES
+    status(options.show_progress(sys.stderr))("materialising the dataset in order")
+    blocks, inputs = dataset_blocks(
+        ray, source, size, options.text_field, options.show_progress(sys.stderr)
+    )
+    return blocks, inputs, size
 
 
 def pack(
     source: str | Path | ray.data.Dataset,
     out: str | Path,
-    *,
-    capacity: int,
-    policy: str = DEFAULT_POLICY,
-    block_examples: int | None = None,
-    vocab_size: int | None = None,
-    tokenizer: str | Tokenizer | None = None,
-    partition: Partition | str = "train",
-    split_long_sources: bool = False,
-    overwrite: bool = False,
-    max_rows_per_batch: int = DEFAULT_ROWS_PER_BATCH,
-    text_field: str = "text",
-    tokenizer_id: str | None = None,
-    split_id: str | None = None,
-    policy_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    address: str | None = None,
-    num_cpus: int | None = None,
-    ray_remote_args: dict[str, Any] | None = None,
-    shard_tokens: int = SHARD_TOKENS,
-    task_hook: TaskHook | None = None,
-    max_metadata_bytes: int | None = None,
+    options: PackOptions | None = None,
+    engine: RayOptions | None = None,
+    /,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """Pack Parquet shards (or a ``ray.data.Dataset``) on Ray into the packed directory ``out``.
 
-    Options and statistics are :func:`seqpack.pipeline.pack_path`'s, plus:
-    ``block_examples`` (None: one block per input shard; a Dataset defaults
-    to :data:`DEFAULT_BLOCK_EXAMPLES`), ``address`` / ``num_cpus`` (see
-    :func:`ray_session`), ``ray_remote_args`` (every task's ``.options``,
-    e.g. ``{"num_cpus": 2, "max_retries": 5}``) and ``task_hook(stage,
-    index)``, called in the worker once a task's output exists (``"plan"``
-    with the block, ``"write"`` with the shard) — for logging or fault
-    injection. ``max_metadata_bytes`` is the local budget applied to each
-    block alone (its :func:`seqpack.pipeline.packing_bytes` plus one model
-    call, checked in the task before planning; ``BudgetExceeded`` names the
-    block). ``duplicate_ids`` / ``duplicate_first`` count repeated ids across
-    all blocks, as locally. Statistics add ``blocks``, ``block_examples``,
-    ``block_lower_bound`` (sum of the blocks' lower bounds) and
-    ``rows_over_lower_bound`` (rows / the global ``ceil(tokens / capacity)``).
+    ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
+    ``engine`` the Ray ones (:class:`~seqpack.ray.options.RayOptions`); keywords
+    override fields of either (``capacity=4096, block_examples=10_000``).
+    Statistics are :func:`seqpack.pipeline.local.pack_path`'s, plus ``blocks``,
+    ``block_examples``, ``block_lower_bound`` (sum of the blocks' lower
+    bounds) and ``rows_over_lower_bound`` (rows / the global
+    ``ceil(tokens / capacity)``). ``max_metadata_bytes`` applies to each block
+    alone (checked in its task before planning; ``BudgetExceeded`` names the
+    block); ``duplicate_ids`` counts repeated ids across all blocks, as locally.
+    Hidden folders of killed runs at ``out`` are recovered first, as locally.
 
     Without ``split_id`` the split receipt is the digest of the blocks'
-    digests in order (:meth:`seqpack.io.Documents.digest` of each block): it
-    depends on the block layout, so pin it when several layouts must agree.
+    digests in order: it depends on the block layout, so pin it when several
+    layouts must agree.
     """
     started = time.perf_counter()
     _ray()  # say how to install it before anything else
-    config = PackConfig(capacity, max_rows_per_batch, max_metadata_bytes=max_metadata_bytes)
-    options = dict(policy_options or {})
-    plan_rows(np.zeros(0, dtype=np.int64), config.capacity, policy, **options)  # check early
-    if block_examples is not None:
-        positive_int("block_examples", block_examples)
-    out = check_output(out, overwrite)
-    show = sys.stderr.isatty() if progress is None else progress
-    say = _status(show)
-    tok = _tokenizer(tokenizer)
-    part = Partition.parse(partition)
+    opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    check_policy_options(opts.policy, opts.policy_options, opts.capacity)
+    recovered = recover_output(out)
+    out = check_output(out, opts.overwrite)
+    say = status(opts.show_progress(sys.stderr))
+    tok = opts.load_tokenizer()
     # The vocabulary and tokenizer checks now; the split receipt once the blocks are read.
     binding = resolve_binding(
-        _NO_DOCUMENTS,
-        part,
-        vocab_size=vocab_size,
+        NO_DOCUMENTS,
+        opts.partition,
+        vocab_size=opts.vocab_size,
         tokenizer=tok,
-        tokenizer_id=tokenizer_id,
-        split_id=split_id or "pending",
+        tokenizer_id=opts.tokenizer_id,
+        split_id=opts.split_id or "pending",
     )
-    settings = Settings(
-        capacity=config.capacity,
-        policy=policy,
-        options=options,
-        max_rows_per_batch=config.max_rows_per_batch,
-        shard_tokens=shard_tokens,
-        partition=part,
-        vocab_size=vocab_size,
-        tokenizer=tok,
-        tokenizer_id=tokenizer_id,
-        split_id=split_id,
-        text_field=text_field,
-        split_long=split_long_sources,
-        hook=task_hook,
-        max_metadata_bytes=max_metadata_bytes,
-    )
-    from_path = isinstance(source, (str, Path))
-    if from_path:
-        if not Path(source).exists():
-            raise InvalidInput(f"input {str(source)!r} does not exist")
-        blocks = file_blocks(Path(source), block_examples)
-        inputs: list[list[Any]] = [[] for _ in blocks]
-    else:
-        block_examples = block_examples or DEFAULT_BLOCK_EXAMPLES
-    with ray_session(address, num_cpus) as ray:
-        if not from_path:
-            if not isinstance(source, ray.data.Dataset):
-                raise InvalidInput(
-                    "the ray engine reads a Parquet file, a folder of Parquet shards or a"
-                    f" ray.data.Dataset, not a {type(source).__name__}"
-                )
-            say("materialising the dataset in order")
-            blocks, inputs = dataset_blocks(ray, source, block_examples, text_field, show)
+    settings = Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
+    if isinstance(source, (str, Path)) and not Path(source).exists():
+        raise InvalidInput(f"input {str(source)!r} does not exist")
+    with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
+        blocks, inputs, block_examples = _blocks(ray, source, opts, ray_opts)
         if not blocks:
             raise InvalidInput(f"{source} holds no rows — nothing to pack")
-        say(f"planning {len(blocks):,} block(s) with {policy} on Ray")
+        say(f"planning {len(blocks):,} block(s) with {opts.policy} on Ray")
         tmp = temp_output(out)
         try:
             block_stats, layout, shards, ids = run_tasks(
-                ray, blocks, inputs, settings, tmp, dict(ray_remote_args or {}), show
+                ray,
+                blocks,
+                inputs,
+                settings,
+                tmp,
+                dict(ray_opts.remote_args),
+                opts.show_progress(sys.stderr),
             )
             check_written(layout, shards, tmp)
-            name = str(source) if from_path else "ray.data.Dataset"
-            manifest = _manifest(
-                settings, binding, layout, block_stats, shards, name, block_examples
-            )
+            name = str(source) if isinstance(source, (str, Path)) else "ray.data.Dataset"
+            manifest = _manifest(opts, binding, layout, block_stats, shards, name, block_examples)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         publish_packed(tmp, out, manifest)
-    engine = manifest["engine"]
+    meta = manifest["engine"]
     return (
         manifest["statistics"]
         | duplicates(blocks, ids)
         | {
-            "blocks": engine["blocks"],
+            "blocks": meta["blocks"],
             "block_examples": block_examples,
-            "block_lower_bound": engine["block_lower_bound"],
-            "rows_over_lower_bound": engine["rows_over_lower_bound"],
+            "block_lower_bound": meta["block_lower_bound"],
+            "rows_over_lower_bound": meta["rows_over_lower_bound"],
             "shards": len(shards),
             "out": str(out),
+            "recovered": recovered,
             "seconds": time.perf_counter() - started,
         }
     )

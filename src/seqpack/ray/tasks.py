@@ -13,36 +13,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..batch import PackConfig
-from ..errors import PartitionMismatch
-from ..examples import ExampleTable, Partition, example_label, split_long
-from ..io import Documents, documents_from_arrow, resolve_binding
-from ..pipeline import check_budget, pack_table
-from ..store import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
-from ..tokenizers import Tokenizer
-from .blocks import PARTITION_COLUMN, Block, block_table
+from seqpack.core.batch import PackConfig
+from seqpack.core.errors import PartitionMismatch
+from seqpack.core.examples import ExampleTable, Partition, example_label, split_long
+from seqpack.io.columns import documents_from_arrow
+from seqpack.io.documents import Documents, resolve_binding
+from seqpack.io.shards import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
+from seqpack.pipeline.budget import check_budget
+from seqpack.pipeline.local import pack_table
+from seqpack.pipeline.options import PackOptions
+from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
 
 TaskHook = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a task needs, shipped once through the object store."""
+    """Everything a task needs, shipped once through the object store: the run's
+    options (its tokenizer loaded, so it travels with them) and the task hook."""
 
-    capacity: int
-    policy: str
-    options: dict[str, Any]
-    max_rows_per_batch: int
-    shard_tokens: int
-    partition: Partition
-    vocab_size: int | None
-    tokenizer: Tokenizer | None
-    tokenizer_id: str | None
-    split_id: str | None
-    text_field: str
-    split_long: bool
-    hook: TaskHook | None
-    max_metadata_bytes: int | None = None
+    options: PackOptions
+    hook: TaskHook | None = None
 
 
 def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
@@ -65,12 +56,13 @@ def _check_block_budget(
 ) -> None:
     """The local pipeline's ``max_metadata_bytes`` check (:func:`seqpack.pipeline.check_budget`),
     for this block alone; the message names the block and its input rows."""
+    opts = settings.options
     names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
     check_budget(
         examples,
-        PackConfig(settings.capacity, settings.max_rows_per_batch),
-        settings.policy,
-        settings.max_metadata_bytes,
+        PackConfig(opts.capacity, opts.max_rows_per_batch),
+        opts.policy,
+        opts.max_metadata_bytes,
         where=f"block {block.index} ({names}, input rows {block.first:,}.."
         f"{block.first + sources - 1:,}): ",
         fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
@@ -85,23 +77,23 @@ def plan_block(
     The statistics carry ``ids``: the block's example ids as an Arrow string
     array in row order, which the driver merges to count repeated ids.
     """
-    table, origin = block_table(block, settings.text_field, tables)
-    docs = documents_from_arrow(
-        table, origin, tokenizer=settings.tokenizer, text_field=settings.text_field
-    )
-    check_partition(table, docs, settings.partition)
+    opts = settings.options
+    tokenizer = opts.load_tokenizer()
+    table, origin = block_table(block, opts.text_field, tables)
+    docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
+    check_partition(table, docs, opts.partition)
     binding = resolve_binding(
         docs,
-        settings.partition,
-        vocab_size=settings.vocab_size,
-        tokenizer=settings.tokenizer,
-        tokenizer_id=settings.tokenizer_id,
-        split_id=settings.split_id,
+        opts.partition,
+        vocab_size=opts.vocab_size,
+        tokenizer=tokenizer,
+        tokenizer_id=opts.tokenizer_id,
+        split_id=opts.split_id,
     )
-    examples = docs.to_table(binding, settings.partition)
+    examples = docs.to_table(binding, opts.partition)
     split = 0
-    if settings.split_long:
-        examples, split = split_long(examples, settings.capacity)
+    if opts.split_long:
+        examples, split = split_long(examples, opts.capacity)
     _check_block_budget(block, len(docs), examples, settings)
 
     def name(i: int) -> str:
@@ -110,8 +102,8 @@ def plan_block(
         ex = examples.example(i)
         return f"{origin.locate(i)}: {example_label(block.first + i, ex.example_id, *ex.range)}"
 
-    plan, rows = pack_table(examples, settings.capacity, settings.policy, name, **settings.options)
-    cuts = shard_bounds(rows, settings.max_rows_per_batch, settings.shard_tokens)[1:-1]
+    plan, rows = pack_table(examples, opts.capacity, opts.policy, name, **opts.policy_options)
+    cuts = shard_bounds(rows, opts.max_rows_per_batch, opts.shard_tokens)[1:-1]
     stats = plan.stats() | {
         "sources": len(docs),
         "split_sources": split,

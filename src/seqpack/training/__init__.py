@@ -6,7 +6,7 @@ micro-batches, every row once) -> ``PackedCollator`` tensors ->
 ``micro_batch_loss`` (raw sum divided by the whole step's eligible count).
 """
 
-from .data import (
+from seqpack.training.data import (
     PackedCollator,
     PackedDataset,
     ScheduledBatch,
@@ -17,7 +17,7 @@ from .data import (
     move_features,
     select_rows,
 )
-from .distributed import (
+from seqpack.training.distributed import (
     RowSampler,
     RowStats,
     Slot,
@@ -26,8 +26,8 @@ from .distributed import (
     schedule_rows,
     step_eligible_counts,
 )
-from .loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from .stream import StreamDataset
+from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.stream import StreamDataset
 
 __all__ = [
     "PackedCollator",

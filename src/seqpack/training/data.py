@@ -33,13 +33,14 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from ..batch import CELL_FIELDS, NO_SEGMENT, Occurrences, PackedBatch
-from ..compact import CompactRows
-from ..errors import InvalidInput
-from ..examples import Binding, Partition
-from ..nn.attention import AttentionLayout
-from ..store import IGNORE_INDEX, PackedStore, _flat, load_packed
-from .distributed import RowStats, Slot
+from seqpack.core.batch import CELL_FIELDS, IGNORE_INDEX, NO_SEGMENT, Occurrences, PackedBatch
+from seqpack.core.compact import CompactRows
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import Binding, Partition
+from seqpack.io.shards import flat_column
+from seqpack.io.store import PackedStore, load_packed
+from seqpack.nn.attention import AttentionLayout
+from seqpack.training.distributed import RowStats, Slot
 
 COLUMNS = ["seq_lengths", "labels"]  # what row_stats reads
 
@@ -228,8 +229,8 @@ class PackedDataset(Dataset):
             lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
             for shard in self.store.shards:
                 table = pq.read_table(self.store.path / shard["file"], columns=COLUMNS)
-                seq, occ = _flat(table, "seq_lengths")
-                labels, offsets = _flat(table, "labels")
+                seq, occ = flat_column(table, "seq_lengths")
+                labels, offsets = flat_column(table, "labels")
                 counts = np.concatenate([[0], np.cumsum(labels != IGNORE_INDEX, dtype=np.int64)])
                 rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
                 lengths.append(seq.astype(np.int64))

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import InvalidInput
+from seqpack.core.errors import InvalidInput
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -269,7 +269,7 @@ _SAMPLER_CONFIG = (
 )
 
 
-def _default_world() -> tuple[int, int]:
+def default_world() -> tuple[int, int]:
     """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
     try:
         import torch.distributed as dist
@@ -308,9 +308,9 @@ class RowSampler:
         balance: Balance = "tokens",
         shuffle: bool = True,
     ) -> None:
-        default_world, default_rank = _default_world()
-        self.world_size = default_world if world_size is None else int(world_size)
-        self.rank = default_rank if rank is None else int(rank)
+        world, rank0 = default_world()
+        self.world_size = world if world_size is None else int(world_size)
+        self.rank = rank0 if rank is None else int(rank)
         if not 0 <= self.rank < self.world_size:
             raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
         self.stats = stats

@@ -35,9 +35,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from ..errors import EmptyObjective, InvalidInput
-from ..loss import LossSum
-from ..store import IGNORE_INDEX
+from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.errors import EmptyObjective, InvalidInput
+from seqpack.core.loss import LossSum
 
 GradReduction = Literal["mean", "sum"]
 

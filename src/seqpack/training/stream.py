@@ -31,15 +31,21 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..batch import check_segment_namespace
-from ..compact import CompactRows
-from ..errors import InvalidInput, OversizedExample
-from ..examples import Binding, Partition, as_token_array, long_ranges
-from ..store import IGNORE_INDEX
-from ..stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
-from ..tokenizers import Tokenizer
-from .data import ScheduledBatch
-from .distributed import Balance, RowStats, Slot, _default_world, check_balance, schedule_rows
+from seqpack.core.batch import IGNORE_INDEX, check_segment_namespace
+from seqpack.core.compact import CompactRows
+from seqpack.core.errors import InvalidInput, OversizedExample
+from seqpack.core.examples import Binding, Partition, as_token_array, long_ranges
+from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from seqpack.io.tokenizers import Tokenizer
+from seqpack.training.data import ScheduledBatch
+from seqpack.training.distributed import (
+    Balance,
+    RowStats,
+    Slot,
+    check_balance,
+    default_world,
+    schedule_rows,
+)
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 _CONFIG = (
@@ -99,15 +105,15 @@ class StreamDataset(IterableDataset):
         balance: Balance = "tokens",
         read_chunk: int = 256,
     ) -> None:
-        default_world, default_rank = _default_world()
+        world, rank0 = default_world()
         self.documents = documents
         self.binding = binding
         self.partition = Partition.parse(partition)
         self.capacity = capacity
         self.rows_per_micro_batch = rows_per_micro_batch
         self.micro_batches = micro_batches
-        self.world_size = default_world if world_size is None else int(world_size)
-        self.rank = default_rank if rank is None else int(rank)
+        self.world_size = world if world_size is None else int(world_size)
+        self.rank = rank0 if rank is None else int(rank)
         self.split_long = bool(split_long)
         self.tokenizer = tokenizer
         self.window = window

@@ -1,0 +1,99 @@
+"""``seqpack`` command line: thin over the library.
+
+Each subcommand is a pair ``(add_NAME, cmd_NAME)`` in :data:`COMMANDS`
+(modules ``demo``, ``pack``, ``verify`` here); library errors become a
+one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from seqpack.cli.demo import add_demo, cmd_demo
+from seqpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
+from seqpack.cli.verify import add_verify, cmd_verify
+from seqpack.core.errors import SeqpackError
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+
+COMMANDS: dict[str, tuple[str, Command]] = {
+    "demo": ("pack the seed's A/B/C fixture and print its JSON trace", (add_demo, cmd_demo)),
+    "pack": ("pack a dataset into Parquet shards of rows + manifest", (add_pack, cmd_pack)),
+    "stats": ("compare every policy on a dataset without writing rows", (add_stats, cmd_stats)),
+    "verify": (
+        "prove a model computes the same on packed rows as on separate examples",
+        (add_verify, cmd_verify),
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seqpack",
+        description="Pack tokenized examples into shared rows without joining their contexts.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, (add, _)) in COMMANDS.items():
+        add(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    """The message on one line (wrapped third-party messages may hold newlines)."""
+    return " ".join(str(err).split())
+
+
+_TERMINATED: list[int] = []
+
+
+def _terminated(signum: int, frame: object) -> None:
+    # SystemExit unwinds like an exception, so a half-written output is removed.
+    # It is remembered too: if it lands inside a third-party import that swallows
+    # it, the module is left half-initialised and a later error must still read
+    # as the termination it is.
+    _TERMINATED.append(signum)
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Library errors: one line, exit 2; other OS errors: one line, exit 1.
+
+    SIGTERM unwinds like Ctrl-C: temporary output is removed before exiting
+    (exit code 143, or 130 on Ctrl-C).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _, (_, run) = COMMANDS[args.command]
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    _TERMINATED.clear()
+    try:
+        return run(args)
+    except SeqpackError as err:
+        print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except OSError as err:
+        print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"seqpack {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        if not _TERMINATED:
+            raise
+        print(f"seqpack {args.command}: terminated", file=sys.stderr)
+        return 128 + _TERMINATED[-1]
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""``seqpack pack`` and ``seqpack stats``: their flags come from the option classes.
+
+Every packing flag is a field of :class:`~seqpack.pipeline.options.PackOptions`
+(and, for ``--engine ray``, of :class:`~seqpack.ray.options.RayOptions`);
+this module only adds the input, ``--out``, ``--engine`` and ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from seqpack.core.errors import InvalidInput
+from seqpack.pipeline.options import add_arguments, from_arguments
+
+#: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
+RAY_FLAGS = ("block_examples", "address", "num_cpus")
+
+
+def _add_common(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument("input", help=".jsonl/.json, .parquet, a folder of shards or a datasets folder")
+    add_arguments(p, command)
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
+
+
+def add_pack(p: argparse.ArgumentParser) -> None:
+    from seqpack.ray.options import RayOptions
+
+    _add_common(p, "pack")
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process; ray: plan per block on Ray (Parquet shards in)",
+    )
+    add_arguments(p, "pack", RayOptions)
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    options = from_arguments(args, "pack")
+    if args.engine == "ray":
+        from seqpack import ray as ray_engine
+        from seqpack.ray.options import RayOptions
+
+        engine = from_arguments(args, "pack", RayOptions)
+        stats = ray_engine.pack(args.input, args.out, options, engine)
+    else:
+        if any(getattr(args, name) is not None for name in RAY_FLAGS):
+            raise InvalidInput("--block-examples and --ray-* options need --engine ray")
+        from seqpack.pipeline.local import pack_path
+
+        stats = pack_path(args.input, args.out, options)
+    report_input(args.command, stats)
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    print(
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} prediction pairs,"
+        f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
+        f" {stats['rows']:,} rows of {stats['capacity']}: lower bound {stats['lower_bound']:,},"
+        f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
+    )
+    print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
+    if "blocks" in stats:
+        print(
+            f"ray: {stats['blocks']:,} block(s); rows / global lower bound"
+            f" {stats['rows_over_lower_bound']:.4f} (per-block lower bounds sum to"
+            f" {stats['block_lower_bound']:,})"
+        )
+    return 0
+
+
+def report_input(command: str, stats: dict) -> None:
+    """Warn on stderr about repeated ids; note hidden folders of killed runs cleaned up."""
+    for note in stats.get("recovered", []):
+        print(f"seqpack {command}: note: {note}", file=sys.stderr)
+    if stats.get("duplicate_ids"):
+        first = stats["duplicate_first"]
+        print(
+            f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an earlier id"
+            f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
+            " each is packed as its own occurrence — de-duplicate the input if that is not"
+            " intended",
+            file=sys.stderr,
+        )
+
+
+def add_stats(p: argparse.ArgumentParser) -> None:
+    _add_common(p, "stats")
+    p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
+    p.add_argument(
+        "--policy", dest="policies", action="append", help="only these policies (repeatable)"
+    )
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from seqpack.pipeline.stats import stats_path
+
+    options = from_arguments(args, "stats")
+    report = stats_path(args.input, options, policies=args.policies, plot=args.plot)
+    report_input(args.command, report)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{report['examples']:,} examples ({report['split_sources']:,} sources split),"
+        f" {report['tokens']:,} prediction pairs, capacity {report['capacity']},"
+        f" lower bound {report['lower_bound']:,} rows"
+    )
+    print(f"{'policy':<22} {'rows':>12} {'rows/LB':>9} {'efficiency':>11} {'seconds':>9}")
+    for r in report["policies"]:
+        print(
+            f"{r['policy']:<22} {r['rows']:>12,} {r['rows_over_lower_bound']:>9.4f}"
+            f" {r['efficiency']:>11.2%} {r['seconds']:>9.3f}"
+        )
+    if "plot" in report:
+        print(f"plot: {report['plot']}")
+    return 0

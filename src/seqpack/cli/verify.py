@@ -1,0 +1,98 @@
+"""``seqpack verify``: packed rows compute what separate examples compute, or where not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_verify(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--hf-config", metavar="PATH", help="transformers config (file or dir)")
+    source.add_argument("--hf-model", metavar="PATH", help="local pretrained transformers dir")
+    p.add_argument(
+        "--attn",
+        help="attention: eager|sdpa|flex_attention|flash_attention_2 (default sdpa) for"
+        " transformers; a seqpack backend (default ranges) for the tiny decoder",
+    )
+    p.add_argument(
+        "--mode",
+        default="adapter",
+        choices=("adapter", "naive", "bool-mask"),
+        help="adapter: seqpack's hf_inputs; naive: position_ids only, default settings;"
+        " bool-mask: a boolean 4-D mask",
+    )
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    p.add_argument("--seed", type=int, default=0, help="weights (from a config) and token ids")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
+    from seqpack.hf import verify as hf_verify
+
+    if args.hf_config or args.hf_model:
+        model = hf_verify.load_model(
+            config=args.hf_config,
+            model=args.hf_model,
+            attn_implementation=args.attn or "sdpa",
+            dtype=hf_verify.DTYPES[args.dtype],
+            seed=args.seed,
+            device=args.device,
+        )
+        cfg = model.config
+        examples = hf_verify.verification_examples(
+            cfg.vocab_size, args.seed, getattr(cfg, "max_position_embeddings", None)
+        )
+        report = hf_verify.verify_hf(model, examples, mode=args.mode)
+        report["model"]["source"] = str(args.hf_config or args.hf_model)
+    else:
+        from seqpack.core.errors import InvalidInput
+
+        if args.dtype != "float64" or args.device != "cpu":
+            raise InvalidInput(
+                "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
+                " — drop --dtype/--device, or pass --hf-config/--hf-model"
+            )
+        report = hf_verify.verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_verify(report)
+    return 0 if report["pass"] else 1
+
+
+def _print_verify(report: dict) -> None:
+    m = report["model"]
+    if report["target"] == "transformers":
+        print(
+            f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
+            f" {m['attn_implementation']}, {m['device']}), mode {report['mode']}:"
+            f" {report['examples']} examples packed into {report['rows']} rows of"
+            f" {report['capacity']}, {report['targets']} targets"
+            f" ({report['eligible_targets']} eligible)"
+        )
+    else:
+        print(
+            f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
+            f" attention {m['attention']}), mode {report['mode']}: {report['layouts']} layouts,"
+            f" {report['examples']} examples, {report['targets']} targets;"
+            " separate vs padded vs packed"
+        )
+    tol = report["tolerance"]
+    diffs = ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())
+    fails = ", ".join(
+        f"{k} {v:,}/{report['comparisons'][k]:,}" for k, v in report["failures"].items()
+    )
+    print(f"max abs diff vs separate: {diffs}")
+    print(
+        f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
+        f" {tol['why']})"
+    )
+    if report["pass"]:
+        print("PASS: packed rows compute what separate examples compute")
+    else:
+        print(f"FAIL: packed rows do not compute what separate examples compute: {report['hint']}")

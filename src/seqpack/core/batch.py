@@ -1,0 +1,430 @@
+"""The packed batch: the single source of truth every view is derived from.
+
+The seed's fixture (A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1],
+capacity 6, next-fit) packs into two rows::
+
+    column      0    1    2    3    4    5
+    inputs    [ 0,  99, 100,   0, 101,  -1]   [  0, 102, 103, 104, -1, -1]
+    targets   [99, 100,   1, 101,   1,  -1]   [102, 103, 104,   1, -1, -1]
+    segments  [ 0,   0,   0,   1,   1,  -1]   [  2,   2,   2,   2, -1, -1]
+    positions [ 0,   1,   2,   0,   1,   0]   [  0,   1,   2,   3,  0,  0]
+
+``PAD_CELL = -1`` marks an empty cell (never a vocabulary id) and
+``NO_SEGMENT = -1`` its segment; padding positions are 0 and unused.
+B's queries at columns 3 and 4 may use keys ``[3,4)`` and ``[3,5)`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from seqpack.core import budget, permission
+from seqpack.core.checks import positive_int
+from seqpack.core.errors import BudgetExceeded, InvalidInput, PartitionMismatch
+from seqpack.core.examples import INT32_MAX, Binding, ExampleTable, Partition, SequenceExample
+from seqpack.core.plan import Plan
+from seqpack.core.policies import plan_rows
+
+PAD_CELL = -1
+NO_SEGMENT = -1
+#: The label of a target outside the loss (PyTorch's ``cross_entropy`` ``ignore_index`` and
+#: the Hugging Face ``labels`` convention); also every window's first token.
+IGNORE_INDEX = -100
+#: The per-cell arrays of a :class:`PackedBatch`, each of shape [rows, capacity].
+CELL_FIELDS = (
+    "inputs",
+    "targets",
+    "segments",
+    "positions",
+    "input_valid",
+    "target_valid",
+    "loss_mask",
+)
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Row width and per-call limits, validated on construction.
+
+    ``capacity``: prediction pairs per row. ``max_rows_per_batch``: rows per
+    model call (the last call keeps its real, smaller count). ``max_cells``:
+    cells one call may hold (default ``capacity * max_rows_per_batch``).
+    ``max_metadata_bytes``: budget for everything :func:`pack_examples`
+    allocates (None: unlimited).
+    """
+
+    capacity: int
+    max_rows_per_batch: int
+    max_cells: int | None = None
+    max_metadata_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        cap = positive_int("capacity", self.capacity, INT32_MAX)
+        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
+        cells = cap * rows if self.max_cells is None else self.max_cells
+        cells = positive_int("max_cells", cells, budget.MAX_BYTES)
+        if cells < cap:
+            raise InvalidInput(
+                f"max_cells {cells} is smaller than one row of capacity {cap}"
+                " — no model call could hold a row; raise max_cells"
+            )
+        if self.max_metadata_bytes is not None:
+            positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
+        object.__setattr__(self, "capacity", cap)
+        object.__setattr__(self, "max_rows_per_batch", rows)
+        object.__setattr__(self, "max_cells", cells)
+
+
+@dataclass(frozen=True, eq=False)
+class Occurrences:
+    """One record per occurrence in a batch, in storage order (row, column).
+
+    Arrays of shape [k]: ``ordinal`` (int64, index in the supplied examples),
+    ``row`` (batch-local), ``col_start``/``col_end`` (columns ``[start, end)``),
+    ``segment`` (int32, equals the ordinal), ``source_ids``/``example_ids``
+    (str), ``range_starts``/``range_ends`` (the selected source range).
+    """
+
+    ordinal: np.ndarray
+    row: np.ndarray
+    col_start: np.ndarray
+    col_end: np.ndarray
+    segment: np.ndarray
+    source_ids: np.ndarray
+    example_ids: np.ndarray
+    range_starts: np.ndarray
+    range_ends: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ordinal.shape[0])
+
+    @classmethod
+    def placed(
+        cls,
+        ordinal: np.ndarray,
+        row: np.ndarray,
+        start: np.ndarray,
+        lens: np.ndarray,
+        source_ids: np.ndarray,
+        example_ids: np.ndarray,
+        range_starts: np.ndarray,
+        range_ends: np.ndarray,
+    ) -> Occurrences:
+        """Records of occurrences ``ordinal`` at columns ``[start, start + lens)`` of ``row``."""
+        return cls(
+            ordinal=ordinal.astype(np.int64),
+            row=row.astype(np.int64, copy=False),
+            col_start=start.astype(np.int64),
+            col_end=(start + lens).astype(np.int64),
+            segment=ordinal.astype(np.int32),
+            source_ids=source_ids,
+            example_ids=example_ids,
+            range_starts=range_starts.astype(np.int64, copy=False),
+            range_ends=range_ends.astype(np.int64, copy=False),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        ids = 8 * (self.source_ids.shape[0] + self.example_ids.shape[0])
+        arrays = (self.ordinal, self.row, self.col_start, self.col_end, self.segment)
+        return (
+            sum(a.nbytes for a in arrays) + self.range_starts.nbytes + self.range_ends.nbytes + ids
+        )
+
+    def records(self) -> list[dict[str, Any]]:
+        """Plain dicts for JSON: ordinal, row, columns, segment, source_id, example_id, range."""
+        return [
+            {
+                "ordinal": int(self.ordinal[i]),
+                "row": int(self.row[i]),
+                "columns": [int(self.col_start[i]), int(self.col_end[i])],
+                "segment": int(self.segment[i]),
+                "source_id": str(self.source_ids[i]),
+                "example_id": str(self.example_ids[i]),
+                "range": [int(self.range_starts[i]), int(self.range_ends[i])],
+            }
+            for i in range(len(self))
+        ]
+
+
+@dataclass(frozen=True, eq=False)
+class PackedBatch:
+    """One model call: ``rows`` rows of ``capacity`` cells.
+
+    Cell arrays, shape [rows, capacity]: ``inputs``/``targets`` int32
+    (``PAD_CELL`` on padding), ``segments`` int32 (``NO_SEGMENT``),
+    ``positions`` int32 (local, restarting at 0 per occurrence; 0 on
+    padding), ``input_valid``/``target_valid``/``loss_mask`` bool.
+    ``first_row`` is the global index of row 0 within its epoch.
+    """
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    segments: np.ndarray
+    positions: np.ndarray
+    input_valid: np.ndarray
+    target_valid: np.ndarray
+    loss_mask: np.ndarray
+    occurrences: Occurrences
+    partition: Partition
+    binding: Binding
+    first_row: int = 0
+
+    @classmethod
+    def from_cells(
+        cls,
+        cells: tuple[np.ndarray, ...],
+        occurrences: Occurrences,
+        partition: Partition,
+        binding: Binding,
+        first_row: int = 0,
+    ) -> PackedBatch:
+        """A batch from the six arrays :func:`fill_cells` returns.
+
+        Pairs are formed inside each range, so every input has its target:
+        target validity starts equal to input validity (as its own array).
+        """
+        inputs, targets, segments, positions, valid, loss_mask = cells
+        return cls(
+            inputs,
+            targets,
+            segments,
+            positions,
+            valid,
+            valid.copy(),
+            loss_mask,
+            occurrences,
+            partition,
+            binding,
+            first_row,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.inputs.shape[0]), int(self.inputs.shape[1]))
+
+    @property
+    def valid(self) -> np.ndarray:
+        """Cells that hold a real query/key: input and target exist, bool [R, T]."""
+        return self.input_valid & self.target_valid
+
+    @property
+    def eligible_count(self) -> int:
+        """N: targets that count in the loss."""
+        return int(self.loss_mask.sum())
+
+    @property
+    def nbytes(self) -> int:
+        cells = (self.inputs, self.targets, self.segments, self.positions)
+        flags = (self.input_valid, self.target_valid, self.loss_mask)
+        return sum(a.nbytes for a in cells + flags) + self.occurrences.nbytes
+
+    # Permission and its views (see seqpack.permission).
+    def allowed_key(self, row: int, query: int, key: int) -> bool:
+        return permission.allowed_key(self, row, query, key)
+
+    def key_ranges(self) -> permission.KeyRanges:
+        return permission.key_ranges(self)
+
+    def cu_seqlens(self) -> permission.CuSeqlens:
+        return permission.cu_seqlens(self)
+
+    def position_ids(self) -> np.ndarray:
+        return permission.position_ids(self)
+
+    def dense_mask(self) -> np.ndarray:
+        return permission.dense_mask(self)
+
+    def edges(self) -> np.ndarray:
+        return permission.edges(self)
+
+    def rows_as_dicts(self) -> list[dict[str, list[Any]]]:
+        """Per row: inputs, targets, segments, positions and the three validity fields."""
+        return [
+            {n: getattr(self, n)[r].tolist() for n in CELL_FIELDS} for r in range(self.shape[0])
+        ]
+
+
+@dataclass(frozen=True, eq=False)
+class PackedEpoch:
+    """All model calls of one packing: ``batches`` in row order."""
+
+    batches: list[PackedBatch]
+    row_count: int
+    occurrence_count: int
+    metadata_peak: int
+    plan: Plan
+
+
+def check_segment_namespace(count: int) -> None:
+    """Occurrence segment ids ``0..count-1`` must fit int32."""
+    if count > INT32_MAX + 1:
+        raise InvalidInput(
+            f"{count:,} occurrences do not fit int32 segment ids (at most {INT32_MAX + 1:,})"
+            " — pack the corpus in several calls"
+        )
+
+
+def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
+    """Bytes :func:`materialize` allocates for ``plan``, computed before allocating.
+
+    Raises :class:`BudgetExceeded` when a model call would exceed ``max_cells``.
+    """
+    n = plan.lengths.shape[0]
+    total = budget.checked_mul(n, budget.PLAN_BYTES)
+    largest = 0
+    rows_per = config.max_rows_per_batch
+    counts = np.bincount(plan.row_of, minlength=plan.num_rows) if n else np.zeros(0, np.int64)
+    cells_per_row = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
+    for first in range(0, plan.num_rows, rows_per):
+        rows = min(rows_per, plan.num_rows - first)
+        cells = budget.checked_mul(rows, config.capacity)
+        if cells > config.max_cells:
+            raise BudgetExceeded(
+                f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
+                f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
+            )
+        occ = int(counts[first : first + rows].sum())
+        total = budget.checked_add(
+            total,
+            budget.checked_mul(cells, budget.CELL_BYTES),
+            budget.checked_mul(occ, budget.OCCURRENCE_BYTES),
+        )
+        largest = max(largest, int(cells_per_row[first : first + rows].sum()))
+    return budget.checked_add(total, budget.checked_mul(largest, budget.GATHER_BYTES))
+
+
+def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEpoch:
+    """Lay ``table`` out as ``plan`` says, in model calls of ``config.max_rows_per_batch`` rows.
+
+    The metadata budget is checked before any batch is allocated.
+    """
+    n = len(table)
+    if plan.lengths.shape[0] != n or not np.array_equal(plan.lengths, table.lengths):
+        raise InvalidInput("plan lengths do not match the examples supplied")
+    if plan.capacity != config.capacity:
+        raise InvalidInput(f"plan capacity {plan.capacity} != config capacity {config.capacity}")
+    check_segment_namespace(n)
+    peak = plan_metadata_bytes(plan, config)
+    budget.enforce(peak, config.max_metadata_bytes)
+
+    order = plan.row_order()
+    rows_sorted = plan.row_of[order]
+    batches = []
+    rows_per = config.max_rows_per_batch
+    bounds = np.searchsorted(rows_sorted, np.arange(0, plan.num_rows + rows_per, rows_per))
+    for b, first in enumerate(range(0, plan.num_rows, rows_per)):
+        rows = min(rows_per, plan.num_rows - first)
+        idx = order[bounds[b] : bounds[b + 1]]
+        batches.append(_build_batch(table, plan, idx, first, rows, config.capacity))
+    return PackedEpoch(batches, plan.num_rows, n, peak, plan)
+
+
+def fill_cells(
+    shape: tuple[int, int],
+    row: np.ndarray,
+    start: np.ndarray,
+    lens: np.ndarray,
+    segment: np.ndarray,
+    tokens: np.ndarray,
+    token_starts: np.ndarray,
+    flags: np.ndarray,
+    flag_starts: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
+    """Padded cells of one model call: ``inputs, targets, segments, positions, valid, loss_mask``.
+
+    Occurrence ``i`` covers cells ``[start[i], start[i] + lens[i])`` of row
+    ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]`` and segment
+    ``segment[i]``; its flags are ``flags[flag_starts[i]:][:lens[i]]``, or, with
+    ``flag_starts`` None, the next ``lens[i]`` of ``flags`` (already in cell
+    order). Arrays are [rows, capacity]; vectorised over cells.
+    """
+    inputs = np.full(shape, PAD_CELL, dtype=np.int32)
+    targets = np.full(shape, PAD_CELL, dtype=np.int32)
+    segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
+    positions = np.zeros(shape, dtype=np.int32)
+    valid = np.zeros(shape, dtype=bool)
+    loss_mask = np.zeros(shape, dtype=bool)
+    total = int(lens.sum())
+    if total:
+        firsts = np.zeros(lens.shape[0], dtype=np.int64)
+        np.cumsum(lens[:-1], out=firsts[1:])
+        owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)  # [cells]
+        local = np.arange(total, dtype=np.int64) - firsts[owner]  # position in occurrence
+        dest = (row * shape[1] + start)[owner] + local  # flat cell index
+        src = token_starts[owner] + local  # index into tokens
+        inputs.flat[dest] = tokens[src]
+        targets.flat[dest] = tokens[src + 1]
+        segments.flat[dest] = segment[owner]
+        positions.flat[dest] = local
+        valid.flat[dest] = True
+        loss_mask.flat[dest] = flags if flag_starts is None else flags[flag_starts[owner] + local]
+    return inputs, targets, segments, positions, valid, loss_mask
+
+
+def _build_batch(
+    table: ExampleTable, plan: Plan, idx: np.ndarray, first_row: int, rows: int, capacity: int
+) -> PackedBatch:
+    lens = plan.lengths[idx]
+    row = plan.row_of[idx] - first_row
+    start = plan.start_of[idx]
+    inputs, targets, segments, positions, valid, loss_mask = fill_cells(
+        (rows, capacity),
+        row,
+        start,
+        lens,
+        idx,
+        table.windows,
+        table.offsets[idx],
+        table.loss_mask,
+        table.target_offsets[idx],
+    )
+    occurrences = Occurrences.placed(
+        idx,
+        row,
+        start,
+        lens,
+        table.source_ids[idx],
+        table.example_ids[idx],
+        table.range_starts[idx],
+        table.range_ends[idx],
+    )
+    cells = (inputs, targets, segments, positions, valid, loss_mask)
+    return PackedBatch.from_cells(cells, occurrences, table.partition, table.binding, first_row)
+
+
+def pack_examples(
+    partition: Partition | str,
+    examples: Sequence[SequenceExample] | ExampleTable,
+    expected_binding: Binding,
+    config: PackConfig,
+    *,
+    policy: str = "next-fit",
+    **policy_options: Any,
+) -> PackedEpoch:
+    """Pack whole examples into rows of ``config.capacity`` prediction pairs.
+
+    Every example must belong to ``partition`` and carry ``expected_binding``.
+    With the default next-fit policy the supplied order is kept, only the
+    current row is filled, and an example longer than the capacity is an
+    error naming it. Occurrence ``i`` (the ``i``-th supplied example) gets
+    segment id ``i``; duplicates get distinct segments.
+    """
+    part = Partition.parse(partition)
+    if isinstance(examples, ExampleTable):
+        table = examples
+        if table.partition is not part:
+            raise PartitionMismatch(
+                f"examples belong to partition {table.partition.value!r}, not {part.value!r}"
+                " — a batch holds one partition only; pack them separately"
+            )
+        expected_binding.require(table.binding, "the example table")
+    else:
+        check_segment_namespace(len(examples))
+        table = ExampleTable.from_examples(examples, part, expected_binding)
+    plan = plan_rows(table.lengths, config.capacity, policy, labels=table.label, **policy_options)
+    return materialize(table, plan, config)

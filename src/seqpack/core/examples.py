@@ -1,0 +1,462 @@
+"""Examples: input/target pairs formed inside one selected source range.
+
+A source document is an already-encoded token array (BOS/EOS as the
+tokenizer made them). An example selects a range ``[start, end)`` of it and
+forms its pairs *inside* that range only::
+
+    document A = [0, 99, 100, 1]          (BOS 0, EOS 1)
+    inputs     = tokens[0:3] = [0, 99, 100]
+    targets    = tokens[1:4] = [99, 100, 1]     3 prediction pairs
+
+A's last input 100 predicts its own EOS 1, never the next document's BOS.
+
+Two containers hold examples: :class:`SequenceExample` (one example, for
+the API and tests) and :class:`ExampleTable` (struct-of-arrays, what the
+packer consumes; thousands to billions of examples without a Python object
+per example).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from seqpack.core.errors import BindingMismatch, InvalidInput, PartitionMismatch
+
+INT32_MAX = 2**31 - 1
+
+
+class Partition(str, enum.Enum):
+    """The data split an example belongs to; a batch holds one partition only."""
+
+    TRAIN = "train"
+    VALIDATION = "validation"
+    TEST = "test"
+
+    @classmethod
+    def parse(cls, value: Partition | str) -> Partition:
+        if isinstance(value, Partition):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise InvalidInput(f"unknown partition {value!r}; use one of {names}") from None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What every example and batch must agree on.
+
+    ``vocab_size`` bounds token ids to ``[0, vocab_size)``; ``tokenizer_id``
+    names the tokenizer that encoded the ids; ``split_id`` is the digest of
+    the accepted data split (the split receipt). It identifies evidence, it
+    does not approve it.
+    """
+
+    vocab_size: int
+    tokenizer_id: str
+    split_id: str
+
+    def __post_init__(self) -> None:
+        v = self.vocab_size
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= INT32_MAX:
+            raise InvalidInput(
+                f"vocab_size must be an integer in [1, {INT32_MAX}], got {v!r}"
+                " — pass the tokenizer's vocabulary size"
+            )
+        object.__setattr__(self, "vocab_size", int(v))
+        for name in ("tokenizer_id", "split_id"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise InvalidInput(f"Binding.{name} must be a non-empty string")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vocab_size": self.vocab_size,
+            "tokenizer_id": self.tokenizer_id,
+            "split_id": self.split_id,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Binding:
+        return cls(int(data["vocab_size"]), str(data["tokenizer_id"]), str(data["split_id"]))
+
+    def require(self, other: Binding, what: str) -> None:
+        """Raise :class:`BindingMismatch` naming ``what`` unless ``other == self``."""
+        if other != self:
+            diffs = [
+                f"{name} {getattr(other, name)!r} != expected {getattr(self, name)!r}"
+                for name in ("vocab_size", "tokenizer_id", "split_id")
+                if getattr(other, name) != getattr(self, name)
+            ]
+            raise BindingMismatch(
+                f"{what} has a different binding ({'; '.join(diffs)})"
+                " — re-encode it with the expected tokenizer and split, or pass its binding"
+            )
+
+
+def split_digest(*parts: str | bytes) -> str:
+    """A short sha256 digest usable as a split-receipt identity."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def as_token_array(tokens: Any, vocab_size: int, what: str) -> np.ndarray:
+    """Validate ``tokens`` as ids in ``[0, vocab_size)``; return int32 (no copy when possible)."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise InvalidInput(f"{what}: tokens must be a 1-D sequence of ids, got shape {arr.shape}")
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer) and arr.dtype != np.bool_):
+        raise InvalidInput(
+            f"{what}: token ids must be integers, got dtype {arr.dtype}"
+            " — encode text with a tokenizer first and pass integer ids"
+        )
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            where = int(np.flatnonzero(arr == bad)[0])
+            raise InvalidInput(
+                f"{what}: token id {bad} at position {where} is outside [0, {vocab_size})"
+                " — check the tokenizer or raise the vocabulary size"
+            )
+    return arr.astype(np.int32, copy=False)
+
+
+def example_label(index: int, example_id: str, start: int, end: int) -> str:
+    """How errors name an example: ``example 17 ('doc-42'[0:9001])``."""
+    return f"example {index} ({example_id!r}[{start}:{end}])"
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceExample:
+    """One example: ``len(self)`` prediction pairs from one source range.
+
+    Arrays (all length ``len(self)``): ``inputs`` int32, ``targets`` int32,
+    ``loss_mask`` bool (True = target supervised).
+    """
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    loss_mask: np.ndarray
+    source_id: str
+    example_id: str
+    range: tuple[int, int]
+    partition: Partition
+    binding: Binding
+    window: np.ndarray = field(repr=False)  # int32 [len + 1]: tokens[start:end]
+
+    @classmethod
+    def from_document(
+        cls,
+        tokens: Any,
+        *,
+        source_id: str,
+        partition: Partition | str,
+        binding: Binding,
+        example_id: str | None = None,
+        range: tuple[int, int] | None = None,
+        loss_mask: Any = None,
+    ) -> SequenceExample:
+        """Form pairs inside ``tokens[start:end]`` (the whole document by default).
+
+        >>> b = Binding(266, "bytes", "receipt")
+        >>> ex = SequenceExample.from_document([0, 99, 100, 1], source_id="A",
+        ...                                    partition="train", binding=b)
+        >>> ex.inputs.tolist(), ex.targets.tolist(), len(ex)
+        ([0, 99, 100], [99, 100, 1], 3)
+
+        ``loss_mask`` (length ``end - start - 1``) marks supervised targets,
+        e.g. False for prompt targets in instruction tuning.
+        """
+        if not isinstance(binding, Binding):
+            raise InvalidInput(f"source {source_id!r}: binding must be a seqpack.Binding")
+        part = Partition.parse(partition)
+        doc = as_token_array(tokens, binding.vocab_size, f"source {source_id!r}")
+        n = doc.shape[0]
+        start, end = (0, n) if range is None else (int(range[0]), int(range[1]))
+        eid = str(example_id) if example_id is not None else f"{source_id}[{start}:{end}]"
+        label = f"source {source_id!r} range [{start}, {end})"
+        if not 0 <= start <= end <= n:
+            raise InvalidInput(
+                f"{label} lies outside the document of {n} tokens — choose 0 <= start < end <= {n}"
+            )
+        if end - start < 2:
+            raise InvalidInput(
+                f"{label} has {end - start} token(s); an example needs at least 2"
+                " to form one input/target pair — drop it or widen the range"
+            )
+        window = doc[start:end].copy()
+        length = end - start - 1
+        if loss_mask is None:
+            mask = np.ones(length, dtype=bool)
+        else:
+            mask = np.asarray(loss_mask)
+            if mask.ndim != 1 or mask.shape[0] != length:
+                raise InvalidInput(
+                    f"{label}: loss_mask has shape {mask.shape}, expected ({length},)"
+                    " — one flag per target (end - start - 1)"
+                )
+            if mask.dtype != np.bool_:
+                if not np.issubdtype(mask.dtype, np.integer) or not np.isin(mask, (0, 1)).all():
+                    raise InvalidInput(f"{label}: loss_mask must hold booleans (or 0/1)")
+                mask = mask.astype(bool)
+        return cls(
+            inputs=window[:-1],
+            targets=window[1:],
+            loss_mask=mask,
+            source_id=str(source_id),
+            example_id=eid,
+            range=(start, end),
+            partition=part,
+            binding=binding,
+            window=window,
+        )
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class ExampleTable:
+    """Many examples of one partition and binding, as flat arrays.
+
+    ``windows`` concatenates each example's selected tokens ``[start, end)``;
+    example ``i`` owns ``windows[offsets[i]:offsets[i+1]]`` and has
+    ``lengths[i] = offsets[i+1] - offsets[i] - 1`` prediction pairs. Its
+    targets' loss flags are ``loss_mask[target_offsets[i]:target_offsets[i+1]]``.
+
+    Shapes: ``windows`` int32 [Σ(len+1)], ``offsets`` int64 [n+1],
+    ``loss_mask`` bool [Σlen], ``source_ids``/``example_ids`` [n] (str),
+    ``range_starts``/``range_ends`` int64 [n].
+    """
+
+    windows: np.ndarray
+    offsets: np.ndarray
+    loss_mask: np.ndarray
+    source_ids: np.ndarray
+    example_ids: np.ndarray
+    range_starts: np.ndarray
+    range_ends: np.ndarray
+    partition: Partition
+    binding: Binding
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partition", Partition.parse(self.partition))
+        if not isinstance(self.binding, Binding):
+            raise InvalidInput(
+                "ExampleTable.binding must be a seqpack.Binding — build one with"
+                " Binding(vocab_size, tokenizer_id, split_id)"
+            )
+        for name, kinds in (("windows", "iu"), ("offsets", "iu"), ("loss_mask", "b")):
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in kinds:
+                what = "bool" if kinds == "b" else "integer"
+                raise InvalidInput(
+                    f"ExampleTable.{name} must be a 1-D {what} NumPy array, got"
+                    f" {getattr(arr, 'dtype', type(arr).__name__)} — encode text with a tokenizer;"
+                    " build tables with ExampleTable.from_examples or seqpack.io.load_examples"
+                )
+        n = self.offsets.shape[0] - 1
+        if n < 0 or self.offsets[0] != 0 or self.offsets[-1] != self.windows.shape[0]:
+            raise InvalidInput("ExampleTable offsets must start at 0 and end at len(windows)")
+        if n and int(np.diff(self.offsets).min()) < 2:
+            i = int(np.argmin(np.diff(self.offsets)))
+            raise InvalidInput(
+                f"{self.label(i)} has fewer than 2 tokens; drop it or widen its range"
+            )
+        if self.loss_mask.shape[0] != self.windows.shape[0] - n:
+            raise InvalidInput("ExampleTable loss_mask must hold one flag per target")
+        for name in ("source_ids", "example_ids", "range_starts", "range_ends"):
+            if getattr(self, name).shape[0] != n:
+                raise InvalidInput(f"ExampleTable.{name} must have one entry per example")
+        if self.windows.size:
+            lo, hi = int(self.windows.min()), int(self.windows.max())
+            if lo < 0 or hi >= self.binding.vocab_size:
+                bad = lo if lo < 0 else hi
+                pos = int(np.argmax(self.windows == bad))
+                i = int(np.searchsorted(self.offsets, pos, "right") - 1)
+                raise InvalidInput(
+                    f"{self.label(i)}: token id {bad} is outside [0, {self.binding.vocab_size})"
+                    " — check the tokenizer or raise the vocabulary size"
+                )
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Prediction pairs per example, int64 [n]."""
+        return np.diff(self.offsets) - 1
+
+    @property
+    def target_offsets(self) -> np.ndarray:
+        """Offsets of each example's targets in ``loss_mask``, int64 [n+1]."""
+        return self.offsets - np.arange(self.offsets.shape[0], dtype=np.int64)
+
+    def label(self, i: int) -> str:
+        return example_label(
+            i, str(self.example_ids[i]), int(self.range_starts[i]), int(self.range_ends[i])
+        )
+
+    def example(self, i: int) -> SequenceExample:
+        """Example ``i`` as a :class:`SequenceExample` (views, no copy of tokens)."""
+        w = self.windows[self.offsets[i] : self.offsets[i + 1]]
+        t0, t1 = self.target_offsets[i], self.target_offsets[i + 1]
+        return SequenceExample(
+            inputs=w[:-1],
+            targets=w[1:],
+            loss_mask=self.loss_mask[t0:t1],
+            source_id=str(self.source_ids[i]),
+            example_id=str(self.example_ids[i]),
+            range=(int(self.range_starts[i]), int(self.range_ends[i])),
+            partition=self.partition,
+            binding=self.binding,
+            window=w,
+        )
+
+    @classmethod
+    def from_examples(
+        cls,
+        examples: Sequence[SequenceExample],
+        partition: Partition | str,
+        binding: Binding,
+    ) -> ExampleTable:
+        """Gather examples into one table, checking each one's partition and binding."""
+        part = Partition.parse(partition)
+        for i, ex in enumerate(examples):
+            if not isinstance(ex, SequenceExample):
+                raise InvalidInput(f"example {i} is a {type(ex).__name__}, not a SequenceExample")
+            what = example_label(i, ex.example_id, *ex.range)
+            if ex.partition is not part:
+                raise PartitionMismatch(
+                    f"{what} belongs to partition {ex.partition.value!r} but this batch is"
+                    f" {part.value!r} — a batch holds one partition only; pack it separately"
+                )
+            binding.require(ex.binding, what)
+        n = len(examples)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        if n:
+            np.cumsum([len(ex) + 1 for ex in examples], out=offsets[1:])
+        windows = (
+            np.concatenate([ex.window for ex in examples]) if n else np.zeros(0, np.int32)
+        ).astype(np.int32, copy=False)
+        mask = np.concatenate([ex.loss_mask for ex in examples]) if n else np.zeros(0, bool)
+        return cls(
+            windows=windows,
+            offsets=offsets,
+            loss_mask=mask.astype(bool, copy=False),
+            source_ids=np.array([ex.source_id for ex in examples], dtype=object),
+            example_ids=np.array([ex.example_id for ex in examples], dtype=object),
+            range_starts=np.array([ex.range[0] for ex in examples], dtype=np.int64),
+            range_ends=np.array([ex.range[1] for ex in examples], dtype=np.int64),
+            partition=part,
+            binding=binding,
+        )
+
+    def take(self, index: np.ndarray) -> ExampleTable:
+        """A new table holding examples ``index`` in that order (duplicates allowed)."""
+        index = np.asarray(index, dtype=np.int64)
+        lens = np.diff(self.offsets)[index]
+        offsets = np.zeros(index.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        src = concat_ranges(self.offsets[index], lens)
+        tlens = lens - 1
+        tsrc = concat_ranges(self.target_offsets[index], tlens)
+        return ExampleTable(
+            windows=self.windows[src],
+            offsets=offsets,
+            loss_mask=self.loss_mask[tsrc],
+            source_ids=self.source_ids[index],
+            example_ids=self.example_ids[index],
+            range_starts=self.range_starts[index],
+            range_ends=self.range_ends[index],
+            partition=self.partition,
+            binding=self.binding,
+        )
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64).
+
+    Starts ``[5, 0]`` with lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``: the
+    indices that gather ``src[5:7]`` then ``src[0:3]``.
+    """
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    firsts = np.zeros(lengths.shape[0], dtype=np.int64)
+    np.cumsum(lengths[:-1], out=firsts[1:])
+    step = np.arange(total, dtype=np.int64) - np.repeat(firsts, lengths)
+    return np.repeat(starts.astype(np.int64), lengths) + step
+
+
+def long_ranges(
+    token_counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ranges that keep every next-token pair of each source exactly once (``--split-long``).
+
+    A source of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole,
+    ``[0, n)``. A longer one becomes consecutive interior ranges of at most
+    ``capacity + 1`` tokens that overlap by one token, so range ``k`` is
+    ``[k*capacity, min((k+1)*capacity + 1, n))``. Pairs form inside each
+    range, so none crosses a range and none is lost or repeated::
+
+        tokens  [0, 11, 12, 13, 14, 15, 1]    7 tokens, 6 pairs, capacity 4
+        ranges  [0, 5)  -> pairs 0->11 11->12 12->13 13->14
+                [4, 7)  -> pairs 14->15 15->1
+
+    Returns ``(source, starts, ends)``, int64 [m] each, in source order.
+    """
+    counts = np.asarray(token_counts, dtype=np.int64)
+    pieces = np.maximum(1, -(-(counts - 1) // capacity))
+    source = np.repeat(np.arange(counts.shape[0], dtype=np.int64), pieces)
+    first = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(pieces[:-1], out=first[1:])
+    k = np.arange(source.shape[0], dtype=np.int64) - first[source]
+    starts = k * capacity
+    ends = np.minimum(starts + capacity + 1, counts[source])
+    return source, starts, ends
+
+
+def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
+    """Select examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, split)``.
+
+    ``split`` counts the examples that were divided. Each piece keeps its
+    source id, gets the range in source coordinates and the example id
+    ``'{source_id}[{start}:{end}]'``; its loss flags are the source's flags
+    for the targets it holds. A table with nothing to split is returned as is.
+    """
+    counts = np.diff(table.offsets)
+    long = counts - 1 > capacity
+    if not long.any():
+        return table, 0
+    source, starts, ends = long_ranges(counts, capacity)
+    lens = ends - starts
+    offsets = np.zeros(source.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    range_starts = table.range_starts[source] + starts
+    range_ends = table.range_starts[source] + ends
+    example_ids = table.example_ids[source].copy()
+    for i in np.flatnonzero(long[source]).tolist():
+        example_ids[i] = f"{table.source_ids[source[i]]}[{range_starts[i]}:{range_ends[i]}]"
+    split = ExampleTable(
+        windows=table.windows[concat_ranges(table.offsets[source] + starts, lens)],
+        offsets=offsets,
+        loss_mask=table.loss_mask[concat_ranges(table.target_offsets[source] + starts, lens - 1)],
+        source_ids=table.source_ids[source],
+        example_ids=example_ids,
+        range_starts=range_starts,
+        range_ends=range_ends,
+        partition=table.partition,
+        binding=table.binding,
+    )
+    return split, int(long.sum())

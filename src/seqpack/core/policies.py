@@ -1,0 +1,224 @@
+"""Packing policies: which row and column each whole example starts at.
+
+A policy sees only prediction lengths (integers, no tokens) and returns a
+:class:`Plan`. Every policy places each example exactly once and whole;
+none splits, drops or duplicates. Next-fit (the seed's) also keeps the
+supplied order::
+
+    lengths [3, 2, 4], capacity 6, next-fit
+    row 0: A A A B B .      A at column 0, B at column 3
+    row 1: C C C C . .      C does not fit in the one free cell
+
+======================  ==========================================  ============
+policy                  rule                                        per example
+======================  ==========================================  ============
+next-fit                supplied order, current row only            O(1)
+first-fit-decreasing    longest first, first row with room          O(log rows)
+best-fit-decreasing     longest first, tightest row (fewest rows)   O(log cap)
+stream-best-fit         bounded look-ahead and open rows            O(log cap)
+padded                  one example per row (the baseline)          O(1)
+======================  ==========================================  ============
+
+The loops live in :mod:`seqpack.core.plan_kernels` and run through
+:mod:`seqpack.core.engine` (numba when installed, else the same code in
+plain Python; both give identical plans).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from seqpack.core import engine as kernels
+from seqpack.core import plan_kernels  # noqa: F401  (registers the planning kernels)
+from seqpack.core.checks import check_lengths, check_tree_capacity
+from seqpack.core.errors import InvalidInput
+from seqpack.core.plan import Plan
+from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+
+PolicyFn = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+def next_fit(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The seed's policy: supplied order, fill only the current row, never revisit.
+
+    An exact fill makes no empty row: a new row opens only when the next
+    example does not fit in the cells left.
+    """
+    n = lengths.shape[0]
+    row_of = np.empty(n, dtype=np.int64)
+    start_of = np.empty(n, dtype=np.int64)
+    kernels.call(kernels.resolve(engine), "next_fit", lengths, capacity, row_of, start_of, inputs=1)
+    return row_of, start_of
+
+
+def one_per_row(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right padding: example ``i`` alone in row ``i`` (the unpacked baseline)."""
+    n = lengths.shape[0]
+    return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+
+
+def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -> np.ndarray:
+    """Example indices by length, longest first, ties in supplied order; int64 [n]."""
+    if kernels.resolve(engine) == "python" or capacity > 4 * lengths.shape[0] + 65536:
+        # the same order; a counting sort would spend more on its counts
+        return np.argsort(-lengths, kind="stable").astype(np.int64)
+    order = np.empty(lengths.shape[0], dtype=np.int64)
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    kernels.call("numba", "decreasing_order", lengths, capacity, counts, order, inputs=1)
+    return order
+
+
+def _row_bound(lengths: np.ndarray, capacity: int) -> int:
+    """Rows any fit-into-an-open-row policy can need: ``min(n, 2 * lower + 1)``.
+
+    Two rows of such a packing always hold more than ``capacity`` together
+    (the first item of the later row did not fit in the earlier one).
+    """
+    lower = -(-int(lengths.sum()) // capacity)
+    return max(min(lengths.shape[0], 2 * lower + 1), 1)
+
+
+def first_fit_decreasing(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Longest first, each into the lowest-numbered row with room.
+
+    A max-tree over rows by remaining capacity finds that row in
+    O(log rows), so planning is O(n log n). Deterministic: ties in length
+    keep the supplied order.
+    """
+    engine = kernels.resolve(engine)
+    leaves = kernels.pow2_at_least(_row_bound(lengths, capacity))
+    tree = np.full(2 * leaves, capacity, dtype=np.int64)
+    return _decreasing(lengths, capacity, engine, "first_fit", tree, leaves)
+
+
+def best_fit_decreasing(
+    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Longest first, each into the open row it fills most tightly.
+
+    A max-tree over remaining capacities finds the tightest row in
+    O(log capacity); rows with equal room are used oldest first and ties
+    in length keep the supplied order, so the plan is deterministic.
+    Rows are numbered in the order they open::
+
+        lengths [3, 2, 4], capacity 6: order C(4) A(3) B(2)
+        row 0: C C C C B B      B fills row 0 exactly (2 cells left)
+        row 1: A A A . . .
+    """
+    engine = kernels.resolve(engine)
+    check_tree_capacity(capacity, "best-fit-decreasing")
+    leaves = kernels.pow2_at_least(capacity)
+    tree = np.zeros(2 * leaves, dtype=np.int64)
+    head = np.full(capacity, -1, dtype=np.int64)
+    tail = np.full(capacity, -1, dtype=np.int64)
+    nxt = np.full(_row_bound(lengths, capacity), -1, dtype=np.int64)
+    return _decreasing(lengths, capacity, engine, "best_fit", tree, leaves, head, tail, nxt)
+
+
+def _decreasing(
+    lengths: np.ndarray, capacity: int, engine: str, kernel: str, *state: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run a fit ``kernel`` over the examples longest first; placements by example."""
+    order = decreasing_order(lengths, capacity, engine)
+    # The kernel reads lengths and writes placements in sorted order (sequential
+    # memory access); scattering back afterwards is several times faster.
+    n = lengths.shape[0]
+    rows, starts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    kernels.call(engine, kernel, lengths[order], capacity, *state, rows, starts, inputs=1)
+    row_of, start_of = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    row_of[order] = rows
+    start_of[order] = starts
+    return row_of, start_of
+
+
+def stream_best_fit(
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    window: int | None = None,
+    max_open_rows: int | None = None,
+    seed: int = 0,
+    engine: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """:class:`~seqpack.stream_packer.StreamPacker` over an in-memory array.
+
+    ``window`` / ``max_open_rows`` of None take the packer's defaults.
+    """
+    packer = StreamPacker(
+        capacity,
+        window=DEFAULT_WINDOW if window is None else window,
+        max_open_rows=DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
+        seed=seed,
+        engine=engine,
+    )
+    parts = [packer.push(lengths), packer.finish()]
+    n = lengths.shape[0]
+    row_of = np.empty(n, dtype=np.int64)
+    start_of = np.empty(n, dtype=np.int64)
+    for part in parts:
+        row_of[part.example] = part.row
+        start_of[part.example] = part.start
+    return row_of, start_of
+
+
+POLICIES: dict[str, PolicyFn] = {
+    "next-fit": next_fit,
+    "first-fit-decreasing": first_fit_decreasing,
+    "best-fit-decreasing": best_fit_decreasing,
+    "stream-best-fit": stream_best_fit,
+    "padded": one_per_row,
+}
+
+
+def _options_of(fn: PolicyFn) -> set[str]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
+    """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options``.
+
+    Names are checked against the policy's keyword-only parameters; values
+    by planning no examples at ``capacity`` (a policy checks its settings
+    before its first example).
+    """
+    if policy not in POLICIES:
+        raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    known = _options_of(POLICIES[policy])
+    unknown = set(options) - known
+    if unknown:
+        raise InvalidInput(
+            f"policy {policy!r} takes no option {', '.join(sorted(unknown))};"
+            f" its options: {', '.join(sorted(known)) or 'none'}"
+        )
+
+
+def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:
+    """Plan whole examples of the given prediction ``lengths`` into rows.
+
+    ``policy``: ``next-fit`` (supplied order, the default),
+    ``first-fit-decreasing``, ``best-fit-decreasing`` (fewest rows),
+    ``stream-best-fit`` (options ``window``, ``max_open_rows``, ``seed``)
+    or ``padded`` (one example per row). Every policy but ``padded`` takes
+    ``engine="auto"|"numba"|"python"``; both engines give the same plan.
+
+    >>> plan = plan_rows([3, 2, 4], 6)
+    >>> plan.row_of.tolist(), plan.start_of.tolist(), plan.num_rows
+    ([0, 0, 1], [0, 3, 0], 2)
+    >>> plan_rows([3, 2, 4], 6, "best-fit-decreasing").row_of.tolist()
+    [1, 0, 0]
+    """
+    labels = options.pop("labels", None)
+    check_policy_options(policy, options)
+    arr = check_lengths(lengths, capacity, labels)
+    row_of, start_of = POLICIES[policy](arr, int(capacity), **options)
+    num_rows = int(row_of.max()) + 1 if arr.shape[0] else 0
+    return Plan(arr, row_of, start_of, num_rows, int(capacity), policy)

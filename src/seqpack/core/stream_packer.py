@@ -1,0 +1,344 @@
+"""Streaming best fit: bounded memory, complete rows as they close, resumable.
+
+For inputs that do not fit in memory. Lengths arrive in chunks; examples
+wait in a look-ahead buffer of ``window`` examples and at most
+``max_open_rows`` rows are open. Example ``i`` is placed at the latest when
+example ``i + window`` arrives (so no example moves more than ``window``
+places from its supplied position), and earlier if it helps fill a row:
+
+1. the example whose time is up goes into the open row with the fewest
+   cells left that fit it — a new row when none fits, closing the fullest
+   open row first if ``max_open_rows`` are open;
+2. that row then takes, while any fits, the longest waiting example that
+   fits its cells left (among equal lengths, a seeded order);
+3. an exactly full row closes. :meth:`StreamPacker.finish` places the
+   examples still waiting, longest first, and closes every row.
+
+Rows are numbered 0, 1, 2, ... in closing order, and every call returns
+only complete rows, so a writer can emit each row once and forget it::
+
+    packer = StreamPacker(4096, window=4096, max_open_rows=64, seed=0)
+    for chunk in chunks:                       # int arrays of prediction lengths
+        write(packer.push(chunk))              # Placements(example, row, start)
+    write(packer.finish())
+
+``state_dict()`` captures everything needed to resume (plain ints and lists,
+JSON- and pickle-safe); a packer restored with ``load_state_dict`` produces
+exactly the output the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from seqpack.core import engine as kernels
+from seqpack.core.checks import check_lengths, check_tree_capacity, positive_int
+from seqpack.core.errors import InvalidInput
+from seqpack.core.stream_kernels import (
+    N_SCALARS,
+    S_FREE_REC,
+    S_FREE_ROW,
+    S_LIVE,
+    S_OPEN,
+    S_OUT,
+    S_PUSHED,
+    S_ROWS,
+)
+
+DEFAULT_WINDOW = 4096
+DEFAULT_MAX_OPEN_ROWS = 64
+STATE_FORMAT = "seqpack.stream-best-fit/1"
+_CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
+
+
+class Placements(NamedTuple):
+    """Placements of complete rows: example ``example[i]`` (global index, in
+    push order) occupies row ``row[i]`` from column ``start[i]``; int64 [k],
+    ordered by (row, start)."""
+
+    example: np.ndarray
+    row: np.ndarray
+    start: np.ndarray
+
+
+def fronts(index: np.ndarray, seed: int) -> np.ndarray:
+    """0/1 per example: which end of its length bucket it joins (seeded).
+
+    One bit of splitmix64(seed, example index): a stateless choice, so a
+    resumed packer makes the same choices.
+    """
+    z = np.uint64(seed % (1 << 64)) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(
+        0x9E3779B97F4A7C15
+    )
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return ((z ^ (z >> np.uint64(31))) >> np.uint64(63)).astype(np.int64)
+
+
+class StreamPacker:
+    """Streaming best fit with a look-ahead ``window`` and ``max_open_rows``.
+
+    Deterministic for a given ``(capacity, window, max_open_rows, seed)``;
+    ``engine`` ("auto", "numba", "python") changes speed, never output.
+    With ``window=1, max_open_rows=1`` it is exactly next-fit.
+    Memory: O(window + max_open_rows * examples per row + capacity).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        window: int = DEFAULT_WINDOW,
+        max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
+        seed: int = 0,
+        engine: str = "auto",
+    ) -> None:
+        self.capacity = positive_int("capacity", capacity)
+        check_tree_capacity(self.capacity, "stream-best-fit")
+        self.window = positive_int("window", window)
+        self.max_open_rows = positive_int("max_open_rows", max_open_rows)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise InvalidInput(f"seed must be an integer, got {seed!r}")
+        self.seed = int(seed)
+        self.engine = kernels.resolve(engine)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.finished = False
+        cap, window, k = self.capacity, self.window, self.max_open_rows
+        self._scalars = np.zeros(N_SCALARS, dtype=np.int64)
+        self._lleaves = kernels.pow2_at_least(cap + 1)
+        self._buf = (
+            np.full(window, -1, dtype=np.int64),  # bex
+            np.zeros(window, dtype=np.int64),  # blen
+            np.full(window, -1, dtype=np.int64),  # bprev
+            np.full(window, -1, dtype=np.int64),  # bnext
+            np.full(cap + 1, -1, dtype=np.int64),  # lhead
+            np.full(cap + 1, -1, dtype=np.int64),  # ltail
+            np.zeros(2 * self._lleaves, dtype=np.int64),  # ltree
+        )
+        self._qleaves = kernels.pow2_at_least(cap)
+        self._rows = (
+            np.zeros(k, dtype=np.int64),  # rrem
+            np.append(np.arange(1, k, dtype=np.int64), -1),  # rnext: free slots chained
+            np.full(k, -1, dtype=np.int64),  # rhead
+            np.full(k, -1, dtype=np.int64),  # rtail
+            np.zeros(k, dtype=np.int64),  # rstamp
+            np.full(cap, -1, dtype=np.int64),  # qhead
+            np.full(cap, -1, dtype=np.int64),  # qtail
+            np.zeros(2 * self._qleaves, dtype=np.int64),  # qtree
+        )
+        self._pool = tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
+        self._scalars[S_FREE_ROW] = 0
+        self._scalars[S_FREE_REC] = -1
+
+    # ------------------------------------------------------------- progress
+
+    @property
+    def examples_pushed(self) -> int:
+        return int(self._scalars[S_PUSHED])
+
+    @property
+    def rows_emitted(self) -> int:
+        return int(self._scalars[S_ROWS])
+
+    @property
+    def open_rows(self) -> int:
+        return int(self._scalars[S_OPEN])
+
+    @property
+    def buffered(self) -> int:
+        return int((self._buf[0] >= 0).sum())
+
+    # ------------------------------------------------------------- packing
+
+    def push(self, lengths: Any) -> Placements:
+        """Add examples (prediction lengths, 1-D ints); return rows completed meanwhile.
+
+        The whole chunk is validated first: an oversized example raises
+        :class:`~seqpack.OversizedExample` naming its global index and the
+        packer is left as it was.
+        """
+        self._require_open()
+        first = self.examples_pushed
+        arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
+        parts = [self._run(arr[lo : lo + _CHUNK]) for lo in range(0, arr.shape[0], _CHUNK)]
+        return _concat(parts)
+
+    def finish(self) -> Placements:
+        """Place every waiting example and close every open row."""
+        self._require_open()
+        out = self._run(None)
+        self.finished = True
+        return out
+
+    def _require_open(self) -> None:
+        if self.finished:
+            raise InvalidInput("this StreamPacker has finished; start a new one")
+
+    def _run(self, lengths: np.ndarray | None) -> Placements:
+        """One kernel call: push ``lengths``, or drain when None."""
+        # at most every arriving and every waiting example is placed
+        placed = self.window + (0 if lengths is None else lengths.shape[0])
+        self._reserve_records(placed)
+        out = tuple(np.empty(int(self._scalars[S_LIVE]) + placed, dtype=np.int64) for _ in range(3))
+        self._scalars[S_OUT] = 0
+        state = (self._buf, self._lleaves, self._rows, self._qleaves, self._pool, out)
+        tail = (self._scalars, self.capacity, self.max_open_rows)
+        if lengths is None:
+            kernels.call(self.engine, "stream_drain", *state, *tail)
+        else:
+            first = self.examples_pushed
+            index = np.arange(first, first + lengths.shape[0], dtype=np.int64)
+            sides = fronts(index, self.seed)
+            kernels.call(self.engine, "stream_push", lengths, sides, *state, *tail, inputs=2)
+        k = int(self._scalars[S_OUT])
+        return Placements(*(column[:k].copy() for column in out))
+
+    def _reserve_records(self, extra: int) -> None:
+        """Grow the record pool so ``extra`` more placements fit."""
+        pex, pstart, pnext = self._pool
+        size = pex.shape[0]
+        live = int(self._scalars[S_LIVE])
+        if size - live >= extra:
+            return
+        grown = max(2 * size, live + extra, 1024)
+        added = np.arange(size + 1, grown + 1, dtype=np.int64)
+        added[-1] = self._scalars[S_FREE_REC]
+        zeros = np.zeros(grown - size, dtype=np.int64)
+        self._pool = (
+            np.concatenate([pex, zeros]),
+            np.concatenate([pstart, zeros]),
+            np.concatenate([pnext, added]),
+        )
+        self._scalars[S_FREE_REC] = size
+
+    # ------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: config, counters, buffer, open rows (plain data)."""
+        bex, blen = self._buf[0], self._buf[1]
+        slots = np.flatnonzero(bex >= 0)
+        slots = slots[np.argsort(bex[slots])]
+        rrem, rnext, rhead, _, rstamp, qhead, _, _ = self._rows
+        pex, pstart, pnext = self._pool
+        open_slots = []
+        for r in np.flatnonzero(qhead >= 0).tolist():
+            slot = int(qhead[r])
+            while slot != -1:
+                open_slots.append(slot)
+                slot = int(rnext[slot])
+        open_slots.sort(key=lambda slot: int(rstamp[slot]))
+        rows = []
+        for slot in open_slots:
+            examples, starts = [], []
+            rec = int(rhead[slot])
+            while rec != -1:
+                examples.append(int(pex[rec]))
+                starts.append(int(pstart[rec]))
+                rec = int(pnext[rec])
+            ends = [*starts[1:], self.capacity - int(rrem[slot])]
+            rows.append(
+                {"example": examples, "length": [e - s for s, e in zip(starts, ends, strict=True)]}
+            )
+        return {
+            "format": STATE_FORMAT,
+            "capacity": self.capacity,
+            "window": self.window,
+            "max_open_rows": self.max_open_rows,
+            "seed": self.seed,
+            "finished": self.finished,
+            "examples_pushed": self.examples_pushed,
+            "rows_emitted": self.rows_emitted,
+            "buffer": {"example": bex[slots].tolist(), "length": blen[slots].tolist()},
+            "open_rows": rows,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], engine: str = "auto") -> StreamPacker:
+        """A packer configured and positioned as ``state`` says."""
+        packer = cls(
+            state["capacity"],
+            window=state["window"],
+            max_open_rows=state["max_open_rows"],
+            seed=state["seed"],
+            engine=engine,
+        )
+        packer.load_state_dict(state)
+        return packer
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` output of a packer with the same configuration."""
+        if state.get("format") != STATE_FORMAT:
+            raise InvalidInput(f"not a stream-best-fit state (format {state.get('format')!r})")
+        for key in ("capacity", "window", "max_open_rows", "seed"):
+            if state[key] != getattr(self, key):
+                raise InvalidInput(
+                    f"state has {key}={state[key]!r} but this packer has {getattr(self, key)!r}"
+                    " — construct it with StreamPacker.from_state_dict(state)"
+                )
+        _check_state(state)
+        self._reset()
+        self._scalars[S_PUSHED] = int(state["examples_pushed"])
+        self._scalars[S_ROWS] = int(state["rows_emitted"])
+        self.finished = bool(state["finished"])
+        rows = state["open_rows"]
+        self._reserve_records(sum(len(row["example"]) for row in rows))
+        examples = np.asarray(state["buffer"]["example"], dtype=np.int64)
+        lengths = np.asarray(state["buffer"]["length"], dtype=np.int64)
+        # Re-inserting in arrival order with the same seeded ends restores each
+        # length bucket's order; rows re-enter their buckets in stamp order.
+        self._restore(examples, lengths, rows)
+
+    def _restore(self, examples: np.ndarray, lengths: np.ndarray, rows: list[dict]) -> None:
+        sides = fronts(examples, self.seed)
+        kernels.call(
+            self.engine, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,
+            self._rows, self._qleaves, self._pool, self._scalars, self.capacity,
+            np.asarray([len(row["example"]) for row in rows], dtype=np.int64),
+            np.asarray([e for row in rows for e in row["example"]], dtype=np.int64),
+            np.asarray([n for row in rows for n in row["length"]], dtype=np.int64),
+            inputs=3,
+        )  # fmt: skip
+
+
+def _check_state(state: dict[str, Any]) -> None:
+    """Reject states that could not come from :meth:`StreamPacker.state_dict`."""
+    cap, window = state["capacity"], state["window"]
+    pushed = state["examples_pushed"]
+    buf = state["buffer"]
+    rows = state["open_rows"]
+    seen = [*buf["example"], *(e for row in rows for e in row["example"])]
+    problems = []
+    if len(buf["example"]) != len(buf["length"]):
+        problems.append("buffer examples and lengths differ in count")
+    if any(not pushed - window <= e < pushed for e in buf["example"]):
+        problems.append("a buffered example is not among the last `window` pushed")
+    if buf["example"] != sorted(buf["example"]):
+        problems.append("buffered examples are not in arrival order")
+    if len(rows) > state["max_open_rows"]:
+        problems.append(f"{len(rows)} open rows exceed max_open_rows")
+    if any(not 0 <= e < pushed for e in seen) or len(set(seen)) != len(seen):
+        problems.append("example indices repeat or lie outside 0..examples_pushed-1")
+    if any(not 1 <= n <= cap for n in buf["length"]):
+        problems.append("a buffered length lies outside 1..capacity")
+    for row in rows:
+        if not row["example"] or len(row["example"]) != len(row["length"]):
+            problems.append("an open row is empty or its lists differ in length")
+        elif min(row["length"]) < 1 or not sum(row["length"]) < cap:
+            problems.append("an open row's lengths are not positive or fill it")
+    if state["finished"] and (buf["example"] or rows):
+        problems.append("a finished packer holds examples")
+    if problems:
+        raise InvalidInput(f"inconsistent stream-best-fit state: {'; '.join(problems)}")
+
+
+def _concat(parts: list[Placements]) -> Placements:
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return Placements(empty, empty.copy(), empty.copy())
+    return Placements(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))

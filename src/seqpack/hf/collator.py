@@ -1,0 +1,98 @@
+"""A ``data_collator`` for ``transformers.Trainer`` over packed rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from seqpack.core.batch import PackedBatch
+from seqpack.core.compact import CompactRows
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import Binding, Partition
+from seqpack.hf.adapter import check_implementation, hf_inputs
+from seqpack.training.data import concat_batches
+
+
+@dataclass
+class HFCollator:
+    """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
+
+    ``features`` are :class:`PackedBatch` objects (their rows are stacked by
+    :func:`seqpack.training.data.concat_batches`)
+    or rows of :func:`seqpack.hf.pack_dataset` output (dicts with the packed
+    columns; build the collator with :meth:`for_dataset` and set
+    ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
+    columns). Returns :func:`hf_inputs` of the stacked rows; Trainer adds
+    ``num_items_in_batch`` (counted from ``shift_labels``) itself.
+    """
+
+    attn_implementation: str
+    dtype: torch.dtype = torch.float32
+    pad_token_id: int = 0
+    capacity: int | None = None
+    binding: Binding | None = None
+    partition: Partition | str = Partition.TRAIN
+
+    def __post_init__(self) -> None:
+        check_implementation(self.attn_implementation)
+
+    @classmethod
+    def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
+        """A collator for the rows of ``packed`` (capacity, binding, partition: its metadata)."""
+        from seqpack.hf.data import packed_metadata
+
+        meta = packed_metadata(packed)
+        return cls(
+            attn_implementation,
+            capacity=int(meta["config"]["capacity"]),
+            binding=Binding.from_dict(meta["binding"]),
+            partition=Partition.parse(meta["partition"]),
+            **options,
+        )
+
+    def batch_of(self, features: Sequence[Any]) -> PackedBatch:
+        """The stacked rows of ``features`` as one :class:`PackedBatch`."""
+        if features and all(isinstance(f, PackedBatch) for f in features):
+            return concat_batches(features)
+        if not features or not all(isinstance(f, Mapping) for f in features):
+            raise InvalidInput(
+                "collator features must be PackedBatch objects or rows of a packed dataset"
+            )
+        return self._rows(features).to_batch()
+
+    def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
+        import pyarrow as pa
+
+        from seqpack.io.shards import SCHEMA, arrow_to_rows
+
+        missing = [n for n in SCHEMA.names if n not in features[0]]
+        if missing:
+            raise InvalidInput(
+                f"collator features lack the packed columns {missing} — keep them with"
+                " TrainingArguments(remove_unused_columns=False)"
+            )
+        if self.capacity is None or self.binding is None:
+            raise InvalidInput(
+                "this collator does not know the packing's capacity and binding — build it"
+                " with HFCollator.for_dataset(packed, attn_implementation)"
+            )
+        table = pa.Table.from_pylist([{n: f[n] for n in SCHEMA.names} for f in features], SCHEMA)
+        return arrow_to_rows(
+            table,
+            capacity=self.capacity,
+            partition=Partition.parse(self.partition),
+            binding=self.binding,
+            where="collator features",
+            contiguous=False,
+        )
+
+    def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
+        return hf_inputs(
+            self.batch_of(features),
+            self.attn_implementation,
+            dtype=self.dtype,
+            pad_token_id=self.pad_token_id,
+        )

@@ -1,0 +1,273 @@
+"""The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
+
+Shards hold compact rows in the format of :mod:`seqpack.io.shards`, whole
+model calls each (a multiple of ``max_rows_per_batch`` rows).
+``manifest.json`` records the format version, binding, partition, config,
+policy, statistics and every shard's row span, size and sha256. A directory
+is complete exactly when its manifest exists: :func:`write_packed` builds it
+under a hidden temporary sibling, fsyncs, then renames it into place
+(:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
+shard's size and sha256, and the caller's expected binding and partition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from seqpack.core.batch import PackedBatch
+from seqpack.core.compact import CompactRows
+from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.examples import Binding, Partition
+from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, publish, temp_output
+from seqpack.io.shards import (
+    FORMAT,
+    SHARD_TOKENS,
+    VERSION,
+    arrow_to_rows,
+    manifest_record,
+    rows_to_arrow,
+    sha256_file,
+    shard_bounds,
+    write_shard_file,
+)
+
+
+def write_packed(
+    rows: CompactRows,
+    out: str | Path,
+    *,
+    max_rows_per_batch: int,
+    extra: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    shard_tokens: int = SHARD_TOKENS,
+    on_shard: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``rows`` as a packed directory at ``out`` atomically; return the manifest.
+
+    Shards and the manifest go to a hidden sibling ``.NAME.seqpack-tmp-*``,
+    each fsynced, and the folder is renamed to ``out`` only when complete.
+    On any failure the temporary folder is removed and a previous ``out`` is
+    left untouched. ``on_shard(rows_written)`` reports progress.
+    """
+    out = check_output(out, overwrite)
+    tmp = temp_output(out)
+    try:
+        bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
+        shards = []
+        for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+            table = rows_to_arrow(rows.slice_rows(a, b))
+            shards.append(write_shard_file(table, tmp, f"shard-{k:05d}.parquet"))
+            if on_shard is not None:
+                on_shard(b - a)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest = manifest_record(
+        binding=rows.binding,
+        partition=rows.partition,
+        config={"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
+        shards=shards,
+        rows=rows.num_rows,
+        occurrences=len(rows),
+        **(extra or {}),
+    )
+    publish_packed(tmp, out, manifest)
+    return manifest
+
+
+def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` into ``tmp`` last, fsync, and rename ``tmp`` to ``out``.
+
+    Files in ``tmp`` that the manifest does not list (e.g. parts left by a
+    crashed writer) are removed first. On failure ``tmp`` is removed and a
+    previous ``out`` is left untouched.
+    """
+    try:
+        listed = {shard["file"] for shard in manifest["shards"]}
+        for path in tmp.iterdir():
+            if path.name not in listed:
+                path.unlink()
+        with (tmp / MANIFEST).open("w") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class PackedStore:
+    """A packed directory, read back as the model calls that were packed.
+
+    ``len(store)`` model calls; ``store[i]`` / iteration give
+    :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s
+    (same cells, segments, positions, flags, occurrences and provenance).
+    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.binding = Binding.from_dict(manifest["binding"])
+        self.partition = Partition.parse(manifest["partition"])
+        self.capacity = int(manifest["config"]["capacity"])
+        self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
+        self.num_rows = int(manifest["rows"])
+        self.shards = manifest["shards"]
+        self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
+        self._cached: tuple[int, CompactRows] | None = None
+
+    def require(
+        self,
+        expected_binding: Binding | None = None,
+        expected_partition: Partition | str | None = None,
+    ) -> None:
+        """Raise BindingMismatch / PartitionMismatch unless this output is the expected one."""
+        if expected_binding is not None:
+            expected_binding.require(self.binding, f"packed data {self.path}")
+        if expected_partition is not None:
+            want = Partition.parse(expected_partition)
+            if self.partition is not want:
+                raise PartitionMismatch(
+                    f"packed data {self.path} holds partition {self.partition.value!r}, not"
+                    f" {want.value!r} — load the {want.value} output instead"
+                )
+
+    def __len__(self) -> int:
+        return -(-self.num_rows // self.max_rows_per_batch)
+
+    def shard_rows(self, k: int) -> CompactRows:
+        if self._cached is None or self._cached[0] != k:
+            file = self.path / self.shards[k]["file"]
+            try:
+                table = pq.read_table(file, memory_map=True)
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+                raise InvalidInput(
+                    f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
+                    " pack again"
+                ) from None
+            rows = arrow_to_rows(
+                table,
+                capacity=self.capacity,
+                partition=self.partition,
+                binding=self.binding,
+                where=str(file),
+            )
+            self._cached = (k, rows)
+        return self._cached[1]
+
+    def __getitem__(self, i: int) -> PackedBatch:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"model call {i} outside 0..{len(self) - 1}")
+        first = (i % len(self)) * self.max_rows_per_batch
+        k = int(np.searchsorted(self._first_rows, first, "right") - 1)
+        rows = self.shard_rows(k)
+        local = first - rows.first_row
+        stop = min(local + self.max_rows_per_batch, rows.num_rows)
+        return rows.slice_rows(local, stop).to_batch()
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def _open_manifest(path: Path) -> PackedStore:
+    """Read ``manifest.json`` and check its shape (types, shard names, counts)."""
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_bytes())
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInput(f"{mpath}: not valid JSON ({err}) — pack again") from None
+    if not isinstance(manifest, dict):
+        raise InvalidInput(
+            f"{mpath}: holds a {type(manifest).__name__}, not a manifest object — pack again"
+        )
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise InvalidInput(
+            f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
+            f" this seqpack reads {FORMAT!r} version {VERSION} — pack it again with this version"
+        )
+    try:
+        store = PackedStore(path, manifest)
+        for shard in store.shards:
+            name = shard["file"]
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"shard file {name!r} is not a plain file name")
+            if not all(isinstance(shard[k], int) for k in ("first_row", "rows", "bytes")):
+                raise ValueError(f"shard {name} has non-integer counts")
+            if not isinstance(shard["sha256"], str):
+                raise ValueError(f"shard {name} has no sha256")
+        if store.capacity < 1 or store.max_rows_per_batch < 1 or store.num_rows < 0:
+            raise ValueError("config values must be positive")
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InvalidInput(f"{mpath}: malformed manifest ({err!s}) — pack again") from None
+    return store
+
+
+def load_packed(
+    path: str | Path,
+    expected_binding: Binding | None = None,
+    *,
+    verify: bool = True,
+    expected_partition: Partition | str | None = None,
+) -> PackedStore:
+    """Open a packed directory, checking its manifest, shards, checksums and binding.
+
+    Raises :class:`~seqpack.errors.InvalidInput` for a missing, malformed or
+    damaged output (a shard changed, truncated or missing: its size and
+    sha256 differ from the manifest's), :class:`~seqpack.errors.BindingMismatch`
+    when ``expected_binding`` differs from the manifest's and
+    :class:`~seqpack.errors.PartitionMismatch` when ``expected_partition`` does.
+    Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
+    refused even when they hold a manifest.
+    """
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise InvalidInput(
+            f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
+            " leaves none) — run seqpack pack again"
+        )
+    if HIDDEN.match(path.name):
+        raise InvalidInput(
+            f"{path} is the temporary folder of a seqpack run that did not finish (or an old"
+            " output being replaced), not an output — load the folder it was written for;"
+            " the next seqpack pack there removes it"
+        )
+    store = _open_manifest(path)
+    mpath = path / MANIFEST
+    expected_first = 0
+    for shard in store.shards:
+        file = path / shard["file"]
+        if shard["first_row"] != expected_first or shard["first_row"] % store.max_rows_per_batch:
+            raise InvalidInput(
+                f"{mpath}: shard {shard['file']} starts at an unexpected row — the manifest was"
+                " changed; pack again"
+            )
+        expected_first += shard["rows"]
+        if not file.is_file():
+            raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
+        if verify and (
+            file.stat().st_size != shard["bytes"] or sha256_file(file) != shard["sha256"]
+        ):
+            raise InvalidInput(
+                f"{file}: checksum mismatch (size or sha256 differs from the manifest) — the"
+                " file was changed, truncated or damaged; pack again"
+            )
+    if expected_first != store.num_rows:
+        raise InvalidInput(
+            f"{mpath}: shards hold {expected_first} rows, not {store.num_rows} — the manifest"
+            " was changed; pack again"
+        )
+    store.require(expected_binding, expected_partition)
+    return store

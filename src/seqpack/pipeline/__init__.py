@@ -1,0 +1,48 @@
+"""The packing pipeline: read -> plan -> materialise -> write, on one machine.
+
+=====================  =========================================================
+module                 holds
+=====================  =========================================================
+``options``            :class:`PackOptions`, every option of a packing run, once
+``budget``             what packing allocates, checked before allocating
+``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`
+``stats``              :func:`stats_path` (``seqpack stats``), policy comparison
+``plot``               the statistics figure
+``report``             repeated ids, the statistics a run returns
+``manifest``           the packed directory's ``manifest.json``, one builder
+=====================  =========================================================
+
+Names are loaded on first use (the package needs pyarrow).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "PackOptions": "options",
+    "DEFAULT_POLICY": "options",
+    "DEFAULT_ROWS_PER_BATCH": "options",
+    "packing_bytes": "budget",
+    "check_budget": "budget",
+    "model_call_bytes": "budget",
+    "pack_path": "local",
+    "pack_table": "local",
+    "stats_path": "stats",
+    "compare_policies": "stats",
+    "example_lengths": "stats",
+    "plot_stats": "plot",
+    "duplicate_ids": "report",
+    "duplicate_report": "report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(_NAMES)

@@ -1,0 +1,96 @@
+"""``seqpack stats``: rows, lower bound, efficiency and time of every policy, nothing written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import long_ranges
+from seqpack.core.plan import Plan
+from seqpack.core.policies import POLICIES, plan_rows
+from seqpack.io.documents import Documents
+from seqpack.io.readers import read_documents
+from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.plot import plot_stats
+from seqpack.pipeline.report import duplicate_report
+
+
+def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
+    """Prediction lengths as packed (after ``--split-long`` when ``split``), and sources split."""
+    counts = np.diff(docs.offsets)
+    if not split:
+        return counts - 1, 0
+    _, starts, ends = long_ranges(counts, capacity)
+    return ends - starts - 1, int(np.count_nonzero(counts - 1 > capacity))
+
+
+def compare_policies(
+    lengths: np.ndarray,
+    capacity: int,
+    policies: Sequence[str] | None = None,
+    labels: Callable[[int], str] | None = None,
+) -> list[tuple[Plan, float]]:
+    """Plan ``lengths`` with every policy (default: all registered); (plan, seconds) each.
+
+    Each policy first plans a few examples, so compiled kernels are loaded
+    before the clock starts.
+    """
+    out = []
+    for name in policies or list(POLICIES):
+        plan_rows(lengths[:8], capacity, name, labels=labels)
+        t0 = time.perf_counter()
+        plan = plan_rows(lengths, capacity, name, labels=labels)
+        out.append((plan, time.perf_counter() - t0))
+    return out
+
+
+def stats_path(
+    source: str | Path | Any,
+    options: PackOptions | None = None,
+    /,
+    *,
+    policies: Sequence[str] | None = None,
+    plot: str | Path | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Rows, lower bound, efficiency and planning time of every policy; no rows written."""
+    opts = PackOptions.of(options, **overrides)
+    capacity = opts.capacity
+    docs = read_documents(
+        source,
+        tokenizer=opts.load_tokenizer(),
+        text_field=opts.text_field,
+        partition=opts.partition,
+    )
+    if not len(docs):
+        raise InvalidInput(f"{source} holds no rows — nothing to plan")
+    lengths, split = example_lengths(docs, capacity, opts.split_long)
+    labels = None if split else (lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})")
+    results = compare_policies(lengths, capacity, policies, labels)
+    report: dict[str, Any] = {
+        "source": str(source),
+        "capacity": capacity,
+        "sources": len(docs),
+        "split_sources": split,
+        "examples": int(lengths.shape[0]),
+        "tokens": int(lengths.sum()),
+        "lower_bound": -(-int(lengths.sum()) // capacity),
+        **duplicate_report(docs.ids, docs.origin.locate),
+        "policies": [
+            plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
+            for plan, seconds in results
+        ],
+    }
+    if plot is not None:
+        report["plot"] = str(plot_stats(lengths, [p for p, _ in results], capacity, plot))
+    return report
+
+
+def _ratio(plan: Plan) -> float:
+    lower = plan.stats()["lower_bound"]
+    return plan.num_rows / lower if lower else 0.0
