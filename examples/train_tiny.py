@@ -36,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from seqpack import ByteTokenizer, ExampleTable, Partition, split_digest, split_long
-from seqpack.core.examples import Binding
+from seqpack.core.binding import Binding
 from seqpack.core.loss import masked_nll_sum
 from seqpack.io.store import write_packed
 from seqpack.nn import DecoderConfig, TinyDecoder

@@ -45,7 +45,7 @@ from seqpack import (
     pack_examples,
 )
 from seqpack.cli import main
-from seqpack.core.batch import check_segment_namespace
+from seqpack.core.config import check_segment_namespace
 from seqpack.io.readers import load_examples
 from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
 from seqpack.pipeline.local import pack_path

@@ -13,7 +13,7 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.core.batch import check_segment_namespace
+from seqpack.core.config import check_segment_namespace
 from seqpack.core.fixture import FIXTURE_DOCUMENTS, fixture_binding, fixture_epoch, fixture_examples
 
 from strategies import BINDING, example_lists, packed_epochs

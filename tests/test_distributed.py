@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from seqpack import InvalidInput
 from seqpack.core.fixture import fixture_batch
-from seqpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
+from seqpack.training.distributed import RowStats, row_costs, schedule_rows
+from seqpack.training.sampler import RowSampler
 
 
 @given(

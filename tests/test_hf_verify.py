@@ -12,12 +12,11 @@ from seqpack.hf.verify import (
     FLOAT32_TOLERANCE,
     LENGTHS,
     load_model,
-    tiny_layouts,
     tolerance,
     verification_examples,
     verify_hf,
-    verify_tiny,
 )
+from seqpack.nn.report import tiny_layouts, verify_tiny
 from seqpack.nn.verify import ATOL, RTOL
 
 os.environ["HF_HUB_OFFLINE"] = "1"

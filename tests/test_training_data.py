@@ -33,7 +33,8 @@ from seqpack.training.data import (
     move_features,
     select_rows,
 )
-from seqpack.training.distributed import RowSampler, RowStats
+from seqpack.training.distributed import RowStats
+from seqpack.training.sampler import RowSampler
 
 from packed_helpers import BATCH_FIELDS, assert_same_batches
 from strategies import BINDING, example_lists, packed_epochs

@@ -23,8 +23,9 @@ from seqpack.core.loss import token_weighted_loss, token_weighted_sum
 from seqpack.nn import TinyDecoder
 from seqpack.nn.verify import within_tolerance
 from seqpack.training.data import PackedCollator, ScheduledBatch, decoder_inputs, select_rows
-from seqpack.training.distributed import RowSampler, RowStats
+from seqpack.training.distributed import RowStats
 from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.sampler import RowSampler
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
 COLLATE = PackedCollator()

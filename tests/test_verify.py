@@ -8,12 +8,8 @@ from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_e
 from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.demo import demo_trace
 from seqpack.nn import PROFILES, TinyDecoder
-from seqpack.nn.verify import (
-    first_query_probe,
-    isolation_probe,
-    three_way,
-    unguarded_causal_attention,
-)
+from seqpack.nn.probes import first_query_probe, isolation_probe, unguarded_causal_attention
+from seqpack.nn.verify import three_way
 
 torch.set_num_threads(1)
 SEEDS = range(100)

@@ -21,13 +21,14 @@ from seqpack.core.batch import (
     NO_SEGMENT,
     PAD_CELL,
     Occurrences,
-    PackConfig,
     PackedBatch,
     PackedEpoch,
     materialize,
     pack_examples,
 )
+from seqpack.core.binding import Binding, Partition, split_digest
 from seqpack.core.compact import CompactRows, compact_rows
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import (
     BindingMismatch,
     BudgetExceeded,
@@ -38,15 +39,7 @@ from seqpack.core.errors import (
     PartitionMismatch,
     SeqpackError,
 )
-from seqpack.core.examples import (
-    Binding,
-    ExampleTable,
-    Partition,
-    SequenceExample,
-    long_ranges,
-    split_digest,
-    split_long,
-)
+from seqpack.core.examples import ExampleTable, SequenceExample, long_ranges, split_long
 from seqpack.core.permission import CuSeqlens, KeyRanges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows

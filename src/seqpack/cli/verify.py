@@ -57,7 +57,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
                 " — drop --dtype/--device, or pass --hf-config/--hf-model"
             )
-        report = hf_verify.verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+        from seqpack.nn.report import verify_tiny
+
+        report = verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     if args.json:
         print(json.dumps(report))
     else:

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import budget, permission
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import BudgetExceeded, InvalidInput, PartitionMismatch
-from seqpack.core.examples import INT32_MAX, Binding, ExampleTable, Partition, SequenceExample
+from seqpack.core.binding import Binding, Partition
+from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
+from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.examples import ExampleTable, SequenceExample
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 
@@ -44,39 +45,6 @@ CELL_FIELDS = (
     "target_valid",
     "loss_mask",
 )
-
-
-@dataclass(frozen=True)
-class PackConfig:
-    """Row width and per-call limits, validated on construction.
-
-    ``capacity``: prediction pairs per row. ``max_rows_per_batch``: rows per
-    model call (the last call keeps its real, smaller count). ``max_cells``:
-    cells one call may hold (default ``capacity * max_rows_per_batch``).
-    ``max_metadata_bytes``: budget for everything :func:`pack_examples`
-    allocates (None: unlimited).
-    """
-
-    capacity: int
-    max_rows_per_batch: int
-    max_cells: int | None = None
-    max_metadata_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        cap = positive_int("capacity", self.capacity, INT32_MAX)
-        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
-        cells = cap * rows if self.max_cells is None else self.max_cells
-        cells = positive_int("max_cells", cells, budget.MAX_BYTES)
-        if cells < cap:
-            raise InvalidInput(
-                f"max_cells {cells} is smaller than one row of capacity {cap}"
-                " — no model call could hold a row; raise max_cells"
-            )
-        if self.max_metadata_bytes is not None:
-            positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
-        object.__setattr__(self, "capacity", cap)
-        object.__setattr__(self, "max_rows_per_batch", rows)
-        object.__setattr__(self, "max_cells", cells)
 
 
 @dataclass(frozen=True, eq=False)
@@ -258,44 +226,6 @@ class PackedEpoch:
     occurrence_count: int
     metadata_peak: int
     plan: Plan
-
-
-def check_segment_namespace(count: int) -> None:
-    """Occurrence segment ids ``0..count-1`` must fit int32."""
-    if count > INT32_MAX + 1:
-        raise InvalidInput(
-            f"{count:,} occurrences do not fit int32 segment ids (at most {INT32_MAX + 1:,})"
-            " — pack the corpus in several calls"
-        )
-
-
-def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
-    """Bytes :func:`materialize` allocates for ``plan``, computed before allocating.
-
-    Raises :class:`BudgetExceeded` when a model call would exceed ``max_cells``.
-    """
-    n = plan.lengths.shape[0]
-    total = budget.checked_mul(n, budget.PLAN_BYTES)
-    largest = 0
-    rows_per = config.max_rows_per_batch
-    counts = np.bincount(plan.row_of, minlength=plan.num_rows) if n else np.zeros(0, np.int64)
-    cells_per_row = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
-    for first in range(0, plan.num_rows, rows_per):
-        rows = min(rows_per, plan.num_rows - first)
-        cells = budget.checked_mul(rows, config.capacity)
-        if cells > config.max_cells:
-            raise BudgetExceeded(
-                f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
-                f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
-            )
-        occ = int(counts[first : first + rows].sum())
-        total = budget.checked_add(
-            total,
-            budget.checked_mul(cells, budget.CELL_BYTES),
-            budget.checked_mul(occ, budget.OCCURRENCE_BYTES),
-        )
-        largest = max(largest, int(cells_per_row[first : first + rows].sum()))
-    return budget.checked_add(total, budget.checked_mul(largest, budget.GATHER_BYTES))
 
 
 def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEpoch:

@@ -22,15 +22,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from seqpack.core import engine
-from seqpack.core.batch import (
-    IGNORE_INDEX,
-    Occurrences,
-    PackedBatch,
-    check_segment_namespace,
-    fill_cells,
-)
+from seqpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_cells
+from seqpack.core.binding import Binding, Partition
+from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import Binding, ExampleTable, Partition, concat_ranges
+from seqpack.core.examples import ExampleTable, concat_ranges
 from seqpack.core.plan import Plan
 
 #: Tokens gathered per NumPy chunk when numba is missing (bounds the int64 index).

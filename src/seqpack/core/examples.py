@@ -18,95 +18,14 @@ per example).
 
 from __future__ import annotations
 
-import enum
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from seqpack.core.errors import BindingMismatch, InvalidInput, PartitionMismatch
-
-INT32_MAX = 2**31 - 1
-
-
-class Partition(str, enum.Enum):
-    """The data split an example belongs to; a batch holds one partition only."""
-
-    TRAIN = "train"
-    VALIDATION = "validation"
-    TEST = "test"
-
-    @classmethod
-    def parse(cls, value: Partition | str) -> Partition:
-        if isinstance(value, Partition):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            names = ", ".join(p.value for p in cls)
-            raise InvalidInput(f"unknown partition {value!r}; use one of {names}") from None
-
-
-@dataclass(frozen=True)
-class Binding:
-    """What every example and batch must agree on.
-
-    ``vocab_size`` bounds token ids to ``[0, vocab_size)``; ``tokenizer_id``
-    names the tokenizer that encoded the ids; ``split_id`` is the digest of
-    the accepted data split (the split receipt). It identifies evidence, it
-    does not approve it.
-    """
-
-    vocab_size: int
-    tokenizer_id: str
-    split_id: str
-
-    def __post_init__(self) -> None:
-        v = self.vocab_size
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= INT32_MAX:
-            raise InvalidInput(
-                f"vocab_size must be an integer in [1, {INT32_MAX}], got {v!r}"
-                " — pass the tokenizer's vocabulary size"
-            )
-        object.__setattr__(self, "vocab_size", int(v))
-        for name in ("tokenizer_id", "split_id"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise InvalidInput(f"Binding.{name} must be a non-empty string")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "vocab_size": self.vocab_size,
-            "tokenizer_id": self.tokenizer_id,
-            "split_id": self.split_id,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Binding:
-        return cls(int(data["vocab_size"]), str(data["tokenizer_id"]), str(data["split_id"]))
-
-    def require(self, other: Binding, what: str) -> None:
-        """Raise :class:`BindingMismatch` naming ``what`` unless ``other == self``."""
-        if other != self:
-            diffs = [
-                f"{name} {getattr(other, name)!r} != expected {getattr(self, name)!r}"
-                for name in ("vocab_size", "tokenizer_id", "split_id")
-                if getattr(other, name) != getattr(self, name)
-            ]
-            raise BindingMismatch(
-                f"{what} has a different binding ({'; '.join(diffs)})"
-                " — re-encode it with the expected tokenizer and split, or pass its binding"
-            )
-
-
-def split_digest(*parts: str | bytes) -> str:
-    """A short sha256 digest usable as a split-receipt identity."""
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode() if isinstance(part, str) else part)
-        h.update(b"\0")
-    return "sha256:" + h.hexdigest()[:32]
+from seqpack.core.binding import Binding, Partition
+from seqpack.core.errors import InvalidInput, PartitionMismatch
 
 
 def as_token_array(tokens: Any, vocab_size: int, what: str) -> np.ndarray:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.core.batch import PackConfig, PackedBatch, PackedEpoch, pack_examples
-from seqpack.core.examples import Binding, Partition, SequenceExample, split_digest
+from seqpack.core.batch import PackedBatch, PackedEpoch, pack_examples
+from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.config import PackConfig
+from seqpack.core.examples import SequenceExample
 
 FIXTURE_VOCAB = 266
 FIXTURE_CAPACITY = 6

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from seqpack.core.batch import PackedBatch
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import Binding, Partition
 from seqpack.hf.adapter import check_implementation, hf_inputs
 from seqpack.training.data import concat_batches
 

@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from seqpack.core.batch import PackConfig, PackedBatch
+from seqpack.core.batch import PackedBatch
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows, gather_segments, window_labels
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import Binding, Partition, split_long
+from seqpack.core.examples import split_long
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import resolve_binding
 from seqpack.io.readers import read_arrow

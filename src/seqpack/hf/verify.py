@@ -29,7 +29,7 @@ always gets the second. A leak moves logits by ``1e-1`` or more.
 
 :func:`verify_tiny` runs :func:`seqpack.nn.verify.three_way` on the tiny
 decoder (the fixture and a few random layouts); its ``naive`` mode uses
-:func:`~seqpack.nn.verify.unguarded_causal_attention`, the control that fails.
+:func:`~seqpack.nn.probes.unguarded_causal_attention`, the control that fails.
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqpack.core.batch import PackConfig, PackedBatch, pack_examples
+from seqpack.core.batch import PackedBatch, pack_examples
+from seqpack.core.binding import Binding
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.core.examples import Binding, SequenceExample
+from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
 from seqpack.hf.adapter import IMPLEMENTATIONS, cell_logits, hf_allowed, hf_inputs, hf_loss_sum
-from seqpack.nn.decoder import TinyDecoder
-from seqpack.nn.verify import ATOL, RTOL, occurrence_cells, three_way, unguarded_causal_attention
+from seqpack.nn.verify import ATOL, RTOL, occurrence_cells
 
 MODES = ("adapter", "naive", "bool-mask")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -321,94 +322,6 @@ def _hint(mode: str, attn_implementation: str) -> str:
     return f"the model attends across packed examples or loses targets — {fix}"
 
 
-def tiny_layouts(
-    seed: int, count: int, max_len: int
-) -> list[tuple[list[SequenceExample], int, int]]:
-    """The fixture (capacity 6) and ``count`` random layouts: ``(examples, capacity, rows)``.
-
-    Random layouts have 2-6 examples of 1..``max_len`` pairs, some with a
-    loss mask, a capacity between the longest and twice ``max_len``, and
-    1-3 rows per model call, drawn from ``default_rng(seed)``.
-    """
-    from seqpack.core.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
-
-    binding = fixture_binding()
-    layouts = [(fixture_examples(binding), FIXTURE_CAPACITY, 2)]
-    rng = np.random.default_rng(seed)
-    for k in range(count):
-        examples = []
-        for i in range(int(rng.integers(2, 7))):
-            length = int(rng.integers(1, max_len + 1))
-            mask = rng.random(length) < 0.7 if rng.random() < 0.3 else None
-            examples.append(
-                SequenceExample.from_document(
-                    rng.integers(0, binding.vocab_size, size=length + 1),
-                    source_id=f"layout{k}-{i}",
-                    partition="train",
-                    binding=binding,
-                    loss_mask=mask,
-                )
-            )
-        longest = max(len(ex) for ex in examples)
-        capacity = int(rng.integers(longest, 2 * max_len + 1))
-        layouts.append((examples, capacity, int(rng.integers(1, 4))))
-    return layouts
-
-
-def verify_tiny(
-    attention: str = "ranges", *, mode: str = "adapter", seed: int = 42, layouts: int = 4
-) -> dict[str, Any]:
-    """Separate vs padded vs packed on the tiny decoder (float64, the seed's tolerance).
-
-    ``mode="naive"`` swaps in plain causal attention over storage columns,
-    which must fail. Max abs diffs are the largest over every layout.
-    """
-    if mode not in ("adapter", "naive"):
-        raise InvalidInput(
-            f"--mode {mode!r} applies to transformers models only; the tiny decoder takes"
-            " adapter or naive"
-        )
-    backend = unguarded_causal_attention if mode == "naive" else attention
-    model = TinyDecoder("large", seed=seed, attention=backend)
-    runs = [
-        three_way(model, examples, capacity, max_rows_per_batch=rows)
-        for examples, capacity, rows in tiny_layouts(seed, layouts, model.config.max_len)
-    ]
-    quantities = {"logits": "logits", "loss": "loss_sum", "gradients": "gradients"}
-    report = {
-        "target": "tiny-decoder",
-        "model": {
-            "profile": model.profile,
-            "parameters": model.num_parameters,
-            "dtype": "float64",
-            "attention": attention,
-            "seed": seed,
-        },
-        "mode": mode,
-        "layouts": len(runs),
-        "examples": sum(r["examples"] for r in runs),
-        "targets": sum(r["targets"] for r in runs),
-        "tolerance": {"abs": ATOL, "rel": RTOL, "why": "float64 throughout: the seed's tolerance"},
-        "max_abs_diff": {
-            name: max(r["max_abs_diff"][key] for r in runs) for name, key in quantities.items()
-        },
-        "comparisons": {
-            name: sum(r["comparisons"][key] for r in runs) for name, key in quantities.items()
-        },
-        "failures": {
-            name: sum(r["failures"][key] for r in runs) for name, key in quantities.items()
-        },
-        "pass": all(r["passed"] for r in runs),
-    }
-    if not report["pass"]:
-        report["hint"] = (
-            "plain causal attention over storage columns crosses examples (the control)"
-            if mode == "naive"
-            else f"backend {attention!r} does not honour the packed layout"
-        )
-    return report
-
-
 __all__ = [
     "CAPACITY",
     "DTYPES",
@@ -416,9 +329,7 @@ __all__ = [
     "MODES",
     "load_model",
     "packed_kwargs",
-    "tiny_layouts",
     "tolerance",
     "verification_examples",
     "verify_hf",
-    "verify_tiny",
 ]

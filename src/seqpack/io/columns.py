@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.examples import INT32_MAX, Partition
 from seqpack.io.documents import Documents, Origin
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from seqpack.core.binding import Binding, Partition, split_digest
 from seqpack.core.errors import BindingMismatch, InvalidInput
-from seqpack.core.examples import Binding, ExampleTable, Partition, split_digest
+from seqpack.core.examples import ExampleTable
 from seqpack.io.jsonl import first_bad_line
 from seqpack.io.tokenizers import Tokenizer
 

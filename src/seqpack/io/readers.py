@@ -15,8 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import ExampleTable, Partition
+from seqpack.core.examples import ExampleTable
 from seqpack.io.columns import COLUMNS, documents_from_arrow
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.jsonl import read_json

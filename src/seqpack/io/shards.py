@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.binding import INT32_MAX, Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import INT32_MAX, Binding, Partition
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 1

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.batch import PackedBatch
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.examples import Binding, Partition
 from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, publish, temp_output
 from seqpack.io.shards import (
     FORMAT,

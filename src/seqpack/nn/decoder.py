@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqpack.core.batch import PackConfig, PackedBatch, pack_examples
+from seqpack.core.batch import PackedBatch, pack_examples
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import LossResult, LossSum, token_weighted_loss, token_weighted_sum

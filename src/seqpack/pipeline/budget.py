@@ -8,7 +8,7 @@ model call and compares the sum with ``--max-metadata-bytes``.
 from __future__ import annotations
 
 from seqpack.core import budget
-from seqpack.core.batch import PackConfig
+from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.pipeline.options import DEFAULT_POLICY
 

@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from seqpack.core import budget
-from seqpack.core.batch import PackConfig
 from seqpack.core.compact import CompactRows, compact_rows
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 from seqpack.io.atomic import recover_output
-from seqpack.io.documents import resolve_binding
+from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.readers import read_documents
 from seqpack.io.store import check_output, write_packed
+from seqpack.io.tokenizers import Tokenizer
 from seqpack.pipeline.budget import check_budget, packing_bytes
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 from seqpack.pipeline.progress import progress_bar, status
@@ -51,6 +52,35 @@ def pack_table(
     return plan, compact_rows(table, plan)
 
 
+def bind_examples(
+    docs: Documents, options: PackOptions, tokenizer: Tokenizer | None
+) -> tuple[ExampleTable, int]:
+    """``docs`` bound as ``options`` say (vocabulary, tokenizer, split receipt) and, with
+    ``split_long``, long sources cut into ranges: the examples to plan, and how many
+    sources were split."""
+    binding = resolve_binding(
+        docs,
+        options.partition,
+        vocab_size=options.vocab_size,
+        tokenizer=tokenizer,
+        tokenizer_id=options.tokenizer_id,
+        split_id=options.split_id,
+    )
+    table = docs.to_table(binding, options.partition)
+    if not options.split_long:
+        return table, 0
+    return split_long(table, options.capacity)
+
+
+def run_statistics(plan: Plan, docs: Documents, table: ExampleTable, split: int) -> dict[str, Any]:
+    """What a packing reports: the plan's statistics, sources, splits and eligible targets."""
+    return plan.stats() | {
+        "sources": len(docs),
+        "split_sources": split,
+        "eligible_targets": int(table.loss_mask.sum()),
+    }
+
+
 def pack_path(
     source: str | Path | Any,
     out: str | Path,
@@ -66,16 +96,13 @@ def pack_path(
     ``datasets`` folder or an in-memory ``datasets.Dataset`` / Arrow table.
 
     Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``,
-    ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``
-    (``tokens / (rows * capacity)``), ``sources``, ``split_sources``,
-    ``eligible_targets``, ``batches``, ``shards``, ``seconds``,
-    ``duplicate_ids`` (rows whose id repeats an earlier row's; each is still
-    packed as its own occurrence; ``duplicate_first`` names the first) and
-    ``recovered`` (notes on hidden folders of killed runs cleaned up at
-    ``out``, see :func:`seqpack.io.atomic.recover_output`). Progress goes to
-    stderr when ``progress`` is True, or by default when stderr is a
-    terminal. ``max_metadata_bytes`` bounds :func:`packing_bytes` plus one
-    padded model call, checked before planning.
+    ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``,
+    ``sources``, ``split_sources``, ``eligible_targets``, ``batches``,
+    ``shards``, ``seconds``, ``duplicate_ids`` (rows whose id repeats an
+    earlier row's; ``duplicate_first`` names the first) and ``recovered``
+    (hidden folders of killed runs cleaned up at ``out``, see
+    :func:`seqpack.io.atomic.recover_output`). ``max_metadata_bytes`` bounds
+    :func:`packing_bytes` plus one padded model call, checked before planning.
     """
     started = time.perf_counter()
     opts = PackOptions.of(options, **overrides)
@@ -91,18 +118,7 @@ def pack_path(
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to pack")
-    binding = resolve_binding(
-        docs,
-        opts.partition,
-        vocab_size=opts.vocab_size,
-        tokenizer=tok,
-        tokenizer_id=opts.tokenizer_id,
-        split_id=opts.split_id,
-    )
-    table = docs.to_table(binding, opts.partition)
-    split = 0
-    if opts.split_long:
-        table, split = split_long(table, config.capacity)
+    table, split = bind_examples(docs, opts, tok)
     check_budget(table, config, opts.policy, opts.max_metadata_bytes)
     say(f"planning {len(table):,} examples with {opts.policy}")
 
@@ -110,11 +126,8 @@ def pack_path(
         return table.label(i) if split else f"{docs.origin.locate(i)}: {table.label(i)}"
 
     plan, rows = pack_table(table, config.capacity, opts.policy, name, **opts.policy_options)
-    stats = plan.stats() | {
-        "sources": len(docs),
-        "split_sources": split,
-        "eligible_targets": int(table.loss_mask.sum()),
-        "batches": -(-plan.num_rows // config.max_rows_per_batch),
+    stats = run_statistics(plan, docs, table, split) | {
+        "batches": -(-plan.num_rows // config.max_rows_per_batch)
     }
     with progress_bar(plan.num_rows, "writing", "row", show) as bar:
         manifest = write_packed(

@@ -26,9 +26,9 @@ from types import MappingProxyType
 from typing import Any
 
 from seqpack.core import budget
+from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.checks import parse_byte_size, parse_option, positive_int
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import INT32_MAX, Partition
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
-from seqpack.core.examples import Binding, split_digest
 from seqpack.core.policies import check_policy_options
 from seqpack.io.atomic import recover_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -224,16 +224,11 @@ def pack(
     ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
     ``engine`` the Ray ones (:class:`~seqpack.ray.options.RayOptions`); keywords
     override fields of either (``capacity=4096, block_examples=10_000``).
-    Statistics are :func:`seqpack.pipeline.local.pack_path`'s, plus ``blocks``,
-    ``block_examples``, ``block_lower_bound`` (sum of the blocks' lower
-    bounds) and ``rows_over_lower_bound`` (rows / the global
-    ``ceil(tokens / capacity)``). ``max_metadata_bytes`` applies to each block
-    alone (checked in its task before planning; ``BudgetExceeded`` names the
-    block); ``duplicate_ids`` counts repeated ids across all blocks, as locally.
-    Hidden folders of killed runs at ``out`` are recovered first, as locally.
-
-    Without ``split_id`` the split receipt is the digest of the blocks'
-    digests in order: it depends on the block layout, so pin it when several
+    Statistics are :func:`seqpack.pipeline.local.pack_path`'s plus ``blocks``,
+    ``block_examples``, ``block_lower_bound`` and ``rows_over_lower_bound``
+    (rows / the global lower bound). ``max_metadata_bytes`` applies to each
+    block alone. Without ``split_id`` the split receipt digests the blocks'
+    digests in order, so it depends on the block layout: pin it when several
     layouts must agree.
     """
     started = time.perf_counter()

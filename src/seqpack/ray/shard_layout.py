@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.batch import check_segment_namespace
+from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import SeqpackError
 
 

@@ -13,14 +13,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from seqpack.core.batch import PackConfig
+from seqpack.core.binding import Partition
+from seqpack.core.config import PackConfig
 from seqpack.core.errors import PartitionMismatch
-from seqpack.core.examples import ExampleTable, Partition, example_label, split_long
+from seqpack.core.examples import ExampleTable, example_label
 from seqpack.io.columns import documents_from_arrow
-from seqpack.io.documents import Documents, resolve_binding
+from seqpack.io.documents import Documents
 from seqpack.io.shards import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
 from seqpack.pipeline.budget import check_budget
-from seqpack.pipeline.local import pack_table
+from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
 
@@ -82,18 +83,7 @@ def plan_block(
     table, origin = block_table(block, opts.text_field, tables)
     docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
     check_partition(table, docs, opts.partition)
-    binding = resolve_binding(
-        docs,
-        opts.partition,
-        vocab_size=opts.vocab_size,
-        tokenizer=tokenizer,
-        tokenizer_id=opts.tokenizer_id,
-        split_id=opts.split_id,
-    )
-    examples = docs.to_table(binding, opts.partition)
-    split = 0
-    if opts.split_long:
-        examples, split = split_long(examples, opts.capacity)
+    examples, split = bind_examples(docs, opts, tokenizer)
     _check_block_budget(block, len(docs), examples, settings)
 
     def name(i: int) -> str:
@@ -104,11 +94,8 @@ def plan_block(
 
     plan, rows = pack_table(examples, opts.capacity, opts.policy, name, **opts.policy_options)
     cuts = shard_bounds(rows, opts.max_rows_per_batch, opts.shard_tokens)[1:-1]
-    stats = plan.stats() | {
-        "sources": len(docs),
-        "split_sources": split,
-        "eligible_targets": int(examples.loss_mask.sum()),
-        "split_id": binding.split_id,
+    stats = run_statistics(plan, docs, examples, split) | {
+        "split_id": examples.binding.split_id,
         "cuts": cuts.tolist(),
         "ids": pa.array(docs.ids, type=pa.string()),
     }

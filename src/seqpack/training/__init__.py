@@ -18,15 +18,14 @@ from seqpack.training.data import (
     select_rows,
 )
 from seqpack.training.distributed import (
-    RowSampler,
     RowStats,
-    Slot,
     StepSchedule,
     row_costs,
     schedule_rows,
     step_eligible_counts,
 )
 from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.sampler import RowSampler, Slot
 from seqpack.training.stream import StreamDataset
 
 __all__ = [

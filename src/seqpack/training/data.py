@@ -34,13 +34,14 @@ import torch
 from torch.utils.data import Dataset
 
 from seqpack.core.batch import CELL_FIELDS, IGNORE_INDEX, NO_SEGMENT, Occurrences, PackedBatch
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import Binding, Partition
 from seqpack.io.shards import flat_column
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
-from seqpack.training.distributed import RowStats, Slot
+from seqpack.training.distributed import RowStats
+from seqpack.training.sampler import Slot
 
 COLUMNS = ["seq_lengths", "labels"]  # what row_stats reads
 

@@ -31,21 +31,17 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.core.batch import IGNORE_INDEX, check_segment_namespace
+from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
+from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.examples import Binding, Partition, as_token_array, long_ranges
+from seqpack.core.examples import as_token_array, long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.training.data import ScheduledBatch
-from seqpack.training.distributed import (
-    Balance,
-    RowStats,
-    Slot,
-    check_balance,
-    default_world,
-    schedule_rows,
-)
+from seqpack.training.distributed import Balance, RowStats, check_balance, schedule_rows
+from seqpack.training.sampler import Slot, default_world
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 _CONFIG = (

@@ -1,0 +1,89 @@
+"""The limits of one packing: :class:`PackConfig`, and what materialising a plan costs.
+
+``capacity`` cells per row, ``max_rows_per_batch`` rows per model call, an
+optional cap on the cells of one call and a metadata budget. Both are
+checked with checked arithmetic before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqpack.core import budget
+from seqpack.core.binding import INT32_MAX
+from seqpack.core.checks import positive_int
+from seqpack.core.errors import BudgetExceeded, InvalidInput
+from seqpack.core.plan import Plan
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Row width and per-call limits, validated on construction.
+
+    ``capacity``: prediction pairs per row. ``max_rows_per_batch``: rows per
+    model call (the last call keeps its real, smaller count). ``max_cells``:
+    cells one call may hold (default ``capacity * max_rows_per_batch``).
+    ``max_metadata_bytes``: budget for everything :func:`pack_examples`
+    allocates (None: unlimited).
+    """
+
+    capacity: int
+    max_rows_per_batch: int
+    max_cells: int | None = None
+    max_metadata_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        cap = positive_int("capacity", self.capacity, INT32_MAX)
+        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
+        cells = cap * rows if self.max_cells is None else self.max_cells
+        cells = positive_int("max_cells", cells, budget.MAX_BYTES)
+        if cells < cap:
+            raise InvalidInput(
+                f"max_cells {cells} is smaller than one row of capacity {cap}"
+                " — no model call could hold a row; raise max_cells"
+            )
+        if self.max_metadata_bytes is not None:
+            positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
+        object.__setattr__(self, "capacity", cap)
+        object.__setattr__(self, "max_rows_per_batch", rows)
+        object.__setattr__(self, "max_cells", cells)
+
+
+def check_segment_namespace(count: int) -> None:
+    """Occurrence segment ids ``0..count-1`` must fit int32."""
+    if count > INT32_MAX + 1:
+        raise InvalidInput(
+            f"{count:,} occurrences do not fit int32 segment ids (at most {INT32_MAX + 1:,})"
+            " — pack the corpus in several calls"
+        )
+
+
+def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
+    """Bytes :func:`materialize` allocates for ``plan``, computed before allocating.
+
+    Raises :class:`BudgetExceeded` when a model call would exceed ``max_cells``.
+    """
+    n = plan.lengths.shape[0]
+    total = budget.checked_mul(n, budget.PLAN_BYTES)
+    largest = 0
+    rows_per = config.max_rows_per_batch
+    counts = np.bincount(plan.row_of, minlength=plan.num_rows) if n else np.zeros(0, np.int64)
+    cells_per_row = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
+    for first in range(0, plan.num_rows, rows_per):
+        rows = min(rows_per, plan.num_rows - first)
+        cells = budget.checked_mul(rows, config.capacity)
+        if cells > config.max_cells:
+            raise BudgetExceeded(
+                f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
+                f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
+            )
+        occ = int(counts[first : first + rows].sum())
+        total = budget.checked_add(
+            total,
+            budget.checked_mul(cells, budget.CELL_BYTES),
+            budget.checked_mul(occ, budget.OCCURRENCE_BYTES),
+        )
+        largest = max(largest, int(cells_per_row[first : first + rows].sum()))
+    return budget.checked_add(total, budget.checked_mul(largest, budget.GATHER_BYTES))

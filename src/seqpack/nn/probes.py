@@ -1,0 +1,196 @@
+"""Isolation probes: does any change in one example reach another's logits?
+
+:func:`isolation_probe` perturbs the residual stream of one example's cells
+and checks that no other occurrence's outputs move (and that padding stays
+inert); :func:`first_query_probe` checks each example's first query sees
+only itself. :func:`unguarded_causal_attention` is the control: plain causal
+attention over storage columns, which joins neighbouring examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import InvalidInput
+from seqpack.core.loss import masked_nll_sum
+from seqpack.nn.attention import AttentionLayout, Backend
+from seqpack.nn.verify import compare_tensors
+
+
+def unguarded_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+) -> torch.Tensor:
+    """The **wrong** mask, for controls only: plain causal over storage columns.
+
+    Key ``k <= q`` in storage order, ignoring segments and validity, so B's
+    queries see A. Not registered as a backend.
+    """
+    T = q.shape[-2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~causal, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (R, H, T, D)
+
+
+def _residual_probes(model: torch.nn.Module, shape: tuple[int, int, int]) -> list[torch.Tensor]:
+    """One zero (R, T, W) leaf per residual-stream site: each block's input and the final norm's."""
+    dtype, device = model.embed.weight.dtype, model.embed.weight.device
+    sites = len(model.blocks) + 1
+    return [
+        torch.zeros(shape, dtype=dtype, device=device, requires_grad=True) for _ in range(sites)
+    ]
+
+
+def _forward_with(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    layout: AttentionLayout,
+    deltas: list[torch.Tensor],
+    attention: str | Backend | None,
+) -> torch.Tensor:
+    """Forward with ``deltas[i]`` added to the activations entering site ``i``."""
+
+    def adder(delta: torch.Tensor):
+        return lambda _module, args: (args[0] + delta, *args[1:])
+
+    modules = [*model.blocks, model.norm]
+    handles = [m.register_forward_pre_hook(adder(d)) for m, d in zip(modules, deltas, strict=True)]
+    try:
+        return model(ids, layout, attention=attention)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _segment_cells(batch: PackedBatch, segment: int) -> np.ndarray:
+    cells = batch.input_valid & (batch.segments == segment)
+    if not cells.any():
+        raise InvalidInput(f"segment {segment} has no cell in this batch")
+    return cells
+
+
+def isolation_probe(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    segment: int,
+    *,
+    attention: str | Backend | None = None,
+    scale: float = 3.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Perturb every activation outside ``segment`` (other examples and padding).
+
+    Objective: the raw NLL sum of ``segment``'s eligible targets only. The
+    segment's logits, that loss and all parameter gradients must stay within
+    tolerance, and the derivative of the loss into every other cell's
+    activations, at every residual site, must be exactly zero.
+    """
+    ids, layout = model.inputs_of(batch)
+    own = _segment_cells(batch, segment)
+    other = ~own
+    own_t = torch.as_tensor(own, device=ids.device)
+    deltas = _residual_probes(model, (*batch.shape, model.config.width))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        logits = _forward_with(model, ids, layout, ds, attention)
+        loss = masked_nll_sum(logits, batch.targets, batch.loss_mask & own).sum
+        leaves = params + ds
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return (
+            logits,
+            loss,
+            [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)],
+        )
+
+    base_logits, base_loss, base_grads = run(deltas)
+    gen = torch.Generator().manual_seed(seed)
+    other_t = torch.as_tensor(other, device=ids.device)
+    perturbed = [
+        (torch.randn(d.shape, generator=gen, dtype=torch.float64).to(d) * scale)
+        .mul(other_t[..., None])
+        .detach()
+        .requires_grad_(True)
+        for d in deltas
+    ]
+    logits, loss, grads = run(perturbed)
+    n = len(params)
+    into = torch.stack(base_grads[n:]).abs().amax(dim=-1)  # (sites, R, T)
+    compared = compare_tensors(
+        {
+            "logits": (base_logits[own_t].detach(), logits[own_t].detach()),
+            "loss": (base_loss.detach().reshape(1), loss.detach().reshape(1)),
+            "gradients": (
+                torch.cat([g.reshape(-1) for g in base_grads[:n]]),
+                torch.cat([g.reshape(-1) for g in grads[:n]]),
+            ),
+        }
+    )
+    derivative = {
+        "other_segments": _largest(into, batch.input_valid & other),
+        "padding": _largest(into, ~batch.input_valid),
+    }
+    changed = (logits - base_logits).detach()[other_t]
+    return {
+        "segment": int(segment),
+        "perturbed_cells": int(other.sum()),
+        "sites": len(deltas),
+        "compared": compared,
+        "max_abs_derivative_into": derivative,
+        "others_changed_by": float(changed.abs().max()) if changed.numel() else 0.0,
+        "passed": not any(c["failures"] for c in compared.values())
+        and not any(derivative.values()),
+    }
+
+
+def _largest(values: torch.Tensor, mask: np.ndarray) -> float:
+    """Max of ``values`` (sites, R, T) over the cells of ``mask`` (R, T); 0 when empty."""
+    if not mask.any():
+        return 0.0
+    return float(values[:, torch.as_tensor(mask, device=values.device)].max())
+
+
+def first_query_probe(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    segment: int,
+    *,
+    attention: str | Backend | None = None,
+) -> dict[str, Any]:
+    """Derivatives of ``segment``'s first query's loss into the activations of every site.
+
+    Its own cell may matter; its future cells, padding and other segments
+    must get exactly zero derivative at every residual site.
+    """
+    ids, layout = model.inputs_of(batch)
+    own = _segment_cells(batch, segment)
+    first = own & (batch.positions == 0)
+    row, col = (int(x[0]) for x in np.nonzero(first))
+    deltas = _residual_probes(model, (*batch.shape, model.config.width))
+    logits = _forward_with(model, ids, layout, deltas, attention)
+    target = int(batch.targets[row, col])
+    loss = -torch.log_softmax(logits[row, col], dim=-1)[target]
+    grads = torch.stack(torch.autograd.grad(loss, deltas)).abs().amax(dim=-1)  # (sites, R, T)
+    future = own & ~first
+    padding = ~batch.input_valid
+    others = batch.input_valid & ~own
+
+    report = {
+        "segment": int(segment),
+        "query": [row, col],
+        "max_abs_derivative": {
+            "own_cell": _largest(grads, first),
+            "future": _largest(grads, future),
+            "padding": _largest(grads, padding),
+            "other_segments": _largest(grads, others),
+        },
+    }
+    d = report["max_abs_derivative"]
+    report["passed"] = d["future"] == 0 and d["padding"] == 0 and d["other_segments"] == 0
+    return report
+
+
+__all__ = ["first_query_probe", "isolation_probe", "unguarded_causal_attention"]
