@@ -57,7 +57,7 @@ def next_fit(
     return row_of, start_of
 
 
-def one_per_row(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+def padded(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """Right padding: example ``i`` alone in row ``i`` (the unpacked baseline)."""
     n = lengths.shape[0]
     return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -174,7 +174,7 @@ POLICIES: dict[str, PolicyFn] = {
     "first-fit-decreasing": first_fit_decreasing,
     "best-fit-decreasing": best_fit_decreasing,
     "stream-best-fit": stream_best_fit,
-    "padded": one_per_row,
+    "padded": padded,
 }
 
 

@@ -63,7 +63,7 @@ class Placements(NamedTuple):
     start: np.ndarray
 
 
-def fronts(index: np.ndarray, seed: int) -> np.ndarray:
+def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
     """0/1 per example: which end of its length bucket it joins (seeded).
 
     One bit of splitmix64(seed, example index): a stateless choice, so a
@@ -192,7 +192,7 @@ class StreamPacker:
         else:
             first = self.examples_pushed
             index = np.arange(first, first + lengths.shape[0], dtype=np.int64)
-            sides = fronts(index, self.seed)
+            sides = bucket_sides(index, self.seed)
             kernels.call(self.engine, "stream_push", lengths, sides, *state, *tail, inputs=2)
         k = int(self._scalars[S_OUT])
         return Placements(*(column[:k].copy() for column in out))
@@ -293,7 +293,7 @@ class StreamPacker:
         self._restore(examples, lengths, rows)
 
     def _restore(self, examples: np.ndarray, lengths: np.ndarray, rows: list[dict]) -> None:
-        sides = fronts(examples, self.seed)
+        sides = bucket_sides(examples, self.seed)
         kernels.call(
             self.engine, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,
             self._rows, self._qleaves, self._pool, self._scalars, self.capacity,

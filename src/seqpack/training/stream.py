@@ -121,7 +121,7 @@ class StreamDataset(IterableDataset):
             raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
         check_balance(balance)
         self._new_packer()  # validates capacity, window, max_open_rows, seed
-        self._cursor: _Cursor | None = None
+        self._cursor: _StreamPass | None = None
         self._resume: dict[str, Any] | None = None
 
     @property
@@ -140,7 +140,7 @@ class StreamDataset(IterableDataset):
     def __iter__(self) -> Iterator[ScheduledBatch]:
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        cursor = _Cursor(self, self._resume)
+        cursor = _StreamPass(self, self._resume)
         self._cursor, self._resume = cursor, None
         for item in cursor.run():
             if item.slot.index % workers == worker:
@@ -153,7 +153,7 @@ class StreamDataset(IterableDataset):
             return self._cursor.state()
         if self._resume is not None:
             return self._resume
-        return _Cursor(self, None).state()
+        return _StreamPass(self, None).state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration continues from ``state`` (same configuration required)."""
@@ -222,8 +222,10 @@ class StreamDataset(IterableDataset):
             yield _Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
 
 
-class _Cursor:
-    """One pass over the stream; its fields are exactly what :meth:`state` saves."""
+class _StreamPass:
+    """One pass over the stream: documents read, examples waiting in the packer, rows
+    closed but not yet trained on, and the step being cut; its fields are exactly what
+    :meth:`state` saves, so a resumed pass continues the same schedule."""
 
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
