@@ -66,9 +66,13 @@ class HFCollator:
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
         import pyarrow as pa
 
-        from seqpack.io.shards import SCHEMA, arrow_to_rows
+        from seqpack.io.shard_rows import V1_COLUMNS, V1_SCHEMA, arrow_to_rows, is_version_1
+        from seqpack.io.shards import FIELDS, REQUIRED
 
-        missing = [n for n in SCHEMA.names if n not in features[0]]
+        names = list(features[0])
+        v1 = is_version_1(names)
+        wanted = V1_COLUMNS if v1 else REQUIRED
+        missing = [n for n in wanted if n not in names]
         if missing:
             raise InvalidInput(
                 f"collator features lack the packed columns {missing} — keep them with"
@@ -79,7 +83,8 @@ class HFCollator:
                 "this collator does not know the packing's capacity and binding — build it"
                 " with HFCollator.for_dataset(packed, attn_implementation)"
             )
-        table = pa.Table.from_pylist([{n: f[n] for n in SCHEMA.names} for f in features], SCHEMA)
+        schema = V1_SCHEMA if v1 else pa.schema([(n, FIELDS[n]) for n in FIELDS if n in names])
+        table = pa.Table.from_pylist([{n: f[n] for n in schema.names} for f in features], schema)
         return arrow_to_rows(
             table,
             capacity=self.capacity,

@@ -3,14 +3,24 @@
 ``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
 ``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
 see :mod:`seqpack.io`) and returns one output row per packed row, with the
-columns of the packed-directory format (:data:`seqpack.store.SCHEMA`:
-``tokens``, ``labels``, ``seq_lengths``, ``seq_starts``, provenance). The
-binding, partition, capacity, policy and statistics travel as JSON in
+columns of the packed format (:mod:`seqpack.io.shards`: ``tokens``,
+``pair_counts``, ``seq_starts``, ``ordinals``, and the derivable columns
+only where they cannot be derived). The binding, partition, capacity,
+policy, stored columns and statistics travel as JSON in
 ``info.description`` under the key ``"seqpack"``. For the fixture::
 
     >>> packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 6, "next-fit")
     >>> packed["tokens"]        # [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
     >>> packed["seq_starts"]    # [[0, 3], [0]]
+
+Zero-copy in and out: ``input_ids`` are read as Arrow offsets and values
+(record batch by record batch, no Python lists), the output is built from
+NumPy buffers, and the result gets a fingerprint derived from the input's
+and the options (``datasets`` hashes nothing). The split receipt of a
+``Dataset`` is derived from its fingerprint the same way (pass ``split_id``
+to choose one). A memory-mapped input (loaded from disk or cached) gives a
+memory-mapped output, written to an Arrow file beside the input's cache
+files, as ``Dataset.map`` does.
 
 ``to_batches(packed)`` rebuilds the padded :class:`PackedBatch` model calls;
 ``unpack_dataset(packed)`` recovers the examples in their original order.
@@ -19,8 +29,13 @@ binding, partition, capacity, policy and statistics travel as JSON in
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import json
+import os
+import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,22 +46,45 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows, gather_segments, window_labels
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import split_long
-from seqpack.io.columns import documents_from_arrow
-from seqpack.io.documents import resolve_binding
-from seqpack.io.readers import read_arrow
-from seqpack.io.shards import (
-    FORMAT,
-    VERSION,
-    arrow_to_rows,
-    list_array,
-    manifest_record,
-    rows_to_arrow,
-)
-from seqpack.pipeline.local import pack_table
+from seqpack.io.readers import Input
+from seqpack.io.shard_rows import arrow_to_rows
+from seqpack.io.shards import FORMAT, READABLE_VERSIONS, list_array, manifest_record, shard_table
+from seqpack.pipeline.budget import StreamBudget
+from seqpack.pipeline.corpus import read_corpus
 from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.writer import corpus_examples, gather_rows, layout_for, plan_corpus
 
 META_KEY = "seqpack"
+
+
+def _options(
+    capacity: int | None, policy: str | None, options: PackOptions | None, keywords: dict
+) -> PackOptions:
+    fields = {f.name for f in dataclasses.fields(PackOptions)} | {"split_long_sources"}
+    overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
+    if capacity is not None:
+        overrides["capacity"] = capacity
+    if policy is not None:
+        overrides["policy"] = policy
+    if keywords:
+        base = options.policy_options if options is not None else {}
+        overrides["policy_options"] = {**base, **keywords}
+    return PackOptions.of(options, **overrides)
+
+
+def fingerprint_receipt(source: Input, partition: Partition) -> str | None:
+    """The split receipt of a ``datasets`` input: a digest of its fingerprint (datasets'
+    own identity of the data and its transforms) and the partition; None without one."""
+    if not source.fingerprint:
+        return None
+    text = f"seqpack-split\0{partition.value}\0datasets-fingerprint\0{source.fingerprint}"
+    return "datasets:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
+    """The output's fingerprint: the input's and every option that shaped the output."""
+    text = json.dumps({"input": base or secrets.token_hex(8), "seqpack": meta}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def pack_dataset(
@@ -67,43 +105,70 @@ def pack_dataset(
     """
     import datasets
 
-    fields = {f.name for f in dataclasses.fields(PackOptions)} | {"split_long_sources"}
-    overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
-    if capacity is not None:
-        overrides["capacity"] = capacity
-    if policy is not None:
-        overrides["policy"] = policy
-    if keywords:
-        base = options.policy_options if options is not None else {}
-        overrides["policy_options"] = {**base, **keywords}
-    opts = PackOptions.of(options, **overrides)
-    config = PackConfig(opts.capacity, opts.max_rows_per_batch)
-    table, origin = read_arrow(dataset, opts.partition)
-    docs = documents_from_arrow(table, origin)
-    if not len(docs):
-        raise InvalidInput("the dataset has no rows — nothing to pack")
-    vocab_size = opts.vocab_size if opts.vocab_size is not None else int(docs.tokens.max()) + 1
-    binding = resolve_binding(
-        docs,
-        opts.partition,
-        vocab_size=vocab_size,
-        tokenizer_id=opts.tokenizer_id,
-        split_id=opts.split_id,
+    opts = _options(capacity, policy, options, keywords)
+    source = dataset
+    corpus = read_corpus(
+        dataset,
+        opts,
+        opts.load_tokenizer(),
+        receipt=lambda found: fingerprint_receipt(found, opts.partition),
+        default_vocab=True,
     )
-    examples = docs.to_table(binding, opts.partition)
-    split = 0
-    if opts.split_long:
-        examples, split = split_long(examples, config.capacity)
-    plan, rows = pack_table(examples, config.capacity, opts.policy, **opts.policy_options)
+    try:
+        examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
+        storage = plan_corpus(
+            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
+        )
+        layout = layout_for(corpus, examples)
+        bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
+        tables = [
+            shard_table(gather_rows(corpus, examples, storage, a, b, layout), layout)
+            for a, b in itertools.pairwise(bounds)
+        ]
+        fingerprint_in = corpus.source.fingerprint
+    finally:
+        corpus.close()
+    plan = storage.plan
+    fields = opts.manifest_fields()
     meta = manifest_record(
-        binding=binding,
-        partition=examples.partition,
-        config=opts.manifest_fields()["config"],
-        policy=opts.manifest_fields()["policy"],
-        statistics=plan.stats() | {"sources": len(docs), "split_sources": split},
+        binding=corpus.binding,
+        partition=opts.partition,
+        config=fields["config"],
+        columns=layout.columns(),
+        policy=fields["policy"],
+        statistics=plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
     )
+    table = pa.concat_tables(tables) if tables else layout.schema().empty_table()
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
-    return datasets.Dataset(datasets.table.InMemoryTable(rows_to_arrow(rows)), info=info)
+    fingerprint = _fingerprint(fingerprint_in, meta)
+    return _as_dataset(table, info, fingerprint, _cache_folder(source))
+
+
+def _cache_folder(dataset: Any) -> Path | None:
+    """Where a memory-mapped input's cache files are (None for an in-memory input)."""
+    files = getattr(dataset, "cache_files", None) or []
+    return Path(files[0]["filename"]).parent if files else None
+
+
+def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | None) -> Any:
+    """``table`` as a Dataset with ``fingerprint``: in memory, or memory-mapped from an
+    Arrow file written (atomically) into ``folder``."""
+    import datasets
+    from datasets.table import InMemoryTable, MemoryMappedTable
+
+    if folder is None:
+        return datasets.Dataset(InMemoryTable(table), info=info, fingerprint=fingerprint)
+    path = folder / f"cache-seqpack-{fingerprint}.arrow"
+    part = folder / f".{path.name}.{secrets.token_hex(4)}.part"
+    try:
+        with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+    return datasets.Dataset(
+        MemoryMappedTable.from_file(str(path)), info=info, fingerprint=fingerprint
+    )
 
 
 def packed_metadata(packed: Any) -> dict[str, Any]:
@@ -115,13 +180,16 @@ def packed_metadata(packed: Any) -> dict[str, Any]:
             "this dataset carries no seqpack metadata in info.description — was it made by"
             " seqpack.hf.pack_dataset?"
         ) from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise InvalidInput(f"packed dataset format {meta.get('format')!r} is not {FORMAT!r}")
+    if meta.get("format") != FORMAT or meta.get("version") not in READABLE_VERSIONS:
+        raise InvalidInput(
+            f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
+            f" not {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
+        )
     return meta
 
 
 def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
-    """All rows of a packed dataset as :class:`CompactRows` (checked)."""
+    """All rows of a packed dataset (format version 1 or 2) as :class:`CompactRows` (checked)."""
     meta = packed_metadata(packed)
     table = packed.with_format("arrow")[0 : len(packed)]
     return arrow_to_rows(
@@ -153,6 +221,7 @@ def unpack_dataset(packed: Any) -> Any:
     where its pair is supervised, -100 otherwise and on the first token).
     """
     import datasets
+    from datasets.table import InMemoryTable
 
     rows = packed_rows(packed, contiguous=False)
     order = np.argsort(rows.ordinals, kind="stable")
@@ -172,4 +241,6 @@ def unpack_dataset(packed: Any) -> Any:
             "labels": list_array(offsets, labels, pa.int32()),
         }
     )
-    return datasets.Dataset(datasets.table.InMemoryTable(table))
+    base = getattr(packed, "_fingerprint", None) or secrets.token_hex(8)
+    fingerprint = hashlib.sha256(f"seqpack-unpack\0{base}".encode()).hexdigest()[:32]
+    return datasets.Dataset(InMemoryTable(table), fingerprint=fingerprint)

@@ -15,7 +15,9 @@ Every input becomes an Arrow table with one row per source document:
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is
 ``labels[j + 1] != -100``. Columns are converted with Arrow and NumPy, no
-Python loop per token; errors name the file, the line or row, and the fix.
+Python loop per token, and token ids are left in the buffers Arrow read them
+into (no copy; :class:`~seqpack.io.documents.TokenChunk`); errors name the
+file, the line or row, and the fix.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import pyarrow.compute as pc
 from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.io.documents import Documents, Origin
+from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
 COLUMNS = ("input_ids", "labels", "loss_mask", "id", "partition")
@@ -116,7 +118,7 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
             f"{origin.locate(row)}: input_ids has {int(counts[row])} token(s); an example needs"
             " at least 2 to form one input/target pair — drop the row"
         )
-    return values.astype(np.int32, copy=False), offsets
+    return values, offsets
 
 
 def _target_flags(per_token: np.ndarray, firsts: np.ndarray) -> np.ndarray:
@@ -128,15 +130,18 @@ def _target_flags(per_token: np.ndarray, firsts: np.ndarray) -> np.ndarray:
 
 def _loss_flags(
     table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, origin: Origin
-) -> np.ndarray:
-    """One flag per target; rows without labels / loss_mask are fully supervised."""
+) -> np.ndarray | None:
+    """One flag per target, or None when every target is supervised (rows without labels /
+    loss_mask are)."""
     names = {n for n in table.column_names if not pa.types.is_null(table.schema.field(n).type)}
-    counts = np.diff(offsets)
-    flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
     if "labels" in names and "loss_mask" in names:
         raise InvalidInput(
             f"{origin.parts[0][0]}: has both labels and loss_mask — keep one of them"
         )
+    if "labels" not in names and "loss_mask" not in names:
+        return None
+    counts = np.diff(offsets)
+    flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
     if "labels" in names:
         labels, loffsets, present = _lists(table, "labels", origin, optional=True)
         labels = _ints(labels, loffsets, "labels", origin)
@@ -184,12 +189,13 @@ def _loss_flags(
                 f" {int(counts[row])} tokens — give one per token or one per target"
             )
         flags[np.repeat(present, counts - 1)] = _target_flags(mask, moffsets[:-1][aligned])
-    return flags
+    return None if flags.all() else flags
 
 
-def _ids(table: pa.Table, origin: Origin, n: int) -> np.ndarray:
+def _ids(table: pa.Table, origin: Origin) -> pa.Array | None:
+    """The ids as an Arrow string array, or None when there is no id column."""
     if "id" not in table.column_names:
-        return np.arange(n).astype(str).astype(object)
+        return None
     col = _column(table, "id")
     if col.null_count:
         row = _first(pc.is_null(col).to_numpy(zero_copy_only=False))
@@ -198,7 +204,7 @@ def _ids(table: pa.Table, origin: Origin, n: int) -> np.ndarray:
         if not pa.types.is_integer(col.type):
             raise origin.type_error(f"id has type {col.type}; use str or int", 0)
         col = pc.cast(col, pa.string())
-    return col.to_numpy(zero_copy_only=False).astype(object)
+    return col
 
 
 def _texts(
@@ -249,6 +255,26 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     )
 
 
+def chunk_from_arrow(
+    table: pa.Table,
+    origin: Origin,
+    *,
+    tokenizer: Tokenizer | None = None,
+    text_field: str = "text",
+    partition: Partition | str | None = None,
+) -> TokenChunk:
+    """Check an Arrow table with the columns above and hold it as a :class:`TokenChunk`.
+
+    Token ids stay in Arrow's buffer when it holds integers without nulls.
+    With ``partition``, a ``partition`` column must name it on every row
+    (:class:`~seqpack.errors.PartitionMismatch` otherwise).
+    """
+    try:
+        return _chunk(table, origin, tokenizer, text_field, partition)
+    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
+        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
+
+
 def documents_from_arrow(
     table: pa.Table,
     origin: Origin,
@@ -257,30 +283,26 @@ def documents_from_arrow(
     text_field: str = "text",
     partition: Partition | str | None = None,
 ) -> Documents:
-    """Convert an Arrow table with the columns above into :class:`Documents`.
-
-    With ``partition``, a ``partition`` column must name it on every row
-    (:class:`~seqpack.errors.PartitionMismatch` otherwise).
-    """
-    try:
-        return _documents(table, origin, tokenizer, text_field, partition)
-    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
-        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
+    """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
+    chunk = chunk_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
+    )
+    return Documents.from_chunks([chunk], origin)
 
 
-def _documents(
+def _chunk(
     table: pa.Table,
     origin: Origin,
     tokenizer: Tokenizer | None,
     text_field: str,
     partition: Partition | str | None,
-) -> Documents:
+) -> TokenChunk:
     if partition is not None:
         _check_partition(table, origin, Partition.parse(partition))
     names = set(table.column_names)
     if "input_ids" in names:
         tokens, offsets = _token_column(table, origin)
-        mask = _loss_flags(table, tokens, offsets, origin)
+        flags = _loss_flags(table, tokens, offsets, origin)
     elif text_field in names:
         if tokenizer is None:
             raise InvalidInput(
@@ -295,10 +317,10 @@ def _documents(
                 f"{origin.locate(row)}: the text encodes to {int(counts[row])} token(s);"
                 " an example needs at least 2 — drop the row"
             )
-        mask = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
+        flags = None
     else:
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
             f" {sorted(names)}) — give token ids as input_ids or text with --tokenizer"
         )
-    return Documents(tokens, offsets, mask, _ids(table, origin, len(offsets) - 1), origin)
+    return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin)

@@ -1,29 +1,43 @@
 """Source documents as flat arrays, where they came from, and the binding they get.
 
-:class:`Documents` is what every reader produces before a binding is
-attached: tokens ``int32 [Σn]``, offsets ``int64 [k+1]``, one loss flag per
-target, ids. :class:`Origin` names a row in errors (``file line 7``).
+:class:`TokenChunk` is what a reader makes of one bounded chunk of input
+(views of Arrow buffers where it can, no copy); :class:`Documents` is a
+whole input in memory before a binding is attached: tokens ``int32 [Σn]``,
+offsets ``int64 [k+1]``, one loss flag per target, ids. :class:`Origin`
+names a row in errors (``file line 7``); :class:`SplitDigest` computes the
+split receipt chunk by chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import BindingMismatch, InvalidInput
 from seqpack.core.examples import ExampleTable
-from seqpack.io.jsonl import first_bad_line
+from seqpack.io.jsonl import JSON_SPACE, first_bad_line
 from seqpack.io.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
 class Origin:
-    """Where rows came from, to name them in errors: ``parts`` = (file, first row, unit)."""
+    """Where rows came from, to name them in errors: ``parts`` = (file, first row, unit).
+
+    Row ``r`` belongs to the last part whose first row is ``<= r``; a unit of
+    ``"line"`` names the file line (blank lines skipped), ``"row"`` the row.
+    """
 
     parts: tuple[tuple[str, int, str], ...]
+
+    def at(self, first_row: int) -> Origin:
+        """The same origin with row 0 at this origin's row ``first_row`` (a chunk's view)."""
+        return Origin(tuple((name, first - first_row, unit) for name, first, unit in self.parts))
 
     def locate(self, row: int) -> str:
         name, first, unit = self.parts[0]
@@ -55,11 +69,107 @@ def _line_of(path: Path, record: int) -> int:
     seen = -1
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
-            if line.strip():
+            if line.strip(JSON_SPACE):
                 seen += 1
                 if seen == record:
                     return number
     return record + 1
+
+
+@dataclass(frozen=True, eq=False)
+class TokenChunk:
+    """Checked documents of one read chunk, as views of the reader's buffers.
+
+    ``tokens`` int32 or int64 [T] (ids checked to lie in ``[0, 2**31)``),
+    ``offsets`` int64 [k+1] from 0 (document ``i`` is
+    ``tokens[offsets[i]:offsets[i+1]]``), ``flags`` bool [T - k] (one per
+    target) or None when every target is supervised, ``ids`` an Arrow string
+    array [k] or None when the input has no ids (the row numbers are).
+    ``origin`` names row 0 of the chunk; ``first_row`` is its global row.
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    flags: np.ndarray | None
+    ids: Any
+    origin: Origin
+    first_row: int = 0
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Tokens per document, int64 [k]."""
+        return np.diff(self.offsets)
+
+    def id_of(self, row: int) -> str:
+        return str(self.first_row + row) if self.ids is None else str(self.ids[row])
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Raise :class:`InvalidInput` naming the row when an id is not below ``vocab_size``."""
+        check_vocabulary(self.tokens, self.offsets, vocab_size, self.origin.locate, self.id_of)
+
+    def rebased(self, first_row: int) -> TokenChunk:
+        return replace(self, first_row=first_row)
+
+
+def check_vocabulary(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    vocab_size: int,
+    locate: Callable[[int], str],
+    id_of: Callable[[int], Any],
+) -> None:
+    """Every id below ``vocab_size``, or an error naming the row, position, id and the fix."""
+    if not tokens.size or int(tokens.max()) < vocab_size:
+        return
+    pos = int(np.argmax(tokens >= vocab_size))
+    row = int(np.searchsorted(offsets, pos, "right") - 1)
+    raise InvalidInput(
+        f"{locate(row)} (id {id_of(row)!r}): token id {int(tokens[pos])} at position"
+        f" {pos - int(offsets[row])} is not below the vocabulary size {vocab_size} — pass the"
+        " right --vocab-size or --tokenizer"
+    )
+
+
+class SplitDigest:
+    """The split receipt of documents read chunk by chunk (:meth:`Documents.digest`'s value).
+
+    sha256 over ``seqpack-split``, the partition, every token (int32), every
+    offset (int64) and every target flag (one byte), each part ended by a zero
+    byte, so the receipt does not depend on how the input was cut into chunks:
+    call :meth:`tokens` per chunk in order, then :meth:`finish` with the
+    offsets and flags chunk by chunk.
+    """
+
+    def __init__(self, partition: Partition | str) -> None:
+        self._hash = hashlib.sha256()
+        self._hash.update(b"seqpack-split\0" + Partition.parse(partition).value.encode() + b"\0")
+
+    def tokens(self, tokens: np.ndarray) -> None:
+        self._hash.update(np.ascontiguousarray(tokens, dtype="<i4").data)
+
+    def finish(self, counts: Iterable[np.ndarray], flags: Iterable[np.ndarray | int]) -> str:
+        """``counts``: tokens per document, chunk by chunk; ``flags``: each chunk's target
+        flags, or its number of targets when all are supervised."""
+        self._hash.update(b"\0")
+        base = 0
+        self._hash.update(np.zeros(1, dtype="<i8").data)
+        for chunk in counts:
+            ends = base + np.cumsum(chunk, dtype=np.int64)
+            self._hash.update(ends.astype("<i8", copy=False).data)
+            base = int(ends[-1]) if ends.size else base
+        self._hash.update(b"\0")
+        ones = np.ones(1 << 20, dtype=np.uint8)
+        for part in flags:
+            if isinstance(part, (int, np.integer)):
+                for lo in range(0, int(part), ones.shape[0]):
+                    self._hash.update(ones[: min(ones.shape[0], int(part) - lo)].data)
+            else:
+                self._hash.update(np.ascontiguousarray(part).view(np.uint8).data)
+        self._hash.update(b"\0")
+        return "sha256:" + self._hash.hexdigest()[:32]
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,26 +194,43 @@ class Documents:
         """Prediction pairs per document, int64 [k]."""
         return np.diff(self.offsets) - 1
 
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[TokenChunk], origin: Origin) -> Documents:
+        """The chunks of one input in order, as one in-memory table (int32 tokens)."""
+        if not chunks:
+            none = np.zeros(0, dtype=np.int64)
+            return cls(
+                np.zeros(0, np.int32), np.zeros(1, np.int64), none.astype(bool), none, origin
+            )
+        tokens = np.concatenate([c.tokens.astype(np.int32, copy=False) for c in chunks])
+        counts = np.concatenate([c.counts for c in chunks])
+        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        flags = [
+            np.ones(c.tokens.shape[0] - len(c), bool) if c.flags is None else c.flags
+            for c in chunks
+        ]
+        ids = [
+            np.arange(c.first_row, c.first_row + len(c)).astype(str)
+            if c.ids is None
+            else c.ids.to_numpy(zero_copy_only=False)
+            for c in chunks
+        ]
+        return cls(
+            tokens, offsets, np.concatenate(flags), np.concatenate(ids).astype(object), origin
+        )
+
     def digest(self, partition: Partition | str) -> str:
         """Split-receipt identity of exactly these tokens, flags and partition."""
-        part = Partition.parse(partition).value
-        return split_digest(
-            "seqpack-split",
-            part,
-            *(np.ascontiguousarray(a).data for a in (self.tokens, self.offsets, self.loss_mask)),
-        )
+        digest = SplitDigest(partition)
+        digest.tokens(self.tokens)
+        return digest.finish([np.diff(self.offsets)], [self.loss_mask])
 
     def to_table(self, binding: Binding, partition: Partition | str) -> ExampleTable:
         """Attach ``binding`` after checking every id is below its vocabulary size."""
-        if self.tokens.size and int(self.tokens.max()) >= binding.vocab_size:
-            pos = int(np.argmax(self.tokens >= binding.vocab_size))
-            row = int(np.searchsorted(self.offsets, pos, "right") - 1)
-            raise InvalidInput(
-                f"{self.origin.locate(row)} (id {self.ids[row]!r}): token id"
-                f" {int(self.tokens[pos])} at position {pos - int(self.offsets[row])} is not below"
-                f" the vocabulary size {binding.vocab_size} — pass the right --vocab-size"
-                " or --tokenizer"
-            )
+        check_vocabulary(
+            self.tokens, self.offsets, binding.vocab_size, self.origin.locate, self.ids.__getitem__
+        )
         counts = np.diff(self.offsets)
         return ExampleTable(
             windows=self.tokens,
@@ -118,19 +245,18 @@ class Documents:
         )
 
 
-def resolve_binding(
-    docs: Documents,
-    partition: Partition | str,
+def make_binding(
+    receipt: Callable[[], str],
     *,
     vocab_size: int | None = None,
     tokenizer: Tokenizer | None = None,
     tokenizer_id: str | None = None,
     split_id: str | None = None,
 ) -> Binding:
-    """The binding for ``docs``: vocabulary from ``vocab_size`` or the tokenizer.
+    """The binding of a read: vocabulary from ``vocab_size`` or the tokenizer.
 
     ``vocab_size`` may exceed the tokenizer's (a model's padded embedding)
-    but not fall below it. ``split_id`` defaults to :meth:`Documents.digest`.
+    but not fall below it. ``split_id`` defaults to ``receipt()``.
     """
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
@@ -144,4 +270,23 @@ def resolve_binding(
         )
     size = vocab_size if vocab_size is not None else tokenizer.vocab_size  # type: ignore[union-attr]
     name = tokenizer_id or (tokenizer.identity if tokenizer is not None else "pretokenized")
-    return Binding(size, name, split_id or docs.digest(partition))
+    return Binding(size, name, split_id or receipt())
+
+
+def resolve_binding(
+    docs: Documents,
+    partition: Partition | str,
+    *,
+    vocab_size: int | None = None,
+    tokenizer: Tokenizer | None = None,
+    tokenizer_id: str | None = None,
+    split_id: str | None = None,
+) -> Binding:
+    """The binding for ``docs`` (:func:`make_binding`); the receipt is :meth:`Documents.digest`."""
+    return make_binding(
+        lambda: docs.digest(partition),
+        vocab_size=vocab_size,
+        tokenizer=tokenizer,
+        tokenizer_id=tokenizer_id,
+        split_id=split_id,
+    )

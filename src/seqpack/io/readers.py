@@ -1,16 +1,25 @@
-"""Readers: JSON Lines, Parquet and Hugging Face ``datasets`` into Arrow, then documents.
+"""Readers: JSON Lines, Parquet and Hugging Face ``datasets`` as bounded Arrow chunks.
 
-``read_arrow`` turns any supported input into one Arrow table (one row per
-source document) plus its :class:`~seqpack.io.documents.Origin`;
-:func:`read_documents` converts the columns (:mod:`seqpack.io.columns`)
-and :func:`load_examples` binds them into the
-:class:`~seqpack.core.examples.ExampleTable` the packer consumes.
+:func:`open_input` names what a source is (:class:`Input`) and
+:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input
+each: JSON Lines in blocks of whole lines, Parquet by row groups, a
+``datasets`` ``save_to_disk`` folder memory-mapped (its Arrow files are never
+copied), an in-memory ``datasets.Dataset`` or Arrow table by record batches.
+Each chunk carries the :class:`~seqpack.io.documents.Origin` that names its
+rows in errors. Only regular files are read: a FIFO, a device or a socket is
+refused before it is opened for reading (it could block or never end), and a
+folder must hold one format. :func:`read_documents` and :func:`load_examples`
+read a whole input into memory (:mod:`seqpack.io.columns` converts it).
 """
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,119 +27,312 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
-from seqpack.io.columns import COLUMNS, documents_from_arrow
+from seqpack.io.columns import COLUMNS, chunk_from_arrow
 from seqpack.io.documents import Documents, Origin, resolve_binding
-from seqpack.io.jsonl import read_json
+from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
+from seqpack.io.mapped import MappedFile
 from seqpack.io.tokenizers import Tokenizer
 
+#: Input bytes read, parsed and tokenized at a time (``PackOptions.chunk_bytes``).
+DEFAULT_CHUNK_BYTES = 1 << 25
+JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: File kinds of a folder of shards; a folder holding more than one is refused.
+FOLDER_FORMATS = {"parquet": ("*.parquet",), "JSON Lines": ("*.jsonl", "*.ndjson")}
+_KINDS = {
+    stat.S_IFIFO: "FIFO (named pipe)",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFDIR: "folder",
+}
 
-def _read_parquet(path: Path) -> pa.Table:
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused unless it is a regular file.
+
+    Checked before and after opening (``O_NONBLOCK``, then ``fstat``), so a
+    FIFO never blocks the open and a file swapped for one in between is caught.
+    """
     try:
-        present = set(pq.read_schema(path).names)
-        return pq.read_table(path, columns=[c for c in present if c in _wanted(present)])
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:  # damaged metadata too
+        kind = stat.S_IFMT(os.stat(path).st_mode)
+        _require_regular(path, kind)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:  # unreadable, a symlink loop, gone
+        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
+    try:
+        _require_regular(path, stat.S_IFMT(os.fstat(fd).st_mode))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _require_regular(path: Path, kind: int) -> None:
+    if kind != stat.S_IFREG:
+        what = _KINDS.get(kind, "special file")
         raise InvalidInput(
+            f"{path} is a {what}, not a regular file — seqpack reads regular files only (a pipe"
+            " can block and a device never ends); write the data to a file first"
+        )
+
+
+def _wanted(present: list[str], text_field: str) -> list[str]:
+    """Columns worth reading: the documented ones and the text field (all when neither ids
+    nor text is present, so the error can list them)."""
+    keep = [c for c in present if c in COLUMNS or c == text_field]
+    return keep if {"input_ids", text_field} & set(keep) else present
+
+
+@dataclass
+class Input:
+    """One input source, read in chunks: ``kind`` (jsonl, json, parquet, datasets, table),
+    its ``files``, total input ``bytes`` (0 when unknown), ``rows`` when known before
+    reading, and whether its chunks' buffers stay valid after reading (``persistent``:
+    in-memory or memory-mapped Arrow, so the pipeline needs no spill)."""
+
+    name: str
+    kind: str
+    files: tuple[Path, ...] = ()
+    bytes: int = 0
+    rows: int | None = None
+    persistent: bool = False
+    fingerprint: str | None = None
+    table: pa.Table | None = None
+    mapped: list[MappedFile] = field(default_factory=list)
+
+    def chunks(
+        self, chunk_bytes: int, text_field: str = "text"
+    ) -> Iterator[tuple[pa.Table, Origin, int]]:
+        """``(table, origin, input bytes)`` per chunk, in input order; ``origin`` names
+        the chunk's rows from 0. Chunks may be empty (a block of blank lines)."""
+        if self.table is not None:
+            yield from _table_chunks(self.table, self.name, chunk_bytes)
+            return
+        if self.kind == "datasets":
+            yield from self._mapped_chunks(chunk_bytes)
+            return
+        for path in self.files:
+            with open_regular(path) as f:
+                yield from _file_chunks(f, path, self.kind, chunk_bytes, text_field)
+
+    def _mapped_chunks(self, chunk_bytes: int) -> Iterator[tuple[pa.Table, Origin, int]]:
+        first = 0
+        for path in self.files:
+            mapped = MappedFile(path, open_regular(path))
+            self.mapped.append(mapped)
+            try:
+                table = pa.ipc.open_stream(pa.BufferReader(mapped.buffer)).read_all()
+            except pa.ArrowException as err:
+                raise InvalidInput(
+                    f"{path}: cannot read this datasets Arrow file ({err}) — save the dataset"
+                    " again with save_to_disk"
+                ) from None
+            yield from _table_chunks(table, self.name, chunk_bytes, first)
+            first += table.num_rows
+
+    def release(self) -> None:
+        """Drop the memory-mapped pages read so far from this process (kept on disk)."""
+        for mapped in self.mapped:
+            mapped.release()
+
+    def close(self) -> None:
+        for mapped in self.mapped:
+            mapped.close()
+        self.mapped.clear()
+
+
+def _table_chunks(
+    table: pa.Table, name: str, chunk_bytes: int, first: int = 0
+) -> Iterator[tuple[pa.Table, Origin, int]]:
+    """Record batches of about ``chunk_bytes`` (zero-copy slices of ``table``); their rows
+    are named as rows ``first ...`` of ``name``."""
+    per_row = max(1, table.nbytes // max(1, table.num_rows))
+    rows = max(1, chunk_bytes // per_row)
+    for batch in table.to_batches(max_chunksize=rows):
+        yield pa.Table.from_batches([batch]), Origin(((name, -first, "row"),)), batch.nbytes
+        first += batch.num_rows
+
+
+def _file_chunks(
+    f: BinaryIO, path: Path, kind: str, chunk_bytes: int, text_field: str
+) -> Iterator[tuple[pa.Table, Origin, int]]:
+    first = 0
+    if kind == "parquet":
+        parts = _parquet_chunks(f, path, chunk_bytes, text_field)
+        unit = "row"
+    elif (head := first_byte(f)) == b"[":
+        parts, unit = iter([(read_json_array(f, path), os.fstat(f.fileno()).st_size)]), "row"
+    elif not head:
+        raise InvalidInput(f"{path} is empty: it holds no rows — nothing to pack")
+    else:
+        parts, unit = iter_jsonl(f, path, chunk_bytes), "line"
+    for table, size in parts:
+        yield table, Origin(((str(path), -first, unit),)), size
+        first += table.num_rows
+
+
+def _parquet_chunks(
+    f: BinaryIO, path: Path, chunk_bytes: int, text_field: str
+) -> Iterator[tuple[pa.Table, int]]:
+    def damaged(err: Exception) -> InvalidInput:
+        return InvalidInput(
             f"{path}: cannot read as Parquet ({err}) — the file is damaged or not Parquet;"
             " write it again"
-        ) from None
+        )
 
-
-def _parquet_rows(path: Path) -> tuple[pa.Table, str]:
-    return _read_parquet(path), "row"
-
-
-def _wanted(present: set[str]) -> set[str]:
-    """Columns worth reading: the documented ones, plus text when there are no ids."""
-    keep = set(COLUMNS) & present
-    return keep if "input_ids" in present else present
-
-
-def _concat(read: list[tuple[pa.Table, str]], files: list[Path]) -> tuple[pa.Table, Origin]:
-    parts, first, tables = [], 0, []
-    for (table, unit), file in zip(read, files, strict=True):
-        parts.append((str(file), first, unit))
-        first += table.num_rows
-        tables.append(table)
     try:
-        table = pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise InvalidInput(f"{files[0].parent}: shards disagree on their columns ({err})") from None
-    return table, Origin(tuple(parts))
+        pf = pq.ParquetFile(f)
+        meta = pf.metadata
+        columns = _wanted(pf.schema_arrow.names, text_field)
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        per_row = max(1, size // max(1, meta.num_rows))
+        batches = pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns)
+        share = os.fstat(f.fileno()).st_size / max(1, meta.num_rows)
+        for batch in batches:
+            yield pa.Table.from_batches([batch]), int(batch.num_rows * share)
+    except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as err:
+        raise damaged(err) from None
 
 
-def _load_from_disk(path: Path) -> Any:
+def _folder_files(path: Path) -> tuple[str, tuple[Path, ...]]:
+    found = {
+        name: sorted(p for pattern in patterns for p in path.glob(pattern))
+        for name, patterns in FOLDER_FORMATS.items()
+    }
+    present = {name: files for name, files in found.items() if files}
+    if len(present) > 1:
+        counts = " and ".join(f"{len(files)} {name}" for name, files in present.items())
+        raise InvalidInput(
+            f"{path} mixes formats ({counts} files) — keep one format per folder; seqpack would"
+            " otherwise read only some of the rows"
+        )
+    if not present:
+        raise InvalidInput(
+            f"{path} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk folder"
+        )
+    name, files = next(iter(present.items()))
+    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
+
+
+def _datasets_folder(path: Path, part: Partition) -> Input:
     import datasets
 
     try:
-        return datasets.load_from_disk(str(path))
+        dataset = datasets.load_from_disk(str(path))
     except Exception as err:  # datasets raises many kinds on a damaged folder
         raise InvalidInput(
             f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
             f" {err}) — save it again with Dataset.save_to_disk"
         ) from None
+    dataset = pick_split(dataset, part, str(path))
+    files = tuple(Path(c["filename"]) for c in dataset.cache_files)
+    if getattr(dataset, "_indices", None) is not None or not files:
+        return dataset_input(dataset, part, str(path))
+    return Input(
+        str(path),
+        "datasets",
+        files,
+        bytes=sum(f.stat().st_size for f in files),
+        rows=len(dataset),
+        persistent=True,
+        fingerprint=getattr(dataset, "_fingerprint", None),
+    )
 
 
-def _dataset_table(dataset: Any, partition: Partition, name: str) -> tuple[pa.Table, Origin]:
+def pick_split(dataset: Any, part: Partition, name: str) -> Any:
+    """The ``part`` split of a ``DatasetDict`` (a ``Dataset`` as it is), checked."""
     import datasets
 
     if isinstance(dataset, datasets.DatasetDict):
-        if partition.value not in dataset:
+        if part.value not in dataset:
             raise InvalidInput(
-                f"{name} has splits {sorted(dataset)}, not {partition.value!r} — pass"
+                f"{name} has splits {sorted(dataset)}, not {part.value!r} — pass"
                 " --partition with one of them"
             )
-        dataset = dataset[partition.value]
+        dataset = dataset[part.value]
     if not isinstance(dataset, datasets.Dataset):
         raise InvalidInput(f"{name} is a {type(dataset).__name__}, not a datasets.Dataset")
-    table = dataset.with_format("arrow")[0 : len(dataset)]
-    return table, Origin(((name, 0, "row"),))
+    return dataset
 
 
-def read_arrow(
-    source: str | Path | Any, partition: Partition | str = "train"
-) -> tuple[pa.Table, Origin]:
-    """Any supported input as one Arrow table plus its :class:`Origin`.
+def dataset_input(dataset: Any, part: Partition, name: str = "dataset") -> Input:
+    """An in-memory (or memory-mapped) ``datasets.Dataset`` / ``DatasetDict`` as an input."""
+    dataset = pick_split(dataset, part, name)
+    table = dataset.with_format("arrow")[0 : len(dataset)]  # zero-copy unless rows were selected
+    return Input(
+        name,
+        "table",
+        rows=table.num_rows,
+        bytes=table.nbytes,
+        persistent=True,
+        fingerprint=getattr(dataset, "_fingerprint", None),
+        table=table,
+    )
 
-    ``source``: a ``.jsonl``/``.json`` file, a ``.parquet`` file, a folder of
-    Parquet (or JSONL) shards read in sorted name order, a ``datasets``
-    ``save_to_disk`` folder (a ``DatasetDict`` picks ``partition``), or an
-    in-memory ``datasets.Dataset`` / ``DatasetDict`` / ``pyarrow.Table``.
+
+def open_input(source: str | Path | Any, partition: Partition | str = "train") -> Input:
+    """What ``source`` is and how to read it (nothing is read yet).
+
+    ``source``: a ``.jsonl``/``.json``/``.ndjson`` file, a ``.parquet`` file, a
+    folder of Parquet (or JSON Lines) shards read in sorted name order, a
+    ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
+    ``partition``), or an in-memory ``datasets.Dataset`` / ``DatasetDict`` /
+    ``pyarrow.Table``.
     """
     part = Partition.parse(partition)
     if isinstance(source, pa.Table):
-        return source, Origin((("table", 0, "row"),))
+        return Input("table", "table", rows=source.num_rows, persistent=True, table=source)
     if not isinstance(source, (str, Path)):
-        return _dataset_table(source, part, "dataset")
+        return dataset_input(source, part)
     path = Path(source)
-    if not path.exists():
+    if not os.path.lexists(path) or not path.exists():
         raise InvalidInput(f"input {str(path)!r} does not exist — check the path")
-    try:
-        return _read_path(path, part)
-    except OSError as err:  # unreadable (permissions, a folder named *.jsonl, I/O error)
-        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
-
-
-def _read_path(path: Path, part: Partition) -> tuple[pa.Table, Origin]:
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return _dataset_table(_load_from_disk(path), part, str(path))
-        for pattern, reader in (("*.parquet", _parquet_rows), ("*.jsonl", read_json)):
-            files = sorted(path.glob(pattern))
-            if files:
-                return _concat([reader(f) for f in files], files)
+            return _datasets_folder(path, part)
+        kind, files = _folder_files(path)
+    else:
+        suffix = path.suffix.lower()
+        if suffix not in (*JSON_SUFFIXES, ".parquet"):
+            raise InvalidInput(
+                f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, a folder"
+                " of Parquet shards or a datasets save_to_disk folder"
+            )
+        kind, files = ("parquet" if suffix == ".parquet" else "jsonl"), (path,)
+    for file in files:
+        open_regular(file).close()
+    return Input(str(path), kind, files, bytes=sum(f.stat().st_size for f in files))
+
+
+def read_arrow(
+    source: str | Path | Any, partition: Partition | str = "train", text_field: str = "text"
+) -> tuple[pa.Table, Origin]:
+    """Any supported input (see :func:`open_input`) as one Arrow table plus its :class:`Origin`."""
+    source_input = open_input(source, partition)
+    if source_input.table is not None:
+        return source_input.table, Origin(((source_input.name, 0, "row"),))
+    tables, parts, first = [], [], 0
+    try:
+        for table, origin, _ in source_input.chunks(DEFAULT_CHUNK_BYTES, text_field):
+            name, shift, unit = origin.parts[0]
+            if table.num_rows:
+                if not parts or parts[-1][0] != name:
+                    parts.append((name, first + shift, unit))
+                tables.append(table)
+                first += table.num_rows
+    finally:
+        source_input.close()
+    if not tables:
+        return pa.table({}), Origin(((source_input.name, 0, "row"),))
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise InvalidInput(
-            f"{path} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk folder"
-        )
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        table, unit = read_json(path)
-        return table, Origin(((str(path), 0, unit),))
-    if suffix == ".parquet":
-        return _read_parquet(path), Origin(((str(path), 0, "row"),))
-    raise InvalidInput(
-        f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, a folder of"
-        " Parquet shards or a datasets save_to_disk folder"
-    )
+            f"{source_input.name}: shards disagree on their columns ({err})"
+        ) from None
+    return table, Origin(tuple(parts))
 
 
 def read_documents(
@@ -139,12 +341,28 @@ def read_documents(
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
     partition: Partition | str = "train",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Documents:
-    """Read ``source`` (see :func:`read_arrow`) into :class:`Documents`."""
-    table, origin = read_arrow(source, partition)
-    return documents_from_arrow(
-        table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
-    )
+    """Read ``source`` (see :func:`open_input`) chunk by chunk into one :class:`Documents`."""
+    source_input = open_input(source, partition)
+    chunks, first, parts = [], 0, []
+    try:
+        for table, origin, _ in source_input.chunks(chunk_bytes, text_field):
+            if not table.num_rows:
+                continue
+            chunk = chunk_from_arrow(
+                table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
+            )
+            chunks.append(chunk.rebased(first))
+            name, shift, unit = origin.parts[0]
+            if not parts or parts[-1][0] != name:
+                parts.append((name, first + shift, unit))
+            first += len(chunk)
+        return Documents.from_chunks(
+            chunks, Origin(tuple(parts) or ((source_input.name, 0, "row"),))
+        )
+    finally:
+        source_input.close()
 
 
 def load_examples(

@@ -1,21 +1,30 @@
-"""The packed-row Parquet format: one table row per packed row, one shard written or read.
+"""The packed-row Parquet format, version 2: one table row per packed row, one shard written.
 
 One Parquet row per packed row (``K`` = occurrences in that row)::
 
     row           int64           global row index
     tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))
-    labels        list<int32>     aligned with tokens: the token where its pair is
-                                  supervised, -100 otherwise (always on a window's first token)
-    seq_lengths   list<int32>     [K] prediction pairs per occurrence
+    pair_counts   list<int32>     [K] prediction pairs per occurrence (not TRL's
+                                  ``seq_lengths``, which counts tokens)
     seq_starts    list<int32>     [K] column where each occurrence starts
     ordinals      list<int64>     [K] occurrence ordinal = segment id
-    source_ids    list<string>    [K]
-    example_ids   list<string>    [K]
-    range_starts  list<int64>     [K] selected source range [start, end)
-    range_ends    list<int64>     [K]
+    source_ids    list<string>    [K]  *
+    loss_bits     binary          one bit per target of the row, MSB first  *
+    example_ids   list<string>    [K]  *
+    range_starts  list<int64>     [K] selected source range [start, end)  *
+    range_ends    list<int64>     [K]  *
 
-A shard holds whole model calls (a multiple of ``max_rows_per_batch`` rows);
-:mod:`seqpack.io.store` lays shards out into a packed directory.
+Columns marked ``*`` are stored only when they cannot be derived (the
+manifest lists the stored ``columns``): ``loss_bits`` is omitted when every
+target is supervised; ``example_ids`` when each equals its source id;
+``range_starts``/``range_ends`` when every example is a whole source
+``[0, len + 1)``; ``source_ids`` when, in addition, each is the decimal row
+number of its source (inputs without ids). Version 1 (``seq_lengths`` and a
+``labels`` column repeating ``tokens``) is still read
+(:mod:`seqpack.io.shard_rows`). Encoding, chosen by measurement
+(``benchmarks/bench_format.py``, ``docs/datasets.md``): zstd level 1, no
+dictionary, no statistics. A shard holds whole model calls (a multiple of
+``max_rows_per_batch`` rows); :mod:`seqpack.io.store` lays shards out.
 """
 
 from __future__ import annotations
@@ -23,22 +32,145 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import concat_ranges
 
 FORMAT = "seqpack.packed-rows"
-VERSION = 1
+VERSION = 2
+#: Format versions :func:`seqpack.io.store.load_packed` reads.
+READABLE_VERSIONS = (1, 2)
 #: Target tokens per shard; shards always end on a model-call boundary.
 SHARD_TOKENS = 1 << 25
+#: How shards are written (``benchmarks/bench_format.py`` measured the alternatives).
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 1,
+    "use_dictionary": False,
+    "write_statistics": False,
+    "row_group_size": 4096,
+}
+
+FIELDS: dict[str, pa.DataType] = {
+    "row": pa.int64(),
+    "tokens": pa.list_(pa.int32()),
+    "pair_counts": pa.list_(pa.int32()),
+    "seq_starts": pa.list_(pa.int32()),
+    "ordinals": pa.list_(pa.int64()),
+    "source_ids": pa.list_(pa.string()),
+    "loss_bits": pa.binary(),
+    "example_ids": pa.list_(pa.string()),
+    "range_starts": pa.list_(pa.int64()),
+    "range_ends": pa.list_(pa.int64()),
+}
+REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
+#: Every version-2 column (a shard holds :data:`REQUIRED` and some of the others).
+SCHEMA = pa.schema(list(FIELDS.items()))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which derivable columns an output stores (the same for all its shards)."""
+
+    source_ids: bool = True
+    loss_bits: bool = True
+    example_ids: bool = True
+    ranges: bool = True
+
+    def columns(self) -> list[str]:
+        optional = {
+            "source_ids": self.source_ids,
+            "loss_bits": self.loss_bits,
+            "example_ids": self.example_ids,
+            "range_starts": self.ranges,
+            "range_ends": self.ranges,
+        }
+        return [n for n in FIELDS if n in REQUIRED or optional.get(n)]
+
+    def schema(self) -> pa.Schema:
+        return pa.schema([(n, FIELDS[n]) for n in self.columns()])
+
+
+#: Every column stored (what the Ray engine writes: its blocks are laid out apart).
+FULL = Layout()
+
+
+@dataclass(frozen=True, eq=False)
+class ShardColumns:
+    """One shard's rows as arrays, before Arrow: what :func:`shard_table` writes.
+
+    ``row_offsets`` int64 [R+1] (row ``r`` holds occurrences
+    ``row_offsets[r]:row_offsets[r+1]``); per occurrence [K]: ``lengths``,
+    ``starts``, ``ordinals``; ``tokens`` int32 [Σ(len+1)]. Derivable parts
+    may be None: ``loss_mask`` (bool [Σlen]; None: all supervised),
+    ``source_ids`` (Arrow strings; None: the ordinal's decimal),
+    ``example_ids`` (None: the source ids), ``range_starts``/``range_ends``
+    (None: whole sources ``[0, len + 1)``).
+    """
+
+    first_row: int
+    row_offsets: np.ndarray
+    tokens: np.ndarray
+    lengths: np.ndarray
+    starts: np.ndarray
+    ordinals: np.ndarray
+    loss_mask: np.ndarray | None = None
+    source_ids: Any = None
+    example_ids: Any = None
+    range_starts: np.ndarray | None = None
+    range_ends: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_offsets.shape[0] - 1)
+
+    @classmethod
+    def of_rows(cls, rows: CompactRows) -> ShardColumns:
+        ids = pa.array(rows.source_ids, pa.string())
+        same = rows.example_ids is rows.source_ids
+        return cls(
+            first_row=rows.first_row,
+            row_offsets=rows.row_offsets,
+            tokens=rows.tokens,
+            lengths=rows.lengths,
+            starts=rows.starts,
+            ordinals=rows.ordinals,
+            loss_mask=rows.loss_mask,
+            source_ids=ids,
+            example_ids=ids if same else pa.array(rows.example_ids, pa.string()),
+            range_starts=rows.range_starts,
+            range_ends=rows.range_ends,
+        )
+
+
+def layout_of(cols: ShardColumns) -> Layout:
+    """The leanest layout that keeps everything in ``cols`` (checked by content)."""
+    loss = cols.loss_mask is not None and not bool(cols.loss_mask.all())
+    examples = cols.example_ids is not None and cols.example_ids is not cols.source_ids
+    if examples:
+        examples = not cols.example_ids.equals(cols.source_ids)
+    ranges = cols.range_starts is not None and not (
+        not np.any(cols.range_starts) and np.array_equal(cols.range_ends, cols.lengths + 1)
+    )
+    sources = examples or ranges
+    if not sources and cols.source_ids is not None:
+        sources = not cols.source_ids.equals(default_ids(cols.ordinals))
+    return Layout(source_ids=sources, loss_bits=loss, example_ids=examples, ranges=ranges)
+
+
+def default_ids(ordinals: np.ndarray) -> pa.Array:
+    """The source ids of an input without ids: each example's row number, as text."""
+    return pc.cast(pa.array(ordinals, pa.int64()), pa.string())
 
 
 def manifest_record(
@@ -50,8 +182,8 @@ def manifest_record(
     **sections: Any,
 ) -> dict[str, Any]:
     """The packed output's metadata in one shape: format, version, binding, partition,
-    config, then ``sections`` (rows, occurrences, policy, statistics, input, engine…)
-    in the order given, and ``shards`` last when there are files.
+    config, then ``sections`` (rows, occurrences, columns, policy, statistics, input,
+    engine…) in the order given, and ``shards`` last when there are files.
 
     ``manifest.json`` of a packed directory (local and Ray engines alike) and
     the ``info`` of :func:`seqpack.hf.pack_dataset` are built here only.
@@ -69,131 +201,103 @@ def manifest_record(
     return record
 
 
-SCHEMA = pa.schema(
-    [
-        ("row", pa.int64()),
-        ("tokens", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("seq_lengths", pa.list_(pa.int32())),
-        ("seq_starts", pa.list_(pa.int32())),
-        ("ordinals", pa.list_(pa.int64())),
-        ("source_ids", pa.list_(pa.string())),
-        ("example_ids", pa.list_(pa.string())),
-        ("range_starts", pa.list_(pa.int64())),
-        ("range_ends", pa.list_(pa.int64())),
-    ]
-)
-_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts")
+def numpy_array(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """A primitive Arrow array over ``values`` (no copy when the dtype already matches)."""
+    values = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, values.shape[0], [None, pa.py_buffer(values)])
 
 
-def list_array(offsets: np.ndarray, values: np.ndarray, kind: pa.DataType) -> pa.ListArray:
-    """Arrow ``list<kind>``: list ``i`` is ``values[offsets[i]:offsets[i+1]]`` (int32 offsets)."""
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=kind))
+def list_array(offsets: np.ndarray, values: Any, kind: pa.DataType) -> pa.ListArray:
+    """Arrow ``list<kind>``: list ``i`` is ``values[offsets[i]:offsets[i+1]]`` (int32 offsets).
+
+    NumPy values of a primitive ``kind`` are wrapped without a copy; Arrow
+    arrays are used as they are.
+    """
+    if isinstance(values, pa.Array):
+        items = values
+    elif pa.types.is_primitive(kind):
+        items = numpy_array(values, kind)
+    else:
+        items = pa.array(values, type=kind)
+    return pa.ListArray.from_arrays(numpy_array(offsets, pa.int32()), items)
 
 
-def rows_to_arrow(rows: CompactRows) -> pa.Table:
-    """Compact rows as a table with :data:`SCHEMA` (one table row per packed row)."""
-    tok = rows.token_offsets
-    row_tok = tok[rows.row_offsets]
+def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
+    """Per row, its targets' flags packed 8 to a byte (first target = the high bit)."""
+    nbytes = (row_pairs + 7) // 8
+    offsets = np.zeros(row_pairs.shape[0] + 1, dtype=np.int64)
+    np.cumsum(nbytes, out=offsets[1:])
+    padded = np.zeros(8 * int(offsets[-1]), dtype=bool)
+    pad = 8 * nbytes - row_pairs  # 0..7 unused low bits at the end of each row's bytes
+    valid = np.ones(padded.shape[0], dtype=bool)
+    valid[concat_ranges(8 * offsets[1:] - pad, pad)] = False
+    padded[valid] = mask
+    data = np.packbits(padded)
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
+
+
+def shard_table(cols: ShardColumns, layout: Layout) -> pa.Table:
+    """``cols`` as a Parquet-ready table with ``layout``'s columns (version 2)."""
+    tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(cols.lengths + 1, out=tok[1:])
+    row_tok = tok[cols.row_offsets]
     if int(row_tok[-1]) > INT32_MAX:
         raise InvalidInput(
             f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
             " — lower --max-rows-per-batch"
         )
-    labels = rows.labels()
-    occ = rows.row_offsets
-    first = rows.first_row
-    columns = [
-        pa.array(np.arange(first, first + rows.num_rows, dtype=np.int64)),
-        list_array(row_tok, rows.tokens, pa.int32()),
-        list_array(row_tok, labels, pa.int32()),
-        list_array(occ, rows.lengths.astype(np.int32), pa.int32()),
-        list_array(occ, rows.starts.astype(np.int32), pa.int32()),
-        list_array(occ, rows.ordinals, pa.int64()),
-        list_array(occ, rows.source_ids, pa.string()),
-        list_array(occ, rows.example_ids, pa.string()),
-        list_array(occ, rows.range_starts, pa.int64()),
-        list_array(occ, rows.range_ends, pa.int64()),
-    ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    occ = cols.row_offsets
+    first = cols.first_row
+    columns: dict[str, pa.Array] = {
+        "row": numpy_array(np.arange(first, first + cols.num_rows, dtype=np.int64), pa.int64()),
+        "tokens": list_array(row_tok, cols.tokens, pa.int32()),
+        "pair_counts": list_array(occ, cols.lengths, pa.int32()),
+        "seq_starts": list_array(occ, cols.starts, pa.int32()),
+        "ordinals": list_array(occ, cols.ordinals, pa.int64()),
+    }
+    sources = cols.source_ids if cols.source_ids is not None else default_ids(cols.ordinals)
+    if layout.source_ids:
+        columns["source_ids"] = list_array(occ, sources, pa.string())
+    if layout.loss_bits:
+        mask = cols.loss_mask
+        if mask is None:
+            mask = np.ones(int(cols.lengths.sum()), dtype=bool)
+        pairs = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(cols.lengths, out=pairs[1:])
+        columns["loss_bits"] = row_bits(mask, np.diff(pairs[occ]))
+    if layout.example_ids:
+        examples = cols.example_ids if cols.example_ids is not None else sources
+        columns["example_ids"] = list_array(occ, examples, pa.string())
+    if layout.ranges:
+        whole = cols.range_starts is None
+        starts = np.zeros(cols.lengths.shape[0], np.int64) if whole else cols.range_starts
+        ends = cols.lengths + 1 if whole else cols.range_ends
+        columns["range_starts"] = list_array(occ, starts, pa.int64())
+        columns["range_ends"] = list_array(occ, ends, pa.int64())
+    return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
 
 
-def flat_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    col = table.column(name).combine_chunks()
-    offsets = np.asarray(col.offsets, dtype=np.int64)
-    return col.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0]
-
-
-def arrow_to_rows(
-    table: pa.Table,
-    *,
-    capacity: int,
-    partition: Partition,
-    binding: Binding,
-    where: str,
-    contiguous: bool = True,
-) -> CompactRows:
-    """Read :data:`SCHEMA` rows back, checking they describe whole, in-row occurrences.
-
-    ``contiguous`` also requires consecutive ``row`` values (needed to rebuild
-    model calls; not to recover the examples).
-    """
-    missing = [n for n in SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise InvalidInput(f"{where}: missing columns {missing} — not seqpack packed rows")
-    tokens, row_tok = flat_column(table, "tokens")
-    labels, label_off = flat_column(table, "labels")
-    lengths, occ = flat_column(table, "seq_lengths")
-    flat = {name: flat_column(table, name) for name in (*_PER_OCCURRENCE, "range_ends")}
-    lengths = lengths.astype(np.int64)
-    tok = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths + 1, out=tok[1:])
-    starts = flat["seq_starts"][0].astype(np.int64)
-    row_ids = table.column("row").to_numpy()
-    first_row = int(row_ids[0]) if row_ids.size else 0
-    consistent = (
-        all(np.array_equal(off, occ) for _, off in flat.values())
-        and np.array_equal(label_off, row_tok)
-        and np.array_equal(tok[occ], row_tok)
-        and (lengths.size == 0 or (lengths.min() >= 1 and starts.min() >= 0))
-        and bool(np.all(starts + lengths <= capacity))
-        and (
-            not contiguous
-            or np.array_equal(row_ids, np.arange(first_row, first_row + row_ids.size))
-        )
-    )
-    if not consistent:
-        raise InvalidInput(f"{where}: rows are inconsistent — the file is damaged; pack again")
-    supervised = labels != IGNORE_INDEX
-    if np.any(supervised & (labels != tokens)):
-        raise InvalidInput(f"{where}: a label differs from its token — the file is damaged")
-    keep = np.ones(tokens.shape[0], dtype=bool)
-    keep[tok[:-1]] = False
-    return CompactRows(
-        tokens=tokens.astype(np.int32, copy=False),
-        loss_mask=supervised[keep],
-        lengths=lengths,
-        starts=starts,
-        row_offsets=occ,
-        ordinals=flat["ordinals"][0].astype(np.int64),
-        source_ids=flat["source_ids"][0].astype(object),
-        example_ids=flat["example_ids"][0].astype(object),
-        range_starts=flat["range_starts"][0].astype(np.int64),
-        range_ends=flat["range_ends"][0].astype(np.int64),
-        capacity=capacity,
-        partition=partition,
-        binding=binding,
-        first_row=first_row,
-    )
+def rows_to_arrow(rows: CompactRows, layout: Layout | None = None) -> pa.Table:
+    """Compact rows as a version-2 table (one table row per packed row); ``layout``
+    defaults to the leanest that keeps everything (:func:`layout_of`)."""
+    cols = ShardColumns.of_rows(rows)
+    return shard_table(cols, layout_of(cols) if layout is None else layout)
 
 
 def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
     """Row boundaries of the shards: whole model calls, about ``shard_tokens`` tokens each."""
-    calls = np.arange(0, rows.num_rows, max_rows_per_batch, dtype=np.int64)
-    cum = rows.token_offsets[rows.row_offsets[calls]]
-    group = cum // max(1, shard_tokens)
+    return call_bounds(rows.token_offsets[rows.row_offsets], max_rows_per_batch, shard_tokens)
+
+
+def call_bounds(row_tokens: np.ndarray, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
+    """Shard boundaries from the tokens before each row (int64 [rows+1]): whole model
+    calls, a new shard when ``shard_tokens`` more tokens have been passed."""
+    rows = row_tokens.shape[0] - 1
+    calls = np.arange(0, rows, max_rows_per_batch, dtype=np.int64)
+    group = row_tokens[calls] // max(1, shard_tokens)
     starts = calls[np.flatnonzero(np.diff(group, prepend=-1))]
-    return np.append(starts, rows.num_rows)
+    return np.append(starts, rows)
 
 
 def sha256_file(path: Path) -> str:
@@ -206,13 +310,13 @@ def sha256_file(path: Path) -> str:
 
 def _write_shard(table: pa.Table, path: Path) -> None:
     with path.open("wb") as f:
-        pq.write_table(table, f, compression="zstd", row_group_size=4096)
+        pq.write_table(table, f, **PARQUET_OPTIONS)
         f.flush()
         os.fsync(f.fileno())
 
 
 def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[str, Any]:
-    """Write :data:`SCHEMA` rows as ``directory/name``; return its manifest entry.
+    """Write a packed-row table as ``directory/name``; return its manifest entry.
 
     The file is written under a unique hidden name, fsynced and renamed, so a
     writer that runs twice (a task retried after a crash) replaces it whole
@@ -229,12 +333,13 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[
     finally:
         part.unlink(missing_ok=True)
     rows = table.column("row")
+    counts = "pair_counts" if "pair_counts" in table.column_names else "seq_lengths"
     return {
         "file": name,
         "first_row": int(rows[0].as_py()) if table.num_rows else 0,
         "rows": table.num_rows,
-        "occurrences": int(flat_column(table, "seq_lengths")[1][-1]),
-        "tokens": int(flat_column(table, "tokens")[1][-1]),
+        "occurrences": int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0),
+        "tokens": int(pc.sum(pc.list_value_length(table.column("tokens"))).as_py() or 0),
         "bytes": path.stat().st_size,
         "sha256": sha256_file(path),
     }

@@ -1,9 +1,10 @@
 """The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
 
-Shards hold compact rows in the format of :mod:`seqpack.io.shards`, whole
-model calls each (a multiple of ``max_rows_per_batch`` rows).
-``manifest.json`` records the format version, binding, partition, config,
-policy, statistics and every shard's row span, size and sha256. A directory
+Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
+2; version-1 outputs still load), whole model calls each (a multiple of
+``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
+binding, partition, config, the stored columns, policy, statistics and every
+shard's row span, size and sha256. A directory
 is complete exactly when its manifest exists: :func:`write_packed` builds it
 under a hidden temporary sibling, fsyncs, then renames it into place
 (:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
@@ -28,11 +29,14 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, publish, temp_output
+from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
     FORMAT,
+    READABLE_VERSIONS,
     SHARD_TOKENS,
     VERSION,
-    arrow_to_rows,
+    ShardColumns,
+    layout_of,
     manifest_record,
     rows_to_arrow,
     sha256_file,
@@ -59,12 +63,13 @@ def write_packed(
     left untouched. ``on_shard(rows_written)`` reports progress.
     """
     out = check_output(out, overwrite)
+    layout = layout_of(ShardColumns.of_rows(rows))
     tmp = temp_output(out)
     try:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         shards = []
         for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-            table = rows_to_arrow(rows.slice_rows(a, b))
+            table = rows_to_arrow(rows.slice_rows(a, b), layout)
             shards.append(write_shard_file(table, tmp, f"shard-{k:05d}.parquet"))
             if on_shard is not None:
                 on_shard(b - a)
@@ -78,6 +83,7 @@ def write_packed(
         shards=shards,
         rows=rows.num_rows,
         occurrences=len(rows),
+        columns=layout.columns(),
         **(extra or {}),
     )
     publish_packed(tmp, out, manifest)
@@ -193,10 +199,11 @@ def _open_manifest(path: Path) -> PackedStore:
         raise InvalidInput(
             f"{mpath}: holds a {type(manifest).__name__}, not a manifest object — pack again"
         )
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+    if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS:
         raise InvalidInput(
             f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
-            f" this seqpack reads {FORMAT!r} version {VERSION} — pack it again with this version"
+            f" this seqpack reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
+            f" (it writes {VERSION}) — pack it again with this version"
         )
     try:
         store = PackedStore(path, manifest)

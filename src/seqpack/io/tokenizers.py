@@ -18,11 +18,15 @@ tokenizer adds BOS/EOS exactly as its own post-processor does
 
 Every tokenizer exposes ``identity`` (the Binding's ``tokenizer_id``),
 ``vocab_size`` and ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
+A Rust-backed tokenizer encodes with ``encode_batch_fast`` where the installed
+``tokenizers`` has it (no offsets computed, all cores); only the ids are kept.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,15 +126,42 @@ def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(offsets[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
+
+
+def _encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of Rust ``Encoding`` objects, flat; each id list lives only while it is copied."""
+    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
+    offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = itertools.chain.from_iterable(e.ids for e in encodings)
+    return np.fromiter(ids, dtype=np.int32, count=int(offsets[-1])), offsets
+
+
+def rust_backend(backend: Any, kind: str) -> Any:
+    """The ``tokenizers.Tokenizer`` that does the work (a fast transformers tokenizer's own
+    backend, with the truncation and padding transformers also turns off), or None."""
+    if kind == "tokenizers":
+        return backend
+    rust = (
+        getattr(backend, "backend_tokenizer", None) if getattr(backend, "is_fast", False) else None
+    )
+    if rust is None or getattr(backend, "split_special_tokens", False):
+        return None
+    rust = copy.deepcopy(rust)
+    rust.no_truncation()
+    rust.no_padding()
+    return rust
 
 
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer loaded from a local path.
 
-    Token ids come back from the Rust/Python tokenizer as lists; converting
-    them is one C-level pass (``np.fromiter``), small next to tokenizing.
+    A Rust tokenizer (a ``tokenizer.json``, or a fast transformers
+    tokenizer's backend) encodes a batch with ``encode_batch_fast`` where it
+    exists (no character offsets computed) and parallel across all cores;
+    the ids are copied out in one C-level pass (``np.fromiter``).
     """
 
     def __init__(self, backend: Any, kind: str, identity: str, vocab_size: int) -> None:
@@ -138,14 +169,21 @@ class HFTokenizer:
         self.kind = kind
         self.identity = identity
         self.vocab_size = int(vocab_size)
+        self._rust = rust_backend(backend, kind)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"_rust": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         texts = list(texts)
-        if self.kind == "tokenizers":
-            ids = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
-        else:
-            ids = self.backend(texts, add_special_tokens=True)["input_ids"]
-        return _flatten(ids)
+        if self._rust is not None:
+            encode = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
+            return _encodings(encode(texts, add_special_tokens=True))
+        return _flatten(self.backend(texts, add_special_tokens=True)["input_ids"])
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:

@@ -1,16 +1,30 @@
-"""What a packing run allocates, computed and checked before anything is allocated.
+"""What a packing run allocates, computed from all its options and checked before allocating.
 
-:func:`packing_bytes` bounds what :func:`seqpack.pipeline.local.pack_table`
-allocates for a table, per policy; :func:`check_budget` adds one padded
-model call and compares the sum with ``--max-metadata-bytes``.
+In memory (:func:`packing_bytes`, :func:`check_budget`): the plan and
+per-occurrence arrays, the policy's index over capacities and its
+look-ahead window (``stream-best-fit``'s buffers grow with ``window``), one
+gathered copy of the windows for policies that reorder, one padded model
+call. Out of core (:class:`StreamBudget`, what ``seqpack pack`` checks):
+one read chunk, two output shards in flight, the policy's fixed part and
+model call, all known from the options before anything is read; then the
+lengths and plan per document and per example, checked as the documents
+are counted (before the arrays grow) and, with ``--split-long``, on the
+number of pieces before any source is split.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
 from seqpack.core import budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
-from seqpack.pipeline.options import DEFAULT_POLICY
+from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
+from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 
 #: Bytes per example, per capacity unit, and whether the windows may be gathered
 #: into a new order, for each policy: upper bounds of what tracemalloc measures
@@ -23,24 +37,70 @@ _POLICY_BYTES: dict[str, tuple[int, int, bool]] = {
     "best-fit-decreasing": (128, 72, True),
     "stream-best-fit": (128, 128, True),
 }
+#: stream-best-fit: bytes per look-ahead slot (4 buffers, up to 2 records and
+#: 3 output columns per waiting example), per open row, and per pushed length
+#: of one kernel call (65,536 examples at a time).
+STREAM_WINDOW_BYTES = 136
+STREAM_ROW_BYTES = 64
+STREAM_PUSH_BYTES = 24 * 65536
 #: Fixed slack: Python objects, kernels' scalars, small temporaries.
 _FIXED_BYTES = 1 << 20
+#: Bytes per document held while a corpus is read (its token count) and counted
+#: for repeated ids (Arrow's codes and a hash entry).
+DOCUMENT_BYTES = 8 + 40
+#: Bytes per example planned out of core: its length and piece arrays, the plan
+#: (placements, storage order and the sort key) on top of the policy's own.
+EXAMPLE_BYTES = 64
+#: Bytes per token of a shard being built (int32 token + loss flag + bit-packed copy)
+#: and per occurrence (gather indices, per-occurrence columns and their Arrow copies).
+SHARD_TOKEN_BYTES = 6
+SHARD_OCCURRENCE_BYTES = 96
+#: Output shards in memory at once (one gathered while another is written).
+SHARDS_IN_FLIGHT = 2
+#: Bytes held per byte of a read chunk, by input kind: JSON Lines (int64 ids parsed
+#: from >= 2 bytes each, labels, int32 copy, flags), Parquet (decoded columns and
+#: the int32 copy), Arrow already in memory or mapped (masks over the views), text
+#: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
+CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
+#: Rust-side bytes per token of one text sub-batch being encoded (ids, type ids,
+#: masks, special-token flags) times its tokens (at most one per byte).
+TEXT_BATCH_BYTES = 28 * (1 << 22)
 
 
-def packing_bytes(table: ExampleTable, capacity: int, policy: str = DEFAULT_POLICY) -> int:
+def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None = None) -> int:
+    """The part of a policy's memory that does not grow with the examples: its index over
+    capacities and, for ``stream-best-fit``, its look-ahead window and open rows."""
+    per_capacity = _POLICY_BYTES.get(policy, (128, 128, True))[1]
+    need = budget.checked_mul(capacity, per_capacity)
+    if policy == "stream-best-fit":
+        opts = dict(options or {})
+        window = int(opts.get("window") or DEFAULT_WINDOW)
+        rows = int(opts.get("max_open_rows") or DEFAULT_MAX_OPEN_ROWS)
+        need = budget.checked_add(
+            need,
+            budget.checked_mul(window, STREAM_WINDOW_BYTES),
+            budget.checked_mul(rows, STREAM_ROW_BYTES),
+            STREAM_PUSH_BYTES,
+        )
+    return need
+
+
+def packing_bytes(
+    table: ExampleTable,
+    capacity: int,
+    policy: str = DEFAULT_POLICY,
+    options: Mapping[str, Any] | None = None,
+) -> int:
     """Upper bound of the bytes :func:`pack_table` allocates, computed before allocating.
 
-    Plan and per-occurrence arrays (per example), the policy's index over
-    capacities, and, for policies that reorder, one gathered copy of the
-    windows (4 bytes a token) and of non-uniform loss flags (1 byte a target).
-    The stream policy's look-ahead buffers are covered for its default window.
+    Plan and per-occurrence arrays (per example), :func:`policy_bytes`, and,
+    for policies that reorder, one gathered copy of the windows (4 bytes a
+    token) and of non-uniform loss flags (1 byte a target).
     """
-    per_example, per_capacity, gathers = _POLICY_BYTES.get(policy, (128, 128, True))
+    per_example, _, gathers = _POLICY_BYTES.get(policy, (128, 128, True))
     n, tokens, flags = len(table), table.windows.shape[0], table.loss_mask
     need = budget.checked_add(
-        budget.checked_mul(n, per_example),
-        budget.checked_mul(capacity, per_capacity),
-        _FIXED_BYTES,
+        budget.checked_mul(n, per_example), policy_bytes(policy, capacity, options), _FIXED_BYTES
     )
     if gathers:
         uniform = flags.size == 0 or bool(flags.all()) or not bool(flags.any())
@@ -48,6 +108,29 @@ def packing_bytes(table: ExampleTable, capacity: int, policy: str = DEFAULT_POLI
             need, budget.checked_mul(tokens, 4), 0 if uniform else int(flags.shape[0])
         )
     return need
+
+
+def split_bytes(
+    offsets: np.ndarray,
+    capacity: int,
+    policy: str = DEFAULT_POLICY,
+    options: Mapping[str, Any] | None = None,
+) -> int:
+    """Upper bound of splitting sources (``offsets`` int64 [n+1]) with ``--split-long``
+    and packing the pieces, computed from the lengths before anything is split: the
+    pieces' gather indices and copies (21 bytes a token, 48 a piece) plus
+    :func:`packing_bytes` of the pieces."""
+    counts = np.diff(offsets)
+    pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
+    tokens = int(counts.sum()) + pieces - counts.shape[0]  # one token shared per cut
+    per_example, _, gathers = _POLICY_BYTES.get(policy, (128, 128, True))
+    need = budget.checked_add(
+        budget.checked_mul(tokens, 21),
+        budget.checked_mul(pieces, 48 + per_example),
+        policy_bytes(policy, capacity, options),
+        _FIXED_BYTES,
+    )
+    return budget.checked_add(need, budget.checked_mul(tokens, 5) if gathers else 0)
 
 
 def model_call_bytes(config: PackConfig) -> int:
@@ -63,6 +146,7 @@ def check_budget(
     limit: int | None,
     where: str = "",
     fix: str = "pack fewer examples per call",
+    options: Mapping[str, Any] | None = None,
 ) -> None:
     """Raise :class:`~seqpack.errors.BudgetExceeded` before planning when packing ``table``
     (:func:`packing_bytes`) plus one model call (:func:`model_call_bytes`) needs more
@@ -71,10 +155,79 @@ def check_budget(
     if limit is None:
         return
     need = budget.checked_add(
-        packing_bytes(table, config.capacity, policy), model_call_bytes(config)
+        packing_bytes(table, config.capacity, policy, options), model_call_bytes(config)
     )
     what = (
         f"{where}packing {len(table):,} examples with {policy} (plus one model call of"
         f" {config.max_rows_per_batch} x {config.capacity:,} cells)"
     )
     budget.enforce(need, limit, what, fix)
+
+
+@dataclass(frozen=True)
+class StreamBudget:
+    """The out-of-core pipeline's memory, from its options (see the module docstring)."""
+
+    limit: int | None
+    chunk: int
+    shards: int
+    policy: int
+    per_example: int
+
+    @classmethod
+    def of(cls, options: PackOptions, kind: str) -> StreamBudget:
+        """The budget of packing with ``options`` an input of ``kind`` (a key of
+        :data:`CHUNK_FACTORS`; ``"text"`` when a tokenizer encodes it)."""
+        chunk = budget.checked_mul(options.chunk_bytes, CHUNK_FACTORS.get(kind, 12))
+        if kind == "text":
+            chunk = budget.checked_add(chunk, TEXT_BATCH_BYTES)
+        config = PackConfig(options.capacity, options.max_rows_per_batch)
+        shard_tokens = budget.checked_add(
+            options.shard_tokens, budget.checked_mul(config.max_rows_per_batch, config.capacity)
+        )
+        shards = budget.checked_mul(
+            SHARDS_IN_FLIGHT, budget.checked_mul(shard_tokens, SHARD_TOKEN_BYTES)
+        )
+        fixed = budget.checked_add(
+            policy_bytes(options.policy, options.capacity, options.policy_options),
+            model_call_bytes(config),
+            _FIXED_BYTES,
+        )
+        per_example = _POLICY_BYTES.get(options.policy, (128, 128, True))[0] + EXAMPLE_BYTES
+        return cls(options.max_metadata_bytes, chunk, shards, fixed, per_example)
+
+    @property
+    def fixed(self) -> int:
+        return budget.checked_add(self.chunk, self.shards, self.policy)
+
+    def need(self, documents: int, examples: int = 0, occurrences: int = 0) -> int:
+        """Bytes for ``documents`` read, ``examples`` planned and a shard of ``occurrences``."""
+        return budget.checked_add(
+            self.fixed,
+            budget.checked_mul(documents, DOCUMENT_BYTES),
+            budget.checked_mul(examples, self.per_example),
+            budget.checked_mul(
+                SHARDS_IN_FLIGHT, budget.checked_mul(occurrences, SHARD_OCCURRENCE_BYTES)
+            ),
+        )
+
+    def check(
+        self, documents: int = 0, examples: int = 0, occurrences: int = 0, what: str = ""
+    ) -> None:
+        """Raise :class:`~seqpack.errors.BudgetExceeded` when the need exceeds the limit."""
+        if self.limit is None:
+            return
+        need = self.need(documents, examples, occurrences)
+        if need <= self.limit:
+            return
+        parts = (
+            f"a read chunk {self.chunk:,}, {SHARDS_IN_FLIGHT} output shards {self.shards:,},"
+            f" the policy and a model call {self.policy:,}"
+        )
+        budget.enforce(
+            need,
+            self.limit,
+            f"packing {what or 'this corpus'} ({parts}, plus {DOCUMENT_BYTES} bytes a document"
+            f" and {self.per_example} an example)",
+            "lower --chunk-bytes, the policy's window or --max-rows-per-batch",
+        )

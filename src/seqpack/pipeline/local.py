@@ -1,34 +1,40 @@
-"""The local pipeline: read -> plan -> materialise -> write (``seqpack pack``).
+"""The local pipeline: read -> plan -> write, on one machine, in bounded memory (``seqpack pack``).
 
-:func:`pack_path` is what ``seqpack pack`` runs on one machine: readers from
-:mod:`seqpack.io`, any policy of :func:`seqpack.plan_rows`, compact rows
-from :mod:`seqpack.core.compact`, the atomic writer of :mod:`seqpack.io.store`.
+:func:`pack_path` is what ``seqpack pack`` runs: the corpus is read chunk by
+chunk and spilled (:mod:`seqpack.pipeline.corpus`), planned whole from its
+lengths with any policy of :func:`seqpack.plan_rows`, and written shard by
+shard into the atomic packed directory (:mod:`seqpack.pipeline.writer`,
+:mod:`seqpack.io.store`). :func:`pack_table` is the in-memory counterpart
+over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqpack.core import budget
 from seqpack.core.compact import CompactRows, compact_rows
-from seqpack.core.config import PackConfig
-from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import ExampleTable, split_long
+from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.io.atomic import recover_output
+from seqpack.io.atomic import recover_output, temp_output
 from seqpack.io.documents import Documents, resolve_binding
-from seqpack.io.readers import read_documents
-from seqpack.io.store import check_output, write_packed
+from seqpack.io.shards import manifest_record
+from seqpack.io.store import check_output, publish_packed
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.pipeline.budget import check_budget, packing_bytes
+from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
+from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 from seqpack.pipeline.progress import progress_bar, status
 from seqpack.pipeline.report import duplicate_report
+from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
 
 
 def pack_table(
@@ -43,11 +49,13 @@ def pack_table(
     """Plan ``table`` with ``policy`` and materialise it as compact rows (in memory).
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
-    With ``max_metadata_bytes``, :func:`packing_bytes` is checked against it
-    first: :class:`~seqpack.errors.BudgetExceeded` before anything is allocated.
+    With ``max_metadata_bytes``, :func:`packing_bytes` (the policy's options
+    included) is checked against it first: :class:`~seqpack.errors.BudgetExceeded`
+    before anything is allocated.
     """
     if max_metadata_bytes is not None:
-        budget.enforce(packing_bytes(table, capacity, policy), max_metadata_bytes, "packing")
+        need = packing_bytes(table, capacity, policy, options)
+        budget.enforce(need, max_metadata_bytes, "packing")
     plan = plan_rows(table.lengths, capacity, policy, labels=labels or table.label, **options)
     return plan, compact_rows(table, plan)
 
@@ -57,7 +65,7 @@ def bind_examples(
 ) -> tuple[ExampleTable, int]:
     """``docs`` bound as ``options`` say (vocabulary, tokenizer, split receipt) and, with
     ``split_long``, long sources cut into ranges: the examples to plan, and how many
-    sources were split."""
+    sources were split. The budget covers the split before it runs."""
     binding = resolve_binding(
         docs,
         options.partition,
@@ -69,6 +77,9 @@ def bind_examples(
     table = docs.to_table(binding, options.partition)
     if not options.split_long:
         return table, 0
+    if options.max_metadata_bytes is not None:
+        need = split_bytes(table.offsets, options.capacity, options.policy, options.policy_options)
+        budget.enforce(need, options.max_metadata_bytes, "splitting and packing the sources")
     return split_long(table, options.capacity)
 
 
@@ -94,62 +105,109 @@ def pack_path(
     its fields as keywords (``capacity=4096, vocab_size=32000``) say how.
     ``source``: a ``.jsonl`` / ``.parquet`` file, a folder of shards, a
     ``datasets`` folder or an in-memory ``datasets.Dataset`` / Arrow table.
+    Memory is bounded by one read chunk (``chunk_bytes``), two output shards
+    (``shard_tokens``) and the lengths, whatever the corpus size; the token
+    spill goes to ``spill_dir`` (default: beside ``out``).
 
     Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``,
     ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``,
     ``sources``, ``split_sources``, ``eligible_targets``, ``batches``,
-    ``shards``, ``seconds``, ``duplicate_ids`` (rows whose id repeats an
-    earlier row's; ``duplicate_first`` names the first) and ``recovered``
-    (hidden folders of killed runs cleaned up at ``out``, see
+    ``shards``, ``input_tokens``, ``seconds``, ``tokens_per_s`` (input tokens
+    a second, reading to publishing), ``duplicate_ids`` (rows whose id
+    repeats an earlier row's; ``duplicate_first`` names the first) and
+    ``recovered`` (hidden folders of killed runs cleaned up at ``out``, see
     :func:`seqpack.io.atomic.recover_output`). ``max_metadata_bytes`` bounds
-    :func:`packing_bytes` plus one padded model call, checked before planning.
+    all of it (:class:`~seqpack.pipeline.budget.StreamBudget`), checked before
+    anything grows.
     """
     started = time.perf_counter()
     opts = PackOptions.of(options, **overrides)
-    config = PackConfig(opts.capacity, opts.max_rows_per_batch)
     recovered = recover_output(out)
     out = check_output(out, opts.overwrite)
     show = opts.show_progress(sys.stderr)
-    say = status(show)
     tok = opts.load_tokenizer()
-    say(f"reading {source}")
-    docs = read_documents(
-        source, tokenizer=tok, text_field=opts.text_field, partition=opts.partition
-    )
-    if not len(docs):
-        raise InvalidInput(f"{source} holds no rows — nothing to pack")
-    table, split = bind_examples(docs, opts, tok)
-    check_budget(table, config, opts.policy, opts.max_metadata_bytes)
-    say(f"planning {len(table):,} examples with {opts.policy}")
-
-    def name(i: int) -> str:
-        return table.label(i) if split else f"{docs.origin.locate(i)}: {table.label(i)}"
-
-    plan, rows = pack_table(table, config.capacity, opts.policy, name, **opts.policy_options)
-    stats = run_statistics(plan, docs, table, split) | {
-        "batches": -(-plan.num_rows // config.max_rows_per_batch)
-    }
-    with progress_bar(plan.num_rows, "writing", "row", show) as bar:
-        manifest = write_packed(
-            rows,
-            out,
-            max_rows_per_batch=config.max_rows_per_batch,
-            extra={
-                "policy": opts.manifest_fields()["policy"],
-                "statistics": stats,
-                "input": {"source": str(source), "text_field": opts.text_field},
-            },
-            overwrite=opts.overwrite,
-            shard_tokens=opts.shard_tokens,
-            on_shard=bar.update,
-        )
+    status(show)(f"reading {source}")
+    spill_dir = opts.spill_dir or out.absolute().parent
+    corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
+    try:
+        stats, manifest = _pack_corpus(corpus, out, opts, tok, show, str(source))
+        report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
+    finally:
+        corpus.close()
+    seconds = time.perf_counter() - started
     return (
         stats
-        | duplicate_report(docs.ids, docs.origin.locate)
+        | ({"duplicate_ids": 0} | report)
         | {
             "shards": len(manifest["shards"]),
             "out": str(out),
             "recovered": recovered,
-            "seconds": time.perf_counter() - started,
+            "input_tokens": corpus.tokens,
+            "seconds": seconds,
+            "tokens_per_s": corpus.tokens / seconds if seconds > 0 else 0.0,
         }
     )
+
+
+def _pack_corpus(
+    corpus: Corpus,
+    out: Path,
+    opts: PackOptions,
+    tok: Tokenizer | None,
+    show: bool,
+    source: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Plan and write a corpus read by :func:`read_corpus`; (statistics, manifest)."""
+    budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
+    examples = corpus_examples(corpus, opts, budget_)
+    say = status(show)
+    say(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
+
+    def label(i: int) -> str:
+        return example_label(i, corpus.id_of(i), 0, int(corpus.counts[i]))
+
+    with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
+        storage = plan_corpus(examples, opts, label)
+        bar.update(examples.lengths.shape[0])
+    plan = storage.plan
+    bounds = storage.row_offsets[storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens)]
+    widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
+    budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
+    layout = layout_for(corpus, examples)
+    stats = plan.stats() | {
+        "sources": len(corpus),
+        "split_sources": examples.split,
+        "eligible_targets": corpus.eligible,
+        "batches": -(-plan.num_rows // opts.max_rows_per_batch),
+    }
+    tmp = temp_output(out)
+    written = {"rows": 0, "tokens": 0}
+
+    def on_shard(entry: dict[str, Any]) -> None:
+        written["rows"] += entry["rows"]
+        written["tokens"] += entry["tokens"]
+        bar.update(4 * entry["tokens"])
+        bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
+
+    try:
+        total = 4 * int(storage.row_tokens[-1])
+        with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
+            shards = write_shards(corpus, examples, storage, tmp, opts, layout, on_shard)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fields = opts.manifest_fields()
+    manifest = manifest_record(
+        binding=corpus.binding,
+        partition=opts.partition,
+        config=fields["config"],
+        shards=shards,
+        rows=plan.num_rows,
+        occurrences=len(examples.lengths),
+        columns=layout.columns(),
+        policy=fields["policy"],
+        statistics=stats,
+        input={"source": source, "text_field": opts.text_field},
+    )
+    publish_packed(tmp, out, manifest)
+    return stats, manifest

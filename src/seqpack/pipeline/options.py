@@ -27,7 +27,7 @@ from typing import Any
 
 from seqpack.core import budget
 from seqpack.core.binding import INT32_MAX, Partition
-from seqpack.core.checks import parse_byte_size, parse_option, positive_int
+from seqpack.core.checks import parse_byte_size, parse_count, parse_option, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer
@@ -36,6 +36,10 @@ DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
 #: Target tokens per output shard; shards always end on a model-call boundary.
 DEFAULT_SHARD_TOKENS = 1 << 25
+#: Input bytes read, parsed and tokenized at a time.
+DEFAULT_CHUNK_BYTES = 1 << 25
+#: The largest chunk (a read of that many bytes is allocated whole).
+MAX_CHUNK_BYTES = 1 << 30
 
 #: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
 PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
@@ -133,7 +137,28 @@ class PackOptions:
     )
     shard_tokens: int = field(
         default=DEFAULT_SHARD_TOKENS,
-        metadata=flag(None, "target tokens per output shard"),
+        metadata=flag(
+            "--shard-tokens",
+            "target tokens per output shard (two shards are built at a time; default 2**25)",
+            metavar="N",
+        ),
+    )
+    chunk_bytes: int = field(
+        default=DEFAULT_CHUNK_BYTES,
+        metadata=flag(
+            "--chunk-bytes",
+            "input read, parsed and tokenized this many bytes at a time (default 32M)",
+            BOTH,
+            metavar="BYTES",
+        ),
+    )
+    spill_dir: str | None = field(
+        default=None,
+        metadata=flag(
+            "--spill-dir",
+            "folder for the temporary token spill of a corpus read chunk by chunk (default:"
+            " beside --out; it needs room for 4 bytes a token)",
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -159,7 +184,8 @@ class PackOptions:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InvalidInput(f"text_field must be a column name, got {self.text_field!r}")
-        put(self, "shard_tokens", positive_int("shard_tokens", self.shard_tokens))
+        put(self, "shard_tokens", positive_int("shard_tokens", self.shard_tokens, INT32_MAX))
+        put(self, "chunk_bytes", positive_int("chunk_bytes", self.chunk_bytes, MAX_CHUNK_BYTES))
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
@@ -204,7 +230,11 @@ class PackOptions:
 
 #: How command-line text becomes a field's value (fields not listed keep argparse's
 #: ``type``; their range is checked by the options class, as for any caller).
-_PARSERS: dict[str, Callable[[str, str], Any]] = {"max_metadata_bytes": parse_byte_size}
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "max_metadata_bytes": parse_byte_size,
+    "chunk_bytes": parse_byte_size,
+    "shard_tokens": parse_count,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = PackOptions) -> None:

@@ -19,14 +19,31 @@ def status(enabled: bool) -> Callable[[str], None]:
 
 
 @contextmanager
-def progress_bar(total: int, desc: str, unit: str, enabled: bool) -> Iterator[Any]:
-    """A tqdm bar on stderr (``bar.update(n)``), closed on exit; silent when not ``enabled``."""
+def progress_bar(
+    total: int | None, desc: str, unit: str, enabled: bool, **options: Any
+) -> Iterator[Any]:
+    """A tqdm bar on stderr (``bar.update(n)``), closed on exit; silent when not ``enabled``.
+
+    ``options`` go to tqdm (``unit_scale=True`` with ``unit="B"`` shows MB and MB/s).
+    """
     from tqdm import tqdm
 
     bar = tqdm(
-        total=total, desc=f"seqpack: {desc}", unit=unit, file=sys.stderr, disable=not enabled
+        total=total,
+        desc=f"seqpack: {desc}",
+        unit=unit,
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        **options,
     )
     try:
         yield bar
     finally:
         bar.close()
+
+
+def counts(documents: int, tokens: int, **more: float) -> str:
+    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens`` (and any ``more``)."""
+    extra = "".join(f", {name.replace('_', ' ')} {value:,.1f}" for name, value in more.items())
+    return f"{documents:,} docs, {tokens:,} tokens{extra}"

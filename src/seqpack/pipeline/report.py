@@ -17,7 +17,7 @@ def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = pa.array(ids, type=pa.string())
+    arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(ids, type=pa.string())
     if pc.count_distinct(arr).as_py() == len(arr):
         return 0, -1, -1
     codes = pc.index_in(arr, value_set=pc.unique(arr)).to_numpy(zero_copy_only=False)
@@ -39,5 +39,9 @@ def duplicate_report(ids: Any, locate: Callable[[int], str]) -> dict[str, Any]:
         return {"duplicate_ids": 0}
     return {
         "duplicate_ids": count,
-        "duplicate_first": {"id": str(ids[row]), "at": locate(row), "first_seen": locate(first)},
+        "duplicate_first": {"id": _text(ids[row]), "at": locate(row), "first_seen": locate(first)},
     }
+
+
+def _text(value: Any) -> str:
+    return str(value.as_py() if hasattr(value, "as_py") else value)

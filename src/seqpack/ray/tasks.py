@@ -19,7 +19,14 @@ from seqpack.core.errors import PartitionMismatch
 from seqpack.core.examples import ExampleTable, example_label
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
-from seqpack.io.shards import SCHEMA, list_array, rows_to_arrow, shard_bounds, write_shard_file
+from seqpack.io.shards import (
+    FULL,
+    SCHEMA,
+    list_array,
+    rows_to_arrow,
+    shard_bounds,
+    write_shard_file,
+)
 from seqpack.pipeline.budget import check_budget
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
@@ -99,7 +106,7 @@ def plan_block(
         "cuts": cuts.tolist(),
         "ids": pa.array(docs.ids, type=pa.string()),
     }
-    out = rows_to_arrow(rows)
+    out = rows_to_arrow(rows, FULL)  # blocks are laid out apart: every block stores every column
     if settings.hook is not None:
         settings.hook("plan", block.index)
     return stats, out

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
@@ -37,13 +36,11 @@ from seqpack.core.batch import CELL_FIELDS, IGNORE_INDEX, NO_SEGMENT, Occurrence
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.io.shards import flat_column
+from seqpack.io.shard_rows import read_pair_stats
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
 from seqpack.training.distributed import RowStats
 from seqpack.training.sampler import Slot
-
-COLUMNS = ["seq_lengths", "labels"]  # what row_stats reads
 
 
 def _occurrences_take(occ: Occurrences, index: np.ndarray, rows: np.ndarray) -> Occurrences:
@@ -224,19 +221,16 @@ class PackedDataset(Dataset):
     def row_stats(self) -> RowStats:
         """Valid tokens, eligible targets and Σl² of every row (computed once, then cached).
 
-        Reads only the ``seq_lengths`` and ``labels`` columns of each shard.
+        Reads only the pair counts and loss flags of each shard.
         """
         if self._stats is None:
             lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
             for shard in self.store.shards:
-                table = pq.read_table(self.store.path / shard["file"], columns=COLUMNS)
-                seq, occ = flat_column(table, "seq_lengths")
-                labels, offsets = flat_column(table, "labels")
-                counts = np.concatenate([[0], np.cumsum(labels != IGNORE_INDEX, dtype=np.int64)])
+                seq, occ, per_row = read_pair_stats(self.store.path / shard["file"])
                 rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
-                lengths.append(seq.astype(np.int64))
+                lengths.append(seq)
                 row_of.append(np.repeat(rows, np.diff(occ)))
-                eligible.append(counts[offsets[1:]] - counts[offsets[:-1]])
+                eligible.append(per_row)
             self._stats = RowStats.from_segments(
                 np.concatenate(lengths),
                 np.concatenate(row_of),

@@ -1,0 +1,188 @@
+"""Packed-shard encodings measured: write speed vs size vs read speed for training.
+
+    .venv/bin/python benchmarks/bench_format.py              # one shard of W2-like rows
+    .venv/bin/python benchmarks/bench_format.py --tokens 8e6 # smaller shard
+
+One output shard (default 2**25 tokens, the writer's shard size) of rows of
+capacity 2048 filled with W2-like examples (16..512 tokens). The token ids
+are real: the standard library encoded with the benchmark BPE
+(:mod:`corpus`), so compression ratios are those of text, not of random
+ids. About a third of the examples carry a prompt prefix that is not
+supervised (the loss flags of SFT data). Each candidate writes the shard
+with ``pyarrow.parquet`` and reads it back the way ``PackedStore`` does
+(``read_table(memory_map=True)`` + NumPy views of every column); times are
+medians of three runs, and the first line of each group is version 1's
+encoding (nine zstd columns, labels repeating tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus import stdlib_texts, train_tokenizer
+
+
+def real_tokens(count: int) -> np.ndarray:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(train_tokenizer()))
+    out, have = [], 0
+    for _, text in stdlib_texts():
+        ids = np.asarray(tok.encode(text).ids, dtype=np.int32)
+        out.append(ids)
+        have += ids.size
+        if have >= count:
+            break
+    flat = np.concatenate(out)
+    return np.resize(flat, count)
+
+
+def shard_columns(total: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Windows of W2-like lengths packed next-fit into rows of 2048 pairs."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(16, 513, size=total // 200)
+    lengths = lengths[np.cumsum(lengths + 1) <= total]
+    cap = 2048
+    row_of = np.zeros(lengths.shape[0], dtype=np.int64)
+    start_of = np.zeros_like(row_of)
+    row = used = 0
+    for i, n in enumerate(lengths.tolist()):
+        if used + n > cap:
+            row, used = row + 1, 0
+        row_of[i], start_of[i] = row, used
+        used += n
+    tokens = real_tokens(int((lengths + 1).sum()))
+    prompt = np.where(rng.random(lengths.shape[0]) < 0.35, rng.integers(1, 15, lengths.shape[0]), 0)
+    flags = np.ones(int(lengths.sum()), dtype=bool)
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for f, p in zip(firsts.tolist(), prompt.tolist(), strict=True):
+        flags[f : f + p] = False
+    return {
+        "lengths": lengths,
+        "row_of": row_of,
+        "start_of": start_of,
+        "tokens": tokens,
+        "flags": flags,
+        "rows": row + 1,
+    }
+
+
+def _lists(offsets: np.ndarray, values: pa.Array) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+
+
+def tables(cols: dict) -> dict[str, pa.Table]:
+    """Candidate layouts of the same rows: v1 (labels) and v2 (flags as bools or bits)."""
+    lengths, row_of = cols["lengths"], cols["row_of"]
+    occ = np.searchsorted(row_of, np.arange(cols["rows"] + 1))
+    tok_off = np.concatenate([[0], np.cumsum(lengths + 1)])
+    row_tok = tok_off[occ]
+    tokens, flags = cols["tokens"], cols["flags"]
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    keep[tok_off[:-1]] = False
+    labels = np.full(tokens.shape[0], -100, dtype=np.int32)
+    labels[np.flatnonzero(keep)[flags]] = tokens[np.flatnonzero(keep)[flags]]
+    n = lengths.shape[0]
+    ids = pa.array(np.arange(n).astype(str))
+    per_occ = {
+        "seq_starts": _lists(occ, pa.array(cols["start_of"].astype(np.int32))),
+        "ordinals": _lists(occ, pa.array(np.arange(n, dtype=np.int64))),
+        "source_ids": _lists(occ, ids),
+        "example_ids": _lists(occ, ids),
+        "range_starts": _lists(occ, pa.array(np.zeros(n, dtype=np.int64))),
+        "range_ends": _lists(occ, pa.array(lengths + 1)),
+    }
+    row = pa.array(np.arange(cols["rows"], dtype=np.int64))
+    v1 = pa.table(
+        {
+            "row": row,
+            "tokens": _lists(row_tok, pa.array(tokens)),
+            "labels": _lists(row_tok, pa.array(labels)),
+            "seq_lengths": _lists(occ, pa.array(lengths.astype(np.int32))),
+            **per_occ,
+        }
+    )
+    pair_off = np.concatenate([[0], np.cumsum(lengths)])[occ]
+    base = {
+        "row": row,
+        "tokens": _lists(row_tok, pa.array(tokens)),
+        "pair_counts": _lists(occ, pa.array(lengths.astype(np.int32))),
+        "seq_starts": per_occ["seq_starts"],
+        "ordinals": per_occ["ordinals"],
+        "source_ids": per_occ["source_ids"],
+    }
+    bools = pa.table({**base, "loss_flags": _lists(pair_off, pa.array(flags))})
+    packed = [np.packbits(flags[a:b]).tobytes() for a, b in zip(pair_off[:-1], pair_off[1:])]
+    bits = pa.table({**base, "loss_bits": pa.array(packed, pa.binary())})
+    uniform = pa.table(base)
+    return {"v1": v1, "v2 list<bool>": bools, "v2 packed bits": bits, "v2 all supervised": uniform}
+
+
+def encodings() -> dict[str, dict]:
+    return {
+        "zstd(1)": {"compression": "zstd", "compression_level": 1},
+        "zstd(3)": {"compression": "zstd", "compression_level": 3},
+        "lz4": {"compression": "lz4"},
+        "snappy": {"compression": "snappy"},
+        "none": {"compression": "none"},
+    }
+
+
+def measure(table: pa.Table, kwargs: dict, repeats: int) -> tuple[float, int, float]:
+    writes, reads, size = [], [], 0
+    for _ in range(repeats):
+        sink = io.BytesIO()
+        t0 = time.perf_counter()
+        pq.write_table(table, sink, row_group_size=4096, **kwargs)
+        writes.append(time.perf_counter() - t0)
+        data = sink.getvalue()
+        size = len(data)
+        t0 = time.perf_counter()
+        back = pq.read_table(pa.BufferReader(data))
+        for name in back.column_names:
+            col = back.column(name).combine_chunks()
+            if isinstance(col, pa.ListArray):
+                col.flatten().to_numpy(zero_copy_only=False)
+            else:
+                col.to_numpy(zero_copy_only=False)
+        reads.append(time.perf_counter() - t0)
+    return statistics.median(writes), size, statistics.median(reads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=float, default=2**25, help="tokens in the shard")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cols = shard_columns(int(args.tokens))
+    mb = cols["tokens"].nbytes / 1e6
+    print(
+        f"shard: {cols['rows']:,} rows, {cols['lengths'].shape[0]:,} occurrences,"
+        f" {cols['tokens'].shape[0]:,} tokens ({mb:.0f} MB int32); load {os.getloadavg()[0]:.2f}"
+    )
+    head = f"{'layout':<20} {'encoding':<22} {'write MB/s':>10} {'size MB':>8} {'x tokens':>8}"
+    print(head + f" {'read MB/s':>10}")
+    cases = [("v1", "zstd(1)", encodings()["zstd(1)"])]
+    for layout in ("v2 list<bool>", "v2 packed bits", "v2 all supervised"):
+        for name, kw in encodings().items():
+            cases.append((layout, name, kw))
+        cases.append((layout, "zstd(1), no dictionary", {**encodings()["zstd(1)"], "use_dictionary": False}))
+    candidates = tables(cols)
+    for layout, name, kw in cases:
+        w, size, r = measure(candidates[layout], kw, args.repeats)
+        print(
+            f"{layout:<20} {name:<22} {mb / w:>10.0f} {size / 1e6:>8.1f} {size / 1e6 / mb:>8.2f}"
+            f" {mb / r:>10.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

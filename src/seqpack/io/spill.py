@@ -1,0 +1,126 @@
+"""The spill: token chunks written once to a temporary Arrow IPC file, read back memory-mapped.
+
+Packing a corpus larger than memory reads and tokenizes it chunk by chunk;
+each :class:`~seqpack.io.documents.TokenChunk` is appended to the spill as
+one record batch and dropped, so only the lengths stay in memory. When the
+corpus is read, :meth:`Spill.open` maps the file and gives every chunk back
+as views of the map (no copy; pages are read when an output shard gathers
+its windows, and :meth:`Spill.release` hands them back after each shard).
+
+The file is created with a hidden name beside the output and unlinked at
+once: it lives exactly as long as this process holds it open, so it is
+gone after success, failure, SIGTERM or SIGKILL alike (the kernel frees an
+unlinked file when its last descriptor closes). Where a file system cannot
+unlink an open file, it is removed when the spill is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io.documents import Origin, TokenChunk
+from seqpack.io.mapped import MappedFile
+
+SCHEMA = pa.schema(
+    [
+        ("tokens", pa.large_list(pa.int32())),
+        ("flags", pa.large_list(pa.uint8())),
+        ("id", pa.string()),
+    ]
+)
+
+
+def _values(array: np.ndarray, kind: pa.DataType) -> pa.Array:
+    array = np.ascontiguousarray(array, dtype=kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, array.shape[0], [None, pa.py_buffer(array)])
+
+
+class Spill:
+    """An append-only, unlinked Arrow IPC file of token chunks in ``folder``."""
+
+    def __init__(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=".seqpack-spill-", suffix=".arrow", dir=folder)
+        except OSError as err:
+            raise InvalidInput(
+                f"cannot create the spill file in {folder} ({err.strerror or err}) — pass a"
+                " writable --spill-dir with room for the corpus's tokens"
+            ) from None
+        self.path: Path | None = Path(name)
+        try:
+            os.unlink(name)
+            self.path = None
+        except OSError:  # kept under its hidden name; removed by close()
+            pass
+        self._file = os.fdopen(fd, "w+b")
+        self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
+        self._mapped: MappedFile | None = None
+        self.bytes = 0
+
+    def append(self, chunk: TokenChunk) -> None:
+        """Write ``chunk``'s tokens (as int32), flags and ids as one record batch."""
+        assert self._writer is not None, "the spill was opened for reading"
+        k = len(chunk)
+        offsets = _values(chunk.offsets, pa.int64())
+        tokens = pa.LargeListArray.from_arrays(offsets, _values(chunk.tokens, pa.int32()))
+        if chunk.flags is None:
+            flags = pa.nulls(k, SCHEMA.field("flags").type)
+        else:
+            targets = chunk.offsets - np.arange(k + 1, dtype=np.int64)
+            values = _values(chunk.flags.view(np.uint8), pa.uint8())
+            flags = pa.LargeListArray.from_arrays(_values(targets, pa.int64()), values)
+        ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
+        batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
+        self._writer.write_batch(batch)
+        self.bytes += batch.nbytes
+
+    def open(self, origins: list[Origin], first_rows: list[int]) -> list[TokenChunk]:
+        """Finish writing and map the file: every chunk, in order, as views of the map."""
+        assert self._writer is not None, "the spill is already open"
+        self._writer.close()
+        self._writer = None
+        self._file.flush()
+        self._mapped = MappedFile(Path(self.path or "spill"), self._file)
+        reader = pa.ipc.open_file(pa.BufferReader(self._mapped.buffer))
+        chunks = []
+        for i, (origin, first) in enumerate(zip(origins, first_rows, strict=True)):
+            batch = reader.get_batch(i)
+            tokens, flags, ids = batch.columns
+            chunks.append(
+                TokenChunk(
+                    tokens=tokens.values.to_numpy(),
+                    offsets=tokens.offsets.to_numpy(),
+                    flags=None if flags.null_count else flags.values.to_numpy().view(bool),
+                    ids=None if ids.null_count else ids,
+                    origin=origin,
+                    first_row=first,
+                )
+            )
+        return chunks
+
+    def release(self) -> None:
+        """Drop the pages read so far from this process (they stay on disk)."""
+        if self._mapped is not None:
+            self._mapped.release()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(pa.ArrowException):
+                self._writer.close()
+            self._writer = None
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
+        else:
+            self._file.close()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,241 @@
+"""A corpus read out of core: chunk by chunk, tokenized, spilled; only the lengths in memory.
+
+:func:`read_corpus` reads an input (:func:`seqpack.io.readers.open_input`)
+in chunks of ``chunk_bytes``, checks and tokenizes each one
+(:func:`seqpack.io.columns.chunk_from_arrow`), appends it to a
+:class:`~seqpack.io.spill.Spill` and keeps only its token counts, so the
+memory held grows by 8 bytes a document, whatever the corpus size. Inputs
+that are Arrow already (a ``datasets`` folder memory-mapped, an in-memory
+``Dataset`` or table) are not spilled: their chunks are views. The split
+receipt is computed on the way (:class:`~seqpack.io.documents.SplitDigest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from seqpack.core.binding import Binding
+from seqpack.core.checks import check_lengths
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import example_label
+from seqpack.io.columns import chunk_from_arrow
+from seqpack.io.documents import Origin, SplitDigest, TokenChunk, make_binding
+from seqpack.io.readers import Input, open_input
+from seqpack.io.shards import default_ids
+from seqpack.io.spill import Spill
+from seqpack.io.tokenizers import Tokenizer
+from seqpack.pipeline.budget import StreamBudget
+from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.progress import counts, progress_bar
+
+
+@dataclass(eq=False)
+class Corpus:
+    """Documents ``0..N-1`` of an input as views (spilled or the input's own Arrow).
+
+    ``chunks[c]`` holds documents ``first_rows[c] .. first_rows[c+1] - 1``;
+    ``counts`` int64 [N] are their tokens. ``flagged``: some target is not
+    supervised; ``named``: some document has an id other than its row number.
+    """
+
+    source: Input
+    chunks: list[TokenChunk]
+    first_rows: np.ndarray
+    counts: np.ndarray
+    binding: Binding
+    flagged: bool
+    named: bool
+    eligible: int
+    spill: Spill | None
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.counts.sum())
+
+    def chunk_of(self, docs: np.ndarray) -> np.ndarray:
+        """The chunk holding each document, int64 [k]."""
+        return np.searchsorted(self.first_rows, docs, "right") - 1
+
+    def locate(self, doc: int) -> str:
+        c = int(self.chunk_of(np.array([doc]))[0])
+        return self.chunks[c].origin.locate(doc - int(self.first_rows[c]))
+
+    def id_of(self, doc: int) -> str:
+        c = int(self.chunk_of(np.array([doc]))[0])
+        return self.chunks[c].id_of(doc - int(self.first_rows[c]))
+
+    def ids(self) -> pa.ChunkedArray:
+        """Every document's id in order (the row number where the input has none)."""
+        parts = [
+            default_ids(np.arange(c.first_row, c.first_row + len(c))) if c.ids is None else c.ids
+            for c in self.chunks
+        ]
+        return pa.chunked_array(parts, pa.string())
+
+    def release(self) -> None:
+        """Hand back the memory-mapped pages read so far (see :mod:`seqpack.io.mapped`)."""
+        if self.spill is not None:
+            self.spill.release()
+        self.source.release()
+
+    def close(self) -> None:
+        self.chunks = []
+        if self.spill is not None:
+            self.spill.close()
+        self.source.close()
+
+
+def _input_kind(source: Input, tokenizer: Tokenizer | None) -> str:
+    return "text" if tokenizer is not None else source.kind
+
+
+def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
+    """An id column that only repeats the row numbers is no id column (the format
+    derives it), whoever wrote it."""
+    if chunk.ids is None:
+        return chunk
+    rows = default_ids(np.arange(chunk.first_row, chunk.first_row + len(chunk)))
+    same = len(chunk.ids) == len(rows) and chunk.ids.cast(pa.string()).equals(rows)
+    return replace(chunk, ids=None) if same else chunk
+
+
+def _labels(chunk: TokenChunk) -> Callable[[int], str]:
+    def label(i: int) -> str:
+        n = int(chunk.offsets[i + 1] - chunk.offsets[i])
+        name = example_label(chunk.first_row + i, chunk.id_of(i), 0, n)
+        return f"{chunk.origin.locate(i)}: {name}"
+
+    return label
+
+
+@dataclass
+class _Reading:
+    """What :func:`read_corpus` accumulates chunk by chunk."""
+
+    counts: list[np.ndarray]
+    flags: list[Any]
+    origins: list[Origin]
+    firsts: list[int]
+    chunks: list[TokenChunk]
+    documents: int = 0
+    tokens: int = 0
+    eligible: int = 0
+    largest: int = -1
+    flagged: bool = False
+    named: bool = False
+
+
+def _take(
+    state: _Reading,
+    chunk: TokenChunk,
+    opts: PackOptions,
+    vocab: int | None,
+    spill: Spill | None,
+    digest: SplitDigest | None,
+) -> None:
+    """Check ``chunk`` against the options and keep what the corpus needs of it."""
+    if vocab is not None:
+        chunk.check_vocabulary(vocab)
+    elif chunk.tokens.size:
+        state.largest = max(state.largest, int(chunk.tokens.max()))
+    if not opts.split_long:
+        check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
+    chunk = _drop_default_ids(chunk)
+    state.counts.append(chunk.counts)
+    state.flags.append(chunk.tokens.shape[0] - len(chunk) if chunk.flags is None else None)
+    state.flagged |= chunk.flags is not None
+    state.named |= chunk.ids is not None
+    state.origins.append(chunk.origin)
+    state.firsts.append(chunk.first_row)
+    if digest is not None:
+        digest.tokens(chunk.tokens)
+    if spill is not None:
+        spill.append(chunk)
+    else:
+        state.chunks.append(chunk)
+    state.documents += len(chunk)
+    state.tokens += int(chunk.tokens.shape[0])
+    targets = chunk.tokens.shape[0] - len(chunk)
+    state.eligible += targets if chunk.flags is None else int(np.count_nonzero(chunk.flags))
+
+
+def read_corpus(
+    source: str | Path | Any,
+    opts: PackOptions,
+    tokenizer: Tokenizer | None,
+    *,
+    show: bool = False,
+    receipt: Callable[[Input], str | None] | None = None,
+    spill_dir: str | Path | None = None,
+    default_vocab: bool = False,
+) -> Corpus:
+    """Read, check, tokenize and spill ``source`` (see the module docstring).
+
+    ``receipt(input)`` may supply the split receipt (None: the content digest).
+    Without a vocabulary size or tokenizer, pre-tokenized input is refused
+    before reading unless ``default_vocab``: then the binding's vocabulary is
+    the largest id + 1. The budget (:class:`StreamBudget`) is checked before
+    the first chunk and as documents are counted.
+    """
+    if not default_vocab:
+        make_binding(lambda: "-", vocab_size=opts.vocab_size, tokenizer=tokenizer)
+    source_input = open_input(source, opts.partition)
+    budget = StreamBudget.of(opts, _input_kind(source_input, tokenizer))
+    budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
+    vocab = (
+        opts.vocab_size if opts.vocab_size is not None else getattr(tokenizer, "vocab_size", None)
+    )
+    given = (receipt(source_input) if receipt else None) or opts.split_id
+    digest = None if given else SplitDigest(opts.partition)
+    spill = None if source_input.persistent else Spill(spill_dir or ".")
+    state = _Reading([], [], [], [], [])
+    try:
+        with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
+            for table, origin, size in source_input.chunks(opts.chunk_bytes, opts.text_field):
+                if table.num_rows:
+                    chunk = chunk_from_arrow(
+                        table, origin, tokenizer=tokenizer, text_field=opts.text_field,
+                        partition=opts.partition,
+                    ).rebased(state.documents)  # fmt: skip
+                    budget.check(documents=state.documents + len(chunk), what=source_input.name)
+                    _take(state, chunk, opts, vocab, spill, digest)
+                bar.update(size)
+                bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
+        if not state.documents:
+            raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
+        chunks = spill.open(state.origins, state.firsts) if spill is not None else state.chunks
+        split_id = given or digest.finish(state.counts, _flags(state, chunks))  # type: ignore[union-attr]
+        if spill is not None:
+            spill.release()
+        binding = make_binding(
+            lambda: split_id,
+            vocab_size=vocab if vocab is not None else state.largest + 1,
+            tokenizer=tokenizer,
+            tokenizer_id=opts.tokenizer_id,
+        )
+    except BaseException:
+        if spill is not None:
+            spill.close()
+        source_input.close()
+        raise
+    first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
+    return Corpus(
+        source_input, chunks, first_rows, np.concatenate(state.counts), binding,
+        state.flagged, state.named, state.eligible, spill,
+    )  # fmt: skip
+
+
+def _flags(state: _Reading, chunks: list[TokenChunk]) -> list[Any]:
+    """Each chunk's target flags for the receipt: its count when all are supervised."""
+    return [
+        n if n is not None else chunk.flags for n, chunk in zip(state.flags, chunks, strict=True)
+    ]

@@ -1,0 +1,243 @@
+"""A corpus planned whole and written shard by shard, each gathered from the spill.
+
+After :func:`seqpack.pipeline.corpus.read_corpus`, :func:`plan_corpus` plans
+every example of the corpus at once from its lengths (best-fit-decreasing
+stays global), and :func:`gather_rows` builds the rows ``[a, b)`` of the
+plan by gathering their windows, flags and ids from the corpus's chunks
+(memory-mapped: only those windows are read). :func:`write_shards` writes
+the shards with two threads (one shard gathered while another is
+compressed), handing the mapped pages back after each shard, so memory
+holds at most two shards, the lengths and the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seqpack.core.examples import long_ranges
+from seqpack.core.gather import gather_into
+from seqpack.core.plan import Plan
+from seqpack.core.policies import plan_rows
+from seqpack.io.shards import (
+    Layout,
+    ShardColumns,
+    call_bounds,
+    default_ids,
+    shard_table,
+    write_shard_file,
+)
+from seqpack.pipeline.budget import SHARDS_IN_FLIGHT, StreamBudget
+from seqpack.pipeline.corpus import Corpus
+from seqpack.pipeline.options import PackOptions
+
+
+@dataclass(frozen=True, eq=False)
+class Examples:
+    """What is planned: example ``i`` is the window of ``lengths[i] + 1`` tokens starting at
+    token ``starts[i]`` of document ``docs[i]`` (None: example ``i`` is document ``i``
+    whole); ``split`` counts the documents cut by ``--split-long``."""
+
+    lengths: np.ndarray
+    docs: np.ndarray | None = None
+    starts: np.ndarray | None = None
+    split: int = 0
+
+
+def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> Examples:
+    """The examples to plan; with ``split_long`` the budget is checked on the number of
+    pieces before any document is split."""
+    counts, capacity = corpus.counts, opts.capacity
+    long = counts - 1 > capacity
+    if not (opts.split_long and long.any()):
+        budget.check(len(corpus), len(corpus), what=f"{len(corpus):,} documents")
+        return Examples(counts - 1)
+    pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
+    budget.check(len(corpus), pieces, what=f"{pieces:,} pieces of {len(corpus):,} documents")
+    docs, starts, ends = long_ranges(counts, capacity)
+    return Examples(ends - starts - 1, docs, starts, int(long.sum()))
+
+
+@dataclass(frozen=True, eq=False)
+class Storage:
+    """The plan in storage order: occurrence ``k`` (row by row, column by column) is
+    example ``order[k]``; row ``r`` holds occurrences ``row_offsets[r]:row_offsets[r+1]``
+    and starts after ``row_tokens[r]`` tokens."""
+
+    plan: Plan
+    order: np.ndarray
+    row_offsets: np.ndarray
+    row_tokens: np.ndarray
+
+    @classmethod
+    def of(cls, plan: Plan) -> Storage:
+        key = plan.row_of * plan.capacity + plan.start_of
+        if bool(np.all(key[1:] > key[:-1])):  # next-fit and padded keep the supplied order
+            order = np.arange(key.shape[0], dtype=np.int64)
+        else:
+            order = np.argsort(key).astype(np.int64, copy=False)
+        del key
+        rows = plan.row_of[order]
+        row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
+        del rows
+        tokens = np.zeros(order.shape[0] + 1, dtype=np.int64)
+        np.cumsum(plan.lengths[order] + 1, out=tokens[1:])
+        return cls(plan, order, row_offsets.astype(np.int64), tokens[row_offsets])
+
+    def shard_bounds(self, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
+        return call_bounds(self.row_tokens, max_rows_per_batch, shard_tokens)
+
+
+def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], str]) -> Storage:
+    """Plan every example at once with the options' policy; the plan in storage order."""
+    plan = plan_rows(
+        examples.lengths, opts.capacity, opts.policy, labels=label, **opts.policy_options
+    )
+    return Storage.of(plan)
+
+
+def layout_for(corpus: Corpus, examples: Examples) -> Layout:
+    """The columns the output stores (the same decisions :func:`seqpack.io.shards.layout_of`
+    makes from the rows' content)."""
+    split = examples.split > 0
+    return Layout(
+        source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
+    )
+
+
+def _by_chunk(corpus: Corpus, docs: np.ndarray) -> tuple[np.ndarray, list]:
+    """Each document's row in its chunk, and the occurrences grouped by chunk."""
+    chunk = corpus.chunk_of(docs)
+    local = docs - corpus.first_rows[chunk]
+    order = np.argsort(chunk, kind="stable")
+    cuts = np.flatnonzero(np.diff(chunk[order])) + 1
+    groups = [(int(chunk[g[0]]), g) for g in np.split(order, cuts) if g.size]
+    return local, groups
+
+
+def _source_ids(corpus: Corpus, docs: np.ndarray, local: np.ndarray, groups: list) -> pa.Array:
+    parts, where = [], []
+    for c, index in groups:
+        ids = corpus.chunks[c].ids
+        parts.append(default_ids(docs[index]) if ids is None else ids.take(local[index]))
+        where.append(index)
+    placed = np.empty(docs.shape[0], dtype=np.int64)
+    placed[np.concatenate(where)] = np.arange(docs.shape[0], dtype=np.int64)
+    return pa.concat_arrays(parts).take(placed) if parts else pa.array([], pa.string())
+
+
+def gather_rows(
+    corpus: Corpus, examples: Examples, storage: Storage, a: int, b: int, layout: Layout
+) -> ShardColumns:
+    """Rows ``[a, b)`` of the plan, gathered from the corpus (see the module docstring)."""
+    o0, o1 = int(storage.row_offsets[a]), int(storage.row_offsets[b])
+    ex = storage.order[o0:o1]
+    lengths = examples.lengths[ex]
+    docs = ex if examples.docs is None else examples.docs[ex]
+    piece = None if examples.starts is None else examples.starts[ex]
+    local, groups = _by_chunk(corpus, docs)
+    windows = lengths + 1
+    out_tok = np.zeros(ex.shape[0] + 1, dtype=np.int64)
+    np.cumsum(windows, out=out_tok[1:])
+    tokens = np.empty(int(out_tok[-1]), dtype=np.int32)
+    mask = np.ones(int(lengths.sum()), dtype=bool) if layout.loss_bits else None
+    for c, index in groups:
+        part = corpus.chunks[c]
+        first = part.offsets[local[index]] + (0 if piece is None else piece[index])
+        gather_into(part.tokens, first, windows[index], tokens, out_tok[index])
+        if mask is not None and part.flags is not None:
+            targets = first - local[index]  # a document's targets start one before per document
+            gather_into(part.flags, targets, lengths[index], mask, out_tok[index] - index)
+    sources = _source_ids(corpus, docs, local, groups) if layout.source_ids else None
+    cols = ShardColumns(
+        first_row=a,
+        row_offsets=storage.row_offsets[a : b + 1] - o0,
+        tokens=tokens,
+        lengths=lengths,
+        starts=storage.plan.start_of[ex],
+        ordinals=ex,
+        loss_mask=mask,
+        source_ids=sources,
+    )
+    if not layout.ranges:
+        return cols
+    starts = np.zeros_like(lengths) if piece is None else piece
+    ends = starts + windows
+    cut = corpus.counts[docs] - 1 > storage.plan.capacity
+    names = pc.binary_join_element_wise(
+        sources, "[", pc.cast(pa.array(starts), pa.string()), ":",
+        pc.cast(pa.array(ends), pa.string()), "]", "",
+    )  # fmt: skip
+    return replace(
+        cols,
+        range_starts=starts,
+        range_ends=ends,
+        example_ids=pc.if_else(pa.array(cut), names, sources),
+    )
+
+
+def write_shards(
+    corpus: Corpus,
+    examples: Examples,
+    storage: Storage,
+    folder: Path,
+    opts: PackOptions,
+    layout: Layout,
+    on_shard: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Write every shard of the plan into ``folder``; their manifest entries, in order.
+
+    Shards are gathered here and written by a pool of :data:`SHARDS_IN_FLIGHT`
+    threads; a shard is gathered only when fewer than that many are alive,
+    so at most that many are in memory. ``on_shard(entry)`` reports each
+    shard written, in order. A failing write stops the run at the next shard.
+    """
+    bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
+    slots = threading.BoundedSemaphore(SHARDS_IN_FLIGHT)
+    futures: list[Future] = []
+    reported = 0
+
+    def write(k: int, table: pa.Table) -> dict[str, Any]:
+        try:
+            return write_shard_file(table, folder, f"shard-{k:05d}.parquet")
+        finally:
+            slots.release()
+
+    def report(until_done: bool) -> None:
+        nonlocal reported
+        while reported < len(futures) and (not until_done or futures[reported].done()):
+            entry = futures[reported].result()  # raises a writer's error here
+            reported += 1
+            if on_shard is not None:
+                on_shard(entry)
+
+    with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
+        try:
+            for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+                slots.acquire()
+                try:
+                    report(until_done=True)
+                    cols = gather_rows(corpus, examples, storage, a, b, layout)
+                    table = shard_table(cols, layout)
+                except BaseException:
+                    slots.release()
+                    raise
+                del cols
+                corpus.release()
+                futures.append(pool.submit(write, k, table))
+                del table
+            report(until_done=False)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return [f.result() for f in futures]
