@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.fixture import fixture_binding, fixture_epoch, fixture_examples
 from seqpack.core.policies import POLICIES
 from seqpack.io import shards as shards_mod
-from seqpack.io.shards import SCHEMA, rows_to_arrow
+from seqpack.io.shard_rows import arrow_to_rows
+from seqpack.io.shards import FULL, REQUIRED, SCHEMA, rows_to_arrow
 from seqpack.io.store import load_packed, write_packed
+from v1_format import write_v1
 
 from packed_helpers import assert_same_batches
 from strategies import BINDING, example_lists
@@ -39,14 +42,21 @@ def test_fixture_compact_rows_hold_windows_back_to_back():
     _, rows = _fixture_rows()
     docs = [ex.window.tolist() for ex in fixture_examples()]
     arrow = rows_to_arrow(rows)
-    assert arrow.schema == SCHEMA
+    # every target supervised and whole sources: no loss bits, example ids or ranges
+    assert arrow.schema.names == [*REQUIRED, "source_ids"]
     assert arrow.column("tokens").to_pylist() == [docs[0] + docs[1], docs[2]]
-    assert arrow.column("seq_lengths").to_pylist() == [[3, 2], [4]]
+    assert arrow.column("pair_counts").to_pylist() == [[3, 2], [4]]  # pairs, not tokens
     assert arrow.column("seq_starts").to_pylist() == [[0, 3], [0]]
     assert arrow.column("source_ids").to_pylist() == [["A", "B"], ["C"]]
-    # every target supervised: labels equal tokens except each window's first token
-    labels = arrow.column("labels").to_pylist()
-    assert labels == [[-100, *docs[0][1:], -100, *docs[1][1:]], [-100, *docs[2][1:]]]
+    back = arrow_to_rows(
+        arrow, capacity=6, partition=rows.partition, binding=rows.binding, where="t"
+    )
+    assert_same_batches(back.batches(2), fixture_epoch(2).batches)
+    full = rows_to_arrow(rows, FULL)
+    assert full.schema == SCHEMA
+    # one bit per target, first target the high bit: row 0 has 3 + 2 targets, row 1 has 4
+    assert full.column("loss_bits").to_pylist() == [bytes([0b11111000]), bytes([0b11110000])]
+    assert full.column("range_ends").to_pylist() == [[4, 3], [5]]
     assert_same_batches(rows.batches(2), fixture_epoch(2).batches)
 
 
@@ -122,7 +132,9 @@ def test_write_then_load_gives_the_same_model_calls(tmp_path, rng):
     assert len(manifest["shards"]) > 1
     for shard in manifest["shards"]:
         assert shard["first_row"] % 4 == 0
-        assert pq.read_schema(tmp_path / "out" / shard["file"]).names == SCHEMA.names
+        names = pq.read_schema(tmp_path / "out" / shard["file"]).names
+        # SequenceExample ids name their range ("s0[0:5]"), so example_ids are stored
+        assert names == manifest["columns"] == [*REQUIRED, "source_ids", "loss_bits", "example_ids"]
     store = load_packed(tmp_path / "out", BINDING)
     want = materialize(table, plan, PackConfig(32, 4)).batches
     assert len(store) == len(want)
@@ -223,3 +235,88 @@ def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
     with pytest.raises(InvalidInput, match=r"no manifest\.json"):
         load_packed(leftovers[0])
     assert os.path.isfile(tmp_path / "out" / "manifest.json")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    example_lists(max_capacity=12, max_examples=14),
+    st.sampled_from(sorted(POLICIES)),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, split, named):
+    """Each derivable column is stored only when needed, and every layout reads back whole."""
+    from seqpack.core.examples import split_long
+    from seqpack.io.shards import ShardColumns, layout_of
+
+    examples, capacity = case
+    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    if not named:
+        ids = np.arange(len(table)).astype(str).astype(object)
+        table = dataclasses.replace(table, source_ids=ids, example_ids=ids)
+    cut = 0
+    if split:
+        table, cut = split_long(table, max(1, capacity // 2))
+        capacity = max(1, capacity // 2)
+    rows = compact_rows(table, plan_rows(table.lengths, capacity, policy))
+    layout = layout_of(ShardColumns.of_rows(rows))
+    assert layout.loss_bits == (not table.loss_mask.all())
+    renamed = not np.array_equal(rows.example_ids, rows.source_ids)
+    assert layout.example_ids == renamed
+    whole = (rows.range_starts == 0).all() and (rows.range_ends == rows.lengths + 1).all()
+    assert layout.ranges == (not whole)
+    numbered = np.array_equal(rows.source_ids, rows.ordinals.astype(str).astype(object))
+    assert layout.source_ids == (renamed or not whole or not numbered)
+    assert layout.source_ids or not named
+    want = materialize(table, plan_rows(table.lengths, capacity, policy), PackConfig(capacity, 3))
+    for chosen in (layout, FULL):
+        arrow = rows_to_arrow(rows, chosen)
+        assert arrow.schema.names == chosen.columns()
+        back = arrow_to_rows(
+            arrow, capacity=capacity, partition=rows.partition, binding=rows.binding, where="t"
+        )
+        assert_same_batches(back.batches(3), want.batches)
+
+
+def test_loss_bits_pad_each_row_to_whole_bytes(rng):
+    from seqpack.io.shard_rows import unpack_bits
+    from seqpack.io.shards import row_bits
+
+    row_pairs = np.array([0, 1, 7, 8, 9, 23, 64, 3])
+    mask = rng.random(int(row_pairs.sum())) < 0.5
+    bits = row_bits(mask, row_pairs)
+    assert [len(b) for b in bits.to_pylist()] == ((row_pairs + 7) // 8).tolist()
+    assert np.array_equal(unpack_bits(bits, row_pairs, "t"), mask)
+    assert np.array_equal(unpack_bits(bits.slice(2, 3), row_pairs[2:5], "t"),
+                          mask[row_pairs[:2].sum() : row_pairs[:5].sum()])  # fmt: skip
+    with pytest.raises(InvalidInput, match="loss_bits do not match"):
+        unpack_bits(bits, row_pairs + 8, "t")
+
+
+def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
+    from seqpack.training.data import PackedDataset
+
+    table = _random_table(rng)
+    plan = plan_rows(table.lengths, 32, "best-fit-decreasing")
+    rows = compact_rows(table, plan)
+    v1 = write_v1(rows, tmp_path / "v1", max_rows_per_batch=4, shard_tokens=1000)
+    v2 = write_packed(rows, tmp_path / "v2", max_rows_per_batch=4, shard_tokens=1000)
+    assert v1["version"] == 1 and v2["version"] == 2 and len(v1["shards"]) > 1
+    assert "labels" in pq.read_schema(tmp_path / "v1" / "shard-00000.parquet").names
+    assert {"loss_bits", "pair_counts"} <= set(
+        pq.read_schema(tmp_path / "v2" / "shard-00000.parquet").names
+    )
+    want = materialize(table, plan, PackConfig(32, 4)).batches
+    stats = []
+    for name in ("v1", "v2"):
+        store = load_packed(tmp_path / name, BINDING)
+        assert_same_batches(store, want)
+        data = PackedDataset(tmp_path / name)
+        picked = data.rows([5, 0, 9])  # any selection of rows, across shards
+        assert_same_batches([picked], [PackedDataset(tmp_path / "v2").rows([5, 0, 9])])
+        stats.append(data.row_stats())
+    for field in ("tokens", "eligible", "attention"):
+        assert np.array_equal(getattr(stats[0], field), getattr(stats[1], field))
+    assert stats[1].eligible.sum() == table.loss_mask.sum()
+    # the v2 shards are smaller: no labels column repeating the tokens
+    assert sum(s["bytes"] for s in v2["shards"]) < sum(s["bytes"] for s in v1["shards"])

@@ -39,7 +39,10 @@ COLUMNS = ("input_ids", "labels", "loss_mask", "id", "partition")
 
 def _column(table: pa.Table, name: str) -> pa.Array:
     col = table.column(name)
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):
+        # one chunk is used as it is: combine_chunks() would copy it
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
 
 
 def _first(mask: pa.Array | np.ndarray) -> int:
@@ -100,10 +103,12 @@ def _ints(values: np.ndarray, offsets: np.ndarray, name: str, origin: Origin) ->
     return values
 
 
-def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarray]:
+def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarray, int]:
+    """Token ids (as Arrow holds them), offsets and the largest id, checked."""
     values, offsets, _ = _lists(table, "input_ids", origin)
     values = _ints(values, offsets, "input_ids", origin)
-    if values.size and (int(values.min()) < 0 or int(values.max()) > INT32_MAX):
+    largest = int(values.max()) if values.size else -1
+    if values.size and (int(values.min()) < 0 or largest > INT32_MAX):
         pos = _first((values < 0) | (values > INT32_MAX))
         row = int(np.searchsorted(offsets, pos, "right") - 1)
         raise InvalidInput(
@@ -118,7 +123,7 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
             f"{origin.locate(row)}: input_ids has {int(counts[row])} token(s); an example needs"
             " at least 2 to form one input/target pair — drop the row"
         )
-    return values, offsets
+    return values, offsets, largest
 
 
 def _target_flags(per_token: np.ndarray, firsts: np.ndarray) -> np.ndarray:
@@ -301,7 +306,7 @@ def _chunk(
         _check_partition(table, origin, Partition.parse(partition))
     names = set(table.column_names)
     if "input_ids" in names:
-        tokens, offsets = _token_column(table, origin)
+        tokens, offsets, largest = _token_column(table, origin)
         flags = _loss_flags(table, tokens, offsets, origin)
     elif text_field in names:
         if tokenizer is None:
@@ -318,9 +323,10 @@ def _chunk(
                 " an example needs at least 2 — drop the row"
             )
         flags = None
+        largest = int(tokens.max()) if tokens.size else -1
     else:
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
             f" {sorted(names)}) — give token ids as input_ids or text with --tokenizer"
         )
-    return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin)
+    return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin, largest=largest)

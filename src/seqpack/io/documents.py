@@ -85,7 +85,8 @@ class TokenChunk:
     ``tokens[offsets[i]:offsets[i+1]]``), ``flags`` bool [T - k] (one per
     target) or None when every target is supervised, ``ids`` an Arrow string
     array [k] or None when the input has no ids (the row numbers are).
-    ``origin`` names row 0 of the chunk; ``first_row`` is its global row.
+    ``origin`` names row 0 of the chunk; ``first_row`` is its global row;
+    ``largest`` is the largest id (-1: not known).
     """
 
     tokens: np.ndarray
@@ -94,6 +95,7 @@ class TokenChunk:
     ids: Any
     origin: Origin
     first_row: int = 0
+    largest: int = -1
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
@@ -108,6 +110,8 @@ class TokenChunk:
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise :class:`InvalidInput` naming the row when an id is not below ``vocab_size``."""
+        if 0 <= self.largest < vocab_size:
+            return
         check_vocabulary(self.tokens, self.offsets, vocab_size, self.origin.locate, self.id_of)
 
     def rebased(self, first_row: int) -> TokenChunk:

@@ -7,18 +7,22 @@ corpus is read, :meth:`Spill.open` maps the file and gives every chunk back
 as views of the map (no copy; pages are read when an output shard gathers
 its windows, and :meth:`Spill.release` hands them back after each shard).
 
-The file is created with a hidden name beside the output and unlinked at
-once: it lives exactly as long as this process holds it open, so it is
-gone after success, failure, SIGTERM or SIGKILL alike (the kernel frees an
-unlinked file when its last descriptor closes). Where a file system cannot
-unlink an open file, it is removed when the spill is closed.
+The file never has a name where the system allows it (Linux ``O_TMPFILE``):
+it lives exactly as long as this process holds it open, so it is gone after
+success, failure, SIGTERM or SIGKILL alike (the kernel frees an unnamed file
+when its last descriptor closes). Elsewhere it is created as
+``.seqpack-spill-HOST-PID-RANDOM.arrow`` and unlinked at once (or, where an
+open file cannot be unlinked, when the spill closes); a spill left by a
+killed writer is removed by the next run's :func:`recover_spills`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import re
+import secrets
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -42,25 +46,73 @@ def _values(array: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(kind, array.shape[0], [None, pa.py_buffer(array)])
 
 
+_NAME = re.compile(r"^\.seqpack-spill-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}\.arrow$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _create(folder: Path) -> tuple[int, Path | None]:
+    """A file for reading and writing in ``folder``: unnamed where the system can, else
+    named for :func:`recover_spills` and unlinked at once; (descriptor, name still held)."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if flag:
+        try:
+            return os.open(folder, flag | os.O_RDWR, 0o600), None
+        except OSError:  # the file system has no unnamed files
+            pass
+    path = folder / f".seqpack-spill-{_host()}-{os.getpid()}-{secrets.token_hex(4)}.arrow"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.unlink(path)
+        return fd, None
+    except OSError:  # an open file cannot be unlinked here: removed on close
+        return fd, path
+
+
+def recover_spills(folder: str | Path) -> list[str]:
+    """Remove the named spills in ``folder`` of writers that ran on this host and are gone;
+    one note per file removed."""
+    folder = Path(folder)
+    notes: list[str] = []
+    if not folder.is_dir():
+        return notes
+    for path in sorted(folder.iterdir()):
+        match = _NAME.match(path.name)
+        if match is None or match["host"] != _host() or not path.is_file():
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        path.unlink(missing_ok=True)
+        notes.append(f"removed {path.name}, the token spill of a killed run")
+    return notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another user
+    return True
+
+
 class Spill:
-    """An append-only, unlinked Arrow IPC file of token chunks in ``folder``."""
+    """An append-only, unnamed Arrow IPC file of token chunks in ``folder``."""
 
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".seqpack-spill-", suffix=".arrow", dir=folder)
+            fd, self.path = _create(folder)
         except OSError as err:
             raise InvalidInput(
                 f"cannot create the spill file in {folder} ({err.strerror or err}) — pass a"
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
-        self.path: Path | None = Path(name)
-        try:
-            os.unlink(name)
-            self.path = None
-        except OSError:  # kept under its hidden name; removed by close()
-            pass
         self._file = os.fdopen(fd, "w+b")
         self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None

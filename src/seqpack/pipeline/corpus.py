@@ -146,7 +146,8 @@ def _take(
     if vocab is not None:
         chunk.check_vocabulary(vocab)
     elif chunk.tokens.size:
-        state.largest = max(state.largest, int(chunk.tokens.max()))
+        largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
+        state.largest = max(state.largest, largest)
     if not opts.split_long:
         check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
     chunk = _drop_default_ids(chunk)

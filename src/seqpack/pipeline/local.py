@@ -27,6 +27,7 @@ from seqpack.core.policies import plan_rows
 from seqpack.io.atomic import recover_output, temp_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.shards import manifest_record
+from seqpack.io.spill import recover_spills
 from seqpack.io.store import check_output, publish_packed
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
@@ -124,10 +125,11 @@ def pack_path(
     opts = PackOptions.of(options, **overrides)
     recovered = recover_output(out)
     out = check_output(out, opts.overwrite)
+    spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
+    recovered += recover_spills(spill_dir)
     show = opts.show_progress(sys.stderr)
     tok = opts.load_tokenizer()
     status(show)(f"reading {source}")
-    spill_dir = opts.spill_dir or out.absolute().parent
     corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
     try:
         stats, manifest = _pack_corpus(corpus, out, opts, tok, show, str(source))

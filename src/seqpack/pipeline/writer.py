@@ -5,7 +5,7 @@ every example of the corpus at once from its lengths (best-fit-decreasing
 stays global), and :func:`gather_rows` builds the rows ``[a, b)`` of the
 plan by gathering their windows, flags and ids from the corpus's chunks
 (memory-mapped: only those windows are read). :func:`write_shards` writes
-the shards with two threads (one shard gathered while another is
+the shards (the next shard gathered by a helper thread while one is
 compressed), handing the mapped pages back after each shard, so memory
 holds at most two shards, the lengths and the plan.
 """
@@ -13,7 +13,6 @@ holds at most two shards, the lengths and the plan.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -196,48 +195,33 @@ def write_shards(
 ) -> list[dict[str, Any]]:
     """Write every shard of the plan into ``folder``; their manifest entries, in order.
 
-    Shards are gathered here and written by a pool of :data:`SHARDS_IN_FLIGHT`
-    threads; a shard is gathered only when fewer than that many are alive,
-    so at most that many are in memory. ``on_shard(entry)`` reports each
-    shard written, in order. A failing write stops the run at the next shard.
+    A helper thread gathers shard ``k + 1`` (the kernels release the GIL)
+    while this thread compresses and writes shard ``k``, so at most
+    :data:`SHARDS_IN_FLIGHT` shards are in memory, and signals and errors
+    arrive where the file is written. ``on_shard(entry)`` reports each shard.
     """
     bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
-    slots = threading.BoundedSemaphore(SHARDS_IN_FLIGHT)
-    futures: list[Future] = []
-    reported = 0
+    spans = list(itertools.pairwise(bounds))
 
-    def write(k: int, table: pa.Table) -> dict[str, Any]:
+    def build(k: int) -> pa.Table:
+        a, b = spans[k]
+        table = shard_table(gather_rows(corpus, examples, storage, a, b, layout), layout)
+        corpus.release()  # the windows are copied out: hand the mapped pages back
+        return table
+
+    entries: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(SHARDS_IN_FLIGHT - 1, thread_name_prefix="seqpack-gather") as pool:
+        ahead: Future | None = pool.submit(build, 0) if spans else None
         try:
-            return write_shard_file(table, folder, f"shard-{k:05d}.parquet")
-        finally:
-            slots.release()
-
-    def report(until_done: bool) -> None:
-        nonlocal reported
-        while reported < len(futures) and (not until_done or futures[reported].done()):
-            entry = futures[reported].result()  # raises a writer's error here
-            reported += 1
-            if on_shard is not None:
-                on_shard(entry)
-
-    with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
-        try:
-            for k, (a, b) in enumerate(itertools.pairwise(bounds)):
-                slots.acquire()
-                try:
-                    report(until_done=True)
-                    cols = gather_rows(corpus, examples, storage, a, b, layout)
-                    table = shard_table(cols, layout)
-                except BaseException:
-                    slots.release()
-                    raise
-                del cols
-                corpus.release()
-                futures.append(pool.submit(write, k, table))
+            for k in range(len(spans)):
+                assert ahead is not None
+                table = ahead.result()
+                ahead = pool.submit(build, k + 1) if k + 1 < len(spans) else None
+                entries.append(write_shard_file(table, folder, f"shard-{k:05d}.parquet"))
                 del table
-            report(until_done=False)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-    return [f.result() for f in futures]
+                if on_shard is not None:
+                    on_shard(entries[-1])
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+    return entries
