@@ -89,3 +89,114 @@ def test_gathering_policies_count_one_copy_of_the_tokens(rng):
     gather = packing_bytes(table, 64, "first-fit-decreasing")
     extra = table.windows.nbytes + table.loss_mask.nbytes
     assert gather - keep == extra + 1000 * (128 - 64) + 64 * 16
+
+
+@pytest.mark.parametrize("window", [1, 300, 20_000, 150_000])
+def test_the_stream_policy_budget_grows_with_its_window(rng, window):
+    table = random_table(rng, 3000, 60, masked=False)
+    options = {"window": window, "max_open_rows": 16}
+    pack_table(table, 64, "stream-best-fit", **options)  # kernels loaded before measuring
+    need = packing_bytes(table, 64, "stream-best-fit", options)
+    assert traced_peak(lambda: pack_table(table, 64, "stream-best-fit", **options)) <= need
+    if window >= 20_000:  # the window's buffers dominate: the default window's estimate is short
+        assert need > packing_bytes(table, 64, "stream-best-fit") + 100 * window
+
+
+MEASURE = r"""
+import json, sys, tracemalloc
+import pyarrow as pa
+from seqpack.pipeline.local import pack_path
+from seqpack.pipeline.budget import StreamBudget
+from seqpack.pipeline.options import PackOptions
+
+opts = dict(capacity=64, vocab_size=1000, chunk_bytes=1 << 16, shard_tokens=20_000,
+            policy=sys.argv[3])
+pack_path(sys.argv[1], sys.argv[2] + "-warm", **opts)  # imports and kernels loaded first
+pool = pa.default_memory_pool()
+arrow_before = pool.max_memory()
+tracemalloc.start()
+stats = pack_path(sys.argv[1], sys.argv[2], **opts)
+traced = tracemalloc.get_traced_memory()[1]
+budget = StreamBudget.of(PackOptions.of(**opts), "jsonl")
+print(json.dumps({"traced": traced, "arrow": pool.max_memory(), "arrow_before": arrow_before,
+                  "need": budget.need(stats["sources"], stats["examples"], stats["examples"])}))
+"""
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "best-fit-decreasing"])
+def test_the_pipeline_budget_bounds_what_pack_path_allocates(tmp_path, policy):
+    """NumPy and Python allocations (tracemalloc) plus Arrow's pool (its peak) stay within
+    the budget the options and counts give, in a process that loaded everything first."""
+    import json
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(3)
+    lines = []
+    for i in range(6000):
+        ids = rng.integers(0, 1000, size=int(rng.integers(2, 64))).tolist()
+        lines.append(json.dumps({"id": f"d{i}", "input_ids": ids}))
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(tmp_path / "d.jsonl"), str(tmp_path / "out"), policy],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["traced"] + got["arrow"] <= got["need"], got
+
+
+def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from seqpack.io.readers import Input
+    from seqpack.pipeline.local import pack_path
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"input_ids": [0, 5, 1]}\n' * 10)
+    args = ["pack", str(path), "--out", str(tmp_path / "out"), "--capacity", "4096",
+            "--vocab-size", "10", "--max-metadata-bytes", "64M", "--policy", "stream-best-fit",
+            "--option", "window=50000000"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "seqpack", *args], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "but max_metadata_bytes is 67,108,864" in proc.stderr
+
+    def never(*args, **kwargs):
+        raise AssertionError("the input was read before the budget was checked")
+
+    monkeypatch.setattr(Input, "chunks", never)
+    with pytest.raises(BudgetExceeded, match="a read chunk") as err:
+        pack_path(path, tmp_path / "out", capacity=4096, vocab_size=10, policy="stream-best-fit",
+                  policy_options={"window": 50_000_000}, max_metadata_bytes=64 << 20)  # fmt: skip
+    assert int(str(err.value).split(" needs ")[1].split(" bytes")[0].replace(",", "")) > 50e6 * 100
+    table = random_table(np.random.default_rng(0), 10, 5, masked=False)
+    with pytest.raises(BudgetExceeded):
+        pack_table(table, 8, "stream-best-fit", window=50_000_000, max_metadata_bytes=64 << 20)
+
+
+def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch):
+    import dataclasses
+
+    from seqpack.io.readers import read_documents
+    from seqpack.pipeline import local, writer
+    from seqpack.pipeline.budget import StreamBudget
+    from seqpack.pipeline.options import PackOptions
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(
+        "".join('{"input_ids": [' + ", ".join(["3"] * 2000) + "]}\n" for _ in range(50))
+    )
+    opts = PackOptions(capacity=16, vocab_size=10, split_long=True, chunk_bytes=1 << 14,
+                       shard_tokens=1000)  # fmt: skip
+    limit = StreamBudget.of(opts, "jsonl").need(50, 50) + 1  # reading fits, the pieces do not
+
+    def never(*args, **kwargs):
+        raise AssertionError("a source was split before the budget was checked")
+
+    monkeypatch.setattr(writer, "long_ranges", never)
+    with pytest.raises(BudgetExceeded, match="6,250 pieces of 50 documents"):
+        local.pack_path(path, tmp_path / "out", dataclasses.replace(opts, max_metadata_bytes=limit))
+    monkeypatch.setattr(local, "split_long", never)
+    docs = read_documents(path)
+    with pytest.raises(BudgetExceeded, match="splitting and packing the sources"):
+        local.bind_examples(docs, dataclasses.replace(opts, max_metadata_bytes=1 << 20), None)

@@ -165,7 +165,7 @@ class SplitDigest:
             self._hash.update(ends.astype("<i8", copy=False).data)
             base = int(ends[-1]) if ends.size else base
         self._hash.update(b"\0")
-        ones = np.ones(1 << 20, dtype=np.uint8)
+        ones = np.ones(1 << 16, dtype=np.uint8)
         for part in flags:
             if isinstance(part, (int, np.integer)):
                 for lo in range(0, int(part), ones.shape[0]):

@@ -300,11 +300,17 @@ def call_bounds(row_tokens: np.ndarray, max_rows_per_batch: int, shard_tokens: i
     return np.append(starts, rows)
 
 
+#: Bytes read at a time when a shard's sha256 is computed (one reused buffer).
+HASH_BLOCK = 1 << 20
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
+    block = bytearray(HASH_BLOCK)
+    view = memoryview(block)
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(block):
+            h.update(view[:n])
     return h.hexdigest()
 
 

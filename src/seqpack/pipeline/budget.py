@@ -45,6 +45,9 @@ STREAM_ROW_BYTES = 64
 STREAM_PUSH_BYTES = 24 * 65536
 #: Fixed slack: Python objects, kernels' scalars, small temporaries.
 _FIXED_BYTES = 1 << 20
+#: Buffers of the out-of-core pipeline's file I/O: a shard's checksum block, a read
+#: block's scan codes, a digest's block of ones.
+IO_BYTES = 2 << 20
 #: Bytes per document held while a corpus is read (its token count) and counted
 #: for repeated ids (Arrow's codes and a hash entry).
 DOCUMENT_BYTES = 8 + 40
@@ -192,6 +195,7 @@ class StreamBudget:
             policy_bytes(options.policy, options.capacity, options.policy_options),
             model_call_bytes(config),
             _FIXED_BYTES,
+            IO_BYTES,
         )
         per_example = _POLICY_BYTES.get(options.policy, (128, 128, True))[0] + EXAMPLE_BYTES
         return cls(options.max_metadata_bytes, chunk, shards, fixed, per_example)

@@ -1,0 +1,130 @@
+"""Hostile inputs for the readers: special files, mixed folders, lines that try to fool the
+guard in front of Arrow's JSON reader, and errors that must name the real line."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io import jsonl
+from seqpack.io.readers import load_examples, read_documents
+from seqpack.pipeline.local import pack_path
+
+
+def seqpack(*args, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "seqpack", *map(str, args)],
+        capture_output=True, text=True, check=False, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.parquet", "shards/part-0.parquet"])
+def test_a_fifo_is_refused_at_once_never_opened_for_reading(tmp_path, name):
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    os.mkfifo(path)
+    source = path if "/" not in name else path.parent
+    # no writer ever opens the FIFO: reading it would block forever
+    proc = seqpack("pack", source, "--out", tmp_path / "out", "--capacity", 8,
+                   "--vocab-size", 10, timeout=60)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert "is a FIFO (named pipe), not a regular file" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_devices_and_sockets_are_refused(tmp_path):
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")  # would grow memory without end
+    with pytest.raises(InvalidInput, match=r"zero\.jsonl is a character device, not a regular"):
+        read_documents(tmp_path / "zero.jsonl")
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s.jsonl"))
+        with pytest.raises(InvalidInput, match=r"s\.jsonl is a socket"):
+            read_documents(tmp_path / "s.jsonl")
+    finally:
+        sock.close()
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(InvalidInput, match="no \\*\\.parquet or \\*\\.jsonl"):
+        read_documents(tmp_path / "folder.jsonl")
+
+
+def test_a_folder_mixing_formats_is_refused(tmp_path):
+    pq.write_table(pa.table({"input_ids": [[0, 1]]}), tmp_path / "a.parquet")
+    (tmp_path / "b.jsonl").write_text('{"input_ids": [0, 1]}\n')
+    (tmp_path / "dataset_info.json").write_text("{}")  # other files are not shards
+    with pytest.raises(InvalidInput, match=r"mixes formats \(1 parquet and 1 JSON Lines files\)"):
+        read_documents(tmp_path)
+    (tmp_path / "b.jsonl").unlink()
+    assert len(read_documents(tmp_path)) == 1
+
+
+DEEP = b"[" * 20_000 + b"]" * 20_000
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        # a string full of closing brackets must not hide a deep array from the guard
+        (b'{"text": "' + b"]" * 30_000 + b'", "x": ' + DEEP + b"}", "nested more than 64 levels"),
+        (b'{"text": "' + b"]" * 30_000 + b'"}' + DEEP, "Extra data"),
+        (b'{"a": "\\\\"}' + DEEP, "Extra data"),  # an escaped backslash closes the string
+        (b'{"a": "\\"' + b"]" * 100 + b'", "b": ' + DEEP + b"}", "nested more than 64"),
+        (b'{"input_ids": [0, 1]} {"input_ids": [0, 1]}', "Extra data"),  # two values
+        (b'{"input_ids": [0, 1]} null', "Extra data"),
+        (b"null", "is a null, not a JSON object"),
+        (b'  {"input_ids": [0, 1]}  ]', "Extra data"),
+        (b'{"input_ids": [0, 1]', "not valid JSON"),
+    ],
+)
+def test_lines_that_try_to_fool_the_guard_are_refused_by_their_line(tmp_path, line, match):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"input_ids": [0, 1]}\n\n\r\n' + line + b"\n")
+    with pytest.raises(InvalidInput, match=match) as err:
+        read_documents(path)
+    assert "d.jsonl line 4" in str(err.value)
+
+
+def test_every_error_names_the_real_line(tmp_path):
+    good = json.dumps({"input_ids": [0, 5, 1]})
+    text = "\n".join([good, "", "   ", good, "\t", good, json.dumps({"input_ids": [0, 999]})])
+    path = tmp_path / "d.jsonl"
+    path.write_text(text.replace("\n", "\r\n"))
+    for chunk in (8, 1 << 20):
+        with pytest.raises(InvalidInput, match=r"d\.jsonl line 7 \(id '3'\): token id 999"):
+            pack_path(path, tmp_path / "out", capacity=8, vocab_size=100, chunk_bytes=chunk)
+
+
+def test_id_types_must_agree_across_chunks(tmp_path):
+    lines = [{"id": i, "input_ids": [0, 1]} for i in range(20)] + [{"id": "x", "input_ids": [0, 1]}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(InvalidInput, match="line 21: id holds string values but earlier lines"):
+        pack_path(path, tmp_path / "out", capacity=8, vocab_size=10, chunk_bytes=100)
+
+
+def test_overlong_lines_and_json_arrays_are_refused_not_buffered(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 4096)
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"input_ids": [0, 1]}\n{"text": "' + b"x" * 10_000 + b'"}\n')
+    with pytest.raises(InvalidInput, match=r"d\.jsonl line 2: longer than 4,096 bytes"):
+        read_documents(path, chunk_bytes=512)
+    monkeypatch.setattr(jsonl, "JSON_ARRAY_LIMIT", 100)
+    (tmp_path / "a.json").write_text(json.dumps([{"input_ids": [0, 1]}] * 20))
+    with pytest.raises(InvalidInput, match="write it as JSON Lines"):
+        read_documents(tmp_path / "a.json")
+
+
+def test_a_line_longer_than_many_reads_is_read_whole(tmp_path):
+    ids = list(range(2, 30_000))
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"input_ids": ids}) + "\n" + json.dumps({"input_ids": [0, 1]}))
+    table = load_examples(path, vocab_size=30_000)
+    assert table.windows.tolist() == [*ids, 0, 1]
+    assert read_documents(path, chunk_bytes=7).tokens.tolist() == [*ids, 0, 1]
