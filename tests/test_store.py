@@ -254,9 +254,8 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
     if not named:
         ids = np.arange(len(table)).astype(str).astype(object)
         table = dataclasses.replace(table, source_ids=ids, example_ids=ids)
-    cut = 0
     if split:
-        table, cut = split_long(table, max(1, capacity // 2))
+        table, _ = split_long(table, max(1, capacity // 2))
         capacity = max(1, capacity // 2)
     rows = compact_rows(table, plan_rows(table.lengths, capacity, policy))
     layout = layout_of(ShardColumns.of_rows(rows))
