@@ -600,7 +600,7 @@ CASES: list[Case] = [
         lambda: _pack(max_metadata_bytes=1024),
         BudgetExceeded,
         (
-            "packing 2 examples with next-fit (plus one model call of 8 x 8 cells) needs",
+            "with next-fit (plus one model call of 8 x 8 cells",
             "max_metadata_bytes is 1,024",
             "raise the budget",
         ),

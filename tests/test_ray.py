@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 
 from seqpack import BudgetExceeded, InvalidInput, Partition, PartitionMismatch, split_digest
 from seqpack.cli import main
-from seqpack.io.readers import read_documents
+from seqpack.core.config import PackConfig
+from seqpack.io.readers import load_examples, read_documents
 from seqpack.io.store import load_packed
+from seqpack.pipeline.budget import check_budget
 from seqpack.pipeline.local import pack_path
 from seqpack.ray.shard_layout import ShardLayout
 
@@ -456,12 +458,11 @@ def test_duplicate_ids_are_counted_across_blocks_like_the_local_pipeline(
 
 
 def _local_need(source, tmp_path):
-    """The local pipeline's budget need for ``source``, read from its BudgetExceeded."""
+    """The in-memory budget need of ``source`` packed at once (what each block checks; the
+    local pipeline reads out of core, with a budget of its own), from its BudgetExceeded."""
+    table = load_examples(source, vocab_size=VOCAB)
     with pytest.raises(BudgetExceeded) as err:
-        pack_path(
-            source, tmp_path / "never", capacity=CAPACITY, vocab_size=VOCAB, max_metadata_bytes=1
-        )
-    assert not (tmp_path / "never").exists()
+        check_budget(table, PackConfig(CAPACITY, 8), "best-fit-decreasing", 1)
     return int(re.search(r"needs ([\d,]+) bytes", str(err.value)).group(1).replace(",", ""))
 
 

@@ -134,7 +134,7 @@ def test_write_then_load_gives_the_same_model_calls(tmp_path, rng):
         assert shard["first_row"] % 4 == 0
         names = pq.read_schema(tmp_path / "out" / shard["file"]).names
         # SequenceExample ids name their range ("s0[0:5]"), so example_ids are stored
-        assert names == manifest["columns"] == [*REQUIRED, "source_ids", "loss_bits", "example_ids"]
+        assert names == shard["columns"] == [*REQUIRED, "source_ids", "loss_bits", "example_ids"]
     store = load_packed(tmp_path / "out", BINDING)
     want = materialize(table, plan, PackConfig(32, 4)).batches
     assert len(store) == len(want)

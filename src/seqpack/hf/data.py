@@ -48,7 +48,15 @@ from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.io.readers import Input
 from seqpack.io.shard_rows import arrow_to_rows
-from seqpack.io.shards import FORMAT, READABLE_VERSIONS, list_array, manifest_record, shard_table
+from seqpack.io.shards import (
+    FORMAT,
+    READABLE_VERSIONS,
+    layout_of,
+    list_array,
+    manifest_record,
+    shard_table,
+    union,
+)
 from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import read_corpus
 from seqpack.pipeline.options import PackOptions
@@ -119,12 +127,15 @@ def pack_dataset(
         storage = plan_corpus(
             examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
         )
-        layout = layout_for(corpus, examples)
+        gather = layout_for(corpus, examples)
         bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
-        tables = [
-            shard_table(gather_rows(corpus, examples, storage, a, b, layout), layout)
+        parts = [
+            gather_rows(corpus, examples, storage, a, b, gather)
             for a, b in itertools.pairwise(bounds)
         ]
+        layout = union(layout_of(cols) for cols in parts)  # one table: one schema
+        tables = [shard_table(cols, layout) for cols in parts]
+        del parts
         fingerprint_in = corpus.source.fingerprint
     finally:
         corpus.close()

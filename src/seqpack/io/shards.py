@@ -14,12 +14,14 @@ One Parquet row per packed row (``K`` = occurrences in that row)::
     range_starts  list<int64>     [K] selected source range [start, end)  *
     range_ends    list<int64>     [K]  *
 
-Columns marked ``*`` are stored only when they cannot be derived (the
-manifest lists the stored ``columns``): ``loss_bits`` is omitted when every
-target is supervised; ``example_ids`` when each equals its source id;
-``range_starts``/``range_ends`` when every example is a whole source
-``[0, len + 1)``; ``source_ids`` when, in addition, each is the decimal row
-number of its source (inputs without ids). Version 1 (``seq_lengths`` and a
+Columns marked ``*`` are stored in a shard only when they cannot be derived
+from its other columns (the manifest lists each shard's ``columns``):
+``loss_bits`` is omitted when every target of the shard is supervised;
+``example_ids`` when each equals its source id; ``range_starts``/``range_ends``
+when every example is a whole source ``[0, len + 1)``; ``source_ids`` when,
+in addition, each is the decimal row number of its source (inputs without
+ids). The decision is made from the shard's content, so every writer (in
+memory, out of core, Ray) writes the same bytes for the same rows. Version 1 (``seq_lengths`` and a
 ``labels`` column repeating ``tokens``) is still read
 (:mod:`seqpack.io.shard_rows`). Encoding, chosen by measurement
 (``benchmarks/bench_format.py``, ``docs/datasets.md``): zstd level 1, no
@@ -29,9 +31,11 @@ dictionary, no statistics. A shard holds whole model calls (a multiple of
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,8 +105,14 @@ class Layout:
         return pa.schema([(n, FIELDS[n]) for n in self.columns()])
 
 
-#: Every column stored (what the Ray engine writes: its blocks are laid out apart).
+#: Every column stored (what a Ray block hands on: the shard decides when it is written).
 FULL = Layout()
+
+
+def union(layouts: Iterable[Layout]) -> Layout:
+    """The layout that keeps everything any of ``layouts`` keeps (one schema for many)."""
+    found = list(layouts)
+    return Layout(*(any(getattr(x, f.name) for x in found) for f in dataclasses.fields(Layout)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,8 +247,31 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
 
 
-def shard_table(cols: ShardColumns, layout: Layout) -> pa.Table:
-    """``cols`` as a Parquet-ready table with ``layout``'s columns (version 2)."""
+def layout_of_table(table: pa.Table) -> Layout:
+    """:func:`layout_of` for a version-2 table that stores every column (:data:`FULL`)."""
+    from seqpack.io.shard_rows import flat_column, unpack_bits
+
+    lengths, occ = flat_column(table, "pair_counts")
+    lengths = lengths.astype(np.int64)
+    pairs = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=pairs[1:])
+    mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), "shard")
+    sources = table.column("source_ids").combine_chunks().flatten()
+    examples = not table.column("example_ids").combine_chunks().flatten().equals(sources)
+    starts = flat_column(table, "range_starts")[0]
+    ends = flat_column(table, "range_ends")[0]
+    ranges = bool(np.any(starts)) or not np.array_equal(ends, lengths + 1)
+    named = examples or ranges
+    if not named:
+        named = not sources.equals(default_ids(flat_column(table, "ordinals")[0]))
+    return Layout(source_ids=named, loss_bits=not bool(mask.all()), example_ids=examples,
+                  ranges=ranges)  # fmt: skip
+
+
+def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
+    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
+    the leanest that keeps everything, :func:`layout_of`)."""
+    layout = layout_of(cols) if layout is None else layout
     tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(cols.lengths + 1, out=tok[1:])
     row_tok = tok[cols.row_offsets]
@@ -281,8 +314,7 @@ def shard_table(cols: ShardColumns, layout: Layout) -> pa.Table:
 def rows_to_arrow(rows: CompactRows, layout: Layout | None = None) -> pa.Table:
     """Compact rows as a version-2 table (one table row per packed row); ``layout``
     defaults to the leanest that keeps everything (:func:`layout_of`)."""
-    cols = ShardColumns.of_rows(rows)
-    return shard_table(cols, layout_of(cols) if layout is None else layout)
+    return shard_table(ShardColumns.of_rows(rows), layout)
 
 
 def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
@@ -328,7 +360,7 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[
     writer that runs twice (a task retried after a crash) replaces it whole
     and a reader never sees a torn shard. The entry has the keys of
     :func:`write_packed`'s: file, first_row, rows, occurrences, tokens,
-    bytes, sha256.
+    bytes, sha256, columns (those stored).
     """
     directory = Path(directory)
     path = directory / name
@@ -348,4 +380,5 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[
         "tokens": int(pc.sum(pc.list_value_length(table.column("tokens"))).as_py() or 0),
         "bytes": path.stat().st_size,
         "sha256": sha256_file(path),
+        "columns": table.column_names,
     }

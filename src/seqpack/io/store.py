@@ -3,8 +3,8 @@
 Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
 2; version-1 outputs still load), whole model calls each (a multiple of
 ``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
-binding, partition, config, the stored columns, policy, statistics and every
-shard's row span, size and sha256. A directory
+binding, partition, config, policy, statistics and every shard's row span,
+size, sha256 and stored columns. A directory
 is complete exactly when its manifest exists: :func:`write_packed` builds it
 under a hidden temporary sibling, fsyncs, then renames it into place
 (:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
@@ -35,8 +35,6 @@ from seqpack.io.shards import (
     READABLE_VERSIONS,
     SHARD_TOKENS,
     VERSION,
-    ShardColumns,
-    layout_of,
     manifest_record,
     rows_to_arrow,
     sha256_file,
@@ -63,13 +61,12 @@ def write_packed(
     left untouched. ``on_shard(rows_written)`` reports progress.
     """
     out = check_output(out, overwrite)
-    layout = layout_of(ShardColumns.of_rows(rows))
     tmp = temp_output(out)
     try:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         shards = []
         for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-            table = rows_to_arrow(rows.slice_rows(a, b), layout)
+            table = rows_to_arrow(rows.slice_rows(a, b))
             shards.append(write_shard_file(table, tmp, f"shard-{k:05d}.parquet"))
             if on_shard is not None:
                 on_shard(b - a)
@@ -83,7 +80,6 @@ def write_packed(
         shards=shards,
         rows=rows.num_rows,
         occurrences=len(rows),
-        columns=layout.columns(),
         **(extra or {}),
     )
     publish_packed(tmp, out, manifest)

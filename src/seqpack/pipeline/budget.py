@@ -176,6 +176,7 @@ class StreamBudget:
     shards: int
     policy: int
     per_example: int
+    options: PackOptions
 
     @classmethod
     def of(cls, options: PackOptions, kind: str) -> StreamBudget:
@@ -198,7 +199,7 @@ class StreamBudget:
             IO_BYTES,
         )
         per_example = _POLICY_BYTES.get(options.policy, (128, 128, True))[0] + EXAMPLE_BYTES
-        return cls(options.max_metadata_bytes, chunk, shards, fixed, per_example)
+        return cls(options.max_metadata_bytes, chunk, shards, fixed, per_example, options)
 
     @property
     def fixed(self) -> int:
@@ -218,20 +219,23 @@ class StreamBudget:
     def check(
         self, documents: int = 0, examples: int = 0, occurrences: int = 0, what: str = ""
     ) -> None:
-        """Raise :class:`~seqpack.errors.BudgetExceeded` when the need exceeds the limit."""
+        """Raise :class:`~seqpack.errors.BudgetExceeded` when the need exceeds the limit,
+        naming every part of it."""
         if self.limit is None:
             return
         need = self.need(documents, examples, occurrences)
         if need <= self.limit:
             return
+        opts = self.options
         parts = (
-            f"a read chunk {self.chunk:,}, {SHARDS_IN_FLIGHT} output shards {self.shards:,},"
-            f" the policy and a model call {self.policy:,}"
+            f"plus one model call of {opts.max_rows_per_batch} x {opts.capacity:,} cells and the"
+            f" policy's index {self.policy:,}, a read chunk {self.chunk:,},"
+            f" {SHARDS_IN_FLIGHT} output shards {self.shards:,}, {DOCUMENT_BYTES} bytes a"
+            f" document and {self.per_example} an example"
         )
         budget.enforce(
             need,
             self.limit,
-            f"packing {what or 'this corpus'} ({parts}, plus {DOCUMENT_BYTES} bytes a document"
-            f" and {self.per_example} an example)",
-            "lower --chunk-bytes, the policy's window or --max-rows-per-batch",
+            f"packing {what or 'this corpus'} with {opts.policy} ({parts})",
+            "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's window",
         )

@@ -125,17 +125,22 @@ def pack_path(
     opts = PackOptions.of(options, **overrides)
     recovered = recover_output(out)
     out = check_output(out, opts.overwrite)
+    tok = opts.load_tokenizer()
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
     recovered += recover_spills(spill_dir)
     show = opts.show_progress(sys.stderr)
-    tok = opts.load_tokenizer()
-    status(show)(f"reading {source}")
-    corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
+    tmp = temp_output(out)  # before reading: an output that cannot be written fails first
     try:
-        stats, manifest = _pack_corpus(corpus, out, opts, tok, show, str(source))
-        report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
-    finally:
-        corpus.close()
+        status(show)(f"reading {source}")
+        corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
+        try:
+            stats, manifest = _pack_corpus(corpus, tmp, out, opts, tok, show, str(source))
+            report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
+        finally:
+            corpus.close()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     seconds = time.perf_counter() - started
     return (
         stats
@@ -153,13 +158,15 @@ def pack_path(
 
 def _pack_corpus(
     corpus: Corpus,
+    tmp: Path,
     out: Path,
     opts: PackOptions,
     tok: Tokenizer | None,
     show: bool,
     source: str,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan and write a corpus read by :func:`read_corpus`; (statistics, manifest)."""
+    """Plan a corpus read by :func:`read_corpus`, write it into ``tmp`` and publish it as
+    ``out``; (statistics, manifest)."""
     budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
     examples = corpus_examples(corpus, opts, budget_)
     say = status(show)
@@ -182,7 +189,6 @@ def _pack_corpus(
         "eligible_targets": corpus.eligible,
         "batches": -(-plan.num_rows // opts.max_rows_per_batch),
     }
-    tmp = temp_output(out)
     written = {"rows": 0, "tokens": 0}
 
     def on_shard(entry: dict[str, Any]) -> None:
@@ -191,13 +197,9 @@ def _pack_corpus(
         bar.update(4 * entry["tokens"])
         bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
 
-    try:
-        total = 4 * int(storage.row_tokens[-1])
-        with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
-            shards = write_shards(corpus, examples, storage, tmp, opts, layout, on_shard)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    total = 4 * int(storage.row_tokens[-1])
+    with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
+        shards = write_shards(corpus, examples, storage, tmp, opts, layout, on_shard)
     fields = opts.manifest_fields()
     manifest = manifest_record(
         binding=corpus.binding,
@@ -206,7 +208,6 @@ def _pack_corpus(
         shards=shards,
         rows=plan.num_rows,
         occurrences=len(examples.lengths),
-        columns=layout.columns(),
         policy=fields["policy"],
         statistics=stats,
         input={"source": source, "text_field": opts.text_field},

@@ -105,8 +105,8 @@ def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], st
 
 
 def layout_for(corpus: Corpus, examples: Examples) -> Layout:
-    """The columns the output stores (the same decisions :func:`seqpack.io.shards.layout_of`
-    makes from the rows' content)."""
+    """What a shard of the output may need gathered besides its required columns (each
+    shard then stores what its content needs, :func:`seqpack.io.shards.layout_of`)."""
     split = examples.split > 0
     return Layout(
         source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
@@ -205,7 +205,7 @@ def write_shards(
 
     def build(k: int) -> pa.Table:
         a, b = spans[k]
-        table = shard_table(gather_rows(corpus, examples, storage, a, b, layout), layout)
+        table = shard_table(gather_rows(corpus, examples, storage, a, b, layout))
         corpus.release()  # the windows are copied out: hand the mapped pages back
         return table
 

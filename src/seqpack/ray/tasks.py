@@ -22,6 +22,7 @@ from seqpack.io.documents import Documents
 from seqpack.io.shards import (
     FULL,
     SCHEMA,
+    layout_of_table,
     list_array,
     rows_to_arrow,
     shard_bounds,
@@ -74,6 +75,7 @@ def _check_block_budget(
         where=f"block {block.index} ({names}, input rows {block.first:,}.."
         f"{block.first + sources - 1:,}): ",
         fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
+        options=opts.policy_options,
     )
 
 
@@ -106,7 +108,7 @@ def plan_block(
         "cuts": cuts.tolist(),
         "ids": pa.array(docs.ids, type=pa.string()),
     }
-    out = rows_to_arrow(rows, FULL)  # blocks are laid out apart: every block stores every column
+    out = rows_to_arrow(rows, FULL)  # the shard's writer drops what its rows can derive
     if settings.hook is not None:
         settings.hook("plan", block.index)
     return stats, out
@@ -139,6 +141,7 @@ def write_shard(
     table = pa.concat_tables(parts).combine_chunks()
     rows = pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
     table = table.set_column(table.schema.get_field_index("row"), SCHEMA.field("row"), rows)
+    table = table.select(layout_of_table(table).columns())  # as every writer lays a shard out
     entry = write_shard_file(table, tmp, f"shard-{index:05d}.parquet")
     if settings.hook is not None:
         settings.hook("write", index)
