@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
 import statistics
 import time
@@ -120,7 +121,7 @@ def tables(cols: dict) -> dict[str, pa.Table]:
         "source_ids": per_occ["source_ids"],
     }
     bools = pa.table({**base, "loss_flags": _lists(pair_off, pa.array(flags))})
-    packed = [np.packbits(flags[a:b]).tobytes() for a, b in zip(pair_off[:-1], pair_off[1:])]
+    packed = [np.packbits(flags[a:b]).tobytes() for a, b in itertools.pairwise(pair_off)]
     bits = pa.table({**base, "loss_bits": pa.array(packed, pa.binary())})
     uniform = pa.table(base)
     return {"v1": v1, "v2 list<bool>": bools, "v2 packed bits": bits, "v2 all supervised": uniform}
@@ -174,7 +175,9 @@ def main() -> None:
     for layout in ("v2 list<bool>", "v2 packed bits", "v2 all supervised"):
         for name, kw in encodings().items():
             cases.append((layout, name, kw))
-        cases.append((layout, "zstd(1), no dictionary", {**encodings()["zstd(1)"], "use_dictionary": False}))
+        cases.append(
+            (layout, "zstd(1), no dictionary", {**encodings()["zstd(1)"], "use_dictionary": False})
+        )
     candidates = tables(cols)
     for layout, name, kw in cases:
         w, size, r = measure(candidates[layout], kw, args.repeats)

@@ -1,4 +1,5 @@
-"""Scatter-gather of windows between flat arrays: what an output shard is built with.
+"""Scatter-gather of windows between flat arrays (what an output shard is built with), and
+the one-pass range of an id array (what every read chunk is checked with).
 
 ``gather_into(src, src_starts, lens, out, out_starts)`` copies
 ``src[src_starts[i] : src_starts[i] + lens[i]]`` to
@@ -55,3 +56,24 @@ def gather_into(
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         part = lens[a:b]
         out[concat_ranges(out_starts[a:b], part)] = src[concat_ranges(src_starts[a:b], part)]
+
+
+@engine.kernel
+def range_loop(values, out):  # pragma: no cover - numba
+    lo = values[0]
+    hi = values[0]
+    for i in range(values.shape[0]):  # branch-free, so LLVM vectorises it
+        lo = min(lo, values[i])
+        hi = max(hi, values[i])
+    out[0] = lo
+    out[1] = hi
+
+
+def value_range(values: np.ndarray, use_numba: bool = True) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer array in one pass (two with NumPy only)."""
+    kernel = engine.compiled("range_loop") if use_numba else None
+    if kernel is None or values.dtype.kind not in "iu":
+        return int(values.min()), int(values.max())
+    out = np.zeros(2, dtype=np.int64 if values.dtype.kind == "i" else np.uint64)
+    kernel(values, out)
+    return int(out[0]), int(out[1])

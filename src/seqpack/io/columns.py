@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.gather import value_range
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
@@ -107,8 +108,8 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
     """Token ids (as Arrow holds them), offsets and the largest id, checked."""
     values, offsets, _ = _lists(table, "input_ids", origin)
     values = _ints(values, offsets, "input_ids", origin)
-    largest = int(values.max()) if values.size else -1
-    if values.size and (int(values.min()) < 0 or largest > INT32_MAX):
+    smallest, largest = value_range(values) if values.size else (0, -1)
+    if smallest < 0 or largest > INT32_MAX:
         pos = _first((values < 0) | (values > INT32_MAX))
         row = int(np.searchsorted(offsets, pos, "right") - 1)
         raise InvalidInput(

@@ -37,6 +37,18 @@ class MappedFile:
         if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
+    def release_span(self, address: int, nbytes: int) -> None:
+        """Drop the pages holding ``nbytes`` at ``address`` (a view of this map; other
+        addresses are ignored). A page shared with other data is only read again."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+            return
+        start = address - self.buffer.address
+        size = len(self._map)
+        if not 0 <= start < size:
+            return
+        low = start - start % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, low, min(size, start + nbytes) - low)
+
     def close(self) -> None:
         """Unmap when no Arrow or NumPy view is left (else the views keep it alive)."""
         self.buffer = pa.py_buffer(b"")

@@ -164,6 +164,11 @@ class Spill:
         if self._mapped is not None:
             self._mapped.release()
 
+    @property
+    def mapped(self) -> list[MappedFile]:
+        """The spill's map, once :meth:`open` made it."""
+        return [] if self._mapped is None else [self._mapped]
+
     def close(self) -> None:
         if self._writer is not None:
             with contextlib.suppress(pa.ArrowException):

@@ -87,6 +87,19 @@ class Corpus:
             self.spill.release()
         self.source.release()
 
+    def release_chunk(self, c: int) -> None:
+        """Hand back the mapped pages of chunk ``c`` (its windows were just gathered), so a
+        shard gathered from everywhere holds one chunk's pages at a time."""
+        maps = (self.spill.mapped if self.spill is not None else []) + self.source.mapped
+        if not maps:
+            return
+        chunk = self.chunks[c]
+        for array in (chunk.tokens, chunk.offsets, chunk.flags):
+            if array is not None and array.size:
+                address = array.__array_interface__["data"][0]
+                for mapped in maps:
+                    mapped.release_span(address, array.nbytes)
+
     def close(self) -> None:
         self.chunks = []
         if self.spill is not None:

@@ -156,6 +156,7 @@ def gather_rows(
         if mask is not None and part.flags is not None:
             targets = first - local[index]  # a document's targets start one before per document
             gather_into(part.flags, targets, lengths[index], mask, out_tok[index] - index)
+        corpus.release_chunk(c)
     sources = _source_ids(corpus, docs, local, groups) if layout.source_ids else None
     cols = ShardColumns(
         first_row=a,

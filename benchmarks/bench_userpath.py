@@ -1,0 +1,330 @@
+"""The paths users call, side by side with TRL 1.16 in one run, with the peak RSS of every process.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_userpath.py             # W1, W2, text 20/100/300 MB
+    .venv/bin/python benchmarks/bench_userpath.py --quick                # W1 and text 20 MB only
+
+Three paths (TRL's counterpart in brackets):
+
+1. in memory: ``seqpack.hf.pack_dataset(ds, C, "best-fit-decreasing")`` on an
+   in-memory ``datasets.Dataset`` of ``input_ids`` (int32 lists, as
+   ``datasets`` stores tokenizer output) [``trl.pack_dataset(ds, C, "bfd")``];
+   median of ``--repeats`` calls after a warm-up, in one process per tool;
+2. Parquet -> Parquet, fresh processes: ``seqpack pack W.parquet --out DIR``
+   [``load_dataset("parquet")`` + ``pack_dataset(bfd)`` + ``to_parquet``, with
+   an empty ``datasets`` cache so every run does the whole job];
+3. text -> packed, fresh processes: ``seqpack pack texts.jsonl --tokenizer
+   tokenizer.json --split-long`` [``load_dataset("json")`` +
+   ``map(tokenizer, batched=True)`` + ``pack_dataset(bfd_split)`` (which, like
+   ``--split-long``, keeps every token) + ``to_parquet``], and the tokenizer
+   alone: ``encode_batch_fast`` over the same texts in chunks of 8 MB on all
+   cores, the physical limit of the path (only the encode calls are timed).
+
+W1 and W2 are DESIGN.md's workloads (:mod:`workloads`; random ids below
+32,000, capacity 4096 and 2048); the text corpus is the standard library's
+source (:mod:`corpus`) with a byte-level BPE trained on it, capacity 2048.
+Capacities are in seqpack's prediction pairs and TRL's tokens; both see the
+same documents. Peak RSS is the kernel's ``ru_maxrss`` of each fresh
+process (``VmHWM`` of the process for path 1, which holds its input and
+output in memory by design). Ratios are TRL seconds / seqpack seconds in
+this run; the load average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from corpus import CACHE, corpus, train_tokenizer
+from workloads import EXPECTED_SHA, w1_sft, w2_short
+
+HERE = Path(__file__).resolve().parent
+VOCAB = 32_000
+TEXT_CAPACITY = 2048
+GIB = 1 << 30
+#: The writer's default shard size, in tokens; the RSS target is 2 shards of int32 + 1 GiB.
+SHARD_TOKENS = 1 << 25
+RSS_LIMIT = 2 * 4 * SHARD_TOKENS + GIB
+
+
+def workload(name: str):
+    w = {"W1": w1_sft, "W2": w2_short}[name]()
+    assert w.sha == EXPECTED_SHA[w.name], f"{w.name} lengths changed"
+    return w
+
+
+def token_table(name: str, seed: int = 0):
+    """The workload as an Arrow table: ``input_ids`` list<int32>, random ids."""
+    import pyarrow as pa
+
+    w = workload(name)
+    offsets = np.zeros(w.lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(w.lengths, out=offsets[1:])
+    values = np.random.default_rng(seed).integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
+    return pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
+
+
+def parquet_input(name: str) -> Path:
+    import pyarrow.parquet as pq
+
+    path = CACHE / f"{name}.parquet"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # row groups of 65,536 rows, as Arrow and Spark writers make them (17-70 MB here)
+        pq.write_table(token_table(name), path.with_suffix(".part"), row_group_size=1 << 16)
+        path.with_suffix(".part").rename(path)
+    return path
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def child_in_memory(name: str, tool: str, repeats: int) -> dict:
+    """Path 1 in this (child) process: the input built, the packing timed; RSS from /proc."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    w = workload(name)
+    table = token_table(name)
+    ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
+    if tool == "seqpack":
+        from seqpack.hf import pack_dataset
+
+        def run():
+            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+    else:
+        from trl.data_utils import pack_dataset as trl_pack
+
+        def run():
+            return trl_pack(ds, w.capacity, strategy="bfd")
+
+    small = datasets.Dataset(
+        datasets.table.InMemoryTable(table.slice(0, 2000)), fingerprint=f"bench-{name}-warm"
+    )
+    if tool == "seqpack":  # kernels loaded from numba's cache before the clock starts
+        pack_dataset(small, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+    else:
+        trl_pack(small, w.capacity, strategy="bfd")
+    before = _status("VmRSS")
+    times, rows = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        times.append(time.perf_counter() - t0)
+        rows = len(out)
+        del out
+    return {"seconds": statistics.median(times), "times": times, "rows": rows,
+            "rss_before": before, "peak_rss": _status("VmHWM")}  # fmt: skip
+
+
+TRL_PARQUET = """
+import sys, datasets
+from trl.data_utils import pack_dataset
+datasets.disable_progress_bars()
+ds = datasets.load_dataset("parquet", data_files=sys.argv[1], split="train")
+packed = pack_dataset(ds, int(sys.argv[3]), strategy="bfd")
+packed.to_parquet(sys.argv[2])
+print(len(packed))
+"""
+
+TRL_TEXT = """
+import sys, datasets
+from transformers import PreTrainedTokenizerFast
+from trl.data_utils import pack_dataset
+datasets.disable_progress_bars()
+tok = PreTrainedTokenizerFast(tokenizer_file=sys.argv[4])
+ds = datasets.load_dataset("json", data_files=sys.argv[1], split="train")
+ds = ds.map(lambda b: tok(b["text"]), batched=True, remove_columns=ds.column_names)
+packed = pack_dataset(ds, int(sys.argv[3]), strategy="bfd_split")
+packed.to_parquet(sys.argv[2])
+print(len(packed))
+"""
+
+TOKENIZER_ALONE = """
+import json, sys, time
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[2])
+encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+chunk, size, tokens, seconds = [], 0, 0, 0.0
+def flush():
+    global tokens, seconds
+    t0 = time.perf_counter()
+    tokens += sum(len(e) for e in encode(chunk, add_special_tokens=True))
+    seconds += time.perf_counter() - t0
+with open(sys.argv[1], encoding="utf-8") as f:
+    for line in f:
+        chunk.append(json.loads(line)["text"])
+        size += len(chunk[-1])
+        if size >= 8 << 20:
+            flush()
+            chunk, size = [], 0
+if chunk:
+    flush()
+print(json.dumps({"tokens": tokens, "encode_seconds": seconds}))
+"""
+
+
+def fresh(argv: list[str], env: dict | None = None) -> dict:
+    """Run ``argv`` as a fresh process: wall seconds, its own peak RSS (bytes), stdout."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise SystemExit(f"{argv[:5]} failed ({proc.returncode}):\n{err.read()[-3000:]}")
+        return {"seconds": seconds, "stdout": out.read(), "peak_rss": usage.ru_maxrss * 1024}
+
+
+def seqpack_pack(source: Path, out: Path, *flags: str) -> dict:
+    argv = [sys.executable, "-m", "seqpack", "pack", str(source), "--out", str(out)]
+    result = fresh([*argv, "--json", "--overwrite", *flags])
+    result["stats"] = json.loads(result["stdout"].strip().splitlines()[-1])
+    return result
+
+
+def trl_run(script: str, *args: str) -> dict:
+    cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=CACHE))
+    try:  # an empty datasets cache: the run converts and packs like a user's first run
+        return fresh([sys.executable, "-c", script, *args], {"HF_DATASETS_CACHE": str(cache)})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def in_memory(name: str, tool: str, repeats: int) -> dict:
+    argv = [sys.executable, __file__, "--child", name, tool, str(repeats)]
+    result = fresh(argv)
+    return json.loads(result["stdout"].strip().splitlines()[-1]) | {
+        "process_rss": result["peak_rss"]
+    }
+
+
+def run_workload(name: str, repeats: int, work: Path) -> list[dict]:
+    w = workload(name)
+    rows = []
+    seq = in_memory(name, "seqpack", repeats)
+    trl = in_memory(name, "trl", max(1, repeats // 2))
+    rows.append(_row("pack_dataset (in memory)", name, seq, trl))
+    source = parquet_input(name)
+    flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
+             "--policy", "best-fit-decreasing"]  # fmt: skip
+    seq = seqpack_pack(source, work / f"{name}-seqpack", *flags)
+    trl = trl_run(TRL_PARQUET, str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
+    rows.append(_row("Parquet -> Parquet (fresh processes)", name, seq, trl))
+    return rows
+
+
+def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
+    source, tok = corpus(megabytes), train_tokenizer()
+    name = f"text {megabytes:g} MB"
+    alone = fresh([sys.executable, "-c", TOKENIZER_ALONE, str(source), str(tok)])
+    limit = json.loads(alone["stdout"].strip().splitlines()[-1])
+    flags = ["--capacity", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--split-long",
+             "--policy", "best-fit-decreasing"]  # fmt: skip
+    seq = seqpack_pack(source, work / f"text-{megabytes:g}", *flags)
+    shutil.rmtree(work / f"text-{megabytes:g}", ignore_errors=True)
+    trl = None
+    if with_trl:
+        out = str(work / f"text-{megabytes:g}-trl.parquet")
+        trl = trl_run(TRL_TEXT, str(source), out, str(TEXT_CAPACITY), str(tok))
+        Path(out).unlink(missing_ok=True)
+    row = _row("text -> packed (fresh processes)", name, seq, trl)
+    row |= {
+        "tokenizer_seconds": limit["encode_seconds"],
+        "tokenizer_tokens_per_s": limit["tokens"] / limit["encode_seconds"],
+        "tokens": seq["stats"]["input_tokens"],
+        "seqpack_tokens_per_s": seq["stats"]["input_tokens"] / seq["seconds"],
+        "over_tokenizer": seq["seconds"] / limit["encode_seconds"],
+        "tokenizer_rss": alone["peak_rss"],
+    }
+    return [row]
+
+
+def _row(path: str, workload_name: str, seq: dict, trl: dict | None) -> dict:
+    return {
+        "path": path,
+        "workload": workload_name,
+        "seqpack_seconds": seq["seconds"],
+        "trl_seconds": trl["seconds"] if trl else None,
+        "ratio": trl["seconds"] / seq["seconds"] if trl else None,
+        "seqpack_rss": seq.get("process_rss", seq["peak_rss"]),
+        "trl_rss": trl.get("process_rss", trl["peak_rss"]) if trl else None,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores;"
+          f" RSS target {RSS_LIMIT / GIB:.2f} GiB (2 shards of int32 tokens + 1 GiB)")  # fmt: skip
+    print(
+        "| path | workload | seqpack s | TRL s | TRL / seqpack | seqpack peak RSS | TRL peak RSS |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        trl = f"{r['trl_seconds']:.2f}" if r["trl_seconds"] else "-"
+        ratio = f"**{r['ratio']:.1f}x**" if r["ratio"] else "-"
+        trl_rss = f"{r['trl_rss'] / GIB:.2f} GiB" if r["trl_rss"] else "-"
+        print(f"| {r['path']} | {r['workload']} | {r['seqpack_seconds']:.2f} | {trl} | {ratio}"
+              f" | {r['seqpack_rss'] / GIB:.2f} GiB | {trl_rss} |")  # fmt: skip
+    text = [r for r in rows if "tokenizer_seconds" in r]
+    if text:
+        print("\n| text corpus | tokens | tokenizer alone s (M tok/s) | seqpack s (M tok/s) |"
+              " seqpack / tokenizer | seqpack peak RSS | tokenizer peak RSS |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in text:
+            print(f"| {r['workload']} | {r['tokens']:,} | {r['tokenizer_seconds']:.2f}"
+                  f" ({r['tokenizer_tokens_per_s'] / 1e6:.2f}) | {r['seqpack_seconds']:.2f}"
+                  f" ({r['seqpack_tokens_per_s'] / 1e6:.2f}) | {r['over_tokenizer']:.2f}"
+                  f" | {r['seqpack_rss'] / GIB:.2f} GiB | {r['tokenizer_rss'] / GIB:.2f} GiB |")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="W1 and 20 MB of text only")
+    parser.add_argument("--repeats", type=int, default=3, help="in-memory calls (median)")
+    parser.add_argument("--text", default="20,100,300", help="text corpus sizes in MB")
+    parser.add_argument("--trl-text", default="20,100", help="sizes TRL packs too")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child_in_memory(args.child[0], args.child[1], int(args.child[2]))))
+        return
+    sizes = [20.0] if args.quick else [float(x) for x in args.text.split(",")]
+    trl_sizes = {float(x) for x in args.trl_text.split(",")}
+    work = Path(tempfile.mkdtemp(prefix="userpath-", dir=CACHE))
+    rows: list[dict] = []
+    try:
+        for name in ("W1",) if args.quick else ("W1", "W2"):
+            rows += run_workload(name, args.repeats, work)
+        for mb in sizes:
+            rows += run_text(mb, work, mb in trl_sizes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(rows)
+    text = [r for r in rows if "tokenizer_seconds" in r]
+    if len(text) > 1:
+        a, b = text[0], text[-1]
+        print(f"\nmemory scaling: {b['workload']} / {a['workload']} peak RSS"
+              f" {b['seqpack_rss'] / a['seqpack_rss']:.2f}x for"
+              f" {b['tokens'] / a['tokens']:.1f}x the tokens")  # fmt: skip
+    print("\n" + json.dumps({"rows": rows, "load_average": os.getloadavg()}))
+
+
+if __name__ == "__main__":
+    main()
