@@ -1,3 +1,4 @@
+import itertools
 import json
 
 import numpy as np
@@ -195,3 +196,30 @@ def test_a_loss_mask_of_nested_lists_is_named_not_a_crash():
     )
     with pytest.raises(InvalidInput, match=r"loss_mask holds \[0, 1\] at position 0; it must hold"):
         read_documents(table)
+
+
+def test_text_is_encoded_in_sub_batches_with_encode_batch_fast(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from seqpack.io import tokenizers as tok_mod
+
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tok = tok_mod.load_tokenizer(tmp_path / "tokenizer.json")
+    texts = [" ".join("ab"[(i * j) % 2] for j in range(i % 17 + 2)) for i in range(300)]
+    whole = tok.encode_batch(texts)
+    calls = []
+
+    class Recording:  # the Rust tokenizer, watched
+        def encode_batch_fast(self, batch, add_special_tokens):
+            calls.append(len(batch))
+            return backend.encode_batch_fast(batch, add_special_tokens=add_special_tokens)
+
+    monkeypatch.setattr(tok, "_rust", Recording())
+    monkeypatch.setattr(tok_mod, "ENCODE_BATCH", 100)  # characters per call
+    parts = tok.encode_batch(texts)
+    assert len(calls) > 10 and sum(calls) == len(texts)
+    assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
+    want = [e.ids for e in backend.encode_batch(texts)]
+    assert [whole[0][a:b].tolist() for a, b in itertools.pairwise(whole[1])] == want

@@ -179,11 +179,40 @@ class HFTokenizer:
         self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids int32 [Σn] and offsets int64 [k+1]; texts are encoded in batches of
+        about :data:`ENCODE_BATCH` characters, so the tokenizer's own per-token records
+        (ids, masks, type ids) live for one batch at a time."""
         texts = list(texts)
+        parts = [self._encode(texts[a:b]) for a, b in _batches(texts, ENCODE_BATCH)]
+        if len(parts) == 1:
+            return parts[0]
+        counts = np.concatenate([np.diff(offsets) for _, offsets in parts])
+        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return np.concatenate([ids for ids, _ in parts]), offsets
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._rust is not None:
-            encode = getattr(self._rust, "encode_batch_fast", self._rust.encode_batch)
+            encode = getattr(self._rust, "encode_batch_fast", None) or self._rust.encode_batch
             return _encodings(encode(texts, add_special_tokens=True))
         return _flatten(self.backend(texts, add_special_tokens=True)["input_ids"])
+
+
+#: Characters of text encoded per tokenizer call (all cores share one call's documents).
+ENCODE_BATCH = 1 << 22
+
+
+def _batches(texts: list[str], size: int) -> list[tuple[int, int]]:
+    """``[a, b)`` spans of ``texts`` holding about ``size`` characters each (at least one)."""
+    spans, start, total = [], 0, 0
+    for i, text in enumerate(texts):
+        total += len(text)
+        if total >= size:
+            spans.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(texts) or not spans:
+        spans.append((start, len(texts)))
+    return spans
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
