@@ -247,27 +247,6 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
 
 
-def layout_of_table(table: pa.Table) -> Layout:
-    """:func:`layout_of` for a version-2 table that stores every column (:data:`FULL`)."""
-    from seqpack.io.shard_rows import flat_column, unpack_bits
-
-    lengths, occ = flat_column(table, "pair_counts")
-    lengths = lengths.astype(np.int64)
-    pairs = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=pairs[1:])
-    mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), "shard")
-    sources = table.column("source_ids").combine_chunks().flatten()
-    examples = not table.column("example_ids").combine_chunks().flatten().equals(sources)
-    starts = flat_column(table, "range_starts")[0]
-    ends = flat_column(table, "range_ends")[0]
-    ranges = bool(np.any(starts)) or not np.array_equal(ends, lengths + 1)
-    named = examples or ranges
-    if not named:
-        named = not sources.equals(default_ids(flat_column(table, "ordinals")[0]))
-    return Layout(source_ids=named, loss_bits=not bool(mask.all()), example_ids=examples,
-                  ranges=ranges)  # fmt: skip
-
-
 def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
     """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
     the leanest that keeps everything, :func:`layout_of`)."""

@@ -19,10 +19,10 @@ from seqpack.core.errors import PartitionMismatch
 from seqpack.core.examples import ExampleTable, example_label
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
+from seqpack.io.shard_rows import layout_of_table
 from seqpack.io.shards import (
     FULL,
     SCHEMA,
-    layout_of_table,
     list_array,
     rows_to_arrow,
     shard_bounds,
