@@ -1,7 +1,7 @@
 """The paths users call, side by side with TRL 1.16 in one run, with the peak RSS of every process.
 
-    nice -n 10 .venv/bin/python benchmarks/bench_userpath.py             # W1, W2, text 20/100/300 MB
-    .venv/bin/python benchmarks/bench_userpath.py --quick                # W1 and text 20 MB only
+    nice -n 10 .venv/bin/python benchmarks/bench_userpath.py   # W1, W2, text 20/100/300 MB
+    .venv/bin/python benchmarks/bench_userpath.py --quick      # W1 and text 20 MB only
 
 Three paths (TRL's counterpart in brackets):
 
@@ -291,7 +291,8 @@ def print_table(rows: list[dict]) -> None:
             print(f"| {r['workload']} | {r['tokens']:,} | {r['tokenizer_seconds']:.2f}"
                   f" ({r['tokenizer_tokens_per_s'] / 1e6:.2f}) | {r['seqpack_seconds']:.2f}"
                   f" ({r['seqpack_tokens_per_s'] / 1e6:.2f}) | {r['over_tokenizer']:.2f}"
-                  f" | {r['seqpack_rss'] / GIB:.2f} GiB | {r['tokenizer_rss'] / GIB:.2f} GiB |")  # fmt: skip
+                  f" | {r['seqpack_rss'] / GIB:.2f} GiB"
+                  f" | {r['tokenizer_rss'] / GIB:.2f} GiB |")  # fmt: skip
 
 
 def main() -> None:

@@ -5,14 +5,15 @@ every example of the corpus at once from its lengths (best-fit-decreasing
 stays global), and :func:`gather_rows` builds the rows ``[a, b)`` of the
 plan by gathering their windows, flags and ids from the corpus's chunks
 (memory-mapped: only those windows are read). :func:`write_shards` writes
-the shards (the next shard gathered by a helper thread while one is
-compressed), handing the mapped pages back after each shard, so memory
-holds at most two shards, the lengths and the plan.
+the shards (two compressed at once while the next is gathered), handing the
+mapped pages back as each chunk's windows are copied, so memory holds at
+most two shards, the lengths and the plan.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -196,33 +197,65 @@ def write_shards(
 ) -> list[dict[str, Any]]:
     """Write every shard of the plan into ``folder``; their manifest entries, in order.
 
-    A helper thread gathers shard ``k + 1`` (the kernels release the GIL)
-    while this thread compresses and writes shard ``k``, so at most
-    :data:`SHARDS_IN_FLIGHT` shards are in memory, and signals and errors
-    arrive where the file is written. ``on_shard(entry)`` reports each shard.
+    This thread gathers the shards (the kernels release the GIL) and
+    :data:`SHARDS_IN_FLIGHT` writer threads compress them, a shard gathered
+    only when fewer than that many are alive: at most that many shards are
+    in memory, and two compress at once. A single shard is written here, where
+    signals arrive. ``on_shard(entry)`` reports each shard written, in order;
+    a failing write stops the run at the next shard.
     """
-    bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
-    spans = list(itertools.pairwise(bounds))
+    spans = list(
+        itertools.pairwise(storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens))
+    )
 
     def build(k: int) -> pa.Table:
-        a, b = spans[k]
-        table = shard_table(gather_rows(corpus, examples, storage, a, b, layout))
+        table = shard_table(gather_rows(corpus, examples, storage, *spans[k], layout))
         corpus.release()  # the windows are copied out: hand the mapped pages back
         return table
 
-    entries: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(SHARDS_IN_FLIGHT - 1, thread_name_prefix="seqpack-gather") as pool:
-        ahead: Future | None = pool.submit(build, 0) if spans else None
+    def name(k: int) -> str:
+        return f"shard-{k:05d}.parquet"
+
+    if len(spans) <= 1:
+        entries = [write_shard_file(build(k), folder, name(k)) for k in range(len(spans))]
+        for entry in entries if on_shard is not None else ():
+            on_shard(entry)
+        return entries
+    slots = threading.BoundedSemaphore(SHARDS_IN_FLIGHT)
+    futures: list[Future] = []
+    reported = 0
+
+    def write(k: int, table: pa.Table) -> dict[str, Any]:
+        try:
+            return write_shard_file(table, folder, name(k))
+        finally:
+            slots.release()
+
+    def report() -> None:
+        nonlocal reported
+        while reported < len(futures) and futures[reported].done():
+            entry = futures[reported].result()  # raises a writer's error here
+            reported += 1
+            if on_shard is not None:
+                on_shard(entry)
+
+    with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
         try:
             for k in range(len(spans)):
-                assert ahead is not None
-                table = ahead.result()
-                ahead = pool.submit(build, k + 1) if k + 1 < len(spans) else None
-                entries.append(write_shard_file(table, folder, f"shard-{k:05d}.parquet"))
+                slots.acquire()
+                try:
+                    report()
+                    table = build(k)
+                except BaseException:
+                    slots.release()
+                    raise
+                futures.append(pool.submit(write, k, table))
                 del table
-                if on_shard is not None:
-                    on_shard(entries[-1])
-        finally:
-            if ahead is not None:
-                ahead.cancel()
-    return entries
+            for future in futures:
+                future.result()
+            report()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return [future.result() for future in futures]
