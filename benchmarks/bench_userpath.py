@@ -179,18 +179,25 @@ print(json.dumps({"tokens": tokens, "encode_seconds": seconds}))
 
 
 def fresh(argv: list[str], env: dict | None = None) -> dict:
-    """Run ``argv`` as a fresh process: wall seconds, its own peak RSS (bytes), stdout."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env={**os.environ, **(env or {})})
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    """Run ``argv`` as a fresh process: wall seconds, its own peak RSS (bytes), stdout.
+
+    The peak is GNU time's ``%M`` (the command's ``ru_maxrss``): the command
+    is forked by ``/usr/bin/time``, a small process, so it does not inherit
+    this process's resident size the way a child forked from here would.
+    """
+    with tempfile.NamedTemporaryFile("r") as rss, tempfile.TemporaryFile("w+") as out:
+        with tempfile.TemporaryFile("w+") as err:
+            t0 = time.perf_counter()
+            timed = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *argv]
+            env = {**os.environ, **(env or {})}
+            code = subprocess.call(timed, stdout=out, stderr=err, env=env)
+            seconds = time.perf_counter() - t0
+            err.seek(0)
+            if code:
+                raise SystemExit(f"{argv[:5]} failed ({code}):\n{err.read()[-3000:]}")
         out.seek(0)
-        err.seek(0)
-        if proc.returncode:
-            raise SystemExit(f"{argv[:5]} failed ({proc.returncode}):\n{err.read()[-3000:]}")
-        return {"seconds": seconds, "stdout": out.read(), "peak_rss": usage.ru_maxrss * 1024}
+        peak = int(rss.read().split()[-1]) * 1024
+        return {"seconds": seconds, "stdout": out.read(), "peak_rss": peak}
 
 
 def seqpack_pack(source: Path, out: Path, *flags: str) -> dict:
@@ -210,10 +217,7 @@ def trl_run(script: str, *args: str) -> dict:
 
 def in_memory(name: str, tool: str, repeats: int) -> dict:
     argv = [sys.executable, __file__, "--child", name, tool, str(repeats)]
-    result = fresh(argv)
-    return json.loads(result["stdout"].strip().splitlines()[-1]) | {
-        "process_rss": result["peak_rss"]
-    }
+    return json.loads(fresh(argv)["stdout"].strip().splitlines()[-1])  # VmHWM of the child
 
 
 def run_workload(name: str, repeats: int, work: Path) -> list[dict]:
@@ -264,8 +268,8 @@ def _row(path: str, workload_name: str, seq: dict, trl: dict | None) -> dict:
         "seqpack_seconds": seq["seconds"],
         "trl_seconds": trl["seconds"] if trl else None,
         "ratio": trl["seconds"] / seq["seconds"] if trl else None,
-        "seqpack_rss": seq.get("process_rss", seq["peak_rss"]),
-        "trl_rss": trl.get("process_rss", trl["peak_rss"]) if trl else None,
+        "seqpack_rss": seq["peak_rss"],
+        "trl_rss": trl["peak_rss"] if trl else None,
     }
 
 

@@ -24,6 +24,7 @@ from seqpack.core import budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
+from seqpack.io.tokenizers import ENCODE_BATCH
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 
 #: Bytes per example, per capacity unit, and whether the windows may be gathered
@@ -65,9 +66,9 @@ SHARDS_IN_FLIGHT = 2
 #: the int32 copy), Arrow already in memory or mapped (masks over the views), text
 #: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
 CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
-#: Rust-side bytes per token of one text sub-batch being encoded (ids, type ids,
-#: masks, special-token flags) times its tokens (at most one per byte).
-TEXT_BATCH_BYTES = 28 * (1 << 22)
+#: Rust-side bytes per token of a text sub-batch being encoded (ids, type ids,
+#: masks, special-token flags); a sub-batch holds at most one token per character.
+TEXT_TOKEN_BYTES = 28
 
 
 def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None = None) -> int:
@@ -184,7 +185,8 @@ class StreamBudget:
         :data:`CHUNK_FACTORS`; ``"text"`` when a tokenizer encodes it)."""
         chunk = budget.checked_mul(options.chunk_bytes, CHUNK_FACTORS.get(kind, 12))
         if kind == "text":
-            chunk = budget.checked_add(chunk, TEXT_BATCH_BYTES)
+            batch = min(ENCODE_BATCH, options.chunk_bytes)
+            chunk = budget.checked_add(chunk, budget.checked_mul(batch, TEXT_TOKEN_BYTES))
         config = PackConfig(options.capacity, options.max_rows_per_batch)
         shard_tokens = budget.checked_add(
             options.shard_tokens, budget.checked_mul(config.max_rows_per_batch, config.capacity)
