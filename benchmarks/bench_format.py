@@ -11,8 +11,9 @@ ids. About a third of the examples carry a prompt prefix that is not
 supervised (the loss flags of SFT data). Each candidate writes the shard
 with ``pyarrow.parquet`` and reads it back the way ``PackedStore`` does
 (``read_table(memory_map=True)`` + NumPy views of every column); times are
-medians of three runs, and the first line of each group is version 1's
-encoding (nine zstd columns, labels repeating tokens).
+medians of ``--repeats`` runs taken round-robin (a change of load hits every
+candidate alike); the first line is version 1's encoding (nine zstd columns,
+labels repeating tokens). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -137,31 +138,40 @@ def encodings() -> dict[str, dict]:
     }
 
 
-def measure(table: pa.Table, kwargs: dict, repeats: int) -> tuple[float, int, float]:
-    writes, reads, size = [], [], 0
+def measure_once(table: pa.Table, kwargs: dict) -> tuple[float, int, float]:
+    """One write (seconds), its size (bytes) and one read back (seconds)."""
+    sink = io.BytesIO()
+    t0 = time.perf_counter()
+    pq.write_table(table, sink, row_group_size=4096, **kwargs)
+    write = time.perf_counter() - t0
+    data = sink.getvalue()
+    t0 = time.perf_counter()
+    back = pq.read_table(pa.BufferReader(data))
+    for name in back.column_names:
+        col = back.column(name).combine_chunks()
+        if isinstance(col, pa.ListArray):
+            col.flatten().to_numpy(zero_copy_only=False)
+        else:
+            col.to_numpy(zero_copy_only=False)
+    return write, len(data), time.perf_counter() - t0
+
+
+def measure_all(cases: list, candidates: dict, repeats: int) -> list[tuple[float, int, float]]:
+    """Medians per case, the cases taken round-robin so a change of load hits them all."""
+    runs: list[list[tuple[float, int, float]]] = [[] for _ in cases]
     for _ in range(repeats):
-        sink = io.BytesIO()
-        t0 = time.perf_counter()
-        pq.write_table(table, sink, row_group_size=4096, **kwargs)
-        writes.append(time.perf_counter() - t0)
-        data = sink.getvalue()
-        size = len(data)
-        t0 = time.perf_counter()
-        back = pq.read_table(pa.BufferReader(data))
-        for name in back.column_names:
-            col = back.column(name).combine_chunks()
-            if isinstance(col, pa.ListArray):
-                col.flatten().to_numpy(zero_copy_only=False)
-            else:
-                col.to_numpy(zero_copy_only=False)
-        reads.append(time.perf_counter() - t0)
-    return statistics.median(writes), size, statistics.median(reads)
+        for k, (layout, _, kw) in enumerate(cases):
+            runs[k].append(measure_once(candidates[layout], kw))
+    return [
+        (statistics.median(r[0] for r in rs), rs[0][1], statistics.median(r[2] for r in rs))
+        for rs in runs
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=float, default=2**25, help="tokens in the shard")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     cols = shard_columns(int(args.tokens))
     mb = cols["tokens"].nbytes / 1e6
@@ -169,8 +179,8 @@ def main() -> None:
         f"shard: {cols['rows']:,} rows, {cols['lengths'].shape[0]:,} occurrences,"
         f" {cols['tokens'].shape[0]:,} tokens ({mb:.0f} MB int32); load {os.getloadavg()[0]:.2f}"
     )
-    head = f"{'layout':<20} {'encoding':<22} {'write MB/s':>10} {'size MB':>8} {'x tokens':>8}"
-    print(head + f" {'read MB/s':>10}")
+    print("| layout | encoding | write MB/s | size MB | size / int32 tokens | read MB/s |")
+    print("|---|---|---:|---:|---:|---:|")
     cases = [("v1", "zstd(1)", encodings()["zstd(1)"])]
     for layout in ("v2 list<bool>", "v2 packed bits", "v2 all supervised"):
         for name, kw in encodings().items():
@@ -179,12 +189,14 @@ def main() -> None:
             (layout, "zstd(1), no dictionary", {**encodings()["zstd(1)"], "use_dictionary": False})
         )
     candidates = tables(cols)
-    for layout, name, kw in cases:
-        w, size, r = measure(candidates[layout], kw, args.repeats)
+    for (layout, name, _), (w, size, r) in zip(
+        cases, measure_all(cases, candidates, args.repeats), strict=True
+    ):
+        ratio = size / 1e6 / mb
         print(
-            f"{layout:<20} {name:<22} {mb / w:>10.0f} {size / 1e6:>8.1f} {size / 1e6 / mb:>8.2f}"
-            f" {mb / r:>10.0f}"
+            f"| {layout} | {name} | {mb / w:.0f} | {size / 1e6:.1f} | {ratio:.2f} | {mb / r:.0f} |"
         )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

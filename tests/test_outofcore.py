@@ -70,9 +70,17 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.fixture(params=["spilled", "kept"])
+def spilled(request, monkeypatch):
+    """Both ways a read corpus is held: spilled to disk, or kept in memory (small ones)."""
+    if request.param == "spilled":
+        monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("chunk", [97, 1 << 20])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_jsonl_packs_exactly_as_in_memory_whatever_the_chunks(tmp_path, rng, case, chunk):
+def test_jsonl_packs_exactly_as_in_memory_whatever_the_chunks(tmp_path, rng, case, chunk, spilled):
     records = random_records(rng, 160, vocab=500, max_len=60)
     path = write_jsonl(tmp_path / "d.jsonl", records)
     options = CASES[case] | {"shard_tokens": 700}
@@ -87,7 +95,7 @@ def test_jsonl_packs_exactly_as_in_memory_whatever_the_chunks(tmp_path, rng, cas
         assert any({"example_ids", "range_starts"} <= set(x["columns"]) for x in manifest["shards"])
 
 
-def test_chunk_boundaries_blank_blocks_long_lines_and_no_final_newline(tmp_path, rng):
+def test_chunk_boundaries_blank_blocks_long_lines_and_no_final_newline(tmp_path, rng, spilled):
     records = random_records(rng, 40, vocab=300, max_len=40)
     lines = [json.dumps(r) for r in records]
     # a block of blank lines (an empty chunk), CRLF endings, and no newline at the end
@@ -104,7 +112,7 @@ def test_chunk_boundaries_blank_blocks_long_lines_and_no_final_newline(tmp_path,
     assert sorted(ex["source_id"] for ex in got.values()) == sorted(r["id"] for r in records)
 
 
-def test_parquet_row_groups_datasets_folders_and_text(tmp_path, rng):
+def test_parquet_row_groups_datasets_folders_and_text(tmp_path, rng, spilled):
     records = random_records(rng, 90, vocab=400, max_len=30)
     folder = tmp_path / "parquet"
     folder.mkdir()
@@ -170,3 +178,20 @@ def test_identical_ids_across_chunks_are_reported(tmp_path):
     assert stats["duplicate_first"]["at"].endswith("d.jsonl line 41")
     assert stats["duplicate_first"]["first_seen"].endswith("d.jsonl line 4")
     assert np.isfinite(stats["tokens_per_s"])
+
+
+def test_a_small_corpus_is_kept_and_a_large_one_spilled(tmp_path, rng, monkeypatch):
+    from seqpack.io.spill import Spill
+
+    opened = []
+    real = Spill.open
+    monkeypatch.setattr(Spill, "open", lambda self, *a: opened.append(1) or real(self, *a))
+    path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 300, vocab=300, max_len=40))
+    pack_path(path, tmp_path / "a", capacity=48, vocab_size=300, chunk_bytes=2000)
+    assert opened == []  # a few kilobytes of ids: kept in memory
+    monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 10_000)  # passed mid-way
+    pack_path(path, tmp_path / "b", capacity=48, vocab_size=300, chunk_bytes=2000)
+    assert opened == [1]
+    pack_path(path, tmp_path / "c", capacity=48, vocab_size=300, max_metadata_bytes=1 << 40)
+    assert opened == [1, 1]  # with a budget the corpus is always spilled
+    assert_same_output(tmp_path / "a", tmp_path / "b")

@@ -34,6 +34,12 @@ def _open_spills(folder: Path) -> list[str]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def always_spill(monkeypatch):
+    """Every corpus here is spilled (small ones are otherwise kept in memory)."""
+    monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 0)
+
+
 @pytest.fixture
 def corpus(tmp_path):
     (tmp_path / "in").mkdir()
@@ -113,6 +119,8 @@ def dying(table, path):
         print("SPILLS", os.listdir(sys.argv[3]), flush=True)
     os.kill(os.getpid(), getattr(signal, sys.argv[5]))
 shards._write_shard = dying
+import seqpack.pipeline.corpus
+seqpack.pipeline.corpus.KEEP_BYTES = 0  # spilled, however small
 if sys.argv[4] == "named":  # a file system without unnamed files or unlinking of open ones
     import types
     import seqpack.io.spill as spill

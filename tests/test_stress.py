@@ -110,7 +110,7 @@ from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.options import PackOptions
 
 opts = dict(capacity=64, vocab_size=1000, chunk_bytes=1 << 16, shard_tokens=20_000,
-            policy=sys.argv[3])
+            policy=sys.argv[3], max_metadata_bytes=1 << 40)  # with a budget: spilled
 pack_path(sys.argv[1], sys.argv[2] + "-warm", **opts)  # imports and kernels loaded first
 pool = pa.default_memory_pool()
 arrow_before = pool.max_memory()
@@ -165,7 +165,7 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
         raise AssertionError("the input was read before the budget was checked")
 
     monkeypatch.setattr(Input, "chunks", never)
-    with pytest.raises(BudgetExceeded, match="a read chunk") as err:
+    with pytest.raises(BudgetExceeded, match="2 read chunks") as err:
         pack_path(path, tmp_path / "out", capacity=4096, vocab_size=10, policy="stream-best-fit",
                   policy_options={"window": 50_000_000}, max_metadata_bytes=64 << 20)  # fmt: skip
     assert int(str(err.value).split(" needs ")[1].split(" bytes")[0].replace(",", "")) > 50e6 * 100

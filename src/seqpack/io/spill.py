@@ -113,7 +113,7 @@ class Spill:
                 f"cannot create the spill file in {folder} ({err.strerror or err}) — pass a"
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
-        self._file = os.fdopen(fd, "w+b")
+        self._file = os.fdopen(fd, "w+b", buffering=0)  # Arrow writes whole buffers
         self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
         self.bytes = 0

@@ -198,9 +198,10 @@ class HFTokenizer:
         return _flatten(self.backend(texts, add_special_tokens=True)["input_ids"])
 
 
-#: Characters of text encoded per tokenizer call (all cores share one call's documents;
-#: larger calls leave fewer cores idle behind one long document).
-ENCODE_BATCH = 1 << 24
+#: Characters of text encoded per tokenizer call: all cores share one call's documents,
+#: and the Rust tokenizer holds about 45 bytes a character of its records until the call
+#: returns (measured for a byte-level BPE), so a call is bounded.
+ENCODE_BATCH = 1 << 22
 
 
 def _batches(texts: list[str], size: int) -> list[tuple[int, int]]:

@@ -5,8 +5,8 @@ per-occurrence arrays, the policy's index over capacities and its
 look-ahead window (``stream-best-fit``'s buffers grow with ``window``), one
 gathered copy of the windows for policies that reorder, one padded model
 call. Out of core (:class:`StreamBudget`, what ``seqpack pack`` checks):
-one read chunk, two output shards in flight, the policy's fixed part and
-model call, all known from the options before anything is read; then the
+two read chunks (one read ahead), two output shards in flight, the policy's
+fixed part and model call, all known from the options before anything is read; then the
 lengths and plan per document and per example, checked as the documents
 are counted (before the arrays grow) and, with ``--split-long``, on the
 number of pieces before any source is split.
@@ -59,16 +59,18 @@ EXAMPLE_BYTES = 64
 #: and per occurrence (gather indices, per-occurrence columns and their Arrow copies).
 SHARD_TOKEN_BYTES = 6
 SHARD_OCCURRENCE_BYTES = 96
-#: Output shards in memory at once (one gathered while another is written).
+#: Output shards in memory at once (two compressed while none or one is gathered).
 SHARDS_IN_FLIGHT = 2
+#: Read chunks in memory at once (the next one read while this one is tokenized).
+CHUNKS_IN_FLIGHT = 2
 #: Bytes held per byte of a read chunk, by input kind: JSON Lines (int64 ids parsed
 #: from >= 2 bytes each, labels, int32 copy, flags), Parquet (decoded columns and
 #: the int32 copy), Arrow already in memory or mapped (masks over the views), text
 #: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
 CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
-#: Rust-side bytes per token of a text sub-batch being encoded (ids, type ids,
-#: masks, special-token flags); a sub-batch holds at most one token per character.
-TEXT_TOKEN_BYTES = 28
+#: Rust-side bytes per character of a text sub-batch being encoded (its encodings:
+#: ids, type ids, masks, token strings; about 45 measured for a byte-level BPE).
+TEXT_CHAR_BYTES = 64
 
 
 def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None = None) -> int:
@@ -183,10 +185,11 @@ class StreamBudget:
     def of(cls, options: PackOptions, kind: str) -> StreamBudget:
         """The budget of packing with ``options`` an input of ``kind`` (a key of
         :data:`CHUNK_FACTORS`; ``"text"`` when a tokenizer encodes it)."""
-        chunk = budget.checked_mul(options.chunk_bytes, CHUNK_FACTORS.get(kind, 12))
+        factor = CHUNKS_IN_FLIGHT * CHUNK_FACTORS.get(kind, 12)
+        chunk = budget.checked_mul(options.chunk_bytes, factor)
         if kind == "text":
             batch = min(ENCODE_BATCH, options.chunk_bytes)
-            chunk = budget.checked_add(chunk, budget.checked_mul(batch, TEXT_TOKEN_BYTES))
+            chunk = budget.checked_add(chunk, budget.checked_mul(batch, TEXT_CHAR_BYTES))
         config = PackConfig(options.capacity, options.max_rows_per_batch)
         shard_tokens = budget.checked_add(
             options.shard_tokens, budget.checked_mul(config.max_rows_per_batch, config.capacity)
@@ -231,7 +234,7 @@ class StreamBudget:
         opts = self.options
         parts = (
             f"plus one model call of {opts.max_rows_per_batch} x {opts.capacity:,} cells and the"
-            f" policy's index {self.policy:,}, a read chunk {self.chunk:,},"
+            f" policy's index {self.policy:,}, {CHUNKS_IN_FLIGHT} read chunks {self.chunk:,},"
             f" {SHARDS_IN_FLIGHT} output shards {self.shards:,}, {DOCUMENT_BYTES} bytes a"
             f" document and {self.per_example} an example"
         )

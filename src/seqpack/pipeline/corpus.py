@@ -12,7 +12,9 @@ receipt is computed on the way (:class:`~seqpack.io.documents.SplitDigest`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -138,7 +140,6 @@ class _Reading:
     flags: list[Any]
     origins: list[Origin]
     firsts: list[int]
-    chunks: list[TokenChunk]
     documents: int = 0
     tokens: int = 0
     eligible: int = 0
@@ -147,12 +148,53 @@ class _Reading:
     named: bool = False
 
 
+#: Token bytes of a corpus kept in memory rather than spilled (without a budget): a
+#: corpus this small costs less in memory than its spill costs to write and map.
+KEEP_BYTES = 384 << 20
+
+
+class _Holder:
+    """Where read chunks go: the input's own views (Arrow inputs), kept in memory while
+    they are small (int32 ids), spilled once they pass ``keep_bytes``."""
+
+    def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
+        self.persistent = persistent
+        self.spill_dir = spill_dir
+        self.keep_bytes = keep_bytes
+        self.kept: list[TokenChunk] = []
+        self.held = 0
+        self.spill: Spill | None = None
+
+    def add(self, chunk: TokenChunk) -> None:
+        if self.spill is not None:
+            self.spill.append(chunk)
+            return
+        if not self.persistent:  # own int32 ids, not the reader's buffers
+            chunk = replace(chunk, tokens=chunk.tokens.astype(np.int32, copy=False))
+            self.held += chunk.tokens.nbytes + chunk.offsets.nbytes
+            self.held += 0 if chunk.flags is None else chunk.flags.nbytes
+        self.kept.append(chunk)
+        if not self.persistent and self.held > self.keep_bytes:
+            self.spill = Spill(self.spill_dir)
+            for kept in self.kept:
+                self.spill.append(kept)
+            self.kept = []
+
+    def chunks(self, origins: list[Origin], firsts: list[int]) -> list[TokenChunk]:
+        return self.spill.open(origins, firsts) if self.spill is not None else self.kept
+
+    def close(self) -> None:
+        self.kept = []
+        if self.spill is not None:
+            self.spill.close()
+
+
 def _take(
     state: _Reading,
     chunk: TokenChunk,
     opts: PackOptions,
     vocab: int | None,
-    spill: Spill | None,
+    holder: _Holder,
     digest: SplitDigest | None,
 ) -> None:
     """Check ``chunk`` against the options and keep what the corpus needs of it."""
@@ -172,10 +214,7 @@ def _take(
     state.firsts.append(chunk.first_row)
     if digest is not None:
         digest.tokens(chunk.tokens)
-    if spill is not None:
-        spill.append(chunk)
-    else:
-        state.chunks.append(chunk)
+    holder.add(chunk)
     state.documents += len(chunk)
     state.tokens += int(chunk.tokens.shape[0])
     targets = chunk.tokens.shape[0] - len(chunk)
@@ -210,26 +249,28 @@ def read_corpus(
     )
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else SplitDigest(opts.partition)
-    spill = None if source_input.persistent else Spill(spill_dir or ".")
-    state = _Reading([], [], [], [], [])
+    keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
+    holder = _Holder(source_input.persistent, spill_dir or ".", keep)
+    state = _Reading([], [], [], [])
     try:
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
-            for table, origin, size in source_input.chunks(opts.chunk_bytes, opts.text_field):
+            chunks_in = source_input.chunks(opts.chunk_bytes, opts.text_field)
+            for table, origin, size in read_ahead(chunks_in):
                 if table.num_rows:
                     chunk = chunk_from_arrow(
                         table, origin, tokenizer=tokenizer, text_field=opts.text_field,
                         partition=opts.partition,
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                    _take(state, chunk, opts, vocab, spill, digest)
+                    _take(state, chunk, opts, vocab, holder, digest)
                 bar.update(size)
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
-        chunks = spill.open(state.origins, state.firsts) if spill is not None else state.chunks
+        chunks = holder.chunks(state.origins, state.firsts)
         split_id = given or digest.finish(state.counts, _flags(state, chunks))  # type: ignore[union-attr]
-        if spill is not None:
-            spill.release()
+        if holder.spill is not None:
+            holder.spill.release()
         binding = make_binding(
             lambda: split_id,
             vocab_size=vocab if vocab is not None else state.largest + 1,
@@ -237,15 +278,35 @@ def read_corpus(
             tokenizer_id=opts.tokenizer_id,
         )
     except BaseException:
-        if spill is not None:
-            spill.close()
+        holder.close()
         source_input.close()
         raise
     first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
     return Corpus(
         source_input, chunks, first_rows, np.concatenate(state.counts), binding,
-        state.flagged, state.named, state.eligible, spill,
+        state.flagged, state.named, state.eligible, holder.spill,
     )  # fmt: skip
+
+
+_END = object()
+
+
+def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, each produced by a helper thread while the previous one is used: the
+    next chunk is read and parsed (Arrow releases the GIL) while this one is checked,
+    tokenized, hashed and spilled. One item is ahead at most."""
+    with ThreadPoolExecutor(1, thread_name_prefix="seqpack-read") as pool:
+        ahead = pool.submit(next, items, _END)
+        try:
+            while (item := ahead.result()) is not _END:
+                ahead = pool.submit(next, items, _END)
+                yield item
+        finally:
+            with contextlib.suppress(BaseException):
+                ahead.result()  # the helper is done with the generator before it closes
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
 
 def _flags(state: _Reading, chunks: list[TokenChunk]) -> list[Any]:
