@@ -257,6 +257,21 @@ def _file_blocks(source: str | Path, engine: RayOptions, say: Any) -> list[Block
     return blocks
 
 
+def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Settings]:
+    """The binding's vocabulary and tokenizer checks, now (its split receipt comes once the
+    blocks are read), and what every task gets: the options with the tokenizer loaded."""
+    tok = opts.load_tokenizer()
+    binding = resolve_binding(
+        NO_DOCUMENTS,
+        opts.partition,
+        vocab_size=opts.vocab_size,
+        tokenizer=tok,
+        tokenizer_id=opts.tokenizer_id,
+        split_id=opts.split_id or "pending",
+    )
+    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
+
+
 def pack(
     source: str | Path | ray.data.Dataset,
     out: str | Path,
@@ -287,17 +302,7 @@ def pack(
     recovered = recover_output(out)
     out = check_output(out, opts.overwrite)
     say = status(opts.show_progress(sys.stderr))
-    tok = opts.load_tokenizer()
-    # The vocabulary and tokenizer checks now; the split receipt once the blocks are read.
-    binding = resolve_binding(
-        NO_DOCUMENTS,
-        opts.partition,
-        vocab_size=opts.vocab_size,
-        tokenizer=tok,
-        tokenizer_id=opts.tokenizer_id,
-        split_id=opts.split_id or "pending",
-    )
-    settings = Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
+    binding, settings = _settings(opts, ray_opts)
     files = isinstance(source, (str, Path))
     blocks = _file_blocks(source, ray_opts, say) if files else []
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
