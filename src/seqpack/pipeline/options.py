@@ -170,7 +170,7 @@ class PackOptions:
         """
         if "split_long_sources" in overrides:
             warnings.warn(
-                "split_long= is now split_long= (PackOptions.split_long)",
+                "split_long_sources= is now split_long= (PackOptions.split_long)",
                 DeprecationWarning,
                 stacklevel=3,
             )
