@@ -66,7 +66,7 @@ class PackOptions:
     )
     policy: str = field(
         default=DEFAULT_POLICY,
-        metadata=flag("--policy", "packing policy (default: %(default)s)"),
+        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY})"),
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
