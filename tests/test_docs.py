@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -119,6 +120,7 @@ def _environment(tmp: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "MPLCONFIGDIR": str(tmp / ".cache" / "matplotlib"),
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "OMP_NUM_THREADS": "1",
     }
 
 
@@ -170,13 +172,20 @@ def test_page_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     namespace: dict = {"__name__": "__docs__"}
-    for block in blocks:
-        if block.skip is not None:
-            warnings.warn(f"{block.where} not run: {block.skip}", DocsBlockSkipped, stacklevel=1)
-        elif block.lang == "python":
-            _run_python(block, namespace)
-        else:
-            _run_bash(block, tmp_path, env)
+    # One torch thread: the examples are tiny, and on a shared 2-core machine a second
+    # intra-op thread only spins (a training example took 10x longer under load).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for block in blocks:
+            if block.skip is not None:
+                warnings.warn(f"{block.where} not run: {block.skip}", DocsBlockSkipped, 1)
+            elif block.lang == "python":
+                _run_python(block, namespace)
+            else:
+                _run_bash(block, tmp_path, env)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_blocks_parse_skip_markers(tmp_path: Path):
@@ -201,3 +210,45 @@ def test_blocks_parse_skip_markers(tmp_path: Path):
     page.write_text("```\nbare\n```\n", encoding="utf-8")
     with pytest.raises(AssertionError, match="needs a language"):
         blocks_of(page, "page.md")
+
+
+LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fenced, out = False, set()
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            out.add(_anchor(line.lstrip("#")))
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_page_links_resolve(page: Path):
+    """Every relative link names a file that exists and, with ``#anchor``, a heading in it."""
+    broken = []
+    for m in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = m["target"]
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked here
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
+        if not path.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{target}: no heading with that anchor in {path.name}")
+    assert broken == [], f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_anchor_rule():
+    assert _anchor(" Long sources: `--split-long`") == "long-sources---split-long"
+    assert _anchor("Example: `examples/train_tiny.py`") == "example-examplestrain_tinypy"
