@@ -79,6 +79,20 @@ def test_line_range_blocks_read_every_record_once_in_order(
             assert json.loads(first)["id"] == f"{k}-{piece.start}"
 
 
+def test_many_indented_records_and_blank_lines_are_counted_like_the_reader(tmp_path):
+    lines = []
+    for i in range(3000):  # more lines beginning with a blank than are stripped one by one
+        lines.append(("  " if i % 3 else "") + json.dumps({"id": str(i), "text": "t"}))
+        if i % 7 == 0:
+            lines.append(" \t ")
+    (path,) = _write(tmp_path / "in", ["\n".join(lines)])
+    want = read_jsonl(path).column("id").to_pylist()
+    for size in (None, 1000):
+        blocks = file_blocks(tmp_path / "in", size)
+        got = [i for b in blocks for i in block_table(b, "text", [])[0].column("id").to_pylist()]
+        assert got == want
+
+
 def test_a_bad_line_in_a_range_is_named_by_its_file_and_line(tmp_path):
     lines = [json.dumps({"text": f"doc {i}"}) for i in range(9)]
     lines.insert(3, "")  # line 4 is blank

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -74,55 +76,67 @@ class LineIndex:
         return LineRange(lo, hi, line, self.size)
 
 
+def _line_chunks(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, bytes)`` of whole lines of ``f``, about ``size`` bytes a chunk; only the
+    file's last chunk may end without a newline."""
+    pos, carry = 0, []
+    while block := f.read(size):
+        cut = block.rfind(b"\n") + 1
+        if not cut:
+            carry.append(block)
+            continue
+        chunk = b"".join([*carry, block[:cut]]) if carry else block[:cut]
+        yield pos, chunk
+        pos += len(chunk)
+        carry = [block[cut:]] if cut < len(block) else []
+    if carry:
+        yield pos, b"".join(carry)
+
+
+def _content(chunk: bytes, data: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Which lines ``[starts, stops)`` of ``chunk`` hold a non-blank byte (bool per line).
+
+    A line whose first byte is not blank has content (a record starts with
+    ``{``); the few that begin with a blank are stripped one by one, or, when
+    there are many (indented records), counted with one prefix sum.
+    """
+    first = data[np.minimum(starts, max(data.shape[0] - 1, 0))]
+    full = (starts < stops) & ~_BLANK[first]
+    doubt = np.flatnonzero((starts < stops) & _BLANK[first])
+    if doubt.size > 1024:
+        solid = np.concatenate(([0], np.cumsum(~_BLANK[data], dtype=np.int64)))
+        return solid[stops] - solid[starts] > 0
+    for k in doubt.tolist():
+        full[k] = bool(chunk[starts[k] : stops[k]].strip())
+    return full
+
+
 class _Scan:
-    """Running state of :func:`scan_jsonl` across chunks (a line may span two)."""
+    """Running state of :func:`scan_jsonl` over a file's line-aligned chunks."""
 
     def __init__(self, every: int | None, first: int) -> None:
         self.every, self.first = every, first
-        self.records = self.lines = self.pos = 0
-        self.start = 0  # byte offset of the line being read
-        self.solid = False  # whether that line holds a non-blank byte yet
+        self.records = self.lines = 0
         self.marks: dict[int, tuple[int, int]] = {}
         self.first_byte = b""
 
-    def chunk(self, chunk: bytes) -> None:
+    def chunk(self, pos: int, chunk: bytes) -> None:
+        if pos == 0 and chunk.startswith(_BOM):
+            chunk = b"   " + chunk[3:]  # the reader takes a byte-order mark as no content
+        if not self.first_byte:
+            self.first_byte = chunk.lstrip()[:1]
         data = np.frombuffer(chunk, dtype=np.uint8)
-        solid_byte = ~_BLANK[data]
-        if self.pos == 0 and chunk.startswith(_BOM):
-            solid_byte[:3] = False  # the reader takes a byte-order mark as no content
-        if not self.first_byte and solid_byte.any():
-            at = int(np.argmax(solid_byte))
-            self.first_byte = chunk[at : at + 1]
-        solid = np.concatenate(([0], np.cumsum(solid_byte, dtype=np.int64)))
         ends = np.flatnonzero(data == 10)
-        begins = np.concatenate(([0], ends[:-1] + 1)) if ends.size else ends
-        full = solid[ends] - solid[begins] > 0  # complete lines of this chunk with content
-        if ends.size:
-            full[0] |= self.solid
-            starts = np.concatenate(([self.start], self.pos + ends[:-1] + 1))
-            self._mark(full, starts, self.lines + 1 + np.arange(ends.size))
-            self.records += int(full.sum())
-            self.lines += int(ends.size)
-            self.start = self.pos + int(ends[-1]) + 1
-            self.solid = bool(solid[-1] - solid[int(ends[-1]) + 1] > 0)
-        else:
-            self.solid = self.solid or bool(solid[-1] > 0)
-        self.pos += len(chunk)
-
-    def finish(self) -> None:
-        """The last line, when the file does not end with a newline."""
-        if self.solid:
-            full = np.ones(1, dtype=bool)
-            self._mark(full, np.array([self.start]), np.array([self.lines + 1]))
-            self.records += 1
-
-    def _mark(self, full: np.ndarray, starts: np.ndarray, lines: np.ndarray) -> None:
-        if self.every is None:
-            return
-        record = self.records + np.cumsum(full) - 1
-        hit = np.flatnonzero(full & ((self.first + record) % self.every == 0))
-        for k in hit.tolist():
-            self.marks[int(record[k])] = (int(starts[k]), int(lines[k]))
+        lines = ends.shape[0] + (not chunk.endswith(b"\n"))
+        starts = np.concatenate(([0], ends + 1))[:lines]
+        stops = np.append(ends, data.shape[0])[:lines]
+        full = _content(chunk, data, starts, stops)
+        if self.every is not None:
+            record = self.records + np.cumsum(full) - 1
+            for k in np.flatnonzero(full & ((self.first + record) % self.every == 0)).tolist():
+                self.marks[int(record[k])] = (pos + int(starts[k]), self.lines + k + 1)
+        self.records += int(full.sum())
+        self.lines += lines
 
 
 def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineIndex:
@@ -130,17 +144,17 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
 
     ``first`` is the global number of the file's first record (the records
     of the files before it), so blocks of ``every`` examples cut across
-    files. Vectorised per chunk of :data:`SCAN_BYTES`: no Python loop per line.
+    files. Chunks of :data:`SCAN_BYTES` whole lines, vectorised per line.
     """
-    scan = _Scan(every, first)
+    scan, size = _Scan(every, first), 0
     try:
         with path.open("rb") as f:
-            while chunk := f.read(SCAN_BYTES):
-                scan.chunk(chunk)
+            for pos, chunk in _line_chunks(f, SCAN_BYTES):
+                scan.chunk(pos, chunk)
+                size = pos + len(chunk)
     except OSError as err:
         raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
-    scan.finish()
-    return LineIndex(path, scan.records, scan.pos, scan.marks, scan.first_byte)
+    return LineIndex(path, scan.records, size, scan.marks, scan.first_byte)
 
 
 def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
