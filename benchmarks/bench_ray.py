@@ -17,9 +17,9 @@ packed directory out. Measured in one run, tokens = prediction pairs:
 - ``seqpack pack --engine ray --ray-num-cpus W`` as a fresh process (pays
   ``ray.init``, worker start-up and shut-down), for each W;
 - ``seqpack.ray.pack`` on an instance of W CPUs already running, after one
-  pack that started its workers (steady state: the scaling curve), for each
-  W; its tasks' own seconds (manifest ``engine.per_block``) give the
-  per-worker rate.
+  pack that started its workers (steady state: the scaling curve; the best
+  of ``--repeat``), for each W; its tasks' own seconds (manifest
+  ``engine.per_block``) give the per-worker rate.
 
 It prints a table with ratios to the local engine and the load average,
 projects a cluster of N nodes from the measured per-worker rate and the
@@ -50,6 +50,8 @@ CACHE = ROOT / ".cache" / "bench_ray"
 PLOT = ROOT / "docs" / "ray_scaling.png"
 CAPACITY = 4096
 VOCAB = 8192
+#: The per-block task times of the manifest's ``engine.per_block``.
+STAGES = ("read", "tokenize", "plan", "write")
 PACK = ["--capacity", str(CAPACITY), "--split-long", "--policy", "best-fit-decreasing"]
 
 
@@ -129,9 +131,9 @@ def cli(args: list[str]) -> tuple[float, dict, float]:
     return wall, json.loads(out.splitlines()[-1]), usage.ru_maxrss / (1 << 20)
 
 
-def warm(folder: Path, tok: Path, out: Path, workers: int) -> dict:
+def warm(folder: Path, tok: Path, out: Path, workers: int, repeat: int) -> dict:
     """``seqpack.ray.pack`` on a running instance of ``workers`` CPUs: a first pack starts the
-    workers, the second is timed; its manifest gives the tasks' own seconds."""
+    workers, the best of ``repeat`` more is kept; its manifest gives the tasks' seconds."""
     import ray
 
     from seqpack.ray import pack
@@ -142,17 +144,18 @@ def warm(folder: Path, tok: Path, out: Path, workers: int) -> dict:
     )
     try:
         pack(folder, out / f"first-{workers}", **kw)
-        t0 = time.perf_counter()
-        stats = pack(folder, out / f"warm-{workers}", **kw)
-        wall = time.perf_counter() - t0
+        wall = float("inf")
+        for k in range(repeat):  # the best: other jobs on a shared machine only slow a run
+            t0 = time.perf_counter()
+            got = pack(folder, out / f"try-{workers}-{k}", **kw)
+            if time.perf_counter() - t0 < wall:
+                wall, stats, best = time.perf_counter() - t0, got, out / f"try-{workers}-{k}"
     finally:
         ray.shutdown()
-    manifest = json.loads((out / f"warm-{workers}" / "manifest.json").read_text())
+    manifest = json.loads((best / "manifest.json").read_text())
     blocks = manifest["engine"]["per_block"]
-    busy = sum(
-        b[k] for b in blocks for k in ("read_seconds", "tokenize_seconds", "plan_seconds")
-    ) + sum(b["write_seconds"] for b in blocks)
-    return {"wall": wall, "tokens": stats["tokens"], "busy": busy, "blocks": len(blocks)}
+    stages = {k: sum(b[f"{k}_seconds"] for b in blocks) for k in STAGES}
+    return {"wall": wall, "tokens": stats["tokens"], "busy": sum(stages.values())} | stages
 
 
 def scan_seconds(folder: Path) -> float:
@@ -174,11 +177,12 @@ def project(rate: float, fixed: float, scan_mb_s: float, cores: int, tokens_per_
     return rows
 
 
-def plot(workers, warm_rates, cli_rates, local_rate, alone, projection, cores) -> None:
+def plot(workers, warm_rates, cli_rates, local_rate, alone, projection, cores, rate) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     ideal = [warm_rates[0] * w for w in workers]
@@ -193,22 +197,27 @@ def plot(workers, warm_rates, cli_rates, local_rate, alone, projection, cores) -
     a.set_xticks(workers)
     a.legend(fontsize=7)
     nodes = [n for n, _, _ in projection]
-    b.loglog(nodes, [r / 1e6 for _, r, _ in projection], "o-", base=2)
-    b.set(xlabel=f"nodes of {cores} workers", ylabel="M prediction pairs / s (projected)")
-    b.set_title("projection from the per-worker rate, 10 GB of text", fontsize=10)
+    b.plot(nodes, [r / 1e6 for _, r, _ in projection], "o-", label="projected (serial parts kept)")
+    ideal = [rate * n * cores / 1e6 for n in nodes]
+    b.plot(nodes, ideal, ":", color="grey", label="no serial part")
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    b.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    b.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    b.set_xticks(nodes)
+    b.set(xlabel=f"nodes of {cores} workers", ylabel="M prediction pairs / s")
+    b.set_title("projected from the per-worker rate: 10 GB of text", fontsize=10)
     for n, r, h in projection:
-        b.annotate(
-            f"{h * 60:.0f} min",
-            (n, r / 1e6),
-            fontsize=7,
-            xytext=(3, -10),
-            textcoords="offset points",
-        )
+        label = f"{h * 60:.0f} min"
+        b.annotate(label, (n, r / 1e6), fontsize=7, xytext=(3, -10), textcoords="offset points")
+    b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
 
 
-def measure(folder: Path, tok: Path, workers: list[int]) -> tuple[int, list, dict, float]:
+def measure(
+    folder: Path, tok: Path, workers: list[int], repeat: int
+) -> tuple[int, list, dict, float]:
     """Every run: prediction pairs, table rows (name, seconds, pairs/s, peak RSS), the warm
     runs by worker count, and the driver's scan seconds."""
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
@@ -223,7 +232,7 @@ def measure(folder: Path, tok: Path, workers: list[int]) -> tuple[int, list, dic
             wall, stats, rss = cli([*local, *ray_args])
             assert stats["tokens"] == tokens
             rows.append((f"ray CLI, {w} worker(s)", wall, tokens / wall, rss))
-            runs[w] = warm(folder, tok, out, w) | {"cli": wall}
+            runs[w] = warm(folder, tok, out, w, repeat) | {"cli": wall}
             seconds = runs[w]["wall"]
             rows.append((f"ray warm, {w} worker(s)", seconds, tokens / seconds, None))
         return tokens, rows, runs, scan_seconds(folder)
@@ -252,10 +261,11 @@ def report(
         print(f"{name:<26} {seconds:>8.2f} {rate / 1e6:>10.3f} {base / seconds:>8.2f}x {mem:>9}")
     per_worker = {w: tokens / r["busy"] for w, r in runs.items()}
     for w, r in runs.items():
+        split = ", ".join(f"{k} {r[k]:.2f}" for k in STAGES)
         print(
-            f"  {w} worker(s): tasks busy {r['busy']:.2f} s -> {per_worker[w] / 1e6:.3f} M/s"
-            f" per worker; driver + idle {r['wall'] - r['busy'] / w:.2f} s of {r['wall']:.2f};"
-            f" CLI start-up and shut-down {r['cli'] - r['wall']:.2f} s"
+            f"  {w} worker(s): tasks busy {r['busy']:.2f} s ({split}) -> {per_worker[w] / 1e6:.3f}"
+            f" M/s per worker; driver + idle {r['wall'] - r['busy'] / w:.2f} s of"
+            f" {r['wall']:.2f}; CLI start-up and shut-down {r['cli'] - r['wall']:.2f} s"
         )
     cores = os.cpu_count() or 1
     rate = min(per_worker[w] for w in workers if w <= cores)  # the worst that still had a core
@@ -268,11 +278,15 @@ def report(
         f" {mb / scan:.0f} MB/s; nodes of {args.cores_per_node} workers, 10 GB of JSON Lines:"
     )
     for nodes, r, hours in projection:
-        print(f"  {nodes:>3} node(s): {r / 1e6:>7.2f} M pairs/s, {hours * 60:>7.1f} min")
+        read = 10_240 / (hours * 3600)  # what the shared filesystem must deliver
+        print(
+            f"  {nodes:>3} node(s): {r / 1e6:>7.2f} M pairs/s, {hours * 60:>7.1f} min,"
+            f" input {read:>6.1f} MB/s"
+        )
     warm_rates = [tokens / runs[w]["wall"] for w in workers]
     cli_rates = [tokens / runs[w]["cli"] for w in workers]
     fast = alone["encode_batch_fast"]
-    plot(workers, warm_rates, cli_rates, tokens / base, fast, projection, args.cores_per_node)
+    plot(workers, warm_rates, cli_rates, tokens / base, fast, projection, args.cores_per_node, rate)
 
 
 def main() -> None:
@@ -281,12 +295,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=16, help="JSON Lines shards (blocks)")
     parser.add_argument("--workers", default="1,2,4", help="Ray worker counts (default 1,2,4)")
     parser.add_argument("--cores-per-node", type=int, default=16, help="for the projection")
+    parser.add_argument("--repeat", type=int, default=2, help="warm packs per count (best)")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     folder, tok = corpus(args.mb, args.shards), tokenizer()
     print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores")
     alone = tokenizer_alone(tok, folder)
-    report(args, folder, alone, measure(folder, tok, workers))
+    report(args, folder, alone, measure(folder, tok, workers, args.repeat))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
     print(
         f"plot: {PLOT.relative_to(ROOT)}; load average after: {os.getloadavg()[0]:.2f};"
