@@ -173,13 +173,20 @@ def test_one_block_per_shard_plans_each_shard_as_the_local_engine(cluster, corpu
     assert _manifest(one)["binding"] == _manifest(whole)["binding"]
 
 
-def test_parquet_text_shards_give_the_same_examples(cluster, corpus, local, tmp_path):
+def test_parquet_text_shards_and_a_text_dataset_give_the_same_examples(
+    cluster, corpus, local, tmp_path
+):
+    import ray
+
     _, parquet, tok = corpus
     from seqpack.ray import pack
 
     stats = pack(parquet, tmp_path / "out", **_options(str(tok)), block_examples=25)
     assert stats["blocks"] == -(-sum(SHARDS) // 25)
     assert _examples(tmp_path / "out") == _examples(local)
+    ds = ray.data.read_parquet(str(parquet))  # how object-storage input arrives
+    pack(ds, tmp_path / "ds", **_options(str(tok)), block_examples=40)
+    assert _examples(tmp_path / "ds") == _examples(local)
 
 
 def test_workers_never_read_the_tokenizer_path(cluster, corpus, local, tmp_path):
