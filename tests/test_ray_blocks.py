@@ -221,4 +221,5 @@ def test_write_seconds_are_shared_by_rows_and_nodes_sum_their_tasks():
     a = nodes[0]
     assert (a["blocks"], a["examples"], a["tokens"], a["shards"]) == (1, 9, 50, 1)
     assert a["busy_seconds"] == pytest.approx(3.9)
+    assert (a["plan_cpu_seconds"], a["write_cpu_seconds"]) == pytest.approx((3.0, 0.3))
     assert a["plan_tokens_per_second"] == pytest.approx(50 / 3.5)

@@ -137,8 +137,9 @@ def test_cli_packs_text_on_two_nodes_like_the_local_engine(cluster, corpus, loca
     assert {b["node"] for b in blocks} == workers  # both worker nodes planned blocks
     for b in blocks:
         assert b["node_ip"] == "127.0.0.1"
-        assert min(b[k] for k in ("read_seconds", "tokenize_seconds", "plan_seconds")) > 0
-        assert b["write_seconds"] > 0
+        times = ("read_seconds", "tokenize_seconds", "plan_seconds", "plan_cpu_seconds")
+        assert min(b[k] for k in times) > 0
+        assert b["write_seconds"] > 0 and b["write_cpu_seconds"] > 0
     nodes = m["engine"]["nodes"]
     assert sum(n["blocks"] for n in nodes) == len(blocks)
     assert sum(n["tokens"] for n in nodes) == m["statistics"]["tokens"]
