@@ -206,15 +206,16 @@ def test_write_seconds_are_shared_by_rows_and_nodes_sum_their_tasks():
     timed = [
         b
         | {"node": n, "node_ip": "127.0.0.1", "read_seconds": 1.0, "tokenize_seconds": 2.0}
-        | {"plan_seconds": 0.5}
+        | {"plan_seconds": 0.5, "plan_cpu_seconds": 3.0}
         for b, n in zip(stats, ["a", "b"], strict=True)
     ]
     runs = [
-        {"node": "b", "node_ip": "127.0.0.1", "write_seconds": 0.2},
-        {"node": "a", "node_ip": "127.0.0.1", "write_seconds": 0.4},
+        {"node": "b", "node_ip": "127.0.0.1", "write_seconds": 0.2, "write_cpu_seconds": 0.1},
+        {"node": "a", "node_ip": "127.0.0.1", "write_seconds": 0.4, "write_cpu_seconds": 0.3},
     ]
-    blocks = per_block(layout, timed, shards, runs)
+    blocks = per_block(layout, timed, shards, runs)  # shard 1: 2 rows of block 0, 2 of block 1
     assert [b["write_seconds"] for b in blocks] == pytest.approx([0.2 + 0.2, 0.2])
+    assert [b["write_cpu_seconds"] for b in blocks] == pytest.approx([0.1 + 0.15, 0.15])
     assert [b["first_row"] for b in blocks] == [0, 6]
     nodes = per_node(blocks, [{"shard": 0} | runs[0], {"shard": 1} | runs[1]])
     assert [n["node"] for n in nodes] == ["a", "b"]  # busiest first: 3.5 + 0.4 > 3.5 + 0.2
