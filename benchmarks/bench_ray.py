@@ -179,23 +179,28 @@ def project(rate: float, fixed: float, scan_mb_s: float, cores: int, tokens_per_
     return rows
 
 
-def plot(workers, warm_rates, cli_rates, local_rate, alone, projection, cores, rate) -> None:
+def plot(curves: dict, projection: list, cores: int, rate: float, load: float) -> None:
+    """Left: pairs/s against Ray workers here; right: the projection to N nodes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ideal = [warm_rates[0] * w for w in workers]
-    a.plot(workers, [r / 1e6 for r in warm_rates], "o-", label="ray, warm instance")
-    a.plot(workers, [r / 1e6 for r in cli_rates], "s--", label="ray, CLI (fresh process)")
-    a.plot(workers, [r / 1e6 for r in ideal], ":", color="grey", label="linear from 1 worker")
-    a.axhline(local_rate / 1e6, color="C3", ls="-.", label="local engine, CLI")
-    a.axhline(alone / 1e6, color="C2", lw=0.8, label="tokenizer alone, 1 thread")
-    a.axvline(os.cpu_count() or 1, color="k", lw=0.5)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.4))
+    workers = curves["workers"]
+    here = os.cpu_count() or 1
+    m = [r / 1e6 for r in curves["warm"]]
+    a.plot(workers, m, "o-", label="ray, warm instance (wall clock)")
+    a.plot(workers, [r / 1e6 for r in curves["cli"]], "s--", label="ray, CLI (fresh process)")
+    cpu = [r * min(w, here) / 1e6 for w, r in zip(workers, curves["per_cpu"], strict=True)]
+    a.plot(workers, cpu, "^-.", label="rate per CPU second x busy cores (an unshared machine)")
+    a.plot(workers, [m[0] * w for w in workers], ":", color="grey", label="linear from 1 worker")
+    a.axhline(curves["local"] / 1e6, color="C3", ls="-.", label="local engine, CLI")
+    a.axhline(curves["alone"] / 1e6, color="C4", lw=0.8, label="tokenizer alone, 1 thread")
+    a.axvline(here, color="k", lw=0.5)
     a.set(xlabel="Ray worker processes (CPUs)", ylabel="M prediction pairs / s")
-    a.set_title(f"text -> packed, this machine ({os.cpu_count()} cores)", fontsize=10)
+    a.set_title(f"text -> packed here: {here} cores, load average {load:.1f}", fontsize=10)
     a.set_xticks(workers)
     a.legend(fontsize=7)
     nodes = [n for n, _, _ in projection]
@@ -208,9 +213,9 @@ def plot(workers, warm_rates, cli_rates, local_rate, alone, projection, cores, r
     b.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     b.set_xticks(nodes)
     b.set(xlabel=f"nodes of {cores} workers", ylabel="M prediction pairs / s")
-    b.set_title("projected from the per-worker rate: 10 GB of text", fontsize=10)
+    b.set_title("projected from the rate per CPU second: 10 GB of text", fontsize=10)
     for n, r, h in projection:
-        label = f"{h * 60:.0f} min"
+        label = f"{h * 60:.1f} min"
         b.annotate(label, (n, r / 1e6), fontsize=7, xytext=(3, -10), textcoords="offset points")
     b.legend(fontsize=7)
     fig.tight_layout()
@@ -288,10 +293,15 @@ def report(
             f"  {nodes:>3} node(s): {r / 1e6:>7.2f} M pairs/s, {hours * 60:>7.1f} min,"
             f" input {read:>6.1f} MB/s"
         )
-    warm_rates = [tokens / runs[w]["wall"] for w in workers]
-    cli_rates = [tokens / runs[w]["cli"] for w in workers]
-    fast = alone["encode_batch_fast"]
-    plot(workers, warm_rates, cli_rates, tokens / base, fast, projection, args.cores_per_node, rate)
+    curves = {
+        "workers": workers,
+        "warm": [tokens / runs[w]["wall"] for w in workers],
+        "cli": [tokens / runs[w]["cli"] for w in workers],
+        "per_cpu": [per_cpu[w] for w in workers],
+        "local": tokens / base,
+        "alone": alone["encode_batch_fast"],
+    }
+    plot(curves, projection, args.cores_per_node, rate, os.getloadavg()[0])
 
 
 def main() -> None:
