@@ -1,8 +1,9 @@
 """Checks of the numbers every layer relies on: positive settings, lengths, tree sizes.
 
-Command-line text becomes a number through :func:`parse_count` and
-:func:`parse_byte_size` only: both refuse ``inf``, ``nan``, fractions,
-negative and absurd values with one line naming the option.
+Command-line text becomes a number through :func:`parse_int` (and
+:func:`parse_count`), :func:`parse_byte_size` and :func:`parse_option` only:
+they refuse ``inf``, ``nan``, fractions, out-of-range and absurd values with
+one line naming the option.
 """
 
 from __future__ import annotations
@@ -79,19 +80,40 @@ def check_tree_capacity(capacity: int, policy: str) -> None:
 MAX_OPTION_VALUE = 1 << 62
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 _BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
+_INTEGER = re.compile(r"^[+-]?\d+(?:_\d+)*$")
+
+
+def parse_int(
+    text: str,
+    name: str,
+    minimum: int = -MAX_OPTION_VALUE,
+    maximum: int = MAX_OPTION_VALUE,
+) -> int:
+    """A whole number written in decimal (``4096``, ``10_000``, ``-3``) in ``[minimum, maximum]``.
+
+    ``inf``, ``nan``, ``1e3``, ``4096.0`` and numbers beyond ``±2**62`` are
+    refused with one line naming ``name``; the caller's own range (a
+    positive capacity, say) is checked where the value is used.
+    """
+    body = str(text).strip()
+    if not _INTEGER.match(body) or len(body) > 40:
+        raise InvalidInput(f"{name} {text!r} is not a whole number — write e.g. 4096")
+    value = int(body)
+    if not minimum <= value <= maximum:
+        raise InvalidInput(
+            f"{name} {text!r} is outside [{minimum:,}, {maximum:,}] — pass a value in that range"
+        )
+    return value
 
 
 def parse_count(text: str, name: str) -> int:
     """A positive integer written in decimal (``4096``, ``10_000``), at most 2**62."""
-    body = str(text).strip().replace("_", "")
-    if not body.isdigit():
-        raise InvalidInput(f"{name} {text!r} is not a positive whole number — write e.g. 4096")
-    return positive_int(name, int(body), MAX_OPTION_VALUE)
+    return parse_int(text, name, 1, MAX_OPTION_VALUE)
 
 
 def parse_byte_size(text: str, name: str) -> int:
     """``123``, ``512K``, ``1.5G``, ``2GiB`` (powers of 1024) as a byte count in [1, 2**62]."""
-    match = _BYTE_SIZE.match(str(text))
+    match = _BYTE_SIZE.match(str(text)) if len(str(text)) <= 40 else None
     if match is None:
         raise InvalidInput(f"{name} {text!r} is not a byte size like 512M or 2G")
     value = float(match[1]) * (1 << _UNITS[match[2].upper()])
@@ -100,19 +122,39 @@ def parse_byte_size(text: str, name: str) -> int:
     return positive_int(name, int(value), MAX_OPTION_VALUE)
 
 
+def check_option_value(value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) unless it holds a non-finite or absurd number, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{where}: {value} is not a usable value — write a finite number")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if abs(value) > MAX_OPTION_VALUE:
+            raise InvalidInput(
+                f"{where}: {value:.3g} is beyond any usable size (at most 2**62) — write a"
+                " smaller number"
+            )
+    elif isinstance(value, list):
+        for item in value:
+            check_option_value(item, where)
+    elif isinstance(value, dict):
+        for item in value.values():
+            check_option_value(item, where)
+    return value
+
+
 def parse_option(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` -> ``(key, value)``: dashes in the key become underscores; the
     value is JSON when it parses (numbers, booleans, lists), else the text itself.
-    Non-finite numbers (``Infinity``, ``NaN``) are refused."""
+    Non-finite numbers (``Infinity``, ``NaN``, ``1e999``) and numbers beyond
+    ``±2**62`` are refused."""
     key, sep, value = str(item).partition("=")
     if not sep or not key.strip():
-        raise InvalidInput(f"--option {item!r} is not KEY=VALUE")
+        raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
 
     def refuse(constant: str) -> Any:
         raise InvalidInput(f"--option {item!r}: {constant} is not a usable value")
 
     try:
         parsed: Any = json.loads(value, parse_constant=refuse)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
         parsed = value
-    return key.strip().replace("-", "_"), parsed
+    return key.strip().replace("-", "_"), check_option_value(parsed, f"--option {item!r}")
