@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -158,3 +158,40 @@ def parse_option(item: str) -> tuple[str, Any]:
     except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
         parsed = value
     return key.strip().replace("-", "_"), check_option_value(parsed, f"--option {item!r}")
+
+
+def state_value(state: Any, key: str, what: str) -> Any:
+    """``state[key]`` of a saved ``what`` state, or one line saying it is not one."""
+    if not isinstance(state, Mapping):
+        raise InvalidInput(f"a {what} state is a mapping, not a {type(state).__name__}")
+    if key not in state:
+        raise InvalidInput(f"the {what} state has no {key!r} — save it again with state_dict()")
+    return state[key]
+
+
+def state_int(state: Any, key: str, what: str, low: int = 0, high: int = MAX_OPTION_VALUE) -> int:
+    """``state[key]`` when it is an integer (not a bool or a float) in ``[low, high]``."""
+    value = state_value(state, key, what)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidInput(f"the {what} state's {key} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidInput(
+            f"the {what} state's {key} {value:,} lies outside [{low:,}, {high:,}]"
+            " — the state is damaged; save it again with state_dict()"
+        )
+    return int(value)
+
+
+def state_ints(state: Any, key: str, what: str, low: int, high: int) -> list[int]:
+    """``state[key]`` as a list of integers in ``[low, high]`` (no bools, floats or text)."""
+    value = state_value(state, key, what)
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value
+    ):
+        raise InvalidInput(f"the {what} state's {key} must be a list of integers")
+    if value and not (low <= min(value) and max(value) <= high):
+        raise InvalidInput(
+            f"the {what} state's {key} holds a value outside [{low:,}, {high:,}]"
+            " — the state is damaged; save it again with state_dict()"
+        )
+    return [int(v) for v in value]

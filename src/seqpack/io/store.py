@@ -27,15 +27,8 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.io.atomic import (
-    HIDDEN,
-    MANIFEST,
-    check_output,
-    claims_output,
-    fsync_dir,
-    held_claim,
-    temp_output,
-)
+from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, temp_output
+from seqpack.io.claim import claims_output, held_claim
 from seqpack.io.shards import (
     FORMAT,
     SHARD_TOKENS,

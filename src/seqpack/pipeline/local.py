@@ -20,7 +20,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.io.atomic import Claim, claim_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.readers import read_documents
 from seqpack.io.store import write_packed

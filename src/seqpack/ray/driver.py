@@ -17,7 +17,7 @@ import pyarrow as pa
 from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.core.policies import check_policy_options
-from seqpack.io.atomic import Claim, claim_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
 from seqpack.io.store import publish_packed, temp_output
