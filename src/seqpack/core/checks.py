@@ -195,3 +195,15 @@ def state_ints(state: Any, key: str, what: str, low: int, high: int) -> list[int
             " — the state is damaged; save it again with state_dict()"
         )
     return [int(v) for v in value]
+
+
+def state_columns(
+    state: Any, key: str, what: str, limits: dict[str, int]
+) -> tuple[np.ndarray, ...]:
+    """``state[key]``'s integer lists named in ``limits``, each value in ``[0, limit)`` and
+    all of one length, as int64 arrays in the order of ``limits``."""
+    table = state_value(state, key, what)
+    columns = [state_ints(table, name, f"{what} {key}", 0, top - 1) for name, top in limits.items()]
+    if len({len(c) for c in columns}) > 1:
+        raise InvalidInput(f"the {what} state's {key} lists differ in length")
+    return tuple(np.asarray(c, dtype=np.int64) for c in columns)

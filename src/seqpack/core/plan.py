@@ -148,6 +148,8 @@ def _plan_int(value: Any, name: str, low: int, high: int) -> int:
 
 def _plan_array(value: Any, name: str) -> np.ndarray:
     """``value`` as int64 [n]; floats, bools, objects and integers beyond int64 refused."""
+    if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
+        raise InvalidInput(f"plan {name} must hold integers, got a bool")
     arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
     if arr.ndim != 1:
         raise InvalidInput(f"plan {name} must be 1-D, got shape {arr.shape}")
