@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,10 @@ from seqpack.core.binding import INT32_MAX
 from seqpack.core.errors import BudgetExceeded, InvalidInput
 
 ARRAYS = ("lengths", "row_of", "start_of")
+#: What zipfile, zlib and the .npy header parser raise on a damaged archive (an encrypted
+#: or unknown-compression member is a RuntimeError / NotImplementedError).
+_DAMAGED = (OSError, EOFError, ValueError, KeyError, RecursionError, RuntimeError,
+            zipfile.BadZipFile, zlib.error, struct.error)  # fmt: skip
 #: The most examples a plan may place (segment ids are int32 downstream).
 MAX_PLAN_EXAMPLES = 1 << 31
 
@@ -129,7 +135,7 @@ class Plan:
                     )
                 arrays = {k: _read_npy(archive, k, np.integer, need) for k in ARRAYS}
             meta = json.loads(header.tobytes().decode())
-        except (OSError, zipfile.BadZipFile, KeyError, EOFError, ValueError, RecursionError) as err:
+        except _DAMAGED as err:
             raise InvalidInput(
                 f"{where}: not a seqpack plan ({err}) — save it again with Plan.save"
             ) from None
@@ -150,7 +156,10 @@ def _plan_array(value: Any, name: str) -> np.ndarray:
     """``value`` as int64 [n]; floats, bools, objects and integers beyond int64 refused."""
     if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
         raise InvalidInput(f"plan {name} must hold integers, got a bool")
-    arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as err:  # ragged or odd nesting
+        raise InvalidInput(f"plan {name} is not an array of integers ({err})") from None
     if arr.ndim != 1:
         raise InvalidInput(f"plan {name} must be 1-D, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):

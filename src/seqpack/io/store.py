@@ -45,6 +45,7 @@ from seqpack.io.verify import (
     check_contents,
     check_manifest,
     check_shard,
+    check_table,
 )
 
 
@@ -169,6 +170,7 @@ class PackedStore:
                     f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
                     " pack again"
                 ) from None
+            check_table(table, str(file))
             rows = arrow_to_rows(
                 table,
                 capacity=self.capacity,

@@ -229,6 +229,18 @@ def check_checksums(manifest: Mapping, folder: Path) -> None:
             )
 
 
+def check_table(table: pa.Table, where: str) -> None:
+    """No value of any column of a decoded shard is null (at any list depth): the row
+    decoder would turn one into NaN and then into an arbitrary integer."""
+    for name in table.column_names:
+        column = table.column(name)
+        chunks = column.chunks
+        while chunks:
+            if any(chunk.null_count for chunk in chunks):
+                raise _bad(where, f"a value of column {name!r} is missing (null)")
+            chunks = [c.flatten() for c in chunks if pa.types.is_list(c.type)]
+
+
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
     """Shard content against its manifest ``entry`` and the binding, capacity and the
     manifest's ``occurrences`` (ordinals lie in ``[0, occurrences)``)."""
@@ -306,6 +318,7 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
         raise InvalidInput(
             f"{file}: cannot read the shard ({err}) — the packed directory is damaged; pack again"
         ) from None
+    check_table(table, str(file))
     rows = arrow_to_rows(
         table,
         capacity=int(manifest["config"]["capacity"]),
