@@ -22,7 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack import Binding, BindingMismatch, InvalidInput, PartitionMismatch, SeqpackError
+from seqpack import (
+    Binding,
+    BindingMismatch,
+    BudgetExceeded,
+    InvalidInput,
+    PartitionMismatch,
+    SeqpackError,
+)
 from seqpack.io.shards import sha256_file
 from seqpack.io.store import MANIFEST, load_packed
 from seqpack.pipeline.local import pack_path
@@ -377,6 +384,147 @@ def run_damage(case: Damage, packed: Path, folder: Path) -> tuple[type | None, s
     case.damage(out)
     try:
         case.load(out)
+    except SeqpackError as err:
+        return type(err), str(err).replace(f"{folder}/", "")
+    return None, ""
+
+
+# ---------------------------------------------------------------- saved states
+
+
+def _plan() -> Any:
+    from seqpack.core.policies import plan_rows
+
+    return plan_rows(np.array([3, 2, 4, 1, 6]), 6, "best-fit-decreasing")
+
+
+def _plan_dict(**changes: Any) -> Callable[[Path], Any]:
+    def load(folder: Path) -> Any:
+        from seqpack.core.plan import Plan
+
+        return Plan.from_dict({**_plan().to_dict(), **changes})
+
+    return load
+
+
+def _plan_file(damage: Callable[[Path], None]) -> Callable[[Path], Any]:
+    def load(folder: Path) -> Any:
+        from seqpack.core.plan import Plan
+
+        _plan().save(folder / "plan.npz")
+        damage(folder / "plan.npz")
+        return Plan.load(folder / "plan.npz")
+
+    return load
+
+
+def _claim_huge(path: Path) -> None:
+    """Rewrite ``lengths.npy`` so its header claims 2**40 entries (5 are there)."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        members = {n: archive.read(n) for n in archive.namelist()}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<i8", "fortran_order": False, "shape": (2**40,)}
+    )
+    members["lengths.npy"] = buf.getvalue() + _plan().lengths.tobytes()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def _stream_state(**changes: Any) -> Callable[[Path], Any]:
+    def load(folder: Path) -> Any:
+        from seqpack.core.stream_packer import StreamPacker
+
+        packer = StreamPacker(8, window=4, max_open_rows=2, seed=3)
+        packer.push([3, 5, 2, 7, 1, 4, 6, 2, 2])
+        state = json.loads(json.dumps(packer.state_dict()))
+        for key, value in changes.items():
+            value(state) if callable(value) else state.__setitem__(key, value)
+        return StreamPacker.from_state_dict(state)
+
+    return load
+
+
+def _drop_buffered(state: dict) -> None:
+    state["buffer"]["example"].pop(0)
+    state["buffer"]["length"].pop(0)
+
+
+def _sampler_state(**changes: Any) -> Callable[[Path], Any]:
+    def load(folder: Path) -> Any:
+        from seqpack.training.distributed import RowStats
+        from seqpack.training.sampler import RowSampler
+
+        tokens = np.arange(1, 9, dtype=np.int64)
+        sampler = RowSampler(RowStats(tokens, tokens, tokens**2.0), rows_per_micro_batch=2,
+                             world_size=1, rank=0)  # fmt: skip
+        return sampler.load_state_dict(sampler.state_dict() | changes)
+
+    return load
+
+
+@dataclass(frozen=True)
+class StateCase:
+    """A saved state damaged one way, and the refusal it must meet (``load(folder)``)."""
+
+    name: str
+    input: str
+    load: Callable[[Path], Any]
+    error: type[SeqpackError]
+    needles: tuple[str, ...]
+
+
+STATES: list[StateCase] = [
+    StateCase("plan-negative-length", "a plan with a negative length",
+              _plan_dict(lengths=[3, -2, 4, 1, 6]), InvalidInput,
+              ("plan lengths must lie in [1, capacity 6]",)),
+    StateCase("plan-zero-length", "a plan with a length of 0", _plan_dict(lengths=[3, 0, 4, 1, 6]),
+              InvalidInput, ("plan lengths must lie in [1, capacity 6]",)),
+    StateCase("plan-capacity-0", "a plan of capacity 0", _plan_dict(capacity=0), InvalidInput,
+              ("plan capacity 0 lies outside [1, 2,147,483,647]",)),
+    StateCase("plan-capacity-2**62", "a plan of capacity 2**62 (overflowed the row order)",
+              _plan_dict(capacity=2**62), InvalidInput,
+              ("plan capacity 4,611,686,018,427,387,904",)),
+    StateCase("plan-overfull-row", "two examples placed on the same cells",
+              _plan_dict(row_of=[0, 0, 0, 0, 0]), InvalidInput,
+              ("two examples on the same cells",)),
+    StateCase("plan-float-lengths", "float lengths (were truncated)",
+              _plan_dict(lengths=[3.7, 2, 4, 1, 6]), InvalidInput,
+              ("plan lengths must hold integers, got float64",)),
+    StateCase("plan-file-claims-2**40", "a plan file whose header claims 2**40 lengths",
+              _plan_file(_claim_huge), InvalidInput,
+              ("plan.npz: not a seqpack plan (lengths claims 8,796,093,022,208 bytes",)),
+    StateCase("plan-file-pickle", "a plan file that is a pickle",
+              _plan_file(lambda p: p.write_bytes(b"\x80\x04\x95pickle")), InvalidInput,
+              ("plan.npz: not a seqpack plan", "save it again with Plan.save")),
+    StateCase("stream-huge-window", "a stream state with `window=10**10`",
+              _stream_state(window=10**10), InvalidInput,
+              ("window 10,000,000,000 lies outside [1, 2,147,483,647]",)),
+    StateCase("stream-window-over-budget", "a stream state whose window needs 120 GB",
+              _stream_state(window=2**31 - 1), BudgetExceeded,
+              ("restoring the stream-best-fit state needs", "pass max_bytes=")),
+    StateCase("stream-negative-rows", "a stream state with `rows_emitted=-1`",
+              _stream_state(rows_emitted=-1), InvalidInput, ("rows_emitted -1 lies outside",)),
+    StateCase("stream-example-removed", "a stream state with one waiting example removed",
+              _stream_state(drop=_drop_buffered), InvalidInput,
+              ("9 examples pushed but", "an example removed or added")),
+    StateCase("stream-float-window", "a stream state with `window=4.0`",
+              _stream_state(window=4.0), InvalidInput, ("window must be an integer, got 4.0",)),
+    StateCase("stream-old-format", "a stream state of format /1 (no returned-example count)",
+              _stream_state(format="seqpack.stream-best-fit/1"), InvalidInput,
+              ("format 'seqpack.stream-best-fit/1'", "start the stream again")),
+    StateCase("sampler-float-epoch", "a sampler state with `epoch=1.5`",
+              _sampler_state(epoch=1.5), InvalidInput, ("epoch must be an integer, got 1.5",)),
+]  # fmt: skip
+
+
+def run_state(case: StateCase, folder: Path) -> tuple[type | None, str]:
+    try:
+        case.load(folder)
     except SeqpackError as err:
         return type(err), str(err).replace(f"{folder}/", "")
     return None, ""

@@ -13,6 +13,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from integrity_cases import STATES, StateCase, run_state
 from seqpack.core.errors import BudgetExceeded, InvalidInput
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
@@ -318,3 +319,14 @@ def test_a_stream_dataset_state_is_checked(edit, needle):
     with pytest.raises(InvalidInput) as info:
         next(iter(ds))
     assert needle in str(info.value)
+
+
+# ---------------------------------------------------------------- the catalogue's cases
+
+
+@pytest.mark.parametrize("case", STATES, ids=lambda c: c.name)
+def test_every_catalogued_state_damage_is_refused(case: StateCase, tmp_path):
+    error, message = run_state(case, tmp_path)
+    assert error is case.error, message
+    for needle in case.needles:
+        assert needle in message, (needle, message)

@@ -83,25 +83,25 @@ _BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNO
 _INTEGER = re.compile(r"^[+-]?\d+(?:_\d+)*$")
 
 
-def parse_int(
-    text: str,
-    name: str,
-    minimum: int = -MAX_OPTION_VALUE,
-    maximum: int = MAX_OPTION_VALUE,
-) -> int:
-    """A whole number written in decimal (``4096``, ``10_000``, ``-3``) in ``[minimum, maximum]``.
+def parse_int(text: str, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number written in decimal (``4096``, ``10_000``, ``-3``), within ``±2**62``
+    and, when given, ``[minimum, maximum]``.
 
-    ``inf``, ``nan``, ``1e3``, ``4096.0`` and numbers beyond ``±2**62`` are
-    refused with one line naming ``name``; the caller's own range (a
-    positive capacity, say) is checked where the value is used.
+    ``inf``, ``nan``, ``1e3`` and ``4096.0`` are refused with one line naming
+    ``name``; a range the caller does not give here (a positive capacity,
+    say) is checked where the value is used.
     """
     body = str(text).strip()
-    if not _INTEGER.match(body) or len(body) > 40:
+    if not _INTEGER.match(body):
         raise InvalidInput(f"{name} {text!r} is not a whole number — write e.g. 4096")
+    if len(body) > 100 or abs(int(body)) > MAX_OPTION_VALUE:  # int() of 100 digits is cheap
+        raise InvalidInput(f"{name} {text!r} is beyond any usable size (at most 2**62)")
     value = int(body)
-    if not minimum <= value <= maximum:
+    low = -MAX_OPTION_VALUE if minimum is None else minimum
+    high = MAX_OPTION_VALUE if maximum is None else maximum
+    if not low <= value <= high:
         raise InvalidInput(
-            f"{name} {text!r} is outside [{minimum:,}, {maximum:,}] — pass a value in that range"
+            f"{name} {text!r} is outside [{low:,}, {high:,}] — pass a value in that range"
         )
     return value
 
@@ -155,6 +155,8 @@ def parse_option(item: str) -> tuple[str, Any]:
 
     try:
         parsed: Any = json.loads(value, parse_constant=refuse)
+    except InvalidInput:
+        raise
     except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
         parsed = value
     return key.strip().replace("-", "_"), check_option_value(parsed, f"--option {item!r}")
