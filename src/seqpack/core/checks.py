@@ -151,7 +151,9 @@ def parse_option(item: str) -> tuple[str, Any]:
         raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
 
     def refuse(constant: str) -> Any:
-        raise InvalidInput(f"--option {item!r}: {constant} is not a usable value")
+        raise InvalidInput(
+            f"--option {item!r}: {constant} is not a usable value — write a finite number"
+        )
 
     try:
         parsed: Any = json.loads(value, parse_constant=refuse)
