@@ -121,7 +121,7 @@ class Plan:
 
         Each array's declared size is checked against the bytes the file
         holds before anything is allocated, and ``max_bytes`` (if given)
-        bounds them together (:class:`~seqpack.errors.BudgetExceeded`).
+        bounds them together (:class:`~seqpack.core.errors.BudgetExceeded`).
         """
         where = os.fspath(path)
         try:

@@ -277,7 +277,7 @@ class StreamPacker:
 
         The state is checked whole before anything is allocated; the buffers its
         configuration needs (:func:`stream_bytes`) must fit ``max_bytes``
-        (:class:`~seqpack.errors.BudgetExceeded` otherwise; None: no limit).
+        (:class:`~seqpack.core.errors.BudgetExceeded` otherwise; None: no limit).
         """
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])

@@ -310,7 +310,7 @@ def verify_hf(
 
 def _hint(mode: str, attn_implementation: str) -> str:
     """Why a failing configuration leaks, and the fix."""
-    fix = "feed the model seqpack.training.hf.hf_inputs(batch, attn_implementation)"
+    fix = "feed the model seqpack.hf.hf_inputs(batch, attn_implementation)"
     if mode == "naive":
         return (
             "position_ids alone do not separate packed examples: with the default"

@@ -71,7 +71,7 @@ def claims_output(writer: Callable[..., Any]) -> Callable[..., Any]:
 def claim_output(out: str | os.PathLike[str], overwrite: bool) -> Iterator[Claim]:
     """Hold the output path ``out`` for one writer: lock, recover, check.
 
-    Raises :class:`~seqpack.errors.InvalidInput` when another run holds it
+    Raises :class:`~seqpack.core.errors.InvalidInput` when another run holds it
     (naming it), when ``out`` cannot name an output folder, or when it exists
     and may not be replaced. Re-entrant in the holding thread (a nested
     claim is the same :class:`Claim`). Missing parent folders are created,

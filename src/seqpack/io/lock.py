@@ -134,7 +134,7 @@ def output_lock(out: Path) -> Iterator[list[str]]:
     """Hold the lock of the output folder ``out`` (its parent must exist).
 
     Yields a list of notes: one when the lock of a killed run was taken over.
-    Raises :class:`~seqpack.errors.InvalidInput` naming the writer holding it.
+    Raises :class:`~seqpack.core.errors.InvalidInput` naming the writer holding it.
     """
     path = lock_path(out)
     key = os.path.join(os.path.realpath(path.parent), path.name)

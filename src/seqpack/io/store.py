@@ -6,7 +6,7 @@ model calls each (a multiple of ``max_rows_per_batch`` rows).
 policy, statistics and every shard's row span, size and sha256. A directory
 is complete exactly when its manifest exists: :func:`write_packed` builds it
 under a hidden temporary sibling, fsyncs, then renames it into place
-(:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
+(:mod:`seqpack.io.atomic`). :func:`load_packed` checks the manifest's shape, every
 shard's size and sha256, and the caller's expected binding and partition.
 """
 
@@ -244,11 +244,11 @@ def load_packed(
     and every shard's size and sha256; ``"full"`` also decodes every shard
     now and holds it against the manifest; ``False`` checks the manifest
     only. At every depth a shard is checked against its manifest entry
-    when it is read. Raises :class:`~seqpack.errors.InvalidInput` for a
+    when it is read. Raises :class:`~seqpack.core.errors.InvalidInput` for a
     missing, malformed, damaged or edited output (naming what disagrees),
-    :class:`~seqpack.errors.BindingMismatch`
+    :class:`~seqpack.core.errors.BindingMismatch`
     when ``expected_binding`` differs from the manifest's and
-    :class:`~seqpack.errors.PartitionMismatch` when ``expected_partition`` does.
+    :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
     Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
     refused even when they hold a manifest.
     """

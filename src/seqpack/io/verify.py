@@ -2,7 +2,7 @@
 
 Every number a loader relies on is checked against the others before it is
 used, so an edited manifest or shard either fails with an
-:class:`~seqpack.errors.InvalidInput` naming what disagrees, or changes
+:class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or changes
 nothing that is loaded. Three depths, :func:`seqpack.io.store.load_packed`'s
 ``verify=``:
 
