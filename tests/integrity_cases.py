@@ -325,7 +325,7 @@ DAMAGES: list[Damage] = [
            InvalidInput, ("shard-00001.parquet: holds rows", "but the manifest says")),
     Damage("missing-source-id", "a source id set to null",
            _edit_shard(lambda c: c["source_ids"][0].__setitem__(0, None)), InvalidInput,
-           ("source_id is missing",)),
+           ("a value of column 'source_ids' is missing (null)",)),
     Damage("swapped-checksums-fixed", "two shards swapped, their checksums swapped too",
            _swap_with_checksums, InvalidInput,
            ("shard-00000.parquet: holds first_row", "but the manifest says 0")),
