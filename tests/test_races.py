@@ -271,6 +271,7 @@ def test_a_verified_old_folder_is_restored(data, tmp_path):
         ("  ", "--out is empty"),
         (".out.seqpack-tmp-h-1-0123abcd", "names a temporary seqpack file"),
         (".out.seqpack-lock", "names a temporary seqpack file"),
+        ("x" * 250, "is too long for its temporary sibling"),
     ],
 )
 @pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
@@ -319,6 +320,11 @@ def test_a_symlink_loop_is_one_line(data, tmp_path):
     got = _cli("pack", data, "--out", tmp_path / "a", *OPTIONS)
     assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
     assert "is a symbolic link that names no folder" in got.stderr
+
+
+def test_a_nul_byte_in_the_output_path_is_one_error(data, tmp_path):
+    with pytest.raises(InvalidInput, match="holds a NUL byte"):
+        pack_path(data, tmp_path / "a\0b", capacity=16, vocab_size=500)
 
 
 def test_missing_parent_folders_are_removed_again_when_nothing_is_published(tmp_path):

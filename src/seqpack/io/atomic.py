@@ -54,6 +54,10 @@ _OURS = re.compile(
 )
 
 
+#: Longest file name most file systems take (ext4, xfs, btrfs, tmpfs: 255 bytes).
+_NAME_MAX = 255
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
 
@@ -64,6 +68,8 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     text = os.fspath(out)
     if not text.strip():
         raise InvalidInput("--out is empty — name the output folder, e.g. --out packed")
+    if "\0" in text:
+        raise InvalidInput(f"--out {text!r} holds a NUL byte, which no path can — rename it")
     path = Path(text)
     if path.name in ("", ".", ".."):
         raise InvalidInput(
@@ -72,7 +78,17 @@ def output_path(out: str | os.PathLike[str]) -> Path:
         )
     if HIDDEN.match(path.name) or path.name.endswith(LOCK_SUFFIX):
         raise InvalidInput(f"{path}: names a temporary seqpack file — choose another --out")
-    if path.is_symlink():
+    # the hidden sibling adds about 60 bytes: ".NAME.seqpack-tmp-HOST-PID-RANDOM"
+    if len(os.fsencode(path.name)) + 60 + len(_host()) > _NAME_MAX:
+        raise InvalidInput(
+            f"--out name {path.name[:40]!r}... is too long for its temporary sibling"
+            f" (at most {_NAME_MAX - 60 - len(_host())} bytes here) — choose a shorter name"
+        )
+    try:
+        linked = path.is_symlink()
+    except OSError as err:
+        raise InvalidInput(f"cannot use --out {text!r} ({err.strerror or err})") from None
+    if linked:
         target = Path(os.path.realpath(path))
         if target.is_symlink() or target.name in ("", ".", ".."):
             raise InvalidInput(f"--out {text!r} is a symbolic link that names no folder")

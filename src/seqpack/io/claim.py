@@ -83,7 +83,7 @@ def claim_output(out: str | os.PathLike[str], overwrite: bool) -> Iterator[Claim
         check_output(path, overwrite)
         yield _claims[key]
         return
-    made = _make_parents(path.parent)
+    made = _make_parents(path)
     try:
         with output_lock(path) as notes:
             claim = Claim(path, overwrite, notes + recover_output(path))
@@ -101,9 +101,9 @@ def claim_output(out: str | os.PathLike[str], overwrite: bool) -> Iterator[Claim
                 break
 
 
-def _make_parents(folder: Path) -> list[Path]:
-    """Create ``folder`` and missing parents; the ones created, outermost first."""
-    missing = []
+def _make_parents(out: Path) -> list[Path]:
+    """Create the missing parent folders of ``out``; the ones created, outermost first."""
+    folder, missing = out.parent, []
     while not os.path.lexists(folder) and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
@@ -118,7 +118,7 @@ def _make_parents(folder: Path) -> list[Path]:
         for path in reversed(made):
             path.rmdir()
         raise InvalidInput(
-            f"cannot create the output folder {(missing or [folder])[0]} ({err.strerror or err})"
-            " — choose a writable --out"
+            f"cannot create the output folder {out} ({err.strerror or err}) — choose a writable"
+            " --out"
         ) from None
     return made
