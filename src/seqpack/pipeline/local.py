@@ -113,7 +113,7 @@ def pack_path(
 
 def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> dict[str, Any]:
     """:func:`pack_path`'s work, holding the output path (``claim``, see
-    :func:`seqpack.io.atomic.claim_output`) from the first check to publication."""
+    :func:`seqpack.io.claim.claim_output`) from the first check to publication."""
     started = time.perf_counter()
     config = PackConfig(opts.capacity, opts.max_rows_per_batch)
     out = claim.path
