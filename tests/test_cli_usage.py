@@ -60,3 +60,28 @@ def test_a_tokenizer_folder_s_code_never_runs_and_nothing_is_asked(tmp_path):
         )
         assert not (tmp_path / "tok" / "RAN").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [DATA, "tok"]
+
+
+def test_a_model_folder_s_code_never_runs_and_nothing_is_asked(tmp_path):
+    """``seqpack verify`` on a config that maps the model to code of its own ('y' on stdin):
+    refused in one line; transformers' module cache (under HF_HOME here) stays empty."""
+    import os
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"model_type": "evil", "vocab_size": 10, "auto_map": {"AutoConfig":'
+        ' "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}}'
+    )
+    (model / "evil.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('ran')\n"
+    )
+    env = os.environ | {"HF_HOME": str(tmp_path / "hf")}
+    for flag in ("--hf-config", "--hf-model"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "seqpack", "verify", flag, str(model)],
+            input="y\ny\n", capture_output=True, text=True, check=False, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr.count("\n") == 1 and "contains custom code" in proc.stderr
+    assert list(tmp_path.rglob("RAN")) == []
