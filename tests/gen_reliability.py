@@ -57,8 +57,11 @@ most expensive kind. The rules:
   each shard read is checked against the manifest at every depth for 4% of
   its decoding (see *Integrity* below). Plans and stream,
   sampler and dataset states are held to every invariant their loaders rely
-  on, with allocations bounded by the file or a budget; tokenizers are loaded
-  with `trust_remote_code=False`, and nothing ever asks a question on stdin.
+  on, with allocations bounded by the file or a budget; tokenizers (`--tokenizer`)
+  and models (`seqpack verify --hf-config/--hf-model`) are loaded with
+  `trust_remote_code=False`, so a folder's own Python code (`auto_map`) is
+  refused, never run, and nothing ever asks a question on stdin
+  (`tests/test_cli_usage.py` answers `y` and checks no marker file appears).
 - **Accepted but reported:** duplicated ids are packed as separate
   occurrences, counted in the statistics (`duplicate_ids`, `--json`) and
   named in a warning line; an example longer than a row packs with
