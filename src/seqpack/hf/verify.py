@@ -124,15 +124,20 @@ def load_model(
 
     try:
         if config is not None:
-            cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+            # trust_remote_code=False: never run a folder's own Python code (an auto_map)
+            # and never ask about it on stdin, which transformers does when it is unset
+            cfg = AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=False
+            )
             torch.manual_seed(seed)
             built = AutoModelForCausalLM.from_config(
-                cfg, attn_implementation=attn_implementation, dtype=dtype
+                cfg, attn_implementation=attn_implementation, dtype=dtype, trust_remote_code=False
             )
         else:
             built = AutoModelForCausalLM.from_pretrained(
                 str(path),
                 local_files_only=True,
+                trust_remote_code=False,
                 attn_implementation=attn_implementation,
                 dtype=dtype,
             )
