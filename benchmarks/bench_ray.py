@@ -202,7 +202,7 @@ def plot(curves: dict, projection: list, cores: int, rate: float, load: float) -
     a.set(xlabel="Ray worker processes (CPUs)", ylabel="M prediction pairs / s")
     a.set_title(f"text -> packed here: {here} cores, load average {load:.1f}", fontsize=10)
     a.set_xticks(workers)
-    a.legend(fontsize=7)
+    a.legend(fontsize=7, loc="center right")
     nodes = [n for n, _, _ in projection]
     b.plot(nodes, [r / 1e6 for _, r, _ in projection], "o-", label="projected (serial parts kept)")
     ideal = [rate * n * cores / 1e6 for n in nodes]
