@@ -50,6 +50,7 @@ class Case:
     refused: str | None = None
     flex: bool = False
     note: str = ""
+    drop: tuple[str, ...] = ()  # base keys this config derives itself
 
     @property
     def windowed(self) -> bool:
@@ -99,7 +100,8 @@ CASES: tuple[Case, ...] = (
     Case(
         "falcon (rotary)",
         "falcon",
-        {"alibi": False, "num_kv_heads": 1, "head_dim": None},
+        {"alibi": False, "num_kv_heads": 1},
+        drop=("head_dim",),
         attns=("eager", "sdpa"),
         note="transformers' falcon takes no registered attention function",
     ),
@@ -152,8 +154,9 @@ CASES: tuple[Case, ...] = (
     Case(
         "falcon (ALiBi)",
         "falcon",
-        {"alibi": True, "num_kv_heads": 1, "head_dim": None},
+        {"alibi": True, "num_kv_heads": 1},
         attns=("eager",),
+        drop=("head_dim",),
         refused="attention",
     ),
     Case(
@@ -214,10 +217,8 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
     import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
 
     dtype = dtype or torch.float64
-    merged = BASE | case.options  # an option of None drops a base key the config derives
-    config = AutoConfig.for_model(
-        case.model_type, **{k: v for k, v in merged.items() if v is not None}
-    )
+    base = {k: v for k, v in BASE.items() if k not in case.drop}
+    config = AutoConfig.for_model(case.model_type, **(base | case.options))
     torch.manual_seed(seed)
     options = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
     model = AutoModelForCausalLM.from_config(
