@@ -67,6 +67,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             dtype=hf_verify.DTYPES[args.dtype],
             seed=args.seed,
             device=args.device,
+            refuse=args.mode == "adapter",
         )
         from seqpack.hf.architectures import architecture_of
 

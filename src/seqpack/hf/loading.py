@@ -11,7 +11,9 @@ Without a window: :data:`LENGTHS` at capacity 12 (rows ``[6, 3 | 3 pad]``,
 ``[8, 4]`` exact, ``[5, 2 | 5 pad]``). With the model's window ``w``, the
 longest example has ``2w + 3`` pairs (capped to the row the model can hold,
 at most :data:`MAX_WIDTH`), so every sliding layer truncates real queries,
-and it shares its row with a short one. ``--lengths`` gives a user's own
+and it shares its row with a short one; a window too long for that row
+keeps the small default and the report says the window was not exercised
+(``--lengths`` can exercise it). ``--lengths`` gives a user's own
 shapes; the row width defaults to their sum (one shared row) where it fits.
 """
 
@@ -27,6 +29,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.examples import SequenceExample
 from seqpack.hf.adapter import IMPLEMENTATIONS
+from seqpack.hf.architectures import describe
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: Prediction pairs of the default verification examples (no window).
@@ -153,11 +156,14 @@ def load_model(
     dtype: torch.dtype = torch.float64,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    refuse: bool = True,
 ) -> torch.nn.Module:
     """A causal LM from a local config (seeded random weights) or a local pretrained dir.
 
     Nothing is downloaded (``local_files_only=True``). Dropout is turned off
-    (``eval()``); every parameter requires grad.
+    (``eval()``); every parameter requires grad. With ``refuse`` an
+    architecture seqpack cannot make exact is refused from its config,
+    before any weights are built or loaded.
     """
     if (config is None) == (model is None):
         raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
@@ -173,8 +179,14 @@ def load_model(
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
+    if refuse:
+        describe(cfg).check()
+    try:
         if config is not None:
-            cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
             torch.manual_seed(seed)
             built = AutoModelForCausalLM.from_config(cfg, **options)
         else:

@@ -387,6 +387,7 @@ def _hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) -
 __all__ = [
     "CAPACITY",
     "DTYPES",
+    "FLOAT32_TOLERANCE",
     "LENGTHS",
     "MODES",
     "ModelCrashed",
