@@ -64,7 +64,7 @@ the path empty until the next run restores the old folder.
   complete outputs, old or new, shard for shard — never a mix;
 - every hidden leftover is refused by `load_packed`, even one holding a
   manifest;
-- the next `seqpack pack` at that path (`seqpack.atomic.recover_output`)
+- the next `seqpack pack` at that path (`seqpack.io.atomic.recover_output`)
   removes leftovers of dead writers on this host (only folders holding just
   shard, part and manifest files), restores an old output an interrupted
   replacement moved aside, and notes what it did on stderr.

@@ -66,7 +66,7 @@ class PackOptions:
     )
     policy: str = field(
         default=DEFAULT_POLICY,
-        metadata=flag("--policy", "packing policy (default: %(default)s)"),
+        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY})"),
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -170,7 +170,7 @@ class PackOptions:
         """
         if "split_long_sources" in overrides:
             warnings.warn(
-                "split_long= is now split_long= (PackOptions.split_long)",
+                "split_long_sources= is now split_long= (PackOptions.split_long)",
                 DeprecationWarning,
                 stacklevel=3,
             )
