@@ -171,5 +171,7 @@ def register() -> str:
 
 
 register()
+#: The name ``seqpack.hf`` exports :func:`register` under.
+register_attention = register
 
-__all__ = ["NAME", "register", "seqpack_varlen_attention"]
+__all__ = ["NAME", "plan_of", "register", "register_attention", "seqpack_varlen_attention"]

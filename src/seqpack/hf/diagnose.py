@@ -6,7 +6,8 @@ at the examples' cells (tokens in example order, for ``(R, T, ...)`` rows and
 ``(1, N, ...)`` flattened rows alike). The culprit is the first module, in
 completion order, whose output diverges while its input still agrees: an
 attention layer, a short convolution, a linear-attention or state-space
-mixer. Its class name gives the hint's layer kind.
+mixer. Its class name gives the hint's layer kind. :func:`guarded` turns any
+exception from inside the model into one :class:`ModelCrashed` line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import numpy as np
 import torch
 
 from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import SeqpackError
+from seqpack.core.examples import SequenceExample
+from seqpack.hf.adapter import FLATTENED
 from seqpack.nn.verify import occurrence_cells
 
 #: Class-name words -> layer kind, first match wins.
@@ -166,4 +170,90 @@ def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
     return {"module": name, "class": cls, "kind": layer_kind(cls)}
 
 
-__all__ = ["example_tokens", "first_divergence", "layer_kind"]
+class ModelCrashed(SeqpackError):
+    """The model raised inside its forward or backward (named, on one line)."""
+
+
+def guarded(model: torch.nn.Module, what: str, fn: Any) -> Any:
+    """``fn()``, with any exception from inside the model turned into one clear line."""
+    try:
+        return fn()
+    except SeqpackError:
+        raise
+    except Exception as err:
+        first = " ".join(str(err).split())[:300] or type(err).__name__
+        hint = ""
+        if "grouped_mm" in first or "mat_a to be Float32" in first:
+            hint = " — MoE experts: load with experts_implementation='eager' for float64"
+        name = getattr(model.config, "model_type", type(model).__name__)
+        attn = model.config._attn_implementation
+        raise ModelCrashed(
+            f"{name} ({attn}) crashed in its {what}: {type(err).__name__}: {first}{hint}"
+        ) from err
+
+
+def culprit(
+    model: torch.nn.Module,
+    examples: Sequence[SequenceExample],
+    kwargs: dict[str, Any],
+    batch: PackedBatch,
+    attn: str,
+    tol: dict[str, Any],
+) -> dict[str, str] | None:
+    """The first module whose output diverged (see :mod:`seqpack.hf.diagnose`)."""
+    device = next(model.parameters()).device
+    flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
+
+    def alone(ex: SequenceExample) -> Any:
+        ids = torch.as_tensor(ex.inputs[None].astype(np.int64), device=device)
+        return lambda: model(input_ids=ids, use_cache=False)
+
+    runs = [alone(ex) for ex in examples]
+    count = int(kwargs["input_ids"].numel())
+    return guarded(
+        model,
+        "forward",
+        lambda: first_divergence(
+            model,
+            runs,
+            [len(ex) for ex in examples],
+            lambda: model(**kwargs),
+            example_tokens(batch, flattened),
+            count,
+            tol,
+        ),
+    )
+
+
+def hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) -> str:
+    """Why a failing configuration leaks, the layer kind that mixed examples, and the fix."""
+    where = (
+        f"first divergence in {culprit['module']} ({culprit['class']}): {culprit['kind']}"
+        if culprit
+        else "no single layer isolated"
+    )
+    fix = "feed the model seqpack.hf.hf_inputs(batch, attn_implementation, config=model.config)"
+    if mode == "naive":
+        return (
+            f"the model mixed examples ({where}): position_ids alone do not separate packed"
+            " examples — with the default use_cache=True a cache exists and transformers skips"
+            f" its packed-position detection (some older versions never detect) — {fix}"
+        )
+    if mode == "bool-mask" and attn_implementation == "eager":
+        return (
+            f"the model mixed examples ({where}): eager adds a boolean 4-D mask to the scores"
+            f" as numbers (True = 1) — {fix}"
+        )
+    kind = culprit["kind"] if culprit else "attention"
+    return f"the model mixed examples through its {kind} layers ({where}) — {fix}"
+
+
+__all__ = [
+    "ModelCrashed",
+    "culprit",
+    "example_tokens",
+    "first_divergence",
+    "guarded",
+    "hint",
+    "layer_kind",
+]

@@ -44,12 +44,12 @@ import torch
 
 from seqpack.core.batch import PackedBatch, pack_examples
 from seqpack.core.config import PackConfig
-from seqpack.core.errors import InvalidInput, SeqpackError
+from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
-from seqpack.hf.adapter import FLATTENED, build_inputs, cell_logits, hf_loss_sum
+from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
 from seqpack.hf.architectures import Architecture, architecture_of
-from seqpack.hf.diagnose import example_tokens, first_divergence
+from seqpack.hf.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
 from seqpack.hf.loading import (
     CAPACITY,
     DTYPES,
@@ -62,28 +62,6 @@ from seqpack.hf.loading import (
 from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
-
-
-class ModelCrashed(SeqpackError):
-    """The model raised inside its forward or backward (named, on one line)."""
-
-
-def _call(model: torch.nn.Module, what: str, fn: Any) -> Any:
-    """``fn()``, with any exception from inside the model turned into one clear line."""
-    try:
-        return fn()
-    except SeqpackError:
-        raise
-    except Exception as err:
-        first = " ".join(str(err).split())[:300] or type(err).__name__
-        hint = ""
-        if "grouped_mm" in first or "mat_a to be Float32" in first:
-            hint = " — MoE experts: load with experts_implementation='eager' for float64"
-        name = getattr(model.config, "model_type", type(model).__name__)
-        attn = model.config._attn_implementation
-        raise ModelCrashed(
-            f"{name} ({attn}) crashed in its {what}: {type(err).__name__}: {first}{hint}"
-        ) from err
 
 
 def packed_kwargs(
@@ -241,17 +219,17 @@ def _verify(
     capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
     params = _params(model)
     eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
-    islands = _call(model, "forward", lambda: _islands(model, examples[0], gradients))
+    islands = guarded(model, "forward", lambda: _islands(model, examples[0], gradients))
     tol = tolerance(dtype, islands)
 
-    sep_logits, total = _call(model, "forward", lambda: _separate(model, examples, device))
+    sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
     sep_mean = total / eligible
     first = examples[0]
     (batch,) = pack_examples(
         first.partition, examples, first.binding, PackConfig(capacity, len(examples))
     ).batches
     kwargs = packed_kwargs(batch, mode, attn, dtype, device, pad, arch)
-    out = _call(model, "forward", lambda: model(**kwargs))
+    out = guarded(model, "forward", lambda: model(**kwargs))
     packed_mean = hf_loss_sum(out.logits, batch).sum / eligible
     cells = example_tokens(batch, flattened=False).to(device)
     flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
@@ -260,8 +238,8 @@ def _verify(
         "loss": _compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
     }
     if gradients:
-        sep_grads = _call(model, "backward", lambda: _grad_vector(sep_mean, params))
-        packed_grads = _call(model, "backward", lambda: _grad_vector(packed_mean, params))
+        sep_grads = guarded(model, "backward", lambda: _grad_vector(sep_mean, params))
+        packed_grads = guarded(model, "backward", lambda: _grad_vector(packed_mean, params))
         compared["gradients"] = _compare(sep_grads, packed_grads, tol)
     f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
     if mode == "adapter":
@@ -276,9 +254,9 @@ def _verify(
         report["note"] = "gradients not compared (no backward for this implementation here)"
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
     if any(report["failures"].values()):
-        culprit = _culprit(model, examples, kwargs, batch, attn, tol)
-        report["first_divergence"] = culprit
-        report["hint"] = _hint(mode, attn, culprit)
+        found = culprit(model, examples, kwargs, batch, attn, tol)
+        report["first_divergence"] = found
+        report["hint"] = hint(mode, attn, found)
     elif arch.refusal is not None:
         report["hint"] = f"unsupported: {arch.refusal}"
     return report
@@ -326,62 +304,6 @@ def _report(
         "comparisons": {name: c["comparisons"] for name, c in compared.items()},
         "failures": {name: c["failures"] for name, c in compared.items()},
     }
-
-
-def _culprit(
-    model: torch.nn.Module,
-    examples: Sequence[SequenceExample],
-    kwargs: dict[str, Any],
-    batch: PackedBatch,
-    attn: str,
-    tol: dict[str, Any],
-) -> dict[str, str] | None:
-    """The first module whose output diverged (see :mod:`seqpack.hf.diagnose`)."""
-    device = next(model.parameters()).device
-    flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
-
-    def alone(ex: SequenceExample) -> Any:
-        ids = torch.as_tensor(ex.inputs[None].astype(np.int64), device=device)
-        return lambda: model(input_ids=ids, use_cache=False)
-
-    runs = [alone(ex) for ex in examples]
-    count = int(kwargs["input_ids"].numel())
-    return _call(
-        model,
-        "forward",
-        lambda: first_divergence(
-            model,
-            runs,
-            [len(ex) for ex in examples],
-            lambda: model(**kwargs),
-            example_tokens(batch, flattened),
-            count,
-            tol,
-        ),
-    )
-
-
-def _hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) -> str:
-    """Why a failing configuration leaks, the layer kind that mixed examples, and the fix."""
-    where = (
-        f"first divergence in {culprit['module']} ({culprit['class']}): {culprit['kind']}"
-        if culprit
-        else "no single layer isolated"
-    )
-    fix = "feed the model seqpack.hf.hf_inputs(batch, attn_implementation, config=model.config)"
-    if mode == "naive":
-        return (
-            f"the model mixed examples ({where}): position_ids alone do not separate packed"
-            " examples — with the default use_cache=True a cache exists and transformers skips"
-            f" its packed-position detection (some older versions never detect) — {fix}"
-        )
-    if mode == "bool-mask" and attn_implementation == "eager":
-        return (
-            f"the model mixed examples ({where}): eager adds a boolean 4-D mask to the scores"
-            f" as numbers (True = 1) — {fix}"
-        )
-    kind = culprit["kind"] if culprit else "attention"
-    return f"the model mixed examples through its {kind} layers ({where}) — {fix}"
 
 
 __all__ = [
