@@ -128,3 +128,33 @@ def test_one_plan_per_cu_seqlens_tensor():
     assert plan_of(cu.clone(), 9) is not plan
     assert plan.groups == ((1, 4), (1, 3), (1, 2))
     assert np.array_equal(plan.scatter.numpy(), np.arange(1, 10)[[4, 5, 6, 7, 8, 0, 1, 2, 3]])
+
+
+def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
+    """HFCollator has no model config; seqpack_varlen reads each layer's window itself."""
+    from transformers import AutoModelForCausalLM
+
+    from seqpack import PackConfig, pack_examples
+    from seqpack.hf.collator import HFCollator
+    from seqpack.hf.verify import verification_examples, verification_layout
+
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=NAME, dtype=torch.float64
+    ).eval()
+    layout = verification_layout(4, 64)
+    examples = verification_examples(266, 0, layout=layout)
+    (batch,) = pack_examples(
+        "train", examples, examples[0].binding, PackConfig(layout.capacity, 6)
+    ).batches
+    with torch.no_grad():
+        packed = model(**HFCollator(NAME)([batch])).logits[0]  # (N, V): the valid cells
+        alone = torch.cat([model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0]
+                           for ex in examples])  # fmt: skip
+    order = np.argsort(np.repeat(batch.occurrences.ordinal, np.diff(batch.cu_seqlens().cu_seqlens)))
+    assert within(packed[torch.as_tensor(order)], alone)
