@@ -118,7 +118,8 @@ class AttentionLayout:
         return self._cached("range_mask", check_window(window), build)
 
 
-#: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D).
+#: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D); a backend
+#: without windows may omit ``window`` (it is passed only when one is set).
 Backend = Callable[..., torch.Tensor]
 
 
@@ -222,7 +223,10 @@ def attention(
         )
     fn = resolve_backend(backend, q)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return fn(q, k, v, layout, scale, window=check_window(window))
+    window = check_window(window)
+    if window is None:  # backends written before windows take (q, k, v, layout, scale)
+        return fn(q, k, v, layout, scale)
+    return fn(q, k, v, layout, scale, window=window)
 
 
 __all__ = [
