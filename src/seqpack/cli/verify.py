@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from seqpack.core.checks import parse_int
+from seqpack.pipeline.options import argparse_type
+
+#: Seeds numpy and torch both take.
+MAX_SEED = 2**63 - 1
+
+
+def _seed(text: str, flag: str) -> int:
+    return parse_int(text, flag, 0, MAX_SEED)
+
 
 def add_verify(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
@@ -36,7 +46,12 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         " bool-mask: a boolean 4-D mask",
     )
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
-    p.add_argument("--seed", type=int, default=0, help="weights (from a config) and token ids")
+    p.add_argument(
+        "--seed",
+        type=argparse_type(_seed, "--seed"),
+        default=0,
+        help="weights (from a config) and token ids",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
 

@@ -175,11 +175,17 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # MoE experts: grouped_mm has no float64 kernel; eager runs the same experts one by one.
-    options = {"attn_implementation": attn_implementation, "dtype": dtype}
+    options = {
+        "attn_implementation": attn_implementation,
+        "dtype": dtype,
+        "trust_remote_code": False,
+    }
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     try:
-        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        # trust_remote_code=False: never run a folder's own Python code (an auto_map) and
+        # never ask about it on stdin, which transformers does when it is unset
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err

@@ -17,10 +17,10 @@ import pyarrow as pa
 from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.core.policies import check_policy_options
-from seqpack.io.atomic import recover_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
-from seqpack.io.store import check_output, publish_packed, temp_output
+from seqpack.io.store import publish_packed, temp_output
 from seqpack.pipeline.options import PackOptions
 from seqpack.pipeline.progress import status
 from seqpack.pipeline.report import duplicate_report
@@ -231,12 +231,19 @@ def pack(
     digests in order, so it depends on the block layout: pin it when several
     layouts must agree.
     """
-    started = time.perf_counter()
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
     check_policy_options(opts.policy, opts.policy_options, opts.capacity)
-    recovered = recover_output(out)
-    out = check_output(out, opts.overwrite)
+    with claim_output(out, opts.overwrite) as claim:
+        return pack_claimed(source, claim, opts, ray_opts)
+
+
+def pack_claimed(
+    source: str | Path | ray.data.Dataset, claim: Claim, opts: PackOptions, ray_opts: RayOptions
+) -> dict[str, Any]:
+    """:func:`pack`'s work, holding the output path (``claim``) until it is published."""
+    started = time.perf_counter()
+    out = claim.path
     say = status(opts.show_progress(sys.stderr))
     tok = opts.load_tokenizer()
     # The vocabulary and tokenizer checks now; the split receipt once the blocks are read.
@@ -285,7 +292,7 @@ def pack(
             "rows_over_lower_bound": meta["rows_over_lower_bound"],
             "shards": len(shards),
             "out": str(out),
-            "recovered": recovered,
+            "recovered": claim.notes,
             "seconds": time.perf_counter() - started,
         }
     )
