@@ -152,9 +152,9 @@ def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_
     ("lengths", "message"), [("40,x", "comma-separated"), ("40,0", "positive")]
 )
 def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, message):
-    with pytest.raises(SystemExit) as done:
-        main(["verify", "--hf-config", CONFIG, "--lengths", lengths])
-    assert done.value.code == 2 and message in capsys.readouterr().err
+    code, out, err = verify(capsys, "--hf-config", CONFIG, "--lengths", lengths)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("seqpack verify: error: argument --lengths") and message in err
 
 
 @pytest.mark.parametrize(
