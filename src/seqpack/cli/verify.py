@@ -22,8 +22,21 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     source.add_argument("--hf-model", metavar="PATH", help="local pretrained transformers dir")
     p.add_argument(
         "--attn",
-        help="attention: eager|sdpa|flex_attention|flash_attention_2 (default sdpa) for"
-        " transformers; a seqpack backend (default ranges) for the tiny decoder",
+        help="attention: eager|sdpa|flex_attention|flash_attention_2|seqpack_varlen (default"
+        " sdpa) for transformers; a seqpack backend (default ranges) for the tiny decoder",
+    )
+    p.add_argument(
+        "--lengths",
+        metavar="N,N,...",
+        type=_lengths,
+        help="prediction pairs of the examples to pack (default: six examples, the longest"
+        " 2*window+3 for a model with a sliding window)",
+    )
+    p.add_argument(
+        "--capacity",
+        type=int,
+        metavar="N",
+        help="row width (default 12, or the sum of --lengths where the model allows it)",
     )
     p.add_argument(
         "--mode",
@@ -43,6 +56,18 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ints"
+        ) from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every length must be a positive int")
+    return lengths
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     import os
 
@@ -57,12 +82,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
             dtype=hf_verify.DTYPES[args.dtype],
             seed=args.seed,
             device=args.device,
+            refuse=args.mode == "adapter",
         )
-        cfg = model.config
-        examples = hf_verify.verification_examples(
-            cfg.vocab_size, args.seed, getattr(cfg, "max_position_embeddings", None)
+        from seqpack.hf.architectures import architecture_of
+
+        arch = architecture_of(model)
+        if args.mode == "adapter":
+            arch.check()
+        cfg = model.config.get_text_config()
+        layout = hf_verify.verification_layout(
+            arch.window,
+            getattr(cfg, "max_position_embeddings", None),
+            args.lengths,
+            args.capacity,
         )
-        report = hf_verify.verify_hf(model, examples, mode=args.mode)
+        examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+        report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
         report["model"]["source"] = str(args.hf_config or args.hf_model)
     else:
         from seqpack.core.errors import InvalidInput
@@ -71,6 +106,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
                 " — drop --dtype/--device, or pass --hf-config/--hf-model"
+            )
+        if args.lengths or args.capacity:
+            raise InvalidInput(
+                "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
+                " the tiny decoder runs the fixture and random layouts"
             )
         from seqpack.nn.report import verify_tiny
 
@@ -88,10 +128,14 @@ def _print_verify(report: dict) -> None:
         print(
             f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
             f" {m['attn_implementation']}, {m['device']}), mode {report['mode']}:"
-            f" {report['examples']} examples packed into {report['rows']} rows of"
-            f" {report['capacity']}, {report['targets']} targets"
+            f" {report['examples']} examples of {report['lengths']} pairs packed into"
+            f" {report['rows']} rows of {report['capacity']}, {report['targets']} targets"
             f" ({report['eligible_targets']} eligible)"
         )
+        arch = report["architecture"]
+        windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
+        exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
+        print(f"attention windows: {windows}{exercised}")
     else:
         print(
             f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
@@ -112,4 +156,4 @@ def _print_verify(report: dict) -> None:
     if report["pass"]:
         print("PASS: packed rows compute what separate examples compute")
     else:
-        print(f"FAIL: packed rows do not compute what separate examples compute: {report['hint']}")
+        print(f"FAIL: {report['hint']}")
