@@ -5,8 +5,12 @@ module                 holds
 =====================  =========================================================
 ``data``               :func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`
 ``adapter``            :func:`hf_inputs`: the kwargs that keep examples apart
+``architectures``      windows, layer types and refusals derived from a model config
+``masks``              the 4-D masks (float, bool, BlockMask), per layer type
+``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
 ``verify``             ``seqpack verify``: packed == separate on a real model
+                       (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
 
 Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy.
@@ -14,8 +18,7 @@ Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heav
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from seqpack._lazy import lazy_exports
 
 _NAMES = {
     "META_KEY": "data",
@@ -30,15 +33,13 @@ _NAMES = {
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",
     "HFCollator": "collator",
+    "Architecture": "architectures",
+    "UnsupportedArchitecture": "architectures",
+    "describe": "architectures",
+    "register_attention": "attention",
+    "load_model": "verify",
+    "verify_hf": "verify",
 }
 __all__ = sorted(_NAMES)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -2,7 +2,7 @@
 
 ``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
 ``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
-see :mod:`seqpack.io`) and returns one output row per packed row, with the
+see :mod:`seqpack.io.columns`) and returns one output row per packed row, with the
 columns of the packed format (:mod:`seqpack.io.shards`: ``tokens``,
 ``pair_counts``, ``seq_starts``, ``ordinals``, and the derivable columns
 only where they cannot be derived). The binding, partition, capacity,

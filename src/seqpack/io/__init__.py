@@ -12,15 +12,16 @@ module                 holds
 ``jsonl``              the guarded JSON Lines reader
 ``tokenizers``         the byte tokenizer and local Hugging Face tokenizers
 ``shards``             the packed-row Parquet schema, one shard written or read
-``store``              the packed directory: write, load, verify
+``store``              the packed directory: write, load
+``verify``             loading as verification: manifest and shards must agree
 ``atomic``             hidden build folders, one-rename publication, recovery
+``claim``, ``lock``    one writer per output path, from its first check to publication
 =====================  =========================================================
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from seqpack._lazy import lazy_exports
 
 _NAMES = {
     "COLUMNS": "readers",
@@ -38,12 +39,4 @@ _NAMES = {
     "write_packed": "store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -273,7 +273,7 @@ def chunk_from_arrow(
 
     Token ids stay in Arrow's buffer when it holds integers without nulls.
     With ``partition``, a ``partition`` column must name it on every row
-    (:class:`~seqpack.errors.PartitionMismatch` otherwise).
+    (:class:`~seqpack.core.errors.PartitionMismatch` otherwise).
     """
     try:
         return _chunk(table, origin, tokenizer, text_field, partition)

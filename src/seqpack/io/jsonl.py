@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from seqpack.core.errors import InvalidInput
+from seqpack.io.files import open_regular
 from seqpack.io.jsonscan import (
     JSON_SPACE,
     MAX_JSON_DEPTH,
@@ -42,6 +43,7 @@ __all__ = [
     "first_bad_line",
     "iter_jsonl",
     "read_json_array",
+    "read_jsonl",
 ]
 
 #: The longest JSON line read (a document of this many bytes is refused, not buffered).
@@ -296,3 +298,19 @@ def first_byte(f: BinaryIO) -> bytes:
             break
     f.seek(0)
     return found
+
+
+def read_jsonl(path: str | Path, chunk_bytes: int = 1 << 25) -> pa.Table:
+    """A whole JSON Lines file as one Arrow table, read through every guard of
+    :func:`iter_jsonl` (one row per non-blank line)."""
+    path = Path(path)
+    with open_regular(path) as f:
+        tables = [table for table, _ in iter_jsonl(f, path, chunk_bytes) if table.num_rows]
+    if not tables:
+        return pa.table({})
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise first_bad_line(path) or InvalidInput(
+            f"{path}: blocks of lines disagree on their columns ({err})"
+        ) from None

@@ -15,7 +15,6 @@ read a whole input into memory (:mod:`seqpack.io.columns` converts it).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.io.columns import COLUMNS, chunk_from_arrow
 from seqpack.io.documents import Documents, Origin, resolve_binding
+from seqpack.io.files import open_regular
 from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
 from seqpack.io.mapped import MappedFile
 from seqpack.io.tokenizers import Tokenizer
@@ -38,44 +38,6 @@ DEFAULT_CHUNK_BYTES = 1 << 25
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: File kinds of a folder of shards; a folder holding more than one is refused.
 FOLDER_FORMATS = {"parquet": ("*.parquet",), "JSON Lines": ("*.jsonl", "*.ndjson")}
-_KINDS = {
-    stat.S_IFIFO: "FIFO (named pipe)",
-    stat.S_IFCHR: "character device",
-    stat.S_IFBLK: "block device",
-    stat.S_IFSOCK: "socket",
-    stat.S_IFDIR: "folder",
-}
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for reading, refused unless it is a regular file.
-
-    Checked before and after opening (``O_NONBLOCK``, then ``fstat``), so a
-    FIFO never blocks the open and a file swapped for one in between is caught.
-    """
-    try:
-        kind = stat.S_IFMT(os.stat(path).st_mode)
-        _require_regular(path, kind)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as err:  # unreadable, a symlink loop, gone
-        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
-    try:
-        _require_regular(path, stat.S_IFMT(os.fstat(fd).st_mode))
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _require_regular(path: Path, kind: int) -> None:
-    if kind != stat.S_IFREG:
-        what = _KINDS.get(kind, "special file")
-        raise InvalidInput(
-            f"{path} is a {what}, not a regular file — seqpack reads regular files only (a pipe"
-            " can block and a device never ends); write the data to a file first"
-        )
 
 
 def _wanted(present: list[str], text_field: str) -> list[str]:

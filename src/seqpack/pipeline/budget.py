@@ -154,7 +154,7 @@ def check_budget(
     fix: str = "pack fewer examples per call",
     options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Raise :class:`~seqpack.errors.BudgetExceeded` before planning when packing ``table``
+    """Raise :class:`~seqpack.core.errors.BudgetExceeded` before planning when packing ``table``
     (:func:`packing_bytes`) plus one model call (:func:`model_call_bytes`) needs more
     than ``limit`` bytes; ``where`` prefixes the message, ``fix`` ends it. No-op without a limit.
     """
@@ -224,7 +224,7 @@ class StreamBudget:
     def check(
         self, documents: int = 0, examples: int = 0, occurrences: int = 0, what: str = ""
     ) -> None:
-        """Raise :class:`~seqpack.errors.BudgetExceeded` when the need exceeds the limit,
+        """Raise :class:`~seqpack.core.errors.BudgetExceeded` when the need exceeds the limit,
         naming every part of it."""
         if self.limit is None:
             return

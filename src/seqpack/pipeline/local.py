@@ -24,11 +24,12 @@ from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.io.atomic import recover_output, temp_output
+from seqpack.io.atomic import temp_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.shards import manifest_record
 from seqpack.io.spill import recover_spills
-from seqpack.io.store import check_output, publish_packed
+from seqpack.io.store import publish_packed
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
@@ -51,7 +52,7 @@ def pack_table(
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
     With ``max_metadata_bytes``, :func:`packing_bytes` (the policy's options
-    included) is checked against it first: :class:`~seqpack.errors.BudgetExceeded`
+    included) is checked against it first: :class:`~seqpack.core.errors.BudgetExceeded`
     before anything is allocated.
     """
     if max_metadata_bytes is not None:
@@ -119,15 +120,22 @@ def pack_path(
     ``recovered`` (hidden folders of killed runs cleaned up at ``out``, see
     :func:`seqpack.io.atomic.recover_output`). ``max_metadata_bytes`` bounds
     all of it (:class:`~seqpack.pipeline.budget.StreamBudget`), checked before
-    anything grows.
+    anything grows. ``out`` is held from its first check to publication: a
+    second writer at the same path is refused, naming this one.
     """
-    started = time.perf_counter()
     opts = PackOptions.of(options, **overrides)
-    recovered = recover_output(out)
-    out = check_output(out, opts.overwrite)
+    with claim_output(out, opts.overwrite) as claim:
+        return pack_claimed(source, claim, opts)
+
+
+def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> dict[str, Any]:
+    """:func:`pack_path`'s work, holding the output path (``claim``, see
+    :func:`seqpack.io.claim.claim_output`) from the first check to publication."""
+    started = time.perf_counter()
+    out = claim.path
     tok = opts.load_tokenizer()
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
-    recovered += recover_spills(spill_dir)
+    spills = recover_spills(spill_dir)
     show = opts.show_progress(sys.stderr)
     tmp = temp_output(out)  # before reading: an output that cannot be written fails first
     try:
@@ -148,7 +156,7 @@ def pack_path(
         | {
             "shards": len(manifest["shards"]),
             "out": str(out),
-            "recovered": recovered,
+            "recovered": claim.notes + spills,
             "input_tokens": corpus.tokens,
             "seconds": seconds,
             "tokens_per_s": corpus.tokens / seconds if seconds > 0 else 0.0,
