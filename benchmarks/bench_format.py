@@ -9,10 +9,12 @@ are real: the standard library encoded with the benchmark BPE
 (:mod:`corpus`), so compression ratios are those of text, not of random
 ids. About a third of the examples carry a prompt prefix that is not
 supervised (the loss flags of SFT data). Each candidate writes the shard
-with ``pyarrow.parquet`` and reads it back the way ``PackedStore`` does
-(``read_table(memory_map=True)`` + NumPy views of every column); times are
-medians of ``--repeats`` runs taken round-robin (a change of load hits every
-candidate alike); the first line is version 1's encoding (nine zstd columns,
+with ``pyarrow.parquet`` and reads it back as ``PackedStore`` does
+(``read_table`` + NumPy views of every column). Speeds are MB of int32
+tokens per CPU second of the one thread that writes or reads (robust to a
+shared machine's load, where wall time is not); they are medians of
+``--repeats`` runs taken round-robin (a change of load hits every candidate
+alike); the first line is version 1's encoding (nine zstd columns,
 labels repeating tokens). Prints a Markdown table.
 """
 
@@ -22,8 +24,8 @@ import argparse
 import io
 import itertools
 import os
+import resource
 import statistics
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -138,22 +140,32 @@ def encodings() -> dict[str, dict]:
     }
 
 
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_once(table: pa.Table, kwargs: dict) -> tuple[float, int, float]:
-    """One write (seconds), its size (bytes) and one read back (seconds)."""
+    """CPU seconds of one write, its size (bytes), CPU seconds of one read back.
+
+    CPU time of this thread (the writer and a ``use_threads=False`` reader
+    run here), not wall time: on a shared machine it barely moves with the
+    load, where wall time doubles.
+    """
     sink = io.BytesIO()
-    t0 = time.perf_counter()
+    t0 = _cpu()
     pq.write_table(table, sink, row_group_size=4096, **kwargs)
-    write = time.perf_counter() - t0
+    write = _cpu() - t0
     data = sink.getvalue()
-    t0 = time.perf_counter()
-    back = pq.read_table(pa.BufferReader(data))
+    t0 = _cpu()
+    back = pq.read_table(pa.BufferReader(data), use_threads=False)
     for name in back.column_names:
         col = back.column(name).combine_chunks()
         if isinstance(col, pa.ListArray):
             col.flatten().to_numpy(zero_copy_only=False)
         else:
             col.to_numpy(zero_copy_only=False)
-    return write, len(data), time.perf_counter() - t0
+    return write, len(data), _cpu() - t0
 
 
 def measure_all(cases: list, candidates: dict, repeats: int) -> list[tuple[float, int, float]]:
@@ -179,7 +191,7 @@ def main() -> None:
         f"shard: {cols['rows']:,} rows, {cols['lengths'].shape[0]:,} occurrences,"
         f" {cols['tokens'].shape[0]:,} tokens ({mb:.0f} MB int32); load {os.getloadavg()[0]:.2f}"
     )
-    print("| layout | encoding | write MB/s | size MB | size / int32 tokens | read MB/s |")
+    print("| layout | encoding | write MB/CPU-s | size MB | size / int32 tokens | read MB/CPU-s |")
     print("|---|---|---:|---:|---:|---:|")
     cases = [("v1", "zstd(1)", encodings()["zstd(1)"])]
     for layout in ("v2 list<bool>", "v2 packed bits", "v2 all supervised"):

@@ -184,15 +184,15 @@ def test_any_manifest_edit_fails_the_load_or_changes_nothing(packed, data):
     _check(out, reference)
 
 
-COLUMNS = ["row", "tokens", "labels", "seq_lengths", "seq_starts", "ordinals", "source_ids",
-           "example_ids", "range_starts", "range_ends"]  # fmt: skip
+COLUMNS = ["row", "tokens", "labels", "seq_lengths", "pair_counts", "seq_starts", "ordinals",
+           "source_ids", "loss_bits", "example_ids", "range_starts", "range_ends"]  # fmt: skip
 
 
 @st.composite
 def shard_edits(draw, tables):
     """(shard, column name, its edited values as lists, a description) of one value changed."""
     k = draw(st.integers(0, len(tables) - 1))
-    name = draw(st.sampled_from(COLUMNS))
+    name = draw(st.sampled_from([c for c in COLUMNS if c in tables[k].column_names]))
     column = tables[k].column(name).to_pylist()
     r = draw(st.integers(0, len(column) - 1))
     old = copy.deepcopy(column[r])
@@ -210,6 +210,9 @@ def shard_edits(draw, tables):
 def _changed(draw, value):
     if isinstance(value, str):
         return draw(st.sampled_from([None, "", value + "x", "other"]))
+    if isinstance(value, bytes):  # packed loss flags: one bit flipped, a byte more or less
+        flipped = bytes([value[0] ^ 0x80]) + value[1:] if value else b"\x80"
+        return draw(st.sampled_from([None, b"", value + b"\x00", value[:-1], flipped]))
     return draw(st.sampled_from([None, value + 1, value - 1, -value - 1, 0, 2**31 - 1, -100]))
 
 
