@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Mutation testing of the core with mutmut 3 (not in CI; hours on 2 cores). docs/testing.md
+# records the scores and explains every surviving mutant kept.
+#
+#   bash scripts/mutation.sh                 # every module group below, permission last
+#   bash scripts/mutation.sh batch loss      # some groups
+#   MUTATION_CHILDREN=1 bash scripts/mutation.sh counts
+#
+# Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/ and
+# pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
+# selecting tests only from its test files, under the python kernel engine
+# (SEQPACK_ENGINE=python: numba cannot compile mutmut's trampolines) and the derandomized
+# "mutation" hypothesis profile. mutmut keeps its results there, so a rerun only retests
+# mutants of changed functions. Summaries: .cache/mutation/<group>/summary.json and
+# .cache/mutation/summary.txt; survivors: .cache/mutation/<group>/survivors.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+# group | modules under src/seqpack (comma-separated) | test files
+GROUPS_TABLE="
+examples|core/examples.py|test_examples.py test_reference_store.py test_batch.py test_hostile.py
+binding|core/binding.py|test_examples.py test_batch.py test_hostile.py test_reference_permission.py
+policies|core/policies.py|test_policies.py test_reference_policies.py test_stream_packer.py
+plan|core/plan.py|test_policies.py test_reference_policies.py test_hostile.py
+checks|core/checks.py|test_policies.py test_hostile.py test_reference_policies.py test_stream_packer.py
+kernels|core/plan_kernels.py,core/stream_kernels.py|test_reference_policies.py test_reference_stream.py test_policies.py test_stream_packer.py
+batch|core/batch.py|test_batch.py test_reference_permission.py
+config|core/config.py|test_batch.py test_hostile.py test_reference_budget.py
+compact|core/compact.py|test_store.py test_reference_store.py
+counts|core/counts.py|test_counts.py
+budget|core/budget.py|test_batch.py test_hostile.py test_reference_budget.py
+loss|core/loss.py|test_loss.py test_reference_loss.py
+training_loss|training/loss.py|test_training_loss.py test_reference_loss.py
+permission|core/permission.py|test_permission.py test_reference_permission.py
+"
+
+if [ ! -x .venv/bin/python ]; then
+    bash scripts/setup-venv.sh dev
+fi
+.venv/bin/python -c "import mutmut" 2>/dev/null || .venv/bin/python -m pip install -q "mutmut==3.8.1"
+
+wanted=("$@")
+children="${MUTATION_CHILDREN:-2}"
+summary="$root/.cache/mutation/summary.txt"
+mkdir -p "$root/.cache/mutation"
+
+while IFS='|' read -r group modules tests; do
+    [ -n "$group" ] || continue
+    if [ ${#wanted[@]} -gt 0 ] && [[ ! " ${wanted[*]} " =~ " $group " ]]; then
+        continue
+    fi
+    work="$root/.cache/mutation/$group"
+    mkdir -p "$work"
+    # Fresh sources with their mtimes (mutmut retests the functions that changed).
+    rsync -a --delete --exclude __pycache__ src tests "$work/"
+    cp -p pyproject.toml "$work/pyproject.toml"
+    selected=()
+    for t in $tests; do
+        [ -f "tests/$t" ] && selected+=("tests/$t")
+    done
+    .venv/bin/python scripts/mutation_prepare.py "$work" "$modules" "${selected[@]}"
+    echo "== $group: mutating $modules with ${selected[*]}"
+    (
+        cd "$work"
+        export SEQPACK_ENGINE=python HYPOTHESIS_PROFILE=mutation
+        export MPLCONFIGDIR="$root/.cache/matplotlib" TORCHINDUCTOR_CACHE_DIR="$root/.cache/inductor"
+        export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+        nice -n 10 "$root/.venv/bin/mutmut" run --max-children "$children" >run.log 2>&1 || {
+            echo "mutmut failed for $group; see $work/run.log" >&2
+            tail -20 run.log >&2
+            exit 1
+        }
+        "$root/.venv/bin/mutmut" export-cicd-stats >/dev/null
+        cp mutants/mutmut-cicd-stats.json summary.json
+        "$root/.venv/bin/mutmut" results >survivors.txt 2>&1 || true
+    )
+    "$root/.venv/bin/python" - "$group" "$work/summary.json" "$summary" <<'EOF'
+import json, sys
+group, path, out = sys.argv[1:]
+s = json.load(open(path))
+killed = s["killed"] + s["timeout"]
+tested = s["total"] - s["skipped"]
+score = 100.0 * killed / tested if tested else 100.0
+line = (
+    f"{group:14s} mutants {tested:5d} killed {killed:5d} survived {s['survived']:4d}"
+    f" no-tests {s['no_tests']:3d} suspicious {s['suspicious']:3d} score {score:5.1f}%"
+)
+print(line)
+lines = [l for l in (open(out).read().splitlines() if __import__("os").path.exists(out) else []) if not l.startswith(f"{group} ")]
+open(out, "w").write("\n".join(sorted(lines + [line])) + "\n")
+EOF
+done <<<"$GROUPS_TABLE"
