@@ -53,7 +53,8 @@ while IFS='|' read -r group modules tests; do
     work="$root/.cache/mutation/$group"
     mkdir -p "$work"
     # Fresh sources with their mtimes (mutmut retests the functions that changed).
-    rsync -a --delete --exclude __pycache__ src tests "$work/"
+    rm -rf "$work/src" "$work/tests"
+    cp -a src tests "$work/"
     cp -p pyproject.toml "$work/pyproject.toml"
     selected=()
     for t in $tests; do
@@ -73,7 +74,12 @@ while IFS='|' read -r group modules tests; do
         }
         "$root/.venv/bin/mutmut" export-cicd-stats >/dev/null
         cp mutants/mutmut-cicd-stats.json summary.json
-        "$root/.venv/bin/mutmut" results >survivors.txt 2>&1 || true
+        # Every mutant not killed, with its diff (what docs/testing.md explains).
+        "$root/.venv/bin/mutmut" results 2>/dev/null | sed -n 's/^ *\([^:]*\): \(.*\)$/\1 \2/p' >results.txt || true
+        : >survivors.txt
+        while read -r name status; do
+            { echo "## $name ($status)"; "$root/.venv/bin/mutmut" show "$name" 2>/dev/null | tail -n +2; echo; } >>survivors.txt
+        done <results.txt
     )
     "$root/.venv/bin/python" - "$group" "$work/summary.json" "$summary" <<'EOF'
 import json, sys

@@ -267,11 +267,19 @@ def w1_lengths():
         ),
     ],
 )
-def test_best_fit_decreasing_is_within_half_a_permille_of_the_lower_bound(lengths, capacity):
-    plan = plan_rows(lengths, capacity, "best-fit-decreasing")
-    stats = plan.stats()
-    assert stats["rows"] <= stats["lower_bound"] * 1.0005
-    assert stats["efficiency"] >= 1 / 1.0005 * stats["tokens"] / (stats["lower_bound"] * capacity)
+@pytest.mark.parametrize("policy", ["first-fit-decreasing", "best-fit-decreasing"])
+def test_decreasing_fits_leave_less_room_than_the_last_opener(lengths, capacity, policy):
+    """Provable on any input: when the item that opened the last row arrived, no row had
+    room for it, and rooms only shrink, so every other row ends with less room than it.
+    (How close the row counts come to the lower bound is benchmarks/bench_policies.py's.)
+    """
+    plan = plan_rows(lengths, capacity, policy)
+    used = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
+    last = plan.num_rows - 1  # rows are numbered in the order they open
+    opener = int(plan.lengths[(plan.row_of == last) & (plan.start_of == 0)][0])
+    room = capacity - used
+    assert (room[:last] < opener).all()
+    assert plan.num_rows >= plan.stats()["lower_bound"]
 
 
 # ----------------------------------------------------------------- plans and errors

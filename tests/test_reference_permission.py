@@ -1,0 +1,204 @@
+"""Every view of a packed batch against a per-cell reference rebuilt from the occurrence records.
+
+The reference (``tests/reference.py``) starts from the records alone (row,
+start and end columns, ordinal) and the examples supplied, places each
+occurrence cell by cell and answers the permission as "same occurrence, key
+at or before the query" — it never reads ``segments``/``positions`` and
+never calls ``allowed_key``. So a bug that mislabels cells (every cell of a
+batch the batch-local index as its segment, a whole row one segment, a
+position off by one) shows up as a difference in the cells or in a view.
+"""
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import PackConfig, Partition, pack_examples
+from seqpack.core import budget
+from seqpack.core.batch import CELL_FIELDS
+from seqpack.core.fixture import fixture_batch, fixture_examples
+from seqpack.core.permission import tiled_edges
+from seqpack.core.policies import POLICIES
+from seqpack.training.data import PackedCollator
+
+from reference import Layout, next_fit, placed_from_records
+from strategies import BINDING, example_lists
+
+
+@st.composite
+def packings(draw):
+    examples, capacity = draw(example_lists(max_capacity=10, max_examples=10))
+    policy = draw(st.sampled_from(sorted(POLICIES)))
+    rows = draw(st.integers(1, 4))
+    epoch = pack_examples(
+        Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows), policy=policy
+    )
+    return examples, capacity, rows, epoch
+
+
+def layout_of(batch, examples) -> Layout:
+    return Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
+
+
+def assert_cells(batch, layout):
+    want = layout.cells()
+    for name, cells in want.items():
+        got = getattr(batch, name)
+        assert got.tolist() == cells, name
+    assert batch.inputs.dtype == batch.targets.dtype == np.int32
+    assert batch.segments.dtype == batch.positions.dtype == np.int32
+    assert batch.valid.tolist() == want["input_valid"]
+    assert batch.eligible_count == sum(map(sum, want["loss_mask"]))
+
+
+def assert_views(batch, layout):
+    dense = batch.dense_mask()
+    assert dense.dtype == np.bool_ and dense.tolist() == layout.dense()
+    edges = [tuple(e) for e in batch.edges().tolist()]
+    assert edges == layout.edges()  # query order: (row, query, key) ascending
+    assert sorted(map(tuple, tiled_edges(batch, 3).tolist())) == layout.edges()
+    starts, ends, lengths = layout.key_ranges()
+    ranges = batch.key_ranges()
+    assert ranges.starts.tolist() == starts and ranges.ends.tolist() == ends
+    assert ranges.row_lengths.tolist() == lengths
+    for r in range(layout.rows):
+        for q in range(layout.width):
+            got = ranges.get(r, q)
+            assert got == (None if starts[r][q] == ends[r][q] else (starts[r][q], ends[r][q]))
+    cu, longest, valid, seg_rows = layout.cu_seqlens()
+    got = batch.cu_seqlens()
+    assert got.cu_seqlens.tolist() == cu and got.cu_seqlens.dtype == np.int32
+    assert got.max_seqlen == longest
+    assert got.valid_index.tolist() == valid and got.segment_rows.tolist() == seg_rows
+    assert batch.position_ids().tolist() == layout.position_ids()
+    assert batch.position_ids().dtype == np.int64
+
+
+def assert_collated(batch, layout, pad_id):
+    rows = PackedCollator(pad_id=pad_id, permission_mask=True)(batch)
+    for key, want in layout.collated(pad_id).items():
+        assert rows[key].dtype == torch.int64 and rows[key].tolist() == want, key
+    cu, longest, valid, _ = layout.cu_seqlens()
+    assert rows["cu_seq_lens_q"].tolist() == rows["cu_seq_lens_k"].tolist() == cu
+    assert rows["max_length_q"] == rows["max_length_k"] == longest
+    assert rows["valid_index"].tolist() == valid
+    assert rows["permission_mask"][:, 0].tolist() == layout.dense()
+    eligible = sum(map(sum, layout.cells()["loss_mask"]))
+    assert rows["num_eligible"] == rows["num_items_in_batch"] == eligible
+    flat = PackedCollator(pad_id=pad_id, flatten=True)(batch)
+    for key, want in layout.flattened(pad_id).items():
+        assert flat[key].tolist() == [want], key
+    assert "valid_index" not in flat
+
+
+@settings(max_examples=60)
+@given(packings(), st.integers(0, 265))
+def test_cells_views_and_collated_tensors_equal_the_per_cell_reference(case, pad_id):
+    examples, _, _, epoch = case
+    for batch in epoch.batches:
+        layout = layout_of(batch, examples)
+        assert_cells(batch, layout)
+        assert_views(batch, layout)
+        assert_collated(batch, layout, pad_id)
+
+
+@given(packings())
+def test_every_occurrence_once_whole_with_its_provenance(case):
+    examples, capacity, rows_per, epoch = case
+    seen = []
+    first = 0
+    for i, batch in enumerate(epoch.batches):
+        rows, width = batch.shape
+        assert width == capacity and batch.first_row == first
+        # Every call but the last holds max_rows_per_batch rows; the last its real count.
+        last = i == len(epoch.batches) - 1
+        assert rows == rows_per if not last else 1 <= rows <= rows_per
+        first += rows
+        occ = batch.occurrences
+        for rec in occ.records():
+            ex = examples[rec["ordinal"]]
+            assert rec["segment"] == rec["ordinal"]
+            assert rec["source_id"] == ex.source_id and rec["example_id"] == ex.example_id
+            assert tuple(rec["range"]) == ex.range
+            assert rec["columns"][1] - rec["columns"][0] == len(ex)
+            seen.append(rec["ordinal"])
+        assert batch.partition is Partition.TRAIN and batch.binding == BINDING
+        # Storage order: (row, column) ascending.
+        keys = list(zip(occ.row.tolist(), occ.col_start.tolist(), strict=True))
+        assert keys == sorted(keys)
+    assert sorted(seen) == list(range(len(examples)))
+    assert epoch.row_count == first and epoch.occurrence_count == len(examples)
+    # No row is empty.
+    used = {(b.first_row + r) for b in epoch.batches for r in b.occurrences.row.tolist()}
+    assert used == set(range(epoch.row_count))
+
+
+@given(example_lists(max_capacity=10, max_examples=12), st.integers(1, 4))
+def test_next_fit_places_as_the_plain_loop_does(case, rows_per):
+    examples, capacity = case
+    epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows_per))
+    want = next_fit([len(ex) for ex in examples], capacity)
+    got = {}
+    for batch in epoch.batches:
+        occ = batch.occurrences
+        for o, r, c in zip(occ.ordinal, occ.row, occ.col_start, strict=True):
+            got[int(o)] = (batch.first_row + int(r), int(c))
+    assert [got[i] for i in range(len(examples))] == want
+
+
+@given(packings())
+def test_storage_adjacency_never_creates_a_target_or_an_edge(case):
+    """A cell's target is its own window's next token; no edge joins two occurrences."""
+    examples, _, _, epoch = case
+    for batch in epoch.batches:
+        layout = layout_of(batch, examples)
+        for r, q, k in batch.edges().tolist():
+            assert layout.owner[r][q] is layout.owner[r][k]
+        for p in placed_from_records(batch.occurrences, examples):
+            last = p.end - 1
+            assert batch.targets[p.row, last] == p.window[-1]  # its own last token
+            if p.end < batch.shape[1] and layout.owner[p.row][p.end] is not None:
+                neighbour = layout.owner[p.row][p.end]
+                assert not batch.dense_mask()[p.row, p.end, last]
+                assert neighbour.window[0] == batch.inputs[p.row, p.end]
+
+
+def test_fixture_acceptance_values_come_out_of_the_reference():
+    """The seed's fixture, computed by the reference and by the library alike."""
+    batch = fixture_batch()
+    layout = layout_of(batch, fixture_examples())
+    cells = layout.cells()
+    assert cells["inputs"] == [[0, 99, 100, 0, 101, -1], [0, 102, 103, 104, -1, -1]]
+    assert cells["targets"] == [[99, 100, 1, 101, 1, -1], [102, 103, 104, 1, -1, -1]]
+    assert cells["segments"] == [[0, 0, 0, 1, 1, -1], [2, 2, 2, 2, -1, -1]]
+    assert cells["positions"] == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 0]]
+    starts, ends, _ = layout.key_ranges()
+    assert (starts[0][3], ends[0][3]) == (3, 4) and (starts[0][4], ends[0][4]) == (3, 5)
+    assert sum(map(len, cells["inputs"])) == 12 and sum(map(sum, cells["target_valid"])) == 9
+    assert_cells(batch, layout)
+    assert_views(batch, layout)
+
+
+def test_batch_bytes_follow_from_the_cell_and_record_dtypes():
+    """``nbytes`` and the budget's per-cell / per-record constants, from the dtypes."""
+    batch = fixture_batch()
+    cell_bytes = sum(getattr(batch, name).dtype.itemsize for name in CELL_FIELDS)
+    occ = batch.occurrences
+    record_bytes = sum(
+        getattr(occ, name).dtype.itemsize
+        for name in ("ordinal", "row", "col_start", "col_end", "segment", "range_starts")
+    ) + occ.range_ends.dtype.itemsize + 2 * np.dtype(np.intp).itemsize  # two id references
+    assert budget.CELL_BYTES == cell_bytes
+    assert budget.OCCURRENCE_BYTES == record_bytes
+    rows, width = batch.shape
+    assert batch.nbytes == rows * width * cell_bytes + len(occ) * record_bytes
+
+
+def test_rows_as_dicts_are_the_reference_cells():
+    batch = fixture_batch()
+    cells = layout_of(batch, fixture_examples()).cells()
+    dicts = batch.rows_as_dicts()
+    assert [sorted(d) for d in dicts] == [sorted(cells)] * 2
+    for r, d in enumerate(dicts):
+        assert d == {k: v[r] for k, v in cells.items()}
