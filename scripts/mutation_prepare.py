@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 KERNEL_MODULES = ("core/plan_kernels.py", "core/stream_kernels.py")
 
@@ -43,7 +44,8 @@ def keep_closures(path: Path) -> None:
     old = "FunctionType(fn.__code__, space, name, fn.__defaults__)"
     if old not in text:
         raise SystemExit(f"{path}: the python engine's copy is not where mutation_prepare expects")
-    path.write_text(text.replace(old, "FunctionType(fn.__code__, space, name, fn.__defaults__, fn.__closure__)"))
+    new = "FunctionType(fn.__code__, space, name, fn.__defaults__, fn.__closure__)"
+    path.write_text(text.replace(old, new))
 
 
 def toml_value(value: object) -> str:

@@ -179,12 +179,12 @@ class Layout:
         cells = self.cells()
         out = {"input_ids": [], "labels": [], "position_ids": [], "segment_ids": []}
         for r in range(self.rows):
-            out["input_ids"].append(
-                [t if v else pad_id for t, v in zip(cells["inputs"][r], cells["input_valid"][r])]
-            )
-            out["labels"].append(
-                [t if m else ignore_index for t, m in zip(cells["targets"][r], cells["loss_mask"][r])]
-            )
+            ids, labels = [], []
+            for c in range(self.width):
+                ids.append(cells["inputs"][r][c] if cells["input_valid"][r][c] else pad_id)
+                labels.append(cells["targets"][r][c] if cells["loss_mask"][r][c] else ignore_index)
+            out["input_ids"].append(ids)
+            out["labels"].append(labels)
             out["position_ids"].append(self.position_ids()[r])
             out["segment_ids"].append(cells["segments"][r])
         return out
@@ -223,11 +223,9 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[tuple[in
     out: list[tuple[int, int]] = [(-1, -1)] * len(lengths)
     for i in _longest_first(lengths):
         n = lengths[i]
-        for row, u in enumerate(used):
-            if u + n <= capacity:
-                break
-        else:
-            row = len(used)
+        fits = [r for r, u in enumerate(used) if u + n <= capacity]
+        row = fits[0] if fits else len(used)
+        if not fits:
             used.append(0)
         out[i] = (row, used[row])
         used[row] += n
@@ -242,7 +240,7 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[tuple[int
     out: list[tuple[int, int]] = [(-1, -1)] * len(lengths)
     for step, i in enumerate(_longest_first(lengths)):
         n = lengths[i]
-        fits = [r for r in range(len(used)) if 0 < capacity - used[r] and used[r] + n <= capacity]
+        fits = [r for r in range(len(used)) if used[r] < capacity and used[r] + n <= capacity]
         if fits:
             row = min(fits, key=lambda r: (capacity - used[r], since[r]))
         else:

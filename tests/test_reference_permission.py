@@ -185,12 +185,16 @@ def test_batch_bytes_follow_from_the_cell_and_record_dtypes():
     batch = fixture_batch()
     cell_bytes = sum(getattr(batch, name).dtype.itemsize for name in CELL_FIELDS)
     occ = batch.occurrences
-    record_bytes = sum(
-        getattr(occ, name).dtype.itemsize
-        for name in ("ordinal", "row", "col_start", "col_end", "segment", "range_starts")
-    ) + occ.range_ends.dtype.itemsize + 2 * np.dtype(np.intp).itemsize  # two id references
-    assert budget.CELL_BYTES == cell_bytes
-    assert budget.OCCURRENCE_BYTES == record_bytes
+    record_bytes = (
+        sum(
+            getattr(occ, name).dtype.itemsize
+            for name in ("ordinal", "row", "col_start", "col_end", "segment", "range_starts")
+        )
+        + occ.range_ends.dtype.itemsize
+        + 2 * np.dtype(np.intp).itemsize
+    )  # two id references
+    assert cell_bytes == budget.CELL_BYTES
+    assert record_bytes == budget.OCCURRENCE_BYTES
     rows, width = batch.shape
     assert batch.nbytes == rows * width * cell_bytes + len(occ) * record_bytes
 

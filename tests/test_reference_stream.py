@@ -10,6 +10,8 @@ that fits, ties in the seeded order; a full row closes; ``finish`` places the
 rest longest first and closes the open rows fullest first.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -47,7 +49,12 @@ def streams(draw, max_capacity=16, max_examples=80):
 
 def chunks(lengths, cuts):
     bounds = [0, *cuts, len(lengths)]
-    return [lengths[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [lengths[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def triples(placements):
+    """``(example, row, start)`` per placement, as the reference lists them."""
+    return list(zip(*(c.tolist() for c in placements), strict=True))
 
 
 @settings(max_examples=150)
@@ -61,12 +68,12 @@ def test_every_push_returns_what_the_reference_closes(case, engine_name):
     for part in chunks(lengths, cuts):
         got = packer.push(np.asarray(part, dtype=np.int64))
         want = ref.push(part)
-        assert list(zip(*(c.tolist() for c in got))) == want
+        assert triples(got) == want
         assert packer.rows_emitted == ref.rows
         assert packer.open_rows == len(ref.open)
         assert packer.buffered == len(ref.length_of)
     got = packer.finish()
-    assert list(zip(*(c.tolist() for c in got))) == ref.finish()
+    assert triples(got) == ref.finish()
     assert packer.rows_emitted == ref.rows and packer.open_rows == packer.buffered == 0
 
 
@@ -80,8 +87,8 @@ def test_a_restored_packer_continues_as_the_reference(case):
     ref = StreamReference(capacity, window, max_open, seed)
     ref.push(lengths[:cut])
     got = resumed.push(np.asarray(lengths[cut:], dtype=np.int64))
-    assert list(zip(*(c.tolist() for c in got))) == ref.push(lengths[cut:])
-    assert list(zip(*(c.tolist() for c in resumed.finish()))) == ref.finish()
+    assert triples(got) == ref.push(lengths[cut:])
+    assert triples(resumed.finish()) == ref.finish()
 
 
 @given(streams())
@@ -226,6 +233,7 @@ def test_stream_dataset_yields_the_reference_schedule_and_cells(case):
 @pytest.mark.parametrize("capacity", [1, 3, 7])
 def test_split_ranges_keep_every_pair_once(capacity):
     for tokens in range(2, 30):
-        pairs = [(a + j, a + j + 1) for a, b in split_ranges(tokens, capacity) for j in range(b - a - 1)]
+        ranges = split_ranges(tokens, capacity)
+        pairs = [(a + j, a + j + 1) for a, b in ranges for j in range(b - a - 1)]
         assert pairs == [(t, t + 1) for t in range(tokens - 1)]
         assert all(b - a - 1 <= capacity for a, b in split_ranges(tokens, capacity))
