@@ -6,8 +6,8 @@
 #   bash scripts/mutation.sh batch loss      # some groups
 #   MUTATION_CHILDREN=1 bash scripts/mutation.sh counts
 #
-# Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/ and
-# pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
+# Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/, docs/,
+# examples/, README.md and pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
 # selecting tests only from its test files, under the python kernel engine
 # (SEQPACK_ENGINE=python: numba cannot compile mutmut's trampolines) and the derandomized
 # "mutation" hypothesis profile. mutmut keeps its results there, so a rerun only retests
@@ -53,8 +53,8 @@ while IFS='|' read -r group modules tests; do
     work="$root/.cache/mutation/$group"
     mkdir -p "$work"
     # Fresh sources with their mtimes (mutmut retests the functions that changed).
-    rm -rf "$work/src" "$work/tests"
-    cp -a src tests "$work/"
+    rm -rf "$work/src" "$work/tests" "$work/docs" "$work/examples"
+    cp -a src tests docs examples README.md "$work/"
     cp -p pyproject.toml "$work/pyproject.toml"
     selected=()
     for t in $tests; do
