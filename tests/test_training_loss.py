@@ -179,7 +179,8 @@ def test_labels_sum_matches_the_batch_sum_and_skips_nan_padding():
     poisoned[0, 5] = float("nan")
     got = labels_nll_sum(poisoned, features["labels"])
     assert got.count == want.count == 9
-    assert float(got.sum) == pytest.approx(float(want.sum.detach()), rel=1e-12)
+    # Float64 logits, the same NLL terms summed in possibly different orders.
+    assert bool(within_tolerance(got.sum.detach(), want.sum.detach()))
 
 
 def test_loss_factor_rule_and_errors():
