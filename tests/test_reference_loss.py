@@ -36,7 +36,7 @@ from seqpack.training.sampler import RowSampler
 
 from packed_helpers import random_records, write_jsonl
 from reference import close, log_softmax_nll, softmax
-from strategies import BINDING, example_lists
+from strategies import BINDING, example_lists, scaled
 
 VOCAB = 40
 
@@ -157,7 +157,7 @@ def test_excluded_cells_never_reach_the_loss_even_as_nan(packed):
     assert_grad(w.grad, want_grad)
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled(60))
 @given(example_lists(max_capacity=8, max_examples=10), st.integers(1, 3), st.integers(0, 2**31))
 def test_core_loss_of_batches_and_their_global_division(case, rows, seed_):
     """NumPy logits: every call's raw sum, added and divided once by the epoch's N."""

@@ -23,7 +23,7 @@ from seqpack.core.policies import POLICIES
 from seqpack.training.data import PackedCollator
 
 from reference import Layout, next_fit, placed_from_records
-from strategies import BINDING, example_lists
+from strategies import BINDING, example_lists, scaled
 
 
 @st.composite
@@ -92,7 +92,7 @@ def assert_collated(batch, layout, pad_id):
     assert "valid_index" not in flat
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled(60))
 @given(packings(), st.integers(0, 265))
 def test_cells_views_and_collated_tensors_equal_the_per_cell_reference(case, pad_id):
     examples, _, _, epoch = case

@@ -25,6 +25,7 @@ from seqpack.pipeline.local import pack_path
 from seqpack.training.data import PackedDataset
 
 from reference import split_ranges
+from strategies import scaled
 
 VOCAB = 50
 
@@ -104,7 +105,7 @@ def every_pair(records):
     return sorted((rec["id"], t) for rec in records for t in range(len(rec["input_ids"]) - 1))
 
 
-@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpora())
 def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case):
     records, options = case
@@ -129,7 +130,7 @@ def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, c
     assert stats["eligible_targets"] == sum(sum(source_flags(r)) for r in records)
 
 
-@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=scaled(10), suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpora(), st.integers(0, 2**31))
 def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_factory, case, seed_):
     records, options = case

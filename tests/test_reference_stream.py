@@ -31,7 +31,7 @@ from reference import (
     split_ranges,
     stream_plan,
 )
-from strategies import BINDING
+from strategies import BINDING, scaled
 
 ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
 
@@ -57,7 +57,7 @@ def triples(placements):
     return list(zip(*(c.tolist() for c in placements), strict=True))
 
 
-@settings(max_examples=150)
+@settings(max_examples=scaled(150))
 @given(streams(), st.sampled_from(ENGINES))
 def test_every_push_returns_what_the_reference_closes(case, engine_name):
     lengths, capacity, window, max_open, seed, cuts = case
@@ -198,7 +198,7 @@ def reference_slots(docs, s, rank):
     return examples, lengths, out
 
 
-@settings(max_examples=60)
+@settings(max_examples=scaled(60))
 @given(stream_datasets())
 def test_stream_dataset_yields_the_reference_schedule_and_cells(case):
     docs, s = case
