@@ -20,18 +20,18 @@ root=$PWD
 # group | modules under src/seqpack (comma-separated) | test files
 GROUPS_TABLE="
 examples|core/examples.py|test_examples.py test_reference_store.py test_batch.py test_hostile.py
-binding|core/binding.py|test_reference_core.py test_examples.py test_batch.py test_hostile.py
-policies|core/policies.py|test_policies.py test_reference_policies.py test_stream_packer.py
-plan|core/plan.py|test_policies.py test_reference_policies.py test_hostile.py
-checks|core/checks.py|test_policies.py test_hostile.py test_reference_policies.py test_stream_packer.py
-kernels|core/plan_kernels.py,core/stream_kernels.py|test_reference_policies.py test_reference_stream.py test_policies.py test_stream_packer.py
 batch|core/batch.py|test_batch.py test_reference_permission.py
-config|core/config.py|test_batch.py test_hostile.py test_reference_budget.py
-compact|core/compact.py|test_store.py test_reference_store.py
-counts|core/counts.py|test_counts.py test_reference_core.py
-budget|core/budget.py|test_batch.py test_hostile.py test_reference_budget.py
 loss|core/loss.py|test_loss.py test_reference_loss.py
 training_loss|training/loss.py|test_training_loss.py test_reference_loss.py
+policies|core/policies.py|test_policies.py test_reference_policies.py test_stream_packer.py
+kernels|core/plan_kernels.py,core/stream_kernels.py|test_reference_policies.py test_reference_stream.py test_policies.py test_stream_packer.py
+plan|core/plan.py|test_policies.py test_reference_policies.py test_hostile.py
+checks|core/checks.py|test_policies.py test_hostile.py test_reference_policies.py test_stream_packer.py
+config|core/config.py|test_batch.py test_hostile.py test_reference_budget.py
+budget|core/budget.py|test_batch.py test_hostile.py test_reference_budget.py
+compact|core/compact.py|test_store.py test_reference_store.py
+counts|core/counts.py|test_counts.py test_reference_core.py
+binding|core/binding.py|test_reference_core.py test_examples.py test_batch.py test_hostile.py
 permission|core/permission.py|test_permission.py test_reference_permission.py
 "
 
