@@ -202,55 +202,48 @@ class Layout:
 # ----------------------------------------------------------------- in-memory policies
 
 
-def next_fit(lengths: Sequence[int], capacity: int) -> list[tuple[int, int]]:
-    """``(row, start)`` per example: supplied order, only the current row, never revisit."""
-    out, row, used = [], 0, 0
-    for n in lengths:
-        if used + n > capacity:
+def decreasing(lengths):
+    """Indices longest first, ties in supplied order."""
+    return sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+
+
+def reference_next_fit(lengths, capacity):
+    row_of, start_of, row, used = [], [], 0, 0
+    for n in lengths.tolist():
+        if n > capacity - used:
             row, used = row + 1, 0
-        out.append((row, used))
+        row_of.append(row)
+        start_of.append(used)
         used += n
-    return out
+    return row_of, start_of
 
 
-def _longest_first(lengths: Sequence[int]) -> list[int]:
-    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+def reference_first_fit_decreasing(lengths, capacity):
+    left, row_of, start_of = [], [0] * len(lengths), [0] * len(lengths)
+    for i in decreasing(lengths):
+        n = int(lengths[i])
+        row = next((r for r, room in enumerate(left) if room >= n), len(left))
+        if row == len(left):
+            left.append(capacity)
+        row_of[i], start_of[i] = row, capacity - left[row]
+        left[row] -= n
+    return row_of, start_of
 
 
-def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[tuple[int, int]]:
-    """Longest first (ties in supplied order), each into the lowest-numbered row with room."""
-    used: list[int] = []
-    out: list[tuple[int, int]] = [(-1, -1)] * len(lengths)
-    for i in _longest_first(lengths):
-        n = lengths[i]
-        fits = [r for r, u in enumerate(used) if u + n <= capacity]
-        row = fits[0] if fits else len(used)
-        if not fits:
-            used.append(0)
-        out[i] = (row, used[row])
-        used[row] += n
-    return out
-
-
-def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[tuple[int, int]]:
-    """Longest first; the open row with the fewest cells left that fit, equal rooms oldest
-    first ("oldest": the row that has had this room the longest)."""
-    used: list[int] = []
-    since: list[int] = []  # when each row got the room it has now
-    out: list[tuple[int, int]] = [(-1, -1)] * len(lengths)
-    for step, i in enumerate(_longest_first(lengths)):
-        n = lengths[i]
-        fits = [r for r in range(len(used)) if used[r] < capacity and used[r] + n <= capacity]
+def reference_best_fit_decreasing(lengths, capacity):
+    """Tightest row; among equally tight rows the one that got its room first."""
+    rows, row_of, start_of = [], [0] * len(lengths), [0] * len(lengths)  # [room, since]
+    for clock, i in enumerate(decreasing(lengths)):
+        n = int(lengths[i])
+        fits = [r for r, (room, _) in enumerate(rows) if room >= n]
         if fits:
-            row = min(fits, key=lambda r: (capacity - used[r], since[r]))
+            row = min(fits, key=lambda r: rows[r])
         else:
-            row = len(used)
-            used.append(0)
-            since.append(0)
-        out[i] = (row, used[row])
-        used[row] += n
-        since[row] = step
-    return out
+            row = len(rows)
+            rows.append([capacity, clock])
+        row_of[i], start_of[i] = row, capacity - rows[row][0]
+        rows[row] = [rows[row][0] - n, clock]
+    return row_of, start_of
 
 
 # ----------------------------------------------------------------- stream-best-fit

@@ -19,6 +19,12 @@ from seqpack.core.checks import MAX_TREE_CAPACITY, positive_int
 from seqpack.core.plan import validate_plan
 from seqpack.core.policies import POLICIES, decreasing_order
 
+from reference import (
+    reference_best_fit_decreasing,
+    reference_first_fit_decreasing,
+    reference_next_fit,
+)
+
 PACKING = ["next-fit", "first-fit-decreasing", "best-fit-decreasing", "stream-best-fit"]
 ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
 needs_numba = pytest.mark.skipif(not engine.numba_available(), reason="numba not installed")
@@ -37,49 +43,6 @@ stream_options = st.fixed_dictionaries(
 
 
 # ----------------------------------------------------------------- references
-
-
-def decreasing(lengths):
-    return sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-
-
-def reference_next_fit(lengths, capacity):
-    row_of, start_of, row, used = [], [], 0, 0
-    for n in lengths.tolist():
-        if n > capacity - used:
-            row, used = row + 1, 0
-        row_of.append(row)
-        start_of.append(used)
-        used += n
-    return row_of, start_of
-
-
-def reference_first_fit_decreasing(lengths, capacity):
-    left, row_of, start_of = [], [0] * len(lengths), [0] * len(lengths)
-    for i in decreasing(lengths):
-        n = int(lengths[i])
-        row = next((r for r, room in enumerate(left) if room >= n), len(left))
-        if row == len(left):
-            left.append(capacity)
-        row_of[i], start_of[i] = row, capacity - left[row]
-        left[row] -= n
-    return row_of, start_of
-
-
-def reference_best_fit_decreasing(lengths, capacity):
-    """Tightest row; among equally tight rows the one that got its room first."""
-    rows, row_of, start_of = [], [0] * len(lengths), [0] * len(lengths)  # [room, since]
-    for clock, i in enumerate(decreasing(lengths)):
-        n = int(lengths[i])
-        fits = [r for r, (room, _) in enumerate(rows) if room >= n]
-        if fits:
-            row = min(fits, key=lambda r: rows[r])
-        else:
-            row = len(rows)
-            rows.append([capacity, clock])
-        row_of[i], start_of[i] = row, capacity - rows[row][0]
-        rows[row] = [rows[row][0] - n, clock]
-    return row_of, start_of
 
 
 def optimal_rows(lengths, capacity):

@@ -22,7 +22,7 @@ from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES
 from seqpack.training.data import PackedCollator
 
-from reference import Layout, next_fit, placed_from_records
+from reference import Layout, placed_from_records, reference_next_fit
 from strategies import BINDING, example_lists, scaled
 
 
@@ -138,7 +138,8 @@ def test_every_occurrence_once_whole_with_its_provenance(case):
 def test_next_fit_places_as_the_plain_loop_does(case, rows_per):
     examples, capacity = case
     epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows_per))
-    want = next_fit([len(ex) for ex in examples], capacity)
+    row_of, start_of = reference_next_fit(np.array([len(ex) for ex in examples]), capacity)
+    want = list(zip(row_of, start_of, strict=True))
     got = {}
     for batch in epoch.batches:
         occ = batch.occurrences
