@@ -5,6 +5,7 @@
 #   bash scripts/mutation.sh                 # every module group below, permission last
 #   bash scripts/mutation.sh batch loss      # some groups
 #   MUTATION_CHILDREN=1 bash scripts/mutation.sh counts
+#   MUTATION_RETEST=1 bash scripts/mutation.sh batch   # retest only last run's survivors
 #
 # Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/, docs/,
 # examples/, README.md and pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
@@ -19,19 +20,19 @@ root=$PWD
 
 # group | modules under src/seqpack (comma-separated) | test files
 GROUPS_TABLE="
-examples|core/examples.py|test_examples.py test_reference_store.py test_batch.py test_hostile.py
-batch|core/batch.py|test_batch.py test_reference_permission.py
+examples|core/examples.py|test_examples.py test_reference_examples.py test_reference_store.py test_batch.py test_hostile.py
 loss|core/loss.py|test_loss.py test_reference_loss.py
 training_loss|training/loss.py|test_training_loss.py test_reference_loss.py
-policies|core/policies.py|test_policies.py test_reference_policies.py test_stream_packer.py
-kernels|core/plan_kernels.py,core/stream_kernels.py|test_reference_policies.py test_reference_stream.py test_policies.py test_stream_packer.py
-plan|core/plan.py|test_policies.py test_reference_policies.py test_hostile.py
-checks|core/checks.py|test_policies.py test_hostile.py test_reference_policies.py test_stream_packer.py
-config|core/config.py|test_batch.py test_hostile.py test_reference_budget.py
-budget|core/budget.py|test_batch.py test_hostile.py test_reference_budget.py
-compact|core/compact.py|test_store.py test_reference_store.py
+batch|core/batch.py|test_batch.py test_reference_permission.py test_reference_budget.py
+config|core/config.py|test_reference_budget.py test_batch.py test_hostile.py
+budget|core/budget.py|test_reference_budget.py test_batch.py test_hostile.py
 counts|core/counts.py|test_counts.py test_reference_core.py
 binding|core/binding.py|test_reference_core.py test_examples.py test_batch.py test_hostile.py
+kernels|core/plan_kernels.py,core/stream_kernels.py|test_policies.py test_stream_packer.py test_reference_stream.py
+policies|core/policies.py|test_policies.py test_reference_plan.py test_stream_packer.py test_reference_stream.py
+plan|core/plan.py|test_policies.py test_reference_plan.py test_hostile.py
+checks|core/checks.py|test_reference_plan.py test_policies.py test_hostile.py test_stream_packer.py
+compact|core/compact.py|test_store.py test_reference_store.py test_reference_compact.py
 permission|core/permission.py|test_permission.py test_reference_permission.py
 "
 
@@ -67,7 +68,15 @@ while IFS='|' read -r group modules tests; do
         export SEQPACK_ENGINE=python HYPOTHESIS_PROFILE=mutation
         export MPLCONFIGDIR="$root/.cache/matplotlib" TORCHINDUCTOR_CACHE_DIR="$root/.cache/inductor"
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-        nice -n 10 "$root/.venv/bin/mutmut" run --max-children "$children" >run.log 2>&1 || {
+        # MUTATION_RETEST=1: only the mutants the last run left alive, against the tests as
+        # they are now (mutmut keeps earlier verdicts; new tests alone do not revisit them).
+        names=()
+        if [ "${MUTATION_RETEST:-0}" = 1 ] && [ -f results.txt ]; then
+            mapfile -t names < <(awk '$2 == "survived" || $2 == "no" {print $1}' results.txt)
+            [ ${#names[@]} -gt 0 ] || names=(none-left)
+        fi
+        [ "${names[*]:-}" = none-left ] ||
+        nice -n 10 "$root/.venv/bin/mutmut" run --max-children "$children" "${names[@]}" >run.log 2>&1 || {
             echo "mutmut failed for $group; see $work/run.log" >&2
             tail -20 run.log >&2
             exit 1
