@@ -126,10 +126,9 @@ def test_every_option_flag_reaches_the_command_line():
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("seqpack.batch", "seqpack.core.batch"),
-        ("seqpack.store", "seqpack.io.store"),
         ("seqpack.stream_packer", "seqpack.core.stream_packer"),
-        ("seqpack.training.hf", "seqpack.hf.adapter"),
+        ("seqpack.permission", "seqpack.core.permission"),
+        ("seqpack.loss", "seqpack.core.loss"),
     ],
 )
 def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
@@ -159,3 +158,30 @@ def test_split_long_sources_still_works_with_a_deprecation_warning():
         options = PackOptions.of(capacity=8, split_long_sources=True)
     assert options.split_long is True
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+@pytest.mark.parametrize(
+    ("old", "names"),
+    [
+        ("seqpack.batch", ["PackedBatch", "PackConfig", "materialize"]),
+        ("seqpack.store", ["load_packed", "write_packed", "SCHEMA", "rows_to_arrow"]),
+        ("seqpack.training.hf", ["hf_inputs", "HFCollator"]),
+        ("seqpack.policies", ["plan_rows", "Plan", "positive_int"]),
+    ],
+)
+def test_split_modules_keep_their_old_names(old, names):
+    code = (
+        "import importlib, warnings\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"old = importlib.import_module({old!r})\n"
+        "import seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards\n"
+        "import seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan, seqpack.core.checks\n"
+        "import seqpack.core.policies\n"
+        "homes = [seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards,\n"
+        "         seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan,\n"
+        "         seqpack.core.checks, seqpack.core.policies]\n"
+        f"for name in {names!r}:\n"
+        "    assert any(getattr(h, name, None) is getattr(old, name) for h in homes), name\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -1,9 +1,11 @@
 """The module paths of seqpack 0.1 (a flat package), importable for one more release.
 
-``import seqpack.batch`` now gives :mod:`seqpack.core.batch` itself (the same
-module object, so ``isinstance`` checks and monkeypatches keep working) and
-a :class:`DeprecationWarning` naming the new path. The aliases go away in
-seqpack 0.3.
+``import seqpack.stream_packer`` now gives :mod:`seqpack.core.stream_packer`
+itself (the same module object) and a :class:`DeprecationWarning` naming the
+new path. Where a 0.1 module was split (``seqpack.store`` into
+``seqpack.io.store`` and ``seqpack.io.shards``), the old path gives a module
+holding the public names of all the new ones (the same objects, so
+``isinstance`` checks keep working). The aliases go away in seqpack 0.3.
 """
 
 from __future__ import annotations
@@ -16,24 +18,24 @@ import sys
 import warnings
 from types import ModuleType
 
-#: Old module path -> where it lives now.
-MOVED = {
-    "seqpack.errors": "seqpack.core.errors",
-    "seqpack.examples": "seqpack.core.examples",
-    "seqpack.policies": "seqpack.core.policies",
-    "seqpack.stream_packer": "seqpack.core.stream_packer",
-    "seqpack.batch": "seqpack.core.batch",
-    "seqpack.compact": "seqpack.core.compact",
-    "seqpack.permission": "seqpack.core.permission",
-    "seqpack.budget": "seqpack.core.budget",
-    "seqpack.counts": "seqpack.core.counts",
-    "seqpack.loss": "seqpack.core.loss",
-    "seqpack.tokenizers": "seqpack.io.tokenizers",
-    "seqpack.jsonl": "seqpack.io.jsonl",
-    "seqpack.store": "seqpack.io.store",
-    "seqpack.atomic": "seqpack.io.atomic",
-    "seqpack.training.hf": "seqpack.hf.adapter",
-    "seqpack.nn.hf_verify": "seqpack.hf.verify",
+#: Old module path -> the module(s) its names live in now.
+MOVED: dict[str, tuple[str, ...]] = {
+    "seqpack.errors": ("seqpack.core.errors",),
+    "seqpack.examples": ("seqpack.core.examples", "seqpack.core.binding"),
+    "seqpack.policies": ("seqpack.core.policies", "seqpack.core.plan", "seqpack.core.checks"),
+    "seqpack.stream_packer": ("seqpack.core.stream_packer",),
+    "seqpack.batch": ("seqpack.core.batch", "seqpack.core.config"),
+    "seqpack.compact": ("seqpack.core.compact",),
+    "seqpack.permission": ("seqpack.core.permission",),
+    "seqpack.budget": ("seqpack.core.budget",),
+    "seqpack.counts": ("seqpack.core.counts",),
+    "seqpack.loss": ("seqpack.core.loss",),
+    "seqpack.tokenizers": ("seqpack.io.tokenizers",),
+    "seqpack.jsonl": ("seqpack.io.jsonl",),
+    "seqpack.store": ("seqpack.io.store", "seqpack.io.shards"),
+    "seqpack.atomic": ("seqpack.io.atomic",),
+    "seqpack.training.hf": ("seqpack.hf.adapter", "seqpack.hf.collator"),
+    "seqpack.nn.hf_verify": ("seqpack.hf.verify", "seqpack.nn.report"),
 }
 
 
@@ -50,12 +52,19 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         new = MOVED[spec.name]
         warnings.warn(
-            f"{spec.name} moved to {new}; import it from there (the old path goes away in"
-            " seqpack 0.3)",
+            f"{spec.name} moved to {' and '.join(new)}; import it from there (the old path"
+            " goes away in seqpack 0.3)",
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(new)
+        modules = [importlib.import_module(name) for name in new]
+        if len(modules) == 1:
+            return modules[0]
+        merged = ModuleType(spec.name, modules[0].__doc__)
+        for module in reversed(modules):  # the first module's names win
+            public = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+            vars(merged).update(public)
+        return merged
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the module was imported at its new path."""

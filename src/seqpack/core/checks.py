@@ -21,7 +21,7 @@ from seqpack.core.errors import InvalidInput, OversizedExample
 def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     """``value`` as an ``int`` when it is an integer (not a bool) in ``[1, maximum]``.
 
-    Otherwise :class:`~seqpack.errors.InvalidInput` naming ``name``, the value
+    Otherwise :class:`~seqpack.core.errors.InvalidInput` naming ``name``, the value
     and the range.
     """
     if (

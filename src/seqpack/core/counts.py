@@ -33,7 +33,7 @@ def layout_counts(rows: int, width: int, lengths: Any) -> dict[str, Any]:
 
 
 def batch_counts(batch: Any) -> dict[str, Any]:
-    """:func:`layout_counts` of a :class:`~seqpack.batch.PackedBatch`."""
+    """:func:`layout_counts` of a :class:`~seqpack.core.batch.PackedBatch`."""
     occ = batch.occurrences
     rows, width = batch.shape
     return layout_counts(rows, width, occ.col_end - occ.col_start)

@@ -148,7 +148,7 @@ def stream_best_fit(
     seed: int = 0,
     engine: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`~seqpack.stream_packer.StreamPacker` over an in-memory array.
+    """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array.
 
     ``window`` / ``max_open_rows`` of None take the packer's defaults.
     """

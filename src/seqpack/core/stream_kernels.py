@@ -1,4 +1,4 @@
-"""Streaming best-fit kernels (see :mod:`seqpack.stream_packer` for the rules).
+"""Streaming best-fit kernels (see :mod:`seqpack.core.stream_packer` for the rules).
 
 State travels as tuples of int64 arrays, unpacked at the top of each kernel:
 

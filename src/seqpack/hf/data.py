@@ -2,8 +2,8 @@
 
 ``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
 ``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
-see :mod:`seqpack.io`) and returns one output row per packed row, with the
-columns of the packed-directory format (:data:`seqpack.store.SCHEMA`:
+see :mod:`seqpack.io.columns`) and returns one output row per packed row, with the
+columns of the packed-directory format (:data:`seqpack.io.store.SCHEMA`:
 ``tokens``, ``labels``, ``seq_lengths``, ``seq_starts``, provenance). The
 binding, partition, capacity, policy and statistics travel as JSON in
 ``info.description`` under the key ``"seqpack"``. For the fixture::

@@ -260,7 +260,7 @@ def documents_from_arrow(
     """Convert an Arrow table with the columns above into :class:`Documents`.
 
     With ``partition``, a ``partition`` column must name it on every row
-    (:class:`~seqpack.errors.PartitionMismatch` otherwise).
+    (:class:`~seqpack.core.errors.PartitionMismatch` otherwise).
     """
     try:
         return _documents(table, origin, tokenizer, text_field, partition)

@@ -6,7 +6,7 @@ model calls each (a multiple of ``max_rows_per_batch`` rows).
 policy, statistics and every shard's row span, size and sha256. A directory
 is complete exactly when its manifest exists: :func:`write_packed` builds it
 under a hidden temporary sibling, fsyncs, then renames it into place
-(:mod:`seqpack.atomic`). :func:`load_packed` checks the manifest's shape, every
+(:mod:`seqpack.io.atomic`). :func:`load_packed` checks the manifest's shape, every
 shard's size and sha256, and the caller's expected binding and partition.
 """
 
@@ -224,11 +224,11 @@ def load_packed(
 ) -> PackedStore:
     """Open a packed directory, checking its manifest, shards, checksums and binding.
 
-    Raises :class:`~seqpack.errors.InvalidInput` for a missing, malformed or
+    Raises :class:`~seqpack.core.errors.InvalidInput` for a missing, malformed or
     damaged output (a shard changed, truncated or missing: its size and
-    sha256 differ from the manifest's), :class:`~seqpack.errors.BindingMismatch`
+    sha256 differ from the manifest's), :class:`~seqpack.core.errors.BindingMismatch`
     when ``expected_binding`` differs from the manifest's and
-    :class:`~seqpack.errors.PartitionMismatch` when ``expected_partition`` does.
+    :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
     Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
     refused even when they hold a manifest.
     """

@@ -17,8 +17,7 @@ Names are loaded on first use (the package needs pyarrow).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from seqpack._lazy import lazy_exports
 
 _NAMES = {
     "PackOptions": "options",
@@ -37,12 +36,4 @@ _NAMES = {
     "duplicate_report": "report",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(_NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -64,7 +64,7 @@ def check_budget(
     where: str = "",
     fix: str = "pack fewer examples per call",
 ) -> None:
-    """Raise :class:`~seqpack.errors.BudgetExceeded` before planning when packing ``table``
+    """Raise :class:`~seqpack.core.errors.BudgetExceeded` before planning when packing ``table``
     (:func:`packing_bytes`) plus one model call (:func:`model_call_bytes`) needs more
     than ``limit`` bytes; ``where`` prefixes the message, ``fix`` ends it. No-op without a limit.
     """

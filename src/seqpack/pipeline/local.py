@@ -44,7 +44,7 @@ def pack_table(
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
     With ``max_metadata_bytes``, :func:`packing_bytes` is checked against it
-    first: :class:`~seqpack.errors.BudgetExceeded` before anything is allocated.
+    first: :class:`~seqpack.core.errors.BudgetExceeded` before anything is allocated.
     """
     if max_metadata_bytes is not None:
         budget.enforce(packing_bytes(table, capacity, policy), max_metadata_bytes, "packing")

@@ -11,7 +11,7 @@ per model call::
 
 Each block's end (and each of its own ``shard_tokens`` cuts) is rounded down
 to a model-call boundary, so every shard but the last holds whole model
-calls, as :func:`seqpack.store.load_packed` requires.
+calls, as :func:`seqpack.io.store.load_packed` requires.
 """
 
 from __future__ import annotations

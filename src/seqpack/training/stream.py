@@ -2,7 +2,7 @@
 
 For corpora read once, in order, without a packed directory. Documents are
 read in chunks and their examples pushed to a
-:class:`~seqpack.stream_packer.StreamPacker` (bounded memory: only examples
+:class:`~seqpack.core.stream_packer.StreamPacker` (bounded memory: only examples
 still waiting or in open rows are held). Closed rows gather into optimizer
 steps of ``world_size * micro_batches * rows_per_micro_batch`` rows; each
 step is split with :func:`schedule_rows` (no shuffle, balanced by load), so
