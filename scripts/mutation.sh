@@ -21,8 +21,8 @@ root=$PWD
 # group | modules under src/seqpack (comma-separated) | test files
 GROUPS_TABLE="
 examples|core/examples.py|test_examples.py test_reference_examples.py test_reference_store.py test_batch.py test_hostile.py
-loss|core/loss.py|test_loss.py test_reference_loss.py
-training_loss|training/loss.py|test_training_loss.py test_reference_loss.py
+loss|core/loss.py|test_loss.py test_reference_loss.py test_reference_loss_rules.py
+training_loss|training/loss.py|test_training_loss.py test_reference_loss.py test_reference_loss_rules.py
 batch|core/batch.py|test_batch.py test_reference_permission.py test_reference_budget.py
 config|core/config.py|test_reference_budget.py test_batch.py test_hostile.py
 budget|core/budget.py|test_reference_budget.py test_batch.py test_hostile.py
