@@ -10,19 +10,31 @@ position off by one) shows up as a difference in the cells or in a view.
 """
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import PackConfig, Partition, pack_examples
+from seqpack import (
+    Binding,
+    BindingMismatch,
+    ExampleTable,
+    InvalidInput,
+    PackConfig,
+    Partition,
+    PartitionMismatch,
+    materialize,
+    pack_examples,
+    plan_rows,
+)
 from seqpack.core import budget
-from seqpack.core.batch import CELL_FIELDS
-from seqpack.core.fixture import fixture_batch, fixture_examples
+from seqpack.core.batch import CELL_FIELDS, fill_cells
+from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES
 from seqpack.training.data import PackedCollator
 
-from reference import Layout, placed_from_records, reference_next_fit
+from reference import Layout, placed_from_records, reference_next_fit, stream_plan
 from strategies import BINDING, example_lists, scaled
 
 
@@ -207,3 +219,84 @@ def test_rows_as_dicts_are_the_reference_cells():
     assert [sorted(d) for d in dicts] == [sorted(cells)] * 2
     for r, d in enumerate(dicts):
         assert d == {k: v[r] for k, v in cells.items()}
+
+
+# ----------------------------------------------------------------- the batch API
+
+
+def test_materialize_refuses_a_plan_for_other_examples_or_another_width():
+    table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
+    with pytest.raises(InvalidInput) as err:
+        materialize(table, plan_rows([3, 2], 6), PackConfig(6, 2))
+    assert str(err.value) == "plan lengths do not match the examples supplied"
+    with pytest.raises(InvalidInput) as err:
+        materialize(table, plan_rows([3, 2, 5], 6), PackConfig(6, 2))
+    assert str(err.value) == "plan lengths do not match the examples supplied"
+    with pytest.raises(InvalidInput) as err:
+        materialize(table, plan_rows(table.lengths, 6), PackConfig(7, 2))
+    assert str(err.value) == "plan capacity 6 != config capacity 7"
+
+
+def test_a_table_of_another_partition_or_binding_is_refused_by_name():
+    table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
+    with pytest.raises(PartitionMismatch) as err:
+        pack_examples("validation", table, fixture_binding(), PackConfig(6, 2))
+    assert str(err.value) == (
+        "examples belong to partition 'train', not 'validation'"
+        " — a batch holds one partition only; pack them separately"
+    )
+    other = Binding(266, "another-tokenizer", fixture_binding().split_id)
+    with pytest.raises(BindingMismatch) as err:
+        pack_examples("train", table, other, PackConfig(6, 2))
+    assert str(err.value).startswith("the example table has a different binding (tokenizer_id")
+
+
+def test_a_table_and_its_examples_pack_alike_with_policy_options():
+    examples = fixture_examples() * 3
+    table = ExampleTable.from_examples(examples, "train", fixture_binding())
+    options = {"policy": "stream-best-fit", "window": 2, "max_open_rows": 1, "seed": 5}
+    a = pack_examples("train", examples, fixture_binding(), PackConfig(6, 2), **options)
+    b = pack_examples(Partition.TRAIN, table, fixture_binding(), PackConfig(6, 2), **options)
+    assert a.plan.to_dict() == b.plan.to_dict() and a.plan.policy == "stream-best-fit"
+    want = stream_plan([len(ex) for ex in examples], 6, 2, 1, 5)
+    got = zip(range(len(examples)), a.plan.row_of.tolist(), a.plan.start_of.tolist(), strict=True)
+    assert sorted(got) == sorted(want)
+    for x, y in zip(a.batches, b.batches, strict=True):
+        for name in CELL_FIELDS:
+            assert np.array_equal(getattr(x, name), getattr(y, name)), name
+
+
+def test_validity_arrays_are_separate_and_the_shape_is_the_cells():
+    batch = fixture_batch()
+    assert batch.shape == (2, 6) and type(batch.shape[0]) is int
+    assert not np.shares_memory(batch.input_valid, batch.target_valid)
+    assert batch.target_valid.tolist() == batch.input_valid.tolist()
+    # allowed_key checks its coordinates and answers like the reference
+    layout = layout_of(batch, fixture_examples())
+    for r in range(2):
+        for q in range(6):
+            for k in range(6):
+                assert batch.allowed_key(r, q, k) == layout.allowed(r, q, k)
+    for coords in ((2, 0, 0), (0, 6, 0), (0, 0, -1)):
+        with pytest.raises(InvalidInput) as err:
+            batch.allowed_key(*coords)
+        assert "is outside this batch of shape (2, 6)" in str(err.value)
+
+
+def test_fill_cells_with_flags_in_cell_order():
+    """The compact path: flags already in cell order (no per-occurrence offsets)."""
+    tokens = np.array([0, 9, 8, 1, 0, 7, 1], dtype=np.int32)
+    cells = fill_cells(
+        (1, 6),
+        np.array([0, 0]),
+        np.array([0, 3]),
+        np.array([3, 2]),
+        np.array([4, 1], dtype=np.int32),
+        tokens,
+        np.array([0, 4]),
+        np.array([True, False, True, True, False]),
+    )
+    inputs, targets, segments, positions, valid, loss = (c.tolist()[0] for c in cells)
+    assert inputs == [0, 9, 8, 0, 7, -1] and targets == [9, 8, 1, 7, 1, -1]
+    assert segments == [4, 4, 4, 1, 1, -1] and positions == [0, 1, 2, 0, 1, 0]
+    assert valid == [True] * 5 + [False] and loss == [True, False, True, True, False, False]
