@@ -20,7 +20,7 @@ CI = os.environ.get("CI") == "true"
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=CI, print_blob=True)
 settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
 settings.register_profile(
-    "mutation", max_examples=40, deadline=None, derandomize=True, database=None
+    "mutation", max_examples=25, deadline=None, derandomize=True, database=None
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
