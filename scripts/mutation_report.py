@@ -1,0 +1,82 @@
+"""Print the mutation results of ``scripts/mutation.sh`` as Markdown (for docs/testing.md).
+
+Usage: ``python scripts/mutation_report.py [GROUP ...]``. Reads
+``.cache/mutation/<group>/summary.json`` and ``survivors.txt``; prints the score
+table, then every live mutant as one line: its name, the changed source line
+before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / ".cache" / "mutation"
+
+
+def score(stats: dict) -> tuple[int, int, float]:
+    killed = stats["killed"] + stats["timeout"]
+    tested = stats["total"] - stats["skipped"]
+    return tested, killed, (100.0 * killed / tested if tested else 100.0)
+
+
+def survivors(path: Path) -> list[tuple[str, str, str, str]]:
+    """``(name, status, before, after)`` per live mutant (first changed line of its diff)."""
+    out = []
+    for block in path.read_text().split("## ")[1:]:
+        head, _, diff = block.partition("\n")
+        match = re.match(r"(\S+) \((.*)\)", head)
+        if not match:
+            continue
+        lines = diff.splitlines()
+        minus = [x[1:].strip() for x in lines if x.startswith("-") and not x.startswith("---")]
+        plus = [x[1:].strip() for x in lines if x.startswith("+") and not x.startswith("+++")]
+        out.append((match[1], match[2], minus[0] if minus else "", plus[0] if plus else ""))
+    return out
+
+
+def main(groups: list[str]) -> None:
+    groups = groups or sorted(p.name for p in ROOT.iterdir() if (p / "summary.json").exists())
+    print("| group | modules | mutants | killed | survived | no tests | score |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    total_tested = total_killed = 0
+    for group in groups:
+        stats = json.loads((ROOT / group / "summary.json").read_text())
+        tested, killed, pct = score(stats)
+        total_tested += tested
+        total_killed += killed
+        modules = _modules(group)
+        print(
+            f"| {group} | {modules} | {tested} | {killed} | {stats['survived']}"
+            f" | {stats['no_tests']} | {pct:.1f}% |"
+        )
+    if total_tested:
+        print(f"| **all** | | {total_tested} | {total_killed} | | | "
+              f"**{100.0 * total_killed / total_tested:.1f}%** |")  # fmt: skip
+    print()
+    for group in groups:
+        path = ROOT / group / "survivors.txt"
+        if not path.exists():
+            continue
+        rows = survivors(path)
+        if not rows:
+            continue
+        print(f"#### {group}\n")
+        for name, status, before, after in rows:
+            short = name.split(".")[-1]
+            print(f"- `{short}` ({status}): `{before}` → `{after}`")
+        print()
+
+
+def _modules(group: str) -> str:
+    text = (ROOT / group / "pyproject.toml").read_text()
+    match = re.search(r"^only_mutate = \[(.*)\]$", text, re.M)
+    if not match:
+        return ""
+    return ", ".join(m.replace("src/seqpack/", "") for m in re.findall(r'"([^"]+)"', match[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
