@@ -184,6 +184,16 @@ def test_counting_sort_is_a_stable_descending_sort(case):
     assert np.array_equal(decreasing_order(lengths, capacity, "python"), expected)
 
 
+@given(lengths_and_capacity(max_examples=200))
+def test_the_counting_sort_kernel_run_as_plain_python(case):
+    """The numba counting sort's source, run by the python engine (mutation runs use it)."""
+    lengths, capacity = case
+    order = np.empty(lengths.shape[0], dtype=np.int64)
+    counts = np.zeros(capacity + 2, dtype=np.int64)
+    engine.call("python", "decreasing_order", lengths, capacity, counts, order, inputs=1)
+    assert order.tolist() == decreasing(lengths)
+
+
 def test_the_core_plans_without_numba():
     code = f"""
 import json, sys
