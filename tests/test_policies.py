@@ -20,6 +20,7 @@ from seqpack.core.plan import validate_plan
 from seqpack.core.policies import POLICIES, decreasing_order
 
 from reference import (
+    decreasing,
     reference_best_fit_decreasing,
     reference_first_fit_decreasing,
     reference_next_fit,
