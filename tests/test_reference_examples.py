@@ -220,14 +220,22 @@ def test_table_checks_name_the_example_and_the_fix():
     }
     ExampleTable(**ok)
     cases = [
-        ({"binding": None}, "ExampleTable.binding must be a seqpack.Binding — build one with"),
+        (
+            {"binding": None},
+            "ExampleTable.binding must be a seqpack.Binding — build one with"
+            " Binding(vocab_size, tokenizer_id, split_id)",
+        ),
         (
             {"windows": [0, 1, 2]},
-            "ExampleTable.windows must be a 1-D integer NumPy array, got list",
+            "ExampleTable.windows must be a 1-D integer NumPy array, got list — encode text with"
+            " a tokenizer; build tables with ExampleTable.from_examples or"
+            " seqpack.io.load_examples",
         ),
         (
             {"loss_mask": np.ones(2)},
-            "ExampleTable.loss_mask must be a 1-D bool NumPy array, got float64",
+            "ExampleTable.loss_mask must be a 1-D bool NumPy array, got float64 — encode text"
+            " with a tokenizer; build tables with ExampleTable.from_examples or"
+            " seqpack.io.load_examples",
         ),
         (
             {"offsets": np.array([1, 3])},
@@ -270,3 +278,30 @@ def test_table_checks_name_the_example_and_the_fix():
         with pytest.raises(InvalidInput) as err:
             ExampleTable(**(ok | change))
         assert str(err.value).startswith(message), (change, str(err.value))
+        if "NumPy array" in message or "seqpack.Binding" in message:
+            assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("windows", "message"),
+    [
+        ([0, 1, 2, 1, 9, 2], "example 1 ('b'[0:3]): token id 9 is outside [0, 3)"),
+        ([0, 1, 2, 7, 1, 2], "example 1 ('b'[0:3]): token id 7 is outside [0, 3)"),  # first token
+        ([0, -4, 2, 1, 2, 2], "example 0 ('a'[0:3]): token id -4 is outside [0, 3)"),
+        ([0, 1, 2, 1, -1, 9], "example 1 ('b'[0:3]): token id -1 is outside [0, 3)"),  # low first
+    ],
+)
+def test_a_table_names_the_example_holding_a_bad_token(windows, message):
+    with pytest.raises(InvalidInput) as err:
+        ExampleTable(
+            windows=np.array(windows, dtype=np.int32),
+            offsets=np.array([0, 3, 6], dtype=np.int64),
+            loss_mask=np.ones(4, dtype=bool),
+            source_ids=np.array(["a", "b"], dtype=object),
+            example_ids=np.array(["a", "b"], dtype=object),
+            range_starts=np.zeros(2, dtype=np.int64),
+            range_ends=np.array([3, 3], dtype=np.int64),
+            partition="train",
+            binding=Binding(3, "t", "s"),
+        )
+    assert str(err.value) == message + " — check the tokenizer or raise the vocabulary size"
