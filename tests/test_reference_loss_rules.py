@@ -222,3 +222,42 @@ def test_an_empty_micro_batch_still_reaches_every_parameter():
     assert close(float(raw.detach()), want)
     summed = normalize(torch.tensor(3.0, dtype=torch.float64), 4, parameters=[bias])
     assert float(summed.detach()) == 0.75 and summed.requires_grad
+
+
+def test_default_and_probe_messages_name_what_was_empty():
+    with pytest.raises(EmptyObjective) as err:
+        core_loss.divide(core_loss.LossSum(0.0, 0))
+    assert str(err.value).startswith("this batch has 0 loss-eligible targets,")
+    ex = SequenceExample.from_document(
+        [0, 5, 1], source_id="p", partition="train", binding=BINDING, loss_mask=[False, False]
+    )
+    batch = pack(Partition.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
+    with pytest.raises(EmptyObjective) as err:
+        core_loss.weighting_report(np.zeros((1, 4, 266)), batch)
+    assert str(err.value).startswith("the probe batch has 0 loss-eligible targets,")
+
+
+def test_rows_and_occurrences_without_targets_are_left_out_of_the_means():
+    docs = [[0, 5, 6, 1], [0, 7, 1], [0, 8, 9, 1]]
+    masks = [[True, True, False], [False, False], [True, False, True]]
+    examples = [
+        SequenceExample.from_document(
+            d, source_id=f"d{i}", partition="train", binding=BINDING, loss_mask=m
+        )
+        for i, (d, m) in enumerate(zip(docs, masks, strict=True))
+    ]
+    batch = pack(Partition.TRAIN, examples, BINDING, PackConfig(3, 3)).batches[0]
+    assert batch.shape == (3, 3) and not batch.loss_mask[1].any()  # the middle row: none
+    logits = np.random.default_rng(4).normal(size=(3, 3, 266))
+    nll = {
+        (r, c): log_softmax_nll(logits[r, c].tolist(), int(batch.targets[r, c]))
+        for r in range(3)
+        for c in range(3)
+        if batch.loss_mask[r, c]
+    }
+    row0 = (nll[0, 0] + nll[0, 1]) / 2
+    row2 = (nll[2, 0] + nll[2, 2]) / 2
+    report = core_loss.weighting_report(logits, batch)
+    assert close(report["row_mean"], (row0 + row2) / 2)
+    assert close(report["document_mean"], (row0 + row2) / 2)  # one occurrence per row here
+    assert report["eligible_targets"] == 4 and report["valid_targets"] == 3 + 2 + 3
