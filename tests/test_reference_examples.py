@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import Binding, ExampleTable, InvalidInput, SequenceExample
+from seqpack import Binding, ExampleTable, InvalidInput, Partition, SequenceExample
 from seqpack.core.examples import as_token_array, concat_ranges, long_ranges, split_long
 
 from reference import split_ranges
@@ -98,6 +98,10 @@ def test_an_example_is_its_range_sliced_by_hand(doc, data):
         (
             {"loss_mask": [0, 2, 1]},
             "source 'd' range [0, 4): loss_mask must hold booleans (or 0/1)",
+        ),
+        (
+            {"range": (2, 2)},
+            "source 'd' range [2, 2) has 0 token(s); an example needs at least 2",
         ),
         ({"binding": "not a binding"}, "source 'd': binding must be a seqpack.Binding"),
         ({"tokens": [0, 999]}, "source 'd': token id 999 at position 1 is outside [0, 266)"),
@@ -218,7 +222,8 @@ def test_table_checks_name_the_example_and_the_fix():
         "partition": "train",
         "binding": Binding(3, "t", "s"),
     }
-    ExampleTable(**ok)
+    table = ExampleTable(**ok)
+    assert table.partition is Partition.TRAIN  # a name becomes the Partition
     cases = [
         (
             {"binding": None},
