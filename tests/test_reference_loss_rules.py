@@ -261,3 +261,25 @@ def test_rows_and_occurrences_without_targets_are_left_out_of_the_means():
     assert close(report["row_mean"], (row0 + row2) / 2)
     assert close(report["document_mean"], (row0 + row2) / 2)  # one occurrence per row here
     assert report["eligible_targets"] == 4 and report["valid_targets"] == 3 + 2 + 3
+
+
+def test_a_target_equal_to_the_width_is_outside_and_the_worst_one_is_named():
+    batch = fixture_batch()  # targets reach 104
+    with pytest.raises(InvalidInput) as err:
+        core_loss.eligible_nll(np.zeros((2, 6, 104)), batch.targets, batch.loss_mask)
+    assert str(err.value).startswith(
+        "eligible target 104 is outside the logits' vocabulary [0, 104)"
+    )
+    targets = np.array([[0, 300, 3]])
+    with pytest.raises(InvalidInput) as err:  # the smallest (0) is fine: the largest is named
+        core_loss.eligible_nll(np.zeros((1, 3, 266)), targets, np.ones((1, 3), dtype=bool))
+    assert str(err.value).startswith("eligible target 300 is outside")
+
+
+def test_masked_sums_need_only_one_vocabulary_column_and_give_python_floats():
+    logits = np.zeros((1, 2, 1))
+    got = core_loss.masked_nll_sum(logits, np.zeros((1, 2), dtype=np.int64), np.ones((1, 2), bool))
+    assert got.count == 2 and got.sum == 0.0 and type(got.sum) is float
+    batch = fixture_batch()
+    part = core_loss.token_weighted_sum(np.zeros((2, 6, 266)), batch)
+    assert type(part.sum) is float and close(part.sum, 9 * math.log(266))
