@@ -151,7 +151,10 @@ def test_edge_configs_are_accepted():
     assert PackConfig(INT32_MAX, 1, max_cells=INT32_MAX).capacity == INT32_MAX
     assert PackConfig(6, 2, 6).max_cells == 6  # exactly one row per call
     assert PackConfig(6, 2, None, 1).max_metadata_bytes == 1
-    assert PackConfig(np.int64(6), np.int32(2)).max_cells == 12
+    numpy_ints = PackConfig(np.int64(6), np.int32(2))
+    assert numpy_ints.max_cells == 12
+    assert type(numpy_ints.capacity) is int and type(numpy_ints.max_rows_per_batch) is int
+    assert type(numpy_ints.max_cells) is int
 
 
 def test_the_segment_namespace_is_int32():
