@@ -283,3 +283,33 @@ def test_masked_sums_need_only_one_vocabulary_column_and_give_python_floats():
     batch = fixture_batch()
     part = core_loss.token_weighted_sum(np.zeros((2, 6, 266)), batch)
     assert type(part.sum) is float and close(part.sum, 9 * math.log(266))
+
+
+def test_normalize_validates_the_reduction_it_is_given():
+    with pytest.raises(InvalidInput) as err:
+        normalize(torch.tensor(1.0), 3, grad_reduction="avg")
+    assert str(err.value) == "grad_reduction must be 'mean' or 'sum', got 'avg'"
+    assert float(normalize(torch.tensor(6.0), 3, world_size=2, grad_reduction="sum")) == 2.0
+    assert float(normalize(torch.tensor(6.0), 3, world_size=2)) == 4.0
+
+
+def test_micro_batch_loss_honours_its_ignore_index():
+    logits = torch.zeros(1, 3, 5, dtype=torch.float64)
+    features = {"labels": torch.tensor([[2, -1, -100]]), "num_items_in_batch": 2}
+    # -100 is a real (out-of-vocabulary) label here: with ignore_index=-1 it must be refused
+    with pytest.raises(InvalidInput, match="outside the logits' vocabulary"):
+        micro_batch_loss(logits, features, ignore_index=-1)
+    features = {"labels": torch.tensor([[2, -1, 4]]), "num_items_in_batch": 2}
+    got = micro_batch_loss(logits, features, ignore_index=-1)
+    assert close(float(got), 2 * math.log(5.0) / 2)
+
+
+def test_only_an_empty_micro_batch_touches_the_other_parameters():
+    """The ``0 * Σp`` term is for empty micro-batches only: elsewhere a parameter the logits
+    do not use (here one holding inf) must not reach the loss."""
+    weights = torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
+    unused = torch.nn.Parameter(torch.full((2,), float("inf"), dtype=torch.float64))
+    logits = weights[torch.tensor([[0, 1]])]
+    features = {"labels": torch.tensor([[1, -100]]), "num_items_in_batch": 1}
+    loss = micro_batch_loss(logits, features, parameters=[weights, unused])
+    assert close(float(loss.detach()), math.log(4.0))
