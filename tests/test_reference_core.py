@@ -129,3 +129,11 @@ def test_layout_counts_are_exact_integers_for_any_integer_dtype():
 def test_an_empty_layout_has_zero_density():
     assert layout_counts(0, 8, [])["valid_density"] == 0.0
     assert layout_counts(0, 8, [])["cells"] == 0
+
+
+def test_partition_names_parse_in_any_case_and_unknown_ones_list_the_choices():
+    assert Partition.parse("VALIDATION") is Partition.VALIDATION
+    assert Partition.parse(Partition.TEST) is Partition.TEST
+    with pytest.raises(InvalidInput) as err:
+        Partition.parse("dev")
+    assert str(err.value) == "unknown partition 'dev'; use one of train, validation, test"
