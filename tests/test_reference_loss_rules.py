@@ -313,3 +313,12 @@ def test_only_an_empty_micro_batch_touches_the_other_parameters():
     features = {"labels": torch.tensor([[1, -100]]), "num_items_in_batch": 1}
     loss = micro_batch_loss(logits, features, parameters=[weights, unused])
     assert close(float(loss.detach()), math.log(4.0))
+
+
+def test_the_nll_stays_on_the_logits_device():
+    """Targets follow the logits to their device (``meta`` here stands in for a GPU: it runs
+    shapes only, and refuses to mix devices as CUDA does)."""
+    batch = fixture_batch()
+    logits = torch.zeros(2, 6, 266, device="meta")
+    cells, nll = core_loss.eligible_nll(logits, batch.targets, batch.loss_mask)
+    assert nll.device.type == "meta" and nll.shape == (9,) and cells.shape == (9,)
