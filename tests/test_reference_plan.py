@@ -75,6 +75,25 @@ def test_a_plan_file_round_trips_and_keeps_int64(tmp_path):
     back = Plan.load(tmp_path / "p.npz")
     assert back.to_dict() == plan.to_dict()
     assert back.start_of.dtype == np.int64 and back.policy == "best-fit-decreasing"
+    # Exact beyond float64's 53 bits: the arrays are read as integers throughout.
+    huge = plan_rows([2**60 + 1, 3], 2**61, "first-fit-decreasing")
+    huge.save(tmp_path / "huge.npz")
+    assert Plan.load(tmp_path / "huge.npz").to_dict() == huge.to_dict()
+    empty = Plan.from_dict(plan_rows([], 4).to_dict())
+    assert empty.num_rows == 0
+    assert empty.lengths.dtype == empty.row_of.dtype == empty.start_of.dtype == np.int64
+
+
+def test_a_plan_file_with_pickled_objects_is_refused(tmp_path):
+    """Loading never unpickles: a crafted .npz with object arrays is an error, not code."""
+    path = tmp_path / "evil.npz"
+    header = np.frombuffer(
+        json.dumps({"policy": "x", "capacity": 4, "num_rows": 1}).encode(), np.uint8
+    )
+    objects = np.array([1, 2], dtype=object)
+    np.savez(path, header=header, lengths=objects, row_of=objects, start_of=objects)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        Plan.load(path)
 
 
 def placements(row_of, start_of, lengths=(3, 2, 4), num_rows=2, capacity=6):
@@ -99,6 +118,8 @@ def placements(row_of, start_of, lengths=(3, 2, 4), num_rows=2, capacity=6):
         (placements([0, -1, 1], [0, 3, 0]), "plan refers to a row outside 0..num_rows-1"),
         (placements([0, 0, 0], [0, 3, 5], (3, 2, 1)), "plan has an empty row"),
         (placements([0, 0], [0, 3]), "plan arrays must have one entry per example"),
+        (placements([0, 0, 1], [0, 3]), "plan arrays must have one entry per example"),
+        (placements([0, 1, 1], [0, 0, 1], (3, 2, 2)), "plan places two examples on the same cells"),
         (placements([], [], (), 1), "an empty plan has no rows"),
         (placements([], [], (), 0), None),
         (placements([0, 1, 1], [0, 0, 2], (3, 2, 4)), None),  # end exactly at capacity
