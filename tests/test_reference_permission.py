@@ -300,3 +300,14 @@ def test_fill_cells_with_flags_in_cell_order():
     assert inputs == [0, 9, 8, 0, 7, -1] and targets == [9, 8, 1, 7, 1, -1]
     assert segments == [4, 4, 4, 1, 1, -1] and positions == [0, 1, 2, 0, 1, 0]
     assert valid == [True] * 5 + [False] and loss == [True, False, True, True, False, False]
+
+
+@given(packings())
+def test_occurrence_records_have_their_documented_dtypes(case):
+    _, _, _, epoch = case
+    for batch in epoch.batches:
+        occ = batch.occurrences
+        for name in ("ordinal", "row", "col_start", "col_end", "range_starts", "range_ends"):
+            assert getattr(occ, name).dtype == np.int64, name
+        assert occ.segment.dtype == np.int32
+        assert occ.source_ids.dtype == occ.example_ids.dtype == object
