@@ -340,3 +340,26 @@ def test_bad_policy_options_are_named(item, message):
     with pytest.raises(InvalidInput) as err:
         parse_option(item)
     assert str(err.value) == message
+
+
+def test_zero_sizes_and_the_limit_itself_are_refused_with_the_range():
+    limit = f"[1, {MAX_OPTION_VALUE:,}]"
+    for text in ("0", "0.4"):
+        with pytest.raises(InvalidInput) as err:
+            parse_byte_size(text, "--b")
+        assert str(err.value) == (
+            f"--b must be an integer in {limit}, got 0 — pass a positive integer within that range"
+        )
+    with pytest.raises(InvalidInput) as err:
+        parse_byte_size("4096P", "--b")  # exactly 2**62: past the last usable value
+    assert str(err.value) == "--b '4096P' is beyond any machine's memory — write e.g. 2G"
+    assert parse_byte_size("4095P", "--b") == 4095 * 2**50
+
+
+def test_check_lengths_names_the_capacity_and_labels_every_refusal():
+    with pytest.raises(InvalidInput) as err:
+        check_lengths([1], 0)
+    assert str(err.value) == "capacity must be a positive integer, got 0"
+    with pytest.raises(InvalidInput) as err:
+        check_lengths([3, 0], 5, labels=lambda i: f"example {i} ('doc-{i}')")
+    assert str(err.value) == "example 1 ('doc-1') has 0 prediction pairs; each needs at least 1"
