@@ -37,6 +37,22 @@ def survivors(path: Path) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def kind_of(before: str, after: str) -> str:
+    """A first guess at why a live mutant changes nothing (docs/testing.md explains each)."""
+    if "copy=" in before and ("copy=" not in after or "copy=None" in after or "copy=True" in after):
+        return "copy"
+    if "reshape(-2" in after or "reshape(None" in after:
+        return "reshape"
+    if "device" in before and ("device=None" in after or "device" not in after):
+        return "device"
+    if ".to(None)" in after:
+        return "device"
+    dtype_dropped = "dtype=" in before and ("dtype=None" in after or "dtype=" not in after)
+    if dtype_dropped or "astype(None" in after or re.search(r"\(0, None\)", after):
+        return "dtype"
+    return "other"
+
+
 def main(groups: list[str]) -> None:
     groups = groups or sorted(p.name for p in ROOT.iterdir() if (p / "summary.json").exists())
     print("| group | modules | mutants | killed | survived | no tests | score |")
@@ -65,8 +81,10 @@ def main(groups: list[str]) -> None:
             continue
         print(f"#### {group}\n")
         for name, status, before, after in rows:
+            if status == "timeout":
+                continue
             short = name.split(".")[-1]
-            print(f"- `{short}` ({status}): `{before}` → `{after}`")
+            print(f"- [{kind_of(before, after)}] `{short}` ({status}): `{before}` → `{after}`")
         print()
 
 
