@@ -28,7 +28,7 @@ from seqpack import (
     plan_rows,
 )
 from seqpack.core import budget
-from seqpack.core.batch import CELL_FIELDS, fill_cells
+from seqpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
 from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES
@@ -74,6 +74,7 @@ def assert_views(batch, layout):
     ranges = batch.key_ranges()
     assert ranges.starts.tolist() == starts and ranges.ends.tolist() == ends
     assert ranges.row_lengths.tolist() == lengths
+    assert ranges.starts.dtype == ranges.ends.dtype == ranges.row_lengths.dtype == np.int64
     for r in range(layout.rows):
         for q in range(layout.width):
             got = ranges.get(r, q)
@@ -311,3 +312,13 @@ def test_occurrence_records_have_their_documented_dtypes(case):
             assert getattr(occ, name).dtype == np.int64, name
         assert occ.segment.dtype == np.int32
         assert occ.source_ids.dtype == occ.example_ids.dtype == object
+
+
+def test_a_batch_from_cells_starts_at_row_zero_unless_told():
+    batch = fixture_batch()
+    cells = tuple(getattr(batch, n) for n in ("inputs", "targets", "segments", "positions"))
+    cells += (batch.input_valid, batch.loss_mask)
+    again = PackedBatch.from_cells(cells, batch.occurrences, batch.partition, batch.binding)
+    assert again.first_row == 0
+    later = PackedBatch.from_cells(cells, batch.occurrences, batch.partition, batch.binding, 7)
+    assert later.first_row == 7
