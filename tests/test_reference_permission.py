@@ -32,7 +32,7 @@ from seqpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
 from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES
-from seqpack.training.data import PackedCollator
+from seqpack.training.data import PackedCollator, empty_batch
 
 from reference import Layout, placed_from_records, reference_next_fit, stream_plan
 from strategies import BINDING, example_lists, scaled
@@ -322,3 +322,43 @@ def test_a_batch_from_cells_starts_at_row_zero_unless_told():
     assert again.first_row == 0
     later = PackedBatch.from_cells(cells, batch.occurrences, batch.partition, batch.binding, 7)
     assert later.first_row == 7
+
+
+@pytest.mark.parametrize(
+    ("coords", "name", "value"),
+    [((2, 0, 0), "row", 2), ((0, 6, 0), "query", 6), ((0, 0, -1), "key", -1)],
+)
+def test_a_coordinate_outside_the_batch_is_named(coords, name, value):
+    with pytest.raises(InvalidInput) as err:
+        fixture_batch().allowed_key(*coords)
+    assert str(err.value) == (
+        f"attention coordinate {name}={value} is outside this batch of shape (2, 6)"
+    )
+
+
+def test_the_tiled_traversal_visits_two_by_two_tiles_by_default():
+    batch = fixture_batch()
+    layout = layout_of(batch, fixture_examples())
+    want = [
+        (r, q, k)
+        for r in range(2)
+        for q0 in range(0, 6, 2)
+        for k0 in range(0, 6, 2)
+        for q in range(q0, q0 + 2)
+        for k in range(k0, k0 + 2)
+        if layout.allowed(r, q, k)
+    ]
+    assert [tuple(e) for e in tiled_edges(batch).tolist()] == want
+    with pytest.raises(InvalidInput) as err:
+        tiled_edges(batch, 0)
+    assert str(err.value) == "tile_width must be positive, got 0"
+
+
+def test_an_empty_call_has_empty_typed_views():
+    batch = empty_batch(6, "train", fixture_binding())
+    assert batch.shape == (0, 6)
+    cu = batch.cu_seqlens()
+    assert cu.cu_seqlens.tolist() == [0] and cu.max_seqlen == 0 and cu.valid_index.size == 0
+    for edges in (batch.edges(), tiled_edges(batch)):
+        assert edges.shape == (0, 3) and edges.dtype == np.int64
+    assert batch.dense_mask().shape == (0, 6, 6)
