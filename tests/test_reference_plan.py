@@ -363,3 +363,18 @@ def test_check_lengths_names_the_capacity_and_labels_every_refusal():
     with pytest.raises(InvalidInput) as err:
         check_lengths([3, 0], 5, labels=lambda i: f"example {i} ('doc-{i}')")
     assert str(err.value) == "example 1 ('doc-1') has 0 prediction pairs; each needs at least 1"
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_plans_are_int64_and_read_only_lengths_are_only_read(policy):
+    lengths = np.array([3, 5, 2, 4, 4, 1], dtype=np.int64)
+    lengths.setflags(write=False)  # the planner must never write into its input
+    plan = plan_rows(lengths, 6, policy)
+    assert plan.lengths.dtype == plan.row_of.dtype == plan.start_of.dtype == np.int64
+    assert lengths.tolist() == [3, 5, 2, 4, 4, 1]
+    validate_plan(plan)
+
+
+def test_decreasing_order_takes_the_default_engine():
+    arr = np.array([2, 5, 5, 1], dtype=np.int64)
+    assert decreasing_order(arr, 8).tolist() == [1, 2, 0, 3]
