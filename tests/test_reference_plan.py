@@ -169,6 +169,12 @@ def test_policy_options_are_checked_by_name_with_the_known_ones_listed():
         "policy 'best-fit-decreasing' takes no option alpha, window; its options: engine"
     )
     with pytest.raises(InvalidInput) as err:
+        check_policy_options("stream-best-fit", {"windows": 8})
+    assert str(err.value) == (
+        "policy 'stream-best-fit' takes no option windows;"
+        " its options: engine, max_open_rows, seed, window"
+    )
+    with pytest.raises(InvalidInput) as err:
         check_policy_options("padded", {"engine": "python"})
     assert str(err.value) == "policy 'padded' takes no option engine; its options: none"
 
