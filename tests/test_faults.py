@@ -208,8 +208,11 @@ def test_a_fresh_target_killed_at_random_is_absent_or_complete(data, tmp_path, s
 
 def _pack_signalled_after_first_shard(tmp_path, signum):
     """Run ``seqpack pack`` in a subprocess that signals itself after writing one shard."""
+    # A shell starting the suite in the background makes its children ignore SIGINT;
+    # a terminal's Ctrl-C reaches a Python that has its default handler, so restore it.
     script = (
-        "import os, sys\n"
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import seqpack.io.shards as shards\n"
         "real = shards._write_shard\n"
         "def signalled(table, path):\n"
