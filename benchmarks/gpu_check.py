@@ -4,13 +4,17 @@
     python benchmarks/gpu_check.py --quick    # agreement only, no timings
 
 Agreement, per layout (the fixture, random small layouts with segments
-crossing FlexAttention's 128-cell tiles, padding-only rows, W1 rows) and per
-backend and dtype (flash: bfloat16/float16; flex: float32/bfloat16; varlen:
-float64/float32/bfloat16; dense: float32): outputs and dq, dk, dv against
-``ranges`` in float64 on the same (rounded) inputs, scaled error
+crossing FlexAttention's 128-cell tiles, padding-only rows, W1 rows), per
+window (none, and 37 cells: inside a tile) and per backend and dtype (flash:
+bfloat16/float16; flex: float32/bfloat16; varlen: float64/float32/bfloat16;
+dense: float32): outputs and dq, dk, dv against ``ranges`` with the same
+window in float64 on the same (rounded) inputs, scaled error
 ``max|a-b| / max|ref|``; padding queries exactly zero; the gradient of one
 segment's outputs with respect to every other cell's q, k, v exactly zero;
-nothing NaN. Timings: one layer's attention, forward and forward+backward,
+nothing NaN. transformers: ``seqpack verify``'s comparison (packed ==
+separate, logits, loss, gradients) of a tiny windowed Mistral on CUDA for
+``seqpack_varlen``, ``sdpa``, ``flex_attention`` and ``flash_attention_2``
+where installed. Timings: one layer's attention, forward and forward+backward,
 on W1 rows (``--rows`` x ``--capacity``), CUDA events, median of 10 after
 warm-up (the warm-up includes FlexAttention's compile). Exit code 1 when a
 check fails.
@@ -78,8 +82,22 @@ def check(name: str, ok: bool, detail: str) -> None:
         failures.append(f"{name}: {detail}")
 
 
+#: Windows checked: none, and one shorter than FlexAttention's 128-cell tile.
+WINDOWS = (None, 37)
+
+
 def agreement(label: str, layout: AttentionLayout, heads: int, dim: int, seed: int) -> None:
-    print(f"{label}: {layout.shape[0]}x{layout.shape[1]} cells, {len(layout.lengths)} segments")
+    for window in WINDOWS:
+        agreement_at(label, layout, heads, dim, seed, window)
+
+
+def agreement_at(
+    label: str, layout: AttentionLayout, heads: int, dim: int, seed: int, window: int | None
+) -> None:
+    print(
+        f"{label}: {layout.shape[0]}x{layout.shape[1]} cells, {len(layout.lengths)} segments,"
+        f" window {window}"
+    )
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shape = (layout.shape[0], heads, layout.shape[1], dim)
     base = [torch.randn(shape, generator=gen, device="cuda", dtype=torch.float64) for _ in range(4)]
@@ -91,7 +109,7 @@ def agreement(label: str, layout: AttentionLayout, heads: int, dim: int, seed: i
         q, k, v = (x.detach().to(dtype).requires_grad_(True) for x in base[:3])
         weight = base[3].to(dtype)
         try:
-            out = attention(q, k, v, layout, backend)
+            out = attention(q, k, v, layout, backend, window=window)
             grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
         except NotAvailable as err:
             print(f"  skip {name}: {err}")
@@ -100,7 +118,7 @@ def agreement(label: str, layout: AttentionLayout, heads: int, dim: int, seed: i
             check(name, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
             continue
         ref_in = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
-        ref = attention(*ref_in, layout, "ranges")
+        ref = attention(*ref_in, layout, "ranges", window=window)
         ref_grads = torch.autograd.grad((ref * weight.double()).sum(), ref_in)
         errors = [scaled_error(out, ref)] + [
             scaled_error(g, r) for g, r in zip(grads, ref_grads, strict=True)
@@ -117,10 +135,47 @@ def agreement(label: str, layout: AttentionLayout, heads: int, dim: int, seed: i
         if first >= 0:
             inside = seg == first
             cross = torch.autograd.grad(
-                (attention(q, k, v, layout, backend) * inside).sum(), (q, k, v)
+                (attention(q, k, v, layout, backend, window=window) * inside).sum(), (q, k, v)
             )
             leaks = sum(int(torch.count_nonzero(g * ~inside)) for g in cross)
             check(f"{name} isolation", leaks == 0, f"{leaks} nonzero cross-segment grad entries")
+
+
+def transformers_check() -> None:
+    """verify_hf on a tiny windowed Mistral (window 16, examples of 35 pairs) on CUDA."""
+    import json
+    import tempfile
+
+    from seqpack.hf.verify import load_model, verification_examples, verification_layout, verify_hf
+
+    config = json.loads((Path(__file__).parent.parent / "tests/data/tiny_llama.json").read_text())
+    config |= {"model_type": "mistral", "sliding_window": 16}
+    print("\ntransformers: tiny Mistral, window 16")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        for attn, dtype in [
+            ("seqpack_varlen", torch.float64),
+            ("sdpa", torch.float64),
+            ("flex_attention", torch.float32),
+            ("flash_attention_2", torch.bfloat16),
+        ]:
+            name = f"hf {attn} {str(dtype).removeprefix('torch.')}"
+            try:
+                model = load_model(config=tmp, attn_implementation=attn, dtype=dtype, device="cuda")
+            except NotAvailable as err:
+                print(f"  skip {name}: {err}")
+                continue
+            layout = verification_layout(16, 64)
+            examples = verification_examples(266, 0, layout=layout)
+            try:
+                report = verify_hf(model, examples, capacity=layout.capacity)
+            except Exception as err:
+                check(name, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                continue
+            # bfloat16 models compare at float32's tolerance: report the differences only.
+            diffs = " ".join(f"{k} {v:.1e}" for k, v in report["max_abs_diff"].items())
+            ok = report["pass"] or dtype == torch.bfloat16
+            check(name, ok, f"pass {report['pass']}: {diffs}")
 
 
 def cuda_ms(fn, iters: int = 10) -> float:
@@ -201,6 +256,7 @@ def main() -> None:
     cases.append(("W1 rows", layouts(2, 2048)["packed"]))
     for i, (label, batch) in enumerate(cases):
         agreement(label, AttentionLayout.from_batch(batch, "cuda"), heads=2, dim=64, seed=i)
+    transformers_check()
     if not args.quick:
         timings(args)
     print(f"\n{len(failures)} failure(s)" + "".join(f"\n  {f}" for f in failures))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The full test suite: set up .venv with the dev extras and run pytest.
+# The full test suite: set up .venv with the dev extras (the locked versions of
+# requirements/lock.txt; SEQPACK_UNLOCKED=1 for the newest) and run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh dev

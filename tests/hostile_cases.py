@@ -120,6 +120,23 @@ def _broken_datasets_folder(folder: Path) -> None:
     (folder / "ds" / "dataset_info.json").write_text("{}")
 
 
+def _remote_code_tokenizer(folder: Path) -> None:
+    """A tokenizer folder whose config maps the tokenizer to Python code beside it; that
+    code would leave a marker file if anything ran it."""
+    (folder / "tok").mkdir()
+    (folder / "tok" / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "Evil", "auto_map": {"AutoTokenizer": ["evil.Evil", None]}})
+    )
+    (folder / "tok" / "evil.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('ran')\n"
+    )
+
+
+def _output_with_a_user_file(folder: Path) -> None:
+    _existing_output(folder)
+    (folder / OUT / "notes.txt").write_text("the user's")
+
+
 def _hand_table(window: list) -> ExampleTable:
     n = len(window)
     ids = np.array(["h"], dtype=object)
@@ -686,6 +703,45 @@ CASES: list[Case] = [
         setup=_foreign_folder,
     ),
     Case(
+        "out-dot",
+        "`--out .` (the current folder, not a new one)",
+        {DATA: lines(*_ok_docs())},
+        ("pack", DATA, "--out", ".", "--capacity", "8", "--vocab-size", "300", "--overwrite"),
+        lambda: pack_path(DATA, ".", capacity=8, vocab_size=300, overwrite=True),
+        InvalidInput,
+        ("--out '.' names an existing folder by '.', '..' or '/'", "e.g. --out ./packed"),
+    ),
+    Case(
+        "out-empty",
+        '`--out ""`',
+        {DATA: lines(*_ok_docs())},
+        ("pack", DATA, "--out", "", "--capacity", "8", "--vocab-size", "300"),
+        lambda: pack_path(DATA, "", capacity=8, vocab_size=300),
+        InvalidInput,
+        ("--out is empty", "name the output folder, e.g. --out packed"),
+    ),
+    Case(
+        "out-holds-a-user-file",
+        "`--overwrite` onto an output folder the user added a file to",
+        {DATA: lines(*_ok_docs())},
+        (*_pack_argv(), "--overwrite"),
+        lambda: _pack(overwrite=True),
+        InvalidInput,
+        (f"{OUT} holds 'notes.txt', which seqpack did not write", "move it out of the folder"),
+        setup=_output_with_a_user_file,
+    ),
+    Case(
+        "tokenizer-remote-code",
+        "a tokenizer folder whose config names Python code to run (`auto_map`; the code would"
+        " leave a marker file)",
+        {DATA: lines({"text": "hi"})},
+        _pack_argv("--tokenizer", "tok", vocab=None),
+        lambda: load_tokenizer("tok"),
+        InvalidInput,
+        ("the tokenizer in tok needs the Python code", "seqpack never runs a tokenizer folder's"),
+        setup=_remote_code_tokenizer,
+    ),
+    Case(
         "out-under-a-file",
         "`--out` inside a path that is a file",
         {DATA: lines(*_ok_docs())},
@@ -761,4 +817,89 @@ def run_case(case: Case, folder: Path) -> Outcome:
         except SeqpackError as err:
             outcome.api_error, outcome.api_message = type(err), str(err)
         outcome.api_written = _changes(before, folder)
+    return outcome
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A command line refused before any input is read: one line, exit 2, nothing written."""
+
+    name: str
+    input: str
+    argv: tuple[str, ...]
+    needles: tuple[str, ...]
+
+
+def _flag(flag: str, value: str, *extra: str) -> tuple[str, ...]:
+    return (*_pack_argv(*extra), flag, value)
+
+
+_STATS = ("stats", DATA, "--capacity", "8")
+
+USAGE: list[Usage] = [
+    Usage("capacity-inf", "`--capacity inf`", ("pack", DATA, "--out", OUT, "--capacity", "inf"),
+          ("--capacity 'inf' is not a whole number", "write e.g. 4096")),
+    Usage("capacity-nan", "`--capacity nan`", ("pack", DATA, "--out", OUT, "--capacity", "nan"),
+          ("--capacity 'nan' is not a whole number",)),
+    Usage("capacity-fraction", "`--capacity 4096.0`",
+          ("pack", DATA, "--out", OUT, "--capacity", "4096.0"), ("'4096.0' is not a whole",)),
+    Usage("capacity-exponent", "`--capacity 1e3`",
+          ("pack", DATA, "--out", OUT, "--capacity", "1e3"), ("'1e3' is not a whole number",)),
+    Usage("capacity-negative", "`--capacity -5`", ("pack", DATA, "--out", OUT, "--capacity", "-5"),
+          ("capacity must be an integer in [1, 2,147,483,647], got -5",)),
+    Usage("rows-per-call-absurd", "`--max-rows-per-batch` of 10**30",
+          _flag("--max-rows-per-batch", "1" + "0" * 30),
+          ("--max-rows-per-batch '1000000000000000000000000000000' is beyond any usable size",)),
+    Usage("vocabulary-absurd", "`--vocab-size 3000000000`", _flag("--vocab-size", "3000000000"),
+          ("vocab_size must be an integer in [1, 2,147,483,647], got 3000000000",)),
+    Usage("budget-overflow", "`--max-metadata-bytes 1e999` (was an OverflowError traceback)",
+          _flag("--max-metadata-bytes", "1e999"),
+          ("--max-metadata-bytes '1e999' is not a byte size like 512M or 2G",)),
+    Usage("budget-absurd", "`--max-metadata-bytes 99999999P`",
+          _flag("--max-metadata-bytes", "99999999P"), ("is beyond any machine's memory",)),
+    Usage("option-infinity", "`--option window=Infinity`",
+          _flag("--option", "window=Infinity", "--policy", "stream-best-fit"),
+          ("--option 'window=Infinity': Infinity is not a usable value",)),
+    Usage("option-overflow", "`--option window=1e999` (JSON reads it as infinity)",
+          _flag("--option", "window=1e999", "--policy", "stream-best-fit"),
+          ("--option 'window=1e999': inf is not a usable value", "write a finite number")),
+    Usage("option-absurd", "`--option window=` of 10**30",
+          _flag("--option", "window=1" + "0" * 30, "--policy", "stream-best-fit"),
+          ("is beyond any usable size (at most 2**62)",)),
+    Usage("option-not-key-value", "`--option window`", _flag("--option", "window"),
+          ("--option 'window' is not KEY=VALUE", "write e.g. window=4096")),
+    Usage("ray-cpus-fraction", "`--ray-num-cpus 1.5`", _flag("--ray-num-cpus", "1.5"),
+          ("--ray-num-cpus '1.5' is not a whole number",)),
+    Usage("verify-seed-negative", "`seqpack verify --seed -1`", ("verify", "--seed", "-1"),
+          ("--seed '-1' is outside [0, 9,223,372,036,854,775,807]",)),
+    Usage("verify-seed-inf", "`seqpack verify --seed inf`", ("verify", "--seed", "inf"),
+          ("--seed 'inf' is not a whole number",)),
+    Usage("missing-out", "`seqpack pack` without `--out`",
+          ("pack", DATA, "--capacity", "8"), ("the following arguments are required: --out",)),
+    Usage("unknown-flag", "a misspelt flag", (*_STATS, "--max-rows", "nan", "--polcy", "x"),
+          ("unrecognized arguments: --max-rows nan --polcy x", "(see seqpack stats --help)")),
+    Usage("bad-choice", "`--engine spark`", _flag("--engine", "spark"),
+          ("argument --engine: invalid choice: 'spark'",)),
+    Usage("no-command", "`seqpack` alone", (), ("the following arguments are required: command",)),
+    Usage("plot-format", "`--plot stats.xyz` (was a matplotlib traceback after planning)",
+          (*_STATS, "--plot", "stats.xyz"),
+          ("--plot 'stats.xyz': .xyz is not an image format matplotlib writes", ".png")),
+    Usage("plot-no-suffix", "`--plot stats`", (*_STATS, "--plot", "stats"),
+          ("no suffix names an image format",)),
+    Usage("plot-under-a-file", "`--plot` inside a path that is a file",
+          (*_STATS, "--plot", f"{DATA}/stats.png"), (f"cannot write under '{DATA}'",)),
+]  # fmt: skip
+
+
+def run_usage(case: Usage, folder: Path) -> Outcome:
+    """Run a refused command line in ``folder`` (holding a valid input) through ``main``."""
+    (folder / DATA).write_bytes(lines(*_ok_docs()))
+    outcome = Outcome()
+    with _inside(folder):
+        before = _snapshot(folder)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            outcome.cli_code = main(list(case.argv))
+        outcome.cli_stdout, outcome.cli_stderr = out.getvalue(), err.getvalue()
+        outcome.cli_written = _changes(before, folder)
     return outcome

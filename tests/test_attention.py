@@ -29,30 +29,34 @@ def within(a, b):
     return bool(torch.all((a - b).abs() <= 1e-10 + 1e-9 * torch.maximum(a.abs(), b.abs())))
 
 
-def predicate_reference(q, k, v, batch):
+#: No window, windows shorter than, equal to and longer than the rows (capacity <= 7).
+WINDOWS = st.one_of(st.none(), st.integers(1, 8))
+
+
+def predicate_reference(q, k, v, batch, window=None):
     """Per query, softmax over exactly the keys ``batch.allowed_key`` permits (a plain loop)."""
     out = torch.zeros_like(q)
     rows, width = batch.shape
     scale = 1.0 / math.sqrt(q.shape[-1])
     for r in range(rows):
         for i in range(width):
-            keys = [j for j in range(width) if batch.allowed_key(r, i, j)]
+            keys = [j for j in range(width) if batch.allowed_key(r, i, j, window)]
             if keys:
                 s = (q[r, :, i, None, :] * k[r, :, keys, :]).sum(-1) * scale  # (H, K)
                 out[r, :, i] = (torch.softmax(s, dim=-1)[..., None] * v[r, :, keys]).sum(1)
     return out
 
 
-@given(packed_epochs(max_capacity=7, max_examples=5), st.integers(0, 2**16))
-def test_backends_match_the_predicate_and_each_other(case, seed):
+@given(packed_epochs(max_capacity=7, max_examples=5), st.integers(0, 2**16), WINDOWS)
+def test_backends_match_the_predicate_and_each_other(case, seed, window):
     _, _, epoch = case
     batch = epoch.batches[0]
     q, k, v = qkv(batch, seed=seed)
-    expected = predicate_reference(q, k, v, batch)
+    expected = predicate_reference(q, k, v, batch, window)
     weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=q.dtype)
     results = {}
     for name in BACKENDS:
-        out = attention(q, k, v, batch, backend=name)
+        out = attention(q, k, v, batch, backend=name, window=window)
         assert within(out, expected.detach()), name
         grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
         assert all(torch.isfinite(g).all() for g in grads), name
@@ -92,15 +96,19 @@ def test_no_gradient_crosses_a_segment(case):
                 assert torch.all(g.transpose(1, 2)[~own] == 0), (name, int(s))
 
 
-@given(packed_epochs())
-def test_layout_views_are_the_predicate(case):
+@given(packed_epochs(), WINDOWS)
+def test_layout_views_are_the_predicate(case, window):
     """The torch layout's dense and key-range masks and cu_seqlens are the batch's views."""
     _, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
+        windowed = batch.dense_mask(window)
+        assert np.array_equal(layout.dense_mask(window).numpy(), windowed)
+        assert np.array_equal(layout.range_mask(window).numpy(), windowed)  # empty on padding
+        starts, ends = layout.key_bounds(window)
+        ranges = batch.key_ranges(window)
+        assert starts.tolist() == ranges.starts.tolist() and ends.tolist() == ranges.ends.tolist()
         dense = batch.dense_mask()
-        assert np.array_equal(layout.dense_mask().numpy(), dense)
-        assert np.array_equal(layout.range_mask().numpy(), dense)  # empty range on padding
         cu = batch.cu_seqlens()
         assert layout.cu_seqlens.tolist() == cu.cu_seqlens.tolist()
         assert layout.valid_index.tolist() == cu.valid_index.tolist()

@@ -45,23 +45,29 @@ def within32(a, b):
     return within(a.double(), b.double(), atol=1e-5, rtol=1e-4)
 
 
-def reference(q, k, v, layout):
-    return attention(q, k, v, layout, "ranges", scale=0.5)
+#: No window, windows shorter than, equal to and longer than the rows (capacity <= 12).
+WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 
-#: Every backend that trains on CPU, as ``fn(q, k, v, layout)``.
+def reference(q, k, v, layout, window=None):
+    return attention(q, k, v, layout, "ranges", scale=0.5, window=window)
+
+
+#: Every backend that trains on CPU, as ``fn(q, k, v, layout, window)``.
 CPU_RUNS = {
     **{
-        f"varlen-{b}": (lambda q, k, v, layout, b=b: varlen_attention(q, k, v, layout, 0.5, b))
+        f"varlen-{b}": (
+            lambda q, k, v, layout, w=None, b=b: varlen_attention(q, k, v, layout, 0.5, b, w)
+        )
         for b in BUCKETING
     },
-    "varlen": lambda q, k, v, layout: attention(q, k, v, layout, "varlen", scale=0.5),
-    "auto": lambda q, k, v, layout: attention(q, k, v, layout, "auto", scale=0.5),
+    "varlen": lambda q, k, v, layout, w=None: attention(q, k, v, layout, "varlen", 0.5, w),
+    "auto": lambda q, k, v, layout, w=None: attention(q, k, v, layout, "auto", 0.5, w),
 }
 
 
-def outputs_and_grads(fn, layout, q, k, v, weight):
-    out = fn(q, k, v, layout)
+def outputs_and_grads(fn, layout, q, k, v, weight, window=None):
+    out = fn(q, k, v, layout, window)
     return out, torch.autograd.grad((out * weight).sum(), (q, k, v))
 
 
@@ -69,16 +75,16 @@ def test_backends_are_registered_on_import():
     assert {"ranges", "dense", "varlen", "flex", "flash", "auto"} <= set(BACKENDS)
 
 
-@given(packed_epochs(), st.integers(0, 2**16))
-def test_varlen_matches_ranges_outputs_and_gradients(case, seed):
+@given(packed_epochs(), st.integers(0, 2**16), WINDOWS)
+def test_varlen_matches_ranges_outputs_and_gradients(case, seed, window):
     _, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
         q, k, v = qkv(layout, seed=seed)
         weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).double()
-        want_out, want_grads = outputs_and_grads(reference, layout, q, k, v, weight)
+        want_out, want_grads = outputs_and_grads(reference, layout, q, k, v, weight, window)
         for name, fn in CPU_RUNS.items():
-            out, grads = outputs_and_grads(fn, layout, q, k, v, weight)
+            out, grads = outputs_and_grads(fn, layout, q, k, v, weight, window)
             assert within(out, want_out), name
             assert all(within(g, w) for g, w in zip(grads, want_grads, strict=True)), name
             assert all(torch.isfinite(g).all() for g in grads), name
@@ -86,8 +92,8 @@ def test_varlen_matches_ranges_outputs_and_gradients(case, seed):
             assert torch.count_nonzero(out[padding]) == 0, name
 
 
-@given(packed_epochs(), st.integers(0, 2**16), st.data())
-def test_no_backend_creates_a_cross_segment_edge(case, seed, data):
+@given(packed_epochs(), st.integers(0, 2**16), st.data(), WINDOWS)
+def test_no_backend_creates_a_cross_segment_edge(case, seed, data, window):
     """d(segment s's outputs) / d(anything outside s) is exactly zero, for q, k and v."""
     _, _, epoch = case
     batch = epoch.batches[0]
@@ -96,7 +102,7 @@ def test_no_backend_creates_a_cross_segment_edge(case, seed, data):
     inside = torch.as_tensor(batch.segments == segment)[:, None, :, None]  # (R, 1, T, 1)
     q, k, v = qkv(layout, seed=seed)
     for name, fn in CPU_RUNS.items():
-        out = fn(q, k, v, layout)
+        out = fn(q, k, v, layout, window)
         grads = torch.autograd.grad((out * inside).sum(), (q, k, v))
         for g in grads:
             assert torch.count_nonzero(g * ~inside) == 0, name
@@ -226,15 +232,15 @@ def test_decoder_on_varlen_packed_equals_separate(case, backend):
 
 
 @settings(max_examples=40)
-@given(packed_epochs(), st.integers(0, 2**16))
-def test_flex_float64_forward_matches_ranges(case, seed):
+@given(packed_epochs(), st.integers(0, 2**16), WINDOWS)
+def test_flex_float64_forward_matches_ranges(case, seed, window):
     """float64 takes FlexAttention's unfused path on the same BlockMask."""
     _, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
         q, k, v = qkv(layout, seed=seed, grad=False)
-        out = attention(q, k, v, layout, "flex")
-        assert within(out, attention(q, k, v, layout, "ranges"))
+        out = attention(q, k, v, layout, "flex", window=window)
+        assert within(out, attention(q, k, v, layout, "ranges", window=window))
         assert torch.isfinite(out).all()
         assert torch.count_nonzero(out * ~layout.valid[:, None, :, None]) == 0
 
@@ -257,20 +263,22 @@ def long_rows_batch():
 
 
 @settings(max_examples=60)
-@given(packed_epochs())
-def test_flex_block_mask_is_the_dense_predicate(case):
+@given(packed_epochs(), WINDOWS)
+def test_flex_block_mask_is_the_dense_predicate(case, window):
     """The BlockMask, materialised (tiles and mask_mod), equals ``batch.dense_mask()``."""
     _, _, epoch = case
     for batch in epoch.batches:
-        cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch)))
+        cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch), window))
         assert cells.shape[1] == 1
-        assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask())
+        assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask(window))
 
 
-def test_flex_block_mask_over_many_tiles_is_the_dense_predicate():
+@pytest.mark.parametrize("window", [None, 1, 37, 128, 129])
+def test_flex_block_mask_over_many_tiles_is_the_dense_predicate(window):
+    """Windows shorter than, equal to and longer than a 128-cell tile."""
     batch = long_rows_batch()
-    cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch)))
-    assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask())
+    cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch), window))
+    assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask(window))
 
 
 def test_flex_cpu_backward_is_refused_and_compiled_forward_still_matches():

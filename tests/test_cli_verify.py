@@ -83,3 +83,88 @@ def test_config_that_is_not_a_model(capsys, tmp_path):
     bad.write_text(json.dumps({"model_type": "no-such-model"}))
     code, _, err = verify(capsys, "--hf-config", str(bad))
     assert code == 2 and "cannot build a causal LM" in err and len(err.strip().splitlines()) == 1
+
+
+def write_config(tmp_path, **changes):
+    config = json.loads(Path(CONFIG).read_text()) | changes
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa", "seqpack_varlen"])
+def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
+    capsys, tmp_path, attn
+):
+    config = write_config(tmp_path, model_type="mistral", sliding_window=16)
+    code, out, _ = verify(
+        capsys, "--hf-config", config, "--attn", attn, "--lengths", "40,20,9,3", "--json"
+    )
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"], report
+    assert report["lengths"] == [40, 20, 9, 3] and report["capacity"] == 64
+    assert report["architecture"] == {
+        "layer_types": [],
+        "windows": {"all": 16},
+        "window_exercised": True,
+        "supported": True,
+        "refusal": None,
+    }
+    if attn == "seqpack_varlen":
+        return
+    code, out, _ = verify(capsys, "--hf-config", config, "--attn", attn, "--mode", "naive")
+    last = out.strip().splitlines()[-1]
+    assert code == 1 and last.startswith("FAIL: the model mixed examples")
+    assert "(MistralAttention): attention" in last
+
+
+def test_default_examples_exercise_the_window(capsys, tmp_path):
+    config = write_config(
+        tmp_path, model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1
+    )
+    code, out, _ = verify(capsys, "--hf-config", config)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("PASS")
+    assert "examples of [19, 3, 9, 10, 5, 2] pairs" in out
+    assert "attention windows: full_attention unbounded, sliding_attention 8" in out
+
+
+def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_path):
+    lfm2 = write_config(
+        tmp_path, model_type="lfm2", layer_types=["conv", "full_attention"], conv_L_cache=3
+    )
+    code, out, err = verify(capsys, "--hf-config", lfm2)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "lfm2 cannot be packed exactly: its short convolutions" in err
+    bloom = tmp_path / "bloom"
+    bloom.mkdir()
+    (bloom / "config.json").write_text(
+        json.dumps({"model_type": "bloom", "vocab_size": 266, "hidden_size": 16, "n_layer": 1})
+    )
+    code, out, err = verify(capsys, "--hf-config", str(bloom))
+    assert code == 2 and "bloom cannot be packed exactly: its ALiBi bias" in err
+    # Gemma 2 soft-caps its logits; seqpack_varlen says so instead of a traceback.
+    gemma2 = write_config(tmp_path, model_type="gemma2", sliding_window=4)
+    code, out, err = verify(capsys, "--hf-config", gemma2, "--attn", "seqpack_varlen")
+    assert code == 2 and out == "" and "soft-caps" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"), [("40,x", "comma-separated"), ("40,0", "positive")]
+)
+def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, message):
+    code, out, err = verify(capsys, "--hf-config", CONFIG, "--lengths", lengths)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("seqpack verify: error: argument --lengths") and message in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hf-config", CONFIG, "--lengths", "70"], "max_position_embeddings 64"),
+        (["--hf-config", CONFIG, "--lengths", "40,20", "--capacity", "30"], "does not fit"),
+        (["--lengths", "4,2"], "transformers models"),
+    ],
+)
+def test_lengths_that_do_not_fit_exit_2_with_one_line(capsys, args, message):
+    code, out, err = verify(capsys, *args)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1

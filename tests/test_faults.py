@@ -15,7 +15,6 @@ every hidden leftover is refused by ``load_packed``; and the next run at that
 path (``recover_output``) leaves nothing hidden behind.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ import pytest
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import _host, recover_output
 from seqpack.io.store import load_packed
+from seqpack.pipeline.local import pack_path
 
 from packed_helpers import random_records, write_jsonl
 
@@ -252,9 +252,10 @@ def test_stale_folders_are_recovered_only_when_safe(tmp_path):
         folder.mkdir()
         (folder / "shard-00000.parquet").write_bytes(b"x")
     (foreign / "precious.txt").write_text("not ours")
-    old = tmp_path / ".out.seqpack-old-89abcdef"
-    old.mkdir()
-    (old / "manifest.json").write_text(json.dumps({"kept": True}))
+    old = tmp_path / ".out.seqpack-old-89abcdef"  # a complete output: it verifies
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
+    pack_path(data, old.with_name("packed"), capacity=4, vocab_size=10)
+    old.with_name("packed").rename(old)
     notes = recover_output(out)
     assert (out / "manifest.json").is_file() and not old.exists()  # restored: out was missing
     assert not stale.exists()

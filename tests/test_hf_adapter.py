@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from seqpack import InvalidInput, PackConfig, pack_examples
@@ -20,6 +21,7 @@ from seqpack.hf.adapter import (
     IGNORE_INDEX,
     additive_mask,
     block_mask,
+    bool_mask,
     cell_logits,
     hf_allowed,
     hf_inputs,
@@ -45,14 +47,17 @@ def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
     return model.eval()
 
 
-def predicate_or_pad_diagonal(batch):
+def predicate_or_pad_diagonal(batch, window=None):
     """Reference: allowed_key, plus each padding cell on itself, by a loop over cells."""
     rows, width = batch.shape
     out = np.zeros((rows, width, width), dtype=bool)
     for r, q, k in itertools.product(range(rows), range(width), range(width)):
         pad_self = q == k and not batch.input_valid[r, q]
-        out[r, q, k] = batch.allowed_key(r, q, k) or pad_self
+        out[r, q, k] = batch.allowed_key(r, q, k, window) or pad_self
     return out
+
+
+WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 
 def close(a, b, atol=1e-10, rtol=1e-9):
@@ -88,14 +93,15 @@ def test_fixture_sdpa_kwargs():
 
 
 @settings(max_examples=40)
-@given(packed_epochs())
-def test_masks_match_the_predicate_on_random_layouts(case):
+@given(packed_epochs(), WINDOWS)
+def test_masks_match_the_predicate_on_random_layouts(case, window):
     _, _, epoch = case
     for batch in epoch.batches:
-        allowed = predicate_or_pad_diagonal(batch)
-        assert np.array_equal(hf_allowed(batch), allowed)
-        mask = additive_mask(batch, torch.float32)
+        allowed = predicate_or_pad_diagonal(batch, window)
+        assert np.array_equal(hf_allowed(batch, window), allowed)
+        mask = additive_mask(batch, torch.float32, window=window)
         assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
+        assert torch.equal(bool_mask(batch, window=window)[:, 0], torch.as_tensor(allowed))
         kw = hf_inputs(batch, "flash_attention_2", labels=False)
         cu = batch.cu_seqlens()
         assert kw["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
@@ -103,18 +109,18 @@ def test_masks_match_the_predicate_on_random_layouts(case):
 
 
 @settings(max_examples=40)
-@given(packed_epochs())
-def test_flex_block_mask_matches_the_predicate_on_random_layouts(case):
+@given(packed_epochs(), WINDOWS)
+def test_flex_block_mask_matches_the_predicate_on_random_layouts(case, window):
     """On valid cells the BlockMask is ``dense_mask()``; a padding cell reaches itself only."""
     _, _, epoch = case
     for batch in epoch.batches:
-        cells = block_mask_cells(block_mask(batch))[:, 0].numpy()
+        cells = block_mask_cells(block_mask(batch, window=window))[:, 0].numpy()
         both = batch.input_valid[:, :, None] & batch.input_valid[:, None, :]
-        assert np.array_equal(cells & both, batch.dense_mask())
+        assert np.array_equal(cells & both, batch.dense_mask(window))
         pad = ~batch.input_valid
         assert not (cells & pad[:, :, None] & ~pad[:, None, :]).any()  # pad query -> valid key
         assert not (cells & ~pad[:, :, None] & pad[:, None, :]).any()  # valid query -> pad key
-        assert np.array_equal(cells, hf_allowed(batch))
+        assert np.array_equal(cells, hf_allowed(batch, window))
 
 
 @settings(max_examples=40)
@@ -294,3 +300,64 @@ def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path)
     Trainer(model=model, args=args, train_dataset=packed, data_collator=collate).train()
     got = (before - torch.cat([p.detach().reshape(-1) for p in params])) / lr
     assert close(got, want, 1e-7, 1e-4)  # transformers' loss runs in float32
+
+
+def config_of(model_type, **options):
+    base = {"vocab_size": 266, "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2}
+    return AutoConfig.for_model(model_type, **(base | options))
+
+
+def test_masks_follow_the_model_config_one_per_layer_type():
+    batch = fixture_epoch(3).batches[0]
+    qwen = config_of("qwen2", use_sliding_window=True, sliding_window=2, max_window_layers=1)
+    masks = hf_inputs(batch, "sdpa", config=qwen, dtype=torch.float64)["attention_mask"]
+    assert set(masks) == {"full_attention", "sliding_attention"}
+    assert torch.equal(masks["full_attention"], additive_mask(batch, torch.float64))
+    assert torch.equal(masks["sliding_attention"], additive_mask(batch, torch.float64, window=2))
+    # One-mask models: windowed when the config says so, plain otherwise.
+    mistral = hf_inputs(batch, "sdpa", config=config_of("mistral", sliding_window=2))
+    assert torch.equal(mistral["attention_mask"], additive_mask(batch, torch.float32, window=2))
+    llama = hf_inputs(batch, "sdpa", config=config_of("llama"))
+    assert torch.equal(llama["attention_mask"], additive_mask(batch, torch.float32))
+    # A window no shorter than the row is no window: one shared tensor, not a copy.
+    wide = config_of("gemma2", sliding_window=6)
+    masks = hf_inputs(batch, "eager", config=wide)["attention_mask"]
+    assert masks["sliding_attention"] is masks["full_attention"]
+    flex = hf_inputs(batch, "flex_attention", config=qwen)["attention_mask"]
+    cells = block_mask_cells(flex["sliding_attention"])[:, 0].numpy()
+    assert np.array_equal(cells, hf_allowed(batch, 2))
+    # Flattened implementations take the window from the layer: no mask at all.
+    for attn in ("flash_attention_2", "seqpack_varlen"):
+        assert "attention_mask" not in hf_inputs(batch, attn, config=qwen)
+
+
+def test_bool_masks_are_for_sdpa_only():
+    batch = fixture_batch()
+    kw = hf_inputs(batch, "sdpa", mask="bool")
+    assert kw["attention_mask"].dtype == torch.bool
+    assert torch.equal(kw["attention_mask"][:, 0], torch.as_tensor(hf_allowed(batch)))
+    with pytest.raises(InvalidInput, match="as numbers"):
+        hf_inputs(batch, "eager", mask="bool")
+    with pytest.raises(InvalidInput, match="one of float, bool"):
+        hf_inputs(batch, "sdpa", mask="half")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "options", "words"),
+    [
+        ("bloom", {}, "ALiBi"),
+        ("falcon", {"alibi": True}, "ALiBi"),
+        ("lfm2", {"layer_types": ["conv", "full_attention"]}, "convolutions"),
+        ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "linear"),
+        ("llama4_text", {"layer_types": ["chunked_attention", "full_attention"]}, "chunked"),
+        ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
+    ],
+)
+def test_architectures_that_cannot_be_exact_are_refused(model_type, options, words):
+    from seqpack.hf.architectures import UnsupportedArchitecture
+
+    config = config_of(model_type, **options)
+    with pytest.raises(UnsupportedArchitecture, match=f"^{model_type} cannot be packed exactly"):
+        hf_inputs(fixture_batch(), "sdpa", config=config)
+    with pytest.raises(UnsupportedArchitecture, match=words):
+        hf_inputs(fixture_batch(), "sdpa", config=config)

@@ -52,11 +52,11 @@ def test_a_damaged_output_or_a_wrong_expectation_is_refused(packed, tmp_path, ca
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
-    from seqpack.io import store as store_mod
+    from seqpack.io import verify as verify_mod
 
     seen = []
-    real = store_mod.sha256_file
-    monkeypatch.setattr(store_mod, "sha256_file", lambda path: seen.append(path.name) or real(path))
+    real = verify_mod.sha256_file
+    monkeypatch.setattr(verify_mod, "sha256_file", lambda p: seen.append(p.name) or real(p))
     store = load_packed(packed[0])
     assert seen == [s["file"] for s in store.manifest["shards"]]
 

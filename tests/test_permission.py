@@ -2,20 +2,36 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 from seqpack import InvalidInput
 from seqpack.core.fixture import fixture_batch
-from seqpack.core.permission import tiled_edges
+from seqpack.core.permission import check_window, key_bounds, pairwise, permitted, tiled_edges
 
 from strategies import packed_epochs
 
+#: No window, windows shorter than, equal to and longer than the rows (capacity <= 12).
+WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
-def predicate_matrix(batch):
+
+def predicate_matrix(batch, window=None):
     rows, width = batch.shape
     out = np.zeros((rows, width, width), dtype=bool)
     for r, q, k in itertools.product(range(rows), range(width), range(width)):
-        out[r, q, k] = batch.allowed_key(r, q, k)
+        out[r, q, k] = batch.allowed_key(r, q, k, window)
+    return out
+
+
+def occurrence_matrix(batch, window=None):
+    """The rule written from the occurrences' columns alone (not from the cell arrays)."""
+    rows, width = batch.shape
+    out = np.zeros((rows, width, width), dtype=bool)
+    occ = batch.occurrences
+    for row, a, b in zip(occ.row, occ.col_start, occ.col_end, strict=True):
+        for q, k in itertools.product(range(a, b), repeat=2):
+            out[row, q, k] = 0 <= q - k < (window or width + 1)
     return out
 
 
@@ -53,23 +69,67 @@ def test_fixture_cu_seqlens():
     assert cu.segment_rows.tolist() == [0, 0, 1]
 
 
-@given(packed_epochs())
-def test_every_view_agrees_with_the_predicate(data):
+def test_fixture_window_drops_the_oldest_keys():
+    b = fixture_batch()
+    assert [k for k in range(6) if b.allowed_key(0, 2, k, window=2)] == [1, 2]
+    assert [k for k in range(6) if b.allowed_key(1, 3, k, window=3)] == [1, 2, 3]
+    assert b.key_ranges(window=2).get(0, 2) == (1, 3)
+    assert b.key_ranges(window=2).get(0, 4) == (3, 5)  # B is shorter than the window
+    assert b.dense_mask(window=1).sum() == int(b.input_valid.sum())  # each query: itself
+    assert np.array_equal(b.dense_mask(window=6), b.dense_mask())
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
+def test_a_window_is_a_positive_int_or_none(bad):
+    assert check_window(None) is None and check_window(np.int64(3)) == 3
+    with pytest.raises(InvalidInput, match="positive number of positions"):
+        fixture_batch().dense_mask(window=bad)
+
+
+@given(packed_epochs(), WINDOWS)
+def test_predicate_is_the_same_on_numpy_and_torch(data, window):
+    _, _, epoch = data
+    for b in epoch.batches:
+        arrays = (b.input_valid, b.segments, b.positions.astype(np.int64))
+        want = pairwise(*arrays, window)
+        assert np.array_equal(want, occurrence_matrix(b, window))
+        got = pairwise(*(torch.as_tensor(a) for a in arrays), window)
+        assert got.dtype == torch.bool and np.array_equal(got.numpy(), want)
+        cols = np.tile(np.arange(b.shape[1]), (b.shape[0], 1))
+        starts, ends = key_bounds(b.input_valid, arrays[2], cols, window)
+        t_starts, t_ends = key_bounds(
+            torch.as_tensor(b.input_valid),
+            torch.as_tensor(arrays[2]),
+            torch.as_tensor(cols),
+            window,
+        )
+        assert t_starts.tolist() == starts.tolist() and t_ends.tolist() == ends.tolist()
+        # Scalars (what a FlexAttention mask_mod indexes out) give the same answers.
+        valid, seg, pos = (torch.as_tensor(a) for a in arrays)
+        for r, q, k in itertools.product(range(b.shape[0]), range(b.shape[1]), range(b.shape[1])):
+            one = permitted(
+                valid[r, q], valid[r, k], seg[r, q], seg[r, k], pos[r, q], pos[r, k], window
+            )
+            assert bool(one) == want[r, q, k]
+
+
+@given(packed_epochs(), WINDOWS)
+def test_every_view_agrees_with_the_predicate(data, window):
     _, _, epoch = data
     for b in epoch.batches:
         rows, width = b.shape
-        truth = predicate_matrix(b)
-        assert np.array_equal(b.dense_mask(), truth)
+        truth = predicate_matrix(b, window)
+        assert np.array_equal(b.dense_mask(window), truth)
         # Edge inventory and tiled traversal.
-        e = b.edges()
+        e = b.edges(window)
         assert np.array_equal(e, np.argwhere(truth))
         for w in (1, 2, 3):
-            t = tiled_edges(b, w)
+            t = tiled_edges(b, w, window)
             assert np.array_equal(t[np.lexsort(t.T[::-1])], e)
         pad = ~b.input_valid
         assert not pad[e[:, 0], e[:, 1]].any() and not pad[e[:, 0], e[:, 2]].any()
         # Key ranges: [start, end) is exactly the permitted key set of each query.
-        kr = b.key_ranges()
+        kr = b.key_ranges(window)
         for r, q in itertools.product(range(rows), range(width)):
             keys = np.flatnonzero(truth[r, q])
             got = kr.get(r, q)
@@ -87,13 +147,18 @@ def test_every_view_agrees_with_the_predicate(data):
             r, cols = cells // width, cells % width
             assert (r == r[0]).all() and r[0] == cu.segment_rows[s]
             block = truth[r[0]][np.ix_(cols, cols)]
-            assert np.array_equal(block, np.tril(np.ones_like(block)))  # full causal block
+            band = np.tril(np.ones_like(block))  # the full causal block, less the window's cut
+            if window is not None:
+                band &= ~np.tril(np.ones_like(block), -window)
+            assert np.array_equal(block, band)
             assert not truth[r[0]][np.ix_(cols, np.setdiff1d(np.arange(width), cols))].any()
         assert cu.max_seqlen == (np.diff(cu.cu_seqlens).max() if cu.cu_seqlens.size > 1 else 0)
         # position_ids: local position of every valid cell, 0 on padding; a query's
-        # permitted keys are exactly the same-segment cells with position_ids <= its own.
+        # permitted keys are exactly the same-segment cells with position_ids in
+        # (own - window, own].
         pid = b.position_ids()
         assert (pid[pad] == 0).all()
         for r, q in zip(*np.nonzero(b.input_valid), strict=True):
             keys = np.flatnonzero(truth[r, q])
-            assert pid[r, q] == keys.size - 1 and pid[r, keys].tolist() == list(range(keys.size))
+            first = 0 if window is None else max(0, pid[r, q] - window + 1)
+            assert pid[r, keys].tolist() == list(range(first, pid[r, q] + 1))

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ray_helpers import private_loopback_ray
 from seqpack import BudgetExceeded, InvalidInput, Partition, PartitionMismatch, split_digest
 from seqpack.cli import main
 from seqpack.io.readers import read_documents
@@ -36,11 +36,18 @@ PINNED = "sha256:pinned-split"
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")
-    session = tempfile.mkdtemp(prefix="sqr", dir="/tmp")  # short: Ray's socket paths
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=session, logging_level=logging.ERROR)
-    yield ray
-    ray.shutdown()
-    shutil.rmtree(session, ignore_errors=True)
+    with private_loopback_ray() as session:
+        try:
+            ray.init(
+                address="local",
+                num_cpus=2,
+                include_dashboard=False,
+                _temp_dir=session,
+                logging_level=logging.ERROR,
+            )
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

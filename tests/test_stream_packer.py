@@ -148,7 +148,7 @@ def test_misuse_is_reported():
         StreamPacker(8, window=4, max_open_rows=2, seed=2).load_state_dict(state)
     broken = json.loads(json.dumps(state))
     broken["buffer"]["example"][0] = 99
-    with pytest.raises(InvalidInput, match="inconsistent stream-best-fit state"):
+    with pytest.raises(InvalidInput, match="buffer state's example holds a value outside"):
         StreamPacker.from_state_dict(broken)
     with pytest.raises(InvalidInput, match="not a stream-best-fit state"):
         StreamPacker.from_state_dict({**state, "format": "other"})

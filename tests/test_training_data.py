@@ -92,6 +92,8 @@ def test_layout_from_features_equals_layout_from_batch(case):
             assert a.dtype == b.dtype and torch.equal(a, b), name
         assert got.max_seqlen == want.max_seqlen
         assert np.array_equal(got.lengths, want.lengths)
+        for window in (1, 3):  # the windowed views come from the same predicate
+            assert np.array_equal(got.range_mask(window).numpy(), batch.dense_mask(window))
 
 
 @settings(max_examples=60)

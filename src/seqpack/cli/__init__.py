@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from seqpack.cli.demo import add_demo, cmd_demo
 from seqpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
@@ -32,8 +33,23 @@ COMMANDS: dict[str, tuple[str, Command]] = {
 }
 
 
+class UsageError(Exception):
+    """A command line argparse refused; ``str()`` is its one-line message."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a refusal is :class:`UsageError` (one line, exit 2), not usage + error."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --capacity: --capacity 'x' is not ..." names the flag twice
+        flag, sep, rest = message.partition(": ")
+        if sep and flag.startswith("argument ") and rest.startswith(flag[len("argument ") :]):
+            message = rest
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="seqpack",
         description="Pack tokenized examples into shared rows without joining their contexts.",
     )
@@ -61,13 +77,23 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Library errors: one line, exit 2; other OS errors: one line, exit 1.
+    """Run one command. Usage and library errors: one line, exit 2; other OS errors: one
+    line, exit 1.
 
     SIGTERM unwinds like Ctrl-C: temporary output is removed before exiting
     (exit code 143, or 130 on Ctrl-C).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the subcommand, as its own refusals do
+            prog = f"{parser.prog} {args.command}"
+            raise UsageError(
+                f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)"
+            )
+    except UsageError as err:
+        print(_one_line(err), file=sys.stderr)
+        return 2
     _, (_, run) = COMMANDS[args.command]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None

@@ -33,7 +33,7 @@ def add_pack(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local: this process; ray: plan per block on Ray (Parquet shards in)",
+        help="local: this process; ray: read, tokenize and plan per block on Ray",
     )
     add_arguments(p, "pack", RayOptions)
 
@@ -65,8 +65,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
     if "blocks" in stats:
         print(
-            f"ray: {stats['blocks']:,} block(s); rows / global lower bound"
-            f" {stats['rows_over_lower_bound']:.4f} (per-block lower bounds sum to"
+            f"ray: {stats['blocks']:,} block(s) on {stats['nodes']} node(s); rows / global lower"
+            f" bound {stats['rows_over_lower_bound']:.4f} (per-block lower bounds sum to"
             f" {stats['block_lower_bound']:,})"
         )
     return 0

@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from seqpack.core.checks import parse_int
+from seqpack.pipeline.options import argparse_type
+
+#: Seeds numpy and torch both take.
+MAX_SEED = 2**63 - 1
+
+
+def _seed(text: str, flag: str) -> int:
+    return parse_int(text, flag, 0, MAX_SEED)
+
 
 def add_verify(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
@@ -12,8 +22,21 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     source.add_argument("--hf-model", metavar="PATH", help="local pretrained transformers dir")
     p.add_argument(
         "--attn",
-        help="attention: eager|sdpa|flex_attention|flash_attention_2 (default sdpa) for"
-        " transformers; a seqpack backend (default ranges) for the tiny decoder",
+        help="attention: eager|sdpa|flex_attention|flash_attention_2|seqpack_varlen (default"
+        " sdpa) for transformers; a seqpack backend (default ranges) for the tiny decoder",
+    )
+    p.add_argument(
+        "--lengths",
+        metavar="N,N,...",
+        type=_lengths,
+        help="prediction pairs of the examples to pack (default: six examples, the longest"
+        " 2*window+3 for a model with a sliding window)",
+    )
+    p.add_argument(
+        "--capacity",
+        type=int,
+        metavar="N",
+        help="row width (default 12, or the sum of --lengths where the model allows it)",
     )
     p.add_argument(
         "--mode",
@@ -23,9 +46,26 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         " bool-mask: a boolean 4-D mask",
     )
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
-    p.add_argument("--seed", type=int, default=0, help="weights (from a config) and token ids")
+    p.add_argument(
+        "--seed",
+        type=argparse_type(_seed, "--seed"),
+        default=0,
+        help="weights (from a config) and token ids",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ints"
+        ) from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every length must be a positive int")
+    return lengths
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -42,12 +82,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
             dtype=hf_verify.DTYPES[args.dtype],
             seed=args.seed,
             device=args.device,
+            refuse=args.mode == "adapter",
         )
-        cfg = model.config
-        examples = hf_verify.verification_examples(
-            cfg.vocab_size, args.seed, getattr(cfg, "max_position_embeddings", None)
+        from seqpack.hf.architectures import architecture_of
+
+        arch = architecture_of(model)
+        if args.mode == "adapter":
+            arch.check()
+        cfg = model.config.get_text_config()
+        layout = hf_verify.verification_layout(
+            arch.window,
+            getattr(cfg, "max_position_embeddings", None),
+            args.lengths,
+            args.capacity,
         )
-        report = hf_verify.verify_hf(model, examples, mode=args.mode)
+        examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+        report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
         report["model"]["source"] = str(args.hf_config or args.hf_model)
     else:
         from seqpack.core.errors import InvalidInput
@@ -56,6 +106,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
                 " — drop --dtype/--device, or pass --hf-config/--hf-model"
+            )
+        if args.lengths or args.capacity:
+            raise InvalidInput(
+                "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
+                " the tiny decoder runs the fixture and random layouts"
             )
         from seqpack.nn.report import verify_tiny
 
@@ -73,10 +128,14 @@ def _print_verify(report: dict) -> None:
         print(
             f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
             f" {m['attn_implementation']}, {m['device']}), mode {report['mode']}:"
-            f" {report['examples']} examples packed into {report['rows']} rows of"
-            f" {report['capacity']}, {report['targets']} targets"
+            f" {report['examples']} examples of {report['lengths']} pairs packed into"
+            f" {report['rows']} rows of {report['capacity']}, {report['targets']} targets"
             f" ({report['eligible_targets']} eligible)"
         )
+        arch = report["architecture"]
+        windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
+        exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
+        print(f"attention windows: {windows}{exercised}")
     else:
         print(
             f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
@@ -97,4 +156,4 @@ def _print_verify(report: dict) -> None:
     if report["pass"]:
         print("PASS: packed rows compute what separate examples compute")
     else:
-        print(f"FAIL: packed rows do not compute what separate examples compute: {report['hint']}")
+        print(f"FAIL: {report['hint']}")

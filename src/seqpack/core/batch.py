@@ -191,12 +191,13 @@ class PackedBatch:
         flags = (self.input_valid, self.target_valid, self.loss_mask)
         return sum(a.nbytes for a in cells + flags) + self.occurrences.nbytes
 
-    # Permission and its views (see seqpack.permission).
-    def allowed_key(self, row: int, query: int, key: int) -> bool:
-        return permission.allowed_key(self, row, query, key)
+    # Permission and its views (see seqpack.core.permission); ``window`` bounds
+    # how far back a query sees (sliding-window attention), None = unbounded.
+    def allowed_key(self, row: int, query: int, key: int, window: int | None = None) -> bool:
+        return permission.allowed_key(self, row, query, key, window)
 
-    def key_ranges(self) -> permission.KeyRanges:
-        return permission.key_ranges(self)
+    def key_ranges(self, window: int | None = None) -> permission.KeyRanges:
+        return permission.key_ranges(self, window)
 
     def cu_seqlens(self) -> permission.CuSeqlens:
         return permission.cu_seqlens(self)
@@ -204,11 +205,11 @@ class PackedBatch:
     def position_ids(self) -> np.ndarray:
         return permission.position_ids(self)
 
-    def dense_mask(self) -> np.ndarray:
-        return permission.dense_mask(self)
+    def dense_mask(self, window: int | None = None) -> np.ndarray:
+        return permission.dense_mask(self, window)
 
-    def edges(self) -> np.ndarray:
-        return permission.edges(self)
+    def edges(self, window: int | None = None) -> np.ndarray:
+        return permission.edges(self, window)
 
     def rows_as_dicts(self) -> list[dict[str, list[Any]]]:
         """Per row: inputs, targets, segments, positions and the three validity fields."""

@@ -1,27 +1,30 @@
 """The permission predicate and every view derived from it.
 
-``allowed_key(row, q, k)`` is the one specification: both cells hold an
-input, both belong to the same occurrence segment, and the key's local
-position is no later than the query's. Each view below (key ranges,
-``cu_seqlens``, ``position_ids``, the dense mask, the edge inventory, the
-tiled traversal) is computed from the batch's arrays and tested against the
-predicate on random layouts.
+:func:`permitted` is the one specification, a function over broadcastable
+arrays (NumPy or torch alike): key ``k`` is allowed for query ``q`` iff both
+cells hold an input, both belong to the same occurrence segment, and
+``0 <= pos[q] - pos[k] < window`` (no window = unbounded). Every view below
+(key ranges, ``cu_seqlens``, ``position_ids``, the dense mask, the edge
+inventory, the tiled traversal) and every attention backend (``nn/``,
+``hf/``) calls it, or the closed form :func:`key_bounds` defined beside it,
+and the tests hold each one against it on random layouts, with and without
+windows.
 
 Fixture row 0 (A at columns 0-2, B at 3-4, padding at 5), permitted keys::
 
-    q\\k 0 1 2 3 4 5
-    0    1 . . . . .
-    1    1 1 . . . .
-    2    1 1 1 . . .
-    3    . . . 1 . .      B's first query: range [3, 4)
-    4    . . . 1 1 .      B's second query: range [3, 5)
-    5    . . . . . .      padding: no edge, zero mixture
+    q\\k 0 1 2 3 4 5          window=2
+    0    1 . . . . .          1 . . . . .
+    1    1 1 . . . .          1 1 . . . .
+    2    1 1 1 . . .          . 1 1 . . .    A's last query drops key 0
+    3    . . . 1 . .          . . . 1 . .    B's first query: range [3, 4)
+    4    . . . 1 1 .          . . . 1 1 .    B's second query: range [3, 5)
+    5    . . . . . .          . . . . . .    padding: no edge, zero mixture
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -30,8 +33,75 @@ from seqpack.core.errors import InvalidInput
 if TYPE_CHECKING:
     from seqpack.core.batch import PackedBatch
 
+#: A NumPy array or a torch tensor: the predicate and its closed forms use only
+#: operators both implement (``&``, ``==``, ``-``, ``<``, ``*``, ``.clip``).
+Array = TypeVar("Array")
 
-def allowed_key(batch: PackedBatch, row: int, query: int, key: int) -> bool:
+
+def check_window(window: Any) -> int | None:
+    """``window`` as a positive int, or ``None`` (unbounded); anything else is an error."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise InvalidInput(
+            f"attention window must be a positive number of positions or None, got {window!r}"
+        )
+    return int(window)
+
+
+def permitted(
+    valid_q: Array,
+    valid_k: Array,
+    seg_q: Array,
+    seg_k: Array,
+    pos_q: Array,
+    pos_k: Array,
+    window: int | None = None,
+) -> Array:
+    """True where query ``q`` may attend to key ``k``: THE permission predicate.
+
+    Both valid, same segment, ``0 <= pos_q - pos_k < window`` (``window=None``:
+    no upper bound). Arguments are broadcastable NumPy arrays or torch tensors
+    (bool validity, integer segments and local positions), e.g. ``(R, T, 1)``
+    against ``(R, 1, T)`` for a dense ``(R, T, T)`` mask, or the scalars a
+    FlexAttention ``mask_mod`` indexes out.
+    """
+    lag = pos_q - pos_k
+    allowed = valid_q & valid_k & (seg_q == seg_k) & (lag >= 0)
+    return allowed if window is None else allowed & (lag < window)
+
+
+def pairwise(valid: Array, segments: Array, positions: Array, window: int | None = None) -> Array:
+    """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``."""
+    return permitted(
+        valid[:, :, None],
+        valid[:, None, :],
+        segments[:, :, None],
+        segments[:, None, :],
+        positions[:, :, None],
+        positions[:, None, :],
+        window,
+    )
+
+
+def key_bounds(
+    valid: Array, positions: Array, columns: Array, window: int | None = None
+) -> tuple[Array, Array]:
+    """Closed form of :func:`permitted`'s key set per query: ``[starts, ends)`` columns.
+
+    Segments are contiguous and their positions count up from 0, so a real
+    query at column ``c`` with position ``p`` may see columns
+    ``[c - min(p, window - 1), c + 1)``; a padding query gets the empty
+    range ``[c, c)``. ``valid`` bool, ``positions`` and ``columns`` integer,
+    all ``(R, T)``; NumPy or torch.
+    """
+    back = positions if window is None else positions.clip(max=window - 1)
+    return columns - back * valid, columns + valid
+
+
+def allowed_key(
+    batch: PackedBatch, row: int, query: int, key: int, window: int | None = None
+) -> bool:
     """True when ``query`` may attend to ``key`` in ``row`` (coordinates checked)."""
     rows, width = batch.shape
     for name, value, limit in (("row", row, rows), ("query", query, width), ("key", key, width)):
@@ -39,12 +109,17 @@ def allowed_key(batch: PackedBatch, row: int, query: int, key: int) -> bool:
             raise InvalidInput(
                 f"attention coordinate {name}={value} is outside this batch of shape {batch.shape}"
             )
-    valid = batch.input_valid
+    valid, seg, pos = batch.input_valid[row], batch.segments[row], batch.positions[row]
     return bool(
-        valid[row, query]
-        and valid[row, key]
-        and batch.segments[row, query] == batch.segments[row, key]
-        and batch.positions[row, key] <= batch.positions[row, query]
+        permitted(
+            valid[query],
+            valid[key],
+            seg[query],
+            seg[key],
+            int(pos[query]),
+            int(pos[key]),
+            check_window(window),
+        )
     )
 
 
@@ -52,8 +127,9 @@ def allowed_key(batch: PackedBatch, row: int, query: int, key: int) -> bool:
 class KeyRanges:
     """Per-query key range ``[starts, ends)``, int64 [R, T], and per-row valid length [R].
 
-    A real query at column ``q`` of a segment starting at column ``s`` has
-    ``[s, q+1)``; a padding query has the empty range ``[q, q)``.
+    A real query at column ``q`` with local position ``p`` of a segment
+    starting at column ``s`` has ``[s, q+1)``, or ``[q + 1 - min(p+1, w), q+1)``
+    under a window ``w``; a padding query has the empty range ``[q, q)``.
     """
 
     starts: np.ndarray
@@ -65,13 +141,11 @@ class KeyRanges:
         return None if s == e else (s, e)
 
 
-def key_ranges(batch: PackedBatch) -> KeyRanges:
+def key_ranges(batch: PackedBatch, window: int | None = None) -> KeyRanges:
     rows, width = batch.shape
     cols = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
     valid = batch.input_valid
-    seg_start = cols - batch.positions.astype(np.int64)  # occurrences are contiguous
-    starts = np.where(valid, seg_start, cols)
-    ends = np.where(valid, cols + 1, cols)
+    starts, ends = key_bounds(valid, batch.positions.astype(np.int64), cols, check_window(window))
     return KeyRanges(starts, ends, valid.sum(axis=1).astype(np.int64))
 
 
@@ -109,23 +183,18 @@ def position_ids(batch: PackedBatch) -> np.ndarray:
     return np.where(batch.input_valid, batch.positions, 0).astype(np.int64)
 
 
-def dense_mask(batch: PackedBatch) -> np.ndarray:
+def dense_mask(batch: PackedBatch, window: int | None = None) -> np.ndarray:
     """Boolean mask [R, T, T] (True = permitted), for SDPA and eager attention."""
-    valid = batch.input_valid
-    seg = batch.segments
-    pos = batch.positions
-    same = seg[:, :, None] == seg[:, None, :]
-    causal = pos[:, None, :] <= pos[:, :, None]
-    return same & causal & valid[:, :, None] & valid[:, None, :]
+    return pairwise(batch.input_valid, batch.segments, batch.positions, check_window(window))
 
 
-def edges(batch: PackedBatch) -> np.ndarray:
+def edges(batch: PackedBatch, window: int | None = None) -> np.ndarray:
     """Permitted edges ``(row, query, key)`` in query order, int64 [E, 3]."""
-    r, q, k = np.nonzero(dense_mask(batch))
+    r, q, k = np.nonzero(dense_mask(batch, window))
     return np.stack([r, q, k], axis=1).astype(np.int64)
 
 
-def tiled_edges(batch: PackedBatch, tile_width: int = 2) -> np.ndarray:
+def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = None) -> np.ndarray:
     """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3].
 
     A different traversal order of one relation: sorted, it equals :func:`edges`.
@@ -139,6 +208,6 @@ def tiled_edges(batch: PackedBatch, tile_width: int = 2) -> np.ndarray:
             for k0 in range(0, width, tile_width):
                 for q in range(q0, min(q0 + tile_width, width)):
                     for k in range(k0, min(k0 + tile_width, width)):
-                        if allowed_key(batch, row, q, k):
+                        if allowed_key(batch, row, q, k, window):
                             out.append((row, q, k))
     return np.asarray(out, dtype=np.int64).reshape(-1, 3)

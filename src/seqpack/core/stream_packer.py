@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seqpack.core import engine as kernels
+from seqpack.core.binding import INT32_MAX
+from seqpack.core.budget import enforce
 from seqpack.core.checks import check_lengths, check_tree_capacity, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.stream_kernels import (
@@ -46,11 +48,16 @@ from seqpack.core.stream_kernels import (
     S_PUSHED,
     S_ROWS,
 )
+from seqpack.core.stream_state import (
+    CHUNK,
+    DEFAULT_STATE_BYTES,
+    STATE_FORMAT,
+    check_state,
+    stream_bytes,
+)
 
 DEFAULT_WINDOW = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
-STATE_FORMAT = "seqpack.stream-best-fit/1"
-_CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
 
 
 class Placements(NamedTuple):
@@ -97,8 +104,8 @@ class StreamPacker:
     ) -> None:
         self.capacity = positive_int("capacity", capacity)
         check_tree_capacity(self.capacity, "stream-best-fit")
-        self.window = positive_int("window", window)
-        self.max_open_rows = positive_int("max_open_rows", max_open_rows)
+        self.window = positive_int("window", window, INT32_MAX)
+        self.max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
         self.seed = int(seed)
@@ -107,6 +114,7 @@ class StreamPacker:
 
     def _reset(self) -> None:
         self.finished = False
+        self._emitted = 0  # examples in rows already returned
         cap, window, k = self.capacity, self.window, self.max_open_rows
         self._scalars = np.zeros(N_SCALARS, dtype=np.int64)
         self._lleaves = kernels.pow2_at_least(cap + 1)
@@ -164,7 +172,7 @@ class StreamPacker:
         self._require_open()
         first = self.examples_pushed
         arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
-        parts = [self._run(arr[lo : lo + _CHUNK]) for lo in range(0, arr.shape[0], _CHUNK)]
+        parts = [self._run(arr[lo : lo + CHUNK]) for lo in range(0, arr.shape[0], CHUNK)]
         return _concat(parts)
 
     def finish(self) -> Placements:
@@ -195,6 +203,7 @@ class StreamPacker:
             sides = bucket_sides(index, self.seed)
             kernels.call(self.engine, "stream_push", lengths, sides, *state, *tail, inputs=2)
         k = int(self._scalars[S_OUT])
+        self._emitted += k
         return Placements(*(column[:k].copy() for column in out))
 
     def _reserve_records(self, extra: int) -> None:
@@ -251,14 +260,28 @@ class StreamPacker:
             "seed": self.seed,
             "finished": self.finished,
             "examples_pushed": self.examples_pushed,
+            "examples_emitted": self._emitted,
             "rows_emitted": self.rows_emitted,
             "buffer": {"example": bex[slots].tolist(), "length": blen[slots].tolist()},
             "open_rows": rows,
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any], engine: str = "auto") -> StreamPacker:
-        """A packer configured and positioned as ``state`` says."""
+    def from_state_dict(
+        cls,
+        state: dict[str, Any],
+        engine: str = "auto",
+        max_bytes: int | None = DEFAULT_STATE_BYTES,
+    ) -> StreamPacker:
+        """A packer configured and positioned as ``state`` says.
+
+        The state is checked whole before anything is allocated; the buffers its
+        configuration needs (:func:`stream_bytes`) must fit ``max_bytes``
+        (:class:`~seqpack.core.errors.BudgetExceeded` otherwise; None: no limit).
+        """
+        check_state(state)
+        need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
+        enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
         packer = cls(
             state["capacity"],
             window=state["window"],
@@ -270,19 +293,22 @@ class StreamPacker:
         return packer
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` output of a packer with the same configuration."""
-        if state.get("format") != STATE_FORMAT:
-            raise InvalidInput(f"not a stream-best-fit state (format {state.get('format')!r})")
+        """Resume from :meth:`state_dict` output of a packer with the same configuration.
+
+        Every invariant the packer relies on is checked first (see
+        :func:`check_state`); a refused state leaves the packer as it was.
+        """
+        check_state(state)
         for key in ("capacity", "window", "max_open_rows", "seed"):
             if state[key] != getattr(self, key):
                 raise InvalidInput(
                     f"state has {key}={state[key]!r} but this packer has {getattr(self, key)!r}"
                     " — construct it with StreamPacker.from_state_dict(state)"
                 )
-        _check_state(state)
         self._reset()
         self._scalars[S_PUSHED] = int(state["examples_pushed"])
         self._scalars[S_ROWS] = int(state["rows_emitted"])
+        self._emitted = int(state["examples_emitted"])
         self.finished = bool(state["finished"])
         rows = state["open_rows"]
         self._reserve_records(sum(len(row["example"]) for row in rows))
@@ -302,37 +328,6 @@ class StreamPacker:
             np.asarray([n for row in rows for n in row["length"]], dtype=np.int64),
             inputs=3,
         )  # fmt: skip
-
-
-def _check_state(state: dict[str, Any]) -> None:
-    """Reject states that could not come from :meth:`StreamPacker.state_dict`."""
-    cap, window = state["capacity"], state["window"]
-    pushed = state["examples_pushed"]
-    buf = state["buffer"]
-    rows = state["open_rows"]
-    seen = [*buf["example"], *(e for row in rows for e in row["example"])]
-    problems = []
-    if len(buf["example"]) != len(buf["length"]):
-        problems.append("buffer examples and lengths differ in count")
-    if any(not pushed - window <= e < pushed for e in buf["example"]):
-        problems.append("a buffered example is not among the last `window` pushed")
-    if buf["example"] != sorted(buf["example"]):
-        problems.append("buffered examples are not in arrival order")
-    if len(rows) > state["max_open_rows"]:
-        problems.append(f"{len(rows)} open rows exceed max_open_rows")
-    if any(not 0 <= e < pushed for e in seen) or len(set(seen)) != len(seen):
-        problems.append("example indices repeat or lie outside 0..examples_pushed-1")
-    if any(not 1 <= n <= cap for n in buf["length"]):
-        problems.append("a buffered length lies outside 1..capacity")
-    for row in rows:
-        if not row["example"] or len(row["example"]) != len(row["length"]):
-            problems.append("an open row is empty or its lists differ in length")
-        elif min(row["length"]) < 1 or not sum(row["length"]) < cap:
-            problems.append("an open row's lengths are not positive or fill it")
-    if state["finished"] and (buf["example"] or rows):
-        problems.append("a finished packer holds examples")
-    if problems:
-        raise InvalidInput(f"inconsistent stream-best-fit state: {'; '.join(problems)}")
 
 
 def _concat(parts: list[Placements]) -> Placements:

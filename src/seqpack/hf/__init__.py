@@ -5,8 +5,12 @@ module                 holds
 =====================  =========================================================
 ``data``               :func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`
 ``adapter``            :func:`hf_inputs`: the kwargs that keep examples apart
+``architectures``      windows, layer types and refusals derived from a model config
+``masks``              the 4-D masks (float, bool, BlockMask), per layer type
+``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
 ``verify``             ``seqpack verify``: packed == separate on a real model
+                       (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
 
 Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy.
@@ -29,6 +33,12 @@ _NAMES = {
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",
     "HFCollator": "collator",
+    "Architecture": "architectures",
+    "UnsupportedArchitecture": "architectures",
+    "describe": "architectures",
+    "register_attention": "attention",
+    "load_model": "verify",
+    "verify_hf": "verify",
 }
 __all__ = sorted(_NAMES)
 

@@ -10,16 +10,26 @@ arguments that are right on each implementation:
 
 * ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)``
   mask in the model's dtype — 0 where :func:`hf_allowed` permits, the
-  dtype's most negative value elsewhere (never boolean);
+  dtype's most negative value elsewhere (``mask="bool"``: a boolean mask,
+  for ``sdpa`` only);
 * ``flex_attention``: ``attention_mask``, a FlexAttention ``BlockMask`` of
   the same predicate;
-* ``flash_attention_2``: the valid cells flattened into one row ``(1, N)``
+* ``flash_attention_2`` and ``seqpack_varlen`` (:mod:`seqpack.hf.attention`,
+  no mask at all): the valid cells flattened into one row ``(1, N)``
   (padding dropped) with ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``
   and ``max_length_q/k`` = its ``max_seqlen`` (``transformers`` infers
   boundaries from ``position_ids`` only for a batch of one row);
 
 and always ``input_ids`` (padding cells hold ``pad_token_id``, a real id
 no real query ever sees), local ``position_ids`` and ``use_cache=False``.
+
+Pass the model's ``config``: its sliding windows and layer types decide
+the masks (``{"full_attention": ..., "sliding_attention": ...}`` for a
+model with ``layer_types``; a windowed single mask for Mistral-style
+configs; the flash kernels and ``seqpack_varlen`` take the window from
+the layer), and architectures that cannot be made exact are refused
+(:mod:`seqpack.hf.architectures`). Without a config every layer gets the
+plain block-causal mask, which is right only for models without windows.
 
 Labels: seqpack's targets are already shifted (cell ``c`` predicts
 ``targets[c]``; an example's last target, e.g. its EOS, is no input of
@@ -53,10 +63,13 @@ import torch
 from seqpack.core.batch import IGNORE_INDEX, PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
-from seqpack.nn.flex import permission_mod
+from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 
 #: Attention implementations :func:`hf_inputs` knows how to serve.
-IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "seqpack_varlen")
+#: Implementations fed the valid cells flattened into one row, with ``cu_seq_lens``.
+FLATTENED = ("flash_attention_2", "seqpack_varlen")
 
 
 def check_implementation(attn_implementation: str) -> str:
@@ -68,47 +81,6 @@ def check_implementation(attn_implementation: str) -> str:
     return attn_implementation
 
 
-def hf_allowed(batch: PackedBatch) -> np.ndarray:
-    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``.
-
-    Every query then has at least one key, so no implementation meets a
-    fully masked row (no NaN, no uniform average over the row); no real
-    query ever sees a padding key, and padding logits never reach the loss.
-    """
-    allowed = batch.dense_mask()
-    pad_r, pad_c = np.nonzero(~batch.input_valid)
-    allowed[pad_r, pad_c, pad_c] = True
-    return allowed
-
-
-def additive_mask(
-    batch: PackedBatch, dtype: torch.dtype, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """:func:`hf_allowed` as a float additive mask ``(R, 1, T, T)``: 0 or ``finfo(dtype).min``."""
-    if not dtype.is_floating_point:
-        raise InvalidInput(f"an additive mask needs a floating dtype (the model's), got {dtype}")
-    allowed = torch.as_tensor(hf_allowed(batch), device=device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-
-
-def block_mask(batch: PackedBatch, device: torch.device | str | None = None) -> Any:
-    """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(a, device=device)
-
-    valid = t(batch.input_valid)
-    allowed = permission_mod(valid, t(batch.segments), t(batch.positions))
-
-    def permitted(b: Any, h: Any, q: Any, k: Any) -> Any:
-        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
-
-    rows, width = batch.shape
-    return create_block_mask(permitted, rows, None, width, width, device=valid.device)
-
-
 def hf_labels(batch: PackedBatch) -> np.ndarray:
     """Per-cell targets where loss-eligible, else ``-100``; int64 ``[R, T]``, already shifted."""
     return np.where(batch.loss_mask, batch.targets, IGNORE_INDEX).astype(np.int64)
@@ -118,6 +90,8 @@ def hf_inputs(
     batch: PackedBatch,
     attn_implementation: str,
     *,
+    config: Any = None,
+    mask: str = "float",
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     pad_token_id: int = 0,
@@ -126,15 +100,46 @@ def hf_inputs(
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
-    ``dtype`` is the model's (the additive mask must match it for ``sdpa``).
-    With ``labels`` the dict has ``labels`` and ``shift_labels`` (see the
-    module docstring) so ``model(**kwargs).loss`` is token-weighted;
-    ``num_items_in_batch`` (the optimizer step's global eligible count, known
-    from the plan) makes it the raw sum divided by that count instead of by
-    this batch's. Tensors are ``(R, T)`` except for ``flash_attention_2``,
-    where they are ``(1, N)`` over the valid cells in row-major order
-    (:func:`cell_logits` puts logits back into cells).
+    ``config`` is the model's (``model.config``): windows and per-layer-type
+    masks follow it, and an architecture seqpack cannot make exact raises
+    :class:`~seqpack.hf.architectures.UnsupportedArchitecture`. ``dtype`` is
+    the model's (the additive mask must match it for ``sdpa``); ``mask``:
+    ``"float"`` or ``"bool"`` (``sdpa`` only). With ``labels`` the dict has
+    ``labels`` and ``shift_labels`` (see the module docstring) so
+    ``model(**kwargs).loss`` is token-weighted; ``num_items_in_batch`` (the
+    optimizer step's global eligible count, known from the plan) makes it the
+    raw sum divided by that count instead of by this batch's. Tensors are
+    ``(R, T)`` except for the flattened implementations, where they are
+    ``(1, N)`` over the valid cells in row-major order (:func:`cell_logits`
+    puts logits back into cells).
     """
+    arch = None if config is None else describe(config).check()
+    return build_inputs(
+        batch,
+        attn_implementation,
+        arch,
+        mask=mask,
+        dtype=dtype,
+        device=device,
+        pad_token_id=pad_token_id,
+        labels=labels,
+        num_items_in_batch=num_items_in_batch,
+    )
+
+
+def build_inputs(
+    batch: PackedBatch,
+    attn_implementation: str,
+    arch: Architecture | None,
+    *,
+    mask: str = "float",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    pad_token_id: int = 0,
+    labels: bool = True,
+    num_items_in_batch: int | None = None,
+) -> dict[str, Any]:
+    """:func:`hf_inputs` for an already described architecture (refusals not checked here)."""
     check_implementation(attn_implementation)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
@@ -147,7 +152,11 @@ def hf_inputs(
     if labels:
         columns["labels"] = hf_labels(batch)
     out: dict[str, Any] = {}
-    if attn_implementation == "flash_attention_2":
+    if attn_implementation in FLATTENED:
+        if attn_implementation == "seqpack_varlen":
+            from seqpack.hf.attention import register
+
+            register()
         cu = batch.cu_seqlens()
         for name, value in columns.items():
             out[name] = torch.as_tensor(value.reshape(-1)[cu.valid_index][None], device=device)
@@ -160,10 +169,9 @@ def hf_inputs(
         }
     else:
         out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
-        if attn_implementation == "flex_attention":
-            out["attention_mask"] = block_mask(batch, device)
-        else:
-            out["attention_mask"] = additive_mask(batch, dtype, device)
+        out["attention_mask"] = layer_masks(
+            batch, attn_implementation, arch, mask=mask, dtype=dtype, device=device
+        )
     if labels:
         out["shift_labels"] = out["labels"]
         if num_items_in_batch is not None:
@@ -215,10 +223,13 @@ def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) 
 
 
 __all__ = [
+    "FLATTENED",
     "IGNORE_INDEX",
     "IMPLEMENTATIONS",
     "additive_mask",
     "block_mask",
+    "bool_mask",
+    "build_inputs",
     "cell_logits",
     "hf_allowed",
     "hf_inputs",

@@ -1,4 +1,4 @@
-"""Prove that a ``transformers`` causal LM (or the tiny decoder) honours packing.
+"""Prove that a ``transformers`` causal LM honours packing, or show where it leaks.
 
 :func:`verify_hf` runs the same examples twice with the same parameters:
 
@@ -10,165 +10,58 @@ loss (raw NLL sum over eligible targets / their count, computed with
 :mod:`seqpack.loss` in the model's dtype) and every parameter-gradient
 coordinate of that loss. The packed call is fed as ``mode`` says:
 
-``adapter``    :func:`seqpack.training.hf.hf_inputs` (explicit mask or
-               ``cu_seq_lens``, ``use_cache=False``); the model's own loss from
-               its ``labels``/``shift_labels`` is checked too (``model_loss``)
+``adapter``    :func:`seqpack.hf.adapter.hf_inputs` with the model's config
+               (per-layer-type windowed masks, or ``cu_seq_lens``,
+               ``use_cache=False``); the model's own loss from its
+               ``labels``/``shift_labels`` is checked too (``model_loss``)
 ``naive``      ``input_ids`` and ``position_ids`` only, default settings — what
                users commonly write; with the default ``use_cache=True`` a
                cache object exists, ``transformers`` skips its packed-position
                detection and the row attends across examples
-``bool-mask``  a **boolean** 4-D block mask with ``use_cache=False``: right on
-               ``sdpa``, silently wrong on ``eager`` (which adds it as numbers)
+``bool-mask``  **boolean** 4-D block masks with ``use_cache=False``: right on
+               ``sdpa``, silently wrong on ``eager`` (which adds them as numbers)
 
-Tolerance ``|a-b| <= abs + rel*max(|a|,|b|)`` (:func:`tolerance`): the seed's
-``1e-10 + 1e-9`` when the model is float64 and its softmax runs in float64;
-``1e-5 + 1e-4`` when the model is float32 or the implementation is
-``eager`` (its softmax runs in float32, so float64 agreement stops near
-``1e-7``). ``model_loss`` is computed by ``transformers`` in float32 and
-always gets the second. A leak moves logits by ``1e-1`` or more.
+An architecture seqpack cannot make exact (:mod:`seqpack.hf.architectures`)
+is refused before anything runs; a crash inside the model is a
+:class:`ModelCrashed` (both: ``seqpack verify`` exit 2, one line). Exit 1
+means only that the model mixed examples: the report's ``hint`` names the
+first layer whose output diverged (:mod:`seqpack.hf.diagnose`).
 
-:func:`verify_tiny` runs :func:`seqpack.nn.verify.three_way` on the tiny
-decoder (the fixture and a few random layouts); its ``naive`` mode uses
-:func:`~seqpack.nn.probes.unguarded_causal_attention`, the control that fails.
+Tolerances follow the model's real dtype path (:mod:`seqpack.hf.tolerance`):
+the seed's ``1e-10 + 1e-9`` for float64 throughout, ``1e-5 + 1e-4`` for a
+float32 model or a float64 one with float32 reductions (eager softmax,
+Gemma's norms, MoE routers). ``model_loss`` is computed by ``transformers``
+in float32 and always gets the second. A leak moves logits by ``1e-2`` or more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from seqpack.core.batch import PackedBatch, pack_examples
-from seqpack.core.binding import Binding
 from seqpack.core.config import PackConfig
-from seqpack.core.errors import InvalidInput, NotAvailable
+from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
-from seqpack.hf.adapter import IMPLEMENTATIONS, cell_logits, hf_allowed, hf_inputs, hf_loss_sum
-from seqpack.nn.verify import ATOL, RTOL, occurrence_cells
+from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
+from seqpack.hf.architectures import Architecture, architecture_of
+from seqpack.hf.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
+from seqpack.hf.loading import (
+    CAPACITY,
+    DTYPES,
+    LENGTHS,
+    VerifyLayout,
+    load_model,
+    verification_examples,
+    verification_layout,
+)
+from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
-#: Prediction pairs of the verification examples; at capacity 12 next-fit makes
-#: rows [6, 3 | 3 padding], [8, 4] (an exact fill) and [5, 2 | 5 padding].
-LENGTHS = (6, 3, 8, 4, 5, 2)
-CAPACITY = 12
-#: Targets of example 2 left out of the loss (a prompt), so ``-100`` labels are exercised.
-PROMPT_TARGETS = 3
-FLOAT32_TOLERANCE = (1e-5, 1e-4)
-
-
-def tolerance(dtype: torch.dtype, attn_implementation: str) -> dict[str, Any]:
-    """``abs``/``rel`` of the comparison for this dtype and implementation, and why."""
-    if dtype == torch.float64 and attn_implementation != "eager":
-        return {"abs": ATOL, "rel": RTOL, "why": "float64 throughout: the seed's tolerance"}
-    why = (
-        "eager's softmax runs in float32"
-        if dtype == torch.float64
-        else "float32 model: float32 rounding"
-    )
-    return {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1], "why": why}
-
-
-def _check_available(attn_implementation: str, device: torch.device) -> None:
-    if attn_implementation not in IMPLEMENTATIONS:
-        raise InvalidInput(
-            f"--attn {attn_implementation!r} is not a transformers attention implementation"
-            f" seqpack can feed; choose one of {', '.join(IMPLEMENTATIONS)}"
-        )
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise NotAvailable("--device cuda: no CUDA device is available here — use --device cpu")
-    if attn_implementation == "flex_attention" and device.type == "cpu":
-        raise NotAvailable(
-            f"flex_attention cannot run the verification on CPU: FlexAttention has no backward"
-            f" there (torch {torch.__version__}) — run with --device cuda on a GPU machine, or"
-            " verify --attn sdpa here"
-        )
-    if attn_implementation == "flash_attention_2":
-        from transformers.utils import is_flash_attn_2_available
-
-        if device.type != "cuda" or not is_flash_attn_2_available():
-            raise NotAvailable(
-                "flash_attention_2 needs a CUDA device and the flash-attn package"
-                f" (device {device.type}, flash-attn"
-                f" {'present' if is_flash_attn_2_available() else 'missing'}) — run with"
-                " --device cuda where flash-attn is installed, or verify --attn sdpa here"
-            )
-
-
-def load_model(
-    *,
-    config: str | Path | None = None,
-    model: str | Path | None = None,
-    attn_implementation: str = "sdpa",
-    dtype: torch.dtype = torch.float64,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-) -> torch.nn.Module:
-    """A causal LM from a local config (seeded random weights) or a local pretrained dir.
-
-    Nothing is downloaded (``local_files_only=True``). Dropout is turned off
-    (``eval()``); every parameter requires grad.
-    """
-    if (config is None) == (model is None):
-        raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
-    device = torch.device(device)
-    _check_available(attn_implementation, device)
-    path = Path(config if config is not None else model)
-    if not path.exists():
-        raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        if config is not None:
-            cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
-            torch.manual_seed(seed)
-            built = AutoModelForCausalLM.from_config(
-                cfg, attn_implementation=attn_implementation, dtype=dtype
-            )
-        else:
-            built = AutoModelForCausalLM.from_pretrained(
-                str(path),
-                local_files_only=True,
-                attn_implementation=attn_implementation,
-                dtype=dtype,
-            )
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
-    built = built.to(device).eval()
-    for p in built.parameters():
-        p.requires_grad_(True)
-    return built
-
-
-def verification_examples(
-    vocab_size: int, seed: int, max_positions: int | None = None
-) -> list[SequenceExample]:
-    """Six examples of random ids (:data:`LENGTHS` pairs; example 2 has a 3-target prompt)."""
-    if max_positions is not None and max_positions < CAPACITY:
-        raise InvalidInput(
-            f"the model has max_position_embeddings {max_positions}; the verification packs"
-            f" rows of {CAPACITY} positions — use a config with at least {CAPACITY}"
-        )
-    rng = np.random.default_rng(seed)
-    binding = Binding(vocab_size, "seqpack/verify-random-ids", f"verify-seed-{seed}")
-    out = []
-    for i, length in enumerate(LENGTHS):
-        mask = np.arange(length) >= PROMPT_TARGETS if i == 2 else None
-        out.append(
-            SequenceExample.from_document(
-                rng.integers(0, vocab_size, size=length + 1),
-                source_id=f"random-{i}",
-                partition="train",
-                binding=binding,
-                loss_mask=mask,
-            )
-        )
-    return out
 
 
 def packed_kwargs(
@@ -178,23 +71,27 @@ def packed_kwargs(
     dtype: torch.dtype,
     device: torch.device,
     pad_token_id: int = 0,
+    arch: Architecture | None = None,
 ) -> dict[str, Any]:
     """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
     if mode == "adapter":
-        return hf_inputs(
-            batch, attn_implementation, dtype=dtype, device=device, pad_token_id=pad_token_id
+        return build_inputs(
+            batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
         )
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "bool-mask":
+        if attn_implementation not in ("eager", "sdpa"):
+            raise InvalidInput("--mode bool-mask feeds 4-D masks: use --attn eager or sdpa")
+        # The sdpa form (boolean) handed to whichever implementation runs: the control.
+        return build_inputs(
+            batch, "sdpa", arch, mask="bool", device=device, pad_token_id=pad_token_id, labels=False
+        )
     ids = np.where(batch.input_valid, batch.inputs, pad_token_id).astype(np.int64)
-    out = {
+    return {
         "input_ids": torch.as_tensor(ids, device=device),
         "position_ids": torch.as_tensor(batch.position_ids(), device=device),
     }
-    if mode == "bool-mask":
-        out["attention_mask"] = torch.as_tensor(hf_allowed(batch), device=device)[:, None]
-        out["use_cache"] = False
-    return out
 
 
 def _params(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -221,11 +118,59 @@ def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str,
     }
 
 
-def _example_cells(batch: PackedBatch) -> torch.Tensor:
-    """Flat cell indices of every occurrence, in example (ordinal) order, int64."""
-    occ = batch.occurrences
-    order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
-    return torch.as_tensor(occurrence_cells(batch)[order])
+def _separate(
+    model: torch.nn.Module, examples: Sequence[SequenceExample], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every example run alone, concatenated ``(Σl, V)``, and their loss sum."""
+    logits, total = [], 0
+    for ex in examples:
+        ids = torch.as_tensor(ex.inputs.astype(np.int64), device=device)[None]
+        out = model(input_ids=ids, use_cache=False).logits[0]  # (L, V)
+        logits.append(out)
+        total = total + masked_nll_sum(out, ex.targets, ex.loss_mask).sum
+    return torch.cat(logits), total
+
+
+def _islands(model: torch.nn.Module, example: SequenceExample, backward: bool) -> dict:
+    """The float32 islands of one separate forward (and backward) of a float64 model.
+
+    FlexAttention is a higher-order op that dispatch modes cannot follow (and
+    a failed trace would leave it uncompiled), so a flex model is observed on
+    ``sdpa``: the same layers around the same attention in the model's dtype.
+    """
+    param = next(model.parameters())
+    if param.dtype != torch.float64:
+        return {}
+    ids = torch.as_tensor(example.inputs.astype(np.int64), device=param.device)[None]
+    attn = model.config._attn_implementation
+
+    def run() -> None:
+        logits = model(input_ids=ids, use_cache=False).logits
+        if backward:
+            logits.sum().backward()
+
+    if attn == "flex_attention":
+        model.set_attn_implementation("sdpa")
+    try:
+        islands = float32_islands(run)
+    finally:
+        if attn == "flex_attention":
+            model.set_attn_implementation(attn)
+    model.zero_grad(set_to_none=True)
+    return islands
+
+
+def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Architecture:
+    if mode not in MODES:
+        raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    arch = architecture_of(model)
+    if mode == "adapter" and not allow_unsupported:
+        arch.check()
+    dtype = next(model.parameters()).dtype
+    experts = getattr(model.config, "_experts_implementation", None)
+    if dtype == torch.float64 and experts == "grouped_mm":
+        model.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
+    return arch
 
 
 def verify_hf(
@@ -233,103 +178,146 @@ def verify_hf(
     examples: Sequence[SequenceExample],
     *,
     mode: str = "adapter",
-    capacity: int = CAPACITY,
+    capacity: int | None = None,
     pad_token_id: int | None = None,
+    gradients: bool = True,
+    allow_unsupported: bool = False,
 ) -> dict[str, Any]:
-    """Separate vs packed for a ``transformers`` causal LM; a report dict with ``pass``."""
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    """Separate vs packed for a ``transformers`` causal LM; a report dict with ``pass``.
+
+    ``capacity``: the row width (default :data:`CAPACITY`, or the longest
+    example + 3). ``gradients=False`` compares logits and losses only (for
+    implementations without a backward here, e.g. FlexAttention on CPU).
+    ``allow_unsupported`` runs a refused architecture anyway, to measure its
+    leak; its report says ``"supported": False`` and never passes.
+    """
     if not examples:
         raise InvalidInput("verify_hf needs at least one example")
+    if not gradients:  # e.g. FlexAttention on CPU: no backward, so no graph at all
+        with torch.no_grad():
+            return _verify(model, examples, mode, capacity, pad_token_id, False, allow_unsupported)
+    return _verify(model, examples, mode, capacity, pad_token_id, True, allow_unsupported)
+
+
+def _verify(
+    model: torch.nn.Module,
+    examples: Sequence[SequenceExample],
+    mode: str,
+    capacity: int | None,
+    pad_token_id: int | None,
+    gradients: bool,
+    allow_unsupported: bool,
+) -> dict[str, Any]:
+    arch = _prepare(model, mode, allow_unsupported)
     attn = model.config._attn_implementation
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     vocab = examples[0].binding.vocab_size
     pad = pad_token_id if pad_token_id is not None else model.config.pad_token_id
     pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
-    tol = tolerance(dtype, attn)
+    longest = max(len(ex) for ex in examples)
+    capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
     params = _params(model)
     eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
+    islands = guarded(model, "forward", lambda: _islands(model, examples[0], gradients))
+    tol = tolerance(dtype, islands)
 
-    logits, total = [], 0
-    for ex in examples:
-        ids = torch.as_tensor(ex.inputs.astype(np.int64), device=device)[None]
-        out = model(input_ids=ids, use_cache=False).logits[0]  # (L, V)
-        logits.append(out)
-        total = total + masked_nll_sum(out, ex.targets, ex.loss_mask).sum
+    sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
     sep_mean = total / eligible
-    sep_logits = torch.cat(logits).detach()
-    sep_grads = _grad_vector(sep_mean, params)
-
     first = examples[0]
-    config = PackConfig(capacity, len(examples))
-    (batch,) = pack_examples(first.partition, examples, first.binding, config).batches
-    out = model(**packed_kwargs(batch, mode, attn, dtype, device, pad))
-    packed_sum = hf_loss_sum(out.logits, batch)
-    packed_mean = packed_sum.sum / eligible
-    cells = _example_cells(batch).to(device)
+    (batch,) = pack_examples(
+        first.partition, examples, first.binding, PackConfig(capacity, len(examples))
+    ).batches
+    kwargs = packed_kwargs(batch, mode, attn, dtype, device, pad, arch)
+    out = guarded(model, "forward", lambda: model(**kwargs))
+    packed_mean = hf_loss_sum(out.logits, batch).sum / eligible
+    cells = example_tokens(batch, flattened=False).to(device)
     flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
-    packed_logits = flat.index_select(0, cells).detach()
     compared = {
-        "logits": _compare(sep_logits, packed_logits, tol),
+        "logits": _compare(sep_logits, flat.index_select(0, cells), tol),
         "loss": _compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
-        "gradients": _compare(sep_grads, _grad_vector(packed_mean, params), tol),
     }
-    tolerances = {"abs": tol["abs"], "rel": tol["rel"], "why": tol["why"]}
+    if gradients:
+        sep_grads = guarded(model, "backward", lambda: _grad_vector(sep_mean, params))
+        packed_grads = guarded(model, "backward", lambda: _grad_vector(packed_mean, params))
+        compared["gradients"] = _compare(sep_grads, packed_grads, tol)
+    f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
     if mode == "adapter":
-        f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
         compared["model_loss"] = _compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
-        tolerances["model_loss"] = f32 | {"why": "transformers computes its loss in float32"}
-    report = {
+    report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
+    report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
+    if mode == "adapter":
+        report["tolerance"]["model_loss"] = f32 | {
+            "why": "transformers computes its loss in float32"
+        }
+    if not gradients:
+        report["note"] = "gradients not compared (no backward for this implementation here)"
+    report["pass"] = not any(report["failures"].values()) and arch.refusal is None
+    if any(report["failures"].values()):
+        found = culprit(model, examples, kwargs, batch, attn, tol)
+        report["first_divergence"] = found
+        report["hint"] = hint(mode, attn, found)
+    elif arch.refusal is not None:
+        report["hint"] = f"unsupported: {arch.refusal}"
+    return report
+
+
+def _report(
+    model: torch.nn.Module,
+    arch: Architecture,
+    batch: PackedBatch,
+    examples: Sequence[SequenceExample],
+    mode: str,
+    capacity: int,
+    eligible: int,
+    tol: dict[str, Any],
+    compared: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    param = next(model.parameters())
+    longest = max(len(ex) for ex in examples)
+    return {
         "target": "transformers",
         "model": {
             "model_type": getattr(model.config, "model_type", type(model).__name__),
             "class": type(model).__name__,
-            "parameters": sum(p.numel() for p in params),
-            "dtype": str(dtype).removeprefix("torch."),
-            "attn_implementation": attn,
-            "device": str(device),
+            "parameters": sum(p.numel() for p in _params(model)),
+            "dtype": str(param.dtype).removeprefix("torch."),
+            "attn_implementation": model.config._attn_implementation,
+            "device": str(param.device),
+        },
+        "architecture": {
+            "layer_types": list(arch.mask_types),
+            "windows": {k or "all": v for k, v in arch.windows.items()},
+            "window_exercised": arch.window is None or longest > arch.window,
+            "supported": arch.refusal is None,
+            "refusal": arch.refusal,
         },
         "mode": mode,
         "examples": len(examples),
+        "lengths": [len(ex) for ex in examples],
         "rows": batch.shape[0],
         "capacity": capacity,
         "targets": int(sum(len(ex) for ex in examples)),
         "eligible_targets": eligible,
-        "tolerance": tolerances,
-        "loss": {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())},
+        "tolerance": dict(tol),
         "max_abs_diff": {name: c["max_abs_diff"] for name, c in compared.items()},
         "comparisons": {name: c["comparisons"] for name, c in compared.items()},
         "failures": {name: c["failures"] for name, c in compared.items()},
     }
-    report["pass"] = not any(report["failures"].values())
-    if not report["pass"]:
-        report["hint"] = _hint(mode, attn)
-    return report
-
-
-def _hint(mode: str, attn_implementation: str) -> str:
-    """Why a failing configuration leaks, and the fix."""
-    fix = "feed the model seqpack.training.hf.hf_inputs(batch, attn_implementation)"
-    if mode == "naive":
-        return (
-            "position_ids alone do not separate packed examples: with the default"
-            " use_cache=True a cache exists and transformers skips its packed-position"
-            f" detection (some older versions never detect) — {fix}"
-        )
-    if mode == "bool-mask" and attn_implementation == "eager":
-        return f"eager adds a boolean 4-D mask to the scores as numbers (True = 1) — {fix}"
-    return f"the model attends across packed examples or loses targets — {fix}"
 
 
 __all__ = [
     "CAPACITY",
     "DTYPES",
+    "FLOAT32_TOLERANCE",
     "LENGTHS",
     "MODES",
+    "ModelCrashed",
+    "VerifyLayout",
     "load_model",
     "packed_kwargs",
     "tolerance",
     "verification_examples",
+    "verification_layout",
     "verify_hf",
 ]

@@ -12,8 +12,10 @@ module                 holds
 ``jsonl``              the guarded JSON Lines reader
 ``tokenizers``         the byte tokenizer and local Hugging Face tokenizers
 ``shards``             the packed-row Parquet schema, one shard written or read
-``store``              the packed directory: write, load, verify
+``store``              the packed directory: write, load
+``verify``             loading as verification: manifest and shards must agree
 ``atomic``             hidden build folders, one-rename publication, recovery
+``claim``, ``lock``    one writer per output path, from its first check to publication
 =====================  =========================================================
 """
 

@@ -27,7 +27,8 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, publish, temp_output
+from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, temp_output
+from seqpack.io.claim import claims_output, held_claim
 from seqpack.io.shards import (
     FORMAT,
     SHARD_TOKENS,
@@ -35,12 +36,20 @@ from seqpack.io.shards import (
     arrow_to_rows,
     manifest_record,
     rows_to_arrow,
-    sha256_file,
     shard_bounds,
     write_shard_file,
 )
+from seqpack.io.verify import (
+    DEPTHS,
+    check_checksums,
+    check_contents,
+    check_manifest,
+    check_shard,
+    check_table,
+)
 
 
+@claims_output
 def write_packed(
     rows: CompactRows,
     out: str | Path,
@@ -53,6 +62,8 @@ def write_packed(
 ) -> dict[str, Any]:
     """Write ``rows`` as a packed directory at ``out`` atomically; return the manifest.
 
+    The output path is claimed first (:func:`seqpack.io.atomic.claim_output`:
+    locked for this writer, leftovers of killed runs recovered, checked).
     Shards and the manifest go to a hidden sibling ``.NAME.seqpack-tmp-*``,
     each fsynced, and the folder is renamed to ``out`` only when complete.
     On any failure the temporary folder is removed and a previous ``out`` is
@@ -85,7 +96,8 @@ def write_packed(
 
 
 def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` into ``tmp`` last, fsync, and rename ``tmp`` to ``out``.
+    """Write ``manifest`` into ``tmp`` last, fsync, and rename ``tmp`` to ``out``
+    (which the caller holds: :func:`seqpack.io.atomic.claim_output`).
 
     Files in ``tmp`` that the manifest does not list (e.g. parts left by a
     crashed writer) are removed first. On failure ``tmp`` is removed and a
@@ -101,7 +113,7 @@ def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        publish(tmp, out)
+        held_claim(out).publish(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -124,6 +136,7 @@ class PackedStore:
         self.capacity = int(manifest["config"]["capacity"])
         self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
         self.num_rows = int(manifest["rows"])
+        self.occurrences = int(manifest["occurrences"])
         self.shards = manifest["shards"]
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
@@ -157,6 +170,7 @@ class PackedStore:
                     f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
                     " pack again"
                 ) from None
+            check_table(table, str(file))
             rows = arrow_to_rows(
                 table,
                 capacity=self.capacity,
@@ -164,6 +178,7 @@ class PackedStore:
                 binding=self.binding,
                 where=str(file),
             )
+            check_shard(rows, self.shards[k], self.occurrences, str(file))
             self._cached = (k, rows)
         return self._cached[1]
 
@@ -198,6 +213,7 @@ def _open_manifest(path: Path) -> PackedStore:
             f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
             f" this seqpack reads {FORMAT!r} version {VERSION} — pack it again with this version"
         )
+    check_manifest(manifest, path)  # every number agrees with the others before it is used
     try:
         store = PackedStore(path, manifest)
         for shard in store.shards:
@@ -219,20 +235,26 @@ def load_packed(
     path: str | Path,
     expected_binding: Binding | None = None,
     *,
-    verify: bool = True,
+    verify: bool | str = True,
     expected_partition: Partition | str | None = None,
 ) -> PackedStore:
     """Open a packed directory, checking its manifest, shards, checksums and binding.
 
-    Raises :class:`~seqpack.core.errors.InvalidInput` for a missing, malformed or
-    damaged output (a shard changed, truncated or missing: its size and
-    sha256 differ from the manifest's), :class:`~seqpack.core.errors.BindingMismatch`
+    ``verify`` (see :mod:`seqpack.io.verify`): ``True`` checks the manifest
+    and every shard's size and sha256; ``"full"`` also decodes every shard
+    now and holds it against the manifest; ``False`` checks the manifest
+    only. At every depth a shard is checked against its manifest entry
+    when it is read. Raises :class:`~seqpack.core.errors.InvalidInput` for a
+    missing, malformed, damaged or edited output (naming what disagrees),
+    :class:`~seqpack.core.errors.BindingMismatch`
     when ``expected_binding`` differs from the manifest's and
     :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
     Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
     refused even when they hold a manifest.
     """
     path = Path(path)
+    if verify not in DEPTHS:
+        raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
     if not (path / MANIFEST).is_file():
         raise InvalidInput(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
@@ -245,29 +267,9 @@ def load_packed(
             " the next seqpack pack there removes it"
         )
     store = _open_manifest(path)
-    mpath = path / MANIFEST
-    expected_first = 0
-    for shard in store.shards:
-        file = path / shard["file"]
-        if shard["first_row"] != expected_first or shard["first_row"] % store.max_rows_per_batch:
-            raise InvalidInput(
-                f"{mpath}: shard {shard['file']} starts at an unexpected row — the manifest was"
-                " changed; pack again"
-            )
-        expected_first += shard["rows"]
-        if not file.is_file():
-            raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
-        if verify and (
-            file.stat().st_size != shard["bytes"] or sha256_file(file) != shard["sha256"]
-        ):
-            raise InvalidInput(
-                f"{file}: checksum mismatch (size or sha256 differs from the manifest) — the"
-                " file was changed, truncated or damaged; pack again"
-            )
-    if expected_first != store.num_rows:
-        raise InvalidInput(
-            f"{mpath}: shards hold {expected_first} rows, not {store.num_rows} — the manifest"
-            " was changed; pack again"
-        )
+    if verify:
+        check_checksums(store.manifest, path)
+    if verify == "full":
+        check_contents(store.manifest, store.shard_rows, path)
     store.require(expected_binding, expected_partition)
     return store

@@ -152,7 +152,9 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
     """``"bytes"`` (built-in) or a local path; never downloads.
 
     - a ``*.json`` file: a ``tokenizers`` tokenizer (``tokenizer.json``);
-    - a folder with ``tokenizer_config.json``: ``transformers.AutoTokenizer``;
+    - a folder with ``tokenizer_config.json``: ``transformers.AutoTokenizer``, with
+      ``trust_remote_code=False`` (a folder whose tokenizer is Python code of its
+      own is refused, never run, never asked about);
     - a folder with only ``tokenizer.json``: a ``tokenizers`` tokenizer.
     """
     if str(spec) == "bytes":
@@ -172,8 +174,18 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
                 "loading a transformers tokenizer needs `pip install seqpack[hf]`"
             ) from err
         try:
-            backend = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            # trust_remote_code=False: never run the folder's Python code (an ``auto_map``)
+            # and never ask about it on stdin, which transformers does when it is unset.
+            backend = AutoTokenizer.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=False
+            )
         except Exception as err:  # transformers raises many kinds on a damaged folder
+            if "auto_map" in (path / "tokenizer_config.json").read_text(errors="replace"):
+                raise InvalidInput(
+                    f"the tokenizer in {path} needs the Python code its tokenizer_config.json"
+                    " names (auto_map); seqpack never runs a tokenizer folder's code — save it"
+                    " with a built-in tokenizer class, or pass its tokenizer.json"
+                ) from None
             why = " ".join(str(err).split())
             raise InvalidInput(
                 f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"

@@ -1,9 +1,10 @@
 """Block-causal attention over a packed layout, behind one small interface.
 
 Every backend computes, for each head, ``softmax(q k^T * scale)`` over the
-keys that :func:`seqpack.permission.allowed_key` permits and mixes ``v``;
+keys that :func:`seqpack.core.permission.permitted` allows and mixes ``v``;
 an inactive (padding) query gets a zero mixture, never NaN, and no gradient
-reaches padding or another segment.
+reaches padding or another segment. ``window`` (sliding-window attention,
+``None`` = unbounded) limits each query to its last ``window`` positions.
 
 Shapes follow ``F.scaled_dot_product_attention``::
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput, NotAvailable
+from seqpack.core.permission import check_window, key_bounds, pairwise
 
 
 @dataclass(eq=False)
@@ -78,29 +80,56 @@ class AttentionLayout:
             lengths=np.diff(cu.cu_seqlens).astype(np.int64),
         )
 
-    def dense_mask(self) -> torch.Tensor:
-        """The permission predicate as a bool (R, T, T) mask (cached)."""
-        if "dense_mask" not in self.cache:
-            same = self.segments[:, :, None] == self.segments[:, None, :]
-            causal = self.positions[:, None, :] <= self.positions[:, :, None]
-            both = self.valid[:, :, None] & self.valid[:, None, :]
-            self.cache["dense_mask"] = same & causal & both
-        return self.cache["dense_mask"]
+    def _cached(self, name: str, window: int | None, build: Callable[[], Any]) -> Any:
+        key = f"{name}:{window}"
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
 
-    def range_mask(self) -> torch.Tensor:
-        """Key ``k`` in ``[key_starts[q], key_ends[q])`` as a bool (R, T, T) mask (cached)."""
-        if "range_mask" not in self.cache:
+    def key_bounds(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's permitted key columns ``[starts, ends)``, int64 (R, T) (cached)."""
+        window = check_window(window)
+        if window is None:
+            return self.key_starts, self.key_ends
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            cols = torch.arange(self.shape[1], device=self.valid.device).expand_as(self.positions)
+            return key_bounds(self.valid, self.positions, cols, window)
+
+        return self._cached("key_bounds", window, build)
+
+    def dense_mask(self, window: int | None = None) -> torch.Tensor:
+        """The permission predicate as a bool (R, T, T) mask (cached per window)."""
+        window = check_window(window)
+        return self._cached(
+            "dense_mask",
+            window,
+            lambda: pairwise(self.valid, self.segments, self.positions, window),
+        )
+
+    def range_mask(self, window: int | None = None) -> torch.Tensor:
+        """Key ``k`` inside :meth:`key_bounds` of query ``q``, bool (R, T, T) (cached)."""
+        starts, ends = self.key_bounds(window)
+
+        def build() -> torch.Tensor:
             keys = torch.arange(self.shape[1], device=self.valid.device)
-            inside = (keys >= self.key_starts[:, :, None]) & (keys < self.key_ends[:, :, None])
-            self.cache["range_mask"] = inside
-        return self.cache["range_mask"]
+            return (keys >= starts[:, :, None]) & (keys < ends[:, :, None])
+
+        return self._cached("range_mask", check_window(window), build)
 
 
-Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionLayout, float], torch.Tensor]
+#: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D); a backend
+#: without windows may omit ``window`` (it is passed only when one is set).
+Backend = Callable[..., torch.Tensor]
 
 
 def ranges_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Reference: softmax over each query's key range; inactive queries skip softmax.
 
@@ -109,8 +138,9 @@ def ranges_attention(
     gradient), and a query with an empty range is replaced by a zero row
     *before* softmax so no NaN is ever formed.
     """
-    inside = layout.range_mask()[:, None]  # (R, 1, T, T)
-    active = (layout.key_ends > layout.key_starts)[:, None, :, None]  # (R, 1, T, 1)
+    starts, ends = layout.key_bounds(window)
+    inside = layout.range_mask(window)[:, None]  # (R, 1, T, T)
+    active = (ends > starts)[:, None, :, None]  # (R, 1, T, 1)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (R, H, T, T)
     scores = scores.masked_fill(~inside, float("-inf"))
     scores = scores.masked_fill(~active, 0.0)  # inactive rows: finite, then zeroed
@@ -119,14 +149,19 @@ def ranges_attention(
 
 
 def dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with the boolean (R, 1, T, T) permission mask.
 
     Computes the whole ``R*T^2`` rectangle per head; a query whose mask row
     is all False returns exact zeros (checked in the tests).
     """
-    mask = layout.dense_mask()[:, None]
+    mask = layout.dense_mask(window)[:, None]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out * layout.valid[:, None, :, None]
 
@@ -157,8 +192,12 @@ def attention(
     batch: PackedBatch | AttentionLayout,
     backend: str = "ranges",
     scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Block-causal attention of ``q, k, v`` (R, H, T, D) under ``batch``'s permission.
+
+    ``window``: each query sees at most its last ``window`` positions
+    (``None``: the whole causal prefix of its example).
 
     ``backend``: ``"ranges"`` (reference), ``"dense"``, and, registered by
     ``seqpack.nn``, ``"varlen"``, ``"flex"``, ``"flash"`` and ``"auto"``
@@ -183,7 +222,11 @@ def attention(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must match q {tuple(q.shape)}"
         )
     fn = resolve_backend(backend, q)
-    return fn(q, k, v, layout, scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    window = check_window(window)
+    if window is None:  # backends written before windows take (q, k, v, layout, scale)
+        return fn(q, k, v, layout, scale)
+    return fn(q, k, v, layout, scale, window=window)
 
 
 __all__ = [

@@ -43,10 +43,15 @@ def choose_backend(q: torch.Tensor) -> str:
 
 
 def auto_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Dispatch to :func:`choose_backend`'s pick; ``q, k, v, out`` (R, H, T, D)."""
-    return BACKENDS[choose_backend(q)](q, k, v, layout, scale)
+    return BACKENDS[choose_backend(q)](q, k, v, layout, scale, window=window)
 
 
 register_backend("auto", auto_attention)

@@ -14,7 +14,9 @@ Kernel, in order of preference:
 
 Both take float16 / bfloat16 on a CUDA device only; anything else raises
 :class:`NotAvailable` saying what to use instead. Nothing is imported
-until the backend is called.
+until the backend is called. A ``window`` is the kernels' own
+``window_size=(window - 1, 0)``: a query sees itself and ``window - 1``
+earlier tokens of its segment, the predicate's ``0 <= lag < window``.
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 Tensor = torch.Tensor
-Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, int, float], Tensor]
+Kernel = Callable[..., Tensor]
 
 
 @functools.cache
 def flash_kernel() -> tuple[str, Kernel]:
     """``(name, fn)`` of the varlen flash kernel on this machine, or :class:`NotAvailable`.
 
-    ``fn(q, k, v, cu_seqlens, max_seqlen, scale)`` takes tokens ``(N, H, D)``
-    and causal segments; returns ``(N, H, D)``.
+    ``fn(q, k, v, cu_seqlens, max_seqlen, scale, window=None)`` takes tokens
+    ``(N, H, D)`` and causal segments; returns ``(N, H, D)``.
     """
     if not torch.cuda.is_available():
         raise NotAvailable(
@@ -52,9 +54,10 @@ def flash_kernel() -> tuple[str, Kernel]:
     if importlib.util.find_spec("flash_attn") is not None:
         from flash_attn import flash_attn_varlen_func
 
-        def flash_attn_kernel(q, k, v, cu, max_len, scale):  # type: ignore[no-untyped-def]
+        def flash_attn_kernel(q, k, v, cu, max_len, scale, window=None):  # type: ignore[no-untyped-def]
+            band = {} if window is None else {"window_size": (window - 1, 0)}
             return flash_attn_varlen_func(
-                q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True
+                q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True, **band
             )
 
         return "flash-attn", flash_attn_kernel
@@ -71,11 +74,19 @@ def flash_kernel() -> tuple[str, Kernel]:
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     takes_scale = "scale" in params
 
-    def torch_kernel(q, k, v, cu, max_len, scale):  # type: ignore[no-untyped-def]
+    def torch_kernel(q, k, v, cu, max_len, scale, window=None):  # type: ignore[no-untyped-def]
+        band = causal
+        if window is not None:
+            if "window_size" not in params:
+                raise NotAvailable(
+                    f"torch {torch.__version__} varlen_attn takes no window_size;"
+                    " install flash-attn or use backend='varlen' for sliding-window attention"
+                )
+            band = {"window_size": (window - 1, 0)}
         if takes_scale:
-            return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal)
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **band)
         q = q * (scale * q.shape[-1] ** 0.5)
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **causal)
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **band)
 
     return "torch-varlen", torch_kernel
 
@@ -113,7 +124,12 @@ def token_slots(layout: AttentionLayout) -> torch.Tensor:
 
 
 def flash_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Varlen flash attention; ``q, k, v, out`` (R, H, T, D), zeros at padding queries."""
     check_flash(q)
@@ -126,7 +142,7 @@ def flash_attention(
         flat = x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1])
         return flat.index_select(0, layout.valid_index)
 
-    out = fn(tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale)
+    out = fn(tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale, window)
     out = torch.cat([out.new_zeros(1, heads, out.shape[-1]), out]).index_select(
         0, token_slots(layout)
     )  # (R*T, H, D)

@@ -1,11 +1,12 @@
 """``flex``: PyTorch FlexAttention with a ``BlockMask`` built from the permission predicate.
 
-The ``mask_mod`` *is* :func:`seqpack.permission.allowed_key` written over
-the layout's tensors: both cells valid, same segment, key position no later
-than the query's. ``create_block_mask`` evaluates it once per layout
-(cached in ``AttentionLayout.cache``); the compiled kernel then skips every
-128x128 tile with no permitted edge and masks the partial ones. Fixture
-row 0 (A = columns 0-2, B = 3-4, padding at 5) is one partial tile in which
+The ``mask_mod`` *is* :func:`seqpack.core.permission.permitted` applied to
+the layout's tensors at ``(b, q_idx)`` and ``(b, kv_idx)``: both cells
+valid, same segment, ``0 <= pos[q] - pos[k] < window``.
+``create_block_mask`` evaluates it once per layout and window (cached in
+``AttentionLayout.cache``); the compiled kernel then skips every 128x128
+tile with no permitted edge and masks the partial ones. Fixture row 0 (A =
+columns 0-2, B = 3-4, padding at 5) is one partial tile in which
 ``mask_mod`` permits A's 6 and B's 3 causal edges and nothing else.
 
 Constraints (checked before any kernel runs, each a :class:`NotAvailable`
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 
 from seqpack.core.errors import NotAvailable
+from seqpack.core.permission import check_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Dtypes the fused FlexAttention kernel accepts (CPU and CUDA).
@@ -60,33 +62,44 @@ def _compiled_flex() -> Any:
     return torch.compile(_flex_module().flex_attention, dynamic=False, fullgraph=True)
 
 
-def permission_mod(valid: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor) -> Any:
-    """:func:`seqpack.permission.allowed_key` as a FlexAttention ``mask_mod`` on (R, T) tensors."""
+def permission_mod(
+    valid: torch.Tensor,
+    segments: torch.Tensor,
+    positions: torch.Tensor,
+    window: int | None = None,
+) -> Any:
+    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T)."""
+    window = check_window(window)
 
-    def permitted(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return (
-            valid[b, q_idx]
-            & valid[b, kv_idx]
-            & (segments[b, q_idx] == segments[b, kv_idx])
-            & (positions[b, kv_idx] <= positions[b, q_idx])
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return permitted(
+            valid[b, q_idx],
+            valid[b, kv_idx],
+            segments[b, q_idx],
+            segments[b, kv_idx],
+            positions[b, q_idx],
+            positions[b, kv_idx],
+            window,
         )
 
-    return permitted
+    return mask_mod
 
 
-def flex_block_mask(layout: AttentionLayout) -> Any:
+def flex_block_mask(layout: AttentionLayout, window: int | None = None) -> Any:
     """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
-    if "flex_block_mask" not in layout.cache:
+    window = check_window(window)
+    key = f"flex_block_mask:{window}"
+    if key not in layout.cache:
         rows, width = layout.shape
-        layout.cache["flex_block_mask"] = _flex_module().create_block_mask(
-            permission_mod(layout.valid, layout.segments, layout.positions),
+        layout.cache[key] = _flex_module().create_block_mask(
+            permission_mod(layout.valid, layout.segments, layout.positions, window),
             rows,
             None,
             width,
             width,
             device=layout.valid.device,
         )
-    return layout.cache["flex_block_mask"]
+    return layout.cache[key]
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
@@ -104,13 +117,18 @@ def check_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def flex_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """FlexAttention over ``flex_block_mask(layout)``; ``q, k, v, out`` (R, H, T, D)."""
     check_flex(q, k, v)
     if not needs_grad(q, k, v):  # FlexAttention refuses CPU inputs that merely require grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    block_mask = flex_block_mask(layout)
+    block_mask = flex_block_mask(layout, window)
     if q.dtype in COMPILED_DTYPES:
         try:
             out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)

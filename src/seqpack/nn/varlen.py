@@ -25,6 +25,13 @@ backends"). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the flat
 All index tensors are built once per layout (:func:`varlen_plan`, cached in
 ``AttentionLayout.cache``) and reused by every layer; a call costs one gather
 of ``q, k, v``, one SDPA per group and one gather back.
+
+With a ``window`` shorter than a group's ``L``, that group's call takes the
+``(L, L)`` band of :func:`~seqpack.core.permission.permitted` over local
+positions ``0..L-1`` as its boolean mask instead of ``is_causal`` (a group
+no longer than the window is plain causal attention). The same plan serves
+``cu_seqlens`` alone (:func:`segment_plan`): the registered ``transformers``
+attention function (:mod:`seqpack.hf.attention`) runs on it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from seqpack.core.errors import InvalidInput
+from seqpack.core.permission import check_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Bucketing policies: one call per segment, one per distinct length (the
@@ -115,16 +123,22 @@ def group_segments(
     return groups[::-1]
 
 
-def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
-    """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
-    key = f"varlen:{bucketing}"
-    if key in layout.cache:
-        return layout.cache[key]
-    rows, width = layout.shape
-    lengths = layout.lengths
-    cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
-    starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each segment's position 0
-    scatter = np.zeros(rows * width, dtype=np.int64)
+def segment_plan(
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    cells: int,
+    device: torch.device | str | None = None,
+    bucketing: str = "exact",
+) -> VarlenPlan:
+    """Gather/scatter plan of segments ``[starts[s], starts[s] + lengths[s])`` of ``cells``.
+
+    ``starts``, ``lengths`` int64 (S,): each segment's first flat cell and
+    length (contiguous cells; positions ``0..l-1``); cells outside every
+    segment read the zero row.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    scatter = np.zeros(cells, dtype=np.int64)
     gather_parts, groups = [], []
     offset = 0
     for members in group_segments(lengths, bucketing):
@@ -137,15 +151,73 @@ def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan
         scatter[(first + steps)[real]] = slot[real] + 1
         groups.append((n, size))
         offset += n * size
-    device = layout.valid.device
     gather = np.concatenate(gather_parts) if gather_parts else np.zeros(0, dtype=np.int64)
-    plan = VarlenPlan(
+    return VarlenPlan(
         gather=torch.as_tensor(gather, device=device),
         scatter=torch.as_tensor(scatter, device=device),
         groups=tuple(groups),
     )
-    layout.cache[key] = plan
-    return plan
+
+
+def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
+    """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
+    key = f"varlen:{bucketing}"
+    if key not in layout.cache:
+        rows, width = layout.shape
+        cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
+        starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each position 0
+        layout.cache[key] = segment_plan(
+            starts, layout.lengths, rows * width, layout.valid.device, bucketing
+        )
+    return layout.cache[key]
+
+
+def band_mask(size: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """bool (L, L): :func:`~seqpack.core.permission.permitted` inside one segment of ``size``."""
+    pos = torch.arange(size, device=device)
+    live = torch.ones(size, dtype=torch.bool, device=device)
+    seg = torch.zeros(size, dtype=torch.int64, device=device)
+    return permitted(live[:, None], live, seg[:, None], seg, pos[:, None], pos, window)
+
+
+def segment_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: VarlenPlan,
+    scale: float,
+    window: int | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention inside each segment of ``plan``, over tokens.
+
+    ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) where ``Hkv`` divides ``H``
+    (grouped-query attention). Returns ``(N, H, Dv)``
+    with zeros at cells outside every segment.
+    """
+    window = check_window(window)
+    heads, dim_v = q.shape[1], v.shape[-1]
+    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
+    # One gather per tensor, split into groups: split's backward is a single
+    # cat, where narrowing each group would zero-fill a full-size gradient per call.
+    sizes = [n * size for n, size in plan.groups]
+    parts = zip(
+        *(x.index_select(0, plan.gather).split(sizes) for x in (q, k, v)), plan.groups, strict=True
+    )
+    outs = [v.new_zeros(1, heads, dim_v)]  # the zero row read by cells outside segments
+    for qg, kg, vg, (n, size) in parts:
+
+        def block(x: torch.Tensor, n: int = n, size: int = size) -> torch.Tensor:
+            return x.view(n, size, x.shape[1], x.shape[-1]).transpose(1, 2)  # (n, H, L, D)
+
+        mask = {"is_causal": True}
+        if window is not None and size > window:
+            mask = {"attn_mask": band_mask(size, window, q.device)}
+        o = F.scaled_dot_product_attention(
+            block(qg), block(kg), block(vg), dropout_p=dropout, scale=scale, **mask, **gqa
+        )
+        outs.append(o.transpose(1, 2).reshape(n * size, heads, dim_v))  # (n*L, H, Dv)
+    return torch.cat(outs).index_select(0, plan.scatter)
 
 
 def varlen_attention(
@@ -155,30 +227,16 @@ def varlen_attention(
     layout: AttentionLayout,
     scale: float,
     bucketing: str = "exact",
+    window: int | None = None,
 ) -> torch.Tensor:
     """Block-causal attention computed per segment group; ``q, k, v, out`` (R, H, T, D)."""
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
 
-    def slots(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (P, H, D)
-        flat = x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1])
-        return flat.index_select(0, plan.gather)
+    def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (R*T, H, D)
+        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
 
-    # One gather per tensor, split into groups: split's backward is a single
-    # cat, where narrowing each group would zero-fill a full-size gradient per call.
-    sizes = [n * size for n, size in plan.groups]
-    parts = zip(*(slots(x).split(sizes) for x in (q, k, v)), plan.groups, strict=True)
-    outs = [v.new_zeros(1, heads, v.shape[-1])]  # the zero row read by padding cells
-    for qg, kg, vg, (n, size) in parts:
-
-        def block(x: torch.Tensor, n: int = n, size: int = size) -> torch.Tensor:
-            return x.view(n, size, heads, x.shape[-1]).transpose(1, 2)  # (n, H, L, D)
-
-        o = F.scaled_dot_product_attention(
-            block(qg), block(kg), block(vg), is_causal=True, scale=scale
-        )
-        outs.append(o.transpose(1, 2).reshape(n * size, heads, v.shape[-1]))  # (n*L, H, D)
-    out = torch.cat(outs).index_select(0, plan.scatter)  # (R*T, H, D)
+    out = segment_attention(tokens(q), tokens(k), tokens(v), plan, scale, window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 
 

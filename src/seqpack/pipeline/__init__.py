@@ -8,8 +8,8 @@ module                 holds
 ``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`
 ``stats``              :func:`stats_path` (``seqpack stats``), policy comparison
 ``plot``               the statistics figure
-``report``             repeated ids, the statistics a run returns
-``manifest``           the packed directory's ``manifest.json``, one builder
+``report``             repeated ids, counted exactly
+``progress``           status lines and progress bars on stderr
 =====================  =========================================================
 
 Names are loaded on first use (the package needs pyarrow).

@@ -20,10 +20,10 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.io.atomic import recover_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.readers import read_documents
-from seqpack.io.store import check_output, write_packed
+from seqpack.io.store import write_packed
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.pipeline.budget import check_budget, packing_bytes
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
@@ -103,12 +103,20 @@ def pack_path(
     (hidden folders of killed runs cleaned up at ``out``, see
     :func:`seqpack.io.atomic.recover_output`). ``max_metadata_bytes`` bounds
     :func:`packing_bytes` plus one padded model call, checked before planning.
+    ``out`` is held from its first check to publication: a second writer at
+    the same path is refused, naming this one.
     """
-    started = time.perf_counter()
     opts = PackOptions.of(options, **overrides)
+    with claim_output(out, opts.overwrite) as claim:
+        return pack_claimed(source, claim, opts)
+
+
+def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> dict[str, Any]:
+    """:func:`pack_path`'s work, holding the output path (``claim``, see
+    :func:`seqpack.io.claim.claim_output`) from the first check to publication."""
+    started = time.perf_counter()
     config = PackConfig(opts.capacity, opts.max_rows_per_batch)
-    recovered = recover_output(out)
-    out = check_output(out, opts.overwrite)
+    out = claim.path
     show = opts.show_progress(sys.stderr)
     say = status(show)
     tok = opts.load_tokenizer()
@@ -149,7 +157,7 @@ def pack_path(
         | {
             "shards": len(manifest["shards"]),
             "out": str(out),
-            "recovered": recovered,
+            "recovered": claim.notes,
             "seconds": time.perf_counter() - started,
         }
     )

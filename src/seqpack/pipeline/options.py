@@ -27,7 +27,7 @@ from typing import Any
 
 from seqpack.core import budget
 from seqpack.core.binding import INT32_MAX, Partition
-from seqpack.core.checks import parse_byte_size, parse_option, positive_int
+from seqpack.core.checks import parse_byte_size, parse_int, parse_option, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer
@@ -66,7 +66,7 @@ class PackOptions:
     )
     policy: str = field(
         default=DEFAULT_POLICY,
-        metadata=flag("--policy", "packing policy (default: %(default)s)"),
+        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY})"),
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -170,7 +170,7 @@ class PackOptions:
         """
         if "split_long_sources" in overrides:
             warnings.warn(
-                "split_long= is now split_long= (PackOptions.split_long)",
+                "split_long_sources= is now split_long= (PackOptions.split_long)",
                 DeprecationWarning,
                 stacklevel=3,
             )
@@ -202,8 +202,9 @@ class PackOptions:
         }
 
 
-#: How command-line text becomes a field's value (fields not listed keep argparse's
-#: ``type``; their range is checked by the options class, as for any caller).
+#: How command-line text becomes a field's value. A field whose flag says ``type=int``
+#: is read by :func:`~seqpack.core.checks.parse_int` (whole numbers only: no ``inf``,
+#: ``nan``, ``1e3``); its range is checked by the options class, as for any caller.
 _PARSERS: dict[str, Callable[[str, str], Any]] = {"max_metadata_bytes": parse_byte_size}
 
 
@@ -214,19 +215,22 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
         if meta.get("flag") is None or command not in meta["commands"]:
             continue
         kwargs = dict(meta["argparse"])
-        if f.name in _PARSERS:
-            parse = _PARSERS[f.name]
-            kwargs["type"] = _argparse_type(parse, meta["flag"])
+        parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
+        if parse is not None:
+            kwargs["type"] = argparse_type(parse, meta["flag"])
         parser.add_argument(meta["flag"], dest=f.name, help=meta["help"], **kwargs)
 
 
-def _argparse_type(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
+def argparse_type(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
+    """``parse(text, flag)`` as an argparse ``type=``: its one-line message on refusal."""
+
     def convert(text: str) -> Any:
         try:
             return parse(text, flag)
         except InvalidInput as err:
             raise argparse.ArgumentTypeError(str(err)) from None
 
+    convert.__name__ = getattr(parse, "__name__", "value")
     return convert
 
 

@@ -1,13 +1,53 @@
-"""The ``seqpack stats --plot`` figure: length histogram and row fill per policy."""
+"""The ``seqpack stats --plot`` figure: length histogram and row fill per policy.
+
+:func:`check_plot_path` runs before any input is read, so a path matplotlib
+cannot write (an unknown format, a folder, an unwritable place) is one line,
+not a traceback after the planning.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.plan import Plan
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` when matplotlib can write a figure there; else :class:`InvalidInput`.
+
+    The suffix must name a format matplotlib writes (``.png``, ``.svg``,
+    ``.pdf``...); the path must not be a folder; its nearest existing parent
+    must be a writable folder (missing folders are created when drawing).
+    """
+    out = Path(path)
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as err:
+        raise NotAvailable("--plot needs matplotlib: pip install 'seqpack[plot]'") from err
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise InvalidInput(
+            f"--plot {str(path)!r}: {f'.{suffix} is not' if suffix else 'no suffix names'} an"
+            " image format matplotlib writes — end the path with one of"
+            f" {', '.join('.' + f for f in sorted(formats))} (e.g. stats.png)"
+        )
+    if out.is_dir():
+        raise InvalidInput(f"--plot {str(path)!r} is a folder — name an image file in it")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidInput(
+            f"--plot {str(path)!r}: cannot write under {str(parent)!r} (not a writable folder)"
+            " — choose another path"
+        )
+    return out
 
 
 def plot_stats(lengths: np.ndarray, plans: Sequence[Plan], capacity: int, path: str | Path) -> Path:

@@ -16,7 +16,7 @@ from seqpack.core.policies import POLICIES, plan_rows
 from seqpack.io.documents import Documents
 from seqpack.io.readers import read_documents
 from seqpack.pipeline.options import PackOptions
-from seqpack.pipeline.plot import plot_stats
+from seqpack.pipeline.plot import check_plot_path, plot_stats
 from seqpack.pipeline.report import duplicate_report
 
 
@@ -60,6 +60,8 @@ def stats_path(
 ) -> dict[str, Any]:
     """Rows, lower bound, efficiency and planning time of every policy; no rows written."""
     opts = PackOptions.of(options, **overrides)
+    if plot is not None:
+        check_plot_path(plot)
     capacity = opts.capacity
     docs = read_documents(
         source,

@@ -1,17 +1,21 @@
-"""Pack Parquet shards on Ray: the local pipeline, one block at a time, across machines.
+"""Tokenize and pack on Ray: the local pipeline, one block at a time, across machines.
 
 ::
 
-    seqpack pack shards/ --engine ray --capacity 4096 --out packed/ [--ray-address auto]
+    seqpack pack texts/ --engine ray --tokenizer tok.json --capacity 4096 --out packed/ \
+        [--ray-address auto]
 
-The input is cut into *blocks* of consecutive examples in input order (files
-in sorted name order, rows in file order): one input shard per block by
-default, or ``block_examples`` examples per block. Two kinds of Ray task do
-the work, on Arrow tables throughout:
+The input — Parquet or JSON Lines shards of token ids or text, or a
+``ray.data.Dataset`` — is cut into *blocks* of consecutive examples in input
+order (files in sorted name order, rows in file order): one input shard per
+block by default, or ``block_examples`` examples per block (a JSON Lines
+block is a line range the driver located with one scan). Two kinds of Ray
+task do the work, on Arrow tables throughout:
 
-1. **plan**, one per block: read the block's rows, check them exactly as the
-   local pipeline does (token ids against the binding, labels, a
-   ``partition`` column if present), plan them with the policy and
+1. **plan**, one per block: read the block's rows, tokenize them if they are
+   text (with the tokenizer the driver loaded and shipped), check them
+   exactly as the local pipeline does (token ids against the binding,
+   labels, a ``partition`` column if present), plan them with the policy and
    materialise compact rows — the local pipeline's output for that block
    alone, rows and occurrence ordinals numbered from 0;
 2. **write**, one per output shard: take the rows of one or more planned
@@ -31,7 +35,9 @@ Guarantees: the output depends only on the input, the block size and the
 policy (and its seed), never on the number of workers or the order tasks
 finish in. A task retried by Ray recomputes the same block or rewrites the
 same shard name whole; the manifest lists exactly the shards the driver laid
-out, and the driver checks that they hold every example once.
+out, and the driver checks that they hold every example once. The
+manifest's ``engine`` record says which node ran each block and how long it
+read, tokenized, planned and wrote (:mod:`seqpack.ray.report`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
-"""Blocks: consecutive runs of input rows, the unit a Ray task plans.
+"""Blocks: consecutive runs of input rows, the unit a Ray task reads, tokenizes and plans.
 
 A block is a list of :class:`Piece` (rows ``[start, stop)`` of one input):
-one whole Parquet shard by default, or ``block_examples`` rows cut across
+one whole input shard by default, or ``block_examples`` rows cut across
 shards (or across the tables of a materialised ``ray.data.Dataset``) by
-global row number. Blocks are laid out on the driver from Parquet footers or
-Dataset row counts only; the rows are read by the task that plans them,
-as Arrow tables.
+global row number. Blocks are laid out on the driver from Parquet footers,
+a line scan of JSON Lines files (:mod:`seqpack.ray.jsonl_blocks`) or
+Dataset row counts only; the rows are read by the task that plans them, as
+Arrow tables.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ import pyarrow.parquet as pq
 from seqpack.core.errors import InvalidInput
 from seqpack.io.columns import COLUMNS
 from seqpack.io.documents import Origin
+from seqpack.ray.jsonl_blocks import LineIndex, LineRange, read_jsonl_range, scan_jsonl
 
 if TYPE_CHECKING:
     import ray.data
@@ -33,13 +36,23 @@ PARTITION_COLUMN = "partition"
 
 @dataclass(frozen=True)
 class Piece:
-    """Rows ``[start, stop)`` of one input (a Parquet file, or a table passed to the task);
-    errors call its first row ``label_start`` of ``name``."""
+    """Rows ``[start, stop)`` of one input (a Parquet or JSON Lines file, or a table passed
+    to the task); errors call its first row ``label_start`` of ``name``.
+
+    ``lines`` (JSON Lines only): where the records ``[start, stop)`` lie in
+    the file, so the task reads only those bytes.
+    """
 
     name: str
     start: int
     stop: int
     label_start: int
+    lines: LineRange | None = None
+
+    @property
+    def unit(self) -> str:
+        """How errors count this piece's rows: file ``line`` or ``row``."""
+        return "row" if self.lines is None else "line"
 
 
 @dataclass(frozen=True)
@@ -98,11 +111,15 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
 
 
 def read_piece(piece: Piece, text_field: str) -> pa.Table:
-    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them.
+    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them
+    (or, for JSON Lines, only the piece's bytes).
 
     Ray's tensor types are registered first (when Ray is installed), so a
     file written from numpy batches reads back as them and is unwrapped.
     """
+    if piece.lines is not None:
+        table = read_jsonl_range(piece.name, piece.lines, piece.stop - piece.start)
+        return plain_columns(table, text_field)
     with contextlib.suppress(ImportError):
         import ray.data  # noqa: F401
     try:
@@ -149,27 +166,39 @@ def block_origin(block: Block) -> Origin:
     """Names row ``i`` of the block by its file (or dataset) row; needs no reading."""
     origin, offset = [], 0
     for p in block.pieces:
-        origin.append((p.name, offset - p.label_start, "row"))
+        origin.append((p.name, offset - p.label_start, p.unit))
         offset += p.stop - p.start
     return Origin(tuple(origin))
 
 
-def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
-    """Blocks over a ``.parquet`` file or a folder of them (sorted names), from the footers."""
+def input_files(source: Path) -> tuple[list[Path], str]:
+    """The shards of ``source`` and their kind (``parquet`` or ``jsonl``), as the local reader
+    picks them: a folder's ``*.parquet`` (else ``*.jsonl``) files in sorted name order."""
     if source.is_dir():
-        files = sorted(source.glob("*.parquet"))
-        if not files:
-            raise InvalidInput(
-                f"{source} holds no *.parquet shards — the ray engine reads Parquet (convert"
-                " other inputs, or pass a ray.data.Dataset)"
-            )
-    elif source.suffix.lower() == ".parquet":
-        files = [source]
-    else:
+        for pattern, kind in (("*.parquet", "parquet"), ("*.jsonl", "jsonl")):
+            files = sorted(source.glob(pattern))
+            if files:
+                return files, kind
         raise InvalidInput(
-            f"{source}: the ray engine reads a .parquet file or a folder of Parquet shards"
-            " (or a ray.data.Dataset) — use --engine local for other inputs"
+            f"{source} holds no *.parquet or *.jsonl shards — the ray engine reads Parquet or"
+            " JSON Lines shards (or a ray.data.Dataset); pack other inputs with --engine local"
         )
+    suffix = source.suffix.lower()
+    if suffix == ".parquet":
+        return [source], "parquet"
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return [source], "jsonl"
+    raise InvalidInput(
+        f"{source}: the ray engine reads a .parquet or .jsonl file or a folder of such shards"
+        " (or a ray.data.Dataset) — use --engine local for other inputs"
+    )
+
+
+def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
+    """Blocks over a file or a folder of shards, from Parquet footers or a JSON Lines scan."""
+    files, kind = input_files(source)
+    if kind == "jsonl":
+        return _number_blocks(jsonl_pieces(files, block_examples), from_files=True)
     counts = []
     for file in files:
         try:
@@ -181,6 +210,33 @@ def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
     else:
         pieces = cut_pieces([str(f) for f in files], counts, block_examples, local_labels=True)
     return _number_blocks(pieces, from_files=True)
+
+
+def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[Piece, ...]]:
+    """Pieces over JSON Lines files: one per file, or runs of ``block_examples`` records
+    across files, each with the byte range and first line the scan found for it."""
+    indexes: dict[str, LineIndex] = {}
+    total = 0
+    for file in files:
+        index = scan_jsonl(file, block_examples, total)
+        if index.first_byte == b"[":
+            raise InvalidInput(
+                f"{file} holds one JSON array, which is parsed whole — the ray engine reads JSON"
+                " Lines (one object per line); convert it, or pack it with --engine local"
+            )
+        if not index.records:
+            raise InvalidInput(f"{file} is empty: it holds no rows — nothing to pack")
+        indexes[str(file)] = index
+        total += index.records
+    names, counts = list(indexes), [ix.records for ix in indexes.values()]
+    if block_examples is None:
+        runs = [(Piece(n, 0, c, 0),) for n, c in zip(names, counts, strict=True)]
+    else:
+        runs = cut_pieces(names, counts, block_examples, local_labels=True)
+    return [
+        tuple(dataclasses.replace(p, lines=indexes[p.name].range(p.start, p.stop)) for p in run)
+        for run in runs
+    ]
 
 
 def cut_pieces(

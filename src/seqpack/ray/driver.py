@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +18,23 @@ import pyarrow as pa
 from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.core.policies import check_policy_options
-from seqpack.io.atomic import recover_output
+from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
-from seqpack.io.store import check_output, publish_packed, temp_output
+from seqpack.io.store import publish_packed, temp_output
 from seqpack.pipeline.options import PackOptions
 from seqpack.pipeline.progress import status
 from seqpack.pipeline.report import duplicate_report
 from seqpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
 from seqpack.ray.options import DEFAULT_BLOCK_EXAMPLES, RayOptions
-from seqpack.ray.shard_layout import RayTaskFailed, ShardLayout, check_written, merge_statistics
+from seqpack.ray.report import per_block, per_node, per_shard, split_entry
+from seqpack.ray.shard_layout import (
+    RayTaskFailed,
+    Shard,
+    ShardLayout,
+    check_written,
+    merge_statistics,
+)
 from seqpack.ray.tasks import Settings, plan_block, write_shard
 
 if TYPE_CHECKING:
@@ -79,6 +87,27 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.shutdown()
 
 
+@dataclass
+class TaskResults:
+    """What the tasks returned: block statistics (input order), the layout, the shards'
+    manifest entries and the shards they were written from, where each shard was
+    written, and every block's ids in input order."""
+
+    block_stats: list[dict[str, Any]]
+    layout: ShardLayout
+    entries: list[dict[str, Any]]
+    shards: list[Shard]
+    runs: list[dict[str, Any]]
+    ids: pa.Array
+
+
+def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``.options`` of the plan and write tasks: plan tasks spread over the nodes unless
+    ``remote_args`` names a ``scheduling_strategy`` (blocks are CPU-bound and read their
+    own input); write tasks keep Ray's default, which runs them near their rows."""
+    return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
+
+
 def run_tasks(
     ray: Any,
     blocks: list[Block],
@@ -87,17 +116,17 @@ def run_tasks(
     tmp: Path,
     remote_args: dict[str, Any],
     show: bool,
-) -> tuple[list[dict[str, Any]], ShardLayout, list[dict[str, Any]], pa.Array]:
-    """Plan every block, write shards as their rows become known; (block stats, layout,
-    shards, every block's ids in input order).
+) -> TaskResults:
+    """Plan every block, write shards as their rows become known.
 
     A task that raised a seqpack error re-raises it here unchanged; any other
     failure (out of retries, lost worker) is :class:`RayTaskFailed`.
     """
     from tqdm import tqdm
 
-    plan = ray.remote(plan_block).options(num_returns=2, **remote_args)
-    write = ray.remote(write_shard).options(**remote_args)
+    plan_args, write_args = task_options(remote_args)
+    plan = ray.remote(plan_block).options(num_returns=2, **plan_args)
+    write = ray.remote(write_shard).options(**write_args)
     shared = ray.put(settings)
     planned = [plan.remote(b, shared, *refs) for b, refs in zip(blocks, inputs, strict=True)]
     tables: list[Any] = [p[1] for p in planned]
@@ -107,6 +136,7 @@ def run_tasks(
     stats: dict[int, dict[str, Any]] = {}
     ids: dict[int, Any] = {}
     writes: list[Any] = []
+    shards: list[Shard] = []
     bar = tqdm(total=len(blocks), desc="seqpack: blocks", unit="block", disable=not show)
     try:
         while pending:
@@ -122,9 +152,10 @@ def run_tasks(
                     writes.append(
                         write.remote(str(tmp), shard.index, shard.first_row, spans, shared, *args)
                     )
+                    shards.append(shard)
                     for j in range(layout.consumed):
                         tables[j] = None  # the write tasks hold what they still need
-        entries = ray.get(writes)
+        written = [split_entry(entry) for entry in ray.get(writes)]
     except BaseException as err:
         for ref in [p[0] for p in planned] + writes:
             ray.cancel(ref)
@@ -137,7 +168,9 @@ def run_tasks(
     finally:
         bar.close()
     merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
-    return [stats[k] for k in range(len(blocks))], layout, entries, merged
+    block_stats = [stats[k] for k in range(len(blocks))]
+    entries, runs = [e for e, _ in written], [r for _, r in written]
+    return TaskResults(block_stats, layout, entries, shards, runs, merged)
 
 
 def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
@@ -159,22 +192,24 @@ def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
 def _manifest(
     options: PackOptions,
     binding: Binding,
-    layout: ShardLayout,
-    block_stats: list[dict[str, Any]],
-    shards: list[dict[str, Any]],
+    results: TaskResults,
     source: str,
     block_examples: int | None,
 ) -> dict[str, Any]:
-    """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record."""
+    """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record
+    (block layout, and where each block and shard ran: :mod:`seqpack.ray.report`)."""
+    layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
     receipt = options.split_id or split_digest(
         "seqpack-split-blocks", options.partition.value, *(s["split_id"] for s in block_stats)
     )
+    blocks = per_block(layout, block_stats, results.shards, results.runs)
+    shards = per_shard(results.shards, results.runs)
     return manifest_record(
         binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
         partition=options.partition,
         config=options.manifest_fields()["config"],
-        shards=shards,
+        shards=results.entries,
         rows=layout.rows,
         occurrences=layout.examples,
         policy=options.manifest_fields()["policy"],
@@ -186,21 +221,20 @@ def _manifest(
             "blocks": len(layout.blocks),
             "block_lower_bound": sum(s["lower_bound"] for s in block_stats),
             "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
-            "per_block": layout.blocks,
+            "nodes": per_node(blocks, shards),
+            "per_block": blocks,
+            "per_shard": shards,
         },
     )
 
 
-def _blocks(
-    ray: Any, source: str | Path | ray.data.Dataset, options: PackOptions, engine: RayOptions
-) -> tuple[list[Block], list[list[Any]], int | None]:
-    """The input cut into blocks; the block size actually used (None: one per shard)."""
-    if isinstance(source, (str, Path)):
-        blocks = file_blocks(Path(source), engine.block_examples)
-        return blocks, [[] for _ in blocks], engine.block_examples
+def _dataset_blocks(
+    ray: Any, source: ray.data.Dataset, options: PackOptions, engine: RayOptions
+) -> tuple[list[Block], list[list[Any]], int]:
+    """A Dataset cut into blocks (their input tables) and the block size used."""
     if not isinstance(source, ray.data.Dataset):
         raise InvalidInput(
-            "the ray engine reads a Parquet file, a folder of Parquet shards or a"
+            "the ray engine reads a Parquet or JSON Lines file, a folder of such shards or a"
             f" ray.data.Dataset, not a {type(source).__name__}"
         )
     size = engine.block_examples or DEFAULT_BLOCK_EXAMPLES
@@ -211,35 +245,22 @@ def _blocks(
     return blocks, inputs, size
 
 
-def pack(
-    source: str | Path | ray.data.Dataset,
-    out: str | Path,
-    options: PackOptions | None = None,
-    engine: RayOptions | None = None,
-    /,
-    **overrides: Any,
-) -> dict[str, Any]:
-    """Pack Parquet shards (or a ``ray.data.Dataset``) on Ray into the packed directory ``out``.
+def _file_blocks(source: str | Path, engine: RayOptions, say: Any) -> list[Block]:
+    """Blocks over input files, laid out before Ray starts (a bad input fails fast)."""
+    path = Path(source)
+    if not path.exists():
+        raise InvalidInput(f"input {str(source)!r} does not exist")
+    say(f"laying out blocks of {path}")
+    blocks = file_blocks(path, engine.block_examples)
+    if not blocks:
+        raise InvalidInput(f"{source} holds no rows — nothing to pack")
+    return blocks
 
-    ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
-    ``engine`` the Ray ones (:class:`~seqpack.ray.options.RayOptions`); keywords
-    override fields of either (``capacity=4096, block_examples=10_000``).
-    Statistics are :func:`seqpack.pipeline.local.pack_path`'s plus ``blocks``,
-    ``block_examples``, ``block_lower_bound`` and ``rows_over_lower_bound``
-    (rows / the global lower bound). ``max_metadata_bytes`` applies to each
-    block alone. Without ``split_id`` the split receipt digests the blocks'
-    digests in order, so it depends on the block layout: pin it when several
-    layouts must agree.
-    """
-    started = time.perf_counter()
-    _ray()  # say how to install it before anything else
-    opts, ray_opts = RayOptions.split(options, engine, **overrides)
-    check_policy_options(opts.policy, opts.policy_options, opts.capacity)
-    recovered = recover_output(out)
-    out = check_output(out, opts.overwrite)
-    say = status(opts.show_progress(sys.stderr))
+
+def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Settings]:
+    """The binding's vocabulary and tokenizer checks, now (its split receipt comes once the
+    blocks are read), and what every task gets: the options with the tokenizer loaded."""
     tok = opts.load_tokenizer()
-    # The vocabulary and tokenizer checks now; the split receipt once the blocks are read.
     binding = resolve_binding(
         NO_DOCUMENTS,
         opts.partition,
@@ -248,17 +269,58 @@ def pack(
         tokenizer_id=opts.tokenizer_id,
         split_id=opts.split_id or "pending",
     )
-    settings = Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
-    if isinstance(source, (str, Path)) and not Path(source).exists():
-        raise InvalidInput(f"input {str(source)!r} does not exist")
+    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
+
+
+def pack(
+    source: str | Path | ray.data.Dataset,
+    out: str | Path,
+    options: PackOptions | None = None,
+    engine: RayOptions | None = None,
+    /,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Pack Parquet or JSON Lines shards — token ids or text — (or a ``ray.data.Dataset``)
+    on Ray into the packed directory ``out``.
+
+    ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
+    ``engine`` the Ray ones (:class:`~seqpack.ray.options.RayOptions`); keywords
+    override fields of either (``capacity=4096, block_examples=10_000``).
+    Text is tokenized in the tasks, block by block, with the tokenizer the
+    driver loaded (shipped through the object store). Statistics are
+    :func:`seqpack.pipeline.local.pack_path`'s plus ``blocks``,
+    ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
+    (rows / the global lower bound) and ``nodes`` (how many Ray nodes ran
+    tasks). ``max_metadata_bytes`` applies to each block alone. Without
+    ``split_id`` the split receipt digests the blocks' digests in order, so
+    it depends on the block layout: pin it when several layouts must agree.
+    """
+    _ray()  # say how to install it before anything else
+    opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    check_policy_options(opts.policy, opts.policy_options, opts.capacity)
+    with claim_output(out, opts.overwrite) as claim:
+        return pack_claimed(source, claim, opts, ray_opts)
+
+
+def pack_claimed(
+    source: str | Path | ray.data.Dataset, claim: Claim, opts: PackOptions, ray_opts: RayOptions
+) -> dict[str, Any]:
+    """:func:`pack`'s work, holding the output path (``claim``) until it is published."""
+    started = time.perf_counter()
+    out = claim.path
+    say = status(opts.show_progress(sys.stderr))
+    binding, settings = _settings(opts, ray_opts)
+    files = isinstance(source, (str, Path))
+    blocks = _file_blocks(source, ray_opts, say) if files else []
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
-        blocks, inputs, block_examples = _blocks(ray, source, opts, ray_opts)
-        if not blocks:
-            raise InvalidInput(f"{source} holds no rows — nothing to pack")
-        say(f"planning {len(blocks):,} block(s) with {opts.policy} on Ray")
+        if files:
+            inputs, block_examples = [[] for _ in blocks], ray_opts.block_examples
+        else:
+            blocks, inputs, block_examples = _dataset_blocks(ray, source, opts, ray_opts)
+        say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
         tmp = temp_output(out)
         try:
-            block_stats, layout, shards, ids = run_tasks(
+            results = run_tasks(
                 ray,
                 blocks,
                 inputs,
@@ -267,9 +329,9 @@ def pack(
                 dict(ray_opts.remote_args),
                 opts.show_progress(sys.stderr),
             )
-            check_written(layout, shards, tmp)
-            name = str(source) if isinstance(source, (str, Path)) else "ray.data.Dataset"
-            manifest = _manifest(opts, binding, layout, block_stats, shards, name, block_examples)
+            check_written(results.layout, results.entries, tmp)
+            name = str(source) if files else "ray.data.Dataset"
+            manifest = _manifest(opts, binding, results, name, block_examples)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -277,15 +339,16 @@ def pack(
     meta = manifest["engine"]
     return (
         manifest["statistics"]
-        | duplicates(blocks, ids)
+        | duplicates(blocks, results.ids)
         | {
             "blocks": meta["blocks"],
             "block_examples": block_examples,
             "block_lower_bound": meta["block_lower_bound"],
             "rows_over_lower_bound": meta["rows_over_lower_bound"],
-            "shards": len(shards),
+            "nodes": len(meta["nodes"]),
+            "shards": len(results.entries),
             "out": str(out),
-            "recovered": recovered,
+            "recovered": claim.notes,
             "seconds": time.perf_counter() - started,
         }
     )

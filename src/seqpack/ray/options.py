@@ -35,7 +35,9 @@ class RayOptions:
     shard; a ``ray.data.Dataset`` defaults to :data:`DEFAULT_BLOCK_EXAMPLES`).
     ``address`` / ``num_cpus``: see :func:`seqpack.ray.driver.ray_session`.
     ``remote_args``: every task's ``.options`` (e.g. ``{"num_cpus": 2,
-    "max_retries": 5}``). ``task_hook``: for logging or fault injection.
+    "max_retries": 5}``); plan tasks are scheduled ``"SPREAD"`` over the
+    nodes unless it names a ``scheduling_strategy``. ``task_hook``: for
+    logging or fault injection.
     """
 
     block_examples: int | None = field(

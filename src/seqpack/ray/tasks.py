@@ -1,12 +1,15 @@
-"""The two Ray tasks: plan one block, write one output shard.
+"""The two Ray tasks: read, tokenize and plan one block; write one output shard.
 
 Both are plain functions of their arguments (Arrow tables in, Arrow tables
 or small dicts out), so a task Ray retries computes exactly the same thing.
+Each also reports where and how long it ran (``node``, ``node_ip`` and
+``*_seconds``), which the driver records in the manifest's ``engine``
+section, never in the shards.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +27,16 @@ from seqpack.pipeline.budget import check_budget
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
-
-TaskHook = Callable[[str, int], None]
+from seqpack.ray.options import TaskHook
+from seqpack.ray.worker import limit_tokenizer_threads, node_of_task, task_tokenizer
 
 
 @dataclass(frozen=True)
 class Settings:
     """Everything a task needs, shipped once through the object store: the run's
-    options (its tokenizer loaded, so it travels with them) and the task hook."""
+    options (its tokenizer loaded on the driver and pickled with them — a
+    ``tokenizers`` tokenizer pickles as its JSON, a ``transformers`` one with
+    its backend — so no worker reads the tokenizer's path) and the task hook."""
 
     options: PackOptions
     hook: TaskHook | None = None
@@ -75,14 +80,22 @@ def plan_block(
 ) -> tuple[dict[str, Any], pa.Table]:
     """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow).
 
-    The statistics carry ``ids``: the block's example ids as an Arrow string
-    array in row order, which the driver merges to count repeated ids.
+    Reads the block's rows, tokenizes them if they are text, checks, binds
+    and plans them. The statistics carry ``ids`` (the block's example ids as
+    an Arrow string array in row order, which the driver merges to count
+    repeated ids), the node, the read / tokenize / plan seconds (wall clock)
+    and ``plan_cpu_seconds`` (the worker's CPU time for all three: far below
+    their sum when the node is oversubscribed).
     """
+    started, cpu = time.perf_counter(), time.process_time()
     opts = settings.options
-    tokenizer = opts.load_tokenizer()
+    limit_tokenizer_threads()
+    tokenizer = task_tokenizer(opts.load_tokenizer())
     table, origin = block_table(block, opts.text_field, tables)
+    read = time.perf_counter()
     docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
     check_partition(table, docs, opts.partition)
+    tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
     _check_block_budget(block, len(docs), examples, settings)
 
@@ -94,12 +107,17 @@ def plan_block(
 
     plan, rows = pack_table(examples, opts.capacity, opts.policy, name, **opts.policy_options)
     cuts = shard_bounds(rows, opts.max_rows_per_batch, opts.shard_tokens)[1:-1]
+    out = rows_to_arrow(rows)
     stats = run_statistics(plan, docs, examples, split) | {
         "split_id": examples.binding.split_id,
         "cuts": cuts.tolist(),
         "ids": pa.array(docs.ids, type=pa.string()),
+        **node_of_task(),
+        "read_seconds": read - started,
+        "tokenize_seconds": tokenized - read,
+        "plan_seconds": time.perf_counter() - tokenized,
+        "plan_cpu_seconds": time.process_time() - cpu,
     }
-    out = rows_to_arrow(rows)
     if settings.hook is not None:
         settings.hook("plan", block.index)
     return stats, out
@@ -124,7 +142,13 @@ def write_shard(
     settings: Settings,
     *tables: pa.Table,
 ) -> dict[str, Any]:
-    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as one shard."""
+    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as one shard.
+
+    Returns the shard's manifest entry plus ``node``, ``node_ip``,
+    ``write_seconds`` and ``write_cpu_seconds`` (the driver moves those to
+    the ``engine`` record).
+    """
+    started, cpu = time.perf_counter(), time.process_time()
     parts = [
         _renumber_ordinals(t.slice(a, b - a), offset)
         for (a, b, offset), t in zip(spans, tables, strict=True)
@@ -133,6 +157,11 @@ def write_shard(
     rows = pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
     table = table.set_column(table.schema.get_field_index("row"), SCHEMA.field("row"), rows)
     entry = write_shard_file(table, tmp, f"shard-{index:05d}.parquet")
+    entry |= {
+        **node_of_task(),
+        "write_seconds": time.perf_counter() - started,
+        "write_cpu_seconds": time.process_time() - cpu,
+    }
     if settings.hook is not None:
         settings.hook("write", index)
     return entry

@@ -37,6 +37,7 @@ from seqpack.core.batch import CELL_FIELDS, IGNORE_INDEX, NO_SEGMENT, Occurrence
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
+from seqpack.core.permission import key_bounds
 from seqpack.io.shards import flat_column
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
@@ -355,13 +356,14 @@ def layout_from_features(
     pos = features["position_ids"].to(device)
     valid = seg != NO_SEGMENT
     cols = torch.arange(seg.shape[1], device=seg.device).expand_as(seg)
+    starts, ends = key_bounds(valid, pos, cols)
     cu = features["cu_seq_lens_q"]
     return AttentionLayout(
         valid=valid,
         segments=seg,
         positions=pos,
-        key_starts=torch.where(valid, cols - pos, cols),
-        key_ends=torch.where(valid, cols + 1, cols),
+        key_starts=starts,
+        key_ends=ends,
         cu_seqlens=cu.to(device),
         max_seqlen=int(features["max_length_q"]),
         valid_index=features["valid_index"].to(device),

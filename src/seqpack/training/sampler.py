@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.core.checks import state_int, state_value
 from seqpack.core.errors import InvalidInput
 from seqpack.training.distributed import (
     Balance,
@@ -187,16 +188,17 @@ class RowSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` was taken; the configuration must match."""
-        if state.get("format") != SAMPLER_FORMAT:
-            raise InvalidInput(f"not a row-sampler state (format {state.get('format')!r})")
+        fmt = state_value(state, "format", "row-sampler")
+        if fmt != SAMPLER_FORMAT:
+            raise InvalidInput(f"not a row-sampler state (format {fmt!r})")
         for key in _SAMPLER_CONFIG:
-            if state[key] != getattr(self, key):
+            if state_value(state, key, "row-sampler") != getattr(self, key):
                 raise InvalidInput(
                     f"sampler state has {key}={state[key]!r} but this sampler has"
                     f" {getattr(self, key)!r} — build the sampler with the saved settings"
                 )
-        self.epoch = int(state["epoch"])
-        position = int(state["position"])
-        if not 0 <= position <= len(self):
+        epoch = state_int(state, "epoch", "row-sampler")  # integers only: no 1.5, no "2"
+        position = state_int(state, "position", "row-sampler")
+        if position > len(self):
             raise InvalidInput(f"sampler position {position} outside 0..{len(self)}")
-        self.position = position
+        self.epoch, self.position = epoch, position

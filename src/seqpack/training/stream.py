@@ -33,6 +33,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import Binding, Partition
+from seqpack.core.checks import state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput, OversizedExample
@@ -157,10 +158,11 @@ class StreamDataset(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration continues from ``state`` (same configuration required)."""
-        if state.get("format") != STATE_FORMAT:
-            raise InvalidInput(f"not a stream-dataset state (format {state.get('format')!r})")
+        fmt = state_value(state, "format", "stream-dataset")
+        if fmt != STATE_FORMAT:
+            raise InvalidInput(f"not a stream-dataset state (format {fmt!r})")
         for key in _CONFIG:
-            if state[key] != getattr(self, key):
+            if state_value(state, key, "stream-dataset") != getattr(self, key):
                 raise InvalidInput(
                     f"stream state has {key}={state[key]!r} but this dataset has"
                     f" {getattr(self, key)!r} — build the dataset with the saved settings"
@@ -267,11 +269,15 @@ class _StreamPass:
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Re-read the documents that still have waiting examples, then continue."""
-        packer = state["packer"]
-        self.packer = StreamPacker.from_state_dict(packer)
-        self.closed = tuple(np.asarray(state["closed"][k], dtype=np.int64) for k in _CLOSED)
-        self.step, self.micro_done = int(state["step"]), int(state["micro_done"])
-        self.source_done = bool(state["source_done"])
+        what, packer = "stream-dataset", state_value(state, "packer", "stream-dataset")
+        self.packer.load_state_dict(packer)  # checked whole, and against this dataset's settings
+        pushed, rows = self.packer.examples_pushed, self.packer.rows_emitted
+        limits = {"example": pushed, "row": rows, "start": self.ds.capacity}
+        self.closed = state_columns(state, "closed", what, limits)
+        self.step, self.micro_done = (state_int(state, k, what) for k in ("step", "micro_done"))
+        self.source_done = state_value(state, "source_done", what) is True
+        state_int(state, "docs_read", what, state_int(state, "first_doc", what))
+        state_int(state, "first_doc_example", what, 0, pushed)
         wanted = set(packer["buffer"]["example"]) | set(self.closed[0].tolist())
         wanted |= {e for row in packer["open_rows"] for e in row["example"]}
         self.docs_read = int(state["first_doc"])

@@ -1,0 +1,244 @@
+"""Which ``transformers`` architectures seqpack can pack exactly, with which masks, or why not.
+
+Everything is derived from the model's config, never from the user:
+
+* **attention windows**: ``config.sliding_window`` (after the config's own
+  ``use_sliding_window`` normalisation, as ``transformers`` reads it) bounds
+  every ``"sliding_attention"`` layer; ``"full_attention"`` layers are
+  unbounded. A config with ``layer_types`` is a model that takes **one mask
+  per layer type** (``attention_mask={"full_attention": ..., "sliding_attention":
+  ...}``, transformers 5.x); one without takes one mask, windowed when the
+  config has a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2).
+* **refusals**: layers that mix positions by other means than an attention
+  mask, which the packed row cannot restart per example on the paths
+  ``transformers`` runs here — short convolutions (``lfm2``), linear
+  attention and state-space layers (``qwen3_next``, Mamba-style hybrids),
+  chunked attention, bidirectional attention, and ALiBi biases built from
+  column positions (``bloom``, ``falcon`` with ``alibi=True``). Each is an
+  :class:`UnsupportedArchitecture` naming the architecture and why, raised
+  before anything is built (``seqpack verify``: exit 2).
+
+``transformers``' CPU fallbacks of the convolution and linear-attention
+kernels (``causal_conv1d_fn``, ``torch_chunk_gated_delta_rule``) accept
+``seq_idx`` / ``cu_seqlens`` and ignore them, so no hybrid is exact here.
+
+The fixture under a window of 2 (A = columns 0-2 of row 0)::
+
+    full_attention     A's last query sees columns 0, 1, 2
+    sliding_attention  A's last query sees columns 1, 2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from seqpack.core.errors import NotAvailable
+from seqpack.core.permission import check_window
+
+#: Layer types whose positions mix only through the attention mask, and their window source.
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+#: Layer types that mix no positions at all (position-wise blocks of hybrid patterns).
+POSITIONWISE_LAYERS = ("mlp", "moe")
+#: Layer-type words and the kind of position mixing they stand for.
+LAYER_KINDS = (
+    ("conv", "convolution"),
+    ("linear", "linear attention"),
+    ("mamba", "linear attention"),
+    ("hybrid", "linear attention"),
+    ("recurrent", "linear attention"),
+    ("chunk", "chunked attention"),
+)
+
+#: model_type -> (kind, why): architectures whose config does not show the hazard in layer_types.
+REFUSED_TYPES: dict[str, tuple[str, str]] = {
+    "bloom": (
+        "attention",
+        "its ALiBi bias is built from a 2-D padding mask and it takes no position_ids,"
+        " so a packed row can neither restart positions per example nor take a block mask",
+    ),
+    "rwkv": ("linear attention", "its recurrent time-mixing carries state across the whole row"),
+    "lfm2": ("convolution", "its short convolutions mix neighbouring columns of the row"),
+    "lfm2_moe": ("convolution", "its short convolutions mix neighbouring columns of the row"),
+    "mamba": ("linear attention", "its state-space scan carries state across the whole row"),
+    "mamba2": ("linear attention", "its state-space scan carries state across the whole row"),
+    "falcon_mamba": ("linear attention", "its state-space scan carries state across the row"),
+}
+
+WHY_KIND = {
+    "convolution": "short convolutions mix neighbouring columns of the row",
+    "linear attention": "linear-attention / state-space layers carry state across the row",
+    "chunked attention": "chunked attention groups absolute columns, not each example's positions",
+}
+#: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
+MIXER_CLASSES = (
+    ("ShortConv", "convolution"),
+    ("Mamba", "linear attention"),
+    ("GatedDeltaNet", "linear attention"),
+    ("LinearAttention", "linear attention"),
+    ("LightningAttention", "linear attention"),
+    ("RecurrentBlock", "linear attention"),
+    ("Rwkv", "linear attention"),
+)
+FIX = (
+    "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
+    " train it on unpacked (padded) rows"
+)
+
+
+class UnsupportedArchitecture(NotAvailable):
+    """seqpack cannot make this architecture compute exactly what separate examples compute."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What one model config means for packed rows.
+
+    ``layer_types``: one entry per decoder layer when the model takes a mask
+    per layer type, else ``None`` (one mask for every layer). ``window``:
+    ``config.sliding_window`` where the model applies it. ``refusal``: why
+    the model cannot be made exact (``None`` when it can); ``kind``: the
+    layer kind that would mix examples (``attention``, ``convolution``,
+    ``linear attention``, ...).
+    """
+
+    model_type: str
+    layer_types: tuple[str, ...] | None
+    window: int | None
+    refusal: str | None = None
+    kind: str = "attention"
+
+    @property
+    def mask_types(self) -> tuple[str, ...]:
+        """The distinct mask keys the model reads, in first-use order (``()``: one mask)."""
+        return tuple(dict.fromkeys(self.layer_types)) if self.layer_types else ()
+
+    def type_window(self, layer_type: str) -> int | None:
+        """The window of the layers of ``layer_type`` (``None``: unbounded)."""
+        return self.window if layer_type == "sliding_attention" else None
+
+    def layer_window(self, layer_idx: int | None) -> int | None:
+        """The window of decoder layer ``layer_idx`` (one-mask models: the model's window)."""
+        if self.layer_types is None or layer_idx is None:
+            return self.window
+        return self.type_window(self.layer_types[layer_idx])
+
+    @property
+    def windows(self) -> dict[str, int | None]:
+        """Mask key -> window, with ``""`` for the single mask of a one-mask model."""
+        if not self.layer_types:
+            return {"": self.window}
+        return {t: self.type_window(t) for t in self.mask_types}
+
+    def check(self) -> Architecture:
+        """Raise :class:`UnsupportedArchitecture` (one line: which model, why) unless exact."""
+        if self.refusal is not None:
+            raise UnsupportedArchitecture(
+                f"{self.model_type} cannot be packed exactly: {self.refusal}"
+            )
+        return self
+
+
+def _layer_kind(layer_type: str) -> str | None:
+    for word, kind in LAYER_KINDS:
+        if word in layer_type:
+            return kind
+    return None
+
+
+def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tuple[str, str] | None:
+    """``(kind, why)`` when the config's model cannot be made exact, else ``None``."""
+    if model_type in REFUSED_TYPES:
+        kind, why = REFUSED_TYPES[model_type]
+        return kind, (f"{why}; {FIX}" if kind in WHY_KIND else why)
+    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", "") == "alibi":
+        return (
+            "attention",
+            "its ALiBi bias is built from column positions (in bfloat16, build_alibi_tensor),"
+            " which a packed row cannot restart per example; use the rotary variant (alibi=False)",
+        )
+    if getattr(config, "use_bidirectional_attention", False) or not getattr(
+        config, "is_causal", True
+    ):
+        return ("attention", "its attention is bidirectional, so no example is causal")
+    for layer_type in dict.fromkeys(layer_types or ()):
+        if layer_type in ATTENTION_LAYERS or layer_type in POSITIONWISE_LAYERS:
+            continue
+        kind = _layer_kind(layer_type)
+        if kind is None:
+            return ("attention", f"its layer type {layer_type!r} is not one seqpack knows")
+        return (kind, f"its {layer_type!r} layers: {WHY_KIND[kind]}; {FIX}")
+    return None
+
+
+def describe(config: Any) -> Architecture:
+    """The :class:`Architecture` of a ``transformers`` config (a ``PretrainedConfig``).
+
+    >>> from transformers import Qwen2Config
+    >>> arch = describe(Qwen2Config(num_hidden_layers=2, use_sliding_window=True,
+    ...                             sliding_window=4, max_window_layers=1))
+    >>> arch.layer_types, arch.windows
+    (('full_attention', 'sliding_attention'), {'full_attention': None, 'sliding_attention': 4})
+    """
+    config = getattr(config, "get_text_config", lambda: config)()
+    model_type = str(getattr(config, "model_type", type(config).__name__))
+    raw_types = getattr(config, "layer_types", None)
+    layer_types = [str(t) for t in raw_types] if isinstance(raw_types, (list, tuple)) else None
+    window = getattr(config, "sliding_window", None)
+    if window is not None and not getattr(config, "use_sliding_window", True):
+        window = None
+    kind, why = _refusal(config, model_type, layer_types) or ("attention", None)
+    return Architecture(
+        model_type=model_type,
+        layer_types=tuple(layer_types) if layer_types else None,
+        window=check_window(window),
+        refusal=why,
+        kind=kind,
+    )
+
+
+def mixing_modules(model: Any) -> list[tuple[str, str]]:
+    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides attention.
+
+    A second net under :func:`describe`: depthwise ``Conv1d`` layers with a
+    kernel wider than one column (``transformers``' ``Conv1D`` in GPT-2 is a
+    linear layer, not a convolution) and modules whose class names a
+    state-space or linear-attention mixer.
+    """
+    import torch
+
+    found = []
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        kind = next((k for word, k in MIXER_CLASSES if word in cls), None)
+        if kind is None and isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
+            kind = "convolution"
+        if kind is not None:
+            found.append((name, kind))
+    return found
+
+
+def architecture_of(model: Any) -> Architecture:
+    """:func:`describe` of ``model.config``, refused too when :func:`mixing_modules` finds any."""
+    arch = describe(model.config)
+    mixers = mixing_modules(model)
+    if arch.refusal is None and mixers:
+        name, kind = mixers[0]
+        return Architecture(
+            arch.model_type,
+            arch.layer_types,
+            arch.window,
+            f"its {kind} layer {name} ({type(model.get_submodule(name)).__name__}):"
+            f" {WHY_KIND[kind]}; {FIX}",
+            kind,
+        )
+    return arch
+
+
+__all__ = [
+    "Architecture",
+    "UnsupportedArchitecture",
+    "architecture_of",
+    "describe",
+    "mixing_modules",
+]

@@ -1,0 +1,177 @@
+"""``attn_implementation="seqpack_varlen"``: packed rows in ``transformers`` without a dense mask.
+
+A ``transformers`` attention function, registered with
+``transformers.AttentionInterface`` under :data:`NAME`. It takes the same
+inputs as ``flash_attention_2``'s padding-free path — the valid cells of the
+packed rows flattened into one row ``(1, N)`` with local ``position_ids`` and
+``cu_seq_lens_q`` / ``max_length_q`` (what ``hf_inputs(batch,
+"seqpack_varlen")`` builds) — and runs seqpack's ``varlen`` backend on them:
+one ``scaled_dot_product_attention`` call per group of equal-length
+examples, causal inside each example (:func:`seqpack.nn.varlen.segment_attention`).
+No ``(R, 1, T, T)`` mask exists at any point: ``transformers`` builds none
+for an implementation it has no mask function for, and each call visits
+``Σ l^2`` score cells instead of ``R*T^2``. It runs wherever SDPA runs (CPU
+and CUDA, any floating dtype, forward and backward).
+
+The window is the model's, derived from the layer's config
+(:mod:`seqpack.hf.architectures`: ``sliding_attention`` layers get
+``config.sliding_window``) and checked against the ``sliding_window`` the
+layer passes. Refused, with the reason: attention-logit soft-capping
+(Gemma 2) and attention sinks (GPT-OSS), which SDPA cannot express — use
+``eager`` for those; and a call without ``cu_seq_lens_q``, which would
+otherwise join the flattened examples.
+
+Usage::
+
+    import seqpack.hf.attention  # registers "seqpack_varlen"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="seqpack_varlen")
+    out = model(**hf_inputs(batch, "seqpack_varlen", config=model.config))
+
+The fixture's flattened cells (A, B | C) give ``cu_seq_lens_q = [0, 3, 5, 9]``:
+one call for C (L=4), one for A (L=3), one for B (L=2).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.core.errors import InvalidInput, NotAvailable
+from seqpack.hf.architectures import describe
+from seqpack.nn.varlen import VarlenPlan, segment_attention, segment_plan
+
+NAME = "seqpack_varlen"
+
+#: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
+_PLANS: OrderedDict[int, tuple[weakref.ref, VarlenPlan]] = OrderedDict()
+_PLAN_CACHE_SIZE = 8
+
+
+def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
+    """The varlen plan of ``cu_seqlens`` over ``tokens`` flattened cells, cached per tensor."""
+    key = id(cu_seqlens)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is cu_seqlens:
+        _PLANS.move_to_end(key)
+        return hit[1]
+    cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+    if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or cu[-1] != tokens or (np.diff(cu) < 0).any():
+        raise InvalidInput(
+            f"cu_seq_lens_q {cu.tolist()[:8]}... does not split the {tokens} flattened tokens"
+            " into examples — build the inputs with hf_inputs(batch, 'seqpack_varlen')"
+        )
+    lengths = np.diff(cu)
+    keep = lengths > 0
+    plan = segment_plan(cu[:-1][keep], lengths[keep], tokens, cu_seqlens.device)
+    _PLANS[key] = (weakref.ref(cu_seqlens), plan)
+    while len(_PLANS) > _PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return plan
+
+
+def layer_window(module: Any, passed: int | None) -> int | None:
+    """The window of ``module``'s layer from its config; must agree with what the layer passed."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return passed
+    window = describe(config).check().layer_window(getattr(module, "layer_idx", None))
+    if passed is not None and passed != window:
+        raise InvalidInput(
+            f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
+            f" sliding_window={passed} but its config gives {window}; seqpack follows the config"
+            " and will not guess — report this architecture"
+        )
+    return window
+
+
+def seqpack_varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``transformers`` attention: ``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D).
+
+    With ``cu_seq_lens_q`` the batch is one flattened packed row (B = 1, S =
+    N) split into its examples; without, each row is one example (plain
+    causal attention, e.g. a separate example). Returns ``(B, S, H, Dv)``
+    and no attention weights.
+    """
+    name = type(module).__name__
+    if softcap is not None:
+        raise NotAvailable(
+            f"{NAME}: {name} soft-caps its attention logits (softcap={softcap}), which SDPA"
+            " cannot express — use attn_implementation='eager' (or set"
+            " attn_logit_softcapping=None)"
+        )
+    if s_aux is not None:
+        raise NotAvailable(
+            f"{NAME}: {name} has attention sinks, which SDPA cannot express —"
+            " use attn_implementation='eager'"
+        )
+    rows, _, width, _ = query.shape
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        check_unpacked(kwargs.get("position_ids"), name)
+        cu = torch.arange(0, rows * width + 1, width, dtype=torch.int32)  # one example per row
+    elif rows != 1:
+        raise InvalidInput(
+            f"{NAME} takes cu_seq_lens_q with the flattened packed row (a batch of 1), got a"
+            f" batch of {rows} — feed the model hf_inputs(batch, '{NAME}', config=model.config)"
+        )
+    plan = plan_of(cu, rows * width)
+    window = layer_window(module, sliding_window)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+
+    def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, H, S, D) -> (B*S, H, D)
+        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
+
+    out = segment_attention(
+        tokens(query),
+        tokens(key),
+        tokens(value),
+        plan,
+        scale,
+        window,
+        dropout=dropout if module.training else 0.0,
+    )
+    return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv)
+
+
+def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
+    """Refuse rows whose ``position_ids`` restart (packed) when no ``cu_seq_lens_q`` came."""
+    if position_ids is None:
+        return
+    steps = torch.arange(position_ids.shape[-1], device=position_ids.device)
+    if not bool((position_ids == position_ids[..., :1] + steps).all()):
+        raise InvalidInput(
+            f"{NAME}: {name} got packed position_ids (they restart inside a row) but no"
+            f" cu_seq_lens_q, so the examples would be joined — feed the model"
+            f" hf_inputs(batch, '{NAME}', config=model.config)"
+        )
+
+
+def register() -> str:
+    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, seqpack_varlen_attention)
+    return NAME
+
+
+register()
+#: The name ``seqpack.hf`` exports :func:`register` under.
+register_attention = register
+
+__all__ = ["NAME", "plan_of", "register", "register_attention", "seqpack_varlen_attention"]

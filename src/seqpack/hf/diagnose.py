@@ -1,0 +1,259 @@
+"""Where a model mixes packed examples: the first layer whose output diverges from separate runs.
+
+When :func:`seqpack.hf.verify.verify_hf` fails, it runs both sides once more
+with a forward hook on every module and compares each module's first output
+at the examples' cells (tokens in example order, for ``(R, T, ...)`` rows and
+``(1, N, ...)`` flattened rows alike). The culprit is the first module, in
+completion order, whose output diverges while its input still agrees: an
+attention layer, a short convolution, a linear-attention or state-space
+mixer. Its class name gives the hint's layer kind. :func:`guarded` turns any
+exception from inside the model into one :class:`ModelCrashed` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import SeqpackError
+from seqpack.core.examples import SequenceExample
+from seqpack.hf.adapter import FLATTENED
+from seqpack.nn.verify import occurrence_cells
+
+#: Class-name words -> layer kind, first match wins.
+KINDS = (
+    ("Conv", "convolution"),
+    ("Mamba", "linear attention"),
+    ("GatedDeltaNet", "linear attention"),
+    ("LinearAttention", "linear attention"),
+    ("Lightning", "linear attention"),
+    ("Recurrent", "linear attention"),
+    ("Rwkv", "linear attention"),
+    ("Mixer", "linear attention"),
+    ("Attention", "attention"),
+    ("Attn", "attention"),
+)
+
+Calls = dict[str, list[tuple[torch.Tensor | None, torch.Tensor | None]]]
+
+
+def layer_kind(cls: str) -> str:
+    """``attention``, ``convolution`` or ``linear attention`` for a module class name."""
+    return next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
+
+
+def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
+    """Index into a packed run's token axis of every example cell, examples in ordinal order.
+
+    The axis is the ``R*T`` cells, or the ``N`` valid cells of a flattened row.
+    """
+    occ = batch.occurrences
+    order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
+    cells = occurrence_cells(batch)[order]
+    if flattened:
+        valid_index = batch.cu_seqlens().valid_index
+        flat_of_cell = np.full(batch.shape[0] * batch.shape[1], -1, dtype=np.int64)
+        flat_of_cell[valid_index] = np.arange(valid_index.shape[0])
+        cells = flat_of_cell[cells]
+    return torch.as_tensor(cells)
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return getattr(value, "last_hidden_state", None)
+
+
+def capture(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Calls, list[str]]:
+    """Each module's ``(first input, first output)`` per call of ``run()``, and completion order."""
+    calls: Calls = {}
+    order: list[str] = []
+    handles = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def hook(mod: Any, args: tuple, kwargs: dict, out: Any, name: str = name) -> None:
+            first = args[0] if args else kwargs.get("hidden_states")
+            x, y = _first_tensor(first), _first_tensor(out)
+            calls.setdefault(name, []).append(
+                (None if x is None else x.detach(), None if y is None else y.detach())
+            )
+            if name not in order:
+                order.append(name)
+
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, order
+
+
+def _tokens(x: torch.Tensor | None, count: int) -> torch.Tensor | None:
+    """``x`` as ``(tokens, features)`` when its leading axes are ``(rows, width)`` of ``count``."""
+    if x is None or x.dim() < 2 or not x.dtype.is_floating_point:
+        return None
+    if x.shape[0] * x.shape[1] != count:
+        return None
+    return x.reshape(count, -1)
+
+
+def _excess(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> float:
+    """Largest ``|a-b| / (abs + rel*max(|a|,|b|))``: 1 is exactly at the tolerance."""
+    a, b = a.double(), b.double()
+    scale = tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
+    return float(((a - b).abs() / scale).max()) if a.numel() else 0.0
+
+
+def first_divergence(
+    model: torch.nn.Module,
+    separate: Sequence[Callable[[], Any]],
+    lengths: Sequence[int],
+    packed: Callable[[], Any],
+    tokens: torch.Tensor,
+    packed_count: int,
+    tol: dict[str, Any],
+) -> dict[str, str] | None:
+    """``{"module", "class", "kind"}`` of the first module that mixes examples, or ``None``.
+
+    ``separate[i]()`` runs example ``i`` (``lengths[i]`` tokens); ``packed()``
+    runs the packed rows, whose token axis has ``packed_count`` entries and
+    holds the examples' tokens at ``tokens``.
+    """
+    per_example = [capture(model, run)[0] for run in separate]
+    packed_calls, order = capture(model, packed)
+    measured = []  # (name, excess of the input, excess of the output), in completion order
+    for name in order:
+        got = packed_calls[name]
+        if any(len(calls.get(name, ())) != len(got) for calls in per_example):
+            continue
+        for k, (x_p, y_p) in enumerate(got):
+            pairs = [
+                (_tokens(calls[name][k][0], n), _tokens(calls[name][k][1], n))
+                for calls, n in zip(per_example, lengths, strict=True)
+            ]
+            x_p, y_p = _tokens(x_p, packed_count), _tokens(y_p, packed_count)
+            if x_p is None or y_p is None or any(x is None or y is None for x, y in pairs):
+                continue
+            at = tokens.to(y_p.device)
+            x_s, y_s = (torch.cat(side) for side in zip(*pairs, strict=True))
+            measured.append((name, _excess(x_p[at], x_s, tol), _excess(y_p[at], y_s, tol)))
+    # A mixer (attention, convolution, linear attention) that turns agreeing inputs into
+    # outputs at least 1% of the tolerance away, 10x more than its inputs: a leak, even
+    # when later layers are what push it past the tolerance. Else: the first module
+    # whose output leaves the tolerance while its input is within it.
+    mixers = [m for m in measured if not _kind(model, m[0]).startswith("layer ")]
+    for name, x, y in mixers:
+        if y >= 1e-2 and y > 10 * x:
+            return _culprit(model, name)
+    for name, x, y in measured:
+        if x <= 1 < y:
+            return _culprit(model, name)
+    return None
+
+
+def _kind(model: torch.nn.Module, name: str) -> str:
+    return layer_kind(type(model.get_submodule(name)).__name__)
+
+
+def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
+    cls = type(model.get_submodule(name)).__name__
+    return {"module": name, "class": cls, "kind": layer_kind(cls)}
+
+
+class ModelCrashed(SeqpackError):
+    """The model raised inside its forward or backward (named, on one line)."""
+
+
+def guarded(model: torch.nn.Module, what: str, fn: Any) -> Any:
+    """``fn()``, with any exception from inside the model turned into one clear line."""
+    try:
+        return fn()
+    except SeqpackError:
+        raise
+    except Exception as err:
+        first = " ".join(str(err).split())[:300] or type(err).__name__
+        hint = ""
+        if "grouped_mm" in first or "mat_a to be Float32" in first:
+            hint = " — MoE experts: load with experts_implementation='eager' for float64"
+        name = getattr(model.config, "model_type", type(model).__name__)
+        attn = model.config._attn_implementation
+        raise ModelCrashed(
+            f"{name} ({attn}) crashed in its {what}: {type(err).__name__}: {first}{hint}"
+        ) from err
+
+
+def culprit(
+    model: torch.nn.Module,
+    examples: Sequence[SequenceExample],
+    kwargs: dict[str, Any],
+    batch: PackedBatch,
+    attn: str,
+    tol: dict[str, Any],
+) -> dict[str, str] | None:
+    """The first module whose output diverged (see :mod:`seqpack.hf.diagnose`)."""
+    device = next(model.parameters()).device
+    flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
+
+    def alone(ex: SequenceExample) -> Any:
+        ids = torch.as_tensor(ex.inputs[None].astype(np.int64), device=device)
+        return lambda: model(input_ids=ids, use_cache=False)
+
+    runs = [alone(ex) for ex in examples]
+    count = int(kwargs["input_ids"].numel())
+    return guarded(
+        model,
+        "forward",
+        lambda: first_divergence(
+            model,
+            runs,
+            [len(ex) for ex in examples],
+            lambda: model(**kwargs),
+            example_tokens(batch, flattened),
+            count,
+            tol,
+        ),
+    )
+
+
+def hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) -> str:
+    """Why a failing configuration leaks, the layer kind that mixed examples, and the fix."""
+    where = (
+        f"first divergence in {culprit['module']} ({culprit['class']}): {culprit['kind']}"
+        if culprit
+        else "no single layer isolated"
+    )
+    fix = "feed the model seqpack.hf.hf_inputs(batch, attn_implementation, config=model.config)"
+    if mode == "naive":
+        return (
+            f"the model mixed examples ({where}): position_ids alone do not separate packed"
+            " examples — with the default use_cache=True a cache exists and transformers skips"
+            f" its packed-position detection (some older versions never detect) — {fix}"
+        )
+    if mode == "bool-mask" and attn_implementation == "eager":
+        return (
+            f"the model mixed examples ({where}): eager adds a boolean 4-D mask to the scores"
+            f" as numbers (True = 1) — {fix}"
+        )
+    kind = culprit["kind"] if culprit else "attention"
+    return f"the model mixed examples through its {kind} layers ({where}) — {fix}"
+
+
+__all__ = [
+    "ModelCrashed",
+    "culprit",
+    "example_tokens",
+    "first_divergence",
+    "guarded",
+    "hint",
+    "layer_kind",
+]

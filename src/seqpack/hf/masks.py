@@ -1,0 +1,153 @@
+"""The 4-D attention masks ``transformers`` models take, as views of the one permission predicate.
+
+Every mask here is :func:`seqpack.core.permission.permitted` (window
+included) plus one rule for padding: a padding cell attends to itself only,
+so no implementation meets a fully masked row (no NaN, no uniform average)
+while no real query ever sees a padding key and padding logits never reach
+the loss. Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) under a
+window of 2::
+
+    q\\k 0 1 2 3 4 5
+    0    1 . . . . .
+    1    1 1 . . . .
+    2    . 1 1 . . .     the window drops A's key 0
+    3    . . . 1 . .
+    4    . . . 1 1 .
+    5    . . . . . 1     padding: itself only
+
+Forms: ``float`` (additive ``(R, 1, T, T)`` in the model's dtype, 0 or
+``finfo.min``: right on ``eager`` and ``sdpa``), ``bool`` (True = attend;
+right on ``sdpa`` only, since ``eager`` adds a mask to its scores as numbers)
+and a FlexAttention ``BlockMask`` (``flex_attention``). A model that takes a
+mask per layer type gets a dict ``{layer_type: mask}`` (see
+:mod:`seqpack.hf.architectures`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqpack.core.batch import PackedBatch
+from seqpack.core.errors import InvalidInput
+from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture
+from seqpack.nn.flex import permission_mod
+
+#: Forms of the 4-D mask for ``eager`` / ``sdpa``.
+MASKS = ("float", "bool")
+
+
+def hf_allowed(batch: PackedBatch, window: int | None = None) -> np.ndarray:
+    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``."""
+    allowed = batch.dense_mask(window)
+    pad_r, pad_c = np.nonzero(~batch.input_valid)
+    allowed[pad_r, pad_c, pad_c] = True
+    return allowed
+
+
+def bool_mask(
+    batch: PackedBatch, device: torch.device | str | None = None, window: int | None = None
+) -> torch.Tensor:
+    """:func:`hf_allowed` as a boolean mask ``(R, 1, T, T)``, True = attend (``sdpa`` only)."""
+    return torch.as_tensor(hf_allowed(batch, window), device=device)[:, None]
+
+
+def additive_mask(
+    batch: PackedBatch,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """:func:`hf_allowed` as a float additive mask ``(R, 1, T, T)``: 0 or ``finfo(dtype).min``."""
+    if not dtype.is_floating_point:
+        raise InvalidInput(f"an additive mask needs a floating dtype (the model's), got {dtype}")
+    allowed = bool_mask(batch, device, window)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def block_mask(
+    batch: PackedBatch, device: torch.device | str | None = None, window: int | None = None
+) -> Any:
+    """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, device=device)
+
+    valid = t(batch.input_valid)
+    allowed = permission_mod(valid, t(batch.segments), t(batch.positions), window)
+
+    def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
+        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
+
+    rows, width = batch.shape
+    return create_block_mask(mask_mod, rows, None, width, width, device=valid.device)
+
+
+def check_mask(mask: str, attn_implementation: str) -> str:
+    """``mask`` if it is a form ``attn_implementation`` reads correctly, else a clear error."""
+    if mask not in MASKS:
+        raise InvalidInput(f"mask={mask!r} is not one of {', '.join(MASKS)}")
+    if mask == "bool" and attn_implementation != "sdpa":
+        raise InvalidInput(
+            f"mask='bool' is right on sdpa only; {attn_implementation} adds a boolean mask to its"
+            " scores as numbers (True = 1) — use mask='float'"
+        )
+    return mask
+
+
+def layer_masks(
+    batch: PackedBatch,
+    attn_implementation: str,
+    arch: Architecture | None,
+    *,
+    mask: str = "float",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Any:
+    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type.
+
+    ``arch=None`` (no model config given): one unwindowed mask. Layer types
+    that are not attention (a hybrid's ``conv`` or ``linear_attention``
+    layers, run only to measure a refused architecture) get ``None``.
+    """
+    check_mask(mask, attn_implementation)
+
+    def one(window: int | None) -> Any:
+        if attn_implementation == "flex_attention":
+            return block_mask(batch, device, window)
+        if mask == "bool":
+            return bool_mask(batch, device, window)
+        return additive_mask(batch, dtype, device, window)
+
+    if arch is None:
+        return one(None)
+    width = batch.shape[1]
+
+    def reach(window: int | None) -> int | None:  # a window no shorter than the row is none
+        return None if window is None or window >= width else window
+
+    built: dict[int | None, Any] = {}  # layer types of one reach share one mask
+    for name, window in arch.windows.items():
+        if reach(window) not in built and (name in ATTENTION_LAYERS or not arch.mask_types):
+            built[reach(window)] = one(reach(window))
+    if not arch.mask_types:
+        return built[reach(arch.window)]
+    return {
+        name: built[reach(window)] if name in ATTENTION_LAYERS else None
+        for name, window in arch.windows.items()
+    }
+
+
+__all__ = [
+    "MASKS",
+    "additive_mask",
+    "block_mask",
+    "bool_mask",
+    "check_mask",
+    "hf_allowed",
+    "layer_masks",
+]

@@ -1,0 +1,213 @@
+"""JSON Lines inputs cut into blocks by line ranges: a driver-side scan, a task-side read.
+
+The driver never parses JSON. :func:`scan_jsonl` reads each file once in
+chunks of :data:`SCAN_BYTES` and counts its *records* (non-blank lines, as
+the local reader skips blank ones), remembering the byte offset and line
+number of every record where a block will start. A task then reads only
+its bytes ``[first byte, end byte)`` and hands them to the public JSON Lines
+reader (:func:`seqpack.io.jsonl.read_jsonl`, with all its guards), so a
+block of a 10 GB file costs its own bytes, not the file's. With blocks of 2
+records over a file of 5 records and one blank line::
+
+    line   1 {"text": "a"}     record 0   block 0: bytes [0, 28),  first line 1
+           2 {"text": "b"}     record 1
+           3                   (blank)
+           4 {"text": "c"}     record 2   block 1: bytes [28, 56), first line 4
+           5 {"text": "d"}     record 3
+           6 {"text": "e"}     record 4   block 2: bytes [56, 70), first line 6
+
+Errors name the original file and line, as locally (``part-00.jsonl line 6:
+not valid JSON …``).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io.jsonl import read_jsonl
+
+#: Bytes per read of the driver's line scan.
+SCAN_BYTES = 1 << 24
+#: What ``bytes.strip()`` removes: a line of only these is blank (the reader skips it).
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\n\r\x0b\x0c")] = True
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Bytes ``[lo, hi)`` of a JSON Lines file of ``file_bytes`` bytes: whole lines, the first
+    numbered ``line``."""
+
+    lo: int
+    hi: int
+    line: int
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """One JSON Lines file as the driver's scan saw it.
+
+    ``records``: non-blank lines; ``size``: bytes; ``marks[r] = (byte, line)``:
+    where record ``r`` starts (its 0-based byte offset and 1-based line) for
+    every record that opens a block; ``first_byte``: the first non-blank byte.
+    """
+
+    path: Path
+    records: int
+    size: int
+    marks: dict[int, tuple[int, int]]
+    first_byte: bytes
+
+    def range(self, start: int, stop: int) -> LineRange:
+        """The bytes of records ``[start, stop)``, each end a marked record or the file's end."""
+        lo, line = (0, 1) if start == 0 else self.marks[start]
+        hi = self.size if stop == self.records else self.marks[stop][0]
+        return LineRange(lo, hi, line, self.size)
+
+
+def _line_chunks(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
+    """``(offset, bytes)`` of whole lines of ``f``, about ``size`` bytes a chunk; only the
+    file's last chunk may end without a newline."""
+    pos, carry = 0, []
+    while block := f.read(size):
+        cut = block.rfind(b"\n") + 1
+        if not cut:
+            carry.append(block)
+            continue
+        chunk = b"".join([*carry, block[:cut]]) if carry else block[:cut]
+        yield pos, chunk
+        pos += len(chunk)
+        carry = [block[cut:]] if cut < len(block) else []
+    if carry:
+        yield pos, b"".join(carry)
+
+
+def _content(chunk: bytes, data: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Which lines ``[starts, stops)`` of ``chunk`` hold a non-blank byte (bool per line).
+
+    A line whose first byte is not blank has content (a record starts with
+    ``{``); the few that begin with a blank are stripped one by one, or, when
+    there are many (indented records), counted with one prefix sum.
+    """
+    first = data[np.minimum(starts, max(data.shape[0] - 1, 0))]
+    full = (starts < stops) & ~_BLANK[first]
+    doubt = np.flatnonzero((starts < stops) & _BLANK[first])
+    if doubt.size > 1024:
+        solid = np.concatenate(([0], np.cumsum(~_BLANK[data], dtype=np.int64)))
+        return solid[stops] - solid[starts] > 0
+    for k in doubt.tolist():
+        full[k] = bool(chunk[starts[k] : stops[k]].strip())
+    return full
+
+
+class _Scan:
+    """Running state of :func:`scan_jsonl` over a file's line-aligned chunks."""
+
+    def __init__(self, every: int | None, first: int) -> None:
+        self.every, self.first = every, first
+        self.records = self.lines = 0
+        self.marks: dict[int, tuple[int, int]] = {}
+        self.first_byte = b""
+
+    def chunk(self, pos: int, chunk: bytes) -> None:
+        if pos == 0 and chunk.startswith(_BOM):
+            chunk = b"   " + chunk[3:]  # the reader takes a byte-order mark as no content
+        if not self.first_byte:
+            self.first_byte = chunk.lstrip()[:1]
+        data = np.frombuffer(chunk, dtype=np.uint8)
+        ends = np.flatnonzero(data == 10)
+        lines = ends.shape[0] + (not chunk.endswith(b"\n"))
+        starts = np.concatenate(([0], ends + 1))[:lines]
+        stops = np.append(ends, data.shape[0])[:lines]
+        full = _content(chunk, data, starts, stops)
+        if self.every is not None:
+            record = self.records + np.cumsum(full) - 1
+            for k in np.flatnonzero(full & ((self.first + record) % self.every == 0)).tolist():
+                self.marks[int(record[k])] = (pos + int(starts[k]), self.lines + k + 1)
+        self.records += int(full.sum())
+        self.lines += lines
+
+
+def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineIndex:
+    """Count the records of ``path``; mark each record ``r`` with ``(first + r) % every == 0``.
+
+    ``first`` is the global number of the file's first record (the records
+    of the files before it), so blocks of ``every`` examples cut across
+    files. Chunks of :data:`SCAN_BYTES` whole lines, vectorised per line.
+    """
+    scan, size = _Scan(every, first), 0
+    try:
+        with path.open("rb") as f:
+            for pos, chunk in _line_chunks(f, SCAN_BYTES):
+                scan.chunk(pos, chunk)
+                size = pos + len(chunk)
+    except OSError as err:
+        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
+    return LineIndex(path, scan.records, size, scan.marks, scan.first_byte)
+
+
+def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
+    """A reader message about the copied range, told about the original file and lines."""
+    named = re.escape(str(part))
+    shifted = re.sub(
+        named + r" line (\d+)",
+        lambda m: f"{path} line {int(m.group(1)) + first_line - 1}",
+        message,
+    )
+    return shifted.replace(str(part), str(path))
+
+
+def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
+    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table, read by
+    :func:`seqpack.io.jsonl.read_jsonl`.
+
+    A whole file is read in place; a range is copied to a private temporary
+    file first (the reader takes a path), and its messages are relabelled
+    with the original file and line numbers.
+    """
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size != lines.file_bytes:
+            raise _changed(
+                file, f"holds {size:,} bytes where the driver scanned {lines.file_bytes:,}"
+            )
+        if lines.lo == 0 and lines.hi == size:
+            table = read_jsonl(file)
+        else:
+            with file.open("rb") as f:
+                f.seek(lines.lo)
+                data = f.read(lines.hi - lines.lo)
+            with tempfile.TemporaryDirectory(prefix="seqpack-block-") as tmp:
+                part = Path(tmp) / file.name
+                part.write_bytes(data)
+                try:
+                    table = read_jsonl(part)
+                except InvalidInput as err:
+                    raise InvalidInput(_relabel(str(err), part, file, lines.line)) from None
+    except OSError as err:
+        raise InvalidInput(f"{file}: cannot read it ({err.strerror or err})") from None
+    if table.num_rows != records:
+        raise _changed(
+            file,
+            f"lines {lines.line}..: {table.num_rows:,} records where the driver counted"
+            f" {records:,}",
+        )
+    return table
+
+
+def _changed(file: Path, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{file} {what} — the file changed during the run; run again once it is complete"
+    )
