@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
+from seqpack.core.binding import INT32_MAX
 from seqpack.core.checks import (
     MAX_OPTION_VALUE,
     MAX_TREE_CAPACITY,
@@ -75,8 +76,8 @@ def test_a_plan_file_round_trips_and_keeps_int64(tmp_path):
     back = Plan.load(tmp_path / "p.npz")
     assert back.to_dict() == plan.to_dict()
     assert back.start_of.dtype == np.int64 and back.policy == "best-fit-decreasing"
-    # Exact beyond float64's 53 bits: the arrays are read as integers throughout.
-    huge = plan_rows([2**60 + 1, 3], 2**61, "first-fit-decreasing")
+    # The largest capacity a plan may have, exactly.
+    huge = plan_rows([INT32_MAX, 3, INT32_MAX - 3], INT32_MAX, "first-fit-decreasing")
     huge.save(tmp_path / "huge.npz")
     assert Plan.load(tmp_path / "huge.npz").to_dict() == huge.to_dict()
     empty = Plan.from_dict(plan_rows([], 4).to_dict())
@@ -86,14 +87,16 @@ def test_a_plan_file_round_trips_and_keeps_int64(tmp_path):
 
 def test_a_plan_file_with_pickled_objects_is_refused(tmp_path):
     """Loading never unpickles: a crafted .npz with object arrays is an error, not code."""
+
     path = tmp_path / "evil.npz"
     header = np.frombuffer(
         json.dumps({"policy": "x", "capacity": 4, "num_rows": 1}).encode(), np.uint8
     )
     objects = np.array([1, 2], dtype=object)
     np.savez(path, header=header, lengths=objects, row_of=objects, start_of=objects)
-    with pytest.raises(ValueError, match="allow_pickle"):
+    with pytest.raises((ValueError, InvalidInput)) as err:  # NumPy's refusal, or seqpack's check
         Plan.load(path)
+    assert "allow_pickle" in str(err.value) or "object array" in str(err.value)
 
 
 def placements(row_of, start_of, lengths=(3, 2, 4), num_rows=2, capacity=6):
@@ -314,7 +317,7 @@ def test_byte_size_messages():
     assert str(err.value) == "--budget '8192P' is beyond any machine's memory — write e.g. 2G"
     with pytest.raises(InvalidInput) as err:
         parse_count("x", "--rows")
-    assert str(err.value) == "--rows 'x' is not a positive whole number — write e.g. 4096"
+    assert str(err.value) == "--rows 'x' is not a whole number — write e.g. 4096"
 
 
 @pytest.mark.parametrize(
@@ -336,10 +339,13 @@ def test_policy_options_parse_as_json_or_text(item, want):
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ("window", "--option 'window' is not KEY=VALUE"),
-        ("=3", "--option '=3' is not KEY=VALUE"),
-        ("x=NaN", "--option 'x=NaN': NaN is not a usable value"),
-        ("x=Infinity", "--option 'x=Infinity': Infinity is not a usable value"),
+        ("window", "--option 'window' is not KEY=VALUE — write e.g. window=4096"),
+        ("=3", "--option '=3' is not KEY=VALUE — write e.g. window=4096"),
+        ("x=NaN", "--option 'x=NaN': NaN is not a usable value — write a finite number"),
+        (
+            "x=Infinity",
+            "--option 'x=Infinity': Infinity is not a usable value — write a finite number",
+        ),
     ],
 )
 def test_bad_policy_options_are_named(item, message):
