@@ -107,33 +107,38 @@ class Layout:
         return out
 
     # The permission and its views.
-    def allowed(self, r: int, q: int, k: int) -> bool:
-        """``k`` is a cell of the same occurrence as ``q`` at or before it."""
+    def allowed(self, r: int, q: int, k: int, window: int | None = None) -> bool:
+        """``k`` is a cell of the same occurrence as ``q`` at or before it (and, with a
+        sliding ``window``, fewer than ``window`` cells back)."""
         pq, pk = self.owner[r][q], self.owner[r][k]
-        return pq is not None and pk is pq and pk.start <= k <= q
+        near = window is None or q - k < window
+        return pq is not None and pk is pq and pk.start <= k <= q and near
 
-    def dense(self) -> list[list[list[bool]]]:
+    def dense(self, window: int | None = None) -> list[list[list[bool]]]:
         w = self.width
         return [
-            [[self.allowed(r, q, k) for k in range(w)] for q in range(w)] for r in range(self.rows)
+            [[self.allowed(r, q, k, window) for k in range(w)] for q in range(w)]
+            for r in range(self.rows)
         ]
 
-    def edges(self) -> list[tuple[int, int, int]]:
+    def edges(self, window: int | None = None) -> list[tuple[int, int, int]]:
         out = []
         for r in range(self.rows):
             for q in range(self.width):
                 for k in range(self.width):
-                    if self.allowed(r, q, k):
+                    if self.allowed(r, q, k, window):
                         out.append((r, q, k))
         return out
 
-    def key_ranges(self) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    def key_ranges(
+        self, window: int | None = None
+    ) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """Per query ``[start, end)`` of permitted keys (``[q, q)`` when none); valid per row."""
         starts, ends, lengths = [], [], []
         for r in range(self.rows):
             srow, erow = [], []
             for q in range(self.width):
-                keys = [k for k in range(self.width) if self.allowed(r, q, k)]
+                keys = [k for k in range(self.width) if self.allowed(r, q, k, window)]
                 if keys:
                     assert keys == list(range(keys[0], keys[-1] + 1)), "keys not contiguous"
                     srow.append(keys[0])

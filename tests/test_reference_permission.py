@@ -362,3 +362,23 @@ def test_an_empty_call_has_empty_typed_views():
     for edges in (batch.edges(), tiled_edges(batch)):
         assert edges.shape == (0, 3) and edges.dtype == np.int64
     assert batch.dense_mask().shape == (0, 6, 6)
+
+
+@settings(max_examples=scaled(60))
+@given(packings(), st.integers(1, 6))
+def test_sliding_window_views_equal_the_per_cell_reference(case, window):
+    """With ``window``, a query keeps only the keys fewer than ``window`` cells back."""
+    examples, _, _, epoch = case
+    for batch in epoch.batches:
+        layout = layout_of(batch, examples)
+        assert batch.dense_mask(window).tolist() == layout.dense(window)
+        assert [tuple(e) for e in batch.edges(window).tolist()] == layout.edges(window)
+        starts, ends, lengths = layout.key_ranges(window)
+        ranges = batch.key_ranges(window)
+        assert ranges.starts.tolist() == starts and ranges.ends.tolist() == ends
+        assert ranges.row_lengths.tolist() == lengths
+        rows, width = batch.shape
+        for r in range(rows):
+            for q in range(width):
+                for k in range(width):
+                    assert batch.allowed_key(r, q, k, window) == layout.allowed(r, q, k, window)
