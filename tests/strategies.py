@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from seqpack import Binding, PackConfig, Partition, SequenceExample, pack_examples
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
+
+
+def scaled(n: int) -> int:
+    """``n`` examples under the default profile (200), proportionally fewer under smaller
+    ones (``HYPOTHESIS_PROFILE=mutation`` runs every test once per mutant), at least 5."""
+    return max(5, n * settings.default.max_examples // 200)
 
 
 @st.composite

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from hypothesis import given
 
@@ -132,8 +133,13 @@ def test_model_call_over_max_cells_is_an_error():
 def test_metadata_budget_is_enforced_before_allocating_and_counts_real_bytes():
     exs, b = fixture_examples(), fixture_binding()
     epoch = pack_examples("train", exs, b, PackConfig(6, 2))
-    allocated = sum(x.nbytes for x in epoch.batches) + 4 * 8 * 3  # + plan arrays
-    gather = 4 * 8 * 9  # transient int64 indices for the 9 real cells
+    plan = epoch.plan
+    # + the plan's int64 arrays: lengths, row_of, start_of and the storage order
+    per_example = sum(a.itemsize for a in (plan.lengths, plan.row_of, plan.start_of))
+    per_example += plan.row_order().itemsize
+    allocated = sum(x.nbytes for x in epoch.batches) + per_example * len(exs)
+    # fill_cells' transient int64 indices per real cell: owner, local, destination, source
+    gather = 4 * np.dtype(np.int64).itemsize * int(epoch.batches[0].valid.sum())
     assert epoch.metadata_peak == allocated + gather
     with pytest.raises(BudgetExceeded) as err:
         pack_examples("train", exs, b, PackConfig(6, 2, max_metadata_bytes=epoch.metadata_peak - 1))
@@ -189,6 +195,9 @@ def test_next_fit_every_occurrence_once_whole_in_order(data):
 @given(packed_epochs())
 def test_metadata_peak_matches_allocated_bytes(data):
     examples, _capacity, epoch = data
-    allocated = sum(b.nbytes for b in epoch.batches) + 32 * len(examples)
+    int64 = np.dtype(np.int64).itemsize
+    plan_arrays = 4  # lengths, row_of, start_of, storage order
+    gather_indices = 4  # owner, local, destination, source: per real cell of one call
+    allocated = sum(b.nbytes for b in epoch.batches) + plan_arrays * int64 * len(examples)
     largest = max(int(b.input_valid.sum()) for b in epoch.batches)
-    assert epoch.metadata_peak == allocated + 32 * largest
+    assert epoch.metadata_peak == allocated + gather_indices * int64 * largest

@@ -7,19 +7,93 @@ import pytest
 
 from seqpack import InvalidInput, PackConfig, Partition, pack_examples
 from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
-from seqpack.figure import draw_batch, draw_fixture
+from seqpack.figure import FIELDS, draw_batch, draw_fixture
+
+from reference import Layout, placed_from_records
 
 pytest.importorskip("matplotlib")
 
 
-def test_png_renders_with_both_rows(tmp_path):
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib Figure each draw saves (its artists are what the file shows)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    real = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def grid_texts(ax):
+    """``{(line, column): text}`` of the texts an axes draws on its cell grid."""
+    out = {}
+    for t in ax.texts:
+        x, y = t.get_position()
+        out[round(y), round(x)] = t.get_text()
+    return out
+
+
+@pytest.mark.parametrize("policy", ["next-fit", "padded", "best-fit-decreasing"])
+def test_the_drawn_cells_and_matrices_are_the_reference_permission(tmp_path, drawn, policy):
+    examples = fixture_examples()
+    width = 6 if policy != "padded" else 4
+    batch = pack_examples(
+        Partition.TRAIN, examples, fixture_binding(), PackConfig(width, 3), policy=policy
+    ).batches[0]
+    draw_batch(batch, tmp_path / "layout.svg")
+    [fig] = drawn
+    layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
+    cells = layout.cells()
+    rows = batch.shape[0]
+    assert len(fig.axes) == 2 * rows
+    for r in range(rows):
+        fields_ax, matrix_ax = fig.axes[2 * r], fig.axes[2 * r + 1]
+        drawn_matrix = grid_texts(matrix_ax)
+        assert sorted(drawn_matrix) == [(q, k) for q in range(width) for k in range(width)]
+        for (q, k), text in drawn_matrix.items():
+            assert text == ("1" if layout.allowed(r, q, k) else "·"), (r, q, k)
+        # Permitted cells take their query's segment tint, forbidden pairs of real cells stay
+        # white, pairs with a padding cell are grey.
+        image = np.asarray(matrix_ax.images[0].get_array())
+        for q in range(width):
+            for k in range(width):
+                real = layout.owner[r][q] is not None and layout.owner[r][k] is not None
+                white = bool(np.allclose(image[q, k], 1.0))
+                assert white == (real and not layout.allowed(r, q, k)), (r, q, k)
+        fields = {
+            (round(t.get_position()[1]), round(t.get_position()[0])): t.get_text()
+            for t in fields_ax.texts
+        }
+        for line, (_, attr) in enumerate(FIELDS):
+            for c in range(width):
+                value = cells[attr][r][c]
+                want = ("✓" if value else "✗") if isinstance(value, bool) else str(value)
+                assert fields[(line, c)] == want, (attr, r, c)
+
+
+def test_png_holds_the_figure_at_150_dpi_with_every_segment_tint(tmp_path, drawn):
     from matplotlib.image import imread
 
     path = draw_fixture(tmp_path / "layout.png")
     assert path == tmp_path / "layout.png"
-    image = imread(path)
-    assert image.ndim == 3 and image.shape[0] > 600 and image.shape[1] > 1000
-    assert image[..., :3].std() > 0.05  # not a blank canvas
+    [fig] = drawn
+    image = imread(path)[..., :3]  # (H, W, 3) floats in [0, 1]
+    inches = fig.get_size_inches()
+    assert image.shape[:2] == (round(inches[1] * 150), round(inches[0] * 150))
+    # Every permitted cell's colour (its query's segment tint) is painted somewhere.
+    pixels = np.unique((image.reshape(-1, 3) * 255).round().astype(int), axis=0)
+    for ax in fig.axes[1::2]:
+        tints = np.unique(
+            (np.asarray(ax.images[0].get_array()) * 255).round().astype(int).reshape(-1, 3), axis=0
+        )
+        for tint in tints:
+            assert (np.abs(pixels - tint).max(axis=1) <= 1).any(), tint
     assert [p.name for p in tmp_path.iterdir()] == ["layout.png"]  # no temporary left
 
 
@@ -34,8 +108,12 @@ def test_svg_holds_the_aligned_fields_and_permission_labels(tmp_path):
         assert batch.positions[0, q] == pos
         assert f">q{q} {occupant}·p{pos}<" in svg
     assert svg.count(">q5 pad<") == 2 and svg.count(">q4 pad<") == 1  # rows 0 and 1
-    # Permitted cells are drawn as "1": one per permitted edge of the batch.
-    assert svg.count(">1<") >= len(batch.edges())
+    # "1" is drawn once per permitted edge, once per numeric field cell holding 1, and as the
+    # tick label of storage column 1 and key column 1 of each row.
+    numbers = [getattr(batch, attr) for _, attr in FIELDS if getattr(batch, attr).dtype != bool]
+    ones_in_fields = sum(int((cells == 1).sum()) for cells in numbers)
+    ticks = 2 * batch.shape[0]
+    assert svg.count(">1<") == len(batch.edges()) + ones_in_fields + ticks
 
 
 def test_unknown_extension_is_a_clear_error_and_writes_nothing(tmp_path):
@@ -60,7 +138,9 @@ def test_padded_layout_draws_too(tmp_path):
         Partition.TRAIN, fixture_examples(), fixture_binding(), PackConfig(4, 3), policy="padded"
     ).batches[0]
     assert np.array_equal(batch.occurrences.row, [0, 1, 2])
-    assert draw_batch(batch, tmp_path / "padded.svg").stat().st_size > 0
+    svg = draw_batch(batch, tmp_path / "padded.svg").read_text()
+    for r in range(3):  # one example per row, each at column 0
+        assert f">row {r}: storage column / occupant<" in svg
 
 
 def test_cli_demo_figure(tmp_path):
@@ -72,7 +152,9 @@ def test_cli_demo_figure(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["figure"] == str(out) and out.stat().st_size > 10_000
+    assert json.loads(proc.stdout)["figure"] == str(out)
+    # The command draws exactly the fixture figure (PNGs are written without a time stamp).
+    assert out.read_bytes() == draw_fixture(tmp_path / "same.png").read_bytes()
     bad = subprocess.run(
         [sys.executable, "-m", "seqpack.cli", "demo", "--figure", str(tmp_path / "x.gif")],
         capture_output=True,

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from seqpack import ExampleTable, InvalidInput, SeqpackError
@@ -75,11 +75,12 @@ binding_args = st.one_of(
 
 
 def check_read(source, args, partition="train"):
-    """Read ``source``: a SeqpackError, or a table that keeps the ExampleTable invariants."""
+    """Read ``source``: None on a SeqpackError, else the table (it keeps the ExampleTable
+    invariants). Targets whose input is valid assert that a table came back."""
     try:
         table = load_examples(source, partition=partition, **args)
     except SeqpackError:
-        return False
+        return None
     assert isinstance(table, ExampleTable)
     vocab = table.binding.vocab_size
     assert table.windows.dtype == np.int32 and table.offsets.dtype == np.int64
@@ -88,7 +89,7 @@ def check_read(source, args, partition="train"):
     assert (table.lengths >= 1).all()
     assert table.loss_mask.dtype == bool and table.loss_mask.shape[0] == table.lengths.sum()
     assert table.partition.value == partition
-    return True
+    return table
 
 
 @FUZZ
@@ -114,14 +115,8 @@ good_records = st.fixed_dictionaries(
 )
 
 
-@FUZZ
-@given(
-    st.lists(good_records, max_size=6),
-    binding_args,
-    st.sampled_from([".jsonl", ".json", ".parquet"]),
-)
-def test_mostly_valid_records_in_every_format(tmp_path_factory, rows, args, suffix):
-    path = tmp_path_factory.mktemp("fuzz") / f"data{suffix}"
+def write_records(path, rows, suffix):
+    """``rows`` as JSON Lines, one JSON array, or Parquet (None: not one Arrow table)."""
     if suffix == ".jsonl":
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     elif suffix == ".json":
@@ -130,9 +125,77 @@ def test_mostly_valid_records_in_every_format(tmp_path_factory, rows, args, suff
         try:
             table = pa.Table.from_pylist(rows)
         except (pa.ArrowException, OverflowError):
-            return  # not representable as one Arrow table: nothing to write
+            return None
         pq.write_table(table, path)
-    check_read(path, args)
+    return path
+
+
+@FUZZ
+@given(
+    st.lists(good_records, max_size=6),
+    binding_args,
+    st.sampled_from([".jsonl", ".json", ".parquet"]),
+)
+def test_mostly_valid_records_in_every_format(tmp_path_factory, rows, args, suffix):
+    path = tmp_path_factory.mktemp("fuzz") / f"data{suffix}"
+    assume(write_records(path, rows, suffix))  # else not representable as one Arrow table
+    table = check_read(path, args)
+    vocab = args["vocab_size"] if "vocab_size" in args else args["tokenizer"].vocab_size
+    plain = [r for r in rows if set(r) == {"input_ids"} and surely_valid_ids(r["input_ids"], vocab)]
+    if rows and len(plain) == len(rows):  # every record is a plain valid document
+        assert table is not None and len(table) == len(rows)
+        assert table.windows.tolist() == [t for r in rows for t in r["input_ids"]]
+
+
+def surely_valid_ids(ids, vocab):
+    return (
+        isinstance(ids, list)
+        and len(ids) >= 2
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids)
+    )
+
+
+@st.composite
+def valid_files(draw):
+    """Records every reader must accept: ids in the vocabulary, aligned labels or masks."""
+    vocab = draw(st.integers(2, 300))
+    kind = draw(st.sampled_from(["plain", "labels", "loss_mask"]))
+    # A file holds one partition (rows of another are an error, not filtered out).
+    partition = draw(st.sampled_from([None, "train", "validation"]))
+    rows = []
+    for i in range(draw(st.integers(1, 6))):
+        ids = draw(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=8))
+        row = {"id": f"r{i}", "input_ids": ids}
+        if kind == "labels":
+            row["labels"] = [t if draw(st.booleans()) else -100 for t in ids]
+        elif kind == "loss_mask":
+            row["loss_mask"] = [draw(st.booleans()) for _ in ids[1:]]
+        if partition is not None:
+            row["partition"] = partition
+        rows.append(row)
+    return rows, vocab, partition or "train"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(valid_files(), st.sampled_from([".jsonl", ".json", ".parquet"]))
+def test_valid_records_in_every_format_are_read_exactly(tmp_path_factory, case, suffix):
+    rows, vocab, partition = case
+    path = write_records(tmp_path_factory.mktemp("valid") / f"data{suffix}", rows, suffix)
+    train = rows
+    table = check_read(path, {"vocab_size": vocab}, partition)
+    assert table is not None, "a reader refused valid records"
+    assert len(table) == len(train)
+    assert table.windows.tolist() == [t for r in train for t in r["input_ids"]]
+    assert table.source_ids.tolist() == [r["id"] for r in train]
+    flags = []
+    for r in train:
+        if "labels" in r:
+            flags += [label != -100 for label in r["labels"][1:]]
+        elif "loss_mask" in r:
+            flags += r["loss_mask"]
+        else:
+            flags += [True] * (len(r["input_ids"]) - 1)
+    assert table.loss_mask.tolist() == flags
 
 
 ARROW_TYPES = [
@@ -208,7 +271,7 @@ def test_nested_or_non_integer_id_lists_are_a_clear_error(column):
     table = pa.table({"input_ids": column})
     with pytest.raises(InvalidInput, match=r"input_ids holds .* token ids must be integers"):
         load_examples(table, partition="train", vocab_size=266)
-    assert check_read(table, {"vocab_size": 266}) is False
+    assert check_read(table, {"vocab_size": 266}) is None
 
 
 @pytest.fixture(scope="module")
@@ -244,9 +307,12 @@ def test_damaged_parquet(tmp_path_factory, parquet_bytes, edits, truncate):
 
 def test_the_undamaged_inputs_read(parquet_bytes, tmp_path):
     (tmp_path / "d.parquet").write_bytes(parquet_bytes)
-    assert check_read(tmp_path / "d.parquet", {"vocab_size": 300})
+    table = check_read(tmp_path / "d.parquet", {"vocab_size": 300})
+    assert table is not None and table.windows.tolist() == [0, 5, 6, 1, 0, 7, 1]
+    assert table.loss_mask.tolist() == [True, True, True, True, True]  # labels [-100,5,6,1]
     (tmp_path / "d.jsonl").write_text('{"input_ids": [0, 5, 1]}\n')
-    assert check_read(tmp_path / "d.jsonl", {"vocab_size": 300})
+    table = check_read(tmp_path / "d.jsonl", {"vocab_size": 300})
+    assert table is not None and table.windows.tolist() == [0, 5, 1]
 
 
 @pytest.mark.parametrize(
@@ -263,7 +329,7 @@ def test_the_undamaged_inputs_read(parquet_bytes, tmp_path):
 def test_inputs_that_crashed_earlier_versions(tmp_path, data):
     path = tmp_path / "data.jsonl"
     path.write_bytes(data)
-    assert not check_read(path, {"vocab_size": 300})
+    assert check_read(path, {"vocab_size": 300}) is None
 
 
 def test_an_empty_partition_column_is_read():

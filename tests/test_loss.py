@@ -56,7 +56,8 @@ def test_probe_logits_give_the_requested_gold_probabilities():
     p /= p.sum(1, keepdims=True)
     gold = p[np.arange(9), batch.targets[batch.loss_mask]]
     expected = np.where(batch.segments[batch.loss_mask] == 1, 0.25, 0.5)
-    assert np.all(np.abs(gold - expected) <= 1e-12)
+    # float64: log((V-1) q/(1-q)) then a softmax over V=266 terms, a few ulps of error
+    assert np.all(np.abs(gold - expected) <= 1e-10 + 1e-9 * expected)
 
 
 def test_demo_probe_section_is_the_same_computation():

@@ -30,7 +30,7 @@ from seqpack.io.store import load_packed, write_packed
 from v1_format import write_v1
 
 from packed_helpers import assert_same_batches
-from strategies import BINDING, example_lists
+from strategies import BINDING, example_lists, scaled
 
 
 def _fixture_rows(policy="next-fit"):
@@ -60,7 +60,7 @@ def test_fixture_compact_rows_hold_windows_back_to_back():
     assert_same_batches(rows.batches(2), fixture_epoch(2).batches)
 
 
-@settings(max_examples=80)
+@settings(max_examples=scaled(80))
 @given(example_lists(max_capacity=10, max_examples=12), st.sampled_from(sorted(POLICIES)))
 def test_compact_rows_rebuild_exactly_what_materialize_builds(case, policy):
     examples, capacity = case

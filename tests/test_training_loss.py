@@ -179,7 +179,8 @@ def test_labels_sum_matches_the_batch_sum_and_skips_nan_padding():
     poisoned[0, 5] = float("nan")
     got = labels_nll_sum(poisoned, features["labels"])
     assert got.count == want.count == 9
-    assert float(got.sum) == pytest.approx(float(want.sum.detach()), rel=1e-12)
+    # Float64 logits, the same NLL terms summed in possibly different orders.
+    assert bool(within_tolerance(got.sum.detach(), want.sum.detach()))
 
 
 def test_loss_factor_rule_and_errors():
@@ -213,4 +214,7 @@ def test_train_tiny_example_smoke(tmp_path):
     found = re.search(r"largest \|loss diff\| (\S+), largest \|param diff\| (\S+)", run.stdout)
     assert found is not None, run.stdout
     assert float(found[1]) <= 1e-10 and float(found[2]) <= 1e-10
-    assert out.stat().st_size > 0
+    from matplotlib.image import imread
+
+    curves = imread(out)[..., :3]  # the figure decodes, and has drawn lines on its canvas
+    assert curves.ndim == 3 and len(np.unique(curves.reshape(-1, 3), axis=0)) > 2

@@ -186,9 +186,10 @@ def _options_of(fn: PolicyFn) -> set[str]:
 def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
     """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options``.
 
-    Names are checked against the policy's keyword-only parameters; values
-    by planning no examples at ``capacity`` (a policy checks its settings
-    before its first example).
+    Names are checked against the policy's keyword-only parameters, values
+    (the engine, the stream packer's window, open rows and seed at
+    ``capacity``) by the checks the policy itself runs, before anything is
+    allocated.
     """
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -199,6 +200,10 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
             f"policy {policy!r} takes no option {', '.join(sorted(unknown))};"
             f" its options: {', '.join(sorted(known)) or 'none'}"
         )
+    if policy == "stream-best-fit":
+        StreamPacker.check_settings(capacity, **{k: v for k, v in options.items() if v is not None})
+    elif "engine" in options:
+        kernels.resolve(options["engine"])
 
 
 def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:

@@ -102,15 +102,27 @@ class StreamPacker:
         seed: int = 0,
         engine: str = "auto",
     ) -> None:
-        self.capacity = positive_int("capacity", capacity)
-        check_tree_capacity(self.capacity, "stream-best-fit")
-        self.window = positive_int("window", window, INT32_MAX)
-        self.max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
+        settings = self.check_settings(capacity, window, max_open_rows, seed, engine)
+        self.capacity, self.window, self.max_open_rows, self.seed, self.engine = settings
+        self._reset()
+
+    @staticmethod
+    def check_settings(
+        capacity: int,
+        window: int = DEFAULT_WINDOW,
+        max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
+        seed: int = 0,
+        engine: str = "auto",
+    ) -> tuple[int, int, int, int, str]:
+        """The settings as checked ints and the resolved engine, allocating nothing
+        (:class:`InvalidInput` naming a bad one)."""
+        cap = positive_int("capacity", capacity)
+        check_tree_capacity(cap, "stream-best-fit")
+        window = positive_int("window", window, INT32_MAX)
+        max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
-        self.seed = int(seed)
-        self.engine = kernels.resolve(engine)
-        self._reset()
+        return cap, window, max_open_rows, int(seed), kernels.resolve(engine)
 
     def _reset(self) -> None:
         self.finished = False

@@ -169,7 +169,7 @@ class PackOptions:
                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
             )
         options = MappingProxyType(dict(self.policy_options))
-        check_policy_options(self.policy, options)
+        check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
         put(
             self,

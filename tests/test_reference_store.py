@@ -1,0 +1,197 @@
+"""Packed stores read back against the source documents, not against ``materialize``.
+
+Every cell a store hands back must trace to its source: occurrence ``o`` of
+source ``s`` selecting range ``[a, b)`` at columns ``[c0, c1)`` of a row holds
+input ``doc_s[a + p]``, target ``doc_s[a + p + 1]`` and the source's own loss
+flag for that target at column ``c0 + p``; its cells share one segment that
+no other occurrence of the call uses; and over the whole store every
+next-token pair of every source appears exactly once. Only the public API is
+used (``pack_path``, ``load_packed``, ``PackedDataset``, ``pack_dataset`` /
+``unpack_dataset``), never the shard columns.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seqpack.core.policies import POLICIES
+from seqpack.io.store import load_packed
+from seqpack.pipeline.local import pack_path
+from seqpack.training.data import PackedDataset
+
+from reference import split_ranges
+from strategies import scaled
+
+VOCAB = 50
+
+
+@st.composite
+def corpora(draw):
+    capacity = draw(st.integers(2, 12))
+    split = draw(st.booleans())
+    longest = 3 * capacity + 2 if split else capacity + 1
+    # A file holds labels or loss masks, not both (a record may have neither).
+    kind = draw(st.sampled_from(["labels", "mask"]))
+    records = []
+    for i in range(draw(st.integers(1, 30))):
+        n = draw(st.integers(2, longest))
+        ids = draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n))
+        record = {"id": f"doc-{i}", "input_ids": ids}
+        if draw(st.booleans()):
+            pass
+        elif kind == "labels":
+            record["labels"] = [t if draw(st.booleans()) else -100 for t in ids]
+        else:
+            record["loss_mask"] = [int(draw(st.booleans())) for _ in ids[1:]]
+        records.append(record)
+    options = {
+        "capacity": capacity,
+        "split_long": split,
+        "policy": draw(st.sampled_from(sorted(POLICIES))),
+        "max_rows_per_batch": draw(st.integers(1, 5)),
+        "shard_tokens": draw(st.sampled_from([8, 64, 1 << 20])),
+        "vocab_size": VOCAB,
+    }
+    return records, options
+
+
+def source_flags(record) -> list[bool]:
+    """The loss flag of each target of a record, from its own labels or mask."""
+    ids = record["input_ids"]
+    if "labels" in record:
+        return [label != -100 for label in record["labels"][1:]]
+    if "loss_mask" in record:
+        return [bool(m) for m in record["loss_mask"]]
+    return [True] * (len(ids) - 1)
+
+
+def check_call(batch, sources, pairs_seen):
+    """Trace every cell of one model call to its source document."""
+    rows, width = batch.shape
+    owned = np.zeros((rows, width), dtype=bool)
+    segments = set()
+    occ = batch.occurrences
+    for i in range(len(occ)):
+        rec = sources[str(occ.source_ids[i])]
+        doc, flags = rec["input_ids"], source_flags(rec)
+        a, b = int(occ.range_starts[i]), int(occ.range_ends[i])
+        r, c0, c1 = int(occ.row[i]), int(occ.col_start[i]), int(occ.col_end[i])
+        assert c1 - c0 == b - a - 1 and 0 <= a < b <= len(doc)
+        assert str(occ.example_ids[i]) in (rec["id"], f"{rec['id']}[{a}:{b}]")
+        segment = int(batch.segments[r, c0])
+        assert segment not in segments and segment == int(occ.segment[i])
+        segments.add(segment)
+        for p in range(c1 - c0):
+            c = c0 + p
+            assert int(batch.inputs[r, c]) == doc[a + p]
+            assert int(batch.targets[r, c]) == doc[a + p + 1]
+            assert bool(batch.loss_mask[r, c]) == flags[a + p]
+            assert int(batch.segments[r, c]) == segment and int(batch.positions[r, c]) == p
+            assert batch.input_valid[r, c] and batch.target_valid[r, c]
+            pairs_seen.append((rec["id"], a + p))
+        owned[r, c0:c1] = True
+    free = ~owned
+    assert (batch.inputs[free] == -1).all() and (batch.targets[free] == -1).all()
+    assert (batch.segments[free] == -1).all() and (batch.positions[free] == 0).all()
+    assert not (batch.input_valid[free] | batch.target_valid[free] | batch.loss_mask[free]).any()
+
+
+def every_pair(records):
+    return sorted((rec["id"], t) for rec in records for t in range(len(rec["input_ids"]) - 1))
+
+
+@settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpora())
+def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case):
+    records, options = case
+    path = tmp_path_factory.mktemp("store")
+    data = path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    stats = pack_path(data, path / "out", **options)
+    store = load_packed(path / "out")
+    sources = {rec["id"]: rec for rec in records}
+    pairs, first = [], 0
+    for batch in store:
+        assert batch.first_row == first and batch.shape[1] == options["capacity"]
+        assert batch.shape[0] <= options["max_rows_per_batch"]
+        first += batch.shape[0]
+        check_call(batch, sources, pairs)
+    assert first == store.num_rows == stats["rows"]
+    assert sorted(pairs) == every_pair(records)
+    want_examples = sum(
+        len(split_ranges(len(r["input_ids"]), options["capacity"])) for r in records
+    )
+    assert stats["examples"] == want_examples
+    assert stats["eligible_targets"] == sum(sum(source_flags(r)) for r in records)
+
+
+@settings(max_examples=scaled(10), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpora(), st.integers(0, 2**31))
+def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_factory, case, seed_):
+    records, options = case
+    path = tmp_path_factory.mktemp("rows")
+    data = path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    pack_path(data, path / "out", **options)
+    ds = PackedDataset(path / "out")
+    sources = {rec["id"]: rec for rec in records}
+    order = np.random.default_rng(seed_).permutation(ds.num_rows)
+    pairs = []
+    picked = ds.rows(order)
+    check_call(picked, sources, pairs)
+    assert sorted(pairs) == every_pair(records)
+    stats = ds.row_stats()
+    occ = picked.occurrences
+    for local, row in enumerate(order.tolist()):
+        here = occ.row == local
+        lengths = (occ.col_end - occ.col_start)[here]
+        assert stats.tokens[row] == lengths.sum()
+        assert stats.attention[row] == float((lengths.astype(np.float64) ** 2).sum())
+        eligible = 0
+        for i in np.flatnonzero(here).tolist():
+            a, b = int(occ.range_starts[i]), int(occ.range_ends[i])
+            eligible += sum(source_flags(sources[str(occ.source_ids[i])])[a : b - 1])
+        assert stats.eligible[row] == eligible
+
+
+def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
+    datasets = pytest.importorskip("datasets")
+    from seqpack.hf.data import pack_dataset, to_batches, unpack_dataset
+
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(60):
+        ids = rng.integers(0, VOCAB, size=int(rng.integers(2, 30))).tolist()
+        labels = [t if rng.random() < 0.7 else -100 for t in ids]
+        records.append({"id": f"doc-{i}", "input_ids": ids, "labels": labels})
+    source = datasets.Dataset.from_list(records)
+    packed = pack_dataset(
+        source, 8, "best-fit-decreasing", split_long=True, vocab_size=VOCAB, max_rows_per_batch=3
+    )
+    sources = {rec["id"]: rec for rec in records}
+    pairs, first = [], 0
+    for batch in to_batches(packed):
+        assert batch.first_row == first
+        first += batch.shape[0]
+        check_call(batch, sources, pairs)
+    assert sorted(pairs) == every_pair(records)
+    back = unpack_dataset(packed)
+    want = []
+    for rec in records:
+        flags = source_flags(rec)
+        for a, b in split_ranges(len(rec["input_ids"]), 8):
+            tokens = rec["input_ids"][a:b]
+            labels = [-100] + [
+                t if f else -100 for t, f in zip(tokens[1:], flags[a : b - 1], strict=True)
+            ]
+            want.append((rec["id"], a, b, tokens, labels))
+    got = [
+        (r["id"], r["range_start"], r["range_end"], r["input_ids"], r["labels"])
+        for r in back.to_list()
+    ]
+    assert got == want

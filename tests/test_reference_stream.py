@@ -1,0 +1,257 @@
+"""Stream-best-fit and StreamDataset against a plain reference packer (``tests/reference.py``).
+
+The reference keeps waiting examples in a dict of Python lists and open rows
+in a list, and follows the rules of ``core/stream_packer.py``'s docstring: the
+example whose time is up (``window`` arrivals later) goes to the open row with
+the fewest cells left that fit (equal rooms: the row that has had its room
+longest), else a new row, closing the fullest open row first when
+``max_open_rows`` are open; the row then takes the longest waiting example
+that fits, ties in the seeded order; a full row closes; ``finish`` places the
+rest longest first and closes the open rows fullest first.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqpack import plan_rows
+from seqpack.core import engine
+from seqpack.core.stream_packer import StreamPacker, bucket_sides
+from seqpack.training.stream import StreamDataset
+
+from reference import (
+    Layout,
+    Placed,
+    StreamReference,
+    balanced_slots,
+    seeded_side,
+    split_ranges,
+    stream_plan,
+)
+from strategies import BINDING, scaled
+
+ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
+
+
+@st.composite
+def streams(draw, max_capacity=16, max_examples=80):
+    capacity = draw(st.integers(1, max_capacity))
+    lengths = draw(st.lists(st.integers(1, capacity), max_size=max_examples))
+    window = draw(st.integers(1, 12))
+    max_open = draw(st.integers(1, 6))
+    seed = draw(st.one_of(st.integers(0, 5), st.integers(-(2**63), 2**64 - 1)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(lengths)), max_size=4)))
+    return lengths, capacity, window, max_open, seed, cuts
+
+
+def chunks(lengths, cuts):
+    bounds = [0, *cuts, len(lengths)]
+    return [lengths[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def triples(placements):
+    """``(example, row, start)`` per placement, as the reference lists them."""
+    return list(zip(*(c.tolist() for c in placements), strict=True))
+
+
+@settings(max_examples=scaled(150))
+@given(streams(), st.sampled_from(ENGINES))
+def test_every_push_returns_what_the_reference_closes(case, engine_name):
+    lengths, capacity, window, max_open, seed, cuts = case
+    packer = StreamPacker(
+        capacity, window=window, max_open_rows=max_open, seed=seed, engine=engine_name
+    )
+    ref = StreamReference(capacity, window, max_open, seed)
+    for part in chunks(lengths, cuts):
+        got = packer.push(np.asarray(part, dtype=np.int64))
+        want = ref.push(part)
+        assert triples(got) == want
+        assert packer.rows_emitted == ref.rows
+        assert packer.open_rows == len(ref.open)
+        assert packer.buffered == len(ref.length_of)
+    got = packer.finish()
+    assert triples(got) == ref.finish()
+    assert packer.rows_emitted == ref.rows and packer.open_rows == packer.buffered == 0
+
+
+@given(streams())
+def test_a_restored_packer_continues_as_the_reference(case):
+    lengths, capacity, window, max_open, seed, cuts = case
+    cut = cuts[0] if cuts else len(lengths) // 2
+    first = StreamPacker(capacity, window=window, max_open_rows=max_open, seed=seed)
+    first.push(np.asarray(lengths[:cut], dtype=np.int64))
+    resumed = StreamPacker.from_state_dict(first.state_dict())
+    ref = StreamReference(capacity, window, max_open, seed)
+    ref.push(lengths[:cut])
+    got = resumed.push(np.asarray(lengths[cut:], dtype=np.int64))
+    assert triples(got) == ref.push(lengths[cut:])
+    assert triples(resumed.finish()) == ref.finish()
+
+
+@given(streams())
+def test_the_in_memory_policy_is_the_reference_stream(case):
+    lengths, capacity, window, max_open, seed, _ = case
+    plan = plan_rows(
+        lengths, capacity, "stream-best-fit", window=window, max_open_rows=max_open, seed=seed
+    )
+    want = stream_plan(lengths, capacity, window, max_open, seed)
+    assert sorted(want) == sorted(
+        zip(range(len(lengths)), plan.row_of.tolist(), plan.start_of.tolist(), strict=True)
+    )
+    assert plan.num_rows == (max(r for _, r, _ in want) + 1 if want else 0)
+
+
+@given(st.integers(-(2**63), 2**64 - 1), st.lists(st.integers(0, 2**40), max_size=20))
+def test_the_seeded_tie_order_is_splitmix64(seed, index):
+    sides = bucket_sides(np.asarray(index, dtype=np.int64), seed)
+    assert sides.tolist() == [seeded_side(i, seed) for i in index]
+
+
+def test_the_seed_changes_tie_order_and_only_that():
+    """Equal lengths leave in a seeded order: different seeds, same rows' lengths."""
+    lengths = [2] * 12 + [3] * 6
+    plans = {s: stream_plan(lengths, 7, 20, 3, s) for s in range(8)}
+    assert len({tuple(p) for p in plans.values()}) > 1
+    shapes = {
+        tuple(sorted((r, lengths[e]) for e, r, _ in p)) for p in plans.values()
+    }  # which lengths share rows
+    assert len(shapes) == 1
+
+
+# ----------------------------------------------------------------- StreamDataset
+
+
+@st.composite
+def stream_datasets(draw):
+    capacity = draw(st.integers(2, 10))
+    split = draw(st.booleans())
+    longest = 3 * capacity if split else capacity + 1
+    docs = []
+    for i in range(draw(st.integers(1, 25))):
+        n = draw(st.integers(2, longest))
+        ids = draw(st.lists(st.integers(0, 265), min_size=n, max_size=n))
+        if draw(st.booleans()):
+            labels = [t if draw(st.booleans()) else -100 for t in ids]
+            docs.append({"id": f"d{i}", "input_ids": ids, "labels": labels})
+        else:
+            docs.append(ids)
+    settings_ = {
+        "capacity": capacity,
+        "split_long": split,
+        "rows_per_micro_batch": draw(st.integers(1, 3)),
+        "micro_batches": draw(st.integers(1, 2)),
+        "world_size": draw(st.integers(1, 2)),
+        "window": draw(st.integers(1, 6)),
+        "max_open_rows": draw(st.integers(1, 3)),
+        "seed": draw(st.integers(0, 3)),
+        "balance": draw(st.sampled_from(["tokens", "attention", "none"])),
+        "read_chunk": draw(st.integers(1, 9)),
+    }
+    return docs, settings_
+
+
+def reference_examples(docs, capacity):
+    """``(source id, range start, window, flags)`` per example, in stream order."""
+    out = []
+    for i, doc in enumerate(docs):
+        if isinstance(doc, dict):
+            ids, sid = doc["input_ids"], doc["id"]
+            flags = [label != -100 for label in doc["labels"][1:]]
+        else:
+            ids, sid, flags = doc, str(i), [True] * (len(doc) - 1)
+        for start, end in split_ranges(len(ids), capacity):
+            out.append((sid, start, ids[start:end], flags[start : end - 1]))
+    return out
+
+
+def reference_slots(docs, s, rank):
+    """Per scheduled call of ``rank``: (step, micro, global rows, step eligible, placements)."""
+    examples = reference_examples(docs, s["capacity"])
+    lengths = [len(w) - 1 for _, _, w, _ in examples]
+    plan = stream_plan(lengths, s["capacity"], s["window"], s["max_open_rows"], s["seed"])
+    rows: dict[int, list[tuple[int, int]]] = {}
+    for e, r, start in plan:
+        rows.setdefault(r, []).append((e, start))
+    per_step = s["world_size"] * s["micro_batches"] * s["rows_per_micro_batch"]
+    out = []
+    for step, first in enumerate(range(0, len(rows), per_step)):
+        step_rows = list(range(first, min(first + per_step, len(rows))))
+
+        def load(r):
+            sizes = [lengths[e] for e, _ in rows[r]]
+            if s["balance"] == "tokens":
+                return float(sum(sizes))
+            return float(sum(n * n for n in sizes)) if s["balance"] == "attention" else 0.0
+
+        groups = balanced_slots(
+            [load(r) for r in step_rows],
+            s["world_size"] * s["micro_batches"],
+            s["rows_per_micro_batch"],
+        )
+        eligible = sum(sum(examples[e][3]) for r in step_rows for e, _ in rows[r])
+        for micro in range(s["micro_batches"]):
+            members = [step_rows[i] for i in groups[rank * s["micro_batches"] + micro]]
+            out.append((step, micro, members, eligible, {r: rows[r] for r in members}))
+    return examples, lengths, out
+
+
+@settings(max_examples=scaled(60))
+@given(stream_datasets())
+def test_stream_dataset_yields_the_reference_schedule_and_cells(case):
+    docs, s = case
+    for rank in range(s["world_size"]):
+        ds = StreamDataset(docs, binding=BINDING, rank=rank, **s)
+        got = list(ds)
+        examples, lengths, want = reference_slots(docs, s, rank)
+        assert len(got) == len(want)
+        for index, (item, (step, micro, members, eligible, rows)) in enumerate(
+            zip(got, want, strict=True)
+        ):
+            slot = item.slot
+            assert (slot.step, slot.rank, slot.micro, slot.index) == (step, rank, micro, index)
+            assert list(slot.rows) == members and slot.step_eligible == eligible
+            batch = item.batch
+            assert batch.shape == (len(members), s["capacity"])
+            placed = [
+                Placed(e, local, start, start + lengths[e], examples[e][2], examples[e][3])
+                for local, r in enumerate(members)
+                for e, start in rows[r]
+            ]
+            layout = Layout.build(placed, len(members), s["capacity"])
+            for name, cells in layout.cells().items():
+                assert getattr(batch, name).tolist() == cells, name
+            occ = batch.occurrences
+            for o, sid, start in zip(occ.ordinal, occ.source_ids, occ.range_starts, strict=True):
+                assert (str(sid), int(start)) == examples[int(o)][:2]
+            if members:
+                assert batch.first_row == members[0]
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 7])
+def test_split_ranges_keep_every_pair_once(capacity):
+    for tokens in range(2, 30):
+        ranges = split_ranges(tokens, capacity)
+        pairs = [(a + j, a + j + 1) for a, b in ranges for j in range(b - a - 1)]
+        assert pairs == [(t, t + 1) for t in range(tokens - 1)]
+        assert all(b - a - 1 <= capacity for a, b in split_ranges(tokens, capacity))
+
+
+@given(streams(), st.sampled_from(ENGINES))
+def test_a_restored_state_saves_back_to_itself(case, engine_name):
+    """Restoring rebuilds rooms, bucket order and stamps: saving again gives the same state,
+    and both packers go on alike."""
+    lengths, capacity, window, max_open, seed, cuts = case
+    cut = cuts[-1] if cuts else len(lengths)
+    first = StreamPacker(
+        capacity, window=window, max_open_rows=max_open, seed=seed, engine=engine_name
+    )
+    first.push(np.asarray(lengths[:cut], dtype=np.int64))
+    state = first.state_dict()
+    again = StreamPacker.from_state_dict(state, engine=engine_name)
+    assert again.state_dict() == state
+    more = np.asarray(lengths[: len(lengths) - cut], dtype=np.int64)
+    assert triples(again.push(more)) == triples(first.push(more))
+    assert again.state_dict() == first.state_dict()
