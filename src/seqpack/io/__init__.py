@@ -24,7 +24,7 @@ from __future__ import annotations
 from seqpack._lazy import lazy_exports
 
 _NAMES = {
-    "COLUMNS": "readers",
+    "COLUMNS": "columns",
     "read_arrow": "readers",
     "read_documents": "readers",
     "documents_from_arrow": "readers",

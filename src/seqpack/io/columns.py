@@ -22,96 +22,42 @@ file, the line or row, and the fix.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.gather import value_range
+from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
+from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
+from seqpack.io.supervision import SUPERVISION_COLUMNS, check_columns, supervised_targets, suspect
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
-COLUMNS = ("input_ids", "labels", "loss_mask", "id", "partition")
+COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
 
 
-def _column(table: pa.Table, name: str) -> pa.Array:
-    col = table.column(name)
-    if isinstance(col, pa.ChunkedArray):
-        # one chunk is used as it is: combine_chunks() would copy it
-        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    return col
-
-
-def _first(mask: pa.Array | np.ndarray) -> int:
-    return int(np.argmax(np.asarray(mask)))
-
-
-def _lists(
-    table: pa.Table, name: str, origin: Origin, optional: bool = False
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A list column as (values [Σn], offsets int64 [k+1], present bool [k]).
-
-    A missing (null) list is an error unless ``optional``; then it has no
-    values and ``present`` is False for its row.
-    """
-    arr = _column(table, name)
-    present = ~pc.is_null(arr).to_numpy(zero_copy_only=False)
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-        raise origin.type_error(
-            f"column {name!r} has type {arr.type}; it must hold one list per row",
-            _first(present) if present.any() else None,
-        )
-    if not optional and not present.all():
-        row = _first(~present)
-        raise InvalidInput(f"{origin.locate(row)}: {name} is missing — give every row {name}")
-    counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    values = arr.flatten()
-    if values.null_count:
-        pos = _first(pc.is_null(values).to_numpy(zero_copy_only=False))
-        row = int(np.searchsorted(offsets, pos, "right") - 1)
-        raise InvalidInput(f"{origin.locate(row)}: {name} holds a null — use integers only")
-    return values.to_numpy(zero_copy_only=False), offsets, present
-
-
-def _show(value: Any) -> str:
-    """A short repr of one cell for an error message (nested lists included)."""
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    elif isinstance(value, np.generic):
-        value = value.item()
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _ints(values: np.ndarray, offsets: np.ndarray, name: str, origin: Origin) -> np.ndarray:
-    if values.size and (not np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_):
-        pos = 0
-        if np.issubdtype(values.dtype, np.floating):  # NaN, inf or a fraction first, if any
-            pos = _first(~np.isfinite(values) | (values != np.round(values)))
-        row = int(np.searchsorted(offsets, pos, "right") - 1)
-        raise origin.type_error(
-            f"{name} holds {values.dtype} values (e.g. {_show(values[pos])} at position"
-            f" {pos - int(offsets[row])}); token ids must be integers — tokenize the text"
-            " first or pass --tokenizer",
-            row,
-        )
-    return values
+def wanted_columns(present: Sequence[str], text_field: str) -> list[str]:
+    """Columns a reader reads: the documented ones, the text field, the SFT text columns and
+    any that may be supervision (so it is refused, not dropped); all of them when there are
+    neither ids nor text, so the error can list them."""
+    known = {*COLUMNS, text_field, *SFT_COLUMNS, *TEMPLATE_COLUMNS}
+    keep = [c for c in present if c in known or suspect(c)]
+    found = {"input_ids", text_field, *SFT_COLUMNS} & set(keep)
+    return keep if found else list(present)
 
 
 def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarray, int]:
     """Token ids (as Arrow holds them), offsets and the largest id, checked."""
-    values, offsets, _ = _lists(table, "input_ids", origin)
-    values = _ints(values, offsets, "input_ids", origin)
+    values, offsets, _ = lists(table, "input_ids", origin)
+    values = ints(values, offsets, "input_ids", origin)
     smallest, largest = value_range(values) if values.size else (0, -1)
     if smallest < 0 or largest > INT32_MAX:
-        pos = _first((values < 0) | (values > INT32_MAX))
-        row = int(np.searchsorted(offsets, pos, "right") - 1)
+        pos = first((values < 0) | (values > INT32_MAX))
+        row = row_of(offsets, pos)
         raise InvalidInput(
             f"{origin.locate(row)}: token id {int(values[pos])} at position"
             f" {pos - int(offsets[row])} is not a valid id (0 <= id <= {INT32_MAX}) — ids come"
@@ -119,7 +65,7 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
         )
     counts = np.diff(offsets)
     if counts.size and int(counts.min()) < 2:
-        row = _first(counts < 2)
+        row = first(counts < 2)
         raise InvalidInput(
             f"{origin.locate(row)}: input_ids has {int(counts[row])} token(s); an example needs"
             " at least 2 to form one input/target pair — drop the row"
@@ -127,84 +73,13 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
     return values, offsets, largest
 
 
-def _target_flags(per_token: np.ndarray, firsts: np.ndarray) -> np.ndarray:
-    """Drop the flags at ``firsts`` (a document's first token is no pair's target)."""
-    keep = np.ones(per_token.shape[0], dtype=bool)
-    keep[firsts] = False
-    return per_token[keep]
-
-
-def _loss_flags(
-    table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, origin: Origin
-) -> np.ndarray | None:
-    """One flag per target, or None when every target is supervised (rows without labels /
-    loss_mask are)."""
-    names = {n for n in table.column_names if not pa.types.is_null(table.schema.field(n).type)}
-    if "labels" in names and "loss_mask" in names:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: has both labels and loss_mask — keep one of them"
-        )
-    if "labels" not in names and "loss_mask" not in names:
-        return None
-    counts = np.diff(offsets)
-    flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
-    if "labels" in names:
-        labels, loffsets, present = _lists(table, "labels", origin, optional=True)
-        labels = _ints(labels, loffsets, "labels", origin)
-        bad = present & (np.diff(loffsets) != counts)
-        if bad.any():
-            row = _first(bad)
-            raise InvalidInput(
-                f"{origin.locate(row)}: labels has {int(np.diff(loffsets)[row])} entries but"
-                f" input_ids has {int(counts[row])} — labels align with input_ids"
-            )
-        supervised = labels != IGNORE_INDEX
-        wrong = supervised & (labels != tokens[np.repeat(present, counts)])
-        if wrong.any():
-            pos = _first(wrong)
-            row = int(np.searchsorted(loffsets, pos, "right") - 1)
-            raise InvalidInput(
-                f"{origin.locate(row)}: labels[{pos - int(loffsets[row])}] = {int(labels[pos])}"
-                f" differs from its input_ids token — a label must be the token itself"
-                f" or {IGNORE_INDEX} (unshifted; seqpack forms the pairs)"
-            )
-        flags[np.repeat(present, counts - 1)] = _target_flags(supervised, loffsets[:-1][present])
-    elif "loss_mask" in names:
-        mask, moffsets, present = _lists(table, "loss_mask", origin, optional=True)
-        if mask.dtype != np.bool_:
-            numeric = np.issubdtype(mask.dtype, np.integer) or np.issubdtype(
-                mask.dtype, np.floating
-            )
-            bad = ~np.isin(mask, (0, 1)) if numeric else np.ones(mask.shape[0], dtype=bool)
-            if mask.size and (bad.any() or not np.issubdtype(mask.dtype, np.integer)):
-                pos = _first(bad) if bad.any() else 0
-                row = int(np.searchsorted(moffsets, pos, "right") - 1)
-                raise origin.type_error(
-                    f"loss_mask holds {_show(mask[pos])} at position {pos - int(moffsets[row])};"
-                    " it must hold booleans or 0/1 — one flag per token or per target",
-                    row,
-                )
-            mask = mask.astype(bool)
-        mcounts = np.diff(moffsets)
-        aligned = present & (mcounts == counts)
-        bad = present & ~aligned & (mcounts != counts - 1)
-        if bad.any():
-            row = _first(bad)
-            raise InvalidInput(
-                f"{origin.locate(row)}: loss_mask has {int(mcounts[row])} entries for"
-                f" {int(counts[row])} tokens — give one per token or one per target"
-            )
-        flags[np.repeat(present, counts - 1)] = _target_flags(mask, moffsets[:-1][aligned])
-    return None if flags.all() else flags
-
-
 def _ids(table: pa.Table, origin: Origin) -> pa.Array | None:
     """The ids as an Arrow string array, or None when there is no id column."""
     if "id" not in table.column_names:
         return None
-    col = _column(table, "id")
+    col = column(table, "id")
     if col.null_count:
-        row = _first(pc.is_null(col).to_numpy(zero_copy_only=False))
+        row = first(pc.is_null(col).to_numpy(zero_copy_only=False))
         raise InvalidInput(f"{origin.locate(row)}: id is missing — give every row an id or none")
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if not pa.types.is_integer(col.type):
@@ -213,17 +88,32 @@ def _ids(table: pa.Table, origin: Origin) -> pa.Array | None:
     return col
 
 
+def _check_encoded(offsets: np.ndarray, origin: Origin) -> None:
+    counts = np.diff(offsets)
+    if counts.size and int(counts.min()) < 2:
+        row = first(counts < 2)
+        raise InvalidInput(
+            f"{origin.locate(row)}: the text encodes to {int(counts[row])} token(s);"
+            " an example needs at least 2 — drop the row"
+        )
+
+
 def _texts(
-    table: pa.Table, field: str, tokenizer: Tokenizer, origin: Origin
+    table: pa.Table, field: str, tokenizer: Tokenizer | None, origin: Origin
 ) -> tuple[np.ndarray, np.ndarray]:
-    col = _column(table, field)
+    if tokenizer is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: rows hold {field!r} but no tokenizer was given"
+            " — pass --tokenizer bytes or a local tokenizer folder"
+        )
+    col = column(table, field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise InvalidInput(
             f"{origin.parts[0][0]}: {field!r} has type {col.type}, not text — pass"
             " --text-field with the column that holds the text"
         )
     if col.null_count:
-        row = _first(pc.is_null(col).to_numpy(zero_copy_only=False))
+        row = first(pc.is_null(col).to_numpy(zero_copy_only=False))
         raise InvalidInput(f"{origin.locate(row)}: {field} is missing — give every row text")
     if isinstance(tokenizer, ByteTokenizer):
         _, obuf, dbuf = col.buffers()
@@ -238,7 +128,7 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
     if "partition" not in table.column_names:
         return
-    col = _column(table, "partition")
+    col = column(table, "partition")
     if pa.types.is_null(col.type):
         return
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
@@ -249,7 +139,7 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     fine = fine.to_numpy(zero_copy_only=False)
     if fine.all():
         return
-    row = _first(~fine)
+    row = first(~fine)
     value = col[row].as_py()
     where = origin.locate(row)
     if value.lower() not in names:
@@ -306,28 +196,26 @@ def _chunk(
     if partition is not None:
         _check_partition(table, origin, Partition.parse(partition))
     names = set(table.column_names)
-    if "input_ids" in names:
+    sft = sft_columns(table.column_names)
+    if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone
+        check_columns(table, origin, {*COLUMNS, *SFT_COLUMNS, *TEMPLATE_COLUMNS}, tokens=True)
         tokens, offsets, largest = _token_column(table, origin)
-        flags = _loss_flags(table, tokens, offsets, origin)
-    elif text_field in names:
-        if tokenizer is None:
-            raise InvalidInput(
-                f"{origin.parts[0][0]}: rows hold {text_field!r} but no tokenizer was given"
-                " — pass --tokenizer bytes or a local tokenizer folder"
-            )
-        tokens, offsets = _texts(table, text_field, tokenizer, origin)
-        counts = np.diff(offsets)
-        if counts.size and int(counts.min()) < 2:
-            row = _first(counts < 2)
-            raise InvalidInput(
-                f"{origin.locate(row)}: the text encodes to {int(counts[row])} token(s);"
-                " an example needs at least 2 — drop the row"
-            )
-        flags = None
+        flags = supervised_targets(table, tokens, offsets, origin)
+    elif sft is not None or text_field in names:
+        read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
+        check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
+        if sft is not None:
+            tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft)
+        else:
+            tokens, offsets = _texts(table, text_field, tokenizer, origin)
+        _check_encoded(offsets, origin)
+        flags = None if sft is None else target_flags(supervised, offsets[:-1])
+        flags = None if flags is None or flags.all() else flags
         largest = int(tokens.max()) if tokens.size else -1
     else:
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
-            f" {sorted(names)}) — give token ids as input_ids or text with --tokenizer"
+            f" {sorted(names)}) — give token ids as input_ids, text with --tokenizer, or SFT"
+            " rows (prompt/completion or messages) with --tokenizer"
         )
     return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin, largest=largest)

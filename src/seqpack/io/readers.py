@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
-from seqpack.io.columns import COLUMNS, chunk_from_arrow
+from seqpack.io.columns import chunk_from_arrow, wanted_columns
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.files import open_regular
 from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
@@ -38,13 +38,6 @@ DEFAULT_CHUNK_BYTES = 1 << 25
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: File kinds of a folder of shards; a folder holding more than one is refused.
 FOLDER_FORMATS = {"parquet": ("*.parquet",), "JSON Lines": ("*.jsonl", "*.ndjson")}
-
-
-def _wanted(present: list[str], text_field: str) -> list[str]:
-    """Columns worth reading: the documented ones and the text field (all when neither ids
-    nor text is present, so the error can list them)."""
-    keep = [c for c in present if c in COLUMNS or c == text_field]
-    return keep if {"input_ids", text_field} & set(keep) else present
 
 
 @dataclass
@@ -147,7 +140,7 @@ def _parquet_chunks(
     try:
         pf = pq.ParquetFile(f)
         meta = pf.metadata
-        columns = _wanted(pf.schema_arrow.names, text_field)
+        columns = wanted_columns(pf.schema_arrow.names, text_field)
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         per_row = max(1, size // max(1, meta.num_rows))
         batches = pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,7 +113,12 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "merges.txt",
     "tokenizer.model",
+    "chat_template.jinja",
 )
+
+
+#: Where a tokenizer's identity names a chat template other than its own.
+CHAT_MARK = "+chat-template@sha256:"
 
 
 def _identity(kind: str, path: Path, files: Sequence[Path]) -> str:
@@ -164,12 +170,34 @@ class HFTokenizer:
     the ids are copied out in one C-level pass (``np.fromiter``).
     """
 
+    #: The chat template to render conversations with (``--chat-template``); None: the
+    #: transformers tokenizer's own.
+    chat_template: str | None = None
+
     def __init__(self, backend: Any, kind: str, identity: str, vocab_size: int) -> None:
         self.backend = backend
         self.kind = kind
         self.identity = identity
         self.vocab_size = int(vocab_size)
         self._rust = rust_backend(backend, kind)
+
+    def with_chat_template(self, template: str) -> HFTokenizer:
+        """This tokenizer rendering chats with ``template``; its identity says so (the
+        template decides the tokens), unless it is the tokenizer's own."""
+        if self.kind != "transformers":
+            raise InvalidInput(
+                "--chat-template needs a transformers tokenizer: pass --tokenizer with a"
+                " save_pretrained folder (tokenizer_config.json), not a tokenizer.json"
+            )
+        if template == self.chat_template:  # already applied (a Ray task's shipped copy)
+            return self
+        out = copy.copy(self)
+        out.chat_template = template
+        out.identity = self.identity.split(CHAT_MARK)[0]
+        if template != getattr(self.backend, "chat_template", None):
+            digest = hashlib.sha256(template.encode()).hexdigest()[:16]
+            out.identity += f"{CHAT_MARK}{digest}"
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_rust": None}
@@ -282,6 +310,40 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
     size = backend.get_vocab_size(with_added_tokens=True)
     name = path if path.is_dir() else file
     return HFTokenizer(backend, "tokenizers", _identity("tokenizers", name, [file]), size)
+
+
+def read_chat_template(spec: str | os.PathLike[str]) -> str:
+    """A chat template: the text itself (it holds ``{%`` or ``{{``), a Jinja file, or a
+    ``tokenizer_config.json`` whose ``chat_template`` it is."""
+    if isinstance(spec, str) and ("{%" in spec or "{{" in spec):
+        return spec
+    path = Path(spec)
+    if not path.is_file():
+        raise InvalidInput(
+            f"chat template {str(spec)!r} is not a file — pass a Jinja file (e.g. the"
+            " tokenizer folder's chat_template.jinja) or the template text"
+        )
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix == ".json":
+        try:
+            text = json.loads(text)["chat_template"]
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(f"{path} holds no chat_template — pass a Jinja file") from None
+        if not isinstance(text, str):
+            raise InvalidInput(f"{path}: chat_template is not one template — pass a Jinja file")
+    return text
+
+
+def with_chat_template(tokenizer: Tokenizer | None, template: str | None) -> Tokenizer | None:
+    """``tokenizer`` rendering chats with ``template`` (None: as it is)."""
+    if template is None:
+        return tokenizer
+    if not isinstance(tokenizer, HFTokenizer):
+        raise InvalidInput(
+            "--chat-template needs --tokenizer with a transformers tokenizer folder"
+            " (save_pretrained) to tokenize the rendered chats"
+        )
+    return tokenizer.with_chat_template(template)
 
 
 def as_tokenizer(spec: str | os.PathLike[str] | Tokenizer | None) -> Tokenizer | None:

@@ -30,7 +30,7 @@ from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.checks import parse_byte_size, parse_count, parse_int, parse_option, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
-from seqpack.io.tokenizers import Tokenizer, as_tokenizer
+from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -63,6 +63,7 @@ class PackOptions:
     the policy (e.g. ``{"window": 4096}`` for ``stream-best-fit``).
     ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded
     tokenizer; ``vocab_size`` is required for pre-tokenized input without one.
+    ``chat_template`` is a Jinja file (or the template text), read on construction.
     """
 
     capacity: int = field(
@@ -123,6 +124,16 @@ class PackOptions:
         default="text",
         metadata=flag("--text-field", "text column when there is no input_ids", BOTH),
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata=flag(
+            "--chat-template",
+            "Jinja chat template for messages / conversational prompt-completion rows (a file;"
+            " default: the --tokenizer folder's own)",
+            BOTH,
+            metavar="FILE",
+        ),
+    )
     overwrite: bool = field(
         default=False,
         metadata=flag("--overwrite", "replace an existing output", action="store_true"),
@@ -182,6 +193,8 @@ class PackOptions:
         put(self, "partition", Partition.parse(self.partition))
         if self.vocab_size is not None:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
+        if self.chat_template is not None:
+            put(self, "chat_template", read_chat_template(self.chat_template))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InvalidInput(f"text_field must be a column name, got {self.text_field!r}")
         put(self, "shard_tokens", positive_int("shard_tokens", self.shard_tokens, INT32_MAX))
@@ -213,8 +226,9 @@ class PackOptions:
         return dataclasses.replace(options, **overrides) if overrides else options
 
     def load_tokenizer(self) -> Tokenizer | None:
-        """The tokenizer these options name, loaded (None for pre-tokenized input)."""
-        return as_tokenizer(self.tokenizer)
+        """The tokenizer these options name, loaded (None for pre-tokenized input), with
+        ``chat_template`` when one is given."""
+        return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
 
     def show_progress(self, stream: Any) -> bool:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""

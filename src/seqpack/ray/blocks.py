@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.columns import COLUMNS
+from seqpack.io.columns import wanted_columns
 from seqpack.io.documents import Origin
 from seqpack.ray.jsonl_blocks import LineIndex, LineRange, read_jsonl_range, scan_jsonl
 
@@ -65,17 +65,6 @@ class Block:
     from_files: bool
 
 
-def wanted_columns(names: Sequence[str], text_field: str) -> list[str] | None:
-    """The columns a block reads (None: all, so a missing-column error lists them)."""
-    if "input_ids" in names:
-        keep = {*COLUMNS, PARTITION_COLUMN}
-    elif text_field in names:
-        keep = {text_field, "id", PARTITION_COLUMN}
-    else:
-        return None
-    return [n for n in names if n in keep]
-
-
 def _unwrap(col: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
     """A Ray tensor column (numpy batch format) as plain lists, one list per row."""
     kind = col.type
@@ -101,9 +90,7 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
     plain pyarrow cannot read as lists; this is the ``map_batches`` step
     (``batch_format="pyarrow"``) a ``ray.data.Dataset`` input goes through.
     """
-    names = wanted_columns(table.column_names, text_field)
-    if names is not None:
-        table = table.select(names)
+    table = table.select(wanted_columns(table.column_names, text_field))
     for i, field in enumerate(table.schema):
         if isinstance(field.type, pa.ExtensionType):
             table = table.set_column(i, field.name, _unwrap(table.column(i), field.name))

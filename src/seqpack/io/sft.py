@@ -1,0 +1,317 @@
+"""SFT text rows tokenized as TRL 1.16's ``SFTTrainer`` does: prompt-completion and chats.
+
+Rows without ``input_ids`` may hold, instead of ``text``:
+
+- ``prompt`` / ``completion`` strings (TRL's prompt-completion format):
+  the tokens of ``prompt + completion`` (the completion ends with the
+  tokenizer's EOS token, appended as text when it does not, and the
+  tokenizer's own BOS/EOS post-processing applies), supervised from where
+  they stop agreeing with the tokens of ``prompt`` alone (TRL's
+  ``completion_only_loss``, its default for this format);
+- ``prompt`` / ``completion`` lists of ``{role, content}`` messages
+  (conversational prompt-completion): the chat template renders the prompt
+  with the generation prompt and the whole conversation; completion tokens
+  are supervised, and only those inside the template's
+  ``{% generation %}`` blocks when it has them;
+- ``messages`` (or ShareGPT's ``conversations`` with ``from`` / ``value``,
+  converted as TRL does): the chat template renders the conversation and only
+  assistant tokens — those inside ``{% generation %}`` … ``{% endgeneration
+  %}`` — are supervised (TRL's ``assistant_only_loss=True``). A template
+  without those markers is refused: it cannot tell assistant tokens apart.
+
+Chat templates are applied by the tokenizer's own
+``transformers.PreTrainedTokenizerBase.apply_chat_template`` (its Jinja
+renderer, ``add_special_tokens=False``, assistant masks from the character
+spans of the generation blocks), so the tokens are exactly TRL's; a
+``tools`` column (a list or JSON text) and a ``chat_template_kwargs`` column
+go to the template row by row, as in TRL. The template is the tokenizer
+folder's (``chat_template.jinja`` or ``tokenizer_config.json``) unless
+``--chat-template`` names another (:attr:`HFTokenizer.chat_template`).
+
+:func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]``
+and one supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="``
+and completion ``"4"`` with the byte tokenizer, ``[BOS 2 + 2 = 4 EOS]`` is
+flagged ``[0 0 0 0 0 1 1]``, so the targets ``=->4`` and ``4->EOS`` are
+trained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io.cells import column, first
+from seqpack.io.documents import Origin
+from seqpack.io.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
+
+#: Columns a row's text SFT data is read from (with the optional :data:`TEMPLATE_COLUMNS`).
+SFT_COLUMNS = ("prompt", "completion", "messages", "conversations")
+#: Per-row extras the chat template receives, as in TRL.
+TEMPLATE_COLUMNS = ("tools", "chat_template_kwargs")
+#: Conversations rendered per ``apply_chat_template`` call.
+CHAT_BATCH = 256
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
+    """The text SFT columns rows are read from (TRL's order: prompt-completion, then
+    messages), or None when there are none."""
+    if "prompt" in names or "completion" in names:
+        return ("prompt", "completion")
+    for name in ("messages", "conversations"):
+        if name in names:
+            return (name,)
+    return None
+
+
+def encode_sft(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, names: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens int32 [Σn], offsets int64 [k+1] and per-token supervision bool [Σn]."""
+    where = origin.parts[0][0]
+    if tokenizer is None:
+        raise InvalidInput(
+            f"{where}: rows hold {' / '.join(names)} but no tokenizer was given — pass"
+            " --tokenizer with a local tokenizer folder"
+        )
+    if names == ("prompt", "completion"):
+        missing = [n for n in names if n not in table.column_names]
+        if missing:
+            raise InvalidInput(
+                f"{where}: rows hold {' '.join(n for n in names if n not in missing)} without"
+                f" {missing[0]} — prompt-completion rows need both (a prompt alone has nothing"
+                " to train on)"
+            )
+        if _is_chat(table, "prompt") or _is_chat(table, "completion"):
+            ids, masks = _chat_prompt_completion(table, origin, tokenizer)
+        else:
+            ids, masks = _text_prompt_completion(table, origin, tokenizer)
+    else:
+        ids, masks = _messages(table, origin, tokenizer, names[0])
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(offsets[-1]))
+    supervised = np.fromiter(itertools.chain.from_iterable(masks), bool, int(offsets[-1]))
+    return tokens, offsets, supervised
+
+
+def _is_chat(table: pa.Table, name: str) -> bool:
+    kind = table.schema.field(name).type
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _strings(table: pa.Table, name: str, origin: Origin) -> list[str]:
+    col = column(table, name)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise origin.type_error(
+            f"{name} has type {col.type}; give text, or a list of {{role, content}} messages"
+            " for both prompt and completion",
+        )
+    if col.null_count:
+        row = first(pc.is_null(col).to_numpy(zero_copy_only=False))
+        raise InvalidInput(f"{origin.locate(row)}: {name} is missing — give every row {name}")
+    return col.to_pylist()
+
+
+def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, Any]]]:
+    """A column of conversations: non-empty lists of messages with a role each."""
+    col = column(table, name)
+    if not _is_chat(table, name):
+        raise origin.type_error(f"{name} has type {col.type}; give a list of messages per row")
+    rows = col.to_pylist()
+    for row, chat in enumerate(rows):
+        if not chat or not all(isinstance(m, dict) for m in chat):
+            raise InvalidInput(
+                f"{origin.locate(row)}: {name} is {'empty' if not chat else 'not messages'} —"
+                " give a list of {role, content} messages"
+            )
+        if name == "conversations":  # ShareGPT's keys, renamed as TRL's maybe_convert_to_chatml
+            rows[row] = chat = [
+                {{"from": "role", "value": "content"}.get(k, k): v for k, v in m.items()}
+                for m in chat
+            ]
+        if any(not isinstance(m.get("role"), str) for m in chat):
+            raise InvalidInput(
+                f"{origin.locate(row)}: a message in {name} has no role — give every message a"
+                " role (system, user, assistant, ...) and content"
+            )
+    return rows
+
+
+def _chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
+    """The transformers tokenizer and the chat template (text) to render with."""
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {what} need a chat template and a transformers tokenizer —"
+            " pass --tokenizer with a save_pretrained folder (tokenizer_config.json), and"
+            " --chat-template FILE if it has no template"
+        )
+    try:
+        template = tokenizer.backend.get_chat_template(tokenizer.chat_template)
+    except ValueError:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none —"
+            " pass --chat-template FILE (a Jinja template)"
+        ) from None
+    return tokenizer.backend, template
+
+
+def _extras(table: pa.Table, origin: Origin) -> list[dict[str, Any]] | None:
+    """Each row's ``tools`` / ``chat_template_kwargs`` for the template, or None."""
+    present = [n for n in TEMPLATE_COLUMNS if n in table.column_names]
+    if not present:
+        return None
+    out: list[dict[str, Any]] = [{} for _ in range(table.num_rows)]
+    for name in present:
+        for row, value in enumerate(column(table, name).to_pylist()):
+            if name == "tools" and isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError as err:
+                    raise InvalidInput(f"{origin.locate(row)}: tools is not JSON ({err})") from None
+            if name == "tools":
+                out[row]["tools"] = value
+            elif value:
+                out[row].update(value)
+    return out
+
+
+def _render(
+    backend: Any,
+    template: str,
+    chats: list[list[dict[str, Any]]],
+    extras: list[dict[str, Any]] | None,
+    origin: Origin,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """``apply_chat_template`` per conversation (batched when no row has extras)."""
+    if extras is None:
+        out = []
+        for lo in range(0, len(chats), CHAT_BATCH):
+            part = chats[lo : lo + CHAT_BATCH]
+            try:
+                enc = backend.apply_chat_template(
+                    part, chat_template=template, tokenize=True, return_dict=True, **kwargs
+                )
+            except Exception:  # a template error: render row by row to name the row
+                return _render(backend, template, chats, [{} for _ in chats], origin, **kwargs)
+            out.extend({k: enc[k][i] for k in enc} for i in range(len(part)))
+        return out
+    out = []
+    for row, (chat, extra) in enumerate(zip(chats, extras, strict=True)):
+        try:
+            out.append(
+                backend.apply_chat_template(
+                    chat, chat_template=template, tokenize=True, return_dict=True, **extra, **kwargs
+                )
+            )
+        except Exception as err:  # Jinja raises TemplateError and the template's own errors
+            why = " ".join(str(err).split())
+            raise InvalidInput(
+                f"{origin.locate(row)}: the chat template refuses this conversation"
+                f" ({type(err).__name__}: {why}) — fix the row or the template"
+            ) from None
+    return out
+
+
+def _messages(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str
+) -> tuple[list[list[int]], list[list[int]]]:
+    backend, template = _chat_tokenizer(tokenizer, origin, f"{name} rows")
+    _require_markers(template, origin, f"{name} rows")
+    chats = _chats(table, name, origin)
+    encoded = _render(
+        backend, template, chats, _extras(table, origin), origin, return_assistant_tokens_mask=True
+    )
+    for row, enc in enumerate(encoded):
+        if 1 not in enc["assistant_masks"]:
+            raise InvalidInput(
+                f"{origin.locate(row)}: the conversation has no assistant tokens, so nothing"
+                " would be trained — give it an assistant turn, or drop the row"
+            )
+    return [e["input_ids"] for e in encoded], [e["assistant_masks"] for e in encoded]
+
+
+def _require_markers(template: str, origin: Origin, what: str) -> None:
+    if not _GENERATION.search(template):
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {what} train the assistant turns only, and the chat"
+            " template marks none — pass --chat-template FILE with the assistant content"
+            " inside {% generation %} ... {% endgeneration %} (as TRL's assistant_only_loss"
+            " needs)"
+        )
+
+
+def _chat_prompt_completion(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer
+) -> tuple[list[list[int]], list[list[int]]]:
+    backend, template = _chat_tokenizer(tokenizer, origin, "conversational prompt-completion rows")
+    prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
+    extras = _extras(table, origin)
+    marked = bool(_GENERATION.search(template))
+    heads = _render(backend, template, prompts, extras, origin, add_generation_prompt=True)
+    whole = _render(
+        backend,
+        template,
+        [p + c for p, c in zip(prompts, completions, strict=True)],
+        extras,
+        origin,
+        return_assistant_tokens_mask=marked,
+    )
+    ids, masks = [], []
+    for head, full in zip(heads, whole, strict=True):
+        mask = _after_prefix(head["input_ids"], full["input_ids"])
+        if marked:
+            mask &= np.asarray(full["assistant_masks"], dtype=bool)
+        ids.append(full["input_ids"])
+        masks.append(mask)
+    return ids, masks
+
+
+def _text_prompt_completion(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer
+) -> tuple[list[list[int]], list[np.ndarray]]:
+    prompts = _strings(table, "prompt", origin)
+    completions = _strings(table, "completion", origin)
+    if isinstance(tokenizer, HFTokenizer):
+        eos = None if tokenizer.kind == "tokenizers" else tokenizer.backend.eos_token
+        if not isinstance(eos, str):
+            raise InvalidInput(
+                f"{origin.parts[0][0]}: prompt-completion rows end with the tokenizer's EOS"
+                " token, and this tokenizer names none — pass a save_pretrained folder whose"
+                " tokenizer_config.json sets eos_token"
+            )
+        completions = [c if c.endswith(eos) else c + eos for c in completions]
+    elif not isinstance(tokenizer, ByteTokenizer):
+        raise InvalidInput(f"{origin.parts[0][0]}: prompt-completion rows need --tokenizer")
+    head_ids, head_offsets = tokenizer.encode_batch(prompts)
+    full_ids, full_offsets = tokenizer.encode_batch(
+        [p + c for p, c in zip(prompts, completions, strict=True)]
+    )
+    ids, masks = [], []
+    for i in range(len(prompts)):
+        full = full_ids[full_offsets[i] : full_offsets[i + 1]]
+        ids.append(full)
+        masks.append(_after_prefix(head_ids[head_offsets[i] : head_offsets[i + 1]], full))
+    return ids, masks
+
+
+def _after_prefix(head: Sequence[int], full: Sequence[int]) -> np.ndarray:
+    """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``:
+    the completion starts there even when the prompt's last tokens merged with it)."""
+    head, full = np.asarray(head), np.asarray(full)
+    n = min(head.shape[0], full.shape[0])
+    differ = np.flatnonzero(head[:n] != full[:n])
+    start = int(differ[0]) if differ.size else n
+    mask = np.zeros(full.shape[0], dtype=bool)
+    mask[start:] = True
+    return mask
