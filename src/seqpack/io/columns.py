@@ -8,13 +8,19 @@ Every input becomes an Arrow table with one row per source document:
   ``-100`` = not supervised, otherwise equal to the token (unshifted);
 - ``loss_mask`` (list of bool or 0/1, optional): per token (aligned with
   ``input_ids``, first entry unused) or per target (one shorter);
+- ``completion_mask`` / ``assistant_masks`` (list of 0/1, optional): TRL's
+  masks, per token; a token is supervised iff every supervision column
+  present says so (:mod:`seqpack.io.supervision`, which also refuses columns
+  that look like supervision but are none of these);
+- ``prompt`` / ``completion`` or ``messages``: instead of ``input_ids``, SFT
+  rows tokenized as TRL does (:mod:`seqpack.io.sft`);
 - ``id`` (string or int, optional): the source id; the row number when absent;
 - ``partition`` (string, optional): train / validation / test; when present every
   row must belong to the partition being read (a validation row never enters a
   training pack).
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is
-``labels[j + 1] != -100``. Columns are converted with Arrow and NumPy, no
+token ``j + 1``'s (``labels[j + 1] != -100``). Columns are converted with Arrow and NumPy, no
 Python loop per token, and token ids are left in the buffers Arrow read them
 into (no copy; :class:`~seqpack.io.documents.TokenChunk`); errors name the
 file, the line or row, and the fix.
