@@ -16,7 +16,9 @@ from typing import Any
 
 #: A ChatML-like template: the assistant's content and end-of-turn token are trained.
 TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}"
+    "{{ bos_token }}{% if tools %}<|system|>\n{{ tools | tojson }}<|end|>\n{% endif %}"
+    "{% if greeting is defined %}<|system|>\n{{ greeting }}<|end|>\n{% endif %}"
+    "{% for m in messages %}"
     "{% if m['role'] == 'assistant' %}<|assistant|>\n"
     "{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}\n"
     "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endif %}{% endfor %}"

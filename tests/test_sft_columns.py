@@ -90,6 +90,24 @@ def test_sharegpt_conversations_are_converted_as_trl_does(folder, tok, tmp_path)
     assert labels_of(read_documents(ds, tokenizer=tok)) == ref["labels"]
 
 
+def test_tools_and_template_arguments_reach_the_template_per_row_as_in_trl(folder, tok, tmp_path):
+    tool = {"type": "function", "function": {"name": "sky", "parameters": {}}}
+    ds = datasets.Dataset.from_dict(
+        {
+            "messages": CHATS,
+            "tools": [json.dumps([tool]), None, json.dumps([])],
+            "chat_template_kwargs": [{"greeting": "hi"}, {"greeting": "yo"}, {}],
+        }
+    )
+    ref = trl_prepared(ds, folder, tmp_path, assistant_only_loss=True)
+    docs = read_documents(ds, tokenizer=tok)
+    assert tokens_of(docs) == ref["input_ids"]
+    assert labels_of(docs) == ref["labels"]
+    plain = read_documents(datasets.Dataset.from_dict({"messages": CHATS}), tokenizer=tok)
+    longer = [len(a) > len(b) for a, b in zip(tokens_of(docs), tokens_of(plain), strict=True)]
+    assert longer[:2] == [True, True]  # the tools and the greeting were rendered
+
+
 def test_text_prompt_completion_is_read_as_trl_completion_only(folder, tok, tmp_path):
     ds = datasets.Dataset.from_dict({"prompt": PROMPTS, "completion": COMPLETIONS})
     ref = trl_prepared(ds, folder, tmp_path)  # completion_only_loss: TRL's default here
