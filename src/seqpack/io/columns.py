@@ -69,13 +69,7 @@ def _token_column(table: pa.Table, origin: Origin) -> tuple[np.ndarray, np.ndarr
             f" {pos - int(offsets[row])} is not a valid id (0 <= id <= {INT32_MAX}) — ids come"
             " from a tokenizer and are never negative; re-encode the row"
         )
-    counts = np.diff(offsets)
-    if counts.size and int(counts.min()) < 2:
-        row = first(counts < 2)
-        raise InvalidInput(
-            f"{origin.locate(row)}: input_ids has {int(counts[row])} token(s); an example needs"
-            " at least 2 to form one input/target pair — drop the row"
-        )
+    _check_lengths(offsets, origin, "input_ids has")
     return values, offsets, largest
 
 
@@ -94,13 +88,14 @@ def _ids(table: pa.Table, origin: Origin) -> pa.Array | None:
     return col
 
 
-def _check_encoded(offsets: np.ndarray, origin: Origin) -> None:
+def _check_lengths(offsets: np.ndarray, origin: Origin, subject: str) -> None:
+    """Every document at least 2 tokens long (one input/target pair), or the row named."""
     counts = np.diff(offsets)
     if counts.size and int(counts.min()) < 2:
         row = first(counts < 2)
         raise InvalidInput(
-            f"{origin.locate(row)}: the text encodes to {int(counts[row])} token(s);"
-            " an example needs at least 2 — drop the row"
+            f"{origin.locate(row)}: {subject} {int(counts[row])} token(s); an example needs"
+            " at least 2 to form one input/target pair — drop the row"
         )
 
 
@@ -214,7 +209,7 @@ def _chunk(
             tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft)
         else:
             tokens, offsets = _texts(table, text_field, tokenizer, origin)
-        _check_encoded(offsets, origin)
+        _check_lengths(offsets, origin, "the row encodes to")
         flags = None if sft is None else target_flags(supervised, offsets[:-1])
         flags = None if flags is None or flags.all() else flags
         largest = int(tokens.max()) if tokens.size else -1
