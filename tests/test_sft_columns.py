@@ -268,7 +268,7 @@ REFUSED = [
     ({"position_ids": [0, 1, 0]}, "position_ids[2] = 0", "already packed"),
     ({"labels": [-100, 7, 1]}, "labels[1] = 7 differs", "the token itself or -100"),
     ({"completion_mask": [0, 1]}, "completion_mask has 2 entries for 3", "one 0/1 per"),
-    ({"assistant_masks": [0, 2, 1]}, "assistant_masks holds 2", "booleans or 0/1"),
+    ({"assistant_masks": [0, 2, 1]}, "assistant_masks", "booleans or 0/1"),
 ]
 
 
@@ -342,3 +342,18 @@ def test_byte_tokenizer_prompt_completion_supervises_the_completion_and_eos():
     )
     assert tokens_of(docs) == [[0, *(10 + b for b in b"2+2=4"), 1]]
     assert docs.loss_mask.tolist() == [False, False, False, False, True, True]
+
+
+def test_a_mask_of_the_wrong_kind_names_its_json_line(tmp_path):
+    path = tmp_path / "in.jsonl"
+    rows = [
+        {"input_ids": [0, 5, 1], "completion_mask": [True, False, True]},
+        {"input_ids": [0, 5, 1], "completion_mask": [0, 1, 1]},
+        {"input_ids": [0, 5, 1], "assistant_masks": [0, 0.5, 1]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InvalidInput, match=r"in.jsonl line 2: completion_mask holds integer"):
+        read_documents(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    with pytest.raises(InvalidInput, match=r"line 2: assistant_masks must be booleans or 0/1"):
+        read_documents(path)

@@ -56,14 +56,20 @@ _JSON_ITEMS = {
     "input_ids": "integers (token ids below 2**31)",
     "labels": "integers (token ids, or -100 for no loss)",
     "loss_mask": "booleans or 0/1",
+    "completion_mask": "booleans or 0/1",
+    "assistant_masks": "booleans or 0/1",
 }
 _FIXES = {
     "input_ids": "write the ids your tokenizer made as JSON integers, or give text and --tokenizer",
     "labels": "write each label as the token itself or -100",
     "loss_mask": "give one true/false (or 1/0) per token or per target",
+    "completion_mask": "give one 1/0 per token of input_ids (1 = completion)",
+    "assistant_masks": "give one 1/0 per token of input_ids (1 = assistant)",
     "id": "use a string or an integer id",
 }
 _INT64 = 2**63
+#: Columns of one flag per token (or target): booleans or 0/1.
+_FLAGS = ("loss_mask", "completion_mask", "assistant_masks")
 
 
 def _json_kind(value: Any, key: str) -> str | None:
@@ -76,10 +82,10 @@ def _json_kind(value: Any, key: str) -> str | None:
         return "string" if isinstance(value, str) else "integer"
     if not isinstance(value, list):
         return "invalid"
-    if key == "loss_mask" and value and all(isinstance(v, bool) for v in value):
+    if key in _FLAGS and value and all(isinstance(v, bool) for v in value):
         return "boolean"
     if all(isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64 for v in value):
-        if key == "loss_mask" and any(v not in (0, 1) for v in value):
+        if key in _FLAGS and any(v not in (0, 1) for v in value):
             return "invalid"
         return "integer" if value else None
     return "invalid"
@@ -91,7 +97,7 @@ def check_record(
     """Shape and column types of one decoded record; ``seen`` holds earlier records' kinds."""
     if not isinstance(obj, dict):
         return not_object(where, obj)
-    for key in ("input_ids", "labels", "loss_mask", "id"):
+    for key in (*_JSON_ITEMS, "id"):
         kind = _json_kind(obj.get(key), key)
         if kind is None:
             continue
@@ -204,7 +210,7 @@ def _parse(path: Path, block: memoryview) -> pa.Table:
 
 
 #: Columns whose Arrow type must agree between blocks (the json module names the line).
-_KINDS = {"id": ("string", "integer"), "loss_mask": ("boolean", "integer")}
+_KINDS = {"id": ("string", "integer")} | {name: ("boolean", "integer") for name in _FLAGS}
 
 
 def _check_kinds(path: Path, table: pa.Table, seen: dict[str, str]) -> None:
