@@ -9,6 +9,8 @@ module                 holds
 =====================  =========================================================
 ``readers``            any input -> Arrow table -> :class:`Documents`
 ``documents``          :class:`Documents`, :class:`Origin`, the binding of a read
+``supervision``        supervision columns (labels, loss_mask, TRL's masks), refusals
+``sft``                prompt-completion and chat rows tokenized as TRL does
 ``jsonl``              the guarded JSON Lines reader
 ``tokenizers``         the byte tokenizer and local Hugging Face tokenizers
 ``shards``             the packed-row Parquet schema, one shard written or read
