@@ -307,6 +307,7 @@ def test_ordinary_columns_and_plain_tokenizer_outputs_pass(tmp_path):
     [
         ([{"text": "hi", "labels": [0, 1]}], "'labels' aligns with input_ids, but the rows are"),
         ([{"prompt": "hi"}], "without completion — prompt-completion rows need both"),
+        ([{"prompt": "hi", "chosen": "a", "rejected": "b"}], "'chosen' looks like supervision"),
         ([{"messages": []}], "messages is empty"),
         ([{"messages": [{"role": "user", "content": "hi"}]}], "has no assistant tokens"),
         ([{"messages": [{"content": "hi"}]}], "has no role"),

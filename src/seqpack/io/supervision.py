@@ -54,6 +54,10 @@ _TARGETS = (
     "seqpack forms the targets itself (target j is token j+1) — give unshifted labels (the"
     " token or -100) aligned with input_ids, or drop the column"
 )
+_PAIRS = (
+    "preference pairs (DPO) are not SFT rows — to train on the chosen answers rename chosen"
+    " to completion and drop rejected"
+)
 
 #: Column names that are refused whatever they hold, with the fix.
 REFUSED = {
@@ -81,6 +85,8 @@ REFUSED = {
     "target_ids": _TARGETS,
     "label_ids": _TARGETS,
     "shift_labels": _TARGETS,
+    "chosen": _PAIRS,
+    "rejected": _PAIRS,
     "seq_lengths": _PACKED,
     "cu_seq_lens_q": _PACKED,
     "cu_seq_lens_k": _PACKED,
