@@ -358,3 +358,27 @@ def test_a_mask_of_the_wrong_kind_names_its_json_line(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
     with pytest.raises(InvalidInput, match=r"line 2: assistant_masks must be booleans or 0/1"):
         read_documents(path)
+
+
+def test_streamed_mappings_follow_the_same_rule():
+    from seqpack.core.binding import Binding
+    from seqpack.training.stream import StreamDataset
+
+    def first_mask(item):
+        stream = StreamDataset(
+            [item], binding=Binding(266, "t", "s"), capacity=16, rows_per_micro_batch=1
+        )
+        return next(iter(stream)).batch.loss_mask[0, :4].tolist()
+
+    ids = [0, 5, 6, 7, 1]
+    both = {"input_ids": ids, "completion_mask": [0, 0, 1, 1, 1], "assistant_masks": [1] * 4 + [0]}
+    assert first_mask(both) == [False, True, True, False]
+    assert first_mask({"input_ids": ids, "labels": [-100, -100, 6, 7, 1]}) == [False] + [True] * 3
+    for bad, message in [
+        ({"assistant_mask": [1] * 5}, "did you mean assistant_masks"),
+        ({"attention_mask": [1, 1, 1, 1, 0]}, "padded or masked tokens"),
+        ({"labels": [0, 5, 6, 9, 1]}, "the token itself or -100"),
+        ({"completion_mask": [0, 1, 1, 1]}, "give one per token"),
+    ]:
+        with pytest.raises(InvalidInput, match=message):
+            first_mask({"input_ids": ids} | bad)

@@ -37,10 +37,11 @@ import pyarrow.compute as pc
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.gather import value_range
+from seqpack.core.supervision import SUPERVISION_COLUMNS, suspect
 from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
-from seqpack.io.supervision import SUPERVISION_COLUMNS, check_columns, supervised_targets, suspect
+from seqpack.io.supervision import check_columns, supervised_targets
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")

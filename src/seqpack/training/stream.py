@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.checks import state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
@@ -39,6 +38,7 @@ from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import as_token_array, long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from seqpack.core.supervision import mapping_flags
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.training.data import ScheduledBatch
 from seqpack.training.distributed import Balance, RowStats, check_balance, schedule_rows
@@ -76,7 +76,8 @@ class StreamDataset(IterableDataset):
     ``documents``: token-id sequences, ``str`` (with ``tokenizer``) or
     mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
     per target, or per token with the first unused) or ``labels`` (HF
-    convention, ``-100`` = not supervised).
+    convention, ``-100`` = not supervised), ``completion_mask`` /
+    ``assistant_masks`` (TRL's, ANDed; :mod:`seqpack.core.supervision`).
     A document longer than ``capacity`` prediction pairs is an error unless
     ``split_long`` (then it becomes consecutive ranges, every pair kept once).
     With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
@@ -172,7 +173,8 @@ class StreamDataset(IterableDataset):
     # Documents to examples.
 
     def _documents(self, items: list[Any], first: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-        """``(tokens int32, loss flags bool [n-1], source id)`` per item."""
+        """``(tokens int32, loss flags bool [n-1], source id)`` per item; a mapping's
+        ``labels`` / ``loss_mask`` / ``completion_mask`` / ``assistant_masks`` are ANDed."""
         texts = [i for i, item in enumerate(items) if isinstance(item, str)]
         encoded: dict[int, np.ndarray] = {}
         if texts:
@@ -183,16 +185,12 @@ class StreamDataset(IterableDataset):
         out = []
         for i, item in enumerate(items):
             index = first + i
-            source_id, mask = str(index), None
+            source_id = str(index)
             if i in encoded:
                 raw = encoded[i]
             elif isinstance(item, Mapping):
                 raw = item["input_ids"]
                 source_id = str(item.get("id", index))
-                if item.get("loss_mask") is not None:
-                    mask = np.asarray(item["loss_mask"]).astype(bool)
-                elif item.get("labels") is not None:
-                    mask = np.asarray(item["labels"])[1:] != IGNORE_INDEX
             else:
                 raw = item
             what = f"document {index} ({source_id!r})"
@@ -200,15 +198,9 @@ class StreamDataset(IterableDataset):
             if tokens.shape[0] < 2:
                 raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
             pairs = tokens.shape[0] - 1
-            if mask is None:
-                mask = np.ones(pairs, dtype=bool)
-            elif mask.shape == (pairs + 1,):  # one flag per token: the first is unused
-                mask = mask[1:]
-            elif mask.shape != (pairs,):
-                raise InvalidInput(
-                    f"{what}: {mask.shape[0]} loss flags for {pairs} targets — give one per"
-                    " target (or one per token)"
-                )
+            # every supervision column of a mapping, ANDed (seqpack.core.supervision)
+            flags = mapping_flags(item, tokens, what) if isinstance(item, Mapping) else None
+            mask = np.ones(pairs, dtype=bool) if flags is None else flags
             if pairs > self.capacity and not self.split_long:
                 raise OversizedExample(
                     f"{what} has {pairs} prediction pairs; capacity is {self.capacity}"

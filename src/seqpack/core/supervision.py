@@ -1,0 +1,179 @@
+"""The supervision rule, NumPy only: which targets a row trains, and the columns refused.
+
+Per-token columns, aligned with ``input_ids`` (one entry per token):
+
+- ``labels``: Hugging Face convention, ``-100`` = not supervised, otherwise
+  the token itself (unshifted);
+- ``loss_mask``: bools or 0/1, per token (first entry unused) or per target
+  (one shorter);
+- ``completion_mask``: 0/1, TRL's prompt-completion mask (1 = completion);
+- ``assistant_masks``: 0/1, TRL's assistant-token mask (1 = an assistant turn).
+
+A token is supervised iff **every** column present says so (TRL's
+``build_labels``: ``token if all(masks) else -100``). Target ``j`` predicts
+token ``j + 1``, so its flag is token ``j + 1``'s. The fixture's B with only
+its EOS trained::
+
+    input_ids        [BOS  101  EOS]       labels [-100 -100 1]
+    completion_mask  [  0    0    1]   ->  targets  BOS->101: no, 101->EOS: yes
+
+exactly the pairs a model trained on TRL's ``labels`` (shifted inside the
+model) learns. A column that looks like supervision but is none of these is
+refused, never ignored: by name (:data:`REFUSED`), by value (:data:`CHECKED`:
+``attention_mask`` must be all 1, ``token_type_ids`` all 0, ``position_ids``
+``0..n-1``), or any other list column whose name holds ``mask``, ``label``
+or ``weight``. Scalar metadata (``id``, ``source``, ``quality_label``) passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.errors import InvalidInput
+
+#: TRL's per-token masks (0/1 per ``input_ids`` token).
+MASK_COLUMNS = ("completion_mask", "assistant_masks")
+#: Every supervision column seqpack reads, in the order they are applied.
+SUPERVISION_COLUMNS = ("labels", "loss_mask", *MASK_COLUMNS)
+
+_PACKED = (
+    "these rows are already packed (TRL pack_dataset or seqpack output): packing them again"
+    " would join their examples' contexts — pack the unpacked examples"
+)
+_MASK = (
+    "give it as loss_mask (1 = supervised, one per token), completion_mask or assistant_masks,"
+    " or drop the column"
+)
+_WEIGHTS = (
+    "seqpack supervises each target fully or not at all (the loss is token-weighted);"
+    " per-token weights are not supported — give a 0/1 loss_mask, or drop the column"
+)
+_TARGETS = (
+    "seqpack forms the targets itself (target j is token j+1) — give unshifted labels (the"
+    " token or -100) aligned with input_ids, or drop the column"
+)
+_PAIRS = (
+    "preference pairs (DPO) are not SFT rows — to train on the chosen answers rename chosen"
+    " to completion and drop rejected"
+)
+_TYPO = "did you mean {} (TRL's name)?"
+
+#: Column names that are refused whatever they hold, with the fix.
+REFUSED = {
+    "label": "seqpack reads per-token labels (plural: the token or -100) — rename it to labels"
+    " if it holds one label per token; drop it if it is a class or preference label (every"
+    " row is trained)",
+    **dict.fromkeys(
+        ("mask", "masks", "label_mask", "labels_mask", "target_mask", "prompt_mask"), _MASK
+    ),
+    **dict.fromkeys(("response_mask", "train_mask"), _MASK),
+    "loss_masks": "did you mean loss_mask?",
+    "completion_masks": _TYPO.format("completion_mask"),
+    **dict.fromkeys(
+        ("assistant_mask", "assistant_tokens_mask", "assistant_token_mask"),
+        _TYPO.format("assistant_masks"),
+    ),
+    **dict.fromkeys(("loss_weights", "loss_weight", "token_weights", "weights"), _WEIGHTS),
+    **dict.fromkeys(("targets", "target_ids", "label_ids", "shift_labels"), _TARGETS),
+    "chosen": _PAIRS,
+    "rejected": _PAIRS,
+    **dict.fromkeys(
+        ("seq_lengths", "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens", "seq_idx"), _PACKED
+    ),
+    **dict.fromkeys(("pair_counts", "seq_starts", "loss_bits"), _PACKED),
+}
+#: Columns accepted only when they carry no supervision: all 1, all 0, 0..n-1 per row.
+CHECKED = ("attention_mask", "token_type_ids", "position_ids")
+#: Any other list column whose name holds one of these is refused as unknown supervision.
+SUSPECT_WORDS = ("mask", "label", "weight")
+UNKNOWN = (
+    f"seqpack reads {', '.join(SUPERVISION_COLUMNS)} (aligned with input_ids); rename it to"
+    " the one it means, or drop the column"
+)
+
+
+def suspect(name: str) -> bool:
+    """Whether a column may be supervision seqpack must see (so readers keep it)."""
+    low = name.lower()
+    return name in REFUSED or name in CHECKED or any(w in low for w in SUSPECT_WORDS)
+
+
+def refusal(name: str, listed: bool) -> str | None:
+    """The fix for column ``name`` (``listed``: it holds lists) when it is refused by its
+    name alone; None when it is fine or is checked by value (:data:`CHECKED`)."""
+    if name in REFUSED:
+        return REFUSED[name]
+    if name in CHECKED or not listed:
+        return None
+    return UNKNOWN if any(w in name.lower() for w in SUSPECT_WORDS) else None
+
+
+def plain_violation(name: str, values: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, str]:
+    """Entries of a :data:`CHECKED` column that would change what is trained, and the fix.
+
+    ``values`` [T] the column's entries, ``local`` [T] each entry's position in its row.
+    """
+    if name == "attention_mask":
+        return values != 1, (
+            "padded or masked tokens inside input_ids would be trained and attended; keep only"
+            " the attended tokens in input_ids, then drop the column"
+        )
+    if name == "token_type_ids":
+        return values != 0, (
+            "seqpack does not read token types; if they mark prompt and completion give"
+            " completion_mask instead, otherwise drop the column"
+        )
+    return values != local, (
+        "positions that do not count 0, 1, ... mean the row holds several examples already"
+        " packed; pack the unpacked examples"
+    )
+
+
+def wrong_labels(labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Where a label is neither its token nor -100 (bool, like ``labels``)."""
+    return (labels != IGNORE_INDEX) & (labels != tokens)
+
+
+def mapping_flags(item: Mapping[str, Any], tokens: np.ndarray, what: str) -> np.ndarray | None:
+    """One flag per target (bool [n-1]) of one mapping's supervision columns (the AND of
+    all present), or None when every target is supervised; look-alikes are refused."""
+    n = tokens.shape[0]
+    for name, value in item.items():
+        if name in SUPERVISION_COLUMNS or name == "input_ids":
+            continue
+        listed = isinstance(value, (list, tuple, np.ndarray))
+        if (fix := refusal(name, listed)) is not None:
+            raise InvalidInput(f"{what}: {name!r} looks like supervision — {fix}")
+        if name in CHECKED and value is not None:
+            values = np.asarray(value)
+            bad, fix = plain_violation(name, values, np.arange(values.shape[0]))
+            if values.shape != (n,) or bad.any():
+                raise InvalidInput(f"{what}: {name} is not plain tokenizer output — {fix}")
+    present = [k for k in SUPERVISION_COLUMNS if item.get(k) is not None]
+    if "labels" in present and "loss_mask" in present:
+        raise InvalidInput(f"{what}: has both labels and loss_mask — keep one of them")
+    flags = np.ones(n - 1, dtype=bool)
+    for name in present:
+        values = np.asarray(item[name])
+        if name == "labels":
+            if values.shape != (n,) or wrong_labels(values, tokens).any():
+                raise InvalidInput(
+                    f"{what}: labels must be the token itself or {IGNORE_INDEX}, one per token"
+                )
+            flags &= values[1:] != IGNORE_INDEX
+            continue
+        if not np.isin(values, (0, 1)).all() or values.dtype.kind not in "biu":
+            raise InvalidInput(f"{what}: {name} must hold booleans or 0/1")
+        if values.shape == (n,):
+            values = values[1:]  # one flag per token: the first is no pair's target
+        elif values.shape != (n - 1,) or name != "loss_mask":
+            raise InvalidInput(
+                f"{what}: {values.shape[0]} {name} flags for {n} tokens — give one per token"
+                + (" (or one per target)" if name == "loss_mask" else "")
+            )
+        flags &= values.astype(bool)
+    return None if flags.all() else flags
