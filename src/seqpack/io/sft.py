@@ -37,7 +37,6 @@ trained.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -96,12 +95,12 @@ def encode_sft(
             ids, masks = _text_prompt_completion(table, origin, tokenizer)
     else:
         ids, masks = _messages(table, origin, tokenizer, names[0])
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    lengths = np.fromiter((x.shape[0] for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(offsets[-1]))
-    supervised = np.fromiter(itertools.chain.from_iterable(masks), bool, int(offsets[-1]))
-    return tokens, offsets, supervised
+    if not ids:
+        return np.zeros(0, np.int32), offsets, np.zeros(0, bool)
+    return np.concatenate(ids).astype(np.int32, copy=False), offsets, np.concatenate(masks)
 
 
 def _is_chat(table: pa.Table, name: str) -> bool:
@@ -204,16 +203,15 @@ def _render(
                 )
             except Exception:  # a template error: render row by row to name the row
                 return _render(backend, template, chats, [{} for _ in chats], origin, **kwargs)
-            out.extend({k: enc[k][i] for k in enc} for i in range(len(part)))
+            out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
         return out
     out = []
     for row, (chat, extra) in enumerate(zip(chats, extras, strict=True)):
         try:
-            out.append(
-                backend.apply_chat_template(
-                    chat, chat_template=template, tokenize=True, return_dict=True, **extra, **kwargs
-                )
+            enc = backend.apply_chat_template(
+                chat, chat_template=template, tokenize=True, return_dict=True, **extra, **kwargs
             )
+            out.append(_arrays(enc))
         except Exception as err:  # Jinja raises TemplateError and the template's own errors
             why = " ".join(str(err).split())
             raise InvalidInput(
@@ -223,9 +221,18 @@ def _render(
     return out
 
 
+def _arrays(enc: Any) -> dict[str, np.ndarray]:
+    """One conversation's ids (int32) and assistant mask (bool) as arrays: a chunk's
+    Python int lists live for one batch of :data:`CHAT_BATCH` only."""
+    out = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int32)}
+    if "assistant_masks" in enc:
+        out["assistant_masks"] = np.asarray(enc["assistant_masks"], dtype=bool)
+    return out
+
+
 def _messages(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str
-) -> tuple[list[list[int]], list[list[int]]]:
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     backend, template = _chat_tokenizer(tokenizer, origin, f"{name} rows")
     _require_markers(template, origin, f"{name} rows")
     chats = _chats(table, name, origin)
@@ -233,7 +240,7 @@ def _messages(
         backend, template, chats, _extras(table, origin), origin, return_assistant_tokens_mask=True
     )
     for row, enc in enumerate(encoded):
-        if 1 not in enc["assistant_masks"]:
+        if not enc["assistant_masks"].any():
             raise InvalidInput(
                 f"{origin.locate(row)}: the conversation has no assistant tokens, so nothing"
                 " would be trained — give it an assistant turn, or drop the row"
@@ -247,13 +254,14 @@ def _require_markers(template: str, origin: Origin, what: str) -> None:
             f"{origin.parts[0][0]}: {what} train the assistant turns only, and the chat"
             " template marks none — pass --chat-template FILE with the assistant content"
             " inside {% generation %} ... {% endgeneration %} (as TRL's assistant_only_loss"
-            " needs)"
+            " needs; trl.chat_template_utils.get_training_chat_template(tokenizer) gives one"
+            " for the models TRL knows)"
         )
 
 
 def _chat_prompt_completion(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer
-) -> tuple[list[list[int]], list[list[int]]]:
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     backend, template = _chat_tokenizer(tokenizer, origin, "conversational prompt-completion rows")
     prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
     extras = _extras(table, origin)
@@ -271,7 +279,7 @@ def _chat_prompt_completion(
     for head, full in zip(heads, whole, strict=True):
         mask = _after_prefix(head["input_ids"], full["input_ids"])
         if marked:
-            mask &= np.asarray(full["assistant_masks"], dtype=bool)
+            mask &= full["assistant_masks"]
         ids.append(full["input_ids"])
         masks.append(mask)
     return ids, masks
@@ -279,7 +287,7 @@ def _chat_prompt_completion(
 
 def _text_prompt_completion(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer
-) -> tuple[list[list[int]], list[np.ndarray]]:
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     prompts = _strings(table, "prompt", origin)
     completions = _strings(table, "completion", origin)
     if isinstance(tokenizer, HFTokenizer):
