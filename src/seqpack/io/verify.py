@@ -308,7 +308,7 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
         raise _bad(
             where / MANIFEST,
             f"statistics.eligible_targets is"
-            f" {stats['eligible_targets']:,} but the shards hold {eligible:,}",
+            f" {stats['eligible_targets']!r} but the shards hold {eligible:,}",
         )
 
 
