@@ -15,10 +15,11 @@ import pytest
 
 pytest.importorskip("trl")
 
-import seqpack.hf  # noqa: E402
-import seqpack.hf.attention  # noqa: E402, F401  (registers seqpack_varlen)
-from datasets import Dataset  # noqa: E402
-from trl_helpers import (  # noqa: E402
+from datasets import Dataset
+
+import seqpack.hf
+import seqpack.hf.attention
+from trl_helpers import (
     examples,
     float64_loss,
     grad_recorder,
@@ -126,7 +127,7 @@ def test_rows_fed_whole_to_flattening_collator_join_examples(tmp_path):
     from transformers import DataCollatorWithFlattening
 
     tok = tokenizer()
-    packed, ids, labels = _packed(tok)
+    packed, ids, _ = _packed(tok)
     rows = [packed[i] for i in range(len(packed))]
     direct = DataCollatorWithFlattening(return_tensors="np")(rows)
     split = seqpack.hf.per_example(DataCollatorWithFlattening(return_tensors="np"))(rows)

@@ -357,6 +357,7 @@ def write_shard_file(
     names = table.column_names
     if first_row is None:
         first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
+    first_row = int(first_row)
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
     return {

@@ -297,6 +297,10 @@ def pack(
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    if opts.format != "seqpack":
+        raise InvalidInput(
+            f"--format {opts.format} is written by the local engine only — drop --engine ray"
+        )
     check_policy_options(opts.policy, opts.policy_options, opts.capacity)
     with claim_output(out, opts.overwrite) as claim:
         return pack_claimed(source, claim, opts, ray_opts)
