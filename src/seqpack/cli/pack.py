@@ -56,10 +56,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats))
         return 0
+    trl = options.format == "trl"  # TRL's unit: tokens, not prediction pairs
+    unit, cells = ("tokens", " tokens") if trl else ("prediction pairs", "")
     print(
-        f"packed {stats['examples']:,} examples ({stats['tokens']:,} prediction pairs,"
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} {unit},"
         f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
-        f" {stats['rows']:,} rows of {stats['capacity']}: lower bound {stats['lower_bound']:,},"
+        f" {stats['rows']:,} rows of {stats['capacity']}{cells}: lower bound {stats['lower_bound']:,},"
         f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
     )
     print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
