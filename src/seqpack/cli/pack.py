@@ -61,8 +61,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     print(
         f"packed {stats['examples']:,} examples ({stats['tokens']:,} {unit},"
         f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
-        f" {stats['rows']:,} rows of {stats['capacity']}{cells}: lower bound {stats['lower_bound']:,},"
-        f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
+        f" {stats['rows']:,} rows of {stats['capacity']}{cells}:"
+        f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
+        f" {stats['seconds']:.2f} s"
     )
     print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
     if "blocks" in stats:

@@ -72,7 +72,7 @@ def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any)
     return datasets.load_dataset("parquet", data_files=files, split="train", **load_kwargs)
 
 
-class per_example:  # noqa: N801 - used like a function: collator = per_example(collator)
+class per_example:  # a wrapper used like a function: collator = per_example(collator)
     """``collator`` fed each packed row as the examples its ``seq_lengths`` names.
 
     ``features`` are rows of the TRL format (lists, arrays or tensors, any
