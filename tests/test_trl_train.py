@@ -38,9 +38,9 @@ from trl_helpers import (
 ATTENTION = ("sdpa", "seqpack_varlen")
 
 
-def _packed(tok):
+def _packed(tok, kind=None):
     ids, labels = examples()
-    ds = Dataset.from_dict({"input_ids": ids, "labels": labels})
+    ds = Dataset.from_dict({"input_ids": ids, "labels": labels}).with_format(kind)
     return seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok), ids, labels
 
 
@@ -83,9 +83,9 @@ def _flattening(model, packed, tmp_path, loss):
     return grads
 
 
-def _run(kind, attn, tmp_path, loss):
+def _run(kind, attn, tmp_path, loss, data_format=None):
     tok = tokenizer()
-    packed, ids, labels = _packed(tok)
+    packed, ids, labels = _packed(tok, data_format)
     assert 1 < len(packed) < len(ids)  # rows really hold several examples
     base = llama()
     model = copy.deepcopy(base)
@@ -100,9 +100,13 @@ def _run(kind, attn, tmp_path, loss):
 
 
 @pytest.mark.parametrize("kind", ["trl", "transformers"])
-@pytest.mark.parametrize("attn", ATTENTION)
-def test_two_steps_equal_separate_examples(kind, attn, tmp_path):
-    grads, ref_grads, params, ref_params = _run(kind, attn, tmp_path, float64_loss)
+@pytest.mark.parametrize(
+    ("attn", "data_format"), [("sdpa", None), ("seqpack_varlen", None), ("sdpa", "torch")]
+)
+def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
+    """``data_format="torch"``: the rows reach the collators as tensors of the stored
+    types (int32 ids and positions, int64 labels)."""
+    grads, ref_grads, params, ref_params = _run(kind, attn, tmp_path, float64_loss, data_format)
     for step in range(2):
         assert worst_ratio(grads[step], ref_grads[step]) <= 1.0, f"step {step + 1} gradients"
     assert worst_ratio(params, ref_params) <= 1.0

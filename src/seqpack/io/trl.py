@@ -2,12 +2,17 @@
 
 One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
 
-    input_ids     list<int64>   the examples' tokens back to back (Σ n_i <= capacity)
+    input_ids     list<int32>   the examples' tokens back to back (Σ n_i <= capacity)
     labels        list<int64>   the token where its pair is supervised; -100 on each
                                 example's first token (no pair of the example predicts
                                 it) and where the input's labels / loss_mask say so
     seq_lengths   list<int32>   [K] tokens per example (TRL 1.16's meaning)
-    position_ids  list<int64>   0..n_i-1 per example
+    position_ids  list<int32>   0..n_i-1 per example
+
+``labels`` are int64 because a loss indexes with them (``cross_entropy`` and
+TRL's fused head need int64 targets, and ``with_format("torch")`` hands the
+stored type on); ids and positions are int32, as ``datasets`` stores a
+tokenizer's output, and an embedding or rotary table takes them as they are.
 
 This is what ``trl.pack_dataset(strategy="bfd")`` returns (plus
 ``position_ids``), so ``DataCollatorForLanguageModeling(padding_free=True)``
@@ -46,10 +51,10 @@ TRL_FORMAT = "seqpack.trl-packed"
 TRL_VERSION = 1
 TRL_SCHEMA = pa.schema(
     [
-        ("input_ids", pa.list_(pa.int64())),
+        ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int64())),
         ("seq_lengths", pa.list_(pa.int32())),
-        ("position_ids", pa.list_(pa.int64())),
+        ("position_ids", pa.list_(pa.int32())),
     ]
 )
 
@@ -69,12 +74,13 @@ def trl_table(cols: ShardColumns) -> pa.Table:
     if mask is None:
         mask = np.ones(int(cols.lengths.sum()), dtype=bool)
     labels = window_labels(cols.tokens, mask, cols.lengths).astype(np.int64)
-    positions = np.arange(int(tok[-1]), dtype=np.int64) - np.repeat(tok[:-1], windows)
+    positions = np.arange(int(tok[-1]), dtype=np.int32)
+    positions -= np.repeat(tok[:-1].astype(np.int32), windows)
     arrays = [
-        list_array(row_tok, cols.tokens.astype(np.int64), pa.int64()),
+        list_array(row_tok, cols.tokens, pa.int32()),  # the gathered tokens, no copy
         list_array(row_tok, labels, pa.int64()),
         list_array(cols.row_offsets, windows, pa.int32()),
-        list_array(row_tok, positions, pa.int64()),
+        list_array(row_tok, positions, pa.int32()),
     ]
     return pa.Table.from_arrays(arrays, schema=TRL_SCHEMA)
 
