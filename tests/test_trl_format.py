@@ -307,3 +307,16 @@ def test_w1_like_rows_never_more_than_trl_bfd():
     lower = -(-int(lengths.sum()) // 4096)
     assert lower <= len(ours) <= len(theirs)
     assert sum(map(sum, ours["seq_lengths"])) == int(lengths.sum())
+
+
+def test_stats_counts_tokens_with_format_trl(tmp_path):
+    from seqpack.pipeline.stats import stats_path
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
+    report = stats_path(src, capacity=8, format="trl", policies=["best-fit-decreasing"])
+    assert report["tokens"] == len(A) + len(B) + len(C)
+    packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
+    assert report["policies"][0]["rows"] == len(packed)
+    with pytest.raises(OversizedExample, match="5 tokens; capacity is 4 tokens"):
+        stats_path(src, capacity=4, format="trl")

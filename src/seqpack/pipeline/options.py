@@ -167,6 +167,7 @@ class PackOptions:
             "--format",
             "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
             " input_ids, labels, seq_lengths in tokens, position_ids; capacity in tokens)",
+            BOTH,
             choices=OUTPUT_FORMATS,
         ),
     )

@@ -112,16 +112,23 @@ def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], st
             examples.lengths, opts.capacity, opts.policy, labels=label, **opts.policy_options
         )
         return Storage.of(plan)
-    tokens = examples.lengths + 1
-    if tokens.size and int(tokens.max()) > opts.capacity:
-        i = int(np.argmax(tokens > opts.capacity))
+    tokens = token_lengths(examples.lengths, opts.capacity, label)
+    plan = plan_rows(tokens, opts.capacity, opts.policy, labels=label, **opts.policy_options)
+    return Storage.of(plan, window_extra=0)
+
+
+def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
+    """Tokens per example (``pairs + 1``, TRL's unit), each checked against ``capacity``
+    tokens: an :class:`~seqpack.core.errors.OversizedExample` names the first too long."""
+    tokens = pairs + 1
+    if tokens.size and int(tokens.max()) > capacity:
+        i = int(np.argmax(tokens > capacity))
         raise OversizedExample(
-            f"{label(i)} has {int(tokens[i])} tokens; capacity is {opts.capacity} tokens"
+            f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
             " (format trl counts tokens, TRL's max_length) — raise --capacity or split it"
             " with --split-long"
         )
-    plan = plan_rows(tokens, opts.capacity, opts.policy, labels=label, **opts.policy_options)
-    return Storage.of(plan, window_extra=0)
+    return tokens
 
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> Layout:
