@@ -44,40 +44,30 @@ def _packed(tok, kind=None):
     return seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok), ids, labels
 
 
-def _sft(model, packed, tok, tmp_path, loss):
+def _train(kind, model, packed, tok, tmp_path, loss):
+    """Two steps of TRL's SFTTrainer (padding-free) or of Trainer with
+    DataCollatorWithFlattening; each step's gradients."""
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
     record, grads = grad_recorder()
-    args = SFTConfig(
-        padding_free=True,
-        max_length=None,
-        **training_args(len(packed), str(tmp_path)),
-    )
-    trainer = SFTTrainer(
+    common = training_args(len(packed), str(tmp_path))
+    if kind == "trl":
+        args = SFTConfig(padding_free=True, max_length=None, **common)
+        extra = {"processing_class": tok}
+        trainer_class = SFTTrainer
+    else:
+        args = TrainingArguments(remove_unused_columns=False, **common)
+        flatten = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        extra = {"data_collator": seqpack.hf.per_example(flatten)}
+        trainer_class = Trainer
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=packed,
-        processing_class=tok,
         callbacks=[record],
         compute_loss_func=loss,
-    )
-    trainer.train()
-    return grads
-
-
-def _flattening(model, packed, tmp_path, loss):
-    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
-
-    record, grads = grad_recorder()
-    args = TrainingArguments(remove_unused_columns=False, **training_args(len(packed), tmp_path))
-    collator = seqpack.hf.per_example(DataCollatorWithFlattening(return_flash_attn_kwargs=True))
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=packed,
-        data_collator=collator,
-        callbacks=[record],
-        compute_loss_func=loss,
+        **extra,
     )
     trainer.train()
     return grads
@@ -90,10 +80,7 @@ def _run(kind, attn, tmp_path, loss, data_format=None):
     base = llama()
     model = copy.deepcopy(base)
     model.config._attn_implementation = attn
-    if kind == "trl":
-        grads = _sft(model, packed, tok, tmp_path, loss)
-    else:
-        grads = _flattening(model, packed, str(tmp_path), loss)
+    grads = _train(kind, model, packed, tok, tmp_path, loss)
     reference, ref_grads = separate_training(base, ids, labels, steps=2)
     assert len(grads) == 2
     return grads, ref_grads, parameters(model), parameters(reference)

@@ -249,10 +249,9 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
 
 
-def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
-    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
-    the leanest that keeps everything, :func:`layout_of`)."""
-    layout = layout_of(cols) if layout is None else layout
+def token_offsets(cols: ShardColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Where each occurrence's window and each row start in ``cols.tokens`` (int64
+    [K+1], [R+1]); refused when the shard's tokens overflow one list column's offsets."""
     tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(cols.lengths + 1, out=tok[1:])
     row_tok = tok[cols.row_offsets]
@@ -261,6 +260,14 @@ def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
             f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
             " — lower --max-rows-per-batch"
         )
+    return tok, row_tok
+
+
+def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
+    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
+    the leanest that keeps everything, :func:`layout_of`)."""
+    layout = layout_of(cols) if layout is None else layout
+    _, row_tok = token_offsets(cols)
     occ = cols.row_offsets
     first = cols.first_row
     columns: dict[str, pa.Array] = {

@@ -42,10 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import INT32_MAX
 from seqpack.core.compact import window_labels
 from seqpack.core.errors import InvalidInput
-from seqpack.io.shards import ShardColumns, list_array
+from seqpack.io.shards import ShardColumns, list_array, token_offsets
 
 TRL_FORMAT = "seqpack.trl-packed"
 TRL_VERSION = 1
@@ -62,14 +61,7 @@ TRL_SCHEMA = pa.schema(
 def trl_table(cols: ShardColumns) -> pa.Table:
     """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring)."""
     windows = cols.lengths + 1
-    tok = np.zeros(windows.shape[0] + 1, dtype=np.int64)
-    np.cumsum(windows, out=tok[1:])
-    row_tok = tok[cols.row_offsets]
-    if int(row_tok[-1]) > INT32_MAX:
-        raise InvalidInput(
-            f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
-            " — lower --max-rows-per-batch"
-        )
+    tok, row_tok = token_offsets(cols)
     mask = cols.loss_mask
     if mask is None:
         mask = np.ones(int(cols.lengths.sum()), dtype=bool)
