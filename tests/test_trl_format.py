@@ -320,3 +320,39 @@ def test_stats_counts_tokens_with_format_trl(tmp_path):
     assert report["policies"][0]["rows"] == len(packed)
     with pytest.raises(OversizedExample, match="5 tokens; capacity is 4 tokens"):
         stats_path(src, capacity=4, format="trl")
+
+
+def test_both_collators_read_the_rows_as_their_examples():
+    """TRL's padding-free collator (seq_lengths) and DataCollatorWithFlattening behind
+    per_example build the same batch from format="trl" rows: positions restart per
+    example, labels are the rows' own (TRL's -100 at every position 0 changes nothing:
+    they are -100 there already), cu_seq_lens are the examples' bounds, seq_idx int32."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from seqpack.hf import per_example
+
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    packed = pack_dataset(Dataset.from_dict({"input_ids": docs, "labels": labels}), 8, format="trl")
+    rows = [packed[i] for i in range(len(packed))]
+    flat = {c: [x for r in rows for x in r[c]] for c in ("input_ids", "labels", "position_ids")}
+    bounds = np.cumsum([0] + [n for r in rows for n in r["seq_lengths"]]).tolist()
+    theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
+    flattening = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    ours = per_example(flattening)(rows)
+    for batch in (theirs, ours):
+        for c, values in flat.items():
+            assert batch[c].tolist() == [values], c
+        assert batch["cu_seq_lens_q"].tolist() == bounds
+        assert batch["seq_idx"].dtype == torch.int32
+        assert (
+            batch["seq_idx"][0].tolist()
+            == np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)).tolist()
+        )
+    padded = DataCollatorForLanguageModeling(
+        pad_token_id=0, padding_free=True, pad_to_multiple_of=16
+    )(rows)
+    extra = padded["input_ids"].shape[1] - len(flat["input_ids"])
+    assert padded["labels"].tolist() == [flat["labels"] + [-100] * extra]  # padding trains nothing
