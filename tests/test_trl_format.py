@@ -356,3 +356,19 @@ def test_both_collators_read_the_rows_as_their_examples():
     )(rows)
     extra = padded["input_ids"].shape[1] - len(flat["input_ids"])
     assert padded["labels"].tolist() == [flat["labels"] + [-100] * extra]  # padding trains nothing
+
+
+def test_a_tokenizers_object_binds_its_full_vocabulary():
+    """A ``tokenizers.Tokenizer`` in memory counts its added tokens (an added pad token
+    has the highest id) and its padding setting is its pad id."""
+    from tokenizers import Tokenizer, models
+
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(10)}, unk_token="t0"))
+    backend.add_special_tokens(["<pad>"])
+    backend.enable_padding(pad_id=10, pad_token="<pad>")
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 10]]})
+    packed = pack_dataset(ds, 8, format="trl", tokenizer=backend)
+    info = json.loads(packed.info.description)["seqpack"]
+    assert info["binding"]["vocab_size"] == 11
+    assert info["binding"]["tokenizer_id"].startswith("tokenizers:@sha256:")
+    assert info["config"]["pad_token_id"] == 10
