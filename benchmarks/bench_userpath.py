@@ -11,7 +11,8 @@ Three paths (TRL's counterpart in brackets):
    median of ``--repeats`` calls after a warm-up, in one process per tool;
 2. Parquet -> Parquet, fresh processes: ``seqpack pack W.parquet --out DIR``
    [``load_dataset("parquet")`` + ``pack_dataset(bfd)`` + ``to_parquet``, with
-   an empty ``datasets`` cache so every run does the whole job];
+   an empty ``datasets`` cache so every run does the whole job]; the median of
+   ``--fresh-repeats`` runs of each;
 3. text -> packed, fresh processes: ``seqpack pack texts.jsonl --tokenizer
    tokenizer.json --split-long`` [``load_dataset("json")`` +
    ``map(tokenizer, batched=True)`` + ``pack_dataset(bfd_split)`` (which, like
@@ -221,7 +222,7 @@ def in_memory(name: str, tool: str, repeats: int) -> dict:
     return json.loads(fresh(argv)["stdout"].strip().splitlines()[-1])  # VmHWM of the child
 
 
-def run_workload(name: str, repeats: int, work: Path) -> list[dict]:
+def run_workload(name: str, repeats: int, fresh_repeats: int, work: Path) -> list[dict]:
     w = workload(name)
     rows = []
     seq = in_memory(name, "seqpack", repeats)
@@ -232,10 +233,19 @@ def run_workload(name: str, repeats: int, work: Path) -> list[dict]:
     source = parquet_input(name)
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
-    seq = seqpack_pack(source, work / f"{name}-seqpack", *flags)
-    trl = trl_run(TRL_PARQUET, str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
+    seq = _median(fresh_repeats, lambda: seqpack_pack(source, work / f"{name}-seqpack", *flags))
+    trl_args = (str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
+    trl = _median(fresh_repeats, lambda: trl_run(TRL_PARQUET, *trl_args))
     rows.append(_row("Parquet -> Parquet (fresh processes)", name, seq, trl))
     return rows
+
+
+def _median(repeats: int, run) -> dict:
+    """The run of median wall time among ``repeats`` fresh runs (the machine is shared: one
+    run can land on a busy second), with the largest peak RSS of them all."""
+    runs = sorted((run() for _ in range(repeats)), key=lambda r: r["seconds"])
+    return runs[len(runs) // 2] | {"peak_rss": max(r["peak_rss"] for r in runs),
+                                   "all_seconds": [r["seconds"] for r in runs]}  # fmt: skip
 
 
 def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
@@ -306,6 +316,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="W1 and 20 MB of text only")
     parser.add_argument("--repeats", type=int, default=3, help="in-memory calls (median)")
+    parser.add_argument("--fresh-repeats", type=int, default=3,
+                        help="fresh Parquet -> Parquet runs per tool (median)")  # fmt: skip
     parser.add_argument("--text", default="20,100,300", help="text corpus sizes in MB")
     parser.add_argument("--trl-text", default="20,100", help="sizes TRL packs too")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -319,7 +331,7 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for name in ("W1",) if args.quick else ("W1", "W2"):
-            rows += run_workload(name, args.repeats, work)
+            rows += run_workload(name, args.repeats, args.fresh_repeats, work)
         for mb in sizes:
             rows += run_text(mb, work, mb in trl_sizes)
     finally:
