@@ -102,11 +102,12 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     w = workload(name)
     table = token_table(name)
     ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
-    if tool == "seqpack":
+    fmt = "trl" if tool == "seqpack-trl" else "seqpack"  # TRL's schema, capacity in tokens
+    if tool.startswith("seqpack"):
         from seqpack.hf import pack_dataset
 
         def run():
-            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
     else:
         from trl.data_utils import pack_dataset as trl_pack
 
@@ -116,8 +117,8 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     small = datasets.Dataset(
         datasets.table.InMemoryTable(table.slice(0, 2000)), fingerprint=f"bench-{name}-warm"
     )
-    if tool == "seqpack":  # kernels loaded from numba's cache before the clock starts
-        pack_dataset(small, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+    if tool.startswith("seqpack"):  # kernels loaded from numba's cache before the clock starts
+        pack_dataset(small, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
     else:
         trl_pack(small, w.capacity, strategy="bfd")
     before = _status("VmRSS")
@@ -227,6 +228,8 @@ def run_workload(name: str, repeats: int, fresh_repeats: int, work: Path) -> lis
     seq = in_memory(name, "seqpack", repeats)
     trl = in_memory(name, "trl", max(1, repeats // 2))
     rows.append(_row("pack_dataset (in memory)", name, seq, trl))
+    same = in_memory(name, "seqpack-trl", repeats)  # TRL's own schema and unit
+    rows.append(_row("pack_dataset(format='trl') (in memory)", name, same, trl))
     source = parquet_input(name)
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
