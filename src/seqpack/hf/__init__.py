@@ -9,6 +9,8 @@ module                 holds
 ``masks``              the 4-D masks (float, bool, BlockMask), per layer type
 ``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
+``trl``                :func:`load_trl`, :class:`per_example`: TRL-format rows in
+                       TRL / ``transformers`` scripts
 ``verify``             ``seqpack verify``: packed == separate on a real model
                        (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
@@ -33,6 +35,9 @@ _NAMES = {
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",
     "HFCollator": "collator",
+    "load_trl": "trl",
+    "per_example": "trl",
+    "split_rows": "trl",
     "Architecture": "architectures",
     "UnsupportedArchitecture": "architectures",
     "describe": "architectures",

@@ -28,7 +28,7 @@ file, the line or row, and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,12 +47,30 @@ from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
 
 
+class ReadColumns(Collection[str]):
+    """The columns a reader must read faithfully, as a container: the documented ones, the
+    text field, the SFT columns, and any column that may be supervision (so a JSON line
+    mixing types in one is named, never read as nulls)."""
+
+    def __init__(self, text_field: str) -> None:
+        self.known = frozenset({*COLUMNS, text_field, *SFT_COLUMNS, *TEMPLATE_COLUMNS})
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.known or suspect(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.known)
+
+    def __len__(self) -> int:
+        return len(self.known)
+
+
 def wanted_columns(present: Sequence[str], text_field: str) -> list[str]:
     """Columns a reader reads: the documented ones, the text field, the SFT text columns and
     any that may be supervision (so it is refused, not dropped); all of them when there are
     neither ids nor text, so the error can list them."""
-    known = {*COLUMNS, text_field, *SFT_COLUMNS, *TEMPLATE_COLUMNS}
-    keep = [c for c in present if c in known or suspect(c)]
+    read = ReadColumns(text_field)
+    keep = [c for c in present if c in read]
     found = {"input_ids", text_field, *SFT_COLUMNS} & set(keep)
     return keep if found else list(present)
 

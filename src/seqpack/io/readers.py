@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
-from seqpack.io.columns import chunk_from_arrow, wanted_columns
+from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.files import open_regular
 from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
@@ -122,7 +122,7 @@ def _file_chunks(
     elif not head:
         raise InvalidInput(f"{path} is empty: it holds no rows — nothing to pack")
     else:
-        parts, unit = iter_jsonl(f, path, chunk_bytes), "line"
+        parts, unit = iter_jsonl(f, path, chunk_bytes, ReadColumns(text_field)), "line"
     for table, size in parts:
         yield table, Origin(((str(path), -first, unit),)), size
         first += table.num_rows
