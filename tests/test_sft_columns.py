@@ -7,6 +7,7 @@ supervised exactly where TRL's ``labels`` (which the model shifts) train it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -382,3 +383,18 @@ def test_streamed_mappings_follow_the_same_rule():
     ]:
         with pytest.raises(InvalidInput, match=message):
             first_mask({"input_ids": ids} | bad)
+
+
+def test_chats_packed_in_trls_format_carry_trls_own_labels(folder, reference):
+    from seqpack.hf import pack_dataset
+
+    ds = datasets.Dataset.from_dict({"messages": CHATS})
+    packed = pack_dataset(ds, 256, tokenizer=str(folder), format="trl", policy="next-fit")
+    tokens, flags = [], []
+    for ids, labels, lengths in zip(
+        packed["input_ids"], packed["labels"], packed["seq_lengths"], strict=True
+    ):
+        for a, b in itertools.pairwise([0, *itertools.accumulate(lengths)]):
+            tokens.append(ids[a:b])
+            flags.append([x != -100 for x in labels[a + 1 : b]])
+    assert tokens == reference["tokens"] and flags == reference["flags"]
