@@ -133,6 +133,15 @@ def test_conversational_prompt_completion_is_read_as_trl(folder, tok, tmp_path):
     assert labels_of(docs) == ref["labels"]
 
 
+def test_conversational_prompt_completion_without_markers_trains_the_completion(tmp_path):
+    plain = chat_tokenizer(tmp_path / "plain", template=PLAIN_TEMPLATE)
+    ds = datasets.Dataset.from_dict(
+        {"prompt": [c[:-1] for c in CHATS], "completion": [c[-1:] for c in CHATS]}
+    )
+    ref = trl_prepared(ds, plain, tmp_path)  # completion_only_loss, no assistant mask
+    assert labels_of(read_documents(ds, tokenizer=load_tokenizer(plain))) == ref["labels"]
+
+
 def test_trl_masks_on_token_ids_are_anded_as_trl_builds_labels(folder, tok, tmp_path, rng):
     ids = [tok.backend(p + c)["input_ids"] for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     rows = {
