@@ -103,6 +103,7 @@ def test_gathering_policies_count_one_copy_of_the_tokens(rng, policy):
     want = long.windows.nbytes - uniform.windows.nbytes + long.loss_mask.nbytes if reorders else 0
     assert flags == want
 
+
 @pytest.mark.parametrize("window", [1, 300, 20_000, 150_000])
 def test_the_stream_policy_budget_grows_with_its_window(rng, window):
     table = random_table(rng, 3000, 60, masked=False)
