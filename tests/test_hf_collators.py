@@ -251,7 +251,7 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
     assert HFCollator("seqpack_test_unknown", kind="sdpa", config=llama_config()).kind == "sdpa"
     with pytest.raises(InvalidInput, match=r"of kind 'flash'.*not kind='sdpa'"):
         attention_kind("kernels-community/flash-attn2", "sdpa")
-    for name in ("kernels-community/not-a-flash-kernel", "my_attention", "paged|sdpa"):
+    for name in ("kernels-community/not-a-flash-kernel", "seqpack_unregistered_attention", "paged|sdpa"):
         with pytest.raises(InvalidInput, match=rf"{name}.*{', '.join(KINDS[2:])}"):
             HFCollator(name, config=llama_config())
 
