@@ -229,7 +229,7 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
 
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
-    with pytest.raises(InvalidInput, match="'flash_attention_9' is of no kind.*flash_attention_2"):
+    with pytest.raises(InvalidInput, match=r"'flash_attention_9' is of no kind.*flash_attention_2"):
         hf_inputs(batch, "flash_attention_9")
     with pytest.warns(DeprecationWarning, match="shift_labels"):
         assert np.array_equal(hf_labels(batch), shift_labels(batch))
@@ -239,7 +239,7 @@ def test_bad_arguments_are_refused():
         additive_mask(batch, torch.int64)
     with pytest.raises(InvalidInput, match="paged cache"):
         HFCollator("paged|sdpa")
-    with pytest.raises(InvalidInput, match="config=model.config"):
+    with pytest.raises(InvalidInput, match="config=model\\.config"):
         HFCollator("sdpa")
 
 

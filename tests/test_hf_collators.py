@@ -99,6 +99,8 @@ def custom_implementations():
 #: (model attention, how the features are built)
 OUTPUTS = [
     ("seqpack_varlen", "packed_collator_flatten"),
+    ("sdpa", "packed_collator_flatten"),
+    ("eager", "packed_collator_flatten"),
     ("seqpack_test_varlen", "packed_collator_flatten"),
     ("sdpa", "hf_collator"),
     ("eager", "hf_collator"),
@@ -251,7 +253,11 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
     assert HFCollator("seqpack_test_unknown", kind="sdpa", config=llama_config()).kind == "sdpa"
     with pytest.raises(InvalidInput, match=r"of kind 'flash'.*not kind='sdpa'"):
         attention_kind("kernels-community/flash-attn2", "sdpa")
-    for name in ("kernels-community/not-a-flash-kernel", "seqpack_unregistered_attention", "paged|sdpa"):
+    for name in (
+        "kernels-community/not-a-flash-kernel",
+        "seqpack_unregistered_attention",
+        "paged|sdpa",
+    ):
         with pytest.raises(InvalidInput, match=rf"{name}.*{', '.join(KINDS[2:])}"):
             HFCollator(name, config=llama_config())
 

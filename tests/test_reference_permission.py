@@ -10,6 +10,7 @@ position off by one) shows up as a difference in the cells or in a view.
 """
 
 import itertools
+
 import numpy as np
 import pytest
 import torch

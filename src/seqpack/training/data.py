@@ -193,11 +193,13 @@ class PackedCollator:
     ``flatten=True`` drops padding and returns ``[1, Σl]`` tensors (what
     varlen / flash kernels and HF's flattening collator use) plus
     ``seq_idx`` int32 ``[1, Σl]`` (0-based per call, as
-    ``DataCollatorWithFlattening(return_seq_idx=True)`` gives). Every key a
+    ``DataCollatorWithFlattening(return_seq_idx=True)`` gives) and
+    ``use_cache=False`` (so a ``transformers`` model of any kind keeps the
+    flattened examples apart from their restarting ``position_ids``). Every key a
     ``transformers`` model reads has ``transformers``' meaning; rows mode
     carries no ``attention_mask``, so feed Hugging Face models with
-    :class:`seqpack.hf.HFCollator` / :func:`seqpack.hf.hf_inputs` (or
-    ``flatten=True`` to a flash-kind implementation).
+    ``flatten=True`` or :class:`seqpack.hf.HFCollator` /
+    :func:`seqpack.hf.hf_inputs`.
     ``permission_mask=True`` (rows mode only) adds the permission as a bool
     ``[R, 1, T, T]`` mask under the key ``permission_mask`` (True = may
     attend; for ``F.scaled_dot_product_attention``). It is deliberately not
@@ -254,6 +256,8 @@ class PackedCollator:
         }
         if self.flatten:
             out["seq_idx"] = torch.as_tensor(seq_idx(cu.cu_seqlens))
+            # transformers reads packed position_ids (batch of 1) only when no cache exists.
+            out["use_cache"] = False
         else:
             out["valid_index"] = torch.as_tensor(cu.valid_index, dtype=torch.int64)
         if self.permission_mask:
