@@ -3,7 +3,7 @@
 The fixture (A, B | C, one row at capacity 12) through every collator seqpack
 has, into a tiny float64 Llama: ``model(**features).loss`` must equal the
 token-weighted loss of the three examples run alone, derived here from the
-model itself. A control rebuilds the old 0.x output (pre-shifted targets
+model itself. A control rebuilds the 0.2 output (pre-shifted targets
 under ``labels``) and shows the test would catch it.
 """
 
@@ -136,7 +136,7 @@ def test_model_loss_of_every_collator_output_is_the_separate_examples_loss(
 
 
 def test_the_old_pre_shifted_labels_would_be_caught():
-    """Control: 0.x put pre-shifted targets under ``labels``; the model shifted them again."""
+    """Control: 0.2 put pre-shifted targets under ``labels``; the model shifted them again."""
     examples, batch = fixture_at(12)
     model = model_of(llama_config(), "seqpack_varlen")
     want = separate_loss(model, examples)
@@ -279,7 +279,7 @@ def test_a_windowed_model_through_hf_collator_equals_separate_examples(attn):
         got = model(**HFCollator(attn, dtype=torch.float64, config=config)([batch])).loss
         assert close(got, want)
         if attn != "seqpack_varlen":
-            # Control: what 0.x's config-less collator built — unwindowed masks.
+            # Control: what 0.2's config-less collator built — unwindowed masks.
             unwindowed = hf_inputs(batch, attn, dtype=torch.float64)
             assert not close(model(**unwindowed).loss, want, 1e-3, 1e-3)
     if attn == "seqpack_varlen":  # the layer applies the window: no config needed
