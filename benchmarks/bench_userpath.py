@@ -11,7 +11,8 @@ Three paths (TRL's counterpart in brackets):
    median of ``--repeats`` calls after a warm-up, in one process per tool;
 2. Parquet -> Parquet, fresh processes: ``seqpack pack W.parquet --out DIR``
    [``load_dataset("parquet")`` + ``pack_dataset(bfd)`` + ``to_parquet``, with
-   an empty ``datasets`` cache so every run does the whole job];
+   an empty ``datasets`` cache so every run does the whole job]; the median of
+   ``--fresh-repeats`` runs of each;
 3. text -> packed, fresh processes: ``seqpack pack texts.jsonl --tokenizer
    tokenizer.json --split-long`` [``load_dataset("json")`` +
    ``map(tokenizer, batched=True)`` + ``pack_dataset(bfd_split)`` (which, like
@@ -101,11 +102,12 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     w = workload(name)
     table = token_table(name)
     ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
-    if tool == "seqpack":
+    fmt = "trl" if tool == "seqpack-trl" else "seqpack"  # TRL's schema, capacity in tokens
+    if tool.startswith("seqpack"):
         from seqpack.hf import pack_dataset
 
         def run():
-            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
     else:
         from trl.data_utils import pack_dataset as trl_pack
 
@@ -115,8 +117,8 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     small = datasets.Dataset(
         datasets.table.InMemoryTable(table.slice(0, 2000)), fingerprint=f"bench-{name}-warm"
     )
-    if tool == "seqpack":  # kernels loaded from numba's cache before the clock starts
-        pack_dataset(small, w.capacity, "best-fit-decreasing", vocab_size=VOCAB)
+    if tool.startswith("seqpack"):  # kernels loaded from numba's cache before the clock starts
+        pack_dataset(small, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
     else:
         trl_pack(small, w.capacity, strategy="bfd")
     before = _status("VmRSS")
@@ -220,19 +222,30 @@ def in_memory(name: str, tool: str, repeats: int) -> dict:
     return json.loads(fresh(argv)["stdout"].strip().splitlines()[-1])  # VmHWM of the child
 
 
-def run_workload(name: str, repeats: int, work: Path) -> list[dict]:
+def run_workload(name: str, repeats: int, fresh_repeats: int, work: Path) -> list[dict]:
     w = workload(name)
     rows = []
     seq = in_memory(name, "seqpack", repeats)
     trl = in_memory(name, "trl", max(1, repeats // 2))
     rows.append(_row("pack_dataset (in memory)", name, seq, trl))
+    same = in_memory(name, "seqpack-trl", repeats)  # TRL's own schema and unit
+    rows.append(_row("pack_dataset(format='trl') (in memory)", name, same, trl))
     source = parquet_input(name)
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
-    seq = seqpack_pack(source, work / f"{name}-seqpack", *flags)
-    trl = trl_run(TRL_PARQUET, str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
+    seq = _median(fresh_repeats, lambda: seqpack_pack(source, work / f"{name}-seqpack", *flags))
+    trl_args = (str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
+    trl = _median(fresh_repeats, lambda: trl_run(TRL_PARQUET, *trl_args))
     rows.append(_row("Parquet -> Parquet (fresh processes)", name, seq, trl))
     return rows
+
+
+def _median(repeats: int, run) -> dict:
+    """The run of median wall time among ``repeats`` fresh runs (the machine is shared: one
+    run can land on a busy second), with the largest peak RSS of them all."""
+    runs = sorted((run() for _ in range(repeats)), key=lambda r: r["seconds"])
+    return runs[len(runs) // 2] | {"peak_rss": max(r["peak_rss"] for r in runs),
+                                   "all_seconds": [r["seconds"] for r in runs]}  # fmt: skip
 
 
 def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
@@ -303,6 +316,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="W1 and 20 MB of text only")
     parser.add_argument("--repeats", type=int, default=3, help="in-memory calls (median)")
+    parser.add_argument("--fresh-repeats", type=int, default=3,
+                        help="fresh Parquet -> Parquet runs per tool (median)")  # fmt: skip
     parser.add_argument("--text", default="20,100,300", help="text corpus sizes in MB")
     parser.add_argument("--trl-text", default="20,100", help="sizes TRL packs too")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -316,7 +331,7 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for name in ("W1",) if args.quick else ("W1", "W2"):
-            rows += run_workload(name, args.repeats, work)
+            rows += run_workload(name, args.repeats, args.fresh_repeats, work)
         for mb in sizes:
             rows += run_text(mb, work, mb in trl_sizes)
     finally:

@@ -128,3 +128,41 @@ def test_a_line_longer_than_many_reads_is_read_whole(tmp_path):
     table = load_examples(path, vocab_size=30_000)
     assert table.windows.tolist() == [*ids, 0, 1]
     assert read_documents(path, chunk_bytes=7).tokens.tolist() == [*ids, 0, 1]
+
+
+def test_an_unpaired_surrogate_is_named_by_its_line_and_column(tmp_path):
+    """Arrow refuses the block without a line; the json module decodes the escape, so the
+    re-read names the line and the column (a valid escaped pair is not flagged)."""
+    path = tmp_path / "d.jsonl"
+    pair = json.dumps({"text": "ok \U0001f600"})  # written as the escaped pair \ud83d\ude00
+    path.write_text("\n".join([pair, "", '{"text": "bad \\ud800 here"}']) + "\n")
+    with pytest.raises(InvalidInput, match=r"d\.jsonl line 3: 'text' holds an unpaired surrogate"):
+        pack_path(path, tmp_path / "out", capacity=64, tokenizer="bytes")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("chunk", [16, 1 << 20])
+def test_a_column_seqpack_does_not_read_may_mix_types(tmp_path, chunk):
+    """Arrow's reader refuses a column whose type changes between lines; a column seqpack
+    never reads must not fail the run, and the result equals the file without it."""
+    rows = [{"input_ids": [0, 1, 2 + i % 3], "meta": i if i % 2 else f"s{i}"} for i in range(9)]
+    mixed, plain = tmp_path / "mixed.jsonl", tmp_path / "plain.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain.write_text("".join(json.dumps({"input_ids": r["input_ids"]}) + "\n" for r in rows))
+    got = pack_path(mixed, tmp_path / "a", capacity=8, vocab_size=10, chunk_bytes=chunk)
+    want = pack_path(plain, tmp_path / "b", capacity=8, vocab_size=10, chunk_bytes=chunk)
+    assert (got["examples"], got["rows"], got["tokens"]) == (9, want["rows"], want["tokens"])
+    assert [
+        t.column("tokens") for t in map(pq.read_table, sorted((tmp_path / "a").glob("*.parquet")))
+    ] == [
+        t.column("tokens") for t in map(pq.read_table, sorted((tmp_path / "b").glob("*.parquet")))
+    ]
+
+
+def test_a_column_seqpack_reads_with_mixed_types_is_named_by_its_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "ok"}\n\n{"text": "ok too"}\n{"text": 5}\n')
+    with pytest.raises(
+        InvalidInput, match=r"d\.jsonl line 4: text holds a number where line 1 holds a string"
+    ):
+        pack_path(path, tmp_path / "out", capacity=64, tokenizer="bytes")

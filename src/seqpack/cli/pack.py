@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
@@ -38,6 +39,11 @@ def add_pack(p: argparse.ArgumentParser) -> None:
     add_arguments(p, "pack", RayOptions)
 
 
+def _unit(options: Any) -> str:
+    """What lengths count: prediction pairs, or tokens with --format trl (TRL's unit)."""
+    return "tokens" if options.format == "trl" else "prediction pairs"
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
     options = from_arguments(args, "pack")
     if args.engine == "ray":
@@ -56,11 +62,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats))
         return 0
+    unit = _unit(options)
+    cells = " tokens" if unit == "tokens" else ""
     print(
-        f"packed {stats['examples']:,} examples ({stats['tokens']:,} prediction pairs,"
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} {unit},"
         f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
-        f" {stats['rows']:,} rows of {stats['capacity']}: lower bound {stats['lower_bound']:,},"
-        f" efficiency {stats['efficiency']:.2%}, {stats['seconds']:.2f} s"
+        f" {stats['rows']:,} rows of {stats['capacity']}{cells}:"
+        f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
+        f" {stats['seconds']:.2f} s"
     )
     print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
     if "blocks" in stats:
@@ -106,7 +115,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{report['examples']:,} examples ({report['split_sources']:,} sources split),"
-        f" {report['tokens']:,} prediction pairs, capacity {report['capacity']},"
+        f" {report['tokens']:,} {_unit(options)}, capacity {report['capacity']},"
         f" lower bound {report['lower_bound']:,} rows"
     )
     print(f"{'policy':<22} {'rows':>12} {'rows/LB':>9} {'efficiency':>11} {'seconds':>9}")

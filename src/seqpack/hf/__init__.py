@@ -10,6 +10,8 @@ module                 holds
 ``kinds``              attention implementations by kind (flash, sdpa, eager, flex ...)
 ``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
+``trl``                :func:`load_trl`, :class:`per_example`: TRL-format rows in
+                       TRL / ``transformers`` scripts
 ``verify``             ``seqpack verify``: packed == separate on a real model
                        (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
@@ -37,6 +39,9 @@ _NAMES = {
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",
     "HFCollator": "collator",
+    "load_trl": "trl",
+    "per_example": "trl",
+    "split_rows": "trl",
     "Architecture": "architectures",
     "UnsupportedArchitecture": "architectures",
     "describe": "architectures",

@@ -51,16 +51,25 @@ from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
     FORMAT,
     READABLE_VERSIONS,
+    VERSION,
     layout_of,
     list_array,
     manifest_record,
     shard_table,
     union,
 )
+from seqpack.io.trl import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from seqpack.pipeline.budget import StreamBudget
-from seqpack.pipeline.corpus import read_corpus
-from seqpack.pipeline.options import PackOptions
-from seqpack.pipeline.writer import corpus_examples, gather_rows, layout_for, plan_corpus
+from seqpack.pipeline.corpus import Corpus, read_corpus
+from seqpack.pipeline.options import PackOptions, check_pad_id
+from seqpack.pipeline.writer import (
+    Examples,
+    Storage,
+    corpus_examples,
+    gather_rows,
+    layout_for,
+    plan_corpus,
+)
 
 META_KEY = "seqpack"
 
@@ -108,51 +117,92 @@ def pack_dataset(
     ``capacity``, ``policy``, ``options`` and any :class:`PackOptions` field
     as a keyword say how; other keywords are policy options (e.g.
     ``window=4096`` for ``stream-best-fit``). ``vocab_size`` defaults to the
-    largest id + 1 and ``tokenizer_id`` to ``"pretokenized"``; pass the real
-    ones to bind the output to your model.
+    tokenizer's (``tokenizer=`` a path or a loaded ``transformers`` /
+    ``tokenizers`` tokenizer), else the largest id + 1; ``tokenizer_id`` to
+    ``"pretokenized"``; pass the real ones to bind the output to your model.
+    ``pad_token_id`` (default: the tokenizer's) is checked against the
+    vocabulary before anything is planned and recorded.
+
+    ``format="trl"`` returns TRL's packed schema instead (``input_ids``,
+    ``labels``, ``seq_lengths`` in tokens, ``position_ids``;
+    :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
+    ``max_length``. The input's ``datasets`` format (``with_format("torch")``
+    etc., not a ``with_transform``) is carried over to the output.
     """
     import datasets
 
     opts = _options(capacity, policy, options, keywords)
     source = dataset
+    tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
         dataset,
         opts,
-        opts.load_tokenizer(),
+        tokenizer,
         receipt=lambda found: fingerprint_receipt(found, opts.partition),
         default_vocab=True,
     )
     try:
+        pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
         storage = plan_corpus(
             examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
         )
-        gather = layout_for(corpus, examples)
-        bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
-        parts = [
-            gather_rows(corpus, examples, storage, a, b, gather)
-            for a, b in itertools.pairwise(bounds)
-        ]
-        layout = union(layout_of(cols) for cols in parts)  # one table: one schema
-        tables = [shard_table(cols, layout) for cols in parts]
-        del parts
+        columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
     finally:
         corpus.close()
-    plan = storage.plan
-    fields = opts.manifest_fields()
+    fields = opts.manifest_fields(pad)
     meta = manifest_record(
         binding=corpus.binding,
         partition=opts.partition,
         config=fields["config"],
-        columns=layout.columns(),
+        kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
+        columns=columns,
         policy=fields["policy"],
-        statistics=plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
     )
-    table = pa.concat_tables(tables) if tables else layout.schema().empty_table()
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
-    return _as_dataset(table, info, fingerprint, _cache_folder(source))
+    packed = _as_dataset(table, info, fingerprint, _cache_folder(source))
+    return carry_format(source, packed)
+
+
+def _tables(
+    corpus: Corpus, examples: Examples, storage: Storage, opts: PackOptions
+) -> tuple[list[str], pa.Table]:
+    """The packed rows gathered into one table (one schema); its column names."""
+    gather = layout_for(corpus, examples, opts.format)
+    bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
+    parts = [
+        gather_rows(corpus, examples, storage, a, b, gather) for a, b in itertools.pairwise(bounds)
+    ]
+    if opts.format == "trl":
+        tables = [trl_table(cols) for cols in parts]
+        schema = TRL_SCHEMA
+    else:
+        layout = union(layout_of(cols) for cols in parts)
+        tables = [shard_table(cols, layout) for cols in parts]
+        schema = layout.schema()
+    del parts
+    return schema.names, pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def carry_format(source: Any, packed: Any) -> Any:
+    """``packed`` with ``source``'s ``datasets`` format (type, its keywords, and — when
+    the source named its columns — those of them that remain plus every new one)."""
+    fmt = getattr(source, "format", None)
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "custom"):
+        return packed
+    columns = None
+    if getattr(source, "_format_columns", None) is not None:
+        named, had = set(source._format_columns), set(source.column_names)
+        columns = [c for c in packed.column_names if c in named or c not in had]
+    return packed.with_format(
+        fmt["type"],
+        columns=columns,
+        output_all_columns=fmt.get("output_all_columns", False),
+        **fmt.get("format_kwargs", {}),
+    )
 
 
 def _cache_folder(dataset: Any) -> Path | None:
@@ -191,6 +241,7 @@ def packed_metadata(packed: Any) -> dict[str, Any]:
             "this dataset carries no seqpack metadata in info.description — was it made by"
             " seqpack.hf.pack_dataset?"
         ) from None
+    refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") not in READABLE_VERSIONS:
         raise InvalidInput(
             f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"

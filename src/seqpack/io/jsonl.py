@@ -16,7 +16,7 @@ Arrow still refuses a block, or a column has the wrong type,
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -133,6 +133,22 @@ def first_bad_line(path: Path) -> InvalidInput | None:
                 return not_json(where, err)
             if (found := check_record(where, obj, seen)) is not None:
                 return found
+            if (key := _lone_surrogate(obj)) is not None:
+                return InvalidInput(
+                    f"{where}: {key} holds an unpaired surrogate escape (a lone \\ud800-\\udfff)"
+                    " — it is not a Unicode character, so the text cannot be read as UTF-8;"
+                    " fix the writer (escape whole characters) or drop the line"
+                )
+    return None
+
+
+def _lone_surrogate(obj: dict[str, Any]) -> str | None:
+    """The first field whose decoded strings hold a surrogate code point, or None (a valid
+    escaped pair decodes to one character, so any surrogate left is unpaired)."""
+    for key, value in obj.items():
+        text = json.dumps([key, value], ensure_ascii=False)
+        if any("\ud800" <= ch <= "\udfff" for ch in text):
+            return repr(key)
     return None
 
 
@@ -187,20 +203,67 @@ def line_blocks(f: BinaryIO, size: int, path: Path) -> Iterator[memoryview]:
         carried = len(block) - cut
 
 
-def _parse(path: Path, block: memoryview) -> pa.Table:
+def _parse(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
     """One scanned block as an Arrow table (the whole block in one Arrow block, so a
-    column's type is inferred from all of its lines)."""
+    column's type is inferred from all of its lines).
+
+    When Arrow refuses a block the json module finds nothing wrong with (a column
+    seqpack does not read holding numbers in some lines and strings in others), the
+    block is read line by line instead and such a column is kept as nulls: it is
+    never read, and its name still reaches the column checks.
+    """
     try:
         table = pajson.read_json(
             pa.BufferReader(pa.py_buffer(block)),
             read_options=pajson.ReadOptions(block_size=len(block) + 1, use_threads=False),
         )
         table.validate(full=True)  # the reader can build invalid arrays (lists of nulls)
-    except pa.ArrowException as err:
-        raise first_bad_line(path) or InvalidInput(
-            f"{path}: cannot read as JSON Lines ({err})"
-        ) from None
+    except pa.ArrowException:
+        found = first_bad_line(path)
+        if found is not None:
+            raise found from None
+        return _parse_lines(path, block, used, first_line)
     return table
+
+
+def _mixed(path: Path, key: str, values: list[tuple[int, Any]]) -> InvalidInput:
+    """The line where ``key`` stops having one Arrow type: a value that is no Arrow array
+    alone (``[1, true]``), else the first whose JSON type differs from the first line's."""
+    for n, value in values:
+        try:
+            pa.array([value])
+        except (pa.ArrowException, OverflowError):
+            return InvalidInput(
+                f"{path} line {n}: {key} mixes types inside one value ({_excerpt(value)})"
+                f" — give {key} one type in every line"
+            )
+    kinds = [(n, _JSON_TYPES.get(type(v), "a value")) for n, v in values if v is not None]
+    n, kind = next(((n, k) for n, k in kinds if k != kinds[0][1]), kinds[-1])
+    return InvalidInput(
+        f"{path} line {n}: {key} holds {kind} where line {kinds[0][0]} holds"
+        f" {kinds[0][1]} — give {key} one type in every line"
+    )
+
+
+_JSON_TYPES = {int: "a number", float: "a number", str: "a string", bool: "a boolean",
+               list: "a list", dict: "an object"}  # fmt: skip
+
+
+def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
+    """``block`` through the json module, one Arrow array per key (see :func:`_parse`)."""
+    lines = enumerate(bytes(block).split(b"\n"), first_line)
+    numbered = [(n, json.loads(line)) for n, line in lines if line.strip(JSON_SPACE)]
+    rows = [row for _, row in numbered]
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    columns = {}
+    for key in keys:
+        try:
+            columns[key] = pa.array([row.get(key) for row in rows])
+        except (pa.ArrowException, OverflowError):
+            if key in used:
+                raise _mixed(path, key, [(n, r[key]) for n, r in numbered if key in r]) from None
+            columns[key] = pa.nulls(len(rows))  # never read: kept by name only
+    return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(rows))}).drop(["_"])
 
 
 #: Columns whose Arrow type must agree between blocks (the json module names the line).
@@ -229,9 +292,13 @@ def _arrow_kind(kind: pa.DataType) -> str | None:
     return None
 
 
-def iter_jsonl(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
+def iter_jsonl(
+    f: BinaryIO, path: Path, chunk_bytes: int, used: Collection[str] = ()
+) -> Iterator[tuple[pa.Table, int]]:
     """The JSON Lines file ``f`` (named ``path``) as Arrow tables of about ``chunk_bytes``
-    of input each: ``(table, bytes consumed)``; one row per non-blank line.
+    of input each: ``(table, bytes consumed)``; one row per non-blank line. ``used``:
+    the columns the caller reads (one of them with mixed types is an error; any other
+    such column is read as nulls).
 
     Blocks of blank lines give no table. Raises :class:`InvalidInput` naming
     the first bad line.
@@ -240,13 +307,13 @@ def iter_jsonl(f: BinaryIO, path: Path, chunk_bytes: int) -> Iterator[tuple[pa.T
     kinds: dict[str, str] = {}
     for block in line_blocks(f, chunk_bytes, path):
         records, newlines = scan_block(path, block, line)
-        line += newlines
         if records:
-            table = _parse(path, block)
+            table = _parse(path, block, used, line)
             _check_kinds(path, table, kinds)
             yield table, len(block)
         else:
             yield pa.table({}), len(block)
+        line += newlines
 
 
 def read_json_array(f: BinaryIO, path: Path) -> pa.Table:

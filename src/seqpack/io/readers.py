@@ -129,7 +129,7 @@ def _file_chunks(
     elif not head:
         raise InvalidInput(f"{path} is empty: it holds no rows — nothing to pack")
     else:
-        parts, unit = iter_jsonl(f, path, chunk_bytes), "line"
+        parts, unit = iter_jsonl(f, path, chunk_bytes, (*COLUMNS, text_field)), "line"
     for table, size in parts:
         yield table, Origin(((str(path), -first, unit),)), size
         first += table.num_rows

@@ -187,8 +187,9 @@ def manifest_record(
     *,
     binding: Binding,
     partition: Partition,
-    config: dict[str, int],
+    config: dict[str, Any],
     shards: list[dict[str, Any]] | None = None,
+    kind: tuple[str, int] = (FORMAT, VERSION),
     **sections: Any,
 ) -> dict[str, Any]:
     """The packed output's metadata in one shape: format, version, binding, partition,
@@ -196,11 +197,12 @@ def manifest_record(
     engine…) in the order given, and ``shards`` last when there are files.
 
     ``manifest.json`` of a packed directory (local and Ray engines alike) and
-    the ``info`` of :func:`seqpack.hf.pack_dataset` are built here only.
+    the ``info`` of :func:`seqpack.hf.pack_dataset` are built here only. ``kind`` is
+    the (format, version) written: seqpack's own, or :data:`seqpack.io.trl.TRL_FORMAT`'s.
     """
     record: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
+        "format": kind[0],
+        "version": kind[1],
         "binding": binding.to_dict(),
         "partition": partition.value,
         "config": dict(config),
@@ -247,10 +249,9 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
 
 
-def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
-    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
-    the leanest that keeps everything, :func:`layout_of`)."""
-    layout = layout_of(cols) if layout is None else layout
+def token_offsets(cols: ShardColumns) -> tuple[np.ndarray, np.ndarray]:
+    """Where each occurrence's window and each row start in ``cols.tokens`` (int64
+    [K+1], [R+1]); refused when the shard's tokens overflow one list column's offsets."""
     tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(cols.lengths + 1, out=tok[1:])
     row_tok = tok[cols.row_offsets]
@@ -259,6 +260,14 @@ def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
             f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
             " — lower --max-rows-per-batch"
         )
+    return tok, row_tok
+
+
+def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
+    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
+    the leanest that keeps everything, :func:`layout_of`)."""
+    layout = layout_of(cols) if layout is None else layout
+    _, row_tok = token_offsets(cols)
     occ = cols.row_offsets
     first = cols.first_row
     columns: dict[str, pa.Array] = {
@@ -332,14 +341,17 @@ def _write_shard(table: pa.Table, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[str, Any]:
+def write_shard_file(
+    table: pa.Table, directory: str | Path, name: str, first_row: int | None = None
+) -> dict[str, Any]:
     """Write a packed-row table as ``directory/name``; return its manifest entry.
 
     The file is written under a unique hidden name, fsynced and renamed, so a
     writer that runs twice (a task retried after a crash) replaces it whole
     and a reader never sees a torn shard. The entry has the keys of
     :func:`write_packed`'s: file, first_row, rows, occurrences, tokens,
-    bytes, sha256, columns (those stored).
+    bytes, sha256, columns (those stored). A table without a ``row`` column (TRL's
+    schema, :mod:`seqpack.io.trl`) needs ``first_row``.
     """
     directory = Path(directory)
     path = directory / name
@@ -349,14 +361,18 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str) -> dict[
         os.replace(part, path)
     finally:
         part.unlink(missing_ok=True)
-    rows = table.column("row")
-    counts = "pair_counts" if "pair_counts" in table.column_names else "seq_lengths"
+    names = table.column_names
+    if first_row is None:
+        first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
+    first_row = int(first_row)
+    counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
+    tokens = "tokens" if "tokens" in names else "input_ids"
     return {
         "file": name,
-        "first_row": int(rows[0].as_py()) if table.num_rows else 0,
+        "first_row": first_row,
         "rows": table.num_rows,
         "occurrences": int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0),
-        "tokens": int(pc.sum(pc.list_value_length(table.column("tokens"))).as_py() or 0),
+        "tokens": int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0),
         "bytes": path.stat().st_size,
         "sha256": sha256_file(path),
         "columns": table.column_names,

@@ -41,6 +41,7 @@ from seqpack.io.shards import (
     shard_bounds,
     write_shard_file,
 )
+from seqpack.io.trl import refuse_trl
 from seqpack.io.verify import (
     DEPTHS,
     check_checksums,
@@ -210,6 +211,7 @@ def _open_manifest(path: Path) -> PackedStore:
         raise InvalidInput(
             f"{mpath}: holds a {type(manifest).__name__}, not a manifest object — pack again"
         )
+    refuse_trl(manifest, str(path))
     if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS:
         raise InvalidInput(
             f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"

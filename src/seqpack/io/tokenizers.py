@@ -174,6 +174,15 @@ class HFTokenizer:
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_rust": None}
 
+    @property
+    def pad_token_id(self) -> int | None:
+        """The pad id the tokenizer defines (a transformers pad token, or a ``tokenizers``
+        padding setting), None without one."""
+        if self.kind == "transformers":
+            return getattr(self.backend, "pad_token_id", None)
+        padding = getattr(self.backend, "padding", None)
+        return int(padding["pad_id"]) if padding else None
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._rust = rust_backend(self.backend, self.kind)
@@ -284,7 +293,28 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
     return HFTokenizer(backend, "tokenizers", _identity("tokenizers", name, [file]), size)
 
 
-def as_tokenizer(spec: str | os.PathLike[str] | Tokenizer | None) -> Tokenizer | None:
+def loaded_tokenizer(backend: Any) -> HFTokenizer | None:
+    """A ``transformers`` tokenizer or ``tokenizers.Tokenizer`` object already in memory
+    as an :class:`HFTokenizer` (vocabulary with added tokens; identity: a digest of its
+    serialized form), None for any other object."""
+    rust = getattr(backend, "backend_tokenizer", None)
+    if rust is not None and callable(backend):  # a fast transformers tokenizer
+        name = Path(str(getattr(backend, "name_or_path", "") or "tokenizer")).name
+        digest = hashlib.sha256(rust.to_str().encode()).hexdigest()[:16]
+        return HFTokenizer(backend, "transformers", f"hf:{name}@sha256:{digest}", len(backend))
+    if hasattr(backend, "get_vocab_size") and hasattr(backend, "to_str"):
+        digest = hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
+        size = backend.get_vocab_size(with_added_tokens=True)
+        return HFTokenizer(backend, "tokenizers", f"tokenizers:@sha256:{digest}", size)
+    return None
+
+
+def as_tokenizer(spec: str | os.PathLike[str] | Tokenizer | Any | None) -> Tokenizer | None:
     """A tokenizer from a spec (``"bytes"`` or a local path, see :func:`load_tokenizer`);
-    a loaded tokenizer or None is returned as it is."""
-    return load_tokenizer(spec) if isinstance(spec, (str, os.PathLike)) else spec
+    a ``transformers`` / ``tokenizers`` object is wrapped (:func:`loaded_tokenizer`); a
+    seqpack tokenizer or None is returned as it is."""
+    if isinstance(spec, (str, os.PathLike)):
+        return load_tokenizer(spec)
+    if spec is None or isinstance(spec, (ByteTokenizer, HFTokenizer)):
+        return spec
+    return loaded_tokenizer(spec) or spec

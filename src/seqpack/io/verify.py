@@ -45,6 +45,7 @@ from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import FORMAT, READABLE_VERSIONS, VERSION, sha256_file
+from seqpack.io.trl import check_trl_contents, is_trl
 
 MANIFEST = "manifest.json"
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
@@ -82,7 +83,10 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
     where = folder / MANIFEST
     if not isinstance(manifest, Mapping):
         raise _bad(where, f"holds a {type(manifest).__name__}, not a manifest object")
-    if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS:
+    trl = is_trl(manifest)
+    if not trl and (
+        manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS
+    ):
         raise InvalidInput(
             f"{where}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
             f" this seqpack reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
@@ -117,7 +121,7 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
         "vocab_size": vocab,
         "rows": rows,
         "occurrences": occurrences,
-        "tokens": totals["tokens"] - occurrences,
+        "tokens": totals["tokens"] - (0 if trl else occurrences),  # TRL's unit: tokens
         "shards": len(manifest["shards"]),
     }
     _check_no_unlisted(folder, {entry["file"] for entry in manifest["shards"]})
@@ -346,6 +350,9 @@ def verify_folder(folder: Path) -> dict[str, Any]:
     summary = check_manifest(manifest, folder)
     check_checksums(manifest, folder)
     shards = manifest["shards"]
+    if is_trl(manifest):
+        check_trl_contents(manifest, folder)
+        return manifest
     check_contents(
         manifest,
         lambda k: read_shard(

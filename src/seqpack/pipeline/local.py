@@ -27,13 +27,14 @@ from seqpack.core.policies import plan_rows
 from seqpack.io.atomic import temp_output
 from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
-from seqpack.io.shards import manifest_record
+from seqpack.io.shards import FORMAT, VERSION, manifest_record
 from seqpack.io.spill import recover_spills
 from seqpack.io.store import publish_packed
 from seqpack.io.tokenizers import Tokenizer
+from seqpack.io.trl import TRL_FORMAT, TRL_VERSION
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
-from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
+from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
 from seqpack.pipeline.progress import progress_bar, status
 from seqpack.pipeline.report import duplicate_report
 from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
@@ -175,6 +176,7 @@ def _pack_corpus(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Plan a corpus read by :func:`read_corpus`, write it into ``tmp`` and publish it as
     ``out``; (statistics, manifest)."""
+    pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
     budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
     examples = corpus_examples(corpus, opts, budget_)
     say = status(show)
@@ -190,7 +192,7 @@ def _pack_corpus(
     bounds = storage.row_offsets[storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens)]
     widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
     budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
-    layout = layout_for(corpus, examples)
+    layout = layout_for(corpus, examples, opts.format)
     stats = plan.stats() | {
         "sources": len(corpus),
         "split_sources": examples.split,
@@ -208,12 +210,13 @@ def _pack_corpus(
     total = 4 * int(storage.row_tokens[-1])
     with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
         shards = write_shards(corpus, examples, storage, tmp, opts, layout, on_shard)
-    fields = opts.manifest_fields()
+    fields = opts.manifest_fields(pad)
     manifest = manifest_record(
         binding=corpus.binding,
         partition=opts.partition,
         config=fields["config"],
         shards=shards,
+        kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         rows=plan.num_rows,
         occurrences=len(examples.lengths),
         policy=fields["policy"],

@@ -41,6 +41,9 @@ DEFAULT_CHUNK_BYTES = 1 << 25
 #: The largest chunk (a read of that many bytes is allocated whole).
 MAX_CHUNK_BYTES = 1 << 30
 
+#: What ``--format`` writes: seqpack's own packed columns, or TRL 1.16's packed schema.
+OUTPUT_FORMATS = ("seqpack", "trl")
+
 #: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
 PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 
@@ -66,7 +69,13 @@ class PackOptions:
     """
 
     capacity: int = field(
-        metadata=flag("--capacity", "prediction pairs per row", BOTH, required=True, type=int)
+        metadata=flag(
+            "--capacity",
+            "prediction pairs per row (with --format trl: tokens per row, TRL's max_length)",
+            BOTH,
+            required=True,
+            type=int,
+        )
     )
     policy: str = field(
         default=DEFAULT_POLICY,
@@ -152,6 +161,25 @@ class PackOptions:
             metavar="BYTES",
         ),
     )
+    format: str = field(
+        default="seqpack",
+        metadata=flag(
+            "--format",
+            "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
+            " input_ids, labels, seq_lengths in tokens, position_ids; capacity in tokens)",
+            BOTH,
+            choices=OUTPUT_FORMATS,
+        ),
+    )
+    pad_token_id: int | None = field(
+        default=None,
+        metadata=flag(
+            "--pad-token-id",
+            "the id collators pad with, checked against the vocabulary before packing and"
+            " recorded (default: the tokenizer's pad token)",
+            type=int,
+        ),
+    )
     spill_dir: str | None = field(
         default=None,
         metadata=flag(
@@ -184,6 +212,16 @@ class PackOptions:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InvalidInput(f"text_field must be a column name, got {self.text_field!r}")
+        if self.format not in OUTPUT_FORMATS:
+            raise InvalidInput(
+                f"unknown format {self.format!r}; choose one of {', '.join(OUTPUT_FORMATS)}"
+            )
+        if self.format == "trl" and self.capacity < 2:
+            raise InvalidInput(
+                "with format trl the capacity counts tokens; a row needs at least 2 (one pair)"
+            )
+        if self.pad_token_id is not None:
+            put(self, "pad_token_id", parse_pad(self.pad_token_id))
         put(self, "shard_tokens", positive_int("shard_tokens", self.shard_tokens, INT32_MAX))
         put(self, "chunk_bytes", positive_int("chunk_bytes", self.chunk_bytes, MAX_CHUNK_BYTES))
 
@@ -220,12 +258,54 @@ class PackOptions:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""
         return stream.isatty() if self.progress is None else bool(self.progress)
 
-    def manifest_fields(self) -> dict[str, Any]:
-        """What a packed directory records of these options (``config`` and ``policy``)."""
+    @property
+    def pair_capacity(self) -> int:
+        """The most prediction pairs one example may have: ``capacity``, or ``capacity - 1``
+        with format trl (an example of ``n`` tokens has ``n - 1`` pairs and fills ``n``)."""
+        return self.capacity - 1 if self.format == "trl" else self.capacity
+
+    def manifest_fields(self, pad_token_id: int | None = None) -> dict[str, Any]:
+        """What a packed directory records of these options (``config`` and ``policy``);
+        ``pad_token_id`` is the checked pad id (:func:`check_pad_id`), when there is one."""
+        config = {"capacity": self.capacity, "max_rows_per_batch": self.max_rows_per_batch}
+        if self.format == "trl":
+            config["capacity_unit"] = "tokens"
+        if pad_token_id is not None:
+            config["pad_token_id"] = pad_token_id
         return {
-            "config": {"capacity": self.capacity, "max_rows_per_batch": self.max_rows_per_batch},
+            "config": config,
             "policy": {"name": self.policy, "options": dict(self.policy_options)},
         }
+
+
+def parse_pad(value: Any) -> int:
+    """A pad id: a non-negative integer (its bound is the vocabulary, :func:`check_pad_id`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"pad_token_id must be a non-negative token id, got {value!r}")
+    return int(value)
+
+
+def check_pad_id(opts: PackOptions, vocab_size: int, tokenizer: Tokenizer | None) -> int | None:
+    """The pad id of a run, checked against the binding's ``vocab_size`` before anything is
+    written: ``opts.pad_token_id``, else the tokenizer's pad token (None when neither has
+    one). A pad id outside the vocabulary, or one that disagrees with the tokenizer's, is
+    an :class:`~seqpack.core.errors.InvalidInput`."""
+    own = getattr(tokenizer, "pad_token_id", None)
+    pad = opts.pad_token_id if opts.pad_token_id is not None else own
+    if pad is None:
+        return None
+    if own is not None and pad != own:
+        raise InvalidInput(
+            f"pad_token_id {pad} is not the tokenizer's pad token ({own}) — drop"
+            " --pad-token-id or pass the tokenizer's"
+        )
+    if not 0 <= pad < vocab_size:
+        raise InvalidInput(
+            f"pad_token_id {pad} is outside the vocabulary (vocab_size {vocab_size}): a collator"
+            " would feed the model an id it has no embedding for — pass a pad id below"
+            f" {vocab_size} or the right --vocab-size"
+        )
+    return int(pad)
 
 
 #: How command-line text becomes a field's value. A field whose flag says ``type=int``

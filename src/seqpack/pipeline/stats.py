@@ -18,6 +18,7 @@ from seqpack.io.readers import read_documents
 from seqpack.pipeline.options import PackOptions
 from seqpack.pipeline.plot import check_plot_path, plot_stats
 from seqpack.pipeline.report import duplicate_report
+from seqpack.pipeline.writer import token_lengths
 
 
 def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
@@ -58,7 +59,9 @@ def stats_path(
     plot: str | Path | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Rows, lower bound, efficiency and planning time of every policy; no rows written."""
+    """Rows, lower bound, efficiency and planning time of every policy; no rows written.
+
+    With ``format="trl"`` lengths, capacity and statistics count tokens (TRL's unit)."""
     opts = PackOptions.of(options, **overrides)
     if plot is not None:
         check_plot_path(plot)
@@ -71,11 +74,14 @@ def stats_path(
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
-    lengths, split = example_lengths(docs, capacity, opts.split_long)
+    lengths, split = example_lengths(docs, opts.pair_capacity, opts.split_long)
     labels = None if split else (lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})")
+    if opts.format == "trl":  # TRL's unit: tokens per example and per row
+        lengths = token_lengths(lengths, capacity, labels or (lambda i: f"example {i}"))
     results = compare_policies(lengths, capacity, policies, labels)
     report: dict[str, Any] = {
         "source": str(source),
+        "format": opts.format,
         "capacity": capacity,
         "sources": len(docs),
         "split_sources": split,

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seqpack.core.errors import OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.gather import gather_into
 from seqpack.core.plan import Plan
@@ -36,6 +37,7 @@ from seqpack.io.shards import (
     shard_table,
     write_shard_file,
 )
+from seqpack.io.trl import trl_table
 from seqpack.pipeline.budget import SHARDS_IN_FLIGHT, StreamBudget
 from seqpack.pipeline.corpus import Corpus
 from seqpack.pipeline.options import PackOptions
@@ -56,7 +58,7 @@ class Examples:
 def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> Examples:
     """The examples to plan; with ``split_long`` the budget is checked on the number of
     pieces before any document is split."""
-    counts, capacity = corpus.counts, opts.capacity
+    counts, capacity = corpus.counts, opts.pair_capacity
     long = counts - 1 > capacity
     if not (opts.split_long and long.any()):
         budget.check(len(corpus), len(corpus), what=f"{len(corpus):,} documents")
@@ -79,7 +81,9 @@ class Storage:
     row_tokens: np.ndarray
 
     @classmethod
-    def of(cls, plan: Plan) -> Storage:
+    def of(cls, plan: Plan, window_extra: int = 1) -> Storage:
+        """``plan`` in storage order; an example planned as ``plan.lengths[i]`` holds
+        ``plan.lengths[i] + window_extra`` tokens (1: lengths are pairs; 0: tokens)."""
         key = plan.row_of * plan.capacity + plan.start_of
         if bool(np.all(key[1:] > key[:-1])):  # next-fit and padded keep the supplied order
             order = np.arange(key.shape[0], dtype=np.int64)
@@ -90,7 +94,7 @@ class Storage:
         row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
         del rows
         tokens = np.zeros(order.shape[0] + 1, dtype=np.int64)
-        np.cumsum(plan.lengths[order] + 1, out=tokens[1:])
+        np.cumsum(plan.lengths[order] + window_extra, out=tokens[1:])
         return cls(plan, order, row_offsets.astype(np.int64), tokens[row_offsets])
 
     def shard_bounds(self, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
@@ -98,16 +102,41 @@ class Storage:
 
 
 def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], str]) -> Storage:
-    """Plan every example at once with the options' policy; the plan in storage order."""
-    plan = plan_rows(
-        examples.lengths, opts.capacity, opts.policy, labels=label, **opts.policy_options
-    )
-    return Storage.of(plan)
+    """Plan every example at once with the options' policy; the plan in storage order.
+
+    With format trl the policy packs tokens (``pairs + 1`` per example) into
+    ``capacity`` tokens, TRL's unit, and an example longer than that is an
+    :class:`~seqpack.core.errors.OversizedExample` naming it (never cut)."""
+    if opts.format != "trl":
+        plan = plan_rows(
+            examples.lengths, opts.capacity, opts.policy, labels=label, **opts.policy_options
+        )
+        return Storage.of(plan)
+    tokens = token_lengths(examples.lengths, opts.capacity, label)
+    plan = plan_rows(tokens, opts.capacity, opts.policy, labels=label, **opts.policy_options)
+    return Storage.of(plan, window_extra=0)
 
 
-def layout_for(corpus: Corpus, examples: Examples) -> Layout:
+def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
+    """Tokens per example (``pairs + 1``, TRL's unit), each checked against ``capacity``
+    tokens: an :class:`~seqpack.core.errors.OversizedExample` names the first too long."""
+    tokens = pairs + 1
+    if tokens.size and int(tokens.max()) > capacity:
+        i = int(np.argmax(tokens > capacity))
+        raise OversizedExample(
+            f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
+            " (format trl counts tokens, TRL's max_length) — raise --capacity or split it"
+            " with --split-long"
+        )
+    return tokens
+
+
+def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> Layout:
     """What a shard of the output may need gathered besides its required columns (each
-    shard then stores what its content needs, :func:`seqpack.io.shards.layout_of`)."""
+    shard then stores what its content needs, :func:`seqpack.io.shards.layout_of`);
+    TRL's schema needs only the targets' flags (for ``labels``)."""
+    if format == "trl":
+        return Layout(source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False)
     split = examples.split > 0
     return Layout(
         source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
@@ -173,7 +202,7 @@ def gather_rows(
         return cols
     starts = np.zeros_like(lengths) if piece is None else piece
     ends = starts + windows
-    cut = corpus.counts[docs] - 1 > storage.plan.capacity
+    cut = (starts > 0) | (ends < corpus.counts[docs])
     names = pc.binary_join_element_wise(
         sources, "[", pc.cast(pa.array(starts), pa.string()), ":",
         pc.cast(pa.array(ends), pa.string()), "]", "",
@@ -208,8 +237,10 @@ def write_shards(
         itertools.pairwise(storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens))
     )
 
+    to_table = trl_table if opts.format == "trl" else shard_table
+
     def build(k: int) -> pa.Table:
-        table = shard_table(gather_rows(corpus, examples, storage, *spans[k], layout))
+        table = to_table(gather_rows(corpus, examples, storage, *spans[k], layout))
         corpus.release()  # the windows are copied out: hand the mapped pages back
         return table
 
@@ -217,7 +248,9 @@ def write_shards(
         return f"shard-{k:05d}.parquet"
 
     if len(spans) <= 1:
-        entries = [write_shard_file(build(k), folder, name(k)) for k in range(len(spans))]
+        entries = [
+            write_shard_file(build(k), folder, name(k), spans[k][0]) for k in range(len(spans))
+        ]
         for entry in entries if on_shard is not None else ():
             on_shard(entry)
         return entries
@@ -227,7 +260,7 @@ def write_shards(
 
     def write(k: int, table: pa.Table) -> dict[str, Any]:
         try:
-            return write_shard_file(table, folder, name(k))
+            return write_shard_file(table, folder, name(k), spans[k][0])
         finally:
             slots.release()
 

@@ -22,7 +22,7 @@ from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
 from seqpack.io.store import publish_packed, temp_output
-from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.options import PackOptions, check_pad_id
 from seqpack.pipeline.progress import status
 from seqpack.pipeline.report import duplicate_report
 from seqpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
@@ -195,9 +195,11 @@ def _manifest(
     results: TaskResults,
     source: str,
     block_examples: int | None,
+    pad_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record
     (block layout, and where each block and shard ran: :mod:`seqpack.ray.report`)."""
+    fields = options.manifest_fields(pad_token_id)
     layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
     receipt = options.split_id or split_digest(
@@ -208,11 +210,11 @@ def _manifest(
     return manifest_record(
         binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
         partition=options.partition,
-        config=options.manifest_fields()["config"],
+        config=fields["config"],
         shards=results.entries,
         rows=layout.rows,
         occurrences=layout.examples,
-        policy=options.manifest_fields()["policy"],
+        policy=fields["policy"],
         statistics=stats,
         input={"source": source, "text_field": options.text_field},
         engine={
@@ -297,6 +299,10 @@ def pack(
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    if opts.format != "seqpack":
+        raise InvalidInput(
+            f"--format {opts.format} is written by the local engine only — drop --engine ray"
+        )
     check_policy_options(opts.policy, opts.policy_options, opts.capacity)
     with claim_output(out, opts.overwrite) as claim:
         return pack_claimed(source, claim, opts, ray_opts)
@@ -310,6 +316,7 @@ def pack_claimed(
     out = claim.path
     say = status(opts.show_progress(sys.stderr))
     binding, settings = _settings(opts, ray_opts)
+    pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
     files = isinstance(source, (str, Path))
     blocks = _file_blocks(source, ray_opts, say) if files else []
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
@@ -331,7 +338,7 @@ def pack_claimed(
             )
             check_written(results.layout, results.entries, tmp)
             name = str(source) if files else "ray.data.Dataset"
-            manifest = _manifest(opts, binding, results, name, block_examples)
+            manifest = _manifest(opts, binding, results, name, block_examples, pad)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,0 +1,114 @@
+"""TRL-format rows (``format="trl"``) in TRL and ``transformers`` training scripts.
+
+- :func:`load_trl` opens a packed directory written by ``seqpack pack
+  --format trl`` as a ``datasets.Dataset`` (its manifest, sizes and sha256
+  checked first, as :func:`seqpack.io.store.load_packed` does for seqpack's
+  own format).
+- :class:`per_example` feeds packed rows to a collator that flattens a
+  batch of *examples*, such as ``transformers.DataCollatorWithFlattening``:
+  that collator takes every feature for one sequence (positions
+  ``0..len-1`` over the whole feature, one ``cu_seq_lens`` span, ``labels[0]``
+  of the feature set to -100), so a packed row handed to it directly would
+  be trained as one long example, attending across its examples. Wrapped,
+  each row reaches it as the examples ``seq_lengths`` names, and it builds
+  exactly the padding-free batch it builds for separate examples.
+
+TRL's ``DataCollatorForLanguageModeling(padding_free=True)`` (what
+``SFTTrainer`` uses with ``padding_free=True``) reads ``seq_lengths`` itself
+and needs no wrapper.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io.atomic import MANIFEST
+from seqpack.io.trl import TRL_FORMAT, check_trl_contents, is_trl
+from seqpack.io.verify import DEPTHS, check_checksums, check_manifest
+
+#: The columns of a packed row that are cut into its examples.
+_PER_TOKEN = ("input_ids", "labels")
+
+
+def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any) -> Any:
+    """The TRL-format packed directory ``path`` as a ``datasets.Dataset`` (one row per
+    packed row: ``input_ids``, ``labels``, ``seq_lengths``, ``position_ids``).
+
+    ``verify``: ``True`` checks the manifest and every shard's size and
+    sha256, ``"full"`` also decodes every shard and holds it against the
+    manifest, ``False`` the manifest only. ``load_kwargs`` go to
+    ``datasets.load_dataset("parquet", ...)`` (e.g. ``cache_dir``). A
+    seqpack-format directory is refused (use ``load_packed`` for it).
+    """
+    import datasets
+
+    path = Path(path)
+    if verify not in DEPTHS:
+        raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+    except OSError:
+        raise InvalidInput(
+            f"{path} has no readable {MANIFEST}: not a finished seqpack output — run seqpack"
+            " pack --format trl again"
+        ) from None
+    except (ValueError, RecursionError) as err:
+        raise InvalidInput(f"{path / MANIFEST}: not valid JSON ({err}) — pack again") from None
+    if not is_trl(manifest):
+        raise InvalidInput(
+            f"{path} is not a TRL-format output (format {manifest.get('format')!r}, want"
+            f" {TRL_FORMAT!r}) — load it with seqpack.io.load_packed, or pack with --format trl"
+        )
+    check_manifest(manifest, path)
+    if verify:
+        check_checksums(manifest, path)
+    if verify == "full":
+        check_trl_contents(manifest, path)
+    files = [str(path / entry["file"]) for entry in manifest["shards"]]
+    return datasets.load_dataset("parquet", data_files=files, split="train", **load_kwargs)
+
+
+class per_example:  # a wrapper used like a function: collator = per_example(collator)
+    """``collator`` fed each packed row as the examples its ``seq_lengths`` names.
+
+    ``features`` are rows of the TRL format (lists, arrays or tensors, any
+    ``datasets`` format); row ``r`` becomes the examples
+    ``input_ids[s:s+n]`` / ``labels[s:s+n]`` for each ``n`` of
+    ``seq_lengths``, in order, and ``collator`` receives all of them as one
+    batch. The fixture row ``input_ids [0, 99, 100, 1, 0, 101, 1]``,
+    ``seq_lengths [4, 3]`` reaches ``DataCollatorWithFlattening`` as
+    ``[0, 99, 100, 1]`` and ``[0, 101, 1]``: positions ``[0,1,2,3,0,1,2]``,
+    labels ``[-100, 99, 100, 1, -100, 101, 1]``.
+    """
+
+    def __init__(self, collator: Callable[..., Any]) -> None:
+        self.collator = collator
+
+    def __call__(self, features: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any) -> Any:
+        return self.collator(split_rows(features), *args, **kwargs)
+
+
+def split_rows(features: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Packed rows cut into their examples (``input_ids`` and ``labels`` when present)."""
+    out: list[dict[str, Any]] = []
+    for k, row in enumerate(features):
+        if "seq_lengths" not in row:
+            raise InvalidInput(
+                f"feature {k} has no seq_lengths: per_example expects rows of"
+                " pack_dataset(..., format='trl') — pass unpacked examples to the collator"
+            )
+        keys = [key for key in _PER_TOKEN if key in row]
+        start = 0
+        for n in (int(n) for n in row["seq_lengths"]):
+            out.append({key: row[key][start : start + n] for key in keys})
+            start += n
+        if start != len(row["input_ids"]):
+            raise InvalidInput(
+                f"feature {k}: seq_lengths add up to {start} tokens but input_ids has"
+                f" {len(row['input_ids'])} — the row is not a packed row of format trl"
+            )
+    return out
