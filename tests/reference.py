@@ -180,16 +180,27 @@ class Layout:
         return [[self.local(r, c) for c in range(self.width)] for r in range(self.rows)]
 
     def collated(self, pad_id: int, ignore_index: int = IGNORE) -> dict[str, list[list[int]]]:
-        """What a collator must hand a model, rows mode: ids, labels, positions, segments."""
+        """What a collator must hand a model, rows mode: ids, labels, positions, segments.
+
+        ``shift_labels[c]``: cell ``c``'s own target; ``labels[c]``
+        (transformers' unshifted form): the target of cell ``c-1`` when both
+        cells hold the same example, else ``ignore_index``.
+        """
         cells = self.cells()
-        out = {"input_ids": [], "labels": [], "position_ids": [], "segment_ids": []}
+        out = {k: [] for k in ("input_ids", "labels", "shift_labels", "position_ids")}
+        out["segment_ids"] = []
         for r in range(self.rows):
-            ids, labels = [], []
+            ids, shifted, unshifted = [], [], []
+            seg = cells["segments"][r]
             for c in range(self.width):
                 ids.append(cells["inputs"][r][c] if cells["input_valid"][r][c] else pad_id)
-                labels.append(cells["targets"][r][c] if cells["loss_mask"][r][c] else ignore_index)
+                shifted.append(cells["targets"][r][c] if cells["loss_mask"][r][c] else ignore_index)
+                same = c > 0 and cells["input_valid"][r][c] and seg[c] == seg[c - 1]
+                kept = same and cells["loss_mask"][r][c - 1]
+                unshifted.append(cells["targets"][r][c - 1] if kept else ignore_index)
             out["input_ids"].append(ids)
-            out["labels"].append(labels)
+            out["labels"].append(unshifted)
+            out["shift_labels"].append(shifted)
             out["position_ids"].append(self.position_ids()[r])
             out["segment_ids"].append(cells["segments"][r])
         return out

@@ -88,7 +88,7 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     for f in features[:MICRO]:
         sync = nullcontext() if f["slot"].last_micro else model.no_sync()
         with sync:
-            total = labels_nll_sum(model(*decoder_inputs(f)), f["labels"])
+            total = labels_nll_sum(model(*decoder_inputs(f)), f["shift_labels"])
             zero = sum(p.sum() for p in model.parameters()) * 0.0
             loss = total.sum / max(total.count, 1) / MICRO + zero
             loss.backward()

@@ -27,6 +27,8 @@ from seqpack.hf.adapter import (
     hf_inputs,
     hf_labels,
     hf_loss,
+    model_labels,
+    shift_labels,
 )
 from seqpack.hf.collator import HFCollator
 from seqpack.hf.data import pack_dataset, to_batches
@@ -38,6 +40,10 @@ from strategies import packed_epochs
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
 CONFIG = Path(__file__).parent / "data" / "tiny_llama.json"
+
+
+def llama_config():
+    return AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
 
 
 def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
@@ -80,8 +86,12 @@ def test_fixture_sdpa_kwargs():
     assert kw["input_ids"].tolist() == np.where(batch.input_valid, batch.inputs, 7).tolist()
     assert kw["position_ids"].tolist() == batch.positions.tolist()
     want = np.where(batch.loss_mask, batch.targets, IGNORE_INDEX)
-    assert kw["labels"].tolist() == want.tolist()
-    assert kw["shift_labels"] is kw["labels"]  # already shifted: the model must not shift again
+    assert kw["shift_labels"].tolist() == want.tolist()  # already shifted: used as they are
+    # labels: transformers' unshifted meaning (-100 at each example's first cell, on padding)
+    assert kw["labels"].tolist() == [
+        [-100, 99, 100, -100, 101, -100],
+        [-100, 102, 103, 104, -100, -100],
+    ]
     mask = kw["attention_mask"]
     assert mask.dtype == torch.float64 and mask.shape == (2, 1, 6, 6)
     allowed = predicate_or_pad_diagonal(batch)
@@ -137,7 +147,11 @@ def test_flash_kwargs_spans_are_the_segments_on_random_layouts(case):
         for a, b in itertools.pairwise(cu):
             assert np.unique(segments[a:b]).size == 1
             assert kw["position_ids"][0, a:b].tolist() == list(range(b - a))
-        assert kw["labels"].tolist() == [hf_labels(batch)[batch.input_valid].tolist()]
+        assert kw["shift_labels"].tolist() == [shift_labels(batch)[batch.input_valid].tolist()]
+        assert kw["labels"].tolist() == [model_labels(batch)[batch.input_valid].tolist()]
+        lengths = np.diff(cu)
+        assert kw["seq_idx"].dtype == torch.int32
+        assert kw["seq_idx"].tolist() == [np.repeat(np.arange(lengths.size), lengths).tolist()]
 
 
 def test_flash_kwargs_are_the_flattened_valid_cells():
@@ -151,7 +165,8 @@ def test_flash_kwargs_are_the_flattened_valid_cells():
     valid = batch.input_valid
     assert kw["input_ids"].tolist() == [batch.inputs[valid].tolist()]
     assert kw["position_ids"].tolist() == [batch.positions[valid].tolist()]
-    assert kw["labels"].tolist() == [batch.targets[valid].tolist()]  # all eligible here
+    assert kw["shift_labels"].tolist() == [batch.targets[valid].tolist()]  # all eligible here
+    assert kw["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 2, 2, 2, 2]]  # A, B | C
     assert kw["num_items_in_batch"] == 20
     # Each segment restarts its positions at a cu_seqlens boundary.
     starts = np.flatnonzero(kw["position_ids"][0].numpy() == 0)
@@ -214,14 +229,18 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
 
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
-    with pytest.raises(InvalidInput, match="flash_attention_2"):
-        hf_inputs(batch, "flash_attention_3")
+    with pytest.raises(InvalidInput, match=r"'flash_attention_9' is of no kind.*flash_attention_2"):
+        hf_inputs(batch, "flash_attention_9")
+    with pytest.warns(DeprecationWarning, match="shift_labels"):
+        assert np.array_equal(hf_labels(batch), shift_labels(batch))
     with pytest.raises(InvalidInput, match="pad_token_id"):
         hf_inputs(batch, "sdpa", pad_token_id=266)
     with pytest.raises(InvalidInput, match="floating"):
         additive_mask(batch, torch.int64)
-    with pytest.raises(InvalidInput, match="not supported"):
-        HFCollator("paged_attention")
+    with pytest.raises(InvalidInput, match="paged cache"):
+        HFCollator("paged|sdpa")
+    with pytest.raises(InvalidInput, match="config=model\\.config"):
+        HFCollator("sdpa")
 
 
 def _packed_dataset():
@@ -235,11 +254,11 @@ def _packed_dataset():
 def test_collator_on_dataset_rows_and_on_batches():
     packed = _packed_dataset()
     (whole,) = to_batches(packed)
-    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64, config=llama_config())
     got = collate([packed[2], packed[0]])  # Trainer's sampler reorders rows
     want = hf_inputs(whole, "sdpa", dtype=torch.float64)
     assert got.keys() == want.keys()
-    for name in ("input_ids", "position_ids", "labels", "attention_mask"):
+    for name in ("input_ids", "position_ids", "labels", "shift_labels", "attention_mask"):
         assert torch.equal(got[name], want[name][[2, 0]])
     assert collate.batch_of([packed[2], packed[0]]).eligible_count == 7 + 9
     halves = list(to_batches(packed, 2))
@@ -247,7 +266,7 @@ def test_collator_on_dataset_rows_and_on_batches():
     with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
         collate([{"input_ids": packed[0]["tokens"]}])
     with pytest.raises(InvalidInput, match="for_dataset"):
-        HFCollator("sdpa")([packed[0]])
+        HFCollator("sdpa", config=llama_config())([packed[0]])
     with pytest.raises(InvalidInput, match="width"):
         collate([fixture_batch(), halves[0]])
 
@@ -270,7 +289,7 @@ def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path)
     def rows(pair):
         return collate.batch_of([packed[i] for i in pair])
 
-    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64)
+    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64, config=model.config)
     want = grad_of(whole)
     # Control: the mean of per-micro-batch means differs for every split into pairs.
     for a, b in (((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2))):

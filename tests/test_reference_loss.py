@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import EmptyObjective, PackConfig, Partition, pack_examples
+from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, pack_examples
 from seqpack.core import loss as core_loss
 from seqpack.pipeline.local import pack_path
 from seqpack.training.data import PackedCollator, PackedDataset
@@ -145,7 +145,7 @@ def test_excluded_cells_never_reach_the_loss_even_as_nan(packed):
     features = PackedCollator()(batch)
     w = weights.clone().requires_grad_(True)
     logits = w[features["input_ids"]]
-    excluded = (features["labels"] == -100)[..., None]
+    excluded = (features["shift_labels"] == -100)[..., None]
     poisoned = torch.where(excluded, torch.full_like(logits, float("nan")), logits)
     loss = micro_batch_loss(poisoned, features)
     loss.backward()
@@ -225,4 +225,7 @@ def test_a_step_without_supervised_targets_is_an_error_before_any_division():
     empty = labels_nll_sum(logits, labels)
     assert empty.count == 0 and float(empty.sum) == 0.0
     with pytest.raises(EmptyObjective):
-        micro_batch_loss(logits, {"labels": labels, "num_items_in_batch": 0})
+        micro_batch_loss(logits, {"shift_labels": labels, "num_items_in_batch": 0})
+    # transformers' unshifted labels alone are refused, never scored one cell off
+    with pytest.raises(InvalidInput, match="'shift_labels'"):
+        micro_batch_loss(logits, {"labels": labels, "num_items_in_batch": 3})

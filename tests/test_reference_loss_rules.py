@@ -209,14 +209,14 @@ def test_an_empty_micro_batch_still_reaches_every_parameter():
     weights = torch.nn.Parameter(torch.randn(4, 5, dtype=torch.float64))
     bias = torch.nn.Parameter(torch.zeros(5, dtype=torch.float64))
     logits = weights[torch.zeros(1, 2, dtype=torch.int64)] + bias
-    features = {"labels": torch.full((1, 2), -100), "num_items_in_batch": 7}
+    features = {"shift_labels": torch.full((1, 2), -100), "num_items_in_batch": 7}
     loss = micro_batch_loss(logits, features, parameters=[weights, bias])
     loss.backward()
     assert float(loss.detach()) == 0.0
     assert weights.grad is not None and bias.grad is not None
     assert not weights.grad.any() and not bias.grad.any()
     # A micro-batch with targets does not add the parameter term.
-    features = {"labels": torch.tensor([[1, -100]]), "num_items_in_batch": 4}
+    features = {"shift_labels": torch.tensor([[1, -100]]), "num_items_in_batch": 4}
     raw = micro_batch_loss(weights[torch.zeros(1, 2, dtype=torch.int64)], features, world_size=2)
     want = 2 * log_softmax_nll(weights[0].tolist(), 1) / 4
     assert close(float(raw.detach()), want)
@@ -295,11 +295,11 @@ def test_normalize_validates_the_reduction_it_is_given():
 
 def test_micro_batch_loss_honours_its_ignore_index():
     logits = torch.zeros(1, 3, 5, dtype=torch.float64)
-    features = {"labels": torch.tensor([[2, -1, -100]]), "num_items_in_batch": 2}
+    features = {"shift_labels": torch.tensor([[2, -1, -100]]), "num_items_in_batch": 2}
     # -100 is a real (out-of-vocabulary) label here: with ignore_index=-1 it must be refused
     with pytest.raises(InvalidInput, match="outside the logits' vocabulary"):
         micro_batch_loss(logits, features, ignore_index=-1)
-    features = {"labels": torch.tensor([[2, -1, 4]]), "num_items_in_batch": 2}
+    features = {"shift_labels": torch.tensor([[2, -1, 4]]), "num_items_in_batch": 2}
     got = micro_batch_loss(logits, features, ignore_index=-1)
     assert close(float(got), 2 * math.log(5.0) / 2)
 
@@ -310,7 +310,7 @@ def test_only_an_empty_micro_batch_touches_the_other_parameters():
     weights = torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
     unused = torch.nn.Parameter(torch.full((2,), float("inf"), dtype=torch.float64))
     logits = weights[torch.tensor([[0, 1]])]
-    features = {"labels": torch.tensor([[1, -100]]), "num_items_in_batch": 1}
+    features = {"shift_labels": torch.tensor([[1, -100]]), "num_items_in_batch": 1}
     loss = micro_batch_loss(logits, features, parameters=[weights, unused])
     assert close(float(loss.detach()), math.log(4.0))
 

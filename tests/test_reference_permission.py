@@ -9,6 +9,8 @@ batch the batch-local index as its segment, a whole row one segment, a
 position off by one) shows up as a difference in the cells or in a view.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -103,6 +105,9 @@ def assert_collated(batch, layout, pad_id):
     for key, want in layout.flattened(pad_id).items():
         assert flat[key].tolist() == [want], key
     assert "valid_index" not in flat
+    lengths = [b - a for a, b in itertools.pairwise(cu)]
+    assert flat["seq_idx"].dtype == torch.int32
+    assert flat["seq_idx"].tolist() == [[i for i, n in enumerate(lengths) for _ in range(n)]]
 
 
 @settings(max_examples=scaled(60))

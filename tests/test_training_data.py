@@ -1,5 +1,6 @@
 """PyTorch data path: row selection, PackedDataset, collator, layout, RowSampler, DataLoader."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -51,14 +52,21 @@ def test_fixture_collates_to_the_views_of_the_batch():
     f = PackedCollator(pad_id=2)(batch)
     cu = batch.cu_seqlens()
     assert f["input_ids"].tolist() == np.where(batch.input_valid, batch.inputs, 2).tolist()
-    assert f["labels"].tolist() == np.where(batch.loss_mask, batch.targets, -100).tolist()
+    # Pre-shifted targets are shift_labels; labels are transformers' unshifted labels.
+    assert f["shift_labels"].tolist() == np.where(batch.loss_mask, batch.targets, -100).tolist()
+    assert f["labels"].tolist() == [
+        [-100, 99, 100, -100, 101, -100],
+        [-100, 102, 103, 104, -100, -100],
+    ]
     assert f["position_ids"].tolist() == batch.position_ids().tolist()
     assert f["segment_ids"].tolist() == batch.segments.tolist()
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         assert f[key].dtype == torch.int32 and f[key].tolist() == cu.cu_seqlens.tolist()
     assert f["max_length_q"] == f["max_length_k"] == cu.max_seqlen == 4
     assert f["num_items_in_batch"] == f["num_eligible"] == batch.eligible_count == 9
-    assert all(f[k].dtype == torch.int64 for k in ("input_ids", "labels", "position_ids"))
+    keys = ("input_ids", "labels", "shift_labels", "position_ids")
+    assert all(f[k].dtype == torch.int64 for k in keys)
+    assert "seq_idx" not in f  # rows mode: seq_idx belongs to flattened outputs
     assert "attention_mask" not in f and "permission_mask" not in f
     masked = PackedCollator(permission_mask=True)(batch)["permission_mask"]
     assert masked.shape == (2, 1, 6, 6) and np.array_equal(masked[:, 0].numpy(), batch.dense_mask())
@@ -71,10 +79,14 @@ def test_flatten_gathers_the_valid_cells_of_rows_mode(case):
     for batch in epoch.batches:
         rows, flat = PackedCollator()(batch), PackedCollator(flatten=True)(batch)
         index = rows["valid_index"]
-        for key in ("input_ids", "labels", "position_ids", "segment_ids"):
+        for key in ("input_ids", "labels", "shift_labels", "position_ids", "segment_ids"):
             assert torch.equal(flat[key], rows[key].reshape(-1)[index][None]), key
         assert torch.equal(flat["cu_seq_lens_q"], rows["cu_seq_lens_q"])
         assert "valid_index" not in flat
+        # seq_idx: int32, 0-based per call, one index per flattened example
+        lengths = flat["cu_seq_lens_q"].diff().long()
+        want = torch.repeat_interleave(torch.arange(lengths.numel(), dtype=torch.int32), lengths)
+        assert flat["seq_idx"].dtype == torch.int32 and torch.equal(flat["seq_idx"][0], want)
         # every flattened sequence starts at position 0 and counts up
         starts = flat["cu_seq_lens_q"].long()
         assert bool((flat["position_ids"][0, starts[:-1]] == 0).all())
@@ -323,6 +335,19 @@ def test_collator_rejects_what_it_cannot_collate():
     b = fixture_batch()
     stacked = PackedCollator()([select_rows(b, [0]), select_rows(b, [1])])
     assert torch.equal(stacked["input_ids"], PackedCollator()(b)["input_ids"])
+
+
+def test_a_training_collator_refuses_validation_rows():
+    b = fixture_batch()
+    assert torch.equal(
+        PackedCollator(partition="train")(b)["input_ids"], PackedCollator()(b)["input_ids"]
+    )
+    held_out = dataclasses.replace(b, partition=Partition.VALIDATION)
+    with pytest.raises(PartitionMismatch, match="expects train rows but got a validation"):
+        PackedCollator(partition="train")(held_out)
+    with pytest.raises(PartitionMismatch, match="expects validation rows but got a train"):
+        PackedCollator(partition="validation")(b)
+    assert PackedCollator()(held_out)["num_eligible"] == 9  # no partition given: any
 
 
 def test_packed_dataset_refuses_another_partition(tmp_path):

@@ -177,7 +177,7 @@ def test_labels_sum_matches_the_batch_sum_and_skips_nan_padding():
     want = token_weighted_sum(logits, batch)
     poisoned = logits.detach().clone()
     poisoned[0, 5] = float("nan")
-    got = labels_nll_sum(poisoned, features["labels"])
+    got = labels_nll_sum(poisoned, features["shift_labels"])
     assert got.count == want.count == 9
     # Float64 logits, the same NLL terms summed in possibly different orders.
     assert bool(within_tolerance(got.sum.detach(), want.sum.detach()))

@@ -7,6 +7,7 @@ module                 holds
 ``adapter``            :func:`hf_inputs`: the kwargs that keep examples apart
 ``architectures``      windows, layer types and refusals derived from a model config
 ``masks``              the 4-D masks (float, bool, BlockMask), per layer type
+``kinds``              attention implementations by kind (flash, sdpa, eager, flex ...)
 ``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
 ``trl``                :func:`load_trl`, :class:`per_example`: TRL-format rows in
@@ -31,6 +32,9 @@ _NAMES = {
     "unpack_dataset": "data",
     "hf_inputs": "adapter",
     "hf_labels": "adapter",
+    "model_labels": "adapter",
+    "shift_labels": "adapter",
+    "attention_kind": "kinds",
     "hf_loss": "adapter",
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",

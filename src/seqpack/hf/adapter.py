@@ -8,16 +8,21 @@ no cache (some older versions never look). The eager implementation also *adds*
 a boolean 4-D mask to the scores as numbers. :func:`hf_inputs` gives the
 arguments that are right on each implementation:
 
+arguments that are right on each implementation, by its kind
+(:mod:`seqpack.hf.kinds`: any name registered in ``AttentionInterface``,
+hub kernels included, is accepted by what it reads):
+
 * ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)``
   mask in the model's dtype — 0 where :func:`hf_allowed` permits, the
   dtype's most negative value elsewhere (``mask="bool"``: a boolean mask,
-  for ``sdpa`` only);
-* ``flex_attention``: ``attention_mask``, a FlexAttention ``BlockMask`` of
-  the same predicate;
-* ``flash_attention_2`` and ``seqpack_varlen`` (:mod:`seqpack.hf.attention`,
-  no mask at all): the valid cells flattened into one row ``(1, N)``
-  (padding dropped) with ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``
-  and ``max_length_q/k`` = its ``max_seqlen`` (``transformers`` infers
+  for the ``sdpa`` kind only);
+* ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same
+  predicate;
+* ``flash`` (``flash_attention_2/3/4``, ``kernels-community/flash-attn2``
+  ...) and ``seqpack_varlen`` (:mod:`seqpack.hf.attention`), no mask at all:
+  the valid cells flattened into one row ``(1, N)`` (padding dropped) with
+  ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``, ``max_length_q/k`` = its
+  ``max_seqlen`` and ``seq_idx`` (int32, 0-based; ``transformers`` infers
   boundaries from ``position_ids`` only for a batch of one row);
 
 and always ``input_ids`` (padding cells hold ``pad_token_id``, a real id
@@ -31,15 +36,16 @@ the layer), and architectures that cannot be made exact are refused
 (:mod:`seqpack.hf.architectures`). Without a config every layer gets the
 plain block-causal mask, which is right only for models without windows.
 
-Labels: seqpack's targets are already shifted (cell ``c`` predicts
-``targets[c]``; an example's last target, e.g. its EOS, is no input of
-the row), so they cannot be given to ``transformers`` as unshifted
-``labels``. The adapter passes ``labels`` *and* ``shift_labels``, both the
-per-cell targets with ``-100`` where the target is not loss-eligible:
-``ForCausalLMLoss`` uses ``shift_labels`` as they are and never shifts
-again, and ``Trainer`` counts ``num_items_in_batch`` from ``shift_labels``,
-so its loss is the raw sum over eligible targets divided once by their count
-across gradient-accumulation micro-batches (and ranks, with
+Labels (:mod:`seqpack.training.labels`): seqpack's targets are already
+shifted (cell ``c`` predicts ``targets[c]``; an example's last target, e.g.
+its EOS, is no input of the row). The adapter passes them as
+``shift_labels``, which ``ForCausalLMLoss`` uses as they are, and
+``labels`` with ``transformers``' own meaning (unshifted, ``-100`` at each
+example's first cell), which a model needs to compute a loss at all and
+which never puts pre-shifted targets under that name. ``Trainer`` counts
+``num_items_in_batch`` from ``shift_labels``, so its loss is the raw sum
+over eligible targets divided once by their count across
+gradient-accumulation micro-batches (and ranks, with
 ``average_tokens_across_devices``). ``transformers`` computes that loss in
 float32; :func:`hf_loss` computes it from the logits with
 :mod:`seqpack.loss` in the logits' dtype.
@@ -48,13 +54,15 @@ Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) for ``sdpa``::
 
     input_ids     [ 0, 99, 100,    0,  101, 0]      pad_token_id 0 at column 5
     position_ids  [ 0,  1,   2,    0,    1, 0]
-    labels        [99, 100,  1,  101,    1, -100]   = shift_labels
+    shift_labels  [99, 100,  1,  101,    1, -100]
+    labels        [-100, 99, 100, -100, 101, -100]   transformers' unshifted labels
     attention_mask[0, 0]: 0 on A's 3x3 and B's 2x2 causal blocks and on (5, 5),
                           finfo.min elsewhere
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -64,26 +72,31 @@ from seqpack.core.batch import IGNORE_INDEX, PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
+from seqpack.training.labels import model_labels, seq_idx, shift_labels
 
-#: Attention implementations :func:`hf_inputs` knows how to serve.
+#: The built-in implementations ``seqpack verify`` runs (any registered one is fed by kind).
 IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "seqpack_varlen")
-#: Implementations fed the valid cells flattened into one row, with ``cu_seq_lens``.
+#: Built-in implementations fed the valid cells flattened into one row, with ``cu_seq_lens``.
 FLATTENED = ("flash_attention_2", "seqpack_varlen")
 
 
-def check_implementation(attn_implementation: str) -> str:
-    if attn_implementation not in IMPLEMENTATIONS:
-        raise InvalidInput(
-            f"attention implementation {attn_implementation!r} is not supported by the packed"
-            f" adapter; choose one of {', '.join(IMPLEMENTATIONS)}"
-        )
-    return attn_implementation
+def check_implementation(attn_implementation: str, kind: str | None = None) -> str:
+    """The kind of ``attn_implementation`` (:func:`seqpack.hf.kinds.attention_kind`)."""
+    return attention_kind(attn_implementation, kind)
 
 
 def hf_labels(batch: PackedBatch) -> np.ndarray:
-    """Per-cell targets where loss-eligible, else ``-100``; int64 ``[R, T]``, already shifted."""
-    return np.where(batch.loss_mask, batch.targets, IGNORE_INDEX).astype(np.int64)
+    """Deprecated: the pre-shifted targets, now :func:`seqpack.training.labels.shift_labels`."""
+    warnings.warn(
+        "hf_labels gives pre-shifted targets, which transformers reads as 'shift_labels', not"
+        " 'labels'; call seqpack.training.labels.shift_labels (or model_labels for transformers'"
+        " unshifted labels)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return shift_labels(batch)
 
 
 def hf_inputs(
@@ -97,6 +110,7 @@ def hf_inputs(
     pad_token_id: int = 0,
     labels: bool = True,
     num_items_in_batch: int | None = None,
+    kind: str | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
@@ -104,9 +118,11 @@ def hf_inputs(
     masks follow it, and an architecture seqpack cannot make exact raises
     :class:`~seqpack.hf.architectures.UnsupportedArchitecture`. ``dtype`` is
     the model's (the additive mask must match it for ``sdpa``); ``mask``:
-    ``"float"`` or ``"bool"`` (``sdpa`` only). With ``labels`` the dict has
-    ``labels`` and ``shift_labels`` (see the module docstring) so
-    ``model(**kwargs).loss`` is token-weighted; ``num_items_in_batch`` (the
+    ``"float"`` or ``"bool"`` (``sdpa`` kind only). ``attn_implementation``
+    is any name ``transformers`` accepts whose kind seqpack can tell
+    (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`). With
+    ``labels`` the dict has ``labels`` and ``shift_labels`` (see the module
+    docstring) so ``model(**kwargs).loss`` is token-weighted; ``num_items_in_batch`` (the
     optimizer step's global eligible count, known from the plan) makes it the
     raw sum divided by that count instead of by this batch's. Tensors are
     ``(R, T)`` except for the flattened implementations, where they are
@@ -124,6 +140,7 @@ def hf_inputs(
         pad_token_id=pad_token_id,
         labels=labels,
         num_items_in_batch=num_items_in_batch,
+        kind=kind,
     )
 
 
@@ -138,9 +155,10 @@ def build_inputs(
     pad_token_id: int = 0,
     labels: bool = True,
     num_items_in_batch: int | None = None,
+    kind: str | None = None,
 ) -> dict[str, Any]:
     """:func:`hf_inputs` for an already described architecture (refusals not checked here)."""
-    check_implementation(attn_implementation)
+    kind = attention_kind(attn_implementation, kind)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(
@@ -150,9 +168,9 @@ def build_inputs(
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
     columns = {"input_ids": ids, "position_ids": batch.position_ids()}
     if labels:
-        columns["labels"] = hf_labels(batch)
+        columns |= {"labels": model_labels(batch), "shift_labels": shift_labels(batch)}
     out: dict[str, Any] = {}
-    if attn_implementation in FLATTENED:
+    if kind in FLATTENED_KINDS:
         if attn_implementation == "seqpack_varlen":
             from seqpack.hf.attention import register
 
@@ -166,16 +184,15 @@ def build_inputs(
             "cu_seq_lens_k": cu_seqlens,
             "max_length_q": cu.max_seqlen,
             "max_length_k": cu.max_seqlen,
+            "seq_idx": torch.as_tensor(seq_idx(cu.cu_seqlens), device=device),
         }
     else:
         out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
         out["attention_mask"] = layer_masks(
-            batch, attn_implementation, arch, mask=mask, dtype=dtype, device=device
+            batch, kind, arch, mask=mask, dtype=dtype, device=device
         )
-    if labels:
-        out["shift_labels"] = out["labels"]
-        if num_items_in_batch is not None:
-            out["num_items_in_batch"] = int(num_items_in_batch)
+    if labels and num_items_in_batch is not None:
+        out["num_items_in_batch"] = int(num_items_in_batch)
     out["use_cache"] = False
     return out
 
@@ -236,4 +253,6 @@ __all__ = [
     "hf_labels",
     "hf_loss",
     "hf_loss_sum",
+    "model_labels",
+    "shift_labels",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -12,8 +12,10 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.hf.adapter import check_implementation, hf_inputs
-from seqpack.training.data import concat_batches
+from seqpack.hf.adapter import build_inputs, check_implementation
+from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.kinds import MASK_KINDS
+from seqpack.training.data import check_partition, concat_batches
 
 
 @dataclass
@@ -27,6 +29,19 @@ class HFCollator:
     ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
     columns). Returns :func:`hf_inputs` of the stacked rows; Trainer adds
     ``num_items_in_batch`` (counted from ``shift_labels``) itself.
+
+    ``attn_implementation`` is any name the model was loaded with whose kind
+    seqpack can tell (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`),
+    e.g. ``"kernels-community/flash-attn2"`` or a custom function registered
+    with ``AttentionInterface``. ``config`` is the model's
+    (``model.config``): its sliding windows and layer types decide the masks,
+    and architectures seqpack cannot make exact are refused here. It is
+    required for the kinds that read a mask seqpack builds (sdpa, eager,
+    flex), since without it a windowed model (Mistral, Gemma) would train
+    with unwindowed masks; the flash kinds apply the window in the layer.
+    ``partition`` (default ``"train"``; None: any) refuses
+    :class:`PackedBatch` features of another partition; dataset rows are
+    read as the packed dataset's partition (:meth:`for_dataset`).
     """
 
     attn_implementation: str
@@ -34,14 +49,29 @@ class HFCollator:
     pad_token_id: int = 0
     capacity: int | None = None
     binding: Binding | None = None
-    partition: Partition | str = Partition.TRAIN
+    partition: Partition | str | None = Partition.TRAIN
+    config: Any = None
+    kind: str | None = None
+    arch: Architecture | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        check_implementation(self.attn_implementation)
+        self.kind = check_implementation(self.attn_implementation, self.kind)
+        if self.partition is not None:
+            self.partition = Partition.parse(self.partition)
+        if self.config is None and self.kind in MASK_KINDS:
+            raise InvalidInput(
+                f"HFCollator({self.attn_implementation!r}) builds the attention masks itself, so"
+                " it needs the model's config: HFCollator(..., config=model.config) — a model"
+                " with sliding windows would otherwise train with unwindowed masks"
+            )
+        self.arch = None if self.config is None else describe(self.config).check()
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
-        """A collator for the rows of ``packed`` (capacity, binding, partition: its metadata)."""
+        """A collator for the rows of ``packed`` (capacity, binding, partition: its metadata).
+
+        ``options``: the other fields, e.g. ``config=model.config, dtype=model.dtype``.
+        """
         from seqpack.hf.data import packed_metadata
 
         meta = packed_metadata(packed)
@@ -56,7 +86,9 @@ class HFCollator:
     def batch_of(self, features: Sequence[Any]) -> PackedBatch:
         """The stacked rows of ``features`` as one :class:`PackedBatch`."""
         if features and all(isinstance(f, PackedBatch) for f in features):
-            return concat_batches(features)
+            batch = concat_batches(features)
+            check_partition(batch, self.partition, "this HFCollator")
+            return batch
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
                 "collator features must be PackedBatch objects or rows of a packed dataset"
@@ -78,26 +110,28 @@ class HFCollator:
                 f"collator features lack the packed columns {missing} — keep them with"
                 " TrainingArguments(remove_unused_columns=False)"
             )
-        if self.capacity is None or self.binding is None:
+        if self.capacity is None or self.binding is None or self.partition is None:
             raise InvalidInput(
-                "this collator does not know the packing's capacity and binding — build it"
-                " with HFCollator.for_dataset(packed, attn_implementation)"
+                "this collator does not know the packing's capacity, binding and partition —"
+                " build it with HFCollator.for_dataset(packed, attn_implementation)"
             )
         schema = V1_SCHEMA if v1 else pa.schema([(n, FIELDS[n]) for n in FIELDS if n in names])
         table = pa.Table.from_pylist([{n: f[n] for n in schema.names} for f in features], schema)
         return arrow_to_rows(
             table,
             capacity=self.capacity,
-            partition=Partition.parse(self.partition),
+            partition=self.partition,
             binding=self.binding,
             where="collator features",
             contiguous=False,
         )
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
-        return hf_inputs(
+        return build_inputs(
             self.batch_of(features),
             self.attn_implementation,
+            self.arch,
             dtype=self.dtype,
             pad_token_id=self.pad_token_id,
+            kind=self.kind,
         )

@@ -33,6 +33,7 @@ import torch
 from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture
+from seqpack.hf.kinds import FLEX, SDPA
 from seqpack.nn.flex import permission_mod
 
 #: Forms of the 4-D mask for ``eager`` / ``sdpa``.
@@ -87,21 +88,21 @@ def block_mask(
     return create_block_mask(mask_mod, rows, None, width, width, device=valid.device)
 
 
-def check_mask(mask: str, attn_implementation: str) -> str:
-    """``mask`` if it is a form ``attn_implementation`` reads correctly, else a clear error."""
+def check_mask(mask: str, kind: str) -> str:
+    """``mask`` if implementations of ``kind`` read it correctly, else a clear error."""
     if mask not in MASKS:
         raise InvalidInput(f"mask={mask!r} is not one of {', '.join(MASKS)}")
-    if mask == "bool" and attn_implementation != "sdpa":
+    if mask == "bool" and kind != SDPA:
         raise InvalidInput(
-            f"mask='bool' is right on sdpa only; {attn_implementation} adds a boolean mask to its"
-            " scores as numbers (True = 1) — use mask='float'"
+            f"mask='bool' is right on the sdpa kind only; an implementation of kind {kind!r}"
+            " adds a boolean mask to its scores as numbers (True = 1) — use mask='float'"
         )
     return mask
 
 
 def layer_masks(
     batch: PackedBatch,
-    attn_implementation: str,
+    kind: str,
     arch: Architecture | None,
     *,
     mask: str = "float",
@@ -110,14 +111,16 @@ def layer_masks(
 ) -> Any:
     """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type.
 
+    ``kind``: the implementation's (:mod:`seqpack.hf.kinds`: sdpa, eager, flex).
+
     ``arch=None`` (no model config given): one unwindowed mask. Layer types
     that are not attention (a hybrid's ``conv`` or ``linear_attention``
     layers, run only to measure a refused architecture) get ``None``.
     """
-    check_mask(mask, attn_implementation)
+    check_mask(mask, kind)
 
     def one(window: int | None) -> Any:
-        if attn_implementation == "flex_attention":
+        if kind == FLEX:
             return block_mask(batch, device, window)
         if mask == "bool":
             return bool_mask(batch, device, window)

@@ -6,25 +6,26 @@ for); :class:`PackedCollator` turns a model call into tensors. The fixture's
 call (rows ``[A A A B B .]`` and ``[C C C C . .]``) collates, with
 ``pad_id=0``, to::
 
-    input_ids     [[ 0, 99, 100,   0, 101,    0], [  0, 102, 103, 104,    0,    0]]
-    labels        [[99, 100,  1, 101,   1, -100], [102, 103, 104,   1, -100, -100]]
-    position_ids  [[ 0,  1,   2,   0,   1,    0], [  0,   1,   2,   3,    0,    0]]
-    segment_ids   [[ 0,  0,   0,   1,   1,   -1], [  2,   2,   2,   2,   -1,   -1]]
+    input_ids     [[   0, 99, 100,    0, 101,    0], [   0, 102, 103, 104,    0,    0]]
+    shift_labels  [[  99, 100,  1,  101,   1, -100], [ 102, 103, 104,   1, -100, -100]]
+    labels        [[-100, 99, 100, -100, 101, -100], [-100, 102, 103, 104, -100, -100]]
+    position_ids  [[   0,  1,   2,    0,   1,    0], [   0,   1,   2,   3,    0,    0]]
+    segment_ids   [[   0,  0,   0,    1,   1,   -1], [   2,   2,   2,   2,   -1,   -1]]
     cu_seq_lens_q = cu_seq_lens_k = [0, 3, 5, 9]     max_length_q = max_length_k = 4
     num_items_in_batch = 9
 
-``labels`` are aligned with ``input_ids``: ``labels[r, c]`` is the token
-cell ``c`` must predict (already shifted, never a pair across examples), or
-``-100`` where the target is not loss-eligible. A Hugging Face model must
-therefore receive them as ``shift_labels`` (or the loss be computed outside
-it), never as ``labels``, which it would shift once more.
+``shift_labels[r, c]`` is the token cell ``c`` must predict (already
+shifted, never a pair across examples), or ``-100`` where the target is not
+loss-eligible; ``labels`` are ``transformers``' unshifted labels of the same
+pairs (:mod:`seqpack.training.labels`), so a Hugging Face model fed these
+keys computes the right loss and never shifts pre-shifted targets.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,99 +33,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from seqpack.core.batch import CELL_FIELDS, IGNORE_INDEX, NO_SEGMENT, Occurrences, PackedBatch
+from seqpack.core.batch import IGNORE_INDEX, NO_SEGMENT, PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.permission import key_bounds
 from seqpack.io.shard_rows import read_pair_stats
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
 from seqpack.training.distributed import RowStats
+from seqpack.training.labels import model_labels, seq_idx, shift_labels
+from seqpack.training.rows import concat_batches, distinct_rows, empty_batch, select_rows
 from seqpack.training.sampler import Slot
-
-
-def _occurrences_take(occ: Occurrences, index: np.ndarray, rows: np.ndarray) -> Occurrences:
-    """Occurrences ``index`` with their rows replaced by ``rows``."""
-    values = {f.name: getattr(occ, f.name)[index] for f in fields(Occurrences)}
-    return Occurrences(**(values | {"row": rows.astype(np.int64)}))
-
-
-def _distinct_rows(rows: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
-    """``rows`` as int64 [k], checked to be distinct indices in ``0..count-1``."""
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= count):
-        raise InvalidInput(f"row selection {rows.tolist()} lies outside 0..{count - 1}")
-    if np.unique(rows).shape[0] != rows.shape[0]:
-        raise InvalidInput(f"row selection {rows.tolist()} repeats a row; select each row once")
-    return rows
-
-
-def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedBatch:
-    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order.
-
-    Occurrences follow their rows; ``first_row`` becomes the global index of
-    the first selected row (later rows need not be consecutive). An empty
-    selection gives a call of 0 rows.
-    """
-    count = batch.shape[0]
-    rows = _distinct_rows(rows, count)
-    new_of_old = np.full(count, -1, dtype=np.int64)
-    new_of_old[rows] = np.arange(rows.shape[0], dtype=np.int64)
-    occ = batch.occurrences
-    new_row = new_of_old[occ.row]
-    keep = np.flatnonzero(new_row >= 0)
-    keep = keep[np.lexsort((occ.col_start[keep], new_row[keep]))]  # storage order
-    cells = {name: getattr(batch, name)[rows] for name in CELL_FIELDS}
-    first = batch.first_row + int(rows[0]) if rows.size else batch.first_row
-    return replace(
-        batch, **cells, occurrences=_occurrences_take(occ, keep, new_row[keep]), first_row=first
-    )
-
-
-def empty_batch(
-    capacity: int, partition: Partition | str, binding: Binding, first_row: int = 0
-) -> PackedBatch:
-    """A model call of 0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
-    none = np.zeros(0, dtype=np.int64)
-    return CompactRows(
-        tokens=np.zeros(0, dtype=np.int32),
-        loss_mask=np.zeros(0, dtype=bool),
-        lengths=none,
-        starts=none,
-        row_offsets=np.zeros(1, dtype=np.int64),
-        ordinals=none,
-        source_ids=np.zeros(0, dtype=object),
-        example_ids=np.zeros(0, dtype=object),
-        range_starts=none,
-        range_ends=none,
-        capacity=capacity,
-        partition=Partition.parse(partition),
-        binding=binding,
-        first_row=first_row,
-    ).to_batch()
-
-
-def concat_batches(batches: Sequence[PackedBatch]) -> PackedBatch:
-    """Stack the rows of several model calls (same capacity, partition, binding) into one."""
-    if not batches:
-        raise InvalidInput("concat_batches needs at least one batch")
-    head = batches[0]
-    for b in batches[1:]:
-        if b.shape[1] != head.shape[1] or b.partition is not head.partition:
-            raise InvalidInput(
-                f"cannot stack a {b.partition.value} batch of width {b.shape[1]} onto a"
-                f" {head.partition.value} batch of width {head.shape[1]}"
-            )
-        head.binding.require(b.binding, "a stacked batch")
-    if len(batches) == 1:
-        return head
-    parts = [b.occurrences for b in batches]
-    occ = {f.name: np.concatenate([getattr(o, f.name) for o in parts]) for f in fields(Occurrences)}
-    offsets = np.cumsum([0] + [b.shape[0] for b in batches[:-1]])
-    occ["row"] = np.concatenate([o.row + off for o, off in zip(parts, offsets, strict=True)])
-    cells = {name: np.concatenate([getattr(b, name) for b in batches]) for name in CELL_FIELDS}
-    return replace(head, **cells, occurrences=Occurrences(**occ))
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,7 +128,7 @@ class PackedDataset(Dataset):
 
     def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
         """Global rows ``ids`` (distinct, in this order) as one model call; none: 0 rows."""
-        ids = _distinct_rows(ids, self.num_rows)
+        ids = distinct_rows(ids, self.num_rows)
         if not ids.size:
             return empty_batch(self.capacity, self.store.partition, self.binding)
         shard_of = np.searchsorted(self._first_rows, ids, "right") - 1
@@ -259,24 +179,35 @@ def _as_batch(item: Any) -> tuple[PackedBatch, Slot | None]:
 class PackedCollator:
     """Tensors for one model call (see the module docstring for the fixture's values).
 
-    Keys: ``input_ids`` int64 (``pad_id`` on padding), ``labels`` int64
-    (``ignore_index`` where not loss-eligible), ``position_ids`` int64,
-    ``segment_ids`` int64 (-1 on padding), ``cu_seq_lens_q``/``_k`` int32
-    [S+1] over the valid cells in row-major order, ``max_length_q``/``_k``
-    (int), ``num_eligible`` (int, this call's eligible targets) and
-    ``num_items_in_batch`` (int: the whole optimizer step's count across
-    ranks and micro-batches for a :class:`ScheduledBatch`, else this call's).
-    Rows mode (default) keeps ``[R, T]`` and adds ``valid_index`` int64
-    [Σl] (flat cells to gather); ``flatten=True`` drops padding and returns
-    ``[1, Σl]`` tensors (what varlen / flash kernels and HF's flattening
-    collator use). ``permission_mask=True`` (rows mode only) adds the
-    permission as a bool ``[R, 1, T, T]`` mask under the key
-    ``permission_mask`` (True = may attend; for ``F.scaled_dot_product_attention``).
-    It is deliberately not called ``attention_mask``: a ``transformers``
-    eager model adds a boolean 4-D mask as numbers and silently attends
-    across examples — feed Hugging Face models with
-    :func:`seqpack.training.hf.hf_inputs` instead. A
-    scheduled call also carries its ``slot``.
+    Keys: ``input_ids`` int64 (``pad_id`` on padding), ``shift_labels``
+    int64 (the pre-shifted targets, ``ignore_index`` where not
+    loss-eligible), ``labels`` int64 (``transformers``' unshifted labels of
+    the same pairs), ``position_ids`` int64, ``segment_ids`` int64 (the
+    occurrences' epoch-wide ordinals, -1 on padding), ``cu_seq_lens_q``/``_k``
+    int32 [S+1] over the valid cells in row-major order,
+    ``max_length_q``/``_k`` (int), ``num_eligible`` (int, this call's
+    eligible targets) and ``num_items_in_batch`` (int: the whole optimizer
+    step's count across ranks and micro-batches for a
+    :class:`ScheduledBatch`, else this call's). Rows mode (default) keeps
+    ``[R, T]`` and adds ``valid_index`` int64 [Σl] (flat cells to gather);
+    ``flatten=True`` drops padding and returns ``[1, Σl]`` tensors (what
+    varlen / flash kernels and HF's flattening collator use) plus
+    ``seq_idx`` int32 ``[1, Σl]`` (0-based per call, as
+    ``DataCollatorWithFlattening(return_seq_idx=True)`` gives) and
+    ``use_cache=False`` (so a ``transformers`` model of any kind keeps the
+    flattened examples apart from their restarting ``position_ids``). Every key a
+    ``transformers`` model reads has ``transformers``' meaning; rows mode
+    carries no ``attention_mask``, so feed Hugging Face models with
+    ``flatten=True`` or :class:`seqpack.hf.HFCollator` /
+    :func:`seqpack.hf.hf_inputs`.
+    ``permission_mask=True`` (rows mode only) adds the permission as a bool
+    ``[R, 1, T, T]`` mask under the key ``permission_mask`` (True = may
+    attend; for ``F.scaled_dot_product_attention``). It is deliberately not
+    called ``attention_mask``: a ``transformers`` eager model adds a boolean
+    4-D mask as numbers and silently attends across examples.
+    ``partition="train"`` refuses a call of any other partition (a
+    validation output trained on by mistake). A scheduled call also carries
+    its ``slot``.
     """
 
     def __init__(
@@ -286,6 +217,7 @@ class PackedCollator:
         ignore_index: int = IGNORE_INDEX,
         flatten: bool = False,
         permission_mask: bool = False,
+        partition: Partition | str | None = None,
     ) -> None:
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
             raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
@@ -295,13 +227,16 @@ class PackedCollator:
         self.ignore_index = int(ignore_index)
         self.flatten = flatten
         self.permission_mask = permission_mask
+        self.partition = None if partition is None else Partition.parse(partition)
 
     def __call__(self, item: Any) -> dict[str, Any]:
         batch, slot = _as_batch(item)
+        check_partition(batch, self.partition, "PackedCollator")
         cu = batch.cu_seqlens()
         cells = {
             "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
-            "labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
+            "labels": model_labels(batch, self.ignore_index),
+            "shift_labels": shift_labels(batch, self.ignore_index),
             "position_ids": batch.position_ids(),
             "segment_ids": batch.segments,
         }
@@ -319,13 +254,27 @@ class PackedCollator:
             "num_eligible": batch.eligible_count,
             "num_items_in_batch": batch.eligible_count if slot is None else slot.step_eligible,
         }
-        if not self.flatten:
+        if self.flatten:
+            out["seq_idx"] = torch.as_tensor(seq_idx(cu.cu_seqlens))
+            # transformers reads packed position_ids (batch of 1) only when no cache exists.
+            out["use_cache"] = False
+        else:
             out["valid_index"] = torch.as_tensor(cu.valid_index, dtype=torch.int64)
         if self.permission_mask:
             out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
         if slot is not None:
             out["slot"] = slot
         return out
+
+
+def check_partition(batch: PackedBatch, expected: Partition | None, who: str) -> None:
+    """Refuse ``batch`` unless it is of partition ``expected`` (None: any)."""
+    if expected is not None and batch.partition is not expected:
+        raise PartitionMismatch(
+            f"{who} expects {expected.value} rows but got a {batch.partition.value} model call —"
+            f" a {batch.partition.value} output must not be used as {expected.value} data; collate"
+            f" it with a collator built for partition={batch.partition.value!r}"
+        )
 
 
 def move_features(features: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
@@ -376,6 +325,7 @@ __all__ = [
     "PackedCollator",
     "PackedDataset",
     "ScheduledBatch",
+    "check_partition",
     "concat_batches",
     "decoder_inputs",
     "empty_batch",

@@ -130,7 +130,7 @@ def micro_batch_loss(
     """The loss to back-propagate for one collated micro-batch.
 
     ``features``: a :class:`~seqpack.training.data.PackedCollator` dict;
-    its ``labels`` select the eligible cells of ``logits`` and its
+    its ``shift_labels`` (pre-shifted targets) select the eligible cells of ``logits`` and its
     ``num_items_in_batch`` (the step's global count) is the denominator::
 
         for features in step_micro_batches:              # K per rank
@@ -140,7 +140,12 @@ def micro_batch_loss(
             loss.backward()                              # DDP: no_sync() but the last
         optimizer.step()
     """
-    total = labels_nll_sum(logits, features["labels"].to(logits.device), ignore_index)
+    if "shift_labels" not in features:
+        raise InvalidInput(
+            "micro_batch_loss needs the pre-shifted targets under 'shift_labels' (a PackedCollator"
+            " dict); 'labels' are transformers' unshifted labels and would be scored one cell off"
+        )
+    total = labels_nll_sum(logits, features["shift_labels"].to(logits.device), ignore_index)
     return normalize(
         total.sum,
         features["num_items_in_batch"],

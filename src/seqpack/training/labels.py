@@ -1,0 +1,66 @@
+"""Label tensors under the names ``transformers`` reads, each with ``transformers``' meaning.
+
+seqpack's targets are already shifted: cell ``c`` predicts ``targets[c]``,
+and an example's last target (its EOS) is no input of the row. A
+``transformers`` causal LM reads two label keys:
+
+* ``labels`` — aligned with ``input_ids``: ``labels[c]`` is the token at
+  ``c`` when the pair ``c-1 -> c`` is supervised, else ``-100``; the model
+  shifts them (``logits[c]`` is scored against ``labels[c+1]``). The first
+  cell of every example is ``-100`` (nothing before it in the example
+  predicts it), exactly as ``DataCollatorWithFlattening`` writes them.
+* ``shift_labels`` — already shifted: ``shift_labels[c]`` is the target of
+  cell ``c`` or ``-100``. ``ForCausalLMLoss`` then does not shift, and
+  ``Trainer`` counts ``num_items_in_batch`` from them.
+
+Every seqpack output gives both, so ``model(**features).loss`` is the
+token-weighted loss over all supervised targets, each example's last one
+included (``labels`` alone would lose it: its target is no input). A model
+must get ``labels`` to compute a loss at all, and never gets pre-shifted
+targets under that name. Fixture row 0 (A = columns 0-2, B = 3-4, padding
+at 5)::
+
+    input_ids     [ 0,   99, 100,    0,  101,    0]
+    labels        [-100, 99, 100, -100,  101, -100]
+    shift_labels  [ 99, 100,   1,  101,    1, -100]
+
+``seq_idx`` (int32, 0-based per batch, ``[1, N]`` over the flattened
+cells) is what ``DataCollatorWithFlattening(return_seq_idx=True)`` and
+TRL's padding-free collator give hybrid models: ``[0, 0, 0, 1, 1, 2, 2, 2, 2]``
+for the fixture's A, B | C.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqpack.core.batch import IGNORE_INDEX, PackedBatch
+
+
+def shift_labels(batch: PackedBatch, ignore_index: int = IGNORE_INDEX) -> np.ndarray:
+    """Per-cell targets where loss-eligible, else ``ignore_index``; int64 ``[R, T]``."""
+    return np.where(batch.loss_mask, batch.targets, ignore_index).astype(np.int64)
+
+
+def model_labels(batch: PackedBatch, ignore_index: int = IGNORE_INDEX) -> np.ndarray:
+    """``transformers``' unshifted ``labels`` of ``batch``; int64 ``[R, T]`` (module docstring).
+
+    ``labels[r, c] = targets[r, c-1]`` where cells ``c-1`` and ``c`` belong to
+    the same example and that target is eligible (it equals ``inputs[r, c]``).
+    """
+    out = np.full(batch.shape, ignore_index, dtype=np.int64)
+    segs = batch.segments
+    same = batch.input_valid[:, 1:] & (segs[:, 1:] == segs[:, :-1]) & batch.loss_mask[:, :-1]
+    out[:, 1:][same] = batch.targets[:, :-1][same]
+    return out
+
+
+def seq_idx(cu_seqlens: np.ndarray) -> np.ndarray:
+    """Batch-local example index of each flattened cell, int32 ``[1, N]``, from ``cu_seqlens``."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lengths = np.diff(cu)
+    lengths = lengths[lengths > 0]  # an empty span is no example: indices stay consecutive
+    return np.repeat(np.arange(lengths.shape[0], dtype=np.int32), lengths)[None]
+
+
+__all__ = ["model_labels", "seq_idx", "shift_labels"]
