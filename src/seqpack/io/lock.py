@@ -98,13 +98,18 @@ def _alive(raw: bytes) -> bool:
         return bool(raw.strip())
     if host != socket.gethostname():
         return True
+    return pid_alive(pid) and pid != os.getpid()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (under any user)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # it exists, under another user
-    return pid != os.getpid()
+    return True
 
 
 def _open_locked(path: Path, out: Path) -> tuple[int, bytes]:

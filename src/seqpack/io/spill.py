@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.documents import Origin, TokenChunk
+from seqpack.io.lock import pid_alive
 from seqpack.io.mapped import MappedFile
 
 SCHEMA = pa.schema(
@@ -83,21 +84,11 @@ def recover_spills(folder: str | Path) -> list[str]:
         if match is None or match["host"] != _host() or not path.is_file():
             continue
         pid = int(match["pid"])
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         path.unlink(missing_ok=True)
         notes.append(f"removed {path.name}, the token spill of a killed run")
     return notes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, under another user
-    return True
 
 
 class Spill:
