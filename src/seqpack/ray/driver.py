@@ -157,9 +157,11 @@ def run_tasks(
                         tables[j] = None  # the write tasks hold what they still need
         written = [split_entry(entry) for entry in ray.get(writes)]
     except BaseException as err:
-        for ref in [p[0] for p in planned] + writes:
-            ray.cancel(ref)
-        ray.wait(writes, num_returns=len(writes), timeout=60)  # let writers stop before cleanup
+        # The tasks still running are let finish, never ray.cancel'ed: cancelling a task
+        # whose reply is already on its way aborts the driver process in Ray 2.60 (a failed
+        # check, "Tried to complete task that was not pending": exit 1, no traceback). The
+        # writers are waited for, so none writes into the folder after its cleanup.
+        ray.wait(writes, num_returns=len(writes), timeout=60)
         if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, SeqpackError):
             raise err.cause from None
         if isinstance(err, ray.exceptions.RayError):
