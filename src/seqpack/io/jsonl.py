@@ -269,7 +269,9 @@ def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_lin
             if key in used:
                 raise _mixed(path, key, [(n, r[key]) for n, r in numbered if key in r]) from None
             columns[key] = pa.nulls(len(rows))  # never read: kept by name only
-    return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(rows))}).drop(["_"])
+    if not columns:  # every line is {}: keep the row count with no column
+        return pa.table({"_": pa.nulls(len(rows))}).drop(["_"])
+    return pa.table(columns)
 
 
 #: Columns whose Arrow type must agree between blocks (the json module names the line).
