@@ -31,6 +31,7 @@ import contextlib
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -46,9 +47,11 @@ __all__ = [
     "data_kind",
     "folder_files",
     "is_stdin",
+    "iter_lines",
     "open_regular",
     "open_stream",
     "read_limited",
+    "reopen",
     "resolve_inside",
 ]
 
@@ -73,6 +76,8 @@ FOREIGN_SUFFIXES = (".csv", ".tsv", ".arrow", ".feather", ".avro", ".orc", ".txt
 #: Files a data folder may hold beside its shards (metadata that no reader needs).
 SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
               "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
+#: The most bytes a reader may peek at before the first record (then rewind).
+_PEEK_BYTES = 64 << 20
 SIDE_SUFFIXES = (".md", ".crc", ".lock", ".sha256", ".yaml", ".yml", ".toml")
 
 
@@ -266,8 +271,9 @@ class InputStream:
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
         self.out = 0
-        self._head: bytes = b""
+        self._head: bytes | None = b""
         self._replay: int | None = None
+        self._recording = True
         self._stream = _decoder(raw, codec)
 
     @property
@@ -305,29 +311,39 @@ class InputStream:
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             n = 1 << 62
-        if self._replay is not None:
-            data = self._head[self._replay : self._replay + n]
-            self._replay += len(data)
-            if self._replay >= len(self._head):
-                self._replay, self._head = None, b""
+        head, at = self._head, self._replay
+        if at is not None and head is not None and at < len(head):
+            data = head[at : at + n]
+            self._replay = at + len(data)
             if len(data) == n:
                 return data
-            return data + self._read(n - len(data))
-        data = self._read(n)
-        if self._head is not None and len(self._head) < (1 << 26):
-            self._head += data  # kept while a peek may still rewind (first block only)
-        return data
+            n -= len(data)
+        else:
+            data = b""
+        more = self._read(n)
+        if self._recording and self._head is not None:
+            self._head += more  # kept while a peek may still rewind
+            self._replay = len(self._head)
+            if len(self._head) > _PEEK_BYTES:
+                raise InvalidInput(
+                    f"{self.name} starts with more than {_PEEK_BYTES >> 20} MiB of blank space"
+                    " — strip it"
+                )
+        elif self._head is not None and self._replay is not None:
+            self._head, self._replay = None, None  # replayed once: gone
+        return data + more
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        if offset != 0 or whence != 0 or self._head is None:
+        if offset != 0 or whence != 0 or not self._recording:
             raise InvalidInput(f"{self.name}: a stream can only be read once, in order")
-        self._replay = 0 if self._head else None
+        self._replay = 0
         return 0
 
     def settle(self) -> None:
-        """No rewind after this: drop the peeked bytes not replayed yet from the rewind copy."""
-        if self._replay is None:
-            self._head = None  # type: ignore[assignment]
+        """No rewind after this: what was peeked is replayed once, then dropped."""
+        self._recording = False
+        if self._head is not None and (self._replay or 0) >= len(self._head):
+            self._head, self._replay = None, None
 
     def fileno(self) -> int:
         return self.raw.fileno()
@@ -373,3 +389,26 @@ def open_stream(
     raw = open_regular(path, root=root)
     limit = limits.decompressed(os.fstat(raw.fileno()).st_size) if codec else None
     return InputStream(str(path), raw, codec, limit)
+
+
+def reopen(name: str | Path) -> InputStream | None:
+    """A file named in an error again from its start (decompressed as when it was read),
+    to find a line; None for standard input or a file that is gone (no second read)."""
+    if str(name) == "<stdin>" or is_stdin(name):
+        return None
+    try:
+        return open_stream(name)
+    except InvalidInput:
+        return None
+
+
+def iter_lines(stream: InputStream, block: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of ``stream`` (each with its newline), read in blocks of ``block`` bytes."""
+    carry = b""
+    while data := stream.read(block):
+        parts = (carry + data).split(b"\n")
+        carry = parts.pop()
+        for part in parts:
+            yield part + b"\n"
+    if carry:
+        yield carry
