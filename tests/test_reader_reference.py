@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import scaled
 
 from seqpack.io.readers import read_documents
 from seqpack.pipeline.local import pack_path
+
+from strategies import scaled
 
 VOCAB = 300
 
@@ -70,7 +71,9 @@ def _reference_arrow_files(folder):
 
 def _seen(source, chunk_bytes):
     docs = read_documents(source, chunk_bytes=chunk_bytes)
-    tokens = [docs.tokens[a:b].tolist() for a, b in zip(docs.offsets[:-1], docs.offsets[1:])]
+    tokens = [
+        docs.tokens[a:b].tolist() for a, b in zip(docs.offsets[:-1], docs.offsets[1:], strict=True)
+    ]
     return list(zip(docs.ids.tolist(), tokens, strict=True))
 
 
@@ -151,7 +154,9 @@ def test_every_text_line_arrives_once_as_its_bytes(tmp_path_factory, texts):
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     tok = ByteTokenizer()
     docs = read_documents(path, tokenizer=tok, chunk_bytes=64)
-    got = [docs.tokens[a:b].tolist() for a, b in zip(docs.offsets[:-1], docs.offsets[1:])]
+    got = [
+        docs.tokens[a:b].tolist() for a, b in zip(docs.offsets[:-1], docs.offsets[1:], strict=True)
+    ]
     # the reference: the byte tokenizer's documented rule, UTF-8 bytes + 10 between BOS 0
     # and EOS 1, written here from the text (not through the tokenizer's code)
     want = [[0, *(b + 10 for b in t.encode()), 1] for t in texts]
