@@ -15,10 +15,9 @@ tokenizer, template and state loaders) opens files through this module:
 - :func:`read_limited` reads a whole small file (a config, a template)
   refusing one over its bound before reading it (a sparse 1 TB file too);
 - :func:`data_kind` names a file's format from its suffixes,
-  case-insensitively (``B.PARQUET``, ``corpus.JSONL.GZ``), and
-  :func:`folder_files` lists a folder's data files of one format, refusing a
-  folder that also holds files seqpack would be expected to read but does
-  not (another format, an unknown extension), naming them;
+  case-insensitively (``B.PARQUET``, ``corpus.JSONL.GZ``);
+  :func:`seqpack.io.sources.folder_files` lists a folder's data files of one
+  format, refusing stray data files by name;
 - :func:`open_stream` reads a file (or standard input, ``-``) through its
   decompressor (``.gz``, ``.zst``, ``.bz2``, ``.xz``) with the decompressed
   bytes bounded (:class:`ReadLimits`): a compression bomb is refused after
@@ -45,7 +44,6 @@ __all__ = [
     "InputStream",
     "ReadLimits",
     "data_kind",
-    "folder_files",
     "is_stdin",
     "iter_lines",
     "open_regular",
@@ -69,16 +67,8 @@ CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2
           ".xz": "xz"}  # fmt: skip
 #: Data suffixes seqpack reads and their kind (a compression suffix may follow JSON ones).
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-#: Suffixes of data seqpack does not read: a folder holding them is refused (they would be
-#: silently left out of the pack).
-FOREIGN_SUFFIXES = (".csv", ".tsv", ".arrow", ".feather", ".avro", ".orc", ".txt", ".parq",
-                    ".pq", ".jsonlines", ".tar", ".zip", *CODECS)  # fmt: skip
-#: Files a data folder may hold beside its shards (metadata that no reader needs).
-SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
-              "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
-SIDE_SUFFIXES = (".md", ".crc", ".lock", ".sha256", ".yaml", ".yml", ".toml")
 
 
 @dataclass(frozen=True)
@@ -208,54 +198,6 @@ def data_kind(name: str | Path) -> tuple[str | None, str | None]:
     if kind == "parquet" and codec is not None:
         return None, None
     return kind, codec if kind else None
-
-
-def _side_file(name: str) -> bool:
-    low = name.lower()
-    return low.startswith((".", "_")) or low in SIDE_FILES or low.endswith(SIDE_SUFFIXES)
-
-
-def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
-    """The data files of ``folder`` (sorted by name) and their kind, or :class:`InvalidInput`.
-
-    Names match case-insensitively. Refused, naming the files: two formats in one
-    folder, files of a format seqpack does not read or an unknown suffix beside the
-    shards (they would be left out silently), a subfolder of data, no data file.
-    Metadata beside shards (``dataset_info.json``, ``*.md``, hidden files) is ignored.
-    """
-    found: dict[str, list[Path]] = {}
-    stray: list[str] = []
-    try:
-        entries = sorted(folder.iterdir(), key=lambda p: p.name)
-    except OSError as err:
-        raise InvalidInput(f"{folder}: cannot list it ({err.strerror or err})") from None
-    for entry in entries:
-        if _side_file(entry.name):
-            continue
-        kind, _ = data_kind(entry.name)
-        if entry.is_dir() or kind is None:
-            stray.append(entry.name + ("/" if entry.is_dir() else ""))
-        else:
-            found.setdefault("parquet" if kind == "parquet" else "JSON Lines", []).append(entry)
-    if len(found) > 1:
-        counts = " and ".join(f"{len(files)} {name}" for name, files in found.items())
-        raise InvalidInput(
-            f"{folder} mixes formats ({counts} files) — keep one format per folder; seqpack would"
-            " otherwise read only some of the rows"
-        )
-    if not found:
-        raise InvalidInput(
-            f"{folder} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk"
-            " folder"
-        )
-    if stray:
-        shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
-        raise InvalidInput(
-            f"{folder} holds {shown} beside its shards, which seqpack does not read — move them"
-            " out (or convert them) so that no rows are left out silently"
-        )
-    name, files = next(iter(found.items()))
-    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
 
 
 class InputStream:

@@ -2,7 +2,7 @@
 
 :func:`resolve_files` is what every engine lays its input out from (the
 local reader, the Ray driver): a file by its suffixes (case-insensitive,
-compression included), a folder by :func:`seqpack.io.files.folder_files`
+compression included), a folder by :func:`folder_files`
 (one format, nothing left unread), a glob in sorted order, ``-`` for
 standard input; several paths are one input of one format, in the order given.
 """
@@ -16,7 +16,64 @@ from pathlib import Path
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.datasets_folder import is_datasets_folder
-from seqpack.io.files import data_kind, folder_files, is_stdin
+from seqpack.io.files import CODECS, data_kind, is_stdin
+
+#: Suffixes of data seqpack does not read: a folder holding them is refused (they would be
+#: silently left out of the pack).
+FOREIGN_SUFFIXES = (".csv", ".tsv", ".arrow", ".feather", ".avro", ".orc", ".txt", ".parq",
+                    ".pq", ".jsonlines", ".tar", ".zip", *CODECS)  # fmt: skip
+#: Files a data folder may hold beside its shards (metadata that no reader needs).
+SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
+              "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
+SIDE_SUFFIXES = (".md", ".crc", ".lock", ".sha256", ".yaml", ".yml", ".toml")
+
+
+def _side_file(name: str) -> bool:
+    low = name.lower()
+    return low.startswith((".", "_")) or low in SIDE_FILES or low.endswith(SIDE_SUFFIXES)
+
+
+def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
+    """The data files of ``folder`` (sorted by name) and their kind, or :class:`InvalidInput`.
+
+    Names match case-insensitively. Refused, naming the files: two formats in one
+    folder, files of a format seqpack does not read or an unknown suffix beside the
+    shards (they would be left out silently), a subfolder of data, no data file.
+    Metadata beside shards (``dataset_info.json``, ``*.md``, hidden files) is ignored.
+    """
+    found: dict[str, list[Path]] = {}
+    stray: list[str] = []
+    try:
+        entries = sorted(folder.iterdir(), key=lambda p: p.name)
+    except OSError as err:
+        raise InvalidInput(f"{folder}: cannot list it ({err.strerror or err})") from None
+    for entry in entries:
+        if _side_file(entry.name):
+            continue
+        kind, _ = data_kind(entry.name)
+        if entry.is_dir() or kind is None:
+            stray.append(entry.name + ("/" if entry.is_dir() else ""))
+        else:
+            found.setdefault("parquet" if kind == "parquet" else "JSON Lines", []).append(entry)
+    if len(found) > 1:
+        counts = " and ".join(f"{len(files)} {name}" for name, files in found.items())
+        raise InvalidInput(
+            f"{folder} mixes formats ({counts} files) — keep one format per folder; seqpack would"
+            " otherwise read only some of the rows"
+        )
+    if not found:
+        raise InvalidInput(
+            f"{folder} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk"
+            " folder"
+        )
+    if stray:
+        shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
+        raise InvalidInput(
+            f"{folder} holds {shown} beside its shards, which seqpack does not read — move them"
+            " out (or convert them) so that no rows are left out silently"
+        )
+    name, files = next(iter(found.items()))
+    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
 
 
 def _file_kind(path: Path) -> str:
