@@ -29,27 +29,30 @@ def is_datasets_folder(path: Path) -> bool:
     return os.path.lexists(path / "state.json") or os.path.lexists(path / "dataset_dict.json")
 
 
+def _damaged(path: Path, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{path.parent}: cannot load as a datasets save_to_disk folder ({path.name}: {what})"
+        " — save it again with Dataset.save_to_disk"
+    )
+
+
 def _json(path: Path, root: Path) -> Any:
     data = read_limited(path, MAX_METADATA_FILE, root=root)
     try:
         return json.loads(data, object_pairs_hook=unique_keys)
     except DuplicateKey as err:
-        raise InvalidInput(f"{path}: key {err.args[0]!r} appears twice — keep one") from None
+        raise _damaged(path, f"key {err.args[0]!r} appears twice") from None
     except (ValueError, RecursionError) as err:
-        raise InvalidInput(
-            f"{path}: not valid JSON ({err}) — save the dataset again with save_to_disk"
-        ) from None
+        raise _damaged(path, f"not valid JSON: {err}") from None
 
 
 def _names(doc: Any, path: Path, key: str, field: str | None) -> list[str]:
     items = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
-        raise InvalidInput(
-            f"{path}: {key!r} must be a non-empty list — save the dataset again with save_to_disk"
-        )
+        raise _damaged(path, f"{key!r} is not a non-empty list")
     names = [item.get(field) if field and isinstance(item, dict) else item for item in items]
     if not all(isinstance(n, str) for n in names):
-        raise InvalidInput(f"{path}: every entry of {key!r} must name a file — save it again")
+        raise _damaged(path, f"an entry of {key!r} names no file")
     return names
 
 

@@ -115,7 +115,7 @@ def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> Invalid
             return not_json(where, err)
         if (found := check_record(where, obj, seen)) is not None:
             return found
-        if (key := _lone_surrogate(obj)) is not None:
+        if (key := lone_surrogate(obj)) is not None:
             return InvalidInput(
                 f"{where}: {key} holds an unpaired surrogate escape (a lone \\ud800-\\udfff)"
                 " — it is not a Unicode character, so the text cannot be read as UTF-8;"
@@ -124,7 +124,7 @@ def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> Invalid
     return None
 
 
-def _lone_surrogate(obj: dict[str, Any]) -> str | None:
+def lone_surrogate(obj: dict[str, Any]) -> str | None:
     """The first field whose decoded strings hold a surrogate code point, or None (a valid
     escaped pair decodes to one character, so any surrogate left is unpaired)."""
     for key, value in obj.items():

@@ -33,6 +33,7 @@ from seqpack.io.jsoncheck import (
     excerpt,
     first_bad_in,
     first_bad_line,
+    lone_surrogate,
     unique_keys,
 )
 from seqpack.io.jsonscan import (
@@ -285,6 +286,12 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
             raise too_deep(f"{path} row {i}")
     try:
         return pa.Table.from_pylist(rows)
+    except UnicodeEncodeError:
+        row = next((i for i, r in enumerate(rows) if lone_surrogate(r) is not None), 0)
+        raise InvalidInput(
+            f"{path} row {row}: {lone_surrogate(rows[row])} holds an unpaired surrogate escape"
+            " (a lone \\ud800-\\udfff), not a Unicode character — fix the writer or drop the row"
+        ) from None
     except (pa.ArrowException, OverflowError) as err:
         raise InvalidInput(
             f"{path}: inconsistent rows ({err}) — give a column one type in every row"
