@@ -198,16 +198,17 @@ def check_row_groups(
                 " write it again"
             ) from None
         bomb = decoded > limits.floor and decoded > limits.ratio * max(1, compressed)
-        if decoded > limits.decoded_bytes or bomb:
-            why = (
-                f"{decoded / max(1, compressed):,.0f}x its {compressed:,} compressed bytes:"
-                " a decompression bomb?"
-                if bomb
-                else f"more than the {limits.decoded_bytes:,} bytes a read may use"
-            )
+        if bomb:
             raise InvalidInput(
-                f"{path}: row group {g} would decode to {decoded:,} bytes ({why}) — refused"
-                " before decoding; write the file with smaller row groups, or raise"
-                " --max-metadata-bytes if it is genuine"
+                f"{path}: row group {g} would decode to {decoded:,} bytes,"
+                f" {decoded / max(1, compressed):,.0f}x its {compressed:,} compressed bytes (a"
+                f" decompression bomb?) — refused before decoding; if the data is genuine, write"
+                f" it with row groups of at most {limits.floor >> 20} MiB decoded"
+            )
+        if decoded > limits.decoded_bytes:
+            raise InvalidInput(
+                f"{path}: row group {g} would decode to {decoded:,} bytes, more than the"
+                f" {limits.decoded_bytes:,} bytes a read may use — refused before decoding;"
+                " write the file with smaller row groups, or raise --max-metadata-bytes"
             )
     f.seek(0)

@@ -196,6 +196,8 @@ def _parquet_chunks(
         share = os.fstat(f.fileno()).st_size / max(1, meta.num_rows)
         for batch in batches:
             yield pa.Table.from_batches([batch]), int(batch.num_rows * share)
+    except InvalidInput:
+        raise  # the row groups' bound: already one line naming the file
     except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as err:
         raise damaged(err) from None
 
