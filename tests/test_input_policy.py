@@ -317,5 +317,15 @@ def test_an_unreachable_ray_address_fails_within_seconds():
     with pytest.raises(NotAvailable, match=r"no Ray cluster answers at '127\.0\.0\.1:1'"):
         check_reachable("127.0.0.1:1")
     with pytest.raises(InvalidInput, match="is not HOST:PORT"):
-        check_reachable("nonsense")
+        check_reachable("10.0.0.1:port")
     assert time.perf_counter() - started < 10
+
+
+def test_progress_counts_the_compressed_bytes(tmp_path):
+    from seqpack.io.readers import open_input
+
+    (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(_jsonl(DOCS * 50)))
+    source = open_input(tmp_path / "c.jsonl.gz")
+    sizes = [size for _, _, size in source.chunks(2000)]
+    assert len(sizes) > 3  # several chunks, each counted by what it took of the file
+    assert sum(sizes) == source.bytes == (tmp_path / "c.jsonl.gz").stat().st_size

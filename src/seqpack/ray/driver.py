@@ -106,6 +106,8 @@ def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
         return
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
+    if not host and port and not port.isdigit():
+        return  # a bare host name: Ray resolves it (and its default port) itself
     if not host or not port.isdigit():
         raise InvalidInput(
             f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto — e.g."
