@@ -329,3 +329,18 @@ def test_progress_counts_the_compressed_bytes(tmp_path):
     sizes = [size for _, _, size in source.chunks(2000)]
     assert len(sizes) > 3  # several chunks, each counted by what it took of the file
     assert sum(sizes) == source.bytes == (tmp_path / "c.jsonl.gz").stat().st_size
+
+
+def test_a_dataset_dict_split_outside_the_folder_and_a_packed_folder_are_refused(tmp_path):
+    with contextlib.redirect_stderr(io.StringIO()):
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(DOCS)}).save_to_disk(
+            str(tmp_path / "dd")
+        )
+    assert len(read_documents(tmp_path / "dd")) == len(DOCS)
+    (tmp_path / "dd/dataset_dict.json").write_text(json.dumps({"splits": ["../elsewhere"]}))
+    with pytest.raises(InvalidInput, match=r"names a split folder '\.\./elsewhere' outside itself"):
+        read_documents(tmp_path / "dd")
+    (tmp_path / "in.jsonl").write_bytes(_jsonl())
+    _pack(tmp_path / "in.jsonl", tmp_path / "packed")
+    with pytest.raises(InvalidInput, match="a seqpack packed folder, not raw data"):
+        read_documents(tmp_path / "packed")

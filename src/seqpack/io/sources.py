@@ -47,6 +47,13 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
         entries = sorted(folder.iterdir(), key=lambda p: p.name)
     except OSError as err:
         raise InvalidInput(f"{folder}: cannot list it ({err.strerror or err})") from None
+    if os.path.lexists(folder / "manifest.json") and any(
+        data_kind(e.name)[0] == "parquet" for e in entries
+    ):
+        raise InvalidInput(
+            f"{folder} holds manifest.json beside Parquet shards: a seqpack packed folder, not"
+            " raw data — pack its source instead, or read it with seqpack.io.load_packed"
+        )
     for entry in entries:
         if _side_file(entry.name):
             continue
