@@ -73,7 +73,7 @@ def test_attention_cost_balancing_uses_squared_lengths():
 
 
 def test_bad_arguments():
-    with pytest.raises(InvalidInput, match="world_size must be a positive integer"):
+    with pytest.raises(InvalidInput, match="world_size must be an integer in"):
         schedule_rows(np.ones(3), world_size=0, micro_batches=1, rows_per_micro_batch=1)
 
 

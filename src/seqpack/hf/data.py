@@ -128,10 +128,23 @@ def pack_dataset(
     :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
     ``max_length``. The input's ``datasets`` format (``with_format("torch")``
     etc., not a ``with_transform``) is carried over to the output.
+
+    A stream — a ``datasets.IterableDataset``, a function returning an
+    iterable of mappings, or such an iterable or generator — returns a
+    ``datasets.IterableDataset`` of the same rows, packed with
+    ``stream-best-fit`` as it is read (bounded memory; ``vocab_size`` or a
+    tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
     """
     import datasets
 
+    from seqpack.hf.streaming import is_stream, pack_stream
+
+    stream = is_stream(dataset)
+    if stream and policy is None and options is None and "policy" not in keywords:
+        policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
     opts = _options(capacity, policy, options, keywords)
+    if stream:
+        return pack_stream(dataset, opts, META_KEY)
     source = dataset
     tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
