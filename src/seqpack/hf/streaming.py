@@ -268,7 +268,7 @@ class _Packing:
 
     def _padding(self) -> Iterator[tuple[int, pa.Table]]:
         """Empty rows up to a multiple of ``world * max_rows_per_batch`` under torchrun."""
-        from seqpack.training.sampler import default_world
+        from seqpack.training.arguments import default_world
 
         world, _ = default_world()
         multiple = world * self.spec.opts.max_rows_per_batch
