@@ -62,8 +62,13 @@ def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Ten
     """One process, the custom loop's steps: both ranks' micro-batches of each step,
     each loss divided by the whole step's count (world_size=1), one SGD step."""
     from seqpack.nn import DecoderConfig, TinyDecoder
-    from seqpack.training import PackedCollator, PackedDataset, RowSampler
-    from seqpack.training import decoder_inputs, micro_batch_loss
+    from seqpack.training import (
+        PackedCollator,
+        PackedDataset,
+        RowSampler,
+        decoder_inputs,
+        micro_batch_loss,
+    )
 
     ds = PackedDataset(folder / "packed", expected_partition="train")
     samplers = [
