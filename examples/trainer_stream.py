@@ -49,7 +49,7 @@ def seen_examples(inputs: dict) -> list[int]:
     return (ids[:, 1:][starts] - FIRST_ID).tolist()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     import seqpack.hf
@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--record", default=None)
     parser.add_argument("--batch", type=int, default=ROWS, help="per-device rows per step")
-    cli = parser.parse_args()
+    cli = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     args = TrainingArguments(

@@ -182,10 +182,12 @@ def test_torchrun_trainer_trains_every_streamed_example_once_per_epoch(tmp_path)
     2 epochs, vs one process with 4 rows per step: the same steps, every example once per
     epoch across the ranks, and the same parameters (float32: 1e-6 absolute)."""
     sys.path.insert(0, str(ROOT / "examples"))
-    from trainer_stream import EXAMPLES
+    from trainer_stream import EXAMPLES, main
 
     two = _launch(2, tmp_path, batch=2)
-    (one,) = _launch(1, tmp_path, batch=4)
+    record = tmp_path / "one"  # one process: here, 4 rows per step
+    main(["--out", str(tmp_path / "o1"), "--record", str(record), "--batch", "4"])
+    one = json.loads(Path(f"{record}.0.json").read_text())
     assert [r["world"] for r in two] == [2, 2] and one["world"] == 1
     per_epoch = -(-one["rows"] // 4)
     assert one["steps"] == two[0]["steps"] == two[1]["steps"] == 2 * per_epoch
