@@ -105,7 +105,11 @@ def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Ten
 @pytest.mark.parametrize("name", sorted(recipes()))
 def test_a_recipe_under_torchrun_is_distributed_and_equals_one_process(name, tmp_path):
     (tmp_path / "recipe.py").write_text(recipes()[name] + REPORT)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "SEQPACK_ENGINE": "python",
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}"]
     launch += ["--master-addr=127.0.0.1", f"--master-port={_free_port()}", "recipe.py"]

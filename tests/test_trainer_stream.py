@@ -166,7 +166,11 @@ def _free_port() -> int:
 
 def _launch(nproc: int, tmp: Path, batch: int) -> list[dict]:
     record = tmp / f"world{nproc}"
-    env = os.environ | {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "SEQPACK_ENGINE": "python",
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     script = [str(ROOT / "examples" / "trainer_stream.py"), "--out", str(tmp / f"o{nproc}")]
     script += ["--record", str(record), "--batch", str(batch)]
