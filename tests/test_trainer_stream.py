@@ -81,6 +81,10 @@ def test_stream_failures_are_one_seqpack_error():
         H.pack_dataset(stream_of(docs), 12)
     with pytest.raises(SeqpackError, match="policy 'stream-best-fit'"):
         H.pack_dataset(stream_of(docs), 12, "first-fit-decreasing", vocab_size=266)
+    from seqpack.pipeline import pack_path
+
+    with pytest.raises(SeqpackError, match="seqpack.hf.pack_dataset"):
+        pack_path(stream_of(docs), "out", capacity=12, vocab_size=266)
     cases = [
         ([[1, 2, 3]], "not a mapping"),
         ([{"input_ids": [1, 2]}, {"input_ids": "x"}], "cannot read their columns"),
