@@ -83,7 +83,7 @@ def test_stream_failures_are_one_seqpack_error():
         H.pack_dataset(stream_of(docs), 12, "first-fit-decreasing", vocab_size=266)
     from seqpack.pipeline import pack_path
 
-    with pytest.raises(SeqpackError, match="seqpack.hf.pack_dataset"):
+    with pytest.raises(SeqpackError, match=r"seqpack\.hf\.pack_dataset"):
         pack_path(stream_of(docs), "out", capacity=12, vocab_size=266)
     cases = [
         ([[1, 2, 3]], "not a mapping"),
