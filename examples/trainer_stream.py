@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--record", default=None)
     parser.add_argument("--batch", type=int, default=ROWS, help="per-device rows per step")
+    parser.add_argument(
+        "--no-dispatch",
+        action="store_true",
+        help="accelerator_config dispatch_batches=False: every rank reads the stream",
+    )
     cli = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         save_strategy="no",
         logging_strategy="no",
         disable_tqdm=True,
+        accelerator_config={"dispatch_batches": False} if cli.no_dispatch else None,
     )
     packed = seqpack.hf.pack_dataset(
         corpus, CAPACITY, vocab_size=266, max_rows_per_batch=ROWS, tokenizer_id="example"
