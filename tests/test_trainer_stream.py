@@ -158,6 +158,12 @@ def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
     model.config.use_cache = False  # as Trainer sets it: then every value is a row tensor
     out = collate(items[:2])
     assert all(isinstance(v, torch.Tensor) and v.shape[0] == 4 for v in out.values())
+    ranked = StreamDataset(
+        texts, binding=binding, capacity=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer(),
+        world_size=2, rank=0,
+    )  # fmt: skip
+    with pytest.raises(SeqpackError, match="world_size=1, rank=0"):
+        collate([next(iter(ranked))])  # accelerate would shard it again: half lost
     with pytest.raises(SeqpackError, match="text_field"):
         list(StreamDataset([{"body": "x"}], binding=binding, capacity=8, rows_per_micro_batch=1))
 

@@ -93,6 +93,14 @@ class HFCollator:
         """The stacked rows of ``features`` as one :class:`PackedBatch`."""
         if isinstance(features, (PackedBatch, ScheduledBatch)):
             features = [features]
+        for f in features:
+            if isinstance(f, ScheduledBatch) and (f.world_size or 1) > 1:
+                raise InvalidInput(
+                    f"these StreamDataset items are rank {f.slot.rank}'s share of"
+                    f" {f.world_size} ranks, but Trainer (accelerate) splits the data between"
+                    " ranks itself, so half would never be trained on — build the"
+                    " StreamDataset with world_size=1, rank=0 for Trainer"
+                )
         # StreamDataset / PackedDataset[slot] items: their batches (Trainer sums the targets)
         features = [f.batch if isinstance(f, ScheduledBatch) else f for f in features]
         if features and all(isinstance(f, PackedBatch) for f in features):

@@ -365,7 +365,7 @@ class _StreamPass:
                     0, self.step, ds.rank, micro, ds.micro_batches, tuple(rows.tolist()),
                     eligible, index,
                 )  # fmt: skip
-                yield ScheduledBatch(batch, slot)
+                yield ScheduledBatch(batch, slot, ds.world_size)
             for e in example[in_step].tolist():
                 del self.pending[e]
             self.closed = (example[~in_step], row[~in_step], start[~in_step])
