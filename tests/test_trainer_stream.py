@@ -118,6 +118,13 @@ def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monk
     ranked = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))
     assert len(alone) % 6 and len(ranked) % 6 == 0 and len(alone) < len(ranked) < len(alone) + 6
     assert ranked[: len(alone)] == alone
+    if fmt == "seqpack":  # split by node (a loop without accelerate): equal shares, all rows
+        from datasets.distributed import split_dataset_by_node
+
+        packed = H.pack_dataset(docs, 12, vocab_size=266, max_rows_per_batch=3)
+        shares = [list(split_dataset_by_node(packed, rank=r, world_size=2)) for r in range(2)]
+        assert len(shares[0]) == len(shares[1])
+        assert sorted(x["row"] for share in shares for x in share) == [x["row"] for x in ranked]
     for row in ranked[len(alone) :]:
         if fmt == "trl":
             assert set(row["labels"]) == {-100}
