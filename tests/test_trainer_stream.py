@@ -226,3 +226,45 @@ def test_torchrun_trainer_trains_every_streamed_example_once_per_epoch(tmp_path)
     for rank in two:
         for name, values in one["params"].items():
             assert np.abs(np.array(rank["params"][name]) - values).max() < 1e-6, name
+
+
+def test_trainer_resumes_a_stream_from_its_checkpoint_exactly(tmp_path):
+    """Trainer saves at step 5 of 12 and a fresh Trainer resumes from that checkpoint: it
+    trains the remaining calls on the same rows (the stream is packed again and the rows
+    trained on are skipped) and ends at the same parameters as the uninterrupted run."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from trainer_stream import CAPACITY, ROWS, corpus
+
+    def run(resume=None):
+        args = TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=12,
+            learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
+            remove_unused_columns=False, report_to=[], use_cpu=True, save_strategy="steps",
+            save_steps=5, logging_strategy="no", disable_tqdm=True,
+        )  # fmt: skip
+        packed = H.pack_dataset(corpus, CAPACITY, vocab_size=266, max_rows_per_batch=ROWS)
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CAPACITY,
+            attn_implementation="sdpa",
+        )  # fmt: skip
+        model = LlamaForCausalLM(config)
+        calls = []
+
+        class Recording(Trainer):
+            def compute_loss(self, model, inputs, *rest, **kw):
+                calls.append(inputs["input_ids"].tolist())
+                return super().compute_loss(model, inputs, *rest, **kw)
+
+        collate = H.HFCollator.for_dataset(packed, "sdpa", config=model.config)
+        trainer = Recording(model=model, args=args, train_dataset=packed, data_collator=collate)
+        trainer.train(resume_from_checkpoint=resume)
+        return calls, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    calls, params = run()
+    resumed, again = run(str(tmp_path / "checkpoint-5"))
+    assert len(calls) == 12 and resumed == calls[5:]
+    assert torch.equal(params, again)
