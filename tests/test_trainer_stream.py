@@ -79,6 +79,8 @@ def test_stream_failures_are_one_seqpack_error():
     docs = rows()
     with pytest.raises(SeqpackError, match="pass vocab_size="):
         H.pack_dataset(stream_of(docs), 12)
+    with pytest.raises(SeqpackError, match="lower window"):  # 56 GB of buffers: refused first
+        H.pack_dataset(stream_of(docs), 12, vocab_size=266, window=10**9)
     with pytest.raises(SeqpackError, match="policy 'stream-best-fit'"):
         H.pack_dataset(stream_of(docs), 12, "first-fit-decreasing", vocab_size=266)
     from seqpack.pipeline import pack_path
@@ -110,11 +112,11 @@ def test_a_stream_resumes_from_its_state_dict():
 
 @pytest.mark.parametrize("fmt", ["seqpack", "trl"])
 def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monkeypatch):
-    import seqpack.training.arguments as arguments
+    import seqpack.hf.streaming as streaming
 
     docs = rows(37)
     alone = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))
-    monkeypatch.setattr(arguments, "default_world", lambda: (2, 0))
+    monkeypatch.setattr(streaming, "stream_world", lambda: 2)
     ranked = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))
     assert len(alone) % 6 and len(ranked) % 6 == 0 and len(alone) < len(ranked) < len(alone) + 6
     assert ranked[: len(alone)] == alone

@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -48,9 +49,10 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.binding import Binding
-from seqpack.core.errors import InvalidInput, OversizedExample
+from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding
 from seqpack.io.shards import FORMAT, FULL, VERSION, ShardColumns, manifest_record, shard_table
@@ -174,7 +176,22 @@ def _packer_settings(opts: PackOptions) -> dict[str, Any]:
     settings = {"window": DEFAULT_WINDOW, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
     settings |= {k: v for k, v in opts.policy_options.items() if v is not None}
     StreamPacker.check_settings(opts.capacity, **settings)
+    need = stream_bytes(opts.capacity, settings["window"], settings["max_open_rows"])
+    if need > DEFAULT_STATE_BYTES:
+        raise BudgetExceeded(
+            f"the stream-best-fit packer would take {need:,} bytes, over the"
+            f" {DEFAULT_STATE_BYTES:,}-byte bound — lower window or max_open_rows"
+        )
     return settings
+
+
+def stream_world() -> int:
+    """The world size of an initialised ``torch.distributed`` group, else 1 (torch is not
+    imported for it: without torch loaded no group can exist)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
 
 
 class _Packing:
@@ -268,9 +285,7 @@ class _Packing:
 
     def _padding(self) -> Iterator[tuple[int, pa.Table]]:
         """Empty rows up to a multiple of ``world * max_rows_per_batch`` under torchrun."""
-        from seqpack.training.arguments import default_world
-
-        world, _ = default_world()
+        world = stream_world()
         multiple = world * self.spec.opts.max_rows_per_batch
         missing = (-self.rows) % multiple if world > 1 else 0
         if not missing:
