@@ -15,9 +15,7 @@ for the layout drawn in :mod:`seqpack.core.tree`::
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
 Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention``
-call on 4-D ``(n, H, m|P, D)`` inputs. A node's path is the first
-``node_pos + node_len`` cells of any sequence through it (``seq_cells``),
-so all gather indices are built once per batch (:func:`tree_plan`) and
+call on 4-D ``(n, H, m|P, D)`` inputs. All gather indices are built once per batch (:func:`tree_plan`) and
 shared by every layer. Gradients reach a shared prefix once per consumer
 (``index_select``'s backward adds them), which is the flat objective's
 gradient. Padding cells read a zero row.
@@ -59,21 +57,31 @@ class TreePlan:
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: the flat cells of its path in depth order; ``(cells, bounds)``, int64."""
+    """Per node: the flat cells of its path (ancestors' spans root first, then its own).
+
+    Returns ``(cells, bounds)``, int64 [Σ P] and [M+1]. Nodes are in
+    pre-order, so a parent's path is known before its children's (one step
+    per node; the cells are gathered with one vectorised concatenation).
+    """
     batch = check_tree_batch(batch)
-    width = batch.shape[1]
-    lens = np.diff(batch.seq_bounds)
-    seq_of = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)
-    through = batch.nodes.reshape(-1)[batch.seq_cells]
-    node_seq = np.full(batch.node_len.shape[0], -1, dtype=np.int64)
-    node_seq[through] = seq_of  # any sequence through the node has its path as a prefix
-    path = batch.node_pos + batch.node_len
-    bounds = np.zeros(path.shape[0] + 1, dtype=np.int64)
-    np.cumsum(path, out=bounds[1:])
-    owner = np.repeat(np.arange(path.shape[0]), path)
-    local = np.arange(int(bounds[-1]), dtype=np.int64) - bounds[:-1][owner]
-    del width
-    return batch.seq_cells[batch.seq_bounds[node_seq][owner] + local], bounds
+    first = batch.node_row * batch.shape[1] + batch.node_col
+    count = batch.node_len.shape[0]
+    spans: list[list[int]] = [[] for _ in range(count)]
+    for n in range(count):
+        parent = int(batch.node_parent[n])
+        spans[n] = [*spans[parent], n] if parent >= 0 else [n]
+    order = np.fromiter((a for path in spans for a in path), dtype=np.int64)
+    per_node = np.fromiter((len(path) for path in spans), dtype=np.int64, count=count)
+    lens = batch.node_len[order].astype(np.int64)
+    owner = np.repeat(np.arange(order.shape[0]), lens)
+    starts = np.zeros(lens.shape[0], dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    local = np.arange(int(lens.sum()), dtype=np.int64) - starts[owner]
+    cells = first[order][owner] + local
+    path_len = np.add.reduceat(lens, np.r_[0, np.cumsum(per_node)[:-1]]) if count else lens
+    bounds = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(path_len, out=bounds[1:])
+    return cells, bounds
 
 
 def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> TreePlan:
