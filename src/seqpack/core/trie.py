@@ -227,12 +227,9 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     branches = np.flatnonzero((lcp > 0) & (own > 0))
     owner = prev_at_most(lcp, lcp[branches] - 1, seq_bounds[trie[branches]], branches - 1)
     parent_cell = own_start[owner] + (lcp[branches] - 1 - lcp[owner])
-    breaks = np.zeros(total + 1, dtype=bool)
-    breaks[own_start[own > 0]] = True
-    breaks[parent_cell + 1] = True
-    breaks = breaks[:total]
-    node_of_cell = np.cumsum(breaks) - 1
-    node_start = np.flatnonzero(breaks)
+    # Nodes start at every owned span and after every branching cell: O(S), no per-cell array.
+    node_start = np.sort(np.concatenate([own_start[own > 0], parent_cell + 1]))
+    node_start = node_start[np.r_[True, node_start[1:] != node_start[:-1]]]  # sorted unique
     node_len = np.diff(np.append(node_start, total))
     owners = np.flatnonzero(own > 0)
     node_owner = owners[np.searchsorted(own_start[owners], node_start, side="right") - 1]
@@ -241,7 +238,8 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     branch_parent = np.full(s, -1, dtype=np.int64)
     branch_parent[branches] = parent_cell
     parent_cell_of_node = np.where(span_start, branch_parent[node_owner], node_start - 1)
-    node_parent = np.where(node_pos > 0, node_of_cell[np.maximum(parent_cell_of_node, 0)], -1)
+    parent_node = np.searchsorted(node_start, np.maximum(parent_cell_of_node, 0), side="right") - 1
+    node_parent = np.where(node_pos > 0, parent_node, -1)
     node_trie = trie[node_owner]
     node_bounds = np.searchsorted(node_trie, np.arange(g + 1), side="left").astype(np.int64)
     ids = np.arange(node_start.shape[0], dtype=np.int64)

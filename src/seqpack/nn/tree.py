@@ -55,6 +55,15 @@ class TreePlan:
     score_cells: int
     masks: dict = None  # type: ignore[assignment]
 
+    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All groups' query and key indices, concatenated (cached)."""
+        if "gathers" not in self.masks:
+            self.masks["gathers"] = (
+                torch.cat([g[3] for g in self.groups]),
+                torch.cat([g[4] for g in self.groups]),
+            )
+        return self.masks["gathers"]
+
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
     """Per node: the flat cells of its path (ancestors' spans root first, then its own).
@@ -141,10 +150,17 @@ def tree_attention(
     heads, dim_v = q.shape[1], v.shape[-1]
     gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
     outs = [v.new_zeros(1, heads, dim_v)]
-    for n, m, p, q_index, k_index in plan.groups:
-        qg = q.index_select(0, q_index).view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
-        kg = k.index_select(0, k_index).view(n, p, k.shape[1], -1).transpose(1, 2)  # (n, Hkv, P, D)
-        vg = v.index_select(0, k_index).view(n, p, v.shape[1], -1).transpose(1, 2)
+    # One gather per tensor, split per group: split's backward is one cat, where a gather
+    # per group would zero-fill a full-size gradient per call.
+    q_all, k_all = plan.gathers()
+    q_sizes = [n * m for n, m, _, _, _ in plan.groups]
+    k_sizes = [n * p for n, _, p, _, _ in plan.groups]
+    qs = q.index_select(0, q_all).split(q_sizes)
+    ks, vs = (x.index_select(0, k_all).split(k_sizes) for x in (k, v))
+    for (n, m, p, _, _), qg, kg, vg in zip(plan.groups, qs, ks, vs, strict=True):
+        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
+        kg = kg.view(n, p, k.shape[1], -1).transpose(1, 2)  # (n, Hkv, P, D)
+        vg = vg.view(n, p, v.shape[1], -1).transpose(1, 2)
         key = (m, p, window, q.device)
         if m == p and (window is None or p <= window):
             mask = {"is_causal": True}  # a root node: plain causal block
