@@ -46,15 +46,21 @@ def workload(name: str, groups: int, seed: int = 20261201):
     """(prompt lengths [G], completion lengths [G, k]) of W_G or W_D."""
     rng = np.random.default_rng(seed if name == "W_G" else seed + 1)
     if name == "W_G":
-        return clipped_lognormal(rng, 256, 2048, groups), clipped_lognormal(rng, 32, 1024, groups * 8).reshape(groups, 8)
+        return clipped_lognormal(rng, 256, 2048, groups), clipped_lognormal(
+            rng, 32, 1024, groups * 8
+        ).reshape(groups, 8)
     return rng.integers(128, 1025, groups), rng.integers(32, 513, (groups, 2))
 
 
-def token_groups(prompts: np.ndarray, comps: np.ndarray, seed: int, vocab: int = VOCAB) -> SequenceGroups:
+def token_groups(
+    prompts: np.ndarray, comps: np.ndarray, seed: int, vocab: int = VOCAB
+) -> SequenceGroups:
     rng = np.random.default_rng(seed)
     p_tokens = [rng.integers(0, vocab, p) for p in prompts]
     c_tokens = [[rng.integers(0, vocab, c) for c in row] for row in comps]
-    return SequenceGroups.from_prompt_completions(p_tokens, c_tokens, Binding(vocab, "ids", "bench"))
+    return SequenceGroups.from_prompt_completions(
+        p_tokens, c_tokens, Binding(vocab, "ids", "bench")
+    )
 
 
 def storage(name: str, groups: int, capacity: int) -> dict:
@@ -68,10 +74,17 @@ def storage(name: str, groups: int, capacity: int) -> dict:
     tree = plan_rows(layout.sizes, capacity, "best-fit-decreasing")
     padded = int(lengths.shape[0] * lengths.max())
     out = {
-        "workload": name, "groups": groups, "sequences": int(lengths.shape[0]), "capacity": capacity,
+        "workload": name,
+        "groups": groups,
+        "sequences": int(lengths.shape[0]),
+        "capacity": capacity,
         "padded": {"tokens_stored": padded, "rows": int(lengths.shape[0])},
         "flat": {"tokens_stored": int(lengths.sum()), "rows": flat.num_rows},
-        "tree": {"tokens_stored": int(layout.sizes.sum()), "rows": tree.num_rows, "tries": int(layout.sizes.shape[0])},
+        "tree": {
+            "tokens_stored": int(layout.sizes.sum()),
+            "rows": tree.num_rows,
+            "tries": int(layout.sizes.shape[0]),
+        },
         "build_from_tokens_s": build_s,
         "build_tokens_per_s": int(data.tokens.shape[0] / build_s),
     }
@@ -95,8 +108,15 @@ def planning(sequences: int = 1_000_000, capacity: int = 16384) -> dict:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = int(lengths.shape[0])
     # on a shared machine the wall clock includes other processes' time; CPU time does not
-    return {"sequences": n, "seconds": seconds, "cpu_seconds": cpu, "sequences_per_s": int(n / seconds),
-            "sequences_per_cpu_s": int(n / cpu), "rows": plan.num_rows, "nodes": int(layout.node_len.shape[0])}
+    return {
+        "sequences": n,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "sequences_per_s": int(n / seconds),
+        "sequences_per_cpu_s": int(n / cpu),
+        "rows": plan.num_rows,
+        "nodes": int(layout.node_len.shape[0]),
+    }
 
 
 def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
@@ -118,16 +138,31 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     prompts, comps = workload(name, groups, seed=777)
     prompts, comps = np.maximum(prompts // scale, 2), np.maximum(comps // scale, 2)
     data = token_groups(prompts, comps, seed=2, vocab=STEP_VOCAB)
-    cfg = LlamaConfig(vocab_size=STEP_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+    cfg = LlamaConfig(
+        vocab_size=STEP_VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).train()
     capacity = int(max(data.lengths.sum(), 1))
     stored = int(build_layout(data, capacity).sizes.sum())
-    (tree_batch,) = pack_tree(data, stored).batches  # one row, no padding (as the flattened flat row)
+    (tree_batch,) = pack_tree(
+        data, stored
+    ).batches  # one row, no padding (as the flattened flat row)
     examples = [
-        SequenceExample.from_document(data.sequence(i), source_id=str(i), partition="train", binding=data.binding,
-                                      loss_mask=data.pair_mask(np.array([i])))
+        SequenceExample.from_document(
+            data.sequence(i),
+            source_id=str(i),
+            partition="train",
+            binding=data.binding,
+            loss_mask=data.pair_mask(np.array([i])),
+        )
         for i in range(len(data))
     ]
     (flat_batch,) = pack_examples("train", examples, data.binding, PackConfig(capacity, 1)).batches
@@ -153,10 +188,14 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
         times[label] = float(np.median(best))
     real = int(data.lengths.sum())
     return {
-        "workload": name, "groups": groups, "length_scale": f"1/{scale}", "real_tokens": real,
+        "workload": name,
+        "groups": groups,
+        "length_scale": f"1/{scale}",
+        "real_tokens": real,
         "flat_cells": flat_batch.eligible_count and int(flat_batch.input_valid.sum()),
         "tree_cells": tree_batch.tokens_stored,
-        "flat_tokens_per_s": real / times["flat"], "tree_tokens_per_s": real / times["tree"],
+        "flat_tokens_per_s": real / times["flat"],
+        "tree_tokens_per_s": real / times["tree"],
         "speedup": times["flat"] / times["tree"],
     }
 
@@ -167,26 +206,40 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=16384)
     ap.add_argument("--plan-sequences", type=int, default=1_000_000)
     ap.add_argument("--step-groups", type=int, default=2)
-    ap.add_argument("--step-scale", type=int, default=1, help="divide lengths for the step (1: full)")
+    ap.add_argument(
+        "--step-scale", type=int, default=1, help="divide lengths for the step (1: full)"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     report = {
         "storage": [storage(w, args.groups, args.capacity) for w in ("W_G", "W_D")],
         "planning": planning(args.plan_sequences, args.capacity),
-        "steps": [step_throughput(w, args.step_groups, args.repeats, args.step_scale) for w in ("W_G", "W_D")],
+        "steps": [
+            step_throughput(w, args.step_groups, args.repeats, args.step_scale)
+            for w in ("W_G", "W_D")
+        ],
     }
     for s in report["storage"]:
-        print(f"{s['workload']}: {s['sequences']:,} sequences, capacity {s['capacity']}: stored tokens padded"
-              f" {s['padded']['tokens_stored']:,} / flat {s['flat']['tokens_stored']:,} / tree"
-              f" {s['tree']['tokens_stored']:,} (tree/flat {s['tree_over_flat_tokens']:.3f}); rows"
-              f" {s['padded']['rows']:,} / {s['flat']['rows']:,} / {s['tree']['rows']:,};"
-              f" tries from tokens {s['build_tokens_per_s']:,} tokens/s")
+        print(
+            f"{s['workload']}: {s['sequences']:,} sequences, capacity {s['capacity']}:"
+            " stored tokens padded"
+            f" {s['padded']['tokens_stored']:,} / flat {s['flat']['tokens_stored']:,} / tree"
+            f" {s['tree']['tokens_stored']:,} (tree/flat {s['tree_over_flat_tokens']:.3f}); rows"
+            f" {s['padded']['rows']:,} / {s['flat']['rows']:,} / {s['tree']['rows']:,};"
+            f" tries from tokens {s['build_tokens_per_s']:,} tokens/s"
+        )
     p = report["planning"]
-    print(f"tree planning: {p['sequences']:,} sequences in {p['seconds']:.3f} s wall ({p['cpu_seconds']:.3f} s CPU)"
-          f" = {p['sequences_per_s']:,} sequences/s ({p['sequences_per_cpu_s']:,} per CPU second)")
+    print(
+        f"tree planning: {p['sequences']:,} sequences in {p['seconds']:.3f} s wall"
+        f" ({p['cpu_seconds']:.3f} s CPU)"
+        f" = {p['sequences_per_s']:,} sequences/s ({p['sequences_per_cpu_s']:,} per CPU second)"
+    )
     for s in report["steps"]:
-        print(f"{s['workload']} step ({s['groups']} groups, lengths {s['length_scale']}, {s['real_tokens']:,} real tokens):"
-              f" flat {s['flat_tokens_per_s']:,.0f} tok/s, tree {s['tree_tokens_per_s']:,.0f} tok/s, speedup {s['speedup']:.2f}x")
+        print(
+            f"{s['workload']} step ({s['groups']} groups, lengths {s['length_scale']},"
+            f" {s['real_tokens']:,} real tokens): flat {s['flat_tokens_per_s']:,.0f} tok/s,"
+            f" tree {s['tree_tokens_per_s']:,.0f} tok/s, speedup {s['speedup']:.2f}x"
+        )
     print(json.dumps(report))
 
 

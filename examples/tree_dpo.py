@@ -31,9 +31,18 @@ from seqpack.hf.verify import load_model
 from seqpack.nn.tree import sequence_logprobs
 
 TINY_GPT2 = {
-    "model_type": "gpt2", "vocab_size": 266, "n_embd": 16, "n_layer": 2, "n_head": 2,
-    "n_positions": 128, "initializer_range": 0.2, "attn_pdrop": 0.0, "embd_pdrop": 0.0,
-    "resid_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "model_type": "gpt2",
+    "vocab_size": 266,
+    "n_embd": 16,
+    "n_layer": 2,
+    "n_head": 2,
+    "n_positions": 128,
+    "initializer_range": 0.2,
+    "attn_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
 }
 
 
@@ -105,7 +114,10 @@ def main() -> None:
     g_flat = torch.autograd.grad(flat, params)
     diff = max(float((a - b).abs().max()) for a, b in zip(g_tree, g_flat, strict=True))
     (batch,) = pack_tree(groups, 256, policy="best-fit-decreasing").batches
-    print(f"DPO loss tree {float(tree.detach()):.15f} unpacked {float(flat.detach()):.15f}; max gradient diff {diff:.2e}")
+    print(
+        f"DPO loss tree {float(tree.detach()):.15f} unpacked {float(flat.detach()):.15f};"
+        f" max gradient diff {diff:.2e}"
+    )
     print(f"cells stored {batch.tokens_stored} for {batch.tokens_flat} flat")
 
 

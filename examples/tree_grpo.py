@@ -36,7 +36,9 @@ def rollout_groups(n: int, size: int, vocab: int, seed: int) -> tuple[SequenceGr
         for j in range(1, size, 2):
             comps[j][:1] = comps[j - 1][:1]  # two rollouts that start alike
         completions.append(comps)
-    groups = SequenceGroups.from_prompt_completions(prompts, completions, Binding(vocab, "ids", "grpo"))
+    groups = SequenceGroups.from_prompt_completions(
+        prompts, completions, Binding(vocab, "ids", "grpo")
+    )
     return groups, rng.normal(size=(n, size))
 
 
@@ -45,7 +47,9 @@ def advantages(rewards: np.ndarray) -> np.ndarray:
     return (centred / (rewards.std(axis=1, keepdims=True) + 1e-4)).reshape(-1)
 
 
-def clipped_loss(per_token: list[torch.Tensor], masks: list[np.ndarray], adv: np.ndarray, eps: float = 0.2) -> torch.Tensor:
+def clipped_loss(
+    per_token: list[torch.Tensor], masks: list[np.ndarray], adv: np.ndarray, eps: float = 0.2
+) -> torch.Tensor:
     """Per-token clipped surrogate over every completion token, in supplied sequence order."""
     total, count = 0, 0
     rng = np.random.default_rng(7)
@@ -91,7 +95,10 @@ def main() -> None:
     flat = unpacked_grpo(model, groups, rewards)
     g_flat = torch.autograd.grad(flat, params)
     diff = max(float((a - b).abs().max()) for a, b in zip(g_tree, g_flat, strict=True))
-    print(f"GRPO loss tree {float(tree.detach()):.15f} unpacked {float(flat.detach()):.15f}; max gradient diff {diff:.2e}")
+    print(
+        f"GRPO loss tree {float(tree.detach()):.15f} unpacked {float(flat.detach()):.15f};"
+        f" max gradient diff {diff:.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def tree_groups(draw, max_groups: int = 4, max_members: int = 5):
             if len(seq) < 2:
                 seq = seq + [1, 2][: 2 - len(seq)]
             members.append(seq)
-            member_masks.append(draw(st.lists(st.booleans(), min_size=len(seq) - 1, max_size=len(seq) - 1)))
+            member_masks.append(
+                draw(st.lists(st.booleans(), min_size=len(seq) - 1, max_size=len(seq) - 1))
+            )
         groups.append(members)
         masks.append(member_masks)
     return SequenceGroups.from_lists(groups, BINDING, masks)
@@ -67,7 +69,10 @@ def drawn_example():
 def test_drawn_layout_is_computed():
     epoch = pack_tree(drawn_example(), 12)
     (batch,) = epoch.batches
-    row = {name: getattr(batch, name)[0, :9].tolist() for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights")}
+    row = {
+        name: getattr(batch, name)[0, :9].tolist()
+        for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights")
+    }
     assert row["inputs"] == [10, 11, 12, 13, 20, 21, 20, 13, 30]
     assert row["targets"] == [11, 12, 13, 20, 21, 22, 23, 30, 31]
     assert row["positions"] == [0, 1, 2, 3, 4, 5, 4, 3, 4]
@@ -117,7 +122,9 @@ def test_every_pair_once_per_sequence_and_weights(groups, slack):
             assert np.unique(cells).shape[0] == cells.shape[0]
             np.testing.assert_array_equal(flat_inputs[cells], seq[:-1])
             np.testing.assert_array_equal(flat_targets[cells], seq[1:])
-            np.testing.assert_array_equal(batch.positions.reshape(-1)[cells], np.arange(seq.size - 1))
+            np.testing.assert_array_equal(
+                batch.positions.reshape(-1)[cells], np.arange(seq.size - 1)
+            )
             seen[s] += 1
         # weight of a cell = sequences through it that supervise its target
         expect = np.zeros(batch.inputs.size, dtype=int)
@@ -195,7 +202,9 @@ def test_bad_groups_are_refused():
         SequenceGroups.from_lists([[[1, 99]]], BINDING)
     with pytest.raises(InvalidInput, match="not contiguous"):
         groups = SequenceGroups.from_lists([[[1, 2]], [[3, 4]], [[1, 3]]], BINDING)
-        bad = SequenceGroups(groups.tokens, groups.offsets, np.array([0, 1, 0]), groups.loss_mask, BINDING)
+        bad = SequenceGroups(
+            groups.tokens, groups.offsets, np.array([0, 1, 0]), groups.loss_mask, BINDING
+        )
         pack_tree(bad, 8)
 
 
@@ -206,7 +215,10 @@ def test_nearest_searches(values, data):
     n = v.shape[0]
     i = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10)))
     lim = np.array(data.draw(st.lists(st.integers(0, 6), min_size=i.size, max_size=i.size)))
-    ends = np.minimum(n, i + 1 + np.array(data.draw(st.lists(st.integers(0, n), min_size=i.size, max_size=i.size))))
+    ends = np.minimum(
+        n,
+        i + 1 + np.array(data.draw(st.lists(st.integers(0, n), min_size=i.size, max_size=i.size))),
+    )
     got = next_at_most(v, lim, i + 1, ends)
     for q in range(i.size):
         hits = [m for m in range(i[q] + 1, ends[q]) if v[m] <= lim[q]]

@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
 
-import tree_dpo  # noqa: E402
-import tree_grpo  # noqa: E402
+import tree_dpo
+import tree_grpo
 
 torch.set_num_threads(1)
 
@@ -38,7 +38,10 @@ def test_dpo_step_equals_unpacked():
     assert close(tree, flat)
     assert close(grads(tree, params), grads(flat, params))
     # the reference's log-probs come from the same single tree forward, per sequence
-    assert close(tree_dpo.tree_logprobs(reference, groups, 256), tree_dpo.separate_logprobs(reference, groups))
+    assert close(
+        tree_dpo.tree_logprobs(reference, groups, 256),
+        tree_dpo.separate_logprobs(reference, groups),
+    )
 
 
 def test_grpo_clipped_loss_equals_unpacked():

@@ -35,9 +35,17 @@ def config(tmp_path: Path, model_type: str, **extra) -> Path:
     base = json.loads(LLAMA.read_text())
     if model_type == "gpt2":
         base = {
-            "vocab_size": 266, "n_embd": 16, "n_layer": 2, "n_head": 2, "n_positions": 64,
-            "initializer_range": 0.2, "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
-            "bos_token_id": 0, "eos_token_id": 1,
+            "vocab_size": 266,
+            "n_embd": 16,
+            "n_layer": 2,
+            "n_head": 2,
+            "n_positions": 64,
+            "initializer_range": 0.2,
+            "attn_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
         }
     base |= {"model_type": model_type, **extra}
     base.pop("architectures", None)
@@ -62,7 +70,11 @@ def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
         ("llama", {}, "eager"),
         ("mistral", {"sliding_window": 4}, "seqpack_tree"),
         ("mistral", {"sliding_window": 4}, "sdpa"),
-        ("qwen2", {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, "seqpack_tree"),
+        (
+            "qwen2",
+            {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
+            "seqpack_tree",
+        ),
         ("gpt2", {}, "seqpack_tree"),
     ],
 )
@@ -127,7 +139,10 @@ def test_layer_masks_per_layer_type_and_flattened_kinds_refused():
     from transformers import Qwen2Config
 
     cfg = Qwen2Config(
-        num_hidden_layers=2, use_sliding_window=True, sliding_window=2, max_window_layers=1,
+        num_hidden_layers=2,
+        use_sliding_window=True,
+        sliding_window=2,
+        max_window_layers=1,
         vocab_size=266,
     )
     batch = small_batch()
@@ -171,7 +186,9 @@ def test_sequence_views_unpack_the_cells():
     for i, s in enumerate(batch.seq_index):
         seq = groups.sequence(s)
         cells = batch.sequence_cells(i)
-        expect = logp.reshape(-1, 7)[torch.as_tensor(cells), torch.as_tensor(seq[1:].astype(np.int64))]
+        expect = logp.reshape(-1, 7)[
+            torch.as_tensor(cells), torch.as_tensor(seq[1:].astype(np.int64))
+        ]
         torch.testing.assert_close(per_token[i], expect, rtol=0, atol=0)
         mask = torch.as_tensor(groups.pair_mask(np.array([s])))
         torch.testing.assert_close(sums[i], (expect * mask).sum(), rtol=0, atol=1e-15)

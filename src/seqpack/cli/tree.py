@@ -15,7 +15,9 @@ TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree")
 def cmd_verify_tree(args: argparse.Namespace) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     if not (args.hf_config or args.hf_model):
-        raise InvalidInput("--tree-lengths verifies a transformers model: pass --hf-config or --hf-model")
+        raise InvalidInput(
+            "--tree-lengths verifies a transformers model: pass --hf-config or --hf-model"
+        )
     if args.lengths:
         raise InvalidInput("--tree-lengths and --lengths are two layouts: pass one of them")
     attn = args.attn or "sdpa"
@@ -26,7 +28,9 @@ def cmd_verify_tree(args: argparse.Namespace) -> int:
             " FlexAttention has no CPU backward)"
         )
     if args.mode not in ("adapter", "naive"):
-        raise InvalidInput(f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive")
+        raise InvalidInput(
+            f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
+        )
     from seqpack.hf import tree_verify
     from seqpack.hf.verify import DTYPES, load_model
 
@@ -43,10 +47,13 @@ def cmd_verify_tree(args: argparse.Namespace) -> int:
         tree_verify.use_tree_attention(model)
     cfg = model.config.get_text_config()
     groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed)
-    report = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     limit = getattr(cfg, "max_position_embeddings", None)
     if limit is not None and int(groups.lengths.max()) > limit:
-        raise InvalidInput(f"a sequence is longer than the model's {limit} positions")
+        raise InvalidInput(
+            f"a sequence of {int(groups.lengths.max())} pairs is longer than the model's"
+            f" max_position_embeddings {limit} — shorten --tree-lengths"
+        )
+    report = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     report["model"]["source"] = str(args.hf_config or args.hf_model)
     if args.json:
         print(json.dumps(report))
@@ -66,9 +73,14 @@ def _print(report: dict) -> None:
     )
     tol = report["tolerance"]
     diffs = ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())
-    fails = ", ".join(f"{k} {v:,}/{report['comparisons'][k]:,}" for k, v in report["failures"].items())
+    fails = ", ".join(
+        f"{k} {v:,}/{report['comparisons'][k]:,}" for k, v in report["failures"].items()
+    )
     print(f"max abs diff vs separate: {diffs}")
-    print(f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|); {tol['why']})")
+    print(
+        f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
+        f" {tol['why']})"
+    )
     g = report["gradient_tolerance"]
     if g != tol:
         print(f"gradients: |a-b| <= {g['abs']:g} + {g['rel']:g}*max(|a|,|b|) ({g['why']})")

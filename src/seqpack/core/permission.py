@@ -76,10 +76,8 @@ def permitted(
     FlexAttention ``mask_mod`` indexes out.
     """
     lag = pos_q - pos_k
-    if seg_end_k is None:  # the one-node case: seg_k <= seg_q < seg_k + 1
-        inside = seg_q == seg_k
-    else:
-        inside = (seg_k <= seg_q) & (seg_q < seg_end_k)
+    # seg_end_k None is the one-node case: seg_k <= seg_q < seg_k + 1, i.e. equality
+    inside = seg_q == seg_k if seg_end_k is None else (seg_k <= seg_q) & (seg_q < seg_end_k)
     allowed = valid_q & valid_k & inside & (lag >= 0)
     return allowed if window is None else allowed & (lag < window)
 

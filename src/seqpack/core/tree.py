@@ -233,9 +233,7 @@ def pack_tree(
     plan = plan_rows(layout.sizes, capacity, policy, **policy_options)
     rows_per = max_rows_per_batch or max(plan.num_rows, 1)
     order = plan.row_order()
-    bounds = np.searchsorted(
-        plan.row_of[order], np.arange(0, plan.num_rows + rows_per, rows_per)
-    )
+    bounds = np.searchsorted(plan.row_of[order], np.arange(0, plan.num_rows + rows_per, rows_per))
     batches = []
     for b, first in enumerate(range(0, plan.num_rows, rows_per)):
         rows = min(rows_per, plan.num_rows - first)

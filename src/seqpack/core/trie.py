@@ -51,7 +51,7 @@ def _levels(span: int) -> int:
 def next_at_most(
     values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> np.ndarray:
-    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])`` with ``values[m] <= limits[i]``.
+    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``.
 
     ``ends[i]`` when there is none. ``values`` int64 [n]; the query arrays
     int64 [q]. Binary lifting over a sparse table of range minima, its levels
@@ -79,7 +79,7 @@ def next_at_most(
 def prev_at_most(
     values: np.ndarray, limits: np.ndarray, lows: np.ndarray, highs: np.ndarray
 ) -> np.ndarray:
-    """Per query ``i``: the largest ``k`` in ``[lows[i], highs[i]]`` with ``values[k] <= limits[i]``.
+    """Per query ``i``: the largest ``k`` in ``[lows[i], highs[i]]``, ``values[k] <= limits[i]``.
 
     ``lows[i] - 1`` when there is none (:func:`next_at_most` on the reversed array).
     """

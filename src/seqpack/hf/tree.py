@@ -59,9 +59,7 @@ def tree_block_mask(
         return torch.as_tensor(a, device=device)
 
     valid = t(batch.input_valid)
-    allowed = tree_mask_mod(
-        valid, t(batch.nodes), t(batch.node_ends), t(batch.positions), window
-    )
+    allowed = tree_mask_mod(valid, t(batch.nodes), t(batch.node_ends), t(batch.positions), window)
 
     def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
         return allowed(b, h, q, k) | (~valid[b, q] & (q == k))

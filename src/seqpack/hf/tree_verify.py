@@ -63,7 +63,9 @@ def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
     return groups
 
 
-def tree_groups(spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int) -> SequenceGroups:
+def tree_groups(
+    spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int
+) -> SequenceGroups:
     """Random-id groups of ``spec``; completions sometimes share their first tokens."""
     rng = np.random.default_rng(seed)
     prompts, completions = [], []
@@ -112,17 +114,27 @@ class _Casts(TorchDispatchMode):
         super().__init__()
         self.found: dict[str, None] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
         out = func(*args, **(kwargs or {}))
         leaves = tree_leaves((args, kwargs))
         if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in leaves):
             for x in tree_leaves(out):
-                if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-                    self.found[f"{func.__name__.split('.')[0]} ({str(x.dtype).removeprefix('torch.')})"] = None
+                if isinstance(x, torch.Tensor) and x.dtype in (
+                    torch.float32,
+                    torch.bfloat16,
+                    torch.float16,
+                ):
+                    self.found[
+                        f"{func.__name__.split('.')[0]} ({str(x.dtype).removeprefix('torch.')})"
+                    ] = None
         return out
 
 
-def gradient_tolerance(model: torch.nn.Module, ids: torch.Tensor, tol: dict[str, Any]) -> dict[str, Any]:
+def gradient_tolerance(
+    model: torch.nn.Module, ids: torch.Tensor, tol: dict[str, Any]
+) -> dict[str, Any]:
     """``tol``, or float32's when the float64 model casts anything down (even per token).
 
     A cell shared by ``m`` branches receives the sum of their gradients and
@@ -158,7 +170,10 @@ def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str,
 def _grads(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat(
-        [(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads, strict=True)]
+        [
+            (torch.zeros_like(p) if g is None else g).reshape(-1)
+            for p, g in zip(params, grads, strict=True)
+        ]
     )
 
 
@@ -202,13 +217,17 @@ def verify_tree(
     first = torch.as_tensor(groups.sequence(0)[:-1].astype(np.int64), device=device)[None]
     islands = {}
     if dtype == torch.float64:
-        islands = float32_islands(lambda: model(input_ids=first, use_cache=False).logits.sum().backward())
+        islands = float32_islands(
+            lambda: model(input_ids=first, use_cache=False).logits.sum().backward()
+        )
         model.zero_grad(set_to_none=True)
     tol = tolerance(dtype, islands)
     grad_tol = gradient_tolerance(model, first, tol)
     sep_logits, sep_sums, sep_total = _separate(model, groups, batch.seq_index, device)
     sep_mean = sep_total / eligible
-    kwargs = tree_inputs(fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id)
+    kwargs = tree_inputs(
+        fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
+    )
     out = model(**kwargs).logits  # (R, T, V)
     cells = torch.as_tensor(batch.seq_cells, device=device)
     tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
@@ -219,17 +238,42 @@ def verify_tree(
         "loss": _compare(sep_mean, tree_mean, tol),
         "gradients": _compare(_grads(sep_mean, params), _grads(tree_mean, params), grad_tol),
     }
-    stats = epoch.stats()
-    report = {
+    report = _report(model, groups, epoch, mode, capacity, tol, grad_tol, compared)
+    report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
+    report["pass"] = not any(report["failures"].values())
+    if not report["pass"]:
+        report["hint"] = (
+            "the naive layout lets siblings see each other and restarts no branch positions"
+            if mode == "naive"
+            else f"{attn} mixed the branches of a trie: report this architecture"
+        )
+    return report
+
+
+def _report(
+    model: torch.nn.Module,
+    groups: SequenceGroups,
+    epoch: Any,
+    mode: str,
+    capacity: int,
+    tol: dict[str, Any],
+    grad_tol: dict[str, Any],
+    compared: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    stats, (batch,) = epoch.stats(), epoch.batches
+    params = [p for p in model.parameters() if p.requires_grad]
+    param = params[0]
+    arch = architecture_of(model)
+    return {
         "target": "transformers",
         "layout": "tree",
         "model": {
             "model_type": getattr(model.config, "model_type", type(model).__name__),
             "class": type(model).__name__,
             "parameters": sum(p.numel() for p in params),
-            "dtype": str(dtype).removeprefix("torch."),
-            "attn_implementation": attn,
-            "device": str(device),
+            "dtype": str(param.dtype).removeprefix("torch."),
+            "attn_implementation": model.config._attn_implementation,
+            "device": str(param.device),
         },
         "architecture": {"windows": {k or "all": v for k, v in arch.windows.items()}},
         "mode": mode,
@@ -241,22 +285,13 @@ def verify_tree(
         "nodes": int(batch.node_len.shape[0]),
         "tokens_stored": stats["tokens_stored"],
         "tokens_flat": stats["tokens_flat"],
-        "eligible_targets": eligible,
+        "eligible_targets": batch.eligible_count,
         "tolerance": dict(tol),
         "gradient_tolerance": dict(grad_tol),
-        "loss": {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())},
         "max_abs_diff": {k: c["max_abs_diff"] for k, c in compared.items()},
         "comparisons": {k: c["comparisons"] for k, c in compared.items()},
         "failures": {k: c["failures"] for k, c in compared.items()},
     }
-    report["pass"] = not any(report["failures"].values())
-    if not report["pass"]:
-        report["hint"] = (
-            "the naive layout lets siblings see each other and restarts no branch positions"
-            if mode == "naive"
-            else f"{attn} mixed the branches of a trie: report this architecture"
-        )
-    return report
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:
@@ -267,4 +302,11 @@ def use_tree_attention(model: torch.nn.Module) -> None:
     model.set_attn_implementation(NAME)
 
 
-__all__ = ["MODES", "naive_batch", "parse_tree_lengths", "tree_groups", "use_tree_attention", "verify_tree"]
+__all__ = [
+    "MODES",
+    "naive_batch",
+    "parse_tree_lengths",
+    "tree_groups",
+    "use_tree_attention",
+    "verify_tree",
+]

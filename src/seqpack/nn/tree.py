@@ -15,7 +15,8 @@ for the layout drawn in :mod:`seqpack.core.tree`::
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
 Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention``
-call on 4-D ``(n, H, m|P, D)`` inputs. All gather indices are built once per batch (:func:`tree_plan`) and
+call on 4-D ``(n, H, m|P, D)`` inputs. All gather indices are built once
+per batch (:func:`tree_plan`) and
 shared by every layer. Gradients reach a shared prefix once per consumer
 (``index_select``'s backward adds them), which is the flat objective's
 gradient. Padding cells read a zero row.
@@ -128,12 +129,14 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Tre
 
 
 def block_mask_of(m: int, p: int, window: int | None, device: Any) -> torch.Tensor:
-    """bool (m, P): the predicate for queries at path positions ``P-m..P-1`` over keys ``0..P-1``."""
+    """bool (m, P): the predicate for queries at path positions ``P-m..P-1``, keys ``0..P-1``."""
     pos_k = torch.arange(p, device=device)
     pos_q = pos_k[p - m :]
     live = torch.ones(p, dtype=torch.bool, device=device)
     node = torch.zeros(p, dtype=torch.int64, device=device)
-    return permitted(live[p - m :, None], live, node[p - m :, None], node, pos_q[:, None], pos_k, window)
+    return permitted(
+        live[p - m :, None], live, node[p - m :, None], node, pos_q[:, None], pos_k, window
+    )
 
 
 def tree_attention(
@@ -168,7 +171,9 @@ def tree_attention(
             if key not in plan.masks:
                 plan.masks[key] = block_mask_of(m, p, window, q.device)
             mask = {"attn_mask": plan.masks[key]}
-        o = F.scaled_dot_product_attention(qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa)
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
+        )
         outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))
     return torch.cat(outs).index_select(0, plan.scatter)
 
@@ -257,7 +262,9 @@ def tree_loss_sum(logits: torch.Tensor, batch: TreeBatch) -> LossSum:
     per_cell = cell_logprobs(logits, batch)
     cells = np.flatnonzero(batch.loss_mask)
     index = torch.as_tensor(cells, device=logits.device)
-    w = torch.as_tensor(batch.weights.reshape(-1)[cells], dtype=per_cell.dtype, device=logits.device)
+    w = torch.as_tensor(
+        batch.weights.reshape(-1)[cells], dtype=per_cell.dtype, device=logits.device
+    )
     return LossSum(-(per_cell.index_select(0, index) * w).sum(), batch.eligible_count)
 
 
