@@ -88,3 +88,21 @@ def _print(report: dict) -> None:
         print("PASS: tree-packed rows compute what each sequence computes alone")
     else:
         print(f"FAIL: {report['hint']}")
+
+
+def cmd_stats_tree(args: argparse.Namespace) -> int:
+    """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
+    from seqpack.io.tree import tree_file_groups, tree_stats
+
+    policy = (args.policies or ["best-fit-decreasing"])[0]
+    report = tree_stats(tree_file_groups(args.input), args.capacity, policy)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{report['groups']:,} groups, {report['sequences']:,} sequences, capacity"
+        f" {report['capacity']}, {report['policy']}: tree stores {report['tokens_stored']:,}"
+        f" cells in {report['rows_tree']:,} rows; flat {report['tokens_flat']:,} in"
+        f" {report['rows_flat']:,} rows ({report['stored_over_flat']:.3f}x)"
+    )
+    return 0

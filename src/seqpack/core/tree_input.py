@@ -138,4 +138,51 @@ class SequenceGroups:
         return cls(tokens, offsets, np.asarray(group, dtype=np.int64), mask, binding)
 
 
-__all__ = ["SequenceGroups"]
+#: Column sets tree packing reads, in the order they are looked for.
+TREE_COLUMNS = (
+    ("prompt_ids", "completion_ids"),
+    ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids"),
+    ("input_ids", "group"),
+)
+_TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
+
+
+def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGroups:
+    """Groups from record columns (lists per row), by the first column set present:
+
+    * ``prompt_ids`` + ``completion_ids``: a row's completions (a list of id
+      lists, GRPO) are one group; a single id list is a group of one;
+    * ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL's
+      DPO columns): each row is a group ``[chosen, rejected]``;
+    * ``input_ids`` + ``group``: rows of equal ``group`` (in first-seen order)
+      form a group; every target supervised.
+
+    Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first.
+    """
+    names = set(columns)
+    if {"prompt_ids", "completion_ids"} <= names:
+        comps = [
+            c if c and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
+            for c in columns["completion_ids"]
+        ]
+        return SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+    if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
+        pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
+        return SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+    if {"input_ids", "group"} <= names:
+        keys = list(dict.fromkeys(columns["group"]))
+        index = {k: i for i, k in enumerate(keys)}
+        members: list[list[Any]] = [[] for _ in keys]
+        for ids, g in zip(columns["input_ids"], columns["group"], strict=True):
+            members[index[g]].append(ids)
+        return SequenceGroups.from_lists(members, binding)
+    text = sorted(names & set(_TEXT))
+    found = ", ".join(sorted(names)) or "none"
+    hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""
+    raise InvalidInput(
+        "tree packing reads prompt_ids + completion_ids, prompt_input_ids + chosen_input_ids +"
+        f" rejected_input_ids, or input_ids + group; this input has columns {found}{hint}"
+    )
+
+
+__all__ = ["TREE_COLUMNS", "SequenceGroups", "groups_from_columns"]

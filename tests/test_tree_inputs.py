@@ -1,0 +1,65 @@
+"""Tree packing inputs: the three column conventions, ``seqpack stats --tree``, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from seqpack.cli import main
+from seqpack.core.binding import Binding
+from seqpack.core.errors import InvalidInput
+from seqpack.core.tree import pack_tree
+from seqpack.core.tree_input import groups_from_columns
+
+BINDING = Binding(20, "ids", "test")
+
+
+def test_three_column_sets_make_the_same_groups():
+    grpo = groups_from_columns(
+        {"prompt_ids": [[5, 6, 7]], "completion_ids": [[[8, 9], [8, 4]]]}, BINDING
+    )
+    dpo = groups_from_columns(
+        {
+            "prompt_input_ids": [[5, 6, 7]],
+            "chosen_input_ids": [[8, 9]],
+            "rejected_input_ids": [[8, 4]],
+        },
+        BINDING,
+    )
+    generic = groups_from_columns(
+        {"input_ids": [[5, 6, 7, 8, 9], [1, 2], [5, 6, 7, 8, 4]], "group": ["a", "b", "a"]}, BINDING
+    )
+    for groups in (grpo, dpo):
+        assert [groups.sequence(i).tolist() for i in range(2)] == [[5, 6, 7, 8, 9], [5, 6, 7, 8, 4]]
+        # the prompt's targets are not supervised; the pair 7 -> 8 (prompt -> completion) is
+        assert groups.loss_mask.tolist() == [False, False, True, True] * 2
+    assert generic.group.tolist() == [0, 0, 1] and generic.loss_mask.all()
+    batch = pack_tree(grpo, 8).batches[0]
+    assert batch.tokens_stored == 5 and batch.tokens_flat == 8  # 5->6, 6->7, 7->8 shared
+    assert batch.weights.reshape(-1)[batch.input_valid.reshape(-1)].tolist() == [0, 0, 2, 1, 1]
+
+
+def test_text_columns_are_refused_with_the_reason():
+    with pytest.raises(InvalidInput, match="hold text — tokenize them first"):
+        groups_from_columns({"prompt": ["hi"], "chosen": ["a"], "rejected": ["b"]}, BINDING)
+
+
+def test_stats_tree_json(tmp_path, capsys):
+    path = tmp_path / "g.jsonl"
+    rows = [
+        {"prompt_ids": [5, 6, 7], "completion_ids": [[8, 9], [8, 4], [3]]},
+        {"prompt_ids": [1, 2], "completion_ids": [[3, 3, 3], [4]]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["stats", str(path), "--tree", "--capacity", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    flat = sum(len(r["prompt_ids"]) + len(c) - 1 for r in rows for c in r["completion_ids"])
+    assert report["tokens_flat"] == flat == 17
+    assert report["tokens_stored"] == 11 and report["rows_tree"] == 1 and report["rows_flat"] == 2
+    text = tmp_path / "t.jsonl"
+    text.write_text(json.dumps({"prompt": "hi", "chosen": "a", "rejected": "b"}) + "\n")
+    assert main(["stats", str(text), "--tree", "--capacity", "16"]) == 2
+    assert "tokenize them first" in capsys.readouterr().err
+    assert np.isfinite(report["stored_over_flat"])
