@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.permission import pairwise, permitted
+from seqpack.core.policies import POLICIES
 from seqpack.core.tree import SequenceGroups, pack_tree, tree_loss
 from seqpack.core.trie import next_at_most, prev_at_most
 
@@ -108,9 +109,11 @@ def test_predicate_is_what_each_sequence_sees_alone(groups, window, slack):
 
 
 @settings(max_examples=60, deadline=None)
-@given(tree_groups(), st.integers(0, 4))
-def test_every_pair_once_per_sequence_and_weights(groups, slack):
-    epoch = pack_tree(groups, int(groups.lengths.max()) + slack)
+@given(tree_groups(), st.integers(0, 4), st.sampled_from(sorted(POLICIES)), st.integers(1, 3))
+def test_every_pair_once_per_sequence_and_weights(groups, slack, policy, rows_per_batch):
+    capacity = int(groups.lengths.max()) + slack
+    epoch = pack_tree(groups, capacity, policy=policy, max_rows_per_batch=rows_per_batch)
+    assert sum(b.shape[0] for b in epoch.batches) == epoch.plan.num_rows
     seen = np.zeros(len(groups), dtype=int)
     stored = 0
     for batch in epoch.batches:
@@ -137,7 +140,8 @@ def test_every_pair_once_per_sequence_and_weights(groups, slack):
 @settings(max_examples=40, deadline=None)
 @given(tree_groups(), st.integers(0, 2**31 - 1))
 def test_weighted_loss_equals_flat_objective(groups, seed):
-    epoch = pack_tree(groups, int(groups.lengths.max()) + 2)
+    # micro-batches of one row: raw sums and counts add up, divided once (accumulation, DDP)
+    epoch = pack_tree(groups, int(groups.lengths.max()) + 2, max_rows_per_batch=1)
     rng = np.random.default_rng(seed)
     # a logit per (context, next token): identical contexts get identical logits, as in a model
     table: dict[bytes, np.ndarray] = {}
