@@ -192,3 +192,13 @@ def test_sequence_views_unpack_the_cells():
         torch.testing.assert_close(per_token[i], expect, rtol=0, atol=0)
         mask = torch.as_tensor(groups.pair_mask(np.array([s])))
         torch.testing.assert_close(sums[i], (expect * mask).sum(), rtol=0, atol=1e-15)
+
+
+def test_rows_and_sub_tries_still_exact(tmp_path):
+    """Capacity 45 splits the 30-token prompt's trie into sub-tries over 3 rows."""
+    model = load_model(config=config(tmp_path, "mistral", sliding_window=4))
+    use_tree_attention(model)
+    groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
+    report = verify_tree(model, groups, capacity=45)
+    assert report["pass"], report
+    assert report["rows"] == 3 and report["tokens_stored"] > 67  # the prompt stored twice
