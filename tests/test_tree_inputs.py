@@ -63,3 +63,38 @@ def test_stats_tree_json(tmp_path, capsys):
     assert main(["stats", str(text), "--tree", "--capacity", "16"]) == 2
     assert "tokenize them first" in capsys.readouterr().err
     assert np.isfinite(report["stored_over_flat"])
+
+
+def test_pack_dataset_tree_rows_round_trip():
+    import datasets
+    import torch
+
+    from seqpack.hf import pack_dataset
+    from seqpack.hf.tree_data import tree_batch_from_rows
+    from seqpack.nn.tree import sequence_logprobs
+
+    ds = datasets.Dataset.from_dict(
+        {
+            "prompt_input_ids": [[5, 6, 7], [1, 2]],
+            "chosen_input_ids": [[8, 9], [3, 3]],
+            "rejected_input_ids": [[8, 4, 4], [4]],
+        }
+    )
+    rows = pack_dataset(ds, 8, tree=True)
+    assert len(rows) == 2 and set(rows.column_names) >= {"node_ids", "weights", "sequence_cells"}
+    direct = pack_tree(
+        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x")), 8, policy="best-fit-decreasing"
+    ).batches[0]
+    back = tree_batch_from_rows(list(rows), 8, 10)
+    for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(direct, name))
+    np.testing.assert_array_equal(back.node_parent, direct.node_parent)
+    np.testing.assert_array_equal(back.dense_mask(2), direct.dense_mask(2))
+    logits = torch.randn(*direct.shape, 10, dtype=torch.float64)
+    order = np.argsort(back.seq_index)
+    torch.testing.assert_close(
+        sequence_logprobs(logits, back)[order],
+        sequence_logprobs(logits, direct)[np.argsort(direct.seq_index)],
+    )
+    with pytest.raises(InvalidInput, match="cannot express a tree"):
+        pack_dataset(ds, 8, tree=True, format="trl")

@@ -128,9 +128,16 @@ def pack_dataset(
     :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
     ``max_length``. The input's ``datasets`` format (``with_format("torch")``
     etc., not a ``with_transform``) is carried over to the output.
+
+    ``tree=True``: tree packing of grouped sequences
+    (:func:`seqpack.hf.tree_data.pack_tree_dataset`, docs/tree.md).
     """
     import datasets
 
+    if keywords.pop("tree", False):  # tree packing: docs/tree.md
+        from seqpack.hf.tree_data import pack_tree_dataset
+
+        return pack_tree_dataset(dataset, capacity, policy, **keywords)
     opts = _options(capacity, policy, options, keywords)
     source = dataset
     tokenizer = opts.load_tokenizer()
