@@ -202,3 +202,14 @@ def test_rows_and_sub_tries_still_exact(tmp_path):
     report = verify_tree(model, groups, capacity=45)
     assert report["pass"], report
     assert report["rows"] == 3 and report["tokens_stored"] > 67  # the prompt stored twice
+
+
+def test_refused_architectures_stay_refused(tmp_path, capsys):
+    path = tmp_path / "bloom.json"
+    path.write_text(
+        json.dumps(
+            {"model_type": "bloom", "vocab_size": 266, "hidden_size": 16, "n_layer": 2, "n_head": 2}
+        )
+    )
+    assert main(["verify", "--hf-config", str(path), "--tree-lengths", "6:2,2"]) == 2
+    assert "cannot be packed exactly" in capsys.readouterr().err
