@@ -213,3 +213,31 @@ def test_refused_architectures_stay_refused(tmp_path, capsys):
     )
     assert main(["verify", "--hf-config", str(path), "--tree-lengths", "6:2,2"]) == 2
     assert "cannot be packed exactly" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_flex_block_mask_forward_matches_the_tree_backend(window):
+    """FlexAttention (forward only on CPU) under tree_block_mask == tree_attention, float32."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from seqpack.hf.tree import tree_block_mask
+    from seqpack.nn.tree import tree_attention
+
+    batch = small_batch()
+    rows, width = batch.shape
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(rows, 2, width, 8, generator=gen) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unfused path's "use torch.compile" warning
+        flex = flex_attention(q, k, v, block_mask=tree_block_mask(batch, "cpu", window), scale=0.25)
+
+    def tokens(x):
+        return x.transpose(1, 2).reshape(rows * width, 2, 8)
+
+    ours = tree_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
+    ours = ours.view(rows, width, 2, 8).transpose(1, 2)
+    real = torch.as_tensor(batch.input_valid)[:, None, :, None]
+    # float32 softmax on two kernels: float32's tolerance
+    torch.testing.assert_close(flex * real, ours * real, rtol=1e-4, atol=1e-5)
