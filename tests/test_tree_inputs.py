@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +99,37 @@ def test_pack_dataset_tree_rows_round_trip():
     )
     with pytest.raises(InvalidInput, match="cannot express a tree"):
         pack_dataset(ds, 8, tree=True, format="trl")
+
+
+def test_tree_collator_feeds_a_model():
+    import datasets
+    import torch
+
+    from seqpack.hf import pack_dataset
+    from seqpack.hf.tree_data import TreeCollator
+    from seqpack.hf.tree_verify import use_tree_attention
+    from seqpack.hf.verify import load_model
+    from seqpack.nn.tree import tree_loss
+
+    config = Path(__file__).parent / "data" / "tiny_llama.json"
+    model = load_model(config=config, dtype=torch.float64)
+    use_tree_attention(model)
+    ds = datasets.Dataset.from_dict(
+        {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
+    )
+    rows = pack_dataset(ds, 9, tree=True)
+    loader = torch.utils.data.DataLoader(
+        rows,
+        batch_size=2,
+        collate_fn=TreeCollator(9, 266, config=model.config, dtype=torch.float64),
+    )
+    (out,) = list(loader)
+    loss = tree_loss(model(**out["inputs"]).logits, out["batch"]).mean
+    total, count = 0.0, 0
+    for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
+        for c in comps:
+            seq = torch.tensor(prompt + c)
+            lp = model(input_ids=seq[None, :-1], use_cache=False).logits[0].log_softmax(-1)
+            gold = lp.gather(1, seq[1:, None])[:, 0][len(prompt) - 1 :]
+            total, count = total - float(gold.detach().sum()), count + gold.shape[0]
+    assert abs(float(loss.detach()) - total / count) <= 1e-10 + 1e-9 * abs(total / count)

@@ -30,6 +30,7 @@ column              per cell / per sequence
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -190,4 +191,36 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
     )
 
 
-__all__ = ["CELL_COLUMNS", "pack_tree_dataset", "rows_of", "tree_batch_from_rows"]
+@dataclass
+class TreeCollator:
+    """``DataLoader`` collate function for :func:`pack_tree_dataset` records.
+
+    Returns ``{"inputs": tree_inputs(...), "batch": TreeBatch}``: call
+    ``model(**out["inputs"])`` and take the loss or the per-sequence views
+    from ``out["batch"]`` (:mod:`seqpack.nn.tree`).
+    """
+
+    capacity: int
+    vocab_size: int
+    attn_implementation: str = "seqpack_tree"
+    config: Any = None
+    dtype: Any = None
+    pad_token_id: int = 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        from seqpack.hf.tree import tree_inputs
+
+        batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
+        inputs = tree_inputs(
+            batch,
+            self.attn_implementation,
+            config=self.config,
+            dtype=self.dtype or torch.float32,
+            pad_token_id=self.pad_token_id,
+        )
+        return {"inputs": inputs, "batch": batch}
+
+
+__all__ = ["CELL_COLUMNS", "TreeCollator", "pack_tree_dataset", "rows_of", "tree_batch_from_rows"]
