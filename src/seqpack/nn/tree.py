@@ -28,7 +28,7 @@ weighted loss over tree cells, and the per-sequence views
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,25 +45,26 @@ from seqpack.core.tree import TreeBatch, check_tree_batch
 class TreePlan:
     """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers.
 
-    ``groups``: per call ``(n, m, P, q_index (n*m,), k_index (n*P,), slot0)``;
+    ``groups``: per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``;
     ``scatter`` int64 (R*T,): ``1 +`` the output slot of each stored cell, 0
-    (the zero row) for padding; ``score_cells``: ``Σ m × P``.
+    (the zero row) for padding; ``score_cells``: ``Σ m × P``; ``cache``: the
+    block masks and concatenated gathers, built on first use.
     """
 
     groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
     scatter: torch.Tensor
     cells: int
     score_cells: int
-    masks: dict = None  # type: ignore[assignment]
+    cache: dict = field(default_factory=dict, repr=False)
 
     def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All groups' query and key indices, concatenated (cached)."""
-        if "gathers" not in self.masks:
-            self.masks["gathers"] = (
+        if "gathers" not in self.cache:
+            self.cache["gathers"] = (
                 torch.cat([g[3] for g in self.groups]),
                 torch.cat([g[4] for g in self.groups]),
             )
-        return self.masks["gathers"]
+        return self.cache["gathers"]
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -168,9 +169,9 @@ def tree_attention(
         if m == p and (window is None or p <= window):
             mask = {"is_causal": True}  # a root node: plain causal block
         else:
-            if key not in plan.masks:
-                plan.masks[key] = block_mask_of(m, p, window, q.device)
-            mask = {"attn_mask": plan.masks[key]}
+            if key not in plan.cache:
+                plan.cache[key] = block_mask_of(m, p, window, q.device)
+            mask = {"attn_mask": plan.cache[key]}
         o = F.scaled_dot_product_attention(
             qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
         )
