@@ -113,9 +113,19 @@ def add_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", dest="policies", action="append", help="only these policies (repeatable)"
     )
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="tree packing vs flat: prompt_ids+completion_ids, DPO *_input_ids or input_ids+group"
+        " columns (docs/tree.md)",
+    )
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.tree:
+        from seqpack.cli.tree import cmd_stats_tree
+
+        return cmd_stats_tree(args)
     from seqpack.pipeline.stats import stats_path
 
     options = from_arguments(args, "stats")
