@@ -14,6 +14,7 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
+from seqpack.pipeline.tree_options import TreeOptions
 
 #: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
 RAY_FLAGS = ("block_examples", "address", "num_cpus")
@@ -27,6 +28,7 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
         " a datasets folder, or - for standard input; several are read in order",
     )
     add_arguments(p, command)
+    add_arguments(p, command, TreeOptions)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
 
 
@@ -57,6 +59,10 @@ def _source(args: argparse.Namespace) -> Any:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _source(args)
     options = from_arguments(args, "pack")
+    if args.tree is not None:
+        from seqpack.cli.tree import cmd_pack_tree
+
+        return cmd_pack_tree(args, options, from_arguments(args, "pack", TreeOptions))
     if args.engine == "ray":
         from seqpack import ray as ray_engine
         from seqpack.ray.options import RayOptions
@@ -112,12 +118,6 @@ def add_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
     p.add_argument(
         "--policy", dest="policies", action="append", help="only these policies (repeatable)"
-    )
-    p.add_argument(
-        "--tree",
-        action="store_true",
-        help="tree packing vs flat: prompt_ids+completion_ids, DPO *_input_ids or input_ids+group"
-        " columns (docs/tree.md)",
     )
 
 

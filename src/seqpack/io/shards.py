@@ -52,6 +52,9 @@ from seqpack.core.examples import concat_ranges
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 2
+#: The version of tree outputs (``seqpack pack --tree``, :mod:`seqpack.io.tree_store`):
+#: node / parent / multiplicity columns; flat outputs still write :data:`VERSION`.
+TREE_VERSION = 3
 #: Format versions :func:`seqpack.io.store.load_packed` reads.
 READABLE_VERSIONS = (1, 2)
 #: Target tokens per shard; shards always end on a model-call boundary.

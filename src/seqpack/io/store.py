@@ -1,7 +1,8 @@
 """The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
 
 Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
-2; version-1 outputs still load), whole model calls each (a multiple of
+2; version-1 outputs still load; tree outputs are version 3,
+:mod:`seqpack.io.tree_store`), whole model calls each (a multiple of
 ``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
 binding, partition, config, policy, statistics and every shard's row span,
 size, sha256 and stored columns. A directory
@@ -41,6 +42,7 @@ from seqpack.io.shards import (
     shard_bounds,
     write_shard_file,
 )
+from seqpack.io.tree_store import open_tree_store
 from seqpack.io.trl import refuse_trl
 from seqpack.io.verify import (
     DEPTHS,
@@ -255,7 +257,8 @@ def load_packed(
     when ``expected_binding`` differs from the manifest's and
     :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
     Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
-    refused even when they hold a manifest.
+    refused even when they hold a manifest. A tree output (version 3, ``seqpack pack
+    --tree``) opens as a :class:`~seqpack.io.tree_store.TreeStore` of row records.
     """
     path = Path(path)
     if verify not in DEPTHS:
@@ -271,6 +274,14 @@ def load_packed(
             " output being replaced), not an output — load the folder it was written for;"
             " the next seqpack pack there removes it"
         )
+    tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
+    if tree is not None:
+        if verify:
+            check_checksums(tree.manifest, path)
+        if verify == "full":
+            tree.records()
+        tree.require(expected_binding, expected_partition)
+        return tree  # type: ignore[return-value]
     store = _open_manifest(path)
     if verify:
         check_checksums(store.manifest, path)
