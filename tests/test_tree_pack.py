@@ -79,14 +79,18 @@ def _write(columns: dict[str, list], path) -> None:
     if path.suffix == ".parquet":
         pq.write_table(pa.table(columns), path)
     else:
-        rows = [dict(zip(columns, vals, strict=True)) for vals in zip(*columns.values())]
+        rows = [
+            dict(zip(columns, vals, strict=True)) for vals in zip(*columns.values(), strict=True)
+        ]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _sequences(columns: dict[str, list]) -> list[tuple[list[int], list[bool]]]:
     """Every input sequence, row by row, with its per-pair supervision."""
     if "prompt_ids" in columns:
-        items = [(p, cs) for p, cs in zip(columns["prompt_ids"], columns["completion_ids"])]
+        items = [
+            (p, cs) for p, cs in zip(columns["prompt_ids"], columns["completion_ids"], strict=True)
+        ]
     elif "prompt_input_ids" in columns:
         items = [
             (p, [c, r])
@@ -94,6 +98,7 @@ def _sequences(columns: dict[str, list]) -> list[tuple[list[int], list[bool]]]:
                 columns["prompt_input_ids"],
                 columns["chosen_input_ids"],
                 columns["rejected_input_ids"],
+                strict=True,
             )
         ]
     else:
@@ -255,3 +260,53 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
     assert out[20]["groups"] == len({tuple(h) for h in heads if any(r[:6] == h for r in rows)})
     assert out[20]["groups"] <= out[4]["groups"] <= 5 * 3
     assert out[20]["tokens_stored"] <= out[4]["tokens_stored"] < out[4]["tokens_flat"]
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from sft_helpers import chat_tokenizer
+
+    return chat_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bool]]]:
+    """The SFT prompt-completion reading of ``rows`` (io/sft.py): tokens and pair flags."""
+    from seqpack.io.readers import read_documents
+    from seqpack.io.tokenizers import load_tokenizer
+
+    docs = read_documents(datasets.Dataset.from_dict(rows), tokenizer=load_tokenizer(folder))
+    out = []
+    for i in range(len(docs)):
+        a, b = int(docs.offsets[i]), int(docs.offsets[i + 1])
+        out.append((docs.tokens[a:b].tolist(), docs.loss_mask[a - i : b - i - 1].tolist()))
+    return out
+
+
+def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path, chat_folder):
+    from sft_helpers import CHATS
+
+    text = {
+        "prompt": ["What color is the sky?", "Hello there,"],
+        "chosen": [" It is blue.", " how are you?"],
+        "rejected": [" It is green.", " go away."],
+    }
+    chats = {
+        "prompt": [c[:-1] for c in CHATS[:2]],
+        "chosen": [c[-1:] for c in CHATS[:2]],
+        "rejected": [[{"role": "assistant", "content": "No idea."}] for _ in CHATS[:2]],
+    }
+    for k, rows in enumerate((text, chats)):
+        src = tmp_path / f"dpo{k}.jsonl"
+        _write(rows, src)
+        stats = pack_tree_path(src, tmp_path / f"o{k}", capacity=256, tokenizer=str(chat_folder))
+        got = _recovered(load_packed(tmp_path / f"o{k}").records())
+        chosen = _sft_reading({"prompt": rows["prompt"], "completion": rows["chosen"]}, chat_folder)
+        rejected = _sft_reading(
+            {"prompt": rows["prompt"], "completion": rows["rejected"]}, chat_folder
+        )
+        want = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
+        assert got == dict(enumerate(want))
+        assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
+    with pytest.raises(InvalidInput, match="no tokenizer was given"):
+        pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", capacity=64, vocab_size=VOCAB)

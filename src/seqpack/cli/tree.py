@@ -94,7 +94,6 @@ def _print(report: dict) -> None:
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
     from seqpack.io.tree import tree_file_groups, tree_stats
-
     from seqpack.pipeline.options import from_arguments
     from seqpack.pipeline.tree_options import TreeOptions
 
