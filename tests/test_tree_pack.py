@@ -273,9 +273,10 @@ def chat_folder(tmp_path_factory):
 def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bool]]]:
     """The SFT prompt-completion reading of ``rows`` (io/sft.py): tokens and pair flags."""
     from seqpack.io.readers import read_documents
-    from seqpack.io.tokenizers import load_tokenizer
+    from seqpack.io.tokenizers import as_tokenizer
 
-    docs = read_documents(datasets.Dataset.from_dict(rows), tokenizer=load_tokenizer(folder))
+    tok = as_tokenizer(str(folder))
+    docs = read_documents(datasets.Dataset.from_dict(rows), tokenizer=tok)
     out = []
     for i in range(len(docs)):
         a, b = int(docs.offsets[i]), int(docs.offsets[i + 1])
@@ -310,3 +311,17 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
         assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
     with pytest.raises(InvalidInput, match="no tokenizer was given"):
         pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", capacity=64, vocab_size=VOCAB)
+
+
+def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
+    rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
+    _write(rows, tmp_path / "sft.jsonl")
+    tree = TreeOptions(tree="auto", tree_prefix=4)
+    pack_tree_path(
+        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, capacity=64, tokenizer="bytes"
+    )
+    got = _recovered(load_packed(tmp_path / "o").records())
+    want = dict(enumerate(_sft_reading(rows, "bytes")))
+    assert got == want
+    with pytest.raises(InvalidInput, match="pass --tree auto"):
+        pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", capacity=64, tokenizer="bytes")

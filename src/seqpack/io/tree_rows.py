@@ -66,6 +66,11 @@ def file_groups(
             f"{where}: chosen / rejected rows without a prompt column (TRL's implicit prompt) —"
             " split the shared prompt into a prompt column"
         )
+    if "input_ids" in names or sft_columns(names) is not None:
+        raise InvalidInput(
+            f"{where}: rows with columns {', '.join(names)} have no groups — pass --tree auto"
+            " to group plain SFT rows by their first tokens, or add a group column"
+        )
     groups_from_columns({n: [] for n in names}, binding)  # raises, naming the columns
     raise AssertionError("unreachable")
 
