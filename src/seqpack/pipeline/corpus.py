@@ -260,7 +260,7 @@ def read_corpus(
                 if table.num_rows:
                     chunk = chunk_from_arrow(
                         table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                        partition=opts.partition,
+                        partition=opts.partition, objective=opts.objective,
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
                     _take(state, chunk, opts, vocab, holder, digest)

@@ -71,6 +71,7 @@ def stats_path(
         tokenizer=opts.load_tokenizer(),
         text_field=opts.text_field,
         partition=opts.partition,
+        objective=opts.objective,
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")

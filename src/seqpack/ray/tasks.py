@@ -102,7 +102,9 @@ def plan_block(
     tokenizer = task_tokenizer(opts.load_tokenizer())
     table, origin = block_table(block, opts.text_field, tables)
     read = time.perf_counter()
-    docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
+    docs = documents_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=opts.objective
+    )
     check_partition(table, docs, opts.partition)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
