@@ -14,13 +14,13 @@ import itertools
 
 import pyarrow as pa
 import pytest
-from sft_helpers import CHATS, COMPLETIONS, PLAIN_TEMPLATE, PROMPTS, chat_tokenizer, trl_prepared
 
 from seqpack.core.errors import InvalidInput
 from seqpack.core.supervision import Objective
 from seqpack.io.readers import read_documents
 from seqpack.io.tokenizers import load_tokenizer
 from seqpack.pipeline.options import PackOptions
+from sft_helpers import CHATS, COMPLETIONS, PLAIN_TEMPLATE, PROMPTS, chat_tokenizer, trl_prepared
 
 datasets = pytest.importorskip("datasets")
 pytest.importorskip("trl")
@@ -99,7 +99,9 @@ def test_the_default_trains_the_whole_conversation_as_trl(folders):
     _, flags = _reading(read_documents(ds, tokenizer=tok))
     assert all(all(row) for row in flags)
     on = Objective(assistant_only_loss=True)
-    _, chosen = _reading(read_documents(ds, tokenizer=load_tokenizer(folders["marked"]), objective=on))
+    _, chosen = _reading(
+        read_documents(ds, tokenizer=load_tokenizer(folders["marked"]), objective=on)
+    )
     assert sum(map(sum, chosen)) < sum(map(sum, flags)) // 2
 
 
@@ -116,7 +118,9 @@ def test_refusals_name_the_row_and_the_switch(folders):
     with pytest.raises(InvalidInput, match="not conversational"):
         read_documents(pa.Table.from_pylist([{"input_ids": [0, 5, 1]}]), objective=on)
     # an empty completion is refused as a chat without an assistant turn is
-    empty = pa.Table.from_pylist([{"prompt": "2+2=", "completion": "4"}, {"prompt": "a", "completion": ""}])
+    empty = pa.Table.from_pylist(
+        [{"prompt": "2+2=", "completion": "4"}, {"prompt": "a", "completion": ""}]
+    )
     with pytest.raises(InvalidInput, match="row 1: the completion is empty"):
         read_documents(empty, tokenizer=load_tokenizer("bytes"))
     with pytest.raises(InvalidInput, match="completion_only_loss must be True, False or None"):
@@ -127,9 +131,9 @@ def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
     import json
 
     from seqpack.cli import main
-    from packed_helpers import recovered_examples
-
     from seqpack.io.store import load_packed
+
+    from packed_helpers import recovered_examples
 
     path = tmp_path / "pc.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n"

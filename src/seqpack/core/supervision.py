@@ -110,6 +110,12 @@ class Objective:
                 f" {self.completion_only_loss!r}"
             )
 
+    @classmethod
+    def of(cls, options: Any) -> Objective:
+        """The objective of ``options`` (anything with the two switches as attributes, such
+        as :class:`~seqpack.pipeline.options.PackOptions`), checked."""
+        return cls(options.assistant_only_loss, options.completion_only_loss)
+
     def completion_only(self, prompt_completion: bool) -> bool:
         """``completion_only_loss`` resolved as TRL does for rows that are (or are not)
         prompt-completion rows."""

@@ -53,8 +53,6 @@ trained.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,16 +63,20 @@ import pyarrow.compute as pc
 from seqpack.core.errors import InvalidInput
 from seqpack.core.supervision import NOT_CONVERSATIONAL, Objective
 from seqpack.io.cells import column, first
+from seqpack.io.chat import (
+    TEMPLATE_COLUMNS,
+    chat_tokenizer,
+    render,
+    require_markers,
+    template_extras,
+)
 from seqpack.io.documents import Origin
 from seqpack.io.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 
+__all__ = ["SFT_COLUMNS", "TEMPLATE_COLUMNS", "encode_sft", "sft_columns"]
+
 #: Columns a row's text SFT data is read from (with the optional :data:`TEMPLATE_COLUMNS`).
 SFT_COLUMNS = ("prompt", "completion", "messages", "conversations")
-#: Per-row extras the chat template receives, as in TRL.
-TEMPLATE_COLUMNS = ("tools", "chat_template_kwargs")
-#: Conversations rendered per ``apply_chat_template`` call.
-CHAT_BATCH = 256
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
@@ -172,100 +174,16 @@ def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, An
     return rows
 
 
-def _chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
-    """The transformers tokenizer and the chat template (text) to render with."""
-    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} need a chat template and a transformers tokenizer —"
-            " pass --tokenizer with a save_pretrained folder (tokenizer_config.json), and"
-            " --chat-template FILE if it has no template"
-        )
-    try:
-        template = tokenizer.backend.get_chat_template(tokenizer.chat_template)
-    except ValueError:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none —"
-            " pass --chat-template FILE (a Jinja template)"
-        ) from None
-    return tokenizer.backend, template
-
-
-def _extras(table: pa.Table, origin: Origin) -> list[dict[str, Any]] | None:
-    """Each row's ``tools`` / ``chat_template_kwargs`` for the template, or None."""
-    present = [n for n in TEMPLATE_COLUMNS if n in table.column_names]
-    if not present:
-        return None
-    out: list[dict[str, Any]] = [{} for _ in range(table.num_rows)]
-    for name in present:
-        for row, value in enumerate(column(table, name).to_pylist()):
-            if name == "tools" and isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except ValueError as err:
-                    raise InvalidInput(f"{origin.locate(row)}: tools is not JSON ({err})") from None
-            if name == "tools":
-                out[row]["tools"] = value
-            elif value:
-                out[row].update(value)
-    return out
-
-
-def _render(
-    backend: Any,
-    template: str,
-    chats: list[list[dict[str, Any]]],
-    extras: list[dict[str, Any]] | None,
-    origin: Origin,
-    **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """``apply_chat_template`` per conversation (batched when no row has extras)."""
-    if extras is None:
-        out = []
-        for lo in range(0, len(chats), CHAT_BATCH):
-            part = chats[lo : lo + CHAT_BATCH]
-            try:
-                enc = backend.apply_chat_template(
-                    part, chat_template=template, tokenize=True, return_dict=True, **kwargs
-                )
-            except Exception:  # a template error: render row by row to name the row
-                return _render(backend, template, chats, [{} for _ in chats], origin, **kwargs)
-            out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
-        return out
-    out = []
-    for row, (chat, extra) in enumerate(zip(chats, extras, strict=True)):
-        try:
-            enc = backend.apply_chat_template(
-                chat, chat_template=template, tokenize=True, return_dict=True, **extra, **kwargs
-            )
-            out.append(_arrays(enc))
-        except Exception as err:  # Jinja raises TemplateError and the template's own errors
-            why = " ".join(str(err).split())
-            raise InvalidInput(
-                f"{origin.locate(row)}: the chat template refuses this conversation"
-                f" ({type(err).__name__}: {why}) — fix the row or the template"
-            ) from None
-    return out
-
-
-def _arrays(enc: Any) -> dict[str, np.ndarray]:
-    """One conversation's ids (int32) and assistant mask (bool) as arrays: a chunk's
-    Python int lists live for one batch of :data:`CHAT_BATCH` only."""
-    out = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int32)}
-    if "assistant_masks" in enc:
-        out["assistant_masks"] = np.asarray(enc["assistant_masks"], dtype=bool)
-    return out
-
-
 def _messages(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str, objective: Objective
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    backend, template = _chat_tokenizer(tokenizer, origin, f"{name} rows")
+    backend, template = chat_tokenizer(tokenizer, origin, f"{name} rows")
     assistant = objective.assistant_only_loss
     if assistant:
-        _require_markers(template, origin, f"{name} rows")
+        require_markers(template, origin, f"{name} rows")
     chats = _chats(table, name, origin)
-    extras = _extras(table, origin)
-    encoded = _render(
+    extras = template_extras(table, origin)
+    encoded = render(
         backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant
     )
     ids = [e["input_ids"] for e in encoded]
@@ -292,31 +210,18 @@ def _check_trained(
         )
 
 
-def _require_markers(template: str, origin: Origin, what: str) -> None:
-    if not _GENERATION.search(template):
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: assistant_only_loss=True trains the assistant turns of"
-            f" {what} only, and the chat template marks none — as TRL says, the chat template"
-            " is not training-compatible (missing {% generation %} markers): pass"
-            " --chat-template FILE with the assistant content inside {% generation %} ..."
-            " {% endgeneration %} (trl.chat_template_utils.get_training_chat_template(tokenizer)"
-            " gives one for the models TRL knows), or drop --assistant-only-loss to train the"
-            " whole conversation"
-        )
-
-
 def _chat_prompt_completion(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     what = "conversational prompt-completion rows"
-    backend, template = _chat_tokenizer(tokenizer, origin, what)
+    backend, template = chat_tokenizer(tokenizer, origin, what)
     assistant = objective.assistant_only_loss
     if assistant:
-        _require_markers(template, origin, what)
+        require_markers(template, origin, what)
     prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
-    extras = _extras(table, origin)
-    heads = _render(backend, template, prompts, extras, origin, add_generation_prompt=True)
-    whole = _render(
+    extras = template_extras(table, origin)
+    heads = render(backend, template, prompts, extras, origin, add_generation_prompt=True)
+    whole = render(
         backend,
         template,
         [p + c for p, c in zip(prompts, completions, strict=True)],

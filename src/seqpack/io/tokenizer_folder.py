@@ -1,4 +1,4 @@
-"""A ``save_pretrained`` tokenizer folder as an :class:`~seqpack.io.tokenizers.HFTokenizer`.
+"""A ``save_pretrained`` tokenizer folder, opened for :class:`~seqpack.io.tokenizers.HFTokenizer`.
 
 Two ways in, the same tokens:
 
@@ -32,10 +32,11 @@ from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.io.tokenizer_settings import (
     MAX_TEMPLATE_FILE,
     MAX_TOKENIZER_FILE,
+    TOKENIZER_FILES,
     checked_file,
+    file_identity,
     read_checked,
 )
-from seqpack.io.tokenizers import TOKENIZER_FILES, HFTokenizer, _identity
 
 #: Tokenizer classes that use ``tokenizer.json`` as it is.
 GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -56,11 +57,13 @@ REBUILDING_KEYS = (
 SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
 
 
-def load_folder(path: Path) -> HFTokenizer:
-    """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``)."""
+def open_folder(path: Path) -> tuple[Any, str, int, Any]:
+    """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``): its
+    transformers backend (:class:`LazyTransformers` when read directly), identity,
+    vocabulary size and the Rust tokenizer read directly (None otherwise)."""
     _check_files(path)
     files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
-    identity = _identity("hf", path, files)
+    identity = file_identity("hf", path, files)
     has_json = (path / "tokenizer.json").is_file()
     if not has_json and not any((path / f).is_file() for f in SLOW_FILES):
         raise InvalidInput(
@@ -71,11 +74,10 @@ def load_folder(path: Path) -> HFTokenizer:
     direct = _direct(path) if has_json else None
     if direct is not None:
         rust, config = direct
-        lazy = LazyTransformers(path, config, rust)
         size = rust.get_vocab_size(with_added_tokens=True)
-        return HFTokenizer(lazy, "transformers", identity, size, where=str(path), rust=rust)
+        return LazyTransformers(path, config, rust), identity, size, rust
     backend = auto_tokenizer(path, has_json)
-    return HFTokenizer(backend, "transformers", identity, len(backend), where=str(path))
+    return backend, identity, len(backend), None
 
 
 def _check_files(path: Path) -> None:
@@ -112,9 +114,13 @@ def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
     except Exception:  # the Rust side raises a plain Exception; transformers names it
         return None
     for key, value in config.items():
-        if key.endswith("_token") and value is not None:
-            if _content(value) is None or rust.token_to_id(_content(value)) is None:
-                return None  # transformers would add it to the vocabulary
+        token = _content(value)
+        if (
+            key.endswith("_token")
+            and value is not None
+            and (token is None or rust.token_to_id(token) is None)
+        ):
+            return None  # transformers would add it to the vocabulary
     for index, added in (config.get("added_tokens_decoder") or {}).items():
         if not isinstance(added, dict) or rust.token_to_id(added.get("content")) != int(index):
             return None
@@ -173,7 +179,9 @@ def auto_tokenizer(path: Path, has_json: bool) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
-        raise NotAvailable("loading a transformers tokenizer needs `pip install seqpack[hf]`") from err
+        raise NotAvailable(
+            "loading a transformers tokenizer needs `pip install seqpack[hf]`"
+        ) from err
     try:
         # trust_remote_code=False: never run the folder's Python code (an ``auto_map``)
         # and never ask about it on stdin, which transformers does when it is unset.

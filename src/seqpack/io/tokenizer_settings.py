@@ -23,14 +23,30 @@ anything is read: a sparse or device "file" is never read whole).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import stat
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from seqpack.core.errors import InvalidInput
+
+#: Files whose bytes define a saved tokenizer; they make up its identity digest.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+
 
 #: The largest tokenizer file read (the largest hub ``tokenizer.json`` files are ~35 MB).
 MAX_TOKENIZER_FILE = 1 << 29
@@ -137,3 +153,11 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
         ids = specials.get(name, {}).get("ids", [None])
         (after if seen else before).extend([str(name)] * max(1, len(ids)))
     return before, after
+
+
+def file_identity(kind: str, path: Path, files: Sequence[Path]) -> str:
+    """``kind:name@sha256:...``: a digest of ``files`` (names and bytes, each checked)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + read_checked(f) + b"\0")
+    return f"{kind}:{path.name}@sha256:{h.hexdigest()[:16]}"

@@ -37,9 +37,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from seqpack.core.errors import InvalidInput, NotAvailable
+from seqpack.io.tokenizer_folder import open_folder
 from seqpack.io.tokenizer_settings import (
     MAX_TEMPLATE_FILE,
     checked_file,
+    file_identity,
     read_checked,
     sanitized,
 )
@@ -110,29 +112,8 @@ class ByteTokenizer:
         return data.tobytes().decode("utf-8", errors="replace")
 
 
-#: Files whose bytes define a saved tokenizer; they make up its identity digest.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
-
-
 #: Where a tokenizer's identity names a chat template other than its own.
 CHAT_MARK = "+chat-template@sha256:"
-
-
-def _identity(kind: str, path: Path, files: Sequence[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + read_checked(f) + b"\0")
-    return f"{kind}:{path.name}@sha256:{h.hexdigest()[:16]}"
 
 
 def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -285,7 +266,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
 
     - a ``*.json`` file: a ``tokenizers`` tokenizer (``tokenizer.json``);
     - a folder with ``tokenizer_config.json``: a transformers tokenizer
-      (:func:`seqpack.io.tokenizer_folder.load_folder`: its ``tokenizer.json``
+      (:func:`seqpack.io.tokenizer_folder.open_folder`: its ``tokenizer.json``
       read directly when transformers would use it as it is, else
       ``transformers.AutoTokenizer`` with ``trust_remote_code=False``);
     - a folder with only ``tokenizer.json``: a ``tokenizers`` tokenizer.
@@ -299,9 +280,8 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             " from disk only (no downloads); pass --tokenizer bytes or a saved tokenizer folder"
         )
     if path.is_dir() and (path / "tokenizer_config.json").is_file():
-        from seqpack.io.tokenizer_folder import load_folder
-
-        return load_folder(path)
+        backend, identity, size, rust = open_folder(path)
+        return HFTokenizer(backend, "transformers", identity, size, where=str(path), rust=rust)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise InvalidInput(
@@ -322,7 +302,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         ) from None
     size = backend.get_vocab_size(with_added_tokens=True)
     name = path if path.is_dir() else file
-    identity = _identity("tokenizers", name, [file])
+    identity = file_identity("tokenizers", name, [file])
     return HFTokenizer(backend, "tokenizers", identity, size, where=str(file), owned=True)
 
 

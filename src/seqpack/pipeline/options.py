@@ -32,6 +32,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
+from seqpack.pipeline.objective_options import objective_field, parse_switch
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -144,27 +145,8 @@ class PackOptions:
             metavar="FILE",
         ),
     )
-    assistant_only_loss: bool = field(
-        default=False,
-        metadata=flag(
-            "--assistant-only-loss",
-            "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
-            " default: the whole conversation, as TRL; needs {% generation %} markers)",
-            BOTH,
-            action="store_true",
-        ),
-    )
-    completion_only_loss: bool | None = field(
-        default=None,
-        metadata=flag(
-            "--completion-only-loss",
-            "true: train only the completion of prompt-completion rows (and completion_mask);"
-            " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
-            " for prompt-completion rows only, as TRL)",
-            BOTH,
-            metavar="{true,false}",
-        ),
-    )
+    assistant_only_loss: bool = objective_field("assistant_only_loss")
+    completion_only_loss: bool | None = objective_field("completion_only_loss")
     overwrite: bool = field(
         default=False,
         metadata=flag("--overwrite", "replace an existing output", action="store_true"),
@@ -241,7 +223,7 @@ class PackOptions:
             limit = positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
             put(self, "max_metadata_bytes", limit)
         put(self, "partition", Partition.parse(self.partition))
-        Objective(self.assistant_only_loss, self.completion_only_loss)  # checks both
+        Objective.of(self)  # checks assistant_only_loss and completion_only_loss
         if self.vocab_size is not None:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
         if self.chat_template is not None:
@@ -290,11 +272,6 @@ class PackOptions:
         """The tokenizer these options name, loaded (None for pre-tokenized input), with
         ``chat_template`` when one is given."""
         return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
-
-    @property
-    def objective(self) -> Objective:
-        """What SFT rows train: ``assistant_only_loss`` and ``completion_only_loss``."""
-        return Objective(self.assistant_only_loss, self.completion_only_loss)
 
     def show_progress(self, stream: Any) -> bool:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""
@@ -357,17 +334,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_metadata_bytes": parse_byte_size,
     "chunk_bytes": parse_byte_size,
     "shard_tokens": parse_count,
-    "completion_only_loss": lambda text, flag: parse_flag(text, flag),
+    "completion_only_loss": parse_switch,
 }
-
-
-def parse_flag(text: str, flag: str) -> bool:
-    """``true`` / ``false`` (any case; also 1/0, yes/no) as a bool, else one line naming it."""
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-    try:
-        return value[text.strip().lower()]
-    except KeyError:
-        raise InvalidInput(f"{flag} takes true or false, not {text!r}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = PackOptions) -> None:
