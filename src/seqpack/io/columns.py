@@ -245,9 +245,12 @@ def _chunk(
         flags = None if flags is None or flags.all() else flags
         largest = int(tokens.max()) if tokens.size else -1
     else:
+        texts = [n for n in sorted(names) if pa.types.is_string(table.schema.field(n).type)]
+        hint = f" (e.g. --text-field {texts[0]})" if texts else ""
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
-            f" {sorted(names)}) — give token ids as input_ids, text with --tokenizer, or SFT"
-            " rows (prompt/completion or messages) with --tokenizer"
+            f" {sorted(names)}) — pass --text-field NAME for the column that holds the"
+            f" text{hint}, or give token ids as input_ids, or SFT rows (prompt/completion or"
+            " messages) with --tokenizer"
         )
     return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin, largest=largest)
