@@ -149,3 +149,36 @@ def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
     assert eligible["--completion-only-loss false"] > eligible[""]
     code = main([*args, "--out", str(tmp_path / "x"), "--completion-only-loss", "maybe"])
     assert code == 2 and "--completion-only-loss takes true or false" in capsys.readouterr().err
+
+
+def test_sfttrainer_reads_the_packed_rows_with_the_users_flags(folders, tmp_path):
+    """TRL-format rows carry the objective in ``labels``: SFTTrainer keeps them as they are
+    for every ``completion_only_loss``, and trains; ``assistant_only_loss=True`` belongs to
+    seqpack's call (TRL refuses it on any tokenized dataset, its own packed rows too)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from seqpack.hf import pack_dataset
+
+    folder = folders["marked"]
+    chats = datasets.Dataset.from_dict({"messages": CHATS})
+    packed = pack_dataset(chats, 128, tokenizer=str(folder), format="trl", assistant_only_loss=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 2}  # fmt: skip
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **sizes))
+    common = {"output_dir": str(tmp_path / "trl"), "report_to": [], "use_cpu": True,
+              "max_length": None, "padding_free": True, "max_steps": 1,
+              "per_device_train_batch_size": 1}  # fmt: skip
+    for completion in (None, True, False):
+        args = SFTConfig(completion_only_loss=completion, **common)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=packed, processing_class=tokenizer
+        )
+        assert trainer.train_dataset["labels"] == packed["labels"]
+    assert trainer.train().training_loss > 0
+    with pytest.raises(ValueError, match="not conversational"):
+        SFTTrainer(model=model, args=SFTConfig(assistant_only_loss=True, **common),
+                   train_dataset=packed, processing_class=tokenizer)  # fmt: skip
