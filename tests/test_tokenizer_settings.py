@@ -173,3 +173,30 @@ def test_a_folder_loads_as_its_tokenizer_json_without_transformers(folder):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
+    from seqpack.cli import main
+    from seqpack.core.binding import Binding
+    from seqpack.training.stream import StreamDataset
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "world"}\n')
+    args = ["pack", str(path), "--capacity", "16", "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    first = capsys.readouterr().err.split("error: ")[1]
+    assert first.startswith("no --tokenizer given: text input needs --tokenizer")
+    assert main([*args, "--tokenizer", "bytes", "--text-field", "body"]) == 2
+    err = capsys.readouterr().err
+    assert "found ['id', 'text']" in err and "--text-field NAME" in err
+    assert "(e.g. --text-field text)" in err
+    assert not (tmp_path / "o").exists()
+    # {"id", "text"} mappings in a stream are tokenized, never a bare KeyError
+    binding = Binding(266, "seqpack/bytes-266", "s")
+    items = [{"id": "a", "text": "hello"}, {"id": "b", "text": "hi"}]
+    stream = StreamDataset(items, binding=binding, capacity=16, rows_per_micro_batch=1,
+                           tokenizer=load_tokenizer("bytes"))  # fmt: skip
+    assert next(iter(stream)).batch.loss_mask.sum() == 6 + 3
+    with pytest.raises(InvalidInput, match=r"document 0 has no input_ids or text \(keys \['id'"):
+        next(iter(StreamDataset([{"id": "a"}], binding=binding, capacity=16,
+                                rows_per_micro_batch=1)))  # fmt: skip

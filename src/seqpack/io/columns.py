@@ -245,7 +245,11 @@ def _chunk(
         flags = None if flags is None or flags.all() else flags
         largest = int(tokens.max()) if tokens.size else -1
     else:
-        texts = [n for n in sorted(names) if pa.types.is_string(table.schema.field(n).type)]
+        texts = [
+            n
+            for n in sorted(names, key=lambda n: (n != "text", n))
+            if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
+        ]
         hint = f" (e.g. --text-field {texts[0]})" if texts else ""
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"

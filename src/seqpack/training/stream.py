@@ -38,7 +38,7 @@ from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import as_token_array, long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
-from seqpack.core.supervision import mapping_flags
+from seqpack.core.supervision import item_text, mapping_flags
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.training.data import ScheduledBatch
 from seqpack.training.distributed import Balance, RowStats, check_balance, schedule_rows
@@ -175,13 +175,13 @@ class StreamDataset(IterableDataset):
     def _documents(self, items: list[Any], first: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
         """``(tokens int32, loss flags bool [n-1], source id)`` per item; a mapping's
         ``labels`` / ``loss_mask`` / ``completion_mask`` / ``assistant_masks`` are ANDed."""
-        texts = [i for i, item in enumerate(items) if _text_of(item, first + i) is not None]
+        texts = [i for i, item in enumerate(items) if item_text(item, first + i) is not None]
         encoded: dict[int, np.ndarray] = {}
         if texts:
             if self.tokenizer is None:
                 raise InvalidInput(f"document {first + texts[0]} is text; pass a tokenizer")
-            chosen = [_text_of(items[i], first + i) for i in texts]
-            tokens, offsets = self.tokenizer.encode_batch(chosen)
+            chosen = [item_text(items[i], first + i) for i in texts]
+            tokens, offsets = self.tokenizer.encode_batch(chosen)  # type: ignore[arg-type]
             encoded = {i: tokens[offsets[j] : offsets[j + 1]] for j, i in enumerate(texts)}
         out = []
         for i, item in enumerate(items):
@@ -215,21 +215,6 @@ class StreamDataset(IterableDataset):
         _, starts, ends = long_ranges(np.array([tokens.shape[0]]), self.capacity)
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
             yield _Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
-
-
-def _text_of(item: Any, index: int) -> str | None:
-    """The text of a stream item (a string, or a mapping's ``text`` without ``input_ids``),
-    None for token ids; a mapping with neither is refused naming its keys."""
-    if isinstance(item, str):
-        return item
-    if not isinstance(item, Mapping) or "input_ids" in item:
-        return None
-    if isinstance(item.get("text"), str):
-        return item["text"]
-    raise InvalidInput(
-        f"document {index} has no input_ids or text (keys {sorted(map(str, item))}) — give"
-        " token ids as input_ids, or text as text with a tokenizer"
-    )
 
 
 class _StreamPass:
