@@ -546,12 +546,12 @@ CASES: list[Case] = [
     ),
     Case(
         "tokenizer-folder-broken",
-        "a tokenizer folder whose config names no real tokenizer",
+        "a tokenizer folder with a config naming no real tokenizer and no tokenizer.json",
         {DATA: lines({"text": "hi"})},
         _pack_argv("--tokenizer", "tok", vocab=None),
         lambda: load_tokenizer("tok"),
         InvalidInput,
-        ("cannot load the tokenizer in tok (ValueError:", "save it again with save_pretrained()"),
+        ("tok has tokenizer_config.json but no tokenizer.json", "save the tokenizer into it"),
         setup=_broken_tokenizer_folder,
     ),
     Case(

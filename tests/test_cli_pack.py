@@ -120,7 +120,7 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ((), "pre-tokenized input_ids need --vocab-size"),
+        ((), "pre-tokenized input needs --vocab-size"),
         (("--vocab-size", 10), "is not below the vocabulary size 10"),
         (("--vocab-size", 1000, "--capacity", 8), "prediction pairs; capacity is 8"),
         (("--vocab-size", 1000, "--policy", "nope"), "unknown policy 'nope'"),

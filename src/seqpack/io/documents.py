@@ -264,8 +264,8 @@ def make_binding(
     """
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
-            "no --tokenizer given: text input needs --tokenizer (bytes, or a local tokenizer"
-            " folder), and pre-tokenized input_ids need --vocab-size V (the model's"
+            "no --tokenizer given: text input needs --tokenizer (bytes or a local tokenizer"
+            " folder), pre-tokenized input needs --vocab-size V (the model's"
             " vocabulary size) or the --tokenizer that made them"
         )
     if vocab_size is not None and tokenizer is not None and vocab_size < tokenizer.vocab_size:

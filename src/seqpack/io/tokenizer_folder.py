@@ -53,6 +53,11 @@ REBUILDING_KEYS = (
     "auto_map",
     "from_slow",
 )
+REMOTE_CODE = (
+    "the tokenizer in {path} needs the Python code its tokenizer_config.json names"
+    " (auto_map); seqpack never runs a tokenizer folder's code — save it with a built-in"
+    " tokenizer class, or pass its tokenizer.json"
+)
 #: Files besides ``tokenizer.json`` from which transformers could build a (slow) tokenizer.
 SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
 
@@ -62,6 +67,8 @@ def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     transformers backend (:class:`LazyTransformers` when read directly), identity,
     vocabulary size and the Rust tokenizer read directly (None otherwise)."""
     _check_files(path)
+    if "auto_map" in read_checked(path / "tokenizer_config.json").decode(errors="replace"):
+        raise InvalidInput(REMOTE_CODE.format(path=path))  # never run, never even tried
     files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
     identity = file_identity("hf", path, files)
     has_json = (path / "tokenizer.json").is_file()
@@ -189,13 +196,6 @@ def auto_tokenizer(path: Path, has_json: bool) -> Any:
             str(path), local_files_only=True, trust_remote_code=False
         )
     except Exception as err:  # transformers raises many kinds on a damaged folder
-        config = read_checked(path / "tokenizer_config.json").decode(errors="replace")
-        if "auto_map" in config:
-            raise InvalidInput(
-                f"the tokenizer in {path} needs the Python code its tokenizer_config.json"
-                " names (auto_map); seqpack never runs a tokenizer folder's code — save it"
-                " with a built-in tokenizer class, or pass its tokenizer.json"
-            ) from None
         why = " ".join(str(err).split())
         if not has_json:
             raise InvalidInput(
