@@ -200,3 +200,40 @@ def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
     with pytest.raises(InvalidInput, match=r"document 0 has no input_ids or text \(keys \['id'"):
         next(iter(StreamDataset([{"id": "a"}], binding=binding, capacity=16,
                                 rows_per_micro_batch=1)))  # fmt: skip
+
+
+def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
+    """The tokenizer travels inside the Ray task settings: the copy a worker uses has the
+    truncation and padding turned off, as the local engine's has."""
+    ray = pytest.importorskip("ray")
+    import logging
+
+    import pyarrow.parquet as pq
+
+    from ray_helpers import private_loopback_ray
+    from seqpack.io.store import load_packed
+    from seqpack.pipeline import pack_path
+    from seqpack.ray import pack
+
+    hostile = _word_tokenizer()
+    hostile.enable_truncation(3)
+    hostile.enable_padding(pad_id=3, pad_token="[PAD]", length=40)
+    hostile.save(str(tmp_path / "tokenizer.json"))
+    rows = [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS * 3)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    spec = str(tmp_path / "tokenizer.json")
+    with pytest.warns(UserWarning, match="turned off"):
+        pack_path(tmp_path / "d.parquet", tmp_path / "local", capacity=16, tokenizer=spec)
+    with private_loopback_ray() as session:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=session,
+                 logging_level=logging.ERROR)  # fmt: skip
+        try:
+            with pytest.warns(UserWarning, match="turned off"):
+                pack(tmp_path / "d.parquet", tmp_path / "ray", capacity=16, tokenizer=spec)
+        finally:
+            ray.shutdown()
+    want = sum(len(_word_tokenizer().encode(t).ids) - 1 for t in TEXTS * 3)
+    for out in ("local", "ray"):
+        load_packed(tmp_path / out)  # a complete, verified output
+        manifest = json.loads((tmp_path / out / "manifest.json").read_text())
+        assert manifest["statistics"]["eligible_targets"] == want, out
