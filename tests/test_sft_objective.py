@@ -65,11 +65,18 @@ def _reading(docs) -> tuple[list[list[int]], list[list[bool]]]:
     return tokens, flags
 
 
-KINDS = ["messages", "text prompt-completion", "chat prompt-completion", "token ids + masks"]
+#: Every kind with the marked template; the kinds a template renders also without markers.
+CASES = [
+    ("messages", "marked"),
+    ("text prompt-completion", "marked"),
+    ("chat prompt-completion", "marked"),
+    ("token ids + masks", "marked"),
+    ("messages", "plain"),
+    ("chat prompt-completion", "plain"),
+]
 
 
-@pytest.mark.parametrize("template", ["marked", "plain"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "template"), CASES)
 def test_every_switch_reads_as_trl_prepares(folders, tmp_path, kind, template):
     folder = folders[template]
     ds = datasets.Dataset.from_dict(_rows(kind, folders["marked"]))
