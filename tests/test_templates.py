@@ -125,3 +125,21 @@ def test_a_sane_template_renders_as_transformers_renders_it(tmp_path):
     assert [dict(g) for g in got] == [dict(w) for w in want]
     # outside seqpack's own calls, transformers compiles as it always does
     assert not isinstance(ctu._compile_jinja_template(TEMPLATE), BoundedTemplate)
+
+
+def test_large_numbers_in_the_data_are_not_sizes(tmp_path):
+    """A tool call's big number or a timestamp reaches ``tojson`` / ``format`` as data."""
+    import pyarrow as pa
+
+    from seqpack.io.readers import read_documents
+    from seqpack.pipeline.options import PackOptions
+
+    folder = chat_tokenizer(tmp_path / "tok")
+    template = TEMPLATE.replace("{{ m['content'] }}<|end|>{% endgeneration %}",
+                                "{{ m['content'] }}{{ m['n']|tojson }}{{ '%d'|format(m['n']) }}"
+                                "<|end|>{% endgeneration %}")  # fmt: skip
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "n": 10**12}]
+    tok = PackOptions(capacity=8, tokenizer=str(folder), chat_template=template).load_tokenizer()
+    docs = read_documents(pa.Table.from_pylist([{"messages": chat}]), tokenizer=tok)
+    text = tok.backend.decode(docs.tokens.tolist())
+    assert text.count("1000000000000") == 2

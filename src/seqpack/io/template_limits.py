@@ -81,7 +81,21 @@ def check_value(value: Any) -> Any:
     return value
 
 
-def check_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+#: Filters and callables whose integer arguments size what they build (``center(10**10)``);
+#: other integers (a tool call's number, a timestamp) are data and pass.
+SIZED = frozenset(
+    (
+        *("center", "indent", "wordwrap", "truncate", "batch", "slice"),  # filters
+        *("ljust", "rjust", "zfill", "expandtabs"),  # str methods (and center)
+        "generate_lorem_ipsum",  # the lipsum global
+    )
+)
+
+
+def check_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse an integer argument above :data:`MAX_CHARS` to a :data:`SIZED` callable."""
+    if name not in SIZED:
+        return
     for value in (*args, *kwargs.values()):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHARS:
             budget().fail(f"an argument of {value:,}")
@@ -113,8 +127,8 @@ def bounded_filter(name: str, func: Any) -> Any:
     def bounded(*args: Any, **kwargs: Any) -> Any:
         spent = budget()
         spent.step()
-        check_args(args, kwargs)
         values = [a for a in args if not _is_context(a)]
+        check_args(name, tuple(values[1:]), kwargs)
         if name == "join" and values:
             items = list(values[0])
             joined(values[1] if len(values) > 1 else kwargs.get("d", ""), items)

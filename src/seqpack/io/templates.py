@@ -18,7 +18,8 @@ conversation:
 - no value or output longer than :data:`MAX_CHARS` characters: string and
   list ``*``, ``+``, ``%``, ``~``, ``**``, ``join`` and ``replace`` are sized
   *before* they allocate; calls and filters with an integer argument above
-  the bound (``center``, ``indent``, ``ljust``, a format width) are refused;
+  the bound to a callable that sizes its result with it (``center``,
+  ``indent``, ``ljust``, ``lipsum``, a format width) are refused;
   every buffer (``{% set %}`` blocks, macros, ``{% generation %}`` bodies)
   is sized before it is joined, and the output as it is produced.
 
@@ -126,9 +127,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         spent = budget()
         spent.step()
-        check_args(args, kwargs)
         owner = getattr(__obj, "__self__", None)
         method = getattr(__obj, "__name__", "")
+        check_args(method, args, kwargs)
         if isinstance(owner, str):
             if method == "replace" and len(args) >= 2:
                 replaced(owner, *args[:3])
