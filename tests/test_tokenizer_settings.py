@@ -237,3 +237,17 @@ def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
         load_packed(tmp_path / out)  # a complete, verified output
         manifest = json.loads((tmp_path / out / "manifest.json").read_text())
         assert manifest["statistics"]["eligible_targets"] == want, out
+
+
+def test_the_cli_says_a_setting_was_turned_off_in_one_warning_line(tmp_path, capsys):
+    from seqpack.cli import main
+
+    hostile = _word_tokenizer()
+    hostile.enable_truncation(2)
+    hostile.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "d.jsonl").write_text('{"text": "hello world packed"}\n')
+    args = ["pack", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tokenizer.json")]
+    assert main([*args, "--capacity", "8", "--out", str(tmp_path / "o")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 1 and err[0].startswith("seqpack pack: warning: ")
+    assert "truncation to 2 tokens is turned off" in err[0]

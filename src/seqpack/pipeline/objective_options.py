@@ -17,7 +17,7 @@ from seqpack.core.errors import InvalidInput
 _HELP = {
     "assistant_only_loss": (
         "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
-        " default: the whole conversation, as TRL; needs {% generation %} markers)"
+        " default: the whole conversation, as TRL; needs generation markers in the template)"
     ),
     "completion_only_loss": (
         "true: train only the completion of prompt-completion rows (and completion_mask);"
