@@ -189,3 +189,19 @@ def test_sfttrainer_reads_the_packed_rows_with_the_users_flags(folders, tmp_path
     with pytest.raises(ValueError, match="not conversational"):
         SFTTrainer(model=model, args=SFTConfig(assistant_only_loss=True, **common),
                    train_dataset=packed, processing_class=tokenizer)  # fmt: skip
+
+
+def test_a_streamed_dataset_follows_the_same_switches(folders):
+    from seqpack.hf import pack_dataset
+
+    ds = datasets.Dataset.from_dict({"messages": CHATS})
+    folder = str(folders["marked"])
+
+    def supervised(data, **switch):
+        rows = pack_dataset(data, 128, tokenizer=folder, format="trl", **switch)
+        return sum(sum(x != -100 for x in row["labels"]) for row in rows)
+
+    stream = ds.to_iterable_dataset()
+    assert supervised(stream) == supervised(ds)
+    on = {"assistant_only_loss": True}
+    assert supervised(stream, **on) == supervised(ds, **on) < supervised(ds)

@@ -264,18 +264,3 @@ def mapping_flags(
             )
         flags &= values.astype(bool)
     return None if flags.all() else flags
-
-
-def item_text(item: Any, index: int) -> str | None:
-    """The text of a stream item (a string, or a mapping's ``text`` without ``input_ids``),
-    None for token ids; a mapping with neither is refused naming its keys."""
-    if isinstance(item, str):
-        return item
-    if not isinstance(item, Mapping) or "input_ids" in item:
-        return None
-    if isinstance(item.get("text"), str):
-        return item["text"]
-    raise InvalidInput(
-        f"document {index} has no input_ids or text (keys {sorted(map(str, item))}) — give"
-        " token ids as input_ids, or text as text with a tokenizer"
-    )
