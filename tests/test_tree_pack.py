@@ -325,3 +325,26 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
     assert got == want
     with pytest.raises(InvalidInput, match="pass --tree auto"):
         pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", capacity=64, tokenizer="bytes")
+
+
+def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
+    from seqpack.training.data import PackedDataset
+
+    _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    with pytest.raises(InvalidInput, match=r"records\(\) and seqpack.hf.tree_data.TreeCollator"):
+        PackedDataset(tmp_path / "tree")
+    argv = [
+        "pack",
+        str(tmp_path / "t.jsonl"),
+        "--tree",
+        "--capacity",
+        "16",
+        "--vocab-size",
+        str(VOCAB),
+        "--engine",
+        "ray",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2 and "drop --engine ray" in capsys.readouterr().err
