@@ -348,3 +348,17 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
         str(tmp_path / "r"),
     ]
     assert main(argv) == 2 and "drop --engine ray" in capsys.readouterr().err
+
+
+def test_verify_folder_checks_a_tree_output_whole(tmp_path):
+    from seqpack.io.verify import verify_folder
+
+    _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    assert verify_folder(tmp_path / "tree")["version"] == 3
+    shard = tmp_path / "tree" / "shard-00000.parquet"
+    shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
+    with pytest.raises(InvalidInput, match="checksum mismatch"):
+        verify_folder(tmp_path / "tree")
+    with pytest.raises(InvalidInput, match="checksum mismatch"):
+        load_packed(tmp_path / "tree")

@@ -347,6 +347,13 @@ def verify_folder(folder: Path) -> dict[str, Any]:
         manifest = json.loads(where.read_bytes())
     except (OSError, ValueError, RecursionError) as err:
         raise _bad(where, f"not a readable JSON manifest ({err})") from None
+    if isinstance(manifest, dict) and manifest.get("layout") == "tree":  # version 3
+        from seqpack.io.tree_store import TreeStore
+
+        store = TreeStore(folder, manifest)
+        check_checksums(manifest, folder)
+        store.records()  # every shard decoded and checked
+        return manifest
     summary = check_manifest(manifest, folder)
     check_checksums(manifest, folder)
     shards = manifest["shards"]
