@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="seqpack",
         description="Pack tokenized examples into shared rows without joining their contexts.",
     )
+    import seqpack
+
+    parser.add_argument("--version", action="version", version=f"seqpack {seqpack.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, (add, _)) in COMMANDS.items():
         add(sub.add_parser(name, help=help_text, description=help_text))

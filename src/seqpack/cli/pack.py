@@ -105,16 +105,22 @@ def add_stats(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from seqpack.pipeline.stats import stats_path
+    from seqpack.pipeline.stats import oversized_line, stats_path
 
     options = from_arguments(args, "stats")
     report = stats_path(args.input, options, policies=args.policies, plot=args.plot)
     report_input(args.command, report)
+    over = report.get("oversized")
+    if over is not None:
+        print(
+            f"seqpack stats: warning: {oversized_line(over, report['capacity'])}", file=sys.stderr
+        )
     if args.json:
         print(json.dumps(report))
         return 0
+    left_out = f", {over['examples']:,} too long left out" if over is not None else ""
     print(
-        f"{report['examples']:,} examples ({report['split_sources']:,} sources split),"
+        f"{report['examples']:,} examples ({report['split_sources']:,} sources split{left_out}),"
         f" {report['tokens']:,} {_unit(options)}, capacity {report['capacity']},"
         f" lower bound {report['lower_bound']:,} rows"
     )

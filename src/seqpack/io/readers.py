@@ -14,6 +14,7 @@ read a whole input into memory (:mod:`seqpack.io.columns` converts it).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -244,6 +245,7 @@ def open_input(source: str | Path | Any, partition: Partition | str = "train") -
     path = Path(source)
     if not os.path.lexists(path) or not path.exists():
         raise InvalidInput(f"input {str(path)!r} does not exist — check the path")
+    refuse_packed(path)
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return _datasets_folder(path, part)
@@ -259,6 +261,29 @@ def open_input(source: str | Path | Any, partition: Partition | str = "train") -
     for file in files:
         open_regular(file).close()
     return Input(str(path), kind, files, bytes=sum(f.stat().st_size for f in files))
+
+
+def refuse_packed(path: Path) -> None:
+    """Refuse a seqpack output (its folder or a file in it) given as input: its rows are
+    packed already, and reading them as a corpus would pack the packing."""
+    manifest = (path if path.is_dir() else path.parent) / "manifest.json"
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > 64 << 20:
+            return
+        kind = json.loads(manifest.read_bytes()).get("format")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return
+    if not isinstance(kind, str) or not kind.startswith("seqpack."):
+        return
+    use = (
+        "seqpack.hf.load_trl(path) or TRL's trainer"
+        if kind.endswith("trl-packed")
+        else "seqpack.io.load_packed(path) or seqpack.training.PackedDataset(path)"
+    )
+    raise InvalidInput(
+        f"{path} is a seqpack output (format {kind}): it is already packed — use it with"
+        f" {use}, or give the corpus it was packed from"
+    )
 
 
 def read_arrow(

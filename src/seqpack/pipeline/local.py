@@ -27,6 +27,7 @@ from seqpack.core.policies import plan_rows
 from seqpack.io.atomic import temp_output
 from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
+from seqpack.io.readers import refuse_packed
 from seqpack.io.shards import FORMAT, VERSION, manifest_record
 from seqpack.io.spill import recover_spills
 from seqpack.io.store import publish_packed
@@ -35,7 +36,7 @@ from seqpack.io.trl import TRL_FORMAT, TRL_VERSION
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
-from seqpack.pipeline.progress import progress_bar, status
+from seqpack.pipeline.progress import display, progress_bar, status
 from seqpack.pipeline.report import duplicate_report
 from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
 
@@ -125,6 +126,8 @@ def pack_path(
     second writer at the same path is refused, naming this one.
     """
     opts = PackOptions.of(options, **overrides)
+    if isinstance(source, (str, Path)):
+        refuse_packed(Path(source))  # before any other complaint about it
     with claim_output(out, opts.overwrite) as claim:
         return pack_claimed(source, claim, opts)
 
@@ -137,7 +140,7 @@ def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> d
     tok = opts.load_tokenizer()
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
     spills = recover_spills(spill_dir)
-    show = opts.show_progress(sys.stderr)
+    show = display(opts.progress, sys.stderr)
     tmp = temp_output(out)  # before reading: an output that cannot be written fails first
     try:
         status(show)(f"reading {source}")

@@ -33,6 +33,8 @@ from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 
 DEFAULT_POLICY = "best-fit-decreasing"
+#: Other tools' names of seqpack's policies (TRL's ``pack_dataset(strategy="bfd")``).
+POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 DEFAULT_ROWS_PER_BATCH = 8
 #: Target tokens per output shard; shards always end on a model-call boundary.
 DEFAULT_SHARD_TOKENS = 1 << 25
@@ -80,7 +82,7 @@ class PackOptions:
     )
     policy: str = field(
         default=DEFAULT_POLICY,
-        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY})"),
+        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"),
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -203,6 +205,7 @@ class PackOptions:
     def __post_init__(self) -> None:
         put = object.__setattr__
         put(self, "capacity", positive_int("capacity", self.capacity, INT32_MAX))
+        put(self, "policy", policy_name(self.policy))
         if self.policy not in POLICIES:
             raise InvalidInput(
                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
@@ -290,6 +293,11 @@ class PackOptions:
             "config": config,
             "policy": {"name": self.policy, "options": dict(self.policy_options)},
         }
+
+
+def policy_name(name: Any) -> Any:
+    """``name``, or the policy another tool's name (``bfd``) stands for."""
+    return POLICY_ALIASES.get(name, name) if isinstance(name, str) else name
 
 
 def parse_pad(value: Any) -> int:
