@@ -18,6 +18,7 @@ from seqpack.cli.demo import add_demo, cmd_demo
 from seqpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
 from seqpack.cli.verify import add_verify, cmd_verify
 from seqpack.core.errors import SeqpackError
+from seqpack.pipeline.progress import printable
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -63,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message on one line (wrapped third-party messages may hold newlines)."""
-    return " ".join(str(err).split())
+    """The message on one line (wrapped third-party messages may hold newlines), with any
+    control character of a file name in it escaped rather than sent to the terminal."""
+    return printable(" ".join(str(err).split()))
 
 
 _TERMINATED: list[int] = []

@@ -14,6 +14,7 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
+from seqpack.pipeline.progress import printable
 
 #: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
 RAY_FLAGS = ("block_examples", "address", "num_cpus")
@@ -71,7 +72,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
         f" {stats['seconds']:.2f} s"
     )
-    print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
+    print(
+        f"wrote {printable(stats['out'])}: {stats['shards']} shard(s),"
+        f" {stats['batches']:,} model call(s)"
+    )
     if "blocks" in stats:
         print(
             f"ray: {stats['blocks']:,} block(s) on {stats['nodes']} node(s); rows / global lower"
@@ -84,14 +88,17 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def report_input(command: str, stats: dict) -> None:
     """Warn on stderr about repeated ids; note hidden folders of killed runs cleaned up."""
     for note in stats.get("recovered", []):
-        print(f"seqpack {command}: note: {note}", file=sys.stderr)
+        print(f"seqpack {command}: note: {printable(note)}", file=sys.stderr)
     if stats.get("duplicate_ids"):
         first = stats["duplicate_first"]
         print(
-            f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an earlier id"
-            f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
-            " each is packed as its own occurrence — de-duplicate the input if that is not"
-            " intended",
+            printable(
+                f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an"
+                " earlier id"
+                f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
+                " each is packed as its own occurrence — de-duplicate the input if that is not"
+                " intended"
+            ),
             file=sys.stderr,
         )
 
@@ -113,7 +120,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     over = report.get("oversized")
     if over is not None:
         print(
-            f"seqpack stats: warning: {oversized_line(over, report['capacity'])}", file=sys.stderr
+            f"seqpack stats: warning: {printable(oversized_line(over, report['capacity']))}",
+            file=sys.stderr,
         )
     if args.json:
         print(json.dumps(report))
@@ -131,5 +139,5 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f" {r['efficiency']:>11.2%} {r['seconds']:>9.3f}"
         )
     if "plot" in report:
-        print(f"plot: {report['plot']}")
+        print(f"plot: {printable(report['plot'])}")
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import budget
+from seqpack.core.arguments import path_argument
 from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
@@ -126,6 +127,7 @@ def pack_path(
     second writer at the same path is refused, naming this one.
     """
     opts = PackOptions.of(options, **overrides)
+    out = path_argument("out", out)
     if isinstance(source, (str, Path)):
         refuse_packed(Path(source))  # before any other complaint about it
     with claim_output(out, opts.overwrite) as claim:

@@ -18,6 +18,7 @@ so a 32 MiB chunk that takes half a minute to tokenize no longer sits at 0%.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -62,12 +63,22 @@ def display(progress: bool | None, stream: Any) -> bool | str:
     return True if terminal else LINES
 
 
+#: Control characters (C0 but tab and newline, DEL, C1): a terminal would act on them.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every control character (an ANSI escape in a
+    file name, a carriage return) shown as ``\\xNN`` instead of acted on."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def status(enabled: bool | str) -> Callable[[str], None]:
     """A ``say(message)`` that prints ``seqpack: message`` to stderr when ``enabled`` is True."""
 
     def say(message: str) -> None:
         if enabled is True:
-            print(f"seqpack: {message}", file=sys.stderr, flush=True)
+            print(f"seqpack: {printable(message)}", file=sys.stderr, flush=True)
 
     return say
 
@@ -157,7 +168,7 @@ class Progress:
         with self._lock:
             text = self.line()
             self.printed += 1
-        print(text, file=self.stream, flush=True)
+        print(printable(text), file=self.stream, flush=True)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
