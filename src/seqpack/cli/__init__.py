@@ -1,7 +1,7 @@
 """``seqpack`` command line: thin over the library.
 
 Each subcommand is a pair ``(add_NAME, cmd_NAME)`` in :data:`COMMANDS`
-(modules ``demo``, ``pack``, ``verify`` here); library errors become a
+(modules ``demo``, ``pack``, ``show``, ``verify`` here); library errors become a
 one-line message and exit code 2.
 """
 
@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from seqpack.cli.demo import add_demo, cmd_demo
 from seqpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
+from seqpack.cli.show import add_show, cmd_show
 from seqpack.cli.verify import add_verify, cmd_verify
 from seqpack.core.errors import SeqpackError
 from seqpack.pipeline.progress import printable
@@ -27,6 +28,7 @@ COMMANDS: dict[str, tuple[str, Command]] = {
     "demo": ("pack the seed's A/B/C fixture and print its JSON trace", (add_demo, cmd_demo)),
     "pack": ("pack a dataset into Parquet shards of rows + manifest", (add_pack, cmd_pack)),
     "stats": ("compare every policy on a dataset without writing rows", (add_stats, cmd_stats)),
+    "show": ("print (and draw) one row of a packed folder", (add_show, cmd_show)),
     "verify": (
         "prove a model computes the same on packed rows as on separate examples",
         (add_verify, cmd_verify),
