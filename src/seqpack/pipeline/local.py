@@ -127,7 +127,7 @@ def pack_path(
     second writer at the same path is refused, naming this one.
     """
     opts = PackOptions.of(options, **overrides)
-    out = path_argument("out", out)
+    path_argument("out", out)  # its type; the value is checked where it is claimed
     if isinstance(source, (str, Path)):
         refuse_packed(Path(source))  # before any other complaint about it
     with claim_output(out, opts.overwrite) as claim:
