@@ -224,7 +224,9 @@ def in_memory(name: str, tool: str, repeats: int) -> dict:
     return json.loads(fresh(argv)["stdout"].strip().splitlines()[-1])  # VmHWM of the child
 
 
-def run_workload(name: str, repeats: int, fresh_repeats: int, work: Path) -> list[dict]:
+def run_workload(
+    name: str, repeats: int, fresh_repeats: int, work: Path, parquet: bool = True
+) -> list[dict]:
     w = workload(name)
     rows = []
     seq = in_memory(name, "seqpack", repeats)
@@ -232,6 +234,8 @@ def run_workload(name: str, repeats: int, fresh_repeats: int, work: Path) -> lis
     rows.append(_row("pack_dataset (in memory)", name, seq, trl))
     same = in_memory(name, "seqpack-trl", repeats)  # TRL's own schema and unit
     rows.append(_row("pack_dataset(format='trl') (in memory)", name, same, trl))
+    if not parquet:
+        return rows
     source = parquet_input(name)
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
@@ -328,6 +332,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="W1 and 20 MB of text only")
     parser.add_argument("--workloads", default="W1,W2", help="token workloads (W1, W2)")
+    parser.add_argument("--no-parquet", action="store_true", help="in-memory path 1 only")
     parser.add_argument("--repeats", type=int, default=3, help="in-memory calls (median)")
     parser.add_argument("--fresh-repeats", type=int, default=3,
                         help="fresh Parquet -> Parquet runs per tool (median)")  # fmt: skip
@@ -344,7 +349,9 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for name in ("W1",) if args.quick else args.workloads.split(","):
-            rows += run_workload(name, args.repeats, args.fresh_repeats, work)
+            rows += run_workload(
+                name, args.repeats, args.fresh_repeats, work, parquet=not args.no_parquet
+            )
         for mb in sizes:
             rows += run_text(mb, work, mb in trl_sizes)
     finally:

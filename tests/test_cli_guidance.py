@@ -138,18 +138,22 @@ def test_version_and_trl_s_policy_name(tmp_path, capsys):
     assert stats["policy"] == "best-fit-decreasing" and stats["rows"] == want.num_rows
 
 
-def test_a_pipe_gets_periodic_plain_lines_and_a_short_run_none(tmp_path):
+def test_a_pipe_gets_periodic_plain_lines_with_progress_and_nothing_without(tmp_path):
     data = _texts(tmp_path, np.arange(1, 400))
     args = ("pack", data, "--tokenizer", "bytes", "--capacity", "512", "--chunk-bytes", "4000")
-    quick = run(*args, "--out", tmp_path / "a")
-    assert quick.returncode == 0 and quick.stderr == ""  # shorter than an interval: quiet
-    slow = run(*args, "--out", tmp_path / "b", env={"SEQPACK_PROGRESS_SECONDS": "0.001"})
-    assert slow.returncode == 0
-    lines = [ln for ln in slow.stderr.splitlines() if ln.startswith("seqpack: reading: ")]
-    assert len(lines) >= 2 and "\r" not in slow.stderr
+    often = {"SEQPACK_PROGRESS_SECONDS": "0.001"}
+    quiet = run(*args, "--out", tmp_path / "a", env=often)
+    assert quiet.returncode == 0 and quiet.stderr == ""  # a pipe, not asked: stderr stays clean
+    shown = run(*args, "--out", tmp_path / "b", "--progress", env=often)
+    assert shown.returncode == 0
+    lines = [ln for ln in shown.stderr.splitlines() if ln.startswith("seqpack: reading: ")]
+    assert len(lines) >= 2 and "\r" not in shown.stderr  # lines, not a redrawn bar
     size = f"{data.stat().st_size / 1e3:.1f} kB"
     assert lines[-1].startswith(f"seqpack: reading: {size} of {size} (100%), ")
     assert "399 docs" in lines[-1]
+    assert any(
+        ln.startswith("seqpack: writing: ") and " rows, " in ln for ln in shown.stderr.splitlines()
+    )
 
 
 def test_a_pty_without_a_size_gets_plain_lines_not_an_invisible_bar(tmp_path):

@@ -37,7 +37,7 @@ from seqpack.io.trl import TRL_FORMAT, TRL_VERSION
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
-from seqpack.pipeline.progress import display, progress_bar, status
+from seqpack.pipeline.progress import progress_bar, status
 from seqpack.pipeline.report import duplicate_report
 from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
 
@@ -142,7 +142,7 @@ def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> d
     tok = opts.load_tokenizer()
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
     spills = recover_spills(spill_dir)
-    show = display(opts.progress, sys.stderr)
+    show = opts.show_progress(sys.stderr)
     tmp = temp_output(out)  # before reading: an output that cannot be written fails first
     try:
         status(show)(f"reading {source}")

@@ -1,14 +1,13 @@
 """Progress on stderr: one-line status notes, tqdm bars or plain periodic lines.
 
-Where stderr goes decides how progress is drawn (:func:`display`):
+Progress is shown on a terminal by default, and anywhere with ``--progress``
+(``PackOptions.progress``); how it is drawn depends on where stderr goes:
 
 - a terminal with a size: tqdm bars (and the ``seqpack: reading ...`` notes);
-- anything else (a pipe, a file, a pty without a size, where a bar draws
-  nothing or a wall of carriage returns): a plain line every
-  :data:`LINE_SECONDS` seconds while a stage runs, e.g.
+- anything else (a pty without a size, where a bar draws nothing; a pipe or a
+  file, where it would be a wall of carriage returns): a plain line every
+  :data:`LINE_SECONDS` seconds while a stage runs and one when it ends, e.g.
   ``seqpack: reading: 96.5 MB of 300 MB (32%), 3.1 MB/s, 41,002 docs, ... 30 s``.
-  By default (no ``--progress``) a stage that ends within the first interval
-  prints nothing, so short runs and their errors keep a clean stderr.
 
 A bar moves within a read chunk: :meth:`Progress.chunk` counts the chunk
 being tokenized as the tokenizer reports it (:func:`seqpack.core.meter.report`),
@@ -30,8 +29,6 @@ from seqpack.core.meter import reporting
 
 #: Seconds between the plain progress lines (``SEQPACK_PROGRESS_SECONDS`` overrides it).
 LINE_SECONDS = 10.0
-#: :func:`display`'s value for "plain periodic lines only" (neither notes nor bars).
-LINES = "lines"
 
 
 def line_seconds() -> float:
@@ -50,19 +47,6 @@ def sized_terminal(stream: Any) -> bool:
         return False
 
 
-def display(progress: bool | None, stream: Any) -> bool | str:
-    """How to show progress on ``stream``: True (notes, and bars where ``stream`` is a sized
-    terminal, plain lines elsewhere), :data:`LINES` (the default off a terminal: plain
-    lines only, none for a stage shorter than an interval) or False (nothing)."""
-    if progress is not None:
-        return bool(progress)
-    try:
-        terminal = bool(stream.isatty())
-    except (AttributeError, ValueError):
-        terminal = False
-    return True if terminal else LINES
-
-
 #: Control characters (C0 but tab and newline, DEL, C1): a terminal would act on them.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -73,11 +57,11 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def status(enabled: bool | str) -> Callable[[str], None]:
-    """A ``say(message)`` that prints ``seqpack: message`` to stderr when ``enabled`` is True."""
+def status(enabled: bool) -> Callable[[str], None]:
+    """A ``say(message)`` that prints ``seqpack: message`` to stderr when ``enabled``."""
 
     def say(message: str) -> None:
-        if enabled is True:
+        if enabled:
             print(f"seqpack: {printable(message)}", file=sys.stderr, flush=True)
 
     return say
@@ -186,16 +170,16 @@ class Progress:
 
 @contextmanager
 def progress_bar(
-    total: int | None, desc: str, unit: str, enabled: bool | str, **options: Any
+    total: int | None, desc: str, unit: str, enabled: bool, **options: Any
 ) -> Iterator[Progress]:
-    """Progress of one stage on stderr as :func:`display` decided (``enabled``), closed on
-    exit: a tqdm bar on a sized terminal, else plain lines (see the module docstring).
+    """Progress of one stage on stderr when ``enabled``, closed on exit: a tqdm bar on a
+    sized terminal, else plain lines (see the module docstring).
 
     ``options`` go to tqdm (``unit_scale=True`` with ``unit="B"`` shows MB and MB/s).
     """
     stream = sys.stderr
     bar = None
-    if enabled is True and sized_terminal(stream):
+    if enabled and sized_terminal(stream):
         from tqdm import tqdm
 
         bar = tqdm(
@@ -203,8 +187,8 @@ def progress_bar(
             **options,
         )  # fmt: skip
     progress = Progress(
-        total, desc, unit, stream=stream, interval=line_seconds(), final=enabled is True,
-        unit_scale=bool(options.get("unit_scale")), bar=bar, quiet=enabled is False,
+        total, desc, unit, stream=stream, interval=line_seconds(), final=True,
+        unit_scale=bool(options.get("unit_scale")), bar=bar, quiet=not enabled,
     )  # fmt: skip
     try:
         yield progress
