@@ -116,3 +116,28 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     starts = tok[:-1]
     assert (positions[starts] == 0).all() and (labels[starts] == -100).all()
     assert positions[starts[5] + 3] == 3
+
+
+PACK = """
+import json, sys
+from seqpack.cli import main
+with open("d.jsonl", "w") as f:
+    for i in range(20):
+        f.write(json.dumps({"id": f"doc-{i}", "text": "abc" * (i + 1)}) + "\\n")
+for fmt in ("seqpack", "trl"):
+    code = main(["pack", "d.jsonl", "--tokenizer", "bytes", "--capacity", "128", "--format", fmt,
+                 "--out", "out-" + fmt])
+    assert code == 0, code
+heavy = ("pandas", "torch", "transformers", "tokenizers", "datasets", "matplotlib", "ray")
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_seqpack_pack_imports_nothing_heavy(tmp_path):
+    """`seqpack pack` with ids given (source ids gathered with Arrow's take): no pandas (it
+    cost 0.65-1.5 s of a fresh process), nor anything else it does not need."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    run = subprocess.run([sys.executable, "-c", PACK], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
