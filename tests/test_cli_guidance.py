@@ -156,15 +156,17 @@ def test_a_pipe_gets_periodic_plain_lines_with_progress_and_nothing_without(tmp_
     )
 
 
-def test_a_pty_without_a_size_gets_plain_lines_not_an_invisible_bar(tmp_path):
-    data = _texts(tmp_path, [5, 7, 9])
-    master, slave = pty.openpty()  # a new pty reports 0 columns
+def _on_a_pty(argv, columns):
+    """Run ``argv`` with stderr on a new pty of ``columns`` columns (0: no size); its output."""
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "seqpack", "pack", str(data), "--tokenizer", "bytes",
-             "--capacity", "64", "--out", str(tmp_path / "o")],
-            stdout=subprocess.PIPE, stderr=slave, check=False,
-        )  # fmt: skip
+        if columns:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=slave, check=False)
         os.close(slave)
         chunks = []
         while True:
@@ -177,13 +179,20 @@ def test_a_pty_without_a_size_gets_plain_lines_not_an_invisible_bar(tmp_path):
             chunks.append(part)
     finally:
         os.close(master)
-    err = b"".join(chunks).decode()
+    return proc, b"".join(chunks).decode().replace("\r\n", "\n")  # a pty writes \r\n
+
+
+def test_a_pty_without_a_size_gets_plain_lines_and_a_sized_one_a_bar(tmp_path):
+    data = _texts(tmp_path, [5, 7, 9])
+    argv = [sys.executable, "-m", "seqpack", "pack", str(data), "--tokenizer", "bytes",
+            "--capacity", "64", "--out"]  # fmt: skip
+    proc, err = _on_a_pty([*argv, str(tmp_path / "a")], 0)  # a new pty reports 0 columns
     assert proc.returncode == 0
-    assert (
-        "seqpack: reading: " in err
-        and "seqpack: writing: " in err
-        and "\r" not in err.replace("\r\n", "\n")
-    )
+    assert "seqpack: reading: " in err and "seqpack: writing: " in err
+    assert "\r" not in err  # lines, no bar redraws
+    proc, err = _on_a_pty([*argv, str(tmp_path / "b")], 100)
+    assert proc.returncode == 0
+    assert "\r" in err and "seqpack: reading:" in err and "%|" in err  # tqdm's bar
 
 
 def test_the_reading_bar_moves_while_a_chunk_is_tokenized(tmp_path, monkeypatch):

@@ -29,6 +29,8 @@ from seqpack.core.meter import reporting
 
 #: Seconds between the plain progress lines (``SEQPACK_PROGRESS_SECONDS`` overrides it).
 LINE_SECONDS = 10.0
+#: Seconds between redraws of a bar on a terminal while its count does not move.
+BAR_SECONDS = 1.0
 
 
 def line_seconds() -> float:
@@ -79,7 +81,9 @@ def _amount(n: float, unit: str, scale: bool) -> str:
 class Progress:
     """tqdm's ``update`` / ``set_postfix_str`` / ``close`` as plain lines on ``stream``: one
     every ``interval`` seconds from a timer thread (also while nothing moves), and a last
-    one at :meth:`close` when ``final`` or when any was printed. Thread-safe."""
+    one at :meth:`close` when ``final`` or when any was printed. With ``bar`` (a tqdm bar on
+    a sized terminal) the calls go to it and the timer redraws it every
+    :data:`BAR_SECONDS`. Thread-safe."""
 
     def __init__(
         self,
@@ -103,7 +107,8 @@ class Progress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
-        if bar is None and not quiet:
+        if not quiet:  # a bar is redrawn every second (elapsed time, rate) even when idle
+            self.interval = interval if bar is None else BAR_SECONDS
             self._timer = threading.Thread(target=self._tick, name="seqpack-progress", daemon=True)
             self._timer.start()
 
@@ -156,13 +161,17 @@ class Progress:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
-            self._print()
+            if self.bar is None:
+                self._print()
+            else:
+                with self._lock:
+                    self.bar.refresh()
 
     def close(self) -> None:
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
-            if self.final or self.printed:
+            if self.bar is None and (self.final or self.printed):
                 self._print()
         if self.bar is not None:
             self.bar.close()
