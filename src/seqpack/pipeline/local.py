@@ -10,6 +10,7 @@ over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -128,7 +129,7 @@ def pack_path(
     """
     opts = PackOptions.of(options, **overrides)
     path_argument("out", out)  # its type; the value is checked where it is claimed
-    if isinstance(source, (str, Path)):
+    if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it
     with claim_output(out, opts.overwrite) as claim:
         return pack_claimed(source, claim, opts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -66,7 +67,7 @@ def stats_path(
     if plot is not None:
         check_plot_path(plot)
     capacity = opts.capacity
-    if isinstance(source, (str, Path)):
+    if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))
     docs = read_documents(
         source,
