@@ -19,7 +19,6 @@ memory (:mod:`seqpack.io.columns` converts it).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
+from seqpack.io.already_packed import refuse_packed
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
 from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -300,29 +300,6 @@ def open_input(
     size = sum(f.stat().st_size for f in files if not is_stdin(f))
     name = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
     return Input(name, kind, files, bytes=size, roots=roots, limits=limits)
-
-
-def refuse_packed(path: Path) -> None:
-    """Refuse a seqpack output (its folder or a file in it) given as input: its rows are
-    packed already, and reading them as a corpus would pack the packing."""
-    manifest = (path if path.is_dir() else path.parent) / "manifest.json"
-    try:
-        if not manifest.is_file() or manifest.stat().st_size > 64 << 20:
-            return
-        kind = json.loads(manifest.read_bytes()).get("format")
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return
-    if not isinstance(kind, str) or not kind.startswith("seqpack."):
-        return
-    use = (
-        "seqpack.hf.load_trl(path) or TRL's trainer"
-        if kind.endswith("trl-packed")
-        else "seqpack.io.load_packed(path) or seqpack.training.PackedDataset(path)"
-    )
-    raise InvalidInput(
-        f"{path} is a seqpack output (format {kind}): it is already packed — use it with"
-        f" {use}, or give the corpus it was packed from"
-    )
 
 
 def read_arrow(

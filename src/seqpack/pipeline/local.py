@@ -26,10 +26,10 @@ from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
+from seqpack.io.already_packed import refuse_packed
 from seqpack.io.atomic import temp_output
 from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
-from seqpack.io.readers import refuse_packed
 from seqpack.io.shards import FORMAT, VERSION, manifest_record
 from seqpack.io.spill import recover_spills
 from seqpack.io.store import publish_packed
