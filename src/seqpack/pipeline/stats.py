@@ -14,6 +14,7 @@ from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import POLICIES, plan_rows
+from seqpack.core.supervision import Objective
 from seqpack.io.already_packed import refuse_packed
 from seqpack.io.documents import Documents
 from seqpack.io.readers import read_documents
@@ -75,6 +76,7 @@ def stats_path(
         tokenizer=opts.load_tokenizer(),
         text_field=opts.text_field,
         partition=opts.partition,
+        objective=Objective.of(opts),
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
