@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.hf.architectures import describe
+from seqpack.hf.architectures import Architecture
 from seqpack.nn.varlen import VarlenPlan, segment_attention, segment_plan
 
 NAME = "seqpack_varlen"
@@ -73,12 +73,35 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
     return plan
 
 
+#: Capabilities of the configs seen, by ``id`` (with a weak reference to tell a reused id).
+_ARCHS: dict[int, tuple[weakref.ref, Architecture]] = {}
+
+
+def _architecture(config: Any) -> Architecture:
+    """:func:`seqpack.hf.capability.capability` of ``config``, once per config object."""
+    hit = _ARCHS.get(id(config))
+    if hit is not None and hit[0]() is config:
+        return hit[1]
+    from seqpack.hf.capability import capability
+
+    arch = capability(config).check(NAME)
+    try:
+        _ARCHS[id(config)] = (weakref.ref(config), arch)
+    except TypeError:  # not weakly referenceable: not cached
+        pass
+    return arch
+
+
 def layer_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer from its config; must agree with what the layer passed."""
+    """The window of ``module``'s layer from its model's capability; must agree with the layer.
+
+    The capability applies a config's ``sliding_window`` only where the
+    model's code does (``moshi`` has one it never applies).
+    """
     config = getattr(module, "config", None)
     if config is None:
         return passed
-    window = describe(config).check().layer_window(getattr(module, "layer_idx", None))
+    window = _architecture(config).layer_window(getattr(module, "layer_idx", None))
     if passed is not None and passed != window:
         raise InvalidInput(
             f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
@@ -157,8 +180,9 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
     if not bool((position_ids == position_ids[..., :1] + steps).all()):
         raise InvalidInput(
             f"{NAME}: {name} got packed position_ids (they restart inside a row) but no"
-            f" cu_seq_lens_q, so the examples would be joined — feed the model"
-            f" hf_inputs(batch, '{NAME}', config=model.config)"
+            f" cu_seq_lens_q, so the examples would be joined — build the inputs with"
+            f" hf_inputs(batch, '{NAME}', config=model.config); if you did, this model's"
+            " layers drop the attention kwargs before attention: use sdpa or eager for it"
         )
 
 

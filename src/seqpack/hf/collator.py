@@ -13,9 +13,49 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs, check_implementation
-from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.architectures import Architecture
+from seqpack.hf.capability import capability
 from seqpack.hf.kinds import MASK_KINDS
 from seqpack.training.data import check_partition, concat_batches
+
+
+def check_runnable(attn_implementation: str, kind: str | None) -> None:
+    """Refuse a flash implementation that cannot run on this machine (no CUDA or no flash-attn)."""
+    if attn_implementation not in ("flash_attention_2", "flash_attention_3"):
+        return
+    import importlib.util
+
+    package = "flash_attn" if attn_implementation == "flash_attention_2" else "flash_attn_interface"
+    cuda = torch.cuda.is_available()
+    found = importlib.util.find_spec(package) is not None
+    if not (cuda and found):
+        missing = " and ".join(
+            w for w, ok in (("a CUDA device", cuda), (f"the {package} package", found)) if not ok
+        )
+        raise InvalidInput(
+            f"attn_implementation={attn_implementation!r} cannot run here: {missing} missing"
+            " — use 'sdpa' (or 'seqpack_varlen') on this machine"
+        )
+
+
+def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) -> None:
+    """Refuse a packing whose vocabulary (or pad id) the model's embedding cannot index."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    vocab = getattr(text, "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    if binding is not None and binding.vocab_size > vocab:
+        raise InvalidInput(
+            f"the packed rows' vocabulary has {binding.vocab_size:,} ids but the model's"
+            f" config.vocab_size is {vocab:,}: ids >= {vocab:,} would index past its embedding"
+            " — pack with the model's tokenizer (or resize the model's token embeddings)"
+        )
+    if not 0 <= int(pad_token_id) < vocab:
+        raise InvalidInput(
+            f"pad_token_id {pad_token_id} is not an id of the model's vocabulary"
+            f" (config.vocab_size {vocab:,}) — pass pad_token_id=tokenizer.pad_token_id (any"
+            " real id: padding cells are never seen by real queries)"
+        )
 
 
 @dataclass
@@ -64,7 +104,10 @@ class HFCollator:
                 " it needs the model's config: HFCollator(..., config=model.config) — a model"
                 " with sliding windows would otherwise train with unwindowed masks"
             )
-        self.arch = None if self.config is None else describe(self.config).check()
+        check_runnable(self.attn_implementation, self.kind)
+        self.arch = None if self.config is None else capability(self.config).check(self.kind)
+        if self.config is not None:
+            check_vocabulary(self.config, self.binding, self.pad_token_id)
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
