@@ -89,8 +89,29 @@ def run_one(model_type: str, attn: str, config) -> dict:
     }
 
 
-def sweep_type(model_type: str) -> dict:
-    """The capability and the three cells of one model type."""
+class TimedOut(BaseException):
+    """A type that took longer than its budget (reported, not waited for)."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise TimedOut("took longer than the sweep's per-type budget")
+
+
+def sweep_type(model_type: str, budget: int = 180) -> dict:
+    """The capability and the three cells of one model type, within ``budget`` seconds."""
+    import signal
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(budget)
+    try:
+        return _sweep_type(model_type)
+    except TimedOut as err:
+        return {"verdict": f"timed out: {err}", "cells": {}}
+    finally:
+        signal.alarm(0)
+
+
+def _sweep_type(model_type: str) -> dict:
     from architecture_tiny import tiny_config
 
     from seqpack.hf.capability import capability
@@ -133,7 +154,8 @@ def counts(results: dict) -> dict[str, int]:
         for cell in r["cells"].values():
             out[cell["status"]] = out.get(cell["status"], 0) + 1
         if not r["cells"]:
-            out["no tiny config"] = out.get("no tiny config", 0) + 1
+            key = r["verdict"].split(":")[0]
+            out[key] = out.get(key, 0) + 1
     return out
 
 

@@ -109,6 +109,10 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
         "window_exercised": True,
         "supported": True,
         "refusal": None,
+        "positions": "position_ids",
+        "position_offset": 0,
+        "conditions": [],
+        "verdict": "exact",
     }
     if attn == "seqpack_varlen":
         return
@@ -134,7 +138,8 @@ def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_
     )
     code, out, err = verify(capsys, "--hf-config", lfm2)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "lfm2 cannot be packed exactly: its short convolutions" in err
+    assert "lfm2 cannot be packed exactly: its convolution layer" in err
+    assert "short convolutions mix neighbouring columns" in err
     bloom = tmp_path / "bloom"
     bloom.mkdir()
     (bloom / "config.json").write_text(

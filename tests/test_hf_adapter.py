@@ -365,10 +365,8 @@ def test_bool_masks_are_for_sdpa_only():
     ("model_type", "options", "words"),
     [
         ("bloom", {}, "ALiBi"),
-        ("falcon", {"alibi": True}, "ALiBi"),
         ("lfm2", {"layer_types": ["conv", "full_attention"]}, "convolutions"),
         ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "linear"),
-        ("llama4_text", {"layer_types": ["chunked_attention", "full_attention"]}, "chunked"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
     ],
 )

@@ -200,6 +200,10 @@ def build_inputs(
             "max_length_k": cu.max_seqlen,
             "seq_idx": torch.as_tensor(seq_idx(cu.cu_seqlens), device=device),
         }
+    elif arch is not None and arch.mask_from_positions:
+        # falcon's ALiBi needs its own 2-D mask; transformers (use_cache=False) finds the
+        # examples from the restarting position_ids and builds the block-causal mask
+        out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
     else:
         out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
         out["attention_mask"] = layer_masks(

@@ -40,6 +40,8 @@ from seqpack.core.permission import check_window
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 #: Layer type of attention within chunks of ``attention_chunk_size`` positions (Llama 4).
 CHUNKED = "chunked_attention"
+#: Layer type of DeepSeek-V3.2-style attention over the keys a top-k indexer selects.
+INDEXED = "indexed_attention"
 #: Layer types that mix no positions at all (position-wise blocks of hybrid patterns).
 POSITIONWISE_LAYERS = ("mlp", "moe")
 #: Layer-type words and the kind of position mixing they stand for.
@@ -141,6 +143,9 @@ class Architecture:
     conditions: tuple[Condition, ...] = ()
     #: ``attention_chunk_size`` of ``chunked_attention`` layers (chunks of each example's positions).
     chunk: int | None = None
+    #: Feed no 4-D mask: the model builds its bias from a 2-D mask (falcon's ALiBi) and
+    #: ``transformers`` derives the block-causal mask from the packed ``position_ids``.
+    mask_from_positions: bool = False
 
     @property
     def mask_types(self) -> tuple[str, ...]:
@@ -231,6 +236,8 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
             continue
         if layer_type == CHUNKED and _chunk(config) is not None:
             continue  # chunks of each example's own positions: a mask seqpack builds
+        if layer_type == INDEXED and isinstance(getattr(config, "index_topk", None), int):
+            continue  # the full block mask; exact while examples <= index_topk (a condition)
         kind = _layer_kind(layer_type)
         if kind is None:
             return ("attention", f"its layer type {layer_type!r} is not one seqpack knows")
@@ -264,13 +271,23 @@ def describe(config: Any) -> Architecture:
         kind=kind,
         conditions=conditions(config, model_type),
         chunk=chunk,
-        varlen_refusal=(
+        mask_from_positions=model_type == "falcon" and bool(getattr(config, "alibi", False)),
+        varlen_refusal=_varlen_refusal(chunk, layer_types),
+    )
+
+
+def _varlen_refusal(chunk: int | None, layer_types: list[str] | None) -> str | None:
+    if chunk is not None:
+        return (
             f"its {CHUNKED!r} layers attend within chunks of {chunk} positions, which"
             " seqpack_varlen does not apply — use sdpa or eager (seqpack builds the chunked masks)"
-            if chunk is not None
-            else None
-        ),
-    )
+        )
+    if layer_types and INDEXED in layer_types:
+        return (
+            f"its {INDEXED!r} layers pick keys with an indexer that reads the attention mask,"
+            " which seqpack_varlen does not give it — use sdpa or eager"
+        )
+    return None
 
 
 def _chunk(config: Any) -> int | None:
@@ -376,6 +393,7 @@ def architecture_of(model: Any) -> Architecture:
 
 __all__ = [
     "CHUNKED",
+    "INDEXED",
     "Architecture",
     "Condition",
     "conditions",

@@ -251,7 +251,9 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
             " — set is_decoder=True to train it as a causal LM"
         )
     changes |= {"refusal": refusal, "kind": kind}
-    changes["varlen_refusal"] = _varlen_refusal(arch.model_type, attention, decoder)
+    changes["varlen_refusal"] = arch.varlen_refusal or _varlen_refusal(
+        arch.model_type, attention, decoder
+    )
     if arch.window is not None and not _applies_window(decoder):
         changes["window"] = None
     return dataclasses.replace(arch, **changes)

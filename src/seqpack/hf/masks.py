@@ -32,12 +32,12 @@ import torch
 
 from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput
-from seqpack.hf.architectures import ATTENTION_LAYERS, CHUNKED, Architecture
+from seqpack.hf.architectures import ATTENTION_LAYERS, CHUNKED, INDEXED, Architecture
 from seqpack.hf.kinds import FLEX, SDPA
 from seqpack.nn.flex import permission_mod
 
 #: Layer types seqpack builds a mask for.
-MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED)
+MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED, INDEXED)
 #: Forms of the 4-D mask for ``eager`` / ``sdpa``.
 MASKS = ("float", "bool")
 
