@@ -131,6 +131,9 @@ class HFCollator:
         if features and all(isinstance(f, PackedBatch) for f in features):
             batch = concat_batches(features)
             check_partition(batch, self.partition, "this HFCollator")
+            if self.config is not None and self.binding is None:  # known only now
+                check_vocabulary(self.config, batch.binding, self.pad_token_id)
+                self.binding = batch.binding
             return batch
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
