@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / ".cache" / "sweep.json"))
     parser.add_argument("--types", help="comma-separated model types (default: all)")
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--merge", action="store_true", help="update --out's earlier results")
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     warnings.filterwarnings("ignore")
@@ -196,8 +197,11 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
-    types = args.types.split(",") if args.types else list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    results = {}
+    every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    types = args.types.split(",") if args.types else every
+    out = Path(args.out)
+    # --types re-runs some types inside an earlier whole sweep (--merge) or alone
+    results = json.loads(out.read_text()) if args.merge and out.exists() else {}
     for model_type in types:
         started = time.perf_counter()
         results[model_type] = sweep_type(model_type)
@@ -206,8 +210,8 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(counts(results)))
-    if not args.no_docs and not args.types:
-        write_docs(results)
+    if not args.no_docs and set(every) <= set(results):
+        write_docs({t: results[t] for t in every})
 
 
 if __name__ == "__main__":

@@ -22,44 +22,94 @@ VOCAB = 266
 SIZES: dict[str, Any] = {
     **dict.fromkeys(("vocab_size",), VOCAB),
     **dict.fromkeys(
-        ("hidden_size", "d_model", "n_embd", "embed_dim", "model_dim", "word_embed_proj_dim",
-         "hidden_dim", "projection_dim", "text_hidden_size", "embedding_size"),
+        (
+            "hidden_size",
+            "d_model",
+            "n_embd",
+            "embed_dim",
+            "model_dim",
+            "word_embed_proj_dim",
+            "hidden_dim",
+            "projection_dim",
+            "text_hidden_size",
+            "embedding_size",
+        ),
         16,
     ),
     **dict.fromkeys(
-        ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers",
-         "num_decoder_layers", "encoder_layers", "num_encoder_layers"),
+        (
+            "num_hidden_layers",
+            "n_layer",
+            "n_layers",
+            "num_layers",
+            "decoder_layers",
+            "num_decoder_layers",
+            "encoder_layers",
+            "num_encoder_layers",
+        ),
         2,
     ),
     **dict.fromkeys(
-        ("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads", "num_heads",
-         "encoder_attention_heads"),
+        (
+            "num_attention_heads",
+            "n_head",
+            "n_heads",
+            "decoder_attention_heads",
+            "num_heads",
+            "encoder_attention_heads",
+        ),
         2,
     ),
     **dict.fromkeys(
-        ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num",
-         "num_key_value_groups"),
+        (
+            "num_key_value_heads",
+            "num_kv_heads",
+            "n_kv_heads",
+            "multi_query_group_num",
+            "num_key_value_groups",
+        ),
         1,
     ),
     **dict.fromkeys(("head_dim", "kv_channels", "d_kv", "attention_head_dim", "v_head_dim"), 8),
     **dict.fromkeys(
-        ("intermediate_size", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "n_inner",
-         "ffn_hidden_size", "d_ff", "inner_hidden_size", "intermediate_size_mlp", "dim_ff"),
+        (
+            "intermediate_size",
+            "ffn_dim",
+            "decoder_ffn_dim",
+            "encoder_ffn_dim",
+            "n_inner",
+            "ffn_hidden_size",
+            "d_ff",
+            "inner_hidden_size",
+            "intermediate_size_mlp",
+            "dim_ff",
+        ),
         32,
     ),
     **dict.fromkeys(
-        ("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size",
-         "moe_shared_expert_intermediate_size", "expert_dim"),
+        (
+            "moe_intermediate_size",
+            "expert_intermediate_size",
+            "shared_expert_intermediate_size",
+            "moe_shared_expert_intermediate_size",
+            "expert_dim",
+        ),
         16,
     ),
     **dict.fromkeys(
-        ("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", "seq_length",
-         "max_sequence_length", "max_target_positions", "max_source_positions"),
+        (
+            "max_position_embeddings",
+            "n_positions",
+            "max_seq_len",
+            "n_ctx",
+            "seq_length",
+            "max_sequence_length",
+            "max_target_positions",
+            "max_source_positions",
+        ),
         64,
     ),
-    **dict.fromkeys(
-        ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4
-    ),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
     **dict.fromkeys(
         ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k", "top_k"), 2
     ),
@@ -140,6 +190,8 @@ def tiny_config(model_type: str, window: bool = True, **extra: Any) -> Any:
             sub_cls = type(sub) if sub is not None else None
         if sub_cls is not None and sub is not None:
             options[name] = sub.to_dict() | tiny_options(sub_cls, sub, window)
+    if "kv_lora_rank" in _fields(cls):  # multi-head latent attention: keys of every head
+        options["num_key_value_heads"] = options.get("num_attention_heads", 2)
     if "is_decoder" in _fields(cls):
         options["is_decoder"] = True  # the causal-LM use of an encoder-decoder family
     return AutoConfig.for_model(model_type, **(options | OVERRIDES.get(model_type, {}) | extra))

@@ -112,8 +112,10 @@ class Condition:
 
     def text(self) -> str:
         """``every example <= 8 pairs (why)`` or ``rows <= 256 columns (why)``."""
-        what = f"every example <= {self.limit} pairs" if self.what == "example" else (
-            f"rows <= {self.limit} columns"
+        what = (
+            f"every example <= {self.limit} pairs"
+            if self.what == "example"
+            else (f"rows <= {self.limit} columns")
         )
         return f"{what} ({self.why})"
 
@@ -272,11 +274,20 @@ def describe(config: Any) -> Architecture:
         conditions=conditions(config, model_type),
         chunk=chunk,
         mask_from_positions=model_type == "falcon" and bool(getattr(config, "alibi", False)),
-        varlen_refusal=_varlen_refusal(chunk, layer_types),
+        varlen_refusal=_varlen_refusal(
+            chunk, layer_types, getattr(config, "attn_logit_softcapping", None)
+        ),
     )
 
 
-def _varlen_refusal(chunk: int | None, layer_types: list[str] | None) -> str | None:
+def _varlen_refusal(
+    chunk: int | None, layer_types: list[str] | None, softcap: Any = None
+) -> str | None:
+    if softcap is not None:
+        return (
+            f"it soft-caps its attention logits (attn_logit_softcapping={softcap}), which"
+            " seqpack_varlen (SDPA) cannot express — use eager (or set attn_logit_softcapping=None)"
+        )
     if chunk is not None:
         return (
             f"its {CHUNKED!r} layers attend within chunks of {chunk} positions, which"
@@ -344,9 +355,7 @@ def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
             )
     topk = getattr(config, "index_topk", None)
     if isinstance(topk, int) and topk > 0:
-        out.append(
-            Condition("example", topk, "its indexer keeps only the index_topk highest keys")
-        )
+        out.append(Condition("example", topk, "its indexer keeps only the index_topk highest keys"))
     if model_type == "falcon" and getattr(config, "alibi", False):
         out.append(
             Condition("row", 256, "its ALiBi bias is built in bfloat16, exact for 256 columns")

@@ -143,6 +143,13 @@ def seqpack_varlen_attention(
             f"{NAME}: {name} has attention sinks, which SDPA cannot express —"
             " use attn_implementation='eager'"
         )
+    if isinstance(attention_mask, torch.Tensor):
+        # transformers builds no mask for an implementation without a mask function, so a
+        # tensor here is the model's own bias (doge's dynamic mask): dropping it is wrong
+        raise NotAvailable(
+            f"{NAME}: {name} passes its own attention bias (attention_mask of shape"
+            f" {tuple(attention_mask.shape)}), which {NAME} would drop — use sdpa or eager"
+        )
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:

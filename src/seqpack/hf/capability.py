@@ -163,6 +163,24 @@ def _drops_kwargs(parent: Any, attr: str) -> bool:
     return bool(calls) and all(all(k.arg is not None for k in c.keywords) for c in calls)
 
 
+def _own_mask(module: Any) -> str | None:
+    """The name a module passes as ``attention_mask`` to attention when it is its own tensor."""
+    try:
+        tree = ast.parse(_source(type(module)))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attention_interface"
+        ):
+            continue
+        given = node.args[4] if len(node.args) > 4 else None
+        given = next((k.value for k in node.keywords if k.arg == "attention_mask"), given)
+        if isinstance(given, ast.Name) and given.id != "attention_mask":
+            return given.id
+    return None
+
+
 def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
     """``(how, offset, refusal)``: how the model takes positions."""
     for module in decoder.modules():
@@ -196,6 +214,14 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
 
 
 def _varlen_refusal(model_type: str, attention: list[tuple[str, Any]], decoder: Any) -> str | None:
+    import torch
+
+    sinks = [n for n, m in attention if isinstance(getattr(m, "sinks", None), torch.Tensor)]
+    if sinks:
+        return (
+            f"{model_type}'s attention ({sinks[0]}) has attention sinks, which seqpack_varlen"
+            " (SDPA) cannot express — use eager"
+        )
     users = [(n, m) for n, m in attention if _calls_interface(m)]
     if not users:
         names = sorted({type(m).__name__ for _, m in attention}) or ["its layers"]
@@ -203,6 +229,13 @@ def _varlen_refusal(model_type: str, attention: list[tuple[str, Any]], decoder: 
             f"{model_type}'s attention ({names[0]}) never calls transformers' AttentionInterface,"
             " so attn_implementation='seqpack_varlen' would not run inside it — use sdpa or eager"
         )
+    for name, module in users:
+        own = _own_mask(module)
+        if own is not None:
+            return (
+                f"{model_type}'s attention ({type(module).__name__}) passes its own bias {own!r}"
+                " as the attention mask, which seqpack_varlen would drop — use sdpa or eager"
+            )
     for name, module in users:
         parent_name, _, attr = name.rpartition(".")
         parent = decoder.get_submodule(parent_name) if parent_name else decoder
