@@ -45,11 +45,10 @@ def run_one(model_type: str, attn: str, config) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from seqpack.hf.architectures import UnsupportedArchitecture, architecture_of
+    from seqpack.hf.architectures import UnsupportedArchitecture
+    from seqpack.hf.capability import architecture_of, capability
     from seqpack.hf.kinds import attention_kind
     from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
-
-    from seqpack.hf.capability import capability
 
     try:  # what load_model does: the config's capability first, before any weights
         capability(config).check(attention_kind(attn))
@@ -113,7 +112,6 @@ def sweep_type(model_type: str, budget: int = 180) -> dict:
 
 def _sweep_type(model_type: str) -> dict:
     from architecture_tiny import tiny_config
-
     from seqpack.hf.capability import capability
 
     try:
@@ -121,7 +119,10 @@ def _sweep_type(model_type: str) -> dict:
         verdict = capability(config).verdict
     except Exception as err:
         return {"verdict": f"no tiny config: {_line(err)}", "cells": {}}
-    return {"verdict": verdict, "cells": {attn: run_one(model_type, attn, config) for attn in ATTNS}}
+    return {
+        "verdict": verdict,
+        "cells": {attn: run_one(model_type, attn, config) for attn in ATTNS},
+    }
 
 
 def cell_text(cell: dict) -> str:

@@ -279,7 +279,7 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
 
 def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of the case on ``attn`` with the default examples for its window."""
-    from seqpack.hf.architectures import architecture_of
+    from seqpack.hf.capability import architecture_of
     from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
 
     dtype = verify_options.pop("dtype", None)

@@ -128,14 +128,22 @@ SIZES: dict[str, Any] = {
 #: Per-type extras where the generic sizes break a config's own consistency checks.
 MLA = {"num_key_value_heads": 2}
 OVERRIDES: dict[str, dict[str, Any]] = {
-    **dict.fromkeys(
-        ("axk2", "deepseek_v2", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash"),
-        MLA,
-    ),
-    **dict.fromkeys(("codegen", "gptj"), {"rotary_dim": 4}),
-    **dict.fromkeys(
-        ("bamba", "granitemoehybrid"), {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8}
-    ),
+    **{
+        t: MLA
+        for t in (
+            "axk2",
+            "deepseek_v2",
+            "deepseek_v32",
+            "glm4_moe_lite",
+            "glm_moe_dsa",
+            "longcat_flash",
+        )
+    },
+    **{t: {"rotary_dim": 4} for t in ("codegen", "gptj")},
+    **{
+        t: {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8}
+        for t in ("bamba", "granitemoehybrid")
+    },
     "mamba2": {"num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1},
     "diffllama": {"num_key_value_heads": 2},
     "dots3_note_text": {"num_key_value_heads": 2},

@@ -18,8 +18,8 @@ import torch
 from architecture_cases import CASES, WINDOW, build, run
 from seqpack import PackConfig, pack_examples
 from seqpack.hf.adapter import build_inputs, cell_logits, hf_inputs
-from seqpack.hf.architectures import UnsupportedArchitecture, architecture_of, describe
-from seqpack.hf.capability import capability
+from seqpack.hf.architectures import UnsupportedArchitecture, describe
+from seqpack.hf.capability import architecture_of, capability
 from seqpack.hf.diagnose import example_tokens
 from seqpack.hf.verify import ModelCrashed, verify_hf
 
@@ -124,14 +124,18 @@ def test_refused_cases_are_refused_up_front_and_really_leak(case):
     if case.refused == "attention":
         assert found["kind"] == "attention", found
     if case.refused == "convolution":  # the named conv, or the block around it (conv is (B, C, L))
-        assert found["module"].removeprefix("model.") in arch.refusal or found["kind"] == "convolution"
+        assert (
+            found["module"].removeprefix("model.") in arch.refusal or found["kind"] == "convolution"
+        )
 
 
 def _examples_for(model):
     from seqpack.hf.verify import verification_examples
 
     config = model.config.get_text_config()
-    return verification_examples(config.vocab_size, 0, getattr(config, "max_position_embeddings", None))
+    return verification_examples(
+        config.vocab_size, 0, getattr(config, "max_position_embeddings", None)
+    )
 
 
 def test_exact_cases_pass_in_float32_on_sdpa():
@@ -208,16 +212,18 @@ def test_a_window_the_model_never_applies_is_not_applied():
 @pytest.mark.parametrize("attn", ["sdpa", "seqpack_varlen"])
 def test_a_bidirectional_bert_is_refused_for_causal_packing(attn):
     config = _tiny("bert", is_decoder=False)
-    with pytest.raises(UnsupportedArchitecture, match="bidirectional.*is_decoder=True"):
+    with pytest.raises(UnsupportedArchitecture, match=r"bidirectional.*is_decoder=True"):
         hf_inputs(_batch([5, 3], 12), attn, config=config)
     capability(_tiny("bert")).check(attn)  # is_decoder=True: causal, accepted
 
 
-@pytest.mark.parametrize("model_type", ["big_bird", "megatron-bert", "rembert", "falcon", "gpt_neo"])
+@pytest.mark.parametrize(
+    "model_type", ["big_bird", "megatron-bert", "rembert", "falcon", "gpt_neo"]
+)
 def test_seqpack_varlen_is_refused_on_models_that_never_call_the_interface(model_type):
     arch = capability(_tiny(model_type))
     arch.check("sdpa" if model_type not in ("gpt_neo",) else "eager")
-    with pytest.raises(UnsupportedArchitecture, match="never calls transformers' Attention") as e:
+    with pytest.raises(UnsupportedArchitecture, match=r"never calls transformers' Attention") as e:
         arch.check("seqpack_varlen")
     assert str(e.value).startswith(f"{model_type} cannot run attn_implementation='seqpack_varlen'")
 
@@ -226,7 +232,7 @@ def test_falcon_on_seqpack_varlen_is_refused_before_loading_not_a_keyerror(tmp_p
     from seqpack.hf.verify import load_model
 
     _tiny("falcon").save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedArchitecture, match="falcon cannot run .*AttentionInterface"):
+    with pytest.raises(UnsupportedArchitecture, match=r"falcon cannot run .*AttentionInterface"):
         load_model(config=tmp_path, attn_implementation="seqpack_varlen")
 
 
@@ -262,7 +268,7 @@ def test_longrope_is_exact_only_while_no_example_passes_the_original_context():
     )
     assert [c.limit for c in capability(config).conditions] == [8]
     hf_inputs(_batch([8, 3], 12), "sdpa", config=config)  # within: accepted
-    with pytest.raises(UnsupportedArchitecture, match="every example <= 8 pairs.*longrope"):
+    with pytest.raises(UnsupportedArchitecture, match=r"every example <= 8 pairs.*longrope"):
         hf_inputs(_batch([9, 3], 12), "sdpa", config=config)
 
 

@@ -213,4 +213,8 @@ def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
 
     monkeypatch.setattr(hf_verify, "verify_hf", broken)
     code, out, err = verify(capsys, "--hf-config", CONFIG)
-    assert code == 2 and out == "" and err.strip().endswith("verify crashed: RuntimeError: boom second line")
+    assert (
+        code == 2
+        and out == ""
+        and err.strip().endswith("verify crashed: RuntimeError: boom second line")
+    )

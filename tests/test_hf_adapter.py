@@ -385,9 +385,9 @@ def test_a_collator_with_a_config_checks_the_vocabulary_and_pad_id_before_step_o
     docs = [list(range(n, n + 6)) for n in (10, 500, 1000)]
     packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": docs}), 12, vocab_size=1024)
     small = config_of("llama", vocab_size=400)
-    with pytest.raises(InvalidInput, match="1,024 ids but the model's config.vocab_size is 400"):
+    with pytest.raises(InvalidInput, match=r"1,024 ids but the model's config.vocab_size is 400"):
         HFCollator.for_dataset(packed, "sdpa", config=small)
-    with pytest.raises(InvalidInput, match="pad_token_id 400 .*config.vocab_size 400") as err:
+    with pytest.raises(InvalidInput, match=r"pad_token_id 400 .*config.vocab_size 400") as err:
         HFCollator("sdpa", config=small, pad_token_id=400)
     assert "\n" not in str(err.value)
     HFCollator.for_dataset(packed, "sdpa", config=config_of("llama", vocab_size=1024))
@@ -395,7 +395,7 @@ def test_a_collator_with_a_config_checks_the_vocabulary_and_pad_id_before_step_o
 
 def test_an_implementation_that_cannot_run_here_is_refused_at_construction(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(InvalidInput, match="flash_attention_2.*cannot run here: a CUDA device"):
+    with pytest.raises(InvalidInput, match=r"flash_attention_2.*cannot run here: a CUDA device"):
         HFCollator("flash_attention_2", config=llama_config())
 
 

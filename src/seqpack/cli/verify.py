@@ -107,7 +107,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
             device=args.device,
             refuse=args.mode == "adapter",
         )
-        from seqpack.hf.architectures import architecture_of
+        from seqpack.hf.capability import architecture_of
         from seqpack.hf.kinds import attention_kind
 
         arch = architecture_of(model)

@@ -1,4 +1,4 @@
-"""``import seqpack.hf`` registers ``attn_implementation="seqpack_varlen"`` without importing transformers.
+"""``import seqpack.hf`` registers ``"seqpack_varlen"`` without importing ``transformers``.
 
 When ``transformers`` is already imported, :func:`install` registers now;
 otherwise a one-shot import hook registers right after

@@ -72,8 +72,8 @@ from seqpack.core.batch import IGNORE_INDEX, PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from seqpack.hf.architectures import Architecture
-from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.capability import capability
+from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from seqpack.training.labels import model_labels, seq_idx, shift_labels
 

@@ -72,18 +72,6 @@ WHY_KIND = {
     "linear attention": "linear-attention / state-space layers carry state across the row",
     "chunked attention": "chunked attention groups absolute columns, not each example's positions",
 }
-#: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
-MIXER_CLASSES = (
-    ("ShortConv", "convolution"),
-    ("Mamba", "linear attention"),
-    ("GatedDeltaNet", "linear attention"),
-    ("LinearAttention", "linear attention"),
-    ("LightningAttention", "linear attention"),
-    ("Rwkv", "linear attention"),
-    ("xLSTM", "linear attention"),
-    ("mLSTM", "linear attention"),
-    ("sLSTM", "linear attention"),
-)
 FIX = (
     "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
     " train it on unpacked (padded) rows"
@@ -143,7 +131,7 @@ class Architecture:
     #: Why ``seqpack_varlen`` cannot run this model (None: it can, or not known).
     varlen_refusal: str | None = None
     conditions: tuple[Condition, ...] = ()
-    #: ``attention_chunk_size`` of ``chunked_attention`` layers (chunks of each example's positions).
+    #: ``attention_chunk_size`` of ``chunked_attention`` layers (chunks of each example).
     chunk: int | None = None
     #: Feed no 4-D mask: the model builds its bias from a 2-D mask (falcon's ALiBi) and
     #: ``transformers`` derives the block-causal mask from the packed ``position_ids``.
@@ -343,16 +331,10 @@ def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
                 )
                 break
     floor = getattr(config, "floor_scale", None)
-    if getattr(config, "attn_temperature_tuning", False) and isinstance(floor, int):
-        if 0 in (getattr(config, "no_rope_layers", None) or ()):
-            out.append(
-                Condition(
-                    "row",
-                    floor - 1,
-                    "its NoPE layers' attention temperature grows with the row's columns"
-                    " from floor_scale on",
-                )
-            )
+    nope = 0 in (getattr(config, "no_rope_layers", None) or ())
+    if getattr(config, "attn_temperature_tuning", False) and isinstance(floor, int) and nope:
+        why = "its NoPE layers' attention temperature grows with the columns from floor_scale"
+        out.append(Condition("row", floor - 1, why))
     topk = getattr(config, "index_topk", None)
     if isinstance(topk, int) and topk > 0:
         out.append(Condition("example", topk, "its indexer keeps only the index_topk highest keys"))
@@ -363,52 +345,12 @@ def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
     return tuple(out)
 
 
-def mixing_modules(model: Any) -> list[tuple[str, str]]:
-    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides attention.
-
-    A second net under :func:`describe`: depthwise ``Conv1d`` layers with a
-    kernel wider than one column (``transformers``' ``Conv1D`` in GPT-2 is a
-    linear layer, not a convolution) and modules whose class names a
-    state-space or linear-attention mixer.
-    """
-    import torch
-
-    found = []
-    for name, module in model.named_modules():
-        if not name:  # the model itself (``MambaModel``) is no layer
-            continue
-        cls = type(module).__name__
-        kind = next((k for word, k in MIXER_CLASSES if word in cls), None)
-        if kind is None and isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
-            kind = "convolution"
-        if kind is not None:
-            found.append((name, kind))
-    return found
-
-
-def mixing_reason(model: Any, mixer: tuple[str, str]) -> tuple[str, str]:
-    """``(why, kind)`` of the refusal for one ``(module name, kind)`` of :func:`mixing_modules`."""
-    name, kind = mixer
-    cls = type(model.get_submodule(name)).__name__
-    return f"its {kind} layer {name} ({cls}): {WHY_KIND[kind]}; {FIX}", kind
-
-
-def architecture_of(model: Any) -> Architecture:
-    """The capability of ``model`` from its config and its modules (:mod:`seqpack.hf.capability`)."""
-    from seqpack.hf.capability import capability
-
-    return capability(model.config, model)
-
-
 __all__ = [
     "CHUNKED",
     "INDEXED",
     "Architecture",
     "Condition",
-    "conditions",
-    "mixing_reason",
     "UnsupportedArchitecture",
-    "architecture_of",
+    "conditions",
     "describe",
-    "mixing_modules",
 ]

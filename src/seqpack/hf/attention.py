@@ -33,6 +33,7 @@ one call for C (L=4), one for A (L=3), one for B (L=2).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -85,10 +86,8 @@ def _architecture(config: Any) -> Architecture:
     from seqpack.hf.capability import capability
 
     arch = capability(config).check(NAME)
-    try:
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
         _ARCHS[id(config)] = (weakref.ref(config), arch)
-    except TypeError:  # not weakly referenceable: not cached
-        pass
     return arch
 
 

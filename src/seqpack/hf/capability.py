@@ -1,4 +1,4 @@
-"""The capability check: what one model needs to compute packed rows exactly, found before any data moves.
+"""The capability check: what a model needs to be exact on packed rows, found before data moves.
 
 :func:`capability` reads the config (:func:`seqpack.hf.architectures.describe`)
 **and the model's modules** — the model itself when there is one, else the
@@ -21,7 +21,7 @@ weights) — and answers, for every attention implementation:
   code applies one (``moshi`` has the field and never uses it);
 * **mixing layers**: short convolutions, recurrences (a decoder without any
   attention module, e.g. ``xlstm``), state-space and linear-attention
-  mixers (:func:`seqpack.hf.architectures.mixing_modules`).
+  mixers (:func:`mixing_modules`).
 
 The result is an :class:`~seqpack.hf.architectures.Architecture`: exact
 (with the inputs that make it exact), exact under stated conditions checked
@@ -41,8 +41,20 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from seqpack.hf.architectures import Architecture, describe, mixing_modules, mixing_reason
+from seqpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
 
+#: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
+MIXER_CLASSES = (
+    ("ShortConv", "convolution"),
+    ("Mamba", "linear attention"),
+    ("GatedDeltaNet", "linear attention"),
+    ("LinearAttention", "linear attention"),
+    ("LightningAttention", "linear attention"),
+    ("Rwkv", "linear attention"),
+    ("xLSTM", "linear attention"),
+    ("mLSTM", "linear attention"),
+    ("sLSTM", "linear attention"),
+)
 #: Source words of a forward that dispatches through transformers' attention interface.
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 #: Source words of a model that applies its config's sliding window.
@@ -229,7 +241,7 @@ def _varlen_refusal(model_type: str, attention: list[tuple[str, Any]], decoder: 
             f"{model_type}'s attention ({names[0]}) never calls transformers' AttentionInterface,"
             " so attn_implementation='seqpack_varlen' would not run inside it — use sdpa or eager"
         )
-    for name, module in users:
+    for _, module in users:
         own = _own_mask(module)
         if own is not None:
             return (
@@ -309,4 +321,46 @@ def capability(config: Any, model: Any = None) -> Architecture:
     return arch if model is None else from_modules(arch, model)
 
 
-__all__ = ["capability", "from_modules", "meta_model"]
+def mixing_modules(model: Any) -> list[tuple[str, str]]:
+    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides attention.
+
+    A second net under :func:`describe`: depthwise ``Conv1d`` layers with a
+    kernel wider than one column (``transformers``' ``Conv1D`` in GPT-2 is a
+    linear layer, not a convolution) and modules whose class names a
+    state-space or linear-attention mixer.
+    """
+    import torch
+
+    found = []
+    for name, module in model.named_modules():
+        if not name:  # the model itself (``MambaModel``) is no layer
+            continue
+        cls = type(module).__name__
+        kind = next((k for word, k in MIXER_CLASSES if word in cls), None)
+        if kind is None and isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
+            kind = "convolution"
+        if kind is not None:
+            found.append((name, kind))
+    return found
+
+
+def mixing_reason(model: Any, mixer: tuple[str, str]) -> tuple[str, str]:
+    """``(why, kind)`` of the refusal for one ``(module name, kind)`` of :func:`mixing_modules`."""
+    name, kind = mixer
+    cls = type(model.get_submodule(name)).__name__
+    return f"its {kind} layer {name} ({cls}): {WHY_KIND[kind]}; {FIX}", kind
+
+
+def architecture_of(model: Any) -> Architecture:
+    """The capability of ``model`` from its config and its modules."""
+    return capability(model.config, model)
+
+
+__all__ = [
+    "architecture_of",
+    "capability",
+    "from_modules",
+    "meta_model",
+    "mixing_modules",
+    "mixing_reason",
+]

@@ -48,8 +48,10 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
 from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
-from seqpack.hf.architectures import Architecture, architecture_of
+from seqpack.hf.architectures import Architecture
+from seqpack.hf.capability import architecture_of
 from seqpack.hf.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
+from seqpack.hf.kinds import MASK_KINDS, attention_kind
 from seqpack.hf.loading import (
     CAPACITY,
     DTYPES,
@@ -59,7 +61,6 @@ from seqpack.hf.loading import (
     verification_examples,
     verification_layout,
 )
-from seqpack.hf.kinds import MASK_KINDS, attention_kind
 from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
