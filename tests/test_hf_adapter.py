@@ -416,3 +416,20 @@ def test_importing_seqpack_hf_registers_seqpack_varlen_in_a_fresh_process():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.strip().splitlines()[-1] == "seqpack_varlen"
+
+
+def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
+    docs = [list(range(n, n + 12)) for n in (10, 30, 50)]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    packed = pack_dataset(ds, 24, vocab_size=266, model=llama_config())
+    assert len(packed) == 2
+    with pytest.raises(InvalidInput, match="config.vocab_size is 40"):
+        pack_dataset(ds, 24, vocab_size=266, model=config_of("llama", vocab_size=40))
+    bidirectional = config_of("bert", is_decoder=False, intermediate_size=32)
+    from seqpack.hf.architectures import UnsupportedArchitecture
+
+    with pytest.raises(UnsupportedArchitecture, match="bidirectional"):
+        pack_dataset(ds, 24, vocab_size=266, model=bidirectional)
+    topk = config_of("deepseek_v32", index_topk=8, num_key_value_heads=2)
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 8 pairs"):
+        pack_dataset(ds, 24, vocab_size=266, model=topk)

@@ -58,6 +58,28 @@ def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) ->
         )
 
 
+def check_model(
+    model: Any, binding: Binding, pad_token_id: int | None, longest: int, capacity: int
+) -> Architecture:
+    """The checks ``pack_dataset(..., model=model)`` makes before it writes a row.
+
+    ``model``: a ``transformers`` model (its modules are inspected) or a config.
+    Refuses what its capability refuses (:func:`seqpack.hf.capability.capability`,
+    for the attention implementation it was loaded with), rows or examples beyond
+    its stated conditions (``longest`` pairs, rows of ``capacity``), and a
+    vocabulary or pad id its embedding cannot index.
+    """
+    from seqpack.hf.kinds import derived_kind
+
+    config = getattr(model, "config", model)
+    arch = capability(config, model if hasattr(model, "config") else None)
+    attn = getattr(config, "_attn_implementation", None)
+    arch.check(derived_kind(attn) if isinstance(attn, str) else None)
+    arch.check_batch(longest, capacity)
+    check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
+    return arch
+
+
 @dataclass
 class HFCollator:
     """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
@@ -118,6 +140,9 @@ class HFCollator:
         from seqpack.hf.data import packed_metadata
 
         meta = packed_metadata(packed)
+        recorded = meta["config"].get("pad_token_id")
+        if isinstance(recorded, int) and "pad_token_id" not in options:
+            options["pad_token_id"] = recorded  # the pad id the packing was checked with
         return cls(
             attn_implementation,
             capacity=int(meta["config"]["capacity"]),

@@ -110,6 +110,7 @@ def pack_dataset(
     policy: str | None = None,
     *,
     options: PackOptions | None = None,
+    model: Any = None,
     **keywords: Any,
 ) -> Any:
     """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
@@ -128,6 +129,12 @@ def pack_dataset(
     :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
     ``max_length``. The input's ``datasets`` format (``with_format("torch")``
     etc., not a ``with_transform``) is carried over to the output.
+
+    ``model`` (a ``transformers`` model or its config) checks, before any row is
+    made, that the model can be trained exactly on these rows
+    (:func:`seqpack.hf.capability.capability`: refusals, stated conditions such
+    as ``index_topk`` against the longest example) and that its vocabulary
+    covers the packing's and the pad id.
     """
     import datasets
 
@@ -144,6 +151,11 @@ def pack_dataset(
     try:
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
+        if model is not None:  # the model's capability, before any row is made
+            from seqpack.hf.collator import check_model
+
+            longest = int(examples.lengths.max()) if len(examples.lengths) else 0
+            check_model(model, corpus.binding, pad, longest, opts.capacity)
         storage = plan_corpus(
             examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
         )
