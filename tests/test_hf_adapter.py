@@ -423,7 +423,7 @@ def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
     ds = datasets.Dataset.from_dict({"input_ids": docs})
     packed = pack_dataset(ds, 24, vocab_size=266, model=llama_config())
     assert len(packed) == 2
-    with pytest.raises(InvalidInput, match="config.vocab_size is 40"):
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 40"):
         pack_dataset(ds, 24, vocab_size=266, model=config_of("llama", vocab_size=40))
     bidirectional = config_of("bert", is_decoder=False, intermediate_size=32)
     from seqpack.hf.architectures import UnsupportedArchitecture
