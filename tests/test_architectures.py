@@ -325,3 +325,21 @@ def test_float32_islands_outside_attention_get_their_tolerance_and_name(model_ty
     assert report["pass"], report["max_abs_diff"]
     islands = report["tolerance"]["islands"]
     assert any(f"{op} (float32)" in ops for ops in islands.values()), islands
+
+
+def test_verify_of_seqpack_varlen_is_held_against_the_models_own_attention(monkeypatch):
+    """The old vacuous PASS: varlen applying moshi's unused window passed against itself."""
+    import dataclasses
+
+    import seqpack.hf.attention as varlen
+
+    case = next(c for c in CASES if c.model_type == "moshi")
+    model = build(case, "seqpack_varlen")
+    arch = architecture_of(model)
+    assert arch.window is None
+    report = run(case, "seqpack_varlen")
+    assert report["pass"] and report["reference"] == "sdpa"
+    wrong = dataclasses.replace(arch, window=WINDOW)  # what the config alone would say
+    monkeypatch.setattr(varlen, "_architecture", lambda config: wrong)
+    report = run(case, "seqpack_varlen")
+    assert not report["pass"] and report["max_abs_diff"]["logits"] > 1e-3
