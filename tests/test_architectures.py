@@ -343,3 +343,20 @@ def test_verify_of_seqpack_varlen_is_held_against_the_models_own_attention(monke
     monkeypatch.setattr(varlen, "_architecture", lambda config: wrong)
     report = run(case, "seqpack_varlen")
     assert not report["pass"] and report["max_abs_diff"]["logits"] > 1e-3
+
+
+def test_the_sweep_script_reports_each_implementation_of_a_type():
+    """scripts/sweep_architectures.py, one type: PASS / n/a / refused, and its table row."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "scripts" / "sweep_architectures.py"
+    spec = importlib.util.spec_from_file_location("sweep_architectures", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    result = sweep.sweep_type("gpt_neo")
+    cells = {attn: cell["status"] for attn, cell in result["cells"].items()}
+    assert cells == {"eager": "PASS", "sdpa": "n/a", "seqpack_varlen": "refused"}
+    assert result["cells"]["eager"]["logits"] < 1e-6 and result["verdict"] == "exact"
+    row = sweep.table({"gpt_neo": result}).splitlines()[-1]
+    assert row.startswith("| `gpt_neo` | exact; ") and "never calls" in row
+    assert sweep.counts({"gpt_neo": result}) == {"PASS": 1, "n/a": 1, "refused": 1}
