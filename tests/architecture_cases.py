@@ -288,7 +288,9 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
     arch = architecture_of(model)
     limits = [c.limit for c in arch.conditions if c.what == "example"]
     layout = verification_layout(
-        arch.window, config.max_position_embeddings, max_example=min(limits) if limits else None
+        arch.window,
+        getattr(config, "max_position_embeddings", None),
+        max_example=min(limits) if limits else None,
     )
     examples = verification_examples(config.vocab_size, 0, layout=layout)
     return verify_hf(model, examples, mode=mode, capacity=layout.capacity, **verify_options)
