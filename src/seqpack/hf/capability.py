@@ -93,6 +93,19 @@ def _var_kw(fn: Any) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _params(fn).values())
 
 
+#: Module-name words of towers that are not the packed text (a multimodal model's encoders).
+TOWER_WORDS = ("vision", "image", "visual", "audio", "speech", "multi_modal")
+
+
+def text_modules(model: Any) -> list[tuple[str, Any]]:
+    """``model.named_modules()`` without vision and audio towers."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if not any(word in name.lower() for word in TOWER_WORDS)
+    ]
+
+
 def _text_part(model: Any) -> Any:
     """The decoder (language model) of ``model``: vision and audio towers are not packed."""
     try:
@@ -126,7 +139,9 @@ def _build_meta(config: Any) -> Any:
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            return AutoModelForCausalLM.from_config(config)
+            # eager: always there, whatever implementation the config asks for (the modules'
+            # code is what is read; flash on a machine without it would fail to build)
+            return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     except Exception as err:  # an unbuildable config: judged from the config alone
         logging.getLogger(__name__).debug("meta build failed: %s", err)
         return None
@@ -137,7 +152,7 @@ def _build_meta(config: Any) -> Any:
 def _attention_modules(decoder: Any) -> list[tuple[str, Any]]:
     """``(name, module)`` of the self-attention modules of ``decoder``."""
     found = []
-    for name, module in decoder.named_modules():
+    for name, module in text_modules(decoder):
         cls = type(module).__name__
         lowered = name.lower()
         if not ("Attention" in cls or "Attn" in cls or "SelfAttention" in cls):
@@ -206,7 +221,7 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
         return "position_ids", 0, None
     embeds = [
         type(m).__name__
-        for n, m in decoder.named_modules()
+        for n, m in text_modules(decoder)
         if any(w in type(m).__name__ for w in POSITION_WORDS)
         or n.rsplit(".", 1)[-1] in ("embed_positions", "wpe", "position_embeddings")
     ]
@@ -332,7 +347,7 @@ def mixing_modules(model: Any) -> list[tuple[str, str]]:
     import torch
 
     found = []
-    for name, module in model.named_modules():
+    for name, module in text_modules(model):
         if not name:  # the model itself (``MambaModel``) is no layer
             continue
         cls = type(module).__name__
