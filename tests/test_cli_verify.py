@@ -218,3 +218,12 @@ def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
         and out == ""
         and err.strip().endswith("verify crashed: RuntimeError: boom second line")
     )
+
+
+def test_a_model_whose_own_loss_alone_disagrees_is_not_reported_as_mixed(capsys, tmp_path):
+    """whisper's decoder packs exactly but computes its loss from unshifted labels."""
+    code, out, err = verify(capsys, "--hf-config", _tiny_dir(tmp_path, "whisper"), "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 2 and not report["pass"] and not report["mixed"]
+    assert set(k for k, n in report["failures"].items() if n) == {"model_loss"}
+    assert "hf_loss" in err and len(err.strip().splitlines()) == 1

@@ -290,7 +290,17 @@ def _verify(
     if not gradients:
         report["note"] = "gradients not compared (no backward for this implementation here)"
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
-    if any(report["failures"].values()):
+    # Mixed examples: the logits, the loss or the gradients disagree. The model's own
+    # loss alone disagreeing is how it reads labels, not a leak (whisper shifts none).
+    report["mixed"] = any(n for k, n in report["failures"].items() if k != "model_loss")
+    if any(report["failures"].values()) and not report["mixed"]:
+        report["hint"] = (
+            f"packed == separate (logits, loss and gradients agree), but {type(model).__name__}"
+            " computes its own loss without transformers' ForCausalLMLoss (it does not read"
+            " labels / shift_labels as causal LMs do) — train it with"
+            " seqpack.hf.hf_loss(logits, batch), not the model's loss"
+        )
+    elif report["mixed"]:
         found = culprit(model, examples, kwargs, batch, attn, tol)
         report["first_divergence"] = found
         report["hint"] = hint(mode, attn, found)
