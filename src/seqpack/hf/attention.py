@@ -142,12 +142,15 @@ def seqpack_varlen_attention(
             f"{NAME}: {name} has attention sinks, which SDPA cannot express —"
             " use attn_implementation='eager'"
         )
-    if isinstance(attention_mask, torch.Tensor):
-        # transformers builds no mask for an implementation without a mask function, so a
-        # tensor here is the model's own bias (doge's dynamic mask): dropping it is wrong
+    if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
+        # transformers builds no mask for an implementation without a mask function: a
+        # 2-D one is the caller's padding mask, a 4-D one the model's own bias (doge's
+        # dynamic mask); dropping either would be wrong (an all-ones mask says nothing)
         raise NotAvailable(
-            f"{NAME}: {name} passes its own attention bias (attention_mask of shape"
-            f" {tuple(attention_mask.shape)}), which {NAME} would drop — use sdpa or eager"
+            f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
+            f" (padding, or the model's own bias), which {NAME} would drop — feed"
+            f" hf_inputs(batch, '{NAME}', config=model.config) without attention_mask, or use"
+            " sdpa or eager for this model"
         )
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
@@ -176,6 +179,11 @@ def seqpack_varlen_attention(
         dropout=dropout if module.training else 0.0,
     )
     return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv)
+
+
+def _all_ones(mask: torch.Tensor) -> bool:
+    """True for a 2-D padding mask that masks nothing (what tokenizers and pipelines pass)."""
+    return mask.dim() == 2 and bool((mask != 0).all())
 
 
 def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
