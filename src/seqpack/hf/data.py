@@ -136,12 +136,8 @@ def pack_dataset(
     ``stream-best-fit`` as it is read (bounded memory; ``vocab_size`` or a
     tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
 
-    ``model`` (a ``transformers`` model or its config) checks, before any row is
-    made, that the model can be trained exactly on these rows
-    (:func:`seqpack.hf.capability.capability`: refusals, stated conditions such
-    as ``index_topk`` against the longest example) and that its vocabulary
-    covers the packing's and the pad id (a stream: the capability and the row
-    conditions, before it is read).
+    ``model`` (a model or its config): :func:`seqpack.hf.checks.check_model` before
+    any row — its capability, stated conditions, vocabulary and pad id.
     """
     import datasets
 
@@ -152,10 +148,7 @@ def pack_dataset(
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
     opts = _options(capacity, policy, options, keywords)
     if stream:
-        if model is not None:  # nothing read yet: the capability and the row conditions
-            from seqpack.hf.collator import check_model
-
-            check_model(model, None, None, 0, opts.capacity)
+        _check_model(model, None, None, None, opts)  # nothing read yet
         return pack_stream(dataset, opts, META_KEY)
     source = dataset
     tokenizer = opts.load_tokenizer()
@@ -169,11 +162,7 @@ def pack_dataset(
     try:
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
-        if model is not None:  # the model's capability, before any row is made
-            from seqpack.hf.collator import check_model
-
-            longest = int(examples.lengths.max()) if len(examples.lengths) else 0
-            check_model(model, corpus.binding, pad, longest, opts.capacity)
+        _check_model(model, corpus.binding, pad, examples, opts)  # before any row
         storage = plan_corpus(
             examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
         )
@@ -195,6 +184,20 @@ def pack_dataset(
     fingerprint = _fingerprint(fingerprint_in, meta)
     packed = _as_dataset(table, info, fingerprint, _cache_folder(source))
     return carry_format(source, packed)
+
+
+def _check_model(
+    model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
+) -> None:
+    """``pack_dataset(..., model=)``: :func:`seqpack.hf.checks.check_model` (a stream: the
+    capability and the row conditions only, before anything is read)."""
+    if model is None:
+        return
+    from seqpack.hf.checks import check_model
+
+    lengths = examples.lengths if examples is not None else ()
+    longest = int(max(lengths)) if len(lengths) else 0
+    check_model(model, binding, pad, longest, opts.capacity)
 
 
 def _tables(
