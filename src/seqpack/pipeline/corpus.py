@@ -26,13 +26,14 @@ from seqpack.core.binding import Binding
 from seqpack.core.checks import check_lengths
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import example_label
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, SplitDigest, TokenChunk, make_binding
 from seqpack.io.readers import Input, open_input
 from seqpack.io.shards import default_ids
 from seqpack.io.spill import Spill
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.pipeline.budget import StreamBudget
+from seqpack.pipeline.budget import StreamBudget, read_limits
 from seqpack.pipeline.options import PackOptions
 from seqpack.pipeline.progress import counts, progress_bar
 
@@ -242,7 +243,7 @@ def read_corpus(
     """
     if not default_vocab:
         make_binding(lambda: "-", vocab_size=opts.vocab_size, tokenizer=tokenizer)
-    source_input = open_input(source, opts.partition)
+    source_input = open_input(source, opts.partition, read_limits(opts))
     budget = StreamBudget.of(opts, _input_kind(source_input, tokenizer))
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     vocab = (
@@ -260,7 +261,7 @@ def read_corpus(
                 if table.num_rows:
                     chunk = chunk_from_arrow(
                         table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                        partition=opts.partition,
+                        partition=opts.partition, objective=Objective.of(opts),
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
                     _take(state, chunk, opts, vocab, holder, digest)

@@ -20,6 +20,7 @@ from seqpack.core.binding import Partition
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import PartitionMismatch
 from seqpack.core.examples import ExampleTable, example_label
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
 from seqpack.io.shard_rows import layout_of_table
@@ -31,7 +32,7 @@ from seqpack.io.shards import (
     shard_bounds,
     write_shard_file,
 )
-from seqpack.pipeline.budget import check_budget
+from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
@@ -100,9 +101,11 @@ def plan_block(
     opts = settings.options
     limit_tokenizer_threads()
     tokenizer = task_tokenizer(opts.load_tokenizer())
-    table, origin = block_table(block, opts.text_field, tables)
+    table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
     read = time.perf_counter()
-    docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
+    docs = documents_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
+    )
     check_partition(table, docs, opts.partition)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
