@@ -116,7 +116,6 @@ def pack_dataset(
     policy: str | None = None,
     *,
     options: PackOptions | None = None,
-    model: Any = None,
     **keywords: Any,
 ) -> Any:
     """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
@@ -142,8 +141,6 @@ def pack_dataset(
     ``stream-best-fit`` as it is read (bounded memory; ``vocab_size`` or a
     tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
 
-    ``model`` (a model or its config): :func:`seqpack.hf.checks.check_model` before
-    any row — its capability, stated conditions, vocabulary and pad id.
     ``tree=True``: tree packing of grouped sequences
     (:func:`seqpack.hf.tree_data.pack_tree_dataset`, docs/tree.md).
     """
@@ -156,9 +153,8 @@ def pack_dataset(
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
-    opts = _options(capacity, policy, options, keywords)
+    opts, model = _checked_options(capacity, policy, options, keywords)
     if stream:
-        _check_model(model, None, None, None, opts)  # nothing read yet
         return pack_stream(dataset, opts, META_KEY)
     source = dataset
     tokenizer = opts.load_tokenizer()
@@ -196,11 +192,23 @@ def pack_dataset(
     return carry_format(source, packed)
 
 
+def _checked_options(
+    capacity: int | None, policy: str | None, options: Any, keywords: dict
+) -> tuple[PackOptions, Any]:
+    """:func:`_options` and the ``model=`` keyword (a ``transformers`` model or its
+    config), whose capability and row conditions are checked before anything is read."""
+    model = keywords.pop("model", None)
+    opts = _options(capacity, policy, options, keywords)
+    _check_model(model, None, None, None, opts)
+    return opts, model
+
+
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
-    """``pack_dataset(..., model=)``: :func:`seqpack.hf.checks.check_model` (a stream: the
-    capability and the row conditions only, before anything is read)."""
+    """``pack_dataset(..., model=)`` (a model or its config), before any row:
+    :func:`seqpack.hf.checks.check_model` — its capability, stated conditions
+    (the longest example), vocabulary and pad id (a stream: capability and rows)."""
     if model is None:
         return
     from seqpack.hf.checks import check_model
