@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
@@ -257,7 +258,9 @@ def load_packed(
     Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
     refused even when they hold a manifest.
     """
-    path = Path(path)
+    path = path_argument("path", path)
+    if expected_binding is not None and not isinstance(expected_binding, Binding):
+        type_argument("expected_binding", expected_binding, (Binding,), "a seqpack.Binding or None")
     if verify not in DEPTHS:
         raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
     if not (path / MANIFEST).is_file():
