@@ -365,10 +365,8 @@ def test_bool_masks_are_for_sdpa_only():
     ("model_type", "options", "words"),
     [
         ("bloom", {}, "ALiBi"),
-        ("falcon", {"alibi": True}, "ALiBi"),
         ("lfm2", {"layer_types": ["conv", "full_attention"]}, "convolutions"),
         ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "linear"),
-        ("llama4_text", {"layer_types": ["chunked_attention", "full_attention"]}, "chunked"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
     ],
 )
@@ -380,3 +378,58 @@ def test_architectures_that_cannot_be_exact_are_refused(model_type, options, wor
         hf_inputs(fixture_batch(), "sdpa", config=config)
     with pytest.raises(UnsupportedArchitecture, match=words):
         hf_inputs(fixture_batch(), "sdpa", config=config)
+
+
+def test_a_collator_with_a_config_checks_the_vocabulary_and_pad_id_before_step_one():
+    """Issue 23 item 5: 1,024 packed ids vs a 400-id model is one line, not an IndexError."""
+    docs = [list(range(n, n + 6)) for n in (10, 500, 1000)]
+    packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": docs}), 12, vocab_size=1024)
+    small = config_of("llama", vocab_size=400)
+    with pytest.raises(InvalidInput, match=r"1,024 ids but the model's config.vocab_size is 400"):
+        HFCollator.for_dataset(packed, "sdpa", config=small)
+    with pytest.raises(InvalidInput, match=r"pad_token_id 400 .*config.vocab_size 400") as err:
+        HFCollator("sdpa", config=small, pad_token_id=400)
+    assert "\n" not in str(err.value)
+    HFCollator.for_dataset(packed, "sdpa", config=config_of("llama", vocab_size=1024))
+
+
+def test_an_implementation_that_cannot_run_here_is_refused_at_construction(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InvalidInput, match=r"flash_attention_2.*cannot run here: a CUDA device"):
+        HFCollator("flash_attention_2", config=llama_config())
+
+
+def test_importing_seqpack_hf_registers_seqpack_varlen_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, seqpack.hf\n"
+        "assert 'transformers' not in sys.modules  # still light\n"
+        "from transformers import AttentionInterface, LlamaConfig, AutoModelForCausalLM\n"
+        "assert 'seqpack_varlen' in AttentionInterface._global_mapping\n"
+        "cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16,"
+        " num_hidden_layers=1, num_attention_heads=2)\n"
+        "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='seqpack_varlen')\n"
+        "print(m.config._attn_implementation)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip().splitlines()[-1] == "seqpack_varlen"
+
+
+def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
+    docs = [list(range(n, n + 12)) for n in (10, 30, 50)]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    packed = pack_dataset(ds, 24, vocab_size=266, model=llama_config())
+    assert len(packed) == 2
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 40"):
+        pack_dataset(ds, 24, vocab_size=266, model=config_of("llama", vocab_size=40))
+    bidirectional = config_of("bert", is_decoder=False, intermediate_size=32)
+    from seqpack.hf.architectures import UnsupportedArchitecture
+
+    with pytest.raises(UnsupportedArchitecture, match="bidirectional"):
+        pack_dataset(ds, 24, vocab_size=266, model=bidirectional)
+    topk = config_of("deepseek_v32", index_topk=8, num_key_value_heads=2)
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 8 pairs"):
+        pack_dataset(ds, 24, vocab_size=266, model=topk)

@@ -158,3 +158,20 @@ def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
                            for ex in examples])  # fmt: skip
     order = np.argsort(np.repeat(batch.occurrences.ordinal, np.diff(batch.cu_seqlens().cu_seqlens)))
     assert within(packed[torch.as_tensor(order)], alone)
+
+
+def test_a_mask_seqpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
+    """doge passes its own 4-D bias; a caller's padding mask is no better (never dropped)."""
+    import pytest as _pytest
+
+    from seqpack.core.errors import NotAvailable
+    from seqpack.hf.attention import seqpack_varlen_attention
+
+    module = torch.nn.Module()
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[1, 1, 1, 0, 0]])):
+        with _pytest.raises(NotAvailable, match="would drop"):
+            seqpack_varlen_attention(module, q, q, q, mask)
+    out, _ = seqpack_varlen_attention(module, q, q, q, torch.ones(1, 5, dtype=torch.long))
+    want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)
