@@ -17,11 +17,11 @@
 import importlib.util
 import os
 import re
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 from hypothesis import settings
 
 CI = os.environ.get("CI") == "true"

@@ -28,10 +28,7 @@ def run_without_trl(tmp_path, ci, test="test_needs_trl.py"):
     (tmp_path / "test_needs_trl.py").write_text(NEEDS_TRL)
     (tmp_path / "test_needs_other.py").write_text(NEEDS_OTHER)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    if test != "test_needs_trl.py":
-        args_hide = []
-    else:
-        args_hide = ["-p", "hide_trl"]
+    args_hide = ["-p", "hide_trl"] if test == "test_needs_trl.py" else []
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(TESTS), env.get("PYTHONPATH", "")])
     if ci:
         env["CI"] = "true"
