@@ -32,9 +32,9 @@ from seqpack.hf.adapter import (
 )
 from seqpack.hf.collator import HFCollator
 from seqpack.hf.data import pack_dataset, to_batches
-from seqpack.hf.tolerance import float32_islands, tolerance
 from seqpack.hf.verify import FLOAT32_TOLERANCE, verification_examples
 
+from dtype_path import observed_tolerance, unlabelled
 from mask_helpers import block_mask_cells
 from reference import loss_sum
 from strategies import packed_epochs
@@ -206,25 +206,13 @@ def test_flex_block_mask_attends_like_the_dense_predicate():
     assert block_mask(batch).shape == bm.shape
 
 
-def observed_tolerance(model, kwargs):
-    """``(atol, rtol)`` from the model's real dtype path on ``kwargs``: float64 throughout
-    keeps the seed's ``1e-10 + 1e-9*max``; a float32 reduction on float64 data (an
-    island: eager's ``softmax(dtype=float32)``, ``ForCausalLMLoss``'s ``logits.float()``
-    when labels are given) takes float32's (:mod:`seqpack.hf.tolerance`)."""
-    islands = float32_islands(lambda: model(**kwargs)[0].sum().backward())
-    model.zero_grad(set_to_none=True)
-    tol = tolerance(torch.float64, islands)
-    return tol["abs"], tol["rel"]
-
-
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn):
     model = tiny_llama(attn)
     examples = verification_examples(266, seed=3)
     batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
     kwargs = hf_inputs(batch, attn, dtype=torch.float64)
-    unlabelled = {k: v for k, v in kwargs.items() if k not in ("labels", "shift_labels")}
-    logits_tol = observed_tolerance(model, unlabelled)  # eager: float32 softmax island
+    logits_tol = observed_tolerance(model, unlabelled(kwargs))  # eager: float32 softmax
     assert (attn == "eager") == (logits_tol == FLOAT32_TOLERANCE)
     loss_tol = observed_tolerance(model, kwargs)  # ForCausalLMLoss upcasts logits to float32
     assert loss_tol == FLOAT32_TOLERANCE
