@@ -159,6 +159,51 @@ def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_fa
         assert stats.eligible[row] == eligible
 
 
+def uniform(records, kind):
+    """The same supervision with every record carrying the column (a Parquet schema)."""
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        if kind == "labels":
+            rec.setdefault("labels", list(rec["input_ids"]))
+            rec.pop("loss_mask", None)
+        else:
+            rec.setdefault("loss_mask", [1] * (len(rec["input_ids"]) - 1))
+            rec.pop("labels", None)
+        out.append(rec)
+    return out
+
+
+@settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpora(), st.integers(1, 6), st.sampled_from([1, 64, 1 << 20]), st.integers(1, 3))
+def test_every_row_of_every_parquet_row_group_and_file_is_packed_once(
+    tmp_path_factory, case, group, chunk, files
+):
+    """Parquet read directly by pyarrow's writer layout: many row groups (``group`` rows
+    each), tiny ``chunk_bytes``, one to three files in a folder; every source pair once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records, options = case
+    kind = "labels" if any("labels" in r for r in records) else "mask"
+    records = uniform(records, kind)
+    path = tmp_path_factory.mktemp("parquet")
+    (path / "in").mkdir()
+    parts = [records[i::files] for i in range(files)]
+    for i, part in enumerate(p for p in parts if p):
+        pq.write_table(pa.Table.from_pylist(part), path / "in" / f"part-{i}.parquet",
+                       row_group_size=group)  # fmt: skip
+    groups = sum(pq.ParquetFile(f).num_row_groups for f in (path / "in").iterdir())
+    assert groups >= -(-len(records) // group)  # the layout really has the row groups
+    stats = pack_path(path / "in", path / "out", chunk_bytes=chunk, **options)
+    sources = {rec["id"]: rec for rec in records}
+    pairs = []
+    for batch in load_packed(path / "out"):
+        check_call(batch, sources, pairs)
+    assert sorted(pairs) == every_pair(records)
+    assert stats["eligible_targets"] == sum(sum(source_flags(r)) for r in records)
+
+
 def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
     datasets = pytest.importorskip("datasets")
     from seqpack.hf.data import pack_dataset, to_batches, unpack_dataset

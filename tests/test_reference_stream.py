@@ -124,6 +124,28 @@ def test_the_seed_changes_tie_order_and_only_that():
 # ----------------------------------------------------------------- StreamDataset
 
 
+#: Supervision columns a mapping may carry together (labels and loss_mask exclude each other).
+SUPERVISION_SETS = [
+    ("labels",),
+    ("completion_mask",),
+    ("labels", "completion_mask"),
+    ("completion_mask", "assistant_masks"),
+    ("labels", "completion_mask", "assistant_masks"),
+    ("loss_mask", "assistant_masks"),
+]
+
+
+def reference_flags(doc) -> list[bool]:
+    """A target is supervised when every column present says so (the AND, written out)."""
+    ids = doc["input_ids"]
+    flags = [True] * (len(ids) - 1)
+    for name in ("labels", "loss_mask", "completion_mask", "assistant_masks"):
+        if name in doc:
+            per_token = [v != -100 if name == "labels" else bool(v) for v in doc[name]]
+            flags = [f and p for f, p in zip(flags, per_token[1:], strict=True)]
+    return flags
+
+
 @st.composite
 def stream_datasets(draw):
     capacity = draw(st.integers(2, 10))
@@ -134,8 +156,13 @@ def stream_datasets(draw):
         n = draw(st.integers(2, longest))
         ids = draw(st.lists(st.integers(0, 265), min_size=n, max_size=n))
         if draw(st.booleans()):
-            labels = [t if draw(st.booleans()) else -100 for t in ids]
-            docs.append({"id": f"d{i}", "input_ids": ids, "labels": labels})
+            doc = {"id": f"d{i}", "input_ids": ids}
+            for name in draw(st.sampled_from(SUPERVISION_SETS)):
+                if name == "labels":
+                    doc[name] = [t if draw(st.booleans()) else -100 for t in ids]
+                else:  # one 0/1 per token (the first token's is no target's)
+                    doc[name] = [int(draw(st.booleans())) for _ in ids]
+            docs.append(doc)
         else:
             docs.append(ids)
     settings_ = {
@@ -158,8 +185,7 @@ def reference_examples(docs, capacity):
     out = []
     for i, doc in enumerate(docs):
         if isinstance(doc, dict):
-            ids, sid = doc["input_ids"], doc["id"]
-            flags = [label != -100 for label in doc["labels"][1:]]
+            ids, sid, flags = doc["input_ids"], doc["id"], reference_flags(doc)
         else:
             ids, sid, flags = doc, str(i), [True] * (len(doc) - 1)
         for start, end in split_ranges(len(ids), capacity):

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -190,6 +191,24 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
     (out / "manifest.json").unlink()
     with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished seqpack output"):
         load_packed(out)
+
+
+@pytest.mark.parametrize("which", [0, "middle", -1])
+def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
+    """One flipped byte in the first, a middle or the last shard: every reader refuses."""
+    from seqpack.training.data import PackedDataset
+
+    _, _, manifest = _packed(tmp_path, rng)
+    names = [entry["file"] for entry in manifest["shards"]]
+    assert len(names) >= 3
+    name = names[len(names) // 2 if which == "middle" else which]
+    shard = tmp_path / "out" / name
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    for open_ in (load_packed, PackedDataset):
+        with pytest.raises(InvalidInput, match=rf"{re.escape(name)}: checksum mismatch"):
+            open_(tmp_path / "out")
 
 
 def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, rng):
