@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from seqpack import InvalidInput, PackConfig, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_epoch
+from seqpack.core.fixture import fixture_batch, fixture_epoch, fixture_examples
 from seqpack.core.loss import token_weighted_loss
 from seqpack.hf.adapter import (
     IGNORE_INDEX,
@@ -36,7 +36,7 @@ from seqpack.hf.verify import FLOAT32_TOLERANCE, verification_examples
 
 from dtype_path import observed_tolerance, unlabelled
 from mask_helpers import block_mask_cells
-from reference import loss_sum
+from reference import Layout, loss_sum, placed_from_records
 from strategies import packed_epochs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -55,13 +55,15 @@ def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
     return model.eval()
 
 
-def predicate_or_pad_diagonal(batch, window=None):
-    """Reference: allowed_key, plus each padding cell on itself, by a loop over cells."""
+def predicate_or_pad_diagonal(batch, examples, window=None):
+    """Reference: the permission of ``tests/reference.py`` (occurrence records, plain
+    Python), plus each padding cell on itself, by a loop over cells."""
+    layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
     rows, width = batch.shape
     out = np.zeros((rows, width, width), dtype=bool)
     for r, q, k in itertools.product(range(rows), range(width), range(width)):
-        pad_self = q == k and not batch.input_valid[r, q]
-        out[r, q, k] = batch.allowed_key(r, q, k, window) or pad_self
+        pad_self = q == k and layout.owner[r][q] is None
+        out[r, q, k] = layout.allowed(r, q, k, window) or pad_self
     return out
 
 
@@ -97,7 +99,7 @@ def test_fixture_sdpa_kwargs():
     ]
     mask = kw["attention_mask"]
     assert mask.dtype == torch.float64 and mask.shape == (2, 1, 6, 6)
-    allowed = predicate_or_pad_diagonal(batch)
+    allowed = predicate_or_pad_diagonal(batch, fixture_examples())
     assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
     assert bool((mask[:, 0][~torch.as_tensor(allowed)] == torch.finfo(torch.float64).min).all())
     # B's queries (row 0, columns 3-4) see keys [3, 4) and [3, 5) only.
@@ -108,9 +110,9 @@ def test_fixture_sdpa_kwargs():
 @settings(max_examples=40)
 @given(packed_epochs(), WINDOWS)
 def test_masks_match_the_predicate_on_random_layouts(case, window):
-    _, _, epoch = case
+    examples, _, epoch = case
     for batch in epoch.batches:
-        allowed = predicate_or_pad_diagonal(batch, window)
+        allowed = predicate_or_pad_diagonal(batch, examples, window)
         assert np.array_equal(hf_allowed(batch, window), allowed)
         mask = additive_mask(batch, torch.float32, window=window)
         assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
