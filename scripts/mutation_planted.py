@@ -9,14 +9,16 @@ Usage (through ``scripts/mutation.sh planted``)::
 Each ``tests/mutants/NAME.patch`` is a unified diff against ``src/`` headed by
 ``# key: value`` lines: ``about`` (the bug in words), ``class`` (what kind of bug)
 and ``tests`` (the test files to run; absent: every test file but the slow ones in
-:data:`SLOW`). For each mutant a fresh scratch copy of the project is made under
-``.cache/planted/NAME/`` (never the worktree), the patch applied there with
+:data:`SLOW`). For each mutant a fresh scratch copy of the project is made at
+``.cache/planted/work/`` (never the worktree), the patch applied there with
 ``git apply``, and pytest run on the selection with ``PYTHONPATH`` at the copy's
 ``src/`` (subprocesses inherit it) and the derandomized ``mutation`` hypothesis
-profile. A test *kills* the mutant when it fails or errors; killers are counted per
-test function (parametrized cases together). ``.cache/planted/results.json`` keeps
-every result and the Markdown table (docs/testing.md) is printed; a mutant with fewer
-than :data:`FEW` killers is flagged.
+profile. The copy keeps one path and the sources' modification times, and numba
+caches to ``.cache/planted/numba``: unmutated kernels compile once for the whole run.
+A test *kills* the mutant when it fails or errors; killers are counted per test
+function (parametrized cases together). ``.cache/planted/results.json`` keeps every
+result and the Markdown table (docs/testing.md) is printed; a mutant with fewer than
+:data:`FEW` killers is flagged.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def selection(head: dict[str, str]) -> list[str]:
     return [f"tests/{p.name}" for p in files if p.name not in SLOW]
 
 
-def scratch(name: str) -> Path:
-    """A fresh copy of the project for one mutant."""
-    work = WORK / name
+def scratch() -> Path:
+    """A fresh copy of the project for one mutant, always at the same path (numba's cache
+    is keyed by the source file's path and modification time)."""
+    work = WORK / "work"
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -81,14 +84,14 @@ def scratch(name: str) -> Path:
     return work
 
 
-def run_tests(work: Path, tests: list[str], tag: str) -> tuple[dict[str, str], float, str]:
+def run_tests(work: Path, tests: list[str], junit: Path) -> tuple[dict[str, str], float, str]:
     """``({node id: outcome}, seconds, tail of the output)`` of pytest on ``tests`` in ``work``."""
-    junit = work / f"junit-{tag}.xml"
     env = dict(os.environ)
     env.update(
         PYTHONPATH=str(work / "src"),
         HYPOTHESIS_PROFILE="mutation",
         MPLCONFIGDIR=str(WORK / "matplotlib"),
+        NUMBA_CACHE_DIR=str(WORK / "numba"),
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
     )
@@ -121,18 +124,20 @@ def plant(patch: Path) -> dict:
     name = patch.stem
     head = header(patch)
     tests = selection(head)
-    work = scratch(name)
+    work = scratch()
+    out = WORK / name
+    out.mkdir(parents=True, exist_ok=True)
     result = {"name": name, "about": head.get("about", ""), "class": head.get("class", ""),
               "tests": tests}  # fmt: skip
     if os.environ.get("PLANTED_BASELINE") == "1":
-        base, _, _ = run_tests(work, tests, "baseline")
+        base, _, _ = run_tests(work, tests, out / "junit-baseline.xml")
         result["baseline_failures"] = sorted(n for n, o in base.items() if o == "failed")
     applied = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=work,
                              capture_output=True, text=True)  # fmt: skip
     if applied.returncode != 0:
         result["error"] = "patch does not apply: " + applied.stderr.strip()[-500:]
         return result
-    outcomes, seconds, tail = run_tests(work, tests, "mutant")
+    outcomes, seconds, tail = run_tests(work, tests, out / "junit-mutant.xml")
     known = set(result.get("baseline_failures", []))
     killed = sorted(n for n, o in outcomes.items() if o == "failed" and n not in known)
     functions = sorted({function_of(n) for n in killed})
@@ -184,7 +189,6 @@ def main(names: list[str]) -> int:
         saved[patch.stem] = result
         store.write_text(json.dumps(saved, indent=1))
         print(f"   killers: {len(result.get('killers', []))} {result.get('error', '')}", flush=True)
-        shutil.rmtree(WORK / patch.stem / "src", ignore_errors=True)  # keep the junit files
     print(table([saved[k] for k in sorted(saved)]))
     return 1 if any(r.get("few") or "error" in r for r in saved.values()) else 0
 
