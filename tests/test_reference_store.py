@@ -106,12 +106,20 @@ def every_pair(records):
 
 
 @settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(corpora())
-def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case):
+@given(corpora(), st.integers(0, 3))
+def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case, files):
+    """One JSON Lines file (``files == 0``) or a folder of one to three."""
     records, options = case
     path = tmp_path_factory.mktemp("store")
-    data = path / "d.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    files = min(files, len(records))  # no empty file: each holds a row
+    data = path / ("d.jsonl" if files == 0 else "in")
+    if files == 0:
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        data.mkdir()
+        for i in range(files):
+            text = "".join(json.dumps(r) + "\n" for r in records[i::files])
+            (data / f"part-{i}.jsonl").write_text(text)
     stats = pack_path(data, path / "out", **options)
     store = load_packed(path / "out")
     sources = {rec["id"]: rec for rec in records}
