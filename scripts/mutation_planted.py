@@ -3,6 +3,7 @@
 Usage (through ``scripts/mutation.sh planted``)::
 
     python scripts/mutation_planted.py [NAME ...]       # every tests/mutants/*.patch, or some
+    python scripts/mutation_planted.py --report         # the tables of the last results
     PLANTED_BASELINE=1 ...                              # also run each selection unmutated
     PLANTED_TESTS="tests/test_store.py" ...             # override every patch's selection
 
@@ -172,7 +173,21 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def killers_list(results: list[dict]) -> str:
+    """Per mutant: what it does and every test function that killed it."""
+    lines = []
+    for r in results:
+        names = ", ".join(f"`{k.removeprefix('tests/')}`" for k in r.get("killers", []))
+        lines.append(f"- `{r['name']}` ({r['about']}): {names or '**none**'}")
+    return "\n".join(lines)
+
+
 def main(names: list[str]) -> int:
+    if names == ["--report"]:
+        saved = json.loads((WORK / "results.json").read_text())
+        results = [saved[k] for k in sorted(saved)]
+        print(table(results) + "\n\n" + killers_list(results))
+        return 0
     patches = sorted(MUTANTS.glob("*.patch"))
     if names:
         patches = [p for p in patches if p.stem in names]
