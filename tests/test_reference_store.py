@@ -139,12 +139,23 @@ def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, c
 
 
 @settings(max_examples=scaled(10), suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(corpora(), st.integers(0, 2**31))
-def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_factory, case, seed_):
+@given(corpora(), st.integers(0, 2**31), st.sampled_from(["jsonl", 1, 2, 5]))
+def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(
+    tmp_path_factory, case, seed_, source
+):
+    """From a JSON Lines file or a Parquet file of row groups of ``source`` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     records, options = case
     path = tmp_path_factory.mktemp("rows")
-    data = path / "d.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if source == "jsonl":
+        data = path / "d.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        records = uniform(records, "labels" if any("labels" in r for r in records) else "mask")
+        data = path / "d.parquet"
+        pq.write_table(pa.Table.from_pylist(records), data, row_group_size=source)
     pack_path(data, path / "out", **options)
     ds = PackedDataset(path / "out")
     sources = {rec["id"]: rec for rec in records}
@@ -248,3 +259,26 @@ def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
         for r in back.to_list()
     ]
     assert got == want
+
+
+@settings(max_examples=scaled(40), deadline=None)
+@given(st.lists(st.integers(2, 20), min_size=1, max_size=40), st.integers(1, 7))
+def test_stats_count_every_row_of_every_row_group(lengths, group):
+    """``stats_path`` on a Parquet file of many row groups counts what pyarrow wrote:
+    every source, its pairs (``tokens``) and its pieces under ``--split-long``."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqpack.pipeline.stats import stats_path
+
+    records = [{"id": f"r{i}", "input_ids": [i % VOCAB] * n} for i, n in enumerate(lengths)]
+    with tempfile.TemporaryDirectory() as folder:
+        data = f"{folder}/d.parquet"
+        pq.write_table(pa.Table.from_pylist(records), data, row_group_size=group)
+        assert pq.ParquetFile(data).num_row_groups == -(-len(records) // group)
+        stats = stats_path(data, capacity=8, split_long=True, vocab_size=VOCAB)
+    assert stats["sources"] == len(records)
+    assert stats["tokens"] == sum(n - 1 for n in lengths)
+    assert stats["examples"] == sum(len(split_ranges(n, 8)) for n in lengths)
