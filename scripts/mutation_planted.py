@@ -6,6 +6,7 @@ Usage (through ``scripts/mutation.sh planted``)::
     python scripts/mutation_planted.py --report         # the tables of the last results
     PLANTED_BASELINE=1 ...                              # also run each selection unmutated
     PLANTED_TESTS="tests/test_store.py" ...             # override every patch's selection
+    PLANTED_WORK=.cache/planted-2 ...                   # a second run beside the first
 
 Each ``tests/mutants/NAME.patch`` is a unified diff against ``src/`` headed by
 ``# key: value`` lines: ``about`` (the bug in words), ``class`` (what kind of bug)
@@ -36,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "tests" / "mutants"
-WORK = ROOT / ".cache" / "planted"
+#: Scratch copy, numba cache and results; ``PLANTED_WORK`` gives a second run its own.
+WORK = Path(os.environ.get("PLANTED_WORK", ROOT / ".cache" / "planted"))
 COPIED = ("src", "tests", "docs", "examples", "README.md", "pyproject.toml")
 #: Left out of the default selection: minutes per run (the suite's slowest files).
 SLOW = ("test_ray.py", "test_ray_cluster.py", "test_architectures.py", "test_stress.py",
