@@ -191,9 +191,10 @@ def main(names: list[str]) -> int:
         print(table(results) + "\n\n" + killers_list(results))
         return 0
     patches = sorted(MUTANTS.glob("*.patch"))
-    if names:
-        patches = [p for p in patches if p.stem in names]
-        missing = set(names) - {p.stem for p in patches}
+    if names:  # in the order given
+        by_name = {p.stem: p for p in patches}
+        patches = [by_name[n] for n in names if n in by_name]
+        missing = set(names) - set(by_name)
         if missing:
             print(f"no such planted mutant: {', '.join(sorted(missing))}", file=sys.stderr)
             return 2
