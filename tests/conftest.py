@@ -22,13 +22,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomllib
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 CI = os.environ.get("CI") == "true"
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=CI, print_blob=True)
 settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)
+# No shrinking under mutation runs: a kill needs one failing example, not the smallest.
 settings.register_profile(
-    "mutation", max_examples=25, deadline=None, derandomize=True, database=None
+    "mutation",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
