@@ -6,6 +6,11 @@
 #   bash scripts/mutation.sh batch loss      # some groups
 #   MUTATION_CHILDREN=1 bash scripts/mutation.sh counts
 #   MUTATION_RETEST=1 bash scripts/mutation.sh batch   # retest only last run's survivors
+#   bash scripts/mutation.sh planted [NAME...]           # the planted mutants in tests/mutants/
+#
+# "planted": each tests/mutants/*.patch (a small realistic bug) applied alone to a scratch copy
+# under .cache/planted/, its listed tests run, and the tests that fail reported per mutant
+# (scripts/mutation_planted.py; docs/testing.md keeps the table). No mutmut involved.
 #
 # CLI-level test files (tests/test_hostile.py, test_cli*) are left out of the selections:
 # they are slow per mutant, their subprocesses import the unmutated package, and the core's
@@ -20,6 +25,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+if [ "${1:-}" = planted ]; then
+    shift
+    exec nice -n 10 .venv/bin/python scripts/mutation_planted.py "$@"
+fi
 
 # group | modules under src/seqpack (comma-separated) | test files
 GROUPS_TABLE="

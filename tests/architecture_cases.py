@@ -51,6 +51,7 @@ class Case:
     flex: bool = False
     note: str = ""
     drop: tuple[str, ...] = ()  # base keys this config derives itself
+    tiny: bool = False  # start from architecture_tiny.tiny_config (every size shrunk)
 
     @property
     def windowed(self) -> bool:
@@ -145,18 +146,68 @@ CASES: tuple[Case, ...] = (
         sliding(sliding_window_pattern=2, num_hidden_layers=2),
     ),
     Case(
+        "falcon (ALiBi, rows <= 256 columns)",
+        "falcon",
+        {"alibi": True, "num_kv_heads": 1},
+        attns=("eager", "sdpa"),
+        drop=("head_dim",),
+        note="exact while rows <= 256 columns (bfloat16 ALiBi); falcon has no attention interface",
+    ),
+    Case(
+        "llama4_text (chunked attention by each example's positions, NoPE layer)",
+        "llama4_text",
+        {
+            "attention_chunk_size": 4,
+            "num_local_experts": 2,
+            "intermediate_size_mlp": 32,
+            "no_rope_layers": [1, 0],
+            "floor_scale": 32,
+        },
+        attns=("eager", "sdpa"),
+        note="exact while rows < floor_scale; seqpack_varlen refuses chunked layers",
+    ),
+    Case("moshi (window in its config, none in its code)", "moshi", tiny=True),
+    Case("roberta (positions from padding_idx + 1)", "roberta", tiny=True),
+    Case("codegen (no pad_token_id)", "codegen", {"pad_token_id": None}, tiny=True),
+    Case("laguna (float32 softplus gate)", "laguna", tiny=True),
+    Case("minimax_m2 (float32 sigmoid router)", "minimax_m2", tiny=True),
+    Case(
+        "roformer (frozen sinusoidal rotary table)",
+        "roformer",
+        tiny=True,
+        attns=("eager",),
+        note="no sdpa in transformers; its attention takes no registered function",
+    ),
+    Case("lfm2 (no conv layers)", "lfm2", {"layer_types": ["full_attention"] * 2}, tiny=True),
+    Case(
+        "deepseek_v32 (indexer, examples <= index_topk)",
+        "deepseek_v32",
+        {"index_topk": 12},
+        tiny=True,
+        attns=("eager", "sdpa"),
+        note="exact while every example <= index_topk; seqpack_varlen refuses the indexer",
+    ),
+    Case(
         "mpt (ALiBi, relative)",
         "mpt",
         {"d_model": 16, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2, "max_seq_len": 64},
         attns=("eager",),
     ),
     # Refused up front: the named layer kind mixes examples.
+    Case("bart (decoder positions from columns)", "bart", tiny=True, refused="positions"),
+    Case("cpmant (positions from columns)", "cpmant", tiny=True, refused="positions"),
+    Case("xlstm (recurrence)", "xlstm", tiny=True, refused="linear attention"),
     Case(
-        "falcon (ALiBi)",
-        "falcon",
-        {"alibi": True, "num_kv_heads": 1},
-        attns=("eager",),
-        drop=("head_dim",),
+        "recurrent_gemma (width-4 convolution)",
+        "recurrent_gemma",
+        tiny=True,
+        refused="convolution",
+    ),
+    Case(
+        "bert (is_decoder=False: bidirectional)",
+        "bert",
+        {"is_decoder": False},
+        tiny=True,
         refused="attention",
     ),
     Case(
@@ -200,12 +251,6 @@ CASES: tuple[Case, ...] = (
         },
         refused="linear attention",
     ),
-    Case(
-        "llama4_text (chunked attention)",
-        "llama4_text",
-        {"attention_chunk_size": 4, "num_local_experts": 2, "intermediate_size_mlp": 32},
-        refused="chunked attention",
-    ),
 )
 
 
@@ -217,8 +262,13 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
     import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
 
     dtype = dtype or torch.float64
-    base = {k: v for k, v in BASE.items() if k not in case.drop}
-    config = AutoConfig.for_model(case.model_type, **(base | case.options))
+    if case.tiny:
+        from architecture_tiny import tiny_config
+
+        config = tiny_config(case.model_type, **case.options)
+    else:
+        base = {k: v for k, v in BASE.items() if k not in case.drop}
+        config = AutoConfig.for_model(case.model_type, **(base | case.options))
     torch.manual_seed(seed)
     options = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
     model = AutoModelForCausalLM.from_config(
@@ -229,13 +279,19 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
 
 def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of the case on ``attn`` with the default examples for its window."""
-    from seqpack.hf.architectures import describe
+    from seqpack.hf.capability import architecture_of
     from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
 
     dtype = verify_options.pop("dtype", None)
     model = build(case, attn, dtype)
     config = model.config.get_text_config()
-    layout = verification_layout(describe(config).window, config.max_position_embeddings)
+    arch = architecture_of(model)
+    limits = [c.limit for c in arch.conditions if c.what == "example"]
+    layout = verification_layout(
+        arch.window,
+        getattr(config, "max_position_embeddings", None),
+        max_example=min(limits) if limits else None,
+    )
     examples = verification_examples(config.vocab_size, 0, layout=layout)
     return verify_hf(model, examples, mode=mode, capacity=layout.capacity, **verify_options)
 

@@ -8,8 +8,9 @@ pairs), on each implementation the case lists, and records the largest
 logit and gradient differences from separate runs; the naive control
 (``input_ids`` + ``position_ids``, default ``use_cache=True``) for windowed
 cases; for refused cases the measured leak when run anyway. ``--no-flex``
-skips the FlexAttention column (float32, forward only, compiled on CPU in
-a fresh process per case: about a minute each).
+keeps the FlexAttention cells already in the table instead of measuring them
+again (float32, forward only, compiled on CPU in a fresh process per case:
+about a minute each on a quiet machine).
 """
 
 from __future__ import annotations
@@ -73,10 +74,21 @@ def islands_text(report: dict) -> str:
     )
 
 
+def previous_flex(case: Case) -> str:
+    """The flex cell of ``case`` in the current table (``--no-flex`` keeps what was measured)."""
+    for line in DOCS.read_text().splitlines():
+        if line.startswith(f"| {case.name} |"):
+            return line.split(" | ")[6].strip()
+    return "—"
+
+
 def exact_row(case: Case, flex: bool) -> tuple[list[str], str]:
     reports = {attn: run(case, attn) for attn in STANDARD if attn in case.attns}
     cells = [cell(reports[attn]) if attn in reports else "—" for attn in STANDARD]
-    cells.append(flex_cell(case) if flex and case.flex else "—")
+    if case.flex:
+        cells.append(flex_cell(case) if flex else previous_flex(case))
+    else:
+        cells.append("—")
     naive = "—"
     if case.windowed:
         control = run(case, case.attns[0], mode="naive")
@@ -122,7 +134,9 @@ def table(flex: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-flex", action="store_true", help="skip the FlexAttention column")
+    parser.add_argument(
+        "--no-flex", action="store_true", help="keep the FlexAttention cells already measured"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers

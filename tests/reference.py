@@ -413,3 +413,123 @@ def softmax(logits_row: Sequence[float]) -> list[float]:
 def close(a: float, b: float) -> bool:
     """The suite's float64 agreement: ``|a-b| <= 1e-10 + 1e-9 * max(|a|, |b|)``."""
     return abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b))
+
+
+# ----------------------------------------------------------------- cells of a store
+
+
+def placed_from_plan(
+    examples: Sequence, row_of: Sequence[int], start_of: Sequence[int], first: int, rows: int
+) -> list[Placed]:
+    """The occurrences of rows ``[first, first + rows)``, written from the examples and the
+    plan's placements alone (example ``i`` at ``row_of[i]``, columns from ``start_of[i]``)."""
+    out = []
+    for i, ex in enumerate(examples):
+        row = int(row_of[i])
+        if first <= row < first + rows:
+            window = [int(t) for t in ex.window]
+            flags = [bool(f) for f in ex.loss_mask]
+            start = int(start_of[i])
+            out.append(Placed(i, row - first, start, start + len(flags), window, flags))
+    return out
+
+
+def reference_calls(
+    examples: Sequence, row_of: Sequence[int], start_of: Sequence[int], per: int, width: int
+) -> list[tuple[Layout, list[Placed]]]:
+    """Every model call of ``per`` rows (the last one shorter): its layout and occurrences
+    in storage order (row, then column)."""
+    total = max(int(r) for r in row_of) + 1 if len(row_of) else 0
+    out = []
+    for first in range(0, total, per):
+        rows = min(per, total - first)
+        placed = placed_from_plan(examples, row_of, start_of, first, rows)
+        placed.sort(key=lambda p: (p.row, p.start))
+        out.append((Layout.build(placed, rows, width), placed))
+    return out
+
+
+def split_examples(examples: Sequence, capacity: int) -> list[SimpleExample]:
+    """``--split-long`` written out: each example's pieces (``split_ranges``), in order."""
+    out = []
+    for ex in examples:
+        window = [int(t) for t in ex.window]
+        flags = [bool(f) for f in ex.loss_mask]
+        for a, b in split_ranges(len(window), capacity):
+            out.append(SimpleExample(window[a:b], flags[a : b - 1]))
+    return out
+
+
+@dataclass
+class SimpleExample:
+    """An example as plain lists: ``window`` (len + 1 tokens) and ``loss_mask`` (len flags)."""
+
+    window: list[int]
+    loss_mask: list[bool]
+
+
+# ----------------------------------------------------------------- attention
+
+
+def spans_of(occurrences) -> list[tuple[int, int, int]]:
+    """``(row, first column, end column)`` per occurrence, from its records alone."""
+    return [
+        (int(r), int(a), int(b))
+        for r, a, b in zip(occurrences.row, occurrences.col_start, occurrences.col_end, strict=True)
+    ]
+
+
+def flat_spans(occurrences) -> list[tuple[int, int, int]]:
+    """The same occurrences with padding dropped, one row of valid cells in row-major order
+    (transformers' flattened layout): ``(0, start, end)`` each."""
+    out, at = [], 0
+    for _, a, b in sorted(spans_of(occurrences)):
+        out.append((0, at, at + b - a))
+        at += b - a
+    return out
+
+
+def per_example_attention(q, k, v, spans, scale: float, window: int | None = None):
+    """Each example run alone: plain causal softmax attention over its own cells.
+
+    ``q``, ``k``, ``v`` torch (R, H, T, D) (``k``/``v`` may have fewer heads: each
+    serves ``H // Hkv`` query heads); ``spans`` ``(row, start, end)`` per example.
+    Query ``i`` of an example sees its keys ``j <= i`` (and ``i - j < window``);
+    cells of no example get zeros. Differentiable (torch autograd), no seqpack code.
+    """
+    import torch
+
+    heads = q.shape[1]
+    k = k.repeat_interleave(heads // k.shape[1], dim=1)
+    v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    out = torch.zeros_like(q)
+    for row, start, end in spans:
+        n = end - start
+        near = [[j <= i and (window is None or i - j < window) for j in range(n)] for i in range(n)]
+        qe, ke, ve = (x[row, :, start:end] for x in (q, k, v))  # (H, n, D)
+        scores = (qe @ ke.transpose(-1, -2)) * scale  # (H, n, n)
+        scores = scores.masked_fill(~torch.tensor(near), float("-inf"))
+        out[row, :, start:end] = torch.softmax(scores, dim=-1) @ ve
+    return out
+
+
+# ----------------------------------------------------------------- loss of a call
+
+
+def loss_sum(logits, targets, supervised) -> tuple[float, int]:
+    """``(Σ -log softmax(logits[c])[targets[c]], N)`` over supervised cells, one at a time.
+
+    ``logits`` nested lists (..., V); ``targets`` / ``supervised`` nested lists of the
+    same leading shape. A plain ``math.fsum`` of per-cell log-softmax losses."""
+    terms = []
+
+    def walk(z, t, s):
+        if isinstance(s, bool):
+            if s:
+                terms.append(log_softmax_nll(z, t))
+            return
+        for zz, tt, ss in zip(z, t, s, strict=True):
+            walk(zz, tt, ss)
+
+    walk(logits, targets, supervised)
+    return math.fsum(terms), len(terms)

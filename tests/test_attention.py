@@ -10,6 +10,7 @@ from seqpack import InvalidInput
 from seqpack.core.fixture import fixture_batch
 from seqpack.nn import AttentionLayout, attention
 
+from reference import Layout, per_example_attention, placed_from_records, spans_of
 from strategies import packed_epochs
 
 torch.set_num_threads(1)
@@ -34,17 +35,10 @@ WINDOWS = st.one_of(st.none(), st.integers(1, 8))
 
 
 def predicate_reference(q, k, v, batch, window=None):
-    """Per query, softmax over exactly the keys ``batch.allowed_key`` permits (a plain loop)."""
-    out = torch.zeros_like(q)
-    rows, width = batch.shape
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    for r in range(rows):
-        for i in range(width):
-            keys = [j for j in range(width) if batch.allowed_key(r, i, j, window)]
-            if keys:
-                s = (q[r, :, i, None, :] * k[r, :, keys, :]).sum(-1) * scale  # (H, K)
-                out[r, :, i] = (torch.softmax(s, dim=-1)[..., None] * v[r, :, keys]).sum(1)
-    return out
+    """Each example alone through a plain causal softmax (``tests/reference.py``), its cells
+    taken from the occurrence records, not from the batch's segments or the predicate."""
+    return per_example_attention(q, k, v, spans_of(batch.occurrences), 1 / math.sqrt(q.shape[-1]),
+                                 window)  # fmt: skip
 
 
 @given(packed_epochs(max_capacity=7, max_examples=5), st.integers(0, 2**16), WINDOWS)
@@ -54,11 +48,13 @@ def test_backends_match_the_predicate_and_each_other(case, seed, window):
     q, k, v = qkv(batch, seed=seed)
     expected = predicate_reference(q, k, v, batch, window)
     weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=q.dtype)
+    want_grads = torch.autograd.grad((expected * weight).sum(), (q, k, v))
     results = {}
     for name in BACKENDS:
         out = attention(q, k, v, batch, backend=name, window=window)
         assert within(out, expected.detach()), name
         grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+        assert all(within(g, w) for g, w in zip(grads, want_grads, strict=True)), name
         assert all(torch.isfinite(g).all() for g in grads), name
         results[name] = (out, grads)
     (out_r, g_r), (out_d, g_d) = results["ranges"], results["dense"]
@@ -89,8 +85,9 @@ def test_no_gradient_crosses_a_segment(case):
     layout = AttentionLayout.from_batch(batch)
     for name in BACKENDS:
         out = attention(q, k, v, layout, backend=name)
-        for s in np.unique(batch.segments[batch.input_valid]):
-            own = torch.as_tensor(batch.segments == s)  # (R, T)
+        for s, (row, a, b) in enumerate(spans_of(batch.occurrences)):
+            own = torch.zeros(batch.shape, dtype=torch.bool)  # (R, T): the occurrence's cells
+            own[row, a:b] = True
             objective = out.transpose(1, 2)[own].sum()
             for g in torch.autograd.grad(objective, (q, k, v), retain_graph=True):
                 assert torch.all(g.transpose(1, 2)[~own] == 0), (name, int(s))
@@ -99,10 +96,12 @@ def test_no_gradient_crosses_a_segment(case):
 @given(packed_epochs(), WINDOWS)
 def test_layout_views_are_the_predicate(case, window):
     """The torch layout's dense and key-range masks and cu_seqlens are the batch's views."""
-    _, _, epoch = case
+    examples, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
-        windowed = batch.dense_mask(window)
+        ref = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
+        windowed = np.array(ref.dense(window), dtype=bool).reshape(batch.shape + batch.shape[1:])
+        assert np.array_equal(batch.dense_mask(window), windowed)
         assert np.array_equal(layout.dense_mask(window).numpy(), windowed)
         assert np.array_equal(layout.range_mask(window).numpy(), windowed)  # empty on padding
         starts, ends = layout.key_bounds(window)

@@ -1,4 +1,8 @@
-"""Variable-length backends (varlen, flex, flash, auto) against the ``ranges`` reference."""
+"""Variable-length backends (varlen, flex, flash, auto) against each example run alone.
+
+The reference is ``tests/reference.py``'s per-example plain softmax over the cells the
+occurrence records name (no seqpack backend, mask or predicate).
+"""
 
 import itertools
 
@@ -25,6 +29,7 @@ from seqpack.nn.varlen import (
 from seqpack.nn.verify import three_way
 
 from mask_helpers import block_mask_cells
+from reference import Layout, per_example_attention, placed_from_records, spans_of
 from strategies import example_lists, packed_epochs
 
 torch.set_num_threads(1)
@@ -49,8 +54,16 @@ def within32(a, b):
 WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 
-def reference(q, k, v, layout, window=None):
-    return attention(q, k, v, layout, "ranges", scale=0.5, window=window)
+def reference(batch, scale=0.5):
+    """``fn(q, k, v, layout, window)``: the batch's examples, each alone (plain softmax)."""
+    spans = spans_of(batch.occurrences)
+    return lambda q, k, v, layout, window=None: per_example_attention(q, k, v, spans, scale, window)
+
+
+def reference_mask(batch, examples, window=None):
+    """The permission from ``tests/reference.py`` (occurrence records, plain Python)."""
+    ref = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
+    return np.array(ref.dense(window), dtype=bool).reshape(batch.shape + batch.shape[1:])
 
 
 #: Every backend that trains on CPU, as ``fn(q, k, v, layout, window)``.
@@ -63,6 +76,7 @@ CPU_RUNS = {
     },
     "varlen": lambda q, k, v, layout, w=None: attention(q, k, v, layout, "varlen", 0.5, w),
     "auto": lambda q, k, v, layout, w=None: attention(q, k, v, layout, "auto", 0.5, w),
+    "ranges": lambda q, k, v, layout, w=None: attention(q, k, v, layout, "ranges", 0.5, w),
 }
 
 
@@ -76,13 +90,13 @@ def test_backends_are_registered_on_import():
 
 
 @given(packed_epochs(), st.integers(0, 2**16), WINDOWS)
-def test_varlen_matches_ranges_outputs_and_gradients(case, seed, window):
+def test_varlen_and_ranges_match_the_per_example_reference_and_gradients(case, seed, window):
     _, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
         q, k, v = qkv(layout, seed=seed)
         weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).double()
-        want_out, want_grads = outputs_and_grads(reference, layout, q, k, v, weight, window)
+        want_out, want_grads = outputs_and_grads(reference(batch), layout, q, k, v, weight, window)
         for name, fn in CPU_RUNS.items():
             out, grads = outputs_and_grads(fn, layout, q, k, v, weight, window)
             assert within(out, want_out), name
@@ -233,14 +247,15 @@ def test_decoder_on_varlen_packed_equals_separate(case, backend):
 
 @settings(max_examples=40)
 @given(packed_epochs(), st.integers(0, 2**16), WINDOWS)
-def test_flex_float64_forward_matches_ranges(case, seed, window):
+def test_flex_float64_forward_matches_the_per_example_reference(case, seed, window):
     """float64 takes FlexAttention's unfused path on the same BlockMask."""
     _, _, epoch = case
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
         q, k, v = qkv(layout, seed=seed, grad=False)
         out = attention(q, k, v, layout, "flex", window=window)
-        assert within(out, attention(q, k, v, layout, "ranges", window=window))
+        want = reference(batch, 1 / 2.0)(q, k, v, layout, window)  # default scale: 1/sqrt(4)
+        assert within(out, want)
         assert torch.isfinite(out).all()
         assert torch.count_nonzero(out * ~layout.valid[:, None, :, None]) == 0
 
@@ -265,12 +280,12 @@ def long_rows_batch():
 @settings(max_examples=60)
 @given(packed_epochs(), WINDOWS)
 def test_flex_block_mask_is_the_dense_predicate(case, window):
-    """The BlockMask, materialised (tiles and mask_mod), equals ``batch.dense_mask()``."""
-    _, _, epoch = case
+    """The BlockMask, materialised (tiles and mask_mod), equals the reference permission."""
+    examples, _, epoch = case
     for batch in epoch.batches:
         cells = block_mask_cells(flex_block_mask(AttentionLayout.from_batch(batch), window))
         assert cells.shape[1] == 1
-        assert np.array_equal(cells[:, 0].numpy(), batch.dense_mask(window))
+        assert np.array_equal(cells[:, 0].numpy(), reference_mask(batch, examples, window))
 
 
 @pytest.mark.parametrize("window", [None, 1, 37, 128, 129])
@@ -290,7 +305,7 @@ def test_flex_cpu_backward_is_refused_and_compiled_forward_still_matches():
         attention(q, k, v, layout, "flex")
     with torch.no_grad():
         out = attention(q, k, v, layout, "flex")  # float32: the compiled kernel
-        want = attention(q.double(), k.double(), v.double(), layout, "ranges")
+        want = reference(long_rows_batch(), 0.25)(q.double(), k.double(), v.double(), layout)
     assert out.dtype == torch.float32
     assert within32(out, want)
     assert torch.count_nonzero(out * ~layout.valid[:, None, :, None]) == 0
@@ -322,18 +337,17 @@ BF16_STEP = 2.0**-8
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention needs CUDA")
 @settings(max_examples=30, deadline=None)
 @given(packed_epochs(max_capacity=24, max_examples=8))
-def test_flash_matches_the_ranges_reference_forward_and_backward_on_cuda(data):
+def test_flash_matches_the_per_example_reference_forward_and_backward_on_cuda(data):
     _, _, epoch = data
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch, "cuda")
         q, k, v = qkv(layout, heads=2, dim=16, grad=False)
-        want = attention(q, k, v, AttentionLayout.from_batch(batch), "ranges", scale=0.25)
+        alone = reference(batch, 0.25)
+        want = alone(q, k, v, layout)
         weight = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
         want_grads = torch.autograd.grad(
-            (attention(*(x.requires_grad_() for x in (q, k, v)), AttentionLayout.from_batch(batch),
-                       "ranges", scale=0.25) * weight).sum(),
-            (q, k, v),
-        )  # fmt: skip
+            (alone(*(x.requires_grad_() for x in (q, k, v)), layout) * weight).sum(), (q, k, v)
+        )
         qc, kc, vc = (x.detach().to("cuda", torch.bfloat16).requires_grad_() for x in (q, k, v))
         out = attention(qc, kc, vc, layout, "flash", scale=0.25)
         bound = 4 * BF16_STEP * float(v.abs().max())

@@ -109,6 +109,10 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
         "window_exercised": True,
         "supported": True,
         "refusal": None,
+        "positions": "position_ids",
+        "position_offset": 0,
+        "conditions": [],
+        "verdict": "exact",
     }
     if attn == "seqpack_varlen":
         return
@@ -134,7 +138,8 @@ def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_
     )
     code, out, err = verify(capsys, "--hf-config", lfm2)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "lfm2 cannot be packed exactly: its short convolutions" in err
+    assert "lfm2 cannot be packed exactly: its convolution layer" in err
+    assert "short convolutions mix neighbouring columns" in err
     bloom = tmp_path / "bloom"
     bloom.mkdir()
     (bloom / "config.json").write_text(
@@ -168,3 +173,57 @@ def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, m
 def test_lengths_that_do_not_fit_exit_2_with_one_line(capsys, args, message):
     code, out, err = verify(capsys, *args)
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def _tiny_dir(tmp_path, model_type, **options):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from architecture_tiny import tiny_config
+
+    folder = tmp_path / model_type
+    tiny_config(model_type, **options).save_pretrained(folder)
+    return str(folder)
+
+
+def test_configs_without_pad_token_id_verify_and_exit_1_means_only_mixed(capsys, tmp_path):
+    """codegen packs exactly without a pad id; cpmant is refused on one line, exit 2."""
+    codegen = _tiny_dir(tmp_path, "codegen", pad_token_id=None)
+    assert json.loads((Path(codegen) / "config.json").read_text()).get("pad_token_id") is None
+    code, out, err = verify(capsys, "--hf-config", codegen)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("PASS"), err
+    code, out, err = verify(capsys, "--hf-config", _tiny_dir(tmp_path, "cpmant"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "cpmant cannot be packed exactly: it takes no position_ids" in err
+
+
+def test_seqpack_varlen_on_a_model_without_the_interface_is_one_line(capsys, tmp_path):
+    code, out, err = verify(
+        capsys, "--hf-config", _tiny_dir(tmp_path, "gpt_neo"), "--attn", "seqpack_varlen"
+    )
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "gpt_neo cannot run attn_implementation='seqpack_varlen'" in err
+
+
+def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
+    from seqpack.hf import verify as hf_verify
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(hf_verify, "verify_hf", broken)
+    code, out, err = verify(capsys, "--hf-config", CONFIG)
+    assert (
+        code == 2
+        and out == ""
+        and err.strip().endswith("verify crashed: RuntimeError: boom second line")
+    )
+
+
+def test_a_model_whose_own_loss_alone_disagrees_is_not_reported_as_mixed(capsys, tmp_path):
+    """whisper's decoder packs exactly but computes its loss from unshifted labels."""
+    code, out, err = verify(capsys, "--hf-config", _tiny_dir(tmp_path, "whisper"), "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 2 and not report["pass"] and not report["mixed"]
+    assert set(k for k, n in report["failures"].items() if n) == {"model_loss"}
+    assert "hf_loss" in err and len(err.strip().splitlines()) == 1

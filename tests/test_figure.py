@@ -8,6 +8,7 @@ import pytest
 from seqpack import InvalidInput, PackConfig, Partition, pack_examples
 from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.figure import FIELDS, draw_batch, draw_fixture
+from seqpack.figure import PAD_COLOR as PAD_GREY
 
 from reference import Layout, placed_from_records
 
@@ -163,3 +164,43 @@ def test_cli_demo_figure(tmp_path):
     )
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "use .png or .svg" in bad.stderr
+
+
+def test_a_wide_row_draws_its_permission_from_the_predicate(tmp_path, drawn):
+    """`draw_row` on a row wider than MAX_COLUMNS: the image's coloured pixels are exactly
+    the permitted (query, key) pairs at the sampled columns, by `allowed_key`."""
+    from seqpack.core.permission import allowed_key
+    from seqpack.figure import MAX_COLUMNS, WIDE_BINS, draw_row
+
+    rng = np.random.default_rng(5)
+    width = 3 * WIDE_BINS // 2  # sampled, not every column
+    assert width > MAX_COLUMNS
+    lengths = [int(n) for n in rng.integers(2, 80, size=9)]  # at most 720 pairs: one row
+    records = [(f"d{i}", [0, *(int(t) for t in rng.integers(2, 200, n - 1)), 1])
+               for i, n in enumerate(lengths)]  # fmt: skip
+    from seqpack import Binding, SequenceExample
+
+    binding = Binding(vocab_size=266, tokenizer_id="t", split_id="s")
+    examples = [SequenceExample.from_document(t, source_id=n, partition="train", binding=binding)
+                for n, t in records]  # fmt: skip
+    batch = pack_examples("train", examples, binding, PackConfig(width, 1), policy="next-fit")
+    batch = batch.batches[0]
+    draw_row(batch, tmp_path / "row.png")
+    [fig] = drawn
+    image = fig.axes[2].images[0].get_array()
+    idx = np.unique(np.linspace(0, width - 1, WIDE_BINS).round().astype(np.int64))
+    assert image.shape[:2] == (idx.shape[0], idx.shape[0])
+    colours = {tuple(np.round(image[i, i], 6)) for i in range(idx.shape[0])}
+    white, grey = (1.0, 1.0, 1.0), tuple(np.round(1 - 0.6 * (1 - np.array(PAD_GREY)), 6))
+    for qi in range(0, idx.shape[0], 7):
+        for ki in range(0, idx.shape[0], 5):
+            q, k = int(idx[qi]), int(idx[ki])
+            pixel = tuple(np.round(image[qi, ki], 6))
+            if allowed_key(batch, 0, q, k):
+                assert pixel not in (white, grey) and pixel in colours
+            else:
+                assert pixel in (white, grey)
+    assert (tmp_path / "row.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(InvalidInput, match="draw_row draws one row"):
+        draw_row(pack_examples("train", examples, binding, PackConfig(100, 4)).batches[0],
+                 tmp_path / "two.png")  # fmt: skip

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from seqpack import InvalidInput, PackConfig, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_epoch
+from seqpack.core.fixture import fixture_batch, fixture_epoch, fixture_examples
 from seqpack.core.loss import token_weighted_loss
 from seqpack.hf.adapter import (
     IGNORE_INDEX,
@@ -34,7 +34,9 @@ from seqpack.hf.collator import HFCollator
 from seqpack.hf.data import pack_dataset, to_batches
 from seqpack.hf.verify import FLOAT32_TOLERANCE, verification_examples
 
+from dtype_path import observed_tolerance, unlabelled
 from mask_helpers import block_mask_cells
+from reference import Layout, loss_sum, placed_from_records
 from strategies import packed_epochs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -53,13 +55,15 @@ def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
     return model.eval()
 
 
-def predicate_or_pad_diagonal(batch, window=None):
-    """Reference: allowed_key, plus each padding cell on itself, by a loop over cells."""
+def predicate_or_pad_diagonal(batch, examples, window=None):
+    """Reference: the permission of ``tests/reference.py`` (occurrence records, plain
+    Python), plus each padding cell on itself, by a loop over cells."""
+    layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
     rows, width = batch.shape
     out = np.zeros((rows, width, width), dtype=bool)
     for r, q, k in itertools.product(range(rows), range(width), range(width)):
-        pad_self = q == k and not batch.input_valid[r, q]
-        out[r, q, k] = batch.allowed_key(r, q, k, window) or pad_self
+        pad_self = q == k and layout.owner[r][q] is None
+        out[r, q, k] = layout.allowed(r, q, k, window) or pad_self
     return out
 
 
@@ -67,7 +71,8 @@ WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 
 def close(a, b, atol=1e-10, rtol=1e-9):
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    # dtype=float64 up front: a Python float through as_tensor would first round to float32.
+    a, b = (torch.as_tensor(x, dtype=torch.float64) for x in (a, b))
     return bool(((a - b).abs() <= atol + rtol * torch.maximum(a.abs(), b.abs())).all())
 
 
@@ -94,7 +99,7 @@ def test_fixture_sdpa_kwargs():
     ]
     mask = kw["attention_mask"]
     assert mask.dtype == torch.float64 and mask.shape == (2, 1, 6, 6)
-    allowed = predicate_or_pad_diagonal(batch)
+    allowed = predicate_or_pad_diagonal(batch, fixture_examples())
     assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
     assert bool((mask[:, 0][~torch.as_tensor(allowed)] == torch.finfo(torch.float64).min).all())
     # B's queries (row 0, columns 3-4) see keys [3, 4) and [3, 5) only.
@@ -105,9 +110,9 @@ def test_fixture_sdpa_kwargs():
 @settings(max_examples=40)
 @given(packed_epochs(), WINDOWS)
 def test_masks_match_the_predicate_on_random_layouts(case, window):
-    _, _, epoch = case
+    examples, _, epoch = case
     for batch in epoch.batches:
-        allowed = predicate_or_pad_diagonal(batch, window)
+        allowed = predicate_or_pad_diagonal(batch, examples, window)
         assert np.array_equal(hf_allowed(batch, window), allowed)
         mask = additive_mask(batch, torch.float32, window=window)
         assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
@@ -208,7 +213,12 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
     model = tiny_llama(attn)
     examples = verification_examples(266, seed=3)
     batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
-    out = model(**hf_inputs(batch, attn, dtype=torch.float64))
+    kwargs = hf_inputs(batch, attn, dtype=torch.float64)
+    logits_tol = observed_tolerance(model, unlabelled(kwargs))  # eager: float32 softmax
+    assert (attn == "eager") == (logits_tol == FLOAT32_TOLERANCE)
+    loss_tol = observed_tolerance(model, kwargs)  # ForCausalLMLoss upcasts logits to float32
+    assert loss_tol == FLOAT32_TOLERANCE
+    out = model(**kwargs)
     separate = [
         model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0] for ex in examples
     ]
@@ -216,15 +226,26 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
     for i, sep in enumerate(separate):
         j = int(np.flatnonzero(occ.ordinal == i)[0])
         packed = out.logits[occ.row[j], occ.col_start[j] : occ.col_end[j]]
-        assert close(packed, sep, *(FLOAT32_TOLERANCE if attn == "eager" else (1e-10, 1e-9)))
+        assert close(packed, sep, *logits_tol)
+    # The independent reference: every supervised target of every example, by its
+    # occurrence's columns, -log softmax summed one cell at a time (tests/reference.py).
+    cells = out.logits.detach().tolist()
+    logits, targets, flags = [], [], []
+    for j, i in enumerate(occ.ordinal.tolist()):
+        r, a, b = int(occ.row[j]), int(occ.col_start[j]), int(occ.col_end[j])
+        logits.append(cells[r][a:b])
+        targets.append(examples[i].targets.tolist())
+        flags.append(examples[i].loss_mask.tolist())
+    total, count = loss_sum(logits, targets, flags)
+    assert count == batch.eligible_count < int(batch.input_valid.sum())
     ref = token_weighted_loss(out.logits, batch)
-    assert ref.count == batch.eligible_count < int(batch.input_valid.sum())
-    assert close(hf_loss(out.logits, batch).mean, ref.mean)
-    assert close(out.loss, ref.mean, *FLOAT32_TOLERANCE)  # transformers' float32 loss
+    assert ref.count == count and close(ref.sum, total)
+    assert close(hf_loss(out.logits, batch).mean, total / count)
+    assert close(out.loss, total / count, *loss_tol)  # transformers' float32 loss
     # A global count divides the raw sum once (gradient accumulation / ranks).
     out = model(**hf_inputs(batch, attn, dtype=torch.float64, num_items_in_batch=100))
-    assert close(out.loss, ref.sum / 100, *FLOAT32_TOLERANCE)
-    assert close(hf_loss(out.logits, batch, count=100).mean, ref.sum / 100)
+    assert close(out.loss, total / 100, *loss_tol)
+    assert close(hf_loss(out.logits, batch, count=100).mean, total / 100)
 
 
 def test_bad_arguments_are_refused():
@@ -365,10 +386,8 @@ def test_bool_masks_are_for_sdpa_only():
     ("model_type", "options", "words"),
     [
         ("bloom", {}, "ALiBi"),
-        ("falcon", {"alibi": True}, "ALiBi"),
         ("lfm2", {"layer_types": ["conv", "full_attention"]}, "convolutions"),
         ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "linear"),
-        ("llama4_text", {"layer_types": ["chunked_attention", "full_attention"]}, "chunked"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
     ],
 )
@@ -380,3 +399,58 @@ def test_architectures_that_cannot_be_exact_are_refused(model_type, options, wor
         hf_inputs(fixture_batch(), "sdpa", config=config)
     with pytest.raises(UnsupportedArchitecture, match=words):
         hf_inputs(fixture_batch(), "sdpa", config=config)
+
+
+def test_a_collator_with_a_config_checks_the_vocabulary_and_pad_id_before_step_one():
+    """Issue 23 item 5: 1,024 packed ids vs a 400-id model is one line, not an IndexError."""
+    docs = [list(range(n, n + 6)) for n in (10, 500, 1000)]
+    packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": docs}), 12, vocab_size=1024)
+    small = config_of("llama", vocab_size=400)
+    with pytest.raises(InvalidInput, match=r"1,024 ids but the model's config.vocab_size is 400"):
+        HFCollator.for_dataset(packed, "sdpa", config=small)
+    with pytest.raises(InvalidInput, match=r"pad_token_id 400 .*config.vocab_size 400") as err:
+        HFCollator("sdpa", config=small, pad_token_id=400)
+    assert "\n" not in str(err.value)
+    HFCollator.for_dataset(packed, "sdpa", config=config_of("llama", vocab_size=1024))
+
+
+def test_an_implementation_that_cannot_run_here_is_refused_at_construction(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InvalidInput, match=r"flash_attention_2.*cannot run here: a CUDA device"):
+        HFCollator("flash_attention_2", config=llama_config())
+
+
+def test_importing_seqpack_hf_registers_seqpack_varlen_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, seqpack.hf\n"
+        "assert 'transformers' not in sys.modules  # still light\n"
+        "from transformers import AttentionInterface, LlamaConfig, AutoModelForCausalLM\n"
+        "assert 'seqpack_varlen' in AttentionInterface._global_mapping\n"
+        "cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16,"
+        " num_hidden_layers=1, num_attention_heads=2)\n"
+        "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='seqpack_varlen')\n"
+        "print(m.config._attn_implementation)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip().splitlines()[-1] == "seqpack_varlen"
+
+
+def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
+    docs = [list(range(n, n + 12)) for n in (10, 30, 50)]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    packed = pack_dataset(ds, 24, vocab_size=266, model=llama_config())
+    assert len(packed) == 2
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 40"):
+        pack_dataset(ds, 24, vocab_size=266, model=config_of("llama", vocab_size=40))
+    bidirectional = config_of("bert", is_decoder=False, intermediate_size=32)
+    from seqpack.hf.architectures import UnsupportedArchitecture
+
+    with pytest.raises(UnsupportedArchitecture, match="bidirectional"):
+        pack_dataset(ds, 24, vocab_size=266, model=bidirectional)
+    topk = config_of("deepseek_v32", index_topk=8, num_key_value_heads=2)
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 8 pairs"):
+        pack_dataset(ds, 24, vocab_size=266, model=topk)

@@ -11,8 +11,8 @@ from seqpack import InvalidInput, NotAvailable
 from seqpack.core.fixture import fixture_batch
 from seqpack.hf.adapter import hf_inputs
 from seqpack.hf.attention import NAME, plan_of, seqpack_varlen_attention
-from seqpack.nn import AttentionLayout, attention
 
+from reference import flat_spans, per_example_attention
 from strategies import packed_epochs
 
 torch.set_num_threads(1)
@@ -40,21 +40,10 @@ def flattened(batch, heads=4, kv_heads=2, dim=8, seed=0):
 
 
 def reference(q, k, v, batch, window):
-    """The ranges backend on the same tokens scattered into the batch's cells."""
-    rows, width = batch.shape
-    cells = torch.as_tensor(batch.cu_seqlens().valid_index)
-    heads = q.shape[1]
-
-    def to_cells(x):
-        x = x.repeat_interleave(heads // x.shape[1], dim=1)[0].transpose(0, 1)  # (N, H, D)
-        out = x.new_zeros(rows * width, heads, x.shape[-1]).index_copy(0, cells, x)
-        return out.view(rows, width, heads, -1).transpose(1, 2)
-
-    out = attention(
-        to_cells(q), to_cells(k), to_cells(v), AttentionLayout.from_batch(batch), "ranges",
-        scale=0.25, window=window,
-    )  # fmt: skip
-    return out.transpose(1, 2).reshape(rows * width, heads, -1)[cells]  # (N, H, D)
+    """Each example alone, plain causal softmax over its own flattened tokens (GQA: each kv
+    head serves ``H // Hkv`` query heads), from ``tests/reference.py``: (N, H, D)."""
+    spans = flat_spans(batch.occurrences)  # row-major valid cells, as cu_seq_lens orders them
+    return per_example_attention(q, k, v, spans, 0.25, window)[0].transpose(0, 1)
 
 
 def within(a, b):
@@ -158,3 +147,20 @@ def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
                            for ex in examples])  # fmt: skip
     order = np.argsort(np.repeat(batch.occurrences.ordinal, np.diff(batch.cu_seqlens().cu_seqlens)))
     assert within(packed[torch.as_tensor(order)], alone)
+
+
+def test_a_mask_seqpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
+    """doge passes its own 4-D bias; a caller's padding mask is no better (never dropped)."""
+    import pytest as _pytest
+
+    from seqpack.core.errors import NotAvailable
+    from seqpack.hf.attention import seqpack_varlen_attention
+
+    module = torch.nn.Module()
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[1, 1, 1, 0, 0]])):
+        with _pytest.raises(NotAvailable, match="would drop"):
+            seqpack_varlen_attention(module, q, q, q, mask)
+    out, _ = seqpack_varlen_attention(module, q, q, q, torch.ones(1, 5, dtype=torch.long))
+    want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)

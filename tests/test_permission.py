@@ -10,13 +10,23 @@ from seqpack import InvalidInput
 from seqpack.core.fixture import fixture_batch
 from seqpack.core.permission import check_window, key_bounds, pairwise, permitted, tiled_edges
 
+from reference import Layout, placed_from_records
 from strategies import packed_epochs
 
 #: No window, windows shorter than, equal to and longer than the rows (capacity <= 12).
 WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 
+def reference_matrix(batch, examples, window=None):
+    """The permission written in ``tests/reference.py`` from the occurrence records and the
+    examples alone (plain Python, no seqpack predicate): same occurrence, key at or before
+    the query, fewer than ``window`` cells back."""
+    layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
+    return np.array(layout.dense(window), dtype=bool).reshape(batch.shape + batch.shape[1:])
+
+
 def predicate_matrix(batch, window=None):
+    """``batch.allowed_key`` asked about every (row, query, key): a view under test too."""
     rows, width = batch.shape
     out = np.zeros((rows, width, width), dtype=bool)
     for r, q, k in itertools.product(range(rows), range(width), range(width)):
@@ -88,10 +98,11 @@ def test_a_window_is_a_positive_int_or_none(bad):
 
 @given(packed_epochs(), WINDOWS)
 def test_predicate_is_the_same_on_numpy_and_torch(data, window):
-    _, _, epoch = data
+    examples, _, epoch = data
     for b in epoch.batches:
         arrays = (b.input_valid, b.segments, b.positions.astype(np.int64))
         want = pairwise(*arrays, window)
+        assert np.array_equal(want, reference_matrix(b, examples, window))
         assert np.array_equal(want, occurrence_matrix(b, window))
         got = pairwise(*(torch.as_tensor(a) for a in arrays), window)
         assert got.dtype == torch.bool and np.array_equal(got.numpy(), want)
@@ -115,10 +126,11 @@ def test_predicate_is_the_same_on_numpy_and_torch(data, window):
 
 @given(packed_epochs(), WINDOWS)
 def test_every_view_agrees_with_the_predicate(data, window):
-    _, _, epoch = data
+    examples, _, epoch = data
     for b in epoch.batches:
         rows, width = b.shape
-        truth = predicate_matrix(b, window)
+        truth = reference_matrix(b, examples, window)
+        assert np.array_equal(predicate_matrix(b, window), truth)
         assert np.array_equal(b.dense_mask(window), truth)
         # Edge inventory and tiled traversal.
         e = b.edges(window)

@@ -307,9 +307,26 @@ def test_bad_policy_engine_and_options_are_reported():
 
 
 def test_every_registered_policy_is_planned_and_valid():
+    """Each policy places every example once, whole, in a row of its own cells (checked
+    cell by cell here, not only by ``validate_plan``), numbers rows without a gap and
+    never beats the lower bound."""
     lengths = np.random.default_rng(3).integers(1, 33, 300)
+    bound = -(-int(lengths.sum()) // 32)
     for policy in POLICIES:
-        validate_plan(plan_rows(lengths, 32, policy))
+        plan = plan_rows(lengths, 32, policy)
+        validate_plan(plan)  # raises on a bad plan; the checks below say what "valid" means
+        assert plan.policy == policy and plan.capacity == 32
+        assert plan.lengths.tolist() == lengths.tolist()  # none split, dropped or resized
+        owner = {}
+        for i, (row, start, n) in enumerate(zip(plan.row_of.tolist(), plan.start_of.tolist(),
+                                                 plan.lengths.tolist(), strict=True)):  # fmt: skip
+            assert start >= 0 and start + n <= 32, (policy, i)
+            for c in range(start, start + n):
+                assert (row, c) not in owner, (policy, i, owner.get((row, c)))
+                owner[(row, c)] = i
+        assert sorted({r for r, _ in owner}) == list(range(plan.num_rows)), policy
+        assert len(owner) == int(lengths.sum())
+        assert bound <= plan.num_rows <= len(lengths), policy
 
 
 @given(st.lists(st.integers(1, 2**40), max_size=30))

@@ -106,12 +106,20 @@ def every_pair(records):
 
 
 @settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(corpora())
-def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case):
+@given(corpora(), st.integers(0, 3))
+def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, case, files):
+    """One JSON Lines file (``files == 0``) or a folder of one to three."""
     records, options = case
     path = tmp_path_factory.mktemp("store")
-    data = path / "d.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    files = min(files, len(records))  # no empty file: each holds a row
+    data = path / ("d.jsonl" if files == 0 else "in")
+    if files == 0:
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        data.mkdir()
+        for i in range(files):
+            text = "".join(json.dumps(r) + "\n" for r in records[i::files])
+            (data / f"part-{i}.jsonl").write_text(text)
     stats = pack_path(data, path / "out", **options)
     store = load_packed(path / "out")
     sources = {rec["id"]: rec for rec in records}
@@ -131,12 +139,23 @@ def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, c
 
 
 @settings(max_examples=scaled(10), suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(corpora(), st.integers(0, 2**31))
-def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_factory, case, seed_):
+@given(corpora(), st.integers(0, 2**31), st.sampled_from(["jsonl", 1, 2, 5]))
+def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(
+    tmp_path_factory, case, seed_, source
+):
+    """From a JSON Lines file or a Parquet file of row groups of ``source`` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     records, options = case
     path = tmp_path_factory.mktemp("rows")
-    data = path / "d.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if source == "jsonl":
+        data = path / "d.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        records = uniform(records, "labels" if any("labels" in r for r in records) else "mask")
+        data = path / "d.parquet"
+        pq.write_table(pa.Table.from_pylist(records), data, row_group_size=source)
     pack_path(data, path / "out", **options)
     ds = PackedDataset(path / "out")
     sources = {rec["id"]: rec for rec in records}
@@ -157,6 +176,51 @@ def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(tmp_path_fa
             a, b = int(occ.range_starts[i]), int(occ.range_ends[i])
             eligible += sum(source_flags(sources[str(occ.source_ids[i])])[a : b - 1])
         assert stats.eligible[row] == eligible
+
+
+def uniform(records, kind):
+    """The same supervision with every record carrying the column (a Parquet schema)."""
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        if kind == "labels":
+            rec.setdefault("labels", list(rec["input_ids"]))
+            rec.pop("loss_mask", None)
+        else:
+            rec.setdefault("loss_mask", [1] * (len(rec["input_ids"]) - 1))
+            rec.pop("labels", None)
+        out.append(rec)
+    return out
+
+
+@settings(max_examples=scaled(25), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpora(), st.integers(1, 6), st.sampled_from([1, 64, 1 << 20]), st.integers(1, 3))
+def test_every_row_of_every_parquet_row_group_and_file_is_packed_once(
+    tmp_path_factory, case, group, chunk, files
+):
+    """Parquet read directly by pyarrow's writer layout: many row groups (``group`` rows
+    each), tiny ``chunk_bytes``, one to three files in a folder; every source pair once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records, options = case
+    kind = "labels" if any("labels" in r for r in records) else "mask"
+    records = uniform(records, kind)
+    path = tmp_path_factory.mktemp("parquet")
+    (path / "in").mkdir()
+    parts = [records[i::files] for i in range(files)]
+    for i, part in enumerate(p for p in parts if p):
+        pq.write_table(pa.Table.from_pylist(part), path / "in" / f"part-{i}.parquet",
+                       row_group_size=group)  # fmt: skip
+    groups = sum(pq.ParquetFile(f).num_row_groups for f in (path / "in").iterdir())
+    assert groups >= -(-len(records) // group)  # the layout really has the row groups
+    stats = pack_path(path / "in", path / "out", chunk_bytes=chunk, **options)
+    sources = {rec["id"]: rec for rec in records}
+    pairs = []
+    for batch in load_packed(path / "out"):
+        check_call(batch, sources, pairs)
+    assert sorted(pairs) == every_pair(records)
+    assert stats["eligible_targets"] == sum(sum(source_flags(r)) for r in records)
 
 
 def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
@@ -195,3 +259,26 @@ def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
         for r in back.to_list()
     ]
     assert got == want
+
+
+@settings(max_examples=scaled(40), deadline=None)
+@given(st.lists(st.integers(2, 20), min_size=1, max_size=40), st.integers(1, 7))
+def test_stats_count_every_row_of_every_row_group(lengths, group):
+    """``stats_path`` on a Parquet file of many row groups counts what pyarrow wrote:
+    every source, its pairs (``tokens``) and its pieces under ``--split-long``."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqpack.pipeline.stats import stats_path
+
+    records = [{"id": f"r{i}", "input_ids": [i % VOCAB] * n} for i, n in enumerate(lengths)]
+    with tempfile.TemporaryDirectory() as folder:
+        data = f"{folder}/d.parquet"
+        pq.write_table(pa.Table.from_pylist(records), data, row_group_size=group)
+        assert pq.ParquetFile(data).num_row_groups == -(-len(records) // group)
+        stats = stats_path(data, capacity=8, split_long=True, vocab_size=VOCAB)
+    assert stats["sources"] == len(records)
+    assert stats["tokens"] == sum(n - 1 for n in lengths)
+    assert stats["examples"] == sum(len(split_ranges(n, 8)) for n in lengths)

@@ -11,10 +11,11 @@ rest longest first and closes the open rows fullest first.
 """
 
 import itertools
+import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqpack import plan_rows
@@ -124,6 +125,28 @@ def test_the_seed_changes_tie_order_and_only_that():
 # ----------------------------------------------------------------- StreamDataset
 
 
+#: Supervision columns a mapping may carry together (labels and loss_mask exclude each other).
+SUPERVISION_SETS = [
+    ("labels",),
+    ("completion_mask",),
+    ("labels", "completion_mask"),
+    ("completion_mask", "assistant_masks"),
+    ("labels", "completion_mask", "assistant_masks"),
+    ("loss_mask", "assistant_masks"),
+]
+
+
+def reference_flags(doc) -> list[bool]:
+    """A target is supervised when every column present says so (the AND, written out)."""
+    ids = doc["input_ids"]
+    flags = [True] * (len(ids) - 1)
+    for name in ("labels", "loss_mask", "completion_mask", "assistant_masks"):
+        if name in doc:
+            per_token = [v != -100 if name == "labels" else bool(v) for v in doc[name]]
+            flags = [f and p for f, p in zip(flags, per_token[1:], strict=True)]
+    return flags
+
+
 @st.composite
 def stream_datasets(draw):
     capacity = draw(st.integers(2, 10))
@@ -134,8 +157,13 @@ def stream_datasets(draw):
         n = draw(st.integers(2, longest))
         ids = draw(st.lists(st.integers(0, 265), min_size=n, max_size=n))
         if draw(st.booleans()):
-            labels = [t if draw(st.booleans()) else -100 for t in ids]
-            docs.append({"id": f"d{i}", "input_ids": ids, "labels": labels})
+            doc = {"id": f"d{i}", "input_ids": ids}
+            for name in draw(st.sampled_from(SUPERVISION_SETS)):
+                if name == "labels":
+                    doc[name] = [t if draw(st.booleans()) else -100 for t in ids]
+                else:  # one 0/1 per token (the first token's is no target's)
+                    doc[name] = [int(draw(st.booleans())) for _ in ids]
+            docs.append(doc)
         else:
             docs.append(ids)
     settings_ = {
@@ -158,8 +186,7 @@ def reference_examples(docs, capacity):
     out = []
     for i, doc in enumerate(docs):
         if isinstance(doc, dict):
-            ids, sid = doc["input_ids"], doc["id"]
-            flags = [label != -100 for label in doc["labels"][1:]]
+            ids, sid, flags = doc["input_ids"], doc["id"], reference_flags(doc)
         else:
             ids, sid, flags = doc, str(i), [True] * (len(doc) - 1)
         for start, end in split_ranges(len(ids), capacity):
@@ -255,3 +282,73 @@ def test_a_restored_state_saves_back_to_itself(case, engine_name):
     more = np.asarray(lengths[: len(lengths) - cut], dtype=np.int64)
     assert triples(again.push(more)) == triples(first.push(more))
     assert again.state_dict() == first.state_dict()
+
+
+@settings(max_examples=scaled(100))
+@given(stream_datasets())
+def test_mapping_flags_are_the_and_of_every_supervision_column(case):
+    """The stream's per-document rule (``core.supervision.mapping_flags``) is the AND."""
+    from seqpack.core.supervision import mapping_flags
+
+    docs, _ = case
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        tokens = np.asarray(doc["input_ids"], dtype=np.int32)
+        flags = mapping_flags(doc, tokens, "doc")
+        want = reference_flags(doc)
+        assert (flags is None and all(want)) or flags.tolist() == want
+
+
+@settings(max_examples=scaled(40), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream_datasets())
+def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factory, case):
+    """The same mappings streamed and packed from a JSON Lines file: every example's loss
+    flags are the reference AND on both routes (one reader each, one rule)."""
+    from seqpack.io.store import load_packed
+    from seqpack.pipeline.local import pack_path
+
+    docs, s = case
+    docs = [file_record(i, d) for i, d in enumerate(docs)]
+    want = {}
+    for sid, start, window, flags in reference_examples(docs, s["capacity"]):
+        want[(sid, start)] = (window, flags)
+    streamed = {}
+    for rank in range(s["world_size"]):
+        for item in StreamDataset(docs, binding=BINDING, rank=rank, **s):
+            streamed.update(cells_by_example(item.batch))
+    assert streamed == want
+    path = tmp_path_factory.mktemp("stream-vs-file")
+    (path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    pack_path(path / "d.jsonl", path / "out", capacity=s["capacity"],
+              split_long=s["split_long"], vocab_size=BINDING.vocab_size)  # fmt: skip
+    packed = {}
+    for batch in load_packed(path / "out"):
+        packed.update(cells_by_example(batch))
+    assert packed == want
+
+
+def file_record(i, doc):
+    """``doc`` as a record one JSON Lines file can hold beside the others: an id, and a
+    ``loss_mask`` (which a file may not mix with ``labels``) folded into
+    ``completion_mask`` (one 0/1 per token too, ANDed alike)."""
+    if not isinstance(doc, dict):
+        return {"id": f"p{i}", "input_ids": doc}
+    doc = dict(doc)
+    if "loss_mask" in doc:
+        mask = doc.pop("loss_mask")
+        other = doc.get("completion_mask", [1] * len(mask))
+        doc["completion_mask"] = [a & b for a, b in zip(mask, other, strict=True)]
+    return doc
+
+
+def cells_by_example(batch):
+    """``{(source id, range start): (window, loss flags)}`` read out of a batch's cells."""
+    out = {}
+    occ = batch.occurrences
+    for i in range(len(occ)):
+        r, a, b = int(occ.row[i]), int(occ.col_start[i]), int(occ.col_end[i])
+        window = [*batch.inputs[r, a:b].tolist(), int(batch.targets[r, b - 1])]
+        key = (str(occ.source_ids[i]), int(occ.range_starts[i]))
+        out[key] = (window, batch.loss_mask[r, a:b].tolist())
+    return out

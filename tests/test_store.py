@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,16 +31,47 @@ from seqpack.io.store import load_packed, write_packed
 from v1_format import write_v1
 
 from packed_helpers import assert_same_batches
+from reference import reference_calls, split_examples
 from strategies import BINDING, example_lists, scaled
+
+#: dtypes of the cell arrays (the layout the readers and collators rely on).
+CELL_DTYPES = {"inputs": "int32", "targets": "int32", "segments": "int32", "positions": "int32"}
+
+
+def assert_cells_are_the_reference(batches, examples, plan, per, provenance=True):
+    """Model calls equal the cells ``tests/reference.py`` writes from the examples and
+    the plan's placements, one cell at a time (no ``fill_cells``, no ``materialize``)."""
+    calls = reference_calls(examples, plan.row_of.tolist(), plan.start_of.tolist(), per,
+                            plan.capacity)  # fmt: skip
+    batches = list(batches)
+    assert len(batches) == len(calls)
+    first = 0
+    for batch, (layout, placed) in zip(batches, calls, strict=True):
+        for name, cells in layout.cells().items():
+            got = getattr(batch, name)
+            assert got.dtype == CELL_DTYPES.get(name, "bool"), name
+            assert got.tolist() == cells, name
+        occ = batch.occurrences
+        records = list(zip(occ.ordinal.tolist(), occ.row.tolist(), occ.col_start.tolist(),
+                           occ.col_end.tolist(), occ.segment.tolist(), strict=True))  # fmt: skip
+        assert records == [(p.ordinal, p.row, p.start, p.end, p.ordinal) for p in placed]
+        if provenance:
+            assert occ.source_ids.tolist() == [examples[p.ordinal].source_id for p in placed]
+            assert occ.example_ids.tolist() == [examples[p.ordinal].example_id for p in placed]
+            ranges = list(zip(occ.range_starts.tolist(), occ.range_ends.tolist(), strict=True))
+            assert ranges == [tuple(examples[p.ordinal].range) for p in placed]
+        assert batch.first_row == first
+        first += layout.rows
 
 
 def _fixture_rows(policy="next-fit"):
     table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
-    return table, compact_rows(table, plan_rows(table.lengths, 6, policy))
+    plan = plan_rows(table.lengths, 6, policy)
+    return table, plan, compact_rows(table, plan)
 
 
 def test_fixture_compact_rows_hold_windows_back_to_back():
-    _, rows = _fixture_rows()
+    _, plan, rows = _fixture_rows()
     docs = [ex.window.tolist() for ex in fixture_examples()]
     arrow = rows_to_arrow(rows)
     # every target supervised and whole sources: no loss bits, example ids or ranges
@@ -51,25 +83,28 @@ def test_fixture_compact_rows_hold_windows_back_to_back():
     back = arrow_to_rows(
         arrow, capacity=6, partition=rows.partition, binding=rows.binding, where="t"
     )
+    assert_cells_are_the_reference(back.batches(2), fixture_examples(), plan, 2)
     assert_same_batches(back.batches(2), fixture_epoch(2).batches)
     full = rows_to_arrow(rows, FULL)
     assert full.schema == SCHEMA
     # one bit per target, first target the high bit: row 0 has 3 + 2 targets, row 1 has 4
     assert full.column("loss_bits").to_pylist() == [bytes([0b11111000]), bytes([0b11110000])]
     assert full.column("range_ends").to_pylist() == [[4, 3], [5]]
-    assert_same_batches(rows.batches(2), fixture_epoch(2).batches)
+    assert_cells_are_the_reference(rows.batches(2), fixture_examples(), plan, 2)
 
 
 @settings(max_examples=scaled(80))
 @given(example_lists(max_capacity=10, max_examples=12), st.sampled_from(sorted(POLICIES)))
-def test_compact_rows_rebuild_exactly_what_materialize_builds(case, policy):
+def test_compact_rows_and_materialize_build_the_reference_cells(case, policy):
     examples, capacity = case
     table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, policy)
     for per in (1, 3):
-        want = materialize(table, plan, PackConfig(capacity, per)).batches
-        assert_same_batches(compact_rows(table, plan).batches(per), want)
-        assert_same_batches(compact_rows(table, plan, use_numba=False).batches(per), want)
+        for use_numba in (True, False):
+            got = compact_rows(table, plan, use_numba=use_numba).batches(per)
+            assert_cells_are_the_reference(got, examples, plan, per)
+        got = materialize(table, plan, PackConfig(capacity, per)).batches
+        assert_cells_are_the_reference(got, examples, plan, per)
 
 
 def test_numpy_and_numba_gathers_agree(rng, monkeypatch):
@@ -98,7 +133,7 @@ def test_window_labels_mark_unsupervised_and_first_tokens(rng):
     assert window_labels(tokens, mask, lens, use_numba=False).tolist() == want
 
 
-def _random_table(rng, n=200, capacity=32):
+def _random_examples(rng, n=200, capacity=32):
     from seqpack import SequenceExample
 
     examples = []
@@ -114,21 +149,22 @@ def _random_table(rng, n=200, capacity=32):
                 loss_mask=mask,
             )
         )
-    return ExampleTable.from_examples(examples, "train", BINDING)
+    return examples
 
 
 def _packed(tmp_path, rng, name="out", policy="next-fit", per=4, shard_tokens=1000, **kw):
-    table = _random_table(rng)
+    examples = _random_examples(rng)
+    table = ExampleTable.from_examples(examples, "train", BINDING)
     plan = plan_rows(table.lengths, 32, policy)
     rows = compact_rows(table, plan)
     manifest = write_packed(
         rows, tmp_path / name, max_rows_per_batch=per, shard_tokens=shard_tokens, **kw
     )
-    return table, plan, manifest
+    return examples, plan, manifest
 
 
 def test_write_then_load_gives_the_same_model_calls(tmp_path, rng):
-    table, plan, manifest = _packed(tmp_path, rng, policy=sorted(POLICIES)[0])
+    examples, plan, manifest = _packed(tmp_path, rng, policy=sorted(POLICIES)[0])
     assert len(manifest["shards"]) > 1
     for shard in manifest["shards"]:
         assert shard["first_row"] % 4 == 0
@@ -136,10 +172,8 @@ def test_write_then_load_gives_the_same_model_calls(tmp_path, rng):
         # SequenceExample ids name their range ("s0[0:5]"), so example_ids are stored
         assert names == shard["columns"] == [*REQUIRED, "source_ids", "loss_bits", "example_ids"]
     store = load_packed(tmp_path / "out", BINDING)
-    want = materialize(table, plan, PackConfig(32, 4)).batches
-    assert len(store) == len(want)
-    assert_same_batches(store, want)
-    assert_same_batches([store[-1]], want[-1:])
+    assert_cells_are_the_reference(store, examples, plan, 4)
+    assert_same_batches([store[-1]], [list(store)[-1]])  # indexing from the end
     assert store.manifest == json.loads((tmp_path / "out" / "manifest.json").read_text())
 
 
@@ -157,6 +191,24 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
     (out / "manifest.json").unlink()
     with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished seqpack output"):
         load_packed(out)
+
+
+@pytest.mark.parametrize("which", [0, "middle", -1])
+def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
+    """One flipped byte in the first, a middle or the last shard: every reader refuses."""
+    from seqpack.training.data import PackedDataset
+
+    _, _, manifest = _packed(tmp_path, rng)
+    names = [entry["file"] for entry in manifest["shards"]]
+    assert len(names) >= 3
+    name = names[len(names) // 2 if which == "middle" else which]
+    shard = tmp_path / "out" / name
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    for open_ in (load_packed, PackedDataset):
+        with pytest.raises(InvalidInput, match=rf"{re.escape(name)}: checksum mismatch"):
+            open_(tmp_path / "out")
 
 
 def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, rng):
@@ -251,13 +303,16 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
 
     examples, capacity = case
     table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    want_examples = examples
     if not named:
         ids = np.arange(len(table)).astype(str).astype(object)
         table = dataclasses.replace(table, source_ids=ids, example_ids=ids)
     if split:
         table, _ = split_long(table, max(1, capacity // 2))
         capacity = max(1, capacity // 2)
-    rows = compact_rows(table, plan_rows(table.lengths, capacity, policy))
+        want_examples = split_examples(examples, capacity)
+    plan = plan_rows(table.lengths, capacity, policy)
+    rows = compact_rows(table, plan)
     layout = layout_of(ShardColumns.of_rows(rows))
     assert layout.loss_bits == (not table.loss_mask.all())
     renamed = not np.array_equal(rows.example_ids, rows.source_ids)
@@ -267,14 +322,13 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
     numbered = np.array_equal(rows.source_ids, rows.ordinals.astype(str).astype(object))
     assert layout.source_ids == (renamed or not whole or not numbered)
     assert layout.source_ids or not named
-    want = materialize(table, plan_rows(table.lengths, capacity, policy), PackConfig(capacity, 3))
     for chosen in (layout, FULL):
         arrow = rows_to_arrow(rows, chosen)
         assert arrow.schema.names == chosen.columns()
         back = arrow_to_rows(
             arrow, capacity=capacity, partition=rows.partition, binding=rows.binding, where="t"
         )
-        assert_same_batches(back.batches(3), want.batches)
+        assert_cells_are_the_reference(back.batches(3), want_examples, plan, 3, named and not split)
 
 
 def test_loss_bits_pad_each_row_to_whole_bytes(rng):
@@ -295,7 +349,8 @@ def test_loss_bits_pad_each_row_to_whole_bytes(rng):
 def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
     from seqpack.training.data import PackedDataset
 
-    table = _random_table(rng)
+    examples = _random_examples(rng)
+    table = ExampleTable.from_examples(examples, "train", BINDING)
     plan = plan_rows(table.lengths, 32, "best-fit-decreasing")
     rows = compact_rows(table, plan)
     v1 = write_v1(rows, tmp_path / "v1", max_rows_per_batch=4, shard_tokens=1000)
@@ -305,11 +360,10 @@ def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
     assert {"loss_bits", "pair_counts"} <= set(
         pq.read_schema(tmp_path / "v2" / "shard-00000.parquet").names
     )
-    want = materialize(table, plan, PackConfig(32, 4)).batches
     stats = []
     for name in ("v1", "v2"):
         store = load_packed(tmp_path / name, BINDING)
-        assert_same_batches(store, want)
+        assert_cells_are_the_reference(store, examples, plan, 4)
         data = PackedDataset(tmp_path / name)
         picked = data.rows([5, 0, 9])  # any selection of rows, across shards
         assert_same_batches([picked], [PackedDataset(tmp_path / "v2").rows([5, 0, 9])])

@@ -318,8 +318,10 @@ def test_stats_counts_tokens_with_format_trl(tmp_path):
     assert report["tokens"] == len(A) + len(B) + len(C)
     packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
     assert report["policies"][0]["rows"] == len(packed)
-    with pytest.raises(OversizedExample, match="5 tokens; capacity is 4 tokens"):
-        stats_path(src, capacity=4, format="trl")
+    # an example over the capacity is counted and reported (in tokens), not a stop
+    over = stats_path(src, capacity=4, format="trl")["oversized"]
+    assert (over["examples"], over["first_length"], over["unit"]) == (1, 5, "tokens")
+    assert over["capacity_100"] == 5
 
 
 def test_both_collators_read_the_rows_as_their_examples():

@@ -162,12 +162,10 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
             f" (at most {MAX_ROWS} rows x {MAX_COLUMNS} columns) — draw a smaller batch"
         )
     Figure, FigureCanvasAgg = _matplotlib()
-    from matplotlib import rc_context
-
     colors = _segment_colors(batch)
     panel_w = CELL_INCHES * width + 2.4
     panel_h = CELL_INCHES * (len(FIELDS) + width) + 1.6
-    fig = Figure(figsize=(panel_w * rows, panel_h + 0.9), layout="constrained")
+    fig = Figure(figsize=(max(panel_w * rows, 8.0), panel_h + 0.9), layout="constrained")
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(2, rows, height_ratios=[len(FIELDS), width])
     for r in range(rows):
@@ -182,6 +180,93 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
         " (both valid, same occurrence, key position ≤ query position)",
         fontsize=9,
     )
+    return _save(fig, target, fmt)
+
+
+#: Bins across a wide row's permission image (columns sampled evenly, one pixel each).
+WIDE_BINS = 512
+
+
+def draw_row(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:
+    """Draw the one row of ``batch`` (``seqpack show DIR --row N --figure PATH``).
+
+    Up to :data:`MAX_COLUMNS` cells it is :func:`draw_batch`'s panel (every
+    cell's fields and the permission matrix, cell by cell). A wider row is
+    drawn as an overview: occupants along the columns (tinted, labelled with
+    their source id and length where there is room), local positions and
+    loss-eligible targets under them, and the permission matrix sampled at
+    :data:`WIDE_BINS` evenly spaced query and key columns, from the row's key
+    ranges (the view tested against the permission predicate).
+    """
+    if batch.shape[0] != 1:
+        raise InvalidInput(f"draw_row draws one row; this batch has {batch.shape[0]}")
+    if batch.shape[1] <= MAX_COLUMNS:
+        return draw_batch(batch, path, title)
+    target = Path(path)
+    fmt = _format_of(target)
+    Figure, FigureCanvasAgg = _matplotlib()
+    fig = Figure(figsize=(11, 13), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(3, 1, height_ratios=[1.1, 1.6, 7])
+    _draw_wide(batch, [fig.add_subplot(grid[i, 0]) for i in range(3)])
+    fig.suptitle(title or f"packed row {batch.first_row}", fontsize=12)
+    return _save(fig, target, fmt)
+
+
+def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
+    strip_ax, pos_ax, matrix_ax = axes
+    width = batch.shape[1]
+    seg, pos = batch.segments[0], batch.positions[0]
+    colors = _segment_colors(batch)
+    cell_rgb = np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in seg])  # (T, 3)
+    occ = batch.occurrences
+    strip_ax.imshow(cell_rgb[None], aspect="auto", interpolation="nearest")
+    for a, b, name in zip(occ.col_start, occ.col_end, occ.source_ids, strict=True):
+        if (b - a) * 40 >= width:  # room for a label
+            strip_ax.text(
+                (a + b - 1) / 2, 0, f"{name}\n{b - a}", ha="center", va="center", fontsize=8
+            )
+    strip_ax.set_yticks([])
+    strip_ax.set_title(
+        f"{len(occ)} examples in {width:,} cells ({int(batch.input_valid[0].sum()):,} used);"
+        " grey = padding",
+        fontsize=10,
+    )
+    cols = np.arange(width)
+    pos_ax.scatter(cols, pos, c=cell_rgb, s=2, marker="s", linewidths=0)
+    unsupervised = cols[batch.input_valid[0] & ~batch.loss_mask[0]]
+    below = np.full(unsupervised.shape[0], -0.04 * max(1, int(pos.max())))
+    pos_ax.scatter(unsupervised, below, c="black", s=8, marker="|", linewidths=0.6)
+    pos_ax.set_xlim(-0.5, width - 0.5)
+    pos_ax.set_ylabel("local position", fontsize=9)
+    pos_ax.set_title(
+        "local positions (restart at 0 per example); black ticks: target not supervised",
+        fontsize=10,
+    )
+    idx = np.unique(np.linspace(0, width - 1, min(width, WIDE_BINS)).round().astype(np.int64))
+    ranges = batch.key_ranges()
+    starts, ends = ranges.starts[0][idx], ranges.ends[0][idx]
+    allowed = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])  # (q, k)
+    valid = batch.input_valid[0][idx]
+    image = np.ones((idx.shape[0], idx.shape[0], 3))
+    image[~(valid[:, None] & valid[None, :])] = _tint(np.array(PAD_COLOR), 0.6)
+    query_rgb = np.broadcast_to(cell_rgb[idx][:, None], image.shape)
+    image[allowed] = query_rgb[allowed]
+    extent = (-0.5, width - 0.5, width - 0.5, -0.5)
+    matrix_ax.imshow(image, extent=extent, interpolation="nearest")
+    matrix_ax.set_xlabel("key column", fontsize=9)
+    matrix_ax.set_ylabel("query column", fontsize=9)
+    matrix_ax.set_title(
+        "permission (coloured = permitted: same example, key position <= query position;"
+        f" sampled at {idx.shape[0]} columns)",
+        fontsize=10,
+    )
+
+
+def _save(fig: Any, target: Path, fmt: str) -> Path:
+    """Write ``fig`` to ``target`` whole or not at all (temporary file, then rename)."""
+    from matplotlib import rc_context
+
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with rc_context({"svg.fonttype": "none", "svg.hashsalt": "seqpack"}):
@@ -203,4 +288,4 @@ def draw_fixture(path: str | os.PathLike[str]) -> Path:
     )
 
 
-__all__ = ["FORMATS", "draw_batch", "draw_fixture"]
+__all__ = ["FORMATS", "draw_batch", "draw_fixture", "draw_row"]

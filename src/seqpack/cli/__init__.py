@@ -1,7 +1,7 @@
 """``seqpack`` command line: thin over the library.
 
 Each subcommand is a pair ``(add_NAME, cmd_NAME)`` in :data:`COMMANDS`
-(modules ``demo``, ``pack``, ``verify`` here); library errors become a
+(modules ``demo``, ``pack``, ``show``, ``verify`` here); library errors become a
 one-line message and exit code 2.
 """
 
@@ -18,8 +18,10 @@ from typing import NoReturn
 
 from seqpack.cli.demo import add_demo, cmd_demo
 from seqpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
+from seqpack.cli.show import add_show, cmd_show
 from seqpack.cli.verify import add_verify, cmd_verify
 from seqpack.core.errors import SeqpackError
+from seqpack.pipeline.progress import printable
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -28,6 +30,7 @@ COMMANDS: dict[str, tuple[str, Command]] = {
     "demo": ("pack the seed's A/B/C fixture and print its JSON trace", (add_demo, cmd_demo)),
     "pack": ("pack a dataset into Parquet shards of rows + manifest", (add_pack, cmd_pack)),
     "stats": ("compare every policy on a dataset without writing rows", (add_stats, cmd_stats)),
+    "show": ("print (and draw) one row of a packed folder", (add_show, cmd_show)),
     "verify": (
         "prove a model computes the same on packed rows as on separate examples",
         (add_verify, cmd_verify),
@@ -55,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="seqpack",
         description="Pack tokenized examples into shared rows without joining their contexts.",
     )
+    import seqpack
+
+    parser.add_argument("--version", action="version", version=f"seqpack {seqpack.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, (add, _)) in COMMANDS.items():
         add(sub.add_parser(name, help=help_text, description=help_text))
@@ -62,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message on one line (wrapped third-party messages may hold newlines)."""
-    return " ".join(str(err).split())
+    """The message on one line (wrapped third-party messages may hold newlines), with any
+    control character of a file name in it escaped rather than sent to the terminal."""
+    return printable(" ".join(str(err).split()))
 
 
 _TERMINATED: list[int] = []

@@ -14,6 +14,7 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
+from seqpack.pipeline.progress import printable
 from seqpack.pipeline.tree_options import TreeOptions
 
 #: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
@@ -88,7 +89,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
         f" {stats['seconds']:.2f} s"
     )
-    print(f"wrote {stats['out']}: {stats['shards']} shard(s), {stats['batches']:,} model call(s)")
+    print(
+        f"wrote {printable(stats['out'])}: {stats['shards']} shard(s),"
+        f" {stats['batches']:,} model call(s)"
+    )
     if "blocks" in stats:
         print(
             f"ray: {stats['blocks']:,} block(s) on {stats['nodes']} node(s); rows / global lower"
@@ -101,14 +105,17 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def report_input(command: str, stats: dict) -> None:
     """Warn on stderr about repeated ids; note hidden folders of killed runs cleaned up."""
     for note in stats.get("recovered", []):
-        print(f"seqpack {command}: note: {note}", file=sys.stderr)
+        print(f"seqpack {command}: note: {printable(note)}", file=sys.stderr)
     if stats.get("duplicate_ids"):
         first = stats["duplicate_first"]
         print(
-            f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an earlier id"
-            f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
-            " each is packed as its own occurrence — de-duplicate the input if that is not"
-            " intended",
+            printable(
+                f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an"
+                " earlier id"
+                f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
+                " each is packed as its own occurrence — de-duplicate the input if that is not"
+                " intended"
+            ),
             file=sys.stderr,
         )
 
@@ -126,16 +133,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
         from seqpack.cli.tree import cmd_stats_tree
 
         return cmd_stats_tree(args)
-    from seqpack.pipeline.stats import stats_path
+    from seqpack.pipeline.stats import oversized_line, stats_path
 
     options = from_arguments(args, "stats")
     report = stats_path(_source(args), options, policies=args.policies, plot=args.plot)
     report_input(args.command, report)
+    over = report.get("oversized")
+    if over is not None:
+        print(
+            f"seqpack stats: warning: {printable(oversized_line(over, report['capacity']))}",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(report))
         return 0
+    left_out = f", {over['examples']:,} too long left out" if over is not None else ""
     print(
-        f"{report['examples']:,} examples ({report['split_sources']:,} sources split),"
+        f"{report['examples']:,} examples ({report['split_sources']:,} sources split{left_out}),"
         f" {report['tokens']:,} {_unit(options)}, capacity {report['capacity']},"
         f" lower bound {report['lower_bound']:,} rows"
     )
@@ -146,5 +160,5 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f" {r['efficiency']:>11.2%} {r['seconds']:>9.3f}"
         )
     if "plot" in report:
-        print(f"plot: {report['plot']}")
+        print(f"plot: {printable(report['plot'])}")
     return 0

@@ -75,6 +75,35 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0: packed == separate; 1: the model mixed examples — and nothing else.
+
+    A refusal, bad input or a crash anywhere (loading, the model, seqpack) is one
+    line and exit 2, never a traceback with the exit code that means "mixed".
+    """
+    from seqpack.core.errors import SeqpackError
+    from seqpack.hf.diagnose import ModelCrashed
+
+    try:
+        report = _run_verify(args)
+    except (SeqpackError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        first = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ModelCrashed(f"verify crashed: {type(err).__name__}: {first}") from err
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_verify(report)
+    if report["pass"]:
+        return 0
+    if report.get("mixed", True):
+        return 1
+    from seqpack.core.errors import InvalidInput
+
+    raise InvalidInput(report["hint"])  # not mixed: the model's own loss (exit 2, one line)
+
+
+def _run_verify(args: argparse.Namespace) -> dict:
     import os
 
     if args.tree_lengths is not None:
@@ -95,17 +124,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
             device=args.device,
             refuse=args.mode == "adapter",
         )
-        from seqpack.hf.architectures import architecture_of
+        from seqpack.hf.capability import architecture_of
+        from seqpack.hf.kinds import attention_kind
 
         arch = architecture_of(model)
         if args.mode == "adapter":
-            arch.check()
+            arch.check(attention_kind(args.attn or "sdpa"))
         cfg = model.config.get_text_config()
+        limits = [c.limit for c in arch.conditions if c.what == "example"]
         layout = hf_verify.verification_layout(
             arch.window,
             getattr(cfg, "max_position_embeddings", None),
             args.lengths,
             args.capacity,
+            max_example=min(limits) if limits else None,
         )
         examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
         report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
@@ -126,11 +158,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from seqpack.nn.report import verify_tiny
 
         report = verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        _print_verify(report)
-    return 0 if report["pass"] else 1
+    return report
 
 
 def _print_verify(report: dict) -> None:
@@ -167,4 +195,4 @@ def _print_verify(report: dict) -> None:
     if report["pass"]:
         print("PASS: packed rows compute what separate examples compute")
     else:
-        print(f"FAIL: {report['hint']}")
+        print(f"{'FAIL' if report.get('mixed', True) else 'NOT MIXED'}: {report['hint']}")

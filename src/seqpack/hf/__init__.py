@@ -16,7 +16,9 @@ module                 holds
                        (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
 
-Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy.
+Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy,
+and registers ``attn_implementation="seqpack_varlen"`` with ``transformers`` (now if it
+is loaded, else as soon as it is: :mod:`seqpack.hf._register`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ _NAMES = {
     "per_example": "trl",
     "split_rows": "trl",
     "Architecture": "architectures",
+    "capability": "capability",
     "UnsupportedArchitecture": "architectures",
     "describe": "architectures",
     "register_attention": "attention",
@@ -52,3 +55,7 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+
+from seqpack.hf._register import install as _install  # noqa: E402
+
+_install()

@@ -71,7 +71,8 @@ import torch
 from seqpack.core.batch import IGNORE_INDEX, PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
-from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.architectures import Architecture
+from seqpack.hf.capability import capability
 from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from seqpack.training.labels import model_labels, seq_idx, shift_labels
@@ -129,7 +130,8 @@ def hf_inputs(
     ``(1, N)`` over the valid cells in row-major order (:func:`cell_logits`
     puts logits back into cells).
     """
-    arch = None if config is None else describe(config).check()
+    kind = attention_kind(attn_implementation, kind)
+    arch = None if config is None else capability(config).check(kind)
     return build_inputs(
         batch,
         attn_implementation,
@@ -157,8 +159,17 @@ def build_inputs(
     num_items_in_batch: int | None = None,
     kind: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`hf_inputs` for an already described architecture (refusals not checked here)."""
+    """:func:`hf_inputs` for an already checked architecture (:func:`capability`).
+
+    The architecture's batch conditions (longest example, row width) are
+    checked here, on every batch, and its position offset applied.
+    """
     kind = attention_kind(attn_implementation, kind)
+    if arch is not None:
+        occ = batch.occurrences
+        longest = int((occ.col_end - occ.col_start).max()) if len(occ.col_end) else 0
+        flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
+        arch.check_batch(longest, int(batch.input_valid.sum()) if flat else batch.shape[1])
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(
@@ -166,7 +177,10 @@ def build_inputs(
             f" [0, {vocab}) — pass any real id (padding cells are never seen by real queries)"
         )
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
-    columns = {"input_ids": ids, "position_ids": batch.position_ids()}
+    positions = batch.position_ids()
+    if arch is not None and arch.position_offset:  # RoBERTa family: from padding_idx + 1
+        positions = positions + arch.position_offset
+    columns = {"input_ids": ids, "position_ids": positions}
     if labels:
         columns |= {"labels": model_labels(batch), "shift_labels": shift_labels(batch)}
     out: dict[str, Any] = {}
@@ -186,6 +200,10 @@ def build_inputs(
             "max_length_k": cu.max_seqlen,
             "seq_idx": torch.as_tensor(seq_idx(cu.cu_seqlens), device=device),
         }
+    elif arch is not None and arch.mask_from_positions:
+        # falcon's ALiBi needs its own 2-D mask; transformers (use_cache=False) finds the
+        # examples from the restarting position_ids and builds the block-causal mask
+        out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
     else:
         out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
         out["attention_mask"] = layer_masks(

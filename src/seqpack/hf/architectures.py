@@ -38,6 +38,10 @@ from seqpack.core.permission import check_window
 
 #: Layer types whose positions mix only through the attention mask, and their window source.
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+#: Layer type of attention within chunks of ``attention_chunk_size`` positions (Llama 4).
+CHUNKED = "chunked_attention"
+#: Layer type of DeepSeek-V3.2-style attention over the keys a top-k indexer selects.
+INDEXED = "indexed_attention"
 #: Layer types that mix no positions at all (position-wise blocks of hybrid patterns).
 POSITIONWISE_LAYERS = ("mlp", "moe")
 #: Layer-type words and the kind of position mixing they stand for.
@@ -58,8 +62,6 @@ REFUSED_TYPES: dict[str, tuple[str, str]] = {
         " so a packed row can neither restart positions per example nor take a block mask",
     ),
     "rwkv": ("linear attention", "its recurrent time-mixing carries state across the whole row"),
-    "lfm2": ("convolution", "its short convolutions mix neighbouring columns of the row"),
-    "lfm2_moe": ("convolution", "its short convolutions mix neighbouring columns of the row"),
     "mamba": ("linear attention", "its state-space scan carries state across the whole row"),
     "mamba2": ("linear attention", "its state-space scan carries state across the whole row"),
     "falcon_mamba": ("linear attention", "its state-space scan carries state across the row"),
@@ -70,16 +72,6 @@ WHY_KIND = {
     "linear attention": "linear-attention / state-space layers carry state across the row",
     "chunked attention": "chunked attention groups absolute columns, not each example's positions",
 }
-#: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
-MIXER_CLASSES = (
-    ("ShortConv", "convolution"),
-    ("Mamba", "linear attention"),
-    ("GatedDeltaNet", "linear attention"),
-    ("LinearAttention", "linear attention"),
-    ("LightningAttention", "linear attention"),
-    ("RecurrentBlock", "linear attention"),
-    ("Rwkv", "linear attention"),
-)
 FIX = (
     "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
     " train it on unpacked (padded) rows"
@@ -88,6 +80,32 @@ FIX = (
 
 class UnsupportedArchitecture(NotAvailable):
     """seqpack cannot make this architecture compute exactly what separate examples compute."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Exact only while every ``example`` (or every ``row``) is at most ``limit`` long.
+
+    ``what``: ``"example"`` (prediction pairs of one example) or ``"row"``
+    (columns of a packed row); ``why``: the computation that breaks beyond.
+    """
+
+    what: str
+    limit: int
+    why: str
+
+    def holds(self, longest_example: int, width: int) -> bool:
+        """True when an example of ``longest_example`` pairs in rows of ``width`` is exact."""
+        return (longest_example if self.what == "example" else width) <= self.limit
+
+    def text(self) -> str:
+        """``every example <= 8 pairs (why)`` or ``rows <= 256 columns (why)``."""
+        what = (
+            f"every example <= {self.limit} pairs"
+            if self.what == "example"
+            else (f"rows <= {self.limit} columns")
+        )
+        return f"{what} ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -107,11 +125,31 @@ class Architecture:
     window: int | None
     refusal: str | None = None
     kind: str = "attention"
+    #: ``position_ids``, ``offset`` (positions from ``position_offset``), ``columns``, ``none``.
+    positions: str = "position_ids"
+    position_offset: int = 0
+    #: Why ``seqpack_varlen`` cannot run this model (None: it can, or not known).
+    varlen_refusal: str | None = None
+    conditions: tuple[Condition, ...] = ()
+    #: ``attention_chunk_size`` of ``chunked_attention`` layers (chunks of each example).
+    chunk: int | None = None
+    #: Feed no 4-D mask: the model builds its bias from a 2-D mask (falcon's ALiBi) and
+    #: ``transformers`` derives the block-causal mask from the packed ``position_ids``.
+    mask_from_positions: bool = False
 
     @property
     def mask_types(self) -> tuple[str, ...]:
         """The distinct mask keys the model reads, in first-use order (``()``: one mask)."""
         return tuple(dict.fromkeys(self.layer_types)) if self.layer_types else ()
+
+    @property
+    def verdict(self) -> str:
+        """``exact``, ``exact if ...`` (its conditions) or ``refused: why``."""
+        if self.refusal is not None:
+            return f"refused: {self.refusal}"
+        if self.conditions:
+            return "exact if " + "; ".join(c.text() for c in self.conditions)
+        return "exact"
 
     def type_window(self, layer_type: str) -> int | None:
         """The window of the layers of ``layer_type`` (``None``: unbounded)."""
@@ -130,13 +168,35 @@ class Architecture:
             return {"": self.window}
         return {t: self.type_window(t) for t in self.mask_types}
 
-    def check(self) -> Architecture:
-        """Raise :class:`UnsupportedArchitecture` (one line: which model, why) unless exact."""
+    def check(self, kind: str | None = None) -> Architecture:
+        """Raise :class:`UnsupportedArchitecture` (one line: which model, why) unless exact.
+
+        ``kind``: the attention implementation's kind (:mod:`seqpack.hf.kinds`);
+        ``seqpack_varlen`` is refused on models it cannot run exactly.
+        """
         if self.refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot be packed exactly: {self.refusal}"
             )
+        if kind == "seqpack_varlen" and self.varlen_refusal is not None:
+            raise UnsupportedArchitecture(
+                f"{self.model_type} cannot run attn_implementation='seqpack_varlen':"
+                f" {self.varlen_refusal.removeprefix(self.model_type + ': ')}"
+            )
         return self
+
+    def check_batch(self, longest_example: int, width: int) -> None:
+        """Raise :class:`UnsupportedArchitecture` when a batch breaks one of the conditions."""
+        for cond in self.conditions:
+            if not cond.holds(longest_example, width):
+                got = longest_example if cond.what == "example" else width
+                unit = "pairs" if cond.what == "example" else "columns"
+                fix = "--capacity" if cond.what == "row" else "--max-length / pre-split"
+                raise UnsupportedArchitecture(
+                    f"{self.model_type} is exact only while {cond.text()}; this batch has"
+                    f" {'an example' if cond.what == 'example' else 'rows'} of {got} {unit}"
+                    f" — lower {fix} to {cond.limit}"
+                )
 
 
 def _layer_kind(layer_type: str) -> str | None:
@@ -151,7 +211,7 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
     if model_type in REFUSED_TYPES:
         kind, why = REFUSED_TYPES[model_type]
         return kind, (f"{why}; {FIX}" if kind in WHY_KIND else why)
-    if getattr(config, "alibi", False) or getattr(config, "position_embedding_type", "") == "alibi":
+    if getattr(config, "position_embedding_type", "") == "alibi":
         return (
             "attention",
             "its ALiBi bias is built from column positions (in bfloat16, build_alibi_tensor),"
@@ -164,6 +224,10 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
     for layer_type in dict.fromkeys(layer_types or ()):
         if layer_type in ATTENTION_LAYERS or layer_type in POSITIONWISE_LAYERS:
             continue
+        if layer_type == CHUNKED and _chunk(config) is not None:
+            continue  # chunks of each example's own positions: a mask seqpack builds
+        if layer_type == INDEXED and isinstance(getattr(config, "index_topk", None), int):
+            continue  # the full block mask; exact while examples <= index_topk (a condition)
         kind = _layer_kind(layer_type)
         if kind is None:
             return ("attention", f"its layer type {layer_type!r} is not one seqpack knows")
@@ -188,57 +252,105 @@ def describe(config: Any) -> Architecture:
     if window is not None and not getattr(config, "use_sliding_window", True):
         window = None
     kind, why = _refusal(config, model_type, layer_types) or ("attention", None)
+    chunk = _chunk(config) if layer_types and CHUNKED in layer_types else None
     return Architecture(
         model_type=model_type,
         layer_types=tuple(layer_types) if layer_types else None,
         window=check_window(window),
         refusal=why,
         kind=kind,
+        conditions=conditions(config, model_type),
+        chunk=chunk,
+        mask_from_positions=model_type == "falcon" and bool(getattr(config, "alibi", False)),
+        varlen_refusal=_varlen_refusal(
+            chunk, layer_types, getattr(config, "attn_logit_softcapping", None)
+        ),
     )
 
 
-def mixing_modules(model: Any) -> list[tuple[str, str]]:
-    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides attention.
-
-    A second net under :func:`describe`: depthwise ``Conv1d`` layers with a
-    kernel wider than one column (``transformers``' ``Conv1D`` in GPT-2 is a
-    linear layer, not a convolution) and modules whose class names a
-    state-space or linear-attention mixer.
-    """
-    import torch
-
-    found = []
-    for name, module in model.named_modules():
-        cls = type(module).__name__
-        kind = next((k for word, k in MIXER_CLASSES if word in cls), None)
-        if kind is None and isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
-            kind = "convolution"
-        if kind is not None:
-            found.append((name, kind))
-    return found
-
-
-def architecture_of(model: Any) -> Architecture:
-    """:func:`describe` of ``model.config``, refused too when :func:`mixing_modules` finds any."""
-    arch = describe(model.config)
-    mixers = mixing_modules(model)
-    if arch.refusal is None and mixers:
-        name, kind = mixers[0]
-        return Architecture(
-            arch.model_type,
-            arch.layer_types,
-            arch.window,
-            f"its {kind} layer {name} ({type(model.get_submodule(name)).__name__}):"
-            f" {WHY_KIND[kind]}; {FIX}",
-            kind,
+def _varlen_refusal(
+    chunk: int | None, layer_types: list[str] | None, softcap: Any = None
+) -> str | None:
+    if softcap is not None:
+        return (
+            f"it soft-caps its attention logits (attn_logit_softcapping={softcap}), which"
+            " seqpack_varlen (SDPA) cannot express — use eager (or set attn_logit_softcapping=None)"
         )
-    return arch
+    if chunk is not None:
+        return (
+            f"its {CHUNKED!r} layers attend within chunks of {chunk} positions, which"
+            " seqpack_varlen does not apply — use sdpa or eager (seqpack builds the chunked masks)"
+        )
+    if layer_types and INDEXED in layer_types:
+        return (
+            f"its {INDEXED!r} layers pick keys with an indexer that reads the attention mask,"
+            " which seqpack_varlen does not give it — use sdpa or eager"
+        )
+    return None
+
+
+def _chunk(config: Any) -> int | None:
+    chunk = getattr(config, "attention_chunk_size", None)
+    return int(chunk) if isinstance(chunk, int) and chunk > 0 else None
+
+
+def _rope(config: Any) -> list[dict]:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return []
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    return nested or [params]
+
+
+def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
+    """The stated conditions under which the config's model is exact on packed rows.
+
+    * LongRoPE / dynamic RoPE choose their frequencies from the batch's largest
+      position: exact while no example is longer than the original context;
+    * Llama 4's NoPE layers scale queries by a temperature of the row's
+      *columns* beyond ``floor_scale``: exact for rows shorter than it;
+    * DeepSeek-V3.2-style indexers keep the top ``index_topk`` keys per query:
+      all of an example's keys while it is no longer;
+    * falcon's ALiBi bias is built in bfloat16, whose integers are exact up to 256.
+    """
+    out = []
+    for rope in _rope(config):
+        if rope.get("rope_type", rope.get("type")) in ("longrope", "dynamic"):
+            limit = rope.get("original_max_position_embeddings") or getattr(
+                config, "original_max_position_embeddings", None
+            )
+            limit = limit or getattr(config, "max_position_embeddings", None)
+            if isinstance(limit, int):
+                out.append(
+                    Condition(
+                        "example",
+                        limit,
+                        f"{rope.get('rope_type')} RoPE picks its frequencies from the batch's"
+                        " largest position",
+                    )
+                )
+                break
+    floor = getattr(config, "floor_scale", None)
+    nope = 0 in (getattr(config, "no_rope_layers", None) or ())
+    if getattr(config, "attn_temperature_tuning", False) and isinstance(floor, int) and nope:
+        why = "its NoPE layers' attention temperature grows with the columns from floor_scale"
+        out.append(Condition("row", floor - 1, why))
+    topk = getattr(config, "index_topk", None)
+    if isinstance(topk, int) and topk > 0:
+        out.append(Condition("example", topk, "its indexer keeps only the index_topk highest keys"))
+    if model_type == "falcon" and getattr(config, "alibi", False):
+        out.append(
+            Condition("row", 256, "its ALiBi bias is built in bfloat16, exact for 256 columns")
+        )
+    return tuple(out)
 
 
 __all__ = [
+    "CHUNKED",
+    "INDEXED",
     "Architecture",
+    "Condition",
     "UnsupportedArchitecture",
-    "architecture_of",
+    "conditions",
     "describe",
-    "mixing_modules",
 ]

@@ -33,6 +33,7 @@ one call for C (L=4), one for A (L=3), one for B (L=2).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.hf.architectures import describe
+from seqpack.hf.architectures import Architecture
 from seqpack.nn.varlen import VarlenPlan, segment_attention, segment_plan
 
 NAME = "seqpack_varlen"
@@ -73,12 +74,33 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
     return plan
 
 
+#: Capabilities of the configs seen, by ``id`` (with a weak reference to tell a reused id).
+_ARCHS: dict[int, tuple[weakref.ref, Architecture]] = {}
+
+
+def _architecture(config: Any) -> Architecture:
+    """:func:`seqpack.hf.capability.capability` of ``config``, once per config object."""
+    hit = _ARCHS.get(id(config))
+    if hit is not None and hit[0]() is config:
+        return hit[1]
+    from seqpack.hf.capability import capability
+
+    arch = capability(config).check(NAME)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
+        _ARCHS[id(config)] = (weakref.ref(config), arch)
+    return arch
+
+
 def layer_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer from its config; must agree with what the layer passed."""
+    """The window of ``module``'s layer from its model's capability; must agree with the layer.
+
+    The capability applies a config's ``sliding_window`` only where the
+    model's code does (``moshi`` has one it never applies).
+    """
     config = getattr(module, "config", None)
     if config is None:
         return passed
-    window = describe(config).check().layer_window(getattr(module, "layer_idx", None))
+    window = _architecture(config).layer_window(getattr(module, "layer_idx", None))
     if passed is not None and passed != window:
         raise InvalidInput(
             f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
@@ -120,6 +142,16 @@ def seqpack_varlen_attention(
             f"{NAME}: {name} has attention sinks, which SDPA cannot express —"
             " use attn_implementation='eager'"
         )
+    if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
+        # transformers builds no mask for an implementation without a mask function: a
+        # 2-D one is the caller's padding mask, a 4-D one the model's own bias (doge's
+        # dynamic mask); dropping either would be wrong (an all-ones mask says nothing)
+        raise NotAvailable(
+            f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
+            f" (padding, or the model's own bias), which {NAME} would drop — feed"
+            f" hf_inputs(batch, '{NAME}', config=model.config) without attention_mask, or use"
+            " sdpa or eager for this model"
+        )
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
@@ -149,6 +181,11 @@ def seqpack_varlen_attention(
     return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv)
 
 
+def _all_ones(mask: torch.Tensor) -> bool:
+    """True for a 2-D padding mask that masks nothing (what tokenizers and pipelines pass)."""
+    return mask.dim() == 2 and bool((mask != 0).all())
+
+
 def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
     """Refuse rows whose ``position_ids`` restart (packed) when no ``cu_seq_lens_q`` came."""
     if position_ids is None:
@@ -157,8 +194,9 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
     if not bool((position_ids == position_ids[..., :1] + steps).all()):
         raise InvalidInput(
             f"{NAME}: {name} got packed position_ids (they restart inside a row) but no"
-            f" cu_seq_lens_q, so the examples would be joined — feed the model"
-            f" hf_inputs(batch, '{NAME}', config=model.config)"
+            f" cu_seq_lens_q, so the examples would be joined — build the inputs with"
+            f" hf_inputs(batch, '{NAME}', config=model.config); if you did, this model's"
+            " layers drop the attention kwargs before attention: use sdpa or eager for it"
         )
 
 

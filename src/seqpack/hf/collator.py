@@ -13,7 +13,9 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs, check_implementation
-from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.architectures import Architecture
+from seqpack.hf.capability import capability
+from seqpack.hf.checks import check_runnable, check_vocabulary
 from seqpack.hf.kinds import MASK_KINDS
 from seqpack.training.data import ScheduledBatch, check_partition, concat_batches
 
@@ -70,7 +72,10 @@ class HFCollator:
                 " it needs the model's config: HFCollator(..., config=model.config) — a model"
                 " with sliding windows would otherwise train with unwindowed masks"
             )
-        self.arch = None if self.config is None else describe(self.config).check()
+        check_runnable(self.attn_implementation, self.kind)
+        self.arch = None if self.config is None else capability(self.config).check(self.kind)
+        if self.config is not None:
+            check_vocabulary(self.config, self.binding, self.pad_token_id)
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
@@ -81,6 +86,9 @@ class HFCollator:
         from seqpack.hf.data import packed_metadata
 
         meta = packed_metadata(packed)
+        recorded = meta["config"].get("pad_token_id")
+        if isinstance(recorded, int) and "pad_token_id" not in options:
+            options["pad_token_id"] = recorded  # the pad id the packing was checked with
         return cls(
             attn_implementation,
             capacity=int(meta["config"]["capacity"]),
@@ -106,6 +114,8 @@ class HFCollator:
         if features and all(isinstance(f, PackedBatch) for f in features):
             batch = concat_batches(features)
             check_partition(batch, self.partition, "this HFCollator")
+            if self.config is not None and self.binding is None:  # known only now
+                check_vocabulary(self.config, batch.binding, self.pad_token_id)
             return batch
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(

@@ -153,7 +153,7 @@ def pack_dataset(
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
-    opts = _options(capacity, policy, options, keywords)
+    opts, model = _checked_options(capacity, policy, options, keywords)
     if stream:
         return pack_stream(dataset, opts, META_KEY)
     source = dataset
@@ -168,6 +168,7 @@ def pack_dataset(
     try:
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
+        _check_model(model, corpus.binding, pad, examples, opts)  # before any row
         storage = plan_corpus(
             examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
         )
@@ -189,6 +190,32 @@ def pack_dataset(
     fingerprint = _fingerprint(fingerprint_in, meta)
     packed = _as_dataset(table, info, fingerprint, _cache_folder(source))
     return carry_format(source, packed)
+
+
+def _checked_options(
+    capacity: int | None, policy: str | None, options: Any, keywords: dict
+) -> tuple[PackOptions, Any]:
+    """:func:`_options` and the ``model=`` keyword (a ``transformers`` model or its
+    config), whose capability and row conditions are checked before anything is read."""
+    model = keywords.pop("model", None)
+    opts = _options(capacity, policy, options, keywords)
+    _check_model(model, None, None, None, opts)
+    return opts, model
+
+
+def _check_model(
+    model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
+) -> None:
+    """``pack_dataset(..., model=)`` (a model or its config), before any row:
+    :func:`seqpack.hf.checks.check_model` — its capability, stated conditions
+    (the longest example), vocabulary and pad id (a stream: capability and rows)."""
+    if model is None:
+        return
+    from seqpack.hf.checks import check_model
+
+    lengths = examples.lengths if examples is not None else ()
+    longest = int(max(lengths)) if len(lengths) else 0
+    check_model(model, binding, pad, longest, opts.capacity)
 
 
 def _tables(

@@ -29,7 +29,8 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.examples import SequenceExample
 from seqpack.hf.adapter import IMPLEMENTATIONS
-from seqpack.hf.architectures import describe
+from seqpack.hf.capability import capability
+from seqpack.hf.kinds import attention_kind
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: Prediction pairs of the default verification examples (no window).
@@ -60,8 +61,13 @@ def verification_layout(
     max_positions: int | None = None,
     lengths: tuple[int, ...] | None = None,
     capacity: int | None = None,
+    max_example: int | None = None,
 ) -> VerifyLayout:
-    """The examples' lengths and row width for a model with ``window`` and ``max_positions``."""
+    """The examples' lengths and row width for a model with ``window`` and ``max_positions``.
+
+    ``max_example``: the longest example the model is exact for (a stated
+    condition such as ``index_topk``); default lengths are capped to it.
+    """
     limit = MAX_WIDTH if max_positions is None else min(int(max_positions), MAX_WIDTH)
     if lengths is not None:
         if not lengths or min(lengths) < 1:
@@ -74,6 +80,9 @@ def verification_layout(
         long = min(2 * window + 3, limit - 3)
         mid = min(window + 1, long - 1)
         layout = VerifyLayout((long, 3, mid, long - mid, 5, 2), capacity or long + 3, window)
+    if lengths is None and max_example is not None and max(layout.lengths) > max_example:
+        capped = tuple(min(n, max_example) for n in layout.lengths)
+        layout = VerifyLayout(capped, layout.capacity, window)
     if max(layout.lengths) > layout.capacity:
         raise InvalidInput(
             f"an example of {max(layout.lengths)} pairs does not fit rows of {layout.capacity}"
@@ -161,7 +170,8 @@ def load_model(
     """A causal LM from a local config (seeded random weights) or a local pretrained dir.
 
     Nothing is downloaded (``local_files_only=True``). Dropout is turned off
-    (``eval()``); every parameter requires grad. With ``refuse`` an
+    (``eval()``); the model's own trainable set is kept (a frozen sinusoidal
+    position table stays frozen). With ``refuse`` an
     architecture seqpack cannot make exact is refused from its config,
     before any weights are built or loaded.
     """
@@ -189,8 +199,8 @@ def load_model(
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
-    if refuse:
-        describe(cfg).check()
+    if refuse:  # the config's capability, from its modules built on the meta device
+        capability(cfg).check(attention_kind(attn_implementation))
     try:
         if config is not None:
             torch.manual_seed(seed)
@@ -202,10 +212,7 @@ def load_model(
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
-    built = built.to(device).eval()
-    for p in built.parameters():
-        p.requires_grad_(True)
-    return built
+    return built.to(device).eval()
 
 
 __all__ = [

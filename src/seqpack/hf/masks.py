@@ -32,27 +32,41 @@ import torch
 
 from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput
-from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture
+from seqpack.hf.architectures import ATTENTION_LAYERS, CHUNKED, INDEXED, Architecture
 from seqpack.hf.kinds import FLEX, SDPA
 from seqpack.nn.flex import permission_mod
 
+#: Layer types seqpack builds a mask for.
+MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED, INDEXED)
 #: Forms of the 4-D mask for ``eager`` / ``sdpa``.
 MASKS = ("float", "bool")
 
 
-def hf_allowed(batch: PackedBatch, window: int | None = None) -> np.ndarray:
-    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``."""
+def hf_allowed(
+    batch: PackedBatch, window: int | None = None, chunk: int | None = None
+) -> np.ndarray:
+    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``.
+
+    ``chunk``: keys only in the query's chunk of ``chunk`` positions of its own
+    example (Llama 4's ``chunked_attention``, counted from each example's start).
+    """
     allowed = batch.dense_mask(window)
+    if chunk is not None:
+        part = batch.positions // chunk  # (R, T)
+        allowed &= part[:, :, None] == part[:, None, :]
     pad_r, pad_c = np.nonzero(~batch.input_valid)
     allowed[pad_r, pad_c, pad_c] = True
     return allowed
 
 
 def bool_mask(
-    batch: PackedBatch, device: torch.device | str | None = None, window: int | None = None
+    batch: PackedBatch,
+    device: torch.device | str | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """:func:`hf_allowed` as a boolean mask ``(R, 1, T, T)``, True = attend (``sdpa`` only)."""
-    return torch.as_tensor(hf_allowed(batch, window), device=device)[:, None]
+    return torch.as_tensor(hf_allowed(batch, window, chunk), device=device)[:, None]
 
 
 def additive_mask(
@@ -60,17 +74,21 @@ def additive_mask(
     dtype: torch.dtype,
     device: torch.device | str | None = None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """:func:`hf_allowed` as a float additive mask ``(R, 1, T, T)``: 0 or ``finfo(dtype).min``."""
     if not dtype.is_floating_point:
         raise InvalidInput(f"an additive mask needs a floating dtype (the model's), got {dtype}")
-    allowed = bool_mask(batch, device, window)
+    allowed = bool_mask(batch, device, window, chunk)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def block_mask(
-    batch: PackedBatch, device: torch.device | str | None = None, window: int | None = None
+    batch: PackedBatch,
+    device: torch.device | str | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Any:
     """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -79,10 +97,13 @@ def block_mask(
         return torch.as_tensor(a, device=device)
 
     valid = t(batch.input_valid)
-    allowed = permission_mod(valid, t(batch.segments), t(batch.positions), window)
+    positions = t(batch.positions)
+    allowed = permission_mod(valid, t(batch.segments), positions, window)
+    part = positions // (chunk or (batch.shape[1] + 1))  # one chunk: no chunking
 
     def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
-        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
+        same = part[b, q] == part[b, k]
+        return (allowed(b, h, q, k) & same) | (~valid[b, q] & (q == k))
 
     rows, width = batch.shape
     return create_block_mask(mask_mod, rows, None, width, width, device=valid.device)
@@ -119,28 +140,34 @@ def layer_masks(
     """
     check_mask(mask, kind)
 
-    def one(window: int | None) -> Any:
+    def one(window: int | None, chunk: int | None = None) -> Any:
         if kind == FLEX:
-            return block_mask(batch, device, window)
+            return block_mask(batch, device, window, chunk)
         if mask == "bool":
-            return bool_mask(batch, device, window)
-        return additive_mask(batch, dtype, device, window)
+            return bool_mask(batch, device, window, chunk)
+        return additive_mask(batch, dtype, device, window, chunk)
 
     if arch is None:
         return one(None)
     width = batch.shape[1]
 
-    def reach(window: int | None) -> int | None:  # a window no shorter than the row is none
-        return None if window is None or window >= width else window
+    def reach(name: str, window: int | None) -> tuple[int | None, int | None]:
+        # a window (or chunk) no shorter than the row is none
+        chunk = arch.chunk if name == CHUNKED else None
+        return (
+            None if window is None or window >= width else window,
+            None if chunk is None or chunk >= width else chunk,
+        )
 
-    built: dict[int | None, Any] = {}  # layer types of one reach share one mask
+    built: dict[tuple[int | None, int | None], Any] = {}  # layer types of one reach share one
     for name, window in arch.windows.items():
-        if reach(window) not in built and (name in ATTENTION_LAYERS or not arch.mask_types):
-            built[reach(window)] = one(reach(window))
+        key = reach(name, window)
+        if key not in built and (name in MASKED_LAYERS or not arch.mask_types):
+            built[key] = one(*key)
     if not arch.mask_types:
-        return built[reach(arch.window)]
+        return built[reach("", arch.window)]
     return {
-        name: built[reach(window)] if name in ATTENTION_LAYERS else None
+        name: built[reach(name, window)] if name in MASKED_LAYERS else None
         for name, window in arch.windows.items()
     }
 

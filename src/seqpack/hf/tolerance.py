@@ -68,6 +68,12 @@ REDUCING_OPS = frozenset(
     }
 )
 AXIS_OPS = frozenset({"sum", "mean"})
+#: Elementwise transcendental ops whose CPU kernels round by position in the tensor
+#: (vectorised body vs scalar tail), so the same value can round differently in packed
+#: and separate runs of different lengths: laguna's float32 softplus gate, sigmoid routers.
+LENGTH_ROUNDING_OPS = frozenset(
+    {"softplus", "exp", "log", "log1p", "expm1", "sigmoid", "tanh", "silu", "gelu", "erf"}
+)
 
 
 def _low(x: Any) -> bool:
@@ -75,7 +81,7 @@ def _low(x: Any) -> bool:
 
 
 def _reduces_across_tokens(op: str, args: tuple) -> bool:
-    if op in REDUCING_OPS:
+    if op in REDUCING_OPS or op in LENGTH_ROUNDING_OPS:
         return True
     if op not in AXIS_OPS:
         return False

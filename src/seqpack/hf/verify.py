@@ -48,8 +48,10 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
 from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
-from seqpack.hf.architectures import Architecture, architecture_of
+from seqpack.hf.architectures import Architecture
+from seqpack.hf.capability import architecture_of
 from seqpack.hf.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
+from seqpack.hf.kinds import MASK_KINDS, attention_kind
 from seqpack.hf.loading import (
     CAPACITY,
     DTYPES,
@@ -95,7 +97,38 @@ def packed_kwargs(
 
 
 def _params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's own trainable set (roformer's sinusoidal table stays frozen)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def reference_implementation(model: torch.nn.Module, attn: str) -> str:
+    """The implementation the separate runs use: ``attn`` when it is the model's own
+    (sdpa, eager, flex), else the model's sdpa, or its eager where it has no sdpa.
+
+    ``seqpack_varlen`` (or a flash kernel) checked against itself would pass a
+    window or a causality the model does not have; the model's own attention is
+    the reference.
+    """
+    kind = attention_kind(attn) if isinstance(attn, str) else None
+    if kind in MASK_KINDS:
+        return attn
+    return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+
+
+class _running:
+    """Run ``model`` on ``attn`` inside the block, back to its own implementation after."""
+
+    def __init__(self, model: torch.nn.Module, attn: str) -> None:
+        self.model, self.attn = model, attn
+        self.previous = model.config._attn_implementation
+
+    def __enter__(self) -> None:
+        if self.attn != self.previous:
+            self.model.set_attn_implementation(self.attn)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.attn != self.previous:
+            self.model.set_attn_implementation(self.previous)
 
 
 def _grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
@@ -165,7 +198,7 @@ def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Arch
         raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     arch = architecture_of(model)
     if mode == "adapter" and not allow_unsupported:
-        arch.check()
+        arch.check(attention_kind(model.config._attn_implementation))
     dtype = next(model.parameters()).dtype
     experts = getattr(model.config, "_experts_implementation", None)
     if dtype == torch.float64 and experts == "grouped_mm":
@@ -213,16 +246,19 @@ def _verify(
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     vocab = examples[0].binding.vocab_size
-    pad = pad_token_id if pad_token_id is not None else model.config.pad_token_id
+    own_pad = getattr(model.config, "pad_token_id", None)  # codegen, cpmant: none at all
+    pad = pad_token_id if pad_token_id is not None else own_pad
     pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
     longest = max(len(ex) for ex in examples)
     capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
     params = _params(model)
     eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
-    islands = guarded(model, "forward", lambda: _islands(model, examples[0], gradients))
+    reference = reference_implementation(model, attn)
+    with _running(model, reference):
+        islands = guarded(model, "forward", lambda: _islands(model, examples[0], gradients))
+        sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
     tol = tolerance(dtype, islands)
 
-    sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
     sep_mean = total / eligible
     first = examples[0]
     (batch,) = pack_examples(
@@ -245,6 +281,7 @@ def _verify(
     if mode == "adapter":
         compared["model_loss"] = _compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
+    report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
     if mode == "adapter":
         report["tolerance"]["model_loss"] = f32 | {
@@ -253,7 +290,17 @@ def _verify(
     if not gradients:
         report["note"] = "gradients not compared (no backward for this implementation here)"
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
-    if any(report["failures"].values()):
+    # Mixed examples: the logits, the loss or the gradients disagree. The model's own
+    # loss alone disagreeing is how it reads labels, not a leak (whisper shifts none).
+    report["mixed"] = any(n for k, n in report["failures"].items() if k != "model_loss")
+    if any(report["failures"].values()) and not report["mixed"]:
+        report["hint"] = (
+            f"packed == separate (logits, loss and gradients agree), but {type(model).__name__}"
+            " computes its own loss without transformers' ForCausalLMLoss (it does not read"
+            " labels / shift_labels as causal LMs do) — train it with"
+            " seqpack.hf.hf_loss(logits, batch), not the model's loss"
+        )
+    elif report["mixed"]:
         found = culprit(model, examples, kwargs, batch, attn, tol)
         report["first_divergence"] = found
         report["hint"] = hint(mode, attn, found)
@@ -291,6 +338,10 @@ def _report(
             "window_exercised": arch.window is None or longest > arch.window,
             "supported": arch.refusal is None,
             "refusal": arch.refusal,
+            "positions": arch.positions,
+            "position_offset": arch.position_offset,
+            "conditions": [c.text() for c in arch.conditions],
+            "verdict": arch.verdict,
         },
         "mode": mode,
         "examples": len(examples),

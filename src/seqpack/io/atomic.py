@@ -124,12 +124,12 @@ def check_output(out: str | Path, overwrite: bool) -> Path:
     path = output_path(out)
     if not os.path.lexists(path):
         return path
-    if not overwrite:
-        raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
+    # What --overwrite would refuse is refused first, so no message suggests a flag that
+    # then refuses too.
     if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).is_file()):
         raise InvalidInput(
-            f"{path} exists and is not a seqpack output; refusing to replace it — choose"
-            " another --out"
+            f"{path} exists and is not a seqpack output; refusing to replace it (even with"
+            " --overwrite, seqpack replaces only its own outputs) — choose another --out"
         )
     foreign = foreign_entries(path)
     if foreign:
@@ -137,6 +137,8 @@ def check_output(out: str | Path, overwrite: bool) -> Path:
             f"{path} holds {foreign[0]!r}, which seqpack did not write; refusing to replace the"
             " folder — move it out of the folder, or choose another --out"
         )
+    if not overwrite:
+        raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
     return path
 
 

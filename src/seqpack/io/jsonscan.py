@@ -214,7 +214,9 @@ def distinct_keys(block: memoryview, keys: np.ndarray) -> tuple[list[bytes], np.
         pa.large_binary(), lengths.shape[0], [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
     encoded = pc.dictionary_encode(names)
-    codes = encoded.indices.to_numpy()
+    indices = encoded.indices  # int32, no nulls; read from its buffer: to_numpy imports pandas
+    codes = np.frombuffer(indices.buffers()[1], np.int32, len(indices) + indices.offset)
+    codes = codes[indices.offset :]
     _, first = np.unique(codes, return_index=True)
     return encoded.dictionary.to_pylist(), lo[first]
 

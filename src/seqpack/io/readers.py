@@ -32,6 +32,7 @@ from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.core.supervision import Objective
+from seqpack.io.already_packed import refuse_packed
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
 from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -286,6 +287,9 @@ def open_input(
     sources = list(source) if many else [source]
     if not sources:
         raise InvalidInput("no input given — name a file, a folder or - for standard input")
+    for named in sources:
+        if not is_stdin(named) and os.path.exists(named):
+            refuse_packed(Path(named))  # a seqpack output is packed already
     if len(sources) == 1 and not is_stdin(sources[0]):
         path = Path(sources[0])
         if path.is_dir() and is_datasets_folder(path):

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
@@ -260,7 +261,9 @@ def load_packed(
     refused even when they hold a manifest. A tree output (version 3, ``seqpack pack
     --tree``) opens as a :class:`~seqpack.io.tree_store.TreeStore` of row records.
     """
-    path = Path(path)
+    path = path_argument("path", path)
+    if expected_binding is not None and not isinstance(expected_binding, Binding):
+        type_argument("expected_binding", expected_binding, (Binding,), "a seqpack.Binding or None")
     if verify not in DEPTHS:
         raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
     if not (path / MANIFEST).is_file():

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from seqpack.core import meter
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.io.tokenizer_folder import open_folder
 from seqpack.io.tokenizer_settings import (
@@ -227,7 +228,11 @@ class HFTokenizer:
         about :data:`ENCODE_BATCH` characters, so the tokenizer's own per-token records
         (ids, masks, type ids) live for one batch at a time."""
         texts = list(texts)
-        parts = [self._encode(texts[a:b]) for a, b in _batches(texts, ENCODE_BATCH)]
+        spans = _batches(texts, ENCODE_BATCH)
+        parts = []
+        for i, (a, b) in enumerate(spans):
+            parts.append(self._encode(texts[a:b]))
+            meter.report((i + 1) / len(spans))  # a progress bar moves within a chunk
         if len(parts) == 1:
             return parts[0]
         counts = np.concatenate([np.diff(offsets) for _, offsets in parts])

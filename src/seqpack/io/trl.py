@@ -42,6 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.core import engine
+from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.compact import window_labels
 from seqpack.core.errors import InvalidInput
 from seqpack.io.shards import ShardColumns, list_array, token_offsets
@@ -58,16 +60,55 @@ TRL_SCHEMA = pa.schema(
 )
 
 
+@engine.kernel
+def trl_loop(tokens, mask, every, lens, labels, positions):  # pragma: no cover - numba
+    # One pass writes both per-token columns (int64 labels, int32 positions); unsigned
+    # indices keep LLVM's loop free of wraparound checks.
+    one = np.uint64(1)
+    p = np.uint64(0)
+    q = np.uint64(0)
+    for i in range(lens.shape[0]):
+        n = np.uint64(lens[i])
+        labels[p] = IGNORE_INDEX
+        positions[p] = 0
+        if every:
+            for j in range(n):
+                labels[p + one + j] = tokens[p + one + j]
+                positions[p + one + j] = j + one
+        else:
+            for j in range(n):
+                labels[p + one + j] = tokens[p + one + j] if mask[q + j] else IGNORE_INDEX
+                positions[p + one + j] = j + one
+        p += n + one
+        q += n
+
+
+def trl_columns(cols: ShardColumns, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``labels`` int64 and ``position_ids`` int32, [Σ(len+1)] each, of ``cols``'s windows
+    (``tok``: their token offsets): one numba pass, or NumPy without numba."""
+    lengths = np.ascontiguousarray(cols.lengths, dtype=np.int64)
+    mask = cols.loss_mask
+    kernel = engine.compiled("trl_loop")
+    if kernel is not None:
+        labels = np.empty(int(tok[-1]), dtype=np.int64)
+        positions = np.empty(int(tok[-1]), dtype=np.int32)
+        every = mask is None
+        flags = np.ones(1, dtype=bool) if every else mask
+        kernel(cols.tokens, flags, every, lengths, labels, positions)
+        return labels, positions
+    if mask is None:
+        mask = np.ones(int(lengths.sum()), dtype=bool)
+    labels = window_labels(cols.tokens, mask, lengths).astype(np.int64)
+    positions = np.arange(int(tok[-1]), dtype=np.int32)
+    positions -= np.repeat(tok[:-1].astype(np.int32), lengths + 1)
+    return labels, positions
+
+
 def trl_table(cols: ShardColumns) -> pa.Table:
     """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring)."""
     windows = cols.lengths + 1
     tok, row_tok = token_offsets(cols)
-    mask = cols.loss_mask
-    if mask is None:
-        mask = np.ones(int(cols.lengths.sum()), dtype=bool)
-    labels = window_labels(cols.tokens, mask, cols.lengths).astype(np.int64)
-    positions = np.arange(int(tok[-1]), dtype=np.int32)
-    positions -= np.repeat(tok[:-1].astype(np.int32), windows)
+    labels, positions = trl_columns(cols, tok)
     arrays = [
         list_array(row_tok, cols.tokens, pa.int32()),  # the gathered tokens, no copy
         list_array(row_tok, labels, pa.int64()),

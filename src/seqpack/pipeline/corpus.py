@@ -258,14 +258,14 @@ def read_corpus(
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
             chunks_in = source_input.chunks(opts.chunk_bytes, opts.text_field)
             for table, origin, size in read_ahead(chunks_in):
-                if table.num_rows:
-                    chunk = chunk_from_arrow(
-                        table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                        partition=opts.partition, objective=Objective.of(opts),
-                    ).rebased(state.documents)  # fmt: skip
-                    budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                    _take(state, chunk, opts, vocab, holder, digest)
-                bar.update(size)
+                with bar.chunk(size):  # moves as the chunk is tokenized
+                    if table.num_rows:
+                        chunk = chunk_from_arrow(
+                            table, origin, tokenizer=tokenizer, text_field=opts.text_field,
+                            partition=opts.partition, objective=Objective.of(opts),
+                        ).rebased(state.documents)  # fmt: skip
+                        budget.check(documents=state.documents + len(chunk), what=source_input.name)
+                        _take(state, chunk, opts, vocab, holder, digest)
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")

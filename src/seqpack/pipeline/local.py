@@ -10,6 +10,7 @@ over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -20,10 +21,12 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import budget
+from seqpack.core.arguments import path_argument
 from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
+from seqpack.io.already_packed import refuse_packed
 from seqpack.io.atomic import temp_output
 from seqpack.io.claim import Claim, claim_output
 from seqpack.io.documents import Documents, resolve_binding
@@ -125,6 +128,9 @@ def pack_path(
     second writer at the same path is refused, naming this one.
     """
     opts = PackOptions.of(options, **overrides)
+    path_argument("out", out)  # its type; the value is checked where it is claimed
+    if isinstance(source, (str, Path)) and os.path.exists(source):
+        refuse_packed(Path(source))  # before any other complaint about it
     with claim_output(out, opts.overwrite) as claim:
         return pack_claimed(source, claim, opts)
 

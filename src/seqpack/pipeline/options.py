@@ -33,6 +33,15 @@ from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 from seqpack.pipeline.objective_options import objective_field, parse_switch
+from seqpack.pipeline.option_checks import (
+    POLICY_ALIASES,
+    check_pad_id,
+    check_types,
+    parse_pad,
+    policy_name,
+)
+
+__all__ = ["POLICY_ALIASES", "PackOptions", "check_pad_id", "parse_pad", "policy_name"]
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -82,7 +91,7 @@ class PackOptions:
     )
     policy: str = field(
         default=DEFAULT_POLICY,
-        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY})"),
+        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"),
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -206,7 +215,9 @@ class PackOptions:
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        check_types(self)
         put(self, "capacity", positive_int("capacity", self.capacity, INT32_MAX))
+        put(self, "policy", policy_name(self.policy))
         if self.policy not in POLICIES:
             raise InvalidInput(
                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
@@ -266,6 +277,11 @@ class PackOptions:
             )
         if options is None:
             return cls(**overrides)
+        if not isinstance(options, cls):
+            raise InvalidInput(
+                f"options must be a {cls.__name__} (or its fields as keywords), got"
+                f" {type(options).__name__} — pass {cls.__name__}(**options) or **options"
+            )
         return dataclasses.replace(options, **overrides) if overrides else options
 
     def load_tokenizer(self) -> Tokenizer | None:
@@ -295,36 +311,6 @@ class PackOptions:
             "config": config,
             "policy": {"name": self.policy, "options": dict(self.policy_options)},
         }
-
-
-def parse_pad(value: Any) -> int:
-    """A pad id: a non-negative integer (its bound is the vocabulary, :func:`check_pad_id`)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"pad_token_id must be a non-negative token id, got {value!r}")
-    return int(value)
-
-
-def check_pad_id(opts: PackOptions, vocab_size: int, tokenizer: Tokenizer | None) -> int | None:
-    """The pad id of a run, checked against the binding's ``vocab_size`` before anything is
-    written: ``opts.pad_token_id``, else the tokenizer's pad token (None when neither has
-    one). A pad id outside the vocabulary, or one that disagrees with the tokenizer's, is
-    an :class:`~seqpack.core.errors.InvalidInput`."""
-    own = getattr(tokenizer, "pad_token_id", None)
-    pad = opts.pad_token_id if opts.pad_token_id is not None else own
-    if pad is None:
-        return None
-    if own is not None and pad != own:
-        raise InvalidInput(
-            f"pad_token_id {pad} is not the tokenizer's pad token ({own}) — drop"
-            " --pad-token-id or pass the tokenizer's"
-        )
-    if not 0 <= pad < vocab_size:
-        raise InvalidInput(
-            f"pad_token_id {pad} is outside the vocabulary (vocab_size {vocab_size}): a collator"
-            " would feed the model an id it has no embedding for — pass a pad id below"
-            f" {vocab_size} or the right --vocab-size"
-        )
-    return int(pad)
 
 
 #: How command-line text becomes a field's value. A field whose flag says ``type=int``

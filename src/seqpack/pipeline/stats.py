@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -9,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import POLICIES, plan_rows
 from seqpack.core.supervision import Objective
+from seqpack.io.already_packed import refuse_packed
 from seqpack.io.documents import Documents
 from seqpack.io.readers import read_documents
-from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.options import PackOptions, policy_name
 from seqpack.pipeline.plot import check_plot_path, plot_stats
 from seqpack.pipeline.report import duplicate_report
 from seqpack.pipeline.writer import token_lengths
@@ -43,7 +45,7 @@ def compare_policies(
     before the clock starts.
     """
     out = []
-    for name in policies or list(POLICIES):
+    for name in [policy_name(p) for p in policies] if policies else list(POLICIES):
         plan_rows(lengths[:8], capacity, name, labels=labels)
         t0 = time.perf_counter()
         plan = plan_rows(lengths, capacity, name, labels=labels)
@@ -67,6 +69,8 @@ def stats_path(
     if plot is not None:
         check_plot_path(plot)
     capacity = opts.capacity
+    if isinstance(source, (str, Path)) and os.path.exists(source):
+        refuse_packed(Path(source))
     docs = read_documents(
         source,
         tokenizer=opts.load_tokenizer(),
@@ -78,7 +82,15 @@ def stats_path(
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
     lengths, split = example_lengths(docs, opts.pair_capacity, opts.split_long)
     labels = None if split else (lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})")
-    if opts.format == "trl":  # TRL's unit: tokens per example and per row
+    shift = 1 if opts.format == "trl" else 0  # TRL's unit: tokens (pairs + 1) per example
+    unit = "tokens" if shift else "prediction pairs"
+    named = labels or (lambda i: f"example {i}")
+    over = oversized(lengths + shift, capacity, named, unit)
+    if over is not None:  # plan the examples that fit; report the others
+        keep = np.flatnonzero(lengths + shift <= capacity)
+        lengths = lengths[keep]
+        labels = lambda i: named(int(keep[i]))  # noqa: E731
+    if opts.format == "trl":
         lengths = token_lengths(lengths, capacity, labels or (lambda i: f"example {i}"))
     results = compare_policies(lengths, capacity, policies, labels)
     report: dict[str, Any] = {
@@ -90,6 +102,7 @@ def stats_path(
         "examples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
         "lower_bound": -(-int(lengths.sum()) // capacity),
+        **({"oversized": over} if over is not None else {}),
         **duplicate_report(docs.ids, docs.origin.locate),
         "policies": [
             plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
@@ -99,6 +112,43 @@ def stats_path(
     if plot is not None:
         report["plot"] = str(plot_stats(lengths, [p for p, _ in results], capacity, plot))
     return report
+
+
+def oversized(
+    lengths: np.ndarray, capacity: int, label: Callable[[int], str], unit: str = "prediction pairs"
+) -> dict | None:
+    """Every example longer than ``capacity`` (lengths in the capacity's unit), counted, with
+    the capacities that would fit 99% and 100% of all examples; None when all fit. Raises
+    :class:`~seqpack.core.errors.OversizedExample` (saying the same) when none fits."""
+    over = lengths > capacity
+    count = int(np.count_nonzero(over))
+    if not count:
+        return None
+    ordered = np.sort(lengths)
+    first = int(np.argmax(over))
+    found = {
+        "examples": count,
+        "of": int(lengths.shape[0]),
+        "first": label(first),
+        "first_length": int(lengths[first]),
+        "unit": unit,
+        "longest": int(ordered[-1]),
+        "capacity_99": int(ordered[-(-99 * ordered.shape[0] // 100) - 1]),
+        "capacity_100": int(ordered[-1]),
+    }
+    if count == lengths.shape[0]:
+        raise OversizedExample(oversized_line(found, capacity).replace(" — ", "; none fits — "))
+    return found
+
+
+def oversized_line(found: dict, capacity: int) -> str:
+    """One line for :func:`oversized`'s report: how many, the first, what capacity fits."""
+    return (
+        f"{found['examples']:,} of {found['of']:,} examples are longer than capacity"
+        f" {capacity:,} (first: {found['first']}, {found['first_length']:,} {found['unit']};"
+        f" longest {found['longest']:,}): capacity {found['capacity_99']:,} fits 99% of the"
+        f" examples, {found['capacity_100']:,} fits all — raise --capacity or pass --split-long"
+    )
 
 
 def _ratio(plan: Plan) -> float:

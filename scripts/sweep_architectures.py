@@ -1,0 +1,219 @@
+"""Sweep every causal-LM model type of the installed transformers through ``verify``.
+
+Usage::
+
+    PYTHONPATH=src nice .venv/bin/python scripts/sweep_architectures.py \
+        [--out .cache/sweep.json] [--types llama,moshi,...] [--no-docs]
+
+For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: a tiny random config
+(``tests/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
+has one, smaller than the longest example), its capability
+(:func:`seqpack.hf.capability.capability`: exact / exact if ... / refused and
+why), and ``verify_hf`` in float64 on each of eager, sdpa and
+``seqpack_varlen``, the separate runs on the model's own sdpa/eager. Each
+cell is ``PASS`` (packed == separate), ``FAIL`` (mixed examples), ``refused``
+(up front, with the reason), ``n/a`` (transformers has no such
+implementation for the type) or ``crash``. Writes the JSON result and, unless
+``--no-docs``, the sweep table of ``docs/transformers.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+ATTNS = ("eager", "sdpa", "seqpack_varlen")
+DOCS = ROOT / "docs" / "transformers.md"
+BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+
+
+def _line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"
+
+
+def run_one(model_type: str, attn: str, config) -> dict:
+    """One cell: ``{"status", "detail", ...}`` for ``model_type`` on ``attn``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.hf.architectures import UnsupportedArchitecture
+    from seqpack.hf.capability import architecture_of, capability
+    from seqpack.hf.kinds import attention_kind
+    from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
+
+    try:  # what load_model does: the config's capability first, before any weights
+        capability(config).check(attention_kind(attn))
+    except UnsupportedArchitecture as err:
+        return {"status": "refused", "detail": str(err)}
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=attn, dtype=torch.float64, experts_implementation="eager"
+        ).eval()
+    except Exception as err:  # transformers has no such implementation for this type
+        return {"status": "n/a", "detail": _line(err)}
+    try:
+        arch = architecture_of(model).check(attention_kind(attn))
+        text = model.config.get_text_config()
+        limits = [c.limit for c in arch.conditions if c.what == "example"]
+        layout = verification_layout(
+            arch.window,
+            getattr(text, "max_position_embeddings", None),
+            max_example=min(limits) if limits else None,
+        )
+        examples = verification_examples(text.vocab_size, 0, layout=layout)
+        report = verify_hf(model, examples, capacity=layout.capacity)
+    except UnsupportedArchitecture as err:
+        return {"status": "refused", "detail": str(err)}
+    except Exception as err:
+        return {"status": "crash", "detail": _line(err)}
+    diff = report["max_abs_diff"]
+    return {
+        "status": "PASS" if report["pass"] else ("FAIL" if report["mixed"] else "own loss"),
+        "logits": diff["logits"],
+        "gradients": diff.get("gradients"),
+        "reference": report["reference"],
+        "tolerance": report["tolerance"]["why"],
+        "detail": report.get("hint", ""),
+        "window_exercised": report["architecture"]["window_exercised"],
+    }
+
+
+class TimedOut(BaseException):
+    """A type that took longer than its budget (reported, not waited for)."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise TimedOut("took longer than the sweep's per-type budget")
+
+
+def sweep_type(model_type: str, budget: int = 180) -> dict:
+    """The capability and the three cells of one model type, within ``budget`` seconds."""
+    import signal
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(budget)
+    try:
+        return _sweep_type(model_type)
+    except TimedOut as err:
+        return {"verdict": f"timed out: {err}", "cells": {}}
+    finally:
+        signal.alarm(0)
+
+
+def _sweep_type(model_type: str) -> dict:
+    from architecture_tiny import tiny_config
+    from seqpack.hf.capability import capability
+
+    try:
+        config = tiny_config(model_type)
+        verdict = capability(config).verdict
+    except Exception as err:
+        return {"verdict": f"no tiny config: {_line(err)}", "cells": {}}
+    return {
+        "verdict": verdict,
+        "cells": {attn: run_one(model_type, attn, config) for attn in ATTNS},
+    }
+
+
+def cell_text(cell: dict) -> str:
+    status = cell.get("status", "—")
+    if status in ("PASS", "FAIL", "own loss"):
+        return f"{status} {cell['logits']:.0e}"
+    return status
+
+
+def table(results: dict) -> str:
+    head = "| model type | capability | eager | sdpa | seqpack_varlen |\n|---|---|---|---|---|\n"
+    rows = []
+    for model_type, r in results.items():
+        cells = [cell_text(r["cells"].get(a, {})) for a in ATTNS]
+        verdict = r["verdict"].replace("|", "/")
+        refused = {
+            c.get("detail", "").split(": ", 1)[-1]
+            for c in r["cells"].values()
+            if c.get("status") == "refused" and not r["verdict"].startswith("refused")
+        }
+        if refused:
+            verdict += "; " + "; ".join(sorted(refused)).replace("|", "/")
+        rows.append(f"| `{model_type}` | {verdict} | {' | '.join(cells)} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def counts(results: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results.values():
+        for cell in r["cells"].values():
+            out[cell["status"]] = out.get(cell["status"], 0) + 1
+        if not r["cells"]:
+            key = r["verdict"].split(":")[0]
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def write_docs(results: dict) -> None:
+    import torch
+    import transformers
+
+    total = counts(results)
+    stamp = (
+        f"*Generated by `scripts/sweep_architectures.py`: {len(results)} causal-LM types of"
+        f" transformers {transformers.__version__}, torch {torch.__version__}, float64 on CPU;"
+        f" cells: {', '.join(f'{k} {v}' for k, v in sorted(total.items()))}.*\n\n"
+    )
+    text = DOCS.read_text()
+    block = f"{BEGIN}\n{stamp}{table(results)}{END}"
+    if BEGIN in text:
+        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+        text = pattern.sub(lambda _: block, text)
+    else:
+        text += f"\n## Every causal-LM type (the sweep)\n\n{block}\n"
+    DOCS.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / ".cache" / "sweep.json"))
+    parser.add_argument("--types", help="comma-separated model types (default: all)")
+    parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--merge", action="store_true", help="update --out's earlier results")
+    args = parser.parse_args()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    warnings.filterwarnings("ignore")
+    import torch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.utils import logging as hf_logging
+
+    import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
+
+    hf_logging.set_verbosity_error()
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    types = args.types.split(",") if args.types else every
+    out = Path(args.out)
+    # --types re-runs some types inside an earlier whole sweep (--merge) or alone
+    results = json.loads(out.read_text()) if args.merge and out.exists() else {}
+    for model_type in types:
+        started = time.perf_counter()
+        results[model_type] = sweep_type(model_type)
+        cells = {a: c["status"] for a, c in results[model_type]["cells"].items()}
+        print(f"{model_type}: {cells} {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps(counts(results)))
+    if not args.no_docs and set(every) <= set(results):
+        write_docs({t: results[t] for t in every})
+
+
+if __name__ == "__main__":
+    main()
