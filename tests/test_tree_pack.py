@@ -362,3 +362,23 @@ def test_verify_folder_checks_a_tree_output_whole(tmp_path):
         verify_folder(tmp_path / "tree")
     with pytest.raises(InvalidInput, match="checksum mismatch"):
         load_packed(tmp_path / "tree")
+
+
+def test_auto_flags_without_auto_are_refused(tmp_path, capsys):
+    _write({"input_ids": [[1, 2, 3]]}, tmp_path / "s.jsonl")
+    for extra in (["--tree"], []):
+        argv = [
+            "pack",
+            str(tmp_path / "s.jsonl"),
+            *extra,
+            "--tree-prefix",
+            "4",
+            "--capacity",
+            "8",
+            "--vocab-size",
+            "8",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+        assert main(argv) == 2 and "for --tree auto" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -60,6 +60,7 @@ def _source(args: argparse.Namespace) -> Any:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _source(args)
     options = from_arguments(args, "pack")
+    refuse_tree_flags(args)
     if args.tree is not None:
         from seqpack.cli.tree import cmd_pack_tree
 
@@ -128,7 +129,14 @@ def add_stats(p: argparse.ArgumentParser) -> None:
     )
 
 
+def refuse_tree_flags(args: argparse.Namespace) -> None:
+    """--tree-prefix / --tree-window only shape --tree auto's grouping."""
+    if args.tree != "auto" and (args.tree_prefix, args.tree_window) != (None, None):
+        raise InvalidInput("--tree-prefix and --tree-window group rows for --tree auto: add it")
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
+    refuse_tree_flags(args)
     if args.tree:
         from seqpack.cli.tree import cmd_stats_tree
 
