@@ -51,6 +51,21 @@ def test_a_damaged_output_or_a_wrong_expectation_is_refused(packed, tmp_path, ca
         assert needle in message, (needle, message)
 
 
+def test_files_the_manifest_does_not_list_are_never_read(packed, tmp_path):
+    """A reader trusts only the manifest: a killed run's shards, a stray copy or the user's
+    files in the folder change nothing that loads."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    want = [b.segments.tolist() for b in load_packed(out)]
+    first = out / load_packed(out).manifest["shards"][0]["file"]
+    (out / "shard-0002-00000.parquet").write_bytes(first.read_bytes())  # a killed run's
+    (out / "shard-00099.parquet").write_bytes(b"garbage")
+    (out / "notes.txt").write_text("mine")
+    assert [b.segments.tolist() for b in load_packed(out, verify="full")] == want
+
+
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
     from seqpack.io import verify as verify_mod
 

@@ -134,7 +134,8 @@ def _refuse_overlap(out: Path, inputs: Iterable[Any]) -> None:
         if not isinstance(source, (str, os.PathLike)):
             continue
         theirs = os.path.realpath(source)
-        if mine == theirs or os.path.commonpath([mine, theirs]) in (mine, theirs):
+        common = os.path.commonpath([mine, theirs])
+        if common == mine or (common == theirs and os.path.isdir(theirs)):
             raise InvalidInput(
                 f"--out {out} overlaps the input {os.fspath(source)} (the same folder, or one"
                 " inside the other); seqpack never publishes over its input — choose another"
@@ -262,7 +263,6 @@ class Output:
     generation: int
     replaces: list[str]
     notes: list[str] = field(default_factory=list)
-    committed: bool = False
 
     def shard(self, k: int) -> str:
         return shard_name(self.generation, k)
@@ -275,7 +275,6 @@ class Output:
         part = f".manifest-{self.generation:04d}.json.{secrets.token_hex(4)}.part"
         write_file(self.path / MANIFEST, lambda f: f.write(data), part)
         fsync_dir(self.path)
-        self.committed = True
         listed = {s["file"] for s in manifest["shards"]}
         _remove(self.path, self.replaces, listed)
         left = sorted(
@@ -348,9 +347,9 @@ def open_output(
     Raises :class:`~seqpack.core.errors.InvalidInput` when another run holds it
     (naming it), when ``out`` cannot name an output folder, overlaps one of
     ``inputs``, holds files seqpack did not write and no manifest, or holds
-    an output and ``overwrite`` is False. If the body fails, or the yielded
-    :class:`Output` is never committed, everything this run wrote is
-    removed, and so are the folders it created.
+    an output and ``overwrite`` is False. If the body raises (an error,
+    SIGTERM, Ctrl-C) before :meth:`Output.commit` replaced the manifest,
+    everything this run wrote is removed, and so are the folders it created.
     """
     path = output_path(out)
     _refuse_overlap(path, inputs)
@@ -380,8 +379,16 @@ def open_output(
         try:
             yield output
         finally:
-            if not output.committed:  # failed or signalled: remove what this run wrote
-                mine = _generation_files(output.generation)
+            # What the manifest on disk lists decides, not a flag: a signal may land
+            # between the rename and any bookkeeping after it.
+            try:
+                listed = set(listed_shards(path) or ())
+            except InvalidInput:  # the manifest became a link: not ours to read
+                listed = set()
+            mine = _generation_files(output.generation)
+            if any(mine.match(n) for n in listed):  # committed: the replaced shards go
+                _remove(path, output.replaces, listed)
+            else:  # failed or signalled before the commit: what this run wrote goes
                 _remove(path, [n for n in os.listdir(path) if mine.match(n)], ())
     finally:
         try:
