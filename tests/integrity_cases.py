@@ -110,6 +110,7 @@ def _fix_checksums(out: Path, k: int) -> None:
     entry = manifest["shards"][k]
     path = out / entry["file"]
     entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_file(path)
+    entry["columns"] = pq.read_schema(path).names  # what a careful editor updates too
     (out / MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -128,6 +129,33 @@ def _edit_shard(change: Callable[[dict], Any], k: int = 1) -> Callable[[Path], N
         _fix_checksums(out, k)
 
     return damage
+
+
+def _retype(name: str, kind: pa.DataType, change: Callable[[dict], Any] | None = None,
+            drop: bool = False) -> Callable[[Path], None]:  # fmt: skip
+    """Rewrite shard 1 with column ``name`` stored as ``kind`` (values cast, then
+    ``change(columns)``) or dropped, its checksums and column list fixed in the manifest."""
+
+    def damage(out: Path) -> None:
+        path = _shard(out, 1)
+        table = pq.read_table(path)
+        columns = {n: table.column(n).to_pylist() for n in table.column_names}
+        if drop:
+            del columns[name]
+        elif change is not None:
+            change(columns)
+        fields = [
+            (n, kind) if n == name else table.schema.field(n) if n in table.schema.names
+            else (n, FIELDS.get(n, kind)) for n in columns
+        ]  # fmt: skip
+        pq.write_table(pa.table(columns, schema=pa.schema(fields)), path)
+        _fix_checksums(out, 1)
+
+    return damage
+
+
+def _huge_token(c: dict) -> None:
+    c["tokens"][0][1] = 2**32 + 7  # wraps to 7 as int32: inside the vocabulary
 
 
 def _set_token(value: int) -> Callable[[dict], None]:
@@ -333,6 +361,31 @@ DAMAGES: list[Damage] = [
     Damage("swapped-checksums-fixed", "two shards swapped, their checksums swapped too",
            _swap_with_checksums, InvalidInput,
            ("shard-0001-00000.parquet: holds first_row", "but the manifest says 0")),
+    # What the format declares, each edit re-hashed and its column list fixed in the manifest.
+    Damage("float-token-ids", "token ids stored as floats (1.0, 2.0, ...; were truncated)",
+           _retype("tokens", pa.list_(pa.float64())), InvalidInput,
+           ("column 'tokens' has type list<double>, not the format's list<int32>",)),
+    Damage("int64-token-above-2**32", "token ids stored as int64, one of them 2**32 + 7",
+           _retype("tokens", pa.list_(pa.int64()), _huge_token), InvalidInput,
+           ("column 'tokens' has type list<int64>, not the format's list<int32>",)),
+    Damage("loss-bits-dropped", "the `loss_bits` column dropped (every target would be"
+           " supervised)", _retype("loss_bits", pa.binary(), drop=True), InvalidInput,
+           ("shard-0001-00001.parquet: holds eligible", "but the manifest says 160")),
+    Damage("pair-counts-nested", "`pair_counts` stored as lists of lists",
+           _retype("pair_counts", pa.list_(pa.list_(pa.int32())),
+                   lambda c: c.__setitem__("pair_counts", [[[n] for n in r]
+                                                           for r in c["pair_counts"]])),
+           InvalidInput, ("column 'pair_counts' has type list<list<int32>>",)),
+    Damage("unknown-column", "a column the format does not declare",
+           _retype("extra", pa.list_(pa.int32()),
+                   lambda c: c.__setitem__("extra", c["ordinals"])), InvalidInput,
+           ("column 'extra' is not a column of the packed-row format",)),
+    Damage("columns-listed-wrong", "the manifest's column list of a shard edited",
+           _manifest(lambda m: m["shards"][1]["columns"].remove("loss_bits")), InvalidInput,
+           ("holds the columns", "but the manifest says")),
+    Damage("eligible-statistic-edited", "`statistics.eligible_targets` changed",
+           _manifest(_set("statistics.eligible_targets", 1000)), InvalidInput,
+           ("statistics.eligible_targets is 1000 but the shards' entries give 1,487",)),
     # Edited manifests.
     Damage("shard-entry-removed", "a shard's entry removed, rows renumbered and totals fixed",
            _drop_entry(1, delete_file=False), InvalidInput,

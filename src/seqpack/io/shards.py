@@ -359,7 +359,7 @@ def write_shard_file(
     first_row = int(first_row)
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    return {
+    entry = {
         "file": name,
         "first_row": first_row,
         "rows": table.num_rows,
@@ -369,3 +369,21 @@ def write_shard_file(
         "sha256": sha256_file(path),
         "columns": table.column_names,
     }
+    if "labels" not in names or "input_ids" in names:  # not version 1: count the targets
+        entry["eligible"] = eligible_targets(table)
+    return entry
+
+
+def eligible_targets(table: pa.Table) -> int:
+    """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
+    (unused bits are 0), every pair without it; labels other than -100 in TRL's."""
+    if "input_ids" in table.column_names:
+        labels = table.column("labels").combine_chunks().flatten().to_numpy()
+        return int(np.count_nonzero(labels != -100))
+    if "loss_bits" not in table.column_names:
+        return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
+    bits = table.column("loss_bits").combine_chunks()
+    _, obuf, dbuf = bits.buffers()
+    offsets = np.frombuffer(obuf, np.int32)[bits.offset : bits.offset + len(bits) + 1]
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    return int(np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).sum(dtype=np.int64))

@@ -138,7 +138,7 @@ class PackedStore:
                     f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
                     " pack again"
                 ) from None
-            check_table(table, str(file))
+            check_table(table, str(file), self.shards[k])
             rows = arrow_to_rows(
                 table,
                 capacity=self.capacity,
