@@ -343,3 +343,22 @@ def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, wh
         )
     with pytest.raises(InvalidInput, match=re.escape(f"{entry['file']}: {needle}")):
         load_trl(out, cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", ["loss-bits-dropped", "float-token-ids", "columns-listed-wrong"])
+def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
+    """The training path holds shards to the format at its default depth, row_stats too."""
+    import shutil
+
+    from seqpack.training.data import PackedDataset
+
+    case = next(c for c in DAMAGES if c.name == name)
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    case.damage(out)
+    data = PackedDataset(out)
+    with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
+        data.row_stats()
+    with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
+        for i in range(len(data)):
+            data[i]

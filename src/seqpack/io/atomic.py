@@ -20,11 +20,10 @@ run never writes over a listed shard; :func:`shard_name` is the one place
 that names shard files. ``--overwrite`` is a new manifest plus the removal
 of the shards the previous manifest listed (regular files of seqpack's own
 name pattern only). A run that fails or is signalled removes the files of
-its generation and, for a fresh output, the folders it created; a run
-killed outright leaves its record in the lock file, and the next writer
-removes exactly that run's files, with a note. Without ``--overwrite`` an
-existing manifest is refused; a folder that holds files seqpack did not
-write and no manifest is never packed into.
+its generation and the folders it created; a run killed outright leaves
+its record in the lock file, and the next writer removes exactly that
+run's files, with a note. A folder holding files seqpack did not write and
+no manifest is never packed into.
 
 ``--out`` is taken literally: ``""``, ``.``, ``..`` and ``/`` are refused,
 a symbolic link is followed to the folder it names (the link stays), and
@@ -162,10 +161,8 @@ def listed_shards(folder: Path) -> list[str] | None:
     """The file names the manifest of ``folder`` lists (None: no readable manifest)."""
     if _plain_file(folder / MANIFEST, "manifest") is None:
         return None
-    try:
-        fd = os.open(folder / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            shards = json.loads(f.read())["shards"]
+    try:  # not a link (checked above): reading it follows none
+        shards = json.loads((folder / MANIFEST).read_bytes())["shards"]
         return [s["file"] for s in shards if isinstance(s["file"], str)]
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
@@ -235,6 +232,7 @@ def _describe(record: dict[str, Any]) -> str:
 
 
 def _read_record(raw: bytes) -> dict[str, Any]:
+    """What a writer records in the lock file (``{}`` when empty or unreadable)."""
     try:
         record = json.loads(raw)
     except (ValueError, RecursionError):
@@ -277,14 +275,10 @@ class Output:
         fsync_dir(self.path)
         listed = {s["file"] for s in manifest["shards"]}
         _remove(self.path, self.replaces, listed)
-        left = sorted(
-            p.name for p in self.path.iterdir() if p.name not in listed and p.name != LOCK
-        )
-        left = [n for n in left if n != MANIFEST]
+        left = sorted(set(os.listdir(self.path)) - listed - {LOCK, MANIFEST})
         if left:
-            shown = ", ".join(map(repr, left[:3])) + (", …" if len(left) > 3 else "")
             self.notes.append(
-                f"left {shown} in {self.path}: the manifest does not list"
+                f"left {', '.join(map(repr, left))} in {self.path}: the manifest does not list"
                 f" {'it' if len(left) == 1 else 'them'} and seqpack removes only its own shards"
             )
 
@@ -312,10 +306,9 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
         ) from None
     try:
         fd = os.open(file, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        st = os.fstat(fd)
-        if st.st_nlink != 1 or not stat.S_ISREG(st.st_mode):
+        if os.fstat(fd).st_nlink != 1:  # a hard link made since the check
             os.close(fd)
-            _plain_file(file, "lock file")  # raises: it became a link
+            _plain_file(file, "lock file")  # raises
         previous = _read_record(os.pread(fd, 1 << 16, 0))
     except BaseException:
         lock.release()
