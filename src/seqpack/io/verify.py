@@ -254,7 +254,7 @@ def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) ->
     missing = [n for n in (V1_SCHEMA.names if v1 else REQUIRED) if n not in schema.names]
     if missing:
         raise _bad(where, f"the required columns {missing} are missing")
-    if entry is not None and "columns" in entry and list(entry["columns"]) != schema.names:
+    if entry is not None and "columns" in entry and entry["columns"] != schema.names:
         raise _bad(
             where, f"holds the columns {schema.names} but the manifest says {entry['columns']}"
         )
