@@ -139,3 +139,44 @@ def test_a_killed_pack_leaves_no_spill_behind(tmp_path, corpus, how):
     assert load_packed(out).num_rows == stats["rows"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out", "spill"]
     assert os.listdir(spill_dir) == []
+
+
+def test_a_full_spill_disk_names_the_spill_folder(tmp_path, corpus, monkeypatch, capsys):
+    import errno
+    import io
+    import tempfile as tempfile_mod
+
+    from seqpack.cli import main
+    from seqpack.io import spill as spill_mod
+
+    real = tempfile_mod.TemporaryFile
+
+    class Full(io.RawIOBase):
+        """A spill file on a full disk: every write fails as the kernel says it."""
+
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self):
+            return self.inner.fileno()
+
+        def close(self):
+            self.inner.close()
+            super().close()
+
+    monkeypatch.setattr(spill_mod.tempfile, "TemporaryFile", Full)
+    spill_dir = tmp_path / "spill"
+    argv = ["pack", str(corpus), "--out", str(tmp_path / "out"), "--capacity", "64",
+            "--vocab-size", "300", "--chunk-bytes", "500",
+            "--spill-dir", str(spill_dir)]  # fmt: skip
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert "No space left on device" in err and f"{spill_dir} (--spill-dir)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # nothing left behind

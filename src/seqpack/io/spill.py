@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,9 @@ class Spill:
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
         self.path = folder
-        self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        with self._naming_errors():
+            self._writer = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
         self.bytes = 0
 
@@ -78,19 +81,17 @@ class Spill:
             flags = pa.LargeListArray.from_arrays(_values(targets, pa.int64()), values)
         ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
-        try:
+        with self._naming_errors():
             self._writer.write_batch(batch)
-        except OSError as err:  # a full disk: name where the spill is
-            where = f"{self.path} (--spill-dir)"
-            raise OSError(err.errno, err.strerror or str(err), where) from None
         self.bytes += batch.nbytes
 
     def open(self, origins: list[Origin], first_rows: list[int]) -> list[TokenChunk]:
         """Finish writing and map the file: every chunk, in order, as views of the map."""
         assert self._writer is not None, "the spill is already open"
-        self._writer.close()
-        self._writer = None
-        self._file.flush()
+        with self._naming_errors():
+            self._writer.close()
+            self._writer = None
+            self._file.flush()
         self._mapped = MappedFile(self.path, self._file)
         reader = pa.ipc.open_file(pa.BufferReader(self._mapped.buffer))
         chunks = []
@@ -120,8 +121,8 @@ class Spill:
         return [] if self._mapped is None else [self._mapped]
 
     def close(self) -> None:
-        if self._writer is not None:
-            with contextlib.suppress(pa.ArrowException):
+        if self._writer is not None:  # discarded: a full disk must not hide the first error
+            with contextlib.suppress(pa.ArrowException, OSError):
                 self._writer.close()
             self._writer = None
         if self._mapped is not None:
@@ -130,6 +131,15 @@ class Spill:
         else:
             self._file.close()
         self._remove_folders()
+
+    @contextlib.contextmanager
+    def _naming_errors(self) -> Iterator[None]:
+        """An OS error of the spill (a full disk) names where the spill is."""
+        try:
+            yield
+        except OSError as err:
+            where = f"{self.path} (--spill-dir)"
+            raise OSError(err.errno, err.strerror or str(err), where) from None
 
     def _remove_folders(self) -> None:
         for folder in reversed(self._made):  # the folders made for it, if empty
