@@ -231,6 +231,17 @@ INVARIANTS = [
         "`test_stress.py`; 10 million examples: `benchmarks/stress.py`",
     ),
     (
+        "damage to the first, middle or last shard (bit flip, re-hashed edits) is refused at"
+        " every depth, seqpack's format and TRL's",
+        "`test_integrity.py::test_damage_to_the_first_middle_or_last_shard_is_refused`,"
+        " `::test_damage_to_any_shard_of_a_trl_output_is_refused`",
+    ),
+    (
+        "SIGTERM or Ctrl-C while reading, planning, writing or committing exits 143 / 130 and"
+        " leaves the old complete output or the new one, never a part",
+        "`test_faults.py::test_a_signal_at_any_stage_*`",
+    ),
+    (
         "any edit of a manifest fails the load with one line or loads exactly the same batches;"
         " any re-hashed shard edit fails or keeps every invariant (1,000 examples each)",
         "`test_fuzz_outputs.py`",
