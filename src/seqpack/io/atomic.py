@@ -52,6 +52,8 @@ import filelock
 
 from seqpack.core.errors import InvalidInput
 
+#: Never follow a link when opening (POSIX; other systems have no such flag).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MANIFEST = "manifest.json"
 LOCK = ".seqpack-lock"
 #: A shard seqpack wrote: ``shard-GGGG-KKKKK.parquet`` (``shard-KKKKK.parquet`` before 0.3).
@@ -86,7 +88,7 @@ def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None =
     rename. A full disk names the file (``OSError`` with its path)."""
     tmp = path.with_name(part or f".{path.name}.{secrets.token_hex(4)}.part")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -293,7 +295,7 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
         lock.acquire()
     except filelock.Timeout:
         try:
-            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(file, os.O_RDONLY | _NOFOLLOW)
             with os.fdopen(fd, "rb") as f:
                 who = _describe(_read_record(f.read(4096)))
         except OSError:
@@ -305,7 +307,7 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
             " choose another --out"
         ) from None
     try:
-        fd = os.open(file, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(file, os.O_RDWR | _NOFOLLOW)
         if os.fstat(fd).st_nlink != 1:  # a hard link made since the check
             os.close(fd)
             _plain_file(file, "lock file")  # raises
