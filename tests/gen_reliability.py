@@ -189,12 +189,12 @@ int64 above 2**32 that would wrap into the vocabulary, are refused, never cast),
 exactly the columns its manifest entry lists; each entry records the shard's
 supervised targets, checked against the shard and against
 `statistics.eligible_targets`, so a dropped `loss_bits` column is refused. On
-W1[:20,000] (6.9M tokens; `benchmarks/bench_verify.py --quick`, load average 10 on
-2 shared cores) the schema check costs 0.001× of a plain decode and a shard read
-with every check 1.20× of one without (0.44 s vs 0.37 s). `load_trl` decodes each
-TRL shard once more to hold it to TRL's schema, the vocabulary, labels, lengths
-and positions: 1.4-2.1× of reading every shard once (0.85 s), before
-`datasets.load_dataset` reads them.
+W1[:20,000] (6.9M tokens; `benchmarks/bench_verify.py --quick`, two runs at load
+average 8-10 on 2 shared cores) the schema check costs 0.001× of a plain decode and
+a shard read with every check 1.04-1.20× of one without (0.44 s vs 0.37-0.42 s).
+`load_trl` decodes each TRL shard once more to hold it to TRL's schema, the
+vocabulary, labels, lengths and positions: 1.66× (5 repeats; 1.4-2.1× over three
+runs) of reading every shard once, before `datasets.load_dataset` reads them.
 """
 
 #: (property, where it is tested) for the invariants section.
