@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -73,7 +75,7 @@ def test_attention_cost_balancing_uses_squared_lengths():
 
 
 def test_bad_arguments():
-    with pytest.raises(InvalidInput, match="world_size must be a positive integer"):
+    with pytest.raises(InvalidInput, match="world_size must be an integer in"):
         schedule_rows(np.ones(3), world_size=0, micro_batches=1, rows_per_micro_batch=1)
 
 
@@ -121,3 +123,91 @@ def test_sampler_and_stats_reject_bad_settings():
     sampler = RowSampler(stats, rows_per_micro_batch=1)
     with pytest.raises(InvalidInput, match="position"):
         sampler.load_state_dict(sampler.state_dict() | {"position": 99})
+
+
+#: Arguments of the training API that once allocated gigabytes or raised a traceback; each
+#: must now be one SeqpackError before anything is allocated (run under a 3 GB cap).
+def _bad_api_calls():
+    import datasets
+
+    import seqpack
+    import seqpack.hf as H
+    from seqpack.training import RowSampler, RowStats, StreamDataset
+
+    b = seqpack.Binding(266, "t", "s")
+    rs = RowStats.from_segments(np.full(5, 3), np.arange(5), np.full(5, 3))
+    packed = H.pack_dataset(datasets.Dataset.from_dict({"input_ids": [[0, 1, 2]]}), 8,
+                            vocab_size=266)  # fmt: skip
+    docs = [[0, 1, 2]] * 10
+
+    def stream(**kw):
+        args = {"binding": b, "capacity": 8, "rows_per_micro_batch": 1} | kw
+        return next(iter(StreamDataset(args.pop("documents", docs), **args)))
+
+    return {
+        "world_size 1e9": (
+            lambda: RowSampler(rs, rows_per_micro_batch=1, world_size=10**9, rank=0),
+            "over the",
+        ),
+        "micro_batches 1e9": (
+            lambda: RowSampler(rs, rows_per_micro_batch=1, micro_batches=10**9),
+            "over the",
+        ),
+        "rows_per_micro_batch 1e12": (
+            lambda: RowSampler(rs, rows_per_micro_batch=10**12),
+            "rows_per_micro_batch",
+        ),
+        "world_size '2'": (
+            lambda: RowSampler(rs, rows_per_micro_batch=1, world_size="2"),
+            "world_size",
+        ),
+        "rank 1.5": (
+            lambda: RowSampler(rs, rows_per_micro_batch=1, world_size=2, rank=1.5),
+            "rank",
+        ),
+        "stats list": (lambda: RowSampler([1, 2], rows_per_micro_batch=1), "RowStats"),
+        "seed 'x'": (lambda: RowSampler(rs, rows_per_micro_batch=1, seed="x"), "seed"),
+        "shuffle 'no'": (lambda: RowSampler(rs, rows_per_micro_batch=1, shuffle="no"), "shuffle"),
+        "set_epoch 'x'": (lambda: RowSampler(rs, rows_per_micro_batch=1).set_epoch("x"), "epoch"),
+        "stream world 1e9": (lambda: stream(world_size=10**9, rank=0), "over the"),
+        "stream micro 1e9": (lambda: stream(micro_batches=10**9), "over the"),
+        "stream window 1e9": (lambda: stream(window=10**9), "over the"),
+        "stream capacity 1e10": (lambda: stream(capacity=10**10), "capacity"),
+        "stream read_chunk 1e12": (lambda: stream(read_chunk=10**12), "read_chunk"),
+        "stream binding str": (lambda: stream(binding="x"), "binding"),
+        "stream tokenizer str": (lambda: stream(tokenizer="bytes"), "tokenizer"),
+        "stream documents int": (lambda: stream(documents=5), "documents"),
+        "stream split_long 'yes'": (lambda: stream(split_long="yes"), "split_long"),
+        "to_batches 1e12": (lambda: H.to_batches(packed, 10**12), "max_rows_per_batch"),
+        "to_batches '8'": (lambda: H.to_batches(packed, "8"), "max_rows_per_batch"),
+        "to_batches list": (lambda: H.to_batches([1, 2]), "pack_dataset"),
+        "to_batches binding str": (lambda: H.to_batches(packed, 2, "b"), "expected_binding"),
+        "schedule loads str": (
+            lambda: schedule_rows("ab", world_size=1, micro_batches=1, rows_per_micro_batch=1),
+            "loads",
+        ),
+    }
+
+
+def test_api_arguments_are_refused_before_anything_is_allocated():
+    """In a child process capped at 3 GB of address space (each case once asked for 7-74 GiB
+    or raised AttributeError / ValueError): one SeqpackError naming the argument each."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, sys; sys.path.insert(0, 'tests');"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
+        "import test_distributed as t, seqpack\n"
+        "for name, (call, words) in t._bad_api_calls().items():\n"
+        "    try:\n        call()\n    except seqpack.SeqpackError as e:\n"
+        "        assert words in str(e) and '\\n' not in str(e), (name, str(e))\n"
+        "        continue\n"
+        "    except BaseException as e:\n        raise AssertionError((name, repr(e)))\n"
+        "    raise AssertionError((name, 'accepted'))\n"
+        "print('refused', len(t._bad_api_calls()))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("refused")

@@ -44,14 +44,14 @@ def _packed(tok, kind=None):
     return seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok), ids, labels
 
 
-def _train(kind, model, packed, tok, tmp_path, loss):
+def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
     """Two steps of TRL's SFTTrainer (padding-free) or of Trainer with
     DataCollatorWithFlattening; each step's gradients."""
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
     record, grads = grad_recorder()
-    common = training_args(len(packed), str(tmp_path))
+    common = training_args(len(packed) if rows is None else rows, str(tmp_path))
     if kind == "trl":
         args = SFTConfig(padding_free=True, max_length=None, **common)
         extra = {"processing_class": tok}
@@ -126,3 +126,26 @@ def test_rows_fed_whole_to_flattening_collator_join_examples(tmp_path):
     restarts = int((split["position_ids"] == 0).sum())
     assert restarts == sum(len(r["seq_lengths"]) for r in rows) == len(ids)
     assert int((direct["position_ids"] == 0).sum()) == len(rows) < restarts
+
+
+def test_sft_trainer_on_a_streamed_dataset_equals_separate_examples(tmp_path):
+    """A generator of rows packed as a stream (an IterableDataset of TRL rows) trains in
+    SFTTrainer exactly as the separate examples do (float64, two steps)."""
+    from datasets import IterableDataset
+
+    tok = tokenizer()
+    ids, labels = examples()
+    rows = [{"input_ids": i, "labels": lab} for i, lab in zip(ids, labels, strict=True)]
+    packed = seqpack.hf.pack_dataset(lambda: iter(rows), 12, format="trl", tokenizer=tok)
+    assert isinstance(packed, IterableDataset)
+    count = sum(1 for _ in packed)
+    assert 1 < count < len(ids)
+    base = llama()
+    model = copy.deepcopy(base)
+    model.config._attn_implementation = "sdpa"
+    grads = _train("trl", model, packed, tok, tmp_path, float64_loss, rows=count)
+    reference, ref_grads = separate_training(base, ids, labels, steps=2)
+    assert len(grads) == 2
+    for step in range(2):
+        assert worst_ratio(grads[step], ref_grads[step]) <= 1.0, f"step {step + 1} gradients"
+    assert worst_ratio(parameters(model), parameters(reference)) <= 1.0

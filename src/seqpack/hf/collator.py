@@ -15,15 +15,16 @@ from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs, check_implementation
 from seqpack.hf.architectures import Architecture, describe
 from seqpack.hf.kinds import MASK_KINDS
-from seqpack.training.data import check_partition, concat_batches
+from seqpack.training.data import ScheduledBatch, check_partition, concat_batches
 
 
 @dataclass
 class HFCollator:
     """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
 
-    ``features`` are :class:`PackedBatch` objects (their rows are stacked by
-    :func:`seqpack.training.data.concat_batches`)
+    ``features`` are :class:`PackedBatch` objects or the
+    :class:`~seqpack.training.ScheduledBatch` items of a ``StreamDataset`` (their
+    rows are stacked by :func:`seqpack.training.data.concat_batches`)
     or rows of :func:`seqpack.hf.pack_dataset` output (dicts with the packed
     columns; build the collator with :meth:`for_dataset` and set
     ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
@@ -42,6 +43,11 @@ class HFCollator:
     ``partition`` (default ``"train"``; None: any) refuses
     :class:`PackedBatch` features of another partition; dataset rows are
     read as the packed dataset's partition (:meth:`for_dataset`).
+
+    ``use_cache=False`` is passed unless ``config.use_cache`` is already False
+    (as ``Trainer`` sets it): then every value returned is a tensor with one
+    row per packed row, which accelerate's ``dispatch_batches`` (its default
+    for an ``IterableDataset`` under torchrun) concatenates and splits.
     """
 
     attn_implementation: str
@@ -85,13 +91,26 @@ class HFCollator:
 
     def batch_of(self, features: Sequence[Any]) -> PackedBatch:
         """The stacked rows of ``features`` as one :class:`PackedBatch`."""
+        if isinstance(features, (PackedBatch, ScheduledBatch)):
+            features = [features]
+        for f in features:
+            if isinstance(f, ScheduledBatch) and (f.world_size or 1) > 1:
+                raise InvalidInput(
+                    f"these StreamDataset items are rank {f.slot.rank}'s share of"
+                    f" {f.world_size} ranks, but Trainer (accelerate) splits the data between"
+                    " ranks itself, so half would never be trained on — build the"
+                    " StreamDataset with world_size=1, rank=0 for Trainer"
+                )
+        # StreamDataset / PackedDataset[slot] items: their batches (Trainer sums the targets)
+        features = [f.batch if isinstance(f, ScheduledBatch) else f for f in features]
         if features and all(isinstance(f, PackedBatch) for f in features):
             batch = concat_batches(features)
             check_partition(batch, self.partition, "this HFCollator")
             return batch
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
-                "collator features must be PackedBatch objects or rows of a packed dataset"
+                "collator features must be PackedBatch / ScheduledBatch objects or rows of a"
+                " packed dataset"
             )
         return self._rows(features).to_batch()
 
@@ -127,7 +146,7 @@ class HFCollator:
         )
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
-        return build_inputs(
+        out = build_inputs(
             self.batch_of(features),
             self.attn_implementation,
             self.arch,
@@ -135,3 +154,8 @@ class HFCollator:
             pad_token_id=self.pad_token_id,
             kind=self.kind,
         )
+        if self.config is not None and getattr(self.config, "use_cache", True) is False:
+            # the model makes no cache (Trainer sets config.use_cache from its args, False by
+            # default): every value is a tensor of rows, as accelerate's dispatch_batches needs
+            del out["use_cache"]
+        return out

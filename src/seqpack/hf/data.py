@@ -128,10 +128,23 @@ def pack_dataset(
     :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
     ``max_length``. The input's ``datasets`` format (``with_format("torch")``
     etc., not a ``with_transform``) is carried over to the output.
+
+    A stream — a ``datasets.IterableDataset``, a function returning an
+    iterable of mappings, or such an iterable or generator — returns a
+    ``datasets.IterableDataset`` of the same rows, packed with
+    ``stream-best-fit`` as it is read (bounded memory; ``vocab_size`` or a
+    tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
     """
     import datasets
 
+    from seqpack.hf.streaming import is_stream, pack_stream
+
+    stream = is_stream(dataset)
+    if stream and policy is None and options is None and "policy" not in keywords:
+        policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
     opts = _options(capacity, policy, options, keywords)
+    if stream:
+        return pack_stream(dataset, opts, META_KEY)
     source = dataset
     tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
@@ -267,12 +280,44 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
 def to_batches(
     packed: Any, max_rows_per_batch: int | None = None, expected_binding: Binding | None = None
 ) -> Iterator[PackedBatch]:
-    """The padded model calls of a packed dataset, identical to :func:`seqpack.materialize`'s."""
-    rows = packed_rows(packed)
+    """The padded model calls of a packed dataset, identical to :func:`seqpack.materialize`'s.
+
+    ``packed``: a ``Dataset`` or a streamed ``IterableDataset`` of :func:`pack_dataset`
+    (read ``max_rows_per_batch`` rows at a time). The arguments are checked first.
+    """
+    import datasets
+
+    if not isinstance(packed, (datasets.Dataset, datasets.IterableDataset)):
+        raise InvalidInput(
+            f"to_batches reads the output of seqpack.hf.pack_dataset, not a {type(packed).__name__}"
+        )
+    if expected_binding is not None and not isinstance(expected_binding, Binding):
+        raise InvalidInput(
+            f"expected_binding must be a seqpack.Binding, got {type(expected_binding).__name__}"
+        )
+    meta = packed_metadata(packed)
+    config = meta["config"]
+    per = int(config["max_rows_per_batch"]) if max_rows_per_batch is None else max_rows_per_batch
+    per = PackConfig(int(config["capacity"]), per).max_rows_per_batch  # checked
+    binding = Binding.from_dict(meta["binding"])
     if expected_binding is not None:
-        expected_binding.require(rows.binding, "the packed dataset")
-    per = max_rows_per_batch or int(packed_metadata(packed)["config"]["max_rows_per_batch"])
-    yield from rows.batches(PackConfig(rows.capacity, per).max_rows_per_batch)
+        expected_binding.require(binding, "the packed dataset")
+    if isinstance(packed, datasets.Dataset):
+        return packed_rows(packed).batches(per)
+    return _stream_batches(packed, meta, binding, per)
+
+
+def _stream_batches(
+    packed: Any, meta: dict[str, Any], binding: Binding, per: int
+) -> Iterator[PackedBatch]:
+    for table in packed.with_format("arrow").iter(batch_size=per):
+        yield arrow_to_rows(
+            table,
+            capacity=int(meta["config"]["capacity"]),
+            partition=Partition.parse(meta["partition"]),
+            binding=binding,
+            where="packed stream",
+        ).to_batch()
 
 
 def unpack_dataset(packed: Any) -> Any:

@@ -208,7 +208,14 @@ def pick_split(dataset: Any, part: Partition, name: str) -> Any:
             )
         dataset = dataset[part.value]
     if not isinstance(dataset, datasets.Dataset):
-        raise InvalidInput(f"{name} is a {type(dataset).__name__}, not a datasets.Dataset")
+        stream = isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict))
+        hint = (
+            " — a stream is packed by seqpack.hf.pack_dataset (it returns an IterableDataset);"
+            " to write a packed folder, materialise it first (datasets.Dataset.from_generator)"
+            if stream or hasattr(dataset, "__next__")
+            else ""
+        )
+        raise InvalidInput(f"{name} is a {type(dataset).__name__}, not a datasets.Dataset{hint}")
     return dataset
 
 

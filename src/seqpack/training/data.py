@@ -49,10 +49,15 @@ from seqpack.training.sampler import Slot
 
 @dataclass(frozen=True, eq=False)
 class ScheduledBatch:
-    """A model call together with the :class:`Slot` it fills (step, rank, micro, step count)."""
+    """A model call together with the :class:`Slot` it fills (step, rank, micro, step count).
+
+    ``world_size``: the ranks a :class:`StreamDataset` split its stream over (its
+    items are this rank's share), None when not known.
+    """
 
     batch: PackedBatch
     slot: Slot
+    world_size: int | None = None
 
 
 class PackedDataset(Dataset):

@@ -35,14 +35,58 @@ from typing import Any, Literal
 
 import numpy as np
 
+from seqpack.core.binding import INT32_MAX
+from seqpack.core.budget import checked_add, checked_mul
+from seqpack.core.checks import positive_int
 from seqpack.core.errors import InvalidInput
+from seqpack.training.arguments import bound
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
+#: The most memory a schedule may take (bytes), checked before anything is allocated.
+SCHEDULE_BYTES = 1 << 30
+#: Bytes per slot: its load (float64) and offset (int64), its row list and heap entry
+#: (CPython objects, about 144 bytes together).
+SLOT_BYTES = 8 + 8 + 144
+#: Bytes per row: its load, order and id (int64 each) and its entry in a slot's list.
+ROW_BYTES = 3 * 8 + 40
+
+
+def schedule_bytes(
+    rows: int, world_size: Any, micro_batches: Any, rows_per_micro_batch: Any
+) -> int:
+    """What :func:`schedule_rows` allocates for ``rows`` rows (checked arithmetic; the
+    three sizes checked to be integers in ``[1, 2**31-1]`` first)."""
+    world = positive_int("world_size", world_size, INT32_MAX)
+    micro = positive_int("micro_batches", micro_batches, INT32_MAX)
+    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
+    slots_per_step = checked_mul(world, micro)
+    steps = max(1, -(-int(rows) // checked_mul(slots_per_step, per)))
+    slots = checked_mul(steps, slots_per_step)
+    return checked_add(checked_mul(slots, SLOT_BYTES), checked_mul(rows, ROW_BYTES))
+
+
+def check_schedule(
+    rows: int,
+    world_size: Any,
+    micro_batches: Any,
+    rows_per_micro_batch: Any,
+    max_bytes: int | None = SCHEDULE_BYTES,
+) -> None:
+    """Refuse (:class:`BudgetExceeded`) a schedule larger than ``max_bytes`` before it is
+    made: ``world_size * micro_batches`` slots per step are allocated even when empty."""
+    need = schedule_bytes(rows, world_size, micro_batches, rows_per_micro_batch)
+    bound(
+        need,
+        max_bytes,
+        f"a schedule of {rows:,} rows over world_size {world_size:,} x micro_batches"
+        f" {micro_batches:,}",
+        "check world_size and micro_batches (each slot is allocated, even when empty)",
+    )
 
 
 def check_balance(balance: str) -> None:
-    if balance not in BALANCES:
+    if not isinstance(balance, str) or balance not in BALANCES:
         raise InvalidInput(f"unknown balance {balance!r}; use one of {', '.join(BALANCES)}")
 
 
@@ -101,17 +145,22 @@ def schedule_rows(
     Every row appears exactly once. A step holds up to
     ``world_size * micro_batches * rows_per_micro_batch`` rows; only the last
     step may hold fewer: then each slot takes at most ``ceil(rows / slots)``,
-    still balanced by load.
+    still balanced by load. A schedule over :data:`SCHEDULE_BYTES` is refused
+    before anything is allocated (:func:`check_schedule`).
     """
-    for name, v in (
-        ("world_size", world_size),
-        ("micro_batches", micro_batches),
-        ("rows_per_micro_batch", rows_per_micro_batch),
-    ):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise InvalidInput(f"{name} must be a positive integer, got {v!r}")
-    loads = np.asarray(loads, dtype=np.float64)
+    try:
+        loads = np.asarray(loads, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidInput(
+            f"loads must be numbers, one per row, got {type(loads).__name__}"
+        ) from None
+    if loads.ndim != 1:
+        raise InvalidInput(f"loads must be one number per row (1-D), got shape {loads.shape}")
     n = loads.shape[0]
+    check_schedule(n, world_size, micro_batches, rows_per_micro_batch)
+    for name, v in (("seed", seed), ("epoch", epoch)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise InvalidInput(f"{name} must be a non-negative integer, got {v!r}")
     order = np.arange(n, dtype=np.int64)
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(n)

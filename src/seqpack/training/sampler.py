@@ -14,10 +14,12 @@ import numpy as np
 
 from seqpack.core.checks import state_int, state_value
 from seqpack.core.errors import InvalidInput
+from seqpack.training.arguments import check_flag, check_world
 from seqpack.training.distributed import (
     Balance,
     RowStats,
     StepSchedule,
+    check_schedule,
     schedule_rows,
     step_eligible_counts,
 )
@@ -61,17 +63,6 @@ _SAMPLER_CONFIG = (
 )
 
 
-def default_world() -> tuple[int, int]:
-    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
 class RowSampler:
     """This rank's micro-batches of an epoch, from :func:`schedule_rows`.
 
@@ -100,11 +91,14 @@ class RowSampler:
         balance: Balance = "tokens",
         shuffle: bool = True,
     ) -> None:
-        world, rank0 = default_world()
-        self.world_size = world if world_size is None else int(world_size)
-        self.rank = rank0 if rank is None else int(rank)
-        if not 0 <= self.rank < self.world_size:
-            raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        if not isinstance(stats, RowStats):
+            raise InvalidInput(
+                f"stats must be a RowStats (e.g. PackedDataset.row_stats()), got"
+                f" {type(stats).__name__}"
+            )
+        self.world_size, self.rank = check_world(world_size, rank)
+        check_schedule(len(stats), self.world_size, micro_batches, rows_per_micro_batch)
+        check_flag("shuffle", shuffle)
         self.stats = stats
         self.rows = len(stats)
         self.micro_batches = micro_batches
@@ -120,6 +114,8 @@ class RowSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first slot (a new seeded order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise InvalidInput(f"epoch must be a non-negative integer, got {epoch!r}")
         self.epoch = int(epoch)
         self.position = 0
 

@@ -24,25 +24,38 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.core.binding import Binding, Partition
-from seqpack.core.checks import state_columns, state_int, state_value
+from seqpack.core.binding import INT32_MAX, Binding, Partition
+from seqpack.core.checks import positive_int, state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
-from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.examples import as_token_array, long_ranges
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
-from seqpack.core.supervision import mapping_flags
 from seqpack.io.tokenizers import Tokenizer
+from seqpack.training.arguments import (
+    MAX_READ_CHUNK,
+    check_flag,
+    check_source,
+    check_stream_memory,
+    check_text_field,
+    check_world,
+)
 from seqpack.training.data import ScheduledBatch
-from seqpack.training.distributed import Balance, RowStats, check_balance, schedule_rows
-from seqpack.training.sampler import Slot, default_world
+from seqpack.training.distributed import (
+    Balance,
+    RowStats,
+    check_balance,
+    check_schedule,
+    schedule_rows,
+)
+from seqpack.training.sampler import Slot
+from seqpack.training.stream_input import Example, stream_documents
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 _CONFIG = (
@@ -60,16 +73,6 @@ _CONFIG = (
 _CLOSED = ("example", "row", "start")
 
 
-@dataclass(frozen=True, eq=False)
-class _Example:
-    window: np.ndarray  # int32 [len + 1]
-    loss_mask: np.ndarray  # bool [len]
-    source_id: str
-    start: int
-    doc: int
-    doc_first_example: int
-
-
 class StreamDataset(IterableDataset):
     """Scheduled model calls (:class:`ScheduledBatch`) of one rank, packed on the fly.
 
@@ -77,7 +80,9 @@ class StreamDataset(IterableDataset):
     mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
     per target, or per token with the first unused) or ``labels`` (HF
     convention, ``-100`` = not supervised), ``completion_mask`` /
-    ``assistant_masks`` (TRL's, ANDed; :mod:`seqpack.core.supervision`).
+    ``assistant_masks`` (TRL's, ANDed; :mod:`seqpack.core.supervision`), or
+    mappings with a ``text_field`` column (default ``"text"``, with
+    ``tokenizer``) and optional ``id``.
     A document longer than ``capacity`` prediction pairs is an error unless
     ``split_long`` (then it becomes consecutive ranges, every pair kept once).
     With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
@@ -102,27 +107,36 @@ class StreamDataset(IterableDataset):
         seed: int = 0,
         balance: Balance = "tokens",
         read_chunk: int = 256,
+        text_field: str = "text",
     ) -> None:
-        world, rank0 = default_world()
-        self.documents = documents
+        self.documents = check_source(documents)
+        if not isinstance(binding, Binding):
+            raise InvalidInput(f"binding must be a seqpack.Binding, got {type(binding).__name__}")
         self.binding = binding
         self.partition = Partition.parse(partition)
-        self.capacity = capacity
-        self.rows_per_micro_batch = rows_per_micro_batch
-        self.micro_batches = micro_batches
-        self.world_size = world if world_size is None else int(world_size)
-        self.rank = rank0 if rank is None else int(rank)
+        self.world_size, self.rank = check_world(world_size, rank)
+        self.rows_per_micro_batch = positive_int(
+            "rows_per_micro_batch", rows_per_micro_batch, INT32_MAX
+        )
+        self.micro_batches = positive_int("micro_batches", micro_batches, INT32_MAX)
+        check_flag("split_long", split_long)
         self.split_long = bool(split_long)
+        if tokenizer is not None and not callable(getattr(tokenizer, "encode_batch", None)):
+            raise InvalidInput(
+                f"tokenizer must be a loaded tokenizer (seqpack.io.load_tokenizer(...)), got"
+                f" {type(tokenizer).__name__}"
+            )
         self.tokenizer = tokenizer
-        self.window = window
-        self.max_open_rows = max_open_rows
-        self.seed = seed
-        self.balance = balance
-        self.read_chunk = read_chunk
-        if not 0 <= self.rank < self.world_size:
-            raise InvalidInput(f"rank {self.rank} outside 0..{self.world_size - 1}")
+        self.text_field = check_text_field(text_field)
+        self.read_chunk = positive_int("read_chunk", read_chunk, MAX_READ_CHUNK)
         check_balance(balance)
-        self._new_packer()  # validates capacity, window, max_open_rows, seed
+        self.balance = balance
+        settings = StreamPacker.check_settings(capacity, window, max_open_rows, seed)
+        self.capacity, self.window, self.max_open_rows, self.seed = settings[:4]
+        check_stream_memory(self.capacity, self.window, self.max_open_rows, self.rows_per_step)
+        check_schedule(
+            self.rows_per_step, self.world_size, self.micro_batches, self.rows_per_micro_batch
+        )
         self._cursor: _StreamPass | None = None
         self._resume: dict[str, Any] | None = None
 
@@ -173,47 +187,13 @@ class StreamDataset(IterableDataset):
     # Documents to examples.
 
     def _documents(self, items: list[Any], first: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-        """``(tokens int32, loss flags bool [n-1], source id)`` per item; a mapping's
-        ``labels`` / ``loss_mask`` / ``completion_mask`` / ``assistant_masks`` are ANDed."""
-        texts = [i for i, item in enumerate(items) if isinstance(item, str)]
-        encoded: dict[int, np.ndarray] = {}
-        if texts:
-            if self.tokenizer is None:
-                raise InvalidInput(f"document {first + texts[0]} is text; pass a tokenizer")
-            tokens, offsets = self.tokenizer.encode_batch([items[i] for i in texts])
-            encoded = {i: tokens[offsets[j] : offsets[j + 1]] for j, i in enumerate(texts)}
-        out = []
-        for i, item in enumerate(items):
-            index = first + i
-            source_id = str(index)
-            if i in encoded:
-                raw = encoded[i]
-            elif isinstance(item, Mapping):
-                raw = item["input_ids"]
-                source_id = str(item.get("id", index))
-            else:
-                raw = item
-            what = f"document {index} ({source_id!r})"
-            tokens = as_token_array(raw, self.binding.vocab_size, what)
-            if tokens.shape[0] < 2:
-                raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
-            pairs = tokens.shape[0] - 1
-            # every supervision column of a mapping, ANDed (seqpack.core.supervision)
-            flags = mapping_flags(item, tokens, what) if isinstance(item, Mapping) else None
-            mask = np.ones(pairs, dtype=bool) if flags is None else flags
-            if pairs > self.capacity and not self.split_long:
-                raise OversizedExample(
-                    f"{what} has {pairs} prediction pairs; capacity is {self.capacity}"
-                    " — raise the capacity or pass split_long=True"
-                )
-            out.append((tokens, mask, source_id))
-        return out
+        return stream_documents(self, items, first)
 
     def _examples(self, doc: int, tokens: np.ndarray, mask: np.ndarray, source_id: str, first: int):
         """The examples of one document (one, or its ``long_ranges`` pieces)."""
         _, starts, ends = long_ranges(np.array([tokens.shape[0]]), self.capacity)
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            yield _Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
+            yield Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
 
 
 class _StreamPass:
@@ -224,7 +204,7 @@ class _StreamPass:
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
         self.packer = ds._new_packer()
-        self.pending: dict[int, _Example] = {}  # example index -> data, until trained on
+        self.pending: dict[int, Example] = {}  # example index -> data, until trained on
         empty = np.zeros(0, dtype=np.int64)
         self.closed = (empty, empty, empty)  # example, row, start of closed rows not yet used
         self.docs_read = self.step = self.micro_done = 0
@@ -290,10 +270,10 @@ class _StreamPass:
                 " needs a source that yields the same documents in the same order"
             )
 
-    def _read(self, count: int, first_example: int) -> tuple[list[_Example], int]:
+    def _read(self, count: int, first_example: int) -> tuple[list[Example], int]:
         """Up to ``count`` next documents as examples numbered from ``first_example``."""
         items = list(itertools.islice(self.source, count))
-        examples: list[_Example] = []
+        examples: list[Example] = []
         for i, (tokens, mask, sid) in enumerate(self.ds._documents(items, self.docs_read)):
             doc_first = first_example + len(examples)
             examples.extend(self.ds._examples(self.docs_read + i, tokens, mask, sid, doc_first))
@@ -385,7 +365,7 @@ class _StreamPass:
                     0, self.step, ds.rank, micro, ds.micro_batches, tuple(rows.tolist()),
                     eligible, index,
                 )  # fmt: skip
-                yield ScheduledBatch(batch, slot)
+                yield ScheduledBatch(batch, slot, ds.world_size)
             for e in example[in_step].tolist():
                 del self.pending[e]
             self.closed = (example[~in_step], row[~in_step], start[~in_step])
