@@ -50,6 +50,13 @@ most expensive kind. The rules:
   changes nothing; any shard edit, re-hashed, fails or keeps every
   invariant) and `tests/test_fuzz_states.py` (damaged plan dicts, plan files
   and stream states are refused or valid).
+- **One input policy for every reader.** JSON Lines, Parquet, `datasets`
+  folders and Ray's driver and workers open files through `seqpack.io.files`:
+  regular files only (a FIFO or `/dev/zero` is refused before a byte is
+  read), inside the input named (`state.json` naming `../other/...` is
+  refused), names in any case, a folder holding data files seqpack would not
+  read refused by name, and what a read may decode bounded before decoding
+  (Parquet page headers, compressed streams, distinct JSON keys).
 - **Nothing loaded is trusted without a check.** A packed directory's
   manifest and shards must agree (`seqpack.io.verify`); files it does not list
   are never read. On W1 (69M tokens)

@@ -18,6 +18,7 @@ oversized example packs with ``--split-long``.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -752,6 +753,164 @@ CASES: list[Case] = [
         ("cannot create the output folder", "choose a writable --out"),
     ),
 ]
+
+
+# --- the one input policy (issue 21): every door of the readers --------------------------
+
+
+def _datasets_folder(folder: Path, name: str = "ds") -> None:
+    import datasets
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        datasets.Dataset.from_list(_ok_docs()).save_to_disk(str(folder / name))
+
+
+def _state_names_outside(folder: Path) -> None:
+    _datasets_folder(folder, "other")
+    _datasets_folder(folder)
+    state = json.loads((folder / "ds" / "state.json").read_text())
+    state["_data_files"] = [{"filename": "../other/data-00000-of-00001.arrow"}]
+    (folder / "ds" / "state.json").write_text(json.dumps(state))
+
+
+def _fifo_in_datasets_folder(folder: Path) -> None:
+    _datasets_folder(folder)
+    (folder / "ds" / "data-00000-of-00001.arrow").unlink()
+    os.mkfifo(folder / "ds" / "data-00000-of-00001.arrow")
+
+
+def _symlink_leaving_folder(folder: Path) -> None:
+    (folder / "shards").mkdir()
+    (folder / "shards" / "a.jsonl").write_bytes(lines(*_ok_docs()))
+    (folder / "shards" / "b.jsonl").symlink_to(folder / DATA)
+
+
+def _stray_file(folder: Path) -> None:
+    (folder / "shards").mkdir()
+    (folder / "shards" / "a.jsonl").write_bytes(lines(*_ok_docs()))
+    (folder / "shards" / "b.csv").write_text("input_ids\n0 5 1\n")
+
+
+def _parquet_bomb(folder: Path) -> None:
+    ids = pa.array(np.zeros(16_000_000, np.int64))
+    rows = pa.ListArray.from_arrays(np.arange(0, 16_000_001, 1000, dtype=np.int32), ids)
+    pq.write_table(pa.table({"input_ids": rows}), folder / "bomb.parquet", compression="zstd")
+
+
+def _pack_file(name: str, **kw: Any) -> Callable[[], Any]:
+    return lambda: _pack(data=name, **kw)
+
+
+CASES += [
+    Case(
+        "datasets-state-outside",
+        "a `datasets` folder whose `state.json` names `../other/data-00000-of-00001.arrow`"
+        " (was read and packed: a file outside the input)",
+        {},
+        _pack_argv(data="ds"),
+        _pack_file("ds"),
+        InvalidInput,
+        ("ds names a data file '../other/data-00000-of-00001.arrow' outside itself",),
+        setup=_state_names_outside,
+    ),
+    Case(
+        "datasets-fifo",
+        "a FIFO among a `datasets` folder's Arrow files (hung forever)",
+        {},
+        _pack_argv(data="ds"),
+        _pack_file("ds"),
+        InvalidInput,
+        ("data-00000-of-00001.arrow is a FIFO (named pipe), not a regular file",),
+        setup=_fifo_in_datasets_folder,
+    ),
+    Case(
+        "symlink-leaves-folder",
+        "a shard that is a symlink to a file outside the input folder",
+        {DATA: lines(*_ok_docs())},
+        _pack_argv(data="shards"),
+        _pack_file("shards"),
+        InvalidInput,
+        ("shards/b.jsonl resolves to", "outside the input shards"),
+        setup=_symlink_leaving_folder,
+    ),
+    Case(
+        "stray-data-file",
+        "a folder of shards that also holds `b.csv` (was silently left out)",
+        {},
+        _pack_argv(data="shards"),
+        _pack_file("shards"),
+        InvalidInput,
+        ("shards holds b.csv beside its shards, which seqpack does not read",),
+        setup=_stray_file,
+    ),
+    Case(
+        "parquet-bomb",
+        "a Parquet file of a few KB whose run-length encoded pages decode to 144 MB"
+        " (reached 3 GB RSS before an error)",
+        {},
+        _pack_argv(data="bomb.parquet"),
+        _pack_file("bomb.parquet"),
+        InvalidInput,
+        ("bomb.parquet: row group 0 would decode to", "a decompression bomb?",
+         "refused before decoding"),
+        setup=_parquet_bomb,
+    ),
+    Case(
+        "gzip-bomb",
+        "a `.jsonl.gz` of 100 KB inflating to 100 MB",
+        {"b.jsonl.gz": gzip.compress(b"{" + b"x" * (100 << 20), 9)},
+        _pack_argv(data="b.jsonl.gz"),
+        _pack_file("b.jsonl.gz"),
+        InvalidInput,
+        ("b.jsonl.gz decompresses to more than 67,108,864 bytes", "a compression bomb?"),
+    ),
+    Case(
+        "gzip-damaged",
+        "a `.jsonl.gz` cut short",
+        {"c.jsonl.gz": gzip.compress(lines(*_ok_docs(50)))[:-40]},
+        _pack_argv(data="c.jsonl.gz"),
+        _pack_file("c.jsonl.gz"),
+        InvalidInput,
+        ("c.jsonl.gz: cannot decompress it as gzip",),
+    ),
+    Case(
+        "json-keys-explode",
+        "15,000 JSON lines each with one new key (56 s and 3.6 GB: a column per key)",
+        {DATA: lines(*({"input_ids": [0, 5, 1], f"k{i}": 1} for i in range(15_000)))},
+        _pack_argv(),
+        _pack,
+        InvalidInput,
+        (f"{DATA} line 1024: more than 1,024 distinct keys in one file",),
+    ),
+    Case(
+        "json-array-duplicate-key",
+        "a `.json` array whose object holds a key twice (the last value was kept)",
+        {"a.json": b'[{"input_ids": [0, 5, 1]}, {"input_ids": [0, 5, 1], "input_ids": [0, 6]}]'},
+        _pack_argv(data="a.json"),
+        _pack_file("a.json"),
+        InvalidInput,
+        ("a.json row 1: key 'input_ids' appears twice in one object",),
+    ),
+    Case(
+        "inputs-mix-formats",
+        "two inputs of different formats (`data.jsonl` and a `.parquet`)",
+        {DATA: lines(*_ok_docs())},
+        ("pack", DATA, "x.parquet", "--out", OUT, "--capacity", "8", "--vocab-size", "300"),
+        lambda: _pack(data=[DATA, "x.parquet"]),  # type: ignore[arg-type]
+        InvalidInput,
+        ("the inputs mix Parquet and JSON Lines files",),
+        setup=lambda f: pq.write_table(pa.table({"input_ids": [[0, 1]]}), f / "x.parquet"),
+    ),
+    Case(
+        "glob-matches-nothing",
+        "a glob that matches no file",
+        {},
+        _pack_argv(data="part-*.jsonl"),
+        _pack_file("part-*.jsonl"),
+        InvalidInput,
+        ("input 'part-*.jsonl' matches no file",),
+    ),
+]  # fmt: skip
 
 
 @dataclass

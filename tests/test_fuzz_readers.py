@@ -336,3 +336,50 @@ def test_an_empty_partition_column_is_read():
     ids = pa.array([], pa.list_(pa.int64()))
     table = pa.table({"input_ids": ids, "partition": pa.array([], pa.string())})
     assert len(load_examples(table, vocab_size=10)) == 0
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A datasets folder ``ds`` beside a folder ``other`` holding another Arrow file."""
+    import contextlib
+    import io
+
+    import datasets
+
+    root = tmp_path_factory.mktemp("state")
+    with contextlib.redirect_stderr(io.StringIO()):
+        for name in ("ds", "other"):
+            datasets.Dataset.from_list([{"input_ids": [0, 5, 1]}]).save_to_disk(str(root / name))
+    (root / "ds" / "sub").mkdir()
+    (root / "ds" / "sub" / "up").symlink_to(root / "other")  # a folder link leaving ds
+    return root
+
+
+NAME_PARTS = st.sampled_from(
+    ["..", ".", "sub", "up", "other", "ds", "data-00000-of-00001.arrow", "", "/", "\\", "C:"]
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(NAME_PARTS, min_size=1, max_size=5).map("/".join))
+def test_fuzz_state_json_names_never_reach_outside_the_folder(saved, name):
+    """Whatever file name ``state.json`` holds, the read is refused unless the name resolves
+    to a file inside the folder (then that file is the one read)."""
+    import os
+
+    from seqpack.io.readers import read_documents
+
+    folder = saved / "ds"
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": name}]
+    (folder / "state.json").write_text(json.dumps(state))
+    target = os.path.realpath(folder / name) if name else ""
+    inside = bool(name) and os.path.commonpath([target, str(folder.resolve())]) == str(
+        folder.resolve()
+    )
+    try:
+        docs = read_documents(folder)
+    except SeqpackError:
+        return
+    assert inside and os.path.isfile(target), (name, target)
+    assert docs.tokens.tolist() == [0, 5, 1]

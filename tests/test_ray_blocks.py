@@ -130,7 +130,7 @@ def test_inputs_the_ray_engine_refuses_are_named(tmp_path):
     (tmp_path / "none" / "a.csv").write_text("text\n")
     with pytest.raises(InvalidInput, match=r"no \*\.parquet or \*\.jsonl shards"):
         file_blocks(tmp_path / "none", None)
-    with pytest.raises(InvalidInput, match=r"reads a \.parquet or \.jsonl file"):
+    with pytest.raises(InvalidInput, match=r"unknown input type '\.csv'"):
         file_blocks(tmp_path / "none" / "a.csv", None)
 
 

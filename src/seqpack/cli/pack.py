@@ -20,7 +20,12 @@ RAY_FLAGS = ("block_examples", "address", "num_cpus")
 
 
 def _add_common(p: argparse.ArgumentParser, command: str) -> None:
-    p.add_argument("input", help=".jsonl/.json, .parquet, a folder of shards or a datasets folder")
+    p.add_argument(
+        "input",
+        nargs="+",
+        help=".jsonl/.json (or .jsonl.gz/.zst/.bz2/.xz), .parquet, a folder of shards, a glob,"
+        " a datasets folder, or - for standard input; several are read in order",
+    )
     add_arguments(p, command)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
 
@@ -44,7 +49,13 @@ def _unit(options: Any) -> str:
     return "tokens" if options.format == "trl" else "prediction pairs"
 
 
+def _source(args: argparse.Namespace) -> Any:
+    """The input path, or the list of them when several were given."""
+    return args.input[0] if len(args.input) == 1 else list(args.input)
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
+    args.input = _source(args)
     options = from_arguments(args, "pack")
     if args.engine == "ray":
         from seqpack import ray as ray_engine
@@ -102,13 +113,23 @@ def add_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", dest="policies", action="append", help="only these policies (repeatable)"
     )
+    p.add_argument(
+        "--tree",
+        action="store_true",
+        help="tree packing vs flat: prompt_ids+completion_ids, DPO *_input_ids or input_ids+group"
+        " columns (docs/tree.md)",
+    )
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.tree:
+        from seqpack.cli.tree import cmd_stats_tree
+
+        return cmd_stats_tree(args)
     from seqpack.pipeline.stats import stats_path
 
     options = from_arguments(args, "stats")
-    report = stats_path(args.input, options, policies=args.policies, plot=args.plot)
+    report = stats_path(_source(args), options, policies=args.policies, plot=args.plot)
     report_input(args.command, report)
     if args.json:
         print(json.dumps(report))

@@ -54,6 +54,12 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
+    p.add_argument(
+        "--tree-lengths",
+        metavar="P:C,C;...",
+        help="verify tree packing instead: groups as prompt length : completion lengths"
+        ' (e.g. "30:5,8,12;10:4,4"); --attn eager|sdpa|seqpack_tree (docs/tree.md)',
+    )
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -70,6 +76,11 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     import os
+
+    if args.tree_lengths is not None:
+        from seqpack.cli.tree import cmd_verify_tree
+
+        return cmd_verify_tree(args)
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     from seqpack.hf import verify as hf_verify

@@ -2,8 +2,13 @@
 
 :func:`permitted` is the one specification, a function over broadcastable
 arrays (NumPy or torch alike): key ``k`` is allowed for query ``q`` iff both
-cells hold an input, both belong to the same occurrence segment, and
-``0 <= pos[q] - pos[k] < window`` (no window = unbounded). Every view below
+cells hold an input, ``k``'s node is an ancestor-or-self of ``q``'s node
+(Euler-tour intervals: ``node[k] <= node[q] < node_end[k]``), and
+``0 <= pos[q] - pos[k] < window`` (no window = unbounded). Flat packing is
+the one-node case: each occurrence segment is a trie of one node, whose
+exit is ``segment + 1``, so the interval test is "same segment"; tree
+packing (:mod:`seqpack.core.tree`) numbers nodes in pre-order and stores
+each node's exit. Every view below
 (key ranges, ``cu_seqlens``, ``position_ids``, the dense mask, the edge
 inventory, the tiled traversal) and every attention backend (``nn/``,
 ``hf/``) calls it, or the closed form :func:`key_bounds` defined beside it,
@@ -57,22 +62,37 @@ def permitted(
     pos_q: Array,
     pos_k: Array,
     window: int | None = None,
+    seg_end_k: Array | None = None,
 ) -> Array:
     """True where query ``q`` may attend to key ``k``: THE permission predicate.
 
-    Both valid, same segment, ``0 <= pos_q - pos_k < window`` (``window=None``:
-    no upper bound). Arguments are broadcastable NumPy arrays or torch tensors
-    (bool validity, integer segments and local positions), e.g. ``(R, T, 1)``
+    Both valid, ``k``'s node an ancestor-or-self of ``q``'s
+    (``seg_k <= seg_q < seg_end_k``), ``0 <= pos_q - pos_k < window``
+    (``window=None``: no upper bound). ``seg_end_k=None`` is flat packing,
+    one node per segment: ``seg_end_k = seg_k + 1``, i.e. the same segment.
+    Arguments are broadcastable NumPy arrays or torch tensors (bool
+    validity, integer node ids and local positions), e.g. ``(R, T, 1)``
     against ``(R, 1, T)`` for a dense ``(R, T, T)`` mask, or the scalars a
     FlexAttention ``mask_mod`` indexes out.
     """
     lag = pos_q - pos_k
-    allowed = valid_q & valid_k & (seg_q == seg_k) & (lag >= 0)
+    # seg_end_k None is the one-node case: seg_k <= seg_q < seg_k + 1, i.e. equality
+    inside = seg_q == seg_k if seg_end_k is None else (seg_k <= seg_q) & (seg_q < seg_end_k)
+    allowed = valid_q & valid_k & inside & (lag >= 0)
     return allowed if window is None else allowed & (lag < window)
 
 
-def pairwise(valid: Array, segments: Array, positions: Array, window: int | None = None) -> Array:
-    """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``."""
+def pairwise(
+    valid: Array,
+    segments: Array,
+    positions: Array,
+    window: int | None = None,
+    segment_ends: Array | None = None,
+) -> Array:
+    """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``.
+
+    ``segment_ends`` (R, T): each cell's node exit (tree packing); ``None``: flat.
+    """
     return permitted(
         valid[:, :, None],
         valid[:, None, :],
@@ -81,6 +101,7 @@ def pairwise(valid: Array, segments: Array, positions: Array, window: int | None
         positions[:, :, None],
         positions[:, None, :],
         window,
+        None if segment_ends is None else segment_ends[:, None, :],
     )
 
 

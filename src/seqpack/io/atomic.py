@@ -1,11 +1,9 @@
 """Publishing a packed directory: ``manifest.json`` is the commit point.
 
-A reader trusts only what ``manifest.json`` lists, so a writer never needs
-to hide or swap folders. It writes its shards into the output folder under
-names no manifest lists yet, then replaces the manifest in one
-``os.replace`` (written to a part file, fsynced, renamed, the folder
-fsynced). Before that rename a reader sees the old complete output (or no
-manifest at all); after it, the new one::
+A reader trusts only what ``manifest.json`` lists, so a writer writes its
+shards into the output folder under names no manifest lists yet, then
+replaces the manifest (part file, fsync, ``os.replace``, folder fsync):
+before that rename a reader sees the old output (or none), after it the new::
 
     packed/
       .seqpack-lock             one writer at a time (flock, via filelock); names the
@@ -25,16 +23,15 @@ its record in the lock file, and the next writer removes exactly that
 run's files, with a note. A folder holding files seqpack did not write and
 no manifest is never packed into.
 
-``--out`` is taken literally: ``""``, ``.``, ``..`` and ``/`` are refused,
-a symbolic link is followed to the folder it names (the link stays), and
-an output that is, holds or lies inside an input is refused. seqpack never
-writes through a link: a lock file or manifest that is a symbolic or hard
-link is refused.
+``--out`` ``""``, ``.``, ``..`` and ``/`` are refused, a symbolic link is
+followed (the link stays), an output that is, holds or lies inside an input
+is refused, and so is a lock file or manifest that is a link.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import re
@@ -128,19 +125,26 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _paths(sources: Iterable[Any]) -> Iterator[str]:
+    """The paths of ``sources`` (lists flattened, globs expanded; stdin and data skipped)."""
+    for source in sources:
+        if isinstance(source, (list, tuple)):
+            yield from _paths(source)
+        elif isinstance(source, (str, os.PathLike)) and os.fspath(source) != "-":
+            text = os.fspath(source)
+            yield from (glob.glob(text, recursive=True) if glob.has_magic(text) else [text])
+
+
 def _refuse_overlap(out: Path, inputs: Iterable[Any]) -> None:
     """An output that is an input, holds one or lies inside one would replace or mix with it."""
     mine = os.path.realpath(out)
-    for source in inputs:
-        if not isinstance(source, (str, os.PathLike)):
-            continue
+    for source in _paths(inputs):
         theirs = os.path.realpath(source)
         common = os.path.commonpath([mine, theirs])
         if common == mine or (common == theirs and os.path.isdir(theirs)):
             raise InvalidInput(
-                f"--out {out} overlaps the input {os.fspath(source)} (the same folder, or one"
-                " inside the other); seqpack never publishes over its input — choose another"
-                " --out"
+                f"--out {out} overlaps the input {source} (the same folder, or one inside the"
+                " other); seqpack never publishes over its input — choose another --out"
             )
 
 

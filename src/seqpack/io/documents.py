@@ -21,6 +21,7 @@ import numpy as np
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import BindingMismatch, InvalidInput
 from seqpack.core.examples import ExampleTable
+from seqpack.io.files import iter_lines, reopen
 from seqpack.io.jsonl import JSON_SPACE, first_bad_line
 from seqpack.io.tokenizers import Tokenizer
 
@@ -67,8 +68,11 @@ class Origin:
 def _line_of(path: Path, record: int) -> int:
     """1-based line of the ``record``-th non-blank line (only on the error path)."""
     seen = -1
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
+    stream = reopen(path)  # decompressed again; None for standard input (read once)
+    if stream is None:
+        return record + 1
+    with stream:
+        for number, line in enumerate(iter_lines(stream), 1):
             if line.strip(JSON_SPACE):
                 seen += 1
                 if seen == record:

@@ -24,13 +24,23 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.files import open_regular
+from seqpack.io.files import InputStream, ReadLimits, open_stream
+from seqpack.io.jsoncheck import (
+    FLAGS,
+    DuplicateKey,
+    check_record,
+    duplicate_row,
+    excerpt,
+    first_bad_in,
+    first_bad_line,
+    lone_surrogate,
+    unique_keys,
+)
 from seqpack.io.jsonscan import (
     JSON_SPACE,
     MAX_JSON_DEPTH,
     depth,
-    not_json,
-    not_object,
+    distinct_keys,
     scan_block,
     too_deep,
 )
@@ -51,131 +61,8 @@ MAX_LINE_BYTES = 1 << 30
 #: The largest ``.json`` array file read (it must be parsed whole; JSON Lines stream).
 JSON_ARRAY_LIMIT = 1 << 26
 
-#: What each column's list items must be in a JSON line, and the fix, for error messages.
-_JSON_ITEMS = {
-    "input_ids": "integers (token ids below 2**31)",
-    "labels": "integers (token ids, or -100 for no loss)",
-    "loss_mask": "booleans or 0/1",
-    "completion_mask": "booleans or 0/1",
-    "assistant_masks": "booleans or 0/1",
-}
-_FIXES = {
-    "input_ids": "write the ids your tokenizer made as JSON integers, or give text and --tokenizer",
-    "labels": "write each label as the token itself or -100",
-    "loss_mask": "give one true/false (or 1/0) per token or per target",
-    "completion_mask": "give one 1/0 per token of input_ids (1 = completion)",
-    "assistant_masks": "give one 1/0 per token of input_ids (1 = assistant)",
-    "id": "use a string or an integer id",
-}
-_INT64 = 2**63
-#: Columns of one flag per token (or target): booleans or 0/1.
-_FLAGS = ("loss_mask", "completion_mask", "assistant_masks")
 
-
-def _json_kind(value: Any, key: str) -> str | None:
-    """'integer', 'boolean', 'string' or 'invalid' for one decoded field (None if absent)."""
-    if value is None:
-        return None
-    if key == "id":
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            return "invalid"
-        return "string" if isinstance(value, str) else "integer"
-    if not isinstance(value, list):
-        return "invalid"
-    if key in _FLAGS and value and all(isinstance(v, bool) for v in value):
-        return "boolean"
-    if all(isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64 for v in value):
-        if key in _FLAGS and any(v not in (0, 1) for v in value):
-            return "invalid"
-        return "integer" if value else None
-    return "invalid"
-
-
-def check_record(
-    where: str, obj: Any, seen: dict[str, str], unit: str = "lines"
-) -> InvalidInput | None:
-    """Shape and column types of one decoded record; ``seen`` holds earlier records' kinds."""
-    if not isinstance(obj, dict):
-        return not_object(where, obj)
-    for key in (*_JSON_ITEMS, "id"):
-        kind = _json_kind(obj.get(key), key)
-        if kind is None:
-            continue
-        if kind == "invalid":
-            value = obj[key]
-            if key == "id":
-                shape = "a string or an integer"
-            elif isinstance(value, list):
-                shape = _JSON_ITEMS[key]
-            else:
-                shape = f"a list of {_JSON_ITEMS[key]}"
-            got = _excerpt(value)
-            return InvalidInput(f"{where}: {key} must be {shape}, got {got} — {_FIXES[key]}")
-        if seen.setdefault(key, kind) != kind:
-            return InvalidInput(
-                f"{where}: {key} holds {kind} values but earlier {unit} hold {seen[key]}"
-                f" — use one type in every {unit[:-1]}"
-            )
-    return None
-
-
-def first_bad_line(path: Path) -> InvalidInput | None:
-    """The first line of a JSON Lines file the json module finds wrong, or None."""
-    seen: dict[str, str] = {}
-    with path.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip(JSON_SPACE):
-                continue
-            where = f"{path} line {number}"
-            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
-                line = line[3:]
-            try:
-                obj = json.loads(line.decode("utf-8"), object_pairs_hook=_unique_keys)
-            except RecursionError:
-                return too_deep(where)
-            except _DuplicateKey as err:
-                return InvalidInput(f"{where}: key {err.args[0]!r} appears twice — keep one")
-            except ValueError as err:
-                return not_json(where, err)
-            if (found := check_record(where, obj, seen)) is not None:
-                return found
-            if (key := _lone_surrogate(obj)) is not None:
-                return InvalidInput(
-                    f"{where}: {key} holds an unpaired surrogate escape (a lone \\ud800-\\udfff)"
-                    " — it is not a Unicode character, so the text cannot be read as UTF-8;"
-                    " fix the writer (escape whole characters) or drop the line"
-                )
-    return None
-
-
-def _lone_surrogate(obj: dict[str, Any]) -> str | None:
-    """The first field whose decoded strings hold a surrogate code point, or None (a valid
-    escaped pair decodes to one character, so any surrogate left is unpaired)."""
-    for key, value in obj.items():
-        text = json.dumps([key, value], ensure_ascii=False)
-        if any("\ud800" <= ch <= "\udfff" for ch in text):
-            return repr(key)
-    return None
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        keys = [k for k, _ in pairs]
-        raise _DuplicateKey(next(k for k in keys if keys.count(k) > 1))
-    return out
-
-
-def _excerpt(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def line_blocks(f: BinaryIO, size: int, path: Path) -> Iterator[memoryview]:
+def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[memoryview]:
     """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline).
 
     A line longer than a read is collected in a list and joined once, so
@@ -225,7 +112,7 @@ def _parse(path: Path, block: memoryview, used: Collection[str], first_line: int
         )
         table.validate(full=True)  # the reader can build invalid arrays (lists of nulls)
     except pa.ArrowException:
-        found = first_bad_line(path)
+        found = first_bad_in(path, bytes(block).split(b"\n"), first_line)
         if found is not None:
             raise found from None
         return _parse_lines(path, block, used, first_line)
@@ -240,7 +127,7 @@ def _mixed(path: Path, key: str, values: list[tuple[int, Any]]) -> InvalidInput:
             pa.array([value])
         except (pa.ArrowException, OverflowError):
             return InvalidInput(
-                f"{path} line {n}: {key} mixes types inside one value ({_excerpt(value)})"
+                f"{path} line {n}: {key} mixes types inside one value ({excerpt(value)})"
                 f" — give {key} one type in every line"
             )
     kinds = [(n, _JSON_TYPES.get(type(v), "a value")) for n, v in values if v is not None]
@@ -275,7 +162,7 @@ def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_lin
 
 
 #: Columns whose Arrow type must agree between blocks (the json module names the line).
-_KINDS = {"id": ("string", "integer")} | {name: ("boolean", "integer") for name in _FLAGS}
+_KINDS = {"id": ("string", "integer")} | {name: ("boolean", "integer") for name in FLAGS}
 
 
 def _check_kinds(path: Path, table: pa.Table, seen: dict[str, str]) -> None:
@@ -301,7 +188,11 @@ def _arrow_kind(kind: pa.DataType) -> str | None:
 
 
 def iter_jsonl(
-    f: BinaryIO, path: Path, chunk_bytes: int, used: Collection[str] = ()
+    f: BinaryIO | InputStream,
+    path: Path,
+    chunk_bytes: int,
+    used: Collection[str] = (),
+    limits: ReadLimits | None = None,
 ) -> Iterator[tuple[pa.Table, int]]:
     """The JSON Lines file ``f`` (named ``path``) as Arrow tables of about ``chunk_bytes``
     of input each: ``(table, bytes consumed)``; one row per non-blank line. ``used``:
@@ -309,13 +200,19 @@ def iter_jsonl(
     such column is read as nulls).
 
     Blocks of blank lines give no table. Raises :class:`InvalidInput` naming
-    the first bad line.
+    the first bad line, and before Arrow parses a block whose keys pass
+    ``limits.json_keys`` distinct keys in the file (Arrow builds a column per
+    key for every line: 15,000 lines of one new key each took 21 s and 1.8 GB) or
+    would make more null cells than the block has bytes four times over.
     """
+    limits = limits or ReadLimits()
     line = 1
     kinds: dict[str, str] = {}
+    names: set[bytes] = set()
     for block in line_blocks(f, chunk_bytes, path):
-        records, newlines = scan_block(path, block, line)
+        records, newlines, keys = scan_block(path, block, line)
         if records:
+            _check_keys(path, block, keys, records, names, limits, line)
             table = _parse(path, block, used, line)
             _check_kinds(path, table, kinds)
             yield table, len(block)
@@ -324,7 +221,39 @@ def iter_jsonl(
         line += newlines
 
 
-def read_json_array(f: BinaryIO, path: Path) -> pa.Table:
+def _check_keys(
+    path: Path,
+    block: memoryview,
+    keys: Any,
+    records: int,
+    names: set[bytes],
+    limits: ReadLimits,
+    line: int,
+) -> None:
+    """The bound on distinct keys (``names``: the file's so far) and on a block's cells."""
+    found, first = distinct_keys(block, keys)
+    new = [(int(at), name) for name, at in zip(found, first, strict=True) if name not in names]
+    names.update(found)
+    if len(names) > limits.json_keys:
+        new.sort()
+        at = new[limits.json_keys - (len(names) - len(new))][0] if new else 0
+        where = line + bytes(block[:at]).count(b"\n")
+        raise InvalidInput(
+            f"{path} line {where}: more than {limits.json_keys:,} distinct keys in one file (a"
+            " column per key for every line) — keep the columns seqpack reads and drop the"
+            " others, or move per-row data into one value"
+        )
+    cells = len(found) * records
+    if cells > 4 * len(block) + (1 << 20):
+        last = line + bytes(block).count(b"\n")
+        raise InvalidInput(
+            f"{path} lines {line}..{last}: {len(found):,} keys over"
+            f" {records:,} lines would make {cells:,} mostly empty cells — give every line the"
+            " same keys (drop the others), or read the file in smaller chunks (--chunk-bytes)"
+        )
+
+
+def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
     """A ``.json`` file holding one array of objects (at most :data:`JSON_ARRAY_LIMIT` bytes)."""
     data = f.read(JSON_ARRAY_LIMIT + 1)
     if len(data) > JSON_ARRAY_LIMIT:
@@ -333,7 +262,12 @@ def read_json_array(f: BinaryIO, path: Path) -> pa.Table:
             " it as JSON Lines (one object per line), which seqpack reads in bounded chunks"
         )
     try:
-        rows = json.loads(data)
+        rows = json.loads(data, object_pairs_hook=unique_keys)
+    except DuplicateKey as err:
+        at = duplicate_row(data, err.args[0])
+        raise InvalidInput(
+            f"{path}{at}: key {err.args[0]!r} appears twice in one object — keep one"
+        ) from None
     except json.JSONDecodeError as e:
         raise InvalidInput(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     except RecursionError:
@@ -352,13 +286,19 @@ def read_json_array(f: BinaryIO, path: Path) -> pa.Table:
             raise too_deep(f"{path} row {i}")
     try:
         return pa.Table.from_pylist(rows)
+    except UnicodeEncodeError:
+        row = next((i for i, r in enumerate(rows) if lone_surrogate(r) is not None), 0)
+        raise InvalidInput(
+            f"{path} row {row}: {lone_surrogate(rows[row])} holds an unpaired surrogate escape"
+            " (a lone \\ud800-\\udfff), not a Unicode character — fix the writer or drop the row"
+        ) from None
     except (pa.ArrowException, OverflowError) as err:
         raise InvalidInput(
             f"{path}: inconsistent rows ({err}) — give a column one type in every row"
         ) from None
 
 
-def first_byte(f: BinaryIO) -> bytes:
+def first_byte(f: BinaryIO | InputStream) -> bytes:
     """The first byte that is not whitespace (nor a UTF-8 byte-order mark); b"" if none.
 
     ``f`` is left at its start.
@@ -379,7 +319,7 @@ def read_jsonl(path: str | Path, chunk_bytes: int = 1 << 25) -> pa.Table:
     """A whole JSON Lines file as one Arrow table, read through every guard of
     :func:`iter_jsonl` (one row per non-blank line)."""
     path = Path(path)
-    with open_regular(path) as f:
+    with open_stream(path) as f:
         tables = [table for table, _ in iter_jsonl(f, path, chunk_bytes) if table.num_rows]
     if not tables:
         return pa.table({})

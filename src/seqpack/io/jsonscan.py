@@ -128,9 +128,10 @@ def _escaped_quotes(data: np.ndarray) -> np.ndarray:
 
 def _suspicious(
     data: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Lines (``[starts[i], ends[i])``, newline excluded) that miss the fast path, and
-    the lines that are not empty (bool each)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lines (``[starts[i], ends[i])``, newline excluded) that miss the fast path, the
+    lines that are not empty (bool each), and where each top-level key's opening quote
+    is (int64 [k], see :func:`_key_quotes`)."""
     n = data.shape[0]
     ends = ends - ((ends > starts) & (data[np.maximum(ends - 1, 0)] == 13))  # one \r
     nonempty = ends > starts
@@ -142,7 +143,7 @@ def _suspicious(
     codes[_escaped_quotes(data)] = 0
     events = np.flatnonzero(codes)
     if not events.size:
-        return bad, nonempty
+        return bad, nonempty, np.zeros((2, 0), np.int64)
     kind = codes[events]
     line = np.searchsorted(starts, events, "right") - 1
     first = np.searchsorted(line, line, "left")  # first event of each event's line
@@ -163,22 +164,76 @@ def _suspicious(
         | ((head == np.arange(line.shape[0])) & (pos != starts[line]))
     )
     bad[line[wrong]] = True
-    return bad & nonempty, nonempty
+    keys = _key_quotes(data, events, kind, inside, keep, first)
+    return bad & nonempty, nonempty, keys
 
 
-def scan_block(path: Path, block: memoryview, first_line: int) -> tuple[int, int]:
+def _key_quotes(
+    data: np.ndarray,
+    events: np.ndarray,
+    kind: np.ndarray,
+    inside: np.ndarray,
+    bracket: np.ndarray,
+    first: np.ndarray,
+) -> np.ndarray:
+    """Positions of the opening quotes of top-level keys: strings at bracket depth 1 (within
+    their line) whose closing quote is followed, after JSON whitespace, by ``:``."""
+    step = np.where(bracket, np.where(kind == _OPEN, 1, -1), 0)
+    level = np.cumsum(step)
+    level -= level[first] - step[first]  # depth after each event, within its line
+    quote = np.flatnonzero(kind == _QUOTE)
+    opening = quote[~inside[quote] & (level[quote] == 1)]
+    closing = np.searchsorted(quote, opening) + 1
+    keep = closing < quote.shape[0]
+    opening, closes = opening[keep], events[quote[closing[keep]]]
+    n = data.shape[0]
+    nxt = np.minimum(closes + 1, n - 1)
+    for _ in range(8):  # whitespace between a key and its colon (rarely any)
+        spaced = (data[nxt] == 32) | (data[nxt] == 9) | (data[nxt] == 13)
+        if not spaced.any():
+            break
+        nxt = np.where(spaced, np.minimum(nxt + 1, n - 1), nxt)
+    keyed = data[nxt] == ord(":")
+    return np.stack([events[opening[keyed]] + 1, closes[keyed]])
+
+
+def distinct_keys(block: memoryview, keys: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """The distinct keys among ``keys`` (int64 [2, k] byte ranges of ``block``: raw bytes
+    between the quotes, so a key spelt with escapes counts apart, which only tightens a
+    bound), and where each first appears (int64). Hashed by Arrow, not per key in Python."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lo, hi = keys
+    lengths = hi - lo
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    gather = np.arange(int(offsets[-1]), dtype=np.int64) + np.repeat(lo - offsets[:-1], lengths)
+    data = np.frombuffer(block, dtype=np.uint8)[gather]
+    names = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), lengths.shape[0], [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    encoded = pc.dictionary_encode(names)
+    codes = encoded.indices.to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    return encoded.dictionary.to_pylist(), lo[first]
+
+
+def scan_block(path: Path, block: memoryview, first_line: int) -> tuple[int, int, np.ndarray]:
     """Check every line of ``block`` (whole lines) starting at line ``first_line``.
 
-    Returns ``(records, newlines)``: the lines that hold an object and the
-    newlines in the block. Raises :class:`InvalidInput` naming the first bad line.
+    Returns ``(records, newlines, keys)``: the lines that hold an object, the
+    newlines in the block, and the top-level keys' names (int64 [2, k]: each
+    one's bytes ``[lo, hi)``). Raises :class:`InvalidInput` naming the first
+    bad line.
     """
     data = np.frombuffer(block, dtype=np.uint8)
     _check_utf8(path, block, data, first_line)
     breaks = np.flatnonzero(data == 10)
     starts = np.concatenate(([0], breaks + 1))
     ends = np.append(breaks, data.shape[0])
-    bad, nonempty = _suspicious(data, starts, ends)
+    bad, nonempty, keys = _suspicious(data, starts, ends)
     records = int(np.count_nonzero(nonempty & ~bad))
     for i in np.flatnonzero(bad).tolist():
         records += check_line(path, bytes(block[starts[i] : ends[i]]), first_line + i)
-    return records, int(breaks.shape[0])
+    return records, int(breaks.shape[0]), keys

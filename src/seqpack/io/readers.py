@@ -6,16 +6,21 @@ each: JSON Lines in blocks of whole lines, Parquet by row groups, a
 ``datasets`` ``save_to_disk`` folder memory-mapped (its Arrow files are never
 copied), an in-memory ``datasets.Dataset`` or Arrow table by record batches.
 Each chunk carries the :class:`~seqpack.io.documents.Origin` that names its
-rows in errors. Only regular files are read: a FIFO, a device or a socket is
-refused before it is opened for reading (it could block or never end), and a
-folder must hold one format. :func:`read_documents` and :func:`load_examples`
-read a whole input into memory (:mod:`seqpack.io.columns` converts it).
+rows in errors. Every file goes through the input policy
+(:mod:`seqpack.io.files`): regular files only, inside the input named, one
+format a folder, names matched case-insensitively, compressed JSON Lines
+(``.gz``, ``.zst``, ``.bz2``, ``.xz``) and standard input (``-``) read as
+streams with their decompressed size bounded, Parquet row groups bounded
+from their page headers before decoding (:mod:`seqpack.io.parquet_guard`).
+Several paths (or a glob) are one input, read in the order given.
+:func:`read_documents` and :func:`load_examples` read a whole input into
+memory (:mod:`seqpack.io.columns` converts it).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,17 +32,24 @@ from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
+from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
-from seqpack.io.files import open_regular
+from seqpack.io.files import (
+    InputStream,
+    ReadLimits,
+    is_stdin,
+    open_regular,
+    open_stream,
+)
 from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
 from seqpack.io.mapped import MappedFile
+from seqpack.io.parquet_guard import check_row_groups
+from seqpack.io.sources import resolve_files
 from seqpack.io.tokenizers import Tokenizer
 
 #: Input bytes read, parsed and tokenized at a time (``PackOptions.chunk_bytes``).
 DEFAULT_CHUNK_BYTES = 1 << 25
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
-#: File kinds of a folder of shards; a folder holding more than one is refused.
-FOLDER_FORMATS = {"parquet": ("*.parquet",), "JSON Lines": ("*.jsonl", "*.ndjson")}
 
 
 @dataclass
@@ -56,6 +68,12 @@ class Input:
     fingerprint: str | None = None
     table: pa.Table | None = None
     mapped: list[MappedFile] = field(default_factory=list)
+    roots: tuple[Path | None, ...] = ()
+    limits: ReadLimits = field(default_factory=ReadLimits)
+
+    def root_of(self, k: int) -> Path | None:
+        """The folder file ``k`` must stay inside (None: a file named by the user)."""
+        return self.roots[k] if k < len(self.roots) else None
 
     def chunks(
         self, chunk_bytes: int, text_field: str = "text"
@@ -68,14 +86,15 @@ class Input:
         if self.kind == "datasets":
             yield from self._mapped_chunks(chunk_bytes)
             return
-        for path in self.files:
-            with open_regular(path) as f:
-                yield from _file_chunks(f, path, self.kind, chunk_bytes, text_field)
+        for k, path in enumerate(self.files):
+            yield from _file_chunks(
+                path, self.root_of(k), self.kind, chunk_bytes, text_field, self.limits
+            )
 
     def _mapped_chunks(self, chunk_bytes: int) -> Iterator[tuple[pa.Table, Origin, int]]:
         first = 0
-        for path in self.files:
-            mapped = MappedFile(path, open_regular(path))
+        for k, path in enumerate(self.files):
+            mapped = MappedFile(path, open_regular(path, root=self.root_of(k)))
             self.mapped.append(mapped)
             try:
                 table = pa.ipc.open_stream(pa.BufferReader(mapped.buffer)).read_all()
@@ -111,25 +130,54 @@ def _table_chunks(
 
 
 def _file_chunks(
-    f: BinaryIO, path: Path, kind: str, chunk_bytes: int, text_field: str
+    path: Path,
+    root: Path | None,
+    kind: str,
+    chunk_bytes: int,
+    text_field: str,
+    limits: ReadLimits,
+) -> Iterator[tuple[pa.Table, Origin, int]]:
+    if kind == "parquet":
+        with open_regular(path, root=root) as f:
+            parts = _parquet_chunks(f, path, chunk_bytes, text_field, limits)
+            yield from _named(parts, str(path), "row")
+        return
+    with open_stream(path, root=root, limits=limits) as stream:
+        head = first_byte(stream)
+        stream.settle()
+        name = Path(stream.name)
+        if head == b"[":
+            table = read_json_array(stream, name)
+            yield from _named(iter([(table, stream.position)]), str(name), "row")
+        elif not head:
+            raise InvalidInput(f"{name} is empty: it holds no rows — nothing to pack")
+        else:
+            parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
+            yield from _named(_compressed_progress(parts, stream), str(name), "line")
+
+
+def _named(
+    parts: Iterator[tuple[pa.Table, int]], name: str, unit: str
 ) -> Iterator[tuple[pa.Table, Origin, int]]:
     first = 0
-    if kind == "parquet":
-        parts = _parquet_chunks(f, path, chunk_bytes, text_field)
-        unit = "row"
-    elif (head := first_byte(f)) == b"[":
-        parts, unit = iter([(read_json_array(f, path), os.fstat(f.fileno()).st_size)]), "row"
-    elif not head:
-        raise InvalidInput(f"{path} is empty: it holds no rows — nothing to pack")
-    else:
-        parts, unit = iter_jsonl(f, path, chunk_bytes, ReadColumns(text_field)), "line"
     for table, size in parts:
-        yield table, Origin(((str(path), -first, unit),)), size
+        yield table, Origin(((name, -first, unit),)), size
         first += table.num_rows
 
 
+def _compressed_progress(
+    parts: Iterator[tuple[pa.Table, int]], stream: InputStream
+) -> Iterator[tuple[pa.Table, int]]:
+    """``parts`` with each size replaced by the input bytes (compressed) consumed for it."""
+    done = 0
+    for table, _ in parts:
+        now = stream.position
+        yield table, now - done
+        done = now
+
+
 def _parquet_chunks(
-    f: BinaryIO, path: Path, chunk_bytes: int, text_field: str
+    f: BinaryIO, path: Path, chunk_bytes: int, text_field: str, limits: ReadLimits
 ) -> Iterator[tuple[pa.Table, int]]:
     def damaged(err: Exception) -> InvalidInput:
         return InvalidInput(
@@ -141,47 +189,21 @@ def _parquet_chunks(
         pf = pq.ParquetFile(f)
         meta = pf.metadata
         columns = wanted_columns(pf.schema_arrow.names, text_field)
+        check_row_groups(f, path, meta, columns, limits)
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         per_row = max(1, size // max(1, meta.num_rows))
         batches = pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns)
         share = os.fstat(f.fileno()).st_size / max(1, meta.num_rows)
         for batch in batches:
             yield pa.Table.from_batches([batch]), int(batch.num_rows * share)
+    except InvalidInput:
+        raise  # the row groups' bound: already one line naming the file
     except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as err:
         raise damaged(err) from None
 
 
-def _folder_files(path: Path) -> tuple[str, tuple[Path, ...]]:
-    found = {
-        name: sorted(p for pattern in patterns for p in path.glob(pattern))
-        for name, patterns in FOLDER_FORMATS.items()
-    }
-    present = {name: files for name, files in found.items() if files}
-    if len(present) > 1:
-        counts = " and ".join(f"{len(files)} {name}" for name, files in present.items())
-        raise InvalidInput(
-            f"{path} mixes formats ({counts} files) — keep one format per folder; seqpack would"
-            " otherwise read only some of the rows"
-        )
-    if not present:
-        raise InvalidInput(
-            f"{path} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk folder"
-        )
-    name, files = next(iter(present.items()))
-    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
-
-
-def _datasets_folder(path: Path, part: Partition) -> Input:
-    import datasets
-
-    try:
-        dataset = datasets.load_from_disk(str(path))
-    except Exception as err:  # datasets raises many kinds on a damaged folder
-        raise InvalidInput(
-            f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
-            f" {err}) — save it again with Dataset.save_to_disk"
-        ) from None
-    dataset = pick_split(dataset, part, str(path))
+def _datasets_folder(path: Path, part: Partition, limits: ReadLimits) -> Input:
+    dataset = pick_split(load_folder(path), part, str(path))
     files = tuple(Path(c["filename"]) for c in dataset.cache_files)
     if getattr(dataset, "_indices", None) is not None or not files:
         return dataset_input(dataset, part, str(path))
@@ -193,6 +215,8 @@ def _datasets_folder(path: Path, part: Partition) -> Input:
         rows=len(dataset),
         persistent=True,
         fingerprint=getattr(dataset, "_fingerprint", None),
+        roots=(path,) * len(files),
+        limits=limits,
     )
 
 
@@ -234,38 +258,44 @@ def dataset_input(dataset: Any, part: Partition, name: str = "dataset") -> Input
     )
 
 
-def open_input(source: str | Path | Any, partition: Partition | str = "train") -> Input:
+def open_input(
+    source: str | Path | Sequence[str | Path] | Any,
+    partition: Partition | str = "train",
+    limits: ReadLimits | None = None,
+) -> Input:
     """What ``source`` is and how to read it (nothing is read yet).
 
-    ``source``: a ``.jsonl``/``.json``/``.ndjson`` file, a ``.parquet`` file, a
-    folder of Parquet (or JSON Lines) shards read in sorted name order, a
-    ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
+    ``source``: a ``.jsonl``/``.json``/``.ndjson`` file (or one compressed:
+    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a
+    ``.parquet`` file, a folder of Parquet (or JSON Lines) shards read in
+    sorted name order, a glob, a list of any of these (one format, read in
+    order), a ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
     ``partition``), or an in-memory ``datasets.Dataset`` / ``DatasetDict`` /
-    ``pyarrow.Table``.
+    ``pyarrow.Table``. ``limits`` bound what reading may decode
+    (:class:`~seqpack.io.files.ReadLimits`; ``seqpack.pipeline.budget.read_limits``
+    derives them from the options).
     """
     part = Partition.parse(partition)
+    limits = limits or ReadLimits()
     if isinstance(source, pa.Table):
         return Input("table", "table", rows=source.num_rows, persistent=True, table=source)
-    if not isinstance(source, (str, Path)):
+    many = isinstance(source, (list, tuple)) and all(isinstance(s, (str, Path)) for s in source)
+    if not isinstance(source, (str, Path)) and not many:
         return dataset_input(source, part)
-    path = Path(source)
-    if not os.path.lexists(path) or not path.exists():
-        raise InvalidInput(f"input {str(path)!r} does not exist — check the path")
-    if path.is_dir():
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return _datasets_folder(path, part)
-        kind, files = _folder_files(path)
-    else:
-        suffix = path.suffix.lower()
-        if suffix not in (*JSON_SUFFIXES, ".parquet"):
-            raise InvalidInput(
-                f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, a folder"
-                " of Parquet shards or a datasets save_to_disk folder"
-            )
-        kind, files = ("parquet" if suffix == ".parquet" else "jsonl"), (path,)
-    for file in files:
-        open_regular(file).close()
-    return Input(str(path), kind, files, bytes=sum(f.stat().st_size for f in files))
+    sources = list(source) if many else [source]
+    if not sources:
+        raise InvalidInput("no input given — name a file, a folder or - for standard input")
+    if len(sources) == 1 and not is_stdin(sources[0]):
+        path = Path(sources[0])
+        if path.is_dir() and is_datasets_folder(path):
+            return _datasets_folder(path, part, limits)
+    kind, files, roots = resolve_files(sources)
+    for file, root in zip(files, roots, strict=True):
+        if not is_stdin(file):
+            open_regular(file, root=root).close()
+    size = sum(f.stat().st_size for f in files if not is_stdin(f))
+    name = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
+    return Input(name, kind, files, bytes=size, roots=roots, limits=limits)
 
 
 def read_arrow(

@@ -24,6 +24,7 @@ from seqpack.core import budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
+from seqpack.io.files import ReadLimits
 from seqpack.io.tokenizers import ENCODE_BATCH
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 
@@ -244,3 +245,17 @@ class StreamBudget:
             f"packing {what or 'this corpus'} with {opts.policy} ({parts})",
             "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's window",
         )
+
+
+def read_limits(options: PackOptions) -> ReadLimits:
+    """What one read may decode, from the options, fixed before the input is opened: with
+    ``max_metadata_bytes``, a Parquet row group (or a JSON array) may decode to the budget's
+    share of one read chunk (:data:`CHUNK_FACTORS` times ``chunk_bytes``, at least 64 MiB)
+    and no more than the budget; without it, :class:`~seqpack.io.files.ReadLimits`' defaults.
+    Decompression ratio and distinct JSON keys keep their defaults either way."""
+    limits = ReadLimits()
+    if options.max_metadata_bytes is None:
+        return limits
+    share = budget.checked_mul(options.chunk_bytes, CHUNK_FACTORS["parquet"])
+    decoded = min(options.max_metadata_bytes, max(limits.floor, share))
+    return ReadLimits(decoded_bytes=decoded, ratio=limits.ratio, floor=min(limits.floor, decoded))

@@ -32,7 +32,7 @@ from seqpack.io.readers import Input, open_input
 from seqpack.io.shards import default_ids
 from seqpack.io.spill import Spill
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.pipeline.budget import StreamBudget
+from seqpack.pipeline.budget import StreamBudget, read_limits
 from seqpack.pipeline.options import PackOptions
 from seqpack.pipeline.progress import counts, progress_bar
 
@@ -242,7 +242,7 @@ def read_corpus(
     """
     if not default_vocab:
         make_binding(lambda: "-", vocab_size=opts.vocab_size, tokenizer=tokenizer)
-    source_input = open_input(source, opts.partition)
+    source_input = open_input(source, opts.partition, read_limits(opts))
     budget = StreamBudget.of(opts, _input_kind(source_input, tokenizer))
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     vocab = (

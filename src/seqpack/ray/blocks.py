@@ -25,6 +25,9 @@ import pyarrow.parquet as pq
 from seqpack.core.errors import InvalidInput
 from seqpack.io.columns import wanted_columns
 from seqpack.io.documents import Origin
+from seqpack.io.files import ReadLimits, data_kind, is_stdin, open_regular
+from seqpack.io.parquet_guard import check_row_groups
+from seqpack.io.sources import resolve_files
 from seqpack.ray.jsonl_blocks import LineIndex, LineRange, read_jsonl_range, scan_jsonl
 
 if TYPE_CHECKING:
@@ -97,20 +100,29 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
     return table
 
 
-def read_piece(piece: Piece, text_field: str) -> pa.Table:
+def read_piece(piece: Piece, text_field: str, limits: ReadLimits | None = None) -> pa.Table:
     """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them
     (or, for JSON Lines, only the piece's bytes).
 
     Ray's tensor types are registered first (when Ray is installed), so a
-    file written from numpy batches reads back as them and is unwrapped.
+    file written from numpy batches reads back as them and is unwrapped. The file goes
+    through the input policy on the worker too (a regular file; row groups bounded
+    before decoding), whatever the driver saw.
     """
     if piece.lines is not None:
         table = read_jsonl_range(piece.name, piece.lines, piece.stop - piece.start)
         return plain_columns(table, text_field)
     with contextlib.suppress(ImportError):
         import ray.data  # noqa: F401
+    with open_regular(piece.name) as f:
+        return _read_row_groups(f, piece, text_field, limits or ReadLimits())
+
+
+def _read_row_groups(f: Any, piece: Piece, text_field: str, limits: ReadLimits) -> pa.Table:
     try:
-        pf = pq.ParquetFile(piece.name)
+        pf = pq.ParquetFile(f)
+        columns = wanted_columns(pf.schema_arrow.names, text_field)
+        check_row_groups(f, piece.name, pf.metadata, columns, limits)
         sizes = np.array(
             [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)],
             dtype=np.int64,
@@ -118,9 +130,7 @@ def read_piece(piece: Piece, text_field: str) -> pa.Table:
         ends = np.cumsum(sizes)
         begins = ends - sizes
         groups = np.flatnonzero((begins < piece.stop) & (ends > piece.start)).tolist()
-        table = pf.read_row_groups(
-            groups, columns=wanted_columns(pf.schema_arrow.names, text_field)
-        )
+        table = pf.read_row_groups(groups, columns=columns)
     except (pa.ArrowInvalid, OSError) as err:
         raise InvalidInput(f"{piece.name}: cannot read as Parquet ({err})") from None
     first = int(begins[groups[0]]) if groups else 0
@@ -128,12 +138,12 @@ def read_piece(piece: Piece, text_field: str) -> pa.Table:
 
 
 def block_table(
-    block: Block, text_field: str, tables: Sequence[pa.Table]
+    block: Block, text_field: str, tables: Sequence[pa.Table], limits: ReadLimits | None = None
 ) -> tuple[pa.Table, Origin]:
     """The block's rows as one table, an ``id`` column (global row number) where absent,
     and an :class:`Origin` naming each row by its file (or dataset) row."""
     if block.from_files:
-        parts = [read_piece(p, text_field) for p in block.pieces]
+        parts = [read_piece(p, text_field, limits) for p in block.pieces]
     else:  # already through plain_columns (dataset_blocks)
         parts = [
             t.slice(p.start, p.stop - p.start) for p, t in zip(block.pieces, tables, strict=True)
@@ -158,30 +168,24 @@ def block_origin(block: Block) -> Origin:
     return Origin(tuple(origin))
 
 
-def input_files(source: Path) -> tuple[list[Path], str]:
+def input_files(source: Path | Sequence[str | Path]) -> tuple[list[Path], str]:
     """The shards of ``source`` and their kind (``parquet`` or ``jsonl``), as the local reader
-    picks them: a folder's ``*.parquet`` (else ``*.jsonl``) files in sorted name order."""
-    if source.is_dir():
-        for pattern, kind in (("*.parquet", "parquet"), ("*.jsonl", "jsonl")):
-            files = sorted(source.glob(pattern))
-            if files:
-                return files, kind
-        raise InvalidInput(
-            f"{source} holds no *.parquet or *.jsonl shards — the ray engine reads Parquet or"
-            " JSON Lines shards (or a ray.data.Dataset); pack other inputs with --engine local"
-        )
-    suffix = source.suffix.lower()
-    if suffix == ".parquet":
-        return [source], "parquet"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return [source], "jsonl"
-    raise InvalidInput(
-        f"{source}: the ray engine reads a .parquet or .jsonl file or a folder of such shards"
-        " (or a ray.data.Dataset) — use --engine local for other inputs"
-    )
+    picks them (:func:`seqpack.io.sources.resolve_files`: the same input policy), each
+    checked to be a regular file inside its folder. Compressed files and standard input
+    are refused: blocks are cut by byte ranges."""
+    sources = list(source) if isinstance(source, (list, tuple)) else [source]
+    kind, files, roots = resolve_files(sources)
+    for file, root in zip(files, roots, strict=True):
+        if is_stdin(file) or data_kind(file)[1] is not None:
+            raise InvalidInput(
+                f"{file}: the ray engine cuts uncompressed files into blocks by byte range —"
+                " decompress it first, or pack it with --engine local"
+            )
+        open_regular(file, root=root).close()
+    return list(files), kind
 
 
-def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
+def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None) -> list[Block]:
     """Blocks over a file or a folder of shards, from Parquet footers or a JSON Lines scan."""
     files, kind = input_files(source)
     if kind == "jsonl":
@@ -189,7 +193,8 @@ def file_blocks(source: Path, block_examples: int | None) -> list[Block]:
     counts = []
     for file in files:
         try:
-            counts.append(pq.ParquetFile(file).metadata.num_rows)
+            with open_regular(file) as f:
+                counts.append(pq.ParquetFile(f).metadata.num_rows)
         except (pa.ArrowInvalid, OSError) as err:
             raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
     if block_examples is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -71,7 +72,14 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
         return
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        check_reachable(address)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise NotAvailable(
+                f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
+                " check --ray-address (ray status on the head node prints it)"
+            ) from None
     else:
         ray.init(
             address="local",
@@ -83,6 +91,33 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
     finally:
         ray.shutdown()
+
+
+#: Seconds to wait for a Ray head's port to answer before giving up.
+CONNECT_SECONDS = 5.0
+
+
+def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse at once, in one line, a ``HOST:PORT`` (or ``ray://HOST:PORT``) that does not
+    accept a connection within ``timeout`` seconds (``ray.init`` retries for minutes)."""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host and port and not port.isdigit():
+        return  # a bare host name: Ray resolves it (and its default port) itself
+    if not host or not port.isdigit():
+        raise InvalidInput(
+            f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto — e.g."
+            " --ray-address 10.0.0.5:6379"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise NotAvailable(
+            f"no Ray cluster answers at {address!r} within {timeout:g} s"
+            f" ({err.strerror or err}) — start one (ray start --head) or fix --ray-address"
+        ) from None
 
 
 @dataclass
@@ -255,13 +290,10 @@ def _dataset_blocks(
     return blocks, inputs, size
 
 
-def _file_blocks(source: str | Path, engine: RayOptions, say: Any) -> list[Block]:
+def _file_blocks(source: Any, engine: RayOptions, say: Any) -> list[Block]:
     """Blocks over input files, laid out before Ray starts (a bad input fails fast)."""
-    path = Path(source)
-    if not path.exists():
-        raise InvalidInput(f"input {str(source)!r} does not exist")
-    say(f"laying out blocks of {path}")
-    blocks = file_blocks(path, engine.block_examples)
+    say(f"laying out blocks of {source}")
+    blocks = file_blocks(source, engine.block_examples)
     if not blocks:
         raise InvalidInput(f"{source} holds no rows — nothing to pack")
     return blocks
@@ -325,7 +357,7 @@ def pack_into(
     say = status(opts.show_progress(sys.stderr))
     binding, settings = _settings(opts, ray_opts)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
-    files = isinstance(source, (str, Path))
+    files = isinstance(source, (str, Path, list, tuple))
     blocks = _file_blocks(source, ray_opts, say) if files else []
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
         if files:

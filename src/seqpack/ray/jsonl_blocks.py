@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.errors import InvalidInput
+from seqpack.io.files import open_regular
 from seqpack.io.jsonl import read_jsonl
 
 #: Bytes per read of the driver's line scan.
@@ -148,7 +149,7 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
     """
     scan, size = _Scan(every, first), 0
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
             for pos, chunk in _line_chunks(f, SCAN_BYTES):
                 scan.chunk(pos, chunk)
                 size = pos + len(chunk)
@@ -186,7 +187,7 @@ def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
         if lines.lo == 0 and lines.hi == size:
             table = read_jsonl(file)
         else:
-            with file.open("rb") as f:
+            with open_regular(file) as f:
                 f.seek(lines.lo)
                 data = f.read(lines.hi - lines.lo)
             with tempfile.TemporaryDirectory(prefix="seqpack-block-") as tmp:

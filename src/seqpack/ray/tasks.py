@@ -31,7 +31,7 @@ from seqpack.io.shards import (
     shard_bounds,
     write_shard_file,
 )
-from seqpack.pipeline.budget import check_budget
+from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
@@ -100,7 +100,7 @@ def plan_block(
     opts = settings.options
     limit_tokenizer_threads()
     tokenizer = task_tokenizer(opts.load_tokenizer())
-    table, origin = block_table(block, opts.text_field, tables)
+    table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
     read = time.perf_counter()
     docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
     check_partition(table, docs, opts.partition)

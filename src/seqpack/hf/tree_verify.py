@@ -1,0 +1,312 @@
+"""Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
+
+:func:`verify_tree` runs the same sequences twice with the same parameters:
+
+    separate  each sequence alone, ``model(input_ids (1, L), use_cache=False)``
+    tree      every group's trie packed into rows (one call), fed by ``mode``
+
+and compares, in the model's dtype with :mod:`seqpack.hf.tolerance`'s
+tolerance, every vocabulary logit at every cell of every sequence, each
+sequence's supervised log-probability sum (the DPO quantity), the
+token-weighted loss (``Σ weight·nll / Σ weight`` against the flat
+``Σ nll / N``) and every parameter-gradient coordinate of that loss.
+
+``mode``: ``adapter`` (:func:`seqpack.hf.tree.tree_inputs`) or ``naive``,
+the layout people write first: each trie's row span treated as one causal
+sequence whose positions count columns, so siblings see each other and a
+branch's positions do not continue from its parent. ``naive`` must fail.
+
+:func:`tree_groups` makes the verification groups from a spec such as
+``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids,
+and every completion after the first repeats a seeded number (0-2) of the
+previous completion's first tokens, the first two always sharing one, so
+shared first completion tokens are exercised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from seqpack.core.binding import Binding
+from seqpack.core.errors import InvalidInput
+from seqpack.core.tree import TreeBatch, pack_tree
+from seqpack.core.tree_input import SequenceGroups
+from seqpack.hf.architectures import architecture_of
+from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
+from seqpack.hf.tree import NAME, tree_inputs
+from seqpack.nn.tree import sequence_logprobs, tree_loss
+
+MODES = ("adapter", "naive")
+
+
+def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    """``"30:5,8,12;10:4,4"`` -> ``[(30, (5, 8, 12)), (10, (4, 4))]`` (positive ints)."""
+    groups = []
+    for part in text.split(";"):
+        prompt, sep, rest = part.partition(":")
+        try:
+            p = int(prompt)
+            comps = tuple(int(c) for c in rest.split(","))
+        except ValueError:
+            comps, p = (), 0
+        if not sep or p < 1 or not comps or min(comps) < 1:
+            raise InvalidInput(
+                f"--tree-lengths {text!r}: each group is PROMPT:COMPLETION,COMPLETION,... with"
+                ' positive token counts, groups separated by ";" (e.g. "30:5,8,12;10:4,4")'
+            )
+        groups.append((p, comps))
+    return groups
+
+
+def tree_groups(
+    spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int
+) -> SequenceGroups:
+    """Random-id groups of ``spec``; completions sometimes share their first tokens."""
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    for prompt_len, lens in spec:
+        prompts.append(rng.integers(0, vocab_size, prompt_len))
+        comps = [rng.integers(0, vocab_size, n) for n in lens]
+        for j in range(1, len(comps)):
+            share = 1 if j == 1 else int(rng.integers(0, 3))
+            share = min(share, len(comps[j]) - 1, len(comps[j - 1]))
+            comps[j][:share] = comps[j - 1][:share]
+        completions.append(comps)
+    binding = Binding(vocab_size, "seqpack/verify-random-ids", f"verify-tree-seed-{seed}")
+    return SequenceGroups.from_prompt_completions(prompts, completions, binding)
+
+
+def naive_batch(batch: TreeBatch) -> TreeBatch:
+    """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
+    roots = np.flatnonzero(batch.node_parent < 0)
+    root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
+    nodes = batch.nodes.astype(np.int64)
+    cell_root = np.where(batch.input_valid, root_of[np.maximum(nodes, 0)], -1)
+    rank = np.searchsorted(roots, np.maximum(cell_root, 0))
+    cols = np.arange(batch.shape[1])[None, :]
+    positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
+    ends = np.zeros(roots.shape[0], dtype=np.int64)
+    np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
+    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
+    fields |= {
+        "nodes": np.where(batch.input_valid, rank, -1).astype(np.int32),
+        "node_ends": np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
+        "positions": positions.astype(np.int32),
+        "node_row": batch.node_row[roots],
+        "node_col": batch.node_col[roots],
+        "node_len": ends,
+        "node_pos": np.zeros(roots.shape[0], dtype=np.int64),
+        "node_parent": np.full(roots.shape[0], -1, dtype=np.int64),
+        "node_end": np.arange(1, roots.shape[0] + 1, dtype=np.int64),
+    }
+    return TreeBatch(**fields)
+
+
+class _Casts(TorchDispatchMode):
+    """Records the ops of a float64 model that produce a lower-precision float from float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: dict[str, None] = {}
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        leaves = tree_leaves((args, kwargs))
+        if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in leaves):
+            for x in tree_leaves(out):
+                if isinstance(x, torch.Tensor) and x.dtype in (
+                    torch.float32,
+                    torch.bfloat16,
+                    torch.float16,
+                ):
+                    self.found[
+                        f"{func.__name__.split('.')[0]} ({str(x.dtype).removeprefix('torch.')})"
+                    ] = None
+        return out
+
+
+def gradient_tolerance(
+    model: torch.nn.Module, ids: torch.Tensor, tol: dict[str, Any]
+) -> dict[str, Any]:
+    """``tol``, or float32's when the float64 model casts anything down (even per token).
+
+    A cell shared by ``m`` branches receives the sum of their gradients and
+    rounds it once through such a cast (e.g. Llama's RMSNorm computes in
+    float32); run alone, each branch rounds its own. Forward values are
+    per-cell identical either way, so logits, log-probabilities and the
+    loss keep the model's tolerance; gradients agree to the cast's precision.
+    """
+    if next(model.parameters()).dtype != torch.float64:
+        return tol
+    casts = _Casts()
+    with casts:
+        model(input_ids=ids, use_cache=False).logits.sum().backward()
+    model.zero_grad(set_to_none=True)
+    if not casts.found:
+        return tol
+    return {
+        "abs": FLOAT32_TOLERANCE[0],
+        "rel": FLOAT32_TOLERANCE[1],
+        "why": "a shared cell sums its branches' gradients before the model's float64 -> float32"
+        f" casts ({', '.join(casts.found)}), which each branch alone rounds separately",
+        "islands": tol.get("islands", {}),
+    }
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, Any]:
+    a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
+    ok = (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
+    diff = float((a - b).abs().max()) if a.numel() else 0.0
+    return {"comparisons": int(ok.numel()), "failures": int((~ok).sum()), "max_abs_diff": diff}
+
+
+def _grads(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if g is None else g).reshape(-1)
+            for p, g in zip(params, grads, strict=True)
+        ]
+    )
+
+
+def _separate(model: torch.nn.Module, groups: SequenceGroups, order: np.ndarray, device: Any):
+    """Per sequence of ``order``: logits (L, V) alone, its supervised log-prob sum, NLL sum."""
+    logits, sums, total = [], [], 0
+    for i in order.tolist():
+        seq = groups.sequence(i)
+        ids = torch.as_tensor(seq[:-1].astype(np.int64), device=device)[None]
+        out = model(input_ids=ids, use_cache=False).logits[0]  # (L, V)
+        gold = torch.as_tensor(seq[1:].astype(np.int64), device=device)
+        lp = out.log_softmax(-1).gather(1, gold[:, None])[:, 0]
+        mask = torch.as_tensor(groups.pair_mask(np.array([i])), device=device)
+        logits.append(out)
+        sums.append((lp * mask).sum())
+        total = total - (lp * mask).sum()
+    return torch.cat(logits), torch.stack(sums), total
+
+
+def verify_tree(
+    model: torch.nn.Module,
+    groups: SequenceGroups,
+    *,
+    mode: str = "adapter",
+    capacity: int | None = None,
+    pad_token_id: int = 0,
+) -> dict[str, Any]:
+    """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``."""
+    if mode not in MODES:
+        raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
+    arch = architecture_of(model).check()
+    attn = model.config._attn_implementation
+    param = next(model.parameters())
+    dtype, device = param.dtype, param.device
+    capacity = capacity or int(groups.lengths.sum()) + 2  # all tries in one row, plus padding
+    epoch = pack_tree(groups, capacity)
+    (batch,) = epoch.batches
+    fed = naive_batch(batch) if mode == "naive" else batch
+    eligible = batch.eligible_count
+    params = [p for p in model.parameters() if p.requires_grad]
+    first = torch.as_tensor(groups.sequence(0)[:-1].astype(np.int64), device=device)[None]
+    islands = {}
+    if dtype == torch.float64:
+        islands = float32_islands(
+            lambda: model(input_ids=first, use_cache=False).logits.sum().backward()
+        )
+        model.zero_grad(set_to_none=True)
+    tol = tolerance(dtype, islands)
+    grad_tol = gradient_tolerance(model, first, tol)
+    sep_logits, sep_sums, sep_total = _separate(model, groups, batch.seq_index, device)
+    sep_mean = sep_total / eligible
+    kwargs = tree_inputs(
+        fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
+    )
+    out = model(**kwargs).logits  # (R, T, V)
+    cells = torch.as_tensor(batch.seq_cells, device=device)
+    tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
+    tree_mean = tree_loss(out, batch).mean
+    compared = {
+        "logits": _compare(sep_logits, tree_logits, tol),
+        "sequence_logprobs": _compare(sep_sums, sequence_logprobs(out, batch), tol),
+        "loss": _compare(sep_mean, tree_mean, tol),
+        "gradients": _compare(_grads(sep_mean, params), _grads(tree_mean, params), grad_tol),
+    }
+    report = _report(model, groups, epoch, mode, capacity, tol, grad_tol, compared)
+    report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
+    report["pass"] = not any(report["failures"].values())
+    if not report["pass"]:
+        report["hint"] = (
+            "the naive layout lets siblings see each other and restarts no branch positions"
+            if mode == "naive"
+            else f"{attn} mixed the branches of a trie: report this architecture"
+        )
+    return report
+
+
+def _report(
+    model: torch.nn.Module,
+    groups: SequenceGroups,
+    epoch: Any,
+    mode: str,
+    capacity: int,
+    tol: dict[str, Any],
+    grad_tol: dict[str, Any],
+    compared: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    stats, (batch,) = epoch.stats(), epoch.batches
+    params = [p for p in model.parameters() if p.requires_grad]
+    param = params[0]
+    arch = architecture_of(model)
+    return {
+        "target": "transformers",
+        "layout": "tree",
+        "model": {
+            "model_type": getattr(model.config, "model_type", type(model).__name__),
+            "class": type(model).__name__,
+            "parameters": sum(p.numel() for p in params),
+            "dtype": str(param.dtype).removeprefix("torch."),
+            "attn_implementation": model.config._attn_implementation,
+            "device": str(param.device),
+        },
+        "architecture": {"windows": {k or "all": v for k, v in arch.windows.items()}},
+        "mode": mode,
+        "groups": int(np.unique(groups.group).shape[0]),
+        "sequences": len(groups),
+        "lengths": groups.lengths.tolist(),
+        "rows": batch.shape[0],
+        "capacity": capacity,
+        "nodes": int(batch.node_len.shape[0]),
+        "tokens_stored": stats["tokens_stored"],
+        "tokens_flat": stats["tokens_flat"],
+        "eligible_targets": batch.eligible_count,
+        "tolerance": dict(tol),
+        "gradient_tolerance": dict(grad_tol),
+        "max_abs_diff": {k: c["max_abs_diff"] for k, c in compared.items()},
+        "comparisons": {k: c["comparisons"] for k, c in compared.items()},
+        "failures": {k: c["failures"] for k, c in compared.items()},
+    }
+
+
+def use_tree_attention(model: torch.nn.Module) -> None:
+    """Switch ``model`` to :data:`seqpack.hf.tree.NAME` (registered first)."""
+    from seqpack.hf.tree import register
+
+    register()
+    model.set_attn_implementation(NAME)
+
+
+__all__ = [
+    "MODES",
+    "naive_batch",
+    "parse_tree_lengths",
+    "tree_groups",
+    "use_tree_attention",
+    "verify_tree",
+]

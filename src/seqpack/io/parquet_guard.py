@@ -1,0 +1,214 @@
+"""A Parquet file's decoded size, bounded before a page is decompressed.
+
+A Parquet file can be a decompression bomb in two ways: a page whose
+compressed bytes inflate to gigabytes, and a run-length encoded page whose
+few bytes stand for hundreds of millions of values (638 bytes for 3 GB of
+int64). Neither shows in the file size. :func:`check_row_groups` bounds
+what each row group will decode to from the footer **and** from every page
+header (read without decompressing anything: a page header is a small
+Thrift struct, walked here by :func:`_page_headers`), since a hostile footer
+may understate what the pages say — decoding allocates what the page
+headers say. A row group over :attr:`ReadLimits.decoded_bytes`, or inflating
+more than :attr:`ReadLimits.ratio` times its compressed size beyond
+:attr:`ReadLimits.floor`, is refused naming the file, the row group and the
+sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from typing import Any, BinaryIO
+
+from seqpack.core.errors import InvalidInput
+from seqpack.io.files import ReadLimits
+
+#: Decoded bytes per value by Parquet physical type (plus one for levels and validity).
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+#: Bytes of a page header read at a time (its statistics may hold long min/max values).
+_HEADER_READ = 1 << 16
+_MAX_HEADER = 1 << 24
+
+
+class _Compact:
+    """A reader of Thrift's compact protocol over ``data`` (enough to skip any struct)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise EOFError
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def varint(self) -> int:
+        shift = out = 0
+        while True:
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+            if shift > 70:
+                raise ValueError("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def skip(self, kind: int, depth: int = 0) -> None:
+        if depth > 32:
+            raise ValueError("nested too deep")
+        if kind in (1, 2):  # booleans inside a field header carry no byte
+            return
+        if kind == 3:
+            self.pos += 1
+        elif kind in (4, 5, 6):
+            self.varint()
+        elif kind == 7:
+            self.pos += 8
+        elif kind == 8:
+            size = self.varint()  # read before moving: the length precedes the bytes
+            self.pos += size
+        elif kind in (9, 10):
+            head = self.byte()
+            size = head >> 4 if head >> 4 != 15 else self.varint()
+            for _ in range(size):
+                if head & 0x0F in (1, 2):
+                    self.byte()  # a boolean list element is one byte
+                else:
+                    self.skip(head & 0x0F, depth + 1)
+        elif kind == 11:
+            size = self.varint()
+            if size:
+                types = self.byte()
+                for _ in range(size):
+                    self.skip(types >> 4, depth + 1)
+                    self.skip(types & 0x0F, depth + 1)
+        elif kind == 12:
+            self.struct(lambda *_: False, depth + 1)
+        else:
+            raise ValueError(f"unknown Thrift type {kind}")
+        if self.pos > len(self.data):
+            raise EOFError
+
+    def struct(self, take: Any, depth: int = 0) -> None:
+        """Walk one struct; ``take(field_id, kind)`` reads a field itself (True) or skips it."""
+        last = 0
+        while True:
+            head = self.byte()
+            if head == 0:
+                return
+            kind, delta = head & 0x0F, head >> 4
+            field = last + delta if delta else self.zigzag()
+            last = field
+            if not take(field, kind):
+                self.skip(kind, depth)
+
+
+def _page_header(data: bytes) -> tuple[int, int, int, int]:
+    """``(header bytes, uncompressed size, compressed size, values)`` of the page header at
+    the start of ``data`` (EOFError when ``data`` ends inside it)."""
+    reader = _Compact(data)
+    found = {"uncompressed": 0, "compressed": 0, "values": 0}
+
+    def take(field: int, kind: int) -> bool:
+        if field in (2, 3) and kind == 5:
+            found["uncompressed" if field == 2 else "compressed"] = reader.zigzag()
+            return True
+        if field in (5, 7, 8) and kind == 12:  # data, dictionary, data v2: num_values first
+
+            def inner(sub: int, sub_kind: int) -> bool:
+                if sub == 1 and sub_kind == 5:
+                    found["values"] = reader.zigzag()
+                    return True
+                return False
+
+            reader.struct(inner, 1)
+            return True
+        return False
+
+    reader.struct(take)
+    return reader.pos, found["uncompressed"], found["compressed"], found["values"]
+
+
+def _page_headers(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """``(uncompressed size, values)`` of each page of a column chunk in ``[start, end)``."""
+    pos = start
+    while pos < end:
+        want = _HEADER_READ
+        while True:
+            f.seek(pos)
+            data = f.read(min(want, max(end - pos, 1)))
+            try:
+                size, uncompressed, compressed, values = _page_header(data)
+                break
+            except EOFError:
+                if len(data) < want or want >= _MAX_HEADER:
+                    raise ValueError("a page header runs past its column chunk") from None
+                want *= 4
+        if uncompressed < 0 or compressed < 0 or values < 0:
+            raise ValueError("a page header holds a negative size")
+        yield uncompressed, values
+        pos += size + compressed
+
+
+def _chunk_bytes(f: BinaryIO, column: Any) -> tuple[int, int]:
+    """``(decoded bytes bound, compressed bytes)`` of one column chunk."""
+    width = _WIDTH.get(column.physical_type, 0)
+    # the chunk starts at its dictionary page when it has one (writers leave the data page
+    # offset 0 in an empty row group); an offset of 0 would be the file's magic bytes
+    offsets = [column.data_page_offset]
+    if column.has_dictionary_page and column.dictionary_page_offset is not None:
+        offsets.append(column.dictionary_page_offset)
+    start = min([o for o in offsets if o and o > 0] or [0])
+    if start <= 0:
+        if column.total_compressed_size > 0:
+            raise ValueError("a column chunk without a page offset")
+        return 0, 0
+    pages = list(_page_headers(f, start, start + column.total_compressed_size))
+    inflated = max(column.total_uncompressed_size, sum(u for u, _ in pages))
+    values = max(column.num_values, sum(v for _, v in pages))
+    if column.physical_type == "FIXED_LEN_BYTE_ARRAY":
+        width = max(1, inflated // max(1, values))
+    elif width == 0 and column.has_dictionary_page and pages:  # strings repeated by index
+        width = 4 + max(1, pages[0][0] // max(1, pages[0][1]))
+    return max(inflated, values * (width + 1)), column.total_compressed_size
+
+
+def check_row_groups(
+    f: BinaryIO, path: object, meta: Any, columns: Collection[str], limits: ReadLimits
+) -> None:
+    """Refuse ``path`` when a row group's ``columns`` would decode to more than ``limits``
+    allow (see the module docstring); reads only page headers."""
+    wanted = set(columns)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        decoded = compressed = 0
+        try:
+            for c in range(group.num_columns):
+                column = group.column(c)
+                if column.path_in_schema.split(".")[0] not in wanted:
+                    continue
+                d, z = _chunk_bytes(f, column)
+                decoded, compressed = decoded + d, compressed + z
+        except (ValueError, OSError) as err:
+            raise InvalidInput(
+                f"{path}: row group {g} cannot be read as Parquet ({err}) — the file is damaged;"
+                " write it again"
+            ) from None
+        bomb = decoded > limits.floor and decoded > limits.ratio * max(1, compressed)
+        if bomb:
+            raise InvalidInput(
+                f"{path}: row group {g} would decode to {decoded:,} bytes,"
+                f" {decoded / max(1, compressed):,.0f}x its {compressed:,} compressed bytes (a"
+                f" decompression bomb?) — refused before decoding; if the data is genuine, write"
+                f" it with row groups of at most {limits.floor >> 20} MiB decoded"
+            )
+        if decoded > limits.decoded_bytes:
+            raise InvalidInput(
+                f"{path}: row group {g} would decode to {decoded:,} bytes, more than the"
+                f" {limits.decoded_bytes:,} bytes a read may use — refused before decoding;"
+                " write the file with smaller row groups, or raise --max-metadata-bytes"
+            )
+    f.seek(0)
