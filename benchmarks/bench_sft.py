@@ -5,7 +5,8 @@
 
 What a user runs, each in a fresh process (peak RSS = its ``ru_maxrss``):
 
-- seqpack: ``pack_dataset(ds, 4096, format="trl", tokenizer=tok)`` on an
+- seqpack: ``pack_dataset(ds, 4096, format="trl", tokenizer=tok,
+  assistant_only_loss=True)`` on an
   in-memory ``datasets.Dataset`` of ``messages`` (rendered with the folder's
   chat template, assistant-only loss, packed best-fit-decreasing);
 - TRL: ``SFTTrainer(model, SFTConfig(assistant_only_loss=True, packing=True,
@@ -92,7 +93,7 @@ def run_seqpack(ds, folder: Path) -> tuple[float, list, list, list]:
 
     tok = AutoTokenizer.from_pretrained(str(folder))  # loaded before the clock, as for TRL
     started = time.perf_counter()
-    packed = pack_dataset(ds, MAX_LENGTH, format="trl", tokenizer=tok)
+    packed = pack_dataset(ds, MAX_LENGTH, format="trl", tokenizer=tok, assistant_only_loss=True)
     seconds = time.perf_counter() - started
     return seconds, packed["input_ids"], packed["labels"], packed["seq_lengths"]
 

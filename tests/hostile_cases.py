@@ -48,6 +48,7 @@ from seqpack import (
 from seqpack.cli import main
 from seqpack.core.config import check_segment_namespace
 from seqpack.io.readers import load_examples
+from seqpack.io.template_limits import TemplateLimit
 from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
 from seqpack.pipeline.local import pack_path
 
@@ -119,6 +120,34 @@ def _broken_datasets_folder(folder: Path) -> None:
     (folder / "ds").mkdir()
     (folder / "ds" / "state.json").write_text('{"_data_files": 5}')
     (folder / "ds" / "dataset_info.json").write_text("{}")
+
+
+def _extra_specials_tokenizer(folder: Path) -> None:
+    """A tokenizer.json whose post-processor adds a second special token after each text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({"[BOS]": 0, "[EOS]": 1, "[X]": 2, "hi": 3}, "[X]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = [("[BOS]", 0), ("[EOS]", 1), ("[X]", 2)]
+    tok.post_processor = processors.TemplateProcessing("[BOS] $A [EOS] [X]", None, specials)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def _chat_folder(folder: Path) -> None:
+    from sft_helpers import chat_tokenizer
+
+    chat_tokenizer(folder / "tok")
+
+
+def _sparse_template_folder(folder: Path) -> None:
+    _chat_folder(folder)
+    with open(folder / "tok" / "chat_template.jinja", "r+b") as f:
+        f.truncate((4 << 20) + 1)  # sparse, just over the 4 MiB a chat template may hold
+
+
+#: A chat, and a template whose two loops take 10^10 iterations.
+_CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+_LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 
 def _remote_code_tokenizer(folder: Path) -> None:
@@ -547,12 +576,12 @@ CASES: list[Case] = [
     ),
     Case(
         "tokenizer-folder-broken",
-        "a tokenizer folder whose config names no real tokenizer",
+        "a tokenizer folder with a config naming no real tokenizer and no tokenizer.json",
         {DATA: lines({"text": "hi"})},
         _pack_argv("--tokenizer", "tok", vocab=None),
         lambda: load_tokenizer("tok"),
         InvalidInput,
-        ("cannot load the tokenizer in tok (ValueError:", "save it again with save_pretrained()"),
+        ("tok has tokenizer_config.json but no tokenizer.json", "save the tokenizer into it"),
         setup=_broken_tokenizer_folder,
     ),
     Case(
@@ -751,6 +780,56 @@ CASES: list[Case] = [
         lambda: pack_path(DATA, f"{DATA}/out", capacity=8, vocab_size=300),
         InvalidInput,
         ("cannot create the output folder", "choose a writable --out"),
+    ),
+    Case(
+        "tokenizer-extra-specials",
+        "a `tokenizer.json` whose post-processor adds a token besides BOS/EOS to every text",
+        {DATA: lines({"text": "hi"})},
+        _pack_argv("--tokenizer", "tokenizer.json", vocab=None),
+        lambda: load_tokenizer("tokenizer.json"),
+        InvalidInput,
+        ("post-processor turns each text into '[BOS] $A [EOS] [X]'", "at most one special"),
+        setup=_extra_specials_tokenizer,
+    ),
+    Case(
+        "chat-template-kwargs-text",
+        "a `chat_template_kwargs` that is a string, not a mapping",
+        {DATA: lines({"messages": _CHAT, "chat_template_kwargs": "padding=max_length"})},
+        _pack_argv("--tokenizer", "tok", vocab=None),
+        lambda: _pack(vocab=None, tokenizer="tok"),
+        InvalidInput,
+        (f"{DATA} line 1: chat_template_kwargs is str, not a mapping",),
+        setup=_chat_folder,
+    ),
+    Case(
+        "chat-template-kwargs-padding",
+        "`chat_template_kwargs` asking for padding to 60 tokens",
+        {DATA: lines({"messages": _CHAT, "chat_template_kwargs": {"padding": "max_length"}})},
+        _pack_argv("--tokenizer", "tok", vocab=None),
+        lambda: _pack(vocab=None, tokenizer="tok"),
+        InvalidInput,
+        ("chat_template_kwargs names 'padding', a tokenizer", "drop the key"),
+        setup=_chat_folder,
+    ),
+    Case(
+        "chat-template-loop",
+        "a chat template whose loops take 10^10 iterations",
+        {DATA: lines({"messages": _CHAT}), "loop.jinja": _LOOP.encode()},
+        _pack_argv("--tokenizer", "tok", "--chat-template", "loop.jinja", vocab=None),
+        lambda: _pack(vocab=None, tokenizer="tok", chat_template="loop.jinja"),
+        TemplateLimit,
+        (f"{DATA} line 1: the chat template (--chat-template", "4,194,304 steps", "fix the"),
+        setup=_chat_folder,
+    ),
+    Case(
+        "chat-template-sparse",
+        "a sparse `chat_template.jinja` over the size limit inside the tokenizer folder",
+        {DATA: lines({"messages": _CHAT})},
+        _pack_argv("--tokenizer", "tok", vocab=None),
+        lambda: _pack(vocab=None, tokenizer="tok"),
+        InvalidInput,
+        ("chat_template.jinja holds 4,194,305 bytes", "pass the tokenizer's own files"),
+        setup=_sparse_template_folder,
     ),
 ]
 

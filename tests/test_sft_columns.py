@@ -18,6 +18,7 @@ import pytest
 
 from seqpack.cli import main
 from seqpack.core.errors import InvalidInput
+from seqpack.core.supervision import Objective
 from seqpack.io.readers import read_documents
 from seqpack.io.store import load_packed
 from seqpack.io.tokenizers import load_tokenizer
@@ -74,7 +75,7 @@ def trl_flags(labels: list[list[int]]) -> list[list[bool]]:
 def test_messages_are_read_as_trl_with_assistant_only_loss(folder, tok, tmp_path):
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     ref = trl_prepared(ds, folder, tmp_path, assistant_only_loss=True)
-    docs = read_documents(ds, tokenizer=tok)
+    docs = read_documents(ds, tokenizer=tok, objective=Objective(assistant_only_loss=True))
     assert tokens_of(docs) == ref["input_ids"]
     assert labels_of(docs) == ref["labels"]
     # the user turns and the template's headers are never trained, every assistant token is
@@ -88,7 +89,8 @@ def test_sharegpt_conversations_are_converted_as_trl_does(folder, tok, tmp_path)
     # TRL checks assistant_only_loss before it converts, so it is held to the converted rows
     chatml = datasets.Dataset.from_dict({"messages": CHATS})
     ref = trl_prepared(chatml, folder, tmp_path, assistant_only_loss=True)
-    assert labels_of(read_documents(ds, tokenizer=tok)) == ref["labels"]
+    aol = Objective(assistant_only_loss=True)
+    assert labels_of(read_documents(ds, tokenizer=tok, objective=aol)) == ref["labels"]
 
 
 def test_tools_and_template_arguments_reach_the_template_per_row_as_in_trl(folder, tok, tmp_path):
@@ -101,7 +103,7 @@ def test_tools_and_template_arguments_reach_the_template_per_row_as_in_trl(folde
         }
     )
     ref = trl_prepared(ds, folder, tmp_path, assistant_only_loss=True)
-    docs = read_documents(ds, tokenizer=tok)
+    docs = read_documents(ds, tokenizer=tok, objective=Objective(assistant_only_loss=True))
     assert tokens_of(docs) == ref["input_ids"]
     assert labels_of(docs) == ref["labels"]
     plain = read_documents(datasets.Dataset.from_dict({"messages": CHATS}), tokenizer=tok)
@@ -128,7 +130,7 @@ def test_conversational_prompt_completion_is_read_as_trl(folder, tok, tmp_path):
         {"prompt": [c[:-1] for c in CHATS], "completion": [c[-1:] for c in CHATS]}
     )
     ref = trl_prepared(ds, folder, tmp_path, assistant_only_loss=True)
-    docs = read_documents(ds, tokenizer=tok)
+    docs = read_documents(ds, tokenizer=tok, objective=Objective(assistant_only_loss=True))
     assert tokens_of(docs) == ref["input_ids"]
     assert labels_of(docs) == ref["labels"]
 
@@ -151,7 +153,7 @@ def test_trl_masks_on_token_ids_are_anded_as_trl_builds_labels(folder, tok, tmp_
     }
     ds = datasets.Dataset.from_dict(rows)
     ref = trl_prepared(ds, folder, tmp_path, completion_only_loss=True)
-    docs = read_documents(ds)
+    docs = read_documents(ds, objective=Objective(completion_only_loss=True))
     assert tokens_of(docs) == ids
     # TRL labels the first token too, which no pair predicts: targets are compared
     assert trl_flags(labels_of(docs)) == trl_flags(ref["labels"])
@@ -165,7 +167,8 @@ def test_a_per_token_mask_maps_to_targets_as_labels_do():
         {"input_ids": [0, 101, 1], "assistant_masks": [False, False, True]},
         {"input_ids": [0, 101, 1], "loss_mask": [0, 1], "completion_mask": [0, 1, 1]},
     ]
-    readings = [read_documents(pa.Table.from_pylist([r])) for r in rows]
+    on = Objective(completion_only_loss=True)
+    readings = [read_documents(pa.Table.from_pylist([r]), objective=on) for r in rows]
     for docs in readings:
         assert docs.loss_mask.tolist() == [False, True]
         assert docs.digest("train") == readings[0].digest("train")
@@ -178,7 +181,8 @@ def test_every_present_mask_must_agree():
         "completion_mask": [0, 0, 1, 1, 1],
         "assistant_masks": [0, 1, 1, 1, 0],
     }
-    docs = read_documents(pa.Table.from_pylist([row, {"input_ids": [0, 5, 1]}]))
+    table = pa.Table.from_pylist([row, {"input_ids": [0, 5, 1]}])
+    docs = read_documents(table, objective=Objective(completion_only_loss=True))
     # token 6 and 7 pass all three; 5 fails completion_mask, EOS fails assistant_masks
     assert docs.loss_mask.tolist() == [False, True, True, False, True, True]
 
@@ -189,7 +193,12 @@ def reference(folder, tmp_path_factory):
     ref = trl_prepared(
         datasets.Dataset.from_dict({"messages": CHATS}), folder, tmp, assistant_only_loss=True
     )
-    return {"tokens": ref["input_ids"], "flags": trl_flags(ref["labels"])}
+    whole = trl_prepared(datasets.Dataset.from_dict({"messages": CHATS}), folder, tmp)
+    return {
+        "tokens": ref["input_ids"],
+        "flags": trl_flags(ref["labels"]),
+        "whole": trl_flags(whole["labels"]),
+    }
 
 
 def _recovered(out):
@@ -206,7 +215,8 @@ def test_cli_packs_chat_jsonl_and_parquet_with_trl_supervision(folder, reference
         out = tmp_path / f"out-{name}"
         done = subprocess.run(
             [sys.executable, "-m", "seqpack", "pack", tmp_path / name, "--tokenizer", folder,
-             "--chat-template", tmp_path / "train.jinja", "--capacity", "128", "--out", out],
+             "--chat-template", tmp_path / "train.jinja", "--capacity", "128", "--out", out,
+             "--assistant-only-loss"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -217,11 +227,13 @@ def test_pack_path_and_pack_dataset_read_the_same_supervision(folder, reference,
     from seqpack.hf import pack_dataset, unpack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS, "source": ["a", "b", "c"]})
-    pack_path(ds, tmp_path / "out", capacity=128, tokenizer=str(folder))
+    pack_path(ds, tmp_path / "out", capacity=128, tokenizer=str(folder), assistant_only_loss=True)
     assert _recovered(tmp_path / "out") == (reference["tokens"], reference["flags"])
-    back = unpack_dataset(pack_dataset(ds, 128, tokenizer=str(folder)))
+    back = unpack_dataset(pack_dataset(ds, 128, tokenizer=str(folder), assistant_only_loss=True))
     assert back["input_ids"] == reference["tokens"]
     assert trl_flags(back["labels"]) == reference["flags"]
+    default = unpack_dataset(pack_dataset(ds, 128, tokenizer=str(folder)))
+    assert trl_flags(default["labels"]) == reference["whole"]  # TRL's default: every token
 
 
 def test_the_ray_engine_reads_the_same_supervision(folder, reference, tmp_path):
@@ -236,7 +248,8 @@ def test_the_ray_engine_reads_the_same_supervision(folder, reference, tmp_path):
         ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=session,
                  logging_level=logging.ERROR)  # fmt: skip
         try:
-            pack(tmp_path / "c.parquet", tmp_path / "out", capacity=128, tokenizer=str(folder))
+            pack(tmp_path / "c.parquet", tmp_path / "out", capacity=128, tokenizer=str(folder),
+                 assistant_only_loss=True)  # fmt: skip
         finally:
             ray.shutdown()
     assert _recovered(tmp_path / "out") == (reference["tokens"], reference["flags"])
@@ -245,15 +258,16 @@ def test_the_ray_engine_reads_the_same_supervision(folder, reference, tmp_path):
 def test_chat_template_option_overrides_the_folders_own(folder, tmp_path):
     bare = chat_tokenizer(tmp_path / "bare", template=PLAIN_TEMPLATE)
     ds = datasets.Dataset.from_dict({"messages": CHATS[:1]})
-    with pytest.raises(InvalidInput, match=r"marks none — pass --chat-template FILE"):
-        read_documents(ds, tokenizer=load_tokenizer(bare))
+    aol = Objective(assistant_only_loss=True)
+    with pytest.raises(InvalidInput, match=r"marks none — as TRL says.*--chat-template FILE"):
+        read_documents(ds, tokenizer=load_tokenizer(bare), objective=aol)
     (tmp_path / "t.jinja").write_text(TEMPLATE)
     (tmp_path / "config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    want = read_documents(ds, tokenizer=load_tokenizer(folder)).digest("train")
+    want = read_documents(ds, tokenizer=load_tokenizer(folder), objective=aol).digest("train")
     for spec in (tmp_path / "t.jinja", TEMPLATE, str(tmp_path / "config.json")):
         loaded = PackOptions(capacity=8, tokenizer=str(bare), chat_template=spec).load_tokenizer()
         assert "+chat-template@sha256:" in loaded.identity
-        assert read_documents(ds, tokenizer=loaded).digest("train") == want
+        assert read_documents(ds, tokenizer=loaded, objective=aol).digest("train") == want
 
 
 def test_a_folders_own_template_keeps_its_identity(folder):
@@ -277,7 +291,7 @@ REFUSED = [
     ({"token_type_ids": [0, 1, 1]}, "token_type_ids[1] = 1", "give completion_mask instead"),
     ({"position_ids": [0, 1, 0]}, "position_ids[2] = 0", "already packed"),
     ({"labels": [-100, 7, 1]}, "labels[1] = 7 differs", "the token itself or -100"),
-    ({"completion_mask": [0, 1]}, "completion_mask has 2 entries for 3", "one 0/1 per"),
+    ({"completion_mask": [0, 1], "prompt": "p", "completion": "c"}, "completion_mask has 2", "0/1"),
     ({"assistant_masks": [0, 2, 1]}, "assistant_masks", "booleans or 0/1"),
 ]
 
@@ -319,7 +333,6 @@ def test_ordinary_columns_and_plain_tokenizer_outputs_pass(tmp_path):
         ([{"prompt": "hi"}], "without completion — prompt-completion rows need both"),
         ([{"prompt": "hi", "chosen": "a", "rejected": "b"}], "'chosen' looks like supervision"),
         ([{"messages": []}], "messages is empty"),
-        ([{"messages": [{"role": "user", "content": "hi"}]}], "has no assistant tokens"),
         ([{"messages": [{"content": "hi"}]}], "has no role"),
     ],
 )
@@ -382,13 +395,16 @@ def test_streamed_mappings_follow_the_same_rule():
 
     ids = [0, 5, 6, 7, 1]
     both = {"input_ids": ids, "completion_mask": [0, 0, 1, 1, 1], "assistant_masks": [1] * 4 + [0]}
+    with pytest.warns(UserWarning, match="completion_mask is not applied"):  # TRL's default
+        assert first_mask(both) == [True, True, True, False]
+    both |= {"prompt": "p", "completion": "c"}  # a prompt-completion row: the mask applies
     assert first_mask(both) == [False, True, True, False]
     assert first_mask({"input_ids": ids, "labels": [-100, -100, 6, 7, 1]}) == [False] + [True] * 3
     for bad, message in [
         ({"assistant_mask": [1] * 5}, "did you mean assistant_masks"),
         ({"attention_mask": [1, 1, 1, 1, 0]}, "padded or masked tokens"),
         ({"labels": [0, 5, 6, 9, 1]}, "the token itself or -100"),
-        ({"completion_mask": [0, 1, 1, 1]}, "give one per token"),
+        ({"completion_mask": [0, 1, 1, 1], "prompt": "p", "completion": "c"}, "one per token"),
     ]:
         with pytest.raises(InvalidInput, match=message):
             first_mask({"input_ids": ids} | bad)
@@ -398,7 +414,9 @@ def test_chats_packed_in_trls_format_carry_trls_own_labels(folder, reference):
     from seqpack.hf import pack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS})
-    packed = pack_dataset(ds, 256, tokenizer=str(folder), format="trl", policy="next-fit")
+    packed = pack_dataset(
+        ds, 256, tokenizer=str(folder), format="trl", policy="next-fit", assistant_only_loss=True
+    )
     tokens, flags = [], []
     for ids, labels, lengths in zip(
         packed["input_ids"], packed["labels"], packed["seq_lengths"], strict=True

@@ -8,10 +8,12 @@ one-line message and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from seqpack.cli.demo import add_demo, cmd_demo
@@ -76,6 +78,18 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """A library warning (e.g. a tokenizer setting turned off) as one ``warning:`` line."""
+
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        print(f"seqpack {command}: warning: {_one_line(Exception(message))}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Usage and library errors: one line, exit 2; other OS errors: one
     line, exit 1.
@@ -99,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     _TERMINATED.clear()
     try:
-        return run(args)
+        with _warnings_as_lines(args.command):
+            return run(args)
     except SeqpackError as err:
         print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -23,11 +23,21 @@ refused, never ignored: by name (:data:`REFUSED`), by value (:data:`CHECKED`:
 ``attention_mask`` must be all 1, ``token_type_ids`` all 0, ``position_ids``
 ``0..n-1``), or any other list column whose name holds ``mask``, ``label``
 or ``weight``. Scalar metadata (``id``, ``source``, ``quality_label``) passes.
+
+Which masks apply is TRL 1.16's :class:`Objective` (``SFTConfig``'s
+``assistant_only_loss`` / ``completion_only_loss``, same names and defaults):
+``assistant_masks`` always, ``completion_mask`` only when
+``completion_only_loss`` resolves to True (its default ``None`` means True
+for prompt-completion rows only, so on bare ``input_ids`` rows TRL trains the
+whole sequence and seqpack warns that the column is not applied);
+``labels`` and seqpack's ``loss_mask`` always.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,6 +71,78 @@ _PAIRS = (
     " to completion and drop rejected"
 )
 _TYPO = "did you mean {} (TRL's name)?"
+
+#: TRL's reason for refusing ``assistant_only_loss=True`` on rows that are not chats.
+NOT_CONVERSATIONAL = (
+    "assistant_only_loss=True needs conversational rows (messages, or prompt/completion as"
+    " lists of {role, content} messages), as TRL's SFTTrainer says: 'the dataset is not"
+    " conversational' — drop --assistant-only-loss (assistant_masks columns are applied"
+    " without it)"
+)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Which tokens of SFT rows are trained: TRL 1.16 ``SFTConfig``'s two switches.
+
+    - ``assistant_only_loss`` (default False): train only the assistant turns
+      of conversational rows (those inside the chat template's ``{% generation
+      %}`` blocks); False trains the whole rendered conversation.
+    - ``completion_only_loss`` (default None): train only the completion of
+      prompt-completion rows; None means True for prompt-completion rows (and
+      for ``completion_mask`` columns only when the rows also hold
+      ``prompt`` and ``completion``), False trains the whole sequence.
+    """
+
+    assistant_only_loss: bool = False
+    completion_only_loss: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.assistant_only_loss, bool):
+            raise InvalidInput(
+                f"assistant_only_loss must be True or False, got {self.assistant_only_loss!r}"
+            )
+        if self.completion_only_loss is not None and not isinstance(
+            self.completion_only_loss, bool
+        ):
+            raise InvalidInput(
+                "completion_only_loss must be True, False or None (TRL's default), got"
+                f" {self.completion_only_loss!r}"
+            )
+
+    @classmethod
+    def of(cls, options: Any) -> Objective:
+        """The objective of ``options`` (anything with the two switches as attributes, such
+        as :class:`~seqpack.pipeline.options.PackOptions`), checked."""
+        return cls(options.assistant_only_loss, options.completion_only_loss)
+
+    def completion_only(self, prompt_completion: bool) -> bool:
+        """``completion_only_loss`` resolved as TRL does for rows that are (or are not)
+        prompt-completion rows."""
+        if self.completion_only_loss is None:
+            return prompt_completion
+        return self.completion_only_loss
+
+    def applied(self, names: Collection[str], what: str) -> list[str]:
+        """The supervision columns among ``names`` (a row's keys or a table's columns) this
+        objective applies, in :data:`SUPERVISION_COLUMNS` order (see the module docstring)."""
+        if self.assistant_only_loss and "messages" not in names:
+            raise InvalidInput(f"{what}: {NOT_CONVERSATIONAL}")
+        prompt_completion = "prompt" in names and "completion" in names
+        out = [n for n in SUPERVISION_COLUMNS if n in names]
+        if "completion_mask" in out and not self.completion_only(prompt_completion):
+            out.remove("completion_mask")
+            if self.completion_only_loss is None:
+                warnings.warn(
+                    "completion_mask is not applied — with TRL's default"
+                    " completion_only_loss=None, rows without prompt and completion train"
+                    " the whole sequence; pass completion_only_loss=True"
+                    " (--completion-only-loss true) to train the completion only",
+                    UserWarning,
+                    stacklevel=3,
+                )
+        return out
+
 
 #: Column names that are refused whatever they hold, with the fix.
 REFUSED = {
@@ -138,9 +220,12 @@ def wrong_labels(labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return (labels != IGNORE_INDEX) & (labels != tokens)
 
 
-def mapping_flags(item: Mapping[str, Any], tokens: np.ndarray, what: str) -> np.ndarray | None:
+def mapping_flags(
+    item: Mapping[str, Any], tokens: np.ndarray, what: str, objective: Objective | None = None
+) -> np.ndarray | None:
     """One flag per target (bool [n-1]) of one mapping's supervision columns (the AND of
-    all present), or None when every target is supervised; look-alikes are refused."""
+    those ``objective`` applies, default TRL's), or None when every target is supervised;
+    look-alikes are refused."""
     n = tokens.shape[0]
     for name, value in item.items():
         if name in SUPERVISION_COLUMNS or name == "input_ids":
@@ -153,7 +238,9 @@ def mapping_flags(item: Mapping[str, Any], tokens: np.ndarray, what: str) -> np.
             bad, fix = plain_violation(name, values, np.arange(values.shape[0]))
             if values.shape != (n,) or bad.any():
                 raise InvalidInput(f"{what}: {name} is not plain tokenizer output — {fix}")
-    present = [k for k in SUPERVISION_COLUMNS if item.get(k) is not None]
+    present = (objective or Objective()).applied(
+        [k for k, v in item.items() if v is not None], what
+    )
     if "labels" in present and "loss_mask" in present:
         raise InvalidInput(f"{what}: has both labels and loss_mask — keep one of them")
     flags = np.ones(n - 1, dtype=bool)

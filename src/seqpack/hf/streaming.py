@@ -53,6 +53,7 @@ from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
 from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding
 from seqpack.io.shards import FORMAT, FULL, VERSION, ShardColumns, manifest_record, shard_table
@@ -216,6 +217,7 @@ class _Packing:
                 tokenizer=self.spec.tokenizer,
                 text_field=self.spec.opts.text_field,
                 partition=self.spec.opts.partition,
+                objective=Objective.of(self.spec.opts),
             ).rebased(self.docs)
             chunk.check_vocabulary(self.spec.binding.vocab_size)
             lengths = self._push_examples(chunk)

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.gather import value_range
-from seqpack.core.supervision import SUPERVISION_COLUMNS, suspect
+from seqpack.core.supervision import NOT_CONVERSATIONAL, SUPERVISION_COLUMNS, Objective, suspect
 from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
@@ -178,15 +178,18 @@ def chunk_from_arrow(
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
     partition: Partition | str | None = None,
+    objective: Objective | None = None,
 ) -> TokenChunk:
     """Check an Arrow table with the columns above and hold it as a :class:`TokenChunk`.
 
     Token ids stay in Arrow's buffer when it holds integers without nulls.
     With ``partition``, a ``partition`` column must name it on every row
-    (:class:`~seqpack.core.errors.PartitionMismatch` otherwise).
+    (:class:`~seqpack.core.errors.PartitionMismatch` otherwise). ``objective``
+    (default TRL's) says which tokens SFT rows train
+    (:class:`~seqpack.core.supervision.Objective`).
     """
     try:
-        return _chunk(table, origin, tokenizer, text_field, partition)
+        return _chunk(table, origin, tokenizer, text_field, partition, objective or Objective())
     except pa.ArrowException as err:  # a column Arrow cannot convert as asked
         raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
 
@@ -198,10 +201,16 @@ def documents_from_arrow(
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
     partition: Partition | str | None = None,
+    objective: Objective | None = None,
 ) -> Documents:
     """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
     chunk = chunk_from_arrow(
-        table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
+        table,
+        origin,
+        tokenizer=tokenizer,
+        text_field=text_field,
+        partition=partition,
+        objective=objective,
     )
     return Documents.from_chunks([chunk], origin)
 
@@ -212,6 +221,7 @@ def _chunk(
     tokenizer: Tokenizer | None,
     text_field: str,
     partition: Partition | str | None,
+    objective: Objective,
 ) -> TokenChunk:
     if partition is not None:
         _check_partition(table, origin, Partition.parse(partition))
@@ -220,12 +230,14 @@ def _chunk(
     if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone
         check_columns(table, origin, {*COLUMNS, *SFT_COLUMNS, *TEMPLATE_COLUMNS}, tokens=True)
         tokens, offsets, largest = _token_column(table, origin)
-        flags = supervised_targets(table, tokens, offsets, origin)
+        flags = supervised_targets(table, tokens, offsets, origin, objective)
     elif sft is not None or text_field in names:
         read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
         check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
         if sft is not None:
-            tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft)
+            tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft, objective)
+        elif objective.assistant_only_loss:
+            raise InvalidInput(f"{origin.parts[0][0]}: {NOT_CONVERSATIONAL}")
         else:
             tokens, offsets = _texts(table, text_field, tokenizer, origin)
         _check_lengths(offsets, origin, "the row encodes to")
@@ -233,9 +245,16 @@ def _chunk(
         flags = None if flags is None or flags.all() else flags
         largest = int(tokens.max()) if tokens.size else -1
     else:
+        texts = [
+            n
+            for n in sorted(names, key=lambda n: (n != "text", n))
+            if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
+        ]
+        hint = f" (e.g. --text-field {texts[0]})" if texts else ""
         raise InvalidInput(
             f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
-            f" {sorted(names)}) — give token ids as input_ids, text with --tokenizer, or SFT"
-            " rows (prompt/completion or messages) with --tokenizer"
+            f" {sorted(names)}) — pass --text-field NAME for the column that holds the"
+            f" text{hint}, or give token ids as input_ids, or SFT rows (prompt/completion or"
+            " messages) with --tokenizer"
         )
     return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin, largest=largest)

@@ -268,8 +268,9 @@ def make_binding(
     """
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
-            "pre-tokenized input needs --vocab-size V (the model's vocabulary size) or a"
-            " --tokenizer that defines it"
+            "no --tokenizer given: text input needs --tokenizer (bytes or a local tokenizer"
+            " folder), pre-tokenized input needs --vocab-size V (the model's"
+            " vocabulary size) or the --tokenizer that made them"
         )
     if vocab_size is not None and tokenizer is not None and vocab_size < tokenizer.vocab_size:
         raise BindingMismatch(

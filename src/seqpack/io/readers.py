@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
 from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -334,8 +335,10 @@ def read_documents(
     text_field: str = "text",
     partition: Partition | str = "train",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    objective: Objective | None = None,
 ) -> Documents:
-    """Read ``source`` (see :func:`open_input`) chunk by chunk into one :class:`Documents`."""
+    """Read ``source`` (see :func:`open_input`) chunk by chunk into one :class:`Documents`
+    (``objective``: what SFT rows train, default TRL's)."""
     source_input = open_input(source, partition)
     chunks, first, parts = [], 0, []
     try:
@@ -343,7 +346,12 @@ def read_documents(
             if not table.num_rows:
                 continue
             chunk = chunk_from_arrow(
-                table, origin, tokenizer=tokenizer, text_field=text_field, partition=partition
+                table,
+                origin,
+                tokenizer=tokenizer,
+                text_field=text_field,
+                partition=partition,
+                objective=objective,
             )
             chunks.append(chunk.rebased(first))
             name, shift, unit = origin.parts[0]

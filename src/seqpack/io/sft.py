@@ -1,32 +1,48 @@
 """SFT text rows tokenized as TRL 1.16's ``SFTTrainer`` does: prompt-completion and chats.
 
-Rows without ``input_ids`` may hold, instead of ``text``:
+What is trained follows TRL's two ``SFTConfig`` switches, with TRL's names
+and defaults (:class:`~seqpack.core.supervision.Objective`;
+``assistant_only_loss`` / ``completion_only_loss`` in ``pack_dataset``,
+``pack_path`` and :class:`~seqpack.pipeline.options.PackOptions`,
+``--assistant-only-loss`` / ``--completion-only-loss {true,false}`` on the
+command line). Rows without ``input_ids`` may hold, instead of ``text``:
 
 - ``prompt`` / ``completion`` strings (TRL's prompt-completion format):
   the tokens of ``prompt + completion`` (the completion ends with the
   tokenizer's EOS token, appended as text when it does not, and the
   tokenizer's own BOS/EOS post-processing applies), supervised from where
-  they stop agreeing with the tokens of ``prompt`` alone (TRL's
-  ``completion_only_loss``, its default for this format);
+  they stop agreeing with the tokens of ``prompt`` alone when
+  ``completion_only_loss`` is None (the default) or True, every token when
+  it is False; ``assistant_only_loss=True`` is refused (not conversational);
 - ``prompt`` / ``completion`` lists of ``{role, content}`` messages
   (conversational prompt-completion): the chat template renders the prompt
-  with the generation prompt and the whole conversation; completion tokens
-  are supervised, and only those inside the template's
-  ``{% generation %}`` blocks when it has them;
+  with the generation prompt and the whole conversation; the completion is
+  supervised (all tokens with ``completion_only_loss=False``), and with
+  ``assistant_only_loss=True`` only the tokens inside the template's
+  ``{% generation %}`` blocks too;
 - ``messages`` (or ShareGPT's ``conversations`` with ``from`` / ``value``,
-  converted as TRL does): the chat template renders the conversation and only
-  assistant tokens — those inside ``{% generation %}`` … ``{% endgeneration
-  %}`` — are supervised (TRL's ``assistant_only_loss=True``). A template
-  without those markers is refused: it cannot tell assistant tokens apart.
+  converted as TRL does): the chat template renders the conversation; every
+  token is supervised by default (TRL's ``assistant_only_loss=False``), only
+  the assistant tokens — those inside ``{% generation %}`` … ``{%
+  endgeneration %}`` — with ``assistant_only_loss=True``.
+
+A template without generation markers is accepted wherever the objective
+does not need them, and refused, with TRL's reason, where
+``assistant_only_loss=True`` does. A row left with nothing to train (a chat
+without an assistant turn under ``assistant_only_loss``, an empty
+completion) is refused naming the row, as TRL refuses the first.
 
 Chat templates are applied by the tokenizer's own
 ``transformers.PreTrainedTokenizerBase.apply_chat_template`` (its Jinja
 renderer, ``add_special_tokens=False``, assistant masks from the character
-spans of the generation blocks), so the tokens are exactly TRL's; a
-``tools`` column (a list or JSON text) and a ``chat_template_kwargs`` column
-go to the template row by row, as in TRL. The template is the tokenizer
-folder's (``chat_template.jinja`` or ``tokenizer_config.json``) unless
-``--chat-template`` names another (:attr:`HFTokenizer.chat_template`).
+spans of the generation blocks), under the limits of
+:mod:`seqpack.io.templates` (a sandbox with a step and an output bound), so
+the tokens are exactly TRL's; a ``tools`` column (a list or JSON text) and a
+``chat_template_kwargs`` column (a mapping of template variables, never
+tokenizer settings) go to the template row by row, as in TRL. The template
+is the tokenizer folder's (``chat_template.jinja`` or
+``tokenizer_config.json``) unless ``--chat-template`` names another
+(:attr:`HFTokenizer.chat_template`).
 
 :func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]``
 and one supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="``
@@ -37,8 +53,6 @@ trained.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,17 +61,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.errors import InvalidInput
+from seqpack.core.supervision import NOT_CONVERSATIONAL, Objective
 from seqpack.io.cells import column, first
+from seqpack.io.chat import (
+    TEMPLATE_COLUMNS,
+    chat_tokenizer,
+    render,
+    require_markers,
+    template_extras,
+)
 from seqpack.io.documents import Origin
 from seqpack.io.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 
+__all__ = ["SFT_COLUMNS", "TEMPLATE_COLUMNS", "encode_sft", "sft_columns"]
+
 #: Columns a row's text SFT data is read from (with the optional :data:`TEMPLATE_COLUMNS`).
 SFT_COLUMNS = ("prompt", "completion", "messages", "conversations")
-#: Per-row extras the chat template receives, as in TRL.
-TEMPLATE_COLUMNS = ("tools", "chat_template_kwargs")
-#: Conversations rendered per ``apply_chat_template`` call.
-CHAT_BATCH = 256
-_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
@@ -72,9 +91,15 @@ def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
 
 
 def encode_sft(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, names: tuple[str, ...]
+    table: pa.Table,
+    origin: Origin,
+    tokenizer: Tokenizer | None,
+    names: tuple[str, ...],
+    objective: Objective | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tokens int32 [Σn], offsets int64 [k+1] and per-token supervision bool [Σn]."""
+    """Tokens int32 [Σn], offsets int64 [k+1] and per-token supervision bool [Σn] of the
+    rows, trained as ``objective`` (default TRL's) says."""
+    objective = objective or Objective()
     where = origin.parts[0][0]
     if tokenizer is None:
         raise InvalidInput(
@@ -90,11 +115,14 @@ def encode_sft(
                 " to train on)"
             )
         if _is_chat(table, "prompt") or _is_chat(table, "completion"):
-            ids, masks = _chat_prompt_completion(table, origin, tokenizer)
+            ids, masks = _chat_prompt_completion(table, origin, tokenizer, objective)
         else:
-            ids, masks = _text_prompt_completion(table, origin, tokenizer)
+            if objective.assistant_only_loss:
+                raise InvalidInput(f"{where}: {NOT_CONVERSATIONAL}")
+            ids, masks = _text_prompt_completion(table, origin, tokenizer, objective)
     else:
-        ids, masks = _messages(table, origin, tokenizer, names[0])
+        ids, masks = _messages(table, origin, tokenizer, names[0], objective)
+    _check_trained(masks, origin, names, objective)
     lengths = np.fromiter((x.shape[0] for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -146,139 +174,66 @@ def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, An
     return rows
 
 
-def _chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
-    """The transformers tokenizer and the chat template (text) to render with."""
-    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} need a chat template and a transformers tokenizer —"
-            " pass --tokenizer with a save_pretrained folder (tokenizer_config.json), and"
-            " --chat-template FILE if it has no template"
-        )
-    try:
-        template = tokenizer.backend.get_chat_template(tokenizer.chat_template)
-    except ValueError:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none —"
-            " pass --chat-template FILE (a Jinja template)"
-        ) from None
-    return tokenizer.backend, template
-
-
-def _extras(table: pa.Table, origin: Origin) -> list[dict[str, Any]] | None:
-    """Each row's ``tools`` / ``chat_template_kwargs`` for the template, or None."""
-    present = [n for n in TEMPLATE_COLUMNS if n in table.column_names]
-    if not present:
-        return None
-    out: list[dict[str, Any]] = [{} for _ in range(table.num_rows)]
-    for name in present:
-        for row, value in enumerate(column(table, name).to_pylist()):
-            if name == "tools" and isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except ValueError as err:
-                    raise InvalidInput(f"{origin.locate(row)}: tools is not JSON ({err})") from None
-            if name == "tools":
-                out[row]["tools"] = value
-            elif value:
-                out[row].update(value)
-    return out
-
-
-def _render(
-    backend: Any,
-    template: str,
-    chats: list[list[dict[str, Any]]],
-    extras: list[dict[str, Any]] | None,
-    origin: Origin,
-    **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """``apply_chat_template`` per conversation (batched when no row has extras)."""
-    if extras is None:
-        out = []
-        for lo in range(0, len(chats), CHAT_BATCH):
-            part = chats[lo : lo + CHAT_BATCH]
-            try:
-                enc = backend.apply_chat_template(
-                    part, chat_template=template, tokenize=True, return_dict=True, **kwargs
-                )
-            except Exception:  # a template error: render row by row to name the row
-                return _render(backend, template, chats, [{} for _ in chats], origin, **kwargs)
-            out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
-        return out
-    out = []
-    for row, (chat, extra) in enumerate(zip(chats, extras, strict=True)):
-        try:
-            enc = backend.apply_chat_template(
-                chat, chat_template=template, tokenize=True, return_dict=True, **extra, **kwargs
-            )
-            out.append(_arrays(enc))
-        except Exception as err:  # Jinja raises TemplateError and the template's own errors
-            why = " ".join(str(err).split())
-            raise InvalidInput(
-                f"{origin.locate(row)}: the chat template refuses this conversation"
-                f" ({type(err).__name__}: {why}) — fix the row or the template"
-            ) from None
-    return out
-
-
-def _arrays(enc: Any) -> dict[str, np.ndarray]:
-    """One conversation's ids (int32) and assistant mask (bool) as arrays: a chunk's
-    Python int lists live for one batch of :data:`CHAT_BATCH` only."""
-    out = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int32)}
-    if "assistant_masks" in enc:
-        out["assistant_masks"] = np.asarray(enc["assistant_masks"], dtype=bool)
-    return out
-
-
 def _messages(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str, objective: Objective
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    backend, template = _chat_tokenizer(tokenizer, origin, f"{name} rows")
-    _require_markers(template, origin, f"{name} rows")
+    backend, template = chat_tokenizer(tokenizer, origin, f"{name} rows")
+    assistant = objective.assistant_only_loss
+    if assistant:
+        require_markers(template, origin, f"{name} rows")
     chats = _chats(table, name, origin)
-    encoded = _render(
-        backend, template, chats, _extras(table, origin), origin, return_assistant_tokens_mask=True
+    extras = template_extras(table, origin)
+    encoded = render(
+        backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant
     )
-    for row, enc in enumerate(encoded):
-        if not enc["assistant_masks"].any():
-            raise InvalidInput(
-                f"{origin.locate(row)}: the conversation has no assistant tokens, so nothing"
-                " would be trained — give it an assistant turn, or drop the row"
-            )
-    return [e["input_ids"] for e in encoded], [e["assistant_masks"] for e in encoded]
+    ids = [e["input_ids"] for e in encoded]
+    if assistant:
+        return ids, [e["assistant_masks"] for e in encoded]
+    return ids, [np.ones(x.shape[0], dtype=bool) for x in ids]
 
 
-def _require_markers(template: str, origin: Origin, what: str) -> None:
-    if not _GENERATION.search(template):
+def _check_trained(
+    masks: list[np.ndarray], origin: Origin, names: tuple[str, ...], objective: Objective
+) -> None:
+    """Refuse a row with no supervised target (a token after the first), naming it."""
+    for row, mask in enumerate(masks):
+        if mask[1:].any():
+            continue
+        if names[0] in ("messages", "conversations"):
+            why = "the conversation has no assistant tokens"
+        else:
+            why = "the completion is empty (no completion tokens)"
         raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} train the assistant turns only, and the chat"
-            " template marks none — pass --chat-template FILE with the assistant content"
-            " inside {% generation %} ... {% endgeneration %} (as TRL's assistant_only_loss"
-            " needs; trl.chat_template_utils.get_training_chat_template(tokenizer) gives one"
-            " for the models TRL knows)"
+            f"{origin.locate(row)}: {why}, so nothing would be trained"
+            f"{' with assistant_only_loss=True' if objective.assistant_only_loss else ''}"
+            " — give it one, or drop the row"
         )
 
 
 def _chat_prompt_completion(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    backend, template = _chat_tokenizer(tokenizer, origin, "conversational prompt-completion rows")
+    what = "conversational prompt-completion rows"
+    backend, template = chat_tokenizer(tokenizer, origin, what)
+    assistant = objective.assistant_only_loss
+    if assistant:
+        require_markers(template, origin, what)
     prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
-    extras = _extras(table, origin)
-    marked = bool(_GENERATION.search(template))
-    heads = _render(backend, template, prompts, extras, origin, add_generation_prompt=True)
-    whole = _render(
+    extras = template_extras(table, origin)
+    heads = render(backend, template, prompts, extras, origin, add_generation_prompt=True)
+    whole = render(
         backend,
         template,
         [p + c for p, c in zip(prompts, completions, strict=True)],
         extras,
         origin,
-        return_assistant_tokens_mask=marked,
+        return_assistant_tokens_mask=assistant,
     )
+    completion_only = objective.completion_only(True)
     ids, masks = [], []
     for head, full in zip(heads, whole, strict=True):
-        mask = _after_prefix(head["input_ids"], full["input_ids"])
-        if marked:
+        mask = _after_prefix(head["input_ids"], full["input_ids"], completion_only)
+        if assistant:
             mask &= full["assistant_masks"]
         ids.append(full["input_ids"])
         masks.append(mask)
@@ -286,7 +241,7 @@ def _chat_prompt_completion(
 
 
 def _text_prompt_completion(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     prompts = _strings(table, "prompt", origin)
     completions = _strings(table, "completion", origin)
@@ -305,18 +260,23 @@ def _text_prompt_completion(
     full_ids, full_offsets = tokenizer.encode_batch(
         [p + c for p, c in zip(prompts, completions, strict=True)]
     )
+    completion_only = objective.completion_only(True)
     ids, masks = [], []
     for i in range(len(prompts)):
         full = full_ids[full_offsets[i] : full_offsets[i + 1]]
+        head = head_ids[head_offsets[i] : head_offsets[i + 1]]
         ids.append(full)
-        masks.append(_after_prefix(head_ids[head_offsets[i] : head_offsets[i + 1]], full))
+        masks.append(_after_prefix(head, full, completion_only))
     return ids, masks
 
 
-def _after_prefix(head: Sequence[int], full: Sequence[int]) -> np.ndarray:
+def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: bool) -> np.ndarray:
     """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``:
-    the completion starts there even when the prompt's last tokens merged with it)."""
+    the completion starts there even when the prompt's last tokens merged with it); True
+    everywhere unless ``completion_only``."""
     head, full = np.asarray(head), np.asarray(full)
+    if not completion_only:
+        return np.ones(full.shape[0], dtype=bool)
     n = min(head.shape[0], full.shape[0])
     differ = np.flatnonzero(head[:n] != full[:n])
     start = int(differ[0]) if differ.size else n

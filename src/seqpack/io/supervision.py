@@ -19,6 +19,7 @@ from seqpack.core.supervision import (
     CHECKED,
     SUPERVISION_COLUMNS,
     UNKNOWN,
+    Objective,
     plain_violation,
     refusal,
     wrong_labels,
@@ -80,12 +81,16 @@ def _check_plain(table: pa.Table, name: str, origin: Origin) -> None:
 
 
 def supervised_targets(
-    table: pa.Table, tokens: np.ndarray, offsets: np.ndarray, origin: Origin
+    table: pa.Table,
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    origin: Origin,
+    objective: Objective | None = None,
 ) -> np.ndarray | None:
-    """One flag per target (bool [T - k]), the AND of every supervision column present,
-    or None when every target is supervised."""
-    names = [n for n in SUPERVISION_COLUMNS if n in table.column_names]
-    names = [n for n in names if not pa.types.is_null(table.schema.field(n).type)]
+    """One flag per target (bool [T - k]), the AND of the supervision columns present that
+    ``objective`` (default TRL's) applies, or None when every target is supervised."""
+    names = [n for n in table.column_names if not pa.types.is_null(table.schema.field(n).type)]
+    names = (objective or Objective()).applied(names, origin.parts[0][0])
     if "labels" in names and "loss_mask" in names:
         raise InvalidInput(
             f"{origin.parts[0][0]}: has both labels and loss_mask — keep one of them"

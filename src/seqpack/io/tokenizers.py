@@ -29,6 +29,7 @@ import hashlib
 import itertools
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +37,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from seqpack.core.errors import InvalidInput, NotAvailable
+from seqpack.io.tokenizer_folder import open_folder
+from seqpack.io.tokenizer_settings import (
+    MAX_TEMPLATE_FILE,
+    checked_file,
+    file_identity,
+    read_checked,
+    sanitized,
+)
 
 BOS_ID = 0
 EOS_ID = 1
@@ -103,29 +112,8 @@ class ByteTokenizer:
         return data.tobytes().decode("utf-8", errors="replace")
 
 
-#: Files whose bytes define a saved tokenizer; they make up its identity digest.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
-
-
 #: Where a tokenizer's identity names a chat template other than its own.
 CHAT_MARK = "+chat-template@sha256:"
-
-
-def _identity(kind: str, path: Path, files: Sequence[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return f"{kind}:{path.name}@sha256:{h.hexdigest()[:16]}"
 
 
 def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,9 +133,10 @@ def _encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(ids, dtype=np.int32, count=int(offsets[-1])), offsets
 
 
-def rust_backend(backend: Any, kind: str) -> Any:
-    """The ``tokenizers.Tokenizer`` that does the work (a fast transformers tokenizer's own
-    backend, with the truncation and padding transformers also turns off), or None."""
+def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
+    """The ``tokenizers.Tokenizer`` that does the work (a ``tokenizers`` backend as it is —
+    :class:`HFTokenizer` sanitized it — or a fast transformers tokenizer's own backend,
+    copied, with truncation and padding off), or None."""
     if kind == "tokenizers":
         return backend
     rust = (
@@ -155,9 +144,9 @@ def rust_backend(backend: Any, kind: str) -> Any:
     )
     if rust is None or getattr(backend, "split_special_tokens", False):
         return None
-    rust = copy.deepcopy(rust)
-    rust.no_truncation()
-    rust.no_padding()
+    rust, _ = sanitized(rust, where, owned=False)
+    if rust is backend.backend_tokenizer:  # nothing to turn off: still never share it
+        rust = copy.deepcopy(rust)
     return rust
 
 
@@ -174,12 +163,29 @@ class HFTokenizer:
     #: transformers tokenizer's own.
     chat_template: str | None = None
 
-    def __init__(self, backend: Any, kind: str, identity: str, vocab_size: int) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        kind: str,
+        identity: str,
+        vocab_size: int,
+        *,
+        where: str | None = None,
+        owned: bool = False,
+        rust: Any = None,
+    ) -> None:
+        where = where or identity
+        self._pad: int | None = None
+        if kind == "tokenizers":  # truncation and padding off (a copy unless ``owned``)
+            backend, self._pad = sanitized(backend, where, owned)
         self.backend = backend
         self.kind = kind
         self.identity = identity
         self.vocab_size = int(vocab_size)
-        self._rust = rust_backend(backend, kind)
+        if rust is not None:  # a folder's tokenizer.json read directly (tokenizer_folder)
+            self._rust = sanitized(rust, where, owned=True)[0]
+        else:
+            self._rust = rust_backend(backend, kind, where)
 
     def with_chat_template(self, template: str) -> HFTokenizer:
         """This tokenizer rendering chats with ``template``; its identity says so (the
@@ -208,12 +214,13 @@ class HFTokenizer:
         padding setting), None without one."""
         if self.kind == "transformers":
             return getattr(self.backend, "pad_token_id", None)
-        padding = getattr(self.backend, "padding", None)
-        return int(padding["pad_id"]) if padding else None
+        return self.__dict__.get("_pad")
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._rust = rust_backend(self.backend, self.kind)
+        with warnings.catch_warnings():  # warned where it was loaded; a worker stays quiet
+            warnings.simplefilter("ignore")
+            self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids int32 [Σn] and offsets int64 [k+1]; texts are encoded in batches of
@@ -258,9 +265,10 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
     """``"bytes"`` (built-in) or a local path; never downloads.
 
     - a ``*.json`` file: a ``tokenizers`` tokenizer (``tokenizer.json``);
-    - a folder with ``tokenizer_config.json``: ``transformers.AutoTokenizer``, with
-      ``trust_remote_code=False`` (a folder whose tokenizer is Python code of its
-      own is refused, never run, never asked about);
+    - a folder with ``tokenizer_config.json``: a transformers tokenizer
+      (:func:`seqpack.io.tokenizer_folder.open_folder`: its ``tokenizer.json``
+      read directly when transformers would use it as it is, else
+      ``transformers.AutoTokenizer`` with ``trust_remote_code=False``);
     - a folder with only ``tokenizer.json``: a ``tokenizers`` tokenizer.
     """
     if str(spec) == "bytes":
@@ -271,34 +279,9 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             f"tokenizer {str(spec)!r} is not a local file or folder — seqpack loads tokenizers"
             " from disk only (no downloads); pass --tokenizer bytes or a saved tokenizer folder"
         )
-    folder = path if path.is_dir() else path.parent
     if path.is_dir() and (path / "tokenizer_config.json").is_file():
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as err:
-            raise NotAvailable(
-                "loading a transformers tokenizer needs `pip install seqpack[hf]`"
-            ) from err
-        try:
-            # trust_remote_code=False: never run the folder's Python code (an ``auto_map``)
-            # and never ask about it on stdin, which transformers does when it is unset.
-            backend = AutoTokenizer.from_pretrained(
-                str(path), local_files_only=True, trust_remote_code=False
-            )
-        except Exception as err:  # transformers raises many kinds on a damaged folder
-            if "auto_map" in (path / "tokenizer_config.json").read_text(errors="replace"):
-                raise InvalidInput(
-                    f"the tokenizer in {path} needs the Python code its tokenizer_config.json"
-                    " names (auto_map); seqpack never runs a tokenizer folder's code — save it"
-                    " with a built-in tokenizer class, or pass its tokenizer.json"
-                ) from None
-            why = " ".join(str(err).split())
-            raise InvalidInput(
-                f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"
-                " again with save_pretrained()"
-            ) from None
-        files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
-        return HFTokenizer(backend, "transformers", _identity("hf", path, files), len(backend))
+        backend, identity, size, rust = open_folder(path)
+        return HFTokenizer(backend, "transformers", identity, size, where=str(path), rust=rust)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise InvalidInput(
@@ -309,6 +292,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
     except ImportError as err:
         raise NotAvailable("loading tokenizer.json needs `pip install seqpack[hf]`") from err
+    checked_file(file)
     try:
         backend = RustTokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a plain Exception
@@ -318,7 +302,8 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         ) from None
     size = backend.get_vocab_size(with_added_tokens=True)
     name = path if path.is_dir() else file
-    return HFTokenizer(backend, "tokenizers", _identity("tokenizers", name, [file]), size)
+    identity = file_identity("tokenizers", name, [file])
+    return HFTokenizer(backend, "tokenizers", identity, size, where=str(file), owned=True)
 
 
 def read_chat_template(spec: str | os.PathLike[str]) -> str:
@@ -332,7 +317,8 @@ def read_chat_template(spec: str | os.PathLike[str]) -> str:
             f"chat template {str(spec)!r} is not a file — pass a Jinja file (e.g. the"
             " tokenizer folder's chat_template.jinja) or the template text"
         )
-    text = path.read_text(encoding="utf-8", errors="replace")
+    limit = MAX_TEMPLATE_FILE if path.suffix != ".json" else None
+    text = read_checked(path, *([limit] if limit else [])).decode("utf-8", errors="replace")
     if path.suffix == ".json":
         try:
             text = json.loads(text)["chat_template"]

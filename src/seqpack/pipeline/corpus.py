@@ -26,6 +26,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.checks import check_lengths
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import example_label
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, SplitDigest, TokenChunk, make_binding
 from seqpack.io.readers import Input, open_input
@@ -260,7 +261,7 @@ def read_corpus(
                 if table.num_rows:
                     chunk = chunk_from_arrow(
                         table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                        partition=opts.partition,
+                        partition=opts.partition, objective=Objective.of(opts),
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
                     _take(state, chunk, opts, vocab, holder, digest)

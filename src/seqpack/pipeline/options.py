@@ -30,7 +30,9 @@ from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.checks import parse_byte_size, parse_count, parse_int, parse_option, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
+from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
+from seqpack.pipeline.objective_options import objective_field, parse_switch
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -143,6 +145,8 @@ class PackOptions:
             metavar="FILE",
         ),
     )
+    assistant_only_loss: bool = objective_field("assistant_only_loss")
+    completion_only_loss: bool | None = objective_field("completion_only_loss")
     overwrite: bool = field(
         default=False,
         metadata=flag("--overwrite", "replace an existing output", action="store_true"),
@@ -219,6 +223,7 @@ class PackOptions:
             limit = positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
             put(self, "max_metadata_bytes", limit)
         put(self, "partition", Partition.parse(self.partition))
+        Objective.of(self)  # checks assistant_only_loss and completion_only_loss
         if self.vocab_size is not None:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
         if self.chat_template is not None:
@@ -329,6 +334,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_metadata_bytes": parse_byte_size,
     "chunk_bytes": parse_byte_size,
     "shard_tokens": parse_count,
+    "completion_only_loss": parse_switch,
 }
 
 

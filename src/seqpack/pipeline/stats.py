@@ -13,6 +13,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import long_ranges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import POLICIES, plan_rows
+from seqpack.core.supervision import Objective
 from seqpack.io.documents import Documents
 from seqpack.io.readers import read_documents
 from seqpack.pipeline.options import PackOptions
@@ -71,6 +72,7 @@ def stats_path(
         tokenizer=opts.load_tokenizer(),
         text_field=opts.text_field,
         partition=opts.partition,
+        objective=Objective.of(opts),
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")

@@ -20,6 +20,7 @@ from seqpack.core.binding import Partition
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import PartitionMismatch
 from seqpack.core.examples import ExampleTable, example_label
+from seqpack.core.supervision import Objective
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
 from seqpack.io.shard_rows import layout_of_table
@@ -102,7 +103,9 @@ def plan_block(
     tokenizer = task_tokenizer(opts.load_tokenizer())
     table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
     read = time.perf_counter()
-    docs = documents_from_arrow(table, origin, tokenizer=tokenizer, text_field=opts.text_field)
+    docs = documents_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
+    )
     check_partition(table, docs, opts.partition)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
