@@ -36,7 +36,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import TreeBatch, pack_tree
 from seqpack.core.tree_input import SequenceGroups
-from seqpack.hf.architectures import architecture_of
+from seqpack.hf.capability import architecture_of
 from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 from seqpack.hf.tree import NAME, tree_inputs
 from seqpack.nn.tree import sequence_logprobs, tree_loss
