@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.io.store import publish_packed, temp_output
+from seqpack.io.atomic import open_output
 from seqpack.pipeline.local import pack_path
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import file_blocks
@@ -73,15 +73,15 @@ def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
     settings = Settings(
         PackOptions(capacity=capacity, policy=POLICY, vocab_size=VOCAB, split_id="bench")
     )
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers) as pool, open_output(out, overwrite=True) as output:
         planned = list(pool.map(plan_block, blocks, [settings] * len(blocks)))
         layout = ShardLayout(len(blocks), settings.options.max_rows_per_batch)
         shards = [shard for stats, _ in planned for shard in layout.add(stats)]
-        tmp = temp_output(out)
         jobs = [
             pool.submit(
                 write_shard,
-                str(tmp),
+                str(output.path),
+                output.shard(s.index),
                 s.index,
                 s.first_row,
                 tuple((a, b, e) for _, a, b, e in s.spans),
@@ -91,7 +91,7 @@ def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
             for s in shards
         ]
         entries = [job.result() for job in jobs]
-    publish_packed(tmp, out, {"shards": entries})
+        output.commit({"shards": entries})
     return {"rows": layout.rows, "tokens": sum(stats["tokens"] for stats, _ in planned)}
 
 

@@ -15,7 +15,12 @@ files in the page cache (one untimed read first), median reported:
   manifest (``check_contents``);
 - the baseline, in the same run: decoding every shard once (``shard_rows``),
   which any epoch over the output does anyway; each shard read at any depth
-  runs ``check_shard``, timed separately.
+  runs ``check_table`` (schema: declared columns and types; no nulls) and
+  ``check_shard``, timed separately, against a plain decode without them
+  (``pq.read_table`` + ``arrow_to_rows``);
+- the same W1 examples packed ``--format trl``: ``load_trl``'s content check
+  (``check_trl_contents``, run at the default depth) against reading every
+  shard once (``pq.read_table``).
 
 Arrow's thread pools are set to one thread (``--threads``) so runs compare;
 the load average is printed.
@@ -33,11 +38,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from seqpack import Binding, ExampleTable
+from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.store import load_packed, write_packed
-from seqpack.io.verify import check_shard
-from seqpack.pipeline.local import pack_table
+from seqpack.io.trl import check_trl_contents
+from seqpack.io.verify import check_shard, check_table
+from seqpack.pipeline.local import pack_path, pack_table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import w1_sft
@@ -82,16 +90,52 @@ def decode_all(out: Path) -> None:
         store.shard_rows(k)
 
 
-def checks_only(out: Path) -> float:
-    """Seconds ``check_shard`` takes over every shard (decoding excluded)."""
+def checks_only(out: Path) -> tuple[float, float]:
+    """Seconds ``check_table`` and ``check_shard`` take over every shard (decoding
+    excluded)."""
     store = load_packed(out, verify=False)
-    total = 0.0
+    tables = shards = 0.0
     for k, entry in enumerate(store.shards):
+        table = pq.read_table(out / entry["file"], memory_map=True)
+        started = time.perf_counter()
+        check_table(table, entry["file"], entry)
+        tables += time.perf_counter() - started
         rows = store.shard_rows(k)
         started = time.perf_counter()
         check_shard(rows, entry, store.occurrences, entry["file"])
-        total += time.perf_counter() - started
-    return total
+        shards += time.perf_counter() - started
+    return tables, shards
+
+
+def plain_decode(out: Path) -> None:
+    """Every shard decoded into rows with no check (what loading cost before checking)."""
+    store = load_packed(out, verify=False)
+    for entry in store.shards:
+        table = pq.read_table(out / entry["file"], memory_map=True)
+        arrow_to_rows(table, capacity=store.capacity, partition=store.partition,
+                      binding=store.binding, where=entry["file"])  # fmt: skip
+
+
+def build_trl(folder: Path, examples: int) -> Path:
+    lengths = w1_sft().lengths[:examples]
+    rng = np.random.default_rng(0)
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lengths + 1, out=offsets[1:])
+    ids = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))})
+    pack_path(table, folder / "trl", capacity=4097, vocab_size=VOCAB, format="trl",
+              spill_dir=folder)  # fmt: skip
+    return folder / "trl"
+
+
+def trl_rows(folder: Path, repeats: int) -> list[tuple[str, float]]:
+    import json
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    files = [folder / e["file"] for e in manifest["shards"]]
+    base = timed(lambda: [pq.read_table(f) for f in files], repeats)
+    check = timed(lambda: check_trl_contents(manifest, folder), repeats)
+    return [("trl: read every shard once", base), ("trl: check_trl_contents", check)]
 
 
 def main() -> None:
@@ -121,11 +165,16 @@ def main() -> None:
             ('verify="full" (+ every shard decoded, checked)',
              timed(lambda: load_packed(out, verify="full"), args.repeats)),
             ("baseline: decode every shard once", base),
-            ("check_shard alone, every shard", checks_only(out)),
+            ("plain decode, no checks", timed(lambda: plain_decode(out), args.repeats)),
+            *zip(("check_table alone, every shard", "check_shard alone, every shard"),
+                 checks_only(out), strict=True),
         ]  # fmt: skip
         print(f"{'what':<50} {'seconds':>9} {'x decode':>9}")
         for what, seconds in rows:
             print(f"{what:<50} {seconds:>9.3f} {seconds / base:>9.3f}")
+        trl = trl_rows(build_trl(Path(tmp), examples), args.repeats)
+        for what, seconds in trl:
+            print(f"{what:<50} {seconds:>9.3f} {seconds / trl[0][1]:>9.3f}")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -110,6 +110,7 @@ def _fix_checksums(out: Path, k: int) -> None:
     entry = manifest["shards"][k]
     path = out / entry["file"]
     entry["bytes"], entry["sha256"] = path.stat().st_size, sha256_file(path)
+    entry["columns"] = pq.read_schema(path).names  # what a careful editor updates too
     (out / MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -128,6 +129,33 @@ def _edit_shard(change: Callable[[dict], Any], k: int = 1) -> Callable[[Path], N
         _fix_checksums(out, k)
 
     return damage
+
+
+def _retype(name: str, kind: pa.DataType, change: Callable[[dict], Any] | None = None,
+            drop: bool = False) -> Callable[[Path], None]:  # fmt: skip
+    """Rewrite shard 1 with column ``name`` stored as ``kind`` (values cast, then
+    ``change(columns)``) or dropped, its checksums and column list fixed in the manifest."""
+
+    def damage(out: Path) -> None:
+        path = _shard(out, 1)
+        table = pq.read_table(path)
+        columns = {n: table.column(n).to_pylist() for n in table.column_names}
+        if drop:
+            del columns[name]
+        elif change is not None:
+            change(columns)
+        fields = [
+            (n, kind) if n == name else table.schema.field(n) if n in table.schema.names
+            else (n, FIELDS.get(n, kind)) for n in columns
+        ]  # fmt: skip
+        pq.write_table(pa.table(columns, schema=pa.schema(fields)), path)
+        _fix_checksums(out, 1)
+
+    return damage
+
+
+def _huge_token(c: dict) -> None:
+    c["tokens"][0][1] = 2**32 + 7  # wraps to 7 as int32: inside the vocabulary
 
 
 def _set_token(value: int) -> Callable[[dict], None]:
@@ -214,10 +242,6 @@ def _one_more_occurrence(manifest: dict) -> None:
     manifest["occurrences"] += 1
 
 
-def _extra_shard(out: Path) -> None:
-    (out / "shard-00099.parquet").write_bytes(_shard(out, 1).read_bytes())
-
-
 def _expected_binding(field: str) -> Callable[[Path], Any]:
     def load(out: Path) -> Any:
         values = load_packed(out).binding.to_dict()
@@ -241,19 +265,19 @@ class Damage:
 
 DAMAGES: list[Damage] = [
     Damage("bit-flip", "one bit flipped in a shard", _flip(0.5), InvalidInput,
-           ("shard-00001.parquet: checksum mismatch", "pack again")),
+           ("shard-0001-00001.parquet: checksum mismatch", "pack again")),
     Damage("footer-flip", "one bit flipped in a shard's footer", _flip(0.999), InvalidInput,
-           ("shard-00001.parquet: checksum mismatch",)),
+           ("shard-0001-00001.parquet: checksum mismatch",)),
     Damage("truncated", "a shard cut short by 100 bytes", _rewrite_shard(lambda b: b[:-100]),
-           InvalidInput, ("shard-00001.parquet: checksum mismatch", "truncated")),
+           InvalidInput, ("shard-0001-00001.parquet: checksum mismatch", "truncated")),
     Damage("appended", "a byte appended to a shard", _rewrite_shard(lambda b: b + b"\0"),
-           InvalidInput, ("shard-00001.parquet: checksum mismatch",)),
+           InvalidInput, ("shard-0001-00001.parquet: checksum mismatch",)),
     Damage("emptied", "a shard emptied", _rewrite_shard(lambda b: b""), InvalidInput,
-           ("shard-00001.parquet: checksum mismatch",)),
+           ("shard-0001-00001.parquet: checksum mismatch",)),
     Damage("deleted", "a shard deleted", lambda out: _shard(out).unlink(), InvalidInput,
-           ("shard-00001.parquet is missing", "incomplete")),
+           ("shard-0001-00001.parquet is missing", "incomplete")),
     Damage("swapped", "two shards swapped", _swap, InvalidInput,
-           ("shard-00000.parquet: checksum mismatch",)),
+           ("shard-0001-00000.parquet: checksum mismatch",)),
     Damage("no-manifest", "the manifest deleted (what a killed run leaves)",
            lambda out: (out / MANIFEST).unlink(), InvalidInput,
            ("has no manifest.json: not a finished seqpack output", "run seqpack pack again")),
@@ -269,10 +293,10 @@ DAMAGES: list[Damage] = [
            InvalidInput, ("shards hold", "rows, not 1,000,000")),
     Damage("manifest-sha", "a shard's recorded sha256 changed",
            _manifest(_set("shards.0.sha256", "0" * 64)), InvalidInput,
-           ("shard-00000.parquet: checksum mismatch",)),
+           ("shard-0001-00000.parquet: checksum mismatch",)),
     Damage("manifest-first-row", "a shard's first row changed",
            _manifest(_set("shards.1.first_row", 1)), InvalidInput,
-           ("shard shard-00001.parquet starts at row 1, not",)),
+           ("shard shard-0001-00001.parquet starts at row 1, not",)),
     Damage("path-traversal", "a shard named `../data.jsonl`",
            _manifest(_set("shards.0.file", "../data.jsonl")), InvalidInput,
            ("shard file '../data.jsonl' is not a plain file name", "pack again")),
@@ -284,7 +308,7 @@ DAMAGES: list[Damage] = [
            ("manifest.json: 'binding' is missing", "pack again")),
     Damage("bad-counts", "a shard's row count is a string",
            _manifest(_set("shards.0.rows", "many")), InvalidInput,
-           ("shard shard-00000.parquet rows is 'many', not an integer",)),
+           ("shard shard-0001-00000.parquet rows is 'many', not an integer",)),
     Damage("zero-capacity", "capacity 0 in the manifest",
            _manifest(_set("config.capacity", 0)), InvalidInput,
            ("config.capacity is 0, not an integer in [1, 2,147,483,647]",)),
@@ -302,17 +326,14 @@ DAMAGES: list[Damage] = [
            lambda out: None, PartitionMismatch,
            ("holds partition 'train', not 'validation'", "load the validation output"),
            lambda out: load_packed(out, expected_partition="validation")),
-    Damage("temporary-folder", "a killed run's hidden folder (it has a manifest)",
-           lambda out: None, InvalidInput, ("temporary folder of a seqpack run",),
-           lambda out: load_packed(out.rename(out.with_name(".out.seqpack-tmp-h-1-0123abcd")))),
     Damage("unverified-truncated", "a truncated shard read with `verify=False`",
            _rewrite_shard(lambda b: b[:-100]), InvalidInput,
-           ("shard-00001.parquet: cannot read the shard", "pack again"),
+           ("shard-0001-00001.parquet: cannot read the shard", "pack again"),
            lambda out: load_packed(out, verify=False).shard_rows(1)),
     # Edited shards, their size and sha256 recomputed: only the agreement checks see them.
     Damage("token-beyond-vocabulary", "a token id >= vocab_size written into a shard",
            _edit_shard(_set_token(VOCAB + 7)), InvalidInput,
-           ("shard-00001.parquet: token id 507 is outside [0, 500)", "pack again")),
+           ("shard-0001-00001.parquet: token id 507 is outside [0, 500)", "pack again")),
     Damage("negative-token", "a negative token id written into a shard",
            _edit_shard(_set_token(-5)), InvalidInput, ("token id -5 is outside [0, 500)",)),
     Damage("overlapping-occurrences", "two occurrences of a row moved onto the same cells",
@@ -331,30 +352,53 @@ DAMAGES: list[Damage] = [
            InvalidInput, ("a provenance range [range_start, range_end) is not its window's",)),
     Damage("row-numbers-shifted", "a shard's row numbers shifted by 2",
            _edit_shard(_shift_rows), InvalidInput,
-           ("shard-00001.parquet: holds first_row", "but the manifest says")),
+           ("shard-0001-00001.parquet: holds first_row", "but the manifest says")),
     Damage("row-removed", "the last row of a shard removed", _edit_shard(_drop_last_row),
-           InvalidInput, ("shard-00001.parquet: holds rows", "but the manifest says")),
+           InvalidInput, ("shard-0001-00001.parquet: holds rows", "but the manifest says")),
     Damage("missing-source-id", "a source id set to null",
            _edit_shard(lambda c: c["source_ids"][0].__setitem__(0, None)), InvalidInput,
            ("a value of column 'source_ids' is missing (null)",)),
     Damage("swapped-checksums-fixed", "two shards swapped, their checksums swapped too",
            _swap_with_checksums, InvalidInput,
-           ("shard-00000.parquet: holds first_row", "but the manifest says 0")),
+           ("shard-0001-00000.parquet: holds first_row", "but the manifest says 0")),
+    # What the format declares, each edit re-hashed and its column list fixed in the manifest.
+    Damage("float-token-ids", "token ids stored as floats (1.0, 2.0, ...; were truncated)",
+           _retype("tokens", pa.list_(pa.float64())), InvalidInput,
+           ("column 'tokens' has type list<double>, not the format's list<int32>",)),
+    Damage("int64-token-above-2**32", "token ids stored as int64, one of them 2**32 + 7",
+           _retype("tokens", pa.list_(pa.int64()), _huge_token), InvalidInput,
+           ("column 'tokens' has type list<int64>, not the format's list<int32>",)),
+    Damage("loss-bits-dropped", "the `loss_bits` column dropped (every target would be"
+           " supervised)", _retype("loss_bits", pa.binary(), drop=True), InvalidInput,
+           ("shard-0001-00001.parquet: holds eligible", "but the manifest says 160")),
+    Damage("pair-counts-nested", "`pair_counts` stored as lists of lists",
+           _retype("pair_counts", pa.list_(pa.list_(pa.int32())),
+                   lambda c: c.__setitem__("pair_counts", [[[n] for n in r]
+                                                           for r in c["pair_counts"]])),
+           InvalidInput, ("column 'pair_counts' has type list<list<int32>>",)),
+    Damage("unknown-column", "a column the format does not declare",
+           _retype("extra", pa.list_(pa.int32()),
+                   lambda c: c.__setitem__("extra", c["ordinals"])), InvalidInput,
+           ("column 'extra' is not a column of the packed-row format",)),
+    Damage("columns-listed-wrong", "the manifest's column list of a shard edited",
+           _manifest(lambda m: m["shards"][1]["columns"].remove("loss_bits")), InvalidInput,
+           ("holds the columns", "but the manifest says")),
+    Damage("eligible-statistic-edited", "`statistics.eligible_targets` changed",
+           _manifest(_set("statistics.eligible_targets", 1000)), InvalidInput,
+           ("statistics.eligible_targets is 1000 but the shards' entries give 1,487",)),
     # Edited manifests.
     Damage("shard-entry-removed", "a shard's entry removed, rows renumbered and totals fixed",
            _drop_entry(1, delete_file=False), InvalidInput,
-           ("does not list shard-00001.parquet", "a shard entry removed?")),
+           ("statistics.rows is 60 but the manifest's config and shards give",)),
     Damage("last-shard-removed", "the last shard and its entry removed, totals fixed",
            _drop_entry(-1, delete_file=True), InvalidInput,
            ("statistics.rows is 60 but the manifest's config and shards give",)),
     Damage("shard-listed-twice", "a shard listed twice",
            _manifest(lambda m: m["shards"].append(dict(m["shards"][1]))), InvalidInput,
-           ("shard shard-00001.parquet is listed twice",)),
-    Damage("unlisted-shard", "an extra shard file the manifest does not list", _extra_shard,
-           InvalidInput, ("does not list shard-00099.parquet",)),
+           ("shard shard-0001-00001.parquet is listed twice",)),
     Damage("row-count-lie", "a shard's row count raised, first rows and totals to match",
            _manifest(_more_rows), InvalidInput,
-           ("shard-00001.parquet: holds rows 6 but the manifest says 8",)),
+           ("shard-0001-00001.parquet: holds rows 6 but the manifest says 8",)),
     Damage("occurrence-count-lie", "a shard's occurrence count raised, the total to match",
            _manifest(_one_more_occurrence), InvalidInput,
            ("statistics.examples is 120 but the manifest's config and shards give 121",)),

@@ -4,18 +4,18 @@ Two kinds of trials:
 
 - a sweep (one helper process that forks once per point): the pack is killed
   with SIGKILL just before each file-system step of the write (mkdir, write,
-  fsync, rename, exchange, remove), with the atomic exchange available and
-  without it, into a fresh path and over an earlier complete output with
-  ``--overwrite``;
+  fsync, replace, unlink), into a fresh path and over an earlier complete
+  output with ``--overwrite``;
 - the real command line killed with SIGKILL or SIGTERM after a random delay.
 
-After every trial the output path either does not exist (fresh target), or
-loads and is one of the two complete outputs (old or new) — never a mix;
-every hidden leftover is refused by ``load_packed``; and the next run at that
-path (``recover_output``) leaves nothing hidden behind.
+After every trial the output path has no manifest (fresh target: nothing is
+published) or loads and is one of the two complete outputs (old or new) —
+never a mix; and the next run at that path leaves exactly its manifest and
+the shards it lists (what the killed run wrote is removed, named by the
+lock file it left).
 """
 
-import os
+import json
 import signal
 import subprocess
 import sys
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.atomic import _host, recover_output
+from seqpack.io.atomic import LOCK, MANIFEST
 from seqpack.io.store import load_packed
 from seqpack.pipeline.local import pack_path
 
@@ -34,15 +34,14 @@ from packed_helpers import random_records, write_jsonl
 SWEEP = r"""
 import os, shutil, signal, sys
 from pathlib import Path
-import seqpack.io.atomic as atomic
 import seqpack.io.shards as shards
 from seqpack.pipeline.local import pack_path
 
-data, root, mode, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+data, root, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 old = root / "old"  # the earlier output for "over"; packing it also warms the kernels
 pack_path(data, old, capacity=64, vocab_size=500, policy="padded")
-STEPS = [(os, "mkdir"), (os, "rename"), (os, "replace"), (os, "fsync"), (os, "unlink"),
-         (shutil, "rmtree"), (atomic, "exchange"), (shards, "_write_shard")]
+STEPS = [(os, "mkdir"), (os, "replace"), (os, "fsync"), (os, "unlink"), (os, "ftruncate"),
+         (shards, "_write_shard")]
 
 def run(kill_at):
     out = root / f"k{kill_at}" / "out"
@@ -59,8 +58,6 @@ def run(kill_at):
         setattr(module, name, step)
     for module, name in STEPS:
         wrap(module, name)
-    if mode == "no-exchange":
-        atomic.exchange = lambda a, b: False
     pack_path(data, out, capacity=64, vocab_size=500, policy="next-fit", overwrite=True)
     return count[0]
 
@@ -97,50 +94,56 @@ def _shards(path):
 
 
 def _check_after_kill(out, complete):
-    """``out`` is absent or one of the ``complete`` outputs; hidden leftovers never load."""
-    if out.exists():
-        assert _shards(out) in complete
-    hidden = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.seqpack-")]
-    for p in hidden:
-        with pytest.raises(InvalidInput):
-            load_packed(p)
-    return hidden
+    """``out`` has no manifest, or loads and is one of the ``complete`` outputs; True if
+    it loads."""
+    if not (out / MANIFEST).exists():
+        if out.exists():
+            with pytest.raises(InvalidInput, match=r"no manifest\.json"):
+                load_packed(out)
+        return False
+    assert _shards(out) in complete
+    return True
 
 
-def _check_recovery(out, complete, fresh):
-    recover_output(out)
-    left = sorted(p.name for p in out.parent.iterdir() if p.name != "steps")
-    assert left == ([] if fresh and not out.exists() else ["out"])
-    if out.exists():
-        assert _shards(out) in complete
-    elif not fresh:
-        pytest.fail("an earlier complete output was lost")
+def _only_its_files(out):
+    """The folder holds its manifest and the shards it lists, nothing else."""
+    listed = [s["file"] for s in json.loads((out / MANIFEST).read_text())["shards"]]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, *listed])
 
 
-@pytest.mark.parametrize("mode", ["exchange", "no-exchange"])
+def _next_run_cleans_up(data, out):
+    stats = pack_path(data, out, capacity=64, vocab_size=500, policy="padded", overwrite=True)
+    _only_its_files(out)
+    return stats["recovered"]
+
+
 @pytest.mark.parametrize("target", ["fresh", "over"])
-def test_a_kill_before_any_write_step_never_publishes_a_partial_output(
-    data, tmp_path, mode, target
-):
+def test_a_kill_before_any_write_step_never_publishes_a_partial_output(data, tmp_path, target):
     proc = subprocess.run(
-        [sys.executable, "-c", SWEEP, str(data), str(tmp_path), mode, target],
+        [sys.executable, "-c", SWEEP, str(data), str(tmp_path), target],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
     points = max(int(p.name[1:]) for p in tmp_path.glob("k*"))
-    assert points > 8  # mkdir, shard write, fsyncs, renames, removal
+    assert points > 8  # mkdir, shard writes, fsyncs, replaces, removal
     final = tmp_path / f"k{points}" / "out"
     new = _shards(final)
+    _only_its_files(final)
     complete = [new] + ([_shards(tmp_path / "old")] if target == "over" else [])
     outcomes = set()
     for k in range(1, points):
         out = tmp_path / f"k{k}" / "out"
-        hidden = _check_after_kill(out, complete)
-        outcomes.add((out.exists() and _shards(out) == new, bool(hidden)))
-        _check_recovery(out, complete, fresh=target == "fresh")
-    assert {published for published, _ in outcomes} == {False, True}  # before and after
+        loads = _check_after_kill(out, complete)
+        if target == "over" and not loads:
+            pytest.fail(f"kill point {k}: the earlier complete output was lost")
+        outcomes.add(loads and _shards(out) == new)
+        notes = _next_run_cleans_up(data, out)
+        if (out.parent / "steps").exists() or not notes:
+            continue
+        assert "left by a run that ended" in notes[0], notes
+    assert outcomes == {False, True}  # killed before the commit and after it
 
 
 #: The command line's options, the same as the sweep's (next-fit unless overridden).
@@ -180,11 +183,10 @@ def test_random_kills_of_the_command_line(data, tmp_path, seed):
         code = proc.wait()
         trials.append((sig.name, round(delay, 2), code))
         assert code in (0, -sig, 128 + sig), (trials, proc.stderr.read())
-        assert out.exists(), trials  # replaced in one step, never missing
-        _check_after_kill(out, complete)
-        if code == 128 + sig:  # SIGTERM inside main(): the temporary folder was removed
-            assert not [p for p in tmp_path.iterdir() if ".seqpack-tmp-" in p.name], trials
-    recover_output(out)
+        assert _check_after_kill(out, complete), trials  # replaced in one step, never missing
+        if code in (0, 128 + sig):  # finished, or SIGTERM inside main(): its files removed
+            _only_its_files(out)
+    _next_run_cleans_up(data, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "ref"], trials
 
 
@@ -197,70 +199,123 @@ def test_a_fresh_target_killed_at_random_is_absent_or_complete(data, tmp_path, s
         time.sleep(float(rng.uniform(*KILL_DELAYS)))
         proc.send_signal(sig)
         code = proc.wait()
-        if out.exists():
+        if _check_after_kill(out, [_shards(out)] if (out / MANIFEST).exists() else []):
             assert code in (0, -sig, 128 + sig)
-            store = load_packed(out)
-            assert store.manifest["statistics"]["examples"] == 300
-        _check_after_kill(out, [_shards(out)] if out.exists() else [])
-        recover_output(out)
-        assert [p.name for p in out.parent.iterdir()] in ([], ["out"])
+            assert load_packed(out).manifest["statistics"]["examples"] == 300
+        elif code == 128 + sig:  # SIGTERM unwound: the folder it made is gone
+            assert not out.exists()
+        _next_run_cleans_up(data, out)
 
 
-def _pack_signalled_after_first_shard(tmp_path, signum):
-    """Run ``seqpack pack`` in a subprocess that signals itself after writing one shard."""
-    # A shell starting the suite in the background makes its children ignore SIGINT;
-    # a terminal's Ctrl-C reaches a Python that has its default handler, so restore it.
-    script = (
-        "import os, signal, sys\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "import seqpack.io.shards as shards\n"
-        "real = shards._write_shard\n"
-        "def signalled(table, path):\n"
-        "    real(table, path)\n"
-        f"    os.kill(os.getpid(), {int(signum)})\n"
-        "shards._write_shard = signalled\n"
-        "from seqpack.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
-    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
-    return subprocess.run(
-        [sys.executable, "-c", script, *args, "--vocab-size", "10"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def test_sigterm_in_the_command_line_unwinds_and_removes_its_temporary_folder(tmp_path):
-    proc = _pack_signalled_after_first_shard(tmp_path, signal.SIGTERM)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
-
-
-def test_stale_folders_are_recovered_only_when_safe(tmp_path):
+def test_the_next_writer_removes_exactly_what_a_killed_run_wrote(data, tmp_path):
+    """The lock file a killed run leaves names its generation and the shards it replaces:
+    only those go, and only if no manifest lists them."""
     out = tmp_path / "out"
-    host = _host()
+    pack_path(data, out, capacity=64, vocab_size=500)
+    listed = [s["file"] for s in load_packed(out).manifest["shards"]]
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    pid = int(dead.stdout)
-    stale = tmp_path / f".out.seqpack-tmp-{host}-{pid}-0123abcd"
-    live = tmp_path / f".out.seqpack-tmp-{host}-{os.getpid()}-0123abcd"
-    other_host = tmp_path / f".out.seqpack-tmp-elsewhere-{pid}-0123abcd"
-    foreign = tmp_path / f".out.seqpack-tmp-{host}-{pid}-4567cdef"
-    for folder in (stale, live, other_host, foreign):
-        folder.mkdir()
-        (folder / "shard-00000.parquet").write_bytes(b"x")
-    (foreign / "precious.txt").write_text("not ours")
-    old = tmp_path / ".out.seqpack-old-89abcdef"  # a complete output: it verifies
-    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
-    pack_path(data, old.with_name("packed"), capacity=4, vocab_size=10)
-    old.with_name("packed").rename(old)
-    notes = recover_output(out)
-    assert (out / "manifest.json").is_file() and not old.exists()  # restored: out was missing
-    assert not stale.exists()
-    assert live.exists() and other_host.exists() and foreign.exists()
-    assert len(notes) == 2 and "restored" in notes[0] + notes[1]
+    (out / LOCK).write_text(json.dumps(
+        {"pid": int(dead.stdout), "host": "h", "since": "then", "generation": 2,
+         "replaces": listed}))  # fmt: skip
+    killed = ["shard-0002-00000.parquet", ".shard-0002-00001.parquet.0123abcd.part",
+              ".manifest-0002.json.89abcdef.part"]  # fmt: skip
+    kept = ["shard-0003-00000.parquet", "shard-0002-00000.parquet.bak", "notes.txt"]
+    for name in killed + kept:
+        (out / name).write_bytes(b"x")
+    stats = pack_path(data, out, capacity=64, vocab_size=500, overwrite=True)
+    assert stats["recovered"][0] == (
+        f"took over {LOCK} of {out}, left by a run that ended (pid {int(dead.stdout)} on h,"
+        " since then); removed 3 file(s) it wrote"
+    )  # the shards it would have replaced are still listed: the old output stays until now
+    left = {p.name for p in out.iterdir()}
+    assert not left & set(killed) and set(kept) <= left and not left & set(listed)
+    assert all(s["file"].startswith("shard-0004-") for s in load_packed(out).manifest["shards"])
+
+
+#: Where a pack signals itself: (module, function), and whether it calls the real one first.
+STAGES = {
+    "reading": ("seqpack.pipeline.corpus", "chunk_from_arrow", False),
+    "planning": ("seqpack.pipeline.local", "plan_corpus", False),
+    "writing": ("seqpack.io.shards", "_write_shard", True),
+    "before-commit": ("seqpack.io.atomic", "write_file", False),
+    "after-commit": ("seqpack.io.atomic", "fsync_dir", True),
+}
+SIGNALLED = r"""
+import importlib, os, signal, sys
+# A shell starting the suite in the background makes its children ignore SIGINT;
+# a terminal's Ctrl-C reaches a Python that has its default handler, so restore it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+module, name, after, signum, manifest_only = sys.argv[1:6]
+module = importlib.import_module(module)
+real = getattr(module, name)
+def signalled(*args, **kwargs):
+    if manifest_only == "1" and "manifest" not in str(args[0]):
+        return real(*args, **kwargs)
+    result = real(*args, **kwargs) if after == "1" else None
+    os.kill(os.getpid(), int(signum))
+    return result if after == "1" else real(*args, **kwargs)
+setattr(module, name, signalled)
+from seqpack.cli import main
+sys.exit(main(sys.argv[6:]))
+"""
+
+
+def _pack_signalled(tmp_path, stage, signum, *extra):
+    module, name, after = STAGES[stage]
+    data = tmp_path / "d.jsonl"
+    if not data.exists():
+        write_jsonl(data, [{"input_ids": [0, 5 + i % 3, 1]} for i in range(40)])
+    args = [
+        "pack",
+        str(data),
+        "--out",
+        str(tmp_path / "out"),
+        "--capacity",
+        "4",
+        "--vocab-size",
+        "10",
+        "--max-rows-per-batch",
+        "2",
+        "--shard-tokens",
+        "8",
+        *extra,
+    ]
+    manifest_only = "1" if stage == "before-commit" else "0"  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", SIGNALLED, module, name, str(int(after)), str(int(signum)),
+         manifest_only, *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_at_any_stage_exits_143_or_130_and_publishes_nothing_half(tmp_path, stage, signum):
+    proc = _pack_signalled(tmp_path, stage, signum)
+    code, said = (143, "") if signum == signal.SIGTERM else (130, "seqpack pack: interrupted\n")
+    assert proc.returncode == code and proc.stderr == said, proc.stderr
+    if stage == "after-commit":  # published whole, before the signal arrived
+        _only_its_files(tmp_path / "out")
+        assert load_packed(tmp_path / "out", verify="full").num_rows > 0
+    else:  # nothing published: the folder it made is gone with everything in it
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_signal_at_any_stage_of_an_overwrite_keeps_one_complete_output(tmp_path, stage):
+    out = tmp_path / "out"
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5 + i % 3, 1]} for i in range(40)])
+    pack_path(data, out, capacity=4, vocab_size=10, policy="padded", max_rows_per_batch=2,
+              shard_tokens=8)  # fmt: skip
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc = _pack_signalled(tmp_path, stage, signal.SIGTERM, "--overwrite")
+    assert proc.returncode == 143, proc.stderr
+    if stage == "after-commit":
+        assert load_packed(out).manifest["policy"]["name"] == "best-fit-decreasing"
+        _only_its_files(out)
+    else:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, capsys):
@@ -269,22 +324,17 @@ def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, 
     from seqpack.cli import main
     from seqpack.io import shards
 
-    def full(table, path):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    def full(table, where, **options):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a file's write raises it
 
-    monkeypatch.setattr(shards, "_write_shard", full)
+    monkeypatch.setattr(shards.pq, "write_table", full)
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
     code = main(["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4",
                  "--vocab-size", "10"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("seqpack pack: error: [Errno 28] No space left on device")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
-
-
-def test_ctrl_c_unwinds_like_sigterm(tmp_path):
-    proc = _pack_signalled_after_first_shard(tmp_path, signal.SIGINT)
-    assert proc.returncode == 130 and proc.stderr == "seqpack pack: interrupted\n"
+    assert f"{tmp_path / 'out' / 'shard-0001-00000.parquet'}" in err  # the path is named
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 
 

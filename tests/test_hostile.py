@@ -52,6 +52,19 @@ def test_duplicate_ids_are_packed_as_occurrences_and_reported(tmp_path):
     assert examples[0]["tokens"] != examples[1]["tokens"]  # two occurrences, both kept
 
 
+def test_a_users_file_in_the_output_stays_with_a_note(tmp_path):
+    case = next(c for c in CASES if c.name == "out-holds-a-user-file")
+    got = run_case(case, tmp_path)
+    assert got.cli_code == 0 and got.api_error is None, got.cli_stderr
+    assert all(n in got.cli_stderr for n in case.needles), got.cli_stderr
+    assert (tmp_path / OUT / "notes.txt").read_text() == "the user's"
+    assert got.api_result["recovered"][0].startswith("left 'notes.txt' in")
+    listed = [s["file"] for s in load_packed(tmp_path / OUT).manifest["shards"]]
+    assert sorted(p.name for p in (tmp_path / OUT).iterdir()) == sorted(
+        ["manifest.json", "notes.txt", *listed]
+    )
+
+
 def test_json_output_carries_the_duplicate_count(tmp_path):
     path = tmp_path / DATA
     path.write_text('{"id": 1, "input_ids": [0, 5, 1]}\n' * 3)

@@ -5,6 +5,8 @@ whole, once and in order through the Parquet store, and the loss does not
 depend on what padding or unsupervised cells hold (NaN and inf included).
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from integrity_cases import DAMAGES, Damage, make_packed, run_damage
 from seqpack import (
     BindingMismatch,
     ExampleTable,
+    InvalidInput,
     PackConfig,
     Partition,
     PartitionMismatch,
@@ -49,6 +52,21 @@ def test_a_damaged_output_or_a_wrong_expectation_is_refused(packed, tmp_path, ca
     assert error is case.error, message
     for needle in case.needles:
         assert needle in message, (needle, message)
+
+
+def test_files_the_manifest_does_not_list_are_never_read(packed, tmp_path):
+    """A reader trusts only the manifest: a killed run's shards, a stray copy or the user's
+    files in the folder change nothing that loads."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    want = [b.segments.tolist() for b in load_packed(out)]
+    first = out / load_packed(out).manifest["shards"][0]["file"]
+    (out / "shard-0002-00000.parquet").write_bytes(first.read_bytes())  # a killed run's
+    (out / "shard-00099.parquet").write_bytes(b"garbage")
+    (out / "notes.txt").write_text("mine")
+    assert [b.segments.tolist() for b in load_packed(out, verify="full")] == want
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
@@ -233,3 +251,114 @@ def test_loss_ignores_whatever_excluded_cells_hold(case, data):
     assert abs(result.sum.item() - clean.sum) <= 1e-10 + 1e-9 * abs(clean.sum)
     grad = t_dirty.grad.numpy()
     assert np.isfinite(grad).all() and not grad[excluded].any()
+
+
+# ---------------------------------------------------------------- damage that reaches every shard
+
+
+def _which(n: int) -> dict[str, int]:
+    return {"first": 0, "middle": n // 2, "last": n - 1}
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("how", ["bit-flip", "rehashed-token", "rehashed-row-removed"])
+def test_damage_to_the_first_middle_or_last_shard_is_refused(packed, tmp_path, where, how):
+    """Every shard is checked, the last one too (a loop that stops one short passes the
+    other two)."""
+    import shutil
+
+    from integrity_cases import _drop_last_row, _edit_shard, _set_token, load_all
+
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    shards = load_packed(out).manifest["shards"]
+    k = _which(len(shards))[where]
+    path = out / shards[k]["file"]
+    if how == "bit-flip":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        needle = f"{shards[k]['file']}: checksum mismatch"
+    else:
+        change = _set_token(VOCAB + 1) if how == "rehashed-token" else _drop_last_row
+        _edit_shard(change, k)(out)
+        needle = f"{shards[k]['file']}: " + (
+            "token id 501 is outside" if how == "rehashed-token" else "holds rows"
+        )
+    for verify in (True, False, "full"):
+        if how == "bit-flip" and verify is False:
+            continue  # unchecked bytes: a flip may still decode (the checksum is the check)
+        with pytest.raises(InvalidInput, match=re.escape(needle)):
+            load_all(out, verify)
+
+
+@pytest.fixture(scope="module")
+def trl_packed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trl")
+    records = random_records(np.random.default_rng(4), 120, vocab=VOCAB, max_len=30)
+    data = write_jsonl(folder / "data.jsonl", records)
+    pack_path(data, folder / "out", capacity=32, vocab_size=VOCAB, format="trl",
+              max_rows_per_batch=2, shard_tokens=200)  # fmt: skip
+    return folder / "out"
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("how", ["bit-flip", "rehashed-label", "rehashed-token"])
+def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, where, how):
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seqpack.hf.trl import load_trl
+    from seqpack.io.shards import sha256_file
+
+    out = tmp_path / "out"
+    shutil.copytree(trl_packed, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) >= 3
+    k = _which(len(manifest["shards"]))[where]
+    entry = manifest["shards"][k]
+    path = out / entry["file"]
+    if how == "bit-flip":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+        needle = "checksum mismatch"
+    else:
+        table = pq.read_table(path)
+        name = "labels" if how == "rehashed-label" else "input_ids"
+        values = table.column(name).to_pylist()
+        values[0][1] = (values[0][1] + 1) % VOCAB if how == "rehashed-label" else VOCAB + 3
+        column = pa.array(values, table.schema.field(name).type)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+        pq.write_table(table, path)
+        entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        needle = (
+            "rows, seq_lengths, labels or position_ids disagree"
+            if how == "rehashed-label"
+            else "a token id is outside [0, 500)"
+        )
+    with pytest.raises(InvalidInput, match=re.escape(f"{entry['file']}: {needle}")):
+        load_trl(out, cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", ["loss-bits-dropped", "float-token-ids", "columns-listed-wrong"])
+def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
+    """The training path holds shards to the format at its default depth, row_stats too."""
+    import shutil
+
+    from seqpack.training.data import PackedDataset
+
+    case = next(c for c in DAMAGES if c.name == name)
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    case.damage(out)
+    data = PackedDataset(out)
+    with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
+        data.row_stats()
+    with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
+        for i in range(len(data)):
+            data[i]

@@ -1,4 +1,4 @@
-"""Races on the output path: two writers, a user's file appearing, stray folders, odd paths.
+"""Races on the output path: two writers, a killed writer, a user's file appearing, odd paths.
 
 A writer is paused inside its write (after its first shard, holding the
 lock) by a subprocess that waits for a file, so each race is replayed
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io import atomic, claim
-from seqpack.io.lock import lock_path
+from seqpack.io import atomic
+from seqpack.io.atomic import LOCK
 from seqpack.io.store import load_packed
 from seqpack.pipeline.local import pack_path
 
@@ -111,13 +111,15 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(data, tmp_path):
     first = Paused(tmp_path, data, out)
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait()
-    held = json.loads(lock_path(out).read_text())
+    held = json.loads((out / LOCK).read_text())
     assert held["pid"] == first.proc.pid  # the lock file stays, but nobody holds it
+    assert not (out / "manifest.json").exists()
     got = _cli("pack", data, "--out", out, *OPTIONS)
     assert got.returncode == 0, got.stderr
-    assert f"the lock of a run that ended (pid {first.proc.pid} on" in got.stderr
-    assert "temporary folder of a killed run" in got.stderr
+    assert f"left by a run that ended (pid {first.proc.pid} on" in got.stderr
+    assert "removed 1 file(s) it wrote" in got.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "ready"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", *_listed(out)])
     load_packed(out, verify="full")
 
 
@@ -126,7 +128,7 @@ def test_another_thread_of_the_same_process_is_refused(data, tmp_path):
     entered, leave = threading.Event(), threading.Event()
 
     def hold():
-        with claim.claim_output(out, overwrite=False):
+        with atomic.open_output(out, overwrite=False):
             entered.set()
             leave.wait(30)
 
@@ -143,118 +145,57 @@ def test_another_thread_of_the_same_process_is_refused(data, tmp_path):
     assert not out.exists()
 
 
-def test_a_file_made_in_the_output_while_packing_survives(data, tmp_path):
+def _listed(out: Path) -> list[str]:
+    return [s["file"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+
+
+@pytest.mark.parametrize("target", ["fresh", "overwrite"])
+def test_a_file_made_in_the_output_while_packing_survives_with_a_note(data, tmp_path, target):
     out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
-    before = _fingerprint(out)
-    first = Paused(tmp_path, data, out, "--overwrite")
+    if target == "overwrite":
+        pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
+    first = Paused(tmp_path, data, out, *(["--overwrite"] if target == "overwrite" else []))
     (out / "notes.txt").write_text("mine")  # while the pack runs
     code, err = first.resume()
-    assert code == 2 and err.count("\n") == 1
-    assert "holds 'notes.txt', which seqpack did not write; refusing to replace" in err
+    assert code == 0, err
+    assert f"note: left 'notes.txt' in {out}: the manifest does not list it" in err
     assert (out / "notes.txt").read_text() == "mine"
-    assert _fingerprint(out) == before  # the earlier output is untouched
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "out", "ready"]
+    assert load_packed(out).manifest["policy"]["name"] == "next-fit"  # the new output
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "notes.txt",
+                                                             *_listed(out)])  # fmt: skip
 
 
-def test_a_folder_made_at_a_fresh_output_path_while_packing_is_not_replaced(data, tmp_path):
+def test_overwrite_removes_only_the_shards_the_previous_manifest_listed(data, tmp_path):
     out = tmp_path / "out"
-    first = Paused(tmp_path, data, out)
-    out.mkdir()
+    pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
+    old = _listed(out)
+    (out / "shard-0009-00000.parquet").write_bytes(b"the user's, named like a shard")
     (out / "notes.txt").write_text("mine")
-    code, err = first.resume()
-    assert code == 2 and f"{out} appeared while packing — pass --overwrite" in err
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
-
-
-def test_a_file_appearing_between_the_check_and_the_exchange_is_put_back(
-    data, tmp_path, monkeypatch
-):
-    """The swap itself is undone when the replaced folder turns out to hold a new file."""
-    out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
-    before = _fingerprint(out)
-    real = atomic.exchange
-
-    def user_then_exchange(a, b):
-        if not (out / "late.txt").exists():
-            (out / "late.txt").write_text("mine")
-        return real(a, b)
-
-    monkeypatch.setattr(atomic, "exchange", user_then_exchange)
-    with pytest.raises(InvalidInput, match=r"late\.txt appeared while packing"):
-        pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
-    assert (out / "late.txt").read_text() == "mine" and _fingerprint(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-
-
-@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "rename-aside"])
-def test_overwrite_removes_only_seqpack_files_of_the_replaced_output(
-    data, tmp_path, monkeypatch, exchange
-):
-    out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
-    if not exchange:
-        monkeypatch.setattr(atomic, "exchange", lambda a, b: False)
     stats = pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
-    assert stats["recovered"] == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert stats["recovered"] == [
+        f"left 'notes.txt', 'shard-0009-00000.parquet' in {out}: the manifest does not list"
+        " them and seqpack removes only its own shards"
+    ]
+    new = _listed(out)
+    assert not set(old) & {p.name for p in out.iterdir()}  # the old shards are gone
+    assert all(n.startswith("shard-0010-") for n in new)  # past every generation there
+    assert (out / "shard-0009-00000.parquet").read_bytes() == b"the user's, named like a shard"
     assert load_packed(out).manifest["policy"]["name"] == "best-fit-decreasing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-# ---------------------------------------------------------------- stray hidden folders
-
-
-def _stray_old(tmp_path: Path, data: Path, damage=None) -> Path:
-    """A complete output renamed to ``.out.seqpack-old-*`` (what an interrupted replace
-    leaves), optionally damaged."""
-    folder = tmp_path / "src"
-    pack_path(data, folder, capacity=16, vocab_size=500)
-    if damage is not None:
-        damage(folder)
-    old = tmp_path / ".out.seqpack-old-0badc0de"
-    folder.rename(old)
-    return old
-
-
-def _tamper_and_fix_the_checksum(folder: Path) -> None:
-    """The catalogue's edit: token 9999 written into the last shard, its sha256 recomputed."""
-    from integrity_cases import _edit_shard, _set_token
-
-    manifest = json.loads((folder / "manifest.json").read_text())
-    _edit_shard(_set_token(9999), k=len(manifest["shards"]) - 1)(folder)
-
-
-@pytest.mark.parametrize(
-    ("name", "damage"),
-    [
-        ("manifest-only", None),
-        ("tampered", _tamper_and_fix_the_checksum),
-        ("foreign-file", lambda f: (f / "notes.txt").write_text("mine")),
-    ],
-)
-def test_a_stray_old_folder_is_never_moved_into_place_unchecked(data, tmp_path, name, damage):
-    if name == "manifest-only":
-        old = tmp_path / ".out.seqpack-old-0badc0de"
-        old.mkdir()
-        (old / "manifest.json").write_text(json.dumps({"kept": True}))
-    else:
-        old = _stray_old(tmp_path, data, damage)
-    got = _cli("pack", data, "--out", tmp_path / "out", *OPTIONS)
-    assert got.returncode == 0, got.stderr
-    assert f"note: left {old.name} where it is: it " in got.stderr
-    assert "seqpack restores only an output it can verify" in got.stderr
-    assert old.is_dir()  # left for the user, not moved, not removed
-    assert load_packed(tmp_path / "out").manifest["policy"]["name"] == "next-fit"  # packed anew
-
-
-def test_a_verified_old_folder_is_restored(data, tmp_path):
-    old = _stray_old(tmp_path, data)
-    want = [s["sha256"] for s in json.loads((old / "manifest.json").read_text())["shards"]]
-    notes = atomic.recover_output(tmp_path / "out")
+def test_a_manifest_listing_the_users_files_never_deletes_them(data, tmp_path):
+    """An edited manifest naming other files: only names of seqpack's own shards go."""
     out = tmp_path / "out"
-    assert notes == [f"restored {out} from {old.name}, left by an interrupted --overwrite"]
-    assert _fingerprint(out) == want and not old.exists()
+    pack_path(data, out, capacity=16, vocab_size=500)
+    (out / "notes.txt").write_text("mine")
+    (tmp_path / "outside.txt").write_text("mine too")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"] += [{"file": "notes.txt"}, {"file": "../outside.txt"}]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "outside.txt").read_text() == "mine too"
 
 
 # ---------------------------------------------------------------- odd output paths
@@ -269,9 +210,6 @@ def test_a_verified_old_folder_is_restored(data, tmp_path):
         ("sub/..", "--out 'sub/..' names an existing folder"),
         ("", "--out is empty — name the output folder"),
         ("  ", "--out is empty"),
-        (".out.seqpack-tmp-h-1-0123abcd", "names a temporary seqpack file"),
-        (".out.seqpack-lock", "names a temporary seqpack file"),
-        ("x" * 250, "is too long for its temporary sibling"),
     ],
 )
 @pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
@@ -340,7 +278,7 @@ def test_the_ray_driver_claims_its_output(tmp_path, monkeypatch):
     from seqpack import ray as ray_engine
 
     out = tmp_path / "out"
-    with claim.claim_output(out, overwrite=False):
+    with atomic.open_output(out, overwrite=False):
         done = []
 
         def other():
@@ -353,4 +291,52 @@ def test_the_ray_driver_claims_its_output(tmp_path, monkeypatch):
         thread.start()
         thread.join(60)
     assert len(done) == 1 and "another thread" in done[0]
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # the output folder made for the hold is gone
+
+
+# ---------------------------------------------------------------- the user's files are sacred
+
+
+@pytest.mark.parametrize("where", ["the-input-folder", "inside-it", "its-parent"])
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_an_output_over_its_input_is_refused(tmp_path, where, overwrite):
+    """``--out`` the input folder, a folder inside it, or a folder holding it: refused."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    pq_table = {"input_ids": [[0, 5, 1], [0, 6, 7, 1]]}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(pq_table), inputs / "part-0.parquet")
+    before = sorted(p.name for p in inputs.iterdir())
+    source, out = {
+        "the-input-folder": (inputs, inputs),
+        "inside-it": (inputs, inputs / "packed"),
+        "its-parent": (inputs / "part-0.parquet", inputs),
+    }[where]
+    got = _cli("pack", source, "--out", out, *OPTIONS, *(["--overwrite"] if overwrite else []))
+    assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
+    assert "seqpack never publishes over its input — choose another --out" in got.stderr
+    assert sorted(p.name for p in inputs.iterdir()) == before
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+@pytest.mark.parametrize("what", [LOCK, "manifest.json"])
+def test_a_lock_or_manifest_that_is_a_link_is_never_written_through(data, tmp_path, link, what):
+    out = tmp_path / "out"
+    pack_path(data, out, capacity=16, vocab_size=500)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    target = out / what
+    target.unlink(missing_ok=True)
+    if link == "symlink":
+        target.symlink_to(precious)
+    else:
+        os.link(precious, target)
+    got = _cli("pack", data, "--out", out, *OPTIONS, "--overwrite")
+    assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
+    assert "seqpack never writes through a link — remove it" in got.stderr
+    assert precious.read_text() == "the user's"
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != what}
+    assert after == {k: v for k, v in before.items() if k != what}  # nothing else changed

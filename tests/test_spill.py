@@ -1,5 +1,5 @@
 """The token spill exists only while a pack runs: after success, failure, SIGTERM or SIGKILL
-nothing of it is left, and a named spill of a killed writer is removed by the next run."""
+nothing of it is left (a ``tempfile.TemporaryFile``: no name), nor the folders made for it."""
 
 import os
 import signal
@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io import spill as spill_mod
-from seqpack.io.atomic import recover_output
 from seqpack.io.documents import Origin, TokenChunk
-from seqpack.io.spill import Spill, recover_spills
+from seqpack.io.spill import Spill
 from seqpack.io.store import load_packed
 from seqpack.pipeline.local import pack_path
 
@@ -62,7 +60,7 @@ def test_the_spill_has_no_name_while_it_is_read_and_is_gone_after(tmp_path, corp
     ((names, open_files),) = seen
     assert names == []  # nothing in the folder has a name
     assert open_files and all("(deleted)" in f for f in open_files)  # yet the file is open
-    assert os.listdir(spill_dir) == [] and _open_spills(spill_dir) == []
+    assert not spill_dir.exists() and _open_spills(spill_dir) == []  # made for it, removed
 
 
 def test_a_failure_after_spilling_leaves_nothing(tmp_path, corpus):
@@ -71,7 +69,8 @@ def test_a_failure_after_spilling_leaves_nothing(tmp_path, corpus):
     with pytest.raises(InvalidInput, match=r"bad\.jsonl line 201: token id -4"):
         pack_path(bad, tmp_path / "out", capacity=64, vocab_size=300, chunk_bytes=500,
                   spill_dir=tmp_path / "spill")  # fmt: skip
-    assert os.listdir(tmp_path / "spill") == [] and _open_spills(tmp_path / "spill") == []
+    assert not (tmp_path / "spill").exists()  # the refused run made it, and removed it
+    assert _open_spills(tmp_path / "spill") == []
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -111,30 +110,13 @@ def test_chunks_read_back_from_the_spill_equal_the_chunks_written(tmp_path, rng)
 KILLED = r"""
 import os, signal, sys
 import seqpack.io.shards as shards
-from seqpack.pipeline.local import pack_path
 real = shards._write_shard
 def dying(table, path):
     real(table, path)
-    if sys.argv[4] == "named":
-        print("SPILLS", os.listdir(sys.argv[3]), flush=True)
-    os.kill(os.getpid(), getattr(signal, sys.argv[5]))
+    os.kill(os.getpid(), getattr(signal, sys.argv[4]))
 shards._write_shard = dying
 import seqpack.pipeline.corpus
 seqpack.pipeline.corpus.KEEP_BYTES = 0  # spilled, however small
-if sys.argv[4] == "named":  # a file system without unnamed files or unlinking of open ones
-    import types
-    import seqpack.io.spill as spill
-
-    class NoUnlink(types.ModuleType):
-        def __getattr__(self, name):
-            if name == "O_TMPFILE":
-                raise AttributeError(name)
-            return getattr(os, name)
-
-        def unlink(self, path):
-            raise PermissionError(1, "an open file cannot be unlinked here", str(path))
-
-    spill.os = NoUnlink("os")
 from seqpack.cli import main
 sys.exit(main(["pack", sys.argv[1], "--out", sys.argv[2], "--capacity", "64",
                "--vocab-size", "300", "--chunk-bytes", "500", "--spill-dir", sys.argv[3],
@@ -143,38 +125,58 @@ sys.exit(main(["pack", sys.argv[1], "--out", sys.argv[2], "--capacity", "64",
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("kind", ["unnamed", "named"])
-def test_a_killed_pack_leaves_no_spill_behind(tmp_path, corpus, how, kind):
+def test_a_killed_pack_leaves_no_spill_behind(tmp_path, corpus, how):
     spill_dir, out = tmp_path / "spill", tmp_path / "out"
+    spill_dir.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED, str(corpus), str(out), str(spill_dir), kind, how],
+        [sys.executable, "-c", KILLED, str(corpus), str(out), str(spill_dir), how],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     sig = getattr(signal, how)
     assert proc.returncode in (-sig, 128 + sig), proc.stderr
-    if kind == "named":
-        assert ".seqpack-spill-" in proc.stdout  # it had a name while the pack ran
-    left = sorted(os.listdir(spill_dir))
-    if kind == "unnamed" or how == "SIGTERM":
-        assert left == []  # unnamed: the kernel freed it; SIGTERM: closed on the way out
-    else:
-        assert len(left) == 1 and left[0].startswith(".seqpack-spill-")
-        assert recover_spills(spill_dir) == [f"removed {left[0]}, the token spill of a killed run"]
-        assert os.listdir(spill_dir) == []
-    recover_output(out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "spill"]
+    assert os.listdir(spill_dir) == []  # unnamed: the kernel freed it
     stats = pack_path(corpus, out, capacity=64, vocab_size=300, spill_dir=spill_dir)
     assert load_packed(out).num_rows == stats["rows"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out", "spill"]
+    assert os.listdir(spill_dir) == []
 
 
-def test_the_next_run_removes_only_dead_writers_spills(tmp_path, monkeypatch):
-    host = spill_mod._host()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    stale = tmp_path / f".seqpack-spill-{host}-{int(dead.stdout)}-0123abcd.arrow"
-    alive = tmp_path / f".seqpack-spill-{host}-{os.getppid()}-0123abcd.arrow"
-    other = tmp_path / f".seqpack-spill-elsewhere-{int(dead.stdout)}-0123abcd.arrow"
-    for path in (stale, alive, other):
-        path.write_bytes(b"x")
-    assert recover_spills(tmp_path) == [f"removed {stale.name}, the token spill of a killed run"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
+def test_a_full_spill_disk_names_the_spill_folder(tmp_path, corpus, monkeypatch, capsys):
+    import errno
+    import io
+    import tempfile as tempfile_mod
+
+    from seqpack.cli import main
+    from seqpack.io import spill as spill_mod
+
+    real = tempfile_mod.TemporaryFile
+
+    class Full(io.RawIOBase):
+        """A spill file on a full disk: every write fails as the kernel says it."""
+
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self):
+            return self.inner.fileno()
+
+        def close(self):
+            self.inner.close()
+            super().close()
+
+    monkeypatch.setattr(spill_mod.tempfile, "TemporaryFile", Full)
+    spill_dir = tmp_path / "spill"
+    argv = ["pack", str(corpus), "--out", str(tmp_path / "out"), "--capacity", "64",
+            "--vocab-size", "300", "--chunk-bytes", "500",
+            "--spill-dir", str(spill_dir)]  # fmt: skip
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert "No space left on device" in err and f"{spill_dir} (--spill-dir)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # nothing left behind

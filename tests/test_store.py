@@ -1,6 +1,5 @@
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from seqpack.core.policies import POLICIES
 from seqpack.io import shards as shards_mod
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import FULL, REQUIRED, SCHEMA, rows_to_arrow
-from seqpack.io.store import load_packed, write_packed
+from seqpack.io.store import MANIFEST, load_packed, write_packed
 from v1_format import write_v1
 
 from packed_helpers import assert_same_batches
@@ -182,11 +181,11 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
     out = tmp_path / "out"
     with pytest.raises(BindingMismatch, match="vocab_size 266 != expected 300"):
         load_packed(out, Binding(300, BINDING.tokenizer_id, BINDING.split_id))
-    shard = out / "shard-00001.parquet"
+    shard = out / "shard-0001-00001.parquet"  # generation 1, shard 1
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(InvalidInput, match=r"shard-00001\.parquet: checksum mismatch"):
+    with pytest.raises(InvalidInput, match=r"shard-0001-00001\.parquet: checksum mismatch"):
         load_packed(out)
     (out / "manifest.json").unlink()
     with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished seqpack output"):
@@ -218,6 +217,9 @@ def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, 
     before = (tmp_path / "out" / "manifest.json").read_text()
     _packed(tmp_path, rng, policy="padded", overwrite=True)
     assert (tmp_path / "out" / "manifest.json").read_text() != before
+    listed = [s["file"] for s in load_packed(tmp_path / "out").manifest["shards"]]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([*listed, MANIFEST])
+    assert all(name.startswith("shard-0002-") for name in listed)  # the old shards are gone
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(InvalidInput, match="not a seqpack output; refusing"):
@@ -248,8 +250,8 @@ def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, mo
     with pytest.raises(OSError, match="simulated"):
         calls.clear()
         _packed(tmp_path, rng, name="fresh")
-    assert _snapshot(tmp_path / "out") == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp, no "fresh"
+    assert _snapshot(tmp_path / "out") == before  # the shards written were removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no "fresh"
     load_packed(tmp_path / "out")
 
 
@@ -276,17 +278,22 @@ store.write_packed(rows, sys.argv[1], max_rows_per_batch=1, shard_tokens=1, over
 def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
     _packed(tmp_path, rng)
     before = _snapshot(tmp_path / "out")
+    want = [b.segments.tolist() for b in load_packed(tmp_path / "out")]
     for target in ("out", "new"):
         proc = subprocess.run([sys.executable, "-c", KILLER, str(tmp_path / target)])
         assert proc.returncode == -9
-    assert _snapshot(tmp_path / "out") == before
-    assert not (tmp_path / "new").exists()
-    leftovers = [p for p in tmp_path.iterdir() if p.name not in ("out",)]
-    assert leftovers and all(p.name.startswith(".") for p in leftovers)
-    assert not any((p / "manifest.json").exists() for p in leftovers)
+    after = _snapshot(tmp_path / "out")
+    assert {k: v for k, v in after.items() if k in before} == before  # the old output whole
+    assert [b.segments.tolist() for b in load_packed(tmp_path / "out")] == want
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / MANIFEST).exists()
     with pytest.raises(InvalidInput, match=r"no manifest\.json"):
-        load_packed(leftovers[0])
-    assert os.path.isfile(tmp_path / "out" / "manifest.json")
+        load_packed(tmp_path / "new")
+    # the next writer removes exactly what the killed run wrote
+    _packed(tmp_path, rng, name="new")
+    _packed(tmp_path, rng, policy="padded", overwrite=True)
+    for name in ("out", "new"):
+        listed = [s["file"] for s in load_packed(tmp_path / name).manifest["shards"]]
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == sorted([*listed, MANIFEST])
 
 
 @settings(max_examples=60, deadline=None)
@@ -358,7 +365,7 @@ def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
     assert v1["version"] == 1 and v2["version"] == 2 and len(v1["shards"]) > 1
     assert "labels" in pq.read_schema(tmp_path / "v1" / "shard-00000.parquet").names
     assert {"loss_bits", "pair_counts"} <= set(
-        pq.read_schema(tmp_path / "v2" / "shard-00000.parquet").names
+        pq.read_schema(tmp_path / "v2" / v2["shards"][0]["file"]).names
     )
     stats = []
     for name in ("v1", "v2"):

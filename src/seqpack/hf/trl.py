@@ -38,9 +38,10 @@ def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any)
     """The TRL-format packed directory ``path`` as a ``datasets.Dataset`` (one row per
     packed row: ``input_ids``, ``labels``, ``seq_lengths``, ``position_ids``).
 
-    ``verify``: ``True`` checks the manifest and every shard's size and
-    sha256, ``"full"`` also decodes every shard and holds it against the
-    manifest, ``False`` the manifest only. ``load_kwargs`` go to
+    ``verify``: ``True`` or ``"full"`` check the manifest, every shard's size
+    and sha256, and decode every shard to hold it against the format and the
+    manifest (schema, ids inside the vocabulary, labels, lengths, positions,
+    counts); ``False`` the manifest only. ``load_kwargs`` go to
     ``datasets.load_dataset("parquet", ...)`` (e.g. ``cache_dir``). A
     seqpack-format directory is refused (use ``load_packed`` for it).
     """
@@ -64,9 +65,8 @@ def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any)
             f" {TRL_FORMAT!r}) — load it with seqpack.io.load_packed, or pack with --format trl"
         )
     check_manifest(manifest, path)
-    if verify:
+    if verify:  # the checksums, then what the format promises (TRL's rows are read whole)
         check_checksums(manifest, path)
-    if verify == "full":
         check_trl_contents(manifest, path)
     files = [str(path / entry["file"]) for entry in manifest["shards"]]
     return datasets.load_dataset("parquet", data_files=files, split="train", **load_kwargs)

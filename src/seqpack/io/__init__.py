@@ -16,8 +16,7 @@ module                 holds
 ``shards``             the packed-row Parquet schema, one shard written or read
 ``store``              the packed directory: write, load
 ``verify``             loading as verification: manifest and shards must agree
-``atomic``             hidden build folders, one-rename publication, recovery
-``claim``, ``lock``    one writer per output path, from its first check to publication
+``atomic``             publication: the writer lock, shard names, the manifest commit
 =====================  =========================================================
 """
 

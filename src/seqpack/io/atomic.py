@@ -1,69 +1,106 @@
-"""Atomic output folders: one writer, built hidden, published by one rename, recovered.
+"""Publishing a packed directory: ``manifest.json`` is the commit point.
 
-A writer first *claims* the output path (:func:`seqpack.io.claim.claim_output`):
-it takes the lock ``.NAME.seqpack-lock`` (:mod:`seqpack.io.lock`; a second
-writer is refused naming the first), cleans up after killed runs
-(:func:`recover_output`) and checks the path. The folder is then built
-beside itself as ``.NAME.seqpack-tmp-HOST-PID-RANDOM`` and renamed into
-place only when complete::
+A reader trusts only what ``manifest.json`` lists, so a writer writes its
+shards into the output folder under names no manifest lists yet, then
+replaces the manifest (part file, fsync, ``os.replace``, folder fsync):
+before that rename a reader sees the old output (or none), after it the new::
 
-    .packed.seqpack-lock                       who is writing (removed at the end)
-    .packed.seqpack-tmp-node1-4242-9f3c01aa/   shards, then manifest.json (fsynced)
-    packed/                                    appears in one rename
+    packed/
+      .seqpack-lock             one writer at a time (flock, via filelock); names the
+                                writer and what it replaces while it runs
+      manifest.json             the commit: lists generation 2's shards
+      shard-0002-00000.parquet  written by this run, listed by the new manifest
+      shard-0001-00000.parquet  listed by the previous manifest: removed after the commit
+      notes.txt                 the user's: never touched (a note says it stays)
 
-Replacing an existing ``out`` (``--overwrite``) exchanges the two folders in
-one step (Linux ``renameat2(RENAME_EXCHANGE)``), so ``out`` is at every
-instant either the old complete folder or the new one; where that call is
-missing the old folder is first renamed to ``.NAME.seqpack-old-RANDOM``.
-Publication never deletes or moves a file seqpack did not write: an output
-folder holding anything else is not replaced (checked before packing and
-again after the exchange, which is undone if a file appeared meanwhile), and
-only seqpack's own files are removed from the replaced folder.
+Shard names carry a *generation*, one more than any in the folder, so a
+run never writes over a listed shard; :func:`shard_name` is the one place
+that names shard files. ``--overwrite`` is a new manifest plus the removal
+of the shards the previous manifest listed (regular files of seqpack's own
+name pattern only). A run that fails or is signalled removes the files of
+its generation and the folders it created; a run killed outright leaves
+its record in the lock file, and the next writer removes exactly that
+run's files, with a note. A folder holding files seqpack did not write and
+no manifest is never packed into.
 
-``--out`` is taken literally: ``""``, ``.``, ``..`` and ``/`` are refused (an
-output is a new folder with a name), and a symbolic link is followed to the
-folder it names, which is then replaced (the link is left as it is).
+``--out`` ``""``, ``.``, ``..`` and ``/`` are refused, a symbolic link is
+followed (the link stays), an output that is, holds or lies inside an input
+is refused, and so is a lock file or manifest that is a link.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
+import glob
 import json
 import os
 import re
 import secrets
-import shutil
 import socket
-import sys
-from collections.abc import Callable
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from seqpack.core.errors import InvalidInput, SeqpackError
-from seqpack.io.lock import LOCK_SUFFIX, remove_stale_lock
-from seqpack.io.verify import verify_folder
+import filelock
 
+from seqpack.core.errors import InvalidInput
+
+#: Never follow a link when opening (POSIX; other systems have no such flag).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MANIFEST = "manifest.json"
-#: A hidden folder of a seqpack run: ``.NAME.seqpack-tmp-…`` or ``.NAME.seqpack-old-…``.
-HIDDEN = re.compile(r"^\..+\.seqpack-(tmp|old)-")
-#: Files a writer puts in its folder (shards, manifest, shard parts).
-_OURS = re.compile(
-    r"^(shard-\d{5,}\.parquet|manifest\.json|\.shard-\d{5,}\.parquet\.[0-9a-f]+\.part)$"
-)
+LOCK = ".seqpack-lock"
+#: A shard seqpack wrote: ``shard-GGGG-KKKKK.parquet`` (``shard-KKKKK.parquet`` before 0.3).
+SHARD = re.compile(r"^shard-(?:(?P<gen>\d{4,})-)?\d{5,}\.parquet$")
 
 
-#: Longest file name most file systems take (ext4, xfs, btrfs, tmpfs: 255 bytes).
-_NAME_MAX = 255
+def shard_name(generation: int, k: int) -> str:
+    """The file name of shard ``k`` written by a run of ``generation``."""
+    return f"shard-{generation:04d}-{k:05d}.parquet"
 
 
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+def _generation_files(generation: int) -> re.Pattern[str]:
+    """Every name a run of ``generation`` may leave: its shards and their part files,
+    and its manifest's part file."""
+    g = f"{generation:04d}"
+    return re.compile(
+        rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"
+        rf"|\.manifest-{g}\.json\.[0-9a-f]{{8}}\.part)$"
+    )
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None = None) -> None:
+    """Write ``path`` whole or not at all: ``write(f)`` into a part file beside it, fsync,
+    rename. A full disk names the file (``OSError`` with its path)."""
+    tmp = path.with_name(part or f".{path.name}.{secrets.token_hex(4)}.part")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None:  # Arrow's and fsync's errors name no file
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def output_path(out: str | os.PathLike[str]) -> Path:
-    """``out`` as the path of a new folder: refused when it cannot name one, a symbolic
+    """``out`` as the path of an output folder: refused when it cannot name one, a symbolic
     link followed to the folder it names."""
     text = os.fspath(out)
     if not text.strip():
@@ -75,14 +112,6 @@ def output_path(out: str | os.PathLike[str]) -> Path:
         raise InvalidInput(
             f"--out {text!r} names an existing folder by '.', '..' or '/', not a new output"
             f" folder — name one inside it, e.g. --out {os.path.join(text, 'packed')}"
-        )
-    if HIDDEN.match(path.name) or path.name.endswith(LOCK_SUFFIX):
-        raise InvalidInput(f"{path}: names a temporary seqpack file — choose another --out")
-    # the hidden sibling adds about 60 bytes: ".NAME.seqpack-tmp-HOST-PID-RANDOM"
-    if len(os.fsencode(path.name)) + 60 + len(_host()) > _NAME_MAX:
-        raise InvalidInput(
-            f"--out name {path.name[:40]!r}... is too long for its temporary sibling"
-            f" (at most {_NAME_MAX - 60 - len(_host())} bytes here) — choose a shorter name"
         )
     try:
         linked = path.is_symlink()
@@ -96,245 +125,276 @@ def output_path(out: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _listed(folder: Path) -> set[str]:
-    """Shard files the manifest of ``folder`` lists (none when it is unreadable)."""
+def _paths(sources: Iterable[Any]) -> Iterator[str]:
+    """The paths of ``sources`` (lists flattened, globs expanded; stdin and data skipped)."""
+    for source in sources:
+        if isinstance(source, (list, tuple)):
+            yield from _paths(source)
+        elif isinstance(source, (str, os.PathLike)) and os.fspath(source) != "-":
+            text = os.fspath(source)
+            yield from (glob.glob(text, recursive=True) if glob.has_magic(text) else [text])
+
+
+def _refuse_overlap(out: Path, inputs: Iterable[Any]) -> None:
+    """An output that is an input, holds one or lies inside one would replace or mix with it."""
+    mine = os.path.realpath(out)
+    for source in _paths(inputs):
+        theirs = os.path.realpath(source)
+        common = os.path.commonpath([mine, theirs])
+        if common == mine or (common == theirs and os.path.isdir(theirs)):
+            raise InvalidInput(
+                f"--out {out} overlaps the input {source} (the same folder, or one inside the"
+                " other); seqpack never publishes over its input — choose another --out"
+            )
+
+
+def _plain_file(path: Path, what: str) -> os.stat_result | None:
+    """``lstat(path)`` (None when absent); a link or special file is refused."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_bytes())
-        return {str(shard["file"]) for shard in manifest["shards"]}
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        kind = "symbolic link" if stat.S_ISLNK(st.st_mode) else "hard link or special file"
+        raise InvalidInput(
+            f"{path}: the {what} is a {kind}; seqpack never writes through a link — remove it"
+            " or choose another --out"
+        )
+    return st
+
+
+def listed_shards(folder: Path) -> list[str] | None:
+    """The file names the manifest of ``folder`` lists (None: no readable manifest)."""
+    if _plain_file(folder / MANIFEST, "manifest") is None:
+        return None
+    try:  # not a link (checked above): reading it follows none
+        shards = json.loads((folder / MANIFEST).read_bytes())["shards"]
+        return [s["file"] for s in shards if isinstance(s["file"], str)]
     except (OSError, ValueError, RecursionError, KeyError, TypeError):
-        return set()
+        return None
 
 
-def foreign_entries(folder: Path) -> list[str]:
-    """Names in ``folder`` that seqpack did not write (not its manifest, listed shards or
-    parts, or not plain files)."""
-    listed = _listed(folder)
-    return sorted(
-        p.name
-        for p in folder.iterdir()
-        if p.is_symlink()
-        or not p.is_file()
-        or not (p.name in listed or _OURS.match(p.name) or p.name == MANIFEST)
-    )
+def _leftover(name: str) -> bool:
+    """A name seqpack writes into an output folder (lock, shards, part files)."""
+    return name in (LOCK, MANIFEST) or bool(SHARD.match(name)) or name.endswith(".part")
 
 
-def check_output(out: str | Path, overwrite: bool) -> Path:
-    """Refuse an existing ``out`` unless ``overwrite`` and it is a seqpack output holding
-    only seqpack's files (or an empty folder)."""
-    path = output_path(out)
+def _check_target(path: Path, overwrite: bool) -> None:
+    """Refuse an output path that holds something else than seqpack's files (before the lock
+    is created in it), or an output without ``overwrite``."""
     if not os.path.lexists(path):
-        return path
-    # What --overwrite would refuse is refused first, so no message suggests a flag that
-    # then refuses too.
-    if not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).is_file()):
+        return
+    if not path.is_dir():
         raise InvalidInput(
             f"{path} exists and is not a seqpack output; refusing to replace it (even with"
             " --overwrite, seqpack replaces only its own outputs) — choose another --out"
         )
-    foreign = foreign_entries(path)
+    if _plain_file(path / MANIFEST, "manifest") is not None:
+        if not overwrite:
+            raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
+        return
+    foreign = sorted(p.name for p in path.iterdir() if not _leftover(p.name))
     if foreign:
         raise InvalidInput(
-            f"{path} holds {foreign[0]!r}, which seqpack did not write; refusing to replace the"
-            " folder — move it out of the folder, or choose another --out"
+            f"{path} exists and is not a seqpack output; refusing to replace it (it holds"
+            f" {foreign[0]!r}) — choose another --out"
         )
-    if not overwrite:
-        raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
-    return path
 
 
-def temp_output(out: Path) -> Path:
-    """Create the hidden sibling ``.NAME.seqpack-tmp-HOST-PID-RANDOM`` to build ``out`` in."""
+def _make_folders(out: Path) -> list[Path]:
+    """Create ``out`` and its missing parents; the ones created, outermost first."""
+    folder, missing = out, []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    made: list[Path] = []
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(
-            f".{out.name}.seqpack-tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
-        )
-        tmp.mkdir()
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is not a folder")
+        for path in reversed(missing):
+            path.mkdir()
+            made.append(path)
     except OSError as err:
+        _remove_folders(made)
         raise InvalidInput(
             f"cannot create the output folder {out} ({err.strerror or err}) — choose a writable"
             " --out"
         ) from None
-    return tmp
+    return made
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _remove_folders(made: list[Path]) -> None:
+    for folder in reversed(made):
+        try:
+            folder.rmdir()  # only empty folders this run created
+        except OSError:
+            break
+
+
+def _describe(record: dict[str, Any]) -> str:
+    if not record:
+        return "starting up"
+    return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('since')}"
+
+
+def _read_record(raw: bytes) -> dict[str, Any]:
+    """What a writer records in the lock file (``{}`` when empty or unreadable)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        record = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
-_RENAME_NOREPLACE = 1
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
+def _remove(folder: Path, names: Iterable[str], keep: Iterable[str]) -> int:
+    """Remove the regular files ``names`` of ``folder`` not in ``keep``; how many."""
+    keep, removed = set(keep), 0
+    for name in names:
+        path = folder / name
+        if name in keep or not path.is_file() or path.is_symlink():
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
-@functools.cache
-def _renameat2() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if fn is not None:
-        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-        fn.restype = ctypes.c_int
-    return fn
+@dataclass
+class Output:
+    """An output folder held by one writer: shards go to :meth:`shard` names in
+    :attr:`path`; :meth:`commit` publishes them. ``notes`` are for the user."""
+
+    path: Path
+    generation: int
+    replaces: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def shard(self, k: int) -> str:
+        return shard_name(self.generation, k)
+
+    def commit(self, manifest: dict[str, Any]) -> None:
+        """Replace ``manifest.json`` with ``manifest`` (the commit point), then remove the
+        shards the previous manifest listed; a note names what else the folder holds."""
+        data = json.dumps(manifest, indent=2).encode()
+        _plain_file(self.path / MANIFEST, "manifest")
+        part = f".manifest-{self.generation:04d}.json.{secrets.token_hex(4)}.part"
+        write_file(self.path / MANIFEST, lambda f: f.write(data), part)
+        fsync_dir(self.path)
+        listed = {s["file"] for s in manifest["shards"]}
+        _remove(self.path, self.replaces, listed)
+        left = sorted(set(os.listdir(self.path)) - listed - {LOCK, MANIFEST})
+        if left:
+            self.notes.append(
+                f"left {', '.join(map(repr, left))} in {self.path}: the manifest does not list"
+                f" {'it' if len(left) == 1 else 'them'} and seqpack removes only its own shards"
+            )
 
 
-def _rename2(a: Path, b: Path, flags: int) -> bool:
-    """``renameat2(a, b, flags)``; False where the system cannot (OSError on failure)."""
-    fn = _renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
-        return False  # not supported by this kernel or file system
-    raise OSError(code, os.strerror(code), str(b))
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one atomic step; False where the system cannot."""
-    return _rename2(a, b, _RENAME_EXCHANGE)
-
-
-def rename_new(src: Path, dst: Path) -> bool:
-    """Rename ``src`` to ``dst`` only if ``dst`` does not exist; False if it does."""
+def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
+    """Lock ``path/.seqpack-lock`` without waiting; (lock, descriptor, the record a killed
+    writer left in it)."""
+    file = path / LOCK
+    _plain_file(file, "lock file")
+    lock = filelock.FileLock(file, timeout=0)
     try:
-        if _rename2(src, dst, _RENAME_NOREPLACE):
-            return True
-    except FileExistsError:
-        return False
-    if os.path.lexists(dst):
-        return False
-    os.rename(src, dst)  # without renameat2: a folder made in between could be replaced
-    return True
-
-
-def _remove_ours(folder: Path) -> list[str]:
-    """Remove seqpack's files from ``folder`` and the folder; a note if anything else stays."""
-    foreign = set(foreign_entries(folder))
-    for path in folder.iterdir():
-        if path.name not in foreign:
-            path.unlink(missing_ok=True)
+        lock.acquire()
+    except filelock.Timeout:
+        try:
+            fd = os.open(file, os.O_RDONLY | _NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                who = _describe(_read_record(f.read(4096)))
+        except OSError:
+            who = "starting up"
+        if f"pid {os.getpid()} on {socket.gethostname()}," in who:
+            who = f"pid {os.getpid()} on {socket.gethostname()}, another thread"
+        raise InvalidInput(
+            f"another seqpack run ({who}) is writing {path} — wait for it to finish, or"
+            " choose another --out"
+        ) from None
     try:
-        folder.rmdir()
-    except OSError:
-        left = foreign_entries(folder) if folder.is_dir() else []
-        return [f"left {folder.name}: it holds {', '.join(map(repr, left))}, not seqpack's"]
-    return []
+        fd = os.open(file, os.O_RDWR | _NOFOLLOW)
+        if os.fstat(fd).st_nlink != 1:  # a hard link made since the check
+            os.close(fd)
+            _plain_file(file, "lock file")  # raises
+        previous = _read_record(os.pread(fd, 1 << 16, 0))
+    except BaseException:
+        lock.release()
+        raise
+    return lock, fd, previous
 
 
-def publish(tmp: Path, out: Path, overwrite: bool = True) -> list[str]:
-    """Move the complete folder ``tmp`` to ``out``, replacing a previous ``out`` whole
-    (only with ``overwrite``); notes on what was left in place."""
-    if rename_new(tmp, out):
-        fsync_dir(out.parent)
+def _recover(path: Path, previous: dict[str, Any], listed: list[str] | None) -> list[str]:
+    """Remove the files of the killed run recorded in the lock (those no manifest lists)."""
+    if not previous:
         return []
-    if not overwrite:
-        raise InvalidInput(
-            f"{out} appeared while packing — pass --overwrite to replace it, or choose another"
-            " --out"
-        )
-    check_output(out, overwrite=True)
-    if exchange(tmp, out):
-        old = tmp  # after the swap, tmp's name holds the previous folder
-    else:
-        old = out.with_name(f".{out.name}.seqpack-old-{secrets.token_hex(4)}")
-        os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            os.rename(old, out)
-            raise
-    foreign = ["(a symbolic link)"] if old.is_symlink() else foreign_entries(old)
-    if foreign:  # it appeared since the check: put everything back as it was
-        if old == tmp:
-            exchange(tmp, out)
-        else:
-            os.rename(out, tmp)
-            os.rename(old, out)
-        raise InvalidInput(
-            f"{out / foreign[0]} appeared while packing; seqpack replaces only folders holding"
-            " its own files — move it out and pack again"
-        )
-    fsync_dir(out.parent)
-    return _remove_ours(old)
+    generation = previous.get("generation")
+    mine = _generation_files(generation) if isinstance(generation, int) else None
+    names = [p.name for p in path.iterdir() if mine is not None and mine.match(p.name)]
+    replaced = previous.get("replaces")
+    if isinstance(replaced, list) and listed is not None:  # it committed: the old shards go
+        names += [n for n in replaced if isinstance(n, str) and SHARD.match(n)]
+    removed = _remove(path, names, listed or ())
+    note = f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
+    return [note + (f"; removed {removed} file(s) it wrote" if removed else "")]
 
 
-def _stale_temp(path: Path, host: str) -> bool:
-    """A temporary folder whose writer ran on this host and is gone, holding only our files."""
-    match = re.search(r"\.seqpack-tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$", path.name)
-    if match is None or match["host"] != host:
-        return False
-    pid = int(match["pid"])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return not foreign_entries(path)
-    except PermissionError:
-        pass  # it exists, under another user
-    return False
+@contextmanager
+def open_output(
+    out: str | os.PathLike[str], overwrite: bool = False, inputs: Iterable[Any] = ()
+) -> Iterator[Output]:
+    """Hold the output folder ``out`` for one writer, from the first check to the commit.
 
-
-def _restore(path: Path, out: Path, verify: Callable[[Path], Any]) -> str:
-    """Move the old output ``path`` back to ``out`` if it verifies; the note either way."""
-    foreign = foreign_entries(path)
-    why = f"it holds {foreign[0]!r}, not seqpack's" if foreign else ""
-    if not why:
-        try:
-            verify(path)
-        except (SeqpackError, OSError) as err:
-            why = f"it does not verify ({' '.join(str(err).split())})"
-    if why or not rename_new(path, out):
-        return (
-            f"left {path.name} where it is: {why or f'{out} appeared'} — inspect it; seqpack"
-            " restores only an output it can verify"
-        )
-    return f"restored {out} from {path.name}, left by an interrupted --overwrite"
-
-
-def recover_output(out: str | Path, verify: Callable[[Path], Any] = verify_folder) -> list[str]:
-    """Clean up after killed runs at ``out``; return one note per action taken.
-
-    - ``.NAME.seqpack-old-*`` with ``out`` missing: a replacement was
-      interrupted between its two renames; the old folder is renamed back
-      only when it is the only one, holds only seqpack's files and
-      ``verify(folder)`` (default: a full :func:`seqpack.io.verify.verify_folder`)
-      passes. Otherwise it stays, with a note.
-    - ``.NAME.seqpack-old-*`` with ``out`` present: the new folder was
-      published; seqpack's files in the old one are removed.
-    - ``.NAME.seqpack-tmp-HOST-PID-*`` of a dead process on this host, holding
-      only shard, part and manifest files: removed. Anything else is left.
+    Raises :class:`~seqpack.core.errors.InvalidInput` when another run holds it
+    (naming it), when ``out`` cannot name an output folder, overlaps one of
+    ``inputs``, holds files seqpack did not write and no manifest, or holds
+    an output and ``overwrite`` is False. If the body raises (an error,
+    SIGTERM, Ctrl-C) before :meth:`Output.commit` replaced the manifest,
+    everything this run wrote is removed, and so are the folders it created.
     """
-    out = Path(out)
-    if not out.parent.is_dir():
-        return []
-    notes, host = [], _host()
-    stale = remove_stale_lock(out)
-    if stale is not None:
-        notes.append(stale)
-    prefix = f".{out.name}.seqpack-"
-    hidden = [
-        p
-        for p in sorted(out.parent.iterdir())
-        if p.name.startswith(prefix) and not p.is_symlink() and p.is_dir()
-    ]
-    olds = [p for p in hidden if p.name[len(prefix) :].startswith("old-")]
-    if len(olds) == 1 and not os.path.lexists(out):
-        notes.append(_restore(olds[0], out, verify))
-    elif olds and not os.path.lexists(out):
-        notes.append(f"left {len(olds)} replaced outputs ({olds[0].name}, …): which to restore?")
-    for path in hidden:
-        if path in olds and os.path.lexists(out) and path.exists():
-            if not foreign_entries(path):
-                notes += _remove_ours(path)
-                notes.append(f"removed {path.name}, a replaced output left by an interrupted run")
-        elif path not in olds and _stale_temp(path, host):
-            shutil.rmtree(path, ignore_errors=True)
-            notes.append(f"removed {path.name}, the temporary folder of a killed run")
-    return notes
+    path = output_path(out)
+    _refuse_overlap(path, inputs)
+    _check_target(path, overwrite)
+    made = _make_folders(path)
+    try:
+        lock, fd, previous = _take_lock(path)
+    except BaseException:
+        _remove_folders(made)
+        raise
+    try:
+        _check_target(path, overwrite)  # again, holding the lock
+        listed = listed_shards(path)
+        notes = _recover(path, previous, listed)
+        gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
+        replaces = [n for n in listed or () if SHARD.match(n)]
+        output = Output(path, max([0, *gens]) + 1, replaces, notes)
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "generation": output.generation,
+            "replaces": replaces,
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        try:
+            yield output
+        finally:
+            # What the manifest on disk lists decides, not a flag: a signal may land
+            # between the rename and any bookkeeping after it.
+            try:
+                listed = set(listed_shards(path) or ())
+            except InvalidInput:  # the manifest became a link: not ours to read
+                listed = set()
+            mine = _generation_files(output.generation)
+            if any(mine.match(n) for n in listed):  # committed: the replaced shards go
+                _remove(path, output.replaces, listed)
+            else:  # failed or signalled before the commit: what this run wrote goes
+                _remove(path, [n for n in os.listdir(path) if mine.match(n)], ())
+    finally:
+        try:
+            os.unlink(path / LOCK)  # while locked: a writer that opened it retries
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+            lock.release()
+        _remove_folders(made)

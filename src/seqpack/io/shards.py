@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +47,7 @@ from seqpack.core.binding import INT32_MAX, Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import concat_ranges
+from seqpack.io.atomic import write_file
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 2
@@ -341,10 +340,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _write_shard(table: pa.Table, path: Path) -> None:
-    with path.open("wb") as f:
-        pq.write_table(table, f, **PARQUET_OPTIONS)
-        f.flush()
-        os.fsync(f.fileno())
+    write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
 
 
 def write_shard_file(
@@ -352,28 +348,21 @@ def write_shard_file(
 ) -> dict[str, Any]:
     """Write a packed-row table as ``directory/name``; return its manifest entry.
 
-    The file is written under a unique hidden name, fsynced and renamed, so a
-    writer that runs twice (a task retried after a crash) replaces it whole
-    and a reader never sees a torn shard. The entry has the keys of
-    :func:`write_packed`'s: file, first_row, rows, occurrences, tokens,
-    bytes, sha256, columns (those stored). A table without a ``row`` column (TRL's
-    schema, :mod:`seqpack.io.trl`) needs ``first_row``.
+    The file is written whole or not at all (:func:`seqpack.io.atomic.write_file`), so
+    a writer that runs twice (a task retried after a crash) replaces it whole. The
+    entry holds file, first_row, rows, occurrences, tokens, bytes, sha256 and
+    columns (those stored). A table without a ``row`` column (TRL's schema,
+    :mod:`seqpack.io.trl`) needs ``first_row``.
     """
-    directory = Path(directory)
-    path = directory / name
-    part = directory / f".{name}.{secrets.token_hex(4)}.part"
-    try:
-        _write_shard(table, part)
-        os.replace(part, path)
-    finally:
-        part.unlink(missing_ok=True)
+    path = Path(directory) / name
+    _write_shard(table, path)
     names = table.column_names
     if first_row is None:
         first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
     first_row = int(first_row)
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    return {
+    entry = {
         "file": name,
         "first_row": first_row,
         "rows": table.num_rows,
@@ -383,3 +372,21 @@ def write_shard_file(
         "sha256": sha256_file(path),
         "columns": table.column_names,
     }
+    if "labels" not in names or "input_ids" in names:  # not version 1: count the targets
+        entry["eligible"] = eligible_targets(table)
+    return entry
+
+
+def eligible_targets(table: pa.Table) -> int:
+    """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
+    (unused bits are 0), every pair without it; labels other than -100 in TRL's."""
+    if "input_ids" in table.column_names:
+        labels = table.column("labels").combine_chunks().flatten().to_numpy()
+        return int(np.count_nonzero(labels != -100))
+    if "loss_bits" not in table.column_names:
+        return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
+    bits = table.column("loss_bits").combine_chunks()
+    _, obuf, dbuf = bits.buffers()
+    offsets = np.frombuffer(obuf, np.int32)[bits.offset : bits.offset + len(bits) + 1]
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    return int(np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).sum(dtype=np.int64))

@@ -7,22 +7,18 @@ corpus is read, :meth:`Spill.open` maps the file and gives every chunk back
 as views of the map (no copy; pages are read when an output shard gathers
 its windows, and :meth:`Spill.release` hands them back after each shard).
 
-The file never has a name where the system allows it (Linux ``O_TMPFILE``):
-it lives exactly as long as this process holds it open, so it is gone after
-success, failure, SIGTERM or SIGKILL alike (the kernel frees an unnamed file
-when its last descriptor closes). Elsewhere it is created as
-``.seqpack-spill-HOST-PID-RANDOM.arrow`` and unlinked at once (or, where an
-open file cannot be unlinked, when the spill closes); a spill left by a
-killed writer is removed by the next run's :func:`recover_spills`.
+The file is a :func:`tempfile.TemporaryFile`: on POSIX it has no name (or
+loses it at once), so it lives exactly as long as this process holds it
+open and is gone after success, failure, SIGTERM or SIGKILL alike (the
+kernel frees an unnamed file when its last descriptor closes). Folders
+created for it are removed again when it closes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import secrets
-import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +26,6 @@ import pyarrow as pa
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.documents import Origin, TokenChunk
-from seqpack.io.lock import pid_alive
 from seqpack.io.mapped import MappedFile
 
 SCHEMA = pa.schema(
@@ -47,65 +42,28 @@ def _values(array: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(kind, array.shape[0], [None, pa.py_buffer(array)])
 
 
-_NAME = re.compile(r"^\.seqpack-spill-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}\.arrow$")
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
-
-
-def _create(folder: Path) -> tuple[int, Path | None]:
-    """A file for reading and writing in ``folder``: unnamed where the system can, else
-    named for :func:`recover_spills` and unlinked at once; (descriptor, name still held)."""
-    flag = getattr(os, "O_TMPFILE", 0)
-    if flag:
-        try:
-            return os.open(folder, flag | os.O_RDWR, 0o600), None
-        except OSError:  # the file system has no unnamed files
-            pass
-    path = folder / f".seqpack-spill-{_host()}-{os.getpid()}-{secrets.token_hex(4)}.arrow"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.unlink(path)
-        return fd, None
-    except OSError:  # an open file cannot be unlinked here: removed on close
-        return fd, path
-
-
-def recover_spills(folder: str | Path) -> list[str]:
-    """Remove the named spills in ``folder`` of writers that ran on this host and are gone;
-    one note per file removed."""
-    folder = Path(folder)
-    notes: list[str] = []
-    if not folder.is_dir():
-        return notes
-    for path in sorted(folder.iterdir()):
-        match = _NAME.match(path.name)
-        if match is None or match["host"] != _host() or not path.is_file():
-            continue
-        pid = int(match["pid"])
-        if pid == os.getpid() or pid_alive(pid):
-            continue
-        path.unlink(missing_ok=True)
-        notes.append(f"removed {path.name}, the token spill of a killed run")
-    return notes
-
-
 class Spill:
     """An append-only, unnamed Arrow IPC file of token chunks in ``folder``."""
 
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
+        self._made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, self.path = _create(folder)
+            # unbuffered: Arrow writes whole buffers
+            self._file = tempfile.TemporaryFile(  # noqa: SIM115 - closed by close()
+                dir=folder, prefix=".seqpack-spill-", buffering=0
+            )
         except OSError as err:
+            self._remove_folders()
             raise InvalidInput(
                 f"cannot create the spill file in {folder} ({err.strerror or err}) — pass a"
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
-        self._file = os.fdopen(fd, "w+b", buffering=0)  # Arrow writes whole buffers
-        self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
+        self.path = folder
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        with self._naming_errors():
+            self._writer = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
         self.bytes = 0
 
@@ -123,16 +81,18 @@ class Spill:
             flags = pa.LargeListArray.from_arrays(_values(targets, pa.int64()), values)
         ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
-        self._writer.write_batch(batch)
+        with self._naming_errors():
+            self._writer.write_batch(batch)
         self.bytes += batch.nbytes
 
     def open(self, origins: list[Origin], first_rows: list[int]) -> list[TokenChunk]:
         """Finish writing and map the file: every chunk, in order, as views of the map."""
         assert self._writer is not None, "the spill is already open"
-        self._writer.close()
-        self._writer = None
-        self._file.flush()
-        self._mapped = MappedFile(Path(self.path or "spill"), self._file)
+        with self._naming_errors():
+            self._writer.close()
+            self._writer = None
+            self._file.flush()
+        self._mapped = MappedFile(self.path, self._file)
         reader = pa.ipc.open_file(pa.BufferReader(self._mapped.buffer))
         chunks = []
         for i, (origin, first) in enumerate(zip(origins, first_rows, strict=True)):
@@ -161,8 +121,8 @@ class Spill:
         return [] if self._mapped is None else [self._mapped]
 
     def close(self) -> None:
-        if self._writer is not None:
-            with contextlib.suppress(pa.ArrowException):
+        if self._writer is not None:  # discarded: a full disk must not hide the first error
+            with contextlib.suppress(pa.ArrowException, OSError):
                 self._writer.close()
             self._writer = None
         if self._mapped is not None:
@@ -170,5 +130,20 @@ class Spill:
             self._mapped = None
         else:
             self._file.close()
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+        self._remove_folders()
+
+    @contextlib.contextmanager
+    def _naming_errors(self) -> Iterator[None]:
+        """An OS error of the spill (a full disk) names where the spill is."""
+        try:
+            yield
+        except OSError as err:
+            where = f"{self.path} (--spill-dir)"
+            raise OSError(err.errno, err.strerror or str(err), where) from None
+
+    def _remove_folders(self) -> None:
+        for folder in reversed(self._made):  # the folders made for it, if empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break

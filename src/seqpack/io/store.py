@@ -5,18 +5,15 @@ Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
 :mod:`seqpack.io.tree_store`), whole model calls each (a multiple of
 ``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
 binding, partition, config, policy, statistics and every shard's row span,
-size, sha256 and stored columns. A directory
-is complete exactly when its manifest exists: :func:`write_packed` builds it
-under a hidden temporary sibling, fsyncs, then renames it into place
-(:mod:`seqpack.io.atomic`). :func:`load_packed` checks the manifest's shape, every
-shard's size and sha256, and the caller's expected binding and partition.
+size, sha256 and stored columns: a reader trusts only what it lists, and a
+writer publishes by replacing it (:mod:`seqpack.io.atomic`). :func:`load_packed`
+checks the manifest's shape, every shard's size and sha256, and the caller's
+expected binding and partition.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +27,7 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.io.atomic import HIDDEN, MANIFEST, check_output, fsync_dir, temp_output
-from seqpack.io.claim import claims_output, held_claim
+from seqpack.io.atomic import MANIFEST, open_output
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
     FORMAT,
@@ -55,7 +51,6 @@ from seqpack.io.verify import (
 )
 
 
-@claims_output
 def write_packed(
     rows: CompactRows,
     out: str | Path,
@@ -66,63 +61,33 @@ def write_packed(
     shard_tokens: int = SHARD_TOKENS,
     on_shard: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Write ``rows`` as a packed directory at ``out`` atomically; return the manifest.
+    """Write ``rows`` as a packed directory at ``out``; return the manifest.
 
-    The output path is claimed first (:func:`seqpack.io.atomic.claim_output`:
-    locked for this writer, leftovers of killed runs recovered, checked).
-    Shards and the manifest go to a hidden sibling ``.NAME.seqpack-tmp-*``,
-    each fsynced, and the folder is renamed to ``out`` only when complete.
-    On any failure the temporary folder is removed and a previous ``out`` is
-    left untouched. ``on_shard(rows_written)`` reports progress.
+    Published as every writer publishes (:mod:`seqpack.io.atomic`): the output is
+    locked for this writer, shards are written under new names, and the new
+    ``manifest.json`` replacing the old one is the commit. On any failure the
+    shards written are removed and a previous output is left as it was.
+    ``on_shard(rows_written)`` reports progress.
     """
-    out = check_output(out, overwrite)
-    tmp = temp_output(out)
-    try:
+    with open_output(out, overwrite) as output:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         shards = []
         for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
             table = rows_to_arrow(rows.slice_rows(a, b))
-            shards.append(write_shard_file(table, tmp, f"shard-{k:05d}.parquet"))
+            shards.append(write_shard_file(table, output.path, output.shard(k)))
             if on_shard is not None:
                 on_shard(b - a)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    manifest = manifest_record(
-        binding=rows.binding,
-        partition=rows.partition,
-        config={"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
-        shards=shards,
-        rows=rows.num_rows,
-        occurrences=len(rows),
-        **(extra or {}),
-    )
-    publish_packed(tmp, out, manifest)
+        manifest = manifest_record(
+            binding=rows.binding,
+            partition=rows.partition,
+            config={"capacity": rows.capacity, "max_rows_per_batch": max_rows_per_batch},
+            shards=shards,
+            rows=rows.num_rows,
+            occurrences=len(rows),
+            **(extra or {}),
+        )
+        output.commit(manifest)
     return manifest
-
-
-def publish_packed(tmp: Path, out: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` into ``tmp`` last, fsync, and rename ``tmp`` to ``out``
-    (which the caller holds: :func:`seqpack.io.atomic.claim_output`).
-
-    Files in ``tmp`` that the manifest does not list (e.g. parts left by a
-    crashed writer) are removed first. On failure ``tmp`` is removed and a
-    previous ``out`` is left untouched.
-    """
-    try:
-        listed = {shard["file"] for shard in manifest["shards"]}
-        for path in tmp.iterdir():
-            if path.name not in listed:
-                path.unlink()
-        with (tmp / MANIFEST).open("w") as f:
-            json.dump(manifest, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(tmp)
-        held_claim(out).publish(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 class PackedStore:
@@ -176,7 +141,7 @@ class PackedStore:
                     f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
                     " pack again"
                 ) from None
-            check_table(table, str(file))
+            check_table(table, str(file), self.shards[k])
             rows = arrow_to_rows(
                 table,
                 capacity=self.capacity,
@@ -257,9 +222,9 @@ def load_packed(
     :class:`~seqpack.core.errors.BindingMismatch`
     when ``expected_binding`` differs from the manifest's and
     :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
-    Hidden ``.NAME.seqpack-tmp-*`` / ``-old-*`` folders of interrupted runs are
-    refused even when they hold a manifest. A tree output (version 3, ``seqpack pack
-    --tree``) opens as a :class:`~seqpack.io.tree_store.TreeStore` of row records.
+    Only the files the manifest lists are read: shards a killed run left are ignored.
+    A tree output (version 3, ``seqpack pack --tree``) opens as a
+    :class:`~seqpack.io.tree_store.TreeStore` of row records.
     """
     path = path_argument("path", path)
     if expected_binding is not None and not isinstance(expected_binding, Binding):
@@ -270,12 +235,6 @@ def load_packed(
         raise InvalidInput(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
             " leaves none) — run seqpack pack again"
-        )
-    if HIDDEN.match(path.name):
-        raise InvalidInput(
-            f"{path} is the temporary folder of a seqpack run that did not finish (or an old"
-            " output being replaced), not an output — load the folder it was written for;"
-            " the next seqpack pack there removes it"
         )
     tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
     if tree is not None:

@@ -28,8 +28,6 @@ back, for :func:`seqpack.hf.tree_data.tree_batch_from_rows` /
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.tree import TreeBatch
+from seqpack.io.atomic import Output, write_file
 from seqpack.io.shards import FORMAT, PARQUET_OPTIONS, TREE_VERSION, manifest_record, sha256_file
 
 _CELL = pa.list_(pa.int32())
@@ -95,7 +94,7 @@ def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
 
 def write_tree_shards(
     records: list[dict[str, Any]],
-    tmp: Path,
+    output: Output,
     *,
     binding: Binding,
     partition: Partition,
@@ -103,17 +102,28 @@ def write_tree_shards(
     shard_rows: int = TREE_SHARD_ROWS,
     **sections: Any,
 ) -> dict[str, Any]:
-    """Write tree ``records`` as version-3 shards into the hidden folder ``tmp`` (each
-    fsynced); return the manifest for :func:`seqpack.io.store.publish_packed`.
-    ``config`` holds ``capacity`` and ``max_rows_per_batch``; ``sections`` go into the
-    manifest."""
+    """Write tree ``records`` as version-3 shards into the held ``output``
+    (:func:`seqpack.io.atomic.open_output`; each shard whole or not at all) and return
+    the manifest for :meth:`~seqpack.io.atomic.Output.commit`. ``config`` holds
+    ``capacity`` and ``max_rows_per_batch``; ``sections`` go into the manifest."""
     shards = []
     for k, a in enumerate(range(0, max(len(records), 1), shard_rows)):
         part = records[a : a + shard_rows]
         table = pa.Table.from_pylist(
             [{"row": a + i} | rec for i, rec in enumerate(part)], schema=TREE_SCHEMA
         )
-        shards.append(_write(table, tmp, f"shard-{k:05d}.parquet", a))
+        path = output.path / output.shard(k)
+        write_file(path, lambda f, t=table: pq.write_table(t, f, **PARQUET_OPTIONS))
+        shards.append(
+            {
+                "file": path.name,
+                "first_row": a,
+                "rows": table.num_rows,
+                "bytes": path.stat().st_size,
+                "sha256": sha256_file(path),
+                "columns": table.column_names,
+            }
+        )
     return manifest_record(
         binding=binding,
         partition=partition,
@@ -125,27 +135,6 @@ def write_tree_shards(
         sequences=sum(len(r["sequence_index"]) for r in records),
         **sections,
     )
-
-
-def _write(table: pa.Table, directory: Path, name: str, first_row: int) -> dict[str, Any]:
-    path = directory / name
-    part = directory / f".{name}.{secrets.token_hex(4)}.part"
-    try:
-        with part.open("wb") as f:
-            pq.write_table(table, f, **PARQUET_OPTIONS)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(part, path)
-    finally:
-        part.unlink(missing_ok=True)
-    return {
-        "file": name,
-        "first_row": first_row,
-        "rows": table.num_rows,
-        "bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
-        "columns": table.column_names,
-    }
 
 
 def is_tree_manifest(manifest: Any) -> bool:

@@ -141,9 +141,12 @@ def refuse_trl(manifest: object, where: str) -> None:
 
 def check_trl_contents(manifest: Mapping, folder: Path) -> None:
     """Decode every shard of a TRL-format directory (:mod:`seqpack.io.trl`) and hold it
-    against the manifest: TRL's schema, the entry's rows, examples and tokens, rows of at
-    most ``capacity`` tokens made of whole examples, positions restarting per example."""
+    against the manifest: TRL's schema (declared columns and Arrow types), the entry's
+    rows, examples, tokens and supervised labels, rows of at most ``capacity`` tokens made
+    of whole examples, ids in ``[0, vocab_size)``, labels -100 or their token (-100 on
+    each example's first), positions restarting per example."""
     capacity = int(manifest["config"]["capacity"])
+    vocab = int(manifest["binding"]["vocab_size"])
     for entry in manifest["shards"]:
         file = folder / entry["file"]
         try:
@@ -151,16 +154,20 @@ def check_trl_contents(manifest: Mapping, folder: Path) -> None:
         except (pa.ArrowException, OSError) as err:
             raise _damaged(file, f"cannot read the shard ({err})") from None
         if not table.schema.equals(TRL_SCHEMA):
-            raise _damaged(file, f"schema {table.schema.names} is not TRL's {TRL_SCHEMA.names}")
+            raise _damaged(file, f"schema {table.schema} is not TRL's {TRL_SCHEMA}")
         if any(_nulls(table.column(n)) for n in TRL_SCHEMA.names):
             raise _damaged(file, "a value is missing (null)")
         ids, labels, lens, pos = (table.column(n).combine_chunks() for n in TRL_SCHEMA.names)
+        tokens, targets = ids.flatten().to_numpy(), labels.flatten().to_numpy()
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise _damaged(file, f"a token id is outside [0, {vocab}) (binding.vocab_size)")
         row_len = np.diff(ids.offsets.to_numpy())
         seq = lens.flatten().to_numpy().astype(np.int64)
         per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
         starts = np.zeros(seq.shape[0], dtype=np.int64)
         np.cumsum(seq[:-1], out=starts[1:])
         want = np.arange(int(seq.sum()), dtype=np.int64) - np.repeat(starts, seq)
+        ignored = targets == -100
         if (
             table.num_rows != entry["rows"]
             or len(seq) != entry["occurrences"]
@@ -169,6 +176,9 @@ def check_trl_contents(manifest: Mapping, folder: Path) -> None:
             or not np.array_equal(per_row, row_len)
             or (seq.size and (int(seq.min()) < 2 or int(row_len.max()) > capacity))
             or not np.array_equal(pos.flatten().to_numpy(), want)
+            or not np.all(ignored | (targets == tokens))
+            or not np.all(ignored[starts])
+            or entry.get("eligible", int((~ignored).sum())) != int((~ignored).sum())
         ):
             raise _damaged(
                 file,

@@ -8,7 +8,8 @@ nothing that is loaded. Three depths, :func:`seqpack.io.store.load_packed`'s
 
 ``False``
     :func:`check_manifest` only (types, bounds, contiguous rows, counts,
-    statistics, no shard twice, no unlisted shard file): microseconds.
+    statistics, no shard twice): microseconds. Files the manifest does not list
+    are never read (a killed run's shards, the user's own files).
 ``True`` (default, the checksum fast path)
     plus :func:`check_checksums`: size and sha256 of every shard (reads
     every byte once, no decoding).
@@ -17,15 +18,14 @@ nothing that is loaded. Three depths, :func:`seqpack.io.store.load_packed`'s
     its manifest entry (:func:`check_shard`), ordinals a permutation of
     ``0..occurrences-1`` across shards, eligible targets as recorded.
 
-At every depth a shard's content is checked by :func:`check_shard` when it
-is read (rows, first row, occurrences and tokens per shard; every row
-non-empty, occurrences inside their row and not overlapping; tokens in
-``[0, vocab_size)``; ordinals in range and distinct; provenance ranges
-``range_end - range_start == len + 1``), so no depth ever yields a batch
-that disagrees with the manifest.
-
-Shards are read through :func:`seqpack.io.shard_rows.arrow_to_rows`, so these
-checks hold for whatever columns the shards have.
+At every depth a shard is checked when it is read: its schema is the
+format's (:func:`check_schema`: declared columns and Arrow types, the
+columns its entry lists) and its content agrees with its entry
+(:func:`check_shard`: rows, first row, occurrences, tokens and eligible
+targets; rows non-empty, occurrences inside their row without overlap;
+tokens in ``[0, vocab_size)``; ordinals in range and distinct; provenance
+ranges ``range_end - range_start == len + 1``), so no depth ever yields a
+batch that disagrees with the manifest.
 """
 
 from __future__ import annotations
@@ -43,17 +43,16 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import INT32_MAX, Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.io.shard_rows import arrow_to_rows
-from seqpack.io.shards import FORMAT, READABLE_VERSIONS, VERSION, sha256_file
+from seqpack.io.atomic import MANIFEST
+from seqpack.io.shard_rows import V1_SCHEMA, arrow_to_rows, is_version_1, read_pair_stats
+from seqpack.io.shards import FORMAT, READABLE_VERSIONS, REQUIRED, SCHEMA, VERSION, sha256_file
 from seqpack.io.trl import check_trl_contents, is_trl
 
-MANIFEST = "manifest.json"
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _ENTRY_COUNTS = ("first_row", "rows", "occurrences", "tokens", "bytes")
-#: Depths of ``load_packed(verify=...)``.
-DEPTHS = (False, True, "full")
+DEPTHS = (False, True, "full")  # of load_packed(verify=...)
 
 
 def _bad(where: Path | str, what: str) -> InvalidInput:
@@ -123,8 +122,8 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
         "occurrences": occurrences,
         "tokens": totals["tokens"] - (0 if trl else occurrences),  # TRL's unit: tokens
         "shards": len(manifest["shards"]),
+        "eligible": totals["eligible"],
     }
-    _check_no_unlisted(folder, {entry["file"] for entry in manifest["shards"]})
     if "statistics" in manifest:
         _check_statistics(manifest, summary, where)
     return summary
@@ -135,7 +134,7 @@ def _check_entries(shards: Any, where: Path, capacity: int, per_call: int) -> di
     if not isinstance(shards, list):
         raise _bad(where, f"shards is a {type(shards).__name__}, not a list")
     names: set[str] = set()
-    totals = {"rows": 0, "occurrences": 0, "tokens": 0}
+    totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
     for k, entry in enumerate(shards):
         name = _field(entry, "file", where, f"shards[{k}].")
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
@@ -147,6 +146,12 @@ def _check_entries(shards: Any, where: Path, capacity: int, per_call: int) -> di
             _count(_field(entry, key, where, f"shard {name}: "), f"shard {name} {key}", where)
             for key in _ENTRY_COUNTS
         )
+        # supervised targets, recorded since 0.3 (-1: not for every shard, no total)
+        eligible = entry.get("eligible")
+        if eligible is not None:
+            _count(eligible, f"shard {name} eligible", where)
+        stale = eligible is None or totals["eligible"] < 0
+        totals["eligible"] = -1 if stale else totals["eligible"] + eligible
         if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
             raise _bad(where, f"shard {name} has no sha256 of 64 hex digits")
         if first != totals["rows"]:
@@ -204,22 +209,12 @@ def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -
     eligible = stats.get("eligible_targets")
     if eligible is not None:
         _count(eligible, "statistics.eligible_targets", where, 0, tokens)
-
-
-def _check_no_unlisted(folder: Path, listed: set[str]) -> None:
-    """A finished output holds its manifest and listed shards: an extra one means an edit."""
-    try:
-        extra = sorted(
-            p.name for p in folder.iterdir() if p.suffix == ".parquet" and p.name not in listed
-        )
-    except OSError:
-        return  # unreadable folder: the shard reads say so
-    if extra:
-        raise _bad(
-            folder / MANIFEST,
-            f"the manifest does not list {extra[0]}, which the folder"
-            " holds (a shard entry removed?)",
-        )
+        if summary["eligible"] >= 0 and eligible != summary["eligible"]:
+            raise _bad(
+                where,
+                f"statistics.eligible_targets is {eligible!r} but the shards' entries give"
+                f" {summary['eligible']:,}",
+            )
 
 
 def check_checksums(manifest: Mapping, folder: Path) -> None:
@@ -235,9 +230,40 @@ def check_checksums(manifest: Mapping, folder: Path) -> None:
             )
 
 
-def check_table(table: pa.Table, where: str) -> None:
-    """No value of any column of a decoded shard is null (at any list depth): the row
-    decoder would turn one into NaN and then into an arbitrary integer."""
+def _kind(kind: pa.DataType) -> str:
+    """An Arrow type without its list fields' names: ``list<int32>``."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"{'large_' * pa.types.is_large_list(kind)}list<{_kind(kind.value_type)}>"
+    return str(kind)
+
+
+def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) -> None:
+    """A shard's schema is the format's: only its columns, each of its declared Arrow
+    type (no float or int64 token ids), the required ones present, and the columns its
+    manifest ``entry`` lists."""
+    v1 = is_version_1(schema.names)
+    declared = V1_SCHEMA if v1 else SCHEMA
+    for f in schema:
+        if f.name not in declared.names:
+            raise _bad(where, f"column {f.name!r} is not a column of the packed-row format")
+        want = declared.field(f.name).type
+        if _kind(f.type) != _kind(want):
+            raise _bad(
+                where, f"column {f.name!r} has type {_kind(f.type)}, not the format's {_kind(want)}"
+            )
+    missing = [n for n in (V1_SCHEMA.names if v1 else REQUIRED) if n not in schema.names]
+    if missing:
+        raise _bad(where, f"the required columns {missing} are missing")
+    if entry is not None and "columns" in entry and entry["columns"] != schema.names:
+        raise _bad(
+            where, f"holds the columns {schema.names} but the manifest says {entry['columns']}"
+        )
+
+
+def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> None:
+    """:func:`check_schema`, and no null at any list depth (the row decoder would turn one
+    into NaN and then into an arbitrary integer)."""
+    check_schema(table.schema, where, entry)
     for name in table.column_names:
         column = table.column(name)
         chunks = column.chunks
@@ -256,6 +282,8 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         "occurrences": len(rows),
         "tokens": int(rows.tokens.shape[0]),
     }
+    if "eligible" in entry:
+        got["eligible"] = int(np.count_nonzero(rows.loss_mask))
     for key, value in got.items():
         if value != entry[key]:
             raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
@@ -296,6 +324,20 @@ def _check_placements(rows: CompactRows, where: str) -> None:
         raise _bad(where, "two occurrences of a row overlap")
 
 
+def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`~seqpack.io.shard_rows.read_pair_stats`, its schema and counts checked."""
+    try:
+        check_schema(pq.read_schema(file), str(file), entry)
+        seq, occ, per_row = read_pair_stats(file)
+    except (pa.ArrowException, OSError) as err:
+        raise _bad(file, f"cannot read the shard ({err})") from None
+    got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
+    for key, value in got.items():
+        if key in entry and value != entry[key]:
+            raise _bad(file, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+    return seq, occ, per_row
+
+
 def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:
     """Decode every shard now (``read(k)`` runs :func:`check_shard`); then the whole-output
     facts: every ordinal exactly once, and the eligible targets recorded."""
@@ -324,7 +366,7 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
         raise InvalidInput(
             f"{file}: cannot read the shard ({err}) — the packed directory is damaged; pack again"
         ) from None
-    check_table(table, str(file))
+    check_table(table, str(file), entry)
     rows = arrow_to_rows(
         table,
         capacity=int(manifest["config"]["capacity"]),
@@ -339,14 +381,12 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
 def verify_folder(folder: Path) -> dict[str, Any]:
     """Fully verify the packed directory ``folder`` whatever its name; return its manifest.
 
-    What :func:`seqpack.io.atomic.recover_output` runs before it moves a
-    hidden folder back into place.
+    Every check of every depth, for seqpack's format and TRL's.
     """
-    where = folder / MANIFEST
     try:
-        manifest = json.loads(where.read_bytes())
+        manifest = json.loads((folder / MANIFEST).read_bytes())
     except (OSError, ValueError, RecursionError) as err:
-        raise _bad(where, f"not a readable JSON manifest ({err})") from None
+        raise _bad(folder / MANIFEST, f"not a readable JSON manifest ({err})") from None
     if isinstance(manifest, dict) and manifest.get("layout") == "tree":  # version 3
         from seqpack.io.tree_store import TreeStore
 
@@ -354,17 +394,14 @@ def verify_folder(folder: Path) -> dict[str, Any]:
         check_checksums(manifest, folder)
         store.records()  # every shard decoded and checked
         return manifest
-    summary = check_manifest(manifest, folder)
+    occurrences, shards = check_manifest(manifest, folder)["occurrences"], manifest["shards"]
     check_checksums(manifest, folder)
-    shards = manifest["shards"]
     if is_trl(manifest):
         check_trl_contents(manifest, folder)
         return manifest
-    check_contents(
-        manifest,
-        lambda k: read_shard(
-            folder / shards[k]["file"], shards[k], manifest, summary["occurrences"]
-        ),
-        folder,
-    )
+
+    def read(k: int) -> CompactRows:
+        return read_shard(folder / shards[k]["file"], shards[k], manifest, occurrences)
+
+    check_contents(manifest, read, folder)
     return manifest

@@ -11,7 +11,6 @@ over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,12 +26,9 @@ from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 from seqpack.io.already_packed import refuse_packed
-from seqpack.io.atomic import temp_output
-from seqpack.io.claim import Claim, claim_output
+from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.shards import FORMAT, VERSION, manifest_record
-from seqpack.io.spill import recover_spills
-from seqpack.io.store import publish_packed
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.io.trl import TRL_FORMAT, TRL_VERSION
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
@@ -121,41 +117,35 @@ def pack_path(
     ``shards``, ``input_tokens``, ``seconds``, ``tokens_per_s`` (input tokens
     a second, reading to publishing), ``duplicate_ids`` (rows whose id
     repeats an earlier row's; ``duplicate_first`` names the first) and
-    ``recovered`` (hidden folders of killed runs cleaned up at ``out``, see
-    :func:`seqpack.io.atomic.recover_output`). ``max_metadata_bytes`` bounds
+    ``recovered`` (notes on files a killed run left at ``out`` and removed, or the
+    user's files left in it, see :mod:`seqpack.io.atomic`). ``max_metadata_bytes`` bounds
     all of it (:class:`~seqpack.pipeline.budget.StreamBudget`), checked before
     anything grows. ``out`` is held from its first check to publication: a
     second writer at the same path is refused, naming this one.
     """
     opts = PackOptions.of(options, **overrides)
-    path_argument("out", out)  # its type; the value is checked where it is claimed
+    path_argument("out", out)  # its type; the value is checked where it is opened
     if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it
-    with claim_output(out, opts.overwrite) as claim:
-        return pack_claimed(source, claim, opts)
+    with open_output(out, opts.overwrite, inputs=[source]) as output:
+        return pack_into(source, output, opts)
 
 
-def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> dict[str, Any]:
-    """:func:`pack_path`'s work, holding the output path (``claim``, see
-    :func:`seqpack.io.claim.claim_output`) from the first check to publication."""
+def pack_into(source: str | Path | Any, output: Output, opts: PackOptions) -> dict[str, Any]:
+    """:func:`pack_path`'s work, holding the output folder (``output``, see
+    :func:`seqpack.io.atomic.open_output`) from the first check to the commit."""
     started = time.perf_counter()
-    out = claim.path
+    out = output.path
     tok = opts.load_tokenizer()
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
-    spills = recover_spills(spill_dir)
     show = opts.show_progress(sys.stderr)
-    tmp = temp_output(out)  # before reading: an output that cannot be written fails first
+    status(show)(f"reading {source}")
+    corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
     try:
-        status(show)(f"reading {source}")
-        corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
-        try:
-            stats, manifest = _pack_corpus(corpus, tmp, out, opts, tok, show, str(source))
-            report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
-        finally:
-            corpus.close()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        stats, manifest = _pack_corpus(corpus, output, opts, tok, show, str(source))
+        report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
+    finally:
+        corpus.close()
     seconds = time.perf_counter() - started
     return (
         stats
@@ -163,7 +153,7 @@ def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> d
         | {
             "shards": len(manifest["shards"]),
             "out": str(out),
-            "recovered": claim.notes + spills,
+            "recovered": output.notes,
             "input_tokens": corpus.tokens,
             "seconds": seconds,
             "tokens_per_s": corpus.tokens / seconds if seconds > 0 else 0.0,
@@ -173,15 +163,14 @@ def pack_claimed(source: str | Path | Any, claim: Claim, opts: PackOptions) -> d
 
 def _pack_corpus(
     corpus: Corpus,
-    tmp: Path,
-    out: Path,
+    output: Output,
     opts: PackOptions,
     tok: Tokenizer | None,
     show: bool,
     source: str,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan a corpus read by :func:`read_corpus`, write it into ``tmp`` and publish it as
-    ``out``; (statistics, manifest)."""
+    """Plan a corpus read by :func:`read_corpus`, write its shards into ``output`` and
+    commit them; (statistics, manifest)."""
     pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
     budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
     examples = corpus_examples(corpus, opts, budget_)
@@ -215,7 +204,7 @@ def _pack_corpus(
 
     total = 4 * int(storage.row_tokens[-1])
     with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
-        shards = write_shards(corpus, examples, storage, tmp, opts, layout, on_shard)
+        shards = write_shards(corpus, examples, storage, output, opts, layout, on_shard)
     fields = opts.manifest_fields(pad)
     manifest = manifest_record(
         binding=corpus.binding,
@@ -229,5 +218,5 @@ def _pack_corpus(
         statistics=stats,
         input={"source": source, "text_field": opts.text_field},
     )
-    publish_packed(tmp, out, manifest)
+    output.commit(manifest)
     return stats, manifest

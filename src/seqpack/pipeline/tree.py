@@ -12,7 +12,6 @@ directory; :func:`seqpack.io.store.load_packed` opens it as a
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,7 @@ import numpy as np
 
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import pack_tree
-from seqpack.io.atomic import temp_output
-from seqpack.io.claim import claim_output
-from seqpack.io.store import publish_packed
+from seqpack.io.atomic import Output, open_output
 from seqpack.io.tree import read_table
 from seqpack.io.tree_rows import file_binding, file_groups
 from seqpack.io.tree_store import tree_records, write_tree_shards
@@ -57,24 +54,19 @@ def pack_tree_path(
     if not isinstance(source, (str, Path)) or str(source) == "-":
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file (not several, not -)")
     started = time.perf_counter()
-    with claim_output(out, opts.overwrite) as claim:
-        tmp = temp_output(claim.path)  # before reading: an output that cannot be written fails
-        try:
-            stats, manifest = _pack(source, tmp, opts, topts)
-            publish_packed(tmp, claim.path, manifest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    with open_output(out, opts.overwrite, inputs=[source]) as output:  # before reading
+        stats, manifest = _pack(source, output, opts, topts)
+        output.commit(manifest)
     return stats | {
         "shards": len(manifest["shards"]),
-        "out": str(claim.path),
-        "recovered": claim.notes,
+        "out": str(output.path),
+        "recovered": output.notes,
         "seconds": time.perf_counter() - started,
     }
 
 
 def _pack(
-    source: str | Path, tmp: Path, opts: PackOptions, topts: TreeOptions
+    source: str | Path, output: Output, opts: PackOptions, topts: TreeOptions
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     tok = opts.load_tokenizer()
     binding = file_binding(
@@ -116,7 +108,7 @@ def _pack(
         tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_window}
     manifest = write_tree_shards(
         records,
-        tmp,
+        output,
         binding=binding,
         partition=opts.partition,
         config=fields["config"],

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from seqpack.core.examples import long_ranges
 from seqpack.core.gather import gather_into
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
+from seqpack.io.atomic import Output
 from seqpack.io.shards import (
     Layout,
     ShardColumns,
@@ -226,12 +226,12 @@ def write_shards(
     corpus: Corpus,
     examples: Examples,
     storage: Storage,
-    folder: Path,
+    output: Output,
     opts: PackOptions,
     layout: Layout,
     on_shard: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Write every shard of the plan into ``folder``; their manifest entries, in order.
+    """Write every shard of the plan into ``output``; their manifest entries, in order.
 
     This thread gathers the shards (the kernels release the GIL) and
     :data:`SHARDS_IN_FLIGHT` writer threads compress them, a shard gathered
@@ -251,9 +251,7 @@ def write_shards(
         corpus.release()  # the windows are copied out: hand the mapped pages back
         return table
 
-    def name(k: int) -> str:
-        return f"shard-{k:05d}.parquet"
-
+    folder, name = output.path, output.shard
     if len(spans) <= 1:
         entries = [
             write_shard_file(build(k), folder, name(k), spans[k][0]) for k in range(len(spans))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import sys
 import time
@@ -19,10 +18,9 @@ import pyarrow as pa
 from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.core.policies import check_policy_options
-from seqpack.io.claim import Claim, claim_output
+from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
-from seqpack.io.store import publish_packed, temp_output
 from seqpack.pipeline.options import PackOptions, check_pad_id
 from seqpack.pipeline.progress import status
 from seqpack.pipeline.report import duplicate_report
@@ -148,7 +146,7 @@ def run_tasks(
     blocks: list[Block],
     inputs: list[list[Any]],
     settings: Settings,
-    tmp: Path,
+    output: Output,
     remote_args: dict[str, Any],
     show: bool,
 ) -> TaskResults:
@@ -185,7 +183,15 @@ def run_tasks(
                     spans = tuple((a, b, e) for _, a, b, e in shard.spans)
                     args = [tables[j] for j, *_ in shard.spans]
                     writes.append(
-                        write.remote(str(tmp), shard.index, shard.first_row, spans, shared, *args)
+                        write.remote(
+                            str(output.path),
+                            output.shard(shard.index),
+                            shard.index,
+                            shard.first_row,
+                            spans,
+                            shared,
+                            *args,
+                        )
                     )
                     shards.append(shard)
                     for j in range(layout.consumed):
@@ -338,16 +344,16 @@ def pack(
             f"--format {opts.format} is written by the local engine only — drop --engine ray"
         )
     check_policy_options(opts.policy, opts.policy_options, opts.capacity)
-    with claim_output(out, opts.overwrite) as claim:
-        return pack_claimed(source, claim, opts, ray_opts)
+    with open_output(out, opts.overwrite, inputs=[source]) as output:
+        return pack_into(source, output, opts, ray_opts)
 
 
-def pack_claimed(
-    source: str | Path | ray.data.Dataset, claim: Claim, opts: PackOptions, ray_opts: RayOptions
+def pack_into(
+    source: str | Path | ray.data.Dataset, output: Output, opts: PackOptions, ray_opts: RayOptions
 ) -> dict[str, Any]:
-    """:func:`pack`'s work, holding the output path (``claim``) until it is published."""
+    """:func:`pack`'s work, holding the output folder (``output``) until the commit."""
     started = time.perf_counter()
-    out = claim.path
+    out = output.path
     say = status(opts.show_progress(sys.stderr))
     binding, settings = _settings(opts, ray_opts)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
@@ -359,24 +365,19 @@ def pack_claimed(
         else:
             blocks, inputs, block_examples = _dataset_blocks(ray, source, opts, ray_opts)
         say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
-        tmp = temp_output(out)
-        try:
-            results = run_tasks(
-                ray,
-                blocks,
-                inputs,
-                settings,
-                tmp,
-                dict(ray_opts.remote_args),
-                opts.show_progress(sys.stderr),
-            )
-            check_written(results.layout, results.entries, tmp)
-            name = str(source) if files else "ray.data.Dataset"
-            manifest = _manifest(opts, binding, results, name, block_examples, pad)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        publish_packed(tmp, out, manifest)
+        results = run_tasks(
+            ray,
+            blocks,
+            inputs,
+            settings,
+            output,
+            dict(ray_opts.remote_args),
+            opts.show_progress(sys.stderr),
+        )
+        check_written(results.layout, results.entries, out)
+        name = str(source) if files else "ray.data.Dataset"
+        manifest = _manifest(opts, binding, results, name, block_examples, pad)
+        output.commit(manifest)
     meta = manifest["engine"]
     return (
         manifest["statistics"]
@@ -389,7 +390,7 @@ def pack_claimed(
             "nodes": len(meta["nodes"]),
             "shards": len(results.entries),
             "out": str(out),
-            "recovered": claim.notes,
+            "recovered": output.notes,
             "seconds": time.perf_counter() - started,
         }
     )

@@ -147,14 +147,16 @@ def _renumber_ordinals(table: pa.Table, offset: int) -> pa.Table:
 
 
 def write_shard(
-    tmp: str,
+    folder: str,
+    name: str,
     index: int,
     first_row: int,
     spans: tuple[tuple[int, int, int], ...],
     settings: Settings,
     *tables: pa.Table,
 ) -> dict[str, Any]:
-    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as one shard.
+    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as shard ``index``,
+    the file ``folder/name``.
 
     Returns the shard's manifest entry plus ``node``, ``node_ip``,
     ``write_seconds`` and ``write_cpu_seconds`` (the driver moves those to
@@ -169,7 +171,7 @@ def write_shard(
     rows = pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
     table = table.set_column(table.schema.get_field_index("row"), SCHEMA.field("row"), rows)
     table = table.select(layout_of_table(table).columns())  # as every writer lays a shard out
-    entry = write_shard_file(table, tmp, f"shard-{index:05d}.parquet")
+    entry = write_shard_file(table, folder, name)
     entry |= {
         **node_of_task(),
         "write_seconds": time.perf_counter() - started,

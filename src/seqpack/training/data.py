@@ -38,8 +38,8 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.permission import key_bounds
-from seqpack.io.shard_rows import read_pair_stats
 from seqpack.io.store import PackedStore, load_packed
+from seqpack.io.verify import read_row_stats
 from seqpack.nn.attention import AttentionLayout
 from seqpack.training.distributed import RowStats
 from seqpack.training.labels import model_labels, seq_idx, shift_labels
@@ -157,7 +157,7 @@ class PackedDataset(Dataset):
         if self._stats is None:
             lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
             for shard in self.store.shards:
-                seq, occ, per_row = read_pair_stats(self.store.path / shard["file"])
+                seq, occ, per_row = read_row_stats(self.store.path / shard["file"], shard)
                 rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
                 lengths.append(seq)
                 row_of.append(np.repeat(rows, np.diff(occ)))
