@@ -355,8 +355,9 @@ def test_verify_folder_checks_a_tree_output_whole(tmp_path):
 
     _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
-    assert verify_folder(tmp_path / "tree")["version"] == 3
-    shard = tmp_path / "tree" / "shard-00000.parquet"
+    manifest = verify_folder(tmp_path / "tree")
+    assert manifest["version"] == 3
+    shard = tmp_path / "tree" / manifest["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
     with pytest.raises(InvalidInput, match="checksum mismatch"):
         verify_folder(tmp_path / "tree")
