@@ -350,17 +350,12 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
     assert main(argv) == 2 and "drop --engine ray" in capsys.readouterr().err
 
 
-def test_verify_folder_checks_a_tree_output_whole(tmp_path):
-    from seqpack.io.verify import verify_folder
-
+def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):
     _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
-    manifest = verify_folder(tmp_path / "tree")
-    assert manifest["version"] == 3
+    manifest = load_packed(tmp_path / "tree", verify="full").manifest
     shard = tmp_path / "tree" / manifest["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
-    with pytest.raises(InvalidInput, match="checksum mismatch"):
-        verify_folder(tmp_path / "tree")
     with pytest.raises(InvalidInput, match="checksum mismatch"):
         load_packed(tmp_path / "tree")
 

@@ -387,13 +387,6 @@ def verify_folder(folder: Path) -> dict[str, Any]:
         manifest = json.loads((folder / MANIFEST).read_bytes())
     except (OSError, ValueError, RecursionError) as err:
         raise _bad(folder / MANIFEST, f"not a readable JSON manifest ({err})") from None
-    if isinstance(manifest, dict) and manifest.get("layout") == "tree":  # version 3
-        from seqpack.io.tree_store import TreeStore
-
-        store = TreeStore(folder, manifest)
-        check_checksums(manifest, folder)
-        store.records()  # every shard decoded and checked
-        return manifest
     occurrences, shards = check_manifest(manifest, folder)["occurrences"], manifest["shards"]
     check_checksums(manifest, folder)
     if is_trl(manifest):
