@@ -5,7 +5,8 @@ file whole, builds its groups (:func:`seqpack.io.tree_rows.file_groups`:
 id columns, TRL's DPO text through the tokenizer, or ``--tree auto``),
 plans the tries with the run's policy and writes the rows
 (:mod:`seqpack.io.tree_store`) into an atomically published packed
-directory; :func:`seqpack.io.store.load_packed` opens it as a
+directory (:func:`seqpack.io.atomic.open_output`, the manifest the commit);
+:func:`seqpack.io.store.load_packed` opens it as a
 :class:`~seqpack.io.tree_store.TreeStore` whose records
 :func:`seqpack.hf.tree_data.tree_batch_from_rows` / ``TreeCollator`` take.
 """
