@@ -63,7 +63,7 @@ def test_a_pickled_model_is_refused_before_anything_is_unpickled(capsys, tmp_pat
         weights.unlink()
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
     capsys.readouterr()  # save_pretrained's own progress bar
-    code, out, err = verify(capsys, "--hf-model", str(tmp_path))
+    code, _, err = verify(capsys, "--hf-model", str(tmp_path))
     assert code == 2 and "pickled weights" in err and "safe_serialization=True" in err
     assert len(err.strip().splitlines()) == 1
 
