@@ -417,6 +417,21 @@ CASES: list[Case] = [
         ),
     ),
     Case(
+        "parquet-duplicate-column",
+        "a Parquet file with two columns named `input_ids`",
+        {},
+        _pack_argv(data="data.parquet"),
+        lambda: _pack(data="data.parquet"),
+        InvalidInput,
+        ("data.parquet", "column 'input_ids' appears more than once", "rename or drop"),
+        setup=lambda d: pq.write_table(
+            pa.Table.from_arrays(
+                [pa.array([[0, 5, 1]]), pa.array([[0, 6, 1]])], names=["input_ids", "input_ids"]
+            ),
+            d / "data.parquet",
+        ),
+    ),
+    Case(
         "table-id-beyond-vocabulary",
         "an `ExampleTable` built by hand with an id >= its vocabulary (API)",
         {},

@@ -52,6 +52,22 @@ def test_hf_model_dir(capsys, tmp_path):
     assert code == 0 and report["pass"] and report["model"]["source"] == str(tmp_path)
 
 
+def test_a_pickled_model_is_refused_before_anything_is_unpickled(capsys, tmp_path):
+    """A folder whose weights are only a pickle (``pytorch_model.bin``) is one line, exit 2:
+    unpickling can run code, so seqpack never does it."""
+    from seqpack.hf.verify import load_model
+
+    model = load_model(config=CONFIG, seed=2)
+    model.save_pretrained(tmp_path)  # transformers 5 writes safetensors only: replace them
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
+    capsys.readouterr()  # save_pretrained's own progress bar
+    code, _, err = verify(capsys, "--hf-model", str(tmp_path))
+    assert code == 2 and "pickled weights" in err and "safe_serialization=True" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_tiny_decoder_without_hf_arguments(capsys):
     code, out, _ = verify(capsys, "--json")
     report = json.loads(out.strip().splitlines()[-1])

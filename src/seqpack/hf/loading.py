@@ -206,13 +206,31 @@ def load_model(
             torch.manual_seed(seed)
             built = AutoModelForCausalLM.from_config(cfg, **options)
         else:
+            _refuse_pickled_weights(path)
+            # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code on load
             built = AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, **options
+                str(path), local_files_only=True, use_safetensors=True, **options
             )
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
     return built.to(device).eval()
+
+
+PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _refuse_pickled_weights(folder: Path) -> None:
+    """Refuse a model folder whose weights are only pickles (unpickling can run code)."""
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLED)
+    if pickled:
+        raise InvalidInput(
+            f"{folder} holds pickled weights ({pickled[0]}) and no .safetensors file; seqpack"
+            " never unpickles a model (it can run code) — save the model with"
+            " save_pretrained(..., safe_serialization=True) or pass --hf-config"
+        )
 
 
 __all__ = [

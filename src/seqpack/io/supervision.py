@@ -35,8 +35,14 @@ def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens
     are ``input_ids`` (else text, which no per-token column can align with).
     """
     where = origin.parts[0][0]
-    for name in table.column_names:
-        kind = table.schema.field(name).type
+    names = table.column_names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # Arrow allows it; which of the two is the data is anyone's guess
+        raise InvalidInput(
+            f"{where}: column {twice[0]!r} appears more than once — rename or drop the duplicates"
+        )
+    for index, name in enumerate(names):
+        kind = table.schema.field(index).type
         if name in read or pa.types.is_null(kind):
             continue
         if name in SUPERVISION_COLUMNS:
