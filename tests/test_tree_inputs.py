@@ -62,7 +62,7 @@ def test_stats_tree_json(tmp_path, capsys):
     text = tmp_path / "t.jsonl"
     text.write_text(json.dumps({"prompt": "hi", "chosen": "a", "rejected": "b"}) + "\n")
     assert main(["stats", str(text), "--tree", "--capacity", "16"]) == 2
-    assert "tokenize them first" in capsys.readouterr().err
+    assert "chosen / rejected text but no tokenizer was given" in capsys.readouterr().err
     assert np.isfinite(report["stored_over_flat"])
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
 from seqpack.pipeline.progress import printable
+from seqpack.pipeline.tree_options import TreeOptions
 
 #: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
 RAY_FLAGS = ("block_examples", "address", "num_cpus")
@@ -28,6 +29,7 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
         " a datasets folder, or - for standard input; several are read in order",
     )
     add_arguments(p, command)
+    add_arguments(p, command, TreeOptions)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
 
 
@@ -58,6 +60,11 @@ def _source(args: argparse.Namespace) -> Any:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _source(args)
     options = from_arguments(args, "pack")
+    refuse_tree_flags(args)
+    if args.tree is not None:
+        from seqpack.cli.tree import cmd_pack_tree
+
+        return cmd_pack_tree(args, options, from_arguments(args, "pack", TreeOptions))
     if args.engine == "ray":
         from seqpack import ray as ray_engine
         from seqpack.ray.options import RayOptions
@@ -120,15 +127,16 @@ def add_stats(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", dest="policies", action="append", help="only these policies (repeatable)"
     )
-    p.add_argument(
-        "--tree",
-        action="store_true",
-        help="tree packing vs flat: prompt_ids+completion_ids, DPO *_input_ids or input_ids+group"
-        " columns (docs/tree.md)",
-    )
+
+
+def refuse_tree_flags(args: argparse.Namespace) -> None:
+    """--tree-prefix / --tree-window only shape --tree auto's grouping."""
+    if args.tree != "auto" and (args.tree_prefix, args.tree_window) != (None, None):
+        raise InvalidInput("--tree-prefix and --tree-window group rows for --tree auto: add it")
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    refuse_tree_flags(args)
     if args.tree:
         from seqpack.cli.tree import cmd_stats_tree
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from seqpack.core.errors import InvalidInput
 
@@ -93,9 +94,21 @@ def _print(report: dict) -> None:
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
     from seqpack.io.tree import tree_file_groups, tree_stats
+    from seqpack.pipeline.options import from_arguments
+    from seqpack.pipeline.tree_options import TreeOptions
 
+    topts = from_arguments(args, "stats", TreeOptions)
+    if len(args.input) != 1:
+        raise InvalidInput("--tree reads one .jsonl/.json or .parquet file")
     policy = (args.policies or ["best-fit-decreasing"])[0]
-    report = tree_stats(tree_file_groups(args.input), args.capacity, policy)
+    groups = tree_file_groups(
+        args.input[0],
+        mode=topts.tree or "on",
+        prefix=topts.tree_prefix,
+        window=topts.tree_window,
+        tokenizer=from_arguments(args, "stats").load_tokenizer(),
+    )
+    report = tree_stats(groups, args.capacity, policy)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -105,4 +118,27 @@ def cmd_stats_tree(args: argparse.Namespace) -> int:
         f" cells in {report['rows_tree']:,} rows; flat {report['tokens_flat']:,} in"
         f" {report['rows_flat']:,} rows ({report['stored_over_flat']:.3f}x)"
     )
+    return 0
+
+
+def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
+    """``seqpack pack --tree``: tries written as a version-3 packed directory."""
+    if args.engine != "local":
+        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
+    if isinstance(args.input, list):
+        raise InvalidInput("--tree reads one .jsonl/.json or .parquet file, not several")
+    from seqpack.pipeline.tree import pack_tree_path
+
+    stats = pack_tree_path(args.input, args.out, options, tree)
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    print(
+        f"tree-packed {stats['sequences']:,} sequences in {stats['groups']:,} groups as"
+        f" {stats['tries']:,} tries with {stats['policy']} into {stats['rows']:,} rows of"
+        f" {stats['capacity']}: {stats['tokens_stored']:,} cells stored for"
+        f" {stats['tokens_flat']:,} flat ({stats['stored_over_flat']:.3f}x),"
+        f" {stats['seconds']:.2f} s"
+    )
+    print(f"wrote {stats['out']}: {stats['shards']} shard(s), format version 3 (tree rows)")
     return 0

@@ -84,6 +84,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from seqpack.hf.diagnose import ModelCrashed
 
     try:
+        if args.tree_lengths is not None:  # prints its own report; its exit code
+            from seqpack.cli.tree import cmd_verify_tree
+
+            return cmd_verify_tree(args)
         report = _run_verify(args)
     except (SeqpackError, KeyboardInterrupt):
         raise
@@ -105,11 +109,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _run_verify(args: argparse.Namespace) -> dict:
     import os
-
-    if args.tree_lengths is not None:
-        from seqpack.cli.tree import cmd_verify_tree
-
-        return cmd_verify_tree(args)
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     from seqpack.hf import verify as hf_verify

@@ -39,6 +39,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import TreeBatch, pack_tree
 from seqpack.core.tree_input import TREE_COLUMNS, groups_from_columns
+from seqpack.io.tree_store import tree_records
 
 CELL_COLUMNS = (
     "input_ids",
@@ -90,36 +91,8 @@ def _ids(values: list[Any]) -> list[int]:
     return out
 
 
-def rows_of(batch: TreeBatch) -> list[dict[str, list[Any]]]:
-    """One record per row: its used cells (a prefix of the row) and its sequences."""
-    width = batch.shape[1]
-    seq_row = batch.seq_cells[batch.seq_bounds[:-1]] // width
-    parent = np.where(batch.node_parent >= 0, batch.node_parent, -1)
-    rows = []
-    for r in range(batch.shape[0]):
-        used = int(batch.input_valid[r].sum())
-        first = int(batch.nodes[r, 0])
-        cells = {
-            "input_ids": batch.inputs[r, :used],
-            "target_ids": batch.targets[r, :used],
-            "position_ids": batch.positions[r, :used],
-            "node_ids": batch.nodes[r, :used] - first,
-            "node_ends": batch.node_ends[r, :used] - first,
-            "parent_ids": np.where(
-                parent[batch.nodes[r, :used]] >= 0, parent[batch.nodes[r, :used]] - first, -1
-            ),
-            "weights": batch.weights[r, :used],
-        }
-        record = {name: value.astype(np.int64).tolist() for name, value in cells.items()}
-        seqs = np.flatnonzero(seq_row == r)
-        record["sequence_index"] = batch.seq_index[seqs].tolist()
-        record["sequence_cells"] = [(batch.sequence_cells(i) % width).tolist() for i in seqs]
-        record["sequence_mask"] = [
-            batch.seq_loss_mask[batch.seq_bounds[i] : batch.seq_bounds[i + 1]].tolist()
-            for i in seqs
-        ]
-        rows.append(record)
-    return rows
+#: One record per row of a :class:`TreeBatch` (the columns of the module docstring).
+rows_of = tree_records
 
 
 def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:

@@ -51,6 +51,9 @@ from seqpack.io.atomic import write_file
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 2
+#: The version of tree outputs (``seqpack pack --tree``, :mod:`seqpack.io.tree_store`):
+#: node / parent / multiplicity columns; flat outputs still write :data:`VERSION`.
+TREE_VERSION = 3
 #: Format versions :func:`seqpack.io.store.load_packed` reads.
 READABLE_VERSIONS = (1, 2)
 #: Target tokens per shard; shards always end on a model-call boundary.

@@ -1,7 +1,8 @@
 """The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
 
 Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
-2; version-1 outputs still load), whole model calls each (a multiple of
+2; version-1 outputs still load; tree outputs are version 3,
+:mod:`seqpack.io.tree_store`), whole model calls each (a multiple of
 ``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
 binding, partition, config, policy, statistics and every shard's row span,
 size, sha256 and stored columns: a reader trusts only what it lists, and a
@@ -38,6 +39,7 @@ from seqpack.io.shards import (
     shard_bounds,
     write_shard_file,
 )
+from seqpack.io.tree_store import open_tree_store
 from seqpack.io.trl import refuse_trl
 from seqpack.io.verify import (
     DEPTHS,
@@ -221,6 +223,8 @@ def load_packed(
     when ``expected_binding`` differs from the manifest's and
     :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
     Only the files the manifest lists are read: shards a killed run left are ignored.
+    A tree output (version 3, ``seqpack pack --tree``) opens as a
+    :class:`~seqpack.io.tree_store.TreeStore` of row records.
     """
     path = path_argument("path", path)
     if expected_binding is not None and not isinstance(expected_binding, Binding):
@@ -232,6 +236,14 @@ def load_packed(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
             " leaves none) — run seqpack pack again"
         )
+    tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
+    if tree is not None:
+        if verify:
+            check_checksums(tree.manifest, path)
+        if verify == "full":
+            tree.records()
+        tree.require(expected_binding, expected_partition)
+        return tree  # type: ignore[return-value]
     store = _open_manifest(path)
     if verify:
         check_checksums(store.manifest, path)

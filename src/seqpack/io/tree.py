@@ -18,11 +18,11 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import plan_rows
 from seqpack.core.tree import build_layout
-from seqpack.core.tree_input import TREE_COLUMNS, SequenceGroups, groups_from_columns
+from seqpack.core.tree_input import TREE_COLUMNS, SequenceGroups
 
 
-def read_columns(path: str | Path) -> dict[str, list[Any]]:
-    """The tree columns of a JSONL/JSON or Parquet file, as Python lists."""
+def read_table(path: str | Path) -> Any:
+    """A JSONL/JSON or Parquet file as one Arrow table (read whole)."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInput(f"{path}: --tree reads one .jsonl/.json or .parquet file")
@@ -40,17 +40,50 @@ def read_columns(path: str | Path) -> dict[str, list[Any]]:
     except (OSError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"{path}: cannot read it as a table: {first}") from err
+    return table
+
+
+def read_columns(path: str | Path) -> dict[str, list[Any]]:
+    """The tree columns of a JSONL/JSON or Parquet file, as Python lists."""
+    table = read_table(path)
     wanted = {name for names in TREE_COLUMNS for name in names}
     return {
         name: table.column(name).to_pylist() for name in table.column_names if name in wanted
     } | {name: [] for name in table.column_names if name not in wanted}
 
 
-def tree_file_groups(path: str | Path) -> SequenceGroups:
-    columns = read_columns(path)
-    ids = [v for name, vals in columns.items() if name != "group" for v in _flatten(vals)]
-    vocab = int(max(ids)) + 1 if ids else 1
-    return groups_from_columns(columns, Binding(vocab, "pre-tokenized", f"file:{Path(path).name}"))
+def tree_file_groups(
+    path: str | Path,
+    *,
+    mode: str = "on",
+    prefix: int = 16,
+    window: int = 4096,
+    tokenizer: Any = None,
+) -> SequenceGroups:
+    """The groups of a file (:func:`seqpack.io.tree_rows.file_groups`); without a tokenizer
+    the vocabulary is one past the largest id."""
+    from seqpack.io.tree_rows import file_groups
+
+    table = read_table(path)
+    if tokenizer is not None:
+        vocab = int(tokenizer.vocab_size)
+    else:
+        idcols = [n for n in table.column_names if n.endswith("_ids")]
+        ids = [v for n in idcols for v in _flatten(table.column(n).to_pylist())]
+        vocab = int(max(ids)) + 1 if ids else 1
+    binding = Binding(
+        vocab, getattr(tokenizer, "identity", "pre-tokenized"), f"file:{Path(path).name}"
+    )
+    groups, _ = file_groups(
+        table,
+        str(path),
+        binding=binding,
+        tokenizer=tokenizer,
+        mode=mode,
+        prefix=prefix,
+        window=window,
+    )
+    return groups
 
 
 def _flatten(values: list[Any]) -> list[int]:
@@ -83,4 +116,4 @@ def tree_stats(groups: SequenceGroups, capacity: int, policy: str = "best-fit-de
     }
 
 
-__all__ = ["read_columns", "tree_file_groups", "tree_stats"]
+__all__ = ["read_columns", "read_table", "tree_file_groups", "tree_stats"]

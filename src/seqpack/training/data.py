@@ -88,6 +88,11 @@ class PackedDataset(Dataset):
             self.store = load_packed(
                 source, expected_binding, verify=verify, expected_partition=expected_partition
             )
+        if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
+            raise InvalidInput(
+                f"{source} holds tree rows (seqpack pack --tree): read them with"
+                " load_packed(...).records() and seqpack.hf.tree_data.TreeCollator"
+            )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
         self.cache_shards = cache_shards
