@@ -342,5 +342,5 @@ def test_a_dataset_dict_split_outside_the_folder_and_a_packed_folder_are_refused
         read_documents(tmp_path / "dd")
     (tmp_path / "in.jsonl").write_bytes(_jsonl())
     _pack(tmp_path / "in.jsonl", tmp_path / "packed")
-    with pytest.raises(InvalidInput, match="a seqpack packed folder, not raw data"):
+    with pytest.raises(InvalidInput, match=r"is a seqpack output .* it is already packed"):
         read_documents(tmp_path / "packed")

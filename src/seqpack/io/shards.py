@@ -381,8 +381,11 @@ def eligible_targets(table: pa.Table) -> int:
     """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
     (unused bits are 0), every pair without it; labels other than -100 in TRL's."""
     if "input_ids" in table.column_names:
-        labels = table.column("labels").combine_chunks().flatten().to_numpy()
-        return int(np.count_nonzero(labels != -100))
+        # read from the buffer: to_numpy() and scalar compute arguments import pandas
+        flat = table.column("labels").combine_chunks().flatten()
+        buf = flat.buffers()[1]
+        labels = np.frombuffer(buf, np.int64) if buf is not None else np.zeros(0, np.int64)
+        return int(np.count_nonzero(labels[flat.offset : flat.offset + len(flat)] != -100))
     if "loss_bits" not in table.column_names:
         return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
     bits = table.column("loss_bits").combine_chunks()
