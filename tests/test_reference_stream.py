@@ -137,10 +137,14 @@ SUPERVISION_SETS = [
 
 
 def reference_flags(doc) -> list[bool]:
-    """A target is supervised when every column present says so (the AND, written out)."""
+    """A target is supervised when every column present says so (the AND, written out).
+
+    ``completion_mask`` is not among them: these rows have no ``prompt`` / ``completion``,
+    and TRL 1.16's default ``completion_only_loss=None`` applies it only to such rows
+    (``SFTTrainer.__init__``), so the whole sequence trains as far as it is concerned."""
     ids = doc["input_ids"]
     flags = [True] * (len(ids) - 1)
-    for name in ("labels", "loss_mask", "completion_mask", "assistant_masks"):
+    for name in ("labels", "loss_mask", "assistant_masks"):
         if name in doc:
             per_token = [v != -100 if name == "labels" else bool(v) for v in doc[name]]
             flags = [f and p for f, p in zip(flags, per_token[1:], strict=True)]
@@ -331,14 +335,14 @@ def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factor
 def file_record(i, doc):
     """``doc`` as a record one JSON Lines file can hold beside the others: an id, and a
     ``loss_mask`` (which a file may not mix with ``labels``) folded into
-    ``completion_mask`` (one 0/1 per token too, ANDed alike)."""
+    ``assistant_masks`` (one 0/1 per token too, always ANDed alike)."""
     if not isinstance(doc, dict):
         return {"id": f"p{i}", "input_ids": doc}
     doc = dict(doc)
     if "loss_mask" in doc:
         mask = doc.pop("loss_mask")
-        other = doc.get("completion_mask", [1] * len(mask))
-        doc["completion_mask"] = [a & b for a, b in zip(mask, other, strict=True)]
+        other = doc.get("assistant_masks", [1] * len(mask))
+        doc["assistant_masks"] = [a & b for a, b in zip(mask, other, strict=True)]
     return doc
 
 
