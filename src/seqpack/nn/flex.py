@@ -67,8 +67,12 @@ def permission_mod(
     segments: torch.Tensor,
     positions: torch.Tensor,
     window: int | None = None,
+    node_ends: torch.Tensor | None = None,
 ) -> Any:
-    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T)."""
+    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T).
+
+    ``segments`` are a tree row's node ids (Euler-tour entry) when ``node_ends`` (each
+    cell's node's exit) is given; without it, flat packing's one node per example."""
     window = check_window(window)
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
@@ -80,6 +84,7 @@ def permission_mod(
             positions[b, q_idx],
             positions[b, kv_idx],
             window,
+            None if node_ends is None else node_ends[b, kv_idx],
         )
 
     return mask_mod

@@ -39,6 +39,7 @@ from seqpack.core.errors import EmptyObjective, InvalidInput
 from seqpack.core.loss import LossResult, LossSum
 from seqpack.core.permission import check_window, permitted
 from seqpack.core.tree import TreeBatch, check_tree_batch
+from seqpack.nn.flex import permission_mod
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,22 +187,9 @@ def tree_mask_mod(
     positions: torch.Tensor,
     window: int | None = None,
 ) -> Any:
-    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` over (R, T)."""
-    window = check_window(window)
-
-    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return permitted(
-            valid[b, q_idx],
-            valid[b, kv_idx],
-            nodes[b, q_idx],
-            nodes[b, kv_idx],
-            positions[b, q_idx],
-            positions[b, kv_idx],
-            window,
-            node_ends[b, kv_idx],
-        )
-
-    return mask_mod
+    """:func:`~seqpack.core.permission.permitted` on a tree row as a FlexAttention
+    ``mask_mod`` over (R, T): :func:`~seqpack.nn.flex.permission_mod` with node ends."""
+    return permission_mod(valid, nodes, positions, window, node_ends)
 
 
 def _cell_logits(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
