@@ -29,7 +29,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from seqpack import SeqpackError
@@ -177,6 +177,7 @@ def chat_folder(tmp_path_factory):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(pieces=st.lists(PIECES, min_size=1, max_size=3), chats=st.sampled_from([1, 2]))
+@example(pieces=["{% for %}"], chats=1)  # a syntax error escaped as a TemplateSyntaxError
 def test_any_template_of_the_grammar_renders_or_fails_in_one_line(chat_folder, pieces, chats):
     from seqpack.io.readers import read_documents
     from seqpack.pipeline.options import PackOptions
@@ -323,6 +324,7 @@ def test_pack_path_arguments(packed, tmp_path_factory, name, value):
     name=st.sampled_from(["capacity", "policy", "vocab_size", "pad_token_id", "format"]),
     value=HOSTILE,
 )
+@example(name="capacity", value=None)  # PackOptions' TypeError escaped
 def test_pack_dataset_arguments(name, value):
     datasets = pytest.importorskip("datasets")
     from seqpack.hf.data import pack_dataset
