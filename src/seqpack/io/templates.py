@@ -35,10 +35,11 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from jinja2 import Template, nodes
+from jinja2 import Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from seqpack.core.errors import InvalidInput
 from seqpack.io.template_limits import (
     BUDGET,
     MAX_CHARS,
@@ -220,7 +221,11 @@ def bounded(template: str, name: str) -> Iterator[None]:
     """Within the block, transformers renders ``template`` (only in this thread or task)
     with :func:`compile_bounded`'s limits; ``name`` names it in a limit's message."""
     _install()
-    compiled = compile_bounded(template, name)
+    try:
+        compiled = compile_bounded(template, name)
+    except TemplateError as err:  # a syntax error: one line naming the template
+        why = " ".join(str(err).split())[:300]
+        raise InvalidInput(f"{name} does not compile ({why}) — fix the template") from None
     token = _ACTIVE.set({**(_ACTIVE.get() or {}), template: compiled})
     counted = RENDERED.set([0])
     try:

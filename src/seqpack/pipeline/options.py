@@ -276,6 +276,8 @@ class PackOptions:
                 f" {', '.join(sorted(names))}"
             )
         if options is None:
+            if "capacity" not in overrides:  # else a TypeError from the dataclass
+                raise InvalidInput("capacity is required: pass capacity=N (tokens a row holds)")
             return cls(**overrides)
         if not isinstance(options, cls):
             raise InvalidInput(
