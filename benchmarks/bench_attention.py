@@ -8,7 +8,7 @@ packed next-fit into ``--rows`` rows of ``--capacity`` cells; the *same*
 examples right-padded one per row to the longest of them (dynamic padding,
 the stronger padded baseline) with the dense backend. Token ids are random.
 
-Model: ``seqpack.nn.TinyDecoder`` (Llama-style, tied byte vocabulary 266),
+Model: ``seqpack.verify.TinyDecoder`` (Llama-style, tied byte vocabulary 266),
 default width 256, 4 heads, SwiGLU 704, 4 layers, float32, seed 0 — the
 same weights in every run. A training step is layout + forward + token-
 weighted loss + backward; ``forward`` rows are the same under no_grad (the
@@ -46,8 +46,9 @@ import torch
 from seqpack import Binding, ExampleTable, PackConfig, Partition, pack_examples
 from seqpack.core.loss import token_weighted_loss
 from seqpack.core.policies import plan_rows
-from seqpack.nn import AttentionLayout, DecoderConfig, TinyDecoder, attention
+from seqpack.nn import AttentionLayout, attention
 from seqpack.nn.varlen import BUCKETING, varlen_attention, varlen_plan
+from seqpack.verify.decoder import DecoderConfig, TinyDecoder
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import w1_sft, w2_short

@@ -93,7 +93,7 @@ def batch_of(rows: int, width: int):
 def worker(variant: str, width: int, rows: int, threads: int, repeats: int) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
+    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
     from seqpack.hf import hf_inputs
 
     torch.set_num_threads(threads)

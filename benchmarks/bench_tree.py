@@ -128,10 +128,10 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     from seqpack.core.config import PackConfig
     from seqpack.core.examples import SequenceExample
     from seqpack.hf.adapter import hf_inputs, hf_loss
-    from seqpack.hf.attention import register as register_varlen
-    from seqpack.hf.tree import register as register_tree
-    from seqpack.hf.tree import tree_inputs
-    from seqpack.nn.tree import tree_loss
+    from seqpack.hf.attention_impl import register as register_varlen
+    from seqpack.hf.tree_inputs import register as register_tree
+    from seqpack.hf.tree_inputs import tree_inputs
+    from seqpack.nn.tree_attention import tree_loss
 
     torch.set_num_threads(1)
     register_varlen(), register_tree()

@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack import Binding, ExampleTable
+from seqpack.io.integrity import check_shard, check_table
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.store import load_packed, write_packed
-from seqpack.io.trl import check_trl_contents
-from seqpack.io.verify import check_shard, check_table
+from seqpack.io.trl_schema import check_trl_contents
 from seqpack.pipeline.local import pack_path, pack_table
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.core.fixture import fixture_batch
 from seqpack.nn import AttentionLayout, attention
 from seqpack.nn.auto import choose_backend
+from seqpack.verify.fixture import fixture_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_attention import layouts
@@ -146,7 +146,12 @@ def transformers_check() -> None:
     import json
     import tempfile
 
-    from seqpack.hf.verify import load_model, verification_examples, verification_layout, verify_hf
+    from seqpack.verify.models import (
+        load_model,
+        verification_examples,
+        verification_layout,
+        verify_hf,
+    )
 
     config = json.loads((Path(__file__).parent.parent / "tests/data/tiny_llama.json").read_text())
     config |= {"model_type": "mistral", "sliding_window": 16}

@@ -39,7 +39,6 @@ from seqpack import ByteTokenizer, ExampleTable, Partition, split_digest, split_
 from seqpack.core.binding import Binding
 from seqpack.core.loss import masked_nll_sum
 from seqpack.io.store import write_packed
-from seqpack.nn import DecoderConfig, TinyDecoder
 from seqpack.pipeline.local import pack_table
 from seqpack.training import (
     PackedCollator,
@@ -48,6 +47,7 @@ from seqpack.training import (
     decoder_inputs,
     micro_batch_loss,
 )
+from seqpack.verify.decoder import DecoderConfig, TinyDecoder
 
 
 def stdlib_texts(max_files: int) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """A DPO step on tree-packed rows: each prompt stored once for its chosen and rejected answer.
 
 Each model (policy and reference) runs **one** forward over the tree-packed
-rows; :func:`seqpack.nn.tree.sequence_logprobs` gives every original
+rows; :func:`seqpack.nn.tree_attention.sequence_logprobs` gives every original
 sequence's summed completion log-probability, from which the DPO loss is
 
     loss = -mean_g log σ(β [(π_c - ρ_c) - (π_r - ρ_r)])
@@ -25,10 +25,10 @@ import torch.nn.functional as F
 
 from seqpack.core.binding import Binding
 from seqpack.core.tree import SequenceGroups, pack_tree
-from seqpack.hf.tree import tree_inputs
-from seqpack.hf.tree_verify import use_tree_attention
-from seqpack.hf.verify import load_model
-from seqpack.nn.tree import sequence_logprobs
+from seqpack.hf.tree_inputs import tree_inputs
+from seqpack.nn.tree_attention import sequence_logprobs
+from seqpack.verify.models import load_model
+from seqpack.verify.tree_models import use_tree_attention
 
 TINY_GPT2 = {
     "model_type": "gpt2",

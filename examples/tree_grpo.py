@@ -6,7 +6,7 @@ the sampling policy's log-probs ``old``::
     ratio = exp(logp - old)
     loss  = Σ_tokens -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) / (completion tokens)
 
-:func:`seqpack.nn.tree.token_logprobs` gives every original sequence's
+:func:`seqpack.nn.tree_attention.token_logprobs` gives every original sequence's
 per-token log-probabilities from **one** forward over the tree-packed rows;
 :func:`unpacked_grpo` computes the same from each rollout run alone. The
 ``old`` log-probs are the current ones detached plus a fixed seeded offset,
@@ -22,8 +22,8 @@ import torch
 
 from seqpack.core.binding import Binding
 from seqpack.core.tree import SequenceGroups, pack_tree
-from seqpack.hf.tree import tree_inputs
-from seqpack.nn.tree import token_logprobs
+from seqpack.hf.tree_inputs import tree_inputs
+from seqpack.nn.tree_attention import token_logprobs
 
 
 def rollout_groups(n: int, size: int, vocab: int, seed: int) -> tuple[SequenceGroups, np.ndarray]:

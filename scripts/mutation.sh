@@ -34,12 +34,12 @@ fi
 GROUPS_TABLE="
 examples|core/examples.py|test_examples.py test_reference_examples.py test_reference_store.py test_batch.py test_hostile.py
 loss|core/loss.py|test_loss.py test_reference_loss.py test_reference_loss_rules.py
-training_loss|training/loss.py|test_training_loss.py test_reference_loss.py test_reference_loss_rules.py
+training_loss|training/global_loss.py|test_training_loss.py test_reference_loss.py test_reference_loss_rules.py
 batch|core/batch.py|test_batch.py test_reference_permission.py test_reference_budget.py
 kernels|core/plan_kernels.py,core/stream_kernels.py|test_policies.py test_stream_packer.py test_reference_stream.py
 policies|core/policies.py|test_policies.py test_reference_plan.py test_stream_packer.py test_reference_stream.py
 config|core/config.py|test_reference_budget.py test_batch.py
-budget|core/budget.py|test_reference_budget.py test_batch.py
+budget|core/arith.py|test_reference_budget.py test_batch.py
 plan|core/plan.py|test_reference_plan.py test_policies.py
 checks|core/checks.py|test_reference_plan.py test_policies.py test_stream_packer.py
 compact|core/compact.py|test_reference_compact.py test_store.py test_reference_store.py

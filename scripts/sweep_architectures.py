@@ -48,7 +48,7 @@ def run_one(model_type: str, attn: str, config) -> dict:
     from seqpack.hf.architectures import UnsupportedArchitecture
     from seqpack.hf.capability import architecture_of, capability
     from seqpack.hf.kinds import attention_kind
-    from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
+    from seqpack.verify.models import verification_examples, verification_layout, verify_hf
 
     try:  # what load_model does: the config's capability first, before any weights
         capability(config).check(attention_kind(attn))
@@ -193,7 +193,7 @@ def main() -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
-    import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
+    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
 
     hf_logging.set_verbosity_error()
     logging.disable(logging.WARNING)

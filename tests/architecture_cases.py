@@ -259,7 +259,7 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen)
+    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
 
     dtype = dtype or torch.float64
     if case.tiny:
@@ -280,7 +280,7 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
 def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of the case on ``attn`` with the default examples for its window."""
     from seqpack.hf.capability import architecture_of
-    from seqpack.hf.verify import verification_examples, verification_layout, verify_hf
+    from seqpack.verify.models import verification_examples, verification_layout, verify_hf
 
     dtype = verify_options.pop("dtype", None)
     model = build(case, attn, dtype)

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from architecture_cases import CASES, STANDARD, Case, run
-from seqpack.hf.verify import ModelCrashed
+from seqpack.verify.models import ModelCrashed
 
 DOCS = Path(__file__).parent.parent / "docs" / "transformers.md"
 BEGIN, END = "<!-- architectures:begin -->", "<!-- architectures:end -->"

@@ -58,7 +58,7 @@ most expensive kind. The rules:
   read refused by name, and what a read may decode bounded before decoding
   (Parquet page headers, compressed streams, distinct JSON keys).
 - **Nothing loaded is trusted without a check.** A packed directory's
-  manifest and shards must agree (`seqpack.io.verify`); files it does not list
+  manifest and shards must agree (`seqpack.io.integrity`); files it does not list
   are never read. On W1 (69M tokens)
   the default checksum fast path costs 0.08× of decoding every shard once
   and a full verify (`load_packed(path, verify="full")`) 1.13× (3.7 s);
@@ -160,7 +160,7 @@ with `.venv/bin/python -m pip freeze --exclude-editable` (torch written as
 
 VERIFY_TEXT = """\
 `load_packed` (and `PackedDataset`, which uses it) treats loading as verification
-(`seqpack.io.verify`): the manifest and the shards must agree — contiguous row
+(`seqpack.io.integrity`): the manifest and the shards must agree — contiguous row
 numbering and first rows, rows, occurrences and tokens per shard (against the
 manifest and against each shard's content), whole model calls per shard, no shard
 listed twice (files it does not list are never read), capacity and rows per batch in

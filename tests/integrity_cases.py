@@ -4,7 +4,7 @@ A case damages a copy of a small packed output (three or more shards, made by
 ``pack_path`` so it carries statistics) and loads it the way a training job
 would: ``load_packed`` and every model call read. Edits of shards come with
 their size and sha256 recomputed in the manifest, so the checksums hold and
-only the agreement of manifest and shards (:mod:`seqpack.io.verify`) can
+only the agreement of manifest and shards (:mod:`seqpack.io.integrity`) can
 catch them. ``tests/test_integrity.py`` asserts every case;
 ``tests/gen_reliability.py`` lists them in ``docs/reliability.md``.
 """

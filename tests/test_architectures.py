@@ -20,8 +20,8 @@ from seqpack import PackConfig, pack_examples
 from seqpack.hf.adapter import build_inputs, cell_logits, hf_inputs
 from seqpack.hf.architectures import UnsupportedArchitecture, describe
 from seqpack.hf.capability import architecture_of, capability
-from seqpack.hf.diagnose import example_tokens
-from seqpack.hf.verify import ModelCrashed, verify_hf
+from seqpack.verify.diagnose import example_tokens
+from seqpack.verify.models import ModelCrashed, verify_hf
 
 from dtype_path import observed_tolerance, unlabelled
 
@@ -100,7 +100,7 @@ def leak(model, batch, examples, kwargs):
 
 
 def _examples(config):
-    from seqpack.hf.verify import verification_examples, verification_layout
+    from seqpack.verify.models import verification_examples, verification_layout
 
     layout = verification_layout(describe(config).window, config.max_position_embeddings)
     assert layout.capacity == 14 and layout.lengths[0] == 11
@@ -140,7 +140,7 @@ def test_refused_cases_are_refused_up_front_and_really_leak(case):
 
 
 def _examples_for(model):
-    from seqpack.hf.verify import verification_examples
+    from seqpack.verify.models import verification_examples
 
     config = model.config.get_text_config()
     return verification_examples(
@@ -202,7 +202,7 @@ def _tiny(model_type, **options):
 
 
 def _batch(lengths, capacity, vocab=266):
-    from seqpack.hf.verify import VerifyLayout, verification_examples
+    from seqpack.verify.models import VerifyLayout, verification_examples
 
     examples = verification_examples(vocab, 0, layout=VerifyLayout(tuple(lengths), capacity))
     (batch,) = pack_examples(
@@ -239,7 +239,7 @@ def test_seqpack_varlen_is_refused_on_models_that_never_call_the_interface(model
 
 
 def test_falcon_on_seqpack_varlen_is_refused_before_loading_not_a_keyerror(tmp_path):
-    from seqpack.hf.verify import load_model
+    from seqpack.verify.models import load_model
 
     _tiny("falcon").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedArchitecture, match=r"falcon cannot run .*AttentionInterface"):
@@ -341,7 +341,7 @@ def test_verify_of_seqpack_varlen_is_held_against_the_models_own_attention(monke
     """The old vacuous PASS: varlen applying moshi's unused window passed against itself."""
     import dataclasses
 
-    import seqpack.hf.attention as varlen
+    import seqpack.hf.attention_impl as varlen
 
     case = next(c for c in CASES if c.model_type == "moshi")
     model = build(case, "seqpack_varlen")

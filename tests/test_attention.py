@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.core.fixture import fixture_batch
 from seqpack.nn import AttentionLayout, attention
+from seqpack.verify.fixture import fixture_batch
 
 from reference import Layout, per_example_attention, placed_from_records, spans_of
 from strategies import packed_epochs

@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.core.fixture import fixture_batch
-from seqpack.nn import BACKENDS, AttentionLayout, TinyDecoder, attention
+from seqpack.nn import BACKENDS, AttentionLayout, attention
 from seqpack.nn.auto import choose_backend
 from seqpack.nn.flash import check_flash
 from seqpack.nn.flex import flex_block_mask
@@ -26,7 +25,9 @@ from seqpack.nn.varlen import (
     varlen_attention,
     varlen_plan,
 )
-from seqpack.nn.verify import three_way
+from seqpack.verify.decoder import TinyDecoder
+from seqpack.verify.fixture import fixture_batch
+from seqpack.verify.layouts import three_way
 
 from mask_helpers import block_mask_cells
 from reference import Layout, per_example_attention, placed_from_records, spans_of

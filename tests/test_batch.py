@@ -15,7 +15,12 @@ from seqpack import (
     pack_examples,
 )
 from seqpack.core.config import check_segment_namespace
-from seqpack.core.fixture import FIXTURE_DOCUMENTS, fixture_binding, fixture_epoch, fixture_examples
+from seqpack.verify.fixture import (
+    FIXTURE_DOCUMENTS,
+    fixture_binding,
+    fixture_epoch,
+    fixture_examples,
+)
 
 from strategies import BINDING, example_lists, packed_epochs
 

@@ -27,8 +27,8 @@ def test_demo_prints_the_fixture_trace_through_the_real_entry_point():
 
 
 def test_bad_input_exits_2_with_one_line(capsys, monkeypatch):
-    from seqpack import demo
     from seqpack.core.errors import InvalidInput
+    from seqpack.verify import trace as demo
 
     def boom():
         raise InvalidInput("example 3 ('x'[0:9]) is bad — fix it")

@@ -95,7 +95,7 @@ def test_the_first_pack_dataset_call_imports_nothing_heavy():
 def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     from seqpack.core import engine
     from seqpack.io.shards import ShardColumns, token_offsets
-    from seqpack.io.trl import trl_columns
+    from seqpack.io.trl_schema import trl_columns
 
     rng = np.random.default_rng(11)
     lengths = rng.integers(1, 40, size=300).astype(np.int64)

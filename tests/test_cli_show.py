@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from seqpack.cli import main
-from seqpack.core.fixture import fixture_batch
+from seqpack.verify.fixture import fixture_batch
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_show_prints_each_row_s_occupants(packed, capsys):
 
 
 def test_show_draws_the_row_as_the_demo_draws_the_fixture(packed, tmp_path, capsys):
-    from seqpack.figure import draw_batch
+    from seqpack.verify.figure import draw_batch
 
     png = tmp_path / "row0.png"
     assert main(["show", str(packed), "--row", "0", "--figure", str(png)]) == 0

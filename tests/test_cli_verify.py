@@ -44,7 +44,7 @@ def test_bool_mask_on_eager_is_flagged_and_human_output(capsys):
 
 
 def test_hf_model_dir(capsys, tmp_path):
-    from seqpack.hf.verify import load_model
+    from seqpack.verify.models import load_model
 
     load_model(config=CONFIG, seed=2).save_pretrained(tmp_path)
     code, out, _ = verify(capsys, "--hf-model", str(tmp_path), "--json", "--seed", "2")
@@ -55,7 +55,7 @@ def test_hf_model_dir(capsys, tmp_path):
 def test_a_pickled_model_is_refused_before_anything_is_unpickled(capsys, tmp_path):
     """A folder whose weights are only a pickle (``pytorch_model.bin``) is one line, exit 2:
     unpickling can run code, so seqpack never does it."""
-    from seqpack.hf.verify import load_model
+    from seqpack.verify.models import load_model
 
     model = load_model(config=CONFIG, seed=2)
     model.save_pretrained(tmp_path)  # transformers 5 writes safetensors only: replace them
@@ -222,7 +222,7 @@ def test_seqpack_varlen_on_a_model_without_the_interface_is_one_line(capsys, tmp
 
 
 def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
-    from seqpack.hf import verify as hf_verify
+    from seqpack.verify import models as hf_verify
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")

@@ -1,5 +1,5 @@
 from seqpack.core.counts import compare_layouts, layout_counts
-from seqpack.core.fixture import DENSITY_LENGTHS, FIXTURE_CAPACITY, FIXTURE_DOCUMENTS
+from seqpack.verify.fixture import DENSITY_LENGTHS, FIXTURE_CAPACITY, FIXTURE_DOCUMENTS
 
 
 def test_fixture_density_is_75_percent_in_both_layouts():

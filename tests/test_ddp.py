@@ -33,7 +33,7 @@ TIMEOUT_S = 60
 
 
 def _model():
-    from seqpack.nn import TinyDecoder
+    from seqpack.verify.decoder import TinyDecoder
 
     return TinyDecoder("large", seed=SEED, attention=ATTENTION)
 
@@ -177,7 +177,7 @@ def _reference(data: Path):
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):
-    from seqpack.nn.verify import within_tolerance
+    from seqpack.verify.layouts import within_tolerance
 
     torch.set_num_threads(1)
     data = tmp_path / "packed"

@@ -3,10 +3,11 @@ import pytest
 import torch
 
 from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.core.loss import masked_nll_sum
-from seqpack.nn import BACKENDS, AttentionLayout, DecoderConfig, TinyDecoder
+from seqpack.nn import BACKENDS, AttentionLayout
 from seqpack.nn.attention import ranges_attention
+from seqpack.verify.decoder import DecoderConfig, TinyDecoder
+from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 torch.set_num_threads(1)
 

@@ -6,9 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.core.fixture import fixture_batch
 from seqpack.training.distributed import RowStats, row_costs, schedule_rows
 from seqpack.training.sampler import RowSampler
+from seqpack.verify.fixture import fixture_batch
 
 
 @given(

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from seqpack import InvalidInput, PackConfig, Partition, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
-from seqpack.figure import FIELDS, draw_batch, draw_fixture
-from seqpack.figure import PAD_COLOR as PAD_GREY
+from seqpack.verify.figure import FIELDS, draw_batch, draw_fixture
+from seqpack.verify.figure import PAD_COLOR as PAD_GREY
+from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 from reference import Layout, placed_from_records
 
@@ -170,7 +170,7 @@ def test_a_wide_row_draws_its_permission_from_the_predicate(tmp_path, drawn):
     """`draw_row` on a row wider than MAX_COLUMNS: the image's coloured pixels are exactly
     the permitted (query, key) pairs at the sampled columns, by `allowed_key`."""
     from seqpack.core.permission import allowed_key
-    from seqpack.figure import MAX_COLUMNS, WIDE_BINS, draw_row
+    from seqpack.verify.figure import MAX_COLUMNS, WIDE_BINS, draw_row
 
     rng = np.random.default_rng(5)
     width = 3 * WIDE_BINS // 2  # sampled, not every column

@@ -327,7 +327,7 @@ def test_pack_path_arguments(packed, tmp_path_factory, name, value):
 @example(name="capacity", value=None)  # PackOptions' TypeError escaped
 def test_pack_dataset_arguments(name, value):
     datasets = pytest.importorskip("datasets")
-    from seqpack.hf.data import pack_dataset
+    from seqpack.hf.datasets_io import pack_dataset
 
     ds = datasets.Dataset.from_list([{"input_ids": [1, 2, 3, 4][: 2 + i % 3]} for i in range(6)])
     args = {"capacity": 8, "policy": "best-fit", "vocab_size": 20, "pad_token_id": 0}

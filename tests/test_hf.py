@@ -4,11 +4,17 @@ import pytest
 
 from seqpack import Binding, BindingMismatch, PackConfig, materialize, plan_rows
 from seqpack.core.errors import InvalidInput
-from seqpack.core.fixture import FIXTURE_DOCUMENTS, fixture_epoch
-from seqpack.hf.data import pack_dataset, packed_metadata, packed_rows, to_batches, unpack_dataset
+from seqpack.hf.datasets_io import (
+    pack_dataset,
+    packed_metadata,
+    packed_rows,
+    to_batches,
+    unpack_dataset,
+)
 from seqpack.io.readers import load_examples
 from seqpack.io.shards import REQUIRED, rows_to_arrow
 from seqpack.pipeline.local import pack_table
+from seqpack.verify.fixture import FIXTURE_DOCUMENTS, fixture_epoch
 from v1_format import v1_dataset
 
 from packed_helpers import assert_same_batches, expected_flags, random_records

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from seqpack import InvalidInput, PackConfig, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_epoch, fixture_examples
 from seqpack.core.loss import token_weighted_loss
 from seqpack.hf.adapter import (
     IGNORE_INDEX,
@@ -31,8 +30,9 @@ from seqpack.hf.adapter import (
     shift_labels,
 )
 from seqpack.hf.collator import HFCollator
-from seqpack.hf.data import pack_dataset, to_batches
-from seqpack.hf.verify import FLOAT32_TOLERANCE, verification_examples
+from seqpack.hf.datasets_io import pack_dataset, to_batches
+from seqpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
+from seqpack.verify.models import FLOAT32_TOLERANCE, verification_examples
 
 from dtype_path import observed_tolerance, unlabelled
 from mask_helpers import block_mask_cells

@@ -1,4 +1,4 @@
-"""seqpack.hf.attention: the registered seqpack_varlen attention function, against the predicate."""
+"""seqpack.hf.attention_impl: the seqpack_varlen attention function, against the predicate."""
 
 import numpy as np
 import pytest
@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from transformers import AttentionInterface, AutoConfig
 
 from seqpack import InvalidInput, NotAvailable
-from seqpack.core.fixture import fixture_batch
 from seqpack.hf.adapter import hf_inputs
-from seqpack.hf.attention import NAME, plan_of, seqpack_varlen_attention
+from seqpack.hf.attention_impl import NAME, plan_of, seqpack_varlen_attention
+from seqpack.verify.fixture import fixture_batch
 
 from reference import flat_spans, per_example_attention
 from strategies import packed_epochs
@@ -125,7 +125,7 @@ def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
 
     from seqpack import PackConfig, pack_examples
     from seqpack.hf.collator import HFCollator
-    from seqpack.hf.verify import verification_examples, verification_layout
+    from seqpack.verify.models import verification_examples, verification_layout
 
     config = AutoConfig.for_model(
         "qwen2", vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -154,7 +154,7 @@ def test_a_mask_seqpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
     import pytest as _pytest
 
     from seqpack.core.errors import NotAvailable
-    from seqpack.hf.attention import seqpack_varlen_attention
+    from seqpack.hf.attention_impl import seqpack_varlen_attention
 
     module = torch.nn.Module()
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64)

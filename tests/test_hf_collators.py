@@ -22,13 +22,13 @@ from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.utils import TransformersKwargs
 
 from seqpack import InvalidInput, PackConfig, Partition, PartitionMismatch, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_examples
 from seqpack.hf.adapter import hf_inputs
-from seqpack.hf.attention import seqpack_varlen_attention
+from seqpack.hf.attention_impl import seqpack_varlen_attention
 from seqpack.hf.collator import HFCollator
 from seqpack.hf.kinds import KINDS, attention_kind
-from seqpack.hf.verify import FLOAT32_TOLERANCE
-from seqpack.training.data import PackedCollator
+from seqpack.training.packed_data import PackedCollator
+from seqpack.verify.fixture import fixture_batch, fixture_examples
+from seqpack.verify.models import FLOAT32_TOLERANCE
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)

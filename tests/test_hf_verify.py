@@ -1,4 +1,4 @@
-"""seqpack.hf.verify: separate vs packed on a tiny Llama built from a config, and the leaks."""
+"""seqpack.verify.models: separate vs packed on a tiny Llama built from a config, and the leaks."""
 
 import json
 import os
@@ -10,8 +10,9 @@ import torch
 from seqpack import InvalidInput, NotAvailable, PackConfig, pack_examples
 from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import describe
-from seqpack.hf.tolerance import float32_islands
-from seqpack.hf.verify import (
+from seqpack.verify.decoder_report import tiny_layouts, verify_tiny
+from seqpack.verify.layouts import ATOL, RTOL
+from seqpack.verify.models import (
     CAPACITY,
     FLOAT32_TOLERANCE,
     LENGTHS,
@@ -22,8 +23,7 @@ from seqpack.hf.verify import (
     verification_layout,
     verify_hf,
 )
-from seqpack.nn.report import tiny_layouts, verify_tiny
-from seqpack.nn.verify import ATOL, RTOL
+from seqpack.verify.tolerance import float32_islands
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)

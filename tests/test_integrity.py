@@ -70,7 +70,7 @@ def test_files_the_manifest_does_not_list_are_never_read(packed, tmp_path):
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
-    from seqpack.io import verify as verify_mod
+    from seqpack.io import integrity as verify_mod
 
     seen = []
     real = verify_mod.sha256_file
@@ -311,7 +311,7 @@ def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, wh
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from seqpack.hf.trl import load_trl
+    from seqpack.hf.trl_training import load_trl
     from seqpack.io.shards import sha256_file
 
     out = tmp_path / "out"
@@ -350,7 +350,7 @@ def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
     """The training path holds shards to the format at its default depth, row_stats too."""
     import shutil
 
-    from seqpack.training.data import PackedDataset
+    from seqpack.training.packed_data import PackedDataset
 
     case = next(c for c in DAMAGES if c.name == name)
     out = tmp_path / "out"

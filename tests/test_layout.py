@@ -42,8 +42,8 @@ def test_the_layer_contract_holds():
 def test_import_seqpack_loads_no_heavy_dependency():
     code = (
         "import sys, seqpack\n"
-        "from seqpack.core.fixture import fixture_batch\n"
-        "from seqpack.demo import demo_trace\n"
+        "from seqpack.verify.fixture import fixture_batch\n"
+        "from seqpack.verify.trace import demo_trace\n"
         "fixture_batch(); demo_trace(model=False)\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
@@ -56,7 +56,7 @@ def test_the_core_runs_with_torch_missing():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import seqpack, seqpack.io.tokenizers\n"
-        "from seqpack.demo import demo_trace\n"
+        "from seqpack.verify.trace import demo_trace\n"
         "trace = demo_trace()\n"
         "assert 'skipped' in trace['model'], trace['model']\n"
     )
@@ -92,13 +92,13 @@ def test_files_and_functions_stay_small():
 
 def _option_fields():
     from seqpack.pipeline.options import PackOptions
-    from seqpack.ray.options import RayOptions
+    from seqpack.ray.ray_options import RayOptions
 
     return {f.name for cls in (PackOptions, RayOptions) for f in dataclasses.fields(cls)}
 
 
 def test_entry_points_declare_no_packing_option_of_their_own():
-    from seqpack.hf.data import pack_dataset
+    from seqpack.hf.datasets_io import pack_dataset
     from seqpack.pipeline.local import pack_path
     from seqpack.pipeline.stats import stats_path
     from seqpack.ray.driver import pack

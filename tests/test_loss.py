@@ -7,7 +7,6 @@ from hypothesis import given
 
 from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, SequenceExample
 from seqpack import pack_examples as pack
-from seqpack.core.fixture import fixture_batch, probe_gold_probability
 from seqpack.core.loss import (
     LossSum,
     divide,
@@ -16,7 +15,8 @@ from seqpack.core.loss import (
     token_weighted_sum,
     weighting_report,
 )
-from seqpack.demo import probe_section
+from seqpack.verify.fixture import fixture_batch, probe_gold_probability
+from seqpack.verify.trace import probe_section
 
 from strategies import BINDING, packed_epochs
 

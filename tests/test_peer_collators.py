@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorWithFlattening
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-import seqpack.hf.attention  # noqa: F401  (registers seqpack_varlen: tests may run alone)
+import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen: tests may run alone)
 from seqpack import InvalidInput, PackConfig, SequenceExample, pack_examples
 from seqpack.hf.adapter import hf_inputs
 from seqpack.hf.collator import HFCollator
-from seqpack.hf.verify import FLOAT32_TOLERANCE
-from seqpack.training.data import PackedCollator
+from seqpack.training.packed_data import PackedCollator
+from seqpack.verify.models import FLOAT32_TOLERANCE
 
 from dtype_path import observed_tolerance, unlabelled
 from strategies import BINDING, packed_epochs

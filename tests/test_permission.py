@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.core.fixture import fixture_batch
 from seqpack.core.permission import check_window, key_bounds, pairwise, permitted, tiled_edges
+from seqpack.verify.fixture import fixture_batch
 
 from reference import Layout, placed_from_records
 from strategies import packed_epochs

@@ -17,7 +17,7 @@ from seqpack.io.tokenizers import HFTokenizer, load_tokenizer
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray import jsonl_blocks
 from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_piece
-from seqpack.ray.report import per_block, per_node
+from seqpack.ray.engine_record import per_block, per_node
 from seqpack.ray.shard_layout import ShardLayout
 from seqpack.ray.tasks import Settings
 from seqpack.ray.worker import FastTokenizer, task_tokenizer

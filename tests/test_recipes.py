@@ -61,7 +61,6 @@ def _free_port() -> int:
 def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process, the custom loop's steps: both ranks' micro-batches of each step,
     each loss divided by the whole step's count (world_size=1), one SGD step."""
-    from seqpack.nn import DecoderConfig, TinyDecoder
     from seqpack.training import (
         PackedCollator,
         PackedDataset,
@@ -69,6 +68,7 @@ def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Ten
         decoder_inputs,
         micro_batch_loss,
     )
+    from seqpack.verify.decoder import DecoderConfig, TinyDecoder
 
     ds = PackedDataset(folder / "packed", expected_partition="train")
     samplers = [

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from seqpack import ExampleTable, InvalidInput, Partition, SequenceExample, plan_rows
 from seqpack.core import compact as compact_mod
 from seqpack.core.compact import compact_rows, gather_segments, window_labels
-from seqpack.core.fixture import fixture_binding, fixture_examples
 from seqpack.core.policies import POLICIES
+from seqpack.verify.fixture import fixture_binding, fixture_examples
 
 from reference import Layout, Placed
 from strategies import BINDING, example_lists

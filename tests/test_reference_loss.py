@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, pack_examples
 from seqpack.core import loss as core_loss
 from seqpack.pipeline.local import pack_path
-from seqpack.training.data import PackedCollator, PackedDataset
-from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.packed_data import PackedCollator, PackedDataset
 from seqpack.training.sampler import RowSampler
 
 from packed_helpers import random_records, write_jsonl
@@ -128,7 +128,7 @@ def test_micro_batches_and_ranks_reproduce_the_per_example_step_loss(
         assert slot.step_eligible == want_n
         if reduction == "mean":
             got = sum(rank_grads) / world  # DistributedDataParallel averages gradients
-            assert close(logged / world, want_loss)  # the logging rule of training/loss.py
+            assert close(logged / world, want_loss)  # the logging rule of training/global_loss.py
         else:
             got = sum(rank_grads)
             assert close(logged, want_loss)

@@ -17,8 +17,8 @@ from hypothesis import assume, given
 from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, SequenceExample
 from seqpack import pack_examples as pack
 from seqpack.core import loss as core_loss
-from seqpack.core.fixture import fixture_batch
-from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.verify.fixture import fixture_batch
 
 from reference import close, log_softmax_nll
 from strategies import BINDING, packed_epochs

@@ -29,12 +29,12 @@ from seqpack import (
     pack_examples,
     plan_rows,
 )
-from seqpack.core import budget
+from seqpack.core import arith as budget
 from seqpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
-from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES
-from seqpack.training.data import PackedCollator, empty_batch
+from seqpack.training.packed_data import PackedCollator, empty_batch
+from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 from reference import Layout, placed_from_records, reference_next_fit, stream_plan
 from strategies import BINDING, example_lists, scaled

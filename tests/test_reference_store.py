@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from seqpack.core.policies import POLICIES
 from seqpack.io.store import load_packed
 from seqpack.pipeline.local import pack_path
-from seqpack.training.data import PackedDataset
+from seqpack.training.packed_data import PackedDataset
 
 from reference import split_ranges
 from strategies import scaled
@@ -225,7 +225,7 @@ def test_every_row_of_every_parquet_row_group_and_file_is_packed_once(
 
 def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
     datasets = pytest.importorskip("datasets")
-    from seqpack.hf.data import pack_dataset, to_batches, unpack_dataset
+    from seqpack.hf.datasets_io import pack_dataset, to_batches, unpack_dataset
 
     rng = np.random.default_rng(seed)
     records = []

@@ -21,12 +21,12 @@ from seqpack import (
 )
 from seqpack.core.compact import compact_rows, gather_segments, window_labels
 from seqpack.core.errors import InvalidInput
-from seqpack.core.fixture import fixture_binding, fixture_epoch, fixture_examples
 from seqpack.core.policies import POLICIES
 from seqpack.io import shards as shards_mod
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import FULL, REQUIRED, SCHEMA, rows_to_arrow
 from seqpack.io.store import MANIFEST, load_packed, write_packed
+from seqpack.verify.fixture import fixture_binding, fixture_epoch, fixture_examples
 from v1_format import write_v1
 
 from packed_helpers import assert_same_batches
@@ -195,7 +195,7 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
 @pytest.mark.parametrize("which", [0, "middle", -1])
 def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
     """One flipped byte in the first, a middle or the last shard: every reader refuses."""
-    from seqpack.training.data import PackedDataset
+    from seqpack.training.packed_data import PackedDataset
 
     _, _, manifest = _packed(tmp_path, rng)
     names = [entry["file"] for entry in manifest["shards"]]
@@ -262,7 +262,7 @@ from seqpack.io import shards, store
 from seqpack.core.compact import compact_rows
 from seqpack.core.examples import ExampleTable
 from seqpack.core.policies import plan_rows
-from seqpack.core.fixture import fixture_binding, fixture_examples
+from seqpack.verify.fixture import fixture_binding, fixture_examples
 
 real = shards._write_shard
 def dying(table, path):
@@ -354,7 +354,7 @@ def test_loss_bits_pad_each_row_to_whole_bytes(rng):
 
 
 def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
-    from seqpack.training.data import PackedDataset
+    from seqpack.training.packed_data import PackedDataset
 
     examples = _random_examples(rng)
     table = ExampleTable.from_examples(examples, "train", BINDING)

@@ -4,7 +4,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack.core.errors import InvalidInput
-from seqpack.core.fixture import FIXTURE_VOCAB, fixture_binding
 from seqpack.io.tokenizers import (
     BOS_ID,
     BYTE_OFFSET,
@@ -13,6 +12,7 @@ from seqpack.io.tokenizers import (
     HFTokenizer,
     load_tokenizer,
 )
+from seqpack.verify.fixture import FIXTURE_VOCAB, fixture_binding
 
 
 def test_byte_layout_matches_the_fixture_vocabulary():

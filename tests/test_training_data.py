@@ -19,11 +19,10 @@ from seqpack import (
     plan_rows,
 )
 from seqpack.core.compact import compact_rows
-from seqpack.core.fixture import fixture_batch, fixture_binding
 from seqpack.io.store import write_packed
-from seqpack.nn import TinyDecoder
 from seqpack.nn.attention import AttentionLayout
-from seqpack.training.data import (
+from seqpack.training.distributed import RowStats
+from seqpack.training.packed_data import (
     PackedCollator,
     PackedDataset,
     ScheduledBatch,
@@ -34,8 +33,9 @@ from seqpack.training.data import (
     move_features,
     select_rows,
 )
-from seqpack.training.distributed import RowStats
 from seqpack.training.sampler import RowSampler
+from seqpack.verify.decoder import TinyDecoder
+from seqpack.verify.fixture import fixture_batch, fixture_binding
 
 from packed_helpers import BATCH_FIELDS, assert_same_batches
 from strategies import BINDING, example_lists, packed_epochs

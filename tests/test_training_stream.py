@@ -14,7 +14,7 @@ from seqpack import (
     split_long,
 )
 from seqpack.core.compact import compact_rows
-from seqpack.training.data import PackedCollator
+from seqpack.training.packed_data import PackedCollator
 from seqpack.training.stream import StreamDataset
 
 from packed_helpers import assert_same_batches, recovered_examples

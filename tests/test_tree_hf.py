@@ -20,10 +20,15 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import NotAvailable
 from seqpack.core.tree import SequenceGroups, pack_tree
 from seqpack.hf.architectures import describe
-from seqpack.hf.tree import tree_allowed, tree_inputs, tree_layer_masks
-from seqpack.hf.tree_verify import parse_tree_lengths, tree_groups, use_tree_attention, verify_tree
-from seqpack.hf.verify import load_model
-from seqpack.nn.tree import node_keys, tree_mask_mod, tree_plan
+from seqpack.hf.tree_inputs import tree_allowed, tree_inputs, tree_layer_masks
+from seqpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
+from seqpack.verify.models import load_model
+from seqpack.verify.tree_models import (
+    parse_tree_lengths,
+    tree_groups,
+    use_tree_attention,
+    verify_tree,
+)
 
 torch.set_num_threads(1)
 LLAMA = Path(__file__).parent / "data" / "tiny_llama.json"
@@ -173,7 +178,7 @@ def test_backend_work_is_nodes_times_paths():
 
 
 def test_sequence_views_unpack_the_cells():
-    from seqpack.nn.tree import sequence_logprobs, token_logprobs
+    from seqpack.nn.tree_attention import sequence_logprobs, token_logprobs
 
     binding = Binding(7, "t", "s")
     groups = SequenceGroups.from_prompt_completions([[1, 2, 3]], [[[4, 5], [4, 6]]], binding)
@@ -222,8 +227,8 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from seqpack.hf.tree import tree_block_mask
-    from seqpack.nn.tree import tree_attention
+    from seqpack.hf.tree_inputs import tree_block_mask
+    from seqpack.nn.tree_attention import tree_attention
 
     batch = small_batch()
     rows, width = batch.shape

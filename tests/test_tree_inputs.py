@@ -72,7 +72,7 @@ def test_pack_dataset_tree_rows_round_trip():
 
     from seqpack.hf import pack_dataset
     from seqpack.hf.tree_data import tree_batch_from_rows
-    from seqpack.nn.tree import sequence_logprobs
+    from seqpack.nn.tree_attention import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
         {
@@ -107,9 +107,9 @@ def test_tree_collator_feeds_a_model():
 
     from seqpack.hf import pack_dataset
     from seqpack.hf.tree_data import TreeCollator
-    from seqpack.hf.tree_verify import use_tree_attention
-    from seqpack.hf.verify import load_model
-    from seqpack.nn.tree import tree_loss
+    from seqpack.nn.tree_attention import tree_loss
+    from seqpack.verify.models import load_model
+    from seqpack.verify.tree_models import use_tree_attention
 
     config = Path(__file__).parent / "data" / "tiny_llama.json"
     model = load_model(config=config, dtype=torch.float64)

@@ -20,7 +20,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.io.tree_store import TreeStore
 from seqpack.pipeline import pack_path
-from seqpack.pipeline.tree import pack_tree_path
+from seqpack.pipeline.pack_tree import pack_tree_path
 from seqpack.pipeline.tree_options import TreeOptions
 
 datasets = pytest.importorskip("datasets")
@@ -328,7 +328,7 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
 
 
 def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
-    from seqpack.training.data import PackedDataset
+    from seqpack.training.packed_data import PackedDataset
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)

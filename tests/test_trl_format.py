@@ -25,8 +25,8 @@ from datasets import Dataset
 
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.hf import load_trl, pack_dataset, packed_metadata, to_batches
+from seqpack.io.integrity import verify_folder
 from seqpack.io.store import load_packed
-from seqpack.io.verify import verify_folder
 from trl_helpers import tokenizer
 
 A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]

@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 from datasets import Dataset
 
 import seqpack.hf
-import seqpack.hf.attention
+import seqpack.hf.attention_impl
 from trl_helpers import (
     examples,
     float64_loss,

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
-from seqpack.core.fixture import fixture_batch, fixture_binding, fixture_examples
-from seqpack.demo import demo_trace
-from seqpack.nn import PROFILES, TinyDecoder
-from seqpack.nn.probes import first_query_probe, isolation_probe, unguarded_causal_attention
-from seqpack.nn.verify import three_way
+from seqpack.verify.decoder import PROFILES, TinyDecoder
+from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
+from seqpack.verify.layouts import three_way
+from seqpack.verify.probes import first_query_probe, isolation_probe, unguarded_causal_attention
+from seqpack.verify.trace import demo_trace
 
 torch.set_num_threads(1)
 SEEDS = range(100)

@@ -2,11 +2,12 @@
 
 The package is layered; each folder imports only the ones below it::
 
-    cli, demo, figure        the faces: command line, fixture trace, figures
+    cli                      the command line
+    verify                   proof tooling: fixture, trace, figures, tiny decoder, verify
     ray                      the pipeline as Ray tasks, for clusters
-    hf                       Hugging Face: datasets in/out, transformers adapter, verify
+    hf                       Hugging Face: datasets in/out, transformers adapter, collators
     training                 torch datasets, collators, samplers, loss normalisation
-    nn                       attention backends, the tiny decoder, its verification
+    nn                       attention backends over packed layouts
     pipeline                 read -> plan -> materialise -> write; PackOptions
     io                       readers, tokenizers, the packed store (pyarrow)
     core                     examples, policies, batches, permission, loss (NumPy only)

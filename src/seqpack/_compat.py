@@ -27,7 +27,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.batch": ("seqpack.core.batch", "seqpack.core.config"),
     "seqpack.compact": ("seqpack.core.compact",),
     "seqpack.permission": ("seqpack.core.permission",),
-    "seqpack.budget": ("seqpack.core.budget",),
+    "seqpack.budget": ("seqpack.core.arith",),
     "seqpack.counts": ("seqpack.core.counts",),
     "seqpack.loss": ("seqpack.core.loss",),
     "seqpack.tokenizers": ("seqpack.io.tokenizers",),
@@ -35,7 +35,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.store": ("seqpack.io.store", "seqpack.io.shards"),
     "seqpack.atomic": ("seqpack.io.atomic",),
     "seqpack.training.hf": ("seqpack.hf.adapter", "seqpack.hf.collator"),
-    "seqpack.nn.hf_verify": ("seqpack.hf.verify", "seqpack.nn.report"),
+    "seqpack.nn.hf_verify": ("seqpack.verify.models", "seqpack.verify.decoder_report"),
 }
 
 

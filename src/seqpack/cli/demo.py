@@ -12,11 +12,11 @@ def add_demo(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from seqpack.demo import demo_trace
+    from seqpack.verify.trace import demo_trace
 
     trace = demo_trace()
     if args.figure:
-        from seqpack.figure import draw_fixture
+        from seqpack.verify.figure import draw_fixture
 
         trace["figure"] = str(draw_fixture(args.figure))
     print(json.dumps(trace) if args.compact else format_json(trace))

@@ -1,7 +1,7 @@
 """``seqpack pack`` and ``seqpack stats``: their flags come from the option classes.
 
 Every packing flag is a field of :class:`~seqpack.pipeline.options.PackOptions`
-(and, for ``--engine ray``, of :class:`~seqpack.ray.options.RayOptions`);
+(and, for ``--engine ray``, of :class:`~seqpack.ray.ray_options.RayOptions`);
 this module only adds the input, ``--out``, ``--engine`` and ``--json``.
 """
 
@@ -34,7 +34,7 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
 
 
 def add_pack(p: argparse.ArgumentParser) -> None:
-    from seqpack.ray.options import RayOptions
+    from seqpack.ray.ray_options import RayOptions
 
     _add_common(p, "pack")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
@@ -62,12 +62,12 @@ def cmd_pack(args: argparse.Namespace) -> int:
     options = from_arguments(args, "pack")
     refuse_tree_flags(args)
     if args.tree is not None:
-        from seqpack.cli.tree import cmd_pack_tree
+        from seqpack.cli.verify_tree import cmd_pack_tree
 
         return cmd_pack_tree(args, options, from_arguments(args, "pack", TreeOptions))
     if args.engine == "ray":
         from seqpack import ray as ray_engine
-        from seqpack.ray.options import RayOptions
+        from seqpack.ray.ray_options import RayOptions
 
         engine = from_arguments(args, "pack", RayOptions)
         stats = ray_engine.pack(args.input, args.out, options, engine)
@@ -138,7 +138,7 @@ def refuse_tree_flags(args: argparse.Namespace) -> None:
 def cmd_stats(args: argparse.Namespace) -> int:
     refuse_tree_flags(args)
     if args.tree:
-        from seqpack.cli.tree import cmd_stats_tree
+        from seqpack.cli.verify_tree import cmd_stats_tree
 
         return cmd_stats_tree(args)
     from seqpack.pipeline.stats import oversized_line, stats_path

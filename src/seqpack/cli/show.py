@@ -2,7 +2,7 @@
 
 Prints the row's occupants (segment, columns, pairs, supervised targets,
 source id and range) and, with ``--figure``, draws it as ``seqpack demo
---figure`` draws the fixture (:func:`seqpack.figure.draw_row`).
+--figure`` draws the fixture (:func:`seqpack.verify.figure.draw_row`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     store, batch = load_row(args.packed, args.row)
     record = row_record(batch)
     if args.figure:
-        from seqpack.figure import draw_row
+        from seqpack.verify.figure import draw_row
 
         title = f"{store.path} row {args.row} of {store.num_rows}"
         record["figure"] = str(draw_row(batch, args.figure, title=printable(title)))

@@ -81,11 +81,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     line and exit 2, never a traceback with the exit code that means "mixed".
     """
     from seqpack.core.errors import SeqpackError
-    from seqpack.hf.diagnose import ModelCrashed
+    from seqpack.verify.diagnose import ModelCrashed
 
     try:
         if args.tree_lengths is not None:  # prints its own report; its exit code
-            from seqpack.cli.tree import cmd_verify_tree
+            from seqpack.cli.verify_tree import cmd_verify_tree
 
             return cmd_verify_tree(args)
         report = _run_verify(args)
@@ -111,7 +111,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
     import os
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
-    from seqpack.hf import verify as hf_verify
+    from seqpack.verify import models as hf_verify
 
     if args.hf_config or args.hf_model:
         model = hf_verify.load_model(
@@ -154,7 +154,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
                 "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
                 " the tiny decoder runs the fixture and random layouts"
             )
-        from seqpack.nn.report import verify_tiny
+        from seqpack.verify.decoder_report import verify_tiny
 
         report = verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     return report

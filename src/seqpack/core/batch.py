@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import budget, permission
+from seqpack.core import arith as budget
+from seqpack.core import permission
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
 from seqpack.core.errors import InvalidInput, PartitionMismatch

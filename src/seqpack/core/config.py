@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqpack.core import budget
+from seqpack.core import arith as budget
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.checks import positive_int
 from seqpack.core.errors import BudgetExceeded, InvalidInput

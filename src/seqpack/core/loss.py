@@ -139,7 +139,7 @@ def divide(total: LossSum, count: int | None = None, what: str = "this batch") -
 def token_weighted_loss(logits: Any, batch: PackedBatch) -> LossResult:
     """Token-weighted loss of ``batch``: raw sum over eligible targets divided once by N.
 
-    >>> from seqpack.core.fixture import fixture_batch
+    >>> from seqpack.verify.fixture import fixture_batch
     >>> batch = fixture_batch()
     >>> logits = np.zeros((2, 6, 266))          # uniform prediction
     >>> logits[0, 5] = np.nan                   # padding: never read

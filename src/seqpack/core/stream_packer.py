@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seqpack.core import engine as kernels
+from seqpack.core.arith import enforce
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.budget import enforce
 from seqpack.core.checks import check_lengths, check_tree_capacity, positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.stream_kernels import (

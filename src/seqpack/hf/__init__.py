@@ -1,19 +1,17 @@
-"""Hugging Face: ``datasets`` in and out, the ``transformers`` adapter, verification.
+"""Hugging Face: ``datasets`` in and out, the ``transformers`` adapter and collators.
 
 =====================  =========================================================
 module                 holds
 =====================  =========================================================
-``data``               :func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`
+``datasets_io``        :func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`
 ``adapter``            :func:`hf_inputs`: the kwargs that keep examples apart
 ``architectures``      windows, layer types and refusals derived from a model config
 ``masks``              the 4-D masks (float, bool, BlockMask), per layer type
 ``kinds``              attention implementations by kind (flash, sdpa, eager, flex ...)
-``attention``          ``attn_implementation="seqpack_varlen"`` (registered on import)
+``attention_impl``     ``attn_implementation="seqpack_varlen"`` (registered on import)
 ``collator``           :class:`HFCollator` for ``transformers.Trainer``
-``trl``                :func:`load_trl`, :class:`per_example`: TRL-format rows in
+``trl_training``       :func:`load_trl`, :class:`per_example`: TRL-format rows in
                        TRL / ``transformers`` scripts
-``verify``             ``seqpack verify``: packed == separate on a real model
-                       (with ``loading``, ``tolerance``, ``diagnose``)
 =====================  =========================================================
 
 Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy,
@@ -26,12 +24,12 @@ from __future__ import annotations
 from seqpack._lazy import lazy_exports
 
 _NAMES = {
-    "META_KEY": "data",
-    "pack_dataset": "data",
-    "packed_metadata": "data",
-    "packed_rows": "data",
-    "to_batches": "data",
-    "unpack_dataset": "data",
+    "META_KEY": "datasets_io",
+    "pack_dataset": "datasets_io",
+    "packed_metadata": "datasets_io",
+    "packed_rows": "datasets_io",
+    "to_batches": "datasets_io",
+    "unpack_dataset": "datasets_io",
     "hf_inputs": "adapter",
     "hf_labels": "adapter",
     "model_labels": "adapter",
@@ -41,20 +39,20 @@ _NAMES = {
     "hf_loss_sum": "adapter",
     "cell_logits": "adapter",
     "HFCollator": "collator",
-    "load_trl": "trl",
-    "per_example": "trl",
-    "split_rows": "trl",
+    "load_trl": "trl_training",
+    "per_example": "trl_training",
+    "split_rows": "trl_training",
     "Architecture": "architectures",
     "capability": "capability",
     "UnsupportedArchitecture": "architectures",
     "describe": "architectures",
-    "register_attention": "attention",
-    "load_model": "verify",
-    "verify_hf": "verify",
+    "register_attention": "attention_impl",
 }
 __all__ = sorted(_NAMES)
 
-__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+#: Proof tooling lives in :mod:`seqpack.verify` now.
+_MOVED = {"load_model": "seqpack.verify.models", "verify_hf": "seqpack.verify.models"}
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES, _MOVED)
 
 from seqpack.hf._register import install as _install  # noqa: E402
 

@@ -18,7 +18,7 @@ TARGET = "transformers.modeling_utils"
 
 
 def _register() -> None:
-    from seqpack.hf.attention import register
+    from seqpack.hf.attention_impl import register
 
     register()
 

@@ -19,7 +19,7 @@ hub kernels included, is accepted by what it reads):
 * ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same
   predicate;
 * ``flash`` (``flash_attention_2/3/4``, ``kernels-community/flash-attn2``
-  ...) and ``seqpack_varlen`` (:mod:`seqpack.hf.attention`), no mask at all:
+  ...) and ``seqpack_varlen`` (:mod:`seqpack.hf.attention_impl`), no mask at all:
   the valid cells flattened into one row ``(1, N)`` (padding dropped) with
   ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``, ``max_length_q/k`` = its
   ``max_seqlen`` and ``seq_idx`` (int32, 0-based; ``transformers`` infers
@@ -186,7 +186,7 @@ def build_inputs(
     out: dict[str, Any] = {}
     if kind in FLATTENED_KINDS:
         if attn_implementation == "seqpack_varlen":
-            from seqpack.hf.attention import register
+            from seqpack.hf.attention_impl import register
 
             register()
         cu = batch.cu_seqlens()

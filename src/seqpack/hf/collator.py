@@ -15,9 +15,9 @@ from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs, check_implementation
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability
-from seqpack.hf.checks import check_runnable, check_vocabulary
 from seqpack.hf.kinds import MASK_KINDS
-from seqpack.training.data import ScheduledBatch, check_partition, concat_batches
+from seqpack.hf.preflight import check_runnable, check_vocabulary
+from seqpack.training.packed_data import ScheduledBatch, check_partition, concat_batches
 
 
 @dataclass
@@ -26,7 +26,7 @@ class HFCollator:
 
     ``features`` are :class:`PackedBatch` objects or the
     :class:`~seqpack.training.ScheduledBatch` items of a ``StreamDataset`` (their
-    rows are stacked by :func:`seqpack.training.data.concat_batches`)
+    rows are stacked by :func:`seqpack.training.packed_data.concat_batches`)
     or rows of :func:`seqpack.hf.pack_dataset` output (dicts with the packed
     columns; build the collator with :meth:`for_dataset` and set
     ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
@@ -83,7 +83,7 @@ class HFCollator:
 
         ``options``: the other fields, e.g. ``config=model.config, dtype=model.dtype``.
         """
-        from seqpack.hf.data import packed_metadata
+        from seqpack.hf.datasets_io import packed_metadata
 
         meta = packed_metadata(packed)
         recorded = meta["config"].get("pad_token_id")

@@ -12,7 +12,7 @@ kind              inputs
 ``flash``         valid cells flattened to ``(1, N)``, ``cu_seq_lens_q/k``,
                   ``max_length_q/k``, ``seq_idx``; no mask (the layer applies
                   its own window): ``flash_attention_2/3/4``, flash hub kernels
-``seqpack_varlen``  the same inputs, run by :mod:`seqpack.hf.attention`
+``seqpack_varlen``  the same inputs, run by :mod:`seqpack.hf.attention_impl`
 ``sdpa``          ``(R, T)`` rows and a 4-D mask (float additive, or bool)
 ``eager``         ``(R, T)`` rows and a float additive 4-D mask
 ``flex``          ``(R, T)`` rows and a FlexAttention ``BlockMask``

@@ -58,7 +58,7 @@ from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding
 from seqpack.io.shards import FORMAT, FULL, VERSION, ShardColumns, manifest_record, shard_table
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.io.trl import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
 from seqpack.pipeline.options import PackOptions, check_pad_id
 
 #: Source rows read, checked and tokenized at a time.

@@ -23,7 +23,7 @@ column              per cell / per sequence
 ==================  ========================================================
 
 :func:`tree_batch_from_rows` turns records back into a
-:class:`~seqpack.core.tree.TreeBatch` for :func:`seqpack.hf.tree.tree_inputs`.
+:class:`~seqpack.core.tree.TreeBatch` for :func:`seqpack.hf.tree_inputs.tree_inputs`.
 ``format="trl"`` is refused: TRL's packed rows describe disjoint sequences
 (``seq_lengths``, restarting ``position_ids``) and have no node columns.
 """
@@ -170,7 +170,7 @@ class TreeCollator:
 
     Returns ``{"inputs": tree_inputs(...), "batch": TreeBatch}``: call
     ``model(**out["inputs"])`` and take the loss or the per-sequence views
-    from ``out["batch"]`` (:mod:`seqpack.nn.tree`).
+    from ``out["batch"]`` (:mod:`seqpack.nn.tree_attention`).
     """
 
     capacity: int
@@ -183,7 +183,7 @@ class TreeCollator:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
-        from seqpack.hf.tree import tree_inputs
+        from seqpack.hf.tree_inputs import tree_inputs
 
         batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
         inputs = tree_inputs(

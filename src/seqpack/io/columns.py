@@ -10,7 +10,7 @@ Every input becomes an Arrow table with one row per source document:
   ``input_ids``, first entry unused) or per target (one shorter);
 - ``completion_mask`` / ``assistant_masks`` (list of 0/1, optional): TRL's
   masks, per token; a token is supervised iff every supervision column
-  present says so (:mod:`seqpack.io.supervision`, which also refuses columns
+  present says so (:mod:`seqpack.io.supervision_columns`, which also refuses columns
   that look like supervision but are none of these);
 - ``prompt`` / ``completion`` or ``messages``: instead of ``input_ids``, SFT
   rows tokenized as TRL does (:mod:`seqpack.io.sft`);
@@ -41,7 +41,7 @@ from seqpack.core.supervision import NOT_CONVERSATIONAL, SUPERVISION_COLUMNS, Ob
 from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
-from seqpack.io.supervision import check_columns, supervised_targets
+from seqpack.io.supervision_columns import check_columns, supervised_targets
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")

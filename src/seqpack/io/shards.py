@@ -203,7 +203,7 @@ def manifest_record(
 
     ``manifest.json`` of a packed directory (local and Ray engines alike) and
     the ``info`` of :func:`seqpack.hf.pack_dataset` are built here only. ``kind`` is
-    the (format, version) written: seqpack's own, or :data:`seqpack.io.trl.TRL_FORMAT`'s.
+    the (format, version) written: seqpack's own, or :data:`seqpack.io.trl_schema.TRL_FORMAT`'s.
     """
     record: dict[str, Any] = {
         "format": kind[0],
@@ -352,7 +352,7 @@ def write_shard_file(
     a writer that runs twice (a task retried after a crash) replaces it whole. The
     entry holds file, first_row, rows, occurrences, tokens, bytes, sha256 and
     columns (those stored). A table without a ``row`` column (TRL's schema,
-    :mod:`seqpack.io.trl`) needs ``first_row``.
+    :mod:`seqpack.io.trl_schema`) needs ``first_row``.
     """
     path = Path(directory) / name
     _write_shard(table, path)

@@ -28,6 +28,14 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.io.atomic import MANIFEST, open_output
+from seqpack.io.integrity import (
+    DEPTHS,
+    check_checksums,
+    check_contents,
+    check_manifest,
+    check_shard,
+    check_table,
+)
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
     FORMAT,
@@ -40,15 +48,7 @@ from seqpack.io.shards import (
     write_shard_file,
 )
 from seqpack.io.tree_store import open_tree_store
-from seqpack.io.trl import refuse_trl
-from seqpack.io.verify import (
-    DEPTHS,
-    check_checksums,
-    check_contents,
-    check_manifest,
-    check_shard,
-    check_table,
-)
+from seqpack.io.trl_schema import refuse_trl
 
 
 def write_packed(
@@ -213,7 +213,7 @@ def load_packed(
 ) -> PackedStore:
     """Open a packed directory, checking its manifest, shards, checksums and binding.
 
-    ``verify`` (see :mod:`seqpack.io.verify`): ``True`` checks the manifest
+    ``verify`` (see :mod:`seqpack.io.integrity`): ``True`` checks the manifest
     and every shard's size and sha256; ``"full"`` also decodes every shard
     now and holds it against the manifest; ``False`` checks the manifest
     only. At every depth a shard is checked against its manifest entry

@@ -1,7 +1,7 @@
 """Groups for tree packing from a file's rows: id columns, text through a tokenizer, or auto.
 
 :func:`file_groups` reads one ``.jsonl`` / ``.json`` or ``.parquet`` file
-(:func:`seqpack.io.tree.read_table`) and returns its
+(:func:`seqpack.io.tree_files.read_table`) and returns its
 :class:`~seqpack.core.tree_input.SequenceGroups` plus, per sequence, its
 index in the input (sequences numbered row by row: a row's completions,
 or chosen then rejected, in order):

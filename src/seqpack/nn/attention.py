@@ -203,7 +203,7 @@ def attention(
     ``seqpack.nn``, ``"varlen"``, ``"flex"``, ``"flash"`` and ``"auto"``
     (README, "Attention backends").
 
-    >>> from seqpack.core.fixture import fixture_batch
+    >>> from seqpack.verify.fixture import fixture_batch
     >>> q = k = v = torch.ones(2, 2, 6, 4, dtype=torch.float64)
     >>> out = attention(q, k, v, fixture_batch())
     >>> out[0, 0, 5].abs().sum().item()   # padding query: zero mixture

@@ -31,7 +31,7 @@ With a ``window`` shorter than a group's ``L``, that group's call takes the
 positions ``0..L-1`` as its boolean mask instead of ``is_causal`` (a group
 no longer than the window is plain causal attention). The same plan serves
 ``cu_seqlens`` alone (:func:`segment_plan`): the registered ``transformers``
-attention function (:mod:`seqpack.hf.attention`) runs on it.
+attention function (:mod:`seqpack.hf.attention_impl`) runs on it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import budget
+from seqpack.core import arith as budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW

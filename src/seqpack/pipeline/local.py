@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import budget
+from seqpack.core import arith as budget
 from seqpack.core.arguments import path_argument
 from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
@@ -30,12 +30,12 @@ from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, resolve_binding
 from seqpack.io.shards import FORMAT, VERSION, manifest_record
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.io.trl import TRL_FORMAT, TRL_VERSION
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_VERSION
 from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
 from seqpack.pipeline.progress import progress_bar, status
-from seqpack.pipeline.report import duplicate_report
+from seqpack.pipeline.repeated_ids import duplicate_report
 from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
 
 

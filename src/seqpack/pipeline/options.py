@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from seqpack.core import budget
+from seqpack.core import arith as budget
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.checks import parse_byte_size, parse_count, parse_int, parse_option, positive_int
 from seqpack.core.errors import InvalidInput

@@ -20,7 +20,7 @@ from seqpack.io.documents import Documents
 from seqpack.io.readers import read_documents
 from seqpack.pipeline.options import PackOptions, policy_name
 from seqpack.pipeline.plot import check_plot_path, plot_stats
-from seqpack.pipeline.report import duplicate_report
+from seqpack.pipeline.repeated_ids import duplicate_report
 from seqpack.pipeline.writer import token_lengths
 
 

@@ -37,7 +37,7 @@ from seqpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from seqpack.io.trl import trl_table
+from seqpack.io.trl_schema import trl_table
 from seqpack.pipeline.budget import SHARDS_IN_FLIGHT, StreamBudget
 from seqpack.pipeline.corpus import Corpus
 from seqpack.pipeline.options import PackOptions

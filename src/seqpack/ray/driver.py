@@ -23,10 +23,10 @@ from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
 from seqpack.pipeline.options import PackOptions, check_pad_id
 from seqpack.pipeline.progress import status
-from seqpack.pipeline.report import duplicate_report
+from seqpack.pipeline.repeated_ids import duplicate_report
 from seqpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
-from seqpack.ray.options import DEFAULT_BLOCK_EXAMPLES, RayOptions
-from seqpack.ray.report import per_block, per_node, per_shard, split_entry
+from seqpack.ray.engine_record import per_block, per_node, per_shard, split_entry
+from seqpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
 from seqpack.ray.shard_layout import (
     RayTaskFailed,
     Shard,
@@ -241,7 +241,7 @@ def _manifest(
     pad_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record
-    (block layout, and where each block and shard ran: :mod:`seqpack.ray.report`)."""
+    (block layout, and where each block and shard ran: :mod:`seqpack.ray.engine_record`)."""
     fields = options.manifest_fields(pad_token_id)
     layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
@@ -326,7 +326,7 @@ def pack(
     on Ray into the packed directory ``out``.
 
     ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
-    ``engine`` the Ray ones (:class:`~seqpack.ray.options.RayOptions`); keywords
+    ``engine`` the Ray ones (:class:`~seqpack.ray.ray_options.RayOptions`); keywords
     override fields of either (``capacity=4096, block_examples=10_000``).
     Text is tokenized in the tasks, block by block, with the tokenizer the
     driver loaded (shipped through the object store). Statistics are

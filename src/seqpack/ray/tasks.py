@@ -36,7 +36,7 @@ from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
-from seqpack.ray.options import TaskHook
+from seqpack.ray.ray_options import TaskHook
 from seqpack.ray.worker import limit_tokenizer_threads, node_of_task, task_tokenizer
 
 

@@ -6,7 +6,15 @@ micro-batches, every row once) -> ``PackedCollator`` tensors ->
 ``micro_batch_loss`` (raw sum divided by the whole step's eligible count).
 """
 
-from seqpack.training.data import (
+from seqpack.training.distributed import (
+    RowStats,
+    StepSchedule,
+    row_costs,
+    schedule_rows,
+    step_eligible_counts,
+)
+from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from seqpack.training.packed_data import (
     PackedCollator,
     PackedDataset,
     ScheduledBatch,
@@ -17,14 +25,6 @@ from seqpack.training.data import (
     move_features,
     select_rows,
 )
-from seqpack.training.distributed import (
-    RowStats,
-    StepSchedule,
-    row_costs,
-    schedule_rows,
-    step_eligible_counts,
-)
-from seqpack.training.loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
 from seqpack.training.sampler import RowSampler, Slot
 from seqpack.training.stream import StreamDataset
 

@@ -24,7 +24,7 @@ pure function of (inputs, seed, epoch).
 :class:`RowSampler` turns a schedule into the micro-batches of one rank
 (:class:`Slot`), each carrying the eligible-target count of its whole
 optimizer step across every rank and micro-batch, so the loss can be
-normalised before the forward pass (:mod:`seqpack.training.loss`).
+normalised before the forward pass (:mod:`seqpack.training.global_loss`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.budget import checked_add, checked_mul
 from seqpack.core.checks import positive_int
 from seqpack.core.errors import InvalidInput
-from seqpack.training.arguments import bound
+from seqpack.training.api_checks import bound
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")

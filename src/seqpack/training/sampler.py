@@ -14,7 +14,7 @@ import numpy as np
 
 from seqpack.core.checks import state_int, state_value
 from seqpack.core.errors import InvalidInput
-from seqpack.training.arguments import check_flag, check_world
+from seqpack.training.api_checks import check_flag, check_world
 from seqpack.training.distributed import (
     Balance,
     RowStats,
@@ -68,7 +68,7 @@ class RowSampler:
 
     Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
     :class:`Slot` objects, the dataset turns each into its rows
-    (:class:`seqpack.training.data.PackedDataset`), the collator into tensors.
+    (:class:`seqpack.training.packed_data.PackedDataset`), the collator into tensors.
     Every rank yields exactly ``steps * micro_batches`` slots; a short final
     step holds explicitly empty slots rather than dropping or repeating rows.
     ``world_size``/``rank`` default to the initialised ``torch.distributed``

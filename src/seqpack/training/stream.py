@@ -38,7 +38,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.training.arguments import (
+from seqpack.training.api_checks import (
     MAX_READ_CHUNK,
     check_flag,
     check_source,
@@ -46,7 +46,6 @@ from seqpack.training.arguments import (
     check_text_field,
     check_world,
 )
-from seqpack.training.data import ScheduledBatch
 from seqpack.training.distributed import (
     Balance,
     RowStats,
@@ -54,6 +53,7 @@ from seqpack.training.distributed import (
     check_schedule,
     schedule_rows,
 )
+from seqpack.training.packed_data import ScheduledBatch
 from seqpack.training.sampler import Slot
 from seqpack.training.stream_input import Example, stream_documents
 

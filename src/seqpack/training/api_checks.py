@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.budget import checked_add, checked_mul
 from seqpack.core.checks import positive_int
 from seqpack.core.errors import BudgetExceeded, InvalidInput
 from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes

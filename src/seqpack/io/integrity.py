@@ -46,7 +46,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
 from seqpack.io.shard_rows import V1_SCHEMA, arrow_to_rows, is_version_1, read_pair_stats
 from seqpack.io.shards import FORMAT, READABLE_VERSIONS, REQUIRED, SCHEMA, VERSION, sha256_file
-from seqpack.io.trl import check_trl_contents, is_trl
+from seqpack.io.trl_schema import check_trl_contents, is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53

@@ -22,7 +22,7 @@ import numpy as np
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import pack_tree
 from seqpack.io.atomic import Output, open_output
-from seqpack.io.tree import read_table
+from seqpack.io.tree_files import read_table
 from seqpack.io.tree_rows import file_binding, file_groups
 from seqpack.io.tree_store import tree_records, write_tree_shards
 from seqpack.pipeline.options import PackOptions

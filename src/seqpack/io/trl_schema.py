@@ -140,7 +140,7 @@ def refuse_trl(manifest: object, where: str) -> None:
 
 
 def check_trl_contents(manifest: Mapping, folder: Path) -> None:
-    """Decode every shard of a TRL-format directory (:mod:`seqpack.io.trl`) and hold it
+    """Decode every shard of a TRL-format directory (:mod:`seqpack.io.trl_schema`) and hold it
     against the manifest: TRL's schema (declared columns and Arrow types), the entry's
     rows, examples, tokens and supervised labels, rows of at most ``capacity`` tokens made
     of whole examples, ids in ``[0, vocab_size)``, labels -100 or their token (-100 on

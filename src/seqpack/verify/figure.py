@@ -279,7 +279,7 @@ def _save(fig: Any, target: Path, fmt: str) -> Path:
 
 def draw_fixture(path: str | os.PathLike[str]) -> Path:
     """Draw the seed's A/B/C fixture batch (``seqpack demo --figure PATH``)."""
-    from seqpack.core.fixture import fixture_batch
+    from seqpack.verify.fixture import fixture_batch
 
     return draw_batch(
         fixture_batch(),

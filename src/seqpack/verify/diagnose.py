@@ -1,6 +1,6 @@
 """Where a model mixes packed examples: the first layer whose output diverges from separate runs.
 
-When :func:`seqpack.hf.verify.verify_hf` fails, it runs both sides once more
+When :func:`seqpack.verify.models.verify_hf` fails, it runs both sides once more
 with a forward hook on every module and compares each module's first output
 at the examples' cells (tokens in example order, for ``(R, T, ...)`` rows and
 ``(1, N, ...)`` flattened rows alike). The culprit is the first module, in
@@ -22,7 +22,7 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import SeqpackError
 from seqpack.core.examples import SequenceExample
 from seqpack.hf.adapter import FLATTENED
-from seqpack.nn.verify import occurrence_cells
+from seqpack.verify.layouts import occurrence_cells
 
 #: Class-name words -> layer kind, first match wins.
 KINDS = (
@@ -200,7 +200,7 @@ def culprit(
     attn: str,
     tol: dict[str, Any],
 ) -> dict[str, str] | None:
-    """The first module whose output diverged (see :mod:`seqpack.hf.diagnose`)."""
+    """The first module whose output diverged (see :mod:`seqpack.verify.diagnose`)."""
     device = next(model.parameters()).device
     flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
 

@@ -18,7 +18,7 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import masked_nll_sum
 from seqpack.nn.attention import AttentionLayout, Backend
-from seqpack.nn.verify import compare_tensors
+from seqpack.verify.layouts import compare_tensors
 
 
 def unguarded_causal_attention(

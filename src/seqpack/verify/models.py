@@ -25,9 +25,9 @@ An architecture seqpack cannot make exact (:mod:`seqpack.hf.architectures`)
 is refused before anything runs; a crash inside the model is a
 :class:`ModelCrashed` (both: ``seqpack verify`` exit 2, one line). Exit 1
 means only that the model mixed examples: the report's ``hint`` names the
-first layer whose output diverged (:mod:`seqpack.hf.diagnose`).
+first layer whose output diverged (:mod:`seqpack.verify.diagnose`).
 
-Tolerances follow the model's real dtype path (:mod:`seqpack.hf.tolerance`):
+Tolerances follow the model's real dtype path (:mod:`seqpack.verify.tolerance`):
 the seed's ``1e-10 + 1e-9`` for float64 throughout, ``1e-5 + 1e-4`` for a
 float32 model or a float64 one with float32 reductions (eager softmax,
 Gemma's norms, MoE routers). ``model_loss`` is computed by ``transformers``
@@ -50,9 +50,9 @@ from seqpack.core.loss import masked_nll_sum
 from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
 from seqpack.hf.kinds import MASK_KINDS, attention_kind
-from seqpack.hf.loading import (
+from seqpack.verify.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
+from seqpack.verify.loading import (
     CAPACITY,
     DTYPES,
     LENGTHS,
@@ -61,7 +61,7 @@ from seqpack.hf.loading import (
     verification_examples,
     verification_layout,
 )
-from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
+from seqpack.verify.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
 

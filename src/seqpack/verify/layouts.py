@@ -19,7 +19,7 @@ can fail.
 
 The model is duck-typed: ``forward_separate(example) -> (L, V)``,
 ``forward_padded(batch)`` / ``forward_packed(batch) -> (R, T, V)`` and
-``named_parameters()``; :class:`~seqpack.nn.decoder.TinyDecoder` has them.
+``named_parameters()``; :class:`~seqpack.verify.decoder.TinyDecoder` has them.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
-from seqpack.io.trl import TRL_FORMAT, check_trl_contents, is_trl
-from seqpack.io.verify import DEPTHS, check_checksums, check_manifest
+from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest
+from seqpack.io.trl_schema import TRL_FORMAT, check_trl_contents, is_trl
 
 #: The columns of a packed row that are cut into its examples.
 _PER_TOKEN = ("input_ids", "labels")

@@ -5,13 +5,13 @@
     separate  each sequence alone, ``model(input_ids (1, L), use_cache=False)``
     tree      every group's trie packed into rows (one call), fed by ``mode``
 
-and compares, in the model's dtype with :mod:`seqpack.hf.tolerance`'s
+and compares, in the model's dtype with :mod:`seqpack.verify.tolerance`'s
 tolerance, every vocabulary logit at every cell of every sequence, each
 sequence's supervised log-probability sum (the DPO quantity), the
 token-weighted loss (``Σ weight·nll / Σ weight`` against the flat
 ``Σ nll / N``) and every parameter-gradient coordinate of that loss.
 
-``mode``: ``adapter`` (:func:`seqpack.hf.tree.tree_inputs`) or ``naive``,
+``mode``: ``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive``,
 the layout people write first: each trie's row span treated as one causal
 sequence whose positions count columns, so siblings see each other and a
 branch's positions do not continue from its parent. ``naive`` must fail.
@@ -37,9 +37,9 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import TreeBatch, pack_tree
 from seqpack.core.tree_input import SequenceGroups
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
-from seqpack.hf.tree import NAME, tree_inputs
-from seqpack.nn.tree import sequence_logprobs, tree_loss
+from seqpack.hf.tree_inputs import NAME, tree_inputs
+from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
+from seqpack.verify.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
 MODES = ("adapter", "naive")
 
@@ -295,8 +295,8 @@ def _report(
 
 
 def use_tree_attention(model: torch.nn.Module) -> None:
-    """Switch ``model`` to :data:`seqpack.hf.tree.NAME` (registered first)."""
-    from seqpack.hf.tree import register
+    """Switch ``model`` to :data:`seqpack.hf.tree_inputs.NAME` (registered first)."""
+    from seqpack.hf.tree_inputs import register
 
     register()
     model.set_attn_implementation(NAME)

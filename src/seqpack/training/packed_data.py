@@ -38,8 +38,8 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.permission import key_bounds
+from seqpack.io.integrity import read_row_stats
 from seqpack.io.store import PackedStore, load_packed
-from seqpack.io.verify import read_row_stats
 from seqpack.nn.attention import AttentionLayout
 from seqpack.training.distributed import RowStats
 from seqpack.training.labels import model_labels, seq_idx, shift_labels
@@ -300,7 +300,7 @@ def layout_from_features(
 ) -> AttentionLayout:
     """The :class:`AttentionLayout` of rows-mode features, equal to ``from_batch``'s.
 
-    Lets a training loop run :class:`~seqpack.nn.TinyDecoder` from collated
+    Lets a training loop run :class:`~seqpack.verify.TinyDecoder` from collated
     tensors alone: ``model(features["input_ids"], layout_from_features(features))``.
     """
     if "valid_index" not in features:
@@ -327,7 +327,7 @@ def layout_from_features(
 def decoder_inputs(
     features: dict[str, Any], device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, AttentionLayout]:
-    """``(ids, layout)`` for :class:`~seqpack.nn.TinyDecoder` from rows-mode features."""
+    """``(ids, layout)`` for :class:`~seqpack.verify.TinyDecoder` from rows-mode features."""
     return features["input_ids"].to(device), layout_from_features(features, device)
 
 

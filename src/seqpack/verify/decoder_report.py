@@ -1,7 +1,7 @@
 """``seqpack verify`` without ``--hf-*``: the tiny decoder, separate vs padded vs packed.
 
 The fixture and a few random layouts (:func:`tiny_layouts`) run through
-:func:`seqpack.nn.verify.three_way` in float64 with the seed's tolerance;
+:func:`seqpack.verify.layouts.three_way` in float64 with the seed's tolerance;
 :func:`verify_tiny` merges them into the report the command prints.
 ``mode="naive"`` swaps in plain causal attention over storage columns, the
 control that must fail.
@@ -15,10 +15,10 @@ import numpy as np
 
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
-from seqpack.core.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
-from seqpack.nn.decoder import TinyDecoder
-from seqpack.nn.probes import unguarded_causal_attention
-from seqpack.nn.verify import ATOL, RTOL, three_way
+from seqpack.verify.decoder import TinyDecoder
+from seqpack.verify.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
+from seqpack.verify.layouts import ATOL, RTOL, three_way
+from seqpack.verify.probes import unguarded_causal_attention
 
 
 def tiny_layouts(

@@ -152,7 +152,7 @@ def check_available(attn_implementation: str, device: torch.device) -> None:
                 " --device cuda where flash-attn is installed, or verify --attn sdpa here"
             )
     if attn_implementation == "seqpack_varlen":
-        from seqpack.hf.attention import register
+        from seqpack.hf.attention_impl import register
 
         register()
 

@@ -129,7 +129,7 @@ def micro_batch_loss(
 ) -> torch.Tensor:
     """The loss to back-propagate for one collated micro-batch.
 
-    ``features``: a :class:`~seqpack.training.data.PackedCollator` dict;
+    ``features``: a :class:`~seqpack.training.packed_data.PackedCollator` dict;
     its ``shift_labels`` (pre-shifted targets) select the eligible cells of ``logits`` and its
     ``num_items_in_batch`` (the step's global count) is the denominator::
 

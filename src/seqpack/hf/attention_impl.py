@@ -23,7 +23,7 @@ otherwise join the flattened examples.
 
 Usage::
 
-    import seqpack.hf.attention  # registers "seqpack_varlen"
+    import seqpack.hf.attention_impl  # registers "seqpack_varlen"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="seqpack_varlen")
     out = model(**hf_inputs(batch, "seqpack_varlen", config=model.config))
 

@@ -58,7 +58,7 @@ from seqpack.io.shards import (
     shard_table,
     union,
 )
-from seqpack.io.trl import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import PackOptions, check_pad_id
@@ -131,7 +131,7 @@ def pack_dataset(
 
     ``format="trl"`` returns TRL's packed schema instead (``input_ids``,
     ``labels``, ``seq_lengths`` in tokens, ``position_ids``;
-    :mod:`seqpack.io.trl`), and ``capacity`` counts tokens, TRL's
+    :mod:`seqpack.io.trl_schema`), and ``capacity`` counts tokens, TRL's
     ``max_length``. The input's ``datasets`` format (``with_format("torch")``
     etc., not a ``with_transform``) is carried over to the output.
 
@@ -207,11 +207,11 @@ def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
     """``pack_dataset(..., model=)`` (a model or its config), before any row:
-    :func:`seqpack.hf.checks.check_model` — its capability, stated conditions
+    :func:`seqpack.hf.preflight.check_model` — its capability, stated conditions
     (the longest example), vocabulary and pad id (a stream: capability and rows)."""
     if model is None:
         return
-    from seqpack.hf.checks import check_model
+    from seqpack.hf.preflight import check_model
 
     lengths = examples.lengths if examples is not None else ()
     longest = int(max(lengths)) if len(lengths) else 0

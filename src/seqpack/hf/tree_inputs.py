@@ -15,8 +15,8 @@ each original sequence computes alone:
 * ``flex_attention``: a ``BlockMask`` of the same predicate;
 * ``seqpack_tree`` (registered here in ``AttentionInterface``): no mask at
   all; the keyword ``seqpack_tree`` carries the batch's
-  :class:`~seqpack.nn.tree.TreePlan` to every layer, whose attention is
-  :func:`~seqpack.nn.tree.tree_attention` (``Σ node × path`` score cells)
+  :class:`~seqpack.nn.tree_attention.TreePlan` to every layer, whose attention is
+  :func:`~seqpack.nn.tree_attention.tree_attention` (``Σ node × path`` score cells)
   with the layer's own window.
 
 Refused with the reason: the flattened kinds (``flash_attention_*``,
@@ -36,7 +36,7 @@ from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.tree import TreeBatch, check_tree_batch
 from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture, describe
 from seqpack.hf.kinds import FLATTENED_KINDS, FLEX, attention_kind
-from seqpack.nn.tree import TreePlan, tree_attention, tree_mask_mod, tree_plan
+from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_mask_mod, tree_plan
 
 NAME = "seqpack_tree"
 
@@ -113,7 +113,7 @@ def tree_inputs(
     """Keyword arguments for ``model(**kwargs)`` on a tree batch (see the module docstring).
 
     Tensors are ``(R, T)``; the logits come back ``(R, T, V)``, one per cell:
-    :func:`seqpack.nn.tree.sequence_logprobs` and friends unpack them.
+    :func:`seqpack.nn.tree_attention.sequence_logprobs` and friends unpack them.
     """
     batch = check_tree_batch(batch)
     if arch is None and config is not None:
@@ -156,7 +156,7 @@ def seqpack_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv)."""
-    from seqpack.hf.attention import layer_window
+    from seqpack.hf.attention_impl import layer_window
 
     name = type(module).__name__
     if softcap is not None or s_aux is not None:

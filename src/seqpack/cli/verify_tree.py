@@ -32,8 +32,8 @@ def cmd_verify_tree(args: argparse.Namespace) -> int:
         raise InvalidInput(
             f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
         )
-    from seqpack.hf import tree_verify
-    from seqpack.hf.verify import DTYPES, load_model
+    from seqpack.verify import tree_models as tree_verify
+    from seqpack.verify.models import DTYPES, load_model
 
     spec = tree_verify.parse_tree_lengths(args.tree_lengths)
     model = load_model(
@@ -93,7 +93,7 @@ def _print(report: dict) -> None:
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
-    from seqpack.io.tree import tree_file_groups, tree_stats
+    from seqpack.io.tree_files import tree_file_groups, tree_stats
     from seqpack.pipeline.options import from_arguments
     from seqpack.pipeline.tree_options import TreeOptions
 
@@ -127,7 +127,7 @@ def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
         raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     if isinstance(args.input, list):
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file, not several")
-    from seqpack.pipeline.tree import pack_tree_path
+    from seqpack.pipeline.pack_tree import pack_tree_path
 
     stats = pack_tree_path(args.input, args.out, options, tree)
     if args.json:

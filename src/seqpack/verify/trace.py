@@ -1,6 +1,6 @@
 """The JSON trace ``seqpack demo`` prints for the seed's A/B/C fixture.
 
-The fixture itself lives in :mod:`seqpack.core.fixture`; every number in
+The fixture itself lives in :mod:`seqpack.verify.fixture`; every number in
 the trace is computed from the packed layout, none is typed in.
 """
 
@@ -13,7 +13,8 @@ import numpy as np
 from seqpack.core import permission
 from seqpack.core.batch import PackedBatch
 from seqpack.core.counts import batch_counts, compare_layouts
-from seqpack.core.fixture import (
+from seqpack.core.loss import probe_logits, weighting_report
+from seqpack.verify.fixture import (
     DENSITY_LENGTHS,
     FIXTURE_CAPACITY,
     FIXTURE_DOCUMENTS,
@@ -23,7 +24,6 @@ from seqpack.core.fixture import (
     fixture_examples,
     probe_gold_probability,
 )
-from seqpack.core.loss import probe_logits, weighting_report
 
 
 def layout_section(batch: PackedBatch) -> dict[str, Any]:
@@ -97,8 +97,8 @@ def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
         import torch  # noqa: F401
     except ImportError:
         return {"skipped": "PyTorch is not installed — pip install 'seqpack[torch]'"}
-    from seqpack.nn.decoder import TinyDecoder
-    from seqpack.nn.verify import describe, three_way
+    from seqpack.verify.decoder import TinyDecoder
+    from seqpack.verify.layouts import describe, three_way
 
     model = TinyDecoder(profile, seed=seed)
     report = three_way(model, fixture_examples(), FIXTURE_CAPACITY)
