@@ -250,7 +250,7 @@ def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) 
 
 def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -> None:
     """The statistics a pack recorded agree with the manifest's own numbers."""
-    stats = manifest["statistics"]
+    stats = manifest["statistics"]  # an object: the schema said so
     rows, capacity, tokens = summary["rows"], summary["capacity"], summary["tokens"]
     expected: dict[str, Any] = {
         "capacity": capacity,
@@ -259,40 +259,32 @@ def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -
         "tokens": tokens,
         "lower_bound": -(-tokens // capacity),
         "batches": -(-rows // summary["max_rows_per_batch"]),
+        "efficiency": tokens / (rows * capacity) if rows else 0.0,
     }
     policy = manifest.get("policy")
     if isinstance(policy, Mapping) and "name" in policy:
         expected["policy"] = policy["name"]
-    if not isinstance(stats, Mapping):
-        raise _bad(where, f"statistics is a {type(stats).__name__}, not an object")
     for key, want in expected.items():
-        if key in stats and (stats[key] != want or isinstance(stats[key], bool)):
+        got = stats.get(key, want)
+        if key == "efficiency":  # a float: equal to rounding
+            same = type(got) in (int, float) and abs(got - want) <= 1e-9 * max(1.0, want)
+        else:
+            same = got == want and not isinstance(got, bool)
+        if not same:
             raise _bad(
                 where,
-                f"statistics.{key} is {stats[key]!r} but the manifest's config and"
-                f" shards give {want!r}",
+                f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
             )
-    if "efficiency" in stats:
-        eff = tokens / (rows * capacity) if rows else 0.0
-        got = stats["efficiency"]
-        if not isinstance(got, (int, float)) or not abs(got - eff) <= 1e-9 * max(1.0, eff):
-            raise _bad(
-                where,
-                f"statistics.efficiency is {got!r} but the manifest's config and"
-                f" shards give {eff!r}",
-            )
-    eligible = stats.get("eligible_targets")
-    if eligible is not None:
-        if type(eligible) is not int or not 0 <= eligible <= tokens:
-            raise _bad(
-                where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]"
-            )
-        if summary["eligible"] >= 0 and eligible != summary["eligible"]:
-            raise _bad(
-                where,
-                f"statistics.eligible_targets is {eligible!r} but the shards' entries give"
-                f" {summary['eligible']:,}",
-            )
+    eligible, known = stats.get("eligible_targets"), summary["eligible"]
+    if eligible is None:
+        return
+    if type(eligible) is not int or not 0 <= eligible <= tokens:
+        raise _bad(where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]")
+    if known >= 0 and eligible != known:
+        raise _bad(
+            where,
+            f"statistics.eligible_targets is {eligible!r} but the shards' entries give {known:,}",
+        )
 
 
 def check_checksums(manifest: Mapping, folder: Path) -> None:

@@ -35,6 +35,7 @@ import pyarrow as pa
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import make_folders, remove_folders
 from seqpack.io.documents import Origin, TokenChunk
+from seqpack.io.shards import numpy_array
 
 
 class MappedFile:
@@ -86,11 +87,6 @@ SCHEMA = pa.schema(
 )
 
 
-def _values(array: np.ndarray, kind: pa.DataType) -> pa.Array:
-    array = np.ascontiguousarray(array, dtype=kind.to_pandas_dtype())
-    return pa.Array.from_buffers(kind, array.shape[0], [None, pa.py_buffer(array)])
-
-
 class Spill:
     """An append-only, unnamed Arrow IPC file of token chunks in ``folder``."""
 
@@ -120,14 +116,14 @@ class Spill:
         """Write ``chunk``'s tokens (as int32), flags and ids as one record batch."""
         assert self._writer is not None, "the spill was opened for reading"
         k = len(chunk)
-        offsets = _values(chunk.offsets, pa.int64())
-        tokens = pa.LargeListArray.from_arrays(offsets, _values(chunk.tokens, pa.int32()))
+        offsets = numpy_array(chunk.offsets, pa.int64())
+        tokens = pa.LargeListArray.from_arrays(offsets, numpy_array(chunk.tokens, pa.int32()))
         if chunk.flags is None:
             flags = pa.nulls(k, SCHEMA.field("flags").type)
         else:
             targets = chunk.offsets - np.arange(k + 1, dtype=np.int64)
-            values = _values(chunk.flags.view(np.uint8), pa.uint8())
-            flags = pa.LargeListArray.from_arrays(_values(targets, pa.int64()), values)
+            values = numpy_array(chunk.flags.view(np.uint8), pa.uint8())
+            flags = pa.LargeListArray.from_arrays(numpy_array(targets, pa.int64()), values)
         ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
         with self._naming_errors():
