@@ -335,6 +335,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail or pause
+    write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
+
+
 def write_shard_file(
     table: pa.Table, directory: str | Path, name: str, first_row: int | None = None
 ) -> dict[str, Any]:
@@ -347,7 +351,7 @@ def write_shard_file(
     :mod:`seqpack.io.trl_schema`) needs ``first_row``.
     """
     path = Path(directory) / name
-    write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
+    _write_shard(table, path)
     names = table.column_names
     if first_row is None:
         first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
