@@ -12,15 +12,13 @@ file, fsync, ``os.replace``, folder fsync)::
       shard-0001-00000.parquet  listed by the previous manifest: removed after the commit
       notes.txt                 the user's: never touched (a note says it stays)
 
-Shard names carry a *generation* one above any in the folder
-(:func:`shard_name` names every shard file). ``--overwrite`` is a new
-manifest plus removal of the shards the previous one listed. A run that fails
-or is signalled removes its generation's files and the folders it created; a
-run killed outright leaves its record in the lock file, and the next writer
-removes exactly that run's files. A folder holding foreign files and no
-manifest is never packed into; ``--out`` ``""``, ``.``, ``..``, ``/``, an
-output overlapping an input, and a lock file or manifest that is a link are
-refused (a symbolic ``--out`` is followed).
+Shard names carry a *generation* one above any in the folder (:func:`shard_name`).
+``--overwrite`` is a new manifest plus removal of the shards the previous one
+listed. A failed or signalled run removes its generation's files and folders;
+a run killed outright leaves its record in the lock file, and the next writer
+removes exactly that run's files. Refused: a folder of foreign files and no
+manifest; ``--out`` ``""``, ``.``, ``..``, ``/``; an output overlapping an
+input; a lock file or manifest that is a link (a symbolic ``--out`` is followed).
 """
 
 from __future__ import annotations
