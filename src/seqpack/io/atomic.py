@@ -1,31 +1,24 @@
 """Publishing a packed directory: ``manifest.json`` is the commit point.
 
 A reader trusts only what ``manifest.json`` lists, so a writer writes its
-shards into the output folder under names no manifest lists yet, then
-replaces the manifest (part file, fsync, ``os.replace``, folder fsync):
-before that rename a reader sees the old output (or none), after it the new::
+shards under names no manifest lists yet, then replaces the manifest (part
+file, fsync, ``os.replace``, folder fsync)::
 
     packed/
-      .seqpack-lock             one writer at a time (flock, via filelock); names the
-                                writer and what it replaces while it runs
+      .seqpack-lock             one writer at a time (filelock); names the writer
+                                and what it replaces while it runs
       manifest.json             the commit: lists generation 2's shards
       shard-0002-00000.parquet  written by this run, listed by the new manifest
       shard-0001-00000.parquet  listed by the previous manifest: removed after the commit
       notes.txt                 the user's: never touched (a note says it stays)
 
-Shard names carry a *generation*, one more than any in the folder, so a
-run never writes over a listed shard; :func:`shard_name` is the one place
-that names shard files. ``--overwrite`` is a new manifest plus the removal
-of the shards the previous manifest listed (regular files of seqpack's own
-name pattern only). A run that fails or is signalled removes the files of
-its generation and the folders it created; a run killed outright leaves
-its record in the lock file, and the next writer removes exactly that
-run's files, with a note. A folder holding files seqpack did not write and
-no manifest is never packed into.
-
-``--out`` ``""``, ``.``, ``..`` and ``/`` are refused, a symbolic link is
-followed (the link stays), an output that is, holds or lies inside an input
-is refused, and so is a lock file or manifest that is a link.
+Shard names carry a *generation* one above any in the folder (:func:`shard_name`).
+``--overwrite`` is a new manifest plus removal of the shards the previous one
+listed. A failed or signalled run removes its generation's files and folders;
+a run killed outright leaves its record in the lock file, and the next writer
+removes exactly that run's files. Refused: a folder of foreign files and no
+manifest; ``--out`` ``""``, ``.``, ``..``, ``/``; an output overlapping an
+input; a lock file or manifest that is a link (a symbolic ``--out`` is followed).
 """
 
 from __future__ import annotations
@@ -46,6 +39,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import filelock
+import msgspec
 
 from seqpack.core.errors import InvalidInput
 
@@ -201,9 +195,10 @@ def _check_target(path: Path, overwrite: bool) -> None:
         )
 
 
-def _make_folders(out: Path) -> list[Path]:
-    """Create ``out`` and its missing parents; the ones created, outermost first."""
-    folder, missing = out, []
+def make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; the ones created, outermost first (on an
+    ``OSError`` none is left behind)."""
+    missing: list[Path] = []
     while not os.path.lexists(folder) and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
@@ -214,16 +209,13 @@ def _make_folders(out: Path) -> list[Path]:
         for path in reversed(missing):
             path.mkdir()
             made.append(path)
-    except OSError as err:
-        _remove_folders(made)
-        raise InvalidInput(
-            f"cannot create the output folder {out} ({err.strerror or err}) — choose a writable"
-            " --out"
-        ) from None
+    except OSError:
+        remove_folders(made)
+        raise
     return made
 
 
-def _remove_folders(made: list[Path]) -> None:
+def remove_folders(made: list[Path]) -> None:
     for folder in reversed(made):
         try:
             folder.rmdir()  # only empty folders this run created
@@ -231,19 +223,27 @@ def _remove_folders(made: list[Path]) -> None:
             break
 
 
-def _describe(record: dict[str, Any]) -> str:
-    if not record:
-        return "starting up"
-    return f"pid {record.get('pid')} on {record.get('host')}, since {record.get('since')}"
+class _Record(msgspec.Struct):
+    """What a writer records in the lock file while it runs."""
+
+    pid: int | None = None
+    host: str | None = None
+    since: str | None = None
+    generation: int | None = None
+    replaces: list[str] = []
 
 
-def _read_record(raw: bytes) -> dict[str, Any]:
-    """What a writer records in the lock file (``{}`` when empty or unreadable)."""
+def _read_record(raw: bytes) -> _Record:
     try:
-        record = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {}
-    return record if isinstance(record, dict) else {}
+        return msgspec.json.decode(raw, type=_Record)
+    except (msgspec.DecodeError, RecursionError):  # empty, torn or edited: no record
+        return _Record()
+
+
+def _describe(record: _Record) -> str:
+    if record.pid is None:
+        return "starting up"
+    return f"pid {record.pid} on {record.host}, since {record.since}"
 
 
 def _remove(folder: Path, names: Iterable[str], keep: Iterable[str]) -> int:
@@ -289,7 +289,7 @@ class Output:
             )
 
 
-def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
+def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, _Record]:
     """Lock ``path/.seqpack-lock`` without waiting; (lock, descriptor, the record a killed
     writer left in it)."""
     file = path / LOCK
@@ -322,16 +322,14 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, dict[str, Any]]:
     return lock, fd, previous
 
 
-def _recover(path: Path, previous: dict[str, Any], listed: list[str] | None) -> list[str]:
+def _recover(path: Path, previous: _Record, listed: list[str] | None) -> list[str]:
     """Remove the files of the killed run recorded in the lock (those no manifest lists)."""
-    if not previous:
+    if previous.generation is None:
         return []
-    generation = previous.get("generation")
-    mine = _generation_files(generation) if isinstance(generation, int) else None
-    names = [p.name for p in path.iterdir() if mine is not None and mine.match(p.name)]
-    replaced = previous.get("replaces")
-    if isinstance(replaced, list) and listed is not None:  # it committed: the old shards go
-        names += [n for n in replaced if isinstance(n, str) and SHARD.match(n)]
+    mine = _generation_files(previous.generation)
+    names = [p.name for p in path.iterdir() if mine.match(p.name)]
+    if listed is not None:  # it committed: the old shards go
+        names += [n for n in previous.replaces if SHARD.match(n)]
     removed = _remove(path, names, listed or ())
     note = f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
     return [note + (f"; removed {removed} file(s) it wrote" if removed else "")]
@@ -353,11 +351,17 @@ def open_output(
     path = output_path(out)
     _refuse_overlap(path, inputs)
     _check_target(path, overwrite)
-    made = _make_folders(path)
+    try:
+        made = make_folders(path)
+    except OSError as err:
+        raise InvalidInput(
+            f"cannot create the output folder {path} ({err.strerror or err}) — choose a writable"
+            " --out"
+        ) from None
     try:
         lock, fd, previous = _take_lock(path)
     except BaseException:
-        _remove_folders(made)
+        remove_folders(made)
         raise
     try:
         _check_target(path, overwrite)  # again, holding the lock
@@ -366,15 +370,10 @@ def open_output(
         gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
         replaces = [n for n in listed or () if SHARD.match(n)]
         output = Output(path, max([0, *gens]) + 1, replaces, notes)
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "generation": output.generation,
-            "replaces": replaces,
-        }
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        record = _Record(os.getpid(), socket.gethostname(), since, output.generation, replaces)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        os.pwrite(fd, msgspec.json.encode(record), 0)
         try:
             yield output
         finally:
@@ -397,4 +396,4 @@ def open_output(
         finally:
             os.close(fd)
             lock.release()
-        _remove_folders(made)
+        remove_folders(made)

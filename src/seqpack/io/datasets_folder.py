@@ -19,7 +19,7 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.files import open_regular, read_limited, resolve_inside
-from seqpack.io.jsoncheck import DuplicateKey, unique_keys
+from seqpack.io.jsonl import DuplicateKey, unique_keys
 
 #: The most bytes of ``state.json`` / ``dataset_dict.json`` / ``dataset_info.json`` read.
 MAX_METADATA_FILE = 16 << 20

@@ -1,31 +1,27 @@
 """Loading as verification: a packed directory's manifest and shards must agree.
 
-Every number a loader relies on is checked against the others before it is
-used, so an edited manifest or shard either fails with an
-:class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or changes
-nothing that is loaded. Three depths, :func:`seqpack.io.store.load_packed`'s
-``verify=``:
+``manifest.json`` is decoded once, at the border, into the typed schema
+:class:`Manifest` (msgspec structs with bounds); every number a loader relies
+on is then checked against the others, so an edited manifest or shard fails
+with an :class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or
+changes nothing that is loaded. Three depths, ``load_packed(verify=...)``:
 
 ``False``
-    :func:`check_manifest` only (types, bounds, contiguous rows, counts,
-    statistics, no shard twice): microseconds. Files the manifest does not list
-    are never read (a killed run's shards, the user's own files).
-``True`` (default, the checksum fast path)
-    plus :func:`check_checksums`: size and sha256 of every shard (reads
-    every byte once, no decoding).
+    :func:`check_manifest` only (schema, contiguous rows, counts, statistics,
+    no shard twice): microseconds. Files the manifest does not list are never
+    read (a killed run's shards, the user's own files).
+``True`` (default)
+    plus :func:`check_checksums`: size and sha256 of every shard.
 ``"full"``
-    plus :func:`check_contents`: every shard decoded now and held against
-    its manifest entry (:func:`check_shard`), ordinals a permutation of
-    ``0..occurrences-1`` across shards, eligible targets as recorded.
+    plus :func:`check_contents`: every shard decoded now, ordinals a
+    permutation of ``0..occurrences-1`` across shards, eligible targets as
+    recorded.
 
 At every depth a shard is checked when it is read: its schema is the
-format's (:func:`check_schema`: declared columns and Arrow types, the
-columns its entry lists) and its content agrees with its entry
-(:func:`check_shard`: rows, first row, occurrences, tokens and eligible
-targets; rows non-empty, occurrences inside their row without overlap;
-tokens in ``[0, vocab_size)``; ordinals in range and distinct; provenance
-ranges ``range_end - range_start == len + 1``), so no depth ever yields a
-batch that disagrees with the manifest.
+format's (:func:`check_schema`) and its content agrees with its entry
+(:func:`check_shard`: counts, rows non-empty, occurrences inside their row
+without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and in
+range, ``range_end - range_start == len + 1``).
 """
 
 from __future__ import annotations
@@ -34,8 +30,9 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,9 +47,63 @@ from seqpack.io.trl_schema import check_trl_contents, is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_ENTRY_COUNTS = ("first_row", "rows", "occurrences", "tokens", "bytes")
 DEPTHS = (False, True, "full")  # of load_packed(verify=...)
+#: The largest manifest read (a real one lists a few thousand shards).
+MAX_MANIFEST_BYTES = 64 << 20
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Size = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class ConfigRecord(msgspec.Struct):
+    capacity: Size
+    max_rows_per_batch: Size
+
+
+class BindingRecord(msgspec.Struct):
+    vocab_size: Size
+    tokenizer_id: Text
+    split_id: Text
+
+
+class TreeEntry(msgspec.Struct, kw_only=True):
+    """A shard entry of any output: its file, row span, size and sha256."""
+
+    file: Annotated[str, msgspec.Meta(max_length=255)]  # a name the file system can hold
+    first_row: Count
+    rows: Count
+    bytes: Count
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    columns: list[str] | None = None
+
+
+class ShardEntry(TreeEntry, kw_only=True):
+    """A flat shard's entry: also its occurrences, tokens and (since 0.3) eligible targets."""
+
+    occurrences: Count
+    tokens: Count
+    eligible: Count | None = None
+
+
+class Manifest(msgspec.Struct):
+    """What a loader relies on in ``manifest.json`` (other sections are informational)."""
+
+    config: ConfigRecord
+    binding: BindingRecord
+    partition: Literal["train", "validation", "test"]
+    rows: Count
+    occurrences: Count
+    shards: list[ShardEntry]
+    statistics: dict[str, Any] | None = None
+
+
+class TreeManifest(msgspec.Struct):
+    config: ConfigRecord
+    binding: BindingRecord
+    partition: Literal["train", "validation", "test"]
+    rows: Count
+    shards: list[TreeEntry]
 
 
 def _bad(where: Path | str, what: str) -> InvalidInput:
@@ -61,67 +112,101 @@ def _bad(where: Path | str, what: str) -> InvalidInput:
     )
 
 
-def _count(value: Any, name: str, where: Path, low: int = 0, high: int = MAX_COUNT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _bad(where, f"{name} is {value!r}, not an integer in [{low:,}, {high:,}]")
-    return value
+def read_manifest(folder: Path) -> Any:
+    """The parsed ``manifest.json`` of ``folder`` (any JSON value; see :func:`decode`)."""
+    where = folder / MANIFEST
+    try:
+        with where.open("rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB")
+        # the json module, not msgspec's parser: Infinity and NaN parse, then the
+        # schema names the field that holds them
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInput(f"{where}: not valid JSON ({err}) — pack again") from None
 
 
-def _field(node: Any, key: str, where: Path, context: str = "") -> Any:
-    if not isinstance(node, Mapping) or key not in node:
-        raise _bad(where, f"{context}{key!r} is missing")
-    return node[key]
+def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
+    """``raw`` (a parsed manifest) as ``schema``; a field that does not fit is named, with
+    its value and its bounds."""
+    if not isinstance(raw, Mapping):
+        raise _bad(where, f"holds a {type(raw).__name__}, not a manifest object")
+    try:
+        return msgspec.convert(raw, schema)
+    except msgspec.ValidationError as err:
+        raise _schema_error(str(err), raw, where) from None
+
+
+_LIMITS = {"capacity": (1, INT32_MAX), "max_rows_per_batch": (1, INT32_MAX),
+           "vocab_size": (1, INT32_MAX)}  # fmt: skip
+
+
+def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
+    """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in seqpack's words:
+    the field (a shard by its file), its value, what it must be."""
+    what, _, at = text.partition(" - at `$")
+    path: list[Any] = [int(i) if i else k for k, i in re.findall(r"\.(\w+)|\[(\d+)\]", at)]
+    node, parts = raw, []
+    for key in path:
+        entry = node[key]
+        if isinstance(key, int):  # a shard entry, named by its file
+            file = entry.get("file") if isinstance(entry, Mapping) else None
+            named = isinstance(file, str) and len(file) <= 255
+            parts = [f"shard {file}" if named else f"shards[{key}]"]
+        else:
+            parts.append(key)
+        node = entry
+    sep = " " if any(isinstance(k, int) for k in path) else "."
+    label = sep.join(parts)
+    if missing := re.match(r"Object missing required field `(\w+)`", what):
+        context = label + (": " if sep == " " else ".") if label else ""
+        return _bad(where, f"{context}{missing[1]!r} is missing")
+    if "`int`" in what:
+        low, high = _LIMITS.get(path[-1], (0, MAX_COUNT))
+        return _bad(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
+    if path == ["partition"]:
+        return _bad(where, f"partition is {node!r}, not train, validation or test")
+    shown = repr(node) if len(repr(node)) <= 40 else repr(node)[:37] + "..."
+    expected = re.sub(r"^Expected |, got .*$", "", what)
+    return _bad(where, f"{label or 'the manifest'} is {shown}, not {expected}")
 
 
 def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
     """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own; no shard read.
 
     Returns the checked numbers: capacity, max_rows_per_batch, vocab_size,
-    rows, occurrences, tokens (prediction pairs), shards.
+    rows, occurrences, tokens (prediction pairs), shards, eligible (-1: not
+    recorded for every shard).
     """
     where = folder / MANIFEST
-    if not isinstance(manifest, Mapping):
-        raise _bad(where, f"holds a {type(manifest).__name__}, not a manifest object")
     trl = is_trl(manifest)
-    if not trl and (
-        manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS
+    if (
+        isinstance(manifest, Mapping)
+        and not trl
+        and (manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS)
     ):
         raise InvalidInput(
             f"{where}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
             f" this seqpack reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
             f" (it writes {VERSION}) — pack it again with this version"
         )
-    config = _field(manifest, "config", where)
-    capacity = _count(
-        _field(config, "capacity", where, "config."), "config.capacity", where, 1, INT32_MAX
-    )
-    per_call = _field(config, "max_rows_per_batch", where, "config.")
-    per_call = _count(per_call, "config.max_rows_per_batch", where, 1, INT32_MAX)
-    binding = _field(manifest, "binding", where)
-    vocab = _count(
-        _field(binding, "vocab_size", where, "binding."), "binding.vocab_size", where, 1, INT32_MAX
-    )
-    for key in ("tokenizer_id", "split_id"):
-        if not isinstance(_field(binding, key, where, "binding."), str) or not binding[key]:
-            raise _bad(where, f"binding.{key} is {binding[key]!r}, not a non-empty string")
-    part = _field(manifest, "partition", where)
-    if part not in {p.value for p in Partition}:
-        raise _bad(where, f"partition is {part!r}, not train, validation or test")
-    rows = _count(_field(manifest, "rows", where), "rows", where)
-    occurrences = _count(_field(manifest, "occurrences", where), "occurrences", where)
-    totals = _check_entries(_field(manifest, "shards", where), where, capacity, per_call)
-    if totals["rows"] != rows:
-        raise _bad(where, f"shards hold {totals['rows']:,} rows, not {rows:,}")
-    if totals["occurrences"] != occurrences:
-        raise _bad(where, f"shards hold {totals['occurrences']:,} occurrences, not {occurrences:,}")
+    m: Manifest = decode(manifest, Manifest, where)
+    totals = _check_entries(m.shards, where, m.config)
+    if totals["rows"] != m.rows:
+        raise _bad(where, f"shards hold {totals['rows']:,} rows, not {m.rows:,}")
+    if totals["occurrences"] != m.occurrences:
+        raise _bad(
+            where, f"shards hold {totals['occurrences']:,} occurrences, not {m.occurrences:,}"
+        )
     summary = {
-        "capacity": capacity,
-        "max_rows_per_batch": per_call,
-        "vocab_size": vocab,
-        "rows": rows,
-        "occurrences": occurrences,
-        "tokens": totals["tokens"] - (0 if trl else occurrences),  # TRL's unit: tokens
-        "shards": len(manifest["shards"]),
+        "capacity": m.config.capacity,
+        "max_rows_per_batch": m.config.max_rows_per_batch,
+        "vocab_size": m.binding.vocab_size,
+        "rows": m.rows,
+        "occurrences": m.occurrences,
+        "tokens": totals["tokens"] - (0 if trl else m.occurrences),  # TRL's unit: tokens
+        "shards": len(m.shards),
         "eligible": totals["eligible"],
     }
     if "statistics" in manifest:
@@ -129,53 +214,43 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
     return summary
 
 
-def _check_entries(shards: Any, where: Path, capacity: int, per_call: int) -> dict[str, int]:
+def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) -> dict[str, int]:
     """Shard entries: plain unique names, contiguous whole model calls, plausible counts."""
-    if not isinstance(shards, list):
-        raise _bad(where, f"shards is a {type(shards).__name__}, not a list")
+    capacity, per_call = config.capacity, config.max_rows_per_batch
     names: set[str] = set()
     totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
-    for k, entry in enumerate(shards):
-        name = _field(entry, "file", where, f"shards[{k}].")
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+    for k, e in enumerate(shards):
+        name = e.file
+        if Path(name).name != name or name in ("", ".", ".."):
             raise _bad(where, f"shard file {name!r} is not a plain file name")
         if name in names:
             raise _bad(where, f"shard {name} is listed twice")
         names.add(name)
-        first, rows, occ, tokens, _ = (
-            _count(_field(entry, key, where, f"shard {name}: "), f"shard {name} {key}", where)
-            for key in _ENTRY_COUNTS
-        )
-        # supervised targets, recorded since 0.3 (-1: not for every shard, no total)
-        eligible = entry.get("eligible")
-        if eligible is not None:
-            _count(eligible, f"shard {name} eligible", where)
-        stale = eligible is None or totals["eligible"] < 0
-        totals["eligible"] = -1 if stale else totals["eligible"] + eligible
-        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
-            raise _bad(where, f"shard {name} has no sha256 of 64 hex digits")
-        if first != totals["rows"]:
-            raise _bad(where, f"shard {name} starts at row {first:,}, not {totals['rows']:,}")
-        last = k == len(shards) - 1
-        if rows < 1 or (not last and rows % per_call):
+        stale = e.eligible is None or totals["eligible"] < 0  # -1: no total
+        totals["eligible"] = -1 if stale else totals["eligible"] + e.eligible
+        if e.first_row != totals["rows"]:
+            raise _bad(where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}")
+        if e.rows < 1 or (k < len(shards) - 1 and e.rows % per_call):
             raise _bad(
-                where, f"shard {name} holds {rows:,} rows, not whole model calls of {per_call:,}"
+                where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
             )
         # Every row holds 1..capacity occurrences; a window is len + 1 >= 2 tokens.
+        rows, occ, tokens = e.rows, e.occurrences, e.tokens
         if not rows <= occ <= rows * capacity or not 2 * occ <= tokens <= rows * capacity + occ:
             raise _bad(
                 where,
                 f"shard {name} claims {rows:,} rows, {occ:,} occurrences and"
                 f" {tokens:,} tokens, which rows of {capacity:,} cannot hold",
             )
-        for key, value in (("rows", rows), ("occurrences", occ), ("tokens", tokens)):
-            totals[key] += value
+        totals["rows"] += rows
+        totals["occurrences"] += occ
+        totals["tokens"] += tokens
     return totals
 
 
 def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -> None:
     """The statistics a pack recorded agree with the manifest's own numbers."""
-    stats = manifest["statistics"]
+    stats = manifest["statistics"]  # an object: the schema said so
     rows, capacity, tokens = summary["rows"], summary["capacity"], summary["tokens"]
     expected: dict[str, Any] = {
         "capacity": capacity,
@@ -184,37 +259,32 @@ def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -
         "tokens": tokens,
         "lower_bound": -(-tokens // capacity),
         "batches": -(-rows // summary["max_rows_per_batch"]),
+        "efficiency": tokens / (rows * capacity) if rows else 0.0,
     }
     policy = manifest.get("policy")
     if isinstance(policy, Mapping) and "name" in policy:
         expected["policy"] = policy["name"]
-    if not isinstance(stats, Mapping):
-        raise _bad(where, f"statistics is a {type(stats).__name__}, not an object")
     for key, want in expected.items():
-        if key in stats and (stats[key] != want or isinstance(stats[key], bool)):
+        got = stats.get(key, want)
+        if key == "efficiency":  # a float: equal to rounding
+            same = type(got) in (int, float) and abs(got - want) <= 1e-9 * max(1.0, want)
+        else:
+            same = got == want and not isinstance(got, bool)
+        if not same:
             raise _bad(
                 where,
-                f"statistics.{key} is {stats[key]!r} but the manifest's config and"
-                f" shards give {want!r}",
+                f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
             )
-    if "efficiency" in stats:
-        eff = tokens / (rows * capacity) if rows else 0.0
-        got = stats["efficiency"]
-        if not isinstance(got, (int, float)) or not abs(got - eff) <= 1e-9 * max(1.0, eff):
-            raise _bad(
-                where,
-                f"statistics.efficiency is {got!r} but the manifest's config and"
-                f" shards give {eff!r}",
-            )
-    eligible = stats.get("eligible_targets")
-    if eligible is not None:
-        _count(eligible, "statistics.eligible_targets", where, 0, tokens)
-        if summary["eligible"] >= 0 and eligible != summary["eligible"]:
-            raise _bad(
-                where,
-                f"statistics.eligible_targets is {eligible!r} but the shards' entries give"
-                f" {summary['eligible']:,}",
-            )
+    eligible, known = stats.get("eligible_targets"), summary["eligible"]
+    if eligible is None:
+        return
+    if type(eligible) is not int or not 0 <= eligible <= tokens:
+        raise _bad(where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]")
+    if known >= 0 and eligible != known:
+        raise _bad(
+            where,
+            f"statistics.eligible_targets is {eligible!r} but the shards' entries give {known:,}",
+        )
 
 
 def check_checksums(manifest: Mapping, folder: Path) -> None:
@@ -282,7 +352,7 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         "occurrences": len(rows),
         "tokens": int(rows.tokens.shape[0]),
     }
-    if "eligible" in entry:
+    if entry.get("eligible") is not None:
         got["eligible"] = int(np.count_nonzero(rows.loss_mask))
     for key, value in got.items():
         if value != entry[key]:
@@ -333,7 +403,7 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
         raise _bad(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
     for key, value in got.items():
-        if key in entry and value != entry[key]:
+        if entry.get(key) is not None and value != entry[key]:
             raise _bad(file, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
     return seq, occ, per_row
 
@@ -383,10 +453,7 @@ def verify_folder(folder: Path) -> dict[str, Any]:
 
     Every check of every depth, for seqpack's format and TRL's.
     """
-    try:
-        manifest = json.loads((folder / MANIFEST).read_bytes())
-    except (OSError, ValueError, RecursionError) as err:
-        raise _bad(folder / MANIFEST, f"not a readable JSON manifest ({err})") from None
+    manifest = read_manifest(folder)
     occurrences, shards = check_manifest(manifest, folder)["occurrences"], manifest["shards"]
     check_checksums(manifest, folder)
     if is_trl(manifest):
@@ -398,3 +465,24 @@ def verify_folder(folder: Path) -> dict[str, Any]:
 
     check_contents(manifest, read, folder)
     return manifest
+
+
+def refuse_packed(path: Path) -> None:
+    """Refuse a seqpack output (its folder or a file in it) given as input: its rows are
+    packed already, and reading them as a corpus would pack the packing."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        kind = read_manifest(folder).get("format") if (folder / MANIFEST).is_file() else None
+    except (OSError, InvalidInput, AttributeError):
+        return
+    if not isinstance(kind, str) or not kind.startswith("seqpack."):
+        return
+    use = (
+        "seqpack.hf.load_trl(path) or TRL's trainer"
+        if kind.endswith("trl-packed")
+        else "seqpack.io.load_packed(path) or seqpack.training.PackedDataset(path)"
+    )
+    raise InvalidInput(
+        f"{path} is a seqpack output (format {kind}): it is already packed — use it with"
+        f" {use}, or give the corpus it was packed from"
+    )

@@ -32,7 +32,6 @@ from seqpack.core.binding import Partition
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.core.supervision import Objective
-from seqpack.io.already_packed import refuse_packed
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
 from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -43,10 +42,11 @@ from seqpack.io.files import (
     open_regular,
     open_stream,
 )
+from seqpack.io.integrity import refuse_packed
 from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
-from seqpack.io.mapped import MappedFile
 from seqpack.io.parquet_guard import check_row_groups
 from seqpack.io.sources import resolve_files
+from seqpack.io.spill import MappedFile
 from seqpack.io.tokenizers import Tokenizer
 
 #: Input bytes read, parsed and tokenized at a time (``PackOptions.chunk_bytes``).

@@ -1,4 +1,4 @@
-"""The packed-row Parquet format, version 2: one table row per packed row, one shard written.
+"""The packed-row Parquet format, version 2: one table row per packed row.
 
 One Parquet row per packed row (``K`` = occurrences in that row)::
 
@@ -14,19 +14,15 @@ One Parquet row per packed row (``K`` = occurrences in that row)::
     range_starts  list<int64>     [K] selected source range [start, end)  *
     range_ends    list<int64>     [K]  *
 
-Columns marked ``*`` are stored in a shard only when they cannot be derived
-from its other columns (the manifest lists each shard's ``columns``):
-``loss_bits`` is omitted when every target of the shard is supervised;
-``example_ids`` when each equals its source id; ``range_starts``/``range_ends``
-when every example is a whole source ``[0, len + 1)``; ``source_ids`` when,
-in addition, each is the decimal row number of its source (inputs without
-ids). The decision is made from the shard's content, so every writer (in
-memory, out of core, Ray) writes the same bytes for the same rows. Version 1 (``seq_lengths`` and a
-``labels`` column repeating ``tokens``) is still read
-(:mod:`seqpack.io.shard_rows`). Encoding, chosen by measurement
-(``benchmarks/bench_format.py``, ``docs/datasets.md``): zstd level 1, no
-dictionary, no statistics. A shard holds whole model calls (a multiple of
-``max_rows_per_batch`` rows); :mod:`seqpack.io.store` lays shards out.
+Columns marked ``*`` are stored only when the shard's other columns cannot
+give them (the manifest lists each shard's ``columns``): ``loss_bits`` when
+some target is unsupervised, ``example_ids`` when one differs from its source
+id, the ranges when an example is not a whole source ``[0, len + 1)``,
+``source_ids`` when one of those is stored or an id is not its row number.
+Decided from content, so every writer (in memory, out of core, Ray) writes the
+same bytes for the same rows. Version 1 is still read
+(:mod:`seqpack.io.shard_rows`). zstd level 1, no dictionary, no statistics
+(``benchmarks/bench_format.py``); a shard holds whole model calls.
 """
 
 from __future__ import annotations
@@ -339,7 +335,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_shard(table: pa.Table, path: Path) -> None:
+def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail or pause
     write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
 
 

@@ -12,21 +12,71 @@ loses it at once), so it lives exactly as long as this process holds it
 open and is gone after success, failure, SIGTERM or SIGKILL alike (the
 kernel frees an unnamed file when its last descriptor closes). Folders
 created for it are removed again when it closes.
+
+A touched page of a mapped file counts in resident memory until the map
+goes; :meth:`MappedFile.release` (``madvise(MADV_DONTNEED)``) drops the pages
+after each shard (they stay in the page cache and on disk), so resident
+memory is bounded by what one shard touches. Input files (Arrow IPC) are
+mapped the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
 from seqpack.core.errors import InvalidInput
+from seqpack.io.atomic import make_folders, remove_folders
 from seqpack.io.documents import Origin, TokenChunk
-from seqpack.io.mapped import MappedFile
+from seqpack.io.shards import numpy_array
+
+
+class MappedFile:
+    """``file`` (opened for reading) mapped read-only; ``buffer`` is a zero-copy Arrow view."""
+
+    def __init__(self, path: Path, file: BinaryIO) -> None:
+        self.path = path
+        self._file = file
+        size = file.seek(0, 2)
+        file.seek(0)
+        self._map: mmap.mmap | None = (
+            mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        )
+        self.buffer = pa.py_buffer(self._map) if self._map is not None else pa.py_buffer(b"")
+
+    def release(self) -> None:
+        """Drop this file's resident pages from the process (the data stays readable)."""
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def release_span(self, address: int, nbytes: int) -> None:
+        """Drop the pages holding ``nbytes`` at ``address`` (a view of this map; other
+        addresses are ignored). A page shared with other data is only read again."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+            return
+        start = address - self.buffer.address
+        size = len(self._map)
+        if not 0 <= start < size:
+            return
+        low = start - start % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, low, min(size, start + nbytes) - low)
+
+    def close(self) -> None:
+        """Unmap when no Arrow or NumPy view is left (else the views keep it alive)."""
+        self.buffer = pa.py_buffer(b"")
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # views still exported: they keep the map
+                self._map.close()
+            self._map = None
+        self._file.close()
+
 
 SCHEMA = pa.schema(
     [
@@ -37,25 +87,20 @@ SCHEMA = pa.schema(
 )
 
 
-def _values(array: np.ndarray, kind: pa.DataType) -> pa.Array:
-    array = np.ascontiguousarray(array, dtype=kind.to_pandas_dtype())
-    return pa.Array.from_buffers(kind, array.shape[0], [None, pa.py_buffer(array)])
-
-
 class Spill:
     """An append-only, unnamed Arrow IPC file of token chunks in ``folder``."""
 
     def __init__(self, folder: str | Path) -> None:
         folder = Path(folder)
-        self._made = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+        self._made: list[Path] = []
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            self._made = make_folders(folder)
             # unbuffered: Arrow writes whole buffers
             self._file = tempfile.TemporaryFile(  # noqa: SIM115 - closed by close()
                 dir=folder, prefix=".seqpack-spill-", buffering=0
             )
         except OSError as err:
-            self._remove_folders()
+            remove_folders(self._made)
             raise InvalidInput(
                 f"cannot create the spill file in {folder} ({err.strerror or err}) — pass a"
                 " writable --spill-dir with room for the corpus's tokens"
@@ -71,14 +116,14 @@ class Spill:
         """Write ``chunk``'s tokens (as int32), flags and ids as one record batch."""
         assert self._writer is not None, "the spill was opened for reading"
         k = len(chunk)
-        offsets = _values(chunk.offsets, pa.int64())
-        tokens = pa.LargeListArray.from_arrays(offsets, _values(chunk.tokens, pa.int32()))
+        offsets = numpy_array(chunk.offsets, pa.int64())
+        tokens = pa.LargeListArray.from_arrays(offsets, numpy_array(chunk.tokens, pa.int32()))
         if chunk.flags is None:
             flags = pa.nulls(k, SCHEMA.field("flags").type)
         else:
             targets = chunk.offsets - np.arange(k + 1, dtype=np.int64)
-            values = _values(chunk.flags.view(np.uint8), pa.uint8())
-            flags = pa.LargeListArray.from_arrays(_values(targets, pa.int64()), values)
+            values = numpy_array(chunk.flags.view(np.uint8), pa.uint8())
+            flags = pa.LargeListArray.from_arrays(numpy_array(targets, pa.int64()), values)
         ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
         with self._naming_errors():
@@ -130,7 +175,7 @@ class Spill:
             self._mapped = None
         else:
             self._file.close()
-        self._remove_folders()
+        remove_folders(self._made)
 
     @contextlib.contextmanager
     def _naming_errors(self) -> Iterator[None]:
@@ -140,10 +185,3 @@ class Spill:
         except OSError as err:
             where = f"{self.path} (--spill-dir)"
             raise OSError(err.errno, err.strerror or str(err), where) from None
-
-    def _remove_folders(self) -> None:
-        for folder in reversed(self._made):  # the folders made for it, if empty
-            try:
-                folder.rmdir()
-            except OSError:
-                break

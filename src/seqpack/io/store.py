@@ -13,14 +13,11 @@ expected binding and partition.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
@@ -33,15 +30,11 @@ from seqpack.io.integrity import (
     check_checksums,
     check_contents,
     check_manifest,
-    check_shard,
-    check_table,
+    read_manifest,
+    read_shard,
 )
-from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
-    FORMAT,
-    READABLE_VERSIONS,
     SHARD_TOKENS,
-    VERSION,
     manifest_record,
     rows_to_arrow,
     shard_bounds,
@@ -134,22 +127,7 @@ class PackedStore:
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
             file = self.path / self.shards[k]["file"]
-            try:
-                table = pq.read_table(file, memory_map=True)
-            except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-                raise InvalidInput(
-                    f"{file}: cannot read the shard ({err}) — the packed directory is damaged;"
-                    " pack again"
-                ) from None
-            check_table(table, str(file), self.shards[k])
-            rows = arrow_to_rows(
-                table,
-                capacity=self.capacity,
-                partition=self.partition,
-                binding=self.binding,
-                where=str(file),
-            )
-            check_shard(rows, self.shards[k], self.occurrences, str(file))
+            rows = read_shard(file, self.shards[k], self.manifest, self.occurrences)
             self._cached = (k, rows)
         return self._cached[1]
 
@@ -169,39 +147,11 @@ class PackedStore:
 
 
 def _open_manifest(path: Path) -> PackedStore:
-    """Read ``manifest.json`` and check its shape (types, shard names, counts)."""
-    mpath = path / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_bytes())
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidInput(f"{mpath}: not valid JSON ({err}) — pack again") from None
-    if not isinstance(manifest, dict):
-        raise InvalidInput(
-            f"{mpath}: holds a {type(manifest).__name__}, not a manifest object — pack again"
-        )
+    """Read ``manifest.json`` and check it (:func:`~seqpack.io.integrity.check_manifest`)."""
+    manifest = read_manifest(path)
     refuse_trl(manifest, str(path))
-    if manifest.get("format") != FORMAT or manifest.get("version") not in READABLE_VERSIONS:
-        raise InvalidInput(
-            f"{mpath}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
-            f" this seqpack reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
-            f" (it writes {VERSION}) — pack it again with this version"
-        )
     check_manifest(manifest, path)  # every number agrees with the others before it is used
-    try:
-        store = PackedStore(path, manifest)
-        for shard in store.shards:
-            name = shard["file"]
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise ValueError(f"shard file {name!r} is not a plain file name")
-            if not all(isinstance(shard[k], int) for k in ("first_row", "rows", "bytes")):
-                raise ValueError(f"shard {name} has non-integer counts")
-            if not isinstance(shard["sha256"], str):
-                raise ValueError(f"shard {name} has no sha256")
-        if store.capacity < 1 or store.max_rows_per_batch < 1 or store.num_rows < 0:
-            raise ValueError("config values must be positive")
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise InvalidInput(f"{mpath}: malformed manifest ({err!s}) — pack again") from None
-    return store
+    return PackedStore(path, manifest)
 
 
 def load_packed(

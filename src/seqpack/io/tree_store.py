@@ -39,6 +39,7 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.tree import TreeBatch
 from seqpack.io.atomic import Output, write_file
+from seqpack.io.integrity import TreeManifest, decode
 from seqpack.io.shards import FORMAT, PARQUET_OPTIONS, TREE_VERSION, manifest_record, sha256_file
 
 _CELL = pa.list_(pa.int32())
@@ -154,19 +155,14 @@ class TreeStore:
                 f" {manifest.get('version')!r}; this seqpack reads tree outputs of version"
                 f" {TREE_VERSION} — pack it again with this version"
             )
-        try:
-            self.binding = Binding.from_dict(manifest["binding"])
-            self.partition = Partition.parse(manifest["partition"])
-            self.capacity = int(manifest["config"]["capacity"])
-            self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
-            self.num_rows = int(manifest["rows"])
-            self.shards = list(manifest["shards"])
-            names = [s["file"] for s in self.shards]
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise InvalidInput(f"{where}: malformed manifest ({err!s}) — pack again") from None
-        if any(Path(n).name != n or n in ("", ".", "..") for n in names):
+        m = decode(manifest, TreeManifest, where)
+        self.binding = Binding.from_dict(manifest["binding"])
+        self.partition = Partition(m.partition)
+        self.capacity, self.max_rows_per_batch = m.config.capacity, m.config.max_rows_per_batch
+        self.num_rows, self.shards = m.rows, list(manifest["shards"])
+        if any(Path(s.file).name != s.file or s.file in ("", ".", "..") for s in m.shards):
             raise InvalidInput(f"{where}: a shard file is not a plain file name — pack again")
-        if sum(int(s["rows"]) for s in self.shards) != self.num_rows:
+        if sum(s.rows for s in m.shards) != self.num_rows:
             raise InvalidInput(f"{where}: shards do not hold {self.num_rows} rows — pack again")
         self.path, self.manifest = path, manifest
         self._cached: tuple[int, list[dict[str, Any]]] | None = None

@@ -85,7 +85,7 @@ class Corpus:
         return pa.chunked_array(parts, pa.string())
 
     def release(self) -> None:
-        """Hand back the memory-mapped pages read so far (see :mod:`seqpack.io.mapped`)."""
+        """Hand back the memory-mapped pages read so far (see :mod:`seqpack.io.spill`)."""
         if self.spill is not None:
             self.spill.release()
         self.source.release()

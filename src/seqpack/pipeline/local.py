@@ -25,9 +25,9 @@ from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.examples import ExampleTable, example_label, split_long
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.io.already_packed import refuse_packed
 from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, resolve_binding
+from seqpack.io.integrity import refuse_packed
 from seqpack.io.shards import FORMAT, VERSION, manifest_record
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.io.trl_schema import TRL_FORMAT, TRL_VERSION

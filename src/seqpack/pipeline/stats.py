@@ -15,8 +15,8 @@ from seqpack.core.examples import long_ranges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import POLICIES, plan_rows
 from seqpack.core.supervision import Objective
-from seqpack.io.already_packed import refuse_packed
 from seqpack.io.documents import Documents
+from seqpack.io.integrity import refuse_packed
 from seqpack.io.readers import read_documents
 from seqpack.pipeline.options import PackOptions, policy_name
 from seqpack.pipeline.plot import check_plot_path, plot_stats
