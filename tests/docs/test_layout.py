@@ -1,0 +1,187 @@
+"""The house rules of the source tree (issue 11), checked on every run.
+
+- the layer contract in ``pyproject.toml`` holds (``lint-imports``, import-linter);
+- ``import seqpack`` loads none of the heavy dependencies;
+- no module imports another module's private name;
+- no file over 400 lines, no function over 80;
+- every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
+- the 0.1 module paths still import, with a DeprecationWarning.
+"""
+
+import ast
+import dataclasses
+import inspect
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "seqpack"
+HEAVY = ("torch", "pyarrow", "transformers", "datasets", "ray", "matplotlib", "tokenizers", "tqdm")
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _modules():
+    for path in sorted(SRC.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+
+
+def test_the_layer_contract_holds():
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run(
+        [str(lint), "--no-cache", "--no-logo"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout and "3 kept" in proc.stdout, proc.stdout
+
+
+def test_import_seqpack_loads_no_heavy_dependency():
+    code = (
+        "import sys, seqpack\n"
+        "from seqpack.verify.fixture import fixture_batch\n"
+        "from seqpack.verify.trace import demo_trace\n"
+        "fixture_batch(); demo_trace(model=False)\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_core_runs_with_torch_missing():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import seqpack, seqpack.io.tokenizers\n"
+        "from seqpack.verify.trace import demo_trace\n"
+        "trace = demo_trace()\n"
+        "assert 'skipped' in trace['model'], trace['model']\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_no_module_imports_a_private_name_of_another():
+    offences = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seqpack"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and alias.name != "_compat":
+                        offences.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
+    assert offences == []
+
+
+def test_files_and_functions_stay_small():
+    long_files, long_functions = [], []
+    for path, tree in _modules():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_FILE_LINES:
+            long_files.append(f"{path.relative_to(ROOT)}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.name} {size} lines")
+    assert long_files == []
+    assert long_functions == []
+
+
+def _option_fields():
+    from seqpack.pipeline.options import PackOptions
+    from seqpack.ray.ray_options import RayOptions
+
+    return {f.name for cls in (PackOptions, RayOptions) for f in dataclasses.fields(cls)}
+
+
+def test_entry_points_declare_no_packing_option_of_their_own():
+    from seqpack.hf.datasets_io import pack_dataset
+    from seqpack.pipeline.local import pack_path
+    from seqpack.pipeline.stats import stats_path
+    from seqpack.ray.driver import pack
+
+    fields = _option_fields()
+    for fn in (pack_path, stats_path, pack, pack_dataset):
+        params = inspect.signature(fn).parameters.values()
+        redeclared = [p.name for p in params if p.name in fields and p.default is not None]
+        assert redeclared == [], (fn.__qualname__, redeclared)
+
+
+def test_every_option_flag_reaches_the_command_line():
+    from seqpack.cli import build_parser
+    from seqpack.pipeline.options import cli_flags
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    for command in ("pack", "stats"):
+        flags = {s for a in sub[command]._actions for s in a.option_strings}
+        assert set(cli_flags(command)) <= flags, command
+    assert {"--block-examples", "--ray-address", "--ray-num-cpus"} <= {
+        s for a in sub["pack"]._actions for s in a.option_strings
+    }
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("seqpack.stream_packer", "seqpack.core.stream_packer"),
+        ("seqpack.permission", "seqpack.core.permission"),
+        ("seqpack.loss", "seqpack.core.loss"),
+    ],
+)
+def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
+    code = (
+        "import importlib, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import seqpack\n"
+        f"new = importlib.import_module({new!r})\n"
+        "try:\n"
+        f"    importlib.import_module({old!r})\n"
+        "except DeprecationWarning as w:\n"
+        f"    assert {new!r} in str(w), w\n"
+        "else:\n"
+        "    raise SystemExit('no DeprecationWarning')\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"assert importlib.import_module({old!r}) is new\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+
+
+def test_split_long_sources_still_works_with_a_deprecation_warning():
+    from seqpack.pipeline.options import PackOptions
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        options = PackOptions.of(capacity=8, split_long_sources=True)
+    assert options.split_long is True
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+
+
+@pytest.mark.parametrize(
+    ("old", "names"),
+    [
+        ("seqpack.batch", ["PackedBatch", "PackConfig", "materialize"]),
+        ("seqpack.store", ["load_packed", "write_packed", "SCHEMA", "rows_to_arrow"]),
+        ("seqpack.training.hf", ["hf_inputs", "HFCollator"]),
+        ("seqpack.policies", ["plan_rows", "Plan", "positive_int"]),
+    ],
+)
+def test_split_modules_keep_their_old_names(old, names):
+    code = (
+        "import importlib, warnings\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"old = importlib.import_module({old!r})\n"
+        "import seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards\n"
+        "import seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan, seqpack.core.checks\n"
+        "import seqpack.core.policies\n"
+        "homes = [seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards,\n"
+        "         seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan,\n"
+        "         seqpack.core.checks, seqpack.core.policies]\n"
+        f"for name in {names!r}:\n"
+        "    assert any(getattr(h, name, None) is getattr(old, name) for h in homes), name\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
