@@ -10,8 +10,7 @@ import torch
 from seqpack import InvalidInput, NotAvailable, PackConfig, pack_examples
 from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import describe
-from seqpack.verify.decoder_report import tiny_layouts, verify_tiny
-from seqpack.verify.layouts import ATOL, RTOL
+from seqpack.verify.layouts import ATOL, RTOL, tiny_layouts, verify_tiny
 from seqpack.verify.models import (
     CAPACITY,
     FLOAT32_TOLERANCE,
