@@ -17,7 +17,7 @@ it) every value is a tensor of rows, which dispatching needs.
 
 ``--record FILE`` writes, per step, the examples each rank trained on (found
 from the batch: the token after each example's first), its world size and the
-final parameters — what ``tests/test_trainer_stream.py`` checks.
+final parameters — what ``tests/integration/test_trainer_stream.py`` checks.
 """
 
 from __future__ import annotations

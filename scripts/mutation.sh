@@ -12,7 +12,7 @@
 # under .cache/planted/, its listed tests run, and the tests that fail reported per mutant
 # (scripts/mutation_planted.py; docs/testing.md keeps the table). No mutmut involved.
 #
-# CLI-level test files (tests/test_hostile.py, test_cli*) are left out of the selections:
+# CLI-level test files (adversarial/test_hostile.py, test_cli*) are left out of the selections:
 # they are slow per mutant, their subprocesses import the unmutated package, and the core's
 # messages are checked whole by the reference tests.
 # Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/, docs/,
@@ -70,8 +70,8 @@ while IFS='|' read -r group modules tests; do
     cp -a src tests docs examples README.md "$work/"
     cp -p pyproject.toml "$work/pyproject.toml"
     selected=()
-    for t in $tests; do
-        [ -f "tests/$t" ] && selected+=("tests/$t")
+    for t in $tests; do  # a bare file name, found in whichever tests/ folder holds it
+        for f in tests/*/"$t"; do [ -f "$f" ] && selected+=("$f"); done
     done
     .venv/bin/python scripts/mutation_prepare.py "$work" "$modules" "${selected[@]}"
     echo "== $group: mutating $modules with ${selected[*]}"

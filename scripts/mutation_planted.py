@@ -5,7 +5,7 @@ Usage (through ``scripts/mutation.sh planted``)::
     python scripts/mutation_planted.py [NAME ...]       # every tests/mutants/*.patch, or some
     python scripts/mutation_planted.py --report         # the tables of the last results
     PLANTED_BASELINE=1 ...                              # also run each selection unmutated
-    PLANTED_TESTS="tests/test_store.py" ...             # override every patch's selection
+    PLANTED_TESTS="tests/unit/test_store.py" ...        # override every patch's selection
     PLANTED_WORK=.cache/planted-2 ...                   # a second run beside the first
 
 Each ``tests/mutants/NAME.patch`` is a unified diff against ``src/`` headed by
@@ -66,8 +66,8 @@ def selection(head: dict[str, str]) -> list[str]:
         return os.environ["PLANTED_TESTS"].split()
     if "tests" in head:
         return head["tests"].split()
-    files = sorted((ROOT / "tests").glob("test_*.py"))
-    return [f"tests/{p.name}" for p in files if p.name not in SLOW]
+    files = sorted((ROOT / "tests").glob("*/test_*.py"))
+    return [str(p.relative_to(ROOT)) for p in files if p.name not in SLOW]
 
 
 def scratch() -> Path:

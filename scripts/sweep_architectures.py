@@ -6,7 +6,7 @@ Usage::
         [--out .cache/sweep.json] [--types llama,moshi,...] [--no-docs]
 
 For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: a tiny random config
-(``tests/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
+(``tests/support/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
 has one, smaller than the longest example), its capability
 (:func:`seqpack.hf.capability.capability`: exact / exact if ... / refused and
 why), and ``verify_hf`` in float64 on each of eager, sdpa and
@@ -111,8 +111,9 @@ def sweep_type(model_type: str, budget: int = 180) -> dict:
 
 
 def _sweep_type(model_type: str) -> dict:
-    from architecture_tiny import tiny_config
     from seqpack.hf.capability import capability
+
+    from support.architecture_tiny import tiny_config
 
     try:
         config = tiny_config(model_type)

@@ -1,8 +1,8 @@
-"""Write the architecture table of docs/transformers.md from tests/architecture_cases.py.
+"""Write the architecture table of docs/transformers.md from tests/support/architecture_cases.py.
 
 Usage: ``.venv/bin/python tests/gen_architectures.py [--no-flex]``
 
-Runs every case the way ``tests/test_architectures.py`` does (tiny random
+Runs every case the way ``tests/integration/test_architectures.py`` does (tiny random
 config, float64, default verification examples: the longest ``2*window+3``
 pairs), on each implementation the case lists, and records the largest
 logit and gradient differences from separate runs; the naive control
@@ -29,14 +29,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from architecture_cases import CASES, STANDARD, Case, run
 from seqpack.verify.models import ModelCrashed
+
+from support.architecture_cases import CASES, STANDARD, Case, run
 
 DOCS = Path(__file__).parent.parent / "docs" / "transformers.md"
 BEGIN, END = "<!-- architectures:begin -->", "<!-- architectures:end -->"
 FLEX_SCRIPT = (
     "import json, sys, torch; sys.path.insert(0, 'tests'); torch.set_num_threads(1)\n"
-    "from architecture_cases import CASES, run\n"
+    "from support.architecture_cases import CASES, run\n"
     "case = next(c for c in CASES if c.name == sys.argv[1])\n"
     "r = run(case, 'flex_attention', dtype=torch.float32, gradients=False)\n"
     "print(json.dumps({'pass': r['pass'], 'logits': r['max_abs_diff']['logits']}))\n"

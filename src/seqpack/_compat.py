@@ -35,7 +35,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.store": ("seqpack.io.store", "seqpack.io.shards"),
     "seqpack.atomic": ("seqpack.io.atomic",),
     "seqpack.training.hf": ("seqpack.hf.adapter", "seqpack.hf.collator"),
-    "seqpack.nn.hf_verify": ("seqpack.verify.models", "seqpack.verify.decoder_report"),
+    "seqpack.nn.hf_verify": ("seqpack.verify.models", "seqpack.verify.layouts"),
 }
 
 

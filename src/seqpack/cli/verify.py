@@ -154,7 +154,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
                 "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
                 " the tiny decoder runs the fixture and random layouts"
             )
-        from seqpack.verify.decoder_report import verify_tiny
+        from seqpack.verify.layouts import verify_tiny
 
         report = verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     return report

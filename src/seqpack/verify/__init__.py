@@ -10,9 +10,8 @@ module                 holds
 ``trace``              the JSON trace ``seqpack demo`` prints
 ``figure``             figures of a batch (matplotlib)
 ``decoder``            :class:`TinyDecoder`, the float64 reference model
-``layouts``            separate vs padded vs packed runs of a model, compared
+``layouts``            separate vs padded vs packed; ``seqpack verify`` without ``--hf-*``
 ``probes``             the isolation and first-query probes
-``decoder_report``     ``seqpack verify`` without ``--hf-*``
 ``models``             :func:`verify_hf`: a ``transformers`` model, packed == separate
 ``loading``            the model and the verification layout it runs on
 ``tolerance``          tolerances derived from the dtype path (float32 islands)
@@ -41,7 +40,7 @@ _NAMES = {
     "DecoderConfig": "decoder",
     "TinyDecoder": "decoder",
     "three_way": "layouts",
-    "verify_tiny": "decoder_report",
+    "verify_tiny": "layouts",
     "load_model": "models",
     "verify_hf": "models",
     "tolerance": "tolerance",

@@ -32,7 +32,7 @@ from seqpack.core.batch import PackedBatch, pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
-from seqpack.core.loss import LossResult, LossSum, token_weighted_loss, token_weighted_sum
+from seqpack.core.loss import LossResult, token_weighted_loss
 from seqpack.nn.attention import AttentionLayout, Backend, resolve_backend
 
 
@@ -252,7 +252,8 @@ class TinyDecoder(nn.Module):
         """Logits (R, T, V) for token ids (R, T) (int64, ``PAD_CELL`` on padding)."""
         if tuple(ids.shape) != layout.shape:
             raise InvalidInput(f"ids have shape {tuple(ids.shape)}; the layout is {layout.shape}")
-        backend = _backend(self.attention if attention is None else attention)
+        backend = self.attention if attention is None else attention
+        backend = backend if callable(backend) else resolve_backend(backend)
         cos, sin = self.rotary(layout)
         x = self.embed_tokens(ids, layout)  # (R, T, W)
         for block in self.blocks:
@@ -280,10 +281,6 @@ class TinyDecoder(nn.Module):
         """Token-weighted loss of a packed batch (raises EmptyObjective when N = 0)."""
         return token_weighted_loss(self.forward_packed(batch), batch)
 
-    def loss_sum_packed(self, batch: PackedBatch) -> LossSum:
-        """Raw NLL sum and eligible count, for accumulation over batches."""
-        return token_weighted_sum(self.forward_packed(batch), batch)
-
     def forward_padded(self, batch: PackedBatch) -> torch.Tensor:
         """Logits (R, T, V) of a right-padded batch: at most one example per row."""
         per_row = np.bincount(batch.occurrences.row, minlength=batch.shape[0])
@@ -297,27 +294,6 @@ class TinyDecoder(nn.Module):
 
     def forward_separate(self, example: SequenceExample) -> torch.Tensor:
         """Logits (L, V) of one example alone, in a single row of exactly its length."""
-        return self.forward_packed(single_example_batch(example))[0]
-
-
-def single_example_batch(example: SequenceExample) -> PackedBatch:
-    """``example`` alone in one row of width ``len(example)`` (no padding)."""
-    config = PackConfig(capacity=len(example), max_rows_per_batch=1)
-    return pack_examples(example.partition, [example], example.binding, config).batches[0]
-
-
-def _backend(attention: str | Backend) -> Backend:
-    return attention if callable(attention) else resolve_backend(attention)
-
-
-__all__ = [
-    "PROFILES",
-    "Block",
-    "DecoderConfig",
-    "RMSNorm",
-    "SelfAttention",
-    "SwiGLU",
-    "TinyDecoder",
-    "rotate",
-    "single_example_batch",
-]
+        config = PackConfig(capacity=len(example), max_rows_per_batch=1)
+        epoch = pack_examples(example.partition, [example], example.binding, config)
+        return self.forward_packed(epoch.batches[0])[0]

@@ -246,14 +246,3 @@ def hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) ->
         )
     kind = culprit["kind"] if culprit else "attention"
     return f"the model mixed examples through its {kind} layers ({where}) — {fix}"
-
-
-__all__ = [
-    "ModelCrashed",
-    "culprit",
-    "example_tokens",
-    "first_divergence",
-    "guarded",
-    "hint",
-    "layer_kind",
-]

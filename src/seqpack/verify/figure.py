@@ -43,6 +43,7 @@ PAD_COLOR = (0.86, 0.86, 0.86)  # RGB
 CELL_INCHES = 0.5
 MAX_ROWS = 8
 MAX_COLUMNS = 48
+CENTRED = {"ha": "center", "va": "center", "fontsize": 9}
 
 
 def _format_of(path: Path) -> str:
@@ -80,6 +81,14 @@ def _tint(rgb: np.ndarray, strength: float) -> np.ndarray:
     return 1.0 - strength * (1.0 - rgb)
 
 
+def _permission_image(allowed: np.ndarray, valid: np.ndarray, query_rgb: np.ndarray) -> np.ndarray:
+    """RGB (Q, K, 3): permitted cells in the query's colour, pairs touching padding grey."""
+    image = np.ones((*allowed.shape, 3))
+    image[~(valid[:, None] & valid[None, :])] = _tint(np.array(PAD_COLOR), 0.6)
+    image[allowed] = np.broadcast_to(query_rgb[:, None], image.shape)[allowed]
+    return image
+
+
 def _cell_text(value: Any) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "✓" if value else "✗"
@@ -98,14 +107,7 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
     fields_ax.imshow(np.broadcast_to(_tint(cell_rgb, 0.35), (len(FIELDS), width, 3)))
     for line, (_, attr) in enumerate(FIELDS):
         for col in range(width):
-            fields_ax.text(
-                col,
-                line,
-                _cell_text(getattr(batch, attr)[row, col]),
-                ha="center",
-                va="center",
-                fontsize=9,
-            )
+            fields_ax.text(col, line, _cell_text(getattr(batch, attr)[row, col]), **CENTRED)
     fields_ax.set_yticks(range(len(FIELDS)), [label for label, _ in FIELDS], fontsize=9)
     occupant = [names.get(int(s), "pad") for s in seg]
     fields_ax.set_xticks(range(width), [f"{c}\n{o}" for c, o in enumerate(occupant)], fontsize=9)
@@ -114,23 +116,11 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
 
     # Permission matrix: query columns down, key columns across.
     allowed = batch.dense_mask()[row]  # (T, T): query, key
-    valid = batch.input_valid[row]
-    matrix = np.ones((width, width, 3))
-    matrix[~(valid[:, None] & valid[None, :])] = _tint(np.array(PAD_COLOR), 0.6)
-    query_rgb = np.broadcast_to(_tint(cell_rgb, 0.75)[:, None], (width, width, 3))
-    matrix[allowed] = query_rgb[allowed]
-    matrix_ax.imshow(matrix)
+    matrix_ax.imshow(_permission_image(allowed, batch.input_valid[row], _tint(cell_rgb, 0.75)))
     for q in range(width):
         for k in range(width):
-            matrix_ax.text(
-                k,
-                q,
-                "1" if allowed[q, k] else "·",
-                ha="center",
-                va="center",
-                fontsize=9,
-                fontweight="bold" if allowed[q, k] else "normal",
-            )
+            bold = "bold" if allowed[q, k] else "normal"
+            matrix_ax.text(k, q, "1" if allowed[q, k] else "·", fontweight=bold, **CENTRED)
     matrix_ax.set_xticks(range(width), [str(k) for k in range(width)], fontsize=9)
     ylabels = [
         f"q{q} {occupant[q]}·p{batch.positions[row, q]}"
@@ -247,11 +237,7 @@ def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
     ranges = batch.key_ranges()
     starts, ends = ranges.starts[0][idx], ranges.ends[0][idx]
     allowed = (idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])  # (q, k)
-    valid = batch.input_valid[0][idx]
-    image = np.ones((idx.shape[0], idx.shape[0], 3))
-    image[~(valid[:, None] & valid[None, :])] = _tint(np.array(PAD_COLOR), 0.6)
-    query_rgb = np.broadcast_to(cell_rgb[idx][:, None], image.shape)
-    image[allowed] = query_rgb[allowed]
+    image = _permission_image(allowed, batch.input_valid[0][idx], cell_rgb[idx])
     extent = (-0.5, width - 0.5, width - 0.5, -0.5)
     matrix_ax.imshow(image, extent=extent, interpolation="nearest")
     matrix_ax.set_xlabel("key column", fontsize=9)
@@ -286,6 +272,3 @@ def draw_fixture(path: str | os.PathLike[str]) -> Path:
         path,
         title="A=[0,99,100,1]  B=[0,101,1]  C=[0,102,103,104,1]  packed next-fit at capacity 6",
     )
-
-
-__all__ = ["FORMATS", "draw_batch", "draw_fixture", "draw_row"]

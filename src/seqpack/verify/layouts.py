@@ -7,25 +7,24 @@
     packed    several examples per row (next-fit by default)
 
 and compares, against separate execution, every vocabulary logit at every
-valid cell, the raw token-summed loss and every named parameter-gradient
+valid cell, the raw token-summed loss and every parameter-gradient
 coordinate of that loss, each with the seed's float64 tolerance
 ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)``. On the A/B/C fixture with the large
 profile that is 2 x 2394 logit and 2 x 3448 gradient comparisons.
 
-:func:`isolation_probe` and :func:`first_query_probe` are the seed's two
-activation tests; run with :func:`unguarded_causal_attention` (a plain
-causal mask over storage columns) they are the control that shows the tests
-can fail.
-
 The model is duck-typed: ``forward_separate(example) -> (L, V)``,
 ``forward_padded(batch)`` / ``forward_packed(batch) -> (R, T, V)`` and
-``named_parameters()``; :class:`~seqpack.verify.decoder.TinyDecoder` has them.
+``parameters()``; :class:`~seqpack.verify.decoder.TinyDecoder` has them.
+:func:`verify_tiny` is ``seqpack verify`` without ``--hf-*``: the fixture and
+a few random layouts (:func:`tiny_layouts`) through :func:`three_way`;
+``mode="naive"`` swaps in plain causal attention over storage columns
+(:func:`~seqpack.verify.probes.unguarded_causal_attention`), the control
+that must fail.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,62 +35,20 @@ from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
+from seqpack.verify.decoder import TinyDecoder
+from seqpack.verify.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
+from seqpack.verify.probes import unguarded_causal_attention
+from seqpack.verify.tolerance import compare, grad_vector
 
 ATOL = 1e-10
 RTOL = 1e-9
+SEED_TOLERANCE = {"abs": ATOL, "rel": RTOL, "why": "float64 throughout: the seed's tolerance"}
+QUANTITIES = ("logits", "loss_sum", "gradients")
 
 
 def within_tolerance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Elementwise ``|a-b| <= ATOL + RTOL*max(|a|,|b|)`` (bool, same shape)."""
     return (a - b).abs() <= ATOL + RTOL * torch.maximum(a.abs(), b.abs())
-
-
-@dataclass(eq=False)
-class LayoutRun:
-    """One layout's results: ``logits`` (Σlen, V) in example order, ``loss_sum``, ``grads``."""
-
-    logits: torch.Tensor
-    loss_sum: torch.Tensor
-    grads: dict[str, torch.Tensor]
-
-
-def _grads(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    return {
-        n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(named, grads, strict=True)
-    }
-
-
-def run_separate(model: torch.nn.Module, examples: Sequence[SequenceExample]) -> LayoutRun:
-    """Each example in its own model call; loss = Σ per-example raw NLL sums."""
-    logits, sums = [], []
-    for ex in examples:
-        out = model.forward_separate(ex)  # (L, V)
-        logits.append(out)
-        sums.append(masked_nll_sum(out, ex.targets, ex.loss_mask).sum)
-    total = torch.stack(sums).sum()
-    return LayoutRun(torch.cat(logits).detach(), total.detach(), _grads(model, total))
-
-
-def _run_epoch(
-    model: torch.nn.Module, examples: Sequence[SequenceExample], config: PackConfig, policy: str
-) -> LayoutRun:
-    first = examples[0]
-    epoch = pack_examples(first.partition, examples, first.binding, config, policy=policy)
-    forward = model.forward_padded if policy == "padded" else model.forward_packed
-    chunks, ordinals, sums = [], [], []
-    for batch in epoch.batches:
-        out = forward(batch)  # (R, T, V)
-        sums.append(masked_nll_sum(out, batch.targets, batch.loss_mask).sum)
-        cells = torch.as_tensor(occurrence_cells(batch), device=out.device)
-        chunks.append(out.reshape(-1, out.shape[-1]).index_select(0, cells))
-        occ = batch.occurrences
-        ordinals.append(np.repeat(occ.ordinal, occ.col_end - occ.col_start))
-    total = torch.stack(sums).sum()
-    order = torch.as_tensor(np.argsort(np.concatenate(ordinals), kind="stable"))
-    logits = torch.cat(chunks).detach().index_select(0, order.to(chunks[0].device))
-    return LayoutRun(logits, total.detach(), _grads(model, total))
 
 
 def occurrence_cells(batch: PackedBatch) -> np.ndarray:
@@ -103,55 +60,44 @@ def occurrence_cells(batch: PackedBatch) -> np.ndarray:
     return np.repeat(first, lengths) + np.arange(int(lengths.sum())) - starts
 
 
-def run_padded(
-    model: torch.nn.Module, examples: Sequence[SequenceExample], capacity: int | None = None
-) -> LayoutRun:
-    """One example per row, right padding, width ``capacity`` (default: the longest)."""
-    width = capacity or max(len(ex) for ex in examples)
-    return _run_epoch(model, examples, PackConfig(width, len(examples)), "padded")
+def _finish(model: torch.nn.Module, logits: torch.Tensor, total: torch.Tensor) -> dict:
+    """One layout's ``logits`` (Σlen, V) in example order, ``loss_sum`` and ``gradients``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return {
+        "logits": logits.detach(),
+        "loss_sum": total.detach(),
+        "gradients": grad_vector(total, params),
+    }
 
 
-def run_packed(
-    model: torch.nn.Module,
-    examples: Sequence[SequenceExample],
-    capacity: int,
-    max_rows_per_batch: int | None = None,
-    policy: str = "next-fit",
-) -> LayoutRun:
-    """Examples packed at ``capacity`` by ``policy``, in calls of ``max_rows_per_batch`` rows."""
-    rows = max_rows_per_batch or len(examples)
-    return _run_epoch(model, examples, PackConfig(capacity, rows), policy)
+def run_separate(model: torch.nn.Module, examples: Sequence[SequenceExample]) -> dict:
+    """Each example in its own model call; loss = Σ per-example raw NLL sums."""
+    logits, sums = [], []
+    for ex in examples:
+        out = model.forward_separate(ex)  # (L, V)
+        logits.append(out)
+        sums.append(masked_nll_sum(out, ex.targets, ex.loss_mask).sum)
+    return _finish(model, torch.cat(logits), torch.stack(sums).sum())
 
 
-def compare_runs(reference: LayoutRun, other: LayoutRun) -> dict[str, dict[str, Any]]:
-    """Per quantity (logits, loss_sum, gradients): comparisons, failures, max_abs_diff."""
-    return compare_tensors(
-        {
-            "logits": (reference.logits, other.logits),
-            "loss_sum": (reference.loss_sum.reshape(1), other.loss_sum.reshape(1)),
-            "gradients": (
-                torch.cat([g.reshape(-1) for g in reference.grads.values()]),
-                torch.cat([other.grads[n].reshape(-1) for n in reference.grads]),
-            ),
-        }
-    )
-
-
-def compare_tensors(
-    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]],
-) -> dict[str, dict[str, Any]]:
-    """For each named pair: element comparisons, tolerance failures and the max abs diff."""
-    report = {}
-    for name, (a, b) in pairs.items():
-        if a.shape != b.shape:
-            raise InvalidInput(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
-        ok = within_tolerance(a, b)
-        report[name] = {
-            "comparisons": int(ok.numel()),
-            "failures": int((~ok).sum()),
-            "max_abs_diff": float((a - b).abs().max()) if a.numel() else 0.0,
-        }
-    return report
+def run_epoch(
+    model: torch.nn.Module, examples: Sequence[SequenceExample], config: PackConfig, policy: str
+) -> dict:
+    """The examples packed by ``policy`` (``padded``: one per row), batch by batch."""
+    first = examples[0]
+    epoch = pack_examples(first.partition, examples, first.binding, config, policy=policy)
+    forward = model.forward_padded if policy == "padded" else model.forward_packed
+    chunks, ordinals, sums = [], [], []
+    for batch in epoch.batches:
+        out = forward(batch)  # (R, T, V)
+        sums.append(masked_nll_sum(out, batch.targets, batch.loss_mask).sum)
+        cells = torch.as_tensor(occurrence_cells(batch), device=out.device)
+        chunks.append(out.reshape(-1, out.shape[-1]).index_select(0, cells))
+        occ = batch.occurrences
+        ordinals.append(np.repeat(occ.ordinal, occ.col_end - occ.col_start))
+    order = torch.as_tensor(np.argsort(np.concatenate(ordinals), kind="stable"))
+    logits = torch.cat(chunks).index_select(0, order.to(chunks[0].device))
+    return _finish(model, logits, torch.stack(sums).sum())
 
 
 def three_way(
@@ -171,15 +117,20 @@ def three_way(
     """
     if not examples:
         raise InvalidInput("three_way needs at least one example")
+    width = padded_capacity or max(len(ex) for ex in examples)
+    rows = max_rows_per_batch or len(examples)
     runs = {
         "separate": run_separate(model, examples),
-        "padded": run_padded(model, examples, padded_capacity),
-        "packed": run_packed(model, examples, capacity, max_rows_per_batch, policy),
+        "padded": run_epoch(model, examples, PackConfig(width, len(examples)), "padded"),
+        "packed": run_epoch(model, examples, PackConfig(capacity, rows), policy),
     }
-    pairs = {name: compare_runs(runs["separate"], runs[name]) for name in ("padded", "packed")}
-    quantities = ("logits", "loss_sum", "gradients")
+    sep = runs["separate"]
+    pairs = {
+        name: {q: compare(sep[q], runs[name][q], SEED_TOLERANCE) for q in QUANTITIES}
+        for name in ("padded", "packed")
+    }
     total = {
-        key: {q: sum(p[q][key] for p in pairs.values()) for q in quantities}
+        key: {q: sum(p[q][key] for p in pairs.values()) for q in QUANTITIES}
         for key in ("comparisons", "failures")
     }
     return {
@@ -187,8 +138,8 @@ def three_way(
         "targets": int(sum(len(ex) for ex in examples)),
         "eligible_targets": int(sum(int(ex.loss_mask.sum()) for ex in examples)),
         "tolerance": {"abs": ATOL, "rel": RTOL},
-        "loss_sum": {name: float(run.loss_sum) for name, run in runs.items()},
-        "max_abs_diff": {q: max(p[q]["max_abs_diff"] for p in pairs.values()) for q in quantities},
+        "loss_sum": {name: float(run["loss_sum"]) for name, run in runs.items()},
+        "max_abs_diff": {q: max(p[q]["max_abs_diff"] for p in pairs.values()) for q in QUANTITIES},
         "comparisons": total["comparisons"],
         "failures": total["failures"],
         "against_separate": pairs,
@@ -208,20 +159,72 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-# The seed's activation tests and their control.
+def tiny_layouts(
+    seed: int, count: int, max_len: int
+) -> list[tuple[list[SequenceExample], int, int]]:
+    """The fixture (capacity 6) and ``count`` random layouts: ``(examples, capacity, rows)``.
+
+    Random layouts have 2-6 examples of 1..``max_len`` pairs, some with a
+    loss mask, a capacity between the longest and twice ``max_len``, and
+    1-3 rows per model call, drawn from ``default_rng(seed)``.
+    """
+    binding = fixture_binding()
+    layouts = [(fixture_examples(binding), FIXTURE_CAPACITY, 2)]
+    rng = np.random.default_rng(seed)
+    for k in range(count):
+        examples = []
+        for i in range(int(rng.integers(2, 7))):
+            length = int(rng.integers(1, max_len + 1))
+            mask = rng.random(length) < 0.7 if rng.random() < 0.3 else None
+            examples.append(
+                SequenceExample.from_document(
+                    rng.integers(0, binding.vocab_size, size=length + 1),
+                    source_id=f"layout{k}-{i}",
+                    partition="train",
+                    binding=binding,
+                    loss_mask=mask,
+                )
+            )
+        longest = max(len(ex) for ex in examples)
+        capacity = int(rng.integers(longest, 2 * max_len + 1))
+        layouts.append((examples, capacity, int(rng.integers(1, 4))))
+    return layouts
 
 
-__all__ = [
-    "ATOL",
-    "RTOL",
-    "LayoutRun",
-    "compare_runs",
-    "compare_tensors",
-    "describe",
-    "occurrence_cells",
-    "run_packed",
-    "run_padded",
-    "run_separate",
-    "three_way",
-    "within_tolerance",
-]
+def verify_tiny(
+    attention: str = "ranges", *, mode: str = "adapter", seed: int = 42, layouts: int = 4
+) -> dict[str, Any]:
+    """Separate vs padded vs packed on the tiny decoder (float64, the seed's tolerance);
+    max abs diffs are the largest over every layout."""
+    if mode not in ("adapter", "naive"):
+        raise InvalidInput(
+            f"--mode {mode!r} applies to transformers models only; the tiny decoder takes"
+            " adapter or naive"
+        )
+    backend = unguarded_causal_attention if mode == "naive" else attention
+    model = TinyDecoder("large", seed=seed, attention=backend)
+    runs = [
+        three_way(model, examples, capacity, max_rows_per_batch=rows)
+        for examples, capacity, rows in tiny_layouts(seed, layouts, model.config.max_len)
+    ]
+    names = {"logits": "logits", "loss": "loss_sum", "gradients": "gradients"}
+    report = {
+        "target": "tiny-decoder",
+        "model": describe(model) | {"attention": attention},
+        "mode": mode,
+        "layouts": len(runs),
+        "examples": sum(r["examples"] for r in runs),
+        "targets": sum(r["targets"] for r in runs),
+        "tolerance": dict(SEED_TOLERANCE),
+        "max_abs_diff": {n: max(r["max_abs_diff"][q] for r in runs) for n, q in names.items()},
+        "comparisons": {n: sum(r["comparisons"][q] for r in runs) for n, q in names.items()},
+        "failures": {n: sum(r["failures"][q] for r in runs) for n, q in names.items()},
+        "pass": all(r["passed"] for r in runs),
+    }
+    if not report["pass"]:
+        report["hint"] = (
+            "plain causal attention over storage columns crosses examples (the control)"
+            if mode == "naive"
+            else f"backend {attention!r} does not honour the packed layout"
+        )
+    return report

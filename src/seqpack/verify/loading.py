@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -192,29 +193,38 @@ def load_model(
     }
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
-    try:
-        # trust_remote_code=False: never run a folder's own Python code (an auto_map) and
-        # never ask about it on stdin, which transformers does when it is unset
-        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
+    # trust_remote_code=False: never run a folder's own Python code (an auto_map) and
+    # never ask about it on stdin, which transformers does when it is unset
+    cfg = _built(
+        path,
+        lambda: AutoConfig.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        ),
+    )
     if refuse:  # the config's capability, from its modules built on the meta device
         capability(cfg).check(attention_kind(attn_implementation))
-    try:
-        if config is not None:
-            torch.manual_seed(seed)
-            built = AutoModelForCausalLM.from_config(cfg, **options)
-        else:
-            _refuse_pickled_weights(path)
-            # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code on load
-            built = AutoModelForCausalLM.from_pretrained(
+    if config is not None:
+        torch.manual_seed(seed)
+        built = _built(path, lambda: AutoModelForCausalLM.from_config(cfg, **options))
+    else:
+        _refuse_pickled_weights(path)
+        # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code on load
+        built = _built(
+            path,
+            lambda: AutoModelForCausalLM.from_pretrained(
                 str(path), local_files_only=True, use_safetensors=True, **options
-            )
+            ),
+        )
+    return built.to(device).eval()
+
+
+def _built(path: Path, build: Any) -> Any:
+    """``build()``, its errors turned into one :class:`InvalidInput` line naming ``path``."""
+    try:
+        return build()
     except (OSError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
-    return built.to(device).eval()
 
 
 PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -231,16 +241,3 @@ def _refuse_pickled_weights(folder: Path) -> None:
             " never unpickles a model (it can run code) — save the model with"
             " save_pretrained(..., safe_serialization=True) or pass --hf-config"
         )
-
-
-__all__ = [
-    "CAPACITY",
-    "DTYPES",
-    "LENGTHS",
-    "MAX_WIDTH",
-    "VerifyLayout",
-    "check_available",
-    "load_model",
-    "verification_examples",
-    "verification_layout",
-]

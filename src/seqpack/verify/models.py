@@ -27,16 +27,14 @@ is refused before anything runs; a crash inside the model is a
 means only that the model mixed examples: the report's ``hint`` names the
 first layer whose output diverged (:mod:`seqpack.verify.diagnose`).
 
-Tolerances follow the model's real dtype path (:mod:`seqpack.verify.tolerance`):
-the seed's ``1e-10 + 1e-9`` for float64 throughout, ``1e-5 + 1e-4`` for a
-float32 model or a float64 one with float32 reductions (eager softmax,
-Gemma's norms, MoE routers). ``model_loss`` is computed by ``transformers``
-in float32 and always gets the second. A leak moves logits by ``1e-2`` or more.
+Tolerances follow the model's real dtype path (:mod:`seqpack.verify.tolerance`);
+``model_loss`` is computed by ``transformers`` in float32 and always gets float32's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -61,7 +59,13 @@ from seqpack.verify.loading import (
     verification_examples,
     verification_layout,
 )
-from seqpack.verify.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
+from seqpack.verify.tolerance import (
+    FLOAT32_TOLERANCE,
+    compare,
+    grad_vector,
+    observe,
+    tolerance,
+)
 
 MODES = ("adapter", "naive", "bool-mask")
 
@@ -80,8 +84,6 @@ def packed_kwargs(
         return build_inputs(
             batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
         )
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "bool-mask":
         if attn_implementation not in ("eager", "sdpa"):
             raise InvalidInput("--mode bool-mask feeds 4-D masks: use --attn eager or sdpa")
@@ -115,40 +117,17 @@ def reference_implementation(model: torch.nn.Module, attn: str) -> str:
     return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
 
 
-class _running:
+@contextmanager
+def running(model: torch.nn.Module, attn: str) -> Iterator[None]:
     """Run ``model`` on ``attn`` inside the block, back to its own implementation after."""
-
-    def __init__(self, model: torch.nn.Module, attn: str) -> None:
-        self.model, self.attn = model, attn
-        self.previous = model.config._attn_implementation
-
-    def __enter__(self) -> None:
-        if self.attn != self.previous:
-            self.model.set_attn_implementation(self.attn)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.attn != self.previous:
-            self.model.set_attn_implementation(self.previous)
-
-
-def _grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [
-            (torch.zeros_like(p) if g is None else g).reshape(-1)
-            for p, g in zip(params, grads, strict=True)
-        ]
-    )
-
-
-def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, Any]:
-    a, b = a.detach().double(), b.detach().double()
-    ok = (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
-    return {
-        "comparisons": int(ok.numel()),
-        "failures": int((~ok).sum()),
-        "max_abs_diff": float((a - b).abs().max()) if a.numel() else 0.0,
-    }
+    previous = model.config._attn_implementation
+    if attn != previous:
+        model.set_attn_implementation(attn)
+    try:
+        yield
+    finally:
+        if attn != previous:
+            model.set_attn_implementation(previous)
 
 
 def _separate(
@@ -164,8 +143,9 @@ def _separate(
     return torch.cat(logits), total
 
 
-def _islands(model: torch.nn.Module, example: SequenceExample, backward: bool) -> dict:
-    """The float32 islands of one separate forward (and backward) of a float64 model.
+def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) -> tuple:
+    """``(islands, casts)`` (:func:`~seqpack.verify.tolerance.observe`) of one forward (and
+    backward) of ``tokens`` alone through a float64 model; ``({}, [])`` for any other dtype.
 
     FlexAttention is a higher-order op that dispatch modes cannot follow (and
     a failed trace would leave it uncompiled), so a flex model is observed on
@@ -173,24 +153,19 @@ def _islands(model: torch.nn.Module, example: SequenceExample, backward: bool) -
     """
     param = next(model.parameters())
     if param.dtype != torch.float64:
-        return {}
-    ids = torch.as_tensor(example.inputs.astype(np.int64), device=param.device)[None]
-    attn = model.config._attn_implementation
+        return {}, []
+    ids = torch.as_tensor(tokens.astype(np.int64), device=param.device)[None]
+    flex = model.config._attn_implementation == "flex_attention"
 
     def run() -> None:
         logits = model(input_ids=ids, use_cache=False).logits
         if backward:
             logits.sum().backward()
 
-    if attn == "flex_attention":
-        model.set_attn_implementation("sdpa")
-    try:
-        islands = float32_islands(run)
-    finally:
-        if attn == "flex_attention":
-            model.set_attn_implementation(attn)
+    with running(model, "sdpa") if flex else nullcontext():
+        found = observe(run)
     model.zero_grad(set_to_none=True)
-    return islands
+    return found
 
 
 def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Architecture:
@@ -226,10 +201,9 @@ def verify_hf(
     """
     if not examples:
         raise InvalidInput("verify_hf needs at least one example")
-    if not gradients:  # e.g. FlexAttention on CPU: no backward, so no graph at all
-        with torch.no_grad():
-            return _verify(model, examples, mode, capacity, pad_token_id, False, allow_unsupported)
-    return _verify(model, examples, mode, capacity, pad_token_id, True, allow_unsupported)
+    # gradients=False, e.g. FlexAttention on CPU: no backward, so no graph at all
+    with nullcontext() if gradients else torch.no_grad():
+        return _verify(model, examples, mode, capacity, pad_token_id, gradients, allow_unsupported)
 
 
 def _verify(
@@ -254,8 +228,10 @@ def _verify(
     params = _params(model)
     eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
     reference = reference_implementation(model, attn)
-    with _running(model, reference):
-        islands = guarded(model, "forward", lambda: _islands(model, examples[0], gradients))
+    with running(model, reference):
+        islands, _ = guarded(
+            model, "forward", lambda: observed(model, examples[0].inputs, gradients)
+        )
         sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
     tol = tolerance(dtype, islands)
 
@@ -270,16 +246,16 @@ def _verify(
     cells = example_tokens(batch, flattened=False).to(device)
     flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
     compared = {
-        "logits": _compare(sep_logits, flat.index_select(0, cells), tol),
-        "loss": _compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
+        "logits": compare(sep_logits, flat.index_select(0, cells), tol),
+        "loss": compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
     }
     if gradients:
-        sep_grads = guarded(model, "backward", lambda: _grad_vector(sep_mean, params))
-        packed_grads = guarded(model, "backward", lambda: _grad_vector(packed_mean, params))
-        compared["gradients"] = _compare(sep_grads, packed_grads, tol)
+        sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
+        packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
+        compared["gradients"] = compare(sep_grads, packed_grads, tol)
     f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
     if mode == "adapter":
-        compared["model_loss"] = _compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
+        compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
@@ -320,18 +296,10 @@ def _report(
     tol: dict[str, Any],
     compared: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    param = next(model.parameters())
     longest = max(len(ex) for ex in examples)
     return {
         "target": "transformers",
-        "model": {
-            "model_type": getattr(model.config, "model_type", type(model).__name__),
-            "class": type(model).__name__,
-            "parameters": sum(p.numel() for p in _params(model)),
-            "dtype": str(param.dtype).removeprefix("torch."),
-            "attn_implementation": model.config._attn_implementation,
-            "device": str(param.device),
-        },
+        "model": model_facts(model),
         "architecture": {
             "layer_types": list(arch.mask_types),
             "windows": {k or "all": v for k, v in arch.windows.items()},
@@ -351,10 +319,27 @@ def _report(
         "targets": int(sum(len(ex) for ex in examples)),
         "eligible_targets": eligible,
         "tolerance": dict(tol),
-        "max_abs_diff": {name: c["max_abs_diff"] for name, c in compared.items()},
-        "comparisons": {name: c["comparisons"] for name, c in compared.items()},
-        "failures": {name: c["failures"] for name, c in compared.items()},
+        **tally(compared),
     }
+
+
+def model_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """The report's ``model`` section: type, class, trainable parameters, dtype, attention."""
+    param = next(model.parameters())
+    return {
+        "model_type": getattr(model.config, "model_type", type(model).__name__),
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in _params(model)),
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "attn_implementation": model.config._attn_implementation,
+        "device": str(param.device),
+    }
+
+
+def tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
+    keys = ("max_abs_diff", "comparisons", "failures")
+    return {key: {name: c[key] for name, c in compared.items()} for key in keys}
 
 
 __all__ = [

@@ -1,30 +1,16 @@
-"""How closely packed and separate runs of a model must agree, derived from its real dtype path.
+"""How closely packed and separate runs of a model must agree, from its real dtype path.
 
-A float64 model is compared with the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)``
-only when its computation stays in float64. Many ``transformers`` models do
-not: Gemma's RMSNorm casts to float32, eager attention takes its softmax in
-float32, MoE routers take theirs in float32. Packed and separate runs reach
-such a cast with float64 values that differ in the last bits (different
-reduction shapes), and the cast can then round them to neighbouring float32
-numbers: a ``6e-8`` relative step that the layers after it carry on (measured:
-``4e-7`` relative on Gemma's norm-weight gradients, ``1.1e-8`` on eager's
-loss on one CPU and ``1e-12`` on another).
-
-So the islands are *observed*, not assumed: :func:`float32_islands` runs one
-forward and backward under a ``TorchDispatchMode`` and follows the data that
-leaves float64 (an op with a float64 input and a lower-precision output, and
-everything computed from it at that precision). An island is a
-lower-precision op on such data that **reduces across tokens or keys** —
-softmax, matrix products, sums over any axis but the last — because that is
-where packed and separate runs differ in shape and so in rounding: eager's
-float32 softmax over a row of keys, Gemma's norm-weight gradient summed over
-tokens in float32, an MoE router's float32 softmax. Per-token work at fixed
-width (Llama's RMSNorm in float32, rotary tables built from integer
-positions) is the same in both runs and keeps the seed's tolerance.
-:func:`tolerance` takes the precision of the lowest island: float32 gets
-``1e-5 + 1e-4*max`` (about ``840`` float32 epsilons relative, room for a
-tiny model's depth and its gradient), while a leak between examples moves
-logits by ``1e-2`` or more.
+A float64 model gets the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` only
+while its computation stays in float64. :func:`float32_islands` *observes*
+the islands: one forward and backward under a ``TorchDispatchMode`` follows
+the data that leaves float64, and an island is a lower-precision op on it
+that reduces across tokens or keys (softmax, matrix products, sums over any
+axis but the last, length-rounding transcendentals), where packed and
+separate runs differ in shape and so in rounding. Per-token work at fixed
+width keeps the seed's tolerance. :func:`tolerance` takes the precision of
+the lowest island: float32 gets ``1e-5 + 1e-4*max``; a leak between
+examples moves logits by ``1e-2`` or more. :func:`compare` counts the
+elements outside a tolerance.
 """
 
 from __future__ import annotations
@@ -36,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from seqpack.core.errors import InvalidInput
 
 #: ``(abs, rel)`` per lowest precision on the model's path.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -100,6 +88,7 @@ class _IslandRecorder(TorchDispatchMode):
         self.stack = stack
         self.tainted: dict[int, Any] = {}  # id -> weakref of lower-precision derived tensors
         self.found: dict[tuple[str, str, torch.dtype], None] = {}
+        self.casts: dict[str, None] = {}  # every op turning float64 into a lower precision
 
     def _is_tainted(self, x: Any) -> bool:
         ref = self.tainted.get(id(x))
@@ -117,17 +106,20 @@ class _IslandRecorder(TorchDispatchMode):
             for x in lowered:
                 self.tainted[id(x)] = weakref.ref(x)
             op = func.__name__.split(".")[0]
+            if wide:
+                self.casts[f"{op} ({str(lowered[0].dtype).removeprefix('torch.')})"] = None
             if _reduces_across_tokens(op, args):
                 where = self.stack[-1] if self.stack else "backward"
                 self.found[(where, op, lowered[0].dtype)] = None
         return out
 
 
-def float32_islands(run: Callable[[], Any]) -> dict[str, list[str]]:
-    """``{module class: [op (dtype), ...]}`` of the lower-precision reductions in ``run()``.
+def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
+    """``(islands, casts)`` of ``run()``, one forward and backward of a float64 model.
 
-    ``run`` is one forward and backward of a float64 model (its result is
-    discarded); ops in backward are attributed to ``"backward"``.
+    ``islands``: ``{module class: [op (dtype), ...]}`` of the lower-precision
+    reductions (ops in backward under ``"backward"``); ``casts``: every
+    ``op (dtype)`` that turned float64 data into a lower precision.
     """
     stack: list[str] = []
     module_hooks = torch.nn.modules.module
@@ -153,7 +145,12 @@ def float32_islands(run: Callable[[], Any]) -> dict[str, list[str]]:
     islands: dict[str, list[str]] = {}
     for where, op, dtype in recorder.found:
         islands.setdefault(where, []).append(f"{op} ({str(dtype).removeprefix('torch.')})")
-    return islands
+    return islands, list(recorder.casts)
+
+
+def float32_islands(run: Callable[[], Any]) -> dict[str, list[str]]:
+    """The islands of :func:`observe`."""
+    return observe(run)[0]
 
 
 def lowest_dtype(dtype: torch.dtype, islands: dict[str, list[str]]) -> torch.dtype:
@@ -183,4 +180,22 @@ def tolerance(dtype: torch.dtype, islands: dict[str, list[str]] | None = None) -
     return {"abs": atol, "rel": rtol, "why": why, "islands": islands}
 
 
-__all__ = ["FLOAT32_TOLERANCE", "TOLERANCES", "float32_islands", "lowest_dtype", "tolerance"]
+def compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, Any]:
+    """Element comparisons, failures outside ``tol`` (``abs``/``rel``) and the max abs diff."""
+    if a.numel() != b.numel():
+        raise InvalidInput(f"shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+    a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
+    ok = (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
+    diff = float((a - b).abs().max()) if a.numel() else 0.0
+    return {"comparisons": int(ok.numel()), "failures": int((~ok).sum()), "max_abs_diff": diff}
+
+
+def grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """Every coordinate of ``d loss / d params``, flat (zeros for unused parameters)."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat(
+        [
+            (torch.zeros_like(p) if g is None else g).reshape(-1)
+            for p, g in zip(params, grads, strict=True)
+        ]
+    )

@@ -29,8 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
@@ -39,7 +37,8 @@ from seqpack.core.tree_input import SequenceGroups
 from seqpack.hf.capability import architecture_of
 from seqpack.hf.tree_inputs import NAME, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
-from seqpack.verify.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
+from seqpack.verify.models import model_facts, observed, tally
+from seqpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
 
@@ -107,35 +106,8 @@ def naive_batch(batch: TreeBatch) -> TreeBatch:
     return TreeBatch(**fields)
 
 
-class _Casts(TorchDispatchMode):
-    """Records the ops of a float64 model that produce a lower-precision float from float64."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: dict[str, None] = {}
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        leaves = tree_leaves((args, kwargs))
-        if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in leaves):
-            for x in tree_leaves(out):
-                if isinstance(x, torch.Tensor) and x.dtype in (
-                    torch.float32,
-                    torch.bfloat16,
-                    torch.float16,
-                ):
-                    self.found[
-                        f"{func.__name__.split('.')[0]} ({str(x.dtype).removeprefix('torch.')})"
-                    ] = None
-        return out
-
-
-def gradient_tolerance(
-    model: torch.nn.Module, ids: torch.Tensor, tol: dict[str, Any]
-) -> dict[str, Any]:
-    """``tol``, or float32's when the float64 model casts anything down (even per token).
+def gradient_tolerance(tol: dict[str, Any], casts: list[str]) -> dict[str, Any]:
+    """``tol``, or float32's when the float64 model ``casts`` anything down (even per token).
 
     A cell shared by ``m`` branches receives the sum of their gradients and
     rounds it once through such a cast (e.g. Llama's RMSNorm computes in
@@ -143,38 +115,15 @@ def gradient_tolerance(
     per-cell identical either way, so logits, log-probabilities and the
     loss keep the model's tolerance; gradients agree to the cast's precision.
     """
-    if next(model.parameters()).dtype != torch.float64:
-        return tol
-    casts = _Casts()
-    with casts:
-        model(input_ids=ids, use_cache=False).logits.sum().backward()
-    model.zero_grad(set_to_none=True)
-    if not casts.found:
+    if not casts:
         return tol
     return {
         "abs": FLOAT32_TOLERANCE[0],
         "rel": FLOAT32_TOLERANCE[1],
         "why": "a shared cell sums its branches' gradients before the model's float64 -> float32"
-        f" casts ({', '.join(casts.found)}), which each branch alone rounds separately",
+        f" casts ({', '.join(casts)}), which each branch alone rounds separately",
         "islands": tol.get("islands", {}),
     }
-
-
-def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, Any]:
-    a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
-    ok = (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
-    diff = float((a - b).abs().max()) if a.numel() else 0.0
-    return {"comparisons": int(ok.numel()), "failures": int((~ok).sum()), "max_abs_diff": diff}
-
-
-def _grads(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [
-            (torch.zeros_like(p) if g is None else g).reshape(-1)
-            for p, g in zip(params, grads, strict=True)
-        ]
-    )
 
 
 def _separate(model: torch.nn.Module, groups: SequenceGroups, order: np.ndarray, device: Any):
@@ -214,15 +163,9 @@ def verify_tree(
     fed = naive_batch(batch) if mode == "naive" else batch
     eligible = batch.eligible_count
     params = [p for p in model.parameters() if p.requires_grad]
-    first = torch.as_tensor(groups.sequence(0)[:-1].astype(np.int64), device=device)[None]
-    islands = {}
-    if dtype == torch.float64:
-        islands = float32_islands(
-            lambda: model(input_ids=first, use_cache=False).logits.sum().backward()
-        )
-        model.zero_grad(set_to_none=True)
+    islands, casts = observed(model, groups.sequence(0)[:-1])
     tol = tolerance(dtype, islands)
-    grad_tol = gradient_tolerance(model, first, tol)
+    grad_tol = gradient_tolerance(tol, casts)
     sep_logits, sep_sums, sep_total = _separate(model, groups, batch.seq_index, device)
     sep_mean = sep_total / eligible
     kwargs = tree_inputs(
@@ -233,10 +176,12 @@ def verify_tree(
     tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
     tree_mean = tree_loss(out, batch).mean
     compared = {
-        "logits": _compare(sep_logits, tree_logits, tol),
-        "sequence_logprobs": _compare(sep_sums, sequence_logprobs(out, batch), tol),
-        "loss": _compare(sep_mean, tree_mean, tol),
-        "gradients": _compare(_grads(sep_mean, params), _grads(tree_mean, params), grad_tol),
+        "logits": compare(sep_logits, tree_logits, tol),
+        "sequence_logprobs": compare(sep_sums, sequence_logprobs(out, batch), tol),
+        "loss": compare(sep_mean, tree_mean, tol),
+        "gradients": compare(
+            grad_vector(sep_mean, params), grad_vector(tree_mean, params), grad_tol
+        ),
     }
     report = _report(model, groups, epoch, mode, capacity, tol, grad_tol, compared)
     report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
@@ -261,20 +206,11 @@ def _report(
     compared: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     stats, (batch,) = epoch.stats(), epoch.batches
-    params = [p for p in model.parameters() if p.requires_grad]
-    param = params[0]
     arch = architecture_of(model)
     return {
         "target": "transformers",
         "layout": "tree",
-        "model": {
-            "model_type": getattr(model.config, "model_type", type(model).__name__),
-            "class": type(model).__name__,
-            "parameters": sum(p.numel() for p in params),
-            "dtype": str(param.dtype).removeprefix("torch."),
-            "attn_implementation": model.config._attn_implementation,
-            "device": str(param.device),
-        },
+        "model": model_facts(model),
         "architecture": {"windows": {k or "all": v for k, v in arch.windows.items()}},
         "mode": mode,
         "groups": int(np.unique(groups.group).shape[0]),
@@ -288,9 +224,7 @@ def _report(
         "eligible_targets": batch.eligible_count,
         "tolerance": dict(tol),
         "gradient_tolerance": dict(grad_tol),
-        "max_abs_diff": {k: c["max_abs_diff"] for k, c in compared.items()},
-        "comparisons": {k: c["comparisons"] for k, c in compared.items()},
-        "failures": {k: c["failures"] for k, c in compared.items()},
+        **tally(compared),
     }
 
 
@@ -300,13 +234,3 @@ def use_tree_attention(model: torch.nn.Module) -> None:
 
     register()
     model.set_attn_implementation(NAME)
-
-
-__all__ = [
-    "MODES",
-    "naive_batch",
-    "parse_tree_lengths",
-    "tree_groups",
-    "use_tree_attention",
-    "verify_tree",
-]

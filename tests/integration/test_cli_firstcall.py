@@ -1,0 +1,143 @@
+"""Fast first calls (issue 23, item 7): compiled kernels cached wherever seqpack is
+installed, no heavy import on the in-memory path, TRL's columns in one pass.
+
+Speed itself is measured in ``benchmarks/bench_userpath.py`` (first call in a
+fresh process beside warm medians), never in tests; these tests hold what
+makes the first call fast.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+PLAN = """
+import json, os, numpy as np, seqpack
+from seqpack.core.policies import plan_rows
+plan = plan_rows(np.array([3, 4, 5, 2]), 8, "best-fit-decreasing", engine="numba")
+cache = os.environ.get("NUMBA_CACHE_DIR")
+print(json.dumps({"rows": plan.num_rows, "cache": cache, "file": seqpack.__file__}))
+"""
+
+
+def test_kernels_are_cached_for_a_read_only_install_without_a_home():
+    """An installed package whose folder is read-only, run by a user without a writable home:
+    the second process loads every kernel from the cache instead of compiling again (numba
+    alone raises "cannot cache function ...: no locator available" there)."""
+    pytest.importorskip("numba")
+    root = Path(tempfile.mkdtemp(prefix="seqpack-ro-"))  # under /tmp: any user can reach it
+    os.chmod(root, 0o755)
+    site, tmp = root / "site", root / "tmp"
+    shutil.copytree(SRC / "seqpack", site / "seqpack", ignore=shutil.ignore_patterns("*.nb*"))
+    tmp.mkdir(mode=0o777)
+    os.chmod(tmp, 0o777)
+    for folder, _, files in os.walk(site):
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o444)
+        os.chmod(folder, 0o555)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env |= {"PYTHONPATH": str(site), "HOME": str(root / "no-home"), "NUMBA_DEBUG_CACHE": "1"}
+    env["TMPDIR"] = str(tmp)
+    user = [] if os.getuid() else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    argv = [*user, sys.executable, "-c", PLAN]
+    try:
+        runs = [
+            subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp, check=False)
+            for _ in range(2)
+        ]
+        for run in runs:
+            assert run.returncode == 0, run.stderr[-2000:]
+            assert json.loads(run.stdout.splitlines()[-1])["rows"] == 2
+        first, second = (r.stdout + r.stderr for r in runs)
+        done = json.loads(runs[1].stdout.splitlines()[-1])
+        assert done["file"].startswith(str(site))  # the read-only copy was the one imported
+        assert "data saved" in first and "data saved" not in second
+        assert "data loaded" in second
+        assert done["cache"] and done["cache"].startswith(str(tmp))
+    finally:
+        for folder, _, _ in os.walk(site):
+            os.chmod(folder, 0o755)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+FIRST = """
+import sys, numpy as np, pyarrow as pa, datasets
+datasets.disable_progress_bars()
+tokens = [0, 99, 100, 1, 0, 101, 1, 0, 102, 103, 104, 1]
+ids = pa.ListArray.from_arrays(pa.array([0, 4, 7, 12], pa.int32()), pa.array(tokens, pa.int32()))
+ds = datasets.Dataset(datasets.table.InMemoryTable(pa.table({"input_ids": ids})), fingerprint="x")
+before = set(sys.modules)
+from seqpack.hf import pack_dataset
+for fmt in ("seqpack", "trl"):
+    pack_dataset(ds, 7, "bfd", vocab_size=266, format=fmt)
+heavy = ("torch", "transformers", "tokenizers", "matplotlib", "tqdm", "ray")
+print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in heavy))
+"""
+
+
+def test_the_first_pack_dataset_call_imports_nothing_heavy():
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    run = subprocess.run([sys.executable, "-c", FIRST], capture_output=True, text=True, env=env,
+                         check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
+    from seqpack.core import engine
+    from seqpack.io.shards import ShardColumns, token_offsets
+    from seqpack.io.trl_schema import trl_columns
+
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(1, 40, size=300).astype(np.int64)
+    total = int((lengths + 1).sum())
+    cols = ShardColumns(
+        first_row=0, row_offsets=np.array([0, 120, 300]), tokens=rng.integers(0, 500, total,
+        dtype=np.int32), lengths=lengths, starts=None, ordinals=None,
+        loss_mask=rng.random(int(lengths.sum())) < 0.7 if masked else None, source_ids=None,
+        example_ids=None, range_starts=None, range_ends=None,
+    )  # fmt: skip
+    tok, _ = token_offsets(cols)
+    labels, positions = trl_columns(cols, tok)
+    monkeypatch.setattr(engine, "compiled", lambda name: None)  # the NumPy path, no numba
+    want_labels, want_positions = trl_columns(cols, tok)
+    assert labels.dtype == np.int64 and positions.dtype == np.int32
+    assert np.array_equal(labels, want_labels) and np.array_equal(positions, want_positions)
+    # by definition: each window restarts at 0, its first label is -100
+    starts = tok[:-1]
+    assert (positions[starts] == 0).all() and (labels[starts] == -100).all()
+    assert positions[starts[5] + 3] == 3
+
+
+PACK = """
+import json, sys
+from seqpack.cli import main
+with open("d.jsonl", "w") as f:
+    for i in range(20):
+        f.write(json.dumps({"id": f"doc-{i}", "text": "abc" * (i + 1)}) + "\\n")
+for fmt in ("seqpack", "trl"):
+    code = main(["pack", "d.jsonl", "--tokenizer", "bytes", "--capacity", "128", "--format", fmt,
+                 "--out", "out-" + fmt])
+    assert code == 0, code
+heavy = ("pandas", "torch", "transformers", "tokenizers", "datasets", "matplotlib", "ray")
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+
+
+def test_seqpack_pack_imports_nothing_heavy(tmp_path):
+    """`seqpack pack` with ids given (source ids gathered with Arrow's take): no pandas (it
+    cost 0.65-1.5 s of a fresh process), nor anything else it does not need."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    run = subprocess.run([sys.executable, "-c", PACK], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"

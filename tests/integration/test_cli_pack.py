@@ -1,0 +1,150 @@
+"""`seqpack pack` and `seqpack stats` through the real entry point (`python -m seqpack`)."""
+
+import json
+import subprocess
+import sys
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from seqpack import plan_rows
+from seqpack.core.policies import POLICIES
+from seqpack.io.store import load_packed
+
+from support.packed_helpers import expected_flags, random_records, recovered_examples, write_jsonl
+
+
+def seqpack(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "seqpack", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def records():
+    import numpy as np
+
+    return random_records(np.random.default_rng(7), 150, vocab=1000, max_len=64)
+
+
+@pytest.fixture
+def jsonl(tmp_path, records):
+    return write_jsonl(tmp_path / "data.jsonl", records)
+
+
+def test_pack_json_stats_and_exact_round_trip(tmp_path, jsonl, records):
+    out = tmp_path / "packed"
+    proc = seqpack(
+        "pack", jsonl, "--capacity", 128, "--policy", "best-fit-decreasing", "--out", out,
+        "--vocab-size", 1000, "--json", "--max-rows-per-batch", 3,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    plan = plan_rows([len(r["input_ids"]) - 1 for r in records], 128, "best-fit-decreasing")
+    want = plan.stats()
+    for key in ("examples", "tokens", "rows", "lower_bound", "efficiency"):
+        assert stats[key] == want[key]
+    assert stats["seconds"] > 0
+    store = load_packed(out)
+    assert store.max_rows_per_batch == 3 and len(store) == -(-want["rows"] // 3)
+    got = recovered_examples(store)
+    assert len(got) == len(records)
+    for ex in got.values():
+        record = next(r for r in records if r["id"] == ex["source_id"])
+        assert ex["tokens"] == record["input_ids"]
+        assert ex["loss"] == expected_flags(record)
+        assert ex["range"] == (0, len(record["input_ids"]))
+
+
+def test_parquet_folder_and_datasets_folder_inputs(tmp_path, records):
+    ids = [r["input_ids"] for r in records]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(3):
+        part = ids[k * 50 : (k + 1) * 50]
+        pq.write_table(pa.table({"input_ids": part}), shards / f"{k:02d}.parquet")
+    datasets.Dataset.from_dict({"input_ids": ids}).save_to_disk(str(tmp_path / "ds"))
+    results = []
+    for source in (shards, tmp_path / "ds"):
+        out = tmp_path / f"out-{source.name}"
+        proc = seqpack("pack", source, "--capacity", 100, "--policy", "next-fit", "--out", out,
+                       "--vocab-size", 1000, "--json")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout.splitlines()[-1]))
+        got = recovered_examples(load_packed(out))
+        assert [got[i]["tokens"] for i in range(len(ids))] == ids
+    assert results[0]["rows"] == results[1]["rows"]
+
+
+def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
+    texts = ["hello world", "packing keeps contexts apart", "ü"]
+    path = write_jsonl(
+        tmp_path / "t.jsonl", [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+    )
+    out = tmp_path / "out"
+    args = (
+        "pack",
+        path,
+        "--capacity",
+        40,
+        "--policy",
+        "next-fit",
+        "--out",
+        out,
+        "--tokenizer",
+        "bytes",
+    )
+    assert seqpack(*args).returncode == 0
+    again = seqpack(*args)
+    assert again.returncode == 2
+    assert (
+        again.stderr.strip()
+        == f"seqpack pack: error: {out} already exists — pass --overwrite to replace it"
+    )
+    replaced = seqpack(*args, "--overwrite", "--json")
+    assert replaced.returncode == 0, replaced.stderr
+    store = load_packed(out)
+    assert store.binding.tokenizer_id == "seqpack/bytes-266" and store.binding.vocab_size == 266
+    got = recovered_examples(store)
+    from seqpack.io.tokenizers import ByteTokenizer
+
+    for ex in got.values():
+        assert ByteTokenizer().decode(ex["tokens"]) == texts[int(ex["source_id"][1:])]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ((), "pre-tokenized input needs --vocab-size"),
+        (("--vocab-size", 10), "is not below the vocabulary size 10"),
+        (("--vocab-size", 1000, "--capacity", 8), "prediction pairs; capacity is 8"),
+        (("--vocab-size", 1000, "--policy", "nope"), "unknown policy 'nope'"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code_2(tmp_path, jsonl, extra, message):
+    args = ["pack", jsonl, "--out", tmp_path / "out", "--policy", "next-fit", "--capacity", 64]
+    proc = seqpack(*args, *extra)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("seqpack pack: error: ")
+    assert message in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_stats_json_table_and_plot(tmp_path, jsonl, records):
+    png = tmp_path / "stats.png"
+    proc = seqpack("stats", jsonl, "--capacity", 128, "--json", "--plot", png)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert [p["policy"] for p in report["policies"]] == list(POLICIES)
+    lengths = [len(r["input_ids"]) - 1 for r in records]
+    for entry in report["policies"]:
+        assert entry["rows"] == plan_rows(lengths, 128, entry["policy"]).num_rows
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    text = seqpack("stats", jsonl, "--capacity", 128, "--policy", "next-fit")
+    assert text.returncode == 0 and "next-fit" in text.stdout and "rows/LB" in text.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "stats.png"]

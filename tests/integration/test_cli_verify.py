@@ -1,0 +1,245 @@
+"""``seqpack verify``: exit codes 0 (pass), 1 (fail), 2 (bad input); JSON on the last line."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqpack.cli import main
+
+torch.set_num_threads(1)
+CONFIG = str(Path(__file__).parents[1] / "data" / "tiny_llama.json")
+
+
+def verify(capsys, *args):
+    code = main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_hf_config_adapter_passes_and_naive_fails(capsys, attn):
+    code, out, _ = verify(capsys, "--hf-config", CONFIG, "--attn", attn, "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"] is True
+    assert set(report["max_abs_diff"]) >= {"logits", "loss", "gradients"}
+    assert report["model"]["attn_implementation"] == attn
+
+    code, out, _ = verify(
+        capsys, "--hf-config", CONFIG, "--attn", attn, "--mode", "naive", "--json"
+    )
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and report["pass"] is False
+    assert report["max_abs_diff"]["logits"] > 1e-2
+
+
+def test_bool_mask_on_eager_is_flagged_and_human_output(capsys):
+    code, out, _ = verify(capsys, "--hf-config", CONFIG, "--attn", "eager", "--mode", "bool-mask")
+    assert code == 1
+    assert out.strip().splitlines()[-1].startswith("FAIL")
+    assert "as numbers" in out
+    code, out, _ = verify(capsys, "--hf-config", CONFIG, "--attn", "sdpa", "--dtype", "float32")
+    assert code == 0 and "PASS" in out.splitlines()[-1] and "float32" in out
+
+
+def test_hf_model_dir(capsys, tmp_path):
+    from seqpack.verify.models import load_model
+
+    load_model(config=CONFIG, seed=2).save_pretrained(tmp_path)
+    code, out, _ = verify(capsys, "--hf-model", str(tmp_path), "--json", "--seed", "2")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"] and report["model"]["source"] == str(tmp_path)
+
+
+def test_a_pickled_model_is_refused_before_anything_is_unpickled(capsys, tmp_path):
+    """A folder whose weights are only a pickle (``pytorch_model.bin``) is one line, exit 2:
+    unpickling can run code, so seqpack never does it."""
+    from seqpack.verify.models import load_model
+
+    model = load_model(config=CONFIG, seed=2)
+    model.save_pretrained(tmp_path)  # transformers 5 writes safetensors only: replace them
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle
+    capsys.readouterr()  # save_pretrained's own progress bar
+    code, _, err = verify(capsys, "--hf-model", str(tmp_path))
+    assert code == 2 and "pickled weights" in err and "safe_serialization=True" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_tiny_decoder_without_hf_arguments(capsys):
+    code, out, _ = verify(capsys, "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"] and report["target"] == "tiny-decoder"
+    assert report["layouts"] >= 2
+    code, out, _ = verify(capsys, "--mode", "naive")
+    assert code == 1 and out.strip().splitlines()[-1].startswith("FAIL")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hf-config", "/nonexistent/config.json"], "does not exist"),
+        (["--hf-config", CONFIG, "--attn", "flash_attention_2"], "flash-attn"),
+        (["--hf-config", CONFIG, "--attn", "flex_attention"], "no backward"),
+        (["--hf-config", CONFIG, "--attn", "magic"], "choose one of"),
+        (["--mode", "bool-mask"], "transformers models only"),
+        (["--dtype", "float32"], "float64"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, args, message):
+    code, out, err = verify(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_config_that_is_not_a_model(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"model_type": "no-such-model"}))
+    code, _, err = verify(capsys, "--hf-config", str(bad))
+    assert code == 2 and "cannot build a causal LM" in err and len(err.strip().splitlines()) == 1
+
+
+def write_config(tmp_path, **changes):
+    config = json.loads(Path(CONFIG).read_text()) | changes
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa", "seqpack_varlen"])
+def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
+    capsys, tmp_path, attn
+):
+    config = write_config(tmp_path, model_type="mistral", sliding_window=16)
+    code, out, _ = verify(
+        capsys, "--hf-config", config, "--attn", attn, "--lengths", "40,20,9,3", "--json"
+    )
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"], report
+    assert report["lengths"] == [40, 20, 9, 3] and report["capacity"] == 64
+    assert report["architecture"] == {
+        "layer_types": [],
+        "windows": {"all": 16},
+        "window_exercised": True,
+        "supported": True,
+        "refusal": None,
+        "positions": "position_ids",
+        "position_offset": 0,
+        "conditions": [],
+        "verdict": "exact",
+    }
+    if attn == "seqpack_varlen":
+        return
+    code, out, _ = verify(capsys, "--hf-config", config, "--attn", attn, "--mode", "naive")
+    last = out.strip().splitlines()[-1]
+    assert code == 1 and last.startswith("FAIL: the model mixed examples")
+    assert "(MistralAttention): attention" in last
+
+
+def test_default_examples_exercise_the_window(capsys, tmp_path):
+    config = write_config(
+        tmp_path, model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1
+    )
+    code, out, _ = verify(capsys, "--hf-config", config)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("PASS")
+    assert "examples of [19, 3, 9, 10, 5, 2] pairs" in out
+    assert "attention windows: full_attention unbounded, sliding_attention 8" in out
+
+
+def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_path):
+    lfm2 = write_config(
+        tmp_path, model_type="lfm2", layer_types=["conv", "full_attention"], conv_L_cache=3
+    )
+    code, out, err = verify(capsys, "--hf-config", lfm2)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "lfm2 cannot be packed exactly: its convolution layer" in err
+    assert "short convolutions mix neighbouring columns" in err
+    bloom = tmp_path / "bloom"
+    bloom.mkdir()
+    (bloom / "config.json").write_text(
+        json.dumps({"model_type": "bloom", "vocab_size": 266, "hidden_size": 16, "n_layer": 1})
+    )
+    code, out, err = verify(capsys, "--hf-config", str(bloom))
+    assert code == 2 and "bloom cannot be packed exactly: its ALiBi bias" in err
+    # Gemma 2 soft-caps its logits; seqpack_varlen says so instead of a traceback.
+    gemma2 = write_config(tmp_path, model_type="gemma2", sliding_window=4)
+    code, out, err = verify(capsys, "--hf-config", gemma2, "--attn", "seqpack_varlen")
+    assert code == 2 and out == "" and "soft-caps" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"), [("40,x", "comma-separated"), ("40,0", "positive")]
+)
+def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, message):
+    code, out, err = verify(capsys, "--hf-config", CONFIG, "--lengths", lengths)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("seqpack verify: error: argument --lengths") and message in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hf-config", CONFIG, "--lengths", "70"], "max_position_embeddings 64"),
+        (["--hf-config", CONFIG, "--lengths", "40,20", "--capacity", "30"], "does not fit"),
+        (["--lengths", "4,2"], "transformers models"),
+    ],
+)
+def test_lengths_that_do_not_fit_exit_2_with_one_line(capsys, args, message):
+    code, out, err = verify(capsys, *args)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def _tiny_dir(tmp_path, model_type, **options):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from support.architecture_tiny import tiny_config
+
+    folder = tmp_path / model_type
+    tiny_config(model_type, **options).save_pretrained(folder)
+    return str(folder)
+
+
+def test_configs_without_pad_token_id_verify_and_exit_1_means_only_mixed(capsys, tmp_path):
+    """codegen packs exactly without a pad id; cpmant is refused on one line, exit 2."""
+    codegen = _tiny_dir(tmp_path, "codegen", pad_token_id=None)
+    assert json.loads((Path(codegen) / "config.json").read_text()).get("pad_token_id") is None
+    code, out, err = verify(capsys, "--hf-config", codegen)
+    assert code == 0 and out.strip().splitlines()[-1].startswith("PASS"), err
+    code, out, err = verify(capsys, "--hf-config", _tiny_dir(tmp_path, "cpmant"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "cpmant cannot be packed exactly: it takes no position_ids" in err
+
+
+def test_seqpack_varlen_on_a_model_without_the_interface_is_one_line(capsys, tmp_path):
+    code, out, err = verify(
+        capsys, "--hf-config", _tiny_dir(tmp_path, "gpt_neo"), "--attn", "seqpack_varlen"
+    )
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "gpt_neo cannot run attn_implementation='seqpack_varlen'" in err
+
+
+def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
+    from seqpack.verify import models as hf_verify
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(hf_verify, "verify_hf", broken)
+    code, out, err = verify(capsys, "--hf-config", CONFIG)
+    assert (
+        code == 2
+        and out == ""
+        and err.strip().endswith("verify crashed: RuntimeError: boom second line")
+    )
+
+
+def test_a_model_whose_own_loss_alone_disagrees_is_not_reported_as_mixed(capsys, tmp_path):
+    """whisper's decoder packs exactly but computes its loss from unshifted labels."""
+    code, out, err = verify(capsys, "--hf-config", _tiny_dir(tmp_path, "whisper"), "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 2 and not report["pass"] and not report["mixed"]
+    assert set(k for k, n in report["failures"].items() if n) == {"model_loss"}
+    assert "hf_loss" in err and len(err.strip().splitlines()) == 1

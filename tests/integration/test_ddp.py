@@ -1,0 +1,227 @@
+"""Two real ranks (torch.distributed, gloo, two processes on 127.0.0.1) vs one process.
+
+Each rank runs DistributedDataParallel over its RowSampler slots with
+gradient accumulation (``no_sync`` on all but the last micro-batch) and
+``micro_batch_loss(world_size=2)``; DDP averages gradients over ranks. The
+gradients of every optimizer step must equal, within the float64 tolerance,
+those of the single-batch token-weighted mean computed here in one process
+over the same rows, and the per-micro-batch-mean control must not.
+
+This file is also the worker: ``python tests/integration/test_ddp.py RANK WORLD PORT DATA OUT``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+WORLD = 2
+MICRO = 2
+ROWS_PER_MICRO = 2
+SEED = 11
+LR = 0.5
+ATTENTION = "varlen"
+TIMEOUT_S = 60
+
+
+def _model():
+    from seqpack.verify.decoder import TinyDecoder
+
+    return TinyDecoder("large", seed=SEED, attention=ATTENTION)
+
+
+def _sampler(stats, world_size=None, rank=None):
+    from seqpack.training import RowSampler
+
+    return RowSampler(
+        stats,
+        rows_per_micro_batch=ROWS_PER_MICRO,
+        micro_batches=MICRO,
+        world_size=world_size,
+        rank=rank,
+        seed=SEED,
+        balance="attention",
+    )
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
+    """One rank: the naive control on step 0, then the epoch with correct normalisation."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    from seqpack.training import (
+        PackedCollator,
+        PackedDataset,
+        decoder_inputs,
+        labels_nll_sum,
+        micro_batch_loss,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=TIMEOUT_S // 2),
+    )
+    ds = PackedDataset(data)
+    sampler = _sampler(ds.row_stats())  # world size and rank from torch.distributed
+    loader = DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=PackedCollator())
+    model = DistributedDataParallel(_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    features = list(loader)
+    # Control: each micro-batch's own mean, averaged over micro-batches (and, by DDP, ranks).
+    for f in features[:MICRO]:
+        sync = nullcontext() if f["slot"].last_micro else model.no_sync()
+        with sync:
+            total = labels_nll_sum(model(*decoder_inputs(f)), f["shift_labels"])
+            zero = sum(p.sum() for p in model.parameters()) * 0.0
+            loss = total.sum / max(total.count, 1) / MICRO + zero
+            loss.backward()
+    naive = _grads(model.module)
+    optimizer.zero_grad(set_to_none=True)
+    steps, logged = [], []
+    running = torch.zeros((), dtype=torch.float64)
+    for f in features:
+        sync = nullcontext() if f["slot"].last_micro else model.no_sync()
+        with sync:
+            logits = model(*decoder_inputs(f))
+            loss = micro_batch_loss(logits, f, world_size=world, parameters=model.parameters())
+            loss.backward()
+        running += loss.detach()
+        if f["slot"].last_micro:
+            steps.append(_grads(model.module))
+            dist.all_reduce(running)  # Σ over ranks of Σ micro losses = R * step mean
+            logged.append(float(running) / world)
+            running.zero_()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    torch.save(
+        {"steps": steps, "naive": naive, "logged": logged, "slots": len(features)},
+        Path(out) / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the test
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_data(path: Path) -> None:
+    from seqpack import ExampleTable, SequenceExample, plan_rows
+    from seqpack.core.compact import compact_rows
+    from seqpack.io.store import write_packed
+
+    from support.strategies import BINDING
+
+    rng = np.random.default_rng(SEED)
+    examples = []
+    for i in range(33):
+        length = int(rng.integers(1, 17))
+        examples.append(
+            SequenceExample.from_document(
+                rng.integers(0, 266, size=length + 1),
+                source_id=f"d{i}",
+                partition="train",
+                binding=BINDING,
+                loss_mask=rng.random(length) < 0.75,
+            )
+        )
+    table = ExampleTable.from_examples(examples, "train", BINDING)
+    plan = plan_rows(table.lengths, 16, "best-fit-decreasing")
+    write_packed(compact_rows(table, plan), path, max_rows_per_batch=4)
+
+
+def _reference(data: Path):
+    """One process: per step, the gradient of the mean over all the step's rows; SGD between."""
+    from seqpack.core.loss import token_weighted_loss
+    from seqpack.training import PackedDataset
+
+    ds = PackedDataset(data)
+    stats = ds.row_stats()
+    schedules = [_sampler(stats, WORLD, r) for r in range(WORLD)]
+    schedule = schedules[0].schedule
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    grads, means, empty = [], [], 0
+    for step in range(schedule.steps):
+        slots = [schedule.slot(step, r, m) for r in range(WORLD) for m in range(MICRO)]
+        empty += sum(s.size == 0 for s in slots)
+        batch = ds.rows(np.sort(np.concatenate(slots)))
+        loss = token_weighted_loss(model.forward_packed(batch), batch).mean
+        loss.backward()
+        grads.append(_grads(model))
+        means.append(float(loss.detach()))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return grads, means, empty, schedule.steps
+
+
+def test_two_gloo_ranks_match_one_process(tmp_path):
+    from seqpack.verify.layouts import within_tolerance
+
+    torch.set_num_threads(1)
+    data = tmp_path / "packed"
+    _write_data(data)
+    port = _free_port()
+    env = os.environ | {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    tests = str(Path(__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), str(WORLD), str(port), str(data), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
+    want, means, empty, steps = _reference(data)
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    assert steps >= 2 and empty >= 1  # a short last step with an explicitly empty slot
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    assert ranks[0]["slots"] == ranks[1]["slots"] == steps * MICRO
+    for rank in ranks:
+        assert len(rank["steps"]) == steps
+        for got, ref in zip(rank["steps"], want, strict=True):
+            for name, g in ref.items():
+                ok = within_tolerance(got[name], g)
+                assert bool(ok.all()), (name, float((got[name] - g).abs().max()))
+        for logged, mean in zip(rank["logged"], means, strict=True):
+            assert abs(logged - mean) <= 1e-10 + 1e-9 * abs(mean)
+    naive = ranks[0]["naive"]
+    assert any(not bool(within_tolerance(naive[n], want[0][n]).all()) for n in want[0])
+
+
+if __name__ == "__main__":
+    rank_, world_, port_, data_, out_ = sys.argv[1:6]
+    worker(int(rank_), int(world_), int(port_), data_, out_)

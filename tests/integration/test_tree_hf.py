@@ -1,0 +1,248 @@
+"""Tree packing in transformers: ``seqpack verify --tree-lengths``, the masks and the backend.
+
+Models are the suite's tiny configs (2 layers, width 16): Llama (full
+attention), Mistral (one window of 4), Qwen2 (full + sliding layers,
+``layer_types``) and GPT-2 (LayerNorm in float64: no float32 cast at all,
+so even its gradients meet the seed's tolerance).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from seqpack.cli import main
+from seqpack.core.binding import Binding
+from seqpack.core.errors import NotAvailable
+from seqpack.core.tree import SequenceGroups, pack_tree
+from seqpack.hf.architectures import describe
+from seqpack.hf.tree_inputs import tree_allowed, tree_inputs, tree_layer_masks
+from seqpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
+from seqpack.verify.models import load_model
+from seqpack.verify.tree_models import (
+    parse_tree_lengths,
+    tree_groups,
+    use_tree_attention,
+    verify_tree,
+)
+
+torch.set_num_threads(1)
+LLAMA = Path(__file__).parents[1] / "data" / "tiny_llama.json"
+SPEC = "30:5,8,12;10:4,4"
+SEED_TOL = (1e-10, 1e-9)
+
+
+def config(tmp_path: Path, model_type: str, **extra) -> Path:
+    base = json.loads(LLAMA.read_text())
+    if model_type == "gpt2":
+        base = {
+            "vocab_size": 266,
+            "n_embd": 16,
+            "n_layer": 2,
+            "n_head": 2,
+            "n_positions": 64,
+            "initializer_range": 0.2,
+            "attn_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+        }
+    base |= {"model_type": model_type, **extra}
+    base.pop("architectures", None)
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps(base))
+    return path
+
+
+def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
+    model = load_model(config=path, attn_implementation="eager" if attn == "eager" else "sdpa")
+    if attn == "seqpack_tree":
+        use_tree_attention(model)
+    groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
+    return verify_tree(model, groups, mode=mode)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "attn"),
+    [
+        ("llama", {}, "sdpa"),
+        ("llama", {}, "seqpack_tree"),
+        ("llama", {}, "eager"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree"),
+        ("mistral", {"sliding_window": 4}, "sdpa"),
+        (
+            "qwen2",
+            {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
+            "seqpack_tree",
+        ),
+        ("gpt2", {}, "seqpack_tree"),
+    ],
+)
+def test_tree_rows_compute_what_each_sequence_computes_alone(tmp_path, model_type, extra, attn):
+    report = verify(config(tmp_path, model_type, **extra), attn)
+    assert report["pass"], report
+    assert report["comparisons"]["logits"] == sum(report["lengths"]) * 266
+    assert report["comparisons"]["sequence_logprobs"] == report["sequences"] == 5
+    assert report["tokens_stored"] < report["tokens_flat"]
+    if attn != "eager":  # eager's softmax is float32: logits to float32 only
+        assert report["tolerance"]["abs"] == SEED_TOL[0]
+    if model_type == "gpt2":  # no float32 cast anywhere: gradients at the seed's tolerance too
+        assert report["gradient_tolerance"]["abs"] == SEED_TOL[0]
+        assert report["max_abs_diff"]["gradients"] < 1e-12
+    else:  # RMSNorm casts to float32: a shared cell rounds its branches' summed gradient once
+        assert "shared cell" in report["gradient_tolerance"]["why"]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "attn"),
+    [("llama", {}, "sdpa"), ("mistral", {"sliding_window": 4}, "seqpack_tree")],
+)
+def test_naive_layout_fails(tmp_path, model_type, extra, attn):
+    report = verify(config(tmp_path, model_type, **extra), attn, mode="naive")
+    assert not report["pass"]
+    assert report["max_abs_diff"]["logits"] > 1e-3
+    assert report["failures"]["sequence_logprobs"] > 0
+
+
+def test_cli_exit_codes(capsys):
+    args = ["verify", "--hf-config", str(LLAMA), "--tree-lengths", "6:3,3"]
+    assert main([*args, "--attn", "seqpack_tree"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("PASS")
+    assert main([*args, "--mode", "naive", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["pass"] is False and report["layout"] == "tree"
+    assert main([*args, "--attn", "seqpack_varlen"]) == 2
+    assert "cannot run tree-packed rows" in capsys.readouterr().err
+    assert main(["verify", "--hf-config", str(LLAMA), "--tree-lengths", "6:"]) == 2
+    assert main([*args, "--mode", "bool-mask"]) == 2
+
+
+def small_batch(window_groups=((6, (3, 3, 2)), (3, (2,)))):
+    return pack_tree(tree_groups(list(window_groups), 266, seed=1), 40).batches[0]
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_flex_mask_mod_is_the_predicate(window):
+    from torch.nn.attention.flex_attention import create_mask
+
+    batch = small_batch()
+    t = torch.as_tensor
+    mod = tree_mask_mod(
+        t(batch.input_valid), t(batch.nodes), t(batch.node_ends), t(batch.positions), window
+    )
+    rows, width = batch.shape
+    dense = create_mask(mod, rows, 1, width, width, device="cpu")[:, 0].numpy()
+    np.testing.assert_array_equal(dense, batch.dense_mask(window))
+
+
+def test_layer_masks_per_layer_type_and_flattened_kinds_refused():
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(
+        num_hidden_layers=2,
+        use_sliding_window=True,
+        sliding_window=2,
+        max_window_layers=1,
+        vocab_size=266,
+    )
+    batch = small_batch()
+    masks = tree_layer_masks(batch, "sdpa", describe(cfg), torch.float64)
+    assert set(masks) == {"full_attention", "sliding_attention"}
+    for name, window in (("full_attention", None), ("sliding_attention", 2)):
+        allowed = masks[name][:, 0] == 0
+        np.testing.assert_array_equal(allowed.numpy(), tree_allowed(batch, window))
+    with pytest.raises(NotAvailable, match="cu_seqlens"):
+        tree_inputs(batch, "flash_attention_2")
+
+
+def test_backend_work_is_nodes_times_paths():
+    batch = small_batch()
+    plan = tree_plan(batch)
+    keys, bounds = node_keys(batch)
+    paths = np.diff(bounds)
+    assert plan.score_cells == int((batch.node_len * paths).sum())
+    assert paths.tolist() == (batch.node_pos + batch.node_len).tolist()
+    # each node's keys are exactly the cells the predicate permits its last query
+    width = batch.shape[1]
+    dense = batch.dense_mask().reshape(-1, width)
+    for n in range(batch.node_len.shape[0]):
+        last = batch.node_row[n] * width + batch.node_col[n] + batch.node_len[n] - 1
+        got = np.sort(keys[bounds[n] : bounds[n + 1]] % width)
+        np.testing.assert_array_equal(got, np.flatnonzero(dense[last]))
+    assert plan.score_cells < batch.shape[0] * width * width
+
+
+def test_sequence_views_unpack_the_cells():
+    from seqpack.nn.tree_attention import sequence_logprobs, token_logprobs
+
+    binding = Binding(7, "t", "s")
+    groups = SequenceGroups.from_prompt_completions([[1, 2, 3]], [[[4, 5], [4, 6]]], binding)
+    batch = pack_tree(groups, 8).batches[0]
+    logits = torch.randn(*batch.shape, 7, dtype=torch.float64)
+    logits[~torch.as_tensor(batch.input_valid)] = float("nan")  # padding is never read
+    per_token = token_logprobs(logits, batch)
+    sums = sequence_logprobs(logits, batch)
+    logp = logits.log_softmax(-1)
+    for i, s in enumerate(batch.seq_index):
+        seq = groups.sequence(s)
+        cells = batch.sequence_cells(i)
+        expect = logp.reshape(-1, 7)[
+            torch.as_tensor(cells), torch.as_tensor(seq[1:].astype(np.int64))
+        ]
+        torch.testing.assert_close(per_token[i], expect, rtol=0, atol=0)
+        mask = torch.as_tensor(groups.pair_mask(np.array([s])))
+        torch.testing.assert_close(sums[i], (expect * mask).sum(), rtol=0, atol=1e-15)
+
+
+def test_rows_and_sub_tries_still_exact(tmp_path):
+    """Capacity 45 splits the 30-token prompt's trie into sub-tries over 3 rows."""
+    model = load_model(config=config(tmp_path, "mistral", sliding_window=4))
+    use_tree_attention(model)
+    groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
+    report = verify_tree(model, groups, capacity=45)
+    assert report["pass"], report
+    assert report["rows"] == 3 and report["tokens_stored"] > 67  # the prompt stored twice
+
+
+def test_refused_architectures_stay_refused(tmp_path, capsys):
+    path = tmp_path / "bloom.json"
+    path.write_text(
+        json.dumps(
+            {"model_type": "bloom", "vocab_size": 266, "hidden_size": 16, "n_layer": 2, "n_head": 2}
+        )
+    )
+    assert main(["verify", "--hf-config", str(path), "--tree-lengths", "6:2,2"]) == 2
+    assert "cannot be packed exactly" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_flex_block_mask_forward_matches_the_tree_backend(window):
+    """FlexAttention (forward only on CPU) under tree_block_mask == tree_attention, float32."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from seqpack.hf.tree_inputs import tree_block_mask
+    from seqpack.nn.tree_attention import tree_attention
+
+    batch = small_batch()
+    rows, width = batch.shape
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(rows, 2, width, 8, generator=gen) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unfused path's "use torch.compile" warning
+        flex = flex_attention(q, k, v, block_mask=tree_block_mask(batch, "cpu", window), scale=0.25)
+
+    def tokens(x):
+        return x.transpose(1, 2).reshape(rows * width, 2, 8)
+
+    ours = tree_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
+    ours = ours.view(rows, width, 2, 8).transpose(1, 2)
+    real = torch.as_tensor(batch.input_valid)[:, None, :, None]
+    # float32 softmax on two kernels: float32's tolerance
+    torch.testing.assert_close(flex * real, ours * real, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,135 @@
+"""Tree packing inputs: the three column conventions, ``seqpack stats --tree``, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqpack.cli import main
+from seqpack.core.binding import Binding
+from seqpack.core.errors import InvalidInput
+from seqpack.core.tree import pack_tree
+from seqpack.core.tree_input import groups_from_columns
+
+BINDING = Binding(20, "ids", "test")
+
+
+def test_three_column_sets_make_the_same_groups():
+    grpo = groups_from_columns(
+        {"prompt_ids": [[5, 6, 7]], "completion_ids": [[[8, 9], [8, 4]]]}, BINDING
+    )
+    dpo = groups_from_columns(
+        {
+            "prompt_input_ids": [[5, 6, 7]],
+            "chosen_input_ids": [[8, 9]],
+            "rejected_input_ids": [[8, 4]],
+        },
+        BINDING,
+    )
+    generic = groups_from_columns(
+        {"input_ids": [[5, 6, 7, 8, 9], [1, 2], [5, 6, 7, 8, 4]], "group": ["a", "b", "a"]}, BINDING
+    )
+    for groups in (grpo, dpo):
+        assert [groups.sequence(i).tolist() for i in range(2)] == [[5, 6, 7, 8, 9], [5, 6, 7, 8, 4]]
+        # the prompt's targets are not supervised; the pair 7 -> 8 (prompt -> completion) is
+        assert groups.loss_mask.tolist() == [False, False, True, True] * 2
+    assert generic.group.tolist() == [0, 0, 1] and generic.loss_mask.all()
+    batch = pack_tree(grpo, 8).batches[0]
+    assert batch.tokens_stored == 5 and batch.tokens_flat == 8  # 5->6, 6->7, 7->8 shared
+    assert batch.weights.reshape(-1)[batch.input_valid.reshape(-1)].tolist() == [0, 0, 2, 1, 1]
+
+
+def test_text_columns_are_refused_with_the_reason():
+    with pytest.raises(InvalidInput, match="hold text — tokenize them first"):
+        groups_from_columns({"prompt": ["hi"], "chosen": ["a"], "rejected": ["b"]}, BINDING)
+
+
+def test_stats_tree_json(tmp_path, capsys):
+    path = tmp_path / "g.jsonl"
+    rows = [
+        {"prompt_ids": [5, 6, 7], "completion_ids": [[8, 9], [8, 4], [3]]},
+        {"prompt_ids": [1, 2], "completion_ids": [[3, 3, 3], [4]]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["stats", str(path), "--tree", "--capacity", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    flat = sum(len(r["prompt_ids"]) + len(c) - 1 for r in rows for c in r["completion_ids"])
+    assert report["tokens_flat"] == flat == 17
+    assert report["tokens_stored"] == 11 and report["rows_tree"] == 1 and report["rows_flat"] == 2
+    text = tmp_path / "t.jsonl"
+    text.write_text(json.dumps({"prompt": "hi", "chosen": "a", "rejected": "b"}) + "\n")
+    assert main(["stats", str(text), "--tree", "--capacity", "16"]) == 2
+    assert "chosen / rejected text but no tokenizer was given" in capsys.readouterr().err
+    assert np.isfinite(report["stored_over_flat"])
+
+
+def test_pack_dataset_tree_rows_round_trip():
+    import datasets
+    import torch
+
+    from seqpack.hf import pack_dataset
+    from seqpack.hf.tree_data import tree_batch_from_rows
+    from seqpack.nn.tree_attention import sequence_logprobs
+
+    ds = datasets.Dataset.from_dict(
+        {
+            "prompt_input_ids": [[5, 6, 7], [1, 2]],
+            "chosen_input_ids": [[8, 9], [3, 3]],
+            "rejected_input_ids": [[8, 4, 4], [4]],
+        }
+    )
+    rows = pack_dataset(ds, 8, tree=True)
+    assert len(rows) == 2 and set(rows.column_names) >= {"node_ids", "weights", "sequence_cells"}
+    direct = pack_tree(
+        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x")), 8, policy="best-fit-decreasing"
+    ).batches[0]
+    back = tree_batch_from_rows(list(rows), 8, 10)
+    for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(direct, name))
+    np.testing.assert_array_equal(back.node_parent, direct.node_parent)
+    np.testing.assert_array_equal(back.dense_mask(2), direct.dense_mask(2))
+    logits = torch.randn(*direct.shape, 10, dtype=torch.float64)
+    order = np.argsort(back.seq_index)
+    torch.testing.assert_close(
+        sequence_logprobs(logits, back)[order],
+        sequence_logprobs(logits, direct)[np.argsort(direct.seq_index)],
+    )
+    with pytest.raises(InvalidInput, match="cannot express a tree"):
+        pack_dataset(ds, 8, tree=True, format="trl")
+
+
+def test_tree_collator_feeds_a_model():
+    import datasets
+    import torch
+
+    from seqpack.hf import pack_dataset
+    from seqpack.hf.tree_data import TreeCollator
+    from seqpack.nn.tree_attention import tree_loss
+    from seqpack.verify.models import load_model
+    from seqpack.verify.tree_models import use_tree_attention
+
+    config = Path(__file__).parents[1] / "data" / "tiny_llama.json"
+    model = load_model(config=config, dtype=torch.float64)
+    use_tree_attention(model)
+    ds = datasets.Dataset.from_dict(
+        {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
+    )
+    rows = pack_dataset(ds, 9, tree=True)
+    loader = torch.utils.data.DataLoader(
+        rows,
+        batch_size=2,
+        collate_fn=TreeCollator(9, 266, config=model.config, dtype=torch.float64),
+    )
+    (out,) = list(loader)
+    loss = tree_loss(model(**out["inputs"]).logits, out["batch"]).mean
+    total, count = 0.0, 0
+    for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
+        for c in comps:
+            seq = torch.tensor(prompt + c)
+            lp = model(input_ids=seq[None, :-1], use_cache=False).logits[0].log_softmax(-1)
+            gold = lp.gather(1, seq[1:, None])[:, 0][len(prompt) - 1 :]
+            total, count = total - float(gold.detach().sum()), count + gold.shape[0]
+    assert abs(float(loss.detach()) - total / count) <= 1e-10 + 1e-9 * abs(total / count)

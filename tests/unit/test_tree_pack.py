@@ -1,0 +1,380 @@
+"""``seqpack pack --tree``: files -> version-3 packed directories -> load -> tree batches.
+
+The written rows are held to the in-memory route (``pack_dataset(tree=True)``
+and the core layout), every sequence is recovered from the loaded rows
+exactly (tokens, supervision, multiplicities), flat outputs still load, and
+``--format trl`` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from seqpack.cli import main
+from seqpack.core.errors import InvalidInput
+from seqpack.io.store import PackedStore, load_packed
+from seqpack.io.tree_store import TreeStore
+from seqpack.pipeline import pack_path
+from seqpack.pipeline.pack_tree import pack_tree_path
+from seqpack.pipeline.tree_options import TreeOptions
+
+datasets = pytest.importorskip("datasets")
+from seqpack.hf import pack_dataset  # noqa: E402
+from seqpack.hf.tree_data import tree_batch_from_rows  # noqa: E402
+
+VOCAB = 40
+ARRAYS = (
+    "inputs",
+    "targets",
+    "positions",
+    "nodes",
+    "node_ends",
+    "weights",
+    "input_valid",
+    "seq_index",
+    "seq_bounds",
+    "seq_cells",
+    "seq_loss_mask",
+    "node_parent",
+)
+
+
+def _grpo(rng: np.random.Generator, groups: int) -> dict[str, list]:
+    prompts, comps = [], []
+    for _ in range(groups):
+        prompts.append(rng.integers(0, VOCAB, rng.integers(1, 6)).tolist())
+        members, prev = [], []
+        for _ in range(rng.integers(1, 5)):
+            keep = prev[: rng.integers(0, 3)]  # share 0-2 first tokens with the previous one
+            c = keep + rng.integers(0, VOCAB, rng.integers(1, 6)).tolist()
+            members.append(c)
+            prev = c
+        comps.append(members)
+    return {"prompt_ids": prompts, "completion_ids": comps}
+
+
+def _dpo(rng: np.random.Generator, groups: int) -> dict[str, list]:
+    g = _grpo(rng, groups)
+    pairs = [(c + c)[:2] for c in g["completion_ids"]]
+    return {
+        "prompt_input_ids": g["prompt_ids"],
+        "chosen_input_ids": [p[0] for p in pairs],
+        "rejected_input_ids": [p[1] for p in pairs],
+    }
+
+
+def _generic(rng: np.random.Generator, groups: int) -> dict[str, list]:
+    g = _grpo(rng, groups)
+    rows = [(p + c, k) for k, (p, cs) in enumerate(zip(*g.values(), strict=True)) for c in cs]
+    order = rng.permutation(len(rows))  # a group's rows need not be adjacent
+    return {"input_ids": [rows[i][0] for i in order], "group": [rows[i][1] for i in order]}
+
+
+def _write(columns: dict[str, list], path) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table(columns), path)
+    else:
+        rows = [
+            dict(zip(columns, vals, strict=True)) for vals in zip(*columns.values(), strict=True)
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _sequences(columns: dict[str, list]) -> list[tuple[list[int], list[bool]]]:
+    """Every input sequence, row by row, with its per-pair supervision."""
+    if "prompt_ids" in columns:
+        items = [
+            (p, cs) for p, cs in zip(columns["prompt_ids"], columns["completion_ids"], strict=True)
+        ]
+    elif "prompt_input_ids" in columns:
+        items = [
+            (p, [c, r])
+            for p, c, r in zip(
+                columns["prompt_input_ids"],
+                columns["chosen_input_ids"],
+                columns["rejected_input_ids"],
+                strict=True,
+            )
+        ]
+    else:
+        return [(s, [True] * (len(s) - 1)) for s in columns["input_ids"]]
+    return [
+        (p + c, [i >= len(p) - 1 for i in range(len(p) + len(c) - 1)])
+        for p, cs in items
+        for c in cs
+    ]
+
+
+def _recovered(records: list[dict]) -> dict[int, tuple[list[int], list[bool]]]:
+    """Each sequence read back from the rows alone: its tokens and supervision; and the
+    rows' weights must be the count of sequences supervising each cell."""
+    out = {}
+    for rec in records:
+        count = np.zeros(len(rec["input_ids"]), dtype=np.int64)
+        for s, cells, mask in zip(
+            rec["sequence_index"], rec["sequence_cells"], rec["sequence_mask"], strict=True
+        ):
+            tokens = [rec["input_ids"][c] for c in cells] + [rec["target_ids"][cells[-1]]]
+            assert [rec["position_ids"][c] for c in cells] == list(range(len(cells)))
+            assert s not in out
+            out[s] = (tokens, list(mask))
+            np.add.at(count, np.asarray(cells)[np.asarray(mask, bool)], 1)
+        assert count.tolist() == rec["weights"]
+    return out
+
+
+@pytest.mark.parametrize("make", [_grpo, _dpo, _generic])
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_pack_load_collate_equals_the_in_memory_tree_rows(tmp_path, make, suffix):
+    columns = make(np.random.default_rng(7), 12)
+    src = tmp_path / f"in{suffix}"
+    _write(columns, src)
+    stats = pack_tree_path(src, tmp_path / "out", capacity=24, vocab_size=VOCAB)
+    store = load_packed(tmp_path / "out", verify="full")
+    assert isinstance(store, TreeStore) and store.manifest["version"] == 3
+    records = store.records()
+    ref = list(pack_dataset(datasets.Dataset.from_dict(columns), 24, tree=True))
+    assert records == ref
+    got = tree_batch_from_rows(records, store.capacity, store.binding.vocab_size)
+    want = tree_batch_from_rows(ref, 24, VOCAB)
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert (got.tokens_stored, got.tokens_flat) == (stats["tokens_stored"], stats["tokens_flat"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_sequence_round_trips_through_the_files(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    make = (_grpo, _dpo, _generic)[seed % 3]
+    columns = make(rng, int(rng.integers(1, 30)))
+    _write(columns, tmp_path / "in.parquet")
+    capacity = int(rng.integers(12, 40))
+    opts = {"capacity": capacity, "vocab_size": VOCAB, "max_rows_per_batch": 3}
+    pack_tree_path(tmp_path / "in.parquet", tmp_path / "out", **opts)
+    records = load_packed(tmp_path / "out").records()
+    want = _sequences(columns)
+    got = _recovered(records)
+    if "group" in columns:  # every target supervised; compare as multisets (order differs)
+        assert sorted(got.values()) == sorted(want)
+    else:
+        assert got == dict(enumerate(want))
+
+
+def test_flat_outputs_still_load_and_other_versions_are_refused(tmp_path):
+    src = tmp_path / "flat.jsonl"
+    src.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5]}\n')
+    pack_path(src, tmp_path / "flat", capacity=4, vocab_size=8)
+    flat = load_packed(tmp_path / "flat")
+    assert isinstance(flat, PackedStore) and flat.manifest["version"] == 2
+    assert len(flat) == 1 and flat[0].inputs.shape == (1, 4)  # one model call of one row
+    _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    mpath = tmp_path / "tree" / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    mpath.write_text(json.dumps(manifest | {"version": 4}))
+    with pytest.raises(InvalidInput, match="reads tree outputs of version 3"):
+        load_packed(tmp_path / "tree")
+
+
+def test_format_trl_with_tree_is_refused_with_the_reason(tmp_path, capsys):
+    _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
+    with pytest.raises(InvalidInput, match="cannot express a tree"):
+        pack_tree_path(
+            tmp_path / "t.jsonl", tmp_path / "o", capacity=16, vocab_size=VOCAB, format="trl"
+        )
+    argv = [
+        "pack",
+        str(tmp_path / "t.jsonl"),
+        "--tree",
+        "--capacity",
+        "16",
+        "--vocab-size",
+        str(VOCAB),
+        "--format",
+        "trl",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node / parent / weight columns" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_pack_tree_writes_what_the_library_writes(tmp_path, capsys):
+    _write(_dpo(np.random.default_rng(3), 5), tmp_path / "d.jsonl")
+    argv = [
+        "pack",
+        str(tmp_path / "d.jsonl"),
+        "--tree",
+        "--capacity",
+        "20",
+        "--vocab-size",
+        str(VOCAB),
+        "--out",
+        str(tmp_path / "cli"),
+        "--json",
+    ]
+    assert main(argv) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    pack_tree_path(tmp_path / "d.jsonl", tmp_path / "lib", capacity=20, vocab_size=VOCAB)
+    assert load_packed(tmp_path / "cli").records() == load_packed(tmp_path / "lib").records()
+    assert stats["tokens_stored"] < stats["tokens_flat"]
+
+
+def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
+    rng = np.random.default_rng(5)
+    heads = [rng.integers(0, VOCAB, 6).tolist() for _ in range(3)]
+    rows = [
+        heads[int(rng.integers(0, 3))] + rng.integers(0, VOCAB, int(rng.integers(1, 5))).tolist()
+        for _ in range(20)
+    ]
+    _write({"input_ids": rows}, tmp_path / "sft.jsonl")
+    out = {}
+    for window in (20, 4):
+        tree = TreeOptions(tree="auto", tree_prefix=6, tree_window=window)
+        stats = pack_tree_path(
+            tmp_path / "sft.jsonl",
+            tmp_path / f"w{window}",
+            None,
+            tree,
+            capacity=64,
+            vocab_size=VOCAB,
+        )
+        records = load_packed(tmp_path / f"w{window}").records()
+        got = _recovered(records)
+        assert got == {i: (r, [True] * (len(r) - 1)) for i, r in enumerate(rows)}
+        for rec in records:  # sequences sharing a cell share their first 6 tokens and window
+            first = {}
+            for s, cells in zip(rec["sequence_index"], rec["sequence_cells"], strict=True):
+                first.setdefault(cells[0], []).append(s)
+            for members in first.values():
+                assert len({(tuple(rows[s][:6]), s // window) for s in members}) == 1
+        out[window] = stats
+    # one window: a group per distinct head; windows of 4 rows: at most a group per head each
+    assert out[20]["groups"] == len({tuple(h) for h in heads if any(r[:6] == h for r in rows)})
+    assert out[20]["groups"] <= out[4]["groups"] <= 5 * 3
+    assert out[20]["tokens_stored"] <= out[4]["tokens_stored"] < out[4]["tokens_flat"]
+
+
+@pytest.fixture(scope="module")
+def chat_folder(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from support.sft_helpers import chat_tokenizer
+
+    return chat_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bool]]]:
+    """The SFT prompt-completion reading of ``rows`` (io/sft.py): tokens and pair flags."""
+    from seqpack.io.readers import read_documents
+    from seqpack.io.tokenizers import as_tokenizer
+
+    tok = as_tokenizer(str(folder))
+    docs = read_documents(datasets.Dataset.from_dict(rows), tokenizer=tok)
+    out = []
+    for i in range(len(docs)):
+        a, b = int(docs.offsets[i]), int(docs.offsets[i + 1])
+        out.append((docs.tokens[a:b].tolist(), docs.loss_mask[a - i : b - i - 1].tolist()))
+    return out
+
+
+def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path, chat_folder):
+    from support.sft_helpers import CHATS
+
+    text = {
+        "prompt": ["What color is the sky?", "Hello there,"],
+        "chosen": [" It is blue.", " how are you?"],
+        "rejected": [" It is green.", " go away."],
+    }
+    chats = {
+        "prompt": [c[:-1] for c in CHATS[:2]],
+        "chosen": [c[-1:] for c in CHATS[:2]],
+        "rejected": [[{"role": "assistant", "content": "No idea."}] for _ in CHATS[:2]],
+    }
+    for k, rows in enumerate((text, chats)):
+        src = tmp_path / f"dpo{k}.jsonl"
+        _write(rows, src)
+        stats = pack_tree_path(src, tmp_path / f"o{k}", capacity=256, tokenizer=str(chat_folder))
+        got = _recovered(load_packed(tmp_path / f"o{k}").records())
+        chosen = _sft_reading({"prompt": rows["prompt"], "completion": rows["chosen"]}, chat_folder)
+        rejected = _sft_reading(
+            {"prompt": rows["prompt"], "completion": rows["rejected"]}, chat_folder
+        )
+        want = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
+        assert got == dict(enumerate(want))
+        assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
+    with pytest.raises(InvalidInput, match="no tokenizer was given"):
+        pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", capacity=64, vocab_size=VOCAB)
+
+
+def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
+    rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
+    _write(rows, tmp_path / "sft.jsonl")
+    tree = TreeOptions(tree="auto", tree_prefix=4)
+    pack_tree_path(
+        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, capacity=64, tokenizer="bytes"
+    )
+    got = _recovered(load_packed(tmp_path / "o").records())
+    want = dict(enumerate(_sft_reading(rows, "bytes")))
+    assert got == want
+    with pytest.raises(InvalidInput, match="pass --tree auto"):
+        pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", capacity=64, tokenizer="bytes")
+
+
+def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
+    from seqpack.training.packed_data import PackedDataset
+
+    _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    with pytest.raises(InvalidInput, match=r"records\(\) and seqpack.hf.tree_data.TreeCollator"):
+        PackedDataset(tmp_path / "tree")
+    argv = [
+        "pack",
+        str(tmp_path / "t.jsonl"),
+        "--tree",
+        "--capacity",
+        "16",
+        "--vocab-size",
+        str(VOCAB),
+        "--engine",
+        "ray",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2 and "drop --engine ray" in capsys.readouterr().err
+
+
+def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):
+    _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    manifest = load_packed(tmp_path / "tree", verify="full").manifest
+    shard = tmp_path / "tree" / manifest["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
+    with pytest.raises(InvalidInput, match="checksum mismatch"):
+        load_packed(tmp_path / "tree")
+
+
+def test_auto_flags_without_auto_are_refused(tmp_path, capsys):
+    _write({"input_ids": [[1, 2, 3]]}, tmp_path / "s.jsonl")
+    for extra in (["--tree"], []):
+        argv = [
+            "pack",
+            str(tmp_path / "s.jsonl"),
+            *extra,
+            "--tree-prefix",
+            "4",
+            "--capacity",
+            "8",
+            "--vocab-size",
+            "8",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+        assert main(argv) == 2 and "for --tree auto" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

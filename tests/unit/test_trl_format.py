@@ -1,0 +1,378 @@
+"""format="trl": TRL 1.16's packed schema from pack_dataset and `seqpack pack --format trl`.
+
+Contracts ported from TRL's own ``pack_dataset`` tests (tests/test_data_utils.py,
+``TestPackDatasetBfd``) where they apply, checked against the real ``trl`` package;
+where seqpack deliberately differs (an over-long example is an error or split with
+every pair kept, never truncated; an example with no pair is an error, never dropped)
+the test says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("trl")
+
+import datasets
+import trl
+from datasets import Dataset
+
+from seqpack.core.errors import InvalidInput, OversizedExample
+from seqpack.hf import load_trl, pack_dataset, packed_metadata, to_batches
+from seqpack.io.integrity import verify_folder
+from seqpack.io.store import load_packed
+
+from support.trl_helpers import tokenizer
+
+A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]
+TRL_COLUMNS = ["input_ids", "labels", "seq_lengths", "position_ids"]
+
+
+def _examples_of(packed: dict) -> list[tuple[list[int], list[int]]]:
+    """Every example of the packed rows, as (tokens, labels), cut by seq_lengths; the
+    positions are checked to restart at 0 on the way."""
+    out = []
+    for ids, labels, lens, pos in zip(*(packed[c] for c in TRL_COLUMNS), strict=True):
+        assert len(ids) == len(labels) == len(pos) == sum(lens)
+        start = 0
+        for n in lens:
+            assert list(pos[start : start + n]) == list(range(n))
+            out.append((list(ids[start : start + n]), list(labels[start : start + n])))
+            start += n
+    return out
+
+
+def _expected_labels(tokens: list[int], labels: list[int] | None = None) -> list[int]:
+    """The first token of an example is never a target; the others follow the input."""
+    given = tokens if labels is None else labels
+    return [-100, *given[1:]]
+
+
+def test_fixture_schema_and_values():
+    packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 7, "next-fit", format="trl")
+    assert packed.column_names == TRL_COLUMNS
+    rows = packed.to_dict()
+    assert rows["input_ids"] == [A + B, C]  # next-fit: A and B fill 7 tokens exactly
+    assert rows["seq_lengths"] == [[len(A), len(B)], [len(C)]]
+    assert _examples_of(rows) == [(e, _expected_labels(e)) for e in (A, B, C)]
+    info = json.loads(packed.info.description)["seqpack"]
+    assert info["format"] == "seqpack.trl-packed"
+    assert info["config"]["capacity_unit"] == "tokens"
+    assert info["statistics"]["tokens"] == len(A) + len(B) + len(C)
+
+
+def test_labels_follow_input_labels_and_loss_mask():
+    labels = [[-100, -100, 100, 1], [0, 101, -100], [-100, 102, 103, 104, 1]]
+    packed = pack_dataset(
+        Dataset.from_dict({"input_ids": [A, B, C], "labels": labels}), 16, format="trl"
+    )
+    found = sorted(_examples_of(packed.to_dict()))
+    assert found == sorted(
+        (e, _expected_labels(e, lab)) for e, lab in zip([A, B, C], labels, strict=True)
+    )
+    masks = [[1, 1, 0, 1], [1, 0, 1], [1, 1, 1, 1, 1]]
+    packed = pack_dataset(
+        Dataset.from_dict({"input_ids": [A, B, C], "loss_mask": masks}), 16, format="trl"
+    )
+    found = {tuple(e): lab for e, lab in _examples_of(packed.to_dict())}
+    # a token-aligned loss_mask supervises the token it flags (its first entry is unused)
+    for e, m in zip([A, B, C], masks, strict=True):
+        assert found[tuple(e)] == [-100] + [x if m[j] else -100 for j, x in enumerate(e) if j]
+
+
+def test_bfd_equals_trl_on_its_own_example():
+    """TRL: [[1,2,3],[4,5,6,7],[8]] at 4 -> [[4,5,6,7],[1,2,3,8]], seq_lengths [[4],[3,1]].
+    [8] alone has no pair, so seqpack's copy of the case gives it a second token."""
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7], [8, 9]]})
+    ours = pack_dataset(ds, 5, format="trl").to_dict()
+    theirs = trl.pack_dataset(ds, 5, strategy="bfd").to_dict()
+    assert {k: ours[k] for k in theirs} == theirs
+
+
+def test_bfd_plan_equals_trl_and_never_more_rows(rng):
+    lengths = rng.integers(2, 40, size=400)
+    ids = [rng.integers(3, 1000, n).tolist() for n in lengths]
+    ds = Dataset.from_dict({"input_ids": ids})
+    ours = pack_dataset(ds, 64, format="trl")
+    theirs = trl.pack_dataset(ds, 64, strategy="bfd", map_kwargs={"batch_size": len(ids)})
+    assert len(ours) <= len(theirs)
+    mine = sorted(sorted(r) for r in ours["seq_lengths"])
+    assert mine == sorted(sorted(r) for r in theirs["seq_lengths"])
+    assert sorted(map(tuple, (e for e, _ in _examples_of(ours.to_dict())))) == sorted(
+        map(tuple, ids)
+    )
+    default = trl.pack_dataset(ds, 64, strategy="bfd")  # TRL's default: map batches of 1000
+    assert len(ours) <= len(default)
+
+
+@pytest.mark.parametrize(
+    "fmt", [("numpy", {"dtype": "float32"}), ("torch", {}), ("numpy", {}), ("arrow", {})]
+)
+def test_input_format_carried_over(fmt):
+    kind, kwargs = fmt
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7], [8, 9]]}).with_format(
+        kind, **kwargs
+    )
+    packed = pack_dataset(ds, 5, format="trl")
+    assert packed.format["type"] == kind
+    assert packed.format["format_kwargs"] == ds.format["format_kwargs"]
+    assert packed.format["columns"] == TRL_COLUMNS
+    own = pack_dataset(ds, 5)
+    assert own.format["type"] == kind
+
+
+def test_named_format_columns_keep_the_rest_hidden():
+    ds = Dataset.from_dict({"input_ids": [A, B, C], "extra": [1, 2, 3]})
+    ds = ds.with_format("numpy", columns=["input_ids"])
+    packed = pack_dataset(ds, 16, format="trl")
+    assert packed.format["columns"] == TRL_COLUMNS  # input_ids kept, the new ones shown
+
+
+def test_overlong_example_is_an_error_naming_it():
+    """TRL's bfd truncates ([1..5] at 4 keeps [1,2,3,4] and drops 5); seqpack never cuts."""
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13]]})
+    with pytest.raises(OversizedExample, match=r"row 0.*5 tokens; capacity is 4 tokens"):
+        pack_dataset(ds, 4, format="trl")
+
+
+def test_split_long_keeps_every_pair_with_right_labels():
+    """TRL's bfd_split cuts [1..5] at 4 into [1,2,3,4] + [5] and loses the pair 4->5;
+    split_long cuts into windows of <= 4 tokens overlapping by one, the first label of
+    each -100, so every pair is learned exactly once."""
+    docs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    packed = pack_dataset(Dataset.from_dict({"input_ids": docs}), 4, format="trl", split_long=True)
+    rows = packed.to_dict()
+    assert max(map(len, rows["input_ids"])) <= 4
+    pieces = _examples_of(rows)
+    pairs = sorted(
+        (tokens[j - 1], tokens[j])
+        for tokens, labels in pieces
+        for j in range(1, len(tokens))
+        if labels[j] != -100
+    )
+    assert pairs == sorted((d[j], d[j + 1]) for d in docs for j in range(len(d) - 1))
+    assert all(labels[0] == -100 for _, labels in pieces)
+    theirs = trl.pack_dataset(Dataset.from_dict({"input_ids": docs}), 4, strategy="bfd_split")
+    kept = sum(
+        len(r) - len(s) for r, s in zip(theirs["input_ids"], theirs["seq_lengths"], strict=True)
+    )
+    assert kept < len(pairs)  # TRL's split loses a pair at each cut
+
+
+@pytest.mark.parametrize("short", [[], [5]])
+def test_example_without_a_pair_is_an_error(short):
+    """TRL drops empty sequences; seqpack never drops an example: it names the row."""
+    ds = Dataset.from_dict({"input_ids": [[1, 2], short, [3, 4, 5]]})
+    with pytest.raises(InvalidInput, match="row 1"):
+        pack_dataset(ds, 4, format="trl")
+
+
+def test_vocab_size_and_pad_from_the_tokenizer():
+    tok = tokenizer()
+    ds = Dataset.from_dict({"input_ids": [[3, 4, 5], [6, 7]]})
+    packed = pack_dataset(ds, 8, format="trl", tokenizer=tok)
+    info = json.loads(packed.info.description)["seqpack"]
+    assert info["binding"]["vocab_size"] == len(tok) != 8  # not the largest id + 1
+    assert info["config"]["pad_token_id"] == tok.pad_token_id
+    with pytest.raises(InvalidInput, match="not the tokenizer's pad token"):
+        pack_dataset(ds, 8, format="trl", tokenizer=tok, pad_token_id=5)
+
+
+def test_pad_id_outside_the_vocabulary_is_refused(tmp_path):
+    ds = Dataset.from_dict({"input_ids": [[3, 4, 5], [6, 7]]})
+    with pytest.raises(InvalidInput, match="pad_token_id 10 is outside the vocabulary"):
+        pack_dataset(ds, 8, vocab_size=10, pad_token_id=10)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in ds["input_ids"]))
+    out = tmp_path / "out"
+    run = _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 10,
+                   "--pad-token-id", 12, "--format", "trl")  # fmt: skip
+    assert run.returncode == 2 and "pad_token_id 12 is outside" in run.stderr
+    assert not out.exists()
+
+
+def test_trl_rows_are_refused_by_seqpack_loaders():
+    packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
+    with pytest.raises(InvalidInput, match="TRL-format rows"):
+        packed_metadata(packed)
+    with pytest.raises(InvalidInput, match="TRL-format rows"):
+        next(to_batches(packed))
+
+
+def _seqpack(*args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "seqpack", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_writes_parquet_that_load_dataset_reads(tmp_path):
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
+    out = tmp_path / "packed"
+    run = _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 266,
+                   "--format", "trl", "--max-rows-per-batch", 1, "--shard-tokens", 8)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "seqpack.trl-packed" and len(manifest["shards"]) > 1
+    files = sorted(str(p) for p in out.glob("shard-*.parquet"))
+    loaded = datasets.load_dataset(
+        "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert loaded.column_names == TRL_COLUMNS
+    in_memory = pack_dataset(Dataset.from_dict({"input_ids": docs}), 8, format="trl")
+    assert loaded.to_dict() == in_memory.to_dict()  # the same plan and rows either way
+    checked = load_trl(out, verify="full", cache_dir=str(tmp_path / "cache"))
+    assert checked.to_dict() == loaded.to_dict()
+    assert verify_folder(out)["format"] == "seqpack.trl-packed"
+    with pytest.raises(InvalidInput, match="TRL-format rows"):
+        load_packed(out)
+
+
+def test_load_trl_finds_a_damaged_shard_and_refuses_seqpack_format(tmp_path):
+    docs = [A, B, C]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
+    for fmt in ("trl", "seqpack"):
+        run = _seqpack("pack", src, "--out", tmp_path / fmt, "--capacity", 8,
+                       "--vocab-size", 266, "--format", fmt)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+    with pytest.raises(InvalidInput, match="not a TRL-format output"):
+        load_trl(tmp_path / "seqpack")
+    shard = next((tmp_path / "trl").glob("shard-*.parquet"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(InvalidInput, match="checksum mismatch"):
+        load_trl(tmp_path / "trl")
+
+
+def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
+    out = tmp_path / "trl"
+    assert _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 266,
+                    "--format", "trl").returncode == 0  # fmt: skip
+    import pyarrow.parquet as pq
+
+    from seqpack.io.shards import sha256_file
+
+    shard = next(out.glob("shard-*.parquet"))
+    table = pq.read_table(shard)
+    lens = table.column("seq_lengths").combine_chunks()
+    bad = pa.ListArray.from_arrays(lens.offsets, pa.array(lens.flatten().to_numpy()[::-1].copy()))
+    pq.write_table(table.set_column(2, "seq_lengths", bad), shard)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    # sizes and sha256 agree now; the default load still holds the rows to the format
+    for verify in (True, "full"):
+        with pytest.raises(InvalidInput, match="disagree"):
+            load_trl(out, verify=verify, cache_dir=str(tmp_path / "cache"))
+
+
+def test_ray_engine_refuses_trl_format(tmp_path):
+    pytest.importorskip("ray")
+    from seqpack import ray as ray_engine
+
+    with pytest.raises(InvalidInput, match="local engine only"):
+        ray_engine.pack(tmp_path / "x.jsonl", tmp_path / "out", capacity=8, format="trl")
+
+
+def test_per_example_needs_packed_rows():
+    from seqpack.hf import per_example
+
+    with pytest.raises(InvalidInput, match="no seq_lengths"):
+        per_example(lambda f: f)([{"input_ids": [1, 2]}])
+    with pytest.raises(InvalidInput, match="add up to 2 tokens"):
+        per_example(lambda f: f)([{"input_ids": [1, 2, 3], "seq_lengths": [2]}])
+
+
+def test_w1_like_rows_never_more_than_trl_bfd():
+    """W1's length distribution (lognormal around 350 tokens, 8..4096), 3,000 examples at
+    capacity 4096, against TRL's bfd with its default map batches."""
+    rng = np.random.default_rng(20240601)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(350) - 0.5, 1.0, 3_000)), 8, 4096)
+    lengths = lengths.astype(np.int64)
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pa.array(rng.integers(3, 32000, int(offsets[-1])).astype(np.int64))
+    ds = Dataset(datasets.table.InMemoryTable(pa.table({"input_ids": pa.ListArray.from_arrays(
+        pa.array(offsets), values)})))  # fmt: skip
+    ours = pack_dataset(ds, 4096, format="trl")
+    theirs = trl.pack_dataset(ds, 4096, strategy="bfd")
+    lower = -(-int(lengths.sum()) // 4096)
+    assert lower <= len(ours) <= len(theirs)
+    assert sum(map(sum, ours["seq_lengths"])) == int(lengths.sum())
+
+
+def test_stats_counts_tokens_with_format_trl(tmp_path):
+    from seqpack.pipeline.stats import stats_path
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
+    report = stats_path(src, capacity=8, format="trl", policies=["best-fit-decreasing"])
+    assert report["tokens"] == len(A) + len(B) + len(C)
+    packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
+    assert report["policies"][0]["rows"] == len(packed)
+    # an example over the capacity is counted and reported (in tokens), not a stop
+    over = stats_path(src, capacity=4, format="trl")["oversized"]
+    assert (over["examples"], over["first_length"], over["unit"]) == (1, 5, "tokens")
+    assert over["capacity_100"] == 5
+
+
+def test_both_collators_read_the_rows_as_their_examples():
+    """TRL's padding-free collator (seq_lengths) and DataCollatorWithFlattening behind
+    per_example build the same batch from format="trl" rows: positions restart per
+    example, labels are the rows' own (TRL's -100 at every position 0 changes nothing:
+    they are -100 there already), cu_seq_lens are the examples' bounds, seq_idx int32."""
+    import torch
+    from transformers import DataCollatorWithFlattening
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from seqpack.hf import per_example
+
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    packed = pack_dataset(Dataset.from_dict({"input_ids": docs, "labels": labels}), 8, format="trl")
+    rows = [packed[i] for i in range(len(packed))]
+    flat = {c: [x for r in rows for x in r[c]] for c in ("input_ids", "labels", "position_ids")}
+    bounds = np.cumsum([0] + [n for r in rows for n in r["seq_lengths"]]).tolist()
+    theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
+    flattening = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    ours = per_example(flattening)(rows)
+    for batch in (theirs, ours):
+        for c, values in flat.items():
+            assert batch[c].tolist() == [values], c
+        assert batch["cu_seq_lens_q"].tolist() == bounds
+        assert batch["seq_idx"].dtype == torch.int32
+        assert (
+            batch["seq_idx"][0].tolist()
+            == np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)).tolist()
+        )
+    padded = DataCollatorForLanguageModeling(
+        pad_token_id=0, padding_free=True, pad_to_multiple_of=16
+    )(rows)
+    extra = padded["input_ids"].shape[1] - len(flat["input_ids"])
+    assert padded["labels"].tolist() == [flat["labels"] + [-100] * extra]  # padding trains nothing
+
+
+def test_a_tokenizers_object_binds_its_full_vocabulary():
+    """A ``tokenizers.Tokenizer`` in memory counts its added tokens (an added pad token
+    has the highest id) and its padding setting is its pad id."""
+    from tokenizers import Tokenizer, models
+
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(10)}, unk_token="t0"))
+    backend.add_special_tokens(["<pad>"])
+    backend.enable_padding(pad_id=10, pad_token="<pad>")
+    ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 10]]})
+    packed = pack_dataset(ds, 8, format="trl", tokenizer=backend)
+    info = json.loads(packed.info.description)["seqpack"]
+    assert info["binding"]["vocab_size"] == 11
+    assert info["binding"]["tokenizer_id"].startswith("tokenizers:@sha256:")
+    assert info["config"]["pad_token_id"] == 10
