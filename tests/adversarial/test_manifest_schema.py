@@ -84,7 +84,7 @@ def main(folder: Path) -> None:
 def test_hostile_manifests_are_one_clear_line_and_never_a_crash(tmp_path):
     from seqpack.pipeline.local import pack_path
 
-    from packed_helpers import random_records, write_jsonl
+    from support.packed_helpers import random_records, write_jsonl
 
     records = random_records(np.random.default_rng(3), 40, vocab=300, max_len=20)
     data = write_jsonl(tmp_path / "d.jsonl", records)
@@ -138,5 +138,5 @@ def test_msgspec_keeps_the_last_duplicate_key_so_json_lines_keep_their_scanner()
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     main(Path(sys.argv[1]))
