@@ -105,7 +105,7 @@ def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
 
 
 def _pack_tree(dataset: Any, capacity: int | None, policy: str | None, keywords: dict) -> Any:
-    from seqpack.hf.tree_data import pack_tree_dataset
+    from seqpack.hf.tree_inputs import pack_tree_dataset
 
     return pack_tree_dataset(dataset, capacity, policy, **keywords)
 
@@ -142,7 +142,7 @@ def pack_dataset(
     tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
 
     ``tree=True``: tree packing of grouped sequences
-    (:func:`seqpack.hf.tree_data.pack_tree_dataset`, docs/tree.md).
+    (:func:`seqpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
     """
     import datasets
 

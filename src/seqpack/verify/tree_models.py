@@ -25,6 +25,7 @@ shared first completion tokens are exercised.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,9 @@ from torch.utils._pytree import tree_leaves
 
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
-from seqpack.core.tree import TreeBatch, pack_tree
-from seqpack.core.tree_input import SequenceGroups
+from seqpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.tree_inputs import NAME, tree_inputs
+from seqpack.hf.tree_inputs import register, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
 from seqpack.verify.tolerance import FLOAT32_TOLERANCE, float32_islands, tolerance
 
@@ -92,19 +92,18 @@ def naive_batch(batch: TreeBatch) -> TreeBatch:
     positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
     ends = np.zeros(roots.shape[0], dtype=np.int64)
     np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
-    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
-    fields |= {
-        "nodes": np.where(batch.input_valid, rank, -1).astype(np.int32),
-        "node_ends": np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
-        "positions": positions.astype(np.int32),
-        "node_row": batch.node_row[roots],
-        "node_col": batch.node_col[roots],
-        "node_len": ends,
-        "node_pos": np.zeros(roots.shape[0], dtype=np.int64),
-        "node_parent": np.full(roots.shape[0], -1, dtype=np.int64),
-        "node_end": np.arange(1, roots.shape[0] + 1, dtype=np.int64),
-    }
-    return TreeBatch(**fields)
+    return dataclasses.replace(
+        batch,
+        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
+        positions=positions.astype(np.int32),
+        node_row=batch.node_row[roots],
+        node_col=batch.node_col[roots],
+        node_len=ends,
+        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
+        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
+    )
 
 
 class _Casts(TorchDispatchMode):
@@ -118,31 +117,23 @@ class _Casts(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        leaves = tree_leaves((args, kwargs))
-        if any(isinstance(x, torch.Tensor) and x.dtype == torch.float64 for x in leaves):
+        low = (torch.float32, torch.bfloat16, torch.float16)
+        if any(
+            isinstance(x, torch.Tensor) and x.dtype == torch.float64
+            for x in tree_leaves((args, kwargs))
+        ):
             for x in tree_leaves(out):
-                if isinstance(x, torch.Tensor) and x.dtype in (
-                    torch.float32,
-                    torch.bfloat16,
-                    torch.float16,
-                ):
-                    self.found[
-                        f"{func.__name__.split('.')[0]} ({str(x.dtype).removeprefix('torch.')})"
-                    ] = None
+                if isinstance(x, torch.Tensor) and x.dtype in low:
+                    self.found[f"{func.__name__.split('.')[0]} ({str(x.dtype)[6:]})"] = None
         return out
 
 
 def gradient_tolerance(
     model: torch.nn.Module, ids: torch.Tensor, tol: dict[str, Any]
 ) -> dict[str, Any]:
-    """``tol``, or float32's when the float64 model casts anything down (even per token).
-
-    A cell shared by ``m`` branches receives the sum of their gradients and
-    rounds it once through such a cast (e.g. Llama's RMSNorm computes in
-    float32); run alone, each branch rounds its own. Forward values are
-    per-cell identical either way, so logits, log-probabilities and the
-    loss keep the model's tolerance; gradients agree to the cast's precision.
-    """
+    """``tol``, or float32's when the float64 model casts anything down (even per token):
+    a shared cell rounds its branches' summed gradient once through the cast (Llama's
+    RMSNorm), each branch alone its own; forward values keep the model's tolerance."""
     if next(model.parameters()).dtype != torch.float64:
         return tol
     casts = _Casts()
@@ -169,12 +160,8 @@ def _compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str,
 
 def _grads(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [
-            (torch.zeros_like(p) if g is None else g).reshape(-1)
-            for p, g in zip(params, grads, strict=True)
-        ]
-    )
+    pairs = zip(params, grads, strict=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in pairs])
 
 
 def _separate(model: torch.nn.Module, groups: SequenceGroups, order: np.ndarray, device: Any):
@@ -238,7 +225,7 @@ def verify_tree(
         "loss": _compare(sep_mean, tree_mean, tol),
         "gradients": _compare(_grads(sep_mean, params), _grads(tree_mean, params), grad_tol),
     }
-    report = _report(model, groups, epoch, mode, capacity, tol, grad_tol, compared)
+    report = _report(model, arch, groups, epoch, mode, capacity, tol, grad_tol, compared)
     report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
     report["pass"] = not any(report["failures"].values())
     if not report["pass"]:
@@ -252,6 +239,7 @@ def verify_tree(
 
 def _report(
     model: torch.nn.Module,
+    arch: Any,
     groups: SequenceGroups,
     epoch: Any,
     mode: str,
@@ -263,7 +251,6 @@ def _report(
     stats, (batch,) = epoch.stats(), epoch.batches
     params = [p for p in model.parameters() if p.requires_grad]
     param = params[0]
-    arch = architecture_of(model)
     return {
         "target": "transformers",
         "layout": "tree",
@@ -296,10 +283,7 @@ def _report(
 
 def use_tree_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` to :data:`seqpack.hf.tree_inputs.NAME` (registered first)."""
-    from seqpack.hf.tree_inputs import register
-
-    register()
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(register())
 
 
 __all__ = [
