@@ -42,6 +42,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.io.tree_files": ("seqpack.io.tree_store", "seqpack.pipeline.pack_tree"),
     "seqpack.io.tree_rows": ("seqpack.io.tree_store",),
     "seqpack.pipeline.tree_options": ("seqpack.pipeline.pack_tree",),
+    "seqpack.hf.preflight": ("seqpack.hf.capability",),
 }
 
 

@@ -495,6 +495,11 @@ class TreeBatch:
         return (int(self.inputs.shape[0]), int(self.inputs.shape[1]))
 
     @property
+    def segments(self) -> np.ndarray:
+        """The node ids, by the flat batch's name (the masks of :mod:`seqpack.hf.masks`)."""
+        return self.nodes
+
+    @property
     def eligible_count(self) -> int:
         """N: supervised targets of the original sequences (``Σ weights``)."""
         return int(self.weights.sum())

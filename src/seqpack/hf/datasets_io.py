@@ -207,11 +207,11 @@ def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
     """``pack_dataset(..., model=)`` (a model or its config), before any row:
-    :func:`seqpack.hf.preflight.check_model` — its capability, stated conditions
+    :func:`seqpack.hf.capability.check_model` — its capability, stated conditions
     (the longest example), vocabulary and pad id (a stream: capability and rows)."""
     if model is None:
         return
-    from seqpack.hf.preflight import check_model
+    from seqpack.hf.capability import check_model
 
     lengths = examples.lengths if examples is not None else ()
     longest = int(max(lengths)) if len(lengths) else 0

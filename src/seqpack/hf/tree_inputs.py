@@ -6,10 +6,9 @@ each original sequence computes alone: ``input_ids`` (padding holds
 ``pad_token_id``), depth ``position_ids`` (a branch continues from its
 parent's last position), ``use_cache=False``, and by kind:
 
-* ``eager`` / ``sdpa``: float additive ``(R, 1, T, T)`` masks of
-  :func:`~seqpack.core.permission.permitted`, one per layer type for models
-  with ``layer_types`` (a padding cell attends to itself only);
-* ``flex_attention``: a ``BlockMask`` of the same predicate;
+* ``eager`` / ``sdpa`` / ``flex_attention``: the masks of :mod:`seqpack.hf.masks`
+  (float additive ``(R, 1, T, T)`` or a ``BlockMask``, one per layer type),
+  whose predicate takes the tree's node ends;
 * ``seqpack_tree`` (registered in ``AttentionInterface``): no mask; the
   keyword ``seqpack_tree`` carries the :class:`~seqpack.nn.tree_attention.TreePlan`
   to every layer, which runs :func:`~seqpack.nn.tree_attention.tree_attention`
@@ -37,39 +36,19 @@ import torch
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture, describe
-from seqpack.hf.kinds import FLATTENED_KINDS, FLEX, attention_kind
+from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
+from seqpack.hf.masks import block_mask, hf_allowed, layer_masks
 from seqpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
-from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_mask_mod, tree_plan
+from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_plan
 
 NAME = "seqpack_tree"
 
 
-def tree_allowed(batch: TreeBatch, window: int | None = None) -> np.ndarray:
-    """The permission plus each padding cell attending to itself only, bool [R, T, T]."""
-    allowed = batch.dense_mask(window)
-    pad_r, pad_c = np.nonzero(~batch.input_valid)
-    allowed[pad_r, pad_c, pad_c] = True
-    return allowed
-
-
-def tree_block_mask(
-    batch: TreeBatch, device: torch.device | str | None = None, window: int | None = None
-) -> Any:
-    """:func:`tree_allowed` as a FlexAttention ``BlockMask`` over (R, 1, T, T)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    valid, nodes, ends, pos = (
-        torch.as_tensor(a, device=device)
-        for a in (batch.input_valid, batch.nodes, batch.node_ends, batch.positions)
-    )
-    allowed = tree_mask_mod(valid, nodes, ends, pos, window)
-
-    def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
-        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
-
-    rows, width = batch.shape
-    return create_block_mask(mask_mod, rows, None, width, width, device=valid.device)
+#: The permission plus each padding cell attending to itself only, bool [R, T, T].
+tree_allowed = hf_allowed
+#: :func:`tree_allowed` as a FlexAttention ``BlockMask`` over (R, 1, T, T).
+tree_block_mask = block_mask
 
 
 def tree_layer_masks(
@@ -79,22 +58,9 @@ def tree_layer_masks(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> Any:
-    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type."""
-    built: dict[int | None, Any] = {}
-
-    def one(window: int | None) -> Any:
-        if window not in built:
-            if kind == FLEX:
-                built[window] = tree_block_mask(batch, device, window)
-            else:
-                allowed = torch.as_tensor(tree_allowed(batch, window), device=device)[:, None]
-                mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-                built[window] = mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return built[window]
-
-    if arch is None or not arch.mask_types:
-        return one(None if arch is None else arch.window)
-    return {t: one(w) if t in ATTENTION_LAYERS else None for t, w in arch.windows.items()}
+    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type
+    (:func:`seqpack.hf.masks.layer_masks`: the masks are the flat ones' with node ends)."""
+    return layer_masks(batch, kind, arch, dtype=dtype, device=device)
 
 
 def tree_inputs(

@@ -1,26 +1,16 @@
 """Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
 
-:func:`verify_tree` runs the same sequences twice with the same parameters:
-
-    separate  each sequence alone, ``model(input_ids (1, L), use_cache=False)``
-    tree      every group's trie packed into rows (one call), fed by ``mode``
-
-and compares, in the model's dtype with :mod:`seqpack.verify.tolerance`'s
-tolerance, every vocabulary logit at every cell of every sequence, each
-sequence's supervised log-probability sum (the DPO quantity), the
-token-weighted loss (``Σ weight·nll / Σ weight`` against the flat
-``Σ nll / N``) and every parameter-gradient coordinate of that loss.
-
-``mode``: ``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive``,
-the layout people write first: each trie's row span treated as one causal
-sequence whose positions count columns, so siblings see each other and a
-branch's positions do not continue from its parent. ``naive`` must fail.
-
-:func:`tree_groups` makes the verification groups from a spec such as
-``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids,
-and every completion after the first repeats a seeded number (0-2) of the
-previous completion's first tokens, the first two always sharing one, so
-shared first completion tokens are exercised.
+:func:`verify_tree` runs each sequence alone (``model(input_ids (1, L),
+use_cache=False)``) and every trie packed into rows (one call), and compares
+in the model's dtype (:mod:`seqpack.verify.tolerance`) every logit at every
+cell of every sequence, each sequence's supervised log-probability sum, the
+token-weighted loss and every parameter-gradient coordinate. ``mode``:
+``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each
+trie's row span one causal sequence with column positions: siblings see each
+other; it must fail). :func:`tree_groups` draws groups from a spec such as
+``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids, each
+completion after the first repeating 0-2 of the previous one's first tokens
+(the first two always one).
 """
 
 from __future__ import annotations
