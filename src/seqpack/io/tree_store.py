@@ -301,7 +301,7 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
     names = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends", "parent_ids")
     cells = {name: np.full(shape, -1, dtype=np.int64) for name in (*names, "weights")}
     valid = np.zeros(shape, dtype=bool)
-    offset, starts_of = 0, []
+    offset = 0
     seq_index, seq_cells, seq_mask = [], [], []
     for r, row in enumerate(rows):
         used = len(row["input_ids"])
@@ -313,27 +313,23 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
                 values = np.where(values >= 0, values + offset, -1)
             cells[name][r, :used] = values
         valid[r, :used] = True
-        node = cells["node_ids"][r, :used]
-        starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])
-        starts_of.append((np.full(starts.shape[0], r), starts, np.diff(np.r_[starts, used])))
-        offset += int(node.max()) + 1 if used else 0
+        offset += int(cells["node_ids"][r, :used].max()) + 1 if used else 0
         seq_index.extend(row["sequence_index"])
         seq_cells.extend(
             r * capacity + np.asarray(c, dtype=np.int64) for c in row["sequence_cells"]
         )
         seq_mask.extend(np.asarray(m, dtype=bool) for m in row["sequence_mask"])
-    node_row, node_col, node_len = (
-        np.concatenate([t[i] for t in starts_of]).astype(np.int64)
-        if starts_of
-        else np.zeros(0, np.int64)
-        for i in range(3)
-    )
+    # Node ids run in (row, column) order, so node k starts at the k-th change of id.
+    nodes = cells["node_ids"]
+    first = valid & np.c_[np.ones((len(rows), 1), bool), nodes[:, 1:] != nodes[:, :-1]]
+    node_row, node_col = (x.astype(np.int64) for x in np.nonzero(first))
+    node_len = np.bincount(nodes[valid], minlength=node_row.shape[0]).astype(np.int64)
     weights = np.where(valid, cells["weights"], 0).astype(np.int32)
     lens = [c.shape[0] for c in seq_cells]
     return TreeBatch(
         inputs=cells["input_ids"].astype(np.int32),
         targets=cells["target_ids"].astype(np.int32),
-        nodes=cells["node_ids"].astype(np.int32),
+        nodes=nodes.astype(np.int32),
         node_ends=cells["node_ends"].astype(np.int32),
         positions=np.where(valid, cells["position_ids"], 0).astype(np.int32),
         input_valid=valid,
