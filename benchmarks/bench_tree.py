@@ -28,8 +28,7 @@ import numpy as np
 
 from seqpack.core.binding import Binding
 from seqpack.core.policies import plan_rows
-from seqpack.core.tree import SequenceGroups, build_layout, pack_tree, plan_tries
-from seqpack.core.trie import group_bounds
+from seqpack.core.tree import SequenceGroups, build_layout, group_bounds, pack_tree, plan_tries
 
 VOCAB = 32000
 #: The step model's vocabulary: small enough that one thread runs a step in seconds.

@@ -36,6 +36,13 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.atomic": ("seqpack.io.atomic",),
     "seqpack.training.hf": ("seqpack.hf.adapter", "seqpack.hf.collator"),
     "seqpack.nn.hf_verify": ("seqpack.verify.models", "seqpack.verify.layouts"),
+    "seqpack.core.trie": ("seqpack.core.tree",),
+    "seqpack.core.tree_input": ("seqpack.core.tree",),
+    "seqpack.hf.tree_data": ("seqpack.hf.tree_inputs",),
+    "seqpack.io.tree_files": ("seqpack.io.tree_store", "seqpack.pipeline.pack_tree"),
+    "seqpack.io.tree_rows": ("seqpack.io.tree_store",),
+    "seqpack.pipeline.tree_options": ("seqpack.pipeline.pack_tree",),
+    "seqpack.hf.preflight": ("seqpack.hf.capability",),
 }
 
 

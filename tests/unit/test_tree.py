@@ -16,8 +16,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.permission import pairwise, permitted
 from seqpack.core.policies import POLICIES
-from seqpack.core.tree import SequenceGroups, pack_tree, tree_loss
-from seqpack.core.trie import next_at_most, prev_at_most
+from seqpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most, tree_loss
 
 BINDING = Binding(50, "test-tokenizer", "sha256:test")
 
@@ -166,7 +165,7 @@ def test_weighted_loss_equals_flat_objective(groups, seed):
                 logits.reshape(-1, 50)[cell] = logits_of(seq[: d + 1])
         if batch.eligible_count:
             result = tree_loss(logits, batch)
-            tree_sum, tree_n = tree_sum + result["sum"], tree_n + result["count"]
+            tree_sum, tree_n = tree_sum + result.sum, tree_n + result.count
     assert tree_n == flat_n
     # float64, summation order only: the seed's tolerance
     assert abs(tree_sum - flat_sum) <= 1e-10 + 1e-9 * max(abs(tree_sum), abs(flat_sum))

@@ -11,8 +11,7 @@ import pytest
 from seqpack.cli import main
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
-from seqpack.core.tree import pack_tree
-from seqpack.core.tree_input import groups_from_columns
+from seqpack.core.tree import groups_from_columns, pack_tree
 
 BINDING = Binding(20, "ids", "test")
 
@@ -71,7 +70,7 @@ def test_pack_dataset_tree_rows_round_trip():
     import torch
 
     from seqpack.hf import pack_dataset
-    from seqpack.hf.tree_data import tree_batch_from_rows
+    from seqpack.hf.tree_inputs import tree_batch_from_rows
     from seqpack.nn.tree_attention import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
@@ -106,7 +105,7 @@ def test_tree_collator_feeds_a_model():
     import torch
 
     from seqpack.hf import pack_dataset
-    from seqpack.hf.tree_data import TreeCollator
+    from seqpack.hf.tree_inputs import TreeCollator
     from seqpack.nn.tree_attention import tree_loss
     from seqpack.verify.models import load_model
     from seqpack.verify.tree_models import use_tree_attention

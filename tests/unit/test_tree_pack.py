@@ -20,12 +20,11 @@ from seqpack.core.errors import InvalidInput
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.io.tree_store import TreeStore
 from seqpack.pipeline import pack_path
-from seqpack.pipeline.pack_tree import pack_tree_path
-from seqpack.pipeline.tree_options import TreeOptions
+from seqpack.pipeline.pack_tree import TreeOptions, pack_tree_path
 
 datasets = pytest.importorskip("datasets")
 from seqpack.hf import pack_dataset  # noqa: E402
-from seqpack.hf.tree_data import tree_batch_from_rows  # noqa: E402
+from seqpack.hf.tree_inputs import tree_batch_from_rows  # noqa: E402
 
 VOCAB = 40
 ARRAYS = (
@@ -332,7 +331,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
-    with pytest.raises(InvalidInput, match=r"records\(\) and seqpack.hf.tree_data.TreeCollator"):
+    with pytest.raises(InvalidInput, match=r"records\(\) and seqpack.hf.tree_inputs.TreeCollator"):
         PackedDataset(tmp_path / "tree")
     argv = [
         "pack",

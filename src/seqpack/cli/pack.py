@@ -14,8 +14,8 @@ from typing import Any
 
 from seqpack.core.errors import InvalidInput
 from seqpack.pipeline.options import add_arguments, from_arguments
+from seqpack.pipeline.pack_tree import TreeOptions
 from seqpack.pipeline.progress import printable
-from seqpack.pipeline.tree_options import TreeOptions
 
 #: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
 RAY_FLAGS = ("block_examples", "address", "num_cpus")

@@ -87,7 +87,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.tree_lengths is not None:  # prints its own report; its exit code
             from seqpack.cli.verify_tree import cmd_verify_tree
 
-            return cmd_verify_tree(args)
+            return cmd_verify_tree(args, print_comparison)
         report = _run_verify(args)
     except (SeqpackError, KeyboardInterrupt):
         raise
@@ -181,6 +181,15 @@ def _print_verify(report: dict) -> None:
             f" {report['examples']} examples, {report['targets']} targets;"
             " separate vs padded vs packed"
         )
+    print_comparison(report)
+    if report["pass"]:
+        print("PASS: packed rows compute what separate examples compute")
+    else:
+        print(f"{'FAIL' if report.get('mixed', True) else 'NOT MIXED'}: {report['hint']}")
+
+
+def print_comparison(report: dict) -> None:
+    """The max differences and out-of-tolerance counts of a verify report."""
     tol = report["tolerance"]
     diffs = ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())
     fails = ", ".join(
@@ -191,7 +200,3 @@ def _print_verify(report: dict) -> None:
         f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
         f" {tol['why']})"
     )
-    if report["pass"]:
-        print("PASS: packed rows compute what separate examples compute")
-    else:
-        print(f"{'FAIL' if report.get('mixed', True) else 'NOT MIXED'}: {report['hint']}")

@@ -1,10 +1,11 @@
-"""``seqpack verify --tree-lengths``: tree-packed rows against each sequence run alone."""
+"""``seqpack verify --tree-lengths``, ``pack --tree``, ``stats --tree``: tree packing's commands."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from seqpack.core.errors import InvalidInput
@@ -13,7 +14,8 @@ from seqpack.core.errors import InvalidInput
 TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree")
 
 
-def cmd_verify_tree(args: argparse.Namespace) -> int:
+def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict], None]) -> int:
+    """Exit 0 PASS, 1 FAIL; ``print_comparison`` prints the differences as flat verify does."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     if not (args.hf_config or args.hf_model):
         raise InvalidInput(
@@ -54,69 +56,46 @@ def cmd_verify_tree(args: argparse.Namespace) -> int:
             f"a sequence of {int(groups.lengths.max())} pairs is longer than the model's"
             f" max_position_embeddings {limit} — shorten --tree-lengths"
         )
-    report = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
-    report["model"]["source"] = str(args.hf_config or args.hf_model)
+    r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
+    r["model"]["source"] = str(args.hf_config or args.hf_model)
     if args.json:
-        print(json.dumps(report))
-    else:
-        _print(report)
-    return 0 if report["pass"] else 1
-
-
-def _print(report: dict) -> None:
-    m = report["model"]
+        print(json.dumps(r))
+        return 0 if r["pass"] else 1
+    m = r["model"]
     print(
         f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
-        f" {m['attn_implementation']}, {m['device']}), mode {report['mode']}: {report['groups']}"
-        f" groups, {report['sequences']} sequences of {report['lengths']} pairs as tries of"
-        f" {report['nodes']} nodes: {report['tokens_stored']} cells stored for"
-        f" {report['tokens_flat']} flat, {report['rows']} row(s) of {report['capacity']}"
+        f" {m['attn_implementation']}, {m['device']}), mode {r['mode']}: {r['groups']} groups,"
+        f" {r['sequences']} sequences of {r['lengths']} pairs as tries of {r['nodes']} nodes:"
+        f" {r['tokens_stored']} cells stored for {r['tokens_flat']} flat, {r['rows']} row(s)"
+        f" of {r['capacity']}"
     )
-    tol = report["tolerance"]
-    diffs = ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())
-    fails = ", ".join(
-        f"{k} {v:,}/{report['comparisons'][k]:,}" for k, v in report["failures"].items()
-    )
-    print(f"max abs diff vs separate: {diffs}")
-    print(
-        f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
-        f" {tol['why']})"
-    )
-    g = report["gradient_tolerance"]
-    if g != tol:
+    print_comparison(r)
+    g = r["gradient_tolerance"]
+    if g != r["tolerance"]:
         print(f"gradients: |a-b| <= {g['abs']:g} + {g['rel']:g}*max(|a|,|b|) ({g['why']})")
-    if report["pass"]:
-        print("PASS: tree-packed rows compute what each sequence computes alone")
-    else:
-        print(f"FAIL: {report['hint']}")
+    what = "tree-packed rows compute what each sequence computes alone"
+    print(f"PASS: {what}" if r["pass"] else f"FAIL: {r['hint']}")
+    return 0 if r["pass"] else 1
 
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
-    from seqpack.io.tree_files import tree_file_groups, tree_stats
     from seqpack.pipeline.options import from_arguments
-    from seqpack.pipeline.tree_options import TreeOptions
+    from seqpack.pipeline.pack_tree import TreeOptions, tree_stats
 
-    topts = from_arguments(args, "stats", TreeOptions)
     if len(args.input) != 1:
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file")
+    tokenizer = from_arguments(args, "stats").load_tokenizer()
     policy = (args.policies or ["best-fit-decreasing"])[0]
-    groups = tree_file_groups(
-        args.input[0],
-        mode=topts.tree or "on",
-        prefix=topts.tree_prefix,
-        window=topts.tree_window,
-        tokenizer=from_arguments(args, "stats").load_tokenizer(),
-    )
-    report = tree_stats(groups, args.capacity, policy)
+    topts = from_arguments(args, "stats", TreeOptions)
+    r = tree_stats(args.input[0], args.capacity, policy, topts, tokenizer)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(r))
         return 0
     print(
-        f"{report['groups']:,} groups, {report['sequences']:,} sequences, capacity"
-        f" {report['capacity']}, {report['policy']}: tree stores {report['tokens_stored']:,}"
-        f" cells in {report['rows_tree']:,} rows; flat {report['tokens_flat']:,} in"
-        f" {report['rows_flat']:,} rows ({report['stored_over_flat']:.3f}x)"
+        f"{r['groups']:,} groups, {r['sequences']:,} sequences, capacity {r['capacity']},"
+        f" {r['policy']}: tree stores {r['tokens_stored']:,} cells in {r['rows_tree']:,} rows;"
+        f" flat {r['tokens_flat']:,} in {r['rows_flat']:,} rows ({r['stored_over_flat']:.3f}x)"
     )
     return 0
 
@@ -129,16 +108,15 @@ def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file, not several")
     from seqpack.pipeline.pack_tree import pack_tree_path
 
-    stats = pack_tree_path(args.input, args.out, options, tree)
+    s = pack_tree_path(args.input, args.out, options, tree)
     if args.json:
-        print(json.dumps(stats))
+        print(json.dumps(s))
         return 0
     print(
-        f"tree-packed {stats['sequences']:,} sequences in {stats['groups']:,} groups as"
-        f" {stats['tries']:,} tries with {stats['policy']} into {stats['rows']:,} rows of"
-        f" {stats['capacity']}: {stats['tokens_stored']:,} cells stored for"
-        f" {stats['tokens_flat']:,} flat ({stats['stored_over_flat']:.3f}x),"
-        f" {stats['seconds']:.2f} s"
+        f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
+        f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
+        f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
+        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s"
     )
-    print(f"wrote {stats['out']}: {stats['shards']} shard(s), format version 3 (tree rows)")
+    print(f"wrote {s['out']}: {s['shards']} shard(s), format version 3 (tree rows)")
     return 0

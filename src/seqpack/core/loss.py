@@ -58,7 +58,7 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _check_logits(logits: Any, shape: tuple[int, ...], vocab_size: int) -> int:
+def check_logits(logits: Any, shape: tuple[int, ...], vocab_size: int) -> int:
     if logits.ndim != len(shape) + 1 or tuple(logits.shape[:-1]) != shape:
         raise InvalidInput(
             f"logits have shape {tuple(logits.shape)}; expected {(*shape, 'V')}"
@@ -109,7 +109,7 @@ def eligible_nll(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> tup
 
 def masked_nll_sum(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> LossSum:
     """Raw NLL sum over the cells where ``loss_mask`` is True (``N = 0`` gives sum 0)."""
-    _check_logits(logits, tuple(np.shape(loss_mask)), 1)
+    check_logits(logits, tuple(np.shape(loss_mask)), 1)
     cells, nll = eligible_nll(logits, targets, loss_mask)
     total = nll.sum() if _is_torch(logits) else float(np.sum(nll))
     return LossSum(total, int(cells.shape[0]))
@@ -121,7 +121,7 @@ def token_weighted_sum(logits: Any, batch: PackedBatch) -> LossSum:
     ``logits`` [rows, capacity, V]. A batch with no eligible target gives
     ``LossSum(0, 0)`` (still connected to the graph for torch logits).
     """
-    _check_logits(logits, batch.shape, batch.binding.vocab_size)
+    check_logits(logits, batch.shape, batch.binding.vocab_size)
     return masked_nll_sum(logits, batch.targets, batch.loss_mask)
 
 

@@ -1,28 +1,15 @@
 """Which ``transformers`` architectures seqpack can pack exactly, with which masks, or why not.
 
-Everything is derived from the model's config, never from the user:
-
-* **attention windows**: ``config.sliding_window`` (after the config's own
-  ``use_sliding_window`` normalisation, as ``transformers`` reads it) bounds
-  every ``"sliding_attention"`` layer; ``"full_attention"`` layers are
-  unbounded. A config with ``layer_types`` is a model that takes **one mask
-  per layer type** (``attention_mask={"full_attention": ..., "sliding_attention":
-  ...}``, transformers 5.x); one without takes one mask, windowed when the
-  config has a ``sliding_window`` (Mistral, Mixtral, Phi-3, Starcoder2).
-* **refusals**: layers that mix positions by other means than an attention
-  mask, which the packed row cannot restart per example on the paths
-  ``transformers`` runs here — short convolutions (``lfm2``), linear
-  attention and state-space layers (``qwen3_next``, Mamba-style hybrids),
-  chunked attention, bidirectional attention, and ALiBi biases built from
-  column positions (``bloom``, ``falcon`` with ``alibi=True``). Each is an
-  :class:`UnsupportedArchitecture` naming the architecture and why, raised
-  before anything is built (``seqpack verify``: exit 2).
-
-``transformers``' CPU fallbacks of the convolution and linear-attention
-kernels (``causal_conv1d_fn``, ``torch_chunk_gated_delta_rule``) accept
-``seq_idx`` / ``cu_seqlens`` and ignore them, so no hybrid is exact here.
-
-The fixture under a window of 2 (A = columns 0-2 of row 0)::
+Everything is derived from the model's config: ``config.sliding_window``
+(after its own ``use_sliding_window``) bounds every ``"sliding_attention"``
+layer; a config with ``layer_types`` takes one mask per layer type
+(``attention_mask={"full_attention": ..., "sliding_attention": ...}``), one
+without takes one mask, windowed when the config has a window. Layers that
+mix positions other than through the mask (short convolutions, linear
+attention and state-space layers, bidirectional attention, ALiBi from
+column positions) are an :class:`UnsupportedArchitecture` naming why,
+raised before anything is built (``seqpack verify``: exit 2). The fixture
+under a window of 2 (A = columns 0-2 of row 0)::
 
     full_attention     A's last query sees columns 0, 1, 2
     sliding_attention  A's last query sees columns 1, 2
@@ -47,13 +34,10 @@ POSITIONWISE_LAYERS = ("mlp", "moe")
 #: Layer-type words and the kind of position mixing they stand for.
 LAYER_KINDS = (
     ("conv", "convolution"),
-    ("linear", "linear attention"),
-    ("mamba", "linear attention"),
-    ("hybrid", "linear attention"),
-    ("recurrent", "linear attention"),
+    *((w, "linear attention") for w in ("linear", "mamba", "hybrid", "recurrent")),
     ("chunk", "chunked attention"),
 )
-
+_SCAN = "its state-space scan carries state across the whole row"
 #: model_type -> (kind, why): architectures whose config does not show the hazard in layer_types.
 REFUSED_TYPES: dict[str, tuple[str, str]] = {
     "bloom": (
@@ -62,16 +46,17 @@ REFUSED_TYPES: dict[str, tuple[str, str]] = {
         " so a packed row can neither restart positions per example nor take a block mask",
     ),
     "rwkv": ("linear attention", "its recurrent time-mixing carries state across the whole row"),
-    "mamba": ("linear attention", "its state-space scan carries state across the whole row"),
-    "mamba2": ("linear attention", "its state-space scan carries state across the whole row"),
+    "mamba": ("linear attention", _SCAN),
+    "mamba2": ("linear attention", _SCAN),
     "falcon_mamba": ("linear attention", "its state-space scan carries state across the row"),
 }
-
 WHY_KIND = {
     "convolution": "short convolutions mix neighbouring columns of the row",
     "linear attention": "linear-attention / state-space layers carry state across the row",
     "chunked attention": "chunked attention groups absolute columns, not each example's positions",
 }
+# transformers' CPU fallbacks (causal_conv1d_fn, torch_chunk_gated_delta_rule) accept
+# seq_idx / cu_seqlens and ignore them, so no hybrid is exact here.
 FIX = (
     "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
     " train it on unpacked (padded) rows"
@@ -84,28 +69,18 @@ class UnsupportedArchitecture(NotAvailable):
 
 @dataclass(frozen=True)
 class Condition:
-    """Exact only while every ``example`` (or every ``row``) is at most ``limit`` long.
-
-    ``what``: ``"example"`` (prediction pairs of one example) or ``"row"``
-    (columns of a packed row); ``why``: the computation that breaks beyond.
-    """
+    """Exact only while every ``example`` (prediction pairs) or ``row`` (columns) is at most
+    ``limit`` long; ``why``: the computation that breaks beyond."""
 
     what: str
     limit: int
     why: str
 
-    def holds(self, longest_example: int, width: int) -> bool:
-        """True when an example of ``longest_example`` pairs in rows of ``width`` is exact."""
-        return (longest_example if self.what == "example" else width) <= self.limit
-
     def text(self) -> str:
         """``every example <= 8 pairs (why)`` or ``rows <= 256 columns (why)``."""
-        what = (
-            f"every example <= {self.limit} pairs"
-            if self.what == "example"
-            else (f"rows <= {self.limit} columns")
-        )
-        return f"{what} ({self.why})"
+        if self.what == "example":
+            return f"every example <= {self.limit} pairs ({self.why})"
+        return f"rows <= {self.limit} columns ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -113,11 +88,14 @@ class Architecture:
     """What one model config means for packed rows.
 
     ``layer_types``: one entry per decoder layer when the model takes a mask
-    per layer type, else ``None`` (one mask for every layer). ``window``:
-    ``config.sliding_window`` where the model applies it. ``refusal``: why
-    the model cannot be made exact (``None`` when it can); ``kind``: the
-    layer kind that would mix examples (``attention``, ``convolution``,
-    ``linear attention``, ...).
+    per layer type, else ``None``. ``window``: ``config.sliding_window`` where
+    the model applies it. ``refusal``: why it cannot be made exact (``None``:
+    it can); ``kind``: the layer kind that would mix examples. ``positions``:
+    ``position_ids``, ``offset`` (from ``position_offset``), ``relative``,
+    ``columns`` or ``none``. ``varlen_refusal``: why ``seqpack_varlen`` cannot
+    run it. ``chunk``: ``attention_chunk_size`` of chunked layers.
+    ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi builds its bias
+    from a 2-D mask; transformers derives the block mask from ``position_ids``).
     """
 
     model_type: str
@@ -125,16 +103,11 @@ class Architecture:
     window: int | None
     refusal: str | None = None
     kind: str = "attention"
-    #: ``position_ids``, ``offset`` (positions from ``position_offset``), ``columns``, ``none``.
     positions: str = "position_ids"
     position_offset: int = 0
-    #: Why ``seqpack_varlen`` cannot run this model (None: it can, or not known).
     varlen_refusal: str | None = None
     conditions: tuple[Condition, ...] = ()
-    #: ``attention_chunk_size`` of ``chunked_attention`` layers (chunks of each example).
     chunk: int | None = None
-    #: Feed no 4-D mask: the model builds its bias from a 2-D mask (falcon's ALiBi) and
-    #: ``transformers`` derives the block-causal mask from the packed ``position_ids``.
     mask_from_positions: bool = False
 
     @property
@@ -151,29 +124,23 @@ class Architecture:
             return "exact if " + "; ".join(c.text() for c in self.conditions)
         return "exact"
 
-    def type_window(self, layer_type: str) -> int | None:
-        """The window of the layers of ``layer_type`` (``None``: unbounded)."""
-        return self.window if layer_type == "sliding_attention" else None
-
     def layer_window(self, layer_idx: int | None) -> int | None:
         """The window of decoder layer ``layer_idx`` (one-mask models: the model's window)."""
         if self.layer_types is None or layer_idx is None:
             return self.window
-        return self.type_window(self.layer_types[layer_idx])
+        return self.window if self.layer_types[layer_idx] == "sliding_attention" else None
 
     @property
     def windows(self) -> dict[str, int | None]:
         """Mask key -> window, with ``""`` for the single mask of a one-mask model."""
         if not self.layer_types:
             return {"": self.window}
-        return {t: self.type_window(t) for t in self.mask_types}
+        return {t: self.window if t == "sliding_attention" else None for t in self.mask_types}
 
     def check(self, kind: str | None = None) -> Architecture:
-        """Raise :class:`UnsupportedArchitecture` (one line: which model, why) unless exact.
-
-        ``kind``: the attention implementation's kind (:mod:`seqpack.hf.kinds`);
-        ``seqpack_varlen`` is refused on models it cannot run exactly.
-        """
+        """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact; ``kind``:
+        the implementation's (:mod:`seqpack.hf.kinds`), ``seqpack_varlen`` refused where
+        it cannot run exactly."""
         if self.refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot be packed exactly: {self.refusal}"
@@ -188,22 +155,15 @@ class Architecture:
     def check_batch(self, longest_example: int, width: int) -> None:
         """Raise :class:`UnsupportedArchitecture` when a batch breaks one of the conditions."""
         for cond in self.conditions:
-            if not cond.holds(longest_example, width):
-                got = longest_example if cond.what == "example" else width
-                unit = "pairs" if cond.what == "example" else "columns"
-                fix = "--capacity" if cond.what == "row" else "--max-length / pre-split"
+            example = cond.what == "example"
+            got = longest_example if example else width
+            if got > cond.limit:
                 raise UnsupportedArchitecture(
                     f"{self.model_type} is exact only while {cond.text()}; this batch has"
-                    f" {'an example' if cond.what == 'example' else 'rows'} of {got} {unit}"
-                    f" — lower {fix} to {cond.limit}"
+                    f" {'an example' if example else 'rows'} of {got}"
+                    f" {'pairs' if example else 'columns'} — lower"
+                    f" {'--max-length / pre-split' if example else '--capacity'} to {cond.limit}"
                 )
-
-
-def _layer_kind(layer_type: str) -> str | None:
-    for word, kind in LAYER_KINDS:
-        if word in layer_type:
-            return kind
-    return None
 
 
 def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tuple[str, str] | None:
@@ -228,7 +188,7 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
             continue  # chunks of each example's own positions: a mask seqpack builds
         if layer_type == INDEXED and isinstance(getattr(config, "index_topk", None), int):
             continue  # the full block mask; exact while examples <= index_topk (a condition)
-        kind = _layer_kind(layer_type)
+        kind = next((k for word, k in LAYER_KINDS if word in layer_type), None)
         if kind is None:
             return ("attention", f"its layer type {layer_type!r} is not one seqpack knows")
         return (kind, f"its {layer_type!r} layers: {WHY_KIND[kind]}; {FIX}")
@@ -315,21 +275,17 @@ def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
     """
     out = []
     for rope in _rope(config):
-        if rope.get("rope_type", rope.get("type")) in ("longrope", "dynamic"):
-            limit = rope.get("original_max_position_embeddings") or getattr(
-                config, "original_max_position_embeddings", None
-            )
-            limit = limit or getattr(config, "max_position_embeddings", None)
-            if isinstance(limit, int):
-                out.append(
-                    Condition(
-                        "example",
-                        limit,
-                        f"{rope.get('rope_type')} RoPE picks its frequencies from the batch's"
-                        " largest position",
-                    )
-                )
-                break
+        limit = (
+            rope.get("original_max_position_embeddings")
+            or getattr(config, "original_max_position_embeddings", None)
+            or getattr(config, "max_position_embeddings", None)
+        )
+        if rope.get("rope_type", rope.get("type")) in ("longrope", "dynamic") and isinstance(
+            limit, int
+        ):
+            why = f"{rope.get('rope_type')} RoPE picks its frequencies from the batch's largest"
+            out.append(Condition("example", limit, why + " position"))
+            break
     floor = getattr(config, "floor_scale", None)
     nope = 0 in (getattr(config, "no_rope_layers", None) or ())
     if getattr(config, "attn_temperature_tuning", False) and isinstance(floor, int) and nope:

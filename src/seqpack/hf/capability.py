@@ -2,31 +2,19 @@
 
 :func:`capability` reads the config (:func:`seqpack.hf.architectures.describe`)
 **and the model's modules** — the model itself when there is one, else the
-same model built on the ``meta`` device from the config (no memory, no
-weights) — and answers, for every attention implementation:
-
-* **positions**: ``position_ids`` (local positions restart at 0), ``relative``
-  (rotary tables indexed by column: scores see only ``q - k``), an
-  **offset** (the RoBERTa family's embeddings number positions from
-  ``padding_idx + 1``, so seqpack feeds ``position + padding_idx + 1``), or
-  **columns** (a forward that takes no ``position_ids`` but embeds positions,
-  e.g. the BART-family decoders: refused, a packed row cannot restart them);
-* **causality**: self-attention modules with ``is_causal=False`` (a BERT with
-  ``is_decoder=False``) are bidirectional and refused for causal packing;
-* **the attention interface**: ``seqpack_varlen`` runs only inside modules
-  that call ``transformers``' ``ALL_ATTENTION_FUNCTIONS`` and only when their
-  decoder layer passes the attention kwargs on (``cu_seq_lens_q``); elsewhere
-  it is refused with the model's name, never used as a silent fallback;
-* **windows**: a config's ``sliding_window`` counts only where the model's
-  code applies one (``moshi`` has the field and never uses it);
-* **mixing layers**: short convolutions, recurrences (a decoder without any
-  attention module, e.g. ``xlstm``), state-space and linear-attention
-  mixers (:func:`mixing_modules`).
-
-The result is an :class:`~seqpack.hf.architectures.Architecture`: exact
-(with the inputs that make it exact), exact under stated conditions checked
-on every batch (:class:`~seqpack.hf.architectures.Condition`), or refused
-with the true reason.
+same model built on the ``meta`` device (no weights) — and finds how it takes
+positions (``position_ids``; ``relative`` rotary tables by column; an
+``offset`` from ``padding_idx + 1``, RoBERTa; ``columns``: refused), whether
+its self-attention is causal, whether ``seqpack_varlen`` would run inside it
+(modules calling ``ALL_ATTENTION_FUNCTIONS`` whose decoder layer passes the
+attention kwargs on), whether its code applies the config's
+``sliding_window``, and any convolution, recurrence, state-space or
+linear-attention mixer. The result is an
+:class:`~seqpack.hf.architectures.Architecture`: exact, exact under stated
+conditions, or refused with the true reason. :func:`check_model`,
+:func:`check_vocabulary` and :func:`check_runnable` are the checks
+``pack_dataset(..., model=...)`` and :class:`seqpack.hf.HFCollator` run
+before data moves.
 """
 
 from __future__ import annotations
@@ -34,26 +22,24 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import importlib.util
 import inspect
 import logging
+import sys
 import textwrap
 import warnings
 from functools import lru_cache
 from typing import Any
 
+from seqpack.core.binding import Binding
+from seqpack.core.errors import InvalidInput
 from seqpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
 MIXER_CLASSES = (
     ("ShortConv", "convolution"),
-    ("Mamba", "linear attention"),
-    ("GatedDeltaNet", "linear attention"),
-    ("LinearAttention", "linear attention"),
-    ("LightningAttention", "linear attention"),
-    ("Rwkv", "linear attention"),
-    ("xLSTM", "linear attention"),
-    ("mLSTM", "linear attention"),
-    ("sLSTM", "linear attention"),
+    *((w, "linear attention") for w in ("Mamba", "GatedDeltaNet", "LinearAttention")),
+    *((w, "linear attention") for w in ("LightningAttention", "Rwkv", "xLSTM", "mLSTM", "sLSTM")),
 )
 #: Source words of a forward that dispatches through transformers' attention interface.
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
@@ -61,6 +47,8 @@ INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 WINDOW_WORDS = ("create_sliding_window_causal_mask", "sliding_window=", '"sliding_attention"')
 #: Class-name words of modules that embed positions.
 POSITION_WORDS = ("Positional", "PositionEmbedding", "Rotary", "Sinusoidal", "PositionalEmbedding")
+#: Module-name words of towers that are not the packed text (a multimodal model's encoders).
+TOWER_WORDS = ("vision", "image", "visual", "audio", "speech", "multi_modal")
 
 
 @lru_cache(maxsize=512)
@@ -73,8 +61,6 @@ def _source(cls: type, attr: str = "forward") -> str:
 
 @lru_cache(maxsize=128)
 def _module_source(module_name: str) -> str:
-    import sys
-
     module = sys.modules.get(module_name)
     try:
         return inspect.getsource(module) if module is not None else ""
@@ -85,16 +71,8 @@ def _module_source(module_name: str) -> str:
 def _params(fn: Any) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # a builtin or C function: no parameters to read
         return {}
-
-
-def _var_kw(fn: Any) -> bool:
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _params(fn).values())
-
-
-#: Module-name words of towers that are not the packed text (a multimodal model's encoders).
-TOWER_WORDS = ("vision", "image", "visual", "audio", "speech", "multi_modal")
 
 
 def text_modules(model: Any) -> list[tuple[str, Any]]:
@@ -115,67 +93,59 @@ def _text_part(model: Any) -> Any:
     return decoder if decoder is not None else model
 
 
-#: Meta-device models by config (JSON text), the last few.
-_META: dict[tuple[str, str], Any] = {}
+_META: dict[tuple[str, str], Any] = {}  # meta-device models by config (JSON text), the last 16
 
 
 def meta_model(config: Any) -> Any:
     """The model of ``config`` built on the ``meta`` device (no weights), or None if it fails."""
-    key = (type(config).__name__, config.to_json_string(use_diff=False))
-    if key not in _META:
-        while len(_META) >= 16:
-            _META.pop(next(iter(_META)))
-        _META[key] = _build_meta(copy.deepcopy(config))
-    return _META[key]
-
-
-def _build_meta(config: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    key = (type(config).__name__, config.to_json_string(use_diff=False))
+    if key in _META:
+        return _META[key]
+    while len(_META) >= 16:
+        _META.pop(next(iter(_META)))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            # eager: always there, whatever implementation the config asks for (the modules'
-            # code is what is read; flash on a machine without it would fail to build)
-            return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            # eager: always there (the modules' code is what is read; flash may not build here)
+            built = AutoModelForCausalLM.from_config(
+                copy.deepcopy(config), attn_implementation="eager"
+            )
     except Exception as err:  # an unbuildable config: judged from the config alone
         logging.getLogger(__name__).debug("meta build failed: %s", err)
-        return None
+        built = None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _META[key] = built
+    return built
 
 
 def _attention_modules(decoder: Any) -> list[tuple[str, Any]]:
     """``(name, module)`` of the self-attention modules of ``decoder``."""
     found = []
     for name, module in text_modules(decoder):
-        cls = type(module).__name__
-        lowered = name.lower()
-        if not ("Attention" in cls or "Attn" in cls or "SelfAttention" in cls):
+        cls, lowered = type(module).__name__, name.lower()
+        if not ("Attention" in cls or "Attn" in cls) or "Cross" in cls:
             continue
-        if "Cross" in cls or "cross" in lowered or "encoder_attn" in lowered:
-            continue
-        if getattr(module, "is_cross_attention", False):
+        if (
+            "cross" in lowered
+            or "encoder_attn" in lowered
+            or getattr(module, "is_cross_attention", False)
+        ):
             continue
         found.append((name, module))
     return found
 
 
-def _calls_interface(module: Any) -> bool:
-    return any(word in _source(type(module)) for word in INTERFACE_WORDS)
-
-
 def _drops_kwargs(parent: Any, attr: str) -> bool:
     """True when every call of ``self.<attr>(...)`` in ``parent.forward`` passes no ``**kwargs``."""
-    text = _source(type(parent))
-    if not text:
-        return False
     try:
-        tree = ast.parse(text)
+        tree = ast.parse(_source(type(parent)))
     except SyntaxError:
         return False
     calls = [
@@ -197,14 +167,11 @@ def _own_mask(module: Any) -> str | None:
     except SyntaxError:
         return None
     for node in ast.walk(tree):
-        if not (
-            isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attention_interface"
-        ):
-            continue
-        given = node.args[4] if len(node.args) > 4 else None
-        given = next((k.value for k in node.keywords if k.arg == "attention_mask"), given)
-        if isinstance(given, ast.Name) and given.id != "attention_mask":
-            return given.id
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attention_interface":
+            given = node.args[4] if len(node.args) > 4 else None
+            given = next((k.value for k in node.keywords if k.arg == "attention_mask"), given)
+            if isinstance(given, ast.Name) and given.id != "attention_mask":
+                return given.id
     return None
 
 
@@ -214,10 +181,9 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
         padding_idx = getattr(module, "padding_idx", None)
         if hasattr(module, "create_position_ids_from_input_ids") and isinstance(padding_idx, int):
             return "offset", padding_idx + 1, None
-    takes = "position_ids" in _params(type(decoder).forward) and (
-        "position_ids" in _params(type(model).forward) or _var_kw(type(model).forward)
-    )
-    if takes:
+    outer = _params(type(model).forward)
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in outer.values())
+    if "position_ids" in _params(type(decoder).forward) and ("position_ids" in outer or var_kw):
         return "position_ids", 0, None
     embeds = [
         type(m).__name__
@@ -227,8 +193,8 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
     ]
     source = " ".join(_module_source(type(m).__module__) for m in (model, decoder)).lower()
     if embeds and "rotary" in source:
-        # rotary tables indexed by column (roformer): scores see only q - k, which is the
-        # same inside every example wherever it sits in the row
+        # rotary tables indexed by column (roformer): scores see only q - k, the same inside
+        # every example wherever it sits in the row
         return "relative", 0, None
     if embeds:
         return (
@@ -249,7 +215,7 @@ def _varlen_refusal(model_type: str, attention: list[tuple[str, Any]], decoder: 
             f"{model_type}'s attention ({sinks[0]}) has attention sinks, which seqpack_varlen"
             " (SDPA) cannot express — use eager"
         )
-    users = [(n, m) for n, m in attention if _calls_interface(m)]
+    users = [(n, m) for n, m in attention if any(w in _source(type(m)) for w in INTERFACE_WORDS)]
     if not users:
         names = sorted({type(m).__name__ for _, m in attention}) or ["its layers"]
         return (
@@ -276,17 +242,10 @@ def _varlen_refusal(model_type: str, attention: list[tuple[str, Any]], decoder: 
     return None
 
 
-def _applies_window(decoder: Any) -> bool:
-    names = {type(m).__module__ for m in decoder.modules()}
-    return any(word in _module_source(n) for n in names for word in WINDOW_WORDS)
-
-
 def from_modules(arch: Architecture, model: Any) -> Architecture:
     """``arch`` (from the config) corrected and completed by ``model``'s modules."""
     decoder = _text_part(model)
-    changes: dict[str, Any] = {}
     how, offset, why = _positions(model, decoder)
-    changes |= {"positions": how, "position_offset": offset}
     attention = _attention_modules(decoder)
     refusal, kind = arch.refusal, arch.kind
     mixers = mixing_modules(decoder)
@@ -310,13 +269,19 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
             " BERT-style models is_decoder=False), so no packed example would be causal"
             " — set is_decoder=True to train it as a causal LM"
         )
-    changes |= {"refusal": refusal, "kind": kind}
-    changes["varlen_refusal"] = arch.varlen_refusal or _varlen_refusal(
-        arch.model_type, attention, decoder
+    sources = {type(m).__module__ for m in decoder.modules()}
+    applies = arch.window is None or any(
+        w in _module_source(n) for n in sources for w in WINDOW_WORDS
     )
-    if arch.window is not None and not _applies_window(decoder):
-        changes["window"] = None
-    return dataclasses.replace(arch, **changes)
+    return dataclasses.replace(
+        arch,
+        positions=how,
+        position_offset=offset,
+        refusal=refusal,
+        kind=kind,
+        varlen_refusal=arch.varlen_refusal or _varlen_refusal(arch.model_type, attention, decoder),
+        window=arch.window if applies else None,  # moshi has the field and never applies it
+    )
 
 
 def capability(config: Any, model: Any = None) -> Architecture:
@@ -331,19 +296,14 @@ def capability(config: Any, model: Any = None) -> Architecture:
     arch = describe(config)
     if model is None:
         model = meta_model(getattr(config, "get_text_config", lambda: config)())
-        if model is None:
-            model = meta_model(config)
+        model = model if model is not None else meta_model(config)
     return arch if model is None else from_modules(arch, model)
 
 
 def mixing_modules(model: Any) -> list[tuple[str, str]]:
-    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides attention.
-
-    A second net under :func:`describe`: depthwise ``Conv1d`` layers with a
-    kernel wider than one column (``transformers``' ``Conv1D`` in GPT-2 is a
-    linear layer, not a convolution) and modules whose class names a
-    state-space or linear-attention mixer.
-    """
+    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
+    attention: depthwise ``Conv1d`` wider than one column (GPT-2's ``Conv1D`` is a linear
+    layer) and modules whose class names a state-space or linear-attention mixer."""
     import torch
 
     found = []
@@ -371,9 +331,68 @@ def architecture_of(model: Any) -> Architecture:
     return capability(model.config, model)
 
 
+def check_runnable(attn_implementation: str, kind: str | None) -> None:
+    """Refuse a flash implementation that cannot run on this machine (no CUDA or no flash-attn)."""
+    if attn_implementation not in ("flash_attention_2", "flash_attention_3"):
+        return
+    import torch
+
+    package = "flash_attn" if attn_implementation == "flash_attention_2" else "flash_attn_interface"
+    cuda, found = torch.cuda.is_available(), importlib.util.find_spec(package) is not None
+    if not (cuda and found):
+        missing = " and ".join(
+            w for w, ok in (("a CUDA device", cuda), (f"the {package} package", found)) if not ok
+        )
+        raise InvalidInput(
+            f"attn_implementation={attn_implementation!r} cannot run here: {missing} missing"
+            " — use 'sdpa' (or 'seqpack_varlen') on this machine"
+        )
+
+
+def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) -> None:
+    """Refuse a packing whose vocabulary (or pad id) the model's embedding cannot index."""
+    vocab = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    if binding is not None and binding.vocab_size > vocab:
+        raise InvalidInput(
+            f"the packed rows' vocabulary has {binding.vocab_size:,} ids but the model's"
+            f" config.vocab_size is {vocab:,}: ids >= {vocab:,} would index past its embedding"
+            " — pack with the model's tokenizer (or resize the model's token embeddings)"
+        )
+    if not 0 <= int(pad_token_id) < vocab:
+        raise InvalidInput(
+            f"pad_token_id {pad_token_id} is not an id of the model's vocabulary"
+            f" (config.vocab_size {vocab:,}) — pass pad_token_id=tokenizer.pad_token_id (any"
+            " real id: padding cells are never seen by real queries)"
+        )
+
+
+def check_model(
+    model: Any, binding: Binding | None, pad_token_id: int | None, longest: int, capacity: int
+) -> Architecture:
+    """What ``pack_dataset(..., model=model)`` checks before it writes a row: ``model`` (a
+    ``transformers`` model, its modules inspected, or a config) refused as its capability
+    refuses it for the implementation it was loaded with, beyond its stated conditions
+    (``longest`` pairs, rows of ``capacity``), or when its embedding cannot index the
+    vocabulary or pad id."""
+    from seqpack.hf.kinds import derived_kind
+
+    config = getattr(model, "config", model)
+    arch = capability(config, model if hasattr(model, "config") else None)
+    attn = getattr(config, "_attn_implementation", None)
+    arch.check(derived_kind(attn) if isinstance(attn, str) else None)
+    arch.check_batch(longest, capacity)
+    check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
+    return arch
+
+
 __all__ = [
     "architecture_of",
     "capability",
+    "check_model",
+    "check_runnable",
+    "check_vocabulary",
     "from_modules",
     "meta_model",
     "mixing_modules",

@@ -14,9 +14,8 @@ from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs, check_implementation
 from seqpack.hf.architectures import Architecture
-from seqpack.hf.capability import capability
+from seqpack.hf.capability import capability, check_runnable, check_vocabulary
 from seqpack.hf.kinds import MASK_KINDS
-from seqpack.hf.preflight import check_runnable, check_vocabulary
 from seqpack.training.packed_data import ScheduledBatch, check_partition, concat_batches
 
 

@@ -105,7 +105,7 @@ def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
 
 
 def _pack_tree(dataset: Any, capacity: int | None, policy: str | None, keywords: dict) -> Any:
-    from seqpack.hf.tree_data import pack_tree_dataset
+    from seqpack.hf.tree_inputs import pack_tree_dataset
 
     return pack_tree_dataset(dataset, capacity, policy, **keywords)
 
@@ -142,7 +142,7 @@ def pack_dataset(
     tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
 
     ``tree=True``: tree packing of grouped sequences
-    (:func:`seqpack.hf.tree_data.pack_tree_dataset`, docs/tree.md).
+    (:func:`seqpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
     """
     import datasets
 
@@ -207,11 +207,11 @@ def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
     """``pack_dataset(..., model=)`` (a model or its config), before any row:
-    :func:`seqpack.hf.preflight.check_model` — its capability, stated conditions
+    :func:`seqpack.hf.capability.check_model` — its capability, stated conditions
     (the longest example), vocabulary and pad id (a stream: capability and rows)."""
     if model is None:
         return
-    from seqpack.hf.preflight import check_model
+    from seqpack.hf.capability import check_model
 
     lengths = examples.lengths if examples is not None else ()
     longest = int(max(lengths)) if len(lengths) else 0

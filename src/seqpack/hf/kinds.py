@@ -1,38 +1,22 @@
 """Attention implementations by kind: what :func:`seqpack.hf.hf_inputs` feeds each one.
 
-``transformers`` accepts any implementation registered in its
-``AttentionInterface`` (and hub kernel names such as
-``"kernels-community/flash-attn2"``, registered when a model loads them).
-seqpack does not need the name, only what the implementation reads, its
-**kind**:
-
-================  ============================================================
-kind              inputs
-================  ============================================================
-``flash``         valid cells flattened to ``(1, N)``, ``cu_seq_lens_q/k``,
-                  ``max_length_q/k``, ``seq_idx``; no mask (the layer applies
-                  its own window): ``flash_attention_2/3/4``, flash hub kernels
-``seqpack_varlen``  the same inputs, run by :mod:`seqpack.hf.attention_impl`
-``sdpa``          ``(R, T)`` rows and a 4-D mask (float additive, or bool)
-``eager``         ``(R, T)`` rows and a float additive 4-D mask
-``flex``          ``(R, T)`` rows and a FlexAttention ``BlockMask``
-================  ============================================================
-
-A name's kind is found without loading or downloading anything: the
-built-in names; a registered implementation whose function is a built-in's,
-or whose ``AttentionMaskInterface`` entry is a built-in mask function (that
-is how ``transformers`` registers a hub kernel, and how a custom
-implementation says which mask it reads); a hub name of a flash-attention
-kernel repository ``transformers`` knows. Anything else is refused with
-the accepted kinds, unless the caller states ``kind=`` itself.
-``"paged|..."`` implementations serve generation with a paged cache, not
-training, and are refused.
+seqpack needs not an implementation's name but what it reads, its **kind**:
+``flash`` (valid cells flattened to ``(1, N)``, ``cu_seq_lens_q/k``,
+``max_length_q/k``, ``seq_idx``, no mask: ``flash_attention_2/3/4`` and flash
+hub kernels), ``seqpack_varlen`` (the same, :mod:`seqpack.hf.attention_impl`),
+``sdpa`` (``(R, T)`` rows, a float or bool 4-D mask), ``eager`` (a float 4-D
+mask) and ``flex`` (a ``BlockMask``). A kind is found without loading or
+downloading anything: the built-in names; a registered implementation whose
+function is a built-in's or whose ``AttentionMaskInterface`` entry is a
+built-in mask function (how ``transformers`` registers a hub kernel); a hub
+name of a flash-attention repository ``transformers`` knows. Anything else
+is refused unless the caller states ``kind=``; ``"paged|..."``
+implementations serve generation, not training, and are refused.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from seqpack.core.errors import InvalidInput
 
@@ -69,56 +53,25 @@ _HELP = (
 )
 
 
-def _builtin_kind(function: Any) -> str | None:
-    """The kind of a built-in ``transformers`` attention function object, if it is one."""
-    from transformers.modeling_utils import AttentionInterface
-
-    for name, builtin in AttentionInterface._global_mapping.items():
-        if function is builtin and name in BUILTIN:
-            return BUILTIN[name]
-    return None
-
-
-def _mask_kind(name: str) -> str | None:
-    """The kind whose mask ``AttentionMaskInterface`` builds for ``name``, if one is registered."""
-    from transformers.masking_utils import AttentionMaskInterface
-
-    function = AttentionMaskInterface._global_mapping.get(name)
-    if function is None:
-        return None
-    return MASK_FUNCTION_KINDS.get(getattr(function, "__name__", ""))
-
-
-def _hub_flash_repos() -> set[str]:
-    """Hub repositories ``transformers`` loads as flash-attention (varlen) kernels."""
-    from transformers import modeling_flash_attention_utils as fa
-
-    return set(fa.FLASH_ATTN_KERNEL_VERSIONS) | set(fa.FLASH_ATTN_KERNEL_FALLBACK.values())
-
-
 def derived_kind(name: str) -> str | None:
     """The kind of ``name`` found from ``transformers``' registries (no download), or None."""
     if name in BUILTIN:
         return BUILTIN[name]
+    from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
-    function = AttentionInterface._global_mapping.get(name)
-    if function is not None:
-        return _builtin_kind(function) or _mask_kind(name)
+    registered = AttentionInterface._global_mapping
+    function = registered.get(name)
+    if function is not None:  # a built-in's function, or a built-in mask function
+        same = [BUILTIN[n] for n, f in registered.items() if f is function and n in BUILTIN]
+        mask = getattr(AttentionMaskInterface._global_mapping.get(name), "__name__", "")
+        return same[0] if same else MASK_FUNCTION_KINDS.get(mask)
     if HUB_NAME.match(name) and ":" not in name:
-        repo = name.partition("@")[0].strip()
-        return FLASH if repo in _hub_flash_repos() else None
+        from transformers import modeling_flash_attention_utils as fa
+
+        repos = set(fa.FLASH_ATTN_KERNEL_VERSIONS) | set(fa.FLASH_ATTN_KERNEL_FALLBACK.values())
+        return FLASH if name.partition("@")[0].strip() in repos else None
     return None
-
-
-def _why_unknown(name: str) -> str:
-    from transformers.modeling_utils import AttentionInterface
-
-    if name in AttentionInterface._global_mapping:
-        return "registered in AttentionInterface, but with no mask function it is known to read"
-    if HUB_NAME.match(name):
-        return "a hub kernel that is not a flash-attention repository transformers knows"
-    return "not registered in transformers' AttentionInterface"
 
 
 def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
@@ -147,9 +100,17 @@ def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
             f" (from transformers' registries), not kind={kind!r}"
         )
     if found is None and kind is None:
+        from transformers.modeling_utils import AttentionInterface
+
+        if attn_implementation in AttentionInterface._global_mapping:
+            why = "registered in AttentionInterface, but with no mask function it is known to read"
+        elif HUB_NAME.match(attn_implementation):
+            why = "a hub kernel that is not a flash-attention repository transformers knows"
+        else:
+            why = "not registered in transformers' AttentionInterface"
         raise InvalidInput(
             f"attention implementation {attn_implementation!r} is of no kind seqpack knows"
-            f" ({_why_unknown(attn_implementation)}); {_HELP} — pass kind=..., or register its"
+            f" ({why}); {_HELP} — pass kind=..., or register its"
             " mask function with transformers' AttentionMaskInterface"
         )
     return found or kind

@@ -98,7 +98,9 @@ def block_mask(
 
     valid = t(batch.input_valid)
     positions = t(batch.positions)
-    allowed = permission_mod(valid, t(batch.segments), positions, window)
+    ends = getattr(batch, "node_ends", None)  # a tree batch: ancestor-or-self nodes
+    ends = None if ends is None else t(ends)
+    allowed = permission_mod(valid, t(batch.segments), positions, window, ends)
     part = positions // (chunk or (batch.shape[1] + 1))  # one chunk: no chunking
 
     def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:

@@ -1,71 +1,54 @@
-"""Tree-packed rows in ``transformers``: inputs per attention kind, and ``seqpack_tree``.
+"""Tree-packed rows in ``transformers``: inputs per attention kind, ``seqpack_tree``, datasets.
 
 :func:`tree_inputs` gives the keyword arguments that make a causal LM
 compute, on tree-packed rows (:class:`~seqpack.core.tree.TreeBatch`), what
-each original sequence computes alone:
+each original sequence computes alone: ``input_ids`` (padding holds
+``pad_token_id``), depth ``position_ids`` (a branch continues from its
+parent's last position), ``use_cache=False``, and by kind:
 
-* ``input_ids`` (padding holds ``pad_token_id``), ``position_ids`` = the
-  depth along the path (a branch continues from its parent's last
-  position), ``use_cache=False``;
-* ``eager`` / ``sdpa``: ``attention_mask``, float additive ``(R, 1, T, T)``
-  masks of :func:`~seqpack.core.permission.permitted` (ancestor-or-self
-  nodes, causal, windowed along the path), one per layer type for models
-  with ``layer_types`` (a padding cell attends to itself only, as in
-  :mod:`seqpack.hf.masks`);
-* ``flex_attention``: a ``BlockMask`` of the same predicate;
-* ``seqpack_tree`` (registered here in ``AttentionInterface``): no mask at
-  all; the keyword ``seqpack_tree`` carries the batch's
-  :class:`~seqpack.nn.tree_attention.TreePlan` to every layer, whose attention is
-  :func:`~seqpack.nn.tree_attention.tree_attention` (``Σ node × path`` score cells)
-  with the layer's own window.
+* ``eager`` / ``sdpa`` / ``flex_attention``: the masks of :mod:`seqpack.hf.masks`
+  (float additive ``(R, 1, T, T)`` or a ``BlockMask``, one per layer type),
+  whose predicate takes the tree's node ends;
+* ``seqpack_tree`` (registered in ``AttentionInterface``): no mask; the
+  keyword ``seqpack_tree`` carries the :class:`~seqpack.nn.tree_attention.TreePlan`
+  to every layer, which runs :func:`~seqpack.nn.tree_attention.tree_attention`
+  (``Σ node × path`` score cells) with its own window.
 
-Refused with the reason: the flattened kinds (``flash_attention_*``,
-``seqpack_varlen``), whose ``cu_seqlens`` describe disjoint intervals and
-cannot say "this key is my ancestor" — use ``seqpack_tree``, ``sdpa`` or
-``flex_attention``.
+The flattened kinds (``flash_attention_*``, ``seqpack_varlen``) are refused:
+``cu_seqlens`` describe disjoint intervals and cannot say "this key is my
+ancestor".
+
+:func:`pack_tree_dataset` (``pack_dataset(..., tree=True)``) packs a
+``datasets.Dataset``'s groups into one record per row (the columns of
+:mod:`seqpack.io.tree_store`); :class:`TreeCollator` turns records back
+into a model call. ``format="trl"`` is refused: TRL's packed rows describe
+disjoint sequences and have no node columns.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.core.tree import TreeBatch, check_tree_batch
-from seqpack.hf.architectures import ATTENTION_LAYERS, Architecture, describe
-from seqpack.hf.kinds import FLATTENED_KINDS, FLEX, attention_kind
-from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_mask_mod, tree_plan
+from seqpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
+from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
+from seqpack.hf.masks import block_mask, hf_allowed, layer_masks
+from seqpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
+from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_plan
 
 NAME = "seqpack_tree"
 
 
-def tree_allowed(batch: TreeBatch, window: int | None = None) -> np.ndarray:
-    """The permission plus each padding cell attending to itself only, bool [R, T, T]."""
-    allowed = batch.dense_mask(window)
-    pad_r, pad_c = np.nonzero(~batch.input_valid)
-    allowed[pad_r, pad_c, pad_c] = True
-    return allowed
-
-
-def tree_block_mask(
-    batch: TreeBatch, device: torch.device | str | None = None, window: int | None = None
-) -> Any:
-    """:func:`tree_allowed` as a FlexAttention ``BlockMask`` over (R, 1, T, T)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(a, device=device)
-
-    valid = t(batch.input_valid)
-    allowed = tree_mask_mod(valid, t(batch.nodes), t(batch.node_ends), t(batch.positions), window)
-
-    def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
-        return allowed(b, h, q, k) | (~valid[b, q] & (q == k))
-
-    rows, width = batch.shape
-    return create_block_mask(mask_mod, rows, None, width, width, device=valid.device)
+#: The permission plus each padding cell attending to itself only, bool [R, T, T].
+tree_allowed = hf_allowed
+#: :func:`tree_allowed` as a FlexAttention ``BlockMask`` over (R, 1, T, T).
+tree_block_mask = block_mask
 
 
 def tree_layer_masks(
@@ -75,29 +58,9 @@ def tree_layer_masks(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> Any:
-    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type."""
-
-    def one(window: int | None) -> Any:
-        if kind == FLEX:
-            return tree_block_mask(batch, device, window)
-        allowed = torch.as_tensor(tree_allowed(batch, window), device=device)[:, None]
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-
-    if arch is None:
-        return one(None)
-    if not arch.mask_types:
-        return one(arch.window)
-    built: dict[int | None, Any] = {}
-    out = {}
-    for name, window in arch.windows.items():
-        if name not in ATTENTION_LAYERS:
-            out[name] = None
-            continue
-        if window not in built:
-            built[window] = one(window)
-        out[name] = built[window]
-    return out
+    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type
+    (:func:`seqpack.hf.masks.layer_masks`: the masks are the flat ones' with node ends)."""
+    return layer_masks(batch, kind, arch, dtype=dtype, device=device)
 
 
 def tree_inputs(
@@ -115,7 +78,6 @@ def tree_inputs(
     Tensors are ``(R, T)``; the logits come back ``(R, T, V)``, one per cell:
     :func:`seqpack.nn.tree_attention.sequence_logprobs` and friends unpack them.
     """
-    batch = check_tree_batch(batch)
     if arch is None and config is not None:
         arch = describe(config).check()
     vocab = batch.binding.vocab_size
@@ -129,8 +91,7 @@ def tree_inputs(
     }
     if attn_implementation == NAME:
         register()
-        out[NAME] = tree_plan(batch, device)
-        return out
+        return out | {NAME: tree_plan(batch, device)}
     kind = attention_kind(attn_implementation)
     if kind in FLATTENED_KINDS:
         raise NotAvailable(
@@ -138,8 +99,7 @@ def tree_inputs(
             " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
             f" attn_implementation='{NAME}', 'sdpa', 'eager' or 'flex_attention'"
         )
-    out["attention_mask"] = tree_layer_masks(batch, kind, arch, dtype, device)
-    return out
+    return out | {"attention_mask": tree_layer_masks(batch, kind, arch, dtype, device)}
 
 
 def seqpack_tree_attention(
@@ -166,52 +126,25 @@ def seqpack_tree_attention(
         )
     plan = kwargs.get(NAME)
     rows, _, width, _ = query.shape
+    feed = f"feed the model tree_inputs(batch, '{NAME}', config=model.config)"
     if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
-        _check_unpacked(kwargs.get("position_ids"), name)
-        plan = _row_plan(rows, width, query.device)
-    if not isinstance(plan, TreePlan):
-        raise InvalidInput(
-            f"{NAME}: {name} got {type(plan).__name__} as its tree plan — feed the model"
-            f" tree_inputs(batch, '{NAME}', config=model.config)"
-        )
-    if rows * width != plan.cells:
-        raise InvalidInput(
-            f"{NAME}: the tree plan covers {plan.cells} cells, the call has {rows}x{width}"
-        )
-    window = layer_window(module, sliding_window)
+        pos = kwargs.get("position_ids")
+        if pos is not None and not bool(
+            (pos == pos[..., :1] + torch.arange(width, device=pos.device)).all()
+        ):
+            raise InvalidInput(
+                f"{NAME}: {name} got position_ids that are not one sequence per row but no tree"
+                f" plan — {feed}"
+            )
+        index = torch.arange(rows * width, device=query.device)  # one root node per row
+        plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
+    if not isinstance(plan, TreePlan) or rows * width != plan.cells:
+        raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (R*T, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
-    out = tree_attention(
-        tokens(query),
-        tokens(key),
-        tokens(value),
-        plan,
-        scale,
-        window,
-        dropout=dropout if module.training else 0.0,
-    )
+    q, k, v = (x.transpose(1, 2).reshape(rows * width, x.shape[1], -1) for x in (query, key, value))
+    window = layer_window(module, sliding_window)
+    out = tree_attention(q, k, v, plan, scale, window, dropout if module.training else 0.0)
     return out.view(rows, width, *out.shape[1:]), None
-
-
-def _check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
-    if position_ids is None:
-        return
-    steps = torch.arange(position_ids.shape[-1], device=position_ids.device)
-    if not bool((position_ids == position_ids[..., :1] + steps).all()):
-        raise InvalidInput(
-            f"{NAME}: {name} got position_ids that are not one sequence per row but no tree"
-            f" plan — feed the model tree_inputs(batch, '{NAME}', config=model.config)"
-        )
-
-
-def _row_plan(rows: int, width: int, device: torch.device) -> TreePlan:
-    """One root node per row: plain causal attention over each row."""
-    index = torch.arange(rows * width, device=device)
-    scatter = index + 1
-    return TreePlan(((rows, width, width, index, index),), scatter, rows * width, 0, {})
 
 
 def register() -> str:
@@ -222,11 +155,73 @@ def register() -> str:
     return NAME
 
 
+def pack_tree_dataset(
+    dataset: Any,
+    capacity: int | None = None,
+    policy: str | None = None,
+    *,
+    format: str = "seqpack",
+    vocab_size: int | None = None,
+    **policy_options: Any,
+) -> Any:
+    """Tree-pack ``dataset``'s tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO
+    ``prompt_input_ids`` / ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` +
+    ``group``) into a ``datasets.Dataset``, one record per row."""
+    import datasets
+
+    if format == "trl":
+        raise InvalidInput(
+            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
+            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
+            " default format with tree=True"
+        )
+    if capacity is None:
+        raise InvalidInput("pack_dataset(..., tree=True) needs capacity= (cells per row)")
+    wanted = {name for names in TREE_COLUMNS for name in names}
+    columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
+    vocab = vocab_size or 1 + max(
+        (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
+    )
+    groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    epoch = pack_tree(groups, capacity, policy=policy or "best-fit-decreasing", **policy_options)
+    (batch,) = epoch.batches
+    return datasets.Dataset.from_list(tree_records(batch))
+
+
+@dataclass
+class TreeCollator:
+    """``DataLoader`` collate function for tree records (:func:`pack_tree_dataset`,
+    ``load_packed(...).records()``): ``{"inputs": tree_inputs(...), "batch": TreeBatch}``;
+    call ``model(**out["inputs"])`` and take the loss or the per-sequence views from
+    ``out["batch"]`` (:mod:`seqpack.nn.tree_attention`)."""
+
+    capacity: int
+    vocab_size: int
+    attn_implementation: str = NAME
+    config: Any = None
+    dtype: Any = None
+    pad_token_id: int = 0
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
+        inputs = tree_inputs(
+            batch,
+            self.attn_implementation,
+            config=self.config,
+            dtype=self.dtype or torch.float32,
+            pad_token_id=self.pad_token_id,
+        )
+        return {"inputs": inputs, "batch": batch}
+
+
 __all__ = [
     "NAME",
+    "TreeCollator",
+    "pack_tree_dataset",
     "register",
     "seqpack_tree_attention",
     "tree_allowed",
+    "tree_batch_from_rows",
     "tree_block_mask",
     "tree_inputs",
     "tree_layer_masks",

@@ -1,12 +1,26 @@
-"""Tree-packed rows on disk: the packed format's version 3 (``seqpack pack --tree``).
+"""Tree packing on disk: a file's rows as groups, and the packed format's version 3.
 
-A tree output is a packed directory like a flat one (``manifest.json`` with
-``format`` :data:`~seqpack.io.shards.FORMAT`, binding, partition, config,
-policy, statistics and every shard's size and sha256; published atomically),
-with ``"version": 3`` and ``"layout": "tree"``. One Parquet row per packed
-row, its used cells a prefix of the row (padding is not stored)::
+**In.** :func:`file_groups` reads one ``.jsonl`` / ``.json`` or ``.parquet``
+table and returns its :class:`~seqpack.core.tree.SequenceGroups` plus each
+sequence's index in the input (row by row: a row's completions, or chosen
+then rejected, in order), from the first that applies:
 
-    row             int64              global row index
+* the id column sets of :data:`~seqpack.core.tree.TREE_COLUMNS`;
+* TRL's DPO text ``prompt`` / ``chosen`` / ``rejected`` (strings or chats)
+  through a tokenizer, each of prompt + chosen and prompt + rejected read as
+  an SFT prompt-completion row (:func:`seqpack.io.sft.encode_sft`);
+* ``mode="auto"``: plain SFT rows (``input_ids`` or SFT text columns) grouped
+  by their first ``prefix`` tokens within windows of ``window`` rows
+  (bounded memory; any grouping is exact, it only decides what may share).
+
+**Out.** A tree output is a packed directory like a flat one (``manifest.json``
+with ``format`` :data:`~seqpack.io.shards.FORMAT`, binding, partition, config,
+policy, statistics, every shard's size and sha256) with ``"version": 3`` and
+``"layout": "tree"``. One Parquet row per packed row, its used cells a prefix
+of the row (padding is not stored); the same records are what
+``pack_dataset(..., tree=True)`` returns::
+
+    row             int64              global row index (on disk only)
     input_ids       list<int32>        [T] input token of each cell
     target_ids      list<int32>        [T] its target
     position_ids    list<int32>        [T] depth along the path
@@ -18,15 +32,15 @@ row, its used cells a prefix of the row (padding is not stored)::
     sequence_cells  list<list<int32>>  [K][L] its cells, in depth order
     sequence_mask   list<list<bool>>   [K][L] which of its targets it supervises
 
-:func:`tree_records` makes these records from a
-:class:`~seqpack.core.tree.TreeBatch`; :class:`TreeStore` (what
-:func:`seqpack.io.store.load_packed` returns for a tree output) gives them
-back, for :func:`seqpack.hf.tree_data.tree_batch_from_rows` /
-``TreeCollator``. Versions 1 and 2 (flat rows) are read as before.
+:func:`tree_records` makes the records of a :class:`~seqpack.core.tree.TreeBatch`,
+:func:`tree_batch_from_rows` makes one model call of any records;
+:class:`TreeStore` (what :func:`seqpack.io.store.load_packed` returns for a
+tree output) reads them back. Versions 1 and 2 (flat rows) are read as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -37,10 +51,201 @@ import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.tree import TreeBatch
+from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output, write_file
+from seqpack.io.documents import Origin, make_binding
 from seqpack.io.integrity import TreeManifest, decode
+from seqpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
 from seqpack.io.shards import FORMAT, PARQUET_OPTIONS, TREE_VERSION, manifest_record, sha256_file
+from seqpack.io.tokenizers import Tokenizer
+
+#: TRL's DPO text columns.
+DPO_TEXT = ("prompt", "chosen", "rejected")
+
+
+def read_table(path: str | Path) -> pa.Table:
+    """A JSONL/JSON or Parquet file as one Arrow table (read whole)."""
+    path = Path(path)
+    if not path.is_file() or path.suffix not in (".parquet", ".jsonl", ".json"):
+        raise InvalidInput(f"{path}: --tree reads one .jsonl/.json or .parquet file")
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        import pyarrow.json as pj
+
+        return pj.read_json(path)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InvalidInput(f"{path}: cannot read it as a table: {first}") from err
+
+
+def max_id(values: list[Any]) -> int:
+    """The largest int in nested lists (0 when there is none)."""
+    out = 0
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out = max(out, max_id(list(v)))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            out = max(out, int(v))
+    return out
+
+
+def file_groups(
+    table: pa.Table,
+    where: str,
+    *,
+    binding: Binding,
+    tokenizer: Tokenizer | None = None,
+    mode: str = "on",
+    prefix: int = 16,
+    window: int = 4096,
+) -> tuple[SequenceGroups, np.ndarray]:
+    """``table``'s groups under ``binding`` and each sequence's input index (int64 [S])."""
+    names = table.column_names
+    origin = Origin(((where, 0, "row"),))
+    if mode == "auto":
+        return _auto_groups(
+            *_plain_rows(table, origin, tokenizer, binding), binding, prefix, window
+        )
+    if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
+        wanted = {n for cols in TREE_COLUMNS for n in cols}
+        groups = groups_from_columns(
+            {n: table.column(n).to_pylist() if n in wanted else [] for n in names}, binding
+        )
+        return groups, np.arange(len(groups), dtype=np.int64)
+    if set(DPO_TEXT) <= set(names):
+        return _dpo_text(table, origin, tokenizer, binding)
+    if "chosen" in names and "rejected" in names:
+        raise InvalidInput(
+            f"{where}: chosen / rejected rows without a prompt column (TRL's implicit prompt) —"
+            " split the shared prompt into a prompt column"
+        )
+    if "input_ids" in names or sft_columns(names) is not None:
+        raise InvalidInput(
+            f"{where}: rows with columns {', '.join(names)} have no groups — pass --tree auto"
+            " to group plain SFT rows by their first tokens, or add a group column"
+        )
+    groups_from_columns({n: [] for n in names}, binding)  # raises, naming the columns
+    raise AssertionError("unreachable")
+
+
+def _encoded(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, names: tuple[str, ...]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Sequences and their per-pair supervision (a target is supervised when its token is)."""
+    tokens, offsets, flags = encode_sft(table, origin, tokenizer, names)
+    n = np.diff(offsets)
+    if n.size and int(n.min()) < 2:
+        i = int(np.argmin(n))
+        raise InvalidInput(
+            f"{origin.locate(i)}: tokenizes to {int(n[i])} token(s); a sequence needs at least"
+            " 2 (one prediction pair) — drop the row"
+        )
+    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
+
+
+def _dpo_text(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
+) -> tuple[SequenceGroups, np.ndarray]:
+    if tokenizer is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: rows hold prompt / chosen / rejected text but no tokenizer"
+            " was given — pass --tokenizer with a local tokenizer folder, or tokenize them"
+            " (prompt_input_ids / chosen_input_ids / rejected_input_ids)"
+        )
+    extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
+    seqs, masks = [], []
+    for answer in ("chosen", "rejected"):
+        pc = pa.table({"prompt": table.column("prompt"), "completion": table.column(answer)})
+        for name, col in extras.items():
+            pc = pc.append_column(name, col)
+        s, m = _encoded(pc, origin, tokenizer, ("prompt", "completion"))
+        seqs.append(s)
+        masks.append(m)
+    # chosen, rejected of row 0, then of row 1, ...
+    seqs = [s for pair in zip(*seqs, strict=True) for s in pair]
+    masks = [m for pair in zip(*masks, strict=True) for m in pair]
+    group = np.repeat(np.arange(len(seqs) // 2, dtype=np.int64), 2)
+    groups = SequenceGroups.of(seqs, masks, group, binding)
+    return groups, np.arange(len(seqs), dtype=np.int64)
+
+
+def _plain_rows(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    names = table.column_names
+    if "input_ids" in names:
+        seqs = [
+            np.asarray(ids or [], dtype=np.int64) for ids in table.column("input_ids").to_pylist()
+        ]
+        for i, s in enumerate(seqs):
+            if s.size < 2:
+                raise InvalidInput(
+                    f"{origin.locate(i)}: {s.size} token(s); a sequence needs at least 2"
+                    " (one prediction pair) — drop the row"
+                )
+            if int(s.min()) < 0 or int(s.max()) >= binding.vocab_size:
+                raise InvalidInput(
+                    f"{origin.locate(i)}: a token id outside [0, {binding.vocab_size}) — pass"
+                    " the model's --vocab-size"
+                )
+        return [s.astype(np.int32) for s in seqs], [np.ones(s.size - 1, bool) for s in seqs]
+    cols = sft_columns(names)
+    if cols is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: --tree auto groups plain SFT rows: input_ids, prompt /"
+            f" completion or messages; this input has columns {', '.join(names) or 'none'}"
+        )
+    return _encoded(table, origin, tokenizer, cols)
+
+
+def _auto_groups(
+    seqs: list[np.ndarray], masks: list[np.ndarray], binding: Binding, prefix: int, window: int
+) -> tuple[SequenceGroups, np.ndarray]:
+    """Rows whose first ``prefix`` tokens agree, within each window of rows, as one group
+    (groups in first-seen order; sequences reordered so groups are contiguous)."""
+    order: list[int] = []
+    group: list[int] = []
+    for start in range(0, len(seqs), window):
+        keys: dict[bytes, list[int]] = {}
+        for i in range(start, min(start + window, len(seqs))):
+            keys.setdefault(seqs[i][:prefix].tobytes(), []).append(i)
+        for members in keys.values():
+            group.extend([group[-1] + 1 if group else 0] * len(members))
+            order.extend(members)
+    picked = SequenceGroups.of([seqs[i] for i in order], [masks[i] for i in order], group, binding)
+    return picked, np.asarray(order, dtype=np.int64)
+
+
+def file_binding(
+    path: str | Path,
+    partition: Partition,
+    *,
+    vocab_size: int | None,
+    tokenizer: Tokenizer | None,
+    tokenizer_id: str | None = None,
+    split_id: str | None = None,
+) -> Binding:
+    """The binding of a tree packing of ``path`` (receipt: the file's sha256 and partition)."""
+
+    def receipt() -> str:
+        h = hashlib.sha256(f"tree:{partition.value}:".encode())
+        with Path(path).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    return make_binding(
+        receipt,
+        vocab_size=vocab_size,
+        tokenizer=tokenizer,
+        tokenizer_id=tokenizer_id,
+        split_id=split_id,
+    )
+
+
+# The records: one per packed row.
 
 _CELL = pa.list_(pa.int32())
 TREE_FIELDS: dict[str, pa.DataType] = {
@@ -62,35 +267,87 @@ TREE_SHARD_ROWS = 4096
 
 
 def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
-    """One record per row of ``batch``: its used cells (a prefix of the row), node ids
-    row-local, and its sequences (the columns of the module docstring, less ``row``)."""
+    """One record per row of ``batch`` (the columns of the module docstring, less ``row``):
+    its used cells (a prefix of the row), node ids row-local, and its sequences."""
     width = batch.shape[1]
     seq_row = batch.seq_cells[batch.seq_bounds[:-1]] // width
-    parent = np.where(batch.node_parent >= 0, batch.node_parent, -1)
     rows = []
     for r in range(batch.shape[0]):
         used = int(batch.input_valid[r].sum())
         first = int(batch.nodes[r, 0])
         node = batch.nodes[r, :used]
+        parent = batch.node_parent[node]
         cells = {
             "input_ids": batch.inputs[r, :used],
             "target_ids": batch.targets[r, :used],
             "position_ids": batch.positions[r, :used],
             "node_ids": node - first,
             "node_ends": batch.node_ends[r, :used] - first,
-            "parent_ids": np.where(parent[node] >= 0, parent[node] - first, -1),
+            "parent_ids": np.where(parent >= 0, parent - first, -1),
             "weights": batch.weights[r, :used],
         }
         record = {name: value.astype(np.int64).tolist() for name, value in cells.items()}
         seqs = np.flatnonzero(seq_row == r)
+        spans = [slice(batch.seq_bounds[i], batch.seq_bounds[i + 1]) for i in seqs]
         record["sequence_index"] = batch.seq_index[seqs].tolist()
-        record["sequence_cells"] = [(batch.sequence_cells(i) % width).tolist() for i in seqs]
-        record["sequence_mask"] = [
-            batch.seq_loss_mask[batch.seq_bounds[i] : batch.seq_bounds[i + 1]].tolist()
-            for i in seqs
-        ]
+        record["sequence_cells"] = [(batch.seq_cells[s] % width).tolist() for s in spans]
+        record["sequence_mask"] = [batch.seq_loss_mask[s].tolist() for s in spans]
         rows.append(record)
     return rows
+
+
+def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:
+    """Records of :func:`tree_records` (any subset, any order) as one model call."""
+    shape = (len(rows), capacity)
+    names = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends", "parent_ids")
+    cells = {name: np.full(shape, -1, dtype=np.int64) for name in (*names, "weights")}
+    valid = np.zeros(shape, dtype=bool)
+    offset = 0
+    seq_index, seq_cells, seq_mask = [], [], []
+    for r, row in enumerate(rows):
+        used = len(row["input_ids"])
+        if used > capacity:
+            raise InvalidInput(f"row {r} holds {used} cells; capacity is {capacity}")
+        for name in cells:
+            values = np.asarray(row[name], dtype=np.int64)
+            if name in ("node_ids", "node_ends", "parent_ids"):  # row-local -> batch node ids
+                values = np.where(values >= 0, values + offset, -1)
+            cells[name][r, :used] = values
+        valid[r, :used] = True
+        offset += int(cells["node_ids"][r, :used].max()) + 1 if used else 0
+        seq_index.extend(row["sequence_index"])
+        seq_cells.extend(
+            r * capacity + np.asarray(c, dtype=np.int64) for c in row["sequence_cells"]
+        )
+        seq_mask.extend(np.asarray(m, dtype=bool) for m in row["sequence_mask"])
+    # Node ids run in (row, column) order, so node k starts at the k-th change of id.
+    nodes = cells["node_ids"]
+    first = valid & np.c_[np.ones((len(rows), 1), bool), nodes[:, 1:] != nodes[:, :-1]]
+    node_row, node_col = (x.astype(np.int64) for x in np.nonzero(first))
+    node_len = np.bincount(nodes[valid], minlength=node_row.shape[0]).astype(np.int64)
+    weights = np.where(valid, cells["weights"], 0).astype(np.int32)
+    lens = [c.shape[0] for c in seq_cells]
+    return TreeBatch(
+        inputs=cells["input_ids"].astype(np.int32),
+        targets=cells["target_ids"].astype(np.int32),
+        nodes=nodes.astype(np.int32),
+        node_ends=cells["node_ends"].astype(np.int32),
+        positions=np.where(valid, cells["position_ids"], 0).astype(np.int32),
+        input_valid=valid,
+        loss_mask=weights > 0,
+        weights=weights,
+        node_row=node_row,
+        node_col=node_col,
+        node_len=node_len,
+        node_pos=cells["position_ids"][node_row, node_col],
+        node_parent=cells["parent_ids"][node_row, node_col],
+        node_end=cells["node_ends"][node_row, node_col],
+        seq_index=np.asarray(seq_index, dtype=np.int64),
+        seq_bounds=np.r_[0, np.cumsum(lens)].astype(np.int64),
+        seq_cells=np.concatenate(seq_cells) if seq_cells else np.zeros(0, np.int64),
+        seq_loss_mask=np.concatenate(seq_mask) if seq_mask else np.zeros(0, bool),
+        binding=Binding(vocab_size, "pretokenized", "tree-dataset"),
+    )
 
 
 def write_tree_shards(
@@ -103,10 +360,9 @@ def write_tree_shards(
     shard_rows: int = TREE_SHARD_ROWS,
     **sections: Any,
 ) -> dict[str, Any]:
-    """Write tree ``records`` as version-3 shards into the held ``output``
-    (:func:`seqpack.io.atomic.open_output`; each shard whole or not at all) and return
-    the manifest for :meth:`~seqpack.io.atomic.Output.commit`. ``config`` holds
-    ``capacity`` and ``max_rows_per_batch``; ``sections`` go into the manifest."""
+    """Write tree ``records`` as version-3 shards into the held ``output`` (each shard whole
+    or not at all) and return the manifest for :meth:`~seqpack.io.atomic.Output.commit`.
+    ``config`` holds ``capacity`` and ``max_rows_per_batch``; ``sections`` go into it."""
     shards = []
     for k, a in enumerate(range(0, max(len(records), 1), shard_rows)):
         part = records[a : a + shard_rows]
@@ -144,7 +400,7 @@ def is_tree_manifest(manifest: Any) -> bool:
 
 class TreeStore:
     """A tree output read back: ``len(store)`` rows; ``store[i]`` / :meth:`records` give
-    the row records :func:`seqpack.hf.tree_data.tree_batch_from_rows` takes; ``capacity``
+    the row records :func:`tree_batch_from_rows` takes; ``capacity``
     and ``binding`` say how to call it."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
@@ -239,4 +495,14 @@ def open_tree_store(path: Path) -> TreeStore | None:
     return TreeStore(path, manifest) if is_tree_manifest(manifest) else None
 
 
-__all__ = ["TREE_SCHEMA", "TreeStore", "open_tree_store", "tree_records", "write_tree_shards"]
+__all__ = [
+    "TREE_SCHEMA",
+    "TreeStore",
+    "file_binding",
+    "file_groups",
+    "open_tree_store",
+    "read_table",
+    "tree_batch_from_rows",
+    "tree_records",
+    "write_tree_shards",
+]

@@ -2,11 +2,10 @@
 
 A node of ``m`` cells whose path (its ancestors' cells, root first, then its
 own) holds ``P`` cells attends with one ``(m, P)`` block: its queries sit at
-positions ``P-m .. P-1`` of the path, its keys are the path's cells in
-depth order, and the block's mask is :func:`~seqpack.core.permission.permitted`
-over those positions (all ancestors, causal inside the node, the window
-along the path). The work is ``Σ over nodes of m × P`` score cells, e.g.
-for the layout drawn in :mod:`seqpack.core.tree`::
+path positions ``P-m .. P-1`` and the block's mask is
+:func:`~seqpack.core.permission.permitted` over those positions. The work is
+``Σ over nodes of m × P`` score cells; for the layout drawn in
+:mod:`seqpack.core.tree`::
 
     node 0 (cols 0-2)  queries 0-2  keys 0-2          3 x 3
     node 1 (col 3)     query 3      keys 0-3          1 x 4
@@ -14,16 +13,12 @@ for the layout drawn in :mod:`seqpack.core.tree`::
     node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
-Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention``
-call on 4-D ``(n, H, m|P, D)`` inputs. All gather indices are built once
-per batch (:func:`tree_plan`) and
-shared by every layer. Gradients reach a shared prefix once per consumer
-(``index_select``'s backward adds them), which is the flat objective's
-gradient. Padding cells read a zero row.
-
-Also here: the FlexAttention ``mask_mod`` of the same predicate, the
-weighted loss over tree cells, and the per-sequence views
-(:func:`token_logprobs`, :func:`sequence_logprobs`) unpacked from cells.
+Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention`` call
+on 4-D ``(n, H, m|P, D)`` inputs; the gathers are built once per batch
+(:func:`tree_plan`) and shared by every layer. A shared prefix receives its
+consumers' gradients summed (``index_select``'s backward): the flat
+objective's gradient. Padding cells read a zero row. Also here: the
+FlexAttention ``mask_mod`` and the per-sequence views unpacked from cells.
 """
 
 from __future__ import annotations
@@ -35,10 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seqpack.core.errors import EmptyObjective, InvalidInput
-from seqpack.core.loss import LossResult, LossSum
+from seqpack.core.examples import concat_ranges
+from seqpack.core.loss import check_logits, eligible_nll
 from seqpack.core.permission import check_window, permitted
-from seqpack.core.tree import TreeBatch, check_tree_batch
+from seqpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
 from seqpack.nn.flex import permission_mod
 
 
@@ -58,87 +53,51 @@ class TreePlan:
     score_cells: int
     cache: dict = field(default_factory=dict, repr=False)
 
-    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All groups' query and key indices, concatenated (cached)."""
-        if "gathers" not in self.cache:
-            self.cache["gathers"] = (
-                torch.cat([g[3] for g in self.groups]),
-                torch.cat([g[4] for g in self.groups]),
-            )
-        return self.cache["gathers"]
-
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
     """Per node: the flat cells of its path (ancestors' spans root first, then its own).
 
     Returns ``(cells, bounds)``, int64 [Σ P] and [M+1]. Nodes are in
-    pre-order, so a parent's path is known before its children's (one step
-    per node; the cells are gathered with one vectorised concatenation).
+    pre-order, so a parent's path is known before its children's.
     """
-    batch = check_tree_batch(batch)
     first = batch.node_row * batch.shape[1] + batch.node_col
-    count = batch.node_len.shape[0]
-    spans: list[list[int]] = [[] for _ in range(count)]
-    for n in range(count):
-        parent = int(batch.node_parent[n])
-        spans[n] = [*spans[parent], n] if parent >= 0 else [n]
-    order = np.fromiter((a for path in spans for a in path), dtype=np.int64)
-    per_node = np.fromiter((len(path) for path in spans), dtype=np.int64, count=count)
+    paths: list[list[int]] = []
+    for n, parent in enumerate(batch.node_parent.tolist()):
+        paths.append([*paths[parent], n] if parent >= 0 else [n])
+    order = np.fromiter((a for path in paths for a in path), dtype=np.int64)
     lens = batch.node_len[order].astype(np.int64)
-    owner = np.repeat(np.arange(order.shape[0]), lens)
-    starts = np.zeros(lens.shape[0], dtype=np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
-    local = np.arange(int(lens.sum()), dtype=np.int64) - starts[owner]
-    cells = first[order][owner] + local
-    path_len = np.add.reduceat(lens, np.r_[0, np.cumsum(per_node)[:-1]]) if count else lens
-    bounds = np.zeros(count + 1, dtype=np.int64)
-    np.cumsum(path_len, out=bounds[1:])
-    return cells, bounds
+    sizes = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+    path_len = np.add.reduceat(lens, np.r_[0, np.cumsum(sizes)[:-1]]) if paths else lens
+    return concat_ranges(first[order], lens), np.r_[0, np.cumsum(path_len)].astype(np.int64)
 
 
 def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> TreePlan:
     """The (m, P)-grouped gather/scatter plan of ``batch``."""
     keys, bounds = node_keys(batch)
-    width = batch.shape[1]
-    first = batch.node_row * width + batch.node_col
+    first = batch.node_row * batch.shape[1] + batch.node_col
     m, p = batch.node_len.astype(np.int64), np.diff(bounds)
     shapes, inverse = np.unique(np.stack([m, p], axis=1), axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    scatter = np.zeros(batch.shape[0] * width, dtype=np.int64)
+    scatter = np.zeros(batch.shape[0] * batch.shape[1], dtype=np.int64)
     groups, slot = [], 0
     for g, (mg, pg) in enumerate(shapes.tolist()):
-        members = np.flatnonzero(inverse == g)
+        members = np.flatnonzero(inverse.reshape(-1) == g)
         q_index = (first[members][:, None] + np.arange(mg)).reshape(-1)
         k_index = (bounds[members][:, None] + np.arange(pg)).reshape(-1)
         scatter[q_index] = slot + 1 + np.arange(q_index.shape[0])
         slot += q_index.shape[0]
-        groups.append(
-            (
-                int(members.shape[0]),
-                int(mg),
-                int(pg),
-                torch.as_tensor(q_index, device=device),
-                torch.as_tensor(keys[k_index], device=device),
-            )
-        )
-    return TreePlan(
-        tuple(groups),
-        torch.as_tensor(scatter, device=device),
-        int(scatter.shape[0]),
-        int((m * p).sum()),
-        {},
-    )
+        q_t, k_t = (torch.as_tensor(x, device=device) for x in (q_index, keys[k_index]))
+        groups.append((int(members.shape[0]), int(mg), int(pg), q_t, k_t))
+    cells = int(scatter.shape[0])
+    return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
 
 
 def block_mask_of(m: int, p: int, window: int | None, device: Any) -> torch.Tensor:
     """bool (m, P): the predicate for queries at path positions ``P-m..P-1``, keys ``0..P-1``."""
-    pos_k = torch.arange(p, device=device)
-    pos_q = pos_k[p - m :]
+    pos = torch.arange(p, device=device)
     live = torch.ones(p, dtype=torch.bool, device=device)
     node = torch.zeros(p, dtype=torch.int64, device=device)
-    return permitted(
-        live[p - m :, None], live, node[p - m :, None], node, pos_q[:, None], pos_k, window
-    )
+    q = slice(p - m, None)
+    return permitted(live[q, None], live, node[q, None], node, pos[q, None], pos, window)
 
 
 def tree_attention(
@@ -157,10 +116,11 @@ def tree_attention(
     outs = [v.new_zeros(1, heads, dim_v)]
     # One gather per tensor, split per group: split's backward is one cat, where a gather
     # per group would zero-fill a full-size gradient per call.
-    q_all, k_all = plan.gathers()
-    q_sizes = [n * m for n, m, _, _, _ in plan.groups]
+    if "gathers" not in plan.cache:
+        plan.cache["gathers"] = tuple(torch.cat([g[i] for g in plan.groups]) for i in (3, 4))
+    q_all, k_all = plan.cache["gathers"]
+    qs = q.index_select(0, q_all).split([n * m for n, m, _, _, _ in plan.groups])
     k_sizes = [n * p for n, _, p, _, _ in plan.groups]
-    qs = q.index_select(0, q_all).split(q_sizes)
     ks, vs = (x.index_select(0, k_all).split(k_sizes) for x in (k, v))
     for (n, m, p, _, _), qg, kg, vg in zip(plan.groups, qs, ks, vs, strict=True):
         qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
@@ -192,41 +152,23 @@ def tree_mask_mod(
     return permission_mod(valid, nodes, positions, window, node_ends)
 
 
-def _cell_logits(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    rows, width = batch.shape
-    if logits.ndim != 3 or tuple(logits.shape[:2]) != (rows, width):
-        raise InvalidInput(
-            f"logits have shape {tuple(logits.shape)}; expected ({rows}, {width}, V) — one"
-            " vocabulary row per cell of the tree batch"
-        )
-    if logits.shape[-1] < batch.binding.vocab_size:
-        raise InvalidInput(
-            f"logits have {logits.shape[-1]} vocabulary columns but the batch's binding has"
-            f" vocab_size {batch.binding.vocab_size}"
-        )
-    return logits.reshape(rows * width, logits.shape[-1])
-
-
 def cell_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
     """Log-probability of each stored cell's target, (R*T,) (0 at padding, never computed)."""
-    flat = _cell_logits(logits, batch)
-    cells = torch.as_tensor(np.flatnonzero(batch.input_valid), device=logits.device)
-    rows = flat.index_select(0, cells)  # gathered before any arithmetic
-    if rows.dtype in (torch.float16, torch.bfloat16):
-        rows = rows.float()
-    gold = torch.as_tensor(
-        batch.targets.reshape(-1)[cells.cpu().numpy()].astype(np.int64), device=logits.device
-    )
-    lp = rows.log_softmax(-1).gather(1, gold[:, None])[:, 0]
-    return lp.new_zeros(flat.shape[0]).index_copy(0, cells, lp)
+    check_logits(logits, batch.shape, batch.binding.vocab_size)
+    cells, nll = eligible_nll(logits, batch.targets, batch.input_valid)
+    index = torch.as_tensor(cells, device=logits.device)
+    return nll.new_zeros(batch.inputs.size).index_copy(0, index, -nll)
+
+
+def _per_sequence(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
+    """Each sequence's target log-probs, concatenated in layout order, (Σ L,)."""
+    index = torch.as_tensor(batch.seq_cells, device=logits.device)
+    return cell_logprobs(logits, batch).index_select(0, index)
 
 
 def token_logprobs(logits: torch.Tensor, batch: TreeBatch) -> list[torch.Tensor]:
     """Per original sequence (layout order, ``batch.seq_index``): its targets' log-probs, (L,)."""
-    per_cell = cell_logprobs(logits, batch)
-    index = torch.as_tensor(batch.seq_cells, device=logits.device)
-    flat = per_cell.index_select(0, index)
-    return list(flat.split(np.diff(batch.seq_bounds).tolist()))
+    return list(_per_sequence(logits, batch).split(np.diff(batch.seq_bounds).tolist()))
 
 
 def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
@@ -235,35 +177,11 @@ def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
     The DPO / SimPO / reward-model quantity: ``Σ log p(target)`` over the
     cells where the sequence's own loss mask is True.
     """
-    per_cell = cell_logprobs(logits, batch)
-    index = torch.as_tensor(batch.seq_cells, device=logits.device)
     mask = torch.as_tensor(batch.seq_loss_mask, device=logits.device)
-    flat = per_cell.index_select(0, index) * mask
-    owner = torch.as_tensor(
-        np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds)),
-        device=logits.device,
-    )
+    flat = _per_sequence(logits, batch) * mask
+    owner = np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds))
+    owner = torch.as_tensor(owner, device=logits.device)
     return flat.new_zeros(batch.seq_index.shape[0]).index_add(0, owner, flat)
-
-
-def tree_loss_sum(logits: torch.Tensor, batch: TreeBatch) -> LossSum:
-    """``Σ weight·nll`` over supervised cells and ``N = Σ weight`` (to divide once)."""
-    per_cell = cell_logprobs(logits, batch)
-    cells = np.flatnonzero(batch.loss_mask)
-    index = torch.as_tensor(cells, device=logits.device)
-    w = torch.as_tensor(
-        batch.weights.reshape(-1)[cells], dtype=per_cell.dtype, device=logits.device
-    )
-    return LossSum(-(per_cell.index_select(0, index) * w).sum(), batch.eligible_count)
-
-
-def tree_loss(logits: torch.Tensor, batch: TreeBatch, count: int | None = None) -> LossResult:
-    """Token-weighted mean over the original sequences' supervised targets (``count``: global N)."""
-    total = tree_loss_sum(logits, batch)
-    n = total.count if count is None else int(count)
-    if n == 0:
-        raise EmptyObjective("this tree batch has 0 supervised targets — skip it")
-    return LossResult(total.sum, n, total.sum / n)
 
 
 __all__ = [

@@ -1,39 +1,108 @@
-"""``seqpack pack --tree``: one file's groups -> tries -> a version-3 packed directory.
+"""``seqpack pack --tree`` / ``stats --tree``: one file's groups -> tries -> rows or statistics.
 
 :func:`pack_tree_path` reads one ``.jsonl`` / ``.json`` or ``.parquet``
-file whole, builds its groups (:func:`seqpack.io.tree_rows.file_groups`:
-id columns, TRL's DPO text through the tokenizer, or ``--tree auto``),
-plans the tries with the run's policy and writes the rows
-(:mod:`seqpack.io.tree_store`) into an atomically published packed
-directory (:func:`seqpack.io.atomic.open_output`, the manifest the commit);
-:func:`seqpack.io.store.load_packed` opens it as a
-:class:`~seqpack.io.tree_store.TreeStore` whose records
-:func:`seqpack.hf.tree_data.tree_batch_from_rows` / ``TreeCollator`` take.
+file whole, builds its groups (:func:`seqpack.io.tree_store.file_groups`),
+plans the tries with the run's policy and writes a version-3 packed
+directory (the new ``manifest.json`` is the commit), which
+:func:`seqpack.io.store.load_packed` opens as a
+:class:`~seqpack.io.tree_store.TreeStore`. :func:`tree_stats` compares tree
+with flat packing of the same sequences under one policy. What is packed
+stays a :class:`~seqpack.pipeline.options.PackOptions` field;
+:class:`TreeOptions` says whether rows are tries and how ``--tree auto``
+groups plain rows (its fields carry the CLI flags, as ``PackOptions``' do).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from seqpack.core.binding import Binding
+from seqpack.core.checks import positive_int
 from seqpack.core.errors import InvalidInput
-from seqpack.core.tree import pack_tree
-from seqpack.io.atomic import Output, open_output
-from seqpack.io.tree_files import read_table
-from seqpack.io.tree_rows import file_binding, file_groups
-from seqpack.io.tree_store import tree_records, write_tree_shards
-from seqpack.pipeline.options import PackOptions
-from seqpack.pipeline.tree_options import TreeOptions
+from seqpack.core.policies import plan_rows
+from seqpack.core.tree import SequenceGroups, build_layout, pack_tree
+from seqpack.pipeline.options import BOTH, PackOptions, flag
 
+#: ``--tree`` values: ``on`` (groups from the columns) or ``auto`` (rows grouped by prefix).
+TREE_MODES = ("on", "auto")
+#: ``--tree auto``: rows whose first this many tokens agree share a trie.
+DEFAULT_TREE_PREFIX = 16
+#: ``--tree auto``: rows are grouped within windows of this many rows (bounded memory).
+DEFAULT_TREE_WINDOW = 4096
 #: Why ``--format trl`` and ``--tree`` do not go together.
 TRL_REFUSAL = (
     "--format trl cannot express a tree: TRL's packed rows hold disjoint sequences"
     " (seq_lengths, restarting position_ids) and have no node / parent / weight columns —"
     " drop --format trl (the tree output is seqpack's format version 3)"
 )
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    """``tree``: None (flat packing), ``"on"`` (groups from the tree columns: prompt_ids +
+    completion_ids, TRL's DPO columns, input_ids + group, or prompt / chosen / rejected
+    text through the tokenizer) or ``"auto"`` (plain SFT rows grouped by their first
+    ``tree_prefix`` tokens, within windows of ``tree_window`` rows)."""
+
+    tree: str | None = field(
+        default=None,
+        metadata=flag(
+            "--tree",
+            "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
+            " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
+            BOTH,
+            nargs="?",
+            const="on",
+            choices=TREE_MODES,
+        ),
+    )
+    tree_prefix: int = field(
+        default=DEFAULT_TREE_PREFIX,
+        metadata=flag(
+            "--tree-prefix",
+            f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
+            BOTH,
+            metavar="K",
+            type=int,
+        ),
+    )
+    tree_window: int = field(
+        default=DEFAULT_TREE_WINDOW,
+        metadata=flag(
+            "--tree-window",
+            f"--tree auto: rows grouped together at most (default {DEFAULT_TREE_WINDOW})",
+            BOTH,
+            metavar="ROWS",
+            type=int,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and self.tree not in TREE_MODES:
+            raise InvalidInput(f"tree must be one of {', '.join(TREE_MODES)} or None")
+        object.__setattr__(self, "tree_prefix", positive_int("tree_prefix", self.tree_prefix))
+        object.__setattr__(self, "tree_window", positive_int("tree_window", self.tree_window))
+
+    def groups(
+        self, source: str | Path, binding: Binding, tokenizer: Any
+    ) -> tuple[SequenceGroups, np.ndarray]:
+        """The groups of the file ``source`` and each sequence's index in it."""
+        from seqpack.io.tree_store import file_groups, read_table  # pyarrow: only when packing
+
+        return file_groups(
+            read_table(source),
+            str(source),
+            binding=binding,
+            tokenizer=tokenizer,
+            mode=self.tree or "on",
+            prefix=self.tree_prefix,
+            window=self.tree_window,
+        )
 
 
 def pack_tree_path(
@@ -54,9 +123,52 @@ def pack_tree_path(
         raise InvalidInput(TRL_REFUSAL)
     if not isinstance(source, (str, Path)) or str(source) == "-":
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file (not several, not -)")
+    from seqpack.io.atomic import open_output
+    from seqpack.io.tree_store import file_binding, tree_records, write_tree_shards
+
     started = time.perf_counter()
     with open_output(out, opts.overwrite, inputs=[source]) as output:  # before reading
-        stats, manifest = _pack(source, output, opts, topts)
+        tok = opts.load_tokenizer()
+        binding = file_binding(
+            source,
+            opts.partition,
+            vocab_size=opts.vocab_size,
+            tokenizer=tok,
+            tokenizer_id=opts.tokenizer_id,
+            split_id=opts.split_id,
+        )
+        groups, index = topts.groups(source, binding, tok)
+        epoch = pack_tree(
+            groups,
+            opts.capacity,
+            policy=opts.policy,
+            max_rows_per_batch=opts.max_rows_per_batch,
+            **opts.policy_options,
+        )
+        records = [rec for batch in epoch.batches for rec in tree_records(batch)]
+        for rec in records:  # sequences named by their index in the input
+            rec["sequence_index"] = index[np.asarray(rec["sequence_index"], np.int64)].tolist()
+        stats = epoch.stats() | {
+            "groups": int(np.unique(groups.group).shape[0]),
+            "policy": opts.policy,
+            "tree": topts.tree,
+            "eligible_targets": int(groups.loss_mask.sum()),
+        }
+        fields = opts.manifest_fields()
+        tree_fields = {"mode": topts.tree}
+        if topts.tree == "auto":
+            tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_window}
+        manifest = write_tree_shards(
+            records,
+            output,
+            binding=binding,
+            partition=opts.partition,
+            config=fields["config"],
+            policy=fields["policy"],
+            tree=tree_fields,
+            statistics=stats,
+            input={"source": str(source)},
+        )
         output.commit(manifest)
     return stats | {
         "shards": len(manifest["shards"]),
@@ -66,59 +178,52 @@ def pack_tree_path(
     }
 
 
-def _pack(
-    source: str | Path, output: Output, opts: PackOptions, topts: TreeOptions
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    tok = opts.load_tokenizer()
-    binding = file_binding(
-        source,
-        opts.partition,
-        vocab_size=opts.vocab_size,
-        tokenizer=tok,
-        tokenizer_id=opts.tokenizer_id,
-        split_id=opts.split_id,
+def tree_stats(
+    source: str | Path,
+    capacity: int,
+    policy: str = "best-fit-decreasing",
+    tree: TreeOptions | None = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Tree vs flat packing of the file ``source``'s groups at ``capacity`` under ``policy``
+    (without a tokenizer the vocabulary is one past the largest id)."""
+    from seqpack.io.tree_store import max_id, read_table
+
+    topts = tree if tree is not None and tree.tree is not None else TreeOptions(tree="on")
+    if tokenizer is not None:
+        vocab = int(tokenizer.vocab_size)
+    else:
+        table = read_table(source)
+        vocab = 1 + max(
+            (max_id(table.column(n).to_pylist()) for n in table.column_names if n.endswith("_ids")),
+            default=0,
+        )
+    identity = getattr(tokenizer, "identity", "pre-tokenized")
+    groups, _ = topts.groups(
+        source, Binding(vocab, identity, f"file:{Path(source).name}"), tokenizer
     )
-    groups, index = file_groups(
-        read_table(source),
-        str(source),
-        binding=binding,
-        tokenizer=tok,
-        mode=topts.tree or "on",
-        prefix=topts.tree_prefix,
-        window=topts.tree_window,
-    )
-    epoch = pack_tree(
-        groups,
-        opts.capacity,
-        policy=opts.policy,
-        max_rows_per_batch=opts.max_rows_per_batch,
-        **opts.policy_options,
-    )
-    records = [rec for batch in epoch.batches for rec in tree_records(batch)]
-    for rec in records:  # sequences named by their index in the input
-        rec["sequence_index"] = index[np.asarray(rec["sequence_index"], np.int64)].tolist()
-    stats = epoch.stats() | {
+    layout = build_layout(groups, capacity)
+    stored, total = int(layout.sizes.sum()), int(groups.lengths.sum())
+    return {
         "groups": int(np.unique(groups.group).shape[0]),
-        "policy": opts.policy,
-        "tree": topts.tree,
-        "eligible_targets": int(groups.loss_mask.sum()),
+        "sequences": len(groups),
+        "tries": int(layout.sizes.shape[0]),
+        "capacity": int(capacity),
+        "policy": policy,
+        "tokens_stored": stored,
+        "tokens_flat": total,
+        "stored_over_flat": stored / total if total else 0.0,
+        "rows_tree": plan_rows(layout.sizes, capacity, policy).num_rows,
+        "rows_flat": plan_rows(groups.lengths, capacity, policy).num_rows,
     }
-    fields = opts.manifest_fields()
-    tree_fields = {"mode": topts.tree}
-    if topts.tree == "auto":
-        tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_window}
-    manifest = write_tree_shards(
-        records,
-        output,
-        binding=binding,
-        partition=opts.partition,
-        config=fields["config"],
-        policy=fields["policy"],
-        tree=tree_fields,
-        statistics=stats,
-        input={"source": str(source)},
-    )
-    return stats, manifest
 
 
-__all__ = ["TRL_REFUSAL", "pack_tree_path"]
+__all__ = [
+    "DEFAULT_TREE_PREFIX",
+    "DEFAULT_TREE_WINDOW",
+    "TREE_MODES",
+    "TRL_REFUSAL",
+    "TreeOptions",
+    "pack_tree_path",
+    "tree_stats",
+]

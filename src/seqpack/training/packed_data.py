@@ -91,7 +91,7 @@ class PackedDataset(Dataset):
         if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
             raise InvalidInput(
                 f"{source} holds tree rows (seqpack pack --tree): read them with"
-                " load_packed(...).records() and seqpack.hf.tree_data.TreeCollator"
+                " load_packed(...).records() and seqpack.hf.tree_inputs.TreeCollator"
             )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")

@@ -1,30 +1,21 @@
 """Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
 
-:func:`verify_tree` runs the same sequences twice with the same parameters:
-
-    separate  each sequence alone, ``model(input_ids (1, L), use_cache=False)``
-    tree      every group's trie packed into rows (one call), fed by ``mode``
-
-and compares, in the model's dtype with :mod:`seqpack.verify.tolerance`'s
-tolerance, every vocabulary logit at every cell of every sequence, each
-sequence's supervised log-probability sum (the DPO quantity), the
-token-weighted loss (``Σ weight·nll / Σ weight`` against the flat
-``Σ nll / N``) and every parameter-gradient coordinate of that loss.
-
-``mode``: ``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive``,
-the layout people write first: each trie's row span treated as one causal
-sequence whose positions count columns, so siblings see each other and a
-branch's positions do not continue from its parent. ``naive`` must fail.
-
-:func:`tree_groups` makes the verification groups from a spec such as
-``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids,
-and every completion after the first repeats a seeded number (0-2) of the
-previous completion's first tokens, the first two always sharing one, so
-shared first completion tokens are exercised.
+:func:`verify_tree` runs each sequence alone (``model(input_ids (1, L),
+use_cache=False)``) and every trie packed into rows (one call), and compares
+in the model's dtype (:mod:`seqpack.verify.tolerance`) every logit at every
+cell of every sequence, each sequence's supervised log-probability sum, the
+token-weighted loss and every parameter-gradient coordinate. ``mode``:
+``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each
+trie's row span one causal sequence with column positions: siblings see each
+other; it must fail). :func:`tree_groups` draws groups from a spec such as
+``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids, each
+completion after the first repeating 0-2 of the previous one's first tokens
+(the first two always one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -32,10 +23,9 @@ import torch
 
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
-from seqpack.core.tree import TreeBatch, pack_tree
-from seqpack.core.tree_input import SequenceGroups
+from seqpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.tree_inputs import NAME, tree_inputs
+from seqpack.hf.tree_inputs import register, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
 from seqpack.verify.models import model_facts, observed, tally
 from seqpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, tolerance
@@ -91,19 +81,18 @@ def naive_batch(batch: TreeBatch) -> TreeBatch:
     positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
     ends = np.zeros(roots.shape[0], dtype=np.int64)
     np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
-    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
-    fields |= {
-        "nodes": np.where(batch.input_valid, rank, -1).astype(np.int32),
-        "node_ends": np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
-        "positions": positions.astype(np.int32),
-        "node_row": batch.node_row[roots],
-        "node_col": batch.node_col[roots],
-        "node_len": ends,
-        "node_pos": np.zeros(roots.shape[0], dtype=np.int64),
-        "node_parent": np.full(roots.shape[0], -1, dtype=np.int64),
-        "node_end": np.arange(1, roots.shape[0] + 1, dtype=np.int64),
-    }
-    return TreeBatch(**fields)
+    return dataclasses.replace(
+        batch,
+        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
+        positions=positions.astype(np.int32),
+        node_row=batch.node_row[roots],
+        node_col=batch.node_col[roots],
+        node_len=ends,
+        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
+        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
+    )
 
 
 def gradient_tolerance(tol: dict[str, Any], casts: list[str]) -> dict[str, Any]:
@@ -183,7 +172,7 @@ def verify_tree(
             grad_vector(sep_mean, params), grad_vector(tree_mean, params), grad_tol
         ),
     }
-    report = _report(model, groups, epoch, mode, capacity, tol, grad_tol, compared)
+    report = _report(model, arch, groups, epoch, mode, capacity, tol, grad_tol, compared)
     report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
     report["pass"] = not any(report["failures"].values())
     if not report["pass"]:
@@ -197,6 +186,7 @@ def verify_tree(
 
 def _report(
     model: torch.nn.Module,
+    arch: Any,
     groups: SequenceGroups,
     epoch: Any,
     mode: str,
@@ -230,7 +220,4 @@ def _report(
 
 def use_tree_attention(model: torch.nn.Module) -> None:
     """Switch ``model`` to :data:`seqpack.hf.tree_inputs.NAME` (registered first)."""
-    from seqpack.hf.tree_inputs import register
-
-    register()
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(register())
