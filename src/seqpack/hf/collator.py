@@ -17,7 +17,8 @@ from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability
 from seqpack.hf.kinds import MASK_KINDS
 from seqpack.hf.preflight import check_runnable, check_vocabulary
-from seqpack.training.packed_data import ScheduledBatch, check_partition, concat_batches
+from seqpack.training.packed_data import ScheduledBatch, check_partition
+from seqpack.training.rows import concat_rows
 
 
 @dataclass
@@ -98,8 +99,12 @@ class HFCollator:
         )
 
     def batch_of(self, features: Sequence[Any]) -> PackedBatch:
-        """The stacked rows of ``features`` as one :class:`PackedBatch`."""
-        if isinstance(features, (PackedBatch, ScheduledBatch)):
+        """The stacked rows of ``features`` as one padded :class:`PackedBatch`."""
+        return self.rows_of(features).to_batch()
+
+    def rows_of(self, features: Sequence[Any]) -> CompactRows:
+        """The stacked rows of ``features``, compact."""
+        if isinstance(features, (PackedBatch, CompactRows, ScheduledBatch)):
             features = [features]
         for f in features:
             if isinstance(f, ScheduledBatch) and (f.world_size or 1) > 1:
@@ -109,20 +114,20 @@ class HFCollator:
                     " ranks itself, so half would never be trained on — build the"
                     " StreamDataset with world_size=1, rank=0 for Trainer"
                 )
-        # StreamDataset / PackedDataset[slot] items: their batches (Trainer sums the targets)
-        features = [f.batch if isinstance(f, ScheduledBatch) else f for f in features]
-        if features and all(isinstance(f, PackedBatch) for f in features):
-            batch = concat_batches(features)
-            check_partition(batch, self.partition, "this HFCollator")
+        # StreamDataset / PackedBatches[slot] items: their rows (Trainer sums the targets)
+        features = [f.rows if isinstance(f, ScheduledBatch) else f for f in features]
+        if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
+            rows = concat_rows(features)
+            check_partition(rows, self.partition, "this HFCollator")
             if self.config is not None and self.binding is None:  # known only now
-                check_vocabulary(self.config, batch.binding, self.pad_token_id)
-            return batch
+                check_vocabulary(self.config, rows.binding, self.pad_token_id)
+            return rows
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
                 "collator features must be PackedBatch / ScheduledBatch objects or rows of a"
                 " packed dataset"
             )
-        return self._rows(features).to_batch()
+        return self._rows(features)
 
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
         import pyarrow as pa
@@ -157,7 +162,7 @@ class HFCollator:
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         out = build_inputs(
-            self.batch_of(features),
+            self.rows_of(features),
             self.attn_implementation,
             self.arch,
             dtype=self.dtype,

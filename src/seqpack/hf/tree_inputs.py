@@ -156,14 +156,10 @@ def seqpack_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv)."""
-    from seqpack.hf.attention_impl import layer_window
+    from seqpack.hf.attention_impl import refuse_unexpressible, run_on_tokens
 
     name = type(module).__name__
-    if softcap is not None or s_aux is not None:
-        raise NotAvailable(
-            f"{NAME}: {name} soft-caps its logits or has attention sinks, which SDPA cannot"
-            " express — use attn_implementation='eager' with tree_inputs"
-        )
+    refuse_unexpressible(NAME, name, softcap, s_aux, " with tree_inputs")
     plan = kwargs.get(NAME)
     rows, _, width, _ = query.shape
     if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
@@ -178,22 +174,10 @@ def seqpack_tree_attention(
         raise InvalidInput(
             f"{NAME}: the tree plan covers {plan.cells} cells, the call has {rows}x{width}"
         )
-    window = layer_window(module, sliding_window)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (R*T, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
-    out = tree_attention(
-        tokens(query),
-        tokens(key),
-        tokens(value),
-        plan,
-        scale,
-        window,
-        dropout=dropout if module.training else 0.0,
+    out = run_on_tokens(
+        tree_attention, module, query, key, value, plan, dropout, scaling, sliding_window
     )
-    return out.view(rows, width, *out.shape[1:]), None
+    return out, None
 
 
 def _check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:

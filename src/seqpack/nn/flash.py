@@ -1,22 +1,12 @@
 """``flash``: fused variable-length flash attention over ``cu_seqlens`` (CUDA only).
 
-The valid cells are gathered row-major into one token stream ``(N, H, D)``;
-segment ``s`` owns tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` and attends
-causally inside them, which is exactly the permission predicate because
-segments are contiguous and restart at position 0. Fixture: ``cu_seqlens =
-[0, 3, 5, 9]`` (A, B, C), ``max_seqlen = 4``; the three padding cells read
-the zero row on the way back.
-
-Kernel, in order of preference:
-
-1. ``flash_attn.flash_attn_varlen_func`` (the ``flash-attn`` package);
-2. ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA only).
-
-Both take float16 / bfloat16 on a CUDA device only; anything else raises
-:class:`NotAvailable` saying what to use instead. Nothing is imported
-until the backend is called. A ``window`` is the kernels' own
-``window_size=(window - 1, 0)``: a query sees itself and ``window - 1``
-earlier tokens of its segment, the predicate's ``0 <= lag < window``.
+The valid cells are gathered row-major into tokens ``(N, H, D)``; segment ``s`` owns
+tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` and attends causally inside them, which is
+the permission predicate because segments are contiguous and restart at position 0
+(fixture: ``cu_seqlens = [0, 3, 5, 9]``, ``max_seqlen = 4``). Kernel: ``flash_attn``'s
+``flash_attn_varlen_func``, else torch's ``varlen_attn`` (>= 2.10); both float16 /
+bfloat16 on CUDA only, anything else :class:`NotAvailable` naming what to use. A
+``window`` is the kernels' ``window_size=(window - 1, 0)``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Attention over tree-packed rows: each node's queries against its path, never ``T^2``.
 
-A node of ``m`` cells whose path (its ancestors' cells, root first, then its
-own) holds ``P`` cells attends with one ``(m, P)`` block: its queries sit at
-positions ``P-m .. P-1`` of the path, its keys are the path's cells in
-depth order, and the block's mask is :func:`~seqpack.core.permission.permitted`
-over those positions (all ancestors, causal inside the node, the window
-along the path). The work is ``Σ over nodes of m × P`` score cells, e.g.
-for the layout drawn in :mod:`seqpack.core.tree`::
+A node of ``m`` cells whose path (its ancestors' cells, root first, then its own) holds
+``P`` cells attends with one ``(m, P)`` block, its queries at path positions
+``P-m .. P-1`` (:func:`~seqpack.nn.varlen.grouped_attention`, shared with ``varlen``);
+nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
+:mod:`seqpack.core.tree`::
 
     node 0 (cols 0-2)  queries 0-2  keys 0-2          3 x 3
     node 1 (col 3)     query 3      keys 0-3          1 x 4
@@ -14,16 +12,10 @@ for the layout drawn in :mod:`seqpack.core.tree`::
     node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
-Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention``
-call on 4-D ``(n, H, m|P, D)`` inputs. All gather indices are built once
-per batch (:func:`tree_plan`) and
-shared by every layer. Gradients reach a shared prefix once per consumer
-(``index_select``'s backward adds them), which is the flat objective's
-gradient. Padding cells read a zero row.
-
-Also here: the FlexAttention ``mask_mod`` of the same predicate, the
-weighted loss over tree cells, and the per-sequence views
-(:func:`token_logprobs`, :func:`sequence_logprobs`) unpacked from cells.
+Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
+gradient once per consumer (``index_select``'s backward adds them), which is the flat
+objective's gradient. Also: the FlexAttention ``mask_mod``, the weighted loss over tree
+cells, and per-sequence views (:func:`token_logprobs`, :func:`sequence_logprobs`).
 """
 
 from __future__ import annotations
@@ -33,13 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from seqpack.core.errors import EmptyObjective, InvalidInput
 from seqpack.core.loss import LossResult, LossSum
-from seqpack.core.permission import check_window, permitted
 from seqpack.core.tree import TreeBatch, check_tree_batch
 from seqpack.nn.flex import permission_mod
+from seqpack.nn.varlen import grouped_attention
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,17 +121,6 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Tre
     )
 
 
-def block_mask_of(m: int, p: int, window: int | None, device: Any) -> torch.Tensor:
-    """bool (m, P): the predicate for queries at path positions ``P-m..P-1``, keys ``0..P-1``."""
-    pos_k = torch.arange(p, device=device)
-    pos_q = pos_k[p - m :]
-    live = torch.ones(p, dtype=torch.bool, device=device)
-    node = torch.zeros(p, dtype=torch.int64, device=device)
-    return permitted(
-        live[p - m :, None], live, node[p - m :, None], node, pos_q[:, None], pos_k, window
-    )
-
-
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -151,33 +131,11 @@ def tree_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
-    window = check_window(window)
-    heads, dim_v = q.shape[1], v.shape[-1]
-    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
-    outs = [v.new_zeros(1, heads, dim_v)]
-    # One gather per tensor, split per group: split's backward is one cat, where a gather
-    # per group would zero-fill a full-size gradient per call.
-    q_all, k_all = plan.gathers()
-    q_sizes = [n * m for n, m, _, _, _ in plan.groups]
-    k_sizes = [n * p for n, _, p, _, _ in plan.groups]
-    qs = q.index_select(0, q_all).split(q_sizes)
-    ks, vs = (x.index_select(0, k_all).split(k_sizes) for x in (k, v))
-    for (n, m, p, _, _), qg, kg, vg in zip(plan.groups, qs, ks, vs, strict=True):
-        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
-        kg = kg.view(n, p, k.shape[1], -1).transpose(1, 2)  # (n, Hkv, P, D)
-        vg = vg.view(n, p, v.shape[1], -1).transpose(1, 2)
-        key = (m, p, window, q.device)
-        if m == p and (window is None or p <= window):
-            mask = {"is_causal": True}  # a root node: plain causal block
-        else:
-            if key not in plan.cache:
-                plan.cache[key] = block_mask_of(m, p, window, q.device)
-            mask = {"attn_mask": plan.cache[key]}
-        o = F.scaled_dot_product_attention(
-            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
-        )
-        outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))
-    return torch.cat(outs).index_select(0, plan.scatter)
+    groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
+    q_index, k_index = plan.gathers()
+    return grouped_attention(
+        q, k, v, groups, q_index, k_index, plan.scatter, scale, window, dropout, plan.cache
+    )
 
 
 def tree_mask_mod(
@@ -268,7 +226,6 @@ def tree_loss(logits: torch.Tensor, batch: TreeBatch, count: int | None = None) 
 
 __all__ = [
     "TreePlan",
-    "block_mask_of",
     "cell_logprobs",
     "node_keys",
     "sequence_logprobs",
