@@ -51,11 +51,6 @@ IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "seqp
 FLATTENED = ("flash_attention_2", "seqpack_varlen")
 
 
-def check_implementation(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind of ``attn_implementation`` (:func:`seqpack.hf.kinds.attention_kind`)."""
-    return attention_kind(attn_implementation, kind)
-
-
 def hf_labels(batch: PackedBatch) -> np.ndarray:
     """Deprecated: the pre-shifted targets, now :func:`seqpack.training.labels.shift_labels`."""
     warnings.warn(

@@ -12,10 +12,10 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.hf.adapter import build_inputs, check_implementation
+from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability
-from seqpack.hf.kinds import MASK_KINDS
+from seqpack.hf.kinds import MASK_KINDS, attention_kind
 from seqpack.hf.preflight import check_runnable, check_vocabulary
 from seqpack.training.packed_data import ScheduledBatch, check_partition
 from seqpack.training.rows import concat_rows
@@ -64,7 +64,7 @@ class HFCollator:
     arch: Architecture | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.kind = check_implementation(self.attn_implementation, self.kind)
+        self.kind = attention_kind(self.attn_implementation, self.kind)
         if self.partition is not None:
             self.partition = Partition.parse(self.partition)
         if self.config is None and self.kind in MASK_KINDS:

@@ -211,7 +211,7 @@ def register_backend(name: str, fn: Backend) -> None:
     BACKENDS[name] = fn
 
 
-def resolve_backend(name: str, q: torch.Tensor | None = None) -> Backend:
+def resolve_backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise InvalidInput(
             f"unknown attention backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}"
@@ -255,7 +255,7 @@ def attention(
         raise InvalidInput(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must match q {tuple(q.shape)}"
         )
-    fn = resolve_backend(backend, q)
+    fn = resolve_backend(backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window = check_window(window)
     if window is None:  # backends written before windows take (q, k, v, layout, scale)
