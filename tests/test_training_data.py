@@ -221,6 +221,17 @@ def test_packed_dataset_reads_calls_rows_and_stats(tmp_path_factory, case, per_c
     assert got.eligible.sum() == sum(b.eligible_count for b in want)
 
 
+def test_packed_dataset_is_the_deprecated_name_of_packed_batches(tmp_path):
+    from seqpack.training import PackedBatches
+
+    path, want = _write(tmp_path, *_examples(2))
+    with pytest.warns(DeprecationWarning, match="PackedBatches"):
+        old = PackedDataset(path)
+    new = PackedBatches(path)
+    assert isinstance(old, PackedBatches) and len(old) == len(new) == len(want)
+    assert_same_batches([old[0]], [new[0]])
+
+
 def test_row_stats_of_the_fixture():
     stats = RowStats.from_batches([fixture_batch()])
     lengths = [[3, 2], [4]]
