@@ -104,6 +104,12 @@ def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _pack_tree(dataset: Any, capacity: int | None, policy: str | None, keywords: dict) -> Any:
+    from seqpack.hf.tree_data import pack_tree_dataset
+
+    return pack_tree_dataset(dataset, capacity, policy, **keywords)
+
+
 def pack_dataset(
     dataset: Any,
     capacity: int | None = None,
@@ -143,9 +149,7 @@ def pack_dataset(
     from seqpack.hf.streaming import is_stream, pack_stream
 
     if keywords.pop("tree", False):  # tree packing: docs/tree.md
-        from seqpack.hf.tree_data import pack_tree_dataset
-
-        return pack_tree_dataset(dataset, capacity, policy, **keywords)
+        return _pack_tree(dataset, capacity, policy, keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
