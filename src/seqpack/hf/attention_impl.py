@@ -26,7 +26,7 @@ import torch
 
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.hf.architectures import Architecture
-from seqpack.nn.varlen import VarlenPlan, segment_attention, segment_plan
+from seqpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
 
 NAME = "seqpack_varlen"
 
@@ -174,11 +174,8 @@ def run_on_tokens(
     window = layer_window(module, sliding_window)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
 
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, H, S, D) -> (B*S, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
     drop = dropout if module.training else 0.0
-    out = fn(tokens(query), tokens(key), tokens(value), plan, scale, window, dropout=drop)
+    out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
     return out.view(rows, width, *out.shape[1:])
 
 

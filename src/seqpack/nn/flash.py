@@ -20,6 +20,7 @@ import torch
 
 from seqpack.core.errors import NotAvailable
 from seqpack.nn.attention import AttentionLayout, register_backend
+from seqpack.nn.varlen import as_tokens
 
 #: Dtypes both varlen flash kernels accept.
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -129,8 +130,7 @@ def flash_attention(
         return torch.zeros_like(q)
 
     def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (N, H, D)
-        flat = x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1])
-        return flat.index_select(0, layout.valid_index)
+        return as_tokens(x).index_select(0, layout.valid_index)
 
     out = fn(tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale, window)
     out = torch.cat([out.new_zeros(1, heads, out.shape[-1]), out]).index_select(

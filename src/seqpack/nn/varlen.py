@@ -157,6 +157,11 @@ def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan
     return layout.cache[key]
 
 
+def as_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``(R, H, T, D)`` rows as ``(R*T, H, D)`` tokens (cell ``r*T + t``)."""
+    return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[-1])
+
+
 def band_mask(m: int, p: int, window: int | None, device: Any = None) -> torch.Tensor:
     """bool (m, P): :func:`~seqpack.core.permission.permitted` for queries at positions
     ``P-m..P-1`` of one segment (or tree path) against its keys ``0..P-1``."""
@@ -241,10 +246,7 @@ def varlen_attention(
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
 
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (R*T, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
-    out = segment_attention(tokens(q), tokens(k), tokens(v), plan, scale, window)
+    out = segment_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 
 
