@@ -6,7 +6,7 @@ byte tokenizer; units longer than ``--capacity`` prediction pairs are split
 into ranges (every pair kept once) or, with ``--long drop``, left out. They
 are packed best-fit-decreasing into a packed directory and trained through
 the whole seqpack data path:
-``PackedDataset`` -> ``RowSampler`` (micro-batches) -> ``PackedCollator``
+``PackedBatches`` -> ``RowSampler`` (micro-batches) -> ``PackedCollator``
 -> ``TinyDecoder`` -> ``micro_batch_loss`` (divided by the step's count).
 
 It prints and plots three things:
@@ -42,7 +42,7 @@ from seqpack.io.store import write_packed
 from seqpack.pipeline.local import pack_table
 from seqpack.training import (
     PackedCollator,
-    PackedDataset,
+    PackedBatches,
     RowSampler,
     decoder_inputs,
     micro_batch_loss,
@@ -161,7 +161,7 @@ def throughput(args, dirs: dict[str, Path]) -> dict[str, float]:
     runs: dict[str, list[float]] = {name: [] for name in dirs}
     for repeat in range(args.bench_repeats):
         for name, path in dirs.items():
-            ds = PackedDataset(path)
+            ds = PackedBatches(path)
             sampler = RowSampler(
                 ds.row_stats(),
                 rows_per_micro_batch=args.rows,
@@ -175,14 +175,14 @@ def throughput(args, dirs: dict[str, Path]) -> dict[str, float]:
     out = {}
     for name, path in dirs.items():
         out[name] = float(np.median(runs[name]))
-        rows = PackedDataset(path).num_rows
+        rows = PackedBatches(path).num_rows
         print(f"{name:>7}: {rows:,} rows, median {out[name]:,.0f} tokens/s")
     return out
 
 
 def packed_vs_separate(args, table: ExampleTable, path: Path) -> tuple[list, list, list]:
     """float64, AdamW: the same steps trained packed and one example at a time."""
-    ds = PackedDataset(path)
+    ds = PackedBatches(path)
     sampler = RowSampler(
         ds.row_stats(), rows_per_micro_batch=args.rows, micro_batches=args.micro, seed=args.seed
     )
@@ -308,7 +308,7 @@ def main() -> None:
         worst = max(abs(a - b) for a, b in zip(*compare[:2], strict=True))
         print(f"largest |loss diff| {worst:.1e}, largest |param diff| {max(compare[2]):.1e}")
         print(f"\n(c) {args.steps} packed training steps, float32")
-        ds = PackedDataset(dirs["packed"])
+        ds = PackedBatches(dirs["packed"])
         sampler = RowSampler(
             ds.row_stats(), rows_per_micro_batch=args.rows, micro_batches=args.micro, seed=args.seed
         )

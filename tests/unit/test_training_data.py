@@ -94,6 +94,28 @@ def test_flatten_gathers_the_valid_cells_of_rows_mode(case):
 
 @settings(max_examples=60)
 @given(packed_epochs())
+def test_compact_columns_equal_the_padded_cells_views(case):
+    """The collator reads compact rows; every column equals the padded batch's own view."""
+    from seqpack.training.labels import model_labels, shift_labels
+    from seqpack.training.rows import compact_of
+
+    _, _, epoch = case
+    for batch in epoch.batches:
+        f = PackedCollator(pad_id=1)(compact_of(batch))
+        cu = batch.cu_seqlens()  # recomputed from the padded positions
+        assert f["input_ids"].tolist() == np.where(batch.input_valid, batch.inputs, 1).tolist()
+        assert f["labels"].tolist() == model_labels(batch).tolist()
+        assert f["shift_labels"].tolist() == shift_labels(batch).tolist()
+        assert f["position_ids"].tolist() == batch.position_ids().tolist()
+        assert f["segment_ids"].tolist() == batch.segments.tolist()
+        assert f["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
+        assert f["valid_index"].tolist() == cu.valid_index.tolist()
+        assert f["max_length_q"] == cu.max_seqlen and f["num_eligible"] == batch.eligible_count
+        assert_same_batches([compact_of(batch).to_batch()], [batch])
+
+
+@settings(max_examples=60)
+@given(packed_epochs())
 def test_layout_from_features_equals_layout_from_batch(case):
     _, _, epoch = case
     for batch in epoch.batches:
@@ -219,6 +241,17 @@ def test_packed_dataset_reads_calls_rows_and_stats(tmp_path_factory, case, per_c
     for name in ("tokens", "eligible", "attention"):
         assert np.array_equal(getattr(got, name), getattr(expect, name)), name
     assert got.eligible.sum() == sum(b.eligible_count for b in want)
+
+
+def test_packed_dataset_is_the_deprecated_name_of_packed_batches(tmp_path):
+    from seqpack.training import PackedBatches
+
+    path, want = _write(tmp_path, *_examples(2))
+    with pytest.warns(DeprecationWarning, match="PackedBatches"):
+        old = PackedDataset(path)
+    new = PackedBatches(path)
+    assert isinstance(old, PackedBatches) and len(old) == len(new) == len(want)
+    assert_same_batches([old[0]], [new[0]])
 
 
 def test_row_stats_of_the_fixture():

@@ -1,61 +1,27 @@
 """Hugging Face ``transformers``: the keyword arguments that make a causal LM honour packing.
 
-A ``transformers`` causal LM fed a packed row the way most code does —
-``model(input_ids, position_ids=...)`` — attends **across** the examples of
-the row: with the default ``use_cache=True`` a cache object exists, and
-``transformers`` (5.x) looks for packed ``position_ids`` only when there is
-no cache (some older versions never look). The eager implementation also *adds*
-a boolean 4-D mask to the scores as numbers. :func:`hf_inputs` gives the
-arguments that are right on each implementation:
+:func:`hf_inputs` gives, by the implementation's kind (:mod:`seqpack.hf.kinds`; any
+name registered in ``AttentionInterface`` is fed by what it reads):
 
-arguments that are right on each implementation, by its kind
-(:mod:`seqpack.hf.kinds`: any name registered in ``AttentionInterface``,
-hub kernels included, is accepted by what it reads):
+* ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)`` mask in the
+  model's dtype, 0 where :func:`hf_allowed` permits, ``finfo.min`` elsewhere
+  (``mask="bool"``: boolean, ``sdpa`` only);
+* ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same predicate;
+* ``flash`` kinds and ``seqpack_varlen``: no mask; the valid cells flattened into
+  ``(1, N)`` with ``cu_seq_lens_q/k`` (the stored segment lengths, cumulated),
+  ``max_length_q/k`` and ``seq_idx`` (int32, 0-based);
 
-* ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)``
-  mask in the model's dtype — 0 where :func:`hf_allowed` permits, the
-  dtype's most negative value elsewhere (``mask="bool"``: a boolean mask,
-  for the ``sdpa`` kind only);
-* ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same
-  predicate;
-* ``flash`` (``flash_attention_2/3/4``, ``kernels-community/flash-attn2``
-  ...) and ``seqpack_varlen`` (:mod:`seqpack.hf.attention_impl`), no mask at all:
-  the valid cells flattened into one row ``(1, N)`` (padding dropped) with
-  ``cu_seq_lens_q/k`` = the batch's ``cu_seqlens``, ``max_length_q/k`` = its
-  ``max_seqlen`` and ``seq_idx`` (int32, 0-based; ``transformers`` infers
-  boundaries from ``position_ids`` only for a batch of one row);
-
-and always ``input_ids`` (padding cells hold ``pad_token_id``, a real id
-no real query ever sees), local ``position_ids`` and ``use_cache=False``.
-
-Pass the model's ``config``: its sliding windows and layer types decide
-the masks (``{"full_attention": ..., "sliding_attention": ...}`` for a
-model with ``layer_types``; a windowed single mask for Mistral-style
-configs; the flash kernels and ``seqpack_varlen`` take the window from
-the layer), and architectures that cannot be made exact are refused
-(:mod:`seqpack.hf.architectures`). Without a config every layer gets the
-plain block-causal mask, which is right only for models without windows.
-
-Labels (:mod:`seqpack.training.labels`): seqpack's targets are already
-shifted (cell ``c`` predicts ``targets[c]``; an example's last target, e.g.
-its EOS, is no input of the row). The adapter passes them as
-``shift_labels``, which ``ForCausalLMLoss`` uses as they are, and
-``labels`` with ``transformers``' own meaning (unshifted, ``-100`` at each
-example's first cell), which a model needs to compute a loss at all and
-which never puts pre-shifted targets under that name. ``Trainer`` counts
-``num_items_in_batch`` from ``shift_labels``, so its loss is the raw sum
-over eligible targets divided once by their count across
-gradient-accumulation micro-batches (and ranks, with
-``average_tokens_across_devices``). ``transformers`` computes that loss in
-float32; :func:`hf_loss` computes it from the logits with
-:mod:`seqpack.loss` in the logits' dtype.
-
-Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) for ``sdpa``::
+and always ``input_ids`` (``pad_token_id`` on padding), local ``position_ids``,
+``use_cache=False`` (packed ``position_ids`` are honoured only without a cache), and
+with ``labels`` both ``labels`` (unshifted) and ``shift_labels`` (pre-shifted;
+:mod:`seqpack.training.labels`). The model's ``config`` decides windows and per-layer-type
+masks and refuses what cannot be exact (:mod:`seqpack.hf.architectures`). Fixture row 0
+(A = columns 0-2, B = 3-4, padding at 5) for ``sdpa``::
 
     input_ids     [ 0, 99, 100,    0,  101, 0]      pad_token_id 0 at column 5
     position_ids  [ 0,  1,   2,    0,    1, 0]
     shift_labels  [99, 100,  1,  101,    1, -100]
-    labels        [-100, 99, 100, -100, 101, -100]   transformers' unshifted labels
+    labels        [-100, 99, 100, -100, 101, -100]
     attention_mask[0, 0]: 0 on A's 3x3 and B's 2x2 causal blocks and on (5, 5),
                           finfo.min elsewhere
 """
@@ -69,6 +35,7 @@ import numpy as np
 import torch
 
 from seqpack.core.batch import IGNORE_INDEX, PackedBatch
+from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from seqpack.hf.architectures import Architecture
@@ -76,16 +43,12 @@ from seqpack.hf.capability import capability
 from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from seqpack.training.labels import model_labels, seq_idx, shift_labels
+from seqpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
 
 #: The built-in implementations ``seqpack verify`` runs (any registered one is fed by kind).
 IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "seqpack_varlen")
 #: Built-in implementations fed the valid cells flattened into one row, with ``cu_seq_lens``.
 FLATTENED = ("flash_attention_2", "seqpack_varlen")
-
-
-def check_implementation(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind of ``attn_implementation`` (:func:`seqpack.hf.kinds.attention_kind`)."""
-    return attention_kind(attn_implementation, kind)
 
 
 def hf_labels(batch: PackedBatch) -> np.ndarray:
@@ -147,7 +110,7 @@ def hf_inputs(
 
 
 def build_inputs(
-    batch: PackedBatch,
+    batch: PackedBatch | CompactRows,
     attn_implementation: str,
     arch: Architecture | None,
     *,
@@ -162,52 +125,55 @@ def build_inputs(
     """:func:`hf_inputs` for an already checked architecture (:func:`capability`).
 
     The architecture's batch conditions (longest example, row width) are
-    checked here, on every batch, and its position offset applied.
+    checked here, on every batch, and its position offset applied. Rows stay
+    compact: padded ``(R, T)`` cells and masks are made only for the kinds
+    that read a mask.
     """
     kind = attention_kind(attn_implementation, kind)
+    rows = compact_of(batch)
+    flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
     if arch is not None:
-        occ = batch.occurrences
-        longest = int((occ.col_end - occ.col_start).max()) if len(occ.col_end) else 0
-        flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
-        arch.check_batch(longest, int(batch.input_valid.sum()) if flat else batch.shape[1])
-    vocab = batch.binding.vocab_size
+        longest = int(rows.lengths.max()) if len(rows) else 0
+        arch.check_batch(longest, int(rows.lengths.sum()) if flat else rows.capacity)
+    vocab = rows.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(
             f"pad_token_id {pad_token_id!r} is not a token id of the batch's vocabulary"
             f" [0, {vocab}) — pass any real id (padding cells are never seen by real queries)"
         )
-    ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
-    positions = batch.position_ids()
+    cells = flat_columns(rows)
+    index = cells.pop("valid_index")
     if arch is not None and arch.position_offset:  # RoBERTa family: from padding_idx + 1
-        positions = positions + arch.position_offset
-    columns = {"input_ids": ids, "position_ids": positions}
-    if labels:
-        columns |= {"labels": model_labels(batch), "shift_labels": shift_labels(batch)}
+        cells["position_ids"] = cells["position_ids"] + arch.position_offset
+    names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
+    shape = (rows.num_rows, rows.capacity)
+    fill = PAD_FILL | {"input_ids": int(pad_token_id)}
+    if arch is not None and arch.position_offset:
+        fill["position_ids"] = arch.position_offset
     out: dict[str, Any] = {}
-    if kind in FLATTENED_KINDS:
+    for name in names:
+        value = cells[name][None] if flat else pad_cells(cells[name], index, shape, fill[name])
+        out[name] = torch.as_tensor(value, device=device)
+    if flat:
         if attn_implementation == "seqpack_varlen":
             from seqpack.hf.attention_impl import register
 
             register()
-        cu = batch.cu_seqlens()
-        for name, value in columns.items():
-            out[name] = torch.as_tensor(value.reshape(-1)[cu.valid_index][None], device=device)
-        cu_seqlens = torch.as_tensor(cu.cu_seqlens, dtype=torch.int32, device=device)
+        cu = cu_seq_lens(rows)
+        cu_t = torch.as_tensor(cu, device=device)
+        longest = int(rows.lengths.max()) if len(rows) else 0
         out |= {
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": cu.max_seqlen,
-            "max_length_k": cu.max_seqlen,
-            "seq_idx": torch.as_tensor(seq_idx(cu.cu_seqlens), device=device),
+            "cu_seq_lens_q": cu_t,
+            "cu_seq_lens_k": cu_t,
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "seq_idx": torch.as_tensor(seq_idx(cu), device=device),
         }
-    elif arch is not None and arch.mask_from_positions:
-        # falcon's ALiBi needs its own 2-D mask; transformers (use_cache=False) finds the
-        # examples from the restarting position_ids and builds the block-causal mask
-        out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
-    else:
-        out = {name: torch.as_tensor(value, device=device) for name, value in columns.items()}
+    elif arch is None or not arch.mask_from_positions:
+        # (falcon's ALiBi builds its own mask from the restarting position_ids)
+        padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
         out["attention_mask"] = layer_masks(
-            batch, kind, arch, mask=mask, dtype=dtype, device=device
+            padded, kind, arch, mask=mask, dtype=dtype, device=device
         )
     if labels and num_items_in_batch is not None:
         out["num_items_in_batch"] = int(num_items_in_batch)

@@ -1,34 +1,17 @@
 """``attn_implementation="seqpack_varlen"``: packed rows in ``transformers`` without a dense mask.
 
-A ``transformers`` attention function, registered with
-``transformers.AttentionInterface`` under :data:`NAME`. It takes the same
-inputs as ``flash_attention_2``'s padding-free path — the valid cells of the
-packed rows flattened into one row ``(1, N)`` with local ``position_ids`` and
-``cu_seq_lens_q`` / ``max_length_q`` (what ``hf_inputs(batch,
-"seqpack_varlen")`` builds) — and runs seqpack's ``varlen`` backend on them:
-one ``scaled_dot_product_attention`` call per group of equal-length
-examples, causal inside each example (:func:`seqpack.nn.varlen.segment_attention`).
-No ``(R, 1, T, T)`` mask exists at any point: ``transformers`` builds none
-for an implementation it has no mask function for, and each call visits
-``Σ l^2`` score cells instead of ``R*T^2``. It runs wherever SDPA runs (CPU
-and CUDA, any floating dtype, forward and backward).
-
-The window is the model's, derived from the layer's config
-(:mod:`seqpack.hf.architectures`: ``sliding_attention`` layers get
-``config.sliding_window``) and checked against the ``sliding_window`` the
-layer passes. Refused, with the reason: attention-logit soft-capping
-(Gemma 2) and attention sinks (GPT-OSS), which SDPA cannot express — use
-``eager`` for those; and a call without ``cu_seq_lens_q``, which would
-otherwise join the flattened examples.
-
-Usage::
+A ``transformers.AttentionInterface`` function (:data:`NAME`) over the inputs of
+``flash_attention_2``'s padding-free path (``hf_inputs(batch, "seqpack_varlen")``: the
+valid cells flattened into ``(1, N)`` with ``cu_seq_lens_q`` / ``max_length_q``), run by
+:func:`seqpack.nn.varlen.segment_attention`: one SDPA call per group of equal-length
+examples, causal inside each; CPU and CUDA, any floating dtype, forward and backward.
+The window is the layer's, from its config (:mod:`seqpack.hf.architectures`). Refused:
+soft-capping (Gemma 2) and sinks (GPT-OSS), which SDPA cannot express, and packed
+``position_ids`` without ``cu_seq_lens_q`` (the examples would be joined)::
 
     import seqpack.hf.attention_impl  # registers "seqpack_varlen"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="seqpack_varlen")
     out = model(**hf_inputs(batch, "seqpack_varlen", config=model.config))
-
-The fixture's flattened cells (A, B | C) give ``cu_seq_lens_q = [0, 3, 5, 9]``:
-one call for C (L=4), one for A (L=3), one for B (L=2).
 """
 
 from __future__ import annotations
@@ -43,7 +26,7 @@ import torch
 
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.hf.architectures import Architecture
-from seqpack.nn.varlen import VarlenPlan, segment_attention, segment_plan
+from seqpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
 
 NAME = "seqpack_varlen"
 
@@ -131,17 +114,7 @@ def seqpack_varlen_attention(
     and no attention weights.
     """
     name = type(module).__name__
-    if softcap is not None:
-        raise NotAvailable(
-            f"{NAME}: {name} soft-caps its attention logits (softcap={softcap}), which SDPA"
-            " cannot express — use attn_implementation='eager' (or set"
-            " attn_logit_softcapping=None)"
-        )
-    if s_aux is not None:
-        raise NotAvailable(
-            f"{NAME}: {name} has attention sinks, which SDPA cannot express —"
-            " use attn_implementation='eager'"
-        )
+    refuse_unexpressible(NAME, name, softcap, s_aux, "")
     if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
         # transformers builds no mask for an implementation without a mask function: a
         # 2-D one is the caller's padding mask, a 4-D one the model's own bias (doge's
@@ -163,22 +136,47 @@ def seqpack_varlen_attention(
             f" batch of {rows} — feed the model hf_inputs(batch, '{NAME}', config=model.config)"
         )
     plan = plan_of(cu, rows * width)
+    out = run_on_tokens(
+        segment_attention, module, query, key, value, plan, dropout, scaling, sliding_window
+    )
+    return out, None  # (B, S, H, Dv), no attention weights
+
+
+def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: str) -> None:
+    """Refuse attention-logit soft-capping (Gemma 2) and sinks (GPT-OSS): SDPA has neither."""
+    if softcap is not None:
+        raise NotAvailable(
+            f"{impl}: {name} soft-caps its attention logits (softcap={softcap}), which SDPA"
+            f" cannot express — use attn_implementation='eager'{hint} (or set"
+            " attn_logit_softcapping=None)"
+        )
+    if s_aux is not None:
+        raise NotAvailable(
+            f"{impl}: {name} has attention sinks, which SDPA cannot express —"
+            f" use attn_implementation='eager'{hint}"
+        )
+
+
+def run_on_tokens(
+    fn: Any,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: Any,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """``fn(tokens q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs
+    viewed as ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
+    rows, _, width, _ = query.shape
     window = layer_window(module, sliding_window)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
 
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (B, H, S, D) -> (B*S, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
-    out = segment_attention(
-        tokens(query),
-        tokens(key),
-        tokens(value),
-        plan,
-        scale,
-        window,
-        dropout=dropout if module.training else 0.0,
-    )
-    return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv)
+    drop = dropout if module.training else 0.0
+    out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
+    return out.view(rows, width, *out.shape[1:])
 
 
 def _all_ones(mask: torch.Tensor) -> bool:

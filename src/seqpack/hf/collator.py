@@ -12,11 +12,12 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.hf.adapter import build_inputs, check_implementation
+from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability, check_runnable, check_vocabulary
-from seqpack.hf.kinds import MASK_KINDS
-from seqpack.training.packed_data import ScheduledBatch, check_partition, concat_batches
+from seqpack.hf.kinds import MASK_KINDS, attention_kind
+from seqpack.training.packed_data import ScheduledBatch, check_partition
+from seqpack.training.rows import concat_rows
 
 
 @dataclass
@@ -62,7 +63,7 @@ class HFCollator:
     arch: Architecture | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.kind = check_implementation(self.attn_implementation, self.kind)
+        self.kind = attention_kind(self.attn_implementation, self.kind)
         if self.partition is not None:
             self.partition = Partition.parse(self.partition)
         if self.config is None and self.kind in MASK_KINDS:
@@ -97,8 +98,12 @@ class HFCollator:
         )
 
     def batch_of(self, features: Sequence[Any]) -> PackedBatch:
-        """The stacked rows of ``features`` as one :class:`PackedBatch`."""
-        if isinstance(features, (PackedBatch, ScheduledBatch)):
+        """The stacked rows of ``features`` as one padded :class:`PackedBatch`."""
+        return self.rows_of(features).to_batch()
+
+    def rows_of(self, features: Sequence[Any]) -> CompactRows:
+        """The stacked rows of ``features``, compact."""
+        if isinstance(features, (PackedBatch, CompactRows, ScheduledBatch)):
             features = [features]
         for f in features:
             if isinstance(f, ScheduledBatch) and (f.world_size or 1) > 1:
@@ -108,20 +113,20 @@ class HFCollator:
                     " ranks itself, so half would never be trained on — build the"
                     " StreamDataset with world_size=1, rank=0 for Trainer"
                 )
-        # StreamDataset / PackedDataset[slot] items: their batches (Trainer sums the targets)
-        features = [f.batch if isinstance(f, ScheduledBatch) else f for f in features]
-        if features and all(isinstance(f, PackedBatch) for f in features):
-            batch = concat_batches(features)
-            check_partition(batch, self.partition, "this HFCollator")
+        # StreamDataset / PackedBatches[slot] items: their rows (Trainer sums the targets)
+        features = [f.rows if isinstance(f, ScheduledBatch) else f for f in features]
+        if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
+            rows = concat_rows(features)
+            check_partition(rows, self.partition, "this HFCollator")
             if self.config is not None and self.binding is None:  # known only now
-                check_vocabulary(self.config, batch.binding, self.pad_token_id)
-            return batch
+                check_vocabulary(self.config, rows.binding, self.pad_token_id)
+            return rows
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
                 "collator features must be PackedBatch / ScheduledBatch objects or rows of a"
                 " packed dataset"
             )
-        return self._rows(features).to_batch()
+        return self._rows(features)
 
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
         import pyarrow as pa
@@ -156,7 +161,7 @@ class HFCollator:
 
     def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
         out = build_inputs(
-            self.batch_of(features),
+            self.rows_of(features),
             self.attn_implementation,
             self.arch,
             dtype=self.dtype,

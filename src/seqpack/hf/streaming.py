@@ -17,17 +17,12 @@ epoch) reads the source again and packs it identically, so the source must
 give the same rows each time (a generator can be iterated once; a second
 pass is refused).
 
-**Under torchrun.** Every rank's copy is the whole stream (seqpack shards
-nothing by rank: accelerate does, and sharding twice would drop half of the
-rows). With ``world_size`` ranks (``torch.distributed``, read when
-iteration starts), the stream's end is padded with empty rows (no example,
-no target: seqpack format an empty row, TRL format one 2-token row of the
-pad id with every label -100) to a multiple of ``world_size *
-max_rows_per_batch`` rows, so accelerate never completes a last batch by
-repeating the first (what its ``dispatch_batches`` and
-``IterableDatasetShard`` do to an uneven end): with
-``per_device_train_batch_size`` dividing ``max_rows_per_batch``, every
-example reaches training exactly once per epoch, on one rank.
+Under torchrun every rank's copy is the whole stream (accelerate shards it; sharding
+twice would drop rows), and its end is padded with empty rows (seqpack format: no
+example; TRL format: one 2-token row of the pad id, every label -100) to a multiple of
+``world_size * max_rows_per_batch`` rows, so accelerate never completes a last batch by
+repeating the first: with ``per_device_train_batch_size`` dividing
+``max_rows_per_batch``, every example reaches training once per epoch, on one rank.
 
 **Resuming.** The output is datasets' resumable ``IterableDataset``:
 ``state_dict()`` counts the rows yielded, and after ``load_state_dict`` the
@@ -370,9 +365,4 @@ def pack_stream(dataset: Any, opts: PackOptions, meta_key: str) -> Any:
     return datasets.IterableDataset(examples, info=info)
 
 
-def stream_tables(packed: Any, rows: int) -> Iterator[pa.Table]:
-    """The rows of a packed ``IterableDataset``, ``rows`` at a time, as Arrow tables."""
-    yield from packed.with_format("arrow").iter(batch_size=rows)
-
-
-__all__ = ["STREAM_CHUNK", "StreamSpec", "is_stream", "pack_stream", "stream_tables"]
+__all__ = ["STREAM_CHUNK", "StreamSpec", "is_stream", "pack_stream"]

@@ -116,14 +116,10 @@ def seqpack_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv)."""
-    from seqpack.hf.attention_impl import layer_window
+    from seqpack.hf.attention_impl import refuse_unexpressible, run_on_tokens
 
     name = type(module).__name__
-    if softcap is not None or s_aux is not None:
-        raise NotAvailable(
-            f"{NAME}: {name} soft-caps its logits or has attention sinks, which SDPA cannot"
-            " express — use attn_implementation='eager' with tree_inputs"
-        )
+    refuse_unexpressible(NAME, name, softcap, s_aux, " with tree_inputs")
     plan = kwargs.get(NAME)
     rows, _, width, _ = query.shape
     feed = f"feed the model tree_inputs(batch, '{NAME}', config=model.config)"
@@ -140,11 +136,10 @@ def seqpack_tree_attention(
         plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
     if not isinstance(plan, TreePlan) or rows * width != plan.cells:
         raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    q, k, v = (x.transpose(1, 2).reshape(rows * width, x.shape[1], -1) for x in (query, key, value))
-    window = layer_window(module, sliding_window)
-    out = tree_attention(q, k, v, plan, scale, window, dropout if module.training else 0.0)
-    return out.view(rows, width, *out.shape[1:]), None
+    out = run_on_tokens(
+        tree_attention, module, query, key, value, plan, dropout, scaling, sliding_window
+    )
+    return out, None
 
 
 def register() -> str:

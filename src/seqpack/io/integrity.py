@@ -480,7 +480,7 @@ def refuse_packed(path: Path) -> None:
     use = (
         "seqpack.hf.load_trl(path) or TRL's trainer"
         if kind.endswith("trl-packed")
-        else "seqpack.io.load_packed(path) or seqpack.training.PackedDataset(path)"
+        else "seqpack.io.load_packed(path) or seqpack.training.PackedBatches(path)"
     )
     raise InvalidInput(
         f"{path} is a seqpack output (format {kind}): it is already packed — use it with"

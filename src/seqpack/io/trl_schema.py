@@ -129,13 +129,13 @@ def is_trl(manifest: object) -> bool:
 
 def refuse_trl(manifest: object, where: str) -> None:
     """Raise a clear :class:`InvalidInput` when ``manifest`` is a TRL-format output, which
-    seqpack's own loaders (``load_packed``, ``PackedDataset``, ``to_batches``) do not read."""
+    seqpack's own loaders (``load_packed``, ``PackedBatches``, ``to_batches``) do not read."""
     if isinstance(manifest, dict) and manifest.get("format") == TRL_FORMAT:
         raise InvalidInput(
             f"{where} holds TRL-format rows (packed with --format trl), which seqpack's own"
             " loaders do not read — load it with seqpack.hf.load_trl(path) or"
             " datasets.load_dataset('parquet', data_files=...), and train it with TRL's"
-            " padding-free collator; pack without --format trl for PackedDataset"
+            " padding-free collator; pack without --format trl for PackedBatches"
         )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seqpack.core.batch import PackedBatch
+from seqpack.core.batch import NO_SEGMENT, PackedBatch
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.permission import check_window, key_bounds, pairwise
 
@@ -59,26 +59,60 @@ class AttentionLayout:
         return (int(self.valid.shape[0]), int(self.valid.shape[1]))
 
     @classmethod
-    def from_batch(
-        cls, batch: PackedBatch, device: torch.device | str | None = None
+    def from_segments(
+        cls,
+        shape: tuple[int, int],
+        rows: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        segments: np.ndarray,
+        device: torch.device | str | None = None,
     ) -> AttentionLayout:
-        ranges = batch.key_ranges()
-        cu = batch.cu_seqlens()
+        """THE constructor: segments ``s`` (storage order) cover cells ``[starts[s],
+        starts[s] + lengths[s])`` of row ``rows[s]`` with id ``segments[s]``; arrays [S]."""
+        rows_n, width = shape
+        rows, starts = np.asarray(rows, np.int64), np.asarray(starts, np.int64)
+        order = np.lexsort((starts, rows))  # row-major, as varlen kernels read tokens
+        rows, starts, segments = rows[order], starts[order], np.asarray(segments)[order]
+        lengths = np.asarray(lengths, dtype=np.int64)[order]
+        cu = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu[1:])
+        owner = np.repeat(np.arange(lengths.shape[0]), lengths)
+        local = np.arange(cu[-1], dtype=np.int64) - cu[:-1][owner]
+        index = (rows * width + starts)[owner] + local
+
+        def cells(values: Any, fill: int, dtype: Any) -> np.ndarray:
+            out = np.full(rows_n * width, fill, dtype=dtype)
+            out[index] = values
+            return out.reshape(rows_n, width)
+
+        valid, positions = cells(True, 0, bool), cells(local, 0, np.int64)
+        cols = np.broadcast_to(np.arange(width, dtype=np.int64), (rows_n, width))
+        key_starts, key_ends = key_bounds(valid, positions, cols)
 
         def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
 
         return cls(
-            valid=t(batch.input_valid, torch.bool),
-            segments=t(batch.segments, torch.int64),
-            positions=t(batch.positions, torch.int64),
-            key_starts=t(ranges.starts, torch.int64),
-            key_ends=t(ranges.ends, torch.int64),
-            cu_seqlens=t(cu.cu_seqlens, torch.int32),
-            max_seqlen=cu.max_seqlen,
-            valid_index=t(cu.valid_index, torch.int64),
-            lengths=np.diff(cu.cu_seqlens).astype(np.int64),
+            valid=t(valid, torch.bool),
+            segments=t(cells(segments[owner], NO_SEGMENT, np.int64), torch.int64),
+            positions=t(positions, torch.int64),
+            key_starts=t(key_starts, torch.int64),
+            key_ends=t(key_ends, torch.int64),
+            cu_seqlens=t(cu, torch.int32),
+            max_seqlen=int(lengths.max()) if lengths.size else 0,
+            valid_index=t(index, torch.int64),
+            lengths=lengths,
         )
+
+    @classmethod
+    def from_batch(
+        cls, batch: PackedBatch, device: torch.device | str | None = None
+    ) -> AttentionLayout:
+        """:meth:`from_segments` of ``batch``'s occurrences."""
+        occ = batch.occurrences
+        lengths = occ.col_end - occ.col_start
+        return cls.from_segments(batch.shape, occ.row, occ.col_start, lengths, occ.segment, device)
 
     def _cached(self, name: str, window: int | None, build: Callable[[], Any]) -> Any:
         key = f"{name}:{window}"
@@ -177,7 +211,7 @@ def register_backend(name: str, fn: Backend) -> None:
     BACKENDS[name] = fn
 
 
-def resolve_backend(name: str, q: torch.Tensor | None = None) -> Backend:
+def resolve_backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise InvalidInput(
             f"unknown attention backend {name!r}; choose one of {', '.join(sorted(BACKENDS))}"
@@ -221,7 +255,7 @@ def attention(
         raise InvalidInput(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must match q {tuple(q.shape)}"
         )
-    fn = resolve_backend(backend, q)
+    fn = resolve_backend(backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window = check_window(window)
     if window is None:  # backends written before windows take (q, k, v, layout, scale)

@@ -1,17 +1,9 @@
 """``auto``: the fastest backend that can serve these inputs on this machine.
 
-The rule (measured numbers in the README, "Attention backends"):
-
-* CUDA, float16/bfloat16: ``flash`` (flash-attn, else torch ``varlen_attn``);
-* CUDA, float32 (or no flash kernel): ``flex`` — fused, forward and backward;
-* CUDA, float64: ``varlen`` (FlexAttention's fused kernel has no float64);
-* CPU: ``varlen``, with or without grad. FlexAttention has no CPU
-  backward, and its compiled CPU forward, after a compile of ~10-20 s per
-  new shape, was slower than ``varlen`` in the benchmark's decoder forward
-  (870 vs 814 ms on one thread, 501 vs 449 ms on two).
-
-Every choice is a backend that agrees with ``ranges`` in the tests, so the
-choice changes speed, never results beyond floating-point rounding.
+CUDA float16/bfloat16: ``flash`` (flash-attn, else torch ``varlen_attn``); CUDA float32
+(or no flash kernel): ``flex``; CUDA float64: ``varlen``; CPU: ``varlen`` (measured:
+docs/design-notes.md). Every choice agrees with ``ranges`` in the tests, so the choice
+changes speed, never results beyond floating-point rounding.
 """
 
 from __future__ import annotations

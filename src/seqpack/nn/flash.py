@@ -1,22 +1,12 @@
 """``flash``: fused variable-length flash attention over ``cu_seqlens`` (CUDA only).
 
-The valid cells are gathered row-major into one token stream ``(N, H, D)``;
-segment ``s`` owns tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` and attends
-causally inside them, which is exactly the permission predicate because
-segments are contiguous and restart at position 0. Fixture: ``cu_seqlens =
-[0, 3, 5, 9]`` (A, B, C), ``max_seqlen = 4``; the three padding cells read
-the zero row on the way back.
-
-Kernel, in order of preference:
-
-1. ``flash_attn.flash_attn_varlen_func`` (the ``flash-attn`` package);
-2. ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA only).
-
-Both take float16 / bfloat16 on a CUDA device only; anything else raises
-:class:`NotAvailable` saying what to use instead. Nothing is imported
-until the backend is called. A ``window`` is the kernels' own
-``window_size=(window - 1, 0)``: a query sees itself and ``window - 1``
-earlier tokens of its segment, the predicate's ``0 <= lag < window``.
+The valid cells are gathered row-major into tokens ``(N, H, D)``; segment ``s`` owns
+tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` and attends causally inside them, which is
+the permission predicate because segments are contiguous and restart at position 0
+(fixture: ``cu_seqlens = [0, 3, 5, 9]``, ``max_seqlen = 4``). Kernel: ``flash_attn``'s
+``flash_attn_varlen_func``, else torch's ``varlen_attn`` (>= 2.10); both float16 /
+bfloat16 on CUDA only, anything else :class:`NotAvailable` naming what to use. A
+``window`` is the kernels' ``window_size=(window - 1, 0)``.
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ import torch
 
 from seqpack.core.errors import NotAvailable
 from seqpack.nn.attention import AttentionLayout, register_backend
+from seqpack.nn.varlen import as_tokens
 
 #: Dtypes both varlen flash kernels accept.
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -139,8 +130,7 @@ def flash_attention(
         return torch.zeros_like(q)
 
     def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (N, H, D)
-        flat = x.transpose(1, 2).reshape(rows * width, heads, x.shape[-1])
-        return flat.index_select(0, layout.valid_index)
+        return as_tokens(x).index_select(0, layout.valid_index)
 
     out = fn(tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale, window)
     out = torch.cat([out.new_zeros(1, heads, out.shape[-1]), out]).index_select(

@@ -1,33 +1,16 @@
 """``flex``: PyTorch FlexAttention with a ``BlockMask`` built from the permission predicate.
 
-The ``mask_mod`` *is* :func:`seqpack.core.permission.permitted` applied to
-the layout's tensors at ``(b, q_idx)`` and ``(b, kv_idx)``: both cells
-valid, same segment, ``0 <= pos[q] - pos[k] < window``.
-``create_block_mask`` evaluates it once per layout and window (cached in
-``AttentionLayout.cache``); the compiled kernel then skips every 128x128
-tile with no permitted edge and masks the partial ones. Fixture row 0 (A =
-columns 0-2, B = 3-4, padding at 5) is one partial tile in which
+The ``mask_mod`` *is* :func:`seqpack.core.permission.permitted` applied to the layout's
+tensors at ``(b, q_idx)`` and ``(b, kv_idx)``; ``create_block_mask`` evaluates it once per
+layout and window (cached in ``AttentionLayout.cache``), and the kernel skips every
+128x128 tile with no permitted edge. Fixture row 0 is one partial tile in which
 ``mask_mod`` permits A's 6 and B's 3 causal edges and nothing else.
 
-Constraints (checked before any kernel runs, each a :class:`NotAvailable`
-naming the fix — never a silent fallback):
-
-* CPU has no FlexAttention backward: inputs that require grad on CPU are
-  refused (use ``varlen`` or ``ranges`` there).
-* The fused (compiled) kernel takes float32 / bfloat16 / float16; float64
-  runs FlexAttention's unfused eager path, which materialises the
-  ``(R, H, T, T)`` scores (a verification path, not a fast one).
-* Inputs the kernel would refuse never reach the compiled wrapper, and it
-  is compiled with ``fullgraph=True``: measured on torch 2.13, one failing
-  call of a default compiled wrapper (e.g. CPU inputs that require grad)
-  leaves FlexAttention's code marked as skipped, so every later call, even
-  through a new wrapper, silently runs the unfused path; with
-  ``fullgraph=True`` the failure raises and later calls still compile, and
-  hitting Dynamo's recompile limit (8 shapes by default) raises too.
-  Failures surface as ``NotAvailable`` with the cause chained.
-
-The module imports FlexAttention lazily, so ``import seqpack.nn`` stays
-cheap and never fails where FlexAttention is missing.
+Refused before any kernel runs (:class:`NotAvailable` naming the fix, never a silent
+fallback): CPU inputs that require grad (no CPU backward). The fused kernel takes
+float32 / bfloat16 / float16, compiled with ``fullgraph=True`` so a failure raises
+(docs/design-notes.md); float64 runs the unfused eager path (verification, not speed).
+FlexAttention is imported lazily.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Attention over tree-packed rows: each node's queries against its path, never ``T^2``.
 
-A node of ``m`` cells whose path (its ancestors' cells, root first, then its
-own) holds ``P`` cells attends with one ``(m, P)`` block: its queries sit at
-path positions ``P-m .. P-1`` and the block's mask is
-:func:`~seqpack.core.permission.permitted` over those positions. The work is
-``Σ over nodes of m × P`` score cells; for the layout drawn in
+A node of ``m`` cells whose path (its ancestors' cells, root first, then its own) holds
+``P`` cells attends with one ``(m, P)`` block, its queries at path positions
+``P-m .. P-1`` (:func:`~seqpack.nn.varlen.grouped_attention`, shared with ``varlen``);
+nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
 :mod:`seqpack.core.tree`::
 
     node 0 (cols 0-2)  queries 0-2  keys 0-2          3 x 3
@@ -13,12 +12,10 @@ path positions ``P-m .. P-1`` and the block's mask is
     node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
-Nodes of the same ``(m, P)`` share one ``scaled_dot_product_attention`` call
-on 4-D ``(n, H, m|P, D)`` inputs; the gathers are built once per batch
-(:func:`tree_plan`) and shared by every layer. A shared prefix receives its
-consumers' gradients summed (``index_select``'s backward): the flat
-objective's gradient. Padding cells read a zero row. Also here: the
-FlexAttention ``mask_mod`` and the per-sequence views unpacked from cells.
+Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
+gradient once per consumer (``index_select``'s backward adds them), which is the flat
+objective's gradient. Also: the FlexAttention ``mask_mod``, the weighted loss over tree
+cells, and per-sequence views (:func:`token_logprobs`, :func:`sequence_logprobs`).
 """
 
 from __future__ import annotations
@@ -28,13 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from seqpack.core.examples import concat_ranges
 from seqpack.core.loss import check_logits, eligible_nll
-from seqpack.core.permission import check_window, permitted
 from seqpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
 from seqpack.nn.flex import permission_mod
+from seqpack.nn.varlen import grouped_attention
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +48,15 @@ class TreePlan:
     cells: int
     score_cells: int
     cache: dict = field(default_factory=dict, repr=False)
+
+    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All groups' query and key indices, concatenated (cached)."""
+        if "gathers" not in self.cache:
+            self.cache["gathers"] = (
+                torch.cat([g[3] for g in self.groups]),
+                torch.cat([g[4] for g in self.groups]),
+            )
+        return self.cache["gathers"]
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -91,15 +96,6 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Tre
     return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
 
 
-def block_mask_of(m: int, p: int, window: int | None, device: Any) -> torch.Tensor:
-    """bool (m, P): the predicate for queries at path positions ``P-m..P-1``, keys ``0..P-1``."""
-    pos = torch.arange(p, device=device)
-    live = torch.ones(p, dtype=torch.bool, device=device)
-    node = torch.zeros(p, dtype=torch.int64, device=device)
-    q = slice(p - m, None)
-    return permitted(live[q, None], live, node[q, None], node, pos[q, None], pos, window)
-
-
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,34 +106,11 @@ def tree_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
-    window = check_window(window)
-    heads, dim_v = q.shape[1], v.shape[-1]
-    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
-    outs = [v.new_zeros(1, heads, dim_v)]
-    # One gather per tensor, split per group: split's backward is one cat, where a gather
-    # per group would zero-fill a full-size gradient per call.
-    if "gathers" not in plan.cache:
-        plan.cache["gathers"] = tuple(torch.cat([g[i] for g in plan.groups]) for i in (3, 4))
-    q_all, k_all = plan.cache["gathers"]
-    qs = q.index_select(0, q_all).split([n * m for n, m, _, _, _ in plan.groups])
-    k_sizes = [n * p for n, _, p, _, _ in plan.groups]
-    ks, vs = (x.index_select(0, k_all).split(k_sizes) for x in (k, v))
-    for (n, m, p, _, _), qg, kg, vg in zip(plan.groups, qs, ks, vs, strict=True):
-        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
-        kg = kg.view(n, p, k.shape[1], -1).transpose(1, 2)  # (n, Hkv, P, D)
-        vg = vg.view(n, p, v.shape[1], -1).transpose(1, 2)
-        key = (m, p, window, q.device)
-        if m == p and (window is None or p <= window):
-            mask = {"is_causal": True}  # a root node: plain causal block
-        else:
-            if key not in plan.cache:
-                plan.cache[key] = block_mask_of(m, p, window, q.device)
-            mask = {"attn_mask": plan.cache[key]}
-        o = F.scaled_dot_product_attention(
-            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
-        )
-        outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))
-    return torch.cat(outs).index_select(0, plan.scatter)
+    groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
+    q_index, k_index = plan.gathers()
+    return grouped_attention(
+        q, k, v, groups, q_index, k_index, plan.scatter, scale, window, dropout, plan.cache
+    )
 
 
 def tree_mask_mod(
@@ -186,7 +159,6 @@ def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
 
 __all__ = [
     "TreePlan",
-    "block_mask_of",
     "cell_logprobs",
     "node_keys",
     "sequence_logprobs",

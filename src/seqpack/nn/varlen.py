@@ -1,42 +1,29 @@
 """``varlen``: attention inside each segment's causal block only, in pure PyTorch.
 
-The dense backend scores the whole ``R*T^2`` rectangle and masks most of it;
-this one visits ``Σ l^2`` cells. Segments are contiguous in their row, so a
-segment is the cells ``[start, start + l)`` of the flat ``R*T`` cell axis and
-its block is plain causal attention over them. Segments of equal length
-(``bucketing="exact"``, the default) are stacked into one
-``scaled_dot_product_attention`` call on 4-D ``(n, H, L, D)`` inputs with
-``is_causal=True`` (4-D inputs are ~10x faster than 3-D on CPU; nested
-jagged tensors reject causal attention on CPU).
-
-``bucketing="bucket"`` also stacks similar lengths: a segment shorter than
-its group's ``L`` is right-padded by repeating its own last cell, so causal
-attention never lets a real query see the pad, the padded queries' outputs
-are dropped, and a group never reads another segment's cells. Measured on
-this CPU it was never faster than ``exact`` (README, "Attention
-backends"). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the flat
-``2*6`` cells; 5, 10, 11 padding) under ``exact``::
+Segment ``s`` is the flat cells ``[start, start + l)`` of the ``R*T`` cell axis; its
+block is plain causal attention. Segments of equal length (``bucketing="exact"``, the
+default) share one ``scaled_dot_product_attention`` call on ``(n, H, L, D)`` with
+``is_causal=True`` (``Σ l^2`` score cells, not ``R*T^2``); ``bucketing="bucket"`` also
+stacks similar lengths, right-padding a segment by repeating its own last cell (causal
+attention never lets a real query see it; padded outputs are dropped). The fixture (A =
+cells 0-2, B = 3-4, C = 6-9 of the flat ``2*6`` cells) under ``exact``::
 
     group (n=1, L=4): C -> cells [6, 7, 8, 9]
     group (n=1, L=3): A -> cells [0, 1, 2]
     group (n=1, L=2): B -> cells [3, 4]
     scatter: cells 5, 10, 11 (padding) read the zero row
 
-All index tensors are built once per layout (:func:`varlen_plan`, cached in
-``AttentionLayout.cache``) and reused by every layer; a call costs one gather
-of ``q, k, v``, one SDPA per group and one gather back.
-
-With a ``window`` shorter than a group's ``L``, that group's call takes the
-``(L, L)`` band of :func:`~seqpack.core.permission.permitted` over local
-positions ``0..L-1`` as its boolean mask instead of ``is_causal`` (a group
-no longer than the window is plain causal attention). The same plan serves
-``cu_seqlens`` alone (:func:`segment_plan`): the registered ``transformers``
-attention function (:mod:`seqpack.hf.attention_impl`) runs on it.
+Index tensors are built once per layout (:func:`varlen_plan`, cached) or from
+``cu_seqlens`` alone (:func:`segment_plan`, for :mod:`seqpack.hf.attention_impl`). A
+``window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
+:func:`~seqpack.core.permission.permitted`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,10 +38,8 @@ from seqpack.nn.attention import AttentionLayout, register_backend
 #: cost-model grouping of similar lengths with padding.
 BUCKETING = ("segment", "exact", "bucket")
 
-#: Cost model of one fused SDPA forward+backward call on ``n`` segments
-#: padded to ``L``: ``CALL_COST + n * L * (L + TOKEN_COST)`` score cells.
-#: Fitted on this machine's CPU (H=4, D=64, float32, one thread): a call
-#: costs ~28 us, a score cell ~0.025 us, a token ~1.2 us.
+#: Cost model of one SDPA forward+backward call on ``n`` segments padded to ``L``:
+#: ``CALL_COST + n * L * (L + TOKEN_COST)`` score cells (fitted: docs/design-notes.md).
 CALL_COST = 1024
 TOKEN_COST = 48
 
@@ -172,12 +157,63 @@ def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan
     return layout.cache[key]
 
 
-def band_mask(size: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """bool (L, L): :func:`~seqpack.core.permission.permitted` inside one segment of ``size``."""
-    pos = torch.arange(size, device=device)
-    live = torch.ones(size, dtype=torch.bool, device=device)
-    seg = torch.zeros(size, dtype=torch.int64, device=device)
-    return permitted(live[:, None], live, seg[:, None], seg, pos[:, None], pos, window)
+def as_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``(R, H, T, D)`` rows as ``(R*T, H, D)`` tokens (cell ``r*T + t``)."""
+    return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[-1])
+
+
+def band_mask(m: int, p: int, window: int | None, device: Any = None) -> torch.Tensor:
+    """bool (m, P): :func:`~seqpack.core.permission.permitted` for queries at positions
+    ``P-m..P-1`` of one segment (or tree path) against its keys ``0..P-1``."""
+    pos_k = torch.arange(p, device=device)
+    live = torch.ones(p, dtype=torch.bool, device=device)
+    node = torch.zeros(p, dtype=torch.int64, device=device)
+    q = slice(p - m, None)
+    return permitted(live[q, None], live, node[q, None], node, pos_k[q, None], pos_k, window)
+
+
+def grouped_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    groups: Sequence[tuple[int, int, int]],
+    q_index: torch.Tensor,
+    k_index: torch.Tensor,
+    scatter: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    dropout: float = 0.0,
+    masks: dict | None = None,
+) -> torch.Tensor:
+    """One SDPA call per group ``(n, m, P)``: ``n`` blocks of ``m`` queries (``q_index``,
+    Σ n·m) at positions ``P-m..P-1`` of their ``P`` keys (``k_index``, Σ n·P).
+
+    Tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) where ``Hkv`` divides ``H``
+    (grouped-query attention); returns ``(N, H, Dv)``, cell ``i`` reading output slot
+    ``scatter[i]`` (0: the zero row). ``masks`` caches the band masks.
+    """
+    window = check_window(window)
+    heads, dim_v = q.shape[1], v.shape[-1]
+    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
+    masks = {} if masks is None else masks
+    # One gather per tensor, split into groups (split's backward is one cat).
+    qs = q.index_select(0, q_index).split([n * m for n, m, _ in groups])
+    ks, vs = (x.index_select(0, k_index).split([n * p for n, _, p in groups]) for x in (k, v))
+    outs = [v.new_zeros(1, heads, dim_v)]  # the zero row read by cells outside every block
+    for (n, m, p), qg, kg, vg in zip(groups, qs, ks, vs, strict=True):
+        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
+        kg, vg = (x.view(n, p, x.shape[1], -1).transpose(1, 2) for x in (kg, vg))  # (n, Hkv, P, D)
+        mask: dict[str, Any] = {"is_causal": True}  # a whole segment (or root node)
+        if m != p or (window is not None and p > window):
+            key = (m, p, window, q.device)
+            if key not in masks:
+                masks[key] = band_mask(m, p, window, q.device)
+            mask = {"attn_mask": masks[key]}
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
+        )
+        outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))  # (n*m, H, Dv)
+    return torch.cat(outs).index_select(0, scatter)
 
 
 def segment_attention(
@@ -189,35 +225,12 @@ def segment_attention(
     window: int | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention inside each segment of ``plan``, over tokens.
-
-    ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) where ``Hkv`` divides ``H``
-    (grouped-query attention). Returns ``(N, H, Dv)``
-    with zeros at cells outside every segment.
-    """
-    window = check_window(window)
-    heads, dim_v = q.shape[1], v.shape[-1]
-    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
-    # One gather per tensor, split into groups: split's backward is a single
-    # cat, where narrowing each group would zero-fill a full-size gradient per call.
-    sizes = [n * size for n, size in plan.groups]
-    parts = zip(
-        *(x.index_select(0, plan.gather).split(sizes) for x in (q, k, v)), plan.groups, strict=True
+    """Causal attention inside each segment of ``plan``, over tokens: :func:`grouped_attention`
+    with ``m = P = L``. ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D); returns ``(N, H, Dv)``."""
+    groups = [(n, size, size) for n, size in plan.groups]
+    return grouped_attention(
+        q, k, v, groups, plan.gather, plan.gather, plan.scatter, scale, window, dropout
     )
-    outs = [v.new_zeros(1, heads, dim_v)]  # the zero row read by cells outside segments
-    for qg, kg, vg, (n, size) in parts:
-
-        def block(x: torch.Tensor, n: int = n, size: int = size) -> torch.Tensor:
-            return x.view(n, size, x.shape[1], x.shape[-1]).transpose(1, 2)  # (n, H, L, D)
-
-        mask = {"is_causal": True}
-        if window is not None and size > window:
-            mask = {"attn_mask": band_mask(size, window, q.device)}
-        o = F.scaled_dot_product_attention(
-            block(qg), block(kg), block(vg), dropout_p=dropout, scale=scale, **mask, **gqa
-        )
-        outs.append(o.transpose(1, 2).reshape(n * size, heads, dim_v))  # (n*L, H, Dv)
-    return torch.cat(outs).index_select(0, plan.scatter)
 
 
 def varlen_attention(
@@ -233,10 +246,7 @@ def varlen_attention(
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
 
-    def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (R*T, H, D)
-        return x.transpose(1, 2).reshape(rows * width, x.shape[1], x.shape[-1])
-
-    out = segment_attention(tokens(q), tokens(k), tokens(v), plan, scale, window)
+    out = segment_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 
 

@@ -1,6 +1,6 @@
 """Training integration: data loading, distributed scheduling, loss normalisation.
 
-``PackedDataset`` (a packed directory) or ``StreamDataset`` (documents packed
+``PackedBatches`` (a packed directory) or ``StreamDataset`` (documents packed
 on the fly) -> ``RowSampler`` slots (every rank the same number of
 micro-batches, every row once) -> ``PackedCollator`` tensors ->
 ``micro_batch_loss`` (raw sum divided by the whole step's eligible count).
@@ -15,6 +15,7 @@ from seqpack.training.distributed import (
 )
 from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
 from seqpack.training.packed_data import (
+    PackedBatches,
     PackedCollator,
     PackedDataset,
     ScheduledBatch,
@@ -29,6 +30,7 @@ from seqpack.training.sampler import RowSampler, Slot
 from seqpack.training.stream import StreamDataset
 
 __all__ = [
+    "PackedBatches",
     "PackedCollator",
     "PackedDataset",
     "RowSampler",

@@ -108,10 +108,6 @@ class StepSchedule:
 
     def slot(self, step: int, rank: int, micro: int) -> np.ndarray:
         """Row ids of one micro-batch (possibly empty), int64."""
-        if not (0 <= step < self.steps and 0 <= rank < self.world_size):
-            raise InvalidInput(f"step {step} / rank {rank} outside the schedule")
-        if not 0 <= micro < self.micro_batches:
-            raise InvalidInput(f"micro-batch {micro} outside 0..{self.micro_batches - 1}")
         i = (step * self.world_size + rank) * self.micro_batches + micro
         return self.row_ids[self.slot_offsets[i] : self.slot_offsets[i + 1]]
 

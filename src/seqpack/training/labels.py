@@ -1,33 +1,22 @@
 """Label tensors under the names ``transformers`` reads, each with ``transformers``' meaning.
 
-seqpack's targets are already shifted: cell ``c`` predicts ``targets[c]``,
-and an example's last target (its EOS) is no input of the row. A
-``transformers`` causal LM reads two label keys:
-
-* ``labels`` — aligned with ``input_ids``: ``labels[c]`` is the token at
-  ``c`` when the pair ``c-1 -> c`` is supervised, else ``-100``; the model
-  shifts them (``logits[c]`` is scored against ``labels[c+1]``). The first
-  cell of every example is ``-100`` (nothing before it in the example
-  predicts it), exactly as ``DataCollatorWithFlattening`` writes them.
-* ``shift_labels`` — already shifted: ``shift_labels[c]`` is the target of
-  cell ``c`` or ``-100``. ``ForCausalLMLoss`` then does not shift, and
-  ``Trainer`` counts ``num_items_in_batch`` from them.
-
-Every seqpack output gives both, so ``model(**features).loss`` is the
-token-weighted loss over all supervised targets, each example's last one
-included (``labels`` alone would lose it: its target is no input). A model
-must get ``labels`` to compute a loss at all, and never gets pre-shifted
-targets under that name. Fixture row 0 (A = columns 0-2, B = 3-4, padding
-at 5)::
+seqpack's targets are already shifted (cell ``c`` predicts ``targets[c]``; an example's
+last target, its EOS, is no input of the row). ``labels`` are aligned with
+``input_ids`` (``labels[c]`` is the token at ``c`` when the pair ``c-1 -> c`` is
+supervised, ``-100`` on every example's first cell), as ``DataCollatorWithFlattening``
+writes them, and the model shifts them; ``shift_labels`` are the pre-shifted targets,
+which ``ForCausalLMLoss`` takes as they are and ``Trainer`` counts
+``num_items_in_batch`` from. Both are given, so ``model(**features).loss`` is the
+token-weighted loss over every supervised target, each example's last included.
+Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5)::
 
     input_ids     [ 0,   99, 100,    0,  101,    0]
     labels        [-100, 99, 100, -100,  101, -100]
     shift_labels  [ 99, 100,   1,  101,    1, -100]
 
-``seq_idx`` (int32, 0-based per batch, ``[1, N]`` over the flattened
-cells) is what ``DataCollatorWithFlattening(return_seq_idx=True)`` and
-TRL's padding-free collator give hybrid models: ``[0, 0, 0, 1, 1, 2, 2, 2, 2]``
-for the fixture's A, B | C.
+``seq_idx`` (int32, ``[1, N]`` over the flattened cells, 0-based per batch) is what
+``DataCollatorWithFlattening(return_seq_idx=True)`` and TRL's padding-free collator give
+hybrid models: ``[0, 0, 0, 1, 1, 2, 2, 2, 2]`` for the fixture's A, B | C.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""PyTorch data path: packed rows -> model calls -> tensors.
+"""PyTorch read path: packed rows, compact from the shard to the collator, -> tensors.
 
-:class:`PackedDataset` reads a packed directory (``seqpack pack``) as model
+:class:`PackedBatches` reads a packed directory (``seqpack pack``) as model
 calls, or as any selection of its rows (what :class:`RowSampler` slots ask
-for); :class:`PackedCollator` turns a model call into tensors. The fixture's
-call (rows ``[A A A B B .]`` and ``[C C C C . .]``) collates, with
-``pad_id=0``, to::
+for), as :class:`~seqpack.core.compact.CompactRows` (tokens, segment lengths,
+starts: no padding); :class:`PackedCollator` turns them into tensors, padding
+only in rows mode. The fixture's call (rows ``[A A A B B .]`` and
+``[C C C C . .]``) collates, with ``pad_id=0``, to::
 
     input_ids     [[   0, 99, 100,    0, 101,    0], [   0, 102, 103, 104,    0,    0]]
     shift_labels  [[  99, 100,  1,  101,   1, -100], [ 102, 103, 104,   1, -100, -100]]
@@ -17,12 +18,13 @@ call (rows ``[A A A B B .]`` and ``[C C C C . .]``) collates, with
 ``shift_labels[r, c]`` is the token cell ``c`` must predict (already
 shifted, never a pair across examples), or ``-100`` where the target is not
 loss-eligible; ``labels`` are ``transformers``' unshifted labels of the same
-pairs (:mod:`seqpack.training.labels`), so a Hugging Face model fed these
-keys computes the right loss and never shifts pre-shifted targets.
+pairs (:mod:`seqpack.training.labels`). ``cu_seq_lens`` are the stored
+segment lengths, cumulated.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,39 +39,65 @@ from seqpack.core.batch import IGNORE_INDEX, NO_SEGMENT, PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.permission import key_bounds
+from seqpack.core.permission import pairwise
 from seqpack.io.integrity import read_row_stats
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
 from seqpack.training.distributed import RowStats
-from seqpack.training.labels import model_labels, seq_idx, shift_labels
-from seqpack.training.rows import concat_batches, distinct_rows, empty_batch, select_rows
+from seqpack.training.labels import seq_idx
+from seqpack.training.rows import (
+    PAD_FILL,
+    Rows,
+    compact_of,
+    concat_batches,
+    concat_rows,
+    cu_seq_lens,
+    distinct_rows,
+    empty_batch,
+    empty_rows,
+    flat_columns,
+    pad_cells,
+    select_rows,
+)
 from seqpack.training.sampler import Slot
+
+# Reading a packed directory.
 
 
 @dataclass(frozen=True, eq=False)
 class ScheduledBatch:
-    """A model call together with the :class:`Slot` it fills (step, rank, micro, step count).
+    """Rows for the :class:`Slot` they fill (step, rank, micro, step count).
 
-    ``world_size``: the ranks a :class:`StreamDataset` split its stream over (its
-    items are this rank's share), None when not known.
+    ``rows``: compact (or a :class:`PackedBatch`); ``batch`` pads them (made on
+    first use). ``world_size``: the ranks a :class:`StreamDataset` split its
+    stream over (its items are this rank's share), None when not known.
     """
 
-    batch: PackedBatch
+    rows: Rows
     slot: Slot
     world_size: int | None = None
 
+    @property
+    def batch(self) -> PackedBatch:
+        if isinstance(self.rows, PackedBatch):
+            return self.rows
+        if "_batch" not in self.__dict__:
+            object.__setattr__(self, "_batch", self.rows.to_batch())
+        return self.__dict__["_batch"]
 
-class PackedDataset(Dataset):
-    """Map-style dataset over a packed directory (checksums and binding verified on open).
 
-    ``ds[i]`` (int) is model call ``i`` exactly as packed; ``ds[slot]`` (a
-    :class:`Slot` from :class:`RowSampler`) is a :class:`ScheduledBatch` of
-    the slot's rows; ``ds.rows([5, 2, 9])`` is any selection of global rows.
-    ``row_stats()`` gives the per-row counts a :class:`RowSampler` needs.
-    Up to ``cache_shards`` decoded shards are kept (least recently used out).
-    Pass ``expected_partition="train"`` in a training loop so a validation or
-    test output can never be trained on by mistake.
+class PackedBatches(Dataset):
+    """Map-style dataset of model calls over a packed directory (checksums and binding
+    verified on open).
+
+    ``ds[i]`` (int) is model call ``i`` exactly as packed (a :class:`PackedBatch`);
+    ``ds[slot]`` (a :class:`Slot` from :class:`RowSampler`) is a :class:`ScheduledBatch`
+    of the slot's rows, compact; ``ds.rows([5, 2, 9])`` is any selection of
+    global rows (``ds.compact_rows`` the same unpadded). ``row_stats()`` gives
+    the per-row counts a :class:`RowSampler` needs. Up to ``cache_shards``
+    decoded shards are kept (least recently used out). Pass
+    ``expected_partition="train"`` in a training loop so a validation or test
+    output can never be trained on by mistake.
     """
 
     def __init__(
@@ -98,9 +126,8 @@ class PackedDataset(Dataset):
         self.cache_shards = cache_shards
         self._shards: OrderedDict[int, CompactRows] = OrderedDict()
         self._stats: RowStats | None = None
-        self._first_rows = np.array(
-            [s["first_row"] for s in self.store.shards] + [self.store.num_rows], dtype=np.int64
-        )
+        firsts = [s["first_row"] for s in self.store.shards] + [self.store.num_rows]
+        self._first_rows = np.array(firsts, dtype=np.int64)
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers get the dataset pickled: send no decoded shards.
@@ -123,31 +150,34 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index: int | Slot) -> PackedBatch | ScheduledBatch:
         if isinstance(index, Slot):
-            return ScheduledBatch(self.rows(index.rows), index)
+            return ScheduledBatch(self.compact_rows(index.rows), index)
         return self.store[int(index)]
 
     def _shard(self, k: int) -> CompactRows:
         if k in self._shards:
             self._shards.move_to_end(k)
             return self._shards[k]
-        rows = self.store.shard_rows(k)
-        self._shards[k] = rows
+        rows = self._shards[k] = self.store.shard_rows(k)
         if len(self._shards) > self.cache_shards:
             self._shards.popitem(last=False)
         return rows
 
-    def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
-        """Global rows ``ids`` (distinct, in this order) as one model call; none: 0 rows."""
+    def compact_rows(self, ids: Sequence[int] | np.ndarray) -> CompactRows:
+        """Global rows ``ids`` (distinct, in this order), unpadded; none: 0 rows."""
         ids = distinct_rows(ids, self.num_rows)
         if not ids.size:
-            return empty_batch(self.capacity, self.store.partition, self.binding)
+            return empty_rows(self.capacity, self.store.partition, self.binding)
         shard_of = np.searchsorted(self._first_rows, ids, "right") - 1
         parts = []
         for row, k in zip(ids.tolist(), shard_of.tolist(), strict=True):
             shard = self._shard(k)
             local = row - shard.first_row
-            parts.append(shard.slice_rows(local, local + 1).to_batch())
-        return concat_batches(parts)
+            parts.append(shard.slice_rows(local, local + 1))
+        return concat_rows(parts)
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
+        """Global rows ``ids`` (distinct, in this order) as one padded model call."""
+        return self.compact_rows(ids).to_batch()
 
     def row_stats(self) -> RowStats:
         """Valid tokens, eligible targets and Σl² of every row (computed once, then cached).
@@ -170,16 +200,29 @@ class PackedDataset(Dataset):
         return self._stats
 
 
-def _as_batch(item: Any) -> tuple[PackedBatch, Slot | None]:
+class PackedDataset(PackedBatches):
+    """Deprecated name of :class:`PackedBatches` (its items are model calls, not rows)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(
+            "PackedDataset is now PackedBatches (its items are model calls of several rows,"
+            " not torchtune's one row); the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)
+
+
+def _scheduled(item: Any) -> tuple[CompactRows, Slot | None]:
     if isinstance(item, ScheduledBatch):
-        return item.batch, item.slot
-    if isinstance(item, PackedBatch):
-        return item, None
+        return compact_of(item.rows), item.slot
+    if isinstance(item, (PackedBatch, CompactRows)):
+        return compact_of(item), None
     if isinstance(item, (list, tuple)) and item:
         if len(item) == 1:
-            return _as_batch(item[0])
-        if all(isinstance(b, PackedBatch) for b in item):
-            return concat_batches(item), None
+            return _scheduled(item[0])
+        if all(isinstance(b, (PackedBatch, CompactRows)) for b in item):
+            return concat_rows(item), None
     raise InvalidInput(
         f"cannot collate {type(item).__name__}; pass a PackedBatch, a ScheduledBatch, or a list"
         " of PackedBatch (use DataLoader(batch_size=None) with a RowSampler)"
@@ -187,37 +230,21 @@ def _as_batch(item: Any) -> tuple[PackedBatch, Slot | None]:
 
 
 class PackedCollator:
-    """Tensors for one model call (see the module docstring for the fixture's values).
+    """Tensors for one model call (the module docstring draws the fixture's).
 
-    Keys: ``input_ids`` int64 (``pad_id`` on padding), ``shift_labels``
-    int64 (the pre-shifted targets, ``ignore_index`` where not
-    loss-eligible), ``labels`` int64 (``transformers``' unshifted labels of
-    the same pairs), ``position_ids`` int64, ``segment_ids`` int64 (the
-    occurrences' epoch-wide ordinals, -1 on padding), ``cu_seq_lens_q``/``_k``
-    int32 [S+1] over the valid cells in row-major order,
-    ``max_length_q``/``_k`` (int), ``num_eligible`` (int, this call's
-    eligible targets) and ``num_items_in_batch`` (int: the whole optimizer
-    step's count across ranks and micro-batches for a
-    :class:`ScheduledBatch`, else this call's). Rows mode (default) keeps
-    ``[R, T]`` and adds ``valid_index`` int64 [Σl] (flat cells to gather);
-    ``flatten=True`` drops padding and returns ``[1, Σl]`` tensors (what
-    varlen / flash kernels and HF's flattening collator use) plus
-    ``seq_idx`` int32 ``[1, Σl]`` (0-based per call, as
-    ``DataCollatorWithFlattening(return_seq_idx=True)`` gives) and
-    ``use_cache=False`` (so a ``transformers`` model of any kind keeps the
-    flattened examples apart from their restarting ``position_ids``). Every key a
-    ``transformers`` model reads has ``transformers``' meaning; rows mode
-    carries no ``attention_mask``, so feed Hugging Face models with
-    ``flatten=True`` or :class:`seqpack.hf.HFCollator` /
-    :func:`seqpack.hf.hf_inputs`.
-    ``permission_mask=True`` (rows mode only) adds the permission as a bool
-    ``[R, 1, T, T]`` mask under the key ``permission_mask`` (True = may
-    attend; for ``F.scaled_dot_product_attention``). It is deliberately not
-    called ``attention_mask``: a ``transformers`` eager model adds a boolean
-    4-D mask as numbers and silently attends across examples.
-    ``partition="train"`` refuses a call of any other partition (a
-    validation output trained on by mistake). A scheduled call also carries
-    its ``slot``.
+    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` (pre-shifted targets,
+    ``ignore_index`` where not loss-eligible), ``labels`` (``transformers``' unshifted
+    ones), ``position_ids``, ``segment_ids`` (ordinals, -1 on padding); int32
+    ``cu_seq_lens_q``/``_k`` [S+1] and ints ``max_length_q``/``_k``, ``num_eligible``
+    (this call's) and ``num_items_in_batch`` (the whole step's for a
+    :class:`ScheduledBatch`, which also adds ``last_micro`` and ``slot``).
+    Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
+    adds the permission as bool ``[R, 1, T, T]`` (True = may attend; never named
+    ``attention_mask``: eager ``transformers`` adds a boolean mask as numbers).
+    ``flatten=True``: ``[1, N]``, no padding made, plus ``seq_idx`` int32 and
+    ``use_cache=False``, as ``DataCollatorWithFlattening`` gives. Rows mode has no
+    ``attention_mask``: feed Hugging Face models ``flatten=True`` or
+    :class:`seqpack.hf.HFCollator`. ``partition="train"`` refuses other partitions.
     """
 
     def __init__(
@@ -240,50 +267,50 @@ class PackedCollator:
         self.partition = None if partition is None else Partition.parse(partition)
 
     def __call__(self, item: Any) -> dict[str, Any]:
-        batch, slot = _as_batch(item)
-        check_partition(batch, self.partition, "PackedCollator")
-        cu = batch.cu_seqlens()
-        cells = {
-            "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
-            "labels": model_labels(batch, self.ignore_index),
-            "shift_labels": shift_labels(batch, self.ignore_index),
-            "position_ids": batch.position_ids(),
-            "segment_ids": batch.segments,
-        }
+        rows, slot = _scheduled(item)
+        check_partition(rows, self.partition, "PackedCollator")
+        cells = flat_columns(rows, self.ignore_index)
+        index = cells.pop("valid_index")
+        shape = (rows.num_rows, rows.capacity)
         if self.flatten:
-            cells = {k: v.reshape(-1)[cu.valid_index][None] for k, v in cells.items()}
-        out: dict[str, Any] = {
-            k: torch.as_tensor(np.ascontiguousarray(v), dtype=torch.int64) for k, v in cells.items()
-        }
-        cu_t = torch.as_tensor(cu.cu_seqlens, dtype=torch.int32)
+            cells = {k: v[None] for k, v in cells.items()}
+        else:
+            fill = PAD_FILL | {"input_ids": self.pad_id}
+            cells = {k: pad_cells(v, index, shape, fill[k]) for k, v in cells.items()}
+        out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in cells.items()}
+        cu = cu_seq_lens(rows)
+        longest = int(rows.lengths.max()) if len(rows) else 0
+        eligible = int(rows.loss_mask.sum())
         out |= {
-            "cu_seq_lens_q": cu_t,
-            "cu_seq_lens_k": cu_t.clone(),
-            "max_length_q": cu.max_seqlen,
-            "max_length_k": cu.max_seqlen,
-            "num_eligible": batch.eligible_count,
-            "num_items_in_batch": batch.eligible_count if slot is None else slot.step_eligible,
+            "cu_seq_lens_q": torch.from_numpy(cu),
+            "cu_seq_lens_k": torch.from_numpy(cu.copy()),
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "num_eligible": eligible,
+            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
         }
         if self.flatten:
-            out["seq_idx"] = torch.as_tensor(seq_idx(cu.cu_seqlens))
+            out["seq_idx"] = torch.as_tensor(seq_idx(cu))
             # transformers reads packed position_ids (batch of 1) only when no cache exists.
             out["use_cache"] = False
         else:
-            out["valid_index"] = torch.as_tensor(cu.valid_index, dtype=torch.int64)
+            out["valid_index"] = torch.from_numpy(index)
         if self.permission_mask:
-            out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
+            seg, pos = cells["segment_ids"], cells["position_ids"]
+            out["permission_mask"] = torch.as_tensor(pairwise(seg != NO_SEGMENT, seg, pos))[:, None]
         if slot is not None:
-            out["slot"] = slot
+            out |= {"last_micro": slot.last_micro, "slot": slot}
         return out
 
 
-def check_partition(batch: PackedBatch, expected: Partition | None, who: str) -> None:
+def check_partition(batch: Rows, expected: Partition | None, who: str) -> None:
     """Refuse ``batch`` unless it is of partition ``expected`` (None: any)."""
     if expected is not None and batch.partition is not expected:
+        got = batch.partition.value
         raise PartitionMismatch(
-            f"{who} expects {expected.value} rows but got a {batch.partition.value} model call —"
-            f" a {batch.partition.value} output must not be used as {expected.value} data; collate"
-            f" it with a collator built for partition={batch.partition.value!r}"
+            f"{who} expects {expected.value} rows but got a {got} model call — a {got} output"
+            f" must not be used as {expected.value} data; collate it with a collator built"
+            f" for partition={got!r}"
         )
 
 
@@ -298,30 +325,19 @@ def move_features(features: dict[str, Any], device: torch.device | str) -> dict[
 def layout_from_features(
     features: dict[str, Any], device: torch.device | str | None = None
 ) -> AttentionLayout:
-    """The :class:`AttentionLayout` of rows-mode features, equal to ``from_batch``'s.
+    """:meth:`AttentionLayout.from_segments` of rows-mode features (equal to ``from_batch``'s).
 
     Lets a training loop run :class:`~seqpack.verify.TinyDecoder` from collated
     tensors alone: ``model(features["input_ids"], layout_from_features(features))``.
     """
     if "valid_index" not in features:
         raise InvalidInput("layout_from_features needs rows-mode features (flatten=False)")
-    seg = features["segment_ids"].to(device)
-    pos = features["position_ids"].to(device)
-    valid = seg != NO_SEGMENT
-    cols = torch.arange(seg.shape[1], device=seg.device).expand_as(seg)
-    starts, ends = key_bounds(valid, pos, cols)
-    cu = features["cu_seq_lens_q"]
-    return AttentionLayout(
-        valid=valid,
-        segments=seg,
-        positions=pos,
-        key_starts=starts,
-        key_ends=ends,
-        cu_seqlens=cu.to(device),
-        max_seqlen=int(features["max_length_q"]),
-        valid_index=features["valid_index"].to(device),
-        lengths=np.diff(cu.cpu().numpy()).astype(np.int64),
-    )
+    shape = tuple(features["segment_ids"].shape)
+    cu = features["cu_seq_lens_q"].cpu().numpy().astype(np.int64)
+    first = features["valid_index"].cpu().numpy()[cu[:-1]]  # each segment's first cell
+    segments = features["segment_ids"].cpu().numpy().reshape(-1)[first]
+    rows, starts = np.divmod(first, shape[1])
+    return AttentionLayout.from_segments(shape, rows, starts, np.diff(cu), segments, device)
 
 
 def decoder_inputs(
@@ -332,13 +348,17 @@ def decoder_inputs(
 
 
 __all__ = [
+    "PackedBatches",
     "PackedCollator",
     "PackedDataset",
     "ScheduledBatch",
     "check_partition",
+    "compact_of",
     "concat_batches",
+    "concat_rows",
     "decoder_inputs",
     "empty_batch",
+    "flat_columns",
     "layout_from_features",
     "move_features",
     "select_rows",

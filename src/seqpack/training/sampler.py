@@ -68,7 +68,7 @@ class RowSampler:
 
     Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
     :class:`Slot` objects, the dataset turns each into its rows
-    (:class:`seqpack.training.packed_data.PackedDataset`), the collator into tensors.
+    (:class:`seqpack.training.packed_data.PackedBatches`), the collator into tensors.
     Every rank yields exactly ``steps * micro_batches`` slots; a short final
     step holds explicitly empty slots rather than dropping or repeating rows.
     ``world_size``/``rank`` default to the initialised ``torch.distributed``
@@ -93,7 +93,7 @@ class RowSampler:
     ) -> None:
         if not isinstance(stats, RowStats):
             raise InvalidInput(
-                f"stats must be a RowStats (e.g. PackedDataset.row_stats()), got"
+                f"stats must be a RowStats (e.g. PackedBatches.row_stats()), got"
                 f" {type(stats).__name__}"
             )
         self.world_size, self.rank = check_world(world_size, rank)

@@ -327,7 +327,7 @@ class _StreamPass:
             partition=self.ds.partition,
             binding=self.ds.binding,
             first_row=int(rows[0]) if rows.size else 0,
-        ).to_batch()
+        )
 
     def _step_stats(self, step_rows: np.ndarray, example: np.ndarray, row: np.ndarray):
         lengths = np.array([self.pending[e].window.shape[0] - 1 for e in example.tolist()])
