@@ -11,19 +11,14 @@ Every document is ``[BOS, bytes..., EOS]``: ``b`` UTF-8 bytes give ``b + 2``
 tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
 (packed rows mark empty cells with ``PAD_CELL = -1``).
 
-Any ``tokenizers`` (``tokenizer.json``) or ``transformers`` tokenizer saved on
-disk loads with :func:`load_tokenizer`; nothing is downloaded, no folder's code
-is run (``trust_remote_code=False``, an ``auto_map`` refused). A folder whose
-``tokenizer.json`` transformers would use as it is (generic class, no setting
-that rebuilds a part, every special token in the vocabulary) is read directly,
-without importing transformers. Every file is a regular file of a bounded size,
-checked before it is read. Settings that would change the data are made
-explicit: truncation and padding are turned off on seqpack's copy (with a
-:class:`UserWarning`), and a post-processor adding more than one special token
-before or after a text is refused. Every tokenizer has ``identity`` (the
+:func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
+``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
+every file a regular file of bounded size; a folder whose ``tokenizer.json``
+transformers would use as it is loads without importing transformers. Truncation
+and padding are turned off on seqpack's copy (with a warning); a post-processor
+adding more than BOS/EOS is refused. Every tokenizer has ``identity`` (the
 Binding's ``tokenizer_id``), ``vocab_size`` and
-``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``, with BOS/EOS
-exactly as its own post-processor adds them.
+``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
 """
 
 from __future__ import annotations
