@@ -306,14 +306,8 @@ def documents_from_arrow(
     objective: Objective | None = None,
 ) -> Documents:
     """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
-    chunk = chunk_from_arrow(
-        table,
-        origin,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        partition=partition,
-        objective=objective,
-    )
+    options = dict(tokenizer=tokenizer, text_field=text_field, partition=partition)
+    chunk = chunk_from_arrow(table, origin, **options, objective=objective)
     return Documents.from_chunks([chunk], origin)
 
 

@@ -140,25 +140,20 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
             raise InvalidInput(f"{name} is empty: it holds no rows — nothing to pack")
         else:
             parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
-            yield from _named(_compressed_progress(parts, stream), str(name), "line")
+            yield from _named(parts, str(name), "line", stream)
 
 
-def _named(parts: Iterator[tuple[pa.Table, int]], name: str, unit: str) -> Chunks:
-    first = 0
+def _named(
+    parts: Iterator[tuple[pa.Table, int]], name: str, unit: str, stream: InputStream | None = None
+) -> Chunks:
+    """``parts`` with the origin of their rows; with ``stream``, each size is the input bytes
+    (compressed) consumed for it."""
+    first = done = 0
     for table, size in parts:
+        if stream is not None:
+            size, done = stream.position - done, stream.position
         yield table, Origin(((name, -first, unit),)), size
         first += table.num_rows
-
-
-def _compressed_progress(
-    parts: Iterator[tuple[pa.Table, int]], stream: InputStream
-) -> Iterator[tuple[pa.Table, int]]:
-    """``parts`` with each size replaced by the input bytes (compressed) consumed for it."""
-    done = 0
-    for table, _ in parts:
-        now = stream.position
-        yield table, now - done
-        done = now
 
 
 def _parquet_chunks(

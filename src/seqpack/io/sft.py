@@ -17,15 +17,11 @@ defaults (:class:`~seqpack.core.supervision.Objective`). Rows without
   rendered conversation, every token supervised by default, only those inside
   ``{% generation %}`` … ``{% endgeneration %}`` with ``assistant_only_loss``.
 
-A template without generation markers is refused, with TRL's reason, only where
-``assistant_only_loss=True`` needs them. A row left with nothing to train is
-refused naming the row. Chats are rendered by the tokenizer's own
-``apply_chat_template`` (``add_special_tokens=False``, assistant masks from the
-generation blocks' character spans) inside :func:`seqpack.io.templates.bounded`,
-batched when no row has extras and row by row otherwise, so an error names its
-row. A row's ``tools`` (a list or JSON text) and ``chat_template_kwargs`` (a
-mapping of template variables; tokenizer and ``apply_chat_template`` settings
-such as ``padding`` or ``max_length`` are refused) reach the template as in TRL.
+Markers are required (TRL's reason) only where ``assistant_only_loss`` needs them; a
+row left with nothing to train is refused naming it. Chats render through the
+tokenizer's own ``apply_chat_template`` inside :func:`seqpack.io.templates.bounded`,
+with each row's ``tools`` and ``chat_template_kwargs`` (template variables only) as
+in TRL.
 
 :func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]`` and one
 supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="`` and
