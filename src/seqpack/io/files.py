@@ -293,10 +293,7 @@ class InputStream:
 
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
-        self.out = 0
-        self._head: bytes | None = b""
-        self._replay: int | None = None
-        self._recording = True
+        self.out, self._head, self._at, self._recording = 0, b"", 0, True
         self._stream = _decoder(raw, codec)
 
     @property
@@ -328,40 +325,38 @@ class InputStream:
         return data
 
     def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = 1 << 62
-        head, at = self._head, self._replay
+        n = 1 << 62 if n is None or n < 0 else n
         data = b""
-        if at is not None and head is not None and at < len(head):
-            data = head[at : at + n]
-            self._replay = at + len(data)
+        if self._at < len(self._head):  # replaying what a peek read
+            data = self._head[self._at : self._at + n]
+            self._at += len(data)
             if len(data) == n:
                 return data
             n -= len(data)
         more = self._read(n)
-        if self._recording and self._head is not None:
-            self._head += more  # kept while a peek may still rewind
-            self._replay = len(self._head)
-            if len(self._head) > _PEEK_BYTES:
+        if self._recording:  # kept while a peek may still rewind
+            self._head += more
+            self._at = len(self._head)
+            if self._at > _PEEK_BYTES:
                 raise InvalidInput(
                     f"{self.name} starts with more than {_PEEK_BYTES >> 20} MiB of blank space"
                     " — strip it"
                 )
-        elif self._head is not None and self._replay is not None:
-            self._head, self._replay = None, None  # replayed once: gone
+        else:
+            self._head, self._at = b"", 0  # replayed once: gone
         return data + more
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if offset != 0 or whence != 0 or not self._recording:
             raise InvalidInput(f"{self.name}: a stream can only be read once, in order")
-        self._replay = 0
+        self._at = 0
         return 0
 
     def settle(self) -> None:
         """No rewind after this: what was peeked is replayed once, then dropped."""
         self._recording = False
-        if self._head is not None and (self._replay or 0) >= len(self._head):
-            self._head, self._replay = None, None
+        if self._at >= len(self._head):
+            self._head, self._at = b"", 0
 
     def fileno(self) -> int:
         return self.raw.fileno()
