@@ -1,22 +1,11 @@
 """The input policy: which files seqpack reads, and how much of them, for every reader.
 
 Every reader (JSON Lines, Parquet, ``datasets`` folders, Ray blocks, tokenizer,
-template and state loaders) opens files here, and every refusal is one
-:class:`InvalidInput` line naming the path:
-
-- :func:`open_regular`: a **regular file only** (no FIFO, device, socket or
-  folder), checked by ``stat``, opened ``O_NONBLOCK`` and re-checked by
-  ``fstat`` (same inode); with ``root`` it must lie inside that folder once
-  symlinks are resolved, with ``max_bytes`` be no larger;
-- :func:`read_limited`: a whole small file, refused over its bound before a byte
-  is read; :func:`resolve_inside`: a name read from a file (``state.json``'s
-  ``filename``) as a path that stays inside its folder;
-- :func:`data_kind`: a file's format from its suffixes, case-insensitively;
-  :func:`folder_files` / :func:`resolve_files`: what files an input names (a
-  file, a folder of shards of one format, a glob, ``-``), stray data refused;
-- :func:`open_stream`: a file or standard input through its decompressor
-  (``.gz``, ``.zst``, ``.bz2``, ``.xz``) with the decompressed bytes bounded by
-  :class:`ReadLimits`.
+template and state loaders) opens files here: regular files only
+(:func:`open_regular`), inside the input named (:func:`resolve_inside`), of a
+bounded size (:func:`read_limited`), decompressed with a bound
+(:func:`open_stream`, :class:`ReadLimits`); :func:`resolve_files` says which files
+an input names. Every refusal is one :class:`InvalidInput` line naming the path.
 """
 
 from __future__ import annotations
