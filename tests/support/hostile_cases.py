@@ -48,7 +48,7 @@ from seqpack import (
 from seqpack.cli import main
 from seqpack.core.config import check_segment_namespace
 from seqpack.io.readers import load_examples
-from seqpack.io.template_limits import TemplateLimit
+from seqpack.io.templates import TemplateLimit
 from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
 from seqpack.pipeline.local import pack_path
 

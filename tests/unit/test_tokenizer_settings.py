@@ -22,8 +22,12 @@ import pytest
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.readers import read_documents
-from seqpack.io.tokenizer_settings import MAX_TEMPLATE_FILE
-from seqpack.io.tokenizers import load_tokenizer, loaded_tokenizer, read_chat_template
+from seqpack.io.tokenizers import (
+    MAX_TEMPLATE_FILE,
+    load_tokenizer,
+    loaded_tokenizer,
+    read_chat_template,
+)
 
 from support.sft_helpers import CHATS, chat_tokenizer
 

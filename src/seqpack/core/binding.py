@@ -18,6 +18,7 @@ import numpy as np
 from seqpack.core.errors import BindingMismatch, InvalidInput
 
 INT32_MAX = 2**31 - 1
+_FIELDS = ("vocab_size", "tokenizer_id", "split_id")
 
 
 class Partition(str, enum.Enum):
@@ -40,13 +41,10 @@ class Partition(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Binding:
-    """What every example and batch must agree on.
-
-    ``vocab_size`` bounds token ids to ``[0, vocab_size)``; ``tokenizer_id``
-    names the tokenizer that encoded the ids; ``split_id`` is the digest of
-    the accepted data split (the split receipt). It identifies evidence, it
-    does not approve it.
-    """
+    """What every example and batch must agree on: ``vocab_size`` bounds token ids to
+    ``[0, vocab_size)``, ``tokenizer_id`` names the tokenizer that encoded them, ``split_id``
+    is the digest of the accepted data split (the split receipt: it identifies evidence,
+    it does not approve it)."""
 
     vocab_size: int
     tokenizer_id: str
@@ -65,11 +63,7 @@ class Binding:
                 raise InvalidInput(f"Binding.{name} must be a non-empty string")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "vocab_size": self.vocab_size,
-            "tokenizer_id": self.tokenizer_id,
-            "split_id": self.split_id,
-        }
+        return {name: getattr(self, name) for name in _FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Binding:
@@ -80,7 +74,7 @@ class Binding:
         if other != self:
             diffs = [
                 f"{name} {getattr(other, name)!r} != expected {getattr(self, name)!r}"
-                for name in ("vocab_size", "tokenizer_id", "split_id")
+                for name in _FIELDS
                 if getattr(other, name) != getattr(self, name)
             ]
             raise BindingMismatch(

@@ -28,6 +28,32 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 
 
+def offsets_of(counts: np.ndarray) -> np.ndarray:
+    """Offsets int64 [n+1] from 0 of ``counts`` [n] laid end to end: ``[2, 3]`` -> ``[0, 2, 5]``."""
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def pair_offsets(offsets: np.ndarray) -> np.ndarray:
+    """Where each sequence's prediction pairs start in a per-pair array, int64 [n+1]: a
+    sequence of ``n`` tokens has ``n - 1`` pairs, so sequence ``i``'s start at
+    ``offsets[i] - i`` (token offsets ``[0, 4, 7]`` -> pair offsets ``[0, 3, 5]``)."""
+    return offsets - np.arange(offsets.shape[0], dtype=np.int64)
+
+
+def _outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
+    """``(id, position)`` of the most negative id, else of the largest one when an id lies
+    outside ``[0, vocab_size)``; None when all are inside."""
+    if not tokens.size:
+        return None
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo >= 0 and hi < vocab_size:
+        return None
+    bad = lo if lo < 0 else hi
+    return bad, int(np.argmax(tokens == bad))
+
+
 def as_token_array(tokens: Any, vocab_size: int, what: str) -> np.ndarray:
     """Validate ``tokens`` as ids in ``[0, vocab_size)``; return int32 (no copy when possible)."""
     arr = np.asarray(tokens)
@@ -38,15 +64,11 @@ def as_token_array(tokens: Any, vocab_size: int, what: str) -> np.ndarray:
             f"{what}: token ids must be integers, got dtype {arr.dtype}"
             " — encode text with a tokenizer first and pass integer ids"
         )
-    if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= vocab_size:
-            bad = lo if lo < 0 else hi
-            where = int(np.flatnonzero(arr == bad)[0])
-            raise InvalidInput(
-                f"{what}: token id {bad} at position {where} is outside [0, {vocab_size})"
-                " — check the tokenizer or raise the vocabulary size"
-            )
+    if (found := _outside(arr, vocab_size)) is not None:
+        raise InvalidInput(
+            f"{what}: token id {found[0]} at position {found[1]} is outside [0, {vocab_size})"
+            " — check the tokenizer or raise the vocabulary size"
+        )
     return arr.astype(np.int32, copy=False)
 
 
@@ -197,16 +219,12 @@ class ExampleTable:
         for name in ("source_ids", "example_ids", "range_starts", "range_ends"):
             if getattr(self, name).shape[0] != n:
                 raise InvalidInput(f"ExampleTable.{name} must have one entry per example")
-        if self.windows.size:
-            lo, hi = int(self.windows.min()), int(self.windows.max())
-            if lo < 0 or hi >= self.binding.vocab_size:
-                bad = lo if lo < 0 else hi
-                pos = int(np.argmax(self.windows == bad))
-                i = int(np.searchsorted(self.offsets, pos, "right") - 1)
-                raise InvalidInput(
-                    f"{self.label(i)}: token id {bad} is outside [0, {self.binding.vocab_size})"
-                    " — check the tokenizer or raise the vocabulary size"
-                )
+        if (found := _outside(self.windows, self.binding.vocab_size)) is not None:
+            i = int(np.searchsorted(self.offsets, found[1], "right") - 1)
+            raise InvalidInput(
+                f"{self.label(i)}: token id {found[0]} is outside [0, {self.binding.vocab_size})"
+                " — check the tokenizer or raise the vocabulary size"
+            )
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
@@ -219,7 +237,7 @@ class ExampleTable:
     @property
     def target_offsets(self) -> np.ndarray:
         """Offsets of each example's targets in ``loss_mask``, int64 [n+1]."""
-        return self.offsets - np.arange(self.offsets.shape[0], dtype=np.int64)
+        return pair_offsets(self.offsets)
 
     def label(self, i: int) -> str:
         return example_label(
@@ -262,9 +280,7 @@ class ExampleTable:
                 )
             binding.require(ex.binding, what)
         n = len(examples)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        if n:
-            np.cumsum([len(ex) + 1 for ex in examples], out=offsets[1:])
+        offsets = offsets_of(np.array([len(ex) + 1 for ex in examples], dtype=np.int64))
         windows = (
             np.concatenate([ex.window for ex in examples]) if n else np.zeros(0, np.int32)
         ).astype(np.int32, copy=False)
@@ -285,22 +301,25 @@ class ExampleTable:
         """A new table holding examples ``index`` in that order (duplicates allowed)."""
         index = np.asarray(index, dtype=np.int64)
         lens = np.diff(self.offsets)[index]
-        offsets = np.zeros(index.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        src = concat_ranges(self.offsets[index], lens)
-        tlens = lens - 1
-        tsrc = concat_ranges(self.target_offsets[index], tlens)
-        return ExampleTable(
-            windows=self.windows[src],
-            offsets=offsets,
-            loss_mask=self.loss_mask[tsrc],
-            source_ids=self.source_ids[index],
-            example_ids=self.example_ids[index],
-            range_starts=self.range_starts[index],
-            range_ends=self.range_ends[index],
-            partition=self.partition,
-            binding=self.binding,
-        )
+        return _select(self, index, 0, lens, self.example_ids[index], self.range_starts[index],
+                       self.range_ends[index])  # fmt: skip
+
+
+def _select(table: ExampleTable, source: np.ndarray, starts: Any, lens: np.ndarray,
+            example_ids: np.ndarray, range_starts: np.ndarray, range_ends: np.ndarray
+            ) -> ExampleTable:  # fmt: skip
+    """Tokens ``[starts, starts + lens)`` of examples ``source`` as a new table."""
+    return ExampleTable(
+        windows=table.windows[concat_ranges(table.offsets[source] + starts, lens)],
+        offsets=offsets_of(lens),
+        loss_mask=table.loss_mask[concat_ranges(table.target_offsets[source] + starts, lens - 1)],
+        source_ids=table.source_ids[source],
+        example_ids=example_ids,
+        range_starts=range_starts,
+        range_ends=range_ends,
+        partition=table.partition,
+        binding=table.binding,
+    )
 
 
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -312,9 +331,7 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
-    firsts = np.zeros(lengths.shape[0], dtype=np.int64)
-    np.cumsum(lengths[:-1], out=firsts[1:])
-    step = np.arange(total, dtype=np.int64) - np.repeat(firsts, lengths)
+    step = np.arange(total, dtype=np.int64) - np.repeat(offsets_of(lengths)[:-1], lengths)
     return np.repeat(starts.astype(np.int64), lengths) + step
 
 
@@ -338,9 +355,7 @@ def long_ranges(
     counts = np.asarray(token_counts, dtype=np.int64)
     pieces = np.maximum(1, -(-(counts - 1) // capacity))
     source = np.repeat(np.arange(counts.shape[0], dtype=np.int64), pieces)
-    first = np.zeros(counts.shape[0], dtype=np.int64)
-    np.cumsum(pieces[:-1], out=first[1:])
-    k = np.arange(source.shape[0], dtype=np.int64) - first[source]
+    k = np.arange(source.shape[0], dtype=np.int64) - offsets_of(pieces)[source]
     starts = k * capacity
     ends = np.minimum(starts + capacity + 1, counts[source])
     return source, starts, ends
@@ -359,23 +374,10 @@ def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
     if not long.any():
         return table, 0
     source, starts, ends = long_ranges(counts, capacity)
-    lens = ends - starts
-    offsets = np.zeros(source.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
     range_starts = table.range_starts[source] + starts
     range_ends = table.range_starts[source] + ends
     example_ids = table.example_ids[source].copy()
     for i in np.flatnonzero(long[source]).tolist():
         example_ids[i] = f"{table.source_ids[source[i]]}[{range_starts[i]}:{range_ends[i]}]"
-    split = ExampleTable(
-        windows=table.windows[concat_ranges(table.offsets[source] + starts, lens)],
-        offsets=offsets,
-        loss_mask=table.loss_mask[concat_ranges(table.target_offsets[source] + starts, lens - 1)],
-        source_ids=table.source_ids[source],
-        example_ids=example_ids,
-        range_starts=range_starts,
-        range_ends=range_ends,
-        partition=table.partition,
-        binding=table.binding,
-    )
+    split = _select(table, source, starts, ends - starts, example_ids, range_starts, range_ends)
     return split, int(long.sum())

@@ -1,36 +1,23 @@
 """The supervision rule, NumPy only: which targets a row trains, and the columns refused.
 
-Per-token columns, aligned with ``input_ids`` (one entry per token):
-
-- ``labels``: Hugging Face convention, ``-100`` = not supervised, otherwise
-  the token itself (unshifted);
-- ``loss_mask``: bools or 0/1, per token (first entry unused) or per target
-  (one shorter);
-- ``completion_mask``: 0/1, TRL's prompt-completion mask (1 = completion);
-- ``assistant_masks``: 0/1, TRL's assistant-token mask (1 = an assistant turn).
-
-A token is supervised iff **every** column present says so (TRL's
-``build_labels``: ``token if all(masks) else -100``). Target ``j`` predicts
-token ``j + 1``, so its flag is token ``j + 1``'s. The fixture's B with only
-its EOS trained::
+Per-token columns, aligned with ``input_ids`` (one entry per token): ``labels``
+(Hugging Face convention: ``-100`` = not supervised, otherwise the token itself,
+unshifted), ``loss_mask`` (bools or 0/1, per token, first entry unused, or per
+target, one shorter), TRL's ``completion_mask`` and ``assistant_masks`` (0/1).
+A token is supervised iff **every** column applied says so (TRL's
+``build_labels``); target ``j`` predicts token ``j + 1``, so its flag is token
+``j + 1``'s. The fixture's B with only its EOS trained::
 
     input_ids        [BOS  101  EOS]       labels [-100 -100 1]
     completion_mask  [  0    0    1]   ->  targets  BOS->101: no, 101->EOS: yes
 
-exactly the pairs a model trained on TRL's ``labels`` (shifted inside the
-model) learns. A column that looks like supervision but is none of these is
-refused, never ignored: by name (:data:`REFUSED`), by value (:data:`CHECKED`:
-``attention_mask`` must be all 1, ``token_type_ids`` all 0, ``position_ids``
-``0..n-1``), or any other list column whose name holds ``mask``, ``label``
-or ``weight``. Scalar metadata (``id``, ``source``, ``quality_label``) passes.
-
-Which masks apply is TRL 1.16's :class:`Objective` (``SFTConfig``'s
-``assistant_only_loss`` / ``completion_only_loss``, same names and defaults):
-``assistant_masks`` always, ``completion_mask`` only when
-``completion_only_loss`` resolves to True (its default ``None`` means True
-for prompt-completion rows only, so on bare ``input_ids`` rows TRL trains the
-whole sequence and seqpack warns that the column is not applied);
-``labels`` and seqpack's ``loss_mask`` always.
+A column that looks like supervision but is none of these is refused, never
+ignored: by name (:data:`REFUSED`), by value (:data:`CHECKED`: ``attention_mask``
+all 1, ``token_type_ids`` all 0, ``position_ids`` ``0..n-1``), or any other list
+column whose name holds ``mask``, ``label`` or ``weight``. Which masks apply is
+TRL 1.16's :class:`Objective`: ``completion_mask`` only when
+``completion_only_loss`` resolves to True (its default None: for
+prompt-completion rows only, with a warning elsewhere), the others always.
 """
 
 from __future__ import annotations
@@ -85,13 +72,11 @@ NOT_CONVERSATIONAL = (
 class Objective:
     """Which tokens of SFT rows are trained: TRL 1.16 ``SFTConfig``'s two switches.
 
-    - ``assistant_only_loss`` (default False): train only the assistant turns
-      of conversational rows (those inside the chat template's ``{% generation
-      %}`` blocks); False trains the whole rendered conversation.
+    - ``assistant_only_loss`` (default False): train only the assistant turns of
+      conversational rows (inside ``{% generation %}`` blocks); False: the whole chat.
     - ``completion_only_loss`` (default None): train only the completion of
-      prompt-completion rows; None means True for prompt-completion rows (and
-      for ``completion_mask`` columns only when the rows also hold
-      ``prompt`` and ``completion``), False trains the whole sequence.
+      prompt-completion rows; None means True for them (and for ``completion_mask``
+      only when the rows also hold ``prompt`` and ``completion``), False: everything.
     """
 
     assistant_only_loss: bool = False
@@ -102,9 +87,7 @@ class Objective:
             raise InvalidInput(
                 f"assistant_only_loss must be True or False, got {self.assistant_only_loss!r}"
             )
-        if self.completion_only_loss is not None and not isinstance(
-            self.completion_only_loss, bool
-        ):
+        if not isinstance(self.completion_only_loss, (bool, type(None))):
             raise InvalidInput(
                 "completion_only_loss must be True, False or None (TRL's default), got"
                 f" {self.completion_only_loss!r}"
@@ -119,9 +102,7 @@ class Objective:
     def completion_only(self, prompt_completion: bool) -> bool:
         """``completion_only_loss`` resolved as TRL does for rows that are (or are not)
         prompt-completion rows."""
-        if self.completion_only_loss is None:
-            return prompt_completion
-        return self.completion_only_loss
+        return prompt_completion if self.completion_only_loss is None else self.completion_only_loss
 
     def applied(self, names: Collection[str], what: str) -> list[str]:
         """The supervision columns among ``names`` (a row's keys or a table's columns) this
@@ -149,25 +130,19 @@ REFUSED = {
     "label": "seqpack reads per-token labels (plural: the token or -100) — rename it to labels"
     " if it holds one label per token; drop it if it is a class or preference label (every"
     " row is trained)",
-    **dict.fromkeys(
-        ("mask", "masks", "label_mask", "labels_mask", "target_mask", "prompt_mask"), _MASK
-    ),
-    **dict.fromkeys(("response_mask", "train_mask"), _MASK),
     "loss_masks": "did you mean loss_mask?",
     "completion_masks": _TYPO.format("completion_mask"),
-    **dict.fromkeys(
-        ("assistant_mask", "assistant_tokens_mask", "assistant_token_mask"),
-        _TYPO.format("assistant_masks"),
-    ),
-    **dict.fromkeys(("loss_weights", "loss_weight", "token_weights", "weights"), _WEIGHTS),
-    **dict.fromkeys(("targets", "target_ids", "label_ids", "shift_labels"), _TARGETS),
     "chosen": _PAIRS,
     "rejected": _PAIRS,
-    **dict.fromkeys(
-        ("seq_lengths", "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens", "seq_idx"), _PACKED
-    ),
-    **dict.fromkeys(("pair_counts", "seq_starts", "loss_bits"), _PACKED),
-}
+    **dict.fromkeys(("mask", "masks", "label_mask", "labels_mask", "target_mask", "prompt_mask",
+                     "response_mask", "train_mask"), _MASK),
+    **dict.fromkeys(("assistant_mask", "assistant_tokens_mask", "assistant_token_mask"),
+                    _TYPO.format("assistant_masks")),
+    **dict.fromkeys(("loss_weights", "loss_weight", "token_weights", "weights"), _WEIGHTS),
+    **dict.fromkeys(("targets", "target_ids", "label_ids", "shift_labels"), _TARGETS),
+    **dict.fromkeys(("seq_lengths", "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens", "seq_idx",
+                     "pair_counts", "seq_starts", "loss_bits"), _PACKED),
+}  # fmt: skip
 #: Columns accepted only when they carry no supervision: all 1, all 0, 0..n-1 per row.
 CHECKED = ("attention_mask", "token_type_ids", "position_ids")
 #: Any other list column whose name holds one of these is refused as unknown supervision.
@@ -194,25 +169,23 @@ def refusal(name: str, listed: bool) -> str | None:
     return UNKNOWN if any(w in name.lower() for w in SUSPECT_WORDS) else None
 
 
-def plain_violation(name: str, values: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, str]:
-    """Entries of a :data:`CHECKED` column that would change what is trained, and the fix.
+#: What a :data:`CHECKED` column must hold (``None``: each entry's position), and the fix.
+_PLAIN = {
+    "attention_mask": (1, "padded or masked tokens inside input_ids would be trained and"
+                       " attended; keep only the attended tokens in input_ids, then drop the"
+                       " column"),
+    "token_type_ids": (0, "seqpack does not read token types; if they mark prompt and"
+                       " completion give completion_mask instead, otherwise drop the column"),
+    "position_ids": (None, "positions that do not count 0, 1, ... mean the row holds several"
+                     " examples already packed; pack the unpacked examples"),
+}  # fmt: skip
 
-    ``values`` [T] the column's entries, ``local`` [T] each entry's position in its row.
-    """
-    if name == "attention_mask":
-        return values != 1, (
-            "padded or masked tokens inside input_ids would be trained and attended; keep only"
-            " the attended tokens in input_ids, then drop the column"
-        )
-    if name == "token_type_ids":
-        return values != 0, (
-            "seqpack does not read token types; if they mark prompt and completion give"
-            " completion_mask instead, otherwise drop the column"
-        )
-    return values != local, (
-        "positions that do not count 0, 1, ... mean the row holds several examples already"
-        " packed; pack the unpacked examples"
-    )
+
+def plain_violation(name: str, values: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, str]:
+    """Entries of a :data:`CHECKED` column that would change what is trained, and the fix
+    (``values`` [T] the column's entries, ``local`` [T] each entry's position in its row)."""
+    want, fix = _PLAIN[name]
+    return values != (local if want is None else want), fix
 
 
 def wrong_labels(labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ module                 holds
 =====================  =========================================================
 ``readers``            any input -> Arrow table -> :class:`Documents`
 ``documents``          :class:`Documents`, :class:`Origin`, the binding of a read
-``supervision``        supervision columns (labels, loss_mask, TRL's masks), refusals
+``columns``            columns checked: ids, supervision (labels, loss_mask, TRL's masks)
 ``sft``                prompt-completion and chat rows tokenized as TRL does
 ``jsonl``              the guarded JSON Lines reader
 ``tokenizers``         the byte tokenizer and local Hugging Face tokenizers
@@ -28,7 +28,7 @@ _NAMES = {
     "COLUMNS": "columns",
     "read_arrow": "readers",
     "read_documents": "readers",
-    "documents_from_arrow": "readers",
+    "documents_from_arrow": "columns",
     "load_examples": "readers",
     "Documents": "documents",
     "Origin": "documents",

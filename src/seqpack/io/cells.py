@@ -3,7 +3,7 @@
 A list column of ``k`` rows becomes ``(values [Σn], offsets int64 [k+1],
 present bool [k])``: row ``i`` is ``values[offsets[i]:offsets[i+1]]``. The
 helpers here are shared by the token, label and mask readers
-(:mod:`seqpack.io.columns`, :mod:`seqpack.io.supervision_columns`), so every column
+(:mod:`seqpack.io.columns`), so every column
 is converted and its errors are worded one way.
 """
 

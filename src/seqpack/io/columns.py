@@ -1,68 +1,64 @@
-"""Arrow columns into :class:`~seqpack.io.documents.Documents`: ids, labels, masks, text.
+"""Arrow columns into :class:`~seqpack.io.documents.TokenChunk`: ids, supervision, text.
 
 Every input becomes an Arrow table with one row per source document:
 
 - ``input_ids`` (list of int): the encoded document, BOS/EOS as the tokenizer made them;
 - ``text`` (string): instead of ``input_ids``, with a tokenizer (``--text-field``);
-- ``labels`` (list of int, optional): HF convention, aligned with ``input_ids``:
-  ``-100`` = not supervised, otherwise equal to the token (unshifted);
-- ``loss_mask`` (list of bool or 0/1, optional): per token (aligned with
-  ``input_ids``, first entry unused) or per target (one shorter);
-- ``completion_mask`` / ``assistant_masks`` (list of 0/1, optional): TRL's
-  masks, per token; a token is supervised iff every supervision column
-  present says so (:mod:`seqpack.io.supervision_columns`, which also refuses columns
-  that look like supervision but are none of these);
-- ``prompt`` / ``completion`` or ``messages``: instead of ``input_ids``, SFT
-  rows tokenized as TRL does (:mod:`seqpack.io.sft`);
+- ``prompt`` / ``completion`` or ``messages``: instead, SFT rows tokenized as TRL
+  does (:mod:`seqpack.io.sft`);
+- ``labels``, ``loss_mask``, ``completion_mask``, ``assistant_masks`` (optional): the
+  supervision columns, ANDed, as :mod:`seqpack.core.supervision` rules; a column that
+  looks like supervision but is none of these is refused;
 - ``id`` (string or int, optional): the source id; the row number when absent;
-- ``partition`` (string, optional): train / validation / test; when present every
-  row must belong to the partition being read (a validation row never enters a
-  training pack).
+- ``partition`` (string, optional): every row must belong to the partition read.
 
-Target ``j`` of a document predicts token ``j + 1``, so its loss flag is
-token ``j + 1``'s (``labels[j + 1] != -100``). Columns are converted with Arrow and NumPy, no
-Python loop per token, and token ids are left in the buffers Arrow read them
-into (no copy; :class:`~seqpack.io.documents.TokenChunk`); errors name the
-file, the line or row, and the fix.
+Target ``j`` of a document predicts token ``j + 1``, so its loss flag is token
+``j + 1``'s. Columns are converted with Arrow and NumPy (no Python loop per token),
+token ids stay in Arrow's buffers, and errors name the file, the line or row, and
+the fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Partition
 from seqpack.core.errors import InvalidInput, PartitionMismatch
 from seqpack.core.gather import value_range
-from seqpack.core.supervision import NOT_CONVERSATIONAL, SUPERVISION_COLUMNS, Objective, suspect
-from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
+from seqpack.core.supervision import (
+    CHECKED,
+    NOT_CONVERSATIONAL,
+    SUPERVISION_COLUMNS,
+    UNKNOWN,
+    Objective,
+    plain_violation,
+    refusal,
+    suspect,
+    wrong_labels,
+)
+from seqpack.io.cells import column, first, flag_values, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
-from seqpack.io.supervision_columns import check_columns, supervised_targets
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
 
 
-class ReadColumns(Collection[str]):
-    """The columns a reader must read faithfully, as a container: the documented ones, the
-    text field, the SFT columns, and any column that may be supervision (so a JSON line
-    mixing types in one is named, never read as nulls)."""
+class ReadColumns(frozenset):
+    """The columns a reader must read faithfully: the documented ones, the text field, the
+    SFT columns, and any that may be supervision (so a JSON line mixing types in one is
+    named, never read as nulls)."""
 
-    def __init__(self, text_field: str) -> None:
-        self.known = frozenset({*COLUMNS, text_field, *SFT_COLUMNS, *TEMPLATE_COLUMNS})
+    def __new__(cls, text_field: str) -> ReadColumns:
+        return super().__new__(cls, {*COLUMNS, text_field, *SFT_COLUMNS, *TEMPLATE_COLUMNS})
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in self.known or suspect(name))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.known)
-
-    def __len__(self) -> int:
-        return len(self.known)
+        return isinstance(name, str) and (super().__contains__(name) or suspect(name))
 
 
 def wanted_columns(present: Sequence[str], text_field: str) -> list[str]:
@@ -171,27 +167,133 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     )
 
 
-def chunk_from_arrow(
-    table: pa.Table,
-    origin: Origin,
-    *,
-    tokenizer: Tokenizer | None = None,
-    text_field: str = "text",
-    partition: Partition | str | None = None,
-    objective: Objective | None = None,
-) -> TokenChunk:
-    """Check an Arrow table with the columns above and hold it as a :class:`TokenChunk`.
+def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens: bool) -> None:
+    """Refuse a column that looks like supervision seqpack does not read (see the module).
 
-    Token ids stay in Arrow's buffer when it holds integers without nulls.
-    With ``partition``, a ``partition`` column must name it on every row
-    (:class:`~seqpack.core.errors.PartitionMismatch` otherwise). ``objective``
-    (default TRL's) says which tokens SFT rows train
-    (:class:`~seqpack.core.supervision.Objective`).
+    ``read``: the columns this table is read from; ``tokens``: whether they
+    are ``input_ids`` (else text, which no per-token column can align with).
     """
-    try:
-        return _chunk(table, origin, tokenizer, text_field, partition, objective or Objective())
-    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
-        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
+    where = origin.parts[0][0]
+    names = table.column_names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:  # Arrow allows it; which of the two is the data is anyone's guess
+        raise InvalidInput(
+            f"{where}: column {twice[0]!r} appears more than once — rename or drop the duplicates"
+        )
+    for index, name in enumerate(names):
+        kind = table.schema.field(index).type
+        if name in read or pa.types.is_null(kind):
+            continue
+        if name in SUPERVISION_COLUMNS:
+            raise InvalidInput(
+                f"{where}: column {name!r} aligns with input_ids, but the rows are read from"
+                f" text ({', '.join(sorted(read))}) — tokenize them yourself and give input_ids"
+                f" with {name}, or drop the column"
+            )
+        if name in CHECKED and tokens:
+            _check_plain(table, name, origin)
+            continue
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        fix = UNKNOWN if name in CHECKED else refusal(name, listed)
+        if fix is not None:
+            raise InvalidInput(
+                f"{where}: column {name!r} looks like supervision, which seqpack does not read"
+                f" — {fix}"
+            )
+
+
+def _check_plain(table: pa.Table, name: str, origin: Origin) -> None:
+    """``attention_mask`` all 1, ``token_type_ids`` all 0, ``position_ids`` 0..n-1 per row,
+    each as long as ``input_ids``; anything else would change what is trained."""
+    values, offsets, present = lists(table, name, origin, optional=True)
+    values = ints(values, offsets, name, origin) if values.dtype != np.bool_ else values
+    _, token_offsets, _ = lists(table, "input_ids", origin)
+    short = present & (np.diff(offsets) != np.diff(token_offsets))
+    if short.any():
+        row = first(short)
+        raise InvalidInput(
+            f"{origin.locate(row)}: {name} has {int(np.diff(offsets)[row])} entries but"
+            f" input_ids has {int(np.diff(token_offsets)[row])} — drop the column"
+        )
+    local = np.arange(values.shape[0]) - np.repeat(offsets[:-1], np.diff(offsets))
+    bad, fix = plain_violation(name, values, local)
+    if bad.any():
+        pos = first(bad)
+        row = row_of(offsets, pos)
+        raise InvalidInput(
+            f"{origin.locate(row)}: {name}[{pos - int(offsets[row])}] = {int(values[pos])} — {fix}"
+        )
+
+
+def supervised_targets(
+    table: pa.Table,
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    origin: Origin,
+    objective: Objective | None = None,
+) -> np.ndarray | None:
+    """One flag per target (bool [T - k]), the AND of the supervision columns present that
+    ``objective`` (default TRL's) applies, or None when every target is supervised."""
+    names = [n for n in table.column_names if not pa.types.is_null(table.schema.field(n).type)]
+    names = (objective or Objective()).applied(names, origin.parts[0][0])
+    if "labels" in names and "loss_mask" in names:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: has both labels and loss_mask — keep one of them"
+        )
+    counts = np.diff(offsets)
+    flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
+    for name in names:
+        if name == "labels":
+            part, present = _label_flags(table, tokens, counts, origin)
+        else:
+            part, present = _mask_flags(table, name, counts, origin)
+        flags[np.repeat(present, counts - 1)] &= part
+    return None if flags.all() else flags
+
+
+def _label_flags(
+    table: pa.Table, tokens: np.ndarray, counts: np.ndarray, origin: Origin
+) -> tuple[np.ndarray, np.ndarray]:
+    labels, loffsets, present = lists(table, "labels", origin, optional=True)
+    labels = ints(labels, loffsets, "labels", origin)
+    bad = present & (np.diff(loffsets) != counts)
+    if bad.any():
+        row = first(bad)
+        raise InvalidInput(
+            f"{origin.locate(row)}: labels has {int(np.diff(loffsets)[row])} entries but"
+            f" input_ids has {int(counts[row])} — labels align with input_ids"
+        )
+    supervised = labels != IGNORE_INDEX
+    wrong = wrong_labels(labels, tokens[np.repeat(present, counts)])
+    if wrong.any():
+        pos = first(wrong)
+        row = row_of(loffsets, pos)
+        raise InvalidInput(
+            f"{origin.locate(row)}: labels[{pos - int(loffsets[row])}] = {int(labels[pos])}"
+            f" differs from its input_ids token — a label must be the token itself"
+            f" or {IGNORE_INDEX} (unshifted; seqpack forms the pairs)"
+        )
+    return target_flags(supervised, loffsets[:-1][present]), present
+
+
+def _mask_flags(
+    table: pa.Table, name: str, counts: np.ndarray, origin: Origin
+) -> tuple[np.ndarray, np.ndarray]:
+    """``loss_mask`` (per token or per target) or a TRL mask (per token) as target flags."""
+    per_target = name == "loss_mask"
+    how = "one per token or one per target" if per_target else "one 0/1 per input_ids token"
+    mask, moffsets, present = lists(table, name, origin, optional=True)
+    mask = flag_values(mask, moffsets, name, origin, how)
+    mcounts = np.diff(moffsets)
+    aligned = present & (mcounts == counts)
+    bad = present & ~aligned & ((mcounts != counts - 1) | (not per_target))
+    if bad.any():
+        row = first(bad)
+        raise InvalidInput(
+            f"{origin.locate(row)}: {name} has {int(mcounts[row])} entries for"
+            f" {int(counts[row])} tokens — give {how}"
+        )
+    return target_flags(mask, moffsets[:-1][aligned]), present
 
 
 def documents_from_arrow(
@@ -204,15 +306,28 @@ def documents_from_arrow(
     objective: Objective | None = None,
 ) -> Documents:
     """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
-    chunk = chunk_from_arrow(
-        table,
-        origin,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        partition=partition,
-        objective=objective,
-    )
+    options = dict(tokenizer=tokenizer, text_field=text_field, partition=partition)
+    chunk = chunk_from_arrow(table, origin, **options, objective=objective)
     return Documents.from_chunks([chunk], origin)
+
+
+def chunk_from_arrow(
+    table: pa.Table,
+    origin: Origin,
+    *,
+    tokenizer: Tokenizer | None = None,
+    text_field: str = "text",
+    partition: Partition | str | None = None,
+    objective: Objective | None = None,
+) -> TokenChunk:
+    """Check an Arrow table with the columns above and hold it as a :class:`TokenChunk`
+    (token ids stay in Arrow's buffer when it holds integers without nulls). With
+    ``partition``, a ``partition`` column must name it on every row; ``objective``
+    (default TRL's) says which tokens SFT rows train."""
+    try:
+        return _chunk(table, origin, tokenizer, text_field, partition, objective or Objective())
+    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
+        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
 
 
 def _chunk(

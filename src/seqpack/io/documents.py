@@ -11,6 +11,7 @@ split receipt chunk by chunk.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.errors import BindingMismatch, InvalidInput
-from seqpack.core.examples import ExampleTable
+from seqpack.core.examples import ExampleTable, offsets_of
 from seqpack.io.files import iter_lines, reopen
 from seqpack.io.jsonl import JSON_SPACE, first_bad_line
 from seqpack.io.tokenizers import Tokenizer
@@ -36,10 +37,6 @@ class Origin:
 
     parts: tuple[tuple[str, int, str], ...]
 
-    def at(self, first_row: int) -> Origin:
-        """The same origin with row 0 at this origin's row ``first_row`` (a chunk's view)."""
-        return Origin(tuple((name, first - first_row, unit) for name, first, unit in self.parts))
-
     def locate(self, row: int) -> str:
         name, first, unit = self.parts[0]
         for part in self.parts:
@@ -52,12 +49,8 @@ class Origin:
         return f"{name} row {local}"
 
     def type_error(self, message: str, row: int | None = None) -> InvalidInput:
-        """A wrong-type error at the line the json module finds first, else at ``row``.
-
-        Arrow converts a whole JSON column to one type (a float anywhere makes
-        every id a float), so for JSON Lines the offending line is found by
-        re-reading with the json module (only on this error path).
-        """
+        """A wrong-type error at the line the json module finds first (Arrow typed the
+        whole column: re-read only on this error path), else at ``row``."""
         for name, _, unit in self.parts:
             if unit == "line" and (found := first_bad_line(Path(name))) is not None:
                 return found
@@ -67,17 +60,12 @@ class Origin:
 
 def _line_of(path: Path, record: int) -> int:
     """1-based line of the ``record``-th non-blank line (only on the error path)."""
-    seen = -1
     stream = reopen(path)  # decompressed again; None for standard input (read once)
     if stream is None:
         return record + 1
     with stream:
-        for number, line in enumerate(iter_lines(stream), 1):
-            if line.strip(JSON_SPACE):
-                seen += 1
-                if seen == record:
-                    return number
-    return record + 1
+        records = (n for n, line in enumerate(iter_lines(stream), 1) if line.strip(JSON_SPACE))
+        return next(itertools.islice(records, record, None), record + 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,9 +102,8 @@ class TokenChunk:
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Raise :class:`InvalidInput` naming the row when an id is not below ``vocab_size``."""
-        if 0 <= self.largest < vocab_size:
-            return
-        check_vocabulary(self.tokens, self.offsets, vocab_size, self.origin.locate, self.id_of)
+        if not 0 <= self.largest < vocab_size:
+            check_vocabulary(self.tokens, self.offsets, vocab_size, self.origin.locate, self.id_of)
 
     def rebased(self, first_row: int) -> TokenChunk:
         return replace(self, first_row=first_row)
@@ -142,14 +129,10 @@ def check_vocabulary(
 
 
 class SplitDigest:
-    """The split receipt of documents read chunk by chunk (:meth:`Documents.digest`'s value).
-
-    sha256 over ``seqpack-split``, the partition, every token (int32), every
-    offset (int64) and every target flag (one byte), each part ended by a zero
-    byte, so the receipt does not depend on how the input was cut into chunks:
-    call :meth:`tokens` per chunk in order, then :meth:`finish` with the
-    offsets and flags chunk by chunk.
-    """
+    """The split receipt of documents read chunk by chunk (:meth:`Documents.digest`'s value):
+    sha256 over ``seqpack-split``, the partition, every token (int32), offset (int64) and
+    target flag (a byte), each part ended by a zero byte, so it does not depend on how
+    the input was cut: :meth:`tokens` per chunk in order, then :meth:`finish`."""
 
     def __init__(self, partition: Partition | str) -> None:
         self._hash = hashlib.sha256()
@@ -161,9 +144,8 @@ class SplitDigest:
     def finish(self, counts: Iterable[np.ndarray], flags: Iterable[np.ndarray | int]) -> str:
         """``counts``: tokens per document, chunk by chunk; ``flags``: each chunk's target
         flags, or its number of targets when all are supervised."""
-        self._hash.update(b"\0")
+        self._hash.update(b"\0" + np.zeros(1, dtype="<i8").tobytes())
         base = 0
-        self._hash.update(np.zeros(1, dtype="<i8").data)
         for chunk in counts:
             ends = base + np.cumsum(chunk, dtype=np.int64)
             self._hash.update(ends.astype("<i8", copy=False).data)
@@ -206,14 +188,10 @@ class Documents:
     def from_chunks(cls, chunks: Sequence[TokenChunk], origin: Origin) -> Documents:
         """The chunks of one input in order, as one in-memory table (int32 tokens)."""
         if not chunks:
-            none = np.zeros(0, dtype=np.int64)
-            return cls(
-                np.zeros(0, np.int32), np.zeros(1, np.int64), none.astype(bool), none, origin
-            )
+            none = np.zeros(0, np.int64)
+            return cls(np.zeros(0, np.int32), np.zeros(1, np.int64), none > 0, none, origin)
         tokens = np.concatenate([c.tokens.astype(np.int32, copy=False) for c in chunks])
-        counts = np.concatenate([c.counts for c in chunks])
-        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets = offsets_of(np.concatenate([c.counts for c in chunks]))
         flags = [
             np.ones(c.tokens.shape[0] - len(c), bool) if c.flags is None else c.flags
             for c in chunks
@@ -293,9 +271,6 @@ def resolve_binding(
 ) -> Binding:
     """The binding for ``docs`` (:func:`make_binding`); the receipt is :meth:`Documents.digest`."""
     return make_binding(
-        lambda: docs.digest(partition),
-        vocab_size=vocab_size,
-        tokenizer=tokenizer,
-        tokenizer_id=tokenizer_id,
-        split_id=split_id,
-    )
+        lambda: docs.digest(partition), vocab_size=vocab_size, tokenizer=tokenizer,
+        tokenizer_id=tokenizer_id, split_id=split_id
+    )  # fmt: skip

@@ -1,65 +1,29 @@
 """The input policy: which files seqpack reads, and how much of them, for every reader.
 
-Every reader (JSON Lines, Parquet, ``datasets`` folders, Ray blocks, and the
-tokenizer, template and state loaders) opens files through this module:
-
-- :func:`open_regular` opens a **regular file only** — a FIFO would block
-  forever, a device such as ``/dev/zero`` never ends, a socket cannot be
-  read — checked before opening (``stat``), at the open (``O_NONBLOCK``, so a
-  FIFO cannot hang it) and after (``fstat``, so a file swapped in between is
-  caught); with ``root`` it must lie **inside** that folder once every
-  symlink is resolved, and with ``max_bytes`` it must not be larger;
-- :func:`resolve_inside` turns a name read from a file (``state.json``'s
-  ``filename``) into a path, refusing absolute names, ``..`` and symlinks
-  leaving the folder;
-- :func:`read_limited` reads a whole small file (a config, a template)
-  refusing one over its bound before reading it (a sparse 1 TB file too);
-- :func:`data_kind` names a file's format from its suffixes,
-  case-insensitively (``B.PARQUET``, ``corpus.JSONL.GZ``);
-  :func:`seqpack.io.sources.folder_files` lists a folder's data files of one
-  format, refusing stray data files by name;
-- :func:`open_stream` reads a file (or standard input, ``-``) through its
-  decompressor (``.gz``, ``.zst``, ``.bz2``, ``.xz``) with the decompressed
-  bytes bounded (:class:`ReadLimits`): a compression bomb is refused after
-  a bounded amount of work, never buffered.
+Every reader (JSON Lines, Parquet, ``datasets`` folders, Ray blocks, tokenizer,
+template and state loaders) opens files here: regular files only
+(:func:`open_regular`), inside the input named (:func:`resolve_inside`), of a
+bounded size (:func:`read_limited`), decompressed with a bound
+(:func:`open_stream`, :class:`ReadLimits`); :func:`resolve_files` says which files
+an input names. Every refusal is one :class:`InvalidInput` line naming the path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from seqpack.core.errors import InvalidInput
 
-__all__ = [
-    "CODECS",
-    "DATA_SUFFIXES",
-    "STDIN",
-    "InputStream",
-    "ReadLimits",
-    "data_kind",
-    "is_stdin",
-    "iter_lines",
-    "open_regular",
-    "open_stream",
-    "read_limited",
-    "reopen",
-    "resolve_inside",
-]
-
-_KINDS = {
-    stat.S_IFIFO: "FIFO (named pipe)",
-    stat.S_IFCHR: "character device",
-    stat.S_IFBLK: "block device",
-    stat.S_IFSOCK: "socket",
-    stat.S_IFDIR: "folder",
-}
+_KINDS = {stat.S_IFIFO: "FIFO (named pipe)", stat.S_IFCHR: "character device", stat.S_IFDIR:
+          "folder", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}  # fmt: skip
 #: The name of standard input as an input (``seqpack pack -``); ``/dev/stdin`` too.
 STDIN = "-"
 #: Compression suffixes and the codec that reads them.
@@ -69,18 +33,20 @@ CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
+#: Files a data folder may hold beside its shards (metadata no reader needs).
+SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
+              "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
+SIDE_SUFFIXES = (".md", ".crc", ".lock", ".sha256", ".yaml", ".yml", ".toml")
 
 
 @dataclass(frozen=True)
 class ReadLimits:
     """How much reading one input may decode, fixed before anything is read.
 
-    ``decoded_bytes``: the most bytes one unit read at a time may decode to (a
-    Parquet row group's columns, a JSON array file, a decompressed stream per
-    ``ratio`` test floor); ``ratio``: the most decompressed bytes per compressed
-    byte of a whole compressed file (a gzip bomb is 1:1000 and more, text
-    1:3-1:10); ``json_keys``: distinct keys across a JSON Lines file (a line
-    each with a new key makes Arrow build a column per key: quadratic).
+    ``decoded_bytes``: the most one unit read at a time may decode to (a Parquet
+    row group's columns, a JSON array file); ``ratio``: the most decompressed bytes
+    per compressed byte of a compressed file, above ``floor``; ``json_keys``:
+    distinct keys across a JSON Lines file (Arrow builds a column per key).
     """
 
     decoded_bytes: int = 4 << 30
@@ -89,11 +55,8 @@ class ReadLimits:
     json_keys: int = 1024
 
     def decompressed(self, compressed: int | None) -> int | None:
-        """The most bytes a compressed file of ``compressed`` bytes may decompress to
-        (None: standard input, unbounded in total; each read stays bounded)."""
-        if compressed is None:
-            return None
-        return max(self.floor, compressed * self.ratio)
+        """The most bytes ``compressed`` bytes may decompress to (None: standard input)."""
+        return None if compressed is None else max(self.floor, compressed * self.ratio)
 
 
 def is_stdin(path: str | Path) -> bool:
@@ -102,10 +65,10 @@ def is_stdin(path: str | Path) -> bool:
 
 def _refuse_kind(path: Path | str, kind: int) -> None:
     if kind != stat.S_IFREG:
-        what = _KINDS.get(kind, "special file")
         raise InvalidInput(
-            f"{path} is a {what}, not a regular file — seqpack reads regular files only (a pipe"
-            " can block and a device never ends); write the data to a file first"
+            f"{path} is a {_KINDS.get(kind, 'special file')}, not a regular file — seqpack reads"
+            " regular files only (a pipe can block and a device never ends); write the data to"
+            " a file first"
         )
 
 
@@ -131,12 +94,8 @@ def open_regular(
     path: str | Path, *, root: str | Path | None = None, max_bytes: int | None = None
 ) -> BinaryIO:
     """``path`` opened for reading, refused unless a regular file (inside ``root``, at most
-    ``max_bytes``), with one :class:`InvalidInput` line naming it.
-
-    Checked before and after opening (``O_NONBLOCK``, then ``fstat`` against the
-    file checked), so a FIFO never blocks the open and a file swapped in between is
-    caught.
-    """
+    ``max_bytes``); checked before and after the open, so a FIFO never blocks it and a
+    file swapped in between is caught."""
     path = Path(path)
     try:
         before = os.stat(path)
@@ -144,8 +103,7 @@ def open_regular(
         if root is not None:
             _check_root(path, root)
         _refuse_size(path, before.st_size, max_bytes)
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:  # unreadable, a symlink loop, gone
         raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
     try:
@@ -163,8 +121,8 @@ def open_regular(
 
 
 def read_limited(path: str | Path, max_bytes: int, *, root: str | Path | None = None) -> bytes:
-    """The whole of a small file (a config, a template, ``state.json``): refused over
-    ``max_bytes`` before a byte is read, and again if it grows while read."""
+    """The whole of a small file, refused over ``max_bytes`` before a byte is read, and
+    again if it grows while read."""
     with open_regular(path, root=root, max_bytes=max_bytes) as f:
         data = f.read(max_bytes + 1)
     _refuse_size(path, len(data), max_bytes)
@@ -173,7 +131,7 @@ def read_limited(path: str | Path, max_bytes: int, *, root: str | Path | None = 
 
 def resolve_inside(root: str | Path, name: str, what: str = "a file") -> Path:
     """``root / name`` for a ``name`` read from a file in ``root``, refused unless it stays
-    inside ``root``: no absolute name, no ``..``, no symlink leaving it."""
+    inside ``root``: no absolute name, no ``..``, no drive, no symlink leaving it."""
     parts = PurePosixPath(name.replace("\\", "/")).parts
     if not name or name.startswith(("/", "\\")) or ".." in parts or ":" in name[:3]:
         raise InvalidInput(
@@ -188,34 +146,143 @@ def resolve_inside(root: str | Path, name: str, what: str = "a file") -> Path:
 
 def data_kind(name: str | Path) -> tuple[str | None, str | None]:
     """``(kind, codec)`` of a file name, case-insensitively: ``("jsonl", "gzip")`` for
-    ``A.JSONL.GZ``, ``("parquet", None)`` for ``b.PARQUET``; ``(None, None)`` when seqpack
-    does not read it. A compressed Parquet file is no kind (Parquet compresses inside)."""
+    ``A.JSONL.GZ``, ``("parquet", None)`` for ``b.PARQUET``, ``(None, None)`` for what
+    seqpack does not read (a compressed Parquet file too: Parquet compresses inside)."""
     suffixes = [s.lower() for s in Path(str(name)).suffixes]
     codec = CODECS.get(suffixes[-1]) if suffixes else None
     if codec is not None:
         suffixes = suffixes[:-1]
     kind = DATA_SUFFIXES.get(suffixes[-1]) if suffixes else None
-    if kind == "parquet" and codec is not None:
+    if kind is None or (kind == "parquet" and codec is not None):
         return None, None
-    return kind, codec if kind else None
+    return kind, codec
+
+
+def is_datasets_folder(path: Path) -> bool:
+    return os.path.lexists(path / "state.json") or os.path.lexists(path / "dataset_dict.json")
+
+
+def _side_file(name: str) -> bool:
+    low = name.lower()
+    return low.startswith((".", "_")) or low in SIDE_FILES or low.endswith(SIDE_SUFFIXES)
+
+
+def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
+    """The data files of ``folder`` (sorted by name) and their kind. Refused, naming the
+    files: two formats, a subfolder or a file of a format seqpack does not read beside
+    the shards (it would be left out silently), no data file, a packed folder.
+    Metadata beside shards (``dataset_info.json``, ``*.md``, hidden files) is ignored."""
+    found: dict[str, list[Path]] = {}
+    stray: list[str] = []
+    try:
+        entries = sorted(folder.iterdir(), key=lambda p: p.name)
+    except OSError as err:
+        raise InvalidInput(f"{folder}: cannot list it ({err.strerror or err})") from None
+    if os.path.lexists(folder / "manifest.json") and any(
+        data_kind(e.name)[0] == "parquet" for e in entries
+    ):
+        raise InvalidInput(
+            f"{folder} holds manifest.json beside Parquet shards: a seqpack packed folder, not"
+            " raw data — pack its source instead, or read it with seqpack.io.load_packed"
+        )
+    for entry in entries:
+        if _side_file(entry.name):
+            continue
+        kind, _ = data_kind(entry.name)
+        if entry.is_dir() or kind is None:
+            stray.append(entry.name + ("/" if entry.is_dir() else ""))
+        else:
+            found.setdefault("parquet" if kind == "parquet" else "JSON Lines", []).append(entry)
+    if len(found) > 1:
+        counts = " and ".join(f"{len(files)} {name}" for name, files in found.items())
+        raise InvalidInput(
+            f"{folder} mixes formats ({counts} files) — keep one format per folder; seqpack would"
+            " otherwise read only some of the rows"
+        )
+    if not found:
+        raise InvalidInput(
+            f"{folder} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk"
+            " folder"
+        )
+    if stray:
+        shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
+        raise InvalidInput(
+            f"{folder} holds {shown} beside its shards, which seqpack does not read — move them"
+            " out (or convert them) so that no rows are left out silently"
+        )
+    name, files = next(iter(found.items()))
+    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
+
+
+def _file_kind(path: Path) -> str:
+    kind, _ = data_kind(path)
+    if kind is None:
+        suffix = "".join(path.suffixes[-2:]).lower() or path.name
+        raise InvalidInput(
+            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet (JSON Lines"
+            " may be compressed: .gz, .zst, .bz2, .xz), a folder of such shards, a datasets"
+            " save_to_disk folder, or - for standard input"
+        )
+    return kind
+
+
+def resolve_files(
+    sources: Sequence[str | Path],
+) -> tuple[str, tuple[Path, ...], tuple[Path | None, ...]]:
+    """The files of one or more paths (a file, a folder of shards, a glob, ``-``), in order:
+    ``(kind, files, roots)`` with each file's folder (None: named by the user). All must be
+    of one kind; ``datasets`` folders are :func:`seqpack.io.readers.open_input`'s."""
+    kinds: set[str] = set()
+    files: list[Path] = []
+    roots: list[Path | None] = []
+    for source in sources:
+        text = str(source)
+        if is_stdin(text):
+            kinds.add("jsonl")
+            files.append(Path("-"))
+            roots.append(None)
+            continue
+        matches = [Path(text)]
+        if not os.path.lexists(text) and glob.has_magic(text):
+            matches = [Path(m) for m in sorted(glob.glob(text))]
+            if not matches:
+                raise InvalidInput(f"input {text!r} matches no file — check the pattern")
+        for match in matches:
+            if not os.path.lexists(match) or not match.exists():
+                raise InvalidInput(f"input {str(match)!r} does not exist — check the path")
+            if not match.is_dir():
+                kinds.add(_file_kind(match))
+                files.append(match)
+                roots.append(None)
+                continue
+            if is_datasets_folder(match):
+                raise InvalidInput(
+                    f"{match} is a datasets save_to_disk folder: give it as the only input"
+                )
+            kind, found = folder_files(match)
+            kinds.add(kind)
+            files += found
+            roots += [match] * len(found)
+    if len(kinds) > 1:
+        raise InvalidInput(
+            "the inputs mix Parquet and JSON Lines files — pack one format at a time, or"
+            " convert one of them"
+        )
+    return kinds.pop(), tuple(files), tuple(roots)
 
 
 class InputStream:
     """A file read through its decompressor (or as it is), bounded and counted.
 
-    ``read(n)`` returns at most ``n`` decompressed bytes; reading past
-    ``limit`` decompressed bytes raises :class:`InvalidInput` (a compression
-    bomb). ``position`` is the compressed bytes consumed so far (progress);
-    ``seek(0)`` is allowed while no more than the first read block was used,
-    so a reader may peek at the first bytes of standard input.
+    ``read(n)`` returns at most ``n`` decompressed bytes; past ``limit`` it raises
+    :class:`InvalidInput` (a compression bomb). ``position`` is the compressed bytes
+    consumed (progress); ``seek(0)`` works until :meth:`settle`, so a reader may peek
+    at the first bytes of standard input.
     """
 
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
-        self.out = 0
-        self._head: bytes | None = b""
-        self._replay: int | None = None
-        self._recording = True
+        self.out, self._head, self._at, self._recording = 0, b"", 0, True
         self._stream = _decoder(raw, codec)
 
     @property
@@ -227,65 +294,58 @@ class InputStream:
 
     def _read(self, n: int) -> bytes:
         try:
-            data = self._stream.read(n)
+            data = bytes(self._stream.read(n))
         except (OSError, EOFError, ValueError) as err:  # a damaged compressed stream
             raise InvalidInput(
                 f"{self.name}: cannot decompress it as {self.codec} ({err}) — the file is damaged"
                 " or not what its suffix says"
             ) from None
-        data = bytes(data)
         self.out += len(data)
         if self.limit is not None and self.out > self.limit:
+            try:
+                raw_size = os.fstat(self.raw.fileno()).st_size
+            except (OSError, ValueError, AttributeError):
+                raw_size = 0
             raise InvalidInput(
                 f"{self.name} decompresses to more than {self.limit:,} bytes (over"
-                f" {self.limit // max(1, self.raw_size):,}x its size: a compression bomb?) —"
+                f" {self.limit // max(1, raw_size):,}x its size: a compression bomb?) —"
                 " decompress it yourself if it is genuine, and pack the plain file"
             )
         return data
 
-    @property
-    def raw_size(self) -> int:
-        try:
-            return os.fstat(self.raw.fileno()).st_size
-        except (OSError, ValueError, AttributeError):
-            return 0
-
     def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = 1 << 62
-        head, at = self._head, self._replay
-        if at is not None and head is not None and at < len(head):
-            data = head[at : at + n]
-            self._replay = at + len(data)
+        n = 1 << 62 if n is None or n < 0 else n
+        data = b""
+        if self._at < len(self._head):  # replaying what a peek read
+            data = self._head[self._at : self._at + n]
+            self._at += len(data)
             if len(data) == n:
                 return data
             n -= len(data)
-        else:
-            data = b""
         more = self._read(n)
-        if self._recording and self._head is not None:
-            self._head += more  # kept while a peek may still rewind
-            self._replay = len(self._head)
-            if len(self._head) > _PEEK_BYTES:
+        if self._recording:  # kept while a peek may still rewind
+            self._head += more
+            self._at = len(self._head)
+            if self._at > _PEEK_BYTES:
                 raise InvalidInput(
                     f"{self.name} starts with more than {_PEEK_BYTES >> 20} MiB of blank space"
                     " — strip it"
                 )
-        elif self._head is not None and self._replay is not None:
-            self._head, self._replay = None, None  # replayed once: gone
+        else:
+            self._head, self._at = b"", 0  # replayed once: gone
         return data + more
 
     def seek(self, offset: int, whence: int = 0) -> int:
         if offset != 0 or whence != 0 or not self._recording:
             raise InvalidInput(f"{self.name}: a stream can only be read once, in order")
-        self._replay = 0
+        self._at = 0
         return 0
 
     def settle(self) -> None:
         """No rewind after this: what was peeked is replayed once, then dropped."""
         self._recording = False
-        if self._head is not None and (self._replay or 0) >= len(self._head):
-            self._head, self._replay = None, None
+        if self._at >= len(self._head):
+            self._head, self._at = b"", 0
 
     def fileno(self) -> int:
         return self.raw.fileno()
@@ -316,26 +376,21 @@ def _decoder(raw: BinaryIO, codec: str | None) -> BinaryIO:
 
 
 def open_stream(
-    path: str | Path,
-    *,
-    root: str | Path | None = None,
-    limits: ReadLimits | None = None,
+    path: str | Path, *, root: str | Path | None = None, limits: ReadLimits | None = None
 ) -> InputStream:
     """``path`` (``-`` or ``/dev/stdin``: standard input) for reading in order, decompressed
-    by its suffix (:data:`CODECS`), through :func:`open_regular`'s checks; a compressed file
-    may decompress to :meth:`ReadLimits.decompressed` bytes at most."""
-    limits = limits or ReadLimits()
+    by its suffix through :func:`open_regular`'s checks, bounded by ``limits``."""
     if is_stdin(path):
         return InputStream("<stdin>", sys.stdin.buffer, None, None)
     _, codec = data_kind(path)
     raw = open_regular(path, root=root)
-    limit = limits.decompressed(os.fstat(raw.fileno()).st_size) if codec else None
-    return InputStream(str(path), raw, codec, limit)
+    limit = (limits or ReadLimits()).decompressed(os.fstat(raw.fileno()).st_size)
+    return InputStream(str(path), raw, codec, limit if codec else None)
 
 
 def reopen(name: str | Path) -> InputStream | None:
-    """A file named in an error again from its start (decompressed as when it was read),
-    to find a line; None for standard input or a file that is gone (no second read)."""
+    """A file named in an error again from its start (to find a line); None for standard
+    input or a file that is gone (no second read)."""
     if str(name) == "<stdin>" or is_stdin(name):
         return None
     try:

@@ -1,17 +1,11 @@
 """A Parquet file's decoded size, bounded before a page is decompressed.
 
-A Parquet file can be a decompression bomb in two ways: a page whose
-compressed bytes inflate to gigabytes, and a run-length encoded page whose
-few bytes stand for hundreds of millions of values (638 bytes for 3 GB of
-int64). Neither shows in the file size. :func:`check_row_groups` bounds
-what each row group will decode to from the footer **and** from every page
-header (read without decompressing anything: a page header is a small
-Thrift struct, walked here by :func:`_page_headers`), since a hostile footer
-may understate what the pages say — decoding allocates what the page
-headers say. A row group over :attr:`ReadLimits.decoded_bytes`, or inflating
-more than :attr:`ReadLimits.ratio` times its compressed size beyond
-:attr:`ReadLimits.floor`, is refused naming the file, the row group and the
-sizes.
+:func:`check_row_groups` bounds what each row group will decode to from the footer
+**and** from every page header (a small Thrift struct, walked here without
+decompressing anything), since a hostile footer may understate what the pages say.
+A row group over :attr:`ReadLimits.decoded_bytes`, or inflating more than
+:attr:`ReadLimits.ratio` times its compressed size beyond :attr:`ReadLimits.floor`,
+is refused naming the file, the row group and the sizes.
 """
 
 from __future__ import annotations
@@ -110,26 +104,25 @@ def _page_header(data: bytes) -> tuple[int, int, int, int]:
     """``(header bytes, uncompressed size, compressed size, values)`` of the page header at
     the start of ``data`` (EOFError when ``data`` ends inside it)."""
     reader = _Compact(data)
-    found = {"uncompressed": 0, "compressed": 0, "values": 0}
+    found = {2: 0, 3: 0, "values": 0}  # field 2: uncompressed size, 3: compressed size
 
-    def take(field: int, kind: int) -> bool:
-        if field in (2, 3) and kind == 5:
-            found["uncompressed" if field == 2 else "compressed"] = reader.zigzag()
-            return True
-        if field in (5, 7, 8) and kind == 12:  # data, dictionary, data v2: num_values first
-
-            def inner(sub: int, sub_kind: int) -> bool:
-                if sub == 1 and sub_kind == 5:
-                    found["values"] = reader.zigzag()
-                    return True
-                return False
-
-            reader.struct(inner, 1)
+    def inner(sub: int, sub_kind: int) -> bool:
+        if sub == 1 and sub_kind == 5:
+            found["values"] = reader.zigzag()
             return True
         return False
 
+    def take(field: int, kind: int) -> bool:
+        if field in (2, 3) and kind == 5:
+            found[field] = reader.zigzag()
+        elif field in (5, 7, 8) and kind == 12:  # data, dictionary, data v2: num_values first
+            reader.struct(inner, 1)
+        else:
+            return False
+        return True
+
     reader.struct(take)
-    return reader.pos, found["uncompressed"], found["compressed"], found["values"]
+    return reader.pos, found[2], found[3], found["values"]
 
 
 def _page_headers(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, int]]:

@@ -1,26 +1,22 @@
 """Readers: JSON Lines, Parquet and Hugging Face ``datasets`` as bounded Arrow chunks.
 
 :func:`open_input` names what a source is (:class:`Input`) and
-:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input
-each: JSON Lines in blocks of whole lines, Parquet by row groups, a
-``datasets`` ``save_to_disk`` folder memory-mapped (its Arrow files are never
-copied), an in-memory ``datasets.Dataset`` or Arrow table by record batches.
-Each chunk carries the :class:`~seqpack.io.documents.Origin` that names its
-rows in errors. Every file goes through the input policy
-(:mod:`seqpack.io.files`): regular files only, inside the input named, one
-format a folder, names matched case-insensitively, compressed JSON Lines
-(``.gz``, ``.zst``, ``.bz2``, ``.xz``) and standard input (``-``) read as
-streams with their decompressed size bounded, Parquet row groups bounded
-from their page headers before decoding (:mod:`seqpack.io.parquet_guard`).
-Several paths (or a glob) are one input, read in the order given.
-:func:`read_documents` and :func:`load_examples` read a whole input into
-memory (:mod:`seqpack.io.columns` converts it).
+:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each:
+JSON Lines in blocks of whole lines, Parquet by row groups (bounded from their
+page headers before decoding, :mod:`seqpack.io.parquet_guard`), a ``datasets``
+``save_to_disk`` folder memory-mapped (checked by :func:`check_folder` before
+``datasets`` reads it), an in-memory ``datasets.Dataset`` or Arrow table by
+record batches. Each chunk carries the :class:`~seqpack.io.documents.Origin`
+naming its rows in errors. Every file goes through the input policy
+(:mod:`seqpack.io.files`). :func:`read_documents` and :func:`load_examples`
+read a whole input into memory (:mod:`seqpack.io.columns` converts it).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,33 +29,38 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
-from seqpack.io.datasets_folder import is_datasets_folder, load_folder
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.files import (
     InputStream,
     ReadLimits,
+    is_datasets_folder,
     is_stdin,
     open_regular,
     open_stream,
+    read_limited,
+    resolve_files,
+    resolve_inside,
 )
 from seqpack.io.integrity import refuse_packed
-from seqpack.io.jsonl import first_byte, iter_jsonl, read_json_array
+from seqpack.io.jsonl import DuplicateKey, first_byte, iter_jsonl, read_json_array, unique_keys
 from seqpack.io.parquet_guard import check_row_groups
-from seqpack.io.sources import resolve_files
 from seqpack.io.spill import MappedFile
 from seqpack.io.tokenizers import Tokenizer
 
 #: Input bytes read, parsed and tokenized at a time (``PackOptions.chunk_bytes``).
 DEFAULT_CHUNK_BYTES = 1 << 25
-JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: The most bytes of ``state.json`` / ``dataset_dict.json`` / ``dataset_info.json`` read.
+MAX_METADATA_FILE = 16 << 20
+
+Chunks = Iterator[tuple[pa.Table, Origin, int]]
 
 
 @dataclass
 class Input:
-    """One input source, read in chunks: ``kind`` (jsonl, json, parquet, datasets, table),
-    its ``files``, total input ``bytes`` (0 when unknown), ``rows`` when known before
-    reading, and whether its chunks' buffers stay valid after reading (``persistent``:
-    in-memory or memory-mapped Arrow, so the pipeline needs no spill)."""
+    """One input source, read in chunks: ``kind`` (jsonl, parquet, datasets, table), its
+    ``files`` (each inside ``roots[k]`` unless None), total input ``bytes`` (0 when
+    unknown), ``rows`` when known before reading, and whether its chunks' buffers stay
+    valid after reading (``persistent``: in-memory or memory-mapped Arrow, no spill)."""
 
     name: str
     kind: str
@@ -77,36 +78,29 @@ class Input:
         """The folder file ``k`` must stay inside (None: a file named by the user)."""
         return self.roots[k] if k < len(self.roots) else None
 
-    def chunks(
-        self, chunk_bytes: int, text_field: str = "text"
-    ) -> Iterator[tuple[pa.Table, Origin, int]]:
-        """``(table, origin, input bytes)`` per chunk, in input order; ``origin`` names
-        the chunk's rows from 0. Chunks may be empty (a block of blank lines)."""
+    def chunks(self, chunk_bytes: int, text_field: str = "text") -> Chunks:
+        """``(table, origin, input bytes)`` per chunk, in input order; ``origin`` names the
+        chunk's rows from 0. Chunks may be empty (a block of blank lines)."""
         if self.table is not None:
             yield from _table_chunks(self.table, self.name, chunk_bytes)
             return
-        if self.kind == "datasets":
-            yield from self._mapped_chunks(chunk_bytes)
-            return
-        for k, path in enumerate(self.files):
-            yield from _file_chunks(
-                path, self.root_of(k), self.kind, chunk_bytes, text_field, self.limits
-            )
-
-    def _mapped_chunks(self, chunk_bytes: int) -> Iterator[tuple[pa.Table, Origin, int]]:
         first = 0
         for k, path in enumerate(self.files):
-            mapped = MappedFile(path, open_regular(path, root=self.root_of(k)))
-            self.mapped.append(mapped)
-            try:
-                table = pa.ipc.open_stream(pa.BufferReader(mapped.buffer)).read_all()
-            except pa.ArrowException as err:
-                raise InvalidInput(
-                    f"{path}: cannot read this datasets Arrow file ({err}) — save the dataset"
-                    " again with save_to_disk"
-                ) from None
-            yield from _table_chunks(table, self.name, chunk_bytes, first)
-            first += table.num_rows
+            if self.kind == "datasets":
+                mapped = MappedFile(path, open_regular(path, root=self.root_of(k)))
+                self.mapped.append(mapped)
+                try:
+                    table = pa.ipc.open_stream(pa.BufferReader(mapped.buffer)).read_all()
+                except pa.ArrowException as err:
+                    raise InvalidInput(
+                        f"{path}: cannot read this datasets Arrow file ({err}) — save the"
+                        " dataset again with save_to_disk"
+                    ) from None
+                yield from _table_chunks(table, self.name, chunk_bytes, first)
+                first += table.num_rows
+            else:
+                yield from _file_chunks(path, self.root_of(k), self.kind, chunk_bytes,
+                                        text_field, self.limits)  # fmt: skip
 
     def release(self) -> None:
         """Drop the memory-mapped pages read so far from this process (kept on disk)."""
@@ -119,30 +113,20 @@ class Input:
         self.mapped.clear()
 
 
-def _table_chunks(
-    table: pa.Table, name: str, chunk_bytes: int, first: int = 0
-) -> Iterator[tuple[pa.Table, Origin, int]]:
-    """Record batches of about ``chunk_bytes`` (zero-copy slices of ``table``); their rows
-    are named as rows ``first ...`` of ``name``."""
-    per_row = max(1, table.nbytes // max(1, table.num_rows))
-    rows = max(1, chunk_bytes // per_row)
+def _table_chunks(table: pa.Table, name: str, chunk_bytes: int, first: int = 0) -> Chunks:
+    """Zero-copy record batches of about ``chunk_bytes``, named rows ``first ...`` of ``name``."""
+    rows = max(1, chunk_bytes // max(1, table.nbytes // max(1, table.num_rows)))
     for batch in table.to_batches(max_chunksize=rows):
         yield pa.Table.from_batches([batch]), Origin(((name, -first, "row"),)), batch.nbytes
         first += batch.num_rows
 
 
-def _file_chunks(
-    path: Path,
-    root: Path | None,
-    kind: str,
-    chunk_bytes: int,
-    text_field: str,
-    limits: ReadLimits,
-) -> Iterator[tuple[pa.Table, Origin, int]]:
+def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, text_field: str,
+                 limits: ReadLimits) -> Chunks:  # fmt: skip
     if kind == "parquet":
         with open_regular(path, root=root) as f:
-            parts = _parquet_chunks(f, path, chunk_bytes, text_field, limits)
-            yield from _named(parts, str(path), "row")
+            yield from _named(_parquet_chunks(f, path, chunk_bytes, text_field, limits),
+                              str(path), "row")  # fmt: skip
         return
     with open_stream(path, root=root, limits=limits) as stream:
         head = first_byte(stream)
@@ -155,38 +139,25 @@ def _file_chunks(
             raise InvalidInput(f"{name} is empty: it holds no rows — nothing to pack")
         else:
             parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
-            yield from _named(_compressed_progress(parts, stream), str(name), "line")
+            yield from _named(parts, str(name), "line", stream)
 
 
 def _named(
-    parts: Iterator[tuple[pa.Table, int]], name: str, unit: str
-) -> Iterator[tuple[pa.Table, Origin, int]]:
-    first = 0
+    parts: Iterator[tuple[pa.Table, int]], name: str, unit: str, stream: InputStream | None = None
+) -> Chunks:
+    """``parts`` with the origin of their rows; with ``stream``, each size is the input bytes
+    (compressed) consumed for it."""
+    first = done = 0
     for table, size in parts:
+        if stream is not None:
+            size, done = stream.position - done, stream.position
         yield table, Origin(((name, -first, unit),)), size
         first += table.num_rows
-
-
-def _compressed_progress(
-    parts: Iterator[tuple[pa.Table, int]], stream: InputStream
-) -> Iterator[tuple[pa.Table, int]]:
-    """``parts`` with each size replaced by the input bytes (compressed) consumed for it."""
-    done = 0
-    for table, _ in parts:
-        now = stream.position
-        yield table, now - done
-        done = now
 
 
 def _parquet_chunks(
     f: BinaryIO, path: Path, chunk_bytes: int, text_field: str, limits: ReadLimits
 ) -> Iterator[tuple[pa.Table, int]]:
-    def damaged(err: Exception) -> InvalidInput:
-        return InvalidInput(
-            f"{path}: cannot read as Parquet ({err}) — the file is damaged or not Parquet;"
-            " write it again"
-        )
-
     try:
         pf = pq.ParquetFile(f)
         meta = pf.metadata
@@ -194,32 +165,83 @@ def _parquet_chunks(
         check_row_groups(f, path, meta, columns, limits)
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         per_row = max(1, size // max(1, meta.num_rows))
-        batches = pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns)
         share = os.fstat(f.fileno()).st_size / max(1, meta.num_rows)
-        for batch in batches:
+        for batch in pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns):
             yield pa.Table.from_batches([batch]), int(batch.num_rows * share)
     except InvalidInput:
         raise  # the row groups' bound: already one line naming the file
     except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as err:
-        raise damaged(err) from None
+        raise InvalidInput(
+            f"{path}: cannot read as Parquet ({err}) — the file is damaged or not Parquet;"
+            " write it again"
+        ) from None
 
 
-def _datasets_folder(path: Path, part: Partition, limits: ReadLimits) -> Input:
-    dataset = pick_split(load_folder(path), part, str(path))
-    files = tuple(Path(c["filename"]) for c in dataset.cache_files)
-    if getattr(dataset, "_indices", None) is not None or not files:
-        return dataset_input(dataset, part, str(path))
-    return Input(
-        str(path),
-        "datasets",
-        files,
-        bytes=sum(f.stat().st_size for f in files),
-        rows=len(dataset),
-        persistent=True,
-        fingerprint=getattr(dataset, "_fingerprint", None),
-        roots=(path,) * len(files),
-        limits=limits,
+# -- datasets save_to_disk folders: state.json / dataset_dict.json checked before datasets
+# reads them, every file they name held to the input policy (see docs/design-notes.md).
+
+
+def _damaged(path: Path, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{path.parent}: cannot load as a datasets save_to_disk folder ({path.name}: {what})"
+        " — save it again with Dataset.save_to_disk"
     )
+
+
+def _listed(path: Path, root: Path, key: str, field: str | None) -> list[str]:
+    """The names ``path``'s JSON lists under ``key`` (each entry's ``field``), checked."""
+    try:
+        doc = json.loads(read_limited(path, MAX_METADATA_FILE, root=root),
+                         object_pairs_hook=unique_keys)  # fmt: skip
+    except DuplicateKey as err:
+        raise _damaged(path, f"key {err.args[0]!r} appears twice") from None
+    except (ValueError, RecursionError) as err:
+        raise _damaged(path, f"not valid JSON: {err}") from None
+    items = doc.get(key) if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise _damaged(path, f"{key!r} is not a non-empty list")
+    names = [item.get(field) if field and isinstance(item, dict) else item for item in items]
+    if not all(isinstance(n, str) for n in names):
+        raise _damaged(path, f"an entry of {key!r} names no file")
+    return names
+
+
+def _check_split(folder: Path, root: Path) -> list[Path]:
+    names = _listed(folder / "state.json", root, "_data_files", "filename")
+    files = [resolve_inside(folder, name, "a data file") for name in names]
+    for file in files:
+        open_regular(file, root=root).close()
+    if os.path.lexists(info := folder / "dataset_info.json"):
+        open_regular(info, root=root, max_bytes=MAX_METADATA_FILE).close()
+    return files
+
+
+def check_folder(path: Path) -> list[Path]:
+    """Every data file ``path`` names (all splits), each checked by the input policy."""
+    if not os.path.lexists(path / "dataset_dict.json"):
+        return _check_split(path, path)
+    splits = _listed(path / "dataset_dict.json", path, "splits", None)
+    folders = [resolve_inside(path, split, "a split folder") for split in splits]
+    return [file for folder in folders for file in _check_split(folder, path)]
+
+
+def load_folder(path: Path) -> Any:
+    """``datasets.load_from_disk(path)`` after :func:`check_folder`; its mapped files
+    checked to lie inside ``path``."""
+    import datasets
+
+    check_folder(path)
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as err:  # datasets raises many kinds on a damaged folder
+        raise InvalidInput(
+            f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
+            f" {err}) — save it again with Dataset.save_to_disk"
+        ) from None
+    for part in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
+        for cache in part.cache_files:
+            open_regular(cache["filename"], root=path).close()
+    return loaded
 
 
 def pick_split(dataset: Any, part: Partition, name: str) -> Any:
@@ -249,15 +271,18 @@ def dataset_input(dataset: Any, part: Partition, name: str = "dataset") -> Input
     """An in-memory (or memory-mapped) ``datasets.Dataset`` / ``DatasetDict`` as an input."""
     dataset = pick_split(dataset, part, name)
     table = dataset.with_format("arrow")[0 : len(dataset)]  # zero-copy unless rows were selected
-    return Input(
-        name,
-        "table",
-        rows=table.num_rows,
-        bytes=table.nbytes,
-        persistent=True,
-        fingerprint=getattr(dataset, "_fingerprint", None),
-        table=table,
-    )
+    return Input(name, "table", rows=table.num_rows, bytes=table.nbytes, persistent=True,
+                 fingerprint=getattr(dataset, "_fingerprint", None), table=table)  # fmt: skip
+
+
+def _datasets_folder(path: Path, part: Partition, limits: ReadLimits) -> Input:
+    dataset = pick_split(load_folder(path), part, str(path))
+    files = tuple(Path(c["filename"]) for c in dataset.cache_files)
+    if getattr(dataset, "_indices", None) is not None or not files:
+        return dataset_input(dataset, part, str(path))
+    return Input(str(path), "datasets", files, bytes=sum(f.stat().st_size for f in files),
+                 rows=len(dataset), persistent=True, limits=limits, roots=(path,) * len(files),
+                 fingerprint=getattr(dataset, "_fingerprint", None))  # fmt: skip
 
 
 def open_input(
@@ -303,6 +328,25 @@ def open_input(
     return Input(name, kind, files, bytes=size, roots=roots, limits=limits)
 
 
+def _read_all(
+    source: Input, chunk_bytes: int, text_field: str, convert: Callable[..., Any]
+) -> tuple[list[Any], Origin]:
+    """``convert(table, origin, first row)`` of every non-empty chunk, and the whole's origin."""
+    out, parts, first = [], [], 0
+    try:
+        for table, origin, _ in source.chunks(chunk_bytes, text_field):
+            if not table.num_rows:
+                continue
+            name, shift, unit = origin.parts[0]
+            if not parts or parts[-1][0] != name:
+                parts.append((name, first + shift, unit))
+            out.append(convert(table, origin, first))
+            first += table.num_rows
+    finally:
+        source.close()
+    return out, Origin(tuple(parts) or ((source.name, 0, "row"),))
+
+
 def read_arrow(
     source: str | Path | Any, partition: Partition | str = "train", text_field: str = "text"
 ) -> tuple[pa.Table, Origin]:
@@ -310,26 +354,14 @@ def read_arrow(
     source_input = open_input(source, partition)
     if source_input.table is not None:
         return source_input.table, Origin(((source_input.name, 0, "row"),))
-    tables, parts, first = [], [], 0
-    try:
-        for table, origin, _ in source_input.chunks(DEFAULT_CHUNK_BYTES, text_field):
-            name, shift, unit = origin.parts[0]
-            if table.num_rows:
-                if not parts or parts[-1][0] != name:
-                    parts.append((name, first + shift, unit))
-                tables.append(table)
-                first += table.num_rows
-    finally:
-        source_input.close()
+    tables, origin = _read_all(source_input, DEFAULT_CHUNK_BYTES, text_field, lambda t, o, f: t)
     if not tables:
-        return pa.table({}), Origin(((source_input.name, 0, "row"),))
+        return pa.table({}), origin
     try:
-        table = pa.concat_tables(tables, promote_options="permissive")
+        return pa.concat_tables(tables, promote_options="permissive"), origin
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise InvalidInput(
-            f"{source_input.name}: shards disagree on their columns ({err})"
-        ) from None
-    return table, Origin(tuple(parts))
+        why = f"{source_input.name}: shards disagree on their columns ({err})"
+        raise InvalidInput(why) from None
 
 
 def read_documents(
@@ -343,30 +375,14 @@ def read_documents(
 ) -> Documents:
     """Read ``source`` (see :func:`open_input`) chunk by chunk into one :class:`Documents`
     (``objective``: what SFT rows train, default TRL's)."""
-    source_input = open_input(source, partition)
-    chunks, first, parts = [], 0, []
-    try:
-        for table, origin, _ in source_input.chunks(chunk_bytes, text_field):
-            if not table.num_rows:
-                continue
-            chunk = chunk_from_arrow(
-                table,
-                origin,
-                tokenizer=tokenizer,
-                text_field=text_field,
-                partition=partition,
-                objective=objective,
-            )
-            chunks.append(chunk.rebased(first))
-            name, shift, unit = origin.parts[0]
-            if not parts or parts[-1][0] != name:
-                parts.append((name, first + shift, unit))
-            first += len(chunk)
-        return Documents.from_chunks(
-            chunks, Origin(tuple(parts) or ((source_input.name, 0, "row"),))
-        )
-    finally:
-        source_input.close()
+
+    def convert(table: pa.Table, origin: Origin, first: int) -> Any:
+        chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer, text_field=text_field,
+                                 partition=partition, objective=objective)  # fmt: skip
+        return chunk.rebased(first)
+
+    chunks, origin = _read_all(open_input(source, partition), chunk_bytes, text_field, convert)
+    return Documents.from_chunks(chunks, origin)
 
 
 def load_examples(
@@ -381,12 +397,6 @@ def load_examples(
 ) -> ExampleTable:
     """Read ``source`` and bind it: the :class:`ExampleTable` the packer consumes."""
     docs = read_documents(source, tokenizer=tokenizer, text_field=text_field, partition=partition)
-    binding = resolve_binding(
-        docs,
-        partition,
-        vocab_size=vocab_size,
-        tokenizer=tokenizer,
-        tokenizer_id=tokenizer_id,
-        split_id=split_id,
-    )
+    binding = resolve_binding(docs, partition, vocab_size=vocab_size, tokenizer=tokenizer,
+                              tokenizer_id=tokenizer_id, split_id=split_id)  # fmt: skip
     return docs.to_table(binding, partition)

@@ -1,58 +1,38 @@
 """SFT text rows tokenized as TRL 1.16's ``SFTTrainer`` does: prompt-completion and chats.
 
-What is trained follows TRL's two ``SFTConfig`` switches, with TRL's names
-and defaults (:class:`~seqpack.core.supervision.Objective`;
-``assistant_only_loss`` / ``completion_only_loss`` in ``pack_dataset``,
-``pack_path`` and :class:`~seqpack.pipeline.options.PackOptions`,
-``--assistant-only-loss`` / ``--completion-only-loss {true,false}`` on the
-command line). Rows without ``input_ids`` may hold, instead of ``text``:
+What is trained follows TRL's two ``SFTConfig`` switches, with TRL's names and
+defaults (:class:`~seqpack.core.supervision.Objective`). Rows without
+``input_ids`` may hold, instead of ``text``:
 
-- ``prompt`` / ``completion`` strings (TRL's prompt-completion format):
-  the tokens of ``prompt + completion`` (the completion ends with the
-  tokenizer's EOS token, appended as text when it does not, and the
-  tokenizer's own BOS/EOS post-processing applies), supervised from where
-  they stop agreeing with the tokens of ``prompt`` alone when
-  ``completion_only_loss`` is None (the default) or True, every token when
-  it is False; ``assistant_only_loss=True`` is refused (not conversational);
-- ``prompt`` / ``completion`` lists of ``{role, content}`` messages
-  (conversational prompt-completion): the chat template renders the prompt
-  with the generation prompt and the whole conversation; the completion is
-  supervised (all tokens with ``completion_only_loss=False``), and with
-  ``assistant_only_loss=True`` only the tokens inside the template's
-  ``{% generation %}`` blocks too;
-- ``messages`` (or ShareGPT's ``conversations`` with ``from`` / ``value``,
-  converted as TRL does): the chat template renders the conversation; every
-  token is supervised by default (TRL's ``assistant_only_loss=False``), only
-  the assistant tokens — those inside ``{% generation %}`` … ``{%
-  endgeneration %}`` — with ``assistant_only_loss=True``.
+- ``prompt`` / ``completion`` strings: the tokens of ``prompt + completion`` (the
+  completion ends with the tokenizer's EOS token, appended as text when it does
+  not), supervised from where they stop agreeing with the tokens of ``prompt``
+  alone (``completion_only_loss`` None or True), every token when it is False;
+  ``assistant_only_loss=True`` is refused (not conversational);
+- ``prompt`` / ``completion`` lists of ``{role, content}`` messages: the chat
+  template renders the prompt with the generation prompt and the whole
+  conversation; the completion is supervised, and with ``assistant_only_loss``
+  only the tokens inside ``{% generation %}`` blocks too;
+- ``messages`` (or ShareGPT's ``conversations`` with ``from`` / ``value``): the
+  rendered conversation, every token supervised by default, only those inside
+  ``{% generation %}`` … ``{% endgeneration %}`` with ``assistant_only_loss``.
 
-A template without generation markers is accepted wherever the objective
-does not need them, and refused, with TRL's reason, where
-``assistant_only_loss=True`` does. A row left with nothing to train (a chat
-without an assistant turn under ``assistant_only_loss``, an empty
-completion) is refused naming the row, as TRL refuses the first.
+Markers are required (TRL's reason) only where ``assistant_only_loss`` needs them; a
+row left with nothing to train is refused naming it. Chats render through the
+tokenizer's own ``apply_chat_template`` inside :func:`seqpack.io.templates.bounded`,
+with each row's ``tools`` and ``chat_template_kwargs`` (template variables only) as
+in TRL.
 
-Chat templates are applied by the tokenizer's own
-``transformers.PreTrainedTokenizerBase.apply_chat_template`` (its Jinja
-renderer, ``add_special_tokens=False``, assistant masks from the character
-spans of the generation blocks), under the limits of
-:mod:`seqpack.io.templates` (a sandbox with a step and an output bound), so
-the tokens are exactly TRL's; a ``tools`` column (a list or JSON text) and a
-``chat_template_kwargs`` column (a mapping of template variables, never
-tokenizer settings) go to the template row by row, as in TRL. The template
-is the tokenizer folder's (``chat_template.jinja`` or
-``tokenizer_config.json``) unless ``--chat-template`` names another
-(:attr:`HFTokenizer.chat_template`).
-
-:func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]``
-and one supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="``
-and completion ``"4"`` with the byte tokenizer, ``[BOS 2 + 2 = 4 EOS]`` is
-flagged ``[0 0 0 0 0 1 1]``, so the targets ``=->4`` and ``4->EOS`` are
-trained.
+:func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]`` and one
+supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="`` and
+completion ``"4"`` with the byte tokenizer, ``[BOS 2 + 2 = 4 EOS]`` is flagged
+``[0 0 0 0 0 1 1]``, so the targets ``=->4`` and ``4->EOS`` are trained.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,15 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.core.supervision import NOT_CONVERSATIONAL, Objective
 from seqpack.io.cells import column, first
-from seqpack.io.chat import (
-    TEMPLATE_COLUMNS,
-    chat_tokenizer,
-    render,
-    require_markers,
-    template_extras,
-)
 from seqpack.io.documents import Origin
 from seqpack.io.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer
 
@@ -77,6 +51,21 @@ __all__ = ["SFT_COLUMNS", "TEMPLATE_COLUMNS", "encode_sft", "sft_columns"]
 
 #: Columns a row's text SFT data is read from (with the optional :data:`TEMPLATE_COLUMNS`).
 SFT_COLUMNS = ("prompt", "completion", "messages", "conversations")
+#: Per-row extras the chat template receives, as in TRL.
+TEMPLATE_COLUMNS = ("tools", "chat_template_kwargs")
+#: Conversations rendered per ``apply_chat_template`` call.
+CHAT_BATCH = 256
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+#: ``apply_chat_template``'s and the tokenizer's own arguments: a ``chat_template_kwargs``
+#: key of these names would change the tokens (padding, length) or clash with seqpack's.
+SETTINGS = frozenset(
+    ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+     "max_length", "tokenizer_kwargs", "add_special_tokens", "stride", "pad_to_multiple_of",
+     "padding_side", "is_split_into_words", "text", "text_target", "verbose")
+)  # fmt: skip
+
+Encoded = tuple[list[np.ndarray], list[np.ndarray]]
 
 
 def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
@@ -84,10 +73,7 @@ def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
     messages), or None when there are none."""
     if "prompt" in names or "completion" in names:
         return ("prompt", "completion")
-    for name in ("messages", "conversations"):
-        if name in names:
-            return (name,)
-    return None
+    return next(((n,) for n in ("messages", "conversations") if n in names), None)
 
 
 def encode_sft(
@@ -106,26 +92,31 @@ def encode_sft(
             f"{where}: rows hold {' / '.join(names)} but no tokenizer was given — pass"
             " --tokenizer with a local tokenizer folder"
         )
-    if names == ("prompt", "completion"):
-        missing = [n for n in names if n not in table.column_names]
-        if missing:
-            raise InvalidInput(
-                f"{where}: rows hold {' '.join(n for n in names if n not in missing)} without"
-                f" {missing[0]} — prompt-completion rows need both (a prompt alone has nothing"
-                " to train on)"
-            )
-        if _is_chat(table, "prompt") or _is_chat(table, "completion"):
-            ids, masks = _chat_prompt_completion(table, origin, tokenizer, objective)
-        else:
-            if objective.assistant_only_loss:
-                raise InvalidInput(f"{where}: {NOT_CONVERSATIONAL}")
-            ids, masks = _text_prompt_completion(table, origin, tokenizer, objective)
+    if names != ("prompt", "completion"):
+        ids, masks = _chat_rows(table, origin, tokenizer, objective, names[0])
+    elif missing := [n for n in names if n not in table.column_names]:
+        raise InvalidInput(
+            f"{where}: rows hold {' '.join(n for n in names if n not in missing)} without"
+            f" {missing[0]} — prompt-completion rows need both (a prompt alone has nothing"
+            " to train on)"
+        )
+    elif _is_chat(table, "prompt") or _is_chat(table, "completion"):
+        ids, masks = _chat_rows(table, origin, tokenizer, objective, None)
+    elif objective.assistant_only_loss:
+        raise InvalidInput(f"{where}: {NOT_CONVERSATIONAL}")
     else:
-        ids, masks = _messages(table, origin, tokenizer, names[0], objective)
-    _check_trained(masks, origin, names, objective)
-    lengths = np.fromiter((x.shape[0] for x in ids), dtype=np.int64, count=len(ids))
-    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+        ids, masks = _text_prompt_completion(table, origin, tokenizer, objective)
+    for row, mask in enumerate(masks):  # a supervised target: a token after the first
+        if not mask[1:].any():
+            chat = names[0] in ("messages", "conversations")
+            why = "the conversation has no assistant tokens" if chat else (
+                "the completion is empty (no completion tokens)")  # fmt: skip
+            raise InvalidInput(
+                f"{origin.locate(row)}: {why}, so nothing would be trained"
+                f"{' with assistant_only_loss=True' if objective.assistant_only_loss else ''}"
+                " — give it one, or drop the row"
+            )
+    offsets = offsets_of(np.fromiter((x.shape[0] for x in ids), dtype=np.int64, count=len(ids)))
     if not ids:
         return np.zeros(0, np.int32), offsets, np.zeros(0, bool)
     return np.concatenate(ids).astype(np.int32, copy=False), offsets, np.concatenate(masks)
@@ -162,10 +153,8 @@ def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, An
                 " give a list of {role, content} messages"
             )
         if name == "conversations":  # ShareGPT's keys, renamed as TRL's maybe_convert_to_chatml
-            rows[row] = chat = [
-                {{"from": "role", "value": "content"}.get(k, k): v for k, v in m.items()}
-                for m in chat
-            ]
+            rename = {"from": "role", "value": "content"}
+            rows[row] = chat = [{rename.get(k, k): v for k, v in m.items()} for m in chat]
         if any(not isinstance(m.get("role"), str) for m in chat):
             raise InvalidInput(
                 f"{origin.locate(row)}: a message in {name} has no role — give every message a"
@@ -174,75 +163,50 @@ def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, An
     return rows
 
 
-def _messages(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer, name: str, objective: Objective
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    backend, template = chat_tokenizer(tokenizer, origin, f"{name} rows")
-    assistant = objective.assistant_only_loss
-    if assistant:
-        require_markers(template, origin, f"{name} rows")
-    chats = _chats(table, name, origin)
-    extras = template_extras(table, origin)
-    encoded = render(
-        backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant
-    )
-    ids = [e["input_ids"] for e in encoded]
-    if assistant:
-        return ids, [e["assistant_masks"] for e in encoded]
-    return ids, [np.ones(x.shape[0], dtype=bool) for x in ids]
-
-
-def _check_trained(
-    masks: list[np.ndarray], origin: Origin, names: tuple[str, ...], objective: Objective
-) -> None:
-    """Refuse a row with no supervised target (a token after the first), naming it."""
-    for row, mask in enumerate(masks):
-        if mask[1:].any():
-            continue
-        if names[0] in ("messages", "conversations"):
-            why = "the conversation has no assistant tokens"
-        else:
-            why = "the completion is empty (no completion tokens)"
-        raise InvalidInput(
-            f"{origin.locate(row)}: {why}, so nothing would be trained"
-            f"{' with assistant_only_loss=True' if objective.assistant_only_loss else ''}"
-            " — give it one, or drop the row"
-        )
-
-
-def _chat_prompt_completion(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    what = "conversational prompt-completion rows"
+def _chat_rows(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective, name: str | None
+) -> Encoded:
+    """Conversations rendered: column ``name`` (``messages`` / ``conversations``), or
+    conversational prompt-completion rows when ``name`` is None."""
+    what = f"{name} rows" if name else "conversational prompt-completion rows"
     backend, template = chat_tokenizer(tokenizer, origin, what)
     assistant = objective.assistant_only_loss
-    if assistant:
-        require_markers(template, origin, what)
+    if assistant and not _GENERATION.search(template):
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: assistant_only_loss=True trains the assistant turns of"
+            f" {what} only, and the chat template marks none — as TRL says, the chat template"
+            " is not training-compatible (missing {% generation %} markers): pass"
+            " --chat-template FILE with the assistant content inside {% generation %} ..."
+            " {% endgeneration %} (trl.chat_template_utils.get_training_chat_template(tokenizer)"
+            " gives one for the models TRL knows), or drop --assistant-only-loss to train the"
+            " whole conversation"
+        )
+    if name is not None:
+        chats = _chats(table, name, origin)
+        extras = template_extras(table, origin)
+        whole = render(backend, template, chats, extras, origin,
+                       return_assistant_tokens_mask=assistant)  # fmt: skip
+        ids = [e["input_ids"] for e in whole]
+        if assistant:
+            return ids, [e["assistant_masks"] for e in whole]
+        return ids, [np.ones(x.shape[0], dtype=bool) for x in ids]
     prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
     extras = template_extras(table, origin)
     heads = render(backend, template, prompts, extras, origin, add_generation_prompt=True)
-    whole = render(
-        backend,
-        template,
-        [p + c for p, c in zip(prompts, completions, strict=True)],
-        extras,
-        origin,
-        return_assistant_tokens_mask=assistant,
-    )
+    chats = [p + c for p, c in zip(prompts, completions, strict=True)]
+    whole = render(backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant)
     completion_only = objective.completion_only(True)
     ids, masks = [], []
     for head, full in zip(heads, whole, strict=True):
         mask = _after_prefix(head["input_ids"], full["input_ids"], completion_only)
-        if assistant:
-            mask &= full["assistant_masks"]
         ids.append(full["input_ids"])
-        masks.append(mask)
+        masks.append(mask & full["assistant_masks"] if assistant else mask)
     return ids, masks
 
 
 def _text_prompt_completion(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+) -> Encoded:
     prompts = _strings(table, "prompt", origin)
     completions = _strings(table, "completion", origin)
     if isinstance(tokenizer, HFTokenizer):
@@ -264,8 +228,8 @@ def _text_prompt_completion(
     ids, masks = [], []
     for i in range(len(prompts)):
         full = full_ids[full_offsets[i] : full_offsets[i + 1]]
-        head = head_ids[head_offsets[i] : head_offsets[i + 1]]
         ids.append(full)
+        head = head_ids[head_offsets[i] : head_offsets[i + 1]]
         masks.append(_after_prefix(head, full, completion_only))
     return ids, masks
 
@@ -275,11 +239,133 @@ def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: boo
     the completion starts there even when the prompt's last tokens merged with it); True
     everywhere unless ``completion_only``."""
     head, full = np.asarray(head), np.asarray(full)
-    if not completion_only:
-        return np.ones(full.shape[0], dtype=bool)
-    n = min(head.shape[0], full.shape[0])
-    differ = np.flatnonzero(head[:n] != full[:n])
-    start = int(differ[0]) if differ.size else n
-    mask = np.zeros(full.shape[0], dtype=bool)
-    mask[start:] = True
+    mask = np.ones(full.shape[0], dtype=bool)
+    if completion_only:
+        n = min(head.shape[0], full.shape[0])
+        differ = np.flatnonzero(head[:n] != full[:n])
+        mask[: int(differ[0]) if differ.size else n] = False
     return mask
+
+
+# -- rendering conversations with the tokenizer's chat template, under seqpack's limits
+
+
+def chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
+    """The transformers tokenizer and the chat template (text) to render with."""
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {what} need a chat template and a transformers tokenizer —"
+            " pass --tokenizer with a save_pretrained folder (tokenizer_config.json), and"
+            " --chat-template FILE if it has no template"
+        )
+    try:
+        template = tokenizer.backend.get_chat_template(tokenizer.chat_template)
+    except ValueError:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none —"
+            " pass --chat-template FILE (a Jinja template)"
+        ) from None
+    return tokenizer.backend, template
+
+
+def template_extras(table: pa.Table, origin: Origin) -> list[dict[str, Any]] | None:
+    """Each row's ``tools`` / ``chat_template_kwargs`` for the template, or None."""
+    present = [n for n in TEMPLATE_COLUMNS if n in table.column_names]
+    if not present:
+        return None
+    out: list[dict[str, Any]] = [{} for _ in range(table.num_rows)]
+    for name in present:
+        for row, value in enumerate(column(table, name).to_pylist()):
+            if name == "tools":
+                try:
+                    out[row]["tools"] = json.loads(value) if isinstance(value, str) else value
+                except ValueError as err:
+                    raise InvalidInput(f"{origin.locate(row)}: tools is not JSON ({err})") from None
+            elif value is not None:
+                out[row].update(_template_kwargs(value, origin, row))
+    return out
+
+
+def _template_kwargs(value: Any, origin: Origin, row: int) -> dict[str, Any]:
+    """A row's ``chat_template_kwargs``: a mapping of template variables, checked."""
+    if not isinstance(value, dict):
+        raise InvalidInput(
+            f"{origin.locate(row)}: chat_template_kwargs is {type(value).__name__}, not a"
+            ' mapping — give {name: value} template variables (e.g. {"enable_thinking": false})'
+        )
+    for key in value:
+        if not isinstance(key, str) or key in SETTINGS or key.startswith("return_"):
+            raise InvalidInput(
+                f"{origin.locate(row)}: chat_template_kwargs names {key!r}, a tokenizer or"
+                " apply_chat_template setting, not a template variable — seqpack passes template"
+                " variables only (padding, truncation and lengths would change the tokens);"
+                " drop the key"
+            )
+    return value
+
+
+def render(
+    backend: Any,
+    template: str,
+    chats: list[list[dict[str, Any]]],
+    extras: list[dict[str, Any]] | None,
+    origin: Origin,
+    **kwargs: Any,
+) -> list[dict[str, np.ndarray]]:
+    """``apply_chat_template`` per conversation (batched when no row has extras) under
+    :mod:`seqpack.io.templates`' limits: ids int32 and the assistant mask bool each."""
+    from seqpack.io.templates import TemplateLimit, bounded, rendered  # jinja2 only here
+
+    with bounded(template, _template_name(backend, template)):
+        if extras is None:
+            try:
+                out = []
+                for lo in range(0, len(chats), CHAT_BATCH):
+                    part = chats[lo : lo + CHAT_BATCH]
+                    enc = backend.apply_chat_template(part, chat_template=template, tokenize=True,
+                                                      return_dict=True, **kwargs)  # fmt: skip
+                    out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
+                return out
+            except TemplateLimit as err:  # conversations render in order: the last one
+                raise TemplateLimit(f"{origin.locate(rendered() - 1)}: {err}") from None
+            except Exception:  # a template error: row by row, to name the row
+                extras = [{} for _ in chats]
+        return [
+            _render_one(backend, template, chat, {**extra, **kwargs}, origin.locate(row))
+            for row, (chat, extra) in enumerate(zip(chats, extras, strict=True))
+        ]
+
+
+def _template_name(backend: Any, template: str) -> str:
+    own = getattr(backend, "__dict__", {}).get("_real", backend)  # never load it for this
+    source = getattr(own, "name_or_path", None) or getattr(backend, "_path", "the tokenizer")
+    kind = "its own" if template == getattr(own, "chat_template", None) else "--chat-template"
+    return f"the chat template ({kind}, tokenizer {source})"
+
+
+def _render_one(
+    backend: Any, template: str, chat: list[dict[str, Any]], kwargs: dict[str, Any], where: str
+) -> dict[str, np.ndarray]:
+    from seqpack.io.templates import TemplateLimit
+
+    try:
+        enc = backend.apply_chat_template(chat, chat_template=template, tokenize=True,
+                                          return_dict=True, **kwargs)  # fmt: skip
+    except TemplateLimit as err:
+        raise TemplateLimit(f"{where}: {err}") from None
+    except Exception as err:  # Jinja raises TemplateError and the template's own errors
+        why = " ".join(str(err).split())
+        raise InvalidInput(
+            f"{where}: the chat template refuses this conversation"
+            f" ({type(err).__name__}: {why[:300]}) — fix the row or the template"
+        ) from None
+    return _arrays(enc)
+
+
+def _arrays(enc: Any) -> dict[str, np.ndarray]:
+    """One conversation's ids (int32) and assistant mask (bool) as arrays: a chunk's Python
+    int lists live for one batch of :data:`CHAT_BATCH` only."""
+    out = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int32)}
+    if "assistant_masks" in enc:
+        out["assistant_masks"] = np.asarray(enc["assistant_masks"], dtype=bool)
+    return out

@@ -1,62 +1,169 @@
 """Chat templates rendered under limits: a sandbox with a step, time and size bound.
 
-A chat template is code from the tokenizer folder (or ``--chat-template``):
-Jinja, which transformers renders in ``jinja2.sandbox.ImmutableSandboxedEnvironment``
-(no attribute escapes, no mutation of the data) but without any bound on
-work or size — a loop of 10^10 iterations runs forever, a template that
-multiplies a string renders gigabytes. seqpack compiles the same template in
-:class:`BoundedEnvironment`, a subclass of that sandbox with transformers'
-own settings, filters, globals and ``{% generation %}`` extension, and hands
-it to transformers' ``apply_chat_template`` for the duration of seqpack's
-own calls (:func:`bounded`; the user's other renders are untouched), so the
-tokens are still exactly transformers' (and TRL's). Per rendered
-conversation:
+A chat template is code from the tokenizer folder (or ``--chat-template``).
+:func:`bounded` compiles it in :class:`BoundedEnvironment`, a subclass of
+transformers' ``ImmutableSandboxedEnvironment`` with transformers' own settings,
+filters, globals and ``{% generation %}`` extension, and hands it to
+transformers' ``apply_chat_template`` for seqpack's own calls only, so the tokens
+are exactly transformers' (and TRL's). Per rendered conversation:
 
-- at most :data:`MAX_STEPS` steps (a loop iteration, a call, an attribute
-  or item lookup; a ``range(n)`` counts ``n``) and :data:`MAX_SECONDS`
-  seconds;
-- no value or output longer than :data:`MAX_CHARS` characters: string and
-  list ``*``, ``+``, ``%``, ``~``, ``**``, ``join`` and ``replace`` are sized
-  *before* they allocate; calls and filters with an integer argument above
-  the bound to a callable that sizes its result with it (``center``,
-  ``indent``, ``ljust``, ``lipsum``, a format width) are refused;
-  every buffer (``{% set %}`` blocks, macros, ``{% generation %}`` bodies)
-  is sized before it is joined, and the output as it is produced.
+- at most :data:`MAX_STEPS` steps (a loop iteration, a call, an attribute or item
+  lookup; a ``range(n)`` counts ``n``) and :data:`MAX_SECONDS` seconds;
+- no value or output longer than :data:`MAX_CHARS` characters: ``*``, ``+``,
+  ``%``, ``~``, ``**``, ``join`` and ``replace`` are sized *before* they allocate;
+  an integer argument above the bound to a callable that sizes its result with
+  it (``center``, ``indent``, ``ljust``, a format width) is refused; every buffer
+  (``{% set %}`` blocks, macros, generation bodies) is sized before it is joined.
 
-Exceeding a limit is :class:`TemplateLimit`, an
-:class:`~seqpack.core.errors.InvalidInput` naming the template and the limit.
+Exceeding a limit is :class:`TemplateLimit` (an ``InvalidInput``) naming the
+template and the limit. The budget lives in a context variable, so renders in
+other threads or tasks keep their own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
 from jinja2 import Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
+from jinja2.nodes import EvalContext
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.template_limits import (
-    BUDGET,
-    MAX_CHARS,
-    RENDERED,
-    WIDE,
-    Budget,
-    TemplateLimit,
-    bounded_filter,
-    budget,
-    check_args,
-    check_value,
-    counted,
-    grown,
-    joined,
-    replaced,
-    size_of,
-)
+
+#: Steps one conversation's rendering may take (a real template takes a few thousand).
+MAX_STEPS = 1 << 22
+#: Seconds one conversation's rendering may take.
+MAX_SECONDS = 5.0
+#: The longest value or rendered conversation, in characters (32 Mi).
+MAX_CHARS = 1 << 25
+#: A format width or precision of 8 digits or more (``{:>99999999}``, ``%099999999d``).
+WIDE = re.compile(r"\d{8,}")
+#: Filters and callables whose integer arguments size what they build (``center(10**10)``);
+#: other integers (a tool call's number, a timestamp) are data and pass.
+SIZED = frozenset(("center", "indent", "wordwrap", "truncate", "batch", "slice", "ljust",
+                   "rjust", "zfill", "expandtabs", "generate_lorem_ipsum"))  # fmt: skip
+
+
+class TemplateLimit(InvalidInput):
+    """A chat template exceeded a rendering limit (steps, time or size)."""
+
+
+class Budget:
+    __slots__ = ("deadline", "name", "steps")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.steps, self.deadline = name, 0, time.monotonic() + MAX_SECONDS
+
+    def step(self, n: int = 1) -> None:
+        self.steps += n
+        if self.steps > MAX_STEPS:
+            self.fail(f"more than {MAX_STEPS:,} steps (a loop that does not end?)")
+        if self.steps & 1023 < n and time.monotonic() > self.deadline:
+            self.fail(f"more than {MAX_SECONDS:g} s")
+
+    def fail(self, what: str) -> None:
+        raise TemplateLimit(
+            f"{self.name} takes {what} to render one conversation — seqpack renders a chat"
+            f" template under limits ({MAX_STEPS:,} steps, {MAX_SECONDS:g} s, {MAX_CHARS:,}"
+            " characters); fix the template"
+        )
+
+
+BUDGET: ContextVar[Budget | None] = ContextVar("seqpack_template_budget", default=None)
+#: Conversations rendered so far inside :func:`bounded` (so a batch's failure names its row).
+RENDERED: ContextVar[list[int] | None] = ContextVar("seqpack_rendered", default=None)
+_ACTIVE: ContextVar[dict[str, Any] | None] = ContextVar("seqpack_templates", default=None)
+
+
+def rendered() -> int:
+    """How many conversations the innermost :func:`bounded` block has started to render."""
+    count = RENDERED.get()
+    return count[0] if count else 0
+
+
+def budget() -> Budget:
+    """The budget of the conversation being rendered (a fresh one outside a render)."""
+    current = BUDGET.get()
+    return current if current is not None else Budget("the chat template")
+
+
+def size_of(value: Any) -> int:
+    return len(value) if isinstance(value, (str, list, tuple, dict)) else 0
+
+
+def check_value(value: Any) -> Any:
+    if size_of(value) > MAX_CHARS:
+        budget().fail(f"a value of {size_of(value):,} items or characters")
+    return value
+
+
+def grown(size: int) -> None:
+    if size > MAX_CHARS:
+        budget().fail(f"a value of {size:,} characters")
+
+
+def check_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse an integer argument above :data:`MAX_CHARS` to a :data:`SIZED` callable."""
+    if name in SIZED:
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CHARS:
+                budget().fail(f"an argument of {value:,}")
+
+
+def replaced(text: Any, old: Any, new: Any, count: Any = -1) -> None:
+    """Size ``text.replace(old, new)`` before it is computed."""
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+        hits = len(text) + 1 if old == "" else text.count(old)
+        if isinstance(count, int) and count >= 0:
+            hits = min(hits, count)
+        grown(len(text) + hits * (len(new) - len(old)))
+
+
+def joined(sep: Any, items: list[Any]) -> None:
+    size = sum(len(x) if isinstance(x, str) else 16 for x in items)
+    grown(size + len(str(sep)) * max(0, len(items) - 1))
+
+
+def wide(text: Any) -> None:
+    if isinstance(text, str) and WIDE.search(text):
+        budget().fail("a format width of 8 digits or more")
+
+
+def bounded_filter(name: str, func: Any) -> Any:
+    """``func`` (a Jinja filter) with its arguments and result sized."""
+
+    @functools.wraps(func)  # keeps jinja's pass_context / pass_eval_context marks
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        budget().step()
+        values = [a for a in args if not isinstance(a, (Context, EvalContext))]
+        check_args(name, tuple(values[1:]), kwargs)
+        if name == "join" and values:
+            items = list(values[0])
+            joined(values[1] if len(values) > 1 else kwargs.get("d", ""), items)
+            args = tuple(items if a is values[0] else a for a in args)
+        elif name == "replace" and len(values) >= 3:
+            replaced(*values[:4])
+        elif name == "format" and values:
+            wide(values[0])
+        return check_value(func(*args, **kwargs))
+
+    return bounded
+
+
+def counted(iterable: Any) -> Iterator[Any]:
+    """``iterable``, one step per item (every ``{% for %}`` loop iterates through it)."""
+    spent = budget()
+    for item in iterable:
+        spent.step()
+        yield item
 
 
 class _Generator(CodeGenerator):
@@ -76,8 +183,7 @@ class BoundedTemplate(Template):
 
     def generate(self, *args: Any, **kwargs: Any) -> Iterator[str]:
         ctx = self.new_context(dict(*args, **kwargs))
-        count = RENDERED.get()
-        if count is not None:
+        if (count := RENDERED.get()) is not None:
             count[0] += 1
         token = BUDGET.set(Budget(self.environment.seqpack_name))
         total = 0
@@ -106,13 +212,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def _parse(self, source: str, name: str | None, filename: str | None) -> Any:
         tree = super()._parse(source, name, filename)
         for loop in tree.find_all(nodes.For):  # every loop counts its iterations
-            counted = nodes.EnvironmentAttribute("seqpack_steps")
-            loop.iter = nodes.Call(counted, [loop.iter], [], None, None, lineno=loop.lineno)
+            steps = nodes.EnvironmentAttribute("seqpack_steps")
+            loop.iter = nodes.Call(steps, [loop.iter], [], None, None, lineno=loop.lineno)
         return tree
 
-    @staticmethod
-    def seqpack_steps(iterable: Any) -> Iterator[Any]:
-        return counted(iterable)
+    seqpack_steps = staticmethod(counted)
 
     @staticmethod
     def seqpack_concat(parts: tuple[Any, ...]) -> str:
@@ -128,16 +232,14 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         spent = budget()
         spent.step()
-        owner = getattr(__obj, "__self__", None)
-        method = getattr(__obj, "__name__", "")
+        owner, method = getattr(__obj, "__self__", None), getattr(__obj, "__name__", "")
         check_args(method, args, kwargs)
-        if isinstance(owner, str):
-            if method == "replace" and len(args) >= 2:
-                replaced(owner, *args[:3])
-            if method == "join" and args:
-                items = list(args[0])
-                joined(owner, items)
-                args = (items, *args[1:])
+        if isinstance(owner, str) and method == "replace" and len(args) >= 2:
+            replaced(owner, *args[:3])
+        elif isinstance(owner, str) and method == "join" and args:
+            items = list(args[0])
+            joined(owner, items)
+            args = (items, *args[1:])
         result = super().call(__context, __obj, *args, **kwargs)
         if isinstance(result, range):
             spent.step(len(result))
@@ -154,20 +256,23 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         elif operator == "**" and isinstance(left, int) and isinstance(right, int):
             if right > 0 and abs(left) > 1 and right * abs(left).bit_length() > 1 << 16:
                 budget().fail(f"a power of {right:,}")
-        elif operator == "%" and isinstance(left, str) and WIDE.search(left):
-            budget().fail("a format width of 8 digits or more")
+        elif operator == "%":
+            wide(left)
         return check_value(super().call_binop(context, operator, left, right))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        spent = budget()
-        spent.step()
-        if isinstance(obj, str) and attribute in ("format", "format_map") and WIDE.search(obj):
-            spent.fail("a format width of 8 digits or more")
+        budget().step()
+        if attribute in ("format", "format_map"):
+            wide(obj)
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         budget().step()
         return super().getitem(obj, argument)
+
+
+def _original(ctu: Any) -> Any:
+    return getattr(ctu._compile_jinja_template, "seqpack_original", ctu._compile_jinja_template)
 
 
 @functools.lru_cache(maxsize=16)
@@ -188,13 +293,6 @@ def compile_bounded(template: str, name: str) -> Any:
     env.globals.update(base.globals)
     env.seqpack_name = name
     return env.from_string(template)
-
-
-_ACTIVE: ContextVar[dict[str, Any] | None] = ContextVar("seqpack_templates", default=None)
-
-
-def _original(ctu: Any) -> Any:
-    return getattr(ctu._compile_jinja_template, "seqpack_original", ctu._compile_jinja_template)
 
 
 def _install() -> None:
@@ -227,9 +325,9 @@ def bounded(template: str, name: str) -> Iterator[None]:
         why = " ".join(str(err).split())[:300]
         raise InvalidInput(f"{name} does not compile ({why}) — fix the template") from None
     token = _ACTIVE.set({**(_ACTIVE.get() or {}), template: compiled})
-    counted = RENDERED.set([0])
+    count = RENDERED.set([0])
     try:
         yield
     finally:
-        RENDERED.reset(counted)
+        RENDERED.reset(count)
         _ACTIVE.reset(token)

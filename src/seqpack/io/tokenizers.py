@@ -7,19 +7,18 @@ The built-in tokenizer is the fixture's 266-entry vocabulary::
 
     encode("hi") = [0, 114, 115, 1]      ('h' = 104, 'i' = 105)
 
-Every document is ``[BOS, bytes..., EOS]``, so a text of ``b`` UTF-8 bytes
-gives ``b + 2`` tokens and ``b + 1`` prediction pairs. PAD is reserved and
-never emitted: packed rows mark empty cells with ``PAD_CELL = -1``.
+Every document is ``[BOS, bytes..., EOS]``: ``b`` UTF-8 bytes give ``b + 2``
+tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
+(packed rows mark empty cells with ``PAD_CELL = -1``).
 
-Any ``tokenizers`` (``tokenizer.json``) or ``transformers`` tokenizer saved on
-disk loads with :func:`load_tokenizer`; nothing is downloaded. Such a
-tokenizer adds BOS/EOS exactly as its own post-processor does
-(``add_special_tokens=True``).
-
-Every tokenizer exposes ``identity`` (the Binding's ``tokenizer_id``),
-``vocab_size`` and ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
-A Rust-backed tokenizer encodes with ``encode_batch_fast`` where the installed
-``tokenizers`` has it (no offsets computed, all cores); only the ids are kept.
+:func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
+``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
+every file a regular file of bounded size; a folder whose ``tokenizer.json``
+transformers would use as it is loads without importing transformers. Truncation
+and padding are turned off on seqpack's copy (with a warning); a post-processor
+adding more than BOS/EOS is refused. Every tokenizer has ``identity`` (the
+Binding's ``tokenizer_id``), ``vocab_size`` and
+``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
 """
 
 from __future__ import annotations
@@ -29,8 +28,9 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,14 +38,8 @@ import numpy as np
 
 from seqpack.core import meter
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.io.tokenizer_folder import open_folder
-from seqpack.io.tokenizer_settings import (
-    MAX_TEMPLATE_FILE,
-    checked_file,
-    file_identity,
-    read_checked,
-    sanitized,
-)
+from seqpack.core.examples import offsets_of
+from seqpack.io.files import read_limited
 
 BOS_ID = 0
 EOS_ID = 1
@@ -54,6 +48,27 @@ NUM_SPECIAL = 10
 BYTE_OFFSET = NUM_SPECIAL
 BYTE_VOCAB_SIZE = NUM_SPECIAL + 256
 BYTES_IDENTITY = "seqpack/bytes-266"
+#: Where a tokenizer's identity names a chat template other than its own.
+CHAT_MARK = "+chat-template@sha256:"
+#: Characters of text encoded per tokenizer call (the Rust tokenizer holds ~45 bytes a
+#: character of records until the call returns, so a call is bounded).
+ENCODE_BATCH = 1 << 22
+#: Files whose bytes define a saved tokenizer; they make up its identity digest.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "chat_template.jinja")  # fmt: skip
+#: Files besides ``tokenizer.json`` from which transformers could build a (slow) tokenizer.
+SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
+#: The largest tokenizer file read (the largest hub ``tokenizer.json`` files are ~35 MB).
+MAX_TOKENIZER_FILE = 1 << 29
+#: The largest chat template read (hub templates are at most tens of kilobytes).
+MAX_TEMPLATE_FILE = 1 << 22
+#: Tokenizer classes that use ``tokenizer.json`` as it is.
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+#: ``tokenizer_config.json`` keys with which transformers rebuilds part of the tokenizer.
+REBUILDING_KEYS = ("add_bos_token", "add_eos_token", "add_prefix_space", "do_lower_case",
+                   "strip_accents", "tokenize_chinese_chars", "split_special_tokens", "legacy",
+                   "auto_map", "from_slow")  # fmt: skip
 
 
 class Tokenizer(Protocol):
@@ -75,32 +90,24 @@ class ByteTokenizer:
         >>> ByteTokenizer().encode("hi").tolist()
         [0, 114, 115, 1]
         """
-        tokens, _ = self.encode_batch([text])
-        return tokens
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode many texts: flat tokens int32 [Σ(b_i + 2)] and offsets int64 [k+1]."""
         raw = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter((len(b) for b in raw), dtype=np.int64, count=len(raw))
-        offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        data = np.frombuffer(b"".join(raw), dtype=np.uint8)
-        return self.encode_utf8(data, offsets)
+        return self.encode_utf8(np.frombuffer(b"".join(raw), dtype=np.uint8), offsets_of(lengths))
 
     def encode_utf8(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised core: UTF-8 ``data`` uint8 [B] split by ``offsets`` int64 [k+1].
-
-        Text ``i`` is ``data[offsets[i]:offsets[i+1]]``; its tokens are
-        ``out[out_offsets[i]:out_offsets[i+1]]``. No Python loop per text or byte.
-        """
+        """Vectorised core: UTF-8 ``data`` uint8 [B] split by ``offsets`` int64 [k+1]; text
+        ``i`` is ``data[offsets[i]:offsets[i+1]]``, its tokens
+        ``out[out_offsets[i]:out_offsets[i+1]]``. No Python loop per text or byte."""
         offsets = np.asarray(offsets, dtype=np.int64)
-        k = offsets.shape[0] - 1
         base = offsets[0]
-        out_offsets = offsets - base + 2 * np.arange(k + 1, dtype=np.int64)
+        out_offsets = offsets - base + 2 * np.arange(offsets.shape[0], dtype=np.int64)
         out = np.empty(int(out_offsets[-1]), dtype=np.int32)
         is_byte = np.ones(out.shape[0], dtype=bool)
-        is_byte[out_offsets[:-1]] = False
-        is_byte[out_offsets[1:] - 1] = False
+        is_byte[out_offsets[:-1]] = is_byte[out_offsets[1:] - 1] = False
         out[out_offsets[:-1]] = BOS_ID
         out[out_offsets[1:] - 1] = EOS_ID
         out[is_byte] = data[base : offsets[-1]].astype(np.int32) + BYTE_OFFSET
@@ -113,51 +120,281 @@ class ByteTokenizer:
         return data.tobytes().decode("utf-8", errors="replace")
 
 
-#: Where a tokenizer's identity names a chat template other than its own.
-CHAT_MARK = "+chat-template@sha256:"
+# -- the files of a saved tokenizer, and the settings inside them that would change data
 
 
-def _flatten(ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
+    """Refuse ``path`` unless a regular file of at most ``limit`` bytes (a FIFO, a device or
+    a huge or sparse file is refused before it is opened)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise InvalidInput(f"cannot read {path} ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"{path} is not a regular file — seqpack reads tokenizer files only")
+    if info.st_size > limit:
+        raise InvalidInput(
+            f"{path} holds {info.st_size:,} bytes, more than the {limit:,} a tokenizer file or"
+            " chat template may hold — it is not one; pass the tokenizer's own files"
+        )
+
+
+def read_checked(path: Path, limit: int = MAX_TOKENIZER_FILE) -> bytes:
+    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``)."""
+    checked_file(path, limit)
+    return read_limited(path, limit)
+
+
+def file_identity(kind: str, path: Path, files: Iterable[Path]) -> str:
+    """``kind:name@sha256:...``: a digest of ``files`` (names and bytes, each checked)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + read_checked(f) + b"\0")
+    return f"{kind}:{path.name}@sha256:{h.hexdigest()[:16]}"
+
+
+def sanitized(rust: Any, where: str, owned: bool) -> tuple[Any, int | None]:
+    """``rust`` (a ``tokenizers.Tokenizer``) without truncation or padding (a copy unless
+    ``owned``; a :class:`UserWarning` names what was turned off) and the pad id its
+    padding named; a post-processor adding more than BOS/EOS is refused."""
+    check_post_processor(rust, where)
+    truncation, padding = rust.truncation, rust.padding
+    if truncation is None and padding is None:
+        return rust, None
+    rust = rust if owned else copy.deepcopy(rust)
+    turned = []
+    if truncation is not None:
+        rust.no_truncation()
+        turned.append(f"truncation to {truncation.get('max_length')} tokens")
+    if padding is not None:
+        rust.no_padding()
+        turned.append("padding")
+    warnings.warn(
+        f"{where}: the tokenizer's {' and '.join(turned)} is turned off — seqpack tokenizes"
+        " whole documents and marks padding itself (cut or padded documents would be"
+        " trained as they are)",
+        UserWarning,
+        stacklevel=3,
+    )
+    return rust, None if padding is None else int(padding["pad_id"])
+
+
+def check_post_processor(rust: Any, where: str) -> None:
+    """Refuse a post-processor that adds more than one special token before or after a
+    single text (``[CLS] $A [SEP] [X]``); BOS/EOS-shaped ones, Bert's and Roberta's pass."""
+    try:
+        processor = json.loads(rust.to_str()).get("post_processor")
+    except (ValueError, AttributeError):  # not serializable: nothing to inspect
+        return
+    before, after = _added(processor)
+    if len(before) > 1 or len(after) > 1:
+        shown = " ".join([*before, "$A", *after])
+        raise InvalidInput(
+            f"{where}: the tokenizer's post-processor turns each text into {shown!r} — seqpack"
+            " keeps at most a BOS before and an EOS after each document (other added tokens"
+            " would enter every example); save the tokenizer with a TemplateProcessing of at"
+            " most one special token on each side of $A, or pass pre-tokenized input_ids"
+        )
+
+
+def _added(processor: Any) -> tuple[list[str], list[str]]:
+    """The special tokens a post-processor puts before and after a single sequence."""
+    if not isinstance(processor, dict):
+        return [], []
+    kind = processor.get("type")
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return [str(processor["cls"][0])], [str(processor["sep"][0])]
+    before: list[str] = []
+    after: list[str] = []
+    if kind == "Sequence":
+        for inner in processor.get("processors", []):
+            b, a = _added(inner)
+            before, after = b + before, after + a
+    elif kind == "TemplateProcessing":  # ByteLevel and the like add no token
+        specials, seen = processor.get("special_tokens", {}), False
+        for piece in processor.get("single", []):
+            if "Sequence" in piece:
+                seen = True
+                continue
+            name = piece.get("SpecialToken", {}).get("id", "?")
+            ids = specials.get(name, {}).get("ids", [None])
+            (after if seen else before).extend([str(name)] * max(1, len(ids)))
+    return before, after
+
+
+# -- a save_pretrained folder: read directly when transformers would use tokenizer.json as
+# it is, else through transformers.AutoTokenizer (never the folder's own code)
+
+
+def open_folder(path: Path) -> tuple[Any, str, int, Any]:
+    """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``): its
+    transformers backend (:class:`LazyTransformers` when read directly), identity,
+    vocabulary size and the Rust tokenizer read directly (None otherwise)."""
+    for name in (*TOKENIZER_FILES, *SLOW_FILES):
+        if (path / name).exists():
+            checked_file(path / name, MAX_TEMPLATE_FILE if name.endswith(".jinja") else
+                         MAX_TOKENIZER_FILE)  # fmt: skip
+    if (path / "additional_chat_templates").is_dir():
+        for file in sorted((path / "additional_chat_templates").iterdir()):
+            checked_file(file, MAX_TEMPLATE_FILE)
+    if "auto_map" in read_checked(path / "tokenizer_config.json").decode(errors="replace"):
+        raise InvalidInput(  # never run, never even tried
+            f"the tokenizer in {path} needs the Python code its tokenizer_config.json names"
+            " (auto_map); seqpack never runs a tokenizer folder's code — save it with a"
+            " built-in tokenizer class, or pass its tokenizer.json"
+        )
+    files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
+    identity = file_identity("hf", path, files)
+    has_json = (path / "tokenizer.json").is_file()
+    if not has_json and not any((path / f).is_file() for f in SLOW_FILES):
+        raise InvalidInput(
+            f"{path} has tokenizer_config.json but no tokenizer.json (nor tokenizer.model or"
+            " vocab files) — save the tokenizer into it with save_pretrained(), or pass the"
+            " folder that holds its tokenizer.json"
+        )
+    direct = _direct(path) if has_json else None
+    if direct is not None:
+        rust, config = direct
+        return LazyTransformers(path, config, rust), identity, rust.get_vocab_size(True), rust
+    backend = auto_tokenizer(path, has_json)
+    return backend, identity, len(backend), None
+
+
+def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
+    """The folder's Rust tokenizer and config when transformers would use its
+    ``tokenizer.json`` as it is, else None (transformers then loads it, or names the damage)."""
+    if any((path / f).is_file() for f in ("special_tokens_map.json", "added_tokens.json")):
+        return None
+    try:
+        config = json.loads(read_checked(path / "tokenizer_config.json"))
+    except ValueError:
+        return None  # transformers names the damage
+    if not isinstance(config, dict) or config.get("tokenizer_class") not in GENERIC_CLASSES:
+        return None
+    if any(key in config for key in REBUILDING_KEYS):
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        rust = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # no tokenizers, or the Rust side's plain Exception
+        return None
+    for key, value in config.items():
+        if key.endswith("_token") and value is not None:
+            token = _content(value)
+            if token is None or rust.token_to_id(token) is None:
+                return None  # transformers would add it to the vocabulary
+    for index, added in (config.get("added_tokens_decoder") or {}).items():
+        if not isinstance(added, dict) or rust.token_to_id(added.get("content")) != int(index):
+            return None
+    return rust, config
+
+
+def _content(value: Any) -> str | None:
+    """A special token's text: the string, or an ``AddedToken`` dict's ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class LazyTransformers:
+    """A folder's transformers tokenizer, loaded on first use of anything but what packing
+    text needs (``pad_token_id``, ``eos_token``, ``is_fast``); pickled loaded (a Ray
+    worker gets the tokenizer, not a path it may not see)."""
+
+    is_fast = True
+    split_special_tokens = False
+
+    def __init__(self, path: Path, config: dict[str, Any], rust: Any) -> None:
+        self._path, self._real = path, None
+        self.eos_token = _content(config.get("eos_token"))
+        pad = _content(config.get("pad_token"))
+        self.pad_token_id = None if pad is None else rust.token_to_id(pad)
+
+    def load(self) -> Any:
+        """The transformers tokenizer (imported and loaded once)."""
+        if self._real is None:
+            self._real = auto_tokenizer(self._path, True)
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_real", "_path"):
+            raise AttributeError(name)
+        return getattr(self.load(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _same, (self.load(),)
+
+
+def auto_tokenizer(path: Path, has_json: bool) -> Any:
+    """``transformers.AutoTokenizer`` on ``path``, local files only, no remote code."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise NotAvailable(
+            "loading a transformers tokenizer needs `pip install seqpack[hf]`"
+        ) from err
+    try:
+        # trust_remote_code=False: never run the folder's code, and never ask about it on
+        # stdin (which transformers does when it is unset)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                             trust_remote_code=False)  # fmt: skip
+    except Exception as err:  # transformers raises many kinds on a damaged folder
+        why = " ".join(str(err).split())
+        if not has_json:
+            raise InvalidInput(
+                f"{path} has no tokenizer.json, and transformers cannot build the tokenizer"
+                f" from its other files ({type(err).__name__}: {why[:200]}) — save the"
+                " tokenizer with save_pretrained() from a fast tokenizer (it writes"
+                " tokenizer.json)"
+            ) from None
+        raise InvalidInput(
+            f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"
+            " again with save_pretrained()"
+        ) from None
+
+
+# -- the Hugging Face tokenizer seqpack encodes with
+
+
+def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` (one id list per item, each alive only while copied) flat, and offsets."""
+    offsets = offsets_of(np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(offsets[-1]))
     return flat, offsets
 
 
-def _encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of Rust ``Encoding`` objects, flat; each id list lives only while it is copied."""
-    lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
-    offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    ids = itertools.chain.from_iterable(e.ids for e in encodings)
-    return np.fromiter(ids, dtype=np.int32, count=int(offsets[-1])), offsets
-
-
 def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
-    """The ``tokenizers.Tokenizer`` that does the work (a ``tokenizers`` backend as it is —
-    :class:`HFTokenizer` sanitized it — or a fast transformers tokenizer's own backend,
-    copied, with truncation and padding off), or None."""
+    """The ``tokenizers.Tokenizer`` that does the work (a ``tokenizers`` backend as it is,
+    or a fast transformers tokenizer's own backend, copied, with truncation and padding
+    off), or None."""
     if kind == "tokenizers":
         return backend
-    rust = (
-        getattr(backend, "backend_tokenizer", None) if getattr(backend, "is_fast", False) else None
-    )
+    fast = getattr(backend, "is_fast", False)
+    rust = getattr(backend, "backend_tokenizer", None) if fast else None
     if rust is None or getattr(backend, "split_special_tokens", False):
         return None
     rust, _ = sanitized(rust, where, owned=False)
-    if rust is backend.backend_tokenizer:  # nothing to turn off: still never share it
-        rust = copy.deepcopy(rust)
-    return rust
+    # nothing to turn off: still never share it
+    return copy.deepcopy(rust) if rust is backend.backend_tokenizer else rust
 
 
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer loaded from a local path.
 
-    A Rust tokenizer (a ``tokenizer.json``, or a fast transformers
-    tokenizer's backend) encodes a batch with ``encode_batch_fast`` where it
-    exists (no character offsets computed) and parallel across all cores;
-    the ids are copied out in one C-level pass (``np.fromiter``).
+    A Rust tokenizer (a ``tokenizer.json``, or a fast transformers tokenizer's
+    backend) encodes with ``encode_batch_fast`` where it exists (no character
+    offsets), parallel across all cores; ids are copied out in one C-level pass.
     """
 
     #: The chat template to render conversations with (``--chat-template``); None: the
@@ -165,25 +402,16 @@ class HFTokenizer:
     chat_template: str | None = None
 
     def __init__(
-        self,
-        backend: Any,
-        kind: str,
-        identity: str,
-        vocab_size: int,
-        *,
-        where: str | None = None,
-        owned: bool = False,
-        rust: Any = None,
-    ) -> None:
+        self, backend: Any, kind: str, identity: str, vocab_size: int, *, where: str | None = None,
+        owned: bool = False, rust: Any = None
+    ) -> None:  # fmt: skip
         where = where or identity
         self._pad: int | None = None
         if kind == "tokenizers":  # truncation and padding off (a copy unless ``owned``)
             backend, self._pad = sanitized(backend, where, owned)
-        self.backend = backend
-        self.kind = kind
-        self.identity = identity
+        self.backend, self.kind, self.identity = backend, kind, identity
         self.vocab_size = int(vocab_size)
-        if rust is not None:  # a folder's tokenizer.json read directly (tokenizer_folder)
+        if rust is not None:  # a folder's tokenizer.json read directly
             self._rust = sanitized(rust, where, owned=True)[0]
         else:
             self._rust = rust_backend(backend, kind, where)
@@ -202,12 +430,8 @@ class HFTokenizer:
         out.chat_template = template
         out.identity = self.identity.split(CHAT_MARK)[0]
         if template != getattr(self.backend, "chat_template", None):
-            digest = hashlib.sha256(template.encode()).hexdigest()[:16]
-            out.identity += f"{CHAT_MARK}{digest}"
+            out.identity += f"{CHAT_MARK}{hashlib.sha256(template.encode()).hexdigest()[:16]}"
         return out
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"_rust": None}
 
     @property
     def pad_token_id(self) -> int | None:
@@ -217,6 +441,9 @@ class HFTokenizer:
             return getattr(self.backend, "pad_token_id", None)
         return self.__dict__.get("_pad")
 
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"_rust": None}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         with warnings.catch_warnings():  # warned where it was loaded; a worker stays quiet
@@ -224,11 +451,18 @@ class HFTokenizer:
             self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat ids int32 [Σn] and offsets int64 [k+1]; texts are encoded in batches of
-        about :data:`ENCODE_BATCH` characters, so the tokenizer's own per-token records
-        (ids, masks, type ids) live for one batch at a time."""
+        """Flat ids int32 [Σn] and offsets int64 [k+1], encoded in batches of about
+        :data:`ENCODE_BATCH` characters (the tokenizer's own per-token records live for
+        one batch at a time)."""
         texts = list(texts)
-        spans = _batches(texts, ENCODE_BATCH)
+        spans, start, total = [], 0, 0
+        for i, text in enumerate(texts):
+            total += len(text)
+            if total >= ENCODE_BATCH:
+                spans.append((start, i + 1))
+                start, total = i + 1, 0
+        if start < len(texts) or not spans:
+            spans.append((start, len(texts)))
         parts = []
         for i, (a, b) in enumerate(spans):
             parts.append(self._encode(texts[a:b]))
@@ -236,34 +470,15 @@ class HFTokenizer:
         if len(parts) == 1:
             return parts[0]
         counts = np.concatenate([np.diff(offsets) for _, offsets in parts])
-        offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        return np.concatenate([ids for ids, _ in parts]), offsets
+        return np.concatenate([ids for ids, _ in parts]), offsets_of(counts)
 
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._rust is not None:
             encode = getattr(self._rust, "encode_batch_fast", None) or self._rust.encode_batch
-            return _encodings(encode(texts, add_special_tokens=True))
-        return _flatten(self.backend(texts, add_special_tokens=True)["input_ids"])
-
-
-#: Characters of text encoded per tokenizer call: all cores share one call's documents,
-#: and the Rust tokenizer holds about 45 bytes a character of its records until the call
-#: returns (measured for a byte-level BPE), so a call is bounded.
-ENCODE_BATCH = 1 << 22
-
-
-def _batches(texts: list[str], size: int) -> list[tuple[int, int]]:
-    """``[a, b)`` spans of ``texts`` holding about ``size`` characters each (at least one)."""
-    spans, start, total = [], 0, 0
-    for i, text in enumerate(texts):
-        total += len(text)
-        if total >= size:
-            spans.append((start, i + 1))
-            start, total = i + 1, 0
-    if start < len(texts) or not spans:
-        spans.append((start, len(texts)))
-    return spans
+            encodings = encode(texts, add_special_tokens=True)
+            return _flat(encodings, (e.ids for e in encodings))
+        ids = self.backend(texts, add_special_tokens=True)["input_ids"]
+        return _flat(ids, ids)
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
@@ -271,9 +486,7 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
 
     - a ``*.json`` file: a ``tokenizers`` tokenizer (``tokenizer.json``);
     - a folder with ``tokenizer_config.json``: a transformers tokenizer
-      (:func:`seqpack.io.tokenizer_folder.open_folder`: its ``tokenizer.json``
-      read directly when transformers would use it as it is, else
-      ``transformers.AutoTokenizer`` with ``trust_remote_code=False``);
+      (:func:`open_folder`);
     - a folder with only ``tokenizer.json``: a ``tokenizers`` tokenizer.
     """
     if str(spec) == "bytes":
@@ -305,10 +518,9 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
             " a tokenizer saved with save_pretrained() or Tokenizer.save()"
         ) from None
-    size = backend.get_vocab_size(with_added_tokens=True)
-    name = path if path.is_dir() else file
-    identity = file_identity("tokenizers", name, [file])
-    return HFTokenizer(backend, "tokenizers", identity, size, where=str(file), owned=True)
+    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
+    return HFTokenizer(backend, "tokenizers", identity, backend.get_vocab_size(True),
+                       where=str(file), owned=True)  # fmt: skip
 
 
 def read_chat_template(spec: str | os.PathLike[str]) -> str:
@@ -322,15 +534,14 @@ def read_chat_template(spec: str | os.PathLike[str]) -> str:
             f"chat template {str(spec)!r} is not a file — pass a Jinja file (e.g. the"
             " tokenizer folder's chat_template.jinja) or the template text"
         )
-    limit = MAX_TEMPLATE_FILE if path.suffix != ".json" else None
-    text = read_checked(path, *([limit] if limit else [])).decode("utf-8", errors="replace")
-    if path.suffix == ".json":
-        try:
-            text = json.loads(text)["chat_template"]
-        except (ValueError, KeyError, TypeError):
-            raise InvalidInput(f"{path} holds no chat_template — pass a Jinja file") from None
-        if not isinstance(text, str):
-            raise InvalidInput(f"{path}: chat_template is not one template — pass a Jinja file")
+    if path.suffix != ".json":
+        return read_checked(path, MAX_TEMPLATE_FILE).decode("utf-8", errors="replace")
+    try:
+        text = json.loads(read_checked(path).decode("utf-8", errors="replace"))["chat_template"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput(f"{path} holds no chat_template — pass a Jinja file") from None
+    if not isinstance(text, str):
+        raise InvalidInput(f"{path}: chat_template is not one template — pass a Jinja file")
     return text
 
 
@@ -347,9 +558,8 @@ def with_chat_template(tokenizer: Tokenizer | None, template: str | None) -> Tok
 
 
 def loaded_tokenizer(backend: Any) -> HFTokenizer | None:
-    """A ``transformers`` tokenizer or ``tokenizers.Tokenizer`` object already in memory
-    as an :class:`HFTokenizer` (vocabulary with added tokens; identity: a digest of its
-    serialized form), None for any other object."""
+    """A ``transformers`` tokenizer or ``tokenizers.Tokenizer`` object already in memory as
+    an :class:`HFTokenizer` (identity: a digest of its serialized form), else None."""
     rust = getattr(backend, "backend_tokenizer", None)
     if rust is not None and callable(backend):  # a fast transformers tokenizer
         name = Path(str(getattr(backend, "name_or_path", "") or "tokenizer")).name

@@ -25,9 +25,8 @@ import pyarrow.parquet as pq
 from seqpack.core.errors import InvalidInput
 from seqpack.io.columns import wanted_columns
 from seqpack.io.documents import Origin
-from seqpack.io.files import ReadLimits, data_kind, is_stdin, open_regular
+from seqpack.io.files import ReadLimits, data_kind, is_stdin, open_regular, resolve_files
 from seqpack.io.parquet_guard import check_row_groups
-from seqpack.io.sources import resolve_files
 from seqpack.ray.jsonl_blocks import LineIndex, LineRange, read_jsonl_range, scan_jsonl
 
 if TYPE_CHECKING:
@@ -170,7 +169,7 @@ def block_origin(block: Block) -> Origin:
 
 def input_files(source: Path | Sequence[str | Path]) -> tuple[list[Path], str]:
     """The shards of ``source`` and their kind (``parquet`` or ``jsonl``), as the local reader
-    picks them (:func:`seqpack.io.sources.resolve_files`: the same input policy), each
+    picks them (:func:`seqpack.io.files.resolve_files`: the same input policy), each
     checked to be a regular file inside its folder. Compressed files and standard input
     are refused: blocks are cut by byte ranges."""
     sources = list(source) if isinstance(source, (list, tuple)) else [source]

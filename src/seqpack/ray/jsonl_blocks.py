@@ -1,13 +1,10 @@
 """JSON Lines inputs cut into blocks by line ranges: a driver-side scan, a task-side read.
 
-The driver never parses JSON. :func:`scan_jsonl` reads each file once in
-chunks of :data:`SCAN_BYTES` and counts its *records* (non-blank lines, as
-the local reader skips blank ones), remembering the byte offset and line
-number of every record where a block will start. A task then reads only
-its bytes ``[first byte, end byte)`` and hands them to the public JSON Lines
-reader (:func:`seqpack.io.jsonl.read_jsonl`, with all its guards), so a
-block of a 10 GB file costs its own bytes, not the file's. With blocks of 2
-records over a file of 5 records and one blank line::
+The driver never parses JSON: :func:`scan_jsonl` counts each file's *records*
+(non-blank lines) in chunks of :data:`SCAN_BYTES`, marking the byte offset and
+line of every record that opens a block; a task reads only its bytes through
+:func:`seqpack.io.jsonl.read_jsonl` (all its guards). Blocks of 2 records over
+5 records and one blank line::
 
     line   1 {"text": "a"}     record 0   block 0: bytes [0, 28),  first line 1
            2 {"text": "b"}     record 1
@@ -16,8 +13,7 @@ records over a file of 5 records and one blank line::
            5 {"text": "d"}     record 3
            6 {"text": "e"}     record 4   block 2: bytes [56, 70), first line 6
 
-Errors name the original file and line, as locally (``part-00.jsonl line 6:
-not valid JSON …``).
+Errors name the original file and line, as locally.
 """
 
 from __future__ import annotations
@@ -46,8 +42,8 @@ _BOM = b"\xef\xbb\xbf"
 
 @dataclass(frozen=True)
 class LineRange:
-    """Bytes ``[lo, hi)`` of a JSON Lines file of ``file_bytes`` bytes: whole lines, the first
-    numbered ``line``."""
+    """Bytes ``[lo, hi)`` (whole lines, the first numbered ``line``) of a file of
+    ``file_bytes`` bytes."""
 
     lo: int
     hi: int
@@ -57,12 +53,9 @@ class LineRange:
 
 @dataclass(frozen=True)
 class LineIndex:
-    """One JSON Lines file as the driver's scan saw it.
-
-    ``records``: non-blank lines; ``size``: bytes; ``marks[r] = (byte, line)``:
-    where record ``r`` starts (its 0-based byte offset and 1-based line) for
-    every record that opens a block; ``first_byte``: the first non-blank byte.
-    """
+    """One JSON Lines file as the driver's scan saw it: ``records`` (non-blank lines),
+    ``size`` bytes, ``marks[r] = (byte, line)`` where each record ``r`` that opens a block
+    starts (0-based byte, 1-based line), ``first_byte`` (the first non-blank byte)."""
 
     path: Path
     records: int
@@ -95,12 +88,9 @@ def _line_chunks(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
 
 
 def _content(chunk: bytes, data: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """Which lines ``[starts, stops)`` of ``chunk`` hold a non-blank byte (bool per line).
-
-    A line whose first byte is not blank has content (a record starts with
-    ``{``); the few that begin with a blank are stripped one by one, or, when
-    there are many (indented records), counted with one prefix sum.
-    """
+    """Which lines ``[starts, stops)`` of ``chunk`` hold a non-blank byte (bool per line):
+    a line whose first byte is not blank has content; the few others are stripped one by
+    one, or, when there are many (indented records), counted with one prefix sum."""
     first = data[np.minimum(starts, max(data.shape[0] - 1, 0))]
     full = (starts < stops) & ~_BLANK[first]
     doubt = np.flatnonzero((starts < stops) & _BLANK[first])
@@ -141,12 +131,8 @@ class _Scan:
 
 
 def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineIndex:
-    """Count the records of ``path``; mark each record ``r`` with ``(first + r) % every == 0``.
-
-    ``first`` is the global number of the file's first record (the records
-    of the files before it), so blocks of ``every`` examples cut across
-    files. Chunks of :data:`SCAN_BYTES` whole lines, vectorised per line.
-    """
+    """Count the records of ``path``; mark each record ``r`` with ``(first + r) % every == 0``
+    (``first``: the records of the files before it, so blocks cut across files)."""
     scan, size = _Scan(every, first), 0
     try:
         with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
@@ -160,23 +146,19 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
 
 def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
     """A reader message about the copied range, told about the original file and lines."""
-    named = re.escape(str(part))
-    shifted = re.sub(
-        named + r" line (\d+)",
-        lambda m: f"{path} line {int(m.group(1)) + first_line - 1}",
-        message,
+
+    def line(m: re.Match[str]) -> str:
+        return f"{path} line {int(m.group(1)) + first_line - 1}"
+
+    return re.sub(re.escape(str(part)) + r" line (\d+)", line, message).replace(
+        str(part), str(path)
     )
-    return shifted.replace(str(part), str(path))
 
 
 def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
-    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table, read by
-    :func:`seqpack.io.jsonl.read_jsonl`.
-
-    A whole file is read in place; a range is copied to a private temporary
-    file first (the reader takes a path), and its messages are relabelled
-    with the original file and line numbers.
-    """
+    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table: a whole
+    file read in place, a range copied to a private temporary file first (the reader takes
+    a path), its messages relabelled with the original file and lines."""
     file = Path(path)
     try:
         size = file.stat().st_size
