@@ -223,7 +223,12 @@ def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: 
     """
     labels = options.pop("labels", None)
     check_policy_options(policy, options)
-    arr = check_lengths(lengths, capacity, labels)
-    row_of, start_of = POLICIES[policy](arr, int(capacity), **options)
-    num_rows = int(row_of.max()) + 1 if arr.shape[0] else 0
-    return Plan(arr, row_of, start_of, num_rows, int(capacity), policy)
+    return place(check_lengths(lengths, capacity, labels), int(capacity), policy, options)
+
+
+def place(lengths: np.ndarray, capacity: int, policy: str, options: Mapping[str, Any]) -> Plan:
+    """:func:`plan_rows` for lengths and options already checked (int64 [n] in
+    ``[1, capacity]``; ``options`` the policy takes, as :class:`PackOptions` checks them)."""
+    row_of, start_of = POLICIES[policy](lengths, capacity, **options)
+    num_rows = int(row_of.max()) + 1 if lengths.shape[0] else 0
+    return Plan(lengths, row_of, start_of, num_rows, capacity, policy)

@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.binding import INT32_MAX, Partition
+from seqpack.core.compact import value_range
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.gather import value_range
 from seqpack.core.supervision import NOT_CONVERSATIONAL, SUPERVISION_COLUMNS, Objective, suspect
 from seqpack.io.cells import column, first, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
