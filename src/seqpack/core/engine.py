@@ -201,3 +201,83 @@ def _copy_back(arg: Any, values: Any) -> None:
 def pow2_at_least(n: int) -> int:
     """Smallest power of two ``>= max(n, 1)``."""
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+# ------------------------------------------------------------ the search trees
+# Shared by the planning kernels (:mod:`seqpack.core.policies`,
+# :mod:`seqpack.core.stream_packer`). ``leaves`` is a power of two, node ``k``
+# has children ``2k`` and ``2k+1``, leaf ``i`` is node ``leaves + i``, and every
+# inner node holds the maximum of its children:
+#
+# - over rows by remaining capacity, the leftmost leaf holding at least ``n``
+#   is the first row an item of length ``n`` fits in (first fit);
+# - over remaining capacities ``r`` (leaf ``r`` holds ``r`` while some row has
+#   exactly ``r`` cells left, else 0), the leftmost leaf holding at least ``n``
+#   is the tightest row that fits (best fit) — O(log capacity) per item, as in
+#   "Fewer Truncations Improve Language Modeling" (Ding et al., 2024).
+
+
+@kernel
+def tree_set(tree, leaves, index, value):
+    """Set leaf ``index`` to ``value`` and restore the maxima above it."""
+    node = leaves + index
+    tree[node] = value
+    node //= 2
+    while node > 0:
+        left = tree[2 * node]
+        right = tree[2 * node + 1]
+        best = left if left >= right else right
+        if tree[node] == best:
+            break  # unchanged here, so unchanged above
+        tree[node] = best
+        node //= 2
+
+
+@kernel
+def tree_first_at_least(tree, leaves, n):
+    """Index of the leftmost leaf holding ``>= n``, or -1."""
+    if tree[1] < n:
+        return -1
+    node = 1
+    while node < leaves:
+        node = 2 * node + (tree[2 * node] < n)  # branch-free: the comparison is 0 or 1
+    return node - leaves
+
+
+@kernel
+def tree_last_at_most(tree, leaves, r):
+    """Index of the rightmost non-zero leaf at or left of ``r``, or -1."""
+    node = leaves + r
+    if tree[node] > 0:
+        return r
+    while node > 1:
+        if node % 2 == 1 and tree[node - 1] > 0:
+            node -= 1
+            while node < leaves:  # rightmost non-zero leaf below
+                node = 2 * node + (tree[2 * node + 1] > 0)
+            return node - leaves
+        node //= 2
+    return -1
+
+
+@kernel
+def bucket_push(tree, leaves, head, tail, nxt, r, item):
+    """Append ``item`` to FIFO bucket ``r``; mark ``r`` non-empty in ``tree``."""
+    nxt[item] = -1
+    if tail[r] == -1:
+        head[r] = item
+        tree_set(tree, leaves, r, r)
+    else:
+        nxt[tail[r]] = item
+    tail[r] = item
+
+
+@kernel
+def bucket_pop(tree, leaves, head, tail, nxt, r):
+    """Remove and return the oldest item of bucket ``r``."""
+    item = head[r]
+    head[r] = nxt[item]
+    if head[r] == -1:
+        tail[r] = -1
+        tree_set(tree, leaves, r, 0)
+    return item

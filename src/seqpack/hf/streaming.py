@@ -52,8 +52,13 @@ from seqpack.core.binding import Binding
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
-from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes
+from seqpack.core.stream_packer import (
+    DEFAULT_MAX_OPEN_ROWS,
+    DEFAULT_STATE_BYTES,
+    DEFAULT_WINDOW,
+    StreamPacker,
+    stream_bytes,
+)
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding

@@ -241,14 +241,19 @@ def read_corpus(
     the largest id + 1. The budget (:class:`StreamBudget`) is checked before
     the first chunk and as documents are counted.
     """
-    if not default_vocab:
-        make_binding(lambda: "-", vocab_size=opts.vocab_size, tokenizer=tokenizer)
+    # the binding is built once: here, before reading, when the vocabulary is known
+    # (a run without one is refused now unless default_vocab), its receipt at the end
+    known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
+    binding = None
+    if known:
+        binding = make_binding(
+            lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tokenizer,
+            tokenizer_id=opts.tokenizer_id,
+        )  # fmt: skip
+    vocab = None if binding is None else binding.vocab_size
     source_input = open_input(source, opts.partition, read_limits(opts))
     budget = StreamBudget.of(opts, _input_kind(source_input, tokenizer))
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
-    vocab = (
-        opts.vocab_size if opts.vocab_size is not None else getattr(tokenizer, "vocab_size", None)
-    )
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else SplitDigest(opts.partition)
     keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
@@ -273,12 +278,11 @@ def read_corpus(
         split_id = given or digest.finish(state.counts, _flags(state, chunks))  # type: ignore[union-attr]
         if holder.spill is not None:
             holder.spill.release()
-        binding = make_binding(
-            lambda: split_id,
-            vocab_size=vocab if vocab is not None else state.largest + 1,
-            tokenizer=tokenizer,
-            tokenizer_id=opts.tokenizer_id,
-        )
+        if binding is None:  # default_vocab: the largest id read + 1
+            binding = make_binding(
+                lambda: split_id, vocab_size=state.largest + 1, tokenizer_id=opts.tokenizer_id
+            )
+        binding = replace(binding, split_id=split_id)
     except BaseException:
         holder.close()
         source_input.close()

@@ -26,7 +26,7 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows, Storage, gather_into, gather_rows
 from seqpack.core.errors import OversizedExample
 from seqpack.core.examples import long_ranges
-from seqpack.core.policies import place
+from seqpack.core.policies import plan_lengths
 from seqpack.io.atomic import Output
 from seqpack.io.shards import Layout, call_bounds, default_ids
 from seqpack.io.store import write_shards
@@ -70,9 +70,11 @@ def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], st
     TRL's unit, and an example longer than that is an
     :class:`~seqpack.core.errors.OversizedExample` naming it (never cut)."""
     if opts.format != "trl":
-        return Storage.of(place(examples.lengths, opts.capacity, opts.policy, opts.policy_options))
+        return Storage.of(
+            plan_lengths(examples.lengths, opts.capacity, opts.policy, opts.policy_options)
+        )
     tokens = token_lengths(examples.lengths, opts.capacity, label)
-    return Storage.of(place(tokens, opts.capacity, opts.policy, opts.policy_options), 0)
+    return Storage.of(plan_lengths(tokens, opts.capacity, opts.policy, opts.policy_options), 0)
 
 
 def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
