@@ -13,9 +13,9 @@ expected binding and partition.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -78,10 +78,9 @@ def write_shards(
     """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output`` as
     :func:`write_shard` writes it; the manifest entries, in order.
 
-    This thread gathers the shards (the kernels release the GIL) and
-    :data:`SHARDS_IN_FLIGHT` writer threads compress them, a shard gathered
-    only when fewer than that many are alive: at most that many shards are
-    in memory. A single shard is written here, where signals arrive.
+    This thread gathers the shards (the kernels release the GIL) while writer
+    threads compress the ones before: at most :data:`SHARDS_IN_FLIGHT` shards
+    are in memory. A single shard is written here, where signals arrive.
     ``on_shard(entry)`` reports each shard written, in order; a failing write
     stops the run at the next shard.
     """
@@ -93,49 +92,31 @@ def write_shards(
     def write(k: int, table: pa.Table) -> dict[str, Any]:
         return write_shard_file(table, output.path, output.shard(k), spans[k][0])
 
-    if len(spans) <= 1:
-        entries = [write(k, build(k)) for k in range(len(spans))]
-        for entry in entries if on_shard is not None else ():
+    entries: list[dict[str, Any]] = []
+
+    def done(entry: dict[str, Any]) -> None:
+        entries.append(entry)
+        if on_shard is not None:
             on_shard(entry)
+
+    if len(spans) <= 1:
+        for k in range(len(spans)):
+            done(write(k, build(k)))
         return entries
-    slots = threading.BoundedSemaphore(SHARDS_IN_FLIGHT)
-    futures: list[Future] = []
-    reported = 0
-
-    def release_after(k: int, table: pa.Table) -> dict[str, Any]:
-        try:
-            return write(k, table)
-        finally:
-            slots.release()
-
-    def report() -> None:
-        nonlocal reported
-        while reported < len(futures) and futures[reported].done():
-            entry = futures[reported].result()  # raises a writer's error here
-            reported += 1
-            if on_shard is not None:
-                on_shard(entry)
-
+    writing: collections.deque[Future] = collections.deque()
     with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
         try:
             for k in range(len(spans)):
-                slots.acquire()
-                try:
-                    report()
-                    table = build(k)
-                except BaseException:
-                    slots.release()
-                    raise
-                futures.append(pool.submit(release_after, k, table))
-                del table
-            for future in futures:
-                future.result()
-            report()
+                while len(writing) >= SHARDS_IN_FLIGHT - 1:  # room for the one gathered next
+                    done(writing.popleft().result())  # raises a writer's error here
+                writing.append(pool.submit(write, k, build(k)))
+            while writing:
+                done(writing.popleft().result())
         except BaseException:
-            for future in futures:
+            for future in writing:
                 future.cancel()
             raise
-    return [future.result() for future in futures]
+    return entries
 
 
 def write_packed(
