@@ -20,7 +20,8 @@ runs one by name with an engine:
 Kernels call each other by module-level name. For the numba engine those
 names are rebound to compiled dispatchers (numba resolves globals when it
 compiles); the python engine runs copies of the functions whose globals map
-the same names to the plain functions. Kernels registered after the first
+the same names to the plain functions. So a kernel's name is global: no
+module may use it for anything else. Kernels registered after the first
 compile (a module imported later) are compiled when next asked for.
 """
 
@@ -74,15 +75,8 @@ def _numba() -> Any:
 
 
 def _cache_dir() -> None:
-    """Give numba a writable cache folder when it would find none.
-
-    numba caches compiled kernels beside their source (``__pycache__``) or,
-    where an installed package's folder is read-only, under the user's
-    ``~/.cache/numba``; with neither writable (a read-only image, a service
-    user without a home) every process would compile again (seconds). Then
-    ``NUMBA_CACHE_DIR`` is set to a per-user folder in the temporary
-    directory, unless the user set it.
-    """
+    """``NUMBA_CACHE_DIR`` in the temporary folder (per user) when neither the package's
+    ``__pycache__`` nor ``~/.cache`` is writable and the user set none."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     here = os.path.dirname(os.path.abspath(__file__))
@@ -126,12 +120,8 @@ def compiled(name: str) -> Callable[..., Any] | None:
 
 
 def _no_refcounts(numba: Any) -> dict[str, Any]:
-    """``_nrt=False`` where this numba knows it.
-
-    Kernels never allocate, so they need no reference counting; without it
-    a call that passes arrays to a helper numba does not inline costs no
-    atomic increments (the streaming kernel ran 3x faster).
-    """
+    """``_nrt=False`` where this numba knows it: kernels never allocate, so they need no
+    reference counting (the streaming kernel ran 3x faster without it)."""
     try:
         from numba.core.cpu import CPUTargetOptions
     except ImportError:
