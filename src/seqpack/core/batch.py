@@ -64,38 +64,12 @@ class Occurrences:
     def __len__(self) -> int:
         return int(self.ordinal.shape[0])
 
-    @classmethod
-    def placed(
-        cls,
-        ordinal: np.ndarray,
-        row: np.ndarray,
-        start: np.ndarray,
-        lens: np.ndarray,
-        source_ids: np.ndarray,
-        example_ids: np.ndarray,
-        range_starts: np.ndarray,
-        range_ends: np.ndarray,
-    ) -> Occurrences:
-        """Records of occurrences ``ordinal`` at columns ``[start, start + lens)`` of ``row``."""
-        return cls(
-            ordinal=ordinal.astype(np.int64),
-            row=row.astype(np.int64, copy=False),
-            col_start=start.astype(np.int64),
-            col_end=(start + lens).astype(np.int64),
-            segment=ordinal.astype(np.int32),
-            source_ids=source_ids,
-            example_ids=example_ids,
-            range_starts=range_starts.astype(np.int64, copy=False),
-            range_ends=range_ends.astype(np.int64, copy=False),
-        )
-
     @property
     def nbytes(self) -> int:
         ids = 8 * (self.source_ids.shape[0] + self.example_ids.shape[0])
         arrays = (self.ordinal, self.row, self.col_start, self.col_end, self.segment)
-        return (
-            sum(a.nbytes for a in arrays) + self.range_starts.nbytes + self.range_ends.nbytes + ids
-        )
+        ranges = self.range_starts.nbytes + self.range_ends.nbytes
+        return sum(a.nbytes for a in arrays) + ranges + ids
 
     def records(self) -> list[dict[str, Any]]:
         """Plain dicts for JSON: ordinal, row, columns, segment, source_id, example_id, range."""
@@ -151,19 +125,8 @@ class PackedBatch:
         target validity starts equal to input validity (as its own array).
         """
         inputs, targets, segments, positions, valid, loss_mask = cells
-        return cls(
-            inputs,
-            targets,
-            segments,
-            positions,
-            valid,
-            valid.copy(),
-            loss_mask,
-            occurrences,
-            partition,
-            binding,
-            first_row,
-        )
+        return cls(inputs, targets, segments, positions, valid, valid.copy(), loss_mask,
+                   occurrences, partition, binding, first_row)  # fmt: skip
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -151,9 +151,13 @@ class CompactRows:
             (rows.num_rows, rows.capacity), row_of, rows.starts, rows.lengths, rows.ordinals,
             rows.tokens, rows.token_offsets, rows.loss_mask,
         )  # fmt: skip
-        occurrences = Occurrences.placed(
-            rows.ordinals, row_of, rows.starts, rows.lengths, rows.source_ids,
-            rows.example_ids, rows.range_starts, rows.range_ends,
+        starts, int64 = rows.starts.astype(np.int64), {"dtype": np.int64, "copy": False}
+        occurrences = Occurrences(
+            ordinal=rows.ordinals.astype(np.int64), row=row_of, col_start=starts,
+            col_end=starts + rows.lengths, segment=rows.ordinals.astype(np.int32),
+            source_ids=rows.source_ids, example_ids=rows.example_ids,
+            range_starts=rows.range_starts.astype(**int64),
+            range_ends=rows.range_ends.astype(**int64),
         )  # fmt: skip
         return PackedBatch.from_cells(
             cells, occurrences, rows.partition, rows.binding, rows.first_row
