@@ -368,24 +368,12 @@ def gather_rows(source: TokenSource, storage: Storage, a: int, b: int) -> Compac
     )
 
 
-@dataclass(frozen=True, eq=False)
 class TableSource:
     """An :class:`ExampleTable` as a :class:`TokenSource` (a contiguous run is views)."""
 
-    table: ExampleTable
-    use_numba: bool = True
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.table.lengths
-
-    @property
-    def binding(self) -> Binding:
-        return self.table.binding
-
-    @property
-    def partition(self) -> Partition:
-        return self.table.partition
+    def __init__(self, table: ExampleTable, use_numba: bool = True) -> None:
+        self.table, self.use_numba = table, use_numba
+        self.lengths, self.binding, self.partition = table.lengths, table.binding, table.partition
 
     def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
         t, use_numba = self.table, self.use_numba

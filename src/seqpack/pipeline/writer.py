@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Partition
 from seqpack.core.compact import CompactRows, Storage, gather_into, gather_rows
 from seqpack.core.errors import OversizedExample
 from seqpack.core.examples import long_ranges
@@ -110,23 +110,13 @@ def _arrow(indices: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), values.shape[0], [None, pa.py_buffer(values)])
 
 
-@dataclass(frozen=True, eq=False)
 class CorpusSource:
     """A read corpus as a :class:`~seqpack.core.compact.TokenSource`: example ``i`` as
     ``examples`` says, gathering only the parts ``layout`` stores."""
 
-    corpus: Corpus
-    examples: Examples
-    layout: Layout
-    partition: Partition
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.examples.lengths
-
-    @property
-    def binding(self) -> Binding:
-        return self.corpus.binding
+    def __init__(self, corpus: Corpus, examples: Examples, layout: Layout, partition: Partition):
+        self.corpus, self.examples, self.layout = corpus, examples, layout
+        self.lengths, self.binding, self.partition = examples.lengths, corpus.binding, partition
 
     def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
         corpus, examples, layout = self.corpus, self.examples, self.layout
