@@ -2,10 +2,11 @@
 
 :func:`pack_path` is what ``seqpack pack`` runs: the corpus is read chunk by
 chunk and spilled (:mod:`seqpack.pipeline.corpus`), planned whole from its
-lengths with any policy of :func:`seqpack.plan_rows`, and written shard by
-shard into the atomic packed directory (:mod:`seqpack.pipeline.writer`,
-:mod:`seqpack.io.store`). :func:`pack_table` is the in-memory counterpart
-over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
+lengths with any policy, gathered and written shard by shard by the one
+write path (:mod:`seqpack.pipeline.writer`, :func:`seqpack.core.compact.gather_rows`,
+:func:`seqpack.io.store.write_shards`) and published by its manifest.
+:func:`pack_table` is the same path in memory over an
+:class:`~seqpack.core.examples.ExampleTable` (compact rows; a Ray block).
 """
 
 from __future__ import annotations
