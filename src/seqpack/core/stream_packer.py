@@ -600,13 +600,8 @@ class StreamPacker:
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
-        packer = cls(
-            state["capacity"],
-            window=state["window"],
-            max_open_rows=state["max_open_rows"],
-            seed=state["seed"],
-            engine=engine,
-        )
+        settings = {k: state[k] for k in ("window", "max_open_rows", "seed")}
+        packer = cls(state["capacity"], **settings, engine=engine)
         packer.load_state_dict(state)
         return packer
 
