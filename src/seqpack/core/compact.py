@@ -269,8 +269,9 @@ def window_labels(
     if kernel is not None:
         kernel(tokens, loss_mask, lengths, out)
         return out
+    firsts = _offsets(lengths + 1)[:-1]
     keep = np.ones(tokens.shape[0], dtype=bool)
-    keep[_offsets(lengths + 1)[:-1]] = False
+    keep[firsts] = False
     supervised = np.zeros(tokens.shape[0], dtype=bool)
     supervised[keep] = loss_mask
     np.copyto(out, np.where(supervised, tokens, IGNORE_INDEX))
