@@ -123,7 +123,7 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from seqpack.core.batch import pack_examples
+    from seqpack.core.compact import pack_examples
     from seqpack.core.config import PackConfig
     from seqpack.core.examples import SequenceExample
     from seqpack.hf.adapter import hf_inputs, hf_loss

@@ -36,7 +36,7 @@ examples|core/examples.py|test_examples.py test_reference_examples.py test_refer
 loss|core/loss.py|test_loss.py test_reference_loss.py test_reference_loss_rules.py
 training_loss|training/global_loss.py|test_training_loss.py test_reference_loss.py test_reference_loss_rules.py
 batch|core/batch.py|test_batch.py test_reference_permission.py test_reference_budget.py
-kernels|core/plan_kernels.py,core/stream_kernels.py|test_policies.py test_stream_packer.py test_reference_stream.py
+kernels|core/engine.py,core/stream_packer.py|test_policies.py test_stream_packer.py test_reference_stream.py
 policies|core/policies.py|test_policies.py test_reference_plan.py test_stream_packer.py test_reference_stream.py
 config|core/config.py|test_reference_budget.py test_batch.py
 budget|core/arith.py|test_reference_budget.py test_batch.py

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tomllib
 
-KERNEL_MODULES = ("core/plan_kernels.py", "core/stream_kernels.py")
+KERNEL_MODULES = ("core/engine.py", "core/policies.py", "core/stream_packer.py")
 
 
 def undecorate_kernels(path: Path) -> None:

@@ -18,17 +18,15 @@ and ``seqpack.pipeline`` pyarrow, ``seqpack.hf`` transformers and datasets).
 """
 
 from seqpack import _compat
-from seqpack.core.batch import (
-    NO_SEGMENT,
-    PAD_CELL,
-    Occurrences,
-    PackedBatch,
+from seqpack.core.batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch
+from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.compact import (
+    CompactRows,
     PackedEpoch,
+    compact_rows,
     materialize,
     pack_examples,
 )
-from seqpack.core.binding import Binding, Partition, split_digest
-from seqpack.core.compact import CompactRows, compact_rows
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import (
     BindingMismatch,

@@ -24,7 +24,7 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.examples": ("seqpack.core.examples", "seqpack.core.binding"),
     "seqpack.policies": ("seqpack.core.policies", "seqpack.core.plan", "seqpack.core.checks"),
     "seqpack.stream_packer": ("seqpack.core.stream_packer",),
-    "seqpack.batch": ("seqpack.core.batch", "seqpack.core.config"),
+    "seqpack.batch": ("seqpack.core.batch", "seqpack.core.compact", "seqpack.core.config"),
     "seqpack.compact": ("seqpack.core.compact",),
     "seqpack.permission": ("seqpack.core.permission",),
     "seqpack.budget": ("seqpack.core.arith",),

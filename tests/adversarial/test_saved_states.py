@@ -16,8 +16,7 @@ import pytest
 from seqpack.core.errors import BudgetExceeded, InvalidInput
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-from seqpack.core.stream_packer import StreamPacker
-from seqpack.core.stream_state import stream_bytes
+from seqpack.core.stream_packer import StreamPacker, stream_bytes
 from seqpack.training.sampler import RowSampler
 
 from support.integrity_cases import STATES, StateCase, run_state

@@ -285,10 +285,10 @@ def test_split_modules_keep_their_old_names(old, names):
         f"old = importlib.import_module({old!r})\n"
         "import seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards\n"
         "import seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan, seqpack.core.checks\n"
-        "import seqpack.core.policies\n"
+        "import seqpack.core.policies, seqpack.core.compact\n"
         "homes = [seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards,\n"
         "         seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan,\n"
-        "         seqpack.core.checks, seqpack.core.policies]\n"
+        "         seqpack.core.checks, seqpack.core.policies, seqpack.core.compact]\n"
         f"for name in {names!r}:\n"
         "    assert any(getattr(h, name, None) is getattr(old, name) for h in homes), name\n"
     )

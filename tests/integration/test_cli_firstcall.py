@@ -94,17 +94,19 @@ def test_the_first_pack_dataset_call_imports_nothing_heavy():
 @pytest.mark.parametrize("masked", [False, True])
 def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     from seqpack.core import engine
-    from seqpack.io.shards import ShardColumns, token_offsets
+    from seqpack.core.binding import Binding, Partition
+    from seqpack.core.compact import CompactRows
+    from seqpack.io.shards import token_offsets
     from seqpack.io.trl_schema import trl_columns
 
     rng = np.random.default_rng(11)
     lengths = rng.integers(1, 40, size=300).astype(np.int64)
     total = int((lengths + 1).sum())
-    cols = ShardColumns(
-        first_row=0, row_offsets=np.array([0, 120, 300]), tokens=rng.integers(0, 500, total,
-        dtype=np.int32), lengths=lengths, starts=None, ordinals=None,
-        loss_mask=rng.random(int(lengths.sum())) < 0.7 if masked else None, source_ids=None,
-        example_ids=None, range_starts=None, range_ends=None,
+    cols = CompactRows(
+        row_offsets=np.array([0, 120, 300]), tokens=rng.integers(0, 500, total,
+        dtype=np.int32), lengths=lengths, starts=None, ordinals=None, capacity=64,
+        partition=Partition.TRAIN, binding=Binding(500, "t", "s"),
+        loss_mask=rng.random(int(lengths.sum())) < 0.7 if masked else None,
     )  # fmt: skip
     tok, _ = token_offsets(cols)
     labels, positions = trl_columns(cols, tok)

@@ -191,7 +191,7 @@ def test_the_counting_sort_kernel_run_as_plain_python(case):
     lengths, capacity = case
     order = np.empty(lengths.shape[0], dtype=np.int64)
     counts = np.zeros(capacity + 2, dtype=np.int64)
-    engine.call("python", "decreasing_order", lengths, capacity, counts, order, inputs=1)
+    engine.call("python", "counting_sort", lengths, capacity, counts, order, inputs=1)
     assert order.tolist() == decreasing(lengths)
 
 

@@ -306,7 +306,7 @@ def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
 def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, split, named):
     """Each derivable column is stored only when needed, and every layout reads back whole."""
     from seqpack.core.examples import split_long
-    from seqpack.io.shards import ShardColumns, layout_of
+    from seqpack.io.shards import layout_of
 
     examples, capacity = case
     table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
@@ -320,7 +320,7 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
         want_examples = split_examples(examples, capacity)
     plan = plan_rows(table.lengths, capacity, policy)
     rows = compact_rows(table, plan)
-    layout = layout_of(ShardColumns.of_rows(rows))
+    layout = layout_of(rows)
     assert layout.loss_bits == (not table.loss_mask.all())
     renamed = not np.array_equal(rows.example_ids, rows.source_ids)
     assert layout.example_ids == renamed

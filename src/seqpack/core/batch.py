@@ -16,20 +16,13 @@ B's queries at columns 3 and 4 may use keys ``[3,4)`` and ``[3,5)`` only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from seqpack.core import arith as budget
 from seqpack.core import permission
 from seqpack.core.binding import Binding, Partition
-from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
-from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.examples import ExampleTable, SequenceExample
-from seqpack.core.plan import Plan
-from seqpack.core.policies import plan_rows
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -71,38 +64,12 @@ class Occurrences:
     def __len__(self) -> int:
         return int(self.ordinal.shape[0])
 
-    @classmethod
-    def placed(
-        cls,
-        ordinal: np.ndarray,
-        row: np.ndarray,
-        start: np.ndarray,
-        lens: np.ndarray,
-        source_ids: np.ndarray,
-        example_ids: np.ndarray,
-        range_starts: np.ndarray,
-        range_ends: np.ndarray,
-    ) -> Occurrences:
-        """Records of occurrences ``ordinal`` at columns ``[start, start + lens)`` of ``row``."""
-        return cls(
-            ordinal=ordinal.astype(np.int64),
-            row=row.astype(np.int64, copy=False),
-            col_start=start.astype(np.int64),
-            col_end=(start + lens).astype(np.int64),
-            segment=ordinal.astype(np.int32),
-            source_ids=source_ids,
-            example_ids=example_ids,
-            range_starts=range_starts.astype(np.int64, copy=False),
-            range_ends=range_ends.astype(np.int64, copy=False),
-        )
-
     @property
     def nbytes(self) -> int:
         ids = 8 * (self.source_ids.shape[0] + self.example_ids.shape[0])
         arrays = (self.ordinal, self.row, self.col_start, self.col_end, self.segment)
-        return (
-            sum(a.nbytes for a in arrays) + self.range_starts.nbytes + self.range_ends.nbytes + ids
-        )
+        ranges = self.range_starts.nbytes + self.range_ends.nbytes
+        return sum(a.nbytes for a in arrays) + ranges + ids
 
     def records(self) -> list[dict[str, Any]]:
         """Plain dicts for JSON: ordinal, row, columns, segment, source_id, example_id, range."""
@@ -158,19 +125,8 @@ class PackedBatch:
         target validity starts equal to input validity (as its own array).
         """
         inputs, targets, segments, positions, valid, loss_mask = cells
-        return cls(
-            inputs,
-            targets,
-            segments,
-            positions,
-            valid,
-            valid.copy(),
-            loss_mask,
-            occurrences,
-            partition,
-            binding,
-            first_row,
-        )
+        return cls(inputs, targets, segments, positions, valid, valid.copy(), loss_mask,
+                   occurrences, partition, binding, first_row)  # fmt: skip
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -219,43 +175,6 @@ class PackedBatch:
         ]
 
 
-@dataclass(frozen=True, eq=False)
-class PackedEpoch:
-    """All model calls of one packing: ``batches`` in row order."""
-
-    batches: list[PackedBatch]
-    row_count: int
-    occurrence_count: int
-    metadata_peak: int
-    plan: Plan
-
-
-def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEpoch:
-    """Lay ``table`` out as ``plan`` says, in model calls of ``config.max_rows_per_batch`` rows.
-
-    The metadata budget is checked before any batch is allocated.
-    """
-    n = len(table)
-    if plan.lengths.shape[0] != n or not np.array_equal(plan.lengths, table.lengths):
-        raise InvalidInput("plan lengths do not match the examples supplied")
-    if plan.capacity != config.capacity:
-        raise InvalidInput(f"plan capacity {plan.capacity} != config capacity {config.capacity}")
-    check_segment_namespace(n)
-    peak = plan_metadata_bytes(plan, config)
-    budget.enforce(peak, config.max_metadata_bytes)
-
-    order = plan.row_order()
-    rows_sorted = plan.row_of[order]
-    batches = []
-    rows_per = config.max_rows_per_batch
-    bounds = np.searchsorted(rows_sorted, np.arange(0, plan.num_rows + rows_per, rows_per))
-    for b, first in enumerate(range(0, plan.num_rows, rows_per)):
-        rows = min(rows_per, plan.num_rows - first)
-        idx = order[bounds[b] : bounds[b + 1]]
-        batches.append(_build_batch(table, plan, idx, first, rows, config.capacity))
-    return PackedEpoch(batches, plan.num_rows, n, peak, plan)
-
-
 def fill_cells(
     shape: tuple[int, int],
     row: np.ndarray,
@@ -265,14 +184,12 @@ def fill_cells(
     tokens: np.ndarray,
     token_starts: np.ndarray,
     flags: np.ndarray,
-    flag_starts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Padded cells of one model call: ``inputs, targets, segments, positions, valid, loss_mask``.
 
     Occurrence ``i`` covers cells ``[start[i], start[i] + lens[i])`` of row
     ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]`` and segment
-    ``segment[i]``; its flags are ``flags[flag_starts[i]:][:lens[i]]``, or, with
-    ``flag_starts`` None, the next ``lens[i]`` of ``flags`` (already in cell
+    ``segment[i]``; its flags are the next ``lens[i]`` of ``flags`` (in cell
     order). Arrays are [rows, capacity]; vectorised over cells.
     """
     inputs = np.full(shape, PAD_CELL, dtype=np.int32)
@@ -294,69 +211,5 @@ def fill_cells(
         segments.flat[dest] = segment[owner]
         positions.flat[dest] = local
         valid.flat[dest] = True
-        loss_mask.flat[dest] = flags if flag_starts is None else flags[flag_starts[owner] + local]
+        loss_mask.flat[dest] = flags
     return inputs, targets, segments, positions, valid, loss_mask
-
-
-def _build_batch(
-    table: ExampleTable, plan: Plan, idx: np.ndarray, first_row: int, rows: int, capacity: int
-) -> PackedBatch:
-    lens = plan.lengths[idx]
-    row = plan.row_of[idx] - first_row
-    start = plan.start_of[idx]
-    inputs, targets, segments, positions, valid, loss_mask = fill_cells(
-        (rows, capacity),
-        row,
-        start,
-        lens,
-        idx,
-        table.windows,
-        table.offsets[idx],
-        table.loss_mask,
-        table.target_offsets[idx],
-    )
-    occurrences = Occurrences.placed(
-        idx,
-        row,
-        start,
-        lens,
-        table.source_ids[idx],
-        table.example_ids[idx],
-        table.range_starts[idx],
-        table.range_ends[idx],
-    )
-    cells = (inputs, targets, segments, positions, valid, loss_mask)
-    return PackedBatch.from_cells(cells, occurrences, table.partition, table.binding, first_row)
-
-
-def pack_examples(
-    partition: Partition | str,
-    examples: Sequence[SequenceExample] | ExampleTable,
-    expected_binding: Binding,
-    config: PackConfig,
-    *,
-    policy: str = "next-fit",
-    **policy_options: Any,
-) -> PackedEpoch:
-    """Pack whole examples into rows of ``config.capacity`` prediction pairs.
-
-    Every example must belong to ``partition`` and carry ``expected_binding``.
-    With the default next-fit policy the supplied order is kept, only the
-    current row is filled, and an example longer than the capacity is an
-    error naming it. Occurrence ``i`` (the ``i``-th supplied example) gets
-    segment id ``i``; duplicates get distinct segments.
-    """
-    part = Partition.parse(partition)
-    if isinstance(examples, ExampleTable):
-        table = examples
-        if table.partition is not part:
-            raise PartitionMismatch(
-                f"examples belong to partition {table.partition.value!r}, not {part.value!r}"
-                " — a batch holds one partition only; pack them separately"
-            )
-        expected_binding.require(table.binding, "the example table")
-    else:
-        check_segment_namespace(len(examples))
-        table = ExampleTable.from_examples(examples, part, expected_binding)
-    plan = plan_rows(table.lengths, config.capacity, policy, labels=table.label, **policy_options)
-    return materialize(table, plan, config)

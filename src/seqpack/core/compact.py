@@ -1,35 +1,46 @@
-"""Compact rows: a plan's occurrences in storage order, without padding.
+"""Compact rows: packed rows without padding, and the one gather that builds them.
 
-What the pipeline materialises, the Parquet store writes and the loader
-reads back. A row holds its occurrences' *windows* (``len + 1`` tokens each,
-so inputs and targets both come from them) back to back; the column where
-each occurrence starts is kept, so the padded :class:`PackedBatch` is rebuilt
-exactly. The fixture (capacity 6, next-fit)::
+:class:`CompactRows` is the one struct of arrays for packed rows on the
+write path (what every writer gathers and the shard format stores) and the
+read path (what a shard, a ``datasets`` row or a collator's features read
+back as). A row holds its occurrences' *windows* (``len + 1`` tokens each,
+so inputs and targets both come from them) back to back, and the column
+each starts at, so the padded :class:`PackedBatch` is rebuilt exactly. The
+fixture (capacity 6, next-fit)::
 
     row 0: tokens [0 99 100 1 | 0 101 1]   lengths [3, 2]  starts [0, 3]
     row 1: tokens [0 102 103 104 1]        lengths [4]     starts [0]
 
-Struct of arrays, per occurrence [k] in storage order (row, column) and per
-token; the gather is one pass (a numba kernel when :mod:`seqpack.core.engine` has numba,
-else chunked NumPy).
+The write path, in data order: a :class:`~seqpack.core.plan.Plan` is put in
+storage order (:class:`Storage`); :func:`gather_rows` builds rows ``[a, b)``
+from a :class:`TokenSource` (an in-memory :class:`ExampleTable` through
+:class:`TableSource`, a spilled corpus through
+:class:`seqpack.pipeline.writer.CorpusSource`); the shard writer
+(:func:`seqpack.io.store.write_shard`) stores them. :func:`compact_rows` and
+:func:`materialize` are that path in memory. The copies are one kernel,
+:func:`gather_into` (numba where :mod:`seqpack.core.engine` has it, else
+chunked NumPy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
+from seqpack.core import arith as budget
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_cells
 from seqpack.core.binding import Binding, Partition
-from seqpack.core.config import check_segment_namespace
-from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import ExampleTable, concat_ranges
+from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
+from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges
 from seqpack.core.plan import Plan
+from seqpack.core.policies import plan_rows
 
-#: Tokens gathered per NumPy chunk when numba is missing (bounds the int64 index).
+#: Elements copied per NumPy step without numba (bounds the int64 index arrays).
 GATHER_CHUNK = 1 << 22
 
 
@@ -37,27 +48,31 @@ GATHER_CHUNK = 1 << 22
 class CompactRows:
     """Rows ``first_row .. first_row + num_rows - 1`` of a packing, unpadded.
 
-    Per occurrence, shape [k]: ``lengths`` (prediction pairs), ``starts``
-    (column), ``ordinals`` (index among the packed examples = segment id),
-    ``source_ids``/``example_ids`` (str), ``range_starts``/``range_ends``.
     ``row_offsets`` int64 [rows+1]: row ``r`` holds occurrences
-    ``row_offsets[r]:row_offsets[r+1]``. Per token: ``tokens`` int32
-    [Σ(len+1)] (windows), ``loss_mask`` bool [Σlen] (supervised targets).
+    ``row_offsets[r]:row_offsets[r+1]``. Per occurrence, shape [k]:
+    ``lengths`` (prediction pairs), ``starts`` (column), ``ordinals`` (index
+    among the packed examples = segment id). Per token: ``tokens`` int32
+    [Σ(len+1)] (windows). The derivable parts may be None on the write path
+    (the shard format derives them; :meth:`full` fills them): ``loss_mask``
+    bool [Σlen] (None: every target supervised), ``source_ids`` (NumPy or
+    Arrow strings; None: the ordinal's decimal), ``example_ids`` (None: the
+    source ids), ``range_starts``/``range_ends`` (None: whole sources
+    ``[0, len + 1)``).
     """
 
     tokens: np.ndarray
-    loss_mask: np.ndarray
     lengths: np.ndarray
     starts: np.ndarray
     row_offsets: np.ndarray
     ordinals: np.ndarray
-    source_ids: np.ndarray
-    example_ids: np.ndarray
-    range_starts: np.ndarray
-    range_ends: np.ndarray
     capacity: int
     partition: Partition
     binding: Binding
+    loss_mask: np.ndarray | None = None
+    source_ids: Any = None
+    example_ids: Any = None
+    range_starts: np.ndarray | None = None
+    range_ends: np.ndarray | None = None
     first_row: int = 0
 
     @property
@@ -70,69 +85,82 @@ class CompactRows:
     @property
     def token_offsets(self) -> np.ndarray:
         """Window ``i`` is ``tokens[token_offsets[i]:token_offsets[i+1]]``, int64 [k+1]."""
-        out = np.zeros(self.lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(self.lengths + 1, out=out[1:])
-        return out
+        return _offsets(self.lengths + 1)
 
     @property
     def target_offsets(self) -> np.ndarray:
         """Flags of occurrence ``i`` are ``loss_mask[target_offsets[i]:...[i+1]]``, int64 [k+1]."""
-        out = np.zeros(self.lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=out[1:])
-        return out
-
-    def labels(self, use_numba: bool = True) -> np.ndarray:
-        """HF-style labels aligned with ``tokens`` (see :func:`window_labels`)."""
-        return window_labels(self.tokens, self.loss_mask, self.lengths, use_numba)
+        return _offsets(self.lengths)
 
     @property
     def row_of(self) -> np.ndarray:
         """Local row of each occurrence, int64 [k]."""
         return np.repeat(np.arange(self.num_rows, dtype=np.int64), np.diff(self.row_offsets))
 
+    def full(self) -> CompactRows:
+        """These rows with every derivable part filled in (NumPy arrays)."""
+        k = len(self)
+        mask = self.loss_mask
+        sources = _strings(self.source_ids, self.ordinals)
+        examples = sources if self.example_ids is None else _strings(self.example_ids, None)
+        return replace(
+            self,
+            loss_mask=np.ones(int(self.lengths.sum()), bool) if mask is None else mask,
+            source_ids=sources,
+            example_ids=sources if self.example_ids is self.source_ids else examples,
+            range_starts=np.zeros(k, np.int64) if self.range_starts is None else self.range_starts,
+            range_ends=self.lengths + 1 if self.range_ends is None else self.range_ends,
+        )
+
+    def labels(self, use_numba: bool = True) -> np.ndarray:
+        """HF-style labels aligned with ``tokens`` (see :func:`window_labels`)."""
+        return window_labels(self.tokens, self.full().loss_mask, self.lengths, use_numba)
+
     def slice_rows(self, start: int, stop: int) -> CompactRows:
         """Rows ``[start, stop)`` (local numbering) as views."""
         o0, o1 = int(self.row_offsets[start]), int(self.row_offsets[stop])
         tok = self.token_offsets
+
+        def cut(values: Any) -> Any:
+            return None if values is None else values[o0:o1]
+
+        same = self.example_ids is self.source_ids
+        sources = cut(self.source_ids)
         return replace(
             self,
             tokens=self.tokens[tok[o0] : tok[o1]],
-            loss_mask=self.loss_mask[tok[o0] - o0 : tok[o1] - o1],
+            loss_mask=None
+            if self.loss_mask is None
+            else self.loss_mask[tok[o0] - o0 : tok[o1] - o1],
             lengths=self.lengths[o0:o1],
             starts=self.starts[o0:o1],
             row_offsets=self.row_offsets[start : stop + 1] - o0,
             ordinals=self.ordinals[o0:o1],
-            source_ids=self.source_ids[o0:o1],
-            example_ids=self.example_ids[o0:o1],
-            range_starts=self.range_starts[o0:o1],
-            range_ends=self.range_ends[o0:o1],
+            source_ids=sources,
+            example_ids=sources if same else cut(self.example_ids),
+            range_starts=cut(self.range_starts),
+            range_ends=cut(self.range_ends),
             first_row=self.first_row + start,
         )
 
     def to_batch(self) -> PackedBatch:
-        """These rows as one padded model call, identical to :func:`seqpack.materialize`'s."""
+        """These rows as one padded model call, identical to :func:`materialize`'s."""
+        rows = self.full()
+        row_of = rows.row_of
         cells = fill_cells(
-            (self.num_rows, self.capacity),
-            self.row_of,
-            self.starts,
-            self.lengths,
-            self.ordinals,
-            self.tokens,
-            self.token_offsets,
-            self.loss_mask,
-        )
-        occurrences = Occurrences.placed(
-            self.ordinals,
-            self.row_of,
-            self.starts,
-            self.lengths,
-            self.source_ids,
-            self.example_ids,
-            self.range_starts,
-            self.range_ends,
-        )
+            (rows.num_rows, rows.capacity), row_of, rows.starts, rows.lengths, rows.ordinals,
+            rows.tokens, rows.token_offsets, rows.loss_mask,
+        )  # fmt: skip
+        starts, int64 = rows.starts.astype(np.int64), {"dtype": np.int64, "copy": False}
+        occurrences = Occurrences(
+            ordinal=rows.ordinals.astype(np.int64), row=row_of, col_start=starts,
+            col_end=starts + rows.lengths, segment=rows.ordinals.astype(np.int32),
+            source_ids=rows.source_ids, example_ids=rows.example_ids,
+            range_starts=rows.range_starts.astype(**int64),
+            range_ends=rows.range_ends.astype(**int64),
+        )  # fmt: skip
         return PackedBatch.from_cells(
-            cells, occurrences, self.partition, self.binding, self.first_row
+            cells, occurrences, rows.partition, rows.binding, rows.first_row
         )
 
     def batches(self, max_rows_per_batch: int) -> Iterator[PackedBatch]:
@@ -141,17 +169,75 @@ class CompactRows:
             yield self.slice_rows(first, min(first + max_rows_per_batch, self.num_rows)).to_batch()
 
 
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _strings(values: Any, ordinals: np.ndarray | None) -> np.ndarray:
+    """Ids as a NumPy object array (Arrow strings converted; None: the ordinals' decimal)."""
+    if values is None:
+        return ordinals.astype(str).astype(object)  # type: ignore[union-attr]
+    if isinstance(values, np.ndarray):
+        return values
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+
+
+# ----------------------------------------------------------------- the gather
+
+
 @engine.kernel
-def gather_loop(src, starts, lens, out):  # pragma: no cover - compiled by numba
-    # Unsigned indices let LLVM drop the negative-index wraparound and vectorise the copy
-    # (about 4x faster than slice assignment; near memcpy speed).
-    pos = np.uint64(0)
-    for i in range(starts.shape[0]):
-        s = np.uint64(starts[i])
-        n = np.uint64(lens[i])
-        for j in range(n):
-            out[pos + j] = src[s + j]
-        pos += n
+def scatter_loop(src, src_starts, lens, out, out_starts):  # pragma: no cover - numba
+    # unsigned indices: no negative-index wraparound, so LLVM vectorises the copy
+    for i in range(lens.shape[0]):
+        s = np.uint64(src_starts[i])
+        d = np.uint64(out_starts[i])
+        for j in range(np.uint64(lens[i])):
+            out[d + j] = src[s + j]
+
+
+def gather_into(
+    src: np.ndarray,
+    src_starts: np.ndarray,
+    lens: np.ndarray,
+    out: np.ndarray,
+    out_starts: np.ndarray,
+    use_numba: bool = True,
+) -> None:
+    """Copy ``src[src_starts[i]:][:lens[i]]`` to ``out[out_starts[i]:][:lens[i]]`` for every
+    ``i``, casting to ``out``'s dtype; the source may be a memory map (only the windows asked
+    for are touched). Bounds are the caller's contract::
+
+        src [5 6 7 8 9]   src_starts [3, 0]  lens [2, 1]  out_starts [1, 0]
+        out [5 8 9]
+    """
+    src_starts = np.ascontiguousarray(src_starts, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    out_starts = np.ascontiguousarray(out_starts, dtype=np.int64)
+    kernel = engine.compiled("scatter_loop") if use_numba else None
+    if kernel is not None:
+        kernel(src, src_starts, lens, out, out_starts)
+        return
+    ends = np.cumsum(lens)
+    cut = np.searchsorted(
+        ends, np.arange(GATHER_CHUNK, int(ends[-1]) if ends.size else 0, GATHER_CHUNK)
+    )
+    bounds = np.unique(np.concatenate([[0], cut, [lens.shape[0]]]))
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        part = lens[a:b]
+        out[concat_ranges(out_starts[a:b], part)] = src[concat_ranges(src_starts[a:b], part)]
+
+
+def gather_segments(
+    src: np.ndarray, starts: np.ndarray, lens: np.ndarray, use_numba: bool = True
+) -> np.ndarray:
+    """Concatenate ``src[starts[i]:starts[i]+lens[i]]`` for every ``i`` (one output array)."""
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    out_starts = _offsets(lens)
+    out = np.empty(int(out_starts[-1]), dtype=src.dtype)
+    gather_into(np.ascontiguousarray(src), starts, lens, out, out_starts[:-1], use_numba)
+    return out
 
 
 @engine.kernel
@@ -183,50 +269,140 @@ def window_labels(
     if kernel is not None:
         kernel(tokens, loss_mask, lengths, out)
         return out
-    firsts = np.zeros(lengths.shape[0], dtype=np.int64)
-    np.cumsum(lengths[:-1] + 1, out=firsts[1:])
-    supervised = np.zeros(tokens.shape[0], dtype=bool)
+    firsts = _offsets(lengths + 1)[:-1]
     keep = np.ones(tokens.shape[0], dtype=bool)
     keep[firsts] = False
+    supervised = np.zeros(tokens.shape[0], dtype=bool)
     supervised[keep] = loss_mask
     np.copyto(out, np.where(supervised, tokens, IGNORE_INDEX))
     return out
 
 
-def gather_segments(
-    src: np.ndarray, starts: np.ndarray, lens: np.ndarray, use_numba: bool = True
-) -> np.ndarray:
-    """Concatenate ``src[starts[i]:starts[i]+lens[i]]`` for every ``i`` (one output array).
+@engine.kernel
+def range_loop(values, out):  # pragma: no cover - numba
+    lo = values[0]
+    hi = values[0]
+    for i in range(values.shape[0]):  # branch-free, so LLVM vectorises it
+        lo = min(lo, values[i])
+        hi = max(hi, values[i])
+    out[0] = lo
+    out[1] = hi
 
-    Memory: the output plus, without numba, an int64 index of at most
-    :data:`GATHER_CHUNK` entries at a time.
+
+def value_range(values: np.ndarray, use_numba: bool = True) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer array in one pass (two with NumPy only)."""
+    kernel = engine.compiled("range_loop") if use_numba else None
+    if kernel is None or values.dtype.kind not in "iu":
+        return int(values.min()), int(values.max())
+    out = np.zeros(2, dtype=np.int64 if values.dtype.kind == "i" else np.uint64)
+    kernel(values, out)
+    return int(out[0]), int(out[1])
+
+
+# ----------------------------------------------------------------- plan -> rows
+
+
+@dataclass(frozen=True, eq=False)
+class Storage:
+    """A plan in storage order: occurrence ``k`` (row by row, column by column) is
+    example ``order[k]``; row ``r`` holds occurrences ``row_offsets[r]:row_offsets[r+1]``
+    and starts after ``row_tokens[r]`` tokens. ``kept``: the plan keeps the supplied
+    order (next-fit, padded), so ``order`` is ``0..n-1``."""
+
+    plan: Plan
+    order: np.ndarray
+    row_offsets: np.ndarray
+    row_tokens: np.ndarray
+    kept: bool
+
+    @classmethod
+    def of(cls, plan: Plan, window_extra: int = 1) -> Storage:
+        """``plan`` in storage order; an example planned as ``plan.lengths[i]`` holds
+        ``plan.lengths[i] + window_extra`` tokens (1: lengths are pairs; 0: tokens)."""
+        # one unique int64 key per placement sorts faster than lexsort((start, row))
+        key = plan.row_of * plan.capacity + plan.start_of
+        kept = bool(np.all(key[1:] > key[:-1]))
+        n = key.shape[0]
+        order = np.arange(n, dtype=np.int64) if kept else np.argsort(key).astype(np.int64)
+        del key
+        rows = plan.row_of if kept else plan.row_of[order]
+        row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
+        del rows
+        tokens = _offsets(plan.lengths[order] + window_extra)
+        return cls(plan, order, row_offsets.astype(np.int64), tokens[row_offsets], kept)
+
+
+class TokenSource(Protocol):
+    """Where planned examples' tokens are: what :func:`gather_rows` reads.
+
+    ``lengths`` int64 [n] are the examples' prediction pairs. ``take(ex,
+    contiguous)`` returns, for examples ``ex`` (int64 [k]; ``contiguous``:
+    ``ex`` is ``ex[0], ex[0]+1, ...``), their windows back to back (int32
+    [Σ(len+1)]) and a dict of the :class:`CompactRows` derivable fields it has
+    (``loss_mask``, ``source_ids``, ``example_ids``, ``range_starts``,
+    ``range_ends``; absent or None: derived).
     """
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    lens = np.ascontiguousarray(lens, dtype=np.int64)
-    out = np.empty(int(lens.sum()), dtype=src.dtype)
-    kernel = engine.compiled("gather_loop") if use_numba else None
-    if kernel is not None:
-        kernel(np.ascontiguousarray(src), starts, lens, out)
-        return out
-    ends = np.cumsum(lens)
-    cut = np.searchsorted(ends, np.arange(GATHER_CHUNK, out.shape[0], GATHER_CHUNK), "left")
-    bounds = np.unique(np.concatenate([[0], cut, [lens.shape[0]]]))
-    pos = 0
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        index = concat_ranges(starts[a:b], lens[a:b])
-        out[pos : pos + index.shape[0]] = src[index]
-        pos += index.shape[0]
-    return out
+
+    lengths: np.ndarray
+    binding: Binding
+    partition: Partition
+
+    def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]: ...
 
 
-def _gather_flags(
-    table: ExampleTable, order: np.ndarray, lengths: np.ndarray, use_numba: bool
-) -> np.ndarray:
-    """Loss flags in storage order; uniform flags (all supervised) need no gather."""
-    flags = table.loss_mask
-    if flags.size == 0 or flags.all() or not flags.any():
-        return flags
-    return gather_segments(flags, table.target_offsets[order], lengths, use_numba)
+def gather_rows(source: TokenSource, storage: Storage, a: int, b: int) -> CompactRows:
+    """Rows ``[a, b)`` of ``storage``'s plan, gathered from ``source``."""
+    o0, o1 = int(storage.row_offsets[a]), int(storage.row_offsets[b])
+    ex = storage.order[o0:o1]
+    tokens, parts = source.take(ex, storage.kept)
+    return CompactRows(
+        tokens=tokens,
+        lengths=source.lengths[ex],
+        starts=storage.plan.start_of[ex],
+        row_offsets=storage.row_offsets[a : b + 1] - o0,
+        ordinals=ex,
+        capacity=storage.plan.capacity,
+        partition=source.partition,
+        binding=source.binding,
+        first_row=a,
+        **parts,
+    )
+
+
+class TableSource:
+    """An :class:`ExampleTable` as a :class:`TokenSource` (a contiguous run is views)."""
+
+    def __init__(self, table: ExampleTable, use_numba: bool = True) -> None:
+        self.table, self.use_numba = table, use_numba
+        self.lengths, self.binding, self.partition = table.lengths, table.binding, table.partition
+
+    def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
+        t, use_numba = self.table, self.use_numba
+        same = t.example_ids is t.source_ids
+        if contiguous:
+            lo, hi = (int(ex[0]), int(ex[-1]) + 1) if ex.size else (0, 0)
+            tokens = t.windows[t.offsets[lo] : t.offsets[hi]]
+            mask = t.loss_mask[t.offsets[lo] - lo : t.offsets[hi] - hi]
+            ids = {n: getattr(t, n)[lo:hi] for n in ("source_ids", "range_starts", "range_ends")}
+            ids["example_ids"] = ids["source_ids"] if same else t.example_ids[lo:hi]
+        else:
+            lengths = t.lengths[ex]
+            tokens = gather_segments(t.windows, t.offsets[ex], lengths + 1, use_numba)
+            mask = t.loss_mask
+            if mask.size and mask.any() and not mask.all():
+                mask = gather_segments(mask, t.target_offsets[ex], lengths, use_numba)
+            else:  # uniform flags: any run of them is these rows' flags (a view)
+                mask = mask[: int(lengths.sum())]
+            ids = {n: getattr(t, n)[ex] for n in ("source_ids", "range_starts", "range_ends")}
+            ids["example_ids"] = ids["source_ids"] if same else t.example_ids[ex]
+        ranges = {n: ids[n].astype(np.int64, copy=False) for n in ("range_starts", "range_ends")}
+        return tokens, ids | ranges | {"loss_mask": mask}
+
+
+def _check_plan(table: ExampleTable, plan: Plan) -> None:
+    if plan.lengths.shape[0] != len(table) or not np.array_equal(plan.lengths, table.lengths):
+        raise InvalidInput("plan lengths do not match the examples supplied")
+    check_segment_namespace(len(table))
 
 
 def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
@@ -234,45 +410,72 @@ def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> Com
 
     Memory: one copy of the windows and flags plus per-occurrence arrays; when
     the plan keeps the supplied order (next-fit, padded) the windows, flags and
-    per-example arrays of ``table`` and ``plan`` are shared, not copied, and
-    uniform flags (every target supervised) are always shared.
+    per-example arrays of ``table`` are shared, not copied, and uniform flags
+    (every target supervised) are always shared.
     """
-    n = len(table)
-    if plan.lengths.shape[0] != n or not np.array_equal(plan.lengths, table.lengths):
-        raise InvalidInput("plan lengths do not match the examples supplied")
-    check_segment_namespace(n)
-    # One unique int64 key per placement sorts faster than lexsort((start, row)).
-    key = plan.row_of * plan.capacity + plan.start_of
-    if bool(np.all(key[1:] > key[:-1])):  # already in storage order: share, do not gather
-        del key
-        order = np.arange(n, dtype=np.int64)
-        rows, lengths, starts = plan.row_of, plan.lengths, plan.start_of
-        tokens, mask = table.windows, table.loss_mask
-        sources, examples = table.source_ids, table.example_ids
-        range_starts, range_ends = table.range_starts, table.range_ends
+    _check_plan(table, plan)
+    storage = Storage.of(plan)
+    return gather_rows(TableSource(table, use_numba), storage, 0, plan.num_rows)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedEpoch:
+    """All model calls of one packing: ``batches`` in row order."""
+
+    batches: list[PackedBatch]
+    row_count: int
+    occurrence_count: int
+    metadata_peak: int
+    plan: Plan
+
+
+def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEpoch:
+    """Lay ``table`` out as ``plan`` says, in model calls of ``config.max_rows_per_batch`` rows.
+
+    The metadata budget is checked before any batch is allocated; each call is
+    gathered on its own (:func:`gather_rows`), so no copy of the whole table is made.
+    """
+    _check_plan(table, plan)
+    if plan.capacity != config.capacity:
+        raise InvalidInput(f"plan capacity {plan.capacity} != config capacity {config.capacity}")
+    peak = plan_metadata_bytes(plan, config)
+    budget.enforce(peak, config.max_metadata_bytes)
+    storage, source, per = Storage.of(plan), TableSource(table), config.max_rows_per_batch
+    batches = [
+        gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()
+        for a in range(0, plan.num_rows, per)
+    ]
+    return PackedEpoch(batches, plan.num_rows, len(table), peak, plan)
+
+
+def pack_examples(
+    partition: Partition | str,
+    examples: Sequence[SequenceExample] | ExampleTable,
+    expected_binding: Binding,
+    config: PackConfig,
+    *,
+    policy: str = "next-fit",
+    **policy_options: Any,
+) -> PackedEpoch:
+    """Pack whole examples into rows of ``config.capacity`` prediction pairs.
+
+    Every example must belong to ``partition`` and carry ``expected_binding``.
+    With the default next-fit policy the supplied order is kept, only the
+    current row is filled, and an example longer than the capacity is an
+    error naming it. Occurrence ``i`` (the ``i``-th supplied example) gets
+    segment id ``i``; duplicates get distinct segments.
+    """
+    part = Partition.parse(partition)
+    if isinstance(examples, ExampleTable):
+        table = examples
+        if table.partition is not part:
+            raise PartitionMismatch(
+                f"examples belong to partition {table.partition.value!r}, not {part.value!r}"
+                " — a batch holds one partition only; pack them separately"
+            )
+        expected_binding.require(table.binding, "the example table")
     else:
-        order = np.argsort(key).astype(np.int64, copy=False)
-        del key
-        rows, lengths, starts = plan.row_of[order], plan.lengths[order], plan.start_of[order]
-        tokens = gather_segments(table.windows, table.offsets[order], lengths + 1, use_numba)
-        mask = _gather_flags(table, order, lengths, use_numba)
-        sources = table.source_ids[order]
-        same = table.example_ids is table.source_ids
-        examples = sources if same else table.example_ids[order]
-        range_starts, range_ends = table.range_starts[order], table.range_ends[order]
-    row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
-    return CompactRows(
-        tokens=tokens,
-        loss_mask=mask,
-        lengths=lengths,
-        starts=starts,
-        row_offsets=row_offsets.astype(np.int64, copy=False),
-        ordinals=order,
-        source_ids=sources,
-        example_ids=examples,
-        range_starts=range_starts.astype(np.int64, copy=False),
-        range_ends=range_ends.astype(np.int64, copy=False),
-        capacity=plan.capacity,
-        partition=table.partition,
-        binding=table.binding,
-    )
+        check_segment_namespace(len(examples))
+        table = ExampleTable.from_examples(examples, part, expected_binding)
+    plan = plan_rows(table.lengths, config.capacity, policy, labels=table.label, **policy_options)
+    return materialize(table, plan, config)

@@ -20,7 +20,8 @@ runs one by name with an engine:
 Kernels call each other by module-level name. For the numba engine those
 names are rebound to compiled dispatchers (numba resolves globals when it
 compiles); the python engine runs copies of the functions whose globals map
-the same names to the plain functions. Kernels registered after the first
+the same names to the plain functions. So a kernel's name is global: no
+module may use it for anything else. Kernels registered after the first
 compile (a module imported later) are compiled when next asked for.
 """
 
@@ -74,15 +75,8 @@ def _numba() -> Any:
 
 
 def _cache_dir() -> None:
-    """Give numba a writable cache folder when it would find none.
-
-    numba caches compiled kernels beside their source (``__pycache__``) or,
-    where an installed package's folder is read-only, under the user's
-    ``~/.cache/numba``; with neither writable (a read-only image, a service
-    user without a home) every process would compile again (seconds). Then
-    ``NUMBA_CACHE_DIR`` is set to a per-user folder in the temporary
-    directory, unless the user set it.
-    """
+    """``NUMBA_CACHE_DIR`` in the temporary folder (per user) when neither the package's
+    ``__pycache__`` nor ``~/.cache`` is writable and the user set none."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
     here = os.path.dirname(os.path.abspath(__file__))
@@ -126,12 +120,8 @@ def compiled(name: str) -> Callable[..., Any] | None:
 
 
 def _no_refcounts(numba: Any) -> dict[str, Any]:
-    """``_nrt=False`` where this numba knows it.
-
-    Kernels never allocate, so they need no reference counting; without it
-    a call that passes arrays to a helper numba does not inline costs no
-    atomic increments (the streaming kernel ran 3x faster).
-    """
+    """``_nrt=False`` where this numba knows it: kernels never allocate, so they need no
+    reference counting (the streaming kernel ran 3x faster without it)."""
     try:
         from numba.core.cpu import CPUTargetOptions
     except ImportError:
@@ -201,3 +191,83 @@ def _copy_back(arg: Any, values: Any) -> None:
 def pow2_at_least(n: int) -> int:
     """Smallest power of two ``>= max(n, 1)``."""
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+# ------------------------------------------------------------ the search trees
+# Shared by the planning kernels (:mod:`seqpack.core.policies`,
+# :mod:`seqpack.core.stream_packer`). ``leaves`` is a power of two, node ``k``
+# has children ``2k`` and ``2k+1``, leaf ``i`` is node ``leaves + i``, and every
+# inner node holds the maximum of its children:
+#
+# - over rows by remaining capacity, the leftmost leaf holding at least ``n``
+#   is the first row an item of length ``n`` fits in (first fit);
+# - over remaining capacities ``r`` (leaf ``r`` holds ``r`` while some row has
+#   exactly ``r`` cells left, else 0), the leftmost leaf holding at least ``n``
+#   is the tightest row that fits (best fit) — O(log capacity) per item, as in
+#   "Fewer Truncations Improve Language Modeling" (Ding et al., 2024).
+
+
+@kernel
+def tree_set(tree, leaves, index, value):
+    """Set leaf ``index`` to ``value`` and restore the maxima above it."""
+    node = leaves + index
+    tree[node] = value
+    node //= 2
+    while node > 0:
+        left = tree[2 * node]
+        right = tree[2 * node + 1]
+        best = left if left >= right else right
+        if tree[node] == best:
+            break  # unchanged here, so unchanged above
+        tree[node] = best
+        node //= 2
+
+
+@kernel
+def tree_first_at_least(tree, leaves, n):
+    """Index of the leftmost leaf holding ``>= n``, or -1."""
+    if tree[1] < n:
+        return -1
+    node = 1
+    while node < leaves:
+        node = 2 * node + (tree[2 * node] < n)  # branch-free: the comparison is 0 or 1
+    return node - leaves
+
+
+@kernel
+def tree_last_at_most(tree, leaves, r):
+    """Index of the rightmost non-zero leaf at or left of ``r``, or -1."""
+    node = leaves + r
+    if tree[node] > 0:
+        return r
+    while node > 1:
+        if node % 2 == 1 and tree[node - 1] > 0:
+            node -= 1
+            while node < leaves:  # rightmost non-zero leaf below
+                node = 2 * node + (tree[2 * node + 1] > 0)
+            return node - leaves
+        node //= 2
+    return -1
+
+
+@kernel
+def bucket_push(tree, leaves, head, tail, nxt, r, item):
+    """Append ``item`` to FIFO bucket ``r``; mark ``r`` non-empty in ``tree``."""
+    nxt[item] = -1
+    if tail[r] == -1:
+        head[r] = item
+        tree_set(tree, leaves, r, r)
+    else:
+        nxt[tail[r]] = item
+    tail[r] = item
+
+
+@kernel
+def bucket_pop(tree, leaves, head, tail, nxt, r):
+    """Remove and return the oldest item of bucket ``r``."""
+    item = head[r]
+    head[r] = nxt[item]
+    if head[r] == -1:
+        tail[r] = -1
+        tree_set(tree, leaves, r, 0)
+    return item

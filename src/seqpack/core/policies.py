@@ -19,9 +19,9 @@ stream-best-fit         bounded look-ahead and open rows            O(log cap)
 padded                  one example per row (the baseline)          O(1)
 ======================  ==========================================  ============
 
-The loops live in :mod:`seqpack.core.plan_kernels` and run through
+The per-example loops are the kernels below, run through
 :mod:`seqpack.core.engine` (numba when installed, else the same code in
-plain Python; both give identical plans).
+plain Python; both give identical plans) over its search trees.
 """
 
 from __future__ import annotations
@@ -33,13 +33,95 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import engine as kernels
-from seqpack.core import plan_kernels  # noqa: F401  (registers the planning kernels)
 from seqpack.core.checks import check_lengths, check_tree_capacity
+from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
 from seqpack.core.errors import InvalidInput
 from seqpack.core.plan import Plan
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
 
 PolicyFn = Callable[..., tuple[np.ndarray, np.ndarray]]
+
+
+@kernel
+def next_fit_loop(lengths, capacity, row_of, start_of):
+    """Supplied order, only the current row; returns the number of rows."""
+    row = 0
+    used = 0
+    for i in range(len(lengths)):
+        n = lengths[i]
+        if n > capacity - used:
+            row += 1
+            used = 0
+        row_of[i] = row
+        start_of[i] = used
+        used += n
+    return row + 1 if len(lengths) > 0 else 0
+
+
+@kernel
+def counting_sort(lengths, capacity, counts, order):
+    """Counting sort: indices by length descending, ties by index (stable).
+
+    ``counts`` is int64 [capacity + 2] of zeros.
+    """
+    n = len(order)
+    for i in range(n):
+        counts[capacity - lengths[i] + 1] += 1
+    for k in range(1, capacity + 2):
+        counts[k] += counts[k - 1]
+    for i in range(n):
+        k = capacity - lengths[i]
+        order[counts[k]] = i
+        counts[k] += 1
+
+
+@kernel
+def first_fit(sizes, capacity, tree, leaves, row_of, start_of):
+    """First fit of items ``sizes[j]``, j = 0, 1, ...: the lowest-numbered row
+    with room. Writes ``row_of[j]``, ``start_of[j]``; returns the row count.
+
+    ``tree`` is int64 [2 * leaves] filled with ``capacity`` (every row not
+    yet opened is empty, so the leftmost fitting leaf is either an open row
+    or the next row to open).
+    """
+    rows = 0
+    for j in range(len(sizes)):
+        n = sizes[j]
+        row = tree_first_at_least(tree, leaves, n)
+        left = tree[leaves + row]
+        if row == rows:
+            rows += 1
+        row_of[j] = row
+        start_of[j] = capacity - left
+        tree_set(tree, leaves, row, left - n)
+    return rows
+
+
+@kernel
+def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
+    """Best fit of items ``sizes[j]``, j = 0, 1, ...: the open row with the
+    fewest cells left that still fit; rows with equal room oldest first.
+    Writes ``row_of[j]``, ``start_of[j]``; returns the row count.
+
+    ``tree`` int64 [2 * leaves] zeros over remaining capacities
+    ``0..capacity-1``; ``head``/``tail`` int64 [capacity] of -1; ``nxt``
+    int64 [max rows].
+    """
+    rows = 0
+    for j in range(len(sizes)):
+        n = sizes[j]
+        left = tree_first_at_least(tree, leaves, n)
+        if left >= 0:
+            row = bucket_pop(tree, leaves, head, tail, nxt, left)
+        else:
+            row = rows
+            rows += 1
+            left = capacity
+        row_of[j] = row
+        start_of[j] = capacity - left
+        if left > n:
+            bucket_push(tree, leaves, head, tail, nxt, left - n, row)
+    return rows
 
 
 def next_fit(
@@ -53,7 +135,9 @@ def next_fit(
     n = lengths.shape[0]
     row_of = np.empty(n, dtype=np.int64)
     start_of = np.empty(n, dtype=np.int64)
-    kernels.call(kernels.resolve(engine), "next_fit", lengths, capacity, row_of, start_of, inputs=1)
+    kernels.call(
+        kernels.resolve(engine), "next_fit_loop", lengths, capacity, row_of, start_of, inputs=1
+    )
     return row_of, start_of
 
 
@@ -70,7 +154,7 @@ def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -
         return np.argsort(-lengths, kind="stable").astype(np.int64)
     order = np.empty(lengths.shape[0], dtype=np.int64)
     counts = np.zeros(capacity + 2, dtype=np.int64)
-    kernels.call("numba", "decreasing_order", lengths, capacity, counts, order, inputs=1)
+    kernels.call("numba", "counting_sort", lengths, capacity, counts, order, inputs=1)
     return order
 
 
@@ -223,7 +307,14 @@ def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: 
     """
     labels = options.pop("labels", None)
     check_policy_options(policy, options)
-    arr = check_lengths(lengths, capacity, labels)
-    row_of, start_of = POLICIES[policy](arr, int(capacity), **options)
-    num_rows = int(row_of.max()) + 1 if arr.shape[0] else 0
-    return Plan(arr, row_of, start_of, num_rows, int(capacity), policy)
+    return plan_lengths(check_lengths(lengths, capacity, labels), int(capacity), policy, options)
+
+
+def plan_lengths(
+    lengths: np.ndarray, capacity: int, policy: str, options: Mapping[str, Any]
+) -> Plan:
+    """:func:`plan_rows` for lengths and options already checked (int64 [n] in
+    ``[1, capacity]``; ``options`` the policy takes, as :class:`PackOptions` checks them)."""
+    row_of, start_of = POLICIES[policy](lengths, capacity, **options)
+    num_rows = int(row_of.max()) + 1 if lengths.shape[0] else 0
+    return Plan(lengths, row_of, start_of, num_rows, capacity, policy)

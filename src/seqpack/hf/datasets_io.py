@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
-from seqpack.core.compact import CompactRows, gather_segments, window_labels
+from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, window_labels
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.io.readers import Input
@@ -63,12 +63,12 @@ from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import PackOptions, check_pad_id
 from seqpack.pipeline.writer import (
+    CorpusSource,
     Examples,
-    Storage,
     corpus_examples,
-    gather_rows,
     layout_for,
     plan_corpus,
+    shard_spans,
 )
 
 META_KEY = "seqpack"
@@ -222,11 +222,11 @@ def _tables(
     corpus: Corpus, examples: Examples, storage: Storage, opts: PackOptions
 ) -> tuple[list[str], pa.Table]:
     """The packed rows gathered into one table (one schema); its column names."""
-    gather = layout_for(corpus, examples, opts.format)
-    bounds = storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens).tolist()
-    parts = [
-        gather_rows(corpus, examples, storage, a, b, gather) for a, b in itertools.pairwise(bounds)
-    ]
+    source = CorpusSource(
+        corpus, examples, layout_for(corpus, examples, opts.format), opts.partition
+    )
+    bounds = shard_spans(storage, opts).tolist()
+    parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":
         tables = [trl_table(cols) for cols in parts]
         schema = TRL_SCHEMA

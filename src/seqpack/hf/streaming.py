@@ -44,14 +44,20 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.binding import Binding
+from seqpack.core.compact import CompactRows
 from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
-from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes
+from seqpack.core.stream_packer import (
+    DEFAULT_MAX_OPEN_ROWS,
+    DEFAULT_STATE_BYTES,
+    DEFAULT_WINDOW,
+    StreamPacker,
+    stream_bytes,
+)
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding
-from seqpack.io.shards import FORMAT, FULL, VERSION, ShardColumns, manifest_record, shard_table
+from seqpack.io.shards import FORMAT, FULL, VERSION, manifest_record, shard_table
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
 from seqpack.pipeline.options import PackOptions, check_pad_id
@@ -264,8 +270,8 @@ class _Packing:
         np.cumsum(counts, out=offsets[1:])
         parts = [self.pending.pop(e) for e in example.tolist()]
         ids = pa.array([p[2] for p in parts], pa.string())
-        cols = ShardColumns(
-            first_row=self.rows,
+        cols = CompactRows(
+            **self._bound(),
             row_offsets=offsets,
             tokens=np.concatenate([p[0] for p in parts]),
             lengths=np.array([p[0].shape[0] - 1 for p in parts], dtype=np.int64),
@@ -279,6 +285,12 @@ class _Packing:
         )
         key, self.rows = self.rows, self.rows + cols.num_rows
         yield key, trl_table(cols) if self.trl else shard_table(cols, FULL)
+
+    def _bound(self) -> dict[str, Any]:
+        """The fields every row of this pass shares (binding, partition, first row)."""
+        opts = self.spec.opts
+        return {"capacity": opts.capacity, "partition": opts.partition,
+                "binding": self.spec.binding, "first_row": self.rows}  # fmt: skip
 
     def _padding(self) -> Iterator[tuple[int, pa.Table]]:
         """Empty rows up to a multiple of ``world * max_rows_per_batch`` under torchrun."""
@@ -298,8 +310,8 @@ class _Packing:
             yield self.rows, pa.Table.from_pydict(empty, schema=TRL_SCHEMA)
             return
         none = np.zeros(0, dtype=np.int64)
-        cols = ShardColumns(
-            first_row=self.rows,
+        cols = CompactRows(
+            **self._bound(),
             row_offsets=np.zeros(missing + 1, dtype=np.int64),
             tokens=np.zeros(0, dtype=np.int32),
             lengths=none,

@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 
 from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Partition
+from seqpack.core.compact import value_range
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.core.gather import value_range
 from seqpack.core.supervision import (
     CHECKED,
     NOT_CONVERSATIONAL,

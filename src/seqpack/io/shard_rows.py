@@ -22,7 +22,7 @@ from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import concat_ranges
-from seqpack.io.shards import REQUIRED, Layout, default_ids
+from seqpack.io.shards import REQUIRED
 
 #: The version-1 schema (every column stored; ``labels`` aligned with ``tokens``).
 V1_SCHEMA = pa.schema(
@@ -236,22 +236,3 @@ def read_pair_stats(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     mask = unpack_bits(table.column("loss_bits"), row_pairs, str(path))
     counts = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
     return seq, occ, counts[pairs[occ[1:]]] - counts[pairs[occ[:-1]]]
-
-
-def layout_of_table(table: pa.Table) -> Layout:
-    """:func:`layout_of` for a version-2 table that stores every column (:data:`FULL`)."""
-    lengths, occ = flat_column(table, "pair_counts")
-    lengths = lengths.astype(np.int64)
-    pairs = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=pairs[1:])
-    mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), "shard")
-    sources = table.column("source_ids").combine_chunks().flatten()
-    examples = not table.column("example_ids").combine_chunks().flatten().equals(sources)
-    starts = flat_column(table, "range_starts")[0]
-    ends = flat_column(table, "range_ends")[0]
-    ranges = bool(np.any(starts)) or not np.array_equal(ends, lengths + 1)
-    named = examples or ranges
-    if not named:
-        named = not sources.equals(default_ids(flat_column(table, "ordinals")[0]))
-    return Layout(source_ids=named, loss_bits=not bool(mask.all()), example_ids=examples,
-                  ranges=ranges)  # fmt: skip

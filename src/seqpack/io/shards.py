@@ -113,56 +113,26 @@ def union(layouts: Iterable[Layout]) -> Layout:
     return Layout(*(any(getattr(x, f.name) for x in found) for f in dataclasses.fields(Layout)))
 
 
-@dataclass(frozen=True, eq=False)
-class ShardColumns:
-    """One shard's rows as arrays, before Arrow: what :func:`shard_table` writes.
+def arrow_ids(cols: CompactRows) -> CompactRows:
+    """``cols`` with NumPy id arrays as Arrow strings (what the format stores)."""
 
-    ``row_offsets`` int64 [R+1] (row ``r`` holds occurrences
-    ``row_offsets[r]:row_offsets[r+1]``); per occurrence [K]: ``lengths``,
-    ``starts``, ``ordinals``; ``tokens`` int32 [Σ(len+1)]. Derivable parts
-    may be None: ``loss_mask`` (bool [Σlen]; None: all supervised),
-    ``source_ids`` (Arrow strings; None: the ordinal's decimal),
-    ``example_ids`` (None: the source ids), ``range_starts``/``range_ends``
-    (None: whole sources ``[0, len + 1)``).
-    """
-
-    first_row: int
-    row_offsets: np.ndarray
-    tokens: np.ndarray
-    lengths: np.ndarray
-    starts: np.ndarray
-    ordinals: np.ndarray
-    loss_mask: np.ndarray | None = None
-    source_ids: Any = None
-    example_ids: Any = None
-    range_starts: np.ndarray | None = None
-    range_ends: np.ndarray | None = None
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.row_offsets.shape[0] - 1)
-
-    @classmethod
-    def of_rows(cls, rows: CompactRows) -> ShardColumns:
-        ids = pa.array(rows.source_ids, pa.string())
-        same = rows.example_ids is rows.source_ids
-        return cls(
-            first_row=rows.first_row,
-            row_offsets=rows.row_offsets,
-            tokens=rows.tokens,
-            lengths=rows.lengths,
-            starts=rows.starts,
-            ordinals=rows.ordinals,
-            loss_mask=rows.loss_mask,
-            source_ids=ids,
-            example_ids=ids if same else pa.array(rows.example_ids, pa.string()),
-            range_starts=rows.range_starts,
-            range_ends=rows.range_ends,
+    def strings(values: Any) -> Any:
+        return (
+            values
+            if values is None or isinstance(values, pa.Array)
+            else pa.array(values, pa.string())
         )
 
+    sources = strings(cols.source_ids)
+    same = cols.example_ids is cols.source_ids
+    return dataclasses.replace(
+        cols, source_ids=sources, example_ids=sources if same else strings(cols.example_ids)
+    )
 
-def layout_of(cols: ShardColumns) -> Layout:
+
+def layout_of(cols: CompactRows) -> Layout:
     """The leanest layout that keeps everything in ``cols`` (checked by content)."""
+    cols = arrow_ids(cols)
     loss = cols.loss_mask is not None and not bool(cols.loss_mask.all())
     examples = cols.example_ids is not None and cols.example_ids is not cols.source_ids
     if examples:
@@ -250,7 +220,7 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), row_pairs.shape[0], buffers)
 
 
-def token_offsets(cols: ShardColumns) -> tuple[np.ndarray, np.ndarray]:
+def token_offsets(cols: CompactRows) -> tuple[np.ndarray, np.ndarray]:
     """Where each occurrence's window and each row start in ``cols.tokens`` (int64
     [K+1], [R+1]); refused when the shard's tokens overflow one list column's offsets."""
     tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
@@ -264,9 +234,10 @@ def token_offsets(cols: ShardColumns) -> tuple[np.ndarray, np.ndarray]:
     return tok, row_tok
 
 
-def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
-    """``cols`` as a Parquet-ready table (version 2) with ``layout``'s columns (default:
-    the leanest that keeps everything, :func:`layout_of`)."""
+def shard_table(cols: CompactRows, layout: Layout | None = None) -> pa.Table:
+    """``cols`` as a Parquet-ready table (version 2, one table row per packed row) with
+    ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`)."""
+    cols = arrow_ids(cols)
     layout = layout_of(cols) if layout is None else layout
     _, row_tok = token_offsets(cols)
     occ = cols.row_offsets
@@ -300,10 +271,8 @@ def shard_table(cols: ShardColumns, layout: Layout | None = None) -> pa.Table:
     return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
 
 
-def rows_to_arrow(rows: CompactRows, layout: Layout | None = None) -> pa.Table:
-    """Compact rows as a version-2 table (one table row per packed row); ``layout``
-    defaults to the leanest that keeps everything (:func:`layout_of`)."""
-    return shard_table(ShardColumns.of_rows(rows), layout)
+#: The 0.1 name of :func:`shard_table` (compact rows as a version-2 table).
+rows_to_arrow = shard_table
 
 
 def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:

@@ -13,18 +13,22 @@ expected binding and partition.
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput, PartitionMismatch
-from seqpack.io.atomic import MANIFEST, open_output
+from seqpack.io.atomic import MANIFEST, Output, open_output
 from seqpack.io.integrity import (
     DEPTHS,
     check_checksums,
@@ -36,12 +40,77 @@ from seqpack.io.integrity import (
 from seqpack.io.shards import (
     SHARD_TOKENS,
     manifest_record,
-    rows_to_arrow,
     shard_bounds,
+    shard_table,
     write_shard_file,
 )
 from seqpack.io.tree_store import open_tree_store
-from seqpack.io.trl_schema import refuse_trl
+from seqpack.io.trl_schema import refuse_trl, trl_table
+
+#: Shards in memory at once while writing: one being gathered, the others compressing.
+SHARDS_IN_FLIGHT = 2
+
+
+def to_table(rows: CompactRows, format: str = "seqpack") -> pa.Table:
+    """``rows`` as one shard's table: seqpack's format (the leanest layout that keeps
+    everything, :func:`seqpack.io.shards.shard_table`) or TRL's (``format="trl"``)."""
+    return trl_table(rows) if format == "trl" else shard_table(rows)
+
+
+def write_shard(rows: CompactRows, folder: str | Path, name: str, format: str = "seqpack") -> dict:
+    """The one shard writer: ``rows`` as the file ``folder/name``; its manifest entry."""
+    return write_shard_file(to_table(rows, format), folder, name, rows.first_row)
+
+
+def write_shards(
+    gather: Callable[[int, int], CompactRows],
+    bounds: np.ndarray,
+    output: Output,
+    format: str = "seqpack",
+    on_shard: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output`` as
+    :func:`write_shard` writes it; the manifest entries, in order.
+
+    This thread gathers the shards (the kernels release the GIL) while writer
+    threads compress the ones before: at most :data:`SHARDS_IN_FLIGHT` shards
+    are in memory. A single shard is written here, where signals arrive.
+    ``on_shard(entry)`` reports each shard written, in order; a failing write
+    stops the run at the next shard.
+    """
+    spans = list(itertools.pairwise(np.asarray(bounds).tolist()))
+
+    def build(k: int) -> pa.Table:
+        return to_table(gather(*spans[k]), format)
+
+    def write(k: int, table: pa.Table) -> dict[str, Any]:
+        return write_shard_file(table, output.path, output.shard(k), spans[k][0])
+
+    entries: list[dict[str, Any]] = []
+
+    def done(entry: dict[str, Any]) -> None:
+        entries.append(entry)
+        if on_shard is not None:
+            on_shard(entry)
+
+    if len(spans) <= 1:
+        for k in range(len(spans)):
+            done(write(k, build(k)))
+        return entries
+    writing: collections.deque[Future] = collections.deque()
+    with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
+        try:
+            for k in range(len(spans)):
+                while len(writing) >= SHARDS_IN_FLIGHT - 1:  # room for the one gathered next
+                    done(writing.popleft().result())  # raises a writer's error here
+                writing.append(pool.submit(write, k, build(k)))
+            while writing:
+                done(writing.popleft().result())
+        except BaseException:
+            for future in writing:
+                future.cancel()
+            raise
+    return entries
 
 
 def write_packed(
@@ -64,12 +133,8 @@ def write_packed(
     """
     with open_output(out, overwrite) as output:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
-        shards = []
-        for k, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-            table = rows_to_arrow(rows.slice_rows(a, b))
-            shards.append(write_shard_file(table, output.path, output.shard(k)))
-            if on_shard is not None:
-                on_shard(b - a)
+        report = None if on_shard is None else (lambda entry: on_shard(entry["rows"]))
+        shards = write_shards(rows.slice_rows, bounds, output, on_shard=report)
         manifest = manifest_record(
             binding=rows.binding,
             partition=rows.partition,

@@ -44,9 +44,9 @@ import pyarrow.parquet as pq
 
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX
-from seqpack.core.compact import window_labels
+from seqpack.core.compact import CompactRows, window_labels
 from seqpack.core.errors import InvalidInput
-from seqpack.io.shards import ShardColumns, list_array, token_offsets
+from seqpack.io.shards import list_array, token_offsets
 
 TRL_FORMAT = "seqpack.trl-packed"
 TRL_VERSION = 1
@@ -83,7 +83,7 @@ def trl_loop(tokens, mask, every, lens, labels, positions):  # pragma: no cover 
         q += n
 
 
-def trl_columns(cols: ShardColumns, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def trl_columns(cols: CompactRows, tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``labels`` int64 and ``position_ids`` int32, [Σ(len+1)] each, of ``cols``'s windows
     (``tok``: their token offsets): one numba pass, or NumPy without numba."""
     lengths = np.ascontiguousarray(cols.lengths, dtype=np.int64)
@@ -104,7 +104,7 @@ def trl_columns(cols: ShardColumns, tok: np.ndarray) -> tuple[np.ndarray, np.nda
     return labels, positions
 
 
-def trl_table(cols: ShardColumns) -> pa.Table:
+def trl_table(cols: CompactRows) -> pa.Table:
     """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring)."""
     windows = cols.lengths + 1
     tok, row_tok = token_offsets(cols)

@@ -25,6 +25,7 @@ from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
 from seqpack.io.files import ReadLimits
+from seqpack.io.store import SHARDS_IN_FLIGHT
 from seqpack.io.tokenizers import ENCODE_BATCH
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 
@@ -60,8 +61,6 @@ EXAMPLE_BYTES = 64
 #: and per occurrence (gather indices, per-occurrence columns and their Arrow copies).
 SHARD_TOKEN_BYTES = 6
 SHARD_OCCURRENCE_BYTES = 96
-#: Output shards in memory at once (two compressed while none or one is gathered).
-SHARDS_IN_FLIGHT = 2
 #: Read chunks in memory at once (the next one read while this one is tokenized).
 CHUNKS_IN_FLIGHT = 2
 #: Bytes held per byte of a read chunk, by input kind: JSON Lines (int64 ids parsed

@@ -68,13 +68,17 @@ class Corpus:
         """The chunk holding each document, int64 [k]."""
         return np.searchsorted(self.first_rows, docs, "right") - 1
 
-    def locate(self, doc: int) -> str:
+    def _where(self, doc: int) -> tuple[TokenChunk, int]:
         c = int(self.chunk_of(np.array([doc]))[0])
-        return self.chunks[c].origin.locate(doc - int(self.first_rows[c]))
+        return self.chunks[c], doc - int(self.first_rows[c])
+
+    def locate(self, doc: int) -> str:
+        chunk, i = self._where(doc)
+        return chunk.origin.locate(i)
 
     def id_of(self, doc: int) -> str:
-        c = int(self.chunk_of(np.array([doc]))[0])
-        return self.chunks[c].id_of(doc - int(self.first_rows[c]))
+        chunk, i = self._where(doc)
+        return chunk.id_of(i)
 
     def ids(self) -> pa.ChunkedArray:
         """Every document's id in order (the row number where the input has none)."""
@@ -108,10 +112,6 @@ class Corpus:
         if self.spill is not None:
             self.spill.close()
         self.source.close()
-
-
-def _input_kind(source: Input, tokenizer: Tokenizer | None) -> str:
-    return "text" if tokenizer is not None else source.kind
 
 
 def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
@@ -149,9 +149,8 @@ class _Reading:
     named: bool = False
 
 
-#: Token bytes of a corpus kept in memory rather than spilled (without a budget): a
-#: corpus this small costs less in memory than its spill costs to write and map (32 M ids:
-#: a 100 MB text corpus; above it, resident memory no longer grows with the corpus).
+#: Token bytes of a corpus kept in memory rather than spilled (without a budget): 32 M
+#: ids, a 100 MB text corpus; below it memory costs less than writing and mapping a spill.
 KEEP_BYTES = 128 << 20
 
 
@@ -241,14 +240,19 @@ def read_corpus(
     the largest id + 1. The budget (:class:`StreamBudget`) is checked before
     the first chunk and as documents are counted.
     """
-    if not default_vocab:
-        make_binding(lambda: "-", vocab_size=opts.vocab_size, tokenizer=tokenizer)
+    # the binding is built once: here, before reading, when the vocabulary is known
+    # (a run without one is refused now unless default_vocab), its receipt at the end
+    known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
+    binding = None
+    if known:
+        binding = make_binding(
+            lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tokenizer,
+            tokenizer_id=opts.tokenizer_id,
+        )  # fmt: skip
+    vocab = None if binding is None else binding.vocab_size
     source_input = open_input(source, opts.partition, read_limits(opts))
-    budget = StreamBudget.of(opts, _input_kind(source_input, tokenizer))
+    budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
-    vocab = (
-        opts.vocab_size if opts.vocab_size is not None else getattr(tokenizer, "vocab_size", None)
-    )
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else SplitDigest(opts.partition)
     keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
@@ -270,15 +274,15 @@ def read_corpus(
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
         chunks = holder.chunks(state.origins, state.firsts)
-        split_id = given or digest.finish(state.counts, _flags(state, chunks))  # type: ignore[union-attr]
+        flags = [n if n is not None else c.flags for n, c in zip(state.flags, chunks, strict=True)]
+        split_id = given or digest.finish(state.counts, flags)  # type: ignore[union-attr]
         if holder.spill is not None:
             holder.spill.release()
-        binding = make_binding(
-            lambda: split_id,
-            vocab_size=vocab if vocab is not None else state.largest + 1,
-            tokenizer=tokenizer,
-            tokenizer_id=opts.tokenizer_id,
-        )
+        if binding is None:  # default_vocab: the largest id read + 1
+            binding = make_binding(
+                lambda: split_id, vocab_size=state.largest + 1, tokenizer_id=opts.tokenizer_id
+            )
+        binding = replace(binding, split_id=split_id)
     except BaseException:
         holder.close()
         source_input.close()
@@ -309,10 +313,3 @@ def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
             close = getattr(items, "close", None)
             if close is not None:
                 close()
-
-
-def _flags(state: _Reading, chunks: list[TokenChunk]) -> list[Any]:
-    """Each chunk's target flags for the receipt: its count when all are supervised."""
-    return [
-        n if n is not None else chunk.flags for n, chunk in zip(state.flags, chunks, strict=True)
-    ]

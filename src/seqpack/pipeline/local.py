@@ -2,10 +2,11 @@
 
 :func:`pack_path` is what ``seqpack pack`` runs: the corpus is read chunk by
 chunk and spilled (:mod:`seqpack.pipeline.corpus`), planned whole from its
-lengths with any policy of :func:`seqpack.plan_rows`, and written shard by
-shard into the atomic packed directory (:mod:`seqpack.pipeline.writer`,
-:mod:`seqpack.io.store`). :func:`pack_table` is the in-memory counterpart
-over an :class:`~seqpack.core.examples.ExampleTable` (compact rows).
+lengths with any policy, gathered and written shard by shard by the one
+write path (:mod:`seqpack.pipeline.writer`, :func:`seqpack.core.compact.gather_rows`,
+:func:`seqpack.io.store.write_shards`) and published by its manifest.
+:func:`pack_table` is the same path in memory over an
+:class:`~seqpack.core.examples.ExampleTable` (compact rows; a Ray block).
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
 from seqpack.pipeline.progress import progress_bar, status
 from seqpack.pipeline.repeated_ids import duplicate_report
-from seqpack.pipeline.writer import corpus_examples, layout_for, plan_corpus, write_shards
+from seqpack.pipeline.writer import (
+    CorpusSource,
+    corpus_examples,
+    layout_for,
+    plan_corpus,
+    shard_spans,
+    write_corpus,
+)
 
 
 def pack_table(
@@ -184,10 +192,12 @@ def _pack_corpus(
         storage = plan_corpus(examples, opts, label)
         bar.update(examples.lengths.shape[0])
     plan = storage.plan
-    bounds = storage.row_offsets[storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens)]
+    bounds = storage.row_offsets[shard_spans(storage, opts)]
     widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
     budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
-    layout = layout_for(corpus, examples, opts.format)
+    source_ = CorpusSource(
+        corpus, examples, layout_for(corpus, examples, opts.format), opts.partition
+    )
     stats = plan.stats() | {
         "sources": len(corpus),
         "split_sources": examples.split,
@@ -204,7 +214,7 @@ def _pack_corpus(
 
     total = 4 * int(storage.row_tokens[-1])
     with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
-        shards = write_shards(corpus, examples, storage, output, opts, layout, on_shard)
+        shards = write_corpus(source_, storage, output, opts, on_shard)
     fields = opts.manifest_fields(pad)
     manifest = manifest_record(
         binding=corpus.binding,

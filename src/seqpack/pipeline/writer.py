@@ -1,44 +1,36 @@
-"""A corpus planned whole and written shard by shard, each gathered from the spill.
+"""A corpus planned whole, then gathered shard by shard from its spill.
 
-After :func:`seqpack.pipeline.corpus.read_corpus`, :func:`plan_corpus` plans
-every example of the corpus at once from its lengths (best-fit-decreasing
-stays global), and :func:`gather_rows` builds the rows ``[a, b)`` of the
-plan by gathering their windows, flags and ids from the corpus's chunks
-(memory-mapped: only those windows are read). :func:`write_shards` writes
-the shards (two compressed at once while the next is gathered), handing the
-mapped pages back as each chunk's windows are copied, so memory holds at
-most two shards, the lengths and the plan.
+After :func:`seqpack.pipeline.corpus.read_corpus` (which checked every
+length), :func:`plan_corpus` plans every example at once from its lengths
+(best-fit-decreasing stays global) and puts the plan in storage order
+(:class:`~seqpack.core.compact.Storage`). :class:`CorpusSource` is the
+corpus as a :class:`~seqpack.core.compact.TokenSource`: the one gather
+(:func:`~seqpack.core.compact.gather_rows`) copies rows ``[a, b)`` of the
+plan out of the corpus's chunks (memory-mapped: only those windows are
+read, and each chunk's pages are handed back once copied), and the one
+shard writer (:func:`seqpack.io.store.write_shards`) stores them, so memory
+holds at most two shards, the lengths and the plan.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seqpack.core.binding import Partition
+from seqpack.core.compact import CompactRows, Storage, gather_into, gather_rows
 from seqpack.core.errors import OversizedExample
 from seqpack.core.examples import long_ranges
-from seqpack.core.gather import gather_into
-from seqpack.core.plan import Plan
-from seqpack.core.policies import plan_rows
+from seqpack.core.policies import plan_lengths
 from seqpack.io.atomic import Output
-from seqpack.io.shards import (
-    Layout,
-    ShardColumns,
-    call_bounds,
-    default_ids,
-    shard_table,
-    write_shard_file,
-)
-from seqpack.io.trl_schema import trl_table
-from seqpack.pipeline.budget import SHARDS_IN_FLIGHT, StreamBudget
+from seqpack.io.shards import Layout, call_bounds, default_ids
+from seqpack.io.store import write_shards
+from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus
 from seqpack.pipeline.options import PackOptions
 
@@ -69,52 +61,20 @@ def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> 
     return Examples(ends - starts - 1, docs, starts, int(long.sum()))
 
 
-@dataclass(frozen=True, eq=False)
-class Storage:
-    """The plan in storage order: occurrence ``k`` (row by row, column by column) is
-    example ``order[k]``; row ``r`` holds occurrences ``row_offsets[r]:row_offsets[r+1]``
-    and starts after ``row_tokens[r]`` tokens."""
-
-    plan: Plan
-    order: np.ndarray
-    row_offsets: np.ndarray
-    row_tokens: np.ndarray
-
-    @classmethod
-    def of(cls, plan: Plan, window_extra: int = 1) -> Storage:
-        """``plan`` in storage order; an example planned as ``plan.lengths[i]`` holds
-        ``plan.lengths[i] + window_extra`` tokens (1: lengths are pairs; 0: tokens)."""
-        key = plan.row_of * plan.capacity + plan.start_of
-        if bool(np.all(key[1:] > key[:-1])):  # next-fit and padded keep the supplied order
-            order = np.arange(key.shape[0], dtype=np.int64)
-        else:
-            order = np.argsort(key).astype(np.int64, copy=False)
-        del key
-        rows = plan.row_of[order]
-        row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
-        del rows
-        tokens = np.zeros(order.shape[0] + 1, dtype=np.int64)
-        np.cumsum(plan.lengths[order] + window_extra, out=tokens[1:])
-        return cls(plan, order, row_offsets.astype(np.int64), tokens[row_offsets])
-
-    def shard_bounds(self, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
-        return call_bounds(self.row_tokens, max_rows_per_batch, shard_tokens)
-
-
 def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], str]) -> Storage:
     """Plan every example at once with the options' policy; the plan in storage order.
 
-    With format trl the policy packs tokens (``pairs + 1`` per example) into
-    ``capacity`` tokens, TRL's unit, and an example longer than that is an
+    The lengths were checked as the corpus was read (or cut to fit by
+    ``--split-long``), so they are planned as they are. With format trl the
+    policy packs tokens (``pairs + 1`` per example) into ``capacity`` tokens,
+    TRL's unit, and an example longer than that is an
     :class:`~seqpack.core.errors.OversizedExample` naming it (never cut)."""
     if opts.format != "trl":
-        plan = plan_rows(
-            examples.lengths, opts.capacity, opts.policy, labels=label, **opts.policy_options
+        return Storage.of(
+            plan_lengths(examples.lengths, opts.capacity, opts.policy, opts.policy_options)
         )
-        return Storage.of(plan)
     tokens = token_lengths(examples.lengths, opts.capacity, label)
-    plan = plan_rows(tokens, opts.capacity, opts.policy, labels=label, **opts.policy_options)
-    return Storage.of(plan, window_extra=0)
+    return Storage.of(plan_lengths(tokens, opts.capacity, opts.policy, opts.policy_options), 0)
 
 
 def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
@@ -143,27 +103,6 @@ def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> L
     )
 
 
-def _by_chunk(corpus: Corpus, docs: np.ndarray) -> tuple[np.ndarray, list]:
-    """Each document's row in its chunk, and the occurrences grouped by chunk."""
-    chunk = corpus.chunk_of(docs)
-    local = docs - corpus.first_rows[chunk]
-    order = np.argsort(chunk, kind="stable")
-    cuts = np.flatnonzero(np.diff(chunk[order])) + 1
-    groups = [(int(chunk[g[0]]), g) for g in np.split(order, cuts) if g.size]
-    return local, groups
-
-
-def _source_ids(corpus: Corpus, docs: np.ndarray, local: np.ndarray, groups: list) -> pa.Array:
-    parts, where = [], []
-    for c, index in groups:
-        ids = corpus.chunks[c].ids
-        parts.append(default_ids(docs[index]) if ids is None else ids.take(_arrow(local[index])))
-        where.append(index)
-    placed = np.empty(docs.shape[0], dtype=np.int64)
-    placed[np.concatenate(where)] = np.arange(docs.shape[0], dtype=np.int64)
-    return pa.concat_arrays(parts).take(_arrow(placed)) if parts else pa.array([], pa.string())
-
-
 def _arrow(indices: np.ndarray) -> pa.Array:
     """int64 indices as an Arrow array from their buffer: ``take`` of a NumPy array converts
     it with ``pa.array``, which imports pandas first (0.6-1.5 s of a fresh process here)."""
@@ -171,129 +110,85 @@ def _arrow(indices: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), values.shape[0], [None, pa.py_buffer(values)])
 
 
-def gather_rows(
-    corpus: Corpus, examples: Examples, storage: Storage, a: int, b: int, layout: Layout
-) -> ShardColumns:
-    """Rows ``[a, b)`` of the plan, gathered from the corpus (see the module docstring)."""
-    o0, o1 = int(storage.row_offsets[a]), int(storage.row_offsets[b])
-    ex = storage.order[o0:o1]
-    lengths = examples.lengths[ex]
-    docs = ex if examples.docs is None else examples.docs[ex]
-    piece = None if examples.starts is None else examples.starts[ex]
-    local, groups = _by_chunk(corpus, docs)
-    windows = lengths + 1
-    out_tok = np.zeros(ex.shape[0] + 1, dtype=np.int64)
-    np.cumsum(windows, out=out_tok[1:])
-    tokens = np.empty(int(out_tok[-1]), dtype=np.int32)
-    mask = np.ones(int(lengths.sum()), dtype=bool) if layout.loss_bits else None
-    for c, index in groups:
-        part = corpus.chunks[c]
-        first = part.offsets[local[index]] + (0 if piece is None else piece[index])
-        gather_into(part.tokens, first, windows[index], tokens, out_tok[index])
-        if mask is not None and part.flags is not None:
-            targets = first - local[index]  # a document's targets start one before per document
-            gather_into(part.flags, targets, lengths[index], mask, out_tok[index] - index)
-        corpus.release_chunk(c)
-    sources = _source_ids(corpus, docs, local, groups) if layout.source_ids else None
-    cols = ShardColumns(
-        first_row=a,
-        row_offsets=storage.row_offsets[a : b + 1] - o0,
-        tokens=tokens,
-        lengths=lengths,
-        starts=storage.plan.start_of[ex],
-        ordinals=ex,
-        loss_mask=mask,
-        source_ids=sources,
-    )
-    if not layout.ranges:
-        return cols
-    starts = np.zeros_like(lengths) if piece is None else piece
-    ends = starts + windows
-    cut = (starts > 0) | (ends < corpus.counts[docs])
-    names = pc.binary_join_element_wise(
-        sources, "[", pc.cast(pa.array(starts), pa.string()), ":",
-        pc.cast(pa.array(ends), pa.string()), "]", "",
-    )  # fmt: skip
-    return replace(
-        cols,
-        range_starts=starts,
-        range_ends=ends,
-        example_ids=pc.if_else(pa.array(cut), names, sources),
-    )
+class CorpusSource:
+    """A read corpus as a :class:`~seqpack.core.compact.TokenSource`: example ``i`` as
+    ``examples`` says, gathering only the parts ``layout`` stores."""
+
+    def __init__(self, corpus: Corpus, examples: Examples, layout: Layout, partition: Partition):
+        self.corpus, self.examples, self.layout = corpus, examples, layout
+        self.lengths, self.binding, self.partition = examples.lengths, corpus.binding, partition
+
+    def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
+        corpus, examples, layout = self.corpus, self.examples, self.layout
+        lengths = examples.lengths[ex]
+        docs = ex if examples.docs is None else examples.docs[ex]
+        piece = None if examples.starts is None else examples.starts[ex]
+        chunk = corpus.chunk_of(docs)
+        local = docs - corpus.first_rows[chunk]
+        by_chunk = np.argsort(chunk, kind="stable")
+        cuts = np.flatnonzero(np.diff(chunk[by_chunk])) + 1
+        groups = [(int(chunk[g[0]]), g) for g in np.split(by_chunk, cuts) if g.size]
+        windows = lengths + 1
+        out_tok = np.zeros(ex.shape[0] + 1, dtype=np.int64)
+        np.cumsum(windows, out=out_tok[1:])
+        tokens = np.empty(int(out_tok[-1]), dtype=np.int32)
+        mask = np.ones(int(lengths.sum()), dtype=bool) if layout.loss_bits else None
+        ids = []
+        for c, index in groups:
+            part = corpus.chunks[c]
+            first = part.offsets[local[index]] + (0 if piece is None else piece[index])
+            gather_into(part.tokens, first, windows[index], tokens, out_tok[index])
+            if mask is not None and part.flags is not None:
+                targets = first - local[index]  # a document's targets start one before per document
+                gather_into(part.flags, targets, lengths[index], mask, out_tok[index] - index)
+            if layout.source_ids:
+                ids.append(
+                    default_ids(docs[index])
+                    if part.ids is None
+                    else part.ids.take(_arrow(local[index]))
+                )
+            corpus.release_chunk(c)
+        parts: dict[str, Any] = {"loss_mask": mask}
+        if not layout.source_ids:
+            return tokens, parts
+        placed = np.empty(docs.shape[0], dtype=np.int64)
+        placed[np.concatenate([g for _, g in groups] or [placed[:0]])] = np.arange(docs.shape[0])
+        sources = pa.concat_arrays(ids).take(_arrow(placed)) if ids else pa.array([], pa.string())
+        parts["source_ids"] = sources
+        if not layout.ranges:
+            return tokens, parts
+        starts = np.zeros_like(lengths) if piece is None else piece
+        ends = starts + windows
+        cut = (starts > 0) | (ends < corpus.counts[docs])
+        names = pc.binary_join_element_wise(
+            sources, "[", pc.cast(pa.array(starts), pa.string()), ":",
+            pc.cast(pa.array(ends), pa.string()), "]", "",
+        )  # fmt: skip
+        example_ids = pc.if_else(pa.array(cut), names, sources)
+        return tokens, parts | {
+            "range_starts": starts,
+            "range_ends": ends,
+            "example_ids": example_ids,
+        }
 
 
-def write_shards(
-    corpus: Corpus,
-    examples: Examples,
+def shard_spans(storage: Storage, opts: PackOptions) -> np.ndarray:
+    """Row bounds of the output's shards: whole model calls, about ``shard_tokens`` each."""
+    return call_bounds(storage.row_tokens, opts.max_rows_per_batch, opts.shard_tokens)
+
+
+def write_corpus(
+    source: CorpusSource,
     storage: Storage,
     output: Output,
     opts: PackOptions,
-    layout: Layout,
     on_shard: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Write every shard of the plan into ``output``; their manifest entries, in order.
+    """Every shard of the plan gathered from the corpus and written into ``output``."""
 
-    This thread gathers the shards (the kernels release the GIL) and
-    :data:`SHARDS_IN_FLIGHT` writer threads compress them, a shard gathered
-    only when fewer than that many are alive: at most that many shards are
-    in memory, and two compress at once. A single shard is written here, where
-    signals arrive. ``on_shard(entry)`` reports each shard written, in order;
-    a failing write stops the run at the next shard.
-    """
-    spans = list(
-        itertools.pairwise(storage.shard_bounds(opts.max_rows_per_batch, opts.shard_tokens))
-    )
+    def gather(a: int, b: int) -> CompactRows:
+        rows = gather_rows(source, storage, a, b)
+        source.corpus.release()  # the windows are copied out: hand the mapped pages back
+        return rows
 
-    to_table = trl_table if opts.format == "trl" else shard_table
-
-    def build(k: int) -> pa.Table:
-        table = to_table(gather_rows(corpus, examples, storage, *spans[k], layout))
-        corpus.release()  # the windows are copied out: hand the mapped pages back
-        return table
-
-    folder, name = output.path, output.shard
-    if len(spans) <= 1:
-        entries = [
-            write_shard_file(build(k), folder, name(k), spans[k][0]) for k in range(len(spans))
-        ]
-        for entry in entries if on_shard is not None else ():
-            on_shard(entry)
-        return entries
-    slots = threading.BoundedSemaphore(SHARDS_IN_FLIGHT)
-    futures: list[Future] = []
-    reported = 0
-
-    def write(k: int, table: pa.Table) -> dict[str, Any]:
-        try:
-            return write_shard_file(table, folder, name(k), spans[k][0])
-        finally:
-            slots.release()
-
-    def report() -> None:
-        nonlocal reported
-        while reported < len(futures) and futures[reported].done():
-            entry = futures[reported].result()  # raises a writer's error here
-            reported += 1
-            if on_shard is not None:
-                on_shard(entry)
-
-    with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
-        try:
-            for k in range(len(spans)):
-                slots.acquire()
-                try:
-                    report()
-                    table = build(k)
-                except BaseException:
-                    slots.release()
-                    raise
-                futures.append(pool.submit(write, k, table))
-                del table
-            for future in futures:
-                future.result()
-            report()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    return [future.result() for future in futures]
+    return write_shards(gather, shard_spans(storage, opts), output, opts.format, on_shard)

@@ -86,12 +86,8 @@ def _unwrap(col: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
 
 
 def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
-    """The columns seqpack reads, with Ray's tensor extension columns as plain lists.
-
-    Ray's numpy batch format stores ragged ids as an extension type that
-    plain pyarrow cannot read as lists; this is the ``map_batches`` step
-    (``batch_format="pyarrow"``) a ``ray.data.Dataset`` input goes through.
-    """
+    """The columns seqpack reads, Ray's tensor extension columns (its numpy batch format's
+    ragged ids) as plain lists: the ``map_batches`` step a ``ray.data.Dataset`` goes through."""
     table = table.select(wanted_columns(table.column_names, text_field))
     for i, field in enumerate(table.schema):
         if isinstance(field.type, pa.ExtensionType):
@@ -101,13 +97,8 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
 
 def read_piece(piece: Piece, text_field: str, limits: ReadLimits | None = None) -> pa.Table:
     """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them
-    (or, for JSON Lines, only the piece's bytes).
-
-    Ray's tensor types are registered first (when Ray is installed), so a
-    file written from numpy batches reads back as them and is unwrapped. The file goes
-    through the input policy on the worker too (a regular file; row groups bounded
-    before decoding), whatever the driver saw.
-    """
+    (or, for JSON Lines, only the piece's bytes), through the input policy on the worker
+    too; Ray's tensor types are registered first, so numpy-batch files are unwrapped."""
     if piece.lines is not None:
         table = read_jsonl_range(piece.name, piece.lines, piece.stop - piece.start)
         return plain_columns(table, text_field)
@@ -271,7 +262,8 @@ def dataset_blocks(
     ds.context.execution_options.preserve_order = True
     ds.context.enable_progress_bars = show
     refs = ds.to_arrow_refs()
-    counts = ray.get([ray.remote(_num_rows).remote(r) for r in refs])
+    rows = ray.remote(_num_rows)
+    counts = ray.get([rows.remote(r) for r in refs])
     names = [str(k) for k in range(len(refs))]
     pieces = cut_pieces(names, counts, block_examples, local_labels=False)
     inputs = [[refs[int(p.name)] for p in run] for run in pieces]

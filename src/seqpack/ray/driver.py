@@ -311,7 +311,7 @@ def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Setting
         tokenizer_id=opts.tokenizer_id,
         split_id=opts.split_id or "pending",
     )
-    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook)
+    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook, binding)
 
 
 def pack(

@@ -10,28 +10,22 @@ section, never in the shards.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from seqpack.core.binding import Partition
+from seqpack.core.binding import Binding, Partition
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import PartitionMismatch
 from seqpack.core.examples import ExampleTable, example_label
 from seqpack.core.supervision import Objective
+from seqpack.io import store
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
-from seqpack.io.shard_rows import layout_of_table
-from seqpack.io.shards import (
-    FULL,
-    SCHEMA,
-    list_array,
-    rows_to_arrow,
-    shard_bounds,
-    write_shard_file,
-)
+from seqpack.io.shard_rows import arrow_to_rows
+from seqpack.io.shards import FULL, shard_bounds, shard_table
 from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
@@ -45,10 +39,12 @@ class Settings:
     """Everything a task needs, shipped once through the object store: the run's
     options (its tokenizer loaded on the driver and pickled with them — a
     ``tokenizers`` tokenizer pickles as its JSON, a ``transformers`` one with
-    its backend — so no worker reads the tokenizer's path) and the task hook."""
+    its backend — so no worker reads the tokenizer's path), the binding (its
+    split receipt still pending) and the task hook."""
 
     options: PackOptions
     hook: TaskHook | None = None
+    binding: Binding | None = None
 
 
 def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
@@ -119,7 +115,7 @@ def plan_block(
 
     plan, rows = pack_table(examples, opts.capacity, opts.policy, name, **opts.policy_options)
     cuts = shard_bounds(rows, opts.max_rows_per_batch, opts.shard_tokens)[1:-1]
-    out = rows_to_arrow(rows, FULL)  # the shard's writer drops what its rows can derive
+    out = shard_table(rows, FULL)  # the shard's writer drops what its rows can derive
     stats = run_statistics(plan, docs, examples, split) | {
         "split_id": examples.binding.split_id,
         "cuts": cuts.tolist(),
@@ -133,17 +129,6 @@ def plan_block(
     if settings.hook is not None:
         settings.hook("plan", block.index)
     return stats, out
-
-
-def _renumber_ordinals(table: pa.Table, offset: int) -> pa.Table:
-    if offset == 0:
-        return table
-    col = table.column("ordinals").combine_chunks()
-    offsets = np.asarray(col.offsets, dtype=np.int32)
-    values = col.flatten().to_numpy() + np.int64(offset)
-    renumbered = list_array(offsets - offsets[0], values, pa.int64())
-    index = table.schema.get_field_index("ordinals")
-    return table.set_column(index, SCHEMA.field("ordinals"), renumbered)
 
 
 def write_shard(
@@ -163,15 +148,16 @@ def write_shard(
     the ``engine`` record).
     """
     started, cpu = time.perf_counter(), time.process_time()
-    parts = [
-        _renumber_ordinals(t.slice(a, b - a), offset)
-        for (a, b, offset), t in zip(spans, tables, strict=True)
-    ]
-    table = pa.concat_tables(parts).combine_chunks()
-    rows = pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
-    table = table.set_column(table.schema.get_field_index("row"), SCHEMA.field("row"), rows)
-    table = table.select(layout_of_table(table).columns())  # as every writer lays a shard out
-    entry = write_shard_file(table, folder, name)
+    opts = settings.options
+    parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
+    rows = arrow_to_rows(
+        pa.concat_tables(parts).combine_chunks(), capacity=opts.capacity,
+        partition=opts.partition, binding=settings.binding, where=name, contiguous=False,
+    )  # fmt: skip
+    part_rows = np.cumsum([0] + [b - a for a, b, _ in spans])
+    moved = np.repeat([e for *_, e in spans], np.diff(rows.row_offsets[part_rows]))
+    rows = replace(rows, ordinals=rows.ordinals + moved.astype(np.int64), first_row=first_row)
+    entry = store.write_shard(rows, folder, name)  # as every writer writes a shard
     entry |= {
         **node_of_task(),
         "write_seconds": time.perf_counter() - started,

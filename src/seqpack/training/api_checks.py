@@ -16,7 +16,7 @@ from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.checks import positive_int
 from seqpack.core.errors import BudgetExceeded, InvalidInput
-from seqpack.core.stream_state import DEFAULT_STATE_BYTES, stream_bytes
+from seqpack.core.stream_packer import DEFAULT_STATE_BYTES, stream_bytes
 
 #: Documents a stream reads at a time, at most.
 MAX_READ_CHUNK = 1 << 20
@@ -83,7 +83,7 @@ def check_text_field(text_field: Any) -> str:
 
 def check_stream_memory(capacity: int, window: int, max_open_rows: int, rows_per_step: int) -> None:
     """The packer's buffers and one optimizer step of closed rows within the budget
-    (:data:`~seqpack.core.stream_state.DEFAULT_STATE_BYTES`), before any is allocated."""
+    (:data:`~seqpack.core.stream_packer.DEFAULT_STATE_BYTES`), before any is allocated."""
     packer = stream_bytes(capacity, window, max_open_rows)
     bound(
         packer,

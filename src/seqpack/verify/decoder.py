@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqpack.core.batch import PackedBatch, pack_examples
+from seqpack.core.batch import PackedBatch
+from seqpack.core.compact import pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample

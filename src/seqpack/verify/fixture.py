@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqpack.core.batch import PackedBatch, PackedEpoch, pack_examples
+from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.compact import PackedEpoch, pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import SequenceExample
 

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqpack.core.batch import PackedBatch, pack_examples
+from seqpack.core.batch import PackedBatch
+from seqpack.core.compact import pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample
