@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from seqpack.core.checks import parse_int
-from seqpack.pipeline.options import argparse_type
+from seqpack.cli.flags import argparse_type, old_capacity, parse_int
 
 #: Seeds numpy and torch both take.
 MAX_SEED = 2**63 - 1
@@ -33,11 +32,13 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         " 2*window+3 for a model with a sliding window)",
     )
     p.add_argument(
-        "--capacity",
-        type=int,
+        "--max-length",
+        dest="capacity",
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
         metavar="N",
-        help="row width (default 12, or the sum of --lengths where the model allows it)",
+        help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
     )
+    old_capacity(p, "capacity")
     p.add_argument(
         "--mode",
         default="adapter",
@@ -151,7 +152,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
             )
         if args.lengths or args.capacity:
             raise InvalidInput(
-                "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
+                "--lengths/--max-length apply to transformers models (--hf-config/--hf-model);"
                 " the tiny decoder runs the fixture and random layouts"
             )
         from seqpack.verify.decoder_report import verify_tiny

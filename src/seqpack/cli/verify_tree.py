@@ -93,8 +93,8 @@ def _print(report: dict) -> None:
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
+    from seqpack.cli.flags import from_arguments
     from seqpack.io.tree_files import tree_file_groups, tree_stats
-    from seqpack.pipeline.options import from_arguments
     from seqpack.pipeline.tree_options import TreeOptions
 
     topts = from_arguments(args, "stats", TreeOptions)
@@ -106,9 +106,9 @@ def cmd_stats_tree(args: argparse.Namespace) -> int:
         mode=topts.tree or "on",
         prefix=topts.tree_prefix,
         window=topts.tree_window,
-        tokenizer=from_arguments(args, "stats").load_tokenizer(),
+        tokenizer=(options := from_arguments(args, "stats")).load_tokenizer(),
     )
-    report = tree_stats(groups, args.capacity, policy)
+    report = tree_stats(groups, options.capacity, policy)
     if args.json:
         print(json.dumps(report))
         return 0

@@ -279,7 +279,7 @@ def split_oversized(
         i = int(np.argmax(lengths > capacity))
         raise OversizedExample(
             f"sequence {i} (in trie order) has {int(lengths[i])} prediction pairs; capacity is"
-            f" {capacity} — raise --capacity or drop the sequence"
+            f" {capacity} — raise --max-length or drop the sequence"
         )
     own = lengths - lcp
     csum = np.concatenate([[0], np.cumsum(own)])

@@ -327,7 +327,7 @@ def pack(
 
     ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
     ``engine`` the Ray ones (:class:`~seqpack.ray.ray_options.RayOptions`); keywords
-    override fields of either (``capacity=4096, block_examples=10_000``).
+    override fields of either (``max_length=4096, block_examples=10_000``).
     Text is tokenized in the tasks, block by block, with the tokenizer the
     driver loaded (shipped through the object store). Statistics are
     :func:`seqpack.pipeline.local.pack_path`'s plus ``blocks``,
