@@ -1,6 +1,6 @@
 """Hugging Face ``datasets`` in and out: pack a Dataset into a packed Dataset, and back.
 
-``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
+``pack_dataset(ds, max_length)`` takes a ``datasets.Dataset`` with an
 ``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
 see :mod:`seqpack.io.columns`) and returns one output row per packed row, with the
 columns of the packed format (:mod:`seqpack.io.shards`: ``tokens``,
