@@ -172,6 +172,9 @@ def test_max_length_is_the_input_ids_width_in_every_format(tmp_path, jsonl):
     )
     manifest = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("s", "o")]
     assert manifest[0]["statistics"] == manifest[1]["statistics"]
+    both = seqpack(*base, "--capacity", 64, "--out", tmp_path / "b")
+    assert both.returncode == 2 and both.stderr.count("\n") == 1
+    assert "--capacity: not allowed with argument --max-length" in both.stderr
     missing = seqpack("pack", jsonl, "--vocab-size", 1000, "--out", tmp_path / "m")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "required: --max-length" in missing.stderr

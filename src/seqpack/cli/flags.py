@@ -153,9 +153,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
         parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
         if parse is not None:
             kwargs["type"] = argparse_type(parse, f.metadata["flag"])
-        parser.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
-    if cls is PackOptions:
-        old_capacity(parser, "max_length")
+        target: Any = parser
+        if f.name == "max_length":  # and its old name, never both
+            target = parser.add_mutually_exclusive_group()
+            old_capacity(target, "max_length")
+        target.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
 
 
 def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptions) -> Any:
@@ -186,7 +188,7 @@ class OldName(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def old_capacity(parser: argparse.ArgumentParser, dest: str) -> None:
+def old_capacity(parser: Any, dest: str) -> None:
     """``--capacity N``, the 0.x name of ``--max-length``, kept one release (not in --help)."""
     convert = argparse_type(parse_int, "--capacity")
     parser.add_argument(

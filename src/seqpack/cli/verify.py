@@ -31,14 +31,15 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         help="prediction pairs of the examples to pack (default: six examples, the longest"
         " 2*window+3 for a model with a sliding window)",
     )
-    p.add_argument(
+    width = p.add_mutually_exclusive_group()
+    old_capacity(width, "capacity")
+    width.add_argument(
         "--max-length",
         dest="capacity",
         type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
         metavar="N",
         help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
     )
-    old_capacity(p, "capacity")
     p.add_argument(
         "--mode",
         default="adapter",

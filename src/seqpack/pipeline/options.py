@@ -285,8 +285,6 @@ class PackOptions:
                 f" {', '.join(sorted(names))}"
             )
         if options is None:
-            if "max_length" not in overrides and "capacity" not in overrides:
-                raise InvalidInput("max_length is required: pass max_length=N (tokens a row holds)")
             return cls(**overrides)
         if not isinstance(options, cls):
             raise InvalidInput(
