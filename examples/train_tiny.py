@@ -2,7 +2,7 @@
 
 The Python standard library's ``*.py`` files (sorted walk), cut before each
 top-level definition into units of varied length, go through the built-in
-byte tokenizer; units longer than ``--capacity`` prediction pairs are split
+byte tokenizer; units longer than ``--max-length`` prediction pairs are split
 into ranges (every pair kept once) or, with ``--long drop``, left out. They
 are packed best-fit-decreasing into a packed directory and trained through
 the whole seqpack data path:
@@ -268,7 +268,10 @@ def main() -> None:
     p.add_argument("--bench-steps", type=int, default=10, help="steps timed per layout and run")
     p.add_argument("--bench-repeats", type=int, default=3, help="timed runs per layout")
     p.add_argument("--max-files", type=int, default=300, help="stdlib files to read")
-    p.add_argument("--capacity", type=int, default=512, help="prediction pairs per row")
+    p.add_argument(
+        "--max-length", "--capacity", dest="capacity", type=int, default=512,
+        help="tokens per row, the input_ids width (--capacity: its old name)",
+    )  # fmt: skip
     p.add_argument(
         "--long", choices=("split", "drop"), default="split", help="units over the capacity"
     )

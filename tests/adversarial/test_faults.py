@@ -147,7 +147,7 @@ def test_a_kill_before_any_write_step_never_publishes_a_partial_output(data, tmp
 
 
 #: The command line's options, the same as the sweep's (next-fit unless overridden).
-OPTIONS = ("--capacity", "64", "--vocab-size", "500", "--policy", "next-fit")
+OPTIONS = ("--max-length", "64", "--vocab-size", "500", "--policy", "next-fit")
 
 
 def _packing(data, out, *extra):
@@ -271,7 +271,7 @@ def _pack_signalled(tmp_path, stage, signum, *extra):
         str(data),
         "--out",
         str(tmp_path / "out"),
-        "--capacity",
+        "--max-length",
         "4",
         "--vocab-size",
         "10",
@@ -329,7 +329,7 @@ def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(shards.pq, "write_table", full)
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
-    code = main(["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4",
+    code = main(["pack", str(data), "--out", str(tmp_path / "out"), "--max-length", "4",
                  "--vocab-size", "10"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
@@ -355,7 +355,7 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
         "sys.exit(main(sys.argv[1:]))\n"
     )
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
-    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--capacity", "4"]
+    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--max-length", "4"]
     proc = subprocess.run(
         [sys.executable, "-c", script, *args, "--vocab-size", "10"],
         capture_output=True,

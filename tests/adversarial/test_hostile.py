@@ -69,7 +69,7 @@ def test_json_output_carries_the_duplicate_count(tmp_path):
     path = tmp_path / DATA
     path.write_text('{"id": 1, "input_ids": [0, 5, 1]}\n' * 3)
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack", "stats", path, "--capacity", "8", "--json"],
+        [sys.executable, "-m", "seqpack", "stats", path, "--max-length", "8", "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -110,10 +110,10 @@ def test_the_real_entry_point_agrees_with_the_in_process_cli(name, tmp_path):
 def test_argparse_refuses_a_non_integer_capacity_in_one_line(tmp_path, capsys):
     from seqpack.cli import main
 
-    code = main(["pack", "x.jsonl", "--out", str(tmp_path / "o"), "--capacity", "lots"])
+    code = main(["pack", "x.jsonl", "--out", str(tmp_path / "o"), "--max-length", "lots"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert err.startswith("seqpack pack: error: --capacity 'lots' is not a whole number")
+    assert err.startswith("seqpack pack: error: --max-length 'lots' is not a whole number")
     assert not (tmp_path / "o").exists()
 
 
@@ -131,7 +131,7 @@ def test_docs_reliability_lists_every_case_as_generated():
     ("text", "size"), [("123", 123), ("1K", 1024), ("1.5M", 3 << 19), ("2GiB", 2 << 30)]
 )
 def test_byte_sizes_on_the_command_line(text, size):
-    from seqpack.core.checks import parse_byte_size
+    from seqpack.cli.flags import parse_byte_size
 
     assert parse_byte_size(text, "--max-metadata-bytes") == size
 
@@ -139,6 +139,6 @@ def test_byte_sizes_on_the_command_line(text, size):
 def test_a_bad_byte_size_is_refused(capsys):
     from seqpack.cli import main
 
-    code = main(["pack", "x", "--out", "o", "--capacity", "4", "--max-metadata-bytes", "lots"])
+    code = main(["pack", "x", "--out", "o", "--max-length", "4", "--max-metadata-bytes", "lots"])
     assert code == 2
     assert "'lots' is not a byte size like 512M or 2G" in capsys.readouterr().err

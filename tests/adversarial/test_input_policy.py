@@ -233,7 +233,7 @@ def test_a_compressed_corpus_packs_as_the_plain_file(tmp_path, suffix, compress)
 def test_standard_input_and_a_gzip_file_pack_as_the_plain_file(tmp_path):
     (tmp_path / "c.jsonl").write_bytes(_jsonl())
     (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(_jsonl()))
-    argv = ["--capacity", "8", "--vocab-size", "300", "--policy", "next-fit"]
+    argv = ["--max-length", "8", "--vocab-size", "300", "--policy", "next-fit"]
 
     def cli(source, out, stdin=None):
         proc = subprocess.run(
@@ -252,7 +252,7 @@ def test_standard_input_and_a_gzip_file_pack_as_the_plain_file(tmp_path):
 def test_a_bad_line_on_standard_input_is_named_without_a_second_read(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "seqpack", "pack", "-", "--out", str(tmp_path / "o"),
-         "--capacity", "8", "--vocab-size", "300"],
+         "--max-length", "8", "--vocab-size", "300"],
         input=_jsonl(DOCS[:3]) + b'{"input_ids": [0, 1\n', capture_output=True, text=False,
         timeout=120, check=False,
     )  # fmt: skip

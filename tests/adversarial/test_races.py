@@ -43,7 +43,7 @@ shards._write_shard = paused
 from seqpack.cli import main
 sys.exit(main(sys.argv[3:]))
 """
-OPTIONS = ["--capacity", "16", "--vocab-size", "500", "--policy", "next-fit"]
+OPTIONS = ["--max-length", "16", "--vocab-size", "500", "--policy", "next-fit"]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def test_a_fifo_is_refused_at_once_never_opened_for_reading(tmp_path, name):
     os.mkfifo(path)
     source = path if "/" not in name else path.parent
     # no writer ever opens the FIFO: reading it would block forever
-    proc = seqpack("pack", source, "--out", tmp_path / "out", "--capacity", 8,
+    proc = seqpack("pack", source, "--out", tmp_path / "out", "--max-length", 8,
                    "--vocab-size", 10, timeout=60)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1

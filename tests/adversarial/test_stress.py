@@ -167,7 +167,7 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"input_ids": [0, 5, 1]}\n' * 10)
-    args = ["pack", str(path), "--out", str(tmp_path / "out"), "--capacity", "4096",
+    args = ["pack", str(path), "--out", str(tmp_path / "out"), "--max-length", "4096",
             "--vocab-size", "10", "--max-metadata-bytes", "64M", "--policy", "stream-best-fit",
             "--option", "window=50000000"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "seqpack", *args], capture_output=True, text=True)

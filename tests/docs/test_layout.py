@@ -221,7 +221,7 @@ def test_entry_points_declare_no_packing_option_of_their_own():
 
 def test_every_option_flag_reaches_the_command_line():
     from seqpack.cli import build_parser
-    from seqpack.pipeline.options import cli_flags
+    from seqpack.cli.flags import cli_flags
 
     sub = build_parser()._subparsers._group_actions[0].choices
     for command in ("pack", "stats"):

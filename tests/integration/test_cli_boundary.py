@@ -112,9 +112,9 @@ def test_control_characters_of_a_file_name_are_escaped_on_the_terminal(tmp_path)
             capture_output=True, cwd=tmp_path, env=env, check=False,
         )  # fmt: skip
 
-    refused = run("pack", evil, "--capacity", "3", "--out", out)
-    packed = run("pack", evil, "--capacity", "64", "--out", out, "--progress")
-    stats = run("stats", evil, "--capacity", "3")
+    refused = run("pack", evil, "--max-length", "3", "--out", out)
+    packed = run("pack", evil, "--max-length", "64", "--out", out, "--progress")
+    stats = run("stats", evil, "--max-length", "3")
     assert refused.returncode == 2 and packed.returncode == 0 and stats.returncode == 0
     assert b"e\\x1b[31mvil\\x07.jsonl" in refused.stderr
     assert b"wrote o\\x1b[2Jut:" in packed.stdout and b"e\\x1b[31mvil\\x07.jsonl" in packed.stderr

@@ -127,7 +127,7 @@ with open("d.jsonl", "w") as f:
     for i in range(20):
         f.write(json.dumps({"id": f"doc-{i}", "text": "abc" * (i + 1)}) + "\\n")
 for fmt in ("seqpack", "trl"):
-    code = main(["pack", "d.jsonl", "--tokenizer", "bytes", "--capacity", "128", "--format", fmt,
+    code = main(["pack", "d.jsonl", "--tokenizer", "bytes", "--max-length", "128", "--format", fmt,
                  "--out", "out-" + fmt])
     assert code == 0, code
 heavy = ("pandas", "torch", "transformers", "tokenizers", "datasets", "matplotlib", "ray")

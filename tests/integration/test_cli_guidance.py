@@ -49,7 +49,7 @@ def test_out_on_a_folder_seqpack_did_not_write_never_suggests_overwrite(tmp_path
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     for extra in ([], ["--overwrite"]):
-        argv = ["pack", str(data), "--tokenizer", "bytes", "--capacity", "64", "--out", str(mine)]
+        argv = ["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(mine)]
         assert main([*argv, *extra]) == 2
         err = _one_line(capsys)
         assert "not a seqpack output" in err and "choose another --out" in err
@@ -57,7 +57,7 @@ def test_out_on_a_folder_seqpack_did_not_write_never_suggests_overwrite(tmp_path
     assert (mine / "notes.txt").read_text() == "keep me"
     # a real seqpack output still says --overwrite, which then works
     out = tmp_path / "out"
-    argv = ["pack", str(data), "--tokenizer", "bytes", "--capacity", "64", "--out", str(out)]
+    argv = ["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(out)]
     assert main(argv) == 0
     capsys.readouterr()
     assert main(argv) == 2 and "pass --overwrite" in _one_line(capsys)
@@ -68,24 +68,24 @@ def test_a_packed_folder_given_as_input_is_recognised_as_packed(tmp_path, capsys
     data = _texts(tmp_path, [5, 7, 9])
     out = tmp_path / "packed"
     assert (
-        main(["pack", str(data), "--tokenizer", "bytes", "--capacity", "64", "--out", str(out)])
+        main(["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(out)])
         == 0
     )
     capsys.readouterr()
     shard = next(out.glob("*.parquet"))
     for argv in (
-        ["pack", str(out), "--capacity", "64", "--out", str(tmp_path / "again")],
+        ["pack", str(out), "--max-length", "64", "--out", str(tmp_path / "again")],
         [
             "pack",
             str(shard),
             "--vocab-size",
             "300",
-            "--capacity",
+            "--max-length",
             "64",
             "--out",
             str(tmp_path / "x"),
         ],
-        ["stats", str(out), "--capacity", "64"],
+        ["stats", str(out), "--max-length", "64"],
     ):
         assert main(argv) == 2
         err = _one_line(capsys)
@@ -100,7 +100,7 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
     pairs = lengths + 1  # the byte tokenizer adds BOS and EOS: n bytes -> n + 1 pairs
     capacity = 300
     assert (
-        main(["stats", str(data), "--tokenizer", "bytes", "--capacity", str(capacity), "--json"])
+        main(["stats", str(data), "--tokenizer", "bytes", "--max-length", str(capacity), "--json"])
         == 0
     )
     captured = capsys.readouterr()
@@ -119,7 +119,7 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
     assert f"{over['examples']} of 500 examples are longer than capacity 300" in err
     assert f"capacity {fits[0]} fits 99%" in err and "--split-long" in err
     # nothing fits: one error line, exit 2, still counting them all
-    assert main(["stats", str(data), "--tokenizer", "bytes", "--capacity", "1"]) == 2
+    assert main(["stats", str(data), "--tokenizer", "bytes", "--max-length", "1"]) == 2
     err = _one_line(capsys)
     assert "500 of 500 examples are longer than capacity 1" in err and "none fits" in err
 
@@ -131,7 +131,7 @@ def test_version_and_trl_s_policy_name(tmp_path, capsys):
         main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"seqpack {__version__}"
     data = _texts(tmp_path, [5, 30, 7, 9, 50, 2])
-    assert main(["pack", str(data), "--tokenizer", "bytes", "--capacity", "64", "--policy", "bfd",
+    assert main(["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--policy", "bfd",
                  "--out", str(tmp_path / "o"), "--json"]) == 0  # fmt: skip
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     want = plan_rows(np.array([5, 30, 7, 9, 50, 2]) + 1, 64, "best-fit-decreasing")
@@ -140,7 +140,7 @@ def test_version_and_trl_s_policy_name(tmp_path, capsys):
 
 def test_a_pipe_gets_periodic_plain_lines_with_progress_and_nothing_without(tmp_path):
     data = _texts(tmp_path, np.arange(1, 400))
-    args = ("pack", data, "--tokenizer", "bytes", "--capacity", "512", "--chunk-bytes", "4000")
+    args = ("pack", data, "--tokenizer", "bytes", "--max-length", "512", "--chunk-bytes", "4000")
     often = {"SEQPACK_PROGRESS_SECONDS": "0.001"}
     quiet = run(*args, "--out", tmp_path / "a", env=often)
     assert quiet.returncode == 0 and quiet.stderr == ""  # a pipe, not asked: stderr stays clean
@@ -185,7 +185,7 @@ def _on_a_pty(argv, columns):
 def test_a_pty_without_a_size_gets_plain_lines_and_a_sized_one_a_bar(tmp_path):
     data = _texts(tmp_path, [5, 7, 9])
     argv = [sys.executable, "-m", "seqpack", "pack", str(data), "--tokenizer", "bytes",
-            "--capacity", "64", "--out"]  # fmt: skip
+            "--max-length", "64", "--out"]  # fmt: skip
     proc, err = _on_a_pty([*argv, str(tmp_path / "a")], 0)  # a new pty reports 0 columns
     assert proc.returncode == 0
     assert "seqpack: reading: " in err and "seqpack: writing: " in err

@@ -40,7 +40,7 @@ def jsonl(tmp_path, records):
 def test_pack_json_stats_and_exact_round_trip(tmp_path, jsonl, records):
     out = tmp_path / "packed"
     proc = seqpack(
-        "pack", jsonl, "--capacity", 128, "--policy", "best-fit-decreasing", "--out", out,
+        "pack", jsonl, "--max-length", 128, "--policy", "best-fit-decreasing", "--out", out,
         "--vocab-size", 1000, "--json", "--max-rows-per-batch", 3,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -72,7 +72,7 @@ def test_parquet_folder_and_datasets_folder_inputs(tmp_path, records):
     results = []
     for source in (shards, tmp_path / "ds"):
         out = tmp_path / f"out-{source.name}"
-        proc = seqpack("pack", source, "--capacity", 100, "--policy", "next-fit", "--out", out,
+        proc = seqpack("pack", source, "--max-length", 100, "--policy", "next-fit", "--out", out,
                        "--vocab-size", 1000, "--json")  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         results.append(json.loads(proc.stdout.splitlines()[-1]))
@@ -90,7 +90,7 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
     args = (
         "pack",
         path,
-        "--capacity",
+        "--max-length",
         40,
         "--policy",
         "next-fit",
@@ -122,12 +122,12 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
     [
         ((), "pre-tokenized input needs --vocab-size"),
         (("--vocab-size", 10), "is not below the vocabulary size 10"),
-        (("--vocab-size", 1000, "--capacity", 8), "prediction pairs; capacity is 8"),
+        (("--vocab-size", 1000, "--max-length", 8), "prediction pairs; capacity is 8"),
         (("--vocab-size", 1000, "--policy", "nope"), "unknown policy 'nope'"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(tmp_path, jsonl, extra, message):
-    args = ["pack", jsonl, "--out", tmp_path / "out", "--policy", "next-fit", "--capacity", 64]
+    args = ["pack", jsonl, "--out", tmp_path / "out", "--policy", "next-fit", "--max-length", 64]
     proc = seqpack(*args, *extra)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("seqpack pack: error: ")
@@ -137,7 +137,7 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path, jsonl, extra, message):
 
 def test_stats_json_table_and_plot(tmp_path, jsonl, records):
     png = tmp_path / "stats.png"
-    proc = seqpack("stats", jsonl, "--capacity", 128, "--json", "--plot", png)
+    proc = seqpack("stats", jsonl, "--max-length", 128, "--json", "--plot", png)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.splitlines()[-1])
     assert [p["policy"] for p in report["policies"]] == list(POLICIES)
@@ -145,6 +145,52 @@ def test_stats_json_table_and_plot(tmp_path, jsonl, records):
     for entry in report["policies"]:
         assert entry["rows"] == plan_rows(lengths, 128, entry["policy"]).num_rows
     assert png.read_bytes()[:4] == b"\x89PNG"
-    text = seqpack("stats", jsonl, "--capacity", 128, "--policy", "next-fit")
+    text = seqpack("stats", jsonl, "--max-length", 128, "--policy", "next-fit")
     assert text.returncode == 0 and "next-fit" in text.stdout and "rows/LB" in text.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "stats.png"]
+
+
+def test_max_length_is_the_input_ids_width_in_every_format(tmp_path, jsonl):
+    """One --max-length, two formats: seqpack rows are input_ids of exactly N tokens (a cell
+    per input token), TRL rows at most N tokens (TRL's max_length); --capacity, its old name,
+    packs the same rows with one deprecation line."""
+    from seqpack.training import PackedCollator, PackedDataset
+
+    base = ("pack", jsonl, "--vocab-size", 1000, "--max-length", 64, "--json")
+    assert seqpack(*base, "--out", tmp_path / "s").returncode == 0
+    assert seqpack(*base, "--out", tmp_path / "t", "--format", "trl").returncode == 0
+    rows = PackedDataset(tmp_path / "s")
+    assert PackedCollator()(rows[0])["input_ids"].shape[1] == 64 == rows.capacity
+    trl = pq.read_table(sorted((tmp_path / "t").glob("*.parquet"))[0])
+    widths = [len(ids) for ids in trl.column("input_ids").to_pylist()]
+    assert max(widths) <= 64 and max(widths) > 32
+    old = seqpack("pack", jsonl, "--vocab-size", 1000, "--capacity", 64, "--out", tmp_path / "o")
+    assert old.returncode == 0
+    assert old.stderr == (
+        "seqpack pack: warning: --capacity is deprecated; pass --max-length 64 (the same"
+        " number: tokens per row)\n"
+    )
+    manifest = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("s", "o")]
+    assert manifest[0]["statistics"] == manifest[1]["statistics"]
+    both = seqpack(*base, "--capacity", 64, "--out", tmp_path / "b")
+    assert both.returncode == 2 and both.stderr.count("\n") == 1
+    assert "--capacity: not allowed with argument --max-length" in both.stderr
+    missing = seqpack("pack", jsonl, "--vocab-size", 1000, "--out", tmp_path / "m")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "required: --max-length" in missing.stderr
+
+
+def test_capacity_keyword_still_works_with_a_deprecation_warning():
+    from seqpack.pipeline.options import PackOptions
+
+    with pytest.warns(DeprecationWarning, match="max_length"):
+        old = PackOptions(capacity=64, vocab_size=10)
+    with pytest.warns(DeprecationWarning, match="max_length"):
+        again = PackOptions.of(capacity=64, vocab_size=10)
+    assert (
+        old == again == PackOptions(max_length=64, vocab_size=10) == PackOptions(64, vocab_size=10)
+    )
+    assert old.capacity == old.max_length == 64
+    assert PackOptions(max_length=64, format="trl").pair_capacity == 63
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="capacity must be"):
+        PackOptions(capacity=0)

@@ -16,7 +16,7 @@ def packed(tmp_path):
     docs = {"A": [0, 99, 100, 1], "B": [0, 101, 1], "C": [0, 102, 103, 104, 1]}
     data.write_text("".join(json.dumps({"id": k, "input_ids": v}) + "\n" for k, v in docs.items()))
     out = tmp_path / "abc"
-    argv = ["pack", str(data), "--vocab-size", "266", "--capacity", "6", "--policy", "next-fit"]
+    argv = ["pack", str(data), "--vocab-size", "266", "--max-length", "6", "--policy", "next-fit"]
     assert main([*argv, "--out", str(out)]) == 0
     return out
 

@@ -40,7 +40,7 @@ def test_help_still_prints_the_usage_and_exits_0(capsys):
     with pytest.raises(SystemExit) as info:
         main(["pack", "--help"])
     assert info.value.code == 0
-    assert "--capacity CAPACITY" in capsys.readouterr().out
+    assert "--max-length N" in capsys.readouterr().out
 
 
 def test_a_tokenizer_folder_s_code_never_runs_and_nothing_is_asked(tmp_path):
@@ -51,7 +51,7 @@ def test_a_tokenizer_folder_s_code_never_runs_and_nothing_is_asked(tmp_path):
     (tmp_path / DATA).write_bytes(lines({"text": "hi"}))
     for command in (["pack", DATA, "--out", "out"], ["stats", DATA]):
         proc = subprocess.run(
-            [sys.executable, "-m", "seqpack", *command, "--capacity", "8", "--tokenizer", "tok"],
+            [sys.executable, "-m", "seqpack", *command, "--max-length", "8", "--tokenizer", "tok"],
             input="y\ny\n", capture_output=True, text=True, check=False, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 2 and proc.stdout == ""

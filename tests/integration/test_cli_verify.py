@@ -182,7 +182,7 @@ def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, m
     ("args", "message"),
     [
         (["--hf-config", CONFIG, "--lengths", "70"], "max_position_embeddings 64"),
-        (["--hf-config", CONFIG, "--lengths", "40,20", "--capacity", "30"], "does not fit"),
+        (["--hf-config", CONFIG, "--lengths", "40,20", "--max-length", "30"], "does not fit"),
         (["--lengths", "4,2"], "transformers models"),
     ],
 )

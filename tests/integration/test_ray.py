@@ -384,7 +384,7 @@ def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
         str(shards),
         "--engine",
         "ray",
-        "--capacity",
+        "--max-length",
         str(CAPACITY),
         "--vocab-size",
         str(VOCAB),
@@ -403,7 +403,7 @@ def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("seqpack pack: error: ") and "not below the vocabulary size 10" in err
     assert (
-        main(["pack", str(shards), "--capacity", "8", "--out", "y", "--block-examples", "9"]) == 2
+        main(["pack", str(shards), "--max-length", "8", "--out", "y", "--block-examples", "9"]) == 2
     )
     assert "need --engine ray" in capsys.readouterr().err
 
@@ -458,7 +458,7 @@ def test_duplicate_ids_are_counted_across_blocks_like_the_local_pipeline(
     assert (
         "duplicate_ids" not in a["statistics"] and a["statistics"].keys() == b["statistics"].keys()
     )
-    argv = ["pack", str(folder), "--engine", "ray", "--capacity", str(CAPACITY)]
+    argv = ["pack", str(folder), "--engine", "ray", "--max-length", str(CAPACITY)]
     argv += ["--vocab-size", str(VOCAB), "--block-examples", "50", "--json"]
     assert main([*argv, "--out", str(tmp_path / "cli")]) == 0
     out, err = capsys.readouterr()
@@ -494,7 +494,7 @@ def test_the_metadata_budget_applies_per_block(ray_instance, records, tmp_path, 
     assert msg.startswith(f"block {biggest} (") and f"part-{biggest:02d}.parquet" in msg
     assert f"needs {limit:,} bytes but max_metadata_bytes is {limit - 1:,}" in msg
     assert _no_output(tmp_path)
-    argv = ["pack", str(folder), "--engine", "ray", "--capacity", str(CAPACITY)]
+    argv = ["pack", str(folder), "--engine", "ray", "--max-length", str(CAPACITY)]
     argv += ["--vocab-size", str(VOCAB), "--out", str(tmp_path / "out")]
     assert main([*argv, "--max-metadata-bytes", str(limit - 1)]) == 2
     err_lines = capsys.readouterr().err.strip().splitlines()

@@ -119,7 +119,7 @@ def test_cli_packs_text_on_two_nodes_like_the_local_engine(cluster, corpus, loca
     jsonl, _, tok = corpus
     out = tmp_path / "out"
     argv = ["pack", str(jsonl), "--engine", "ray", "--ray-address", cluster.address]
-    argv += ["--tokenizer", str(tok), "--split-long", "--capacity", str(CAPACITY)]
+    argv += ["--tokenizer", str(tok), "--split-long", "--max-length", str(CAPACITY)]
     argv += ["--block-examples", "16", "--out", str(out), "--json"]
     proc = subprocess.run(
         [sys.executable, "-m", "seqpack", *argv], capture_output=True, text=True, timeout=120

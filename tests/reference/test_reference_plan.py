@@ -17,15 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
+from seqpack.cli.flags import parse_byte_size, parse_count, parse_option
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.checks import (
     MAX_OPTION_VALUE,
     MAX_TREE_CAPACITY,
     check_lengths,
     check_tree_capacity,
-    parse_byte_size,
-    parse_count,
-    parse_option,
     positive_int,
 )
 from seqpack.core.plan import validate_plan
@@ -187,7 +185,7 @@ def test_labels_name_the_oversized_example():
         plan_rows([2, 9], 8, labels=lambda i: f"example {i} ('doc-{i}')")
     assert str(err.value) == (
         "example 1 ('doc-1') has 9 prediction pairs; capacity is 8"
-        " — raise --capacity or pre-split with --split-long"
+        " — raise --max-length or pre-split with --split-long"
     )
 
 

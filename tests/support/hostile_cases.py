@@ -65,7 +65,7 @@ def lines(*records: Any) -> bytes:
 
 
 def _pack(*, data: str = DATA, capacity: int = 8, vocab: int | None = 300, **kw: Any) -> Any:
-    return pack_path(data, OUT, capacity=capacity, vocab_size=vocab, policy="next-fit", **kw)
+    return pack_path(data, OUT, max_length=capacity, vocab_size=vocab, policy="next-fit", **kw)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Case:
 
 
 def _pack_argv(*extra: str, data: str = DATA, capacity: int = 8, vocab: int | None = 300):
-    argv = ["pack", data, "--out", OUT, "--capacity", str(capacity), "--policy", "next-fit"]
+    argv = ["pack", data, "--out", OUT, "--max-length", str(capacity), "--policy", "next-fit"]
     if vocab is not None:
         argv += ["--vocab-size", str(vocab)]
     return (*argv, *extra)
@@ -97,7 +97,7 @@ def _ok_docs(n: int = 2) -> list[dict]:
 
 def _existing_output(folder: Path) -> None:
     with contextlib.redirect_stderr(io.StringIO()):
-        pack_path(folder / DATA, folder / OUT, capacity=8, vocab_size=300, policy="next-fit")
+        pack_path(folder / DATA, folder / OUT, max_length=8, vocab_size=300, policy="next-fit")
 
 
 def _foreign_folder(folder: Path) -> None:
@@ -611,28 +611,30 @@ CASES: list[Case] = [
     ),
     Case(
         "capacity-zero",
-        "`--capacity 0`",
+        "`--max-length 0`",
         {DATA: lines(*_ok_docs())},
         _pack_argv(capacity=0),
         lambda: _pack(capacity=0),
         InvalidInput,
-        ("capacity must be an integer in [1, 2,147,483,647], got 0",),
+        ("max_length must be an integer in [1, 2,147,483,647], got 0",),
     ),
     Case(
         "capacity-absurd",
-        "`--capacity 2**40`",
+        "`--max-length 2**40`",
         {DATA: lines(*_ok_docs())},
         _pack_argv(capacity=2**40),
         lambda: _pack(capacity=2**40),
         InvalidInput,
-        (f"capacity must be an integer in [1, 2,147,483,647], got {2**40}",),
+        (f"max_length must be an integer in [1, 2,147,483,647], got {2**40}",),
     ),
     Case(
         "capacity-beyond-best-fit",
         "a capacity beyond best-fit-decreasing's index",
         {DATA: lines(*_ok_docs())},
         (*_pack_argv(capacity=2**23), "--policy", "best-fit-decreasing"),
-        lambda: pack_path(DATA, OUT, capacity=2**23, vocab_size=300, policy="best-fit-decreasing"),
+        lambda: pack_path(
+            DATA, OUT, max_length=2**23, vocab_size=300, policy="best-fit-decreasing"
+        ),
         InvalidInput,
         ("capacity 8,388,608 exceeds 4,194,304", "use first-fit-decreasing or next-fit"),
     ),
@@ -751,8 +753,8 @@ CASES: list[Case] = [
         "out-dot",
         "`--out .` (the current folder, not a new one)",
         {DATA: lines(*_ok_docs())},
-        ("pack", DATA, "--out", ".", "--capacity", "8", "--vocab-size", "300", "--overwrite"),
-        lambda: pack_path(DATA, ".", capacity=8, vocab_size=300, overwrite=True),
+        ("pack", DATA, "--out", ".", "--max-length", "8", "--vocab-size", "300", "--overwrite"),
+        lambda: pack_path(DATA, ".", max_length=8, vocab_size=300, overwrite=True),
         InvalidInput,
         ("--out '.' names an existing folder by '.', '..' or '/'", "e.g. --out ./packed"),
     ),
@@ -760,8 +762,8 @@ CASES: list[Case] = [
         "out-empty",
         '`--out ""`',
         {DATA: lines(*_ok_docs())},
-        ("pack", DATA, "--out", "", "--capacity", "8", "--vocab-size", "300"),
-        lambda: pack_path(DATA, "", capacity=8, vocab_size=300),
+        ("pack", DATA, "--out", "", "--max-length", "8", "--vocab-size", "300"),
+        lambda: pack_path(DATA, "", max_length=8, vocab_size=300),
         InvalidInput,
         ("--out is empty", "name the output folder, e.g. --out packed"),
     ),
@@ -791,8 +793,8 @@ CASES: list[Case] = [
         "out-under-a-file",
         "`--out` inside a path that is a file",
         {DATA: lines(*_ok_docs())},
-        ("pack", DATA, "--out", f"{DATA}/out", "--capacity", "8", "--vocab-size", "300"),
-        lambda: pack_path(DATA, f"{DATA}/out", capacity=8, vocab_size=300),
+        ("pack", DATA, "--out", f"{DATA}/out", "--max-length", "8", "--vocab-size", "300"),
+        lambda: pack_path(DATA, f"{DATA}/out", max_length=8, vocab_size=300),
         InvalidInput,
         ("cannot create the output folder", "choose a writable --out"),
     ),
@@ -989,7 +991,7 @@ CASES += [
         "inputs-mix-formats",
         "two inputs of different formats (`data.jsonl` and a `.parquet`)",
         {DATA: lines(*_ok_docs())},
-        ("pack", DATA, "x.parquet", "--out", OUT, "--capacity", "8", "--vocab-size", "300"),
+        ("pack", DATA, "x.parquet", "--out", OUT, "--max-length", "8", "--vocab-size", "300"),
         lambda: _pack(data=[DATA, "x.parquet"]),  # type: ignore[arg-type]
         InvalidInput,
         ("the inputs mix Parquet and JSON Lines files",),
@@ -1088,19 +1090,20 @@ def _flag(flag: str, value: str, *extra: str) -> tuple[str, ...]:
     return (*_pack_argv(*extra), flag, value)
 
 
-_STATS = ("stats", DATA, "--capacity", "8")
+_STATS = ("stats", DATA, "--max-length", "8")
 
 USAGE: list[Usage] = [
-    Usage("capacity-inf", "`--capacity inf`", ("pack", DATA, "--out", OUT, "--capacity", "inf"),
-          ("--capacity 'inf' is not a whole number", "write e.g. 4096")),
-    Usage("capacity-nan", "`--capacity nan`", ("pack", DATA, "--out", OUT, "--capacity", "nan"),
-          ("--capacity 'nan' is not a whole number",)),
-    Usage("capacity-fraction", "`--capacity 4096.0`",
-          ("pack", DATA, "--out", OUT, "--capacity", "4096.0"), ("'4096.0' is not a whole",)),
-    Usage("capacity-exponent", "`--capacity 1e3`",
-          ("pack", DATA, "--out", OUT, "--capacity", "1e3"), ("'1e3' is not a whole number",)),
-    Usage("capacity-negative", "`--capacity -5`", ("pack", DATA, "--out", OUT, "--capacity", "-5"),
-          ("capacity must be an integer in [1, 2,147,483,647], got -5",)),
+    Usage("capacity-inf", "`--max-length inf`", ("pack", DATA, "--out", OUT, "--max-length", "inf"),
+          ("--max-length 'inf' is not a whole number", "write e.g. 4096")),
+    Usage("capacity-nan", "`--max-length nan`", ("pack", DATA, "--out", OUT, "--max-length", "nan"),
+          ("--max-length 'nan' is not a whole number",)),
+    Usage("capacity-fraction", "`--max-length 4096.0`",
+          ("pack", DATA, "--out", OUT, "--max-length", "4096.0"), ("'4096.0' is not a whole",)),
+    Usage("capacity-exponent", "`--max-length 1e3`",
+          ("pack", DATA, "--out", OUT, "--max-length", "1e3"), ("'1e3' is not a whole number",)),
+    Usage("capacity-negative", "`--max-length -5`",
+          ("pack", DATA, "--out", OUT, "--max-length", "-5"),
+          ("max_length must be an integer in [1, 2,147,483,647], got -5",)),
     Usage("rows-per-call-absurd", "`--max-rows-per-batch` of 10**30",
           _flag("--max-rows-per-batch", "1" + "0" * 30),
           ("--max-rows-per-batch '1000000000000000000000000000000' is beyond any usable size",)),
@@ -1129,7 +1132,7 @@ USAGE: list[Usage] = [
     Usage("verify-seed-inf", "`seqpack verify --seed inf`", ("verify", "--seed", "inf"),
           ("--seed 'inf' is not a whole number",)),
     Usage("missing-out", "`seqpack pack` without `--out`",
-          ("pack", DATA, "--capacity", "8"), ("the following arguments are required: --out",)),
+          ("pack", DATA, "--max-length", "8"), ("the following arguments are required: --out",)),
     Usage("unknown-flag", "a misspelt flag", (*_STATS, "--max-rows", "nan", "--polcy", "x"),
           ("unrecognized arguments: --max-rows nan --polcy x", "(see seqpack stats --help)")),
     Usage("bad-choice", "`--engine spark`", _flag("--engine", "spark"),

@@ -215,7 +215,7 @@ def test_cli_packs_chat_jsonl_and_parquet_with_trl_supervision(folder, reference
         out = tmp_path / f"out-{name}"
         done = subprocess.run(
             [sys.executable, "-m", "seqpack", "pack", tmp_path / name, "--tokenizer", folder,
-             "--chat-template", tmp_path / "train.jinja", "--capacity", "128", "--out", out,
+             "--chat-template", tmp_path / "train.jinja", "--max-length", "128", "--out", out,
              "--assistant-only-loss"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -354,7 +354,7 @@ def test_chat_rows_need_a_transformers_tokenizer_and_a_template(folder, tmp_path
         ).load_tokenizer()
     pq.write_table(ds, tmp_path / "c.parquet")
     code = main(["pack", str(tmp_path / "c.parquet"), "--tokenizer", str(folder),
-                 "--chat-template", str(tmp_path / "missing.jinja"), "--capacity", "8",
+                 "--chat-template", str(tmp_path / "missing.jinja"), "--max-length", "8",
                  "--out", str(tmp_path / "never")])  # fmt: skip
     assert code == 2 and "missing.jinja' is not a file" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()

@@ -156,7 +156,7 @@ def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
     eligible = {}
     for flags in ([], ["--completion-only-loss", "false"], ["--completion-only-loss", "TRUE"]):
         out = tmp_path / f"out{len(eligible)}"
-        args = ["pack", str(path), "--tokenizer", str(folders["marked"]), "--capacity", "64"]
+        args = ["pack", str(path), "--tokenizer", str(folders["marked"]), "--max-length", "64"]
         assert main([*args, "--out", str(out), *flags]) == 0
         found = recovered_examples(load_packed(out))
         eligible[" ".join(flags)] = sum(sum(e["loss"]) for e in found.values())

@@ -118,7 +118,7 @@ shards._write_shard = dying
 import seqpack.pipeline.corpus
 seqpack.pipeline.corpus.KEEP_BYTES = 0  # spilled, however small
 from seqpack.cli import main
-sys.exit(main(["pack", sys.argv[1], "--out", sys.argv[2], "--capacity", "64",
+sys.exit(main(["pack", sys.argv[1], "--out", sys.argv[2], "--max-length", "64",
                "--vocab-size", "300", "--chunk-bytes", "500", "--spill-dir", sys.argv[3],
                "--shard-tokens", "300"]))
 """
@@ -172,7 +172,7 @@ def test_a_full_spill_disk_names_the_spill_folder(tmp_path, corpus, monkeypatch,
 
     monkeypatch.setattr(spill_mod.tempfile, "TemporaryFile", Full)
     spill_dir = tmp_path / "spill"
-    argv = ["pack", str(corpus), "--out", str(tmp_path / "out"), "--capacity", "64",
+    argv = ["pack", str(corpus), "--out", str(tmp_path / "out"), "--max-length", "64",
             "--vocab-size", "300", "--chunk-bytes", "500",
             "--spill-dir", str(spill_dir)]  # fmt: skip
     code = main(argv)

@@ -187,7 +187,7 @@ def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "world"}\n')
-    args = ["pack", str(path), "--capacity", "16", "--out", str(tmp_path / "o")]
+    args = ["pack", str(path), "--max-length", "16", "--out", str(tmp_path / "o")]
     assert main(args) == 2
     first = capsys.readouterr().err.split("error: ")[1]
     assert first.startswith("no --tokenizer given: text input needs --tokenizer")
@@ -253,7 +253,7 @@ def test_the_cli_says_a_setting_was_turned_off_in_one_warning_line(tmp_path, cap
     hostile.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "d.jsonl").write_text('{"text": "hello world packed"}\n')
     args = ["pack", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tokenizer.json")]
-    assert main([*args, "--capacity", "8", "--out", str(tmp_path / "o")]) == 0
+    assert main([*args, "--max-length", "8", "--out", str(tmp_path / "o")]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 1 and err[0].startswith("seqpack pack: warning: ")
     assert "truncation to 2 tokens is turned off" in err[0]

@@ -204,7 +204,7 @@ def test_train_tiny_example_smoke(tmp_path):
     args = "--max-files 20 --steps 3 --compare-steps 2 --bench-steps 2 --bench-repeats 1"
     env = os.environ | {"MPLCONFIGDIR": str(tmp_path / "mpl")}
     run = subprocess.run(
-        [sys.executable, str(script), *args.split(), "--capacity", "128", "--out", str(out)],
+        [sys.executable, str(script), *args.split(), "--max-length", "128", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -53,14 +53,14 @@ def test_stats_tree_json(tmp_path, capsys):
         {"prompt_ids": [1, 2], "completion_ids": [[3, 3, 3], [4]]},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["stats", str(path), "--tree", "--capacity", "16", "--json"]) == 0
+    assert main(["stats", str(path), "--tree", "--max-length", "16", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     flat = sum(len(r["prompt_ids"]) + len(c) - 1 for r in rows for c in r["completion_ids"])
     assert report["tokens_flat"] == flat == 17
     assert report["tokens_stored"] == 11 and report["rows_tree"] == 1 and report["rows_flat"] == 2
     text = tmp_path / "t.jsonl"
     text.write_text(json.dumps({"prompt": "hi", "chosen": "a", "rejected": "b"}) + "\n")
-    assert main(["stats", str(text), "--tree", "--capacity", "16"]) == 2
+    assert main(["stats", str(text), "--tree", "--max-length", "16"]) == 2
     assert "chosen / rejected text but no tokenizer was given" in capsys.readouterr().err
     assert np.isfinite(report["stored_over_flat"])
 

@@ -191,7 +191,7 @@ def test_pad_id_outside_the_vocabulary_is_refused(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in ds["input_ids"]))
     out = tmp_path / "out"
-    run = _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 10,
+    run = _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 10,
                    "--pad-token-id", 12, "--format", "trl")  # fmt: skip
     assert run.returncode == 2 and "pad_token_id 12 is outside" in run.stderr
     assert not out.exists()
@@ -215,7 +215,7 @@ def test_cli_writes_parquet_that_load_dataset_reads(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
     out = tmp_path / "packed"
-    run = _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 266,
+    run = _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
                    "--format", "trl", "--max-rows-per-batch", 1, "--shard-tokens", 8)  # fmt: skip
     assert run.returncode == 0, run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -239,7 +239,7 @@ def test_load_trl_finds_a_damaged_shard_and_refuses_seqpack_format(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
     for fmt in ("trl", "seqpack"):
-        run = _seqpack("pack", src, "--out", tmp_path / fmt, "--capacity", 8,
+        run = _seqpack("pack", src, "--out", tmp_path / fmt, "--max-length", 8,
                        "--vocab-size", 266, "--format", fmt)  # fmt: skip
         assert run.returncode == 0, run.stderr
     with pytest.raises(InvalidInput, match="not a TRL-format output"):
@@ -256,7 +256,7 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
     out = tmp_path / "trl"
-    assert _seqpack("pack", src, "--out", out, "--capacity", 8, "--vocab-size", 266,
+    assert _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
                     "--format", "trl").returncode == 0  # fmt: skip
     import pyarrow.parquet as pq
 

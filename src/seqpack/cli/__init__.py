@@ -1,9 +1,6 @@
-"""``seqpack`` command line: thin over the library.
-
-Each subcommand is a pair ``(add_NAME, cmd_NAME)`` in :data:`COMMANDS`
-(modules ``demo``, ``pack``, ``show``, ``verify`` here); library errors become a
-one-line message and exit code 2.
-"""
+"""``seqpack`` command line, thin over the library: each subcommand is a pair ``(add_NAME,
+cmd_NAME)`` in :data:`COMMANDS`; the packing flags come from the option classes
+(:mod:`seqpack.cli.flags`); a refusal is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -68,8 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message on one line (wrapped third-party messages may hold newlines), with any
-    control character of a file name in it escaped rather than sent to the terminal."""
+    """The message on one line, control characters (of a file name) escaped."""
     return printable(" ".join(str(err).split()))
 
 
@@ -77,10 +73,8 @@ _TERMINATED: list[int] = []
 
 
 def _terminated(signum: int, frame: object) -> None:
-    # SystemExit unwinds like an exception, so a half-written output is removed.
-    # It is remembered too: if it lands inside a third-party import that swallows
-    # it, the module is left half-initialised and a later error must still read
-    # as the termination it is.
+    # SystemExit unwinds (a half-written output is removed); remembered in case a
+    # third-party import swallows it and a later error must still read as termination
     _TERMINATED.append(signum)
     raise SystemExit(128 + signum)
 
@@ -99,11 +93,7 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Usage and library errors: one line, exit 2; other OS errors: one
-    line, exit 1.
-
-    SIGTERM unwinds like Ctrl-C: temporary output is removed before exiting
-    (exit code 143, or 130 on Ctrl-C).
-    """
+    line, exit 1; SIGTERM and Ctrl-C unwind, removing temporary output (143, 130)."""
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -1,8 +1,9 @@
 """``seqpack pack`` and ``seqpack stats``: their flags come from the option classes.
 
 Every packing flag is a field of :class:`~seqpack.pipeline.options.PackOptions`
-(and, for ``--engine ray``, of :class:`~seqpack.ray.ray_options.RayOptions`);
-this module only adds the input, ``--out``, ``--engine`` and ``--json``.
+(``--engine ray``'s of :class:`~seqpack.ray.ray_options.RayOptions`, ``--tree``'s of
+:class:`~seqpack.pipeline.pack_tree.TreeOptions`); :mod:`seqpack.cli.flags`
+builds them; this module adds the input, ``--out``, ``--engine`` and ``--json``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ import json
 import sys
 from typing import Any
 
+from seqpack.cli.flags import add_arguments, from_arguments
 from seqpack.core.errors import InvalidInput
-from seqpack.pipeline.options import add_arguments, from_arguments
 from seqpack.pipeline.pack_tree import TreeOptions
 from seqpack.pipeline.progress import printable
-
-#: Flags of the Ray engine (their fields live in RayOptions, which imports Ray lazily).
-RAY_FLAGS = ("block_examples", "address", "num_cpus")
 
 
 def _add_common(p: argparse.ArgumentParser, command: str) -> None:
@@ -47,20 +45,29 @@ def add_pack(p: argparse.ArgumentParser) -> None:
     add_arguments(p, "pack", RayOptions)
 
 
-def _unit(options: Any) -> str:
-    """What lengths count: prediction pairs, or tokens with --format trl (TRL's unit)."""
-    return "tokens" if options.format == "trl" else "prediction pairs"
+def add_stats(p: argparse.ArgumentParser) -> None:
+    _add_common(p, "stats")
+    p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
+    p.add_argument(
+        "--policy", dest="policies", action="append", help="only these policies (repeatable)"
+    )
 
 
-def _source(args: argparse.Namespace) -> Any:
-    """The input path, or the list of them when several were given."""
+def _checked(args: argparse.Namespace) -> Any:
+    """The input (a path, or the list of several), with the tree flags checked."""
+    if args.tree != "auto" and (args.tree_prefix, args.tree_window) != (None, None):
+        raise InvalidInput("--tree-prefix and --tree-window group rows for --tree auto: add it")
     return args.input[0] if len(args.input) == 1 else list(args.input)
 
 
+def _unit(options: Any) -> str:
+    """What example lengths count: prediction pairs, or tokens with --format trl."""
+    return "tokens" if options.format == "trl" else "prediction pairs"
+
+
 def cmd_pack(args: argparse.Namespace) -> int:
-    args.input = _source(args)
+    args.input = _checked(args)
     options = from_arguments(args, "pack")
-    refuse_tree_flags(args)
     if args.tree is not None:
         from seqpack.cli.verify_tree import cmd_pack_tree
 
@@ -72,7 +79,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         engine = from_arguments(args, "pack", RayOptions)
         stats = ray_engine.pack(args.input, args.out, options, engine)
     else:
-        if any(getattr(args, name) is not None for name in RAY_FLAGS):
+        if (args.block_examples, args.address, args.num_cpus) != (None, None, None):
             raise InvalidInput("--block-examples and --ray-* options need --engine ray")
         from seqpack.pipeline.local import pack_path
 
@@ -81,12 +88,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats))
         return 0
-    unit = _unit(options)
-    cells = " tokens" if unit == "tokens" else ""
     print(
-        f"packed {stats['examples']:,} examples ({stats['tokens']:,} {unit},"
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} {_unit(options)},"
         f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
-        f" {stats['rows']:,} rows of {stats['capacity']}{cells}:"
+        f" {stats['rows']:,} rows of {stats['capacity']} tokens:"
         f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
         f" {stats['seconds']:.2f} s"
     )
@@ -112,31 +117,16 @@ def report_input(command: str, stats: dict) -> None:
         print(
             printable(
                 f"seqpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an"
-                " earlier id"
-                f" (first: {first['id']!r} at {first['at']}, first seen at {first['first_seen']});"
-                " each is packed as its own occurrence — de-duplicate the input if that is not"
-                " intended"
+                f" earlier id (first: {first['id']!r} at {first['at']}, first seen at"
+                f" {first['first_seen']}); each is packed as its own occurrence — de-duplicate"
+                " the input if that is not intended"
             ),
             file=sys.stderr,
         )
 
 
-def add_stats(p: argparse.ArgumentParser) -> None:
-    _add_common(p, "stats")
-    p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
-    p.add_argument(
-        "--policy", dest="policies", action="append", help="only these policies (repeatable)"
-    )
-
-
-def refuse_tree_flags(args: argparse.Namespace) -> None:
-    """--tree-prefix / --tree-window only shape --tree auto's grouping."""
-    if args.tree != "auto" and (args.tree_prefix, args.tree_window) != (None, None):
-        raise InvalidInput("--tree-prefix and --tree-window group rows for --tree auto: add it")
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
-    refuse_tree_flags(args)
+    source = _checked(args)
     if args.tree:
         from seqpack.cli.verify_tree import cmd_stats_tree
 
@@ -144,21 +134,19 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from seqpack.pipeline.stats import oversized_line, stats_path
 
     options = from_arguments(args, "stats")
-    report = stats_path(_source(args), options, policies=args.policies, plot=args.plot)
+    report = stats_path(source, options, policies=args.policies, plot=args.plot)
     report_input(args.command, report)
     over = report.get("oversized")
     if over is not None:
-        print(
-            f"seqpack stats: warning: {printable(oversized_line(over, report['capacity']))}",
-            file=sys.stderr,
-        )
+        line = oversized_line(over, report["capacity"])
+        print(f"seqpack stats: warning: {printable(line)}", file=sys.stderr)
     if args.json:
         print(json.dumps(report))
         return 0
     left_out = f", {over['examples']:,} too long left out" if over is not None else ""
     print(
         f"{report['examples']:,} examples ({report['split_sources']:,} sources split{left_out}),"
-        f" {report['tokens']:,} {_unit(options)}, capacity {report['capacity']},"
+        f" {report['tokens']:,} {_unit(options)}, max length {report['capacity']},"
         f" lower bound {report['lower_bound']:,} rows"
     )
     print(f"{'policy':<22} {'rows':>12} {'rows/LB':>9} {'efficiency':>11} {'seconds':>9}")

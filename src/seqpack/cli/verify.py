@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from seqpack.core.checks import parse_int
-from seqpack.pipeline.options import argparse_type
+from seqpack.cli.flags import argparse_type, old_capacity, parse_int
 
 #: Seeds numpy and torch both take.
 MAX_SEED = 2**63 - 1
@@ -32,11 +31,14 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         help="prediction pairs of the examples to pack (default: six examples, the longest"
         " 2*window+3 for a model with a sliding window)",
     )
-    p.add_argument(
-        "--capacity",
-        type=int,
+    width = p.add_mutually_exclusive_group()
+    old_capacity(width, "capacity")
+    width.add_argument(
+        "--max-length",
+        dest="capacity",
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
         metavar="N",
-        help="row width (default 12, or the sum of --lengths where the model allows it)",
+        help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
     )
     p.add_argument(
         "--mode",
@@ -151,7 +153,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
             )
         if args.lengths or args.capacity:
             raise InvalidInput(
-                "--lengths/--capacity apply to transformers models (--hf-config/--hf-model);"
+                "--lengths/--max-length apply to transformers models (--hf-config/--hf-model);"
                 " the tiny decoder runs the fixture and random layouts"
             )
         from seqpack.verify.layouts import verify_tiny

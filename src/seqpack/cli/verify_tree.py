@@ -80,15 +80,15 @@ def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict],
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``seqpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
-    from seqpack.pipeline.options import from_arguments
+    from seqpack.cli.flags import from_arguments
     from seqpack.pipeline.pack_tree import TreeOptions, tree_stats
 
     if len(args.input) != 1:
         raise InvalidInput("--tree reads one .jsonl/.json or .parquet file")
-    tokenizer = from_arguments(args, "stats").load_tokenizer()
+    options = from_arguments(args, "stats")
     policy = (args.policies or ["best-fit-decreasing"])[0]
     topts = from_arguments(args, "stats", TreeOptions)
-    r = tree_stats(args.input[0], args.capacity, policy, topts, tokenizer)
+    r = tree_stats(args.input[0], options.capacity, policy, topts, options.load_tokenizer())
     if args.json:
         print(json.dumps(r))
         return 0

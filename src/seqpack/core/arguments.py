@@ -1,13 +1,5 @@
-"""Arguments of the public API checked at the boundary: a wrong type is one line, not a
-traceback from deep inside (``TypeError: expected str, bytes or os.PathLike object``).
-
->>> path_argument("out", "packed/")
-PosixPath('packed')
->>> path_argument("out", 5)
-Traceback (most recent call last):
-...
-seqpack.core.errors.InvalidInput: out must be a path (str or os.PathLike), got int 5
-"""
+"""Public API arguments checked at the border: a wrong type is one line naming it
+(``out must be a path (str or os.PathLike), got int 5``), not a deep ``TypeError``."""
 
 from __future__ import annotations
 
@@ -34,7 +26,7 @@ def path_argument(name: str, value: Any) -> Path:
 
 
 def type_argument(name: str, value: Any, kinds: tuple[type, ...], expected: str) -> None:
-    """Refuse ``value`` unless it is one of ``kinds`` (``bool`` never passes as ``int``, and
-    ``None`` passes only when ``type(None)`` is listed); ``expected`` says what to pass."""
+    """Refuse ``value`` unless it is one of ``kinds`` (a bool is never an int; None only
+    when ``type(None)`` is listed); ``expected`` says what to pass."""
     if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         raise InvalidInput(f"{name} must be {expected}, got {_shown(value)}")

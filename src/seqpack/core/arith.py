@@ -1,10 +1,6 @@
-"""Checked byte arithmetic for the metadata budget, evaluated before allocating.
-
-Python integers never overflow, so "checked" here means every intermediate
-is kept below ``MAX_BYTES`` (what an ``int64`` offset and a real allocator
-can address) and compared with the caller's limit *before* NumPy is asked
-for memory.
-"""
+"""Checked byte arithmetic for the metadata budget: every intermediate kept below
+``MAX_BYTES`` (what an int64 offset can address) and compared with the limit before
+NumPy is asked for memory."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Checks of the numbers every layer relies on: positive settings, lengths, tree sizes.
+"""Checks of the core's own numbers: positive settings, lengths, tree sizes, saved states.
 
-Command-line text becomes a number through :func:`parse_int` (and
-:func:`parse_count`), :func:`parse_byte_size` and :func:`parse_option` only:
-they refuse ``inf``, ``nan``, fractions, out-of-range and absurd values with
-one line naming the option.
+(Command-line text is parsed in :mod:`seqpack.cli.flags`.)
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,7 +53,7 @@ def check_lengths(
             name = labels(i) if labels else f"example {i}"
             raise OversizedExample(
                 f"{name} has {int(arr[i])} prediction pairs; capacity is {capacity}"
-                " — raise --capacity or pre-split with --split-long"
+                " — raise --max-length or pre-split with --split-long"
             )
     return arr
 
@@ -76,92 +70,8 @@ def check_tree_capacity(capacity: int, policy: str) -> None:
         )
 
 
-#: The largest count or byte size any option takes (2**62: far beyond any machine).
+#: The largest count or byte size any option or saved state takes (2**62: beyond any machine).
 MAX_OPTION_VALUE = 1 << 62
-_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
-_BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
-_INTEGER = re.compile(r"^[+-]?\d+(?:_\d+)*$")
-
-
-def parse_int(text: str, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """A whole number written in decimal (``4096``, ``10_000``, ``-3``), within ``±2**62``
-    and, when given, ``[minimum, maximum]``.
-
-    ``inf``, ``nan``, ``1e3`` and ``4096.0`` are refused with one line naming
-    ``name``; a range the caller does not give here (a positive capacity,
-    say) is checked where the value is used.
-    """
-    body = str(text).strip()
-    if not _INTEGER.match(body):
-        raise InvalidInput(f"{name} {text!r} is not a whole number — write e.g. 4096")
-    if len(body) > 100 or abs(int(body)) > MAX_OPTION_VALUE:  # int() of 100 digits is cheap
-        raise InvalidInput(f"{name} {text!r} is beyond any usable size (at most 2**62)")
-    value = int(body)
-    low = -MAX_OPTION_VALUE if minimum is None else minimum
-    high = MAX_OPTION_VALUE if maximum is None else maximum
-    if not low <= value <= high:
-        raise InvalidInput(
-            f"{name} {text!r} is outside [{low:,}, {high:,}] — pass a value in that range"
-        )
-    return value
-
-
-def parse_count(text: str, name: str) -> int:
-    """A positive integer written in decimal (``4096``, ``10_000``), at most 2**62."""
-    return parse_int(text, name, 1, MAX_OPTION_VALUE)
-
-
-def parse_byte_size(text: str, name: str) -> int:
-    """``123``, ``512K``, ``1.5G``, ``2GiB`` (powers of 1024) as a byte count in [1, 2**62]."""
-    match = _BYTE_SIZE.match(str(text)) if len(str(text)) <= 40 else None
-    if match is None:
-        raise InvalidInput(f"{name} {text!r} is not a byte size like 512M or 2G")
-    value = float(match[1]) * (1 << _UNITS[match[2].upper()])
-    if not math.isfinite(value) or value >= MAX_OPTION_VALUE:
-        raise InvalidInput(f"{name} {text!r} is beyond any machine's memory — write e.g. 2G")
-    return positive_int(name, int(value), MAX_OPTION_VALUE)
-
-
-def check_option_value(value: Any, where: str) -> Any:
-    """``value`` (parsed JSON) unless it holds a non-finite or absurd number, at any depth."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidInput(f"{where}: {value} is not a usable value — write a finite number")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if abs(value) > MAX_OPTION_VALUE:
-            raise InvalidInput(
-                f"{where}: {value:.3g} is beyond any usable size (at most 2**62) — write a"
-                " smaller number"
-            )
-    elif isinstance(value, list):
-        for item in value:
-            check_option_value(item, where)
-    elif isinstance(value, dict):
-        for item in value.values():
-            check_option_value(item, where)
-    return value
-
-
-def parse_option(item: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` -> ``(key, value)``: dashes in the key become underscores; the
-    value is JSON when it parses (numbers, booleans, lists), else the text itself.
-    Non-finite numbers (``Infinity``, ``NaN``, ``1e999``) and numbers beyond
-    ``±2**62`` are refused."""
-    key, sep, value = str(item).partition("=")
-    if not sep or not key.strip():
-        raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
-
-    def refuse(constant: str) -> Any:
-        raise InvalidInput(
-            f"--option {item!r}: {constant} is not a usable value — write a finite number"
-        )
-
-    try:
-        parsed: Any = json.loads(value, parse_constant=refuse)
-    except InvalidInput:
-        raise
-    except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
-        parsed = value
-    return key.strip().replace("-", "_"), check_option_value(parsed, f"--option {item!r}")
 
 
 def state_value(state: Any, key: str, what: str) -> Any:

@@ -1,9 +1,5 @@
-"""The limits of one packing: :class:`PackConfig`, and what materialising a plan costs.
-
-``capacity`` cells per row, ``max_rows_per_batch`` rows per model call, an
-optional cap on the cells of one call and a metadata budget. Both are
-checked with checked arithmetic before anything is allocated.
-"""
+"""The limits of one packing (:class:`PackConfig`) and what materialising a plan costs,
+computed with checked arithmetic before anything is allocated."""
 
 from __future__ import annotations
 
@@ -22,11 +18,11 @@ from seqpack.core.plan import Plan
 class PackConfig:
     """Row width and per-call limits, validated on construction.
 
-    ``capacity``: prediction pairs per row. ``max_rows_per_batch``: rows per
-    model call (the last call keeps its real, smaller count). ``max_cells``:
-    cells one call may hold (default ``capacity * max_rows_per_batch``).
-    ``max_metadata_bytes``: budget for everything :func:`pack_examples`
-    allocates (None: unlimited).
+    ``capacity``: cells per row (one input token and its target each: the ``input_ids``
+    width, a run's ``max_length``). ``max_rows_per_batch``: rows per model call (the
+    last keeps its real count). ``max_cells``: cells one call may hold (default
+    ``capacity * max_rows_per_batch``). ``max_metadata_bytes``: budget for everything
+    :func:`pack_examples` allocates (None: unlimited).
     """
 
     capacity: int

@@ -1,11 +1,6 @@
-"""Count storage and attention separately.
-
-For ``B`` rows of width ``T`` storage holds ``B*T`` cells while dense
-attention computes ``B*T^2`` score positions per head. A causal segment of
-prediction length ``l`` permits ``l(l+1)/2`` semantic edges. A permission
-edge says which relationship is legal, not which scores a kernel computes,
-so these counts establish shape differences, never a speed-up.
-"""
+"""Storage and attention counted apart: ``B`` rows of width ``T`` hold ``B*T`` cells, dense
+attention scores ``B*T^2`` per head, a causal segment of ``l`` pairs permits ``l(l+1)/2``
+edges. Shape differences, never a speed-up (an edge is legal, not computed)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Messages name what was wrong, which example (index and id) and what to do,
 e.g. ``example 17 ('doc-42'[0:9001]) has 9000 prediction pairs; capacity is
-8192 — raise --capacity or pre-split with --split-long``.
+8192 — raise --max-length or pre-split with --split-long``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Progress inside one long step: ``reporting(done)`` around it, ``report(fraction)`` inside.
-
-The reading loop (:mod:`seqpack.pipeline.corpus`) wraps the tokenizing of
-each chunk in ``with reporting(done):``; code deep inside (a tokenizer's
-batch loop) calls ``report(fraction)`` with how much of its current job is
-done, knowing nothing about bars. Outside any ``reporting`` block
-``report`` does nothing. The hook is a context variable, so threads and
-concurrent callers do not see each other's.
-"""
+"""Progress inside one long step: ``with reporting(done):`` around it, ``report(fraction)``
+deep inside (a tokenizer's batch loop), knowing nothing about bars. A context variable,
+so threads and concurrent callers do not see each other's; a no-op outside a block."""
 
 from __future__ import annotations
 
@@ -28,7 +22,7 @@ def reporting(done: Callable[[float], None] | None) -> Iterator[None]:
 
 
 def report(fraction: float) -> None:
-    """``fraction`` (0..1) of the current step is done; a no-op outside :func:`reporting`."""
+    """``fraction`` (0..1) of the current step is done."""
     done = _DONE.get()
     if done is not None:
         done(fraction)

@@ -415,7 +415,7 @@ def split_oversized(
         i = int(np.argmax(lengths > capacity))
         raise OversizedExample(
             f"sequence {i} (in trie order) has {int(lengths[i])} prediction pairs; capacity is"
-            f" {capacity} — raise --capacity or drop the sequence"
+            f" {capacity} — raise --max-length or drop the sequence"
         )
     own = lengths - lcp
     csum = np.r_[0, np.cumsum(own)]

@@ -1,6 +1,6 @@
 """Hugging Face ``datasets`` in and out: pack a Dataset into a packed Dataset, and back.
 
-``pack_dataset(ds, capacity)`` takes a ``datasets.Dataset`` with an
+``pack_dataset(ds, max_length)`` takes a ``datasets.Dataset`` with an
 ``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
 see :mod:`seqpack.io.columns`) and returns one output row per packed row, with the
 columns of the packed format (:mod:`seqpack.io.shards`: ``tokens``,
@@ -75,12 +75,12 @@ META_KEY = "seqpack"
 
 
 def _options(
-    capacity: int | None, policy: str | None, options: PackOptions | None, keywords: dict
+    max_length: int | None, policy: str | None, options: PackOptions | None, keywords: dict
 ) -> PackOptions:
-    fields = {f.name for f in dataclasses.fields(PackOptions)} | {"split_long_sources"}
+    fields = {f.name for f in dataclasses.fields(PackOptions)} | {"split_long_sources", "capacity"}
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
-    if capacity is not None:
-        overrides["capacity"] = capacity
+    if max_length is not None:
+        overrides["max_length"] = max_length
     if policy is not None:
         overrides["policy"] = policy
     if keywords:
@@ -112,7 +112,7 @@ def _pack_tree(dataset: Any, capacity: int | None, policy: str | None, keywords:
 
 def pack_dataset(
     dataset: Any,
-    capacity: int | None = None,
+    max_length: int | None = None,
     policy: str | None = None,
     *,
     options: PackOptions | None = None,
@@ -120,8 +120,9 @@ def pack_dataset(
 ) -> Any:
     """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
 
-    ``capacity``, ``policy``, ``options`` and any :class:`PackOptions` field
-    as a keyword say how; other keywords are policy options (e.g.
+    ``max_length`` (tokens per row, the width of ``input_ids``; ``capacity=``, its old
+    name, still works with a DeprecationWarning), ``policy``, ``options`` and any
+    :class:`PackOptions` field as a keyword say how; other keywords are policy options (e.g.
     ``window=4096`` for ``stream-best-fit``). ``vocab_size`` defaults to the
     tokenizer's (``tokenizer=`` a path or a loaded ``transformers`` /
     ``tokenizers`` tokenizer), else the largest id + 1; ``tokenizer_id`` to
@@ -131,9 +132,8 @@ def pack_dataset(
 
     ``format="trl"`` returns TRL's packed schema instead (``input_ids``,
     ``labels``, ``seq_lengths`` in tokens, ``position_ids``;
-    :mod:`seqpack.io.trl_schema`), and ``capacity`` counts tokens, TRL's
-    ``max_length``. The input's ``datasets`` format (``with_format("torch")``
-    etc., not a ``with_transform``) is carried over to the output.
+    :mod:`seqpack.io.trl_schema`; ``max_length`` is TRL's). The input's ``datasets``
+    format (``with_format("torch")`` etc., not a ``with_transform``) is carried over.
 
     A stream — a ``datasets.IterableDataset``, a function returning an
     iterable of mappings, or such an iterable or generator — returns a
@@ -149,11 +149,11 @@ def pack_dataset(
     from seqpack.hf.streaming import is_stream, pack_stream
 
     if keywords.pop("tree", False):  # tree packing: docs/tree.md
-        return _pack_tree(dataset, capacity, policy, keywords)
+        return _pack_tree(dataset, max_length or keywords.pop("capacity", None), policy, keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
-    opts, model = _checked_options(capacity, policy, options, keywords)
+    opts, model = _checked_options(max_length, policy, options, keywords)
     if stream:
         return pack_stream(dataset, opts, META_KEY)
     source = dataset
@@ -193,12 +193,12 @@ def pack_dataset(
 
 
 def _checked_options(
-    capacity: int | None, policy: str | None, options: Any, keywords: dict
+    max_length: int | None, policy: str | None, options: Any, keywords: dict
 ) -> tuple[PackOptions, Any]:
     """:func:`_options` and the ``model=`` keyword (a ``transformers`` model or its
     config), whose capability and row conditions are checked before anything is read."""
     model = keywords.pop("model", None)
-    opts = _options(capacity, policy, options, keywords)
+    opts = _options(max_length, policy, options, keywords)
     _check_model(model, None, None, None, opts)
     return opts, model
 

@@ -6,9 +6,8 @@ module                 holds
 ``options``            :class:`PackOptions`, every option of a packing run, once
 ``budget``             what packing allocates, checked before allocating
 ``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`
-``stats``              :func:`stats_path` (``seqpack stats``), policy comparison
-``plot``               the statistics figure
-``report``             repeated ids, counted exactly
+``stats``              :func:`stats_path` (``seqpack stats``), policies compared, figure
+``repeated_ids``       repeated ids, counted exactly
 ``progress``           status lines and progress bars on stderr
 =====================  =========================================================
 
@@ -31,9 +30,9 @@ _NAMES = {
     "stats_path": "stats",
     "compare_policies": "stats",
     "example_lengths": "stats",
-    "plot_stats": "plot",
-    "duplicate_ids": "report",
-    "duplicate_report": "report",
+    "plot_stats": "stats",
+    "duplicate_ids": "repeated_ids",
+    "duplicate_report": "repeated_ids",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

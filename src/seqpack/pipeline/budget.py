@@ -1,15 +1,12 @@
-"""What a packing run allocates, computed from all its options and checked before allocating.
+"""What a packing run allocates, from all its options, checked before allocating.
 
-In memory (:func:`packing_bytes`, :func:`check_budget`): the plan and
-per-occurrence arrays, the policy's index over capacities and its
-look-ahead window (``stream-best-fit``'s buffers grow with ``window``), one
-gathered copy of the windows for policies that reorder, one padded model
-call. Out of core (:class:`StreamBudget`, what ``seqpack pack`` checks):
-two read chunks (one read ahead), two output shards in flight, the policy's
-fixed part and model call, all known from the options before anything is read; then the
-lengths and plan per document and per example, checked as the documents
-are counted (before the arrays grow) and, with ``--split-long``, on the
-number of pieces before any source is split.
+In memory (:func:`packing_bytes`, :func:`check_budget`): plan and per-occurrence
+arrays, the policy's capacity index and look-ahead, one gathered copy of the windows
+for policies that reorder, one padded model call. Out of core (:class:`StreamBudget`,
+what ``seqpack pack`` checks): two read chunks, two output shards in flight, the
+policy's fixed part and a model call, known before anything is read; then lengths and
+plan per document and example, checked as documents are counted (and, with
+``--split-long``, on the number of pieces before any source is split).
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ from seqpack.io.store import SHARDS_IN_FLIGHT
 from seqpack.io.tokenizers import ENCODE_BATCH
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions
 
-#: Bytes per example, per capacity unit, and whether the windows may be gathered
-#: into a new order, for each policy: upper bounds of what tracemalloc measures
-#: (next-fit 33-48 bytes an example, the decreasing policies 80-87 plus their
-#: capacity index; tests/test_stress.py holds them to it).
+#: Per policy: bytes per example, per capacity unit, and whether windows are gathered
+#: into a new order (upper bounds of tracemalloc's measures; tests/test_stress.py).
 _POLICY_BYTES: dict[str, tuple[int, int, bool]] = {
     "next-fit": (64, 0, False),
     "padded": (64, 0, False),
@@ -40,25 +35,19 @@ _POLICY_BYTES: dict[str, tuple[int, int, bool]] = {
     "best-fit-decreasing": (128, 72, True),
     "stream-best-fit": (128, 128, True),
 }
-#: stream-best-fit: bytes per look-ahead slot (4 buffers, up to 2 records and
-#: 3 output columns per waiting example), per open row, and per pushed length
-#: of one kernel call (65,536 examples at a time).
+#: stream-best-fit: bytes per look-ahead slot, per open row, per kernel call's pushes.
 STREAM_WINDOW_BYTES = 136
 STREAM_ROW_BYTES = 64
 STREAM_PUSH_BYTES = 24 * 65536
 #: Fixed slack: Python objects, kernels' scalars, small temporaries.
 _FIXED_BYTES = 1 << 20
-#: Buffers of the out-of-core pipeline's file I/O: a shard's checksum block, a read
-#: block's scan codes, a digest's block of ones.
+#: Out-of-core file I/O buffers (checksum block, scan codes, a digest's block of ones).
 IO_BYTES = 2 << 20
-#: Bytes per document held while a corpus is read (its token count) and counted
-#: for repeated ids (Arrow's codes and a hash entry).
+#: Bytes per document read: its token count, and its id's Arrow code and hash entry.
 DOCUMENT_BYTES = 8 + 40
-#: Bytes per example planned out of core: its length and piece arrays, the plan
-#: (placements, storage order and the sort key) on top of the policy's own.
+#: Bytes per example planned out of core (lengths, pieces, placements, order, sort key).
 EXAMPLE_BYTES = 64
-#: Bytes per token of a shard being built (int32 token + loss flag + bit-packed copy)
-#: and per occurrence (gather indices, per-occurrence columns and their Arrow copies).
+#: Bytes per token (int32, flag, bit-packed copy) and per occurrence of a shard being built.
 SHARD_TOKEN_BYTES = 6
 SHARD_OCCURRENCE_BYTES = 96
 #: Read chunks in memory at once (the next one read while this one is tokenized).
@@ -68,8 +57,7 @@ CHUNKS_IN_FLIGHT = 2
 #: the int32 copy), Arrow already in memory or mapped (masks over the views), text
 #: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
 CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
-#: Rust-side bytes per character of a text sub-batch being encoded (its encodings:
-#: ids, type ids, masks, token strings; about 45 measured for a byte-level BPE).
+#: Rust-side bytes per character of a text sub-batch being encoded (45 measured, BPE).
 TEXT_CHAR_BYTES = 64
 
 

@@ -1,15 +1,22 @@
 """Every option of a packing run, declared once: :class:`PackOptions`.
 
-The command line (``seqpack pack`` / ``seqpack stats``), the local pipeline
-(:func:`seqpack.pipeline.local.pack_path`), the Ray engine
-(:func:`seqpack.ray.pack`) and :func:`seqpack.hf.pack_dataset` all take the
-same frozen object, so a default, a check or a help text exists in one
-place. Each field's ``metadata`` carries its command-line flag and help;
-:func:`add_arguments` builds the ``argparse`` options from them::
+``seqpack pack`` / ``seqpack stats``, :func:`seqpack.pipeline.local.pack_path`,
+:func:`seqpack.ray.pack` and :func:`seqpack.hf.pack_dataset` all take this frozen
+object, so a default, a check or a help text exists in one place. Each field's
+``metadata`` carries its command-line flag and help (``seqpack.cli.flags`` builds
+the parser from it)::
 
-    options = PackOptions(capacity=4096, policy="best-fit-decreasing", vocab_size=32000)
+    options = PackOptions(max_length=4096, policy="best-fit-decreasing", vocab_size=32000)
     pack_path("shards/", "packed/", options)
-    pack_path("shards/", "packed/", capacity=4096, vocab_size=32000)   # the same run
+    pack_path("shards/", "packed/", max_length=4096, vocab_size=32000)   # the same run
+
+``max_length`` is the row width in tokens: the length of the ``input_ids`` a model
+sees, for every format (TRL's ``SFTConfig.max_length``). The packer's internal
+``capacity`` (cells per row) equals it: with ``format="seqpack"`` a cell is one input
+token with its target, so an example of ``n`` tokens (``n - 1`` prediction pairs) fills
+``n - 1`` cells; with ``format="trl"`` a cell is one token, so it fills ``n``
+(:attr:`PackOptions.pair_capacity` is then ``max_length - 1``). ``capacity=`` is the
+0.x name of ``max_length`` and still works, with a :class:`DeprecationWarning`.
 
 Values are checked on construction (a bad one is an
 :class:`~seqpack.core.errors.InvalidInput` naming the option and the fix).
@@ -19,27 +26,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from seqpack.core import arith as budget
+from seqpack.core.arguments import type_argument
 from seqpack.core.binding import INT32_MAX, Partition
-from seqpack.core.checks import parse_byte_size, parse_count, parse_int, parse_option, positive_int
+from seqpack.core.checks import positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
-from seqpack.pipeline.objective_options import objective_field, parse_switch
-from seqpack.pipeline.option_checks import (
-    POLICY_ALIASES,
-    check_pad_id,
-    check_types,
-    parse_pad,
-    policy_name,
-)
 
 __all__ = ["POLICY_ALIASES", "PackOptions", "check_pad_id", "parse_pad", "policy_name"]
 
@@ -51,47 +53,64 @@ DEFAULT_SHARD_TOKENS = 1 << 25
 DEFAULT_CHUNK_BYTES = 1 << 25
 #: The largest chunk (a read of that many bytes is allocated whole).
 MAX_CHUNK_BYTES = 1 << 30
-
 #: What ``--format`` writes: seqpack's own packed columns, or TRL 1.16's packed schema.
 OUTPUT_FORMATS = ("seqpack", "trl")
+#: Other tools' names of seqpack's policies (TRL's ``pack_dataset(strategy="bfd")``).
+POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 
 #: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
 PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 
 
 def flag(
-    flag: str | None,
-    help: str,
-    commands: tuple[str, ...] = PACK,
-    **argparse_kwargs: Any,
+    flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
     """Field metadata: the flag (None: not on the command line), help and argparse keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
+
+
+def _field(default: Any, *args: Any, **kwargs: Any) -> Any:
+    return field(default=default, metadata=flag(*args, **kwargs))
+
+
+_PATH = (str, os.PathLike)
+_NONE = type(None)
+#: Fields whose type ``__post_init__`` does not otherwise pin down: (types, what to pass).
+_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "policy": ((str,), "a policy name"),
+    "policy_options": ((Mapping,), "a mapping of option names to values, e.g. {'window': 4096}"),
+    "split_long": ((bool,), "True or False"),
+    "overwrite": ((bool,), "True or False"),
+    "progress": ((bool, _NONE), "True, False or None (draw when stderr is a terminal)"),
+    "tokenizer_id": ((str, _NONE), "a string or None"),
+    "split_id": ((str, _NONE), "a string or None"),
+    "chat_template": ((*_PATH, _NONE), "a template file, the template text or None"),
+    "spill_dir": ((*_PATH, _NONE), "a folder path or None"),
+}
 
 
 @dataclass(frozen=True)
 class PackOptions:
     """One packing run's options (see the module docstring); frozen and validated.
 
-    ``capacity`` is in prediction pairs per row. ``policy_options`` go to
-    the policy (e.g. ``{"window": 4096}`` for ``stream-best-fit``).
-    ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded
-    tokenizer; ``vocab_size`` is required for pre-tokenized input without one.
+    ``max_length``: tokens per row (the width of ``input_ids``). ``policy_options``
+    go to the policy (e.g. ``{"window": 4096}`` for ``stream-best-fit``).
+    ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded tokenizer;
+    ``vocab_size`` is required for pre-tokenized input without one.
     ``chat_template`` is a Jinja file (or the template text), read on construction.
     """
 
-    capacity: int = field(
-        metadata=flag(
-            "--capacity",
-            "prediction pairs per row (with --format trl: tokens per row, TRL's max_length)",
-            BOTH,
-            required=True,
-            type=int,
-        )
+    max_length: int = _field(
+        None,
+        "--max-length",
+        "tokens per row: the width of the input_ids a model sees, for every --format"
+        " (TRL's max_length); replaces --capacity, its old name",
+        BOTH,
+        metavar="N",
+        type=int,
     )
-    policy: str = field(
-        default=DEFAULT_POLICY,
-        metadata=flag("--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"),
+    policy: str = _field(
+        DEFAULT_POLICY, "--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -103,120 +122,117 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = field(
-        default=DEFAULT_ROWS_PER_BATCH,
-        metadata=flag("--max-rows-per-batch", "rows per model call", type=int),
+    max_rows_per_batch: int = _field(
+        DEFAULT_ROWS_PER_BATCH, "--max-rows-per-batch", "rows per model call", type=int
     )
-    max_metadata_bytes: int | None = field(
-        default=None,
-        metadata=flag(
-            "--max-metadata-bytes",
-            "refuse (before planning) to pack when the plan, rows and one model call need"
-            " more memory than this (e.g. 2G; with --engine ray, per block)",
-            metavar="BYTES",
-        ),
+    max_metadata_bytes: int | None = _field(
+        None,
+        "--max-metadata-bytes",
+        "refuse (before planning) to pack when the plan, rows and one model call need more"
+        " memory than this (e.g. 2G; with --engine ray, per block)",
+        metavar="BYTES",
     )
-    partition: Partition = field(
-        default=Partition.TRAIN,
-        metadata=flag("--partition", "train, validation or test", BOTH),
+    partition: Partition = _field(  # noqa: RUF009
+        Partition.TRAIN, "--partition", "train, validation or test", BOTH
     )
-    split_long: bool = field(
-        default=False,
-        metadata=flag("--split-long", "split sources longer than a row", BOTH, action="store_true"),
+    split_long: bool = _field(
+        False, "--split-long", "split sources longer than a row", BOTH, action="store_true"
     )
-    vocab_size: int | None = field(
-        default=None,
-        metadata=flag("--vocab-size", "vocabulary size of pre-tokenized input", type=int),
+    vocab_size: int | None = _field(
+        None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
     )
-    tokenizer: str | Tokenizer | None = field(
-        default=None,
-        metadata=flag("--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH),
+    tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
+        None, "--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
     )
-    tokenizer_id: str | None = field(
-        default=None,
-        metadata=flag("--tokenizer-id", "tokenizer identity recorded in the binding"),
+    tokenizer_id: str | None = _field(
+        None, "--tokenizer-id", "tokenizer identity recorded in the binding"
     )
-    split_id: str | None = field(
-        default=None,
-        metadata=flag("--split-id", "split-receipt identity (default: digest of the data)"),
+    split_id: str | None = _field(
+        None, "--split-id", "split-receipt identity (default: digest of the data)"
     )
-    text_field: str = field(
-        default="text",
-        metadata=flag("--text-field", "text column when there is no input_ids", BOTH),
+    text_field: str = _field("text", "--text-field", "text column when there is no input_ids", BOTH)
+    chat_template: str | None = _field(
+        None,
+        "--chat-template",
+        "Jinja chat template for messages / conversational prompt-completion rows (a file;"
+        " default: the --tokenizer folder's own)",
+        BOTH,
+        metavar="FILE",
     )
-    chat_template: str | None = field(
-        default=None,
-        metadata=flag(
-            "--chat-template",
-            "Jinja chat template for messages / conversational prompt-completion rows (a file;"
-            " default: the --tokenizer folder's own)",
-            BOTH,
-            metavar="FILE",
-        ),
+    # TRL 1.16 SFTConfig's two switches, same names and defaults (core.supervision.Objective)
+    assistant_only_loss: bool = _field(
+        False,
+        "--assistant-only-loss",
+        "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
+        " default: the whole conversation, as TRL; needs generation markers in the template)",
+        BOTH,
+        action="store_true",
     )
-    assistant_only_loss: bool = objective_field("assistant_only_loss")
-    completion_only_loss: bool | None = objective_field("completion_only_loss")
-    overwrite: bool = field(
-        default=False,
-        metadata=flag("--overwrite", "replace an existing output", action="store_true"),
+    completion_only_loss: bool | None = _field(
+        None,
+        "--completion-only-loss",
+        "true: train only the completion of prompt-completion rows (and completion_mask);"
+        " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
+        " for prompt-completion rows only, as TRL)",
+        BOTH,
+        metavar="{true,false}",
     )
-    progress: bool | None = field(
-        default=None,
-        metadata=flag(
-            "--progress",
-            "progress bars on stderr (default: when stderr is a terminal)",
-            action=argparse.BooleanOptionalAction,
-        ),
+    overwrite: bool = _field(
+        False, "--overwrite", "replace an existing output", action="store_true"
     )
-    shard_tokens: int = field(
-        default=DEFAULT_SHARD_TOKENS,
-        metadata=flag(
-            "--shard-tokens",
-            "target tokens per output shard (two shards are built at a time; default 2**25)",
-            metavar="N",
-        ),
+    progress: bool | None = _field(
+        None,
+        "--progress",
+        "progress bars on stderr (default: when stderr is a terminal)",
+        action=argparse.BooleanOptionalAction,
     )
-    chunk_bytes: int = field(
-        default=DEFAULT_CHUNK_BYTES,
-        metadata=flag(
-            "--chunk-bytes",
-            "input read, parsed and tokenized this many bytes at a time (default 32M)",
-            BOTH,
-            metavar="BYTES",
-        ),
+    shard_tokens: int = _field(
+        DEFAULT_SHARD_TOKENS,
+        "--shard-tokens",
+        "target tokens per output shard (two shards are built at a time; default 2**25)",
+        metavar="N",
     )
-    format: str = field(
-        default="seqpack",
-        metadata=flag(
-            "--format",
-            "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
-            " input_ids, labels, seq_lengths in tokens, position_ids; capacity in tokens)",
-            BOTH,
-            choices=OUTPUT_FORMATS,
-        ),
+    chunk_bytes: int = _field(
+        DEFAULT_CHUNK_BYTES,
+        "--chunk-bytes",
+        "input read, parsed and tokenized this many bytes at a time (default 32M)",
+        BOTH,
+        metavar="BYTES",
     )
-    pad_token_id: int | None = field(
-        default=None,
-        metadata=flag(
-            "--pad-token-id",
-            "the id collators pad with, checked against the vocabulary before packing and"
-            " recorded (default: the tokenizer's pad token)",
-            type=int,
-        ),
+    format: str = _field(
+        "seqpack",
+        "--format",
+        "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
+        " input_ids, labels, seq_lengths in tokens, position_ids)",
+        BOTH,
+        choices=OUTPUT_FORMATS,
     )
-    spill_dir: str | None = field(
-        default=None,
-        metadata=flag(
-            "--spill-dir",
-            "folder for the temporary token spill of a corpus read chunk by chunk (default:"
-            " beside --out; it needs room for 4 bytes a token)",
-        ),
+    pad_token_id: int | None = _field(
+        None,
+        "--pad-token-id",
+        "the id collators pad with, checked against the vocabulary before packing and"
+        " recorded (default: the tokenizer's pad token)",
+        type=int,
+    )
+    spill_dir: str | None = _field(
+        None,
+        "--spill-dir",
+        "folder for the temporary token spill of a corpus read chunk by chunk (default:"
+        " beside --out; it needs room for 4 bytes a token)",
     )
 
     def __post_init__(self) -> None:
         put = object.__setattr__
-        check_types(self)
-        put(self, "capacity", positive_int("capacity", self.capacity, INT32_MAX))
+        for name, (kinds, expected) in _TYPES.items():
+            type_argument(name, getattr(self, name), kinds, expected)
+        if isinstance(self.tokenizer, (bool, int, float, bytes, list, tuple, dict, set)):
+            type_argument(
+                "tokenizer", self.tokenizer, _PATH, "'bytes', a local path or a loaded tokenizer"
+            )
+        name = self.__dict__.get("_length_name", "max_length")
+        if self.max_length is None:
+            raise InvalidInput(f"{name} is required: pass max_length=N (tokens a row holds)")
+        put(self, "max_length", positive_int(name, self.max_length, INT32_MAX))
         put(self, "policy", policy_name(self.policy))
         if self.policy not in POLICIES:
             raise InvalidInput(
@@ -225,11 +241,8 @@ class PackOptions:
         options = MappingProxyType(dict(self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
-        put(
-            self,
-            "max_rows_per_batch",
-            positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX),
-        )
+        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
+        put(self, "max_rows_per_batch", rows)
         if self.max_metadata_bytes is not None:
             limit = positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
             put(self, "max_metadata_bytes", limit)
@@ -245,9 +258,9 @@ class PackOptions:
             raise InvalidInput(
                 f"unknown format {self.format!r}; choose one of {', '.join(OUTPUT_FORMATS)}"
             )
-        if self.format == "trl" and self.capacity < 2:
+        if self.format == "trl" and self.max_length < 2:
             raise InvalidInput(
-                "with format trl the capacity counts tokens; a row needs at least 2 (one pair)"
+                "with format trl a row needs at least 2 tokens (one pair): raise max_length"
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
@@ -258,33 +271,43 @@ class PackOptions:
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
         """``options`` with ``overrides`` applied (keywords are field names), checked.
 
-        ``split_long_sources`` (the 0.1 name of ``split_long``) still works,
-        with a :class:`DeprecationWarning`.
+        The 0.x names ``capacity`` (of ``max_length``) and ``split_long_sources`` (of
+        ``split_long``) still work, with a :class:`DeprecationWarning`.
         """
         if "split_long_sources" in overrides:
-            warnings.warn(
-                "split_long_sources= is now split_long= (PackOptions.split_long)",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            _deprecated("split_long_sources=", "split_long=")
             overrides["split_long"] = overrides.pop("split_long_sources")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
+        unknown = sorted(set(overrides) - names - {"capacity"})
         if unknown:
             raise InvalidInput(
                 f"unknown packing option(s) {', '.join(unknown)}; PackOptions has"
                 f" {', '.join(sorted(names))}"
             )
         if options is None:
-            if "capacity" not in overrides:  # else a TypeError from the dataclass
-                raise InvalidInput("capacity is required: pass capacity=N (tokens a row holds)")
             return cls(**overrides)
         if not isinstance(options, cls):
             raise InvalidInput(
                 f"options must be a {cls.__name__} (or its fields as keywords), got"
                 f" {type(options).__name__} — pass {cls.__name__}(**options) or **options"
             )
-        return dataclasses.replace(options, **overrides) if overrides else options
+        if not overrides:
+            return options
+        fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}
+        if "capacity" in overrides:
+            del fields["max_length"]
+        return cls(**(fields | overrides))
+
+    @property
+    def capacity(self) -> int:
+        """The packer's cells per row: ``max_length`` (see the module docstring)."""
+        return self.max_length
+
+    @property
+    def pair_capacity(self) -> int:
+        """The most prediction pairs one example may have: ``max_length``, or
+        ``max_length - 1`` with format trl (``n`` tokens hold ``n - 1`` pairs)."""
+        return self.max_length - 1 if self.format == "trl" else self.max_length
 
     def load_tokenizer(self) -> Tokenizer | None:
         """The tokenizer these options name, loaded (None for pre-tokenized input), with
@@ -294,12 +317,6 @@ class PackOptions:
     def show_progress(self, stream: Any) -> bool:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""
         return stream.isatty() if self.progress is None else bool(self.progress)
-
-    @property
-    def pair_capacity(self) -> int:
-        """The most prediction pairs one example may have: ``capacity``, or ``capacity - 1``
-        with format trl (an example of ``n`` tokens has ``n - 1`` pairs and fills ``n``)."""
-        return self.capacity - 1 if self.format == "trl" else self.capacity
 
     def manifest_fields(self, pad_token_id: int | None = None) -> dict[str, Any]:
         """What a packed directory records of these options (``config`` and ``policy``);
@@ -315,72 +332,61 @@ class PackOptions:
         }
 
 
-#: How command-line text becomes a field's value. A field whose flag says ``type=int``
-#: is read by :func:`~seqpack.core.checks.parse_int` (whole numbers only: no ``inf``,
-#: ``nan``, ``1e3``); its range is checked by the options class, as for any caller.
-_PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "max_metadata_bytes": parse_byte_size,
-    "chunk_bytes": parse_byte_size,
-    "shard_tokens": parse_count,
-    "completion_only_loss": parse_switch,
-}
+def _deprecated(old: str, new: str) -> None:
+    """A DeprecationWarning pointing at the caller's line, outside seqpack's own frames."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{old} is now {new} (PackOptions)", DeprecationWarning, stacklevel=level)
 
 
-def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = PackOptions) -> None:
-    """Add every flag of ``cls`` (default :class:`PackOptions`) that ``command`` takes."""
-    for f in dataclasses.fields(cls):
-        meta = f.metadata
-        if meta.get("flag") is None or command not in meta["commands"]:
-            continue
-        kwargs = dict(meta["argparse"])
-        parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
-        if parse is not None:
-            kwargs["type"] = argparse_type(parse, meta["flag"])
-        parser.add_argument(meta["flag"], dest=f.name, help=meta["help"], **kwargs)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_init = PackOptions.__init__
 
 
-def argparse_type(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
-    """``parse(text, flag)`` as an argparse ``type=``: its one-line message on refusal."""
-
-    def convert(text: str) -> Any:
-        try:
-            return parse(text, flag)
-        except InvalidInput as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    convert.__name__ = getattr(parse, "__name__", "value")
-    return convert
+def _init_with_capacity(self: PackOptions, *args: Any, capacity: Any = None, **kwargs: Any) -> None:
+    """``PackOptions(capacity=N)``: the 0.x name of ``max_length`` (errors then name it)."""
+    if capacity is not None:
+        if kwargs.get("max_length") is not None or args:
+            raise InvalidInput("capacity is the old name of max_length: pass one of them")
+        _deprecated("capacity=", "max_length= (tokens per row)")
+        object.__setattr__(self, "_length_name", "capacity")
+        kwargs["max_length"] = capacity
+    _init(self, *args, **kwargs)
 
 
-def from_arguments(
-    args: argparse.Namespace, command: str, cls: type = PackOptions, **extra: Any
-) -> Any:
-    """The ``cls`` options (default :class:`PackOptions`) of parsed ``args`` plus ``extra``."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("flag") is None or command not in f.metadata["commands"]:
-            continue
-        value = getattr(args, f.name)
-        if f.name == "policy_options":
-            value = policy_options(value)
-        if value is not None:
-            values[f.name] = value
-    return cls(**(values | extra))
+PackOptions.__init__ = _init_with_capacity  # type: ignore[method-assign]
 
 
-def policy_options(items: Iterable[str]) -> dict[str, Any]:
-    """``["window=4096", "seed=1"]`` -> ``{"window": 4096, "seed": 1}`` (JSON values or text)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, value = parse_option(item)
-        out[key] = value
-    return out
+def policy_name(name: Any) -> Any:
+    """``name``, or the policy another tool's name (``bfd``) stands for."""
+    return POLICY_ALIASES.get(name, name) if isinstance(name, str) else name
 
 
-def cli_flags(command: str) -> list[str]:
-    """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
-    return [
-        f.metadata["flag"]
-        for f in dataclasses.fields(PackOptions)
-        if f.metadata.get("flag") is not None and command in f.metadata["commands"]
-    ]
+def parse_pad(value: Any) -> int:
+    """A pad id: a non-negative integer (its bound is the vocabulary, :func:`check_pad_id`)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"pad_token_id must be a non-negative token id, got {value!r}")
+    return int(value)
+
+
+def check_pad_id(opts: Any, vocab_size: int, tokenizer: Tokenizer | None) -> int | None:
+    """The pad id of a run, checked against ``vocab_size`` before anything is written:
+    ``opts.pad_token_id``, else the tokenizer's pad token (None when neither has one).
+    One outside the vocabulary, or disagreeing with the tokenizer's, is InvalidInput."""
+    own = getattr(tokenizer, "pad_token_id", None)
+    pad = opts.pad_token_id if opts.pad_token_id is not None else own
+    if pad is None:
+        return None
+    if own is not None and pad != own:
+        raise InvalidInput(
+            f"pad_token_id {pad} is not the tokenizer's pad token ({own}) — drop"
+            " --pad-token-id or pass the tokenizer's"
+        )
+    if not 0 <= pad < vocab_size:
+        raise InvalidInput(
+            f"pad_token_id {pad} is outside the vocabulary (vocab_size {vocab_size}): a collator"
+            " would feed the model an id it has no embedding for — pass a pad id below"
+            f" {vocab_size} or the right --vocab-size"
+        )
+    return int(pad)

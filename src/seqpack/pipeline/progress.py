@@ -1,17 +1,11 @@
 """Progress on stderr: one-line status notes, tqdm bars or plain periodic lines.
 
-Progress is shown on a terminal by default, and anywhere with ``--progress``
-(``PackOptions.progress``); how it is drawn depends on where stderr goes:
-
-- a terminal with a size: tqdm bars (and the ``seqpack: reading ...`` notes);
-- anything else (a pty without a size, where a bar draws nothing; a pipe or a
-  file, where it would be a wall of carriage returns): a plain line every
-  :data:`LINE_SECONDS` seconds while a stage runs and one when it ends, e.g.
-  ``seqpack: reading: 96.5 MB of 300 MB (32%), 3.1 MB/s, 41,002 docs, ... 30 s``.
-
-A bar moves within a read chunk: :meth:`Progress.chunk` counts the chunk
-being tokenized as the tokenizer reports it (:func:`seqpack.core.meter.report`),
-so a 32 MiB chunk that takes half a minute to tokenize no longer sits at 0%.
+Shown on a terminal by default, anywhere with ``--progress``. On a terminal with a
+size: tqdm bars. Anywhere else (a pty without a size draws no bar; a pipe or file
+would get a wall of carriage returns): a plain line every :data:`LINE_SECONDS` while
+a stage runs and one when it ends, e.g. ``seqpack: reading: 96.5 MB of 300 MB (32%),
+3.1 MB/s, 41,002 docs, ... 30 s``. :meth:`Progress.chunk` moves a bar within a read
+chunk as the tokenizer reports (:func:`seqpack.core.meter.report`).
 """
 
 from __future__ import annotations
@@ -80,32 +74,19 @@ def _amount(n: float, unit: str, scale: bool) -> str:
 
 class Progress:
     """tqdm's ``update`` / ``set_postfix_str`` / ``close`` as plain lines on ``stream``: one
-    every ``interval`` seconds from a timer thread (also while nothing moves), and a last
-    one at :meth:`close` when ``final`` or when any was printed. With ``bar`` (a tqdm bar on
-    a sized terminal) the calls go to it and the timer redraws it every
-    :data:`BAR_SECONDS`. Thread-safe."""
+    every ``interval`` seconds from a timer thread (also while nothing moves) and a last
+    one at :meth:`close`. With ``bar`` (tqdm on a sized terminal) the calls go to it and
+    the timer redraws it every :data:`BAR_SECONDS`. ``quiet``: no timer, no lines.
+    Thread-safe."""
 
     def __init__(
-        self,
-        total: int | None,
-        desc: str,
-        unit: str,
-        *,
-        stream: Any,
-        interval: float,
-        final: bool,
-        unit_scale: bool = False,
-        bar: Any = None,
-        quiet: bool = False,
-    ) -> None:
+        self, total: int | None, desc: str, unit: str, *, stream: Any, interval: float,
+        unit_scale: bool = False, bar: Any = None, quiet: bool = False,
+    ) -> None:  # fmt: skip
         self.total, self.desc, self.unit, self.scale = total, desc, unit, unit_scale
-        self.stream, self.interval, self.final, self.bar = stream, interval, final, bar
-        self.n = 0.0
-        self.postfix = ""
-        self.printed = 0
+        self.stream, self.bar, self.n, self.postfix = stream, bar, 0.0, ""
         self.started = time.monotonic()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._lock, self._stop = threading.Lock(), threading.Event()
         self._timer: threading.Thread | None = None
         if not quiet:  # a bar is redrawn every second (elapsed time, rate) even when idle
             self.interval = interval if bar is None else BAR_SECONDS
@@ -156,7 +137,6 @@ class Progress:
     def _print(self) -> None:
         with self._lock:
             text = self.line()
-            self.printed += 1
         print(printable(text), file=self.stream, flush=True)
 
     def _tick(self) -> None:
@@ -171,7 +151,7 @@ class Progress:
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
-            if self.bar is None and (self.final or self.printed):
+            if self.bar is None:
                 self._print()
         if self.bar is not None:
             self.bar.close()
@@ -196,7 +176,7 @@ def progress_bar(
             **options,
         )  # fmt: skip
     progress = Progress(
-        total, desc, unit, stream=stream, interval=line_seconds(), final=True,
+        total, desc, unit, stream=stream, interval=line_seconds(),
         unit_scale=bool(options.get("unit_scale")), bar=bar, quiet=not enabled,
     )  # fmt: skip
     try:

@@ -85,7 +85,7 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
         i = int(np.argmax(tokens > capacity))
         raise OversizedExample(
             f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
-            " (format trl counts tokens, TRL's max_length) — raise --capacity or split it"
+            " (format trl counts tokens, TRL's max_length) — raise --max-length or split it"
             " with --split-long"
         )
     return tokens

@@ -17,7 +17,6 @@ import pyarrow as pa
 
 from seqpack.core.binding import Binding, split_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
-from seqpack.core.policies import check_policy_options
 from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
 from seqpack.io.shards import manifest_record
@@ -60,13 +59,9 @@ def _ray() -> Any:
 
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
-    """The running Ray instance, or one started here and shut down on exit.
-
-    Without ``address`` a local instance sized to the machine starts
-    (``num_cpus`` overrides its size); ``address`` (``auto``, ``HOST:PORT``,
-    ``ray://HOST:PORT``) joins a cluster. An instance already initialised
-    by the caller is used as is and left running.
-    """
+    """The running Ray instance (used as is, left running), or one started here and shut
+    down on exit: local, sized to the machine or ``num_cpus``, without ``address``; else
+    joining the cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
     ray = _ray()
     if ray.is_initialized():
         yield ray
@@ -122,9 +117,8 @@ def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
 
 @dataclass
 class TaskResults:
-    """What the tasks returned: block statistics (input order), the layout, the shards'
-    manifest entries and the shards they were written from, where each shard was
-    written, and every block's ids in input order."""
+    """What the tasks returned, in input order: block statistics, the layout, the shards'
+    manifest entries and layouts, where each was written, every block's ids."""
 
     block_stats: list[dict[str, Any]]
     layout: ShardLayout
@@ -135,9 +129,9 @@ class TaskResults:
 
 
 def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``.options`` of the plan and write tasks: plan tasks spread over the nodes unless
-    ``remote_args`` names a ``scheduling_strategy`` (blocks are CPU-bound and read their
-    own input); write tasks keep Ray's default, which runs them near their rows."""
+    """``.options`` of the plan and write tasks: plan tasks (CPU-bound, reading their own
+    input) spread over the nodes unless ``remote_args`` names a ``scheduling_strategy``;
+    write tasks keep Ray's default, near their rows."""
     return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
 
 
@@ -217,12 +211,9 @@ def run_tasks(
 
 
 def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
-    """The local pipeline's ``duplicate_ids`` (and ``duplicate_first``) over all blocks.
-
-    ``ids`` holds every block's ids end to end in input order (an Arrow
-    string array on the driver: about 4 bytes plus the id's length per
-    example, exact — no hashing); repeats within and across blocks count.
-    """
+    """The local pipeline's ``duplicate_ids`` (and ``duplicate_first``) over all blocks:
+    ``ids`` is every block's ids in input order (Arrow strings, exact); repeats within and
+    across blocks count."""
     starts = np.array([b.first for b in blocks], dtype=np.int64)
 
     def locate(global_row: int) -> str:
@@ -325,17 +316,14 @@ def pack(
     """Pack Parquet or JSON Lines shards — token ids or text — (or a ``ray.data.Dataset``)
     on Ray into the packed directory ``out``.
 
-    ``options`` are the local pipeline's (:class:`~seqpack.pipeline.options.PackOptions`),
-    ``engine`` the Ray ones (:class:`~seqpack.ray.ray_options.RayOptions`); keywords
-    override fields of either (``capacity=4096, block_examples=10_000``).
-    Text is tokenized in the tasks, block by block, with the tokenizer the
-    driver loaded (shipped through the object store). Statistics are
-    :func:`seqpack.pipeline.local.pack_path`'s plus ``blocks``,
-    ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
-    (rows / the global lower bound) and ``nodes`` (how many Ray nodes ran
-    tasks). ``max_metadata_bytes`` applies to each block alone. Without
-    ``split_id`` the split receipt digests the blocks' digests in order, so
-    it depends on the block layout: pin it when several layouts must agree.
+    ``options`` (:class:`~seqpack.pipeline.options.PackOptions`) and ``engine``
+    (:class:`~seqpack.ray.ray_options.RayOptions`); keywords override fields of either
+    (``max_length=4096, block_examples=10_000``). Text is tokenized in the tasks with the
+    tokenizer the driver loaded. Statistics: :func:`seqpack.pipeline.local.pack_path`'s
+    plus ``blocks``, ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
+    (rows / the global lower bound) and ``nodes``. ``max_metadata_bytes`` applies to each
+    block alone. Without ``split_id`` the split receipt digests the blocks' digests in
+    order, so it depends on the block layout: pin it when several layouts must agree.
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
@@ -343,7 +331,6 @@ def pack(
         raise InvalidInput(
             f"--format {opts.format} is written by the local engine only — drop --engine ray"
         )
-    check_policy_options(opts.policy, opts.policy_options, opts.capacity)
     with open_output(out, opts.overwrite, inputs=[source]) as output:
         return pack_into(source, output, opts, ray_opts)
 
@@ -365,15 +352,9 @@ def pack_into(
         else:
             blocks, inputs, block_examples = _dataset_blocks(ray, source, opts, ray_opts)
         say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
-        results = run_tasks(
-            ray,
-            blocks,
-            inputs,
-            settings,
-            output,
-            dict(ray_opts.remote_args),
-            opts.show_progress(sys.stderr),
-        )
+        show = opts.show_progress(sys.stderr)
+        args = (settings, output, dict(ray_opts.remote_args), show)
+        results = run_tasks(ray, blocks, inputs, *args)
         check_written(results.layout, results.entries, out)
         name = str(source) if files else "ray.data.Dataset"
         manifest = _manifest(opts, binding, results, name, block_examples, pad)

@@ -1,14 +1,9 @@
 """Where a Ray packing ran: the ``engine`` record's per-block, per-shard and per-node parts.
 
-Pure bookkeeping on the driver, from what the tasks returned. A block's
-``read/tokenize/plan_seconds`` (wall clock) and ``plan_cpu_seconds`` (the
-worker's CPU time) are its plan task's own; its ``write_seconds`` and
-``write_cpu_seconds`` are its share of the shards holding its rows, by rows
-(a shard of 8 rows, 6 of block 0 and 2 of block 1, written in 0.4 s gives
-block 0 0.3 s and block 1 0.1 s). CPU time far below wall time means the
-node was oversubscribed (other work took its cores). ``nodes`` sums each node's real task
-times (a shard's write counts on the node that wrote it), busiest first, so
-the first entry is the node the run waited for.
+Bookkeeping on the driver. A block's read/tokenize/plan seconds and CPU seconds are its
+plan task's; its write seconds are its share, by rows, of the shards holding its rows
+(a shard of 6 rows of block 0 and 2 of block 1 written in 0.4 s: 0.3 s and 0.1 s).
+``nodes`` sums each node's task times, busiest (the one the run waited for) first.
 """
 
 from __future__ import annotations

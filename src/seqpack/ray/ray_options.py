@@ -1,11 +1,6 @@
-"""The Ray engine's own options, declared once: :class:`RayOptions`.
-
-Everything about *what* is packed is a :class:`~seqpack.pipeline.options.PackOptions`
-field; these say only *where* and *in what pieces* it runs. The command
-line's ``--block-examples`` / ``--ray-address`` / ``--ray-num-cpus`` come
-from this class's field metadata, as ``seqpack pack``'s other flags come
-from ``PackOptions``.
-"""
+"""The Ray engine's own options: :class:`RayOptions`, *where* and *in what pieces* a run
+goes (*what* is packed is :class:`~seqpack.pipeline.options.PackOptions`'). Their flags
+(``--block-examples``, ``--ray-address``, ``--ray-num-cpus``) are in the field metadata."""
 
 from __future__ import annotations
 
@@ -84,5 +79,5 @@ class RayOptions:
         ours = {k: overrides.pop(k) for k in list(overrides) if k in mine}
         ray_opts = dataclasses.replace(engine or cls(), **ours) if ours else (engine or cls())
         if options is None and not overrides:
-            raise InvalidInput("the ray engine needs at least capacity= (or a PackOptions)")
+            raise InvalidInput("the ray engine needs at least max_length= (or a PackOptions)")
         return PackOptions.of(options, **overrides), ray_opts

@@ -1,14 +1,7 @@
-"""What a task needs to know about the worker it runs in: its node, its threads, its encoder.
-
-- :func:`node_of_task` names the Ray node (and its IP) a task ran on, for
-  the manifest's ``engine.per_block``; outside Ray, the host name.
-- :func:`limit_tokenizer_threads` gives the Rust tokenizer as many threads
-  as the task has CPUs, as Ray does for OpenMP (``OMP_NUM_THREADS``): with
-  one thread pool per worker sized to the machine, ``n`` one-CPU tasks on
-  an ``n``-core node would each start ``n`` threads.
-- :func:`task_tokenizer` encodes with ``encode_batch_fast`` (no offsets, no
-  string tokens) where the installed ``tokenizers`` has it; the ids are the
-  same as ``encode_batch``'s.
+"""What a task needs to know about its worker: its node (:func:`node_of_task`), its
+threads (:func:`limit_tokenizer_threads`: the Rust pool sized to the task's CPUs, as Ray
+does for OpenMP, else ``n`` one-CPU tasks each start ``n`` threads), its encoder
+(:func:`task_tokenizer`: ``encode_batch_fast``, the same ids without offsets/strings).
 """
 
 from __future__ import annotations
@@ -44,11 +37,8 @@ def node_of_task() -> dict[str, str]:
 
 
 def limit_tokenizer_threads() -> None:
-    """Size the Rust thread pool (``RAYON_NUM_THREADS``) to the task's CPUs, unless set.
-
-    Takes effect before the worker's first parallel encode (Rust builds its
-    pool once per process); a worker process runs tasks of one shape here.
-    """
+    """Size the Rust thread pool (``RAYON_NUM_THREADS``) to the task's CPUs, unless set
+    (before the worker's first parallel encode: Rust builds its pool once a process)."""
     ray = _ray_worker()
     if ray is None or "RAYON_NUM_THREADS" in os.environ:
         return

@@ -1,9 +1,5 @@
-"""Arguments of the training API checked at the public boundary, before anything is allocated.
-
-Each check raises one :class:`~seqpack.core.errors.InvalidInput` (or
-:class:`~seqpack.core.errors.BudgetExceeded` for a size over the budget)
-naming the argument, the value and the fix, as the CLI's own checks do.
-"""
+"""Arguments of the training API checked at the border, before anything is allocated: one
+InvalidInput (BudgetExceeded for a size) naming the argument, the value and the fix."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def verification_layout(
     if max(layout.lengths) > layout.capacity:
         raise InvalidInput(
             f"an example of {max(layout.lengths)} pairs does not fit rows of {layout.capacity}"
-            " — raise --capacity"
+            " — raise --max-length"
         )
     if max_positions is not None and layout.capacity > max_positions:
         raise InvalidInput(

@@ -1,0 +1,201 @@
+"""Command-line text to option values, and the ``argparse`` flags of the option classes.
+
+Every packing flag is declared once, in the ``metadata`` of a field of
+:class:`~seqpack.pipeline.options.PackOptions` (or ``RayOptions`` /
+``TreeOptions``); :func:`add_arguments` turns them into ``argparse`` options
+and :func:`from_arguments` the parsed values back into the options object.
+Text becomes a number only through :func:`parse_int`, :func:`parse_byte_size`
+and :func:`parse_option`: ``inf``, ``nan``, fractions, out-of-range and absurd
+values are one line naming the flag (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from seqpack.core.checks import MAX_OPTION_VALUE, positive_int
+from seqpack.core.errors import InvalidInput
+from seqpack.pipeline.options import PackOptions
+
+_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+_BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
+_INTEGER = re.compile(r"^[+-]?\d+(?:_\d+)*$")
+
+
+def parse_int(text: str, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A whole number in decimal (``4096``, ``10_000``, ``-3``) within ``±2**62`` and, when
+    given, ``[minimum, maximum]``; ``inf``, ``nan``, ``1e3``, ``4096.0`` are refused."""
+    body = str(text).strip()
+    if not _INTEGER.match(body):
+        raise InvalidInput(f"{name} {text!r} is not a whole number — write e.g. 4096")
+    if len(body) > 100 or abs(int(body)) > MAX_OPTION_VALUE:  # int() of 100 digits is cheap
+        raise InvalidInput(f"{name} {text!r} is beyond any usable size (at most 2**62)")
+    value = int(body)
+    low = -MAX_OPTION_VALUE if minimum is None else minimum
+    high = MAX_OPTION_VALUE if maximum is None else maximum
+    if not low <= value <= high:
+        raise InvalidInput(
+            f"{name} {text!r} is outside [{low:,}, {high:,}] — pass a value in that range"
+        )
+    return value
+
+
+def parse_count(text: str, name: str) -> int:
+    """A positive integer written in decimal (``4096``, ``10_000``), at most 2**62."""
+    return parse_int(text, name, 1, MAX_OPTION_VALUE)
+
+
+def parse_byte_size(text: str, name: str) -> int:
+    """``123``, ``512K``, ``1.5G``, ``2GiB`` (powers of 1024) as a byte count in [1, 2**62]."""
+    match = _BYTE_SIZE.match(str(text)) if len(str(text)) <= 40 else None
+    if match is None:
+        raise InvalidInput(f"{name} {text!r} is not a byte size like 512M or 2G")
+    value = float(match[1]) * (1 << _UNITS[match[2].upper()])
+    if not math.isfinite(value) or value >= MAX_OPTION_VALUE:
+        raise InvalidInput(f"{name} {text!r} is beyond any machine's memory — write e.g. 2G")
+    return positive_int(name, int(value), MAX_OPTION_VALUE)
+
+
+def parse_switch(text: str, flag: str) -> bool:
+    """``true`` / ``false`` (any case; also 1/0, yes/no) as a bool, else one line naming it."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    try:
+        return value[text.strip().lower()]
+    except KeyError:
+        raise InvalidInput(f"{flag} takes true or false, not {text!r}") from None
+
+
+def _finite(value: Any, where: str) -> Any:
+    """``value`` (parsed JSON) unless it holds a non-finite or absurd number, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{where}: {value} is not a usable value — write a finite number")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if abs(value) > MAX_OPTION_VALUE:
+            raise InvalidInput(
+                f"{where}: {value:.3g} is beyond any usable size (at most 2**62) — write a"
+                " smaller number"
+            )
+    elif isinstance(value, (list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            _finite(item, where)
+    return value
+
+
+def parse_option(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(key, value)``: dashes in the key become underscores; the value
+    is JSON when it parses (numbers, booleans, lists), else the text itself. Non-finite
+    numbers (``Infinity``, ``NaN``, ``1e999``) and numbers beyond ``±2**62`` are refused."""
+    key, sep, value = str(item).partition("=")
+    if not sep or not key.strip():
+        raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
+
+    def refuse(constant: str) -> Any:
+        raise InvalidInput(
+            f"--option {item!r}: {constant} is not a usable value — write a finite number"
+        )
+
+    try:
+        parsed: Any = json.loads(value, parse_constant=refuse)
+    except InvalidInput:
+        raise
+    except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
+        parsed = value
+    return key.strip().replace("-", "_"), _finite(parsed, f"--option {item!r}")
+
+
+def policy_options(items: Iterable[str]) -> dict[str, Any]:
+    """``["window=4096", "seed=1"]`` -> ``{"window": 4096, "seed": 1}`` (JSON values or text)."""
+    return dict(parse_option(item) for item in items)
+
+
+#: How a field's text becomes its value; a field whose flag says ``type=int`` is read by
+#: :func:`parse_int` and its range checked by the options class, as for any caller.
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "max_metadata_bytes": parse_byte_size,
+    "chunk_bytes": parse_byte_size,
+    "shard_tokens": parse_count,
+    "completion_only_loss": parse_switch,
+}
+
+
+def argparse_type(parse: Callable[[str, str], Any], flag: str) -> Callable[[str], Any]:
+    """``parse(text, flag)`` as an argparse ``type=``: its one-line message on refusal."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text, flag)
+        except InvalidInput as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _flagged(cls: type, command: str) -> list[dataclasses.Field]:
+    return [
+        f
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("flag") is not None and command in f.metadata["commands"]
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = PackOptions) -> None:
+    """Add every flag of ``cls`` (default :class:`PackOptions`) that ``command`` takes."""
+    for f in _flagged(cls, command):
+        kwargs = dict(f.metadata["argparse"])
+        parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
+        if parse is not None:
+            kwargs["type"] = argparse_type(parse, f.metadata["flag"])
+        target: Any = parser
+        if f.name == "max_length":  # and its old name, never both
+            target = parser.add_mutually_exclusive_group()
+            old_capacity(target, "max_length")
+        target.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
+
+
+def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptions) -> Any:
+    """The ``cls`` options (default :class:`PackOptions`) of parsed ``args``."""
+    values = {f.name: getattr(args, f.name) for f in _flagged(cls, command)}
+    if "policy_options" in values:
+        values["policy_options"] = policy_options(values["policy_options"])
+    if cls is PackOptions and args.max_length is None:
+        raise InvalidInput(
+            "the following arguments are required: --max-length (tokens per row, the width"
+            f" of input_ids; see seqpack {command} --help)"
+        )
+    return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+class OldName(argparse.Action):
+    """A flag's old name (``--capacity`` of ``--max-length``): stores into the new one's
+    ``dest`` and prints one deprecation line on stderr."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if not getattr(namespace, "old_name_warned", False):
+            print(
+                f"{parser.prog}: warning: {option} is deprecated; pass --max-length {values}"
+                " (the same number: tokens per row)",
+                file=sys.stderr,
+            )
+            namespace.old_name_warned = True
+        setattr(namespace, self.dest, values)
+
+
+def old_capacity(parser: Any, dest: str) -> None:
+    """``--capacity N``, the 0.x name of ``--max-length``, kept one release (not in --help)."""
+    convert = argparse_type(parse_int, "--capacity")
+    parser.add_argument(
+        "--capacity", dest=dest, action=OldName, type=convert, help=argparse.SUPPRESS
+    )
+
+
+def cli_flags(command: str) -> list[str]:
+    """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
+    return [f.metadata["flag"] for f in _flagged(PackOptions, command)]
