@@ -213,7 +213,7 @@ def test_the_reading_bar_moves_while_a_chunk_is_tokenized(tmp_path, monkeypatch)
         bar.update = update
         with bar.chunk(1000):
             _, offsets = tok.encode_batch(texts)
-    batches = len(tokenizers._batches(texts, 4000))
+    batches = len(tokenizers.text_spans(texts, 4000))
     assert batches >= 3 and len(seen) >= batches - 1
     assert seen == sorted(seen) and seen[0] < 1000 and seen[-1] == 1000
     assert offsets.shape[0] == len(texts) + 1

@@ -389,6 +389,19 @@ def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
     return copy.deepcopy(rust) if rust is backend.backend_tokenizer else rust
 
 
+def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
+    """``[a, b)`` spans of ``texts`` holding about ``size`` characters each (at least one)."""
+    spans, start, total = [], 0, 0
+    for i, text in enumerate(texts):
+        total += len(text)
+        if total >= size:
+            spans.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(texts) or not spans:
+        spans.append((start, len(texts)))
+    return spans
+
+
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer loaded from a local path.
 
@@ -455,14 +468,7 @@ class HFTokenizer:
         :data:`ENCODE_BATCH` characters (the tokenizer's own per-token records live for
         one batch at a time)."""
         texts = list(texts)
-        spans, start, total = [], 0, 0
-        for i, text in enumerate(texts):
-            total += len(text)
-            if total >= ENCODE_BATCH:
-                spans.append((start, i + 1))
-                start, total = i + 1, 0
-        if start < len(texts) or not spans:
-            spans.append((start, len(texts)))
+        spans = text_spans(texts, ENCODE_BATCH)
         parts = []
         for i, (a, b) in enumerate(spans):
             parts.append(self._encode(texts[a:b]))
