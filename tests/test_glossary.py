@@ -1,0 +1,218 @@
+"""The glossary of docs/architecture.md is what the public names say (issue 20).
+
+Every public name -- each package's ``__all__``, every public module-level function
+and class under ``src/seqpack``, every flag of every ``seqpack`` command -- is cut
+into word parts (``snake_case``, ``CamelCase``, ``--kebab-case``); none may hold a
+word the glossary retired (its ``not`` column) unless the name is listed in
+:data:`ALLOWED` with the reason it stays for now. A retired word that is itself a
+term (``verify``, ``engine``) is left to review; a term that contains a retired word
+(``sliding_window``) is taken out of a name before the retired words are looked for.
+The old spellings of renamed public names still work, with a DeprecationWarning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "seqpack"
+PACKAGES = (
+    "seqpack",
+    "seqpack.io",
+    "seqpack.pipeline",
+    "seqpack.training",
+    "seqpack.nn",
+    "seqpack.hf",
+    "seqpack.ray",
+    "seqpack.verify",
+)
+
+#: Names that keep a retired word for now, and why (remove an entry when its rename lands).
+ALLOWED = {
+    # the CLI's own rename (flags, PackOptions fields): --capacity becomes --max-length
+    "--capacity": "the CLI rename to --max-length",
+    "--split-long": "the CLI rename (the option keeps its name until then)",
+    "--partition": "the CLI rename (the PackOptions field is partition until then)",
+    "FIXTURE_CAPACITY": "the seed's fixture width in cells; follows the capacity rename",
+    "check_tree_capacity": "follows the capacity rename",
+    # an input column is named partition (the data's own format)
+    "PARTITION_COLUMN": "the name of the input column",
+    # --tree auto's grouping window: rows at most N apart (a look-ahead of the grouping)
+    "--tree-window": "the CLI rename of --tree auto's grouping window",
+}
+
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z]|\d|\b)|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def parts(name: str) -> list[str]:
+    """``expected_split`` -> ``["expected", "split"]``; ``SplitMismatch`` ->
+    ``["split", "mismatch"]``; ``--max-length`` -> ``["max", "length"]``."""
+    out: list[str] = []
+    for chunk in re.split(r"[_\-\s.]+", name.strip("-_`")):
+        out += [p.lower() for p in _CAMEL.findall(chunk)]
+    return out
+
+
+def glossary() -> list[tuple[str, list[str]]]:
+    """(term, retired words) per row of the glossary table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] in ("term", "") or set(cells[0]) <= {"-"}:
+            continue
+        term = re.findall(r"`([^`]+)`", cells[0])
+        assert len(term) == 1, f"a glossary row names one term in backticks: {line}"
+        rows.append((term[0], re.findall(r"`([^`]+)`", cells[2])))
+    return rows
+
+
+def test_the_glossary_has_the_terms_of_issue_20():
+    terms = {t for t, _ in glossary()}
+    need = {
+        "row",
+        "cell",
+        "example",
+        "span",
+        "segment",
+        "lookahead",
+        "sliding_window",
+        "Split",
+        "data_digest",
+        "max_length",
+        "integrity",
+        "verify",
+        "layout",
+        "kernels",
+        "engine",
+        "cut_long",
+        "shard",
+        "manifest",
+        "binding",
+        "policy",
+    }
+    assert need <= terms, sorted(need - terms)
+    assert 15 <= len(terms) <= 25
+
+
+def _contains(name_parts: list[str], word: list[str]) -> bool:
+    n = len(word)
+    return any(name_parts[i : i + n] == word for i in range(len(name_parts) - n + 1))
+
+
+def _without_terms(name_parts: list[str], terms: list[list[str]]) -> list[str]:
+    """``name_parts`` with every multi-part term in it blanked (``sliding_window``)."""
+    out = list(name_parts)
+    for term in terms:
+        n = len(term)
+        if n < 2:
+            continue
+        for i in range(len(out) - n + 1):
+            if out[i : i + n] == term:
+                out[i : i + n] = [""] * n
+    return out
+
+
+def public_names() -> dict[str, str]:
+    """Every public name -> where it is."""
+    names: dict[str, str] = {}
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            names.setdefault(name, f"{package}.__all__")
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        if any(p.startswith("_") and p != "__init__" for p in rel.parts):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if is_def and not node.name.startswith("_"):
+                names.setdefault(node.name, ".".join(rel.parts))
+    names.update({flag: f"seqpack {cmd}" for cmd, flag in cli_flags()})
+    return names
+
+
+def cli_flags() -> list[tuple[str, str]]:
+    from seqpack.cli import build_parser
+
+    out = []
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for cmd, sub in action.choices.items():
+                for act in sub._actions:
+                    out += [(cmd, o) for o in act.option_strings if o.startswith("--")]
+    return out
+
+
+def test_no_public_name_uses_a_retired_word():
+    rows = glossary()
+    term_parts = [parts(t) for t, _ in rows]
+    retired = {
+        word
+        for _, nots in rows
+        for word in nots
+        if parts(word) not in term_parts  # verify, engine: terms of their own
+    }
+    bad = []
+    for name, where in sorted(public_names().items()):
+        if name in ALLOWED:
+            continue
+        name_parts = _without_terms(parts(name), term_parts)
+        hits = [w for w in sorted(retired) if _contains(name_parts, parts(w))]
+        if hits:
+            bad.append(f"{name} ({where}) uses {', '.join(hits)}")
+    assert not bad, "retired words in public names (rename, or list in ALLOWED):\n" + "\n".join(bad)
+
+
+def test_every_allowed_name_still_exists():
+    """An ALLOWED entry goes when its rename lands (so the list cannot rot)."""
+    names = public_names()
+    assert not sorted(set(ALLOWED) - set(names))
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        ("seqpack", "Partition", "Split"),
+        ("seqpack", "PartitionMismatch", "SplitMismatch"),
+        ("seqpack", "split_digest", "data_digest"),
+        ("seqpack", "split_long", "cut_long"),
+        ("seqpack.core.binding", "Partition", "Split"),
+        ("seqpack.core.binding", "split_digest", "data_digest"),
+        ("seqpack.core.errors", "PartitionMismatch", "SplitMismatch"),
+        ("seqpack.core.examples", "split_long", "cut_long"),
+        ("seqpack.core.stream_packer", "DEFAULT_WINDOW", "DEFAULT_LOOKAHEAD"),
+        ("seqpack.core.permission", "check_window", "check_sliding_window"),
+    ],
+)
+def test_old_names_still_work_with_a_warning(module, old, new):
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=f"{old} is now .*{new}"):
+        assert getattr(mod, old) is getattr(mod, new)
+
+
+def test_old_keywords_still_work_with_a_warning(tmp_path):
+    from seqpack import InvalidInput
+    from seqpack.io.store import load_packed
+
+    for old in ("verify", "expected_partition"):
+        value = "train" if old == "expected_partition" else True
+        with (
+            pytest.warns(DeprecationWarning, match=f"{old}="),
+            pytest.raises(InvalidInput, match=r"no manifest\.json"),
+        ):
+            load_packed(tmp_path, **{old: value})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InvalidInput, match=r"no manifest\.json"):
+            load_packed(tmp_path, integrity=True, expected_split="train")
+    with pytest.raises(TypeError, match="both verify= and integrity="):
+        load_packed(tmp_path, verify=True, integrity=True)
