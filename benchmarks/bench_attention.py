@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqpack import Binding, ExampleTable, PackConfig, Partition, pack_examples
+from seqpack import Binding, ExampleTable, PackConfig, Split, pack_examples
 from seqpack.core.loss import token_weighted_loss
 from seqpack.core.policies import plan_rows
 from seqpack.nn import AttentionLayout, attention
@@ -95,7 +95,7 @@ def workload_table(rows: int, capacity: int, workload: str = "w1", seed: int = 0
         example_ids=ids,
         range_starts=np.zeros(n, dtype=np.int64),
         range_ends=lengths + 1,
-        partition=Partition.TRAIN,
+        partition=Split.TRAIN,
         binding=BINDING,
     )
 

@@ -39,7 +39,7 @@ from seqpack.io.atomic import open_output
 from seqpack.pipeline.local import pack_path
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import file_blocks
-from seqpack.ray.shard_layout import ShardLayout
+from seqpack.ray.shard_layout import ShardCuts
 from seqpack.ray.tasks import Settings, plan_block, write_shard
 from workloads import EXPECTED_SHA, w1_sft
 
@@ -75,7 +75,7 @@ def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
     )
     with ProcessPoolExecutor(workers) as pool, open_output(out, overwrite=True) as output:
         planned = list(pool.map(plan_block, blocks, [settings] * len(blocks)))
-        layout = ShardLayout(len(blocks), settings.options.max_rows_per_batch)
+        layout = ShardCuts(len(blocks), settings.options.max_rows_per_batch)
         shards = [shard for stats, _ in planned for shard in layout.add(stats)]
         jobs = [
             pool.submit(

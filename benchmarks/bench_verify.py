@@ -8,10 +8,10 @@ packed best-fit-decreasing at capacity 4096 and written by ``write_packed``
 (shards of 2**25 tokens, zstd). Then, each timed ``--repeats`` times with the
 files in the page cache (one untimed read first), median reported:
 
-- ``verify=False``: the manifest checks alone (``check_manifest``);
-- ``verify=True``: plus size and sha256 of every shard (the checksum fast path,
+- ``integrity=False``: the manifest checks alone (``check_manifest``);
+- ``integrity=True``: plus size and sha256 of every shard (the checksum fast path,
   the default);
-- ``verify="full"``: plus every shard decoded now and held against the
+- ``integrity="full"``: plus every shard decoded now and held against the
   manifest (``check_contents``);
 - the baseline, in the same run: decoding every shard once (``shard_rows``),
   which any epoch over the output does anyway; each shard read at any depth
@@ -85,7 +85,7 @@ def timed(fn, repeats: int) -> float:
 
 
 def decode_all(out: Path) -> None:
-    store = load_packed(out, verify=False)
+    store = load_packed(out, integrity=False)
     for k in range(len(store.shards)):
         store.shard_rows(k)
 
@@ -93,7 +93,7 @@ def decode_all(out: Path) -> None:
 def checks_only(out: Path) -> tuple[float, float]:
     """Seconds ``check_table`` and ``check_shard`` take over every shard (decoding
     excluded)."""
-    store = load_packed(out, verify=False)
+    store = load_packed(out, integrity=False)
     tables = shards = 0.0
     for k, entry in enumerate(store.shards):
         table = pq.read_table(out / entry["file"], memory_map=True)
@@ -109,7 +109,7 @@ def checks_only(out: Path) -> tuple[float, float]:
 
 def plain_decode(out: Path) -> None:
     """Every shard decoded into rows with no check (what loading cost before checking)."""
-    store = load_packed(out, verify=False)
+    store = load_packed(out, integrity=False)
     for entry in store.shards:
         table = pq.read_table(out / entry["file"], memory_map=True)
         arrow_to_rows(table, capacity=store.capacity, partition=store.partition,
@@ -150,7 +150,7 @@ def main() -> None:
     examples = 20_000 if args.quick else args.examples
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         out = build(Path(tmp), examples)
-        store = load_packed(out, verify="full")  # warms the page cache
+        store = load_packed(out, integrity="full")  # warms the page cache
         size = sum(s["bytes"] for s in store.shards)
         tokens = sum(s["tokens"] for s in store.shards)
         print(f"W1[:{examples:,}]: {store.num_rows:,} rows, {tokens:,} tokens, "
@@ -158,12 +158,12 @@ def main() -> None:
               f" load average {os.getloadavg()[0]:.2f}")  # fmt: skip
         base = timed(lambda: decode_all(out), args.repeats)
         rows = [
-            ("verify=False (manifest checks)", timed(lambda: load_packed(out, verify=False),
+            ("verify=False (manifest checks)", timed(lambda: load_packed(out, integrity=False),
                                                      args.repeats)),
             ("verify=True (+ sha256 of every shard)", timed(lambda: load_packed(out),
                                                             args.repeats)),
             ('verify="full" (+ every shard decoded, checked)',
-             timed(lambda: load_packed(out, verify="full"), args.repeats)),
+             timed(lambda: load_packed(out, integrity="full"), args.repeats)),
             ("baseline: decode every shard once", base),
             ("plain decode, no checks", timed(lambda: plain_decode(out), args.repeats)),
             *zip(("check_table alone, every shard", "check_shard alone, every shard"),

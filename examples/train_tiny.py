@@ -35,14 +35,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from seqpack import ByteTokenizer, ExampleTable, Partition, split_digest, split_long
+from seqpack import ByteTokenizer, ExampleTable, Split, cut_long, data_digest
 from seqpack.core.binding import Binding
 from seqpack.core.loss import masked_nll_sum
 from seqpack.io.store import write_packed
 from seqpack.pipeline.local import pack_table
 from seqpack.training import (
-    PackedCollator,
     PackedBatches,
+    PackedCollator,
     RowSampler,
     decoder_inputs,
     micro_batch_loss,
@@ -84,7 +84,7 @@ def example_table(units: list[tuple[str, str]], capacity: int, long: str) -> Exa
     tok = ByteTokenizer()
     tokens, offsets = tok.encode_batch([t for _, t in units])
     ids = np.array([n for n, _ in units], dtype=object)
-    binding = Binding(tok.vocab_size, tok.identity, split_digest(*ids))
+    binding = Binding(tok.vocab_size, tok.identity, data_digest(*ids))
     counts = np.diff(offsets)
     table = ExampleTable(
         windows=tokens,
@@ -94,12 +94,12 @@ def example_table(units: list[tuple[str, str]], capacity: int, long: str) -> Exa
         example_ids=ids.copy(),
         range_starts=np.zeros(counts.shape[0], dtype=np.int64),
         range_ends=counts,
-        partition=Partition.TRAIN,
+        partition=Split.TRAIN,
         binding=binding,
     )
     if long == "drop":
         return table.take(np.flatnonzero(table.lengths <= capacity))
-    return split_long(table, capacity)[0]
+    return cut_long(table, capacity)[0]
 
 
 def packed_dir(table: ExampleTable, capacity: int, policy: str, rows: int, root: Path) -> Path:

@@ -62,7 +62,7 @@ most expensive kind. The rules:
   manifest and shards must agree (`seqpack.io.integrity`); files it does not list
   are never read. On W1 (69M tokens)
   the default checksum fast path costs 0.08× of decoding every shard once
-  and a full verify (`load_packed(path, verify="full")`) 1.13× (3.7 s);
+  and a full verify (`load_packed(path, integrity="full")`) 1.13× (3.7 s);
   each shard read is checked against the manifest at every depth for 4% of
   its decoding (see *Integrity* below). Plans and stream,
   sampler and dataset states are held to every invariant their loaders rely
@@ -172,14 +172,14 @@ len + 1`, no null anywhere. An edit that breaks any of these fails the load with
 line naming what disagrees; a shard edited *and* re-hashed in the manifest is a new
 output, loaded only if it keeps every invariant. `tokenizer_id`, `split_id`, the
 partition and a raised `vocab_size` are claims no row can confirm: they are checked
-against what the caller expects (`expected_binding=`, `expected_partition=`).
+against what the caller expects (`expected_binding=`, `expected_split=`).
 
-Three depths (`load_packed(path, verify=...)`), measured on W1 (200,000 examples,
+Three depths (`load_packed(path, integrity=...)`), measured on W1 (200,000 examples,
 69M tokens, 251 MiB in 3 shards, page cache warm, one Arrow thread, load average
 5.9 on 2 shared cores; `benchmarks/bench_verify.py`), against decoding every shard
 once (3.27 s, what any epoch over the output does anyway):
 
-| `verify=` | checks | seconds | × decoding |
+| `integrity=` | checks | seconds | × decoding |
 |---|---|---|---|
 | `False` | the manifest alone | 0.000 | 0.000 |
 | `True` (default) | + size and sha256 of every shard (checksum fast path) | 0.27 | 0.08 |
@@ -219,7 +219,7 @@ INVARIANTS = [
     ),
     (
         "a batch never holds an example of another partition; a `partition` column must match"
-        " `--partition`; `load_packed(..., expected_partition=)` checks an output's",
+        " `--partition`; `load_packed(..., expected_split=)` checks an output's",
         "`test_integrity.py` (partitions), `test_hostile.py` (mixed-partitions)",
     ),
     (

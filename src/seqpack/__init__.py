@@ -19,7 +19,7 @@ and ``seqpack.pipeline`` pyarrow, ``seqpack.hf`` transformers and datasets).
 
 from seqpack import _compat
 from seqpack.core.batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch
-from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.binding import Binding, Split, data_digest
 from seqpack.core.compact import (
     CompactRows,
     PackedEpoch,
@@ -35,10 +35,10 @@ from seqpack.core.errors import (
     InvalidInput,
     NotAvailable,
     OversizedExample,
-    PartitionMismatch,
     SeqpackError,
+    SplitMismatch,
 )
-from seqpack.core.examples import ExampleTable, SequenceExample, long_ranges, split_long
+from seqpack.core.examples import ExampleTable, SequenceExample, cut_long, long_ranges
 from seqpack.core.permission import CuSeqlens, KeyRanges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
@@ -70,19 +70,33 @@ __all__ = [
     "PackOptions",
     "PackedBatch",
     "PackedEpoch",
-    "Partition",
-    "PartitionMismatch",
     "Placements",
     "Plan",
     "SeqpackError",
     "SequenceExample",
+    "Split",
+    "SplitMismatch",
     "StreamPacker",
     "compact_rows",
+    "cut_long",
+    "data_digest",
     "load_tokenizer",
     "long_ranges",
     "materialize",
     "pack_examples",
     "plan_rows",
-    "split_digest",
-    "split_long",
 ]
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "Partition": "Split",
+        "PartitionMismatch": "SplitMismatch",
+        "split_digest": "data_digest",
+        "split_long": "cut_long",
+    },
+)

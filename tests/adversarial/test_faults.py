@@ -297,7 +297,7 @@ def test_a_signal_at_any_stage_exits_143_or_130_and_publishes_nothing_half(tmp_p
     assert proc.returncode == code and proc.stderr == said, proc.stderr
     if stage == "after-commit":  # published whole, before the signal arrived
         _only_its_files(tmp_path / "out")
-        assert load_packed(tmp_path / "out", verify="full").num_rows > 0
+        assert load_packed(tmp_path / "out", integrity="full").num_rows > 0
     else:  # nothing published: the folder it made is gone with everything in it
         assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 

@@ -339,13 +339,13 @@ def test_pack_dataset_arguments(name, value):
 
 @DOORS
 @given(
-    name=st.sampled_from(["path", "expected_binding", "verify", "expected_partition"]),
+    name=st.sampled_from(["path", "expected_binding", "integrity", "expected_split"]),
     value=HOSTILE,
 )
 def test_load_packed_arguments(packed, name, value):
     from seqpack.io.store import load_packed
 
-    args = {"path": packed / "out", "verify": True} | {name: value}
+    args = {"path": packed / "out", "integrity": True} | {name: value}
     _outcome(lambda: load_packed(args.pop("path"), **args))
 
 

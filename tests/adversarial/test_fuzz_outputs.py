@@ -10,7 +10,7 @@ Two hypothesis targets over one small packed output (three shards, made by
   rewritten and its size and sha256 recomputed in the manifest (so the
   checksums hold and only the agreement checks can object).
 
-Each edited output is loaded and every model call read (``verify=True`` and
+Each edited output is loaded and every model call read (``integrity=True`` and
 ``"full"``). A manifest edit gives a :class:`~seqpack.SeqpackError`, or
 exactly the batches of the unedited output (cells, segments, positions,
 flags, occurrences and provenance). The binding's identity strings, the
@@ -23,7 +23,7 @@ A shard edited *and re-hashed* is a new output as far as any check can tell
 contract is: a :class:`~seqpack.SeqpackError`, or batches that keep every
 invariant (tokens in the vocabulary, every occurrence whole, inside its
 row, its segment and positions intact, provenance consistent; once per
-shard, and once in the whole output under ``verify="full"``).
+shard, and once in the whole output under ``integrity="full"``).
 """
 
 import copy
@@ -101,7 +101,7 @@ def _check(out, reference, edit: str = "", same: bool = True, depths=(True, "ful
     batches exactly (``same``), or batches that keep every invariant."""
     for verify in depths:
         try:
-            store = load_packed(out, verify=verify)
+            store = load_packed(out, integrity=verify)
             batches = list(store)
         except SeqpackError as err:  # anything else propagates: a failure naming the edit
             assert "\n" not in str(err), "one line"

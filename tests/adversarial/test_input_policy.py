@@ -302,11 +302,11 @@ def test_ray_lays_out_blocks_through_the_same_policy(tmp_path):
 
 
 def test_ray_workers_bound_parquet_row_groups(tmp_path):
-    from seqpack.ray.blocks import Piece, read_piece
+    from seqpack.ray.blocks import InputSlice, read_slice
 
     _parquet_bomb(tmp_path / "bomb.parquet")
     with pytest.raises(InvalidInput, match="decompression bomb"):
-        read_piece(Piece(str(tmp_path / "bomb.parquet"), 0, 16_000, 0), "text")
+        read_slice(InputSlice(str(tmp_path / "bomb.parquet"), 0, 16_000, 0), "text")
 
 
 def test_an_unreachable_ray_address_fails_within_seconds():

@@ -18,9 +18,9 @@ from seqpack import (
     ExampleTable,
     InvalidInput,
     PackConfig,
-    Partition,
-    PartitionMismatch,
     SequenceExample,
+    Split,
+    SplitMismatch,
     pack_examples,
 )
 from seqpack.core.loss import token_weighted_loss
@@ -66,7 +66,7 @@ def test_files_the_manifest_does_not_list_are_never_read(packed, tmp_path):
     (out / "shard-0002-00000.parquet").write_bytes(first.read_bytes())  # a killed run's
     (out / "shard-00099.parquet").write_bytes(b"garbage")
     (out / "notes.txt").write_text("mine")
-    assert [b.segments.tolist() for b in load_packed(out, verify="full")] == want
+    assert [b.segments.tolist() for b in load_packed(out, integrity="full")] == want
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
@@ -92,7 +92,7 @@ def _split_records(tmp_path, rng):
 def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rng):
     records = _split_records(tmp_path, rng)
     mixed = write_jsonl(tmp_path / "mixed.jsonl", records)
-    with pytest.raises(PartitionMismatch, match=r"mixed\.jsonl line 1: .* 'validation'"):
+    with pytest.raises(SplitMismatch, match=r"mixed\.jsonl line 1: .* 'validation'"):
         pack_path(mixed, tmp_path / "bad", capacity=16, vocab_size=VOCAB)
     assert not (tmp_path / "bad").exists()
     outs = {}
@@ -101,11 +101,11 @@ def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rn
         data = write_jsonl(tmp_path / f"{part}.jsonl", subset)
         outs[part] = tmp_path / part
         pack_path(data, outs[part], capacity=16, vocab_size=VOCAB, partition=part)
-        got = recovered_examples(load_packed(outs[part], expected_partition=part))
+        got = recovered_examples(load_packed(outs[part], expected_split=part))
         assert sorted(e["source_id"] for e in got.values()) == sorted(r["id"] for r in subset)
     train = load_packed(outs["train"])
-    with pytest.raises(PartitionMismatch, match="holds partition 'validation', not 'train'"):
-        load_packed(outs["validation"], expected_partition="train")
+    with pytest.raises(SplitMismatch, match="holds partition 'validation', not 'train'"):
+        load_packed(outs["validation"], expected_split="train")
     # The split receipt differs too: the training binding refuses validation data.
     with pytest.raises(BindingMismatch, match="split_id"):
         load_packed(outs["validation"], train.binding)
@@ -121,17 +121,17 @@ def test_a_batch_never_holds_an_example_of_another_partition(parts):
         for i, p in enumerate(parts)
     ]
     if set(parts) != {"train"}:
-        with pytest.raises(PartitionMismatch):
+        with pytest.raises(SplitMismatch):
             pack_examples("train", examples, BINDING, PackConfig(4, 2))
         table = ExampleTable.from_examples(
             [e for e in examples if e.partition.value == parts[0]], parts[0], BINDING
         )
         if parts[0] != "train":
-            with pytest.raises(PartitionMismatch):
+            with pytest.raises(SplitMismatch):
                 pack_examples("train", table, BINDING, PackConfig(4, 2))
         return
     epoch = pack_examples("train", examples, BINDING, PackConfig(4, 2))
-    assert all(b.partition is Partition.TRAIN for b in epoch.batches)
+    assert all(b.partition is Split.TRAIN for b in epoch.batches)
 
 
 # ---------------------------------------------------------------- provenance

@@ -120,7 +120,7 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(data, tmp_path):
     assert "removed 1 file(s) it wrote" in got.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "ready"]
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", *_listed(out)])
-    load_packed(out, verify="full")
+    load_packed(out, integrity="full")
 
 
 def test_another_thread_of_the_same_process_is_refused(data, tmp_path):

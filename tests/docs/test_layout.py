@@ -101,7 +101,7 @@ def test_functions_stay_small():
 
 
 def word_parts(name: str) -> list[str]:
-    """The lower-case words of a snake_case or CamelCase name: ``PartitionMismatch`` ->
+    """The lower-case words of a snake_case or CamelCase name: ``SplitMismatch`` ->
     ``["partition", "mismatch"]``, ``read_HF_config`` -> ``["read", "hf", "config"]``."""
     pattern = r"[A-Z]+(?=[A-Z][a-z]|\d|$)|[A-Z]?[a-z]+|[A-Z]+|\d+"
     return [w.lower() for chunk in name.split("_") for w in re.findall(pattern, chunk)]
@@ -175,12 +175,17 @@ def names_using_retired_words(
 
 
 def test_word_parts_and_the_retired_word_check():
-    assert word_parts("PartitionMismatch") == ["partition", "mismatch"]
+    assert word_parts("SplitMismatch") == ["partition", "mismatch"]
     assert word_parts("read_HFConfig") == ["read", "hf", "config"]
-    names = {"sliding_window_mask": "a", "check_window": "b", "pair_counts_of": "c", "pairs": "d"}
+    names = {
+        "sliding_window_mask": "a",
+        "check_sliding_window": "b",
+        "pair_counts_of": "c",
+        "pairs": "d",
+    }
     got = names_using_retired_words(names, ["window", "pair_counts"], ["sliding_window"])
     assert got == [
-        "b: check_window uses retired window",
+        "b: check_sliding_window uses retired window",
         "c: pair_counts_of uses retired pair_counts",
     ]
     table = "## Glossary\n\n| term | means | not |\n|---|---|---|\n| `split` | a | `partition` |\n"

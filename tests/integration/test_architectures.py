@@ -202,9 +202,9 @@ def _tiny(model_type, **options):
 
 
 def _batch(lengths, capacity, vocab=266):
-    from seqpack.verify.models import VerifyLayout, verification_examples
+    from seqpack.verify.models import VerifyCase, verification_examples
 
-    examples = verification_examples(vocab, 0, layout=VerifyLayout(tuple(lengths), capacity))
+    examples = verification_examples(vocab, 0, layout=VerifyCase(tuple(lengths), capacity))
     (batch,) = pack_examples(
         "train", examples, examples[0].binding, PackConfig(capacity, len(lengths))
     ).batches

@@ -94,7 +94,7 @@ def test_the_first_pack_dataset_call_imports_nothing_heavy():
 @pytest.mark.parametrize("masked", [False, True])
 def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     from seqpack.core import engine
-    from seqpack.core.binding import Binding, Partition
+    from seqpack.core.binding import Binding, Split
     from seqpack.core.compact import CompactRows
     from seqpack.io.shards import token_offsets
     from seqpack.io.trl_schema import trl_columns
@@ -105,7 +105,7 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     cols = CompactRows(
         row_offsets=np.array([0, 120, 300]), tokens=rng.integers(0, 500, total,
         dtype=np.int32), lengths=lengths, starts=None, ordinals=None, capacity=64,
-        partition=Partition.TRAIN, binding=Binding(500, "t", "s"),
+        partition=Split.TRAIN, binding=Binding(500, "t", "s"),
         loss_mask=rng.random(int(lengths.sum())) < 0.7 if masked else None,
     )  # fmt: skip
     tok, _ = token_offsets(cols)

@@ -21,7 +21,7 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.utils import TransformersKwargs
 
-from seqpack import InvalidInput, PackConfig, Partition, PartitionMismatch, pack_examples
+from seqpack import InvalidInput, PackConfig, Split, SplitMismatch, pack_examples
 from seqpack.hf.adapter import hf_inputs
 from seqpack.hf.attention_impl import seqpack_varlen_attention
 from seqpack.hf.collator import HFCollator
@@ -294,10 +294,10 @@ def test_a_training_collator_refuses_validation_rows():
     batch = fixture_batch()
     import dataclasses
 
-    held_out = dataclasses.replace(batch, partition=Partition.VALIDATION)
+    held_out = dataclasses.replace(batch, partition=Split.VALIDATION)
     collate = HFCollator("seqpack_varlen")
     assert collate([batch])["input_ids"].shape == (1, 9)
-    with pytest.raises(PartitionMismatch, match="expects train rows but got a validation"):
+    with pytest.raises(SplitMismatch, match="expects train rows but got a validation"):
         collate([held_out])
     assert HFCollator("seqpack_varlen", partition="validation")([held_out])["seq_idx"].shape == (
         1,

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import ExampleTable, OversizedExample, SequenceExample, plan_rows
-from seqpack.core.examples import long_ranges, split_long
+from seqpack.core.examples import cut_long, long_ranges
 from seqpack.core.policies import POLICIES
 from seqpack.io.store import load_packed
 from seqpack.pipeline.local import pack_path
@@ -46,7 +46,7 @@ def test_split_long_selects_interior_ranges_with_their_flags(data):
             )
         )
     table = ExampleTable.from_examples(examples, "train", BINDING)
-    split, count = split_long(table, capacity)
+    split, count = cut_long(table, capacity)
     assert count == sum(n - 1 > capacity for n in docs)
     assert (split.lengths <= capacity).all()
     for i in range(len(split)):

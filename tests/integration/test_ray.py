@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import BudgetExceeded, InvalidInput, Partition, PartitionMismatch, split_digest
+from seqpack import BudgetExceeded, InvalidInput, Split, SplitMismatch, data_digest
 from seqpack.cli import main
 from seqpack.core.config import PackConfig
 from seqpack.io.readers import load_examples, read_documents
 from seqpack.io.store import load_packed
 from seqpack.pipeline.budget import check_budget
 from seqpack.pipeline.local import pack_path
-from seqpack.ray.shard_layout import ShardLayout
+from seqpack.ray.shard_layout import ShardCuts
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples
 from support.ray_helpers import private_loopback_ray
@@ -136,7 +136,7 @@ def _manifest(out):
     st.data(),
 )
 def test_layout_cuts_every_row_once_on_model_call_boundaries(rows, step, data):
-    layout = ShardLayout(len(rows), step)
+    layout = ShardCuts(len(rows), step)
     shards = []
     for n in rows:
         cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=3))) if n > 1 else []
@@ -309,7 +309,7 @@ def test_default_ids_and_split_receipt_follow_the_input(ray_instance, records, t
     for rows in (_all_rows(out), _all_rows(local)):  # the id is the row number in the folder
         assert np.array_equal(rows["source_ids"], rows["ordinals"].astype(str).astype(object))
     digests = [read_documents(f).digest("train") for f in sorted(folder.glob("*.parquet"))]
-    expected = split_digest("seqpack-split-blocks", "train", *digests)
+    expected = data_digest("seqpack-split-blocks", "train", *digests)
     assert load_packed(out).binding.split_id == expected
 
 
@@ -363,7 +363,7 @@ def test_validation_rows_never_enter_training_rows(ray_instance, records, tmp_pa
     pq.write_table(table, folder / "all.parquet")
     # Blocks run in parallel: the error names a validation row of whichever failing block
     # reports first (row 5 in block 0, or a later one), always the row and its own id.
-    with pytest.raises(PartitionMismatch) as err:
+    with pytest.raises(SplitMismatch) as err:
         _pack(folder, tmp_path / "out", block_examples=1000)
     named = re.search(r"all\.parquet row (\d+) \(id 'doc-(\d+)'\) belongs to", str(err.value))
     assert named and named[1] == named[2] and split[int(named[1])] == "validation", err.value
@@ -373,8 +373,8 @@ def test_validation_rows_never_enter_training_rows(ray_instance, records, tmp_pa
     pq.write_table(table.filter(pa.array([p == "validation" for p in split])), val / "v.parquet")
     _pack(val, tmp_path / "val-out", partition="validation")
     store = load_packed(tmp_path / "val-out")
-    assert store.partition is Partition.VALIDATION
-    assert all(batch.partition is Partition.VALIDATION for batch in store)
+    assert store.partition is Split.VALIDATION
+    assert all(batch.partition is Split.VALIDATION for batch in store)
     assert store.manifest["statistics"]["examples"] == split.count("validation")
 
 

@@ -16,9 +16,9 @@ from seqpack.io.jsonl import read_jsonl
 from seqpack.io.tokenizers import HFTokenizer, load_tokenizer
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray import jsonl_blocks
-from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_piece
+from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_slice
 from seqpack.ray.engine_record import per_block, per_node
-from seqpack.ray.shard_layout import ShardLayout
+from seqpack.ray.shard_layout import ShardCuts
 from seqpack.ray.tasks import Settings
 from seqpack.ray.worker import FastTokenizer, task_tokenizer
 
@@ -62,7 +62,7 @@ def test_line_range_blocks_read_every_record_once_in_order(
         patch.setattr(jsonl_blocks, "SCAN_BYTES", scan_bytes)  # lines across reads
         runs = jsonl_pieces(paths, size)
     want = [row for p in paths for row in read_jsonl(p).to_pylist()]
-    got = [row for run in runs for piece in run for row in read_piece(piece, "text").to_pylist()]
+    got = [row for run in runs for piece in run for row in read_slice(piece, "text").to_pylist()]
     assert got == want
     sizes = [sum(p.stop - p.start for p in run) for run in runs]
     assert sum(sizes) == len(want)
@@ -193,7 +193,7 @@ def test_a_pickled_tokenizer_needs_no_files(bpe, tmp_path, kind):
 
 
 def test_write_seconds_are_shared_by_rows_and_nodes_sum_their_tasks():
-    layout = ShardLayout(2, 4)
+    layout = ShardCuts(2, 4)
     stats = [
         {"examples": 9, "rows": 6, "tokens": 50, "cuts": []},
         {"examples": 3, "rows": 2, "tokens": 10, "cuts": []},

@@ -70,7 +70,7 @@ def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Ten
     )
     from seqpack.verify.decoder import DecoderConfig, TinyDecoder
 
-    ds = PackedDataset(folder / "packed", expected_partition="train")
+    ds = PackedDataset(folder / "packed", expected_split="train")
     samplers = [
         RowSampler(ds.row_stats(), rows_per_micro_batch=4, micro_batches=2, seed=0,
                    balance="attention", world_size=WORLD, rank=r)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import BudgetExceeded, InvalidInput, PackConfig, Partition, pack_examples
+from seqpack import BudgetExceeded, InvalidInput, PackConfig, Split, pack_examples
 from seqpack.core import arith as budget
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.config import check_segment_namespace, plan_metadata_bytes
@@ -38,13 +38,13 @@ def reference_bytes(epoch) -> int:
 @given(example_lists(max_capacity=10, max_examples=12), st.integers(1, 5))
 def test_the_metadata_peak_is_what_materialize_allocates(case, rows):
     examples, capacity = case
-    epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows))
+    epoch = pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows))
     assert epoch.metadata_peak == reference_bytes(epoch)
     assert plan_metadata_bytes(epoch.plan, PackConfig(capacity, rows)) == epoch.metadata_peak
     # One byte short is refused before anything is allocated; the exact budget packs.
     with pytest.raises(BudgetExceeded) as err:
         pack_examples(
-            Partition.TRAIN,
+            Split.TRAIN,
             examples,
             BINDING,
             PackConfig(capacity, rows, max_metadata_bytes=epoch.metadata_peak - 1),
@@ -54,11 +54,11 @@ def test_the_metadata_peak_is_what_materialize_allocates(case, rows):
         f" {epoch.metadata_peak - 1:,} — raise the budget or pack fewer examples per call"
     )
     config = PackConfig(capacity, rows, max_metadata_bytes=epoch.metadata_peak)
-    assert pack_examples(Partition.TRAIN, examples, BINDING, config).row_count == epoch.row_count
+    assert pack_examples(Split.TRAIN, examples, BINDING, config).row_count == epoch.row_count
 
 
 def test_cells_and_records_per_byte_follow_the_dtypes():
-    batch = pack_examples(Partition.TRAIN, [], BINDING, PackConfig(4, 1))
+    batch = pack_examples(Split.TRAIN, [], BINDING, PackConfig(4, 1))
     assert batch.batches == [] and batch.metadata_peak == 0
     assert 4 * np.dtype(np.int32).itemsize + 3 * np.dtype(np.bool_).itemsize == budget.CELL_BYTES
     assert budget.PLAN_BYTES == budget.GATHER_BYTES == 4 * INT64

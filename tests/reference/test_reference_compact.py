@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import ExampleTable, InvalidInput, Partition, SequenceExample, plan_rows
+from seqpack import ExampleTable, InvalidInput, SequenceExample, Split, plan_rows
 from seqpack.core import compact as compact_mod
-from seqpack.core.compact import compact_rows, gather_segments, window_labels
+from seqpack.core.compact import compact_rows, gather_segments, span_labels
 from seqpack.core.policies import POLICIES
 from seqpack.verify.fixture import fixture_binding, fixture_examples
 
@@ -89,12 +89,12 @@ def assert_batch_is_reference(batch, want, capacity):
 )
 def test_compact_rows_are_the_plain_row_by_row_layout(case, policy, per, use_numba):
     examples, capacity = case
-    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, policy)
     rows = compact_rows(table, plan, use_numba=use_numba)
     want = reference_rows(examples, plan)
     assert_rows_equal(rows, want)
-    assert rows.capacity == capacity and rows.partition is Partition.TRAIN
+    assert rows.capacity == capacity and rows.partition is Split.TRAIN
     assert rows.binding == BINDING
     first = 0
     for batch in rows.batches(per):
@@ -170,5 +170,5 @@ def test_window_labels_by_hand(flag_lists, use_numba):
     mask = np.array([f for flags in flag_lists for f in flags], dtype=bool)
     lengths = np.array([len(f) for f in flag_lists], dtype=np.int64)
     want = [label for w, f in zip(windows, flag_lists, strict=True) for label in labels_of(w, f)]
-    got = window_labels(tokens, mask, lengths, use_numba)
+    got = span_labels(tokens, mask, lengths, use_numba)
     assert got.dtype == np.int32 and got.tolist() == want

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import Binding, BindingMismatch, InvalidInput, PackConfig, Partition, pack_examples
-from seqpack.core.binding import INT32_MAX, split_digest
+from seqpack import Binding, BindingMismatch, InvalidInput, PackConfig, Split, pack_examples
+from seqpack.core.binding import INT32_MAX, data_digest
 from seqpack.core.counts import batch_counts, compare_layouts, layout_counts
 from seqpack.core.policies import POLICIES, plan_rows
 
@@ -68,12 +68,12 @@ def test_split_digest_is_sha256_over_null_terminated_parts(parts):
     h = hashlib.sha256()
     for part in parts:
         h.update((part.encode("utf-8") if isinstance(part, str) else part) + b"\x00")
-    assert split_digest(*parts) == "sha256:" + h.hexdigest()[:32]
+    assert data_digest(*parts) == "sha256:" + h.hexdigest()[:32]
 
 
 def test_split_digest_separates_its_parts():
-    assert split_digest("ab", "c") != split_digest("a", "bc")
-    assert len(split_digest("x")) == len("sha256:") + 32
+    assert data_digest("ab", "c") != data_digest("a", "bc")
+    assert len(data_digest("x")) == len("sha256:") + 32
 
 
 # ----------------------------------------------------------------- counts
@@ -82,9 +82,7 @@ def test_split_digest_separates_its_parts():
 @given(example_lists(max_capacity=10, max_examples=10), st.integers(1, 4))
 def test_batch_counts_equal_the_per_cell_reference(case, rows):
     examples, capacity = case
-    for batch in pack_examples(
-        Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows)
-    ).batches:
+    for batch in pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows)).batches:
         layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
         r, t = batch.shape
         valid = sum(p is not None for row in layout.owner for p in row)
@@ -132,8 +130,8 @@ def test_an_empty_layout_has_zero_density():
 
 
 def test_partition_names_parse_in_any_case_and_unknown_ones_list_the_choices():
-    assert Partition.parse("VALIDATION") is Partition.VALIDATION
-    assert Partition.parse(Partition.TEST) is Partition.TEST
+    assert Split.parse("VALIDATION") is Split.VALIDATION
+    assert Split.parse(Split.TEST) is Split.TEST
     with pytest.raises(InvalidInput) as err:
-        Partition.parse("dev")
+        Split.parse("dev")
     assert str(err.value) == "unknown partition 'dev'; use one of train, validation, test"

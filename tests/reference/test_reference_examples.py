@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import Binding, ExampleTable, InvalidInput, Partition, SequenceExample
-from seqpack.core.examples import as_token_array, concat_ranges, long_ranges, split_long
+from seqpack import Binding, ExampleTable, InvalidInput, SequenceExample, Split
+from seqpack.core.examples import as_token_array, concat_ranges, cut_long, long_ranges
 
 from support.reference import split_ranges
 from support.strategies import BINDING, example_lists
@@ -181,7 +181,7 @@ def test_long_ranges_are_the_plain_split(counts, capacity):
 def test_split_long_keeps_every_pair_and_flag_once(case, capacity):
     examples, _ = case
     table = ExampleTable.from_examples(examples, "train", BINDING)
-    split, count = split_long(table, capacity)
+    split, count = cut_long(table, capacity)
     assert count == sum(len(ex) > capacity for ex in examples)
     if count == 0:
         assert split is table
@@ -223,7 +223,7 @@ def test_table_checks_name_the_example_and_the_fix():
         "binding": Binding(3, "t", "s"),
     }
     table = ExampleTable(**ok)
-    assert table.partition is Partition.TRAIN  # a name becomes the Partition
+    assert table.partition is Split.TRAIN  # a name becomes the Split
     cases = [
         (
             {"binding": None},

@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, pack_examples
+from seqpack import EmptyObjective, InvalidInput, PackConfig, Split, pack_examples
 from seqpack.core import loss as core_loss
 from seqpack.pipeline.local import pack_path
 from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
@@ -164,7 +164,7 @@ def test_core_loss_of_batches_and_their_global_division(case, rows, seed_):
     examples, capacity = case
     rng = np.random.default_rng(seed_)
     table = rng.normal(size=(BINDING.vocab_size, BINDING.vocab_size))
-    epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows))
+    epoch = pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows))
     windows = [([int(t) for t in ex.window], [bool(f) for f in ex.loss_mask]) for ex in examples]
     want_loss, want_n, _ = reference_step_numpy(windows, table)
     total, count = 0.0, 0

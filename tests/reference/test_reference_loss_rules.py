@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import assume, given
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, SequenceExample
+from seqpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
 from seqpack import pack_examples as pack
 from seqpack.core import loss as core_loss
 from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
@@ -130,7 +130,7 @@ def test_empty_objective_messages_name_what_was_empty():
     ex = SequenceExample.from_document(
         [0, 5, 1], source_id="p", partition="train", binding=BINDING, loss_mask=[False, False]
     )
-    batch = pack(Partition.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
+    batch = pack(Split.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
     with pytest.raises(EmptyObjective) as err:
         core_loss.token_weighted_loss(np.zeros((1, 4, 266)), batch)
     assert str(err.value) == (
@@ -231,7 +231,7 @@ def test_default_and_probe_messages_name_what_was_empty():
     ex = SequenceExample.from_document(
         [0, 5, 1], source_id="p", partition="train", binding=BINDING, loss_mask=[False, False]
     )
-    batch = pack(Partition.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
+    batch = pack(Split.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
     with pytest.raises(EmptyObjective) as err:
         core_loss.weighting_report(np.zeros((1, 4, 266)), batch)
     assert str(err.value).startswith("the probe batch has 0 loss-eligible targets,")
@@ -246,7 +246,7 @@ def test_rows_and_occurrences_without_targets_are_left_out_of_the_means():
         )
         for i, (d, m) in enumerate(zip(docs, masks, strict=True))
     ]
-    batch = pack(Partition.TRAIN, examples, BINDING, PackConfig(3, 3)).batches[0]
+    batch = pack(Split.TRAIN, examples, BINDING, PackConfig(3, 3)).batches[0]
     assert batch.shape == (3, 3) and not batch.loss_mask[1].any()  # the middle row: none
     logits = np.random.default_rng(4).normal(size=(3, 3, 266))
     nll = {

@@ -23,8 +23,8 @@ from seqpack import (
     ExampleTable,
     InvalidInput,
     PackConfig,
-    Partition,
-    PartitionMismatch,
+    Split,
+    SplitMismatch,
     materialize,
     pack_examples,
     plan_rows,
@@ -45,9 +45,7 @@ def packings(draw):
     examples, capacity = draw(example_lists(max_capacity=10, max_examples=10))
     policy = draw(st.sampled_from(sorted(POLICIES)))
     rows = draw(st.integers(1, 4))
-    epoch = pack_examples(
-        Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows), policy=policy
-    )
+    epoch = pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows), policy=policy)
     return examples, capacity, rows, epoch
 
 
@@ -141,7 +139,7 @@ def test_every_occurrence_once_whole_with_its_provenance(case):
             assert tuple(rec["range"]) == ex.range
             assert rec["columns"][1] - rec["columns"][0] == len(ex)
             seen.append(rec["ordinal"])
-        assert batch.partition is Partition.TRAIN and batch.binding == BINDING
+        assert batch.partition is Split.TRAIN and batch.binding == BINDING
         # Storage order: (row, column) ascending.
         keys = list(zip(occ.row.tolist(), occ.col_start.tolist(), strict=True))
         assert keys == sorted(keys)
@@ -155,7 +153,7 @@ def test_every_occurrence_once_whole_with_its_provenance(case):
 @given(example_lists(max_capacity=10, max_examples=12), st.integers(1, 4))
 def test_next_fit_places_as_the_plain_loop_does(case, rows_per):
     examples, capacity = case
-    epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows_per))
+    epoch = pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows_per))
     row_of, start_of = reference_next_fit(np.array([len(ex) for ex in examples]), capacity)
     want = list(zip(row_of, start_of, strict=True))
     got = {}
@@ -245,7 +243,7 @@ def test_materialize_refuses_a_plan_for_other_examples_or_another_width():
 
 def test_a_table_of_another_partition_or_binding_is_refused_by_name():
     table = ExampleTable.from_examples(fixture_examples(), "train", fixture_binding())
-    with pytest.raises(PartitionMismatch) as err:
+    with pytest.raises(SplitMismatch) as err:
         pack_examples("validation", table, fixture_binding(), PackConfig(6, 2))
     assert str(err.value) == (
         "examples belong to partition 'train', not 'validation'"
@@ -262,7 +260,7 @@ def test_a_table_and_its_examples_pack_alike_with_policy_options():
     table = ExampleTable.from_examples(examples, "train", fixture_binding())
     options = {"policy": "stream-best-fit", "window": 2, "max_open_rows": 1, "seed": 5}
     a = pack_examples("train", examples, fixture_binding(), PackConfig(6, 2), **options)
-    b = pack_examples(Partition.TRAIN, table, fixture_binding(), PackConfig(6, 2), **options)
+    b = pack_examples(Split.TRAIN, table, fixture_binding(), PackConfig(6, 2), **options)
     assert a.plan.to_dict() == b.plan.to_dict() and a.plan.policy == "stream-best-fit"
     want = stream_plan([len(ex) for ex in examples], 6, 2, 1, 5)
     got = zip(range(len(examples)), a.plan.row_of.tolist(), a.plan.start_of.tolist(), strict=True)

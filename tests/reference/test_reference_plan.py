@@ -28,7 +28,7 @@ from seqpack.core.checks import (
 )
 from seqpack.core.plan import validate_plan
 from seqpack.core.policies import POLICIES, check_policy_options, decreasing_order
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
+from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
 
 from support.reference import decreasing, stream_plan
 
@@ -148,7 +148,7 @@ def test_decreasing_order_is_the_stable_longest_first_sort(lengths, capacity):
 def test_stream_best_fit_defaults_are_the_packers(case, seed):
     lengths, capacity = case
     plan = plan_rows(lengths, capacity, "stream-best-fit", seed=seed)
-    want = stream_plan(lengths, capacity, DEFAULT_WINDOW, DEFAULT_MAX_OPEN_ROWS, seed)
+    want = stream_plan(lengths, capacity, DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, seed)
     got = zip(range(len(lengths)), plan.row_of.tolist(), plan.start_of.tolist(), strict=True)
     assert sorted(got) == sorted(want)
 

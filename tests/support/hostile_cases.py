@@ -40,9 +40,9 @@ from seqpack import (
     InvalidInput,
     OversizedExample,
     PackConfig,
-    PartitionMismatch,
     SeqpackError,
     SequenceExample,
+    SplitMismatch,
     pack_examples,
 )
 from seqpack.cli import main
@@ -531,7 +531,7 @@ CASES: list[Case] = [
         },
         _pack_argv(),
         _pack,
-        PartitionMismatch,
+        SplitMismatch,
         (f"{DATA} line 2", "belongs to partition 'validation'", "--partition validation"),
     ),
     Case(
@@ -545,7 +545,7 @@ CASES: list[Case] = [
             Binding(300, "t", "s"),
             PackConfig(8, 2),
         ),
-        PartitionMismatch,
+        SplitMismatch,
         ("example 1 ('v[0:3]'[0:3])", "belongs to partition 'validation'", "pack it separately"),
     ),
     Case(

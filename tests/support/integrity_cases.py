@@ -27,8 +27,8 @@ from seqpack import (
     BindingMismatch,
     BudgetExceeded,
     InvalidInput,
-    PartitionMismatch,
     SeqpackError,
+    SplitMismatch,
 )
 from seqpack.io.shards import FIELDS, sha256_file
 from seqpack.io.store import MANIFEST, load_packed
@@ -51,7 +51,7 @@ def make_packed(folder: Path) -> tuple[Path, list[dict]]:
 
 def load_all(out: Path, verify: bool | str = True) -> Any:
     """What a training job does: open the output and read every model call."""
-    store = load_packed(out, verify=verify)
+    store = load_packed(out, integrity=verify)
     for _ in store:
         pass
     return store
@@ -323,13 +323,13 @@ DAMAGES: list[Damage] = [
            lambda out: None, BindingMismatch, ("split_id 'sha256:",),
            _expected_binding("split_id")),
     Damage("other-partition", "a training output loaded as validation data",
-           lambda out: None, PartitionMismatch,
+           lambda out: None, SplitMismatch,
            ("holds partition 'train', not 'validation'", "load the validation output"),
-           lambda out: load_packed(out, expected_partition="validation")),
-    Damage("unverified-truncated", "a truncated shard read with `verify=False`",
+           lambda out: load_packed(out, expected_split="validation")),
+    Damage("unverified-truncated", "a truncated shard read with `integrity=False`",
            _rewrite_shard(lambda b: b[:-100]), InvalidInput,
            ("shard-0001-00001.parquet: cannot read the shard", "pack again"),
-           lambda out: load_packed(out, verify=False).shard_rows(1)),
+           lambda out: load_packed(out, integrity=False).shard_rows(1)),
     # Edited shards, their size and sha256 recomputed: only the agreement checks see them.
     Damage("token-beyond-vocabulary", "a token id >= vocab_size written into a shard",
            _edit_shard(_set_token(VOCAB + 7)), InvalidInput,
@@ -346,7 +346,7 @@ DAMAGES: list[Damage] = [
     Damage("ordinal-twice-across-shards", "an ordinal of shard 0 reused in shard 1 (full verify)",
            _ordinal_of_shard_0, InvalidInput,
            ("ordinals are not 0..occurrences-1 each once",),
-           lambda out: load_packed(out, verify="full")),
+           lambda out: load_packed(out, integrity="full")),
     Damage("provenance-range", "a provenance range one token longer than its window",
            _edit_shard(_lengthen_range),
            InvalidInput, ("a provenance range [range_start, range_end) is not its window's",)),

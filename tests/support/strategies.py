@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from seqpack import Binding, PackConfig, Partition, SequenceExample, pack_examples
+from seqpack import Binding, PackConfig, SequenceExample, Split, pack_examples
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
 
@@ -41,7 +41,7 @@ def example_lists(draw, max_capacity: int = 12, max_examples: int = 10):
             SequenceExample.from_document(
                 doc,
                 source_id=f"doc{i}",
-                partition=Partition.TRAIN,
+                partition=Split.TRAIN,
                 binding=BINDING,
                 range=(pre, pre + length + 1),
                 loss_mask=mask,
@@ -54,5 +54,5 @@ def example_lists(draw, max_capacity: int = 12, max_examples: int = 10):
 def packed_epochs(draw, max_capacity: int = 12, max_examples: int = 10):
     examples, capacity = draw(example_lists(max_capacity, max_examples))
     rows = draw(st.integers(1, 4))
-    epoch = pack_examples(Partition.TRAIN, examples, BINDING, PackConfig(capacity, rows))
+    epoch = pack_examples(Split.TRAIN, examples, BINDING, PackConfig(capacity, rows))
     return examples, capacity, epoch

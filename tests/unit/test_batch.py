@@ -9,9 +9,9 @@ from seqpack import (
     InvalidInput,
     OversizedExample,
     PackConfig,
-    Partition,
-    PartitionMismatch,
     SequenceExample,
+    Split,
+    SplitMismatch,
     pack_examples,
 )
 from seqpack.core.config import check_segment_namespace
@@ -109,8 +109,8 @@ def test_oversized_example_names_index_id_length_and_capacity():
 def test_validation_example_never_enters_a_training_batch():
     b = fixture_binding()
     val = SequenceExample.from_document([0, 9, 1], source_id="v", partition="validation", binding=b)
-    with pytest.raises(PartitionMismatch, match="belongs to partition 'validation'"):
-        pack_examples(Partition.TRAIN, [*fixture_examples(), val], b, PackConfig(6, 2))
+    with pytest.raises(SplitMismatch, match="belongs to partition 'validation'"):
+        pack_examples(Split.TRAIN, [*fixture_examples(), val], b, PackConfig(6, 2))
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
+from seqpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
 from seqpack.core.loss import masked_nll_sum
 from seqpack.nn import BACKENDS, AttentionLayout
 from seqpack.nn.attention import ranges_attention
@@ -136,7 +136,7 @@ def test_fixture_separate_padded_packed_agree_on_every_logit_loss_and_gradient()
     layouts = {}
     for name, policy, width in (("padded", "padded", 4), ("packed", "next-fit", 6)):
         [batch] = pack_examples(
-            Partition.TRAIN, examples, binding, PackConfig(width, 3), policy=policy
+            Split.TRAIN, examples, binding, PackConfig(width, 3), policy=policy
         ).batches
         forward = model.forward_padded if name == "padded" else model.forward_packed
         logits = forward(batch)

@@ -6,9 +6,9 @@ from seqpack import (
     BindingMismatch,
     ExampleTable,
     InvalidInput,
-    Partition,
-    PartitionMismatch,
     SequenceExample,
+    Split,
+    SplitMismatch,
 )
 
 B = Binding(266, "bytes", "sha256:abc")
@@ -16,7 +16,7 @@ B = Binding(266, "bytes", "sha256:abc")
 
 def make(tokens, **kw):
     kw.setdefault("source_id", "doc")
-    kw.setdefault("partition", Partition.TRAIN)
+    kw.setdefault("partition", Split.TRAIN)
     kw.setdefault("binding", B)
     return SequenceExample.from_document(tokens, **kw)
 
@@ -79,13 +79,13 @@ def test_table_rejects_other_partition_and_binding():
     ok = make([0, 1, 2], source_id="a")
     val = make([0, 1, 2], source_id="v", partition="validation")
     with pytest.raises(
-        PartitionMismatch,
+        SplitMismatch,
         match="example 1 \\('v\\[0:3\\]'\\[0:3\\]\\) belongs to partition 'validation'",
     ):
-        ExampleTable.from_examples([ok, val], Partition.TRAIN, B)
+        ExampleTable.from_examples([ok, val], Split.TRAIN, B)
     other = make([0, 1, 2], binding=Binding(266, "other-tok", "sha256:abc"))
     with pytest.raises(BindingMismatch, match="tokenizer_id 'other-tok' != expected 'bytes'"):
-        ExampleTable.from_examples([ok, other], Partition.TRAIN, B)
+        ExampleTable.from_examples([ok, other], Split.TRAIN, B)
 
 
 def test_table_round_trips_examples_and_take_duplicates():

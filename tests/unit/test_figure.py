@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from seqpack import InvalidInput, PackConfig, Partition, pack_examples
+from seqpack import InvalidInput, PackConfig, Split, pack_examples
 from seqpack.verify.figure import FIELDS, draw_batch, draw_fixture
 from seqpack.verify.figure import PAD_COLOR as PAD_GREY
 from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
@@ -45,7 +45,7 @@ def test_the_drawn_cells_and_matrices_are_the_reference_permission(tmp_path, dra
     examples = fixture_examples()
     width = 6 if policy != "padded" else 4
     batch = pack_examples(
-        Partition.TRAIN, examples, fixture_binding(), PackConfig(width, 3), policy=policy
+        Split.TRAIN, examples, fixture_binding(), PackConfig(width, 3), policy=policy
     ).batches[0]
     draw_batch(batch, tmp_path / "layout.svg")
     [fig] = drawn
@@ -129,14 +129,14 @@ def test_unknown_extension_is_a_clear_error_and_writes_nothing(tmp_path):
 
 def test_too_large_batches_are_refused():
     ex = fixture_examples()
-    wide = pack_examples(Partition.TRAIN, ex, fixture_binding(), PackConfig(64, 1)).batches[0]
+    wide = pack_examples(Split.TRAIN, ex, fixture_binding(), PackConfig(64, 1)).batches[0]
     with pytest.raises(InvalidInput, match="too large to draw legibly"):
         draw_batch(wide, "unused.png")
 
 
 def test_padded_layout_draws_too(tmp_path):
     batch = pack_examples(
-        Partition.TRAIN, fixture_examples(), fixture_binding(), PackConfig(4, 3), policy="padded"
+        Split.TRAIN, fixture_examples(), fixture_binding(), PackConfig(4, 3), policy="padded"
     ).batches[0]
     assert np.array_equal(batch.occurrences.row, [0, 1, 2])
     svg = draw_batch(batch, tmp_path / "padded.svg").read_text()

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, Partition, SequenceExample
+from seqpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
 from seqpack import pack_examples as pack
 from seqpack.core.loss import (
     LossSum,
@@ -80,7 +80,7 @@ def test_non_finite_logits_in_excluded_cells_change_nothing(poison):
         ),
         SequenceExample.from_document([0, 9, 1], source_id="n", partition="train", binding=BINDING),
     ]
-    batch = pack(Partition.TRAIN, ex, BINDING, PackConfig(8, 1)).batches[0]
+    batch = pack(Split.TRAIN, ex, BINDING, PackConfig(8, 1)).batches[0]
     logits = np.random.default_rng(0).normal(size=(*batch.shape, 266))
     clean = token_weighted_loss(logits, batch)
     dirty = logits.copy()
@@ -143,7 +143,7 @@ def test_numpy_and_torch_agree_with_a_per_cell_reference(case):
 def test_raw_sums_accumulate_to_the_whole_epoch_mean(case):
     """Per-batch raw sums added and divided once equal one batch holding every row."""
     examples, capacity, epoch = case
-    whole = pack(Partition.TRAIN, examples, BINDING, PackConfig(capacity, epoch.row_count))
+    whole = pack(Split.TRAIN, examples, BINDING, PackConfig(capacity, epoch.row_count))
     [one] = whole.batches
     logits = np.random.default_rng(3).normal(size=(one.shape[0], capacity, 266))
     parts = [
@@ -160,7 +160,7 @@ def test_zero_eligible_targets_is_a_clear_error():
     ex = SequenceExample.from_document(
         [0, 5, 1], source_id="p", partition="train", binding=BINDING, loss_mask=[False, False]
     )
-    batch = pack(Partition.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
+    batch = pack(Split.TRAIN, [ex], BINDING, PackConfig(4, 1)).batches[0]
     logits = np.zeros((1, 4, 266))
     assert token_weighted_sum(logits, batch) == LossSum(0.0, 0)
     with pytest.raises(EmptyObjective, match=r"0 loss-eligible targets.*no denominator"):

@@ -7,7 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.core.permission import check_window, key_bounds, pairwise, permitted, tiled_edges
+from seqpack.core.permission import (
+    check_sliding_window,
+    key_bounds,
+    pairwise,
+    permitted,
+    tiled_edges,
+)
 from seqpack.verify.fixture import fixture_batch
 
 from support.reference import Layout, placed_from_records
@@ -91,7 +97,7 @@ def test_fixture_window_drops_the_oldest_keys():
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
 def test_a_window_is_a_positive_int_or_none(bad):
-    assert check_window(None) is None and check_window(np.int64(3)) == 3
+    assert check_sliding_window(None) is None and check_sliding_window(np.int64(3)) == 3
     with pytest.raises(InvalidInput, match="positive number of positions"):
         fixture_batch().dense_mask(window=bad)
 

@@ -15,11 +15,11 @@ from seqpack import (
     BindingMismatch,
     ExampleTable,
     PackConfig,
-    Partition,
+    Split,
     materialize,
     plan_rows,
 )
-from seqpack.core.compact import compact_rows, gather_segments, window_labels
+from seqpack.core.compact import compact_rows, gather_segments, span_labels
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES
 from seqpack.io import shards as shards_mod
@@ -96,7 +96,7 @@ def test_fixture_compact_rows_hold_windows_back_to_back():
 @given(example_lists(max_capacity=10, max_examples=12), st.sampled_from(sorted(POLICIES)))
 def test_compact_rows_and_materialize_build_the_reference_cells(case, policy):
     examples, capacity = case
-    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, policy)
     for per in (1, 3):
         for use_numba in (True, False):
@@ -128,8 +128,8 @@ def test_window_labels_mark_unsupervised_and_first_tokens(rng):
             for t, m in zip(tokens[p + 1 : p + 1 + n], mask[q : q + n], strict=True)
         ]
         p, q = p + n + 1, q + n
-    assert window_labels(tokens, mask, lens).tolist() == want
-    assert window_labels(tokens, mask, lens, use_numba=False).tolist() == want
+    assert span_labels(tokens, mask, lens).tolist() == want
+    assert span_labels(tokens, mask, lens, use_numba=False).tolist() == want
 
 
 def _random_examples(rng, n=200, capacity=32):
@@ -305,17 +305,17 @@ def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
 )
 def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, split, named):
     """Each derivable column is stored only when needed, and every layout reads back whole."""
-    from seqpack.core.examples import split_long
+    from seqpack.core.examples import cut_long
     from seqpack.io.shards import layout_of
 
     examples, capacity = case
-    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     want_examples = examples
     if not named:
         ids = np.arange(len(table)).astype(str).astype(object)
         table = dataclasses.replace(table, source_ids=ids, example_ids=ids)
     if split:
-        table, _ = split_long(table, max(1, capacity // 2))
+        table, _ = cut_long(table, max(1, capacity // 2))
         capacity = max(1, capacity // 2)
         want_examples = split_examples(examples, capacity)
     plan = plan_rows(table.lengths, capacity, policy)

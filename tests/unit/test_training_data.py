@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 from seqpack import (
     ExampleTable,
     InvalidInput,
-    Partition,
-    PartitionMismatch,
     SequenceExample,
+    Split,
+    SplitMismatch,
     plan_rows,
 )
 from seqpack.core.compact import compact_rows
@@ -201,7 +201,7 @@ def test_select_rows_errors_and_empty():
 
 
 def _write(tmp_path, examples, capacity, per_call=3, shard_tokens=40):
-    table = ExampleTable.from_examples(examples, Partition.TRAIN, BINDING)
+    table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, "best-fit-decreasing")
     rows = compact_rows(table, plan)
     path = tmp_path / "packed"
@@ -375,10 +375,10 @@ def test_a_training_collator_refuses_validation_rows():
     assert torch.equal(
         PackedCollator(partition="train")(b)["input_ids"], PackedCollator()(b)["input_ids"]
     )
-    held_out = dataclasses.replace(b, partition=Partition.VALIDATION)
-    with pytest.raises(PartitionMismatch, match="expects train rows but got a validation"):
+    held_out = dataclasses.replace(b, partition=Split.VALIDATION)
+    with pytest.raises(SplitMismatch, match="expects train rows but got a validation"):
         PackedCollator(partition="train")(held_out)
-    with pytest.raises(PartitionMismatch, match="expects validation rows but got a train"):
+    with pytest.raises(SplitMismatch, match="expects validation rows but got a train"):
         PackedCollator(partition="validation")(b)
     assert PackedCollator()(held_out)["num_eligible"] == 9  # no partition given: any
 
@@ -386,9 +386,9 @@ def test_a_training_collator_refuses_validation_rows():
 def test_packed_dataset_refuses_another_partition(tmp_path):
     examples, capacity = _examples(3, n=6)
     path, _ = _write(tmp_path, examples, capacity)
-    assert len(PackedDataset(path, BINDING, expected_partition="train")) > 0
-    with pytest.raises(PartitionMismatch, match="holds partition 'train', not 'validation'"):
-        PackedDataset(path, BINDING, expected_partition="validation")
+    assert len(PackedDataset(path, BINDING, expected_split="train")) > 0
+    with pytest.raises(SplitMismatch, match="holds partition 'train', not 'validation'"):
+        PackedDataset(path, BINDING, expected_split="validation")
     store = PackedDataset(path).store
-    with pytest.raises(PartitionMismatch, match="not 'test'"):
-        PackedDataset(store, expected_partition=Partition.TEST)
+    with pytest.raises(SplitMismatch, match="not 'test'"):
+        PackedDataset(store, expected_split=Split.TEST)

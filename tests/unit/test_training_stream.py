@@ -10,8 +10,8 @@ from seqpack import (
     InvalidInput,
     OversizedExample,
     SequenceExample,
+    cut_long,
     plan_rows,
-    split_long,
 )
 from seqpack.core.compact import compact_rows
 from seqpack.training.packed_data import PackedCollator
@@ -39,7 +39,7 @@ def reference_batches(docs, capacity, per_call, split=False):
     ]
     table = ExampleTable.from_examples(examples, "train", BINDING)
     if split:
-        table, _ = split_long(table, capacity)
+        table, _ = cut_long(table, capacity)
     plan = plan_rows(table.lengths, capacity, "stream-best-fit", **PACKER)
     return list(compact_rows(table, plan).batches(per_call))
 

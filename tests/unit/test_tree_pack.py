@@ -134,7 +134,7 @@ def test_pack_load_collate_equals_the_in_memory_tree_rows(tmp_path, make, suffix
     src = tmp_path / f"in{suffix}"
     _write(columns, src)
     stats = pack_tree_path(src, tmp_path / "out", capacity=24, vocab_size=VOCAB)
-    store = load_packed(tmp_path / "out", verify="full")
+    store = load_packed(tmp_path / "out", integrity="full")
     assert isinstance(store, TreeStore) and store.manifest["version"] == 3
     records = store.records()
     ref = list(pack_dataset(datasets.Dataset.from_dict(columns), 24, tree=True))
@@ -352,7 +352,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
 def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):
     _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
-    manifest = load_packed(tmp_path / "tree", verify="full").manifest
+    manifest = load_packed(tmp_path / "tree", integrity="full").manifest
     shard = tmp_path / "tree" / manifest["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
     with pytest.raises(InvalidInput, match="checksum mismatch"):

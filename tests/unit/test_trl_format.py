@@ -227,7 +227,7 @@ def test_cli_writes_parquet_that_load_dataset_reads(tmp_path):
     assert loaded.column_names == TRL_COLUMNS
     in_memory = pack_dataset(Dataset.from_dict({"input_ids": docs}), 8, format="trl")
     assert loaded.to_dict() == in_memory.to_dict()  # the same plan and rows either way
-    checked = load_trl(out, verify="full", cache_dir=str(tmp_path / "cache"))
+    checked = load_trl(out, integrity="full", cache_dir=str(tmp_path / "cache"))
     assert checked.to_dict() == loaded.to_dict()
     assert verify_folder(out)["format"] == "seqpack.trl-packed"
     with pytest.raises(InvalidInput, match="TRL-format rows"):
@@ -273,7 +273,7 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
     # sizes and sha256 agree now; the default load still holds the rows to the format
     for verify in (True, "full"):
         with pytest.raises(InvalidInput, match="disagree"):
-            load_trl(out, verify=verify, cache_dir=str(tmp_path / "cache"))
+            load_trl(out, integrity=verify, cache_dir=str(tmp_path / "cache"))
 
 
 def test_ray_engine_refuses_trl_format(tmp_path):

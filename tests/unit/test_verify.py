@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack import InvalidInput, PackConfig, Partition, SequenceExample, pack_examples
+from seqpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
 from seqpack.verify.decoder import PROFILES, TinyDecoder
 from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 from seqpack.verify.layouts import three_way
@@ -111,7 +111,7 @@ def test_isolation_on_random_layouts(profile):
         examples, capacity, _, _ = random_case(seed, PROFILES[profile].max_len)
         binding = fixture_binding()
         [batch] = pack_examples(
-            Partition.TRAIN, examples, binding, PackConfig(capacity, len(examples))
+            Split.TRAIN, examples, binding, PackConfig(capacity, len(examples))
         ).batches
         shared = [
             int(s)

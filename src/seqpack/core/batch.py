@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import permission
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -106,7 +106,7 @@ class PackedBatch:
     target_valid: np.ndarray
     loss_mask: np.ndarray
     occurrences: Occurrences
-    partition: Partition
+    partition: Split
     binding: Binding
     first_row: int = 0
 
@@ -115,7 +115,7 @@ class PackedBatch:
         cls,
         cells: tuple[np.ndarray, ...],
         occurrences: Occurrences,
-        partition: Partition,
+        partition: Split,
         binding: Binding,
         first_row: int = 0,
     ) -> PackedBatch:

@@ -2,7 +2,7 @@
 
 A :class:`Binding` names the vocabulary (ids in ``[0, vocab_size)``), the
 tokenizer that made the ids and the split receipt (a digest of the accepted
-data split, :func:`split_digest`). A :class:`Partition` is train,
+data split, :func:`data_digest`). A :class:`Split` is train,
 validation or test; a batch holds one partition only.
 """
 
@@ -21,7 +21,7 @@ INT32_MAX = 2**31 - 1
 _FIELDS = ("vocab_size", "tokenizer_id", "split_id")
 
 
-class Partition(str, enum.Enum):
+class Split(str, enum.Enum):
     """The data split an example belongs to; a batch holds one partition only."""
 
     TRAIN = "train"
@@ -29,8 +29,8 @@ class Partition(str, enum.Enum):
     TEST = "test"
 
     @classmethod
-    def parse(cls, value: Partition | str) -> Partition:
-        if isinstance(value, Partition):
+    def parse(cls, value: Split | str) -> Split:
+        if isinstance(value, Split):
             return value
         try:
             return cls(str(value).lower())
@@ -83,10 +83,22 @@ class Binding:
             )
 
 
-def split_digest(*parts: str | bytes) -> str:
+def data_digest(*parts: str | bytes) -> str:
     """A short sha256 digest usable as a split-receipt identity."""
     h = hashlib.sha256()
     for part in parts:
         h.update(part.encode() if isinstance(part, str) else part)
         h.update(b"\0")
     return "sha256:" + h.hexdigest()[:32]
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "Partition": "Split",
+        "split_digest": "data_digest",
+    },
+)

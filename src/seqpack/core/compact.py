@@ -33,9 +33,9 @@ import numpy as np
 from seqpack.core import arith as budget
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_cells
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
@@ -66,7 +66,7 @@ class CompactRows:
     row_offsets: np.ndarray
     ordinals: np.ndarray
     capacity: int
-    partition: Partition
+    partition: Split
     binding: Binding
     loss_mask: np.ndarray | None = None
     source_ids: Any = None
@@ -113,8 +113,8 @@ class CompactRows:
         )
 
     def labels(self, use_numba: bool = True) -> np.ndarray:
-        """HF-style labels aligned with ``tokens`` (see :func:`window_labels`)."""
-        return window_labels(self.tokens, self.full().loss_mask, self.lengths, use_numba)
+        """HF-style labels aligned with ``tokens`` (see :func:`span_labels`)."""
+        return span_labels(self.tokens, self.full().loss_mask, self.lengths, use_numba)
 
     def slice_rows(self, start: int, stop: int) -> CompactRows:
         """Rows ``[start, stop)`` (local numbering) as views."""
@@ -254,7 +254,7 @@ def labels_loop(tokens, mask, lens, out):  # pragma: no cover - compiled by numb
         q += n
 
 
-def window_labels(
+def span_labels(
     tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, use_numba: bool = True
 ) -> np.ndarray:
     """HF-style labels for windows back to back, int32 [Σ(len+1)].
@@ -345,7 +345,7 @@ class TokenSource(Protocol):
 
     lengths: np.ndarray
     binding: Binding
-    partition: Partition
+    partition: Split
 
     def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]: ...
 
@@ -449,7 +449,7 @@ def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEp
 
 
 def pack_examples(
-    partition: Partition | str,
+    partition: Split | str,
     examples: Sequence[SequenceExample] | ExampleTable,
     expected_binding: Binding,
     config: PackConfig,
@@ -465,11 +465,11 @@ def pack_examples(
     error naming it. Occurrence ``i`` (the ``i``-th supplied example) gets
     segment id ``i``; duplicates get distinct segments.
     """
-    part = Partition.parse(partition)
+    part = Split.parse(partition)
     if isinstance(examples, ExampleTable):
         table = examples
         if table.partition is not part:
-            raise PartitionMismatch(
+            raise SplitMismatch(
                 f"examples belong to partition {table.partition.value!r}, not {part.value!r}"
                 " — a batch holds one partition only; pack them separately"
             )

@@ -24,7 +24,7 @@ class BindingMismatch(InvalidInput):
     """Vocabulary, tokenizer or split receipt differ from the expected binding."""
 
 
-class PartitionMismatch(InvalidInput):
+class SplitMismatch(InvalidInput):
     """An example of one partition was offered to a batch of another."""
 
 
@@ -38,3 +38,14 @@ class EmptyObjective(SeqpackError):
 
 class NotAvailable(SeqpackError, RuntimeError):
     """A backend or optional dependency is missing on this machine."""
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "PartitionMismatch": "SplitMismatch",
+    },
+)

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.binding import Binding, Partition
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.binding import Binding, Split
+from seqpack.core.errors import InvalidInput, SplitMismatch
 
 
 def offsets_of(counts: np.ndarray) -> np.ndarray:
@@ -91,7 +91,7 @@ class SequenceExample:
     source_id: str
     example_id: str
     range: tuple[int, int]
-    partition: Partition
+    partition: Split
     binding: Binding
     window: np.ndarray = field(repr=False)  # int32 [len + 1]: tokens[start:end]
 
@@ -101,7 +101,7 @@ class SequenceExample:
         tokens: Any,
         *,
         source_id: str,
-        partition: Partition | str,
+        partition: Split | str,
         binding: Binding,
         example_id: str | None = None,
         range: tuple[int, int] | None = None,
@@ -120,7 +120,7 @@ class SequenceExample:
         """
         if not isinstance(binding, Binding):
             raise InvalidInput(f"source {source_id!r}: binding must be a seqpack.Binding")
-        part = Partition.parse(partition)
+        part = Split.parse(partition)
         doc = as_token_array(tokens, binding.vocab_size, f"source {source_id!r}")
         n = doc.shape[0]
         start, end = (0, n) if range is None else (int(range[0]), int(range[1]))
@@ -187,11 +187,11 @@ class ExampleTable:
     example_ids: np.ndarray
     range_starts: np.ndarray
     range_ends: np.ndarray
-    partition: Partition
+    partition: Split
     binding: Binding
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "partition", Partition.parse(self.partition))
+        object.__setattr__(self, "partition", Split.parse(self.partition))
         if not isinstance(self.binding, Binding):
             raise InvalidInput(
                 "ExampleTable.binding must be a seqpack.Binding — build one with"
@@ -264,17 +264,17 @@ class ExampleTable:
     def from_examples(
         cls,
         examples: Sequence[SequenceExample],
-        partition: Partition | str,
+        partition: Split | str,
         binding: Binding,
     ) -> ExampleTable:
         """Gather examples into one table, checking each one's partition and binding."""
-        part = Partition.parse(partition)
+        part = Split.parse(partition)
         for i, ex in enumerate(examples):
             if not isinstance(ex, SequenceExample):
                 raise InvalidInput(f"example {i} is a {type(ex).__name__}, not a SequenceExample")
             what = example_label(i, ex.example_id, *ex.range)
             if ex.partition is not part:
-                raise PartitionMismatch(
+                raise SplitMismatch(
                     f"{what} belongs to partition {ex.partition.value!r} but this batch is"
                     f" {part.value!r} — a batch holds one partition only; pack it separately"
                 )
@@ -361,7 +361,7 @@ def long_ranges(
     return source, starts, ends
 
 
-def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
+def cut_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
     """Select examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, split)``.
 
     ``split`` counts the examples that were divided. Each piece keeps its
@@ -381,3 +381,14 @@ def split_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
         example_ids[i] = f"{table.source_ids[source[i]]}[{range_starts[i]}:{range_ends[i]}]"
     split = _select(table, source, starts, ends - starts, example_ids, range_starts, range_ends)
     return split, int(long.sum())
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "split_long": "cut_long",
+    },
+)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 Array = TypeVar("Array")
 
 
-def check_window(window: Any) -> int | None:
+def check_sliding_window(window: Any) -> int | None:
     """``window`` as a positive int, or ``None`` (unbounded); anything else is an error."""
     if window is None:
         return None
@@ -139,7 +139,7 @@ def allowed_key(
             seg[key],
             int(pos[query]),
             int(pos[key]),
-            check_window(window),
+            check_sliding_window(window),
         )
     )
 
@@ -166,7 +166,9 @@ def key_ranges(batch: PackedBatch, window: int | None = None) -> KeyRanges:
     rows, width = batch.shape
     cols = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
     valid = batch.input_valid
-    starts, ends = key_bounds(valid, batch.positions.astype(np.int64), cols, check_window(window))
+    starts, ends = key_bounds(
+        valid, batch.positions.astype(np.int64), cols, check_sliding_window(window)
+    )
     return KeyRanges(starts, ends, valid.sum(axis=1).astype(np.int64))
 
 
@@ -206,7 +208,9 @@ def position_ids(batch: PackedBatch) -> np.ndarray:
 
 def dense_mask(batch: PackedBatch, window: int | None = None) -> np.ndarray:
     """Boolean mask [R, T, T] (True = permitted), for SDPA and eager attention."""
-    return pairwise(batch.input_valid, batch.segments, batch.positions, check_window(window))
+    return pairwise(
+        batch.input_valid, batch.segments, batch.positions, check_sliding_window(window)
+    )
 
 
 def edges(batch: PackedBatch, window: int | None = None) -> np.ndarray:
@@ -232,3 +236,14 @@ def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = No
                         if allowed_key(batch, row, q, k, window):
                             out.append((row, q, k))
     return np.asarray(out, dtype=np.int64).reshape(-1, 3)
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "check_window": "check_sliding_window",
+    },
+)

@@ -37,7 +37,7 @@ from seqpack.core.checks import check_lengths, check_tree_capacity
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
 from seqpack.core.errors import InvalidInput
 from seqpack.core.plan import Plan
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 
 PolicyFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 
@@ -238,7 +238,7 @@ def stream_best_fit(
     """
     packer = StreamPacker(
         capacity,
-        window=DEFAULT_WINDOW if window is None else window,
+        window=DEFAULT_LOOKAHEAD if window is None else window,
         max_open_rows=DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
         seed=seed,
         engine=engine,

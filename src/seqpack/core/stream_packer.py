@@ -55,7 +55,7 @@ from seqpack.core.engine import (
 )
 from seqpack.core.errors import InvalidInput
 
-DEFAULT_WINDOW = 4096
+DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
 
 
@@ -403,7 +403,7 @@ class StreamPacker:
         self,
         capacity: int,
         *,
-        window: int = DEFAULT_WINDOW,
+        window: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         engine: str = "auto",
@@ -415,7 +415,7 @@ class StreamPacker:
     @staticmethod
     def check_settings(
         capacity: int,
-        window: int = DEFAULT_WINDOW,
+        window: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         engine: str = "auto",
@@ -650,3 +650,14 @@ def _concat(parts: list[Placements]) -> Placements:
         empty = np.zeros(0, dtype=np.int64)
         return Placements(empty, empty.copy(), empty.copy())
     return Placements(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "DEFAULT_WINDOW": "DEFAULT_LOOKAHEAD",
+    },
+)

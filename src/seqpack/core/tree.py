@@ -52,7 +52,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import as_token_array, concat_ranges
 from seqpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
-from seqpack.core.permission import check_window, pairwise
+from seqpack.core.permission import check_sliding_window, pairwise
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 
@@ -312,7 +312,7 @@ def adjacent_lcp(
 
 
 @dataclass(frozen=True, eq=False)
-class TrieLayout:
+class TrieOrder:
     """The depth-first layout of tries: which cell, node and path each sequence has.
 
     Per sequence in layout order [S]: ``order`` (index in the supplied
@@ -351,7 +351,7 @@ class TrieLayout:
         return self.own_col[owner] + depth - self.lcp[owner], bounds
 
 
-def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -> TrieLayout:
+def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -> TrieOrder:
     """The layout of tries whose sequences (in trie order) have these ``lengths`` and ``lcp``
     (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]. No per-sequence loop."""
     lengths, lcp = np.asarray(lengths, dtype=np.int64), np.asarray(lcp, dtype=np.int64)
@@ -383,7 +383,7 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     node_bounds = np.searchsorted(node_trie, np.arange(g + 1), side="left").astype(np.int64)
     ids = np.arange(node_start.shape[0], dtype=np.int64)
     limit = node_pos + node_len - 1  # a later node starting no deeper leaves the subtree
-    return TrieLayout(
+    return TrieOrder(
         order=np.arange(s, dtype=np.int64),
         lengths=lengths,
         lcp=lcp,
@@ -437,13 +437,13 @@ def split_oversized(
 
 def plan_tries(
     lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
-) -> TrieLayout:
+) -> TrieOrder:
     """Integer-only planning: split oversized tries, then lay every trie out (vectorised)."""
     lcp, seq_bounds = split_oversized(lengths, lcp, seq_bounds, capacity)
     return layout_tries(lengths, lcp, seq_bounds)
 
 
-def build_layout(groups: SequenceGroups, capacity: int) -> TrieLayout:
+def build_layout(groups: SequenceGroups, capacity: int) -> TrieOrder:
     """The tries of ``groups`` (from their tokens) laid out for rows of ``capacity`` cells."""
     bounds = group_bounds(groups.group)
     order = trie_order(groups.tokens, groups.offsets, bounds)
@@ -519,13 +519,17 @@ class TreeBatch:
     def dense_mask(self, window: int | None = None) -> np.ndarray:
         """:func:`~seqpack.core.permission.permitted` over every pair, bool [R, T, T]."""
         return pairwise(
-            self.input_valid, self.nodes, self.positions, check_window(window), self.node_ends
+            self.input_valid,
+            self.nodes,
+            self.positions,
+            check_sliding_window(window),
+            self.node_ends,
         )
 
     def key_spans(self, row: int, query: int, window: int | None = None) -> list[tuple[int, int]]:
         """The keys of one query as column spans ``[start, end)``: its ancestors' nodes, root
         first, then its own node up to itself, each clipped to the window; ``[]`` on padding."""
-        window = check_window(window)
+        window = check_sliding_window(window)
         node = int(self.nodes[row, query])
         if node < 0 or not self.input_valid[row, query]:
             return []
@@ -552,7 +556,7 @@ class TreeEpoch:
     """Every model call of one tree packing, with the layout and the plan of its tries."""
 
     batches: list[TreeBatch]
-    layout: TrieLayout
+    layout: TrieOrder
     plan: Plan
 
     def stats(self) -> dict[str, Any]:
@@ -595,7 +599,7 @@ def pack_tree(
 
 def materialize(
     groups: SequenceGroups,
-    layout: TrieLayout,
+    layout: TrieOrder,
     plan: Plan,
     tries: np.ndarray,
     first_row: int,
@@ -688,7 +692,7 @@ __all__ = [
     "SequenceGroups",
     "TreeBatch",
     "TreeEpoch",
-    "TrieLayout",
+    "TrieOrder",
     "build_layout",
     "groups_from_columns",
     "pack_tree",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from seqpack.core.errors import NotAvailable
-from seqpack.core.permission import check_window
+from seqpack.core.permission import check_sliding_window
 
 #: Layer types whose positions mix only through the attention mask, and their window source.
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
@@ -124,7 +124,7 @@ class Architecture:
             return "exact if " + "; ".join(c.text() for c in self.conditions)
         return "exact"
 
-    def layer_window(self, layer_idx: int | None) -> int | None:
+    def layer_sliding_window(self, layer_idx: int | None) -> int | None:
         """The window of decoder layer ``layer_idx`` (one-mask models: the model's window)."""
         if self.layer_types is None or layer_idx is None:
             return self.window
@@ -216,7 +216,7 @@ def describe(config: Any) -> Architecture:
     return Architecture(
         model_type=model_type,
         layer_types=tuple(layer_types) if layer_types else None,
-        window=check_window(window),
+        window=check_sliding_window(window),
         refusal=why,
         kind=kind,
         conditions=conditions(config, model_type),

@@ -74,7 +74,7 @@ def _architecture(config: Any) -> Architecture:
     return arch
 
 
-def layer_window(module: Any, passed: int | None) -> int | None:
+def layer_sliding_window(module: Any, passed: int | None) -> int | None:
     """The window of ``module``'s layer from its model's capability; must agree with the layer.
 
     The capability applies a config's ``sliding_window`` only where the
@@ -83,7 +83,7 @@ def layer_window(module: Any, passed: int | None) -> int | None:
     config = getattr(module, "config", None)
     if config is None:
         return passed
-    window = _architecture(config).layer_window(getattr(module, "layer_idx", None))
+    window = _architecture(config).layer_sliding_window(getattr(module, "layer_idx", None))
     if passed is not None and passed != window:
         raise InvalidInput(
             f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
@@ -171,7 +171,7 @@ def run_on_tokens(
     """``fn(tokens q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs
     viewed as ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
     rows, _, width, _ = query.shape
-    window = layer_window(module, sliding_window)
+    window = layer_sliding_window(module, sliding_window)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
 
     drop = dropout if module.training else 0.0

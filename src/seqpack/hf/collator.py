@@ -9,14 +9,14 @@ from typing import Any
 import torch
 
 from seqpack.core.batch import PackedBatch
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability, check_runnable, check_vocabulary
 from seqpack.hf.kinds import MASK_KINDS, attention_kind
-from seqpack.training.packed_data import ScheduledBatch, check_partition
+from seqpack.training.packed_data import ScheduledBatch, check_split
 from seqpack.training.rows import concat_rows
 
 
@@ -57,7 +57,7 @@ class HFCollator:
     pad_token_id: int = 0
     capacity: int | None = None
     binding: Binding | None = None
-    partition: Partition | str | None = Partition.TRAIN
+    partition: Split | str | None = Split.TRAIN
     config: Any = None
     kind: str | None = None
     arch: Architecture | None = field(init=False, default=None, repr=False)
@@ -65,7 +65,7 @@ class HFCollator:
     def __post_init__(self) -> None:
         self.kind = attention_kind(self.attn_implementation, self.kind)
         if self.partition is not None:
-            self.partition = Partition.parse(self.partition)
+            self.partition = Split.parse(self.partition)
         if self.config is None and self.kind in MASK_KINDS:
             raise InvalidInput(
                 f"HFCollator({self.attn_implementation!r}) builds the attention masks itself, so"
@@ -93,7 +93,7 @@ class HFCollator:
             attn_implementation,
             capacity=int(meta["config"]["capacity"]),
             binding=Binding.from_dict(meta["binding"]),
-            partition=Partition.parse(meta["partition"]),
+            partition=Split.parse(meta["partition"]),
             **options,
         )
 
@@ -117,7 +117,7 @@ class HFCollator:
         features = [f.rows if isinstance(f, ScheduledBatch) else f for f in features]
         if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
             rows = concat_rows(features)
-            check_partition(rows, self.partition, "this HFCollator")
+            check_split(rows, self.partition, "this HFCollator")
             if self.config is not None and self.binding is None:  # known only now
                 check_vocabulary(self.config, rows.binding, self.pad_token_id)
             return rows

@@ -42,8 +42,8 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.batch import PackedBatch
-from seqpack.core.binding import Binding, Partition
-from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, window_labels
+from seqpack.core.binding import Binding, Split
+from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.io.readers import Input
@@ -89,7 +89,7 @@ def _options(
     return PackOptions.of(options, **overrides)
 
 
-def fingerprint_receipt(source: Input, partition: Partition) -> str | None:
+def fingerprint_receipt(source: Input, partition: Split) -> str | None:
     """The split receipt of a ``datasets`` input: a digest of its fingerprint (datasets'
     own identity of the data and its transforms) and the partition; None without one."""
     if not source.fingerprint:
@@ -308,7 +308,7 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
     return arrow_to_rows(
         table,
         capacity=int(meta["config"]["capacity"]),
-        partition=Partition.parse(meta["partition"]),
+        partition=Split.parse(meta["partition"]),
         binding=Binding.from_dict(meta["binding"]),
         where="packed dataset",
         contiguous=contiguous,
@@ -352,7 +352,7 @@ def _stream_batches(
         yield arrow_to_rows(
             table,
             capacity=int(meta["config"]["capacity"]),
-            partition=Partition.parse(meta["partition"]),
+            partition=Split.parse(meta["partition"]),
             binding=binding,
             where="packed stream",
         ).to_batch()
@@ -375,7 +375,7 @@ def unpack_dataset(packed: Any) -> Any:
     mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
     offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(lens + 1, out=offsets[1:])
-    labels = window_labels(tokens, mask, lens)
+    labels = span_labels(tokens, mask, lens)
     table = pa.table(
         {
             "id": pa.array(rows.source_ids[order], pa.string()),

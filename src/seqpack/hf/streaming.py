@@ -48,9 +48,9 @@ from seqpack.core.compact import CompactRows
 from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import (
+    DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_OPEN_ROWS,
     DEFAULT_STATE_BYTES,
-    DEFAULT_WINDOW,
     StreamPacker,
     stream_bytes,
 )
@@ -175,7 +175,7 @@ def _packer_settings(opts: PackOptions) -> dict[str, Any]:
         raise InvalidInput(
             f"stream-best-fit has no option {unknown[0]!r} — its options are {sorted(known)}"
         )
-    settings = {"window": DEFAULT_WINDOW, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
+    settings = {"window": DEFAULT_LOOKAHEAD, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
     settings |= {k: v for k, v in opts.policy_options.items() if v is not None}
     StreamPacker.check_settings(opts.capacity, **settings)
     need = stream_bytes(opts.capacity, settings["window"], settings["max_open_rows"])

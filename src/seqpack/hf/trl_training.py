@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
 from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest
@@ -34,11 +35,12 @@ from seqpack.io.trl_schema import TRL_FORMAT, check_trl_contents, is_trl
 _PER_TOKEN = ("input_ids", "labels")
 
 
-def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any) -> Any:
+@renamed_kwargs(verify="integrity")
+def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: Any) -> Any:
     """The TRL-format packed directory ``path`` as a ``datasets.Dataset`` (one row per
     packed row: ``input_ids``, ``labels``, ``seq_lengths``, ``position_ids``).
 
-    ``verify``: ``True`` or ``"full"`` check the manifest, every shard's size
+    ``integrity``: ``True`` or ``"full"`` check the manifest, every shard's size
     and sha256, and decode every shard to hold it against the format and the
     manifest (schema, ids inside the vocabulary, labels, lengths, positions,
     counts); ``False`` the manifest only. ``load_kwargs`` go to
@@ -48,8 +50,8 @@ def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any)
     import datasets
 
     path = Path(path)
-    if verify not in DEPTHS:
-        raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
+    if integrity not in DEPTHS:
+        raise InvalidInput(f"integrity must be True, False or 'full', not {integrity!r}")
     try:
         manifest = json.loads((path / MANIFEST).read_bytes())
     except OSError:
@@ -65,7 +67,7 @@ def load_trl(path: str | Path, *, verify: bool | str = True, **load_kwargs: Any)
             f" {TRL_FORMAT!r}) — load it with seqpack.io.load_packed, or pack with --format trl"
         )
     check_manifest(manifest, path)
-    if verify:  # the checksums, then what the format promises (TRL's rows are read whole)
+    if integrity:  # the checksums, then what the format promises (TRL's rows are read whole)
         check_checksums(manifest, path)
         check_trl_contents(manifest, path)
     files = [str(path / entry["file"]) for entry in manifest["shards"]]

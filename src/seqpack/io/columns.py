@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.batch import IGNORE_INDEX
-from seqpack.core.binding import INT32_MAX, Partition
+from seqpack.core.binding import INT32_MAX, Split
 from seqpack.core.compact import value_range
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.supervision import (
     CHECKED,
     NOT_CONVERSATIONAL,
@@ -140,7 +140,7 @@ def _texts(
     return tokenizer.encode_batch(col.to_pylist())
 
 
-def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> None:
+def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
     if "partition" not in table.column_names:
         return
@@ -149,7 +149,7 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
         return
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
-    names = [p.value for p in Partition]
+    names = [p.value for p in Split]
     same = [v for v in pc.unique(col).to_pylist() if v is not None and v.lower() == partition.value]
     fine = pc.or_(pc.is_in(col, value_set=pa.array(same, col.type)), pc.is_null(col))
     fine = fine.to_numpy(zero_copy_only=False)
@@ -160,7 +160,7 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Partition) -> N
     where = origin.locate(row)
     if value.lower() not in names:
         raise InvalidInput(f"{where}: partition {value!r} is not one of {', '.join(names)}")
-    raise PartitionMismatch(
+    raise SplitMismatch(
         f"{where}: the row belongs to partition {value!r} but {partition.value!r} is being"
         f" packed — a pack holds one partition only; pack those rows separately with"
         f" --partition {value.lower()}"
@@ -302,7 +302,7 @@ def documents_from_arrow(
     *,
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
-    partition: Partition | str | None = None,
+    partition: Split | str | None = None,
     objective: Objective | None = None,
 ) -> Documents:
     """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
@@ -317,7 +317,7 @@ def chunk_from_arrow(
     *,
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
-    partition: Partition | str | None = None,
+    partition: Split | str | None = None,
     objective: Objective | None = None,
 ) -> TokenChunk:
     """Check an Arrow table with the columns above and hold it as a :class:`TokenChunk`
@@ -335,11 +335,11 @@ def _chunk(
     origin: Origin,
     tokenizer: Tokenizer | None,
     text_field: str,
-    partition: Partition | str | None,
+    partition: Split | str | None,
     objective: Objective,
 ) -> TokenChunk:
     if partition is not None:
-        _check_partition(table, origin, Partition.parse(partition))
+        _check_partition(table, origin, Split.parse(partition))
     names = set(table.column_names)
     sft = sft_columns(table.column_names)
     if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone

@@ -4,7 +4,7 @@
 (views of Arrow buffers where it can, no copy); :class:`Documents` is a
 whole input in memory before a binding is attached: tokens ``int32 [Σn]``,
 offsets ``int64 [k+1]``, one loss flag per target, ids. :class:`Origin`
-names a row in errors (``file line 7``); :class:`SplitDigest` computes the
+names a row in errors (``file line 7``); :class:`DataDigest` computes the
 split receipt chunk by chunk.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import BindingMismatch, InvalidInput
 from seqpack.core.examples import ExampleTable, offsets_of
 from seqpack.io.files import iter_lines, reopen
@@ -128,15 +128,15 @@ def check_vocabulary(
     )
 
 
-class SplitDigest:
+class DataDigest:
     """The split receipt of documents read chunk by chunk (:meth:`Documents.digest`'s value):
     sha256 over ``seqpack-split``, the partition, every token (int32), offset (int64) and
     target flag (a byte), each part ended by a zero byte, so it does not depend on how
     the input was cut: :meth:`tokens` per chunk in order, then :meth:`finish`."""
 
-    def __init__(self, partition: Partition | str) -> None:
+    def __init__(self, partition: Split | str) -> None:
         self._hash = hashlib.sha256()
-        self._hash.update(b"seqpack-split\0" + Partition.parse(partition).value.encode() + b"\0")
+        self._hash.update(b"seqpack-split\0" + Split.parse(partition).value.encode() + b"\0")
 
     def tokens(self, tokens: np.ndarray) -> None:
         self._hash.update(np.ascontiguousarray(tokens, dtype="<i4").data)
@@ -206,13 +206,13 @@ class Documents:
             tokens, offsets, np.concatenate(flags), np.concatenate(ids).astype(object), origin
         )
 
-    def digest(self, partition: Partition | str) -> str:
+    def digest(self, partition: Split | str) -> str:
         """Split-receipt identity of exactly these tokens, flags and partition."""
-        digest = SplitDigest(partition)
+        digest = DataDigest(partition)
         digest.tokens(self.tokens)
         return digest.finish([np.diff(self.offsets)], [self.loss_mask])
 
-    def to_table(self, binding: Binding, partition: Partition | str) -> ExampleTable:
+    def to_table(self, binding: Binding, partition: Split | str) -> ExampleTable:
         """Attach ``binding`` after checking every id is below its vocabulary size."""
         check_vocabulary(
             self.tokens, self.offsets, binding.vocab_size, self.origin.locate, self.ids.__getitem__
@@ -226,7 +226,7 @@ class Documents:
             example_ids=self.ids,
             range_starts=np.zeros(counts.shape[0], dtype=np.int64),
             range_ends=counts,
-            partition=Partition.parse(partition),
+            partition=Split.parse(partition),
             binding=binding,
         )
 
@@ -262,7 +262,7 @@ def make_binding(
 
 def resolve_binding(
     docs: Documents,
-    partition: Partition | str,
+    partition: Split | str,
     *,
     vocab_size: int | None = None,
     tokenizer: Tokenizer | None = None,

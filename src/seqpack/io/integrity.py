@@ -4,7 +4,7 @@
 :class:`Manifest` (msgspec structs with bounds); every number a loader relies
 on is then checked against the others, so an edited manifest or shard fails
 with an :class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or
-changes nothing that is loaded. Three depths, ``load_packed(verify=...)``:
+changes nothing that is loaded. Three depths, ``load_packed(integrity=...)``:
 
 ``False``
     :func:`check_manifest` only (schema, contiguous rows, counts, statistics,
@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import INT32_MAX, Binding, Partition
+from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
@@ -47,7 +47,7 @@ from seqpack.io.trl_schema import check_trl_contents, is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53
-DEPTHS = (False, True, "full")  # of load_packed(verify=...)
+DEPTHS = (False, True, "full")  # of load_packed(integrity=...)
 #: The largest manifest read (a real one lists a few thousand shards).
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -440,7 +440,7 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
     rows = arrow_to_rows(
         table,
         capacity=int(manifest["config"]["capacity"]),
-        partition=Partition.parse(manifest["partition"]),
+        partition=Split.parse(manifest["partition"]),
         binding=Binding.from_dict(manifest["binding"]),
         where=str(file),
     )

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import Partition
+from seqpack.core.binding import Split
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import ExampleTable
 from seqpack.core.supervision import Objective
@@ -244,7 +244,7 @@ def load_folder(path: Path) -> Any:
     return loaded
 
 
-def pick_split(dataset: Any, part: Partition, name: str) -> Any:
+def pick_split(dataset: Any, part: Split, name: str) -> Any:
     """The ``part`` split of a ``DatasetDict`` (a ``Dataset`` as it is), checked."""
     import datasets
 
@@ -267,7 +267,7 @@ def pick_split(dataset: Any, part: Partition, name: str) -> Any:
     return dataset
 
 
-def dataset_input(dataset: Any, part: Partition, name: str = "dataset") -> Input:
+def dataset_input(dataset: Any, part: Split, name: str = "dataset") -> Input:
     """An in-memory (or memory-mapped) ``datasets.Dataset`` / ``DatasetDict`` as an input."""
     dataset = pick_split(dataset, part, name)
     table = dataset.with_format("arrow")[0 : len(dataset)]  # zero-copy unless rows were selected
@@ -275,7 +275,7 @@ def dataset_input(dataset: Any, part: Partition, name: str = "dataset") -> Input
                  fingerprint=getattr(dataset, "_fingerprint", None), table=table)  # fmt: skip
 
 
-def _datasets_folder(path: Path, part: Partition, limits: ReadLimits) -> Input:
+def _datasets_folder(path: Path, part: Split, limits: ReadLimits) -> Input:
     dataset = pick_split(load_folder(path), part, str(path))
     files = tuple(Path(c["filename"]) for c in dataset.cache_files)
     if getattr(dataset, "_indices", None) is not None or not files:
@@ -287,7 +287,7 @@ def _datasets_folder(path: Path, part: Partition, limits: ReadLimits) -> Input:
 
 def open_input(
     source: str | Path | Sequence[str | Path] | Any,
-    partition: Partition | str = "train",
+    partition: Split | str = "train",
     limits: ReadLimits | None = None,
 ) -> Input:
     """What ``source`` is and how to read it (nothing is read yet).
@@ -302,7 +302,7 @@ def open_input(
     (:class:`~seqpack.io.files.ReadLimits`; ``seqpack.pipeline.budget.read_limits``
     derives them from the options).
     """
-    part = Partition.parse(partition)
+    part = Split.parse(partition)
     limits = limits or ReadLimits()
     if isinstance(source, pa.Table):
         return Input("table", "table", rows=source.num_rows, persistent=True, table=source)
@@ -348,7 +348,7 @@ def _read_all(
 
 
 def read_arrow(
-    source: str | Path | Any, partition: Partition | str = "train", text_field: str = "text"
+    source: str | Path | Any, partition: Split | str = "train", text_field: str = "text"
 ) -> tuple[pa.Table, Origin]:
     """Any supported input (see :func:`open_input`) as one Arrow table plus its :class:`Origin`."""
     source_input = open_input(source, partition)
@@ -369,7 +369,7 @@ def read_documents(
     *,
     tokenizer: Tokenizer | None = None,
     text_field: str = "text",
-    partition: Partition | str = "train",
+    partition: Split | str = "train",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     objective: Objective | None = None,
 ) -> Documents:
@@ -390,7 +390,7 @@ def load_examples(
     *,
     vocab_size: int | None = None,
     tokenizer: Tokenizer | None = None,
-    partition: Partition | str = "train",
+    partition: Split | str = "train",
     text_field: str = "text",
     tokenizer_id: str | None = None,
     split_id: str | None = None,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.batch import IGNORE_INDEX
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import concat_ranges
@@ -162,7 +162,7 @@ def arrow_to_rows(
     table: pa.Table,
     *,
     capacity: int,
-    partition: Partition,
+    partition: Split,
     binding: Binding,
     where: str,
     contiguous: bool = True,

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import INT32_MAX, Binding, Partition
+from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import concat_ranges
@@ -81,7 +81,7 @@ SCHEMA = pa.schema(list(FIELDS.items()))
 
 
 @dataclass(frozen=True)
-class Layout:
+class StoredColumns:
     """Which derivable columns an output stores (the same for all its shards)."""
 
     source_ids: bool = True
@@ -104,13 +104,15 @@ class Layout:
 
 
 #: Every column stored (what a Ray block hands on: the shard decides when it is written).
-FULL = Layout()
+FULL = StoredColumns()
 
 
-def union(layouts: Iterable[Layout]) -> Layout:
+def union(layouts: Iterable[StoredColumns]) -> StoredColumns:
     """The layout that keeps everything any of ``layouts`` keeps (one schema for many)."""
     found = list(layouts)
-    return Layout(*(any(getattr(x, f.name) for x in found) for f in dataclasses.fields(Layout)))
+    return StoredColumns(
+        *(any(getattr(x, f.name) for x in found) for f in dataclasses.fields(StoredColumns))
+    )
 
 
 def arrow_ids(cols: CompactRows) -> CompactRows:
@@ -130,7 +132,7 @@ def arrow_ids(cols: CompactRows) -> CompactRows:
     )
 
 
-def layout_of(cols: CompactRows) -> Layout:
+def layout_of(cols: CompactRows) -> StoredColumns:
     """The leanest layout that keeps everything in ``cols`` (checked by content)."""
     cols = arrow_ids(cols)
     loss = cols.loss_mask is not None and not bool(cols.loss_mask.all())
@@ -143,7 +145,7 @@ def layout_of(cols: CompactRows) -> Layout:
     sources = examples or ranges
     if not sources and cols.source_ids is not None:
         sources = not cols.source_ids.equals(default_ids(cols.ordinals))
-    return Layout(source_ids=sources, loss_bits=loss, example_ids=examples, ranges=ranges)
+    return StoredColumns(source_ids=sources, loss_bits=loss, example_ids=examples, ranges=ranges)
 
 
 def default_ids(ordinals: np.ndarray) -> pa.Array:
@@ -157,7 +159,7 @@ def default_ids(ordinals: np.ndarray) -> pa.Array:
 def manifest_record(
     *,
     binding: Binding,
-    partition: Partition,
+    partition: Split,
     config: dict[str, Any],
     shards: list[dict[str, Any]] | None = None,
     kind: tuple[str, int] = (FORMAT, VERSION),
@@ -234,7 +236,7 @@ def token_offsets(cols: CompactRows) -> tuple[np.ndarray, np.ndarray]:
     return tok, row_tok
 
 
-def shard_table(cols: CompactRows, layout: Layout | None = None) -> pa.Table:
+def shard_table(cols: CompactRows, layout: StoredColumns | None = None) -> pa.Table:
     """``cols`` as a Parquet-ready table (version 2, one table row per packed row) with
     ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`)."""
     cols = arrow_ids(cols)

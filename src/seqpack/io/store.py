@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.io.atomic import MANIFEST, Output, open_output
 from seqpack.io.integrity import (
     DEPTHS,
@@ -161,7 +162,7 @@ class PackedStore:
         self.path = path
         self.manifest = manifest
         self.binding = Binding.from_dict(manifest["binding"])
-        self.partition = Partition.parse(manifest["partition"])
+        self.partition = Split.parse(manifest["partition"])
         self.capacity = int(manifest["config"]["capacity"])
         self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
         self.num_rows = int(manifest["rows"])
@@ -173,15 +174,15 @@ class PackedStore:
     def require(
         self,
         expected_binding: Binding | None = None,
-        expected_partition: Partition | str | None = None,
+        expected_split: Split | str | None = None,
     ) -> None:
-        """Raise BindingMismatch / PartitionMismatch unless this output is the expected one."""
+        """Raise BindingMismatch / SplitMismatch unless this output is the expected one."""
         if expected_binding is not None:
             expected_binding.require(self.binding, f"packed data {self.path}")
-        if expected_partition is not None:
-            want = Partition.parse(expected_partition)
+        if expected_split is not None:
+            want = Split.parse(expected_split)
             if self.partition is not want:
-                raise PartitionMismatch(
+                raise SplitMismatch(
                     f"packed data {self.path} holds partition {self.partition.value!r}, not"
                     f" {want.value!r} — load the {want.value} output instead"
                 )
@@ -219,16 +220,17 @@ def _open_manifest(path: Path) -> PackedStore:
     return PackedStore(path, manifest)
 
 
+@renamed_kwargs(expected_partition="expected_split", verify="integrity")
 def load_packed(
     path: str | Path,
     expected_binding: Binding | None = None,
     *,
-    verify: bool | str = True,
-    expected_partition: Partition | str | None = None,
+    integrity: bool | str = True,
+    expected_split: Split | str | None = None,
 ) -> PackedStore:
     """Open a packed directory, checking its manifest, shards, checksums and binding.
 
-    ``verify`` (see :mod:`seqpack.io.integrity`): ``True`` checks the manifest
+    ``integrity`` (see :mod:`seqpack.io.integrity`): ``True`` checks the manifest
     and every shard's size and sha256; ``"full"`` also decodes every shard
     now and holds it against the manifest; ``False`` checks the manifest
     only. At every depth a shard is checked against its manifest entry
@@ -236,7 +238,7 @@ def load_packed(
     missing, malformed, damaged or edited output (naming what disagrees),
     :class:`~seqpack.core.errors.BindingMismatch`
     when ``expected_binding`` differs from the manifest's and
-    :class:`~seqpack.core.errors.PartitionMismatch` when ``expected_partition`` does.
+    :class:`~seqpack.core.errors.SplitMismatch` when ``expected_split`` does.
     Only the files the manifest lists are read: shards a killed run left are ignored.
     A tree output (version 3, ``seqpack pack --tree``) opens as a
     :class:`~seqpack.io.tree_store.TreeStore` of row records.
@@ -244,8 +246,8 @@ def load_packed(
     path = path_argument("path", path)
     if expected_binding is not None and not isinstance(expected_binding, Binding):
         type_argument("expected_binding", expected_binding, (Binding,), "a seqpack.Binding or None")
-    if verify not in DEPTHS:
-        raise InvalidInput(f"verify must be True, False or 'full', not {verify!r}")
+    if integrity not in DEPTHS:
+        raise InvalidInput(f"integrity must be True, False or 'full', not {integrity!r}")
     if not (path / MANIFEST).is_file():
         raise InvalidInput(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
@@ -253,16 +255,16 @@ def load_packed(
         )
     tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
     if tree is not None:
-        if verify:
+        if integrity:
             check_checksums(tree.manifest, path)
-        if verify == "full":
+        if integrity == "full":
             tree.records()
-        tree.require(expected_binding, expected_partition)
+        tree.require(expected_binding, expected_split)
         return tree  # type: ignore[return-value]
     store = _open_manifest(path)
-    if verify:
+    if integrity:
         check_checksums(store.manifest, path)
-    if verify == "full":
+    if integrity == "full":
         check_contents(store.manifest, store.shard_rows, path)
-    store.require(expected_binding, expected_partition)
+    store.require(expected_binding, expected_split)
     return store

@@ -49,8 +49,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import Binding, Partition
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.binding import Binding, Split
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output, write_file
 from seqpack.io.documents import Origin, make_binding
@@ -220,7 +220,7 @@ def _auto_groups(
 
 def file_binding(
     path: str | Path,
-    partition: Partition,
+    partition: Split,
     *,
     vocab_size: int | None,
     tokenizer: Tokenizer | None,
@@ -355,7 +355,7 @@ def write_tree_shards(
     output: Output,
     *,
     binding: Binding,
-    partition: Partition,
+    partition: Split,
     config: dict[str, Any],
     shard_rows: int = TREE_SHARD_ROWS,
     **sections: Any,
@@ -413,7 +413,7 @@ class TreeStore:
             )
         m = decode(manifest, TreeManifest, where)
         self.binding = Binding.from_dict(manifest["binding"])
-        self.partition = Partition(m.partition)
+        self.partition = Split(m.partition)
         self.capacity, self.max_rows_per_batch = m.config.capacity, m.config.max_rows_per_batch
         self.num_rows, self.shards = m.rows, list(manifest["shards"])
         if any(Path(s.file).name != s.file or s.file in ("", ".", "..") for s in m.shards):
@@ -423,17 +423,13 @@ class TreeStore:
         self.path, self.manifest = path, manifest
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
-    def require(
-        self, expected_binding: Binding | None, expected_partition: Partition | str | None
-    ) -> None:
+    def require(self, expected_binding: Binding | None, expected_split: Split | str | None) -> None:
         if expected_binding is not None:
             expected_binding.require(self.binding, f"packed data {self.path}")
-        if expected_partition is not None and self.partition is not Partition.parse(
-            expected_partition
-        ):
-            raise PartitionMismatch(
+        if expected_split is not None and self.partition is not Split.parse(expected_split):
+            raise SplitMismatch(
                 f"packed data {self.path} holds partition {self.partition.value!r}, not"
-                f" {Partition.parse(expected_partition).value!r}"
+                f" {Split.parse(expected_split).value!r}"
             )
 
     def __len__(self) -> int:

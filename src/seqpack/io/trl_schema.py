@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX
-from seqpack.core.compact import CompactRows, window_labels
+from seqpack.core.compact import CompactRows, span_labels
 from seqpack.core.errors import InvalidInput
 from seqpack.io.shards import list_array, token_offsets
 
@@ -98,7 +98,7 @@ def trl_columns(cols: CompactRows, tok: np.ndarray) -> tuple[np.ndarray, np.ndar
         return labels, positions
     if mask is None:
         mask = np.ones(int(lengths.sum()), dtype=bool)
-    labels = window_labels(cols.tokens, mask, lengths).astype(np.int64)
+    labels = span_labels(cols.tokens, mask, lengths).astype(np.int64)
     positions = np.arange(int(tok[-1]), dtype=np.int32)
     positions -= np.repeat(tok[:-1].astype(np.int32), lengths + 1)
     return labels, positions

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from seqpack.core.batch import NO_SEGMENT, PackedBatch
 from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.core.permission import check_window, key_bounds, pairwise
+from seqpack.core.permission import check_sliding_window, key_bounds, pairwise
 
 
 @dataclass(eq=False)
@@ -122,7 +122,7 @@ class AttentionLayout:
 
     def key_bounds(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's permitted key columns ``[starts, ends)``, int64 (R, T) (cached)."""
-        window = check_window(window)
+        window = check_sliding_window(window)
         if window is None:
             return self.key_starts, self.key_ends
 
@@ -134,7 +134,7 @@ class AttentionLayout:
 
     def dense_mask(self, window: int | None = None) -> torch.Tensor:
         """The permission predicate as a bool (R, T, T) mask (cached per window)."""
-        window = check_window(window)
+        window = check_sliding_window(window)
         return self._cached(
             "dense_mask",
             window,
@@ -149,7 +149,7 @@ class AttentionLayout:
             keys = torch.arange(self.shape[1], device=self.valid.device)
             return (keys >= starts[:, :, None]) & (keys < ends[:, :, None])
 
-        return self._cached("range_mask", check_window(window), build)
+        return self._cached("range_mask", check_sliding_window(window), build)
 
 
 #: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D); a backend
@@ -257,7 +257,7 @@ def attention(
         )
     fn = resolve_backend(backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    window = check_window(window)
+    window = check_sliding_window(window)
     if window is None:  # backends written before windows take (q, k, v, layout, scale)
         return fn(q, k, v, layout, scale)
     return fn(q, k, v, layout, scale, window=window)

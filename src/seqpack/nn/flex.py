@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from seqpack.core.errors import NotAvailable
-from seqpack.core.permission import check_window, permitted
+from seqpack.core.permission import check_sliding_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Dtypes the fused FlexAttention kernel accepts (CPU and CUDA).
@@ -56,7 +56,7 @@ def permission_mod(
 
     ``segments`` are a tree row's node ids (Euler-tour entry) when ``node_ends`` (each
     cell's node's exit) is given; without it, flat packing's one node per example."""
-    window = check_window(window)
+    window = check_sliding_window(window)
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return permitted(
@@ -75,7 +75,7 @@ def permission_mod(
 
 def flex_block_mask(layout: AttentionLayout, window: int | None = None) -> Any:
     """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
-    window = check_window(window)
+    window = check_sliding_window(window)
     key = f"flex_block_mask:{window}"
     if key not in layout.cache:
         rows, width = layout.shape

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from seqpack.core.errors import InvalidInput
-from seqpack.core.permission import check_window, permitted
+from seqpack.core.permission import check_sliding_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
 
 #: Bucketing policies: one call per segment, one per distinct length (the
@@ -69,7 +69,7 @@ def group_segments(
     call_cost: float = CALL_COST,
     token_cost: float = TOKEN_COST,
 ) -> list[np.ndarray]:
-    """Partition segment indices into SDPA calls; each group is sorted longest first.
+    """Split segment indices into SDPA calls; each group is sorted longest first.
 
     ``segment``: one call per segment. ``exact``: one call per distinct
     length (no padding). ``bucket``: the longest-first contiguous grouping
@@ -192,7 +192,7 @@ def grouped_attention(
     (grouped-query attention); returns ``(N, H, Dv)``, cell ``i`` reading output slot
     ``scatter[i]`` (0: the zero row). ``masks`` caches the band masks.
     """
-    window = check_window(window)
+    window = check_sliding_window(window)
     heads, dim_v = q.shape[1], v.shape[-1]
     gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
     masks = {} if masks is None else masks

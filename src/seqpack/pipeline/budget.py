@@ -20,7 +20,7 @@ import numpy as np
 from seqpack.core import arith as budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW
+from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
 from seqpack.io.files import ReadLimits
 from seqpack.io.store import SHARDS_IN_FLIGHT
 from seqpack.io.tokenizers import ENCODE_BATCH
@@ -36,7 +36,7 @@ _POLICY_BYTES: dict[str, tuple[int, int, bool]] = {
     "stream-best-fit": (128, 128, True),
 }
 #: stream-best-fit: bytes per look-ahead slot, per open row, per kernel call's pushes.
-STREAM_WINDOW_BYTES = 136
+STREAM_LOOKAHEAD_BYTES = 136
 STREAM_ROW_BYTES = 64
 STREAM_PUSH_BYTES = 24 * 65536
 #: Fixed slack: Python objects, kernels' scalars, small temporaries.
@@ -68,11 +68,11 @@ def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None =
     need = budget.checked_mul(capacity, per_capacity)
     if policy == "stream-best-fit":
         opts = dict(options or {})
-        window = int(opts.get("window") or DEFAULT_WINDOW)
+        window = int(opts.get("window") or DEFAULT_LOOKAHEAD)
         rows = int(opts.get("max_open_rows") or DEFAULT_MAX_OPEN_ROWS)
         need = budget.checked_add(
             need,
-            budget.checked_mul(window, STREAM_WINDOW_BYTES),
+            budget.checked_mul(window, STREAM_LOOKAHEAD_BYTES),
             budget.checked_mul(rows, STREAM_ROW_BYTES),
             STREAM_PUSH_BYTES,
         )

@@ -7,7 +7,7 @@ in chunks of ``chunk_bytes``, checks and tokenizes each one
 memory held grows by 8 bytes a document, whatever the corpus size. Inputs
 that are Arrow already (a ``datasets`` folder memory-mapped, an in-memory
 ``Dataset`` or table) are not spilled: their chunks are views. The split
-receipt is computed on the way (:class:`~seqpack.io.documents.SplitDigest`).
+receipt is computed on the way (:class:`~seqpack.io.documents.DataDigest`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import example_label
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
-from seqpack.io.documents import Origin, SplitDigest, TokenChunk, make_binding
+from seqpack.io.documents import DataDigest, Origin, TokenChunk, make_binding
 from seqpack.io.readers import Input, open_input
 from seqpack.io.shards import default_ids
 from seqpack.io.spill import Spill
@@ -196,7 +196,7 @@ def _take(
     opts: PackOptions,
     vocab: int | None,
     holder: _Holder,
-    digest: SplitDigest | None,
+    digest: DataDigest | None,
 ) -> None:
     """Check ``chunk`` against the options and keep what the corpus needs of it."""
     if vocab is not None:
@@ -254,7 +254,7 @@ def read_corpus(
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     given = (receipt(source_input) if receipt else None) or opts.split_id
-    digest = None if given else SplitDigest(opts.partition)
+    digest = None if given else DataDigest(opts.partition)
     keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
     holder = _Holder(source_input.persistent, spill_dir or ".", keep)
     state = _Reading([], [], [], [])

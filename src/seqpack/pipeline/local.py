@@ -23,7 +23,7 @@ import numpy as np
 from seqpack.core import arith as budget
 from seqpack.core.arguments import path_argument
 from seqpack.core.compact import CompactRows, compact_rows
-from seqpack.core.examples import ExampleTable, example_label, split_long
+from seqpack.core.examples import ExampleTable, cut_long, example_label
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 from seqpack.io.atomic import Output, open_output
@@ -90,7 +90,7 @@ def bind_examples(
     if options.max_metadata_bytes is not None:
         need = split_bytes(table.offsets, options.capacity, options.policy, options.policy_options)
         budget.enforce(need, options.max_metadata_bytes, "splitting and packing the sources")
-    return split_long(table, options.capacity)
+    return cut_long(table, options.capacity)
 
 
 def run_statistics(plan: Plan, docs: Documents, table: ExampleTable, split: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any
 
 from seqpack.core import arith as budget
 from seqpack.core.arguments import type_argument
-from seqpack.core.binding import INT32_MAX, Partition
+from seqpack.core.binding import INT32_MAX, Split
 from seqpack.core.checks import positive_int
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES, check_policy_options
@@ -132,8 +132,8 @@ class PackOptions:
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
-    partition: Partition = _field(  # noqa: RUF009
-        Partition.TRAIN, "--partition", "train, validation or test", BOTH
+    partition: Split = _field(  # noqa: RUF009
+        Split.TRAIN, "--partition", "train, validation or test", BOTH
     )
     split_long: bool = _field(
         False, "--split-long", "split sources longer than a row", BOTH, action="store_true"
@@ -246,7 +246,7 @@ class PackOptions:
         if self.max_metadata_bytes is not None:
             limit = positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
             put(self, "max_metadata_bytes", limit)
-        put(self, "partition", Partition.parse(self.partition))
+        put(self, "partition", Split.parse(self.partition))
         Objective.of(self)  # checks assistant_only_loss and completion_only_loss
         if self.vocab_size is not None:
             put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))

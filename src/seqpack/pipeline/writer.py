@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seqpack.core.binding import Partition
+from seqpack.core.binding import Split
 from seqpack.core.compact import CompactRows, Storage, gather_into, gather_rows
 from seqpack.core.errors import OversizedExample
 from seqpack.core.examples import long_ranges
 from seqpack.core.policies import plan_lengths
 from seqpack.io.atomic import Output
-from seqpack.io.shards import Layout, call_bounds, default_ids
+from seqpack.io.shards import StoredColumns, call_bounds, default_ids
 from seqpack.io.store import write_shards
 from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus
@@ -91,14 +91,16 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
     return tokens
 
 
-def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> Layout:
+def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> StoredColumns:
     """What a shard of the output may need gathered besides its required columns (each
     shard then stores what its content needs, :func:`seqpack.io.shards.layout_of`);
     TRL's schema needs only the targets' flags (for ``labels``)."""
     if format == "trl":
-        return Layout(source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False)
+        return StoredColumns(
+            source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
+        )
     split = examples.split > 0
-    return Layout(
+    return StoredColumns(
         source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
     )
 
@@ -114,7 +116,7 @@ class CorpusSource:
     """A read corpus as a :class:`~seqpack.core.compact.TokenSource`: example ``i`` as
     ``examples`` says, gathering only the parts ``layout`` stores."""
 
-    def __init__(self, corpus: Corpus, examples: Examples, layout: Layout, partition: Partition):
+    def __init__(self, corpus: Corpus, examples: Examples, layout: StoredColumns, partition: Split):
         self.corpus, self.examples, self.layout = corpus, examples, layout
         self.lengths, self.binding, self.partition = examples.lengths, corpus.binding, partition
 

@@ -1,6 +1,6 @@
 """Blocks: consecutive runs of input rows, the unit a Ray task reads, tokenizes and plans.
 
-A block is a list of :class:`Piece` (rows ``[start, stop)`` of one input):
+A block is a list of :class:`InputSlice` (rows ``[start, stop)`` of one input):
 one whole input shard by default, or ``block_examples`` rows cut across
 shards (or across the tables of a materialised ``ray.data.Dataset``) by
 global row number. Blocks are laid out on the driver from Parquet footers,
@@ -37,7 +37,7 @@ PARTITION_COLUMN = "partition"
 
 
 @dataclass(frozen=True)
-class Piece:
+class InputSlice:
     """Rows ``[start, stop)`` of one input (a Parquet or JSON Lines file, or a table passed
     to the task); errors call its first row ``label_start`` of ``name``.
 
@@ -63,7 +63,7 @@ class Block:
 
     index: int
     first: int
-    pieces: tuple[Piece, ...]
+    pieces: tuple[InputSlice, ...]
     from_files: bool
 
 
@@ -95,7 +95,7 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
     return table
 
 
-def read_piece(piece: Piece, text_field: str, limits: ReadLimits | None = None) -> pa.Table:
+def read_slice(piece: InputSlice, text_field: str, limits: ReadLimits | None = None) -> pa.Table:
     """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them
     (or, for JSON Lines, only the piece's bytes), through the input policy on the worker
     too; Ray's tensor types are registered first, so numpy-batch files are unwrapped."""
@@ -108,7 +108,7 @@ def read_piece(piece: Piece, text_field: str, limits: ReadLimits | None = None) 
         return _read_row_groups(f, piece, text_field, limits or ReadLimits())
 
 
-def _read_row_groups(f: Any, piece: Piece, text_field: str, limits: ReadLimits) -> pa.Table:
+def _read_row_groups(f: Any, piece: InputSlice, text_field: str, limits: ReadLimits) -> pa.Table:
     try:
         pf = pq.ParquetFile(f)
         columns = wanted_columns(pf.schema_arrow.names, text_field)
@@ -133,7 +133,7 @@ def block_table(
     """The block's rows as one table, an ``id`` column (global row number) where absent,
     and an :class:`Origin` naming each row by its file (or dataset) row."""
     if block.from_files:
-        parts = [read_piece(p, text_field, limits) for p in block.pieces]
+        parts = [read_slice(p, text_field, limits) for p in block.pieces]
     else:  # already through plain_columns (dataset_blocks)
         parts = [
             t.slice(p.start, p.stop - p.start) for p, t in zip(block.pieces, tables, strict=True)
@@ -188,13 +188,13 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
         except (pa.ArrowInvalid, OSError) as err:
             raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
     if block_examples is None:
-        pieces = [(Piece(str(f), 0, n, 0),) for f, n in zip(files, counts, strict=True) if n]
+        pieces = [(InputSlice(str(f), 0, n, 0),) for f, n in zip(files, counts, strict=True) if n]
     else:
         pieces = cut_pieces([str(f) for f in files], counts, block_examples, local_labels=True)
     return _number_blocks(pieces, from_files=True)
 
 
-def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[Piece, ...]]:
+def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[InputSlice, ...]]:
     """Pieces over JSON Lines files: one per file, or runs of ``block_examples`` records
     across files, each with the byte range and first line the scan found for it."""
     indexes: dict[str, LineIndex] = {}
@@ -212,7 +212,7 @@ def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tupl
         total += index.records
     names, counts = list(indexes), [ix.records for ix in indexes.values()]
     if block_examples is None:
-        runs = [(Piece(n, 0, c, 0),) for n, c in zip(names, counts, strict=True)]
+        runs = [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True)]
     else:
         runs = cut_pieces(names, counts, block_examples, local_labels=True)
     return [
@@ -223,7 +223,7 @@ def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tupl
 
 def cut_pieces(
     names: Sequence[str], counts: Sequence[int], size: int, local_labels: bool
-) -> list[tuple[Piece, ...]]:
+) -> list[tuple[InputSlice, ...]]:
     """Consecutive runs of ``size`` rows across inputs of ``counts`` rows (the last shorter)."""
     starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     total = int(starts[-1])
@@ -234,12 +234,12 @@ def cut_pieces(
         for k in np.flatnonzero((starts[:-1] < hi) & (starts[1:] > lo)).tolist():
             a, b = max(lo, starts[k]) - starts[k], min(hi, starts[k + 1]) - starts[k]
             label = int(a) if local_labels else int(starts[k] + a)
-            run.append(Piece(names[k], int(a), int(b), label))
+            run.append(InputSlice(names[k], int(a), int(b), label))
         out.append(tuple(run))
     return out
 
 
-def _number_blocks(pieces: list[tuple[Piece, ...]], from_files: bool) -> list[Block]:
+def _number_blocks(pieces: list[tuple[InputSlice, ...]], from_files: bool) -> list[Block]:
     blocks, first = [], 0
     for k, run in enumerate(pieces):
         blocks.append(Block(k, first, run, from_files))
@@ -267,5 +267,5 @@ def dataset_blocks(
     names = [str(k) for k in range(len(refs))]
     pieces = cut_pieces(names, counts, block_examples, local_labels=False)
     inputs = [[refs[int(p.name)] for p in run] for run in pieces]
-    runs = [tuple(Piece("dataset", p.start, p.stop, p.label_start) for p in r) for r in pieces]
+    runs = [tuple(InputSlice("dataset", p.start, p.stop, p.label_start) for p in r) for r in pieces]
     return _number_blocks(runs, from_files=False), inputs

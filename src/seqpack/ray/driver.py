@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from seqpack.core.binding import Binding, split_digest
+from seqpack.core.binding import Binding, data_digest
 from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import Documents, Origin, resolve_binding
@@ -29,7 +29,7 @@ from seqpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
 from seqpack.ray.shard_layout import (
     RayTaskFailed,
     Shard,
-    ShardLayout,
+    ShardCuts,
     check_written,
     merge_statistics,
 )
@@ -121,7 +121,7 @@ class TaskResults:
     manifest entries and layouts, where each was written, every block's ids."""
 
     block_stats: list[dict[str, Any]]
-    layout: ShardLayout
+    layout: ShardCuts
     entries: list[dict[str, Any]]
     shards: list[Shard]
     runs: list[dict[str, Any]]
@@ -159,7 +159,7 @@ def run_tasks(
     tables: list[Any] = [p[1] for p in planned]
     position = {p[0]: k for k, p in enumerate(planned)}
     pending = [p[0] for p in planned]
-    layout = ShardLayout(len(blocks), settings.options.max_rows_per_batch)
+    layout = ShardCuts(len(blocks), settings.options.max_rows_per_batch)
     stats: dict[int, dict[str, Any]] = {}
     ids: dict[int, Any] = {}
     writes: list[Any] = []
@@ -236,7 +236,7 @@ def _manifest(
     fields = options.manifest_fields(pad_token_id)
     layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
-    receipt = options.split_id or split_digest(
+    receipt = options.split_id or data_digest(
         "seqpack-split-blocks", options.partition.value, *(s["split_id"] for s in block_stats)
     )
     blocks = per_block(layout, block_stats, results.shards, results.runs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqpack.ray.shard_layout import Shard, ShardLayout
+from seqpack.ray.shard_layout import Shard, ShardCuts
 
 #: Per-block timings measured in the plan task (wall clock, then its CPU time).
 PLAN_TIMES = ("read_seconds", "tokenize_seconds", "plan_seconds", "plan_cpu_seconds")
@@ -27,7 +27,7 @@ def split_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def per_block(
-    layout: ShardLayout,
+    layout: ShardCuts,
     block_stats: list[dict[str, Any]],
     shards: list[Shard],
     runs: list[dict[str, Any]],

@@ -37,7 +37,7 @@ class Shard:
     spans: tuple[tuple[int, int, int, int], ...]  # (block, first local row, stop, first example)
 
 
-class ShardLayout:
+class ShardCuts:
     """The blocks' rows end to end in block order, cut into shards on model-call boundaries.
 
     Blocks arrive in order; a shard is handed out as soon as every row it
@@ -104,7 +104,7 @@ class ShardLayout:
         return shard
 
 
-def check_written(layout: ShardLayout, shards: list[dict[str, Any]], tmp: Path) -> None:
+def check_written(layout: ShardCuts, shards: list[dict[str, Any]], tmp: Path) -> None:
     """Every example exactly once: the shards hold each row and occurrence once."""
     rows = sum(s["rows"] for s in shards)
     occurrences = sum(s["occurrences"] for s in shards)
@@ -119,7 +119,7 @@ def check_written(layout: ShardLayout, shards: list[dict[str, Any]], tmp: Path) 
 
 
 def merge_statistics(
-    block_stats: list[dict[str, Any]], layout: ShardLayout, max_rows_per_batch: int
+    block_stats: list[dict[str, Any]], layout: ShardCuts, max_rows_per_batch: int
 ) -> dict[str, Any]:
     """One statistics record for all blocks, against the global lower bound."""
     tokens = sum(s["tokens"] for s in block_stats)

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.config import PackConfig
-from seqpack.core.errors import PartitionMismatch
+from seqpack.core.errors import SplitMismatch
 from seqpack.core.examples import ExampleTable, example_label
 from seqpack.core.supervision import Objective
 from seqpack.io import store
@@ -47,14 +47,14 @@ class Settings:
     binding: Binding | None = None
 
 
-def check_partition(table: pa.Table, docs: Documents, partition: Partition) -> None:
+def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
     if PARTITION_COLUMN not in table.column_names:
         return
     values = table.column(PARTITION_COLUMN).to_numpy(zero_copy_only=False).astype(object)
     bad = values != partition.value
     if bad.any():
         row = int(np.argmax(bad))
-        raise PartitionMismatch(
+        raise SplitMismatch(
             f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
             f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
             " another partition's rows; filter the input or pack it with"
@@ -102,7 +102,7 @@ def plan_block(
     docs = documents_from_arrow(
         table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
     )
-    check_partition(table, docs, opts.partition)
+    check_split(table, docs, opts.partition)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
     _check_block_budget(block, len(docs), examples, settings)
@@ -166,3 +166,14 @@ def write_shard(
     if settings.hook is not None:
         settings.hook("write", index)
     return entry
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "check_partition": "check_split",
+    },
+)

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.batch import IGNORE_INDEX, NO_SEGMENT, PackedBatch
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
-from seqpack.core.errors import InvalidInput, PartitionMismatch
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.permission import pairwise
 from seqpack.io.integrity import read_row_stats
 from seqpack.io.store import PackedStore, load_packed
@@ -96,25 +97,26 @@ class PackedBatches(Dataset):
     global rows (``ds.compact_rows`` the same unpadded). ``row_stats()`` gives
     the per-row counts a :class:`RowSampler` needs. Up to ``cache_shards``
     decoded shards are kept (least recently used out). Pass
-    ``expected_partition="train"`` in a training loop so a validation or test
+    ``expected_split="train"`` in a training loop so a validation or test
     output can never be trained on by mistake.
     """
 
+    @renamed_kwargs(expected_partition="expected_split", verify="integrity")
     def __init__(
         self,
         source: str | Path | PackedStore,
         expected_binding: Binding | None = None,
         *,
         cache_shards: int = 4,
-        verify: bool = True,
-        expected_partition: Partition | str | None = None,
+        integrity: bool = True,
+        expected_split: Split | str | None = None,
     ) -> None:
         if isinstance(source, PackedStore):
-            source.require(expected_binding, expected_partition)
+            source.require(expected_binding, expected_split)
             self.store = source
         else:
             self.store = load_packed(
-                source, expected_binding, verify=verify, expected_partition=expected_partition
+                source, expected_binding, integrity=integrity, expected_split=expected_split
             )
         if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
             raise InvalidInput(
@@ -254,7 +256,7 @@ class PackedCollator:
         ignore_index: int = IGNORE_INDEX,
         flatten: bool = False,
         permission_mask: bool = False,
-        partition: Partition | str | None = None,
+        partition: Split | str | None = None,
     ) -> None:
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
             raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
@@ -264,11 +266,11 @@ class PackedCollator:
         self.ignore_index = int(ignore_index)
         self.flatten = flatten
         self.permission_mask = permission_mask
-        self.partition = None if partition is None else Partition.parse(partition)
+        self.partition = None if partition is None else Split.parse(partition)
 
     def __call__(self, item: Any) -> dict[str, Any]:
         rows, slot = _scheduled(item)
-        check_partition(rows, self.partition, "PackedCollator")
+        check_split(rows, self.partition, "PackedCollator")
         cells = flat_columns(rows, self.ignore_index)
         index = cells.pop("valid_index")
         shape = (rows.num_rows, rows.capacity)
@@ -303,11 +305,11 @@ class PackedCollator:
         return out
 
 
-def check_partition(batch: Rows, expected: Partition | None, who: str) -> None:
+def check_split(batch: Rows, expected: Split | None, who: str) -> None:
     """Refuse ``batch`` unless it is of partition ``expected`` (None: any)."""
     if expected is not None and batch.partition is not expected:
         got = batch.partition.value
-        raise PartitionMismatch(
+        raise SplitMismatch(
             f"{who} expects {expected.value} rows but got a {got} model call — a {got} output"
             f" must not be used as {expected.value} data; collate it with a collator built"
             f" for partition={got!r}"
@@ -352,7 +354,7 @@ __all__ = [
     "PackedCollator",
     "PackedDataset",
     "ScheduledBatch",
-    "check_partition",
+    "check_split",
     "compact_of",
     "concat_batches",
     "concat_rows",
@@ -363,3 +365,14 @@ __all__ = [
     "move_features",
     "select_rows",
 ]
+
+
+# vocab codemod: the 0.2 names, kept for one release
+from seqpack._renames import renamed_names  # noqa: E402
+
+__getattr__ = renamed_names(
+    __name__,
+    {
+        "check_partition": "check_split",
+    },
+)

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from seqpack.core.batch import IGNORE_INDEX, NO_SEGMENT, PackedBatch
-from seqpack.core.binding import Binding, Partition
+from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import concat_ranges
@@ -76,7 +76,7 @@ def concat_rows(parts: Sequence[Rows]) -> CompactRows:
 
 
 def empty_rows(
-    capacity: int, partition: Partition | str, binding: Binding, first_row: int = 0
+    capacity: int, partition: Split | str, binding: Binding, first_row: int = 0
 ) -> CompactRows:
     """0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
     none = np.zeros(0, dtype=np.int64)
@@ -92,14 +92,14 @@ def empty_rows(
         range_starts=none,
         range_ends=none,
         capacity=capacity,
-        partition=Partition.parse(partition),
+        partition=Split.parse(partition),
         binding=binding,
         first_row=first_row,
     )
 
 
 def empty_batch(
-    capacity: int, partition: Partition | str, binding: Binding, first_row: int = 0
+    capacity: int, partition: Split | str, binding: Binding, first_row: int = 0
 ) -> PackedBatch:
     """A model call of 0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
     return empty_rows(capacity, partition, binding, first_row).to_batch()

@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.core.binding import INT32_MAX, Binding, Partition
+from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.checks import positive_int, state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import long_ranges
-from seqpack.core.stream_packer import DEFAULT_MAX_OPEN_ROWS, DEFAULT_WINDOW, StreamPacker
+from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 from seqpack.io.tokenizers import Tokenizer
 from seqpack.training.api_checks import (
     MAX_READ_CHUNK,
@@ -99,10 +99,10 @@ class StreamDataset(IterableDataset):
         micro_batches: int = 1,
         world_size: int | None = None,
         rank: int | None = None,
-        partition: Partition | str = "train",
+        partition: Split | str = "train",
         split_long: bool = False,
         tokenizer: Tokenizer | None = None,
-        window: int = DEFAULT_WINDOW,
+        window: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         balance: Balance = "tokens",
@@ -113,7 +113,7 @@ class StreamDataset(IterableDataset):
         if not isinstance(binding, Binding):
             raise InvalidInput(f"binding must be a seqpack.Binding, got {type(binding).__name__}")
         self.binding = binding
-        self.partition = Partition.parse(partition)
+        self.partition = Split.parse(partition)
         self.world_size, self.rank = check_world(world_size, rank)
         self.rows_per_micro_batch = positive_int(
             "rows_per_micro_batch", rows_per_micro_batch, INT32_MAX

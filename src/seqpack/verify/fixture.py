@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqpack.core.batch import PackedBatch
-from seqpack.core.binding import Binding, Partition, split_digest
+from seqpack.core.binding import Binding, Split, data_digest
 from seqpack.core.compact import PackedEpoch, pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import SequenceExample
@@ -40,14 +40,14 @@ FIXTURE_PROBE: dict[str, float] = {"A": 0.5, "B": 0.25, "C": 0.5}
 
 
 def fixture_binding() -> Binding:
-    return Binding(FIXTURE_VOCAB, "seqpack/bytes-266", split_digest("seqpack-fixture", "A,B,C"))
+    return Binding(FIXTURE_VOCAB, "seqpack/bytes-266", data_digest("seqpack-fixture", "A,B,C"))
 
 
 def fixture_examples(binding: Binding | None = None) -> list[SequenceExample]:
     binding = binding or fixture_binding()
     return [
         SequenceExample.from_document(
-            tokens, source_id=name, example_id=name, partition=Partition.TRAIN, binding=binding
+            tokens, source_id=name, example_id=name, partition=Split.TRAIN, binding=binding
         )
         for name, tokens in FIXTURE_DOCUMENTS.items()
     ]
@@ -56,7 +56,7 @@ def fixture_examples(binding: Binding | None = None) -> list[SequenceExample]:
 def fixture_epoch(max_rows_per_batch: int = 2) -> PackedEpoch:
     binding = fixture_binding()
     config = PackConfig(capacity=FIXTURE_CAPACITY, max_rows_per_batch=max_rows_per_batch)
-    return pack_examples(Partition.TRAIN, fixture_examples(binding), binding, config)
+    return pack_examples(Split.TRAIN, fixture_examples(binding), binding, config)
 
 
 def fixture_batch() -> PackedBatch:

@@ -44,7 +44,7 @@ MAX_WIDTH = 1024
 
 
 @dataclass(frozen=True)
-class VerifyLayout:
+class VerifyCase:
     """Lengths (prediction pairs) of the examples, the row width, and the window they test."""
 
     lengths: tuple[int, ...]
@@ -63,7 +63,7 @@ def verification_layout(
     lengths: tuple[int, ...] | None = None,
     capacity: int | None = None,
     max_example: int | None = None,
-) -> VerifyLayout:
+) -> VerifyCase:
     """The examples' lengths and row width for a model with ``window`` and ``max_positions``.
 
     ``max_example``: the longest example the model is exact for (a stated
@@ -74,16 +74,16 @@ def verification_layout(
         if not lengths or min(lengths) < 1:
             raise InvalidInput(f"--lengths {list(lengths)}: give positive prediction-pair counts")
         width = capacity or min(sum(lengths), max(limit, max(lengths)))
-        layout = VerifyLayout(tuple(int(n) for n in lengths), int(width), window)
+        layout = VerifyCase(tuple(int(n) for n in lengths), int(width), window)
     elif window is None or window >= limit - 3:
-        layout = VerifyLayout(LENGTHS, capacity or CAPACITY, window)
+        layout = VerifyCase(LENGTHS, capacity or CAPACITY, window)
     else:
         long = min(2 * window + 3, limit - 3)
         mid = min(window + 1, long - 1)
-        layout = VerifyLayout((long, 3, mid, long - mid, 5, 2), capacity or long + 3, window)
+        layout = VerifyCase((long, 3, mid, long - mid, 5, 2), capacity or long + 3, window)
     if lengths is None and max_example is not None and max(layout.lengths) > max_example:
         capped = tuple(min(n, max_example) for n in layout.lengths)
-        layout = VerifyLayout(capped, layout.capacity, window)
+        layout = VerifyCase(capped, layout.capacity, window)
     if max(layout.lengths) > layout.capacity:
         raise InvalidInput(
             f"an example of {max(layout.lengths)} pairs does not fit rows of {layout.capacity}"
@@ -103,7 +103,7 @@ def verification_examples(
     seed: int,
     max_positions: int | None = None,
     *,
-    layout: VerifyLayout | None = None,
+    layout: VerifyCase | None = None,
 ) -> list[SequenceExample]:
     """Examples of random ids with ``layout``'s lengths; example 2 has a 3-target prompt."""
     layout = layout or verification_layout(None, max_positions)
