@@ -38,6 +38,7 @@ PACKAGES = (
 ALLOWED = {
     # the CLI's own rename (flags, PackOptions fields): --capacity becomes --max-length
     "--capacity": "the CLI rename to --max-length",
+    "old_capacity": "declares the deprecated --capacity beside --max-length (one release)",
     "--split-long": "the CLI rename (the option keeps its name until then)",
     "--partition": "the CLI rename (the PackOptions field is partition until then)",
     "FIXTURE_CAPACITY": "the seed's fixture width in cells; follows the capacity rename",

@@ -4,7 +4,6 @@
 - ``import seqpack`` loads none of the heavy dependencies;
 - no module imports another module's private name;
 - no two modules share a base name, no function over 80 lines;
-- no public name uses a word the glossary retired (``docs/architecture.md``);
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
 - the 0.1 module paths still import, with a DeprecationWarning.
 """
@@ -12,7 +11,6 @@
 import ast
 import dataclasses
 import inspect
-import re
 import subprocess
 import sys
 import warnings
@@ -24,11 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "seqpack"
 HEAVY = ("torch", "pyarrow", "transformers", "datasets", "ray", "matplotlib", "tokenizers", "tqdm")
 MAX_FUNCTION_LINES = 80
-ARCHITECTURE = ROOT / "docs" / "architecture.md"
-#: Used while ``docs/architecture.md`` has no ``## Glossary`` yet: words issue 20 retires
-#: that no public name uses any more (a placed example is not a *document* or an
-#: *ordinal*; *engine* meant both numba-vs-Python and local-vs-Ray).
-RETIRED_WITHOUT_GLOSSARY = ("document", "ordinal", "engine")
 
 
 def _modules():
@@ -98,110 +91,6 @@ def test_functions_stay_small():
                 if size > MAX_FUNCTION_LINES:
                     long_functions.append(f"{path.relative_to(ROOT)}:{node.name} {size} lines")
     assert long_functions == []
-
-
-def word_parts(name: str) -> list[str]:
-    """The lower-case words of a snake_case or CamelCase name: ``SplitMismatch`` ->
-    ``["partition", "mismatch"]``, ``read_HF_config`` -> ``["read", "hf", "config"]``."""
-    pattern = r"[A-Z]+(?=[A-Z][a-z]|\d|$)|[A-Z]?[a-z]+|[A-Z]+|\d+"
-    return [w.lower() for chunk in name.split("_") for w in re.findall(pattern, chunk)]
-
-
-def public_names() -> dict[str, str]:
-    """``{name: module path}`` of every ``__all__`` entry and public module-level def or
-    class under ``src/seqpack`` (old names kept through a module ``__getattr__`` are not
-    seen: they are the deprecated ones)."""
-    names = {}
-    for path, tree in _modules():
-        where = str(path.relative_to(ROOT))
-        for node in tree.body:
-            defined = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            if defined and not node.name.startswith("_"):
-                names.setdefault(node.name, where)
-            targets = (
-                node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            )
-            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-                for elt in getattr(node.value, "elts", []):
-                    if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
-                        names.setdefault(elt.value, where)
-    return names
-
-
-def glossary(text: str) -> tuple[list[str], list[str]] | None:
-    """``(terms, retired words)`` of the table under ``## Glossary`` in ``text``, or None
-    when there is no such heading. The first column holds the term in backticks; the
-    column headed ``not`` lists the words it retires (backticked, or comma-separated)."""
-    match = re.search(r"^## Glossary[^\n]*\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    if match is None:
-        return None
-    rows = [line.strip().strip("|").split("|") for line in match[1].splitlines()]
-    rows = [[c.strip() for c in row] for row in rows if len(row) > 1]
-    header, body = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]
-    words = [(c.strip("`* ").lower().split() or [""])[0] for c in header]
-    assert "not" in words, f"the glossary table has no 'not' column: {header}"
-    column = words.index("not")
-    terms = [w for row in body for w in re.findall(r"`([^`]+)`", row[0])]
-    retired = []
-    for row in body:
-        cell = row[column]
-        retired += re.findall(r"`([^`]+)`", cell) or [w for w in re.split(r"[,;]\s*", cell) if w]
-    return terms, [w.strip() for w in retired if w.strip() not in ("", "-", "—")]
-
-
-def names_using_retired_words(
-    names: dict[str, str], retired: list[str], terms: tuple[str, ...] | list[str] = ()
-) -> list[str]:
-    """Each name one of whose word parts (or run of parts, for a retired ``pair_counts``)
-    is a retired word, outside a glossary term: the term ``sliding_window`` does not read
-    as the retired ``window``, but the term ``split`` does not excuse a retired ``split_id``."""
-
-    def runs(parts, words):
-        n = len(words)
-        return [range(i, i + n) for i in range(len(parts) - n + 1) if parts[i : i + n] == words]
-
-    offences = []
-    for name, where in sorted(names.items()):
-        parts = word_parts(name)
-        inside = {k for t in terms for run in runs(parts, word_parts(t)) for k in run}
-        used = [
-            w
-            for w in retired
-            if word_parts(w) and any(not set(run) <= inside for run in runs(parts, word_parts(w)))
-        ]
-        if used:
-            offences.append(f"{where}: {name} uses retired {', '.join(used)}")
-    return offences
-
-
-def test_word_parts_and_the_retired_word_check():
-    assert word_parts("SplitMismatch") == ["partition", "mismatch"]
-    assert word_parts("read_HFConfig") == ["read", "hf", "config"]
-    names = {
-        "sliding_window_mask": "a",
-        "check_sliding_window": "b",
-        "pair_counts_of": "c",
-        "pairs": "d",
-    }
-    got = names_using_retired_words(names, ["window", "pair_counts"], ["sliding_window"])
-    assert got == [
-        "b: check_sliding_window uses retired window",
-        "c: pair_counts_of uses retired pair_counts",
-    ]
-    table = "## Glossary\n\n| term | means | not |\n|---|---|---|\n| `split` | a | `partition` |\n"
-    assert glossary(table + "\n## Next\n") == (["split"], ["partition"])
-    other = "## Glossary\n| Term | Not (retired) |\n|--|--|\n| `span` | window, range |\n"
-    assert glossary(other) == (["span"], ["window", "range"])
-    assert glossary("# no glossary\n") is None
-
-
-def test_no_public_name_uses_a_retired_word():
-    """The vocabulary check: the glossary's retired words, or (before the glossary
-    exists) :data:`RETIRED_WITHOUT_GLOSSARY`, in no public name of ``src/seqpack``."""
-    found = glossary(ARCHITECTURE.read_text())
-    terms, retired = found if found is not None else ([], list(RETIRED_WITHOUT_GLOSSARY))
-    assert retired, "the glossary of docs/architecture.md retires no word"
-    assert names_using_retired_words(public_names(), retired, terms) == []
 
 
 def _option_fields():
