@@ -209,7 +209,7 @@ def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch
     monkeypatch.setattr(writer, "long_ranges", never)
     with pytest.raises(BudgetExceeded, match="6,250 pieces of 50 documents"):
         local.pack_path(path, tmp_path / "out", dataclasses.replace(opts, max_metadata_bytes=limit))
-    monkeypatch.setattr(local, "split_long", never)
+    monkeypatch.setattr(local, "cut_long", never)
     docs = read_documents(path)
     with pytest.raises(BudgetExceeded, match="splitting and packing the sources"):
         local.bind_examples(docs, dataclasses.replace(opts, max_metadata_bytes=1 << 20), None)
