@@ -61,6 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     trees = {"old": checkout(args.old), "new": checkout(args.new) if args.new else ROOT / "src"}
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    user.CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="commits-", dir=user.CACHE) as tmp:
         for r in range(args.rounds):
             for name in ("old", "new") if r % 2 == 0 else ("new", "old"):

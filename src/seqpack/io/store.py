@@ -73,9 +73,9 @@ def write_shards(
     """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output`` as
     :func:`write_shard` writes it; the manifest entries, in order.
 
-    This thread gathers the shards (the kernels release the GIL) while writer
-    threads compress the ones before: at most :data:`SHARDS_IN_FLIGHT` shards
-    are in memory. A single shard is written here, where signals arrive.
+    This thread gathers shard ``k`` (the kernels release the GIL) while a writer
+    thread compresses shard ``k-1``: at most :data:`SHARDS_IN_FLIGHT` shards are
+    in memory. A single shard is written here, where signals arrive.
     ``on_shard(entry)`` reports each shard written, in order; a failing write
     stops the run at the next shard.
     """
@@ -102,7 +102,9 @@ def write_shards(
     with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
         try:
             for k in range(len(spans)):
-                while len(writing) >= SHARDS_IN_FLIGHT - 1:  # room for the one gathered next
+                # the shard gathered next overlaps the writes before it; with the ones still
+                # writing it makes at most SHARDS_IN_FLIGHT shards in memory
+                while len(writing) >= SHARDS_IN_FLIGHT:
                     done(writing.popleft().result())  # raises a writer's error here
                 writing.append(pool.submit(write, k, build(k)))
             while writing:
