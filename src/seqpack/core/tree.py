@@ -50,7 +50,7 @@ import numpy as np
 
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.examples import as_token_array, concat_ranges
+from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets
 from seqpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
 from seqpack.core.permission import check_sliding_window, pairwise
 from seqpack.core.plan import Plan
@@ -108,8 +108,8 @@ class SequenceGroups:
 
     def pair_mask(self, seqs: np.ndarray) -> np.ndarray:
         """``loss_mask`` of sequences ``seqs``, concatenated in that order, bool [Σ L]."""
-        owner, local = _ranges(self.lengths[seqs])
-        return self.loss_mask[(self.offsets[:-1] - np.arange(len(self)))[seqs][owner] + local]
+        starts = pair_offsets(self.offsets)[:-1][seqs]
+        return self.loss_mask[concat_ranges(starts, self.lengths[seqs])]
 
     def sequence(self, i: int) -> np.ndarray:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
@@ -119,7 +119,7 @@ class SequenceGroups:
         cls, seqs: list[np.ndarray], masks: list[np.ndarray], group: Any, binding: Binding
     ) -> SequenceGroups:
         """From per-sequence token arrays and per-pair masks (``group`` contiguous)."""
-        offsets = np.concatenate([[0], np.cumsum([s.size for s in seqs])]).astype(np.int64)
+        offsets = offsets_of(np.array([s.size for s in seqs], dtype=np.int64))
         tokens = np.concatenate(seqs).astype(np.int32) if seqs else np.zeros(0, np.int32)
         mask = np.concatenate(masks).astype(bool) if masks else np.zeros(0, bool)
         return cls(tokens, offsets, np.asarray(group, dtype=np.int64), mask, binding)
