@@ -30,11 +30,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seqpack.core import arith as budget
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_cells
 from seqpack.core.binding import Binding, Split
-from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
+from seqpack.core.config import PackConfig, check_segment_namespace, enforce, plan_metadata_bytes
 from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges
 from seqpack.core.plan import Plan
@@ -439,7 +438,7 @@ def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEp
     if plan.capacity != config.capacity:
         raise InvalidInput(f"plan capacity {plan.capacity} != config capacity {config.capacity}")
     peak = plan_metadata_bytes(plan, config)
-    budget.enforce(peak, config.max_metadata_bytes)
+    enforce(peak, config.max_metadata_bytes)
     storage, source, per = Storage.of(plan), TableSource(table), config.max_rows_per_batch
     batches = [
         gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()

@@ -33,9 +33,8 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import engine as kernels
-from seqpack.core.checks import check_lengths, check_tree_capacity
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, check_lengths, check_tree_capacity
 from seqpack.core.plan import Plan
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 
@@ -318,3 +317,42 @@ def plan_lengths(
     row_of, start_of = POLICIES[policy](lengths, capacity, **options)
     num_rows = int(row_of.max()) + 1 if lengths.shape[0] else 0
     return Plan(lengths, row_of, start_of, num_rows, capacity, policy)
+
+
+# ------------------------------------------------------------ counts
+# Storage and attention counted apart: ``B`` rows of width ``T`` hold ``B*T`` cells, dense
+# attention scores ``B*T^2`` per head, a causal segment of ``l`` pairs permits ``l(l+1)/2``
+# edges. Shape differences, never a speed-up (an edge is legal, not computed).
+
+
+def layout_counts(rows: int, width: int, lengths: Any) -> dict[str, Any]:
+    """Counts for ``rows`` x ``width`` storage holding segments of ``lengths``."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    cells = rows * width
+    valid = int(lens.sum())
+    return {
+        "rows": rows,
+        "width": width,
+        "cells": cells,
+        "valid_cells": valid,
+        "dense_scores_per_head": rows * width * width,
+        "semantic_edges": int((lens * (lens + 1) // 2).sum()),
+        "valid_density": valid / cells if cells else 0.0,
+    }
+
+
+def batch_counts(batch: Any) -> dict[str, Any]:
+    """:func:`layout_counts` of a :class:`~seqpack.core.batch.PackedBatch`."""
+    occ = batch.occurrences
+    rows, width = batch.shape
+    return layout_counts(rows, width, occ.col_end - occ.col_start)
+
+
+def compare_layouts(lengths: Any, capacity: int, policy: str = "next-fit") -> dict[str, Any]:
+    """Padded (one example per row, width = longest) versus packed at ``capacity``."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    plan = plan_rows(lens, capacity, policy)
+    return {
+        "padded": layout_counts(int(lens.shape[0]), int(lens.max()), lens),
+        "packed": layout_counts(plan.num_rows, capacity, lens),
+    }

@@ -34,17 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seqpack.core import engine as kernels
-from seqpack.core.arith import enforce
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import (
-    MAX_TREE_CAPACITY,
-    check_lengths,
-    check_tree_capacity,
-    positive_int,
-    state_int,
-    state_ints,
-    state_value,
-)
+from seqpack.core.config import enforce
 from seqpack.core.engine import (
     bucket_pop,
     bucket_push,
@@ -53,7 +44,16 @@ from seqpack.core.engine import (
     tree_last_at_most,
     tree_set,
 )
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import (
+    MAX_TREE_CAPACITY,
+    InvalidInput,
+    check_lengths,
+    check_tree_capacity,
+    positive_int,
+    state_int,
+    state_ints,
+    state_value,
+)
 
 DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
