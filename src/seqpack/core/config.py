@@ -59,14 +59,10 @@ def enforce(
 
 @dataclass(frozen=True)
 class PackConfig:
-    """Row width and per-call limits, validated on construction.
-
-    ``capacity``: cells per row (one input token and its target each: the ``input_ids``
-    width, a run's ``max_length``). ``max_rows_per_batch``: rows per model call (the
-    last keeps its real count). ``max_cells``: cells one call may hold (default
-    ``capacity * max_rows_per_batch``). ``max_metadata_bytes``: budget for everything
-    :func:`pack_examples` allocates (None: unlimited).
-    """
+    """Row width and per-call limits, validated on construction: ``capacity`` cells per row
+    (a run's ``max_length``), ``max_rows_per_batch`` rows per model call, ``max_cells`` per
+    call (default ``capacity * max_rows_per_batch``), ``max_metadata_bytes`` for what
+    :func:`pack_examples` allocates (None: unlimited)."""
 
     capacity: int
     max_rows_per_batch: int
@@ -100,10 +96,8 @@ def check_segment_namespace(count: int) -> None:
 
 
 def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
-    """Bytes :func:`materialize` allocates for ``plan``, computed before allocating.
-
-    Raises :class:`BudgetExceeded` when a model call would exceed ``max_cells``.
-    """
+    """Bytes :func:`materialize` allocates for ``plan``, before allocating
+    (:class:`BudgetExceeded` when a model call would exceed ``max_cells``)."""
     n = plan.lengths.shape[0]
     total = checked_mul(n, PLAN_BYTES)
     largest = 0

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_names
+
 
 class SeqpackError(Exception):
     """Root of every error seqpack raises on purpose."""
@@ -76,11 +78,8 @@ def type_argument(name: str, value: Any, kinds: tuple[type, ...], expected: str)
 
 
 def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` when it is an integer (not a bool) in ``[1, maximum]``.
-
-    Otherwise :class:`~seqpack.core.errors.InvalidInput` naming ``name``, the value
-    and the range.
-    """
+    """``value`` as an ``int`` when it is an integer (not a bool) in ``[1, maximum]``, else
+    :class:`InvalidInput` naming ``name``, the value and the range."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, np.integer))
@@ -185,12 +184,5 @@ def state_columns(
     return tuple(np.asarray(c, dtype=np.int64) for c in columns)
 
 
-# vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "PartitionMismatch": "SplitMismatch",
-    },
-)
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"PartitionMismatch": "SplitMismatch"})
