@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import arith as budget
+from seqpack.core import config as budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS

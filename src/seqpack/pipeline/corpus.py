@@ -23,8 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.binding import Binding
-from seqpack.core.checks import check_lengths
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, check_lengths
 from seqpack.core.examples import example_label
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import arith as budget
-from seqpack.core.arguments import path_argument
+from seqpack.core import config as budget
 from seqpack.core.compact import CompactRows, compact_rows
+from seqpack.core.errors import path_argument
 from seqpack.core.examples import ExampleTable, cut_long, example_label
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows

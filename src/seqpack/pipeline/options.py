@@ -34,11 +34,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from seqpack.core import arith as budget
-from seqpack.core.arguments import type_argument
+from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX, Split
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, positive_int, type_argument
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template

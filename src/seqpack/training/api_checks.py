@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import BudgetExceeded, InvalidInput
+from seqpack.core.config import checked_add, checked_mul
+from seqpack.core.errors import BudgetExceeded, InvalidInput, positive_int
 from seqpack.core.stream_packer import DEFAULT_STATE_BYTES, stream_bytes
 
 #: Documents a stream reads at a time, at most.

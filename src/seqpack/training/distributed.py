@@ -35,10 +35,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.config import checked_add, checked_mul
+from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.training.api_checks import bound
 
 Balance = Literal["tokens", "attention", "none"]

@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.checks import state_int, state_value
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, state_int, state_value
 from seqpack.training.api_checks import check_flag, check_world
 from seqpack.training.distributed import (
     Balance,

@@ -31,10 +31,9 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from seqpack.core.binding import INT32_MAX, Binding, Split
-from seqpack.core.checks import positive_int, state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, positive_int, state_columns, state_int, state_value
 from seqpack.core.examples import long_ranges
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 from seqpack.io.tokenizers import Tokenizer
