@@ -17,10 +17,9 @@ from seqpack.io.tokenizers import HFTokenizer, load_tokenizer
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray import jsonl_blocks
 from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_slice
-from seqpack.ray.engine_record import per_block, per_node
+from seqpack.ray.driver import per_block, per_node
 from seqpack.ray.shard_layout import ShardCuts
-from seqpack.ray.tasks import Settings
-from seqpack.ray.worker import FastTokenizer, task_tokenizer
+from seqpack.ray.tasks import FastTokenizer, Settings, task_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from workloads import stdlib_texts, train_bpe

@@ -37,7 +37,7 @@ finish in. A task retried by Ray recomputes the same block or rewrites the
 same shard name whole; the manifest lists exactly the shards the driver laid
 out, and the driver checks that they hold every example once. The
 manifest's ``engine`` record says which node ran each block and how long it
-read, tokenized, planned and wrote (:mod:`seqpack.ray.engine_record`).
+read, tokenized, planned and wrote (:mod:`seqpack.ray.driver`).
 """
 
 from __future__ import annotations

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
 from seqpack.core.errors import InvalidInput
 from seqpack.io.files import open_regular
-from seqpack.io.jsonl import read_jsonl
+from seqpack.io.jsonl import line_blocks, read_jsonl
 
 #: Bytes per read of the driver's line scan.
 SCAN_BYTES = 1 << 24
@@ -70,38 +68,6 @@ class LineIndex:
         return LineRange(lo, hi, line, self.size)
 
 
-def _line_chunks(f: BinaryIO, size: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, bytes)`` of whole lines of ``f``, about ``size`` bytes a chunk; only the
-    file's last chunk may end without a newline."""
-    pos, carry = 0, []
-    while block := f.read(size):
-        cut = block.rfind(b"\n") + 1
-        if not cut:
-            carry.append(block)
-            continue
-        chunk = b"".join([*carry, block[:cut]]) if carry else block[:cut]
-        yield pos, chunk
-        pos += len(chunk)
-        carry = [block[cut:]] if cut < len(block) else []
-    if carry:
-        yield pos, b"".join(carry)
-
-
-def _content(chunk: bytes, data: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """Which lines ``[starts, stops)`` of ``chunk`` hold a non-blank byte (bool per line):
-    a line whose first byte is not blank has content; the few others are stripped one by
-    one, or, when there are many (indented records), counted with one prefix sum."""
-    first = data[np.minimum(starts, max(data.shape[0] - 1, 0))]
-    full = (starts < stops) & ~_BLANK[first]
-    doubt = np.flatnonzero((starts < stops) & _BLANK[first])
-    if doubt.size > 1024:
-        solid = np.concatenate(([0], np.cumsum(~_BLANK[data], dtype=np.int64)))
-        return solid[stops] - solid[starts] > 0
-    for k in doubt.tolist():
-        full[k] = bool(chunk[starts[k] : stops[k]].strip())
-    return full
-
-
 class _Scan:
     """Running state of :func:`scan_jsonl` over a file's line-aligned chunks."""
 
@@ -111,17 +77,18 @@ class _Scan:
         self.marks: dict[int, tuple[int, int]] = {}
         self.first_byte = b""
 
-    def chunk(self, pos: int, chunk: bytes) -> None:
-        if pos == 0 and chunk.startswith(_BOM):
-            chunk = b"   " + chunk[3:]  # the reader takes a byte-order mark as no content
-        if not self.first_byte:
-            self.first_byte = chunk.lstrip()[:1]
+    def chunk(self, pos: int, chunk: memoryview) -> None:
         data = np.frombuffer(chunk, dtype=np.uint8)
+        if pos == 0 and bytes(chunk[:3]) == _BOM:
+            data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)  # read as no content
+        solid = ~_BLANK[data]
+        if not self.first_byte and solid.any():
+            self.first_byte = bytes([data[int(np.argmax(solid))]])
         ends = np.flatnonzero(data == 10)
-        lines = ends.shape[0] + (not chunk.endswith(b"\n"))
+        lines = ends.shape[0] + int(data[-1] != 10)
         starts = np.concatenate(([0], ends + 1))[:lines]
-        stops = np.append(ends, data.shape[0])[:lines]
-        full = _content(chunk, data, starts, stops)
+        # a line (with its newline, which is blank) has content when any byte is not blank
+        full = np.logical_or.reduceat(solid, starts)
         if self.every is not None:
             record = self.records + np.cumsum(full) - 1
             for k in np.flatnonzero(full & ((self.first + record) % self.every == 0)).tolist():
@@ -136,9 +103,9 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
     scan, size = _Scan(every, first), 0
     try:
         with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
-            for pos, chunk in _line_chunks(f, SCAN_BYTES):
-                scan.chunk(pos, chunk)
-                size = pos + len(chunk)
+            for chunk in line_blocks(f, SCAN_BYTES, path):
+                scan.chunk(size, chunk)
+                size += len(chunk)
     except OSError as err:
         raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
     return LineIndex(path, scan.records, size, scan.marks, scan.first_byte)
