@@ -7,7 +7,9 @@ micro-batches, every row once) -> ``PackedCollator`` tensors ->
 """
 
 from seqpack.training.distributed import (
+    RowSampler,
     RowStats,
+    Slot,
     StepSchedule,
     row_costs,
     schedule_rows,
@@ -26,7 +28,6 @@ from seqpack.training.packed_data import (
     move_features,
     select_rows,
 )
-from seqpack.training.sampler import RowSampler, Slot
 from seqpack.training.stream import StreamDataset
 
 __all__ = [

@@ -37,9 +37,8 @@ import numpy as np
 
 from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
-from seqpack.training.api_checks import bound
+from seqpack.core.checks import positive_int, state_int, state_value
+from seqpack.core.errors import BudgetExceeded, InvalidInput
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -274,3 +273,224 @@ def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.nda
     out = np.zeros(schedule.steps, dtype=np.int64)
     np.add.at(out, step_of_row, np.asarray(eligible, dtype=np.int64)[schedule.row_ids])
     return out
+
+
+def bound(need: int, limit: int | None, what: str, fix: str) -> None:
+    """Refuse ``need`` bytes over ``limit`` (:class:`BudgetExceeded` naming both and ``fix``)."""
+    if limit is not None and need > limit:
+        raise BudgetExceeded(
+            f"{what} would take {need:,} bytes, over the {limit:,}-byte bound — {fix}"
+        )
+
+
+def default_world() -> tuple[int, int]:
+    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1, 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def check_world(world_size: Any, rank: Any) -> tuple[int, int]:
+    """``(world_size, rank)``: the given ones checked (integers, ``0 <= rank < world_size``),
+    a missing one from :func:`default_world`."""
+    world, rank0 = default_world()
+    world = world if world_size is None else positive_int("world_size", world_size, INT32_MAX)
+    if rank is None:
+        rank = rank0
+    elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise InvalidInput(f"rank must be an integer, got {rank!r}")
+    if not 0 <= rank < world:
+        raise InvalidInput(f"rank {rank} outside 0..{world - 1} — pass a rank below world_size")
+    return world, int(rank)
+
+
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidInput(f"{name} must be True or False, got {value!r}")
+
+
+def check_saved(
+    state: Any, fmt: str, what: str, owner: str, obj: Any, keys: tuple[str, ...]
+) -> None:
+    """Refuse a saved ``what`` state of another format, or whose ``keys`` differ from ``obj``'s
+    (one line naming the key and both values)."""
+    found = state_value(state, "format", what)
+    if found != fmt:
+        raise InvalidInput(f"not a {what} state (format {found!r})")
+    for key in keys:
+        if state_value(state, key, what) != getattr(obj, key):
+            raise InvalidInput(
+                f"{owner} state has {key}={state[key]!r} but this {owner} has"
+                f" {getattr(obj, key)!r} — build the {owner} with the saved settings"
+            )
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch of one rank: the global ``rows`` it holds (possibly none).
+
+    ``step_eligible`` is N of the whole optimizer step (every rank, every
+    micro-batch): divide this micro-batch's raw loss sum by it.
+    ``index`` is the slot's place in this rank's sequence for the epoch;
+    resume after it with ``position = index + 1``.
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    micro: int
+    micro_batches: int
+    rows: tuple[int, ...]
+    step_eligible: int
+    index: int
+
+    @property
+    def last_micro(self) -> bool:
+        """True on the micro-batch whose backward should synchronise gradients."""
+        return self.micro == self.micro_batches - 1
+
+
+SAMPLER_FORMAT = "seqpack.row-sampler/1"
+_SAMPLER_CONFIG = (
+    "rows",
+    "world_size",
+    "rank",
+    "micro_batches",
+    "rows_per_micro_batch",
+    "seed",
+    "balance",
+    "shuffle",
+)
+
+
+class RowSampler:
+    """This rank's micro-batches of an epoch, from :func:`schedule_rows`.
+
+    Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
+    :class:`Slot` objects, the dataset turns each into its rows
+    (:class:`seqpack.training.packed_data.PackedBatches`), the collator into tensors.
+    Every rank yields exactly ``steps * micro_batches`` slots; a short final
+    step holds explicitly empty slots rather than dropping or repeating rows.
+    ``world_size``/``rank`` default to the initialised ``torch.distributed``
+    group (else 1 and 0).
+
+    Resumable: ``state_dict()`` records the epoch and how many slots this
+    iterator has yielded; a fresh sampler given ``load_state_dict(state)``
+    continues with exactly the remaining slots.
+    """
+
+    def __init__(
+        self,
+        stats: RowStats,
+        *,
+        rows_per_micro_batch: int,
+        micro_batches: int = 1,
+        world_size: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        balance: Balance = "tokens",
+        shuffle: bool = True,
+    ) -> None:
+        if not isinstance(stats, RowStats):
+            raise InvalidInput(
+                f"stats must be a RowStats (e.g. PackedBatches.row_stats()), got"
+                f" {type(stats).__name__}"
+            )
+        self.world_size, self.rank = check_world(world_size, rank)
+        check_schedule(len(stats), self.world_size, micro_batches, rows_per_micro_batch)
+        check_flag("shuffle", shuffle)
+        self.stats = stats
+        self.rows = len(stats)
+        self.micro_batches = micro_batches
+        self.rows_per_micro_batch = rows_per_micro_batch
+        self.seed = seed
+        self.balance = balance
+        self.shuffle = shuffle
+        self._costs = stats.costs(balance)
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
+        self._scheduled()  # validates the arguments now
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first slot (a new seeded order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise InvalidInput(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+        self.position = 0
+
+    @property
+    def schedule(self) -> StepSchedule:
+        """The whole epoch's schedule (every rank), computed once per epoch."""
+        return self._scheduled()[0]
+
+    @property
+    def step_eligible(self) -> np.ndarray:
+        """Eligible targets per optimizer step over all ranks, int64 [steps]."""
+        return self._scheduled()[1]
+
+    def _scheduled(self) -> tuple[StepSchedule, np.ndarray]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            schedule = schedule_rows(
+                self._costs,
+                world_size=self.world_size,
+                micro_batches=self.micro_batches,
+                rows_per_micro_batch=self.rows_per_micro_batch,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+            )
+            self._cache = (
+                self.epoch,
+                schedule,
+                step_eligible_counts(schedule, self.stats.eligible),
+            )
+        return self._cache[1], self._cache[2]
+
+    def __len__(self) -> int:
+        return self.schedule.steps * self.micro_batches
+
+    def slot(self, index: int) -> Slot:
+        """This rank's ``index``-th slot of the epoch."""
+        schedule, counts = self._scheduled()
+        step, micro = divmod(index, self.micro_batches)
+        rows = schedule.slot(step, self.rank, micro)
+        return Slot(
+            self.epoch,
+            step,
+            self.rank,
+            micro,
+            self.micro_batches,
+            tuple(rows.tolist()),
+            int(counts[step]),
+            index,
+        )
+
+    def __iter__(self):
+        start = self.position
+        for index in range(start, len(self)):
+            self.position = index + 1
+            yield self.slot(index)
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Configuration, epoch and position (slots yielded so far), as plain data."""
+        return {
+            "format": SAMPLER_FORMAT,
+            "epoch": self.epoch,
+            "position": self.position,
+            **{key: getattr(self, key) for key in _SAMPLER_CONFIG},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was taken; the configuration must match."""
+        check_saved(state, SAMPLER_FORMAT, "row-sampler", "sampler", self, _SAMPLER_CONFIG)
+        epoch = state_int(state, "epoch", "row-sampler")  # integers only: no 1.5, no "2"
+        position = state_int(state, "position", "row-sampler")
+        if position > len(self):
+            raise InvalidInput(f"sampler position {position} outside 0..{len(self)}")
+        self.epoch, self.position = epoch, position

@@ -44,7 +44,7 @@ from seqpack.core.permission import pairwise
 from seqpack.io.integrity import read_row_stats
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
-from seqpack.training.distributed import RowStats
+from seqpack.training.distributed import RowStats, Slot
 from seqpack.training.labels import seq_idx
 from seqpack.training.rows import (
     PAD_FILL,
@@ -60,7 +60,6 @@ from seqpack.training.rows import (
     pad_cells,
     select_rows,
 )
-from seqpack.training.sampler import Slot
 
 # Reading a packed directory.
 
