@@ -187,11 +187,7 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
                 counts.append(pq.ParquetFile(f).metadata.num_rows)
         except (pa.ArrowInvalid, OSError) as err:
             raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
-    if block_examples is None:
-        pieces = [(InputSlice(str(f), 0, n, 0),) for f, n in zip(files, counts, strict=True) if n]
-    else:
-        pieces = cut_pieces([str(f) for f in files], counts, block_examples, local_labels=True)
-    return _number_blocks(pieces, from_files=True)
+    return _number_blocks(_runs([str(f) for f in files], counts, block_examples), from_files=True)
 
 
 def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[InputSlice, ...]]:
@@ -210,15 +206,18 @@ def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tupl
             raise InvalidInput(f"{file} is empty: it holds no rows — nothing to pack")
         indexes[str(file)] = index
         total += index.records
-    names, counts = list(indexes), [ix.records for ix in indexes.values()]
-    if block_examples is None:
-        runs = [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True)]
-    else:
-        runs = cut_pieces(names, counts, block_examples, local_labels=True)
+    runs = _runs(list(indexes), [ix.records for ix in indexes.values()], block_examples)
     return [
         tuple(dataclasses.replace(p, lines=indexes[p.name].range(p.start, p.stop)) for p in run)
         for run in runs
     ]
+
+
+def _runs(names: list[str], counts: list[int], size: int | None) -> list[tuple[InputSlice, ...]]:
+    """One piece per non-empty input (``size`` None), else :func:`cut_pieces` by file row."""
+    if size is None:
+        return [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True) if c]
+    return cut_pieces(names, counts, size, local_labels=True)
 
 
 def cut_pieces(

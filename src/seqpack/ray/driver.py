@@ -88,24 +88,19 @@ def per_node(blocks: list[dict[str, Any]], shards: list[dict[str, Any]]) -> list
     ``plan_tokens_per_second`` (prediction pairs read, tokenized and planned per second
     of those stages)."""
     nodes: dict[str, dict[str, Any]] = {}
-
-    def node(name: str, ip: str) -> dict[str, Any]:
-        zero = dict.fromkeys(("blocks", "examples", "tokens", "shards"), 0)
-        times = dict.fromkeys((*PLAN_TIMES, *WRITE_TIMES), 0.0)
-        return nodes.setdefault(name, {"node": name, "node_ip": ip} | zero | times)
-
-    for b in blocks:
-        n = node(b["node"], b["node_ip"])
-        n["blocks"] += 1
-        n["examples"] += b["examples"]
-        n["tokens"] += b["tokens"]
-        for k in PLAN_TIMES:
-            n[k] += b[k]
-    for s in shards:
-        n = node(s["node"], s["node_ip"])
-        n["shards"] += 1
-        for k in WRITE_TIMES:
-            n[k] += s[k]
+    zero = dict.fromkeys(("blocks", "examples", "tokens", "shards"), 0)
+    zero |= dict.fromkeys((*PLAN_TIMES, *WRITE_TIMES), 0.0)
+    sums = (
+        (blocks, "blocks", ("examples", "tokens", *PLAN_TIMES)),
+        (shards, "shards", WRITE_TIMES),
+    )
+    for items, counted, summed in sums:
+        for item in items:
+            where = {"node": item["node"], "node_ip": item["node_ip"]}
+            n = nodes.setdefault(item["node"], where | zero)
+            n[counted] += 1
+            for k in summed:
+                n[k] += item[k]
     for n in nodes.values():
         planning = n["read_seconds"] + n["tokenize_seconds"] + n["plan_seconds"]
         n["busy_seconds"] = planning + n["write_seconds"]

@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.checks import positive_int, state_int, state_value
 from seqpack.core.errors import BudgetExceeded, InvalidInput
@@ -51,20 +50,6 @@ SLOT_BYTES = 8 + 8 + 144
 ROW_BYTES = 3 * 8 + 40
 
 
-def schedule_bytes(
-    rows: int, world_size: Any, micro_batches: Any, rows_per_micro_batch: Any
-) -> int:
-    """What :func:`schedule_rows` allocates for ``rows`` rows (checked arithmetic; the
-    three sizes checked to be integers in ``[1, 2**31-1]`` first)."""
-    world = positive_int("world_size", world_size, INT32_MAX)
-    micro = positive_int("micro_batches", micro_batches, INT32_MAX)
-    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
-    slots_per_step = checked_mul(world, micro)
-    steps = max(1, -(-int(rows) // checked_mul(slots_per_step, per)))
-    slots = checked_mul(steps, slots_per_step)
-    return checked_add(checked_mul(slots, SLOT_BYTES), checked_mul(rows, ROW_BYTES))
-
-
 def check_schedule(
     rows: int,
     world_size: Any,
@@ -73,13 +58,16 @@ def check_schedule(
     max_bytes: int | None = SCHEDULE_BYTES,
 ) -> None:
     """Refuse (:class:`BudgetExceeded`) a schedule larger than ``max_bytes`` before it is
-    made: ``world_size * micro_batches`` slots per step are allocated even when empty."""
-    need = schedule_bytes(rows, world_size, micro_batches, rows_per_micro_batch)
+    made (the three sizes checked to be integers in ``[1, 2**31-1]`` first):
+    ``world_size * micro_batches`` slots per step are allocated even when empty."""
+    world = positive_int("world_size", world_size, INT32_MAX)
+    micro = positive_int("micro_batches", micro_batches, INT32_MAX)
+    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
+    slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
     bound(
-        need,
+        slots * SLOT_BYTES + int(rows) * ROW_BYTES,
         max_bytes,
-        f"a schedule of {rows:,} rows over world_size {world_size:,} x micro_batches"
-        f" {micro_batches:,}",
+        f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}",
         "check world_size and micro_batches (each slot is allocated, even when empty)",
     )
 

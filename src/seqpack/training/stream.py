@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.checks import positive_int, state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
@@ -106,9 +105,9 @@ def check_stream_memory(capacity: int, window: int, max_open_rows: int, rows_per
         f" {max_open_rows:,})",
         "lower window or max_open_rows",
     )
-    step = checked_mul(checked_mul(rows_per_step, capacity), WAITING_CELL_BYTES)
+    step = rows_per_step * capacity * WAITING_CELL_BYTES
     bound(
-        checked_add(packer, step),
+        packer + step,
         DEFAULT_STATE_BYTES,
         f"one optimizer step of {rows_per_step:,} rows of capacity {capacity:,} held while"
         " it is cut",
