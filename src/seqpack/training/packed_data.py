@@ -28,6 +28,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,9 @@ class ScheduledBatch:
     slot: Slot
     world_size: int | None = None
 
-    @property
+    @cached_property
     def batch(self) -> PackedBatch:
-        if isinstance(self.rows, PackedBatch):
-            return self.rows
-        if "_batch" not in self.__dict__:
-            object.__setattr__(self, "_batch", self.rows.to_batch())
-        return self.__dict__["_batch"]
+        return self.rows if isinstance(self.rows, PackedBatch) else self.rows.to_batch()
 
 
 class PackedBatches(Dataset):
