@@ -1,13 +1,9 @@
 """Deterministic, balanced assignment of packed rows to ranks and micro-batches.
 
-Data-parallel training hangs when ranks run different numbers of forward
-calls, and silently re-weights tokens when a short last batch is dropped.
-:func:`schedule_rows` makes both impossible: every optimizer step gives
-every rank exactly ``micro_batches`` micro-batch slots, every packed row is
-placed in exactly one slot, and a short final step is balanced *explicitly*
-— its slots may hold fewer rows, or none (an empty micro-batch contributes a
-zero loss sum, but the rank still runs its forward/backward so collectives
-stay in step).
+:func:`schedule_rows` gives every rank exactly ``micro_batches`` micro-batch slots per
+optimizer step and places every packed row in exactly one slot; a short final step is
+balanced *explicitly* — its slots may hold fewer rows, or none (an empty micro-batch has a
+zero loss sum, but the rank still runs its forward/backward so collectives stay in step).
 
 Worked example: 5 rows, ``world_size=2``, ``micro_batches=1``,
 ``rows_per_micro_batch=2``::
