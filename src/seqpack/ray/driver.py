@@ -26,9 +26,9 @@ from seqpack.core.errors import InvalidInput, NotAvailable, SeqpackError
 from seqpack.io.atomic import Output, open_output
 from seqpack.io.documents import make_binding
 from seqpack.io.shards import manifest_record
+from seqpack.pipeline.local import duplicate_report
 from seqpack.pipeline.options import PackOptions, check_pad_id
 from seqpack.pipeline.progress import status
-from seqpack.pipeline.repeated_ids import duplicate_report
 from seqpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
 from seqpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
 from seqpack.ray.shard_layout import (
