@@ -26,6 +26,7 @@ normalised before the forward pass (:mod:`seqpack.training.global_loss`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -219,21 +220,27 @@ class RowStats:
         return cls(tokens=tokens, eligible=eligible, attention=attention)
 
     @classmethod
+    def stacked(cls, parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> RowStats:
+        """From ``(lengths, row_of, eligible)`` of each group of rows, in row order."""
+        columns: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
+        for part in parts:
+            for column, values in zip(columns, part, strict=True):
+                column.append(np.asarray(values, dtype=np.int64))
+        return cls.from_segments(*(np.concatenate(c) for c in columns))
+
+    @classmethod
     def from_batches(cls, batches: Any) -> RowStats:
         """Rows of ``batches`` (PackedBatch objects) numbered consecutively in order."""
-        lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
-        first = 0
-        for batch in batches:
-            occ = batch.occurrences
-            lengths.append(occ.col_end - occ.col_start)
-            row_of.append(occ.row + first)
-            eligible.append(batch.loss_mask.sum(axis=1, dtype=np.int64))
-            first += batch.shape[0]
-        return cls.from_segments(
-            np.concatenate(lengths),
-            np.concatenate(row_of),
-            np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
-        )
+
+        def parts() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            first = 0
+            for batch in batches:
+                occ = batch.occurrences
+                eligible = batch.loss_mask.sum(axis=1, dtype=np.int64)
+                yield occ.col_end - occ.col_start, occ.row + first, eligible
+                first += batch.shape[0]
+
+        return cls.stacked(parts())
 
     def costs(self, balance: Balance) -> np.ndarray:
         """Load per row for :func:`schedule_rows`: tokens, attention (Σl²) or none (zeros)."""

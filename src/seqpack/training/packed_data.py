@@ -183,18 +183,12 @@ class PackedBatches(Dataset):
         Reads only the pair counts and loss flags of each shard.
         """
         if self._stats is None:
-            lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+            parts = []
             for shard in self.store.shards:
                 seq, occ, per_row = read_row_stats(self.store.path / shard["file"], shard)
                 rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
-                lengths.append(seq)
-                row_of.append(np.repeat(rows, np.diff(occ)))
-                eligible.append(per_row)
-            self._stats = RowStats.from_segments(
-                np.concatenate(lengths),
-                np.concatenate(row_of),
-                np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
-            )
+                parts.append((seq, np.repeat(rows, np.diff(occ)), per_row))
+            self._stats = RowStats.stacked(parts)
         return self._stats
 
 
