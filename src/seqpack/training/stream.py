@@ -146,18 +146,17 @@ def text_of(ds: Any, item: Any, index: int) -> str | None:
     return item
 
 
-def stream_documents(
-    ds: Any, items: list[Any], first: int
-) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """``(tokens int32, loss flags bool [n-1], source id)`` per item; a mapping's
-    ``labels`` / ``loss_mask`` / ``completion_mask`` / ``assistant_masks`` are ANDed."""
+def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -> list[Example]:
+    """The examples of documents ``first, first + 1, ...`` (one each, or its ``long_ranges``
+    pieces), numbered from ``first_example``; a mapping's ``labels`` / ``loss_mask`` /
+    ``completion_mask`` / ``assistant_masks`` are ANDed."""
     found = ((i, text_of(ds, item, first + i)) for i, item in enumerate(items))
     texts = {i: text for i, text in found if text is not None}
     encoded: dict[int, np.ndarray] = {}
     if texts:
         tokens, offsets = ds.tokenizer.encode_batch(list(texts.values()))
         encoded = {i: tokens[offsets[j] : offsets[j + 1]] for j, i in enumerate(texts)}
-    out = []
+    out: list[Example] = []
     for i, item in enumerate(items):
         index = first + i
         mapping = isinstance(item, Mapping)
@@ -176,7 +175,10 @@ def stream_documents(
                 f"{what} has {pairs} prediction pairs; capacity is {ds.capacity}"
                 " — raise the capacity or pass split_long=True"
             )
-        out.append((tokens, mask, source_id))
+        _, starts, ends = long_ranges(np.array([tokens.shape[0]]), ds.capacity)
+        doc_first = first_example + len(out)
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            out.append(Example(tokens[a:b], mask[a : b - 1], source_id, a, index, doc_first))
     return out
 
 
@@ -356,12 +358,7 @@ class _StreamPass:
     def _read(self, count: int, first_example: int) -> tuple[list[Example], int]:
         """Up to ``count`` next documents as examples numbered from ``first_example``."""
         items = list(itertools.islice(self.source, count))
-        examples: list[Example] = []
-        for i, (tokens, mask, sid) in enumerate(stream_documents(self.ds, items, self.docs_read)):
-            doc, doc_first = self.docs_read + i, first_example + len(examples)
-            _, starts, ends = long_ranges(np.array([tokens.shape[0]]), self.ds.capacity)
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-                examples.append(Example(tokens[a:b], mask[a : b - 1], sid, a, doc, doc_first))
+        examples = stream_examples(self.ds, items, self.docs_read, first_example)
         self.docs_read += len(items)
         return examples, len(items)
 
