@@ -90,47 +90,34 @@ class LineIndex:
         return LineRange(lo, hi, line, self.size)
 
 
-class _Scan:
-    """Running state of :func:`scan_jsonl` over a file's line-aligned chunks."""
-
-    def __init__(self, every: int | None, first: int) -> None:
-        self.every, self.first = every, first
-        self.records = self.lines = 0
-        self.marks: dict[int, tuple[int, int]] = {}
-        self.first_byte = b""
-
-    def chunk(self, pos: int, chunk: memoryview) -> None:
-        data = np.frombuffer(chunk, dtype=np.uint8)
-        if pos == 0 and bytes(chunk[:3]) == _BOM:
-            data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)  # read as no content
-        solid = ~_BLANK[data]
-        if not self.first_byte and solid.any():
-            self.first_byte = bytes([data[int(np.argmax(solid))]])
-        ends = np.flatnonzero(data == 10)
-        lines = ends.shape[0] + int(data[-1] != 10)
-        starts = np.concatenate(([0], ends + 1))[:lines]
-        # a line (with its newline, which is blank) has content when any byte is not blank
-        full = np.logical_or.reduceat(solid, starts)
-        if self.every is not None:
-            record = self.records + np.cumsum(full) - 1
-            for k in np.flatnonzero(full & ((self.first + record) % self.every == 0)).tolist():
-                self.marks[int(record[k])] = (pos + int(starts[k]), self.lines + k + 1)
-        self.records += int(full.sum())
-        self.lines += lines
-
-
 def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineIndex:
     """Count the records of ``path``; mark each record ``r`` with ``(first + r) % every == 0``
     (``first``: the records of the files before it, so blocks cut across files)."""
-    scan, size = _Scan(every, first), 0
+    records = lines = size = 0
+    marks: dict[int, tuple[int, int]] = {}
+    first_byte = b""
     try:
         with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
-            for chunk in line_blocks(f, SCAN_BYTES, path):
-                scan.chunk(size, chunk)
-                size += len(chunk)
+            for chunk in line_blocks(f, SCAN_BYTES, path):  # whole lines
+                data = np.frombuffer(chunk, dtype=np.uint8)
+                if size == 0 and bytes(chunk[:3]) == _BOM:  # the reader reads it as no content
+                    data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)
+                solid = ~_BLANK[data]
+                if not first_byte and solid.any():
+                    first_byte = bytes([data[int(np.argmax(solid))]])
+                ends = np.flatnonzero(data == 10)
+                count = ends.shape[0] + int(data[-1] != 10)
+                starts = np.concatenate(([0], ends + 1))[:count]
+                # a line (with its newline, which is blank) has content when any byte is not
+                full = np.logical_or.reduceat(solid, starts)
+                if every is not None:
+                    record = records + np.cumsum(full) - 1
+                    for k in np.flatnonzero(full & ((first + record) % every == 0)).tolist():
+                        marks[int(record[k])] = (size + int(starts[k]), lines + k + 1)
+                records, lines, size = records + int(full.sum()), lines + count, size + len(chunk)
     except OSError as err:
         raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
-    return LineIndex(path, scan.records, size, scan.marks, scan.first_byte)
+    return LineIndex(path, records, size, marks, first_byte)
 
 
 def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
