@@ -235,18 +235,9 @@ def run_tasks(
             while len(layout.blocks) in stats:
                 for shard in layout.add(stats[len(layout.blocks)]):
                     spans = tuple((a, b, e) for _, a, b, e in shard.spans)
-                    args = [tables[j] for j, *_ in shard.spans]
-                    writes.append(
-                        write.remote(
-                            str(output.path),
-                            output.shard(shard.index),
-                            shard.index,
-                            shard.first_row,
-                            spans,
-                            shared,
-                            *args,
-                        )
-                    )
+                    name = output.shard(shard.index)
+                    args = (str(output.path), name, shard.index, shard.first_row, spans, shared)
+                    writes.append(write.remote(*args, *[tables[j] for j, *_ in shard.spans]))
                     shards.append(shard)
                     for j in range(layout.consumed):
                         tables[j] = None  # the write tasks hold what they still need
