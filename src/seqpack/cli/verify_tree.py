@@ -41,7 +41,7 @@ def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict],
     model = load_model(
         config=args.hf_config,
         model=args.hf_model,
-        attn_implementation="eager" if attn == "eager" else "sdpa",
+        attn_implementation="sdpa" if attn == "sdpa" else "eager",  # seqpack_tree: set below
         dtype=DTYPES[args.dtype],
         seed=args.seed,
         device=args.device,
@@ -70,9 +70,8 @@ def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict],
         f" of {r['capacity']}"
     )
     print_comparison(r)
-    g = r["gradient_tolerance"]
-    if g != r["tolerance"]:
-        print(f"gradients: |a-b| <= {g['abs']:g} + {g['rel']:g}*max(|a|,|b|) ({g['why']})")
+    if r["widened"]:
+        print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")
     what = "tree-packed rows compute what each sequence computes alone"
     print(f"PASS: {what}" if r["pass"] else f"FAIL: {r['hint']}")
     return 0 if r["pass"] else 1

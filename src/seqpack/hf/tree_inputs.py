@@ -36,7 +36,7 @@ import torch
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
 from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import block_mask, hf_allowed, layer_masks
 from seqpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
@@ -63,6 +63,28 @@ def tree_layer_masks(
     return layer_masks(batch, kind, arch, dtype=dtype, device=device)
 
 
+def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
+    """``arch`` if tree rows on ``attn_implementation`` are exact, else why not.
+
+    Besides flat packing's refusals: positions read from the row's columns
+    (roformer's rotary tables, mpt's and falcon's ALiBi) are wrong on a branch,
+    whose columns do not continue its parent's positions; :data:`NAME` is refused
+    where ``seqpack_varlen`` is (the same kwargs route, SDPA underneath).
+    """
+    arch.check(None if attn_implementation == NAME else attention_kind(attn_implementation))
+    why = arch.varlen_refusal if attn_implementation == NAME else None
+    if arch.positions in ("relative", "none") or arch.mask_from_positions:
+        what = {
+            "relative": "its rotary tables are indexed by column",
+            "none": "it takes no position_ids, so any position it uses (mpt's ALiBi) is the column",
+        }.get(arch.positions, "its ALiBi bias is built from the row's columns")
+        why = f"{what}, and a branch's columns do not continue its parent's positions"
+    if why is not None:
+        why = why.removeprefix(arch.model_type + ": ").replace("seqpack_varlen", NAME)
+        raise UnsupportedArchitecture(f"{arch.model_type} cannot run tree-packed rows: {why}")
+    return arch
+
+
 def tree_inputs(
     batch: TreeBatch,
     attn_implementation: str,
@@ -79,14 +101,15 @@ def tree_inputs(
     :func:`seqpack.nn.tree_attention.sequence_logprobs` and friends unpack them.
     """
     if arch is None and config is not None:
-        arch = describe(config).check()
+        arch = check_tree(describe(config), attn_implementation)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
+    offset = arch.position_offset if arch is not None else 0  # RoBERTa: from padding_idx + 1
     out: dict[str, Any] = {
         "input_ids": torch.as_tensor(ids, device=device),
-        "position_ids": torch.as_tensor(batch.position_ids(), device=device),
+        "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
         "use_cache": False,
     }
     if attn_implementation == NAME:
@@ -212,6 +235,7 @@ class TreeCollator:
 __all__ = [
     "NAME",
     "TreeCollator",
+    "check_tree",
     "pack_tree_dataset",
     "register",
     "seqpack_tree_attention",
