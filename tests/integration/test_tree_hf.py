@@ -61,8 +61,8 @@ def config(tmp_path: Path, model_type: str, **extra) -> Path:
 
 def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
     model = load_model(config=path, attn_implementation="eager" if attn == "eager" else "sdpa")
-    if attn == "seqpack_tree":
-        use_tree_attention(model)
+    if attn.startswith("seqpack_tree"):
+        use_tree_attention(model, attn)
     groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
     return verify_tree(model, groups, mode=mode)
 
@@ -75,6 +75,7 @@ def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
         ("llama", {}, "eager"),
         ("mistral", {"sliding_window": 4}, "seqpack_tree"),
         ("mistral", {"sliding_window": 4}, "sdpa"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),  # the flash path on CPU
         (
             "qwen2",
             {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
@@ -295,3 +296,44 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
     real = torch.as_tensor(batch.input_valid)[:, None, :, None]
     # float32 softmax on two kernels: float32's tolerance
     torch.testing.assert_close(flex * real, ours * real, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("window", "merge"), [(None, False), (2, False), (3, False), (None, True)])
+def test_flash_path_is_the_tree_backend(window, merge):
+    """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
+    reference) == tree_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
+    from seqpack.nn.tree_attention import (
+        flash_plan,
+        tree_attention,
+        tree_flash_attention,
+        varlen_reference,
+    )
+
+    batch = small_batch()
+    n = batch.shape[0] * batch.shape[1]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(n, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    ours = tree_flash_attention(q, k, v, flash_plan(batch), 0.3, window, merge=merge)
+    want = tree_attention(q, k, v, tree_plan(batch), 0.3, window)
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-14)
+    seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    for a, b in zip(
+        torch.autograd.grad((ours * seed).sum(), (q, k, v)),
+        torch.autograd.grad((want * seed).sum(), (q, k, v)),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+    if merge:  # flash-attn's backward drops the log-sum-exp's gradient: refused with grads
+        with pytest.raises(NotAvailable, match="log-sum-exp"):
+            tree_flash_attention(
+                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
+            )
+        with torch.no_grad():
+            forward = tree_flash_attention(
+                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=varlen_reference
+            )
+        torch.testing.assert_close(forward, want.detach(), rtol=0, atol=1e-14)

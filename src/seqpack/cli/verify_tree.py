@@ -11,7 +11,7 @@ from typing import Any
 from seqpack.core.errors import InvalidInput
 
 #: Implementations the tree verification feeds (the flattened kinds cannot express a tree).
-TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree")
+TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
 
 
 def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict], None]) -> int:
@@ -46,8 +46,8 @@ def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict],
         seed=args.seed,
         device=args.device,
     )
-    if attn == "seqpack_tree":
-        tree_verify.use_tree_attention(model)
+    if attn.startswith("seqpack_tree"):
+        tree_verify.use_tree_attention(model, attn)
     cfg = model.config.get_text_config()
     groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed)
     limit = getattr(cfg, "max_position_embeddings", None)

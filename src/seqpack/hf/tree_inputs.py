@@ -12,7 +12,9 @@ parent's last position), ``use_cache=False``, and by kind:
 * ``seqpack_tree`` (registered in ``AttentionInterface``): no mask; the
   keyword ``seqpack_tree`` carries the :class:`~seqpack.nn.tree_attention.TreePlan`
   to every layer, which runs :func:`~seqpack.nn.tree_attention.tree_attention`
-  (``Σ node × path`` score cells) with its own window.
+  (``Σ node × path`` score cells) with its own window;
+* ``seqpack_tree_varlen``: the same, through ``flash_attn_varlen_func`` on CUDA
+  (its plain-torch reference on CPU): :func:`~seqpack.nn.tree_attention.tree_flash_attention`.
 
 The flattened kinds (``flash_attention_*``, ``seqpack_varlen``) are refused:
 ``cu_seqlens`` describe disjoint intervals and cannot say "this key is my
@@ -40,9 +42,19 @@ from seqpack.hf.architectures import Architecture, UnsupportedArchitecture, desc
 from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import block_mask, hf_allowed, layer_masks
 from seqpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
-from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_plan
+from seqpack.nn.tree_attention import (
+    FlashPlan,
+    TreePlan,
+    flash_plan,
+    tree_attention,
+    tree_flash_attention,
+    tree_plan,
+)
 
 NAME = "seqpack_tree"
+#: The same rows through a varlen kernel (:func:`~seqpack.nn.tree_attention.tree_flash_attention`).
+VARLEN_NAME = "seqpack_tree_varlen"  # ("flash" in a name sends transformers to the hub)
+TREE_NAMES = (NAME, VARLEN_NAME)
 
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
@@ -71,8 +83,9 @@ def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
     whose columns do not continue its parent's positions; :data:`NAME` is refused
     where ``seqpack_varlen`` is (the same kwargs route, SDPA underneath).
     """
-    arch.check(None if attn_implementation == NAME else attention_kind(attn_implementation))
-    why = arch.varlen_refusal if attn_implementation == NAME else None
+    ours = attn_implementation in TREE_NAMES
+    arch.check(None if ours else attention_kind(attn_implementation))
+    why = arch.varlen_refusal if ours else None
     if arch.positions in ("relative", "none") or arch.mask_from_positions:
         what = {
             "relative": "its rotary tables are indexed by column",
@@ -80,7 +93,9 @@ def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
         }.get(arch.positions, "its ALiBi bias is built from the row's columns")
         why = f"{what}, and a branch's columns do not continue its parent's positions"
     if why is not None:
-        why = why.removeprefix(arch.model_type + ": ").replace("seqpack_varlen", NAME)
+        why = why.removeprefix(arch.model_type + ": ").replace(
+            "seqpack_varlen", attn_implementation
+        )
         raise UnsupportedArchitecture(f"{arch.model_type} cannot run tree-packed rows: {why}")
     return arch
 
@@ -112,9 +127,10 @@ def tree_inputs(
         "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
         "use_cache": False,
     }
-    if attn_implementation == NAME:
-        register()
-        return out | {NAME: tree_plan(batch, device)}
+    if attn_implementation in TREE_NAMES:
+        register(attn_implementation)
+        make = flash_plan if attn_implementation == VARLEN_NAME else tree_plan
+        return out | {NAME: make(batch, device)}
     kind = attention_kind(attn_implementation)
     if kind in FLATTENED_KINDS:
         raise NotAvailable(
@@ -157,20 +173,24 @@ def seqpack_tree_attention(
             )
         index = torch.arange(rows * width, device=query.device)  # one root node per row
         plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
-    if not isinstance(plan, TreePlan) or rows * width != plan.cells:
+    flash = isinstance(plan, FlashPlan)
+    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != (
+        plan.total if flash else plan.cells
+    ):
         raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
-    out = run_on_tokens(
-        tree_attention, module, query, key, value, plan, dropout, scaling, sliding_window
-    )
-    return out, None
+    run = tree_flash_attention if flash else tree_attention
+    return run_on_tokens(
+        run, module, query, key, value, plan, dropout, scaling, sliding_window
+    ), None
 
 
-def register() -> str:
-    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+def register(name: str = NAME) -> str:
+    """Register ``name`` (one of :data:`TREE_NAMES`) with ``transformers.AttentionInterface``
+    (idempotent); return it. Both run :func:`seqpack_tree_attention`; the plan decides."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(NAME, seqpack_tree_attention)
-    return NAME
+    AttentionInterface.register(name, seqpack_tree_attention)
+    return name
 
 
 def pack_tree_dataset(
@@ -234,6 +254,7 @@ class TreeCollator:
 
 __all__ = [
     "NAME",
+    "VARLEN_NAME",
     "TreeCollator",
     "check_tree",
     "pack_tree_dataset",

@@ -27,7 +27,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.tree_inputs import check_tree, register, tree_inputs
+from seqpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
 from seqpack.verify.diagnose import guarded
 from seqpack.verify.models import (
@@ -266,8 +266,8 @@ def _report(
     }
 
 
-def use_tree_attention(model: torch.nn.Module) -> None:
-    """Switch ``model`` to :data:`seqpack.hf.tree_inputs.NAME` (registered first)."""
-    name = register()
+def use_tree_attention(model: torch.nn.Module, name: str = NAME) -> None:
+    """Switch ``model`` to ``name`` (:data:`seqpack.hf.tree_inputs.TREE_NAMES`), registered."""
+    register(name)
     check_tree(architecture_of(model), name)
     model.set_attn_implementation(name)
