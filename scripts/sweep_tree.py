@@ -60,7 +60,7 @@ def run_one(attn: str, config) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from seqpack.core.errors import NotAvailable
+    from seqpack.core.errors import InvalidInput, NotAvailable
     from seqpack.hf.architectures import UnsupportedArchitecture
     from seqpack.hf.capability import capability
     from seqpack.hf.tree_inputs import check_tree
@@ -87,7 +87,7 @@ def run_one(attn: str, config) -> dict:
     try:
         groups = tree_groups(spec_for(min(limits) if limits else None), text.vocab_size, 0)
         report = verify_tree(model, groups)
-    except (UnsupportedArchitecture, NotAvailable) as err:
+    except (UnsupportedArchitecture, NotAvailable, InvalidInput) as err:  # up front or at layer 0
         return {"status": "refused", "detail": _line(err).split(": ", 1)[1]}
     except Exception as err:
         return {"status": "crash", "detail": _line(err)}
@@ -129,15 +129,17 @@ def cell_text(cell: dict) -> str:
 
 
 def table(results: dict) -> str:
-    head = "| model type | eager | sdpa | seqpack_tree | note |\n|---|---|---|---|---|\n"
+    head = "| model type | eager | sdpa | seqpack_tree | why refused |\n|---|---|---|---|---|\n"
     rows = []
     for model_type, r in results.items():
         cells = [cell_text(r["cells"].get(a, {})) for a in ATTNS]
-        notes = {
-            c["detail"] for c in r["cells"].values() if c["status"] not in ("PASS",) and c["detail"]
+        why = {  # the reason after the model's name; n/a needs none
+            c["detail"].split(": ", 1)[-1][:200]
+            for c in r["cells"].values()
+            if c["status"] not in ("PASS", "n/a")
         }
-        note = "; ".join(sorted(notes | ({r["note"]} if "note" in r else set())))
-        rows.append(f"| `{model_type}` | {' | '.join(cells)} | {note.replace('|', '/')[:300]} |")
+        note = "; ".join(sorted(why | ({r["note"]} if "note" in r else set())))
+        rows.append(f"| `{model_type}` | {' | '.join(cells)} | {note.replace('|', '/')} |")
     return head + "\n".join(rows) + "\n"
 
 

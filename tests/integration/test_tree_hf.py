@@ -111,6 +111,7 @@ SWEEP = [
     ("big_bird", "seqpack_tree", "never calls transformers. AttentionInterface"),
     ("mpt", "eager", "takes no position_ids"),
     ("roformer", "eager", "rotary tables are indexed by column"),
+    ("gpt_neo", "eager", "band over the row.s columns"),
     ("gpt_oss", "seqpack_tree", "attention sinks"),
     ("llama4_text", "seqpack_tree", "chunked_attention"),
 ]

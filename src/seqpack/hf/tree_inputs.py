@@ -55,6 +55,8 @@ NAME = "seqpack_tree"
 #: The same rows through a varlen kernel (:func:`~seqpack.nn.tree_attention.tree_flash_attention`).
 VARLEN_NAME = "seqpack_tree_varlen"  # ("flash" in a name sends transformers to the hub)
 TREE_NAMES = (NAME, VARLEN_NAME)
+#: Models that apply their sliding window themselves, as a band over the row's columns.
+COLUMN_WINDOWS = {"gpt_neo": "its local layers apply window_size as a band over the row's columns"}
 
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
@@ -79,24 +81,30 @@ def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
     """``arch`` if tree rows on ``attn_implementation`` are exact, else why not.
 
     Besides flat packing's refusals: positions read from the row's columns
-    (roformer's rotary tables, mpt's and falcon's ALiBi) are wrong on a branch,
-    whose columns do not continue its parent's positions; :data:`NAME` is refused
+    (roformer's rotary tables, mpt's and falcon's ALiBi, gpt_neo's local
+    window) are wrong on a branch, whose columns do not continue its parent's
+    positions; :data:`NAME` is refused
     where ``seqpack_varlen`` is (the same kwargs route, SDPA underneath).
     """
     ours = attn_implementation in TREE_NAMES
     arch.check(None if ours else attention_kind(attn_implementation))
-    why = arch.varlen_refusal if ours else None
+    if ours and arch.varlen_refusal is not None:
+        raise UnsupportedArchitecture(
+            f"{arch.model_type} cannot run attn_implementation='{attn_implementation}', which"
+            f" runs where seqpack_varlen runs (the plan rides the same attention kwargs):"
+            f" {arch.varlen_refusal.removeprefix(arch.model_type + ': ')}"
+        )
+    why = COLUMN_WINDOWS.get(arch.model_type)
     if arch.positions in ("relative", "none") or arch.mask_from_positions:
-        what = {
+        why = {
             "relative": "its rotary tables are indexed by column",
             "none": "it takes no position_ids, so any position it uses (mpt's ALiBi) is the column",
         }.get(arch.positions, "its ALiBi bias is built from the row's columns")
-        why = f"{what}, and a branch's columns do not continue its parent's positions"
     if why is not None:
-        why = why.removeprefix(arch.model_type + ": ").replace(
-            "seqpack_varlen", attn_implementation
+        raise UnsupportedArchitecture(
+            f"{arch.model_type} cannot run tree-packed rows: {why}, and a branch's columns do"
+            " not continue its parent's positions"
         )
-        raise UnsupportedArchitecture(f"{arch.model_type} cannot run tree-packed rows: {why}")
     return arch
 
 
