@@ -82,12 +82,11 @@ def cmd_stats_tree(args: argparse.Namespace) -> int:
     from seqpack.cli.flags import from_arguments
     from seqpack.pipeline.pack_tree import TreeOptions, tree_stats
 
-    if len(args.input) != 1:
-        raise InvalidInput("--tree reads one .jsonl/.json or .parquet file")
     options = from_arguments(args, "stats")
     policy = (args.policies or ["best-fit-decreasing"])[0]
     topts = from_arguments(args, "stats", TreeOptions)
-    r = tree_stats(args.input[0], options.capacity, policy, topts, options.load_tokenizer())
+    source = args.input[0] if len(args.input) == 1 else list(args.input)
+    r = tree_stats(source, options.capacity, policy, topts, options.load_tokenizer())
     if args.json:
         print(json.dumps(r))
         return 0
@@ -103,8 +102,6 @@ def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
     """``seqpack pack --tree``: tries written as a version-3 packed directory."""
     if args.engine != "local":
         raise InvalidInput("--tree packs on the local engine: drop --engine ray")
-    if isinstance(args.input, list):
-        raise InvalidInput("--tree reads one .jsonl/.json or .parquet file, not several")
     from seqpack.pipeline.pack_tree import pack_tree_path
 
     s = pack_tree_path(args.input, args.out, options, tree)
