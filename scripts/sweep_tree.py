@@ -9,8 +9,9 @@ The types are those with a ``PASS`` cell in the flat sweep's table
 (``scripts/sweep_architectures.py``, ``docs/transformers.md``), built from
 the same tiny configs (``tests/support/architecture_tiny.py``: width 16,
 2 layers, window 4 where the model has one). Each type runs
-:func:`seqpack.verify.tree_models.verify_tree` in float64 on eager, sdpa
-and ``seqpack_tree`` with the groups ``"30:5,8,12;10:4,4"`` (scaled down
+:func:`seqpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
+``seqpack_tree`` and ``seqpack_tree_varlen`` (the flash path, through its
+plain-torch reference on CPU) with the groups ``"30:5,8,12;10:4,4"`` (scaled down
 where the model is exact only up to an example length). A cell is ``PASS``,
 ``FAIL`` (branches mixed), ``refused`` (up front, with the reason), ``n/a``
 (no such implementation for the type) or ``crash``. Writes the JSON result
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_architectures import DOCS as FLAT_DOCS
 from sweep_architectures import ROOT, TimedOut, _alarm, _line
 
-ATTNS = ("eager", "sdpa", "seqpack_tree")
+ATTNS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
 SPEC = "30:5,8,12;10:4,4"
 DOCS = ROOT / "docs" / "tree.md"
 BEGIN, END = "<!-- sweep-tree:begin -->", "<!-- sweep-tree:end -->"
@@ -78,8 +79,8 @@ def run_one(attn: str, config) -> dict:
             dtype=torch.float64,
             experts_implementation="eager",
         ).eval()
-        if attn == "seqpack_tree":
-            use_tree_attention(model)
+        if attn.startswith("seqpack_tree"):
+            use_tree_attention(model, attn)
     except Exception as err:  # transformers has no such implementation for this type
         return {"status": "n/a", "detail": _line(err)}
     limits = [c.limit for c in arch.conditions if c.what == "example"]
@@ -103,7 +104,7 @@ def run_one(attn: str, config) -> dict:
 
 
 def sweep_type(model_type: str, budget: int = 240) -> dict:
-    """The three cells of one model type, within ``budget`` seconds."""
+    """The cells of one model type, within ``budget`` seconds."""
     import signal
 
     from support.architecture_tiny import tiny_config
@@ -129,7 +130,8 @@ def cell_text(cell: dict) -> str:
 
 
 def table(results: dict) -> str:
-    head = "| model type | eager | sdpa | seqpack_tree | why refused |\n|---|---|---|---|---|\n"
+    head = "| model type | eager | sdpa | seqpack_tree | seqpack_tree_varlen | why refused |\n"
+    head += "|---|---|---|---|---|---|\n"
     rows = []
     for model_type, r in results.items():
         cells = [cell_text(r["cells"].get(a, {})) for a in ATTNS]

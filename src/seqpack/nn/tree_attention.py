@@ -191,8 +191,9 @@ def varlen_reference(
     ``q[cu_q[i]:cu_q[i+1]]`` against ``k[cu_k[i]:cu_k[i+1]]``. Causality and
     ``window_size=(left, right)`` align bottom-right, as flash-attn 2 does:
     query ``j`` of ``Lq`` sits at key ``j + Lk - Lq``. Returns ``out`` (Nq, H, Dv),
-    or ``(out, lse (H, Nq), None)`` with ``return_attn_probs``; a query with no
-    key gets 0 and ``lse = -inf``. Unlike flash-attn's, ``lse`` is differentiable.
+    or ``(out, lse (H, Nq), None)`` with ``return_attn_probs`` (flash-attn 2's
+    varlen layout of the log-sum-exp); a query with no key gets 0 and
+    ``lse = -inf``. Unlike flash-attn's, ``lse`` is differentiable.
     """
     if dropout_p:
         raise NotAvailable("varlen_reference has no dropout: it is the exact check")
