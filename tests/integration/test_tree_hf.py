@@ -151,7 +151,11 @@ def test_sweep_slice(model_type, attn, refusal):
 
 @pytest.mark.parametrize(
     ("model_type", "extra", "attn"),
-    [("llama", {}, "sdpa"), ("mistral", {"sliding_window": 4}, "seqpack_tree")],
+    [
+        ("llama", {}, "sdpa"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),
+    ],
 )
 def test_naive_layout_fails(tmp_path, model_type, extra, attn):
     report = verify(config(tmp_path, model_type, **extra), attn, mode="naive")
