@@ -83,8 +83,8 @@ def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
     Besides flat packing's refusals: positions read from the row's columns
     (roformer's rotary tables, mpt's and falcon's ALiBi, gpt_neo's local
     window) are wrong on a branch, whose columns do not continue its parent's
-    positions; :data:`NAME` is refused
-    where ``seqpack_varlen`` is (the same kwargs route, SDPA underneath).
+    positions; :data:`TREE_NAMES` are refused where ``seqpack_varlen`` is (the
+    plan rides the same attention kwargs).
     """
     ours = attn_implementation in TREE_NAMES
     arch.check(None if ours else attention_kind(attn_implementation))
@@ -181,12 +181,9 @@ def seqpack_tree_attention(
             )
         index = torch.arange(rows * width, device=query.device)  # one root node per row
         plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
-    flash = isinstance(plan, FlashPlan)
-    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != (
-        plan.total if flash else plan.cells
-    ):
+    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != plan.cells:
         raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
-    run = tree_flash_attention if flash else tree_attention
+    run = tree_flash_attention if isinstance(plan, FlashPlan) else tree_attention
     return run_on_tokens(
         run, module, query, key, value, plan, dropout, scaling, sliding_window
     ), None

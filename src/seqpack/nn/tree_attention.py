@@ -118,7 +118,7 @@ def tree_attention(
 class FlashPlan:
     """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
 
-    Queries are the stored cells in node order (``cells``), one query sequence
+    Queries are the stored cells in node order (``stored``), one query sequence
     per node (``cu_q``, int32 [M+1]). The gathered call's keys are each node's
     path (``keys``, ``cu_k``); the two-part merge's are each node's own span
     (``cu_q``, causal) and, for the ``inner`` nodes that have ancestors, their
@@ -126,7 +126,7 @@ class FlashPlan:
     slots, ``cu_inner``).
     """
 
-    cells: torch.Tensor
+    stored: torch.Tensor
     cu_q: torch.Tensor
     keys: torch.Tensor
     cu_k: torch.Tensor
@@ -136,7 +136,7 @@ class FlashPlan:
     cu_a: torch.Tensor
     max_q: int
     max_k: int
-    total: int
+    cells: int
 
 
 def flash_plan(batch: TreeBatch, device: torch.device | str | None = None) -> FlashPlan:
@@ -263,7 +263,7 @@ def tree_flash_attention(
     merge serves forwards without gradients, e.g. a DPO reference model).
     """
     varlen = varlen or flash_varlen(q.device)
-    qs = q.index_select(0, plan.cells)
+    qs = q.index_select(0, plan.stored)
 
     def call(keys: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any) -> Any:
         return varlen(
@@ -283,7 +283,7 @@ def tree_flash_attention(
                 " backward drops: run it without gradients, or use merge=False"
             )
         own, lse_own, _ = call(
-            plan.cells, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
+            plan.stored, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
         )
         part, lse_part, _ = call(
             plan.ancestors, plan.cu_inner, plan.cu_a, q=qs.index_select(0, plan.inner_q),
@@ -294,7 +294,7 @@ def tree_flash_attention(
         merged = own.index_select(0, plan.inner_q) * (lse_own_inner - lse).exp().T[..., None]
         merged = merged + part * (lse_part - lse).exp().T[..., None]
         out = own.index_copy(0, plan.inner_q, merged.to(own.dtype))
-    return out.new_zeros(plan.total, *out.shape[1:]).index_copy(0, plan.cells, out)
+    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
 
 
 def tree_mask_mod(

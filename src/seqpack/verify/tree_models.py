@@ -30,12 +30,7 @@ from seqpack.hf.capability import architecture_of
 from seqpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
 from seqpack.verify.diagnose import guarded
-from seqpack.verify.models import (
-    model_facts,
-    observed,
-    running,
-    tally,
-)
+from seqpack.verify.models import model_facts, observed, running, tally
 from seqpack.verify.tolerance import compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
@@ -115,10 +110,10 @@ class Float64Islands(TorchFunctionMode):
     float64, and a lower-precision tensor meeting float64 data in an op (a
     float32 buffer in a matrix product) is widened for it, so the model's
     float32 islands (RMSNorm, eager's softmax) run in float64 for the check.
-    Kept, a shared cell, which receives the *sum* of its branches' gradients,
-    rounds it once through the cast where each branch run alone rounds its own
-    (~2e-8 on Llama's RMSNorm). In-place ops and tensors made without float64
-    inputs are left as they are.
+    Left in float32, a shared cell, which receives the *sum* of its branches'
+    gradients, would round it once through the cast where each branch run alone
+    rounds its own (~2e-8 on Llama's RMSNorm). In-place ops and tensors made
+    without float64 inputs are left as they are.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
