@@ -11,7 +11,8 @@ the same tiny configs (``tests/support/architecture_tiny.py``: width 16,
 2 layers, window 4 where the model has one). Each type runs
 :func:`seqpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
 ``seqpack_tree`` and ``seqpack_tree_varlen`` (the flash path, through its
-plain-torch reference on CPU) with the groups ``"30:5,8,12;10:4,4"`` (scaled down
+plain-torch reference on CPU), and the naive control on eager (it must
+FAIL), with the groups ``"30:5,8,12;10:4,4"`` (scaled down
 where the model is exact only up to an example length). A cell is ``PASS``,
 ``FAIL`` (branches mixed), ``refused`` (up front, with the reason), ``n/a``
 (no such implementation for the type) or ``crash``. Writes the JSON result
@@ -35,6 +36,8 @@ from sweep_architectures import DOCS as FLAT_DOCS
 from sweep_architectures import ROOT, TimedOut, _alarm, _line
 
 ATTNS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
+#: The control: ``--mode naive`` on eager (siblings see each other), which must FAIL.
+NAIVE = "naive"
 SPEC = "30:5,8,12;10:4,4"
 DOCS = ROOT / "docs" / "tree.md"
 BEGIN, END = "<!-- sweep-tree:begin -->", "<!-- sweep-tree:end -->"
@@ -56,8 +59,8 @@ def spec_for(limit: int | None) -> list[tuple[int, tuple[int, ...]]]:
     return [(p, (limit - p, max(1, limit - p - 1), 2)), (max(1, p - 1), (2, 2))]
 
 
-def run_one(attn: str, config) -> dict:
-    """One cell: ``{"status", ...}`` of the tree verification on ``attn``."""
+def run_one(attn: str, config, mode: str = "adapter") -> dict:
+    """One cell: ``{"status", ...}`` of the tree verification on ``attn`` in ``mode``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -87,7 +90,7 @@ def run_one(attn: str, config) -> dict:
     text = model.config.get_text_config()
     try:
         groups = tree_groups(spec_for(min(limits) if limits else None), text.vocab_size, 0)
-        report = verify_tree(model, groups)
+        report = verify_tree(model, groups, mode=mode)
     except (UnsupportedArchitecture, NotAvailable, InvalidInput) as err:  # up front or at layer 0
         return {"status": "refused", "detail": _line(err).split(": ", 1)[1]}
     except Exception as err:
@@ -113,7 +116,8 @@ def sweep_type(model_type: str, budget: int = 240) -> dict:
     signal.alarm(budget)
     try:
         config = tiny_config(model_type)
-        return {"cells": {attn: run_one(attn, config) for attn in ATTNS}}
+        cells = {attn: run_one(attn, config) for attn in ATTNS}
+        return {"cells": cells | {NAIVE: run_one("eager", config, "naive")}}
     except TimedOut as err:
         return {"cells": {}, "note": f"timed out: {err}"}
     except Exception as err:
@@ -130,15 +134,15 @@ def cell_text(cell: dict) -> str:
 
 
 def table(results: dict) -> str:
-    head = "| model type | eager | sdpa | seqpack_tree | seqpack_tree_varlen | why refused |\n"
-    head += "|---|---|---|---|---|---|\n"
+    head = "| model type | eager | sdpa | seqpack_tree | seqpack_tree_varlen | naive (eager) |"
+    head += " why refused |\n|---|---|---|---|---|---|---|\n"
     rows = []
     for model_type, r in results.items():
-        cells = [cell_text(r["cells"].get(a, {})) for a in ATTNS]
+        cells = [cell_text(r["cells"].get(a, {})) for a in (*ATTNS, NAIVE)]
         why = {  # the reason after the model's name; n/a needs none
             c["detail"].split(": ", 1)[-1][:200]
             for c in r["cells"].values()
-            if c["status"] not in ("PASS", "n/a")
+            if c["status"] in ("refused", "crash")
         }
         note = "; ".join(sorted(why | ({r["note"]} if "note" in r else set())))
         rows.append(f"| `{model_type}` | {' | '.join(cells)} | {note.replace('|', '/')} |")
@@ -148,8 +152,9 @@ def table(results: dict) -> str:
 def counts(results: dict) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in results.values():
-        for cell in r["cells"].values():
-            out[cell["status"]] = out.get(cell["status"], 0) + 1
+        for attn, cell in r["cells"].items():
+            key = f"{attn} {cell['status']}" if attn == NAIVE else cell["status"]
+            out[key] = out.get(key, 0) + 1
     return out
 
 
