@@ -61,8 +61,8 @@ def config(tmp_path: Path, model_type: str, **extra) -> Path:
 
 def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
     model = load_model(config=path, attn_implementation="eager" if attn == "eager" else "sdpa")
-    if attn == "seqpack_tree":
-        use_tree_attention(model)
+    if attn.startswith("seqpack_tree"):
+        use_tree_attention(model, attn)
     groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
     return verify_tree(model, groups, mode=mode)
 
@@ -75,6 +75,7 @@ def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
         ("llama", {}, "eager"),
         ("mistral", {"sliding_window": 4}, "seqpack_tree"),
         ("mistral", {"sliding_window": 4}, "sdpa"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),  # the flash path on CPU
         (
             "qwen2",
             {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
@@ -89,18 +90,72 @@ def test_tree_rows_compute_what_each_sequence_computes_alone(tmp_path, model_typ
     assert report["comparisons"]["logits"] == sum(report["lengths"]) * 266
     assert report["comparisons"]["sequence_logprobs"] == report["sequences"] == 5
     assert report["tokens_stored"] < report["tokens_flat"]
-    if attn != "eager":  # eager's softmax is float32: logits to float32 only
-        assert report["tolerance"]["abs"] == SEED_TOL[0]
-    if model_type == "gpt2":  # no float32 cast anywhere: gradients at the seed's tolerance too
-        assert report["gradient_tolerance"]["abs"] == SEED_TOL[0]
-        assert report["max_abs_diff"]["gradients"] < 1e-12
-    else:  # RMSNorm casts to float32: a shared cell rounds its branches' summed gradient once
-        assert "shared cell" in report["gradient_tolerance"]["why"]
+    # every quantity, gradients included, at the seed's tolerance: the float32 islands
+    # (RMSNorm, eager's softmax) run in float64 for the check (Float64Islands)
+    assert report["tolerance"]["abs"] == SEED_TOL[0]
+    assert report["max_abs_diff"]["gradients"] < 1e-12
+    assert bool(report["widened"]) == (model_type != "gpt2")  # GPT-2 casts nothing
+
+
+#: The sweep's slice (scripts/sweep_tree.py, docs/tree.md): tiny configs of the types that
+#: pack exactly flat, one case per feature: soft-capping and sinks (eager only), full +
+#: sliding layers, RoBERTa's position offset, an indexer exact only for short sequences,
+#: block-sparse attention run dense; refused up front with the reason the tree adds.
+SWEEP = [
+    ("gemma2", "eager", None),
+    ("gpt_oss", "eager", None),
+    ("cohere2", "seqpack_tree", None),
+    ("roberta", "sdpa", None),
+    ("axk2", "sdpa", None),
+    ("big_bird", "eager", None),
+    ("big_bird", "seqpack_tree", "never calls transformers. AttentionInterface"),
+    ("mpt", "eager", "takes no position_ids"),
+    ("roformer", "eager", "rotary tables are indexed by column"),
+    ("gpt_neo", "eager", "band over the row.s columns"),
+    ("gpt_oss", "seqpack_tree", "attention sinks"),
+    ("llama4_text", "seqpack_tree", "chunked_attention"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "attn", "refusal"), SWEEP)
+def test_sweep_slice(model_type, attn, refusal):
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.hf.architectures import UnsupportedArchitecture
+    from seqpack.hf.capability import capability
+    from seqpack.hf.tree_inputs import check_tree
+
+    from support.architecture_tiny import tiny_config
+
+    config = tiny_config(model_type)
+    if refusal is not None:
+        with pytest.raises(UnsupportedArchitecture, match=refusal):
+            check_tree(capability(config), attn)
+        return
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config,
+        attn_implementation="sdpa" if attn == "sdpa" else "eager",
+        dtype=torch.float64,
+        experts_implementation="eager",
+    ).eval()
+    if attn == "seqpack_tree":
+        use_tree_attention(model)
+    arch = capability(config)
+    short = [c.limit for c in arch.conditions if c.what == "example"]  # axk2: <= 8 pairs
+    spec = [(4, (4, 3, 2)), (3, (2, 2))] if short else parse_tree_lengths(SPEC)
+    report = verify_tree(model, tree_groups(spec, config.get_text_config().vocab_size, 0))
+    assert report["pass"], report
+    assert report["tolerance"]["abs"] == SEED_TOL[0]
 
 
 @pytest.mark.parametrize(
     ("model_type", "extra", "attn"),
-    [("llama", {}, "sdpa"), ("mistral", {"sliding_window": 4}, "seqpack_tree")],
+    [
+        ("llama", {}, "sdpa"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree"),
+        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),
+    ],
 )
 def test_naive_layout_fails(tmp_path, model_type, extra, attn):
     report = verify(config(tmp_path, model_type, **extra), attn, mode="naive")
@@ -246,3 +301,44 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
     real = torch.as_tensor(batch.input_valid)[:, None, :, None]
     # float32 softmax on two kernels: float32's tolerance
     torch.testing.assert_close(flex * real, ours * real, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("window", "merge"), [(None, False), (2, False), (3, False), (None, True)])
+def test_flash_path_is_the_tree_backend(window, merge):
+    """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
+    reference) == tree_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
+    from seqpack.nn.tree_attention import (
+        flash_plan,
+        tree_attention,
+        tree_flash_attention,
+        varlen_reference,
+    )
+
+    batch = small_batch()
+    n = batch.shape[0] * batch.shape[1]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(n, 4, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(n, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    ours = tree_flash_attention(q, k, v, flash_plan(batch), 0.3, window, merge=merge)
+    want = tree_attention(q, k, v, tree_plan(batch), 0.3, window)
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-14)
+    seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    for a, b in zip(
+        torch.autograd.grad((ours * seed).sum(), (q, k, v)),
+        torch.autograd.grad((want * seed).sum(), (q, k, v)),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+    if merge:  # flash-attn's backward drops the log-sum-exp's gradient: refused with grads
+        with pytest.raises(NotAvailable, match="log-sum-exp"):
+            tree_flash_attention(
+                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
+            )
+        with torch.no_grad():
+            forward = tree_flash_attention(
+                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=varlen_reference
+            )
+        torch.testing.assert_close(forward, want.detach(), rtol=0, atol=1e-14)

@@ -377,3 +377,39 @@ def test_auto_flags_without_auto_are_refused(tmp_path, capsys):
         ]
         assert main(argv) == 2 and "for --tree auto" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_tree_inputs_take_the_flat_doors(tmp_path, monkeypatch, capsys):
+    """Several files, a glob, gzip and standard input: the rows of one file, read as one."""
+    import gzip
+    import io
+    import sys
+
+    columns = _grpo(np.random.default_rng(11), 10)
+    _write(columns, tmp_path / "whole.jsonl")
+    half = {k: v[:5] for k, v in columns.items()}, {k: v[5:] for k, v in columns.items()}
+    _write(half[0], tmp_path / "part-0.jsonl")
+    _write(half[1], tmp_path / "part-1.jsonl")
+    (tmp_path / "part-1.jsonl.gz").write_bytes(
+        gzip.compress((tmp_path / "part-1.jsonl").read_bytes())
+    )
+    opts = {"max_length": 24, "vocab_size": VOCAB}
+    pack_tree_path(tmp_path / "whole.jsonl", tmp_path / "one", **opts)
+    want = load_packed(tmp_path / "one").records()
+    sources = {
+        "several": [str(tmp_path / "part-0.jsonl"), str(tmp_path / "part-1.jsonl.gz")],
+        "glob": str(tmp_path / "part-?.jsonl"),
+    }
+    for name, source in sources.items():
+        pack_tree_path(source, tmp_path / name, **opts)
+        assert load_packed(tmp_path / name).records() == want, name
+    stdin = io.TextIOWrapper(io.BytesIO((tmp_path / "whole.jsonl").read_bytes()))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    argv = ["pack", "-", "--tree", "--max-length", "24", "--vocab-size", str(VOCAB)]
+    assert main([*argv, "--out", str(tmp_path / "piped")]) == 0
+    assert load_packed(tmp_path / "piped").records() == want
+    capsys.readouterr()
+    stats_argv = ["stats", *sources["several"], "--tree", "--max-length", "24", "--json"]
+    assert main(stats_argv) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["sequences"] == sum(len(c) for c in columns["completion_ids"])

@@ -60,7 +60,8 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         "--tree-lengths",
         metavar="P:C,C;...",
         help="verify tree packing instead: groups as prompt length : completion lengths"
-        ' (e.g. "30:5,8,12;10:4,4"); --attn eager|sdpa|seqpack_tree (docs/tree.md)',
+        ' (e.g. "30:5,8,12;10:4,4"); --attn eager|sdpa|seqpack_tree|seqpack_tree_varlen'
+        " (docs/tree.md)",
     )
 
 

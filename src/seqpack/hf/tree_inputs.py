@@ -12,7 +12,9 @@ parent's last position), ``use_cache=False``, and by kind:
 * ``seqpack_tree`` (registered in ``AttentionInterface``): no mask; the
   keyword ``seqpack_tree`` carries the :class:`~seqpack.nn.tree_attention.TreePlan`
   to every layer, which runs :func:`~seqpack.nn.tree_attention.tree_attention`
-  (``Σ node × path`` score cells) with its own window.
+  (``Σ node × path`` score cells) with its own window;
+* ``seqpack_tree_varlen``: the same, through ``flash_attn_varlen_func`` on CUDA
+  (its plain-torch reference on CPU): :func:`~seqpack.nn.tree_attention.tree_flash_attention`.
 
 The flattened kinds (``flash_attention_*``, ``seqpack_varlen``) are refused:
 ``cu_seqlens`` describe disjoint intervals and cannot say "this key is my
@@ -36,13 +38,25 @@ import torch
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from seqpack.hf.architectures import Architecture, describe
+from seqpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
 from seqpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from seqpack.hf.masks import block_mask, hf_allowed, layer_masks
 from seqpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
-from seqpack.nn.tree_attention import TreePlan, tree_attention, tree_plan
+from seqpack.nn.tree_attention import (
+    FlashPlan,
+    TreePlan,
+    flash_plan,
+    tree_attention,
+    tree_flash_attention,
+    tree_plan,
+)
 
 NAME = "seqpack_tree"
+#: The same rows through a varlen kernel (:func:`~seqpack.nn.tree_attention.tree_flash_attention`).
+VARLEN_NAME = "seqpack_tree_varlen"  # ("flash" in a name sends transformers to the hub)
+TREE_NAMES = (NAME, VARLEN_NAME)
+#: Models that apply their sliding window themselves, as a band over the row's columns.
+COLUMN_WINDOWS = {"gpt_neo": "its local layers apply window_size as a band over the row's columns"}
 
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
@@ -63,6 +77,37 @@ def tree_layer_masks(
     return layer_masks(batch, kind, arch, dtype=dtype, device=device)
 
 
+def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
+    """``arch`` if tree rows on ``attn_implementation`` are exact, else why not.
+
+    Besides flat packing's refusals: positions read from the row's columns
+    (roformer's rotary tables, mpt's and falcon's ALiBi, gpt_neo's local
+    window) are wrong on a branch, whose columns do not continue its parent's
+    positions; :data:`TREE_NAMES` are refused where ``seqpack_varlen`` is (the
+    plan rides the same attention kwargs).
+    """
+    ours = attn_implementation in TREE_NAMES
+    arch.check(None if ours else attention_kind(attn_implementation))
+    if ours and arch.varlen_refusal is not None:
+        raise UnsupportedArchitecture(
+            f"{arch.model_type} cannot run attn_implementation='{attn_implementation}', which"
+            f" runs where seqpack_varlen runs (the plan rides the same attention kwargs):"
+            f" {arch.varlen_refusal.removeprefix(arch.model_type + ': ')}"
+        )
+    why = COLUMN_WINDOWS.get(arch.model_type)
+    if arch.positions in ("relative", "none") or arch.mask_from_positions:
+        why = {
+            "relative": "its rotary tables are indexed by column",
+            "none": "it takes no position_ids, so any position it uses (mpt's ALiBi) is the column",
+        }.get(arch.positions, "its ALiBi bias is built from the row's columns")
+    if why is not None:
+        raise UnsupportedArchitecture(
+            f"{arch.model_type} cannot run tree-packed rows: {why}, and a branch's columns do"
+            " not continue its parent's positions"
+        )
+    return arch
+
+
 def tree_inputs(
     batch: TreeBatch,
     attn_implementation: str,
@@ -79,19 +124,21 @@ def tree_inputs(
     :func:`seqpack.nn.tree_attention.sequence_logprobs` and friends unpack them.
     """
     if arch is None and config is not None:
-        arch = describe(config).check()
+        arch = check_tree(describe(config), attn_implementation)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
+    offset = arch.position_offset if arch is not None else 0  # RoBERTa: from padding_idx + 1
     out: dict[str, Any] = {
         "input_ids": torch.as_tensor(ids, device=device),
-        "position_ids": torch.as_tensor(batch.position_ids(), device=device),
+        "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
         "use_cache": False,
     }
-    if attn_implementation == NAME:
-        register()
-        return out | {NAME: tree_plan(batch, device)}
+    if attn_implementation in TREE_NAMES:
+        register(attn_implementation)
+        make = flash_plan if attn_implementation == VARLEN_NAME else tree_plan
+        return out | {NAME: make(batch, device)}
     kind = attention_kind(attn_implementation)
     if kind in FLATTENED_KINDS:
         raise NotAvailable(
@@ -134,20 +181,21 @@ def seqpack_tree_attention(
             )
         index = torch.arange(rows * width, device=query.device)  # one root node per row
         plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
-    if not isinstance(plan, TreePlan) or rows * width != plan.cells:
+    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != plan.cells:
         raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
-    out = run_on_tokens(
-        tree_attention, module, query, key, value, plan, dropout, scaling, sliding_window
-    )
-    return out, None
+    run = tree_flash_attention if isinstance(plan, FlashPlan) else tree_attention
+    return run_on_tokens(
+        run, module, query, key, value, plan, dropout, scaling, sliding_window
+    ), None
 
 
-def register() -> str:
-    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+def register(name: str = NAME) -> str:
+    """Register ``name`` (one of :data:`TREE_NAMES`) with ``transformers.AttentionInterface``
+    (idempotent); return it. Both run :func:`seqpack_tree_attention`; the plan decides."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(NAME, seqpack_tree_attention)
-    return NAME
+    AttentionInterface.register(name, seqpack_tree_attention)
+    return name
 
 
 def pack_tree_dataset(
@@ -211,7 +259,9 @@ class TreeCollator:
 
 __all__ = [
     "NAME",
+    "VARLEN_NAME",
     "TreeCollator",
+    "check_tree",
     "pack_tree_dataset",
     "register",
     "seqpack_tree_attention",

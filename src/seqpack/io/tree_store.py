@@ -1,7 +1,7 @@
 """Tree packing on disk: a file's rows as groups, and the packed format's version 3.
 
-**In.** :func:`file_groups` reads one ``.jsonl`` / ``.json`` or ``.parquet``
-table and returns its :class:`~seqpack.core.tree.SequenceGroups` plus each
+**In.** :func:`file_groups` reads one table (:func:`read_table`: any input
+the flat path reads) and returns its :class:`~seqpack.core.tree.SequenceGroups` plus each
 sequence's index in the input (row by row: a row's completions, or chosen
 then rejected, in order), from the first that applies:
 
@@ -63,20 +63,15 @@ from seqpack.io.tokenizers import Tokenizer
 DPO_TEXT = ("prompt", "chosen", "rejected")
 
 
-def read_table(path: str | Path) -> pa.Table:
-    """A JSONL/JSON or Parquet file as one Arrow table (read whole)."""
-    path = Path(path)
-    if not path.is_file() or path.suffix not in (".parquet", ".jsonl", ".json"):
-        raise InvalidInput(f"{path}: --tree reads one .jsonl/.json or .parquet file")
-    try:
-        if path.suffix == ".parquet":
-            return pq.read_table(path)
-        import pyarrow.json as pj
+def read_table(source: Any, partition: Split | str = "train") -> tuple[pa.Table, Origin]:
+    """Any input the flat path reads (files, folders, globs, several of them, compressed
+    JSON Lines, ``-`` for standard input: :func:`seqpack.io.readers.open_input`) as one
+    Arrow table (read whole) and its :class:`Origin`."""
+    from seqpack.io.readers import read_arrow
 
-        return pj.read_json(path)
-    except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InvalidInput(f"{path}: cannot read it as a table: {first}") from err
+    # the readers keep the columns they know plus the text field: name "group" so a
+    # Parquet input_ids + group input keeps its group (the other tree columns are kept)
+    return read_arrow(source, partition, text_field="group")
 
 
 def max_id(values: list[Any]) -> int:
@@ -92,7 +87,7 @@ def max_id(values: list[Any]) -> int:
 
 def file_groups(
     table: pa.Table,
-    where: str,
+    origin: Origin,
     *,
     binding: Binding,
     tokenizer: Tokenizer | None = None,
@@ -102,7 +97,7 @@ def file_groups(
 ) -> tuple[SequenceGroups, np.ndarray]:
     """``table``'s groups under ``binding`` and each sequence's input index (int64 [S])."""
     names = table.column_names
-    origin = Origin(((where, 0, "row"),))
+    where = origin.parts[0][0]
     if mode == "auto":
         return _auto_groups(
             *_plain_rows(table, origin, tokenizer, binding), binding, prefix, window
@@ -218,8 +213,8 @@ def _auto_groups(
     return picked, np.asarray(order, dtype=np.int64)
 
 
-def file_binding(
-    path: str | Path,
+def table_binding(
+    table: pa.Table,
     partition: Split,
     *,
     vocab_size: int | None,
@@ -227,14 +222,14 @@ def file_binding(
     tokenizer_id: str | None = None,
     split_id: str | None = None,
 ) -> Binding:
-    """The binding of a tree packing of ``path`` (receipt: the file's sha256 and partition)."""
+    """The binding of a tree packing of ``table`` (receipt: the sha256 of its Arrow stream
+    and the partition, so standard input and several files have one too)."""
 
     def receipt() -> str:
-        h = hashlib.sha256(f"tree:{partition.value}:".encode())
-        with Path(path).open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return hashlib.sha256(f"tree:{partition.value}:".encode() + sink.getvalue()).hexdigest()
 
     return make_binding(
         receipt,
@@ -494,10 +489,10 @@ def open_tree_store(path: Path) -> TreeStore | None:
 __all__ = [
     "TREE_SCHEMA",
     "TreeStore",
-    "file_binding",
     "file_groups",
     "open_tree_store",
     "read_table",
+    "table_binding",
     "tree_batch_from_rows",
     "tree_records",
     "write_tree_shards",

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqpack.core.errors import NotAvailable
 from seqpack.core.examples import concat_ranges
 from seqpack.core.loss import check_logits, eligible_nll
 from seqpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
@@ -113,6 +114,189 @@ def tree_attention(
     )
 
 
+@dataclass(frozen=True, eq=False)
+class FlashPlan:
+    """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
+
+    Queries are the stored cells in node order (``stored``), one query sequence
+    per node (``cu_q``, int32 [M+1]). The gathered call's keys are each node's
+    path (``keys``, ``cu_k``); the two-part merge's are each node's own span
+    (``cu_q``, causal) and, for the ``inner`` nodes that have ancestors, their
+    ancestors' spans (``ancestors``, ``cu_a``; ``inner_q``: those nodes' query
+    slots, ``cu_inner``).
+    """
+
+    stored: torch.Tensor
+    cu_q: torch.Tensor
+    keys: torch.Tensor
+    cu_k: torch.Tensor
+    inner_q: torch.Tensor
+    cu_inner: torch.Tensor
+    ancestors: torch.Tensor
+    cu_a: torch.Tensor
+    max_q: int
+    max_k: int
+    cells: int
+
+
+def flash_plan(batch: TreeBatch, device: torch.device | str | None = None) -> FlashPlan:
+    """The :class:`FlashPlan` of ``batch`` (node spans lie in node order along the row)."""
+    keys, bounds = node_keys(batch)
+    m = batch.node_len.astype(np.int64)
+    first = batch.node_row * batch.shape[1] + batch.node_col
+    inner = np.flatnonzero(batch.node_parent >= 0)
+    starts = np.r_[0, np.cumsum(m)[:-1]]  # each node's first query slot
+    own = np.zeros(keys.shape[0], dtype=bool)
+    own[concat_ranges(bounds[1:] - m, m)] = True  # the path's last m keys: the node itself
+
+    def t(x: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=dtype, device=device)
+
+    def cu(lengths: np.ndarray) -> torch.Tensor:
+        return t(np.r_[0, np.cumsum(lengths)], torch.int32)
+
+    return FlashPlan(
+        t(concat_ranges(first, m)),
+        cu(m),
+        t(keys),
+        cu(np.diff(bounds)),
+        t(concat_ranges(starts[inner], m[inner])),
+        cu(m[inner]),
+        t(keys[~own]),
+        cu(np.diff(bounds)[inner] - m[inner]),
+        int(m.max(initial=0)),
+        int(np.diff(bounds).max(initial=0)),
+        batch.shape[0] * batch.shape[1],
+    )
+
+
+def varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    return_attn_probs: bool = False,
+    **_: Any,
+) -> Any:
+    """``flash_attn_varlen_func`` in plain torch (dense per call: for checks on CPU).
+
+    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is
+    ``q[cu_q[i]:cu_q[i+1]]`` against ``k[cu_k[i]:cu_k[i+1]]``. Causality and
+    ``window_size=(left, right)`` align bottom-right, as flash-attn 2 does:
+    query ``j`` of ``Lq`` sits at key ``j + Lk - Lq``. Returns ``out`` (Nq, H, Dv),
+    or ``(out, lse (H, Nq), None)`` with ``return_attn_probs`` (flash-attn 2's
+    varlen layout of the log-sum-exp); a query with no key gets 0 and
+    ``lse = -inf``. Unlike flash-attn's, ``lse`` is differentiable.
+    """
+    if dropout_p:
+        raise NotAvailable("varlen_reference has no dropout: it is the exact check")
+
+    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's sequence and its index in it."""
+        seq = torch.searchsorted(cu.long(), torch.arange(n, device=cu.device), right=True) - 1
+        return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
+
+    sq, iq = local(cu_seqlens_q, q.shape[0])
+    sk, ik = local(cu_seqlens_k, k.shape[0])
+    shift = (cu_seqlens_k.diff() - cu_seqlens_q.diff()).long()[sq]  # Lk - Lq per query
+    rel = (iq + shift)[:, None] - ik[None, :]  # (Nq, Nk): aligned key index - key index
+    allowed = sq[:, None] == sk[None, :]
+    left, right = window_size
+    if causal:
+        allowed &= rel >= 0
+    if left >= 0:
+        allowed &= rel <= left
+    if right >= 0:
+        allowed &= rel >= -right
+    heads = q.shape[1]
+    k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = scores.logsumexp(-1)  # (H, Nq)
+    probs = (scores - lse[..., None]).exp().nan_to_num(0.0)
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_varlen(device: torch.device) -> Any:
+    """``flash_attn_varlen_func`` on CUDA, :func:`varlen_reference` on CPU."""
+    if device.type != "cuda":
+        return varlen_reference
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as err:
+        raise NotAvailable(
+            "flash tree attention on CUDA needs the flash-attn package; use seqpack_tree"
+        ) from err
+    return flash_attn_varlen_func
+
+
+def tree_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: FlashPlan,
+    scale: float,
+    window: int | None = None,
+    dropout: float = 0.0,
+    *,
+    varlen: Any = None,
+    merge: bool = False,
+) -> torch.Tensor:
+    """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
+
+    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at
+    padding. Default: one call over gathered keys, each node's queries against
+    its path, causal bottom-right (so query ``j`` sits at its own depth) with
+    ``window_size=(window-1, 0)``. ``merge``: no key gathered for the node's own
+    block (a causal call over the node spans) plus a non-causal call over its
+    ancestors' spans, merged by their log-sum-exps (full attention only;
+    flash-attn's backward ignores the log-sum-exp's gradient, so with it the
+    merge serves forwards without gradients, e.g. a DPO reference model).
+    """
+    varlen = varlen or flash_varlen(q.device)
+    qs = q.index_select(0, plan.stored)
+
+    def call(keys: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any) -> Any:
+        return varlen(
+            kw.pop("q", qs), k.index_select(0, keys), v.index_select(0, keys), cu_q, cu_k,
+            plan.max_q, plan.max_k, dropout_p=dropout, softmax_scale=scale, **kw,
+        )  # fmt: skip
+
+    if not merge:
+        left = -1 if window is None else window - 1
+        out = call(plan.keys, plan.cu_q, plan.cu_k, causal=True, window_size=(left, 0))
+    else:
+        if window is not None:
+            raise NotAvailable("the two-part merge serves full attention; use merge=False")
+        if torch.is_grad_enabled() and q.requires_grad and varlen is not varlen_reference:
+            raise NotAvailable(
+                "the two-part merge needs the log-sum-exp's gradient, which flash-attn's"
+                " backward drops: run it without gradients, or use merge=False"
+            )
+        own, lse_own, _ = call(
+            plan.stored, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
+        )
+        part, lse_part, _ = call(
+            plan.ancestors, plan.cu_inner, plan.cu_a, q=qs.index_select(0, plan.inner_q),
+            return_attn_probs=True,
+        )  # fmt: skip
+        lse_own_inner = lse_own.index_select(1, plan.inner_q)
+        lse = torch.logaddexp(lse_own_inner, lse_part)  # (H, n): both parts' softmax
+        merged = own.index_select(0, plan.inner_q) * (lse_own_inner - lse).exp().T[..., None]
+        merged = merged + part * (lse_part - lse).exp().T[..., None]
+        out = own.index_copy(0, plan.inner_q, merged.to(own.dtype))
+    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
+
+
 def tree_mask_mod(
     valid: torch.Tensor,
     nodes: torch.Tensor,
@@ -158,14 +342,19 @@ def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
 
 
 __all__ = [
+    "FlashPlan",
     "TreePlan",
     "cell_logprobs",
+    "flash_plan",
+    "flash_varlen",
     "node_keys",
     "sequence_logprobs",
     "token_logprobs",
     "tree_attention",
+    "tree_flash_attention",
     "tree_loss",
     "tree_loss_sum",
     "tree_mask_mod",
     "tree_plan",
+    "varlen_reference",
 ]

@@ -1,9 +1,10 @@
-"""``seqpack pack --tree`` / ``stats --tree``: one file's groups -> tries -> rows or statistics.
+"""``seqpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
 
-:func:`pack_tree_path` reads one ``.jsonl`` / ``.json`` or ``.parquet``
-file whole, builds its groups (:func:`seqpack.io.tree_store.file_groups`),
-plans the tries with the run's policy and writes a version-3 packed
-directory (the new ``manifest.json`` is the commit), which
+:func:`pack_tree_path` reads its input whole through the flat path's doors
+(files, folders, globs, several inputs, compressed JSON Lines, ``-``:
+:func:`seqpack.io.tree_store.read_table`), builds its groups
+(:func:`seqpack.io.tree_store.file_groups`), plans the tries with the run's
+policy and writes a version-3 packed directory (the new ``manifest.json`` is the commit), which
 :func:`seqpack.io.store.load_packed` opens as a
 :class:`~seqpack.io.tree_store.TreeStore`. :func:`tree_stats` compares tree
 with flat packing of the same sequences under one policy. What is packed
@@ -88,14 +89,14 @@ class TreeOptions:
         object.__setattr__(self, "tree_window", positive_int("tree_window", self.tree_window))
 
     def groups(
-        self, source: str | Path, binding: Binding, tokenizer: Any
+        self, table: Any, origin: Any, binding: Binding, tokenizer: Any
     ) -> tuple[SequenceGroups, np.ndarray]:
-        """The groups of the file ``source`` and each sequence's index in it."""
-        from seqpack.io.tree_store import file_groups, read_table  # pyarrow: only when packing
+        """The groups of the input's ``table`` and each sequence's index in it."""
+        from seqpack.io.tree_store import file_groups  # pyarrow: only when packing
 
         return file_groups(
-            read_table(source),
-            str(source),
+            table,
+            origin,
             binding=binding,
             tokenizer=tokenizer,
             mode=self.tree or "on",
@@ -112,31 +113,34 @@ def pack_tree_path(
     /,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Tree-pack the file ``source`` into the packed directory ``out``; the statistics
-    (``sequences``, ``tries``, ``nodes``, ``tokens_stored``, ``tokens_flat``,
-    ``stored_over_flat``, ``rows``, ``capacity``, ``policy``, ``groups``, ``shards``,
-    ``out``, ``seconds``). ``tree`` defaults to ``TreeOptions(tree="on")``."""
+    """Tree-pack the input ``source`` (a path, a glob, ``-``, or a list of them) into the
+    packed directory ``out``; the statistics (``sequences``, ``tries``, ``nodes``,
+    ``tokens_stored``, ``tokens_flat``, ``stored_over_flat``, ``rows``, ``capacity``,
+    ``policy``, ``groups``, ``shards``, ``out``, ``seconds``). ``tree`` defaults to
+    ``TreeOptions(tree="on")``."""
     opts = PackOptions.of(options, **overrides)
     topts = tree if tree is not None and tree.tree is not None else TreeOptions(tree="on")
     if opts.format == "trl":
         raise InvalidInput(TRL_REFUSAL)
-    if not isinstance(source, (str, Path)) or str(source) == "-":
-        raise InvalidInput("--tree reads one .jsonl/.json or .parquet file (not several, not -)")
     from seqpack.io.atomic import open_output
-    from seqpack.io.tree_store import file_binding, tree_records, write_tree_shards
+    from seqpack.io.files import is_stdin
+    from seqpack.io.tree_store import read_table, table_binding, tree_records, write_tree_shards
 
     started = time.perf_counter()
-    with open_output(out, opts.overwrite, inputs=[source]) as output:  # before reading
+    named = list(source) if isinstance(source, (list, tuple)) else [source]
+    inputs = [s for s in named if isinstance(s, (str, Path)) and not is_stdin(s)]
+    with open_output(out, opts.overwrite, inputs=inputs) as output:  # before reading
         tok = opts.load_tokenizer()
-        binding = file_binding(
-            source,
+        table, origin = read_table(source, opts.partition)
+        binding = table_binding(
+            table,
             opts.partition,
             vocab_size=opts.vocab_size,
             tokenizer=tok,
             tokenizer_id=opts.tokenizer_id,
             split_id=opts.split_id,
         )
-        groups, index = topts.groups(source, binding, tok)
+        groups, index = topts.groups(table, origin, binding, tok)
         epoch = pack_tree(
             groups,
             opts.capacity,
@@ -166,7 +170,7 @@ def pack_tree_path(
             policy=fields["policy"],
             tree=tree_fields,
             statistics=stats,
-            input={"source": str(source)},
+            input={"source": origin.parts[0][0] if len(named) == 1 else [str(n) for n in named]},
         )
         output.commit(manifest)
     return stats | {
@@ -184,22 +188,22 @@ def tree_stats(
     tree: TreeOptions | None = None,
     tokenizer: Any = None,
 ) -> dict[str, Any]:
-    """Tree vs flat packing of the file ``source``'s groups at ``capacity`` under ``policy``
+    """Tree vs flat packing of the input ``source``'s groups at ``capacity`` under ``policy``
     (without a tokenizer the vocabulary is one past the largest id)."""
     from seqpack.io.tree_store import max_id, read_table
 
     topts = tree if tree is not None and tree.tree is not None else TreeOptions(tree="on")
+    table, origin = read_table(source)
     if tokenizer is not None:
         vocab = int(tokenizer.vocab_size)
     else:
-        table = read_table(source)
         vocab = 1 + max(
             (max_id(table.column(n).to_pylist()) for n in table.column_names if n.endswith("_ids")),
             default=0,
         )
     identity = getattr(tokenizer, "identity", "pre-tokenized")
     groups, _ = topts.groups(
-        source, Binding(vocab, identity, f"file:{Path(source).name}"), tokenizer
+        table, origin, Binding(vocab, identity, f"input:{origin.parts[0][0]}"), tokenizer
     )
     layout = build_layout(groups, capacity)
     stored, total = int(layout.sizes.sum()), int(groups.lengths.sum())

@@ -20,17 +20,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput
 from seqpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from seqpack.hf.capability import architecture_of
-from seqpack.hf.tree_inputs import register, tree_inputs
+from seqpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
 from seqpack.nn.tree_attention import sequence_logprobs, tree_loss
-from seqpack.verify.models import model_facts, observed, tally
-from seqpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, tolerance
+from seqpack.verify.diagnose import guarded
+from seqpack.verify.models import model_facts, observed, running, tally
+from seqpack.verify.tolerance import compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
+LOW = (torch.float32, torch.float16, torch.bfloat16)
+WIDE = torch.float64
+#: Config fields that bound a row's positions (mpt's ALiBi table, big_bird's embeddings).
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
 
 def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
@@ -95,24 +102,42 @@ def naive_batch(batch: TreeBatch) -> TreeBatch:
     )
 
 
-def gradient_tolerance(tol: dict[str, Any], casts: list[str]) -> dict[str, Any]:
-    """``tol``, or float32's when the float64 model ``casts`` anything down (even per token).
+class Float64Islands(TorchFunctionMode):
+    """Inside: float64 data the model casts to a lower float precision stays float64.
 
-    A cell shared by ``m`` branches receives the sum of their gradients and
-    rounds it once through such a cast (e.g. Llama's RMSNorm computes in
-    float32); run alone, each branch rounds its own. Forward values are
-    per-cell identical either way, so logits, log-probabilities and the
-    loss keep the model's tolerance; gradients agree to the cast's precision.
+    ``x.to(torch.float32)``, ``x.float()``, ``x.type_as(y)`` and ``dtype=``
+    keywords (``softmax(..., dtype=torch.float32)``) on float64 data keep
+    float64, and a lower-precision tensor meeting float64 data in an op (a
+    float32 buffer in a matrix product) is widened for it, so the model's
+    float32 islands (RMSNorm, eager's softmax) run in float64 for the check.
+    Left in float32, a shared cell, which receives the *sum* of its branches'
+    gradients, would round it once through the cast where each branch run alone
+    rounds its own (~2e-8 on Llama's RMSNorm). In-place ops and tensors made
+    without float64 inputs are left as they are.
     """
-    if not casts:
-        return tol
-    return {
-        "abs": FLOAT32_TOLERANCE[0],
-        "rel": FLOAT32_TOLERANCE[1],
-        "why": "a shared cell sums its branches' gradients before the model's float64 -> float32"
-        f" casts ({', '.join(casts)}), which each branch alone rounds separately",
-        "islands": tol.get("islands", {}),
-    }
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") or "out" in kwargs or not any(x.dtype == WIDE for x in leaves):
+            return func(*args, **kwargs)
+        first = args[0]
+        casts = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.type_as)
+        if func in casts and first.dtype == WIDE:
+            return first
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            args = (first, args[1].device, *args[2:])  # .to(other): its device, not its dtype
+        args, kwargs = tree_map(_widen, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.dtype):
+        return WIDE if x in LOW else x
+    if isinstance(x, torch.Tensor) and x.dtype in LOW:
+        return x.to(WIDE)
+    return x
 
 
 def _separate(model: torch.nn.Module, groups: SequenceGroups, order: np.ndarray, device: Any):
@@ -139,40 +164,61 @@ def verify_tree(
     capacity: int | None = None,
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
-    """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``."""
+    """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``.
+
+    The separate runs use the model's own attention (``attn`` when it is
+    ``sdpa`` or ``eager``, else its sdpa); a float64 model runs inside
+    :class:`Float64Islands`, and the report's ``widened`` lists the casts it
+    kept in float64.
+    """
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
-    arch = architecture_of(model).check()
     attn = model.config._attn_implementation
+    arch = check_tree(architecture_of(model), attn)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
-    capacity = capacity or int(groups.lengths.sum()) + 2  # all tries in one row, plus padding
+    if capacity is None:  # all tries in one row plus padding, within the model's positions
+        text = model.config.get_text_config()
+        limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
+        capacity = int(groups.lengths.sum()) + 2
+        capacity = max(min(capacity, limit or capacity), int(groups.lengths.max()))
+    arch.check_batch(int(groups.lengths.max()), capacity)
     epoch = pack_tree(groups, capacity)
     (batch,) = epoch.batches
     fed = naive_batch(batch) if mode == "naive" else batch
-    eligible = batch.eligible_count
     params = [p for p in model.parameters() if p.requires_grad]
-    islands, casts = observed(model, groups.sequence(0)[:-1])
-    tol = tolerance(dtype, islands)
-    grad_tol = gradient_tolerance(tol, casts)
-    sep_logits, sep_sums, sep_total = _separate(model, groups, batch.seq_index, device)
-    sep_mean = sep_total / eligible
-    kwargs = tree_inputs(
-        fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
-    )
-    out = model(**kwargs).logits  # (R, T, V)
-    cells = torch.as_tensor(batch.seq_cells, device=device)
-    tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
-    tree_mean = tree_loss(out, batch).mean
+    own = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    reference = attn if attn in ("eager", "sdpa") else own
+    with running(model, reference):
+        _, widened = guarded(model, "forward", lambda: observed(model, groups.sequence(0)[:-1]))
+    with Float64Islands():
+        with running(model, reference):
+            islands, _ = observed(model, groups.sequence(0)[:-1])
+            sep_logits, sep_sums, sep_total = guarded(
+                model, "forward", lambda: _separate(model, groups, batch.seq_index, device)
+            )
+        tol = tolerance(dtype, islands)
+        sep_mean = sep_total / batch.eligible_count
+        kwargs = tree_inputs(
+            fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
+        )
+        out = guarded(model, "forward", lambda: model(**kwargs)).logits  # (R, T, V)
+        cells = torch.as_tensor(batch.seq_cells, device=device)
+        tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
+        tree_mean = tree_loss(out, batch).mean
+        grads = [
+            guarded(model, "backward", lambda m=m: grad_vector(m, params))
+            for m in (sep_mean, tree_mean)
+        ]
     compared = {
         "logits": compare(sep_logits, tree_logits, tol),
         "sequence_logprobs": compare(sep_sums, sequence_logprobs(out, batch), tol),
         "loss": compare(sep_mean, tree_mean, tol),
-        "gradients": compare(
-            grad_vector(sep_mean, params), grad_vector(tree_mean, params), grad_tol
-        ),
+        "gradients": compare(*grads, tol),
     }
-    report = _report(model, arch, groups, epoch, mode, capacity, tol, grad_tol, compared)
+    report = _report(model, arch, groups, epoch, mode, capacity, tol, compared)
+    report["reference"] = reference
+    report["widened"] = widened
     report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
     report["pass"] = not any(report["failures"].values())
     if not report["pass"]:
@@ -192,11 +238,9 @@ def _report(
     mode: str,
     capacity: int,
     tol: dict[str, Any],
-    grad_tol: dict[str, Any],
     compared: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     stats, (batch,) = epoch.stats(), epoch.batches
-    arch = architecture_of(model)
     return {
         "target": "transformers",
         "layout": "tree",
@@ -213,11 +257,12 @@ def _report(
         "tokens_flat": stats["tokens_flat"],
         "eligible_targets": batch.eligible_count,
         "tolerance": dict(tol),
-        "gradient_tolerance": dict(grad_tol),
         **tally(compared),
     }
 
 
-def use_tree_attention(model: torch.nn.Module) -> None:
-    """Switch ``model`` to :data:`seqpack.hf.tree_inputs.NAME` (registered first)."""
-    model.set_attn_implementation(register())
+def use_tree_attention(model: torch.nn.Module, name: str = NAME) -> None:
+    """Switch ``model`` to ``name`` (:data:`seqpack.hf.tree_inputs.TREE_NAMES`), registered."""
+    register(name)
+    check_tree(architecture_of(model), name)
+    model.set_attn_implementation(name)

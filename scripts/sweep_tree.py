@@ -1,0 +1,210 @@
+"""Run ``verify --tree-lengths`` on every model type that packs exactly flat.
+
+Usage::
+
+    PYTHONPATH=src nice -n 10 .venv/bin/python scripts/sweep_tree.py \
+        [--out .cache/sweep_tree.json] [--types llama,mistral,...] [--merge] [--no-docs]
+
+The types are those with a ``PASS`` cell in the flat sweep's table
+(``scripts/sweep_architectures.py``, ``docs/transformers.md``), built from
+the same tiny configs (``tests/support/architecture_tiny.py``: width 16,
+2 layers, window 4 where the model has one). Each type runs
+:func:`seqpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
+``seqpack_tree`` and ``seqpack_tree_varlen`` (the flash path, through its
+plain-torch reference on CPU), and the naive control on eager (it must
+FAIL), with the groups ``"30:5,8,12;10:4,4"`` (scaled down
+where the model is exact only up to an example length). A cell is ``PASS``,
+``FAIL`` (branches mixed), ``refused`` (up front, with the reason), ``n/a``
+(no such implementation for the type) or ``crash``. Writes the JSON result
+and, unless ``--no-docs``, the table of ``docs/tree.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_architectures import DOCS as FLAT_DOCS
+from sweep_architectures import ROOT, TimedOut, _alarm, _line
+
+ATTNS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
+#: The control: ``--mode naive`` on eager (siblings see each other), which must FAIL.
+NAIVE = "naive"
+SPEC = "30:5,8,12;10:4,4"
+DOCS = ROOT / "docs" / "tree.md"
+BEGIN, END = "<!-- sweep-tree:begin -->", "<!-- sweep-tree:end -->"
+
+
+def flat_passing() -> list[str]:
+    """The model types with at least one ``PASS`` cell in the flat sweep's table."""
+    rows = re.findall(r"^\| `([^`]+)` \|(.*)$", FLAT_DOCS.read_text(), re.M)
+    return [t for t, rest in rows if "| PASS" in rest]
+
+
+def spec_for(limit: int | None) -> list[tuple[int, tuple[int, ...]]]:
+    """:data:`SPEC`, or groups whose sequences stay within ``limit`` pairs."""
+    from seqpack.verify.tree_models import parse_tree_lengths
+
+    if limit is None or limit >= 42:
+        return parse_tree_lengths(SPEC)
+    p = max(1, limit // 2)
+    return [(p, (limit - p, max(1, limit - p - 1), 2)), (max(1, p - 1), (2, 2))]
+
+
+def run_one(attn: str, config, mode: str = "adapter") -> dict:
+    """One cell: ``{"status", ...}`` of the tree verification on ``attn`` in ``mode``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.core.errors import InvalidInput, NotAvailable
+    from seqpack.hf.architectures import UnsupportedArchitecture
+    from seqpack.hf.capability import capability
+    from seqpack.hf.tree_inputs import check_tree
+    from seqpack.verify.tree_models import tree_groups, use_tree_attention, verify_tree
+
+    try:
+        arch = check_tree(capability(config), attn)
+    except UnsupportedArchitecture as err:
+        return {"status": "refused", "detail": str(err)}
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(
+            config,
+            attn_implementation="sdpa" if attn == "sdpa" else "eager",
+            dtype=torch.float64,
+            experts_implementation="eager",
+        ).eval()
+        if attn.startswith("seqpack_tree"):
+            use_tree_attention(model, attn)
+    except Exception as err:  # transformers has no such implementation for this type
+        return {"status": "n/a", "detail": _line(err)}
+    limits = [c.limit for c in arch.conditions if c.what == "example"]
+    text = model.config.get_text_config()
+    try:
+        groups = tree_groups(spec_for(min(limits) if limits else None), text.vocab_size, 0)
+        report = verify_tree(model, groups, mode=mode)
+    except (UnsupportedArchitecture, NotAvailable, InvalidInput) as err:  # up front or at layer 0
+        return {"status": "refused", "detail": _line(err).split(": ", 1)[1]}
+    except Exception as err:
+        return {"status": "crash", "detail": _line(err)}
+    diff = report["max_abs_diff"]
+    return {
+        "status": "PASS" if report["pass"] else "FAIL",
+        "logits": diff["logits"],
+        "gradients": diff["gradients"],
+        "tolerance": report["tolerance"]["why"],
+        "widened": report.get("widened", []),
+        "detail": report.get("hint", ""),
+    }
+
+
+def sweep_type(model_type: str, budget: int = 240) -> dict:
+    """The cells of one model type, within ``budget`` seconds."""
+    import signal
+
+    from support.architecture_tiny import tiny_config
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(budget)
+    try:
+        config = tiny_config(model_type)
+        cells = {attn: run_one(attn, config) for attn in ATTNS}
+        return {"cells": cells | {NAIVE: run_one("eager", config, "naive")}}
+    except TimedOut as err:
+        return {"cells": {}, "note": f"timed out: {err}"}
+    except Exception as err:
+        return {"cells": {}, "note": f"no tiny config: {_line(err)}"}
+    finally:
+        signal.alarm(0)
+
+
+def cell_text(cell: dict) -> str:
+    status = cell.get("status", "—")
+    if status in ("PASS", "FAIL"):
+        return f"{status} {cell['logits']:.0e} / {cell['gradients']:.0e}"
+    return status
+
+
+def table(results: dict) -> str:
+    head = "| model type | eager | sdpa | seqpack_tree | seqpack_tree_varlen | naive (eager) |"
+    head += " why refused |\n|---|---|---|---|---|---|---|\n"
+    rows = []
+    for model_type, r in results.items():
+        cells = [cell_text(r["cells"].get(a, {})) for a in (*ATTNS, NAIVE)]
+        why = {  # the reason after the model's name; n/a needs none
+            c["detail"].split(": ", 1)[-1][:200]
+            for c in r["cells"].values()
+            if c["status"] in ("refused", "crash")
+        }
+        note = "; ".join(sorted(why | ({r["note"]} if "note" in r else set())))
+        rows.append(f"| `{model_type}` | {' | '.join(cells)} | {note.replace('|', '/')} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def counts(results: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results.values():
+        for attn, cell in r["cells"].items():
+            key = f"{attn} {cell['status']}" if attn == NAIVE else cell["status"]
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def write_docs(results: dict) -> None:
+    import torch
+    import transformers
+
+    total = ", ".join(f"{k} {v}" for k, v in sorted(counts(results).items()))
+    stamp = (
+        f"*Generated by `scripts/sweep_tree.py`: the {len(results)} types that pass flat, on"
+        f" transformers {transformers.__version__}, torch {torch.__version__}, float64 on CPU,"
+        f" groups `{SPEC}`; a cell is the status and the largest logit / gradient difference;"
+        f" cells: {total}.*\n\n"
+    )
+    block = f"{BEGIN}\n{stamp}{table(results)}{END}"
+    text = DOCS.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    DOCS.write_text(pattern.sub(lambda _: block, text) if BEGIN in text else text + block + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / ".cache" / "sweep_tree.json"))
+    parser.add_argument("--types", help="comma-separated model types (default: flat PASS ones)")
+    parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--merge", action="store_true", help="update --out's earlier results")
+    args = parser.parse_args()
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    warnings.filterwarnings("ignore")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    every = flat_passing()
+    types = args.types.split(",") if args.types else every
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if args.merge and out.exists() else {}
+    for model_type in types:
+        started = time.perf_counter()
+        results[model_type] = sweep_type(model_type)
+        cells = {a: c["status"] for a, c in results[model_type]["cells"].items()}
+        print(f"{model_type}: {cells} {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+    print(json.dumps(counts(results)))
+    if not args.no_docs and set(every) <= set(results):
+        write_docs({t: results[t] for t in every})
+
+
+if __name__ == "__main__":
+    main()
