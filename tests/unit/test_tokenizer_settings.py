@@ -180,6 +180,53 @@ def test_a_folder_loads_as_its_tokenizer_json_without_transformers(folder):
     assert done.stdout.split() == ["False", "False"]
 
 
+LOAD = (
+    "import json, sys; from seqpack.io.tokenizers import load_tokenizer;"
+    "tok = load_tokenizer(sys.argv[1]); texts = json.loads(sys.argv[2]);"
+    "print(json.dumps({'ids': [tok.encode_batch([t])[0].tolist() for t in texts],"
+    " 'vocab': tok.vocab_size, 'pad': tok.pad_token_id,"
+    " 'imported': ['transformers' in sys.modules, 'torch' in sys.modules]}))"
+)
+
+
+@pytest.mark.parametrize("cls", ["Qwen2TokenizerFast", "GPT2TokenizerFast", "LlamaTokenizerFast"])
+def test_a_model_specific_folder_loads_without_transformers_from_its_second_load(
+    folder, tmp_path, monkeypatch, cls
+):
+    """A folder of a model's own tokenizer class (transformers rebuilds its pipeline: Qwen2
+    normalizes to NFC, so a decomposed accent tokenizes unlike its tokenizer.json): the first
+    load goes through transformers and keeps the tokenizer it built; later processes read
+    that without importing transformers or torch, to transformers' own ids."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    saved = tmp_path / cls
+    shutil.copytree(folder, saved)
+    config = json.loads((saved / "tokenizer_config.json").read_text())
+    (saved / "tokenizer_config.json").write_text(json.dumps(config | {"tokenizer_class": cls}))
+    texts = ["What color is the sky?", "cafe\u0301 <s>x</s>", "  Hello there,\n how are you?"]
+    real = AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
+    want = real(texts)["input_ids"]
+    as_is = [e.ids for e in Tokenizer.from_file(str(saved / "tokenizer.json")).encode_batch(texts)]
+    if cls == "Qwen2TokenizerFast":
+        assert as_is != want  # the rebuilt pipeline differs, and it is transformers' that counts
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), XDG_CACHE_HOME=str(tmp_path))
+    argv = [sys.executable, "-c", LOAD, str(saved), json.dumps(texts)]
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+    for run in runs:
+        assert run["ids"] == want
+        assert (run["vocab"], run["pad"]) == (len(real), real.pad_token_id)
+    assert runs[1]["imported"] == [False, False]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_tokenizer(saved).backend.eos_token == real.eos_token
+
+
 def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
     from seqpack.cli import main
     from seqpack.core.binding import Binding

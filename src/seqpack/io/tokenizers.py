@@ -14,7 +14,9 @@ tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
 :func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
 ``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
 every file a regular file of bounded size; a folder whose ``tokenizer.json``
-transformers would use as it is loads without importing transformers. Truncation
+transformers would use as it is loads without importing transformers, and any other
+folder does from its second load on (the Rust tokenizer transformers built from it is
+kept under ``~/.cache/seqpack/tokenizers``, :func:`remembered_file`). Truncation
 and padding are turned off on seqpack's copy (with a warning); a post-processor
 adding more than BOS/EOS is refused. Every tokenizer has ``identity`` (the
 Binding's ``tokenizer_id``), ``vocab_size`` and
@@ -255,9 +257,84 @@ def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     direct = _direct(path) if has_json else None
     if direct is not None:
         rust, config = direct
-        return LazyTransformers(path, config, rust), identity, rust.get_vocab_size(True), rust
+        pad = _content(config.get("pad_token"))
+        lazy = LazyTransformers(path, _content(config.get("eos_token")),
+                                None if pad is None else rust.token_to_id(pad))  # fmt: skip
+        return lazy, identity, rust.get_vocab_size(True), rust
+    cache = remembered_file(identity) if has_json else None
+    known = _recall(cache)
+    if known is not None:  # the tokenizer transformers built from this folder, kept
+        rust, meta = known
+        lazy = LazyTransformers(path, meta["eos_token"], meta["pad_token_id"])
+        return lazy, identity, int(meta["vocab_size"]), rust
     backend = auto_tokenizer(path, has_json)
+    if cache is not None:
+        _remember(cache, backend)
     return backend, identity, len(backend), None
+
+
+#: Texts on which a remembered tokenizer must give transformers' own ids.
+PROBES = ["Hello world!", "  two  spaces\n\ttab", "caf\u00e9 \u00fc\u00df \u4e2d\u6587 \U0001f600",
+          "x<s>y</s> <pad><unk>", "1234567 + 89 = ?", "'s 're don't"]  # fmt: skip
+
+
+def remembered_file(identity: str) -> Path | None:
+    """Where the tokenizer transformers builds from a folder of ``identity`` is kept (under
+    ``$XDG_CACHE_HOME`` or ``~/.cache``), keyed by the folder's bytes and the versions of
+    transformers and tokenizers; None without both installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        versions = f"{version('transformers')}\0{version('tokenizers')}"
+    except PackageNotFoundError:
+        return None
+    key = hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(home) / "seqpack" / "tokenizers" / f"{key}.json"
+
+
+def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
+    """The Rust tokenizer and facts :func:`_remember` kept in ``file``, or None."""
+    meta_file = None if file is None else file.with_suffix(".meta")
+    if meta_file is None or not meta_file.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        meta = json.loads(read_checked(meta_file, MAX_TEMPLATE_FILE))
+        checked_file(file)
+        return Tokenizer.from_file(str(file)), meta
+    except Exception:  # damaged or unreadable: transformers loads the folder again
+        return None
+
+
+def _remember(file: Path, backend: Any) -> None:
+    """Keep ``backend``'s Rust tokenizer in ``file`` when encoding with it is all transformers
+    does (no Python-level encoding of its own, no split special tokens, the same ids on
+    :data:`PROBES`), so later processes read it without importing transformers."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    rust = getattr(backend, "backend_tokenizer", None)
+    if not isinstance(backend, TokenizersBackend) or rust is None or backend.split_special_tokens:
+        return
+    if any(getattr(type(backend), name) is not getattr(TokenizersBackend, name)
+           for name in ("__call__", "_encode_plus", "tokenize")):  # fmt: skip
+        return
+    if [e.ids for e in rust.encode_batch(PROBES)] != backend(PROBES)["input_ids"]:
+        return
+    meta = {"vocab_size": len(backend), "pad_token_id": backend.pad_token_id,
+            "eos_token": backend.eos_token}  # fmt: skip
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        for target, write in ((file, rust.save), (file.with_suffix(".meta"), None)):
+            part = target.with_name(f".{target.name}.{os.getpid()}.part")
+            if write is None:
+                part.write_text(json.dumps(meta))
+            else:
+                write(str(part))
+            os.replace(part, target)  # the meta last: its presence says both are whole
+    except OSError:
+        return  # no writable cache: the next process loads through transformers again
 
 
 def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
@@ -309,11 +386,9 @@ class LazyTransformers:
     is_fast = True
     split_special_tokens = False
 
-    def __init__(self, path: Path, config: dict[str, Any], rust: Any) -> None:
+    def __init__(self, path: Path, eos_token: str | None, pad_token_id: int | None) -> None:
         self._path, self._real = path, None
-        self.eos_token = _content(config.get("eos_token"))
-        pad = _content(config.get("pad_token"))
-        self.pad_token_id = None if pad is None else rust.token_to_id(pad)
+        self.eos_token, self.pad_token_id = eos_token, pad_token_id
 
     def load(self) -> Any:
         """The transformers tokenizer (imported and loaded once)."""
