@@ -3,6 +3,9 @@
     nice -n 10 .venv/bin/python benchmarks/bench_userpath.py   # W1, W2, text 20/100/300 MB
     .venv/bin/python benchmarks/bench_userpath.py --quick      # W1 and text 20 MB only
 
+and a tokenizer's load in fresh processes (its ``tokenizer.json``, a generic
+``save_pretrained`` folder, a ``GPT2TokenizerFast`` folder's first and later loads).
+
 Three paths (TRL's counterpart in brackets):
 
 1. in memory: ``seqpack.hf.pack_dataset(ds, C, "best-fit-decreasing")`` (and
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -96,11 +100,18 @@ def _status(field: str) -> int:
     raise RuntimeError(field)
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process so far: the machine is shared, so the
+    CPU a call took is printed beside its wall time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     """Path 1 in this fresh (child) process: the input built first (the user's data, not
     timed), then the **first call** timed from the tool's import to its return (imports,
-    numba's start-up and cached kernels included), then ``repeats`` warm calls (median);
-    peak RSS from /proc."""
+    the kernels' machine code included), then ``repeats`` warm calls (median); wall and
+    CPU seconds of each; peak RSS from /proc. TRL's torch runs on one thread."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -109,29 +120,34 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
     fmt = "trl" if tool == "seqpack-trl" else "seqpack"  # TRL's schema, capacity in tokens
     before = _status("VmRSS")
-    t0 = time.perf_counter()
+    c0, t0 = _cpu(), time.perf_counter()
     if tool.startswith("seqpack"):
         from seqpack.hf import pack_dataset
 
         def run():
             return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
     else:
+        import torch
         from trl.data_utils import pack_dataset as trl_pack
+
+        torch.set_num_threads(1)
 
         def run():
             return trl_pack(ds, w.capacity, strategy="bfd")
 
     out = run()
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, _cpu() - c0
     rows = len(out)
     del out
-    times = []
+    times, cpus = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, t0 = _cpu(), time.perf_counter()
         out = run()
         times.append(time.perf_counter() - t0)
+        cpus.append(_cpu() - c0)
         del out
     return {"seconds": first, "warm_seconds": statistics.median(times), "times": times,
+            "cpu": first_cpu, "warm_cpu": statistics.median(cpus), "cpus": cpus,
             "rows": rows, "rss_before": before, "peak_rss": _status("VmHWM")}  # fmt: skip
 
 
@@ -194,6 +210,9 @@ def fresh(argv: list[str], env: dict | None = None) -> dict:
             t0 = time.perf_counter()
             timed = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *argv]
             env = {**os.environ, **(env or {})}
+            # a user's install has its bytecode compiled (pip does it); this sandbox's
+            # PYTHONDONTWRITEBYTECODE would make every process compile seqpack's modules
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
             code = subprocess.call(timed, stdout=out, stderr=err, env=env)
             seconds = time.perf_counter() - t0
             err.seek(0)
@@ -254,6 +273,50 @@ def _median(repeats: int, run) -> dict:
                                    "all_seconds": [r["seconds"] for r in runs]}  # fmt: skip
 
 
+TOKENIZER_LOAD = """
+import resource, sys, time
+t0 = time.perf_counter()
+from seqpack.io.tokenizers import load_tokenizer
+load_tokenizer(sys.argv[1]).encode_batch(["def f(x):\\n    return x"])
+u = resource.getrusage(resource.RUSAGE_SELF)
+print(time.perf_counter() - t0, u.ru_utime + u.ru_stime, "transformers" in sys.modules)
+"""
+
+
+def run_tokenizer_load(work: Path) -> list[dict]:
+    """A tokenizer's load in fresh processes (import to its first encode): its
+    ``tokenizer.json``, a ``save_pretrained`` folder of the generic class, and one of a
+    model's own class (``GPT2TokenizerFast``: transformers rebuilds its pipeline), whose
+    first load goes through transformers and later ones read what it kept."""
+    from transformers import PreTrainedTokenizerFast
+
+    file = train_tokenizer()
+    generic = work / "tok-generic"
+    PreTrainedTokenizerFast(tokenizer_file=str(file), bos_token="<s>", eos_token="</s>",
+                            pad_token="<pad>").save_pretrained(str(generic))  # fmt: skip
+    model = work / "tok-gpt2"
+    shutil.copytree(generic, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps(config | {"tokenizer_class": "GPT2TokenizerFast"})
+    )
+    env = {"XDG_CACHE_HOME": str(work / "xdg"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    rows = []
+    for label, path in [("tokenizer.json", file), ("generic folder", generic),
+                        ("GPT2TokenizerFast folder, first load", model),
+                        ("GPT2TokenizerFast folder, later loads", model)]:  # fmt: skip
+        runs = []
+        for _ in range(1 if label.endswith("first load") else 3):
+            out = fresh([sys.executable, "-c", TOKENIZER_LOAD, str(path)], env)
+            wall, cpu, heavy = out["stdout"].split()
+            runs.append((float(wall), float(cpu), heavy == "True", out["peak_rss"]))
+        runs.sort()
+        wall, cpu, heavy, rss = runs[len(runs) // 2]
+        rows.append({"tokenizer": label, "seconds": wall, "cpu": cpu, "transformers": heavy,
+                     "peak_rss": rss})  # fmt: skip
+    return rows
+
+
 def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
     source, tok = corpus(megabytes), train_tokenizer()
     name = f"text {megabytes:g} MB"
@@ -283,6 +346,10 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
 def _row(path: str, workload_name: str, seq: dict, trl: dict | None) -> dict:
     warm = seq.get("warm_seconds"), (trl or {}).get("warm_seconds")
     return {
+        "seqpack_cpu": seq.get("cpu"),
+        "seqpack_warm_cpu": seq.get("warm_cpu"),
+        "trl_cpu": (trl or {}).get("cpu"),
+        "trl_warm_cpu": (trl or {}).get("warm_cpu"),
         "path": path,
         "workload": workload_name,
         "seqpack_seconds": seq["seconds"],
@@ -315,6 +382,17 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {r['path']} | {r['workload']} | {both(r['seqpack_seconds'], r['seqpack_warm'])}"
               f" | {both(r['trl_seconds'], r['trl_warm'])} | **{ratio}**"
               f" | {r['seqpack_rss'] / GIB:.2f} GiB | {trl_rss} |")  # fmt: skip
+    timed = [r for r in rows if r.get("seqpack_cpu") is not None]
+    if timed:
+        print("\nCPU seconds (user + system) of the same calls, first (warm median):\n")
+        print("| path | workload | seqpack CPU s | TRL CPU s | seqpack first / warm (wall, CPU) |")
+        print("|---|---|---:|---:|---:|")
+        for r in timed:
+            print(f"| {r['path']} | {r['workload']}"
+                  f" | {both(r['seqpack_cpu'], r['seqpack_warm_cpu'])}"
+                  f" | {both(r['trl_cpu'], r['trl_warm_cpu'])}"
+                  f" | {r['seqpack_seconds'] / r['seqpack_warm']:.2f}x,"
+                  f" {r['seqpack_cpu'] / r['seqpack_warm_cpu']:.2f}x |")  # fmt: skip
     text = [r for r in rows if "tokenizer_seconds" in r]
     if text:
         print("\n| text corpus | tokens | tokenizer alone s (M tok/s) | seqpack s (M tok/s) |"
@@ -338,6 +416,8 @@ def main() -> None:
                         help="fresh Parquet -> Parquet runs per tool (median)")  # fmt: skip
     parser.add_argument("--text", default="20,100,300", help="text corpus sizes in MB")
     parser.add_argument("--trl-text", default="20,100", help="sizes TRL packs too")
+    parser.add_argument("--no-tokenizers", action="store_true",
+                        help="skip the tokenizer loads (file, folders)")  # fmt: skip
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -347,7 +427,10 @@ def main() -> None:
     trl_sizes = {float(x) for x in args.trl_text.split(",") if x}
     work = Path(tempfile.mkdtemp(prefix="userpath-", dir=CACHE))
     rows: list[dict] = []
+    loads: list[dict] = []
     try:
+        if not args.no_tokenizers:
+            loads = run_tokenizer_load(work)
         for name in ("W1",) if args.quick else args.workloads.split(","):
             rows += run_workload(
                 name, args.repeats, args.fresh_repeats, work, parquet=not args.no_parquet
@@ -357,13 +440,23 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(rows)
+    if loads:
+        print("\n| tokenizer (fresh process, import to first encode) | wall s | CPU s |"
+              " imports transformers | peak RSS |")  # fmt: skip
+        print("|---|---:|---:|---|---:|")
+        for r in loads:
+            print(
+                f"| {r['tokenizer']} | {r['seconds']:.2f} | {r['cpu']:.2f}"
+                f" | {'yes' if r['transformers'] else 'no'} | {r['peak_rss'] / GIB:.2f} GiB |"
+            )
     text = [r for r in rows if "tokenizer_seconds" in r]
     if len(text) > 1:
         a, b = text[0], text[-1]
         print(f"\nmemory scaling: {b['workload']} / {a['workload']} peak RSS"
               f" {b['seqpack_rss'] / a['seqpack_rss']:.2f}x for"
               f" {b['tokens'] / a['tokens']:.1f}x the tokens")  # fmt: skip
-    print("\n" + json.dumps({"rows": rows, "load_average": os.getloadavg()}))
+    print("\n" + json.dumps({"rows": rows, "tokenizer_loads": loads,
+                             "load_average": os.getloadavg()}))  # fmt: skip
 
 
 if __name__ == "__main__":
