@@ -151,6 +151,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 16},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "zaya": {"num_experts_per_tok": 1},
+    "xmod": {"default_language": "en_XX"},
 }
 #: Window fields: set to WINDOW where the config has them (and their switches on).
 WINDOWS = ("sliding_window", "attention_window_size", "window_size")

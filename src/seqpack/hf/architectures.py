@@ -177,8 +177,11 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
             "its ALiBi bias is built from column positions (in bfloat16, build_alibi_tensor),"
             " which a packed row cannot restart per example; use the rotary variant (alibi=False)",
         )
-    if getattr(config, "use_bidirectional_attention", False) or not getattr(
-        config, "is_causal", True
+    if (
+        getattr(config, "use_bidirectional_attention", False)
+        or not getattr(config, "is_causal", True)
+        or getattr(config, "causal", True) is False  # xlm
+        or getattr(config, "attn_type", None) == "bi"  # xlnet
     ):
         return ("attention", "its attention is bidirectional, so no example is causal")
     for layer_type in dict.fromkeys(layer_types or ()):

@@ -45,6 +45,13 @@ MIXER_CLASSES = (
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 #: Source words of a model that applies its config's sliding window.
 WINDOW_WORDS = ("create_sliding_window_causal_mask", "sliding_window=", '"sliding_attention"')
+#: Source words of a forward that builds its own mask from a 2-D padding mask (no block mask).
+PADDING_MASK_WORDS = (
+    "attention_mask.unsqueeze(1).unsqueeze(2)",  # openai-gpt
+    "attention_mask[:, None, None, :]",
+    "get_masks(",  # xlm
+    "input_mask[None]",  # xlnet
+)
 #: Class-name words of modules that embed positions.
 POSITION_WORDS = ("Positional", "PositionEmbedding", "Rotary", "Sinusoidal", "PositionalEmbedding")
 #: Module-name words of towers that are not the packed text (a multimodal model's encoders).
@@ -262,6 +269,18 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         )
     if refusal is None and why is not None:
         refusal, kind = why, "positions"
+    padding = [
+        (type(m).__name__, w)
+        for m in (decoder, model)
+        for w in PADDING_MASK_WORDS
+        if w in _source(type(m))
+    ]
+    if refusal is None and padding:
+        refusal = (
+            f"its forward ({padding[0][0]}) builds its attention from a 2-D padding mask"
+            f" ({padding[0][1]}...), so it cannot take the block mask that keeps packed"
+            " examples apart; train it on unpacked rows"
+        )
     bidirectional = [n for n, m in attention if getattr(m, "is_causal", True) is False]
     if refusal is None and bidirectional:
         refusal = (

@@ -242,7 +242,15 @@ def _verify(
         first.partition, examples, first.binding, PackConfig(capacity, len(examples))
     ).batches
     kwargs = packed_kwargs(batch, mode, attn, dtype, device, pad, arch)
-    out = guarded(model, "forward", lambda: model(**kwargs))
+    try:
+        out = guarded(model, "forward", lambda: model(**kwargs))
+    except ModelCrashed:
+        if mode != "adapter":
+            raise
+        # its own loss crashed (git cuts image columns off the logits): the logits alone
+        unlabelled = {k: v for k, v in kwargs.items() if k not in ("labels", "shift_labels")}
+        out = guarded(model, "forward", lambda: model(**unlabelled))
+        out.loss = torch.full((1,), torch.nan)  # no loss: a model_loss failure
     packed_mean = hf_loss_sum(out.logits, batch).sum / eligible
     cells = example_tokens(batch, flattened=False).to(device)
     flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
