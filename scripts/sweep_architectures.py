@@ -42,10 +42,11 @@ def _line(err: BaseException) -> str:
 
 def _build(config, attn: str, dtype):
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from seqpack.hf.capability import causal_lm
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(
+    return causal_lm(config)(
         config, attn_implementation=attn, dtype=dtype, experts_implementation="eager"
     ).eval()
 

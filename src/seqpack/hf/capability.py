@@ -103,10 +103,26 @@ def _text_part(model: Any) -> Any:
 _META: dict[tuple[str, str], Any] = {}  # meta-device models by config (JSON text), the last 16
 
 
+def causal_lm(config: Any) -> Any:
+    """The constructor of ``config``'s causal LM: that of the class whose ``config_class`` it
+    is (musicgen's decoder config, which ``AutoModelForCausalLM`` does not map), or the auto
+    class's ``from_config``."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    family = str(getattr(config, "model_type", "")).split("_")[0]
+    for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        if model_type.split("_")[0] == family:
+            cls = getattr(transformers, name, None)
+            if getattr(cls, "config_class", None) is type(config):
+                return cls._from_config
+    return AutoModelForCausalLM.from_config
+
+
 def meta_model(config: Any) -> Any:
     """The model of ``config`` built on the ``meta`` device (no weights), or None if it fails."""
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     key = (type(config).__name__, config.to_json_string(use_diff=False))
@@ -120,9 +136,7 @@ def meta_model(config: Any) -> Any:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
             # eager: always there (the modules' code is what is read; flash may not build here)
-            built = AutoModelForCausalLM.from_config(
-                copy.deepcopy(config), attn_implementation="eager"
-            )
+            built = causal_lm(config)(copy.deepcopy(config), attn_implementation="eager")
     except Exception as err:  # an unbuildable config: judged from the config alone
         logging.getLogger(__name__).debug("meta build failed: %s", err)
         built = None
@@ -409,6 +423,7 @@ def check_model(
 __all__ = [
     "architecture_of",
     "capability",
+    "causal_lm",
     "check_model",
     "check_runnable",
     "check_vocabulary",
