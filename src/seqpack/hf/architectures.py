@@ -103,6 +103,8 @@ class Architecture:
     run it. ``chunk``: ``attention_chunk_size`` of chunked layers.
     ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi builds its bias
     from a 2-D mask; transformers derives the block mask from ``position_ids``).
+    ``zero_pad``: an id padding cells must not carry (its embedding row is zero and the
+    model takes a root of its mean square with no epsilon: NaN gradients, gemma3n).
     """
 
     model_type: str
@@ -116,6 +118,7 @@ class Architecture:
     conditions: tuple[Condition, ...] = ()
     chunk: int | None = None
     mask_from_positions: bool = False
+    zero_pad: int | None = None
 
     @property
     def mask_types(self) -> tuple[str, ...]:

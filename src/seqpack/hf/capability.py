@@ -196,6 +196,28 @@ def _own_mask(module: Any) -> str | None:
     return None
 
 
+def _zero_pad(decoder: Any) -> int | None:
+    """The embedding's zero ``padding_idx`` row when the decoder's forward takes the root of a
+    mean (``mean(h ** 2) ** 0.5``, no epsilon: infinite slope at the zero row), else None."""
+    padding_idx = getattr(decoder.get_input_embeddings(), "padding_idx", None)
+    if not isinstance(padding_idx, int):
+        return None
+    try:
+        tree = ast.parse(_source(type(decoder)))
+    except SyntaxError:
+        return None
+    roots = (
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Pow)
+        and getattr(node.right, "value", None) == 0.5
+        and isinstance(node.left, ast.Call)
+        and getattr(node.left.func, "attr", "") == "mean"
+    )
+    return padding_idx if next(roots, None) is not None else None
+
+
 def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
     """``(how, offset, refusal)``: how the model takes positions."""
     for module in decoder.modules():
@@ -314,6 +336,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         kind=kind,
         varlen_refusal=arch.varlen_refusal or _varlen_refusal(arch.model_type, attention, decoder),
         window=arch.window if applies else None,  # moshi has the field and never applies it
+        zero_pad=_zero_pad(decoder),
     )
 
 
