@@ -193,7 +193,17 @@ CASES: tuple[Case, ...] = (
         {"d_model": 16, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2, "max_seq_len": 64},
         attns=("eager",),
     ),
+    Case("gemma3n_text (padding off its zero embedding row)", "gemma3n_text", tiny=True),
+    Case("gemma4_text (per-layer input embeddings)", "gemma4_text", tiny=True),
+    Case("xmod (its default language's adapters)", "xmod", tiny=True),
     # Refused up front: the named layer kind mixes examples.
+    Case(
+        "openai-gpt (its own mask from a 2-D padding mask)",
+        "openai-gpt",
+        tiny=True,
+        attns=("eager",),
+        refused="attention",
+    ),
     Case("bart (decoder positions from columns)", "bart", tiny=True, refused="positions"),
     Case("cpmant (positions from columns)", "cpmant", tiny=True, refused="positions"),
     Case("xlstm (recurrence)", "xlstm", tiny=True, refused="linear attention"),

@@ -137,6 +137,7 @@ ASSISTANT_TEXT = {
     "use_double_wide_mlp": False,
 }
 BASES: dict[str, dict[str, Any]] = {"gemma4_assistant": {"text_config": ASSISTANT_TEXT}}
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 #: Per-type extras where the generic sizes break a config's own consistency checks.
 MLA = {"num_key_value_heads": 2}
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -170,6 +171,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zaya": {"num_experts_per_tok": 1},
     "xmod": {"default_language": "en_XX"},
     "gemma3n_text": {"num_kv_shared_layers": 0},  # the default 15 of 35 layers
+    # defaults that cannot build (or run) their own model
+    "cohere_compass_text": {"rope_parameters": dict.fromkeys(("full_attention",), ROPE)},
+    "dbrx": {"attn_config": {"rope_theta": ROPE["rope_theta"], "clip_qkv": 8.0}},  # None: crash
+    "reformer": {"axial_pos_embds_dim": (8, 8), "axial_pos_shape": (8, 8)},
     **{t: {"layers_block_type": ["linear_attention", "hybrid"]} for t in ("zamba", "zamba2")},
     **{  # every layer reads the target model's keys and values
         t: {"text_config": ASSISTANT_TEXT | {"num_kv_shared_layers": 2}}

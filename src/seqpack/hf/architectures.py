@@ -202,6 +202,13 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
         or getattr(config, "attn_type", None) == "bi"  # xlnet
     ):
         return ("attention", "its attention is bidirectional, so no example is causal")
+    if set(getattr(config, "attn_layers", None) or ()) & {"lsh", "local"}:  # reformer
+        return (
+            "attention",
+            "its LSH attention sorts the row's keys into hash buckets across the whole row and"
+            " its local attention attends within chunks of the row's columns, so neither keeps"
+            " packed examples apart; train it on unpacked rows",
+        )
     for layer_type in dict.fromkeys(layer_types or ()):
         if layer_type in ATTENTION_LAYERS or layer_type in POSITIONWISE_LAYERS:
             continue
