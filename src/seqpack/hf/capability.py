@@ -97,7 +97,8 @@ def _text_part(model: Any) -> Any:
         decoder = model.get_decoder()
     except (AttributeError, NotImplementedError, ValueError, TypeError):
         decoder = None
-    return decoder if decoder is not None else model
+    # a model, not a layer: modernbert-decoder's get_decoder() is its head's Linear
+    return decoder if hasattr(decoder, "config") else model
 
 
 _META: dict[tuple[str, str], Any] = {}  # meta-device models by config (JSON text), the last 16
