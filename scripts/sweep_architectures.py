@@ -70,7 +70,8 @@ def run_one(model_type: str, attn: str, config) -> dict:
     from seqpack.hf.architectures import UnsupportedArchitecture
     from seqpack.hf.capability import architecture_of, capability
     from seqpack.hf.kinds import attention_kind
-    from seqpack.verify.models import verification_examples, verification_layout, verify_hf
+
+    from support.architecture_cases import verify_default
 
     try:  # what load_model does: the config's capability first, before any weights
         capability(config).check(attention_kind(attn))
@@ -86,16 +87,8 @@ def run_one(model_type: str, attn: str, config) -> dict:
         # the model's own float64 forward fails (xglm: finfo(float64).min into float32)
         model, cell = float32, {"dtype": "float32", "float64": why}
     try:
-        arch = architecture_of(model).check(attention_kind(attn))
-        text = model.config.get_text_config()
-        limits = [c.limit for c in arch.conditions if c.what == "example"]
-        layout = verification_layout(
-            arch.window,
-            getattr(text, "max_position_embeddings", None),
-            max_example=min(limits) if limits else None,
-        )
-        examples = verification_examples(text.vocab_size, 0, layout=layout)
-        report = verify_hf(model, examples, capacity=layout.capacity)
+        architecture_of(model).check(attention_kind(attn))
+        report = verify_default(model)
     except UnsupportedArchitecture as err:
         return {"status": "refused", "detail": str(err)}
     except Exception as err:

@@ -289,11 +289,15 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
 
 def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of the case on ``attn`` with the default examples for its window."""
+    dtype = verify_options.pop("dtype", None)
+    return verify_default(build(case, attn, dtype), mode=mode, **verify_options)
+
+
+def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
+    """``verify_hf`` of ``model`` on the default examples for its window and conditions."""
     from seqpack.hf.capability import architecture_of
     from seqpack.verify.models import verification_examples, verification_layout, verify_hf
 
-    dtype = verify_options.pop("dtype", None)
-    model = build(case, attn, dtype)
     config = model.config.get_text_config()
     arch = architecture_of(model)
     limits = [c.limit for c in arch.conditions if c.what == "example"]
@@ -303,7 +307,7 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
         max_example=min(limits) if limits else None,
     )
     examples = verification_examples(config.vocab_size, 0, layout=layout)
-    return verify_hf(model, examples, mode=mode, capacity=layout.capacity, **verify_options)
+    return verify_hf(model, examples, capacity=layout.capacity, **verify_options)
 
 
-__all__ = ["BASE", "CASES", "STANDARD", "WINDOW", "Case", "build", "run"]
+__all__ = ["BASE", "CASES", "STANDARD", "WINDOW", "Case", "build", "run", "verify_default"]

@@ -8,8 +8,10 @@ positions (``position_ids``; ``relative`` rotary tables by column; an
 its self-attention is causal, whether ``seqpack_varlen`` would run inside it
 (modules calling ``ALL_ATTENTION_FUNCTIONS`` whose decoder layer passes the
 attention kwargs on), whether its code applies the config's
-``sliding_window``, and any convolution, recurrence, state-space or
-linear-attention mixer. The result is an
+``sliding_window``, whether it builds its own mask from a 2-D padding mask
+(openai-gpt, xlm, xlnet: refused), whether padding must avoid an embedding row
+it roots (``zero_pad``, gemma3n), and any convolution, recurrence, state-space
+or linear-attention mixer. The result is an
 :class:`~seqpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the true reason. :func:`check_model`,
 :func:`check_vocabulary` and :func:`check_runnable` are the checks
