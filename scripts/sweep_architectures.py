@@ -164,6 +164,8 @@ def table(results: dict) -> str:
         }
         if refused:
             verdict += "; " + "; ".join(sorted(refused)).replace("|", "/")
+        if r["cells"] and all(c["status"] == "n/a" for c in r["cells"].values()):
+            verdict += f"; not built here: {r['cells']['eager']['detail'][:90]}".replace("|", "/")
         rows.append(f"| `{model_type}` | {verdict} | {' | '.join(cells)} |")
     return head + "\n".join(rows) + "\n"
 

@@ -68,6 +68,15 @@ def _source(cls: type, attr: str = "forward") -> str:
         return ""
 
 
+@lru_cache(maxsize=512)
+def _nodes(cls: type) -> tuple[ast.AST, ...]:
+    """Every node of ``cls.forward``'s syntax tree (none where its source is not Python)."""
+    try:
+        return tuple(ast.walk(ast.parse(_source(cls))))
+    except SyntaxError:
+        return ()
+
+
 @lru_cache(maxsize=128)
 def _module_source(module_name: str) -> str:
     module = sys.modules.get(module_name)
@@ -168,13 +177,9 @@ def _attention_modules(decoder: Any) -> list[tuple[str, Any]]:
 
 def _drops_kwargs(parent: Any, attr: str) -> bool:
     """True when every call of ``self.<attr>(...)`` in ``parent.forward`` passes no ``**kwargs``."""
-    try:
-        tree = ast.parse(_source(type(parent)))
-    except SyntaxError:
-        return False
     calls = [
         node
-        for node in ast.walk(tree)
+        for node in _nodes(type(parent))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == attr
@@ -186,11 +191,7 @@ def _drops_kwargs(parent: Any, attr: str) -> bool:
 
 def _own_mask(module: Any) -> str | None:
     """The name a module passes as ``attention_mask`` to attention when it is its own tensor."""
-    try:
-        tree = ast.parse(_source(type(module)))
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
+    for node in _nodes(type(module)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attention_interface":
             given = node.args[4] if len(node.args) > 4 else None
             given = next((k.value for k in node.keywords if k.arg == "attention_mask"), given)
@@ -203,22 +204,15 @@ def _zero_pad(decoder: Any) -> int | None:
     """The embedding's zero ``padding_idx`` row when the decoder's forward takes the root of a
     mean (``mean(h ** 2) ** 0.5``, no epsilon: infinite slope at the zero row), else None."""
     padding_idx = getattr(decoder.get_input_embeddings(), "padding_idx", None)
-    if not isinstance(padding_idx, int):
-        return None
-    try:
-        tree = ast.parse(_source(type(decoder)))
-    except SyntaxError:
-        return None
-    roots = (
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.BinOp)
+    root = any(
+        isinstance(node, ast.BinOp)
         and isinstance(node.op, ast.Pow)
         and getattr(node.right, "value", None) == 0.5
         and isinstance(node.left, ast.Call)
         and getattr(node.left.func, "attr", "") == "mean"
+        for node in _nodes(type(decoder))
     )
-    return padding_idx if next(roots, None) is not None else None
+    return padding_idx if isinstance(padding_idx, int) and root else None
 
 
 def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
