@@ -357,12 +357,7 @@ def test_verify_of_seqpack_varlen_is_held_against_the_models_own_attention(monke
 
 def test_the_sweep_script_reports_each_implementation_of_a_type():
     """scripts/sweep_architectures.py, one type: PASS / n/a / refused, and its table row."""
-    import importlib.util
-
-    path = Path(__file__).parents[2] / "scripts" / "sweep_architectures.py"
-    spec = importlib.util.spec_from_file_location("sweep_architectures", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _sweep()
     result = sweep.sweep_type("gpt_neo")
     cells = {attn: cell["status"] for attn, cell in result["cells"].items()}
     assert cells == {"eager": "PASS", "sdpa": "n/a", "seqpack_varlen": "refused"}
@@ -370,3 +365,103 @@ def test_the_sweep_script_reports_each_implementation_of_a_type():
     row = sweep.table({"gpt_neo": result}).splitlines()[-1]
     assert row.startswith("| `gpt_neo` | exact; ") and "never calls" in row
     assert sweep.counts({"gpt_neo": result}) == {"PASS": 1, "n/a": 1, "refused": 1}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "options", "why"),
+    [
+        ("openai-gpt", {}, r"\(OpenAIGPTModel\) builds its attention from a 2-D padding mask"),
+        ("xlm", {"causal": True}, r"\(XLMModel\) builds its attention from a 2-D padding mask"),
+        ("xlnet", {"attn_type": "uni"}, r"XLNetModel\) builds its attention from a 2-D padding"),
+        ("xlm", {}, "bidirectional"),  # causal=False, its default
+        ("xlnet", {}, "bidirectional"),  # attn_type="bi", its default
+    ],
+)
+def test_models_that_cannot_take_a_block_mask_are_refused_not_crashed(model_type, options, why):
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        capability(_tiny(model_type, **options)).check("eager")
+
+
+def test_assistants_reading_another_models_keys_are_refused():
+    arch = capability(_tiny("gemma4_assistant"))
+    assert "num_kv_shared_layers = num_hidden_layers" in arch.refusal
+
+
+def test_bidirectional_image_tokens_leave_text_causal():
+    assert _tiny("gemma4_unified").get_text_config().use_bidirectional_attention == "vision"
+    capability(_tiny("gemma4_unified")).check("seqpack_varlen")
+
+
+def test_blt_is_refused_for_its_byte_hashes_across_the_row():
+    assert "byte n-gram hash embeddings" in capability(_tiny("blt")).refusal
+
+
+def test_musicgen_is_judged_on_the_decoder_its_causal_lm_takes():
+    from seqpack.hf.capability import causal_lm
+
+    config = _tiny("musicgen")
+    assert type(config).__name__ == "MusicgenDecoderConfig"
+    assert causal_lm(config).__self__.__name__ == "MusicgenForCausalLM"
+    arch = capability(config)
+    assert arch.positions == "columns" and "MusicgenSinusoidalPositionalEmbedding" in arch.refusal
+
+
+def test_padding_cells_avoid_an_embedding_row_the_model_roots():
+    """gemma3n's AltUp takes mean(h ** 2) ** 0.5: on its zero padding row, NaN gradients."""
+    config = _tiny("gemma3n_text")
+    assert capability(config).zero_pad == config.pad_token_id == 0
+    assert capability(_tiny("llama")).zero_pad is None
+    batch = _batch([5, 3], 12)
+    ids = hf_inputs(batch, "sdpa", config=config, pad_token_id=0)["input_ids"]
+    assert (ids[torch.as_tensor(batch.position_ids()) < 0] != 0).all()
+
+
+def test_a_model_whose_own_loss_crashes_is_own_loss_not_a_crash():
+    """git cuts its image columns off the logits before its loss: text alone leaves none."""
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.verify.models import verification_examples
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        _tiny("git"), attn_implementation="eager", dtype=torch.float64
+    ).eval()
+    report = verify_hf(model, verification_examples(266, 0, 64))
+    assert not report["pass"] and not report["mixed"] and report["max_abs_diff"]["logits"] < 1e-12
+    assert "hf_loss" in report["hint"]
+
+
+def _sweep():
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "scripts" / "sweep_architectures.py"
+    spec = importlib.util.spec_from_file_location("sweep_architectures", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return sweep
+
+
+def test_the_sweep_verifies_in_float32_a_model_that_cannot_run_float64():
+    """xglm's eager forward puts finfo(float64).min into a float32 tensor (transformers)."""
+    cell = _sweep().run_one("xglm", "eager", _tiny("xglm"))
+    assert cell["status"] == "PASS" and cell["dtype"] == "float32", cell
+    assert "overflow" in cell["float64"]
+
+
+def test_every_causal_lm_type_has_a_tiny_config():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from support.architecture_tiny import tiny_config
+
+    failed = {}
+    for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        try:
+            tiny_config(model_type)
+        except Exception as err:  # reported, every type at once
+            failed[model_type] = f"{type(err).__name__}: {err}"[:200]
+    assert not failed, failed
+
+
+def test_reformer_is_refused_for_attention_by_hash_buckets_and_column_chunks():
+    refusal = capability(_tiny("reformer")).refusal
+    assert "LSH attention" in refusal and "chunks of the row's columns" in refusal

@@ -193,7 +193,17 @@ CASES: tuple[Case, ...] = (
         {"d_model": 16, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2, "max_seq_len": 64},
         attns=("eager",),
     ),
+    Case("gemma3n_text (padding off its zero embedding row)", "gemma3n_text", tiny=True),
+    Case("gemma4_text (per-layer input embeddings)", "gemma4_text", tiny=True),
+    Case("xmod (its default language's adapters)", "xmod", tiny=True),
     # Refused up front: the named layer kind mixes examples.
+    Case(
+        "openai-gpt (its own mask from a 2-D padding mask)",
+        "openai-gpt",
+        tiny=True,
+        attns=("eager",),
+        refused="attention",
+    ),
     Case("bart (decoder positions from columns)", "bart", tiny=True, refused="positions"),
     Case("cpmant (positions from columns)", "cpmant", tiny=True, refused="positions"),
     Case("xlstm (recurrence)", "xlstm", tiny=True, refused="linear attention"),
@@ -279,11 +289,15 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
 
 def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of the case on ``attn`` with the default examples for its window."""
+    dtype = verify_options.pop("dtype", None)
+    return verify_default(build(case, attn, dtype), mode=mode, **verify_options)
+
+
+def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
+    """``verify_hf`` of ``model`` on the default examples for its window and conditions."""
     from seqpack.hf.capability import architecture_of
     from seqpack.verify.models import verification_examples, verification_layout, verify_hf
 
-    dtype = verify_options.pop("dtype", None)
-    model = build(case, attn, dtype)
     config = model.config.get_text_config()
     arch = architecture_of(model)
     limits = [c.limit for c in arch.conditions if c.what == "example"]
@@ -293,7 +307,7 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
         max_example=min(limits) if limits else None,
     )
     examples = verification_examples(config.vocab_size, 0, layout=layout)
-    return verify_hf(model, examples, mode=mode, capacity=layout.capacity, **verify_options)
+    return verify_hf(model, examples, capacity=layout.capacity, **verify_options)
 
 
-__all__ = ["BASE", "CASES", "STANDARD", "WINDOW", "Case", "build", "run"]
+__all__ = ["BASE", "CASES", "STANDARD", "WINDOW", "Case", "build", "run", "verify_default"]

@@ -20,7 +20,10 @@ WINDOW = 4
 VOCAB = 266
 #: field name -> tiny value (applied where the config class has the field).
 SIZES: dict[str, Any] = {
-    **dict.fromkeys(("vocab_size",), VOCAB),
+    **dict.fromkeys(
+        ("vocab_size", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab"), VOCAB
+    ),
+    "hidden_size_per_layer_input": 8,
     **dict.fromkeys(
         (
             "hidden_size",
@@ -125,6 +128,16 @@ SIZES: dict[str, Any] = {
     "index_head_dim": 8,
     "index_topk": 8,
 }
+#: Starting configs of types whose default config fails its own validation.
+ASSISTANT_TEXT = {
+    "model_type": "gemma4_text",
+    "hidden_size_per_layer_input": 0,
+    "vocab_size_per_layer_input": 0,
+    "enable_moe_block": False,
+    "use_double_wide_mlp": False,
+}
+BASES: dict[str, dict[str, Any]] = {"gemma4_assistant": {"text_config": ASSISTANT_TEXT}}
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 #: Per-type extras where the generic sizes break a config's own consistency checks.
 MLA = {"num_key_value_heads": 2}
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -147,16 +160,41 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1},
     "diffllama": {"num_key_value_heads": 2},
     "dots3_note_text": {"num_key_value_heads": 2},
+    "dots3_note_vision_encoder": {
+        "mlp_layer_types": ["dense"] * 2,
+        **dict.fromkeys(("adapter_in_dim", "adapter_out_dim"), 16),
+    },
+    "dots3_note_audio_encoder": dict.fromkeys(("adapter_input_size", "adapter_out_dim"), 16),
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": WINDOW},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 16},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "zaya": {"num_experts_per_tok": 1},
+    "xmod": {"default_language": "en_XX"},
+    "gemma3n_text": {"num_kv_shared_layers": 0},  # the default 15 of 35 layers
+    # defaults that cannot build (or run) their own model
+    "cohere_compass_text": {"rope_parameters": dict.fromkeys(("full_attention",), ROPE)},
+    "dbrx": {"attn_config": {"rope_theta": ROPE["rope_theta"], "clip_qkv": 8.0}},  # None: crash
+    "reformer": {"axial_pos_embds_dim": (8, 8), "axial_pos_shape": (8, 8)},
+    **{t: {"layers_block_type": ["linear_attention", "hybrid"]} for t in ("zamba", "zamba2")},
+    **{  # every layer reads the target model's keys and values
+        t: {"text_config": ASSISTANT_TEXT | {"num_kv_shared_layers": 2}}
+        for t in ("gemma4_assistant", "gemma4_unified_assistant")
+    },
 }
 #: Window fields: set to WINDOW where the config has them (and their switches on).
 WINDOWS = ("sliding_window", "attention_window_size", "window_size")
 SWITCHES = {"use_sliding_window": True, "max_window_layers": 1}
 #: Fields reset so the config derives them again for the tiny depth.
-DERIVED = ("layer_types", "mlp_layer_types", "block_types", "layers_block_type")
+DERIVED = (
+    "layer_types",
+    "mlp_layer_types",
+    "block_types",
+    "layers_block_type",
+    "per_layer_config",
+    "activation_sparsity_pattern",
+    "no_rope_layers",
+    "moe_layers",
+)
 
 
 def _fields(cls: type) -> set[str]:
@@ -190,19 +228,39 @@ def tiny_config(model_type: str, window: bool = True, **extra: Any) -> Any:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    defaults = cls()
+    defaults = cls(**BASES.get(model_type, {}))
     options = tiny_options(cls, defaults, window)
     for name, sub_cls in getattr(cls, "sub_configs", {}).items():
         sub = getattr(defaults, name, None)
         if sub is None or not hasattr(sub_cls, "__mro__") or sub_cls.__name__ == "AutoConfig":
             sub_cls = type(sub) if sub is not None else None
         if sub_cls is not None and sub is not None:
-            options[name] = sub.to_dict() | tiny_options(sub_cls, sub, window)
+            kept = {k: v for k, v in sub.to_dict().items() if k not in DERIVED}
+            kept |= {k: v for k, v in SIZES.items() if k in kept}  # blt's head_dim: no field
+            options[name] = kept | tiny_options(sub_cls, sub, window)
+            options[name] |= OVERRIDES.get(getattr(sub, "model_type", ""), {})
     if "kv_lora_rank" in _fields(cls):  # multi-head latent attention: keys of every head
         options["num_key_value_heads"] = options.get("num_attention_heads", 2)
     if "is_decoder" in _fields(cls):
         options["is_decoder"] = True  # the causal-LM use of an encoder-decoder family
-    return AutoConfig.for_model(model_type, **(options | OVERRIDES.get(model_type, {}) | extra))
+    for key, value in (OVERRIDES.get(model_type, {}) | extra).items():
+        both = isinstance(value, dict) and isinstance(options.get(key), dict)
+        options[key] = options[key] | value if both else value  # a sub-config: merged
+    config = AutoConfig.for_model(model_type, **options)
+    return _causal_part(model_type, config)
+
+
+def _causal_part(model_type: str, config: Any) -> Any:
+    """The sub-config the type's causal-LM class takes (musicgen: its decoder), else ``config``."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    wanted = getattr(lm, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return config
+    subs = (getattr(config, name, None) for name in getattr(type(config), "sub_configs", {}))
+    return next((sub for sub in subs if isinstance(sub, wanted)), config)
 
 
 __all__ = ["OVERRIDES", "SIZES", "VOCAB", "WINDOW", "tiny_config", "tiny_options"]

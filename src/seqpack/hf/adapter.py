@@ -147,6 +147,8 @@ def build_inputs(
         cells["position_ids"] = cells["position_ids"] + arch.position_offset
     names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
     shape = (rows.num_rows, rows.capacity)
+    if arch is not None and arch.zero_pad == int(pad_token_id):  # gemma3n: NaN gradients
+        pad_token_id = (int(pad_token_id) + 1) % vocab  # any other id: padding is never seen
     fill = PAD_FILL | {"input_ids": int(pad_token_id)}
     if arch is not None and arch.position_offset:
         fill["position_ids"] = arch.position_offset

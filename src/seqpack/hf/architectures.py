@@ -45,6 +45,13 @@ REFUSED_TYPES: dict[str, tuple[str, str]] = {
         "its ALiBi bias is built from a 2-D padding mask and it takes no position_ids,"
         " so a packed row can neither restart positions per example nor take a block mask",
     ),
+    "blt": (
+        "embedding",
+        "its byte n-gram hash embeddings (byte_group_hash_function) hash each byte with the"
+        " bytes before it in the row, and its entropy patcher groups the row's columns into"
+        " patches, so a packed example's first bytes would read the example before it;"
+        " train it on unpacked rows",
+    ),
     "rwkv": ("linear attention", "its recurrent time-mixing carries state across the whole row"),
     "mamba": ("linear attention", _SCAN),
     "mamba2": ("linear attention", _SCAN),
@@ -96,6 +103,8 @@ class Architecture:
     run it. ``chunk``: ``attention_chunk_size`` of chunked layers.
     ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi builds its bias
     from a 2-D mask; transformers derives the block mask from ``position_ids``).
+    ``zero_pad``: an id padding cells must not carry (its embedding row is zero and the
+    model takes a root of its mean square with no epsilon: NaN gradients, gemma3n).
     """
 
     model_type: str
@@ -109,6 +118,7 @@ class Architecture:
     conditions: tuple[Condition, ...] = ()
     chunk: int | None = None
     mask_from_positions: bool = False
+    zero_pad: int | None = None
 
     @property
     def mask_types(self) -> tuple[str, ...]:
@@ -177,10 +187,28 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
             "its ALiBi bias is built from column positions (in bfloat16, build_alibi_tensor),"
             " which a packed row cannot restart per example; use the rotary variant (alibi=False)",
         )
-    if getattr(config, "use_bidirectional_attention", False) or not getattr(
-        config, "is_causal", True
+    shared = getattr(config, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and shared > 0 and shared == config.num_hidden_layers:
+        return (
+            "attention",
+            "every layer reads another model's keys and values (num_kv_shared_layers ="
+            " num_hidden_layers: a speculative-decoding assistant runs on its target model's"
+            " states, not on tokens alone), so there are no examples of its own to pack",
+        )
+    if (
+        getattr(config, "use_bidirectional_attention", None) not in (None, False, "vision")
+        or not getattr(config, "is_causal", True)
+        or getattr(config, "causal", True) is False  # xlm
+        or getattr(config, "attn_type", None) == "bi"  # xlnet
     ):
         return ("attention", "its attention is bidirectional, so no example is causal")
+    if set(getattr(config, "attn_layers", None) or ()) & {"lsh", "local"}:  # reformer
+        return (
+            "attention",
+            "its LSH attention sorts the row's keys into hash buckets across the whole row and"
+            " its local attention attends within chunks of the row's columns, so neither keeps"
+            " packed examples apart; train it on unpacked rows",
+        )
     for layer_type in dict.fromkeys(layer_types or ()):
         if layer_type in ATTENTION_LAYERS or layer_type in POSITIONWISE_LAYERS:
             continue

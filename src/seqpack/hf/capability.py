@@ -8,8 +8,10 @@ positions (``position_ids``; ``relative`` rotary tables by column; an
 its self-attention is causal, whether ``seqpack_varlen`` would run inside it
 (modules calling ``ALL_ATTENTION_FUNCTIONS`` whose decoder layer passes the
 attention kwargs on), whether its code applies the config's
-``sliding_window``, and any convolution, recurrence, state-space or
-linear-attention mixer. The result is an
+``sliding_window``, whether it builds its own mask from a 2-D padding mask
+(openai-gpt, xlm, xlnet: refused), whether padding must avoid an embedding row
+it roots (``zero_pad``, gemma3n), and any convolution, recurrence, state-space
+or linear-attention mixer. The result is an
 :class:`~seqpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the true reason. :func:`check_model`,
 :func:`check_vocabulary` and :func:`check_runnable` are the checks
@@ -45,6 +47,13 @@ MIXER_CLASSES = (
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 #: Source words of a model that applies its config's sliding window.
 WINDOW_WORDS = ("create_sliding_window_causal_mask", "sliding_window=", '"sliding_attention"')
+#: Source words of a forward that builds its own mask from a 2-D padding mask (no block mask).
+PADDING_MASK_WORDS = (
+    "attention_mask.unsqueeze(1).unsqueeze(2)",  # openai-gpt
+    "attention_mask[:, None, None, :]",
+    "get_masks(",  # xlm
+    "input_mask[None]",  # xlnet
+)
 #: Class-name words of modules that embed positions.
 POSITION_WORDS = ("Positional", "PositionEmbedding", "Rotary", "Sinusoidal", "PositionalEmbedding")
 #: Module-name words of towers that are not the packed text (a multimodal model's encoders).
@@ -57,6 +66,15 @@ def _source(cls: type, attr: str = "forward") -> str:
         return textwrap.dedent(inspect.getsource(getattr(cls, attr)))
     except (OSError, TypeError, AttributeError):
         return ""
+
+
+@lru_cache(maxsize=512)
+def _nodes(cls: type) -> tuple[ast.AST, ...]:
+    """Every node of ``cls.forward``'s syntax tree (none where its source is not Python)."""
+    try:
+        return tuple(ast.walk(ast.parse(_source(cls))))
+    except SyntaxError:
+        return ()
 
 
 @lru_cache(maxsize=128)
@@ -90,16 +108,33 @@ def _text_part(model: Any) -> Any:
         decoder = model.get_decoder()
     except (AttributeError, NotImplementedError, ValueError, TypeError):
         decoder = None
-    return decoder if decoder is not None else model
+    # a model, not a layer: modernbert-decoder's get_decoder() is its head's Linear
+    return decoder if hasattr(decoder, "config") else model
 
 
 _META: dict[tuple[str, str], Any] = {}  # meta-device models by config (JSON text), the last 16
 
 
+def causal_lm(config: Any) -> Any:
+    """The constructor of ``config``'s causal LM: that of the class whose ``config_class`` it
+    is (musicgen's decoder config, which ``AutoModelForCausalLM`` does not map), or the auto
+    class's ``from_config``."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    family = str(getattr(config, "model_type", "")).split("_")[0]
+    for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        if model_type.split("_")[0] == family:
+            cls = getattr(transformers, name, None)
+            if getattr(cls, "config_class", None) is type(config):
+                return cls._from_config
+    return AutoModelForCausalLM.from_config
+
+
 def meta_model(config: Any) -> Any:
     """The model of ``config`` built on the ``meta`` device (no weights), or None if it fails."""
     import torch
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     key = (type(config).__name__, config.to_json_string(use_diff=False))
@@ -113,9 +148,7 @@ def meta_model(config: Any) -> Any:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
             # eager: always there (the modules' code is what is read; flash may not build here)
-            built = AutoModelForCausalLM.from_config(
-                copy.deepcopy(config), attn_implementation="eager"
-            )
+            built = causal_lm(config)(copy.deepcopy(config), attn_implementation="eager")
     except Exception as err:  # an unbuildable config: judged from the config alone
         logging.getLogger(__name__).debug("meta build failed: %s", err)
         built = None
@@ -144,13 +177,9 @@ def _attention_modules(decoder: Any) -> list[tuple[str, Any]]:
 
 def _drops_kwargs(parent: Any, attr: str) -> bool:
     """True when every call of ``self.<attr>(...)`` in ``parent.forward`` passes no ``**kwargs``."""
-    try:
-        tree = ast.parse(_source(type(parent)))
-    except SyntaxError:
-        return False
     calls = [
         node
-        for node in ast.walk(tree)
+        for node in _nodes(type(parent))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == attr
@@ -162,17 +191,28 @@ def _drops_kwargs(parent: Any, attr: str) -> bool:
 
 def _own_mask(module: Any) -> str | None:
     """The name a module passes as ``attention_mask`` to attention when it is its own tensor."""
-    try:
-        tree = ast.parse(_source(type(module)))
-    except SyntaxError:
-        return None
-    for node in ast.walk(tree):
+    for node in _nodes(type(module)):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attention_interface":
             given = node.args[4] if len(node.args) > 4 else None
             given = next((k.value for k in node.keywords if k.arg == "attention_mask"), given)
             if isinstance(given, ast.Name) and given.id != "attention_mask":
                 return given.id
     return None
+
+
+def _zero_pad(decoder: Any) -> int | None:
+    """The embedding's zero ``padding_idx`` row when the decoder's forward takes the root of a
+    mean (``mean(h ** 2) ** 0.5``, no epsilon: infinite slope at the zero row), else None."""
+    padding_idx = getattr(decoder.get_input_embeddings(), "padding_idx", None)
+    root = any(
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Pow)
+        and getattr(node.right, "value", None) == 0.5
+        and isinstance(node.left, ast.Call)
+        and getattr(node.left.func, "attr", "") == "mean"
+        for node in _nodes(type(decoder))
+    )
+    return padding_idx if isinstance(padding_idx, int) and root else None
 
 
 def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
@@ -262,6 +302,18 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         )
     if refusal is None and why is not None:
         refusal, kind = why, "positions"
+    padding = [
+        (type(m).__name__, w)
+        for m in (decoder, model)
+        for w in PADDING_MASK_WORDS
+        if w in _source(type(m))
+    ]
+    if refusal is None and padding:
+        refusal = (
+            f"its forward ({padding[0][0]}) builds its attention from a 2-D padding mask"
+            f" ({padding[0][1]}...), so it cannot take the block mask that keeps packed"
+            " examples apart; train it on unpacked rows"
+        )
     bidirectional = [n for n, m in attention if getattr(m, "is_causal", True) is False]
     if refusal is None and bidirectional:
         refusal = (
@@ -281,6 +333,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         kind=kind,
         varlen_refusal=arch.varlen_refusal or _varlen_refusal(arch.model_type, attention, decoder),
         window=arch.window if applies else None,  # moshi has the field and never applies it
+        zero_pad=_zero_pad(decoder),
     )
 
 
@@ -390,6 +443,7 @@ def check_model(
 __all__ = [
     "architecture_of",
     "capability",
+    "causal_lm",
     "check_model",
     "check_runnable",
     "check_vocabulary",

@@ -242,7 +242,7 @@ def _verify(
         first.partition, examples, first.binding, PackConfig(capacity, len(examples))
     ).batches
     kwargs = packed_kwargs(batch, mode, attn, dtype, device, pad, arch)
-    out = guarded(model, "forward", lambda: model(**kwargs))
+    out = _packed_forward(model, kwargs, mode)
     packed_mean = hf_loss_sum(out.logits, batch).sum / eligible
     cells = example_tokens(batch, flattened=False).to(device)
     flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
@@ -284,6 +284,20 @@ def _verify(
     elif arch.refusal is not None:
         report["hint"] = f"unsupported: {arch.refusal}"
     return report
+
+
+def _packed_forward(model: torch.nn.Module, kwargs: dict[str, Any], mode: str) -> Any:
+    """``model(**kwargs)``; where only its own loss crashes (git cuts its image columns off
+    the logits), the logits alone with a NaN loss: a ``model_loss`` failure, not a crash."""
+    try:
+        return guarded(model, "forward", lambda: model(**kwargs))
+    except ModelCrashed:
+        if mode != "adapter":
+            raise
+    unlabelled = {k: v for k, v in kwargs.items() if k not in ("labels", "shift_labels")}
+    out = guarded(model, "forward", lambda: model(**unlabelled))
+    out.loss = torch.full((1,), torch.nan)
+    return out
 
 
 def _report(
