@@ -110,7 +110,9 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     )  # fmt: skip
     tok, _ = token_offsets(cols)
     labels, positions = trl_columns(cols, tok)
-    monkeypatch.setattr(engine, "compiled", lambda name: None)  # the NumPy path, no numba
+    monkeypatch.setattr(
+        engine, "compiled", lambda name, work=None: None
+    )  # the NumPy path, no numba
     want_labels, want_positions = trl_columns(cols, tok)
     assert labels.dtype == np.int64 and positions.dtype == np.int32
     assert np.array_equal(labels, want_labels) and np.array_equal(positions, want_positions)
@@ -143,3 +145,33 @@ def test_seqpack_pack_imports_nothing_heavy(tmp_path):
                          cwd=tmp_path, check=False)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "[]"
+
+
+SMALL = """
+import json, sys, numpy as np
+from seqpack.core import engine
+from seqpack.core.policies import plan_rows
+lengths = np.random.default_rng(0).integers(1, 8, engine.SMALL_WORK)
+small = plan_rows(lengths[:1000], 8, "best-fit-decreasing")
+after_small = "numba" in sys.modules
+big = plan_rows(lengths, 8, "best-fit-decreasing")
+python = plan_rows(lengths[:1000], 8, "best-fit-decreasing", engine="python")
+same = bool((small.row_of == python.row_of).all() and (small.start_of == python.start_of).all())
+print(json.dumps({"after_small": after_small, "after_big": "numba" in sys.modules, "same": same}))
+"""
+
+
+def test_a_small_call_plans_without_importing_numba():
+    """Below ``engine.SMALL_WORK`` examples, ``"auto"`` plans without importing numba (its
+    start-up costs more than the work) and gives the Python engine's plan; at that size
+    numba runs. (tests/conftest.py turns the rule off in the test process itself, so the
+    suite's in-process tests keep running the compiled kernels.)"""
+    pytest.importorskip("numba")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("SEQPACK_ENGINE", None)
+    run = subprocess.run(
+        [sys.executable, "-c", SMALL], capture_output=True, text=True, env=env, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.splitlines()[-1])
+    assert seen == {"after_small": False, "after_big": True, "same": True}

@@ -194,7 +194,7 @@ def gather_into(
     src_starts = np.ascontiguousarray(src_starts, dtype=np.int64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     out_starts = np.ascontiguousarray(out_starts, dtype=np.int64)
-    kernel = engine.compiled("scatter_loop") if use_numba else None
+    kernel = engine.compiled("scatter_loop", int(lens.sum()) // 64) if use_numba else None
     if kernel is not None:
         kernel(src, src_starts, lens, out, out_starts)
         return
@@ -244,7 +244,7 @@ def span_labels(
     """
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     out = np.empty(tokens.shape[0], dtype=np.int32)
-    kernel = engine.compiled("labels_loop") if use_numba else None
+    kernel = engine.compiled("labels_loop", tokens.shape[0] // 64) if use_numba else None
     if kernel is not None:
         kernel(tokens, loss_mask, lengths, out)
         return out
@@ -270,7 +270,7 @@ def range_loop(values, out):  # pragma: no cover - numba
 
 def value_range(values: np.ndarray, use_numba: bool = True) -> tuple[int, int]:
     """``(min, max)`` of a non-empty integer array in one pass (two with NumPy only)."""
-    kernel = engine.compiled("range_loop") if use_numba else None
+    kernel = engine.compiled("range_loop", values.shape[0] // 64) if use_numba else None
     if kernel is None or values.dtype.kind not in "iu":
         return int(values.min()), int(values.max())
     out = np.zeros(2, dtype=np.int64 if values.dtype.kind == "i" else np.uint64)

@@ -15,7 +15,12 @@ runs one by name with an engine:
   Python lists (several times faster than NumPy scalar indexing) and copies
   the results back, so both engines produce identical results.
 - ``"auto"``: numba when it imports, else python. ``SEQPACK_ENGINE=python``
-  makes numba unavailable everywhere (planning and gathering alike).
+  makes numba unavailable everywhere (planning and gathering alike). A call
+  that says how much work it has (``work=``: examples to plan, tokens to
+  gather) and has less than :data:`SMALL_WORK` runs without numba while numba
+  is not yet imported in the process: its start-up (about 0.6 s of CPU) would
+  cost more than the work (best-fit-decreasing on 20,000 examples in Python:
+  0.1 s). Both engines give identical results, so only the time differs.
 
 Kernels call each other by module-level name. For the numba engine those
 names are rebound to compiled dispatchers (numba resolves globals when it
@@ -28,6 +33,7 @@ compile (a module imported later) are compiled when next asked for.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from types import FunctionType
@@ -38,6 +44,8 @@ import numpy as np
 from seqpack.core.errors import InvalidInput, NotAvailable
 
 ENGINES = ("auto", "numba", "python")
+#: Work (examples planned, or tokens gathered / 64) below which ``"auto"`` does not import numba.
+SMALL_WORK = 20_000
 
 _PLAIN: dict[str, FunctionType] = {}
 
@@ -113,8 +121,16 @@ def _compiled() -> dict[str, Callable[..., Any]] | None:
     return _COMPILED if _numba() is not None else None
 
 
-def compiled(name: str) -> Callable[..., Any] | None:
-    """Kernel ``name`` compiled by numba, or None where numba is unavailable."""
+def _small(work: int | None) -> bool:
+    """Whether ``work`` is too little to pay for importing numba (see the module docstring)."""
+    return work is not None and work < SMALL_WORK and "numba" not in sys.modules
+
+
+def compiled(name: str, work: int | None = None) -> Callable[..., Any] | None:
+    """Kernel ``name`` compiled by numba, or None where numba is unavailable (or ``work``
+    is too small to import it for)."""
+    if _small(work):
+        return None
     kernels = _compiled()
     return None if kernels is None else kernels[name]
 
@@ -143,12 +159,13 @@ def _python() -> dict[str, Callable[..., Any]]:
     return _PYTHON
 
 
-def resolve(engine: str) -> str:
-    """``"auto"`` -> ``"numba"`` when available, else ``"python"``; checks the name."""
+def resolve(engine: str, work: int | None = None) -> str:
+    """``"auto"`` -> ``"numba"`` when available (and ``work`` is not too small to import it
+    for), else ``"python"``; checks the name."""
     if engine not in ENGINES:
         raise InvalidInput(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "auto":
-        return "numba" if _compiled() is not None else "python"
+        return "numba" if not _small(work) and _compiled() is not None else "python"
     if engine == "numba" and _compiled() is None:
         raise NotAvailable(f"engine 'numba' is not available: {_NUMBA_ERROR}")
     return engine

@@ -118,7 +118,13 @@ def next_fit(
     row opens only when the next example does not fit (an exact fill makes no empty row)."""
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     kernels.call(
-        kernels.resolve(engine), "next_fit_loop", lengths, capacity, row_of, start_of, inputs=1
+        kernels.resolve(engine, lengths.shape[0]),
+        "next_fit_loop",
+        lengths,
+        capacity,
+        row_of,
+        start_of,
+        inputs=1,
     )
     return row_of, start_of
 
@@ -131,7 +137,10 @@ def padded(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
 
 def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -> np.ndarray:
     """Example indices by length, longest first, ties in supplied order; int64 [n]."""
-    if kernels.resolve(engine) == "python" or capacity > 4 * lengths.shape[0] + 65536:
+    if (
+        kernels.resolve(engine, lengths.shape[0]) == "python"
+        or capacity > 4 * lengths.shape[0] + 65536
+    ):
         # the same order; a counting sort would spend more on its counts
         return np.argsort(-lengths, kind="stable").astype(np.int64)
     order = np.empty(lengths.shape[0], dtype=np.int64)
@@ -152,7 +161,7 @@ def first_fit_decreasing(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Longest first, each into the lowest-numbered row with room (a max-tree over rows:
     O(n log n)); ties in length keep the supplied order."""
-    engine = kernels.resolve(engine)
+    engine = kernels.resolve(engine, lengths.shape[0])
     leaves = kernels.pow2_at_least(_row_bound(lengths, capacity))
     tree = np.full(2 * leaves, capacity, dtype=np.int64)
     return _decreasing(lengths, capacity, engine, "first_fit", tree, leaves)
@@ -168,7 +177,7 @@ def best_fit_decreasing(
         row 0: C C C C B B      B fills row 0 exactly (2 cells left)
         row 1: A A A . . .
     """
-    engine = kernels.resolve(engine)
+    engine = kernels.resolve(engine, lengths.shape[0])
     check_tree_capacity(capacity, "best-fit-decreasing")
     leaves = kernels.pow2_at_least(capacity)
     tree = np.zeros(2 * leaves, dtype=np.int64)
