@@ -41,8 +41,18 @@ from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
-from seqpack.io.shard_rows import V1_SCHEMA, arrow_to_rows, is_version_1, read_pair_stats
-from seqpack.io.shards import FORMAT, READABLE_VERSIONS, REQUIRED, SCHEMA, VERSION, sha256_file
+from seqpack.io.shards import (
+    FORMAT,
+    READABLE_VERSIONS,
+    REQUIRED,
+    SCHEMA,
+    V1_SCHEMA,
+    VERSION,
+    arrow_to_rows,
+    is_version_1,
+    read_pair_stats,
+    sha256_file,
+)
 from seqpack.io.trl_schema import check_trl_contents, is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
@@ -395,7 +405,7 @@ def _check_placements(rows: CompactRows, where: str) -> None:
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`~seqpack.io.shard_rows.read_pair_stats`, its schema and counts checked."""
+    """:func:`~seqpack.io.shards.read_pair_stats`, its schema and counts checked."""
     try:
         check_schema(pq.read_schema(file), str(file), entry)
         seq, occ, per_row = read_pair_stats(file)
