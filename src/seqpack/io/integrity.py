@@ -1,27 +1,21 @@
 """Loading as verification: a packed directory's manifest and shards must agree.
 
-``manifest.json`` is decoded once, at the border, into the typed schema
-:class:`Manifest` (msgspec structs with bounds); every number a loader relies
-on is then checked against the others, so an edited manifest or shard fails
-with an :class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or
-changes nothing that is loaded. Three depths, ``load_packed(integrity=...)``:
+``manifest.json`` is decoded once, at the border, into :class:`Manifest`
+(msgspec structs with bounds), then every number a loader relies on is held
+against the others: an edited manifest or shard fails with an
+:class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or changes
+nothing that is loaded. ``load_packed(integrity=...)``:
 
-``False``
-    :func:`check_manifest` only (schema, contiguous rows, counts, statistics,
-    no shard twice): microseconds. Files the manifest does not list are never
-    read (a killed run's shards, the user's own files).
-``True`` (default)
-    plus :func:`check_checksums`: size and sha256 of every shard.
-``"full"``
-    plus :func:`check_contents`: every shard decoded now, ordinals a
-    permutation of ``0..occurrences-1`` across shards, eligible targets as
-    recorded.
+- ``False``: :func:`check_manifest` only (schema, contiguous rows, counts,
+  statistics, no shard twice); files the manifest does not list are never read;
+- ``True`` (default): plus :func:`check_checksums` (size and sha256 of every shard);
+- ``"full"``: plus :func:`check_contents` (every shard decoded now, ordinals a
+  permutation of ``0..occurrences-1``, eligible targets as recorded).
 
-At every depth a shard is checked when it is read: its schema is the
-format's (:func:`check_schema`) and its content agrees with its entry
-(:func:`check_shard`: counts, rows non-empty, occurrences inside their row
-without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and in
-range, ``range_end - range_start == len + 1``).
+At every depth a shard read is checked against the format (:func:`check_table`)
+and its entry (:func:`check_shard`: counts, no empty row, occurrences inside
+their row without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and
+in range, ``range_end - range_start == len + 1``).
 """
 
 from __future__ import annotations
@@ -96,24 +90,22 @@ class ShardEntry(TreeEntry, kw_only=True):
     eligible: Count | None = None
 
 
-class Manifest(msgspec.Struct):
+class TreeManifest(msgspec.Struct):
     """What a loader relies on in ``manifest.json`` (other sections are informational)."""
 
     config: ConfigRecord
     binding: BindingRecord
     partition: Literal["train", "validation", "test"]
     rows: Count
-    occurrences: Count
-    shards: list[ShardEntry]
-    statistics: dict[str, Any] | None = None
-
-
-class TreeManifest(msgspec.Struct):
-    config: ConfigRecord
-    binding: BindingRecord
-    partition: Literal["train", "validation", "test"]
-    rows: Count
     shards: list[TreeEntry]
+
+
+class Manifest(TreeManifest):
+    """A flat output's: also its occurrences, the shards' counts and the statistics."""
+
+    shards: list[ShardEntry]
+    occurrences: Count
+    statistics: dict[str, Any] | None = None
 
 
 def _bad(where: Path | str, what: str) -> InvalidInput:
@@ -148,10 +140,6 @@ def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
         raise _schema_error(str(err), raw, where) from None
 
 
-_LIMITS = {"capacity": (1, INT32_MAX), "max_rows_per_batch": (1, INT32_MAX),
-           "vocab_size": (1, INT32_MAX)}  # fmt: skip
-
-
 def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in seqpack's words:
     the field (a shard by its file), its value, what it must be."""
@@ -173,7 +161,8 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
         context = label + (": " if sep == " " else ".") if label else ""
         return _bad(where, f"{context}{missing[1]!r} is missing")
     if "`int`" in what:
-        low, high = _LIMITS.get(path[-1], (0, MAX_COUNT))
+        sizes = (*ConfigRecord.__struct_fields__, "vocab_size")
+        low, high = (1, INT32_MAX) if path[-1] in sizes else (0, MAX_COUNT)
         return _bad(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
     if path == ["partition"]:
         return _bad(where, f"partition is {node!r}, not train, validation or test")
@@ -182,13 +171,9 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     return _bad(where, f"{label or 'the manifest'} is {shown}, not {expected}")
 
 
-def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
-    """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own; no shard read.
-
-    Returns the checked numbers: capacity, max_rows_per_batch, vocab_size,
-    rows, occurrences, tokens (prediction pairs), shards, eligible (-1: not
-    recorded for every shard).
-    """
+def check_manifest(manifest: Any, folder: Path) -> Manifest:
+    """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own, no shard
+    read; return it decoded."""
     where = folder / MANIFEST
     trl = is_trl(manifest)
     if (
@@ -202,45 +187,34 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
             f" (it writes {VERSION}) — pack it again with this version"
         )
     m: Manifest = decode(manifest, Manifest, where)
-    totals = _check_entries(m.shards, where, m.config)
-    if totals["rows"] != m.rows:
-        raise _bad(where, f"shards hold {totals['rows']:,} rows, not {m.rows:,}")
-    if totals["occurrences"] != m.occurrences:
-        raise _bad(
-            where, f"shards hold {totals['occurrences']:,} occurrences, not {m.occurrences:,}"
-        )
-    summary = {
-        "capacity": m.config.capacity,
-        "max_rows_per_batch": m.config.max_rows_per_batch,
-        "vocab_size": m.binding.vocab_size,
-        "rows": m.rows,
-        "occurrences": m.occurrences,
-        "tokens": totals["tokens"] - (0 if trl else m.occurrences),  # TRL's unit: tokens
-        "shards": len(m.shards),
-        "eligible": totals["eligible"],
-    }
-    if "statistics" in manifest:
-        _check_statistics(manifest, summary, where)
-    return summary
+    totals = _check_entries(m, where)
+    for key in ("rows", "occurrences"):
+        if totals[key] != getattr(m, key):
+            raise _bad(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
+    if m.statistics is not None:
+        pairs = totals["tokens"] - (0 if trl else m.occurrences)  # TRL's unit: tokens
+        _check_statistics(manifest, m, pairs, totals["eligible"], where)
+    return m
 
 
-def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) -> dict[str, int]:
-    """Shard entries: plain unique names, contiguous whole model calls, plausible counts."""
-    capacity, per_call = config.capacity, config.max_rows_per_batch
+def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
+    """Shard entries: plain unique names, contiguous whole model calls, plausible counts;
+    their totals (eligible -1: not recorded for every shard)."""
+    capacity, per_call = m.config.capacity, m.config.max_rows_per_batch
     names: set[str] = set()
     totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
-    for k, e in enumerate(shards):
+    for k, e in enumerate(m.shards):
         name = e.file
         if Path(name).name != name or name in ("", ".", ".."):
             raise _bad(where, f"shard file {name!r} is not a plain file name")
         if name in names:
             raise _bad(where, f"shard {name} is listed twice")
         names.add(name)
-        stale = e.eligible is None or totals["eligible"] < 0  # -1: no total
+        stale = e.eligible is None or totals["eligible"] < 0
         totals["eligible"] = -1 if stale else totals["eligible"] + e.eligible
         if e.first_row != totals["rows"]:
             raise _bad(where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}")
-        if e.rows < 1 or (k < len(shards) - 1 and e.rows % per_call):
+        if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call):
             raise _bad(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
             )
@@ -258,20 +232,20 @@ def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) 
     return totals
 
 
-def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -> None:
-    """The statistics a pack recorded agree with the manifest's own numbers."""
-    stats = manifest["statistics"]  # an object: the schema said so
-    rows, capacity, tokens = summary["rows"], summary["capacity"], summary["tokens"]
+def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where: Path) -> None:
+    """The statistics a pack recorded agree with the manifest's own numbers (``tokens``:
+    prediction pairs; ``known``: the shards' eligible targets, -1 when not recorded)."""
+    stats, rows, capacity = m.statistics or {}, m.rows, m.config.capacity
     expected: dict[str, Any] = {
         "capacity": capacity,
         "rows": rows,
-        "examples": summary["occurrences"],
+        "examples": m.occurrences,
         "tokens": tokens,
         "lower_bound": -(-tokens // capacity),
-        "batches": -(-rows // summary["max_rows_per_batch"]),
+        "batches": -(-rows // m.config.max_rows_per_batch),
         "efficiency": tokens / (rows * capacity) if rows else 0.0,
     }
-    policy = manifest.get("policy")
+    policy = raw.get("policy")
     if isinstance(policy, Mapping) and "name" in policy:
         expected["policy"] = policy["name"]
     for key, want in expected.items():
@@ -285,7 +259,7 @@ def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -
                 where,
                 f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
             )
-    eligible, known = stats.get("eligible_targets"), summary["eligible"]
+    eligible = stats.get("eligible_targets")
     if eligible is None:
         return
     if type(eligible) is not int or not 0 <= eligible <= tokens:
@@ -356,17 +330,11 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
     """Shard content against its manifest ``entry`` and the binding, capacity and the
     manifest's ``occurrences`` (ordinals lie in ``[0, occurrences)``)."""
-    got = {
-        "rows": rows.num_rows,
-        "first_row": rows.first_row,
-        "occurrences": len(rows),
-        "tokens": int(rows.tokens.shape[0]),
-    }
+    got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
+           "tokens": int(rows.tokens.shape[0])}  # fmt: skip
     if entry.get("eligible") is not None:
         got["eligible"] = int(np.count_nonzero(rows.loss_mask))
-    for key, value in got.items():
-        if value != entry[key]:
-            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+    _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
         raise _bad(where, "a row holds no occurrence")
     tokens = rows.tokens
@@ -375,7 +343,11 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         raise _bad(
             where, f"token id {bad} is outside [0, {rows.binding.vocab_size}) (binding.vocab_size)"
         )
-    _check_placements(rows, where)
+    starts, lengths = rows.starts, rows.lengths  # each inside its row: arrow_to_rows checked
+    same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
+    same_row[rows.row_offsets[1:-1] - 1] = False
+    if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
+        raise _bad(where, "two occurrences of a row overlap")
     ordinals = rows.ordinals
     if ordinals.size and (int(ordinals.min()) < 0 or int(ordinals.max()) >= occurrences):
         raise _bad(where, f"an ordinal lies outside 0..{occurrences - 1:,}")
@@ -385,23 +357,13 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         rows.range_ends - rows.range_starts, rows.lengths + 1
     ):
         raise _bad(where, "a provenance range [range_start, range_end) is not its window's")
-    for name in ("source_ids", "example_ids"):
-        values = getattr(rows, name)
-        if not all(type(v) is str for v in values):
-            raise _bad(where, f"{name[:-1]} is missing for an occurrence")
 
 
-def _check_placements(rows: CompactRows, where: str) -> None:
-    """Occurrences lie inside their row, in column order, without overlap."""
-    starts, lengths = rows.starts, rows.lengths
-    if lengths.size and (int(lengths.min()) < 1 or int(starts.min()) < 0):
-        raise _bad(where, "an occurrence has no prediction pair or a negative column")
-    if np.any(starts + lengths > rows.capacity):
-        raise _bad(where, f"an occurrence ends beyond column {rows.capacity} (config.capacity)")
-    same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
-    same_row[rows.row_offsets[1:-1] - 1] = False
-    if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
-        raise _bad(where, "two occurrences of a row overlap")
+def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
+    """What a shard holds is what its manifest ``entry`` says (where it says it)."""
+    for key, value in got.items():
+        if entry.get(key) is not None and value != entry[key]:
+            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -412,9 +374,7 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
     except (pa.ArrowException, OSError) as err:
         raise _bad(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
-    for key, value in got.items():
-        if entry.get(key) is not None and value != entry[key]:
-            raise _bad(file, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+    _agree(got, entry, file)
     return seq, occ, per_row
 
 
@@ -464,7 +424,7 @@ def verify_folder(folder: Path) -> dict[str, Any]:
     Every check of every depth, for seqpack's format and TRL's.
     """
     manifest = read_manifest(folder)
-    occurrences, shards = check_manifest(manifest, folder)["occurrences"], manifest["shards"]
+    occurrences, shards = check_manifest(manifest, folder).occurrences, manifest["shards"]
     check_checksums(manifest, folder)
     if is_trl(manifest):
         check_trl_contents(manifest, folder)
