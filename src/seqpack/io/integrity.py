@@ -47,7 +47,7 @@ from seqpack.io.shards import (
     read_pair_stats,
     sha256_file,
 )
-from seqpack.io.trl_schema import check_trl_contents, is_trl
+from seqpack.io.trl_schema import is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53
@@ -416,25 +416,6 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
     )
     check_shard(rows, entry, occurrences, str(file))
     return rows
-
-
-def verify_folder(folder: Path) -> dict[str, Any]:
-    """Fully verify the packed directory ``folder`` whatever its name; return its manifest.
-
-    Every check of every depth, for seqpack's format and TRL's.
-    """
-    manifest = read_manifest(folder)
-    occurrences, shards = check_manifest(manifest, folder).occurrences, manifest["shards"]
-    check_checksums(manifest, folder)
-    if is_trl(manifest):
-        check_trl_contents(manifest, folder)
-        return manifest
-
-    def read(k: int) -> CompactRows:
-        return read_shard(folder / shards[k]["file"], shards[k], manifest, occurrences)
-
-    check_contents(manifest, read, folder)
-    return manifest
 
 
 def refuse_packed(path: Path) -> None:
