@@ -1,10 +1,7 @@
-"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns`.
-
-A list column of ``k`` rows becomes ``(values [Σn], offsets int64 [k+1],
-present bool [k])``: row ``i`` is ``values[offsets[i]:offsets[i+1]]``. The
-helpers here are shared by the token, label and mask readers
-(:mod:`seqpack.io.columns`), so every column
-is converted and its errors are worded one way.
+"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns` and
+:mod:`seqpack.io.sft`: a list column of ``k`` rows becomes ``(values [Σn], offsets int64
+[k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``, and every
+column's errors are worded one way.
 """
 
 from __future__ import annotations

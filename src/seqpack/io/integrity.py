@@ -31,9 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.atomic import MANIFEST
 from seqpack.io.shards import (
     FORMAT,
@@ -43,9 +45,10 @@ from seqpack.io.shards import (
     V1_SCHEMA,
     VERSION,
     arrow_to_rows,
+    flat_column,
     is_version_1,
-    read_pair_stats,
     sha256_file,
+    unpack_bits,
 )
 from seqpack.io.trl_schema import is_trl
 
@@ -367,15 +370,34 @@ def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`~seqpack.io.shards.read_pair_stats`, its schema and counts checked."""
+    """Of one shard, reading only the columns they need, its schema and counts checked
+    against ``entry``: pairs per occurrence int64 [K], occurrence offsets per row int64
+    [R+1] and eligible (supervised) targets per row int64 [R]."""
     try:
-        check_schema(pq.read_schema(file), str(file), entry)
-        seq, occ, per_row = read_pair_stats(file)
+        schema = pq.read_schema(file)
+        check_schema(schema, str(file), entry)
+        names = schema.names
+        if is_version_1(names):
+            table = pq.read_table(file, columns=["seq_lengths", "labels"])
+            seq, occ = flat_column(table, "seq_lengths")
+            labels, offsets = flat_column(table, "labels")
+            counts = offsets_of(labels != IGNORE_INDEX)
+            per_row = counts[offsets[1:]] - counts[offsets[:-1]]
+        else:
+            table = pq.read_table(
+                file, columns=[n for n in names if n in ("pair_counts", "loss_bits")]
+            )
+            seq, occ = flat_column(table, "pair_counts")
+            pairs = offsets_of(seq.astype(np.int64))
+            per_row = np.diff(pairs[occ])
+            if "loss_bits" in names:
+                counts = offsets_of(unpack_bits(table.column("loss_bits"), per_row, str(file)))
+                per_row = counts[pairs[occ[1:]]] - counts[pairs[occ[:-1]]]
     except (pa.ArrowException, OSError) as err:
         raise _bad(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
     _agree(got, entry, file)
-    return seq, occ, per_row
+    return seq.astype(np.int64), occ, per_row
 
 
 def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:

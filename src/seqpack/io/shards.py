@@ -316,25 +316,17 @@ def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail
     write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
 
 
-def write_shard_file(
-    table: pa.Table, directory: str | Path, name: str, first_row: int | None = None
-) -> dict[str, Any]:
-    """Write a packed-row table as ``directory/name``; return its manifest entry.
-
-    The file is written whole or not at all (:func:`seqpack.io.atomic.write_file`), so
-    a writer that runs twice (a task retried after a crash) replaces it whole. The
-    entry holds file, first_row, rows, occurrences, tokens, bytes, sha256 and
-    columns (those stored). A table without a ``row`` column (TRL's schema,
-    :mod:`seqpack.io.trl_schema`) needs ``first_row``.
-    """
+def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
+    """Write a shard table (version 2 or TRL's, :mod:`seqpack.io.trl_schema`) whole as
+    ``directory/name`` (:func:`seqpack.io.atomic.write_file`: a task retried after a crash
+    replaces it whole); its manifest entry: file, first_row, rows, occurrences, tokens,
+    bytes, sha256, columns (those stored) and eligible targets."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
-    if first_row is None:
-        first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    entry = {
+    return {
         "file": name,
         "first_row": int(first_row),
         "rows": table.num_rows,
@@ -342,11 +334,9 @@ def write_shard_file(
         "tokens": int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0),
         "bytes": path.stat().st_size,
         "sha256": sha256_file(path),
-        "columns": table.column_names,
+        "columns": names,
+        "eligible": eligible_targets(table),
     }
-    if "labels" not in names or "input_ids" in names:  # not version 1: count the targets
-        entry["eligible"] = eligible_targets(table)
-    return entry
 
 
 def _binary(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -527,25 +517,3 @@ def arrow_to_rows(
     return CompactRows(
         **fields, capacity=capacity, partition=partition, binding=binding, first_row=first_row
     )
-
-
-def read_pair_stats(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Of one shard, reading only the columns they need: pairs per occurrence int64 [K],
-    occurrence offsets per row int64 [R+1] and eligible (supervised) targets per row
-    int64 [R]."""
-    names = set(pq.read_schema(path).names)
-    if is_version_1(names):
-        table = pq.read_table(path, columns=["seq_lengths", "labels"])
-        seq, occ = flat_column(table, "seq_lengths")
-        labels, offsets = flat_column(table, "labels")
-        counts = offsets_of(labels != IGNORE_INDEX)
-        return seq.astype(np.int64), occ, counts[offsets[1:]] - counts[offsets[:-1]]
-    table = pq.read_table(path, columns=sorted({"pair_counts", "loss_bits"} & names))
-    seq, occ = flat_column(table, "pair_counts")
-    seq = seq.astype(np.int64)
-    pairs = offsets_of(seq)
-    row_pairs = np.diff(pairs[occ])
-    if "loss_bits" not in names:
-        return seq, occ, row_pairs
-    counts = offsets_of(unpack_bits(table.column("loss_bits"), row_pairs, str(path)))
-    return seq, occ, counts[pairs[occ[1:]]] - counts[pairs[occ[:-1]]]

@@ -236,21 +236,17 @@ def load_packed(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
             " leaves none) — run seqpack pack again"
         )
-    tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
-    if tree is not None:
-        if integrity:
-            check_checksums(tree.manifest, path)
-        if integrity == "full":
-            tree.records()
-        tree.require(expected_binding, expected_split)
-        return tree  # type: ignore[return-value]
-    manifest = read_manifest(path)
-    refuse_trl(manifest, str(path))
-    check_manifest(manifest, path)  # every number agrees with the others before it is used
-    store = PackedStore(path, manifest)
+    store: Any = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
+    if store is None:
+        manifest = read_manifest(path)
+        refuse_trl(manifest, str(path))
+        check_manifest(manifest, path)  # every number agrees with the others before it is used
+        store = PackedStore(path, manifest)
     if integrity:
         check_checksums(store.manifest, path)
-    if integrity == "full":
+    if integrity == "full" and isinstance(store, PackedStore):
         check_contents(store.manifest, store.shard_rows, path)
+    elif integrity == "full":
+        store.records()
     store.require(expected_binding, expected_split)
     return store
