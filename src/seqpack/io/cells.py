@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.documents import Origin
 
 
@@ -54,8 +55,7 @@ def lists(
         row = first(~present)
         raise InvalidInput(f"{origin.locate(row)}: {name} is missing — give every row {name}")
     counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = offsets_of(counts)
     values = arr.flatten()
     if values.null_count:
         pos = first(pc.is_null(values).to_numpy(zero_copy_only=False))

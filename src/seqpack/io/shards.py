@@ -468,15 +468,14 @@ def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
         "lengths": lengths,
         "row_offsets": occ,
         "loss_mask": supervised[keep],
-        **{n: col[k].astype(np.int64) for n, k in _INTS.items()},
-        **{n: col[n].astype(object) for n in ("source_ids", "example_ids")},
+        "starts": col["seq_starts"].astype(np.int64),
+        "ordinals": col["ordinals"].astype(np.int64),
+        "source_ids": col["source_ids"].astype(object),
+        "example_ids": col["example_ids"].astype(object),
+        "range_starts": col["range_starts"].astype(np.int64),
+        "range_ends": col["range_ends"].astype(np.int64),
     }
     return fields, row_tok
-
-
-#: CompactRows' integer fields and the version-1 columns that hold them.
-_INTS = {"starts": "seq_starts", "ordinals": "ordinals", "range_starts": "range_starts",
-         "range_ends": "range_ends"}  # fmt: skip
 
 
 def arrow_to_rows(
