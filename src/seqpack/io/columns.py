@@ -19,6 +19,7 @@ Target ``j`` of a document predicts token ``j + 1``, so its loss flag is token
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -294,19 +295,10 @@ def _mask_flags(
     return target_flags(mask, moffsets[:-1][aligned]), present
 
 
-def documents_from_arrow(
-    table: pa.Table,
-    origin: Origin,
-    *,
-    tokenizer: Tokenizer | None = None,
-    text_field: str = "text",
-    partition: Split | str | None = None,
-    objective: Objective | None = None,
-) -> Documents:
-    """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
-    options = dict(tokenizer=tokenizer, text_field=text_field, partition=partition)
-    chunk = chunk_from_arrow(table, origin, **options, objective=objective)
-    return Documents.from_chunks([chunk], origin)
+def documents_from_arrow(table: pa.Table, origin: Origin, **options: Any) -> Documents:
+    """Convert an Arrow table with the columns above into :class:`Documents` (in memory);
+    ``options`` are :func:`chunk_from_arrow`'s keywords."""
+    return Documents.from_chunks([chunk_from_arrow(table, origin, **options)], origin)
 
 
 def chunk_from_arrow(
