@@ -163,11 +163,6 @@ def listed_shards(folder: Path) -> list[str] | None:
         return None
 
 
-def _leftover(name: str) -> bool:
-    """A name seqpack writes into an output folder (lock, shards, part files)."""
-    return name in (LOCK, MANIFEST) or bool(SHARD.match(name)) or name.endswith(".part")
-
-
 def _check_target(path: Path, overwrite: bool) -> None:
     """Refuse an output path that holds something else than seqpack's files (before the lock
     is created in it), or an output without ``overwrite``."""
@@ -182,7 +177,10 @@ def _check_target(path: Path, overwrite: bool) -> None:
         if not overwrite:
             raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
         return
-    foreign = sorted(p.name for p in path.iterdir() if not _leftover(p.name))
+    ours = (LOCK, MANIFEST)  # and shards and part files: what seqpack writes there
+    foreign = sorted(
+        n for n in os.listdir(path) if not (n in ours or SHARD.match(n) or n.endswith(".part"))
+    )
     if foreign:
         raise InvalidInput(
             f"{path} exists and is not a seqpack output; refusing to replace it (it holds"

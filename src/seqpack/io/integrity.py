@@ -322,8 +322,7 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
     into NaN and then into an arbitrary integer)."""
     check_schema(table.schema, where, entry)
     for name in table.column_names:
-        column = table.column(name)
-        chunks = column.chunks
+        chunks = table.column(name).chunks
         while chunks:
             if any(chunk.null_count for chunk in chunks):
                 raise _bad(where, f"a value of column {name!r} is missing (null)")
