@@ -305,10 +305,10 @@ def call_bounds(row_tokens: np.ndarray, max_rows_per_batch: int, shard_tokens: i
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
+    h, block = hashlib.sha256(), memoryview(bytearray(1 << 20))  # one buffer, reused
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(block):
+            h.update(block[:n])
     return h.hexdigest()
 
 
