@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.batch import IGNORE_INDEX
-from seqpack.core.binding import INT32_MAX, Binding, Split
+from seqpack.core.binding import INT32_MAX
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import offsets_of
@@ -419,8 +419,9 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
         )
 
 
-def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) -> CompactRows:
-    """Decode one shard file into checked :class:`CompactRows` (see :func:`check_shard`)."""
+def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
+    """Decode one shard file of ``store`` (a :class:`~seqpack.io.store.PackedStore`: its
+    capacity, partition, binding and occurrences) into checked :class:`CompactRows`."""
     try:
         table = pq.read_table(file, memory_map=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
@@ -428,14 +429,15 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
             f"{file}: cannot read the shard ({err}) — the packed directory is damaged; pack again"
         ) from None
     check_table(table, str(file), entry)
+    where = str(file)
     rows = arrow_to_rows(
         table,
-        capacity=int(manifest["config"]["capacity"]),
-        partition=Split.parse(manifest["partition"]),
-        binding=Binding.from_dict(manifest["binding"]),
-        where=str(file),
+        capacity=store.capacity,
+        partition=store.partition,
+        binding=store.binding,
+        where=where,
     )
-    check_shard(rows, entry, occurrences, str(file))
+    check_shard(rows, entry, store.occurrences, where)
     return rows
 
 

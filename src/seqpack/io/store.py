@@ -184,7 +184,7 @@ class PackedStore:
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
             file = self.path / self.shards[k]["file"]
-            rows = read_shard(file, self.shards[k], self.manifest, self.occurrences)
+            rows = read_shard(file, self.shards[k], self)
             self._cached = (k, rows)
         return self._cached[1]
 
