@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from seqpack import Binding, ExampleTable
 from seqpack.io.integrity import check_shard, check_table
-from seqpack.io.shard_rows import arrow_to_rows
+from seqpack.io.shards import arrow_to_rows
 from seqpack.io.store import load_packed, write_packed
 from seqpack.io.trl_schema import check_trl_contents
 from seqpack.pipeline.local import pack_path, pack_table

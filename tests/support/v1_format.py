@@ -17,8 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.compact import CompactRows
-from seqpack.io.shard_rows import V1_SCHEMA
-from seqpack.io.shards import manifest_record, sha256_file, shard_bounds
+from seqpack.io.shards import V1_SCHEMA, manifest_record, sha256_file, shard_bounds
 
 
 def _lists(offsets, values, kind):

@@ -23,8 +23,7 @@ from seqpack.core.compact import compact_rows, gather_segments, span_labels
 from seqpack.core.errors import InvalidInput
 from seqpack.core.policies import POLICIES
 from seqpack.io import shards as shards_mod
-from seqpack.io.shard_rows import arrow_to_rows
-from seqpack.io.shards import FULL, REQUIRED, SCHEMA, rows_to_arrow
+from seqpack.io.shards import FULL, REQUIRED, SCHEMA, arrow_to_rows, rows_to_arrow
 from seqpack.io.store import MANIFEST, load_packed, write_packed
 from seqpack.verify.fixture import fixture_binding, fixture_epoch, fixture_examples
 
@@ -339,8 +338,7 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
 
 
 def test_loss_bits_pad_each_row_to_whole_bytes(rng):
-    from seqpack.io.shard_rows import unpack_bits
-    from seqpack.io.shards import row_bits
+    from seqpack.io.shards import row_bits, unpack_bits
 
     row_pairs = np.array([0, 1, 7, 8, 9, 23, 64, 3])
     mask = rng.random(int(row_pairs.sum())) < 0.5

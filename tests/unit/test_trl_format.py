@@ -25,10 +25,21 @@ from datasets import Dataset
 
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.hf import load_trl, pack_dataset, packed_metadata, to_batches
-from seqpack.io.integrity import verify_folder
+from seqpack.io.integrity import check_checksums, check_manifest, read_manifest
 from seqpack.io.store import load_packed
+from seqpack.io.trl_schema import check_trl_contents
 
 from support.trl_helpers import tokenizer
+
+
+def verify_folder(folder):
+    """Every check of every depth of a TRL-format output; its manifest."""
+    manifest = read_manifest(folder)
+    check_manifest(manifest, folder)
+    check_checksums(manifest, folder)
+    check_trl_contents(manifest, folder)
+    return manifest
+
 
 A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]
 TRL_COLUMNS = ["input_ids", "labels", "seq_lengths", "position_ids"]

@@ -131,8 +131,14 @@ class HFCollator:
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
         import pyarrow as pa
 
-        from seqpack.io.shard_rows import V1_COLUMNS, V1_SCHEMA, arrow_to_rows, is_version_1
-        from seqpack.io.shards import FIELDS, REQUIRED
+        from seqpack.io.shards import (
+            FIELDS,
+            REQUIRED,
+            V1_COLUMNS,
+            V1_SCHEMA,
+            arrow_to_rows,
+            is_version_1,
+        )
 
         names = list(features[0])
         v1 = is_version_1(names)

@@ -47,11 +47,11 @@ from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segme
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
 from seqpack.io.readers import Input
-from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import (
     FORMAT,
     READABLE_VERSIONS,
     VERSION,
+    arrow_to_rows,
     layout_of,
     list_array,
     manifest_record,

@@ -2,22 +2,8 @@
 
 Needs pyarrow (``pip install 'seqpack[hf]'``) except for
 :mod:`seqpack.io.tokenizers`, whose byte tokenizer is NumPy only. Names are
-loaded on first use, so importing one submodule never imports the others.
-
-=====================  =========================================================
-module                 holds
-=====================  =========================================================
-``readers``            any input -> Arrow table -> :class:`Documents`
-``documents``          :class:`Documents`, :class:`Origin`, the binding of a read
-``columns``            columns checked: ids, supervision (labels, loss_mask, TRL's masks)
-``sft``                prompt-completion and chat rows tokenized as TRL does
-``jsonl``              the guarded JSON Lines reader
-``tokenizers``         the byte tokenizer and local Hugging Face tokenizers
-``shards``             the packed-row Parquet schema, one shard written or read
-``store``              the packed directory: write, load
-``verify``             loading as verification: manifest and shards must agree
-``atomic``             publication: the writer lock, shard names, the manifest commit
-=====================  =========================================================
+loaded on first use, so importing one submodule never imports the others;
+``docs/architecture.md`` says which module holds what.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ file, fsync, ``os.replace``, folder fsync)::
       shard-0001-00000.parquet  listed by the previous manifest: removed after the commit
       notes.txt                 the user's: never touched (a note says it stays)
 
-Shard names carry a *generation* one above any in the folder (:func:`shard_name`).
+Shard names carry a *generation* one above any in the folder (:meth:`Output.shard`).
 ``--overwrite`` is a new manifest plus removal of the shards the previous one
 listed. A failed or signalled run removes its generation's files and folders;
 a run killed outright leaves its record in the lock file, and the next writer
@@ -49,11 +49,6 @@ MANIFEST = "manifest.json"
 LOCK = ".seqpack-lock"
 #: A shard seqpack wrote: ``shard-GGGG-KKKKK.parquet`` (``shard-KKKKK.parquet`` before 0.3).
 SHARD = re.compile(r"^shard-(?:(?P<gen>\d{4,})-)?\d{5,}\.parquet$")
-
-
-def shard_name(generation: int, k: int) -> str:
-    """The file name of shard ``k`` written by a run of ``generation``."""
-    return f"shard-{generation:04d}-{k:05d}.parquet"
 
 
 def _generation_files(generation: int) -> re.Pattern[str]:
@@ -168,11 +163,6 @@ def listed_shards(folder: Path) -> list[str] | None:
         return None
 
 
-def _leftover(name: str) -> bool:
-    """A name seqpack writes into an output folder (lock, shards, part files)."""
-    return name in (LOCK, MANIFEST) or bool(SHARD.match(name)) or name.endswith(".part")
-
-
 def _check_target(path: Path, overwrite: bool) -> None:
     """Refuse an output path that holds something else than seqpack's files (before the lock
     is created in it), or an output without ``overwrite``."""
@@ -187,7 +177,10 @@ def _check_target(path: Path, overwrite: bool) -> None:
         if not overwrite:
             raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
         return
-    foreign = sorted(p.name for p in path.iterdir() if not _leftover(p.name))
+    ours = (LOCK, MANIFEST)  # and shards and part files: what seqpack writes there
+    foreign = sorted(
+        n for n in os.listdir(path) if not (n in ours or SHARD.match(n) or n.endswith(".part"))
+    )
     if foreign:
         raise InvalidInput(
             f"{path} exists and is not a seqpack output; refusing to replace it (it holds"
@@ -269,7 +262,8 @@ class Output:
     notes: list[str] = field(default_factory=list)
 
     def shard(self, k: int) -> str:
-        return shard_name(self.generation, k)
+        """The one place a shard file is named."""
+        return f"shard-{self.generation:04d}-{k:05d}.parquet"
 
     def commit(self, manifest: dict[str, Any]) -> None:
         """Replace ``manifest.json`` with ``manifest`` (the commit point), then remove the
@@ -322,15 +316,26 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, _Record]:
     return lock, fd, previous
 
 
-def _recover(path: Path, previous: _Record, listed: list[str] | None) -> list[str]:
+def _clean(path: Path, generation: int, replaces: Iterable[str]) -> int:
+    """Remove what a run of ``generation`` left that no manifest lists: its own files
+    (before its commit) and, once a manifest stops listing them, the shards it replaces;
+    how many files went."""
+    try:
+        listed = listed_shards(path)
+    except InvalidInput:  # the manifest became a link: not ours to read
+        listed = None
+    mine = _generation_files(generation)
+    names = [n for n in os.listdir(path) if mine.match(n)]
+    if listed is not None:
+        names += [n for n in replaces if SHARD.match(n)]
+    return _remove(path, names, listed or ())
+
+
+def _recover(path: Path, previous: _Record) -> list[str]:
     """Remove the files of the killed run recorded in the lock (those no manifest lists)."""
     if previous.generation is None:
         return []
-    mine = _generation_files(previous.generation)
-    names = [p.name for p in path.iterdir() if mine.match(p.name)]
-    if listed is not None:  # it committed: the old shards go
-        names += [n for n in previous.replaces if SHARD.match(n)]
-    removed = _remove(path, names, listed or ())
+    removed = _clean(path, previous.generation, previous.replaces)
     note = f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
     return [note + (f"; removed {removed} file(s) it wrote" if removed else "")]
 
@@ -365,8 +370,8 @@ def open_output(
         raise
     try:
         _check_target(path, overwrite)  # again, holding the lock
+        notes = _recover(path, previous)
         listed = listed_shards(path)
-        notes = _recover(path, previous, listed)
         gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
         replaces = [n for n in listed or () if SHARD.match(n)]
         output = Output(path, max([0, *gens]) + 1, replaces, notes)
@@ -379,15 +384,7 @@ def open_output(
         finally:
             # What the manifest on disk lists decides, not a flag: a signal may land
             # between the rename and any bookkeeping after it.
-            try:
-                listed = set(listed_shards(path) or ())
-            except InvalidInput:  # the manifest became a link: not ours to read
-                listed = set()
-            mine = _generation_files(output.generation)
-            if any(mine.match(n) for n in listed):  # committed: the replaced shards go
-                _remove(path, output.replaces, listed)
-            else:  # failed or signalled before the commit: what this run wrote goes
-                _remove(path, [n for n in os.listdir(path) if mine.match(n)], ())
+            _clean(path, output.generation, output.replaces)
     finally:
         try:
             os.unlink(path / LOCK)  # while locked: a writer that opened it retries

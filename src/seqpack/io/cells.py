@@ -1,10 +1,7 @@
-"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns`.
-
-A list column of ``k`` rows becomes ``(values [Σn], offsets int64 [k+1],
-present bool [k])``: row ``i`` is ``values[offsets[i]:offsets[i+1]]``. The
-helpers here are shared by the token, label and mask readers
-(:mod:`seqpack.io.columns`), so every column
-is converted and its errors are worded one way.
+"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns` and
+:mod:`seqpack.io.sft`: a list column of ``k`` rows becomes ``(values [Σn], offsets int64
+[k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``, and every
+column's errors are worded one way.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.documents import Origin
 
 
@@ -57,8 +55,7 @@ def lists(
         row = first(~present)
         raise InvalidInput(f"{origin.locate(row)}: {name} is missing — give every row {name}")
     counts = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = offsets_of(counts)
     values = arr.flatten()
     if values.null_count:
         pos = first(pc.is_null(values).to_numpy(zero_copy_only=False))

@@ -13,14 +13,13 @@ Every input becomes an Arrow table with one row per source document:
 - ``partition`` (string, optional): every row must belong to the partition read.
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is token
-``j + 1``'s. Columns are converted with Arrow and NumPy (no Python loop per token),
-token ids stay in Arrow's buffers, and errors name the file, the line or row, and
-the fix.
+``j + 1``'s. No Python loop per token; errors name the file, the line or row, and the fix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -296,19 +295,10 @@ def _mask_flags(
     return target_flags(mask, moffsets[:-1][aligned]), present
 
 
-def documents_from_arrow(
-    table: pa.Table,
-    origin: Origin,
-    *,
-    tokenizer: Tokenizer | None = None,
-    text_field: str = "text",
-    partition: Split | str | None = None,
-    objective: Objective | None = None,
-) -> Documents:
-    """Convert an Arrow table with the columns above into :class:`Documents` (in memory)."""
-    options = dict(tokenizer=tokenizer, text_field=text_field, partition=partition)
-    chunk = chunk_from_arrow(table, origin, **options, objective=objective)
-    return Documents.from_chunks([chunk], origin)
+def documents_from_arrow(table: pa.Table, origin: Origin, **options: Any) -> Documents:
+    """Convert an Arrow table with the columns above into :class:`Documents` (in memory);
+    ``options`` are :func:`chunk_from_arrow`'s keywords."""
+    return Documents.from_chunks([chunk_from_arrow(table, origin, **options)], origin)
 
 
 def chunk_from_arrow(
@@ -324,52 +314,43 @@ def chunk_from_arrow(
     (token ids stay in Arrow's buffer when it holds integers without nulls). With
     ``partition``, a ``partition`` column must name it on every row; ``objective``
     (default TRL's) says which tokens SFT rows train."""
+    objective = objective or Objective()
     try:
-        return _chunk(table, origin, tokenizer, text_field, partition, objective or Objective())
+        if partition is not None:
+            _check_partition(table, origin, Split.parse(partition))
+        names = set(table.column_names)
+        sft = sft_columns(table.column_names)
+        if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone
+            check_columns(table, origin, {*COLUMNS, *SFT_COLUMNS, *TEMPLATE_COLUMNS}, tokens=True)
+            tokens, offsets, largest = _token_column(table, origin)
+            flags = supervised_targets(table, tokens, offsets, origin, objective)
+        elif sft is not None or text_field in names:
+            read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
+            check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
+            if sft is not None:
+                tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft, objective)
+            elif objective.assistant_only_loss:
+                raise InvalidInput(f"{origin.parts[0][0]}: {NOT_CONVERSATIONAL}")
+            else:
+                tokens, offsets = _texts(table, text_field, tokenizer, origin)
+            _check_lengths(offsets, origin, "the row encodes to")
+            flags = None if sft is None else target_flags(supervised, offsets[:-1])
+            flags = None if flags is None or flags.all() else flags
+            largest = int(tokens.max()) if tokens.size else -1
+        else:
+            texts = [
+                n
+                for n in sorted(names, key=lambda n: (n != "text", n))
+                if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
+            ]
+            hint = f" (e.g. --text-field {texts[0]})" if texts else ""
+            raise InvalidInput(
+                f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
+                f" {sorted(names)}) — pass --text-field NAME for the column that holds the"
+                f" text{hint}, or give token ids as input_ids, or SFT rows (prompt/completion or"
+                " messages) with --tokenizer"
+            )
+        ids = _ids(table, origin)
     except pa.ArrowException as err:  # a column Arrow cannot convert as asked
         raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
-
-
-def _chunk(
-    table: pa.Table,
-    origin: Origin,
-    tokenizer: Tokenizer | None,
-    text_field: str,
-    partition: Split | str | None,
-    objective: Objective,
-) -> TokenChunk:
-    if partition is not None:
-        _check_partition(table, origin, Split.parse(partition))
-    names = set(table.column_names)
-    sft = sft_columns(table.column_names)
-    if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone
-        check_columns(table, origin, {*COLUMNS, *SFT_COLUMNS, *TEMPLATE_COLUMNS}, tokens=True)
-        tokens, offsets, largest = _token_column(table, origin)
-        flags = supervised_targets(table, tokens, offsets, origin, objective)
-    elif sft is not None or text_field in names:
-        read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
-        check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
-        if sft is not None:
-            tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft, objective)
-        elif objective.assistant_only_loss:
-            raise InvalidInput(f"{origin.parts[0][0]}: {NOT_CONVERSATIONAL}")
-        else:
-            tokens, offsets = _texts(table, text_field, tokenizer, origin)
-        _check_lengths(offsets, origin, "the row encodes to")
-        flags = None if sft is None else target_flags(supervised, offsets[:-1])
-        flags = None if flags is None or flags.all() else flags
-        largest = int(tokens.max()) if tokens.size else -1
-    else:
-        texts = [
-            n
-            for n in sorted(names, key=lambda n: (n != "text", n))
-            if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
-        ]
-        hint = f" (e.g. --text-field {texts[0]})" if texts else ""
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
-            f" {sorted(names)}) — pass --text-field NAME for the column that holds the"
-            f" text{hint}, or give token ids as input_ids, or SFT rows (prompt/completion or"
-            " messages) with --tokenizer"
-        )
-    return TokenChunk(tokens, offsets, flags, _ids(table, origin), origin, largest=largest)
+    return TokenChunk(tokens, offsets, flags, ids, origin, largest=largest)

@@ -1,27 +1,21 @@
 """Loading as verification: a packed directory's manifest and shards must agree.
 
-``manifest.json`` is decoded once, at the border, into the typed schema
-:class:`Manifest` (msgspec structs with bounds); every number a loader relies
-on is then checked against the others, so an edited manifest or shard fails
-with an :class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or
-changes nothing that is loaded. Three depths, ``load_packed(integrity=...)``:
+``manifest.json`` is decoded once, at the border, into :class:`Manifest`
+(msgspec structs with bounds), then every number a loader relies on is held
+against the others: an edited manifest or shard fails with an
+:class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or changes
+nothing that is loaded. ``load_packed(integrity=...)``:
 
-``False``
-    :func:`check_manifest` only (schema, contiguous rows, counts, statistics,
-    no shard twice): microseconds. Files the manifest does not list are never
-    read (a killed run's shards, the user's own files).
-``True`` (default)
-    plus :func:`check_checksums`: size and sha256 of every shard.
-``"full"``
-    plus :func:`check_contents`: every shard decoded now, ordinals a
-    permutation of ``0..occurrences-1`` across shards, eligible targets as
-    recorded.
+- ``False``: :func:`check_manifest` only (schema, contiguous rows, counts,
+  statistics, no shard twice); files the manifest does not list are never read;
+- ``True`` (default): plus :func:`check_checksums` (size and sha256 of every shard);
+- ``"full"``: plus :func:`check_contents` (every shard decoded now, ordinals a
+  permutation of ``0..occurrences-1``, eligible targets as recorded).
 
-At every depth a shard is checked when it is read: its schema is the
-format's (:func:`check_schema`) and its content agrees with its entry
-(:func:`check_shard`: counts, rows non-empty, occurrences inside their row
-without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and in
-range, ``range_end - range_start == len + 1``).
+At every depth a shard read is checked against the format (:func:`check_table`)
+and its entry (:func:`check_shard`: counts, no empty row, occurrences inside
+their row without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and
+in range, ``range_end - range_start == len + 1``).
 """
 
 from __future__ import annotations
@@ -37,13 +31,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.binding import INT32_MAX, Binding, Split
+from seqpack.core.batch import IGNORE_INDEX
+from seqpack.core.binding import INT32_MAX
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.atomic import MANIFEST
-from seqpack.io.shard_rows import V1_SCHEMA, arrow_to_rows, is_version_1, read_pair_stats
-from seqpack.io.shards import FORMAT, READABLE_VERSIONS, REQUIRED, SCHEMA, VERSION, sha256_file
-from seqpack.io.trl_schema import check_trl_contents, is_trl
+from seqpack.io.shards import (
+    FORMAT,
+    READABLE_VERSIONS,
+    REQUIRED,
+    SCHEMA,
+    V1_SCHEMA,
+    VERSION,
+    arrow_to_rows,
+    flat_column,
+    is_version_1,
+    sha256_file,
+    unpack_bits,
+)
+from seqpack.io.trl_schema import is_trl
 
 #: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
 MAX_COUNT = 2**53
@@ -86,24 +93,22 @@ class ShardEntry(TreeEntry, kw_only=True):
     eligible: Count | None = None
 
 
-class Manifest(msgspec.Struct):
+class TreeManifest(msgspec.Struct):
     """What a loader relies on in ``manifest.json`` (other sections are informational)."""
 
     config: ConfigRecord
     binding: BindingRecord
     partition: Literal["train", "validation", "test"]
     rows: Count
-    occurrences: Count
-    shards: list[ShardEntry]
-    statistics: dict[str, Any] | None = None
-
-
-class TreeManifest(msgspec.Struct):
-    config: ConfigRecord
-    binding: BindingRecord
-    partition: Literal["train", "validation", "test"]
-    rows: Count
     shards: list[TreeEntry]
+
+
+class Manifest(TreeManifest):
+    """A flat output's: also its occurrences, the shards' counts and the statistics."""
+
+    shards: list[ShardEntry]
+    occurrences: Count
+    statistics: dict[str, Any] | None = None
 
 
 def _bad(where: Path | str, what: str) -> InvalidInput:
@@ -138,10 +143,6 @@ def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
         raise _schema_error(str(err), raw, where) from None
 
 
-_LIMITS = {"capacity": (1, INT32_MAX), "max_rows_per_batch": (1, INT32_MAX),
-           "vocab_size": (1, INT32_MAX)}  # fmt: skip
-
-
 def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in seqpack's words:
     the field (a shard by its file), its value, what it must be."""
@@ -163,7 +164,8 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
         context = label + (": " if sep == " " else ".") if label else ""
         return _bad(where, f"{context}{missing[1]!r} is missing")
     if "`int`" in what:
-        low, high = _LIMITS.get(path[-1], (0, MAX_COUNT))
+        sizes = (*ConfigRecord.__struct_fields__, "vocab_size")
+        low, high = (1, INT32_MAX) if path[-1] in sizes else (0, MAX_COUNT)
         return _bad(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
     if path == ["partition"]:
         return _bad(where, f"partition is {node!r}, not train, validation or test")
@@ -172,13 +174,9 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     return _bad(where, f"{label or 'the manifest'} is {shown}, not {expected}")
 
 
-def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
-    """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own; no shard read.
-
-    Returns the checked numbers: capacity, max_rows_per_batch, vocab_size,
-    rows, occurrences, tokens (prediction pairs), shards, eligible (-1: not
-    recorded for every shard).
-    """
+def check_manifest(manifest: Any, folder: Path) -> Manifest:
+    """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own, no shard
+    read; return it decoded."""
     where = folder / MANIFEST
     trl = is_trl(manifest)
     if (
@@ -192,45 +190,34 @@ def check_manifest(manifest: Any, folder: Path) -> dict[str, int]:
             f" (it writes {VERSION}) — pack it again with this version"
         )
     m: Manifest = decode(manifest, Manifest, where)
-    totals = _check_entries(m.shards, where, m.config)
-    if totals["rows"] != m.rows:
-        raise _bad(where, f"shards hold {totals['rows']:,} rows, not {m.rows:,}")
-    if totals["occurrences"] != m.occurrences:
-        raise _bad(
-            where, f"shards hold {totals['occurrences']:,} occurrences, not {m.occurrences:,}"
-        )
-    summary = {
-        "capacity": m.config.capacity,
-        "max_rows_per_batch": m.config.max_rows_per_batch,
-        "vocab_size": m.binding.vocab_size,
-        "rows": m.rows,
-        "occurrences": m.occurrences,
-        "tokens": totals["tokens"] - (0 if trl else m.occurrences),  # TRL's unit: tokens
-        "shards": len(m.shards),
-        "eligible": totals["eligible"],
-    }
-    if "statistics" in manifest:
-        _check_statistics(manifest, summary, where)
-    return summary
+    totals = _check_entries(m, where)
+    for key in ("rows", "occurrences"):
+        if totals[key] != getattr(m, key):
+            raise _bad(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
+    if m.statistics is not None:
+        pairs = totals["tokens"] - (0 if trl else m.occurrences)  # TRL's unit: tokens
+        _check_statistics(manifest, m, pairs, totals["eligible"], where)
+    return m
 
 
-def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) -> dict[str, int]:
-    """Shard entries: plain unique names, contiguous whole model calls, plausible counts."""
-    capacity, per_call = config.capacity, config.max_rows_per_batch
+def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
+    """Shard entries: plain unique names, contiguous whole model calls, plausible counts;
+    their totals (eligible -1: not recorded for every shard)."""
+    capacity, per_call = m.config.capacity, m.config.max_rows_per_batch
     names: set[str] = set()
     totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
-    for k, e in enumerate(shards):
+    for k, e in enumerate(m.shards):
         name = e.file
         if Path(name).name != name or name in ("", ".", ".."):
             raise _bad(where, f"shard file {name!r} is not a plain file name")
         if name in names:
             raise _bad(where, f"shard {name} is listed twice")
         names.add(name)
-        stale = e.eligible is None or totals["eligible"] < 0  # -1: no total
+        stale = e.eligible is None or totals["eligible"] < 0
         totals["eligible"] = -1 if stale else totals["eligible"] + e.eligible
         if e.first_row != totals["rows"]:
             raise _bad(where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}")
-        if e.rows < 1 or (k < len(shards) - 1 and e.rows % per_call):
+        if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call):
             raise _bad(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
             )
@@ -248,20 +235,20 @@ def _check_entries(shards: list[ShardEntry], where: Path, config: ConfigRecord) 
     return totals
 
 
-def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -> None:
-    """The statistics a pack recorded agree with the manifest's own numbers."""
-    stats = manifest["statistics"]  # an object: the schema said so
-    rows, capacity, tokens = summary["rows"], summary["capacity"], summary["tokens"]
+def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where: Path) -> None:
+    """The statistics a pack recorded agree with the manifest's own numbers (``tokens``:
+    prediction pairs; ``known``: the shards' eligible targets, -1 when not recorded)."""
+    stats, rows, capacity = m.statistics or {}, m.rows, m.config.capacity
     expected: dict[str, Any] = {
         "capacity": capacity,
         "rows": rows,
-        "examples": summary["occurrences"],
+        "examples": m.occurrences,
         "tokens": tokens,
         "lower_bound": -(-tokens // capacity),
-        "batches": -(-rows // summary["max_rows_per_batch"]),
+        "batches": -(-rows // m.config.max_rows_per_batch),
         "efficiency": tokens / (rows * capacity) if rows else 0.0,
     }
-    policy = manifest.get("policy")
+    policy = raw.get("policy")
     if isinstance(policy, Mapping) and "name" in policy:
         expected["policy"] = policy["name"]
     for key, want in expected.items():
@@ -275,7 +262,7 @@ def _check_statistics(manifest: Mapping, summary: dict[str, int], where: Path) -
                 where,
                 f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
             )
-    eligible, known = stats.get("eligible_targets"), summary["eligible"]
+    eligible = stats.get("eligible_targets")
     if eligible is None:
         return
     if type(eligible) is not int or not 0 <= eligible <= tokens:
@@ -335,8 +322,7 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
     into NaN and then into an arbitrary integer)."""
     check_schema(table.schema, where, entry)
     for name in table.column_names:
-        column = table.column(name)
-        chunks = column.chunks
+        chunks = table.column(name).chunks
         while chunks:
             if any(chunk.null_count for chunk in chunks):
                 raise _bad(where, f"a value of column {name!r} is missing (null)")
@@ -346,17 +332,11 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
     """Shard content against its manifest ``entry`` and the binding, capacity and the
     manifest's ``occurrences`` (ordinals lie in ``[0, occurrences)``)."""
-    got = {
-        "rows": rows.num_rows,
-        "first_row": rows.first_row,
-        "occurrences": len(rows),
-        "tokens": int(rows.tokens.shape[0]),
-    }
+    got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
+           "tokens": int(rows.tokens.shape[0])}  # fmt: skip
     if entry.get("eligible") is not None:
         got["eligible"] = int(np.count_nonzero(rows.loss_mask))
-    for key, value in got.items():
-        if value != entry[key]:
-            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+    _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
         raise _bad(where, "a row holds no occurrence")
     tokens = rows.tokens
@@ -365,7 +345,11 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         raise _bad(
             where, f"token id {bad} is outside [0, {rows.binding.vocab_size}) (binding.vocab_size)"
         )
-    _check_placements(rows, where)
+    starts, lengths = rows.starts, rows.lengths  # each inside its row: arrow_to_rows checked
+    same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
+    same_row[rows.row_offsets[1:-1] - 1] = False
+    if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
+        raise _bad(where, "two occurrences of a row overlap")
     ordinals = rows.ordinals
     if ordinals.size and (int(ordinals.min()) < 0 or int(ordinals.max()) >= occurrences):
         raise _bad(where, f"an ordinal lies outside 0..{occurrences - 1:,}")
@@ -375,37 +359,44 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         rows.range_ends - rows.range_starts, rows.lengths + 1
     ):
         raise _bad(where, "a provenance range [range_start, range_end) is not its window's")
-    for name in ("source_ids", "example_ids"):
-        values = getattr(rows, name)
-        if not all(type(v) is str for v in values):
-            raise _bad(where, f"{name[:-1]} is missing for an occurrence")
 
 
-def _check_placements(rows: CompactRows, where: str) -> None:
-    """Occurrences lie inside their row, in column order, without overlap."""
-    starts, lengths = rows.starts, rows.lengths
-    if lengths.size and (int(lengths.min()) < 1 or int(starts.min()) < 0):
-        raise _bad(where, "an occurrence has no prediction pair or a negative column")
-    if np.any(starts + lengths > rows.capacity):
-        raise _bad(where, f"an occurrence ends beyond column {rows.capacity} (config.capacity)")
-    same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
-    same_row[rows.row_offsets[1:-1] - 1] = False
-    if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
-        raise _bad(where, "two occurrences of a row overlap")
+def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
+    """What a shard holds is what its manifest ``entry`` says (where it says it)."""
+    for key, value in got.items():
+        if entry.get(key) is not None and value != entry[key]:
+            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`~seqpack.io.shard_rows.read_pair_stats`, its schema and counts checked."""
+    """Of one shard, reading only the columns they need, its schema and counts checked
+    against ``entry``: pairs per occurrence int64 [K], occurrence offsets per row int64
+    [R+1] and eligible (supervised) targets per row int64 [R]."""
     try:
-        check_schema(pq.read_schema(file), str(file), entry)
-        seq, occ, per_row = read_pair_stats(file)
+        schema = pq.read_schema(file)
+        check_schema(schema, str(file), entry)
+        names = schema.names
+        if is_version_1(names):
+            table = pq.read_table(file, columns=["seq_lengths", "labels"])
+            seq, occ = flat_column(table, "seq_lengths")
+            labels, offsets = flat_column(table, "labels")
+            counts = offsets_of(labels != IGNORE_INDEX)
+            per_row = counts[offsets[1:]] - counts[offsets[:-1]]
+        else:
+            table = pq.read_table(
+                file, columns=[n for n in names if n in ("pair_counts", "loss_bits")]
+            )
+            seq, occ = flat_column(table, "pair_counts")
+            pairs = offsets_of(seq.astype(np.int64))
+            per_row = np.diff(pairs[occ])
+            if "loss_bits" in names:
+                counts = offsets_of(unpack_bits(table.column("loss_bits"), per_row, str(file)))
+                per_row = counts[pairs[occ[1:]]] - counts[pairs[occ[:-1]]]
     except (pa.ArrowException, OSError) as err:
         raise _bad(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
-    for key, value in got.items():
-        if entry.get(key) is not None and value != entry[key]:
-            raise _bad(file, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
-    return seq, occ, per_row
+    _agree(got, entry, file)
+    return seq.astype(np.int64), occ, per_row
 
 
 def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:
@@ -428,8 +419,9 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
         )
 
 
-def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) -> CompactRows:
-    """Decode one shard file into checked :class:`CompactRows` (see :func:`check_shard`)."""
+def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
+    """Decode one shard file of ``store`` (a :class:`~seqpack.io.store.PackedStore`: its
+    capacity, partition, binding and occurrences) into checked :class:`CompactRows`."""
     try:
         table = pq.read_table(file, memory_map=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
@@ -437,34 +429,16 @@ def read_shard(file: Path, entry: Mapping, manifest: Mapping, occurrences: int) 
             f"{file}: cannot read the shard ({err}) — the packed directory is damaged; pack again"
         ) from None
     check_table(table, str(file), entry)
+    where = str(file)
     rows = arrow_to_rows(
         table,
-        capacity=int(manifest["config"]["capacity"]),
-        partition=Split.parse(manifest["partition"]),
-        binding=Binding.from_dict(manifest["binding"]),
-        where=str(file),
+        capacity=store.capacity,
+        partition=store.partition,
+        binding=store.binding,
+        where=where,
     )
-    check_shard(rows, entry, occurrences, str(file))
+    check_shard(rows, entry, store.occurrences, where)
     return rows
-
-
-def verify_folder(folder: Path) -> dict[str, Any]:
-    """Fully verify the packed directory ``folder`` whatever its name; return its manifest.
-
-    Every check of every depth, for seqpack's format and TRL's.
-    """
-    manifest = read_manifest(folder)
-    occurrences, shards = check_manifest(manifest, folder)["occurrences"], manifest["shards"]
-    check_checksums(manifest, folder)
-    if is_trl(manifest):
-        check_trl_contents(manifest, folder)
-        return manifest
-
-    def read(k: int) -> CompactRows:
-        return read_shard(folder / shards[k]["file"], shards[k], manifest, occurrences)
-
-    check_contents(manifest, read, folder)
-    return manifest
 
 
 def refuse_packed(path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The packed-row Parquet format, version 2: one table row per packed row.
+"""The packed-row Parquet format: one table row per packed row, written and read back.
 
-One Parquet row per packed row (``K`` = occurrences in that row)::
+Version 2, one Parquet row per packed row (``K`` = occurrences in that row)::
 
     row           int64           global row index
     tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))
@@ -20,9 +20,15 @@ some target is unsupervised, ``example_ids`` when one differs from its source
 id, the ranges when an example is not a whole source ``[0, len + 1)``,
 ``source_ids`` when one of those is stored or an id is not its row number.
 Decided from content, so every writer (in memory, out of core, Ray) writes the
-same bytes for the same rows. Version 1 is still read
-(:mod:`seqpack.io.shard_rows`). zstd level 1, no dictionary, no statistics
+same bytes for the same rows. zstd level 1, no dictionary, no statistics
 (``benchmarks/bench_format.py``); a shard holds whole model calls.
+
+:func:`arrow_to_rows` reads a table back as :class:`CompactRows`, version 1
+too (``seq_lengths`` and a ``labels`` column aligned with ``tokens``: -100
+where a pair is not supervised and on each window's first token). Which
+version a table is follows from its columns, so a shard, a ``datasets`` row
+or a collator's features read alike, each checked to describe whole, in-row
+occurrences.
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from seqpack.core.batch import IGNORE_INDEX
 from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import concat_ranges
+from seqpack.core.examples import concat_ranges, offsets_of
 from seqpack.io.atomic import write_file
 
 FORMAT = "seqpack.packed-rows"
@@ -78,6 +85,22 @@ FIELDS: dict[str, pa.DataType] = {
 REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
 #: Every version-2 column (a shard holds :data:`REQUIRED` and some of the others).
 SCHEMA = pa.schema(list(FIELDS.items()))
+#: The version-1 schema (every column stored; ``labels`` aligned with ``tokens``).
+V1_SCHEMA = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("seq_lengths", pa.list_(pa.int32())),
+        ("seq_starts", pa.list_(pa.int32())),
+        ("ordinals", pa.list_(pa.int64())),
+        ("source_ids", pa.list_(pa.string())),
+        ("example_ids", pa.list_(pa.string())),
+        ("range_starts", pa.list_(pa.int64())),
+        ("range_ends", pa.list_(pa.int64())),
+    ]
+)
+V1_COLUMNS = tuple(V1_SCHEMA.names)
 
 
 @dataclass(frozen=True)
@@ -90,14 +113,10 @@ class StoredColumns:
     ranges: bool = True
 
     def columns(self) -> list[str]:
-        optional = {
-            "source_ids": self.source_ids,
-            "loss_bits": self.loss_bits,
-            "example_ids": self.example_ids,
-            "range_starts": self.ranges,
-            "range_ends": self.ranges,
-        }
-        return [n for n in FIELDS if n in REQUIRED or optional.get(n)]
+        stored = {"source_ids": self.source_ids, "loss_bits": self.loss_bits,
+                  "example_ids": self.example_ids, "range_starts": self.ranges,
+                  "range_ends": self.ranges}  # fmt: skip
+        return [n for n in FIELDS if stored.get(n, True)]
 
     def schema(self) -> pa.Schema:
         return pa.schema([(n, FIELDS[n]) for n in self.columns()])
@@ -119,11 +138,8 @@ def arrow_ids(cols: CompactRows) -> CompactRows:
     """``cols`` with NumPy id arrays as Arrow strings (what the format stores)."""
 
     def strings(values: Any) -> Any:
-        return (
-            values
-            if values is None or isinstance(values, pa.Array)
-            else pa.array(values, pa.string())
-        )
+        plain = values is None or isinstance(values, pa.Array)
+        return values if plain else pa.array(values, pa.string())
 
     sources = strings(cols.source_ids)
     same = cols.example_ids is cols.source_ids
@@ -136,9 +152,11 @@ def layout_of(cols: CompactRows) -> StoredColumns:
     """The leanest layout that keeps everything in ``cols`` (checked by content)."""
     cols = arrow_ids(cols)
     loss = cols.loss_mask is not None and not bool(cols.loss_mask.all())
-    examples = cols.example_ids is not None and cols.example_ids is not cols.source_ids
-    if examples:
-        examples = not cols.example_ids.equals(cols.source_ids)
+    examples = (
+        cols.example_ids is not None
+        and cols.example_ids is not cols.source_ids
+        and not cols.example_ids.equals(cols.source_ids)
+    )
     ranges = cols.range_starts is not None and not (
         not np.any(cols.range_starts) and np.array_equal(cols.range_ends, cols.lengths + 1)
     )
@@ -150,10 +168,8 @@ def layout_of(cols: CompactRows) -> StoredColumns:
 
 def default_ids(ordinals: np.ndarray) -> pa.Array:
     """The source ids of an input without ids: each example's row number, as text."""
-    values = np.ascontiguousarray(ordinals, dtype=np.int64)
     # from_buffers, not pa.array: converting a NumPy array imports pandas (0.15 s) first
-    ints = pa.Array.from_buffers(pa.int64(), values.shape[0], [None, pa.py_buffer(values)])
-    return pc.cast(ints, pa.string())
+    return pc.cast(numpy_array(ordinals, pa.int64()), pa.string())
 
 
 def manifest_record(
@@ -169,9 +185,9 @@ def manifest_record(
     config, then ``sections`` (rows, occurrences, columns, policy, statistics, input,
     engine…) in the order given, and ``shards`` last when there are files.
 
-    ``manifest.json`` of a packed directory (local and Ray engines alike) and
-    the ``info`` of :func:`seqpack.hf.pack_dataset` are built here only. ``kind`` is
-    the (format, version) written: seqpack's own, or :data:`seqpack.io.trl_schema.TRL_FORMAT`'s.
+    The one builder of ``manifest.json`` (every engine) and of
+    :func:`seqpack.hf.pack_dataset`'s ``info``; ``kind`` is seqpack's (format,
+    version) or :data:`seqpack.io.trl_schema.TRL_FORMAT`'s.
     """
     record: dict[str, Any] = {
         "format": kind[0],
@@ -210,8 +226,7 @@ def list_array(offsets: np.ndarray, values: Any, kind: pa.DataType) -> pa.ListAr
 def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
     """Per row, its targets' flags packed 8 to a byte (first target = the high bit)."""
     nbytes = (row_pairs + 7) // 8
-    offsets = np.zeros(row_pairs.shape[0] + 1, dtype=np.int64)
-    np.cumsum(nbytes, out=offsets[1:])
+    offsets = offsets_of(nbytes)
     padded = np.zeros(8 * int(offsets[-1]), dtype=bool)
     pad = 8 * nbytes - row_pairs  # 0..7 unused low bits at the end of each row's bytes
     valid = np.ones(padded.shape[0], dtype=bool)
@@ -225,8 +240,7 @@ def row_bits(mask: np.ndarray, row_pairs: np.ndarray) -> pa.Array:
 def token_offsets(cols: CompactRows) -> tuple[np.ndarray, np.ndarray]:
     """Where each occurrence's window and each row start in ``cols.tokens`` (int64
     [K+1], [R+1]); refused when the shard's tokens overflow one list column's offsets."""
-    tok = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(cols.lengths + 1, out=tok[1:])
+    tok = offsets_of(cols.lengths + 1)
     row_tok = tok[cols.row_offsets]
     if int(row_tok[-1]) > INT32_MAX:
         raise InvalidInput(
@@ -258,9 +272,7 @@ def shard_table(cols: CompactRows, layout: StoredColumns | None = None) -> pa.Ta
         mask = cols.loss_mask
         if mask is None:
             mask = np.ones(int(cols.lengths.sum()), dtype=bool)
-        pairs = np.zeros(cols.lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(cols.lengths, out=pairs[1:])
-        columns["loss_bits"] = row_bits(mask, np.diff(pairs[occ]))
+        columns["loss_bits"] = row_bits(mask, np.diff(offsets_of(cols.lengths)[occ]))
     if layout.example_ids:
         examples = cols.example_ids if cols.example_ids is not None else sources
         columns["example_ids"] = list_array(occ, examples, pa.string())
@@ -292,17 +304,11 @@ def call_bounds(row_tokens: np.ndarray, max_rows_per_batch: int, shard_tokens: i
     return np.append(starts, rows)
 
 
-#: Bytes read at a time when a shard's sha256 is computed (one reused buffer).
-HASH_BLOCK = 1 << 20
-
-
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    block = bytearray(HASH_BLOCK)
-    view = memoryview(block)
+    h, block = hashlib.sha256(), memoryview(bytearray(1 << 20))  # one buffer, reused
     with path.open("rb", buffering=0) as f:
         while n := f.readinto(block):
-            h.update(view[:n])
+            h.update(block[:n])
     return h.hexdigest()
 
 
@@ -310,38 +316,36 @@ def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail
     write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
 
 
-def write_shard_file(
-    table: pa.Table, directory: str | Path, name: str, first_row: int | None = None
-) -> dict[str, Any]:
-    """Write a packed-row table as ``directory/name``; return its manifest entry.
-
-    The file is written whole or not at all (:func:`seqpack.io.atomic.write_file`), so
-    a writer that runs twice (a task retried after a crash) replaces it whole. The
-    entry holds file, first_row, rows, occurrences, tokens, bytes, sha256 and
-    columns (those stored). A table without a ``row`` column (TRL's schema,
-    :mod:`seqpack.io.trl_schema`) needs ``first_row``.
-    """
+def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
+    """Write a shard table (version 2 or TRL's, :mod:`seqpack.io.trl_schema`) whole as
+    ``directory/name`` (:func:`seqpack.io.atomic.write_file`: a task retried after a crash
+    replaces it whole); its manifest entry: file, first_row, rows, occurrences, tokens,
+    bytes, sha256, columns (those stored) and eligible targets."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
-    if first_row is None:
-        first_row = int(table.column("row")[0].as_py()) if table.num_rows else 0
-    first_row = int(first_row)
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    entry = {
+    return {
         "file": name,
-        "first_row": first_row,
+        "first_row": int(first_row),
         "rows": table.num_rows,
         "occurrences": int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0),
         "tokens": int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0),
         "bytes": path.stat().st_size,
         "sha256": sha256_file(path),
-        "columns": table.column_names,
+        "columns": names,
+        "eligible": eligible_targets(table),
     }
-    if "labels" not in names or "input_ids" in names:  # not version 1: count the targets
-        entry["eligible"] = eligible_targets(table)
-    return entry
+
+
+def _binary(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A binary column's value offsets (int64 [n+1], as stored) and its bytes."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    _, obuf, dbuf = col.buffers()
+    offsets = np.frombuffer(obuf, np.int32)[col.offset : col.offset + len(col) + 1]
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    return offsets.astype(np.int64), data
 
 
 def eligible_targets(table: pa.Table) -> int:
@@ -355,8 +359,160 @@ def eligible_targets(table: pa.Table) -> int:
         return int(np.count_nonzero(labels[flat.offset : flat.offset + len(flat)] != -100))
     if "loss_bits" not in table.column_names:
         return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
-    bits = table.column("loss_bits").combine_chunks()
-    _, obuf, dbuf = bits.buffers()
-    offsets = np.frombuffer(obuf, np.int32)[bits.offset : bits.offset + len(bits) + 1]
-    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
+    offsets, data = _binary(table.column("loss_bits"))
     return int(np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).sum(dtype=np.int64))
+
+
+# ---------------------------------------------------------------- reading
+
+
+def is_version_1(names: list[str] | set[str]) -> bool:
+    return "seq_lengths" in names and "pair_counts" not in names
+
+
+def flat_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (values [Σn], offsets int64 [k+1] from 0)."""
+    col = table.column(name).combine_chunks()
+    offsets = np.asarray(col.offsets, dtype=np.int64)
+    return col.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0]
+
+
+def unpack_bits(col: pa.Array, row_pairs: np.ndarray, where: str) -> np.ndarray:
+    """The per-target flags of ``loss_bits`` rows (bool [Σ row_pairs])."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if col.null_count or not pa.types.is_binary(col.type):
+        raise ValueError("loss_bits")
+    offsets, data = _binary(col)
+    nbytes = (row_pairs + 7) // 8
+    if not np.array_equal(np.diff(offsets), nbytes):
+        raise InvalidInput(f"{where}: loss_bits do not match the rows' pairs — the file is damaged")
+    bits = np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).view(bool)
+    valid = np.ones(bits.shape[0], dtype=bool)
+    pad = 8 * nbytes - row_pairs
+    valid[concat_ranges(8 * (offsets[1:] - offsets[0]) - pad, pad)] = False
+    return bits[valid]
+
+
+def _columns(table: pa.Table, names: Iterable[str], where: str) -> None:
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise InvalidInput(f"{where}: missing columns {missing} — not seqpack packed rows")
+
+
+_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts",
+                   "range_ends")  # fmt: skip
+
+
+def _per_occurrence(table: pa.Table, occ: np.ndarray, name: str) -> np.ndarray | None:
+    """A per-occurrence list column's values (None when absent); its lists must be ``occ``'s."""
+    if name not in table.column_names:
+        return None
+    values, offsets = flat_column(table, name)
+    if not np.array_equal(offsets, occ):
+        raise ValueError(name)
+    return values
+
+
+def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
+    """The :class:`CompactRows` fields of a version-2 table (derived parts filled) and
+    where each row starts in its tokens."""
+    _columns(table, REQUIRED, where)
+    tokens, row_tok = flat_column(table, "tokens")
+    lengths, occ = flat_column(table, "pair_counts")
+    lengths = lengths.astype(np.int64)
+    col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
+    if (col["range_starts"] is None) != (col["range_ends"] is None):
+        raise ValueError("range columns")
+    ordinals = col["ordinals"].astype(np.int64)
+    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
+    sources = sources.astype(object)
+    pairs = offsets_of(lengths)
+    if "loss_bits" in table.column_names:
+        mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
+    else:
+        mask = np.ones(int(pairs[-1]), dtype=bool)
+    whole = col["range_starts"] is None
+    fields = {
+        "tokens": tokens.astype(np.int32, copy=False),
+        "lengths": lengths,
+        "starts": col["seq_starts"].astype(np.int64),
+        "row_offsets": occ,
+        "ordinals": ordinals,
+        "loss_mask": mask,
+        "source_ids": sources,
+        "example_ids": sources if col["example_ids"] is None else col["example_ids"].astype(object),
+        "range_starts": np.zeros_like(lengths) if whole else col["range_starts"].astype(np.int64),
+        "range_ends": lengths + 1 if whole else col["range_ends"].astype(np.int64),
+    }
+    return fields, row_tok
+
+
+def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
+    """The same from a version-1 table (``seq_lengths`` and ``labels``)."""
+    _columns(table, V1_COLUMNS, where)
+    tokens, row_tok = flat_column(table, "tokens")
+    labels, label_off = flat_column(table, "labels")
+    lengths, occ = flat_column(table, "seq_lengths")
+    col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
+    if not np.array_equal(label_off, row_tok):
+        raise ValueError("labels")
+    supervised = labels != IGNORE_INDEX
+    if np.any(supervised & (labels != tokens)):
+        raise InvalidInput(f"{where}: a label differs from its token — the file is damaged")
+    lengths = lengths.astype(np.int64)
+    firsts = offsets_of(lengths + 1)[:-1]  # a window's first token is no pair's target
+    keep = np.ones(tokens.shape[0], dtype=bool)
+    keep[firsts[firsts < tokens.shape[0]]] = False
+    fields = {
+        "tokens": tokens.astype(np.int32, copy=False),
+        "lengths": lengths,
+        "row_offsets": occ,
+        "loss_mask": supervised[keep],
+        "starts": col["seq_starts"].astype(np.int64),
+        "ordinals": col["ordinals"].astype(np.int64),
+        "source_ids": col["source_ids"].astype(object),
+        "example_ids": col["example_ids"].astype(object),
+        "range_starts": col["range_starts"].astype(np.int64),
+        "range_ends": col["range_ends"].astype(np.int64),
+    }
+    return fields, row_tok
+
+
+def arrow_to_rows(
+    table: pa.Table,
+    *,
+    capacity: int,
+    partition: Split,
+    binding: Binding,
+    where: str,
+    contiguous: bool = True,
+) -> CompactRows:
+    """Read packed-row rows (version 1 or 2) back, checking they describe whole, in-row
+    occurrences.
+
+    ``contiguous`` also requires consecutive ``row`` values (needed to rebuild
+    model calls; not to recover the examples).
+    """
+    damaged = f"{where}: rows are inconsistent — the file is damaged; pack again"
+    try:
+        fields, row_tok = (_v1 if is_version_1(table.column_names) else _v2)(table, where)
+    except (ValueError, pa.ArrowException):
+        raise InvalidInput(damaged) from None
+    lengths, starts = fields["lengths"], fields["starts"]
+    row_ids = table.column("row").to_numpy()
+    first_row = int(row_ids[0]) if row_ids.size else 0
+    consistent = (
+        np.array_equal(offsets_of(lengths + 1)[fields["row_offsets"]], row_tok)
+        and fields["loss_mask"].shape[0] == int(lengths.sum())
+        and (lengths.size == 0 or (lengths.min() >= 1 and starts.min() >= 0))
+        and bool(np.all(starts + lengths <= capacity))
+        and (
+            not contiguous
+            or np.array_equal(row_ids, np.arange(first_row, first_row + row_ids.size))
+        )
+    )
+    if not consistent:
+        raise InvalidInput(damaged)
+    return CompactRows(
+        **fields, capacity=capacity, partition=partition, binding=binding, first_row=first_row
+    )

@@ -1,23 +1,13 @@
 """The spill: token chunks written once to a temporary Arrow IPC file, read back memory-mapped.
 
-Packing a corpus larger than memory reads and tokenizes it chunk by chunk;
-each :class:`~seqpack.io.documents.TokenChunk` is appended to the spill as
-one record batch and dropped, so only the lengths stay in memory. When the
-corpus is read, :meth:`Spill.open` maps the file and gives every chunk back
-as views of the map (no copy; pages are read when an output shard gathers
-its windows, and :meth:`Spill.release` hands them back after each shard).
-
-The file is a :func:`tempfile.TemporaryFile`: on POSIX it has no name (or
-loses it at once), so it lives exactly as long as this process holds it
-open and is gone after success, failure, SIGTERM or SIGKILL alike (the
-kernel frees an unnamed file when its last descriptor closes). Folders
-created for it are removed again when it closes.
-
-A touched page of a mapped file counts in resident memory until the map
-goes; :meth:`MappedFile.release` (``madvise(MADV_DONTNEED)``) drops the pages
-after each shard (they stay in the page cache and on disk), so resident
-memory is bounded by what one shard touches. Input files (Arrow IPC) are
-mapped the same way.
+Packing a corpus larger than memory appends each
+:class:`~seqpack.io.documents.TokenChunk` to the spill as one record batch and
+keeps only the lengths; :meth:`Spill.open` maps the file and gives every chunk
+back as views of the map. The file is a :func:`tempfile.TemporaryFile` (no
+name on POSIX), so it is gone after success, failure, SIGTERM or SIGKILL alike;
+folders created for it are removed when it closes. :meth:`MappedFile.release`
+drops the pages read after each output shard, so resident memory is bounded by
+what one shard touches (input Arrow IPC files are mapped the same way).
 """
 
 from __future__ import annotations
@@ -110,7 +100,6 @@ class Spill:
         with self._naming_errors():
             self._writer = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
-        self.bytes = 0
 
     def append(self, chunk: TokenChunk) -> None:
         """Write ``chunk``'s tokens (as int32), flags and ids as one record batch."""
@@ -128,7 +117,6 @@ class Spill:
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
         with self._naming_errors():
             self._writer.write_batch(batch)
-        self.bytes += batch.nbytes
 
     def open(self, origins: list[Origin], first_rows: list[int]) -> list[TokenChunk]:
         """Finish writing and map the file: every chunk, in order, as views of the map."""

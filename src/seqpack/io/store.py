@@ -1,14 +1,11 @@
-"""The packed-directory format: Parquet shards of compact rows plus ``manifest.json``.
+"""The packed directory: Parquet shards of compact rows plus ``manifest.json``.
 
-Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version
-2; version-1 outputs still load; tree outputs are version 3,
-:mod:`seqpack.io.tree_store`), whole model calls each (a multiple of
-``max_rows_per_batch`` rows). ``manifest.json`` records the format version,
-binding, partition, config, policy, statistics and every shard's row span,
-size, sha256 and stored columns: a reader trusts only what it lists, and a
-writer publishes by replacing it (:mod:`seqpack.io.atomic`). :func:`load_packed`
-checks the manifest's shape, every shard's size and sha256, and the caller's
-expected binding and partition.
+Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version 2;
+version 1 still loads; tree outputs are version 3, :mod:`seqpack.io.tree_store`),
+whole model calls each. ``manifest.json`` records the format version, binding,
+partition, config, policy, statistics and every shard's row span, size, sha256
+and stored columns: a reader trusts only what it lists, and a writer publishes
+by replacing it (:mod:`seqpack.io.atomic`).
 """
 
 from __future__ import annotations
@@ -79,6 +76,7 @@ def write_shards(
     stops the run at the next shard.
     """
     spans = list(itertools.pairwise(np.asarray(bounds).tolist()))
+    entries: list[dict[str, Any]] = []
 
     def build(k: int) -> pa.Table:
         return to_table(gather(*spans[k]), format)
@@ -86,32 +84,23 @@ def write_shards(
     def write(k: int, table: pa.Table) -> dict[str, Any]:
         return write_shard_file(table, output.path, output.shard(k), spans[k][0])
 
-    entries: list[dict[str, Any]] = []
-
     def done(entry: dict[str, Any]) -> None:
         entries.append(entry)
         if on_shard is not None:
             on_shard(entry)
 
-    if len(spans) <= 1:
-        for k in range(len(spans)):
-            done(write(k, build(k)))
+    if len(spans) == 1:
+        done(write(0, build(0)))
         return entries
     writing: collections.deque[Future] = collections.deque()
     with ThreadPoolExecutor(SHARDS_IN_FLIGHT, thread_name_prefix="seqpack-write") as pool:
-        try:
-            for k in range(len(spans)):
-                # the shard gathered next overlaps the writes before it; with the ones still
-                # writing it makes at most SHARDS_IN_FLIGHT shards in memory
-                while len(writing) >= SHARDS_IN_FLIGHT:
-                    done(writing.popleft().result())  # raises a writer's error here
-                writing.append(pool.submit(write, k, build(k)))
-            while writing:
-                done(writing.popleft().result())
-        except BaseException:
-            for future in writing:
-                future.cancel()
-            raise
+        for k in range(len(spans)):
+            # shard k is gathered while at most SHARDS_IN_FLIGHT - 1 earlier ones write
+            while len(writing) >= SHARDS_IN_FLIGHT:
+                done(writing.popleft().result())  # raises a writer's error here
+            writing.append(pool.submit(write, k, build(k)))
+        while writing:
+            done(writing.popleft().result())
     return entries
 
 
@@ -194,7 +183,7 @@ class PackedStore:
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
             file = self.path / self.shards[k]["file"]
-            rows = read_shard(file, self.shards[k], self.manifest, self.occurrences)
+            rows = read_shard(file, self.shards[k], self)
             self._cached = (k, rows)
         return self._cached[1]
 
@@ -211,14 +200,6 @@ class PackedStore:
     def __iter__(self) -> Iterator[PackedBatch]:
         for i in range(len(self)):
             yield self[i]
-
-
-def _open_manifest(path: Path) -> PackedStore:
-    """Read ``manifest.json`` and check it (:func:`~seqpack.io.integrity.check_manifest`)."""
-    manifest = read_manifest(path)
-    refuse_trl(manifest, str(path))
-    check_manifest(manifest, path)  # every number agrees with the others before it is used
-    return PackedStore(path, manifest)
 
 
 @renamed_kwargs(expected_partition="expected_split", verify="integrity")
@@ -254,18 +235,17 @@ def load_packed(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
             " leaves none) — run seqpack pack again"
         )
-    tree = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
-    if tree is not None:
-        if integrity:
-            check_checksums(tree.manifest, path)
-        if integrity == "full":
-            tree.records()
-        tree.require(expected_binding, expected_split)
-        return tree  # type: ignore[return-value]
-    store = _open_manifest(path)
+    store: Any = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
+    if store is None:
+        manifest = read_manifest(path)
+        refuse_trl(manifest, str(path))
+        check_manifest(manifest, path)  # every number agrees with the others before it is used
+        store = PackedStore(path, manifest)
     if integrity:
         check_checksums(store.manifest, path)
-    if integrity == "full":
+    if integrity == "full" and isinstance(store, PackedStore):
         check_contents(store.manifest, store.shard_rows, path)
+    elif integrity == "full":
+        store.records()
     store.require(expected_binding, expected_split)
     return store

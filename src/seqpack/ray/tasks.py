@@ -31,8 +31,7 @@ from seqpack.core.supervision import Objective
 from seqpack.io import store
 from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
-from seqpack.io.shard_rows import arrow_to_rows
-from seqpack.io.shards import FULL, shard_bounds, shard_table
+from seqpack.io.shards import FULL, arrow_to_rows, shard_bounds, shard_table
 from seqpack.io.tokenizers import HFTokenizer, Tokenizer
 from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
