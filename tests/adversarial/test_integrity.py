@@ -362,3 +362,28 @@ def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
     with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
         for i in range(len(data)):
             data[i]
+
+
+def test_a_claimed_pair_count_is_checked_before_memory_is_allocated_for_it(packed, tmp_path):
+    """An edited shard (checksums fixed) whose first occurrence claims 2**31 - 1 pairs is
+    refused as damaged without allocating for the claim (it once allocated a 2 GiB mask
+    first; NumPy reports its allocations to tracemalloc)."""
+    import shutil
+    import tracemalloc
+
+    import pyarrow.parquet as pq
+
+    from support.integrity_cases import _edit_shard
+
+    out = tmp_path / "out"
+    shutil.copytree(packed[0], out)
+    _edit_shard(lambda c: (c["pair_counts"][0].__setitem__(0, 2**31 - 1), c.pop("loss_bits")))(out)
+    assert pq.read_table(next(out.glob("shard-*-00001.parquet"))).num_rows > 0
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidInput, match="rows are inconsistent"):
+            load_packed(out).shard_rows(1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 20, peak

@@ -426,6 +426,8 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
     ordinals = col["ordinals"].astype(np.int64)
     sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
     sources = sources.astype(object)
+    if lengths.size and (lengths.min() < 0 or int(lengths.sum()) + lengths.size > tokens.size):
+        raise ValueError("pair_counts")  # before allocating from them: a claimed 2**31 is 2 GiB
     pairs = offsets_of(lengths)
     if "loss_bits" in table.column_names:
         mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
