@@ -1,21 +1,11 @@
 """TRL-format rows (``format="trl"``) in TRL and ``transformers`` training scripts.
 
-- :func:`load_trl` opens a packed directory written by ``seqpack pack
-  --format trl`` as a ``datasets.Dataset`` (its manifest, sizes and sha256
-  checked first, as :func:`seqpack.io.store.load_packed` does for seqpack's
-  own format).
-- :class:`per_example` feeds packed rows to a collator that flattens a
-  batch of *examples*, such as ``transformers.DataCollatorWithFlattening``:
-  that collator takes every feature for one sequence (positions
-  ``0..len-1`` over the whole feature, one ``cu_seq_lens`` span, ``labels[0]``
-  of the feature set to -100), so a packed row handed to it directly would
-  be trained as one long example, attending across its examples. Wrapped,
-  each row reaches it as the examples ``seq_lengths`` names, and it builds
-  exactly the padding-free batch it builds for separate examples.
-
-TRL's ``DataCollatorForLanguageModeling(padding_free=True)`` (what
-``SFTTrainer`` uses with ``padding_free=True``) reads ``seq_lengths`` itself
-and needs no wrapper.
+:func:`load_trl` opens a ``seqpack pack --format trl`` directory as a ``datasets.Dataset``
+(manifest, sizes and sha256 checked first). :class:`per_example` feeds each packed row to
+a collator that flattens a batch of *examples* (``transformers.DataCollatorWithFlattening``)
+as the examples its ``seq_lengths`` names; handed a packed row directly, such a collator
+would train it as one long example. TRL's ``DataCollatorForLanguageModeling(padding_free=True)``
+reads ``seq_lengths`` itself and needs no wrapper.
 """
 
 from __future__ import annotations

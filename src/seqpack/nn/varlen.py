@@ -146,15 +146,14 @@ def segment_plan(
 
 def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
     """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
-    key = f"varlen:{bucketing}"
-    if key not in layout.cache:
-        rows, width = layout.shape
+
+    def build() -> VarlenPlan:
         cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
         starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each position 0
-        layout.cache[key] = segment_plan(
-            starts, layout.lengths, rows * width, layout.valid.device, bucketing
-        )
-    return layout.cache[key]
+        cells = layout.shape[0] * layout.shape[1]
+        return segment_plan(starts, layout.lengths, cells, layout.valid.device, bucketing)
+
+    return layout.cached(f"varlen:{bucketing}", build)
 
 
 def as_tokens(x: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ module                 holds
 ``decoder``            :class:`TinyDecoder`, the float64 reference model
 ``layouts``            separate vs padded vs packed; ``seqpack verify`` without ``--hf-*``
 ``probes``             the isolation and first-query probes
-``models``             :func:`verify_hf`: a ``transformers`` model, packed == separate
-``loading``            the model and the verification layout it runs on
+``models``             :func:`verify_hf`: a ``transformers`` model, packed == separate;
+                       the model and the verification layout it runs on
 ``tolerance``          tolerances derived from the dtype path (float32 islands)
 ``diagnose``           the first divergent layer, and a hint
 ``tree_models``        :func:`verify_tree`: tree-packed rows on a real model
