@@ -1,22 +1,13 @@
 """Hugging Face: ``datasets`` in and out, the ``transformers`` adapter and collators.
 
-=====================  =========================================================
-module                 holds
-=====================  =========================================================
-``datasets_io``        :func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`
-``adapter``            :func:`hf_inputs`: the kwargs that keep examples apart
-``architectures``      windows, layer types and refusals derived from a model config
-``masks``              the 4-D masks (float, bool, BlockMask), per layer type
-``kinds``              attention implementations by kind (flash, sdpa, eager, flex ...)
-``attention_impl``     ``attn_implementation="seqpack_varlen"`` (registered on import)
-``collator``           :class:`HFCollator` for ``transformers.Trainer``
-``trl_training``       :func:`load_trl`, :class:`per_example`: TRL-format rows in
-                       TRL / ``transformers`` scripts
-=====================  =========================================================
-
-Names are loaded on first use; ``import seqpack.hf`` itself imports nothing heavy,
-and registers ``attn_implementation="seqpack_varlen"`` with ``transformers`` (now if it
-is loaded, else as soon as it is: :mod:`seqpack.hf._register`).
+``datasets_io`` (:func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`),
+``streaming`` (a stream packed as it is read), ``adapter`` (:func:`hf_inputs`),
+``architectures`` / ``capability`` / ``kinds`` (what a config can be made exact for),
+``masks`` (the 4-D masks), ``attention_impl`` (``attn_implementation="seqpack_varlen"``),
+``collator`` (:class:`HFCollator`), ``trl_training`` (:func:`load_trl`,
+:class:`per_example`), ``tree_inputs`` (tree packing). Names load on first use;
+``import seqpack.hf`` imports neither ``transformers`` nor ``datasets``, and registers
+``seqpack_varlen`` as soon as ``transformers`` loads (:mod:`seqpack.hf._register`).
 """
 
 from __future__ import annotations
