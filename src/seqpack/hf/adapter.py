@@ -68,39 +68,25 @@ def hf_inputs(
     attn_implementation: str,
     *,
     config: Any = None,
-    mask: str = "float",
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-    pad_token_id: int = 0,
-    labels: bool = True,
-    num_items_in_batch: int | None = None,
     kind: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
     ``config`` (``model.config``) decides windows and per-layer-type masks; an
     architecture seqpack cannot make exact raises ``UnsupportedArchitecture``.
-    ``dtype``: the model's (the additive mask must match it); ``mask``: ``"float"`` or
-    ``"bool"`` (sdpa kind only); ``kind=`` states the kind of a name seqpack cannot tell
-    (:mod:`seqpack.hf.kinds`). ``labels``: ``labels`` and ``shift_labels``, so
-    ``model(**kwargs).loss`` is token-weighted (divided by ``num_items_in_batch`` when
-    given: the optimizer step's global eligible count). Tensors are ``(R, T)``, or
-    ``(1, N)`` over the valid cells for the flattened kinds (:func:`cell_logits`).
+    ``kind=`` states the kind of a name seqpack cannot tell (:mod:`seqpack.hf.kinds`).
+    ``options`` are :func:`build_inputs`'s: ``dtype`` (the model's: the additive mask
+    must match it), ``device``, ``mask`` (``"float"``, or ``"bool"`` for the sdpa kind
+    only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``, so
+    ``model(**kwargs).loss`` is token-weighted) and ``num_items_in_batch`` (the
+    optimizer step's global eligible count, to divide by instead). Tensors are
+    ``(R, T)``, or ``(1, N)`` over the valid cells for the flattened kinds
+    (:func:`cell_logits`).
     """
     kind = attention_kind(attn_implementation, kind)
     arch = None if config is None else capability(config).check(kind)
-    return build_inputs(
-        batch,
-        attn_implementation,
-        arch,
-        mask=mask,
-        dtype=dtype,
-        device=device,
-        pad_token_id=pad_token_id,
-        labels=labels,
-        num_items_in_batch=num_items_in_batch,
-        kind=kind,
-    )
+    return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
 
 
 def build_inputs(

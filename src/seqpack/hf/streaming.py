@@ -63,13 +63,10 @@ def is_stream(dataset: Any) -> bool:
 
     if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
         return True
-    if isinstance(
-        dataset, (datasets.Dataset, datasets.DatasetDict, pa.Table, str, bytes, os.PathLike)
-    ):
-        return False
-    if isinstance(dataset, Mapping):
-        return False
-    return callable(dataset) or isinstance(dataset, Iterable)
+    in_memory = (datasets.Dataset, datasets.DatasetDict, pa.Table, str, bytes, os.PathLike, Mapping)
+    return not isinstance(dataset, in_memory) and (
+        callable(dataset) or isinstance(dataset, Iterable)
+    )
 
 
 class _Source:

@@ -223,13 +223,11 @@ class TinyDecoder(nn.Module):
         flat = vectors.new_zeros(R * T, self.config.width).index_copy(0, index, vectors)
         return flat.view(R, T, self.config.width)
 
-    def rotary(self, layout: AttentionLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, layout: AttentionLayout) -> Rope:
         """cos, sin (R, 1, T, D/2) at the layout's local positions."""
-        if "max_position" not in layout.cache:
-            layout.cache["max_position"] = (
-                int(layout.positions.max()) if layout.valid.numel() else 0
-            )
-        top = layout.cache["max_position"]
+        top = layout.cached(
+            "max_position", lambda: int(layout.positions.max()) if layout.valid.numel() else 0
+        )
         if top >= self.config.max_len:
             raise InvalidInput(
                 f"local position {top} reaches the decoder's max_len {self.config.max_len}"

@@ -23,13 +23,9 @@ the model mixed examples, and the report's ``hint`` names the first divergent la
 (:mod:`seqpack.verify.diagnose`). Tolerances follow the model's real dtype path
 (:mod:`seqpack.verify.tolerance`); ``model_loss`` always gets float32's.
 
-:func:`load_model` builds a causal LM from a local config (seeded random weights) or a
-local pretrained folder, never downloading. :func:`verification_layout` picks the
-examples' lengths and row width: without a window :data:`LENGTHS` at capacity 12 (rows
-``[6, 3 | 3 pad]``, ``[8, 4]`` exact, ``[5, 2 | 5 pad]``); with the model's window
-``w`` the longest example has ``2w + 3`` pairs (capped to the row the model can hold,
-at most :data:`MAX_WIDTH`) and shares its row with a short one, so every sliding layer
-truncates real queries; ``--lengths`` gives a user's own shapes.
+:func:`load_model` builds the model from a local config (seeded random weights) or a
+local pretrained folder, never downloading; :func:`verification_layout` picks the
+examples' lengths and row width (a windowed model's longest example exceeds its window).
 """
 
 from __future__ import annotations
@@ -99,9 +95,13 @@ def verification_layout(
 ) -> VerifyCase:
     """The examples' lengths and row width for a model with ``window`` and ``max_positions``.
 
-    ``max_example``: the longest example the model is exact for (a stated
-    condition such as ``index_topk``); default lengths are capped to it. A window
-    too long for the widest row keeps the small default (not exercised).
+    Without a window :data:`LENGTHS` at capacity 12 (rows ``[6, 3 | 3 pad]``, ``[8, 4]``
+    exact, ``[5, 2 | 5 pad]``). With window ``w`` the longest example has ``2w + 3`` pairs
+    (capped to the row the model can hold, at most :data:`MAX_WIDTH`) and shares its row
+    with a short one, so every sliding layer truncates real queries; a window too long
+    for that row keeps the default (not exercised). ``lengths``: a user's own shapes, the
+    row width their sum where it fits. ``max_example``: the longest example the model is
+    exact for (a stated condition such as ``index_topk``); default lengths are capped to it.
     """
     limit = MAX_WIDTH if max_positions is None else min(int(max_positions), MAX_WIDTH)
     if lengths is not None:
