@@ -89,7 +89,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.tree_lengths is not None:  # prints its own report; its exit code
             from seqpack.cli.verify_tree import cmd_verify_tree
 
-            return cmd_verify_tree(args)
+            return cmd_verify_tree(args, finish_verify)
         return finish_verify(args, _run_verify(args))
     except (SeqpackError, KeyboardInterrupt):
         raise

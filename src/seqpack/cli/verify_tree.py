@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from seqpack.core.errors import InvalidInput
@@ -13,8 +14,8 @@ from seqpack.core.errors import InvalidInput
 TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree")
 
 
-def cmd_verify_tree(args: argparse.Namespace) -> int:
-    """Exit 0 PASS, 1 FAIL; the report printed as flat verify prints its own."""
+def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]) -> int:
+    """Exit 0 PASS, 1 FAIL; ``finish`` prints the report as flat verify prints its own."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     if not (args.hf_config or args.hf_model):
         raise InvalidInput(
@@ -57,9 +58,7 @@ def cmd_verify_tree(args: argparse.Namespace) -> int:
         )
     r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     r["model"]["source"] = str(args.hf_config or args.hf_model)
-    from seqpack.cli.verify import finish_verify
-
-    return finish_verify(args, r)
+    return finish(args, r)
 
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:
