@@ -10,7 +10,6 @@ reads ``seq_lengths`` itself and needs no wrapper.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
-from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest
+from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest, read_manifest
 from seqpack.io.trl_schema import TRL_FORMAT, check_trl_contents, is_trl
 
 #: The columns of a packed row that are cut into its examples.
@@ -43,14 +42,12 @@ def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: A
     if integrity not in DEPTHS:
         raise InvalidInput(f"integrity must be True, False or 'full', not {integrity!r}")
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
+        manifest = read_manifest(path)  # not valid JSON: one line naming the file
     except OSError:
         raise InvalidInput(
             f"{path} has no readable {MANIFEST}: not a finished seqpack output — run seqpack"
             " pack --format trl again"
         ) from None
-    except (ValueError, RecursionError) as err:
-        raise InvalidInput(f"{path / MANIFEST}: not valid JSON ({err}) — pack again") from None
     if not is_trl(manifest):
         raise InvalidInput(
             f"{path} is not a TRL-format output (format {manifest.get('format')!r}, want"
