@@ -22,13 +22,13 @@ from types import ModuleType
 MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.errors": ("seqpack.core.errors",),
     "seqpack.examples": ("seqpack.core.examples", "seqpack.core.binding"),
-    "seqpack.policies": ("seqpack.core.policies", "seqpack.core.plan", "seqpack.core.checks"),
+    "seqpack.policies": ("seqpack.core.policies", "seqpack.core.plan", "seqpack.core.errors"),
     "seqpack.stream_packer": ("seqpack.core.stream_packer",),
     "seqpack.batch": ("seqpack.core.batch", "seqpack.core.compact", "seqpack.core.config"),
     "seqpack.compact": ("seqpack.core.compact",),
     "seqpack.permission": ("seqpack.core.permission",),
-    "seqpack.budget": ("seqpack.core.arith",),
-    "seqpack.counts": ("seqpack.core.counts",),
+    "seqpack.budget": ("seqpack.core.config",),
+    "seqpack.counts": ("seqpack.core.policies",),
     "seqpack.loss": ("seqpack.core.loss",),
     "seqpack.tokenizers": ("seqpack.io.tokenizers",),
     "seqpack.jsonl": ("seqpack.io.jsonl",),
@@ -43,6 +43,10 @@ MOVED: dict[str, tuple[str, ...]] = {
     "seqpack.io.tree_rows": ("seqpack.io.tree_store",),
     "seqpack.pipeline.tree_options": ("seqpack.pipeline.pack_tree",),
     "seqpack.hf.preflight": ("seqpack.hf.capability",),
+    "seqpack.core.arith": ("seqpack.core.config",),
+    "seqpack.core.arguments": ("seqpack.core.errors",),
+    "seqpack.core.checks": ("seqpack.core.errors",),
+    "seqpack.core.counts": ("seqpack.core.policies",),
 }
 
 

@@ -17,7 +17,7 @@ from seqpack.core.errors import BudgetExceeded, InvalidInput
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 from seqpack.core.stream_packer import StreamPacker, stream_bytes
-from seqpack.training.sampler import RowSampler
+from seqpack.training.distributed import RowSampler
 
 from support.integrity_cases import STATES, StateCase, run_state
 from support.strategies import BINDING

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqpack import Binding, BudgetExceeded, ExampleTable
-from seqpack.core import arith as budget
+from seqpack.core import config as budget
 from seqpack.core.policies import POLICIES
 from seqpack.pipeline.budget import packing_bytes
 from seqpack.pipeline.local import pack_table

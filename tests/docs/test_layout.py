@@ -132,6 +132,10 @@ def test_every_option_flag_reaches_the_command_line():
         ("seqpack.stream_packer", "seqpack.core.stream_packer"),
         ("seqpack.permission", "seqpack.core.permission"),
         ("seqpack.loss", "seqpack.core.loss"),
+        ("seqpack.core.checks", "seqpack.core.errors"),
+        ("seqpack.core.arguments", "seqpack.core.errors"),
+        ("seqpack.core.arith", "seqpack.core.config"),
+        ("seqpack.core.counts", "seqpack.core.policies"),
     ],
 )
 def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):

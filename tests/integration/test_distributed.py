@@ -6,8 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import InvalidInput
-from seqpack.training.distributed import RowStats, row_costs, schedule_rows
-from seqpack.training.sampler import RowSampler
+from seqpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
 from seqpack.verify.fixture import fixture_batch
 
 

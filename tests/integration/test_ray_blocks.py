@@ -15,12 +15,11 @@ from seqpack import InvalidInput
 from seqpack.io.jsonl import read_jsonl
 from seqpack.io.tokenizers import HFTokenizer, load_tokenizer
 from seqpack.pipeline.options import PackOptions
-from seqpack.ray import jsonl_blocks
+from seqpack.ray import blocks as ray_blocks
 from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_slice
-from seqpack.ray.engine_record import per_block, per_node
+from seqpack.ray.driver import per_block, per_node
 from seqpack.ray.shard_layout import ShardCuts
-from seqpack.ray.tasks import Settings
-from seqpack.ray.worker import FastTokenizer, task_tokenizer
+from seqpack.ray.tasks import FastTokenizer, Settings, task_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from workloads import stdlib_texts, train_bpe
@@ -59,7 +58,7 @@ def test_line_range_blocks_read_every_record_once_in_order(
 ):
     paths = _write(tmp_path_factory.mktemp("j"), texts)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jsonl_blocks, "SCAN_BYTES", scan_bytes)  # lines across reads
+        patch.setattr(ray_blocks, "SCAN_BYTES", scan_bytes)  # lines across reads
         runs = jsonl_pieces(paths, size)
     want = [row for p in paths for row in read_jsonl(p).to_pylist()]
     got = [row for run in runs for piece in run for row in read_slice(piece, "text").to_pylist()]

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqpack import BudgetExceeded, InvalidInput, PackConfig, Split, pack_examples
-from seqpack.core import arith as budget
+from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.config import check_segment_namespace, plan_metadata_bytes
 from seqpack.core.policies import plan_rows

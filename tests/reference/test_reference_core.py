@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from seqpack import Binding, BindingMismatch, InvalidInput, PackConfig, Split, pack_examples
 from seqpack.core.binding import INT32_MAX, data_digest
-from seqpack.core.counts import batch_counts, compare_layouts, layout_counts
-from seqpack.core.policies import POLICIES, plan_rows
+from seqpack.core.policies import POLICIES, batch_counts, compare_layouts, layout_counts, plan_rows
 
 from support.reference import Layout, placed_from_records
 from support.strategies import BINDING, example_lists

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from seqpack import EmptyObjective, InvalidInput, PackConfig, Split, pack_examples
 from seqpack.core import loss as core_loss
 from seqpack.pipeline.local import pack_path
+from seqpack.training.distributed import RowSampler
 from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
 from seqpack.training.packed_data import PackedCollator, PackedDataset
-from seqpack.training.sampler import RowSampler
 
 from support.packed_helpers import random_records, write_jsonl
 from support.reference import close, log_softmax_nll, softmax

@@ -29,7 +29,7 @@ from seqpack import (
     pack_examples,
     plan_rows,
 )
-from seqpack.core import arith as budget
+from seqpack.core import config as budget
 from seqpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
 from seqpack.core.permission import tiled_edges
 from seqpack.core.policies import POLICIES

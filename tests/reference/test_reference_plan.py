@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
 from seqpack.cli.flags import parse_byte_size, parse_count, parse_option
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import (
+from seqpack.core.errors import (
     MAX_OPTION_VALUE,
     MAX_TREE_CAPACITY,
     check_lengths,

@@ -511,8 +511,7 @@ def _drop_buffered(state: dict) -> None:
 
 def _sampler_state(**changes: Any) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
-        from seqpack.training.distributed import RowStats
-        from seqpack.training.sampler import RowSampler
+        from seqpack.training.distributed import RowSampler, RowStats
 
         tokens = np.arange(1, 9, dtype=np.int64)
         sampler = RowSampler(RowStats(tokens, tokens, tokens**2.0), rows_per_micro_batch=2,

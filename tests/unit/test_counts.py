@@ -1,4 +1,4 @@
-from seqpack.core.counts import compare_layouts, layout_counts
+from seqpack.core.policies import compare_layouts, layout_counts
 from seqpack.verify.fixture import DENSITY_LENGTHS, FIXTURE_CAPACITY, FIXTURE_DOCUMENTS
 
 

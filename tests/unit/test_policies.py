@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
 from seqpack.core import engine
-from seqpack.core.checks import MAX_TREE_CAPACITY, positive_int
+from seqpack.core.errors import MAX_TREE_CAPACITY, positive_int
 from seqpack.core.plan import validate_plan
 from seqpack.core.policies import POLICIES, decreasing_order
 

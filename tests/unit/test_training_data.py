@@ -21,7 +21,7 @@ from seqpack import (
 from seqpack.core.compact import compact_rows
 from seqpack.io.store import write_packed
 from seqpack.nn.attention import AttentionLayout
-from seqpack.training.distributed import RowStats
+from seqpack.training.distributed import RowSampler, RowStats
 from seqpack.training.packed_data import (
     PackedCollator,
     PackedDataset,
@@ -33,7 +33,6 @@ from seqpack.training.packed_data import (
     move_features,
     select_rows,
 )
-from seqpack.training.sampler import RowSampler
 from seqpack.verify.decoder import TinyDecoder
 from seqpack.verify.fixture import fixture_batch, fixture_binding
 

@@ -19,10 +19,9 @@ from seqpack import (
     pack_examples,
 )
 from seqpack.core.loss import token_weighted_loss, token_weighted_sum
-from seqpack.training.distributed import RowStats
+from seqpack.training.distributed import RowSampler, RowStats
 from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
 from seqpack.training.packed_data import PackedCollator, ScheduledBatch, decoder_inputs, select_rows
-from seqpack.training.sampler import RowSampler
 from seqpack.verify.decoder import TinyDecoder
 from seqpack.verify.fixture import fixture_batch
 from seqpack.verify.layouts import within_tolerance

@@ -20,8 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from seqpack.core.checks import MAX_OPTION_VALUE, positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
 from seqpack.pipeline.options import PackOptions
 
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core.arguments import path_argument
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, path_argument
 from seqpack.pipeline.progress import printable
 
 

@@ -1,7 +1,6 @@
 """The packed batch: the single source of truth every view is derived from.
 
-The seed's fixture (A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1],
-capacity 6, next-fit) packs into two rows::
+The fixture (A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1], capacity 6, next-fit)::
 
     column      0    1    2    3    4    5
     inputs    [ 0,  99, 100,   0, 101,  -1]   [  0, 102, 103, 104, -1, -1]
@@ -9,9 +8,8 @@ capacity 6, next-fit) packs into two rows::
     segments  [ 0,   0,   0,   1,   1,  -1]   [  2,   2,   2,   2, -1, -1]
     positions [ 0,   1,   2,   0,   1,   0]   [  0,   1,   2,   3,  0,  0]
 
-``PAD_CELL = -1`` marks an empty cell (never a vocabulary id) and
-``NO_SEGMENT = -1`` its segment; padding positions are 0 and unused.
-B's queries at columns 3 and 4 may use keys ``[3,4)`` and ``[3,5)`` only.
+``PAD_CELL = -1`` marks an empty cell (never a vocabulary id), ``NO_SEGMENT = -1`` its
+segment, position 0. B's queries at columns 3 and 4 may use keys ``[3,4)`` and ``[3,5)``.
 """
 
 from __future__ import annotations
@@ -43,13 +41,10 @@ CELL_FIELDS = (
 
 @dataclass(frozen=True, eq=False)
 class Occurrences:
-    """One record per occurrence in a batch, in storage order (row, column).
-
-    Arrays of shape [k]: ``ordinal`` (int64, index in the supplied examples),
-    ``row`` (batch-local), ``col_start``/``col_end`` (columns ``[start, end)``),
-    ``segment`` (int32, equals the ordinal), ``source_ids``/``example_ids``
-    (str), ``range_starts``/``range_ends`` (the selected source range).
-    """
+    """One record per occurrence of a batch, in storage order, arrays [k]: ``ordinal``
+    (int64, index among the supplied examples), ``row`` (batch-local), ``col_start`` /
+    ``col_end``, ``segment`` (int32, the ordinal), ``source_ids`` / ``example_ids`` (str),
+    ``range_starts`` / ``range_ends`` (the span)."""
 
     ordinal: np.ndarray
     row: np.ndarray
@@ -89,14 +84,10 @@ class Occurrences:
 
 @dataclass(frozen=True, eq=False)
 class PackedBatch:
-    """One model call: ``rows`` rows of ``capacity`` cells.
-
-    Cell arrays, shape [rows, capacity]: ``inputs``/``targets`` int32
-    (``PAD_CELL`` on padding), ``segments`` int32 (``NO_SEGMENT``),
-    ``positions`` int32 (local, restarting at 0 per occurrence; 0 on
-    padding), ``input_valid``/``target_valid``/``loss_mask`` bool.
-    ``first_row`` is the global index of row 0 within its epoch.
-    """
+    """One model call, cell arrays [rows, capacity]: ``inputs``/``targets`` int32
+    (``PAD_CELL`` on padding), ``segments`` int32 (``NO_SEGMENT``), ``positions`` int32
+    (local, 0 on padding), ``input_valid``/``target_valid``/``loss_mask`` bool;
+    ``first_row``: the global index of row 0 in its epoch."""
 
     inputs: np.ndarray
     targets: np.ndarray
@@ -119,11 +110,8 @@ class PackedBatch:
         binding: Binding,
         first_row: int = 0,
     ) -> PackedBatch:
-        """A batch from the six arrays :func:`fill_cells` returns.
-
-        Pairs are formed inside each range, so every input has its target:
-        target validity starts equal to input validity (as its own array).
-        """
+        """A batch from :func:`fill_cells`' six arrays; every input has its target, so target
+        validity is a copy of input validity."""
         inputs, targets, segments, positions, valid, loss_mask = cells
         return cls(inputs, targets, segments, positions, valid, valid.copy(), loss_mask,
                    occurrences, partition, binding, first_row)  # fmt: skip
@@ -185,19 +173,14 @@ def fill_cells(
     token_starts: np.ndarray,
     flags: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
-    """Padded cells of one model call: ``inputs, targets, segments, positions, valid, loss_mask``.
-
-    Occurrence ``i`` covers cells ``[start[i], start[i] + lens[i])`` of row
-    ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]`` and segment
-    ``segment[i]``; its flags are the next ``lens[i]`` of ``flags`` (in cell
-    order). Arrays are [rows, capacity]; vectorised over cells.
-    """
-    inputs = np.full(shape, PAD_CELL, dtype=np.int32)
-    targets = np.full(shape, PAD_CELL, dtype=np.int32)
+    """Padded cells [rows, capacity] of one model call: ``inputs, targets, segments,
+    positions, valid, loss_mask``. Occurrence ``i`` covers cells ``[start[i], start[i] +
+    lens[i])`` of row ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]``,
+    segment ``segment[i]`` and the next ``lens[i]`` of ``flags``."""
+    inputs, targets = np.full((2, *shape), PAD_CELL, dtype=np.int32)
     segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
     positions = np.zeros(shape, dtype=np.int32)
-    valid = np.zeros(shape, dtype=bool)
-    loss_mask = np.zeros(shape, dtype=bool)
+    valid, loss_mask = np.zeros((2, *shape), dtype=bool)
     total = int(lens.sum())
     if total:
         firsts = np.zeros(lens.shape[0], dtype=np.int64)

@@ -1,10 +1,5 @@
-"""What every example and batch must agree on: the binding and the partition.
-
-A :class:`Binding` names the vocabulary (ids in ``[0, vocab_size)``), the
-tokenizer that made the ids and the split receipt (a digest of the accepted
-data split, :func:`data_digest`). A :class:`Split` is train,
-validation or test; a batch holds one partition only.
-"""
+"""What every example and batch must agree on: the :class:`Binding` (vocabulary, tokenizer,
+data digest) and the :class:`Split` (train, validation or test; one per batch)."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_names
 from seqpack.core.errors import BindingMismatch, InvalidInput
 
 INT32_MAX = 2**31 - 1
@@ -41,10 +37,8 @@ class Split(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Binding:
-    """What every example and batch must agree on: ``vocab_size`` bounds token ids to
-    ``[0, vocab_size)``, ``tokenizer_id`` names the tokenizer that encoded them, ``split_id``
-    is the digest of the accepted data split (the split receipt: it identifies evidence,
-    it does not approve it)."""
+    """``vocab_size`` bounds token ids to ``[0, vocab_size)``, ``tokenizer_id`` names the
+    tokenizer, ``split_id`` is the data digest (it identifies evidence, it approves none)."""
 
     vocab_size: int
     tokenizer_id: str
@@ -92,13 +86,5 @@ def data_digest(*parts: str | bytes) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
-# vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "Partition": "Split",
-        "split_digest": "data_digest",
-    },
-)
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"Partition": "Split", "split_digest": "data_digest"})

@@ -1,25 +1,18 @@
 """Compact rows: packed rows without padding, and the one gather that builds them.
 
-:class:`CompactRows` is the one struct of arrays for packed rows on the
-write path (what every writer gathers and the shard format stores) and the
-read path (what a shard, a ``datasets`` row or a collator's features read
-back as). A row holds its occurrences' *windows* (``len + 1`` tokens each,
-so inputs and targets both come from them) back to back, and the column
-each starts at, so the padded :class:`PackedBatch` is rebuilt exactly. The
-fixture (capacity 6, next-fit)::
+:class:`CompactRows` is the one struct of arrays for packed rows, written and read
+back alike. A row holds its occurrences' windows (``len + 1`` tokens each) back to
+back and the column each starts at, so the padded :class:`PackedBatch` is rebuilt
+exactly. The fixture (capacity 6, next-fit)::
 
     row 0: tokens [0 99 100 1 | 0 101 1]   lengths [3, 2]  starts [0, 3]
     row 1: tokens [0 102 103 104 1]        lengths [4]     starts [0]
 
-The write path, in data order: a :class:`~seqpack.core.plan.Plan` is put in
-storage order (:class:`Storage`); :func:`gather_rows` builds rows ``[a, b)``
-from a :class:`TokenSource` (an in-memory :class:`ExampleTable` through
-:class:`TableSource`, a spilled corpus through
-:class:`seqpack.pipeline.writer.CorpusSource`); the shard writer
-(:func:`seqpack.io.store.write_shard`) stores them. :func:`compact_rows` and
+Write path: a :class:`Plan` in :class:`Storage` order; :func:`gather_rows` builds rows
+``[a, b)`` from a :class:`TokenSource` (:class:`TableSource`, or
+:class:`seqpack.pipeline.writer.CorpusSource`); :func:`compact_rows` and
 :func:`materialize` are that path in memory. The copies are one kernel,
-:func:`gather_into` (numba where :mod:`seqpack.core.engine` has it, else
-chunked NumPy).
+:func:`gather_into` (numba, else chunked NumPy).
 """
 
 from __future__ import annotations
@@ -30,13 +23,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seqpack.core import arith as budget
 from seqpack.core import engine
 from seqpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_cells
 from seqpack.core.binding import Binding, Split
-from seqpack.core.config import PackConfig, check_segment_namespace, plan_metadata_bytes
+from seqpack.core.config import PackConfig, check_segment_namespace, enforce, plan_metadata_bytes
 from seqpack.core.errors import InvalidInput, SplitMismatch
-from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges
+from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges, offsets_of
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 
@@ -49,15 +41,12 @@ class CompactRows:
     """Rows ``first_row .. first_row + num_rows - 1`` of a packing, unpadded.
 
     ``row_offsets`` int64 [rows+1]: row ``r`` holds occurrences
-    ``row_offsets[r]:row_offsets[r+1]``. Per occurrence, shape [k]:
-    ``lengths`` (prediction pairs), ``starts`` (column), ``ordinals`` (index
-    among the packed examples = segment id). Per token: ``tokens`` int32
-    [Σ(len+1)] (windows). The derivable parts may be None on the write path
-    (the shard format derives them; :meth:`full` fills them): ``loss_mask``
-    bool [Σlen] (None: every target supervised), ``source_ids`` (NumPy or
-    Arrow strings; None: the ordinal's decimal), ``example_ids`` (None: the
-    source ids), ``range_starts``/``range_ends`` (None: whole sources
-    ``[0, len + 1)``).
+    ``row_offsets[r]:row_offsets[r+1]``. Per occurrence [k]: ``lengths`` (pairs),
+    ``starts`` (column), ``ordinals`` (segment id). ``tokens`` int32 [Σ(len+1)]. The
+    derivable parts may be None (:meth:`full` fills them): ``loss_mask`` bool [Σlen]
+    (None: all supervised), ``source_ids`` (NumPy or Arrow strings; None: the ordinal's
+    decimal), ``example_ids`` (None: the source ids), ``range_starts``/``range_ends``
+    (None: ``[0, len + 1)``).
     """
 
     tokens: np.ndarray
@@ -85,12 +74,12 @@ class CompactRows:
     @property
     def token_offsets(self) -> np.ndarray:
         """Window ``i`` is ``tokens[token_offsets[i]:token_offsets[i+1]]``, int64 [k+1]."""
-        return _offsets(self.lengths + 1)
+        return offsets_of(self.lengths + 1)
 
     @property
     def target_offsets(self) -> np.ndarray:
         """Flags of occurrence ``i`` are ``loss_mask[target_offsets[i]:...[i+1]]``, int64 [k+1]."""
-        return _offsets(self.lengths)
+        return offsets_of(self.lengths)
 
     @property
     def row_of(self) -> np.ndarray:
@@ -99,17 +88,16 @@ class CompactRows:
 
     def full(self) -> CompactRows:
         """These rows with every derivable part filled in (NumPy arrays)."""
-        k = len(self)
-        mask = self.loss_mask
+        mask, starts, ends = self.loss_mask, self.range_starts, self.range_ends
         sources = _strings(self.source_ids, self.ordinals)
-        examples = sources if self.example_ids is None else _strings(self.example_ids, None)
+        same = self.example_ids is None or self.example_ids is self.source_ids
         return replace(
             self,
             loss_mask=np.ones(int(self.lengths.sum()), bool) if mask is None else mask,
             source_ids=sources,
-            example_ids=sources if self.example_ids is self.source_ids else examples,
-            range_starts=np.zeros(k, np.int64) if self.range_starts is None else self.range_starts,
-            range_ends=self.lengths + 1 if self.range_ends is None else self.range_ends,
+            example_ids=sources if same else _strings(self.example_ids, None),
+            range_starts=np.zeros(len(self), np.int64) if starts is None else starts,
+            range_ends=self.lengths + 1 if ends is None else ends,
         )
 
     def labels(self, use_numba: bool = True) -> np.ndarray:
@@ -119,25 +107,22 @@ class CompactRows:
     def slice_rows(self, start: int, stop: int) -> CompactRows:
         """Rows ``[start, stop)`` (local numbering) as views."""
         o0, o1 = int(self.row_offsets[start]), int(self.row_offsets[stop])
-        tok = self.token_offsets
+        t0, t1 = self.token_offsets[[o0, o1]]
 
         def cut(values: Any) -> Any:
             return None if values is None else values[o0:o1]
 
-        same = self.example_ids is self.source_ids
         sources = cut(self.source_ids)
         return replace(
             self,
-            tokens=self.tokens[tok[o0] : tok[o1]],
-            loss_mask=None
-            if self.loss_mask is None
-            else self.loss_mask[tok[o0] - o0 : tok[o1] - o1],
+            tokens=self.tokens[t0:t1],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[t0 - o0 : t1 - o1],
             lengths=self.lengths[o0:o1],
             starts=self.starts[o0:o1],
             row_offsets=self.row_offsets[start : stop + 1] - o0,
             ordinals=self.ordinals[o0:o1],
             source_ids=sources,
-            example_ids=sources if same else cut(self.example_ids),
+            example_ids=sources if self.example_ids is self.source_ids else cut(self.example_ids),
             range_starts=cut(self.range_starts),
             range_ends=cut(self.range_ends),
             first_row=self.first_row + start,
@@ -167,12 +152,6 @@ class CompactRows:
         """Model calls of ``max_rows_per_batch`` rows (the last keeps its real count)."""
         for first in range(0, self.num_rows, max_rows_per_batch):
             yield self.slice_rows(first, min(first + max_rows_per_batch, self.num_rows)).to_batch()
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    out = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out
 
 
 def _strings(values: Any, ordinals: np.ndarray | None) -> np.ndarray:
@@ -234,7 +213,7 @@ def gather_segments(
 ) -> np.ndarray:
     """Concatenate ``src[starts[i]:starts[i]+lens[i]]`` for every ``i`` (one output array)."""
     lens = np.ascontiguousarray(lens, dtype=np.int64)
-    out_starts = _offsets(lens)
+    out_starts = offsets_of(lens)
     out = np.empty(int(out_starts[-1]), dtype=src.dtype)
     gather_into(np.ascontiguousarray(src), starts, lens, out, out_starts[:-1], use_numba)
     return out
@@ -269,7 +248,7 @@ def span_labels(
     if kernel is not None:
         kernel(tokens, loss_mask, lengths, out)
         return out
-    firsts = _offsets(lengths + 1)[:-1]
+    firsts = offsets_of(lengths + 1)[:-1]
     keep = np.ones(tokens.shape[0], dtype=bool)
     keep[firsts] = False
     supervised = np.zeros(tokens.shape[0], dtype=bool)
@@ -328,19 +307,16 @@ class Storage:
         rows = plan.row_of if kept else plan.row_of[order]
         row_offsets = np.searchsorted(rows, np.arange(plan.num_rows + 1, dtype=np.int64))
         del rows
-        tokens = _offsets(plan.lengths[order] + window_extra)
+        tokens = offsets_of(plan.lengths[order] + window_extra)
         return cls(plan, order, row_offsets.astype(np.int64), tokens[row_offsets], kept)
 
 
 class TokenSource(Protocol):
     """Where planned examples' tokens are: what :func:`gather_rows` reads.
 
-    ``lengths`` int64 [n] are the examples' prediction pairs. ``take(ex,
-    contiguous)`` returns, for examples ``ex`` (int64 [k]; ``contiguous``:
-    ``ex`` is ``ex[0], ex[0]+1, ...``), their windows back to back (int32
-    [Σ(len+1)]) and a dict of the :class:`CompactRows` derivable fields it has
-    (``loss_mask``, ``source_ids``, ``example_ids``, ``range_starts``,
-    ``range_ends``; absent or None: derived).
+    ``lengths`` int64 [n]: prediction pairs. ``take(ex, contiguous)``: for examples
+    ``ex`` (int64 [k]; ``contiguous``: ``ex[0], ex[0]+1, ...``) their windows back to
+    back (int32 [Σ(len+1)]) and the :class:`CompactRows` derivable fields it has.
     """
 
     lengths: np.ndarray
@@ -377,24 +353,23 @@ class TableSource:
         self.lengths, self.binding, self.partition = table.lengths, table.binding, table.partition
 
     def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
-        t, use_numba = self.table, self.use_numba
-        same = t.example_ids is t.source_ids
+        t = self.table
         if contiguous:
             lo, hi = (int(ex[0]), int(ex[-1]) + 1) if ex.size else (0, 0)
+            sel: Any = slice(lo, hi)
             tokens = t.windows[t.offsets[lo] : t.offsets[hi]]
             mask = t.loss_mask[t.offsets[lo] - lo : t.offsets[hi] - hi]
-            ids = {n: getattr(t, n)[lo:hi] for n in ("source_ids", "range_starts", "range_ends")}
-            ids["example_ids"] = ids["source_ids"] if same else t.example_ids[lo:hi]
         else:
-            lengths = t.lengths[ex]
-            tokens = gather_segments(t.windows, t.offsets[ex], lengths + 1, use_numba)
+            sel, lengths = ex, t.lengths[ex]
+            tokens = gather_segments(t.windows, t.offsets[ex], lengths + 1, self.use_numba)
             mask = t.loss_mask
             if mask.size and mask.any() and not mask.all():
-                mask = gather_segments(mask, t.target_offsets[ex], lengths, use_numba)
+                mask = gather_segments(mask, t.target_offsets[ex], lengths, self.use_numba)
             else:  # uniform flags: any run of them is these rows' flags (a view)
                 mask = mask[: int(lengths.sum())]
-            ids = {n: getattr(t, n)[ex] for n in ("source_ids", "range_starts", "range_ends")}
-            ids["example_ids"] = ids["source_ids"] if same else t.example_ids[ex]
+        ids = {n: getattr(t, n)[sel] for n in ("source_ids", "range_starts", "range_ends")}
+        same = t.example_ids is t.source_ids
+        ids["example_ids"] = ids["source_ids"] if same else t.example_ids[sel]
         ranges = {n: ids[n].astype(np.int64, copy=False) for n in ("range_starts", "range_ends")}
         return tokens, ids | ranges | {"loss_mask": mask}
 
@@ -408,14 +383,11 @@ def _check_plan(table: ExampleTable, plan: Plan) -> None:
 def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
     """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
 
-    Memory: one copy of the windows and flags plus per-occurrence arrays; when
-    the plan keeps the supplied order (next-fit, padded) the windows, flags and
-    per-example arrays of ``table`` are shared, not copied, and uniform flags
-    (every target supervised) are always shared.
+    One copy of the windows and flags; none when the plan keeps the supplied order
+    (next-fit, padded), and uniform flags are always shared.
     """
     _check_plan(table, plan)
-    storage = Storage.of(plan)
-    return gather_rows(TableSource(table, use_numba), storage, 0, plan.num_rows)
+    return gather_rows(TableSource(table, use_numba), Storage.of(plan), 0, plan.num_rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -430,16 +402,13 @@ class PackedEpoch:
 
 
 def materialize(table: ExampleTable, plan: Plan, config: PackConfig) -> PackedEpoch:
-    """Lay ``table`` out as ``plan`` says, in model calls of ``config.max_rows_per_batch`` rows.
-
-    The metadata budget is checked before any batch is allocated; each call is
-    gathered on its own (:func:`gather_rows`), so no copy of the whole table is made.
-    """
+    """Lay ``table`` out as ``plan`` says, in model calls of ``config.max_rows_per_batch`` rows;
+    the metadata budget is checked before any batch is allocated, each call gathered alone."""
     _check_plan(table, plan)
     if plan.capacity != config.capacity:
         raise InvalidInput(f"plan capacity {plan.capacity} != config capacity {config.capacity}")
     peak = plan_metadata_bytes(plan, config)
-    budget.enforce(peak, config.max_metadata_bytes)
+    enforce(peak, config.max_metadata_bytes)
     storage, source, per = Storage.of(plan), TableSource(table), config.max_rows_per_batch
     batches = [
         gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()
@@ -457,13 +426,10 @@ def pack_examples(
     policy: str = "next-fit",
     **policy_options: Any,
 ) -> PackedEpoch:
-    """Pack whole examples into rows of ``config.capacity`` prediction pairs.
-
-    Every example must belong to ``partition`` and carry ``expected_binding``.
-    With the default next-fit policy the supplied order is kept, only the
-    current row is filled, and an example longer than the capacity is an
-    error naming it. Occurrence ``i`` (the ``i``-th supplied example) gets
-    segment id ``i``; duplicates get distinct segments.
+    """Pack whole examples of ``partition`` and ``expected_binding`` into rows of
+    ``config.capacity`` pairs. Next-fit (the default) keeps the supplied order and fills
+    only the current row; an oversized example is an error naming it. Occurrence ``i``
+    gets segment id ``i`` (duplicates get distinct segments).
     """
     part = Split.parse(partition)
     if isinstance(examples, ExampleTable):

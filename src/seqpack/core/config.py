@@ -1,5 +1,7 @@
 """The limits of one packing (:class:`PackConfig`) and what materialising a plan costs,
-computed with checked arithmetic before anything is allocated."""
+computed with checked byte arithmetic before anything is allocated: every intermediate
+kept below ``MAX_BYTES`` (what an int64 offset can address) and compared with the limit
+before NumPy is asked for memory."""
 
 from __future__ import annotations
 
@@ -7,23 +9,60 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqpack.core import arith as budget
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import BudgetExceeded, InvalidInput
+from seqpack.core.errors import BudgetExceeded, InvalidInput, positive_int
 from seqpack.core.plan import Plan
+
+MAX_BYTES = 2**63 - 1
+
+#: bytes per cell of a packed batch: inputs, targets, segments, positions
+#: (int32) plus input_valid, target_valid, loss_mask (bool).
+CELL_BYTES = 4 * 4 + 3 * 1
+#: bytes per occurrence record: ordinal, row, col_start, col_end, range_start,
+#: range_end (int64), segment (int32), source and example id references (8 each).
+OCCURRENCE_BYTES = 6 * 8 + 4 + 2 * 8
+#: bytes per planned example: lengths, row_of, start_of, storage order (int64).
+PLAN_BYTES = 4 * 8
+#: transient int64 gather indices per real cell while a batch is materialised.
+GATHER_BYTES = 4 * 8
+
+
+def checked_mul(a: int, b: int) -> int:
+    out = int(a) * int(b)
+    if out > MAX_BYTES:
+        raise BudgetExceeded(f"metadata size {a} * {b} overflows a 64-bit byte count")
+    return out
+
+
+def checked_add(*terms: int) -> int:
+    out = 0
+    for t in terms:
+        out += int(t)
+        if out > MAX_BYTES:
+            raise BudgetExceeded("metadata size overflows a 64-bit byte count")
+    return out
+
+
+def enforce(
+    need: int,
+    limit: int | None,
+    what: str = "packing metadata",
+    fix: str = "pack fewer examples per call",
+) -> None:
+    """Raise :class:`BudgetExceeded` naming the need, the limit and ``fix`` (or more budget)."""
+    if limit is not None and need > limit:
+        raise BudgetExceeded(
+            f"{what} needs {need:,} bytes but max_metadata_bytes is {limit:,}"
+            f" — raise the budget or {fix}"
+        )
 
 
 @dataclass(frozen=True)
 class PackConfig:
-    """Row width and per-call limits, validated on construction.
-
-    ``capacity``: cells per row (one input token and its target each: the ``input_ids``
-    width, a run's ``max_length``). ``max_rows_per_batch``: rows per model call (the
-    last keeps its real count). ``max_cells``: cells one call may hold (default
-    ``capacity * max_rows_per_batch``). ``max_metadata_bytes``: budget for everything
-    :func:`pack_examples` allocates (None: unlimited).
-    """
+    """Row width and per-call limits, validated on construction: ``capacity`` cells per row
+    (a run's ``max_length``), ``max_rows_per_batch`` rows per model call, ``max_cells`` per
+    call (default ``capacity * max_rows_per_batch``), ``max_metadata_bytes`` for what
+    :func:`pack_examples` allocates (None: unlimited)."""
 
     capacity: int
     max_rows_per_batch: int
@@ -34,14 +73,14 @@ class PackConfig:
         cap = positive_int("capacity", self.capacity, INT32_MAX)
         rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
         cells = cap * rows if self.max_cells is None else self.max_cells
-        cells = positive_int("max_cells", cells, budget.MAX_BYTES)
+        cells = positive_int("max_cells", cells, MAX_BYTES)
         if cells < cap:
             raise InvalidInput(
                 f"max_cells {cells} is smaller than one row of capacity {cap}"
                 " — no model call could hold a row; raise max_cells"
             )
         if self.max_metadata_bytes is not None:
-            positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
+            positive_int("max_metadata_bytes", self.max_metadata_bytes, MAX_BYTES)
         object.__setattr__(self, "capacity", cap)
         object.__setattr__(self, "max_rows_per_batch", rows)
         object.__setattr__(self, "max_cells", cells)
@@ -57,29 +96,27 @@ def check_segment_namespace(count: int) -> None:
 
 
 def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
-    """Bytes :func:`materialize` allocates for ``plan``, computed before allocating.
-
-    Raises :class:`BudgetExceeded` when a model call would exceed ``max_cells``.
-    """
+    """Bytes :func:`materialize` allocates for ``plan``, before allocating
+    (:class:`BudgetExceeded` when a model call would exceed ``max_cells``)."""
     n = plan.lengths.shape[0]
-    total = budget.checked_mul(n, budget.PLAN_BYTES)
+    total = checked_mul(n, PLAN_BYTES)
     largest = 0
     rows_per = config.max_rows_per_batch
     counts = np.bincount(plan.row_of, minlength=plan.num_rows) if n else np.zeros(0, np.int64)
     cells_per_row = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
     for first in range(0, plan.num_rows, rows_per):
         rows = min(rows_per, plan.num_rows - first)
-        cells = budget.checked_mul(rows, config.capacity)
+        cells = checked_mul(rows, config.capacity)
         if cells > config.max_cells:
             raise BudgetExceeded(
                 f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
                 f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
             )
         occ = int(counts[first : first + rows].sum())
-        total = budget.checked_add(
+        total = checked_add(
             total,
-            budget.checked_mul(cells, budget.CELL_BYTES),
-            budget.checked_mul(occ, budget.OCCURRENCE_BYTES),
+            checked_mul(cells, CELL_BYTES),
+            checked_mul(occ, OCCURRENCE_BYTES),
         )
         largest = max(largest, int(cells_per_row[first : first + rows].sum()))
-    return budget.checked_add(total, budget.checked_mul(largest, budget.GATHER_BYTES))
+    return checked_add(total, checked_mul(largest, GATHER_BYTES))

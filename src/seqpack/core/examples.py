@@ -1,19 +1,12 @@
-"""Examples: input/target pairs formed inside one selected source range.
-
-A source document is an already-encoded token array (BOS/EOS as the
-tokenizer made them). An example selects a range ``[start, end)`` of it and
-forms its pairs *inside* that range only::
+"""Examples: input/target pairs formed inside one span ``[start, end)`` of a document::
 
     document A = [0, 99, 100, 1]          (BOS 0, EOS 1)
     inputs     = tokens[0:3] = [0, 99, 100]
     targets    = tokens[1:4] = [99, 100, 1]     3 prediction pairs
 
 A's last input 100 predicts its own EOS 1, never the next document's BOS.
-
-Two containers hold examples: :class:`SequenceExample` (one example, for
-the API and tests) and :class:`ExampleTable` (struct-of-arrays, what the
-packer consumes; thousands to billions of examples without a Python object
-per example).
+:class:`SequenceExample` holds one example, :class:`ExampleTable` many as flat arrays
+(what the packer consumes, no Python object per example).
 """
 
 from __future__ import annotations
@@ -24,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_names
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import InvalidInput, SplitMismatch
 
@@ -43,8 +37,8 @@ def pair_offsets(offsets: np.ndarray) -> np.ndarray:
 
 
 def _outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
-    """``(id, position)`` of the most negative id, else of the largest one when an id lies
-    outside ``[0, vocab_size)``; None when all are inside."""
+    """``(id, position)`` of the lowest id if negative, else of the largest if it is not
+    below ``vocab_size``; None when all are inside."""
     if not tokens.size:
         return None
     lo, hi = int(tokens.min()), int(tokens.max())
@@ -79,11 +73,8 @@ def example_label(index: int, example_id: str, start: int, end: int) -> str:
 
 @dataclass(frozen=True, eq=False)
 class SequenceExample:
-    """One example: ``len(self)`` prediction pairs from one source range.
-
-    Arrays (all length ``len(self)``): ``inputs`` int32, ``targets`` int32,
-    ``loss_mask`` bool (True = target supervised).
-    """
+    """One example: ``len(self)`` prediction pairs from one span; ``inputs``, ``targets``
+    int32 and ``loss_mask`` bool (True = supervised), all of length ``len(self)``."""
 
     inputs: np.ndarray
     targets: np.ndarray
@@ -115,8 +106,7 @@ class SequenceExample:
         >>> ex.inputs.tolist(), ex.targets.tolist(), len(ex)
         ([0, 99, 100], [99, 100, 1], 3)
 
-        ``loss_mask`` (length ``end - start - 1``) marks supervised targets,
-        e.g. False for prompt targets in instruction tuning.
+        ``loss_mask`` (length ``end - start - 1``) marks supervised targets.
         """
         if not isinstance(binding, Binding):
             raise InvalidInput(f"source {source_id!r}: binding must be a seqpack.Binding")
@@ -135,12 +125,9 @@ class SequenceExample:
                 f"{label} has {end - start} token(s); an example needs at least 2"
                 " to form one input/target pair — drop it or widen the range"
             )
-        window = doc[start:end].copy()
-        length = end - start - 1
-        if loss_mask is None:
-            mask = np.ones(length, dtype=bool)
-        else:
-            mask = np.asarray(loss_mask)
+        window, length = doc[start:end].copy(), end - start - 1
+        mask = np.ones(length, dtype=bool) if loss_mask is None else np.asarray(loss_mask)
+        if loss_mask is not None:
             if mask.ndim != 1 or mask.shape[0] != length:
                 raise InvalidInput(
                     f"{label}: loss_mask has shape {mask.shape}, expected ({length},)"
@@ -168,12 +155,9 @@ class SequenceExample:
 
 @dataclass(frozen=True, eq=False)
 class ExampleTable:
-    """Many examples of one partition and binding, as flat arrays.
-
-    ``windows`` concatenates each example's selected tokens ``[start, end)``;
-    example ``i`` owns ``windows[offsets[i]:offsets[i+1]]`` and has
-    ``lengths[i] = offsets[i+1] - offsets[i] - 1`` prediction pairs. Its
-    targets' loss flags are ``loss_mask[target_offsets[i]:target_offsets[i+1]]``.
+    """Many examples of one split and binding, as flat arrays: example ``i`` owns
+    ``windows[offsets[i]:offsets[i+1]]`` (its span's tokens), has ``lengths[i]`` pairs
+    and the flags ``loss_mask[target_offsets[i]:target_offsets[i+1]]``.
 
     Shapes: ``windows`` int32 [Σ(len+1)], ``offsets`` int64 [n+1],
     ``loss_mask`` bool [Σlen], ``source_ids``/``example_ids`` [n] (str),
@@ -323,11 +307,8 @@ def _select(table: ExampleTable, source: np.ndarray, starts: Any, lens: np.ndarr
 
 
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64).
-
-    Starts ``[5, 0]`` with lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``: the
-    indices that gather ``src[5:7]`` then ``src[0:3]``.
-    """
+    """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64): starts ``[5, 0]``,
+    lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``."""
     total = int(lengths.sum())
     if total == 0:
         return np.zeros(0, dtype=np.int64)
@@ -338,13 +319,10 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def long_ranges(
     token_counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ranges that keep every next-token pair of each source exactly once (``--split-long``).
+    """Spans that keep every next-token pair of each document exactly once (``--split-long``).
 
-    A source of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole,
-    ``[0, n)``. A longer one becomes consecutive interior ranges of at most
-    ``capacity + 1`` tokens that overlap by one token, so range ``k`` is
-    ``[k*capacity, min((k+1)*capacity + 1, n))``. Pairs form inside each
-    range, so none crosses a range and none is lost or repeated::
+    A document of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole; a longer one
+    becomes spans ``[k*capacity, min((k+1)*capacity + 1, n))`` overlapping by one token::
 
         tokens  [0, 11, 12, 13, 14, 15, 1]    7 tokens, 6 pairs, capacity 4
         ranges  [0, 5)  -> pairs 0->11 11->12 12->13 13->14
@@ -362,12 +340,11 @@ def long_ranges(
 
 
 def cut_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
-    """Select examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, split)``.
+    """Cut examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, cut)``.
 
-    ``split`` counts the examples that were divided. Each piece keeps its
-    source id, gets the range in source coordinates and the example id
-    ``'{source_id}[{start}:{end}]'``; its loss flags are the source's flags
-    for the targets it holds. A table with nothing to split is returned as is.
+    ``cut`` counts the examples divided. Each span keeps its source id and flags, gets
+    its range in document coordinates and the id ``'{source_id}[{start}:{end}]'``; a
+    table with nothing to cut is returned as is.
     """
     counts = np.diff(table.offsets)
     long = counts - 1 > capacity
@@ -383,12 +360,5 @@ def cut_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
     return split, int(long.sum())
 
 
-# vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "split_long": "cut_long",
-    },
-)
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"split_long": "cut_long"})

@@ -1,21 +1,15 @@
 """Token-weighted loss over a packed batch, and the seed's constructed loss probe.
 
-Every eligible target weighs the same: the raw negative log-likelihood sum
-over eligible cells is divided **once** by their count ``N``. On the fixture
-(5 targets in row 0, 4 in row 1; A, B, C hold 3, 2, 4)::
+The raw NLL sum over eligible cells is divided **once** by their count ``N``. On the
+fixture (A, B, C hold 3, 2, 4 targets)::
 
     loss_mask  [[T, T, T, T, T, F],      N = 9
                 [T, T, T, T, F, F]]
     mean = (sum over the 9 eligible cells) / 9
 
-Excluded cells are skipped **before** any arithmetic: the eligible cells are
-gathered first, then targets are converted and the log-softmax computed, so
-a NaN or inf logit in a padding cell never reaches the result (multiplying a
-computed NaN by a zero mask would not remove it).
-
-Logits may be a NumPy array (float64 reference) or a ``torch.Tensor`` (keeps
-autograd); this module never imports torch itself, so the NumPy path works
-without it.
+Eligible cells are gathered before any arithmetic, so a NaN logit in a padding cell
+never reaches the result. Logits are NumPy (float64 reference) or a ``torch.Tensor``
+(autograd kept); torch is imported only when given.
 """
 
 from __future__ import annotations
@@ -34,11 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossSum:
-    """Raw NLL ``sum`` over ``count`` eligible targets, not yet divided.
-
-    The form to accumulate across micro-batches or ranks: add the sums and
-    the counts, then divide once by the global count.
-    """
+    """Raw NLL ``sum`` over ``count`` eligible targets, not yet divided (add sums and counts
+    across micro-batches or ranks, then divide once by the global count)."""
 
     sum: Any
     count: int
@@ -74,13 +65,9 @@ def check_logits(logits: Any, shape: tuple[int, ...], vocab_size: int) -> int:
 
 
 def eligible_nll(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> tuple[np.ndarray, Any]:
-    """Per-target NLL at the eligible cells, gathered before any arithmetic.
-
-    ``logits`` [..., V] (NumPy or torch), ``targets`` int [...], ``loss_mask``
-    bool [...]. Returns ``(cells, nll)``: the flat indices int64 [N] of the
-    eligible cells in row-major order and their NLL [N] (same kind as the
-    logits; float64 for NumPy).
-    """
+    """Per-target NLL at the eligible cells, gathered before any arithmetic: ``logits``
+    [..., V], ``targets`` int [...], ``loss_mask`` bool [...] -> ``(cells, nll)``, the flat
+    cell indices int64 [N] (row-major) and their NLL [N] (float64 for NumPy)."""
     mask = np.asarray(loss_mask, dtype=bool)
     cells = np.flatnonzero(mask).astype(np.int64)  # [N]
     width = int(logits.shape[-1])
@@ -116,11 +103,8 @@ def masked_nll_sum(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> L
 
 
 def token_weighted_sum(logits: Any, batch: PackedBatch) -> LossSum:
-    """Raw NLL sum and eligible count of ``batch``, to be divided by a (global) count.
-
-    ``logits`` [rows, capacity, V]. A batch with no eligible target gives
-    ``LossSum(0, 0)`` (still connected to the graph for torch logits).
-    """
+    """Raw NLL sum and eligible count of ``batch`` (``logits`` [rows, capacity, V]); no
+    eligible target gives ``LossSum(0, 0)``, still in the graph for torch logits."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
     return masked_nll_sum(logits, batch.targets, batch.loss_mask)
 
@@ -155,12 +139,9 @@ def token_weighted_loss(logits: Any, batch: PackedBatch) -> LossResult:
 
 
 def probe_logits(batch: PackedBatch, gold_probability: np.ndarray) -> np.ndarray:
-    """Finite logits giving each eligible target gold probability ``q`` exactly (ideally).
-
-    ``gold_probability`` float [rows, capacity] in (0, 1) at eligible cells.
-    Non-gold classes get logit 0 and the gold class ``ln((V-1) q / (1-q))``;
-    every other cell is all zeros. Returns float64 [rows, capacity, V].
-    """
+    """Finite logits, float64 [rows, capacity, V], giving each eligible target gold
+    probability ``q`` (``gold_probability`` [rows, capacity] in (0, 1)): the gold class
+    gets ``ln((V-1) q / (1-q))``, everything else 0."""
     vocab = batch.binding.vocab_size
     q = np.asarray(gold_probability, dtype=np.float64)
     cells = np.flatnonzero(batch.loss_mask)
@@ -175,13 +156,9 @@ def probe_logits(batch: PackedBatch, gold_probability: np.ndarray) -> np.ndarray
 
 
 def weighting_report(logits: Any, batch: PackedBatch) -> dict[str, Any]:
-    """The token-weighted loss next to the two weightings that change it.
-
-    ``row_mean`` averages each row's mean equally and ``document_mean``
-    averages each occurrence's mean equally; both give some targets more
-    weight than others, so neither equals ``mean`` unless counts agree.
-    Rows or occurrences with no eligible target are left out of those means.
-    """
+    """The token-weighted loss next to the two weightings that change it: ``row_mean`` (each
+    row's mean equally) and ``document_mean`` (each occurrence's); rows or occurrences with
+    no eligible target are left out of those."""
     cells, nll = eligible_nll(np.asarray(logits, dtype=np.float64), batch.targets, batch.loss_mask)
     result = divide(LossSum(float(np.sum(nll)), int(cells.shape[0])), what="the probe batch")
     width = batch.shape[1]

@@ -1,19 +1,11 @@
 """The permission predicate and every view derived from it.
 
-:func:`permitted` is the one specification, a function over broadcastable
-arrays (NumPy or torch alike): key ``k`` is allowed for query ``q`` iff both
-cells hold an input, ``k``'s node is an ancestor-or-self of ``q``'s node
-(Euler-tour intervals: ``node[k] <= node[q] < node_end[k]``), and
-``0 <= pos[q] - pos[k] < window`` (no window = unbounded). Flat packing is
-the one-node case: each occurrence segment is a trie of one node, whose
-exit is ``segment + 1``, so the interval test is "same segment"; tree
-packing (:mod:`seqpack.core.tree`) numbers nodes in pre-order and stores
-each node's exit. Every view below
-(key ranges, ``cu_seqlens``, ``position_ids``, the dense mask, the edge
-inventory, the tiled traversal) and every attention backend (``nn/``,
-``hf/``) calls it, or the closed form :func:`key_bounds` defined beside it,
-and the tests hold each one against it on random layouts, with and without
-windows.
+:func:`permitted` is the one specification, over broadcastable NumPy or torch arrays:
+key ``k`` is allowed for query ``q`` iff both cells hold an input, ``k``'s node is an
+ancestor-or-self of ``q``'s (``node[k] <= node[q] < node_end[k]``; flat packing is the
+one-node case, "same segment") and ``0 <= pos[q] - pos[k] < window``. Every view below
+and every attention backend calls it or its closed form :func:`key_bounds`, and the
+tests hold each one against it on random layouts.
 
 Fixture row 0 (A at columns 0-2, B at 3-4, padding at 5), permitted keys::
 
@@ -33,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from seqpack._renames import renamed_names
 from seqpack.core.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -66,17 +59,12 @@ def permitted(
 ) -> Array:
     """True where query ``q`` may attend to key ``k``: THE permission predicate.
 
-    Both valid, ``k``'s node an ancestor-or-self of ``q``'s
-    (``seg_k <= seg_q < seg_end_k``), ``0 <= pos_q - pos_k < window``
-    (``window=None``: no upper bound). ``seg_end_k=None`` is flat packing,
-    one node per segment: ``seg_end_k = seg_k + 1``, i.e. the same segment.
-    Arguments are broadcastable NumPy arrays or torch tensors (bool
-    validity, integer node ids and local positions), e.g. ``(R, T, 1)``
-    against ``(R, 1, T)`` for a dense ``(R, T, T)`` mask, or the scalars a
-    FlexAttention ``mask_mod`` indexes out.
+    Both valid, ``seg_k <= seg_q < seg_end_k`` (None: flat, the same segment),
+    ``0 <= pos_q - pos_k < window`` (None: unbounded). Broadcastable NumPy arrays or
+    torch tensors, e.g. ``(R, T, 1)`` against ``(R, 1, T)`` for a dense ``(R, T, T)``
+    mask, or the scalars a FlexAttention ``mask_mod`` indexes out.
     """
     lag = pos_q - pos_k
-    # seg_end_k None is the one-node case: seg_k <= seg_q < seg_k + 1, i.e. equality
     inside = seg_q == seg_k if seg_end_k is None else (seg_k <= seg_q) & (seg_q < seg_end_k)
     allowed = valid_q & valid_k & inside & (lag >= 0)
     return allowed if window is None else allowed & (lag < window)
@@ -108,14 +96,10 @@ def pairwise(
 def key_bounds(
     valid: Array, positions: Array, columns: Array, window: int | None = None
 ) -> tuple[Array, Array]:
-    """Closed form of :func:`permitted`'s key set per query: ``[starts, ends)`` columns.
-
-    Segments are contiguous and their positions count up from 0, so a real
-    query at column ``c`` with position ``p`` may see columns
-    ``[c - min(p, window - 1), c + 1)``; a padding query gets the empty
-    range ``[c, c)``. ``valid`` bool, ``positions`` and ``columns`` integer,
-    all ``(R, T)``; NumPy or torch.
-    """
+    """Closed form of :func:`permitted`'s key set per query, ``[starts, ends)`` columns:
+    segments are contiguous from position 0, so a real query at column ``c``, position
+    ``p`` sees ``[c - min(p, window - 1), c + 1)``, a padding query ``[c, c)``. All
+    ``(R, T)``, NumPy or torch."""
     back = positions if window is None else positions.clip(max=window - 1)
     return columns - back * valid, columns + valid
 
@@ -146,12 +130,8 @@ def allowed_key(
 
 @dataclass(frozen=True)
 class KeyRanges:
-    """Per-query key range ``[starts, ends)``, int64 [R, T], and per-row valid length [R].
-
-    A real query at column ``q`` with local position ``p`` of a segment
-    starting at column ``s`` has ``[s, q+1)``, or ``[q + 1 - min(p+1, w), q+1)``
-    under a window ``w``; a padding query has the empty range ``[q, q)``.
-    """
+    """Per-query key range ``[starts, ends)``, int64 [R, T] (:func:`key_bounds`), and
+    per-row valid length [R]."""
 
     starts: np.ndarray
     ends: np.ndarray
@@ -174,13 +154,9 @@ def key_ranges(batch: PackedBatch, window: int | None = None) -> KeyRanges:
 
 @dataclass(frozen=True)
 class CuSeqlens:
-    """flash-attn varlen metadata over the valid cells, in row-major order.
-
-    ``cu_seqlens`` int32 [S+1] (cumulative segment lengths, padding
-    excluded), ``max_seqlen`` int, ``valid_index`` int64 [Σl] (flat cell
-    indices into ``[R*T]`` that gather the packed tokens), ``segment_rows``
-    int64 [S] (the row each segment lives in).
-    """
+    """flash-attn varlen metadata over the valid cells, row-major: ``cu_seqlens`` int32
+    [S+1], ``max_seqlen``, ``valid_index`` int64 [Σl] (flat cell indices into ``[R*T]``),
+    ``segment_rows`` int64 [S]."""
 
     cu_seqlens: np.ndarray
     max_seqlen: int
@@ -192,13 +168,10 @@ def cu_seqlens(batch: PackedBatch) -> CuSeqlens:
     flat_valid = batch.input_valid.reshape(-1)
     valid_index = np.flatnonzero(flat_valid).astype(np.int64)
     starts = valid_index[batch.positions.reshape(-1)[valid_index] == 0]
-    n_valid = valid_index.shape[0]
-    # Position of each segment start within the gathered valid tokens.
-    first = np.searchsorted(valid_index, starts)
-    cu = np.append(first, n_valid).astype(np.int32)
+    # each segment start's place among the gathered valid tokens
+    cu = np.append(np.searchsorted(valid_index, starts), valid_index.shape[0]).astype(np.int32)
     lens = np.diff(cu)
-    max_len = int(lens.max()) if lens.size else 0
-    return CuSeqlens(cu, max_len, valid_index, starts // batch.shape[1])
+    return CuSeqlens(cu, int(lens.max()) if lens.size else 0, valid_index, starts // batch.shape[1])
 
 
 def position_ids(batch: PackedBatch) -> np.ndarray:
@@ -220,10 +193,8 @@ def edges(batch: PackedBatch, window: int | None = None) -> np.ndarray:
 
 
 def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = None) -> np.ndarray:
-    """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3].
-
-    A different traversal order of one relation: sorted, it equals :func:`edges`.
-    """
+    """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3]:
+    another traversal of one relation; sorted, it equals :func:`edges`."""
     if tile_width < 1:
         raise InvalidInput(f"tile_width must be positive, got {tile_width}")
     rows, width = batch.shape
@@ -238,12 +209,5 @@ def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = No
     return np.asarray(out, dtype=np.int64).reshape(-1, 3)
 
 
-# vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "check_window": "check_sliding_window",
-    },
-)
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"check_window": "check_sliding_window"})

@@ -1,17 +1,13 @@
 """The plan: where each whole example goes (integers only, no tokens).
 
-A plan places example ``i`` in row ``row_of[i]`` at columns
-``[start_of[i], start_of[i] + lengths[i])``. For lengths ``[3, 2, 4]`` at
-capacity 6 next-fit gives ``row_of [0, 0, 1]``, ``start_of [0, 3, 0]``::
+Example ``i`` sits in row ``row_of[i]`` at columns ``[start_of[i], start_of[i] +
+lengths[i])``; lengths ``[3, 2, 4]`` at capacity 6, next-fit::
 
     row 0: A A A B B .
     row 1: C C C C . .
 
-:meth:`Plan.save` / :meth:`Plan.load` keep it as one ``.npz`` file;
-whatever is loaded is validated before use: every array is read with its
-size checked against the file (no allocation a file merely claims, no
-pickles), integers only, every placement inside its row, no overlap, no
-empty row (:func:`validate_plan`).
+:meth:`Plan.save` / :meth:`Plan.load` keep it as one ``.npz`` file, validated on load
+(sizes checked against the file before allocating, no pickles, :func:`validate_plan`).
 """
 
 from __future__ import annotations
@@ -41,12 +37,8 @@ MAX_PLAN_EXAMPLES = 1 << 31
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """Placements of whole examples: example ``i`` occupies row ``row_of[i]``,
-    columns ``[start_of[i], start_of[i] + lengths[i])``.
-
-    Shapes: ``lengths``, ``row_of``, ``start_of`` int64 [n]. Rows are
-    numbered ``0..num_rows-1`` with no empty row.
-    """
+    """Placements of whole examples: ``lengths``, ``row_of``, ``start_of`` int64 [n]; rows
+    ``0..num_rows-1``, none empty."""
 
     lengths: np.ndarray
     row_of: np.ndarray
@@ -86,9 +78,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """A plan from :meth:`to_dict` output (or the arrays of a saved plan), validated:
-        integers only (no floats truncated, no bools), ``capacity`` in
-        ``[1, 2**31-1]``, every example placed once inside a row, no empty row."""
+        """A plan from :meth:`to_dict` output (or a saved plan's arrays), validated: integers
+        only (no floats, no bools), every example placed once inside a row, no empty row."""
         if not isinstance(data, Mapping):
             raise InvalidInput(f"a plan is a mapping, not a {type(data).__name__}")
         missing = [k for k in ("policy", "capacity", "num_rows", *ARRAYS) if k not in data]
@@ -117,12 +108,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Plan:
-        """Read a plan written by :meth:`save`; it is validated before use.
-
-        Each array's declared size is checked against the bytes the file
-        holds before anything is allocated, and ``max_bytes`` (if given)
-        bounds them together (:class:`~seqpack.core.errors.BudgetExceeded`).
-        """
+        """Read a plan written by :meth:`save`, validated; each array's declared size is
+        checked against the file, and ``max_bytes`` bounds them together, before allocating."""
         where = os.fspath(path)
         try:
             with zipfile.ZipFile(path) as archive:
@@ -191,9 +178,8 @@ def _npy_bytes(archive: zipfile.ZipFile, name: str) -> int:
 
 
 def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.ndarray:
-    """Array ``name`` of an ``.npz``: 1-D, of ``kind``, no larger than ``limit`` bytes nor
-    than the member holds — checked from its header before its data is read (``np.load``
-    would allocate whatever a header claims)."""
+    """Array ``name`` of an ``.npz``: 1-D, of ``kind``, at most ``limit`` bytes and what the
+    member holds, checked from its header first (``np.load`` allocates what a header claims)."""
     info = archive.getinfo(f"{name}.npy")
     with archive.open(info) as f:
         shape, dtype = _npy_header(f, name)
@@ -209,12 +195,8 @@ def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.
 
 
 def validate_plan(plan: Plan) -> None:
-    """Check a plan places every example once, whole, inside a row, without overlap.
-
-    Every value is bounded before any arithmetic (so no int64 sum can wrap):
-    lengths in ``[1, capacity]``, starts in ``[0, capacity)``, rows in
-    ``[0, num_rows)``, and ``num_rows`` at most the number of examples.
-    """
+    """Check a plan places every example once, whole, inside a row, without overlap (every
+    value bounded before any arithmetic, so no int64 sum can wrap)."""
     n = plan.lengths.shape[0]
     if plan.row_of.shape != (n,) or plan.start_of.shape != (n,):
         raise InvalidInput("plan arrays must have one entry per example")

@@ -1,9 +1,7 @@
 """Packing policies: which row and column each whole example starts at.
 
-A policy sees only prediction lengths (integers, no tokens) and returns a
-:class:`Plan`. Every policy places each example exactly once and whole;
-none splits, drops or duplicates. Next-fit (the seed's) also keeps the
-supplied order::
+A policy sees only prediction lengths and returns a :class:`Plan`; each example is
+placed exactly once and whole. Next-fit (the seed's) also keeps the supplied order::
 
     lengths [3, 2, 4], capacity 6, next-fit
     row 0: A A A B B .      A at column 0, B at column 3
@@ -19,9 +17,8 @@ stream-best-fit         bounded look-ahead and open rows            O(log cap)
 padded                  one example per row (the baseline)          O(1)
 ======================  ==========================================  ============
 
-The per-example loops are the kernels below, run through
-:mod:`seqpack.core.engine` (numba when installed, else the same code in
-plain Python; both give identical plans) over its search trees.
+The per-example loops are kernels run by :mod:`seqpack.core.engine` (numba, else the
+same code as Python; identical plans) over its search trees.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from seqpack.core import engine as kernels
-from seqpack.core.checks import check_lengths, check_tree_capacity
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, check_lengths, check_tree_capacity
 from seqpack.core.plan import Plan
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 
@@ -60,10 +56,8 @@ def next_fit_loop(lengths, capacity, row_of, start_of):
 
 @kernel
 def counting_sort(lengths, capacity, counts, order):
-    """Counting sort: indices by length descending, ties by index (stable).
-
-    ``counts`` is int64 [capacity + 2] of zeros.
-    """
+    """Counting sort: indices by length descending, ties by index; ``counts`` int64
+    [capacity + 2] of zeros."""
     n = len(order)
     for i in range(n):
         counts[capacity - lengths[i] + 1] += 1
@@ -77,13 +71,10 @@ def counting_sort(lengths, capacity, counts, order):
 
 @kernel
 def first_fit(sizes, capacity, tree, leaves, row_of, start_of):
-    """First fit of items ``sizes[j]``, j = 0, 1, ...: the lowest-numbered row
-    with room. Writes ``row_of[j]``, ``start_of[j]``; returns the row count.
-
-    ``tree`` is int64 [2 * leaves] filled with ``capacity`` (every row not
-    yet opened is empty, so the leftmost fitting leaf is either an open row
-    or the next row to open).
-    """
+    """First fit of items ``sizes[j]`` in order: the lowest-numbered row with room; writes
+    ``row_of``, ``start_of``, returns the row count. ``tree`` int64 [2 * leaves] filled
+    with ``capacity`` (unopened rows are empty, so the leftmost fit is an open row or the
+    next one)."""
     rows = 0
     for j in range(len(sizes)):
         n = sizes[j]
@@ -99,14 +90,10 @@ def first_fit(sizes, capacity, tree, leaves, row_of, start_of):
 
 @kernel
 def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
-    """Best fit of items ``sizes[j]``, j = 0, 1, ...: the open row with the
-    fewest cells left that still fit; rows with equal room oldest first.
-    Writes ``row_of[j]``, ``start_of[j]``; returns the row count.
-
-    ``tree`` int64 [2 * leaves] zeros over remaining capacities
-    ``0..capacity-1``; ``head``/``tail`` int64 [capacity] of -1; ``nxt``
-    int64 [max rows].
-    """
+    """Best fit of items ``sizes[j]`` in order: the open row with the fewest cells left that
+    fit, equal room oldest first; writes ``row_of``, ``start_of``, returns the row count.
+    ``tree`` int64 [2 * leaves] zeros over remaining capacities; ``head``/``tail`` int64
+    [capacity] of -1; ``nxt`` int64 [max rows]."""
     rows = 0
     for j in range(len(sizes)):
         n = sizes[j]
@@ -127,14 +114,9 @@ def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
 def next_fit(
     lengths: np.ndarray, capacity: int, *, engine: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The seed's policy: supplied order, fill only the current row, never revisit.
-
-    An exact fill makes no empty row: a new row opens only when the next
-    example does not fit in the cells left.
-    """
-    n = lengths.shape[0]
-    row_of = np.empty(n, dtype=np.int64)
-    start_of = np.empty(n, dtype=np.int64)
+    """The seed's policy: supplied order, fill only the current row, never revisit; a new
+    row opens only when the next example does not fit (an exact fill makes no empty row)."""
+    row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     kernels.call(
         kernels.resolve(engine), "next_fit_loop", lengths, capacity, row_of, start_of, inputs=1
     )
@@ -159,11 +141,8 @@ def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -
 
 
 def _row_bound(lengths: np.ndarray, capacity: int) -> int:
-    """Rows any fit-into-an-open-row policy can need: ``min(n, 2 * lower + 1)``.
-
-    Two rows of such a packing always hold more than ``capacity`` together
-    (the first item of the later row did not fit in the earlier one).
-    """
+    """Rows any fit-into-an-open-row policy can need: ``min(n, 2 * lower + 1)`` (two rows
+    always hold more than ``capacity`` together, or the later row's first item would fit)."""
     lower = -(-int(lengths.sum()) // capacity)
     return max(min(lengths.shape[0], 2 * lower + 1), 1)
 
@@ -171,12 +150,8 @@ def _row_bound(lengths: np.ndarray, capacity: int) -> int:
 def first_fit_decreasing(
     lengths: np.ndarray, capacity: int, *, engine: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Longest first, each into the lowest-numbered row with room.
-
-    A max-tree over rows by remaining capacity finds that row in
-    O(log rows), so planning is O(n log n). Deterministic: ties in length
-    keep the supplied order.
-    """
+    """Longest first, each into the lowest-numbered row with room (a max-tree over rows:
+    O(n log n)); ties in length keep the supplied order."""
     engine = kernels.resolve(engine)
     leaves = kernels.pow2_at_least(_row_bound(lengths, capacity))
     tree = np.full(2 * leaves, capacity, dtype=np.int64)
@@ -186,12 +161,8 @@ def first_fit_decreasing(
 def best_fit_decreasing(
     lengths: np.ndarray, capacity: int, *, engine: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Longest first, each into the open row it fills most tightly.
-
-    A max-tree over remaining capacities finds the tightest row in
-    O(log capacity); rows with equal room are used oldest first and ties
-    in length keep the supplied order, so the plan is deterministic.
-    Rows are numbered in the order they open::
+    """Longest first, each into the open row it fills most tightly (O(log capacity)); equal
+    room oldest first, ties in length in supplied order; rows numbered as they open::
 
         lengths [3, 2, 4], capacity 6: order C(4) A(3) B(2)
         row 0: C C C C B B      B fills row 0 exactly (2 cells left)
@@ -214,12 +185,10 @@ def _decreasing(
     order = decreasing_order(lengths, capacity, engine)
     # The kernel reads lengths and writes placements in sorted order (sequential
     # memory access); scattering back afterwards is several times faster.
-    n = lengths.shape[0]
-    rows, starts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    rows, starts = np.empty((2, lengths.shape[0]), dtype=np.int64)
     kernels.call(engine, kernel, lengths[order], capacity, *state, rows, starts, inputs=1)
-    row_of, start_of = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    row_of[order] = rows
-    start_of[order] = starts
+    row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
+    row_of[order], start_of[order] = rows, starts
     return row_of, start_of
 
 
@@ -232,10 +201,8 @@ def stream_best_fit(
     seed: int = 0,
     engine: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array.
-
-    ``window`` / ``max_open_rows`` of None take the packer's defaults.
-    """
+    """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array (None: the
+    packer's defaults)."""
     packer = StreamPacker(
         capacity,
         window=DEFAULT_LOOKAHEAD if window is None else window,
@@ -243,11 +210,8 @@ def stream_best_fit(
         seed=seed,
         engine=engine,
     )
-    parts = [packer.push(lengths), packer.finish()]
-    n = lengths.shape[0]
-    row_of = np.empty(n, dtype=np.int64)
-    start_of = np.empty(n, dtype=np.int64)
-    for part in parts:
+    row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
+    for part in (packer.push(lengths), packer.finish()):
         row_of[part.example] = part.row
         start_of[part.example] = part.start
     return row_of, start_of
@@ -268,13 +232,8 @@ def _options_of(fn: PolicyFn) -> set[str]:
 
 
 def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
-    """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options``.
-
-    Names are checked against the policy's keyword-only parameters, values
-    (the engine, the stream packer's window, open rows and seed at
-    ``capacity``) by the checks the policy itself runs, before anything is
-    allocated.
-    """
+    """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options`` (names: its
+    keyword-only parameters; values: the checks the policy runs), allocating nothing."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     known = _options_of(POLICIES[policy])
@@ -291,13 +250,9 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
 
 
 def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:
-    """Plan whole examples of the given prediction ``lengths`` into rows.
-
-    ``policy``: ``next-fit`` (supplied order, the default),
-    ``first-fit-decreasing``, ``best-fit-decreasing`` (fewest rows),
-    ``stream-best-fit`` (options ``window``, ``max_open_rows``, ``seed``)
-    or ``padded`` (one example per row). Every policy but ``padded`` takes
-    ``engine="auto"|"numba"|"python"``; both engines give the same plan.
+    """Plan whole examples of prediction ``lengths`` into rows with a :data:`POLICIES` name
+    (``stream-best-fit`` takes ``window``, ``max_open_rows``, ``seed``; every policy but
+    ``padded`` takes ``engine="auto"|"numba"|"python"``, with the same plan).
 
     >>> plan = plan_rows([3, 2, 4], 6)
     >>> plan.row_of.tolist(), plan.start_of.tolist(), plan.num_rows
@@ -318,3 +273,42 @@ def plan_lengths(
     row_of, start_of = POLICIES[policy](lengths, capacity, **options)
     num_rows = int(row_of.max()) + 1 if lengths.shape[0] else 0
     return Plan(lengths, row_of, start_of, num_rows, capacity, policy)
+
+
+# ------------------------------------------------------------ counts
+# Storage and attention counted apart: ``B`` rows of width ``T`` hold ``B*T`` cells, dense
+# attention scores ``B*T^2`` per head, a causal segment of ``l`` pairs permits ``l(l+1)/2``
+# edges. Shape differences, never a speed-up (an edge is legal, not computed).
+
+
+def layout_counts(rows: int, width: int, lengths: Any) -> dict[str, Any]:
+    """Counts for ``rows`` x ``width`` storage holding segments of ``lengths``."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    cells = rows * width
+    valid = int(lens.sum())
+    return {
+        "rows": rows,
+        "width": width,
+        "cells": cells,
+        "valid_cells": valid,
+        "dense_scores_per_head": rows * width * width,
+        "semantic_edges": int((lens * (lens + 1) // 2).sum()),
+        "valid_density": valid / cells if cells else 0.0,
+    }
+
+
+def batch_counts(batch: Any) -> dict[str, Any]:
+    """:func:`layout_counts` of a :class:`~seqpack.core.batch.PackedBatch`."""
+    occ = batch.occurrences
+    rows, width = batch.shape
+    return layout_counts(rows, width, occ.col_end - occ.col_start)
+
+
+def compare_layouts(lengths: Any, capacity: int, policy: str = "next-fit") -> dict[str, Any]:
+    """Padded (one example per row, width = longest) versus packed at ``capacity``."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    plan = plan_rows(lens, capacity, policy)
+    return {
+        "padded": layout_counts(int(lens.shape[0]), int(lens.max()), lens),
+        "packed": layout_counts(plan.num_rows, capacity, lens),
+    }

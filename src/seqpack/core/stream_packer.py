@@ -1,10 +1,8 @@
 """Streaming best fit: bounded memory, complete rows as they close, resumable.
 
-For inputs that do not fit in memory. Lengths arrive in chunks; examples
-wait in a look-ahead buffer of ``window`` examples and at most
-``max_open_rows`` rows are open. Example ``i`` is placed at the latest when
-example ``i + window`` arrives (so no example moves more than ``window``
-places from its supplied position), and earlier if it helps fill a row:
+Lengths arrive in chunks; examples wait in a look-ahead of ``window`` examples
+and at most ``max_open_rows`` rows are open. Example ``i`` is placed at the
+latest when example ``i + window`` arrives, and earlier if it helps fill a row:
 
 1. the example whose time is up goes into the open row with the fewest
    cells left that fit it — a new row when none fits, closing the fullest
@@ -14,17 +12,16 @@ places from its supplied position), and earlier if it helps fill a row:
 3. an exactly full row closes. :meth:`StreamPacker.finish` places the
    examples still waiting, longest first, and closes every row.
 
-Rows are numbered 0, 1, 2, ... in closing order, and every call returns
-only complete rows, so a writer can emit each row once and forget it::
+Rows are numbered 0, 1, 2, ... in closing order; every call returns only
+complete rows::
 
     packer = StreamPacker(4096, window=4096, max_open_rows=64, seed=0)
     for chunk in chunks:                       # int arrays of prediction lengths
         write(packer.push(chunk))              # Placements(example, row, start)
     write(packer.finish())
 
-``state_dict()`` captures everything needed to resume (plain ints and lists,
-JSON- and pickle-safe); a packer restored with ``load_state_dict`` produces
-exactly the output the uninterrupted run would have.
+``state_dict()`` is plain ints and lists; a packer restored from it with
+``load_state_dict`` gives exactly the output of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -33,18 +30,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from seqpack._renames import renamed_names
 from seqpack.core import engine as kernels
-from seqpack.core.arith import enforce
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import (
-    MAX_TREE_CAPACITY,
-    check_lengths,
-    check_tree_capacity,
-    positive_int,
-    state_int,
-    state_ints,
-    state_value,
-)
+from seqpack.core.config import enforce
 from seqpack.core.engine import (
     bucket_pop,
     bucket_push,
@@ -53,14 +42,19 @@ from seqpack.core.engine import (
     tree_last_at_most,
     tree_set,
 )
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import (
+    MAX_TREE_CAPACITY,
+    InvalidInput,
+    check_lengths,
+    check_tree_capacity,
+    positive_int,
+    state_int,
+    state_ints,
+    state_value,
+)
 
 DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
-
-
-# ------------------------------------------------------------ saved states
-
 STATE_FORMAT = "seqpack.stream-best-fit/2"
 CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
 #: What :meth:`StreamPacker.from_state_dict` lets a state allocate unless told otherwise.
@@ -74,15 +68,9 @@ def stream_bytes(capacity: int, window: int, max_open_rows: int) -> int:
 
 
 def check_state(state: Any) -> None:
-    """Refuse a state that could not come from :meth:`StreamPacker.state_dict`.
-
-    Types first (integers are ints, not bools or floats; lists of ints), then
-    bounds (capacity, window and open rows as the constructor takes them, no
-    negative counter), then the accounting: every example pushed is either in
-    a returned row (``examples_emitted``), waiting in the buffer (among the
-    last ``window`` pushed, in arrival order) or in an open row, exactly once;
-    open rows are non-empty and not full.
-    """
+    """Refuse a state that could not come from :meth:`StreamPacker.state_dict`: types,
+    bounds, then the accounting (every example pushed is returned, waiting among the last
+    ``window`` pushed in arrival order, or in a non-empty, non-full open row, exactly once)."""
     what = "stream-best-fit"
     fmt = state_value(state, "format", what)
     if fmt != STATE_FORMAT:
@@ -134,8 +122,6 @@ def check_state(state: Any) -> None:
 
 
 # ------------------------------------------------------------ the kernels
-# Streaming best-fit kernels (see :mod:`seqpack.core.stream_packer` for the rules).
-#
 # State travels as tuples of int64 arrays, unpacked at the top of each kernel:
 #
 # - ``buf`` = (bex, blen, bprev, bnext, lhead, ltail, ltree): the look-ahead
@@ -367,9 +353,8 @@ def stream_restore(
 
 
 class Placements(NamedTuple):
-    """Placements of complete rows: example ``example[i]`` (global index, in
-    push order) occupies row ``row[i]`` from column ``start[i]``; int64 [k],
-    ordered by (row, start)."""
+    """Example ``example[i]`` (global index) occupies row ``row[i]`` from column
+    ``start[i]``; int64 [k], ordered by (row, start)."""
 
     example: np.ndarray
     row: np.ndarray
@@ -377,11 +362,8 @@ class Placements(NamedTuple):
 
 
 def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
-    """0/1 per example: which end of its length bucket it joins (seeded).
-
-    One bit of splitmix64(seed, example index): a stateless choice, so a
-    resumed packer makes the same choices.
-    """
+    """0/1 per example: which end of its length bucket it joins; one bit of
+    splitmix64(seed, example index), stateless, so a resumed packer chooses the same."""
     z = np.uint64(seed % (1 << 64)) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(
         0x9E3779B97F4A7C15
     )
@@ -393,10 +375,9 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 class StreamPacker:
     """Streaming best fit with a look-ahead ``window`` and ``max_open_rows``.
 
-    Deterministic for a given ``(capacity, window, max_open_rows, seed)``;
-    ``engine`` ("auto", "numba", "python") changes speed, never output.
-    With ``window=1, max_open_rows=1`` it is exactly next-fit.
-    Memory: O(window + max_open_rows * examples per row + capacity).
+    Deterministic for ``(capacity, window, max_open_rows, seed)``; ``engine`` changes
+    speed, never output. ``window=1, max_open_rows=1`` is next-fit. Memory:
+    O(window + max_open_rows * examples per row + capacity).
     """
 
     def __init__(
@@ -420,8 +401,7 @@ class StreamPacker:
         seed: int = 0,
         engine: str = "auto",
     ) -> tuple[int, int, int, int, str]:
-        """The settings as checked ints and the resolved engine, allocating nothing
-        (:class:`InvalidInput` naming a bad one)."""
+        """The settings as checked ints and the resolved engine, allocating nothing."""
         cap = positive_int("capacity", capacity)
         check_tree_capacity(cap, "stream-best-fit")
         window = positive_int("window", window, INT32_MAX)
@@ -435,32 +415,20 @@ class StreamPacker:
         self._emitted = 0  # examples in rows already returned
         cap, window, k = self.capacity, self.window, self.max_open_rows
         self._scalars = np.zeros(N_SCALARS, dtype=np.int64)
-        self._lleaves = kernels.pow2_at_least(cap + 1)
-        self._buf = (
-            np.full(window, -1, dtype=np.int64),  # bex
-            np.zeros(window, dtype=np.int64),  # blen
-            np.full(window, -1, dtype=np.int64),  # bprev
-            np.full(window, -1, dtype=np.int64),  # bnext
-            np.full(cap + 1, -1, dtype=np.int64),  # lhead
-            np.full(cap + 1, -1, dtype=np.int64),  # ltail
-            np.zeros(2 * self._lleaves, dtype=np.int64),  # ltree
-        )
-        self._qleaves = kernels.pow2_at_least(cap)
-        self._rows = (
-            np.zeros(k, dtype=np.int64),  # rrem
-            np.append(np.arange(1, k, dtype=np.int64), -1),  # rnext: free slots chained
-            np.full(k, -1, dtype=np.int64),  # rhead
-            np.full(k, -1, dtype=np.int64),  # rtail
-            np.zeros(k, dtype=np.int64),  # rstamp
-            np.full(cap, -1, dtype=np.int64),  # qhead
-            np.full(cap, -1, dtype=np.int64),  # qtail
-            np.zeros(2 * self._qleaves, dtype=np.int64),  # qtree
-        )
+        self._lleaves, self._qleaves = kernels.pow2_at_least(cap + 1), kernels.pow2_at_least(cap)
+        # bex blen bprev bnext | lhead ltail | ltree
+        sizes = [window] * 4 + [cap + 1] * 2 + [2 * self._lleaves]
+        fill = [-1, 0, -1, -1, -1, -1, 0]
+        self._buf = tuple(np.full(n, v, np.int64) for n, v in zip(sizes, fill, strict=True))
+        # rrem rnext rhead rtail rstamp | qhead qtail | qtree; rnext chains the free slots
+        sizes = [k] * 5 + [cap] * 2 + [2 * self._qleaves]
+        fill = [0, 0, -1, -1, 0, -1, -1, 0]
+        rows = [np.full(n, v, np.int64) for n, v in zip(sizes, fill, strict=True)]
+        rows[1] = np.append(np.arange(1, k, dtype=np.int64), -1)
+        self._rows = tuple(rows)
         self._pool = tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
         self._scalars[S_FREE_ROW] = 0
         self._scalars[S_FREE_REC] = -1
-
-    # ------------------------------------------------------------- progress
 
     @property
     def examples_pushed(self) -> int:
@@ -478,20 +446,17 @@ class StreamPacker:
     def buffered(self) -> int:
         return int((self._buf[0] >= 0).sum())
 
-    # ------------------------------------------------------------- packing
-
     def push(self, lengths: Any) -> Placements:
         """Add examples (prediction lengths, 1-D ints); return rows completed meanwhile.
-
-        The whole chunk is validated first: an oversized example raises
-        :class:`~seqpack.OversizedExample` naming its global index and the
-        packer is left as it was.
-        """
+        The chunk is checked first: an oversized example raises
+        :class:`~seqpack.OversizedExample` naming its global index, the packer unchanged."""
         self._require_open()
         first = self.examples_pushed
         arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
-        parts = [self._run(arr[lo : lo + CHUNK]) for lo in range(0, arr.shape[0], CHUNK)]
-        return _concat(parts)
+        parts = [self._run(arr[lo : lo + CHUNK]) for lo in range(0, max(arr.shape[0], 1), CHUNK)]
+        if len(parts) == 1:
+            return parts[0]
+        return Placements(*map(np.concatenate, zip(*parts, strict=True)))
 
     def finish(self) -> Placements:
         """Place every waiting example and close every open row."""
@@ -542,8 +507,6 @@ class StreamPacker:
         )
         self._scalars[S_FREE_REC] = size
 
-    # ------------------------------------------------------------- state
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: config, counters, buffer, open rows (plain data)."""
         bex, blen = self._buf[0], self._buf[1]
@@ -591,12 +554,9 @@ class StreamPacker:
         engine: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
     ) -> StreamPacker:
-        """A packer configured and positioned as ``state`` says.
-
-        The state is checked whole before anything is allocated; the buffers its
-        configuration needs (:func:`stream_bytes`) must fit ``max_bytes``
-        (:class:`~seqpack.core.errors.BudgetExceeded` otherwise; None: no limit).
-        """
+        """A packer configured and positioned as ``state`` says; the state is checked whole
+        and its buffers (:func:`stream_bytes`) must fit ``max_bytes`` (None: no limit)
+        before anything is allocated."""
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
@@ -606,11 +566,8 @@ class StreamPacker:
         return packer
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict` output of a packer with the same configuration.
-
-        Every invariant the packer relies on is checked first (see
-        :func:`check_state`); a refused state leaves the packer as it was.
-        """
+        """Resume from :meth:`state_dict` of a packer with the same configuration; a
+        refused state (:func:`check_state`) leaves the packer as it was."""
         check_state(state)
         for key in ("capacity", "window", "max_open_rows", "seed"):
             if state[key] != getattr(self, key):
@@ -629,9 +586,6 @@ class StreamPacker:
         lengths = np.asarray(state["buffer"]["length"], dtype=np.int64)
         # Re-inserting in arrival order with the same seeded ends restores each
         # length bucket's order; rows re-enter their buckets in stamp order.
-        self._restore(examples, lengths, rows)
-
-    def _restore(self, examples: np.ndarray, lengths: np.ndarray, rows: list[dict]) -> None:
         sides = bucket_sides(examples, self.seed)
         kernels.call(
             self.engine, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,
@@ -643,21 +597,5 @@ class StreamPacker:
         )  # fmt: skip
 
 
-def _concat(parts: list[Placements]) -> Placements:
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return Placements(empty, empty.copy(), empty.copy())
-    return Placements(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
-
-
-# vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "DEFAULT_WINDOW": "DEFAULT_LOOKAHEAD",
-    },
-)
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"DEFAULT_WINDOW": "DEFAULT_LOOKAHEAD"})

@@ -1,23 +1,16 @@
 """The supervision rule, NumPy only: which targets a row trains, and the columns refused.
 
-Per-token columns, aligned with ``input_ids`` (one entry per token): ``labels``
-(Hugging Face convention: ``-100`` = not supervised, otherwise the token itself,
-unshifted), ``loss_mask`` (bools or 0/1, per token, first entry unused, or per
-target, one shorter), TRL's ``completion_mask`` and ``assistant_masks`` (0/1).
-A token is supervised iff **every** column applied says so (TRL's
-``build_labels``); target ``j`` predicts token ``j + 1``, so its flag is token
-``j + 1``'s. The fixture's B with only its EOS trained::
+Per-token columns aligned with ``input_ids``: ``labels`` (``-100`` or the token itself,
+unshifted), ``loss_mask`` (0/1 per token, or per target), TRL's ``completion_mask`` and
+``assistant_masks``. A token is supervised iff **every** column applied says so (TRL's
+``build_labels``); target ``j``'s flag is token ``j + 1``'s. B with only its EOS trained::
 
     input_ids        [BOS  101  EOS]       labels [-100 -100 1]
     completion_mask  [  0    0    1]   ->  targets  BOS->101: no, 101->EOS: yes
 
-A column that looks like supervision but is none of these is refused, never
-ignored: by name (:data:`REFUSED`), by value (:data:`CHECKED`: ``attention_mask``
-all 1, ``token_type_ids`` all 0, ``position_ids`` ``0..n-1``), or any other list
-column whose name holds ``mask``, ``label`` or ``weight``. Which masks apply is
-TRL 1.16's :class:`Objective`: ``completion_mask`` only when
-``completion_only_loss`` resolves to True (its default None: for
-prompt-completion rows only, with a warning elsewhere), the others always.
+A look-alike column is refused, never ignored: by name (:data:`REFUSED`), by value
+(:data:`CHECKED`), or a list column whose name holds ``mask``, ``label`` or ``weight``.
+Which masks apply is TRL 1.16's :class:`Objective`.
 """
 
 from __future__ import annotations
@@ -71,12 +64,9 @@ NOT_CONVERSATIONAL = (
 @dataclass(frozen=True)
 class Objective:
     """Which tokens of SFT rows are trained: TRL 1.16 ``SFTConfig``'s two switches.
-
-    - ``assistant_only_loss`` (default False): train only the assistant turns of
-      conversational rows (inside ``{% generation %}`` blocks); False: the whole chat.
-    - ``completion_only_loss`` (default None): train only the completion of
-      prompt-completion rows; None means True for them (and for ``completion_mask``
-      only when the rows also hold ``prompt`` and ``completion``), False: everything.
+    ``assistant_only_loss``: only the assistant turns (``{% generation %}`` blocks) of
+    chats. ``completion_only_loss``: only the completion; None (TRL's default) means True
+    for prompt-completion rows, with a warning for a ``completion_mask`` elsewhere.
     """
 
     assistant_only_loss: bool = False
@@ -95,18 +85,16 @@ class Objective:
 
     @classmethod
     def of(cls, options: Any) -> Objective:
-        """The objective of ``options`` (anything with the two switches as attributes, such
-        as :class:`~seqpack.pipeline.options.PackOptions`), checked."""
+        """The objective of ``options`` (anything with the two switches, e.g. ``PackOptions``)."""
         return cls(options.assistant_only_loss, options.completion_only_loss)
 
     def completion_only(self, prompt_completion: bool) -> bool:
-        """``completion_only_loss`` resolved as TRL does for rows that are (or are not)
-        prompt-completion rows."""
+        """``completion_only_loss`` resolved as TRL does for (non-)prompt-completion rows."""
         return prompt_completion if self.completion_only_loss is None else self.completion_only_loss
 
     def applied(self, names: Collection[str], what: str) -> list[str]:
         """The supervision columns among ``names`` (a row's keys or a table's columns) this
-        objective applies, in :data:`SUPERVISION_COLUMNS` order (see the module docstring)."""
+        objective applies, in :data:`SUPERVISION_COLUMNS` order."""
         if self.assistant_only_loss and "messages" not in names:
             raise InvalidInput(f"{what}: {NOT_CONVERSATIONAL}")
         prompt_completion = "prompt" in names and "completion" in names
@@ -196,9 +184,8 @@ def wrong_labels(labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 def mapping_flags(
     item: Mapping[str, Any], tokens: np.ndarray, what: str, objective: Objective | None = None
 ) -> np.ndarray | None:
-    """One flag per target (bool [n-1]) of one mapping's supervision columns (the AND of
-    those ``objective`` applies, default TRL's), or None when every target is supervised;
-    look-alikes are refused."""
+    """One flag per target (bool [n-1]): the AND of the supervision columns ``objective``
+    applies to one mapping, or None when every target is supervised; look-alikes refused."""
     n = tokens.shape[0]
     for name, value in item.items():
         if name in SUPERVISION_COLUMNS or name == "input_ids":

@@ -24,11 +24,10 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack._renames import renamed_kwargs
-from seqpack.core.arguments import path_argument, type_argument
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows
-from seqpack.core.errors import InvalidInput, SplitMismatch
+from seqpack.core.errors import InvalidInput, SplitMismatch, path_argument, type_argument
 from seqpack.io.atomic import MANIFEST, Output, open_output
 from seqpack.io.integrity import (
     DEPTHS,

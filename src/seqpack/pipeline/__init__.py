@@ -5,9 +5,8 @@ module                 holds
 =====================  =========================================================
 ``options``            :class:`PackOptions`, every option of a packing run, once
 ``budget``             what packing allocates, checked before allocating
-``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`
+``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`, repeated ids
 ``stats``              :func:`stats_path` (``seqpack stats``), policies compared, figure
-``repeated_ids``       repeated ids, counted exactly
 ``progress``           status lines and progress bars on stderr
 =====================  =========================================================
 
@@ -31,8 +30,8 @@ _NAMES = {
     "compare_policies": "stats",
     "example_lengths": "stats",
     "plot_stats": "stats",
-    "duplicate_ids": "repeated_ids",
-    "duplicate_report": "repeated_ids",
+    "duplicate_ids": "local",
+    "duplicate_report": "local",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import arith as budget
+from seqpack.core import config as budget
 from seqpack.core.config import PackConfig
 from seqpack.core.examples import ExampleTable
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
@@ -61,21 +61,19 @@ CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6
 TEXT_CHAR_BYTES = 64
 
 
+def _policy_costs(policy: str) -> tuple[int, int, bool]:
+    return _POLICY_BYTES.get(policy, (128, 128, True))
+
+
 def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None = None) -> int:
     """The part of a policy's memory that does not grow with the examples: its index over
     capacities and, for ``stream-best-fit``, its look-ahead window and open rows."""
-    per_capacity = _POLICY_BYTES.get(policy, (128, 128, True))[1]
-    need = budget.checked_mul(capacity, per_capacity)
+    need = int(capacity) * _policy_costs(policy)[1]
     if policy == "stream-best-fit":
         opts = dict(options or {})
         window = int(opts.get("window") or DEFAULT_LOOKAHEAD)
         rows = int(opts.get("max_open_rows") or DEFAULT_MAX_OPEN_ROWS)
-        need = budget.checked_add(
-            need,
-            budget.checked_mul(window, STREAM_LOOKAHEAD_BYTES),
-            budget.checked_mul(rows, STREAM_ROW_BYTES),
-            STREAM_PUSH_BYTES,
-        )
+        need += window * STREAM_LOOKAHEAD_BYTES + rows * STREAM_ROW_BYTES + STREAM_PUSH_BYTES
     return need
 
 
@@ -89,18 +87,15 @@ def packing_bytes(
 
     Plan and per-occurrence arrays (per example), :func:`policy_bytes`, and,
     for policies that reorder, one gathered copy of the windows (4 bytes a
-    token) and of non-uniform loss flags (1 byte a target).
+    token) and of non-uniform loss flags (1 byte a target). Python integers: no
+    intermediate overflows, and the limit is compared exactly.
     """
-    per_example, _, gathers = _POLICY_BYTES.get(policy, (128, 128, True))
-    n, tokens, flags = len(table), table.windows.shape[0], table.loss_mask
-    need = budget.checked_add(
-        budget.checked_mul(n, per_example), policy_bytes(policy, capacity, options), _FIXED_BYTES
-    )
+    per_example, _, gathers = _policy_costs(policy)
+    flags = table.loss_mask
+    need = len(table) * per_example + policy_bytes(policy, capacity, options) + _FIXED_BYTES
     if gathers:
         uniform = flags.size == 0 or bool(flags.all()) or not bool(flags.any())
-        need = budget.checked_add(
-            need, budget.checked_mul(tokens, 4), 0 if uniform else int(flags.shape[0])
-        )
+        need += int(table.windows.shape[0]) * 4 + (0 if uniform else int(flags.shape[0]))
     return need
 
 
@@ -117,20 +112,14 @@ def split_bytes(
     counts = np.diff(offsets)
     pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
     tokens = int(counts.sum()) + pieces - counts.shape[0]  # one token shared per cut
-    per_example, _, gathers = _POLICY_BYTES.get(policy, (128, 128, True))
-    need = budget.checked_add(
-        budget.checked_mul(tokens, 21),
-        budget.checked_mul(pieces, 48 + per_example),
-        policy_bytes(policy, capacity, options),
-        _FIXED_BYTES,
-    )
-    return budget.checked_add(need, budget.checked_mul(tokens, 5) if gathers else 0)
+    per_example, _, gathers = _policy_costs(policy)
+    need = tokens * 21 + pieces * (48 + per_example) + policy_bytes(policy, capacity, options)
+    return need + _FIXED_BYTES + (tokens * 5 if gathers else 0)
 
 
 def model_call_bytes(config: PackConfig) -> int:
     """Bytes of one padded model call (:class:`~seqpack.PackedBatch` cells) when read back."""
-    cells = budget.checked_mul(config.max_rows_per_batch, config.capacity)
-    return budget.checked_mul(cells, budget.CELL_BYTES)
+    return int(config.max_rows_per_batch) * int(config.capacity) * budget.CELL_BYTES
 
 
 def check_budget(
@@ -148,9 +137,7 @@ def check_budget(
     """
     if limit is None:
         return
-    need = budget.checked_add(
-        packing_bytes(table, config.capacity, policy, options), model_call_bytes(config)
-    )
+    need = packing_bytes(table, config.capacity, policy, options) + model_call_bytes(config)
     what = (
         f"{where}packing {len(table):,} examples with {policy} (plus one model call of"
         f" {config.max_rows_per_batch} x {config.capacity:,} cells)"
@@ -173,40 +160,29 @@ class StreamBudget:
     def of(cls, options: PackOptions, kind: str) -> StreamBudget:
         """The budget of packing with ``options`` an input of ``kind`` (a key of
         :data:`CHUNK_FACTORS`; ``"text"`` when a tokenizer encodes it)."""
-        factor = CHUNKS_IN_FLIGHT * CHUNK_FACTORS.get(kind, 12)
-        chunk = budget.checked_mul(options.chunk_bytes, factor)
+        chunk = options.chunk_bytes * CHUNKS_IN_FLIGHT * CHUNK_FACTORS.get(kind, 12)
         if kind == "text":
-            batch = min(ENCODE_BATCH, options.chunk_bytes)
-            chunk = budget.checked_add(chunk, budget.checked_mul(batch, TEXT_CHAR_BYTES))
+            chunk += min(ENCODE_BATCH, options.chunk_bytes) * TEXT_CHAR_BYTES
         config = PackConfig(options.capacity, options.max_rows_per_batch)
-        shard_tokens = budget.checked_add(
-            options.shard_tokens, budget.checked_mul(config.max_rows_per_batch, config.capacity)
-        )
-        shards = budget.checked_mul(
-            SHARDS_IN_FLIGHT, budget.checked_mul(shard_tokens, SHARD_TOKEN_BYTES)
-        )
-        fixed = budget.checked_add(
-            policy_bytes(options.policy, options.capacity, options.policy_options),
-            model_call_bytes(config),
-            _FIXED_BYTES,
-            IO_BYTES,
-        )
-        per_example = _POLICY_BYTES.get(options.policy, (128, 128, True))[0] + EXAMPLE_BYTES
+        shard_tokens = options.shard_tokens + config.max_rows_per_batch * config.capacity
+        shards = SHARDS_IN_FLIGHT * shard_tokens * SHARD_TOKEN_BYTES
+        fixed = policy_bytes(options.policy, options.capacity, options.policy_options)
+        fixed += model_call_bytes(config) + _FIXED_BYTES + IO_BYTES
+        per_example = _policy_costs(options.policy)[0] + EXAMPLE_BYTES
         return cls(options.max_metadata_bytes, chunk, shards, fixed, per_example, options)
 
     @property
     def fixed(self) -> int:
-        return budget.checked_add(self.chunk, self.shards, self.policy)
+        return self.chunk + self.shards + self.policy
 
     def need(self, documents: int, examples: int = 0, occurrences: int = 0) -> int:
         """Bytes for ``documents`` read, ``examples`` planned and a shard of ``occurrences``."""
-        return budget.checked_add(
-            self.fixed,
-            budget.checked_mul(documents, DOCUMENT_BYTES),
-            budget.checked_mul(examples, self.per_example),
-            budget.checked_mul(
-                SHARDS_IN_FLIGHT, budget.checked_mul(occurrences, SHARD_OCCURRENCE_BYTES)
-            ),
+        per_shard = SHARDS_IN_FLIGHT * int(occurrences) * SHARD_OCCURRENCE_BYTES
+        return (
+            self.fixed
+            + int(documents) * DOCUMENT_BYTES
+            + int(examples) * self.per_example
+            + per_shard
         )
 
     def check(
@@ -243,6 +219,6 @@ def read_limits(options: PackOptions) -> ReadLimits:
     limits = ReadLimits()
     if options.max_metadata_bytes is None:
         return limits
-    share = budget.checked_mul(options.chunk_bytes, CHUNK_FACTORS["parquet"])
+    share = options.chunk_bytes * CHUNK_FACTORS["parquet"]
     decoded = min(options.max_metadata_bytes, max(limits.floor, share))
     return ReadLimits(decoded_bytes=decoded, ratio=limits.ratio, floor=min(limits.floor, decoded))

@@ -23,8 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from seqpack.core.binding import Binding
-from seqpack.core.checks import check_lengths
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, check_lengths
 from seqpack.core.examples import example_label
 from seqpack.core.supervision import Objective
 from seqpack.io.columns import chunk_from_arrow
@@ -133,40 +132,55 @@ def _labels(chunk: TokenChunk) -> Callable[[int], str]:
     return label
 
 
-@dataclass
-class _Reading:
-    """What :func:`read_corpus` accumulates chunk by chunk."""
-
-    counts: list[np.ndarray]
-    flags: list[Any]
-    origins: list[Origin]
-    firsts: list[int]
-    documents: int = 0
-    tokens: int = 0
-    eligible: int = 0
-    largest: int = -1
-    flagged: bool = False
-    named: bool = False
-
-
 #: Token bytes of a corpus kept in memory rather than spilled (without a budget): 32 M
 #: ids, a 100 MB text corpus; below it memory costs less than writing and mapping a spill.
 KEEP_BYTES = 128 << 20
 
 
-class _Holder:
-    """Where read chunks go: the input's own views (Arrow inputs), kept in memory while
-    they are small (int32 ids), spilled once they pass ``keep_bytes``."""
+class _Reading:
+    """What :func:`read_corpus` accumulates chunk by chunk, and where the chunks go: the
+    input's own views (Arrow inputs), kept in memory while they are small (int32 ids),
+    spilled once they pass ``keep_bytes``."""
 
     def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
-        self.persistent = persistent
-        self.spill_dir = spill_dir
-        self.keep_bytes = keep_bytes
+        self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
+        self.counts: list[np.ndarray] = []
+        self.flags: list[Any] = []
+        self.origins: list[Origin] = []
+        self.firsts: list[int] = []
         self.kept: list[TokenChunk] = []
-        self.held = 0
         self.spill: Spill | None = None
+        self.documents = self.tokens = self.eligible = self.held = 0
+        self.largest = -1
+        self.flagged = self.named = False
 
-    def add(self, chunk: TokenChunk) -> None:
+    def take(
+        self, chunk: TokenChunk, opts: PackOptions, vocab: int | None, digest: DataDigest | None
+    ) -> None:
+        """Check ``chunk`` against the options and keep what the corpus needs of it."""
+        if vocab is not None:
+            chunk.check_vocabulary(vocab)
+        elif chunk.tokens.size:
+            largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
+            self.largest = max(self.largest, largest)
+        if not opts.split_long:
+            check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
+        chunk = _drop_default_ids(chunk)
+        targets = chunk.tokens.shape[0] - len(chunk)
+        self.counts.append(chunk.counts)
+        self.flags.append(targets if chunk.flags is None else None)
+        self.flagged |= chunk.flags is not None
+        self.named |= chunk.ids is not None
+        self.origins.append(chunk.origin)
+        self.firsts.append(chunk.first_row)
+        if digest is not None:
+            digest.tokens(chunk.tokens)
+        self._hold(chunk)
+        self.documents += len(chunk)
+        self.tokens += int(chunk.tokens.shape[0])
+        self.eligible += targets if chunk.flags is None else int(np.count_nonzero(chunk.flags))
+
+    def _hold(self, chunk: TokenChunk) -> None:
         if self.spill is not None:
             self.spill.append(chunk)
             return
@@ -181,45 +195,13 @@ class _Holder:
                 self.spill.append(kept)
             self.kept = []
 
-    def chunks(self, origins: list[Origin], firsts: list[int]) -> list[TokenChunk]:
-        return self.spill.open(origins, firsts) if self.spill is not None else self.kept
+    def chunks(self) -> list[TokenChunk]:
+        return self.spill.open(self.origins, self.firsts) if self.spill is not None else self.kept
 
     def close(self) -> None:
         self.kept = []
         if self.spill is not None:
             self.spill.close()
-
-
-def _take(
-    state: _Reading,
-    chunk: TokenChunk,
-    opts: PackOptions,
-    vocab: int | None,
-    holder: _Holder,
-    digest: DataDigest | None,
-) -> None:
-    """Check ``chunk`` against the options and keep what the corpus needs of it."""
-    if vocab is not None:
-        chunk.check_vocabulary(vocab)
-    elif chunk.tokens.size:
-        largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
-        state.largest = max(state.largest, largest)
-    if not opts.split_long:
-        check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
-    chunk = _drop_default_ids(chunk)
-    state.counts.append(chunk.counts)
-    state.flags.append(chunk.tokens.shape[0] - len(chunk) if chunk.flags is None else None)
-    state.flagged |= chunk.flags is not None
-    state.named |= chunk.ids is not None
-    state.origins.append(chunk.origin)
-    state.firsts.append(chunk.first_row)
-    if digest is not None:
-        digest.tokens(chunk.tokens)
-    holder.add(chunk)
-    state.documents += len(chunk)
-    state.tokens += int(chunk.tokens.shape[0])
-    targets = chunk.tokens.shape[0] - len(chunk)
-    state.eligible += targets if chunk.flags is None else int(np.count_nonzero(chunk.flags))
 
 
 def read_corpus(
@@ -256,8 +238,7 @@ def read_corpus(
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else DataDigest(opts.partition)
     keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
-    holder = _Holder(source_input.persistent, spill_dir or ".", keep)
-    state = _Reading([], [], [], [])
+    state = _Reading(source_input.persistent, spill_dir or ".", keep)
     try:
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
             chunks_in = source_input.chunks(opts.chunk_bytes, opts.text_field)
@@ -269,28 +250,28 @@ def read_corpus(
                             partition=opts.partition, objective=Objective.of(opts),
                         ).rebased(state.documents)  # fmt: skip
                         budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                        _take(state, chunk, opts, vocab, holder, digest)
+                        state.take(chunk, opts, vocab, digest)
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
-        chunks = holder.chunks(state.origins, state.firsts)
+        chunks = state.chunks()
         flags = [n if n is not None else c.flags for n, c in zip(state.flags, chunks, strict=True)]
         split_id = given or digest.finish(state.counts, flags)  # type: ignore[union-attr]
-        if holder.spill is not None:
-            holder.spill.release()
+        if state.spill is not None:
+            state.spill.release()
         if binding is None:  # default_vocab: the largest id read + 1
             binding = make_binding(
                 lambda: split_id, vocab_size=state.largest + 1, tokenizer_id=opts.tokenizer_id
             )
         binding = replace(binding, split_id=split_id)
     except BaseException:
-        holder.close()
+        state.close()
         source_input.close()
         raise
     first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
     return Corpus(
         source_input, chunks, first_rows, np.concatenate(state.counts), binding,
-        state.flagged, state.named, state.eligible, holder.spill,
+        state.flagged, state.named, state.eligible, state.spill,
     )  # fmt: skip
 
 

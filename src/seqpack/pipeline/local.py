@@ -7,6 +7,8 @@ write path (:mod:`seqpack.pipeline.writer`, :func:`seqpack.core.compact.gather_r
 :func:`seqpack.io.store.write_shards`) and published by its manifest.
 :func:`pack_table` is the same path in memory over an
 :class:`~seqpack.core.examples.ExampleTable` (compact rows; a Ray block).
+Repeated ids are counted exactly (Arrow hashes the strings) and reported once per run
+(:func:`duplicate_report`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from seqpack.core import arith as budget
-from seqpack.core.arguments import path_argument
+from seqpack.core import config as budget
 from seqpack.core.compact import CompactRows, compact_rows
+from seqpack.core.errors import path_argument
 from seqpack.core.examples import ExampleTable, cut_long, example_label
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
@@ -36,7 +38,6 @@ from seqpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
 from seqpack.pipeline.progress import progress_bar, status
-from seqpack.pipeline.repeated_ids import duplicate_report
 from seqpack.pipeline.writer import (
     CorpusSource,
     corpus_examples,
@@ -45,6 +46,45 @@ from seqpack.pipeline.writer import (
     shard_spans,
     write_corpus,
 )
+
+
+def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
+    """Rows whose id repeats an earlier row's: ``(count, first such row, the row it repeats)``.
+
+    ``(0, -1, -1)`` when every id is distinct. Arrow hashes the strings; the
+    rest is vectorised (a row is a repeat unless its value's code is new).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(ids, type=pa.string())
+    if pc.count_distinct(arr).as_py() == len(arr):
+        return 0, -1, -1
+    codes = pc.index_in(arr, value_set=pc.unique(arr)).to_numpy(zero_copy_only=False)
+    seen = np.maximum.accumulate(codes)
+    new = np.ones(codes.shape[0], dtype=bool)
+    new[1:] = codes[1:] > seen[:-1]
+    repeat = int(np.argmax(~new))
+    return int((~new).sum()), repeat, int(np.argmax(codes == codes[repeat]))
+
+
+def duplicate_report(ids: Any, locate: Callable[[int], str]) -> dict[str, Any]:
+    """``duplicate_ids`` and, when some repeat, ``duplicate_first`` (its id, where, first seen).
+
+    ``ids``: every input row's id in order (NumPy or Arrow strings);
+    ``locate(row)`` names an input row (file and line, or block and row).
+    """
+    count, row, first = duplicate_ids(ids)
+    if not count:
+        return {"duplicate_ids": 0}
+    return {
+        "duplicate_ids": count,
+        "duplicate_first": {"id": _text(ids[row]), "at": locate(row), "first_seen": locate(first)},
+    }
+
+
+def _text(value: Any) -> str:
+    return str(value.as_py() if hasattr(value, "as_py") else value)
 
 
 def pack_table(

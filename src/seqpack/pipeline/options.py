@@ -34,11 +34,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from seqpack.core import arith as budget
-from seqpack.core.arguments import type_argument
+from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX, Split
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, positive_int, type_argument
 from seqpack.core.policies import POLICIES, check_policy_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
@@ -87,6 +85,11 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "chat_template": ((*_PATH, _NONE), "a template file, the template text or None"),
     "spill_dir": ((*_PATH, _NONE), "a folder path or None"),
 }
+
+#: Count fields and their largest value (``max_length`` is checked first, by its own name).
+_COUNTS = {"max_rows_per_batch": INT32_MAX, "max_metadata_bytes": budget.MAX_BYTES}
+_COUNTS |= {"vocab_size": INT32_MAX, "shard_tokens": INT32_MAX, "chunk_bytes": MAX_CHUNK_BYTES}
+_REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes")
 
 
 @dataclass(frozen=True)
@@ -241,15 +244,11 @@ class PackOptions:
         options = MappingProxyType(dict(self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
-        rows = positive_int("max_rows_per_batch", self.max_rows_per_batch, INT32_MAX)
-        put(self, "max_rows_per_batch", rows)
-        if self.max_metadata_bytes is not None:
-            limit = positive_int("max_metadata_bytes", self.max_metadata_bytes, budget.MAX_BYTES)
-            put(self, "max_metadata_bytes", limit)
+        for field_name, top in _COUNTS.items():  # optional ones may be None
+            if (value := getattr(self, field_name)) is not None or field_name in _REQUIRED:
+                put(self, field_name, positive_int(field_name, value, top))
         put(self, "partition", Split.parse(self.partition))
         Objective.of(self)  # checks assistant_only_loss and completion_only_loss
-        if self.vocab_size is not None:
-            put(self, "vocab_size", positive_int("vocab_size", self.vocab_size, INT32_MAX))
         if self.chat_template is not None:
             put(self, "chat_template", read_chat_template(self.chat_template))
         if not isinstance(self.text_field, str) or not self.text_field:
@@ -264,8 +263,6 @@ class PackOptions:
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
-        put(self, "shard_tokens", positive_int("shard_tokens", self.shard_tokens, INT32_MAX))
-        put(self, "chunk_bytes", positive_int("chunk_bytes", self.chunk_bytes, MAX_CHUNK_BYTES))
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:

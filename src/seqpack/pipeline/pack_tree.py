@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.core.binding import Binding
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.core.policies import plan_rows
 from seqpack.core.tree import SequenceGroups, build_layout, pack_tree
 from seqpack.pipeline.options import BOTH, PackOptions, flag

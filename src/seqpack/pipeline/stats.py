@@ -19,9 +19,8 @@ from seqpack.core.supervision import Objective
 from seqpack.io.documents import Documents
 from seqpack.io.integrity import refuse_packed
 from seqpack.io.readers import read_documents
+from seqpack.pipeline.local import duplicate_report
 from seqpack.pipeline.options import PackOptions, policy_name
-from seqpack.pipeline.repeated_ids import duplicate_report
-from seqpack.pipeline.writer import token_lengths
 
 
 def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
@@ -81,17 +80,16 @@ def stats_path(
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
     lengths, split = example_lengths(docs, opts.pair_capacity, opts.split_long)
-    labels = None if split else (lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})")
     shift = 1 if opts.format == "trl" else 0  # TRL's unit: tokens (pairs + 1) per example
-    unit = "tokens" if shift else "prediction pairs"
-    named = labels or (lambda i: f"example {i}")
-    over = oversized(lengths + shift, capacity, named, unit)
+    lengths = lengths + shift
+    located = lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})"  # noqa: E731
+    named = (lambda i: f"example {i}") if split else located
+    labels = None if split else located
+    over = oversized(lengths, capacity, named, "tokens" if shift else "prediction pairs")
     if over is not None:  # plan the examples that fit; report the others
-        keep = np.flatnonzero(lengths + shift <= capacity)
+        keep = np.flatnonzero(lengths <= capacity)
         lengths = lengths[keep]
         labels = lambda i: named(int(keep[i]))  # noqa: E731
-    if opts.format == "trl":
-        lengths = token_lengths(lengths, capacity, labels or (lambda i: f"example {i}"))
     results = compare_policies(lengths, capacity, policies, labels)
     report: dict[str, Any] = {
         "source": str(source),

@@ -9,25 +9,14 @@ The input — Parquet or JSON Lines shards of token ids or text, or a
 ``ray.data.Dataset`` — is cut into *blocks* of consecutive examples in input
 order (files in sorted name order, rows in file order): one input shard per
 block by default, or ``block_examples`` examples per block (a JSON Lines
-block is a line range the driver located with one scan). Two kinds of Ray
-task do the work, on Arrow tables throughout:
-
-1. **plan**, one per block: read the block's rows, tokenize them if they are
-   text (with the tokenizer the driver loaded and shipped), check them
-   exactly as the local pipeline does (token ids against the binding,
-   labels, a ``partition`` column if present), plan them with the policy and
-   materialise compact rows — the local pipeline's output for that block
-   alone, rows and occurrence ordinals numbered from 0;
-2. **write**, one per output shard: take the rows of one or more planned
-   blocks, renumber rows and ordinals globally and write one Parquet shard of
-   :data:`seqpack.io.shards.SCHEMA` into a hidden temporary folder.
-
-The driver sees only per-block statistics. It lays the blocks' rows end to
-end in block order, cuts shards on model-call boundaries (one or more per
-block), merges the statistics into one ``manifest.json``, writes it last and
-renames the folder into place — the local format, read by
-:func:`seqpack.io.store.load_packed`. With the A/B/C fixture (capacity 6,
-next-fit) in blocks of 2 examples: block 0 = A, B -> row 0
+block is a line range the driver located with one scan). A **plan** task per
+block runs the local pipeline on that block alone (:mod:`seqpack.ray.tasks`);
+a **write** task per output shard renumbers the rows and ordinals of one or
+more planned blocks globally and writes the shard into the output folder. The
+driver lays the blocks' rows end to end, cuts shards on model-call boundaries
+(:mod:`seqpack.ray.shard_layout`) and commits one ``manifest.json`` — the local
+format, read by :func:`seqpack.io.store.load_packed`. With the A/B/C fixture
+(capacity 6, next-fit) in blocks of 2 examples: block 0 = A, B -> row 0
 ``[0 99 100 1 | 0 101 1]``; block 1 = C -> row 1 ``[0 102 103 104 1]``, its
 ordinal 0 renumbered 2.
 
@@ -37,7 +26,7 @@ finish in. A task retried by Ray recomputes the same block or rewrites the
 same shard name whole; the manifest lists exactly the shards the driver laid
 out, and the driver checks that they hold every example once. The
 manifest's ``engine`` record says which node ran each block and how long it
-read, tokenized, planned and wrote (:mod:`seqpack.ray.engine_record`).
+read, tokenized, planned and wrote (:mod:`seqpack.ray.driver`).
 """
 
 from __future__ import annotations

@@ -4,15 +4,32 @@ A block is a list of :class:`InputSlice` (rows ``[start, stop)`` of one input):
 one whole input shard by default, or ``block_examples`` rows cut across
 shards (or across the tables of a materialised ``ray.data.Dataset``) by
 global row number. Blocks are laid out on the driver from Parquet footers,
-a line scan of JSON Lines files (:mod:`seqpack.ray.jsonl_blocks`) or
-Dataset row counts only; the rows are read by the task that plans them, as
-Arrow tables.
+a line scan of JSON Lines files or Dataset row counts only; the rows are read by
+the task that plans them, as Arrow tables.
+
+A JSON Lines block is a line range: the driver never parses JSON,
+:func:`scan_jsonl` counts each file's *records* (non-blank lines) in chunks of
+:data:`SCAN_BYTES`, marking the byte offset and line of every record that opens a
+block; a task reads only its bytes through :func:`seqpack.io.jsonl.read_jsonl`
+(all its guards). Blocks of 2 records over
+5 records and one blank line::
+
+    line   1 {"text": "a"}     record 0   block 0: bytes [0, 28),  first line 1
+           2 {"text": "b"}     record 1
+           3                   (blank)
+           4 {"text": "c"}     record 2   block 1: bytes [28, 56), first line 4
+           5 {"text": "d"}     record 3
+           6 {"text": "e"}     record 4   block 2: bytes [56, 70), first line 6
+
+Errors name the original file and line, as locally.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +43,133 @@ from seqpack.core.errors import InvalidInput
 from seqpack.io.columns import wanted_columns
 from seqpack.io.documents import Origin
 from seqpack.io.files import ReadLimits, data_kind, is_stdin, open_regular, resolve_files
+from seqpack.io.jsonl import line_blocks, read_jsonl
 from seqpack.io.parquet_guard import check_row_groups
-from seqpack.ray.jsonl_blocks import LineIndex, LineRange, read_jsonl_range, scan_jsonl
 
 if TYPE_CHECKING:
     import ray.data
 
 #: Optional input column: every row must name the partition being packed.
 PARTITION_COLUMN = "partition"
+
+#: Bytes per read of the driver's line scan.
+SCAN_BYTES = 1 << 24
+#: What ``bytes.strip()`` removes: a line of only these is blank (the reader skips it).
+_BLANK = np.zeros(256, dtype=bool)
+_BLANK[list(b" \t\n\r\x0b\x0c")] = True
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """Bytes ``[lo, hi)`` (whole lines, the first numbered ``line``) of a file of
+    ``file_bytes`` bytes."""
+
+    lo: int
+    hi: int
+    line: int
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """One JSON Lines file as the driver's scan saw it: ``records`` (non-blank lines),
+    ``size`` bytes, ``marks[r] = (byte, line)`` where each record ``r`` that opens a block
+    starts (0-based byte, 1-based line), ``first_byte`` (the first non-blank byte)."""
+
+    path: Path
+    records: int
+    size: int
+    marks: dict[int, tuple[int, int]]
+    first_byte: bytes
+
+    def range(self, start: int, stop: int) -> LineRange:
+        """The bytes of records ``[start, stop)``, each end a marked record or the file's end."""
+        lo, line = (0, 1) if start == 0 else self.marks[start]
+        hi = self.size if stop == self.records else self.marks[stop][0]
+        return LineRange(lo, hi, line, self.size)
+
+
+def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineIndex:
+    """Count the records of ``path``; mark each record ``r`` with ``(first + r) % every == 0``
+    (``first``: the records of the files before it, so blocks cut across files)."""
+    records = lines = size = 0
+    marks: dict[int, tuple[int, int]] = {}
+    first_byte = b""
+    try:
+        with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
+            for chunk in line_blocks(f, SCAN_BYTES, path):  # whole lines
+                data = np.frombuffer(chunk, dtype=np.uint8)
+                if size == 0 and bytes(chunk[:3]) == _BOM:  # the reader reads it as no content
+                    data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)
+                solid = ~_BLANK[data]
+                if not first_byte and solid.any():
+                    first_byte = bytes([data[int(np.argmax(solid))]])
+                ends = np.flatnonzero(data == 10)
+                count = ends.shape[0] + int(data[-1] != 10)
+                starts = np.concatenate(([0], ends + 1))[:count]
+                # a line (with its newline, which is blank) has content when any byte is not
+                full = np.logical_or.reduceat(solid, starts)
+                if every is not None:
+                    record = records + np.cumsum(full) - 1
+                    for k in np.flatnonzero(full & ((first + record) % every == 0)).tolist():
+                        marks[int(record[k])] = (size + int(starts[k]), lines + k + 1)
+                records, lines, size = records + int(full.sum()), lines + count, size + len(chunk)
+    except OSError as err:
+        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
+    return LineIndex(path, records, size, marks, first_byte)
+
+
+def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
+    """A reader message about the copied range, told about the original file and lines."""
+
+    def line(m: re.Match[str]) -> str:
+        return f"{path} line {int(m.group(1)) + first_line - 1}"
+
+    return re.sub(re.escape(str(part)) + r" line (\d+)", line, message).replace(
+        str(part), str(path)
+    )
+
+
+def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
+    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table: a whole
+    file read in place, a range copied to a private temporary file first (the reader takes
+    a path), its messages relabelled with the original file and lines."""
+    file = Path(path)
+    try:
+        size = file.stat().st_size
+        if size != lines.file_bytes:
+            raise _changed(
+                file, f"holds {size:,} bytes where the driver scanned {lines.file_bytes:,}"
+            )
+        if lines.lo == 0 and lines.hi == size:
+            table = read_jsonl(file)
+        else:
+            with open_regular(file) as f:
+                f.seek(lines.lo)
+                data = f.read(lines.hi - lines.lo)
+            with tempfile.TemporaryDirectory(prefix="seqpack-block-") as tmp:
+                part = Path(tmp) / file.name
+                part.write_bytes(data)
+                try:
+                    table = read_jsonl(part)
+                except InvalidInput as err:
+                    raise InvalidInput(_relabel(str(err), part, file, lines.line)) from None
+    except OSError as err:
+        raise InvalidInput(f"{file}: cannot read it ({err.strerror or err})") from None
+    if table.num_rows != records:
+        raise _changed(
+            file,
+            f"lines {lines.line}..: {table.num_rows:,} records where the driver counted"
+            f" {records:,}",
+        )
+    return table
+
+
+def _changed(file: Path, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{file} {what} — the file changed during the run; run again once it is complete"
+    )
 
 
 @dataclass(frozen=True)
@@ -187,11 +323,7 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
                 counts.append(pq.ParquetFile(f).metadata.num_rows)
         except (pa.ArrowInvalid, OSError) as err:
             raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
-    if block_examples is None:
-        pieces = [(InputSlice(str(f), 0, n, 0),) for f, n in zip(files, counts, strict=True) if n]
-    else:
-        pieces = cut_pieces([str(f) for f in files], counts, block_examples, local_labels=True)
-    return _number_blocks(pieces, from_files=True)
+    return _number_blocks(_runs([str(f) for f in files], counts, block_examples), from_files=True)
 
 
 def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[InputSlice, ...]]:
@@ -210,15 +342,18 @@ def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tupl
             raise InvalidInput(f"{file} is empty: it holds no rows — nothing to pack")
         indexes[str(file)] = index
         total += index.records
-    names, counts = list(indexes), [ix.records for ix in indexes.values()]
-    if block_examples is None:
-        runs = [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True)]
-    else:
-        runs = cut_pieces(names, counts, block_examples, local_labels=True)
+    runs = _runs(list(indexes), [ix.records for ix in indexes.values()], block_examples)
     return [
         tuple(dataclasses.replace(p, lines=indexes[p.name].range(p.start, p.stop)) for p in run)
         for run in runs
     ]
+
+
+def _runs(names: list[str], counts: list[int], size: int | None) -> list[tuple[InputSlice, ...]]:
+    """One piece per non-empty input (``size`` None), else :func:`cut_pieces` by file row."""
+    if size is None:
+        return [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True) if c]
+    return cut_pieces(names, counts, size, local_labels=True)
 
 
 def cut_pieces(

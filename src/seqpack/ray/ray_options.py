@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.pipeline.options import PackOptions, flag
 
 #: Examples per block for a ``ray.data.Dataset`` input (it has no shards to follow).

@@ -4,12 +4,19 @@ Both are plain functions of their arguments (Arrow tables in, Arrow tables
 or small dicts out), so a task Ray retries computes exactly the same thing.
 Each also reports where and how long it ran (``node``, ``node_ip`` and
 ``*_seconds``), which the driver records in the manifest's ``engine``
-section, never in the shards.
+section, never in the shards. A task sizes the tokenizer's Rust pool to its CPUs
+(:func:`limit_tokenizer_threads`, as Ray does for OpenMP, else ``n`` one-CPU tasks each
+start ``n`` threads) and encodes with ``encode_batch_fast`` (:func:`task_tokenizer`).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import socket
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,12 +33,68 @@ from seqpack.io.columns import documents_from_arrow
 from seqpack.io.documents import Documents
 from seqpack.io.shard_rows import arrow_to_rows
 from seqpack.io.shards import FULL, shard_bounds, shard_table
+from seqpack.io.tokenizers import HFTokenizer, Tokenizer
 from seqpack.pipeline.budget import check_budget, read_limits
 from seqpack.pipeline.local import bind_examples, pack_table, run_statistics
 from seqpack.pipeline.options import PackOptions
 from seqpack.ray.blocks import PARTITION_COLUMN, Block, block_table
 from seqpack.ray.ray_options import TaskHook
-from seqpack.ray.worker import limit_tokenizer_threads, node_of_task, task_tokenizer
+
+
+def _ray_worker() -> Any:
+    """The ``ray`` module when this process is a connected Ray worker or driver, else None."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+def node_of_task() -> dict[str, str]:
+    """``{"node": Ray node id (hex), "node_ip": its address}``; off Ray, the host name."""
+    ray = _ray_worker()
+    if ray is None:
+        return {"node": socket.gethostname(), "node_ip": ""}
+    return {
+        "node": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+    }
+
+
+def limit_tokenizer_threads() -> None:
+    """Size the Rust thread pool (``RAYON_NUM_THREADS``) to the task's CPUs, unless set
+    (before the worker's first parallel encode: Rust builds its pool once a process)."""
+    ray = _ray_worker()
+    if ray is None or "RAYON_NUM_THREADS" in os.environ:
+        return
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cpus)))
+
+
+class FastTokenizer:
+    """A ``tokenizers`` tokenizer encoding with ``encode_batch_fast``: the same ids and
+    identity as the :class:`~seqpack.io.tokenizers.HFTokenizer` it wraps, without the
+    per-token offsets and strings ``encode_batch`` also builds."""
+
+    def __init__(self, wrapped: HFTokenizer) -> None:
+        self.backend = wrapped.backend
+        self.identity = wrapped.identity
+        self.vocab_size = wrapped.vocab_size
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids int32 [Σn] and offsets int64 [k+1] (BOS/EOS as the post-processor adds)."""
+        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=True)
+        ids = pa.array([e.ids for e in encodings], type=pa.large_list(pa.int32()))
+        offsets = ids.offsets.to_numpy()
+        return ids.values.to_numpy(zero_copy_only=False), offsets
+
+
+def task_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer | None:
+    """The tokenizer a task encodes with: :class:`FastTokenizer` where it applies."""
+    if (
+        isinstance(tokenizer, HFTokenizer)
+        and tokenizer.kind == "tokenizers"
+        and hasattr(tokenizer.backend, "encode_batch_fast")
+    ):
+        return FastTokenizer(tokenizer)
+    return tokenizer
 
 
 @dataclass(frozen=True)

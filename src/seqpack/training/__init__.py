@@ -6,50 +6,34 @@ micro-batches, every row once) -> ``PackedCollator`` tensors ->
 ``micro_batch_loss`` (raw sum divided by the whole step's eligible count).
 """
 
-from seqpack.training.distributed import (
-    RowStats,
-    StepSchedule,
-    row_costs,
-    schedule_rows,
-    step_eligible_counts,
-)
-from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from seqpack.training.packed_data import (
-    PackedBatches,
-    PackedCollator,
-    PackedDataset,
-    ScheduledBatch,
-    concat_batches,
-    decoder_inputs,
-    empty_batch,
-    layout_from_features,
-    move_features,
-    select_rows,
-)
-from seqpack.training.sampler import RowSampler, Slot
-from seqpack.training.stream import StreamDataset
+from __future__ import annotations
 
-__all__ = [
-    "PackedBatches",
-    "PackedCollator",
-    "PackedDataset",
-    "RowSampler",
-    "RowStats",
-    "ScheduledBatch",
-    "Slot",
-    "StepSchedule",
-    "StreamDataset",
-    "concat_batches",
-    "decoder_inputs",
-    "empty_batch",
-    "labels_nll_sum",
-    "layout_from_features",
-    "loss_factor",
-    "micro_batch_loss",
-    "move_features",
-    "normalize",
-    "row_costs",
-    "schedule_rows",
-    "select_rows",
-    "step_eligible_counts",
-]
+from seqpack._lazy import lazy_exports
+
+_NAMES = {
+    "RowSampler": "distributed",
+    "RowStats": "distributed",
+    "Slot": "distributed",
+    "StepSchedule": "distributed",
+    "row_costs": "distributed",
+    "schedule_rows": "distributed",
+    "step_eligible_counts": "distributed",
+    "labels_nll_sum": "global_loss",
+    "loss_factor": "global_loss",
+    "micro_batch_loss": "global_loss",
+    "normalize": "global_loss",
+    "PackedBatches": "packed_data",
+    "PackedCollator": "packed_data",
+    "PackedDataset": "packed_data",
+    "ScheduledBatch": "packed_data",
+    "concat_batches": "packed_data",
+    "decoder_inputs": "packed_data",
+    "empty_batch": "packed_data",
+    "layout_from_features": "packed_data",
+    "move_features": "packed_data",
+    "select_rows": "packed_data",
+    "StreamDataset": "stream",
+}
+__all__ = sorted(_NAMES)
+
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -1,13 +1,9 @@
 """Deterministic, balanced assignment of packed rows to ranks and micro-batches.
 
-Data-parallel training hangs when ranks run different numbers of forward
-calls, and silently re-weights tokens when a short last batch is dropped.
-:func:`schedule_rows` makes both impossible: every optimizer step gives
-every rank exactly ``micro_batches`` micro-batch slots, every packed row is
-placed in exactly one slot, and a short final step is balanced *explicitly*
-— its slots may hold fewer rows, or none (an empty micro-batch contributes a
-zero loss sum, but the rank still runs its forward/backward so collectives
-stay in step).
+:func:`schedule_rows` gives every rank exactly ``micro_batches`` micro-batch slots per
+optimizer step and places every packed row in exactly one slot; a short final step is
+balanced *explicitly* — its slots may hold fewer rows, or none (an empty micro-batch has a
+zero loss sum, but the rank still runs its forward/backward so collectives stay in step).
 
 Worked example: 5 rows, ``world_size=2``, ``micro_batches=1``,
 ``rows_per_micro_batch=2``::
@@ -30,16 +26,14 @@ normalised before the forward pass (:mod:`seqpack.training.global_loss`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from seqpack.core.arith import checked_add, checked_mul
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.checks import positive_int
-from seqpack.core.errors import InvalidInput
-from seqpack.training.api_checks import bound
+from seqpack.core.errors import BudgetExceeded, InvalidInput, positive_int, state_int, state_value
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -52,20 +46,6 @@ SLOT_BYTES = 8 + 8 + 144
 ROW_BYTES = 3 * 8 + 40
 
 
-def schedule_bytes(
-    rows: int, world_size: Any, micro_batches: Any, rows_per_micro_batch: Any
-) -> int:
-    """What :func:`schedule_rows` allocates for ``rows`` rows (checked arithmetic; the
-    three sizes checked to be integers in ``[1, 2**31-1]`` first)."""
-    world = positive_int("world_size", world_size, INT32_MAX)
-    micro = positive_int("micro_batches", micro_batches, INT32_MAX)
-    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
-    slots_per_step = checked_mul(world, micro)
-    steps = max(1, -(-int(rows) // checked_mul(slots_per_step, per)))
-    slots = checked_mul(steps, slots_per_step)
-    return checked_add(checked_mul(slots, SLOT_BYTES), checked_mul(rows, ROW_BYTES))
-
-
 def check_schedule(
     rows: int,
     world_size: Any,
@@ -74,13 +54,16 @@ def check_schedule(
     max_bytes: int | None = SCHEDULE_BYTES,
 ) -> None:
     """Refuse (:class:`BudgetExceeded`) a schedule larger than ``max_bytes`` before it is
-    made: ``world_size * micro_batches`` slots per step are allocated even when empty."""
-    need = schedule_bytes(rows, world_size, micro_batches, rows_per_micro_batch)
+    made (the three sizes checked to be integers in ``[1, 2**31-1]`` first):
+    ``world_size * micro_batches`` slots per step are allocated even when empty."""
+    world = positive_int("world_size", world_size, INT32_MAX)
+    micro = positive_int("micro_batches", micro_batches, INT32_MAX)
+    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
+    slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
     bound(
-        need,
+        slots * SLOT_BYTES + int(rows) * ROW_BYTES,
         max_bytes,
-        f"a schedule of {rows:,} rows over world_size {world_size:,} x micro_batches"
-        f" {micro_batches:,}",
+        f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}",
         "check world_size and micro_batches (each slot is allocated, even when empty)",
     )
 
@@ -236,21 +219,27 @@ class RowStats:
         return cls(tokens=tokens, eligible=eligible, attention=attention)
 
     @classmethod
+    def stacked(cls, parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> RowStats:
+        """From ``(lengths, row_of, eligible)`` of each group of rows, in row order."""
+        columns: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
+        for part in parts:
+            for column, values in zip(columns, part, strict=True):
+                column.append(np.asarray(values, dtype=np.int64))
+        return cls.from_segments(*(np.concatenate(c) for c in columns))
+
+    @classmethod
     def from_batches(cls, batches: Any) -> RowStats:
         """Rows of ``batches`` (PackedBatch objects) numbered consecutively in order."""
-        lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
-        first = 0
-        for batch in batches:
-            occ = batch.occurrences
-            lengths.append(occ.col_end - occ.col_start)
-            row_of.append(occ.row + first)
-            eligible.append(batch.loss_mask.sum(axis=1, dtype=np.int64))
-            first += batch.shape[0]
-        return cls.from_segments(
-            np.concatenate(lengths),
-            np.concatenate(row_of),
-            np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
-        )
+
+        def parts() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            first = 0
+            for batch in batches:
+                occ = batch.occurrences
+                eligible = batch.loss_mask.sum(axis=1, dtype=np.int64)
+                yield occ.col_end - occ.col_start, occ.row + first, eligible
+                first += batch.shape[0]
+
+        return cls.stacked(parts())
 
     def costs(self, balance: Balance) -> np.ndarray:
         """Load per row for :func:`schedule_rows`: tokens, attention (Σl²) or none (zeros)."""
@@ -274,3 +263,224 @@ def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.nda
     out = np.zeros(schedule.steps, dtype=np.int64)
     np.add.at(out, step_of_row, np.asarray(eligible, dtype=np.int64)[schedule.row_ids])
     return out
+
+
+def bound(need: int, limit: int | None, what: str, fix: str) -> None:
+    """Refuse ``need`` bytes over ``limit`` (:class:`BudgetExceeded` naming both and ``fix``)."""
+    if limit is not None and need > limit:
+        raise BudgetExceeded(
+            f"{what} would take {need:,} bytes, over the {limit:,}-byte bound — {fix}"
+        )
+
+
+def default_world() -> tuple[int, int]:
+    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1, 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def check_world(world_size: Any, rank: Any) -> tuple[int, int]:
+    """``(world_size, rank)``: the given ones checked (integers, ``0 <= rank < world_size``),
+    a missing one from :func:`default_world`."""
+    world, rank0 = default_world()
+    world = world if world_size is None else positive_int("world_size", world_size, INT32_MAX)
+    if rank is None:
+        rank = rank0
+    elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+        raise InvalidInput(f"rank must be an integer, got {rank!r}")
+    if not 0 <= rank < world:
+        raise InvalidInput(f"rank {rank} outside 0..{world - 1} — pass a rank below world_size")
+    return world, int(rank)
+
+
+def check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidInput(f"{name} must be True or False, got {value!r}")
+
+
+def check_saved(
+    state: Any, fmt: str, what: str, owner: str, obj: Any, keys: tuple[str, ...]
+) -> None:
+    """Refuse a saved ``what`` state of another format, or whose ``keys`` differ from ``obj``'s
+    (one line naming the key and both values)."""
+    found = state_value(state, "format", what)
+    if found != fmt:
+        raise InvalidInput(f"not a {what} state (format {found!r})")
+    for key in keys:
+        if state_value(state, key, what) != getattr(obj, key):
+            raise InvalidInput(
+                f"{owner} state has {key}={state[key]!r} but this {owner} has"
+                f" {getattr(obj, key)!r} — build the {owner} with the saved settings"
+            )
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch of one rank: the global ``rows`` it holds (possibly none).
+
+    ``step_eligible`` is N of the whole optimizer step (every rank, every
+    micro-batch): divide this micro-batch's raw loss sum by it.
+    ``index`` is the slot's place in this rank's sequence for the epoch;
+    resume after it with ``position = index + 1``.
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    micro: int
+    micro_batches: int
+    rows: tuple[int, ...]
+    step_eligible: int
+    index: int
+
+    @property
+    def last_micro(self) -> bool:
+        """True on the micro-batch whose backward should synchronise gradients."""
+        return self.micro == self.micro_batches - 1
+
+
+SAMPLER_FORMAT = "seqpack.row-sampler/1"
+_SAMPLER_CONFIG = (
+    "rows",
+    "world_size",
+    "rank",
+    "micro_batches",
+    "rows_per_micro_batch",
+    "seed",
+    "balance",
+    "shuffle",
+)
+
+
+class RowSampler:
+    """This rank's micro-batches of an epoch, from :func:`schedule_rows`.
+
+    Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
+    :class:`Slot` objects, the dataset turns each into its rows
+    (:class:`seqpack.training.packed_data.PackedBatches`), the collator into tensors.
+    Every rank yields exactly ``steps * micro_batches`` slots; a short final
+    step holds explicitly empty slots rather than dropping or repeating rows.
+    ``world_size``/``rank`` default to the initialised ``torch.distributed``
+    group (else 1 and 0).
+
+    Resumable: ``state_dict()`` records the epoch and how many slots this
+    iterator has yielded; a fresh sampler given ``load_state_dict(state)``
+    continues with exactly the remaining slots.
+    """
+
+    def __init__(
+        self,
+        stats: RowStats,
+        *,
+        rows_per_micro_batch: int,
+        micro_batches: int = 1,
+        world_size: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        balance: Balance = "tokens",
+        shuffle: bool = True,
+    ) -> None:
+        if not isinstance(stats, RowStats):
+            raise InvalidInput(
+                f"stats must be a RowStats (e.g. PackedBatches.row_stats()), got"
+                f" {type(stats).__name__}"
+            )
+        self.world_size, self.rank = check_world(world_size, rank)
+        check_schedule(len(stats), self.world_size, micro_batches, rows_per_micro_batch)
+        check_flag("shuffle", shuffle)
+        self.stats = stats
+        self.rows = len(stats)
+        self.micro_batches = micro_batches
+        self.rows_per_micro_batch = rows_per_micro_batch
+        self.seed = seed
+        self.balance = balance
+        self.shuffle = shuffle
+        self._costs = stats.costs(balance)
+        self.epoch = 0
+        self.position = 0
+        self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
+        self._scheduled()  # validates the arguments now
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first slot (a new seeded order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise InvalidInput(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+        self.position = 0
+
+    @property
+    def schedule(self) -> StepSchedule:
+        """The whole epoch's schedule (every rank), computed once per epoch."""
+        return self._scheduled()[0]
+
+    @property
+    def step_eligible(self) -> np.ndarray:
+        """Eligible targets per optimizer step over all ranks, int64 [steps]."""
+        return self._scheduled()[1]
+
+    def _scheduled(self) -> tuple[StepSchedule, np.ndarray]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            schedule = schedule_rows(
+                self._costs,
+                world_size=self.world_size,
+                micro_batches=self.micro_batches,
+                rows_per_micro_batch=self.rows_per_micro_batch,
+                seed=self.seed,
+                epoch=self.epoch,
+                shuffle=self.shuffle,
+            )
+            self._cache = (
+                self.epoch,
+                schedule,
+                step_eligible_counts(schedule, self.stats.eligible),
+            )
+        return self._cache[1], self._cache[2]
+
+    def __len__(self) -> int:
+        return self.schedule.steps * self.micro_batches
+
+    def slot(self, index: int) -> Slot:
+        """This rank's ``index``-th slot of the epoch."""
+        schedule, counts = self._scheduled()
+        step, micro = divmod(index, self.micro_batches)
+        rows = schedule.slot(step, self.rank, micro)
+        return Slot(
+            self.epoch,
+            step,
+            self.rank,
+            micro,
+            self.micro_batches,
+            tuple(rows.tolist()),
+            int(counts[step]),
+            index,
+        )
+
+    def __iter__(self):
+        start = self.position
+        for index in range(start, len(self)):
+            self.position = index + 1
+            yield self.slot(index)
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Configuration, epoch and position (slots yielded so far), as plain data."""
+        return {
+            "format": SAMPLER_FORMAT,
+            "epoch": self.epoch,
+            "position": self.position,
+            **{key: getattr(self, key) for key in _SAMPLER_CONFIG},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` was taken; the configuration must match."""
+        check_saved(state, SAMPLER_FORMAT, "row-sampler", "sampler", self, _SAMPLER_CONFIG)
+        epoch = state_int(state, "epoch", "row-sampler")  # integers only: no 1.5, no "2"
+        position = state_int(state, "position", "row-sampler")
+        if position > len(self):
+            raise InvalidInput(f"sampler position {position} outside 0..{len(self)}")
+        self.epoch, self.position = epoch, position

@@ -28,6 +28,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from seqpack.core.permission import pairwise
 from seqpack.io.integrity import read_row_stats
 from seqpack.io.store import PackedStore, load_packed
 from seqpack.nn.attention import AttentionLayout
-from seqpack.training.distributed import RowStats
+from seqpack.training.distributed import RowStats, Slot
 from seqpack.training.labels import seq_idx
 from seqpack.training.rows import (
     PAD_FILL,
@@ -60,7 +61,6 @@ from seqpack.training.rows import (
     pad_cells,
     select_rows,
 )
-from seqpack.training.sampler import Slot
 
 # Reading a packed directory.
 
@@ -78,13 +78,9 @@ class ScheduledBatch:
     slot: Slot
     world_size: int | None = None
 
-    @property
+    @cached_property
     def batch(self) -> PackedBatch:
-        if isinstance(self.rows, PackedBatch):
-            return self.rows
-        if "_batch" not in self.__dict__:
-            object.__setattr__(self, "_batch", self.rows.to_batch())
-        return self.__dict__["_batch"]
+        return self.rows if isinstance(self.rows, PackedBatch) else self.rows.to_batch()
 
 
 class PackedBatches(Dataset):
@@ -187,18 +183,12 @@ class PackedBatches(Dataset):
         Reads only the pair counts and loss flags of each shard.
         """
         if self._stats is None:
-            lengths, row_of, eligible = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+            parts = []
             for shard in self.store.shards:
                 seq, occ, per_row = read_row_stats(self.store.path / shard["file"], shard)
                 rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
-                lengths.append(seq)
-                row_of.append(np.repeat(rows, np.diff(occ)))
-                eligible.append(per_row)
-            self._stats = RowStats.from_segments(
-                np.concatenate(lengths),
-                np.concatenate(row_of),
-                np.concatenate(eligible) if eligible else np.zeros(0, np.int64),
-            )
+                parts.append((seq, np.repeat(rows, np.diff(occ)), per_row))
+            self._stats = RowStats.stacked(parts)
         return self._stats
 
 

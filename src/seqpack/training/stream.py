@@ -24,38 +24,47 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from seqpack.core.binding import INT32_MAX, Binding, Split
-from seqpack.core.checks import positive_int, state_columns, state_int, state_value
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
-from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import long_ranges
-from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
-from seqpack.io.tokenizers import Tokenizer
-from seqpack.training.api_checks import (
-    MAX_READ_CHUNK,
-    check_flag,
-    check_source,
-    check_stream_memory,
-    check_text_field,
-    check_world,
+from seqpack.core.errors import (
+    InvalidInput,
+    OversizedExample,
+    positive_int,
+    state_columns,
+    state_int,
+    state_value,
 )
+from seqpack.core.examples import as_token_array, long_ranges
+from seqpack.core.stream_packer import (
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_OPEN_ROWS,
+    DEFAULT_STATE_BYTES,
+    StreamPacker,
+    stream_bytes,
+)
+from seqpack.core.supervision import mapping_flags
+from seqpack.io.tokenizers import Tokenizer
 from seqpack.training.distributed import (
     Balance,
     RowStats,
+    Slot,
+    bound,
     check_balance,
+    check_flag,
+    check_saved,
     check_schedule,
+    check_world,
     schedule_rows,
 )
 from seqpack.training.packed_data import ScheduledBatch
-from seqpack.training.sampler import Slot
-from seqpack.training.stream_input import Example, stream_documents
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 _CONFIG = (
@@ -71,6 +80,112 @@ _CONFIG = (
     "balance",
 )
 _CLOSED = ("example", "row", "start")
+
+#: Documents a stream reads at a time, at most.
+MAX_READ_CHUNK = 1 << 20
+#: Bytes a closed row waiting for its step holds per cell: its token (int32) and flag.
+WAITING_CELL_BYTES = 4 + 1
+
+
+def check_source(documents: Any) -> Any:
+    """A stream's documents: an iterable (not a text or a mapping) or a function returning one."""
+    if callable(documents):
+        return documents
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Iterable):
+        raise InvalidInput(
+            f"documents must be an iterable of documents or a function returning one, got"
+            f" {type(documents).__name__} — pass a list, a datasets.Dataset or a generator"
+            " function"
+        )
+    return documents
+
+
+def check_stream_memory(capacity: int, window: int, max_open_rows: int, rows_per_step: int) -> None:
+    """The packer's buffers and one optimizer step of closed rows within the budget
+    (:data:`~seqpack.core.stream_packer.DEFAULT_STATE_BYTES`), before any is allocated."""
+    packer = stream_bytes(capacity, window, max_open_rows)
+    bound(
+        packer,
+        DEFAULT_STATE_BYTES,
+        f"a stream-best-fit packer (capacity {capacity:,}, window {window:,}, max_open_rows"
+        f" {max_open_rows:,})",
+        "lower window or max_open_rows",
+    )
+    step = rows_per_step * capacity * WAITING_CELL_BYTES
+    bound(
+        packer + step,
+        DEFAULT_STATE_BYTES,
+        f"one optimizer step of {rows_per_step:,} rows of capacity {capacity:,} held while"
+        " it is cut",
+        "lower world_size, micro_batches or rows_per_micro_batch",
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Example:
+    window: np.ndarray  # int32 [len + 1]
+    loss_mask: np.ndarray  # bool [len]
+    source_id: str
+    start: int
+    doc: int
+    doc_first_example: int
+
+
+def text_of(ds: Any, item: Any, index: int) -> str | None:
+    """The text of a text document (a ``str``, or a mapping with ``text_field`` and no
+    ``input_ids``); None for a tokenized one."""
+    if isinstance(item, Mapping) and "input_ids" not in item:
+        if ds.text_field not in item:
+            raise InvalidInput(
+                f"document {index} has neither input_ids nor {ds.text_field!r} (columns"
+                f" {sorted(map(str, item))}) — pass text_field= naming its text column"
+            )
+        item = item[ds.text_field]
+        if not isinstance(item, str):
+            raise InvalidInput(
+                f"document {index}: {ds.text_field!r} is a {type(item).__name__}, not text"
+            )
+    if not isinstance(item, str):
+        return None
+    if ds.tokenizer is None:
+        raise InvalidInput(f"document {index} is text; pass a tokenizer")
+    return item
+
+
+def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -> list[Example]:
+    """The examples of documents ``first, first + 1, ...`` (one each, or its ``long_ranges``
+    pieces), numbered from ``first_example``; a mapping's ``labels`` / ``loss_mask`` /
+    ``completion_mask`` / ``assistant_masks`` are ANDed."""
+    found = ((i, text_of(ds, item, first + i)) for i, item in enumerate(items))
+    texts = {i: text for i, text in found if text is not None}
+    encoded: dict[int, np.ndarray] = {}
+    if texts:
+        tokens, offsets = ds.tokenizer.encode_batch(list(texts.values()))
+        encoded = {i: tokens[offsets[j] : offsets[j + 1]] for j, i in enumerate(texts)}
+    out: list[Example] = []
+    for i, item in enumerate(items):
+        index = first + i
+        mapping = isinstance(item, Mapping)
+        source_id = str(item.get("id", index)) if mapping else str(index)
+        raw = encoded[i] if i in encoded else item["input_ids"] if mapping else item
+        what = f"document {index} ({source_id!r})"
+        tokens = as_token_array(raw, ds.binding.vocab_size, what)
+        if tokens.shape[0] < 2:
+            raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
+        pairs = tokens.shape[0] - 1
+        # every supervision column of a mapping, ANDed (seqpack.core.supervision)
+        flags = mapping_flags(item, tokens, what) if mapping and i not in encoded else None
+        mask = np.ones(pairs, dtype=bool) if flags is None else flags
+        if pairs > ds.capacity and not ds.split_long:
+            raise OversizedExample(
+                f"{what} has {pairs} prediction pairs; capacity is {ds.capacity}"
+                " — raise the capacity or pass split_long=True"
+            )
+        _, starts, ends = long_ranges(np.array([tokens.shape[0]]), ds.capacity)
+        doc_first = first_example + len(out)
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            out.append(Example(tokens[a:b], mask[a : b - 1], source_id, a, index, doc_first))
+    return out
 
 
 class StreamDataset(IterableDataset):
@@ -127,7 +242,9 @@ class StreamDataset(IterableDataset):
                 f" {type(tokenizer).__name__}"
             )
         self.tokenizer = tokenizer
-        self.text_field = check_text_field(text_field)
+        if not isinstance(text_field, str) or not text_field:
+            raise InvalidInput(f"text_field must be a column name, got {text_field!r}")
+        self.text_field = text_field
         self.read_chunk = positive_int("read_chunk", read_chunk, MAX_READ_CHUNK)
         check_balance(balance)
         self.balance = balance
@@ -143,15 +260,6 @@ class StreamDataset(IterableDataset):
     @property
     def rows_per_step(self) -> int:
         return self.world_size * self.micro_batches * self.rows_per_micro_batch
-
-    def _new_packer(self) -> StreamPacker:
-        return StreamPacker(
-            self.capacity, window=self.window, max_open_rows=self.max_open_rows, seed=self.seed
-        )
-
-    def _source(self) -> Iterator[Any]:
-        docs = self.documents() if callable(self.documents) else self.documents
-        return iter(docs)
 
     def __iter__(self) -> Iterator[ScheduledBatch]:
         info = get_worker_info()
@@ -173,27 +281,8 @@ class StreamDataset(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration continues from ``state`` (same configuration required)."""
-        fmt = state_value(state, "format", "stream-dataset")
-        if fmt != STATE_FORMAT:
-            raise InvalidInput(f"not a stream-dataset state (format {fmt!r})")
-        for key in _CONFIG:
-            if state_value(state, key, "stream-dataset") != getattr(self, key):
-                raise InvalidInput(
-                    f"stream state has {key}={state[key]!r} but this dataset has"
-                    f" {getattr(self, key)!r} — build the dataset with the saved settings"
-                )
+        check_saved(state, STATE_FORMAT, "stream-dataset", "dataset", self, _CONFIG)
         self._resume, self._cursor = state, None
-
-    # Documents to examples.
-
-    def _documents(self, items: list[Any], first: int) -> list[tuple[np.ndarray, np.ndarray, str]]:
-        return stream_documents(self, items, first)
-
-    def _examples(self, doc: int, tokens: np.ndarray, mask: np.ndarray, source_id: str, first: int):
-        """The examples of one document (one, or its ``long_ranges`` pieces)."""
-        _, starts, ends = long_ranges(np.array([tokens.shape[0]]), self.capacity)
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            yield Example(tokens[start:end], mask[start : end - 1], source_id, start, doc, first)
 
 
 class _StreamPass:
@@ -203,13 +292,15 @@ class _StreamPass:
 
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
-        self.packer = ds._new_packer()
+        self.packer = StreamPacker(
+            ds.capacity, window=ds.window, max_open_rows=ds.max_open_rows, seed=ds.seed
+        )
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
         empty = np.zeros(0, dtype=np.int64)
         self.closed = (empty, empty, empty)  # example, row, start of closed rows not yet used
         self.docs_read = self.step = self.micro_done = 0
         self.source_done = False
-        self.source = ds._source()
+        self.source = iter(ds.documents() if callable(ds.documents) else ds.documents)
         if state is not None:
             self._restore(state)
 
@@ -273,10 +364,7 @@ class _StreamPass:
     def _read(self, count: int, first_example: int) -> tuple[list[Example], int]:
         """Up to ``count`` next documents as examples numbered from ``first_example``."""
         items = list(itertools.islice(self.source, count))
-        examples: list[Example] = []
-        for i, (tokens, mask, sid) in enumerate(self.ds._documents(items, self.docs_read)):
-            doc_first = first_example + len(examples)
-            examples.extend(self.ds._examples(self.docs_read + i, tokens, mask, sid, doc_first))
+        examples = stream_examples(self.ds, items, self.docs_read, first_example)
         self.docs_read += len(items)
         return examples, len(items)
 

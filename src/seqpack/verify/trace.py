@@ -12,8 +12,8 @@ import numpy as np
 
 from seqpack.core import permission
 from seqpack.core.batch import PackedBatch
-from seqpack.core.counts import batch_counts, compare_layouts
 from seqpack.core.loss import probe_logits, weighting_report
+from seqpack.core.policies import batch_counts, compare_layouts
 from seqpack.verify.fixture import (
     DENSITY_LENGTHS,
     FIXTURE_CAPACITY,
