@@ -31,14 +31,10 @@ def format_json(value: object, indent: int = 0) -> str:
             f"{inner}{json.dumps(str(k))}: {format_json(v, indent + 1)}" for k, v in value.items()
         ]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        if (
-            all(
-                isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v)
-                for v in value
-            )
-            and len(json.dumps(value)) <= 100
-        ):
+    nested = (dict, list)
+    if isinstance(value, list) and any(isinstance(v, nested) for v in value):
+        rows = all(isinstance(v, list) and not any(isinstance(x, nested) for x in v) for v in value)
+        if rows and len(json.dumps(value)) <= 100:  # rows of cells: one line
             return json.dumps(value)
         items = [f"{inner}{format_json(v, indent + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + f"\n{pad}]"

@@ -17,7 +17,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
@@ -71,22 +71,6 @@ def parse_switch(text: str, flag: str) -> bool:
         raise InvalidInput(f"{flag} takes true or false, not {text!r}") from None
 
 
-def _finite(value: Any, where: str) -> Any:
-    """``value`` (parsed JSON) unless it holds a non-finite or absurd number, at any depth."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidInput(f"{where}: {value} is not a usable value — write a finite number")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if abs(value) > MAX_OPTION_VALUE:
-            raise InvalidInput(
-                f"{where}: {value:.3g} is beyond any usable size (at most 2**62) — write a"
-                " smaller number"
-            )
-    elif isinstance(value, (list, dict)):
-        for item in value.values() if isinstance(value, dict) else value:
-            _finite(item, where)
-    return value
-
-
 def parse_option(item: str) -> tuple[str, Any]:
     """``KEY=VALUE`` -> ``(key, value)``: dashes in the key become underscores; the value
     is JSON when it parses (numbers, booleans, lists), else the text itself. Non-finite
@@ -94,24 +78,33 @@ def parse_option(item: str) -> tuple[str, Any]:
     key, sep, value = str(item).partition("=")
     if not sep or not key.strip():
         raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
+    where = f"--option {item!r}"
 
-    def refuse(constant: str) -> Any:
-        raise InvalidInput(
-            f"--option {item!r}: {constant} is not a usable value — write a finite number"
-        )
+    def refuse(constant: Any) -> Any:
+        raise InvalidInput(f"{where}: {constant} is not a usable value — write a finite number")
+
+    def number(parsed: float) -> float:  # every number, at any depth, as it is parsed
+        if not math.isfinite(parsed):
+            refuse(parsed)
+        if abs(parsed) > MAX_OPTION_VALUE:
+            raise InvalidInput(
+                f"{where}: {parsed:.3g} is beyond any usable size (at most 2**62) — write a"
+                " smaller number"
+            )
+        return parsed
 
     try:
-        parsed: Any = json.loads(value, parse_constant=refuse)
+        parsed: Any = json.loads(
+            value,
+            parse_constant=refuse,
+            parse_int=lambda text: number(int(text)),
+            parse_float=lambda text: number(float(text)),
+        )
     except InvalidInput:
         raise
     except (ValueError, RecursionError):  # JSONDecodeError; ints past Python's digit limit
         parsed = value
-    return key.strip().replace("-", "_"), _finite(parsed, f"--option {item!r}")
-
-
-def policy_options(items: Iterable[str]) -> dict[str, Any]:
-    """``["window=4096", "seed=1"]`` -> ``{"window": 4096, "seed": 1}`` (JSON values or text)."""
-    return dict(parse_option(item) for item in items)
+    return key.strip().replace("-", "_"), parsed
 
 
 #: How a field's text becomes its value; a field whose flag says ``type=int`` is read by
@@ -163,7 +156,7 @@ def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptio
     """The ``cls`` options (default :class:`PackOptions`) of parsed ``args``."""
     values = {f.name: getattr(args, f.name) for f in _flagged(cls, command)}
     if "policy_options" in values:
-        values["policy_options"] = policy_options(values["policy_options"])
+        values["policy_options"] = dict(map(parse_option, values["policy_options"]))
     if cls is PackOptions and args.max_length is None:
         raise InvalidInput(
             "the following arguments are required: --max-length (tokens per row, the width"

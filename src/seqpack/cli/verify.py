@@ -90,63 +90,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if args.tree_lengths is not None:  # prints its own report; its exit code
             from seqpack.cli.verify_tree import cmd_verify_tree
 
-            return cmd_verify_tree(args, print_comparison)
-        report = _run_verify(args)
+            return cmd_verify_tree(args, finish_verify)
+        return finish_verify(args, _run_verify(args))
     except (SeqpackError, KeyboardInterrupt):
         raise
     except Exception as err:
         first = " ".join(str(err).split())[:300] or type(err).__name__
         raise ModelCrashed(f"verify crashed: {type(err).__name__}: {first}") from err
-    if args.json:
-        print(json.dumps(report))
-    else:
-        _print_verify(report)
-    if report["pass"]:
-        return 0
-    if report.get("mixed", True):
-        return 1
-    from seqpack.core.errors import InvalidInput
-
-    raise InvalidInput(report["hint"])  # not mixed: the model's own loss (exit 2, one line)
 
 
 def _run_verify(args: argparse.Namespace) -> dict:
     import os
 
+    from seqpack.core.errors import InvalidInput
+
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
-    from seqpack.verify import models as hf_verify
-
-    if args.hf_config or args.hf_model:
-        model = hf_verify.load_model(
-            config=args.hf_config,
-            model=args.hf_model,
-            attn_implementation=args.attn or "sdpa",
-            dtype=hf_verify.DTYPES[args.dtype],
-            seed=args.seed,
-            device=args.device,
-            refuse=args.mode == "adapter",
-        )
-        from seqpack.hf.capability import architecture_of
-        from seqpack.hf.kinds import attention_kind
-
-        arch = architecture_of(model)
-        if args.mode == "adapter":
-            arch.check(attention_kind(args.attn or "sdpa"))
-        cfg = model.config.get_text_config()
-        limits = [c.limit for c in arch.conditions if c.what == "example"]
-        layout = hf_verify.verification_layout(
-            arch.window,
-            getattr(cfg, "max_position_embeddings", None),
-            args.lengths,
-            args.capacity,
-            max_example=min(limits) if limits else None,
-        )
-        examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
-        report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
-        report["model"]["source"] = str(args.hf_config or args.hf_model)
-    else:
-        from seqpack.core.errors import InvalidInput
-
+    if not (args.hf_config or args.hf_model):
         if args.dtype != "float64" or args.device != "cpu":
             raise InvalidInput(
                 "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
@@ -159,47 +118,94 @@ def _run_verify(args: argparse.Namespace) -> dict:
             )
         from seqpack.verify.layouts import verify_tiny
 
-        report = verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+        return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+    from seqpack.hf.capability import architecture_of
+    from seqpack.hf.kinds import attention_kind
+    from seqpack.verify import models as hf_verify
+
+    model = hf_verify.load_model(
+        config=args.hf_config,
+        model=args.hf_model,
+        attn_implementation=args.attn or "sdpa",
+        dtype=hf_verify.DTYPES[args.dtype],
+        seed=args.seed,
+        device=args.device,
+        refuse=args.mode == "adapter",
+    )
+    arch = architecture_of(model)
+    if args.mode == "adapter":
+        arch.check(attention_kind(args.attn or "sdpa"))
+    cfg = model.config.get_text_config()
+    limits = [c.limit for c in arch.conditions if c.what == "example"]
+    layout = hf_verify.verification_layout(
+        arch.window,
+        getattr(cfg, "max_position_embeddings", None),
+        args.lengths,
+        args.capacity,
+        max_example=min(limits) if limits else None,
+    )
+    examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+    report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
+    report["model"]["source"] = str(args.hf_config or args.hf_model)
     return report
 
 
-def _print_verify(report: dict) -> None:
-    m = report["model"]
-    if report["target"] == "transformers":
-        print(
+def finish_verify(args: argparse.Namespace, report: dict) -> int:
+    """Print a verify report (flat, tree or tiny decoder; ``--json``: one line) and give its
+    exit code: 0 pass, 1 mixed; the model's own loss alone disagreeing is exit 2, one line."""
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_verify(report)
+    if report["pass"]:
+        return 0
+    if report.get("mixed", True):
+        return 1
+    from seqpack.core.errors import InvalidInput
+
+    raise InvalidInput(report["hint"])
+
+
+def _print_verify(r: dict) -> None:
+    m, tree = r["model"], r.get("layout") == "tree"
+    if r["target"] == "transformers":  # the tree report's too
+        run = (
             f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
-            f" {m['attn_implementation']}, {m['device']}), mode {report['mode']}:"
-            f" {report['examples']} examples of {report['lengths']} pairs packed into"
-            f" {report['rows']} rows of {report['capacity']}, {report['targets']} targets"
-            f" ({report['eligible_targets']} eligible)"
+            f" {m['attn_implementation']}, {m['device']}), mode {r['mode']}:"
         )
-        arch = report["architecture"]
+    if tree:
+        print(
+            f"{run} {r['groups']} groups, {r['sequences']} sequences of {r['lengths']} pairs as"
+            f" tries of {r['nodes']} nodes: {r['tokens_stored']} cells stored for"
+            f" {r['tokens_flat']} flat, {r['rows']} row(s) of {r['capacity']}"
+        )
+    elif r["target"] == "transformers":
+        print(
+            f"{run} {r['examples']} examples of {r['lengths']} pairs packed into {r['rows']} rows"
+            f" of {r['capacity']}, {r['targets']} targets ({r['eligible_targets']} eligible)"
+        )
+        arch = r["architecture"]
         windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
         exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
         print(f"attention windows: {windows}{exercised}")
     else:
         print(
             f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
-            f" attention {m['attention']}), mode {report['mode']}: {report['layouts']} layouts,"
-            f" {report['examples']} examples, {report['targets']} targets;"
-            " separate vs padded vs packed"
+            f" attention {m['attention']}), mode {r['mode']}: {r['layouts']} layouts,"
+            f" {r['examples']} examples, {r['targets']} targets; separate vs padded vs packed"
         )
-    print_comparison(report)
-    if report["pass"]:
-        print("PASS: packed rows compute what separate examples compute")
-    else:
-        print(f"{'FAIL' if report.get('mixed', True) else 'NOT MIXED'}: {report['hint']}")
-
-
-def print_comparison(report: dict) -> None:
-    """The max differences and out-of-tolerance counts of a verify report."""
-    tol = report["tolerance"]
-    diffs = ", ".join(f"{k} {v:.2e}" for k, v in report["max_abs_diff"].items())
-    fails = ", ".join(
-        f"{k} {v:,}/{report['comparisons'][k]:,}" for k, v in report["failures"].items()
-    )
+    tol = r["tolerance"]
+    diffs = ", ".join(f"{k} {v:.2e}" for k, v in r["max_abs_diff"].items())
+    fails = ", ".join(f"{k} {v:,}/{r['comparisons'][k]:,}" for k, v in r["failures"].items())
     print(f"max abs diff vs separate: {diffs}")
     print(
         f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
         f" {tol['why']})"
     )
+    if r.get("widened"):
+        print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")
+    if r["pass"]:
+        alone = "each sequence computes alone" if tree else "separate examples compute"
+        print(f"PASS: {'tree-packed' if tree else 'packed'} rows compute what {alone}")
+    else:
+        print(f"{'FAIL' if r.get('mixed', True) else 'NOT MIXED'}: {r['hint']}")

@@ -14,8 +14,8 @@ from seqpack.core.errors import InvalidInput
 TREE_IMPLEMENTATIONS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
 
 
-def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict], None]) -> int:
-    """Exit 0 PASS, 1 FAIL; ``print_comparison`` prints the differences as flat verify does."""
+def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]) -> int:
+    """Exit 0 PASS, 1 FAIL; ``finish`` prints the report as flat verify prints its own."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     if not (args.hf_config or args.hf_model):
         raise InvalidInput(
@@ -58,23 +58,7 @@ def cmd_verify_tree(args: argparse.Namespace, print_comparison: Callable[[dict],
         )
     r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     r["model"]["source"] = str(args.hf_config or args.hf_model)
-    if args.json:
-        print(json.dumps(r))
-        return 0 if r["pass"] else 1
-    m = r["model"]
-    print(
-        f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
-        f" {m['attn_implementation']}, {m['device']}), mode {r['mode']}: {r['groups']} groups,"
-        f" {r['sequences']} sequences of {r['lengths']} pairs as tries of {r['nodes']} nodes:"
-        f" {r['tokens_stored']} cells stored for {r['tokens_flat']} flat, {r['rows']} row(s)"
-        f" of {r['capacity']}"
-    )
-    print_comparison(r)
-    if r["widened"]:
-        print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")
-    what = "tree-packed rows compute what each sequence computes alone"
-    print(f"PASS: {what}" if r["pass"] else f"FAIL: {r['hint']}")
-    return 0 if r["pass"] else 1
+    return finish(args, r)
 
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:

@@ -68,45 +68,25 @@ def hf_inputs(
     attn_implementation: str,
     *,
     config: Any = None,
-    mask: str = "float",
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-    pad_token_id: int = 0,
-    labels: bool = True,
-    num_items_in_batch: int | None = None,
     kind: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
-    ``config`` is the model's (``model.config``): windows and per-layer-type
-    masks follow it, and an architecture seqpack cannot make exact raises
-    :class:`~seqpack.hf.architectures.UnsupportedArchitecture`. ``dtype`` is
-    the model's (the additive mask must match it for ``sdpa``); ``mask``:
-    ``"float"`` or ``"bool"`` (``sdpa`` kind only). ``attn_implementation``
-    is any name ``transformers`` accepts whose kind seqpack can tell
-    (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`). With
-    ``labels`` the dict has ``labels`` and ``shift_labels`` (see the module
-    docstring) so ``model(**kwargs).loss`` is token-weighted; ``num_items_in_batch`` (the
-    optimizer step's global eligible count, known from the plan) makes it the
-    raw sum divided by that count instead of by this batch's. Tensors are
-    ``(R, T)`` except for the flattened implementations, where they are
-    ``(1, N)`` over the valid cells in row-major order (:func:`cell_logits`
-    puts logits back into cells).
+    ``config`` (``model.config``) decides windows and per-layer-type masks; an
+    architecture seqpack cannot make exact raises ``UnsupportedArchitecture``.
+    ``kind=`` states the kind of a name seqpack cannot tell (:mod:`seqpack.hf.kinds`).
+    ``options`` are :func:`build_inputs`'s: ``dtype`` (the model's: the additive mask
+    must match it), ``device``, ``mask`` (``"float"``, or ``"bool"`` for the sdpa kind
+    only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``, so
+    ``model(**kwargs).loss`` is token-weighted) and ``num_items_in_batch`` (the
+    optimizer step's global eligible count, to divide by instead). Tensors are
+    ``(R, T)``, or ``(1, N)`` over the valid cells for the flattened kinds
+    (:func:`cell_logits`).
     """
     kind = attention_kind(attn_implementation, kind)
     arch = None if config is None else capability(config).check(kind)
-    return build_inputs(
-        batch,
-        attn_implementation,
-        arch,
-        mask=mask,
-        dtype=dtype,
-        device=device,
-        pad_token_id=pad_token_id,
-        labels=labels,
-        num_items_in_batch=num_items_in_batch,
-        kind=kind,
-    )
+    return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
 
 
 def build_inputs(
@@ -122,18 +102,14 @@ def build_inputs(
     num_items_in_batch: int | None = None,
     kind: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`hf_inputs` for an already checked architecture (:func:`capability`).
-
-    The architecture's batch conditions (longest example, row width) are
-    checked here, on every batch, and its position offset applied. Rows stay
-    compact: padded ``(R, T)`` cells and masks are made only for the kinds
-    that read a mask.
-    """
+    """:func:`hf_inputs` for an already checked architecture (:func:`capability`); its
+    batch conditions (longest example, row width) are checked on every batch. Rows stay
+    compact: padded cells and masks are made only for the kinds that read a mask."""
     kind = attention_kind(attn_implementation, kind)
     rows = compact_of(batch)
     flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
+    longest = int(rows.lengths.max()) if len(rows) else 0
     if arch is not None:
-        longest = int(rows.lengths.max()) if len(rows) else 0
         arch.check_batch(longest, int(rows.lengths.sum()) if flat else rows.capacity)
     vocab = rows.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
@@ -143,15 +119,15 @@ def build_inputs(
         )
     cells = flat_columns(rows)
     index = cells.pop("valid_index")
-    if arch is not None and arch.position_offset:  # RoBERTa family: from padding_idx + 1
-        cells["position_ids"] = cells["position_ids"] + arch.position_offset
+    offset = 0 if arch is None else arch.position_offset  # RoBERTa family: padding_idx + 1
+    cells["position_ids"] = cells["position_ids"] + offset
     names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
     shape = (rows.num_rows, rows.capacity)
     if arch is not None and arch.zero_pad == int(pad_token_id):  # gemma3n: NaN gradients
         pad_token_id = (int(pad_token_id) + 1) % vocab  # any other id: padding is never seen
-    fill = PAD_FILL | {"input_ids": int(pad_token_id)}
-    if arch is not None and arch.position_offset:
-        fill["position_ids"] = arch.position_offset
+    fill = (
+        PAD_FILL | {"input_ids": int(pad_token_id)} | ({"position_ids": offset} if offset else {})
+    )
     out: dict[str, Any] = {}
     for name in names:
         value = cells[name][None] if flat else pad_cells(cells[name], index, shape, fill[name])
@@ -163,14 +139,9 @@ def build_inputs(
             register()
         cu = cu_seq_lens(rows)
         cu_t = torch.as_tensor(cu, device=device)
-        longest = int(rows.lengths.max()) if len(rows) else 0
-        out |= {
-            "cu_seq_lens_q": cu_t,
-            "cu_seq_lens_k": cu_t,
-            "max_length_q": longest,
-            "max_length_k": longest,
-            "seq_idx": torch.as_tensor(seq_idx(cu), device=device),
-        }
+        out |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
+        out |= {"max_length_q": longest, "max_length_k": longest}
+        out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
     elif arch is None or not arch.mask_from_positions:
         # (falcon's ALiBi builds its own mask from the restarting position_ids)
         padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()

@@ -1,13 +1,11 @@
 """``attn_implementation="seqpack_varlen"``: packed rows in ``transformers`` without a dense mask.
 
-A ``transformers.AttentionInterface`` function (:data:`NAME`) over the inputs of
-``flash_attention_2``'s padding-free path (``hf_inputs(batch, "seqpack_varlen")``: the
-valid cells flattened into ``(1, N)`` with ``cu_seq_lens_q`` / ``max_length_q``), run by
-:func:`seqpack.nn.varlen.segment_attention`: one SDPA call per group of equal-length
-examples, causal inside each; CPU and CUDA, any floating dtype, forward and backward.
-The window is the layer's, from its config (:mod:`seqpack.hf.architectures`). Refused:
-soft-capping (Gemma 2) and sinks (GPT-OSS), which SDPA cannot express, and packed
-``position_ids`` without ``cu_seq_lens_q`` (the examples would be joined)::
+A ``transformers.AttentionInterface`` function over the inputs of ``flash_attention_2``'s
+padding-free path (``hf_inputs(batch, "seqpack_varlen")``: the valid cells flattened into
+``(1, N)`` with ``cu_seq_lens_q`` / ``max_length_q``), run by
+:func:`seqpack.nn.varlen.segment_attention`: CPU and CUDA, any floating dtype, forward and
+backward; the window is the layer's, from its config. Refused: soft-capping and sinks
+(SDPA cannot express them) and packed ``position_ids`` without ``cu_seq_lens_q``::
 
     import seqpack.hf.attention_impl  # registers "seqpack_varlen"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="seqpack_varlen")
@@ -75,11 +73,8 @@ def _architecture(config: Any) -> Architecture:
 
 
 def layer_sliding_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer from its model's capability; must agree with the layer.
-
-    The capability applies a config's ``sliding_window`` only where the
-    model's code does (``moshi`` has one it never applies).
-    """
+    """The window of ``module``'s layer from its model's capability (which applies a config's
+    ``sliding_window`` only where the model's code does); must agree with the layer's."""
     config = getattr(module, "config", None)
     if config is None:
         return passed
@@ -106,19 +101,13 @@ def seqpack_varlen_attention(
     s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``transformers`` attention: ``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D).
-
-    With ``cu_seq_lens_q`` the batch is one flattened packed row (B = 1, S =
-    N) split into its examples; without, each row is one example (plain
-    causal attention, e.g. a separate example). Returns ``(B, S, H, Dv)``
-    and no attention weights.
-    """
+    """``transformers`` attention: ``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) ->
+    ``(B, S, H, Dv)``, no weights. With ``cu_seq_lens_q`` the batch is one flattened packed
+    row (B = 1) split into its examples; without, each row is one example."""
     name = type(module).__name__
     refuse_unexpressible(NAME, name, softcap, s_aux, "")
     if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
-        # transformers builds no mask for an implementation without a mask function: a
-        # 2-D one is the caller's padding mask, a 4-D one the model's own bias (doge's
-        # dynamic mask); dropping either would be wrong (an all-ones mask says nothing)
+        # a 2-D mask is the caller's padding, a 4-D one the model's own bias: never dropped
         raise NotAvailable(
             f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
             f" (padding, or the model's own bias), which {NAME} would drop — feed"

@@ -24,32 +24,18 @@ from seqpack.training.rows import concat_rows
 class HFCollator:
     """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
 
-    ``features`` are :class:`PackedBatch` objects or the
-    :class:`~seqpack.training.ScheduledBatch` items of a ``StreamDataset`` (their
-    rows are stacked by :func:`seqpack.training.packed_data.concat_batches`)
-    or rows of :func:`seqpack.hf.pack_dataset` output (dicts with the packed
-    columns; build the collator with :meth:`for_dataset` and set
-    ``TrainingArguments(remove_unused_columns=False)`` so Trainer keeps those
-    columns). Returns :func:`hf_inputs` of the stacked rows; Trainer adds
-    ``num_items_in_batch`` (counted from ``shift_labels``) itself.
+    ``features``: :class:`PackedBatch` objects, the :class:`~seqpack.training.ScheduledBatch`
+    items of a ``StreamDataset``, or rows of :func:`seqpack.hf.pack_dataset` output (build
+    the collator with :meth:`for_dataset`; ``TrainingArguments(remove_unused_columns=False)``
+    keeps their columns). Returns :func:`hf_inputs` of the stacked rows; Trainer adds
+    ``num_items_in_batch`` itself.
 
-    ``attn_implementation`` is any name the model was loaded with whose kind
-    seqpack can tell (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`),
-    e.g. ``"kernels-community/flash-attn2"`` or a custom function registered
-    with ``AttentionInterface``. ``config`` is the model's
-    (``model.config``): its sliding windows and layer types decide the masks,
-    and architectures seqpack cannot make exact are refused here. It is
-    required for the kinds that read a mask seqpack builds (sdpa, eager,
-    flex), since without it a windowed model (Mistral, Gemma) would train
-    with unwindowed masks; the flash kinds apply the window in the layer.
-    ``partition`` (default ``"train"``; None: any) refuses
-    :class:`PackedBatch` features of another partition; dataset rows are
-    read as the packed dataset's partition (:meth:`for_dataset`).
-
-    ``use_cache=False`` is passed unless ``config.use_cache`` is already False
-    (as ``Trainer`` sets it): then every value returned is a tensor with one
-    row per packed row, which accelerate's ``dispatch_batches`` (its default
-    for an ``IterableDataset`` under torchrun) concatenates and splits.
+    ``attn_implementation``: any name the model was loaded with whose kind seqpack can
+    tell (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`). ``config``
+    (``model.config``) decides windows and layer types and refuses what cannot be exact;
+    it is required for the kinds whose masks seqpack builds (sdpa, eager, flex).
+    ``partition`` (default ``"train"``; None: any) refuses features of another split.
+    ``use_cache=False`` is passed unless ``config.use_cache`` is already False.
     """
 
     attn_implementation: str

@@ -132,14 +132,9 @@ def layer_masks(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> Any:
-    """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type.
-
-    ``kind``: the implementation's (:mod:`seqpack.hf.kinds`: sdpa, eager, flex).
-
-    ``arch=None`` (no model config given): one unwindowed mask. Layer types
-    that are not attention (a hybrid's ``conv`` or ``linear_attention``
-    layers, run only to measure a refused architecture) get ``None``.
-    """
+    """The ``attention_mask`` argument for ``kind`` (sdpa, eager, flex): one mask, or
+    ``{layer_type: mask}`` per layer type. ``arch=None``: one unwindowed mask; layer types
+    that are not attention (run only to measure a refused hybrid) get ``None``."""
     check_mask(mask, kind)
 
     def one(window: int | None, chunk: int | None = None) -> Any:

@@ -1,33 +1,18 @@
 """Streams in, a stream out: :func:`pack_dataset` over a ``datasets.IterableDataset``.
 
-``pack_dataset(stream, capacity, vocab_size=V)`` with a
-``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``), a
-function returning an iterable of mappings, or an iterable / generator of
-mappings returns a ``datasets.IterableDataset`` of packed rows in the
-chosen format (seqpack's columns, every one stored, or TRL's), packed with
-``stream-best-fit`` while it is read::
+``pack_dataset(stream, max_length, vocab_size=V)`` with a ``datasets.IterableDataset``
+(``load_dataset(..., streaming=True)``), a function returning an iterable of mappings, or
+an iterable of mappings returns a ``datasets.IterableDataset`` of packed rows in the
+chosen format, packed with ``stream-best-fit`` while it is read::
 
     source rows ──chunks of 1,024──▶ columns checked, tokenized (as pack_dataset does)
         ──▶ examples ──StreamPacker.push──▶ complete rows ──▶ Arrow tables of rows
 
-Memory stays bounded by the packer's look-ahead ``window`` and
-``max_open_rows`` (plus one chunk of source rows): nothing else is held.
-Nothing is read until the output is iterated, and every iteration (an
-epoch) reads the source again and packs it identically, so the source must
-give the same rows each time (a generator can be iterated once; a second
-pass is refused).
-
-Under torchrun every rank's copy is the whole stream (accelerate shards it; sharding
-twice would drop rows), and its end is padded with empty rows (seqpack format: no
-example; TRL format: one 2-token row of the pad id, every label -100) to a multiple of
-``world_size * max_rows_per_batch`` rows, so accelerate never completes a last batch by
-repeating the first: with ``per_device_train_batch_size`` dividing
-``max_rows_per_batch``, every example reaches training once per epoch, on one rank.
-
-**Resuming.** The output is datasets' resumable ``IterableDataset``:
-``state_dict()`` counts the rows yielded, and after ``load_state_dict`` the
-stream is packed again from the start and the rows already trained on are
-skipped (the packing is deterministic, so the rest is identical).
+Memory is bounded by the packer's lookahead and ``max_open_rows`` (plus one chunk).
+Every iteration (an epoch) reads the source again and packs it identically (a generator
+can be read once: a second pass is refused); ``state_dict()`` / ``load_state_dict``
+resume by packing again and skipping the rows already yielded. Under torchrun the end
+is padded with empty rows to a multiple of ``world_size * max_rows_per_batch``.
 """
 
 from __future__ import annotations
@@ -78,13 +63,10 @@ def is_stream(dataset: Any) -> bool:
 
     if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
         return True
-    if isinstance(
-        dataset, (datasets.Dataset, datasets.DatasetDict, pa.Table, str, bytes, os.PathLike)
-    ):
-        return False
-    if isinstance(dataset, Mapping):
-        return False
-    return callable(dataset) or isinstance(dataset, Iterable)
+    in_memory = (datasets.Dataset, datasets.DatasetDict, pa.Table, str, bytes, os.PathLike, Mapping)
+    return not isinstance(dataset, in_memory) and (
+        callable(dataset) or isinstance(dataset, Iterable)
+    )
 
 
 class _Source:
@@ -269,28 +251,29 @@ class _Packing:
         offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         parts = [self.pending.pop(e) for e in example.tolist()]
-        ids = pa.array([p[2] for p in parts], pa.string())
-        cols = CompactRows(
-            **self._bound(),
-            row_offsets=offsets,
-            tokens=np.concatenate([p[0] for p in parts]),
+        cols = self._rows(parts, offsets, start, example)
+        key, self.rows = self.rows, self.rows + cols.num_rows
+        yield key, trl_table(cols) if self.trl else shard_table(cols, FULL)
+
+    def _rows(self, parts: list, row_offsets: np.ndarray, starts: Any, ordinals: Any) -> Any:
+        """Compact rows of this pass of ``parts`` (a ``pending`` entry per example)."""
+        opts = self.spec.opts
+        return CompactRows(
+            capacity=opts.capacity,
+            partition=opts.partition,
+            binding=self.spec.binding,
+            first_row=self.rows,
+            row_offsets=row_offsets,
+            tokens=np.concatenate([np.zeros(0, np.int32)] + [p[0] for p in parts]),
             lengths=np.array([p[0].shape[0] - 1 for p in parts], dtype=np.int64),
-            starts=np.asarray(start, dtype=np.int64),
-            ordinals=np.asarray(example, dtype=np.int64),
-            loss_mask=np.concatenate([p[1] for p in parts]),
-            source_ids=ids,
+            starts=np.asarray(starts, dtype=np.int64),
+            ordinals=np.asarray(ordinals, dtype=np.int64),
+            loss_mask=np.concatenate([np.zeros(0, bool)] + [p[1] for p in parts]),
+            source_ids=pa.array([p[2] for p in parts], pa.string()),
             example_ids=pa.array([f"{p[2]}[{p[3]}:{p[4]}]" for p in parts], pa.string()),
             range_starts=np.array([p[3] for p in parts], dtype=np.int64),
             range_ends=np.array([p[4] for p in parts], dtype=np.int64),
         )
-        key, self.rows = self.rows, self.rows + cols.num_rows
-        yield key, trl_table(cols) if self.trl else shard_table(cols, FULL)
-
-    def _bound(self) -> dict[str, Any]:
-        """The fields every row of this pass shares (binding, partition, first row)."""
-        opts = self.spec.opts
-        return {"capacity": opts.capacity, "partition": opts.partition,
-                "binding": self.spec.binding, "first_row": self.rows}  # fmt: skip
 
     def _padding(self) -> Iterator[tuple[int, pa.Table]]:
         """Empty rows up to a multiple of ``world * max_rows_per_batch`` under torchrun."""
@@ -309,20 +292,7 @@ class _Packing:
             }
             yield self.rows, pa.Table.from_pydict(empty, schema=TRL_SCHEMA)
             return
-        none = np.zeros(0, dtype=np.int64)
-        cols = CompactRows(
-            **self._bound(),
-            row_offsets=np.zeros(missing + 1, dtype=np.int64),
-            tokens=np.zeros(0, dtype=np.int32),
-            lengths=none,
-            starts=none,
-            ordinals=none,
-            loss_mask=np.zeros(0, dtype=bool),
-            source_ids=pa.array([], pa.string()),
-            example_ids=pa.array([], pa.string()),
-            range_starts=none,
-            range_ends=none,
-        )
+        cols = self._rows([], np.zeros(missing + 1, dtype=np.int64), [], [])
         yield self.rows, shard_table(cols, FULL)
 
 
@@ -347,7 +317,7 @@ class StreamSpec:
             partition=self.opts.partition,
             config=fields["config"],
             kind=(TRL_FORMAT, TRL_VERSION) if trl else (FORMAT, VERSION),
-            columns=(TRL_SCHEMA if trl else FULL.schema()).names,
+            columns=self.schema().names,
             policy={"name": "stream-best-fit", "options": dict(self.settings)},
             statistics=None,
             input={"kind": "stream"},

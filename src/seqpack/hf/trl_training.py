@@ -1,26 +1,15 @@
 """TRL-format rows (``format="trl"``) in TRL and ``transformers`` training scripts.
 
-- :func:`load_trl` opens a packed directory written by ``seqpack pack
-  --format trl`` as a ``datasets.Dataset`` (its manifest, sizes and sha256
-  checked first, as :func:`seqpack.io.store.load_packed` does for seqpack's
-  own format).
-- :class:`per_example` feeds packed rows to a collator that flattens a
-  batch of *examples*, such as ``transformers.DataCollatorWithFlattening``:
-  that collator takes every feature for one sequence (positions
-  ``0..len-1`` over the whole feature, one ``cu_seq_lens`` span, ``labels[0]``
-  of the feature set to -100), so a packed row handed to it directly would
-  be trained as one long example, attending across its examples. Wrapped,
-  each row reaches it as the examples ``seq_lengths`` names, and it builds
-  exactly the padding-free batch it builds for separate examples.
-
-TRL's ``DataCollatorForLanguageModeling(padding_free=True)`` (what
-``SFTTrainer`` uses with ``padding_free=True``) reads ``seq_lengths`` itself
-and needs no wrapper.
+:func:`load_trl` opens a ``seqpack pack --format trl`` directory as a ``datasets.Dataset``
+(manifest, sizes and sha256 checked first). :class:`per_example` feeds each packed row to
+a collator that flattens a batch of *examples* (``transformers.DataCollatorWithFlattening``)
+as the examples its ``seq_lengths`` names; handed a packed row directly, such a collator
+would train it as one long example. TRL's ``DataCollatorForLanguageModeling(padding_free=True)``
+reads ``seq_lengths`` itself and needs no wrapper.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +17,7 @@ from typing import Any
 from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import InvalidInput
 from seqpack.io.atomic import MANIFEST
-from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest
+from seqpack.io.integrity import DEPTHS, check_checksums, check_manifest, read_manifest
 from seqpack.io.trl_schema import TRL_FORMAT, check_trl_contents, is_trl
 
 #: The columns of a packed row that are cut into its examples.
@@ -53,14 +42,12 @@ def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: A
     if integrity not in DEPTHS:
         raise InvalidInput(f"integrity must be True, False or 'full', not {integrity!r}")
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
+        manifest = read_manifest(path)  # not valid JSON: one line naming the file
     except OSError:
         raise InvalidInput(
             f"{path} has no readable {MANIFEST}: not a finished seqpack output — run seqpack"
             " pack --format trl again"
         ) from None
-    except (ValueError, RecursionError) as err:
-        raise InvalidInput(f"{path / MANIFEST}: not valid JSON ({err}) — pack again") from None
     if not is_trl(manifest):
         raise InvalidInput(
             f"{path} is not a TRL-format output (format {manifest.get('format')!r}, want"

@@ -114,8 +114,8 @@ class AttentionLayout:
         lengths = occ.col_end - occ.col_start
         return cls.from_segments(batch.shape, occ.row, occ.col_start, lengths, occ.segment, device)
 
-    def _cached(self, name: str, window: int | None, build: Callable[[], Any]) -> Any:
-        key = f"{name}:{window}"
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()`` once per layout and ``key``: the views every layer and head share."""
         if key not in self.cache:
             self.cache[key] = build()
         return self.cache[key]
@@ -130,16 +130,13 @@ class AttentionLayout:
             cols = torch.arange(self.shape[1], device=self.valid.device).expand_as(self.positions)
             return key_bounds(self.valid, self.positions, cols, window)
 
-        return self._cached("key_bounds", window, build)
+        return self.cached(f"key_bounds:{window}", build)
 
     def dense_mask(self, window: int | None = None) -> torch.Tensor:
         """The permission predicate as a bool (R, T, T) mask (cached per window)."""
         window = check_sliding_window(window)
-        return self._cached(
-            "dense_mask",
-            window,
-            lambda: pairwise(self.valid, self.segments, self.positions, window),
-        )
+        mask = lambda: pairwise(self.valid, self.segments, self.positions, window)  # noqa: E731
+        return self.cached(f"dense_mask:{window}", mask)
 
     def range_mask(self, window: int | None = None) -> torch.Tensor:
         """Key ``k`` inside :meth:`key_bounds` of query ``q``, bool (R, T, T) (cached)."""
@@ -149,7 +146,7 @@ class AttentionLayout:
             keys = torch.arange(self.shape[1], device=self.valid.device)
             return (keys >= starts[:, :, None]) & (keys < ends[:, :, None])
 
-        return self._cached("range_mask", check_sliding_window(window), build)
+        return self.cached(f"range_mask:{check_sliding_window(window)}", build)
 
 
 #: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D); a backend

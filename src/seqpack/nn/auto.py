@@ -8,6 +8,8 @@ changes speed, never results beyond floating-point rounding.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from seqpack.core.errors import NotAvailable
@@ -20,17 +22,13 @@ def choose_backend(q: torch.Tensor) -> str:
     """Name of the backend ``auto`` uses for ``q`` (its device and dtype)."""
     if q.device.type != "cuda":
         return "varlen"
-    try:
-        check_flash(q)
-        return "flash"
-    except NotAvailable:
-        pass
+    checks = {"flash": lambda: check_flash(q)}
     if q.dtype in COMPILED_DTYPES:
-        try:
-            check_flex(q, q, q)
-            return "flex"
-        except NotAvailable:
-            pass
+        checks["flex"] = lambda: check_flex(q, q, q)
+    for name, check in checks.items():
+        with contextlib.suppress(NotAvailable):
+            check()
+            return name
     return "varlen"
 
 

@@ -76,18 +76,13 @@ def permission_mod(
 def flex_block_mask(layout: AttentionLayout, window: int | None = None) -> Any:
     """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
     window = check_sliding_window(window)
-    key = f"flex_block_mask:{window}"
-    if key not in layout.cache:
-        rows, width = layout.shape
-        layout.cache[key] = _flex_module().create_block_mask(
-            permission_mod(layout.valid, layout.segments, layout.positions, window),
-            rows,
-            None,
-            width,
-            width,
-            device=layout.valid.device,
-        )
-    return layout.cache[key]
+    rows, width = layout.shape
+    mod = permission_mod(layout.valid, layout.segments, layout.positions, window)
+    create = _flex_module().create_block_mask
+    return layout.cached(
+        f"flex_block_mask:{window}",
+        lambda: create(mod, rows, None, width, width, device=layout.valid.device),
+    )
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:

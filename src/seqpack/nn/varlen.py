@@ -1,21 +1,19 @@
 """``varlen``: attention inside each segment's causal block only, in pure PyTorch.
 
-Segment ``s`` is the flat cells ``[start, start + l)`` of the ``R*T`` cell axis; its
-block is plain causal attention. Segments of equal length (``bucketing="exact"``, the
-default) share one ``scaled_dot_product_attention`` call on ``(n, H, L, D)`` with
-``is_causal=True`` (``Σ l^2`` score cells, not ``R*T^2``); ``bucketing="bucket"`` also
-stacks similar lengths, right-padding a segment by repeating its own last cell (causal
-attention never lets a real query see it; padded outputs are dropped). The fixture (A =
-cells 0-2, B = 3-4, C = 6-9 of the flat ``2*6`` cells) under ``exact``::
+Segment ``s`` is the flat cells ``[start, start + l)`` of the ``R*T`` cell axis; its block
+is plain causal attention. Segments of equal length (``bucketing="exact"``, the default)
+share one ``scaled_dot_product_attention`` call on ``(n, H, L, D)`` with ``is_causal=True``
+(``Σ l^2`` score cells, not ``R*T^2``); ``bucketing="bucket"`` also stacks similar
+lengths, right-padding a segment by repeating its own last cell (no real query sees
+it; padded outputs are dropped). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the
+flat ``2*6`` cells) under ``exact``::
 
     group (n=1, L=4): C -> cells [6, 7, 8, 9]
     group (n=1, L=3): A -> cells [0, 1, 2]
     group (n=1, L=2): B -> cells [3, 4]
     scatter: cells 5, 10, 11 (padding) read the zero row
 
-Index tensors are built once per layout (:func:`varlen_plan`, cached) or from
-``cu_seqlens`` alone (:func:`segment_plan`, for :mod:`seqpack.hf.attention_impl`). A
-``window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
+A ``window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
 :func:`~seqpack.core.permission.permitted`.
 """
 
@@ -33,9 +31,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.permission import check_sliding_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
 
-#: Bucketing policies: one call per segment, one per distinct length (the
-#: default: fastest or tied in every measurement, see README), or the
-#: cost-model grouping of similar lengths with padding.
+#: One call per segment, one per distinct length (the default), or the cost-model grouping.
 BUCKETING = ("segment", "exact", "bucket")
 
 #: Cost model of one SDPA forward+backward call on ``n`` segments padded to ``L``:
@@ -71,11 +67,9 @@ def group_segments(
 ) -> list[np.ndarray]:
     """Split segment indices into SDPA calls; each group is sorted longest first.
 
-    ``segment``: one call per segment. ``exact``: one call per distinct
-    length (no padding). ``bucket``: the longest-first contiguous grouping
-    of minimum modelled cost ``Σ_g call_cost + n_g * L_g * (L_g + token_cost)``
-    (dynamic programming over the distinct lengths; merging equal lengths
-    is always cheaper, so ``bucket`` never makes more calls than ``exact``).
+    ``bucket``: the longest-first contiguous grouping of minimum modelled cost
+    ``Σ_g call_cost + n_g * L_g * (L_g + token_cost)`` (dynamic programming over the
+    distinct lengths; never more calls than ``exact``).
 
     >>> [g.tolist() for g in group_segments(np.array([3, 2, 3]), "exact")]
     [[0, 2], [1]]
@@ -115,12 +109,9 @@ def segment_plan(
     device: torch.device | str | None = None,
     bucketing: str = "exact",
 ) -> VarlenPlan:
-    """Gather/scatter plan of segments ``[starts[s], starts[s] + lengths[s])`` of ``cells``.
-
-    ``starts``, ``lengths`` int64 (S,): each segment's first flat cell and
-    length (contiguous cells; positions ``0..l-1``); cells outside every
-    segment read the zero row.
-    """
+    """Gather/scatter plan of segments ``[starts[s], starts[s] + lengths[s])`` (int64 (S,),
+    positions ``0..l-1``) of ``cells`` flat cells; cells outside every segment read the zero
+    row. :func:`varlen_plan` builds it once per layout, ``seqpack_varlen`` from ``cu_seqlens``."""
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     scatter = np.zeros(cells, dtype=np.int64)
@@ -146,15 +137,14 @@ def segment_plan(
 
 def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
     """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
-    key = f"varlen:{bucketing}"
-    if key not in layout.cache:
-        rows, width = layout.shape
+
+    def build() -> VarlenPlan:
         cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
         starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each position 0
-        layout.cache[key] = segment_plan(
-            starts, layout.lengths, rows * width, layout.valid.device, bucketing
-        )
-    return layout.cache[key]
+        cells = layout.shape[0] * layout.shape[1]
+        return segment_plan(starts, layout.lengths, cells, layout.valid.device, bucketing)
+
+    return layout.cached(f"varlen:{bucketing}", build)
 
 
 def as_tokens(x: torch.Tensor) -> torch.Tensor:

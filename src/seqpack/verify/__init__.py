@@ -1,24 +1,10 @@
 """Proof tooling: packed rows compute what each example computes alone, or where not.
 
-This package is what ``seqpack verify`` and ``seqpack demo`` run; the product
-(``core`` .. ``hf``) never imports it.
-
-=====================  =========================================================
-module                 holds
-=====================  =========================================================
-``fixture``            the seed's A/B/C fixture (NumPy only)
-``trace``              the JSON trace ``seqpack demo`` prints
-``figure``             figures of a batch (matplotlib)
-``decoder``            :class:`TinyDecoder`, the float64 reference model
-``layouts``            separate vs padded vs packed; ``seqpack verify`` without ``--hf-*``
-``probes``             the isolation and first-query probes
-``models``             :func:`verify_hf`: a ``transformers`` model, packed == separate
-``loading``            the model and the verification layout it runs on
-``tolerance``          tolerances derived from the dtype path (float32 islands)
-``diagnose``           the first divergent layer, and a hint
-``tree_models``        :func:`verify_tree`: tree-packed rows on a real model
-=====================  =========================================================
-
+What ``seqpack verify`` and ``seqpack demo`` run; the product (``core`` .. ``hf``) never
+imports it. ``fixture`` (the seed's A/B/C, NumPy only), ``trace`` (the demo's JSON),
+``figure``, ``decoder`` (:class:`TinyDecoder`), ``layouts`` (separate vs padded vs
+packed), ``probes``, ``models`` (:func:`verify_hf` and the model it loads), ``tolerance``,
+``diagnose`` (the first divergent layer), ``tree_models`` (:func:`verify_tree`).
 Names load on first use; ``import seqpack.verify`` imports nothing heavy.
 """
 

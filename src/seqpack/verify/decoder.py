@@ -78,6 +78,10 @@ PROFILES: dict[str, DecoderConfig] = {
 }
 
 
+#: cos, sin (R, 1, T, D/2) at the layout's local positions.
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
@@ -104,20 +108,15 @@ class SelfAttention(nn.Module):
         self.o = nn.Linear(cfg.width, cfg.width, bias=False)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        layout: AttentionLayout,
-        backend: Backend,
+        self, x: torch.Tensor, rope: Rope, layout: AttentionLayout, backend: Backend
     ) -> torch.Tensor:
         R, T, W = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(R, T, self.heads, W // self.heads).transpose(1, 2)  # (R, H, T, D)
 
-        q = rotate(heads(self.q(x)), cos, sin)
-        k = rotate(heads(self.k(x)), cos, sin)
+        q = rotate(heads(self.q(x)), *rope)
+        k = rotate(heads(self.k(x)), *rope)
         v = heads(self.v(x))
         y = backend(q, k, v, layout, 1.0 / (W // self.heads) ** 0.5)  # (R, H, T, D)
         return self.o(y.transpose(1, 2).reshape(R, T, W))
@@ -145,14 +144,9 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        layout: AttentionLayout,
-        backend: Backend,
+        self, x: torch.Tensor, rope: Rope, layout: AttentionLayout, backend: Backend
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, layout, backend)
+        x = x + self.attn(self.attn_norm(x), rope, layout, backend)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -229,13 +223,11 @@ class TinyDecoder(nn.Module):
         flat = vectors.new_zeros(R * T, self.config.width).index_copy(0, index, vectors)
         return flat.view(R, T, self.config.width)
 
-    def rotary(self, layout: AttentionLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotary(self, layout: AttentionLayout) -> Rope:
         """cos, sin (R, 1, T, D/2) at the layout's local positions."""
-        if "max_position" not in layout.cache:
-            layout.cache["max_position"] = (
-                int(layout.positions.max()) if layout.valid.numel() else 0
-            )
-        top = layout.cache["max_position"]
+        top = layout.cached(
+            "max_position", lambda: int(layout.positions.max()) if layout.valid.numel() else 0
+        )
         if top >= self.config.max_len:
             raise InvalidInput(
                 f"local position {top} reaches the decoder's max_len {self.config.max_len}"
@@ -255,10 +247,10 @@ class TinyDecoder(nn.Module):
             raise InvalidInput(f"ids have shape {tuple(ids.shape)}; the layout is {layout.shape}")
         backend = self.attention if attention is None else attention
         backend = backend if callable(backend) else resolve_backend(backend)
-        cos, sin = self.rotary(layout)
+        rope = self.rotary(layout)
         x = self.embed_tokens(ids, layout)  # (R, T, W)
         for block in self.blocks:
-            x = block(x, cos, sin, layout, backend)
+            x = block(x, rope, layout, backend)
         return self.norm(x) @ self.embed.weight.T  # (R, T, V), tied projection
 
     # Entry points on seqpack layouts.

@@ -1,17 +1,16 @@
 """Where a model mixes packed examples: the first layer whose output diverges from separate runs.
 
-When :func:`seqpack.verify.models.verify_hf` fails, it runs both sides once more
-with a forward hook on every module and compares each module's first output
-at the examples' cells (tokens in example order, for ``(R, T, ...)`` rows and
-``(1, N, ...)`` flattened rows alike). The culprit is the first module, in
-completion order, whose output diverges while its input still agrees: an
-attention layer, a short convolution, a linear-attention or state-space
-mixer. Its class name gives the hint's layer kind. :func:`guarded` turns any
-exception from inside the model into one :class:`ModelCrashed` line.
+When :func:`seqpack.verify.models.verify_hf` fails, both sides run once more with a
+forward hook on every module, and each module's first output is compared at the
+examples' cells (tokens in example order, for ``(R, T, ...)`` and ``(1, N, ...)`` rows
+alike). The culprit is the first module, in completion order, whose output diverges
+while its input still agrees; its class name gives the hint's layer kind.
+:func:`guarded` turns any exception from inside the model into one :class:`ModelCrashed`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,16 +23,11 @@ from seqpack.core.examples import SequenceExample
 from seqpack.hf.adapter import FLATTENED
 from seqpack.verify.layouts import occurrence_cells
 
+_LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "Lightning", "Recurrent", "Rwkv", "Mixer")
 #: Class-name words -> layer kind, first match wins.
 KINDS = (
     ("Conv", "convolution"),
-    ("Mamba", "linear attention"),
-    ("GatedDeltaNet", "linear attention"),
-    ("LinearAttention", "linear attention"),
-    ("Lightning", "linear attention"),
-    ("Recurrent", "linear attention"),
-    ("Rwkv", "linear attention"),
-    ("Mixer", "linear attention"),
+    *((word, "linear attention") for word in _LINEAR),
     ("Attention", "attention"),
     ("Attn", "attention"),
 )
@@ -44,6 +38,13 @@ Calls = dict[str, list[tuple[torch.Tensor | None, torch.Tensor | None]]]
 def layer_kind(cls: str) -> str:
     """``attention``, ``convolution`` or ``linear attention`` for a module class name."""
     return next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
+
+
+def run_alone(model: torch.nn.Module, tokens: np.ndarray) -> Any:
+    """``model`` on ``tokens`` alone: one row ``(1, L)``, no cache (the separate side)."""
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=device)[None]
+    return model(input_ids=ids, use_cache=False)
 
 
 def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
@@ -63,48 +64,39 @@ def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
     if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
-    return getattr(value, "last_hidden_state", None)
+        value = value[0]
+    found = value if isinstance(value, torch.Tensor) else getattr(value, "last_hidden_state", None)
+    return None if found is None else found.detach()
 
 
 def capture(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Calls, list[str]]:
     """Each module's ``(first input, first output)`` per call of ``run()``, and completion order."""
     calls: Calls = {}
-    order: list[str] = []
-    handles = []
-    for name, module in model.named_modules():
-        if not name:
-            continue
 
-        def hook(mod: Any, args: tuple, kwargs: dict, out: Any, name: str = name) -> None:
-            first = args[0] if args else kwargs.get("hidden_states")
-            x, y = _first_tensor(first), _first_tensor(out)
-            calls.setdefault(name, []).append(
-                (None if x is None else x.detach(), None if y is None else y.detach())
-            )
-            if name not in order:
-                order.append(name)
+    def hook(mod: Any, args: tuple, kwargs: dict, out: Any, name: str) -> None:
+        first = args[0] if args else kwargs.get("hidden_states")
+        calls.setdefault(name, []).append((_first_tensor(first), _first_tensor(out)))
 
-        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    handles = [
+        module.register_forward_hook(functools.partial(hook, name=name), with_kwargs=True)
+        for name, module in model.named_modules()
+        if name
+    ]
     try:
         with torch.no_grad():
             run()
     finally:
         for h in handles:
             h.remove()
-    return calls, order
+    return calls, list(calls)  # dicts keep first-insertion (completion) order
 
 
 def _tokens(x: torch.Tensor | None, count: int) -> torch.Tensor | None:
     """``x`` as ``(tokens, features)`` when its leading axes are ``(rows, width)`` of ``count``."""
     if x is None or x.dim() < 2 or not x.dtype.is_floating_point:
         return None
-    if x.shape[0] * x.shape[1] != count:
-        return None
-    return x.reshape(count, -1)
+    return x.reshape(count, -1) if x.shape[0] * x.shape[1] == count else None
 
 
 def _excess(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> float:
@@ -151,18 +143,10 @@ def first_divergence(
     # outputs at least 1% of the tolerance away, 10x more than its inputs: a leak, even
     # when later layers are what push it past the tolerance. Else: the first module
     # whose output leaves the tolerance while its input is within it.
-    mixers = [m for m in measured if not _kind(model, m[0]).startswith("layer ")]
-    for name, x, y in mixers:
-        if y >= 1e-2 and y > 10 * x:
-            return _culprit(model, name)
-    for name, x, y in measured:
-        if x <= 1 < y:
-            return _culprit(model, name)
-    return None
-
-
-def _kind(model: torch.nn.Module, name: str) -> str:
-    return layer_kind(type(model.get_submodule(name)).__name__)
+    found = [_culprit(model, name) for name, x, y in measured if y >= 1e-2 and y > 10 * x]
+    found = [c for c in found if not c["kind"].startswith("layer ")]
+    found += [_culprit(model, name) for name, x, y in measured if x <= 1 < y]
+    return found[0] if found else None
 
 
 def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
@@ -201,27 +185,15 @@ def culprit(
     tol: dict[str, Any],
 ) -> dict[str, str] | None:
     """The first module whose output diverged (see :mod:`seqpack.verify.diagnose`)."""
-    device = next(model.parameters()).device
     flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
-
-    def alone(ex: SequenceExample) -> Any:
-        ids = torch.as_tensor(ex.inputs[None].astype(np.int64), device=device)
-        return lambda: model(input_ids=ids, use_cache=False)
-
-    runs = [alone(ex) for ex in examples]
+    runs = [lambda ex=ex: run_alone(model, ex.inputs) for ex in examples]
+    lengths = [len(ex) for ex in examples]
+    tokens = example_tokens(batch, flattened)
     count = int(kwargs["input_ids"].numel())
     return guarded(
         model,
         "forward",
-        lambda: first_divergence(
-            model,
-            runs,
-            [len(ex) for ex in examples],
-            lambda: model(**kwargs),
-            example_tokens(batch, flattened),
-            count,
-            tol,
-        ),
+        lambda: first_divergence(model, runs, lengths, lambda: model(**kwargs), tokens, count, tol),
     )
 
 

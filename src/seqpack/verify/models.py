@@ -5,70 +5,260 @@
     separate  each example alone, ``model(input_ids (1, L), use_cache=False)``
     packed    all of them packed next-fit into rows of ``capacity`` (one call)
 
-and compares every vocabulary logit at every real cell, the token-weighted
-loss (raw NLL sum over eligible targets / their count, computed with
-:mod:`seqpack.loss` in the model's dtype) and every parameter-gradient
-coordinate of that loss. The packed call is fed as ``mode`` says:
+and compares every vocabulary logit at every real cell, the token-weighted loss (raw
+NLL sum over eligible targets / their count, :mod:`seqpack.core.loss`, in the model's
+dtype) and every parameter-gradient coordinate of that loss. The packed call is fed
+as ``mode`` says:
 
-``adapter``    :func:`seqpack.hf.adapter.hf_inputs` with the model's config
-               (per-layer-type windowed masks, or ``cu_seq_lens``,
-               ``use_cache=False``); the model's own loss from its
-               ``labels``/``shift_labels`` is checked too (``model_loss``)
-``naive``      ``input_ids`` and ``position_ids`` only, default settings — what
-               users commonly write; with the default ``use_cache=True`` a
-               cache object exists, ``transformers`` skips its packed-position
-               detection and the row attends across examples
-``bool-mask``  **boolean** 4-D block masks with ``use_cache=False``: right on
-               ``sdpa``, silently wrong on ``eager`` (which adds them as numbers)
+``adapter``    :func:`seqpack.hf.adapter.hf_inputs` with the model's config; the
+               model's own loss from its ``labels``/``shift_labels`` is checked too
+``naive``      ``input_ids`` and ``position_ids`` only, default settings (a cache
+               exists, so the row attends across examples)
+``bool-mask``  **boolean** 4-D block masks, ``use_cache=False``: right on ``sdpa``,
+               silently wrong on ``eager``
 
-An architecture seqpack cannot make exact (:mod:`seqpack.hf.architectures`)
-is refused before anything runs; a crash inside the model is a
-:class:`ModelCrashed` (both: ``seqpack verify`` exit 2, one line). Exit 1
-means only that the model mixed examples: the report's ``hint`` names the
-first layer whose output diverged (:mod:`seqpack.verify.diagnose`).
+A refused architecture (:mod:`seqpack.hf.architectures`) or a crash inside the model
+(:class:`ModelCrashed`) is ``seqpack verify`` exit 2, one line; exit 1 means only that
+the model mixed examples, and the report's ``hint`` names the first divergent layer
+(:mod:`seqpack.verify.diagnose`). Tolerances follow the model's real dtype path
+(:mod:`seqpack.verify.tolerance`); ``model_loss`` always gets float32's.
 
-Tolerances follow the model's real dtype path (:mod:`seqpack.verify.tolerance`);
-``model_loss`` is computed by ``transformers`` in float32 and always gets float32's.
+:func:`load_model` builds the model from a local config (seeded random weights) or a
+local pretrained folder, never downloading; :func:`verification_layout` picks the
+examples' lengths and row width (a windowed model's longest example exceeds its window).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from seqpack.core.batch import PackedBatch
+from seqpack.core.binding import Binding
 from seqpack.core.compact import pack_examples
 from seqpack.core.config import PackConfig
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.examples import SequenceExample
 from seqpack.core.loss import masked_nll_sum
-from seqpack.hf.adapter import build_inputs, cell_logits, hf_loss_sum
+from seqpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from seqpack.hf.architectures import Architecture
-from seqpack.hf.capability import architecture_of
+from seqpack.hf.capability import architecture_of, capability
 from seqpack.hf.kinds import MASK_KINDS, attention_kind
-from seqpack.verify.diagnose import ModelCrashed, culprit, example_tokens, guarded, hint
-from seqpack.verify.loading import (
-    CAPACITY,
-    DTYPES,
-    LENGTHS,
-    VerifyCase,
-    load_model,
-    verification_examples,
-    verification_layout,
+from seqpack.verify.diagnose import (
+    ModelCrashed,
+    culprit,
+    example_tokens,
+    guarded,
+    hint,
+    run_alone,
 )
-from seqpack.verify.tolerance import (
-    FLOAT32_TOLERANCE,
-    compare,
-    grad_vector,
-    observe,
-    tolerance,
-)
+from seqpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, observe, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+#: Prediction pairs of the default verification examples (no window).
+LENGTHS = (6, 3, 8, 4, 5, 2)
+CAPACITY = 12
+#: Targets of example 2 left out of the loss (a prompt), so ``-100`` labels are exercised.
+PROMPT_TARGETS = 3
+#: The widest default row: windows longer than about half of it are not exercised by default.
+MAX_WIDTH = 1024
+PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    """Lengths (prediction pairs) of the examples, the row width, and the window they test."""
+
+    lengths: tuple[int, ...]
+    capacity: int
+    window: int | None = None
+
+    @property
+    def window_exercised(self) -> bool:
+        """True when some example is longer than the window (or there is none)."""
+        return self.window is None or max(self.lengths) > self.window
+
+
+def verification_layout(
+    window: int | None = None,
+    max_positions: int | None = None,
+    lengths: tuple[int, ...] | None = None,
+    capacity: int | None = None,
+    max_example: int | None = None,
+) -> VerifyCase:
+    """The examples' lengths and row width for a model with ``window`` and ``max_positions``.
+
+    Without a window :data:`LENGTHS` at capacity 12 (rows ``[6, 3 | 3 pad]``, ``[8, 4]``
+    exact, ``[5, 2 | 5 pad]``). With window ``w`` the longest example has ``2w + 3`` pairs
+    (capped to the row the model can hold, at most :data:`MAX_WIDTH`) and shares its row
+    with a short one, so every sliding layer truncates real queries; a window too long
+    for that row keeps the default (not exercised). ``lengths``: a user's own shapes, the
+    row width their sum where it fits. ``max_example``: the longest example the model is
+    exact for (a stated condition such as ``index_topk``); default lengths are capped to it.
+    """
+    limit = MAX_WIDTH if max_positions is None else min(int(max_positions), MAX_WIDTH)
+    if lengths is not None:
+        if not lengths or min(lengths) < 1:
+            raise InvalidInput(f"--lengths {list(lengths)}: give positive prediction-pair counts")
+        width = capacity or min(sum(lengths), max(limit, max(lengths)))
+        layout = VerifyCase(tuple(int(n) for n in lengths), int(width), window)
+    elif window is None or window >= limit - 3:
+        layout = VerifyCase(LENGTHS, capacity or CAPACITY, window)
+    else:
+        long = min(2 * window + 3, limit - 3)
+        mid = min(window + 1, long - 1)
+        layout = VerifyCase((long, 3, mid, long - mid, 5, 2), capacity or long + 3, window)
+    if lengths is None and max_example is not None and max(layout.lengths) > max_example:
+        capped = tuple(min(n, max_example) for n in layout.lengths)
+        layout = VerifyCase(capped, layout.capacity, window)
+    if max(layout.lengths) > layout.capacity:
+        raise InvalidInput(
+            f"an example of {max(layout.lengths)} pairs does not fit rows of {layout.capacity}"
+            " — raise --max-length"
+        )
+    if max_positions is not None and layout.capacity > max_positions:
+        raise InvalidInput(
+            f"the model has max_position_embeddings {max_positions}; the verification packs"
+            f" rows of {layout.capacity} positions — use a config with at least"
+            f" {layout.capacity}, or pass --lengths/--capacity that fit"
+        )
+    return layout
+
+
+def verification_examples(
+    vocab_size: int,
+    seed: int,
+    max_positions: int | None = None,
+    *,
+    layout: VerifyCase | None = None,
+) -> list[SequenceExample]:
+    """Examples of random ids with ``layout``'s lengths; example 2 has a 3-target prompt."""
+    layout = layout or verification_layout(None, max_positions)
+    if max_positions is not None and layout.capacity > max_positions:
+        verification_layout(layout.window, max_positions, layout.lengths, layout.capacity)
+    rng = np.random.default_rng(seed)
+    binding = Binding(vocab_size, "seqpack/verify-random-ids", f"verify-seed-{seed}")
+    out = []
+    for i, length in enumerate(layout.lengths):
+        prompt = min(PROMPT_TARGETS, length - 1)
+        mask = np.arange(length) >= prompt if i == 2 and prompt > 0 else None
+        tokens = rng.integers(0, vocab_size, size=length + 1)
+        out.append(
+            SequenceExample.from_document(
+                tokens, source_id=f"random-{i}", partition="train", binding=binding, loss_mask=mask
+            )
+        )
+    return out
+
+
+def check_available(attn_implementation: str, device: torch.device) -> None:
+    """Raise :class:`NotAvailable` when ``attn_implementation`` cannot be verified here."""
+    if attn_implementation not in IMPLEMENTATIONS:
+        raise InvalidInput(
+            f"--attn {attn_implementation!r} is not a transformers attention implementation"
+            f" seqpack can feed; choose one of {', '.join(IMPLEMENTATIONS)}"
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NotAvailable("--device cuda: no CUDA device is available here — use --device cpu")
+    if attn_implementation == "flex_attention" and device.type == "cpu":
+        raise NotAvailable(
+            f"flex_attention cannot run the verification on CPU: FlexAttention has no backward"
+            f" there (torch {torch.__version__}) — run with --device cuda on a GPU machine, or"
+            " verify --attn sdpa (or seqpack_varlen) here"
+        )
+    if attn_implementation == "flash_attention_2":
+        from transformers.utils import is_flash_attn_2_available
+
+        if device.type != "cuda" or not is_flash_attn_2_available():
+            raise NotAvailable(
+                "flash_attention_2 needs a CUDA device and the flash-attn package"
+                f" (device {device.type}, flash-attn"
+                f" {'present' if is_flash_attn_2_available() else 'missing'}) — run with"
+                " --device cuda where flash-attn is installed, or verify --attn sdpa here"
+            )
+    if attn_implementation == "seqpack_varlen":
+        from seqpack.hf.attention_impl import register
+
+        register()
+
+
+def load_model(
+    *,
+    config: str | Path | None = None,
+    model: str | Path | None = None,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    refuse: bool = True,
+) -> torch.nn.Module:
+    """A causal LM from a local config (seeded random weights) or a local pretrained dir.
+
+    Nothing is downloaded (``local_files_only=True``) and no folder's own code runs
+    (``trust_remote_code=False``). Dropout is off (``eval()``); the model's own
+    trainable set is kept. In float64, MoE experts run with
+    ``experts_implementation="eager"`` (``torch._grouped_mm`` has no float64 kernel).
+    With ``refuse`` an architecture seqpack cannot make exact is refused from its
+    config, before any weights are built or loaded.
+    """
+    if (config is None) == (model is None):
+        raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
+    device = torch.device(device)
+    check_available(attn_implementation, device)
+    path = Path(config if config is not None else model)
+    if not path.exists():
+        raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    options: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": dtype}
+    options["trust_remote_code"] = False  # and never ask on stdin, as an unset one does
+    if dtype == torch.float64:
+        options["experts_implementation"] = "eager"
+    local = {"local_files_only": True, "trust_remote_code": False}
+    cfg = _built(path, lambda: AutoConfig.from_pretrained(str(path), **local))
+    if refuse:  # the config's capability, from its modules built on the meta device
+        capability(cfg).check(attention_kind(attn_implementation))
+    if config is not None:
+        torch.manual_seed(seed)
+        built = _built(path, lambda: AutoModelForCausalLM.from_config(cfg, **options))
+    else:  # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code on load
+        _refuse_pickled_weights(path)
+        built = _built(
+            path,
+            lambda: AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, use_safetensors=True, **options
+            ),
+        )
+    return built.to(device).eval()
+
+
+def _built(path: Path, build: Callable[[], Any]) -> Any:
+    """``build()``, its errors turned into one :class:`InvalidInput` line naming ``path``."""
+    try:
+        return build()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
+
+
+def _refuse_pickled_weights(folder: Path) -> None:
+    """Refuse a model folder whose weights are only pickles (unpickling can run code)."""
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLED)
+    if pickled:
+        raise InvalidInput(
+            f"{folder} holds pickled weights ({pickled[0]}) and no .safetensors file; seqpack"
+            " never unpickles a model (it can run code) — save the model with"
+            " save_pretrained(..., safe_serialization=True) or pass --hf-config"
+        )
 
 
 def packed_kwargs(
@@ -106,12 +296,8 @@ def _params(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def reference_implementation(model: torch.nn.Module, attn: str) -> str:
     """The implementation the separate runs use: ``attn`` when it is the model's own
-    (sdpa, eager, flex), else the model's sdpa, or its eager where it has no sdpa.
-
-    ``seqpack_varlen`` (or a flash kernel) checked against itself would pass a
-    window or a causality the model does not have; the model's own attention is
-    the reference.
-    """
+    (sdpa, eager, flex), else the model's sdpa, or its eager where it has no sdpa
+    (``seqpack_varlen`` checked against itself would pass a window the model lacks)."""
     kind = attention_kind(attn) if isinstance(attn, str) else None
     if kind in MASK_KINDS:
         return attn
@@ -131,38 +317,22 @@ def running(model: torch.nn.Module, attn: str) -> Iterator[None]:
             model.set_attn_implementation(previous)
 
 
-def _separate(
-    model: torch.nn.Module, examples: Sequence[SequenceExample], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of every example run alone, concatenated ``(Σl, V)``, and their loss sum."""
-    logits, total = [], 0
-    for ex in examples:
-        ids = torch.as_tensor(ex.inputs.astype(np.int64), device=device)[None]
-        out = model(input_ids=ids, use_cache=False).logits[0]  # (L, V)
-        logits.append(out)
-        total = total + masked_nll_sum(out, ex.targets, ex.loss_mask).sum
-    return torch.cat(logits), total
-
-
 def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) -> tuple:
     """``(islands, casts)`` (:func:`~seqpack.verify.tolerance.observe`) of one forward (and
     backward) of ``tokens`` alone through a float64 model; ``({}, [])`` for any other dtype.
 
-    FlexAttention is a higher-order op that dispatch modes cannot follow (and
-    a failed trace would leave it uncompiled), so a flex model is observed on
-    ``sdpa``: the same layers around the same attention in the model's dtype.
+    A flex model is observed on ``sdpa`` (dispatch modes cannot follow FlexAttention's
+    higher-order op): the same layers around the same attention in the model's dtype.
     """
-    param = next(model.parameters())
-    if param.dtype != torch.float64:
+    if next(model.parameters()).dtype != torch.float64:
         return {}, []
-    ids = torch.as_tensor(tokens.astype(np.int64), device=param.device)[None]
-    flex = model.config._attn_implementation == "flex_attention"
 
     def run() -> None:
-        logits = model(input_ids=ids, use_cache=False).logits
+        logits = run_alone(model, tokens).logits
         if backward:
             logits.sum().backward()
 
+    flex = model.config._attn_implementation == "flex_attention"
     with running(model, "sdpa") if flex else nullcontext():
         found = observe(run)
     model.zero_grad(set_to_none=True)
@@ -175,9 +345,8 @@ def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Arch
     arch = architecture_of(model)
     if mode == "adapter" and not allow_unsupported:
         arch.check(attention_kind(model.config._attn_implementation))
-    dtype = next(model.parameters()).dtype
     experts = getattr(model.config, "_experts_implementation", None)
-    if dtype == torch.float64 and experts == "grouped_mm":
+    if next(model.parameters()).dtype == torch.float64 and experts == "grouped_mm":
         model.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
     return arch
 
@@ -202,68 +371,12 @@ def verify_hf(
     """
     if not examples:
         raise InvalidInput("verify_hf needs at least one example")
+    arch = _prepare(model, mode, allow_unsupported)
     # gradients=False, e.g. FlexAttention on CPU: no backward, so no graph at all
     with nullcontext() if gradients else torch.no_grad():
-        return _verify(model, examples, mode, capacity, pad_token_id, gradients, allow_unsupported)
-
-
-def _verify(
-    model: torch.nn.Module,
-    examples: Sequence[SequenceExample],
-    mode: str,
-    capacity: int | None,
-    pad_token_id: int | None,
-    gradients: bool,
-    allow_unsupported: bool,
-) -> dict[str, Any]:
-    arch = _prepare(model, mode, allow_unsupported)
-    attn = model.config._attn_implementation
-    param = next(model.parameters())
-    dtype, device = param.dtype, param.device
-    vocab = examples[0].binding.vocab_size
-    own_pad = getattr(model.config, "pad_token_id", None)  # codegen, cpmant: none at all
-    pad = pad_token_id if pad_token_id is not None else own_pad
-    pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
-    longest = max(len(ex) for ex in examples)
-    capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
-    params = _params(model)
-    eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
-    reference = reference_implementation(model, attn)
-    with running(model, reference):
-        islands, _ = guarded(
-            model, "forward", lambda: observed(model, examples[0].inputs, gradients)
+        report, kwargs, batch, tol = _compare(
+            model, arch, examples, mode, capacity, pad_token_id, gradients
         )
-        sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples, device))
-    tol = tolerance(dtype, islands)
-
-    sep_mean = total / eligible
-    first = examples[0]
-    (batch,) = pack_examples(
-        first.partition, examples, first.binding, PackConfig(capacity, len(examples))
-    ).batches
-    kwargs = packed_kwargs(batch, mode, attn, dtype, device, pad, arch)
-    out = _packed_forward(model, kwargs, mode)
-    packed_mean = hf_loss_sum(out.logits, batch).sum / eligible
-    cells = example_tokens(batch, flattened=False).to(device)
-    flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
-    compared = {
-        "logits": compare(sep_logits, flat.index_select(0, cells), tol),
-        "loss": compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
-    }
-    if gradients:
-        sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
-        packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
-        compared["gradients"] = compare(sep_grads, packed_grads, tol)
-    f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
-    if mode == "adapter":
-        compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
-    report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
-    report["reference"] = reference
-    report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if mode == "adapter":
-        report["tolerance"]["model_loss"] = f32 | {
-            "why": "transformers computes its loss in float32"
-        }
     if not gradients:
         report["note"] = "gradients not compared (no backward for this implementation here)"
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
@@ -278,6 +391,7 @@ def _verify(
             " seqpack.hf.hf_loss(logits, batch), not the model's loss"
         )
     elif report["mixed"]:
+        attn = model.config._attn_implementation
         found = culprit(model, examples, kwargs, batch, attn, tol)
         report["first_divergence"] = found
         report["hint"] = hint(mode, attn, found)
@@ -300,6 +414,73 @@ def _packed_forward(model: torch.nn.Module, kwargs: dict[str, Any], mode: str) -
     return out
 
 
+def _compare(
+    model: torch.nn.Module,
+    arch: Architecture,
+    examples: Sequence[SequenceExample],
+    mode: str,
+    capacity: int | None,
+    pad_token_id: int | None,
+    gradients: bool,
+) -> tuple[dict[str, Any], dict[str, Any], PackedBatch, dict[str, Any]]:
+    """The report's comparisons, and what the diagnosis reruns: kwargs, batch, tolerance."""
+    attn = model.config._attn_implementation
+    param = next(model.parameters())
+    pad = pad_token_id if pad_token_id is not None else getattr(model.config, "pad_token_id", None)
+    vocab = examples[0].binding.vocab_size  # codegen, cpmant: no pad id at all
+    pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
+    longest = max(len(ex) for ex in examples)
+    capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
+    eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
+    reference = reference_implementation(model, attn)
+    with running(model, reference):
+        islands, _ = guarded(
+            model, "forward", lambda: observed(model, examples[0].inputs, gradients)
+        )
+        sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples))
+    tol = tolerance(param.dtype, islands)
+    first = examples[0]
+    config = PackConfig(capacity, len(examples))
+    (batch,) = pack_examples(first.partition, examples, first.binding, config).batches
+    kwargs = packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
+    out = _packed_forward(model, kwargs, mode)
+    sep_mean, packed_mean = total / eligible, hf_loss_sum(out.logits, batch).sum / eligible
+    cells = example_tokens(batch, flattened=False).to(param.device)
+    flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
+    compared = {
+        "logits": compare(sep_logits, flat.index_select(0, cells), tol),
+        "loss": compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
+    }
+    if gradients:
+        params = _params(model)
+        sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
+        packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
+        compared["gradients"] = compare(sep_grads, packed_grads, tol)
+    f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
+    if mode == "adapter":
+        compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
+    report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
+    report["reference"] = reference
+    report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
+    if mode == "adapter":
+        report["tolerance"]["model_loss"] = f32 | {
+            "why": "transformers computes its loss in float32"
+        }
+    return report, kwargs, batch, tol
+
+
+def _separate(
+    model: torch.nn.Module, examples: Sequence[SequenceExample]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of every example run alone, concatenated ``(Σl, V)``, and their loss sum."""
+    logits, total = [], 0
+    for ex in examples:
+        out = run_alone(model, ex.inputs).logits[0]  # (L, V)
+        logits.append(out)
+        total = total + masked_nll_sum(out, ex.targets, ex.loss_mask).sum
+    return torch.cat(logits), total
+
+
 def _report(
     model: torch.nn.Module,
     arch: Architecture,
@@ -311,14 +492,14 @@ def _report(
     tol: dict[str, Any],
     compared: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    longest = max(len(ex) for ex in examples)
+    lengths = [len(ex) for ex in examples]
     return {
         "target": "transformers",
         "model": model_facts(model),
         "architecture": {
             "layer_types": list(arch.mask_types),
             "windows": {k or "all": v for k, v in arch.windows.items()},
-            "window_exercised": arch.window is None or longest > arch.window,
+            "window_exercised": arch.window is None or max(lengths) > arch.window,
             "supported": arch.refusal is None,
             "refusal": arch.refusal,
             "positions": arch.positions,
@@ -328,10 +509,10 @@ def _report(
         },
         "mode": mode,
         "examples": len(examples),
-        "lengths": [len(ex) for ex in examples],
+        "lengths": lengths,
         "rows": batch.shape[0],
         "capacity": capacity,
-        "targets": int(sum(len(ex) for ex in examples)),
+        "targets": sum(lengths),
         "eligible_targets": eligible,
         "tolerance": dict(tol),
         **tally(compared),
@@ -357,18 +538,4 @@ def tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {key: {name: c[key] for name, c in compared.items()} for key in keys}
 
 
-__all__ = [
-    "CAPACITY",
-    "DTYPES",
-    "FLOAT32_TOLERANCE",
-    "LENGTHS",
-    "MODES",
-    "ModelCrashed",
-    "VerifyCase",
-    "load_model",
-    "packed_kwargs",
-    "tolerance",
-    "verification_examples",
-    "verification_layout",
-    "verify_hf",
-]
+__all__ = ["ModelCrashed", "load_model", "verification_examples", "verify_hf"]

@@ -35,13 +35,20 @@ def unguarded_causal_attention(
     return torch.softmax(scores, dim=-1) @ v  # (R, H, T, D)
 
 
-def _residual_probes(model: torch.nn.Module, shape: tuple[int, int, int]) -> list[torch.Tensor]:
-    """One zero (R, T, W) leaf per residual-stream site: each block's input and the final norm's."""
-    dtype, device = model.embed.weight.dtype, model.embed.weight.device
-    sites = len(model.blocks) + 1
-    return [
-        torch.zeros(shape, dtype=dtype, device=device, requires_grad=True) for _ in range(sites)
+def _probe_setup(model: torch.nn.Module, batch: PackedBatch, segment: int) -> tuple:
+    """``(ids, layout, own cells, deltas)``: one zero (R, T, W) leaf per residual-stream
+    site (each block's input and the final norm's), and ``segment``'s cells (R, T)."""
+    cells = batch.input_valid & (batch.segments == segment)
+    if not cells.any():
+        raise InvalidInput(f"segment {segment} has no cell in this batch")
+    ids, layout = model.inputs_of(batch)
+    weight = model.embed.weight
+    shape = (*batch.shape, model.config.width)
+    deltas = [
+        torch.zeros(shape, dtype=weight.dtype, device=weight.device, requires_grad=True)
+        for _ in range(len(model.blocks) + 1)
     ]
+    return ids, layout, cells, deltas
 
 
 def _forward_with(
@@ -65,13 +72,6 @@ def _forward_with(
             h.remove()
 
 
-def _segment_cells(batch: PackedBatch, segment: int) -> np.ndarray:
-    cells = batch.input_valid & (batch.segments == segment)
-    if not cells.any():
-        raise InvalidInput(f"segment {segment} has no cell in this batch")
-    return cells
-
-
 def isolation_probe(
     model: torch.nn.Module,
     batch: PackedBatch,
@@ -88,11 +88,9 @@ def isolation_probe(
     tolerance, and the derivative of the loss into every other cell's
     activations, at every residual site, must be exactly zero.
     """
-    ids, layout = model.inputs_of(batch)
-    own = _segment_cells(batch, segment)
+    ids, layout, own, deltas = _probe_setup(model, batch, segment)
     other = ~own
     own_t = torch.as_tensor(own, device=ids.device)
-    deltas = _residual_probes(model, (*batch.shape, model.config.width))
     params = [p for p in model.parameters() if p.requires_grad]
 
     def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -165,29 +163,18 @@ def first_query_probe(
     Its own cell may matter; its future cells, padding and other segments
     must get exactly zero derivative at every residual site.
     """
-    ids, layout = model.inputs_of(batch)
-    own = _segment_cells(batch, segment)
+    ids, layout, own, deltas = _probe_setup(model, batch, segment)
     first = own & (batch.positions == 0)
     row, col = (int(x[0]) for x in np.nonzero(first))
-    deltas = _residual_probes(model, (*batch.shape, model.config.width))
     logits = _forward_with(model, ids, layout, deltas, attention)
     target = int(batch.targets[row, col])
     loss = -torch.log_softmax(logits[row, col], dim=-1)[target]
     grads = torch.stack(torch.autograd.grad(loss, deltas)).abs().amax(dim=-1)  # (sites, R, T)
-    future = own & ~first
-    padding = ~batch.input_valid
-    others = batch.input_valid & ~own
-
-    report = {
-        "segment": int(segment),
-        "query": [row, col],
-        "max_abs_derivative": {
-            "own_cell": _largest(grads, first),
-            "future": _largest(grads, future),
-            "padding": _largest(grads, padding),
-            "other_segments": _largest(grads, others),
-        },
+    d = {
+        "own_cell": _largest(grads, first),
+        "future": _largest(grads, own & ~first),
+        "padding": _largest(grads, ~batch.input_valid),
+        "other_segments": _largest(grads, batch.input_valid & ~own),
     }
-    d = report["max_abs_derivative"]
-    report["passed"] = d["future"] == 0 and d["padding"] == 0 and d["other_segments"] == 0
-    return report
+    passed = d["future"] == 0 and d["padding"] == 0 and d["other_segments"] == 0
+    return {"segment": int(segment), "query": [row, col], "max_abs_derivative": d, "passed": passed}

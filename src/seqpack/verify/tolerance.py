@@ -1,16 +1,12 @@
 """How closely packed and separate runs of a model must agree, from its real dtype path.
 
-A float64 model gets the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` only
-while its computation stays in float64. :func:`float32_islands` *observes*
-the islands: one forward and backward under a ``TorchDispatchMode`` follows
-the data that leaves float64, and an island is a lower-precision op on it
-that reduces across tokens or keys (softmax, matrix products, sums over any
-axis but the last, length-rounding transcendentals), where packed and
-separate runs differ in shape and so in rounding. Per-token work at fixed
-width keeps the seed's tolerance. :func:`tolerance` takes the precision of
-the lowest island: float32 gets ``1e-5 + 1e-4*max``; a leak between
-examples moves logits by ``1e-2`` or more. :func:`compare` counts the
-elements outside a tolerance.
+A float64 model gets the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` only while its
+computation stays in float64. :func:`observe` follows, in one forward and backward under
+a ``TorchDispatchMode``, the data that leaves float64; an *island* is a lower-precision op
+on it that reduces across tokens or keys (softmax, matrix products, sums over any axis
+but the last, length-rounding transcendentals). :func:`tolerance` takes the precision of
+the lowest island (float32: ``1e-5 + 1e-4*max``); :func:`compare` counts the elements
+outside a tolerance.
 """
 
 from __future__ import annotations
@@ -64,6 +60,10 @@ LENGTH_ROUNDING_OPS = frozenset(
 )
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _low(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype.itemsize < 8
 
@@ -107,7 +107,7 @@ class _IslandRecorder(TorchDispatchMode):
                 self.tainted[id(x)] = weakref.ref(x)
             op = func.__name__.split(".")[0]
             if wide:
-                self.casts[f"{op} ({str(lowered[0].dtype).removeprefix('torch.')})"] = None
+                self.casts[f"{op} ({_name(lowered[0].dtype)})"] = None
             if _reduces_across_tokens(op, args):
                 where = self.stack[-1] if self.stack else "backward"
                 self.found[(where, op, lowered[0].dtype)] = None
@@ -122,18 +122,18 @@ def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
     ``op (dtype)`` that turned float64 data into a lower precision.
     """
     stack: list[str] = []
-    module_hooks = torch.nn.modules.module
+    hooks = torch.nn.modules.module
 
     def enter(module: torch.nn.Module, *_: Any) -> None:
         stack.append(type(module).__name__)
 
-    def leave(module: torch.nn.Module, *_: Any) -> None:
+    def leave(module: torch.nn.Module, *_: Any) -> None:  # returns None: output unchanged
         if stack:
             stack.pop()
 
     handles = [
-        module_hooks.register_module_forward_pre_hook(enter),
-        module_hooks.register_module_forward_hook(leave),
+        hooks.register_module_forward_pre_hook(enter),
+        hooks.register_module_forward_hook(leave),
     ]
     recorder = _IslandRecorder(stack)
     try:
@@ -144,7 +144,7 @@ def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
             h.remove()
     islands: dict[str, list[str]] = {}
     for where, op, dtype in recorder.found:
-        islands.setdefault(where, []).append(f"{op} ({str(dtype).removeprefix('torch.')})")
+        islands.setdefault(where, []).append(f"{op} ({_name(dtype)})")
     return islands, list(recorder.casts)
 
 
@@ -173,7 +173,7 @@ def tolerance(dtype: torch.dtype, islands: dict[str, list[str]] | None = None) -
     if lowest == torch.float64:
         why = "float64 throughout: the seed's tolerance"
     elif not islands:
-        why = f"{str(dtype).removeprefix('torch.')} model: its own rounding"
+        why = f"{_name(dtype)} model: its own rounding"
     else:
         where = "; ".join(f"{m}: {', '.join(ops)}" for m, ops in islands.items())
         why = f"float64 model with lower-precision islands ({where})"
