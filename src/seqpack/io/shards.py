@@ -317,8 +317,8 @@ def write_shard_file(
 
     The file is written whole or not at all (:func:`seqpack.io.atomic.write_file`), so
     a writer that runs twice (a task retried after a crash) replaces it whole. The
-    entry holds file, first_row, rows, occurrences, tokens, bytes, sha256 and
-    columns (those stored). A table without a ``row`` column (TRL's schema,
+    entry holds file, first_row, rows, occurrences, tokens (not for a tree shard), bytes,
+    sha256 and columns (those stored). A table without a ``row`` column (TRL's schema,
     :mod:`seqpack.io.trl_schema`) needs ``first_row``.
     """
     path = Path(directory) / name
@@ -329,17 +329,13 @@ def write_shard_file(
     first_row = int(first_row)
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    entry = {
-        "file": name,
-        "first_row": first_row,
-        "rows": table.num_rows,
-        "occurrences": int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0),
-        "tokens": int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0),
-        "bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
-        "columns": table.column_names,
-    }
-    if "labels" not in names or "input_ids" in names:  # not version 1: count the targets
+    flat = "node_ids" not in names  # a tree shard (version 3) counts no occurrences
+    entry: dict[str, Any] = {"file": name, "first_row": first_row, "rows": table.num_rows}
+    if flat:
+        entry["occurrences"] = int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0)
+        entry["tokens"] = int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0)
+    entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
+    if flat and ("labels" not in names or "input_ids" in names):  # not version 1: count them
         entry["eligible"] = eligible_targets(table)
     return entry
 

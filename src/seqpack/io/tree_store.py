@@ -52,11 +52,11 @@ import pyarrow.parquet as pq
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
-from seqpack.io.atomic import Output, write_file
+from seqpack.io.atomic import Output
 from seqpack.io.documents import Origin, make_binding
 from seqpack.io.integrity import TreeManifest, decode
 from seqpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
-from seqpack.io.shards import FORMAT, PARQUET_OPTIONS, TREE_VERSION, manifest_record, sha256_file
+from seqpack.io.shards import FORMAT, TREE_VERSION, manifest_record, write_shard_file
 from seqpack.io.tokenizers import Tokenizer
 
 #: TRL's DPO text columns.
@@ -364,18 +364,7 @@ def write_tree_shards(
         table = pa.Table.from_pylist(
             [{"row": a + i} | rec for i, rec in enumerate(part)], schema=TREE_SCHEMA
         )
-        path = output.path / output.shard(k)
-        write_file(path, lambda f, t=table: pq.write_table(t, f, **PARQUET_OPTIONS))
-        shards.append(
-            {
-                "file": path.name,
-                "first_row": a,
-                "rows": table.num_rows,
-                "bytes": path.stat().st_size,
-                "sha256": sha256_file(path),
-                "columns": table.column_names,
-            }
-        )
+        shards.append(write_shard_file(table, output.path, output.shard(k), a))
     return manifest_record(
         binding=binding,
         partition=partition,
