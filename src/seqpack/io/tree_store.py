@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Split
-from seqpack.core.errors import InvalidInput, SplitMismatch
+from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import as_token_array
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output
 from seqpack.io.documents import Origin, make_binding
@@ -129,15 +130,19 @@ def _encoded(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Sequences and their per-pair supervision (a target is supervised when its token is)."""
     tokens, offsets, flags = encode_sft(table, origin, tokenizer, names)
-    n = np.diff(offsets)
+    _refuse_short(np.diff(offsets), origin)
+    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
+
+
+def _refuse_short(n: np.ndarray, origin: Origin) -> None:
+    """Refuse a row of fewer than 2 tokens (``n``: tokens per row)."""
     if n.size and int(n.min()) < 2:
         i = int(np.argmin(n))
         raise InvalidInput(
-            f"{origin.locate(i)}: tokenizes to {int(n[i])} token(s); a sequence needs at least"
-            " 2 (one prediction pair) — drop the row"
+            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
+            " (one prediction pair) — drop the row"
         )
-    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
-    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
 
 
 def _dpo_text(
@@ -171,21 +176,11 @@ def _plain_rows(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     names = table.column_names
     if "input_ids" in names:
-        seqs = [
-            np.asarray(ids or [], dtype=np.int64) for ids in table.column("input_ids").to_pylist()
-        ]
-        for i, s in enumerate(seqs):
-            if s.size < 2:
-                raise InvalidInput(
-                    f"{origin.locate(i)}: {s.size} token(s); a sequence needs at least 2"
-                    " (one prediction pair) — drop the row"
-                )
-            if int(s.min()) < 0 or int(s.max()) >= binding.vocab_size:
-                raise InvalidInput(
-                    f"{origin.locate(i)}: a token id outside [0, {binding.vocab_size}) — pass"
-                    " the model's --vocab-size"
-                )
-        return [s.astype(np.int32) for s in seqs], [np.ones(s.size - 1, bool) for s in seqs]
+        rows = table.column("input_ids").to_pylist()
+        _refuse_short(np.array([len(ids or []) for ids in rows], dtype=np.int64), origin)
+        vocab = binding.vocab_size
+        seqs = [as_token_array(ids, vocab, origin.locate(i)) for i, ids in enumerate(rows)]
+        return seqs, [np.ones(s.size - 1, bool) for s in seqs]
     cols = sft_columns(names)
     if cols is None:
         raise InvalidInput(
@@ -378,10 +373,6 @@ def write_tree_shards(
     )
 
 
-def is_tree_manifest(manifest: Any) -> bool:
-    return isinstance(manifest, dict) and manifest.get("layout") == "tree"
-
-
 class TreeStore:
     """A tree output read back: ``len(store)`` rows; ``store[i]`` / :meth:`records` give
     the row records :func:`tree_batch_from_rows` takes; ``capacity``
@@ -408,13 +399,9 @@ class TreeStore:
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
     def require(self, expected_binding: Binding | None, expected_split: Split | str | None) -> None:
-        if expected_binding is not None:
-            expected_binding.require(self.binding, f"packed data {self.path}")
-        if expected_split is not None and self.partition is not Split.parse(expected_split):
-            raise SplitMismatch(
-                f"packed data {self.path} holds partition {self.partition.value!r}, not"
-                f" {Split.parse(expected_split).value!r}"
-            )
+        from seqpack.io.store import PackedStore  # the one check (store imports this module)
+
+        PackedStore.require(self, expected_binding, expected_split)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return self.num_rows
@@ -472,7 +459,8 @@ def open_tree_store(path: Path) -> TreeStore | None:
         manifest = json.loads((path / "manifest.json").read_bytes())
     except (OSError, ValueError, RecursionError):
         return None  # the flat reader names the problem
-    return TreeStore(path, manifest) if is_tree_manifest(manifest) else None
+    is_tree = isinstance(manifest, dict) and manifest.get("layout") == "tree"
+    return TreeStore(path, manifest) if is_tree else None
 
 
 __all__ = [
