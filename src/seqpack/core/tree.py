@@ -27,16 +27,8 @@ is an ancestor-or-self of the query's (``node[k] <= node[q] < node_end[k]``),
 both valid, and ``0 <= pos[q] - pos[k] < window``: column 6 sees 0-3 and
 itself, never its sibling's 4-5. A cell's weight counts the sequences that
 supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
-(16 cells flat, 9 here, ``N = 7`` either way).
-
-Planning is integers only and vectorised: each group's sequences sorted
-lexicographically, ``lcp[j]`` the cells sequence ``j`` shares with its
-predecessor, so it *owns* depths ``[lcp[j], L[j])`` (pre-order layout);
-nodes, parents and Euler-tour exits come from "nearest index whose value is
-at most a limit" searches (:func:`next_at_most`, a sparse table of minima).
-:func:`pack_tree` places tries with any flat policy (an oversized trie is
-split into sub-tries that repeat their prefix) and keeps every sequence's
-cells (``seq_cells``), so logits unpack to per-sequence views exactly.
+(16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
+with any flat policy and keeps every sequence's cells (``seq_cells``).
 """
 
 from __future__ import annotations
