@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Split
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, SplitMismatch
 from seqpack.core.examples import as_token_array
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output
@@ -399,9 +399,13 @@ class TreeStore:
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
     def require(self, expected_binding: Binding | None, expected_split: Split | str | None) -> None:
-        from seqpack.io.store import PackedStore  # the one check (store imports this module)
-
-        PackedStore.require(self, expected_binding, expected_split)  # type: ignore[arg-type]
+        if expected_binding is not None:
+            expected_binding.require(self.binding, f"packed data {self.path}")
+        if expected_split is not None and self.partition is not Split.parse(expected_split):
+            raise SplitMismatch(
+                f"packed data {self.path} holds partition {self.partition.value!r}, not"
+                f" {Split.parse(expected_split).value!r}"
+            )
 
     def __len__(self) -> int:
         return self.num_rows
