@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import InvalidInput, SplitMismatch
-from seqpack.core.examples import as_token_array
+from seqpack.core.examples import as_token_array, offsets_of
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output
 from seqpack.io.documents import Origin, make_binding
@@ -333,7 +333,7 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
         node_parent=cells["parent_ids"][node_row, node_col],
         node_end=cells["node_ends"][node_row, node_col],
         seq_index=np.asarray(seq_index, dtype=np.int64),
-        seq_bounds=np.r_[0, np.cumsum(lens)].astype(np.int64),
+        seq_bounds=offsets_of(np.asarray(lens, dtype=np.int64)),
         seq_cells=np.concatenate(seq_cells) if seq_cells else np.zeros(0, np.int64),
         seq_loss_mask=np.concatenate(seq_mask) if seq_mask else np.zeros(0, bool),
         binding=Binding(vocab_size, "pretokenized", "tree-dataset"),
