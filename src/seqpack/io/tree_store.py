@@ -288,54 +288,52 @@ def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
 
 def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:
     """Records of :func:`tree_records` (any subset, any order) as one model call."""
-    shape = (len(rows), capacity)
-    names = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends", "parent_ids")
-    cells = {name: np.full(shape, -1, dtype=np.int64) for name in (*names, "weights")}
-    valid = np.zeros(shape, dtype=bool)
-    offset = 0
-    seq_index, seq_cells, seq_mask = [], [], []
-    for r, row in enumerate(rows):
-        used = len(row["input_ids"])
-        if used > capacity:
-            raise InvalidInput(f"row {r} holds {used} cells; capacity is {capacity}")
-        for name in cells:
-            values = np.asarray(row[name], dtype=np.int64)
-            if name in ("node_ids", "node_ends", "parent_ids"):  # row-local -> batch node ids
-                values = np.where(values >= 0, values + offset, -1)
-            cells[name][r, :used] = values
-        valid[r, :used] = True
-        offset += int(cells["node_ids"][r, :used].max()) + 1 if used else 0
-        seq_index.extend(row["sequence_index"])
-        seq_cells.extend(
-            r * capacity + np.asarray(c, dtype=np.int64) for c in row["sequence_cells"]
-        )
-        seq_mask.extend(np.asarray(m, dtype=bool) for m in row["sequence_mask"])
+    used = np.array([len(row["input_ids"]) for row in rows], dtype=np.int64)
+    if used.size and int(used.max()) > capacity:
+        r = int(np.argmax(used > capacity))
+        raise InvalidInput(f"row {r} holds {int(used[r])} cells; capacity is {capacity}")
+    valid = np.arange(capacity) < used[:, None]  # [R, T]: a row's cells are a prefix
+
+    def cells(name: str) -> np.ndarray:
+        out = np.full(valid.shape, -1, dtype=np.int64)
+        out[valid] = [x for row in rows for x in row[name]]
+        return out
+
+    def flat(name: str, dtype: Any) -> np.ndarray:
+        return np.array([x for row in rows for s in row[name] for x in s], dtype=dtype)
+
+    # row-local node ids -> batch ids: each row's ids follow the rows before it
+    shift = offsets_of(cells("node_ids").max(axis=1, initial=-1) + 1)[:-1, None]
+    nodes, node_ends, parents = (
+        np.where(x >= 0, x + shift, -1) for x in map(cells, ("node_ids", "node_ends", "parent_ids"))
+    )
+    lens = np.array([len(c) for row in rows for c in row["sequence_cells"]], dtype=np.int64)
+    seq_row = np.repeat(np.arange(len(rows)), [len(row["sequence_cells"]) for row in rows])
     # Node ids run in (row, column) order, so node k starts at the k-th change of id.
-    nodes = cells["node_ids"]
     first = valid & np.c_[np.ones((len(rows), 1), bool), nodes[:, 1:] != nodes[:, :-1]]
     node_row, node_col = (x.astype(np.int64) for x in np.nonzero(first))
     node_len = np.bincount(nodes[valid], minlength=node_row.shape[0]).astype(np.int64)
-    weights = np.where(valid, cells["weights"], 0).astype(np.int32)
-    lens = [c.shape[0] for c in seq_cells]
+    weights = np.where(valid, cells("weights"), 0).astype(np.int32)
+    positions = cells("position_ids")
     return TreeBatch(
-        inputs=cells["input_ids"].astype(np.int32),
-        targets=cells["target_ids"].astype(np.int32),
+        inputs=cells("input_ids").astype(np.int32),
+        targets=cells("target_ids").astype(np.int32),
         nodes=nodes.astype(np.int32),
-        node_ends=cells["node_ends"].astype(np.int32),
-        positions=np.where(valid, cells["position_ids"], 0).astype(np.int32),
+        node_ends=node_ends.astype(np.int32),
+        positions=np.where(valid, positions, 0).astype(np.int32),
         input_valid=valid,
         loss_mask=weights > 0,
         weights=weights,
         node_row=node_row,
         node_col=node_col,
         node_len=node_len,
-        node_pos=cells["position_ids"][node_row, node_col],
-        node_parent=cells["parent_ids"][node_row, node_col],
-        node_end=cells["node_ends"][node_row, node_col],
-        seq_index=np.asarray(seq_index, dtype=np.int64),
-        seq_bounds=offsets_of(np.asarray(lens, dtype=np.int64)),
-        seq_cells=np.concatenate(seq_cells) if seq_cells else np.zeros(0, np.int64),
-        seq_loss_mask=np.concatenate(seq_mask) if seq_mask else np.zeros(0, bool),
+        node_pos=positions[node_row, node_col],
+        node_parent=parents[node_row, node_col],
+        node_end=node_ends[node_row, node_col],
+        seq_index=np.array([i for row in rows for i in row["sequence_index"]], dtype=np.int64),
+        seq_bounds=offsets_of(lens),
+        seq_cells=flat("sequence_cells", np.int64) + np.repeat(seq_row * capacity, lens),
+        seq_loss_mask=flat("sequence_mask", bool),
         binding=Binding(vocab_size, "pretokenized", "tree-dataset"),
     )
 
