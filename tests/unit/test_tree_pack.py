@@ -413,3 +413,25 @@ def test_tree_inputs_take_the_flat_doors(tmp_path, monkeypatch, capsys):
     assert main(stats_argv) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["sequences"] == sum(len(c) for c in columns["completion_ids"])
+
+
+def test_records_of_many_rows_collate_to_the_packed_batch():
+    """Node ids stay contiguous past the second row (they once doubled from row 3 on)."""
+    import dataclasses
+
+    from seqpack.core.binding import Binding
+    from seqpack.core.tree import SequenceGroups, pack_tree
+    from seqpack.io.tree_store import tree_records
+
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, VOCAB, 8) for _ in range(12)]
+    comps = [[rng.integers(0, VOCAB, int(rng.integers(2, 6))) for _ in range(3)] for _ in prompts]
+    groups = SequenceGroups.from_prompt_completions(prompts, comps, Binding(VOCAB, "t", "s"))
+    (want,) = pack_tree(groups, 24).batches
+    assert want.shape[0] >= 3
+    got = tree_batch_from_rows(tree_records(want), 24, VOCAB)
+    for field in dataclasses.fields(want):
+        if field.name != "binding":
+            np.testing.assert_array_equal(
+                getattr(got, field.name), getattr(want, field.name), err_msg=field.name
+            )

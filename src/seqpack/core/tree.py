@@ -27,16 +27,8 @@ is an ancestor-or-self of the query's (``node[k] <= node[q] < node_end[k]``),
 both valid, and ``0 <= pos[q] - pos[k] < window``: column 6 sees 0-3 and
 itself, never its sibling's 4-5. A cell's weight counts the sequences that
 supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
-(16 cells flat, 9 here, ``N = 7`` either way).
-
-Planning is integers only and vectorised: each group's sequences sorted
-lexicographically, ``lcp[j]`` the cells sequence ``j`` shares with its
-predecessor, so it *owns* depths ``[lcp[j], L[j])`` (pre-order layout);
-nodes, parents and Euler-tour exits come from "nearest index whose value is
-at most a limit" searches (:func:`next_at_most`, a sparse table of minima).
-:func:`pack_tree` places tries with any flat policy (an oversized trie is
-split into sub-tries that repeat their prefix) and keeps every sequence's
-cells (``seq_cells``), so logits unpack to per-sequence views exactly.
+(16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
+with any flat policy and keeps every sequence's cells (``seq_cells``).
 """
 
 from __future__ import annotations
@@ -52,7 +44,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets
 from seqpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
-from seqpack.core.permission import check_sliding_window, pairwise
+from seqpack.core.permission import check_sliding_window, pairwise, position_ids
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 
@@ -306,7 +298,7 @@ def adjacent_lcp(
     m = np.minimum(offsets[order[pairs - 1] + 1] - a, offsets[order[pairs] + 1] - b)
     owner, local = _ranges(m)
     mismatch = np.where(tokens[a[owner] + local] != tokens[b[owner] + local], local, m[owner])
-    starts = np.r_[0, np.cumsum(m)[:-1]]
+    starts = offsets_of(m)[:-1]
     lcp[pairs] = np.maximum(np.minimum.reduceat(mismatch, starts) - 1, 0)
     return lcp
 
@@ -344,7 +336,7 @@ class TrieOrder:
         and [len(seqs)+1] offsets. Depth ``d`` of ``j`` is owned by the last ``k <= j`` of its
         trie with ``lcp[k] <= d``."""
         lens = self.lengths[seqs]
-        bounds = np.r_[0, np.cumsum(lens)].astype(np.int64)
+        bounds = offsets_of(lens)
         owner_seq = np.repeat(seqs, lens)
         depth = _ranges(lens)[1]
         owner = prev_at_most(self.lcp, depth, self.seq_bounds[self.trie[owner_seq]], owner_seq)
@@ -358,7 +350,7 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     s, g = lengths.shape[0], seq_bounds.shape[0] - 1
     trie = np.repeat(np.arange(g, dtype=np.int64), np.diff(seq_bounds))
     own = lengths - lcp
-    csum = np.r_[0, np.cumsum(own)].astype(np.int64)
+    csum = offsets_of(own)
     sizes = csum[seq_bounds[1:]] - csum[seq_bounds[:-1]]
     cell_base = csum[seq_bounds[:-1]]  # global column of each trie's first cell
     own_start = csum[:-1]  # global column of each sequence's first owned cell
@@ -418,7 +410,7 @@ def split_oversized(
             f" {capacity} — raise --max-length or drop the sequence"
         )
     own = lengths - lcp
-    csum = np.r_[0, np.cumsum(own)]
+    csum = offsets_of(own)
     big = np.flatnonzero(csum[seq_bounds[1:]] - csum[seq_bounds[:-1]] > capacity)
     if big.size == 0:
         return lcp, seq_bounds
@@ -514,7 +506,7 @@ class TreeBatch:
         return int(self.seq_bounds[-1])
 
     def position_ids(self) -> np.ndarray:
-        return np.where(self.input_valid, self.positions, 0).astype(np.int64)
+        return position_ids(self)  # type: ignore[arg-type]
 
     def dense_mask(self, window: int | None = None) -> np.ndarray:
         """:func:`~seqpack.core.permission.permitted` over every pair, bool [R, T, T]."""
@@ -630,7 +622,7 @@ def materialize(
     counts = layout.node_bounds[tries + 1] - lo
     t_of, k = _ranges(counts)
     gids = lo[t_of] + k
-    shift = (np.r_[0, np.cumsum(counts)[:-1]] - lo)[t_of]
+    shift = (offsets_of(counts)[:-1] - lo)[t_of]
     parent = layout.node_parent[gids]
     node_end = layout.node_end[gids] + shift
     node_flat = base[t_of] + layout.node_col[gids]

@@ -317,26 +317,25 @@ def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail
 
 
 def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
-    """Write a shard table (version 2 or TRL's, :mod:`seqpack.io.trl_schema`) whole as
-    ``directory/name`` (:func:`seqpack.io.atomic.write_file`: a task retried after a crash
-    replaces it whole); its manifest entry: file, first_row, rows, occurrences, tokens,
-    bytes, sha256, columns (those stored) and eligible targets."""
+    """Write a shard table (version 2, a tree's version 3 or TRL's,
+    :mod:`seqpack.io.trl_schema`) whole as ``directory/name``
+    (:func:`seqpack.io.atomic.write_file`: a task retried after a crash replaces it whole);
+    its manifest entry: file, first_row, rows, occurrences and tokens (not for a tree
+    shard), bytes, sha256, columns (those stored) and eligible targets (flat shards)."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
     counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
     tokens = "tokens" if "tokens" in names else "input_ids"
-    return {
-        "file": name,
-        "first_row": int(first_row),
-        "rows": table.num_rows,
-        "occurrences": int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0),
-        "tokens": int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0),
-        "bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
-        "columns": names,
-        "eligible": eligible_targets(table),
-    }
+    flat = "node_ids" not in names  # a tree shard (version 3) counts no occurrences
+    entry: dict[str, Any] = {"file": name, "first_row": int(first_row), "rows": table.num_rows}
+    if flat:
+        entry["occurrences"] = int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0)
+        entry["tokens"] = int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0)
+    entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
+    if flat:
+        entry["eligible"] = eligible_targets(table)
+    return entry
 
 
 def _binary(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -51,12 +51,13 @@ import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import InvalidInput, SplitMismatch
+from seqpack.core.examples import as_token_array, offsets_of
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
-from seqpack.io.atomic import Output, write_file
+from seqpack.io.atomic import Output
 from seqpack.io.documents import Origin, make_binding
 from seqpack.io.integrity import TreeManifest, decode
 from seqpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
-from seqpack.io.shards import FORMAT, PARQUET_OPTIONS, TREE_VERSION, manifest_record, sha256_file
+from seqpack.io.shards import FORMAT, TREE_VERSION, manifest_record, write_shard_file
 from seqpack.io.tokenizers import Tokenizer
 
 #: TRL's DPO text columns.
@@ -129,15 +130,19 @@ def _encoded(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Sequences and their per-pair supervision (a target is supervised when its token is)."""
     tokens, offsets, flags = encode_sft(table, origin, tokenizer, names)
-    n = np.diff(offsets)
+    _refuse_short(np.diff(offsets), origin)
+    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
+
+
+def _refuse_short(n: np.ndarray, origin: Origin) -> None:
+    """Refuse a row of fewer than 2 tokens (``n``: tokens per row)."""
     if n.size and int(n.min()) < 2:
         i = int(np.argmin(n))
         raise InvalidInput(
-            f"{origin.locate(i)}: tokenizes to {int(n[i])} token(s); a sequence needs at least"
-            " 2 (one prediction pair) — drop the row"
+            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
+            " (one prediction pair) — drop the row"
         )
-    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
-    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
 
 
 def _dpo_text(
@@ -171,21 +176,11 @@ def _plain_rows(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     names = table.column_names
     if "input_ids" in names:
-        seqs = [
-            np.asarray(ids or [], dtype=np.int64) for ids in table.column("input_ids").to_pylist()
-        ]
-        for i, s in enumerate(seqs):
-            if s.size < 2:
-                raise InvalidInput(
-                    f"{origin.locate(i)}: {s.size} token(s); a sequence needs at least 2"
-                    " (one prediction pair) — drop the row"
-                )
-            if int(s.min()) < 0 or int(s.max()) >= binding.vocab_size:
-                raise InvalidInput(
-                    f"{origin.locate(i)}: a token id outside [0, {binding.vocab_size}) — pass"
-                    " the model's --vocab-size"
-                )
-        return [s.astype(np.int32) for s in seqs], [np.ones(s.size - 1, bool) for s in seqs]
+        rows = table.column("input_ids").to_pylist()
+        _refuse_short(np.array([len(ids or []) for ids in rows], dtype=np.int64), origin)
+        vocab = binding.vocab_size
+        seqs = [as_token_array(ids, vocab, origin.locate(i)) for i, ids in enumerate(rows)]
+        return seqs, [np.ones(s.size - 1, bool) for s in seqs]
     cols = sft_columns(names)
     if cols is None:
         raise InvalidInput(
@@ -293,54 +288,52 @@ def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
 
 def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:
     """Records of :func:`tree_records` (any subset, any order) as one model call."""
-    shape = (len(rows), capacity)
-    names = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends", "parent_ids")
-    cells = {name: np.full(shape, -1, dtype=np.int64) for name in (*names, "weights")}
-    valid = np.zeros(shape, dtype=bool)
-    offset = 0
-    seq_index, seq_cells, seq_mask = [], [], []
-    for r, row in enumerate(rows):
-        used = len(row["input_ids"])
-        if used > capacity:
-            raise InvalidInput(f"row {r} holds {used} cells; capacity is {capacity}")
-        for name in cells:
-            values = np.asarray(row[name], dtype=np.int64)
-            if name in ("node_ids", "node_ends", "parent_ids"):  # row-local -> batch node ids
-                values = np.where(values >= 0, values + offset, -1)
-            cells[name][r, :used] = values
-        valid[r, :used] = True
-        offset += int(cells["node_ids"][r, :used].max()) + 1 if used else 0
-        seq_index.extend(row["sequence_index"])
-        seq_cells.extend(
-            r * capacity + np.asarray(c, dtype=np.int64) for c in row["sequence_cells"]
-        )
-        seq_mask.extend(np.asarray(m, dtype=bool) for m in row["sequence_mask"])
+    used = np.array([len(row["input_ids"]) for row in rows], dtype=np.int64)
+    if used.size and int(used.max()) > capacity:
+        r = int(np.argmax(used > capacity))
+        raise InvalidInput(f"row {r} holds {int(used[r])} cells; capacity is {capacity}")
+    valid = np.arange(capacity) < used[:, None]  # [R, T]: a row's cells are a prefix
+
+    def cells(name: str) -> np.ndarray:
+        out = np.full(valid.shape, -1, dtype=np.int64)
+        out[valid] = [x for row in rows for x in row[name]]
+        return out
+
+    def flat(name: str, dtype: Any) -> np.ndarray:
+        return np.array([x for row in rows for s in row[name] for x in s], dtype=dtype)
+
+    # row-local node ids -> batch ids: each row's ids follow the rows before it
+    shift = offsets_of(cells("node_ids").max(axis=1, initial=-1) + 1)[:-1, None]
+    nodes, node_ends, parents = (
+        np.where(x >= 0, x + shift, -1) for x in map(cells, ("node_ids", "node_ends", "parent_ids"))
+    )
+    lens = np.array([len(c) for row in rows for c in row["sequence_cells"]], dtype=np.int64)
+    seq_row = np.repeat(np.arange(len(rows)), [len(row["sequence_cells"]) for row in rows])
     # Node ids run in (row, column) order, so node k starts at the k-th change of id.
-    nodes = cells["node_ids"]
     first = valid & np.c_[np.ones((len(rows), 1), bool), nodes[:, 1:] != nodes[:, :-1]]
     node_row, node_col = (x.astype(np.int64) for x in np.nonzero(first))
     node_len = np.bincount(nodes[valid], minlength=node_row.shape[0]).astype(np.int64)
-    weights = np.where(valid, cells["weights"], 0).astype(np.int32)
-    lens = [c.shape[0] for c in seq_cells]
+    weights = np.where(valid, cells("weights"), 0).astype(np.int32)
+    positions = cells("position_ids")
     return TreeBatch(
-        inputs=cells["input_ids"].astype(np.int32),
-        targets=cells["target_ids"].astype(np.int32),
+        inputs=cells("input_ids").astype(np.int32),
+        targets=cells("target_ids").astype(np.int32),
         nodes=nodes.astype(np.int32),
-        node_ends=cells["node_ends"].astype(np.int32),
-        positions=np.where(valid, cells["position_ids"], 0).astype(np.int32),
+        node_ends=node_ends.astype(np.int32),
+        positions=np.where(valid, positions, 0).astype(np.int32),
         input_valid=valid,
         loss_mask=weights > 0,
         weights=weights,
         node_row=node_row,
         node_col=node_col,
         node_len=node_len,
-        node_pos=cells["position_ids"][node_row, node_col],
-        node_parent=cells["parent_ids"][node_row, node_col],
-        node_end=cells["node_ends"][node_row, node_col],
-        seq_index=np.asarray(seq_index, dtype=np.int64),
-        seq_bounds=np.r_[0, np.cumsum(lens)].astype(np.int64),
-        seq_cells=np.concatenate(seq_cells) if seq_cells else np.zeros(0, np.int64),
-        seq_loss_mask=np.concatenate(seq_mask) if seq_mask else np.zeros(0, bool),
+        node_pos=positions[node_row, node_col],
+        node_parent=parents[node_row, node_col],
+        node_end=node_ends[node_row, node_col],
+        seq_index=np.array([i for row in rows for i in row["sequence_index"]], dtype=np.int64),
+        seq_bounds=offsets_of(lens),
+        seq_cells=flat("sequence_cells", np.int64) + np.repeat(seq_row * capacity, lens),
+        seq_loss_mask=flat("sequence_mask", bool),
         binding=Binding(vocab_size, "pretokenized", "tree-dataset"),
     )
 
@@ -364,18 +357,7 @@ def write_tree_shards(
         table = pa.Table.from_pylist(
             [{"row": a + i} | rec for i, rec in enumerate(part)], schema=TREE_SCHEMA
         )
-        path = output.path / output.shard(k)
-        write_file(path, lambda f, t=table: pq.write_table(t, f, **PARQUET_OPTIONS))
-        shards.append(
-            {
-                "file": path.name,
-                "first_row": a,
-                "rows": table.num_rows,
-                "bytes": path.stat().st_size,
-                "sha256": sha256_file(path),
-                "columns": table.column_names,
-            }
-        )
+        shards.append(write_shard_file(table, output.path, output.shard(k), a))
     return manifest_record(
         binding=binding,
         partition=partition,
@@ -387,10 +369,6 @@ def write_tree_shards(
         sequences=sum(len(r["sequence_index"]) for r in records),
         **sections,
     )
-
-
-def is_tree_manifest(manifest: Any) -> bool:
-    return isinstance(manifest, dict) and manifest.get("layout") == "tree"
 
 
 class TreeStore:
@@ -483,7 +461,8 @@ def open_tree_store(path: Path) -> TreeStore | None:
         manifest = json.loads((path / "manifest.json").read_bytes())
     except (OSError, ValueError, RecursionError):
         return None  # the flat reader names the problem
-    return TreeStore(path, manifest) if is_tree_manifest(manifest) else None
+    is_tree = isinstance(manifest, dict) and manifest.get("layout") == "tree"
+    return TreeStore(path, manifest) if is_tree else None
 
 
 __all__ = [

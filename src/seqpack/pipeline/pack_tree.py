@@ -1,16 +1,9 @@
 """``seqpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
 
-:func:`pack_tree_path` reads its input whole through the flat path's doors
-(files, folders, globs, several inputs, compressed JSON Lines, ``-``:
-:func:`seqpack.io.tree_store.read_table`), builds its groups
-(:func:`seqpack.io.tree_store.file_groups`), plans the tries with the run's
-policy and writes a version-3 packed directory (the new ``manifest.json`` is the commit), which
-:func:`seqpack.io.store.load_packed` opens as a
-:class:`~seqpack.io.tree_store.TreeStore`. :func:`tree_stats` compares tree
-with flat packing of the same sequences under one policy. What is packed
-stays a :class:`~seqpack.pipeline.options.PackOptions` field;
-:class:`TreeOptions` says whether rows are tries and how ``--tree auto``
-groups plain rows (its fields carry the CLI flags, as ``PackOptions``' do).
+:func:`pack_tree_path` writes a version-3 packed directory
+(:func:`seqpack.io.store.load_packed` opens it as a
+:class:`~seqpack.io.tree_store.TreeStore`); :func:`tree_stats` compares tree with
+flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
 """
 
 from __future__ import annotations

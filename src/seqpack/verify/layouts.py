@@ -34,7 +34,7 @@ from seqpack.core.batch import PackedBatch
 from seqpack.core.compact import pack_examples
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
-from seqpack.core.examples import SequenceExample
+from seqpack.core.examples import SequenceExample, concat_ranges
 from seqpack.core.loss import masked_nll_sum
 from seqpack.verify.decoder import TinyDecoder
 from seqpack.verify.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
@@ -55,10 +55,7 @@ def within_tolerance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def occurrence_cells(batch: PackedBatch) -> np.ndarray:
     """Flat cell indices of every occurrence's cells, occurrence by occurrence, int64."""
     occ = batch.occurrences
-    lengths = occ.col_end - occ.col_start
-    first = occ.row * batch.shape[1] + occ.col_start
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(first, lengths) + np.arange(int(lengths.sum())) - starts
+    return concat_ranges(occ.row * batch.shape[1] + occ.col_start, occ.col_end - occ.col_start)
 
 
 def _finish(model: torch.nn.Module, logits: torch.Tensor, total: torch.Tensor) -> dict:
