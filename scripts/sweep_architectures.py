@@ -201,39 +201,53 @@ def write_docs(results: dict) -> None:
     DOCS.write_text(text)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / ".cache" / "sweep.json"))
-    parser.add_argument("--types", help="comma-separated model types (default: all)")
+def sweep_args(description: str, out: str, types_help: str) -> argparse.Namespace:
+    """The sweeps' command line; then transformers and logging quieted, one torch thread."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--types", help=types_help)
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--merge", action="store_true", help="update --out's earlier results")
     args = parser.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
     warnings.filterwarnings("ignore")
     import torch
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
-
-    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
 
     hf_logging.set_verbosity_error()
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
-    every = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return args
+
+
+def run_sweep(args: argparse.Namespace, every: list[str], sweep, counts, write_docs) -> None:
+    """``sweep(type)`` for ``--types`` (default ``every``), the JSON saved after each type;
+    ``--merge`` re-runs some types inside an earlier result; the docs once all are in."""
     types = args.types.split(",") if args.types else every
     out = Path(args.out)
-    # --types re-runs some types inside an earlier whole sweep (--merge) or alone
     results = json.loads(out.read_text()) if args.merge and out.exists() else {}
     for model_type in types:
         started = time.perf_counter()
-        results[model_type] = sweep_type(model_type)
+        results[model_type] = sweep(model_type)
         cells = {a: c["status"] for a, c in results[model_type]["cells"].items()}
         print(f"{model_type}: {cells} {time.perf_counter() - started:.1f}s", file=sys.stderr)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
     print(json.dumps(counts(results)))
     if not args.no_docs and set(every) <= set(results):
         write_docs({t: results[t] for t in every})
+
+
+def main() -> None:
+    args = sweep_args(
+        __doc__.splitlines()[0], str(ROOT / ".cache" / "sweep.json"),
+        "comma-separated model types (default: all)",
+    )  # fmt: skip
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
+
+    run_sweep(args, list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), sweep_type, counts, write_docs)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,13 @@ and, unless ``--no-docs``, the table of ``docs/tree.md``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import os
 import re
 import sys
-import time
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_architectures import DOCS as FLAT_DOCS
-from sweep_architectures import ROOT, TimedOut, _alarm, _line, _runs_alone
+from sweep_architectures import ROOT, TimedOut, _alarm, _line, _runs_alone, run_sweep, sweep_args
 
 ATTNS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
 #: The control: ``--mode naive`` on eager (siblings see each other), which must FAIL.
@@ -184,34 +178,11 @@ def write_docs(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / ".cache" / "sweep_tree.json"))
-    parser.add_argument("--types", help="comma-separated model types (default: flat PASS ones)")
-    parser.add_argument("--no-docs", action="store_true")
-    parser.add_argument("--merge", action="store_true", help="update --out's earlier results")
-    args = parser.parse_args()
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    warnings.filterwarnings("ignore")
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
-    every = flat_passing()
-    types = args.types.split(",") if args.types else every
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if args.merge and out.exists() else {}
-    for model_type in types:
-        started = time.perf_counter()
-        results[model_type] = sweep_type(model_type)
-        cells = {a: c["status"] for a, c in results[model_type]["cells"].items()}
-        print(f"{model_type}: {cells} {time.perf_counter() - started:.1f}s", file=sys.stderr)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-    print(json.dumps(counts(results)))
-    if not args.no_docs and set(every) <= set(results):
-        write_docs({t: results[t] for t in every})
+    args = sweep_args(
+        __doc__.splitlines()[0], str(ROOT / ".cache" / "sweep_tree.json"),
+        "comma-separated model types (default: flat PASS ones)",
+    )  # fmt: skip
+    run_sweep(args, flat_passing(), sweep_type, counts, write_docs)
 
 
 if __name__ == "__main__":
