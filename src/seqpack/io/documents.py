@@ -32,7 +32,8 @@ class Origin:
     """Where rows came from, to name them in errors: ``parts`` = (file, first row, unit).
 
     Row ``r`` belongs to the last part whose first row is ``<= r``; a unit of
-    ``"line"`` names the file line (blank lines skipped), ``"row"`` the row.
+    ``"line"`` names the file line (blank lines skipped), ``"text line"`` the line of a
+    text file (every line a row), ``"row"`` the row.
     """
 
     parts: tuple[tuple[str, int, str], ...]
@@ -44,6 +45,8 @@ class Origin:
                 break
             name, first, unit = part
         local = row - first
+        if unit == "text line":  # every line is a row (a text file)
+            return f"{name} line {local + 1}"
         if unit == "line":
             return f"{name} line {_line_of(Path(name), local)}"
         return f"{name} row {local}"

@@ -29,8 +29,12 @@ STDIN = "-"
 #: Compression suffixes and the codec that reads them.
 CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
           ".xz": "xz"}  # fmt: skip
-#: Data suffixes seqpack reads and their kind (a compression suffix may follow JSON ones).
-DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+#: Data suffixes seqpack reads and their kind (a compression suffix may follow all but
+#: Parquet's); ``text``: one document per line, as the ``datasets`` "text" builder reads it.
+DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet",
+                 ".txt": "text"}  # fmt: skip
+#: What a kind is called in messages.
+KIND_NAMES = {"parquet": "parquet", "jsonl": "JSON Lines", "text": "text"}
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
 #: Files a data folder may hold beside its shards (metadata no reader needs).
@@ -192,17 +196,17 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
         if entry.is_dir() or kind is None:
             stray.append(entry.name + ("/" if entry.is_dir() else ""))
         else:
-            found.setdefault("parquet" if kind == "parquet" else "JSON Lines", []).append(entry)
+            found.setdefault(kind, []).append(entry)
     if len(found) > 1:
-        counts = " and ".join(f"{len(files)} {name}" for name, files in found.items())
+        counts = " and ".join(f"{len(files)} {KIND_NAMES[k]}" for k, files in found.items())
         raise InvalidInput(
             f"{folder} mixes formats ({counts} files) — keep one format per folder; seqpack would"
             " otherwise read only some of the rows"
         )
     if not found:
         raise InvalidInput(
-            f"{folder} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk"
-            " folder"
+            f"{folder} holds no *.parquet or *.jsonl (or *.txt) shards and is not a datasets"
+            " save_to_disk folder"
         )
     if stray:
         shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
@@ -210,8 +214,8 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
             f"{folder} holds {shown} beside its shards, which seqpack does not read — move them"
             " out (or convert them) so that no rows are left out silently"
         )
-    name, files = next(iter(found.items()))
-    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
+    kind, files = next(iter(found.items()))
+    return kind, tuple(files)
 
 
 def _file_kind(path: Path) -> str:
@@ -219,9 +223,9 @@ def _file_kind(path: Path) -> str:
     if kind is None:
         suffix = "".join(path.suffixes[-2:]).lower() or path.name
         raise InvalidInput(
-            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet (JSON Lines"
-            " may be compressed: .gz, .zst, .bz2, .xz), a folder of such shards, a datasets"
-            " save_to_disk folder, or - for standard input"
+            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, .txt (one"
+            " document per line; JSON Lines and text may be compressed: .gz, .zst, .bz2, .xz),"
+            " a folder of such shards, a datasets save_to_disk folder, or - for standard input"
         )
     return kind
 
@@ -264,9 +268,10 @@ def resolve_files(
             files += found
             roots += [match] * len(found)
     if len(kinds) > 1:
+        names = " and ".join(KIND_NAMES[k] for k in KIND_NAMES if k in kinds)
+        names = names.replace("parquet", "Parquet")
         raise InvalidInput(
-            "the inputs mix Parquet and JSON Lines files — pack one format at a time, or"
-            " convert one of them"
+            f"the inputs mix {names} files — pack one format at a time, or convert one of them"
         )
     return kinds.pop(), tuple(files), tuple(roots)
 
