@@ -37,6 +37,7 @@ DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parq
 KIND_NAMES = {"parquet": "parquet", "jsonl": "JSON Lines", "text": "text"}
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
+BOM = b"\xef\xbb\xbf"
 #: Files a data folder may hold beside its shards (metadata no reader needs).
 SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
               "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
@@ -281,13 +282,12 @@ class InputStream:
 
     ``read(n)`` returns at most ``n`` decompressed bytes; past ``limit`` it raises
     :class:`InvalidInput` (a compression bomb). ``position`` is the compressed bytes
-    consumed (progress); ``seek(0)`` works until :meth:`settle`, so a reader may peek
-    at the first bytes of standard input.
+    consumed (progress); :meth:`first_byte` peeks at the start, even of standard input.
     """
 
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
-        self.out, self._head, self._at, self._recording = 0, b"", 0, True
+        self.out, self._head = 0, b""
         self._stream = _decoder(raw, codec)
 
     @property
@@ -320,37 +320,24 @@ class InputStream:
 
     def read(self, n: int = -1) -> bytes:
         n = 1 << 62 if n is None or n < 0 else n
-        data = b""
-        if self._at < len(self._head):  # replaying what a peek read
-            data = self._head[self._at : self._at + n]
-            self._at += len(data)
-            if len(data) == n:
-                return data
-            n -= len(data)
-        more = self._read(n)
-        if self._recording:  # kept while a peek may still rewind
-            self._head += more
-            self._at = len(self._head)
-            if self._at > _PEEK_BYTES:
+        head, self._head = self._head[:n], self._head[n:]  # what first_byte read, once
+        return head + self._read(n - len(head)) if len(head) < n else head
+
+    def first_byte(self) -> bytes:
+        """The first byte that is not JSON whitespace (nor a UTF-8 byte-order mark), b"" if
+        none; what was read to find it is read again by :meth:`read`."""
+        parts: list[bytes] = []
+        found = b""
+        while not found and (block := self._read(1 << 16)):
+            parts.append(block)
+            if len(parts) << 16 > _PEEK_BYTES:
                 raise InvalidInput(
                     f"{self.name} starts with more than {_PEEK_BYTES >> 20} MiB of blank space"
                     " — strip it"
                 )
-        else:
-            self._head, self._at = b"", 0  # replayed once: gone
-        return data + more
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if offset != 0 or whence != 0 or not self._recording:
-            raise InvalidInput(f"{self.name}: a stream can only be read once, in order")
-        self._at = 0
-        return 0
-
-    def settle(self) -> None:
-        """No rewind after this: what was peeked is replayed once, then dropped."""
-        self._recording = False
-        if self._at >= len(self._head):
-            self._head, self._at = b"", 0
+            found = block.removeprefix(BOM if len(parts) == 1 else b"").lstrip(b" \t\r\n")[:1]
+        self._head = b"".join(parts) + self._head
+        return found
 
     def fileno(self) -> int:
         return self.raw.fileno()

@@ -541,23 +541,6 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
         ) from None
 
 
-def first_byte(f: BinaryIO | InputStream) -> bytes:
-    """The first byte that is not whitespace (nor a UTF-8 byte-order mark); b"" if none.
-
-    ``f`` is left at its start.
-    """
-    head = f.read(3)
-    if head != b"\xef\xbb\xbf":
-        f.seek(0)
-    found = b""
-    while block := f.read(1 << 16):
-        if text := block.lstrip(JSON_SPACE):
-            found = text[:1]
-            break
-    f.seek(0)
-    return found
-
-
 def read_jsonl(path: str | Path, chunk_bytes: int = 1 << 25) -> pa.Table:
     """A whole JSON Lines file as one Arrow table, read through every guard of
     :func:`iter_jsonl` (one row per non-blank line)."""

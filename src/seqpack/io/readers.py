@@ -44,7 +44,6 @@ from seqpack.io.files import (
 from seqpack.io.integrity import refuse_packed
 from seqpack.io.jsonl import (
     DuplicateKey,
-    first_byte,
     iter_jsonl,
     line_blocks,
     read_json_array,
@@ -137,12 +136,10 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
         return
     with open_stream(path, root=root, limits=limits) as stream:
         if kind == "text":
-            stream.settle()
             parts = _text_tables(stream, Path(stream.name), chunk_bytes, text_field)
             yield from _named(parts, stream.name, "text line", stream)
             return
-        head = first_byte(stream)
-        stream.settle()
+        head = stream.first_byte()
         name = Path(stream.name)
         if head == b"[":
             table = read_json_array(stream, name)
