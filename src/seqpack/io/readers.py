@@ -1,8 +1,8 @@
-"""Readers: JSON Lines, Parquet and Hugging Face ``datasets`` as bounded Arrow chunks.
+"""Readers: JSON Lines, text, Parquet and ``datasets`` as bounded Arrow chunks.
 
 :func:`open_input` names what a source is (:class:`Input`) and
 :meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each:
-JSON Lines in blocks of whole lines, Parquet by row groups (bounded from their
+JSON Lines and text (one document a line) in blocks of whole lines, Parquet by row groups (bounded from their
 page headers before decoding, :mod:`seqpack.io.parquet_guard`), a ``datasets``
 ``save_to_disk`` folder memory-mapped (checked by :func:`check_folder` before
 ``datasets`` reads it), an in-memory ``datasets.Dataset`` or Arrow table by
@@ -327,7 +327,8 @@ def open_input(
     """What ``source`` is and how to read it (nothing is read yet).
 
     ``source``: a ``.jsonl``/``.json``/``.ndjson`` file (or one compressed:
-    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a
+    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a ``.txt`` file
+    (compressed too: one document per line, as ``datasets``' "text" builder), a
     ``.parquet`` file, a folder of Parquet (or JSON Lines) shards read in
     sorted name order, a glob, a list of any of these (one format, read in
     order), a ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
