@@ -2,8 +2,9 @@
 
 :func:`open_input` names what a source is (:class:`Input`) and
 :meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each:
-JSON Lines and text (one document a line) in blocks of whole lines, Parquet by row groups (bounded from their
-page headers before decoding, :mod:`seqpack.io.parquet_guard`), a ``datasets``
+JSON Lines and text (a document a line) in blocks of whole lines, Parquet by
+row groups (bounded from their page headers before decoding,
+:mod:`seqpack.io.parquet_guard`), a ``datasets``
 ``save_to_disk`` folder memory-mapped (checked by :func:`check_folder` before
 ``datasets`` reads it), an in-memory ``datasets.Dataset`` or Arrow table by
 record batches. Each chunk carries the :class:`~seqpack.io.documents.Origin`
