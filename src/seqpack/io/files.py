@@ -206,8 +206,8 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
         )
     if not found:
         raise InvalidInput(
-            f"{folder} holds no *.parquet or *.jsonl (or *.txt) shards and is not a datasets"
-            " save_to_disk folder"
+            f"{folder} holds no *.parquet or *.jsonl shards (nor *.txt files) and is not a"
+            " datasets save_to_disk folder"
         )
     if stray:
         shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
