@@ -150,14 +150,17 @@ def scan_block(
     data = np.frombuffer(block, dtype=np.uint8)
     _check_utf8(path, block, data, first_line)
     breaks = np.flatnonzero(data == 10)
-    opens = np.flatnonzero((data == ord("[")) | (data == ord("{")))
-    counts = np.bincount(np.searchsorted(breaks, opens), minlength=breaks.shape[0] + 1)
-    records, keys = 0, set()
-    lines = zip(bytes(block).split(b"\n"), (counts > MAX_JSON_DEPTH).tolist(), strict=True)
-    for number, (line, crowded) in enumerate(lines, first_line):
+    opened = np.searchsorted(breaks, np.flatnonzero((data == ord("[")) | (data == ord("{"))))
+    deep = MAX_JSON_DEPTH  # ``opened`` is sorted: a line opening more repeats ``deep`` on
+    crowded = set(np.unique(opened[deep:][opened[deep:] == opened[:-deep]]).tolist())
+    records, keys, lines = 0, set(), bytes(block).split(b"\n")
+    for i in np.flatnonzero(np.diff(breaks, prepend=-1, append=data.shape[0]) > 1).tolist():
+        line, number = lines[i], first_line + i
+        if not line.strip(JSON_SPACE):  # blank: no record (Arrow skips it too)
+            continue
         try:
-            record = check_line(path, line, number) if crowded else _RECORD.decode(line)
-        except msgspec.DecodeError:  # not an object, BOM, NaN, blank: the json module says
+            record = check_line(path, line, number) if i in crowded else _RECORD.decode(line)
+        except msgspec.DecodeError:  # not an object, BOM, NaN: the json module says
             record = check_line(path, line, number)
         if record is None:
             continue
