@@ -95,9 +95,11 @@ def too_deep(where: str) -> InvalidInput:
     )
 
 
-def check_line(path: Path, line: bytes, number: int) -> dict[str, Any] | None:
+def check_line(path: Path, line: bytes, number: int, hook: Any = None) -> dict[str, Any] | None:
     """Exact check of one line: blank (None), or one object nested at most
-    :data:`MAX_JSON_DEPTH` deep (returned); anything else raises :class:`InvalidInput`."""
+    :data:`MAX_JSON_DEPTH` deep (returned); anything else raises :class:`InvalidInput`.
+    ``hook``: the json module's ``object_pairs_hook`` (:func:`unique_keys` refuses a key
+    twice)."""
     where = f"{path} line {number}"
     text = line.strip(JSON_SPACE)
     if number == 1 and text.startswith(b"\xef\xbb\xbf"):
@@ -105,9 +107,11 @@ def check_line(path: Path, line: bytes, number: int) -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        value = json.loads(text.decode("utf-8"))
+        value = json.loads(text.decode("utf-8"), object_pairs_hook=hook)
     except RecursionError:
         raise too_deep(where) from None
+    except DuplicateKey as err:
+        raise InvalidInput(f"{where}: key {err.args[0]!r} appears twice — keep one") from None
     except ValueError as err:  # UnicodeDecodeError included; "Extra data": two values
         raise not_json(where, err) from None
     if not isinstance(value, dict):
@@ -260,19 +264,13 @@ def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> Invalid
     """The first of ``lines`` (numbered from ``first_line``) the json module finds wrong."""
     seen: dict[str, str] = {}
     for number, line in enumerate(lines, first_line):
-        if not line.strip(JSON_SPACE):
+        try:
+            obj = check_line(path, line, number, unique_keys)
+        except InvalidInput as err:
+            return err
+        if obj is None:
             continue
         where = f"{path} line {number}"
-        if number == 1 and line.startswith(b"\xef\xbb\xbf"):
-            line = line[3:]
-        try:
-            obj = json.loads(line.decode("utf-8"), object_pairs_hook=unique_keys)
-        except RecursionError:
-            return too_deep(where)
-        except DuplicateKey as err:
-            return InvalidInput(f"{where}: key {err.args[0]!r} appears twice — keep one")
-        except ValueError as err:
-            return not_json(where, err)
         if (found := check_record(where, obj, seen)) is not None:
             return found
         if (key := lone_surrogate(obj)) is not None:
