@@ -22,8 +22,8 @@ import numpy as np
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import BindingMismatch, InvalidInput
 from seqpack.core.examples import ExampleTable, offsets_of
-from seqpack.io.files import iter_lines, reopen
-from seqpack.io.jsonl import JSON_SPACE, first_bad_line
+from seqpack.io.files import reopen
+from seqpack.io.jsonl import JSON_SPACE, file_lines, first_bad_line
 from seqpack.io.tokenizers import Tokenizer
 
 
@@ -67,7 +67,9 @@ def _line_of(path: Path, record: int) -> int:
     if stream is None:
         return record + 1
     with stream:
-        records = (n for n, line in enumerate(iter_lines(stream), 1) if line.strip(JSON_SPACE))
+        records = (
+            n for n, line in enumerate(file_lines(stream, path), 1) if line.strip(JSON_SPACE)
+        )
         return next(itertools.islice(records, record, None), record + 1)
 
 

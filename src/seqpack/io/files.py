@@ -15,7 +15,7 @@ import glob
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -389,15 +389,3 @@ def reopen(name: str | Path) -> InputStream | None:
         return open_stream(name)
     except InvalidInput:
         return None
-
-
-def iter_lines(stream: InputStream, block: int = 1 << 20) -> Iterator[bytes]:
-    """The lines of ``stream`` (each with its newline), read in blocks of ``block`` bytes."""
-    carry = b""
-    while data := stream.read(block):
-        parts = (carry + data).split(b"\n")
-        carry = parts.pop()
-        for part in parts:
-            yield part + b"\n"
-    if carry:
-        yield carry

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.files import InputStream, ReadLimits, iter_lines, open_stream, reopen
+from seqpack.io.files import InputStream, ReadLimits, open_stream, reopen
 
 __all__ = [
     "JSON_ARRAY_LIMIT",
@@ -257,7 +257,7 @@ def first_bad_line(path: Path) -> InvalidInput | None:
     if stream is None:
         return None
     with stream:
-        return first_bad_in(path, iter_lines(stream), 1)
+        return first_bad_in(path, file_lines(stream, path), 1)
 
 
 def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> InvalidInput | None:
@@ -364,6 +364,13 @@ def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[me
         yield whole
         carry = [block[cut:]] if cut < len(block) else []
         carried = len(block) - cut
+
+
+def file_lines(f: BinaryIO | InputStream, path: Path) -> Iterator[bytes]:
+    """The lines of ``f`` without their newlines (only on error paths: 1 MiB reads)."""
+    for block in line_blocks(f, 1 << 20, path):
+        lines = bytes(block).split(b"\n")
+        yield from lines if lines[-1] else lines[:-1]
 
 
 def _parse(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
