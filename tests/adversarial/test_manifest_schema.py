@@ -132,7 +132,7 @@ def test_hostile_manifests_are_one_clear_line_and_never_a_crash(tmp_path):
 def test_msgspec_keeps_the_last_duplicate_key_so_json_lines_keep_their_scanner():
     """Why input records are not decoded by msgspec: it keeps the last of two equal keys
     and bounds nesting only by the interpreter's recursion limit, while a JSON line with a
-    key twice or nested over 64 deep must be refused by line (io/jsonscan.py does that)."""
+    key twice or nested over 64 deep must be refused by line (io/jsonl.py does that)."""
     assert msgspec.json.decode(b'{"input_ids": [1], "input_ids": [2]}') == {"input_ids": [2]}
     assert msgspec.json.decode(b"[" * 500 + b"]" * 500) is not None  # 500 deep: accepted
 

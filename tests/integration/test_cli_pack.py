@@ -194,3 +194,52 @@ def test_capacity_keyword_still_works_with_a_deprecation_warning():
     assert PackOptions(max_length=64, format="trl").pair_capacity == 63
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="capacity must be"):
         PackOptions(capacity=0)
+
+
+def test_a_plain_text_file_is_one_document_per_line_as_datasets_reads_it(tmp_path):
+    """``.txt`` / ``.txt.gz``: one document per line, split as the ``datasets`` "text"
+    builder splits it (universal newlines, empty lines kept), packed like the JSON Lines
+    file of the same ``{"text": line}`` rows (issue 23)."""
+    import gzip
+
+    from seqpack.io.readers import read_documents
+    from seqpack.io.tokenizers import ByteTokenizer
+    from seqpack.pipeline.local import pack_path
+
+    raw = "hello world\r\nsecond line\n\nü and \r a lone CR\n  \nlast, no newline".encode()
+    (tmp_path / "c.txt").write_bytes(raw)
+    (tmp_path / "c.txt.gz").write_bytes(gzip.compress(raw))
+    lines = datasets.load_dataset(
+        "text", data_files=str(tmp_path / "c.txt"), split="train", cache_dir=str(tmp_path / "hf")
+    )["text"]
+    assert len(lines) == 7 and lines[2] == ""
+    tok = ByteTokenizer()
+    for name in ("c.txt", "c.txt.gz"):
+        docs = read_documents(tmp_path / name, tokenizer=tok)
+        got = [
+            tok.decode(docs.tokens[a:b])
+            for a, b in zip(docs.offsets[:-1], docs.offsets[1:], strict=True)
+        ]
+        assert got == lines and docs.ids.tolist() == [str(i) for i in range(7)]
+    write_jsonl(tmp_path / "c.jsonl", [{"text": line} for line in lines])
+    outs = {}
+    for name in ("c.txt", "c.txt.gz", "c.jsonl"):
+        args = ("pack", tmp_path / name, "--tokenizer", "bytes", "--max-length", 40)
+        done = seqpack(*args, "--out", tmp_path / f"out-{name}")
+        assert done.returncode == 0, done.stderr
+        outs[name] = recovered_examples(load_packed(tmp_path / f"out-{name}"))
+    assert outs["c.txt"] == outs["c.jsonl"] == outs["c.txt.gz"]
+    stats = pack_path(tmp_path / "c.txt", tmp_path / "lib", max_length=40, tokenizer="bytes")
+    assert stats["examples"] == 7
+    (tmp_path / "bad.txt").write_bytes(b"fine\nnot \xff utf-8\n")
+    bad = seqpack(
+        "pack",
+        tmp_path / "bad.txt",
+        "--tokenizer",
+        "bytes",
+        "--max-length",
+        8,
+        "--out",
+        tmp_path / "x",
+    )
+    assert bad.returncode == 2 and "bad.txt line 2: not UTF-8 text" in bad.stderr

@@ -23,8 +23,9 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument(
         "input",
         nargs="+",
-        help=".jsonl/.json (or .jsonl.gz/.zst/.bz2/.xz), .parquet, a folder of shards, a glob,"
-        " a datasets folder, or - for standard input; several are read in order",
+        help=".jsonl/.json (or .jsonl.gz/.zst/.bz2/.xz), .parquet, .txt (one document per line),"
+        " a folder of shards, a glob, a datasets folder, or - for standard input; several are"
+        " read in order",
     )
     add_arguments(p, command)
     add_arguments(p, command, TreeOptions)

@@ -22,8 +22,8 @@ import numpy as np
 from seqpack.core.binding import Binding, Split
 from seqpack.core.errors import BindingMismatch, InvalidInput
 from seqpack.core.examples import ExampleTable, offsets_of
-from seqpack.io.files import iter_lines, reopen
-from seqpack.io.jsonl import JSON_SPACE, first_bad_line
+from seqpack.io.files import reopen
+from seqpack.io.jsonl import JSON_SPACE, file_lines, first_bad_line
 from seqpack.io.tokenizers import Tokenizer
 
 
@@ -32,7 +32,8 @@ class Origin:
     """Where rows came from, to name them in errors: ``parts`` = (file, first row, unit).
 
     Row ``r`` belongs to the last part whose first row is ``<= r``; a unit of
-    ``"line"`` names the file line (blank lines skipped), ``"row"`` the row.
+    ``"line"`` names the file line (blank lines skipped), ``"text line"`` the line of a
+    text file (every line a row), ``"row"`` the row.
     """
 
     parts: tuple[tuple[str, int, str], ...]
@@ -44,6 +45,8 @@ class Origin:
                 break
             name, first, unit = part
         local = row - first
+        if unit == "text line":  # every line is a row (a text file)
+            return f"{name} line {local + 1}"
         if unit == "line":
             return f"{name} line {_line_of(Path(name), local)}"
         return f"{name} row {local}"
@@ -64,7 +67,9 @@ def _line_of(path: Path, record: int) -> int:
     if stream is None:
         return record + 1
     with stream:
-        records = (n for n, line in enumerate(iter_lines(stream), 1) if line.strip(JSON_SPACE))
+        records = (
+            n for n, line in enumerate(file_lines(stream, path), 1) if line.strip(JSON_SPACE)
+        )
         return next(itertools.islice(records, record, None), record + 1)
 
 

@@ -15,7 +15,7 @@ import glob
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -29,10 +29,15 @@ STDIN = "-"
 #: Compression suffixes and the codec that reads them.
 CODECS = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2",
           ".xz": "xz"}  # fmt: skip
-#: Data suffixes seqpack reads and their kind (a compression suffix may follow JSON ones).
-DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+#: Data suffixes seqpack reads and their kind (a compression suffix may follow all but
+#: Parquet's); ``text``: one document per line, as the ``datasets`` "text" builder reads it.
+DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet",
+                 ".txt": "text"}  # fmt: skip
+#: What a kind is called in messages.
+KIND_NAMES = {"parquet": "parquet", "jsonl": "JSON Lines", "text": "text"}
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
+BOM = b"\xef\xbb\xbf"
 #: Files a data folder may hold beside its shards (metadata no reader needs).
 SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
               "_common_metadata", "license", "license.txt", "readme.txt")  # fmt: skip
@@ -192,17 +197,17 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
         if entry.is_dir() or kind is None:
             stray.append(entry.name + ("/" if entry.is_dir() else ""))
         else:
-            found.setdefault("parquet" if kind == "parquet" else "JSON Lines", []).append(entry)
+            found.setdefault(kind, []).append(entry)
     if len(found) > 1:
-        counts = " and ".join(f"{len(files)} {name}" for name, files in found.items())
+        counts = " and ".join(f"{len(files)} {KIND_NAMES[k]}" for k, files in found.items())
         raise InvalidInput(
             f"{folder} mixes formats ({counts} files) — keep one format per folder; seqpack would"
             " otherwise read only some of the rows"
         )
     if not found:
         raise InvalidInput(
-            f"{folder} holds no *.parquet or *.jsonl shards and is not a datasets save_to_disk"
-            " folder"
+            f"{folder} holds no *.parquet or *.jsonl shards (nor *.txt files) and is not a"
+            " datasets save_to_disk folder"
         )
     if stray:
         shown = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
@@ -210,8 +215,8 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
             f"{folder} holds {shown} beside its shards, which seqpack does not read — move them"
             " out (or convert them) so that no rows are left out silently"
         )
-    name, files = next(iter(found.items()))
-    return ("parquet" if name == "parquet" else "jsonl"), tuple(files)
+    kind, files = next(iter(found.items()))
+    return kind, tuple(files)
 
 
 def _file_kind(path: Path) -> str:
@@ -219,9 +224,9 @@ def _file_kind(path: Path) -> str:
     if kind is None:
         suffix = "".join(path.suffixes[-2:]).lower() or path.name
         raise InvalidInput(
-            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet (JSON Lines"
-            " may be compressed: .gz, .zst, .bz2, .xz), a folder of such shards, a datasets"
-            " save_to_disk folder, or - for standard input"
+            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, .txt (one"
+            " document per line; JSON Lines and text may be compressed: .gz, .zst, .bz2, .xz),"
+            " a folder of such shards, a datasets save_to_disk folder, or - for standard input"
         )
     return kind
 
@@ -264,9 +269,10 @@ def resolve_files(
             files += found
             roots += [match] * len(found)
     if len(kinds) > 1:
+        names = " and ".join(KIND_NAMES[k] for k in KIND_NAMES if k in kinds)
+        names = names.replace("parquet", "Parquet")
         raise InvalidInput(
-            "the inputs mix Parquet and JSON Lines files — pack one format at a time, or"
-            " convert one of them"
+            f"the inputs mix {names} files — pack one format at a time, or convert one of them"
         )
     return kinds.pop(), tuple(files), tuple(roots)
 
@@ -276,13 +282,12 @@ class InputStream:
 
     ``read(n)`` returns at most ``n`` decompressed bytes; past ``limit`` it raises
     :class:`InvalidInput` (a compression bomb). ``position`` is the compressed bytes
-    consumed (progress); ``seek(0)`` works until :meth:`settle`, so a reader may peek
-    at the first bytes of standard input.
+    consumed (progress); :meth:`first_byte` peeks at the start, even of standard input.
     """
 
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
-        self.out, self._head, self._at, self._recording = 0, b"", 0, True
+        self.out, self._head = 0, b""
         self._stream = _decoder(raw, codec)
 
     @property
@@ -315,37 +320,24 @@ class InputStream:
 
     def read(self, n: int = -1) -> bytes:
         n = 1 << 62 if n is None or n < 0 else n
-        data = b""
-        if self._at < len(self._head):  # replaying what a peek read
-            data = self._head[self._at : self._at + n]
-            self._at += len(data)
-            if len(data) == n:
-                return data
-            n -= len(data)
-        more = self._read(n)
-        if self._recording:  # kept while a peek may still rewind
-            self._head += more
-            self._at = len(self._head)
-            if self._at > _PEEK_BYTES:
+        head, self._head = self._head[:n], self._head[n:]  # what first_byte read, once
+        return head + self._read(n - len(head)) if len(head) < n else head
+
+    def first_byte(self) -> bytes:
+        """The first byte that is not JSON whitespace (nor a UTF-8 byte-order mark), b"" if
+        none; what was read to find it is read again by :meth:`read`."""
+        parts: list[bytes] = []
+        found = b""
+        while not found and (block := self._read(1 << 16)):
+            parts.append(block)
+            if len(parts) << 16 > _PEEK_BYTES:
                 raise InvalidInput(
                     f"{self.name} starts with more than {_PEEK_BYTES >> 20} MiB of blank space"
                     " — strip it"
                 )
-        else:
-            self._head, self._at = b"", 0  # replayed once: gone
-        return data + more
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if offset != 0 or whence != 0 or not self._recording:
-            raise InvalidInput(f"{self.name}: a stream can only be read once, in order")
-        self._at = 0
-        return 0
-
-    def settle(self) -> None:
-        """No rewind after this: what was peeked is replayed once, then dropped."""
-        self._recording = False
-        if self._at >= len(self._head):
-            self._head, self._at = b"", 0
+            found = block.removeprefix(BOM if len(parts) == 1 else b"").lstrip(b" \t\r\n")[:1]
+        self._head = b"".join(parts) + self._head
+        return found
 
     def fileno(self) -> int:
         return self.raw.fileno()
@@ -397,15 +389,3 @@ def reopen(name: str | Path) -> InputStream | None:
         return open_stream(name)
     except InvalidInput:
         return None
-
-
-def iter_lines(stream: InputStream, block: int = 1 << 20) -> Iterator[bytes]:
-    """The lines of ``stream`` (each with its newline), read in blocks of ``block`` bytes."""
-    carry = b""
-    while data := stream.read(block):
-        parts = (carry + data).split(b"\n")
-        carry = parts.pop()
-        for part in parts:
-            yield part + b"\n"
-    if carry:
-        yield carry

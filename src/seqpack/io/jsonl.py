@@ -4,35 +4,31 @@ Arrow's JSON reader is fast but not safe on hostile bytes (pyarrow 26 crashes
 on a ``null`` record or arrays nested a few thousand deep, takes invalid
 UTF-8 into column names, reads two objects on one line as two records).
 :func:`iter_jsonl` reads a file in blocks of whole lines and scans every
-block before Arrow sees it (:mod:`seqpack.io.jsonscan`): UTF-8, one JSON
-object per line, nested at most :data:`MAX_JSON_DEPTH` deep. When Arrow still
-refuses a block, or a column has the wrong type, :func:`first_bad_line`
-reads the lines again with the json module (duplicate keys refused, column
-types checked by :func:`check_record`) to name the first bad one.
+block before Arrow sees it (:func:`scan_block`): UTF-8, one JSON object per
+line, nested at most :data:`MAX_JSON_DEPTH` deep. When Arrow still refuses a
+block, or a column has the wrong type, :func:`first_bad_line` reads the lines
+again with the json module (duplicate keys refused, column types checked by
+:func:`check_record`) to name the first bad one::
+
+    {"input_ids": [0, 5, 1]}            msgspec: one object, 2 brackets <= 64
+    {"text": "[[[[ ... [[[["}           65+ brackets: the json module measures the depth
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pajson
 
 from seqpack.core.errors import InvalidInput
-from seqpack.io.files import InputStream, ReadLimits, iter_lines, open_stream, reopen
-from seqpack.io.jsonscan import (
-    JSON_SPACE,
-    MAX_JSON_DEPTH,
-    depth,
-    distinct_keys,
-    not_json,
-    not_object,
-    scan_block,
-    too_deep,
-)
+from seqpack.io.files import InputStream, ReadLimits, open_stream, reopen
 
 __all__ = [
     "JSON_ARRAY_LIMIT",
@@ -49,6 +45,139 @@ __all__ = [
 MAX_LINE_BYTES = 1 << 30
 #: The largest ``.json`` array file read (it must be parsed whole; JSON Lines stream).
 JSON_ARRAY_LIMIT = 1 << 26
+#: Deepest JSON nesting a record may have (seqpack's columns need 2).
+MAX_JSON_DEPTH = 64
+#: The bytes JSON counts as whitespace (Arrow skips lines holding only these).
+JSON_SPACE = b" \t\r\n"
+#: Bytes decoded at a time when a block is checked to be UTF-8.
+_UTF8_PIECE = 1 << 22
+#: One line as one object, its values checked as JSON but not decoded.
+_RECORD = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+# ---------------------------------------------------------------- the scan before Arrow
+
+
+def depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def not_json(where: str, err: ValueError) -> InvalidInput:
+    if isinstance(err, json.JSONDecodeError):
+        what = f"not valid JSON ({err.msg}, column {err.colno})"
+    elif isinstance(err, UnicodeDecodeError):
+        what = f"not UTF-8 text (byte {err.object[err.start]:#04x})"
+    else:
+        what = f"not JSON text ({err})"
+    return InvalidInput(f"{where}: {what} — write one JSON object per line, UTF-8 encoded")
+
+
+def not_object(where: str, value: Any) -> InvalidInput:
+    kinds = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string"}
+    return InvalidInput(
+        f"{where}: is a {kinds.get(type(value), 'list')}, not a JSON object — write one JSON"
+        " object per line"
+    )
+
+
+def too_deep(where: str) -> InvalidInput:
+    return InvalidInput(
+        f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep — seqpack reads flat"
+        " records (lists of token ids); flatten the data"
+    )
+
+
+def check_line(path: Path, line: bytes, number: int, hook: Any = None) -> dict[str, Any] | None:
+    """Exact check of one line: blank (None), or one object nested at most
+    :data:`MAX_JSON_DEPTH` deep (returned); anything else raises :class:`InvalidInput`.
+    ``hook``: the json module's ``object_pairs_hook`` (:func:`unique_keys` refuses a key
+    twice)."""
+    where = f"{path} line {number}"
+    text = line.strip(JSON_SPACE)
+    if number == 1 and text.startswith(b"\xef\xbb\xbf"):
+        text = text[3:].lstrip(JSON_SPACE)
+    if not text:
+        return None
+    try:
+        value = json.loads(text.decode("utf-8"), object_pairs_hook=hook)
+    except RecursionError:
+        raise too_deep(where) from None
+    except DuplicateKey as err:
+        raise InvalidInput(f"{where}: key {err.args[0]!r} appears twice — keep one") from None
+    except ValueError as err:  # UnicodeDecodeError included; "Extra data": two values
+        raise not_json(where, err) from None
+    if not isinstance(value, dict):
+        raise not_object(where, value)
+    if depth(value) > MAX_JSON_DEPTH:
+        raise too_deep(where)
+    return value
+
+
+def _check_utf8(path: Path, block: memoryview, data: np.ndarray, first_line: int) -> None:
+    """Refuse bytes that are not UTF-8 (Arrow takes them into column names; msgspec does
+    not look inside the values it leaves undecoded)."""
+    if not data.size or int(data.max()) < 0x80:
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for lo in range(0, data.shape[0], _UTF8_PIECE):
+        pending = len(decoder.getstate()[0])
+        try:
+            decoder.decode(block[lo : lo + _UTF8_PIECE], final=lo + _UTF8_PIECE >= data.shape[0])
+        except UnicodeDecodeError as err:
+            pos = max(lo - pending + err.start, 0)
+            number = first_line + int(np.count_nonzero(data[:pos] == 10))
+            raise not_json(f"{path} line {number}", err) from None
+
+
+def scan_block(
+    path: Path, block: memoryview, first_line: int, names: set[str], max_keys: int
+) -> tuple[int, int, set[str]]:
+    """Check every line of ``block`` (whole lines) starting at line ``first_line``.
+
+    msgspec checks that a line is one JSON object; a line it refuses, or one with
+    more opening brackets (strings included) than :data:`MAX_JSON_DEPTH` (so more
+    depth is possible), is checked exactly by :func:`check_line`. ``names``, the
+    file's top-level keys so far, takes this block's; more than ``max_keys`` of them is
+    refused at the line that passed the bound (Arrow builds a column per key for every
+    line: 15,000 lines of one new key each took 21 s and 1.8 GB). Returns ``(records,
+    newlines, keys)``: the lines that hold an object, the newlines in the block and the
+    block's distinct keys. Raises :class:`InvalidInput` naming the first bad line.
+    """
+    data = np.frombuffer(block, dtype=np.uint8)
+    _check_utf8(path, block, data, first_line)
+    breaks = np.flatnonzero(data == 10)
+    opened = np.searchsorted(breaks, np.flatnonzero((data == ord("[")) | (data == ord("{"))))
+    deep = MAX_JSON_DEPTH  # ``opened`` is sorted: a line opening more repeats ``deep`` on
+    crowded = set(np.unique(opened[deep:][opened[deep:] == opened[:-deep]]).tolist())
+    records, keys, lines = 0, set(), bytes(block).split(b"\n")
+    for i in np.flatnonzero(np.diff(breaks, prepend=-1, append=data.shape[0]) > 1).tolist():
+        line, number = lines[i], first_line + i
+        if not line.strip(JSON_SPACE):  # blank: no record (Arrow skips it too)
+            continue
+        try:
+            record = check_line(path, line, number) if i in crowded else _RECORD.decode(line)
+        except msgspec.DecodeError:  # not an object, BOM, NaN: the json module says
+            record = check_line(path, line, number)
+        if record is None:
+            continue
+        records, known = records + 1, len(keys)
+        keys.update(record)
+        if len(keys) > known and len(names) + len(keys - names) > max_keys:
+            raise InvalidInput(
+                f"{path} line {number}: more than {max_keys:,} distinct keys in one file (a"
+                " column per key for every line) — keep the columns seqpack reads and drop the"
+                " others, or move per-row data into one value"
+            )
+    names.update(keys)
+    return records, int(breaks.shape[0]), keys
 
 
 # ---------------------------------------------------------------- one record, exactly
@@ -128,26 +257,20 @@ def first_bad_line(path: Path) -> InvalidInput | None:
     if stream is None:
         return None
     with stream:
-        return first_bad_in(path, iter_lines(stream), 1)
+        return first_bad_in(path, file_lines(stream, path), 1)
 
 
 def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> InvalidInput | None:
     """The first of ``lines`` (numbered from ``first_line``) the json module finds wrong."""
     seen: dict[str, str] = {}
     for number, line in enumerate(lines, first_line):
-        if not line.strip(JSON_SPACE):
+        try:
+            obj = check_line(path, line, number, unique_keys)
+        except InvalidInput as err:
+            return err
+        if obj is None:
             continue
         where = f"{path} line {number}"
-        if number == 1 and line.startswith(b"\xef\xbb\xbf"):
-            line = line[3:]
-        try:
-            obj = json.loads(line.decode("utf-8"), object_pairs_hook=unique_keys)
-        except RecursionError:
-            return too_deep(where)
-        except DuplicateKey as err:
-            return InvalidInput(f"{where}: key {err.args[0]!r} appears twice — keep one")
-        except ValueError as err:
-            return not_json(where, err)
         if (found := check_record(where, obj, seen)) is not None:
             return found
         if (key := lone_surrogate(obj)) is not None:
@@ -241,6 +364,13 @@ def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[me
         yield whole
         carry = [block[cut:]] if cut < len(block) else []
         carried = len(block) - cut
+
+
+def file_lines(f: BinaryIO | InputStream, path: Path) -> Iterator[bytes]:
+    """The lines of ``f`` without their newlines (only on error paths: 1 MiB reads)."""
+    for block in line_blocks(f, 1 << 20, path):
+        lines = bytes(block).split(b"\n")
+        yield from lines if lines[-1] else lines[:-1]
 
 
 def _parse(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
@@ -346,58 +476,31 @@ def iter_jsonl(
     the columns the caller reads (one of them with mixed types is an error; any other
     such column is read as nulls).
 
-    Blocks of blank lines give no table. Raises :class:`InvalidInput` naming
+    Blocks of blank lines give an empty table. Raises :class:`InvalidInput` naming
     the first bad line, and before Arrow parses a block whose keys pass
-    ``limits.json_keys`` distinct keys in the file (Arrow builds a column per
-    key for every line: 15,000 lines of one new key each took 21 s and 1.8 GB) or
-    would make more null cells than the block has bytes four times over.
+    ``limits.json_keys`` distinct keys in the file or would make more null cells
+    than the block has bytes four times over.
     """
     limits = limits or ReadLimits()
     line = 1
     kinds: dict[str, str] = {}
-    names: set[bytes] = set()
+    names: set[str] = set()
     for block in line_blocks(f, chunk_bytes, path):
-        records, newlines, keys = scan_block(path, block, line)
-        if records:
-            _check_keys(path, block, keys, records, names, limits, line)
+        records, newlines, keys = scan_block(path, block, line, names, limits.json_keys)
+        if not records:
+            yield pa.table({}), len(block)
+        elif (cells := len(keys) * records) > 4 * len(block) + (1 << 20):
+            raise InvalidInput(
+                f"{path} lines {line}..{line + newlines}: {len(keys):,} keys over"
+                f" {records:,} lines would make {cells:,} mostly empty cells — give every line"
+                " the same keys (drop the others), or read the file in smaller chunks"
+                " (--chunk-bytes)"
+            )
+        else:
             table = _parse(path, block, used, line)
             _check_kinds(path, table, kinds)
             yield table, len(block)
-        else:
-            yield pa.table({}), len(block)
         line += newlines
-
-
-def _check_keys(
-    path: Path,
-    block: memoryview,
-    keys: Any,
-    records: int,
-    names: set[bytes],
-    limits: ReadLimits,
-    line: int,
-) -> None:
-    """The bound on distinct keys (``names``: the file's so far) and on a block's cells."""
-    found, first = distinct_keys(block, keys)
-    new = [(int(at), name) for name, at in zip(found, first, strict=True) if name not in names]
-    names.update(found)
-    if len(names) > limits.json_keys:
-        new.sort()
-        at = new[limits.json_keys - (len(names) - len(new))][0] if new else 0
-        where = line + bytes(block[:at]).count(b"\n")
-        raise InvalidInput(
-            f"{path} line {where}: more than {limits.json_keys:,} distinct keys in one file (a"
-            " column per key for every line) — keep the columns seqpack reads and drop the"
-            " others, or move per-row data into one value"
-        )
-    cells = len(found) * records
-    if cells > 4 * len(block) + (1 << 20):
-        last = line + bytes(block).count(b"\n")
-        raise InvalidInput(
-            f"{path} lines {line}..{last}: {len(found):,} keys over"
-            f" {records:,} lines would make {cells:,} mostly empty cells — give every line the"
-            " same keys (drop the others), or read the file in smaller chunks (--chunk-bytes)"
-        )
 
 
 def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
@@ -443,23 +546,6 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
         raise InvalidInput(
             f"{path}: inconsistent rows ({err}) — give a column one type in every row"
         ) from None
-
-
-def first_byte(f: BinaryIO | InputStream) -> bytes:
-    """The first byte that is not whitespace (nor a UTF-8 byte-order mark); b"" if none.
-
-    ``f`` is left at its start.
-    """
-    head = f.read(3)
-    if head != b"\xef\xbb\xbf":
-        f.seek(0)
-    found = b""
-    while block := f.read(1 << 16):
-        if text := block.lstrip(JSON_SPACE):
-            found = text[:1]
-            break
-    f.seek(0)
-    return found
 
 
 def read_jsonl(path: str | Path, chunk_bytes: int = 1 << 25) -> pa.Table:

@@ -1,9 +1,10 @@
-"""Readers: JSON Lines, Parquet and Hugging Face ``datasets`` as bounded Arrow chunks.
+"""Readers: JSON Lines, text, Parquet and ``datasets`` as bounded Arrow chunks.
 
 :func:`open_input` names what a source is (:class:`Input`) and
 :meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each:
-JSON Lines in blocks of whole lines, Parquet by row groups (bounded from their
-page headers before decoding, :mod:`seqpack.io.parquet_guard`), a ``datasets``
+JSON Lines and text (a document a line) in blocks of whole lines, Parquet by
+row groups (bounded from their page headers before decoding,
+:mod:`seqpack.io.parquet_guard`), a ``datasets``
 ``save_to_disk`` folder memory-mapped (checked by :func:`check_folder` before
 ``datasets`` reads it), an in-memory ``datasets.Dataset`` or Arrow table by
 record batches. Each chunk carries the :class:`~seqpack.io.documents.Origin`
@@ -42,7 +43,13 @@ from seqpack.io.files import (
     resolve_inside,
 )
 from seqpack.io.integrity import refuse_packed
-from seqpack.io.jsonl import DuplicateKey, first_byte, iter_jsonl, read_json_array, unique_keys
+from seqpack.io.jsonl import (
+    DuplicateKey,
+    iter_jsonl,
+    line_blocks,
+    read_json_array,
+    unique_keys,
+)
 from seqpack.io.parquet_guard import check_row_groups
 from seqpack.io.spill import MappedFile
 from seqpack.io.tokenizers import Tokenizer
@@ -129,8 +136,11 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
                               str(path), "row")  # fmt: skip
         return
     with open_stream(path, root=root, limits=limits) as stream:
-        head = first_byte(stream)
-        stream.settle()
+        if kind == "text":
+            parts = _text_tables(stream, Path(stream.name), chunk_bytes, text_field)
+            yield from _named(parts, stream.name, "text line", stream)
+            return
+        head = stream.first_byte()
         name = Path(stream.name)
         if head == b"[":
             table = read_json_array(stream, name)
@@ -140,6 +150,31 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
         else:
             parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
             yield from _named(parts, str(name), "line", stream)
+
+
+def _text_tables(
+    stream: InputStream, path: Path, chunk_bytes: int, text_field: str
+) -> Iterator[tuple[pa.Table, int]]:
+    """A text file as tables of one ``text_field`` column, one row per line, as the
+    ``datasets`` "text" builder reads it: UTF-8, universal newlines (``\\r\\n`` and ``\\r``
+    end a line too), line breaks dropped, empty lines kept as empty documents."""
+    rows = 0
+    for block in line_blocks(stream, chunk_bytes, path):
+        try:
+            text = str(block, "utf-8")
+        except UnicodeDecodeError as err:
+            where = rows + 1 + bytes(block[: err.start]).count(b"\n")
+            raise InvalidInput(
+                f"{path} line {where}: not UTF-8 text (byte {block[err.start]:#04x}) — save the"
+                " file as UTF-8"
+            ) from None
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the newline ends the last line; it starts none
+        rows += len(lines)
+        yield pa.table({text_field: pa.array(lines, pa.string())}), len(block)
+    if not rows:
+        raise InvalidInput(f"{path} is empty: it holds no lines — nothing to pack")
 
 
 def _named(
@@ -293,7 +328,8 @@ def open_input(
     """What ``source`` is and how to read it (nothing is read yet).
 
     ``source``: a ``.jsonl``/``.json``/``.ndjson`` file (or one compressed:
-    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a
+    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a ``.txt`` file
+    (compressed too: one document per line, as ``datasets``' "text" builder), a
     ``.parquet`` file, a folder of Parquet (or JSON Lines) shards read in
     sorted name order, a glob, a list of any of these (one format, read in
     order), a ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks

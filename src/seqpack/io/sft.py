@@ -31,6 +31,7 @@ completion ``"4"`` with the byte tokenizer, ``[BOS 2 + 2 = 4 EOS]`` is flagged
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -225,13 +226,9 @@ def _text_prompt_completion(
         [p + c for p, c in zip(prompts, completions, strict=True)]
     )
     completion_only = objective.completion_only(True)
-    ids, masks = [], []
-    for i in range(len(prompts)):
-        full = full_ids[full_offsets[i] : full_offsets[i + 1]]
-        ids.append(full)
-        head = head_ids[head_offsets[i] : head_offsets[i + 1]]
-        masks.append(_after_prefix(head, full, completion_only))
-    return ids, masks
+    heads = [head_ids[a:b] for a, b in itertools.pairwise(head_offsets)]
+    ids = [full_ids[a:b] for a, b in itertools.pairwise(full_offsets)]
+    return ids, [_after_prefix(h, f, completion_only) for h, f in zip(heads, ids, strict=True)]
 
 
 def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: bool) -> np.ndarray:

@@ -301,6 +301,11 @@ def input_files(source: Path | Sequence[str | Path]) -> tuple[list[Path], str]:
     are refused: blocks are cut by byte ranges."""
     sources = list(source) if isinstance(source, (list, tuple)) else [source]
     kind, files, roots = resolve_files(sources)
+    if kind == "text":
+        raise InvalidInput(
+            f"{files[0]}: the ray engine reads JSON Lines and Parquet — pack a text file with"
+            " --engine local, or convert it to JSON Lines"
+        )
     for file, root in zip(files, roots, strict=True):
         if is_stdin(file) or data_kind(file)[1] is not None:
             raise InvalidInput(
