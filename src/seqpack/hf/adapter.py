@@ -123,8 +123,8 @@ def build_inputs(
     cells["position_ids"] = cells["position_ids"] + offset
     names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
     shape = (rows.num_rows, rows.capacity)
-    if arch is not None and arch.zero_pad == int(pad_token_id):  # gemma3n: NaN gradients
-        pad_token_id = (int(pad_token_id) + 1) % vocab  # any other id: padding is never seen
+    if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
+        pad_token_id = arch.padding_id(pad_token_id, vocab)
     fill = (
         PAD_FILL | {"input_ids": int(pad_token_id)} | ({"position_ids": offset} if offset else {})
     )

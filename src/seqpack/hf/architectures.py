@@ -120,6 +120,12 @@ class Architecture:
     mask_from_positions: bool = False
     zero_pad: int | None = None
 
+    def padding_id(self, pad_token_id: int, vocab: int) -> int:
+        """The id padding cells carry: ``pad_token_id``, or the next id where that one is
+        :attr:`zero_pad` (padding is never seen by a real query, so any id will do)."""
+        pad = int(pad_token_id)
+        return (pad + 1) % vocab if pad == self.zero_pad else pad
+
     @property
     def mask_types(self) -> tuple[str, ...]:
         """The distinct mask keys the model reads, in first-use order (``()``: one mask)."""

@@ -128,8 +128,8 @@ def tree_inputs(
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
-    if arch is not None and arch.zero_pad == int(pad_token_id):  # gemma3n: NaN gradients
-        pad_token_id = (int(pad_token_id) + 1) % vocab  # any other id: padding is never seen
+    if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
+        pad_token_id = arch.padding_id(pad_token_id, vocab)
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
     offset = arch.position_offset if arch is not None else 0  # RoBERTa: from padding_idx + 1
     out: dict[str, Any] = {
