@@ -56,28 +56,21 @@ def spec_for(limit: int | None) -> list[tuple[int, tuple[int, ...]]]:
 def run_one(attn: str, config, mode: str = "adapter") -> dict:
     """One cell: ``{"status", ...}`` of the tree verification on ``attn`` in ``mode``."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from seqpack.core.errors import InvalidInput, NotAvailable
     from seqpack.hf.architectures import UnsupportedArchitecture
     from seqpack.hf.capability import capability
     from seqpack.hf.tree_inputs import check_tree
-    from seqpack.verify.tree_models import tree_groups, use_tree_attention, verify_tree
+    from seqpack.verify.tree_models import tree_groups, verify_tree
+
+    from support.architecture_tiny import tree_model
 
     try:
         arch = check_tree(capability(config), attn)
     except UnsupportedArchitecture as err:
         return {"status": "refused", "detail": str(err)}
     try:
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(
-            config,
-            attn_implementation="sdpa" if attn == "sdpa" else "eager",
-            dtype=torch.float64,
-            experts_implementation="eager",
-        ).eval()
-        if attn.startswith("seqpack_tree"):
-            use_tree_attention(model, attn)
+        model = tree_model(config, attn)
     except Exception as err:  # transformers has no such implementation for this type
         return {"status": "n/a", "detail": _line(err)}
     cell = {}

@@ -122,28 +122,18 @@ SWEEP = [
 
 @pytest.mark.parametrize(("model_type", "attn", "refusal"), SWEEP)
 def test_sweep_slice(model_type, attn, refusal):
-    from transformers import AutoModelForCausalLM
-
     from seqpack.hf.architectures import UnsupportedArchitecture
     from seqpack.hf.capability import capability
     from seqpack.hf.tree_inputs import check_tree
 
-    from support.architecture_tiny import tiny_config
+    from support.architecture_tiny import tiny_config, tree_model
 
     config = tiny_config(model_type)
     if refusal is not None:
         with pytest.raises(UnsupportedArchitecture, match=refusal):
             check_tree(capability(config), attn)
         return
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        config,
-        attn_implementation="sdpa" if attn == "sdpa" else "eager",
-        dtype=torch.float64,
-        experts_implementation="eager",
-    ).eval()
-    if attn == "seqpack_tree":
-        use_tree_attention(model)
+    model = tree_model(config, attn)
     arch = capability(config)
     short = [c.limit for c in arch.conditions if c.what == "example"]  # axk2: <= 8 pairs
     spec = [(4, (4, 3, 2)), (3, (2, 2))] if short else parse_tree_lengths(SPEC)

@@ -264,3 +264,23 @@ def _causal_part(model_type: str, config: Any) -> Any:
 
 
 __all__ = ["OVERRIDES", "SIZES", "VOCAB", "WINDOW", "tiny_config", "tiny_options"]
+
+
+def tree_model(config: Any, attn: str) -> Any:
+    """``config``'s causal LM in float64 (seed 0, eager experts) for the tree check on
+    ``attn``: built on sdpa or eager, with ``seqpack_tree*`` installed on top of eager."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from seqpack.verify.tree_models import use_tree_attention
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config,
+        attn_implementation="sdpa" if attn == "sdpa" else "eager",
+        dtype=torch.float64,
+        experts_implementation="eager",
+    ).eval()
+    if attn.startswith("seqpack_tree"):
+        use_tree_attention(model, attn)
+    return model
