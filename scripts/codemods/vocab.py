@@ -33,7 +33,8 @@ SUFFIXES = (".py", ".md", ".patch", ".sh", ".toml")
 #: the design notes' history.
 SKIP = ("scripts/codemods/", "docs/design-notes")  # path prefixes
 SKIP_NAMES = ("test_glossary.py", "_renames.py")  # wherever they move
-MARK = "# vocab codemod: the 0.2 names, kept for one release"
+MARK = "# vocab codemod: the 0.2 names, kept for one release"  # a block with its own import
+SHORT = "# the 0.2 names (vocab codemod), kept for one release"  # one line, import at the top
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -430,15 +431,17 @@ def _exported(tree: ast.Module) -> set[str]:
 
 
 def _strip_block(text: str) -> str:
-    i = text.find(MARK)
-    if i < 0:
-        return text
-    return text[:i].rstrip("\n") + "\n"
+    for mark in (MARK, SHORT):
+        i = text.find(mark)
+        if i >= 0:
+            return text[:i].rstrip("\n") + "\n"
+    return text
 
 
-def add_module_aliases(text: str, path: str) -> str:
+def add_module_aliases(text: str, path: str, style: str = "short") -> str:
     """The module ``__getattr__`` answering each renamed public name this module defines
-    or exports (composed with a ``__getattr__`` it already has)."""
+    or exports (composed with a ``__getattr__`` it already has): in ``style`` "block"
+    (its own import, under :data:`MARK`) or "short" (one line under :data:`SHORT`)."""
     if not path.startswith("src/"):
         return text
     base = text
@@ -451,14 +454,20 @@ def add_module_aliases(text: str, path: str) -> str:
     }
     if not renames:
         return text
-    pairs = "".join(f'        "{o}": "{n}",\n' for o, n in sorted(renames.items()))
-    fallback = "    fallback=__getattr__,\n" if "__getattr__" in defined else ""
-    block = (  # as ruff formats it (magic trailing commas), so a second run changes nothing
-        f"\n\n{MARK}\n"
-        "from seqpack._renames import renamed_names  # noqa: E402\n\n"
-        f"__getattr__ = renamed_names(\n    __name__,\n    {{\n{pairs}    }},\n{fallback})\n"
-    )
-    return base + block
+    if style == "block":  # as ruff formats it (magic trailing commas)
+        pairs = "".join(f'        "{o}": "{n}",\n' for o, n in sorted(renames.items()))
+        fallback = "    fallback=__getattr__,\n" if "__getattr__" in defined else ""
+        return base + (
+            f"\n\n{MARK}\n"
+            "from seqpack._renames import renamed_names  # noqa: E402\n\n"
+            f"__getattr__ = renamed_names(\n    __name__,\n    {{\n{pairs}    }},\n{fallback})\n"
+        )
+    pairs = ", ".join(f'"{o}": "{n}"' for o, n in sorted(renames.items()))
+    fallback = ", fallback=__getattr__" if "__getattr__" in defined else ""
+    import_line = "from seqpack._renames import renamed_names"
+    if import_line not in base:
+        base = _add_import(base, import_line)
+    return base + f"\n\n{SHORT}\n__getattr__ = renamed_names(__name__, {{{pairs}}}{fallback})\n"
 
 
 def _decorator_line(indent: str, renames: dict[str, str]) -> str:
@@ -525,6 +534,7 @@ def strip_shims(text: str) -> str:
 
 
 def rewrite_python(text: str, path: str) -> str:
+    style = "block" if MARK in text else "short"
     text = strip_shims(text)
     for rule in NAMES:
         tree = ast.parse(text)
@@ -538,7 +548,7 @@ def rewrite_python(text: str, path: str) -> str:
     for pattern, repl in WHOLE:
         text = pattern.sub(repl, text)
     text = add_kwarg_shims(text, path)
-    text = add_module_aliases(text, path)
+    text = add_module_aliases(text, path, style)
     ast.parse(text)
     return text
 
@@ -585,6 +595,17 @@ def _looks_like(node: ast.FunctionDef, rule: Keyword) -> bool:
     return bool(names & {"expected_binding", "expected_split", "expected_partition", "path"})
 
 
+def ruff_fixed(text: str, path: str) -> str:
+    """``text`` with its imports sorted, ``__all__`` sorted and formatted, as ruff writes it."""
+    venv = Path(".venv/bin/ruff")
+    ruff = str(venv) if venv.exists() else shutil.which("ruff") or "ruff"
+    for args in (["check", "--select", "I,RUF022", "--fix", "-q"], ["format", "-q"]):
+        cmd = [ruff, *args, "--stdin-filename", path, "-"]
+        out = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False)
+        text = out.stdout if out.stdout else text
+    return text
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     changed: list[str] = []
@@ -592,16 +613,12 @@ def main(argv: list[str]) -> int:
         rel = f.as_posix()
         old = f.read_text()
         new = rewrite_python(old, rel) if f.suffix == ".py" else prose_markdown(old, rel)
+        if new != old and f.suffix == ".py":
+            new = ruff_fixed(new, rel)  # as it would be written, so a second run is a no-op
         if new != old:
             changed.append(rel)
             if not check:
                 f.write_text(new)
-    py = [c for c in changed if c.endswith(".py")]
-    if py and not check:
-        venv = Path(".venv/bin/ruff")
-        ruff = [str(venv) if venv.exists() else shutil.which("ruff") or "ruff"]
-        subprocess.run([*ruff, "check", "--select", "I,RUF022", "--fix", "-q", *py], check=False)
-        subprocess.run([*ruff, "format", "-q", *py], check=False)
     for c in changed:
         print(("would change " if check else "changed ") + c)
     for warning in leftovers():
