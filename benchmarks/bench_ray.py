@@ -7,7 +7,7 @@ The corpus is the Python standard library's source (W3's files in W3's
 order, whole files as documents, repeated when ``--mb`` asks for more) in
 ``--shards`` JSON Lines shards under ``.cache/bench_ray/``; the tokenizer a
 byte-level BPE (8,192 ids) trained here on its first 4 MB. Every run packs
-it with ``--split-long`` at capacity 4096 (best-fit-decreasing), text in,
+it with ``--cut-long`` at capacity 4096 (best-fit-decreasing), text in,
 packed directory out. Measured in one run, tokens = prediction pairs:
 
 - the tokenizer alone over the same texts, in a fresh process with one Rust
@@ -52,7 +52,7 @@ CAPACITY = 4096
 VOCAB = 8192
 #: The per-block task times of the manifest's ``engine.per_block``.
 STAGES = ("read", "tokenize", "plan", "write")
-PACK = ["--capacity", str(CAPACITY), "--split-long", "--policy", "best-fit-decreasing"]
+PACK = ["--capacity", str(CAPACITY), "--cut-long", "--policy", "best-fit-decreasing"]
 
 
 def corpus(mb: int, shards: int) -> Path:
@@ -138,7 +138,7 @@ def warm(folder: Path, tok: Path, out: Path, workers: int, repeat: int) -> dict:
 
     from seqpack.ray import pack
 
-    kw = {"capacity": CAPACITY, "tokenizer": str(tok), "split_long": True, "progress": False}
+    kw = {"capacity": CAPACITY, "tokenizer": str(tok), "cut_long": True, "progress": False}
     ray.init(
         address="local", num_cpus=workers, include_dashboard=False, logging_level=logging.ERROR
     )
@@ -256,7 +256,7 @@ def report(
     workers, base = sorted(runs), rows[0][1]
     print(
         f"{args.mb} MB of Python source, {tokens:,} prediction pairs, {args.shards} shards;"
-        f" BPE {VOCAB:,}, capacity {CAPACITY}, --split-long"
+        f" BPE {VOCAB:,}, capacity {CAPACITY}, --cut-long"
     )
     print(
         f"tokenizer alone, 1 thread: encode_batch {alone['encode_batch'] / 1e6:.3f} M/s,"

@@ -19,9 +19,9 @@ Three paths (TRL's counterpart in brackets):
    an empty ``datasets`` cache so every run does the whole job]; the median of
    ``--fresh-repeats`` runs of each;
 3. text -> packed, fresh processes: ``seqpack pack texts.jsonl --tokenizer
-   tokenizer.json --split-long`` [``load_dataset("json")`` +
+   tokenizer.json --cut-long`` [``load_dataset("json")`` +
    ``map(tokenizer, batched=True)`` + ``pack_dataset(bfd_split)`` (which, like
-   ``--split-long``, keeps every token) + ``to_parquet``], and the tokenizer
+   ``--cut-long``, keeps every token) + ``to_parquet``], and the tokenizer
    alone: ``encode_batch_fast`` over the same texts in chunks of 8 MB on all
    cores, the physical limit of the path (only the encode calls are timed).
 
@@ -322,7 +322,7 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
     name = f"text {megabytes:g} MB"
     alone = fresh([sys.executable, "-c", TOKENIZER_ALONE, str(source), str(tok)])
     limit = json.loads(alone["stdout"].strip().splitlines()[-1])
-    flags = ["--capacity", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--split-long",
+    flags = ["--capacity", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--cut-long",
              "--policy", "best-fit-decreasing"]  # fmt: skip
     seq = seqpack_pack(source, work / f"text-{megabytes:g}", *flags)
     shutil.rmtree(work / f"text-{megabytes:g}", ignore_errors=True)

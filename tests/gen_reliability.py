@@ -74,7 +74,7 @@ most expensive kind. The rules:
 - **Accepted but reported:** duplicated ids are packed as separate
   occurrences, counted in the statistics (`duplicate_ids`, `--json`) and
   named in a warning line; an example longer than a row packs with
-  `--split-long`.
+  `--cut-long`.
 """
 
 FAULTS = """\
@@ -209,12 +209,12 @@ runs) of reading every shard once, before `datasets.load_dataset` reads them.
 INVARIANTS = [
     (
         "next-fit keeps every occurrence whole, once and in supplied order through the Parquet"
-        " store; `--split-long` pieces tile each document in order",
+        " store; `--cut-long` pieces tile each document in order",
         "`test_integrity.py::test_next_fit_through_the_store_is_whole_once_and_in_order`",
     ),
     (
         "any cell traces back to its source: input = `doc[range_start + position]`, target ="
-        " the next token (next-fit, best-fit-decreasing, stream-best-fit, `--split-long`)",
+        " the next token (next-fit, best-fit-decreasing, stream-best-fit, `--cut-long`)",
         "`test_integrity.py::test_every_cell_traces_back_to_its_source_document`",
     ),
     (

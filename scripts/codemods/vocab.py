@@ -32,7 +32,7 @@ SUFFIXES = (".py", ".md", ".patch", ".sh", ".toml")
 #: Files that must keep the old words: this script, the glossary test, the shims, and
 #: the design notes' history.
 SKIP = ("scripts/codemods/", "docs/design-notes")  # path prefixes
-SKIP_NAMES = ("test_glossary.py", "_renames.py")  # wherever they move
+SKIP_NAMES = ("test_glossary.py", "test_renamed_spellings.py", "_renames.py")  # wherever they move
 MARK = "# vocab codemod: the 0.2 names, kept for one release"  # a block with its own import
 SHORT = "# the 0.2 names (vocab codemod), kept for one release"  # one line, import at the top
 
@@ -60,6 +60,8 @@ class Name:
     only_if: bool = False
     public: bool = True
     calls_only: bool = False  # ``name`` / ``attr`` only where called: ``split_long(...)``
+    #: module-level assignments whose strings stay (on-disk keys of a saved state)
+    keep: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,16 @@ NAMES = (
         contexts=("def", "name", "attr", "import", "all"),
         calls_only=True,
     ),
+    # ... and so does the option (PackOptions.cut_long, StreamDataset(cut_long=)); the
+    # 0.2 keyword split_long= and flag --split-long still work (seqpack._renames).
+    Name(
+        "split_long",
+        "cut_long",
+        prose=False,
+        contexts=("name", "attr", "param", "kwarg", "str"),
+        public=False,
+        keep=("_CONFIG",),  # StreamDataset's saved state keeps its key
+    ),
     # one class is called Layout: AttentionLayout; the others say what they hold.
     Name("VerifyLayout", "VerifyCase", public=False),
     Name("ShardLayout", "ShardCuts", public=False),
@@ -132,6 +144,13 @@ KEYWORDS = (
         decorate=("load_packed", "load_trl", "PackedDataset.__init__", "PackedBatches.__init__"),
     ),
     Keyword(
+        "split_long",
+        "cut_long",
+        functions=(),
+        callees=(),
+        decorate=("StreamDataset.__init__",),
+    ),
+    Keyword(
         "expected_partition",
         "expected_split",
         functions=(),
@@ -141,6 +160,14 @@ KEYWORDS = (
 )
 
 TEXTS = (
+    # the cut_long option in prose and messages
+    Text(r"(?<![\w-])--split-long\b", "--cut-long"),
+    Text(r"---split-long\b", "---cut-long"),  # the Markdown anchor of its heading
+    Text(r"pre-split with --cut-long", "cut it with --cut-long"),
+    Text(r"\bsplit_long(?==|`| must be)", "cut_long"),
+    Text(r"(?<=\.)split_long\b(?!\()", "cut_long"),
+    Text(r'\["split_long"\]', '["cut_long"]'),
+    Text(r"\bsplit sources longer than a row\b", "cut documents longer than a row into spans"),
     Text(r"\b((?:seqpack\.|examples\.)?)split_long\(", r"\1cut_long("),
     Text(r":func:`(~?[\w.]*?)split_long`", r":func:`\1cut_long`"),
     Text(r"`long_ranges`, `split_long`", "`long_ranges`, `cut_long`"),
@@ -266,13 +293,20 @@ def name_edits(tree: ast.AST, lines: list[bytes], rule: Name, path: str) -> list
     parents = _parents(tree)
     edits: list[Edit] = []
     ctx = set(rule.contexts)
-    in_all = {
-        id(c)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
-        for c in ast.walk(node.value)
-    }
+
+    def constants_of(names: tuple[str, ...]) -> set[int]:
+        return {
+            id(c)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and any(
+                isinstance(t, ast.Name) and t.id in names
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+            for c in ast.walk(node.value)
+        }
+
+    in_all, kept = constants_of(("__all__",)), constants_of(rule.keep)
 
     def called(node: ast.AST) -> bool:
         p = parents.get(node)
@@ -299,6 +333,7 @@ def name_edits(tree: ast.AST, lines: list[bytes], rule: Name, path: str) -> list
             isinstance(node, ast.Constant)
             and node.value == rule.old
             and ("str" in ctx or ("all" in ctx and id(node) in in_all))
+            and id(node) not in kept
             and node.lineno == node.end_lineno
         ):
             col = node.col_offset + 1  # past the opening quote

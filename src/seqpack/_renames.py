@@ -45,6 +45,20 @@ def renamed_names(
     return getattr_
 
 
+#: ``PackOptions`` keywords of 0.2 (and 0.1) -> the field they now are.
+OLD_FIELDS = {
+    "capacity": "max_length",
+    "split_long": "cut_long",
+    "split_long_sources": "cut_long",
+}
+#: Command-line flags of 0.2 -> the flag they now are (hidden from ``--help``, they
+#: print one deprecation line on stderr and store into the new flag's value).
+OLD_FLAGS = {
+    "--capacity": "--max-length",
+    "--split-long": "--cut-long",
+}
+
+
 def renamed_kwargs(**renames: str) -> Callable[[F], F]:
     """Accept the old keyword ``old=`` of a function as ``new=`` (``old="new"``)."""
 
@@ -64,4 +78,4 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
     return decorate
 
 
-__all__ = ["renamed_kwargs", "renamed_names"]
+__all__ = ["OLD_FIELDS", "OLD_FLAGS", "renamed_kwargs", "renamed_names"]

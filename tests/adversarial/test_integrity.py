@@ -170,7 +170,7 @@ def test_every_cell_traces_back_to_its_source_document(tmp_path, rng, policy):
         capacity=24,
         vocab_size=VOCAB,
         policy=policy,
-        split_long=True,
+        cut_long=True,
         max_rows_per_batch=3,
     )
     checked = _check_cells(load_packed(tmp_path / "out"), _documents(records), rng, 8)
@@ -193,7 +193,7 @@ def test_next_fit_through_the_store_is_whole_once_and_in_order(tmp_path_factory,
         capacity=cap,
         vocab_size=VOCAB,
         policy="next-fit",
-        split_long=split,
+        cut_long=split,
         max_rows_per_batch=2,
     )
     store = load_packed(folder / "out")

@@ -199,7 +199,7 @@ def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch
     path.write_text(
         "".join('{"input_ids": [' + ", ".join(["3"] * 2000) + "]}\n" for _ in range(50))
     )
-    opts = PackOptions(capacity=16, vocab_size=10, split_long=True, chunk_bytes=1 << 14,
+    opts = PackOptions(capacity=16, vocab_size=10, cut_long=True, chunk_bytes=1 << 14,
                        shard_tokens=1000)  # fmt: skip
     limit = StreamBudget.of(opts, "jsonl").need(50, 50) + 1  # reading fits, the pieces do not
 

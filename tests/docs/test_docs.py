@@ -250,5 +250,5 @@ def test_page_links_resolve(page: Path):
 
 
 def test_anchor_rule():
-    assert _anchor(" Long sources: `--split-long`") == "long-sources---split-long"
+    assert _anchor(" Long sources: `--cut-long`") == "long-sources---cut-long"
     assert _anchor("Example: `examples/train_tiny.py`") == "example-examplestrain_tinypy"

@@ -36,10 +36,7 @@ PACKAGES = (
 
 #: Names that keep a retired word for now, and why (remove an entry when its rename lands).
 ALLOWED = {
-    # the CLI's own rename (flags, PackOptions fields): --capacity becomes --max-length
-    "--capacity": "the CLI rename to --max-length",
     "old_capacity": "declares the deprecated --capacity beside --max-length (one release)",
-    "--split-long": "the CLI rename (the option keeps its name until then)",
     "--partition": "the CLI rename (the PackOptions field is partition until then)",
     "FIXTURE_CAPACITY": "the seed's fixture width in cells; follows the capacity rename",
     "check_tree_capacity": "follows the capacity rename",
@@ -48,6 +45,16 @@ ALLOWED = {
     # --tree auto's grouping window: rows at most N apart (a look-ahead of the grouping)
     "--tree-window": "the CLI rename of --tree auto's grouping window",
 }
+
+#: Renames that landed: each old public spelling is gone from the public names (it
+#: may live on only as a deprecated alias: seqpack._renames' OLD_FLAGS / OLD_FIELDS,
+#: a module ``__getattr__`` or ``@renamed_kwargs``), and its new spelling is there.
+LANDED = {
+    "--capacity": "--max-length",
+    "--split-long": "--cut-long",
+}
+#: PackOptions fields renamed: the old keyword is no field, the new one is.
+LANDED_FIELDS = {"capacity": "max_length", "split_long": "cut_long"}
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z]|\d|\b)|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
@@ -141,7 +148,10 @@ def public_names() -> dict[str, str]:
     return names
 
 
-def cli_flags() -> list[tuple[str, str]]:
+def cli_flags(deprecated: bool = False) -> list[tuple[str, str]]:
+    """(command, flag) of every ``seqpack`` flag; the deprecated old names of flags
+    (hidden from ``--help``, :data:`seqpack._renames.OLD_FLAGS`) only with ``deprecated``."""
+    from seqpack._renames import OLD_FLAGS
     from seqpack.cli import build_parser
 
     out = []
@@ -149,8 +159,32 @@ def cli_flags() -> list[tuple[str, str]]:
         if isinstance(action, argparse._SubParsersAction):
             for cmd, sub in action.choices.items():
                 for act in sub._actions:
+                    old = act.help == argparse.SUPPRESS and set(act.option_strings) <= set(
+                        OLD_FLAGS
+                    )
+                    if old and not deprecated:
+                        continue
                     out += [(cmd, o) for o in act.option_strings if o.startswith("--")]
     return out
+
+
+def test_landed_renames_stay_landed():
+    """An old spelling of ``LANDED`` is no public name again; the deprecated flags are
+    hidden, print one warning line and are the old names of the flags they point to."""
+    import dataclasses
+
+    from seqpack._renames import OLD_FIELDS, OLD_FLAGS
+    from seqpack.pipeline.options import PackOptions
+
+    names = public_names()
+    assert not sorted(set(LANDED) & set(names)), "a renamed public name came back"
+    assert set(LANDED.values()) <= set(names)
+    fields = {f.name for f in dataclasses.fields(PackOptions)}
+    assert not set(LANDED_FIELDS) & fields and set(LANDED_FIELDS.values()) <= fields
+    assert set(OLD_FIELDS.values()) <= fields and not set(OLD_FIELDS) & fields
+    hidden = {flag for _, flag in cli_flags(deprecated=True)} - {f for _, f in cli_flags()}
+    assert hidden == set(OLD_FLAGS) and set(LANDED) <= hidden
+    assert set(OLD_FLAGS.values()) <= set(names)
 
 
 def test_no_public_name_uses_a_retired_word():

@@ -163,7 +163,7 @@ def test_split_long_sources_still_works_with_a_deprecation_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         options = PackOptions.of(capacity=8, split_long_sources=True)
-    assert options.split_long is True
+    assert options.cut_long is True
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
 
 

@@ -37,7 +37,7 @@ OK = {"capacity": 64, "tokenizer": "bytes"}
 #: (argument, value, what the one line must say)
 OPTION_CASES = [
     ("overwrite", "no", "overwrite must be True or False, got str 'no'"),
-    ("split_long", 1, "split_long must be True or False, got int 1"),
+    ("cut_long", 1, "cut_long must be True or False, got int 1"),
     ("progress", "yes", "progress must be True, False or None"),
     ("policy_options", [1], "policy_options must be a mapping of option names to values"),
     ("policy", 3, "policy must be a policy name, got int 3"),

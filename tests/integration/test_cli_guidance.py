@@ -117,7 +117,7 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
     err = captured.err
     assert err.count("\n") == 1 and err.startswith("seqpack stats: warning: ")
     assert f"{over['examples']} of 500 examples are longer than capacity 300" in err
-    assert f"capacity {fits[0]} fits 99%" in err and "--split-long" in err
+    assert f"capacity {fits[0]} fits 99%" in err and "--cut-long" in err
     # nothing fits: one error line, exit 2, still counting them all
     assert main(["stats", str(data), "--tokenizer", "bytes", "--max-length", "1"]) == 2
     err = _one_line(capsys)

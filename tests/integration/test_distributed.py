@@ -176,7 +176,7 @@ def _bad_api_calls():
         "stream binding str": (lambda: stream(binding="x"), "binding"),
         "stream tokenizer str": (lambda: stream(tokenizer="bytes"), "tokenizer"),
         "stream documents int": (lambda: stream(documents=5), "documents"),
-        "stream split_long 'yes'": (lambda: stream(split_long="yes"), "split_long"),
+        "stream split_long 'yes'": (lambda: stream(cut_long="yes"), "cut_long"),
         "to_batches 1e12": (lambda: H.to_batches(packed, 10**12), "max_rows_per_batch"),
         "to_batches '8'": (lambda: H.to_batches(packed, "8"), "max_rows_per_batch"),
         "to_batches list": (lambda: H.to_batches([1, 2]), "pack_dataset"),

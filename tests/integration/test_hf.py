@@ -64,7 +64,7 @@ def test_pack_then_unpack_recovers_every_example(rng, policy):
 
 def test_binding_defaults_split_long_and_errors(rng):
     records = random_records(rng, 10, vocab=50, max_len=40)
-    packed = pack_dataset(_dataset(records), 8, "next-fit", split_long=True)
+    packed = pack_dataset(_dataset(records), 8, "next-fit", cut_long=True)
     meta = packed_metadata(packed)
     assert meta["binding"]["vocab_size"] == max(max(r["input_ids"]) for r in records) + 1
     assert meta["statistics"]["split_sources"] == sum(len(r["input_ids"]) > 9 for r in records)

@@ -66,7 +66,7 @@ CASES = {
     "ffd": dict(capacity=64, vocab_size=500, policy="first-fit-decreasing"),
     "stream": dict(capacity=64, vocab_size=500, policy="stream-best-fit",
                    policy_options={"window": 7}),
-    "split": dict(capacity=16, vocab_size=500, split_long=True, max_rows_per_batch=3),
+    "split": dict(capacity=16, vocab_size=500, cut_long=True, max_rows_per_batch=3),
 }  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def test_parquet_row_groups_datasets_folders_and_text(tmp_path, rng, spilled):
     cases = [
         (folder, dict(capacity=32, vocab_size=400, policy="best-fit-decreasing")),
         (tmp_path / "ds", dict(capacity=32, vocab_size=400, policy="best-fit-decreasing")),
-        (texts, dict(capacity=20, tokenizer="bytes", split_long=True)),
+        (texts, dict(capacity=20, tokenizer="bytes", cut_long=True)),
     ]
     for k, (source, opts) in enumerate(cases):
         opts = opts | {"shard_tokens": 300}

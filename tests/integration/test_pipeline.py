@@ -97,7 +97,7 @@ def test_split_long_through_the_pipeline(tmp_path, rng):
     assert not (tmp_path / "x").exists()
     stats = pack_path(
         path, tmp_path / "out", capacity=16, policy="next-fit", tokenizer="bytes",
-        split_long=True,
+        cut_long=True,
     )  # fmt: skip
     long = [r for r in records if len(r["input_ids"]) - 1 > 16]
     assert stats["split_sources"] == len(long) > 0

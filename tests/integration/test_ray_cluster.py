@@ -92,7 +92,7 @@ def corpus(tmp_path_factory):
 
 
 def _options(tok):
-    return {"capacity": CAPACITY, "tokenizer": tok, "split_long": True, "progress": False}
+    return {"capacity": CAPACITY, "tokenizer": tok, "cut_long": True, "progress": False}
 
 
 def _examples(out):
@@ -119,7 +119,7 @@ def test_cli_packs_text_on_two_nodes_like_the_local_engine(cluster, corpus, loca
     jsonl, _, tok = corpus
     out = tmp_path / "out"
     argv = ["pack", str(jsonl), "--engine", "ray", "--ray-address", cluster.address]
-    argv += ["--tokenizer", str(tok), "--split-long", "--max-length", str(CAPACITY)]
+    argv += ["--tokenizer", str(tok), "--cut-long", "--max-length", str(CAPACITY)]
     argv += ["--block-examples", "16", "--out", str(out), "--json"]
     proc = subprocess.run(
         [sys.executable, "-m", "seqpack", *argv], capture_output=True, text=True, timeout=120

@@ -90,7 +90,7 @@ def test_stream_failures_are_one_seqpack_error():
     cases = [
         ([[1, 2, 3]], "not a mapping"),
         ([{"input_ids": [1, 2]}, {"input_ids": "x"}], "cannot read their columns"),
-        ([{"input_ids": list(range(40))}], "split_long=True"),
+        ([{"input_ids": list(range(40))}], "cut_long=True"),
         ([{"input_ids": [1, 300]}], "300"),
         ([{"text": "abc"}], "tokenizer"),
     ]

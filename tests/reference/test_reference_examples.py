@@ -1,7 +1,7 @@
 """Examples and example tables against plain references: slicing by hand, whole messages.
 
 Pairs form inside the selected range only: inputs ``doc[a:b-1]``, targets
-``doc[a+1:b]``; a table is the examples' windows back to back; ``--split-long``
+``doc[a+1:b]``; a table is the examples' windows back to back; ``--cut-long``
 keeps every pair of a source exactly once. Error messages are checked whole
 (what, which example, what to do).
 """

@@ -185,7 +185,7 @@ def test_labels_name_the_oversized_example():
         plan_rows([2, 9], 8, labels=lambda i: f"example {i} ('doc-{i}')")
     assert str(err.value) == (
         "example 1 ('doc-1') has 9 prediction pairs; capacity is 8"
-        " — raise --max-length or pre-split with --split-long"
+        " — raise --max-length or cut it with --cut-long"
     )
 
 

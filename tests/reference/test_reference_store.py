@@ -51,7 +51,7 @@ def corpora(draw):
         records.append(record)
     options = {
         "capacity": capacity,
-        "split_long": split,
+        "cut_long": split,
         "policy": draw(st.sampled_from(sorted(POLICIES))),
         "max_rows_per_batch": draw(st.integers(1, 5)),
         "shard_tokens": draw(st.sampled_from([8, 64, 1 << 20])),
@@ -235,7 +235,7 @@ def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
         records.append({"id": f"doc-{i}", "input_ids": ids, "labels": labels})
     source = datasets.Dataset.from_list(records)
     packed = pack_dataset(
-        source, 8, "best-fit-decreasing", split_long=True, vocab_size=VOCAB, max_rows_per_batch=3
+        source, 8, "best-fit-decreasing", cut_long=True, vocab_size=VOCAB, max_rows_per_batch=3
     )
     sources = {rec["id"]: rec for rec in records}
     pairs, first = [], 0
@@ -265,7 +265,7 @@ def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
 @given(st.lists(st.integers(2, 20), min_size=1, max_size=40), st.integers(1, 7))
 def test_stats_count_every_row_of_every_row_group(lengths, group):
     """``stats_path`` on a Parquet file of many row groups counts what pyarrow wrote:
-    every source, its pairs (``tokens``) and its pieces under ``--split-long``."""
+    every source, its pairs (``tokens``) and its pieces under ``--cut-long``."""
     import tempfile
 
     import pyarrow as pa
@@ -278,7 +278,7 @@ def test_stats_count_every_row_of_every_row_group(lengths, group):
         data = f"{folder}/d.parquet"
         pq.write_table(pa.Table.from_pylist(records), data, row_group_size=group)
         assert pq.ParquetFile(data).num_row_groups == -(-len(records) // group)
-        stats = stats_path(data, capacity=8, split_long=True, vocab_size=VOCAB)
+        stats = stats_path(data, capacity=8, cut_long=True, vocab_size=VOCAB)
     assert stats["sources"] == len(records)
     assert stats["tokens"] == sum(n - 1 for n in lengths)
     assert stats["examples"] == sum(len(split_ranges(n, 8)) for n in lengths)

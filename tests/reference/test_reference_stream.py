@@ -172,7 +172,7 @@ def stream_datasets(draw):
             docs.append(ids)
     settings_ = {
         "capacity": capacity,
-        "split_long": split,
+        "cut_long": split,
         "rows_per_micro_batch": draw(st.integers(1, 3)),
         "micro_batches": draw(st.integers(1, 2)),
         "world_size": draw(st.integers(1, 2)),
@@ -325,7 +325,7 @@ def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factor
     path = tmp_path_factory.mktemp("stream-vs-file")
     (path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     pack_path(path / "d.jsonl", path / "out", capacity=s["capacity"],
-              split_long=s["split_long"], vocab_size=BINDING.vocab_size)  # fmt: skip
+              cut_long=s["cut_long"], vocab_size=BINDING.vocab_size)  # fmt: skip
     packed = {}
     for batch in load_packed(path / "out"):
         packed.update(cells_by_example(batch))

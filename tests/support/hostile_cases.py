@@ -12,7 +12,7 @@ while it runs, so messages show short relative paths), then runs
 ``tests/adversarial/test_hostile.py`` asserts every case; ``tests/gen_reliability.py``
 runs them and writes ``docs/reliability.md``. A few cases are accepted
 inputs (``error=None``): duplicated ids are packed and reported, and an
-oversized example packs with ``--split-long``.
+oversized example packs with ``--cut-long``.
 """
 
 from __future__ import annotations
@@ -495,15 +495,15 @@ CASES: list[Case] = [
         (
             f"{DATA} line 1",
             "example 0 ('long'[0:10]) has 9 prediction pairs; capacity is 4",
-            "--split-long",
+            "--cut-long",
         ),
     ),
     Case(
         "oversized-split-long",
-        "the same example with `--split-long`",
+        "the same example with `--cut-long`",
         {DATA: lines({"id": "long", "input_ids": list(range(10))})},
-        (*_pack_argv(capacity=4), "--split-long"),
-        lambda: _pack(capacity=4, split_long=True),
+        (*_pack_argv(capacity=4), "--cut-long"),
+        lambda: _pack(capacity=4, cut_long=True),
         None,
         ("split_sources",),
         expect="packed: 3 pieces [0:5] [4:9] [8:10], split_sources 1",

@@ -370,7 +370,7 @@ def stream_plan(
 
 
 def split_ranges(tokens: int, capacity: int) -> list[tuple[int, int]]:
-    """``--split-long``: every pair of a source once, pieces of at most ``capacity`` pairs."""
+    """``--cut-long``: every pair of a source once, pieces of at most ``capacity`` pairs."""
     if tokens - 1 <= capacity:
         return [(0, tokens)]
     out, start = [], 0
@@ -450,7 +450,7 @@ def reference_calls(
 
 
 def split_examples(examples: Sequence, capacity: int) -> list[SimpleExample]:
-    """``--split-long`` written out: each example's pieces (``split_ranges``), in order."""
+    """``--cut-long`` written out: each example's pieces (``split_ranges``), in order."""
     out = []
     for ex in examples:
         window = [int(t) for t in ex.window]

@@ -102,7 +102,7 @@ def test_oversized_example_names_index_id_length_and_capacity():
         pack_examples("train", exs, fixture_binding(), PackConfig(3, 2))
     assert str(err.value) == (
         "example 2 ('C'[0:5]) has 4 prediction pairs; capacity is 3"
-        " — raise --max-length or pre-split with --split-long"
+        " — raise --max-length or cut it with --cut-long"
     )
 
 

@@ -52,7 +52,7 @@ def make(docs, **kw):
 @pytest.mark.parametrize("split", [False, True])
 def test_one_rank_yields_exactly_the_stream_best_fit_packing(split):
     docs = documents(0, longest=25 if split else 11)
-    got = [item.batch for item in make(docs, split_long=split)]
+    got = [item.batch for item in make(docs, cut_long=split)]
     assert_same_batches(got, reference_batches(docs, 10, 3, split))
 
 

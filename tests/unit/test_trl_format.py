@@ -157,7 +157,7 @@ def test_split_long_keeps_every_pair_with_right_labels():
     split_long cuts into windows of <= 4 tokens overlapping by one, the first label of
     each -100, so every pair is learned exactly once."""
     docs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
-    packed = pack_dataset(Dataset.from_dict({"input_ids": docs}), 4, format="trl", split_long=True)
+    packed = pack_dataset(Dataset.from_dict({"input_ids": docs}), 4, format="trl", cut_long=True)
     rows = packed.to_dict()
     assert max(map(len, rows["input_ids"])) <= 4
     pieces = _examples_of(rows)

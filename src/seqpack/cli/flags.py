@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from seqpack._renames import OLD_FLAGS
 from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
 from seqpack.pipeline.options import PackOptions
 
@@ -146,9 +147,11 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
         if parse is not None:
             kwargs["type"] = argparse_type(parse, f.metadata["flag"])
         target: Any = parser
-        if f.name == "max_length":  # and its old name, never both
+        olds = [o for o, n in OLD_FLAGS.items() if n == f.metadata["flag"]]
+        if olds:  # and its old name, never both
             target = parser.add_mutually_exclusive_group()
-            old_capacity(target, "max_length")
+            for old in olds:
+                old_flag(target, old, f.name, kwargs, parse)
         target.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
 
 
@@ -169,23 +172,42 @@ class OldName(argparse.Action):
     """A flag's old name (``--capacity`` of ``--max-length``): stores into the new one's
     ``dest`` and prints one deprecation line on stderr."""
 
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if self.nargs == 0:  # a switch: --cut-long
+            values, instead = self.const, self.new
+        elif self.new == "--max-length":
+            instead = f"{self.new} {values} (the same number: tokens per row)"
+        else:
+            instead = f"{self.new} {values}"
         if not getattr(namespace, "old_name_warned", False):
             print(
-                f"{parser.prog}: warning: {option} is deprecated; pass --max-length {values}"
-                " (the same number: tokens per row)",
-                file=sys.stderr,
+                f"{parser.prog}: warning: {option} is deprecated; pass {instead}", file=sys.stderr
             )
             namespace.old_name_warned = True
         setattr(namespace, self.dest, values)
 
 
+def old_flag(
+    parser: Any, old: str, dest: str, kwargs: dict[str, Any], parse: Callable | None = None
+) -> None:
+    """``old``, the 0.2 name of a flag (:data:`seqpack._renames.OLD_FLAGS`), kept one
+    release and hidden from ``--help``: the new flag's argparse ``kwargs``, its text read
+    by ``parse`` (errors then name ``old``)."""
+    kind = {"new": OLD_FLAGS[old], "dest": dest, "action": OldName, "help": argparse.SUPPRESS}
+    if kwargs.get("action") == "store_true":
+        parser.add_argument(old, nargs=0, const=True, **kind)
+    else:
+        convert = kwargs.get("type") if parse is None else argparse_type(parse, old)
+        parser.add_argument(old, type=convert, choices=kwargs.get("choices"), **kind)
+
+
 def old_capacity(parser: Any, dest: str) -> None:
     """``--capacity N``, the 0.x name of ``--max-length``, kept one release (not in --help)."""
-    convert = argparse_type(parse_int, "--capacity")
-    parser.add_argument(
-        "--capacity", dest=dest, action=OldName, type=convert, help=argparse.SUPPRESS
-    )
+    old_flag(parser, "--capacity", dest, {}, parse_int)
 
 
 def cli_flags(command: str) -> list[str]:

@@ -3,7 +3,7 @@ at the border (public arguments, options, lengths, saved states).
 
 Messages name what was wrong, which example (index and id) and what to do,
 e.g. ``example 17 ('doc-42'[0:9001]) has 9000 prediction pairs; capacity is
-8192 — raise --max-length or pre-split with --split-long``. A wrong argument type is
+8192 — raise --max-length or cut it with --cut-long``. A wrong argument type is
 one line naming it (``out must be a path (str or os.PathLike), got int 5``), not a deep
 ``TypeError``. (Command-line text is parsed in :mod:`seqpack.cli.flags`.)
 """
@@ -114,7 +114,7 @@ def check_lengths(
             name = labels(i) if labels else f"example {i}"
             raise OversizedExample(
                 f"{name} has {int(arr[i])} prediction pairs; capacity is {capacity}"
-                " — raise --max-length or pre-split with --split-long"
+                " — raise --max-length or cut it with --cut-long"
             )
     return arr
 

@@ -319,7 +319,7 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def long_ranges(
     token_counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans that keep every next-token pair of each document exactly once (``--split-long``).
+    """Spans that keep every next-token pair of each document exactly once (``--cut-long``).
 
     A document of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole; a longer one
     becomes spans ``[k*capacity, min((k+1)*capacity + 1, n))`` overlapping by one token::

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from seqpack._renames import OLD_FIELDS
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
@@ -77,7 +78,7 @@ META_KEY = "seqpack"
 def _options(
     max_length: int | None, policy: str | None, options: PackOptions | None, keywords: dict
 ) -> PackOptions:
-    fields = {f.name for f in dataclasses.fields(PackOptions)} | {"split_long_sources", "capacity"}
+    fields = {f.name for f in dataclasses.fields(PackOptions)} | set(OLD_FIELDS)
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
     if max_length is not None:
         overrides["max_length"] = max_length

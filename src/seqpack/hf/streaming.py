@@ -219,14 +219,14 @@ class _Packing:
                 f"{chunk.origin.locate(i)} (id {chunk.id_of(i)!r}) has {int(counts[i])}"
                 " token(s); an example needs 2 — drop it"
             )
-        if counts.size and int(counts.max()) - 1 > cap and not self.spec.opts.split_long:
+        if counts.size and int(counts.max()) - 1 > cap and not self.spec.opts.cut_long:
             i = int(np.argmax(counts - 1 > cap))
             unit = "tokens (format trl counts tokens)" if self.trl else "prediction pairs"
             size = int(counts[i]) if self.trl else int(counts[i]) - 1
             raise OversizedExample(
                 f"{chunk.origin.locate(i)} (id {chunk.id_of(i)!r}) has {size} {unit};"
                 f" capacity is {self.spec.opts.capacity} — raise capacity or pass"
-                " split_long=True"
+                " cut_long=True"
             )
         doc, starts, ends = long_ranges(counts, cap)
         first = self.packer.examples_pushed

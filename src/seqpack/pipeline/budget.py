@@ -6,7 +6,7 @@ for policies that reorder, one padded model call. Out of core (:class:`StreamBud
 what ``seqpack pack`` checks): two read chunks, two output shards in flight, the
 policy's fixed part and a model call, known before anything is read; then lengths and
 plan per document and example, checked as documents are counted (and, with
-``--split-long``, on the number of pieces before any source is split).
+``--cut-long``, on the number of pieces before any source is split).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def split_bytes(
     policy: str = DEFAULT_POLICY,
     options: Mapping[str, Any] | None = None,
 ) -> int:
-    """Upper bound of splitting sources (``offsets`` int64 [n+1]) with ``--split-long``
+    """Upper bound of splitting sources (``offsets`` int64 [n+1]) with ``--cut-long``
     and packing the pieces, computed from the lengths before anything is split: the
     pieces' gather indices and copies (21 bytes a token, 48 a piece) plus
     :func:`packing_bytes` of the pieces."""

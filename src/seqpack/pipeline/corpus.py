@@ -163,7 +163,7 @@ class _Reading:
         elif chunk.tokens.size:
             largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
             self.largest = max(self.largest, largest)
-        if not opts.split_long:
+        if not opts.cut_long:
             check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
         chunk = _drop_default_ids(chunk)
         targets = chunk.tokens.shape[0] - len(chunk)

@@ -114,7 +114,7 @@ def bind_examples(
     docs: Documents, options: PackOptions, tokenizer: Tokenizer | None
 ) -> tuple[ExampleTable, int]:
     """``docs`` bound as ``options`` say (vocabulary, tokenizer, split receipt) and, with
-    ``split_long``, long sources cut into ranges: the examples to plan, and how many
+    ``cut_long``, long sources cut into ranges: the examples to plan, and how many
     sources were split. The budget covers the split before it runs."""
     binding = resolve_binding(
         docs,
@@ -125,7 +125,7 @@ def bind_examples(
         split_id=options.split_id,
     )
     table = docs.to_table(binding, options.partition)
-    if not options.split_long:
+    if not options.cut_long:
         return table, 0
     if options.max_metadata_bytes is not None:
         need = split_bytes(table.offsets, options.capacity, options.policy, options.policy_options)

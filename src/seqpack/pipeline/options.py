@@ -16,7 +16,8 @@ sees, for every format (TRL's ``SFTConfig.max_length``). The packer's internal
 token with its target, so an example of ``n`` tokens (``n - 1`` prediction pairs) fills
 ``n - 1`` cells; with ``format="trl"`` a cell is one token, so it fills ``n``
 (:attr:`PackOptions.pair_capacity` is then ``max_length - 1``). ``capacity=`` is the
-0.x name of ``max_length`` and still works, with a :class:`DeprecationWarning`.
+0.x name of ``max_length`` and still works, with a :class:`DeprecationWarning` (as
+do the other old names of :data:`seqpack._renames.OLD_FIELDS`).
 
 Values are checked on construction (a bad one is an
 :class:`~seqpack.core.errors.InvalidInput` naming the option and the fix).
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from seqpack._renames import OLD_FIELDS
 from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX, Split
 from seqpack.core.errors import InvalidInput, positive_int, type_argument
@@ -77,7 +79,7 @@ _NONE = type(None)
 _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "policy": ((str,), "a policy name"),
     "policy_options": ((Mapping,), "a mapping of option names to values, e.g. {'window': 4096}"),
-    "split_long": ((bool,), "True or False"),
+    "cut_long": ((bool,), "True or False"),
     "overwrite": ((bool,), "True or False"),
     "progress": ((bool, _NONE), "True, False or None (draw when stderr is a terminal)"),
     "tokenizer_id": ((str, _NONE), "a string or None"),
@@ -138,8 +140,12 @@ class PackOptions:
     partition: Split = _field(  # noqa: RUF009
         Split.TRAIN, "--partition", "train, validation or test", BOTH
     )
-    split_long: bool = _field(
-        False, "--split-long", "split sources longer than a row", BOTH, action="store_true"
+    cut_long: bool = _field(
+        False,
+        "--cut-long",
+        "cut documents longer than a row into consecutive spans, every pair kept once",
+        BOTH,
+        action="store_true",
     )
     vocab_size: int | None = _field(
         None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
@@ -268,14 +274,11 @@ class PackOptions:
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
         """``options`` with ``overrides`` applied (keywords are field names), checked.
 
-        The 0.x names ``capacity`` (of ``max_length``) and ``split_long_sources`` (of
-        ``split_long``) still work, with a :class:`DeprecationWarning`.
+        The old names of fields (``capacity`` of ``max_length``, ...:
+        :data:`seqpack._renames.OLD_FIELDS`) still work, with a :class:`DeprecationWarning`.
         """
-        if "split_long_sources" in overrides:
-            _deprecated("split_long_sources=", "split_long=")
-            overrides["split_long"] = overrides.pop("split_long_sources")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names - {"capacity"})
+        unknown = sorted(set(overrides) - names - set(OLD_FIELDS))
         if unknown:
             raise InvalidInput(
                 f"unknown packing option(s) {', '.join(unknown)}; PackOptions has"
@@ -291,8 +294,8 @@ class PackOptions:
         if not overrides:
             return options
         fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}
-        if "capacity" in overrides:
-            del fields["max_length"]
+        for old in set(overrides) & set(OLD_FIELDS):
+            fields.pop(OLD_FIELDS[old], None)
         return cls(**(fields | overrides))
 
     @property
@@ -341,18 +344,23 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _init = PackOptions.__init__
 
 
-def _init_with_capacity(self: PackOptions, *args: Any, capacity: Any = None, **kwargs: Any) -> None:
-    """``PackOptions(capacity=N)``: the 0.x name of ``max_length`` (errors then name it)."""
-    if capacity is not None:
-        if kwargs.get("max_length") is not None or args:
-            raise InvalidInput("capacity is the old name of max_length: pass one of them")
-        _deprecated("capacity=", "max_length= (tokens per row)")
-        object.__setattr__(self, "_length_name", "capacity")
-        kwargs["max_length"] = capacity
+def _init_with_old_names(self: PackOptions, *args: Any, **kwargs: Any) -> None:
+    """``PackOptions(capacity=N)``, ...: the old names of fields (:data:`OLD_FIELDS`);
+    an error about the value then names the keyword the caller wrote."""
+    for old in [k for k in kwargs if k in OLD_FIELDS]:
+        new, value = OLD_FIELDS[old], kwargs.pop(old)
+        if value is None and new == "max_length":
+            continue
+        if kwargs.get(new) is not None or (args and new == "max_length"):
+            raise InvalidInput(f"{old} is the old name of {new}: pass one of them")
+        _deprecated(f"{old}=", f"{new}= (tokens per row)" if new == "max_length" else f"{new}=")
+        if new == "max_length":
+            object.__setattr__(self, "_length_name", old)
+        kwargs[new] = value
     _init(self, *args, **kwargs)
 
 
-PackOptions.__init__ = _init_with_capacity  # type: ignore[method-assign]
+PackOptions.__init__ = _init_with_old_names  # type: ignore[method-assign]
 
 
 def policy_name(name: Any) -> Any:

@@ -24,7 +24,7 @@ from seqpack.pipeline.options import PackOptions, policy_name
 
 
 def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
-    """Prediction lengths as packed (after ``--split-long`` when ``split``), and sources split."""
+    """Prediction lengths as packed (after ``--cut-long`` when ``split``), and sources split."""
     counts = np.diff(docs.offsets)
     if not split:
         return counts - 1, 0
@@ -79,7 +79,7 @@ def stats_path(
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
-    lengths, split = example_lengths(docs, opts.pair_capacity, opts.split_long)
+    lengths, split = example_lengths(docs, opts.pair_capacity, opts.cut_long)
     shift = 1 if opts.format == "trl" else 0  # TRL's unit: tokens (pairs + 1) per example
     lengths = lengths + shift
     located = lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})"  # noqa: E731
@@ -145,7 +145,7 @@ def oversized_line(found: dict, capacity: int) -> str:
         f"{found['examples']:,} of {found['of']:,} examples are longer than capacity"
         f" {capacity:,} (first: {found['first']}, {found['first_length']:,} {found['unit']};"
         f" longest {found['longest']:,}): capacity {found['capacity_99']:,} fits 99% of the"
-        f" examples, {found['capacity_100']:,} fits all — raise --max-length or pass --split-long"
+        f" examples, {found['capacity_100']:,} fits all — raise --max-length or pass --cut-long"
     )
 
 

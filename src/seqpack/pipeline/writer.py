@@ -39,7 +39,7 @@ from seqpack.pipeline.options import PackOptions
 class Examples:
     """What is planned: example ``i`` is the window of ``lengths[i] + 1`` tokens starting at
     token ``starts[i]`` of document ``docs[i]`` (None: example ``i`` is document ``i``
-    whole); ``split`` counts the documents cut by ``--split-long``."""
+    whole); ``split`` counts the documents cut by ``--cut-long``."""
 
     lengths: np.ndarray
     docs: np.ndarray | None = None
@@ -48,11 +48,11 @@ class Examples:
 
 
 def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> Examples:
-    """The examples to plan; with ``split_long`` the budget is checked on the number of
+    """The examples to plan; with ``cut_long`` the budget is checked on the number of
     pieces before any document is split."""
     counts, capacity = corpus.counts, opts.pair_capacity
     long = counts - 1 > capacity
-    if not (opts.split_long and long.any()):
+    if not (opts.cut_long and long.any()):
         budget.check(len(corpus), len(corpus), what=f"{len(corpus):,} documents")
         return Examples(counts - 1)
     pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
@@ -65,7 +65,7 @@ def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], st
     """Plan every example at once with the options' policy; the plan in storage order.
 
     The lengths were checked as the corpus was read (or cut to fit by
-    ``--split-long``), so they are planned as they are. With format trl the
+    ``--cut-long``), so they are planned as they are. With format trl the
     policy packs tokens (``pairs + 1`` per example) into ``capacity`` tokens,
     TRL's unit, and an example longer than that is an
     :class:`~seqpack.core.errors.OversizedExample` naming it (never cut)."""
@@ -86,7 +86,7 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
         raise OversizedExample(
             f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
             " (format trl counts tokens, TRL's max_length) — raise --max-length or split it"
-            " with --split-long"
+            " with --cut-long"
         )
     return tokens
 

@@ -26,11 +26,13 @@ import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import INT32_MAX, Binding, Split
 from seqpack.core.compact import CompactRows
 from seqpack.core.config import check_segment_namespace
@@ -67,18 +69,19 @@ from seqpack.training.distributed import (
 from seqpack.training.packed_data import ScheduledBatch
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
-_CONFIG = (
-    "capacity",
-    "rows_per_micro_batch",
-    "micro_batches",
-    "world_size",
-    "rank",
-    "window",
-    "max_open_rows",
-    "seed",
-    "split_long",
-    "balance",
-)
+#: A saved state's settings: its on-disk key -> the dataset's attribute (0.2's keys kept).
+_CONFIG = {
+    "capacity": "capacity",
+    "rows_per_micro_batch": "rows_per_micro_batch",
+    "micro_batches": "micro_batches",
+    "world_size": "world_size",
+    "rank": "rank",
+    "window": "window",
+    "max_open_rows": "max_open_rows",
+    "seed": "seed",
+    "split_long": "cut_long",
+    "balance": "balance",
+}
 _CLOSED = ("example", "row", "start")
 
 #: Documents a stream reads at a time, at most.
@@ -176,10 +179,10 @@ def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -
         # every supervision column of a mapping, ANDed (seqpack.core.supervision)
         flags = mapping_flags(item, tokens, what) if mapping and i not in encoded else None
         mask = np.ones(pairs, dtype=bool) if flags is None else flags
-        if pairs > ds.capacity and not ds.split_long:
+        if pairs > ds.capacity and not ds.cut_long:
             raise OversizedExample(
                 f"{what} has {pairs} prediction pairs; capacity is {ds.capacity}"
-                " — raise the capacity or pass split_long=True"
+                " — raise the capacity or pass cut_long=True"
             )
         _, starts, ends = long_ranges(np.array([tokens.shape[0]]), ds.capacity)
         doc_first = first_example + len(out)
@@ -199,11 +202,12 @@ class StreamDataset(IterableDataset):
     mappings with a ``text_field`` column (default ``"text"``, with
     ``tokenizer``) and optional ``id``.
     A document longer than ``capacity`` prediction pairs is an error unless
-    ``split_long`` (then it becomes consecutive ranges, every pair kept once).
+    ``cut_long`` (then it becomes consecutive ranges, every pair kept once).
     With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
     of this rank (state_dict / resume need ``num_workers=0``).
     """
 
+    @renamed_kwargs(split_long="cut_long")
     def __init__(
         self,
         documents: Iterable[Any] | Callable[[], Iterable[Any]],
@@ -215,7 +219,7 @@ class StreamDataset(IterableDataset):
         world_size: int | None = None,
         rank: int | None = None,
         partition: Split | str = "train",
-        split_long: bool = False,
+        cut_long: bool = False,
         tokenizer: Tokenizer | None = None,
         window: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
@@ -234,8 +238,8 @@ class StreamDataset(IterableDataset):
             "rows_per_micro_batch", rows_per_micro_batch, INT32_MAX
         )
         self.micro_batches = positive_int("micro_batches", micro_batches, INT32_MAX)
-        check_flag("split_long", split_long)
-        self.split_long = bool(split_long)
+        check_flag("cut_long", cut_long)
+        self.cut_long = bool(cut_long)
         if tokenizer is not None and not callable(getattr(tokenizer, "encode_batch", None)):
             raise InvalidInput(
                 f"tokenizer must be a loaded tokenizer (seqpack.io.load_tokenizer(...)), got"
@@ -281,7 +285,8 @@ class StreamDataset(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next iteration continues from ``state`` (same configuration required)."""
-        check_saved(state, STATE_FORMAT, "stream-dataset", "dataset", self, _CONFIG)
+        settings = SimpleNamespace(**{key: getattr(self, a) for key, a in _CONFIG.items()})
+        check_saved(state, STATE_FORMAT, "stream-dataset", "dataset", settings, tuple(_CONFIG))
         self._resume, self._cursor = state, None
 
 
@@ -309,7 +314,7 @@ class _StreamPass:
         first_doc, first_example = min(docs) if docs else (self.docs_read, 0)
         return {
             "format": STATE_FORMAT,
-            **{key: getattr(self.ds, key) for key in _CONFIG},
+            **{key: getattr(self.ds, attr) for key, attr in _CONFIG.items()},
             "packer": self.packer.state_dict(),
             "closed": {k: v.tolist() for k, v in zip(_CLOSED, self.closed, strict=True)},
             "docs_read": self.docs_read,

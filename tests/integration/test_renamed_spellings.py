@@ -1,0 +1,104 @@
+"""The 0.2 spellings of renamed options, keywords and flags (docs/architecture.md's
+glossary) still work for one release: the same result as the new spelling, and a
+DeprecationWarning (a keyword) or one warning line on stderr (a flag).
+
+``scripts/codemods/vocab.py`` skips this file: it keeps the old spellings on purpose.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqpack.pipeline.options import PackOptions
+
+from support.packed_helpers import assert_same_batches, random_records, write_jsonl
+from support.strategies import BINDING
+
+
+def seqpack(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "seqpack", *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    records = random_records(np.random.default_rng(11), 60, vocab=1000, max_len=90)
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "data.jsonl", records)
+
+
+def same_output(a: Path, b: Path) -> None:
+    """Two outputs hold the same bytes: manifest and every shard."""
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def old_flag_packs_the_same(tmp_path, jsonl, old, new, *rest, command="pack"):
+    """``seqpack pack`` with ``old`` and with ``new``: byte-identical outputs, one line."""
+    base = (command, jsonl, "--vocab-size", 1000, "--max-length", 48, *rest)
+    fresh = seqpack(*base, *new, "--out", tmp_path / "new")
+    assert fresh.returncode == 0 and fresh.stderr == "", fresh.stderr
+    stale = seqpack(*base, *old, "--out", tmp_path / "old")
+    assert stale.returncode == 0, stale.stderr
+    assert stale.stderr.count("\n") == 1
+    assert f"seqpack pack: warning: {old[0]} is deprecated; pass {new[0]}" in stale.stderr
+    same_output(tmp_path / "new", tmp_path / "old")
+    both = seqpack(*base, *old, *new, "--out", tmp_path / "both")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def deprecated(old: str, make, new_make):
+    """``make()`` (the old keyword) warns naming ``old`` and equals ``new_make()``."""
+    with pytest.warns(DeprecationWarning, match=f"{old}="):
+        got = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = new_make()
+    return got, want
+
+
+# -- cut_long (was split_long / --split-long)
+
+
+def test_split_long_flag_is_cut_long(tmp_path, jsonl):
+    old_flag_packs_the_same(tmp_path, jsonl, ["--split-long"], ["--cut-long"])
+
+
+def test_split_long_keyword_is_cut_long():
+    from seqpack.training.stream import StreamDataset
+
+    got, want = deprecated(
+        "split_long",
+        lambda: PackOptions(max_length=8, split_long=True),
+        lambda: PackOptions(max_length=8, cut_long=True),
+    )
+    assert got == want and got.cut_long is True
+    base = PackOptions(max_length=8)
+    got, want = deprecated(
+        "split_long",
+        lambda: PackOptions.of(base, split_long=True),
+        lambda: PackOptions.of(base, cut_long=True),
+    )
+    assert got == want
+    docs = [{"input_ids": list(range(3, 3 + n))} for n in (30, 5, 17, 9)]
+    kw = {"binding": BINDING, "capacity": 8, "rows_per_micro_batch": 2}
+    stream = deprecated(
+        "split_long",
+        lambda: StreamDataset(docs, split_long=True, **kw),
+        lambda: StreamDataset(docs, cut_long=True, **kw),
+    )
+    old, new = ([item.batch for item in ds] for ds in stream)
+    assert len(old) > 2
+    assert_same_batches(old, new)
+    assert stream[0].state_dict() == stream[1].state_dict()
