@@ -219,7 +219,7 @@ INVARIANTS = [
     ),
     (
         "a batch never holds an example of another partition; a `partition` column must match"
-        " `--partition`; `load_packed(..., expected_split=)` checks an output's",
+        " `--split`; `load_packed(..., expected_split=)` checks an output's",
         "`test_integrity.py` (partitions), `test_hostile.py` (mixed-partitions)",
     ),
     (

@@ -78,6 +78,16 @@ class Keyword:
 
 
 @dataclass(frozen=True)
+class Attr:
+    """An attribute ``old`` renamed to ``new`` only on the objects whose source text is
+    one of ``receivers`` (``opts.partition``, never ``batch.partition``)."""
+
+    old: str
+    new: str
+    receivers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Text:
     """A regular expression for prose (comments, strings, Markdown) in files whose path
     matches ``files`` (a regular expression; default every file)."""
@@ -150,6 +160,12 @@ KEYWORDS = (
         callees=(),
         decorate=("StreamDataset.__init__",),
     ),
+    Keyword(  # PackOptions(split=) and the entry points that take its fields as keywords
+        "partition",
+        "split",
+        functions=(),
+        callees=("PackOptions", "of", "pack_path", "stats_path", "pack_dataset", "_pack"),
+    ),
     Keyword(
         "expected_partition",
         "expected_split",
@@ -157,6 +173,13 @@ KEYWORDS = (
         callees=(),
         decorate=("load_packed", "PackedDataset.__init__", "PackedBatches.__init__"),
     ),
+)
+
+#: the objects that are a PackOptions in seqpack's code and tests
+_OPTIONS = ("opts", "options", "self.opts", "self.spec.opts", "self.options")
+ATTRS = (
+    # PackOptions.split (train / validation / test); batches and tables keep partition
+    Attr("partition", "split", _OPTIONS),
 )
 
 TEXTS = (
@@ -168,6 +191,9 @@ TEXTS = (
     Text(r"(?<=\.)split_long\b(?!\()", "cut_long"),
     Text(r'\["split_long"\]', '["cut_long"]'),
     Text(r"\bsplit sources longer than a row\b", "cut documents longer than a row into spans"),
+    # the split option (PackOptions.split, --split); the stored key stays partition
+    Text(r"(?<![\w-])--partition\b", "--split"),
+    Text(r"\bpass partition= with\b", "pass split= with"),
     Text(r"\b((?:seqpack\.|examples\.)?)split_long\(", r"\1cut_long("),
     Text(r":func:`(~?[\w.]*?)split_long`", r":func:`\1cut_long`"),
     Text(r"`long_ranges`, `split_long`", "`long_ranges`, `cut_long`"),
@@ -363,6 +389,16 @@ def keyword_edits(tree: ast.AST, lines: list[bytes], rule: Keyword) -> list[Edit
                 if kw.arg == rule.old:
                     edits.append(Edit(kw.lineno, kw.col_offset, rule.old, rule.new))
     return edits
+
+
+def attr_edits(tree: ast.AST, rule: Attr) -> list[Edit]:
+    return [
+        Edit(node.end_lineno, node.end_col_offset - len(rule.old), rule.old, rule.new)
+        for node in _walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == rule.old
+        and ast.unparse(node.value) in rule.receivers
+    ]
 
 
 def apply_edits(text: str, edits: list[Edit]) -> str:
@@ -579,6 +615,8 @@ def rewrite_python(text: str, path: str) -> str:
         tree = ast.parse(text)
         lines = text.encode().split(b"\n")
         text = apply_edits(text, keyword_edits(tree, lines, rule))
+    for rule in ATTRS:
+        text = apply_edits(text, attr_edits(ast.parse(text), rule))
     text = prose_python(text, path)
     for pattern, repl in WHOLE:
         text = pattern.sub(repl, text)

@@ -50,12 +50,14 @@ OLD_FIELDS = {
     "capacity": "max_length",
     "split_long": "cut_long",
     "split_long_sources": "cut_long",
+    "partition": "split",
 }
 #: Command-line flags of 0.2 -> the flag they now are (hidden from ``--help``, they
 #: print one deprecation line on stderr and store into the new flag's value).
 OLD_FLAGS = {
     "--capacity": "--max-length",
     "--split-long": "--cut-long",
+    "--partition": "--split",
 }
 
 

@@ -100,7 +100,7 @@ def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rn
         subset = [r for r in records if r["partition"] == part]
         data = write_jsonl(tmp_path / f"{part}.jsonl", subset)
         outs[part] = tmp_path / part
-        pack_path(data, outs[part], capacity=16, vocab_size=VOCAB, partition=part)
+        pack_path(data, outs[part], capacity=16, vocab_size=VOCAB, split=part)
         got = recovered_examples(load_packed(outs[part], expected_split=part))
         assert sorted(e["source_id"] for e in got.values()) == sorted(r["id"] for r in subset)
     train = load_packed(outs["train"])

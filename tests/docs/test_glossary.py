@@ -37,11 +37,10 @@ PACKAGES = (
 #: Names that keep a retired word for now, and why (remove an entry when its rename lands).
 ALLOWED = {
     "old_capacity": "declares the deprecated --capacity beside --max-length (one release)",
-    "--partition": "the CLI rename (the PackOptions field is partition until then)",
     "FIXTURE_CAPACITY": "the seed's fixture width in cells; follows the capacity rename",
     "check_tree_capacity": "follows the capacity rename",
-    # an input column is named partition (the data's own format)
-    "PARTITION_COLUMN": "the name of the input column",
+    # an input column is named partition (the data's own format: Ray's blocks read it)
+    "PARTITION_COLUMN": "the name of the input column, as the data spells it",
     # --tree auto's grouping window: rows at most N apart (a look-ahead of the grouping)
     "--tree-window": "the CLI rename of --tree auto's grouping window",
 }
@@ -52,9 +51,10 @@ ALLOWED = {
 LANDED = {
     "--capacity": "--max-length",
     "--split-long": "--cut-long",
+    "--partition": "--split",
 }
 #: PackOptions fields renamed: the old keyword is no field, the new one is.
-LANDED_FIELDS = {"capacity": "max_length", "split_long": "cut_long"}
+LANDED_FIELDS = {"capacity": "max_length", "split_long": "cut_long", "partition": "split"}
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z]|\d|\b)|[A-Z]?[a-z]+|[A-Z]+|\d+")
 

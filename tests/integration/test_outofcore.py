@@ -29,9 +29,7 @@ def in_memory(source, out, **overrides):
     """The in-memory path over the same input: read whole, packed, written at once."""
     opts = PackOptions.of(**overrides)
     tok = opts.load_tokenizer()
-    docs = read_documents(
-        source, tokenizer=tok, text_field=opts.text_field, partition=opts.partition
-    )
+    docs = read_documents(source, tokenizer=tok, text_field=opts.text_field, partition=opts.split)
     table, split = bind_examples(docs, opts, tok)
     plan, rows = pack_table(table, opts.capacity, opts.policy, **opts.policy_options)
     stats = run_statistics(plan, docs, table, split) | {

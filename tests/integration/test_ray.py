@@ -371,7 +371,7 @@ def test_validation_rows_never_enter_training_rows(ray_instance, records, tmp_pa
     val = tmp_path / "val"
     val.mkdir()
     pq.write_table(table.filter(pa.array([p == "validation" for p in split])), val / "v.parquet")
-    _pack(val, tmp_path / "val-out", partition="validation")
+    _pack(val, tmp_path / "val-out", split="validation")
     store = load_packed(tmp_path / "val-out")
     assert store.partition is Split.VALIDATION
     assert all(batch.partition is Split.VALIDATION for batch in store)

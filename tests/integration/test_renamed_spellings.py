@@ -102,3 +102,29 @@ def test_split_long_keyword_is_cut_long():
     assert len(old) > 2
     assert_same_batches(old, new)
     assert stream[0].state_dict() == stream[1].state_dict()
+
+
+# -- split (was partition / --partition)
+
+
+def test_partition_flag_is_split(tmp_path, jsonl):
+    old, new = ["--partition", "validation"], ["--split", "validation"]
+    old_flag_packs_the_same(tmp_path, jsonl, old, new, "--cut-long")
+    from seqpack.io.store import load_packed
+
+    assert load_packed(tmp_path / "old").partition.value == "validation"
+
+
+def test_partition_keyword_is_split():
+    got, want = deprecated(
+        "partition",
+        lambda: PackOptions(max_length=8, partition="test"),
+        lambda: PackOptions(max_length=8, split="test"),
+    )
+    assert got == want and got.split.value == "test"
+    got, want = deprecated(
+        "partition",
+        lambda: PackOptions.of(want, partition="validation"),
+        lambda: PackOptions.of(want, split="validation"),
+    )
+    assert got == want and got.split.value == "validation"

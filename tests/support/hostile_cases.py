@@ -532,7 +532,7 @@ CASES: list[Case] = [
         _pack_argv(),
         _pack,
         SplitMismatch,
-        (f"{DATA} line 2", "belongs to partition 'validation'", "--partition validation"),
+        (f"{DATA} line 2", "belongs to partition 'validation'", "--split validation"),
     ),
     Case(
         "mixed-partitions-api",
@@ -694,10 +694,10 @@ CASES: list[Case] = [
     ),
     Case(
         "unknown-partition",
-        "`--partition dev`",
+        "`--split dev`",
         {DATA: lines(*_ok_docs())},
-        _pack_argv("--partition", "dev"),
-        lambda: _pack(partition="dev"),
+        _pack_argv("--split", "dev"),
+        lambda: _pack(split="dev"),
         InvalidInput,
         ("unknown partition 'dev'", "train, validation, test"),
     ),

@@ -163,7 +163,7 @@ def pack_dataset(
         dataset,
         opts,
         tokenizer,
-        receipt=lambda found: fingerprint_receipt(found, opts.partition),
+        receipt=lambda found: fingerprint_receipt(found, opts.split),
         default_vocab=True,
     )
     try:
@@ -180,7 +180,7 @@ def pack_dataset(
     fields = opts.manifest_fields(pad)
     meta = manifest_record(
         binding=corpus.binding,
-        partition=opts.partition,
+        partition=opts.split,
         config=fields["config"],
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         columns=columns,
@@ -223,9 +223,7 @@ def _tables(
     corpus: Corpus, examples: Examples, storage: Storage, opts: PackOptions
 ) -> tuple[list[str], pa.Table]:
     """The packed rows gathered into one table (one schema); its column names."""
-    source = CorpusSource(
-        corpus, examples, layout_for(corpus, examples, opts.format), opts.partition
-    )
+    source = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
     bounds = shard_spans(storage, opts).tolist()
     parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":

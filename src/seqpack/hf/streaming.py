@@ -76,12 +76,12 @@ class _Source:
         import datasets
 
         if isinstance(dataset, datasets.IterableDatasetDict):
-            if opts.partition.value not in dataset:
+            if opts.split.value not in dataset:
                 raise InvalidInput(
-                    f"the stream has splits {sorted(dataset)}, not {opts.partition.value!r} —"
-                    " pass partition= with one of them"
+                    f"the stream has splits {sorted(dataset)}, not {opts.split.value!r} —"
+                    " pass split= with one of them"
                 )
-            dataset = dataset[opts.partition.value]
+            dataset = dataset[opts.split.value]
         self.dataset = dataset
         self.hf = isinstance(dataset, datasets.IterableDataset)
         self.one_shot = not self.hf and not callable(dataset) and iter(dataset) is dataset
@@ -133,7 +133,7 @@ def stream_binding(source: _Source, opts: PackOptions, tokenizer: Tokenizer | No
             "a stream's largest token id is not known before it is read — pass"
             " vocab_size= (the model's vocabulary size) or a tokenizer= that defines it"
         )
-    text = f"seqpack-split\0{opts.partition.value}\0stream\0{source.identity()}"
+    text = f"seqpack-split\0{opts.split.value}\0stream\0{source.identity()}"
     receipt = "stream:" + hashlib.sha256(text.encode()).hexdigest()[:32]
     return make_binding(
         lambda: receipt,
@@ -199,7 +199,7 @@ class _Packing:
                 origin,
                 tokenizer=self.spec.tokenizer,
                 text_field=self.spec.opts.text_field,
-                partition=self.spec.opts.partition,
+                partition=self.spec.opts.split,
                 objective=Objective.of(self.spec.opts),
             ).rebased(self.docs)
             chunk.check_vocabulary(self.spec.binding.vocab_size)
@@ -260,7 +260,7 @@ class _Packing:
         opts = self.spec.opts
         return CompactRows(
             capacity=opts.capacity,
-            partition=opts.partition,
+            partition=opts.split,
             binding=self.spec.binding,
             first_row=self.rows,
             row_offsets=row_offsets,
@@ -314,7 +314,7 @@ class StreamSpec:
         trl = self.opts.format == "trl"
         return manifest_record(
             binding=self.binding,
-            partition=self.opts.partition,
+            partition=self.opts.split,
             config=fields["config"],
             kind=(TRL_FORMAT, TRL_VERSION) if trl else (FORMAT, VERSION),
             columns=self.schema().names,

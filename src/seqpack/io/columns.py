@@ -162,7 +162,7 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
     raise SplitMismatch(
         f"{where}: the row belongs to partition {value!r} but {partition.value!r} is being"
         f" packed — a pack holds one partition only; pack those rows separately with"
-        f" --partition {value.lower()}"
+        f" --split {value.lower()}"
     )
 
 

@@ -287,7 +287,7 @@ def pick_split(dataset: Any, part: Split, name: str) -> Any:
         if part.value not in dataset:
             raise InvalidInput(
                 f"{name} has splits {sorted(dataset)}, not {part.value!r} — pass"
-                " --partition with one of them"
+                " --split with one of them"
             )
         dataset = dataset[part.value]
     if not isinstance(dataset, datasets.Dataset):

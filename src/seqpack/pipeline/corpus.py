@@ -232,11 +232,11 @@ def read_corpus(
             tokenizer_id=opts.tokenizer_id,
         )  # fmt: skip
     vocab = None if binding is None else binding.vocab_size
-    source_input = open_input(source, opts.partition, read_limits(opts))
+    source_input = open_input(source, opts.split, read_limits(opts))
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     given = (receipt(source_input) if receipt else None) or opts.split_id
-    digest = None if given else DataDigest(opts.partition)
+    digest = None if given else DataDigest(opts.split)
     keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
     state = _Reading(source_input.persistent, spill_dir or ".", keep)
     try:
@@ -247,7 +247,7 @@ def read_corpus(
                     if table.num_rows:
                         chunk = chunk_from_arrow(
                             table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                            partition=opts.partition, objective=Objective.of(opts),
+                            partition=opts.split, objective=Objective.of(opts),
                         ).rebased(state.documents)  # fmt: skip
                         budget.check(documents=state.documents + len(chunk), what=source_input.name)
                         state.take(chunk, opts, vocab, digest)

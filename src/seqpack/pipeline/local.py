@@ -118,13 +118,13 @@ def bind_examples(
     sources were split. The budget covers the split before it runs."""
     binding = resolve_binding(
         docs,
-        options.partition,
+        options.split,
         vocab_size=options.vocab_size,
         tokenizer=tokenizer,
         tokenizer_id=options.tokenizer_id,
         split_id=options.split_id,
     )
-    table = docs.to_table(binding, options.partition)
+    table = docs.to_table(binding, options.split)
     if not options.cut_long:
         return table, 0
     if options.max_metadata_bytes is not None:
@@ -235,9 +235,7 @@ def _pack_corpus(
     bounds = storage.row_offsets[shard_spans(storage, opts)]
     widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
     budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
-    source_ = CorpusSource(
-        corpus, examples, layout_for(corpus, examples, opts.format), opts.partition
-    )
+    source_ = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
     stats = plan.stats() | {
         "sources": len(corpus),
         "split_sources": examples.split,
@@ -258,7 +256,7 @@ def _pack_corpus(
     fields = opts.manifest_fields(pad)
     manifest = manifest_record(
         binding=corpus.binding,
-        partition=opts.partition,
+        partition=opts.split,
         config=fields["config"],
         shards=shards,
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),

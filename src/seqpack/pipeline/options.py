@@ -137,8 +137,8 @@ class PackOptions:
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
-    partition: Split = _field(  # noqa: RUF009
-        Split.TRAIN, "--partition", "train, validation or test", BOTH
+    split: Split = _field(  # noqa: RUF009
+        Split.TRAIN, "--split", "the split the data is: train, validation or test", BOTH
     )
     cut_long: bool = _field(
         False,
@@ -253,7 +253,7 @@ class PackOptions:
         for field_name, top in _COUNTS.items():  # optional ones may be None
             if (value := getattr(self, field_name)) is not None or field_name in _REQUIRED:
                 put(self, field_name, positive_int(field_name, value, top))
-        put(self, "partition", Split.parse(self.partition))
+        put(self, "split", Split.parse(self.split))
         Objective.of(self)  # checks assistant_only_loss and completion_only_loss
         if self.chat_template is not None:
             put(self, "chat_template", read_chat_template(self.chat_template))

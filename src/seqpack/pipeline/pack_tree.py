@@ -124,10 +124,10 @@ def pack_tree_path(
     inputs = [s for s in named if isinstance(s, (str, Path)) and not is_stdin(s)]
     with open_output(out, opts.overwrite, inputs=inputs) as output:  # before reading
         tok = opts.load_tokenizer()
-        table, origin = read_table(source, opts.partition)
+        table, origin = read_table(source, opts.split)
         binding = table_binding(
             table,
-            opts.partition,
+            opts.split,
             vocab_size=opts.vocab_size,
             tokenizer=tok,
             tokenizer_id=opts.tokenizer_id,
@@ -158,7 +158,7 @@ def pack_tree_path(
             records,
             output,
             binding=binding,
-            partition=opts.partition,
+            partition=opts.split,
             config=fields["config"],
             policy=fields["policy"],
             tree=tree_fields,

@@ -74,7 +74,7 @@ def stats_path(
         source,
         tokenizer=opts.load_tokenizer(),
         text_field=opts.text_field,
-        partition=opts.partition,
+        partition=opts.split,
         objective=Objective.of(opts),
     )
     if not len(docs):

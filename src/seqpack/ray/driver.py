@@ -288,13 +288,13 @@ def _manifest(
     layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
     receipt = options.split_id or data_digest(
-        "seqpack-split-blocks", options.partition.value, *(s["split_id"] for s in block_stats)
+        "seqpack-split-blocks", options.split.value, *(s["split_id"] for s in block_stats)
     )
     blocks = per_block(layout, block_stats, results.shards, results.runs)
     shards = per_shard(results.shards, results.runs)
     return manifest_record(
         binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
-        partition=options.partition,
+        partition=options.split,
         config=fields["config"],
         shards=results.entries,
         rows=layout.rows,

@@ -120,7 +120,7 @@ def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
             f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
             f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
             " another partition's rows; filter the input or pack it with"
-            f" --partition {values[row]}"
+            f" --split {values[row]}"
         )
 
 
@@ -164,7 +164,7 @@ def plan_block(
     docs = documents_from_arrow(
         table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
     )
-    check_split(table, docs, opts.partition)
+    check_split(table, docs, opts.split)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
     _check_block_budget(block, len(docs), examples, settings)
@@ -214,7 +214,7 @@ def write_shard(
     parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
     rows = arrow_to_rows(
         pa.concat_tables(parts).combine_chunks(), capacity=opts.capacity,
-        partition=opts.partition, binding=settings.binding, where=name, contiguous=False,
+        partition=opts.split, binding=settings.binding, where=name, contiguous=False,
     )  # fmt: skip
     part_rows = np.cumsum([0] + [b - a for a, b, _ in spans])
     moved = np.repeat([e for *_, e in spans], np.diff(rows.row_offsets[part_rows]))
