@@ -166,6 +166,31 @@ KEYWORDS = (
         functions=(),
         callees=("PackOptions", "of", "pack_path", "stats_path", "pack_dataset", "_pack"),
     ),
+    Keyword(  # the stream packer's look-ahead (an attention window is sliding_window)
+        "window",
+        "lookahead",
+        functions=(
+            "StreamPacker.__init__",
+            "StreamPacker.check_settings",
+            "stream_best_fit",
+            "stream_bytes",
+            "check_stream_memory",
+            "StreamDataset.__init__",
+        ),
+        # pack_table / pack_dataset pass it on as a policy option; stream: a test's
+        # StreamDataset factory
+        callees=(
+            "StreamPacker",
+            "check_settings",
+            "stream_best_fit",
+            "StreamDataset",
+            "plan_rows",
+            "pack_table",
+            "pack_dataset",
+            "stream",
+        ),
+        decorate=("StreamPacker.__init__", "StreamDataset.__init__"),
+    ),
     Keyword(
         "expected_partition",
         "expected_split",
@@ -194,6 +219,21 @@ TEXTS = (
     # the split option (PackOptions.split, --split); the stored key stays partition
     Text(r"(?<![\w-])--partition\b", "--split"),
     Text(r"\bpass partition= with\b", "pass split= with"),
+    # the stream packer's look-ahead: --option lookahead=N, StreamPacker(lookahead=)
+    Text(r"(write e\.g\.|--option) window=", r"\1 lookahead="),
+    Text(r"\bwindow=(\d[\d_]*), max_open_rows\b", r"lookahead=\1, max_open_rows"),
+    Text(r"\bstream-best-fit window=", "stream-best-fit lookahead="),
+    Text(r"`window=(\d)", r"`lookahead=\1", files=r"docs/(datasets|policies)\.md"),
+    Text(r"\bper `window` slot\b", "per `lookahead` slot"),
+    Text(r"\b(StreamPacker|plan_rows)\(([^()\n]*?)\bwindow=", r"\1(\2lookahead="),
+    Text(r"\blower window( or max_open_rows\b|\"$)", r"lower lookahead\1"),
+    Text(r"\b(takes no option|its options: engine,) window\b", r"\1 lookahead"),
+    Text(r"\bwindow must be an integer in", "lookahead must be an integer in"),
+    Text(r"(?<=stream-best-fit)( takes| options?:? )``window``", r"\1``lookahead``"),
+    Text(r"\bthe policy's window\b", "the policy's lookahead"),
+    Text(r'"--option", "window=', '"--option", "lookahead=', whole=True),
+    # the memory bound reads the option under its new name (PackOptions renames it)
+    Text(r'opts\.get\("window"\)', 'opts.get("lookahead")', files=r"budget\.py$", whole=True),
     Text(r"\b((?:seqpack\.|examples\.)?)split_long\(", r"\1cut_long("),
     Text(r":func:`(~?[\w.]*?)split_long`", r":func:`\1cut_long`"),
     Text(r"`long_ranges`, `split_long`", "`long_ranges`, `cut_long`"),
@@ -428,7 +468,7 @@ def _prose_rules() -> list[tuple[re.Pattern[str], str, str, bool]]:
     return rules
 
 
-WHOLE = [(re.compile(t.pattern), t.repl) for t in TEXTS if t.whole]
+WHOLE = [(re.compile(t.pattern), t.repl, t.files) for t in TEXTS if t.whole]
 
 
 PROSE = _prose_rules()
@@ -618,8 +658,9 @@ def rewrite_python(text: str, path: str) -> str:
     for rule in ATTRS:
         text = apply_edits(text, attr_edits(ast.parse(text), rule))
     text = prose_python(text, path)
-    for pattern, repl in WHOLE:
-        text = pattern.sub(repl, text)
+    for pattern, repl, where in WHOLE:
+        if not where or re.search(where, path):
+            text = pattern.sub(repl, text)
     text = add_kwarg_shims(text, path)
     text = add_module_aliases(text, path, style)
     ast.parse(text)

@@ -59,6 +59,8 @@ OLD_FLAGS = {
     "--split-long": "--cut-long",
     "--partition": "--split",
 }
+#: Policy options of 0.2 -> the option they now are (for the policies that take it).
+OLD_OPTIONS = {"window": "lookahead"}
 
 
 def renamed_kwargs(**renames: str) -> Callable[[F], F]:
@@ -80,4 +82,4 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
     return decorate
 
 
-__all__ = ["OLD_FIELDS", "OLD_FLAGS", "renamed_kwargs", "renamed_names"]
+__all__ = ["OLD_FIELDS", "OLD_FLAGS", "OLD_OPTIONS", "renamed_kwargs", "renamed_names"]

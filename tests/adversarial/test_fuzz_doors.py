@@ -384,7 +384,7 @@ STREAM_ARGS = [
     "rank",
     "partition",
     "cut_long",
-    "window",
+    "lookahead",
     "max_open_rows",
     "seed",
     "balance",
@@ -405,6 +405,6 @@ def test_stream_dataset_arguments(name, value):
     from support.strategies import BINDING
 
     docs = [np.arange(1, 2 + i % 6, dtype=np.int32) for i in range(20)]
-    args = {"binding": BINDING, "capacity": 10, "rows_per_micro_batch": 3, "window": 8}
+    args = {"binding": BINDING, "capacity": 10, "rows_per_micro_batch": 3, "lookahead": 8}
     args[name] = value
     _outcome(lambda: list(islice(iter(StreamDataset(docs, **args)), 4)))

@@ -114,7 +114,7 @@ def _plan_file(tmp_path_factory):
 
 
 def _stream_state():
-    packer = StreamPacker(10, window=5, max_open_rows=3, seed=4)
+    packer = StreamPacker(10, lookahead=5, max_open_rows=3, seed=4)
     packer.push(np.array([3, 7, 2, 9, 1, 4, 4, 6, 2, 5, 8, 1, 3]))
     return packer.state_dict()
 

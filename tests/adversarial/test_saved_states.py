@@ -167,7 +167,7 @@ def test_a_plan_budget_is_checked_before_reading(plan, tmp_path):
 
 @pytest.fixture
 def state():
-    packer = StreamPacker(8, window=4, max_open_rows=2, seed=3)
+    packer = StreamPacker(8, lookahead=4, max_open_rows=2, seed=3)
     packer.push([3, 5, 2, 7, 1, 4, 6, 2, 2])
     return json.loads(json.dumps(packer.state_dict()))
 
@@ -212,7 +212,7 @@ def test_a_stream_state_that_breaks_an_invariant_is_refused(state, edit, needle)
         StreamPacker.from_state_dict(state)
     assert needle in str(info.value)
     with pytest.raises(InvalidInput):
-        StreamPacker(8, window=4, max_open_rows=2, seed=3).load_state_dict(state)
+        StreamPacker(8, lookahead=4, max_open_rows=2, seed=3).load_state_dict(state)
 
 
 def test_a_huge_window_in_a_state_is_refused_before_allocating(state):
@@ -226,7 +226,7 @@ def test_a_huge_window_in_a_state_is_refused_before_allocating(state):
 
 
 def test_a_larger_window_restores_with_a_larger_budget(state):
-    packer = StreamPacker(8, window=100_000, max_open_rows=2, seed=3)
+    packer = StreamPacker(8, lookahead=100_000, max_open_rows=2, seed=3)
     packer.push([3, 5, 2])
     saved = packer.state_dict()
     need = stream_bytes(8, 100_000, 2)
@@ -236,7 +236,7 @@ def test_a_larger_window_restores_with_a_larger_budget(state):
 
 
 def test_a_refused_state_leaves_the_packer_as_it_was(state):
-    packer = StreamPacker(8, window=4, max_open_rows=2, seed=3)
+    packer = StreamPacker(8, lookahead=4, max_open_rows=2, seed=3)
     packer.push([1, 2])
     before = packer.state_dict()
     _remove_an_example(state)
@@ -287,7 +287,7 @@ def _stream(docs, **kw):
     from seqpack.training.stream import StreamDataset
 
     return StreamDataset(docs, binding=BINDING, capacity=8, rows_per_micro_batch=1,
-                         world_size=1, rank=0, window=4, **kw)  # fmt: skip
+                         world_size=1, rank=0, lookahead=4, **kw)  # fmt: skip
 
 
 def _stream_state():

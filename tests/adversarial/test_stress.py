@@ -107,7 +107,7 @@ def test_gathering_policies_count_one_copy_of_the_tokens(rng, policy):
 @pytest.mark.parametrize("window", [1, 300, 20_000, 150_000])
 def test_the_stream_policy_budget_grows_with_its_window(rng, window):
     table = random_table(rng, 3000, 60, masked=False)
-    options = {"window": window, "max_open_rows": 16}
+    options = {"lookahead": window, "max_open_rows": 16}
     pack_table(table, 64, "stream-best-fit", **options)  # kernels loaded before measuring
     need = packing_bytes(table, 64, "stream-best-fit", options)
     assert traced_peak(lambda: pack_table(table, 64, "stream-best-fit", **options)) <= need
@@ -169,7 +169,7 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
     path.write_text('{"input_ids": [0, 5, 1]}\n' * 10)
     args = ["pack", str(path), "--out", str(tmp_path / "out"), "--max-length", "4096",
             "--vocab-size", "10", "--max-metadata-bytes", "64M", "--policy", "stream-best-fit",
-            "--option", "window=50000000"]  # fmt: skip
+            "--option", "lookahead=50000000"]  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "seqpack", *args], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "but max_metadata_bytes is 67,108,864" in proc.stderr
@@ -180,11 +180,12 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
     monkeypatch.setattr(Input, "chunks", never)
     with pytest.raises(BudgetExceeded, match="2 read chunks") as err:
         pack_path(path, tmp_path / "out", capacity=4096, vocab_size=10, policy="stream-best-fit",
-                  policy_options={"window": 50_000_000}, max_metadata_bytes=64 << 20)  # fmt: skip
+                  policy_options={"lookahead": 50_000_000},
+                  max_metadata_bytes=64 << 20)  # fmt: skip
     assert int(str(err.value).split(" needs ")[1].split(" bytes")[0].replace(",", "")) > 50e6 * 100
     table = random_table(np.random.default_rng(0), 10, 5, masked=False)
     with pytest.raises(BudgetExceeded):
-        pack_table(table, 8, "stream-best-fit", window=50_000_000, max_metadata_bytes=64 << 20)
+        pack_table(table, 8, "stream-best-fit", lookahead=50_000_000, max_metadata_bytes=64 << 20)
 
 
 def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch):

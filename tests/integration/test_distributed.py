@@ -170,7 +170,7 @@ def _bad_api_calls():
         "set_epoch 'x'": (lambda: RowSampler(rs, rows_per_micro_batch=1).set_epoch("x"), "epoch"),
         "stream world 1e9": (lambda: stream(world_size=10**9, rank=0), "over the"),
         "stream micro 1e9": (lambda: stream(micro_batches=10**9), "over the"),
-        "stream window 1e9": (lambda: stream(window=10**9), "over the"),
+        "stream window 1e9": (lambda: stream(lookahead=10**9), "over the"),
         "stream capacity 1e10": (lambda: stream(capacity=10**10), "capacity"),
         "stream read_chunk 1e12": (lambda: stream(read_chunk=10**12), "read_chunk"),
         "stream binding str": (lambda: stream(binding="x"), "binding"),

@@ -63,7 +63,7 @@ CASES = {
     "bfd": dict(capacity=64, vocab_size=500, policy="best-fit-decreasing"),
     "ffd": dict(capacity=64, vocab_size=500, policy="first-fit-decreasing"),
     "stream": dict(capacity=64, vocab_size=500, policy="stream-best-fit",
-                   policy_options={"window": 7}),
+                   policy_options={"lookahead": 7}),
     "split": dict(capacity=16, vocab_size=500, cut_long=True, max_rows_per_batch=3),
 }  # fmt: skip
 

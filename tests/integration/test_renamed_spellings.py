@@ -128,3 +128,59 @@ def test_partition_keyword_is_split():
         lambda: PackOptions.of(want, split="validation"),
     )
     assert got == want and got.split.value == "validation"
+
+
+# -- lookahead (was the stream packer's window)
+
+
+def test_window_option_is_lookahead(tmp_path, jsonl):
+    """``--option window=N`` packs what ``--option lookahead=N`` packs (the manifest
+    records the option under its on-disk key window either way), with one line."""
+    base = ("pack", jsonl, "--vocab-size", 1000, "--max-length", 48, "--cut-long")
+    base += ("--policy", "stream-best-fit")
+    new = seqpack(*base, "--option", "lookahead=5", "--out", tmp_path / "new")
+    assert new.returncode == 0 and new.stderr == "", new.stderr
+    old = seqpack(*base, "--option", "window=5", "--out", tmp_path / "old")
+    assert old.returncode == 0 and old.stderr.count("\n") == 1
+    assert "warning: --option window= is deprecated; pass --option lookahead=" in old.stderr
+    same_output(tmp_path / "new", tmp_path / "old")
+    assert '"window": 5' in (tmp_path / "new" / "manifest.json").read_text()
+
+
+def test_window_keyword_is_lookahead():
+    from seqpack import plan_rows
+    from seqpack.core.stream_packer import StreamPacker
+    from seqpack.training.stream import StreamDataset
+
+    lengths = np.random.default_rng(3).integers(1, 9, 200)
+    packers = deprecated(
+        "window",
+        lambda: StreamPacker(8, window=3, max_open_rows=2, seed=1),
+        lambda: StreamPacker(8, lookahead=3, max_open_rows=2, seed=1),
+    )
+    old, new = ([p.push(lengths), p.finish()] for p in packers)
+    pairs = [(a, b) for x, y in zip(old, new, strict=True) for a, b in zip(x, y, strict=True)]
+    assert all(np.array_equal(a, b) for a, b in pairs)
+    assert packers[0].state_dict() == packers[1].state_dict()
+    assert packers[0].state_dict()["window"] == packers[0].lookahead == 3  # on-disk key
+    plans = deprecated(
+        "window",
+        lambda: plan_rows(lengths, 8, "stream-best-fit", window=3),
+        lambda: plan_rows(lengths, 8, "stream-best-fit", lookahead=3),
+    )
+    assert plans[0].to_dict() == plans[1].to_dict()
+    opts = deprecated(
+        "window",
+        lambda: PackOptions(8, policy="stream-best-fit", policy_options={"window": 3}),
+        lambda: PackOptions(8, policy="stream-best-fit", policy_options={"lookahead": 3}),
+    )
+    assert opts[0] == opts[1] and dict(opts[0].policy_options) == {"lookahead": 3}
+    docs = [{"input_ids": list(range(3, 3 + n))} for n in (7, 5, 8, 9, 3, 6)]
+    kw = {"binding": BINDING, "capacity": 8, "rows_per_micro_batch": 2}
+    stream = deprecated(
+        "window",
+        lambda: StreamDataset(docs, window=2, **kw),
+        lambda: StreamDataset(docs, lookahead=2, **kw),
+    )
+    assert_same_batches([i.batch for i in stream[0]], [i.batch for i in stream[1]])
+    assert stream[0].state_dict() == stream[1].state_dict()

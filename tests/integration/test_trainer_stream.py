@@ -22,7 +22,7 @@ import seqpack.hf as H
 from seqpack import ByteTokenizer, SeqpackError
 from seqpack.training import StreamDataset
 
-PACKER = {"window": 8, "max_open_rows": 4, "seed": 3}
+PACKER = {"lookahead": 8, "max_open_rows": 4, "seed": 3}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -79,8 +79,8 @@ def test_stream_failures_are_one_seqpack_error():
     docs = rows()
     with pytest.raises(SeqpackError, match="pass vocab_size="):
         H.pack_dataset(stream_of(docs), 12)
-    with pytest.raises(SeqpackError, match="lower window"):  # 56 GB of buffers: refused first
-        H.pack_dataset(stream_of(docs), 12, vocab_size=266, window=10**9)
+    with pytest.raises(SeqpackError, match="lower lookahead"):  # 56 GB of buffers: refused first
+        H.pack_dataset(stream_of(docs), 12, vocab_size=266, lookahead=10**9)
     with pytest.raises(SeqpackError, match="policy 'stream-best-fit'"):
         H.pack_dataset(stream_of(docs), 12, "first-fit-decreasing", vocab_size=266)
     from seqpack.pipeline import pack_path

@@ -258,7 +258,7 @@ def test_a_table_of_another_partition_or_binding_is_refused_by_name():
 def test_a_table_and_its_examples_pack_alike_with_policy_options():
     examples = fixture_examples() * 3
     table = ExampleTable.from_examples(examples, "train", fixture_binding())
-    options = {"policy": "stream-best-fit", "window": 2, "max_open_rows": 1, "seed": 5}
+    options = {"policy": "stream-best-fit", "lookahead": 2, "max_open_rows": 1, "seed": 5}
     a = pack_examples("train", examples, fixture_binding(), PackConfig(6, 2), **options)
     b = pack_examples(Split.TRAIN, table, fixture_binding(), PackConfig(6, 2), **options)
     assert a.plan.to_dict() == b.plan.to_dict() and a.plan.policy == "stream-best-fit"

@@ -160,7 +160,7 @@ def test_padded_is_one_example_per_row():
 
 
 def test_policy_options_are_checked_by_name_with_the_known_ones_listed():
-    check_policy_options("stream-best-fit", {"window": 3, "seed": 1})
+    check_policy_options("stream-best-fit", {"lookahead": 3, "seed": 1})
     with pytest.raises(InvalidInput) as err:
         check_policy_options("worst-fit", {})
     assert str(err.value) == f"unknown policy 'worst-fit'; choose one of {', '.join(POLICIES)}"
@@ -173,7 +173,7 @@ def test_policy_options_are_checked_by_name_with_the_known_ones_listed():
         check_policy_options("stream-best-fit", {"windows": 8})
     assert str(err.value) == (
         "policy 'stream-best-fit' takes no option windows;"
-        " its options: engine, max_open_rows, seed, window"
+        " its options: engine, lookahead, max_open_rows, seed"
     )
     with pytest.raises(InvalidInput) as err:
         check_policy_options("padded", {"engine": "python"})
@@ -337,8 +337,8 @@ def test_policy_options_parse_as_json_or_text(item, want):
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ("window", "--option 'window' is not KEY=VALUE — write e.g. window=4096"),
-        ("=3", "--option '=3' is not KEY=VALUE — write e.g. window=4096"),
+        ("window", "--option 'window' is not KEY=VALUE — write e.g. lookahead=4096"),
+        ("=3", "--option '=3' is not KEY=VALUE — write e.g. lookahead=4096"),
         ("x=NaN", "--option 'x=NaN': NaN is not a usable value — write a finite number"),
         (
             "x=Infinity",

@@ -63,7 +63,7 @@ def triples(placements):
 def test_every_push_returns_what_the_reference_closes(case, engine_name):
     lengths, capacity, window, max_open, seed, cuts = case
     packer = StreamPacker(
-        capacity, window=window, max_open_rows=max_open, seed=seed, engine=engine_name
+        capacity, lookahead=window, max_open_rows=max_open, seed=seed, engine=engine_name
     )
     ref = StreamReference(capacity, window, max_open, seed)
     for part in chunks(lengths, cuts):
@@ -82,7 +82,7 @@ def test_every_push_returns_what_the_reference_closes(case, engine_name):
 def test_a_restored_packer_continues_as_the_reference(case):
     lengths, capacity, window, max_open, seed, cuts = case
     cut = cuts[0] if cuts else len(lengths) // 2
-    first = StreamPacker(capacity, window=window, max_open_rows=max_open, seed=seed)
+    first = StreamPacker(capacity, lookahead=window, max_open_rows=max_open, seed=seed)
     first.push(np.asarray(lengths[:cut], dtype=np.int64))
     resumed = StreamPacker.from_state_dict(first.state_dict())
     ref = StreamReference(capacity, window, max_open, seed)
@@ -96,7 +96,7 @@ def test_a_restored_packer_continues_as_the_reference(case):
 def test_the_in_memory_policy_is_the_reference_stream(case):
     lengths, capacity, window, max_open, seed, _ = case
     plan = plan_rows(
-        lengths, capacity, "stream-best-fit", window=window, max_open_rows=max_open, seed=seed
+        lengths, capacity, "stream-best-fit", lookahead=window, max_open_rows=max_open, seed=seed
     )
     want = stream_plan(lengths, capacity, window, max_open, seed)
     assert sorted(want) == sorted(
@@ -176,7 +176,7 @@ def stream_datasets(draw):
         "rows_per_micro_batch": draw(st.integers(1, 3)),
         "micro_batches": draw(st.integers(1, 2)),
         "world_size": draw(st.integers(1, 2)),
-        "window": draw(st.integers(1, 6)),
+        "lookahead": draw(st.integers(1, 6)),
         "max_open_rows": draw(st.integers(1, 3)),
         "seed": draw(st.integers(0, 3)),
         "balance": draw(st.sampled_from(["tokens", "attention", "none"])),
@@ -202,7 +202,7 @@ def reference_slots(docs, s, rank):
     """Per scheduled call of ``rank``: (step, micro, global rows, step eligible, placements)."""
     examples = reference_examples(docs, s["capacity"])
     lengths = [len(w) - 1 for _, _, w, _ in examples]
-    plan = stream_plan(lengths, s["capacity"], s["window"], s["max_open_rows"], s["seed"])
+    plan = stream_plan(lengths, s["capacity"], s["lookahead"], s["max_open_rows"], s["seed"])
     rows: dict[int, list[tuple[int, int]]] = {}
     for e, r, start in plan:
         rows.setdefault(r, []).append((e, start))
@@ -277,7 +277,7 @@ def test_a_restored_state_saves_back_to_itself(case, engine_name):
     lengths, capacity, window, max_open, seed, cuts = case
     cut = cuts[-1] if cuts else len(lengths)
     first = StreamPacker(
-        capacity, window=window, max_open_rows=max_open, seed=seed, engine=engine_name
+        capacity, lookahead=window, max_open_rows=max_open, seed=seed, engine=engine_name
     )
     first.push(np.asarray(lengths[:cut], dtype=np.int64))
     state = first.state_dict()

@@ -494,7 +494,7 @@ def _stream_state(**changes: Any) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
         from seqpack.core.stream_packer import StreamPacker
 
-        packer = StreamPacker(8, window=4, max_open_rows=2, seed=3)
+        packer = StreamPacker(8, lookahead=4, max_open_rows=2, seed=3)
         packer.push([3, 5, 2, 7, 1, 4, 6, 2, 2])
         state = json.loads(json.dumps(packer.state_dict()))
         for key, value in changes.items():

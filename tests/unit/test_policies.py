@@ -39,7 +39,7 @@ def lengths_and_capacity(draw, max_capacity: int = 40, max_examples: int = 60):
 
 
 stream_options = st.fixed_dictionaries(
-    {"window": st.integers(1, 12), "max_open_rows": st.integers(1, 5), "seed": st.integers(0, 3)}
+    {"lookahead": st.integers(1, 12), "max_open_rows": st.integers(1, 5), "seed": st.integers(0, 3)}
 )
 
 
@@ -298,10 +298,10 @@ def test_bad_policy_engine_and_options_are_reported():
         plan_rows([1], 4, "worst-fit")
     with pytest.raises(InvalidInput, match="unknown engine"):
         plan_rows([1], 4, "next-fit", engine="gpu")
-    with pytest.raises(InvalidInput, match="takes no option window"):
-        plan_rows([1], 4, "best-fit-decreasing", window=4)
-    with pytest.raises(InvalidInput, match=r"window must be an integer in \[1, "):
-        plan_rows([1], 4, "stream-best-fit", window=0)
+    with pytest.raises(InvalidInput, match="takes no option lookahead"):
+        plan_rows([1], 4, "best-fit-decreasing", lookahead=4)
+    with pytest.raises(InvalidInput, match=r"lookahead must be an integer in \[1, "):
+        plan_rows([1], 4, "stream-best-fit", lookahead=0)
     with pytest.raises(InvalidInput, match="largest best-fit-decreasing indexes"):
         plan_rows([1], MAX_TREE_CAPACITY + 1, "best-fit-decreasing")
 

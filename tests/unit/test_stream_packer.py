@@ -28,7 +28,7 @@ def streams(draw, max_capacity: int = 40, max_examples: int = 80):
         draw(st.lists(st.integers(1, capacity), max_size=max_examples)), dtype=np.int64
     )
     options = {
-        "window": draw(st.integers(1, 16)),
+        "lookahead": draw(st.integers(1, 16)),
         "max_open_rows": draw(st.integers(1, 6)),
         "seed": draw(st.integers(0, 2**70)),
     }
@@ -74,7 +74,7 @@ def test_the_stream_plan_is_valid_and_bounded(case):
         state = packer.state_dict()
         pushed = packer.examples_pushed
         # nobody waits longer than `window` arrivals; open rows stay within bounds
-        assert all(pushed - options["window"] <= e < pushed for e in state["buffer"]["example"])
+        assert all(pushed - options["lookahead"] <= e < pushed for e in state["buffer"]["example"])
         assert len(state["open_rows"]) <= options["max_open_rows"]
     packer.finish()
     plan = plan_rows(lengths, capacity, "stream-best-fit", **options)
@@ -100,7 +100,7 @@ def test_a_resumed_stream_equals_the_uninterrupted_one(case, codec, engine):
 
 @given(st.lists(st.integers(1, 12), max_size=60), st.integers(12, 20), st.sampled_from(ENGINES))
 def test_window_one_and_one_open_row_is_next_fit(lengths, capacity, engine):
-    options = {"window": 1, "max_open_rows": 1, "engine": engine}
+    options = {"lookahead": 1, "max_open_rows": 1, "engine": engine}
     stream = plan_rows(lengths, capacity, "stream-best-fit", **options)
     next_fit = plan_rows(lengths, capacity, "next-fit")
     assert np.array_equal(stream.row_of, next_fit.row_of)
@@ -109,7 +109,7 @@ def test_window_one_and_one_open_row_is_next_fit(lengths, capacity, engine):
 
 @pytest.mark.parametrize("window", [1, 3, 10])
 def test_a_full_row_closes_as_soon_as_its_example_is_placed(window):
-    packer = StreamPacker(8, window=window, max_open_rows=4)
+    packer = StreamPacker(8, lookahead=window, max_open_rows=4)
     out = packer.push(np.full(25, 8))
     # example i is placed when example i + window arrives, and its row is full
     assert out.example.tolist() == list(range(25 - window))
@@ -120,16 +120,16 @@ def test_a_full_row_closes_as_soon_as_its_example_is_placed(window):
 def test_the_seed_orders_equal_lengths():
     lengths = np.ones(64, dtype=np.int64)
     plans = {
-        plan_rows(lengths, 4, "stream-best-fit", window=16, seed=seed).row_of.tobytes()
+        plan_rows(lengths, 4, "stream-best-fit", lookahead=16, seed=seed).row_of.tobytes()
         for seed in range(8)
     }
     assert len(plans) > 1
-    again = plan_rows(lengths, 4, "stream-best-fit", window=16, seed=3)
+    again = plan_rows(lengths, 4, "stream-best-fit", lookahead=16, seed=3)
     assert again.row_of.tobytes() in plans
 
 
 def test_a_bad_chunk_leaves_the_packer_unchanged():
-    packer = StreamPacker(8, window=4, max_open_rows=2)
+    packer = StreamPacker(8, lookahead=4, max_open_rows=2)
     packer.push([3, 5, 2])
     before = packer.state_dict()
     with pytest.raises(OversizedExample, match="example 4 has 9 prediction pairs; capacity is 8"):
@@ -141,11 +141,11 @@ def test_a_bad_chunk_leaves_the_packer_unchanged():
 
 
 def test_misuse_is_reported():
-    packer = StreamPacker(8, window=4, max_open_rows=2, seed=1)
+    packer = StreamPacker(8, lookahead=4, max_open_rows=2, seed=1)
     packer.push([3, 5, 2, 7, 1])
     state = packer.state_dict()
     with pytest.raises(InvalidInput, match="state has seed=1 but this packer has 2"):
-        StreamPacker(8, window=4, max_open_rows=2, seed=2).load_state_dict(state)
+        StreamPacker(8, lookahead=4, max_open_rows=2, seed=2).load_state_dict(state)
     broken = json.loads(json.dumps(state))
     broken["buffer"]["example"][0] = 99
     with pytest.raises(InvalidInput, match="buffer state's example holds a value outside"):
@@ -162,10 +162,10 @@ def test_misuse_is_reported():
 def test_long_streams_cross_internal_chunks():
     rng = np.random.default_rng(11)
     lengths = rng.integers(1, 300, 150_000)
-    packer = StreamPacker(512, window=1000, max_open_rows=8, seed=5)
+    packer = StreamPacker(512, lookahead=1000, max_open_rows=8, seed=5)
     parts = run(packer, [lengths[:70_000], lengths[70_000:]])
     example, row, start = joined(parts)
     assert np.array_equal(np.sort(example), np.arange(lengths.shape[0]))
-    whole = plan_rows(lengths, 512, "stream-best-fit", window=1000, max_open_rows=8, seed=5)
+    whole = plan_rows(lengths, 512, "stream-best-fit", lookahead=1000, max_open_rows=8, seed=5)
     assert np.array_equal(whole.row_of[example], row)
     assert np.array_equal(whole.start_of[example], start)

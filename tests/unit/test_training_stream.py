@@ -20,7 +20,7 @@ from seqpack.training.stream import StreamDataset
 from support.packed_helpers import assert_same_batches, recovered_examples
 from support.strategies import BINDING
 
-PACKER = {"window": 8, "max_open_rows": 4, "seed": 3}
+PACKER = {"lookahead": 8, "max_open_rows": 4, "seed": 3}
 
 
 def documents(seed, n=120, longest=11):

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from seqpack._renames import OLD_FLAGS
+from seqpack._renames import OLD_FLAGS, OLD_OPTIONS
 from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
 from seqpack.pipeline.options import PackOptions
 
@@ -78,7 +78,7 @@ def parse_option(item: str) -> tuple[str, Any]:
     numbers (``Infinity``, ``NaN``, ``1e999``) and numbers beyond ``±2**62`` are refused."""
     key, sep, value = str(item).partition("=")
     if not sep or not key.strip():
-        raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. window=4096")
+        raise InvalidInput(f"--option {item!r} is not KEY=VALUE — write e.g. lookahead=4096")
     where = f"--option {item!r}"
 
     def refuse(constant: Any) -> Any:
@@ -160,6 +160,12 @@ def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptio
     values = {f.name: getattr(args, f.name) for f in _flagged(cls, command)}
     if "policy_options" in values:
         values["policy_options"] = dict(map(parse_option, values["policy_options"]))
+        for old in set(values["policy_options"]) & set(OLD_OPTIONS):
+            print(
+                f"seqpack {command}: warning: --option {old}= is deprecated; pass --option"
+                f" {OLD_OPTIONS[old]}= (the same number)",
+                file=sys.stderr,
+            )
     if cls is PackOptions and args.max_length is None:
         raise InvalidInput(
             "the following arguments are required: --max-length (tokens per row, the width"

@@ -24,11 +24,13 @@ same code as Python; identical plans) over its search trees.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from seqpack._renames import OLD_OPTIONS
 from seqpack.core import engine as kernels
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
 from seqpack.core.errors import InvalidInput, check_lengths, check_tree_capacity
@@ -205,7 +207,7 @@ def stream_best_fit(
     lengths: np.ndarray,
     capacity: int,
     *,
-    window: int | None = None,
+    lookahead: int | None = None,
     max_open_rows: int | None = None,
     seed: int = 0,
     engine: str = "auto",
@@ -214,7 +216,7 @@ def stream_best_fit(
     packer's defaults)."""
     packer = StreamPacker(
         capacity,
-        window=DEFAULT_LOOKAHEAD if window is None else window,
+        lookahead=DEFAULT_LOOKAHEAD if lookahead is None else lookahead,
         max_open_rows=DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
         seed=seed,
         engine=engine,
@@ -240,11 +242,26 @@ def _options_of(fn: PolicyFn) -> set[str]:
     return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
+def renamed_options(policy: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the 0.2 names of ``policy``'s options (``window`` of ``lookahead``,
+    :data:`seqpack._renames.OLD_OPTIONS`) renamed, each with a DeprecationWarning."""
+    out = dict(options)
+    known = _options_of(POLICIES[policy]) if policy in POLICIES else set()
+    for old, new in OLD_OPTIONS.items():
+        if old in out and new in known:
+            if new in out:
+                raise InvalidInput(f"policy option {old} is the old name of {new}: pass one")
+            warnings.warn(f"policy option {old}= is now {new}=", DeprecationWarning, stacklevel=3)
+            out[new] = out.pop(old)
+    return out
+
+
 def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
     """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options`` (names: its
     keyword-only parameters; values: the checks the policy runs), allocating nothing."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    options = renamed_options(policy, options)
     known = _options_of(POLICIES[policy])
     unknown = set(options) - known
     if unknown:
@@ -260,7 +277,7 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
 
 def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:
     """Plan whole examples of prediction ``lengths`` into rows with a :data:`POLICIES` name
-    (``stream-best-fit`` takes ``window``, ``max_open_rows``, ``seed``; every policy but
+    (``stream-best-fit`` takes ``lookahead``, ``max_open_rows``, ``seed``; every policy but
     ``padded`` takes ``engine="auto"|"numba"|"python"``, with the same plan).
 
     >>> plan = plan_rows([3, 2, 4], 6)
@@ -270,6 +287,7 @@ def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: 
     [1, 0, 0]
     """
     labels = options.pop("labels", None)
+    options = renamed_options(policy, options)
     check_policy_options(policy, options)
     return plan_lengths(check_lengths(lengths, capacity, labels), int(capacity), policy, options)
 

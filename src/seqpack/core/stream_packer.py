@@ -1,8 +1,8 @@
 """Streaming best fit: bounded memory, complete rows as they close, resumable.
 
-Lengths arrive in chunks; examples wait in a look-ahead of ``window`` examples
+Lengths arrive in chunks; examples wait in a look-ahead of ``lookahead`` examples
 and at most ``max_open_rows`` rows are open. Example ``i`` is placed at the
-latest when example ``i + window`` arrives, and earlier if it helps fill a row:
+latest when example ``i + lookahead`` arrives, and earlier if it helps fill a row:
 
 1. the example whose time is up goes into the open row with the fewest
    cells left that fit it — a new row when none fits, closing the fullest
@@ -15,7 +15,7 @@ latest when example ``i + window`` arrives, and earlier if it helps fill a row:
 Rows are numbered 0, 1, 2, ... in closing order; every call returns only
 complete rows::
 
-    packer = StreamPacker(4096, window=4096, max_open_rows=64, seed=0)
+    packer = StreamPacker(4096, lookahead=4096, max_open_rows=64, seed=0)
     for chunk in chunks:                       # int arrays of prediction lengths
         write(packer.push(chunk))              # Placements(example, row, start)
     write(packer.finish())
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from seqpack._renames import renamed_names
+from seqpack._renames import renamed_kwargs, renamed_names
 from seqpack.core import engine as kernels
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.config import enforce
@@ -61,10 +61,10 @@ CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
 DEFAULT_STATE_BYTES = 4 << 30
 
 
-def stream_bytes(capacity: int, window: int, max_open_rows: int) -> int:
+def stream_bytes(capacity: int, lookahead: int, max_open_rows: int) -> int:
     """Bytes a packer's buffers take: the look-ahead ring, open rows, the length and
     remaining-capacity trees, and one kernel call's output (int64 each)."""
-    return 8 * (7 * window + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
+    return 8 * (7 * lookahead + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
 
 
 def check_state(state: Any) -> None:
@@ -373,30 +373,32 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 
 
 class StreamPacker:
-    """Streaming best fit with a look-ahead ``window`` and ``max_open_rows``.
+    """Streaming best fit with a ``lookahead`` of examples and ``max_open_rows``.
 
-    Deterministic for ``(capacity, window, max_open_rows, seed)``; ``engine`` changes
-    speed, never output. ``window=1, max_open_rows=1`` is next-fit. Memory:
-    O(window + max_open_rows * examples per row + capacity).
+    Deterministic for ``(capacity, lookahead, max_open_rows, seed)``; ``engine`` changes
+    speed, never output. ``lookahead=1, max_open_rows=1`` is next-fit. Memory:
+    O(lookahead + max_open_rows * examples per row + capacity). ``window=`` is the 0.2
+    name of ``lookahead`` (a DeprecationWarning); saved states keep the key ``window``.
     """
 
+    @renamed_kwargs(window="lookahead")
     def __init__(
         self,
         capacity: int,
         *,
-        window: int = DEFAULT_LOOKAHEAD,
+        lookahead: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         engine: str = "auto",
     ) -> None:
-        settings = self.check_settings(capacity, window, max_open_rows, seed, engine)
-        self.capacity, self.window, self.max_open_rows, self.seed, self.engine = settings
+        settings = self.check_settings(capacity, lookahead, max_open_rows, seed, engine)
+        self.capacity, self.lookahead, self.max_open_rows, self.seed, self.engine = settings
         self._reset()
 
     @staticmethod
     def check_settings(
         capacity: int,
-        window: int = DEFAULT_LOOKAHEAD,
+        lookahead: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         engine: str = "auto",
@@ -404,16 +406,16 @@ class StreamPacker:
         """The settings as checked ints and the resolved engine, allocating nothing."""
         cap = positive_int("capacity", capacity)
         check_tree_capacity(cap, "stream-best-fit")
-        window = positive_int("window", window, INT32_MAX)
+        lookahead = positive_int("lookahead", lookahead, INT32_MAX)
         max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
-        return cap, window, max_open_rows, int(seed), kernels.resolve(engine)
+        return cap, lookahead, max_open_rows, int(seed), kernels.resolve(engine)
 
     def _reset(self) -> None:
         self.finished = False
         self._emitted = 0  # examples in rows already returned
-        cap, window, k = self.capacity, self.window, self.max_open_rows
+        cap, window, k = self.capacity, self.lookahead, self.max_open_rows
         self._scalars = np.zeros(N_SCALARS, dtype=np.int64)
         self._lleaves, self._qleaves = kernels.pow2_at_least(cap + 1), kernels.pow2_at_least(cap)
         # bex blen bprev bnext | lhead ltail | ltree
@@ -472,7 +474,7 @@ class StreamPacker:
     def _run(self, lengths: np.ndarray | None) -> Placements:
         """One kernel call: push ``lengths``, or drain when None."""
         # at most every arriving and every waiting example is placed
-        placed = self.window + (0 if lengths is None else lengths.shape[0])
+        placed = self.lookahead + (0 if lengths is None else lengths.shape[0])
         self._reserve_records(placed)
         out = tuple(np.empty(int(self._scalars[S_LIVE]) + placed, dtype=np.int64) for _ in range(3))
         self._scalars[S_OUT] = 0
@@ -536,7 +538,7 @@ class StreamPacker:
         return {
             "format": STATE_FORMAT,
             "capacity": self.capacity,
-            "window": self.window,
+            "window": self.lookahead,  # the 0.2 key, kept on disk
             "max_open_rows": self.max_open_rows,
             "seed": self.seed,
             "finished": self.finished,
@@ -560,8 +562,8 @@ class StreamPacker:
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
-        settings = {k: state[k] for k in ("window", "max_open_rows", "seed")}
-        packer = cls(state["capacity"], **settings, engine=engine)
+        settings = {k: state[k] for k in ("max_open_rows", "seed")}
+        packer = cls(state["capacity"], lookahead=state["window"], **settings, engine=engine)
         packer.load_state_dict(state)
         return packer
 
@@ -570,9 +572,10 @@ class StreamPacker:
         refused state (:func:`check_state`) leaves the packer as it was."""
         check_state(state)
         for key in ("capacity", "window", "max_open_rows", "seed"):
-            if state[key] != getattr(self, key):
+            own = getattr(self, "lookahead" if key == "window" else key)
+            if state[key] != own:
                 raise InvalidInput(
-                    f"state has {key}={state[key]!r} but this packer has {getattr(self, key)!r}"
+                    f"state has {key}={state[key]!r} but this packer has {own!r}"
                     " — construct it with StreamPacker.from_state_dict(state)"
                 )
         self._reset()

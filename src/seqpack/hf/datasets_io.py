@@ -124,7 +124,7 @@ def pack_dataset(
     ``max_length`` (tokens per row, the width of ``input_ids``; ``capacity=``, its old
     name, still works with a DeprecationWarning), ``policy``, ``options`` and any
     :class:`PackOptions` field as a keyword say how; other keywords are policy options (e.g.
-    ``window=4096`` for ``stream-best-fit``). ``vocab_size`` defaults to the
+    ``lookahead=4096`` for ``stream-best-fit``). ``vocab_size`` defaults to the
     tokenizer's (``tokenizer=`` a path or a loaded ``transformers`` /
     ``tokenizers`` tokenizer), else the largest id + 1; ``tokenizer_id`` to
     ``"pretokenized"``; pass the real ones to bind the output to your model.

@@ -151,20 +151,20 @@ def _packer_settings(opts: PackOptions) -> dict[str, Any]:
             f" revisited), not {opts.policy!r} — drop policy= or read the data into a"
             " datasets.Dataset first"
         )
-    known = {"window", "max_open_rows", "seed"}
+    known = {"lookahead", "max_open_rows", "seed"}
     unknown = sorted(set(opts.policy_options) - known)
     if unknown:
         raise InvalidInput(
             f"stream-best-fit has no option {unknown[0]!r} — its options are {sorted(known)}"
         )
-    settings = {"window": DEFAULT_LOOKAHEAD, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
+    settings = {"lookahead": DEFAULT_LOOKAHEAD, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
     settings |= {k: v for k, v in opts.policy_options.items() if v is not None}
     StreamPacker.check_settings(opts.capacity, **settings)
-    need = stream_bytes(opts.capacity, settings["window"], settings["max_open_rows"])
+    need = stream_bytes(opts.capacity, settings["lookahead"], settings["max_open_rows"])
     if need > DEFAULT_STATE_BYTES:
         raise BudgetExceeded(
             f"the stream-best-fit packer would take {need:,} bytes, over the"
-            f" {DEFAULT_STATE_BYTES:,}-byte bound — lower window or max_open_rows"
+            f" {DEFAULT_STATE_BYTES:,}-byte bound — lower lookahead or max_open_rows"
         )
     return settings
 

@@ -71,7 +71,7 @@ def policy_bytes(policy: str, capacity: int, options: Mapping[str, Any] | None =
     need = int(capacity) * _policy_costs(policy)[1]
     if policy == "stream-best-fit":
         opts = dict(options or {})
-        window = int(opts.get("window") or DEFAULT_LOOKAHEAD)
+        window = int(opts.get("lookahead") or DEFAULT_LOOKAHEAD)
         rows = int(opts.get("max_open_rows") or DEFAULT_MAX_OPEN_ROWS)
         need += window * STREAM_LOOKAHEAD_BYTES + rows * STREAM_ROW_BYTES + STREAM_PUSH_BYTES
     return need
@@ -206,7 +206,7 @@ class StreamBudget:
             need,
             self.limit,
             f"packing {what or 'this corpus'} with {opts.policy} ({parts})",
-            "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's window",
+            "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's lookahead",
         )
 
 

@@ -39,7 +39,7 @@ from seqpack._renames import OLD_FIELDS
 from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX, Split
 from seqpack.core.errors import InvalidInput, positive_int, type_argument
-from seqpack.core.policies import POLICIES, check_policy_options
+from seqpack.core.policies import POLICIES, check_policy_options, renamed_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 
@@ -78,7 +78,7 @@ _NONE = type(None)
 #: Fields whose type ``__post_init__`` does not otherwise pin down: (types, what to pass).
 _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "policy": ((str,), "a policy name"),
-    "policy_options": ((Mapping,), "a mapping of option names to values, e.g. {'window': 4096}"),
+    "policy_options": ((Mapping,), "a mapping of option names to values, e.g. {'lookahead': 4096}"),
     "cut_long": ((bool,), "True or False"),
     "overwrite": ((bool,), "True or False"),
     "progress": ((bool, _NONE), "True, False or None (draw when stderr is a terminal)"),
@@ -99,7 +99,7 @@ class PackOptions:
     """One packing run's options (see the module docstring); frozen and validated.
 
     ``max_length``: tokens per row (the width of ``input_ids``). ``policy_options``
-    go to the policy (e.g. ``{"window": 4096}`` for ``stream-best-fit``).
+    go to the policy (e.g. ``{"lookahead": 4096}`` for ``stream-best-fit``).
     ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded tokenizer;
     ``vocab_size`` is required for pre-tokenized input without one.
     ``chat_template`` is a Jinja file (or the template text), read on construction.
@@ -121,7 +121,7 @@ class PackOptions:
         default_factory=dict,
         metadata=flag(
             "--option",
-            "a policy option, KEY=VALUE (repeatable; e.g. window=4096)",
+            "a policy option, KEY=VALUE (repeatable; e.g. lookahead=4096)",
             action="append",
             default=[],
             metavar="KEY=VALUE",
@@ -247,7 +247,7 @@ class PackOptions:
             raise InvalidInput(
                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
             )
-        options = MappingProxyType(dict(self.policy_options))
+        options = MappingProxyType(renamed_options(self.policy, self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
         for field_name, top in _COUNTS.items():  # optional ones may be None
@@ -328,8 +328,14 @@ class PackOptions:
             config["pad_token_id"] = pad_token_id
         return {
             "config": config,
-            "policy": {"name": self.policy, "options": dict(self.policy_options)},
+            "policy": {"name": self.policy, "options": stored_options(self.policy_options)},
         }
+
+
+def stored_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Policy options as a manifest records them: ``lookahead`` under its 0.2 key
+    ``window`` (the on-disk format stays)."""
+    return {"window" if k == "lookahead" else k: v for k, v in options.items()}
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -76,7 +76,7 @@ _CONFIG = {
     "micro_batches": "micro_batches",
     "world_size": "world_size",
     "rank": "rank",
-    "window": "window",
+    "window": "lookahead",
     "max_open_rows": "max_open_rows",
     "seed": "seed",
     "split_long": "cut_long",
@@ -103,16 +103,18 @@ def check_source(documents: Any) -> Any:
     return documents
 
 
-def check_stream_memory(capacity: int, window: int, max_open_rows: int, rows_per_step: int) -> None:
+def check_stream_memory(
+    capacity: int, lookahead: int, max_open_rows: int, rows_per_step: int
+) -> None:
     """The packer's buffers and one optimizer step of closed rows within the budget
     (:data:`~seqpack.core.stream_packer.DEFAULT_STATE_BYTES`), before any is allocated."""
-    packer = stream_bytes(capacity, window, max_open_rows)
+    packer = stream_bytes(capacity, lookahead, max_open_rows)
     bound(
         packer,
         DEFAULT_STATE_BYTES,
-        f"a stream-best-fit packer (capacity {capacity:,}, window {window:,}, max_open_rows"
+        f"a stream-best-fit packer (capacity {capacity:,}, lookahead {lookahead:,}, max_open_rows"
         f" {max_open_rows:,})",
-        "lower window or max_open_rows",
+        "lower lookahead or max_open_rows",
     )
     step = rows_per_step * capacity * WAITING_CELL_BYTES
     bound(
@@ -207,7 +209,7 @@ class StreamDataset(IterableDataset):
     of this rank (state_dict / resume need ``num_workers=0``).
     """
 
-    @renamed_kwargs(split_long="cut_long")
+    @renamed_kwargs(split_long="cut_long", window="lookahead")
     def __init__(
         self,
         documents: Iterable[Any] | Callable[[], Iterable[Any]],
@@ -221,7 +223,7 @@ class StreamDataset(IterableDataset):
         partition: Split | str = "train",
         cut_long: bool = False,
         tokenizer: Tokenizer | None = None,
-        window: int = DEFAULT_LOOKAHEAD,
+        lookahead: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         balance: Balance = "tokens",
@@ -252,9 +254,9 @@ class StreamDataset(IterableDataset):
         self.read_chunk = positive_int("read_chunk", read_chunk, MAX_READ_CHUNK)
         check_balance(balance)
         self.balance = balance
-        settings = StreamPacker.check_settings(capacity, window, max_open_rows, seed)
-        self.capacity, self.window, self.max_open_rows, self.seed = settings[:4]
-        check_stream_memory(self.capacity, self.window, self.max_open_rows, self.rows_per_step)
+        settings = StreamPacker.check_settings(capacity, lookahead, max_open_rows, seed)
+        self.capacity, self.lookahead, self.max_open_rows, self.seed = settings[:4]
+        check_stream_memory(self.capacity, self.lookahead, self.max_open_rows, self.rows_per_step)
         check_schedule(
             self.rows_per_step, self.world_size, self.micro_batches, self.rows_per_micro_batch
         )
@@ -298,7 +300,7 @@ class _StreamPass:
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
         self.packer = StreamPacker(
-            ds.capacity, window=ds.window, max_open_rows=ds.max_open_rows, seed=ds.seed
+            ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed
         )
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
         empty = np.zeros(0, dtype=np.int64)
