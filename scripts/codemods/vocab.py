@@ -136,6 +136,10 @@ NAMES = (
     Name("check_window", "check_sliding_window"),
     Name("layer_window", "layer_sliding_window", public=False),
     Name("window_labels", "span_labels", public=False),
+    # max_length: the row width in tokens wherever a user gives it (the packer's own
+    # PackConfig.capacity keeps its name: cells, always equal)
+    Name("FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH", prose=False, keep=("_MOVED",)),
+    Name("check_tree_capacity", "check_max_length"),
     # the rest of the retired words in public names
     Name("SplitDigest", "DataDigest", public=False),
     Name("check_partition", "check_split"),
@@ -191,6 +195,13 @@ KEYWORDS = (
         ),
         decorate=("StreamPacker.__init__", "StreamDataset.__init__"),
     ),
+    Keyword(  # max_length in tokens, as pack_dataset's (the packer's capacity equals it)
+        "capacity",
+        "max_length",
+        functions=("pack_tree", "pack_tree_dataset", "StreamDataset.__init__"),
+        callees=("pack_tree", "pack_tree_dataset", "StreamDataset"),
+        decorate=("pack_tree", "pack_tree_dataset", "StreamDataset.__init__"),
+    ),
     Keyword(
         "expected_partition",
         "expected_split",
@@ -226,6 +237,7 @@ TEXTS = (
     Text(r"`window=(\d)", r"`lookahead=\1", files=r"docs/(datasets|policies)\.md"),
     Text(r"\bper `window` slot\b", "per `lookahead` slot"),
     Text(r"\b(StreamPacker|plan_rows)\(([^()\n]*?)\bwindow=", r"\1(\2lookahead="),
+    Text(r"\bStreamDataset\(([^()\n]*?)\bcapacity\b", r"StreamDataset(\1max_length"),
     Text(r"\blower window( or max_open_rows\b|\"$)", r"lower lookahead\1"),
     Text(r"\b(takes no option|its options: engine,) window\b", r"\1 lookahead"),
     Text(r"\bwindow must be an integer in", "lookahead must be an integer in"),

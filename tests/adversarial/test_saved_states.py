@@ -286,7 +286,7 @@ def test_a_sampler_state_is_checked(edit, needle):
 def _stream(docs, **kw):
     from seqpack.training.stream import StreamDataset
 
-    return StreamDataset(docs, binding=BINDING, capacity=8, rows_per_micro_batch=1,
+    return StreamDataset(docs, binding=BINDING, max_length=8, rows_per_micro_batch=1,
                          world_size=1, rank=0, lookahead=4, **kw)  # fmt: skip
 
 

@@ -92,7 +92,7 @@ def test_split_long_keyword_is_cut_long():
     )
     assert got == want
     docs = [{"input_ids": list(range(3, 3 + n))} for n in (30, 5, 17, 9)]
-    kw = {"binding": BINDING, "capacity": 8, "rows_per_micro_batch": 2}
+    kw = {"binding": BINDING, "max_length": 8, "rows_per_micro_batch": 2}
     stream = deprecated(
         "split_long",
         lambda: StreamDataset(docs, split_long=True, **kw),
@@ -176,7 +176,7 @@ def test_window_keyword_is_lookahead():
     )
     assert opts[0] == opts[1] and dict(opts[0].policy_options) == {"lookahead": 3}
     docs = [{"input_ids": list(range(3, 3 + n))} for n in (7, 5, 8, 9, 3, 6)]
-    kw = {"binding": BINDING, "capacity": 8, "rows_per_micro_batch": 2}
+    kw = {"binding": BINDING, "max_length": 8, "rows_per_micro_batch": 2}
     stream = deprecated(
         "window",
         lambda: StreamDataset(docs, window=2, **kw),
@@ -184,3 +184,37 @@ def test_window_keyword_is_lookahead():
     )
     assert_same_batches([i.batch for i in stream[0]], [i.batch for i in stream[1]])
     assert stream[0].state_dict() == stream[1].state_dict()
+
+
+# -- max_length (was capacity= on StreamDataset and the tree entry points)
+
+
+def test_capacity_keyword_is_max_length():
+    """The same number: StreamDataset's and pack_tree's max_length is the packer's
+    capacity (a cell is one input token, PackOptions(max_length=N).capacity == N)."""
+    from seqpack.core.binding import Binding
+    from seqpack.core.tree import groups_from_columns, pack_tree
+    from seqpack.training.stream import StreamDataset
+
+    assert PackOptions(max_length=12).capacity == 12
+    docs = [{"input_ids": list(range(3, 3 + n))} for n in (7, 5, 8, 9, 3, 6)]
+    kw = {"binding": BINDING, "rows_per_micro_batch": 2}
+    stream = deprecated(
+        "capacity",
+        lambda: StreamDataset(docs, capacity=8, **kw),
+        lambda: StreamDataset(docs, max_length=8, **kw),
+    )
+    assert stream[0].capacity == stream[1].capacity == 8
+    assert_same_batches([i.batch for i in stream[0]], [i.batch for i in stream[1]])
+    assert stream[0].state_dict() == stream[1].state_dict()
+    columns = {"prompt_ids": [[1, 2, 3], [4, 5]], "completion_ids": [[[6, 7], [8]], [9, 6, 7]]}
+    groups = groups_from_columns(columns, Binding(10, "t", "s"))
+    trees = deprecated(
+        "capacity",
+        lambda: pack_tree(groups, capacity=16),
+        lambda: pack_tree(groups, max_length=16),
+    )
+    old, new = (t.batches[0] for t in trees)
+    assert old.inputs.shape[1] == 16
+    assert np.array_equal(old.inputs, new.inputs)
+    assert trees[0].plan.to_dict() == trees[1].plan.to_dict()

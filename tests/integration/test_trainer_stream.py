@@ -154,7 +154,7 @@ def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
     binding = seqpack.Binding(vocab_size=266, tokenizer_id="seqpack/bytes-266", split_id="demo")
     texts = [{"id": f"t{i}", "text": "stream " * (i % 4 + 1)} for i in range(20)]
     stream = StreamDataset(
-        texts, binding=binding, capacity=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer()
+        texts, binding=binding, max_length=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer()
     )
     items = list(stream)
     assert {s for item in items for s in item.batch.occurrences.source_ids} == {
@@ -168,13 +168,13 @@ def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
     out = collate(items[:2])
     assert all(isinstance(v, torch.Tensor) and v.shape[0] == 4 for v in out.values())
     ranked = StreamDataset(
-        texts, binding=binding, capacity=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer(),
+        texts, binding=binding, max_length=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer(),
         world_size=2, rank=0,
     )  # fmt: skip
     with pytest.raises(SeqpackError, match="world_size=1, rank=0"):
         collate([next(iter(ranked))])  # accelerate would shard it again: half lost
     with pytest.raises(SeqpackError, match="text_field"):
-        list(StreamDataset([{"body": "x"}], binding=binding, capacity=8, rows_per_micro_batch=1))
+        list(StreamDataset([{"body": "x"}], binding=binding, max_length=8, rows_per_micro_batch=1))
 
 
 def _free_port() -> int:

@@ -23,7 +23,7 @@ from seqpack.core.errors import (
     MAX_OPTION_VALUE,
     MAX_TREE_CAPACITY,
     check_lengths,
-    check_tree_capacity,
+    check_max_length,
     positive_int,
 )
 from seqpack.core.plan import validate_plan
@@ -212,9 +212,9 @@ def test_check_lengths_keeps_valid_lengths_as_int64():
 
 
 def test_tree_capacity_is_bounded_with_the_alternative_named():
-    check_tree_capacity(MAX_TREE_CAPACITY, "best-fit-decreasing")
+    check_max_length(MAX_TREE_CAPACITY, "best-fit-decreasing")
     with pytest.raises(InvalidInput) as err:
-        check_tree_capacity(MAX_TREE_CAPACITY + 1, "stream-best-fit")
+        check_max_length(MAX_TREE_CAPACITY + 1, "stream-best-fit")
     assert str(err.value) == (
         f"capacity {MAX_TREE_CAPACITY + 1:,} exceeds {MAX_TREE_CAPACITY:,}, the largest"
         " stream-best-fit indexes; use first-fit-decreasing or next-fit"

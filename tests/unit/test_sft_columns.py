@@ -390,7 +390,7 @@ def test_streamed_mappings_follow_the_same_rule():
 
     def first_mask(item):
         stream = StreamDataset(
-            [item], binding=Binding(266, "t", "s"), capacity=16, rows_per_micro_batch=1
+            [item], binding=Binding(266, "t", "s"), max_length=16, rows_per_micro_batch=1
         )
         return next(iter(stream)).batch.loss_mask[0, :4].tolist()
 

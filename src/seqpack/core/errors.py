@@ -122,7 +122,7 @@ def check_lengths(
 MAX_TREE_CAPACITY = 1 << 22
 
 
-def check_tree_capacity(capacity: int, policy: str) -> None:
+def check_max_length(capacity: int, policy: str) -> None:
     """Best-fit policies index remaining capacities: keep the tree small."""
     if capacity > MAX_TREE_CAPACITY:
         raise InvalidInput(
@@ -185,4 +185,6 @@ def state_columns(
 
 
 # the 0.2 names (vocab codemod), kept for one release
-__getattr__ = renamed_names(__name__, {"PartitionMismatch": "SplitMismatch"})
+__getattr__ = renamed_names(
+    __name__, {"PartitionMismatch": "SplitMismatch", "check_tree_capacity": "check_max_length"}
+)

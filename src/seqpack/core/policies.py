@@ -33,7 +33,7 @@ import numpy as np
 from seqpack._renames import OLD_OPTIONS
 from seqpack.core import engine as kernels
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
-from seqpack.core.errors import InvalidInput, check_lengths, check_tree_capacity
+from seqpack.core.errors import InvalidInput, check_lengths, check_max_length
 from seqpack.core.plan import Plan
 from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 
@@ -180,7 +180,7 @@ def best_fit_decreasing(
         row 1: A A A . . .
     """
     engine = kernels.resolve(engine, lengths.shape[0])
-    check_tree_capacity(capacity, "best-fit-decreasing")
+    check_max_length(capacity, "best-fit-decreasing")
     leaves = kernels.pow2_at_least(capacity)
     tree = np.zeros(2 * leaves, dtype=np.int64)
     head = np.full(capacity, -1, dtype=np.int64)

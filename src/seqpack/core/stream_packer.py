@@ -46,7 +46,7 @@ from seqpack.core.errors import (
     MAX_TREE_CAPACITY,
     InvalidInput,
     check_lengths,
-    check_tree_capacity,
+    check_max_length,
     positive_int,
     state_int,
     state_ints,
@@ -405,7 +405,7 @@ class StreamPacker:
     ) -> tuple[int, int, int, int, str]:
         """The settings as checked ints and the resolved engine, allocating nothing."""
         cap = positive_int("capacity", capacity)
-        check_tree_capacity(cap, "stream-best-fit")
+        check_max_length(cap, "stream-best-fit")
         lookahead = positive_int("lookahead", lookahead, INT32_MAX)
         max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

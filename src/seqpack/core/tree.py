@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
 from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets
@@ -566,18 +567,19 @@ class TreeEpoch:
         }
 
 
+@renamed_kwargs(capacity="max_length")
 def pack_tree(
     groups: SequenceGroups,
-    capacity: int,
+    max_length: int,
     *,
     policy: str = "next-fit",
     max_rows_per_batch: int | None = None,
     **policy_options: Any,
 ) -> TreeEpoch:
-    """Tree-pack ``groups`` into rows of ``capacity`` cells, in model calls of at most
+    """Tree-pack ``groups`` into rows of ``max_length`` tokens (cells), in model calls of at most
     ``max_rows_per_batch`` rows (default: one call). Any flat policy places the tries."""
-    layout = build_layout(groups, capacity)
-    plan = plan_rows(layout.sizes, capacity, policy, **policy_options)
+    layout = build_layout(groups, max_length)
+    plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
     rows_per = max_rows_per_batch or max(plan.num_rows, 1)
     order = plan.row_order()
     bounds = np.searchsorted(plan.row_of[order], np.arange(0, plan.num_rows + rows_per, rows_per))

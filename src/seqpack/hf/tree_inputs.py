@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
@@ -200,9 +201,10 @@ def register(name: str = NAME) -> str:
     return name
 
 
+@renamed_kwargs(capacity="max_length")
 def pack_tree_dataset(
     dataset: Any,
-    capacity: int | None = None,
+    max_length: int | None = None,
     policy: str | None = None,
     *,
     format: str = "seqpack",
@@ -220,7 +222,7 @@ def pack_tree_dataset(
             " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
             " default format with tree=True"
         )
-    if capacity is None:
+    if max_length is None:
         raise InvalidInput("pack_dataset(..., tree=True) needs capacity= (cells per row)")
     wanted = {name for names in TREE_COLUMNS for name in names}
     columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
@@ -228,7 +230,7 @@ def pack_tree_dataset(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
     groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
-    epoch = pack_tree(groups, capacity, policy=policy or "best-fit-decreasing", **policy_options)
+    epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **policy_options)
     (batch,) = epoch.batches
     return datasets.Dataset.from_list(tree_records(batch))
 

@@ -209,13 +209,13 @@ class StreamDataset(IterableDataset):
     of this rank (state_dict / resume need ``num_workers=0``).
     """
 
-    @renamed_kwargs(split_long="cut_long", window="lookahead")
+    @renamed_kwargs(capacity="max_length", split_long="cut_long", window="lookahead")
     def __init__(
         self,
         documents: Iterable[Any] | Callable[[], Iterable[Any]],
         *,
         binding: Binding,
-        capacity: int,
+        max_length: int,
         rows_per_micro_batch: int,
         micro_batches: int = 1,
         world_size: int | None = None,
@@ -254,7 +254,7 @@ class StreamDataset(IterableDataset):
         self.read_chunk = positive_int("read_chunk", read_chunk, MAX_READ_CHUNK)
         check_balance(balance)
         self.balance = balance
-        settings = StreamPacker.check_settings(capacity, lookahead, max_open_rows, seed)
+        settings = StreamPacker.check_settings(max_length, lookahead, max_open_rows, seed)
         self.capacity, self.lookahead, self.max_open_rows, self.seed = settings[:4]
         check_stream_memory(self.capacity, self.lookahead, self.max_open_rows, self.rows_per_step)
         check_schedule(

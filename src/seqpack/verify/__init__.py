@@ -13,7 +13,7 @@ from __future__ import annotations
 from seqpack._lazy import lazy_exports
 
 _NAMES = {
-    "FIXTURE_CAPACITY": "fixture",
+    "FIXTURE_MAX_LENGTH": "fixture",
     "fixture_batch": "fixture",
     "fixture_binding": "fixture",
     "fixture_epoch": "fixture",
@@ -33,5 +33,7 @@ _NAMES = {
     "verify_tree": "tree_models",
 }
 __all__ = sorted(_NAMES)
+#: 0.2 names answered with a DeprecationWarning (FIXTURE_CAPACITY is FIXTURE_MAX_LENGTH)
+_MOVED = {"FIXTURE_CAPACITY": "seqpack.verify.fixture"}
 
-__getattr__, __dir__ = lazy_exports(__name__, _NAMES)
+__getattr__, __dir__ = lazy_exports(__name__, _NAMES, _MOVED)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqpack._renames import renamed_names
 from seqpack.core.batch import PackedBatch
 from seqpack.core.binding import Binding, Split, data_digest
 from seqpack.core.compact import PackedEpoch, pack_examples
@@ -26,7 +27,7 @@ from seqpack.core.config import PackConfig
 from seqpack.core.examples import SequenceExample
 
 FIXTURE_VOCAB = 266
-FIXTURE_CAPACITY = 6
+FIXTURE_MAX_LENGTH = 6
 FIXTURE_DOCUMENTS: dict[str, list[int]] = {
     "A": [0, 99, 100, 1],
     "B": [0, 101, 1],
@@ -55,7 +56,7 @@ def fixture_examples(binding: Binding | None = None) -> list[SequenceExample]:
 
 def fixture_epoch(max_rows_per_batch: int = 2) -> PackedEpoch:
     binding = fixture_binding()
-    config = PackConfig(capacity=FIXTURE_CAPACITY, max_rows_per_batch=max_rows_per_batch)
+    config = PackConfig(capacity=FIXTURE_MAX_LENGTH, max_rows_per_batch=max_rows_per_batch)
     return pack_examples(Split.TRAIN, fixture_examples(binding), binding, config)
 
 
@@ -73,3 +74,7 @@ def probe_gold_probability(batch: PackedBatch) -> np.ndarray:
     ):
         q[row, start:end] = FIXTURE_PROBE[source]
     return q
+
+
+# the 0.2 names (vocab codemod), kept for one release
+__getattr__ = renamed_names(__name__, {"FIXTURE_CAPACITY": "FIXTURE_MAX_LENGTH"})

@@ -37,7 +37,7 @@ from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import SequenceExample, concat_ranges
 from seqpack.core.loss import masked_nll_sum
 from seqpack.verify.decoder import TinyDecoder
-from seqpack.verify.fixture import FIXTURE_CAPACITY, fixture_binding, fixture_examples
+from seqpack.verify.fixture import FIXTURE_MAX_LENGTH, fixture_binding, fixture_examples
 from seqpack.verify.probes import unguarded_causal_attention
 from seqpack.verify.tolerance import compare, grad_vector
 
@@ -167,7 +167,7 @@ def tiny_layouts(
     1-3 rows per model call, drawn from ``default_rng(seed)``.
     """
     binding = fixture_binding()
-    layouts = [(fixture_examples(binding), FIXTURE_CAPACITY, 2)]
+    layouts = [(fixture_examples(binding), FIXTURE_MAX_LENGTH, 2)]
     rng = np.random.default_rng(seed)
     for k in range(count):
         examples = []

@@ -16,8 +16,8 @@ from seqpack.core.loss import probe_logits, weighting_report
 from seqpack.core.policies import batch_counts, compare_layouts
 from seqpack.verify.fixture import (
     DENSITY_LENGTHS,
-    FIXTURE_CAPACITY,
     FIXTURE_DOCUMENTS,
+    FIXTURE_MAX_LENGTH,
     FIXTURE_PROBE,
     FIXTURE_VOCAB,
     fixture_epoch,
@@ -61,10 +61,10 @@ def layout_section(batch: PackedBatch) -> dict[str, Any]:
             "tiled_equals_query_order": bool(np.array_equal(query_edges, tiled_sorted)),
         },
         "counts": {
-            "fixture": compare_layouts(lengths, FIXTURE_CAPACITY),
+            "fixture": compare_layouts(lengths, FIXTURE_MAX_LENGTH),
             "fixture_batch": batch_counts(batch),
             "density_example": {"lengths": DENSITY_LENGTHS}
-            | compare_layouts(DENSITY_LENGTHS, FIXTURE_CAPACITY),
+            | compare_layouts(DENSITY_LENGTHS, FIXTURE_MAX_LENGTH),
         },
     }
 
@@ -101,7 +101,7 @@ def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
     from seqpack.verify.layouts import describe, three_way
 
     model = TinyDecoder(profile, seed=seed)
-    report = three_way(model, fixture_examples(), FIXTURE_CAPACITY)
+    report = three_way(model, fixture_examples(), FIXTURE_MAX_LENGTH)
     sums, diffs = report["loss_sum"], report["max_abs_diff"]
     return {
         **describe(model),
@@ -130,7 +130,7 @@ def demo_trace(model: bool = True) -> dict[str, Any]:
         "fixture": {
             "documents": FIXTURE_DOCUMENTS,
             "vocab_size": FIXTURE_VOCAB,
-            "capacity": FIXTURE_CAPACITY,
+            "capacity": FIXTURE_MAX_LENGTH,
             "policy": epoch.plan.policy,
             "binding": batch.binding.to_dict(),
             "metadata_peak_bytes": epoch.metadata_peak,
