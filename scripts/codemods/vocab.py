@@ -140,6 +140,9 @@ NAMES = (
     # PackConfig.capacity keeps its name: cells, always equal)
     Name("FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH", prose=False, keep=("_MOVED",)),
     Name("check_tree_capacity", "check_max_length"),
+    # --tree auto groups documents within fixed consecutive blocks: no look-ahead, no
+    # window (the manifest's tree record keeps its key window)
+    Name("tree_window", "tree_block", prose=False, public=False),
     # the rest of the retired words in public names
     Name("SplitDigest", "DataDigest", public=False),
     Name("check_partition", "check_split"),
@@ -219,6 +222,9 @@ ATTRS = (
 )
 
 TEXTS = (
+    Text(r"(?<![\w-])--tree-window ROWS\b", "--tree-block DOCUMENTS"),
+    Text(r"(?<![\w-])--tree-window\b", "--tree-block"),
+    Text(r"`--tree-block DOCUMENTS` consecutive rows", "`--tree-block` consecutive documents"),
     # the cut_long option in prose and messages
     Text(r"(?<![\w-])--split-long\b", "--cut-long"),
     Text(r"---split-long\b", "---cut-long"),  # the Markdown anchor of its heading

@@ -58,6 +58,7 @@ OLD_FLAGS = {
     "--capacity": "--max-length",
     "--split-long": "--cut-long",
     "--partition": "--split",
+    "--tree-window": "--tree-block",
 }
 #: Policy options of 0.2 -> the option they now are (for the policies that take it).
 OLD_OPTIONS = {"window": "lookahead"}

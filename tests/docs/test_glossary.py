@@ -39,8 +39,6 @@ ALLOWED = {
     "old_capacity": "declares the deprecated --capacity beside --max-length (one release)",
     # an input column is named partition (the data's own format: Ray's blocks read it)
     "PARTITION_COLUMN": "the name of the input column, as the data spells it",
-    # --tree auto's grouping window: rows at most N apart (a look-ahead of the grouping)
-    "--tree-window": "the CLI rename of --tree auto's grouping window",
 }
 
 #: Renames that landed: each old public spelling is gone from the public names (it
@@ -50,6 +48,7 @@ LANDED = {
     "--capacity": "--max-length",
     "--split-long": "--cut-long",
     "--partition": "--split",
+    "--tree-window": "--tree-block",
     "FIXTURE_CAPACITY": "FIXTURE_MAX_LENGTH",
     "check_tree_capacity": "check_max_length",
 }

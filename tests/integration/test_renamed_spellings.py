@@ -218,3 +218,24 @@ def test_capacity_keyword_is_max_length():
     assert old.inputs.shape[1] == 16
     assert np.array_equal(old.inputs, new.inputs)
     assert trees[0].plan.to_dict() == trees[1].plan.to_dict()
+
+
+# -- --tree-block (was --tree-window: fixed blocks of documents, not a look-ahead)
+
+
+def test_tree_window_flag_is_tree_block(tmp_path):
+    import json
+
+    rows = [{"input_ids": [1, 2, 3, 4, 5 + i % 3, 9, 9 - i % 2]} for i in range(30)]
+    data = tmp_path / "tree.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ("--tree", "auto", "--tree-prefix", 4)
+    old_flag_packs_the_same(tmp_path, data, ["--tree-window", "7"], ["--tree-block", "7"], *args)
+    from seqpack.pipeline.pack_tree import TreeOptions
+
+    got, want = deprecated(
+        "tree_window",
+        lambda: TreeOptions(tree="auto", tree_window=7),
+        lambda: TreeOptions(tree="auto", tree_block=7),
+    )
+    assert got == want and got.tree_block == 7

@@ -236,7 +236,7 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
     _write({"input_ids": rows}, tmp_path / "sft.jsonl")
     out = {}
     for window in (20, 4):
-        tree = TreeOptions(tree="auto", tree_prefix=6, tree_window=window)
+        tree = TreeOptions(tree="auto", tree_prefix=6, tree_block=window)
         stats = pack_tree_path(
             tmp_path / "sft.jsonl",
             tmp_path / f"w{window}",

@@ -56,8 +56,8 @@ def add_stats(p: argparse.ArgumentParser) -> None:
 
 def _checked(args: argparse.Namespace) -> Any:
     """The input (a path, or the list of several), with the tree flags checked."""
-    if args.tree != "auto" and (args.tree_prefix, args.tree_window) != (None, None):
-        raise InvalidInput("--tree-prefix and --tree-window group rows for --tree auto: add it")
+    if args.tree != "auto" and (args.tree_prefix, args.tree_block) != (None, None):
+        raise InvalidInput("--tree-prefix and --tree-block group documents for --tree auto: add it")
     return args.input[0] if len(args.input) == 1 else list(args.input)
 
 

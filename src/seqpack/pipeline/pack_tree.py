@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.core.policies import plan_rows
@@ -40,7 +41,8 @@ class TreeOptions:
     """``tree``: None (flat packing), ``"on"`` (groups from the tree columns: prompt_ids +
     completion_ids, TRL's DPO columns, input_ids + group, or prompt / chosen / rejected
     text through the tokenizer) or ``"auto"`` (plain SFT rows grouped by their first
-    ``tree_prefix`` tokens, within windows of ``tree_window`` rows)."""
+    ``tree_prefix`` tokens, within consecutive blocks of ``tree_block`` documents;
+    ``tree_window=`` is its 0.2 name, with a DeprecationWarning)."""
 
     tree: str | None = field(
         default=None,
@@ -64,13 +66,14 @@ class TreeOptions:
             type=int,
         ),
     )
-    tree_window: int = field(
+    tree_block: int = field(
         default=DEFAULT_TREE_WINDOW,
         metadata=flag(
-            "--tree-window",
-            f"--tree auto: rows grouped together at most (default {DEFAULT_TREE_WINDOW})",
+            "--tree-block",
+            "--tree auto: documents are grouped within consecutive blocks of this many"
+            f" (default {DEFAULT_TREE_WINDOW})",
             BOTH,
-            metavar="ROWS",
+            metavar="DOCUMENTS",
             type=int,
         ),
     )
@@ -79,7 +82,7 @@ class TreeOptions:
         if self.tree is not None and self.tree not in TREE_MODES:
             raise InvalidInput(f"tree must be one of {', '.join(TREE_MODES)} or None")
         object.__setattr__(self, "tree_prefix", positive_int("tree_prefix", self.tree_prefix))
-        object.__setattr__(self, "tree_window", positive_int("tree_window", self.tree_window))
+        object.__setattr__(self, "tree_block", positive_int("tree_block", self.tree_block))
 
     def groups(
         self, table: Any, origin: Any, binding: Binding, tokenizer: Any
@@ -94,8 +97,11 @@ class TreeOptions:
             tokenizer=tokenizer,
             mode=self.tree or "on",
             prefix=self.tree_prefix,
-            window=self.tree_window,
+            window=self.tree_block,
         )
+
+
+TreeOptions.__init__ = renamed_kwargs(tree_window="tree_block")(TreeOptions.__init__)
 
 
 def pack_tree_path(
@@ -153,7 +159,7 @@ def pack_tree_path(
         fields = opts.manifest_fields()
         tree_fields = {"mode": topts.tree}
         if topts.tree == "auto":
-            tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_window}
+            tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_block}
         manifest = write_tree_shards(
             records,
             output,
