@@ -88,7 +88,7 @@ def trl_columns(cols: CompactRows, tok: np.ndarray) -> tuple[np.ndarray, np.ndar
     (``tok``: their token offsets): one numba pass, or NumPy without numba."""
     lengths = np.ascontiguousarray(cols.lengths, dtype=np.int64)
     mask = cols.loss_mask
-    kernel = engine.compiled("trl_loop", int(lengths.sum()) // 64)
+    kernel = engine.compiled("trl_loop")
     if kernel is not None:
         labels = np.empty(int(tok[-1]), dtype=np.int64)
         positions = np.empty(int(tok[-1]), dtype=np.int32)

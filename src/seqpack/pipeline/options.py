@@ -37,7 +37,7 @@ from typing import Any
 from seqpack.core import config as budget
 from seqpack.core.binding import INT32_MAX, Split
 from seqpack.core.errors import InvalidInput, positive_int, type_argument
-from seqpack.core.policies import POLICIES, check_policy_options
+from seqpack.core.policies import POLICIES, check_policy_options, renamed_options
 from seqpack.core.supervision import Objective
 from seqpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 
@@ -241,7 +241,7 @@ class PackOptions:
             raise InvalidInput(
                 f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
             )
-        options = MappingProxyType(dict(self.policy_options))
+        options = MappingProxyType(renamed_options(self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
         for field_name, top in _COUNTS.items():  # optional ones may be None
