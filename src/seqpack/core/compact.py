@@ -257,7 +257,8 @@ def span_labels(
     keep[firsts] = False
     supervised = np.zeros(tokens.shape[0], dtype=bool)
     supervised[keep] = loss_mask
-    np.copyto(out, np.where(supervised, tokens, IGNORE_INDEX))
+    # an int32 -100 (a bare -100 wraps to 65436 beside uint16 tokens under NumPy 2)
+    np.copyto(out, np.where(supervised, tokens, np.int32(IGNORE_INDEX)))
     return out
 
 
