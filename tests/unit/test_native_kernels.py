@@ -1,4 +1,4 @@
-"""The C kernels (``seqpack.core._native``): what ``"auto"`` picks, the 0.2 spellings, and
+"""The C kernels (``seqpack.core.native``): what ``"auto"`` picks, the 0.2 spellings, and
 identical results to the Python kernels on random inputs for every kernel family (plan,
 stream, gather, labels, range, TRL columns), in every dtype the callers pass."""
 

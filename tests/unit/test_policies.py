@@ -198,7 +198,7 @@ def test_the_counting_sort_kernel_run_as_plain_python(case):
 def test_the_core_plans_without_the_c_kernels():
     code = f"""
 import json, sys
-sys.modules["seqpack.core._native"] = None  # as if not built
+sys.modules["seqpack.core.native"] = None  # as if not built
 import numpy as np
 from seqpack import NotAvailable, plan_rows
 from seqpack.core import engine

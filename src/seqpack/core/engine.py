@@ -2,8 +2,8 @@
 
 Kernels are integer loops over 1-D arrays, no allocation, results written into
 arrays the caller passes in. A module defines them with :func:`kernel`; each
-has a C twin of the same name in ``core/_native.c`` (the same loops, tie-breaks
-and integer widths), built with seqpack itself as ``seqpack.core._native``.
+has a C twin of the same name in ``core/native.c`` (the same loops, tie-breaks
+and integer widths), built with seqpack itself as ``seqpack.core.native``.
 :func:`call` runs one by name with ``kernels``:
 
 - ``"native"``: the C extension; loading it costs a millisecond, so even the
@@ -51,7 +51,7 @@ def _native() -> ModuleType | None:
             _LOADED["error"] = f"SEQPACK_KERNELS={chosen} is set"
             return None
         try:
-            from seqpack.core import _native as module
+            from seqpack.core import native as module
         except ImportError as err:
             _LOADED.update(warn=True, error=(
                 f"seqpack's C kernels are not built here ({err}); reinstall seqpack where a C"

@@ -714,8 +714,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "seqpack's kernels in C (see seqpack.core.engine).", -1,
+    PyModuleDef_HEAD_INIT, "native", "seqpack's kernels in C (see seqpack.core.engine).", -1,
     methods,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_native(void) { return PyModule_Create(&module); }
