@@ -138,6 +138,8 @@ def test_value_ranges_are_identical_in_every_dtype(rng, dtype):
         assert value_range(values) == (int(values.min()), int(values.max()))
     strided = np.arange(20, dtype=dtype)[::3]  # not contiguous: NumPy's answer
     assert value_range(strided) == (0, 18)
+    swapped = np.arange(5, dtype=np.dtype(dtype).newbyteorder())  # other byte order: NumPy's
+    assert value_range(swapped) == (0, 4)
 
 
 @pytest.mark.parametrize("dtype", TOKEN_DTYPES)

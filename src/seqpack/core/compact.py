@@ -176,8 +176,9 @@ def scatter_loop(src, src_starts, lens, out, out_starts):  # pragma: no cover - 
 
 
 def _native_ok(*arrays: np.ndarray) -> bool:
-    """Whether the C kernels take these arrays: C-contiguous integers or booleans."""
-    return all(a.flags.c_contiguous and a.dtype.kind in "iub" for a in arrays)
+    """Whether the C kernels take these arrays: C-contiguous integers or booleans, in the
+    machine's byte order."""
+    return all(a.flags.c_contiguous and a.dtype.kind in "iub" and a.dtype.isnative for a in arrays)
 
 
 def gather_into(
