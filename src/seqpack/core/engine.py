@@ -45,10 +45,10 @@ _LOADED: dict[str, Any] = {}  # "module" (or None), "error", "warn": set by the 
 def _native() -> ModuleType | None:
     """The C kernels, or None (the reason in ``_LOADED["error"]``)."""
     if not _LOADED:
-        chosen = os.environ.get("SEQPACK_KERNELS") or os.environ.get("SEQPACK_ENGINE", "")
+        var = "SEQPACK_KERNELS" if "SEQPACK_KERNELS" in os.environ else "SEQPACK_ENGINE"
         _LOADED.update(module=None, warn=False)
-        if chosen.lower() == "python":
-            _LOADED["error"] = f"SEQPACK_KERNELS={chosen} is set"
+        if os.environ.get(var, "").lower() == "python":
+            _LOADED["error"] = f"{var}={os.environ[var]} is set"
             return None
         try:
             from seqpack.core import native as module
