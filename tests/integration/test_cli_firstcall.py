@@ -6,6 +6,7 @@ fresh process beside warm medians), never in tests; these tests hold what
 makes the first call fast.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,11 @@ import numpy as np
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+#: The C kernels are built (skipped on a user's machine without a compiler; never under CI).
+NATIVE = pytest.mark.skipif(
+    importlib.util.find_spec("seqpack.core.native") is None and os.environ.get("CI") != "true",
+    reason="C kernels not built",
+)
 
 PLAN = """
 import json, sys, numpy as np, seqpack
@@ -29,6 +35,7 @@ print(json.dumps({"rows": plan.num_rows, "kernels": engine.resolve("auto"),
 """
 
 
+@NATIVE
 def test_the_c_kernels_load_from_a_read_only_install_without_a_home():
     """An installed package whose folder is read-only, run by a user without a writable home:
     the C kernels load and run there (nothing is compiled or cached at run time), and
@@ -154,6 +161,7 @@ print(json.dumps({"auto": auto, "numba": "numba" in sys.modules, "same": same}))
 """
 
 
+@NATIVE
 def test_every_call_plans_with_the_c_kernels_and_no_numba():
     """``"auto"`` runs the C kernels at any size (loading them costs no start-up), gives the
     Python kernels' plan, and nothing imports numba."""
