@@ -13,13 +13,10 @@ tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
 
 :func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
 ``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
-every file a regular file of bounded size; a folder whose ``tokenizer.json``
-transformers would use as it is loads without importing transformers, and any other
-folder does from its second load on (the Rust tokenizer transformers built from it is
-kept under ``~/.cache/seqpack/tokenizers``, :func:`remembered_file`). Truncation
-and padding are turned off on seqpack's copy (with a warning); a post-processor
-adding more than BOS/EOS is refused. Every tokenizer has ``identity`` (the
-Binding's ``tokenizer_id``), ``vocab_size`` and
+every file a regular file of bounded size (transformers is imported only when needed:
+:func:`open_folder`). Truncation and padding are turned off on seqpack's copy (with a
+warning); a post-processor adding more than BOS/EOS is refused. Every tokenizer has
+``identity`` (the Binding's ``tokenizer_id``), ``vocab_size`` and
 ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
 """
 
@@ -229,7 +226,11 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
 def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``): its
     transformers backend (:class:`LazyTransformers` when read directly), identity,
-    vocabulary size and the Rust tokenizer read directly (None otherwise)."""
+    vocabulary size and the Rust tokenizer read directly (None otherwise).
+
+    Read directly when transformers would use ``tokenizer.json`` as it is; any other
+    folder, from its second load on, from the Rust tokenizer transformers built from it,
+    kept under ``~/.cache/seqpack/tokenizers`` (:func:`remembered_file`)."""
     for name in (*TOKENIZER_FILES, *SLOW_FILES):
         if (path / name).exists():
             checked_file(path / name, MAX_TEMPLATE_FILE if name.endswith(".jinja") else
