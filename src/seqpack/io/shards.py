@@ -422,9 +422,6 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
     col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
     if (col["range_starts"] is None) != (col["range_ends"] is None):
         raise ValueError("range columns")
-    ordinals = col["ordinals"].astype(np.int64)
-    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
-    sources = sources.astype(object)
     if lengths.size and (lengths.min() < 0 or int(lengths.sum()) + lengths.size > tokens.size):
         raise ValueError("pair_counts")  # before allocating from them: a claimed 2**31 is 2 GiB
     pairs = offsets_of(lengths)
@@ -432,8 +429,18 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
         mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
     else:
         mask = np.ones(int(pairs[-1]), dtype=bool)
+    return _fields(tokens, lengths, occ, mask, col), row_tok
+
+
+def _fields(
+    tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, mask: np.ndarray, col: dict
+) -> dict[str, Any]:
+    """The :class:`CompactRows` fields, the columns a shard does not store derived."""
+    ordinals = col["ordinals"].astype(np.int64)
+    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
+    sources = sources.astype(object)
     whole = col["range_starts"] is None
-    fields = {
+    return {
         "tokens": tokens.astype(np.int32, copy=False),
         "lengths": lengths,
         "starts": col["seq_starts"].astype(np.int64),
@@ -445,7 +452,6 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
         "range_starts": np.zeros_like(lengths) if whole else col["range_starts"].astype(np.int64),
         "range_ends": lengths + 1 if whole else col["range_ends"].astype(np.int64),
     }
-    return fields, row_tok
 
 
 def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
@@ -464,19 +470,7 @@ def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
     firsts = offsets_of(lengths + 1)[:-1]  # a window's first token is no pair's target
     keep = np.ones(tokens.shape[0], dtype=bool)
     keep[firsts[firsts < tokens.shape[0]]] = False
-    fields = {
-        "tokens": tokens.astype(np.int32, copy=False),
-        "lengths": lengths,
-        "row_offsets": occ,
-        "loss_mask": supervised[keep],
-        "starts": col["seq_starts"].astype(np.int64),
-        "ordinals": col["ordinals"].astype(np.int64),
-        "source_ids": col["source_ids"].astype(object),
-        "example_ids": col["example_ids"].astype(object),
-        "range_starts": col["range_starts"].astype(np.int64),
-        "range_ends": col["range_ends"].astype(np.int64),
-    }
-    return fields, row_tok
+    return _fields(tokens, lengths, occ, supervised[keep], col), row_tok
 
 
 def arrow_to_rows(
