@@ -338,11 +338,13 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_ro
     return entry
 
 
-def _binary(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """A binary column's value offsets (int64 [n+1], as stored) and its bytes."""
+def byte_buffers(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A binary or string column's value offsets (int64 [n+1], as stored) and its bytes."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     _, obuf, dbuf = col.buffers()
-    offsets = np.frombuffer(obuf, np.int32)[col.offset : col.offset + len(col) + 1]
+    large = pa.types.is_large_string(col.type) or pa.types.is_large_binary(col.type)
+    offsets = np.frombuffer(obuf, np.int64 if large else np.int32)
+    offsets = offsets[col.offset : col.offset + len(col) + 1]
     data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
     return offsets.astype(np.int64), data
 
@@ -358,7 +360,7 @@ def eligible_targets(table: pa.Table) -> int:
         return int(np.count_nonzero(labels[flat.offset : flat.offset + len(flat)] != -100))
     if "loss_bits" not in table.column_names:
         return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
-    offsets, data = _binary(table.column("loss_bits"))
+    offsets, data = byte_buffers(table.column("loss_bits"))
     return int(np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).sum(dtype=np.int64))
 
 
@@ -381,7 +383,7 @@ def unpack_bits(col: pa.Array, row_pairs: np.ndarray, where: str) -> np.ndarray:
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if col.null_count or not pa.types.is_binary(col.type):
         raise ValueError("loss_bits")
-    offsets, data = _binary(col)
+    offsets, data = byte_buffers(col)
     nbytes = (row_pairs + 7) // 8
     if not np.array_equal(np.diff(offsets), nbytes):
         raise InvalidInput(f"{where}: loss_bits do not match the rows' pairs — the file is damaged")
