@@ -140,7 +140,7 @@ def write_packed(
 
 
 def require(
-    store: Any, expected_binding: Binding | None, expected_split: Split | str | None
+    store: Any, expected_binding: Binding | None = None, expected_split: Split | str | None = None
 ) -> None:
     """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is the expected
     output."""
@@ -177,13 +177,7 @@ class PackedStore:
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
 
-    def require(
-        self,
-        expected_binding: Binding | None = None,
-        expected_split: Split | str | None = None,
-    ) -> None:
-        """Raise BindingMismatch / SplitMismatch unless this output is the expected one."""
-        require(self, expected_binding, expected_split)
+    require = require  # store.require(expected_binding, expected_split)
 
     def __len__(self) -> int:
         return -(-self.num_rows // self.max_rows_per_batch)
