@@ -156,10 +156,8 @@ def _dpo_text(
     extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
     seqs, masks = [], []
     for answer in ("chosen", "rejected"):
-        pc = pa.table({"prompt": table.column("prompt"), "completion": table.column(answer)})
-        for name, col in extras.items():
-            pc = pc.append_column(name, col)
-        s, m = _encoded(pc, origin, tokenizer, ("prompt", "completion"))
+        cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
+        s, m = _encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion"))
         seqs.append(s)
         masks.append(m)
     # chosen, rejected of row 0, then of row 1, ...
