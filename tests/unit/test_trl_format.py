@@ -9,6 +9,7 @@ the test says so.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -42,15 +43,29 @@ def verify_folder(folder):
 
 
 A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]
-TRL_COLUMNS = ["input_ids", "labels", "seq_lengths", "position_ids"]
+#: Every pair supervised: TRL's own packed columns; with a loss mask, labels between them.
+TRL_COLUMNS = ["input_ids", "seq_lengths"]
+LABELED_COLUMNS = ["input_ids", "labels", "seq_lengths"]
+
+
+def _collated(row: dict) -> tuple[list[int], list[int], list[int]]:
+    """One packed row as TRL's padding-free collator hands it to the model: input_ids,
+    labels and position_ids (derived from seq_lengths; labels from the row or its ids)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([row])
+    return tuple(batch[c][0].tolist() for c in ("input_ids", "labels", "position_ids"))
 
 
 def _examples_of(packed: dict) -> list[tuple[list[int], list[int]]]:
-    """Every example of the packed rows, as (tokens, labels), cut by seq_lengths; the
-    positions are checked to restart at 0 on the way."""
+    """Every example of the packed rows, as (tokens, labels) as TRL's collator trains
+    them, cut by seq_lengths; the positions are checked to restart at 0 on the way."""
     out = []
-    for ids, labels, lens, pos in zip(*(packed[c] for c in TRL_COLUMNS), strict=True):
-        assert len(ids) == len(labels) == len(pos) == sum(lens)
+    for r in range(len(packed["input_ids"])):
+        row = {c: packed[c][r] for c in packed}
+        ids, labels, pos = _collated(row)
+        lens = row["seq_lengths"]
+        assert len(ids) == len(labels) == len(pos) == sum(lens) == len(row["input_ids"])
         start = 0
         for n in lens:
             assert list(pos[start : start + n]) == list(range(n))
@@ -104,6 +119,7 @@ def test_bfd_equals_trl_on_its_own_example():
     ours = pack_dataset(ds, 5, format="trl").to_dict()
     theirs = trl.pack_dataset(ds, 5, strategy="bfd").to_dict()
     assert {k: ours[k] for k in theirs} == theirs
+    assert ours == theirs  # TRL's columns and no more
 
 
 def test_bfd_plan_equals_trl_and_never_more_rows(rng):
@@ -277,7 +293,8 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
     table = pq.read_table(shard)
     lens = table.column("seq_lengths").combine_chunks()
     bad = pa.ListArray.from_arrays(lens.offsets, pa.array(lens.flatten().to_numpy()[::-1].copy()))
-    pq.write_table(table.set_column(2, "seq_lengths", bad), shard)
+    k = table.schema.get_field_index("seq_lengths")
+    pq.write_table(table.set_column(k, "seq_lengths", bad), shard)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -337,11 +354,12 @@ def test_stats_counts_tokens_with_format_trl(tmp_path):
     assert over["capacity_100"] == 5
 
 
-def test_both_collators_read_the_rows_as_their_examples():
+@pytest.mark.parametrize("masked", [True, False])
+def test_both_collators_read_the_rows_as_their_examples(masked):
     """TRL's padding-free collator (seq_lengths) and DataCollatorWithFlattening behind
     per_example build the same batch from format="trl" rows: positions restart per
-    example, labels are the rows' own (TRL's -100 at every position 0 changes nothing:
-    they are -100 there already), cu_seq_lens are the examples' bounds, seq_idx int32."""
+    example, labels are the rows' own or (no mask) their ids with -100 on each example's
+    first token, cu_seq_lens are the examples' bounds, seq_idx int32."""
     import torch
     from transformers import DataCollatorWithFlattening
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -350,9 +368,20 @@ def test_both_collators_read_the_rows_as_their_examples():
 
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
     labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
-    packed = pack_dataset(Dataset.from_dict({"input_ids": docs, "labels": labels}), 8, format="trl")
+    columns = {"input_ids": docs} | ({"labels": labels} if masked else {})
+    packed = pack_dataset(Dataset.from_dict(columns), 8, format="trl")
+    assert packed.column_names == (LABELED_COLUMNS if masked else TRL_COLUMNS)
     rows = [packed[i] for i in range(len(packed))]
-    flat = {c: [x for r in rows for x in r[c]] for c in ("input_ids", "labels", "position_ids")}
+    flat = {
+        "input_ids": [x for r in rows for x in r["input_ids"]],
+        "labels": [
+            x
+            for r in rows
+            for a, b in itertools.pairwise(np.cumsum([0, *r["seq_lengths"]]).tolist())
+            for x in [-100, *(r["labels"] if masked else r["input_ids"])[a + 1 : b]]
+        ],
+        "position_ids": [j for r in rows for n in r["seq_lengths"] for j in range(n)],
+    }
     bounds = np.cumsum([0] + [n for r in rows for n in r["seq_lengths"]]).tolist()
     theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
     flattening = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
