@@ -65,7 +65,7 @@ _V1_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS, ("position_ids", pa.list_(pa.in
 def trl_table(cols: CompactRows) -> pa.Table:
     """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring):
     ``labels`` when ``cols`` carry a loss mask."""
-    tok, row_tok = token_offsets(cols)
+    _, row_tok = token_offsets(cols)
     arrays = [list_array(row_tok, cols.tokens, pa.int32())]  # the gathered tokens, no copy
     if cols.loss_mask is not None:
         labels = span_labels(cols.tokens, cols.loss_mask, cols.lengths).astype(np.int64)
