@@ -416,3 +416,94 @@ def test_a_tokenizers_object_binds_its_full_vocabulary():
     assert info["binding"]["vocab_size"] == 11
     assert info["binding"]["tokenizer_id"].startswith("tokenizers:@sha256:")
     assert info["config"]["pad_token_id"] == 10
+
+
+def _version_1_rows(rows: list[dict], masked: bool) -> list[dict]:
+    """``rows`` (version 2) as version 1 stored them: labels for every row (the token,
+    -100 on each example's first) and position_ids 0..n-1 per example."""
+    old = []
+    for row in rows:
+        cuts = itertools.pairwise(np.cumsum([0, *row["seq_lengths"]]).tolist())
+        given = row["labels"] if masked else row["input_ids"]
+        labels = [x for a, b in cuts for x in [-100, *given[a + 1 : b]]]
+        positions = [j for n in row["seq_lengths"] for j in range(n)]
+        old.append(row | {"labels": labels, "position_ids": positions})
+    return old
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_version_2_rows_collate_as_version_1_rows_did(masked):
+    """TRL's collator builds the same tensors from the lean rows as from version 1's
+    stored labels and positions: padding-free, identical; padded with positions
+    (sequence parallelism), identical ids, positions and mask, and the labels TRL's
+    own packed rows get there (this mode masks no example start; version 1 did)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    columns = {"input_ids": docs} | ({"labels": labels} if masked else {})
+    new = pack_dataset(Dataset.from_dict(columns), 8, format="trl").to_list()
+    free = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    padded = DataCollatorForLanguageModeling(pad_token_id=0, return_position_ids=True)
+    for batch in ([new[0]], new, new[1:]):
+        ours, before = free(batch), free(_version_1_rows(batch, masked))
+        assert ours.keys() == before.keys()
+        for key, value in ours.items():
+            assert (value == before[key]).all() if hasattr(value, "all") else value == before[key]
+        ours, before = padded(batch), padded(_version_1_rows(batch, masked))
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            assert ours[key].tolist() == before[key].tolist(), key
+        if masked:
+            assert ours["labels"].tolist() == before["labels"].tolist()
+        else:  # TRL's own packing of the same examples: labels = input_ids, then packed
+            own = [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in batch]
+            assert ours["labels"].tolist() == padded(own)["labels"].tolist()
+
+
+def test_version_1_outputs_still_load(tmp_path):
+    """A directory written before (version 1: labels and position_ids stored) loads and
+    passes the full check; a damaged position in it is still found."""
+    import pyarrow.parquet as pq
+
+    from seqpack.io.shards import sha256_file
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
+    out = tmp_path / "v1"
+    assert _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
+                    "--format", "trl").returncode == 0  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["version"] == 2
+    rows_v2 = load_trl(out, cache_dir=str(tmp_path / "cache")).to_list()
+
+    def write_v1(edit=lambda rows: rows):
+        for entry in manifest["shards"]:
+            shard = out / entry["file"]
+            rows = edit(_version_1_rows(pq.read_table(shard).to_pylist(), masked=False))
+            schema = pa.schema([("input_ids", pa.list_(pa.int32())),
+                                ("labels", pa.list_(pa.int64())),
+                                ("seq_lengths", pa.list_(pa.int32())),
+                                ("position_ids", pa.list_(pa.int32()))])  # fmt: skip
+            table = pa.Table.from_pylist(rows, schema=schema)
+            pq.write_table(table, shard)
+            entry.update(bytes=shard.stat().st_size, sha256=sha256_file(shard),
+                         columns=schema.names)  # fmt: skip
+        (out / "manifest.json").write_text(json.dumps(manifest | {"version": 1}))
+
+    write_v1()
+    loaded = load_trl(out, integrity="full", cache_dir=str(tmp_path / "cache1"))
+    assert loaded.column_names == ["input_ids", "labels", "seq_lengths", "position_ids"]
+    assert loaded.to_list() == _version_1_rows(rows_v2, masked=False)
+    assert verify_folder(out)["version"] == 1
+
+    def shift(rows):
+        rows[0]["position_ids"][1] += 1
+        return rows
+
+    write_v1(shift)
+    with pytest.raises(InvalidInput, match="disagree"):
+        load_trl(out, cache_dir=str(tmp_path / "cache2"))
+    manifest["version"] = 3
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput, match="not a TRL-format output"):
+        load_trl(out)
