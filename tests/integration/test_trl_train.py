@@ -60,8 +60,9 @@ def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
 
     record, grads = grad_recorder()
     common = training_args(len(packed) if rows is None else rows, str(tmp_path))
-    if kind == "trl":
-        args = SFTConfig(padding_free=True, max_length=None, **common)
+    if kind.startswith("trl"):  # "trl-skip": the rows are ready, TRL's preparation skipped
+        skip = {"dataset_kwargs": {"skip_prepare_dataset": True}} if kind == "trl-skip" else {}
+        args = SFTConfig(padding_free=True, max_length=None, **skip, **common)
         extra = {"processing_class": tok}
         trainer_class = SFTTrainer
     else:
@@ -107,11 +108,12 @@ def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
     assert worst_ratio(params, ref_params) <= 1.0
 
 
-@pytest.mark.parametrize("kind", ["trl", "transformers"])
+@pytest.mark.parametrize("kind", ["trl", "trl-skip", "transformers"])
 @pytest.mark.parametrize("data_format", [None, "torch"])
 def test_rows_without_labels_train_every_pair_as_separate_examples(kind, data_format, tmp_path):
     """Every pair supervised: the rows are TRL's own (input_ids, seq_lengths); the
-    collators derive the positions and labels and train as the separate examples do."""
+    collators derive the positions and labels and train as the separate examples do,
+    with TRL's preparation (which adds labels = input_ids) or without it."""
     grads, ref_grads, params, ref_params = _run(
         kind, "sdpa", tmp_path, float64_loss, data_format, masked=False
     )
