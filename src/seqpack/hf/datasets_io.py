@@ -58,14 +58,7 @@ from seqpack.io.shards import (
     shard_table,
     union,
 )
-from seqpack.io.trl_schema import (
-    TRL_FORMAT,
-    TRL_LABELED_SCHEMA,
-    TRL_SCHEMA,
-    TRL_VERSION,
-    refuse_trl,
-    trl_table,
-)
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_VERSION, refuse_trl, trl_schema, trl_table
 from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import PackOptions, check_pad_id
@@ -236,7 +229,7 @@ def _tables(
     parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":
         tables = [trl_table(cols) for cols in parts]
-        schema = TRL_LABELED_SCHEMA if corpus.flagged else TRL_SCHEMA
+        schema = trl_schema(labels=corpus.flagged)
     else:
         layout = union(layout_of(cols) for cols in parts)
         tables = [shard_table(cols, layout) for cols in parts]

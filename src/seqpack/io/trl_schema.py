@@ -62,6 +62,11 @@ TRL_LABELED_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS])
 _V1_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS, ("position_ids", pa.list_(pa.int32()))])
 
 
+def trl_schema(labels: bool) -> pa.Schema:
+    """TRL's packed schema of rows with (``labels``) or without a loss mask."""
+    return TRL_LABELED_SCHEMA if labels else TRL_SCHEMA
+
+
 def trl_table(cols: CompactRows) -> pa.Table:
     """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring):
     ``labels`` when ``cols`` carry a loss mask."""
@@ -71,8 +76,7 @@ def trl_table(cols: CompactRows) -> pa.Table:
         labels = span_labels(cols.tokens, cols.loss_mask, cols.lengths).astype(np.int64)
         arrays.append(list_array(row_tok, labels, pa.int64()))
     arrays.append(list_array(cols.row_offsets, cols.lengths + 1, pa.int32()))
-    schema = TRL_SCHEMA if cols.loss_mask is None else TRL_LABELED_SCHEMA
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays(arrays, schema=trl_schema(cols.loss_mask is not None))
 
 
 def is_trl(manifest: object) -> bool:
