@@ -101,7 +101,7 @@ def _run(kind, attn, tmp_path, loss, data_format=None, masked=True):
 )
 def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
     """``data_format="torch"``: the rows reach the collators as tensors of the stored
-    types (int32 ids and positions, int64 labels)."""
+    types (int32 ids and seq_lengths, int64 labels)."""
     grads, ref_grads, params, ref_params = _run(kind, attn, tmp_path, float64_loss, data_format)
     for step in range(2):
         assert worst_ratio(grads[step], ref_grads[step]) <= 1.0, f"step {step + 1} gradients"
