@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -507,3 +508,36 @@ def test_version_1_outputs_still_load(tmp_path):
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InvalidInput, match="not a TRL-format output"):
         load_trl(out)
+
+
+@pytest.mark.parametrize("how", ["stored-positions", "one-shard-labeled"])
+def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
+    """Version 2 shards are TRL's columns, the same in every shard: version 1's stored
+    positions under a version 2 manifest, or one shard with labels among shards without,
+    are refused by name."""
+    import pyarrow.parquet as pq
+
+    from seqpack.io.shards import sha256_file
+    from seqpack.pipeline.local import pack_path
+
+    src = tmp_path / "in.jsonl"
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
+    out = tmp_path / "out"
+    pack_path(src, out, capacity=8, vocab_size=266, format="trl", max_rows_per_batch=1,
+              shard_tokens=8)  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) > 1
+    entry = manifest["shards"][-1]
+    shard = out / entry["file"]
+    rows = _version_1_rows(pq.read_table(shard).to_pylist(), masked=False)
+    if how == "one-shard-labeled":
+        rows = [{k: r[k] for k in LABELED_COLUMNS} for r in rows]
+    table = pa.Table.from_pylist(rows)
+    table = table.cast(pa.schema([(n, pa.list_(pa.int64() if n == "labels" else pa.int32()))
+                                  for n in table.column_names]))  # fmt: skip
+    pq.write_table(table, shard)
+    entry.update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput, match=re.escape(f"{entry['file']}: schema")):
+        load_trl(out, cache_dir=str(tmp_path / "cache"))
