@@ -351,7 +351,13 @@ def byte_buffers(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
 
 def eligible_targets(table: pa.Table) -> int:
     """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
-    (unused bits are 0), every pair without it; labels other than -100 in TRL's."""
+    (unused bits are 0), every pair without it; labels other than -100 in TRL's (every
+    token but each example's first without them)."""
+    if "input_ids" in table.column_names and "labels" not in table.column_names:
+        tokens = pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0
+        return int(tokens) - int(
+            pc.sum(pc.list_value_length(table.column("seq_lengths"))).as_py() or 0
+        )
     if "input_ids" in table.column_names:
         # read from the buffer: to_numpy() and scalar compute arguments import pandas
         flat = table.column("labels").combine_chunks().flatten()
