@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -93,11 +94,16 @@ def test_the_first_pack_dataset_call_imports_nothing_heavy():
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
+    """TRL's rows from the C kernels' labels and from NumPy's are the same; positions (derived
+    by TRL's collator from seq_lengths) restart at 0 per window, its first label -100."""
+    pytest.importorskip("trl")
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
     from seqpack.core import engine
     from seqpack.core.binding import Binding, Split
     from seqpack.core.compact import CompactRows
     from seqpack.io.shards import token_offsets
-    from seqpack.io.trl_schema import trl_columns
+    from seqpack.io.trl_schema import trl_table
 
     rng = np.random.default_rng(11)
     lengths = rng.integers(1, 40, size=300).astype(np.int64)
@@ -109,12 +115,16 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
         loss_mask=rng.random(int(lengths.sum())) < 0.7 if masked else None,
     )  # fmt: skip
     tok, _ = token_offsets(cols)
-    labels, positions = trl_columns(cols, tok)
+    table = trl_table(cols)
     monkeypatch.setattr(engine, "compiled", lambda name: None)  # the NumPy path, no C kernels
-    want_labels, want_positions = trl_columns(cols, tok)
-    assert labels.dtype == np.int64 and positions.dtype == np.int32
-    assert np.array_equal(labels, want_labels) and np.array_equal(positions, want_positions)
-    # by definition: each window restarts at 0, its first label is -100
+    assert table.equals(trl_table(cols))
+    assert ("labels" in table.column_names) == masked
+    if masked:
+        assert table.schema.field("labels").type == pa.list_(pa.int64())
+    collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    batch = collate(table.to_pylist())
+    labels, positions = (batch[c][0].numpy() for c in ("labels", "position_ids"))
+    assert labels.dtype == np.int64
     starts = tok[:-1]
     assert (positions[starts] == 0).all() and (labels[starts] == -100).all()
     assert positions[starts[5] + 3] == 3

@@ -1,6 +1,6 @@
 """The C kernels (``seqpack.core.native``): what ``"auto"`` picks, the 0.2 spellings, and
 identical results to the Python kernels on random inputs for every kernel family (plan,
-stream, gather, labels, range, TRL columns), in every dtype the callers pass."""
+stream, gather, labels, range), in every dtype the callers pass."""
 
 from __future__ import annotations
 
@@ -143,23 +143,3 @@ def test_value_ranges_are_identical_in_every_dtype(rng, dtype):
     assert value_range(strided) == (0, 18)
     swapped = np.arange(5, dtype=np.dtype(dtype).newbyteorder())  # other byte order: NumPy's
     assert value_range(swapped) == (0, 4)
-
-
-@pytest.mark.parametrize("dtype", TOKEN_DTYPES)
-@pytest.mark.parametrize("every", [False, True])
-def test_trl_columns_are_identical_in_every_token_dtype(rng, dtype, every):
-    from seqpack.io import trl_schema
-
-    if not hasattr(trl_schema, "trl_loop"):
-        pytest.skip("the TRL columns have no kernel")
-    lens = rng.integers(1, 20, size=60).astype(np.int64)
-    total = int((lens + 1).sum())
-    tokens = rng.integers(0, 30000, size=total).astype(dtype)
-    mask = np.ones(1, dtype=bool) if every else rng.random(int(lens.sum())) < 0.6
-    got = []
-    for kernel in (engine.compiled("trl_loop"), trl_schema.trl_loop):  # C, then its source
-        labels, positions = np.empty(total, np.int64), np.empty(total, np.int32)
-        kernel(tokens, mask, every, lens, labels, positions)
-        got.append((labels, positions))
-    for a, b in zip(*got, strict=True):
-        assert np.array_equal(a, b)

@@ -1,8 +1,8 @@
 /* seqpack's kernels in C: the "native" engine of seqpack/core/engine.py.
  *
  * Each function here is the C twin of the @kernel of the same name in
- * core/engine.py, core/policies.py, core/stream_packer.py, core/compact.py and
- * io/trl_schema.py: the same loops, tie-breaks and integer widths (int64 state,
+ * core/engine.py, core/policies.py, core/stream_packer.py and core/compact.py:
+ * the same loops, tie-breaks and integer widths (int64 state,
  * the callers' token dtypes), so both engines give identical results. Arrays
  * arrive through the buffer protocol (C-contiguous; the caller's contract, as
  * are the bounds); every kernel releases the GIL while it loops.
@@ -656,53 +656,6 @@ static PyObject *range_loop(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
-#define TRL(T)                                                                       \
-    {                                                                                \
-        const T *tok = (const T *)tokens;                                            \
-        u64 p = 0, q = 0;                                                            \
-        for (Py_ssize_t i = 0; i < n; i++) {                                         \
-            u64 len = (u64)lens[i];                                                  \
-            labels[p] = IGNORE_INDEX;                                                \
-            positions[p] = 0;                                                        \
-            if (every) {                                                             \
-                for (u64 j = 0; j < len; j++) {                                      \
-                    labels[p + 1 + j] = (i64)tok[p + 1 + j];                         \
-                    positions[p + 1 + j] = (int32_t)(j + 1);                         \
-                }                                                                    \
-            } else {                                                                 \
-                for (u64 j = 0; j < len; j++) {                                      \
-                    labels[p + 1 + j] = mask[q + j] ? (i64)tok[p + 1 + j] : IGNORE_INDEX; \
-                    positions[p + 1 + j] = (int32_t)(j + 1);                         \
-                }                                                                    \
-            }                                                                        \
-            p += len + 1;                                                            \
-            q += len;                                                                \
-        }                                                                            \
-    }
-
-static PyObject *trl_loop(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    NARGS(6);
-    Views v = {.n = 0};
-    Py_ssize_t n;
-    int kt, every;
-    void *tokens = view(&v, args[0], T_NONE, 0, NULL, &kt);
-    uint8_t *mask = NULL;
-    i64 *lens = NULL, *labels = NULL;
-    int32_t *positions = NULL;
-    if (!tokens || !(mask = view(&v, args[1], T_BOOL, 0, NULL, NULL)) ||
-        (every = PyObject_IsTrue(args[2])) < 0 || !(lens = inputs(&v, args[3], &n)) ||
-        !(labels = ints(&v, args[4], NULL)) ||
-        !(positions = view(&v, args[5], T_I32, 1, NULL, NULL))) {
-        release(&v);
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    FOR_KIND(kt, T, TRL(T));
-    Py_END_ALLOW_THREADS
-    release(&v);
-    Py_RETURN_NONE;
-}
-
 /* ------------------------------------------------------------ the module */
 
 #define KERNEL(name) {#name, (PyCFunction)(void (*)(void))name, METH_FASTCALL, NULL}
@@ -710,7 +663,7 @@ static PyObject *trl_loop(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyMethodDef methods[] = {
     KERNEL(next_fit_loop), KERNEL(counting_sort), KERNEL(first_fit),   KERNEL(best_fit),
     KERNEL(stream_push),   KERNEL(stream_drain),  KERNEL(stream_restore), KERNEL(scatter_loop),
-    KERNEL(labels_loop),   KERNEL(range_loop),    KERNEL(trl_loop),    {NULL, NULL, 0, NULL},
+    KERNEL(labels_loop),   KERNEL(range_loop),    {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
