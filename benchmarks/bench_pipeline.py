@@ -20,7 +20,7 @@ Memory: a fresh subprocess builds W2's token arrays (with mixed loss flags,
 so they are gathered as well), resets the kernel's
 peak-RSS counter (``/proc/self/clear_refs``), packs with best-fit-decreasing,
 and reports ``VmHWM - VmRSS(before)``: every byte the packing added, NumPy,
-numba and Arrow alike. tracemalloc's peak (NumPy allocations only) is shown
+the C kernels and Arrow alike. tracemalloc's peak (NumPy allocations only) is shown
 beside it. Both are divided by the bytes of the token arrays (int32 windows).
 """
 

@@ -14,7 +14,7 @@ zstd Parquet, manifest):
   ``ProcessPoolExecutor`` — one block per shard, the same shards as ``ray``;
 - ``ray``: :func:`seqpack.ray.pack` on a local instance of ``--workers``
   CPUs, one block per shard. ``ray.init`` is timed on its own line; the
-  first pack starts the workers (imports, numba cache), the second is warm;
+  first pack starts the workers (imports), the second is warm;
 - ``ray 1k``: the same with 1,000-example blocks (rows cost of small blocks).
 
 Printed: seconds, rows, rows / the global lower bound ``ceil(Σ len / 4096)``

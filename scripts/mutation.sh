@@ -17,8 +17,8 @@
 # messages are checked whole by the reference tests.
 # Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/, docs/,
 # examples/, README.md and pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
-# selecting tests only from its test files (the kernels group under the python kernel
-# engine, SEQPACK_ENGINE=python: numba cannot compile mutmut's trampolines), with the
+# selecting tests only from its test files (the kernels group under the python kernels,
+# SEQPACK_KERNELS=python: mutating a Python kernel leaves its C twin as it was), with the
 # derandomized "mutation" hypothesis profile. mutmut keeps its results there, so a rerun only retests
 # mutants of changed functions. Summaries: .cache/mutation/<group>/summary.json and
 # .cache/mutation/summary.txt; survivors: .cache/mutation/<group>/survivors.txt.
@@ -78,9 +78,12 @@ while IFS='|' read -r group modules tests; do
     (
         cd "$work"
         export HYPOTHESIS_PROFILE=mutation
-        # Mutated kernels are trampolines numba cannot compile: run them as plain Python.
-        # Other groups keep numba, so their numba-only branches are reached too.
-        case "$modules" in *_kernels*) export SEQPACK_ENGINE=python ;; *) unset SEQPACK_ENGINE ;; esac
+        # Mutated kernels are Python (their C twins stay as built): run them as Python.
+        # Other groups keep the C kernels, so their native-only branches are reached too.
+        case "$modules" in
+            *_kernels*) export SEQPACK_KERNELS=python ;;
+            *) unset SEQPACK_KERNELS SEQPACK_ENGINE ;;
+        esac
         export MPLCONFIGDIR="$root/.cache/matplotlib" TORCHINDUCTOR_CACHE_DIR="$root/.cache/inductor"
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
         # MUTATION_RETEST=1: only the mutants the last run left alive, against the tests as

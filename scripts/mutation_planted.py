@@ -15,8 +15,9 @@ and ``tests`` (the test files to run; absent: every test file but the slow ones 
 ``.cache/planted/work/`` (never the worktree), the patch applied there with
 ``git apply``, and pytest run on the selection with ``PYTHONPATH`` at the copy's
 ``src/`` (subprocesses inherit it) and the derandomized ``mutation`` hypothesis
-profile. The copy keeps one path and the sources' modification times, and numba
-caches to ``.cache/planted/numba``: unmutated kernels compile once for the whole run.
+profile. The copy keeps one path and the sources' modification times, and the
+built C kernels (``seqpack/core/native*.so``), so a patch to a Python kernel runs
+only where the tests ask for the python kernels.
 A test *kills* the mutant when it fails or errors; killers are counted per test
 function (parametrized cases together). ``.cache/planted/results.json`` keeps every
 result and the Markdown table (docs/testing.md) is printed; a mutant with fewer than
@@ -37,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "tests" / "mutants"
-#: Scratch copy, numba cache and results; ``PLANTED_WORK`` gives a second run its own.
+#: Scratch copy and results; ``PLANTED_WORK`` gives a second run its own.
 WORK = Path(os.environ.get("PLANTED_WORK", ROOT / ".cache" / "planted"))
 COPIED = ("src", "tests", "docs", "examples", "README.md", "pyproject.toml")
 #: Left out of the default selection: minutes per run (the suite's slowest files).
@@ -71,8 +72,7 @@ def selection(head: dict[str, str]) -> list[str]:
 
 
 def scratch() -> Path:
-    """A fresh copy of the project for one mutant, always at the same path (numba's cache
-    is keyed by the source file's path and modification time)."""
+    """A fresh copy of the project for one mutant, always at the same path."""
     work = WORK / "work"
     if work.exists():
         shutil.rmtree(work)
@@ -94,7 +94,6 @@ def run_tests(work: Path, tests: list[str], junit: Path) -> tuple[dict[str, str]
         PYTHONPATH=str(work / "src"),
         HYPOTHESIS_PROFILE="mutation",
         MPLCONFIGDIR=str(WORK / "matplotlib"),
-        NUMBA_CACHE_DIR=str(WORK / "numba"),
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
     )

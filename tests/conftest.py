@@ -24,13 +24,6 @@ import pytest
 import tomllib
 from hypothesis import Phase, settings
 
-from seqpack.core import engine as _engine
-
-# In this process every kernel runs compiled at any size, as on a large corpus (a user's
-# small call runs the same kernels in Python instead: see engine.SMALL_WORK and
-# tests/integration/test_cli_firstcall.py, which checks that rule in a fresh process).
-_engine.SMALL_WORK = 0
-
 CI = os.environ.get("CI") == "true"
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=CI, print_blob=True)
 settings.register_profile("dev", max_examples=60, deadline=None, print_blob=True)

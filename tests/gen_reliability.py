@@ -201,7 +201,7 @@ W1[:20,000] (6.9M tokens; `benchmarks/bench_verify.py --quick`, two runs at load
 average 8-10 on 2 shared cores) the schema check costs 0.001× of a plain decode and
 a shard read with every check 1.04-1.20× of one without (0.44 s vs 0.37-0.42 s).
 `load_trl` decodes each TRL shard once more to hold it to TRL's schema, the
-vocabulary, labels, lengths and positions: 1.66× (5 repeats; 1.4-2.1× over three
+vocabulary, labels, lengths and (version 1) positions: 1.66× (5 repeats; 1.4-2.1× over three
 runs) of reading every shard once, before `datasets.load_dataset` reads them.
 """
 

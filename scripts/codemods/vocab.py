@@ -604,8 +604,28 @@ def _decorator_line(indent: str, renames: dict[str, str]) -> str:
     return f"{indent}@renamed_kwargs({args})"
 
 
-def add_kwarg_shims(text: str, path: str) -> str:
-    """``@renamed_kwargs(old="new")`` on the public functions a Keyword rule renamed."""
+def decorator_renames(text: str) -> dict[str, dict[str, str]]:
+    """The ``@renamed_kwargs(old="new")`` a source already has, by function qualname (the
+    shims another change wrote, e.g. ``engine="kernels"``, are written back with ours)."""
+    tree = ast.parse(text)
+    out: dict[str, dict[str, str]] = {}
+    for node, q in _qualnames(tree).items():
+        for dec in getattr(node, "decorator_list", []):
+            if _is_shim_call(dec) and dec.func.id == "renamed_kwargs":
+                out.setdefault(q, {}).update(
+                    {
+                        k.arg: k.value.value
+                        for k in dec.keywords
+                        if isinstance(k.value, ast.Constant)
+                    }
+                )
+    return out
+
+
+def add_kwarg_shims(text: str, path: str, kept: dict[str, dict[str, str]] | None = None) -> str:
+    """``@renamed_kwargs(old="new")`` on the public functions a Keyword rule renamed, with
+    the renames ``kept`` from the source (:func:`decorator_renames`)."""
+    kept = kept or {}
     if not path.startswith("src/"):
         return text
     tree = ast.parse(text)
@@ -616,10 +636,11 @@ def add_kwarg_shims(text: str, path: str) -> str:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         params = {a.arg for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs}
-        renames = {k.old: k.new for k in KEYWORDS if q in k.decorate and k.new in params}
+        renames = dict(kept.get(q, {}))
+        renames |= {k.old: k.new for k in KEYWORDS if q in k.decorate and k.new in params}
         if not renames:
             continue
-        first = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+        first = node.lineno - 1  # innermost: under @staticmethod and @classmethod
         indent = re.match(r"\s*", lines[node.lineno - 1]).group(0)
         inserts.append((first, _decorator_line(indent, renames)))
     if not inserts:
@@ -664,6 +685,7 @@ def strip_shims(text: str) -> str:
 
 def rewrite_python(text: str, path: str) -> str:
     style = "block" if MARK in text else "short"
+    kept = decorator_renames(text)
     text = strip_shims(text)
     for rule in NAMES:
         tree = ast.parse(text)
@@ -679,7 +701,7 @@ def rewrite_python(text: str, path: str) -> str:
     for pattern, repl, where in WHOLE:
         if not where or re.search(where, path):
             text = pattern.sub(repl, text)
-    text = add_kwarg_shims(text, path)
+    text = add_kwarg_shims(text, path, kept)
     text = add_module_aliases(text, path, style)
     ast.parse(text)
     return text

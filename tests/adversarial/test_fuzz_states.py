@@ -129,7 +129,7 @@ def test_a_damaged_stream_state_is_refused_or_a_packer_that_places_what_it_holds
     for _ in range(data.draw(st.integers(1, 3))):
         _damage(data.draw, state)
     try:
-        packer = StreamPacker.from_state_dict(state, engine="python")
+        packer = StreamPacker.from_state_dict(state, kernels="python")
     except SeqpackError:
         return
     held = dict(zip(state["buffer"]["example"], state["buffer"]["length"], strict=True))

@@ -7,6 +7,7 @@ DeprecationWarning (a keyword) or one warning line on stderr (a flag).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -22,11 +23,13 @@ from support.strategies import BINDING
 
 
 def seqpack(*args):
+    env = os.environ | {"SEQPACK_KERNELS": "python"}  # no line about unbuilt C kernels
     return subprocess.run(
         [sys.executable, "-m", "seqpack", *map(str, args)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
 
 

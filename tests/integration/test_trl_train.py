@@ -39,10 +39,17 @@ from support.trl_helpers import (
 ATTENTION = ("sdpa", "seqpack_varlen")
 
 
-def _packed(tok, kind=None):
+def _packed(tok, kind=None, masked=True):
+    """The examples packed in TRL's format; without ``masked`` every pair is supervised
+    (the rows then have no labels column: TRL's collators take the ids)."""
     ids, labels = examples()
-    ds = Dataset.from_dict({"input_ids": ids, "labels": labels}).with_format(kind)
-    return seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok), ids, labels
+    if not masked:
+        labels = ids
+    columns = {"input_ids": ids} | ({"labels": labels} if masked else {})
+    ds = Dataset.from_dict(columns).with_format(kind)
+    packed = seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok)
+    assert ("labels" in packed.column_names) == masked
+    return packed, ids, labels
 
 
 def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
@@ -53,8 +60,9 @@ def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
 
     record, grads = grad_recorder()
     common = training_args(len(packed) if rows is None else rows, str(tmp_path))
-    if kind == "trl":
-        args = SFTConfig(padding_free=True, max_length=None, **common)
+    if kind.startswith("trl"):  # "trl-skip": the rows are ready, TRL's preparation skipped
+        skip = {"dataset_kwargs": {"skip_prepare_dataset": True}} if kind == "trl-skip" else {}
+        args = SFTConfig(padding_free=True, max_length=None, **skip, **common)
         extra = {"processing_class": tok}
         trainer_class = SFTTrainer
     else:
@@ -74,9 +82,9 @@ def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
     return grads
 
 
-def _run(kind, attn, tmp_path, loss, data_format=None):
+def _run(kind, attn, tmp_path, loss, data_format=None, masked=True):
     tok = tokenizer()
-    packed, ids, labels = _packed(tok, data_format)
+    packed, ids, labels = _packed(tok, data_format, masked)
     assert 1 < len(packed) < len(ids)  # rows really hold several examples
     base = llama()
     model = copy.deepcopy(base)
@@ -93,8 +101,22 @@ def _run(kind, attn, tmp_path, loss, data_format=None):
 )
 def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
     """``data_format="torch"``: the rows reach the collators as tensors of the stored
-    types (int32 ids and positions, int64 labels)."""
+    types (int32 ids and seq_lengths, int64 labels)."""
     grads, ref_grads, params, ref_params = _run(kind, attn, tmp_path, float64_loss, data_format)
+    for step in range(2):
+        assert worst_ratio(grads[step], ref_grads[step]) <= 1.0, f"step {step + 1} gradients"
+    assert worst_ratio(params, ref_params) <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["trl", "trl-skip", "transformers"])
+@pytest.mark.parametrize("data_format", [None, "torch"])
+def test_rows_without_labels_train_every_pair_as_separate_examples(kind, data_format, tmp_path):
+    """Every pair supervised: the rows are TRL's own (input_ids, seq_lengths); the
+    collators derive the positions and labels and train as the separate examples do,
+    with TRL's preparation (which adds labels = input_ids) or without it."""
+    grads, ref_grads, params, ref_params = _run(
+        kind, "sdpa", tmp_path, float64_loss, data_format, masked=False
+    )
     for step in range(2):
         assert worst_ratio(grads[step], ref_grads[step]) <= 1.0, f"step {step + 1} gradients"
     assert worst_ratio(params, ref_params) <= 1.0

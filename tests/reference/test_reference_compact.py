@@ -66,7 +66,7 @@ def assert_rows_equal(rows, want, first_row=0):
     pairs = [len(occ[3]) for occ in flat]
     assert rows.target_offsets.tolist() == [sum(pairs[:i]) for i in range(len(pairs) + 1)]
     labels = [label for occ in flat for label in labels_of(occ[2], occ[3])]
-    assert rows.labels().tolist() == labels and rows.labels(use_numba=False).tolist() == labels
+    assert rows.labels().tolist() == labels and rows.labels(native=False).tolist() == labels
     assert rows.labels().dtype == np.int32
 
 
@@ -87,11 +87,11 @@ def assert_batch_is_reference(batch, want, capacity):
     st.integers(1, 4),
     st.booleans(),
 )
-def test_compact_rows_are_the_plain_row_by_row_layout(case, policy, per, use_numba):
+def test_compact_rows_are_the_plain_row_by_row_layout(case, policy, per, native):
     examples, capacity = case
     table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, policy)
-    rows = compact_rows(table, plan, use_numba=use_numba)
+    rows = compact_rows(table, plan, native=native)
     want = reference_rows(examples, plan)
     assert_rows_equal(rows, want)
     assert rows.capacity == capacity and rows.partition is Split.TRAIN
@@ -146,11 +146,11 @@ def test_a_plan_for_other_examples_is_refused():
 
 
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 6)), max_size=12), st.booleans())
-def test_gather_segments_is_the_plain_concatenation(pairs, use_numba):
+def test_gather_segments_is_the_plain_concatenation(pairs, native):
     src = np.arange(100, 170, dtype=np.int32)
     starts = [s for s, _ in pairs]
     lengths = [n for _, n in pairs]
-    out = gather_segments(src, np.array(starts), np.array(lengths), use_numba)
+    out = gather_segments(src, np.array(starts), np.array(lengths), native)
     assert out.dtype == np.int32
     assert out.tolist() == [int(src[s + j]) for s, n in pairs for j in range(n)]
 
@@ -160,15 +160,15 @@ def test_the_numpy_gather_works_in_chunks(monkeypatch):
     src = np.arange(50, dtype=np.int64)
     starts, lengths = np.array([40, 0, 7, 20]), np.array([5, 2, 9, 1])
     want = [s + j for s, n in zip(starts.tolist(), lengths.tolist(), strict=True) for j in range(n)]
-    assert gather_segments(src, starts, lengths, use_numba=False).tolist() == want
+    assert gather_segments(src, starts, lengths, native=False).tolist() == want
 
 
 @given(st.lists(st.lists(st.booleans(), min_size=1, max_size=5), max_size=6), st.booleans())
-def test_window_labels_by_hand(flag_lists, use_numba):
+def test_window_labels_by_hand(flag_lists, native):
     windows = [[7 + k + j for j in range(len(flags) + 1)] for k, flags in enumerate(flag_lists)]
     tokens = np.array([t for w in windows for t in w], dtype=np.int32)
     mask = np.array([f for flags in flag_lists for f in flags], dtype=bool)
     lengths = np.array([len(f) for f in flag_lists], dtype=np.int64)
     want = [label for w, f in zip(windows, flag_lists, strict=True) for label in labels_of(w, f)]
-    got = span_labels(tokens, mask, lengths, use_numba)
+    got = span_labels(tokens, mask, lengths, native)
     assert got.dtype == np.int32 and got.tolist() == want

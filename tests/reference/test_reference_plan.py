@@ -167,13 +167,13 @@ def test_policy_options_are_checked_by_name_with_the_known_ones_listed():
     with pytest.raises(InvalidInput) as err:
         check_policy_options("best-fit-decreasing", {"window": 4, "alpha": 1})
     assert str(err.value) == (
-        "policy 'best-fit-decreasing' takes no option alpha, window; its options: engine"
+        "policy 'best-fit-decreasing' takes no option alpha, window; its options: kernels"
     )
     with pytest.raises(InvalidInput) as err:
         check_policy_options("stream-best-fit", {"windows": 8})
     assert str(err.value) == (
         "policy 'stream-best-fit' takes no option windows;"
-        " its options: engine, lookahead, max_open_rows, seed"
+        " its options: kernels, lookahead, max_open_rows, seed"
     )
     with pytest.raises(InvalidInput) as err:
         check_policy_options("padded", {"engine": "python"})

@@ -34,7 +34,7 @@ from support.reference import (
 )
 from support.strategies import BINDING, scaled
 
-ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
+ENGINES = ["python", "native"] if engine.native_available() else ["python"]
 
 
 @st.composite
@@ -63,7 +63,7 @@ def triples(placements):
 def test_every_push_returns_what_the_reference_closes(case, engine_name):
     lengths, capacity, window, max_open, seed, cuts = case
     packer = StreamPacker(
-        capacity, lookahead=window, max_open_rows=max_open, seed=seed, engine=engine_name
+        capacity, lookahead=window, max_open_rows=max_open, seed=seed, kernels=engine_name
     )
     ref = StreamReference(capacity, window, max_open, seed)
     for part in chunks(lengths, cuts):
@@ -277,11 +277,11 @@ def test_a_restored_state_saves_back_to_itself(case, engine_name):
     lengths, capacity, window, max_open, seed, cuts = case
     cut = cuts[-1] if cuts else len(lengths)
     first = StreamPacker(
-        capacity, lookahead=window, max_open_rows=max_open, seed=seed, engine=engine_name
+        capacity, lookahead=window, max_open_rows=max_open, seed=seed, kernels=engine_name
     )
     first.push(np.asarray(lengths[:cut], dtype=np.int64))
     state = first.state_dict()
-    again = StreamPacker.from_state_dict(state, engine=engine_name)
+    again = StreamPacker.from_state_dict(state, kernels=engine_name)
     assert again.state_dict() == state
     more = np.asarray(lengths[: len(lengths) - cut], dtype=np.int64)
     assert triples(again.push(more)) == triples(first.push(more))

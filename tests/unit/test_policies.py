@@ -1,5 +1,5 @@
 """Packing policies: invariants, exact agreement with plain reference packers,
-both kernel engines, and the fallback when numba is missing."""
+both kernel engines, and the fallback when the C kernels are missing."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from support.reference import (
 )
 
 PACKING = ["next-fit", "first-fit-decreasing", "best-fit-decreasing", "stream-best-fit"]
-ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
-needs_numba = pytest.mark.skipif(not engine.numba_available(), reason="numba not installed")
+ENGINES = ["python", "native"] if engine.native_available() else ["python"]
+needs_native = pytest.mark.skipif(not engine.native_available(), reason="C kernels not built")
 
 
 @st.composite
@@ -100,7 +100,7 @@ def test_every_policy_places_each_example_once_whole_and_inside_a_row(case, opti
 @given(lengths_and_capacity(), st.sampled_from(ENGINES))
 def test_next_fit_keeps_the_supplied_order(case, engine):
     lengths, capacity = case
-    plan = plan_rows(lengths, capacity, "next-fit", engine=engine)
+    plan = plan_rows(lengths, capacity, "next-fit", kernels=engine)
     assert_same(plan, *reference_next_fit(lengths, capacity))
     assert (np.diff(plan.row_of) >= 0).all()
     same_row = np.diff(plan.row_of) == 0
@@ -110,14 +110,14 @@ def test_next_fit_keeps_the_supplied_order(case, engine):
 @given(lengths_and_capacity(), st.sampled_from(ENGINES))
 def test_first_fit_decreasing_matches_the_plain_scan(case, engine):
     lengths, capacity = case
-    plan = plan_rows(lengths, capacity, "first-fit-decreasing", engine=engine)
+    plan = plan_rows(lengths, capacity, "first-fit-decreasing", kernels=engine)
     assert_same(plan, *reference_first_fit_decreasing(lengths, capacity))
 
 
 @given(lengths_and_capacity(), st.sampled_from(ENGINES))
 def test_best_fit_decreasing_matches_the_plain_scan(case, engine):
     lengths, capacity = case
-    plan = plan_rows(lengths, capacity, "best-fit-decreasing", engine=engine)
+    plan = plan_rows(lengths, capacity, "best-fit-decreasing", kernels=engine)
     assert_same(plan, *reference_best_fit_decreasing(lengths, capacity))
 
 
@@ -165,29 +165,29 @@ def test_the_docstring_layouts():
 # ----------------------------------------------------------------- engines
 
 
-@needs_numba
+@needs_native
 @given(lengths_and_capacity(), stream_options, st.sampled_from(PACKING))
-def test_numba_and_python_engines_give_identical_plans(case, options, policy):
+def test_native_and_python_kernels_give_identical_plans(case, options, policy):
     lengths, capacity = case
     opts = options if policy == "stream-best-fit" else {}
-    fast = plan_rows(lengths, capacity, policy, engine="numba", **opts)
-    slow = plan_rows(lengths, capacity, policy, engine="python", **opts)
+    fast = plan_rows(lengths, capacity, policy, kernels="native", **opts)
+    slow = plan_rows(lengths, capacity, policy, kernels="python", **opts)
     assert np.array_equal(fast.row_of, slow.row_of)
     assert np.array_equal(fast.start_of, slow.start_of)
 
 
-@needs_numba
+@needs_native
 @given(lengths_and_capacity(max_examples=200))
 def test_counting_sort_is_a_stable_descending_sort(case):
     lengths, capacity = case
     expected = np.argsort(-lengths, kind="stable")
-    assert np.array_equal(decreasing_order(lengths, capacity, "numba"), expected)
+    assert np.array_equal(decreasing_order(lengths, capacity, "native"), expected)
     assert np.array_equal(decreasing_order(lengths, capacity, "python"), expected)
 
 
 @given(lengths_and_capacity(max_examples=200))
 def test_the_counting_sort_kernel_run_as_plain_python(case):
-    """The numba counting sort's source, run by the python engine (mutation runs use it)."""
+    """The counting sort's Python source, run by the python engine (mutation runs use it)."""
     lengths, capacity = case
     order = np.empty(lengths.shape[0], dtype=np.int64)
     counts = np.zeros(capacity + 2, dtype=np.int64)
@@ -195,18 +195,19 @@ def test_the_counting_sort_kernel_run_as_plain_python(case):
     assert order.tolist() == decreasing(lengths)
 
 
-def test_the_core_plans_without_numba():
+def test_the_core_plans_without_the_c_kernels():
     code = f"""
 import json, sys
-sys.modules["numba"] = None
+sys.modules["seqpack.core.native"] = None  # as if not built
 import numpy as np
 from seqpack import NotAvailable, plan_rows
 from seqpack.core import engine
-assert not engine.numba_available()
+assert not engine.native_available()
+assert "numba" not in sys.modules
 lengths = np.random.default_rng(7).integers(1, 100, 500)
 out = {{p: plan_rows(lengths, 128, p).to_dict() for p in {PACKING!r}}}
 try:
-    plan_rows(lengths, 128, engine="numba")
+    plan_rows(lengths, 128, kernels="native")
 except NotAvailable as err:
     out["error"] = str(err)
 print(json.dumps(out))
@@ -214,10 +215,10 @@ print(json.dumps(out))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert "numba" in out.pop("error")
+    assert "C kernels are not built" in out.pop("error")
     lengths = np.random.default_rng(7).integers(1, 100, 500)
     for policy, data in out.items():
-        here = plan_rows(lengths, 128, policy)  # numba in this process when installed
+        here = plan_rows(lengths, 128, policy)  # the C kernels in this process when built
         assert data == here.to_dict(), policy
 
 
@@ -231,7 +232,7 @@ def w1_lengths():
     return np.clip(lengths, 8, 4096).astype(np.int64)
 
 
-@needs_numba
+@needs_native
 @pytest.mark.parametrize(
     ("lengths", "capacity"),
     [

@@ -205,9 +205,12 @@ def test_a_streamed_dataset_follows_the_same_switches(folders):
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     folder = str(folders["marked"])
 
-    def supervised(data, **switch):
+    def supervised(data, **switch):  # the labels TRL's collator trains (rows may have none)
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
         rows = pack_dataset(data, 128, tokenizer=folder, format="trl", **switch)
-        return sum(sum(x != -100 for x in row["labels"]) for row in rows)
+        return sum(int((collate([row])["labels"] != -100).sum()) for row in rows)
 
     stream = ds.to_iterable_dataset()
     assert supervised(stream) == supervised(ds)

@@ -98,21 +98,21 @@ def test_compact_rows_and_materialize_build_the_reference_cells(case, policy):
     table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
     plan = plan_rows(table.lengths, capacity, policy)
     for per in (1, 3):
-        for use_numba in (True, False):
-            got = compact_rows(table, plan, use_numba=use_numba).batches(per)
+        for native in (True, False):
+            got = compact_rows(table, plan, native=native).batches(per)
             assert_cells_are_the_reference(got, examples, plan, per)
         got = materialize(table, plan, PackConfig(capacity, per)).batches
         assert_cells_are_the_reference(got, examples, plan, per)
 
 
-def test_numpy_and_numba_gathers_agree(rng, monkeypatch):
+def test_numpy_and_native_gathers_agree(rng, monkeypatch):
     src = rng.integers(0, 1000, size=5000).astype(np.int32)
     lens = rng.integers(0, 40, size=300)
     starts = rng.integers(0, 5000 - 40, size=300)
     want = np.concatenate([src[s : s + n] for s, n in zip(starts, lens, strict=True)])
     assert np.array_equal(gather_segments(src, starts, lens), want)
     monkeypatch.setattr("seqpack.core.compact.GATHER_CHUNK", 64)  # many chunks
-    assert np.array_equal(gather_segments(src, starts, lens, use_numba=False), want)
+    assert np.array_equal(gather_segments(src, starts, lens, native=False), want)
 
 
 def test_window_labels_mark_unsupervised_and_first_tokens(rng):
@@ -128,7 +128,7 @@ def test_window_labels_mark_unsupervised_and_first_tokens(rng):
         ]
         p, q = p + n + 1, q + n
     assert span_labels(tokens, mask, lens).tolist() == want
-    assert span_labels(tokens, mask, lens, use_numba=False).tolist() == want
+    assert span_labels(tokens, mask, lens, native=False).tolist() == want
 
 
 def _random_examples(rng, n=200, capacity=32):

@@ -17,7 +17,7 @@ from seqpack.core import engine
 from seqpack.core.plan import validate_plan
 from seqpack.core.stream_packer import Placements, StreamPacker
 
-ENGINES = ["python", "numba"] if engine.numba_available() else ["python"]
+ENGINES = ["python", "native"] if engine.native_available() else ["python"]
 
 
 @st.composite
@@ -92,7 +92,7 @@ def test_a_resumed_stream_equals_the_uninterrupted_one(case, codec, engine):
         state = (
             json.loads(json.dumps(state)) if codec == "json" else pickle.loads(pickle.dumps(state))
         )
-        packer = StreamPacker.from_state_dict(state, engine=engine)
+        packer = StreamPacker.from_state_dict(state, kernels=engine)
     parts.append(packer.finish())
     for a, b in zip(whole, joined(parts), strict=True):
         assert np.array_equal(a, b)
@@ -100,7 +100,7 @@ def test_a_resumed_stream_equals_the_uninterrupted_one(case, codec, engine):
 
 @given(st.lists(st.integers(1, 12), max_size=60), st.integers(12, 20), st.sampled_from(ENGINES))
 def test_window_one_and_one_open_row_is_next_fit(lengths, capacity, engine):
-    options = {"lookahead": 1, "max_open_rows": 1, "engine": engine}
+    options = {"lookahead": 1, "max_open_rows": 1, "kernels": engine}
     stream = plan_rows(lengths, capacity, "stream-best-fit", **options)
     next_fit = plan_rows(lengths, capacity, "next-fit")
     assert np.array_equal(stream.row_of, next_fit.row_of)

@@ -9,7 +9,9 @@ the test says so.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -42,15 +44,29 @@ def verify_folder(folder):
 
 
 A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]
-TRL_COLUMNS = ["input_ids", "labels", "seq_lengths", "position_ids"]
+#: Every pair supervised: TRL's own packed columns; with a loss mask, labels between them.
+TRL_COLUMNS = ["input_ids", "seq_lengths"]
+LABELED_COLUMNS = ["input_ids", "labels", "seq_lengths"]
+
+
+def _collated(row: dict) -> tuple[list[int], list[int], list[int]]:
+    """One packed row as TRL's padding-free collator hands it to the model: input_ids,
+    labels and position_ids (derived from seq_lengths; labels from the row or its ids)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([row])
+    return tuple(batch[c][0].tolist() for c in ("input_ids", "labels", "position_ids"))
 
 
 def _examples_of(packed: dict) -> list[tuple[list[int], list[int]]]:
-    """Every example of the packed rows, as (tokens, labels), cut by seq_lengths; the
-    positions are checked to restart at 0 on the way."""
+    """Every example of the packed rows, as (tokens, labels) as TRL's collator trains
+    them, cut by seq_lengths; the positions are checked to restart at 0 on the way."""
     out = []
-    for ids, labels, lens, pos in zip(*(packed[c] for c in TRL_COLUMNS), strict=True):
-        assert len(ids) == len(labels) == len(pos) == sum(lens)
+    for r in range(len(packed["input_ids"])):
+        row = {c: packed[c][r] for c in packed}
+        ids, labels, pos = _collated(row)
+        lens = row["seq_lengths"]
+        assert len(ids) == len(labels) == len(pos) == sum(lens) == len(row["input_ids"])
         start = 0
         for n in lens:
             assert list(pos[start : start + n]) == list(range(n))
@@ -104,6 +120,7 @@ def test_bfd_equals_trl_on_its_own_example():
     ours = pack_dataset(ds, 5, format="trl").to_dict()
     theirs = trl.pack_dataset(ds, 5, strategy="bfd").to_dict()
     assert {k: ours[k] for k in theirs} == theirs
+    assert ours == theirs  # TRL's columns and no more
 
 
 def test_bfd_plan_equals_trl_and_never_more_rows(rng):
@@ -277,7 +294,8 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
     table = pq.read_table(shard)
     lens = table.column("seq_lengths").combine_chunks()
     bad = pa.ListArray.from_arrays(lens.offsets, pa.array(lens.flatten().to_numpy()[::-1].copy()))
-    pq.write_table(table.set_column(2, "seq_lengths", bad), shard)
+    k = table.schema.get_field_index("seq_lengths")
+    pq.write_table(table.set_column(k, "seq_lengths", bad), shard)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -337,11 +355,12 @@ def test_stats_counts_tokens_with_format_trl(tmp_path):
     assert over["capacity_100"] == 5
 
 
-def test_both_collators_read_the_rows_as_their_examples():
+@pytest.mark.parametrize("masked", [True, False])
+def test_both_collators_read_the_rows_as_their_examples(masked):
     """TRL's padding-free collator (seq_lengths) and DataCollatorWithFlattening behind
     per_example build the same batch from format="trl" rows: positions restart per
-    example, labels are the rows' own (TRL's -100 at every position 0 changes nothing:
-    they are -100 there already), cu_seq_lens are the examples' bounds, seq_idx int32."""
+    example, labels are the rows' own or (no mask) their ids with -100 on each example's
+    first token, cu_seq_lens are the examples' bounds, seq_idx int32."""
     import torch
     from transformers import DataCollatorWithFlattening
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -350,9 +369,20 @@ def test_both_collators_read_the_rows_as_their_examples():
 
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
     labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
-    packed = pack_dataset(Dataset.from_dict({"input_ids": docs, "labels": labels}), 8, format="trl")
+    columns = {"input_ids": docs} | ({"labels": labels} if masked else {})
+    packed = pack_dataset(Dataset.from_dict(columns), 8, format="trl")
+    assert packed.column_names == (LABELED_COLUMNS if masked else TRL_COLUMNS)
     rows = [packed[i] for i in range(len(packed))]
-    flat = {c: [x for r in rows for x in r[c]] for c in ("input_ids", "labels", "position_ids")}
+    flat = {
+        "input_ids": [x for r in rows for x in r["input_ids"]],
+        "labels": [
+            x
+            for r in rows
+            for a, b in itertools.pairwise(np.cumsum([0, *r["seq_lengths"]]).tolist())
+            for x in [-100, *(r["labels"] if masked else r["input_ids"])[a + 1 : b]]
+        ],
+        "position_ids": [j for r in rows for n in r["seq_lengths"] for j in range(n)],
+    }
     bounds = np.cumsum([0] + [n for r in rows for n in r["seq_lengths"]]).tolist()
     theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
     flattening = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
@@ -387,3 +417,127 @@ def test_a_tokenizers_object_binds_its_full_vocabulary():
     assert info["binding"]["vocab_size"] == 11
     assert info["binding"]["tokenizer_id"].startswith("tokenizers:@sha256:")
     assert info["config"]["pad_token_id"] == 10
+
+
+def _version_1_rows(rows: list[dict], masked: bool) -> list[dict]:
+    """``rows`` (version 2) as version 1 stored them: labels for every row (the token,
+    -100 on each example's first) and position_ids 0..n-1 per example."""
+    old = []
+    for row in rows:
+        cuts = itertools.pairwise(np.cumsum([0, *row["seq_lengths"]]).tolist())
+        given = row["labels"] if masked else row["input_ids"]
+        labels = [x for a, b in cuts for x in [-100, *given[a + 1 : b]]]
+        positions = [j for n in row["seq_lengths"] for j in range(n)]
+        old.append(row | {"labels": labels, "position_ids": positions})
+    return old
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_version_2_rows_collate_as_version_1_rows_did(masked):
+    """TRL's collator builds the same tensors from the lean rows as from version 1's
+    stored labels and positions: padding-free, identical; padded with positions
+    (sequence parallelism), identical ids, positions and mask, and the labels TRL's
+    own packed rows get there (this mode masks no example start; version 1 did)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    columns = {"input_ids": docs} | ({"labels": labels} if masked else {})
+    new = pack_dataset(Dataset.from_dict(columns), 8, format="trl").to_list()
+    free = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    padded = DataCollatorForLanguageModeling(pad_token_id=0, return_position_ids=True)
+    for batch in ([new[0]], new, new[1:]):
+        ours, before = free(batch), free(_version_1_rows(batch, masked))
+        assert ours.keys() == before.keys()
+        for key, value in ours.items():
+            assert (value == before[key]).all() if hasattr(value, "all") else value == before[key]
+        ours, before = padded(batch), padded(_version_1_rows(batch, masked))
+        for key in ("input_ids", "attention_mask", "position_ids"):
+            assert ours[key].tolist() == before[key].tolist(), key
+        if masked:
+            assert ours["labels"].tolist() == before["labels"].tolist()
+        else:  # TRL's own packing of the same examples: labels = input_ids, then packed
+            own = [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in batch]
+            assert ours["labels"].tolist() == padded(own)["labels"].tolist()
+
+
+def test_version_1_outputs_still_load(tmp_path):
+    """A directory written before (version 1: labels and position_ids stored) loads and
+    passes the full check; a damaged position in it is still found."""
+    import pyarrow.parquet as pq
+
+    from seqpack.io.shards import sha256_file
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
+    out = tmp_path / "v1"
+    assert _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
+                    "--format", "trl").returncode == 0  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["version"] == 2
+    rows_v2 = load_trl(out, cache_dir=str(tmp_path / "cache")).to_list()
+
+    def write_v1(edit=lambda rows: rows):
+        for entry in manifest["shards"]:
+            shard = out / entry["file"]
+            rows = edit(_version_1_rows(pq.read_table(shard).to_pylist(), masked=False))
+            schema = pa.schema([("input_ids", pa.list_(pa.int32())),
+                                ("labels", pa.list_(pa.int64())),
+                                ("seq_lengths", pa.list_(pa.int32())),
+                                ("position_ids", pa.list_(pa.int32()))])  # fmt: skip
+            table = pa.Table.from_pylist(rows, schema=schema)
+            pq.write_table(table, shard)
+            entry.update(bytes=shard.stat().st_size, sha256=sha256_file(shard),
+                         columns=schema.names)  # fmt: skip
+        (out / "manifest.json").write_text(json.dumps(manifest | {"version": 1}))
+
+    write_v1()
+    loaded = load_trl(out, integrity="full", cache_dir=str(tmp_path / "cache1"))
+    assert loaded.column_names == ["input_ids", "labels", "seq_lengths", "position_ids"]
+    assert loaded.to_list() == _version_1_rows(rows_v2, masked=False)
+    assert verify_folder(out)["version"] == 1
+
+    def shift(rows):
+        rows[0]["position_ids"][1] += 1
+        return rows
+
+    write_v1(shift)
+    with pytest.raises(InvalidInput, match="disagree"):
+        load_trl(out, cache_dir=str(tmp_path / "cache2"))
+    manifest["version"] = 3
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput, match="not a TRL-format output"):
+        load_trl(out)
+
+
+@pytest.mark.parametrize("how", ["stored-positions", "one-shard-labeled"])
+def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
+    """Version 2 shards are TRL's columns, the same in every shard: version 1's stored
+    positions under a version 2 manifest, or one shard with labels among shards without,
+    are refused by name."""
+    import pyarrow.parquet as pq
+
+    from seqpack.io.shards import sha256_file
+    from seqpack.pipeline.local import pack_path
+
+    src = tmp_path / "in.jsonl"
+    docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
+    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
+    out = tmp_path / "out"
+    pack_path(src, out, capacity=8, vocab_size=266, format="trl", max_rows_per_batch=1,
+              shard_tokens=8)  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) > 1
+    entry = manifest["shards"][-1]
+    shard = out / entry["file"]
+    rows = _version_1_rows(pq.read_table(shard).to_pylist(), masked=False)
+    if how == "one-shard-labeled":
+        rows = [{k: r[k] for k in LABELED_COLUMNS} for r in rows]
+    table = pa.Table.from_pylist(rows)
+    table = table.cast(pa.schema([(n, pa.list_(pa.int64() if n == "labels" else pa.int32()))
+                                  for n in table.column_names]))  # fmt: skip
+    pq.write_table(table, shard)
+    entry.update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput, match=re.escape(f"{entry['file']}: schema")):
+        load_trl(out, cache_dir=str(tmp_path / "cache"))

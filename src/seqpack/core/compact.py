@@ -12,7 +12,7 @@ Write path: a :class:`Plan` in :class:`Storage` order; :func:`gather_rows` build
 ``[a, b)`` from a :class:`TokenSource` (:class:`TableSource`, or
 :class:`seqpack.pipeline.writer.CorpusSource`); :func:`compact_rows` and
 :func:`materialize` are that path in memory. The copies are one kernel,
-:func:`gather_into` (numba, else chunked NumPy).
+:func:`gather_into` (in C, else chunked NumPy).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from seqpack.core.examples import ExampleTable, SequenceExample, concat_ranges, 
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
 
-#: Elements copied per NumPy step without numba (bounds the int64 index arrays).
+#: Elements copied per NumPy step without the C kernels (bounds the int64 index arrays).
 GATHER_CHUNK = 1 << 22
 
 
@@ -100,9 +100,9 @@ class CompactRows:
             range_ends=self.lengths + 1 if ends is None else ends,
         )
 
-    def labels(self, use_numba: bool = True) -> np.ndarray:
+    def labels(self, native: bool = True) -> np.ndarray:
         """HF-style labels aligned with ``tokens`` (see :func:`span_labels`)."""
-        return span_labels(self.tokens, self.full().loss_mask, self.lengths, use_numba)
+        return span_labels(self.tokens, self.full().loss_mask, self.lengths, native)
 
     def slice_rows(self, start: int, stop: int) -> CompactRows:
         """Rows ``[start, stop)`` (local numbering) as views."""
@@ -167,13 +167,18 @@ def _strings(values: Any, ordinals: np.ndarray | None) -> np.ndarray:
 
 
 @engine.kernel
-def scatter_loop(src, src_starts, lens, out, out_starts):  # pragma: no cover - numba
-    # unsigned indices: no negative-index wraparound, so LLVM vectorises the copy
-    for i in range(lens.shape[0]):
-        s = np.uint64(src_starts[i])
-        d = np.uint64(out_starts[i])
-        for j in range(np.uint64(lens[i])):
+def scatter_loop(src, src_starts, lens, out, out_starts):  # pragma: no cover - the C twin runs
+    for i in range(len(lens)):
+        s = src_starts[i]
+        d = out_starts[i]
+        for j in range(lens[i]):
             out[d + j] = src[s + j]
+
+
+def _native_ok(*arrays: np.ndarray) -> bool:
+    """Whether the C kernels take these arrays: C-contiguous integers or booleans, in the
+    machine's byte order."""
+    return all(a.flags.c_contiguous and a.dtype.kind in "iub" and a.dtype.isnative for a in arrays)
 
 
 def gather_into(
@@ -182,7 +187,7 @@ def gather_into(
     lens: np.ndarray,
     out: np.ndarray,
     out_starts: np.ndarray,
-    use_numba: bool = True,
+    native: bool = True,
 ) -> None:
     """Copy ``src[src_starts[i]:][:lens[i]]`` to ``out[out_starts[i]:][:lens[i]]`` for every
     ``i``, casting to ``out``'s dtype; the source may be a memory map (only the windows asked
@@ -194,7 +199,7 @@ def gather_into(
     src_starts = np.ascontiguousarray(src_starts, dtype=np.int64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     out_starts = np.ascontiguousarray(out_starts, dtype=np.int64)
-    kernel = engine.compiled("scatter_loop", int(lens.sum()) // 64) if use_numba else None
+    kernel = engine.compiled("scatter_loop") if native and _native_ok(src, out) else None
     if kernel is not None:
         kernel(src, src_starts, lens, out, out_starts)
         return
@@ -209,32 +214,31 @@ def gather_into(
 
 
 def gather_segments(
-    src: np.ndarray, starts: np.ndarray, lens: np.ndarray, use_numba: bool = True
+    src: np.ndarray, starts: np.ndarray, lens: np.ndarray, native: bool = True
 ) -> np.ndarray:
     """Concatenate ``src[starts[i]:starts[i]+lens[i]]`` for every ``i`` (one output array)."""
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     out_starts = offsets_of(lens)
     out = np.empty(int(out_starts[-1]), dtype=src.dtype)
-    gather_into(np.ascontiguousarray(src), starts, lens, out, out_starts[:-1], use_numba)
+    gather_into(np.ascontiguousarray(src), starts, lens, out, out_starts[:-1], native)
     return out
 
 
 @engine.kernel
-def labels_loop(tokens, mask, lens, out):  # pragma: no cover - compiled by numba
-    one = np.uint64(1)  # keep every index unsigned (uint64 + int64 would be float64)
-    p = np.uint64(0)
-    q = np.uint64(0)
-    for i in range(lens.shape[0]):
-        n = np.uint64(lens[i])
+def labels_loop(tokens, mask, lens, out):  # pragma: no cover - the C twin runs
+    p = 0
+    q = 0
+    for i in range(len(lens)):
+        n = lens[i]
         out[p] = IGNORE_INDEX
         for j in range(n):
-            out[p + one + j] = tokens[p + one + j] if mask[q + j] else IGNORE_INDEX
-        p += n + one
+            out[p + 1 + j] = tokens[p + 1 + j] if mask[q + j] else IGNORE_INDEX
+        p += n + 1
         q += n
 
 
 def span_labels(
-    tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, use_numba: bool = True
+    tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, native: bool = True
 ) -> np.ndarray:
     """HF-style labels for windows back to back, int32 [Σ(len+1)].
 
@@ -244,7 +248,8 @@ def span_labels(
     """
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     out = np.empty(tokens.shape[0], dtype=np.int32)
-    kernel = engine.compiled("labels_loop", tokens.shape[0] // 64) if use_numba else None
+    usable = native and _native_ok(tokens, loss_mask) and loss_mask.dtype == np.bool_
+    kernel = engine.compiled("labels_loop") if usable else None
     if kernel is not None:
         kernel(tokens, loss_mask, lengths, out)
         return out
@@ -253,25 +258,27 @@ def span_labels(
     keep[firsts] = False
     supervised = np.zeros(tokens.shape[0], dtype=bool)
     supervised[keep] = loss_mask
-    np.copyto(out, np.where(supervised, tokens, IGNORE_INDEX))
+    # an int32 -100 (a bare -100 wraps to 65436 beside uint16 tokens under NumPy 2)
+    np.copyto(out, np.where(supervised, tokens, np.int32(IGNORE_INDEX)))
     return out
 
 
 @engine.kernel
-def range_loop(values, out):  # pragma: no cover - numba
+def range_loop(values, out):  # pragma: no cover - the C twin runs
     lo = values[0]
     hi = values[0]
-    for i in range(values.shape[0]):  # branch-free, so LLVM vectorises it
+    for i in range(len(values)):  # branch-free, so the compiler vectorises it
         lo = min(lo, values[i])
         hi = max(hi, values[i])
     out[0] = lo
     out[1] = hi
 
 
-def value_range(values: np.ndarray, use_numba: bool = True) -> tuple[int, int]:
+def value_range(values: np.ndarray, native: bool = True) -> tuple[int, int]:
     """``(min, max)`` of a non-empty integer array in one pass (two with NumPy only)."""
-    kernel = engine.compiled("range_loop", values.shape[0] // 64) if use_numba else None
-    if kernel is None or values.dtype.kind not in "iu":
+    usable = native and values.dtype.kind in "iu" and _native_ok(values) and values.size > 0
+    kernel = engine.compiled("range_loop") if usable else None
+    if kernel is None:
         return int(values.min()), int(values.max())
     out = np.zeros(2, dtype=np.int64 if values.dtype.kind == "i" else np.uint64)
     kernel(values, out)
@@ -348,8 +355,8 @@ def gather_rows(source: TokenSource, storage: Storage, a: int, b: int) -> Compac
 class TableSource:
     """An :class:`ExampleTable` as a :class:`TokenSource` (a contiguous run is views)."""
 
-    def __init__(self, table: ExampleTable, use_numba: bool = True) -> None:
-        self.table, self.use_numba = table, use_numba
+    def __init__(self, table: ExampleTable, native: bool = True) -> None:
+        self.table, self.native = table, native
         self.lengths, self.binding, self.partition = table.lengths, table.binding, table.partition
 
     def take(self, ex: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
@@ -361,10 +368,10 @@ class TableSource:
             mask = t.loss_mask[t.offsets[lo] - lo : t.offsets[hi] - hi]
         else:
             sel, lengths = ex, t.lengths[ex]
-            tokens = gather_segments(t.windows, t.offsets[ex], lengths + 1, self.use_numba)
+            tokens = gather_segments(t.windows, t.offsets[ex], lengths + 1, self.native)
             mask = t.loss_mask
             if mask.size and mask.any() and not mask.all():
-                mask = gather_segments(mask, t.target_offsets[ex], lengths, self.use_numba)
+                mask = gather_segments(mask, t.target_offsets[ex], lengths, self.native)
             else:  # uniform flags: any run of them is these rows' flags (a view)
                 mask = mask[: int(lengths.sum())]
         ids = {n: getattr(t, n)[sel] for n in ("source_ids", "range_starts", "range_ends")}
@@ -380,14 +387,14 @@ def _check_plan(table: ExampleTable, plan: Plan) -> None:
     check_segment_namespace(len(table))
 
 
-def compact_rows(table: ExampleTable, plan: Plan, use_numba: bool = True) -> CompactRows:
+def compact_rows(table: ExampleTable, plan: Plan, native: bool = True) -> CompactRows:
     """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
 
     One copy of the windows and flags; none when the plan keeps the supplied order
     (next-fit, padded), and uniform flags are always shared.
     """
     _check_plan(table, plan)
-    return gather_rows(TableSource(table, use_numba), Storage.of(plan), 0, plan.num_rows)
+    return gather_rows(TableSource(table, native), Storage.of(plan), 0, plan.num_rows)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,51 +1,34 @@
-"""The kernel engine: one plain-Python source per kernel, run compiled (numba) or as is.
+"""The kernel engine: one plain-Python source per kernel, run as C (native) or as is.
 
-Kernels are written in the subset of Python that numba compiles: integer
-loops over 1-D arrays, no allocation, results written into arrays the
-caller passes in. A module defines them with :func:`kernel`; :func:`call`
-runs one by name with an engine:
+Kernels are integer loops over 1-D arrays, no allocation, results written into
+arrays the caller passes in. A module defines them with :func:`kernel`; each
+has a C twin of the same name in ``core/native.c`` (the same loops, tie-breaks
+and integer widths), built with seqpack itself as ``seqpack.core.native``.
+:func:`call` runs one by name with ``kernels``:
 
-- ``"numba"``: compiled with ``numba.njit(cache=True)`` on first use (the
-  optional ``seqpack[fast]`` extra); compiled code is cached on disk (beside
-  the source, in ``~/.cache/numba`` for a read-only install, or in a
-  temporary folder when neither is writable), so only the first process pays
-  the compile time; later processes pay numba's own start-up (about 0.45 s
-  here: its import and loading the cached kernels).
+- ``"native"``: the C extension; loading it costs a millisecond, so even the
+  first call in a process runs at full speed.
 - ``"python"``: the same functions run by CPython. :func:`call` hands them
   Python lists (several times faster than NumPy scalar indexing) and copies
-  the results back, so both engines produce identical results.
-- ``"auto"``: numba when it imports, else python. ``SEQPACK_ENGINE=python``
-  makes numba unavailable everywhere (planning and gathering alike). A call
-  that says how much work it has (``work=``: examples to plan, tokens to
-  gather) and has less than :data:`SMALL_WORK` runs without numba while numba
-  is not yet imported in the process: its start-up (about 0.6 s of CPU) would
-  cost more than the work (best-fit-decreasing on 20,000 examples in Python:
-  0.1 s). Both engines give identical results, so only the time differs.
-
-Kernels call each other by module-level name. For the numba engine those
-names are rebound to compiled dispatchers (numba resolves globals when it
-compiles); the python engine runs copies of the functions whose globals map
-the same names to the plain functions. So a kernel's name is global: no
-module may use it for anything else. Kernels registered after the first
-compile (a module imported later) are compiled when next asked for.
+  the results back, so both give identical results.
+- ``"auto"``: native when the extension loads, else python (with one warning
+  naming the fix). ``SEQPACK_KERNELS=python`` (0.2: ``SEQPACK_ENGINE``) makes
+  native unavailable everywhere; ``"numba"`` is the 0.2 name of ``"native"``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import tempfile
+import warnings
 from collections.abc import Callable
-from types import FunctionType
+from types import FunctionType, ModuleType
 from typing import Any
 
 import numpy as np
 
 from seqpack.core.errors import InvalidInput, NotAvailable
 
-ENGINES = ("auto", "numba", "python")
-#: Work (examples planned, or tokens gathered / 64) below which ``"auto"`` does not import numba.
-SMALL_WORK = 20_000
+CHOICES = ("auto", "native", "python")
 
 _PLAIN: dict[str, FunctionType] = {}
 
@@ -56,134 +39,78 @@ def kernel(fn: FunctionType) -> FunctionType:
     return fn
 
 
-_COMPILED: dict[str, Callable[..., Any]] = {}
-_PYTHON: dict[str, Callable[..., Any]] = {}
-_NUMBA_ERROR: str | None = None
+_LOADED: dict[str, Any] = {}  # "module" (or None), "error", "warn": set by the first _native()
 
 
-def numba_available() -> bool:
-    """Whether numba imports here (``SEQPACK_ENGINE=python`` pretends it does not)."""
-    return _compiled() is not None
-
-
-def _numba() -> Any:
-    global _NUMBA_ERROR
-    if _NUMBA_ERROR is not None:
-        return None
-    if os.environ.get("SEQPACK_ENGINE", "").lower() == "python":
-        _NUMBA_ERROR = "SEQPACK_ENGINE=python is set"
-        return None
-    _cache_dir()
-    try:
-        import numba
-    except ImportError as err:
-        _NUMBA_ERROR = f"numba is not installed ({err}); pip install 'seqpack[fast]'"
-        return None
-    return numba
-
-
-def _cache_dir() -> None:
-    """``NUMBA_CACHE_DIR`` in the temporary folder (per user) when neither the package's
-    ``__pycache__`` nor ``~/.cache`` is writable and the user set none."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return
-    here = os.path.dirname(os.path.abspath(__file__))
-    home = os.path.join(os.path.expanduser("~"), ".cache")
-    if _writable(os.path.join(here, "__pycache__")) or _writable(home):
-        return
-    uid = getattr(os, "getuid", lambda: "user")()
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"seqpack-numba-{uid}")
-
-
-def _writable(folder: str) -> bool:
-    """Whether ``folder`` (or, when it does not exist yet, its parent) can be written."""
-    while not os.path.isdir(folder):
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return False
-        folder = parent
-    return os.access(folder, os.W_OK | os.X_OK)
-
-
-def _compiled() -> dict[str, Callable[..., Any]] | None:
-    """Every registered kernel as a numba dispatcher, or None without numba."""
-    if len(_COMPILED) < len(_PLAIN):
-        numba = _numba()
-        if numba is None:
+def _native() -> ModuleType | None:
+    """The C kernels, or None (the reason in ``_LOADED["error"]``)."""
+    if not _LOADED:
+        var = "SEQPACK_KERNELS" if "SEQPACK_KERNELS" in os.environ else "SEQPACK_ENGINE"
+        _LOADED.update(module=None, warn=False)
+        if os.environ.get(var, "").lower() == "python":
+            _LOADED["error"] = f"{var}={os.environ[var]} is set"
             return None
-        jit = numba.njit(cache=True, nogil=True, **_no_refcounts(numba))
-        for name, fn in _PLAIN.items():
-            if name not in _COMPILED:
-                _COMPILED[name] = jit(fn)
-        for fn in _PLAIN.values():  # numba reads kernel names from module globals
-            for name in _COMPILED.keys() & fn.__globals__.keys():
-                fn.__globals__[name] = _COMPILED[name]
-    return _COMPILED if _numba() is not None else None
+        try:
+            from seqpack.core import native as module
+        except ImportError as err:
+            _LOADED.update(warn=True, error=(
+                f"seqpack's C kernels are not built here ({err}); reinstall seqpack where a C"
+                " compiler is found (pip install --force-reinstall --no-deps seqpack, or"
+                " pip install -e . in a clone)"
+            ))  # fmt: skip
+        else:
+            _LOADED["module"] = module
+    return _LOADED["module"]
 
 
-def _small(work: int | None) -> bool:
-    """Whether ``work`` is too little to pay for importing numba (see the module docstring)."""
-    return work is not None and work < SMALL_WORK and "numba" not in sys.modules
+def native_available() -> bool:
+    """Whether the C kernels load here (``SEQPACK_KERNELS=python`` pretends they do not)."""
+    return _native() is not None
 
 
-def compiled(name: str, work: int | None = None) -> Callable[..., Any] | None:
-    """Kernel ``name`` compiled by numba, or None where numba is unavailable (or ``work``
-    is too small to import it for)."""
-    if _small(work):
-        return None
-    kernels = _compiled()
-    return None if kernels is None else kernels[name]
+def compiled(name: str) -> Callable[..., Any] | None:
+    """C kernel ``name``, or None where the C kernels are unavailable."""
+    module = _native()
+    return None if module is None else getattr(module, name)
 
 
-def _no_refcounts(numba: Any) -> dict[str, Any]:
-    """``_nrt=False`` where this numba knows it: kernels never allocate, so they need no
-    reference counting (the streaming kernel ran 3x faster without it)."""
-    try:
-        from numba.core.cpu import CPUTargetOptions
-    except ImportError:
-        return {}
-    return {"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {}
+def resolve(kernels: str) -> str:
+    """``"auto"`` -> ``"native"`` when available, else ``"python"``; checks the name."""
+    if kernels == "numba":
+        warnings.warn(
+            "kernels='numba' is now 'native' (C kernels built with seqpack); 'numba' goes in"
+            " the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        kernels = "native"
+    if kernels not in CHOICES:
+        raise InvalidInput(
+            f"unknown engine {kernels!r} for kernels=; choose one of {', '.join(CHOICES)}"
+        )
+    if kernels == "auto":
+        if _native() is not None:
+            return "native"
+        if _LOADED["warn"]:  # once per process
+            _LOADED["warn"] = False
+            warnings.warn(f"running the Python kernels (slower): {_LOADED['error']}", stacklevel=3)
+        return "python"
+    if kernels == "native" and _native() is None:
+        raise NotAvailable(f"kernels 'native' are not available: {_LOADED['error']}")
+    return kernels
 
 
-def _python() -> dict[str, Callable[..., Any]]:
-    if len(_PYTHON) < len(_PLAIN):
-        spaces: dict[int, dict[str, Any]] = {}
-        copies = {}
-        for name, fn in _PLAIN.items():
-            space = spaces.setdefault(id(fn.__globals__), dict(fn.__globals__))
-            copies[name] = FunctionType(fn.__code__, space, name, fn.__defaults__)
-        for space in spaces.values():
-            space.update({name: copies[name] for name in copies.keys() & space.keys()})
-        _PYTHON.clear()
-        _PYTHON.update(copies)
-    return _PYTHON
-
-
-def resolve(engine: str, work: int | None = None) -> str:
-    """``"auto"`` -> ``"numba"`` when available (and ``work`` is not too small to import it
-    for), else ``"python"``; checks the name."""
-    if engine not in ENGINES:
-        raise InvalidInput(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if engine == "auto":
-        return "numba" if not _small(work) and _compiled() is not None else "python"
-    if engine == "numba" and _compiled() is None:
-        raise NotAvailable(f"engine 'numba' is not available: {_NUMBA_ERROR}")
-    return engine
-
-
-def call(engine: str, name: str, *args: Any, inputs: int = 0) -> Any:
-    """Run kernel ``name`` with the resolved ``engine`` ("numba" or "python").
+def call(kernels: str, name: str, *args: Any, inputs: int = 0) -> Any:
+    """Run kernel ``name`` with the resolved ``kernels`` ("native" or "python").
 
     For python, arrays (also inside tuples) travel as lists; every array
     after the first ``inputs`` arguments (which kernels only read) gets its
     list's final contents back.
     """
-    if engine == "numba":
-        kernels = _compiled()
-        assert kernels is not None
-        return kernels[name](*args)
+    if kernels == "native":
+        return getattr(_LOADED["module"], name)(*args)
     lists = [_as_lists(a) for a in args]
-    result = _python()[name](*lists)
+    result = _PLAIN[name](*lists)
     for array, values in zip(args[inputs:], lists[inputs:], strict=True):
         _copy_back(array, values)
     return result

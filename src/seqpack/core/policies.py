@@ -17,7 +17,7 @@ stream-best-fit         bounded look-ahead and open rows            O(log cap)
 padded                  one example per row (the baseline)          O(1)
 ======================  ==========================================  ============
 
-The per-example loops are kernels run by :mod:`seqpack.core.engine` (numba, else the
+The per-example loops are kernels run by :mod:`seqpack.core.engine` (in C, else the
 same code as Python; identical plans) over its search trees.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from seqpack._renames import OLD_OPTIONS
-from seqpack.core import engine as kernels
+from seqpack._renames import OLD_OPTIONS, renamed_kwargs
+from seqpack.core import engine
 from seqpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
 from seqpack.core.errors import InvalidInput, check_lengths, check_max_length
 from seqpack.core.plan import Plan
@@ -113,21 +113,15 @@ def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
     return rows
 
 
+@renamed_kwargs(engine="kernels")
 def next_fit(
-    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+    lengths: np.ndarray, capacity: int, *, kernels: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
     """The seed's policy: supplied order, fill only the current row, never revisit; a new
     row opens only when the next example does not fit (an exact fill makes no empty row)."""
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
-    kernels.call(
-        kernels.resolve(engine, lengths.shape[0]),
-        "next_fit_loop",
-        lengths,
-        capacity,
-        row_of,
-        start_of,
-        inputs=1,
-    )
+    kernels = engine.resolve(kernels)
+    engine.call(kernels, "next_fit_loop", lengths, capacity, row_of, start_of, inputs=1)
     return row_of, start_of
 
 
@@ -137,17 +131,14 @@ def padded(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
 
 
-def decreasing_order(lengths: np.ndarray, capacity: int, engine: str = "auto") -> np.ndarray:
+def decreasing_order(lengths: np.ndarray, capacity: int, kernels: str = "auto") -> np.ndarray:
     """Example indices by length, longest first, ties in supplied order; int64 [n]."""
-    if (
-        kernels.resolve(engine, lengths.shape[0]) == "python"
-        or capacity > 4 * lengths.shape[0] + 65536
-    ):
+    if engine.resolve(kernels) == "python" or capacity > 4 * lengths.shape[0] + 65536:
         # the same order; a counting sort would spend more on its counts
         return np.argsort(-lengths, kind="stable").astype(np.int64)
     order = np.empty(lengths.shape[0], dtype=np.int64)
     counts = np.zeros(capacity + 2, dtype=np.int64)
-    kernels.call("numba", "counting_sort", lengths, capacity, counts, order, inputs=1)
+    engine.call("native", "counting_sort", lengths, capacity, counts, order)
     return order
 
 
@@ -158,19 +149,20 @@ def _row_bound(lengths: np.ndarray, capacity: int) -> int:
     return max(min(lengths.shape[0], 2 * lower + 1), 1)
 
 
+@renamed_kwargs(engine="kernels")
 def first_fit_decreasing(
-    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+    lengths: np.ndarray, capacity: int, *, kernels: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Longest first, each into the lowest-numbered row with room (a max-tree over rows:
     O(n log n)); ties in length keep the supplied order."""
-    engine = kernels.resolve(engine, lengths.shape[0])
-    leaves = kernels.pow2_at_least(_row_bound(lengths, capacity))
+    leaves = engine.pow2_at_least(_row_bound(lengths, capacity))
     tree = np.full(2 * leaves, capacity, dtype=np.int64)
-    return _decreasing(lengths, capacity, engine, "first_fit", tree, leaves)
+    return _decreasing(lengths, capacity, engine.resolve(kernels), "first_fit", tree, leaves)
 
 
+@renamed_kwargs(engine="kernels")
 def best_fit_decreasing(
-    lengths: np.ndarray, capacity: int, *, engine: str = "auto"
+    lengths: np.ndarray, capacity: int, *, kernels: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
     """Longest first, each into the open row it fills most tightly (O(log capacity)); equal
     room oldest first, ties in length in supplied order; rows numbered as they open::
@@ -179,30 +171,31 @@ def best_fit_decreasing(
         row 0: C C C C B B      B fills row 0 exactly (2 cells left)
         row 1: A A A . . .
     """
-    engine = kernels.resolve(engine, lengths.shape[0])
+    kernels = engine.resolve(kernels)
     check_max_length(capacity, "best-fit-decreasing")
-    leaves = kernels.pow2_at_least(capacity)
+    leaves = engine.pow2_at_least(capacity)
     tree = np.zeros(2 * leaves, dtype=np.int64)
     head = np.full(capacity, -1, dtype=np.int64)
     tail = np.full(capacity, -1, dtype=np.int64)
     nxt = np.full(_row_bound(lengths, capacity), -1, dtype=np.int64)
-    return _decreasing(lengths, capacity, engine, "best_fit", tree, leaves, head, tail, nxt)
+    return _decreasing(lengths, capacity, kernels, "best_fit", tree, leaves, head, tail, nxt)
 
 
 def _decreasing(
-    lengths: np.ndarray, capacity: int, engine: str, kernel: str, *state: Any
+    lengths: np.ndarray, capacity: int, kernels: str, fit: str, *state: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run a fit ``kernel`` over the examples longest first; placements by example."""
-    order = decreasing_order(lengths, capacity, engine)
+    """Run kernel ``fit`` over the examples longest first; placements by example."""
+    order = decreasing_order(lengths, capacity, kernels)
     # The kernel reads lengths and writes placements in sorted order (sequential
     # memory access); scattering back afterwards is several times faster.
     rows, starts = np.empty((2, lengths.shape[0]), dtype=np.int64)
-    kernels.call(engine, kernel, lengths[order], capacity, *state, rows, starts, inputs=1)
+    engine.call(kernels, fit, lengths[order], capacity, *state, rows, starts, inputs=1)
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     row_of[order], start_of[order] = rows, starts
     return row_of, start_of
 
 
+@renamed_kwargs(engine="kernels")
 def stream_best_fit(
     lengths: np.ndarray,
     capacity: int,
@@ -210,7 +203,7 @@ def stream_best_fit(
     lookahead: int | None = None,
     max_open_rows: int | None = None,
     seed: int = 0,
-    engine: str = "auto",
+    kernels: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array (None: the
     packer's defaults)."""
@@ -219,7 +212,7 @@ def stream_best_fit(
         lookahead=DEFAULT_LOOKAHEAD if lookahead is None else lookahead,
         max_open_rows=DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
         seed=seed,
-        engine=engine,
+        kernels=kernels,
     )
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     for part in (packer.push(lengths), packer.finish()):
@@ -242,10 +235,18 @@ def _options_of(fn: PolicyFn) -> set[str]:
     return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def renamed_options(policy: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the 0.2 names of ``policy``'s options (``window`` of ``lookahead``,
-    :data:`seqpack._renames.OLD_OPTIONS`) renamed, each with a DeprecationWarning."""
+def renamed_options(policy: str, options: Mapping[str, Any], engine: bool = True) -> dict[str, Any]:
+    """``options`` with their 0.2 names renamed, each with a DeprecationWarning: the key
+    ``engine`` is ``kernels`` (unless not ``engine``); ``window`` is ``lookahead`` for a
+    policy that takes it (:data:`seqpack._renames.OLD_OPTIONS`)."""
     out = dict(options)
+    if engine and "engine" in out and "kernels" not in out:
+        warnings.warn(
+            "policy option engine is now kernels; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        out["kernels"] = out.pop("engine")
     known = _options_of(POLICIES[policy]) if policy in POLICIES else set()
     for old, new in OLD_OPTIONS.items():
         if old in out and new in known:
@@ -261,7 +262,7 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
     keyword-only parameters; values: the checks the policy runs), allocating nothing."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    options = renamed_options(policy, options)
+    options = renamed_options(policy, options, engine=False)
     known = _options_of(POLICIES[policy])
     unknown = set(options) - known
     if unknown:
@@ -271,14 +272,15 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
         )
     if policy == "stream-best-fit":
         StreamPacker.check_settings(capacity, **{k: v for k, v in options.items() if v is not None})
-    elif "engine" in options:
-        kernels.resolve(options["engine"])
+    elif "kernels" in options:
+        engine.resolve(options["kernels"])
 
 
+@renamed_kwargs(engine="kernels")
 def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: Any) -> Plan:
     """Plan whole examples of prediction ``lengths`` into rows with a :data:`POLICIES` name
     (``stream-best-fit`` takes ``lookahead``, ``max_open_rows``, ``seed``; every policy but
-    ``padded`` takes ``engine="auto"|"numba"|"python"``, with the same plan).
+    ``padded`` takes ``kernels="auto"|"native"|"python"``, with the same plan).
 
     >>> plan = plan_rows([3, 2, 4], 6)
     >>> plan.row_of.tolist(), plan.start_of.tolist(), plan.num_rows

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seqpack._renames import renamed_kwargs, renamed_names
-from seqpack.core import engine as kernels
+from seqpack.core import engine
 from seqpack.core.binding import INT32_MAX
 from seqpack.core.config import enforce
 from seqpack.core.engine import (
@@ -375,13 +375,13 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 class StreamPacker:
     """Streaming best fit with a ``lookahead`` of examples and ``max_open_rows``.
 
-    Deterministic for ``(capacity, lookahead, max_open_rows, seed)``; ``engine`` changes
+    Deterministic for ``(capacity, lookahead, max_open_rows, seed)``; ``kernels`` changes
     speed, never output. ``lookahead=1, max_open_rows=1`` is next-fit. Memory:
     O(lookahead + max_open_rows * examples per row + capacity). ``window=`` is the 0.2
     name of ``lookahead`` (a DeprecationWarning); saved states keep the key ``window``.
     """
 
-    @renamed_kwargs(window="lookahead")
+    @renamed_kwargs(engine="kernels", window="lookahead")
     def __init__(
         self,
         capacity: int,
@@ -389,35 +389,36 @@ class StreamPacker:
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
-        engine: str = "auto",
+        kernels: str = "auto",
     ) -> None:
-        settings = self.check_settings(capacity, lookahead, max_open_rows, seed, engine)
-        self.capacity, self.lookahead, self.max_open_rows, self.seed, self.engine = settings
+        settings = self.check_settings(capacity, lookahead, max_open_rows, seed, kernels)
+        self.capacity, self.lookahead, self.max_open_rows, self.seed, self.kernels = settings
         self._reset()
 
     @staticmethod
+    @renamed_kwargs(engine="kernels")
     def check_settings(
         capacity: int,
         lookahead: int = DEFAULT_LOOKAHEAD,
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
-        engine: str = "auto",
+        kernels: str = "auto",
     ) -> tuple[int, int, int, int, str]:
-        """The settings as checked ints and the resolved engine, allocating nothing."""
+        """The settings as checked ints and the resolved kernels, allocating nothing."""
         cap = positive_int("capacity", capacity)
         check_max_length(cap, "stream-best-fit")
         lookahead = positive_int("lookahead", lookahead, INT32_MAX)
         max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
-        return cap, lookahead, max_open_rows, int(seed), kernels.resolve(engine)
+        return cap, lookahead, max_open_rows, int(seed), engine.resolve(kernels)
 
     def _reset(self) -> None:
         self.finished = False
         self._emitted = 0  # examples in rows already returned
         cap, window, k = self.capacity, self.lookahead, self.max_open_rows
         self._scalars = np.zeros(N_SCALARS, dtype=np.int64)
-        self._lleaves, self._qleaves = kernels.pow2_at_least(cap + 1), kernels.pow2_at_least(cap)
+        self._lleaves, self._qleaves = engine.pow2_at_least(cap + 1), engine.pow2_at_least(cap)
         # bex blen bprev bnext | lhead ltail | ltree
         sizes = [window] * 4 + [cap + 1] * 2 + [2 * self._lleaves]
         fill = [-1, 0, -1, -1, -1, -1, 0]
@@ -481,12 +482,12 @@ class StreamPacker:
         state = (self._buf, self._lleaves, self._rows, self._qleaves, self._pool, out)
         tail = (self._scalars, self.capacity, self.max_open_rows)
         if lengths is None:
-            kernels.call(self.engine, "stream_drain", *state, *tail)
+            engine.call(self.kernels, "stream_drain", *state, *tail)
         else:
             first = self.examples_pushed
             index = np.arange(first, first + lengths.shape[0], dtype=np.int64)
             sides = bucket_sides(index, self.seed)
-            kernels.call(self.engine, "stream_push", lengths, sides, *state, *tail, inputs=2)
+            engine.call(self.kernels, "stream_push", lengths, sides, *state, *tail, inputs=2)
         k = int(self._scalars[S_OUT])
         self._emitted += k
         return Placements(*(column[:k].copy() for column in out))
@@ -550,10 +551,11 @@ class StreamPacker:
         }
 
     @classmethod
+    @renamed_kwargs(engine="kernels")
     def from_state_dict(
         cls,
         state: dict[str, Any],
-        engine: str = "auto",
+        kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
     ) -> StreamPacker:
         """A packer configured and positioned as ``state`` says; the state is checked whole
@@ -563,7 +565,7 @@ class StreamPacker:
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
         settings = {k: state[k] for k in ("max_open_rows", "seed")}
-        packer = cls(state["capacity"], lookahead=state["window"], **settings, engine=engine)
+        packer = cls(state["capacity"], lookahead=state["window"], **settings, kernels=kernels)
         packer.load_state_dict(state)
         return packer
 
@@ -590,8 +592,8 @@ class StreamPacker:
         # Re-inserting in arrival order with the same seeded ends restores each
         # length bucket's order; rows re-enter their buckets in stamp order.
         sides = bucket_sides(examples, self.seed)
-        kernels.call(
-            self.engine, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,
+        engine.call(
+            self.kernels, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,
             self._rows, self._qleaves, self._pool, self._scalars, self.capacity,
             np.asarray([len(row["example"]) for row in rows], dtype=np.int64),
             np.asarray([e for row in rows for e in row["example"]], dtype=np.int64),

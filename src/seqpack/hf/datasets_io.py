@@ -59,7 +59,7 @@ from seqpack.io.shards import (
     shard_table,
     union,
 )
-from seqpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_VERSION, refuse_trl, trl_schema, trl_table
 from seqpack.pipeline.budget import StreamBudget
 from seqpack.pipeline.corpus import Corpus, read_corpus
 from seqpack.pipeline.options import PackOptions, check_pad_id
@@ -132,7 +132,7 @@ def pack_dataset(
     vocabulary before anything is planned and recorded.
 
     ``format="trl"`` returns TRL's packed schema instead (``input_ids``,
-    ``labels``, ``seq_lengths`` in tokens, ``position_ids``;
+    ``seq_lengths`` in tokens, and ``labels`` when the input masks some targets;
     :mod:`seqpack.io.trl_schema`; ``max_length`` is TRL's). The input's ``datasets``
     format (``with_format("torch")`` etc., not a ``with_transform``) is carried over.
 
@@ -228,7 +228,7 @@ def _tables(
     parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":
         tables = [trl_table(cols) for cols in parts]
-        schema = TRL_SCHEMA
+        schema = trl_schema(labels=corpus.flagged)
     else:
         layout = union(layout_of(cols) for cols in parts)
         tables = [shard_table(cols, layout) for cols in parts]

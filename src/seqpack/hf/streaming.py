@@ -44,7 +44,7 @@ from seqpack.io.columns import chunk_from_arrow
 from seqpack.io.documents import Origin, TokenChunk, make_binding
 from seqpack.io.shards import FORMAT, FULL, VERSION, manifest_record, shard_table
 from seqpack.io.tokenizers import Tokenizer
-from seqpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
+from seqpack.io.trl_schema import TRL_FORMAT, TRL_LABELED_SCHEMA, TRL_VERSION, trl_table
 from seqpack.pipeline.options import PackOptions, check_pad_id
 
 #: Source rows read, checked and tokenized at a time.
@@ -288,9 +288,8 @@ class _Packing:
                 "input_ids": [[pad, pad]] * missing,
                 "labels": [[-100, -100]] * missing,
                 "seq_lengths": [[2]] * missing,
-                "position_ids": [[0, 1]] * missing,
             }
-            yield self.rows, pa.Table.from_pydict(empty, schema=TRL_SCHEMA)
+            yield self.rows, pa.Table.from_pydict(empty, schema=TRL_LABELED_SCHEMA)
             return
         cols = self._rows([], np.zeros(missing + 1, dtype=np.int64), [], [])
         yield self.rows, shard_table(cols, FULL)
@@ -324,7 +323,8 @@ class StreamSpec:
         )
 
     def schema(self) -> pa.Schema:
-        return TRL_SCHEMA if self.opts.format == "trl" else FULL.schema()
+        # a stream's schema is fixed before a row is read: TRL's rows keep their labels
+        return TRL_LABELED_SCHEMA if self.opts.format == "trl" else FULL.schema()
 
 
 def _generate(spec: StreamSpec) -> Iterator[tuple[int, pa.Table]]:

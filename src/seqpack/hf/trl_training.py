@@ -27,12 +27,14 @@ _PER_TOKEN = ("input_ids", "labels")
 @renamed_kwargs(verify="integrity")
 def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: Any) -> Any:
     """The TRL-format packed directory ``path`` as a ``datasets.Dataset`` (one row per
-    packed row: ``input_ids``, ``labels``, ``seq_lengths``, ``position_ids``).
+    packed row: ``input_ids``, ``labels`` where the input masked some targets,
+    ``seq_lengths``; a version 1 directory also has ``labels`` always and
+    ``position_ids``).
 
     ``integrity``: ``True`` or ``"full"`` check the manifest, every shard's size
     and sha256, and decode every shard to hold it against the format and the
-    manifest (schema, ids inside the vocabulary, labels, lengths, positions,
-    counts); ``False`` the manifest only. ``load_kwargs`` go to
+    manifest (schema, ids inside the vocabulary, labels, lengths, version 1's
+    positions, counts); ``False`` the manifest only. ``load_kwargs`` go to
     ``datasets.load_dataset("parquet", ...)`` (e.g. ``cache_dir``). A
     seqpack-format directory is refused (use ``load_packed`` for it).
     """
@@ -66,12 +68,12 @@ class per_example:  # a wrapper used like a function: collator = per_example(col
 
     ``features`` are rows of the TRL format (lists, arrays or tensors, any
     ``datasets`` format); row ``r`` becomes the examples
-    ``input_ids[s:s+n]`` / ``labels[s:s+n]`` for each ``n`` of
-    ``seq_lengths``, in order, and ``collator`` receives all of them as one
-    batch. The fixture row ``input_ids [0, 99, 100, 1, 0, 101, 1]``,
+    ``input_ids[s:s+n]`` / ``labels[s:s+n]`` (when the rows have labels) for each
+    ``n`` of ``seq_lengths``, in order, and ``collator`` receives all of them as
+    one batch. The fixture row ``input_ids [0, 99, 100, 1, 0, 101, 1]``,
     ``seq_lengths [4, 3]`` reaches ``DataCollatorWithFlattening`` as
     ``[0, 99, 100, 1]`` and ``[0, 101, 1]``: positions ``[0,1,2,3,0,1,2]``,
-    labels ``[-100, 99, 100, 1, -100, 101, 1]``.
+    labels ``[-100, 99, 100, 1, -100, 101, 1]`` (the ids, -100 on each first).
     """
 
     def __init__(self, collator: Callable[..., Any]) -> None:

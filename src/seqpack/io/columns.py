@@ -43,6 +43,7 @@ from seqpack.core.supervision import (
 from seqpack.io.cells import column, first, flag_values, ints, lists, row_of, target_flags
 from seqpack.io.documents import Documents, Origin, TokenChunk
 from seqpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
+from seqpack.io.shards import byte_buffers
 from seqpack.io.tokenizers import ByteTokenizer, Tokenizer
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
@@ -131,11 +132,8 @@ def _texts(
         row = first(pc.is_null(col).to_numpy(zero_copy_only=False))
         raise InvalidInput(f"{origin.locate(row)}: {field} is missing — give every row text")
     if isinstance(tokenizer, ByteTokenizer):
-        _, obuf, dbuf = col.buffers()
-        width = np.int64 if pa.types.is_large_string(col.type) else np.int32
-        offs = np.frombuffer(obuf, dtype=width)[col.offset : col.offset + len(col) + 1]
-        data = np.frombuffer(dbuf, dtype=np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
-        return tokenizer.encode_utf8(data, offs.astype(np.int64))
+        offsets, data = byte_buffers(col)
+        return tokenizer.encode_utf8(data, offsets)
     return tokenizer.encode_batch(col.to_pylist())
 
 

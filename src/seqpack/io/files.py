@@ -237,15 +237,11 @@ def resolve_files(
     """The files of one or more paths (a file, a folder of shards, a glob, ``-``), in order:
     ``(kind, files, roots)`` with each file's folder (None: named by the user). All must be
     of one kind; ``datasets`` folders are :func:`seqpack.io.readers.open_input`'s."""
-    kinds: set[str] = set()
-    files: list[Path] = []
-    roots: list[Path | None] = []
+    found: list[tuple[str, Path, Path | None]] = []  # (kind, file, root) in order
     for source in sources:
         text = str(source)
         if is_stdin(text):
-            kinds.add("jsonl")
-            files.append(Path("-"))
-            roots.append(None)
+            found.append(("jsonl", Path("-"), None))
             continue
         matches = [Path(text)]
         if not os.path.lexists(text) and glob.has_magic(text):
@@ -253,28 +249,25 @@ def resolve_files(
             if not matches:
                 raise InvalidInput(f"input {text!r} matches no file — check the pattern")
         for match in matches:
-            if not os.path.lexists(match) or not match.exists():
+            if not match.exists():  # a dangling link too
                 raise InvalidInput(f"input {str(match)!r} does not exist — check the path")
             if not match.is_dir():
-                kinds.add(_file_kind(match))
-                files.append(match)
-                roots.append(None)
+                found.append((_file_kind(match), match, None))
                 continue
             if is_datasets_folder(match):
                 raise InvalidInput(
                     f"{match} is a datasets save_to_disk folder: give it as the only input"
                 )
-            kind, found = folder_files(match)
-            kinds.add(kind)
-            files += found
-            roots += [match] * len(found)
+            kind, shards = folder_files(match)
+            found += [(kind, shard, match) for shard in shards]
+    kinds = {kind for kind, _, _ in found}
     if len(kinds) > 1:
         names = " and ".join(KIND_NAMES[k] for k in KIND_NAMES if k in kinds)
         names = names.replace("parquet", "Parquet")
         raise InvalidInput(
             f"the inputs mix {names} files — pack one format at a time, or convert one of them"
         )
-    return kinds.pop(), tuple(files), tuple(roots)
+    return kinds.pop(), tuple(f for _, f, _ in found), tuple(r for _, _, r in found)
 
 
 class InputStream:

@@ -422,14 +422,12 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
 def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
     """Decode one shard file of ``store`` (a :class:`~seqpack.io.store.PackedStore`: its
     capacity, partition, binding and occurrences) into checked :class:`CompactRows`."""
+    where = str(file)
     try:
         table = pq.read_table(file, memory_map=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-        raise InvalidInput(
-            f"{file}: cannot read the shard ({err}) — the packed directory is damaged; pack again"
-        ) from None
-    check_table(table, str(file), entry)
-    where = str(file)
+        raise _bad(file, f"cannot read the shard ({err})") from None
+    check_table(table, where, entry)
     rows = arrow_to_rows(
         table,
         capacity=store.capacity,

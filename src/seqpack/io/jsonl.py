@@ -1,14 +1,12 @@
 """JSON Lines (and JSON array) files as Arrow tables, chunk by chunk, with errors by line.
 
-Arrow's JSON reader is fast but not safe on hostile bytes (pyarrow 26 crashes
-on a ``null`` record or arrays nested a few thousand deep, takes invalid
-UTF-8 into column names, reads two objects on one line as two records).
-:func:`iter_jsonl` reads a file in blocks of whole lines and scans every
-block before Arrow sees it (:func:`scan_block`): UTF-8, one JSON object per
-line, nested at most :data:`MAX_JSON_DEPTH` deep. When Arrow still refuses a
-block, or a column has the wrong type, :func:`first_bad_line` reads the lines
-again with the json module (duplicate keys refused, column types checked by
-:func:`check_record`) to name the first bad one::
+:func:`iter_jsonl` reads a file in blocks of whole lines and scans every block
+before Arrow's JSON reader (not safe on hostile bytes: docs/design-notes.md) sees
+it (:func:`scan_block`): UTF-8, one JSON object per line, nested at most
+:data:`MAX_JSON_DEPTH` deep. When Arrow still refuses a block, or a column has the
+wrong type, :func:`first_bad_line` reads the lines again with the json module
+(duplicate keys refused, column types checked by :func:`check_record`) to name
+the first bad one::
 
     {"input_ids": [0, 5, 1]}            msgspec: one object, 2 brackets <= 64
     {"text": "[[[[ ... [[[["}           65+ brackets: the json module measures the depth
@@ -80,11 +78,15 @@ def not_json(where: str, err: ValueError) -> InvalidInput:
     return InvalidInput(f"{where}: {what} — write one JSON object per line, UTF-8 encoded")
 
 
+#: A decoded JSON value's kind, for messages.
+_JSON_TYPES = {type(None): "a null", bool: "a boolean", int: "a number", float: "a number",
+               str: "a string", list: "a list", dict: "an object"}  # fmt: skip
+
+
 def not_object(where: str, value: Any) -> InvalidInput:
-    kinds = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string"}
     return InvalidInput(
-        f"{where}: is a {kinds.get(type(value), 'list')}, not a JSON object — write one JSON"
-        " object per line"
+        f"{where}: is {_JSON_TYPES[type(value)]}, not a JSON object — write one JSON object per"
+        " line"
     )
 
 
@@ -143,13 +145,11 @@ def scan_block(
     """Check every line of ``block`` (whole lines) starting at line ``first_line``.
 
     msgspec checks that a line is one JSON object; a line it refuses, or one with
-    more opening brackets (strings included) than :data:`MAX_JSON_DEPTH` (so more
-    depth is possible), is checked exactly by :func:`check_line`. ``names``, the
-    file's top-level keys so far, takes this block's; more than ``max_keys`` of them is
-    refused at the line that passed the bound (Arrow builds a column per key for every
-    line: 15,000 lines of one new key each took 21 s and 1.8 GB). Returns ``(records,
-    newlines, keys)``: the lines that hold an object, the newlines in the block and the
-    block's distinct keys. Raises :class:`InvalidInput` naming the first bad line.
+    more opening brackets (strings included) than :data:`MAX_JSON_DEPTH`, is checked
+    exactly by :func:`check_line`. ``names``, the file's top-level keys so far, takes
+    this block's; more than ``max_keys`` of them is refused at the line that passed the
+    bound. Returns ``(records, newlines, keys)``: the lines that hold an object, the
+    newlines in the block and the block's distinct keys.
     """
     data = np.frombuffer(block, dtype=np.uint8)
     _check_utf8(path, block, data, first_line)
@@ -413,10 +413,6 @@ def _mixed(path: Path, key: str, values: list[tuple[int, Any]]) -> InvalidInput:
         f"{path} line {n}: {key} holds {kind} where line {kinds[0][0]} holds"
         f" {kinds[0][1]} — give {key} one type in every line"
     )
-
-
-_JSON_TYPES = {int: "a number", float: "a number", str: "a string", bool: "a boolean",
-               list: "a list", dict: "an object"}  # fmt: skip
 
 
 def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:

@@ -1,16 +1,12 @@
 """Readers: JSON Lines, text, Parquet and ``datasets`` as bounded Arrow chunks.
 
 :func:`open_input` names what a source is (:class:`Input`) and
-:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each:
-JSON Lines and text (a document a line) in blocks of whole lines, Parquet by
-row groups (bounded from their page headers before decoding,
-:mod:`seqpack.io.parquet_guard`), a ``datasets``
-``save_to_disk`` folder memory-mapped (checked by :func:`check_folder` before
-``datasets`` reads it), an in-memory ``datasets.Dataset`` or Arrow table by
-record batches. Each chunk carries the :class:`~seqpack.io.documents.Origin`
-naming its rows in errors. Every file goes through the input policy
-(:mod:`seqpack.io.files`). :func:`read_documents` and :func:`load_examples`
-read a whole input into memory (:mod:`seqpack.io.columns` converts it).
+:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each
+(Parquet by row groups, bounded by :mod:`seqpack.io.parquet_guard`; every file
+through the input policy of :mod:`seqpack.io.files`), each chunk with the
+:class:`~seqpack.io.documents.Origin` naming its rows in errors.
+:func:`read_documents` and :func:`load_examples` read a whole input into memory
+(:mod:`seqpack.io.columns` converts it).
 """
 
 from __future__ import annotations

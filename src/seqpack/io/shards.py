@@ -338,18 +338,26 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_ro
     return entry
 
 
-def _binary(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """A binary column's value offsets (int64 [n+1], as stored) and its bytes."""
+def byte_buffers(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A binary or string column's value offsets (int64 [n+1], as stored) and its bytes."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     _, obuf, dbuf = col.buffers()
-    offsets = np.frombuffer(obuf, np.int32)[col.offset : col.offset + len(col) + 1]
+    large = pa.types.is_large_string(col.type) or pa.types.is_large_binary(col.type)
+    offsets = np.frombuffer(obuf, np.int64 if large else np.int32)
+    offsets = offsets[col.offset : col.offset + len(col) + 1]
     data = np.frombuffer(dbuf, np.uint8) if dbuf is not None else np.zeros(0, np.uint8)
     return offsets.astype(np.int64), data
 
 
 def eligible_targets(table: pa.Table) -> int:
     """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
-    (unused bits are 0), every pair without it; labels other than -100 in TRL's."""
+    (unused bits are 0), every pair without it; labels other than -100 in TRL's (every
+    token but each example's first without them)."""
+    if "input_ids" in table.column_names and "labels" not in table.column_names:
+        tokens = pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0
+        return int(tokens) - int(
+            pc.sum(pc.list_value_length(table.column("seq_lengths"))).as_py() or 0
+        )
     if "input_ids" in table.column_names:
         # read from the buffer: to_numpy() and scalar compute arguments import pandas
         flat = table.column("labels").combine_chunks().flatten()
@@ -358,7 +366,7 @@ def eligible_targets(table: pa.Table) -> int:
         return int(np.count_nonzero(labels[flat.offset : flat.offset + len(flat)] != -100))
     if "loss_bits" not in table.column_names:
         return int(pc.sum(pc.list_flatten(table.column("pair_counts"))).as_py() or 0)
-    offsets, data = _binary(table.column("loss_bits"))
+    offsets, data = byte_buffers(table.column("loss_bits"))
     return int(np.unpackbits(data[int(offsets[0]) : int(offsets[-1])]).sum(dtype=np.int64))
 
 
@@ -381,7 +389,7 @@ def unpack_bits(col: pa.Array, row_pairs: np.ndarray, where: str) -> np.ndarray:
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if col.null_count or not pa.types.is_binary(col.type):
         raise ValueError("loss_bits")
-    offsets, data = _binary(col)
+    offsets, data = byte_buffers(col)
     nbytes = (row_pairs + 7) // 8
     if not np.array_equal(np.diff(offsets), nbytes):
         raise InvalidInput(f"{where}: loss_bits do not match the rows' pairs — the file is damaged")
@@ -422,9 +430,6 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
     col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
     if (col["range_starts"] is None) != (col["range_ends"] is None):
         raise ValueError("range columns")
-    ordinals = col["ordinals"].astype(np.int64)
-    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
-    sources = sources.astype(object)
     if lengths.size and (lengths.min() < 0 or int(lengths.sum()) + lengths.size > tokens.size):
         raise ValueError("pair_counts")  # before allocating from them: a claimed 2**31 is 2 GiB
     pairs = offsets_of(lengths)
@@ -432,8 +437,18 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
         mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
     else:
         mask = np.ones(int(pairs[-1]), dtype=bool)
+    return _fields(tokens, lengths, occ, mask, col), row_tok
+
+
+def _fields(
+    tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, mask: np.ndarray, col: dict
+) -> dict[str, Any]:
+    """The :class:`CompactRows` fields, the columns a shard does not store derived."""
+    ordinals = col["ordinals"].astype(np.int64)
+    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
+    sources = sources.astype(object)
     whole = col["range_starts"] is None
-    fields = {
+    return {
         "tokens": tokens.astype(np.int32, copy=False),
         "lengths": lengths,
         "starts": col["seq_starts"].astype(np.int64),
@@ -445,7 +460,6 @@ def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
         "range_starts": np.zeros_like(lengths) if whole else col["range_starts"].astype(np.int64),
         "range_ends": lengths + 1 if whole else col["range_ends"].astype(np.int64),
     }
-    return fields, row_tok
 
 
 def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
@@ -464,19 +478,7 @@ def _v1(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
     firsts = offsets_of(lengths + 1)[:-1]  # a window's first token is no pair's target
     keep = np.ones(tokens.shape[0], dtype=bool)
     keep[firsts[firsts < tokens.shape[0]]] = False
-    fields = {
-        "tokens": tokens.astype(np.int32, copy=False),
-        "lengths": lengths,
-        "row_offsets": occ,
-        "loss_mask": supervised[keep],
-        "starts": col["seq_starts"].astype(np.int64),
-        "ordinals": col["ordinals"].astype(np.int64),
-        "source_ids": col["source_ids"].astype(object),
-        "example_ids": col["example_ids"].astype(object),
-        "range_starts": col["range_starts"].astype(np.int64),
-        "range_ends": col["range_ends"].astype(np.int64),
-    }
-    return fields, row_tok
+    return _fields(tokens, lengths, occ, supervised[keep], col), row_tok
 
 
 def arrow_to_rows(

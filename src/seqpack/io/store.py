@@ -41,7 +41,7 @@ from seqpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from seqpack.io.tree_store import open_tree_store
+from seqpack.io.tree_store import TreeStore
 from seqpack.io.trl_schema import refuse_trl, trl_table
 
 #: Shards in memory at once while writing: one being gathered, the others compressing.
@@ -139,6 +139,22 @@ def write_packed(
     return manifest
 
 
+def require(
+    store: Any, expected_binding: Binding | None = None, expected_split: Split | str | None = None
+) -> None:
+    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is the expected
+    output."""
+    if expected_binding is not None:
+        expected_binding.require(store.binding, f"packed data {store.path}")
+    if expected_split is not None:
+        want = Split.parse(expected_split)
+        if store.partition is not want:
+            raise SplitMismatch(
+                f"packed data {store.path} holds partition {store.partition.value!r}, not"
+                f" {want.value!r} — load the {want.value} output instead"
+            )
+
+
 class PackedStore:
     """A packed directory, read back as the model calls that were packed.
 
@@ -161,21 +177,7 @@ class PackedStore:
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
 
-    def require(
-        self,
-        expected_binding: Binding | None = None,
-        expected_split: Split | str | None = None,
-    ) -> None:
-        """Raise BindingMismatch / SplitMismatch unless this output is the expected one."""
-        if expected_binding is not None:
-            expected_binding.require(self.binding, f"packed data {self.path}")
-        if expected_split is not None:
-            want = Split.parse(expected_split)
-            if self.partition is not want:
-                raise SplitMismatch(
-                    f"packed data {self.path} holds partition {self.partition.value!r}, not"
-                    f" {want.value!r} — load the {want.value} output instead"
-                )
+    require = require  # store.require(expected_binding, expected_split)
 
     def __len__(self) -> int:
         return -(-self.num_rows // self.max_rows_per_batch)
@@ -235,9 +237,11 @@ def load_packed(
             f"{path} has no {MANIFEST}: not a finished seqpack output (an interrupted run"
             " leaves none) — run seqpack pack again"
         )
-    store: Any = open_tree_store(path)  # version 3: tree rows (seqpack pack --tree)
-    if store is None:
-        manifest = read_manifest(path)
+    manifest = read_manifest(path)
+    store: Any
+    if isinstance(manifest, dict) and manifest.get("layout") == "tree":
+        store = TreeStore(path, manifest)  # version 3: tree rows (seqpack pack --tree)
+    else:
         refuse_trl(manifest, str(path))
         check_manifest(manifest, path)  # every number agrees with the others before it is used
         store = PackedStore(path, manifest)
@@ -247,5 +251,5 @@ def load_packed(
         check_contents(store.manifest, store.shard_rows, path)
     elif integrity == "full":
         store.records()
-    store.require(expected_binding, expected_split)
+    require(store, expected_binding, expected_split)
     return store

@@ -13,13 +13,10 @@ tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
 
 :func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
 ``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
-every file a regular file of bounded size; a folder whose ``tokenizer.json``
-transformers would use as it is loads without importing transformers, and any other
-folder does from its second load on (the Rust tokenizer transformers built from it is
-kept under ``~/.cache/seqpack/tokenizers``, :func:`remembered_file`). Truncation
-and padding are turned off on seqpack's copy (with a warning); a post-processor
-adding more than BOS/EOS is refused. Every tokenizer has ``identity`` (the
-Binding's ``tokenizer_id``), ``vocab_size`` and
+every file a regular file of bounded size (transformers is imported only when needed:
+:func:`open_folder`). Truncation and padding are turned off on seqpack's copy (with a
+warning); a post-processor adding more than BOS/EOS is refused. Every tokenizer has
+``identity`` (the Binding's ``tokenizer_id``), ``vocab_size`` and
 ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
 """
 
@@ -45,10 +42,8 @@ from seqpack.io.files import read_limited
 
 BOS_ID = 0
 EOS_ID = 1
-PAD_ID = 2
-NUM_SPECIAL = 10
-BYTE_OFFSET = NUM_SPECIAL
-BYTE_VOCAB_SIZE = NUM_SPECIAL + 256
+BYTE_OFFSET = 10  # ids 2 (PAD) to 9 are reserved
+BYTE_VOCAB_SIZE = BYTE_OFFSET + 256
 BYTES_IDENTITY = "seqpack/bytes-266"
 #: Where a tokenizer's identity names a chat template other than its own.
 CHAT_MARK = "+chat-template@sha256:"
@@ -231,7 +226,11 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
 def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``): its
     transformers backend (:class:`LazyTransformers` when read directly), identity,
-    vocabulary size and the Rust tokenizer read directly (None otherwise)."""
+    vocabulary size and the Rust tokenizer read directly (None otherwise).
+
+    Read directly when transformers would use ``tokenizer.json`` as it is; any other
+    folder, from its second load on, from the Rust tokenizer transformers built from it,
+    kept under ``~/.cache/seqpack/tokenizers`` (:func:`remembered_file`)."""
     for name in (*TOKENIZER_FILES, *SLOW_FILES):
         if (path / name).exists():
             checked_file(path / name, MAX_TEMPLATE_FILE if name.endswith(".jinja") else
@@ -324,15 +323,13 @@ def _remember(file: Path, backend: Any) -> None:
         return
     meta = {"vocab_size": len(backend), "pad_token_id": backend.pad_token_id,
             "eos_token": backend.eos_token}  # fmt: skip
+    from seqpack.io.atomic import write_file
+
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        for target, write in ((file, rust.save), (file.with_suffix(".meta"), None)):
-            part = target.with_name(f".{target.name}.{os.getpid()}.part")
-            if write is None:
-                part.write_text(json.dumps(meta))
-            else:
-                write(str(part))
-            os.replace(part, target)  # the meta last: its presence says both are whole
+        write_file(file, lambda f: f.write(rust.to_str().encode()))
+        # the meta last: its presence says both are whole
+        write_file(file.with_suffix(".meta"), lambda f: f.write(json.dumps(meta).encode()))
     except OSError:
         return  # no writable cache: the next process loads through transformers again
 
@@ -505,13 +502,8 @@ class HFTokenizer:
             self._rust = rust_backend(backend, kind, where)
 
     def with_chat_template(self, template: str) -> HFTokenizer:
-        """This tokenizer rendering chats with ``template``; its identity says so (the
-        template decides the tokens), unless it is the tokenizer's own."""
-        if self.kind != "transformers":
-            raise InvalidInput(
-                "--chat-template needs a transformers tokenizer: pass --tokenizer with a"
-                " save_pretrained folder (tokenizer_config.json), not a tokenizer.json"
-            )
+        """This (transformers) tokenizer rendering chats with ``template``; its identity says
+        so (the template decides the tokens), unless it is the tokenizer's own."""
         if template == self.chat_template:  # already applied (a Ray task's shipped copy)
             return self
         out = copy.copy(self)
@@ -630,10 +622,10 @@ def with_chat_template(tokenizer: Tokenizer | None, template: str | None) -> Tok
     """``tokenizer`` rendering chats with ``template`` (None: as it is)."""
     if template is None:
         return tokenizer
-    if not isinstance(tokenizer, HFTokenizer):
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
         raise InvalidInput(
-            "--chat-template needs --tokenizer with a transformers tokenizer folder"
-            " (save_pretrained) to tokenize the rendered chats"
+            "--chat-template needs a transformers tokenizer: pass --tokenizer with a"
+            " save_pretrained folder (tokenizer_config.json), not a tokenizer.json"
         )
     return tokenizer.with_chat_template(template)
 

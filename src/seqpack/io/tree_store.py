@@ -41,7 +41,6 @@ tree output) reads them back. Versions 1 and 2 (flat rows) are read as before.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from seqpack.core.binding import Binding, Split
-from seqpack.core.errors import InvalidInput, SplitMismatch
+from seqpack.core.errors import InvalidInput
 from seqpack.core.examples import as_token_array, offsets_of
 from seqpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from seqpack.io.atomic import Output
@@ -157,10 +156,8 @@ def _dpo_text(
     extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
     seqs, masks = [], []
     for answer in ("chosen", "rejected"):
-        pc = pa.table({"prompt": table.column("prompt"), "completion": table.column(answer)})
-        for name, col in extras.items():
-            pc = pc.append_column(name, col)
-        s, m = _encoded(pc, origin, tokenizer, ("prompt", "completion"))
+        cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
+        s, m = _encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion"))
         seqs.append(s)
         masks.append(m)
     # chosen, rejected of row 0, then of row 1, ...
@@ -396,15 +393,6 @@ class TreeStore:
         self.path, self.manifest = path, manifest
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
-    def require(self, expected_binding: Binding | None, expected_split: Split | str | None) -> None:
-        if expected_binding is not None:
-            expected_binding.require(self.binding, f"packed data {self.path}")
-        if expected_split is not None and self.partition is not Split.parse(expected_split):
-            raise SplitMismatch(
-                f"packed data {self.path} holds partition {self.partition.value!r}, not"
-                f" {Split.parse(expected_split).value!r}"
-            )
-
     def __len__(self) -> int:
         return self.num_rows
 
@@ -455,21 +443,10 @@ def _check_record(rec: dict[str, Any], row: int, capacity: int, where: str) -> N
         raise InvalidInput(f"{where}: row {row} is not a consistent tree row — pack again")
 
 
-def open_tree_store(path: Path) -> TreeStore | None:
-    """The tree output at ``path``, or None when its manifest is not a tree output's."""
-    try:
-        manifest = json.loads((path / "manifest.json").read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None  # the flat reader names the problem
-    is_tree = isinstance(manifest, dict) and manifest.get("layout") == "tree"
-    return TreeStore(path, manifest) if is_tree else None
-
-
 __all__ = [
     "TREE_SCHEMA",
     "TreeStore",
     "file_groups",
-    "open_tree_store",
     "read_table",
     "table_binding",
     "tree_batch_from_rows",

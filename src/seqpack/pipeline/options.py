@@ -212,7 +212,7 @@ class PackOptions:
         "seqpack",
         "--format",
         "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
-        " input_ids, labels, seq_lengths in tokens, position_ids)",
+        " input_ids, seq_lengths in tokens, labels where the input masks some)",
         BOTH,
         choices=OUTPUT_FORMATS,
     )
