@@ -104,7 +104,7 @@ def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rn
         got = recovered_examples(load_packed(outs[part], expected_split=part))
         assert sorted(e["source_id"] for e in got.values()) == sorted(r["id"] for r in subset)
     train = load_packed(outs["train"])
-    with pytest.raises(SplitMismatch, match="holds partition 'validation', not 'train'"):
+    with pytest.raises(SplitMismatch, match="holds split 'validation', not 'train'"):
         load_packed(outs["validation"], expected_split="train")
     # The split receipt differs too: the training binding refuses validation data.
     with pytest.raises(BindingMismatch, match="split_id"):

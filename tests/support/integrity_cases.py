@@ -324,7 +324,7 @@ DAMAGES: list[Damage] = [
            _expected_binding("split_id")),
     Damage("other-partition", "a training output loaded as validation data",
            lambda out: None, SplitMismatch,
-           ("holds partition 'train', not 'validation'", "load the validation output"),
+           ("holds split 'train', not 'validation'", "load the validation output"),
            lambda out: load_packed(out, expected_split="validation")),
     Damage("unverified-truncated", "a truncated shard read with `integrity=False`",
            _rewrite_shard(lambda b: b[:-100]), InvalidInput,

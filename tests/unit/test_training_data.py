@@ -386,7 +386,7 @@ def test_packed_dataset_refuses_another_partition(tmp_path):
     examples, capacity = _examples(3, n=6)
     path, _ = _write(tmp_path, examples, capacity)
     assert len(PackedDataset(path, BINDING, expected_split="train")) > 0
-    with pytest.raises(SplitMismatch, match="holds partition 'train', not 'validation'"):
+    with pytest.raises(SplitMismatch, match="holds split 'train', not 'validation'"):
         PackedDataset(path, BINDING, expected_split="validation")
     store = PackedDataset(path).store
     with pytest.raises(SplitMismatch, match="not 'test'"):

@@ -150,7 +150,7 @@ def require(
         want = Split.parse(expected_split)
         if store.partition is not want:
             raise SplitMismatch(
-                f"packed data {store.path} holds partition {store.partition.value!r}, not"
+                f"packed data {store.path} holds split {store.partition.value!r}, not"
                 f" {want.value!r} — load the {want.value} output instead"
             )
 
