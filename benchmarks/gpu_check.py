@@ -109,7 +109,7 @@ def agreement_at(
         q, k, v = (x.detach().to(dtype).requires_grad_(True) for x in base[:3])
         weight = base[3].to(dtype)
         try:
-            out = attention(q, k, v, layout, backend, window=window)
+            out = attention(q, k, v, layout, backend, sliding_window=window)
             grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
         except NotAvailable as err:
             print(f"  skip {name}: {err}")
@@ -118,7 +118,7 @@ def agreement_at(
             check(name, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
             continue
         ref_in = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
-        ref = attention(*ref_in, layout, "ranges", window=window)
+        ref = attention(*ref_in, layout, "ranges", sliding_window=window)
         ref_grads = torch.autograd.grad((ref * weight.double()).sum(), ref_in)
         errors = [scaled_error(out, ref)] + [
             scaled_error(g, r) for g, r in zip(grads, ref_grads, strict=True)
@@ -135,7 +135,8 @@ def agreement_at(
         if first >= 0:
             inside = seg == first
             cross = torch.autograd.grad(
-                (attention(q, k, v, layout, backend, window=window) * inside).sum(), (q, k, v)
+                (attention(q, k, v, layout, backend, sliding_window=window) * inside).sum(),
+                (q, k, v),
             )
             leaks = sum(int(torch.count_nonzero(g * ~inside)) for g in cross)
             check(f"{name} isolation", leaks == 0, f"{leaks} nonzero cross-segment grad entries")

@@ -129,8 +129,8 @@ NAMES = (
     Name("TrieLayout", "TrieOrder", public=False),
     Name("Layout", "StoredColumns", prose=False, only_if=True, public=False),
     # window meant three things: the stream packer's look-ahead, the attention sliding
-    # window, an example's span. The distinctive names first (the keywords ``window=``
-    # of StreamPacker and of the attention functions are a later, larger step).
+    # window, an example's span. The distinctive names here; the keywords ``window=`` of
+    # StreamPacker (lookahead=) and of the attention functions (sliding_window=) below.
     Name("DEFAULT_WINDOW", "DEFAULT_LOOKAHEAD"),
     Name("STREAM_WINDOW_BYTES", "STREAM_LOOKAHEAD_BYTES", public=False),
     Name("check_window", "check_sliding_window"),
@@ -149,6 +149,53 @@ NAMES = (
     Name("Piece", "InputSlice", prose=False, public=False),  # rows [start, stop) of an input
     Name("read_piece", "read_slice", public=False),
 )
+
+#: The functions and methods whose ``window=`` is the attention sliding window.
+_SLIDING = (
+    # core: the permission predicate and its views
+    "check_sliding_window",
+    "permitted",
+    "pairwise",
+    "key_bounds",
+    "allowed_key",
+    "key_ranges",
+    "dense_mask",
+    "edges",
+    "tiled_edges",
+    "PackedBatch.allowed_key",
+    "PackedBatch.key_ranges",
+    "PackedBatch.dense_mask",
+    "PackedBatch.edges",
+    "TreeBatch.dense_mask",
+    "TreeBatch.key_spans",
+    # nn: the layout's views and the backends
+    "AttentionLayout.key_bounds",
+    "AttentionLayout.dense_mask",
+    "AttentionLayout.range_mask",
+    "ranges_attention",
+    "dense_attention",
+    "attention",
+    "auto_attention",
+    "permission_mod",
+    "flex_block_mask",
+    "flex_attention",
+    "band_mask",
+    "grouped_attention",
+    "segment_attention",
+    "varlen_attention",
+    "flash_kernel.flash_attn_kernel",
+    "flash_kernel.torch_kernel",
+    "flash_attention",
+    "tree_attention",
+    "tree_flash_attention",
+    "tree_mask_mod",
+    # hf: the masks seqpack builds for transformers
+    "hf_allowed",
+    "bool_mask",
+    "additive_mask",
+    "block_mask",
+)
+_CLASSES = ("PackedBatch", "TreeBatch", "AttentionLayout")
 
 KEYWORDS = (
     # verify is numerical equivalence (seqpack verify); checksums are integrity.
@@ -197,6 +244,15 @@ KEYWORDS = (
             "stream",
         ),
         decorate=("StreamPacker.__init__", "StreamDataset.__init__"),
+    ),
+    Keyword(  # the attention sliding window (transformers' word): a query sees at most
+        # its last sliding_window positions. Not the tree blocks (file_groups'
+        # window=), nor on-disk keys; the functions transformers calls keep its keywords.
+        "window",
+        "sliding_window",
+        functions=_SLIDING,
+        callees=(*_SLIDING, "key_bounds", "dense_mask", "range_mask", "key_spans"),
+        decorate=tuple(f for f in _SLIDING if "." not in f or f.split(".")[0] in _CLASSES),
     ),
     Keyword(  # max_length in tokens, as pack_dataset's (the packer's capacity equals it)
         "capacity",
@@ -250,6 +306,13 @@ TEXTS = (
     Text(r"(?<=stream-best-fit)( takes| options?:? )``window``", r"\1``lookahead``"),
     Text(r"\bthe policy's window\b", "the policy's lookahead"),
     Text(r'"--option", "window=', '"--option", "lookahead=', whole=True),
+    # the attention sliding window in prose and the docs' examples
+    Text(
+        r"\b(permitted|pairwise|key_bounds|allowed_key|key_ranges|key_spans|dense_mask|edges"
+        r"|range_mask|attention|additive_mask|bool_mask|block_mask)\(([^()\n]*?)\bwindow=",
+        r"\1(\2sliding_window=",
+    ),
+    Text(r"pos\[0, None\], window=2\)", "pos[0, None], sliding_window=2)", files=r"\.md$"),
     # the memory bound reads the option under its new name (PackOptions renames it)
     Text(r'opts\.get\("window"\)', 'opts.get("lookahead")', files=r"budget\.py$", whole=True),
     Text(r"\b((?:seqpack\.|examples\.)?)split_long\(", r"\1cut_long("),

@@ -52,6 +52,28 @@ LANDED = {
     "FIXTURE_CAPACITY": "FIXTURE_MAX_LENGTH",
     "check_tree_capacity": "check_max_length",
 }
+#: Keywords renamed: (old, new, functions "module:qualname" that take the new one only;
+#: the old one lives on in their ``@renamed_kwargs``).
+LANDED_KEYWORDS = (
+    (
+        "window",
+        "sliding_window",
+        (
+            "seqpack.core.permission:permitted",
+            "seqpack.core.permission:dense_mask",
+            "seqpack.core.batch:PackedBatch.dense_mask",
+            "seqpack.core.tree:TreeBatch.key_spans",
+            "seqpack.nn.attention:attention",
+            "seqpack.nn.attention:AttentionLayout.key_bounds",
+            "seqpack.nn.varlen:varlen_attention",
+            "seqpack.nn.flex:flex_attention",
+            "seqpack.nn.flash:flash_attention",
+            "seqpack.nn.auto:auto_attention",
+            "seqpack.nn.tree_attention:tree_attention",
+            "seqpack.hf.masks:additive_mask",
+        ),
+    ),
+)
 #: PackOptions fields renamed: the old keyword is no field, the new one is.
 LANDED_FIELDS = {"capacity": "max_length", "split_long": "cut_long", "partition": "split"}
 
@@ -252,3 +274,17 @@ def test_old_keywords_still_work_with_a_warning(tmp_path):
             load_packed(tmp_path, integrity=True, expected_split="train")
     with pytest.raises(TypeError, match="both verify= and integrity="):
         load_packed(tmp_path, verify=True, integrity=True)
+
+
+def test_landed_keywords_stay_landed():
+    """A renamed keyword is no parameter again (its old spelling is only the shim's)."""
+    import inspect
+
+    for old, new, functions in LANDED_KEYWORDS:
+        for where in functions:
+            module, qualname = where.split(":")
+            fn = importlib.import_module(module)
+            for part in qualname.split("."):
+                fn = getattr(fn, part)
+            params = inspect.signature(fn).parameters
+            assert new in params and old not in params, where

@@ -114,9 +114,9 @@ def test_masks_match_the_predicate_on_random_layouts(case, window):
     for batch in epoch.batches:
         allowed = predicate_or_pad_diagonal(batch, examples, window)
         assert np.array_equal(hf_allowed(batch, window), allowed)
-        mask = additive_mask(batch, torch.float32, window=window)
+        mask = additive_mask(batch, torch.float32, sliding_window=window)
         assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
-        assert torch.equal(bool_mask(batch, window=window)[:, 0], torch.as_tensor(allowed))
+        assert torch.equal(bool_mask(batch, sliding_window=window)[:, 0], torch.as_tensor(allowed))
         kw = hf_inputs(batch, "flash_attention_2", labels=False)
         cu = batch.cu_seqlens()
         assert kw["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
@@ -129,7 +129,7 @@ def test_flex_block_mask_matches_the_predicate_on_random_layouts(case, window):
     """On valid cells the BlockMask is ``dense_mask()``; a padding cell reaches itself only."""
     _, _, epoch = case
     for batch in epoch.batches:
-        cells = block_mask_cells(block_mask(batch, window=window))[:, 0].numpy()
+        cells = block_mask_cells(block_mask(batch, sliding_window=window))[:, 0].numpy()
         both = batch.input_valid[:, :, None] & batch.input_valid[:, None, :]
         assert np.array_equal(cells & both, batch.dense_mask(window))
         pad = ~batch.input_valid
@@ -353,10 +353,14 @@ def test_masks_follow_the_model_config_one_per_layer_type():
     masks = hf_inputs(batch, "sdpa", config=qwen, dtype=torch.float64)["attention_mask"]
     assert set(masks) == {"full_attention", "sliding_attention"}
     assert torch.equal(masks["full_attention"], additive_mask(batch, torch.float64))
-    assert torch.equal(masks["sliding_attention"], additive_mask(batch, torch.float64, window=2))
+    assert torch.equal(
+        masks["sliding_attention"], additive_mask(batch, torch.float64, sliding_window=2)
+    )
     # One-mask models: windowed when the config says so, plain otherwise.
     mistral = hf_inputs(batch, "sdpa", config=config_of("mistral", sliding_window=2))
-    assert torch.equal(mistral["attention_mask"], additive_mask(batch, torch.float32, window=2))
+    assert torch.equal(
+        mistral["attention_mask"], additive_mask(batch, torch.float32, sliding_window=2)
+    )
     llama = hf_inputs(batch, "sdpa", config=config_of("llama"))
     assert torch.equal(llama["attention_mask"], additive_mask(batch, torch.float32))
     # A window no shorter than the row is no window: one shared tensor, not a copy.

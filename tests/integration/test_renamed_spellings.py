@@ -242,3 +242,140 @@ def test_tree_window_flag_is_tree_block(tmp_path):
         lambda: TreeOptions(tree="auto", tree_block=7),
     )
     assert got == want and got.tree_block == 7
+
+
+# -- sliding_window (was window= on the permission views and the attention functions)
+
+
+def test_window_keyword_of_the_permission_views_is_sliding_window():
+    from seqpack.core.permission import check_sliding_window, key_ranges, permitted, tiled_edges
+    from seqpack.verify.fixture import fixture_batch
+
+    b = fixture_batch()
+    v, s, p = b.input_valid[0], b.segments[0], b.positions[0]
+    args = (v[:, None], v[None], s[:, None], s[None], p[:, None], p[None])
+    got, want = deprecated(
+        "window", lambda: permitted(*args, window=2), lambda: permitted(*args, sliding_window=2)
+    )
+    assert np.array_equal(got, want) and not got[2, 0] and got[2, 1]
+    assert deprecated(
+        "window",
+        lambda: check_sliding_window(window=3),
+        lambda: check_sliding_window(sliding_window=3),
+    ) == (3, 3)
+    for view in ("dense_mask", "edges"):
+        got, want = deprecated(
+            "window",
+            lambda view=view: getattr(b, view)(window=2),
+            lambda view=view: getattr(b, view)(sliding_window=2),
+        )
+        assert np.array_equal(got, want)
+    got, want = deprecated(
+        "window",
+        lambda: b.allowed_key(0, 2, 0, window=2),
+        lambda: b.allowed_key(0, 2, 0, sliding_window=2),
+    )
+    assert got is want is False
+    got, want = deprecated(
+        "window", lambda: key_ranges(b, window=2), lambda: b.key_ranges(sliding_window=2)
+    )
+    assert got.get(0, 2) == want.get(0, 2) == (1, 3)
+    got, want = deprecated(
+        "window", lambda: tiled_edges(b, window=2), lambda: tiled_edges(b, sliding_window=2)
+    )
+    assert np.array_equal(got, want)
+
+
+def test_window_keyword_of_the_tree_views_is_sliding_window():
+    from seqpack.core.binding import Binding
+    from seqpack.core.tree import groups_from_columns, pack_tree
+
+    columns = {"prompt_ids": [[1, 2, 3], [4, 5]], "completion_ids": [[[6, 7], [8]], [9, 6, 7]]}
+    batch = pack_tree(groups_from_columns(columns, Binding(10, "t", "s")), 16).batches[0]
+    got, want = deprecated(
+        "window", lambda: batch.dense_mask(window=2), lambda: batch.dense_mask(sliding_window=2)
+    )
+    assert np.array_equal(got, want) and not np.array_equal(got, batch.dense_mask())
+    got, want = deprecated(
+        "window",
+        lambda: batch.key_spans(0, 4, window=2),
+        lambda: batch.key_spans(0, 4, sliding_window=2),
+    )
+    assert got == want
+
+
+def test_window_keyword_of_the_attention_functions_is_sliding_window():
+    import torch
+
+    from seqpack.hf.masks import additive_mask
+    from seqpack.nn import AttentionLayout, attention
+    from seqpack.nn.varlen import varlen_attention
+    from seqpack.verify.fixture import fixture_batch
+
+    batch = fixture_batch()
+    layout = AttentionLayout.from_batch(batch)
+    q, k, v = torch.randn(
+        3, 2, 2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    for backend in ("ranges", "dense", "varlen", "auto"):
+        got, want = deprecated(
+            "window",
+            lambda backend=backend: attention(q, k, v, layout, backend, window=2),
+            lambda backend=backend: attention(q, k, v, layout, backend, sliding_window=2),
+        )
+        assert torch.equal(got, want)
+    assert not torch.allclose(want, attention(q, k, v, layout))  # the window acts
+    got, want = deprecated(
+        "window",
+        lambda: varlen_attention(q, k, v, layout, 0.5, window=2),
+        lambda: varlen_attention(q, k, v, layout, 0.5, sliding_window=2),
+    )
+    assert torch.equal(got, want)
+    got, want = deprecated(
+        "window",
+        lambda: layout.dense_mask(window=2),
+        lambda: layout.dense_mask(sliding_window=2),
+    )
+    assert torch.equal(got, want)
+    got, want = deprecated(
+        "window",
+        lambda: additive_mask(batch, torch.float32, window=2),
+        lambda: additive_mask(batch, torch.float32, sliding_window=2),
+    )
+    assert torch.equal(got, want)
+
+
+def test_a_backend_written_for_0_2_is_called_with_window():
+    """register_backend reads the callable's signature once: a 0.2 backend (``window=``)
+    warns at registration and is called with ``window=`` for ``sliding_window=``."""
+    import torch
+
+    from seqpack.nn import BACKENDS, AttentionLayout, attention, register_backend
+    from seqpack.nn.attention import dense_attention
+    from seqpack.verify.fixture import fixture_batch
+
+    seen = []
+
+    def old_dense(q, k, v, layout, scale, window=None):
+        seen.append(window)
+        return dense_attention(q, k, v, layout, scale, sliding_window=window)
+
+    def new_dense(q, k, v, layout, scale, sliding_window=None):
+        return dense_attention(q, k, v, layout, scale, sliding_window=sliding_window)
+
+    try:
+        with pytest.warns(DeprecationWarning, match="window="):
+            register_backend("old-dense", old_dense)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            register_backend("new-dense", new_dense)
+            layout = AttentionLayout.from_batch(fixture_batch())
+            q = k = v = torch.randn(2, 2, 6, 4, dtype=torch.float64)
+            for w in (None, 2):
+                got = attention(q, k, v, layout, "old-dense", sliding_window=w)
+                want = attention(q, k, v, layout, "new-dense", sliding_window=w)
+                assert torch.equal(got, want)
+        assert seen == [None, 2]
+    finally:
+        BACKENDS.pop("old-dense", None)
+        BACKENDS.pop("new-dense", None)

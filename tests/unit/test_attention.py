@@ -51,7 +51,7 @@ def test_backends_match_the_predicate_and_each_other(case, seed, window):
     want_grads = torch.autograd.grad((expected * weight).sum(), (q, k, v))
     results = {}
     for name in BACKENDS:
-        out = attention(q, k, v, batch, backend=name, window=window)
+        out = attention(q, k, v, batch, backend=name, sliding_window=window)
         assert within(out, expected.detach()), name
         grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
         assert all(within(g, w) for g, w in zip(grads, want_grads, strict=True)), name

@@ -254,7 +254,7 @@ def test_flex_float64_forward_matches_the_per_example_reference(case, seed, wind
     for batch in epoch.batches:
         layout = AttentionLayout.from_batch(batch)
         q, k, v = qkv(layout, seed=seed, grad=False)
-        out = attention(q, k, v, layout, "flex", window=window)
+        out = attention(q, k, v, layout, "flex", sliding_window=window)
         want = reference(batch, 1 / 2.0)(q, k, v, layout, window)  # default scale: 1/sqrt(4)
         assert within(out, want)
         assert torch.isfinite(out).all()

@@ -87,19 +87,19 @@ def test_fixture_cu_seqlens():
 
 def test_fixture_window_drops_the_oldest_keys():
     b = fixture_batch()
-    assert [k for k in range(6) if b.allowed_key(0, 2, k, window=2)] == [1, 2]
-    assert [k for k in range(6) if b.allowed_key(1, 3, k, window=3)] == [1, 2, 3]
-    assert b.key_ranges(window=2).get(0, 2) == (1, 3)
-    assert b.key_ranges(window=2).get(0, 4) == (3, 5)  # B is shorter than the window
-    assert b.dense_mask(window=1).sum() == int(b.input_valid.sum())  # each query: itself
-    assert np.array_equal(b.dense_mask(window=6), b.dense_mask())
+    assert [k for k in range(6) if b.allowed_key(0, 2, k, sliding_window=2)] == [1, 2]
+    assert [k for k in range(6) if b.allowed_key(1, 3, k, sliding_window=3)] == [1, 2, 3]
+    assert b.key_ranges(sliding_window=2).get(0, 2) == (1, 3)
+    assert b.key_ranges(sliding_window=2).get(0, 4) == (3, 5)  # B is shorter than the window
+    assert b.dense_mask(sliding_window=1).sum() == int(b.input_valid.sum())  # each query: itself
+    assert np.array_equal(b.dense_mask(sliding_window=6), b.dense_mask())
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
 def test_a_window_is_a_positive_int_or_none(bad):
     assert check_sliding_window(None) is None and check_sliding_window(np.int64(3)) == 3
     with pytest.raises(InvalidInput, match="positive number of positions"):
-        fixture_batch().dense_mask(window=bad)
+        fixture_batch().dense_mask(sliding_window=bad)
 
 
 @given(packed_epochs(), WINDOWS)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core import permission
 from seqpack.core.binding import Binding, Split
 
@@ -136,13 +137,17 @@ class PackedBatch:
         flags = (self.input_valid, self.target_valid, self.loss_mask)
         return sum(a.nbytes for a in cells + flags) + self.occurrences.nbytes
 
-    # Permission and its views (see seqpack.core.permission); ``window`` bounds
+    # Permission and its views (see seqpack.core.permission); ``sliding_window`` bounds
     # how far back a query sees (sliding-window attention), None = unbounded.
-    def allowed_key(self, row: int, query: int, key: int, window: int | None = None) -> bool:
-        return permission.allowed_key(self, row, query, key, window)
+    @renamed_kwargs(window="sliding_window")
+    def allowed_key(
+        self, row: int, query: int, key: int, sliding_window: int | None = None
+    ) -> bool:
+        return permission.allowed_key(self, row, query, key, sliding_window)
 
-    def key_ranges(self, window: int | None = None) -> permission.KeyRanges:
-        return permission.key_ranges(self, window)
+    @renamed_kwargs(window="sliding_window")
+    def key_ranges(self, sliding_window: int | None = None) -> permission.KeyRanges:
+        return permission.key_ranges(self, sliding_window)
 
     def cu_seqlens(self) -> permission.CuSeqlens:
         return permission.cu_seqlens(self)
@@ -150,11 +155,13 @@ class PackedBatch:
     def position_ids(self) -> np.ndarray:
         return permission.position_ids(self)
 
-    def dense_mask(self, window: int | None = None) -> np.ndarray:
-        return permission.dense_mask(self, window)
+    @renamed_kwargs(window="sliding_window")
+    def dense_mask(self, sliding_window: int | None = None) -> np.ndarray:
+        return permission.dense_mask(self, sliding_window)
 
-    def edges(self, window: int | None = None) -> np.ndarray:
-        return permission.edges(self, window)
+    @renamed_kwargs(window="sliding_window")
+    def edges(self, sliding_window: int | None = None) -> np.ndarray:
+        return permission.edges(self, sliding_window)
 
     def rows_as_dicts(self) -> list[dict[str, list[Any]]]:
         """Per row: inputs, targets, segments, positions and the three validity fields."""

@@ -3,13 +3,13 @@
 :func:`permitted` is the one specification, over broadcastable NumPy or torch arrays:
 key ``k`` is allowed for query ``q`` iff both cells hold an input, ``k``'s node is an
 ancestor-or-self of ``q``'s (``node[k] <= node[q] < node_end[k]``; flat packing is the
-one-node case, "same segment") and ``0 <= pos[q] - pos[k] < window``. Every view below
+one-node case, "same segment") and ``0 <= pos[q] - pos[k] < sliding_window``. Every view below
 and every attention backend calls it or its closed form :func:`key_bounds`, and the
 tests hold each one against it on random layouts.
 
 Fixture row 0 (A at columns 0-2, B at 3-4, padding at 5), permitted keys::
 
-    q\\k 0 1 2 3 4 5          window=2
+    q\\k 0 1 2 3 4 5          sliding_window=2
     0    1 . . . . .          1 . . . . .
     1    1 1 . . . .          1 1 . . . .
     2    1 1 1 . . .          . 1 1 . . .    A's last query drops key 0
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from seqpack._renames import renamed_names
+from seqpack._renames import renamed_kwargs, renamed_names
 from seqpack.core.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -36,17 +36,25 @@ if TYPE_CHECKING:
 Array = TypeVar("Array")
 
 
-def check_sliding_window(window: Any) -> int | None:
-    """``window`` as a positive int, or ``None`` (unbounded); anything else is an error."""
-    if window is None:
+@renamed_kwargs(window="sliding_window")
+def check_sliding_window(sliding_window: Any) -> int | None:
+    """``sliding_window`` as a positive int, or ``None`` (unbounded); anything else is an
+    error. Every function here takes ``sliding_window=`` (0.2's ``window=`` still works)."""
+    if sliding_window is None:
         return None
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+    if (
+        isinstance(sliding_window, bool)
+        or not isinstance(sliding_window, (int, np.integer))
+        or sliding_window < 1
+    ):
         raise InvalidInput(
-            f"attention window must be a positive number of positions or None, got {window!r}"
+            "attention window must be a positive number of positions or None,"
+            f" got {sliding_window!r}"
         )
-    return int(window)
+    return int(sliding_window)
 
 
+@renamed_kwargs(window="sliding_window")
 def permitted(
     valid_q: Array,
     valid_k: Array,
@@ -54,27 +62,28 @@ def permitted(
     seg_k: Array,
     pos_q: Array,
     pos_k: Array,
-    window: int | None = None,
+    sliding_window: int | None = None,
     seg_end_k: Array | None = None,
 ) -> Array:
     """True where query ``q`` may attend to key ``k``: THE permission predicate.
 
     Both valid, ``seg_k <= seg_q < seg_end_k`` (None: flat, the same segment),
-    ``0 <= pos_q - pos_k < window`` (None: unbounded). Broadcastable NumPy arrays or
+    ``0 <= pos_q - pos_k < sliding_window`` (None: unbounded). Broadcastable NumPy arrays or
     torch tensors, e.g. ``(R, T, 1)`` against ``(R, 1, T)`` for a dense ``(R, T, T)``
     mask, or the scalars a FlexAttention ``mask_mod`` indexes out.
     """
     lag = pos_q - pos_k
     inside = seg_q == seg_k if seg_end_k is None else (seg_k <= seg_q) & (seg_q < seg_end_k)
     allowed = valid_q & valid_k & inside & (lag >= 0)
-    return allowed if window is None else allowed & (lag < window)
+    return allowed if sliding_window is None else allowed & (lag < sliding_window)
 
 
+@renamed_kwargs(window="sliding_window")
 def pairwise(
     valid: Array,
     segments: Array,
     positions: Array,
-    window: int | None = None,
+    sliding_window: int | None = None,
     segment_ends: Array | None = None,
 ) -> Array:
     """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``.
@@ -88,24 +97,26 @@ def pairwise(
         segments[:, None, :],
         positions[:, :, None],
         positions[:, None, :],
-        window,
+        sliding_window,
         None if segment_ends is None else segment_ends[:, None, :],
     )
 
 
+@renamed_kwargs(window="sliding_window")
 def key_bounds(
-    valid: Array, positions: Array, columns: Array, window: int | None = None
+    valid: Array, positions: Array, columns: Array, sliding_window: int | None = None
 ) -> tuple[Array, Array]:
     """Closed form of :func:`permitted`'s key set per query, ``[starts, ends)`` columns:
     segments are contiguous from position 0, so a real query at column ``c``, position
-    ``p`` sees ``[c - min(p, window - 1), c + 1)``, a padding query ``[c, c)``. All
+    ``p`` sees ``[c - min(p, sliding_window - 1), c + 1)``, a padding query ``[c, c)``. All
     ``(R, T)``, NumPy or torch."""
-    back = positions if window is None else positions.clip(max=window - 1)
+    back = positions if sliding_window is None else positions.clip(max=sliding_window - 1)
     return columns - back * valid, columns + valid
 
 
+@renamed_kwargs(window="sliding_window")
 def allowed_key(
-    batch: PackedBatch, row: int, query: int, key: int, window: int | None = None
+    batch: PackedBatch, row: int, query: int, key: int, sliding_window: int | None = None
 ) -> bool:
     """True when ``query`` may attend to ``key`` in ``row`` (coordinates checked)."""
     rows, width = batch.shape
@@ -123,7 +134,7 @@ def allowed_key(
             seg[key],
             int(pos[query]),
             int(pos[key]),
-            check_sliding_window(window),
+            check_sliding_window(sliding_window),
         )
     )
 
@@ -142,12 +153,13 @@ class KeyRanges:
         return None if s == e else (s, e)
 
 
-def key_ranges(batch: PackedBatch, window: int | None = None) -> KeyRanges:
+@renamed_kwargs(window="sliding_window")
+def key_ranges(batch: PackedBatch, sliding_window: int | None = None) -> KeyRanges:
     rows, width = batch.shape
     cols = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
     valid = batch.input_valid
     starts, ends = key_bounds(
-        valid, batch.positions.astype(np.int64), cols, check_sliding_window(window)
+        valid, batch.positions.astype(np.int64), cols, check_sliding_window(sliding_window)
     )
     return KeyRanges(starts, ends, valid.sum(axis=1).astype(np.int64))
 
@@ -179,20 +191,25 @@ def position_ids(batch: PackedBatch) -> np.ndarray:
     return np.where(batch.input_valid, batch.positions, 0).astype(np.int64)
 
 
-def dense_mask(batch: PackedBatch, window: int | None = None) -> np.ndarray:
+@renamed_kwargs(window="sliding_window")
+def dense_mask(batch: PackedBatch, sliding_window: int | None = None) -> np.ndarray:
     """Boolean mask [R, T, T] (True = permitted), for SDPA and eager attention."""
     return pairwise(
-        batch.input_valid, batch.segments, batch.positions, check_sliding_window(window)
+        batch.input_valid, batch.segments, batch.positions, check_sliding_window(sliding_window)
     )
 
 
-def edges(batch: PackedBatch, window: int | None = None) -> np.ndarray:
+@renamed_kwargs(window="sliding_window")
+def edges(batch: PackedBatch, sliding_window: int | None = None) -> np.ndarray:
     """Permitted edges ``(row, query, key)`` in query order, int64 [E, 3]."""
-    r, q, k = np.nonzero(dense_mask(batch, window))
+    r, q, k = np.nonzero(dense_mask(batch, sliding_window))
     return np.stack([r, q, k], axis=1).astype(np.int64)
 
 
-def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = None) -> np.ndarray:
+@renamed_kwargs(window="sliding_window")
+def tiled_edges(
+    batch: PackedBatch, tile_width: int = 2, sliding_window: int | None = None
+) -> np.ndarray:
     """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3]:
     another traversal of one relation; sorted, it equals :func:`edges`."""
     if tile_width < 1:
@@ -204,7 +221,7 @@ def tiled_edges(batch: PackedBatch, tile_width: int = 2, window: int | None = No
             for k0 in range(0, width, tile_width):
                 for q in range(q0, min(q0 + tile_width, width)):
                     for k in range(k0, min(k0 + tile_width, width)):
-                        if allowed_key(batch, row, q, k, window):
+                        if allowed_key(batch, row, q, k, sliding_window):
                             out.append((row, q, k))
     return np.asarray(out, dtype=np.int64).reshape(-1, 3)
 

@@ -24,7 +24,7 @@ completions ``a b c``, ``a d``, ``e f``, capacity 12::
 
 A key is allowed (:func:`seqpack.core.permission.permitted`) when its node
 is an ancestor-or-self of the query's (``node[k] <= node[q] < node_end[k]``),
-both valid, and ``0 <= pos[q] - pos[k] < window``: column 6 sees 0-3 and
+both valid, and ``0 <= pos[q] - pos[k] < sliding_window``: column 6 sees 0-3 and
 itself, never its sibling's 4-5. A cell's weight counts the sequences that
 supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
 (16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
@@ -509,24 +509,32 @@ class TreeBatch:
     def position_ids(self) -> np.ndarray:
         return position_ids(self)  # type: ignore[arg-type]
 
-    def dense_mask(self, window: int | None = None) -> np.ndarray:
+    @renamed_kwargs(window="sliding_window")
+    def dense_mask(self, sliding_window: int | None = None) -> np.ndarray:
         """:func:`~seqpack.core.permission.permitted` over every pair, bool [R, T, T]."""
         return pairwise(
             self.input_valid,
             self.nodes,
             self.positions,
-            check_sliding_window(window),
+            check_sliding_window(sliding_window),
             self.node_ends,
         )
 
-    def key_spans(self, row: int, query: int, window: int | None = None) -> list[tuple[int, int]]:
+    @renamed_kwargs(window="sliding_window")
+    def key_spans(
+        self, row: int, query: int, sliding_window: int | None = None
+    ) -> list[tuple[int, int]]:
         """The keys of one query as column spans ``[start, end)``: its ancestors' nodes, root
         first, then its own node up to itself, each clipped to the window; ``[]`` on padding."""
-        window = check_sliding_window(window)
+        sliding_window = check_sliding_window(sliding_window)
         node = int(self.nodes[row, query])
         if node < 0 or not self.input_valid[row, query]:
             return []
-        lowest = -(2**62) if window is None else int(self.positions[row, query]) - window + 1
+        lowest = (
+            -(2**62)
+            if sliding_window is None
+            else int(self.positions[row, query]) - sliding_window + 1
+        )
         path = [node]
         while self.node_parent[path[-1]] >= 0:
             path.append(int(self.node_parent[path[-1]]))

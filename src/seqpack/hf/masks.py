@@ -1,6 +1,6 @@
 """The 4-D attention masks ``transformers`` models take, as views of the one permission predicate.
 
-Every mask here is :func:`seqpack.core.permission.permitted` (window
+Every mask here is :func:`seqpack.core.permission.permitted` (sliding window
 included) plus one rule for padding: a padding cell attends to itself only,
 so no implementation meets a fully masked row (no NaN, no uniform average)
 while no real query ever sees a padding key and padding logits never reach
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.batch import PackedBatch
 from seqpack.core.errors import InvalidInput
 from seqpack.hf.architectures import ATTENTION_LAYERS, CHUNKED, INDEXED, Architecture
@@ -42,15 +43,16 @@ MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED, INDEXED)
 MASKS = ("float", "bool")
 
 
+@renamed_kwargs(window="sliding_window")
 def hf_allowed(
-    batch: PackedBatch, window: int | None = None, chunk: int | None = None
+    batch: PackedBatch, sliding_window: int | None = None, chunk: int | None = None
 ) -> np.ndarray:
     """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``.
 
     ``chunk``: keys only in the query's chunk of ``chunk`` positions of its own
     example (Llama 4's ``chunked_attention``, counted from each example's start).
     """
-    allowed = batch.dense_mask(window)
+    allowed = batch.dense_mask(sliding_window)
     if chunk is not None:
         part = batch.positions // chunk  # (R, T)
         allowed &= part[:, :, None] == part[:, None, :]
@@ -59,35 +61,38 @@ def hf_allowed(
     return allowed
 
 
+@renamed_kwargs(window="sliding_window")
 def bool_mask(
     batch: PackedBatch,
     device: torch.device | str | None = None,
-    window: int | None = None,
+    sliding_window: int | None = None,
     chunk: int | None = None,
 ) -> torch.Tensor:
     """:func:`hf_allowed` as a boolean mask ``(R, 1, T, T)``, True = attend (``sdpa`` only)."""
-    return torch.as_tensor(hf_allowed(batch, window, chunk), device=device)[:, None]
+    return torch.as_tensor(hf_allowed(batch, sliding_window, chunk), device=device)[:, None]
 
 
+@renamed_kwargs(window="sliding_window")
 def additive_mask(
     batch: PackedBatch,
     dtype: torch.dtype,
     device: torch.device | str | None = None,
-    window: int | None = None,
+    sliding_window: int | None = None,
     chunk: int | None = None,
 ) -> torch.Tensor:
     """:func:`hf_allowed` as a float additive mask ``(R, 1, T, T)``: 0 or ``finfo(dtype).min``."""
     if not dtype.is_floating_point:
         raise InvalidInput(f"an additive mask needs a floating dtype (the model's), got {dtype}")
-    allowed = bool_mask(batch, device, window, chunk)
+    allowed = bool_mask(batch, device, sliding_window, chunk)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
+@renamed_kwargs(window="sliding_window")
 def block_mask(
     batch: PackedBatch,
     device: torch.device | str | None = None,
-    window: int | None = None,
+    sliding_window: int | None = None,
     chunk: int | None = None,
 ) -> Any:
     """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
@@ -100,7 +105,7 @@ def block_mask(
     positions = t(batch.positions)
     ends = getattr(batch, "node_ends", None)  # a tree batch: ancestor-or-self nodes
     ends = None if ends is None else t(ends)
-    allowed = permission_mod(valid, t(batch.segments), positions, window, ends)
+    allowed = permission_mod(valid, t(batch.segments), positions, sliding_window, ends)
     part = positions // (chunk or (batch.shape[1] + 1))  # one chunk: no chunking
 
     def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:

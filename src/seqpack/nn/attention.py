@@ -3,8 +3,8 @@
 Every backend computes, for each head, ``softmax(q k^T * scale)`` over the
 keys that :func:`seqpack.core.permission.permitted` allows and mixes ``v``;
 an inactive (padding) query gets a zero mixture, never NaN, and no gradient
-reaches padding or another segment. ``window`` (sliding-window attention,
-``None`` = unbounded) limits each query to its last ``window`` positions.
+reaches padding or another segment. ``sliding_window`` (``None`` = unbounded)
+limits each query to its last ``sliding_window`` positions.
 
 Shapes follow ``F.scaled_dot_product_attention``::
 
@@ -18,7 +18,9 @@ and shared by every layer and head. Backends register by name in
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.batch import NO_SEGMENT, PackedBatch
 from seqpack.core.errors import InvalidInput, NotAvailable
 from seqpack.core.permission import check_sliding_window, key_bounds, pairwise
@@ -120,47 +123,51 @@ class AttentionLayout:
             self.cache[key] = build()
         return self.cache[key]
 
-    def key_bounds(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    @renamed_kwargs(window="sliding_window")
+    def key_bounds(self, sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's permitted key columns ``[starts, ends)``, int64 (R, T) (cached)."""
-        window = check_sliding_window(window)
-        if window is None:
+        sliding_window = check_sliding_window(sliding_window)
+        if sliding_window is None:
             return self.key_starts, self.key_ends
 
         def build() -> tuple[torch.Tensor, torch.Tensor]:
             cols = torch.arange(self.shape[1], device=self.valid.device).expand_as(self.positions)
-            return key_bounds(self.valid, self.positions, cols, window)
+            return key_bounds(self.valid, self.positions, cols, sliding_window)
 
-        return self.cached(f"key_bounds:{window}", build)
+        return self.cached(f"key_bounds:{sliding_window}", build)
 
-    def dense_mask(self, window: int | None = None) -> torch.Tensor:
+    @renamed_kwargs(window="sliding_window")
+    def dense_mask(self, sliding_window: int | None = None) -> torch.Tensor:
         """The permission predicate as a bool (R, T, T) mask (cached per window)."""
-        window = check_sliding_window(window)
-        mask = lambda: pairwise(self.valid, self.segments, self.positions, window)  # noqa: E731
-        return self.cached(f"dense_mask:{window}", mask)
+        sliding_window = check_sliding_window(sliding_window)
+        mask = lambda: pairwise(self.valid, self.segments, self.positions, sliding_window)  # noqa: E731
+        return self.cached(f"dense_mask:{sliding_window}", mask)
 
-    def range_mask(self, window: int | None = None) -> torch.Tensor:
+    @renamed_kwargs(window="sliding_window")
+    def range_mask(self, sliding_window: int | None = None) -> torch.Tensor:
         """Key ``k`` inside :meth:`key_bounds` of query ``q``, bool (R, T, T) (cached)."""
-        starts, ends = self.key_bounds(window)
+        starts, ends = self.key_bounds(sliding_window)
 
         def build() -> torch.Tensor:
             keys = torch.arange(self.shape[1], device=self.valid.device)
             return (keys >= starts[:, :, None]) & (keys < ends[:, :, None])
 
-        return self.cached(f"range_mask:{check_sliding_window(window)}", build)
+        return self.cached(f"range_mask:{check_sliding_window(sliding_window)}", build)
 
 
-#: ``fn(q, k, v, layout, scale, window=None) -> out``, all (R, H, T, D); a backend
-#: without windows may omit ``window`` (it is passed only when one is set).
+#: ``fn(q, k, v, layout, scale, sliding_window=None) -> out``, all (R, H, T, D); a backend
+#: without windows may omit ``sliding_window`` (it is passed only when one is set).
 Backend = Callable[..., torch.Tensor]
 
 
+@renamed_kwargs(window="sliding_window")
 def ranges_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Reference: softmax over each query's key range; inactive queries skip softmax.
 
@@ -169,8 +176,8 @@ def ranges_attention(
     gradient), and a query with an empty range is replaced by a zero row
     *before* softmax so no NaN is ever formed.
     """
-    starts, ends = layout.key_bounds(window)
-    inside = layout.range_mask(window)[:, None]  # (R, 1, T, T)
+    starts, ends = layout.key_bounds(sliding_window)
+    inside = layout.range_mask(sliding_window)[:, None]  # (R, 1, T, T)
     active = (ends > starts)[:, None, :, None]  # (R, 1, T, 1)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (R, H, T, T)
     scores = scores.masked_fill(~inside, float("-inf"))
@@ -179,20 +186,21 @@ def ranges_attention(
     return torch.matmul(weights, v)  # (R, H, T, D)
 
 
+@renamed_kwargs(window="sliding_window")
 def dense_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with the boolean (R, 1, T, T) permission mask.
 
     Computes the whole ``R*T^2`` rectangle per head; a query whose mask row
     is all False returns exact zeros (checked in the tests).
     """
-    mask = layout.dense_mask(window)[:, None]
+    mask = layout.dense_mask(sliding_window)[:, None]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out * layout.valid[:, None, :, None]
 
@@ -204,8 +212,37 @@ BACKENDS: dict[str, Backend] = {
 
 
 def register_backend(name: str, fn: Backend) -> None:
-    """Make ``fn`` selectable as ``attention(..., backend=name)``."""
-    BACKENDS[name] = fn
+    """Make ``fn`` selectable as ``attention(..., backend=name)``.
+
+    A backend written for 0.2 declares ``window=``: it is called with that keyword until
+    0.3, with a :class:`DeprecationWarning` here (rename its parameter ``sliding_window``)."""
+    BACKENDS[name] = _called_with_sliding_window(name, fn)
+
+
+def _called_with_sliding_window(name: str, fn: Backend) -> Backend:
+    """``fn`` itself, or, when its signature declares the 0.2 keyword ``window`` (and not
+    ``sliding_window``), ``fn`` called with ``window=`` for ``sliding_window=``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: taken as it is
+        return fn
+    if "window" not in params or "sliding_window" in params:
+        return fn
+    warnings.warn(
+        f"attention backend {name!r} takes window=, which is now sliding_window=; it is"
+        " called with window= until the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+    def backend(*args: Any, sliding_window: int | None = None, **kwargs: Any) -> torch.Tensor:
+        if sliding_window is not None:
+            kwargs["window"] = sliding_window
+        return fn(*args, **kwargs)
+
+    backend.__name__ = backend.__qualname__ = getattr(fn, "__name__", name)
+    backend.__doc__ = fn.__doc__
+    return backend
 
 
 def resolve_backend(name: str) -> Backend:
@@ -216,6 +253,7 @@ def resolve_backend(name: str) -> Backend:
     return BACKENDS[name]
 
 
+@renamed_kwargs(window="sliding_window")
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -223,11 +261,11 @@ def attention(
     batch: PackedBatch | AttentionLayout,
     backend: str = "ranges",
     scale: float | None = None,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Block-causal attention of ``q, k, v`` (R, H, T, D) under ``batch``'s permission.
 
-    ``window``: each query sees at most its last ``window`` positions
+    ``sliding_window``: each query sees at most its last ``sliding_window`` positions
     (``None``: the whole causal prefix of its example).
 
     ``backend``: ``"ranges"`` (reference), ``"dense"``, and, registered by
@@ -254,10 +292,10 @@ def attention(
         )
     fn = resolve_backend(backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    window = check_sliding_window(window)
-    if window is None:  # backends written before windows take (q, k, v, layout, scale)
+    sliding_window = check_sliding_window(sliding_window)
+    if sliding_window is None:  # backends without windows take (q, k, v, layout, scale)
         return fn(q, k, v, layout, scale)
-    return fn(q, k, v, layout, scale, window=window)
+    return fn(q, k, v, layout, scale, sliding_window=sliding_window)
 
 
 __all__ = [

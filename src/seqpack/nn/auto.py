@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import NotAvailable
 from seqpack.nn.attention import BACKENDS, AttentionLayout, register_backend
 from seqpack.nn.flash import check_flash
@@ -32,16 +33,17 @@ def choose_backend(q: torch.Tensor) -> str:
     return "varlen"
 
 
+@renamed_kwargs(window="sliding_window")
 def auto_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Dispatch to :func:`choose_backend`'s pick; ``q, k, v, out`` (R, H, T, D)."""
-    return BACKENDS[choose_backend(q)](q, k, v, layout, scale, window=window)
+    return BACKENDS[choose_backend(q)](q, k, v, layout, scale, sliding_window=sliding_window)
 
 
 register_backend("auto", auto_attention)

@@ -6,7 +6,7 @@ the permission predicate because segments are contiguous and restart at position
 (fixture: ``cu_seqlens = [0, 3, 5, 9]``, ``max_seqlen = 4``). Kernel: ``flash_attn``'s
 ``flash_attn_varlen_func``, else torch's ``varlen_attn`` (>= 2.10); both float16 /
 bfloat16 on CUDA only, anything else :class:`NotAvailable` naming what to use. A
-``window`` is the kernels' ``window_size=(window - 1, 0)``.
+``sliding_window`` is the kernels' ``window_size=(sliding_window - 1, 0)``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import NotAvailable
 from seqpack.nn.attention import AttentionLayout, register_backend
 from seqpack.nn.varlen import as_tokens
@@ -34,7 +35,7 @@ Kernel = Callable[..., Tensor]
 def flash_kernel() -> tuple[str, Kernel]:
     """``(name, fn)`` of the varlen flash kernel on this machine, or :class:`NotAvailable`.
 
-    ``fn(q, k, v, cu_seqlens, max_seqlen, scale, window=None)`` takes tokens
+    ``fn(q, k, v, cu_seqlens, max_seqlen, scale, sliding_window=None)`` takes tokens
     ``(N, H, D)`` and causal segments; returns ``(N, H, D)``.
     """
     if not torch.cuda.is_available():
@@ -45,8 +46,8 @@ def flash_kernel() -> tuple[str, Kernel]:
     if importlib.util.find_spec("flash_attn") is not None:
         from flash_attn import flash_attn_varlen_func
 
-        def flash_attn_kernel(q, k, v, cu, max_len, scale, window=None):  # type: ignore[no-untyped-def]
-            band = {} if window is None else {"window_size": (window - 1, 0)}
+        def flash_attn_kernel(q, k, v, cu, max_len, scale, sliding_window=None):  # type: ignore[no-untyped-def]
+            band = {} if sliding_window is None else {"window_size": (sliding_window - 1, 0)}
             return flash_attn_varlen_func(
                 q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True, **band
             )
@@ -65,15 +66,15 @@ def flash_kernel() -> tuple[str, Kernel]:
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     takes_scale = "scale" in params
 
-    def torch_kernel(q, k, v, cu, max_len, scale, window=None):  # type: ignore[no-untyped-def]
+    def torch_kernel(q, k, v, cu, max_len, scale, sliding_window=None):  # type: ignore[no-untyped-def]
         band = causal
-        if window is not None:
+        if sliding_window is not None:
             if "window_size" not in params:
                 raise NotAvailable(
                     f"torch {torch.__version__} varlen_attn takes no window_size;"
                     " install flash-attn or use backend='varlen' for sliding-window attention"
                 )
-            band = {"window_size": (window - 1, 0)}
+            band = {"window_size": (sliding_window - 1, 0)}
         if takes_scale:
             return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **band)
         q = q * (scale * q.shape[-1] ** 0.5)
@@ -114,13 +115,14 @@ def token_slots(layout: AttentionLayout) -> torch.Tensor:
     return layout.cache["token_slots"]
 
 
+@renamed_kwargs(window="sliding_window")
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Varlen flash attention; ``q, k, v, out`` (R, H, T, D), zeros at padding queries."""
     check_flash(q)
@@ -132,7 +134,9 @@ def flash_attention(
     def tokens(x: torch.Tensor) -> torch.Tensor:  # (R, H, T, D) -> (N, H, D)
         return as_tokens(x).index_select(0, layout.valid_index)
 
-    out = fn(tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale, window)
+    out = fn(
+        tokens(q), tokens(k), tokens(v), layout.cu_seqlens, layout.max_seqlen, scale, sliding_window
+    )
     out = torch.cat([out.new_zeros(1, heads, out.shape[-1]), out]).index_select(
         0, token_slots(layout)
     )  # (R*T, H, D)

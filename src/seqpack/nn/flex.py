@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import NotAvailable
 from seqpack.core.permission import check_sliding_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
@@ -45,18 +46,19 @@ def _compiled_flex() -> Any:
     return torch.compile(_flex_module().flex_attention, dynamic=False, fullgraph=True)
 
 
+@renamed_kwargs(window="sliding_window")
 def permission_mod(
     valid: torch.Tensor,
     segments: torch.Tensor,
     positions: torch.Tensor,
-    window: int | None = None,
+    sliding_window: int | None = None,
     node_ends: torch.Tensor | None = None,
 ) -> Any:
     """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T).
 
     ``segments`` are a tree row's node ids (Euler-tour entry) when ``node_ends`` (each
     cell's node's exit) is given; without it, flat packing's one node per example."""
-    window = check_sliding_window(window)
+    sliding_window = check_sliding_window(sliding_window)
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return permitted(
@@ -66,21 +68,22 @@ def permission_mod(
             segments[b, kv_idx],
             positions[b, q_idx],
             positions[b, kv_idx],
-            window,
+            sliding_window,
             None if node_ends is None else node_ends[b, kv_idx],
         )
 
     return mask_mod
 
 
-def flex_block_mask(layout: AttentionLayout, window: int | None = None) -> Any:
+@renamed_kwargs(window="sliding_window")
+def flex_block_mask(layout: AttentionLayout, sliding_window: int | None = None) -> Any:
     """The layout's permission as a FlexAttention ``BlockMask`` over (R, 1, T, T) (cached)."""
-    window = check_sliding_window(window)
+    sliding_window = check_sliding_window(sliding_window)
     rows, width = layout.shape
-    mod = permission_mod(layout.valid, layout.segments, layout.positions, window)
+    mod = permission_mod(layout.valid, layout.segments, layout.positions, sliding_window)
     create = _flex_module().create_block_mask
     return layout.cached(
-        f"flex_block_mask:{window}",
+        f"flex_block_mask:{sliding_window}",
         lambda: create(mod, rows, None, width, width, device=layout.valid.device),
     )
 
@@ -99,19 +102,20 @@ def check_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+@renamed_kwargs(window="sliding_window")
 def flex_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """FlexAttention over ``flex_block_mask(layout)``; ``q, k, v, out`` (R, H, T, D)."""
     check_flex(q, k, v)
     if not needs_grad(q, k, v):  # FlexAttention refuses CPU inputs that merely require grad
         q, k, v = q.detach(), k.detach(), v.detach()
-    block_mask = flex_block_mask(layout, window)
+    block_mask = flex_block_mask(layout, sliding_window)
     if q.dtype in COMPILED_DTYPES:
         try:
             out = _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import NotAvailable
 from seqpack.core.examples import concat_ranges
 from seqpack.core.loss import check_logits, eligible_nll
@@ -97,20 +98,21 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Tre
     return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
 
 
+@renamed_kwargs(window="sliding_window")
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     plan: TreePlan,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
     groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
     q_index, k_index = plan.gathers()
     return grouped_attention(
-        q, k, v, groups, q_index, k_index, plan.scatter, scale, window, dropout, plan.cache
+        q, k, v, groups, q_index, k_index, plan.scatter, scale, sliding_window, dropout, plan.cache
     )
 
 
@@ -239,13 +241,14 @@ def flash_varlen(device: torch.device) -> Any:
     return flash_attn_varlen_func
 
 
+@renamed_kwargs(window="sliding_window")
 def tree_flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     plan: FlashPlan,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
     dropout: float = 0.0,
     *,
     varlen: Any = None,
@@ -256,7 +259,7 @@ def tree_flash_attention(
     Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at
     padding. Default: one call over gathered keys, each node's queries against
     its path, causal bottom-right (so query ``j`` sits at its own depth) with
-    ``window_size=(window-1, 0)``. ``merge``: no key gathered for the node's own
+    ``window_size=(sliding_window-1, 0)``. ``merge``: no key gathered for the node's own
     block (a causal call over the node spans) plus a non-causal call over its
     ancestors' spans, merged by their log-sum-exps (full attention only;
     flash-attn's backward ignores the log-sum-exp's gradient, so with it the
@@ -272,10 +275,10 @@ def tree_flash_attention(
         )  # fmt: skip
 
     if not merge:
-        left = -1 if window is None else window - 1
+        left = -1 if sliding_window is None else sliding_window - 1
         out = call(plan.keys, plan.cu_q, plan.cu_k, causal=True, window_size=(left, 0))
     else:
-        if window is not None:
+        if sliding_window is not None:
             raise NotAvailable("the two-part merge serves full attention; use merge=False")
         if torch.is_grad_enabled() and q.requires_grad and varlen is not varlen_reference:
             raise NotAvailable(
@@ -297,16 +300,17 @@ def tree_flash_attention(
     return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
 
 
+@renamed_kwargs(window="sliding_window")
 def tree_mask_mod(
     valid: torch.Tensor,
     nodes: torch.Tensor,
     node_ends: torch.Tensor,
     positions: torch.Tensor,
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> Any:
     """:func:`~seqpack.core.permission.permitted` on a tree row as a FlexAttention
     ``mask_mod`` over (R, T): :func:`~seqpack.nn.flex.permission_mod` with node ends."""
-    return permission_mod(valid, nodes, positions, window, node_ends)
+    return permission_mod(valid, nodes, positions, sliding_window, node_ends)
 
 
 def cell_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:

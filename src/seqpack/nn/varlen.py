@@ -13,7 +13,7 @@ flat ``2*6`` cells) under ``exact``::
     group (n=1, L=2): B -> cells [3, 4]
     scatter: cells 5, 10, 11 (padding) read the zero row
 
-A ``window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
+A ``sliding_window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
 :func:`~seqpack.core.permission.permitted`.
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seqpack._renames import renamed_kwargs
 from seqpack.core.errors import InvalidInput
 from seqpack.core.permission import check_sliding_window, permitted
 from seqpack.nn.attention import AttentionLayout, register_backend
@@ -152,16 +153,20 @@ def as_tokens(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[-1])
 
 
-def band_mask(m: int, p: int, window: int | None, device: Any = None) -> torch.Tensor:
+@renamed_kwargs(window="sliding_window")
+def band_mask(m: int, p: int, sliding_window: int | None, device: Any = None) -> torch.Tensor:
     """bool (m, P): :func:`~seqpack.core.permission.permitted` for queries at positions
     ``P-m..P-1`` of one segment (or tree path) against its keys ``0..P-1``."""
     pos_k = torch.arange(p, device=device)
     live = torch.ones(p, dtype=torch.bool, device=device)
     node = torch.zeros(p, dtype=torch.int64, device=device)
     q = slice(p - m, None)
-    return permitted(live[q, None], live, node[q, None], node, pos_k[q, None], pos_k, window)
+    return permitted(
+        live[q, None], live, node[q, None], node, pos_k[q, None], pos_k, sliding_window
+    )
 
 
+@renamed_kwargs(window="sliding_window")
 def grouped_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -171,7 +176,7 @@ def grouped_attention(
     k_index: torch.Tensor,
     scatter: torch.Tensor,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
     dropout: float = 0.0,
     masks: dict | None = None,
 ) -> torch.Tensor:
@@ -182,7 +187,7 @@ def grouped_attention(
     (grouped-query attention); returns ``(N, H, Dv)``, cell ``i`` reading output slot
     ``scatter[i]`` (0: the zero row). ``masks`` caches the band masks.
     """
-    window = check_sliding_window(window)
+    sliding_window = check_sliding_window(sliding_window)
     heads, dim_v = q.shape[1], v.shape[-1]
     gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
     masks = {} if masks is None else masks
@@ -194,10 +199,10 @@ def grouped_attention(
         qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
         kg, vg = (x.view(n, p, x.shape[1], -1).transpose(1, 2) for x in (kg, vg))  # (n, Hkv, P, D)
         mask: dict[str, Any] = {"is_causal": True}  # a whole segment (or root node)
-        if m != p or (window is not None and p > window):
-            key = (m, p, window, q.device)
+        if m != p or (sliding_window is not None and p > sliding_window):
+            key = (m, p, sliding_window, q.device)
             if key not in masks:
-                masks[key] = band_mask(m, p, window, q.device)
+                masks[key] = band_mask(m, p, sliding_window, q.device)
             mask = {"attn_mask": masks[key]}
         o = F.scaled_dot_product_attention(
             qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
@@ -206,23 +211,25 @@ def grouped_attention(
     return torch.cat(outs).index_select(0, scatter)
 
 
+@renamed_kwargs(window="sliding_window")
 def segment_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     plan: VarlenPlan,
     scale: float,
-    window: int | None = None,
+    sliding_window: int | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention inside each segment of ``plan``, over tokens: :func:`grouped_attention`
     with ``m = P = L``. ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D); returns ``(N, H, Dv)``."""
     groups = [(n, size, size) for n, size in plan.groups]
     return grouped_attention(
-        q, k, v, groups, plan.gather, plan.gather, plan.scatter, scale, window, dropout
+        q, k, v, groups, plan.gather, plan.gather, plan.scatter, scale, sliding_window, dropout
     )
 
 
+@renamed_kwargs(window="sliding_window")
 def varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -230,13 +237,13 @@ def varlen_attention(
     layout: AttentionLayout,
     scale: float,
     bucketing: str = "exact",
-    window: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Block-causal attention computed per segment group; ``q, k, v, out`` (R, H, T, D)."""
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
 
-    out = segment_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, window)
+    out = segment_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, sliding_window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 
 
