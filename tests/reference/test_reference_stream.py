@@ -171,7 +171,7 @@ def stream_datasets(draw):
         else:
             docs.append(ids)
     settings_ = {
-        "capacity": capacity,
+        "max_length": capacity,
         "cut_long": split,
         "rows_per_micro_batch": draw(st.integers(1, 3)),
         "micro_batches": draw(st.integers(1, 2)),
@@ -200,9 +200,9 @@ def reference_examples(docs, capacity):
 
 def reference_slots(docs, s, rank):
     """Per scheduled call of ``rank``: (step, micro, global rows, step eligible, placements)."""
-    examples = reference_examples(docs, s["capacity"])
+    examples = reference_examples(docs, s["max_length"])
     lengths = [len(w) - 1 for _, _, w, _ in examples]
-    plan = stream_plan(lengths, s["capacity"], s["lookahead"], s["max_open_rows"], s["seed"])
+    plan = stream_plan(lengths, s["max_length"], s["lookahead"], s["max_open_rows"], s["seed"])
     rows: dict[int, list[tuple[int, int]]] = {}
     for e, r, start in plan:
         rows.setdefault(r, []).append((e, start))
@@ -245,13 +245,13 @@ def test_stream_dataset_yields_the_reference_schedule_and_cells(case):
             assert (slot.step, slot.rank, slot.micro, slot.index) == (step, rank, micro, index)
             assert list(slot.rows) == members and slot.step_eligible == eligible
             batch = item.batch
-            assert batch.shape == (len(members), s["capacity"])
+            assert batch.shape == (len(members), s["max_length"])
             placed = [
                 Placed(e, local, start, start + lengths[e], examples[e][2], examples[e][3])
                 for local, r in enumerate(members)
                 for e, start in rows[r]
             ]
-            layout = Layout.build(placed, len(members), s["capacity"])
+            layout = Layout.build(placed, len(members), s["max_length"])
             for name, cells in layout.cells().items():
                 assert getattr(batch, name).tolist() == cells, name
             occ = batch.occurrences
@@ -315,7 +315,7 @@ def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factor
     docs, s = case
     docs = [file_record(i, d) for i, d in enumerate(docs)]
     want = {}
-    for sid, start, window, flags in reference_examples(docs, s["capacity"]):
+    for sid, start, window, flags in reference_examples(docs, s["max_length"]):
         want[(sid, start)] = (window, flags)
     streamed = {}
     for rank in range(s["world_size"]):
@@ -324,7 +324,7 @@ def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factor
     assert streamed == want
     path = tmp_path_factory.mktemp("stream-vs-file")
     (path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    pack_path(path / "d.jsonl", path / "out", capacity=s["capacity"],
+    pack_path(path / "d.jsonl", path / "out", capacity=s["max_length"],
               cut_long=s["cut_long"], vocab_size=BINDING.vocab_size)  # fmt: skip
     packed = {}
     for batch in load_packed(path / "out"):

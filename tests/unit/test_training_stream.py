@@ -45,7 +45,7 @@ def reference_batches(docs, capacity, per_call, split=False):
 
 
 def make(docs, **kw):
-    args = {"binding": BINDING, "capacity": 10, "rows_per_micro_batch": 3, "read_chunk": 7}
+    args = {"binding": BINDING, "max_length": 10, "rows_per_micro_batch": 3, "read_chunk": 7}
     return StreamDataset(docs, **(args | PACKER | kw))
 
 
@@ -112,7 +112,7 @@ def test_ranks_get_equal_slots_and_all_rows_once_with_step_counts():
 def test_text_and_mapping_documents_and_errors():
     tok = ByteTokenizer()
     texts = ["hello", "packed rows", "x y"]
-    items = [item.batch for item in make(texts, tokenizer=tok, capacity=16)]
+    items = [item.batch for item in make(texts, tokenizer=tok, max_length=16)]
     got = recovered_examples(items)
     assert [got[i]["tokens"] for i in range(3)] == [tok.encode(t).tolist() for t in texts]
     labels = [-100, -100, 5, 6]
