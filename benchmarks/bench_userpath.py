@@ -265,6 +265,21 @@ def run_workload(
     return rows
 
 
+def first_calls(names: list[str], processes: int, repeats: int) -> None:
+    """Path 1 for seqpack's format and TRL's, in ``processes`` fresh processes each: every
+    first call (from the import) against the warm median of its own process, and the median
+    of those ratios (a single first call varies with the OS's first huge pages)."""
+    print("| path | workload | first (warm) s, one per fresh process | median first / warm |")
+    print("|---|---|---|---:|")
+    for name in names:
+        for tool, path in (("seqpack", "pack_dataset"), ("seqpack-trl", "format='trl'")):
+            runs = [in_memory(name, tool, repeats) for _ in range(processes)]
+            pairs = ", ".join(f"{r['seconds']:.2f} ({r['warm_seconds']:.2f})" for r in runs)
+            ratio = statistics.median(r["seconds"] / r["warm_seconds"] for r in runs)
+            print(f"| {path} | {name} | {pairs} | {ratio:.2f}x |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.2f}")
+
+
 def _median(repeats: int, run) -> dict:
     """The run of median wall time among ``repeats`` fresh runs (the machine is shared: one
     run can land on a busy second), with the largest peak RSS of them all."""
@@ -418,10 +433,15 @@ def main() -> None:
     parser.add_argument("--trl-text", default="20,100", help="sizes TRL packs too")
     parser.add_argument("--no-tokenizers", action="store_true",
                         help="skip the tokenizer loads (file, folders)")  # fmt: skip
+    parser.add_argument("--first-calls", type=int, metavar="N",
+                        help="path 1 only, N processes a tool: median first/warm")  # fmt: skip
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child_in_memory(args.child[0], args.child[1], int(args.child[2]))))
+        return
+    if args.first_calls:
+        first_calls(args.workloads.split(","), args.first_calls, args.repeats)
         return
     sizes = [20.0] if args.quick else [float(x) for x in args.text.split(",") if x]
     trl_sizes = {float(x) for x in args.trl_text.split(",") if x}
