@@ -1,12 +1,6 @@
-"""Source documents as flat arrays, where they came from, and the binding they get.
-
-:class:`TokenChunk` is what a reader makes of one bounded chunk of input
-(views of Arrow buffers where it can, no copy); :class:`Documents` is a
-whole input in memory before a binding is attached: tokens ``int32 [Σn]``,
-offsets ``int64 [k+1]``, one loss flag per target, ids. :class:`Origin`
-names a row in errors (``file line 7``); :class:`DataDigest` computes the
-split receipt chunk by chunk.
-"""
+"""Source documents as flat arrays (:class:`TokenChunk` a read chunk, :class:`Documents` a
+whole input), where they came from (:class:`Origin`), their split receipt
+(:class:`DataDigest`) and the binding they get."""
 
 from __future__ import annotations
 
@@ -30,11 +24,8 @@ from seqpack.io.tokenizers import Tokenizer
 @dataclass(frozen=True)
 class Origin:
     """Where rows came from, to name them in errors: ``parts`` = (file, first row, unit).
-
-    Row ``r`` belongs to the last part whose first row is ``<= r``; a unit of
-    ``"line"`` names the file line (blank lines skipped), ``"text line"`` the line of a
-    text file (every line a row), ``"row"`` the row.
-    """
+    Row ``r`` is in the last part whose first row is ``<= r``; unit ``"line"`` names the
+    file line (blanks skipped), ``"text line"`` a text file's line, ``"row"`` the row."""
 
     parts: tuple[tuple[str, int, str], ...]
 
@@ -75,16 +66,11 @@ def _line_of(path: Path, record: int) -> int:
 
 @dataclass(frozen=True, eq=False)
 class TokenChunk:
-    """Checked documents of one read chunk, as views of the reader's buffers.
-
-    ``tokens`` int32 or int64 [T] (ids checked to lie in ``[0, 2**31)``),
-    ``offsets`` int64 [k+1] from 0 (document ``i`` is
-    ``tokens[offsets[i]:offsets[i+1]]``), ``flags`` bool [T - k] (one per
-    target) or None when every target is supervised, ``ids`` an Arrow string
-    array [k] or None when the input has no ids (the row numbers are).
-    ``origin`` names row 0 of the chunk; ``first_row`` is its global row;
-    ``largest`` is the largest id (-1: not known).
-    """
+    """Checked documents of one read chunk, as views of the reader's buffers: ``tokens``
+    int32 or int64 [T] (ids in ``[0, 2**31)``), ``offsets`` int64 [k+1] from 0, ``flags``
+    bool [T - k] (one per target; None: all supervised), ``ids`` an Arrow string array [k]
+    (None: the row numbers); ``origin`` names row 0, ``first_row`` is its global row and
+    ``largest`` the largest id (-1: not known)."""
 
     tokens: np.ndarray
     offsets: np.ndarray
@@ -169,11 +155,8 @@ class DataDigest:
 
 @dataclass(frozen=True, eq=False)
 class Documents:
-    """Source documents as flat arrays, before a binding is attached.
-
-    ``tokens`` int32 [Σn], ``offsets`` int64 [k+1], ``loss_mask`` bool
-    [Σ(n-1)] (one flag per target), ``ids`` str [k].
-    """
+    """Source documents before a binding is attached: ``tokens`` int32 [Σn], ``offsets``
+    int64 [k+1], ``loss_mask`` bool [Σ(n-1)] (one flag per target), ``ids`` str [k]."""
 
     tokens: np.ndarray
     offsets: np.ndarray
@@ -244,11 +227,8 @@ def make_binding(
     tokenizer_id: str | None = None,
     split_id: str | None = None,
 ) -> Binding:
-    """The binding of a read: vocabulary from ``vocab_size`` or the tokenizer.
-
-    ``vocab_size`` may exceed the tokenizer's (a model's padded embedding)
-    but not fall below it. ``split_id`` defaults to ``receipt()``.
-    """
+    """The binding of a read: vocabulary from ``vocab_size`` (at least the tokenizer's) or
+    the tokenizer; ``split_id`` defaults to ``receipt()``."""
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
             "no --tokenizer given: text input needs --tokenizer (bytes or a local tokenizer"

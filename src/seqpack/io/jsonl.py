@@ -98,10 +98,8 @@ def too_deep(where: str) -> InvalidInput:
 
 
 def check_line(path: Path, line: bytes, number: int, hook: Any = None) -> dict[str, Any] | None:
-    """Exact check of one line: blank (None), or one object nested at most
-    :data:`MAX_JSON_DEPTH` deep (returned); anything else raises :class:`InvalidInput`.
-    ``hook``: the json module's ``object_pairs_hook`` (:func:`unique_keys` refuses a key
-    twice)."""
+    """One line exactly: None if blank, else the object (nested at most
+    :data:`MAX_JSON_DEPTH` deep) or :class:`InvalidInput`; ``hook``: ``object_pairs_hook``."""
     where = f"{path} line {number}"
     text = line.strip(JSON_SPACE)
     if number == 1 and text.startswith(b"\xef\xbb\xbf"):
@@ -142,14 +140,10 @@ def _check_utf8(path: Path, block: memoryview, data: np.ndarray, first_line: int
 def scan_block(
     path: Path, block: memoryview, first_line: int, names: set[str], max_keys: int
 ) -> tuple[int, int, set[str]]:
-    """Check every line of ``block`` (whole lines) starting at line ``first_line``.
-
-    msgspec checks that a line is one JSON object; a line it refuses, or one with
-    more opening brackets (strings included) than :data:`MAX_JSON_DEPTH`, is checked
-    exactly by :func:`check_line`. ``names``, the file's top-level keys so far, takes
-    this block's; more than ``max_keys`` of them is refused at the line that passed the
-    bound. Returns ``(records, newlines, keys)``: the lines that hold an object, the
-    newlines in the block and the block's distinct keys.
+    """Check every line of ``block`` (whole lines, from line ``first_line``): msgspec, or
+    :func:`check_line` for a line it refuses or with over :data:`MAX_JSON_DEPTH` brackets.
+    ``names`` (the file's keys so far) takes the block's; over ``max_keys`` is refused.
+    Returns ``(records, newlines, keys)``: object lines, newlines, the block's keys.
     """
     data = np.frombuffer(block, dtype=np.uint8)
     _check_utf8(path, block, data, first_line)
@@ -234,12 +228,9 @@ def check_record(
             continue
         if kind == "invalid":
             value = obj[key]
-            if key == "id":
-                shape = "a string or an integer"
-            elif isinstance(value, list):
-                shape = _JSON_ITEMS[key]
-            else:
-                shape = f"a list of {_JSON_ITEMS[key]}"
+            shape = _JSON_ITEMS.get(key, "a string or an integer")
+            if key != "id" and not isinstance(value, list):
+                shape = f"a list of {shape}"
             got = excerpt(value)
             return InvalidInput(f"{where}: {key} must be {shape}, got {got} — {_FIXES[key]}")
         if seen.setdefault(key, kind) != kind:
@@ -333,12 +324,8 @@ def duplicate_row(data: bytes, key: str) -> str:
 
 
 def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[memoryview]:
-    """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline).
-
-    A line longer than a read is collected in a list and joined once, so
-    reading is linear in the file size whatever the lines look like; a line
-    over :data:`MAX_LINE_BYTES` is refused before it is buffered further.
-    """
+    """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline),
+    linear in the file size; a line over :data:`MAX_LINE_BYTES` is refused."""
     carry: list[bytes] = []
     carried = 0
     line = 1
@@ -374,14 +361,9 @@ def file_lines(f: BinaryIO | InputStream, path: Path) -> Iterator[bytes]:
 
 
 def _parse(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
-    """One scanned block as an Arrow table (the whole block in one Arrow block, so a
-    column's type is inferred from all of its lines).
-
-    When Arrow refuses a block the json module finds nothing wrong with (a column
-    seqpack does not read holding numbers in some lines and strings in others), the
-    block is read line by line instead and such a column is kept as nulls: it is
-    never read, and its name still reaches the column checks.
-    """
+    """One scanned block as an Arrow table (types inferred from all its lines). A block
+    Arrow refuses but the json module does not is read by :func:`_parse_lines`: a
+    column not in ``used`` with mixed types is kept as nulls (its name still checked)."""
     try:
         table = pajson.read_json(
             pa.BufferReader(pa.py_buffer(block)),
@@ -467,16 +449,11 @@ def iter_jsonl(
     used: Collection[str] = (),
     limits: ReadLimits | None = None,
 ) -> Iterator[tuple[pa.Table, int]]:
-    """The JSON Lines file ``f`` (named ``path``) as Arrow tables of about ``chunk_bytes``
-    of input each: ``(table, bytes consumed)``; one row per non-blank line. ``used``:
-    the columns the caller reads (one of them with mixed types is an error; any other
-    such column is read as nulls).
-
-    Blocks of blank lines give an empty table. Raises :class:`InvalidInput` naming
-    the first bad line, and before Arrow parses a block whose keys pass
-    ``limits.json_keys`` distinct keys in the file or would make more null cells
-    than the block has bytes four times over.
-    """
+    """The JSON Lines file ``f`` (named ``path``) as ``(table, bytes consumed)`` of about
+    ``chunk_bytes`` each, one row per non-blank line (blank blocks: an empty table).
+    ``used``: the columns read (mixed types there are an error; elsewhere, nulls).
+    :class:`InvalidInput` names the first bad line; a block is refused before Arrow
+    parses it past ``limits.json_keys`` keys or 4 null cells a byte."""
     limits = limits or ReadLimits()
     line = 1
     kinds: dict[str, str] = {}

@@ -1,27 +1,13 @@
 """SFT text rows tokenized as TRL 1.16's ``SFTTrainer`` does: prompt-completion and chats.
 
-What is trained follows TRL's two ``SFTConfig`` switches, with TRL's names and
-defaults (:class:`~seqpack.core.supervision.Objective`). Rows without
-``input_ids`` may hold, instead of ``text``:
-
-- ``prompt`` / ``completion`` strings: the tokens of ``prompt + completion`` (the
-  completion ends with the tokenizer's EOS token, appended as text when it does
-  not), supervised from where they stop agreeing with the tokens of ``prompt``
-  alone (``completion_only_loss`` None or True), every token when it is False;
-  ``assistant_only_loss=True`` is refused (not conversational);
-- ``prompt`` / ``completion`` lists of ``{role, content}`` messages: the chat
-  template renders the prompt with the generation prompt and the whole
-  conversation; the completion is supervised, and with ``assistant_only_loss``
-  only the tokens inside ``{% generation %}`` blocks too;
-- ``messages`` (or ShareGPT's ``conversations`` with ``from`` / ``value``): the
-  rendered conversation, every token supervised by default, only those inside
-  ``{% generation %}`` … ``{% endgeneration %}`` with ``assistant_only_loss``.
-
-Markers are required (TRL's reason) only where ``assistant_only_loss`` needs them; a
-row left with nothing to train is refused naming it. Chats render through the
+Rows without ``input_ids`` may hold, instead of ``text``: ``prompt`` / ``completion``
+strings or lists of ``{role, content}`` messages, or ``messages`` (ShareGPT's
+``conversations`` with ``from`` / ``value``). What is trained follows TRL's
+``assistant_only_loss`` and ``completion_only_loss``
+(:class:`~seqpack.core.supervision.Objective`), as the table in docs/datasets.md says;
+a row left with nothing to train is refused naming it. Chats render through the
 tokenizer's own ``apply_chat_template`` inside :func:`seqpack.io.templates.bounded`,
-with each row's ``tools`` and ``chat_template_kwargs`` (template variables only) as
-in TRL.
+with each row's ``tools`` and ``chat_template_kwargs`` (template variables only).
 
 :func:`encode_sft` returns tokens ``int32 [Σn]``, offsets ``int64 [k+1]`` and one
 supervision flag per token ``bool [Σn]``: for the prompt ``"2+2="`` and
@@ -182,26 +168,23 @@ def _chat_rows(
             " gives one for the models TRL knows), or drop --assistant-only-loss to train the"
             " whole conversation"
         )
-    if name is not None:
+    if name is None:
+        prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
+        chats = [p + c for p, c in zip(prompts, completions, strict=True)]
+    else:
         chats = _chats(table, name, origin)
-        extras = template_extras(table, origin)
-        whole = render(backend, template, chats, extras, origin,
-                       return_assistant_tokens_mask=assistant)  # fmt: skip
-        ids = [e["input_ids"] for e in whole]
-        if assistant:
-            return ids, [e["assistant_masks"] for e in whole]
-        return ids, [np.ones(x.shape[0], dtype=bool) for x in ids]
-    prompts, completions = _chats(table, "prompt", origin), _chats(table, "completion", origin)
     extras = template_extras(table, origin)
-    heads = render(backend, template, prompts, extras, origin, add_generation_prompt=True)
-    chats = [p + c for p, c in zip(prompts, completions, strict=True)]
+    if name is None:
+        heads = render(backend, template, prompts, extras, origin, add_generation_prompt=True)
     whole = render(backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant)
-    completion_only = objective.completion_only(True)
-    ids, masks = [], []
-    for head, full in zip(heads, whole, strict=True):
-        mask = _after_prefix(head["input_ids"], full["input_ids"], completion_only)
-        ids.append(full["input_ids"])
-        masks.append(mask & full["assistant_masks"] if assistant else mask)
+    ids = [e["input_ids"] for e in whole]
+    if name is None:
+        only = objective.completion_only(True)
+        masks = [_after_prefix(h["input_ids"], x, only) for h, x in zip(heads, ids, strict=True)]
+    else:
+        masks = [np.ones(x.shape[0], dtype=bool) for x in ids]
+    if assistant:
+        masks = [m & e["assistant_masks"] for m, e in zip(masks, whole, strict=True)]
     return ids, masks
 
 

@@ -1,23 +1,15 @@
 """Chat templates rendered under limits: a sandbox with a step, time and size bound.
 
-A chat template is code from the tokenizer folder (or ``--chat-template``).
-:func:`bounded` compiles it in :class:`BoundedEnvironment`, a subclass of
-transformers' ``ImmutableSandboxedEnvironment`` with transformers' own settings,
-filters, globals and ``{% generation %}`` extension, and hands it to
-transformers' ``apply_chat_template`` for seqpack's own calls only, so the tokens
-are exactly transformers' (and TRL's). Per rendered conversation:
-
-- at most :data:`MAX_STEPS` steps (a loop iteration, a call, an attribute or item
-  lookup; a ``range(n)`` counts ``n``) and :data:`MAX_SECONDS` seconds;
-- no value or output longer than :data:`MAX_CHARS` characters: ``*``, ``+``,
-  ``%``, ``~``, ``**``, ``join`` and ``replace`` are sized *before* they allocate;
-  an integer argument above the bound to a callable that sizes its result with
-  it (``center``, ``indent``, ``ljust``, a format width) is refused; every buffer
-  (``{% set %}`` blocks, macros, generation bodies) is sized before it is joined.
-
-Exceeding a limit is :class:`TemplateLimit` (an ``InvalidInput``) naming the
-template and the limit. The budget lives in a context variable, so renders in
-other threads or tasks keep their own.
+:func:`bounded` compiles a template in :class:`BoundedEnvironment` (transformers'
+``ImmutableSandboxedEnvironment`` with transformers' own settings, filters, globals and
+``{% generation %}`` extension) and has transformers' ``apply_chat_template`` use it for
+seqpack's calls only, so the tokens are exactly transformers'. Per conversation: at most
+:data:`MAX_STEPS` steps (a loop iteration, call or lookup; ``range(n)`` counts ``n``),
+:data:`MAX_SECONDS` seconds, and no value or output over :data:`MAX_CHARS` characters
+(``*``, ``+``, ``%``, ``~``, ``**``, ``join``, ``replace`` and buffers are sized before
+they allocate; a :data:`SIZED` callable's integer argument over it is refused).
+Exceeding one raises :class:`TemplateLimit` naming the template; the budget is a
+context variable, so other threads and tasks keep their own.
 """
 
 from __future__ import annotations

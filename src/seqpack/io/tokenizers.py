@@ -8,16 +8,13 @@ The built-in tokenizer is the fixture's 266-entry vocabulary::
     encode("hi") = [0, 114, 115, 1]      ('h' = 104, 'i' = 105)
 
 Every document is ``[BOS, bytes..., EOS]``: ``b`` UTF-8 bytes give ``b + 2``
-tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted
-(packed rows mark empty cells with ``PAD_CELL = -1``).
+tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted.
 
-:func:`load_tokenizer` loads any ``tokenizers`` (``tokenizer.json``) or
-``transformers`` tokenizer saved on disk: nothing downloaded, no folder's code run,
-every file a regular file of bounded size (transformers is imported only when needed:
-:func:`open_folder`). Truncation and padding are turned off on seqpack's copy (with a
-warning); a post-processor adding more than BOS/EOS is refused. Every tokenizer has
-``identity`` (the Binding's ``tokenizer_id``), ``vocab_size`` and
-``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
+:func:`load_tokenizer` loads a ``tokenizers`` or ``transformers`` tokenizer saved on disk
+(nothing downloaded, no folder's code run, every file regular and bounded); truncation
+and padding are turned off (with a warning), a post-processor adding more than BOS/EOS
+is refused. Every tokenizer has ``identity`` (the Binding's ``tokenizer_id``),
+``vocab_size`` and ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
 """
 
 from __future__ import annotations
@@ -96,9 +93,8 @@ class ByteTokenizer:
         return self.encode_utf8(np.frombuffer(b"".join(raw), dtype=np.uint8), offsets_of(lengths))
 
     def encode_utf8(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised core: UTF-8 ``data`` uint8 [B] split by ``offsets`` int64 [k+1]; text
-        ``i`` is ``data[offsets[i]:offsets[i+1]]``, its tokens
-        ``out[out_offsets[i]:out_offsets[i+1]]``. No Python loop per text or byte."""
+        """UTF-8 ``data`` uint8 [B] split by ``offsets`` int64 [k+1] -> tokens int32 and
+        their offsets int64 [k+1], with no Python loop per text or byte."""
         offsets = np.asarray(offsets, dtype=np.int64)
         base = offsets[0]
         out_offsets = offsets - base + 2 * np.arange(offsets.shape[0], dtype=np.int64)
@@ -224,13 +220,9 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
 
 
 def open_folder(path: Path) -> tuple[Any, str, int, Any]:
-    """The tokenizer saved in ``path`` (a folder with ``tokenizer_config.json``): its
-    transformers backend (:class:`LazyTransformers` when read directly), identity,
-    vocabulary size and the Rust tokenizer read directly (None otherwise).
-
-    Read directly when transformers would use ``tokenizer.json`` as it is; any other
-    folder, from its second load on, from the Rust tokenizer transformers built from it,
-    kept under ``~/.cache/seqpack/tokenizers`` (:func:`remembered_file`)."""
+    """The tokenizer saved in folder ``path``: its transformers backend (lazy when its
+    ``tokenizer.json`` is read directly, :func:`_direct`, or remembered,
+    :func:`remembered_file`), identity, vocabulary size and the direct Rust tokenizer."""
     for name in (*TOKENIZER_FILES, *SLOW_FILES):
         if (path / name).exists():
             checked_file(path / name, MAX_TEMPLATE_FILE if name.endswith(".jinja") else
@@ -376,9 +368,8 @@ def _same(value: Any) -> Any:
 
 
 class LazyTransformers:
-    """A folder's transformers tokenizer, loaded on first use of anything but what packing
-    text needs (``pad_token_id``, ``eos_token``, ``is_fast``); pickled loaded (a Ray
-    worker gets the tokenizer, not a path it may not see)."""
+    """A folder's transformers tokenizer, loaded on first use of anything but
+    ``pad_token_id``, ``eos_token`` and ``is_fast``; pickled loaded."""
 
     is_fast = True
     split_special_tokens = False
@@ -447,9 +438,8 @@ def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarra
 
 
 def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
-    """The ``tokenizers.Tokenizer`` that does the work (a ``tokenizers`` backend as it is,
-    or a fast transformers tokenizer's own backend, copied, with truncation and padding
-    off), or None."""
+    """The ``tokenizers.Tokenizer`` that does the work (a fast transformers tokenizer's is
+    copied, truncation and padding off), or None."""
     if kind == "tokenizers":
         return backend
     fast = getattr(backend, "is_fast", False)
@@ -475,12 +465,8 @@ def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
 
 
 class HFTokenizer:
-    """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer loaded from a local path.
-
-    A Rust tokenizer (a ``tokenizer.json``, or a fast transformers tokenizer's
-    backend) encodes with ``encode_batch_fast`` where it exists (no character
-    offsets), parallel across all cores; ids are copied out in one C-level pass.
-    """
+    """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer (its Rust backend encodes
+    when it has one, with ``encode_batch_fast`` where it exists)."""
 
     #: The chat template to render conversations with (``--chat-template``); None: the
     #: transformers tokenizer's own.
@@ -531,9 +517,8 @@ class HFTokenizer:
             self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat ids int32 [Σn] and offsets int64 [k+1], encoded in batches of about
-        :data:`ENCODE_BATCH` characters (the tokenizer's own per-token records live for
-        one batch at a time)."""
+        """Flat ids int32 [Σn] and offsets int64 [k+1], in batches of about
+        :data:`ENCODE_BATCH` characters."""
         texts = list(texts)
         spans = text_spans(texts, ENCODE_BATCH)
         parts = []

@@ -10,16 +10,9 @@ One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
                                 first token (no pair of the example predicts it)
     seq_lengths   list<int32>   [K] tokens per example (TRL 1.16's meaning)
 
-This is what TRL 1.16's own pipeline stores: ``trl.pack_dataset(strategy="bfd")``
-returns ``input_ids`` + ``seq_lengths`` (+ the input's other list columns), and
-``SFTTrainer`` packs ``input_ids`` + ``labels`` after folding ``completion_mask`` /
-``assistant_masks`` into ``labels`` (then dropping them). Its collator,
-``DataCollatorForLanguageModeling``, derives ``position_ids`` from ``seq_lengths``,
-takes ``labels`` when the row has them (``input_ids`` otherwise) and sets -100 where a
-position is 0, so rows without ``labels`` train every pair, exactly as the stored
-labels did. ``labels`` are int64 because a loss indexes with them (``cross_entropy``
-and TRL's fused head need int64 targets, and ``with_format("torch")`` hands the
-stored type on); ids are int32, as ``datasets`` stores a tokenizer's output.
+This is TRL 1.16's own stored form (``trl.pack_dataset``; ``SFTTrainer`` folds its masks
+into ``labels``); its collator derives ``position_ids`` from ``seq_lengths`` and trains
+every pair of a row without ``labels`` (rationale: docs/design-notes.md).
 Capacity counts tokens (TRL's ``max_length``), not seqpack's prediction pairs. For
 the fixture A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1] at capacity 7,
 next-fit::
@@ -28,11 +21,9 @@ next-fit::
     seq_lengths   [[4, 3], [5]]
     (positions    [[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4]]  derived by the collator)
 
-Version 1 (still read) stored ``labels`` for every output and ``position_ids``
-(``0..n_i-1`` per example) after ``seq_lengths``. A packed directory in this format
-holds these Parquet shards (readable by ``datasets.load_dataset("parquet",
-data_files=...)``) and a ``manifest.json`` of format :data:`TRL_FORMAT`, with the same
-atomic publication, sizes and sha256 as seqpack's own format.
+Version 1 (still read) also stored ``labels`` always and ``position_ids`` (``0..n_i-1``
+per example). A directory holds these Parquet shards and a ``manifest.json`` of format
+:data:`TRL_FORMAT` (published, sized and hashed as seqpack's own format).
 """
 
 from __future__ import annotations
