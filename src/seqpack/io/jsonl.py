@@ -1,12 +1,9 @@
 """JSON Lines (and JSON array) files as Arrow tables, chunk by chunk, with errors by line.
 
-:func:`iter_jsonl` reads a file in blocks of whole lines and scans every block
-before Arrow's JSON reader (not safe on hostile bytes: docs/design-notes.md) sees
-it (:func:`scan_block`): UTF-8, one JSON object per line, nested at most
-:data:`MAX_JSON_DEPTH` deep. When Arrow still refuses a block, or a column has the
-wrong type, :func:`first_bad_line` reads the lines again with the json module
-(duplicate keys refused, column types checked by :func:`check_record`) to name
-the first bad one::
+:func:`iter_jsonl` reads whole lines in blocks; :func:`scan_block` checks each (UTF-8,
+one JSON object a line, at most :data:`MAX_JSON_DEPTH` deep) before Arrow's JSON reader,
+unsafe on hostile bytes, sees it. Where Arrow refuses a block or a column has the wrong
+type, :func:`first_bad_line` names the first bad line (the json module)::
 
     {"input_ids": [0, 5, 1]}            msgspec: one object, 2 brackets <= 64
     {"text": "[[[[ ... [[[["}           65+ brackets: the json module measures the depth
@@ -51,9 +48,6 @@ JSON_SPACE = b" \t\r\n"
 _UTF8_PIECE = 1 << 22
 #: One line as one object, its values checked as JSON but not decoded.
 _RECORD = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-# ---------------------------------------------------------------- the scan before Arrow
 
 
 def depth(value: Any) -> int:
@@ -122,8 +116,7 @@ def check_line(path: Path, line: bytes, number: int, hook: Any = None) -> dict[s
 
 
 def _check_utf8(path: Path, block: memoryview, data: np.ndarray, first_line: int) -> None:
-    """Refuse bytes that are not UTF-8 (Arrow takes them into column names; msgspec does
-    not look inside the values it leaves undecoded)."""
+    """Refuse bytes that are not UTF-8 (neither Arrow nor msgspec's raw values check)."""
     if not data.size or int(data.max()) < 0x80:
         return
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -173,8 +166,6 @@ def scan_block(
     names.update(keys)
     return records, int(breaks.shape[0]), keys
 
-
-# ---------------------------------------------------------------- one record, exactly
 
 #: What each column's list items must be in a JSON line, and the fix, for error messages.
 _JSON_ITEMS = {
@@ -242,8 +233,7 @@ def check_record(
 
 
 def first_bad_line(path: Path) -> InvalidInput | None:
-    """The first line of a JSON Lines file the json module finds wrong, or None (also when
-    the file cannot be read again: standard input)."""
+    """The first line the json module finds wrong, or None (also if it cannot be reread)."""
     stream = reopen(path)
     if stream is None:
         return None
@@ -274,8 +264,7 @@ def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> Invalid
 
 
 def lone_surrogate(obj: dict[str, Any]) -> str | None:
-    """The first field whose decoded strings hold a surrogate code point, or None (a valid
-    escaped pair decodes to one character, so any surrogate left is unpaired)."""
+    """The first key (``repr``) whose field holds an unpaired surrogate, or None."""
     for key, value in obj.items():
         text = json.dumps([key, value], ensure_ascii=False)
         if any("\ud800" <= ch <= "\udfff" for ch in text):
@@ -318,9 +307,6 @@ def duplicate_row(data: bytes, key: str) -> str:
             elif isinstance(item, list):
                 stack.extend(item)
     return ""
-
-
-# ---------------------------------------------------------------- blocks of lines
 
 
 def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[memoryview]:
@@ -522,8 +508,7 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
 
 
 def read_jsonl(path: str | Path, chunk_bytes: int = 1 << 25) -> pa.Table:
-    """A whole JSON Lines file as one Arrow table, read through every guard of
-    :func:`iter_jsonl` (one row per non-blank line)."""
+    """A whole JSON Lines file as one Arrow table, through every guard of :func:`iter_jsonl`."""
     path = Path(path)
     with open_stream(path) as f:
         tables = [table for table, _ in iter_jsonl(f, path, chunk_bytes) if table.num_rows]

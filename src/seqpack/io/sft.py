@@ -56,8 +56,7 @@ Encoded = tuple[list[np.ndarray], list[np.ndarray]]
 
 
 def sft_columns(names: Sequence[str]) -> tuple[str, ...] | None:
-    """The text SFT columns rows are read from (TRL's order: prompt-completion, then
-    messages), or None when there are none."""
+    """The text SFT columns to read (prompt-completion first, as TRL), or None."""
     if "prompt" in names or "completion" in names:
         return ("prompt", "completion")
     return next(((n,) for n in ("messages", "conversations") if n in names), None)
@@ -153,8 +152,7 @@ def _chats(table: pa.Table, name: str, origin: Origin) -> list[list[dict[str, An
 def _chat_rows(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer, objective: Objective, name: str | None
 ) -> Encoded:
-    """Conversations rendered: column ``name`` (``messages`` / ``conversations``), or
-    conversational prompt-completion rows when ``name`` is None."""
+    """Conversations of column ``name``, or conversational prompt-completion (None)."""
     what = f"{name} rows" if name else "conversational prompt-completion rows"
     backend, template = chat_tokenizer(tokenizer, origin, what)
     assistant = objective.assistant_only_loss
@@ -215,8 +213,7 @@ def _text_prompt_completion(
 
 
 def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: bool) -> np.ndarray:
-    """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``:
-    the completion starts there even when the prompt's last tokens merged with it); True
+    """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``),
     everywhere unless ``completion_only``."""
     head, full = np.asarray(head), np.asarray(full)
     mask = np.ones(full.shape[0], dtype=bool)
@@ -225,9 +222,6 @@ def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: boo
         differ = np.flatnonzero(head[:n] != full[:n])
         mask[: int(differ[0]) if differ.size else n] = False
     return mask
-
-
-# -- rendering conversations with the tokenizer's chat template, under seqpack's limits
 
 
 def chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
@@ -343,8 +337,7 @@ def _render_one(
 
 
 def _arrays(enc: Any) -> dict[str, np.ndarray]:
-    """One conversation's ids (int32) and assistant mask (bool) as arrays: a chunk's Python
-    int lists live for one batch of :data:`CHAT_BATCH` only."""
+    """One conversation's ids (int32) and assistant mask (bool) as arrays."""
     out = {"input_ids": np.asarray(enc["input_ids"], dtype=np.int32)}
     if "assistant_masks" in enc:
         out["assistant_masks"] = np.asarray(enc["assistant_masks"], dtype=bool)

@@ -117,8 +117,7 @@ class ByteTokenizer:
 
 
 def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
-    """Refuse ``path`` unless a regular file of at most ``limit`` bytes (a FIFO, a device or
-    a huge or sparse file is refused before it is opened)."""
+    """Refuse ``path`` unless a regular file of at most ``limit`` bytes (before opening it)."""
     try:
         info = os.stat(path)
     except OSError as err:
@@ -147,9 +146,8 @@ def file_identity(kind: str, path: Path, files: Iterable[Path]) -> str:
 
 
 def sanitized(rust: Any, where: str, owned: bool) -> tuple[Any, int | None]:
-    """``rust`` (a ``tokenizers.Tokenizer``) without truncation or padding (a copy unless
-    ``owned``; a :class:`UserWarning` names what was turned off) and the pad id its
-    padding named; a post-processor adding more than BOS/EOS is refused."""
+    """``rust`` without truncation or padding (a copy unless ``owned``; a warning names
+    them) and the pad id its padding named; :func:`check_post_processor` first."""
     check_post_processor(rust, where)
     truncation, padding = rust.truncation, rust.padding
     if truncation is None and padding is None:
@@ -197,8 +195,7 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
     kind = processor.get("type")
     if kind in ("BertProcessing", "RobertaProcessing"):
         return [str(processor["cls"][0])], [str(processor["sep"][0])]
-    before: list[str] = []
-    after: list[str] = []
+    before, after = [], []
     if kind == "Sequence":
         for inner in processor.get("processors", []):
             b, a = _added(inner)
@@ -215,8 +212,7 @@ def _added(processor: Any) -> tuple[list[str], list[str]]:
     return before, after
 
 
-# -- a save_pretrained folder: read directly when transformers would use tokenizer.json as
-# it is, else through transformers.AutoTokenizer (never the folder's own code)
+# -- a save_pretrained folder: its tokenizer.json directly, or through AutoTokenizer
 
 
 def open_folder(path: Path) -> tuple[Any, str, int, Any]:
@@ -270,9 +266,8 @@ PROBES = ["Hello world!", "  two  spaces\n\ttab", "caf\u00e9 \u00fc\u00df \u4e2d
 
 
 def remembered_file(identity: str) -> Path | None:
-    """Where the tokenizer transformers builds from a folder of ``identity`` is kept (under
-    ``$XDG_CACHE_HOME`` or ``~/.cache``), keyed by the folder's bytes and the versions of
-    transformers and tokenizers; None without both installed."""
+    """Where the tokenizer transformers builds from folder ``identity`` is kept, keyed by it
+    and the transformers and tokenizers versions (None without both installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -286,13 +281,12 @@ def remembered_file(identity: str) -> Path | None:
 
 def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
     """The Rust tokenizer and facts :func:`_remember` kept in ``file``, or None."""
-    meta_file = None if file is None else file.with_suffix(".meta")
-    if meta_file is None or not meta_file.is_file():
+    if file is None or not file.with_suffix(".meta").is_file():
         return None
     try:
         from tokenizers import Tokenizer
 
-        meta = json.loads(read_checked(meta_file, MAX_TEMPLATE_FILE))
+        meta = json.loads(read_checked(file.with_suffix(".meta"), MAX_TEMPLATE_FILE))
         checked_file(file)
         return Tokenizer.from_file(str(file)), meta
     except Exception:  # damaged or unreadable: transformers loads the folder again
@@ -301,8 +295,7 @@ def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
 
 def _remember(file: Path, backend: Any) -> None:
     """Keep ``backend``'s Rust tokenizer in ``file`` when encoding with it is all transformers
-    does (no Python-level encoding of its own, no split special tokens, the same ids on
-    :data:`PROBES`), so later processes read it without importing transformers."""
+    does (no Python encoding or split special tokens, the same ids on :data:`PROBES`)."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     rust = getattr(backend, "backend_tokenizer", None)
@@ -335,9 +328,8 @@ def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
         config = json.loads(read_checked(path / "tokenizer_config.json"))
     except ValueError:
         return None  # transformers names the damage
-    if not isinstance(config, dict) or config.get("tokenizer_class") not in GENERIC_CLASSES:
-        return None
-    if any(key in config for key in REBUILDING_KEYS):
+    generic = isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_CLASSES
+    if not generic or any(key in config for key in REBUILDING_KEYS):
         return None
     try:
         from tokenizers import Tokenizer
@@ -358,8 +350,7 @@ def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
 
 def _content(value: Any) -> str | None:
     """A special token's text: the string, or an ``AddedToken`` dict's ``content``."""
-    if isinstance(value, dict):
-        value = value.get("content")
+    value = value.get("content") if isinstance(value, dict) else value
     return value if isinstance(value, str) else None
 
 
@@ -408,8 +399,7 @@ def auto_tokenizer(path: Path, has_json: bool) -> Any:
             "loading a transformers tokenizer needs `pip install seqpack[hf]`"
         ) from err
     try:
-        # trust_remote_code=False: never run the folder's code, and never ask about it on
-        # stdin (which transformers does when it is unset)
+        # trust_remote_code=False: no folder code, and no question on stdin (asked if unset)
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                              trust_remote_code=False)  # fmt: skip
     except Exception as err:  # transformers raises many kinds on a damaged folder
@@ -427,9 +417,6 @@ def auto_tokenizer(path: Path, has_json: bool) -> Any:
         ) from None
 
 
-# -- the Hugging Face tokenizer seqpack encodes with
-
-
 def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """``ids`` (one id list per item, each alive only while copied) flat, and offsets."""
     offsets = offsets_of(np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
@@ -438,8 +425,7 @@ def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarra
 
 
 def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
-    """The ``tokenizers.Tokenizer`` that does the work (a fast transformers tokenizer's is
-    copied, truncation and padding off), or None."""
+    """The ``tokenizers.Tokenizer`` that does the work (a transformers one's copied), or None."""
     if kind == "tokenizers":
         return backend
     fast = getattr(backend, "is_fast", False)
@@ -465,8 +451,7 @@ def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
 
 
 class HFTokenizer:
-    """A ``tokenizers.Tokenizer`` or ``transformers`` tokenizer (its Rust backend encodes
-    when it has one, with ``encode_batch_fast`` where it exists)."""
+    """A ``tokenizers`` or ``transformers`` tokenizer (its Rust backend encodes if it has one)."""
 
     #: The chat template to render conversations with (``--chat-template``); None: the
     #: transformers tokenizer's own.
@@ -501,8 +486,7 @@ class HFTokenizer:
 
     @property
     def pad_token_id(self) -> int | None:
-        """The pad id the tokenizer defines (a transformers pad token, or a ``tokenizers``
-        padding setting), None without one."""
+        """The tokenizer's pad id (a transformers pad token or a padding setting), or None."""
         if self.kind == "transformers":
             return getattr(self.backend, "pad_token_id", None)
         return self.__dict__.get("_pad")
@@ -517,8 +501,7 @@ class HFTokenizer:
             self._rust = rust_backend(self.backend, self.kind)
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat ids int32 [Σn] and offsets int64 [k+1], in batches of about
-        :data:`ENCODE_BATCH` characters."""
+        """Flat ids int32 [Σn] and offsets int64 [k+1], :data:`ENCODE_BATCH` characters a call."""
         texts = list(texts)
         spans = text_spans(texts, ENCODE_BATCH)
         parts = []
@@ -540,13 +523,9 @@ class HFTokenizer:
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
-    """``"bytes"`` (built-in) or a local path; never downloads.
-
-    - a ``*.json`` file: a ``tokenizers`` tokenizer (``tokenizer.json``);
-    - a folder with ``tokenizer_config.json``: a transformers tokenizer
-      (:func:`open_folder`);
-    - a folder with only ``tokenizer.json``: a ``tokenizers`` tokenizer.
-    """
+    """``"bytes"`` (built-in) or a local path, never downloaded: a folder with
+    ``tokenizer_config.json`` is a transformers tokenizer (:func:`open_folder`), a
+    ``tokenizer.json`` (or a folder holding only one) a ``tokenizers`` tokenizer."""
     if str(spec) == "bytes":
         return ByteTokenizer()
     path = Path(spec)
@@ -631,9 +610,8 @@ def loaded_tokenizer(backend: Any) -> HFTokenizer | None:
 
 
 def as_tokenizer(spec: str | os.PathLike[str] | Tokenizer | Any | None) -> Tokenizer | None:
-    """A tokenizer from a spec (``"bytes"`` or a local path, see :func:`load_tokenizer`);
-    a ``transformers`` / ``tokenizers`` object is wrapped (:func:`loaded_tokenizer`); a
-    seqpack tokenizer or None is returned as it is."""
+    """A tokenizer from a spec (:func:`load_tokenizer`) or an object in memory
+    (:func:`loaded_tokenizer`); a seqpack tokenizer or None is returned as it is."""
     if isinstance(spec, (str, os.PathLike)):
         return load_tokenizer(spec)
     if spec is None or isinstance(spec, (ByteTokenizer, HFTokenizer)):

@@ -59,8 +59,7 @@ def trl_schema(labels: bool) -> pa.Schema:
 
 
 def trl_table(cols: CompactRows) -> pa.Table:
-    """``cols`` (one shard's rows) in TRL's packed schema (see the module docstring):
-    ``labels`` when ``cols`` carry a loss mask."""
+    """``cols`` (one shard's rows) in TRL's packed schema, ``labels`` with a loss mask."""
     _, row_tok = token_offsets(cols)
     arrays = [list_array(row_tok, cols.tokens, pa.int32())]  # the gathered tokens, no copy
     if cols.loss_mask is not None:
@@ -92,11 +91,10 @@ def refuse_trl(manifest: object, where: str) -> None:
 
 
 def check_trl_contents(manifest: Mapping, folder: Path) -> None:
-    """Decode every shard of a TRL-format directory (:mod:`seqpack.io.trl_schema`) and hold it
-    against the manifest: TRL's schema of its version (one for every shard), the entry's
-    rows, examples, tokens and supervised labels, rows of at most ``capacity`` tokens made
-    of whole examples, ids in ``[0, vocab_size)``, labels -100 or their token (-100 on
-    each example's first), version 1's positions restarting per example."""
+    """Decode every shard of a TRL-format directory against the manifest: one schema of its
+    version, the entry's rows, examples, tokens and supervised labels, rows of whole examples
+    within ``capacity``, ids below ``vocab_size``, labels -100 or their token (-100 on each
+    example's first), version 1's positions restarting per example."""
     capacity = int(manifest["config"]["capacity"])
     vocab = int(manifest["binding"]["vocab_size"])
     schemas = [_V1_SCHEMA] if manifest["version"] == 1 else [TRL_SCHEMA, TRL_LABELED_SCHEMA]
@@ -128,8 +126,7 @@ def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file
     row_len = np.diff(ids.offsets.to_numpy())
     seq = lens.flatten().to_numpy().astype(np.int64)
     per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
-    starts = np.zeros(seq.shape[0], dtype=np.int64)
-    np.cumsum(seq[:-1], out=starts[1:])
+    starts = np.cumsum(seq) - seq
     eligible = int(seq.sum()) - seq.shape[0]  # every pair, without labels
     ok = (
         table.num_rows == entry["rows"]
