@@ -103,9 +103,8 @@ def encode_sft(
                 " — give it one, or drop the row"
             )
     offsets = offsets_of(np.fromiter((x.shape[0] for x in ids), dtype=np.int64, count=len(ids)))
-    if not ids:
-        return np.zeros(0, np.int32), offsets, np.zeros(0, bool)
-    return np.concatenate(ids).astype(np.int32, copy=False), offsets, np.concatenate(masks)
+    tokens = np.concatenate([np.zeros(0, np.int32), *ids]).astype(np.int32, copy=False)
+    return tokens, offsets, np.concatenate([np.zeros(0, bool), *masks])
 
 
 def _is_chat(table: pa.Table, name: str) -> bool:

@@ -263,18 +263,14 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return super().getitem(obj, argument)
 
 
-def _original(ctu: Any) -> Any:
-    return getattr(ctu._compile_jinja_template, "seqpack_original", ctu._compile_jinja_template)
-
-
 @functools.lru_cache(maxsize=16)
 def compile_bounded(template: str, name: str) -> Any:
     """``template`` compiled as transformers compiles it, in :class:`BoundedEnvironment`."""
     from transformers.utils import chat_template_utils as ctu
 
-    # transformers' environment, from an empty template: compiling the user's there would
-    # fold its constants unbounded (``'x' * 10**10`` is computed at compile time)
-    base = _original(ctu)("").environment
+    # from an empty template: the user's would fold constants unbounded (``'x' * 10**10``)
+    original = ctu._compile_jinja_template
+    base = getattr(original, "seqpack_original", original)("").environment
     env = BoundedEnvironment(
         trim_blocks=base.trim_blocks,
         lstrip_blocks=base.lstrip_blocks,

@@ -453,8 +453,7 @@ def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
 class HFTokenizer:
     """A ``tokenizers`` or ``transformers`` tokenizer (its Rust backend encodes if it has one)."""
 
-    #: The chat template to render conversations with (``--chat-template``); None: the
-    #: transformers tokenizer's own.
+    #: The chat template to render conversations with (``--chat-template``); None: its own.
     chat_template: str | None = None
 
     def __init__(
