@@ -312,9 +312,7 @@ def duplicate_row(data: bytes, key: str) -> str:
 def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[memoryview]:
     """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline),
     linear in the file size; a line over :data:`MAX_LINE_BYTES` is refused."""
-    carry: list[bytes] = []
-    carried = 0
-    line = 1
+    carry, carried, line = [], 0, 1
     while True:
         block = f.read(size)
         if not block:
@@ -419,13 +417,9 @@ def _check_kinds(path: Path, table: pa.Table, seen: dict[str, str]) -> None:
 def _arrow_kind(kind: pa.DataType) -> str | None:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         kind = kind.value_type
-    if pa.types.is_boolean(kind):
-        return "boolean"
     if pa.types.is_integer(kind):
         return "integer"
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return "string"
-    return None
+    return {"bool": "boolean", "string": "string", "large_string": "string"}.get(str(kind))
 
 
 def iter_jsonl(

@@ -43,8 +43,7 @@ TEMPLATE_COLUMNS = ("tools", "chat_template_kwargs")
 #: Conversations rendered per ``apply_chat_template`` call.
 CHAT_BATCH = 256
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
-#: ``apply_chat_template``'s and the tokenizer's own arguments: a ``chat_template_kwargs``
-#: key of these names would change the tokens (padding, length) or clash with seqpack's.
+#: Settings a ``chat_template_kwargs`` key may not name (they change the tokens or clash).
 SETTINGS = frozenset(
     ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
      "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",

@@ -44,8 +44,7 @@ BYTE_VOCAB_SIZE = BYTE_OFFSET + 256
 BYTES_IDENTITY = "seqpack/bytes-266"
 #: Where a tokenizer's identity names a chat template other than its own.
 CHAT_MARK = "+chat-template@sha256:"
-#: Characters of text encoded per tokenizer call (the Rust tokenizer holds ~45 bytes a
-#: character of records until the call returns, so a call is bounded).
+#: Characters of text encoded per tokenizer call (its records take ~45 bytes a character).
 ENCODE_BATCH = 1 << 22
 #: Files whose bytes define a saved tokenizer; they make up its identity digest.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
