@@ -125,18 +125,9 @@ def allowed_key(
             raise InvalidInput(
                 f"attention coordinate {name}={value} is outside this batch of shape {batch.shape}"
             )
-    valid, seg, pos = batch.input_valid[row], batch.segments[row], batch.positions[row]
-    return bool(
-        permitted(
-            valid[query],
-            valid[key],
-            seg[query],
-            seg[key],
-            int(pos[query]),
-            int(pos[key]),
-            check_sliding_window(sliding_window),
-        )
-    )
+    v, s, p = batch.input_valid[row], batch.segments[row], batch.positions[row]
+    w = check_sliding_window(sliding_window)
+    return bool(permitted(v[query], v[key], s[query], s[key], int(p[query]), int(p[key]), w))
 
 
 @dataclass(frozen=True)

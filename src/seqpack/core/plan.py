@@ -67,14 +67,8 @@ class Plan:
         return np.lexsort((self.start_of, self.row_of)).astype(np.int64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "capacity": self.capacity,
-            "num_rows": self.num_rows,
-            "lengths": self.lengths.tolist(),
-            "row_of": self.row_of.tolist(),
-            "start_of": self.start_of.tolist(),
-        }
+        meta = {"policy": self.policy, "capacity": self.capacity, "num_rows": self.num_rows}
+        return meta | {name: getattr(self, name).tolist() for name in ARRAYS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -97,14 +91,9 @@ class Plan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as one ``.npz`` file (int64 arrays plus a JSON header)."""
         header = {"policy": self.policy, "capacity": self.capacity, "num_rows": self.num_rows}
+        raw = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         with open(path, "wb") as fh:
-            np.savez(
-                fh,
-                header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-                lengths=self.lengths,
-                row_of=self.row_of,
-                start_of=self.start_of,
-            )
+            np.savez(fh, header=raw, **{name: getattr(self, name) for name in ARRAYS})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Plan:
@@ -160,13 +149,10 @@ def _plan_array(value: Any, name: str) -> np.ndarray:
 
 def _npy_header(f: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
     version = np.lib.format.read_magic(f)
-    readers = {
-        (1, 0): np.lib.format.read_array_header_1_0,
-        (2, 0): np.lib.format.read_array_header_2_0,
-    }
-    if version not in readers:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f"{name}: unknown .npy version {version}")
-    shape, _, dtype = readers[version](f, max_header_size=10_000)
+    read = getattr(np.lib.format, f"read_array_header_{version[0]}_0")
+    shape, _, dtype = read(f, max_header_size=10_000)
     return shape, dtype
 
 

@@ -310,10 +310,8 @@ def stream_push(
 @kernel
 def stream_drain(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open):
     """Place every waiting example, longest first, then close every row, fullest first."""
-    lhead = buf[4]
-    ltree = buf[6]
-    qhead, qtail, qtree = rows[5], rows[6], rows[7]
-    rnext = rows[1]
+    lhead, ltree = buf[4], buf[6]
+    rnext, qhead, qtail, qtree = rows[1], rows[5], rows[6], rows[7]
     while ltree[1] > 0:
         place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, lhead[ltree[1]])
     while scalars[S_OPEN] > 0:
@@ -532,10 +530,8 @@ class StreamPacker:
                 examples.append(int(pex[rec]))
                 starts.append(int(pstart[rec]))
                 rec = int(pnext[rec])
-            ends = [*starts[1:], self.capacity - int(rrem[slot])]
-            rows.append(
-                {"example": examples, "length": [e - s for s, e in zip(starts, ends, strict=True)]}
-            )
+            lengths = np.diff([*starts, self.capacity - int(rrem[slot])]).tolist()
+            rows.append({"example": examples, "length": lengths})
         return {
             "format": STATE_FORMAT,
             "capacity": self.capacity,

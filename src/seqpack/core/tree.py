@@ -132,8 +132,7 @@ class SequenceGroups:
                 arr = as_token_array(seq, binding.vocab_size, f"group {g} sequence {j}")
                 pairs = max(arr.size - 1, 0)
                 m = np.ones(pairs, bool) if loss_masks is None else loss_masks[g][j]
-                m = np.asarray(m, dtype=bool)
-                if m.shape != (pairs,):
+                if (m := np.asarray(m, dtype=bool)).shape != (pairs,):
                     raise InvalidInput(
                         f"group {g} sequence {j}: loss mask has {m.size} entries for"
                         f" {arr.size - 1} prediction pairs — give one per pair"
@@ -259,9 +258,7 @@ def group_bounds(group: np.ndarray) -> np.ndarray:
     """Start of each run of equal ``group`` ids and the end, int64 [G+1] (groups contiguous)."""
     group = np.asarray(group, dtype=np.int64)
     cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
-    starts = np.concatenate([[0], cuts, [group.shape[0]]]).astype(np.int64)
-    if not group.shape[0]:
-        starts = np.zeros(1, np.int64)
+    starts = np.unique(np.concatenate([[0], cuts, [group.shape[0]]])).astype(np.int64)
     seen = group[starts[:-1]]
     if np.unique(seen).shape[0] != seen.shape[0]:
         raise InvalidInput(
@@ -530,11 +527,8 @@ class TreeBatch:
         node = int(self.nodes[row, query])
         if node < 0 or not self.input_valid[row, query]:
             return []
-        lowest = (
-            -(2**62)
-            if sliding_window is None
-            else int(self.positions[row, query]) - sliding_window + 1
-        )
+        pos = int(self.positions[row, query])
+        lowest = -(2**62) if sliding_window is None else pos - sliding_window + 1
         path = [node]
         while self.node_parent[path[-1]] >= 0:
             path.append(int(self.node_parent[path[-1]]))
@@ -621,8 +615,7 @@ def materialize(
     dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
     depth = layout.lcp[seqs][owner] + local
     src = groups.offsets[layout.order[seqs]][owner] + depth
-    inputs = np.full(cells, -1, dtype=np.int32)
-    targets = np.full(cells, -1, dtype=np.int32)
+    inputs, targets = np.full((2, cells), -1, dtype=np.int32)
     positions = np.zeros(cells, dtype=np.int32)
     valid = np.zeros(cells, dtype=bool)
     inputs[dest], targets[dest] = groups.tokens[src], groups.tokens[src + 1]
@@ -636,8 +629,7 @@ def materialize(
     parent = layout.node_parent[gids]
     node_end = layout.node_end[gids] + shift
     node_flat = base[t_of] + layout.node_col[gids]
-    nodes = np.full(cells, -1, dtype=np.int32)
-    node_ends = np.full(cells, -1, dtype=np.int32)
+    nodes, node_ends = np.full((2, cells), -1, dtype=np.int32)
     n_of, off = _ranges(layout.node_len[gids])
     nodes[node_flat[n_of] + off] = n_of
     node_ends[node_flat[n_of] + off] = node_end[n_of]
