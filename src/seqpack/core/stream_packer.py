@@ -1,8 +1,7 @@
 """Streaming best fit: bounded memory, complete rows as they close, resumable.
 
-Lengths arrive in chunks; examples wait in a look-ahead of ``lookahead`` examples
-and at most ``max_open_rows`` rows are open. Example ``i`` is placed at the
-latest when example ``i + lookahead`` arrives, and earlier if it helps fill a row:
+Examples wait in a look-ahead of ``lookahead``, at most ``max_open_rows`` rows are open;
+example ``i`` is placed when example ``i + lookahead`` arrives, or earlier to fill a row:
 
 1. the example whose time is up goes into the open row with the fewest
    cells left that fit it — a new row when none fits, closing the fullest
@@ -12,8 +11,7 @@ latest when example ``i + lookahead`` arrives, and earlier if it helps fill a ro
 3. an exactly full row closes. :meth:`StreamPacker.finish` places the
    examples still waiting, longest first, and closes every row.
 
-Rows are numbered 0, 1, 2, ... in closing order; every call returns only
-complete rows::
+Rows are numbered in closing order; every call returns only complete rows::
 
     packer = StreamPacker(4096, lookahead=4096, max_open_rows=64, seed=0)
     for chunk in chunks:                       # int arrays of prediction lengths
@@ -62,15 +60,14 @@ DEFAULT_STATE_BYTES = 4 << 30
 
 
 def stream_bytes(capacity: int, lookahead: int, max_open_rows: int) -> int:
-    """Bytes a packer's buffers take: the look-ahead ring, open rows, the length and
-    remaining-capacity trees, and one kernel call's output (int64 each)."""
+    """Bytes a packer's buffers take (ring, open rows, both trees, one call's output)."""
     return 8 * (7 * lookahead + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
 
 
 def check_state(state: Any) -> None:
-    """Refuse a state that could not come from :meth:`StreamPacker.state_dict`: types,
-    bounds, then the accounting (every example pushed is returned, waiting among the last
-    ``window`` pushed in arrival order, or in a non-empty, non-full open row, exactly once)."""
+    """Refuse a state :meth:`StreamPacker.state_dict` could not give: types, bounds, then
+    every example pushed returned, waiting (last ``window``, arrival order) or in a
+    non-empty, non-full open row, exactly once."""
     what = "stream-best-fit"
     fmt = state_value(state, "format", what)
     if fmt != STATE_FORMAT:
@@ -122,20 +119,13 @@ def check_state(state: Any) -> None:
 
 
 # ------------------------------------------------------------ the kernels
-# State travels as tuples of int64 arrays, unpacked at the top of each kernel:
-#
-# - ``buf`` = (bex, blen, bprev, bnext, lhead, ltail, ltree): the look-ahead
-#   ring (example ``i`` waits in slot ``i % window``; ``bex`` -1 when free),
-#   each waiting example linked into a bucket by length, and a tree whose leaf
-#   ``n`` holds ``n`` while some example of length ``n`` waits;
-# - ``rows`` = (rrem, rnext, rhead, rtail, rstamp, qhead, qtail, qtree): open
-#   row slots (cells left, placement list, bucket link, bucket entry stamp),
-#   FIFO buckets by cells left and their tree (as in best-fit-decreasing);
-# - ``pool`` = (pex, pstart, pnext): placements held by open rows (free list
-#   through ``pnext``);
-# - ``out`` = (oex, orow, ostart): placements of rows closed during a call.
-#
-# ``scalars`` holds the counters at the ``S_*`` indices.
+# State is tuples of int64 arrays: ``buf`` (bex, blen, bprev, bnext, lhead, ltail, ltree):
+# the ring (example ``i`` in slot ``i % window``, ``bex`` -1 when free), linked into
+# buckets by length, leaf ``n`` of ``ltree`` ``n`` while one waits; ``rows`` (rrem, rnext,
+# rhead, rtail, rstamp, qhead, qtail, qtree): open row slots (cells left, placement list,
+# bucket link, entry stamp) in FIFO buckets by cells left; ``pool`` (pex, pstart, pnext):
+# open rows' placements (free list via ``pnext``); ``out`` (oex, orow, ostart): placements
+# closed this call; ``scalars``: the ``S_*`` counters.
 
 S_PUSHED, S_ROWS, S_OPEN, S_FREE_ROW, S_FREE_REC, S_LIVE, S_STAMP, S_OUT = range(8)
 N_SCALARS = 8
@@ -143,8 +133,8 @@ N_SCALARS = 8
 
 @kernel
 def buffer_insert(buf, lleaves, slot, ex, n, front):
-    """Put example ``ex`` (length ``n``) into ring ``slot``; link it at the
-    front or back of bucket ``n`` (a seeded choice: ties leave in a seeded order)."""
+    """Put example ``ex`` (length ``n``) into ring ``slot``, at the ``front`` or back of
+    bucket ``n``."""
     bex, blen, bprev, bnext, lhead, ltail, ltree = buf
     bex[slot] = ex
     blen[slot] = n
@@ -244,13 +234,8 @@ def row_append(rows, pool, scalars, slot, ex, start):
 
 @kernel
 def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, slot):
-    """Place the example in ring ``slot`` and fill its row from the buffer.
-
-    The example goes into the open row with the fewest cells left that fit
-    (a new row when none fits; with ``max_open`` rows open the fullest is
-    closed first). Then the row takes, while any fits, the longest waiting
-    example that fits its cells left. An exactly full row closes.
-    """
+    """Place the example in ring ``slot`` and fill its row from the buffer (steps 1-3 of
+    the module docstring)."""
     bex, blen, lhead, ltree = buf[0], buf[1], buf[4], buf[6]
     rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     ex = bex[slot]
@@ -290,10 +275,8 @@ def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, s
 def stream_push(
     lengths, fronts, buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open
 ):
-    """Admit ``lengths`` one by one; example ``i`` arriving forces out ``i - window``.
-
-    ``fronts`` (0/1 per example) picks the bucket end each joins.
-    """
+    """Admit ``lengths`` (``fronts``: the bucket end each joins); ``i`` forces out
+    ``i - window``."""
     bex = buf[0]
     window = len(bex)
     i = scalars[S_PUSHED]
@@ -326,8 +309,7 @@ def stream_restore(
     examples, lengths, fronts, buf, lleaves, rows, qleaves, pool, scalars, capacity,
     row_sizes, row_examples, row_lengths,
 ):  # fmt: skip
-    """Rebuild a fresh state from a saved one: waiting examples in arrival
-    order (each to its ring slot and bucket end), then the open rows in
+    """Rebuild a fresh state: waiting examples in arrival order, then open rows in
     bucket-entry order (``row_sizes[r]`` placements each, packed from column 0)."""
     rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     window = len(buf[0])
@@ -360,8 +342,8 @@ class Placements(NamedTuple):
 
 
 def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
-    """0/1 per example: which end of its length bucket it joins; one bit of
-    splitmix64(seed, example index), stateless, so a resumed packer chooses the same."""
+    """0/1 per example: the end of its length bucket it joins, one bit of
+    splitmix64(seed, index) (stateless: a resumed packer chooses the same)."""
     z = np.uint64(seed % (1 << 64)) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(
         0x9E3779B97F4A7C15
     )
@@ -371,12 +353,10 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 
 
 class StreamPacker:
-    """Streaming best fit with a ``lookahead`` of examples and ``max_open_rows``.
-
-    Deterministic for ``(capacity, lookahead, max_open_rows, seed)``; ``kernels`` changes
-    speed, never output. ``lookahead=1, max_open_rows=1`` is next-fit. Memory:
-    O(lookahead + max_open_rows * examples per row + capacity). ``window=`` is the 0.2
-    name of ``lookahead`` (a DeprecationWarning); saved states keep the key ``window``.
+    """Streaming best fit, deterministic for ``(capacity, lookahead, max_open_rows,
+    seed)`` (``kernels`` changes speed only); ``lookahead=1, max_open_rows=1`` is next-fit.
+    Memory O(lookahead + max_open_rows * examples per row + capacity). ``window=``: the
+    0.2 name of ``lookahead`` (saved states keep the key ``window``).
     """
 
     @renamed_kwargs(engine="kernels", window="lookahead")
@@ -448,9 +428,8 @@ class StreamPacker:
         return int((self._buf[0] >= 0).sum())
 
     def push(self, lengths: Any) -> Placements:
-        """Add examples (prediction lengths, 1-D ints); return rows completed meanwhile.
-        The chunk is checked first: an oversized example raises
-        :class:`~seqpack.OversizedExample` naming its global index, the packer unchanged."""
+        """Add examples (prediction lengths, 1-D ints); return the rows completed. An
+        oversized one raises :class:`~seqpack.OversizedExample`, the packer unchanged."""
         self._require_open()
         first = self.examples_pushed
         arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
@@ -554,9 +533,8 @@ class StreamPacker:
         kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
     ) -> StreamPacker:
-        """A packer configured and positioned as ``state`` says; the state is checked whole
-        and its buffers (:func:`stream_bytes`) must fit ``max_bytes`` (None: no limit)
-        before anything is allocated."""
+        """A packer configured and positioned as ``state`` says, checked whole and its
+        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first."""
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
@@ -585,8 +563,6 @@ class StreamPacker:
         self._reserve_records(sum(len(row["example"]) for row in rows))
         examples = np.asarray(state["buffer"]["example"], dtype=np.int64)
         lengths = np.asarray(state["buffer"]["length"], dtype=np.int64)
-        # Re-inserting in arrival order with the same seeded ends restores each
-        # length bucket's order; rows re-enter their buckets in stamp order.
         sides = bucket_sides(examples, self.seed)
         engine.call(
             self.kernels, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,

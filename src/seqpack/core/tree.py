@@ -222,11 +222,8 @@ def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGr
 def next_at_most(
     values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> np.ndarray:
-    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``.
-
-    ``ends[i]`` when there is none. Binary lifting over a sparse table of
-    range minima, its levels bounded by the longest query range.
-    """
+    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``
+    (``ends[i]`` when none); binary lifting over a sparse table of range minima."""
     n = values.shape[0]
     pos = np.asarray(starts, dtype=np.int64).copy()
     if pos.size == 0 or n == 0:
@@ -269,8 +266,8 @@ def group_bounds(group: np.ndarray) -> np.ndarray:
 
 
 def trie_order(tokens: np.ndarray, offsets: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Sequence indices, each group's sequences in lexicographic order, int64 [S]
-    (any fixed order of ids works: little-endian int32 bytes, one sort per group)."""
+    """Sequence indices, each group's sequences in a fixed lexicographic order (of
+    little-endian int32 bytes), int64 [S]."""
     order = np.arange(offsets.shape[0] - 1, dtype=np.int64)
     data = np.ascontiguousarray(tokens, dtype="<i4")
     for g in np.flatnonzero(np.diff(bounds) > 1):
@@ -303,15 +300,12 @@ def adjacent_lcp(
 
 @dataclass(frozen=True, eq=False)
 class TrieOrder:
-    """The depth-first layout of tries: which cell, node and path each sequence has.
-
-    Per sequence in layout order [S]: ``order`` (index in the supplied
-    sequences), ``lengths`` (cells), ``lcp``, ``trie``, ``own_col`` (trie-local
-    column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
-    ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order:
-    ``node_trie``, ``node_col`` (trie-local), ``node_len``, ``node_pos`` (its
-    depth), ``node_parent`` (-1: a root), ``node_end`` (one past its last
-    descendant: ``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
+    """The depth-first layout of tries. Per sequence in layout order [S]: ``order`` (index
+    in the supplied sequences), ``lengths`` (cells), ``lcp``, ``trie``, ``own_col``
+    (trie-local column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
+    ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order: ``node_trie``,
+    ``node_col`` (trie-local), ``node_len``, ``node_pos`` (depth), ``node_parent`` (-1: a
+    root), ``node_end`` (``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
     """
 
     order: np.ndarray
@@ -343,7 +337,7 @@ class TrieOrder:
 
 def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -> TrieOrder:
     """The layout of tries whose sequences (in trie order) have these ``lengths`` and ``lcp``
-    (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]. No per-sequence loop."""
+    (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]."""
     lengths, lcp = np.asarray(lengths, dtype=np.int64), np.asarray(lcp, dtype=np.int64)
     s, g = lengths.shape[0], seq_bounds.shape[0] - 1
     trie = np.repeat(np.arange(g, dtype=np.int64), np.diff(seq_bounds))
@@ -394,13 +388,9 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
 def split_oversized(
     lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Cut tries larger than ``capacity`` into sub-tries that each repeat their shared prefix.
-
-    Sequences stay whole and in trie order; a sub-trie (first ``lcp`` 0)
-    starts whenever the next sequence's owned cells would overflow the row.
-    A sequence longer than ``capacity`` is an :class:`OversizedExample`.
-    Returns new ``(lcp, seq_bounds)``.
-    """
+    """Cut tries larger than ``capacity``: a sub-trie (``lcp`` 0, repeating the prefix)
+    starts where the next sequence's owned cells would overflow; returns ``(lcp,
+    seq_bounds)``. A sequence longer than ``capacity`` is an :class:`OversizedExample`."""
     if lengths.size and int(lengths.max()) > capacity:
         i = int(np.argmax(lengths > capacity))
         raise OversizedExample(
@@ -428,7 +418,7 @@ def split_oversized(
 def plan_tries(
     lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
 ) -> TrieOrder:
-    """Integer-only planning: split oversized tries, then lay every trie out (vectorised)."""
+    """Split oversized tries, then lay every trie out (integers only)."""
     lcp, seq_bounds = split_oversized(lengths, lcp, seq_bounds, capacity)
     return layout_tries(lengths, lcp, seq_bounds)
 
@@ -447,16 +437,13 @@ def build_layout(groups: SequenceGroups, capacity: int) -> TrieOrder:
 
 @dataclass(frozen=True, eq=False)
 class TreeBatch:
-    """One model call of tree-packed rows.
-
-    Cells [R, T]: ``inputs``/``targets`` int32 (-1 on padding), ``nodes``
-    int32 (pre-order node id, -1 on padding), ``node_ends`` int32 (the
-    cell's node exit), ``positions`` int32 (depth along the path),
-    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that
-    supervise the cell's target). Nodes [M]: ``node_row``, ``node_col``,
-    ``node_len``, ``node_pos``, ``node_parent`` (-1: root), ``node_end``.
-    Sequences [S] in layout order: ``seq_index`` (index in the supplied
-    sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
+    """One model call of tree-packed rows. Cells [R, T]: ``inputs``/``targets`` int32
+    (-1 on padding), ``nodes`` int32 (pre-order node id, -1 on padding), ``node_ends``
+    int32 (the cell's node exit), ``positions`` int32 (depth along the path),
+    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that supervise the
+    cell's target). Nodes [M]: ``node_row``, ``node_col``, ``node_len``, ``node_pos``,
+    ``node_parent`` (-1: root), ``node_end``. Sequences [S] in layout order: ``seq_index``
+    (index in the supplied sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
     ``row * T + column`` of each cell, depth order) and ``seq_loss_mask``.
     """
 
@@ -578,8 +565,8 @@ def pack_tree(
     max_rows_per_batch: int | None = None,
     **policy_options: Any,
 ) -> TreeEpoch:
-    """Tree-pack ``groups`` into rows of ``max_length`` tokens (cells), in model calls of at most
-    ``max_rows_per_batch`` rows (default: one call). Any flat policy places the tries."""
+    """Tree-pack ``groups`` into rows of ``max_length`` cells, placed by any flat ``policy``,
+    in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
     layout = build_layout(groups, max_length)
     plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
     rows_per = max_rows_per_batch or max(plan.num_rows, 1)
@@ -663,11 +650,8 @@ def materialize(
 
 
 def tree_loss_sum(logits: Any, batch: TreeBatch) -> LossSum:
-    """``Σ weight·nll`` over supervised cells and ``N = Σ weight`` (to divide once).
-
-    ``logits`` (R, T, V), NumPy (float64) or torch; cells outside the loss
-    are never read, so a NaN in a padding cell does not matter.
-    """
+    """``Σ weight·nll`` over supervised cells and ``N = Σ weight``; ``logits`` (R, T, V),
+    NumPy (float64) or torch, read only at cells in the loss."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
     cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
     w = batch.weights.reshape(-1)[cells]
