@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from seqpack._renames import renamed_kwargs, renamed_names
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, is_int
 
 if TYPE_CHECKING:
     from seqpack.core.batch import PackedBatch
@@ -42,11 +42,7 @@ def check_sliding_window(sliding_window: Any) -> int | None:
     error. Every function here takes ``sliding_window=`` (0.2's ``window=`` still works)."""
     if sliding_window is None:
         return None
-    if (
-        isinstance(sliding_window, bool)
-        or not isinstance(sliding_window, (int, np.integer))
-        or sliding_window < 1
-    ):
+    if not is_int(sliding_window) or sliding_window < 1:
         raise InvalidInput(
             "attention window must be a positive number of positions or None,"
             f" got {sliding_window!r}"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.errors import BudgetExceeded, InvalidInput
+from seqpack.core.errors import BudgetExceeded, InvalidInput, is_int
 
 ARRAYS = ("lengths", "row_of", "start_of")
 #: What zipfile, zlib and the .npy header parser raise on a damaged archive (an encrypted
@@ -72,8 +72,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """A plan from :meth:`to_dict` output (or a saved plan's arrays), validated: integers
-        only (no floats, no bools), every example placed once inside a row, no empty row."""
+        """A plan from :meth:`to_dict` output (or a saved plan's arrays), validated."""
         if not isinstance(data, Mapping):
             raise InvalidInput(f"a plan is a mapping, not a {type(data).__name__}")
         missing = [k for k in ("policy", "capacity", "num_rows", *ARRAYS) if k not in data]
@@ -97,8 +96,8 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Plan:
-        """Read a plan written by :meth:`save`, validated; each array's declared size is
-        checked against the file, and ``max_bytes`` bounds them together, before allocating."""
+        """Read a plan written by :meth:`save`, validated; array sizes are checked against the
+        file and ``max_bytes`` before allocating."""
         where = os.fspath(path)
         try:
             with zipfile.ZipFile(path) as archive:
@@ -121,7 +120,7 @@ class Plan:
 
 
 def _plan_int(value: Any, name: str, low: int, high: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise InvalidInput(f"plan {name} must be an integer, got {value!r}")
     if not low <= value <= high:
         raise InvalidInput(f"plan {name} {value:,} lies outside [{low:,}, {high:,}]")
@@ -165,7 +164,7 @@ def _npy_bytes(archive: zipfile.ZipFile, name: str) -> int:
 
 def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.ndarray:
     """Array ``name`` of an ``.npz``: 1-D, of ``kind``, at most ``limit`` bytes and what the
-    member holds, checked from its header first (``np.load`` allocates what a header claims)."""
+    member holds, checked from its header before reading."""
     info = archive.getinfo(f"{name}.npy")
     with archive.open(info) as f:
         shape, dtype = _npy_header(f, name)
@@ -181,8 +180,8 @@ def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.
 
 
 def validate_plan(plan: Plan) -> None:
-    """Check a plan places every example once, whole, inside a row, without overlap (every
-    value bounded before any arithmetic, so no int64 sum can wrap)."""
+    """Check a plan places every example once, whole, inside a row, without overlap (values
+    bounded before any arithmetic: no int64 sum wraps)."""
     n = plan.lengths.shape[0]
     if plan.row_of.shape != (n,) or plan.start_of.shape != (n,):
         raise InvalidInput("plan arrays must have one entry per example")

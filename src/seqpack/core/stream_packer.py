@@ -45,6 +45,7 @@ from seqpack.core.errors import (
     InvalidInput,
     check_lengths,
     check_max_length,
+    is_int,
     positive_int,
     state_int,
     state_ints,
@@ -387,7 +388,7 @@ class StreamPacker:
         check_max_length(cap, "stream-best-fit")
         lookahead = positive_int("lookahead", lookahead, INT32_MAX)
         max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        if not is_int(seed):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
         return cap, lookahead, max_open_rows, int(seed), engine.resolve(kernels)
 
