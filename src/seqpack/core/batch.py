@@ -22,6 +22,7 @@ import numpy as np
 from seqpack._renames import renamed_kwargs
 from seqpack.core import permission
 from seqpack.core.binding import Binding, Split
+from seqpack.core.examples import spread
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -184,12 +185,8 @@ def fill_cells(
     segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
     positions = np.zeros(shape, dtype=np.int32)
     valid, loss_mask = np.zeros((2, *shape), dtype=bool)
-    total = int(lens.sum())
-    if total:
-        firsts = np.zeros(lens.shape[0], dtype=np.int64)
-        np.cumsum(lens[:-1], out=firsts[1:])
-        owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)  # [cells]
-        local = np.arange(total, dtype=np.int64) - firsts[owner]  # position in occurrence
+    if int(lens.sum()):
+        owner, local = spread(lens)  # occurrence and position of each cell
         dest = (row * shape[1] + start)[owner] + local  # flat cell index
         src = token_starts[owner] + local  # index into tokens
         inputs.flat[dest] = tokens[src]

@@ -302,6 +302,13 @@ def _select(table: ExampleTable, source: np.ndarray, starts: Any, lens: np.ndarr
     )
 
 
+def spread(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Owner and offset of every element of ranges of ``counts`` end to end, int64 [Σ]:
+    ``[2, 1]`` -> ``[0, 0, 1], [0, 1, 0]``."""
+    owner = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    return owner, concat_ranges(np.zeros(counts.shape[0], np.int64), counts)
+
+
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64): starts ``[5, 0]``,
     lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``."""
@@ -326,8 +333,7 @@ def long_ranges(
     """
     counts = np.asarray(token_counts, dtype=np.int64)
     pieces = np.maximum(1, -(-(counts - 1) // capacity))
-    source = np.repeat(np.arange(counts.shape[0], dtype=np.int64), pieces)
-    k = np.arange(source.shape[0], dtype=np.int64) - offsets_of(pieces)[source]
+    source, k = spread(pieces)
     starts = k * capacity
     ends = np.minimum(starts + capacity + 1, counts[source])
     return source, starts, ends

@@ -43,18 +43,11 @@ import numpy as np
 from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets
+from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
 from seqpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
 from seqpack.core.permission import check_sliding_window, pairwise, position_ids
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-
-
-def _ranges(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Owner index and offset of every element of consecutive ranges of ``lens``, int64."""
-    owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)
-    return owner, concat_ranges(np.zeros_like(lens), lens)
-
 
 # Groups of sequences: the input.
 
@@ -291,7 +284,7 @@ def adjacent_lcp(
         return lcp
     a, b = offsets[order[pairs - 1]], offsets[order[pairs]]
     m = np.minimum(offsets[order[pairs - 1] + 1] - a, offsets[order[pairs] + 1] - b)
-    owner, local = _ranges(m)
+    owner, local = spread(m)
     mismatch = np.where(tokens[a[owner] + local] != tokens[b[owner] + local], local, m[owner])
     starts = offsets_of(m)[:-1]
     lcp[pairs] = np.maximum(np.minimum.reduceat(mismatch, starts) - 1, 0)
@@ -330,7 +323,7 @@ class TrieOrder:
         lens = self.lengths[seqs]
         bounds = offsets_of(lens)
         owner_seq = np.repeat(seqs, lens)
-        depth = _ranges(lens)[1]
+        depth = spread(lens)[1]
         owner = prev_at_most(self.lcp, depth, self.seq_bounds[self.trie[owner_seq]], owner_seq)
         return self.own_col[owner] + depth - self.lcp[owner], bounds
 
@@ -595,10 +588,10 @@ def materialize(
     base_of = np.zeros(layout.sizes.shape[0], dtype=np.int64)
     base_of[tries] = base
     lo = layout.seq_bounds[tries]
-    t_of, k = _ranges(layout.seq_bounds[tries + 1] - lo)
+    t_of, k = spread(layout.seq_bounds[tries + 1] - lo)
     seqs = lo[t_of] + k
     # Owned spans: every stored cell, its token from the sequence that owns it.
-    owner, local = _ranges(layout.lengths[seqs] - layout.lcp[seqs])
+    owner, local = spread(layout.lengths[seqs] - layout.lcp[seqs])
     dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
     depth = layout.lcp[seqs][owner] + local
     src = groups.offsets[layout.order[seqs]][owner] + depth
@@ -610,14 +603,14 @@ def materialize(
     # Nodes, renumbered in (row, column) order: each trie keeps one contiguous id range.
     lo = layout.node_bounds[tries]
     counts = layout.node_bounds[tries + 1] - lo
-    t_of, k = _ranges(counts)
+    t_of, k = spread(counts)
     gids = lo[t_of] + k
     shift = (offsets_of(counts)[:-1] - lo)[t_of]
     parent = layout.node_parent[gids]
     node_end = layout.node_end[gids] + shift
     node_flat = base[t_of] + layout.node_col[gids]
     nodes, node_ends = np.full((2, cells), -1, dtype=np.int32)
-    n_of, off = _ranges(layout.node_len[gids])
+    n_of, off = spread(layout.node_len[gids])
     nodes[node_flat[n_of] + off] = n_of
     node_ends[node_flat[n_of] + off] = node_end[n_of]
     # Every sequence's own cells, and the weights of the targets it supervises.
