@@ -333,6 +333,15 @@ def stream_restore(
 # ------------------------------------------------------------ the packer
 
 
+def _chain(start: Any, nxt: np.ndarray) -> list[int]:
+    """The linked list from ``start`` through ``nxt`` (-1 ends it)."""
+    out = []
+    while start != -1:
+        out.append(int(start))
+        start = nxt[start]
+    return out
+
+
 class Placements(NamedTuple):
     """Example ``example[i]`` (global index) occupies row ``row[i]`` from column
     ``start[i]``; int64 [k], ordered by (row, start)."""
@@ -495,23 +504,12 @@ class StreamPacker:
         slots = slots[np.argsort(bex[slots])]
         rrem, rnext, rhead, _, rstamp, qhead, _, _ = self._rows
         pex, pstart, pnext = self._pool
-        open_slots = []
-        for r in np.flatnonzero(qhead >= 0).tolist():
-            slot = int(qhead[r])
-            while slot != -1:
-                open_slots.append(slot)
-                slot = int(rnext[slot])
-        open_slots.sort(key=lambda slot: int(rstamp[slot]))
+        open_slots = [s for r in np.flatnonzero(qhead >= 0) for s in _chain(qhead[r], rnext)]
         rows = []
-        for slot in open_slots:
-            examples, starts = [], []
-            rec = int(rhead[slot])
-            while rec != -1:
-                examples.append(int(pex[rec]))
-                starts.append(int(pstart[rec]))
-                rec = int(pnext[rec])
-            lengths = np.diff([*starts, self.capacity - int(rrem[slot])]).tolist()
-            rows.append({"example": examples, "length": lengths})
+        for slot in sorted(open_slots, key=lambda s: int(rstamp[s])):
+            recs = _chain(rhead[slot], pnext)
+            ends = np.append(pstart[recs], self.capacity - rrem[slot])
+            rows.append({"example": pex[recs].tolist(), "length": np.diff(ends).tolist()})
         return {
             "format": STATE_FORMAT,
             "capacity": self.capacity,
