@@ -132,9 +132,7 @@ class PackedBatch:
 
     @property
     def nbytes(self) -> int:
-        cells = (self.inputs, self.targets, self.segments, self.positions)
-        flags = (self.input_valid, self.target_valid, self.loss_mask)
-        return sum(a.nbytes for a in cells + flags) + self.occurrences.nbytes
+        return sum(getattr(self, n).nbytes for n in CELL_FIELDS) + self.occurrences.nbytes
 
     # Permission views (seqpack.core.permission); sliding_window None: unbounded.
     @renamed_kwargs(window="sliding_window")
