@@ -418,8 +418,7 @@ class StreamPacker:
         rows[1] = np.append(np.arange(1, k, dtype=np.int64), -1)
         self._rows = tuple(rows)
         self._pool = tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
-        self._scalars[S_FREE_ROW] = 0
-        self._scalars[S_FREE_REC] = -1
+        self._scalars[S_FREE_REC] = -1  # S_FREE_ROW: slot 0
 
     @property
     def examples_pushed(self) -> int:
@@ -489,12 +488,8 @@ class StreamPacker:
         grown = max(2 * size, live + extra, 1024)
         added = np.arange(size + 1, grown + 1, dtype=np.int64)
         added[-1] = self._scalars[S_FREE_REC]
-        zeros = np.zeros(grown - size, dtype=np.int64)
-        self._pool = (
-            np.concatenate([pex, zeros]),
-            np.concatenate([pstart, zeros]),
-            np.concatenate([pnext, added]),
-        )
+        z = np.zeros(grown - size, dtype=np.int64)
+        self._pool = tuple(np.concatenate(p) for p in ((pex, z), (pstart, z), (pnext, added)))
         self._scalars[S_FREE_REC] = size
 
     def state_dict(self) -> dict[str, Any]:
