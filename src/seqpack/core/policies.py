@@ -168,8 +168,7 @@ def best_fit_decreasing(
     check_max_length(capacity, "best-fit-decreasing")
     leaves = engine.pow2_at_least(capacity)
     tree = np.zeros(2 * leaves, dtype=np.int64)
-    head = np.full(capacity, -1, dtype=np.int64)
-    tail = np.full(capacity, -1, dtype=np.int64)
+    head, tail = np.full((2, capacity), -1, dtype=np.int64)
     nxt = np.full(_row_bound(lengths, capacity), -1, dtype=np.int64)
     return _decreasing(lengths, capacity, kernels, "best_fit", tree, leaves, head, tail, nxt)
 
@@ -208,8 +207,7 @@ def stream_best_fit(
     )
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     for part in (packer.push(lengths), packer.finish()):
-        row_of[part.example] = part.row
-        start_of[part.example] = part.start
+        row_of[part.example], start_of[part.example] = part.row, part.start
     return row_of, start_of
 
 
