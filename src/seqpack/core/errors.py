@@ -96,6 +96,7 @@ def check_lengths(
 ) -> np.ndarray:
     """Validate lengths against ``capacity``; return int64 [n]."""
     positive_int("capacity", capacity)
+    name = labels or (lambda i: f"example {i}")
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InvalidInput("lengths must be a 1-D integer array of prediction pairs per example")
@@ -103,13 +104,13 @@ def check_lengths(
     if arr.size:
         if arr.min() < 1:
             i = int(np.argmin(arr))
-            name = labels(i) if labels else f"example {i}"
-            raise InvalidInput(f"{name} has {int(arr[i])} prediction pairs; each needs at least 1")
+            raise InvalidInput(
+                f"{name(i)} has {int(arr[i])} prediction pairs; each needs at least 1"
+            )
         if arr.max() > capacity:
             i = int(np.argmax(arr > capacity))
-            name = labels(i) if labels else f"example {i}"
             raise OversizedExample(
-                f"{name} has {int(arr[i])} prediction pairs; capacity is {capacity}"
+                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity}"
                 " — raise --max-length or cut it with --cut-long"
             )
     return arr

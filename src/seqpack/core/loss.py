@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossSum:
-    """Raw NLL ``sum`` over ``count`` eligible targets, not yet divided (add across
-    micro-batches or ranks, then divide once)."""
+    """Raw NLL ``sum`` of ``count`` eligible targets, undivided (sum across ranks, divide once)."""
 
     sum: Any
     count: int

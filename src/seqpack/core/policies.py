@@ -196,8 +196,7 @@ def stream_best_fit(
     seed: int = 0,
     kernels: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array (None: the
-    packer's defaults)."""
+    """:class:`~seqpack.core.stream_packer.StreamPacker` over an array (None: its defaults)."""
     packer = StreamPacker(
         capacity,
         lookahead=DEFAULT_LOOKAHEAD if lookahead is None else lookahead,

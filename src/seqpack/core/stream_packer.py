@@ -134,8 +134,7 @@ N_SCALARS = 8
 
 @kernel
 def buffer_insert(buf, lleaves, slot, ex, n, front):
-    """Put example ``ex`` (length ``n``) into ring ``slot``, at the ``front`` or back of
-    bucket ``n``."""
+    """Example ``ex`` (length ``n``) into ring ``slot``, the ``front`` or back of bucket ``n``."""
     bex, blen, bprev, bnext, lhead, ltail, ltree = buf
     bex[slot] = ex
     blen[slot] = n
@@ -235,8 +234,7 @@ def row_append(rows, pool, scalars, slot, ex, start):
 
 @kernel
 def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, slot):
-    """Place the example in ring ``slot`` and fill its row from the buffer (steps 1-3 of
-    the module docstring)."""
+    """Place the example in ring ``slot`` and fill its row (the module docstring's 1-3)."""
     bex, blen, lhead, ltree = buf[0], buf[1], buf[4], buf[6]
     rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     ex = bex[slot]
@@ -276,8 +274,7 @@ def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, s
 def stream_push(
     lengths, fronts, buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open
 ):
-    """Admit ``lengths`` (``fronts``: the bucket end each joins); ``i`` forces out
-    ``i - window``."""
+    """Admit ``lengths`` (``fronts``: bucket ends); example ``i`` forces out ``i - window``."""
     bex = buf[0]
     window = len(bex)
     i = scalars[S_PUSHED]
