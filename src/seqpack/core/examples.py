@@ -259,15 +259,11 @@ class ExampleTable:
                     f" {part.value!r} — a batch holds one partition only; pack it separately"
                 )
             binding.require(ex.binding, what)
-        n = len(examples)
-        offsets = offsets_of(np.array([len(ex) + 1 for ex in examples], dtype=np.int64))
-        windows = (
-            np.concatenate([ex.window for ex in examples]) if n else np.zeros(0, np.int32)
-        ).astype(np.int32, copy=False)
-        mask = np.concatenate([ex.loss_mask for ex in examples]) if n else np.zeros(0, bool)
+        windows = np.concatenate([np.zeros(0, np.int32), *(ex.window for ex in examples)])
+        mask = np.concatenate([np.zeros(0, bool), *(ex.loss_mask for ex in examples)])
         return cls(
-            windows=windows,
-            offsets=offsets,
+            windows=windows.astype(np.int32, copy=False),
+            offsets=offsets_of(np.array([len(ex) + 1 for ex in examples], dtype=np.int64)),
             loss_mask=mask.astype(bool, copy=False),
             source_ids=np.array([ex.source_id for ex in examples], dtype=object),
             example_ids=np.array([ex.example_id for ex in examples], dtype=object),
