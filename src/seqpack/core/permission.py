@@ -155,8 +155,7 @@ class CuSeqlens:
 
 
 def cu_seqlens(batch: PackedBatch) -> CuSeqlens:
-    flat_valid = batch.input_valid.reshape(-1)
-    valid_index = np.flatnonzero(flat_valid).astype(np.int64)
+    valid_index = np.flatnonzero(batch.input_valid).astype(np.int64)
     starts = valid_index[batch.positions.reshape(-1)[valid_index] == 0]
     # each segment start's place among the gathered valid tokens
     cu = np.append(np.searchsorted(valid_index, starts), valid_index.shape[0]).astype(np.int32)
