@@ -588,8 +588,7 @@ def materialize(
     base_of = np.zeros(layout.sizes.shape[0], dtype=np.int64)
     base_of[tries] = base
     lo = layout.seq_bounds[tries]
-    t_of, k = spread(layout.seq_bounds[tries + 1] - lo)
-    seqs = lo[t_of] + k
+    seqs = concat_ranges(lo, layout.seq_bounds[tries + 1] - lo)
     # Owned spans: every stored cell, its token from the sequence that owns it.
     owner, local = spread(layout.lengths[seqs] - layout.lcp[seqs])
     dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
