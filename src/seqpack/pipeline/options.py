@@ -1,26 +1,20 @@
 """Every option of a packing run, declared once: :class:`PackOptions`.
 
-``seqpack pack`` / ``seqpack stats``, :func:`seqpack.pipeline.local.pack_path`,
-:func:`seqpack.ray.pack` and :func:`seqpack.hf.pack_dataset` all take this frozen
-object, so a default, a check or a help text exists in one place. Each field's
-``metadata`` carries its command-line flag and help (``seqpack.cli.flags`` builds
-the parser from it)::
+``seqpack pack`` / ``stats``, :func:`seqpack.pipeline.local.pack_path`,
+:func:`seqpack.ray.pack` and :func:`seqpack.hf.pack_dataset` all take this frozen object;
+each field's ``metadata`` carries its flag and help (:mod:`seqpack.cli.flags` builds the
+parser from it)::
 
     options = PackOptions(max_length=4096, policy="best-fit-decreasing", vocab_size=32000)
     pack_path("shards/", "packed/", options)
     pack_path("shards/", "packed/", max_length=4096, vocab_size=32000)   # the same run
 
-``max_length`` is the row width in tokens: the length of the ``input_ids`` a model
-sees, for every format (TRL's ``SFTConfig.max_length``). The packer's internal
-``capacity`` (cells per row) equals it: with ``format="seqpack"`` a cell is one input
-token with its target, so an example of ``n`` tokens (``n - 1`` prediction pairs) fills
-``n - 1`` cells; with ``format="trl"`` a cell is one token, so it fills ``n``
-(:attr:`PackOptions.pair_capacity` is then ``max_length - 1``). ``capacity=`` is the
-0.x name of ``max_length`` and still works, with a :class:`DeprecationWarning` (as
-do the other old names of :data:`seqpack._renames.OLD_FIELDS`).
-
-Values are checked on construction (a bad one is an
-:class:`~seqpack.core.errors.InvalidInput` naming the option and the fix).
+``max_length`` is the row width in tokens (TRL's ``SFTConfig.max_length``) and the packer's
+``capacity``: with ``format="seqpack"`` an example of ``n`` tokens fills ``n - 1`` cells
+(one per prediction pair), with ``format="trl"`` ``n`` (:attr:`PackOptions.pair_capacity`).
+The old names (``capacity=``, ... :data:`seqpack._renames.OLD_FIELDS`) still work, with a
+:class:`DeprecationWarning`. A bad value is an :class:`~seqpack.core.errors.InvalidInput`
+naming the option and the fix.
 """
 
 from __future__ import annotations
