@@ -78,11 +78,8 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Exit 0: packed == separate; 1: the model mixed examples — and nothing else.
-
-    A refusal, bad input or a crash anywhere (loading, the model, seqpack) is one
-    line and exit 2, never a traceback with the exit code that means "mixed".
-    """
+    """Exit 0: packed == separate; 1: the model mixed examples. A refusal, bad input or a
+    crash anywhere (loading, the model, seqpack) is one line and exit 2."""
     from seqpack.core.errors import SeqpackError
     from seqpack.verify.diagnose import ModelCrashed
 

@@ -1,16 +1,6 @@
-"""The packing pipeline: read -> plan -> materialise -> write, on one machine.
-
-=====================  =========================================================
-module                 holds
-=====================  =========================================================
-``options``            :class:`PackOptions`, every option of a packing run, once
-``budget``             what packing allocates, checked before allocating
-``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`, repeated ids
-``stats``              :func:`stats_path` (``seqpack stats``), policies compared, figure
-``progress``           status lines and progress bars on stderr
-=====================  =========================================================
-
-Names are loaded on first use (the package needs pyarrow).
+"""The packing pipeline: read -> plan -> materialise -> write, on one machine: ``options``
+(:class:`PackOptions`), ``budget``, ``local`` (:func:`pack_path`, :func:`pack_table`),
+``stats`` (:func:`stats_path`), ``progress``. Names are loaded on first use (pyarrow).
 """
 
 from __future__ import annotations

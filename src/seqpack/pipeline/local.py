@@ -99,14 +99,7 @@ def bind_examples(
 ) -> tuple[ExampleTable, int]:
     """``docs`` bound as ``options`` say and, with ``cut_long``, long sources cut (the budget
     checked first): the examples to plan, and how many sources were split."""
-    binding = resolve_binding(
-        docs,
-        options.split,
-        vocab_size=options.vocab_size,
-        tokenizer=tokenizer,
-        tokenizer_id=options.tokenizer_id,
-        split_id=options.split_id,
-    )
+    binding = resolve_binding(docs, options.split, **options.binding_keywords(tokenizer))
     table = docs.to_table(binding, options.split)
     if not options.cut_long:
         return table, 0

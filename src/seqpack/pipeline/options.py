@@ -99,11 +99,9 @@ _REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes")
 class PackOptions:
     """One packing run's options (see the module docstring); frozen and validated.
 
-    ``max_length``: tokens per row (the width of ``input_ids``). ``policy_options``
-    go to the policy (e.g. ``{"lookahead": 4096}`` for ``stream-best-fit``).
     ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded tokenizer;
-    ``vocab_size`` is required for pre-tokenized input without one.
-    ``chat_template`` is a Jinja file (or the template text), read on construction.
+    ``vocab_size`` is required for pre-tokenized input without one; ``chat_template``
+    (a Jinja file or the template text) is read on construction.
     """
 
     max_length: int = option(
@@ -251,11 +249,8 @@ class PackOptions:
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
-        """``options`` with ``overrides`` applied (keywords are field names), checked.
-
-        The old names of fields (``capacity`` of ``max_length``, ...:
-        :data:`seqpack._renames.OLD_FIELDS`) still work, with a :class:`DeprecationWarning`.
-        """
+        """``options`` with ``overrides`` applied (keywords are field names or their old
+        names, :data:`seqpack._renames.OLD_FIELDS`), checked."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names - set(OLD_FIELDS))
         if unknown:
@@ -292,6 +287,11 @@ class PackOptions:
         """The tokenizer these options name, loaded (None for pre-tokenized input), with
         ``chat_template`` when one is given."""
         return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
+
+    def binding_keywords(self, tokenizer: Tokenizer | None) -> dict[str, Any]:
+        """:func:`seqpack.io.documents.resolve_binding`'s keywords for these options."""
+        ids = {"tokenizer_id": self.tokenizer_id, "split_id": self.split_id}
+        return {"vocab_size": self.vocab_size, "tokenizer": tokenizer} | ids
 
     def show_progress(self, stream: Any) -> bool:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""

@@ -1,9 +1,7 @@
 """``seqpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
 
-:func:`pack_tree_path` writes a version-3 packed directory
-(:func:`seqpack.io.store.load_packed` opens it as a
-:class:`~seqpack.io.tree_store.TreeStore`); :func:`tree_stats` compares tree with
-flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
+:func:`pack_tree_path` writes a version-3 packed directory; :func:`tree_stats` compares
+tree with flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
 """
 
 from __future__ import annotations
@@ -122,14 +120,7 @@ def pack_tree_path(
     with open_output(out, opts.overwrite, inputs=inputs) as output:  # before reading
         tok = opts.load_tokenizer()
         table, origin = read_table(source, opts.split)
-        binding = table_binding(
-            table,
-            opts.split,
-            vocab_size=opts.vocab_size,
-            tokenizer=tok,
-            tokenizer_id=opts.tokenizer_id,
-            split_id=opts.split_id,
-        )
+        binding = table_binding(table, opts.split, **opts.binding_keywords(tok))
         groups, index = topts.groups(table, origin, binding, tok)
         epoch = pack_tree(
             groups,

@@ -174,7 +174,6 @@ def progress_bar(
         progress.close()
 
 
-def counts(documents: int, tokens: int, **more: float) -> str:
-    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens`` (and any ``more``)."""
-    extra = "".join(f", {name.replace('_', ' ')} {value:,.1f}" for name, value in more.items())
-    return f"{documents:,} docs, {tokens:,} tokens{extra}"
+def counts(documents: int, tokens: int) -> str:
+    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens``."""
+    return f"{documents:,} docs, {tokens:,} tokens"
