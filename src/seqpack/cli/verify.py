@@ -116,19 +116,12 @@ def _run_verify(args: argparse.Namespace) -> dict:
         from seqpack.verify.layouts import verify_tiny
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+    from seqpack.cli.verify_tree import load_hf_model
     from seqpack.hf.capability import architecture_of
     from seqpack.hf.kinds import attention_kind
     from seqpack.verify import models as hf_verify
 
-    model = hf_verify.load_model(
-        config=args.hf_config,
-        model=args.hf_model,
-        attn_implementation=args.attn or "sdpa",
-        dtype=hf_verify.DTYPES[args.dtype],
-        seed=args.seed,
-        device=args.device,
-        refuse=args.mode == "adapter",
-    )
+    model = load_hf_model(args, args.attn or "sdpa", refuse=args.mode == "adapter")
     arch = architecture_of(model)
     if args.mode == "adapter":
         arch.check(attention_kind(args.attn or "sdpa"))

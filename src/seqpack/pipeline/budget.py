@@ -45,10 +45,7 @@ SHARD_TOKEN_BYTES = 6
 SHARD_OCCURRENCE_BYTES = 96
 #: Read chunks in memory at once (the next one read while this one is tokenized).
 CHUNKS_IN_FLIGHT = 2
-#: Bytes held per byte of a read chunk, by input kind: JSON Lines (int64 ids parsed
-#: from >= 2 bytes each, labels, int32 copy, flags), Parquet (decoded columns and
-#: the int32 copy), Arrow already in memory or mapped (masks over the views), text
-#: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
+#: Bytes held per byte of a read chunk, by input kind (docs/design-notes.d/pipeline.md).
 CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
 #: Rust-side bytes per character of a text sub-batch being encoded (45 measured, BPE).
 TEXT_CHAR_BYTES = 64
