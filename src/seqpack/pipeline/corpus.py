@@ -131,8 +131,7 @@ KEEP_BYTES = 128 << 20
 
 
 class _Reading:
-    """What :func:`read_corpus` accumulates chunk by chunk; the chunks are the input's own
-    views (Arrow inputs), kept as int32 ids up to ``keep_bytes``, then spilled."""
+    """What :func:`read_corpus` accumulates: chunks kept up to ``keep_bytes``, then spilled."""
 
     def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
         self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
@@ -268,8 +267,7 @@ _END = object()
 
 
 def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, each produced by a helper thread while the previous one is used (one
-    ahead at most)."""
+    """``items``, each produced by a helper thread while the previous one is used."""
     with ThreadPoolExecutor(1, thread_name_prefix="seqpack-read") as pool:
         ahead = pool.submit(next, items, _END)
         try:

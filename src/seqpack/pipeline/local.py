@@ -97,8 +97,7 @@ def pack_table(
 def bind_examples(
     docs: Documents, options: PackOptions, tokenizer: Tokenizer | None
 ) -> tuple[ExampleTable, int]:
-    """``docs`` bound as ``options`` say and, with ``cut_long``, long sources cut (the budget
-    checked first): the examples to plan, and how many sources were split."""
+    """``docs`` bound as ``options`` say, long sources cut with ``cut_long``; (examples, splits)."""
     binding = resolve_binding(docs, options.split, **options.binding_keywords(tokenizer))
     table = docs.to_table(binding, options.split)
     if not options.cut_long:

@@ -59,8 +59,7 @@ PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 def flag(
     flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
-    """Field metadata: the flag (None: not on the command line; "": :func:`flag_name`), help
-    and argparse keywords."""
+    """Field metadata: the flag (None: none; "": :func:`flag_name`), help, argparse keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
 
 
@@ -249,8 +248,7 @@ class PackOptions:
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
-        """``options`` with ``overrides`` applied (keywords are field names or their old
-        names, :data:`seqpack._renames.OLD_FIELDS`), checked."""
+        """``options`` with ``overrides`` (fields or their :data:`OLD_FIELDS`) applied, checked."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names - set(OLD_FIELDS))
         if unknown:
@@ -284,8 +282,7 @@ class PackOptions:
         return self.max_length - 1 if self.format == "trl" else self.max_length
 
     def load_tokenizer(self) -> Tokenizer | None:
-        """The tokenizer these options name, loaded (None for pre-tokenized input), with
-        ``chat_template`` when one is given."""
+        """The tokenizer named, with ``chat_template``, loaded (None: pre-tokenized input)."""
         return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
 
     def binding_keywords(self, tokenizer: Tokenizer | None) -> dict[str, Any]:
@@ -312,8 +309,7 @@ class PackOptions:
 
 
 def stored_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Policy options as a manifest records them: ``lookahead`` under its 0.2 key
-    ``window`` (the on-disk format stays)."""
+    """Policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)."""
     return {"window" if k == "lookahead" else k: v for k, v in options.items()}
 
 

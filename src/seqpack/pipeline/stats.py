@@ -38,8 +38,7 @@ def compare_policies(
     policies: Sequence[str] | None = None,
     labels: Callable[[int], str] | None = None,
 ) -> list[tuple[Plan, float]]:
-    """Plan ``lengths`` with every policy (default: all registered); (plan, seconds) each,
-    timed after a warm-up plan of a few examples."""
+    """Plan ``lengths`` with every policy (default: all); (plan, seconds) each, after a warm-up."""
     out = []
     for name in [policy_name(p) for p in policies] if policies else list(POLICIES):
         plan_rows(lengths[:8], capacity, name, labels=labels)

@@ -55,12 +55,10 @@ def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], st
 
     With format trl the policy packs tokens (``pairs + 1`` per example), and an example
     longer than ``capacity`` tokens is an :class:`~seqpack.core.errors.OversizedExample`."""
-    if opts.format != "trl":
-        return Storage.of(
-            plan_lengths(examples.lengths, opts.capacity, opts.policy, opts.policy_options)
-        )
-    tokens = token_lengths(examples.lengths, opts.capacity, label)
-    return Storage.of(plan_lengths(tokens, opts.capacity, opts.policy, opts.policy_options), 0)
+    trl = opts.format == "trl"
+    lengths = token_lengths(examples.lengths, opts.capacity, label) if trl else examples.lengths
+    plan = plan_lengths(lengths, opts.capacity, opts.policy, opts.policy_options)
+    return Storage.of(plan, 0 if trl else 1)
 
 
 def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
@@ -78,8 +76,7 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
 
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> StoredColumns:
-    """What a shard may need gathered besides its required columns (TRL's schema: only the
-    targets' flags, for ``labels``)."""
+    """What a shard may need gathered besides its required columns (for TRL: the flags)."""
     if format == "trl":
         return StoredColumns(
             source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
@@ -98,8 +95,7 @@ def _arrow(indices: np.ndarray) -> pa.Array:
 
 
 class CorpusSource:
-    """A read corpus as a :class:`~seqpack.core.compact.TokenSource`: example ``i`` as
-    ``examples`` says, gathering only the parts ``layout`` stores."""
+    """A read corpus as a TokenSource of ``examples``, gathering what ``layout`` stores."""
 
     def __init__(self, corpus: Corpus, examples: Examples, layout: StoredColumns, partition: Split):
         self.corpus, self.examples, self.layout = corpus, examples, layout
