@@ -11,10 +11,6 @@ from seqpack.cli.flags import argparse_type, old_capacity, parse_int
 MAX_SEED = 2**63 - 1
 
 
-def _seed(text: str, flag: str) -> int:
-    return parse_int(text, flag, 0, MAX_SEED)
-
-
 def add_verify(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--hf-config", metavar="PATH", help="transformers config (file or dir)")
@@ -50,7 +46,7 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     p.add_argument(
         "--seed",
-        type=argparse_type(_seed, "--seed"),
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 0, MAX_SEED), "--seed"),
         default=0,
         help="weights (from a config) and token ids",
     )

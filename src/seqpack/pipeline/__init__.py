@@ -7,21 +7,12 @@ from __future__ import annotations
 
 from seqpack._lazy import lazy_exports
 
-_NAMES = {
-    "PackOptions": "options",
-    "DEFAULT_POLICY": "options",
-    "DEFAULT_ROWS_PER_BATCH": "options",
-    "packing_bytes": "budget",
-    "check_budget": "budget",
-    "model_call_bytes": "budget",
-    "pack_path": "local",
-    "pack_table": "local",
-    "stats_path": "stats",
-    "compare_policies": "stats",
-    "example_lengths": "stats",
-    "plot_stats": "stats",
-    "duplicate_ids": "local",
-    "duplicate_report": "local",
+_MODULES = {
+    "options": ["PackOptions", "DEFAULT_POLICY", "DEFAULT_ROWS_PER_BATCH"],
+    "budget": ["packing_bytes", "check_budget", "model_call_bytes"],
+    "local": ["pack_path", "pack_table", "duplicate_ids", "duplicate_report"],
+    "stats": ["stats_path", "compare_policies", "example_lengths", "plot_stats"],
 }
+_NAMES = {name: module for module, names in _MODULES.items() for name in names}
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
