@@ -37,7 +37,6 @@ def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]
     from seqpack.verify import tree_models as tree_verify
 
     spec = tree_verify.parse_tree_lengths(args.tree_lengths)
-    # seqpack_tree: set below
     model = load_hf_model(args, "sdpa" if attn == "sdpa" else "eager")
     if attn.startswith("seqpack_tree"):
         tree_verify.use_tree_attention(model, attn)
