@@ -118,22 +118,18 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if ray.is_initialized():
         yield ray
         return
+    local = {} if address else {"num_cpus": num_cpus, "include_dashboard": False}
     if address:
         check_reachable(address)
-        try:
-            ray.init(address=address, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise NotAvailable(
-                f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
-                " check --ray-address (ray status on the head node prints it)"
-            ) from None
-    else:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+    try:
+        ray.init(address=address or "local", logging_level=logging.WARNING, **local)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        if not address:
+            raise
+        raise NotAvailable(
+            f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
+            " check --ray-address (ray status on the head node prints it)"
+        ) from None
     try:
         yield ray
     finally:

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from seqpack._renames import renamed_names
 from seqpack.core.binding import Binding, Split
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import SplitMismatch
-from seqpack.core.examples import ExampleTable, example_label
+from seqpack.core.examples import example_label
 from seqpack.core.supervision import Objective
 from seqpack.io import store
 from seqpack.io.columns import documents_from_arrow
@@ -118,24 +119,6 @@ def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
         )
 
 
-def _check_block_budget(
-    block: Block, sources: int, examples: ExampleTable, settings: Settings
-) -> None:
-    """The local ``max_metadata_bytes`` check for this block alone, naming it and its rows."""
-    opts = settings.options
-    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
-    check_budget(
-        examples,
-        PackConfig(opts.capacity, opts.max_rows_per_batch),
-        opts.policy,
-        opts.max_metadata_bytes,
-        where=f"block {block.index} ({names}, input rows {block.first:,}.."
-        f"{block.first + sources - 1:,}): ",
-        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
-        options=opts.policy_options,
-    )
-
-
 def plan_block(
     block: Block, settings: Settings, *tables: pa.Table
 ) -> tuple[dict[str, Any], pa.Table]:
@@ -156,7 +139,17 @@ def plan_block(
     check_split(table, docs, opts.split)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
-    _check_block_budget(block, len(docs), examples, settings)
+    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
+    check_budget(  # the local max_metadata_bytes check, for this block alone
+        examples,
+        PackConfig(opts.capacity, opts.max_rows_per_batch),
+        opts.policy,
+        opts.max_metadata_bytes,
+        where=f"block {block.index} ({names}, input rows {block.first:,}.."
+        f"{block.first + len(docs) - 1:,}): ",
+        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
+        options=opts.policy_options,
+    )
 
     def name(i: int) -> str:
         if split:
@@ -215,11 +208,4 @@ def write_shard(
 
 
 # vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "check_partition": "check_split",
-    },
-)
+__getattr__ = renamed_names(__name__, {"check_partition": "check_split"})

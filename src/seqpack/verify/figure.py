@@ -132,10 +132,8 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
         ax.set_xticks(np.arange(-0.5, width), minor=True)
         ax.set_yticks(np.arange(-0.5, n), minor=True)
         ax.grid(which="minor", color="white", linewidth=1.5)
-        ax.tick_params(which="minor", length=0)
-        ax.tick_params(which="major", length=0)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
+        ax.tick_params(which="both", length=0)
+        ax.spines[:].set_visible(False)
 
 
 def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:

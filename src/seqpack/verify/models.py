@@ -436,16 +436,15 @@ def _compare(
         sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
         packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
         compared["gradients"] = compare(sep_grads, packed_grads, tol)
-    f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
+    (atol, rtol), why = FLOAT32_TOLERANCE, "transformers computes its loss in float32"
+    f32 = {"abs": atol, "rel": rtol, "why": why}
     if mode == "adapter":
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
     if mode == "adapter":
-        report["tolerance"]["model_loss"] = f32 | {
-            "why": "transformers computes its loss in float32"
-        }
+        report["tolerance"]["model_loss"] = f32
     return report, kwargs, batch, tol
 
 
