@@ -116,13 +116,9 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
 
 def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
     """A reader message about the copied range, told about the original file and lines."""
-
-    def line(m: re.Match[str]) -> str:
-        return f"{path} line {int(m.group(1)) + first_line - 1}"
-
-    return re.sub(re.escape(str(part)) + r" line (\d+)", line, message).replace(
-        str(part), str(path)
-    )
+    pattern = re.escape(str(part)) + r" line (\d+)"
+    lined = re.sub(pattern, lambda m: f"{path} line {int(m.group(1)) + first_line - 1}", message)
+    return lined.replace(str(part), str(path))
 
 
 def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:

@@ -200,9 +200,7 @@ def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
     strip_ax.imshow(cell_rgb[None], aspect="auto", interpolation="nearest")
     for a, b, name in zip(occ.col_start, occ.col_end, occ.source_ids, strict=True):
         if (b - a) * 40 >= width:  # room for a label
-            strip_ax.text(
-                (a + b - 1) / 2, 0, f"{name}\n{b - a}", ha="center", va="center", fontsize=8
-            )
+            strip_ax.text((a + b - 1) / 2, 0, f"{name}\n{b - a}", **CENTRED | {"fontsize": 8})
     strip_ax.set_yticks([])
     strip_ax.set_title(
         f"{len(occ)} examples in {width:,} cells ({int(batch.input_valid[0].sum()):,} used);"
