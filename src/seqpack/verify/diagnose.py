@@ -51,11 +51,8 @@ def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
     occ = batch.occurrences
     order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
     cells = occurrence_cells(batch)[order]
-    if flattened:
-        valid_index = batch.cu_seqlens().valid_index
-        flat_of_cell = np.full(batch.shape[0] * batch.shape[1], -1, dtype=np.int64)
-        flat_of_cell[valid_index] = np.arange(valid_index.shape[0])
-        cells = flat_of_cell[cells]
+    if flattened:  # the rank of each (valid) cell among the sorted valid cells
+        cells = np.searchsorted(batch.cu_seqlens().valid_index, cells)
     return torch.as_tensor(cells)
 
 
