@@ -346,15 +346,15 @@ class _StreamPass:
         self.closed = state_columns(state, "closed", what, limits)
         self.step, self.micro_done = (state_int(state, k, what) for k in ("step", "micro_done"))
         self.source_done = state_value(state, "source_done", what) is True
-        state_int(state, "docs_read", what, state_int(state, "first_doc", what))
-        state_int(state, "first_doc_example", what, 0, pushed)
+        self.docs_read = state_int(state, "first_doc", what)
+        docs_read = state_int(state, "docs_read", what, self.docs_read)
+        example = state_int(state, "first_doc_example", what, 0, pushed)
+        digest = state_value(state, "pending_digest", what)
         wanted = set(packer["buffer"]["example"]) | set(self.closed[0].tolist())
         wanted |= {e for row in packer["open_rows"] for e in row["example"]}
-        self.docs_read = int(state["first_doc"])
         self.source = itertools.islice(self.source, self.docs_read, None)
-        example = int(state["first_doc_example"])
-        while self.docs_read < int(state["docs_read"]):
-            count = min(self.ds.read_chunk, int(state["docs_read"]) - self.docs_read)
+        while self.docs_read < docs_read:
+            count = min(self.ds.read_chunk, docs_read - self.docs_read)
             examples, read = self._read(count, example)
             if read != count:
                 raise InvalidInput(f"the source ended after {self.docs_read} documents")
@@ -362,7 +362,7 @@ class _StreamPass:
                 if example in wanted:
                     self.pending[example] = ex
                 example += 1
-        if len(self.pending) != len(wanted) or self._digest() != state["pending_digest"]:
+        if len(self.pending) != len(wanted) or self._digest() != digest:
             raise InvalidInput(
                 "the source gave different documents than when the state was saved — resume"
                 " needs a source that yields the same documents in the same order"
