@@ -1,23 +1,12 @@
 """Iterable dataset over a stream: documents -> examples -> StreamPacker -> scheduled calls.
 
-For corpora read once, in order, without a packed directory. Documents are
-read in chunks and their examples pushed to a
-:class:`~seqpack.core.stream_packer.StreamPacker` (bounded memory: only examples
-still waiting or in open rows are held). Closed rows gather into optimizer
-steps of ``world_size * micro_batches * rows_per_micro_batch`` rows; each
-step is split with :func:`schedule_rows` (no shuffle, balanced by load), so
-every rank yields exactly ``micro_batches`` slots per step, with explicit
-empty slots in a short last step, and every slot carries the step's global
-eligible count. Every rank packs the whole stream (the packer is
-deterministic), so no communication is needed to agree on the steps.
-
-Resumable: ``state_dict()`` is small plain data (the packer's state, the
-closed rows not yet trained on, the document cursor); after
-``load_state_dict``, iteration re-reads the source from the first document
-that still has a waiting example and continues exactly as the uninterrupted
-run would have. The source must therefore give the same documents in the
-same order each time it is iterated (a list, a ``datasets.Dataset``, or a
-function returning a fresh iterator).
+Documents are read in chunks into a :class:`~seqpack.core.stream_packer.StreamPacker`;
+closed rows gather into steps of ``world_size * micro_batches * rows_per_micro_batch``
+rows, each cut with :func:`schedule_rows` (no shuffle). Every rank packs the whole stream
+(deterministic, no communication) and yields ``micro_batches`` slots per step.
+``state_dict()`` is small plain data; a resumed iteration re-reads the source from the
+first document with a waiting example, so the source must give the same documents in the
+same order each time (a list, a ``datasets.Dataset`` or a function returning an iterator).
 """
 
 from __future__ import annotations
@@ -293,9 +282,7 @@ class StreamDataset(IterableDataset):
 
 
 class _StreamPass:
-    """One pass over the stream: documents read, examples waiting in the packer, rows
-    closed but not yet trained on, and the step being cut; its fields are exactly what
-    :meth:`state` saves, so a resumed pass continues the same schedule."""
+    """One pass over the stream; its fields are what :meth:`state` saves."""
 
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
@@ -426,10 +413,9 @@ class _StreamPass:
 
     def _step_stats(self, step_rows: np.ndarray, example: np.ndarray, row: np.ndarray):
         lengths = np.array([self.pending[e].window.shape[0] - 1 for e in example.tolist()])
-        eligible = np.array([int(self.pending[e].loss_mask.sum()) for e in example.tolist()])
+        eligible = [int(self.pending[e].loss_mask.sum()) for e in example.tolist()]
         local = np.searchsorted(step_rows, row)
-        per_row = np.zeros(step_rows.shape[0], dtype=np.int64)
-        np.add.at(per_row, local, eligible.astype(np.int64))
+        per_row = np.bincount(local, eligible, step_rows.shape[0]).astype(np.int64)
         return RowStats.from_segments(lengths.astype(np.int64), local, per_row)
 
     def run(self) -> Iterator[ScheduledBatch]:
