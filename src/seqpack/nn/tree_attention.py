@@ -13,9 +13,7 @@ nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
 Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
-gradient once per consumer (``index_select``'s backward adds them), which is the flat
-objective's gradient. Also: the FlexAttention ``mask_mod``, the weighted loss over tree
-cells, and per-sequence views (:func:`token_logprobs`, :func:`sequence_logprobs`).
+gradient once per consumer (``index_select``'s backward adds them): the flat gradient.
 """
 
 from __future__ import annotations
@@ -62,11 +60,8 @@ class TreePlan:
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: the flat cells of its path (ancestors' spans root first, then its own).
-
-    Returns ``(cells, bounds)``, int64 [Σ P] and [M+1]. Nodes are in
-    pre-order, so a parent's path is known before its children's.
-    """
+    """Per node (pre-order): the flat cells of its path (ancestors' spans root first, then
+    its own) as ``(cells, bounds)``, int64 [Σ P] and [M+1]."""
     first = batch.node_row * batch.shape[1] + batch.node_col
     paths: list[list[int]] = []
     for n, parent in enumerate(batch.node_parent.tolist()):
@@ -189,13 +184,10 @@ def varlen_reference(
 ) -> Any:
     """``flash_attn_varlen_func`` in plain torch (dense per call: for checks on CPU).
 
-    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is
-    ``q[cu_q[i]:cu_q[i+1]]`` against ``k[cu_k[i]:cu_k[i+1]]``. Causality and
-    ``window_size=(left, right)`` align bottom-right, as flash-attn 2 does:
-    query ``j`` of ``Lq`` sits at key ``j + Lk - Lq``. Returns ``out`` (Nq, H, Dv),
-    or ``(out, lse (H, Nq), None)`` with ``return_attn_probs`` (flash-attn 2's
-    varlen layout of the log-sum-exp); a query with no key gets 0 and
-    ``lse = -inf``. Unlike flash-attn's, ``lse`` is differentiable.
+    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is ``q[cu_q[i]:cu_q[i+1]]``
+    against ``k[cu_k[i]:cu_k[i+1]]``, causality and ``window_size`` bottom-right aligned
+    (query ``j`` of ``Lq`` at key ``j + Lk - Lq``). Returns ``out`` (Nq, H, Dv), or with
+    ``return_attn_probs`` ``(out, lse (H, Nq), None)`` (differentiable; no key: 0, -inf).
     """
     if dropout_p:
         raise NotAvailable("varlen_reference has no dropout: it is the exact check")
@@ -256,14 +248,10 @@ def tree_flash_attention(
 ) -> torch.Tensor:
     """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
 
-    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at
-    padding. Default: one call over gathered keys, each node's queries against
-    its path, causal bottom-right (so query ``j`` sits at its own depth) with
-    ``window_size=(sliding_window-1, 0)``. ``merge``: no key gathered for the node's own
-    block (a causal call over the node spans) plus a non-causal call over its
-    ancestors' spans, merged by their log-sum-exps (full attention only;
-    flash-attn's backward ignores the log-sum-exp's gradient, so with it the
-    merge serves forwards without gradients, e.g. a DPO reference model).
+    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at padding.
+    Default: one causal bottom-right call, each node's queries against its gathered path.
+    ``merge``: a causal call over the node spans plus one over the ancestors' spans,
+    merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
     """
     varlen = varlen or flash_varlen(q.device)
     qs = q.index_select(0, plan.stored)

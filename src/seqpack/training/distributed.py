@@ -16,7 +16,7 @@ of its whole step (:mod:`seqpack.training.global_loss`).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -195,25 +195,18 @@ class RowStats:
     @classmethod
     def stacked(cls, parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> RowStats:
         """From ``(lengths, row_of, eligible)`` of each group of rows, in row order."""
-        columns: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
-        for part in parts:
-            for column, values in zip(columns, part, strict=True):
-                column.append(np.asarray(values, dtype=np.int64))
-        return cls.from_segments(*(np.concatenate(c) for c in columns))
+        empty = (np.zeros(0, np.int64),) * 3
+        return cls.from_segments(*map(np.concatenate, zip(empty, *parts, strict=True)))
 
     @classmethod
     def from_batches(cls, batches: Any) -> RowStats:
         """Rows of ``batches`` (PackedBatch objects) numbered consecutively in order."""
-
-        def parts() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            first = 0
-            for batch in batches:
-                occ = batch.occurrences
-                eligible = batch.loss_mask.sum(axis=1, dtype=np.int64)
-                yield occ.col_end - occ.col_start, occ.row + first, eligible
-                first += batch.shape[0]
-
-        return cls.stacked(parts())
+        parts, first = [], 0
+        for batch in batches:
+            occ, eligible = batch.occurrences, batch.loss_mask.sum(axis=1, dtype=np.int64)
+            parts.append((occ.col_end - occ.col_start, occ.row + first, eligible))
+            first += batch.shape[0]
+        return cls.stacked(parts)
 
     def costs(self, balance: Balance) -> np.ndarray:
         """Load per row for :func:`schedule_rows`: tokens, attention (Σl²) or none (zeros)."""
@@ -313,16 +306,8 @@ class Slot:
 
 
 SAMPLER_FORMAT = "seqpack.row-sampler/1"
-_SAMPLER_CONFIG = (
-    "rows",
-    "world_size",
-    "rank",
-    "micro_batches",
-    "rows_per_micro_batch",
-    "seed",
-    "balance",
-    "shuffle",
-)
+_SAMPLER_CONFIG = ("rows", "world_size", "rank", "micro_batches", "rows_per_micro_batch")
+_SAMPLER_CONFIG += ("seed", "balance", "shuffle")
 
 
 class RowSampler:
