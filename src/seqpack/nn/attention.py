@@ -34,11 +34,9 @@ from seqpack.core.permission import check_sliding_window, key_bounds, pairwise
 class AttentionLayout:
     """Torch views of one batch's permission, built once and shared by all layers.
 
-    ``valid`` bool (R, T); ``segments``, ``positions``, ``key_starts``,
-    ``key_ends`` int64 (R, T) with ``[key_starts, key_ends)`` the permitted
-    key range of each query (empty on padding); ``cu_seqlens`` int32 (S+1,),
-    ``max_seqlen``, ``valid_index`` int64 (N,) flat indices of valid cells
-    into ``R*T``, row-major; ``lengths`` int64 (S,) segment lengths.
+    ``valid`` bool (R, T); ``segments``, ``positions``, ``key_starts``, ``key_ends`` int64
+    (R, T) (``[key_starts, key_ends)``: each query's keys); ``cu_seqlens`` int32 (S+1,),
+    ``max_seqlen``, ``valid_index`` int64 (N,) valid cells' flat indices, ``lengths`` (S,).
     """
 
     valid: torch.Tensor

@@ -35,13 +35,9 @@ from seqpack.nn.varlen import grouped_attention
 
 @dataclass(frozen=True, eq=False)
 class TreePlan:
-    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers.
-
-    ``groups``: per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``;
-    ``scatter`` int64 (R*T,): ``1 +`` the output slot of each stored cell, 0
-    (the zero row) for padding; ``score_cells``: ``Σ m × P``; ``cache``: the
-    block masks and concatenated gathers, built on first use.
-    """
+    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers:
+    ``groups`` per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``; ``scatter`` int64
+    (R*T,) ``1 +`` each stored cell's output slot (0: padding); ``score_cells`` ``Σ m × P``."""
 
     groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
     scatter: torch.Tensor
@@ -52,10 +48,7 @@ class TreePlan:
     def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All groups' query and key indices, concatenated (cached)."""
         if "gathers" not in self.cache:
-            self.cache["gathers"] = (
-                torch.cat([g[3] for g in self.groups]),
-                torch.cat([g[4] for g in self.groups]),
-            )
+            self.cache["gathers"] = tuple(torch.cat([g[i] for g in self.groups]) for i in (3, 4))
         return self.cache["gathers"]
 
 
@@ -115,12 +108,10 @@ def tree_attention(
 class FlashPlan:
     """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
 
-    Queries are the stored cells in node order (``stored``), one query sequence
-    per node (``cu_q``, int32 [M+1]). The gathered call's keys are each node's
-    path (``keys``, ``cu_k``); the two-part merge's are each node's own span
-    (``cu_q``, causal) and, for the ``inner`` nodes that have ancestors, their
-    ancestors' spans (``ancestors``, ``cu_a``; ``inner_q``: those nodes' query
-    slots, ``cu_inner``).
+    Queries: the stored cells in node order (``stored``), one sequence a node (``cu_q``,
+    int32 [M+1]); keys: each node's path (``keys``, ``cu_k``), or for the merge each node's
+    own span (``cu_q``) and the ancestors' spans (``ancestors``, ``cu_a``) of the nodes
+    that have some (``inner_q``: their query slots, ``cu_inner``).
     """
 
     stored: torch.Tensor
@@ -321,11 +312,8 @@ def token_logprobs(logits: torch.Tensor, batch: TreeBatch) -> list[torch.Tensor]
 
 
 def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    """Sum of each original sequence's supervised target log-probs, (S,) in layout order.
-
-    The DPO / SimPO / reward-model quantity: ``Σ log p(target)`` over the
-    cells where the sequence's own loss mask is True.
-    """
+    """Sum of each original sequence's supervised target log-probs (its own loss mask), (S,)
+    in layout order: the DPO / SimPO / reward-model quantity."""
     mask = torch.as_tensor(batch.seq_loss_mask, device=logits.device)
     flat = _per_sequence(logits, batch) * mask
     owner = np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds))

@@ -213,12 +213,10 @@ class PackedCollator:
     (this call's) and ``num_items_in_batch`` (the whole step's for a
     :class:`ScheduledBatch`, which also adds ``last_micro`` and ``slot``).
     Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
-    adds the permission as bool ``[R, 1, T, T]`` (True = may attend; never named
-    ``attention_mask``: eager ``transformers`` adds a boolean mask as numbers).
-    ``flatten=True``: ``[1, N]``, no padding made, plus ``seq_idx`` int32 and
-    ``use_cache=False``, as ``DataCollatorWithFlattening`` gives. Rows mode has no
-    ``attention_mask``: feed Hugging Face models ``flatten=True`` or
-    :class:`seqpack.hf.HFCollator`. ``partition="train"`` refuses other partitions.
+    adds bool ``[R, 1, T, T]`` (True = may attend). ``flatten=True``: ``[1, N]``, no
+    padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s;
+    for Hugging Face models, or :class:`seqpack.hf.HFCollator`). ``partition="train"``
+    refuses other partitions.
     """
 
     def __init__(

@@ -80,17 +80,14 @@ def empty_rows(
 ) -> CompactRows:
     """0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
     none = np.zeros(0, dtype=np.int64)
+    ints = dict.fromkeys(("lengths", "starts", "ordinals", "range_starts", "range_ends"), none)
     return CompactRows(
+        **ints,
         tokens=np.zeros(0, dtype=np.int32),
         loss_mask=np.zeros(0, dtype=bool),
-        lengths=none,
-        starts=none,
         row_offsets=np.zeros(1, dtype=np.int64),
-        ordinals=none,
         source_ids=np.zeros(0, dtype=object),
         example_ids=np.zeros(0, dtype=object),
-        range_starts=none,
-        range_ends=none,
         capacity=capacity,
         partition=Split.parse(partition),
         binding=binding,

@@ -176,17 +176,12 @@ def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -
 class StreamDataset(IterableDataset):
     """Scheduled model calls (:class:`ScheduledBatch`) of one rank, packed on the fly.
 
-    ``documents``: token-id sequences, ``str`` (with ``tokenizer``) or
-    mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
-    per target, or per token with the first unused) or ``labels`` (HF
-    convention, ``-100`` = not supervised), ``completion_mask`` /
-    ``assistant_masks`` (TRL's, ANDed; :mod:`seqpack.core.supervision`), or
-    mappings with a ``text_field`` column (default ``"text"``, with
-    ``tokenizer``) and optional ``id``.
-    A document longer than ``capacity`` prediction pairs is an error unless
-    ``cut_long`` (then it becomes consecutive ranges, every pair kept once).
-    With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
-    of this rank (state_dict / resume need ``num_workers=0``).
+    ``documents``: token-id sequences, ``str`` or mappings with a ``text_field`` column
+    (with ``tokenizer``), or mappings with ``input_ids`` and optional ``loss_mask`` /
+    ``labels`` / ``completion_mask`` / ``assistant_masks`` (ANDed,
+    :mod:`seqpack.core.supervision`); a mapping's ``id`` names it. A document over
+    ``capacity`` pairs is an error unless ``cut_long`` (consecutive ranges). DataLoader
+    worker ``w`` of ``W`` yields slots ``w, w+W, ...`` (resume needs ``num_workers=0``).
     """
 
     @renamed_kwargs(capacity="max_length", split_long="cut_long", window="lookahead")
