@@ -71,8 +71,7 @@ class AttentionLayout:
         order = np.lexsort((starts, rows))  # row-major, as varlen kernels read tokens
         rows, starts, segments = rows[order], starts[order], np.asarray(segments)[order]
         lengths = np.asarray(lengths, dtype=np.int64)[order]
-        cu = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=cu[1:])
+        cu = np.r_[0, np.cumsum(lengths)].astype(np.int64)
         owner = np.repeat(np.arange(lengths.shape[0]), lengths)
         local = np.arange(cu[-1], dtype=np.int64) - cu[:-1][owner]
         index = (rows * width + starts)[owner] + local

@@ -183,8 +183,7 @@ def varlen_reference(
     if dropout_p:
         raise NotAvailable("varlen_reference has no dropout: it is the exact check")
 
-    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each token's sequence and its index in it."""
+    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:  # seq, index
         seq = torch.searchsorted(cu.long(), torch.arange(n, device=cu.device), right=True) - 1
         return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
 

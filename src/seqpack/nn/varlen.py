@@ -1,19 +1,17 @@
 """``varlen``: attention inside each segment's causal block only, in pure PyTorch.
 
-Segment ``s`` is the flat cells ``[start, start + l)`` of the ``R*T`` cell axis; its block
-is plain causal attention. Segments of equal length (``bucketing="exact"``, the default)
-share one ``scaled_dot_product_attention`` call on ``(n, H, L, D)`` with ``is_causal=True``
-(``Σ l^2`` score cells, not ``R*T^2``); ``bucketing="bucket"`` also stacks similar
-lengths, right-padding a segment by repeating its own last cell (no real query sees
-it; padded outputs are dropped). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the
-flat ``2*6`` cells) under ``exact``::
+Segment ``s`` (flat cells ``[start, start + l)`` of ``R*T``) is plain causal attention.
+Segments of equal length (``bucketing="exact"``, the default) share one causal SDPA call
+on ``(n, H, L, D)`` (``Σ l^2`` score cells, not ``R*T^2``); ``"bucket"`` also stacks
+similar lengths, padding a segment with its own last cell (outputs dropped). The fixture
+(A = cells 0-2, B = 3-4, C = 6-9 of the flat ``2*6`` cells) under ``exact``::
 
     group (n=1, L=4): C -> cells [6, 7, 8, 9]
     group (n=1, L=3): A -> cells [0, 1, 2]
     group (n=1, L=2): B -> cells [3, 4]
     scatter: cells 5, 10, 11 (padding) read the zero row
 
-A ``sliding_window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
+A ``sliding_window`` shorter than ``L`` makes the call's mask the ``(L, L)`` band of
 :func:`~seqpack.core.permission.permitted`.
 """
 

@@ -390,21 +390,12 @@ class RowSampler:
         """This rank's ``index``-th slot of the epoch."""
         schedule, counts = self._scheduled()
         step, micro = divmod(index, self.micro_batches)
-        rows = schedule.slot(step, self.rank, micro)
-        return Slot(
-            self.epoch,
-            step,
-            self.rank,
-            micro,
-            self.micro_batches,
-            tuple(rows.tolist()),
-            int(counts[step]),
-            index,
-        )
+        rows = tuple(schedule.slot(step, self.rank, micro).tolist())
+        count = int(counts[step])
+        return Slot(self.epoch, step, self.rank, micro, self.micro_batches, rows, count, index)
 
     def __iter__(self):
-        start = self.position
-        for index in range(start, len(self)):
+        for index in range(self.position, len(self)):
             self.position = index + 1
             yield self.slot(index)
         self.position = 0

@@ -158,7 +158,6 @@ def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -
         if tokens.shape[0] < 2:
             raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
         pairs = tokens.shape[0] - 1
-        # every supervision column of a mapping, ANDed (seqpack.core.supervision)
         flags = mapping_flags(item, tokens, what) if mapping and i not in encoded else None
         mask = np.ones(pairs, dtype=bool) if flags is None else flags
         if pairs > ds.capacity and not ds.cut_long:
