@@ -81,9 +81,8 @@ class StepSchedule:
 
     def rank_slots(self, rank: int) -> list[list[np.ndarray]]:
         """For one rank: per step, its ``micro_batches`` row-id arrays."""
-        return [
-            [self.slot(s, rank, m) for m in range(self.micro_batches)] for s in range(self.steps)
-        ]
+        micros = range(self.micro_batches)
+        return [[self.slot(s, rank, m) for m in micros] for s in range(self.steps)]
 
 
 def row_costs(row_lengths: list[np.ndarray] | np.ndarray, balance: Balance) -> np.ndarray:

@@ -105,9 +105,8 @@ def micro_batch_loss(
 ) -> torch.Tensor:
     """The loss to back-propagate for one collated micro-batch.
 
-    ``features``: a :class:`~seqpack.training.packed_data.PackedCollator` dict;
-    its ``shift_labels`` (pre-shifted targets) select the eligible cells of ``logits`` and its
-    ``num_items_in_batch`` (the step's global count) is the denominator::
+    ``features``: a :class:`~seqpack.training.packed_data.PackedCollator` dict (its
+    ``shift_labels`` select the cells, ``num_items_in_batch`` is the denominator)::
 
         for features in step_micro_batches:              # K per rank
             logits = model(*decoder_inputs(features, device))

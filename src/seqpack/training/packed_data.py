@@ -206,12 +206,11 @@ def _scheduled(item: Any) -> tuple[CompactRows, Slot | None]:
 class PackedCollator:
     """Tensors for one model call (the module docstring draws the fixture's).
 
-    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` (pre-shifted targets,
-    ``ignore_index`` where not loss-eligible), ``labels`` (``transformers``' unshifted
-    ones), ``position_ids``, ``segment_ids`` (ordinals, -1 on padding); int32
-    ``cu_seq_lens_q``/``_k`` [S+1] and ints ``max_length_q``/``_k``, ``num_eligible``
-    (this call's) and ``num_items_in_batch`` (the whole step's for a
-    :class:`ScheduledBatch`, which also adds ``last_micro`` and ``slot``).
+    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` / ``labels``
+    (``ignore_index`` where not eligible), ``position_ids``, ``segment_ids`` (-1 on
+    padding); int32 ``cu_seq_lens_q``/``_k`` [S+1]; ints ``max_length_q``/``_k``,
+    ``num_eligible`` and ``num_items_in_batch`` (for a :class:`ScheduledBatch` the whole
+    step's, plus ``last_micro`` and ``slot``).
     Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
     adds bool ``[R, 1, T, T]`` (True = may attend). ``flatten=True``: ``[1, N]``, no
     padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s;

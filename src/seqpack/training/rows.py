@@ -113,11 +113,8 @@ def distinct_rows(rows: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
 
 
 def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedBatch:
-    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order.
-
-    Occurrences follow their rows; ``first_row`` becomes the global index of
-    the first selected row. An empty selection gives a call of 0 rows.
-    """
+    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order
+    (``first_row``: the first selected row's global index; none: a call of 0 rows)."""
     rows = distinct_rows(rows, batch.shape[0])
     if not rows.size:
         return empty_batch(batch.shape[1], batch.partition, batch.binding, batch.first_row)

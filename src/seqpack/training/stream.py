@@ -376,6 +376,7 @@ class _StreamPass:
         ids = np.array([e.source_id for e in exs], dtype=object)
         range_starts = np.array([e.start for e in exs], dtype=np.int64)
         range_ends = range_starts + lengths + 1
+        names = [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)]
         return CompactRows(
             tokens=np.concatenate([np.zeros(0, np.int32)] + [e.window for e in exs]),
             loss_mask=np.concatenate([np.zeros(0, bool)] + [e.loss_mask for e in exs]),
@@ -384,10 +385,7 @@ class _StreamPass:
             row_offsets=offsets.astype(np.int64),
             ordinals=example[take],
             source_ids=ids,
-            example_ids=np.array(
-                [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)],
-                dtype=object,
-            ),
+            example_ids=np.array(names, dtype=object),
             range_starts=range_starts,
             range_ends=range_ends,
             capacity=self.ds.capacity,
