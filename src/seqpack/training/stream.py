@@ -275,8 +275,7 @@ class _StreamPass:
             ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed
         )
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
-        empty = np.zeros(0, dtype=np.int64)
-        self.closed = (empty, empty, empty)  # example, row, start of closed rows not yet used
+        self.closed = (np.zeros(0, dtype=np.int64),) * 3  # example, row, start: not yet used
         self.docs_read = self.step = self.micro_done = 0
         self.source_done = False
         self.source = iter(ds.documents() if callable(ds.documents) else ds.documents)
