@@ -308,6 +308,7 @@ def _stream_state():
         (lambda s: s.update(step=0.5), "step must be an integer"),
         (lambda s: s.update(first_doc=10**9), "docs_read"),
         (lambda s: s.pop("closed"), "has no 'closed'"),
+        (lambda s: s.pop("pending_digest"), "has no 'pending_digest'"),
     ],
 )
 def test_a_stream_dataset_state_is_checked(edit, needle):

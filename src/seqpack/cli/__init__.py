@@ -112,14 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _warnings_as_lines(args.command):
             return run(args)
-    except SeqpackError as err:
-        print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return 0
-    except OSError as err:
+    except (SeqpackError, OSError) as err:
         print(f"seqpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, SeqpackError) else 1
     except KeyboardInterrupt:
         print(f"seqpack {args.command}: interrupted", file=sys.stderr)
         return 130

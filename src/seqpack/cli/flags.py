@@ -1,12 +1,6 @@
-"""Command-line text to option values, and the ``argparse`` flags of the option classes.
-
-Every packing flag is declared once, in the ``metadata`` of a field of
-:class:`~seqpack.pipeline.options.PackOptions` (or ``RayOptions`` /
-``TreeOptions``); :func:`add_arguments` turns them into ``argparse`` options
-and :func:`from_arguments` the parsed values back into the options object.
-Text becomes a number only through :func:`parse_int`, :func:`parse_byte_size`
-and :func:`parse_option`: ``inf``, ``nan``, fractions, out-of-range and absurd
-values are one line naming the flag (exit 2).
+"""The ``argparse`` flags of the option classes' fields (:func:`add_arguments`, back into
+options: :func:`from_arguments`) and text to values (:func:`parse_int`,
+:func:`parse_byte_size`, :func:`parse_option`): a bad value is one line naming the flag.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from typing import Any
 
 from seqpack._renames import OLD_FLAGS, OLD_OPTIONS
 from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
-from seqpack.pipeline.options import PackOptions
+from seqpack.pipeline.options import PackOptions, flag_name
 
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 _BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -108,8 +102,7 @@ def parse_option(item: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), parsed
 
 
-#: How a field's text becomes its value; a field whose flag says ``type=int`` is read by
-#: :func:`parse_int` and its range checked by the options class, as for any caller.
+#: How a field's text becomes its value (``type=int`` flags: :func:`parse_int`).
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_metadata_bytes": parse_byte_size,
     "chunk_bytes": parse_byte_size,
@@ -145,14 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
         kwargs = dict(f.metadata["argparse"])
         parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
         if parse is not None:
-            kwargs["type"] = argparse_type(parse, f.metadata["flag"])
+            kwargs["type"] = argparse_type(parse, flag_name(f))
         target: Any = parser
-        olds = [o for o, n in OLD_FLAGS.items() if n == f.metadata["flag"]]
+        olds = [o for o, n in OLD_FLAGS.items() if n == flag_name(f)]
         if olds:  # and its old name, never both
             target = parser.add_mutually_exclusive_group()
             for old in olds:
                 old_flag(target, old, f.name, kwargs, parse)
-        target.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
+        target.add_argument(flag_name(f), dest=f.name, help=f.metadata["help"], **kwargs)
 
 
 def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptions) -> Any:
@@ -200,9 +193,8 @@ class OldName(argparse.Action):
 def old_flag(
     parser: Any, old: str, dest: str, kwargs: dict[str, Any], parse: Callable | None = None
 ) -> None:
-    """``old``, the 0.2 name of a flag (:data:`seqpack._renames.OLD_FLAGS`), kept one
-    release and hidden from ``--help``: the new flag's argparse ``kwargs``, its text read
-    by ``parse`` (errors then name ``old``)."""
+    """``old``, the 0.2 name of a flag (:data:`seqpack._renames.OLD_FLAGS`), hidden from
+    ``--help``: the new flag's argparse ``kwargs``, its text read by ``parse``."""
     kind = {"new": OLD_FLAGS[old], "dest": dest, "action": OldName, "help": argparse.SUPPRESS}
     if kwargs.get("action") == "store_true":
         parser.add_argument(old, nargs=0, const=True, **kind)
@@ -218,4 +210,4 @@ def old_capacity(parser: Any, dest: str) -> None:
 
 def cli_flags(command: str) -> list[str]:
     """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
-    return [f.metadata["flag"] for f in _flagged(PackOptions, command)]
+    return [flag_name(f) for f in _flagged(PackOptions, command)]

@@ -1,10 +1,5 @@
-"""``seqpack pack`` and ``seqpack stats``: their flags come from the option classes.
-
-Every packing flag is a field of :class:`~seqpack.pipeline.options.PackOptions`
-(``--engine ray``'s of :class:`~seqpack.ray.ray_options.RayOptions`, ``--tree``'s of
-:class:`~seqpack.pipeline.pack_tree.TreeOptions`); :mod:`seqpack.cli.flags`
-builds them; this module adds the input, ``--out``, ``--engine`` and ``--json``.
-"""
+"""``seqpack pack`` and ``seqpack stats``: the option classes' flags
+(:mod:`seqpack.cli.flags`) plus the input, ``--out``, ``--engine`` and ``--json``."""
 
 from __future__ import annotations
 

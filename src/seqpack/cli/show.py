@@ -1,8 +1,5 @@
-"""``seqpack show DIR --row N [--figure PATH]``: one packed row of a user's own output.
-
-Prints the row's occupants (segment, columns, pairs, supervised targets,
-source id and range) and, with ``--figure``, draws it as ``seqpack demo
---figure`` draws the fixture (:func:`seqpack.verify.figure.draw_row`).
+"""``seqpack show DIR --row N [--figure PATH]``: one packed row's occupants (segment,
+columns, pairs, supervised targets, source id and range) and, with ``--figure``, its drawing.
 """
 
 from __future__ import annotations

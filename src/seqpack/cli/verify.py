@@ -11,10 +11,6 @@ from seqpack.cli.flags import argparse_type, old_capacity, parse_int
 MAX_SEED = 2**63 - 1
 
 
-def _seed(text: str, flag: str) -> int:
-    return parse_int(text, flag, 0, MAX_SEED)
-
-
 def add_verify(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--hf-config", metavar="PATH", help="transformers config (file or dir)")
@@ -50,7 +46,7 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     p.add_argument(
         "--seed",
-        type=argparse_type(_seed, "--seed"),
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 0, MAX_SEED), "--seed"),
         default=0,
         help="weights (from a config) and token ids",
     )
@@ -78,11 +74,8 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Exit 0: packed == separate; 1: the model mixed examples — and nothing else.
-
-    A refusal, bad input or a crash anywhere (loading, the model, seqpack) is one
-    line and exit 2, never a traceback with the exit code that means "mixed".
-    """
+    """Exit 0: packed == separate; 1: the model mixed examples. A refusal, bad input or a
+    crash anywhere (loading, the model, seqpack) is one line and exit 2."""
     from seqpack.core.errors import SeqpackError
     from seqpack.verify.diagnose import ModelCrashed
 
@@ -119,19 +112,12 @@ def _run_verify(args: argparse.Namespace) -> dict:
         from seqpack.verify.layouts import verify_tiny
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+    from seqpack.cli.verify_tree import load_hf_model
     from seqpack.hf.capability import architecture_of
     from seqpack.hf.kinds import attention_kind
     from seqpack.verify import models as hf_verify
 
-    model = hf_verify.load_model(
-        config=args.hf_config,
-        model=args.hf_model,
-        attn_implementation=args.attn or "sdpa",
-        dtype=hf_verify.DTYPES[args.dtype],
-        seed=args.seed,
-        device=args.device,
-        refuse=args.mode == "adapter",
-    )
+    model = load_hf_model(args, args.attn or "sdpa", refuse=args.mode == "adapter")
     arch = architecture_of(model)
     if args.mode == "adapter":
         arch.check(attention_kind(args.attn or "sdpa"))

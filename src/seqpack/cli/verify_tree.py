@@ -35,17 +35,9 @@ def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]
             f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
         )
     from seqpack.verify import tree_models as tree_verify
-    from seqpack.verify.models import DTYPES, load_model
 
     spec = tree_verify.parse_tree_lengths(args.tree_lengths)
-    model = load_model(
-        config=args.hf_config,
-        model=args.hf_model,
-        attn_implementation="sdpa" if attn == "sdpa" else "eager",  # seqpack_tree: set below
-        dtype=DTYPES[args.dtype],
-        seed=args.seed,
-        device=args.device,
-    )
+    model = load_hf_model(args, "sdpa" if attn == "sdpa" else "eager")
     if attn.startswith("seqpack_tree"):
         tree_verify.use_tree_attention(model, attn)
     cfg = model.config.get_text_config()
@@ -59,6 +51,16 @@ def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]
     r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     r["model"]["source"] = str(args.hf_config or args.hf_model)
     return finish(args, r)
+
+
+def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> Any:
+    """The ``--hf-config`` / ``--hf-model`` model, in ``args``' dtype, seed and device."""
+    from seqpack.verify.models import DTYPES, load_model
+
+    where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
+    return load_model(
+        attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
+    )
 
 
 def cmd_stats_tree(args: argparse.Namespace) -> int:

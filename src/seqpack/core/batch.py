@@ -22,6 +22,7 @@ import numpy as np
 from seqpack._renames import renamed_kwargs
 from seqpack.core import permission
 from seqpack.core.binding import Binding, Split
+from seqpack.core.examples import spread
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -42,10 +43,9 @@ CELL_FIELDS = (
 
 @dataclass(frozen=True, eq=False)
 class Occurrences:
-    """One record per occurrence of a batch, in storage order, arrays [k]: ``ordinal``
-    (int64, index among the supplied examples), ``row`` (batch-local), ``col_start`` /
-    ``col_end``, ``segment`` (int32, the ordinal), ``source_ids`` / ``example_ids`` (str),
-    ``range_starts`` / ``range_ends`` (the span)."""
+    """Per occurrence, storage order, [k]: ``ordinal`` (int64, index among the supplied
+    examples), ``row`` (batch-local), ``col_start``/``col_end``, ``segment`` (int32),
+    ``source_ids``/``example_ids`` (str), ``range_starts``/``range_ends`` (the span)."""
 
     ordinal: np.ndarray
     row: np.ndarray
@@ -111,8 +111,7 @@ class PackedBatch:
         binding: Binding,
         first_row: int = 0,
     ) -> PackedBatch:
-        """A batch from :func:`fill_cells`' six arrays; every input has its target, so target
-        validity is a copy of input validity."""
+        """A batch from :func:`fill_cells`' six arrays (target validity: input validity)."""
         inputs, targets, segments, positions, valid, loss_mask = cells
         return cls(inputs, targets, segments, positions, valid, valid.copy(), loss_mask,
                    occurrences, partition, binding, first_row)  # fmt: skip
@@ -133,12 +132,9 @@ class PackedBatch:
 
     @property
     def nbytes(self) -> int:
-        cells = (self.inputs, self.targets, self.segments, self.positions)
-        flags = (self.input_valid, self.target_valid, self.loss_mask)
-        return sum(a.nbytes for a in cells + flags) + self.occurrences.nbytes
+        return sum(getattr(self, n).nbytes for n in CELL_FIELDS) + self.occurrences.nbytes
 
-    # Permission and its views (see seqpack.core.permission); ``sliding_window`` bounds
-    # how far back a query sees (sliding-window attention), None = unbounded.
+    # Permission views (seqpack.core.permission); sliding_window None: unbounded.
     @renamed_kwargs(window="sliding_window")
     def allowed_key(
         self, row: int, query: int, key: int, sliding_window: int | None = None
@@ -180,20 +176,15 @@ def fill_cells(
     token_starts: np.ndarray,
     flags: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
-    """Padded cells [rows, capacity] of one model call: ``inputs, targets, segments,
-    positions, valid, loss_mask``. Occurrence ``i`` covers cells ``[start[i], start[i] +
-    lens[i])`` of row ``row[i]`` with window ``tokens[token_starts[i]:][:lens[i] + 1]``,
-    segment ``segment[i]`` and the next ``lens[i]`` of ``flags``."""
+    """Padded cells ``inputs, targets, segments, positions, valid, loss_mask`` [rows,
+    capacity]: occurrence ``i`` fills ``[start[i], start[i] + lens[i])`` of row ``row[i]``
+    from ``tokens[token_starts[i]:]``, segment ``segment[i]``, the next ``lens[i]`` flags."""
     inputs, targets = np.full((2, *shape), PAD_CELL, dtype=np.int32)
     segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
     positions = np.zeros(shape, dtype=np.int32)
     valid, loss_mask = np.zeros((2, *shape), dtype=bool)
-    total = int(lens.sum())
-    if total:
-        firsts = np.zeros(lens.shape[0], dtype=np.int64)
-        np.cumsum(lens[:-1], out=firsts[1:])
-        owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)  # [cells]
-        local = np.arange(total, dtype=np.int64) - firsts[owner]  # position in occurrence
+    if int(lens.sum()):
+        owner, local = spread(lens)  # occurrence and position of each cell
         dest = (row * shape[1] + start)[owner] + local  # flat cell index
         src = token_starts[owner] + local  # index into tokens
         inputs.flat[dest] = tokens[src]

@@ -8,10 +8,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from seqpack._renames import renamed_names
-from seqpack.core.errors import BindingMismatch, InvalidInput
+from seqpack.core.errors import BindingMismatch, InvalidInput, is_int
 
 INT32_MAX = 2**31 - 1
 _FIELDS = ("vocab_size", "tokenizer_id", "split_id")
@@ -46,7 +44,7 @@ class Binding:
 
     def __post_init__(self) -> None:
         v = self.vocab_size
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 < v <= INT32_MAX:
+        if not is_int(v) or not 0 < v <= INT32_MAX:
             raise InvalidInput(
                 f"vocab_size must be an integer in [1, {INT32_MAX}], got {v!r}"
                 " — pass the tokenizer's vocabulary size"

@@ -8,11 +8,8 @@ exactly. The fixture (capacity 6, next-fit)::
     row 0: tokens [0 99 100 1 | 0 101 1]   lengths [3, 2]  starts [0, 3]
     row 1: tokens [0 102 103 104 1]        lengths [4]     starts [0]
 
-Write path: a :class:`Plan` in :class:`Storage` order; :func:`gather_rows` builds rows
-``[a, b)`` from a :class:`TokenSource` (:class:`TableSource`, or
-:class:`seqpack.pipeline.writer.CorpusSource`); :func:`compact_rows` and
-:func:`materialize` are that path in memory. The copies are one kernel,
-:func:`gather_into` (in C, else chunked NumPy).
+:func:`gather_rows` builds rows ``[a, b)`` of a :class:`Storage` (a plan in storage order)
+from a :class:`TokenSource`; every copy is :func:`gather_into` (C, else chunked NumPy).
 """
 
 from __future__ import annotations
@@ -38,15 +35,12 @@ GATHER_CHUNK = 1 << 22
 
 @dataclass(frozen=True, eq=False)
 class CompactRows:
-    """Rows ``first_row .. first_row + num_rows - 1`` of a packing, unpadded.
-
-    ``row_offsets`` int64 [rows+1]: row ``r`` holds occurrences
-    ``row_offsets[r]:row_offsets[r+1]``. Per occurrence [k]: ``lengths`` (pairs),
-    ``starts`` (column), ``ordinals`` (segment id). ``tokens`` int32 [Σ(len+1)]. The
-    derivable parts may be None (:meth:`full` fills them): ``loss_mask`` bool [Σlen]
-    (None: all supervised), ``source_ids`` (NumPy or Arrow strings; None: the ordinal's
-    decimal), ``example_ids`` (None: the source ids), ``range_starts``/``range_ends``
-    (None: ``[0, len + 1)``).
+    """Rows ``first_row ..`` of a packing, unpadded: row ``r`` holds occurrences
+    ``row_offsets[r]:row_offsets[r+1]`` (int64 [rows+1]); per occurrence [k] ``lengths``
+    (pairs), ``starts`` (column), ``ordinals`` (segment id); ``tokens`` int32 [Σ(len+1)].
+    None where derivable (:meth:`full`): ``loss_mask`` (all supervised), ``source_ids``
+    (NumPy or Arrow; the ordinal's decimal), ``example_ids`` (the source ids),
+    ``range_starts``/``range_ends`` (``[0, len + 1)``).
     """
 
     tokens: np.ndarray
@@ -176,8 +170,7 @@ def scatter_loop(src, src_starts, lens, out, out_starts):  # pragma: no cover - 
 
 
 def _native_ok(*arrays: np.ndarray) -> bool:
-    """Whether the C kernels take these arrays: C-contiguous integers or booleans, in the
-    machine's byte order."""
+    """Whether the C kernels take these arrays: C-contiguous, native-order ints or bools."""
     return all(a.flags.c_contiguous and a.dtype.kind in "iub" and a.dtype.isnative for a in arrays)
 
 
@@ -190,8 +183,7 @@ def gather_into(
     native: bool = True,
 ) -> None:
     """Copy ``src[src_starts[i]:][:lens[i]]`` to ``out[out_starts[i]:][:lens[i]]`` for every
-    ``i``, casting to ``out``'s dtype; the source may be a memory map (only the windows asked
-    for are touched). Bounds are the caller's contract::
+    ``i``, cast to ``out``'s dtype (``src`` may be a memory map; bounds unchecked)::
 
         src [5 6 7 8 9]   src_starts [3, 0]  lens [2, 1]  out_starts [1, 0]
         out [5 8 9]
@@ -240,12 +232,9 @@ def labels_loop(tokens, mask, lens, out):  # pragma: no cover - the C twin runs
 def span_labels(
     tokens: np.ndarray, loss_mask: np.ndarray, lengths: np.ndarray, native: bool = True
 ) -> np.ndarray:
-    """HF-style labels for windows back to back, int32 [Σ(len+1)].
-
-    Window ``i`` has ``lengths[i] + 1`` tokens and ``lengths[i]`` flags; its
-    label is the token where that token's pair is supervised, and
-    :data:`IGNORE_INDEX` otherwise and on its first token (no pair predicts it).
-    """
+    """HF-style labels of windows back to back (``lengths[i] + 1`` tokens, ``lengths[i]``
+    flags each), int32 [Σ(len+1)]: the token where its pair is supervised, else
+    :data:`IGNORE_INDEX` (always on a window's first token)."""
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     out = np.empty(tokens.shape[0], dtype=np.int32)
     usable = native and _native_ok(tokens, loss_mask) and loss_mask.dtype == np.bool_
@@ -290,10 +279,9 @@ def value_range(values: np.ndarray, native: bool = True) -> tuple[int, int]:
 
 @dataclass(frozen=True, eq=False)
 class Storage:
-    """A plan in storage order: occurrence ``k`` (row by row, column by column) is
-    example ``order[k]``; row ``r`` holds occurrences ``row_offsets[r]:row_offsets[r+1]``
-    and starts after ``row_tokens[r]`` tokens. ``kept``: the plan keeps the supplied
-    order (next-fit, padded), so ``order`` is ``0..n-1``."""
+    """A plan in storage order: occurrence ``k`` is example ``order[k]``; row ``r`` holds
+    occurrences ``row_offsets[r]:row_offsets[r+1]`` after ``row_tokens[r]`` tokens;
+    ``kept``: ``order`` is ``0..n-1`` (next-fit, padded)."""
 
     plan: Plan
     order: np.ndarray
@@ -319,12 +307,9 @@ class Storage:
 
 
 class TokenSource(Protocol):
-    """Where planned examples' tokens are: what :func:`gather_rows` reads.
-
-    ``lengths`` int64 [n]: prediction pairs. ``take(ex, contiguous)``: for examples
-    ``ex`` (int64 [k]; ``contiguous``: ``ex[0], ex[0]+1, ...``) their windows back to
-    back (int32 [Σ(len+1)]) and the :class:`CompactRows` derivable fields it has.
-    """
+    """What :func:`gather_rows` reads: ``lengths`` int64 [n] (pairs); ``take(ex,
+    contiguous)``: the windows of examples ``ex`` back to back (int32 [Σ(len+1)]) and the
+    :class:`CompactRows` derivable fields it has (``contiguous``: ``ex`` is a run)."""
 
     lengths: np.ndarray
     binding: Binding
@@ -388,11 +373,8 @@ def _check_plan(table: ExampleTable, plan: Plan) -> None:
 
 
 def compact_rows(table: ExampleTable, plan: Plan, native: bool = True) -> CompactRows:
-    """Materialise ``plan`` over ``table`` as compact rows (storage order, no padding).
-
-    One copy of the windows and flags; none when the plan keeps the supplied order
-    (next-fit, padded), and uniform flags are always shared.
-    """
+    """``plan`` over ``table`` as compact rows: one copy of windows and flags, none when
+    the plan keeps the supplied order (next-fit, padded); uniform flags are shared."""
     _check_plan(table, plan)
     return gather_rows(TableSource(table, native), Storage.of(plan), 0, plan.num_rows)
 
@@ -434,10 +416,8 @@ def pack_examples(
     **policy_options: Any,
 ) -> PackedEpoch:
     """Pack whole examples of ``partition`` and ``expected_binding`` into rows of
-    ``config.capacity`` pairs. Next-fit (the default) keeps the supplied order and fills
-    only the current row; an oversized example is an error naming it. Occurrence ``i``
-    gets segment id ``i`` (duplicates get distinct segments).
-    """
+    ``config.capacity`` pairs (an oversized one is an error naming it); occurrence ``i``
+    gets segment id ``i``."""
     part = Split.parse(partition)
     if isinstance(examples, ExampleTable):
         table = examples

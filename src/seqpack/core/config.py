@@ -1,7 +1,5 @@
-"""The limits of one packing (:class:`PackConfig`) and what materialising a plan costs,
-computed with checked byte arithmetic before anything is allocated: every intermediate
-kept below ``MAX_BYTES`` (what an int64 offset can address) and compared with the limit
-before NumPy is asked for memory."""
+"""The limits of one packing (:class:`PackConfig`) and what materialising a plan costs, in
+checked byte arithmetic (below ``MAX_BYTES``) before anything is allocated."""
 
 from __future__ import annotations
 
@@ -59,10 +57,9 @@ def enforce(
 
 @dataclass(frozen=True)
 class PackConfig:
-    """Row width and per-call limits, validated on construction: ``capacity`` cells per row
-    (a run's ``max_length``), ``max_rows_per_batch`` rows per model call, ``max_cells`` per
-    call (default ``capacity * max_rows_per_batch``), ``max_metadata_bytes`` for what
-    :func:`pack_examples` allocates (None: unlimited)."""
+    """Validated limits: ``capacity`` cells per row (``max_length``), ``max_rows_per_batch``
+    rows and ``max_cells`` cells per model call (default their product),
+    ``max_metadata_bytes`` for what :func:`pack_examples` allocates (None: unlimited)."""
 
     capacity: int
     max_rows_per_batch: int

@@ -1,19 +1,12 @@
 """The kernel engine: one plain-Python source per kernel, run as C (native) or as is.
 
-Kernels are integer loops over 1-D arrays, no allocation, results written into
-arrays the caller passes in. A module defines them with :func:`kernel`; each
-has a C twin of the same name in ``core/native.c`` (the same loops, tie-breaks
-and integer widths), built with seqpack itself as ``seqpack.core.native``.
-:func:`call` runs one by name with ``kernels``:
-
-- ``"native"``: the C extension; loading it costs a millisecond, so even the
-  first call in a process runs at full speed.
-- ``"python"``: the same functions run by CPython. :func:`call` hands them
-  Python lists (several times faster than NumPy scalar indexing) and copies
-  the results back, so both give identical results.
-- ``"auto"``: native when the extension loads, else python (with one warning
-  naming the fix). ``SEQPACK_KERNELS=python`` (0.2: ``SEQPACK_ENGINE``) makes
-  native unavailable everywhere; ``"numba"`` is the 0.2 name of ``"native"``.
+Kernels are integer loops over 1-D arrays writing into arrays the caller passes, each
+defined with :func:`kernel` and twinned by name in ``core/native.c`` (same loops,
+tie-breaks, integer widths; built as ``seqpack.core.native``). :func:`call` runs one
+with ``kernels`` ``"native"`` (the C extension), ``"python"`` (the same functions on
+Python lists, results copied back: identical output) or ``"auto"`` (native when it
+loads, else python with one warning). ``SEQPACK_KERNELS=python`` (0.2:
+``SEQPACK_ENGINE``) makes native unavailable; ``"numba"`` is the 0.2 name of ``"native"``.
 """
 
 from __future__ import annotations
@@ -101,12 +94,8 @@ def resolve(kernels: str) -> str:
 
 
 def call(kernels: str, name: str, *args: Any, inputs: int = 0) -> Any:
-    """Run kernel ``name`` with the resolved ``kernels`` ("native" or "python").
-
-    For python, arrays (also inside tuples) travel as lists; every array
-    after the first ``inputs`` arguments (which kernels only read) gets its
-    list's final contents back.
-    """
+    """Run kernel ``name`` with resolved ``kernels``; for python, arrays (also in tuples)
+    travel as lists and each after the first ``inputs`` (read-only) gets its list back."""
     if kernels == "native":
         return getattr(_LOADED["module"], name)(*args)
     lists = [_as_lists(a) for a in args]
@@ -138,17 +127,10 @@ def pow2_at_least(n: int) -> int:
 
 
 # ------------------------------------------------------------ the search trees
-# Shared by the planning kernels (:mod:`seqpack.core.policies`,
-# :mod:`seqpack.core.stream_packer`). ``leaves`` is a power of two, node ``k``
-# has children ``2k`` and ``2k+1``, leaf ``i`` is node ``leaves + i``, and every
-# inner node holds the maximum of its children:
-#
-# - over rows by remaining capacity, the leftmost leaf holding at least ``n``
-#   is the first row an item of length ``n`` fits in (first fit);
-# - over remaining capacities ``r`` (leaf ``r`` holds ``r`` while some row has
-#   exactly ``r`` cells left, else 0), the leftmost leaf holding at least ``n``
-#   is the tightest row that fits (best fit) — O(log capacity) per item, as in
-#   "Fewer Truncations Improve Language Modeling" (Ding et al., 2024).
+# Max-trees for the planning kernels: ``leaves`` a power of two, node ``k`` has children
+# ``2k``/``2k+1``, leaf ``i`` is node ``leaves + i``. Over rows by cells left, the leftmost
+# leaf ``>= n`` is first fit; over cells left ``r`` (leaf ``r`` holds ``r`` while a row has
+# exactly ``r`` left), it is best fit, O(log capacity) (Ding et al., 2024).
 
 
 @kernel

@@ -1,11 +1,7 @@
 """One exception hierarchy for every failure seqpack reports, and the checks that raise it
-at the border (public arguments, options, lengths, saved states).
-
-Messages name what was wrong, which example (index and id) and what to do,
-e.g. ``example 17 ('doc-42'[0:9001]) has 9000 prediction pairs; capacity is
-8192 — raise --max-length or cut it with --cut-long``. A wrong argument type is
-one line naming it (``out must be a path (str or os.PathLike), got int 5``), not a deep
-``TypeError``. (Command-line text is parsed in :mod:`seqpack.cli.flags`.)
+at the border (public arguments, options, lengths, saved states). Messages name what was
+wrong, which example and what to do: ``example 17 ('doc-42'[0:9001]) has 9000 prediction
+pairs; capacity is 8192 — raise --max-length or cut it with --cut-long``.
 """
 
 from __future__ import annotations
@@ -60,6 +56,11 @@ def _shown(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an integer (Python or NumPy), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def path_argument(name: str, value: Any) -> Path:
     """``value`` as a :class:`~pathlib.Path`, or :class:`InvalidInput` naming ``name``."""
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes):
@@ -78,14 +79,9 @@ def type_argument(name: str, value: Any, kinds: tuple[type, ...], expected: str)
 
 
 def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` when it is an integer (not a bool) in ``[1, maximum]``, else
-    :class:`InvalidInput` naming ``name``, the value and the range."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < 1
-        or (maximum is not None and value > maximum)
-    ):
+    """``value`` as an ``int`` if an integer (not a bool) in ``[1, maximum]``, else
+    :class:`InvalidInput`."""
+    if not is_int(value) or value < 1 or (maximum is not None and value > maximum):
         if maximum is None:
             raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
         raise InvalidInput(
@@ -100,6 +96,7 @@ def check_lengths(
 ) -> np.ndarray:
     """Validate lengths against ``capacity``; return int64 [n]."""
     positive_int("capacity", capacity)
+    name = labels or (lambda i: f"example {i}")
     arr = np.asarray(lengths)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise InvalidInput("lengths must be a 1-D integer array of prediction pairs per example")
@@ -107,13 +104,13 @@ def check_lengths(
     if arr.size:
         if arr.min() < 1:
             i = int(np.argmin(arr))
-            name = labels(i) if labels else f"example {i}"
-            raise InvalidInput(f"{name} has {int(arr[i])} prediction pairs; each needs at least 1")
+            raise InvalidInput(
+                f"{name(i)} has {int(arr[i])} prediction pairs; each needs at least 1"
+            )
         if arr.max() > capacity:
             i = int(np.argmax(arr > capacity))
-            name = labels(i) if labels else f"example {i}"
             raise OversizedExample(
-                f"{name} has {int(arr[i])} prediction pairs; capacity is {capacity}"
+                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity}"
                 " — raise --max-length or cut it with --cut-long"
             )
     return arr
@@ -147,7 +144,7 @@ def state_value(state: Any, key: str, what: str) -> Any:
 def state_int(state: Any, key: str, what: str, low: int = 0, high: int = MAX_OPTION_VALUE) -> int:
     """``state[key]`` when it is an integer (not a bool or a float) in ``[low, high]``."""
     value = state_value(state, key, what)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise InvalidInput(f"the {what} state's {key} must be an integer, got {value!r}")
     if not low <= value <= high:
         raise InvalidInput(
@@ -160,9 +157,7 @@ def state_int(state: Any, key: str, what: str, low: int = 0, high: int = MAX_OPT
 def state_ints(state: Any, key: str, what: str, low: int, high: int) -> list[int]:
     """``state[key]`` as a list of integers in ``[low, high]`` (no bools, floats or text)."""
     value = state_value(state, key, what)
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value
-    ):
+    if not isinstance(value, (list, tuple)) or not all(map(is_int, value)):
         raise InvalidInput(f"the {what} state's {key} must be a list of integers")
     if value and not (low <= min(value) and max(value) <= high):
         raise InvalidInput(

@@ -5,8 +5,7 @@
     targets    = tokens[1:4] = [99, 100, 1]     3 prediction pairs
 
 A's last input 100 predicts its own EOS 1, never the next document's BOS.
-:class:`SequenceExample` holds one example, :class:`ExampleTable` many as flat arrays
-(what the packer consumes, no Python object per example).
+:class:`SequenceExample` holds one example, :class:`ExampleTable` many as flat arrays.
 """
 
 from __future__ import annotations
@@ -30,15 +29,14 @@ def offsets_of(counts: np.ndarray) -> np.ndarray:
 
 
 def pair_offsets(offsets: np.ndarray) -> np.ndarray:
-    """Where each sequence's prediction pairs start in a per-pair array, int64 [n+1]: a
-    sequence of ``n`` tokens has ``n - 1`` pairs, so sequence ``i``'s start at
-    ``offsets[i] - i`` (token offsets ``[0, 4, 7]`` -> pair offsets ``[0, 3, 5]``)."""
+    """Pair offsets int64 [n+1] of token ``offsets`` (``n`` tokens make ``n - 1`` pairs):
+    ``[0, 4, 7]`` -> ``[0, 3, 5]``."""
     return offsets - np.arange(offsets.shape[0], dtype=np.int64)
 
 
 def _outside(tokens: np.ndarray, vocab_size: int) -> tuple[int, int] | None:
-    """``(id, position)`` of the lowest id if negative, else of the largest if it is not
-    below ``vocab_size``; None when all are inside."""
+    """``(id, position)`` of the lowest id if negative, else of the largest if
+    ``>= vocab_size``; None when all are inside."""
     if not tokens.size:
         return None
     lo, hi = int(tokens.min()), int(tokens.max())
@@ -155,13 +153,11 @@ class SequenceExample:
 
 @dataclass(frozen=True, eq=False)
 class ExampleTable:
-    """Many examples of one split and binding, as flat arrays: example ``i`` owns
-    ``windows[offsets[i]:offsets[i+1]]`` (its span's tokens), has ``lengths[i]`` pairs
-    and the flags ``loss_mask[target_offsets[i]:target_offsets[i+1]]``.
-
-    Shapes: ``windows`` int32 [Σ(len+1)], ``offsets`` int64 [n+1],
-    ``loss_mask`` bool [Σlen], ``source_ids``/``example_ids`` [n] (str),
-    ``range_starts``/``range_ends`` int64 [n].
+    """Many examples of one split and binding: example ``i`` owns
+    ``windows[offsets[i]:offsets[i+1]]``, ``lengths[i]`` pairs and the flags
+    ``loss_mask[target_offsets[i]:target_offsets[i+1]]``. ``windows`` int32 [Σ(len+1)],
+    ``offsets`` int64 [n+1], ``loss_mask`` bool [Σlen], ``source_ids``/``example_ids``
+    [n] (str), ``range_starts``/``range_ends`` int64 [n].
     """
 
     windows: np.ndarray
@@ -231,11 +227,11 @@ class ExampleTable:
     def example(self, i: int) -> SequenceExample:
         """Example ``i`` as a :class:`SequenceExample` (views, no copy of tokens)."""
         w = self.windows[self.offsets[i] : self.offsets[i + 1]]
-        t0, t1 = self.target_offsets[i], self.target_offsets[i + 1]
+        t0 = self.offsets[i] - i  # target_offsets[i], without building all of them
         return SequenceExample(
             inputs=w[:-1],
             targets=w[1:],
-            loss_mask=self.loss_mask[t0:t1],
+            loss_mask=self.loss_mask[t0 : t0 + w.shape[0] - 1],
             source_id=str(self.source_ids[i]),
             example_id=str(self.example_ids[i]),
             range=(int(self.range_starts[i]), int(self.range_ends[i])),
@@ -263,15 +259,11 @@ class ExampleTable:
                     f" {part.value!r} — a batch holds one partition only; pack it separately"
                 )
             binding.require(ex.binding, what)
-        n = len(examples)
-        offsets = offsets_of(np.array([len(ex) + 1 for ex in examples], dtype=np.int64))
-        windows = (
-            np.concatenate([ex.window for ex in examples]) if n else np.zeros(0, np.int32)
-        ).astype(np.int32, copy=False)
-        mask = np.concatenate([ex.loss_mask for ex in examples]) if n else np.zeros(0, bool)
+        windows = np.concatenate([np.zeros(0, np.int32), *(ex.window for ex in examples)])
+        mask = np.concatenate([np.zeros(0, bool), *(ex.loss_mask for ex in examples)])
         return cls(
-            windows=windows,
-            offsets=offsets,
+            windows=windows.astype(np.int32, copy=False),
+            offsets=offsets_of(np.array([len(ex) + 1 for ex in examples], dtype=np.int64)),
             loss_mask=mask.astype(bool, copy=False),
             source_ids=np.array([ex.source_id for ex in examples], dtype=object),
             example_ids=np.array([ex.example_id for ex in examples], dtype=object),
@@ -306,6 +298,13 @@ def _select(table: ExampleTable, source: np.ndarray, starts: Any, lens: np.ndarr
     )
 
 
+def spread(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Owner and offset of every element of ranges of ``counts`` end to end, int64 [Σ]:
+    ``[2, 1]`` -> ``[0, 0, 1], [0, 1, 0]``."""
+    owner = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+    return owner, concat_ranges(np.zeros(counts.shape[0], np.int64), counts)
+
+
 def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenate ``arange(s, s+l)`` for each pair, vectorised (int64): starts ``[5, 0]``,
     lengths ``[2, 3]`` give ``[5, 6, 0, 1, 2]``."""
@@ -319,10 +318,8 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 def long_ranges(
     token_counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans that keep every next-token pair of each document exactly once (``--cut-long``).
-
-    A document of ``n`` tokens with ``n - 1 <= capacity`` pairs stays whole; a longer one
-    becomes spans ``[k*capacity, min((k+1)*capacity + 1, n))`` overlapping by one token::
+    """Spans keeping each document's pairs once (``--cut-long``): ``n - 1 <= capacity``
+    pairs stay whole, more become ``[k*capacity, min((k+1)*capacity + 1, n))``::
 
         tokens  [0, 11, 12, 13, 14, 15, 1]    7 tokens, 6 pairs, capacity 4
         ranges  [0, 5)  -> pairs 0->11 11->12 12->13 13->14
@@ -332,20 +329,16 @@ def long_ranges(
     """
     counts = np.asarray(token_counts, dtype=np.int64)
     pieces = np.maximum(1, -(-(counts - 1) // capacity))
-    source = np.repeat(np.arange(counts.shape[0], dtype=np.int64), pieces)
-    k = np.arange(source.shape[0], dtype=np.int64) - offsets_of(pieces)[source]
+    source, k = spread(pieces)
     starts = k * capacity
     ends = np.minimum(starts + capacity + 1, counts[source])
     return source, starts, ends
 
 
 def cut_long(table: ExampleTable, capacity: int) -> tuple[ExampleTable, int]:
-    """Cut examples longer than ``capacity`` as :func:`long_ranges`; return ``(table, cut)``.
-
-    ``cut`` counts the examples divided. Each span keeps its source id and flags, gets
-    its range in document coordinates and the id ``'{source_id}[{start}:{end}]'``; a
-    table with nothing to cut is returned as is.
-    """
+    """Cut examples longer than ``capacity`` as :func:`long_ranges`; ``(table, examples
+    cut)``. A span keeps its source id and flags, gets its document range and the id
+    ``'{source_id}[{start}:{end}]'``; with nothing to cut, the table itself."""
     counts = np.diff(table.offsets)
     long = counts - 1 > capacity
     if not long.any():

@@ -7,9 +7,8 @@ fixture (A, B, C hold 3, 2, 4 targets)::
                 [T, T, T, T, F, F]]
     mean = (sum over the 9 eligible cells) / 9
 
-Eligible cells are gathered before any arithmetic, so a NaN logit in a padding cell
-never reaches the result. Logits are NumPy (float64 reference) or a ``torch.Tensor``
-(autograd kept); torch is imported only when given.
+Eligible cells are gathered first (a NaN logit in padding never counts). Logits are
+NumPy (float64) or a ``torch.Tensor`` (autograd kept; torch imported only when given).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossSum:
-    """Raw NLL ``sum`` over ``count`` eligible targets, not yet divided (add sums and counts
-    across micro-batches or ranks, then divide once by the global count)."""
+    """Raw NLL ``sum`` of ``count`` eligible targets, undivided (sum across ranks, divide once)."""
 
     sum: Any
     count: int
@@ -65,9 +63,8 @@ def check_logits(logits: Any, shape: tuple[int, ...], vocab_size: int) -> int:
 
 
 def eligible_nll(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> tuple[np.ndarray, Any]:
-    """Per-target NLL at the eligible cells, gathered before any arithmetic: ``logits``
-    [..., V], ``targets`` int [...], ``loss_mask`` bool [...] -> ``(cells, nll)``, the flat
-    cell indices int64 [N] (row-major) and their NLL [N] (float64 for NumPy)."""
+    """``logits`` [..., V], ``targets`` int [...], ``loss_mask`` bool [...] -> ``(cells,
+    nll)``: flat eligible cells int64 [N] and their NLL [N] (float64 for NumPy)."""
     mask = np.asarray(loss_mask, dtype=bool)
     cells = np.flatnonzero(mask).astype(np.int64)  # [N]
     width = int(logits.shape[-1])
@@ -103,8 +100,8 @@ def masked_nll_sum(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> L
 
 
 def token_weighted_sum(logits: Any, batch: PackedBatch) -> LossSum:
-    """Raw NLL sum and eligible count of ``batch`` (``logits`` [rows, capacity, V]); no
-    eligible target gives ``LossSum(0, 0)``, still in the graph for torch logits."""
+    """Raw NLL sum and eligible count of ``batch`` (``logits`` [rows, capacity, V]);
+    ``LossSum(0, 0)`` when none (in the graph for torch)."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
     return masked_nll_sum(logits, batch.targets, batch.loss_mask)
 
@@ -139,9 +136,8 @@ def token_weighted_loss(logits: Any, batch: PackedBatch) -> LossResult:
 
 
 def probe_logits(batch: PackedBatch, gold_probability: np.ndarray) -> np.ndarray:
-    """Finite logits, float64 [rows, capacity, V], giving each eligible target gold
-    probability ``q`` (``gold_probability`` [rows, capacity] in (0, 1)): the gold class
-    gets ``ln((V-1) q / (1-q))``, everything else 0."""
+    """Logits float64 [rows, capacity, V] giving each eligible target probability ``q``
+    (``gold_probability`` [rows, capacity] in (0, 1)): gold ``ln((V-1) q / (1-q))``, else 0."""
     vocab = batch.binding.vocab_size
     q = np.asarray(gold_probability, dtype=np.float64)
     cells = np.flatnonzero(batch.loss_mask)
@@ -156,9 +152,8 @@ def probe_logits(batch: PackedBatch, gold_probability: np.ndarray) -> np.ndarray
 
 
 def weighting_report(logits: Any, batch: PackedBatch) -> dict[str, Any]:
-    """The token-weighted loss next to the two weightings that change it: ``row_mean`` (each
-    row's mean equally) and ``document_mean`` (each occurrence's); rows or occurrences with
-    no eligible target are left out of those."""
+    """The token-weighted loss beside ``row_mean`` and ``document_mean`` (the mean of row
+    or occurrence means, those with eligible targets)."""
     cells, nll = eligible_nll(np.asarray(logits, dtype=np.float64), batch.targets, batch.loss_mask)
     result = divide(LossSum(float(np.sum(nll)), int(cells.shape[0])), what="the probe batch")
     width = batch.shape[1]

@@ -2,10 +2,9 @@
 
 :func:`permitted` is the one specification, over broadcastable NumPy or torch arrays:
 key ``k`` is allowed for query ``q`` iff both cells hold an input, ``k``'s node is an
-ancestor-or-self of ``q``'s (``node[k] <= node[q] < node_end[k]``; flat packing is the
-one-node case, "same segment") and ``0 <= pos[q] - pos[k] < sliding_window``. Every view below
-and every attention backend calls it or its closed form :func:`key_bounds`, and the
-tests hold each one against it on random layouts.
+ancestor-or-self of ``q``'s (``node[k] <= node[q] < node_end[k]``; flat: the same
+segment) and ``0 <= pos[q] - pos[k] < sliding_window``. Every view and attention backend
+uses it or its closed form :func:`key_bounds`.
 
 Fixture row 0 (A at columns 0-2, B at 3-4, padding at 5), permitted keys::
 
@@ -26,27 +25,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from seqpack._renames import renamed_kwargs, renamed_names
-from seqpack.core.errors import InvalidInput
+from seqpack.core.errors import InvalidInput, is_int
 
 if TYPE_CHECKING:
     from seqpack.core.batch import PackedBatch
 
-#: A NumPy array or a torch tensor: the predicate and its closed forms use only
-#: operators both implement (``&``, ``==``, ``-``, ``<``, ``*``, ``.clip``).
+#: A NumPy array or a torch tensor (``&``, ``==``, ``-``, ``<``, ``*``, ``.clip`` only).
 Array = TypeVar("Array")
 
 
 @renamed_kwargs(window="sliding_window")
 def check_sliding_window(sliding_window: Any) -> int | None:
-    """``sliding_window`` as a positive int, or ``None`` (unbounded); anything else is an
-    error. Every function here takes ``sliding_window=`` (0.2's ``window=`` still works)."""
+    """``sliding_window`` as a positive int, or ``None`` (unbounded)."""
     if sliding_window is None:
         return None
-    if (
-        isinstance(sliding_window, bool)
-        or not isinstance(sliding_window, (int, np.integer))
-        or sliding_window < 1
-    ):
+    if not is_int(sliding_window) or sliding_window < 1:
         raise InvalidInput(
             "attention window must be a positive number of positions or None,"
             f" got {sliding_window!r}"
@@ -65,12 +58,9 @@ def permitted(
     sliding_window: int | None = None,
     seg_end_k: Array | None = None,
 ) -> Array:
-    """True where query ``q`` may attend to key ``k``: THE permission predicate.
-
-    Both valid, ``seg_k <= seg_q < seg_end_k`` (None: flat, the same segment),
-    ``0 <= pos_q - pos_k < sliding_window`` (None: unbounded). Broadcastable NumPy arrays or
-    torch tensors, e.g. ``(R, T, 1)`` against ``(R, 1, T)`` for a dense ``(R, T, T)``
-    mask, or the scalars a FlexAttention ``mask_mod`` indexes out.
+    """True where query ``q`` may attend to key ``k``: THE permission predicate. Both
+    valid, ``seg_k <= seg_q < seg_end_k`` (None: the same segment), ``0 <= pos_q - pos_k <
+    sliding_window`` (None: unbounded); broadcastable NumPy arrays, torch tensors or scalars.
     """
     lag = pos_q - pos_k
     inside = seg_q == seg_k if seg_end_k is None else (seg_k <= seg_q) & (seg_q < seg_end_k)
@@ -86,10 +76,8 @@ def pairwise(
     sliding_window: int | None = None,
     segment_ends: Array | None = None,
 ) -> Array:
-    """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``.
-
-    ``segment_ends`` (R, T): each cell's node exit (tree packing); ``None``: flat.
-    """
+    """:func:`permitted` over every (query, key) pair of ``(R, T)`` arrays: bool ``(R, T, T)``
+    (``segment_ends``: each cell's node exit, tree packing; ``None``: flat)."""
     return permitted(
         valid[:, :, None],
         valid[:, None, :],
@@ -106,10 +94,9 @@ def pairwise(
 def key_bounds(
     valid: Array, positions: Array, columns: Array, sliding_window: int | None = None
 ) -> tuple[Array, Array]:
-    """Closed form of :func:`permitted`'s key set per query, ``[starts, ends)`` columns:
-    segments are contiguous from position 0, so a real query at column ``c``, position
-    ``p`` sees ``[c - min(p, sliding_window - 1), c + 1)``, a padding query ``[c, c)``. All
-    ``(R, T)``, NumPy or torch."""
+    """Closed form of :func:`permitted`'s keys per query, ``(R, T)`` NumPy or torch: a real
+    query at column ``c``, position ``p`` sees ``[c - min(p, sliding_window - 1), c + 1)``,
+    a padding query ``[c, c)``."""
     back = positions if sliding_window is None else positions.clip(max=sliding_window - 1)
     return columns - back * valid, columns + valid
 
@@ -125,18 +112,9 @@ def allowed_key(
             raise InvalidInput(
                 f"attention coordinate {name}={value} is outside this batch of shape {batch.shape}"
             )
-    valid, seg, pos = batch.input_valid[row], batch.segments[row], batch.positions[row]
-    return bool(
-        permitted(
-            valid[query],
-            valid[key],
-            seg[query],
-            seg[key],
-            int(pos[query]),
-            int(pos[key]),
-            check_sliding_window(sliding_window),
-        )
-    )
+    v, s, p = batch.input_valid[row], batch.segments[row], batch.positions[row]
+    w = check_sliding_window(sliding_window)
+    return bool(permitted(v[query], v[key], s[query], s[key], int(p[query]), int(p[key]), w))
 
 
 @dataclass(frozen=True)
@@ -177,8 +155,7 @@ class CuSeqlens:
 
 
 def cu_seqlens(batch: PackedBatch) -> CuSeqlens:
-    flat_valid = batch.input_valid.reshape(-1)
-    valid_index = np.flatnonzero(flat_valid).astype(np.int64)
+    valid_index = np.flatnonzero(batch.input_valid).astype(np.int64)
     starts = valid_index[batch.positions.reshape(-1)[valid_index] == 0]
     # each segment start's place among the gathered valid tokens
     cu = np.append(np.searchsorted(valid_index, starts), valid_index.shape[0]).astype(np.int32)
@@ -210,8 +187,7 @@ def edges(batch: PackedBatch, sliding_window: int | None = None) -> np.ndarray:
 def tiled_edges(
     batch: PackedBatch, tile_width: int = 2, sliding_window: int | None = None
 ) -> np.ndarray:
-    """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3]:
-    another traversal of one relation; sorted, it equals :func:`edges`."""
+    """The same edges visited tile by tile (query tile, then key tile), int64 [E, 3]."""
     if tile_width < 1:
         raise InvalidInput(f"tile_width must be positive, got {tile_width}")
     rows, width = batch.shape

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from seqpack.core.binding import INT32_MAX
-from seqpack.core.errors import BudgetExceeded, InvalidInput
+from seqpack.core.errors import BudgetExceeded, InvalidInput, is_int
 
 ARRAYS = ("lengths", "row_of", "start_of")
 #: What zipfile, zlib and the .npy header parser raise on a damaged archive (an encrypted
@@ -67,19 +67,12 @@ class Plan:
         return np.lexsort((self.start_of, self.row_of)).astype(np.int64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "capacity": self.capacity,
-            "num_rows": self.num_rows,
-            "lengths": self.lengths.tolist(),
-            "row_of": self.row_of.tolist(),
-            "start_of": self.start_of.tolist(),
-        }
+        meta = {"policy": self.policy, "capacity": self.capacity, "num_rows": self.num_rows}
+        return meta | {name: getattr(self, name).tolist() for name in ARRAYS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """A plan from :meth:`to_dict` output (or a saved plan's arrays), validated: integers
-        only (no floats, no bools), every example placed once inside a row, no empty row."""
+        """A plan from :meth:`to_dict` output (or a saved plan's arrays), validated."""
         if not isinstance(data, Mapping):
             raise InvalidInput(f"a plan is a mapping, not a {type(data).__name__}")
         missing = [k for k in ("policy", "capacity", "num_rows", *ARRAYS) if k not in data]
@@ -97,19 +90,14 @@ class Plan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as one ``.npz`` file (int64 arrays plus a JSON header)."""
         header = {"policy": self.policy, "capacity": self.capacity, "num_rows": self.num_rows}
+        raw = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         with open(path, "wb") as fh:
-            np.savez(
-                fh,
-                header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-                lengths=self.lengths,
-                row_of=self.row_of,
-                start_of=self.start_of,
-            )
+            np.savez(fh, header=raw, **{name: getattr(self, name) for name in ARRAYS})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], max_bytes: int | None = None) -> Plan:
-        """Read a plan written by :meth:`save`, validated; each array's declared size is
-        checked against the file, and ``max_bytes`` bounds them together, before allocating."""
+        """Read a plan written by :meth:`save`, validated; array sizes are checked against the
+        file and ``max_bytes`` before allocating."""
         where = os.fspath(path)
         try:
             with zipfile.ZipFile(path) as archive:
@@ -132,7 +120,7 @@ class Plan:
 
 
 def _plan_int(value: Any, name: str, low: int, high: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise InvalidInput(f"plan {name} must be an integer, got {value!r}")
     if not low <= value <= high:
         raise InvalidInput(f"plan {name} {value:,} lies outside [{low:,}, {high:,}]")
@@ -160,13 +148,10 @@ def _plan_array(value: Any, name: str) -> np.ndarray:
 
 def _npy_header(f: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
     version = np.lib.format.read_magic(f)
-    readers = {
-        (1, 0): np.lib.format.read_array_header_1_0,
-        (2, 0): np.lib.format.read_array_header_2_0,
-    }
-    if version not in readers:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f"{name}: unknown .npy version {version}")
-    shape, _, dtype = readers[version](f, max_header_size=10_000)
+    read = getattr(np.lib.format, f"read_array_header_{version[0]}_0")
+    shape, _, dtype = read(f, max_header_size=10_000)
     return shape, dtype
 
 
@@ -179,7 +164,7 @@ def _npy_bytes(archive: zipfile.ZipFile, name: str) -> int:
 
 def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.ndarray:
     """Array ``name`` of an ``.npz``: 1-D, of ``kind``, at most ``limit`` bytes and what the
-    member holds, checked from its header first (``np.load`` allocates what a header claims)."""
+    member holds, checked from its header before reading."""
     info = archive.getinfo(f"{name}.npy")
     with archive.open(info) as f:
         shape, dtype = _npy_header(f, name)
@@ -195,8 +180,8 @@ def _read_npy(archive: zipfile.ZipFile, name: str, kind: Any, limit: int) -> np.
 
 
 def validate_plan(plan: Plan) -> None:
-    """Check a plan places every example once, whole, inside a row, without overlap (every
-    value bounded before any arithmetic, so no int64 sum can wrap)."""
+    """Check a plan places every example once, whole, inside a row, without overlap (values
+    bounded before any arithmetic: no int64 sum wraps)."""
     n = plan.lengths.shape[0]
     if plan.row_of.shape != (n,) or plan.start_of.shape != (n,):
         raise InvalidInput("plan arrays must have one entry per example")

@@ -17,8 +17,7 @@ stream-best-fit         bounded look-ahead and open rows            O(log cap)
 padded                  one example per row (the baseline)          O(1)
 ======================  ==========================================  ============
 
-The per-example loops are kernels run by :mod:`seqpack.core.engine` (in C, else the
-same code as Python; identical plans) over its search trees.
+The per-example loops are :mod:`seqpack.core.engine` kernels (C or Python, one plan).
 """
 
 from __future__ import annotations
@@ -58,8 +57,7 @@ def next_fit_loop(lengths, capacity, row_of, start_of):
 
 @kernel
 def counting_sort(lengths, capacity, counts, order):
-    """Counting sort: indices by length descending, ties by index; ``counts`` int64
-    [capacity + 2] of zeros."""
+    """Indices by length descending, ties by index; ``counts`` int64 [capacity + 2] zeros."""
     n = len(order)
     for i in range(n):
         counts[capacity - lengths[i] + 1] += 1
@@ -73,10 +71,8 @@ def counting_sort(lengths, capacity, counts, order):
 
 @kernel
 def first_fit(sizes, capacity, tree, leaves, row_of, start_of):
-    """First fit of items ``sizes[j]`` in order: the lowest-numbered row with room; writes
-    ``row_of``, ``start_of``, returns the row count. ``tree`` int64 [2 * leaves] filled
-    with ``capacity`` (unopened rows are empty, so the leftmost fit is an open row or the
-    next one)."""
+    """First fit of ``sizes`` in order (lowest-numbered row with room) into ``row_of``,
+    ``start_of``; returns the row count. ``tree`` int64 [2 * leaves] of ``capacity``."""
     rows = 0
     for j in range(len(sizes)):
         n = sizes[j]
@@ -92,10 +88,9 @@ def first_fit(sizes, capacity, tree, leaves, row_of, start_of):
 
 @kernel
 def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
-    """Best fit of items ``sizes[j]`` in order: the open row with the fewest cells left that
-    fit, equal room oldest first; writes ``row_of``, ``start_of``, returns the row count.
-    ``tree`` int64 [2 * leaves] zeros over remaining capacities; ``head``/``tail`` int64
-    [capacity] of -1; ``nxt`` int64 [max rows]."""
+    """Best fit of ``sizes`` in order (fewest cells left that fit, oldest first) into
+    ``row_of``, ``start_of``; returns the row count. ``tree`` int64 [2 * leaves] zeros,
+    ``head``/``tail`` int64 [capacity] of -1, ``nxt`` int64 [max rows]."""
     rows = 0
     for j in range(len(sizes)):
         n = sizes[j]
@@ -117,8 +112,7 @@ def best_fit(sizes, capacity, tree, leaves, head, tail, nxt, row_of, start_of):
 def next_fit(
     lengths: np.ndarray, capacity: int, *, kernels: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The seed's policy: supplied order, fill only the current row, never revisit; a new
-    row opens only when the next example does not fit (an exact fill makes no empty row)."""
+    """Supplied order, only the current row; a new row when the next example does not fit."""
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     kernels = engine.resolve(kernels)
     engine.call(kernels, "next_fit_loop", lengths, capacity, row_of, start_of, inputs=1)
@@ -144,7 +138,7 @@ def decreasing_order(lengths: np.ndarray, capacity: int, kernels: str = "auto") 
 
 def _row_bound(lengths: np.ndarray, capacity: int) -> int:
     """Rows any fit-into-an-open-row policy can need: ``min(n, 2 * lower + 1)`` (two rows
-    always hold more than ``capacity`` together, or the later row's first item would fit)."""
+    always hold more than ``capacity`` together)."""
     lower = -(-int(lengths.sum()) // capacity)
     return max(min(lengths.shape[0], 2 * lower + 1), 1)
 
@@ -153,8 +147,7 @@ def _row_bound(lengths: np.ndarray, capacity: int) -> int:
 def first_fit_decreasing(
     lengths: np.ndarray, capacity: int, *, kernels: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Longest first, each into the lowest-numbered row with room (a max-tree over rows:
-    O(n log n)); ties in length keep the supplied order."""
+    """Longest first (ties in supplied order), each into the lowest-numbered row with room."""
     leaves = engine.pow2_at_least(_row_bound(lengths, capacity))
     tree = np.full(2 * leaves, capacity, dtype=np.int64)
     return _decreasing(lengths, capacity, engine.resolve(kernels), "first_fit", tree, leaves)
@@ -175,8 +168,7 @@ def best_fit_decreasing(
     check_max_length(capacity, "best-fit-decreasing")
     leaves = engine.pow2_at_least(capacity)
     tree = np.zeros(2 * leaves, dtype=np.int64)
-    head = np.full(capacity, -1, dtype=np.int64)
-    tail = np.full(capacity, -1, dtype=np.int64)
+    head, tail = np.full((2, capacity), -1, dtype=np.int64)
     nxt = np.full(_row_bound(lengths, capacity), -1, dtype=np.int64)
     return _decreasing(lengths, capacity, kernels, "best_fit", tree, leaves, head, tail, nxt)
 
@@ -184,10 +176,9 @@ def best_fit_decreasing(
 def _decreasing(
     lengths: np.ndarray, capacity: int, kernels: str, fit: str, *state: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run kernel ``fit`` over the examples longest first; placements by example."""
+    """Run kernel ``fit`` over the examples longest first (in sorted order, scattered back
+    after: sequential memory access); placements by example."""
     order = decreasing_order(lengths, capacity, kernels)
-    # The kernel reads lengths and writes placements in sorted order (sequential
-    # memory access); scattering back afterwards is several times faster.
     rows, starts = np.empty((2, lengths.shape[0]), dtype=np.int64)
     engine.call(kernels, fit, lengths[order], capacity, *state, rows, starts, inputs=1)
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
@@ -205,8 +196,7 @@ def stream_best_fit(
     seed: int = 0,
     kernels: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`~seqpack.core.stream_packer.StreamPacker` over an in-memory array (None: the
-    packer's defaults)."""
+    """:class:`~seqpack.core.stream_packer.StreamPacker` over an array (None: its defaults)."""
     packer = StreamPacker(
         capacity,
         lookahead=DEFAULT_LOOKAHEAD if lookahead is None else lookahead,
@@ -216,8 +206,7 @@ def stream_best_fit(
     )
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     for part in (packer.push(lengths), packer.finish()):
-        row_of[part.example] = part.row
-        start_of[part.example] = part.start
+        row_of[part.example], start_of[part.example] = part.row, part.start
     return row_of, start_of
 
 
@@ -236,9 +225,8 @@ def _options_of(fn: PolicyFn) -> set[str]:
 
 
 def renamed_options(policy: str, options: Mapping[str, Any], engine: bool = True) -> dict[str, Any]:
-    """``options`` with their 0.2 names renamed, each with a DeprecationWarning: the key
-    ``engine`` is ``kernels`` (unless not ``engine``); ``window`` is ``lookahead`` for a
-    policy that takes it (:data:`seqpack._renames.OLD_OPTIONS`)."""
+    """``options`` with 0.2 names renamed, each with a DeprecationWarning: ``engine`` ->
+    ``kernels`` (when ``engine``), and :data:`seqpack._renames.OLD_OPTIONS` the policy takes."""
     out = dict(options)
     if engine and "engine" in out and "kernels" not in out:
         warnings.warn(
@@ -258,8 +246,8 @@ def renamed_options(policy: str, options: Mapping[str, Any], engine: bool = True
 
 
 def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
-    """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options`` (names: its
-    keyword-only parameters; values: the checks the policy runs), allocating nothing."""
+    """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options`` (its
+    keyword-only parameters, values checked as it checks them), allocating nothing."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     options = renamed_options(policy, options, engine=False)
@@ -297,17 +285,15 @@ def plan_rows(lengths: Any, capacity: int, policy: str = "next-fit", **options: 
 def plan_lengths(
     lengths: np.ndarray, capacity: int, policy: str, options: Mapping[str, Any]
 ) -> Plan:
-    """:func:`plan_rows` for lengths and options already checked (int64 [n] in
-    ``[1, capacity]``; ``options`` the policy takes, as :class:`PackOptions` checks them)."""
+    """:func:`plan_rows` for checked lengths (int64 [n] in ``[1, capacity]``) and options."""
     row_of, start_of = POLICIES[policy](lengths, capacity, **options)
     num_rows = int(row_of.max()) + 1 if lengths.shape[0] else 0
     return Plan(lengths, row_of, start_of, num_rows, capacity, policy)
 
 
 # ------------------------------------------------------------ counts
-# Storage and attention counted apart: ``B`` rows of width ``T`` hold ``B*T`` cells, dense
-# attention scores ``B*T^2`` per head, a causal segment of ``l`` pairs permits ``l(l+1)/2``
-# edges. Shape differences, never a speed-up (an edge is legal, not computed).
+# ``B`` rows of width ``T``: ``B*T`` cells, ``B*T^2`` dense scores per head; a causal
+# segment of ``l`` pairs permits ``l(l+1)/2`` edges (legal, not computed).
 
 
 def layout_counts(rows: int, width: int, lengths: Any) -> dict[str, Any]:

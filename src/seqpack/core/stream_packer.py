@@ -1,8 +1,7 @@
 """Streaming best fit: bounded memory, complete rows as they close, resumable.
 
-Lengths arrive in chunks; examples wait in a look-ahead of ``lookahead`` examples
-and at most ``max_open_rows`` rows are open. Example ``i`` is placed at the
-latest when example ``i + lookahead`` arrives, and earlier if it helps fill a row:
+Examples wait in a look-ahead of ``lookahead``, at most ``max_open_rows`` rows are open;
+example ``i`` is placed when example ``i + lookahead`` arrives, or earlier to fill a row:
 
 1. the example whose time is up goes into the open row with the fewest
    cells left that fit it — a new row when none fits, closing the fullest
@@ -12,8 +11,7 @@ latest when example ``i + lookahead`` arrives, and earlier if it helps fill a ro
 3. an exactly full row closes. :meth:`StreamPacker.finish` places the
    examples still waiting, longest first, and closes every row.
 
-Rows are numbered 0, 1, 2, ... in closing order; every call returns only
-complete rows::
+Rows are numbered in closing order; every call returns only complete rows::
 
     packer = StreamPacker(4096, lookahead=4096, max_open_rows=64, seed=0)
     for chunk in chunks:                       # int arrays of prediction lengths
@@ -47,6 +45,7 @@ from seqpack.core.errors import (
     InvalidInput,
     check_lengths,
     check_max_length,
+    is_int,
     positive_int,
     state_int,
     state_ints,
@@ -62,15 +61,14 @@ DEFAULT_STATE_BYTES = 4 << 30
 
 
 def stream_bytes(capacity: int, lookahead: int, max_open_rows: int) -> int:
-    """Bytes a packer's buffers take: the look-ahead ring, open rows, the length and
-    remaining-capacity trees, and one kernel call's output (int64 each)."""
+    """Bytes a packer's buffers take (ring, open rows, both trees, one call's output)."""
     return 8 * (7 * lookahead + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
 
 
 def check_state(state: Any) -> None:
-    """Refuse a state that could not come from :meth:`StreamPacker.state_dict`: types,
-    bounds, then the accounting (every example pushed is returned, waiting among the last
-    ``window`` pushed in arrival order, or in a non-empty, non-full open row, exactly once)."""
+    """Refuse a state :meth:`StreamPacker.state_dict` could not give: types, bounds, then
+    every example pushed returned, waiting (last ``window``, arrival order) or in a
+    non-empty, non-full open row, exactly once."""
     what = "stream-best-fit"
     fmt = state_value(state, "format", what)
     if fmt != STATE_FORMAT:
@@ -122,20 +120,13 @@ def check_state(state: Any) -> None:
 
 
 # ------------------------------------------------------------ the kernels
-# State travels as tuples of int64 arrays, unpacked at the top of each kernel:
-#
-# - ``buf`` = (bex, blen, bprev, bnext, lhead, ltail, ltree): the look-ahead
-#   ring (example ``i`` waits in slot ``i % window``; ``bex`` -1 when free),
-#   each waiting example linked into a bucket by length, and a tree whose leaf
-#   ``n`` holds ``n`` while some example of length ``n`` waits;
-# - ``rows`` = (rrem, rnext, rhead, rtail, rstamp, qhead, qtail, qtree): open
-#   row slots (cells left, placement list, bucket link, bucket entry stamp),
-#   FIFO buckets by cells left and their tree (as in best-fit-decreasing);
-# - ``pool`` = (pex, pstart, pnext): placements held by open rows (free list
-#   through ``pnext``);
-# - ``out`` = (oex, orow, ostart): placements of rows closed during a call.
-#
-# ``scalars`` holds the counters at the ``S_*`` indices.
+# State is tuples of int64 arrays: ``buf`` (bex, blen, bprev, bnext, lhead, ltail, ltree):
+# the ring (example ``i`` in slot ``i % window``, ``bex`` -1 when free), linked into
+# buckets by length, leaf ``n`` of ``ltree`` ``n`` while one waits; ``rows`` (rrem, rnext,
+# rhead, rtail, rstamp, qhead, qtail, qtree): open row slots (cells left, placement list,
+# bucket link, entry stamp) in FIFO buckets by cells left; ``pool`` (pex, pstart, pnext):
+# open rows' placements (free list via ``pnext``); ``out`` (oex, orow, ostart): placements
+# closed this call; ``scalars``: the ``S_*`` counters.
 
 S_PUSHED, S_ROWS, S_OPEN, S_FREE_ROW, S_FREE_REC, S_LIVE, S_STAMP, S_OUT = range(8)
 N_SCALARS = 8
@@ -143,8 +134,7 @@ N_SCALARS = 8
 
 @kernel
 def buffer_insert(buf, lleaves, slot, ex, n, front):
-    """Put example ``ex`` (length ``n``) into ring ``slot``; link it at the
-    front or back of bucket ``n`` (a seeded choice: ties leave in a seeded order)."""
+    """Example ``ex`` (length ``n``) into ring ``slot``, the ``front`` or back of bucket ``n``."""
     bex, blen, bprev, bnext, lhead, ltail, ltree = buf
     bex[slot] = ex
     blen[slot] = n
@@ -244,13 +234,7 @@ def row_append(rows, pool, scalars, slot, ex, start):
 
 @kernel
 def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, slot):
-    """Place the example in ring ``slot`` and fill its row from the buffer.
-
-    The example goes into the open row with the fewest cells left that fit
-    (a new row when none fits; with ``max_open`` rows open the fullest is
-    closed first). Then the row takes, while any fits, the longest waiting
-    example that fits its cells left. An exactly full row closes.
-    """
+    """Place the example in ring ``slot`` and fill its row (the module docstring's 1-3)."""
     bex, blen, lhead, ltree = buf[0], buf[1], buf[4], buf[6]
     rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     ex = bex[slot]
@@ -290,10 +274,7 @@ def place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, s
 def stream_push(
     lengths, fronts, buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open
 ):
-    """Admit ``lengths`` one by one; example ``i`` arriving forces out ``i - window``.
-
-    ``fronts`` (0/1 per example) picks the bucket end each joins.
-    """
+    """Admit ``lengths`` (``fronts``: bucket ends); example ``i`` forces out ``i - window``."""
     bex = buf[0]
     window = len(bex)
     i = scalars[S_PUSHED]
@@ -310,10 +291,8 @@ def stream_push(
 @kernel
 def stream_drain(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open):
     """Place every waiting example, longest first, then close every row, fullest first."""
-    lhead = buf[4]
-    ltree = buf[6]
-    qhead, qtail, qtree = rows[5], rows[6], rows[7]
-    rnext = rows[1]
+    lhead, ltree = buf[4], buf[6]
+    rnext, qhead, qtail, qtree = rows[1], rows[5], rows[6], rows[7]
     while ltree[1] > 0:
         place(buf, lleaves, rows, qleaves, pool, out, scalars, capacity, max_open, lhead[ltree[1]])
     while scalars[S_OPEN] > 0:
@@ -328,8 +307,7 @@ def stream_restore(
     examples, lengths, fronts, buf, lleaves, rows, qleaves, pool, scalars, capacity,
     row_sizes, row_examples, row_lengths,
 ):  # fmt: skip
-    """Rebuild a fresh state from a saved one: waiting examples in arrival
-    order (each to its ring slot and bucket end), then the open rows in
+    """Rebuild a fresh state: waiting examples in arrival order, then open rows in
     bucket-entry order (``row_sizes[r]`` placements each, packed from column 0)."""
     rrem, rnext, rstamp, qhead, qtail, qtree = rows[0], rows[1], rows[4], rows[5], rows[6], rows[7]
     window = len(buf[0])
@@ -352,6 +330,15 @@ def stream_restore(
 # ------------------------------------------------------------ the packer
 
 
+def _chain(start: Any, nxt: np.ndarray) -> list[int]:
+    """The linked list from ``start`` through ``nxt`` (-1 ends it)."""
+    out = []
+    while start != -1:
+        out.append(int(start))
+        start = nxt[start]
+    return out
+
+
 class Placements(NamedTuple):
     """Example ``example[i]`` (global index) occupies row ``row[i]`` from column
     ``start[i]``; int64 [k], ordered by (row, start)."""
@@ -362,8 +349,8 @@ class Placements(NamedTuple):
 
 
 def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
-    """0/1 per example: which end of its length bucket it joins; one bit of
-    splitmix64(seed, example index), stateless, so a resumed packer chooses the same."""
+    """0/1 per example: the end of its length bucket it joins, one bit of
+    splitmix64(seed, index) (stateless: a resumed packer chooses the same)."""
     z = np.uint64(seed % (1 << 64)) + (index.astype(np.uint64) + np.uint64(1)) * np.uint64(
         0x9E3779B97F4A7C15
     )
@@ -373,12 +360,10 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 
 
 class StreamPacker:
-    """Streaming best fit with a ``lookahead`` of examples and ``max_open_rows``.
-
-    Deterministic for ``(capacity, lookahead, max_open_rows, seed)``; ``kernels`` changes
-    speed, never output. ``lookahead=1, max_open_rows=1`` is next-fit. Memory:
-    O(lookahead + max_open_rows * examples per row + capacity). ``window=`` is the 0.2
-    name of ``lookahead`` (a DeprecationWarning); saved states keep the key ``window``.
+    """Streaming best fit, deterministic for ``(capacity, lookahead, max_open_rows,
+    seed)`` (``kernels`` changes speed only); ``lookahead=1, max_open_rows=1`` is next-fit.
+    Memory O(lookahead + max_open_rows * examples per row + capacity). ``window=``: the
+    0.2 name of ``lookahead`` (saved states keep the key ``window``).
     """
 
     @renamed_kwargs(engine="kernels", window="lookahead")
@@ -409,7 +394,7 @@ class StreamPacker:
         check_max_length(cap, "stream-best-fit")
         lookahead = positive_int("lookahead", lookahead, INT32_MAX)
         max_open_rows = positive_int("max_open_rows", max_open_rows, INT32_MAX)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        if not is_int(seed):
             raise InvalidInput(f"seed must be an integer, got {seed!r}")
         return cap, lookahead, max_open_rows, int(seed), engine.resolve(kernels)
 
@@ -430,8 +415,7 @@ class StreamPacker:
         rows[1] = np.append(np.arange(1, k, dtype=np.int64), -1)
         self._rows = tuple(rows)
         self._pool = tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
-        self._scalars[S_FREE_ROW] = 0
-        self._scalars[S_FREE_REC] = -1
+        self._scalars[S_FREE_REC] = -1  # S_FREE_ROW: slot 0
 
     @property
     def examples_pushed(self) -> int:
@@ -450,9 +434,8 @@ class StreamPacker:
         return int((self._buf[0] >= 0).sum())
 
     def push(self, lengths: Any) -> Placements:
-        """Add examples (prediction lengths, 1-D ints); return rows completed meanwhile.
-        The chunk is checked first: an oversized example raises
-        :class:`~seqpack.OversizedExample` naming its global index, the packer unchanged."""
+        """Add examples (prediction lengths, 1-D ints); return the rows completed. An
+        oversized one raises :class:`~seqpack.OversizedExample`, the packer unchanged."""
         self._require_open()
         first = self.examples_pushed
         arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
@@ -502,12 +485,8 @@ class StreamPacker:
         grown = max(2 * size, live + extra, 1024)
         added = np.arange(size + 1, grown + 1, dtype=np.int64)
         added[-1] = self._scalars[S_FREE_REC]
-        zeros = np.zeros(grown - size, dtype=np.int64)
-        self._pool = (
-            np.concatenate([pex, zeros]),
-            np.concatenate([pstart, zeros]),
-            np.concatenate([pnext, added]),
-        )
+        z = np.zeros(grown - size, dtype=np.int64)
+        self._pool = tuple(np.concatenate(p) for p in ((pex, z), (pstart, z), (pnext, added)))
         self._scalars[S_FREE_REC] = size
 
     def state_dict(self) -> dict[str, Any]:
@@ -517,25 +496,12 @@ class StreamPacker:
         slots = slots[np.argsort(bex[slots])]
         rrem, rnext, rhead, _, rstamp, qhead, _, _ = self._rows
         pex, pstart, pnext = self._pool
-        open_slots = []
-        for r in np.flatnonzero(qhead >= 0).tolist():
-            slot = int(qhead[r])
-            while slot != -1:
-                open_slots.append(slot)
-                slot = int(rnext[slot])
-        open_slots.sort(key=lambda slot: int(rstamp[slot]))
+        open_slots = [s for r in np.flatnonzero(qhead >= 0) for s in _chain(qhead[r], rnext)]
         rows = []
-        for slot in open_slots:
-            examples, starts = [], []
-            rec = int(rhead[slot])
-            while rec != -1:
-                examples.append(int(pex[rec]))
-                starts.append(int(pstart[rec]))
-                rec = int(pnext[rec])
-            ends = [*starts[1:], self.capacity - int(rrem[slot])]
-            rows.append(
-                {"example": examples, "length": [e - s for s, e in zip(starts, ends, strict=True)]}
-            )
+        for slot in sorted(open_slots, key=lambda s: int(rstamp[s])):
+            recs = _chain(rhead[slot], pnext)
+            ends = np.append(pstart[recs], self.capacity - rrem[slot])
+            rows.append({"example": pex[recs].tolist(), "length": np.diff(ends).tolist()})
         return {
             "format": STATE_FORMAT,
             "capacity": self.capacity,
@@ -558,9 +524,8 @@ class StreamPacker:
         kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
     ) -> StreamPacker:
-        """A packer configured and positioned as ``state`` says; the state is checked whole
-        and its buffers (:func:`stream_bytes`) must fit ``max_bytes`` (None: no limit)
-        before anything is allocated."""
+        """A packer configured and positioned as ``state`` says, checked whole and its
+        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first."""
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
@@ -589,8 +554,6 @@ class StreamPacker:
         self._reserve_records(sum(len(row["example"]) for row in rows))
         examples = np.asarray(state["buffer"]["example"], dtype=np.int64)
         lengths = np.asarray(state["buffer"]["length"], dtype=np.int64)
-        # Re-inserting in arrival order with the same seeded ends restores each
-        # length bucket's order; rows re-enter their buckets in stamp order.
         sides = bucket_sides(examples, self.seed)
         engine.call(
             self.kernels, "stream_restore", examples, lengths, sides, self._buf, self._lleaves,

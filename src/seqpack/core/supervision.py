@@ -63,11 +63,9 @@ NOT_CONVERSATIONAL = (
 
 @dataclass(frozen=True)
 class Objective:
-    """Which tokens of SFT rows are trained: TRL 1.16 ``SFTConfig``'s two switches.
-    ``assistant_only_loss``: only the assistant turns (``{% generation %}`` blocks) of
-    chats. ``completion_only_loss``: only the completion; None (TRL's default) means True
-    for prompt-completion rows, with a warning for a ``completion_mask`` elsewhere.
-    """
+    """TRL 1.16 ``SFTConfig``'s switches: ``assistant_only_loss`` (only assistant turns of
+    chats), ``completion_only_loss`` (only the completion; None: True for prompt-completion
+    rows, with a warning for a ``completion_mask`` elsewhere)."""
 
     assistant_only_loss: bool = False
     completion_only_loss: bool | None = None
@@ -93,8 +91,7 @@ class Objective:
         return prompt_completion if self.completion_only_loss is None else self.completion_only_loss
 
     def applied(self, names: Collection[str], what: str) -> list[str]:
-        """The supervision columns among ``names`` (a row's keys or a table's columns) this
-        objective applies, in :data:`SUPERVISION_COLUMNS` order."""
+        """The supervision columns among ``names`` this objective applies, in order."""
         if self.assistant_only_loss and "messages" not in names:
             raise InvalidInput(f"{what}: {NOT_CONVERSATIONAL}")
         prompt_completion = "prompt" in names and "completion" in names
@@ -148,8 +145,7 @@ def suspect(name: str) -> bool:
 
 
 def refusal(name: str, listed: bool) -> str | None:
-    """The fix for column ``name`` (``listed``: it holds lists) when it is refused by its
-    name alone; None when it is fine or is checked by value (:data:`CHECKED`)."""
+    """The fix for column ``name`` (``listed``: holds lists) if refused by name alone."""
     if name in REFUSED:
         return REFUSED[name]
     if name in CHECKED or not listed:
@@ -170,8 +166,8 @@ _PLAIN = {
 
 
 def plain_violation(name: str, values: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, str]:
-    """Entries of a :data:`CHECKED` column that would change what is trained, and the fix
-    (``values`` [T] the column's entries, ``local`` [T] each entry's position in its row)."""
+    """Entries of a :data:`CHECKED` column (``values`` [T], ``local`` [T] positions in the
+    row) that would change what is trained, and the fix."""
     want, fix = _PLAIN[name]
     return values != (local if want is None else want), fix
 
@@ -184,8 +180,8 @@ def wrong_labels(labels: np.ndarray, tokens: np.ndarray) -> np.ndarray:
 def mapping_flags(
     item: Mapping[str, Any], tokens: np.ndarray, what: str, objective: Objective | None = None
 ) -> np.ndarray | None:
-    """One flag per target (bool [n-1]): the AND of the supervision columns ``objective``
-    applies to one mapping, or None when every target is supervised; look-alikes refused."""
+    """Flags bool [n-1]: the AND of the columns ``objective`` applies to one mapping (None:
+    all supervised); look-alikes refused."""
     n = tokens.shape[0]
     for name, value in item.items():
         if name in SUPERVISION_COLUMNS or name == "input_ids":

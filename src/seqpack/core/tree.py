@@ -43,18 +43,11 @@ import numpy as np
 from seqpack._renames import renamed_kwargs
 from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets
+from seqpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
 from seqpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
 from seqpack.core.permission import check_sliding_window, pairwise, position_ids
 from seqpack.core.plan import Plan
 from seqpack.core.policies import plan_rows
-
-
-def _ranges(lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Owner index and offset of every element of consecutive ranges of ``lens``, int64."""
-    owner = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)
-    return owner, concat_ranges(np.zeros_like(lens), lens)
-
 
 # Groups of sequences: the input.
 
@@ -132,8 +125,7 @@ class SequenceGroups:
                 arr = as_token_array(seq, binding.vocab_size, f"group {g} sequence {j}")
                 pairs = max(arr.size - 1, 0)
                 m = np.ones(pairs, bool) if loss_masks is None else loss_masks[g][j]
-                m = np.asarray(m, dtype=bool)
-                if m.shape != (pairs,):
+                if (m := np.asarray(m, dtype=bool)).shape != (pairs,):
                     raise InvalidInput(
                         f"group {g} sequence {j}: loss mask has {m.size} entries for"
                         f" {arr.size - 1} prediction pairs — give one per pair"
@@ -223,11 +215,8 @@ def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGr
 def next_at_most(
     values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> np.ndarray:
-    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``.
-
-    ``ends[i]`` when there is none. Binary lifting over a sparse table of
-    range minima, its levels bounded by the longest query range.
-    """
+    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``
+    (``ends[i]`` when none); binary lifting over a sparse table of range minima."""
     n = values.shape[0]
     pos = np.asarray(starts, dtype=np.int64).copy()
     if pos.size == 0 or n == 0:
@@ -259,9 +248,7 @@ def group_bounds(group: np.ndarray) -> np.ndarray:
     """Start of each run of equal ``group`` ids and the end, int64 [G+1] (groups contiguous)."""
     group = np.asarray(group, dtype=np.int64)
     cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
-    starts = np.concatenate([[0], cuts, [group.shape[0]]]).astype(np.int64)
-    if not group.shape[0]:
-        starts = np.zeros(1, np.int64)
+    starts = np.unique(np.concatenate([[0], cuts, [group.shape[0]]])).astype(np.int64)
     seen = group[starts[:-1]]
     if np.unique(seen).shape[0] != seen.shape[0]:
         raise InvalidInput(
@@ -272,8 +259,8 @@ def group_bounds(group: np.ndarray) -> np.ndarray:
 
 
 def trie_order(tokens: np.ndarray, offsets: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Sequence indices, each group's sequences in lexicographic order, int64 [S]
-    (any fixed order of ids works: little-endian int32 bytes, one sort per group)."""
+    """Sequence indices, each group's sequences in a fixed lexicographic order (of
+    little-endian int32 bytes), int64 [S]."""
     order = np.arange(offsets.shape[0] - 1, dtype=np.int64)
     data = np.ascontiguousarray(tokens, dtype="<i4")
     for g in np.flatnonzero(np.diff(bounds) > 1):
@@ -297,7 +284,7 @@ def adjacent_lcp(
         return lcp
     a, b = offsets[order[pairs - 1]], offsets[order[pairs]]
     m = np.minimum(offsets[order[pairs - 1] + 1] - a, offsets[order[pairs] + 1] - b)
-    owner, local = _ranges(m)
+    owner, local = spread(m)
     mismatch = np.where(tokens[a[owner] + local] != tokens[b[owner] + local], local, m[owner])
     starts = offsets_of(m)[:-1]
     lcp[pairs] = np.maximum(np.minimum.reduceat(mismatch, starts) - 1, 0)
@@ -306,15 +293,12 @@ def adjacent_lcp(
 
 @dataclass(frozen=True, eq=False)
 class TrieOrder:
-    """The depth-first layout of tries: which cell, node and path each sequence has.
-
-    Per sequence in layout order [S]: ``order`` (index in the supplied
-    sequences), ``lengths`` (cells), ``lcp``, ``trie``, ``own_col`` (trie-local
-    column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
-    ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order:
-    ``node_trie``, ``node_col`` (trie-local), ``node_len``, ``node_pos`` (its
-    depth), ``node_parent`` (-1: a root), ``node_end`` (one past its last
-    descendant: ``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
+    """The depth-first layout of tries. Per sequence in layout order [S]: ``order`` (index
+    in the supplied sequences), ``lengths`` (cells), ``lcp``, ``trie``, ``own_col``
+    (trie-local column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
+    ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order: ``node_trie``,
+    ``node_col`` (trie-local), ``node_len``, ``node_pos`` (depth), ``node_parent`` (-1: a
+    root), ``node_end`` (``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
     """
 
     order: np.ndarray
@@ -339,14 +323,14 @@ class TrieOrder:
         lens = self.lengths[seqs]
         bounds = offsets_of(lens)
         owner_seq = np.repeat(seqs, lens)
-        depth = _ranges(lens)[1]
+        depth = spread(lens)[1]
         owner = prev_at_most(self.lcp, depth, self.seq_bounds[self.trie[owner_seq]], owner_seq)
         return self.own_col[owner] + depth - self.lcp[owner], bounds
 
 
 def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -> TrieOrder:
     """The layout of tries whose sequences (in trie order) have these ``lengths`` and ``lcp``
-    (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]. No per-sequence loop."""
+    (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]."""
     lengths, lcp = np.asarray(lengths, dtype=np.int64), np.asarray(lcp, dtype=np.int64)
     s, g = lengths.shape[0], seq_bounds.shape[0] - 1
     trie = np.repeat(np.arange(g, dtype=np.int64), np.diff(seq_bounds))
@@ -397,13 +381,9 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
 def split_oversized(
     lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Cut tries larger than ``capacity`` into sub-tries that each repeat their shared prefix.
-
-    Sequences stay whole and in trie order; a sub-trie (first ``lcp`` 0)
-    starts whenever the next sequence's owned cells would overflow the row.
-    A sequence longer than ``capacity`` is an :class:`OversizedExample`.
-    Returns new ``(lcp, seq_bounds)``.
-    """
+    """Cut tries larger than ``capacity``: a sub-trie (``lcp`` 0, repeating the prefix)
+    starts where the next sequence's owned cells would overflow; returns ``(lcp,
+    seq_bounds)``. A sequence longer than ``capacity`` is an :class:`OversizedExample`."""
     if lengths.size and int(lengths.max()) > capacity:
         i = int(np.argmax(lengths > capacity))
         raise OversizedExample(
@@ -431,7 +411,7 @@ def split_oversized(
 def plan_tries(
     lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
 ) -> TrieOrder:
-    """Integer-only planning: split oversized tries, then lay every trie out (vectorised)."""
+    """Split oversized tries, then lay every trie out (integers only)."""
     lcp, seq_bounds = split_oversized(lengths, lcp, seq_bounds, capacity)
     return layout_tries(lengths, lcp, seq_bounds)
 
@@ -450,16 +430,13 @@ def build_layout(groups: SequenceGroups, capacity: int) -> TrieOrder:
 
 @dataclass(frozen=True, eq=False)
 class TreeBatch:
-    """One model call of tree-packed rows.
-
-    Cells [R, T]: ``inputs``/``targets`` int32 (-1 on padding), ``nodes``
-    int32 (pre-order node id, -1 on padding), ``node_ends`` int32 (the
-    cell's node exit), ``positions`` int32 (depth along the path),
-    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that
-    supervise the cell's target). Nodes [M]: ``node_row``, ``node_col``,
-    ``node_len``, ``node_pos``, ``node_parent`` (-1: root), ``node_end``.
-    Sequences [S] in layout order: ``seq_index`` (index in the supplied
-    sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
+    """One model call of tree-packed rows. Cells [R, T]: ``inputs``/``targets`` int32
+    (-1 on padding), ``nodes`` int32 (pre-order node id, -1 on padding), ``node_ends``
+    int32 (the cell's node exit), ``positions`` int32 (depth along the path),
+    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that supervise the
+    cell's target). Nodes [M]: ``node_row``, ``node_col``, ``node_len``, ``node_pos``,
+    ``node_parent`` (-1: root), ``node_end``. Sequences [S] in layout order: ``seq_index``
+    (index in the supplied sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
     ``row * T + column`` of each cell, depth order) and ``seq_loss_mask``.
     """
 
@@ -530,11 +507,8 @@ class TreeBatch:
         node = int(self.nodes[row, query])
         if node < 0 or not self.input_valid[row, query]:
             return []
-        lowest = (
-            -(2**62)
-            if sliding_window is None
-            else int(self.positions[row, query]) - sliding_window + 1
-        )
+        pos = int(self.positions[row, query])
+        lowest = -(2**62) if sliding_window is None else pos - sliding_window + 1
         path = [node]
         while self.node_parent[path[-1]] >= 0:
             path.append(int(self.node_parent[path[-1]]))
@@ -584,8 +558,8 @@ def pack_tree(
     max_rows_per_batch: int | None = None,
     **policy_options: Any,
 ) -> TreeEpoch:
-    """Tree-pack ``groups`` into rows of ``max_length`` tokens (cells), in model calls of at most
-    ``max_rows_per_batch`` rows (default: one call). Any flat policy places the tries."""
+    """Tree-pack ``groups`` into rows of ``max_length`` cells, placed by any flat ``policy``,
+    in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
     layout = build_layout(groups, max_length)
     plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
     rows_per = max_rows_per_batch or max(plan.num_rows, 1)
@@ -614,15 +588,13 @@ def materialize(
     base_of = np.zeros(layout.sizes.shape[0], dtype=np.int64)
     base_of[tries] = base
     lo = layout.seq_bounds[tries]
-    t_of, k = _ranges(layout.seq_bounds[tries + 1] - lo)
-    seqs = lo[t_of] + k
+    seqs = concat_ranges(lo, layout.seq_bounds[tries + 1] - lo)
     # Owned spans: every stored cell, its token from the sequence that owns it.
-    owner, local = _ranges(layout.lengths[seqs] - layout.lcp[seqs])
+    owner, local = spread(layout.lengths[seqs] - layout.lcp[seqs])
     dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
     depth = layout.lcp[seqs][owner] + local
     src = groups.offsets[layout.order[seqs]][owner] + depth
-    inputs = np.full(cells, -1, dtype=np.int32)
-    targets = np.full(cells, -1, dtype=np.int32)
+    inputs, targets = np.full((2, cells), -1, dtype=np.int32)
     positions = np.zeros(cells, dtype=np.int32)
     valid = np.zeros(cells, dtype=bool)
     inputs[dest], targets[dest] = groups.tokens[src], groups.tokens[src + 1]
@@ -630,15 +602,14 @@ def materialize(
     # Nodes, renumbered in (row, column) order: each trie keeps one contiguous id range.
     lo = layout.node_bounds[tries]
     counts = layout.node_bounds[tries + 1] - lo
-    t_of, k = _ranges(counts)
+    t_of, k = spread(counts)
     gids = lo[t_of] + k
     shift = (offsets_of(counts)[:-1] - lo)[t_of]
     parent = layout.node_parent[gids]
     node_end = layout.node_end[gids] + shift
     node_flat = base[t_of] + layout.node_col[gids]
-    nodes = np.full(cells, -1, dtype=np.int32)
-    node_ends = np.full(cells, -1, dtype=np.int32)
-    n_of, off = _ranges(layout.node_len[gids])
+    nodes, node_ends = np.full((2, cells), -1, dtype=np.int32)
+    n_of, off = spread(layout.node_len[gids])
     nodes[node_flat[n_of] + off] = n_of
     node_ends[node_flat[n_of] + off] = node_end[n_of]
     # Every sequence's own cells, and the weights of the targets it supervises.
@@ -671,11 +642,8 @@ def materialize(
 
 
 def tree_loss_sum(logits: Any, batch: TreeBatch) -> LossSum:
-    """``Σ weight·nll`` over supervised cells and ``N = Σ weight`` (to divide once).
-
-    ``logits`` (R, T, V), NumPy (float64) or torch; cells outside the loss
-    are never read, so a NaN in a padding cell does not matter.
-    """
+    """``Σ weight·nll`` over supervised cells and ``N = Σ weight``; ``logits`` (R, T, V),
+    NumPy (float64) or torch, read only at cells in the loss."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
     cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
     w = batch.weights.reshape(-1)[cells]

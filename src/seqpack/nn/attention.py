@@ -1,19 +1,14 @@
 """Block-causal attention over a packed layout, behind one small interface.
 
-Every backend computes, for each head, ``softmax(q k^T * scale)`` over the
-keys that :func:`seqpack.core.permission.permitted` allows and mixes ``v``;
-an inactive (padding) query gets a zero mixture, never NaN, and no gradient
-reaches padding or another segment. ``sliding_window`` (``None`` = unbounded)
-limits each query to its last ``sliding_window`` positions.
-
-Shapes follow ``F.scaled_dot_product_attention``::
+Every backend computes ``softmax(q k^T * scale)`` over the keys
+:func:`seqpack.core.permission.permitted` allows (``sliding_window``: the last that many
+positions); a padding query gets zeros, never NaN, and no gradient crosses segments::
 
     q, k, v : (R, H, T, D)     R rows, H heads, T = capacity, D head width
     out     : (R, H, T, D)     zeros at padding queries
 
-The layout is converted to tensors once per forward (:class:`AttentionLayout`)
-and shared by every layer and head. Backends register by name in
-:data:`BACKENDS`; ``attention(q, k, v, batch, backend="ranges")`` picks one.
+Backends register by name in :data:`BACKENDS`; :class:`AttentionLayout` is built once
+per forward and shared by every layer and head.
 """
 
 from __future__ import annotations
@@ -39,11 +34,9 @@ from seqpack.core.permission import check_sliding_window, key_bounds, pairwise
 class AttentionLayout:
     """Torch views of one batch's permission, built once and shared by all layers.
 
-    ``valid`` bool (R, T); ``segments``, ``positions``, ``key_starts``,
-    ``key_ends`` int64 (R, T) with ``[key_starts, key_ends)`` the permitted
-    key range of each query (empty on padding); ``cu_seqlens`` int32 (S+1,),
-    ``max_seqlen``, ``valid_index`` int64 (N,) flat indices of valid cells
-    into ``R*T``, row-major; ``lengths`` int64 (S,) segment lengths.
+    ``valid`` bool (R, T); ``segments``, ``positions``, ``key_starts``, ``key_ends`` int64
+    (R, T) (``[key_starts, key_ends)``: each query's keys); ``cu_seqlens`` int32 (S+1,),
+    ``max_seqlen``, ``valid_index`` int64 (N,) valid cells' flat indices, ``lengths`` (S,).
     """
 
     valid: torch.Tensor
@@ -78,8 +71,7 @@ class AttentionLayout:
         order = np.lexsort((starts, rows))  # row-major, as varlen kernels read tokens
         rows, starts, segments = rows[order], starts[order], np.asarray(segments)[order]
         lengths = np.asarray(lengths, dtype=np.int64)[order]
-        cu = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=cu[1:])
+        cu = np.r_[0, np.cumsum(lengths)].astype(np.int64)
         owner = np.repeat(np.arange(lengths.shape[0]), lengths)
         local = np.arange(cu[-1], dtype=np.int64) - cu[:-1][owner]
         index = (rows * width + starts)[owner] + local
@@ -169,13 +161,8 @@ def ranges_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Reference: softmax over each query's key range; inactive queries skip softmax.
-
-    The seed's ``causal_attention_with_ranges``: scores outside
-    ``[start, q+1)`` are ``-inf`` (probability exactly 0, so exactly zero
-    gradient), and a query with an empty range is replaced by a zero row
-    *before* softmax so no NaN is ever formed.
-    """
+    """Reference: softmax over each query's key range (``-inf`` outside, so exactly zero
+    gradient); a query with an empty range is zeroed before softmax (no NaN)."""
     starts, ends = layout.key_bounds(sliding_window)
     inside = layout.range_mask(sliding_window)[:, None]  # (R, 1, T, T)
     active = (ends > starts)[:, None, :, None]  # (R, 1, T, 1)
@@ -195,11 +182,8 @@ def dense_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with the boolean (R, 1, T, T) permission mask.
-
-    Computes the whole ``R*T^2`` rectangle per head; a query whose mask row
-    is all False returns exact zeros (checked in the tests).
-    """
+    """``F.scaled_dot_product_attention`` with the boolean (R, 1, T, T) permission mask
+    (the whole ``R*T^2`` rectangle); padding queries return exact zeros."""
     mask = layout.dense_mask(sliding_window)[:, None]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out * layout.valid[:, None, :, None]
@@ -212,27 +196,20 @@ BACKENDS: dict[str, Backend] = {
 
 
 def register_backend(name: str, fn: Backend) -> None:
-    """Make ``fn`` selectable as ``attention(..., backend=name)``.
-
-    A backend written for 0.2 declares ``window=``: it is called with that keyword until
-    0.3, with a :class:`DeprecationWarning` here (rename its parameter ``sliding_window``)."""
-    BACKENDS[name] = _called_with_sliding_window(name, fn)
-
-
-def _called_with_sliding_window(name: str, fn: Backend) -> Backend:
-    """``fn`` itself, or, when its signature declares the 0.2 keyword ``window`` (and not
-    ``sliding_window``), ``fn`` called with ``window=`` for ``sliding_window=``."""
+    """Make ``fn`` selectable as ``attention(..., backend=name)`` (one declaring 0.2's
+    ``window=`` is called with it, with a :class:`DeprecationWarning`, until 0.3)."""
+    BACKENDS[name] = fn
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable: taken as it is
-        return fn
+        return
     if "window" not in params or "sliding_window" in params:
-        return fn
+        return
     warnings.warn(
         f"attention backend {name!r} takes window=, which is now sliding_window=; it is"
         " called with window= until the next release",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=2,
     )
 
     def backend(*args: Any, sliding_window: int | None = None, **kwargs: Any) -> torch.Tensor:
@@ -242,7 +219,7 @@ def _called_with_sliding_window(name: str, fn: Backend) -> Backend:
 
     backend.__name__ = backend.__qualname__ = getattr(fn, "__name__", name)
     backend.__doc__ = fn.__doc__
-    return backend
+    BACKENDS[name] = backend
 
 
 def resolve_backend(name: str) -> Backend:
@@ -265,12 +242,9 @@ def attention(
 ) -> torch.Tensor:
     """Block-causal attention of ``q, k, v`` (R, H, T, D) under ``batch``'s permission.
 
-    ``sliding_window``: each query sees at most its last ``sliding_window`` positions
-    (``None``: the whole causal prefix of its example).
-
-    ``backend``: ``"ranges"`` (reference), ``"dense"``, and, registered by
-    ``seqpack.nn``, ``"varlen"``, ``"flex"``, ``"flash"`` and ``"auto"``
-    (README, "Attention backends").
+    ``sliding_window``: each query sees at most its last that many positions (``None``:
+    its example's whole causal prefix). ``backend``: ``"ranges"`` (reference),
+    ``"dense"``, ``"varlen"``, ``"flex"``, ``"flash"`` or ``"auto"`` (README).
 
     >>> from seqpack.verify.fixture import fixture_batch
     >>> q = k = v = torch.ones(2, 2, 6, 4, dtype=torch.float64)

@@ -1,9 +1,7 @@
 """``auto``: the fastest backend that can serve these inputs on this machine.
 
-CUDA float16/bfloat16: ``flash`` (flash-attn, else torch ``varlen_attn``); CUDA float32
-(or no flash kernel): ``flex``; CUDA float64: ``varlen``; CPU: ``varlen`` (measured:
-docs/design-notes.md). Every choice agrees with ``ranges`` in the tests, so the choice
-changes speed, never results beyond floating-point rounding.
+CUDA float16/bfloat16: ``flash``; CUDA float32 (or no flash kernel): ``flex``; CUDA
+float64 and CPU: ``varlen``. The choice changes speed, never results beyond rounding.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``flash``: fused variable-length flash attention over ``cu_seqlens`` (CUDA only).
 
-The valid cells are gathered row-major into tokens ``(N, H, D)``; segment ``s`` owns
-tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` and attends causally inside them, which is
-the permission predicate because segments are contiguous and restart at position 0
-(fixture: ``cu_seqlens = [0, 3, 5, 9]``, ``max_seqlen = 4``). Kernel: ``flash_attn``'s
-``flash_attn_varlen_func``, else torch's ``varlen_attn`` (>= 2.10); both float16 /
-bfloat16 on CUDA only, anything else :class:`NotAvailable` naming what to use. A
-``sliding_window`` is the kernels' ``window_size=(sliding_window - 1, 0)``.
+The valid cells are gathered row-major into tokens ``(N, H, D)``; segment ``s`` attends
+causally inside tokens ``[cu_seqlens[s], cu_seqlens[s+1])`` (fixture: ``cu_seqlens =
+[0, 3, 5, 9]``). Kernel: ``flash_attn_varlen_func``, else torch's ``varlen_attn`` (>=
+2.10), float16 / bfloat16 on CUDA only (else :class:`NotAvailable`).
 """
 
 from __future__ import annotations
@@ -33,11 +30,8 @@ Kernel = Callable[..., Tensor]
 
 @functools.cache
 def flash_kernel() -> tuple[str, Kernel]:
-    """``(name, fn)`` of the varlen flash kernel on this machine, or :class:`NotAvailable`.
-
-    ``fn(q, k, v, cu_seqlens, max_seqlen, scale, sliding_window=None)`` takes tokens
-    ``(N, H, D)`` and causal segments; returns ``(N, H, D)``.
-    """
+    """``(name, fn)`` of the varlen flash kernel here, or :class:`NotAvailable`; ``fn(q, k, v,
+    cu_seqlens, max_seqlen, scale, sliding_window=None)`` maps tokens ``(N, H, D)``."""
     if not torch.cuda.is_available():
         raise NotAvailable(
             "backend 'flash' needs a CUDA device and none is available;"
@@ -60,8 +54,7 @@ def flash_kernel() -> tuple[str, Kernel]:
             f"backend 'flash' needs the flash-attn package or torch >= 2.10"
             f" (found torch {torch.__version__}); pip install flash-attn or use backend='flex'"
         ) from err
-    # torch 2.10 spells causal as is_causal=True, later versions as window_size=(-1, 0);
-    # without a scale argument the kernel uses 1/sqrt(D), so q carries the difference.
+    # torch 2.10: is_causal=True, later window_size=(-1, 0); no scale: q carries it.
     params = inspect.signature(varlen_attn).parameters
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     takes_scale = "scale" in params

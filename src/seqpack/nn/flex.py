@@ -1,16 +1,10 @@
 """``flex``: PyTorch FlexAttention with a ``BlockMask`` built from the permission predicate.
 
-The ``mask_mod`` *is* :func:`seqpack.core.permission.permitted` applied to the layout's
-tensors at ``(b, q_idx)`` and ``(b, kv_idx)``; ``create_block_mask`` evaluates it once per
-layout and window (cached in ``AttentionLayout.cache``), and the kernel skips every
-128x128 tile with no permitted edge. Fixture row 0 is one partial tile in which
-``mask_mod`` permits A's 6 and B's 3 causal edges and nothing else.
-
-Refused before any kernel runs (:class:`NotAvailable` naming the fix, never a silent
-fallback): CPU inputs that require grad (no CPU backward). The fused kernel takes
-float32 / bfloat16 / float16, compiled with ``fullgraph=True`` so a failure raises
-(docs/design-notes.md); float64 runs the unfused eager path (verification, not speed).
-FlexAttention is imported lazily.
+The ``mask_mod`` *is* :func:`seqpack.core.permission.permitted` on the layout's tensors;
+the mask is built once per layout and window (cached) and the kernel skips every 128x128
+tile with no permitted edge. CPU inputs that require grad are refused
+(:class:`NotAvailable`: no CPU backward). float32 / bfloat16 / float16 run the kernel
+compiled with ``fullgraph=True`` (a failure raises); float64 the unfused eager path.
 """
 
 from __future__ import annotations
@@ -54,10 +48,8 @@ def permission_mod(
     sliding_window: int | None = None,
     node_ends: torch.Tensor | None = None,
 ) -> Any:
-    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T).
-
-    ``segments`` are a tree row's node ids (Euler-tour entry) when ``node_ends`` (each
-    cell's node's exit) is given; without it, flat packing's one node per example."""
+    """:func:`~seqpack.core.permission.permitted` as a FlexAttention ``mask_mod`` on (R, T);
+    with ``node_ends`` (each cell's node's exit), ``segments`` are a tree row's node ids."""
     sliding_window = check_sliding_window(sliding_window)
 
     def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:

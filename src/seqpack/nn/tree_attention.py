@@ -13,9 +13,7 @@ nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
 Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
-gradient once per consumer (``index_select``'s backward adds them), which is the flat
-objective's gradient. Also: the FlexAttention ``mask_mod``, the weighted loss over tree
-cells, and per-sequence views (:func:`token_logprobs`, :func:`sequence_logprobs`).
+gradient once per consumer (``index_select``'s backward adds them): the flat gradient.
 """
 
 from __future__ import annotations
@@ -37,13 +35,9 @@ from seqpack.nn.varlen import grouped_attention
 
 @dataclass(frozen=True, eq=False)
 class TreePlan:
-    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers.
-
-    ``groups``: per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``;
-    ``scatter`` int64 (R*T,): ``1 +`` the output slot of each stored cell, 0
-    (the zero row) for padding; ``score_cells``: ``Σ m × P``; ``cache``: the
-    block masks and concatenated gathers, built on first use.
-    """
+    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers:
+    ``groups`` per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``; ``scatter`` int64
+    (R*T,) ``1 +`` each stored cell's output slot (0: padding); ``score_cells`` ``Σ m × P``."""
 
     groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
     scatter: torch.Tensor
@@ -54,19 +48,13 @@ class TreePlan:
     def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All groups' query and key indices, concatenated (cached)."""
         if "gathers" not in self.cache:
-            self.cache["gathers"] = (
-                torch.cat([g[3] for g in self.groups]),
-                torch.cat([g[4] for g in self.groups]),
-            )
+            self.cache["gathers"] = tuple(torch.cat([g[i] for g in self.groups]) for i in (3, 4))
         return self.cache["gathers"]
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per node: the flat cells of its path (ancestors' spans root first, then its own).
-
-    Returns ``(cells, bounds)``, int64 [Σ P] and [M+1]. Nodes are in
-    pre-order, so a parent's path is known before its children's.
-    """
+    """Per node (pre-order): the flat cells of its path (ancestors' spans root first, then
+    its own) as ``(cells, bounds)``, int64 [Σ P] and [M+1]."""
     first = batch.node_row * batch.shape[1] + batch.node_col
     paths: list[list[int]] = []
     for n, parent in enumerate(batch.node_parent.tolist()):
@@ -120,12 +108,10 @@ def tree_attention(
 class FlashPlan:
     """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
 
-    Queries are the stored cells in node order (``stored``), one query sequence
-    per node (``cu_q``, int32 [M+1]). The gathered call's keys are each node's
-    path (``keys``, ``cu_k``); the two-part merge's are each node's own span
-    (``cu_q``, causal) and, for the ``inner`` nodes that have ancestors, their
-    ancestors' spans (``ancestors``, ``cu_a``; ``inner_q``: those nodes' query
-    slots, ``cu_inner``).
+    Queries: the stored cells in node order (``stored``), one sequence a node (``cu_q``,
+    int32 [M+1]); keys: each node's path (``keys``, ``cu_k``), or for the merge each node's
+    own span (``cu_q``) and the ancestors' spans (``ancestors``, ``cu_a``) of the nodes
+    that have some (``inner_q``: their query slots, ``cu_inner``).
     """
 
     stored: torch.Tensor
@@ -189,19 +175,15 @@ def varlen_reference(
 ) -> Any:
     """``flash_attn_varlen_func`` in plain torch (dense per call: for checks on CPU).
 
-    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is
-    ``q[cu_q[i]:cu_q[i+1]]`` against ``k[cu_k[i]:cu_k[i+1]]``. Causality and
-    ``window_size=(left, right)`` align bottom-right, as flash-attn 2 does:
-    query ``j`` of ``Lq`` sits at key ``j + Lk - Lq``. Returns ``out`` (Nq, H, Dv),
-    or ``(out, lse (H, Nq), None)`` with ``return_attn_probs`` (flash-attn 2's
-    varlen layout of the log-sum-exp); a query with no key gets 0 and
-    ``lse = -inf``. Unlike flash-attn's, ``lse`` is differentiable.
+    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is ``q[cu_q[i]:cu_q[i+1]]``
+    against ``k[cu_k[i]:cu_k[i+1]]``, causality and ``window_size`` bottom-right aligned
+    (query ``j`` of ``Lq`` at key ``j + Lk - Lq``). Returns ``out`` (Nq, H, Dv), or with
+    ``return_attn_probs`` ``(out, lse (H, Nq), None)`` (differentiable; no key: 0, -inf).
     """
     if dropout_p:
         raise NotAvailable("varlen_reference has no dropout: it is the exact check")
 
-    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each token's sequence and its index in it."""
+    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:  # seq, index
         seq = torch.searchsorted(cu.long(), torch.arange(n, device=cu.device), right=True) - 1
         return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
 
@@ -256,14 +238,10 @@ def tree_flash_attention(
 ) -> torch.Tensor:
     """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
 
-    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at
-    padding. Default: one call over gathered keys, each node's queries against
-    its path, causal bottom-right (so query ``j`` sits at its own depth) with
-    ``window_size=(sliding_window-1, 0)``. ``merge``: no key gathered for the node's own
-    block (a causal call over the node spans) plus a non-causal call over its
-    ancestors' spans, merged by their log-sum-exps (full attention only;
-    flash-attn's backward ignores the log-sum-exp's gradient, so with it the
-    merge serves forwards without gradients, e.g. a DPO reference model).
+    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at padding.
+    Default: one causal bottom-right call, each node's queries against its gathered path.
+    ``merge``: a causal call over the node spans plus one over the ancestors' spans,
+    merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
     """
     varlen = varlen or flash_varlen(q.device)
     qs = q.index_select(0, plan.stored)
@@ -333,11 +311,8 @@ def token_logprobs(logits: torch.Tensor, batch: TreeBatch) -> list[torch.Tensor]
 
 
 def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    """Sum of each original sequence's supervised target log-probs, (S,) in layout order.
-
-    The DPO / SimPO / reward-model quantity: ``Σ log p(target)`` over the
-    cells where the sequence's own loss mask is True.
-    """
+    """Sum of each original sequence's supervised target log-probs (its own loss mask), (S,)
+    in layout order: the DPO / SimPO / reward-model quantity."""
     mask = torch.as_tensor(batch.seq_loss_mask, device=logits.device)
     flat = _per_sequence(logits, batch) * mask
     owner = np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds))

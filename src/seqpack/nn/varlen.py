@@ -1,24 +1,23 @@
 """``varlen``: attention inside each segment's causal block only, in pure PyTorch.
 
-Segment ``s`` is the flat cells ``[start, start + l)`` of the ``R*T`` cell axis; its block
-is plain causal attention. Segments of equal length (``bucketing="exact"``, the default)
-share one ``scaled_dot_product_attention`` call on ``(n, H, L, D)`` with ``is_causal=True``
-(``Σ l^2`` score cells, not ``R*T^2``); ``bucketing="bucket"`` also stacks similar
-lengths, right-padding a segment by repeating its own last cell (no real query sees
-it; padded outputs are dropped). The fixture (A = cells 0-2, B = 3-4, C = 6-9 of the
-flat ``2*6`` cells) under ``exact``::
+Segment ``s`` (flat cells ``[start, start + l)`` of ``R*T``) is plain causal attention.
+Segments of equal length (``bucketing="exact"``, the default) share one causal SDPA call
+on ``(n, H, L, D)`` (``Σ l^2`` score cells, not ``R*T^2``); ``"bucket"`` also stacks
+similar lengths, padding a segment with its own last cell (outputs dropped). The fixture
+(A = cells 0-2, B = 3-4, C = 6-9 of the flat ``2*6`` cells) under ``exact``::
 
     group (n=1, L=4): C -> cells [6, 7, 8, 9]
     group (n=1, L=3): A -> cells [0, 1, 2]
     group (n=1, L=2): B -> cells [3, 4]
     scatter: cells 5, 10, 11 (padding) read the zero row
 
-A ``sliding_window`` shorter than a group's ``L`` makes that call's mask the ``(L, L)`` band of
+A ``sliding_window`` shorter than ``L`` makes the call's mask the ``(L, L)`` band of
 :func:`~seqpack.core.permission.permitted`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +42,9 @@ TOKEN_COST = 48
 
 @dataclass(frozen=True)
 class VarlenPlan:
-    """Gather/scatter indices of one layout, shared by all layers and heads.
-
-    ``gather`` int64 (P,): flat cell (into ``R*T``) of each padded slot,
-    groups laid out one after another, each as ``n`` segments of ``L`` slots;
-    ``scatter`` int64 (R*T,): ``1 +`` the slot holding each valid cell's
-    output, ``0`` (the zero row) for padding; ``groups``: ``(n, L)`` per call.
-    """
+    """Gather/scatter indices of one layout, shared by all layers and heads: ``gather``
+    int64 (P,) the flat cell of each padded slot (per group ``n`` segments of ``L`` slots);
+    ``scatter`` int64 (R*T,) ``1 +`` each valid cell's slot (0: padding); ``groups`` ``(n, L)``."""
 
     gather: torch.Tensor
     scatter: torch.Tensor
@@ -66,11 +61,8 @@ def group_segments(
     call_cost: float = CALL_COST,
     token_cost: float = TOKEN_COST,
 ) -> list[np.ndarray]:
-    """Split segment indices into SDPA calls; each group is sorted longest first.
-
-    ``bucket``: the longest-first contiguous grouping of minimum modelled cost
-    ``Σ_g call_cost + n_g * L_g * (L_g + token_cost)`` (dynamic programming over the
-    distinct lengths; never more calls than ``exact``).
+    """Split segment indices into SDPA calls, each sorted longest first; ``bucket``: the
+    contiguous grouping of least ``Σ_g call_cost + n_g * L_g * (L_g + token_cost)``.
 
     >>> [g.tolist() for g in group_segments(np.array([3, 2, 3]), "exact")]
     [[0, 2], [1]]
@@ -129,11 +121,8 @@ def segment_plan(
         groups.append((n, size))
         offset += n * size
     gather = np.concatenate(gather_parts) if gather_parts else np.zeros(0, dtype=np.int64)
-    return VarlenPlan(
-        gather=torch.as_tensor(gather, device=device),
-        scatter=torch.as_tensor(scatter, device=device),
-        groups=tuple(groups),
-    )
+    as_tensor = functools.partial(torch.as_tensor, device=device)
+    return VarlenPlan(as_tensor(gather), as_tensor(scatter), tuple(groups))
 
 
 def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
@@ -181,11 +170,9 @@ def grouped_attention(
     masks: dict | None = None,
 ) -> torch.Tensor:
     """One SDPA call per group ``(n, m, P)``: ``n`` blocks of ``m`` queries (``q_index``,
-    Σ n·m) at positions ``P-m..P-1`` of their ``P`` keys (``k_index``, Σ n·P).
-
-    Tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) where ``Hkv`` divides ``H``
-    (grouped-query attention); returns ``(N, H, Dv)``, cell ``i`` reading output slot
-    ``scatter[i]`` (0: the zero row). ``masks`` caches the band masks.
+    Σ n·m) at positions ``P-m..P-1`` of their ``P`` keys (``k_index``, Σ n·P). Tokens ``q``
+    (N, H, D), ``k``/``v`` (N, Hkv, D), ``Hkv`` dividing ``H``; returns ``(N, H, Dv)``, cell
+    ``i`` reading slot ``scatter[i]`` (0: zeros). ``masks`` caches the band masks.
     """
     sliding_window = check_sliding_window(sliding_window)
     heads, dim_v = q.shape[1], v.shape[-1]

@@ -1,37 +1,18 @@
-"""The packing pipeline: read -> plan -> materialise -> write, on one machine.
-
-=====================  =========================================================
-module                 holds
-=====================  =========================================================
-``options``            :class:`PackOptions`, every option of a packing run, once
-``budget``             what packing allocates, checked before allocating
-``local``              :func:`pack_path` (``seqpack pack``), :func:`pack_table`, repeated ids
-``stats``              :func:`stats_path` (``seqpack stats``), policies compared, figure
-``progress``           status lines and progress bars on stderr
-=====================  =========================================================
-
-Names are loaded on first use (the package needs pyarrow).
+"""The packing pipeline: read -> plan -> materialise -> write, on one machine: ``options``
+(:class:`PackOptions`), ``budget``, ``local`` (:func:`pack_path`, :func:`pack_table`),
+``stats`` (:func:`stats_path`), ``progress``. Names are loaded on first use (pyarrow).
 """
 
 from __future__ import annotations
 
 from seqpack._lazy import lazy_exports
 
-_NAMES = {
-    "PackOptions": "options",
-    "DEFAULT_POLICY": "options",
-    "DEFAULT_ROWS_PER_BATCH": "options",
-    "packing_bytes": "budget",
-    "check_budget": "budget",
-    "model_call_bytes": "budget",
-    "pack_path": "local",
-    "pack_table": "local",
-    "stats_path": "stats",
-    "compare_policies": "stats",
-    "example_lengths": "stats",
-    "plot_stats": "stats",
-    "duplicate_ids": "local",
-    "duplicate_report": "local",
+_MODULES = {
+    "options": ["PackOptions", "DEFAULT_POLICY", "DEFAULT_ROWS_PER_BATCH"],
+    "budget": ["packing_bytes", "check_budget", "model_call_bytes"],
+    "local": ["pack_path", "pack_table", "duplicate_ids", "duplicate_report"],
+    "stats": ["stats_path", "compare_policies", "example_lengths", "plot_stats"],
 }
+_NAMES = {name: module for module, names in _MODULES.items() for name in names}
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -1,13 +1,6 @@
-"""What a packing run allocates, from all its options, checked before allocating.
-
-In memory (:func:`packing_bytes`, :func:`check_budget`): plan and per-occurrence
-arrays, the policy's capacity index and look-ahead, one gathered copy of the windows
-for policies that reorder, one padded model call. Out of core (:class:`StreamBudget`,
-what ``seqpack pack`` checks): two read chunks, two output shards in flight, the
-policy's fixed part and a model call, known before anything is read; then lengths and
-plan per document and example, checked as documents are counted (and, with
-``--cut-long``, on the number of pieces before any source is split).
-"""
+"""What a packing run allocates, from all its options, checked before allocating: in
+memory (:func:`packing_bytes`, :func:`check_budget`) and out of core
+(:class:`StreamBudget`, what ``seqpack pack`` checks)."""
 
 from __future__ import annotations
 
@@ -52,10 +45,7 @@ SHARD_TOKEN_BYTES = 6
 SHARD_OCCURRENCE_BYTES = 96
 #: Read chunks in memory at once (the next one read while this one is tokenized).
 CHUNKS_IN_FLIGHT = 2
-#: Bytes held per byte of a read chunk, by input kind: JSON Lines (int64 ids parsed
-#: from >= 2 bytes each, labels, int32 copy, flags), Parquet (decoded columns and
-#: the int32 copy), Arrow already in memory or mapped (masks over the views), text
-#: (UTF-8 in Arrow plus at most 4 bytes of int32 ids per byte).
+#: Bytes held per byte of a read chunk, by input kind (docs/design-notes.d/pipeline.md).
 CHUNK_FACTORS = {"jsonl": 12, "parquet": 4, "datasets": 2, "table": 2, "text": 6}
 #: Rust-side bytes per character of a text sub-batch being encoded (45 measured, BPE).
 TEXT_CHAR_BYTES = 64
@@ -83,13 +73,9 @@ def packing_bytes(
     policy: str = DEFAULT_POLICY,
     options: Mapping[str, Any] | None = None,
 ) -> int:
-    """Upper bound of the bytes :func:`pack_table` allocates, computed before allocating.
-
-    Plan and per-occurrence arrays (per example), :func:`policy_bytes`, and,
-    for policies that reorder, one gathered copy of the windows (4 bytes a
-    token) and of non-uniform loss flags (1 byte a target). Python integers: no
-    intermediate overflows, and the limit is compared exactly.
-    """
+    """Upper bound of the bytes :func:`pack_table` allocates: plan and per-occurrence arrays,
+    :func:`policy_bytes` and, for policies that reorder, one gathered copy of the windows
+    (4 bytes a token) and of non-uniform loss flags (1 byte a target)."""
     per_example, _, gathers = _policy_costs(policy)
     flags = table.loss_mask
     need = len(table) * per_example + policy_bytes(policy, capacity, options) + _FIXED_BYTES
@@ -105,10 +91,8 @@ def split_bytes(
     policy: str = DEFAULT_POLICY,
     options: Mapping[str, Any] | None = None,
 ) -> int:
-    """Upper bound of splitting sources (``offsets`` int64 [n+1]) with ``--cut-long``
-    and packing the pieces, computed from the lengths before anything is split: the
-    pieces' gather indices and copies (21 bytes a token, 48 a piece) plus
-    :func:`packing_bytes` of the pieces."""
+    """Upper bound of splitting sources (``offsets`` int64 [n+1]) with ``--cut-long`` and
+    packing the pieces (21 bytes a token, 48 a piece, plus :func:`packing_bytes`)."""
     counts = np.diff(offsets)
     pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
     tokens = int(counts.sum()) + pieces - counts.shape[0]  # one token shared per cut
@@ -131,10 +115,9 @@ def check_budget(
     fix: str = "pack fewer examples per call",
     options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Raise :class:`~seqpack.core.errors.BudgetExceeded` before planning when packing ``table``
-    (:func:`packing_bytes`) plus one model call (:func:`model_call_bytes`) needs more
-    than ``limit`` bytes; ``where`` prefixes the message, ``fix`` ends it. No-op without a limit.
-    """
+    """:class:`~seqpack.core.errors.BudgetExceeded` when packing ``table`` plus one model call
+    needs more than ``limit`` bytes (None: no limit); ``where`` prefixes the message, ``fix``
+    ends it."""
     if limit is None:
         return
     need = packing_bytes(table, config.capacity, policy, options) + model_call_bytes(config)
@@ -158,8 +141,7 @@ class StreamBudget:
 
     @classmethod
     def of(cls, options: PackOptions, kind: str) -> StreamBudget:
-        """The budget of packing with ``options`` an input of ``kind`` (a key of
-        :data:`CHUNK_FACTORS`; ``"text"`` when a tokenizer encodes it)."""
+        """The budget of packing an input of ``kind`` (:data:`CHUNK_FACTORS`) with ``options``."""
         chunk = options.chunk_bytes * CHUNKS_IN_FLIGHT * CHUNK_FACTORS.get(kind, 12)
         if kind == "text":
             chunk += min(ENCODE_BATCH, options.chunk_bytes) * TEXT_CHAR_BYTES
@@ -177,24 +159,13 @@ class StreamBudget:
 
     def need(self, documents: int, examples: int = 0, occurrences: int = 0) -> int:
         """Bytes for ``documents`` read, ``examples`` planned and a shard of ``occurrences``."""
-        per_shard = SHARDS_IN_FLIGHT * int(occurrences) * SHARD_OCCURRENCE_BYTES
-        return (
-            self.fixed
-            + int(documents) * DOCUMENT_BYTES
-            + int(examples) * self.per_example
-            + per_shard
-        )
+        need = self.fixed + int(documents) * DOCUMENT_BYTES + int(examples) * self.per_example
+        return need + SHARDS_IN_FLIGHT * int(occurrences) * SHARD_OCCURRENCE_BYTES
 
     def check(
         self, documents: int = 0, examples: int = 0, occurrences: int = 0, what: str = ""
     ) -> None:
-        """Raise :class:`~seqpack.core.errors.BudgetExceeded` when the need exceeds the limit,
-        naming every part of it."""
-        if self.limit is None:
-            return
-        need = self.need(documents, examples, occurrences)
-        if need <= self.limit:
-            return
+        """:class:`~seqpack.core.errors.BudgetExceeded` over the limit, naming every part."""
         opts = self.options
         parts = (
             f"plus one model call of {opts.max_rows_per_batch} x {opts.capacity:,} cells and the"
@@ -203,7 +174,7 @@ class StreamBudget:
             f" document and {self.per_example} an example"
         )
         budget.enforce(
-            need,
+            self.need(documents, examples, occurrences),
             self.limit,
             f"packing {what or 'this corpus'} with {opts.policy} ({parts})",
             "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's lookahead",
@@ -211,11 +182,9 @@ class StreamBudget:
 
 
 def read_limits(options: PackOptions) -> ReadLimits:
-    """What one read may decode, from the options, fixed before the input is opened: with
-    ``max_metadata_bytes``, a Parquet row group (or a JSON array) may decode to the budget's
-    share of one read chunk (:data:`CHUNK_FACTORS` times ``chunk_bytes``, at least 64 MiB)
-    and no more than the budget; without it, :class:`~seqpack.io.files.ReadLimits`' defaults.
-    Decompression ratio and distinct JSON keys keep their defaults either way."""
+    """What one read may decode: with ``max_metadata_bytes``, the budget's share of one read
+    chunk (at least 64 MiB, at most the budget); else :class:`~seqpack.io.files.ReadLimits`'
+    defaults."""
     limits = ReadLimits()
     if options.max_metadata_bytes is None:
         return limits

@@ -1,13 +1,8 @@
 """A corpus read out of core: chunk by chunk, tokenized, spilled; only the lengths in memory.
 
-:func:`read_corpus` reads an input (:func:`seqpack.io.readers.open_input`)
-in chunks of ``chunk_bytes``, checks and tokenizes each one
-(:func:`seqpack.io.columns.chunk_from_arrow`), appends it to a
-:class:`~seqpack.io.spill.Spill` and keeps only its token counts, so the
-memory held grows by 8 bytes a document, whatever the corpus size. Inputs
-that are Arrow already (a ``datasets`` folder memory-mapped, an in-memory
-``Dataset`` or table) are not spilled: their chunks are views. The split
-receipt is computed on the way (:class:`~seqpack.io.documents.DataDigest`).
+:func:`read_corpus` checks and tokenizes each chunk of ``chunk_bytes`` and appends it to a
+:class:`~seqpack.io.spill.Spill` (Arrow inputs are not spilled: their chunks are views);
+the split receipt is computed on the way (:class:`~seqpack.io.documents.DataDigest`).
 """
 
 from __future__ import annotations
@@ -94,8 +89,7 @@ class Corpus:
         self.source.release()
 
     def release_chunk(self, c: int) -> None:
-        """Hand back the mapped pages of chunk ``c`` (its windows were just gathered), so a
-        shard gathered from everywhere holds one chunk's pages at a time."""
+        """Hand back the mapped pages of chunk ``c`` (its windows were just gathered)."""
         maps = (self.spill.mapped if self.spill is not None else []) + self.source.mapped
         if not maps:
             return
@@ -114,8 +108,7 @@ class Corpus:
 
 
 def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
-    """An id column that only repeats the row numbers is no id column (the format
-    derives it), whoever wrote it."""
+    """``chunk`` without its id column when that only repeats the row numbers."""
     if chunk.ids is None:
         return chunk
     rows = default_ids(np.arange(chunk.first_row, chunk.first_row + len(chunk)))
@@ -138,9 +131,7 @@ KEEP_BYTES = 128 << 20
 
 
 class _Reading:
-    """What :func:`read_corpus` accumulates chunk by chunk, and where the chunks go: the
-    input's own views (Arrow inputs), kept in memory while they are small (int32 ids),
-    spilled once they pass ``keep_bytes``."""
+    """What :func:`read_corpus` accumulates: chunks kept up to ``keep_bytes``, then spilled."""
 
     def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
         self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
@@ -217,13 +208,10 @@ def read_corpus(
     """Read, check, tokenize and spill ``source`` (see the module docstring).
 
     ``receipt(input)`` may supply the split receipt (None: the content digest).
-    Without a vocabulary size or tokenizer, pre-tokenized input is refused
-    before reading unless ``default_vocab``: then the binding's vocabulary is
-    the largest id + 1. The budget (:class:`StreamBudget`) is checked before
-    the first chunk and as documents are counted.
+    Pre-tokenized input without a vocabulary size or tokenizer is refused before reading,
+    unless ``default_vocab`` (then the vocabulary is the largest id + 1). The budget
+    (:class:`StreamBudget`) is checked before the first chunk and as documents are counted.
     """
-    # the binding is built once: here, before reading, when the vocabulary is known
-    # (a run without one is refused now unless default_vocab), its receipt at the end
     known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
     binding = None
     if known:
@@ -279,9 +267,7 @@ _END = object()
 
 
 def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, each produced by a helper thread while the previous one is used: the
-    next chunk is read and parsed (Arrow releases the GIL) while this one is checked,
-    tokenized, hashed and spilled. One item is ahead at most."""
+    """``items``, each produced by a helper thread while the previous one is used."""
     with ThreadPoolExecutor(1, thread_name_prefix="seqpack-read") as pool:
         ahead = pool.submit(next, items, _END)
         try:

@@ -1,15 +1,6 @@
-"""The local pipeline: read -> plan -> write, on one machine, in bounded memory (``seqpack pack``).
-
-:func:`pack_path` is what ``seqpack pack`` runs: the corpus is read chunk by
-chunk and spilled (:mod:`seqpack.pipeline.corpus`), planned whole from its
-lengths with any policy, gathered and written shard by shard by the one
-write path (:mod:`seqpack.pipeline.writer`, :func:`seqpack.core.compact.gather_rows`,
-:func:`seqpack.io.store.write_shards`) and published by its manifest.
-:func:`pack_table` is the same path in memory over an
-:class:`~seqpack.core.examples.ExampleTable` (compact rows; a Ray block).
-Repeated ids are counted exactly (Arrow hashes the strings) and reported once per run
-(:func:`duplicate_report`).
-"""
+"""The local pipeline (``seqpack pack``): :func:`pack_path` reads a corpus chunk by chunk
+(:mod:`seqpack.pipeline.corpus`), plans it whole and writes it shard by shard
+(:mod:`seqpack.pipeline.writer`); :func:`pack_table` is the same in memory (a Ray block)."""
 
 from __future__ import annotations
 
@@ -49,11 +40,8 @@ from seqpack.pipeline.writer import (
 
 
 def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
-    """Rows whose id repeats an earlier row's: ``(count, first such row, the row it repeats)``.
-
-    ``(0, -1, -1)`` when every id is distinct. Arrow hashes the strings; the
-    rest is vectorised (a row is a repeat unless its value's code is new).
-    """
+    """Rows whose id repeats an earlier row's: ``(count, first such row, the row it repeats)``,
+    ``(0, -1, -1)`` when every id is distinct."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -69,11 +57,8 @@ def duplicate_ids(ids: np.ndarray) -> tuple[int, int, int]:
 
 
 def duplicate_report(ids: Any, locate: Callable[[int], str]) -> dict[str, Any]:
-    """``duplicate_ids`` and, when some repeat, ``duplicate_first`` (its id, where, first seen).
-
-    ``ids``: every input row's id in order (NumPy or Arrow strings);
-    ``locate(row)`` names an input row (file and line, or block and row).
-    """
+    """``duplicate_ids`` and, when some repeat, ``duplicate_first`` (its id, where, first seen)
+    of ``ids`` (every input row's, NumPy or Arrow strings); ``locate(row)`` names a row."""
     count, row, first = duplicate_ids(ids)
     if not count:
         return {"duplicate_ids": 0}
@@ -99,9 +84,8 @@ def pack_table(
     """Plan ``table`` with ``policy`` and materialise it as compact rows (in memory).
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
-    With ``max_metadata_bytes``, :func:`packing_bytes` (the policy's options
-    included) is checked against it first: :class:`~seqpack.core.errors.BudgetExceeded`
-    before anything is allocated.
+    With ``max_metadata_bytes``, :func:`packing_bytes` over it is
+    :class:`~seqpack.core.errors.BudgetExceeded` before anything is allocated.
     """
     if max_metadata_bytes is not None:
         need = packing_bytes(table, capacity, policy, options)
@@ -113,17 +97,8 @@ def pack_table(
 def bind_examples(
     docs: Documents, options: PackOptions, tokenizer: Tokenizer | None
 ) -> tuple[ExampleTable, int]:
-    """``docs`` bound as ``options`` say (vocabulary, tokenizer, split receipt) and, with
-    ``cut_long``, long sources cut into ranges: the examples to plan, and how many
-    sources were split. The budget covers the split before it runs."""
-    binding = resolve_binding(
-        docs,
-        options.split,
-        vocab_size=options.vocab_size,
-        tokenizer=tokenizer,
-        tokenizer_id=options.tokenizer_id,
-        split_id=options.split_id,
-    )
+    """``docs`` bound as ``options`` say, long sources cut with ``cut_long``; (examples, splits)."""
+    binding = resolve_binding(docs, options.split, **options.binding_keywords(tokenizer))
     table = docs.to_table(binding, options.split)
     if not options.cut_long:
         return table, 0
@@ -151,25 +126,17 @@ def pack_path(
 ) -> dict[str, Any]:
     """Pack ``source`` into the packed directory ``out``; return the statistics.
 
-    ``options`` (a :class:`~seqpack.pipeline.options.PackOptions`) and/or
-    its fields as keywords (``capacity=4096, vocab_size=32000``) say how.
-    ``source``: a ``.jsonl`` / ``.parquet`` file, a folder of shards, a
-    ``datasets`` folder or an in-memory ``datasets.Dataset`` / Arrow table.
-    Memory is bounded by one read chunk (``chunk_bytes``), two output shards
-    (``shard_tokens``) and the lengths, whatever the corpus size; the token
-    spill goes to ``spill_dir`` (default: beside ``out``).
+    ``options`` (a :class:`~seqpack.pipeline.options.PackOptions`) and/or its fields as
+    keywords say how. ``source``: a ``.jsonl`` / ``.parquet`` file, a folder of shards, a
+    ``datasets`` folder or an in-memory ``datasets.Dataset`` / Arrow table. Memory: one
+    read chunk, two output shards and the lengths (``max_metadata_bytes`` bounds it all,
+    :class:`~seqpack.pipeline.budget.StreamBudget`); the spill goes to ``spill_dir``.
 
-    Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``,
-    ``lower_bound`` (``ceil(tokens / capacity)``), ``efficiency``,
-    ``sources``, ``split_sources``, ``eligible_targets``, ``batches``,
-    ``shards``, ``input_tokens``, ``seconds``, ``tokens_per_s`` (input tokens
-    a second, reading to publishing), ``duplicate_ids`` (rows whose id
-    repeats an earlier row's; ``duplicate_first`` names the first) and
-    ``recovered`` (notes on files a killed run left at ``out`` and removed, or the
-    user's files left in it, see :mod:`seqpack.io.atomic`). ``max_metadata_bytes`` bounds
-    all of it (:class:`~seqpack.pipeline.budget.StreamBudget`), checked before
-    anything grows. ``out`` is held from its first check to publication: a
-    second writer at the same path is refused, naming this one.
+    Statistics: ``examples``, ``tokens`` (prediction pairs), ``rows``, ``lower_bound``,
+    ``efficiency``, ``sources``, ``split_sources``, ``eligible_targets``, ``batches``,
+    ``shards``, ``input_tokens``, ``seconds``, ``tokens_per_s``, ``duplicate_ids`` (and
+    ``duplicate_first``) and ``recovered`` (:mod:`seqpack.io.atomic`'s notes). A second
+    writer at ``out`` is refused while this one holds it.
     """
     opts = PackOptions.of(options, **overrides)
     path_argument("out", out)  # its type; the value is checked where it is opened
@@ -180,8 +147,7 @@ def pack_path(
 
 
 def pack_into(source: str | Path | Any, output: Output, opts: PackOptions) -> dict[str, Any]:
-    """:func:`pack_path`'s work, holding the output folder (``output``, see
-    :func:`seqpack.io.atomic.open_output`) from the first check to the commit."""
+    """:func:`pack_path`'s work into the held ``output`` (see :func:`open_output`)."""
     started = time.perf_counter()
     out = output.path
     tok = opts.load_tokenizer()
@@ -217,8 +183,7 @@ def _pack_corpus(
     show: bool,
     source: str,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan a corpus read by :func:`read_corpus`, write its shards into ``output`` and
-    commit them; (statistics, manifest)."""
+    """Plan ``corpus``, write its shards into ``output`` and commit: (statistics, manifest)."""
     pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
     budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
     examples = corpus_examples(corpus, opts, budget_)

@@ -1,26 +1,20 @@
 """Every option of a packing run, declared once: :class:`PackOptions`.
 
-``seqpack pack`` / ``seqpack stats``, :func:`seqpack.pipeline.local.pack_path`,
-:func:`seqpack.ray.pack` and :func:`seqpack.hf.pack_dataset` all take this frozen
-object, so a default, a check or a help text exists in one place. Each field's
-``metadata`` carries its command-line flag and help (``seqpack.cli.flags`` builds
-the parser from it)::
+``seqpack pack`` / ``stats``, :func:`seqpack.pipeline.local.pack_path`,
+:func:`seqpack.ray.pack` and :func:`seqpack.hf.pack_dataset` all take this frozen object;
+each field's ``metadata`` carries its flag and help (:mod:`seqpack.cli.flags` builds the
+parser from it)::
 
     options = PackOptions(max_length=4096, policy="best-fit-decreasing", vocab_size=32000)
     pack_path("shards/", "packed/", options)
     pack_path("shards/", "packed/", max_length=4096, vocab_size=32000)   # the same run
 
-``max_length`` is the row width in tokens: the length of the ``input_ids`` a model
-sees, for every format (TRL's ``SFTConfig.max_length``). The packer's internal
-``capacity`` (cells per row) equals it: with ``format="seqpack"`` a cell is one input
-token with its target, so an example of ``n`` tokens (``n - 1`` prediction pairs) fills
-``n - 1`` cells; with ``format="trl"`` a cell is one token, so it fills ``n``
-(:attr:`PackOptions.pair_capacity` is then ``max_length - 1``). ``capacity=`` is the
-0.x name of ``max_length`` and still works, with a :class:`DeprecationWarning` (as
-do the other old names of :data:`seqpack._renames.OLD_FIELDS`).
-
-Values are checked on construction (a bad one is an
-:class:`~seqpack.core.errors.InvalidInput` naming the option and the fix).
+``max_length`` is the row width in tokens (TRL's ``SFTConfig.max_length``) and the packer's
+``capacity``: with ``format="seqpack"`` an example of ``n`` tokens fills ``n - 1`` cells
+(one per prediction pair), with ``format="trl"`` ``n`` (:attr:`PackOptions.pair_capacity`).
+The old names (``capacity=``, ... :data:`seqpack._renames.OLD_FIELDS`) still work, with a
+:class:`DeprecationWarning`. A bad value is an :class:`~seqpack.core.errors.InvalidInput`
+naming the option and the fix.
 """
 
 from __future__ import annotations
@@ -65,12 +59,18 @@ PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 def flag(
     flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
-    """Field metadata: the flag (None: not on the command line), help and argparse keywords."""
+    """Field metadata: the flag (None: none; "": :func:`flag_name`), help, argparse keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
 
 
-def _field(default: Any, *args: Any, **kwargs: Any) -> Any:
-    return field(default=default, metadata=flag(*args, **kwargs))
+def option(default: Any, help: str, *args: Any, **kwargs: Any) -> Any:
+    """A field whose flag is its name in dashes (``max_length``: ``--max-length``)."""
+    return field(default=default, metadata=flag("", help, *args, **kwargs))
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    """A field's command-line flag: its metadata's, else (``""``) its name in dashes."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 
 
 _PATH = (str, os.PathLike)
@@ -98,24 +98,21 @@ _REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes")
 class PackOptions:
     """One packing run's options (see the module docstring); frozen and validated.
 
-    ``max_length``: tokens per row (the width of ``input_ids``). ``policy_options``
-    go to the policy (e.g. ``{"lookahead": 4096}`` for ``stream-best-fit``).
     ``tokenizer`` is ``"bytes"``, a local tokenizer path or a loaded tokenizer;
-    ``vocab_size`` is required for pre-tokenized input without one.
-    ``chat_template`` is a Jinja file (or the template text), read on construction.
+    ``vocab_size`` is required for pre-tokenized input without one; ``chat_template``
+    (a Jinja file or the template text) is read on construction.
     """
 
-    max_length: int = _field(
+    max_length: int = option(
         None,
-        "--max-length",
         "tokens per row: the width of the input_ids a model sees, for every --format"
         " (TRL's max_length); replaces --capacity, its old name",
         BOTH,
         metavar="N",
         type=int,
     )
-    policy: str = _field(
-        DEFAULT_POLICY, "--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
+    policy: str = option(
+        DEFAULT_POLICY, f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -127,105 +124,84 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = _field(
-        DEFAULT_ROWS_PER_BATCH, "--max-rows-per-batch", "rows per model call", type=int
-    )
-    max_metadata_bytes: int | None = _field(
+    max_rows_per_batch: int = option(DEFAULT_ROWS_PER_BATCH, "rows per model call", type=int)
+    max_metadata_bytes: int | None = option(
         None,
-        "--max-metadata-bytes",
         "refuse (before planning) to pack when the plan, rows and one model call need more"
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
-    split: Split = _field(  # noqa: RUF009
-        Split.TRAIN, "--split", "the split the data is: train, validation or test", BOTH
+    split: Split = option(  # noqa: RUF009
+        Split.TRAIN, "the split the data is: train, validation or test", BOTH
     )
-    cut_long: bool = _field(
+    cut_long: bool = option(
         False,
-        "--cut-long",
         "cut documents longer than a row into consecutive spans, every pair kept once",
         BOTH,
         action="store_true",
     )
-    vocab_size: int | None = _field(
-        None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
+    vocab_size: int | None = option(None, "vocabulary size of pre-tokenized input", type=int)
+    tokenizer: str | Tokenizer | None = option(  # noqa: RUF009
+        None, "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
     )
-    tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
-        None, "--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
-    )
-    tokenizer_id: str | None = _field(
-        None, "--tokenizer-id", "tokenizer identity recorded in the binding"
-    )
-    split_id: str | None = _field(
-        None, "--split-id", "split-receipt identity (default: digest of the data)"
-    )
-    text_field: str = _field("text", "--text-field", "text column when there is no input_ids", BOTH)
-    chat_template: str | None = _field(
+    tokenizer_id: str | None = option(None, "tokenizer identity recorded in the binding")
+    split_id: str | None = option(None, "split-receipt identity (default: digest of the data)")
+    text_field: str = option("text", "text column when there is no input_ids", BOTH)
+    chat_template: str | None = option(
         None,
-        "--chat-template",
         "Jinja chat template for messages / conversational prompt-completion rows (a file;"
         " default: the --tokenizer folder's own)",
         BOTH,
         metavar="FILE",
     )
     # TRL 1.16 SFTConfig's two switches, same names and defaults (core.supervision.Objective)
-    assistant_only_loss: bool = _field(
+    assistant_only_loss: bool = option(
         False,
-        "--assistant-only-loss",
         "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
         " default: the whole conversation, as TRL; needs generation markers in the template)",
         BOTH,
         action="store_true",
     )
-    completion_only_loss: bool | None = _field(
+    completion_only_loss: bool | None = option(
         None,
-        "--completion-only-loss",
         "true: train only the completion of prompt-completion rows (and completion_mask);"
         " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
         " for prompt-completion rows only, as TRL)",
         BOTH,
         metavar="{true,false}",
     )
-    overwrite: bool = _field(
-        False, "--overwrite", "replace an existing output", action="store_true"
-    )
-    progress: bool | None = _field(
+    overwrite: bool = option(False, "replace an existing output", action="store_true")
+    progress: bool | None = option(
         None,
-        "--progress",
         "progress bars on stderr (default: when stderr is a terminal)",
         action=argparse.BooleanOptionalAction,
     )
-    shard_tokens: int = _field(
+    shard_tokens: int = option(
         DEFAULT_SHARD_TOKENS,
-        "--shard-tokens",
         "target tokens per output shard (two shards are built at a time; default 2**25)",
         metavar="N",
     )
-    chunk_bytes: int = _field(
+    chunk_bytes: int = option(
         DEFAULT_CHUNK_BYTES,
-        "--chunk-bytes",
         "input read, parsed and tokenized this many bytes at a time (default 32M)",
         BOTH,
         metavar="BYTES",
     )
-    format: str = _field(
+    format: str = option(
         "seqpack",
-        "--format",
         "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
         " input_ids, seq_lengths in tokens, labels where the input masks some)",
         BOTH,
         choices=OUTPUT_FORMATS,
     )
-    pad_token_id: int | None = _field(
+    pad_token_id: int | None = option(
         None,
-        "--pad-token-id",
         "the id collators pad with, checked against the vocabulary before packing and"
         " recorded (default: the tokenizer's pad token)",
         type=int,
     )
-    spill_dir: str | None = _field(
+    spill_dir: str | None = option(
         None,
-        "--spill-dir",
         "folder for the temporary token spill of a corpus read chunk by chunk (default:"
         " beside --out; it needs room for 4 bytes a token)",
     )
@@ -272,11 +248,7 @@ class PackOptions:
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:
-        """``options`` with ``overrides`` applied (keywords are field names), checked.
-
-        The old names of fields (``capacity`` of ``max_length``, ...:
-        :data:`seqpack._renames.OLD_FIELDS`) still work, with a :class:`DeprecationWarning`.
-        """
+        """``options`` with ``overrides`` (fields or their :data:`OLD_FIELDS`) applied, checked."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names - set(OLD_FIELDS))
         if unknown:
@@ -310,9 +282,13 @@ class PackOptions:
         return self.max_length - 1 if self.format == "trl" else self.max_length
 
     def load_tokenizer(self) -> Tokenizer | None:
-        """The tokenizer these options name, loaded (None for pre-tokenized input), with
-        ``chat_template`` when one is given."""
+        """The tokenizer named, with ``chat_template``, loaded (None: pre-tokenized input)."""
         return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
+
+    def binding_keywords(self, tokenizer: Tokenizer | None) -> dict[str, Any]:
+        """:func:`seqpack.io.documents.resolve_binding`'s keywords for these options."""
+        ids = {"tokenizer_id": self.tokenizer_id, "split_id": self.split_id}
+        return {"vocab_size": self.vocab_size, "tokenizer": tokenizer} | ids
 
     def show_progress(self, stream: Any) -> bool:
         """Whether to draw progress: ``progress``, or by default when ``stream`` is a terminal."""
@@ -333,8 +309,7 @@ class PackOptions:
 
 
 def stored_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Policy options as a manifest records them: ``lookahead`` under its 0.2 key
-    ``window`` (the on-disk format stays)."""
+    """Policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)."""
     return {"window" if k == "lookahead" else k: v for k, v in options.items()}
 
 

@@ -1,15 +1,13 @@
 """``seqpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
 
-:func:`pack_tree_path` writes a version-3 packed directory
-(:func:`seqpack.io.store.load_packed` opens it as a
-:class:`~seqpack.io.tree_store.TreeStore`); :func:`tree_stats` compares tree with
-flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
+:func:`pack_tree_path` writes a version-3 packed directory; :func:`tree_stats` compares
+tree with flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.core.policies import plan_rows
 from seqpack.core.tree import SequenceGroups, build_layout, pack_tree
-from seqpack.pipeline.options import BOTH, PackOptions, flag
+from seqpack.pipeline.options import BOTH, PackOptions, option
 
 #: ``--tree`` values: ``on`` (groups from the columns) or ``auto`` (rows grouped by prefix).
 TREE_MODES = ("on", "auto")
@@ -44,38 +42,29 @@ class TreeOptions:
     ``tree_prefix`` tokens, within consecutive blocks of ``tree_block`` documents;
     ``tree_window=`` is its 0.2 name, with a DeprecationWarning)."""
 
-    tree: str | None = field(
-        default=None,
-        metadata=flag(
-            "--tree",
-            "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
-            " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
-            BOTH,
-            nargs="?",
-            const="on",
-            choices=TREE_MODES,
-        ),
+    tree: str | None = option(
+        None,
+        "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
+        " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
+        BOTH,
+        nargs="?",
+        const="on",
+        choices=TREE_MODES,
     )
-    tree_prefix: int = field(
-        default=DEFAULT_TREE_PREFIX,
-        metadata=flag(
-            "--tree-prefix",
-            f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
-            BOTH,
-            metavar="K",
-            type=int,
-        ),
+    tree_prefix: int = option(
+        DEFAULT_TREE_PREFIX,
+        f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
+        BOTH,
+        metavar="K",
+        type=int,
     )
-    tree_block: int = field(
-        default=DEFAULT_TREE_WINDOW,
-        metadata=flag(
-            "--tree-block",
-            "--tree auto: documents are grouped within consecutive blocks of this many"
-            f" (default {DEFAULT_TREE_WINDOW})",
-            BOTH,
-            metavar="DOCUMENTS",
-            type=int,
-        ),
+    tree_block: int = option(
+        DEFAULT_TREE_WINDOW,
+        "--tree auto: documents are grouped within consecutive blocks of this many"
+        f" (default {DEFAULT_TREE_WINDOW})",
+        BOTH,
+        metavar="DOCUMENTS",
+        type=int,
     )
 
     def __post_init__(self) -> None:
@@ -131,14 +120,7 @@ def pack_tree_path(
     with open_output(out, opts.overwrite, inputs=inputs) as output:  # before reading
         tok = opts.load_tokenizer()
         table, origin = read_table(source, opts.split)
-        binding = table_binding(
-            table,
-            opts.split,
-            vocab_size=opts.vocab_size,
-            tokenizer=tok,
-            tokenizer_id=opts.tokenizer_id,
-            split_id=opts.split_id,
-        )
+        binding = table_binding(table, opts.split, **opts.binding_keywords(tok))
         groups, index = topts.groups(table, origin, binding, tok)
         epoch = pack_tree(
             groups,

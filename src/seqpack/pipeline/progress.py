@@ -1,11 +1,6 @@
-"""Progress on stderr: one-line status notes, tqdm bars or plain periodic lines.
-
-Shown on a terminal by default, anywhere with ``--progress``. On a terminal with a
-size: tqdm bars. Anywhere else (a pty without a size draws no bar; a pipe or file
-would get a wall of carriage returns): a plain line every :data:`LINE_SECONDS` while
-a stage runs and one when it ends, e.g. ``seqpack: reading: 96.5 MB of 300 MB (32%),
-3.1 MB/s, 41,002 docs, ... 30 s``. :meth:`Progress.chunk` moves a bar within a read
-chunk as the tokenizer reports (:func:`seqpack.core.meter.report`).
+"""Progress on stderr: one-line status notes, tqdm bars on a sized terminal, else a plain
+line every :data:`LINE_SECONDS` while a stage runs and one when it ends, e.g.
+``seqpack: reading: 96.5 MB of 300 MB (32%), 3.1 MB/s, 41,002 docs, ... 30 s``.
 """
 
 from __future__ import annotations
@@ -73,11 +68,9 @@ def _amount(n: float, unit: str, scale: bool) -> str:
 
 
 class Progress:
-    """tqdm's ``update`` / ``set_postfix_str`` / ``close`` as plain lines on ``stream``: one
-    every ``interval`` seconds from a timer thread (also while nothing moves) and a last
-    one at :meth:`close`. With ``bar`` (tqdm on a sized terminal) the calls go to it and
-    the timer redraws it every :data:`BAR_SECONDS`. ``quiet``: no timer, no lines.
-    Thread-safe."""
+    """tqdm's ``update`` / ``set_postfix_str`` / ``close`` as plain lines on ``stream``, one
+    every ``interval`` seconds and a last one at :meth:`close`; with ``bar`` (tqdm) the calls
+    go to it, redrawn every :data:`BAR_SECONDS`. ``quiet``: no lines. Thread-safe."""
 
     def __init__(
         self, total: int | None, desc: str, unit: str, *, stream: Any, interval: float,
@@ -107,10 +100,9 @@ class Progress:
 
     @contextmanager
     def chunk(self, size: int) -> Iterator[None]:
-        """Count one chunk of ``size`` units: inside the block, each
-        :func:`seqpack.core.meter.report` call (a tokenizer's batch loop) moves the count to
-        that fraction of the chunk (never back); leaving the block counts the rest, so the
-        total is what one update per chunk would give."""
+        """Count one chunk of ``size`` units: inside the block each
+        :func:`seqpack.core.meter.report` moves the count to that fraction of it (never back);
+        leaving the block counts the rest."""
         moved = [0]
 
         def done(fraction: float) -> None:
@@ -161,11 +153,8 @@ class Progress:
 def progress_bar(
     total: int | None, desc: str, unit: str, enabled: bool, **options: Any
 ) -> Iterator[Progress]:
-    """Progress of one stage on stderr when ``enabled``, closed on exit: a tqdm bar on a
-    sized terminal, else plain lines (see the module docstring).
-
-    ``options`` go to tqdm (``unit_scale=True`` with ``unit="B"`` shows MB and MB/s).
-    """
+    """Progress of one stage on stderr when ``enabled`` (see the module docstring), closed on
+    exit; ``options`` go to tqdm (``unit_scale=True`` with ``unit="B"``: MB and MB/s)."""
     stream = sys.stderr
     bar = None
     if enabled and sized_terminal(stream):
@@ -185,7 +174,6 @@ def progress_bar(
         progress.close()
 
 
-def counts(documents: int, tokens: int, **more: float) -> str:
-    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens`` (and any ``more``)."""
-    extra = "".join(f", {name.replace('_', ' ')} {value:,.1f}" for name, value in more.items())
-    return f"{documents:,} docs, {tokens:,} tokens{extra}"
+def counts(documents: int, tokens: int) -> str:
+    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens``."""
+    return f"{documents:,} docs, {tokens:,} tokens"

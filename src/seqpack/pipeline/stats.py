@@ -38,11 +38,7 @@ def compare_policies(
     policies: Sequence[str] | None = None,
     labels: Callable[[int], str] | None = None,
 ) -> list[tuple[Plan, float]]:
-    """Plan ``lengths`` with every policy (default: all registered); (plan, seconds) each.
-
-    Each policy first plans a few examples, so compiled kernels are loaded
-    before the clock starts.
-    """
+    """Plan ``lengths`` with every policy (default: all); (plan, seconds) each, after a warm-up."""
     out = []
     for name in [policy_name(p) for p in policies] if policies else list(POLICIES):
         plan_rows(lengths[:8], capacity, name, labels=labels)

@@ -1,16 +1,6 @@
-"""A corpus planned whole, then gathered shard by shard from its spill.
-
-After :func:`seqpack.pipeline.corpus.read_corpus` (which checked every
-length), :func:`plan_corpus` plans every example at once from its lengths
-(best-fit-decreasing stays global) and puts the plan in storage order
-(:class:`~seqpack.core.compact.Storage`). :class:`CorpusSource` is the
-corpus as a :class:`~seqpack.core.compact.TokenSource`: the one gather
-(:func:`~seqpack.core.compact.gather_rows`) copies rows ``[a, b)`` of the
-plan out of the corpus's chunks (memory-mapped: only those windows are
-read, and each chunk's pages are handed back once copied), and the one
-shard writer (:func:`seqpack.io.store.write_shards`) stores them, so memory
-holds at most two shards, the lengths and the plan.
-"""
+"""A read corpus planned whole (:func:`plan_corpus`), then gathered shard by shard from its
+chunks (:class:`CorpusSource`) and written (:func:`write_corpus`): memory holds at most
+two shards, the lengths and the plan."""
 
 from __future__ import annotations
 
@@ -48,8 +38,7 @@ class Examples:
 
 
 def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> Examples:
-    """The examples to plan; with ``cut_long`` the budget is checked on the number of
-    pieces before any document is split."""
+    """The examples to plan (with ``cut_long``, the budget checked on the pieces first)."""
     counts, capacity = corpus.counts, opts.pair_capacity
     long = counts - 1 > capacity
     if not (opts.cut_long and long.any()):
@@ -64,17 +53,12 @@ def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> 
 def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], str]) -> Storage:
     """Plan every example at once with the options' policy; the plan in storage order.
 
-    The lengths were checked as the corpus was read (or cut to fit by
-    ``--cut-long``), so they are planned as they are. With format trl the
-    policy packs tokens (``pairs + 1`` per example) into ``capacity`` tokens,
-    TRL's unit, and an example longer than that is an
-    :class:`~seqpack.core.errors.OversizedExample` naming it (never cut)."""
-    if opts.format != "trl":
-        return Storage.of(
-            plan_lengths(examples.lengths, opts.capacity, opts.policy, opts.policy_options)
-        )
-    tokens = token_lengths(examples.lengths, opts.capacity, label)
-    return Storage.of(plan_lengths(tokens, opts.capacity, opts.policy, opts.policy_options), 0)
+    With format trl the policy packs tokens (``pairs + 1`` per example), and an example
+    longer than ``capacity`` tokens is an :class:`~seqpack.core.errors.OversizedExample`."""
+    trl = opts.format == "trl"
+    lengths = token_lengths(examples.lengths, opts.capacity, label) if trl else examples.lengths
+    plan = plan_lengths(lengths, opts.capacity, opts.policy, opts.policy_options)
+    return Storage.of(plan, 0 if trl else 1)
 
 
 def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
@@ -92,9 +76,7 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
 
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "seqpack") -> StoredColumns:
-    """What a shard of the output may need gathered besides its required columns (each
-    shard then stores what its content needs, :func:`seqpack.io.shards.layout_of`);
-    TRL's schema needs only the targets' flags (for ``labels``)."""
+    """What a shard may need gathered besides its required columns (for TRL: the flags)."""
     if format == "trl":
         return StoredColumns(
             source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
@@ -113,8 +95,7 @@ def _arrow(indices: np.ndarray) -> pa.Array:
 
 
 class CorpusSource:
-    """A read corpus as a :class:`~seqpack.core.compact.TokenSource`: example ``i`` as
-    ``examples`` says, gathering only the parts ``layout`` stores."""
+    """A read corpus as a TokenSource of ``examples``, gathering what ``layout`` stores."""
 
     def __init__(self, corpus: Corpus, examples: Examples, layout: StoredColumns, partition: Split):
         self.corpus, self.examples, self.layout = corpus, examples, layout
@@ -167,11 +148,7 @@ class CorpusSource:
             pc.cast(pa.array(ends), pa.string()), "]", "",
         )  # fmt: skip
         example_ids = pc.if_else(pa.array(cut), names, sources)
-        return tokens, parts | {
-            "range_starts": starts,
-            "range_ends": ends,
-            "example_ids": example_ids,
-        }
+        return tokens, parts | dict(range_starts=starts, range_ends=ends, example_ids=example_ids)
 
 
 def shard_spans(storage: Storage, opts: PackOptions) -> np.ndarray:

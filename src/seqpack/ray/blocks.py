@@ -1,18 +1,14 @@
 """Blocks: consecutive runs of input rows, the unit a Ray task reads, tokenizes and plans.
 
-A block is a list of :class:`InputSlice` (rows ``[start, stop)`` of one input):
-one whole input shard by default, or ``block_examples`` rows cut across
-shards (or across the tables of a materialised ``ray.data.Dataset``) by
-global row number. Blocks are laid out on the driver from Parquet footers,
-a line scan of JSON Lines files or Dataset row counts only; the rows are read by
-the task that plans them, as Arrow tables.
+A block is a list of :class:`InputSlice` (rows ``[start, stop)`` of one input): one whole
+input shard by default, or ``block_examples`` rows cut across shards (or a materialised
+``ray.data.Dataset``'s tables) by global row. The driver lays blocks out from Parquet
+footers, a JSON Lines line scan or Dataset row counts; the planning task reads the rows.
 
-A JSON Lines block is a line range: the driver never parses JSON,
-:func:`scan_jsonl` counts each file's *records* (non-blank lines) in chunks of
-:data:`SCAN_BYTES`, marking the byte offset and line of every record that opens a
-block; a task reads only its bytes through :func:`seqpack.io.jsonl.read_jsonl`
-(all its guards). Blocks of 2 records over
-5 records and one blank line::
+A JSON Lines block is a line range: :func:`scan_jsonl` counts each file's *records*
+(non-blank lines), marking the byte and line of each record that opens a block; a task
+reads only its bytes through :func:`seqpack.io.jsonl.read_jsonl` (all its guards).
+Blocks of 2 records over 5 records and one blank line::
 
     line   1 {"text": "a"}     record 0   block 0: bytes [0, 28),  first line 1
            2 {"text": "b"}     record 1
@@ -52,8 +48,7 @@ if TYPE_CHECKING:
 #: Optional input column: every row must name the partition being packed.
 PARTITION_COLUMN = "partition"
 
-#: Bytes per read of the driver's line scan.
-SCAN_BYTES = 1 << 24
+SCAN_BYTES = 1 << 24  # per read of the driver's line scan
 #: What ``bytes.strip()`` removes: a line of only these is blank (the reader skips it).
 _BLANK = np.zeros(256, dtype=bool)
 _BLANK[list(b" \t\n\r\x0b\x0c")] = True
@@ -62,8 +57,7 @@ _BOM = b"\xef\xbb\xbf"
 
 @dataclass(frozen=True)
 class LineRange:
-    """Bytes ``[lo, hi)`` (whole lines, the first numbered ``line``) of a file of
-    ``file_bytes`` bytes."""
+    """Bytes ``[lo, hi)`` (whole lines, the first numbered ``line``) of a ``file_bytes`` file."""
 
     lo: int
     hi: int
@@ -73,9 +67,9 @@ class LineRange:
 
 @dataclass(frozen=True)
 class LineIndex:
-    """One JSON Lines file as the driver's scan saw it: ``records`` (non-blank lines),
-    ``size`` bytes, ``marks[r] = (byte, line)`` where each record ``r`` that opens a block
-    starts (0-based byte, 1-based line), ``first_byte`` (the first non-blank byte)."""
+    """A JSON Lines file as scanned: ``records`` (non-blank lines), ``size`` bytes,
+    ``marks[r] = (byte, line)`` where each block-opening record ``r`` starts (0-based byte,
+    1-based line), ``first_byte`` (the first non-blank byte)."""
 
     path: Path
     records: int
@@ -122,19 +116,14 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
 
 def _relabel(message: str, part: Path, path: Path, first_line: int) -> str:
     """A reader message about the copied range, told about the original file and lines."""
-
-    def line(m: re.Match[str]) -> str:
-        return f"{path} line {int(m.group(1)) + first_line - 1}"
-
-    return re.sub(re.escape(str(part)) + r" line (\d+)", line, message).replace(
-        str(part), str(path)
-    )
+    pattern = re.escape(str(part)) + r" line (\d+)"
+    lined = re.sub(pattern, lambda m: f"{path} line {int(m.group(1)) + first_line - 1}", message)
+    return lined.replace(str(part), str(path))
 
 
 def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
-    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table: a whole
-    file read in place, a range copied to a private temporary file first (the reader takes
-    a path), its messages relabelled with the original file and lines."""
+    """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table (a range is
+    read from a private temporary copy, its messages naming the original file and lines)."""
     file = Path(path)
     try:
         size = file.stat().st_size
@@ -174,12 +163,8 @@ def _changed(file: Path, what: str) -> InvalidInput:
 
 @dataclass(frozen=True)
 class InputSlice:
-    """Rows ``[start, stop)`` of one input (a Parquet or JSON Lines file, or a table passed
-    to the task); errors call its first row ``label_start`` of ``name``.
-
-    ``lines`` (JSON Lines only): where the records ``[start, stop)`` lie in
-    the file, so the task reads only those bytes.
-    """
+    """Rows ``[start, stop)`` of one input (file or task table); errors call its first row
+    ``label_start`` of ``name``. ``lines`` (JSON Lines only): where those records lie."""
 
     name: str
     start: int
@@ -212,18 +197,16 @@ def _unwrap(col: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
             f"column {name!r} holds {ndim}-D tensors ({kind}); seqpack reads one list of ids"
             " per row — flatten it"
         )
-    chunks = []
-    for chunk in col.chunks:
-        storage = chunk.storage
-        if pa.types.is_struct(storage.type):
-            storage = storage.field("data")
-        chunks.append(storage)
+    chunks = [
+        c.storage.field("data") if pa.types.is_struct(c.storage.type) else c.storage
+        for c in col.chunks
+    ]
     return pa.chunked_array(chunks, type=chunks[0].type if chunks else pa.list_(pa.int64()))
 
 
 def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
-    """The columns seqpack reads, Ray's tensor extension columns (its numpy batch format's
-    ragged ids) as plain lists: the ``map_batches`` step a ``ray.data.Dataset`` goes through."""
+    """The columns seqpack reads, Ray's tensor extension columns as plain lists (the
+    ``map_batches`` step of a ``ray.data.Dataset``)."""
     table = table.select(wanted_columns(table.column_names, text_field))
     for i, field in enumerate(table.schema):
         if isinstance(field.type, pa.ExtensionType):
@@ -232,9 +215,8 @@ def plain_columns(table: pa.Table, text_field: str = "text") -> pa.Table:
 
 
 def read_slice(piece: InputSlice, text_field: str, limits: ReadLimits | None = None) -> pa.Table:
-    """Rows ``[start, stop)`` of a Parquet file, reading only the row groups that hold them
-    (or, for JSON Lines, only the piece's bytes), through the input policy on the worker
-    too; Ray's tensor types are registered first, so numpy-batch files are unwrapped."""
+    """The piece's rows, reading only their row groups (or bytes), through the input policy;
+    Ray's tensor types are registered first, so numpy-batch files are unwrapped."""
     if piece.lines is not None:
         table = read_jsonl_range(piece.name, piece.lines, piece.stop - piece.start)
         return plain_columns(table, text_field)
@@ -266,8 +248,8 @@ def _read_row_groups(f: Any, piece: InputSlice, text_field: str, limits: ReadLim
 def block_table(
     block: Block, text_field: str, tables: Sequence[pa.Table], limits: ReadLimits | None = None
 ) -> tuple[pa.Table, Origin]:
-    """The block's rows as one table, an ``id`` column (global row number) where absent,
-    and an :class:`Origin` naming each row by its file (or dataset) row."""
+    """The block's rows as one table (an ``id`` column, the global row, where absent) and
+    its :class:`Origin`."""
     if block.from_files:
         parts = [read_slice(p, text_field, limits) for p in block.pieces]
     else:  # already through plain_columns (dataset_blocks)
@@ -295,10 +277,8 @@ def block_origin(block: Block) -> Origin:
 
 
 def input_files(source: Path | Sequence[str | Path]) -> tuple[list[Path], str]:
-    """The shards of ``source`` and their kind (``parquet`` or ``jsonl``), as the local reader
-    picks them (:func:`seqpack.io.files.resolve_files`: the same input policy), each
-    checked to be a regular file inside its folder. Compressed files and standard input
-    are refused: blocks are cut by byte ranges."""
+    """The shards of ``source`` and their kind (``parquet`` or ``jsonl``), by the local input
+    policy; compressed files and stdin are refused (blocks are byte ranges)."""
     sources = list(source) if isinstance(source, (list, tuple)) else [source]
     kind, files, roots = resolve_files(sources)
     if kind == "text":
@@ -332,8 +312,8 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
 
 
 def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[InputSlice, ...]]:
-    """Pieces over JSON Lines files: one per file, or runs of ``block_examples`` records
-    across files, each with the byte range and first line the scan found for it."""
+    """Pieces over JSON Lines files (one per file, or ``block_examples`` records), with their
+    byte ranges."""
     indexes: dict[str, LineIndex] = {}
     total = 0
     for file in files:
@@ -380,11 +360,9 @@ def cut_pieces(
 
 
 def _number_blocks(pieces: list[tuple[InputSlice, ...]], from_files: bool) -> list[Block]:
-    blocks, first = [], 0
-    for k, run in enumerate(pieces):
-        blocks.append(Block(k, first, run, from_files))
-        first += sum(p.stop - p.start for p in run)
-    return blocks
+    sizes = [sum(p.stop - p.start for p in run) for run in pieces]
+    firsts = np.cumsum([0, *sizes]).tolist()
+    return [Block(k, firsts[k], run, from_files) for k, run in enumerate(pieces)]
 
 
 def _num_rows(table: pa.Table) -> int:
@@ -394,8 +372,7 @@ def _num_rows(table: pa.Table) -> int:
 def dataset_blocks(
     ray: Any, dataset: ray.data.Dataset, block_examples: int, text_field: str, show: bool
 ) -> tuple[list[Block], list[list[Any]]]:
-    """Blocks over a Dataset: normalised with ``map_batches(batch_format="pyarrow")``,
-    materialised in order, then cut by global row number."""
+    """Blocks over a Dataset, normalised (:func:`plain_columns`), materialised in order."""
     ds = dataset.map_batches(
         plain_columns, batch_format="pyarrow", fn_kwargs={"text_field": text_field}
     )

@@ -43,18 +43,15 @@ from seqpack.ray.tasks import Settings, plan_block, write_shard
 if TYPE_CHECKING:
     import ray.data
 
-#: Per-block timings measured in the plan task (wall clock, then its CPU time).
+#: Timings of the plan task and of the write task; where a task ran.
 PLAN_TIMES = ("read_seconds", "tokenize_seconds", "plan_seconds", "plan_cpu_seconds")
-#: Per-shard timings measured in the write task.
 WRITE_TIMES = ("write_seconds", "write_cpu_seconds")
-#: Keys a task adds to its result about where it ran.
 WHERE = ("node", "node_ip")
 
 
 def split_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A write task's result as (the shard's manifest entry, where and how long it ran)."""
-    run = {k: entry.pop(k) for k in (*WHERE, *WRITE_TIMES)}
-    return entry, run
+    return entry, {k: entry.pop(k) for k in (*WHERE, *WRITE_TIMES)}
 
 
 def per_block(
@@ -63,8 +60,7 @@ def per_block(
     shards: list[Shard],
     runs: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """Each block's layout record plus its node, its read / tokenize / plan seconds and CPU
-    seconds, and its share of the write seconds and write CPU seconds."""
+    """Each block's layout record, node, plan timings and share of the write timings."""
     write = [dict.fromkeys(WRITE_TIMES, 0.0) for _ in block_stats]
     for shard, run in zip(shards, runs, strict=True):
         rows = sum(b - a for _, a, b, _ in shard.spans)
@@ -83,10 +79,8 @@ def per_shard(shards: list[Shard], runs: list[dict[str, Any]]) -> list[dict[str,
 
 
 def per_node(blocks: list[dict[str, Any]], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Work per node, busiest first: blocks planned, examples, tokens, shards written, the
-    seconds of each stage and their CPU time, ``busy_seconds`` (the wall-clock sum) and
-    ``plan_tokens_per_second`` (prediction pairs read, tokenized and planned per second
-    of those stages)."""
+    """Work per node, busiest first: counts, stage seconds, ``busy_seconds`` (their wall-clock
+    sum) and ``plan_tokens_per_second`` (pairs per second of read, tokenize and plan)."""
     nodes: dict[str, dict[str, Any]] = {}
     zero = dict.fromkeys(("blocks", "examples", "tokens", "shards"), 0)
     zero |= dict.fromkeys((*PLAN_TIMES, *WRITE_TIMES), 0.0)
@@ -96,8 +90,7 @@ def per_node(blocks: list[dict[str, Any]], shards: list[dict[str, Any]]) -> list
     )
     for items, counted, summed in sums:
         for item in items:
-            where = {"node": item["node"], "node_ip": item["node_ip"]}
-            n = nodes.setdefault(item["node"], where | zero)
+            n = nodes.setdefault(item["node"], {k: item[k] for k in WHERE} | zero)
             n[counted] += 1
             for k in summed:
                 n[k] += item[k]
@@ -119,42 +112,36 @@ def _ray() -> Any:
 
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
-    """The running Ray instance (used as is, left running), or one started here and shut
-    down on exit: local, sized to the machine or ``num_cpus``, without ``address``; else
-    joining the cluster at ``address`` (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
+    """The running Ray instance (left running), or one started here and shut down on exit:
+    local (``num_cpus``) without ``address``, else joining the cluster at ``address``."""
     ray = _ray()
     if ray.is_initialized():
         yield ray
         return
+    local = {} if address else {"num_cpus": num_cpus, "include_dashboard": False}
     if address:
         check_reachable(address)
-        try:
-            ray.init(address=address, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise NotAvailable(
-                f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
-                " check --ray-address (ray status on the head node prints it)"
-            ) from None
-    else:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+    try:
+        ray.init(address=address or "local", logging_level=logging.WARNING, **local)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        if not address:
+            raise
+        raise NotAvailable(
+            f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
+            " check --ray-address (ray status on the head node prints it)"
+        ) from None
     try:
         yield ray
     finally:
         ray.shutdown()
 
 
-#: Seconds to wait for a Ray head's port to answer before giving up.
+#: Seconds a Ray head's port has to answer.
 CONNECT_SECONDS = 5.0
 
 
 def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
-    """Refuse at once, in one line, a ``HOST:PORT`` (or ``ray://HOST:PORT``) that does not
-    accept a connection within ``timeout`` seconds (``ray.init`` retries for minutes)."""
+    """Refuse a ``[ray://]HOST:PORT`` that accepts no connection within ``timeout`` seconds."""
     if address in ("auto", "local"):
         return
     target = address.split("://", 1)[-1]
@@ -177,8 +164,7 @@ def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
 
 @dataclass
 class TaskResults:
-    """What the tasks returned, in input order: block statistics, the layout, the shards'
-    manifest entries and layouts, where each was written, every block's ids."""
+    """What the tasks returned, in input order."""
 
     block_stats: list[dict[str, Any]]
     layout: ShardCuts
@@ -189,9 +175,8 @@ class TaskResults:
 
 
 def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``.options`` of the plan and write tasks: plan tasks (CPU-bound, reading their own
-    input) spread over the nodes unless ``remote_args`` names a ``scheduling_strategy``;
-    write tasks keep Ray's default, near their rows."""
+    """``.options`` of the plan tasks (``SPREAD`` unless ``remote_args`` names a
+    ``scheduling_strategy``) and of the write tasks (Ray's default, near their rows)."""
     return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
 
 
@@ -204,11 +189,8 @@ def run_tasks(
     remote_args: dict[str, Any],
     show: bool,
 ) -> TaskResults:
-    """Plan every block, write shards as their rows become known.
-
-    A task that raised a seqpack error re-raises it here unchanged; any other
-    failure (out of retries, lost worker) is :class:`RayTaskFailed`.
-    """
+    """Plan every block, write shards as their rows become known. A task's seqpack error is
+    re-raised unchanged; any other failure is :class:`RayTaskFailed`."""
     from tqdm import tqdm
 
     plan_args, write_args = task_options(remote_args)
@@ -243,10 +225,7 @@ def run_tasks(
                         tables[j] = None  # the write tasks hold what they still need
         written = [split_entry(entry) for entry in ray.get(writes)]
     except BaseException as err:
-        # The tasks still running are let finish, never ray.cancel'ed: cancelling a task
-        # whose reply is already on its way aborts the driver process in Ray 2.60 (a failed
-        # check, "Tried to complete task that was not pending": exit 1, no traceback). The
-        # writers are waited for, so none writes into the folder after its cleanup.
+        # never ray.cancel (design notes): writers finish before the folder's cleanup
         ray.wait(writes, num_returns=len(writes), timeout=60)
         if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, SeqpackError):
             raise err.cause from None
@@ -262,9 +241,8 @@ def run_tasks(
 
 
 def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
-    """The local pipeline's ``duplicate_ids`` (and ``duplicate_first``) over all blocks:
-    ``ids`` is every block's ids in input order (Arrow strings, exact); repeats within and
-    across blocks count."""
+    """The local pipeline's ``duplicate_ids`` / ``duplicate_first`` over every block's ``ids``
+    (in input order): repeats within and across blocks count."""
     starts = np.array([b.first for b in blocks], dtype=np.int64)
 
     def locate(global_row: int) -> str:
@@ -282,8 +260,7 @@ def _manifest(
     block_examples: int | None,
     pad_token_id: int | None = None,
 ) -> dict[str, Any]:
-    """The local pipeline's manifest, statistics merged over blocks, plus an ``engine`` record
-    (block layout, and where each block and shard ran: the module docstring)."""
+    """The local pipeline's manifest, statistics merged over blocks, plus ``engine``."""
     fields = options.manifest_fields(pad_token_id)
     layout, block_stats = results.layout, results.block_stats
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
@@ -315,35 +292,9 @@ def _manifest(
     )
 
 
-def _dataset_blocks(
-    ray: Any, source: ray.data.Dataset, options: PackOptions, engine: RayOptions
-) -> tuple[list[Block], list[list[Any]], int]:
-    """A Dataset cut into blocks (their input tables) and the block size used."""
-    if not isinstance(source, ray.data.Dataset):
-        raise InvalidInput(
-            "the ray engine reads a Parquet or JSON Lines file, a folder of such shards or a"
-            f" ray.data.Dataset, not a {type(source).__name__}"
-        )
-    size = engine.block_examples or DEFAULT_BLOCK_EXAMPLES
-    status(options.show_progress(sys.stderr))("materialising the dataset in order")
-    blocks, inputs = dataset_blocks(
-        ray, source, size, options.text_field, options.show_progress(sys.stderr)
-    )
-    return blocks, inputs, size
-
-
-def _file_blocks(source: Any, engine: RayOptions, say: Any) -> list[Block]:
-    """Blocks over input files, laid out before Ray starts (a bad input fails fast)."""
-    say(f"laying out blocks of {source}")
-    blocks = file_blocks(source, engine.block_examples)
-    if not blocks:
-        raise InvalidInput(f"{source} holds no rows — nothing to pack")
-    return blocks
-
-
 def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Settings]:
-    """The binding's vocabulary and tokenizer checks, now (its split receipt comes once the
-    blocks are read), and what every task gets: the options with the tokenizer loaded."""
+    """The binding (its split receipt pending) and what every task gets: the options with
+    the tokenizer loaded."""
     tok = opts.load_tokenizer()
     binding = make_binding(
         lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tok,
@@ -387,22 +338,31 @@ def pack_into(
 ) -> dict[str, Any]:
     """:func:`pack`'s work, holding the output folder (``output``) until the commit."""
     started = time.perf_counter()
-    out = output.path
-    say = status(opts.show_progress(sys.stderr))
+    show = opts.show_progress(sys.stderr)
+    say = status(show)
     binding, settings = _settings(opts, ray_opts)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
     files = isinstance(source, (str, Path, list, tuple))
-    blocks = _file_blocks(source, ray_opts, say) if files else []
+    if files:  # laid out before Ray starts: a bad input fails fast
+        say(f"laying out blocks of {source}")
+        blocks = file_blocks(source, ray_opts.block_examples)
+        if not blocks:
+            raise InvalidInput(f"{source} holds no rows — nothing to pack")
+        inputs, block_examples = [[] for _ in blocks], ray_opts.block_examples
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
-        if files:
-            inputs, block_examples = [[] for _ in blocks], ray_opts.block_examples
-        else:
-            blocks, inputs, block_examples = _dataset_blocks(ray, source, opts, ray_opts)
+        if not files:
+            if not isinstance(source, ray.data.Dataset):
+                raise InvalidInput(
+                    "the ray engine reads a Parquet or JSON Lines file, a folder of such shards"
+                    f" or a ray.data.Dataset, not a {type(source).__name__}"
+                )
+            block_examples = ray_opts.block_examples or DEFAULT_BLOCK_EXAMPLES
+            say("materialising the dataset in order")
+            blocks, inputs = dataset_blocks(ray, source, block_examples, opts.text_field, show)
         say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
-        show = opts.show_progress(sys.stderr)
         args = (settings, output, dict(ray_opts.remote_args), show)
         results = run_tasks(ray, blocks, inputs, *args)
-        check_written(results.layout, results.entries, out)
+        check_written(results.layout, results.entries, output.path)
         name = str(source) if files else "ray.data.Dataset"
         manifest = _manifest(opts, binding, results, name, block_examples, pad)
         output.commit(manifest)
@@ -417,7 +377,7 @@ def pack_into(
             "rows_over_lower_bound": meta["rows_over_lower_bound"],
             "nodes": len(meta["nodes"]),
             "shards": len(results.entries),
-            "out": str(out),
+            "out": str(output.path),
             "recovered": output.notes,
             "seconds": time.perf_counter() - started,
         }

@@ -25,13 +25,10 @@ TaskHook = Callable[[str, int], None]
 class RayOptions:
     """Where and in what pieces a Ray packing runs (frozen, validated).
 
-    ``block_examples``: examples per block (None: one block per input
-    shard; a ``ray.data.Dataset`` defaults to :data:`DEFAULT_BLOCK_EXAMPLES`).
-    ``address`` / ``num_cpus``: see :func:`seqpack.ray.driver.ray_session`.
-    ``remote_args``: every task's ``.options`` (e.g. ``{"num_cpus": 2,
-    "max_retries": 5}``); plan tasks are scheduled ``"SPREAD"`` over the
-    nodes unless it names a ``scheduling_strategy``. ``task_hook``: for
-    logging or fault injection.
+    ``block_examples``: examples per block (None: one per input shard; a Dataset:
+    :data:`DEFAULT_BLOCK_EXAMPLES`). ``address`` / ``num_cpus``: see
+    :func:`seqpack.ray.driver.ray_session`. ``remote_args``: every task's ``.options``
+    (e.g. ``{"num_cpus": 2, "max_retries": 5}``). ``task_hook``: logging, fault injection.
     """
 
     block_examples: int | None = field(
@@ -68,10 +65,8 @@ class RayOptions:
         engine: RayOptions | None = None,
         **overrides: Any,
     ) -> tuple[PackOptions, RayOptions]:
-        """Both option objects, with ``overrides`` sent to whichever declares each name.
-
-        ``ray_remote_args`` (the 0.1 name of ``remote_args``) still works.
-        """
+        """Both option objects, each override sent to whichever declares it
+        (``ray_remote_args``: the 0.1 name of ``remote_args``)."""
         if "ray_remote_args" in overrides:
             overrides["remote_args"] = overrides.pop("ray_remote_args")
         mine = {f.name for f in dataclasses.fields(cls)}

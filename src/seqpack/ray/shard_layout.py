@@ -40,11 +40,9 @@ class Shard:
 class ShardCuts:
     """The blocks' rows end to end in block order, cut into shards on model-call boundaries.
 
-    Blocks arrive in order; a shard is handed out as soon as every row it
-    holds is known, so writing overlaps planning. Cuts: each block's own
-    shard bounds (about ``shard_tokens`` tokens each) and each block's end,
-    rounded down to a multiple of ``max_rows_per_batch``; the last shard
-    ends at the last row. One block gives exactly the local pipeline's cuts.
+    A shard is handed out once all its rows are known (writing overlaps planning). Cuts:
+    each block's own shard bounds and its end, rounded down to a multiple of
+    ``max_rows_per_batch``; one block gives exactly the local pipeline's cuts.
     """
 
     def __init__(self, num_blocks: int, max_rows_per_batch: int) -> None:
@@ -59,15 +57,8 @@ class ShardCuts:
 
     def add(self, stats: dict[str, Any]) -> list[Shard]:
         first = self.rows
-        self.blocks.append(
-            {
-                "first_example": self.examples,
-                "examples": stats["examples"],
-                "first_row": first,
-                "rows": stats["rows"],
-                "tokens": stats["tokens"],
-            }
-        )
+        laid = {"first_example": self.examples, "examples": stats["examples"], "first_row": first}
+        self.blocks.append(laid | {"rows": stats["rows"], "tokens": stats["tokens"]})
         self.rows += stats["rows"]
         self.examples += stats["examples"]
         check_segment_namespace(self.examples)

@@ -1,12 +1,9 @@
 """The two Ray tasks: read, tokenize and plan one block; write one output shard.
 
-Both are plain functions of their arguments (Arrow tables in, Arrow tables
-or small dicts out), so a task Ray retries computes exactly the same thing.
-Each also reports where and how long it ran (``node``, ``node_ip`` and
-``*_seconds``), which the driver records in the manifest's ``engine``
-section, never in the shards. A task sizes the tokenizer's Rust pool to its CPUs
-(:func:`limit_tokenizer_threads`, as Ray does for OpenMP, else ``n`` one-CPU tasks each
-start ``n`` threads) and encodes with ``encode_batch_fast`` (:func:`task_tokenizer`).
+Both are plain functions of their arguments, so a task Ray retries computes the same
+thing; each reports where and how long it ran (``node``, ``node_ip``, ``*_seconds``: the
+manifest's ``engine`` section, never the shards). A task sizes the tokenizer's Rust pool
+to its CPUs (:func:`limit_tokenizer_threads`) and encodes with ``encode_batch_fast``.
 """
 
 from __future__ import annotations
@@ -23,10 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from seqpack._renames import renamed_names
 from seqpack.core.binding import Binding, Split
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import SplitMismatch
-from seqpack.core.examples import ExampleTable, example_label
+from seqpack.core.examples import example_label
 from seqpack.core.supervision import Objective
 from seqpack.io import store
 from seqpack.io.columns import documents_from_arrow
@@ -58,8 +56,8 @@ def node_of_task() -> dict[str, str]:
 
 
 def limit_tokenizer_threads() -> None:
-    """Size the Rust thread pool (``RAYON_NUM_THREADS``) to the task's CPUs, unless set
-    (before the worker's first parallel encode: Rust builds its pool once a process)."""
+    """Size the Rust thread pool (``RAYON_NUM_THREADS``, unless set) to the task's CPUs, as
+    Ray does for OpenMP (else ``n`` one-CPU tasks each start ``n`` threads)."""
     ray = _ray_worker()
     if ray is None or "RAYON_NUM_THREADS" in os.environ:
         return
@@ -68,9 +66,8 @@ def limit_tokenizer_threads() -> None:
 
 
 class FastTokenizer:
-    """A ``tokenizers`` tokenizer encoding with ``encode_batch_fast``: the same ids and
-    identity as the :class:`~seqpack.io.tokenizers.HFTokenizer` it wraps, without the
-    per-token offsets and strings ``encode_batch`` also builds."""
+    """The :class:`~seqpack.io.tokenizers.HFTokenizer` it wraps (same ids and identity),
+    encoding with ``encode_batch_fast`` (no per-token offsets and strings)."""
 
     def __init__(self, wrapped: HFTokenizer) -> None:
         self.backend = wrapped.backend
@@ -98,11 +95,9 @@ def task_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a task needs, shipped once through the object store: the run's
-    options (its tokenizer loaded on the driver and pickled with them — a
-    ``tokenizers`` tokenizer pickles as its JSON, a ``transformers`` one with
-    its backend — so no worker reads the tokenizer's path), the binding (its
-    split receipt still pending) and the task hook."""
+    """What every task gets, once, through the object store: the options (the tokenizer
+    loaded on the driver pickles with them: no worker reads its path), the binding (its
+    split receipt pending) and the task hook."""
 
     options: PackOptions
     hook: TaskHook | None = None
@@ -124,36 +119,13 @@ def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
         )
 
 
-def _check_block_budget(
-    block: Block, sources: int, examples: ExampleTable, settings: Settings
-) -> None:
-    """The local pipeline's ``max_metadata_bytes`` check (:func:`seqpack.pipeline.check_budget`),
-    for this block alone; the message names the block and its input rows."""
-    opts = settings.options
-    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
-    check_budget(
-        examples,
-        PackConfig(opts.capacity, opts.max_rows_per_batch),
-        opts.policy,
-        opts.max_metadata_bytes,
-        where=f"block {block.index} ({names}, input rows {block.first:,}.."
-        f"{block.first + sources - 1:,}): ",
-        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
-        options=opts.policy_options,
-    )
-
-
 def plan_block(
     block: Block, settings: Settings, *tables: pa.Table
 ) -> tuple[dict[str, Any], pa.Table]:
     """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow).
 
-    Reads the block's rows, tokenizes them if they are text, checks, binds
-    and plans them. The statistics carry ``ids`` (the block's example ids as
-    an Arrow string array in row order, which the driver merges to count
-    repeated ids), the node, the read / tokenize / plan seconds (wall clock)
-    and ``plan_cpu_seconds`` (the worker's CPU time for all three: far below
-    their sum when the node is oversubscribed).
+    The statistics carry ``ids`` (the block's example ids, Arrow strings in row order),
+    the node, the read / tokenize / plan seconds and ``plan_cpu_seconds`` (all three).
     """
     started, cpu = time.perf_counter(), time.process_time()
     opts = settings.options
@@ -167,7 +139,17 @@ def plan_block(
     check_split(table, docs, opts.split)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
-    _check_block_budget(block, len(docs), examples, settings)
+    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
+    check_budget(  # the local max_metadata_bytes check, for this block alone
+        examples,
+        PackConfig(opts.capacity, opts.max_rows_per_batch),
+        opts.policy,
+        opts.max_metadata_bytes,
+        where=f"block {block.index} ({names}, input rows {block.first:,}.."
+        f"{block.first + len(docs) - 1:,}): ",
+        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
+        options=opts.policy_options,
+    )
 
     def name(i: int) -> str:
         if split:
@@ -203,12 +185,7 @@ def write_shard(
     *tables: pa.Table,
 ) -> dict[str, Any]:
     """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as shard ``index``,
-    the file ``folder/name``.
-
-    Returns the shard's manifest entry plus ``node``, ``node_ip``,
-    ``write_seconds`` and ``write_cpu_seconds`` (the driver moves those to
-    the ``engine`` record).
-    """
+    the file ``folder/name``; its manifest entry plus ``node``, ``node_ip`` and timings."""
     started, cpu = time.perf_counter(), time.process_time()
     opts = settings.options
     parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
@@ -231,11 +208,4 @@ def write_shard(
 
 
 # vocab codemod: the 0.2 names, kept for one release
-from seqpack._renames import renamed_names  # noqa: E402
-
-__getattr__ = renamed_names(
-    __name__,
-    {
-        "check_partition": "check_split",
-    },
-)
+__getattr__ = renamed_names(__name__, {"check_partition": "check_split"})

@@ -10,30 +10,15 @@ from __future__ import annotations
 
 from seqpack._lazy import lazy_exports
 
-_NAMES = {
-    "RowSampler": "distributed",
-    "RowStats": "distributed",
-    "Slot": "distributed",
-    "StepSchedule": "distributed",
-    "row_costs": "distributed",
-    "schedule_rows": "distributed",
-    "step_eligible_counts": "distributed",
-    "labels_nll_sum": "global_loss",
-    "loss_factor": "global_loss",
-    "micro_batch_loss": "global_loss",
-    "normalize": "global_loss",
-    "PackedBatches": "packed_data",
-    "PackedCollator": "packed_data",
-    "PackedDataset": "packed_data",
-    "ScheduledBatch": "packed_data",
-    "concat_batches": "packed_data",
-    "decoder_inputs": "packed_data",
-    "empty_batch": "packed_data",
-    "layout_from_features": "packed_data",
-    "move_features": "packed_data",
-    "select_rows": "packed_data",
-    "StreamDataset": "stream",
+_EXPORTS = {
+    "distributed": "RowSampler RowStats Slot StepSchedule row_costs schedule_rows"
+    " step_eligible_counts",
+    "global_loss": "labels_nll_sum loss_factor micro_batch_loss normalize",
+    "packed_data": "PackedBatches PackedCollator PackedDataset ScheduledBatch concat_batches"
+    " decoder_inputs empty_batch layout_from_features move_features select_rows",
+    "stream": "StreamDataset",
 }
+_NAMES = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 __all__ = sorted(_NAMES)
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

@@ -1,32 +1,22 @@
 """Deterministic, balanced assignment of packed rows to ranks and micro-batches.
 
-:func:`schedule_rows` gives every rank exactly ``micro_batches`` micro-batch slots per
-optimizer step and places every packed row in exactly one slot; a short final step is
-balanced *explicitly* — its slots may hold fewer rows, or none (an empty micro-batch has a
-zero loss sum, but the rank still runs its forward/backward so collectives stay in step).
-
-Worked example: 5 rows, ``world_size=2``, ``micro_batches=1``,
-``rows_per_micro_batch=2``::
+:func:`schedule_rows` gives every rank ``micro_batches`` slots per optimizer step and
+every row exactly one slot; a short last step has fewer rows, or explicitly empty slots
+(the rank still runs forward/backward). Rows go heaviest first to the least-loaded slot
+(load: tokens or ``Σ l²``), ties by slot index. 5 rows, ``world_size=2``,
+``micro_batches=1``, ``rows_per_micro_batch=2``::
 
     step 0: rank 0 <- rows {r_a, r_b}   rank 1 <- rows {r_c, r_d}
     step 1: rank 0 <- rows {r_e}        rank 1 <- {}  (explicitly empty)
 
-Within a step rows go to the slot with the least load so far (longest
-processing time first), where load is the rows' eligible-target count
-(``balance="tokens"``) or their attention cost ``Σ l²`` over segments
-(``balance="attention"``); ties break by slot index, so the schedule is a
-pure function of (inputs, seed, epoch).
-
-:class:`RowSampler` turns a schedule into the micro-batches of one rank
-(:class:`Slot`), each carrying the eligible-target count of its whole
-optimizer step across every rank and micro-batch, so the loss can be
-normalised before the forward pass (:mod:`seqpack.training.global_loss`).
+:class:`RowSampler` yields one rank's :class:`Slot` objects, each with the eligible count
+of its whole step (:mod:`seqpack.training.global_loss`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,9 +43,8 @@ def check_schedule(
     rows_per_micro_batch: Any,
     max_bytes: int | None = SCHEDULE_BYTES,
 ) -> None:
-    """Refuse (:class:`BudgetExceeded`) a schedule larger than ``max_bytes`` before it is
-    made (the three sizes checked to be integers in ``[1, 2**31-1]`` first):
-    ``world_size * micro_batches`` slots per step are allocated even when empty."""
+    """:class:`BudgetExceeded` for a schedule over ``max_bytes`` (every slot counts, even
+    empty), after checking the three sizes are integers in ``[1, 2**31-1]``."""
     world = positive_int("world_size", world_size, INT32_MAX)
     micro = positive_int("micro_batches", micro_batches, INT32_MAX)
     per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
@@ -75,12 +64,8 @@ def check_balance(balance: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class StepSchedule:
-    """``slots[step, rank, micro]`` lists row ids; ``loads`` holds each slot's load.
-
-    ``row_ids``: int64 [num_rows_assigned] concatenated per slot; ``slot_offsets``:
-    int64 [steps*world_size*micro_batches + 1] into ``row_ids`` (slot-major order
-    step, rank, micro).
-    """
+    """Row ids per slot: ``row_ids`` int64 concatenated in (step, rank, micro) order,
+    ``slot_offsets`` int64 [slots + 1] into it; ``loads`` each slot's load."""
 
     row_ids: np.ndarray
     slot_offsets: np.ndarray
@@ -96,9 +81,8 @@ class StepSchedule:
 
     def rank_slots(self, rank: int) -> list[list[np.ndarray]]:
         """For one rank: per step, its ``micro_batches`` row-id arrays."""
-        return [
-            [self.slot(s, rank, m) for m in range(self.micro_batches)] for s in range(self.steps)
-        ]
+        micros = range(self.micro_batches)
+        return [[self.slot(s, rank, m) for m in micros] for s in range(self.steps)]
 
 
 def row_costs(row_lengths: list[np.ndarray] | np.ndarray, balance: Balance) -> np.ndarray:
@@ -119,14 +103,9 @@ def schedule_rows(
     epoch: int = 0,
     shuffle: bool = True,
 ) -> StepSchedule:
-    """Assign rows (with per-row ``loads``, float [n]) to steps, ranks and micro-batches.
-
-    Every row appears exactly once. A step holds up to
-    ``world_size * micro_batches * rows_per_micro_batch`` rows; only the last
-    step may hold fewer: then each slot takes at most ``ceil(rows / slots)``,
-    still balanced by load. A schedule over :data:`SCHEDULE_BYTES` is refused
-    before anything is allocated (:func:`check_schedule`).
-    """
+    """Assign rows (per-row ``loads``, float [n]) to steps, ranks and micro-batches, each
+    row once; only the last step may be short (each slot then takes at most
+    ``ceil(rows / slots)``). Over :data:`SCHEDULE_BYTES`: refused (:func:`check_schedule`)."""
     try:
         loads = np.asarray(loads, dtype=np.float64)
     except (TypeError, ValueError):
@@ -156,8 +135,7 @@ def schedule_rows(
         groups.extend(step_groups)
         slot_loads[step] = step_loads.reshape(world_size, micro_batches)
     sizes = np.array([len(g) for g in groups], dtype=np.int64)
-    offsets = np.zeros(len(groups) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
     flat = np.array([r for g in groups for r in g], dtype=np.int64)
     return StepSchedule(flat, offsets, steps, world_size, micro_batches, slot_loads)
 
@@ -165,13 +143,8 @@ def schedule_rows(
 def _balance_step(
     rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int
 ) -> tuple[list[list[int]], np.ndarray]:
-    """Longest-first greedy into ``slots`` slots of at most ``per_slot`` rows each.
-
-    Each row (heaviest first, stable) joins the open slot with the least load,
-    ties to the lowest slot index (a heap of ``(load, slot)``). With fewer rows
-    than ``slots * per_slot`` (the short last step) the per-slot cap becomes
-    ``ceil(len(rows) / slots)`` so rows spread evenly.
-    """
+    """Each row (heaviest first, stable) into the open slot of least load (ties: lowest
+    index), at most ``min(per_slot, ceil(len(rows) / slots))`` rows a slot."""
     cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
     groups: list[list[int]] = [[] for _ in range(slots)]
     load = np.zeros(slots, dtype=np.float64)
@@ -221,25 +194,18 @@ class RowStats:
     @classmethod
     def stacked(cls, parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> RowStats:
         """From ``(lengths, row_of, eligible)`` of each group of rows, in row order."""
-        columns: list[list[np.ndarray]] = [[np.zeros(0, np.int64)] for _ in range(3)]
-        for part in parts:
-            for column, values in zip(columns, part, strict=True):
-                column.append(np.asarray(values, dtype=np.int64))
-        return cls.from_segments(*(np.concatenate(c) for c in columns))
+        empty = (np.zeros(0, np.int64),) * 3
+        return cls.from_segments(*map(np.concatenate, zip(empty, *parts, strict=True)))
 
     @classmethod
     def from_batches(cls, batches: Any) -> RowStats:
         """Rows of ``batches`` (PackedBatch objects) numbered consecutively in order."""
-
-        def parts() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            first = 0
-            for batch in batches:
-                occ = batch.occurrences
-                eligible = batch.loss_mask.sum(axis=1, dtype=np.int64)
-                yield occ.col_end - occ.col_start, occ.row + first, eligible
-                first += batch.shape[0]
-
-        return cls.stacked(parts())
+        parts, first = [], 0
+        for batch in batches:
+            occ, eligible = batch.occurrences, batch.loss_mask.sum(axis=1, dtype=np.int64)
+            parts.append((occ.col_end - occ.col_start, occ.row + first, eligible))
+            first += batch.shape[0]
+        return cls.stacked(parts)
 
     def costs(self, balance: Balance) -> np.ndarray:
         """Load per row for :func:`schedule_rows`: tokens, attention (Σl²) or none (zeros)."""
@@ -252,11 +218,8 @@ class RowStats:
 
 
 def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.ndarray:
-    """Eligible targets of every optimizer step over all ranks and micro-batches, int64 [steps].
-
-    Known from the plan alone, before any forward pass: the denominator of
-    the step's token-weighted mean.
-    """
+    """Eligible targets of every optimizer step over all ranks and micro-batches, int64 [steps]:
+    the denominator of the step's token-weighted mean, known before any forward pass."""
     per_step = schedule.world_size * schedule.micro_batches
     sizes = np.diff(schedule.slot_offsets)
     step_of_row = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) // per_step, sizes)
@@ -306,8 +269,7 @@ def check_flag(name: str, value: Any) -> None:
 def check_saved(
     state: Any, fmt: str, what: str, owner: str, obj: Any, keys: tuple[str, ...]
 ) -> None:
-    """Refuse a saved ``what`` state of another format, or whose ``keys`` differ from ``obj``'s
-    (one line naming the key and both values)."""
+    """Refuse a saved ``what`` state of another format or whose ``keys`` differ from ``obj``'s."""
     found = state_value(state, "format", what)
     if found != fmt:
         raise InvalidInput(f"not a {what} state (format {found!r})")
@@ -323,10 +285,8 @@ def check_saved(
 class Slot:
     """One micro-batch of one rank: the global ``rows`` it holds (possibly none).
 
-    ``step_eligible`` is N of the whole optimizer step (every rank, every
-    micro-batch): divide this micro-batch's raw loss sum by it.
-    ``index`` is the slot's place in this rank's sequence for the epoch;
-    resume after it with ``position = index + 1``.
+    ``step_eligible``: N of the whole step (divide the raw loss sum by it); ``index``: the
+    slot's place in this rank's epoch (resume after it with ``position = index + 1``).
     """
 
     epoch: int
@@ -345,32 +305,16 @@ class Slot:
 
 
 SAMPLER_FORMAT = "seqpack.row-sampler/1"
-_SAMPLER_CONFIG = (
-    "rows",
-    "world_size",
-    "rank",
-    "micro_batches",
-    "rows_per_micro_batch",
-    "seed",
-    "balance",
-    "shuffle",
-)
+_SAMPLER_CONFIG = ("rows", "world_size", "rank", "micro_batches", "rows_per_micro_batch")
+_SAMPLER_CONFIG += ("seed", "balance", "shuffle")
 
 
 class RowSampler:
-    """This rank's micro-batches of an epoch, from :func:`schedule_rows`.
-
-    Use it as a ``DataLoader`` sampler with ``batch_size=None``: it yields
-    :class:`Slot` objects, the dataset turns each into its rows
-    (:class:`seqpack.training.packed_data.PackedBatches`), the collator into tensors.
-    Every rank yields exactly ``steps * micro_batches`` slots; a short final
-    step holds explicitly empty slots rather than dropping or repeating rows.
-    ``world_size``/``rank`` default to the initialised ``torch.distributed``
-    group (else 1 and 0).
-
-    Resumable: ``state_dict()`` records the epoch and how many slots this
-    iterator has yielded; a fresh sampler given ``load_state_dict(state)``
-    continues with exactly the remaining slots.
+    """This rank's :class:`Slot` objects of an epoch (``steps * micro_batches``, a short
+    last step's empty ones included), from :func:`schedule_rows`: a ``DataLoader`` sampler
+    with ``batch_size=None`` over :class:`~seqpack.training.packed_data.PackedBatches`.
+    ``world_size``/``rank`` default to the ``torch.distributed`` group (else 1 and 0).
+    ``state_dict()`` (epoch, slots yielded) lets a fresh sampler continue exactly.
     """
 
     def __init__(
@@ -434,11 +378,8 @@ class RowSampler:
                 epoch=self.epoch,
                 shuffle=self.shuffle,
             )
-            self._cache = (
-                self.epoch,
-                schedule,
-                step_eligible_counts(schedule, self.stats.eligible),
-            )
+            counts = step_eligible_counts(schedule, self.stats.eligible)
+            self._cache = (self.epoch, schedule, counts)
         return self._cache[1], self._cache[2]
 
     def __len__(self) -> int:
@@ -448,21 +389,12 @@ class RowSampler:
         """This rank's ``index``-th slot of the epoch."""
         schedule, counts = self._scheduled()
         step, micro = divmod(index, self.micro_batches)
-        rows = schedule.slot(step, self.rank, micro)
-        return Slot(
-            self.epoch,
-            step,
-            self.rank,
-            micro,
-            self.micro_batches,
-            tuple(rows.tolist()),
-            int(counts[step]),
-            index,
-        )
+        rows = tuple(schedule.slot(step, self.rank, micro).tolist())
+        count = int(counts[step])
+        return Slot(self.epoch, step, self.rank, micro, self.micro_batches, rows, count, index)
 
     def __iter__(self):
-        start = self.position
-        for index in range(start, len(self)):
+        for index in range(self.position, len(self)):
             self.position = index + 1
             yield self.slot(index)
         self.position = 0

@@ -1,30 +1,18 @@
 """Token-weighted loss across gradient-accumulation micro-batches and data-parallel ranks.
 
-An optimizer step covers ``K`` micro-batches on each of ``R`` ranks. Its
-token-weighted mean is ``L = (Σ_{r,m} S_{r,m}) / N``, where ``S_{r,m}`` is a
-micro-batch's raw NLL sum and ``N`` the eligible targets of the **whole
-step**. ``N`` is known before the forward pass: the schedule fixes every
-row of the step (:attr:`Slot.step_eligible`, the collator's
-``num_items_in_batch``). So each micro-batch back-propagates
+A step of ``K`` micro-batches on each of ``R`` ranks has the mean
+``L = (Σ_{r,m} S_{r,m}) / N``: ``S_{r,m}`` a micro-batch's raw NLL sum, ``N`` the whole
+step's eligible targets, known before the forward pass (:attr:`Slot.step_eligible`, the
+collator's ``num_items_in_batch``). Each micro-batch back-propagates
 
     loss_{r,m} = S_{r,m} * c / N,    c = R  when gradients are averaged over ranks
                                      c = 1  when they are summed
 
-``DistributedDataParallel`` *averages* (all-reduce, then divide by ``R``),
-hence ``c = R`` (``grad_reduction="mean"``, the default); a loop that
-all-reduces with ``SUM`` itself, or one process (``R = 1``), uses ``c = 1``.
-Accumulating the ``K`` backward passes and reducing over ranks then gives
-exactly ``∇L``, the gradient of the single-batch token-weighted mean — not
-the mean of per-micro-batch means, which weighs a target in a short
-micro-batch more than one in a long one.
-
-Logging: the sum of a rank's ``K`` returned losses, averaged over ranks,
-is ``L`` itself.
-
-Worked example on the fixture (N = 9): micro-batch 0 = row ``[A A A B B .]``
-(5 targets), micro-batch 1 = row ``[C C C C . .]`` (4), one rank. Correct:
-``S_0/9 + S_1/9``. The per-micro-batch mean ``(S_0/5 + S_1/4)/2`` gives A's
-and B's targets weight 1/10 and C's 1/8 instead of 1/9 each.
+(DDP averages: ``grad_reduction="mean"``, the default), so the reduced gradient is
+exactly ``∇L``, and a rank's ``K`` losses summed, averaged over ranks, are ``L``.
+Fixture (N = 9): micro-batch 0 = row ``[A A A B B .]`` (5 targets), 1 = ``[C C C C . .]``
+(4): ``S_0/9 + S_1/9``; the per-micro-batch mean ``(S_0/5 + S_1/4)/2`` would weigh A's and
+B's targets 1/10 and C's 1/8.
 """
 
 from __future__ import annotations
@@ -45,11 +33,8 @@ GradReduction = Literal["mean", "sum"]
 def loss_factor(
     denominator: int, world_size: int = 1, grad_reduction: GradReduction = "mean"
 ) -> float:
-    """``c / N``: what a micro-batch's raw sum is multiplied by (see the module docstring).
-
-    ``denominator`` N = 0 means the whole step has no eligible target:
-    :class:`~seqpack.EmptyObjective` (skip the step).
-    """
+    """``c / N``, a micro-batch's raw sum's factor (module docstring); N = 0:
+    :class:`~seqpack.EmptyObjective` (skip the step)."""
     if grad_reduction not in ("mean", "sum"):
         raise InvalidInput(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -68,12 +53,8 @@ def loss_factor(
 def labels_nll_sum(
     logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
 ) -> LossSum:
-    """Raw NLL sum over cells whose label is not ``ignore_index`` (gathered first).
-
-    ``logits`` [..., V], ``labels`` [...] aligned with them (the collator's
-    ``labels``: already shifted). Excluded cells are dropped before any
-    arithmetic, so a NaN logit there never reaches the sum.
-    """
+    """Raw NLL sum over cells whose label (``[...]``, aligned with ``logits`` [..., V]) is
+    not ``ignore_index``; other cells are dropped first, so their NaN logits never count."""
     if tuple(logits.shape[:-1]) != tuple(labels.shape):
         raise InvalidInput(
             f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree"
@@ -103,14 +84,9 @@ def normalize(
     grad_reduction: GradReduction = "mean",
     parameters: Iterable[torch.nn.Parameter] | None = None,
 ) -> torch.Tensor:
-    """``raw_sum * c / N`` for one micro-batch (see the module docstring).
-
-    ``parameters``: give the model's parameters when a micro-batch may be
-    empty (a short last step's explicit empty slot) under DDP. Its loss then
-    also adds ``0 * Σ p.sum()``, so every parameter receives an (exactly
-    zero) gradient and DDP's reducer fires for all of them, whatever the
-    attention backend did with 0 rows.
-    """
+    """``raw_sum * c / N`` for one micro-batch (module docstring). ``parameters`` (for an
+    empty micro-batch under DDP) adds ``0 * Σ p.sum()``, so every parameter gets an exactly
+    zero gradient and DDP's reducer fires for all of them."""
     loss_factor(denominator, world_size, grad_reduction)  # validates
     loss = raw_sum * (world_size if grad_reduction == "mean" else 1) / int(denominator)
     if parameters is not None:
@@ -129,9 +105,8 @@ def micro_batch_loss(
 ) -> torch.Tensor:
     """The loss to back-propagate for one collated micro-batch.
 
-    ``features``: a :class:`~seqpack.training.packed_data.PackedCollator` dict;
-    its ``shift_labels`` (pre-shifted targets) select the eligible cells of ``logits`` and its
-    ``num_items_in_batch`` (the step's global count) is the denominator::
+    ``features``: a :class:`~seqpack.training.packed_data.PackedCollator` dict (its
+    ``shift_labels`` select the cells, ``num_items_in_batch`` is the denominator)::
 
         for features in step_micro_batches:              # K per rank
             logits = model(*decoder_inputs(features, device))

@@ -1,22 +1,17 @@
 """Label tensors under the names ``transformers`` reads, each with ``transformers``' meaning.
 
-seqpack's targets are already shifted (cell ``c`` predicts ``targets[c]``; an example's
-last target, its EOS, is no input of the row). ``labels`` are aligned with
-``input_ids`` (``labels[c]`` is the token at ``c`` when the pair ``c-1 -> c`` is
-supervised, ``-100`` on every example's first cell), as ``DataCollatorWithFlattening``
-writes them, and the model shifts them; ``shift_labels`` are the pre-shifted targets,
-which ``ForCausalLMLoss`` takes as they are and ``Trainer`` counts
-``num_items_in_batch`` from. Both are given, so ``model(**features).loss`` is the
-token-weighted loss over every supervised target, each example's last included.
-Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5)::
+``labels`` are aligned with ``input_ids`` (``labels[c]`` is the token at ``c`` when the
+pair ``c-1 -> c`` is supervised, ``-100`` on each example's first cell), as
+``DataCollatorWithFlattening`` writes them; ``shift_labels`` are the pre-shifted targets
+``ForCausalLMLoss`` takes as they are (each example's last included). Fixture row 0
+(A = columns 0-2, B = 3-4, padding at 5)::
 
     input_ids     [ 0,   99, 100,    0,  101,    0]
     labels        [-100, 99, 100, -100,  101, -100]
     shift_labels  [ 99, 100,   1,  101,    1, -100]
 
-``seq_idx`` (int32, ``[1, N]`` over the flattened cells, 0-based per batch) is what
-``DataCollatorWithFlattening(return_seq_idx=True)`` and TRL's padding-free collator give
-hybrid models: ``[0, 0, 0, 1, 1, 2, 2, 2, 2]`` for the fixture's A, B | C.
+``seq_idx`` (int32 ``[1, N]``, as ``DataCollatorWithFlattening(return_seq_idx=True)``
+gives): ``[0, 0, 0, 1, 1, 2, 2, 2, 2]`` for the fixture's A, B | C.
 """
 
 from __future__ import annotations
@@ -32,11 +27,8 @@ def shift_labels(batch: PackedBatch, ignore_index: int = IGNORE_INDEX) -> np.nda
 
 
 def model_labels(batch: PackedBatch, ignore_index: int = IGNORE_INDEX) -> np.ndarray:
-    """``transformers``' unshifted ``labels`` of ``batch``; int64 ``[R, T]`` (module docstring).
-
-    ``labels[r, c] = targets[r, c-1]`` where cells ``c-1`` and ``c`` belong to
-    the same example and that target is eligible (it equals ``inputs[r, c]``).
-    """
+    """``transformers``' unshifted ``labels`` of ``batch``, int64 ``[R, T]``: ``targets[r, c-1]``
+    where cells ``c-1`` and ``c`` share an example and that target is eligible."""
     out = np.full(batch.shape, ignore_index, dtype=np.int64)
     segs = batch.segments
     same = batch.input_valid[:, 1:] & (segs[:, 1:] == segs[:, :-1]) & batch.loss_mask[:, :-1]

@@ -1,10 +1,8 @@
 """PyTorch read path: packed rows, compact from the shard to the collator, -> tensors.
 
-:class:`PackedBatches` reads a packed directory (``seqpack pack``) as model
-calls, or as any selection of its rows (what :class:`RowSampler` slots ask
-for), as :class:`~seqpack.core.compact.CompactRows` (tokens, segment lengths,
-starts: no padding); :class:`PackedCollator` turns them into tensors, padding
-only in rows mode. The fixture's call (rows ``[A A A B B .]`` and
+:class:`PackedBatches` reads a packed directory as model calls or any selection of its
+rows (:class:`~seqpack.core.compact.CompactRows`, unpadded); :class:`PackedCollator`
+makes tensors, padding only in rows mode. The fixture's call (rows ``[A A A B B .]`` and
 ``[C C C C . .]``) collates, with ``pad_id=0``, to::
 
     input_ids     [[   0, 99, 100,    0, 101,    0], [   0, 102, 103, 104,    0,    0]]
@@ -15,11 +13,8 @@ only in rows mode. The fixture's call (rows ``[A A A B B .]`` and
     cu_seq_lens_q = cu_seq_lens_k = [0, 3, 5, 9]     max_length_q = max_length_k = 4
     num_items_in_batch = 9
 
-``shift_labels[r, c]`` is the token cell ``c`` must predict (already
-shifted, never a pair across examples), or ``-100`` where the target is not
-loss-eligible; ``labels`` are ``transformers``' unshifted labels of the same
-pairs (:mod:`seqpack.training.labels`). ``cu_seq_lens`` are the stored
-segment lengths, cumulated.
+``shift_labels[r, c]``: the token cell ``c`` predicts, or ``-100`` where not
+loss-eligible; ``labels``: ``transformers``' unshifted ones (:mod:`seqpack.training.labels`).
 """
 
 from __future__ import annotations
@@ -62,17 +57,11 @@ from seqpack.training.rows import (
     select_rows,
 )
 
-# Reading a packed directory.
-
 
 @dataclass(frozen=True, eq=False)
 class ScheduledBatch:
-    """Rows for the :class:`Slot` they fill (step, rank, micro, step count).
-
-    ``rows``: compact (or a :class:`PackedBatch`); ``batch`` pads them (made on
-    first use). ``world_size``: the ranks a :class:`StreamDataset` split its
-    stream over (its items are this rank's share), None when not known.
-    """
+    """Rows (compact or a :class:`PackedBatch`; ``batch`` pads them, on first use) for the
+    :class:`Slot` they fill; ``world_size``: the ranks a stream was split over, or None."""
 
     rows: Rows
     slot: Slot
@@ -84,17 +73,12 @@ class ScheduledBatch:
 
 
 class PackedBatches(Dataset):
-    """Map-style dataset of model calls over a packed directory (checksums and binding
-    verified on open).
+    """Map-style dataset of model calls over a packed directory (verified on open).
 
-    ``ds[i]`` (int) is model call ``i`` exactly as packed (a :class:`PackedBatch`);
-    ``ds[slot]`` (a :class:`Slot` from :class:`RowSampler`) is a :class:`ScheduledBatch`
-    of the slot's rows, compact; ``ds.rows([5, 2, 9])`` is any selection of
-    global rows (``ds.compact_rows`` the same unpadded). ``row_stats()`` gives
-    the per-row counts a :class:`RowSampler` needs. Up to ``cache_shards``
-    decoded shards are kept (least recently used out). Pass
-    ``expected_split="train"`` in a training loop so a validation or test
-    output can never be trained on by mistake.
+    ``ds[i]``: model call ``i`` as packed; ``ds[slot]`` (a :class:`Slot`): a
+    :class:`ScheduledBatch` of its rows; ``ds.rows(ids)`` / ``ds.compact_rows(ids)``: any
+    global rows, padded / not; ``row_stats()``: what a :class:`RowSampler` needs. Keeps
+    ``cache_shards`` decoded shards (LRU). ``expected_split="train"`` refuses other splits.
     """
 
     @renamed_kwargs(expected_partition="expected_split", verify="integrity")
@@ -178,10 +162,8 @@ class PackedBatches(Dataset):
         return self.compact_rows(ids).to_batch()
 
     def row_stats(self) -> RowStats:
-        """Valid tokens, eligible targets and Σl² of every row (computed once, then cached).
-
-        Reads only the pair counts and loss flags of each shard.
-        """
+        """Valid tokens, eligible targets and Σl² of every row (cached; reads only the pair
+        counts and loss flags of each shard)."""
         if self._stats is None:
             parts = []
             for shard in self.store.shards:
@@ -224,19 +206,16 @@ def _scheduled(item: Any) -> tuple[CompactRows, Slot | None]:
 class PackedCollator:
     """Tensors for one model call (the module docstring draws the fixture's).
 
-    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` (pre-shifted targets,
-    ``ignore_index`` where not loss-eligible), ``labels`` (``transformers``' unshifted
-    ones), ``position_ids``, ``segment_ids`` (ordinals, -1 on padding); int32
-    ``cu_seq_lens_q``/``_k`` [S+1] and ints ``max_length_q``/``_k``, ``num_eligible``
-    (this call's) and ``num_items_in_batch`` (the whole step's for a
-    :class:`ScheduledBatch`, which also adds ``last_micro`` and ``slot``).
+    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` / ``labels``
+    (``ignore_index`` where not eligible), ``position_ids``, ``segment_ids`` (-1 on
+    padding); int32 ``cu_seq_lens_q``/``_k`` [S+1]; ints ``max_length_q``/``_k``,
+    ``num_eligible`` and ``num_items_in_batch`` (for a :class:`ScheduledBatch` the whole
+    step's, plus ``last_micro`` and ``slot``).
     Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
-    adds the permission as bool ``[R, 1, T, T]`` (True = may attend; never named
-    ``attention_mask``: eager ``transformers`` adds a boolean mask as numbers).
-    ``flatten=True``: ``[1, N]``, no padding made, plus ``seq_idx`` int32 and
-    ``use_cache=False``, as ``DataCollatorWithFlattening`` gives. Rows mode has no
-    ``attention_mask``: feed Hugging Face models ``flatten=True`` or
-    :class:`seqpack.hf.HFCollator`. ``partition="train"`` refuses other partitions.
+    adds bool ``[R, 1, T, T]`` (True = may attend). ``flatten=True``: ``[1, N]``, no
+    padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s;
+    for Hugging Face models, or :class:`seqpack.hf.HFCollator`). ``partition="train"``
+    refuses other partitions.
     """
 
     def __init__(
@@ -317,11 +296,8 @@ def move_features(features: dict[str, Any], device: torch.device | str) -> dict[
 def layout_from_features(
     features: dict[str, Any], device: torch.device | str | None = None
 ) -> AttentionLayout:
-    """:meth:`AttentionLayout.from_segments` of rows-mode features (equal to ``from_batch``'s).
-
-    Lets a training loop run :class:`~seqpack.verify.TinyDecoder` from collated
-    tensors alone: ``model(features["input_ids"], layout_from_features(features))``.
-    """
+    """:meth:`AttentionLayout.from_segments` of rows-mode features (equal to ``from_batch``'s),
+    for :class:`~seqpack.verify.TinyDecoder` from collated tensors alone."""
     if "valid_index" not in features:
         raise InvalidInput("layout_from_features needs rows-mode features (flatten=False)")
     shape = tuple(features["segment_ids"].shape)

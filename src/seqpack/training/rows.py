@@ -80,17 +80,14 @@ def empty_rows(
 ) -> CompactRows:
     """0 rows: an explicitly empty micro-batch (loss sum 0, count 0)."""
     none = np.zeros(0, dtype=np.int64)
+    ints = dict.fromkeys(("lengths", "starts", "ordinals", "range_starts", "range_ends"), none)
     return CompactRows(
+        **ints,
         tokens=np.zeros(0, dtype=np.int32),
         loss_mask=np.zeros(0, dtype=bool),
-        lengths=none,
-        starts=none,
         row_offsets=np.zeros(1, dtype=np.int64),
-        ordinals=none,
         source_ids=np.zeros(0, dtype=object),
         example_ids=np.zeros(0, dtype=object),
-        range_starts=none,
-        range_ends=none,
         capacity=capacity,
         partition=Split.parse(partition),
         binding=binding,
@@ -116,11 +113,8 @@ def distinct_rows(rows: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
 
 
 def select_rows(batch: PackedBatch, rows: Sequence[int] | np.ndarray) -> PackedBatch:
-    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order.
-
-    Occurrences follow their rows; ``first_row`` becomes the global index of
-    the first selected row. An empty selection gives a call of 0 rows.
-    """
+    """Rows ``rows`` (batch-local, distinct) of ``batch`` as a new model call, in that order
+    (``first_row``: the first selected row's global index; none: a call of 0 rows)."""
     rows = distinct_rows(rows, batch.shape[0])
     if not rows.size:
         return empty_batch(batch.shape[1], batch.partition, batch.binding, batch.first_row)

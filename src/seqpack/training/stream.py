@@ -1,23 +1,12 @@
 """Iterable dataset over a stream: documents -> examples -> StreamPacker -> scheduled calls.
 
-For corpora read once, in order, without a packed directory. Documents are
-read in chunks and their examples pushed to a
-:class:`~seqpack.core.stream_packer.StreamPacker` (bounded memory: only examples
-still waiting or in open rows are held). Closed rows gather into optimizer
-steps of ``world_size * micro_batches * rows_per_micro_batch`` rows; each
-step is split with :func:`schedule_rows` (no shuffle, balanced by load), so
-every rank yields exactly ``micro_batches`` slots per step, with explicit
-empty slots in a short last step, and every slot carries the step's global
-eligible count. Every rank packs the whole stream (the packer is
-deterministic), so no communication is needed to agree on the steps.
-
-Resumable: ``state_dict()`` is small plain data (the packer's state, the
-closed rows not yet trained on, the document cursor); after
-``load_state_dict``, iteration re-reads the source from the first document
-that still has a waiting example and continues exactly as the uninterrupted
-run would have. The source must therefore give the same documents in the
-same order each time it is iterated (a list, a ``datasets.Dataset``, or a
-function returning a fresh iterator).
+Documents are read in chunks into a :class:`~seqpack.core.stream_packer.StreamPacker`;
+closed rows gather into steps of ``world_size * micro_batches * rows_per_micro_batch``
+rows, each cut with :func:`schedule_rows` (no shuffle). Every rank packs the whole stream
+(deterministic, no communication) and yields ``micro_batches`` slots per step.
+``state_dict()`` is small plain data; a resumed iteration re-reads the source from the
+first document with a waiting example, so the source must give the same documents in the
+same order each time (a list, a ``datasets.Dataset`` or a function returning an iterator).
 """
 
 from __future__ import annotations
@@ -70,18 +59,9 @@ from seqpack.training.packed_data import ScheduledBatch
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 #: A saved state's settings: its on-disk key -> the dataset's attribute (0.2's keys kept).
-_CONFIG = {
-    "capacity": "capacity",
-    "rows_per_micro_batch": "rows_per_micro_batch",
-    "micro_batches": "micro_batches",
-    "world_size": "world_size",
-    "rank": "rank",
-    "window": "lookahead",
-    "max_open_rows": "max_open_rows",
-    "seed": "seed",
-    "split_long": "cut_long",
-    "balance": "balance",
-}
+_CONFIG = {k: k for k in ("capacity", "rows_per_micro_batch", "micro_batches", "world_size")}
+_CONFIG |= {"rank": "rank", "window": "lookahead", "max_open_rows": "max_open_rows"}
+_CONFIG |= {"seed": "seed", "split_long": "cut_long", "balance": "balance"}
 _CLOSED = ("example", "row", "start")
 
 #: Documents a stream reads at a time, at most.
@@ -178,7 +158,6 @@ def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -
         if tokens.shape[0] < 2:
             raise InvalidInput(f"{what} has {tokens.shape[0]} token(s); drop it (needs 2)")
         pairs = tokens.shape[0] - 1
-        # every supervision column of a mapping, ANDed (seqpack.core.supervision)
         flags = mapping_flags(item, tokens, what) if mapping and i not in encoded else None
         mask = np.ones(pairs, dtype=bool) if flags is None else flags
         if pairs > ds.capacity and not ds.cut_long:
@@ -196,17 +175,12 @@ def stream_examples(ds: Any, items: list[Any], first: int, first_example: int) -
 class StreamDataset(IterableDataset):
     """Scheduled model calls (:class:`ScheduledBatch`) of one rank, packed on the fly.
 
-    ``documents``: token-id sequences, ``str`` (with ``tokenizer``) or
-    mappings with ``input_ids`` and optional ``id``, ``loss_mask`` (one flag
-    per target, or per token with the first unused) or ``labels`` (HF
-    convention, ``-100`` = not supervised), ``completion_mask`` /
-    ``assistant_masks`` (TRL's, ANDed; :mod:`seqpack.core.supervision`), or
-    mappings with a ``text_field`` column (default ``"text"``, with
-    ``tokenizer``) and optional ``id``.
-    A document longer than ``capacity`` prediction pairs is an error unless
-    ``cut_long`` (then it becomes consecutive ranges, every pair kept once).
-    With DataLoader workers, worker ``w`` of ``W`` yields slots ``w, w+W, ...``
-    of this rank (state_dict / resume need ``num_workers=0``).
+    ``documents``: token-id sequences, ``str`` or mappings with a ``text_field`` column
+    (with ``tokenizer``), or mappings with ``input_ids`` and optional ``loss_mask`` /
+    ``labels`` / ``completion_mask`` / ``assistant_masks`` (ANDed,
+    :mod:`seqpack.core.supervision`); a mapping's ``id`` names it. A document over
+    ``capacity`` pairs is an error unless ``cut_long`` (consecutive ranges). DataLoader
+    worker ``w`` of ``W`` yields slots ``w, w+W, ...`` (resume needs ``num_workers=0``).
     """
 
     @renamed_kwargs(capacity="max_length", split_long="cut_long", window="lookahead")
@@ -293,9 +267,7 @@ class StreamDataset(IterableDataset):
 
 
 class _StreamPass:
-    """One pass over the stream: documents read, examples waiting in the packer, rows
-    closed but not yet trained on, and the step being cut; its fields are exactly what
-    :meth:`state` saves, so a resumed pass continues the same schedule."""
+    """One pass over the stream; its fields are what :meth:`state` saves."""
 
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
@@ -303,8 +275,7 @@ class _StreamPass:
             ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed
         )
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
-        empty = np.zeros(0, dtype=np.int64)
-        self.closed = (empty, empty, empty)  # example, row, start of closed rows not yet used
+        self.closed = (np.zeros(0, dtype=np.int64),) * 3  # example, row, start: not yet used
         self.docs_read = self.step = self.micro_done = 0
         self.source_done = False
         self.source = iter(ds.documents() if callable(ds.documents) else ds.documents)
@@ -346,15 +317,15 @@ class _StreamPass:
         self.closed = state_columns(state, "closed", what, limits)
         self.step, self.micro_done = (state_int(state, k, what) for k in ("step", "micro_done"))
         self.source_done = state_value(state, "source_done", what) is True
-        state_int(state, "docs_read", what, state_int(state, "first_doc", what))
-        state_int(state, "first_doc_example", what, 0, pushed)
+        self.docs_read = state_int(state, "first_doc", what)
+        docs_read = state_int(state, "docs_read", what, self.docs_read)
+        example = state_int(state, "first_doc_example", what, 0, pushed)
+        digest = state_value(state, "pending_digest", what)
         wanted = set(packer["buffer"]["example"]) | set(self.closed[0].tolist())
         wanted |= {e for row in packer["open_rows"] for e in row["example"]}
-        self.docs_read = int(state["first_doc"])
         self.source = itertools.islice(self.source, self.docs_read, None)
-        example = int(state["first_doc_example"])
-        while self.docs_read < int(state["docs_read"]):
-            count = min(self.ds.read_chunk, int(state["docs_read"]) - self.docs_read)
+        while self.docs_read < docs_read:
+            count = min(self.ds.read_chunk, docs_read - self.docs_read)
             examples, read = self._read(count, example)
             if read != count:
                 raise InvalidInput(f"the source ended after {self.docs_read} documents")
@@ -362,7 +333,7 @@ class _StreamPass:
                 if example in wanted:
                     self.pending[example] = ex
                 example += 1
-        if len(self.pending) != len(wanted) or self._digest() != state["pending_digest"]:
+        if len(self.pending) != len(wanted) or self._digest() != digest:
             raise InvalidInput(
                 "the source gave different documents than when the state was saved — resume"
                 " needs a source that yields the same documents in the same order"
@@ -404,6 +375,7 @@ class _StreamPass:
         ids = np.array([e.source_id for e in exs], dtype=object)
         range_starts = np.array([e.start for e in exs], dtype=np.int64)
         range_ends = range_starts + lengths + 1
+        names = [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)]
         return CompactRows(
             tokens=np.concatenate([np.zeros(0, np.int32)] + [e.window for e in exs]),
             loss_mask=np.concatenate([np.zeros(0, bool)] + [e.loss_mask for e in exs]),
@@ -412,10 +384,7 @@ class _StreamPass:
             row_offsets=offsets.astype(np.int64),
             ordinals=example[take],
             source_ids=ids,
-            example_ids=np.array(
-                [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)],
-                dtype=object,
-            ),
+            example_ids=np.array(names, dtype=object),
             range_starts=range_starts,
             range_ends=range_ends,
             capacity=self.ds.capacity,
@@ -426,10 +395,9 @@ class _StreamPass:
 
     def _step_stats(self, step_rows: np.ndarray, example: np.ndarray, row: np.ndarray):
         lengths = np.array([self.pending[e].window.shape[0] - 1 for e in example.tolist()])
-        eligible = np.array([int(self.pending[e].loss_mask.sum()) for e in example.tolist()])
+        eligible = [int(self.pending[e].loss_mask.sum()) for e in example.tolist()]
         local = np.searchsorted(step_rows, row)
-        per_row = np.zeros(step_rows.shape[0], dtype=np.int64)
-        np.add.at(per_row, local, eligible.astype(np.int64))
+        per_row = np.bincount(local, eligible, step_rows.shape[0]).astype(np.int64)
         return RowStats.from_segments(lengths.astype(np.int64), local, per_row)
 
     def run(self) -> Iterator[ScheduledBatch]:

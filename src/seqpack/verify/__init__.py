@@ -1,11 +1,7 @@
 """Proof tooling: packed rows compute what each example computes alone, or where not.
 
 What ``seqpack verify`` and ``seqpack demo`` run; the product (``core`` .. ``hf``) never
-imports it. ``fixture`` (the seed's A/B/C, NumPy only), ``trace`` (the demo's JSON),
-``figure``, ``decoder`` (:class:`TinyDecoder`), ``layouts`` (separate vs padded vs
-packed), ``probes``, ``models`` (:func:`verify_hf` and the model it loads), ``tolerance``,
-``diagnose`` (the first divergent layer), ``tree_models`` (:func:`verify_tree`).
-Names load on first use; ``import seqpack.verify`` imports nothing heavy.
+imports it. Names load on first use; ``import seqpack.verify`` imports nothing heavy.
 """
 
 from __future__ import annotations

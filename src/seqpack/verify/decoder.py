@@ -1,11 +1,9 @@
 """A tiny Llama-style causal decoder that runs separate, padded and packed layouts alike.
 
-RMSNorm, rotary positions from the **local** positions of the layout,
-SwiGLU feed-forward, no biases, embedding tied to the vocabulary
-projection. One model and one code path serve every layout: the layout
-(:class:`~seqpack.nn.attention.AttentionLayout`) says which cells are valid,
-their local positions and which keys each query may use; attention is any
-backend in :data:`~seqpack.nn.attention.BACKENDS`, looked up at forward time.
+RMSNorm, rotary positions from the layout's **local** positions, SwiGLU, no biases, the
+embedding tied to the output projection. One code path serves every layout
+(:class:`~seqpack.nn.attention.AttentionLayout`: valid cells, local positions, keys per
+query); attention is any backend in :data:`~seqpack.nn.attention.BACKENDS`.
 
 On the fixture's packed row 0 the decoder sees::
 
@@ -14,9 +12,8 @@ On the fixture's packed row 0 the decoder sees::
     positions[ 0,  1,   2,  0,   1,   0]   rotary angle from these (B restarts)
     keys of q4: columns [3, 5)             A's columns 0-2 are not B's context
 
-Profiles (vocabulary 266): ``large`` width 8, 2 heads, ff 16, 2 layers,
-max length 16 -> 3448 parameters; ``small`` width 4, 2 heads, ff 4,
-1 layer, max length 4 -> 1188 parameters.
+Profiles (vocabulary 266): ``large`` width 8, 2 heads, ff 16, 2 layers, max length 16 ->
+3448 parameters; ``small`` width 4, 2 heads, ff 4, 1 layer, max length 4 -> 1188.
 """
 
 from __future__ import annotations
@@ -102,10 +99,9 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
-        self.q = nn.Linear(cfg.width, cfg.width, bias=False)
-        self.k = nn.Linear(cfg.width, cfg.width, bias=False)
-        self.v = nn.Linear(cfg.width, cfg.width, bias=False)
-        self.o = nn.Linear(cfg.width, cfg.width, bias=False)
+        self.q, self.k, self.v, self.o = (
+            nn.Linear(cfg.width, cfg.width, bias=False) for _ in "qkvo"
+        )
 
     def forward(
         self, x: torch.Tensor, rope: Rope, layout: AttentionLayout, backend: Backend
@@ -153,12 +149,10 @@ class Block(nn.Module):
 class TinyDecoder(nn.Module):
     """Llama-style decoder over any :class:`AttentionLayout`.
 
-    ``TinyDecoder(profile="large", seed=42)`` builds a profile of
-    :data:`PROFILES`; ``TinyDecoder(config=DecoderConfig(...))`` any shape.
-    ``attention`` names a backend in ``BACKENDS`` (resolved at each forward,
-    so backends registered later work) or is a backend function.
-    Initialisation is drawn in float64 from ``torch.Generator().manual_seed(seed)``
-    in parameter-name order, then cast, so it is identical on every device.
+    ``TinyDecoder(profile="large", seed=42)`` builds a profile of :data:`PROFILES`;
+    ``TinyDecoder(config=DecoderConfig(...))`` any shape. ``attention``: a backend name
+    (resolved at each forward) or function. Weights are drawn in float64 from
+    ``torch.Generator().manual_seed(seed)`` in parameter order, then cast (any device).
     """
 
     def __init__(
@@ -172,17 +166,13 @@ class TinyDecoder(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if config is None:
-            if profile not in PROFILES:
-                raise InvalidInput(
-                    f"unknown decoder profile {profile!r}; choose one of {', '.join(PROFILES)}"
-                    " or pass config=DecoderConfig(...)"
-                )
-            config = PROFILES[profile]
-            self.profile = profile
-        else:
-            self.profile = "custom"
-        self.config = config
+        if config is None and profile not in PROFILES:
+            raise InvalidInput(
+                f"unknown decoder profile {profile!r}; choose one of {', '.join(PROFILES)}"
+                " or pass config=DecoderConfig(...)"
+            )
+        self.profile = profile if config is None else "custom"
+        self.config = config = config or PROFILES[profile]
         self.seed = seed
         self.attention = attention
         self.embed = nn.Embedding(config.vocab_size, config.width)  # tied with the output
@@ -212,8 +202,6 @@ class TinyDecoder(nn.Module):
     @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-    # The layout-agnostic forward and its pieces.
 
     def embed_tokens(self, ids: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
         """Embeddings (R, T, W) of the valid cells; padding cells (``PAD_CELL``) stay 0."""
@@ -252,8 +240,6 @@ class TinyDecoder(nn.Module):
         for block in self.blocks:
             x = block(x, rope, layout, backend)
         return self.norm(x) @ self.embed.weight.T  # (R, T, V), tied projection
-
-    # Entry points on seqpack layouts.
 
     def inputs_of(self, batch: PackedBatch) -> tuple[torch.Tensor, AttentionLayout]:
         """Token ids (R, T) int64 and the layout of ``batch`` on this model's device."""

@@ -1,11 +1,9 @@
 """Where a model mixes packed examples: the first layer whose output diverges from separate runs.
 
-When :func:`seqpack.verify.models.verify_hf` fails, both sides run once more with a
-forward hook on every module, and each module's first output is compared at the
-examples' cells (tokens in example order, for ``(R, T, ...)`` and ``(1, N, ...)`` rows
-alike). The culprit is the first module, in completion order, whose output diverges
-while its input still agrees; its class name gives the hint's layer kind.
-:func:`guarded` turns any exception from inside the model into one :class:`ModelCrashed`.
+When :func:`seqpack.verify.models.verify_hf` fails, both sides run again with a forward
+hook on every module, comparing each module's first output at the examples' cells. The
+culprit is the first module, in completion order, whose output diverges while its input
+agrees. :func:`guarded` turns an exception inside the model into one :class:`ModelCrashed`.
 """
 
 from __future__ import annotations
@@ -48,18 +46,13 @@ def run_alone(model: torch.nn.Module, tokens: np.ndarray) -> Any:
 
 
 def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
-    """Index into a packed run's token axis of every example cell, examples in ordinal order.
-
-    The axis is the ``R*T`` cells, or the ``N`` valid cells of a flattened row.
-    """
+    """Index of every example cell into a packed run's token axis (the ``R*T`` cells, or the
+    ``N`` valid cells of a flattened row), examples in ordinal order."""
     occ = batch.occurrences
     order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
     cells = occurrence_cells(batch)[order]
-    if flattened:
-        valid_index = batch.cu_seqlens().valid_index
-        flat_of_cell = np.full(batch.shape[0] * batch.shape[1], -1, dtype=np.int64)
-        flat_of_cell[valid_index] = np.arange(valid_index.shape[0])
-        cells = flat_of_cell[cells]
+    if flattened:  # the rank of each (valid) cell among the sorted valid cells
+        cells = np.searchsorted(batch.cu_seqlens().valid_index, cells)
     return torch.as_tensor(cells)
 
 
@@ -117,9 +110,8 @@ def first_divergence(
 ) -> dict[str, str] | None:
     """``{"module", "class", "kind"}`` of the first module that mixes examples, or ``None``.
 
-    ``separate[i]()`` runs example ``i`` (``lengths[i]`` tokens); ``packed()``
-    runs the packed rows, whose token axis has ``packed_count`` entries and
-    holds the examples' tokens at ``tokens``.
+    ``separate[i]()`` runs example ``i`` (``lengths[i]`` tokens); ``packed()`` the packed
+    rows, whose token axis of ``packed_count`` holds the examples' tokens at ``tokens``.
     """
     per_example = [capture(model, run)[0] for run in separate]
     packed_calls, order = capture(model, packed)
@@ -139,10 +131,8 @@ def first_divergence(
             at = tokens.to(y_p.device)
             x_s, y_s = (torch.cat(side) for side in zip(*pairs, strict=True))
             measured.append((name, _excess(x_p[at], x_s, tol), _excess(y_p[at], y_s, tol)))
-    # A mixer (attention, convolution, linear attention) that turns agreeing inputs into
-    # outputs at least 1% of the tolerance away, 10x more than its inputs: a leak, even
-    # when later layers are what push it past the tolerance. Else: the first module
-    # whose output leaves the tolerance while its input is within it.
+    # a mixer whose output moves >= 1% of the tolerance and 10x its input: a leak, even
+    # below the tolerance; else the first module leaving the tolerance on agreeing input
     found = [_culprit(model, name) for name, x, y in measured if y >= 1e-2 and y > 10 * x]
     found = [c for c in found if not c["kind"].startswith("layer ")]
     found += [_culprit(model, name) for name, x, y in measured if x <= 1 < y]

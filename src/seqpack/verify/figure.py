@@ -1,19 +1,15 @@
 """Draw a packed batch: each row's cell fields above its permission matrix.
 
-For every storage row the figure shows one panel: the fields (input,
-target, segment, local position, input valid, target valid, loss eligible)
-one line each, column by column, and under them the row's permission matrix
-with a matrix row per **query** column and a matrix column per **key**
-column, aligned with the fields above. Cells are tinted by occurrence, so
-on the fixture B's separate 2x2 causal block at columns 3-4 stands beside
-A's 3x3 block::
+One panel per storage row: the :data:`FIELDS` one line each, column by column, and under
+them the row's permission matrix (a row per **query** column, a column per **key**
+column). Cells are tinted by occurrence, so on the fixture B's 2x2 causal block at
+columns 3-4 stands beside A's 3x3 block::
 
     q\\k 0 1 2 3 4 5
     3    . . . 1 . .      B's first query: only itself
     4    . . . 1 1 .      B's second query: B only, never A
 
-PNG or SVG is chosen by the file extension; the file is written whole or
-not at all (temporary file, then rename).
+PNG or SVG by the file extension; the file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -57,7 +53,8 @@ def _format_of(path: Path) -> str:
     return fmt
 
 
-def _matplotlib() -> tuple[Any, Any]:
+def _figure(figsize: tuple[float, float]) -> Any:
+    """A constrained-layout matplotlib figure on the Agg canvas."""
     os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / "seqpack-matplotlib"))
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -66,7 +63,9 @@ def _matplotlib() -> tuple[Any, Any]:
         raise NotAvailable(
             "drawing figures needs matplotlib — pip install 'seqpack[plot]'"
         ) from None
-    return Figure, FigureCanvasAgg
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _segment_colors(batch: PackedBatch) -> dict[int, tuple[float, float, float]]:
@@ -103,7 +102,6 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
     names = {int(s): str(n) for s, n in zip(occ.segment, occ.source_ids, strict=True)}
     cell_rgb = np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in seg])  # (T, 3)
 
-    # Fields: one line per field, one column per storage cell.
     fields_ax.imshow(np.broadcast_to(_tint(cell_rgb, 0.35), (len(FIELDS), width, 3)))
     for line, (_, attr) in enumerate(FIELDS):
         for col in range(width):
@@ -114,7 +112,6 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
     fields_ax.xaxis.set_ticks_position("top")
     fields_ax.set_title(f"row {batch.first_row + row}: storage column / occupant", fontsize=10)
 
-    # Permission matrix: query columns down, key columns across.
     allowed = batch.dense_mask()[row]  # (T, T): query, key
     matrix_ax.imshow(_permission_image(allowed, batch.input_valid[row], _tint(cell_rgb, 0.75)))
     for q in range(width):
@@ -135,10 +132,8 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
         ax.set_xticks(np.arange(-0.5, width), minor=True)
         ax.set_yticks(np.arange(-0.5, n), minor=True)
         ax.grid(which="minor", color="white", linewidth=1.5)
-        ax.tick_params(which="minor", length=0)
-        ax.tick_params(which="major", length=0)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
+        ax.tick_params(which="both", length=0)
+        ax.spines[:].set_visible(False)
 
 
 def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:
@@ -151,12 +146,10 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
             f"a batch of {rows} rows x {width} columns is too large to draw legibly"
             f" (at most {MAX_ROWS} rows x {MAX_COLUMNS} columns) — draw a smaller batch"
         )
-    Figure, FigureCanvasAgg = _matplotlib()
-    colors = _segment_colors(batch)
     panel_w = CELL_INCHES * width + 2.4
     panel_h = CELL_INCHES * (len(FIELDS) + width) + 1.6
-    fig = Figure(figsize=(max(panel_w * rows, 8.0), panel_h + 0.9), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _figure((max(panel_w * rows, 8.0), panel_h + 0.9))
+    colors = _segment_colors(batch)
     grid = fig.add_gridspec(2, rows, height_ratios=[len(FIELDS), width])
     for r in range(rows):
         axes = (fig.add_subplot(grid[0, r]), fig.add_subplot(grid[1, r]))
@@ -180,13 +173,9 @@ WIDE_BINS = 512
 def draw_row(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:
     """Draw the one row of ``batch`` (``seqpack show DIR --row N --figure PATH``).
 
-    Up to :data:`MAX_COLUMNS` cells it is :func:`draw_batch`'s panel (every
-    cell's fields and the permission matrix, cell by cell). A wider row is
-    drawn as an overview: occupants along the columns (tinted, labelled with
-    their source id and length where there is room), local positions and
-    loss-eligible targets under them, and the permission matrix sampled at
-    :data:`WIDE_BINS` evenly spaced query and key columns, from the row's key
-    ranges (the view tested against the permission predicate).
+    Up to :data:`MAX_COLUMNS` cells it is :func:`draw_batch`'s panel. A wider row is an
+    overview: occupants along the columns, local positions and loss-eligible targets under
+    them, and the permission matrix (from the key ranges) at :data:`WIDE_BINS` columns.
     """
     if batch.shape[0] != 1:
         raise InvalidInput(f"draw_row draws one row; this batch has {batch.shape[0]}")
@@ -194,9 +183,7 @@ def draw_row(batch: PackedBatch, path: str | os.PathLike[str], title: str | None
         return draw_batch(batch, path, title)
     target = Path(path)
     fmt = _format_of(target)
-    Figure, FigureCanvasAgg = _matplotlib()
-    fig = Figure(figsize=(11, 13), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _figure((11, 13))
     grid = fig.add_gridspec(3, 1, height_ratios=[1.1, 1.6, 7])
     _draw_wide(batch, [fig.add_subplot(grid[i, 0]) for i in range(3)])
     fig.suptitle(title or f"packed row {batch.first_row}", fontsize=12)
@@ -213,9 +200,7 @@ def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
     strip_ax.imshow(cell_rgb[None], aspect="auto", interpolation="nearest")
     for a, b, name in zip(occ.col_start, occ.col_end, occ.source_ids, strict=True):
         if (b - a) * 40 >= width:  # room for a label
-            strip_ax.text(
-                (a + b - 1) / 2, 0, f"{name}\n{b - a}", ha="center", va="center", fontsize=8
-            )
+            strip_ax.text((a + b - 1) / 2, 0, f"{name}\n{b - a}", **CENTRED | {"fontsize": 8})
     strip_ax.set_yticks([])
     strip_ax.set_title(
         f"{len(occ)} examples in {width:,} cells ({int(batch.input_valid[0].sum()):,} used);"

@@ -6,20 +6,17 @@
     padded    one example per row, right padding (policy "padded")
     packed    several examples per row (next-fit by default)
 
-and compares, against separate execution, every vocabulary logit at every
-valid cell, the raw token-summed loss and every parameter-gradient
-coordinate of that loss, each with the seed's float64 tolerance
-``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)``. On the A/B/C fixture with the large
-profile that is 2 x 2394 logit and 2 x 3448 gradient comparisons.
+and compares, against separate execution, every vocabulary logit at every valid cell, the
+raw token-summed loss and every parameter-gradient coordinate, with the seed's float64
+tolerance ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` (on the A/B/C fixture with the large
+profile, 2 x 2394 logit and 2 x 3448 gradient comparisons).
 
-The model is duck-typed: ``forward_separate(example) -> (L, V)``,
-``forward_padded(batch)`` / ``forward_packed(batch) -> (R, T, V)`` and
-``parameters()``; :class:`~seqpack.verify.decoder.TinyDecoder` has them.
-:func:`verify_tiny` is ``seqpack verify`` without ``--hf-*``: the fixture and
-a few random layouts (:func:`tiny_layouts`) through :func:`three_way`;
-``mode="naive"`` swaps in plain causal attention over storage columns
-(:func:`~seqpack.verify.probes.unguarded_causal_attention`), the control
-that must fail.
+The model is duck-typed: ``forward_separate(example) -> (L, V)``, ``forward_padded`` /
+``forward_packed(batch) -> (R, T, V)`` and ``parameters()`` (as
+:class:`~seqpack.verify.decoder.TinyDecoder`). :func:`verify_tiny` is ``seqpack verify``
+without ``--hf-*``: the fixture and random layouts (:func:`tiny_layouts`) through
+:func:`three_way`; ``mode="naive"`` swaps in
+:func:`~seqpack.verify.probes.unguarded_causal_attention`, the control that must fail.
 """
 
 from __future__ import annotations
@@ -109,9 +106,8 @@ def three_way(
 ) -> dict[str, Any]:
     """Separate vs padded vs packed: loss sums, max abs diffs, comparison counts, pass/fail.
 
-    ``examples`` share one partition and binding; the packed layout uses
-    ``capacity`` (and ``policy``), the padded one ``padded_capacity``
-    (default: the longest example).
+    ``examples`` share one partition and binding; packed rows are ``capacity`` wide, padded
+    ones ``padded_capacity`` (default: the longest example).
     """
     if not examples:
         raise InvalidInput("three_way needs at least one example")
@@ -162,9 +158,8 @@ def tiny_layouts(
 ) -> list[tuple[list[SequenceExample], int, int]]:
     """The fixture (capacity 6) and ``count`` random layouts: ``(examples, capacity, rows)``.
 
-    Random layouts have 2-6 examples of 1..``max_len`` pairs, some with a
-    loss mask, a capacity between the longest and twice ``max_len``, and
-    1-3 rows per model call, drawn from ``default_rng(seed)``.
+    Random layouts (``default_rng(seed)``): 2-6 examples of 1..``max_len`` pairs, some with
+    a loss mask, capacity from the longest to ``2 * max_len``, 1-3 rows per model call.
     """
     binding = fixture_binding()
     layouts = [(fixture_examples(binding), FIXTURE_MAX_LENGTH, 2)]

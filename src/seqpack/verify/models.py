@@ -17,19 +17,15 @@ as ``mode`` says:
 ``bool-mask``  **boolean** 4-D block masks, ``use_cache=False``: right on ``sdpa``,
                silently wrong on ``eager``
 
-A refused architecture (:mod:`seqpack.hf.architectures`) or a crash inside the model
-(:class:`ModelCrashed`) is ``seqpack verify`` exit 2, one line; exit 1 means only that
-the model mixed examples, and the report's ``hint`` names the first divergent layer
-(:mod:`seqpack.verify.diagnose`). Tolerances follow the model's real dtype path
-(:mod:`seqpack.verify.tolerance`); ``model_loss`` always gets float32's.
-
-:func:`load_model` builds the model from a local config (seeded random weights) or a
-local pretrained folder, never downloading; :func:`verification_layout` picks the
-examples' lengths and row width (a windowed model's longest example exceeds its window).
+A refused architecture or a crash inside the model (:class:`ModelCrashed`) is ``seqpack
+verify`` exit 2; exit 1 means the model mixed examples, the report's ``hint`` naming the
+first divergent layer (:mod:`seqpack.verify.diagnose`). Tolerances follow the model's real
+dtype path (:mod:`seqpack.verify.tolerance`); ``model_loss`` always gets float32's.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -62,13 +58,12 @@ from seqpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, ob
 
 MODES = ("adapter", "naive", "bool-mask")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-#: Prediction pairs of the default verification examples (no window).
+#: Prediction pairs of the default verification examples (no window), and their row width.
 LENGTHS = (6, 3, 8, 4, 5, 2)
 CAPACITY = 12
 #: Targets of example 2 left out of the loss (a prompt), so ``-100`` labels are exercised.
 PROMPT_TARGETS = 3
-#: The widest default row: windows longer than about half of it are not exercised by default.
-MAX_WIDTH = 1024
+MAX_WIDTH = 1024  # the widest default row
 PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
@@ -95,13 +90,11 @@ def verification_layout(
 ) -> VerifyCase:
     """The examples' lengths and row width for a model with ``window`` and ``max_positions``.
 
-    Without a window :data:`LENGTHS` at capacity 12 (rows ``[6, 3 | 3 pad]``, ``[8, 4]``
-    exact, ``[5, 2 | 5 pad]``). With window ``w`` the longest example has ``2w + 3`` pairs
-    (capped to the row the model can hold, at most :data:`MAX_WIDTH`) and shares its row
-    with a short one, so every sliding layer truncates real queries; a window too long
-    for that row keeps the default (not exercised). ``lengths``: a user's own shapes, the
-    row width their sum where it fits. ``max_example``: the longest example the model is
-    exact for (a stated condition such as ``index_topk``); default lengths are capped to it.
+    Without a window :data:`LENGTHS` at capacity 12 (rows ``[6, 3 | 3 pad]``, ``[8, 4]``,
+    ``[5, 2 | 5 pad]``). With window ``w`` the longest example has ``2w + 3`` pairs (capped
+    to the row the model holds, at most :data:`MAX_WIDTH`) and shares its row; a window
+    too long for that keeps the default (not exercised). ``lengths``: the user's own, the
+    row width their sum where it fits. ``max_example``: caps the default lengths.
     """
     limit = MAX_WIDTH if max_positions is None else min(int(max_positions), MAX_WIDTH)
     if lengths is not None:
@@ -201,12 +194,9 @@ def load_model(
 ) -> torch.nn.Module:
     """A causal LM from a local config (seeded random weights) or a local pretrained dir.
 
-    Nothing is downloaded (``local_files_only=True``) and no folder's own code runs
-    (``trust_remote_code=False``). Dropout is off (``eval()``); the model's own
-    trainable set is kept. In float64, MoE experts run with
-    ``experts_implementation="eager"`` (``torch._grouped_mm`` has no float64 kernel).
-    With ``refuse`` an architecture seqpack cannot make exact is refused from its
-    config, before any weights are built or loaded.
+    Nothing is downloaded and no folder's own code runs; ``eval()``, the model's own
+    trainable set kept; float64 MoE experts run ``"eager"``. With ``refuse`` an
+    architecture seqpack cannot make exact is refused from its config, before any weights.
     """
     if (config is None) == (model is None):
         raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
@@ -218,25 +208,23 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     options: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": dtype}
-    options["trust_remote_code"] = False  # and never ask on stdin, as an unset one does
+    options["trust_remote_code"] = False  # an unset one asks on stdin
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
     cfg = _built(path, lambda: AutoConfig.from_pretrained(str(path), **local))
     if refuse:  # the config's capability, from its modules built on the meta device
         capability(cfg).check(attention_kind(attn_implementation))
+    auto = AutoModelForCausalLM
     if config is not None:
         torch.manual_seed(seed)
-        built = _built(path, lambda: AutoModelForCausalLM.from_config(cfg, **options))
-    else:  # safetensors only: a pickled checkpoint (pytorch_model.bin) can run code on load
+        build = functools.partial(auto.from_config, cfg, **options)
+    else:  # safetensors only: a pickled checkpoint can run code on load
         _refuse_pickled_weights(path)
-        built = _built(
-            path,
-            lambda: AutoModelForCausalLM.from_pretrained(
-                str(path), local_files_only=True, use_safetensors=True, **options
-            ),
+        build = functools.partial(
+            auto.from_pretrained, str(path), local_files_only=True, use_safetensors=True, **options
         )
-    return built.to(device).eval()
+    return _built(path, build).to(device).eval()
 
 
 def _built(path: Path, build: Callable[[], Any]) -> Any:
@@ -295,9 +283,8 @@ def _params(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def reference_implementation(model: torch.nn.Module, attn: str) -> str:
-    """The implementation the separate runs use: ``attn`` when it is the model's own
-    (sdpa, eager, flex), else the model's sdpa, or its eager where it has no sdpa
-    (``seqpack_varlen`` checked against itself would pass a window the model lacks)."""
+    """The implementation the separate runs use: ``attn`` when it is the model's own (sdpa,
+    eager, flex), else the model's sdpa, or its eager where it has no sdpa."""
     kind = attention_kind(attn) if isinstance(attn, str) else None
     if kind in MASK_KINDS:
         return attn
@@ -320,9 +307,7 @@ def running(model: torch.nn.Module, attn: str) -> Iterator[None]:
 def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) -> tuple:
     """``(islands, casts)`` (:func:`~seqpack.verify.tolerance.observe`) of one forward (and
     backward) of ``tokens`` alone through a float64 model; ``({}, [])`` for any other dtype.
-
-    A flex model is observed on ``sdpa`` (dispatch modes cannot follow FlexAttention's
-    higher-order op): the same layers around the same attention in the model's dtype.
+    A flex model is observed on ``sdpa`` (dispatch modes cannot follow FlexAttention).
     """
     if next(model.parameters()).dtype != torch.float64:
         return {}, []
@@ -363,16 +348,13 @@ def verify_hf(
 ) -> dict[str, Any]:
     """Separate vs packed for a ``transformers`` causal LM; a report dict with ``pass``.
 
-    ``capacity``: the row width (default :data:`CAPACITY`, or the longest
-    example + 3). ``gradients=False`` compares logits and losses only (for
-    implementations without a backward here, e.g. FlexAttention on CPU).
-    ``allow_unsupported`` runs a refused architecture anyway, to measure its
-    leak; its report says ``"supported": False`` and never passes.
+    ``capacity``: the row width (default :data:`CAPACITY`, or the longest example + 3).
+    ``gradients=False`` compares logits and losses only. ``allow_unsupported`` runs a
+    refused architecture anyway, to measure its leak (``"supported": False``, never passes).
     """
     if not examples:
         raise InvalidInput("verify_hf needs at least one example")
     arch = _prepare(model, mode, allow_unsupported)
-    # gradients=False, e.g. FlexAttention on CPU: no backward, so no graph at all
     with nullcontext() if gradients else torch.no_grad():
         report, kwargs, batch, tol = _compare(
             model, arch, examples, mode, capacity, pad_token_id, gradients
@@ -380,8 +362,7 @@ def verify_hf(
     if not gradients:
         report["note"] = "gradients not compared (no backward for this implementation here)"
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
-    # Mixed examples: the logits, the loss or the gradients disagree. The model's own
-    # loss alone disagreeing is how it reads labels, not a leak (whisper shifts none).
+    # the model's own loss alone disagreeing is how it reads labels, not a leak
     report["mixed"] = any(n for k, n in report["failures"].items() if k != "model_loss")
     if any(report["failures"].values()) and not report["mixed"]:
         report["hint"] = (
@@ -401,8 +382,7 @@ def verify_hf(
 
 
 def _packed_forward(model: torch.nn.Module, kwargs: dict[str, Any], mode: str) -> Any:
-    """``model(**kwargs)``; where only its own loss crashes (git cuts its image columns off
-    the logits), the logits alone with a NaN loss: a ``model_loss`` failure, not a crash."""
+    """``model(**kwargs)``; where only its own loss crashes, the logits with a NaN loss."""
     try:
         return guarded(model, "forward", lambda: model(**kwargs))
     except ModelCrashed:
@@ -456,16 +436,15 @@ def _compare(
         sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
         packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
         compared["gradients"] = compare(sep_grads, packed_grads, tol)
-    f32 = {"abs": FLOAT32_TOLERANCE[0], "rel": FLOAT32_TOLERANCE[1]}
+    (atol, rtol), why = FLOAT32_TOLERANCE, "transformers computes its loss in float32"
+    f32 = {"abs": atol, "rel": rtol, "why": why}
     if mode == "adapter":
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
     if mode == "adapter":
-        report["tolerance"]["model_loss"] = f32 | {
-            "why": "transformers computes its loss in float32"
-        }
+        report["tolerance"]["model_loss"] = f32
     return report, kwargs, batch, tol
 
 

@@ -1,10 +1,8 @@
 """Isolation probes: does any change in one example reach another's logits?
 
-:func:`isolation_probe` perturbs the residual stream of one example's cells
-and checks that no other occurrence's outputs move (and that padding stays
-inert); :func:`first_query_probe` checks each example's first query sees
-only itself. :func:`unguarded_causal_attention` is the control: plain causal
-attention over storage columns, which joins neighbouring examples.
+:func:`isolation_probe` perturbs the residual stream outside one example and checks that
+its outputs do not move; :func:`first_query_probe` checks an example's first query sees
+only itself. :func:`unguarded_causal_attention` is the control that joins examples.
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ from seqpack.verify.tolerance import compare
 def unguarded_causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, scale: float
 ) -> torch.Tensor:
-    """The **wrong** mask, for controls only: plain causal over storage columns.
-
-    Key ``k <= q`` in storage order, ignoring segments and validity, so B's
-    queries see A. Not registered as a backend.
-    """
+    """The **wrong** mask, for controls only: key ``k <= q`` in storage order, ignoring
+    segments and validity (B's queries see A). Not registered as a backend."""
     T = q.shape[-2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~causal, float("-inf"))
@@ -83,26 +78,18 @@ def isolation_probe(
 ) -> dict[str, Any]:
     """Perturb every activation outside ``segment`` (other examples and padding).
 
-    Objective: the raw NLL sum of ``segment``'s eligible targets only. The
-    segment's logits, that loss and all parameter gradients must stay within
-    tolerance, and the derivative of the loss into every other cell's
-    activations, at every residual site, must be exactly zero.
+    ``segment``'s logits, its raw NLL sum and all parameter gradients must stay within
+    tolerance; that loss's derivative into every other cell, at every site, must be 0.
     """
     ids, layout, own, deltas = _probe_setup(model, batch, segment)
     other = ~own
     own_t = torch.as_tensor(own, device=ids.device)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         logits = _forward_with(model, ids, layout, ds, attention)
         loss = masked_nll_sum(logits, batch.targets, batch.loss_mask & own).sum
-        leaves = params + ds
-        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-        return (
-            logits,
-            loss,
-            [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)],
-        )
+        return logits, loss, torch.autograd.grad(loss, params + ds, materialize_grads=True)
 
     base_logits, base_loss, base_grads = run(deltas)
     gen = torch.Generator().manual_seed(seed)
@@ -158,11 +145,8 @@ def first_query_probe(
     *,
     attention: str | Backend | None = None,
 ) -> dict[str, Any]:
-    """Derivatives of ``segment``'s first query's loss into the activations of every site.
-
-    Its own cell may matter; its future cells, padding and other segments
-    must get exactly zero derivative at every residual site.
-    """
+    """Derivatives of ``segment``'s first query's loss into every site's activations: its
+    future cells, padding and other segments must get exactly zero."""
     ids, layout, own, deltas = _probe_setup(model, batch, segment)
     first = own & (batch.positions == 0)
     row, col = (int(x[0]) for x in np.nonzero(first))

@@ -1,12 +1,10 @@
 """How closely packed and separate runs of a model must agree, from its real dtype path.
 
-A float64 model gets the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` only while its
-computation stays in float64. :func:`observe` follows, in one forward and backward under
-a ``TorchDispatchMode``, the data that leaves float64; an *island* is a lower-precision op
-on it that reduces across tokens or keys (softmax, matrix products, sums over any axis
-but the last, length-rounding transcendentals). :func:`tolerance` takes the precision of
-the lowest island (float32: ``1e-5 + 1e-4*max``); :func:`compare` counts the elements
-outside a tolerance.
+A float64 model gets the seed's ``|a-b| <= 1e-10 + 1e-9*max(|a|,|b|)`` only while it stays
+in float64. :func:`observe` follows (a ``TorchDispatchMode``, one forward and backward) the
+data that leaves float64; an *island* is a lower-precision op on it that reduces across
+tokens or keys. :func:`tolerance` takes the lowest island's precision (float32:
+``1e-5 + 1e-4*max``); :func:`compare` counts the elements outside a tolerance.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ REDUCING_OPS = frozenset(
     }
 )
 AXIS_OPS = frozenset({"sum", "mean"})
-#: Elementwise transcendental ops whose CPU kernels round by position in the tensor
-#: (vectorised body vs scalar tail), so the same value can round differently in packed
-#: and separate runs of different lengths: laguna's float32 softplus gate, sigmoid routers.
+#: Elementwise ops whose CPU kernels round by position in the tensor (vectorised body vs
+#: scalar tail): the same value can round differently in runs of different lengths.
 LENGTH_ROUNDING_OPS = frozenset(
     {"softplus", "exp", "log", "log1p", "expm1", "sigmoid", "tanh", "silu", "gelu", "erf"}
 )
@@ -115,12 +112,9 @@ class _IslandRecorder(TorchDispatchMode):
 
 
 def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
-    """``(islands, casts)`` of ``run()``, one forward and backward of a float64 model.
-
-    ``islands``: ``{module class: [op (dtype), ...]}`` of the lower-precision
-    reductions (ops in backward under ``"backward"``); ``casts``: every
-    ``op (dtype)`` that turned float64 data into a lower precision.
-    """
+    """``(islands, casts)`` of ``run()``, one forward and backward of a float64 model:
+    ``{module class (or "backward"): [op (dtype), ...]}`` of the lower-precision reductions,
+    and every ``op (dtype)`` that turned float64 data into a lower precision."""
     stack: list[str] = []
     hooks = torch.nn.modules.module
 
@@ -192,10 +186,5 @@ def compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, 
 
 def grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     """Every coordinate of ``d loss / d params``, flat (zeros for unused parameters)."""
-    grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat(
-        [
-            (torch.zeros_like(p) if g is None else g).reshape(-1)
-            for p, g in zip(params, grads, strict=True)
-        ]
-    )
+    grads = torch.autograd.grad(loss, params, materialize_grads=True)
+    return torch.cat([g.reshape(-1) for g in grads])

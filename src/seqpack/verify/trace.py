@@ -1,8 +1,5 @@
-"""The JSON trace ``seqpack demo`` prints for the seed's A/B/C fixture.
-
-The fixture itself lives in :mod:`seqpack.verify.fixture`; every number in
-the trace is computed from the packed layout, none is typed in.
-"""
+"""The JSON trace ``seqpack demo`` prints for the A/B/C fixture
+(:mod:`seqpack.verify.fixture`); every number in it is computed from the packed layout."""
 
 from __future__ import annotations
 
@@ -72,10 +69,9 @@ def layout_section(batch: PackedBatch) -> dict[str, Any]:
 def probe_section(batch: PackedBatch) -> dict[str, Any]:
     """The constructed loss probe: token-weighted sum and mean, and the wrong weightings.
 
-    Logits are built so that A's and C's targets get gold probability 1/2
-    and B's 1/4 (sums 3 ln2, 4 ln2, 4 ln2); the section shows the sum, the
-    mean over the 9 targets, and the row-mean and document-mean that weigh
-    targets unequally. A NaN written into every excluded cell changes nothing.
+    A's and C's targets get gold probability 1/2, B's 1/4 (sums 3 ln2, 4 ln2, 4 ln2): the
+    sum, the mean over the 9 targets, and the row-mean and document-mean that weigh them
+    unequally. A NaN written into every excluded cell changes nothing.
     """
     logits = probe_logits(batch, probe_gold_probability(batch))
     report = weighting_report(logits, batch)
@@ -103,14 +99,10 @@ def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
     model = TinyDecoder(profile, seed=seed)
     report = three_way(model, fixture_examples(), FIXTURE_MAX_LENGTH)
     sums, diffs = report["loss_sum"], report["max_abs_diff"]
+    kept = ("loss_sum", "max_abs_diff", "comparisons", "failures", "tolerance", "passed")
     return {
         **describe(model),
-        "loss_sum": sums,
-        "max_abs_diff": diffs,
-        "comparisons": report["comparisons"],
-        "failures": report["failures"],
-        "tolerance": report["tolerance"],
-        "passed": report["passed"],
+        **{k: report[k] for k in kept},
         "printed": {
             "loss_sum": {k: f"{v:.6f}" for k, v in sums.items()},
             "max_abs_diff": {k: f"{v:.12f}" for k, v in diffs.items()},
@@ -119,11 +111,8 @@ def model_section(profile: str = "large", seed: int = 42) -> dict[str, Any]:
 
 
 def demo_trace(model: bool = True) -> dict[str, Any]:
-    """The full JSON-ready trace of the fixture.
-
-    ``model=False`` leaves out the decoder comparison; without PyTorch the
-    ``model`` section only says it was skipped (the rest needs NumPy only).
-    """
+    """The full JSON-ready trace of the fixture; ``model=False`` leaves out the decoder
+    comparison (without PyTorch it only says it was skipped)."""
     epoch = fixture_epoch()
     batch = epoch.batches[0]
     trace: dict[str, Any] = {

@@ -1,16 +1,12 @@
 """Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
 
-:func:`verify_tree` runs each sequence alone (``model(input_ids (1, L),
-use_cache=False)``) and every trie packed into rows (one call), and compares
-in the model's dtype (:mod:`seqpack.verify.tolerance`) every logit at every
-cell of every sequence, each sequence's supervised log-probability sum, the
-token-weighted loss and every parameter-gradient coordinate. ``mode``:
-``adapter`` (:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each
-trie's row span one causal sequence with column positions: siblings see each
-other; it must fail). :func:`tree_groups` draws groups from a spec such as
-``"30:5,8,12;10:4,4"`` (prompt length : completion lengths): random ids, each
-completion after the first repeating 0-2 of the previous one's first tokens
-(the first two always one).
+:func:`verify_tree` runs each sequence alone and every trie packed into rows (one call),
+and compares in the model's dtype (:mod:`seqpack.verify.tolerance`) every logit of every
+sequence, each sequence's supervised log-probability sum, the token-weighted loss and
+every parameter-gradient coordinate. ``mode``: ``adapter``
+(:func:`seqpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each trie one causal sequence
+with column positions: siblings see each other; it must fail). :func:`tree_groups` draws
+groups from a spec such as ``"30:5,8,12;10:4,4"`` (prompt : completion lengths).
 """
 
 from __future__ import annotations
@@ -62,7 +58,8 @@ def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
 def tree_groups(
     spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int
 ) -> SequenceGroups:
-    """Random-id groups of ``spec``; completions sometimes share their first tokens."""
+    """Random-id groups of ``spec``; each completion after the first repeats 0-2 of the
+    previous one's first tokens (the second always one)."""
     rng = np.random.default_rng(seed)
     prompts, completions = [], []
     for prompt_len, lens in spec:
@@ -105,15 +102,10 @@ def naive_batch(batch: TreeBatch) -> TreeBatch:
 class Float64Islands(TorchFunctionMode):
     """Inside: float64 data the model casts to a lower float precision stays float64.
 
-    ``x.to(torch.float32)``, ``x.float()``, ``x.type_as(y)`` and ``dtype=``
-    keywords (``softmax(..., dtype=torch.float32)``) on float64 data keep
-    float64, and a lower-precision tensor meeting float64 data in an op (a
-    float32 buffer in a matrix product) is widened for it, so the model's
-    float32 islands (RMSNorm, eager's softmax) run in float64 for the check.
-    Left in float32, a shared cell, which receives the *sum* of its branches'
-    gradients, would round it once through the cast where each branch run alone
-    rounds its own (~2e-8 on Llama's RMSNorm). In-place ops and tensors made
-    without float64 inputs are left as they are.
+    Casts (``.to``, ``.float()``, ``.type_as``, ``dtype=`` keywords) of float64 data keep
+    float64, and a lower-precision tensor meeting float64 data in an op is widened, so
+    the model's float32 islands run in float64 for the check. In-place ops and tensors
+    made without float64 inputs are left as they are.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
@@ -166,10 +158,8 @@ def verify_tree(
 ) -> dict[str, Any]:
     """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``.
 
-    The separate runs use the model's own attention (``attn`` when it is
-    ``sdpa`` or ``eager``, else its sdpa); a float64 model runs inside
-    :class:`Float64Islands`, and the report's ``widened`` lists the casts it
-    kept in float64.
+    The separate runs use ``attn`` when it is ``sdpa`` or ``eager``, else the model's sdpa;
+    all runs are inside :class:`Float64Islands` (the report's ``widened``: what it kept).
     """
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
