@@ -1,12 +1,6 @@
-"""The packed directory: Parquet shards of compact rows plus ``manifest.json``.
-
-Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version 2;
-version 1 still loads; tree outputs are version 3, :mod:`seqpack.io.tree_store`),
-whole model calls each. ``manifest.json`` records the format version, binding,
-partition, config, policy, statistics and every shard's row span, size, sha256
-and stored columns: a reader trusts only what it lists, and a writer publishes
-by replacing it (:mod:`seqpack.io.atomic`).
-"""
+"""The packed directory: Parquet shards (:mod:`seqpack.io.shards`; trees:
+:mod:`seqpack.io.tree_store`) plus ``manifest.json``, published by
+:mod:`seqpack.io.atomic`."""
 
 from __future__ import annotations
 
@@ -66,15 +60,9 @@ def write_shards(
     format: str = "seqpack",
     on_shard: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output`` as
-    :func:`write_shard` writes it; the manifest entries, in order.
-
-    This thread gathers shard ``k`` (the kernels release the GIL) while a writer
-    thread compresses shard ``k-1``: at most :data:`SHARDS_IN_FLIGHT` shards are
-    in memory. A single shard is written here, where signals arrive.
-    ``on_shard(entry)`` reports each shard written, in order; a failing write
-    stops the run at the next shard.
-    """
+    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output``; the
+    manifest entries, in order (``on_shard(entry)`` after each). At most
+    :data:`SHARDS_IN_FLIGHT` shards are in memory; a single one is written on this thread."""
     spans = list(itertools.pairwise(np.asarray(bounds).tolist()))
     entries: list[dict[str, Any]] = []
 
@@ -114,14 +102,9 @@ def write_packed(
     shard_tokens: int = SHARD_TOKENS,
     on_shard: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Write ``rows`` as a packed directory at ``out``; return the manifest.
-
-    Published as every writer publishes (:mod:`seqpack.io.atomic`): the output is
-    locked for this writer, shards are written under new names, and the new
-    ``manifest.json`` replacing the old one is the commit. On any failure the
-    shards written are removed and a previous output is left as it was.
-    ``on_shard(rows_written)`` reports progress.
-    """
+    """Write ``rows`` as a packed directory at ``out`` (:func:`~seqpack.io.atomic.open_output`:
+    on a failure a previous output is left as it was); return the manifest.
+    ``on_shard(rows_written)`` reports progress."""
     with open_output(out, overwrite) as output:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         report = None if on_shard is None else (lambda entry: on_shard(entry["rows"]))
@@ -142,8 +125,7 @@ def write_packed(
 def require(
     store: Any, expected_binding: Binding | None = None, expected_split: Split | str | None = None
 ) -> None:
-    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is the expected
-    output."""
+    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is expected."""
     if expected_binding is not None:
         expected_binding.require(store.binding, f"packed data {store.path}")
     if expected_split is not None:
@@ -212,20 +194,15 @@ def load_packed(
     integrity: bool | str = True,
     expected_split: Split | str | None = None,
 ) -> PackedStore:
-    """Open a packed directory, checking its manifest, shards, checksums and binding.
+    """Open a packed directory (a tree output as a :class:`~seqpack.io.tree_store.TreeStore`),
+    reading only the files its manifest lists.
 
-    ``integrity`` (see :mod:`seqpack.io.integrity`): ``True`` checks the manifest
-    and every shard's size and sha256; ``"full"`` also decodes every shard
-    now and holds it against the manifest; ``False`` checks the manifest
-    only. At every depth a shard is checked against its manifest entry
-    when it is read. Raises :class:`~seqpack.core.errors.InvalidInput` for a
-    missing, malformed, damaged or edited output (naming what disagrees),
-    :class:`~seqpack.core.errors.BindingMismatch`
-    when ``expected_binding`` differs from the manifest's and
-    :class:`~seqpack.core.errors.SplitMismatch` when ``expected_split`` does.
-    Only the files the manifest lists are read: shards a killed run left are ignored.
-    A tree output (version 3, ``seqpack pack --tree``) opens as a
-    :class:`~seqpack.io.tree_store.TreeStore` of row records.
+    ``integrity`` (:mod:`seqpack.io.integrity`): ``False`` checks the manifest,
+    ``True`` also every shard's size and sha256, ``"full"`` also decodes every
+    shard now; a shard is always checked against its entry when read. Raises
+    :class:`~seqpack.core.errors.InvalidInput` for a missing, malformed or
+    damaged output (naming what disagrees), ``BindingMismatch`` /
+    ``SplitMismatch`` when ``expected_binding`` / ``expected_split`` differ.
     """
     path = path_argument("path", path)
     if expected_binding is not None and not isinstance(expected_binding, Binding):
