@@ -47,15 +47,6 @@ LOCK = ".seqpack-lock"
 SHARD = re.compile(r"^shard-(?:(?P<gen>\d{4,})-)?\d{5,}\.parquet$")
 
 
-def _generation_files(generation: int) -> re.Pattern[str]:
-    """Every name a run of ``generation`` may leave (shards, part files)."""
-    g = f"{generation:04d}"
-    return re.compile(
-        rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"
-        rf"|\.manifest-{g}\.json\.[0-9a-f]{{8}}\.part)$"
-    )
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -317,20 +308,15 @@ def _clean(path: Path, generation: int, replaces: Iterable[str]) -> int:
         listed = listed_shards(path)
     except InvalidInput:  # the manifest became a link: not ours to read
         listed = None
-    mine = _generation_files(generation)
+    g = f"{generation:04d}"  # its shards, their part files and its manifest's part file
+    mine = re.compile(
+        rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"
+        rf"|\.manifest-{g}\.json\.[0-9a-f]{{8}}\.part)$"
+    )
     names = [n for n in os.listdir(path) if mine.match(n)]
     if listed is not None:
         names += [n for n in replaces if SHARD.match(n)]
     return _remove(path, names, listed or ())
-
-
-def _recover(path: Path, previous: _Record) -> list[str]:
-    """Remove the files of the killed run recorded in the lock (those no manifest lists)."""
-    if previous.generation is None:
-        return []
-    removed = _clean(path, previous.generation, previous.replaces)
-    note = f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
-    return [note + (f"; removed {removed} file(s) it wrote" if removed else "")]
 
 
 @contextmanager
@@ -363,7 +349,13 @@ def open_output(
         raise
     try:
         _check_target(path, overwrite)  # again, holding the lock
-        notes = _recover(path, previous)
+        notes = []
+        if previous.generation is not None:  # the files of a killed run no manifest lists
+            removed = _clean(path, previous.generation, previous.replaces)
+            notes.append(
+                f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
+                + (f"; removed {removed} file(s) it wrote" if removed else "")
+            )
         listed = listed_shards(path)
         gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
         replaces = [n for n in listed or () if SHARD.match(n)]

@@ -318,9 +318,8 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
     """Shard content against its manifest ``entry``, the binding and ``occurrences``."""
     got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
-           "tokens": int(rows.tokens.shape[0])}  # fmt: skip
-    if entry.get("eligible") is not None:
-        got["eligible"] = int(np.count_nonzero(rows.loss_mask))
+           "tokens": int(rows.tokens.shape[0]),
+           "eligible": int(np.count_nonzero(rows.loss_mask))}  # fmt: skip
     _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
         raise _bad(where, "a row holds no occurrence")
@@ -360,15 +359,13 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
         schema = pq.read_schema(file)
         check_schema(schema, str(file), entry)
         names = schema.names
+        wanted = ("seq_lengths", "labels", "pair_counts", "loss_bits")
+        table = pq.read_table(file, columns=[n for n in names if n in wanted])
         if is_version_1(names):
-            table = pq.read_table(file, columns=["seq_lengths", "labels"])
             seq, occ = flat_column(table, "seq_lengths")
             labels, offsets = flat_column(table, "labels")
             per_row = np.diff(offsets_of(labels != IGNORE_INDEX)[offsets])
         else:
-            table = pq.read_table(
-                file, columns=[n for n in names if n in ("pair_counts", "loss_bits")]
-            )
             seq, occ = flat_column(table, "pair_counts")
             pairs = offsets_of(seq.astype(np.int64))
             per_row = np.diff(pairs[occ])

@@ -147,15 +147,12 @@ class PackedStore:
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.manifest = manifest
+        m = check_manifest(manifest, path)  # every number agrees with the others before use
+        self.path, self.manifest, self.shards = path, manifest, manifest["shards"]
         self.binding = Binding.from_dict(manifest["binding"])
-        self.partition = Split.parse(manifest["partition"])
-        self.capacity = int(manifest["config"]["capacity"])
-        self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
-        self.num_rows = int(manifest["rows"])
-        self.occurrences = int(manifest["occurrences"])
-        self.shards = manifest["shards"]
+        self.partition = Split(m.partition)
+        self.capacity, self.max_rows_per_batch = m.config.capacity, m.config.max_rows_per_batch
+        self.num_rows, self.occurrences = m.rows, m.occurrences
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
 
@@ -220,7 +217,6 @@ def load_packed(
         store = TreeStore(path, manifest)  # version 3: tree rows (seqpack pack --tree)
     else:
         refuse_trl(manifest, str(path))
-        check_manifest(manifest, path)  # every number agrees with the others before it is used
         store = PackedStore(path, manifest)
     if integrity:
         check_checksums(store.manifest, path)
