@@ -1,6 +1,6 @@
 """The packed-row Parquet format: one table row per packed row, written and read back.
 
-Version 2, one Parquet row per packed row (``K`` = occurrences in that row)::
+Version 2 (``K`` = occurrences in the row)::
 
     row           int64           global row index
     tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))

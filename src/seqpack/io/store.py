@@ -43,8 +43,7 @@ SHARDS_IN_FLIGHT = 2
 
 
 def to_table(rows: CompactRows, format: str = "seqpack") -> pa.Table:
-    """``rows`` as one shard's table: seqpack's format (the leanest layout that keeps
-    everything, :func:`seqpack.io.shards.shard_table`) or TRL's (``format="trl"``)."""
+    """``rows`` as one shard's table: :func:`~seqpack.io.shards.shard_table` or TRL's."""
     return trl_table(rows) if format == "trl" else shard_table(rows)
 
 
@@ -138,13 +137,9 @@ def require(
 
 
 class PackedStore:
-    """A packed directory, read back as the model calls that were packed.
-
-    ``len(store)`` model calls; ``store[i]`` / iteration give
-    :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s
-    (same cells, segments, positions, flags, occurrences and provenance).
-    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`.
-    """
+    """A packed directory read back: ``len(store)`` model calls; ``store[i]`` / iteration
+    give :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s;
+    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         m = check_manifest(manifest, path)  # every number agrees with the others before use
@@ -163,9 +158,7 @@ class PackedStore:
 
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
-            file = self.path / self.shards[k]["file"]
-            rows = read_shard(file, self.shards[k], self)
-            self._cached = (k, rows)
+            self._cached = (k, read_shard(self.path / self.shards[k]["file"], self.shards[k], self))
         return self._cached[1]
 
     def __getitem__(self, i: int) -> PackedBatch:
