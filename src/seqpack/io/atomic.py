@@ -75,8 +75,7 @@ def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None =
 
 
 def output_path(out: str | os.PathLike[str]) -> Path:
-    """``out`` as an output folder's path (a symbolic link followed); refused when it names
-    none."""
+    """``out`` as an output folder's path (a symbolic link followed); refused if it names none."""
     text = os.fspath(out)
     if not text.strip():
         raise InvalidInput("--out is empty — name the output folder, e.g. --out packed")
