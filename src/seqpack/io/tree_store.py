@@ -43,9 +43,6 @@ from seqpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
 from seqpack.io.shards import FORMAT, TREE_VERSION, manifest_record, write_shard_file
 from seqpack.io.tokenizers import Tokenizer
 
-#: TRL's DPO text columns.
-DPO_TEXT = ("prompt", "chosen", "rejected")
-
 
 def read_table(source: Any, partition: Split | str = "train") -> tuple[pa.Table, Origin]:
     """Any input the flat path reads (:func:`seqpack.io.readers.read_arrow`) as one Arrow
@@ -95,7 +92,7 @@ def file_groups(
             {n: table.column(n).to_pylist() if n in wanted else [] for n in names}, binding
         )
         return groups, np.arange(len(groups), dtype=np.int64)
-    if set(DPO_TEXT) <= set(names):
+    if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
         return _dpo_text(table, origin, tokenizer, binding)
     if "chosen" in names and "rejected" in names:
         raise InvalidInput(
