@@ -413,11 +413,7 @@ def _check_record(rec: dict[str, Any], row: int, capacity: int, where: str) -> N
         or any(rec[n] is None or len(rec[n]) != used for n in TREE_FIELDS if n.endswith("_ids"))
         or len(rec["weights"]) != used
         or len(rec["sequence_cells"]) != len(rec["sequence_index"])
-        or len(rec["sequence_mask"]) != len(rec["sequence_index"])
-        or any(
-            len(c) != len(m)
-            for c, m in zip(rec["sequence_cells"], rec["sequence_mask"], strict=False)
-        )
+        or list(map(len, rec["sequence_cells"])) != list(map(len, rec["sequence_mask"]))
         or any(not 0 <= x < used for c in rec["sequence_cells"] for x in c)
     )
     if bad:
