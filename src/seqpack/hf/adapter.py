@@ -1,16 +1,8 @@
 """Hugging Face ``transformers``: the keyword arguments that make a causal LM honour packing.
 
-:func:`hf_inputs` gives, by the implementation's kind (:mod:`seqpack.hf.kinds`; any
-name registered in ``AttentionInterface`` is fed by what it reads):
-
-* ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)`` mask in the
-  model's dtype, 0 where :func:`hf_allowed` permits, ``finfo.min`` elsewhere
-  (``mask="bool"``: boolean, ``sdpa`` only);
-* ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same predicate;
-* ``flash`` kinds and ``seqpack_varlen``: no mask; the valid cells flattened into
-  ``(1, N)`` with ``cu_seq_lens_q/k`` (the stored segment lengths, cumulated),
-  ``max_length_q/k`` and ``seq_idx`` (int32, 0-based);
-
+:func:`hf_inputs` gives what the implementation's kind reads (:mod:`seqpack.hf.kinds`):
+the masks of :mod:`seqpack.hf.masks` (eager, sdpa, flex), or for the flattened kinds the
+valid cells as ``(1, N)`` with ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx``;
 and always ``input_ids`` (``pad_token_id`` on padding), local ``position_ids``,
 ``use_cache=False``, and with ``labels`` both ``labels`` (unshifted) and ``shift_labels``
 (:mod:`seqpack.training.labels`). Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5)

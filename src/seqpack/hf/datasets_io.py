@@ -10,12 +10,8 @@ returns one row per packed row in the columns of :mod:`seqpack.io.shards`; the m
     >>> packed["tokens"]        # [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
     >>> packed["seq_starts"]    # [[0, 3], [0]]
 
-The output's fingerprint derives from the input's and the options, as does a
-``Dataset``'s split receipt (``split_id`` chooses one); a memory-mapped input gives a
-memory-mapped output, an Arrow file beside the input's cache files.
-
-``to_batches(packed)`` rebuilds the padded :class:`PackedBatch` model calls;
-``unpack_dataset(packed)`` recovers the examples in their original order.
+A memory-mapped input gives a memory-mapped output. ``to_batches(packed)`` rebuilds the
+padded model calls; ``unpack_dataset(packed)`` the examples in their original order.
 """
 
 from __future__ import annotations
@@ -39,6 +35,7 @@ from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.readers import Input
 from seqpack.io.shards import (
     FORMAT,
@@ -72,10 +69,8 @@ def _options(
 ) -> PackOptions:
     fields = {f.name for f in dataclasses.fields(PackOptions)} | set(OLD_FIELDS)
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
-    if max_length is not None:
-        overrides["max_length"] = max_length
-    if policy is not None:
-        overrides["policy"] = policy
+    given = {"max_length": max_length, "policy": policy}
+    overrides |= {k: v for k, v in given.items() if v is not None}
     if keywords:
         base = options.policy_options if options is not None else {}
         overrides["policy_options"] = {**base, **keywords}
@@ -329,8 +324,7 @@ def unpack_dataset(packed: Any) -> Any:
     lens = rows.lengths[order]
     tokens = gather_segments(rows.tokens, rows.token_offsets[order], lens + 1)
     mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
-    offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lens + 1, out=offsets[1:])
+    offsets = offsets_of(lens + 1)
     labels = span_labels(tokens, mask, lens)
     table = pa.table(
         {

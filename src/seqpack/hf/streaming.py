@@ -29,7 +29,7 @@ import pyarrow as pa
 from seqpack.core.binding import Binding
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
-from seqpack.core.examples import long_ranges
+from seqpack.core.examples import long_ranges, offsets_of
 from seqpack.core.stream_packer import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_OPEN_ROWS,
@@ -243,11 +243,9 @@ class _Packing:
         example, row, start = placed
         if example.size == 0:
             return
-        rows, counts = np.unique(row, return_counts=True)
-        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        _, counts = np.unique(row, return_counts=True)
         parts = [self.pending.pop(e) for e in example.tolist()]
-        cols = self._rows(parts, offsets, start, example)
+        cols = self._rows(parts, offsets_of(counts), start, example)
         key, self.rows = self.rows, self.rows + cols.num_rows
         yield key, trl_table(cols) if self.trl else shard_table(cols, FULL)
 
