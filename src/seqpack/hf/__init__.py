@@ -42,9 +42,8 @@ def _register() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`_TARGET` like the path finder and registers once it has executed, so
-    ``from_pretrained(..., attn_implementation="seqpack_varlen")`` finds the name while
-    ``import seqpack.hf`` stays light."""
+    """Finds :data:`_TARGET` like the path finder and registers ``seqpack_varlen`` once it
+    has executed."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != _TARGET:

@@ -143,9 +143,8 @@ class Architecture:
         return {t: self.window if t == "sliding_attention" else None for t in self.mask_types}
 
     def check(self, kind: str | None = None) -> Architecture:
-        """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact; ``kind``:
-        the implementation's (:mod:`seqpack.hf.kinds`), ``seqpack_varlen`` refused where
-        it cannot run exactly."""
+        """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact for
+        ``kind``, the implementation's (:mod:`seqpack.hf.kinds`)."""
         if self.refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot be packed exactly: {self.refusal}"

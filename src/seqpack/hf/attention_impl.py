@@ -71,8 +71,7 @@ def _architecture(config: Any) -> Architecture:
 
 
 def layer_sliding_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer from its model's capability; must agree with
-    ``passed``, the layer's."""
+    """The window of ``module``'s layer by its capability; must agree with ``passed``."""
     config = getattr(module, "config", None)
     if config is None:
         return passed

@@ -215,8 +215,7 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
     ]
     source = " ".join(_module_source(type(m).__module__) for m in (model, decoder)).lower()
     if embeds and "rotary" in source:
-        # rotary tables indexed by column (roformer): scores see only q - k, the same inside
-        # every example wherever it sits in the row
+        # rotary tables by column (roformer): scores see only q - k, the same in any column
         return "relative", 0, None
     if embeds:
         return (
@@ -333,8 +332,7 @@ def capability(config: Any, model: Any = None) -> Architecture:
 
 def mixing_modules(model: Any) -> list[tuple[str, str]]:
     """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
-    attention: depthwise ``Conv1d`` wider than one column (GPT-2's ``Conv1D`` is a linear
-    layer) and modules whose class names a state-space or linear-attention mixer."""
+    attention: a ``Conv1d`` wider than one column, or a class named as a mixer."""
     import torch
 
     found = []

@@ -145,7 +145,6 @@ class HFCollator:
             kind=self.kind,
         )
         if self.config is not None and getattr(self.config, "use_cache", True) is False:
-            # the model makes no cache (Trainer sets config.use_cache from its args, False by
-            # default): every value is a tensor of rows, as accelerate's dispatch_batches needs
+            # no cache made: every value a tensor of rows, as accelerate's dispatch_batches needs
             del out["use_cache"]
         return out

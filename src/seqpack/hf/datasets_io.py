@@ -281,11 +281,8 @@ def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: An
 def to_batches(
     packed: Any, max_rows_per_batch: int | None = None, expected_binding: Binding | None = None
 ) -> Iterator[PackedBatch]:
-    """The padded model calls of a packed dataset, identical to :func:`seqpack.materialize`'s.
-
-    ``packed``: a ``Dataset`` or a streamed ``IterableDataset`` of :func:`pack_dataset`
-    (read ``max_rows_per_batch`` rows at a time). The arguments are checked first.
-    """
+    """The padded model calls of a packed ``Dataset`` or streamed ``IterableDataset``
+    (checked first), identical to :func:`seqpack.materialize`'s."""
     import datasets
 
     if not isinstance(packed, (datasets.Dataset, datasets.IterableDataset)):
@@ -310,12 +307,9 @@ def to_batches(
 
 
 def unpack_dataset(packed: Any) -> Any:
-    """The packed examples back as a ``datasets.Dataset``, in their original order.
-
-    Columns: ``id`` (source id), ``example_id``, ``range_start``, ``range_end``,
-    ``input_ids`` (the selected range's tokens) and ``labels`` (the token
-    where its pair is supervised, -100 otherwise and on the first token).
-    """
+    """The packed examples back as a ``datasets.Dataset``, in their original order: ``id``,
+    ``example_id``, ``range_start``, ``range_end``, ``input_ids`` (the range's tokens) and
+    ``labels`` (the token where its pair is supervised, else -100, as on the first token)."""
     import datasets
     from datasets.table import InMemoryTable
 

@@ -25,12 +25,8 @@ MASK_KINDS = (SDPA, EAGER, FLEX)
 BUILTIN = {"eager": EAGER, "sdpa": SDPA, "flex_attention": FLEX, "seqpack_varlen": VARLEN}
 BUILTIN |= {f"flash_attention_{v}": FLASH for v in (2, 3, 4)}
 #: ``transformers``' mask function names (``masking_utils``) -> the kind that reads that mask.
-MASK_FUNCTION_KINDS = {
-    "sdpa_mask": SDPA,
-    "eager_mask": EAGER,
-    "flash_attention_mask": FLASH,
-    "flex_attention_mask": FLEX,
-}
+MASK_FUNCTION_KINDS = {"sdpa_mask": SDPA, "eager_mask": EAGER, "flex_attention_mask": FLEX}
+MASK_FUNCTION_KINDS["flash_attention_mask"] = FLASH
 #: ``transformers.integrations.hub_kernels.is_kernel``'s pattern: ``org/repo[@rev][:function]``.
 HUB_NAME = re.compile(r"^[^/:|]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
 

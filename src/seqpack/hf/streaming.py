@@ -166,8 +166,7 @@ def _packer_settings(opts: PackOptions) -> dict[str, Any]:
 
 
 def stream_world() -> int:
-    """The world size of an initialised ``torch.distributed`` group, else 1 (torch not
-    imported)."""
+    """The world size of an initialised ``torch.distributed`` group, else 1."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_world_size())

@@ -99,9 +99,8 @@ def tree_inputs(
     device: torch.device | str | None = None,
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``model(**kwargs)`` on a tree batch (the module docstring):
-    tensors ``(R, T)``; logits come back ``(R, T, V)``
-    (:func:`seqpack.nn.tree_attention.sequence_logprobs`)."""
+    """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
+    come back ``(R, T, V)`` (:func:`seqpack.nn.tree_attention.sequence_logprobs`)."""
     if arch is None and config is not None:
         arch = check_tree(describe(config), attn_implementation)
     vocab = batch.binding.vocab_size
