@@ -90,9 +90,7 @@ def block_mask(
     """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(a, device=device)
-
+    t = functools.partial(torch.as_tensor, device=device)
     valid = t(batch.input_valid)
     positions = t(batch.positions)
     ends = getattr(batch, "node_ends", None)  # a tree batch: ancestor-or-self nodes
