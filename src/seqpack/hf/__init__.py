@@ -1,13 +1,7 @@
 """Hugging Face: ``datasets`` in and out, the ``transformers`` adapter and collators.
 
-``datasets_io`` (:func:`pack_dataset`, :func:`unpack_dataset`, :func:`to_batches`),
-``streaming`` (a stream packed as it is read), ``adapter`` (:func:`hf_inputs`),
-``architectures`` / ``capability`` / ``kinds`` (what a config can be made exact for),
-``masks`` (the 4-D masks), ``attention_impl`` (``attn_implementation="seqpack_varlen"``),
-``collator`` (:class:`HFCollator`), ``trl_training`` (:func:`load_trl`,
-:class:`per_example`), ``tree_inputs`` (tree packing). Names load on first use;
-``import seqpack.hf`` imports neither ``transformers`` nor ``datasets``, and registers
-``seqpack_varlen`` as soon as ``transformers`` loads (:func:`_install`).
+Names load on first use: ``import seqpack.hf`` imports neither ``transformers`` nor
+``datasets``, and registers ``seqpack_varlen`` as soon as ``transformers`` loads.
 """
 
 from __future__ import annotations
@@ -19,31 +13,18 @@ from typing import Any
 
 from seqpack._lazy import lazy_exports
 
-_NAMES = {
-    "META_KEY": "datasets_io",
-    "pack_dataset": "datasets_io",
-    "packed_metadata": "datasets_io",
-    "packed_rows": "datasets_io",
-    "to_batches": "datasets_io",
-    "unpack_dataset": "datasets_io",
-    "hf_inputs": "adapter",
-    "hf_labels": "adapter",
-    "model_labels": "adapter",
-    "shift_labels": "adapter",
-    "attention_kind": "kinds",
-    "hf_loss": "adapter",
-    "hf_loss_sum": "adapter",
-    "cell_logits": "adapter",
-    "HFCollator": "collator",
-    "load_trl": "trl_training",
-    "per_example": "trl_training",
-    "split_rows": "trl_training",
-    "Architecture": "architectures",
+#: Submodule -> the names it exports here.
+_BY_MODULE = {
+    "datasets_io": "META_KEY pack_dataset packed_metadata packed_rows to_batches unpack_dataset",
+    "adapter": "hf_inputs hf_labels model_labels shift_labels hf_loss hf_loss_sum cell_logits",
+    "kinds": "attention_kind",
+    "collator": "HFCollator",
+    "trl_training": "load_trl per_example split_rows",
+    "architectures": "Architecture UnsupportedArchitecture describe",
     "capability": "capability",
-    "UnsupportedArchitecture": "architectures",
-    "describe": "architectures",
-    "register_attention": "attention_impl",
+    "attention_impl": "register_attention",
 }
+_NAMES = {name: mod for mod, names in _BY_MODULE.items() for name in names.split()}
 __all__ = sorted(_NAMES)
 
 #: Proof tooling lives in :mod:`seqpack.verify` now.
@@ -61,9 +42,8 @@ def _register() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`_TARGET` like the path finder and registers once it has executed, so
-    ``from_pretrained(..., attn_implementation="seqpack_varlen")`` finds the name while
-    ``import seqpack.hf`` stays light."""
+    """Finds :data:`_TARGET` like the path finder and registers ``seqpack_varlen`` once it
+    has executed."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != _TARGET:

@@ -1,22 +1,12 @@
 """Hugging Face ``transformers``: the keyword arguments that make a causal LM honour packing.
 
-:func:`hf_inputs` gives, by the implementation's kind (:mod:`seqpack.hf.kinds`; any
-name registered in ``AttentionInterface`` is fed by what it reads):
-
-* ``eager``, ``sdpa``: ``attention_mask``, a float additive ``(R, 1, T, T)`` mask in the
-  model's dtype, 0 where :func:`hf_allowed` permits, ``finfo.min`` elsewhere
-  (``mask="bool"``: boolean, ``sdpa`` only);
-* ``flex``: ``attention_mask``, a FlexAttention ``BlockMask`` of the same predicate;
-* ``flash`` kinds and ``seqpack_varlen``: no mask; the valid cells flattened into
-  ``(1, N)`` with ``cu_seq_lens_q/k`` (the stored segment lengths, cumulated),
-  ``max_length_q/k`` and ``seq_idx`` (int32, 0-based);
-
+:func:`hf_inputs` gives what the implementation's kind reads (:mod:`seqpack.hf.kinds`):
+the masks of :mod:`seqpack.hf.masks` (eager, sdpa, flex), or for the flattened kinds the
+valid cells as ``(1, N)`` with ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx``;
 and always ``input_ids`` (``pad_token_id`` on padding), local ``position_ids``,
-``use_cache=False`` (packed ``position_ids`` are honoured only without a cache), and
-with ``labels`` both ``labels`` (unshifted) and ``shift_labels`` (pre-shifted;
-:mod:`seqpack.training.labels`). The model's ``config`` decides windows and per-layer-type
-masks and refuses what cannot be exact (:mod:`seqpack.hf.architectures`). Fixture row 0
-(A = columns 0-2, B = 3-4, padding at 5) for ``sdpa``::
+``use_cache=False``, and with ``labels`` both ``labels`` (unshifted) and ``shift_labels``
+(:mod:`seqpack.training.labels`). Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5)
+for ``sdpa``::
 
     input_ids     [ 0, 99, 100,    0,  101, 0]      pad_token_id 0 at column 5
     position_ids  [ 0,  1,   2,    0,    1, 0]
@@ -73,16 +63,13 @@ def hf_inputs(
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
-    ``config`` (``model.config``) decides windows and per-layer-type masks; an
-    architecture seqpack cannot make exact raises ``UnsupportedArchitecture``.
-    ``kind=`` states the kind of a name seqpack cannot tell (:mod:`seqpack.hf.kinds`).
-    ``options`` are :func:`build_inputs`'s: ``dtype`` (the model's: the additive mask
-    must match it), ``device``, ``mask`` (``"float"``, or ``"bool"`` for the sdpa kind
-    only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``, so
-    ``model(**kwargs).loss`` is token-weighted) and ``num_items_in_batch`` (the
-    optimizer step's global eligible count, to divide by instead). Tensors are
-    ``(R, T)``, or ``(1, N)`` over the valid cells for the flattened kinds
-    (:func:`cell_logits`).
+    ``config`` (``model.config``) decides windows and per-layer-type masks and raises
+    ``UnsupportedArchitecture`` where it cannot be exact. ``kind=``: the kind of a name
+    seqpack cannot tell (:mod:`seqpack.hf.kinds`). ``options`` (:func:`build_inputs`):
+    ``dtype`` (the model's), ``device``, ``mask`` (``"float"``; ``"bool"``: sdpa only),
+    ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``) and
+    ``num_items_in_batch`` (the step's global eligible count). Tensors are ``(R, T)``,
+    or ``(1, N)`` of the valid cells for the flattened kinds (:func:`cell_logits`).
     """
     kind = attention_kind(attn_implementation, kind)
     arch = None if config is None else capability(config).check(kind)
@@ -102,9 +89,8 @@ def build_inputs(
     num_items_in_batch: int | None = None,
     kind: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`hf_inputs` for an already checked architecture (:func:`capability`); its
-    batch conditions (longest example, row width) are checked on every batch. Rows stay
-    compact: padded cells and masks are made only for the kinds that read a mask."""
+    """:func:`hf_inputs` for a checked architecture; its batch conditions are checked on
+    every batch. Padded cells and masks are made only for the kinds that read a mask."""
     kind = attention_kind(attn_implementation, kind)
     rows = compact_of(batch)
     flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
@@ -155,12 +141,8 @@ def build_inputs(
 
 
 def cell_logits(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-    """Logits laid out as the batch's cells, ``(R, T, V)``.
-
-    Accepts the ``(R, T, V)`` output of a padded-row call (returned as is) or
-    the ``(1, N, V)`` output of a flattened (``flash_attention_2``) call,
-    scattered back by ``valid_index`` with zeros at padding cells.
-    """
+    """Logits as the batch's cells, ``(R, T, V)``: a padded call's as they are, a flattened
+    call's ``(1, N, V)`` scattered back by ``valid_index`` (zeros at padding cells)."""
     rows, width = batch.shape
     if logits.ndim == 3 and tuple(logits.shape[:2]) == (rows, width):
         return logits
@@ -188,11 +170,8 @@ def hf_loss_sum(logits: torch.Tensor, batch: PackedBatch) -> LossSum:
 
 
 def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) -> LossResult:
-    """Token-weighted loss from a model's logits: raw sum / ``count`` (default: this batch's N).
-
-    Pass the optimizer step's global eligible count as ``count`` under
-    gradient accumulation or data parallelism.
-    """
+    """Token-weighted loss from a model's logits: raw sum / ``count`` (default: this batch's N;
+    pass the step's global eligible count under accumulation or data parallelism)."""
     return divide(hf_loss_sum(logits, batch), count)
 
 

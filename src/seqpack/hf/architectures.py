@@ -1,14 +1,9 @@
 """Which ``transformers`` architectures seqpack can pack exactly, with which masks, or why not.
 
-Everything is derived from the model's config: ``config.sliding_window``
-(after its own ``use_sliding_window``) bounds every ``"sliding_attention"``
-layer; a config with ``layer_types`` takes one mask per layer type
-(``attention_mask={"full_attention": ..., "sliding_attention": ...}``), one
-without takes one mask, windowed when the config has a window. Layers that
-mix positions other than through the mask (short convolutions, linear
-attention and state-space layers, bidirectional attention, ALiBi from
-column positions) are an :class:`UnsupportedArchitecture` naming why,
-raised before anything is built (``seqpack verify``: exit 2). The fixture
+From the config: ``sliding_window`` (unless ``use_sliding_window`` is False) bounds every
+``"sliding_attention"`` layer; a config with ``layer_types`` takes one mask per layer type,
+one without one mask. Layers that mix positions other than through the mask are an
+:class:`UnsupportedArchitecture` naming why (``seqpack verify``: exit 2). The fixture
 under a window of 2 (A = columns 0-2 of row 0)::
 
     full_attention     A's last query sees columns 0, 1, 2
@@ -62,8 +57,6 @@ WHY_KIND = {
     "linear attention": "linear-attention / state-space layers carry state across the row",
     "chunked attention": "chunked attention groups absolute columns, not each example's positions",
 }
-# transformers' CPU fallbacks (causal_conv1d_fn, torch_chunk_gated_delta_rule) accept
-# seq_idx / cu_seqlens and ignore them, so no hybrid is exact here.
 FIX = (
     "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
     " train it on unpacked (padded) rows"
@@ -94,17 +87,13 @@ class Condition:
 class Architecture:
     """What one model config means for packed rows.
 
-    ``layer_types``: one entry per decoder layer when the model takes a mask
-    per layer type, else ``None``. ``window``: ``config.sliding_window`` where
-    the model applies it. ``refusal``: why it cannot be made exact (``None``:
-    it can); ``kind``: the layer kind that would mix examples. ``positions``:
-    ``position_ids``, ``offset`` (from ``position_offset``), ``relative``,
-    ``columns`` or ``none``. ``varlen_refusal``: why ``seqpack_varlen`` cannot
-    run it. ``chunk``: ``attention_chunk_size`` of chunked layers.
-    ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi builds its bias
-    from a 2-D mask; transformers derives the block mask from ``position_ids``).
-    ``zero_pad``: an id padding cells must not carry (its embedding row is zero and the
-    model takes a root of its mean square with no epsilon: NaN gradients, gemma3n).
+    ``layer_types``: one per decoder layer for a mask per layer type, else None.
+    ``window``: ``sliding_window`` where applied. ``refusal`` (None: exact) and ``kind``, the
+    layer kind that would mix examples. ``positions``: ``position_ids``, ``offset`` (by
+    ``position_offset``), ``relative``, ``columns`` or ``none``. ``varlen_refusal``: why
+    ``seqpack_varlen`` cannot run it. ``chunk``: ``attention_chunk_size``.
+    ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi). ``zero_pad``: an id padding
+    cells must not carry (gemma3n: NaN gradients).
     """
 
     model_type: str
@@ -154,9 +143,8 @@ class Architecture:
         return {t: self.window if t == "sliding_attention" else None for t in self.mask_types}
 
     def check(self, kind: str | None = None) -> Architecture:
-        """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact; ``kind``:
-        the implementation's (:mod:`seqpack.hf.kinds`), ``seqpack_varlen`` refused where
-        it cannot run exactly."""
+        """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact for
+        ``kind``, the implementation's (:mod:`seqpack.hf.kinds`)."""
         if self.refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot be packed exactly: {self.refusal}"
@@ -297,16 +285,10 @@ def _rope(config: Any) -> list[dict]:
 
 
 def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
-    """The stated conditions under which the config's model is exact on packed rows.
-
-    * LongRoPE / dynamic RoPE choose their frequencies from the batch's largest
-      position: exact while no example is longer than the original context;
-    * Llama 4's NoPE layers scale queries by a temperature of the row's
-      *columns* beyond ``floor_scale``: exact for rows shorter than it;
-    * DeepSeek-V3.2-style indexers keep the top ``index_topk`` keys per query:
-      all of an example's keys while it is no longer;
-    * falcon's ALiBi bias is built in bfloat16, whose integers are exact up to 256.
-    """
+    """The stated conditions under which the config's model is exact on packed rows:
+    LongRoPE / dynamic RoPE (examples within the original context), Llama 4's NoPE
+    temperature (rows below ``floor_scale``), top-k indexers (examples <= ``index_topk``),
+    falcon's bfloat16 ALiBi (rows <= 256)."""
     out = []
     for rope in _rope(config):
         limit = (

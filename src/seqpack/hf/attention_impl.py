@@ -1,11 +1,9 @@
 """``attn_implementation="seqpack_varlen"``: packed rows in ``transformers`` without a dense mask.
 
-A ``transformers.AttentionInterface`` function over the inputs of ``flash_attention_2``'s
-padding-free path (``hf_inputs(batch, "seqpack_varlen")``: the valid cells flattened into
-``(1, N)`` with ``cu_seq_lens_q`` / ``max_length_q``), run by
-:func:`seqpack.nn.varlen.segment_attention`: CPU and CUDA, any floating dtype, forward and
-backward; the window is the layer's, from its config. Refused: soft-capping and sinks
-(SDPA cannot express them) and packed ``position_ids`` without ``cu_seq_lens_q``::
+An ``AttentionInterface`` function over ``hf_inputs(batch, "seqpack_varlen")`` (the valid
+cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run by
+:func:`seqpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
+layer's window. Refused: soft-capping, sinks, packed ``position_ids`` without ``cu_seq_lens_q``::
 
     import seqpack.hf.attention_impl  # registers "seqpack_varlen"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="seqpack_varlen")
@@ -73,8 +71,7 @@ def _architecture(config: Any) -> Architecture:
 
 
 def layer_sliding_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer from its model's capability (which applies a config's
-    ``sliding_window`` only where the model's code does); must agree with the layer's."""
+    """The window of ``module``'s layer by its capability; must agree with ``passed``."""
     config = getattr(module, "config", None)
     if config is None:
         return passed
@@ -101,9 +98,8 @@ def seqpack_varlen_attention(
     s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``transformers`` attention: ``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) ->
-    ``(B, S, H, Dv)``, no weights. With ``cu_seq_lens_q`` the batch is one flattened packed
-    row (B = 1) split into its examples; without, each row is one example."""
+    """``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) -> ``(B, S, H, Dv)``, no
+    weights; with ``cu_seq_lens_q`` one flattened row (B = 1), without one example a row."""
     name = type(module).__name__
     refuse_unexpressible(NAME, name, softcap, s_aux, "")
     if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
@@ -157,12 +153,11 @@ def run_on_tokens(
     scaling: float | None,
     sliding_window: int | None,
 ) -> torch.Tensor:
-    """``fn(tokens q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs
-    viewed as ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
+    """``fn(q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs as
+    ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
     rows, _, width, _ = query.shape
     window = layer_sliding_window(module, sliding_window)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-
     drop = dropout if module.training else 0.0
     out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
     return out.view(rows, width, *out.shape[1:])

@@ -1,22 +1,11 @@
 """The capability check: what a model needs to be exact on packed rows, found before data moves.
 
-:func:`capability` reads the config (:func:`seqpack.hf.architectures.describe`)
-**and the model's modules** — the model itself when there is one, else the
-same model built on the ``meta`` device (no weights) — and finds how it takes
-positions (``position_ids``; ``relative`` rotary tables by column; an
-``offset`` from ``padding_idx + 1``, RoBERTa; ``columns``: refused), whether
-its self-attention is causal, whether ``seqpack_varlen`` would run inside it
-(modules calling ``ALL_ATTENTION_FUNCTIONS`` whose decoder layer passes the
-attention kwargs on), whether its code applies the config's
-``sliding_window``, whether it builds its own mask from a 2-D padding mask
-(openai-gpt, xlm, xlnet: refused), whether padding must avoid an embedding row
-it roots (``zero_pad``, gemma3n), and any convolution, recurrence, state-space
-or linear-attention mixer. The result is an
-:class:`~seqpack.hf.architectures.Architecture`: exact, exact under stated
-conditions, or refused with the true reason. :func:`check_model`,
-:func:`check_vocabulary` and :func:`check_runnable` are the checks
-``pack_dataset(..., model=...)`` and :class:`seqpack.hf.HFCollator` run
-before data moves.
+:func:`capability` reads the config (:func:`seqpack.hf.architectures.describe`) and the
+model's modules (the model given, else the config's model built on the ``meta`` device)
+and returns an :class:`~seqpack.hf.architectures.Architecture`: exact, exact under stated
+conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
+:func:`check_runnable` are what ``pack_dataset(..., model=...)`` and
+:class:`seqpack.hf.HFCollator` run first.
 """
 
 from __future__ import annotations
@@ -38,11 +27,9 @@ from seqpack.core.errors import InvalidInput
 from seqpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
-MIXER_CLASSES = (
-    ("ShortConv", "convolution"),
-    *((w, "linear attention") for w in ("Mamba", "GatedDeltaNet", "LinearAttention")),
-    *((w, "linear attention") for w in ("LightningAttention", "Rwkv", "xLSTM", "mLSTM", "sLSTM")),
-)
+_LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "LightningAttention", "Rwkv")
+_LINEAR += ("xLSTM", "mLSTM", "sLSTM")
+MIXER_CLASSES = (("ShortConv", "convolution"), *((w, "linear attention") for w in _LINEAR))
 #: Source words of a forward that dispatches through transformers' attention interface.
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 #: Source words of a model that applies its config's sliding window.
@@ -116,9 +103,8 @@ _META: dict[tuple[str, str], Any] = {}  # meta-device models by config (JSON tex
 
 
 def causal_lm(config: Any) -> Any:
-    """The constructor of ``config``'s causal LM: that of the class whose ``config_class`` it
-    is (musicgen's decoder config, which ``AutoModelForCausalLM`` does not map), or the auto
-    class's ``from_config``."""
+    """The constructor of ``config``'s causal LM: its own class's (whose ``config_class`` it
+    is: musicgen's decoder), else ``AutoModelForCausalLM.from_config``."""
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -163,15 +149,11 @@ def _attention_modules(decoder: Any) -> list[tuple[str, Any]]:
     found = []
     for name, module in text_modules(decoder):
         cls, lowered = type(module).__name__, name.lower()
-        if not ("Attention" in cls or "Attn" in cls) or "Cross" in cls:
-            continue
-        if (
-            "cross" in lowered
-            or "encoder_attn" in lowered
-            or getattr(module, "is_cross_attention", False)
+        cross = "cross" in lowered or "encoder_attn" in lowered or "Cross" in cls
+        if ("Attention" in cls or "Attn" in cls) and not (
+            cross or getattr(module, "is_cross_attention", False)
         ):
-            continue
-        found.append((name, module))
+            found.append((name, module))
     return found
 
 
@@ -233,8 +215,7 @@ def _positions(model: Any, decoder: Any) -> tuple[str, int, str | None]:
     ]
     source = " ".join(_module_source(type(m).__module__) for m in (model, decoder)).lower()
     if embeds and "rotary" in source:
-        # rotary tables indexed by column (roformer): scores see only q - k, the same inside
-        # every example wherever it sits in the row
+        # rotary tables by column (roformer): scores see only q - k, the same in any column
         return "relative", 0, None
     if embeds:
         return (
@@ -338,12 +319,8 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
 
 
 def capability(config: Any, model: Any = None) -> Architecture:
-    """What ``config``'s model (``model`` itself when given) needs to be exact on packed rows.
-
-    Without ``model`` the modules come from the config's model built on the
-    ``meta`` device; a config ``transformers`` cannot build is judged from
-    the config alone.
-    """
+    """What ``config``'s model (``model`` itself when given, else the config's model built on
+    the ``meta`` device; unbuildable: the config alone) needs to be exact on packed rows."""
     if model is not None and config is None:
         config = model.config
     arch = describe(config)
@@ -355,8 +332,7 @@ def capability(config: Any, model: Any = None) -> Architecture:
 
 def mixing_modules(model: Any) -> list[tuple[str, str]]:
     """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
-    attention: depthwise ``Conv1d`` wider than one column (GPT-2's ``Conv1D`` is a linear
-    layer) and modules whose class names a state-space or linear-attention mixer."""
+    attention: a ``Conv1d`` wider than one column, or a class named as a mixer."""
     import torch
 
     found = []
@@ -424,11 +400,9 @@ def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) ->
 def check_model(
     model: Any, binding: Binding | None, pad_token_id: int | None, longest: int, capacity: int
 ) -> Architecture:
-    """What ``pack_dataset(..., model=model)`` checks before it writes a row: ``model`` (a
-    ``transformers`` model, its modules inspected, or a config) refused as its capability
-    refuses it for the implementation it was loaded with, beyond its stated conditions
-    (``longest`` pairs, rows of ``capacity``), or when its embedding cannot index the
-    vocabulary or pad id."""
+    """``pack_dataset(..., model=model)``'s check (a model or a config): refused for its
+    implementation, beyond its conditions (``longest`` pairs, rows of ``capacity``), or when
+    its embedding cannot index the vocabulary or pad id."""
     from seqpack.hf.kinds import derived_kind
 
     config = getattr(model, "config", model)

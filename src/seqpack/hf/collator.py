@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import torch
 
 from seqpack.core.batch import PackedBatch
@@ -16,6 +17,7 @@ from seqpack.hf.adapter import build_inputs
 from seqpack.hf.architectures import Architecture
 from seqpack.hf.capability import capability, check_runnable, check_vocabulary
 from seqpack.hf.kinds import MASK_KINDS, attention_kind
+from seqpack.io.shards import FIELDS, REQUIRED, V1_COLUMNS, V1_SCHEMA, arrow_to_rows, is_version_1
 from seqpack.training.packed_data import ScheduledBatch, check_split
 from seqpack.training.rows import concat_rows
 
@@ -24,17 +26,12 @@ from seqpack.training.rows import concat_rows
 class HFCollator:
     """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
 
-    ``features``: :class:`PackedBatch` objects, the :class:`~seqpack.training.ScheduledBatch`
-    items of a ``StreamDataset``, or rows of :func:`seqpack.hf.pack_dataset` output (build
-    the collator with :meth:`for_dataset`; ``TrainingArguments(remove_unused_columns=False)``
-    keeps their columns). Returns :func:`hf_inputs` of the stacked rows; Trainer adds
-    ``num_items_in_batch`` itself.
-
-    ``attn_implementation``: any name the model was loaded with whose kind seqpack can
-    tell (``kind=`` states it otherwise; :mod:`seqpack.hf.kinds`). ``config``
-    (``model.config``) decides windows and layer types and refuses what cannot be exact;
-    it is required for the kinds whose masks seqpack builds (sdpa, eager, flex).
-    ``partition`` (default ``"train"``; None: any) refuses features of another split.
+    ``features``: :class:`PackedBatch` objects, ``StreamDataset`` items
+    (:class:`~seqpack.training.ScheduledBatch`), or rows of :func:`seqpack.hf.pack_dataset`
+    (:meth:`for_dataset`; keep their columns with ``remove_unused_columns=False``). Returns
+    :func:`hf_inputs` of the stacked rows. ``kind=``: :mod:`seqpack.hf.kinds`. ``config``
+    (``model.config``) decides windows and refusals; the mask kinds (sdpa, eager, flex)
+    require it. ``partition`` (``"train"``; None: any) refuses other splits.
     ``use_cache=False`` is passed unless ``config.use_cache`` is already False.
     """
 
@@ -65,10 +62,8 @@ class HFCollator:
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
-        """A collator for the rows of ``packed`` (capacity, binding, partition: its metadata).
-
-        ``options``: the other fields, e.g. ``config=model.config, dtype=model.dtype``.
-        """
+        """A collator for the rows of ``packed`` (capacity, binding, partition, pad id: its
+        metadata); ``options``: the other fields (``config=model.config``)."""
         from seqpack.hf.datasets_io import packed_metadata
 
         meta = packed_metadata(packed)
@@ -115,17 +110,6 @@ class HFCollator:
         return self._rows(features)
 
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
-        import pyarrow as pa
-
-        from seqpack.io.shards import (
-            FIELDS,
-            REQUIRED,
-            V1_COLUMNS,
-            V1_SCHEMA,
-            arrow_to_rows,
-            is_version_1,
-        )
-
         names = list(features[0])
         v1 = is_version_1(names)
         wanted = V1_COLUMNS if v1 else REQUIRED
@@ -161,7 +145,6 @@ class HFCollator:
             kind=self.kind,
         )
         if self.config is not None and getattr(self.config, "use_cache", True) is False:
-            # the model makes no cache (Trainer sets config.use_cache from its args, False by
-            # default): every value is a tensor of rows, as accelerate's dispatch_batches needs
+            # no cache made: every value a tensor of rows, as accelerate's dispatch_batches needs
             del out["use_cache"]
         return out

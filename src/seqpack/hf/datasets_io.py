@@ -1,29 +1,17 @@
 """Hugging Face ``datasets`` in and out: pack a Dataset into a packed Dataset, and back.
 
-``pack_dataset(ds, max_length)`` takes a ``datasets.Dataset`` with an
-``input_ids`` column (optional ``labels`` with -100, ``loss_mask``, ``id``;
-see :mod:`seqpack.io.columns`) and returns one output row per packed row, with the
-columns of the packed format (:mod:`seqpack.io.shards`: ``tokens``,
-``pair_counts``, ``seq_starts``, ``ordinals``, and the derivable columns
-only where they cannot be derived). The binding, partition, capacity,
-policy, stored columns and statistics travel as JSON in
-``info.description`` under the key ``"seqpack"``. For the fixture::
+``pack_dataset(ds, max_length)`` takes a ``datasets.Dataset`` with ``input_ids``
+(optional ``labels`` with -100, ``loss_mask``, ``id``: :mod:`seqpack.io.columns`) and
+returns one row per packed row in the columns of :mod:`seqpack.io.shards`; the metadata
+(binding, partition, capacity, policy, columns, statistics) travels as JSON in
+``info.description`` under ``"seqpack"``. For the fixture::
 
     >>> packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 6, "next-fit")
     >>> packed["tokens"]        # [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
     >>> packed["seq_starts"]    # [[0, 3], [0]]
 
-Zero-copy in and out: ``input_ids`` are read as Arrow offsets and values
-(record batch by record batch, no Python lists), the output is built from
-NumPy buffers, and the result gets a fingerprint derived from the input's
-and the options (``datasets`` hashes nothing). The split receipt of a
-``Dataset`` is derived from its fingerprint the same way (pass ``split_id``
-to choose one). A memory-mapped input (loaded from disk or cached) gives a
-memory-mapped output, written to an Arrow file beside the input's cache
-files, as ``Dataset.map`` does.
-
-``to_batches(packed)`` rebuilds the padded :class:`PackedBatch` model calls;
-``unpack_dataset(packed)`` recovers the examples in their original order.
+A memory-mapped input gives a memory-mapped output. ``to_batches(packed)`` rebuilds the
+padded model calls; ``unpack_dataset(packed)`` the examples in their original order.
 """
 
 from __future__ import annotations
@@ -47,6 +35,7 @@ from seqpack.core.binding import Binding, Split
 from seqpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
 from seqpack.core.config import PackConfig
 from seqpack.core.errors import InvalidInput
+from seqpack.core.examples import offsets_of
 from seqpack.io.readers import Input
 from seqpack.io.shards import (
     FORMAT,
@@ -80,10 +69,8 @@ def _options(
 ) -> PackOptions:
     fields = {f.name for f in dataclasses.fields(PackOptions)} | set(OLD_FIELDS)
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
-    if max_length is not None:
-        overrides["max_length"] = max_length
-    if policy is not None:
-        overrides["policy"] = policy
+    given = {"max_length": max_length, "policy": policy}
+    overrides |= {k: v for k, v in given.items() if v is not None}
     if keywords:
         base = options.policy_options if options is not None else {}
         overrides["policy_options"] = {**base, **keywords}
@@ -105,12 +92,6 @@ def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _pack_tree(dataset: Any, capacity: int | None, policy: str | None, keywords: dict) -> Any:
-    from seqpack.hf.tree_inputs import pack_tree_dataset
-
-    return pack_tree_dataset(dataset, capacity, policy, **keywords)
-
-
 def pack_dataset(
     dataset: Any,
     max_length: int | None = None,
@@ -121,28 +102,18 @@ def pack_dataset(
 ) -> Any:
     """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
 
-    ``max_length`` (tokens per row, the width of ``input_ids``; ``capacity=``, its old
-    name, still works with a DeprecationWarning), ``policy``, ``options`` and any
-    :class:`PackOptions` field as a keyword say how; other keywords are policy options (e.g.
-    ``lookahead=4096`` for ``stream-best-fit``). ``vocab_size`` defaults to the
-    tokenizer's (``tokenizer=`` a path or a loaded ``transformers`` /
-    ``tokenizers`` tokenizer), else the largest id + 1; ``tokenizer_id`` to
-    ``"pretokenized"``; pass the real ones to bind the output to your model.
-    ``pad_token_id`` (default: the tokenizer's) is checked against the
-    vocabulary before anything is planned and recorded.
+    ``max_length`` (tokens per row; ``capacity=`` is its deprecated name), ``policy``,
+    ``options`` and any :class:`PackOptions` field as a keyword say how; other keywords are
+    policy options (``lookahead=4096``). ``vocab_size`` defaults to the tokenizer's
+    (``tokenizer=``: a path or a loaded tokenizer), else the largest id + 1;
+    ``pad_token_id`` (default: the tokenizer's) is checked against it first.
+    ``model=`` (a model or its config) is checked before any row
+    (:func:`seqpack.hf.capability.check_model`).
 
-    ``format="trl"`` returns TRL's packed schema instead (``input_ids``,
-    ``seq_lengths`` in tokens, and ``labels`` when the input masks some targets;
-    :mod:`seqpack.io.trl_schema`; ``max_length`` is TRL's). The input's ``datasets``
-    format (``with_format("torch")`` etc., not a ``with_transform``) is carried over.
-
-    A stream — a ``datasets.IterableDataset``, a function returning an
-    iterable of mappings, or such an iterable or generator — returns a
-    ``datasets.IterableDataset`` of the same rows, packed with
-    ``stream-best-fit`` as it is read (bounded memory; ``vocab_size`` or a
-    tokenizer required; :mod:`seqpack.hf.streaming`, also for torchrun).
-
-    ``tree=True``: tree packing of grouped sequences
+    ``format="trl"``: TRL's packed schema (:mod:`seqpack.io.trl_schema`). The input's
+    ``with_format`` is carried over. A stream (:func:`seqpack.hf.streaming.is_stream`)
+    returns a ``datasets.IterableDataset`` packed with ``stream-best-fit`` as it is read
+    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing
     (:func:`seqpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
     """
     import datasets
@@ -150,14 +121,18 @@ def pack_dataset(
     from seqpack.hf.streaming import is_stream, pack_stream
 
     if keywords.pop("tree", False):  # tree packing: docs/tree.md
-        return _pack_tree(dataset, max_length or keywords.pop("capacity", None), policy, keywords)
+        from seqpack.hf.tree_inputs import pack_tree_dataset
+
+        capacity = max_length or keywords.pop("capacity", None)
+        return pack_tree_dataset(dataset, capacity, policy, **keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
-    opts, model = _checked_options(max_length, policy, options, keywords)
+    model = keywords.pop("model", None)
+    opts = _options(max_length, policy, options, keywords)
+    _check_model(model, None, None, None, opts)  # its capability and rows, before any read
     if stream:
         return pack_stream(dataset, opts, META_KEY)
-    source = dataset
     tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
         dataset,
@@ -189,27 +164,14 @@ def pack_dataset(
     )
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
-    packed = _as_dataset(table, info, fingerprint, _cache_folder(source))
-    return carry_format(source, packed)
-
-
-def _checked_options(
-    max_length: int | None, policy: str | None, options: Any, keywords: dict
-) -> tuple[PackOptions, Any]:
-    """:func:`_options` and the ``model=`` keyword (a ``transformers`` model or its
-    config), whose capability and row conditions are checked before anything is read."""
-    model = keywords.pop("model", None)
-    opts = _options(max_length, policy, options, keywords)
-    _check_model(model, None, None, None, opts)
-    return opts, model
+    packed = _as_dataset(table, info, fingerprint, _cache_folder(dataset))
+    return carry_format(dataset, packed)
 
 
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
-    """``pack_dataset(..., model=)`` (a model or its config), before any row:
-    :func:`seqpack.hf.capability.check_model` — its capability, stated conditions
-    (the longest example), vocabulary and pad id (a stream: capability and rows)."""
+    """:func:`seqpack.hf.capability.check_model` of ``pack_dataset(..., model=)``, if given."""
     if model is None:
         return
     from seqpack.hf.capability import check_model
@@ -304,24 +266,23 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
     """All rows of a packed dataset (format version 1 or 2) as :class:`CompactRows` (checked)."""
     meta = packed_metadata(packed)
     table = packed.with_format("arrow")[0 : len(packed)]
+    binding = Binding.from_dict(meta["binding"])
+    return _rows_of(table, meta, binding, "packed dataset", contiguous=contiguous)
+
+
+def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: Any) -> CompactRows:
+    partition = Split.parse(meta["partition"])
+    capacity = int(meta["config"]["capacity"])
     return arrow_to_rows(
-        table,
-        capacity=int(meta["config"]["capacity"]),
-        partition=Split.parse(meta["partition"]),
-        binding=Binding.from_dict(meta["binding"]),
-        where="packed dataset",
-        contiguous=contiguous,
+        table, capacity=capacity, partition=partition, binding=binding, where=where, **kw
     )
 
 
 def to_batches(
     packed: Any, max_rows_per_batch: int | None = None, expected_binding: Binding | None = None
 ) -> Iterator[PackedBatch]:
-    """The padded model calls of a packed dataset, identical to :func:`seqpack.materialize`'s.
-
-    ``packed``: a ``Dataset`` or a streamed ``IterableDataset`` of :func:`pack_dataset`
-    (read ``max_rows_per_batch`` rows at a time). The arguments are checked first.
-    """
+    """The padded model calls of a packed ``Dataset`` or streamed ``IterableDataset``
+    (checked first), identical to :func:`seqpack.materialize`'s."""
     import datasets
 
     if not isinstance(packed, (datasets.Dataset, datasets.IterableDataset)):
@@ -341,29 +302,14 @@ def to_batches(
         expected_binding.require(binding, "the packed dataset")
     if isinstance(packed, datasets.Dataset):
         return packed_rows(packed).batches(per)
-    return _stream_batches(packed, meta, binding, per)
-
-
-def _stream_batches(
-    packed: Any, meta: dict[str, Any], binding: Binding, per: int
-) -> Iterator[PackedBatch]:
-    for table in packed.with_format("arrow").iter(batch_size=per):
-        yield arrow_to_rows(
-            table,
-            capacity=int(meta["config"]["capacity"]),
-            partition=Split.parse(meta["partition"]),
-            binding=binding,
-            where="packed stream",
-        ).to_batch()
+    tables = packed.with_format("arrow").iter(batch_size=per)
+    return (_rows_of(t, meta, binding, "packed stream").to_batch() for t in tables)
 
 
 def unpack_dataset(packed: Any) -> Any:
-    """The packed examples back as a ``datasets.Dataset``, in their original order.
-
-    Columns: ``id`` (source id), ``example_id``, ``range_start``, ``range_end``,
-    ``input_ids`` (the selected range's tokens) and ``labels`` (the token
-    where its pair is supervised, -100 otherwise and on the first token).
-    """
+    """The packed examples back as a ``datasets.Dataset``, in their original order: ``id``,
+    ``example_id``, ``range_start``, ``range_end``, ``input_ids`` (the range's tokens) and
+    ``labels`` (the token where its pair is supervised, else -100, as on the first token)."""
     import datasets
     from datasets.table import InMemoryTable
 
@@ -372,8 +318,7 @@ def unpack_dataset(packed: Any) -> Any:
     lens = rows.lengths[order]
     tokens = gather_segments(rows.tokens, rows.token_offsets[order], lens + 1)
     mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
-    offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lens + 1, out=offsets[1:])
+    offsets = offsets_of(lens + 1)
     labels = span_labels(tokens, mask, lens)
     table = pa.table(
         {

@@ -1,17 +1,12 @@
 """Attention implementations by kind: what :func:`seqpack.hf.hf_inputs` feeds each one.
 
-seqpack needs not an implementation's name but what it reads, its **kind**:
-``flash`` (valid cells flattened to ``(1, N)``, ``cu_seq_lens_q/k``,
-``max_length_q/k``, ``seq_idx``, no mask: ``flash_attention_2/3/4`` and flash
-hub kernels), ``seqpack_varlen`` (the same, :mod:`seqpack.hf.attention_impl`),
-``sdpa`` (``(R, T)`` rows, a float or bool 4-D mask), ``eager`` (a float 4-D
-mask) and ``flex`` (a ``BlockMask``). A kind is found without loading or
-downloading anything: the built-in names; a registered implementation whose
-function is a built-in's or whose ``AttentionMaskInterface`` entry is a
-built-in mask function (how ``transformers`` registers a hub kernel); a hub
-name of a flash-attention repository ``transformers`` knows. Anything else
-is refused unless the caller states ``kind=``; ``"paged|..."``
-implementations serve generation, not training, and are refused.
+An implementation's **kind** is what it reads: ``flash`` (valid cells flattened to
+``(1, N)``, ``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``, no mask),
+``seqpack_varlen`` (the same), ``sdpa`` (``(R, T)`` rows, a float or bool 4-D mask),
+``eager`` (a float 4-D mask) and ``flex`` (a ``BlockMask``). It is found without a
+download: the built-in names, a registered function or mask function of a built-in, or a
+hub flash-attention repository ``transformers`` knows; else ``kind=`` must state it.
+``"paged|..."`` implementations (generation) are refused.
 """
 
 from __future__ import annotations
@@ -27,22 +22,11 @@ FLATTENED_KINDS = (FLASH, VARLEN)
 #: Kinds that read a mask seqpack builds, so a model's windows must be known to it.
 MASK_KINDS = (SDPA, EAGER, FLEX)
 
-BUILTIN = {
-    "eager": EAGER,
-    "sdpa": SDPA,
-    "flex_attention": FLEX,
-    "flash_attention_2": FLASH,
-    "flash_attention_3": FLASH,
-    "flash_attention_4": FLASH,
-    "seqpack_varlen": VARLEN,
-}
+BUILTIN = {"eager": EAGER, "sdpa": SDPA, "flex_attention": FLEX, "seqpack_varlen": VARLEN}
+BUILTIN |= {f"flash_attention_{v}": FLASH for v in (2, 3, 4)}
 #: ``transformers``' mask function names (``masking_utils``) -> the kind that reads that mask.
-MASK_FUNCTION_KINDS = {
-    "sdpa_mask": SDPA,
-    "eager_mask": EAGER,
-    "flash_attention_mask": FLASH,
-    "flex_attention_mask": FLEX,
-}
+MASK_FUNCTION_KINDS = {"sdpa_mask": SDPA, "eager_mask": EAGER, "flex_attention_mask": FLEX}
+MASK_FUNCTION_KINDS["flash_attention_mask"] = FLASH
 #: ``transformers.integrations.hub_kernels.is_kernel``'s pattern: ``org/repo[@rev][:function]``.
 HUB_NAME = re.compile(r"^[^/:|]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
 
@@ -75,11 +59,8 @@ def derived_kind(name: str) -> str | None:
 
 
 def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind (one of :data:`KINDS`) of ``attn_implementation``, or a clear error.
-
-    ``kind`` states it for an implementation seqpack cannot classify (a custom
-    function registered without a mask function); it must agree with the
-    derived kind where there is one::
+    """The kind (one of :data:`KINDS`) of ``attn_implementation``, or a clear error;
+    ``kind`` states it where seqpack cannot tell and must agree where it can::
 
         attention_kind("sdpa") == "sdpa"
         attention_kind("kernels-community/flash-attn2") == "flash"   # nothing downloaded

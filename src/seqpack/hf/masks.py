@@ -1,11 +1,8 @@
 """The 4-D attention masks ``transformers`` models take, as views of the one permission predicate.
 
-Every mask here is :func:`seqpack.core.permission.permitted` (sliding window
-included) plus one rule for padding: a padding cell attends to itself only,
-so no implementation meets a fully masked row (no NaN, no uniform average)
-while no real query ever sees a padding key and padding logits never reach
-the loss. Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5) under a
-window of 2::
+Every mask is :func:`seqpack.core.permission.permitted` plus one rule: a padding cell
+attends to itself only (no fully masked row). Fixture row 0 (A = columns 0-2, B = 3-4,
+padding at 5) under a window of 2::
 
     q\\k 0 1 2 3 4 5
     0    1 . . . . .
@@ -15,16 +12,14 @@ window of 2::
     4    . . . 1 1 .
     5    . . . . . 1     padding: itself only
 
-Forms: ``float`` (additive ``(R, 1, T, T)`` in the model's dtype, 0 or
-``finfo.min``: right on ``eager`` and ``sdpa``), ``bool`` (True = attend;
-right on ``sdpa`` only, since ``eager`` adds a mask to its scores as numbers)
-and a FlexAttention ``BlockMask`` (``flex_attention``). A model that takes a
-mask per layer type gets a dict ``{layer_type: mask}`` (see
-:mod:`seqpack.hf.architectures`).
+Forms: ``float`` (additive ``(R, 1, T, T)``, 0 or ``finfo.min``: eager and sdpa),
+``bool`` (True = attend: sdpa only) and a FlexAttention ``BlockMask``; a mask per layer
+type is a dict ``{layer_type: mask}``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -47,11 +42,8 @@ MASKS = ("float", "bool")
 def hf_allowed(
     batch: PackedBatch, sliding_window: int | None = None, chunk: int | None = None
 ) -> np.ndarray:
-    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``.
-
-    ``chunk``: keys only in the query's chunk of ``chunk`` positions of its own
-    example (Llama 4's ``chunked_attention``, counted from each example's start).
-    """
+    """The permission plus each padding cell attending to itself only, bool ``[R, T, T]``;
+    ``chunk``: keys only in the query's chunk of ``chunk`` positions (Llama 4)."""
     allowed = batch.dense_mask(sliding_window)
     if chunk is not None:
         part = batch.positions // chunk  # (R, T)
@@ -98,9 +90,7 @@ def block_mask(
     """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(a, device=device)
-
+    t = functools.partial(torch.as_tensor, device=device)
     valid = t(batch.input_valid)
     positions = t(batch.positions)
     ends = getattr(batch, "node_ends", None)  # a tree batch: ancestor-or-self nodes
@@ -142,6 +132,7 @@ def layer_masks(
     that are not attention (run only to measure a refused hybrid) get ``None``."""
     check_mask(mask, kind)
 
+    @functools.cache  # layer types of one reach share one mask
     def one(window: int | None, chunk: int | None = None) -> Any:
         if kind == FLEX:
             return block_mask(batch, device, window, chunk)
@@ -161,15 +152,10 @@ def layer_masks(
             None if chunk is None or chunk >= width else chunk,
         )
 
-    built: dict[tuple[int | None, int | None], Any] = {}  # layer types of one reach share one
-    for name, window in arch.windows.items():
-        key = reach(name, window)
-        if key not in built and (name in MASKED_LAYERS or not arch.mask_types):
-            built[key] = one(*key)
     if not arch.mask_types:
-        return built[reach("", arch.window)]
+        return one(*reach("", arch.window))
     return {
-        name: built[reach(name, window)] if name in MASKED_LAYERS else None
+        name: one(*reach(name, window)) if name in MASKED_LAYERS else None
         for name, window in arch.windows.items()
     }
 

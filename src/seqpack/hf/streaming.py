@@ -1,18 +1,16 @@
 """Streams in, a stream out: :func:`pack_dataset` over a ``datasets.IterableDataset``.
 
-``pack_dataset(stream, max_length, vocab_size=V)`` with a ``datasets.IterableDataset``
-(``load_dataset(..., streaming=True)``), a function returning an iterable of mappings, or
-an iterable of mappings returns a ``datasets.IterableDataset`` of packed rows in the
-chosen format, packed with ``stream-best-fit`` while it is read::
+``pack_dataset(stream, max_length, vocab_size=V)`` (a ``datasets.IterableDataset``, a
+function returning an iterable of mappings, or such an iterable) returns a
+``datasets.IterableDataset`` of packed rows, packed with ``stream-best-fit`` as it is read::
 
     source rows ──chunks of 1,024──▶ columns checked, tokenized (as pack_dataset does)
         ──▶ examples ──StreamPacker.push──▶ complete rows ──▶ Arrow tables of rows
 
-Memory is bounded by the packer's lookahead and ``max_open_rows`` (plus one chunk).
-Every iteration (an epoch) reads the source again and packs it identically (a generator
-can be read once: a second pass is refused); ``state_dict()`` / ``load_state_dict``
-resume by packing again and skipping the rows already yielded. Under torchrun the end
-is padded with empty rows to a multiple of ``world_size * max_rows_per_batch``.
+Memory: the packer's lookahead and ``max_open_rows``, plus one chunk. Every epoch reads
+the source again and packs it identically (a generator: a second pass is refused); resume
+packs again and skips the rows yielded. Under torchrun the end is padded with empty rows
+to a multiple of ``world_size * max_rows_per_batch``.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import pyarrow as pa
 from seqpack.core.binding import Binding
 from seqpack.core.compact import CompactRows
 from seqpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
-from seqpack.core.examples import long_ranges
+from seqpack.core.examples import long_ranges, offsets_of
 from seqpack.core.stream_packer import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_OPEN_ROWS,
@@ -49,16 +47,14 @@ from seqpack.pipeline.options import PackOptions, check_pad_id
 
 #: Source rows read, checked and tokenized at a time.
 STREAM_CHUNK = 1024
-#: The policies a stream may name: the default (a stream cannot be sorted, so it
-#: becomes stream-best-fit) and stream-best-fit itself.
+#: The policies a stream may name (the default becomes stream-best-fit: no sorting).
 STREAM_POLICIES = ("best-fit-decreasing", "stream-best-fit")
 _NAME = "stream"
 
 
 def is_stream(dataset: Any) -> bool:
-    """Whether ``dataset`` goes the stream route: a ``datasets.IterableDataset`` (or
-    ``IterableDatasetDict``), a function, or an iterable that is none of the in-memory
-    inputs (``Dataset``, ``DatasetDict``, Arrow table, path, mapping)."""
+    """Whether ``dataset`` is a stream: an ``IterableDataset`` (or its dict), a function, or
+    an iterable that is no in-memory input (``Dataset``, Arrow table, path, mapping)."""
     import datasets
 
     if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
@@ -170,8 +166,7 @@ def _packer_settings(opts: PackOptions) -> dict[str, Any]:
 
 
 def stream_world() -> int:
-    """The world size of an initialised ``torch.distributed`` group, else 1 (torch is not
-    imported for it: without torch loaded no group can exist)."""
+    """The world size of an initialised ``torch.distributed`` group, else 1."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_world_size())
@@ -247,11 +242,9 @@ class _Packing:
         example, row, start = placed
         if example.size == 0:
             return
-        rows, counts = np.unique(row, return_counts=True)
-        offsets = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        _, counts = np.unique(row, return_counts=True)
         parts = [self.pending.pop(e) for e in example.tolist()]
-        cols = self._rows(parts, offsets, start, example)
+        cols = self._rows(parts, offsets_of(counts), start, example)
         key, self.rows = self.rows, self.rows + cols.num_rows
         yield key, trl_table(cols) if self.trl else shard_table(cols, FULL)
 

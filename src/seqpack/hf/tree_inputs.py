@@ -1,30 +1,15 @@
 """Tree-packed rows in ``transformers``: inputs per attention kind, ``seqpack_tree``, datasets.
 
-:func:`tree_inputs` gives the keyword arguments that make a causal LM
-compute, on tree-packed rows (:class:`~seqpack.core.tree.TreeBatch`), what
-each original sequence computes alone: ``input_ids`` (padding holds
-``pad_token_id``), depth ``position_ids`` (a branch continues from its
-parent's last position), ``use_cache=False``, and by kind:
-
-* ``eager`` / ``sdpa`` / ``flex_attention``: the masks of :mod:`seqpack.hf.masks`
-  (float additive ``(R, 1, T, T)`` or a ``BlockMask``, one per layer type),
-  whose predicate takes the tree's node ends;
-* ``seqpack_tree`` (registered in ``AttentionInterface``): no mask; the
-  keyword ``seqpack_tree`` carries the :class:`~seqpack.nn.tree_attention.TreePlan`
-  to every layer, which runs :func:`~seqpack.nn.tree_attention.tree_attention`
-  (``Σ node × path`` score cells) with its own window;
-* ``seqpack_tree_varlen``: the same, through ``flash_attn_varlen_func`` on CUDA
-  (its plain-torch reference on CPU): :func:`~seqpack.nn.tree_attention.tree_flash_attention`.
-
-The flattened kinds (``flash_attention_*``, ``seqpack_varlen``) are refused:
-``cu_seqlens`` describe disjoint intervals and cannot say "this key is my
-ancestor".
-
-:func:`pack_tree_dataset` (``pack_dataset(..., tree=True)``) packs a
-``datasets.Dataset``'s groups into one record per row (the columns of
-:mod:`seqpack.io.tree_store`); :class:`TreeCollator` turns records back
-into a model call. ``format="trl"`` is refused: TRL's packed rows describe
-disjoint sequences and have no node columns.
+:func:`tree_inputs` gives a causal LM on tree-packed rows
+(:class:`~seqpack.core.tree.TreeBatch`) what makes it compute each sequence as alone:
+``input_ids`` (``pad_token_id`` on padding), depth ``position_ids``, ``use_cache=False``,
+and by kind: the masks of :mod:`seqpack.hf.masks` (``eager`` / ``sdpa`` /
+``flex_attention``, with the tree's node ends), or for ``seqpack_tree`` /
+``seqpack_tree_varlen`` no mask and the plan as the keyword ``seqpack_tree``
+(:func:`~seqpack.nn.tree_attention.tree_attention` /
+:func:`~seqpack.nn.tree_attention.tree_flash_attention`). The flattened kinds are refused.
+:func:`pack_tree_dataset` (``pack_dataset(..., tree=True)``) packs a ``Dataset``'s groups
+into one record per row; :class:`TreeCollator` turns records into a model call.
 """
 
 from __future__ import annotations
@@ -79,14 +64,9 @@ def tree_layer_masks(
 
 
 def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
-    """``arch`` if tree rows on ``attn_implementation`` are exact, else why not.
-
-    Besides flat packing's refusals: positions read from the row's columns
-    (roformer's rotary tables, mpt's and falcon's ALiBi, gpt_neo's local
-    window) are wrong on a branch, whose columns do not continue its parent's
-    positions; :data:`TREE_NAMES` are refused where ``seqpack_varlen`` is (the
-    plan rides the same attention kwargs).
-    """
+    """``arch`` if tree rows on ``attn_implementation`` are exact, else why not: flat
+    packing's refusals, positions read from the row's columns, and :data:`TREE_NAMES` where
+    ``seqpack_varlen`` is refused."""
     ours = attn_implementation in TREE_NAMES
     arch.check(None if ours else attention_kind(attn_implementation))
     if ours and arch.varlen_refusal is not None:
@@ -119,11 +99,8 @@ def tree_inputs(
     device: torch.device | str | None = None,
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``model(**kwargs)`` on a tree batch (see the module docstring).
-
-    Tensors are ``(R, T)``; the logits come back ``(R, T, V)``, one per cell:
-    :func:`seqpack.nn.tree_attention.sequence_logprobs` and friends unpack them.
-    """
+    """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
+    come back ``(R, T, V)`` (:func:`seqpack.nn.tree_attention.sequence_logprobs`)."""
     if arch is None and config is not None:
         arch = check_tree(describe(config), attn_implementation)
     vocab = batch.binding.vocab_size

@@ -1,11 +1,8 @@
 """TRL-format rows (``format="trl"``) in TRL and ``transformers`` training scripts.
 
-:func:`load_trl` opens a ``seqpack pack --format trl`` directory as a ``datasets.Dataset``
-(manifest, sizes and sha256 checked first). :class:`per_example` feeds each packed row to
-a collator that flattens a batch of *examples* (``transformers.DataCollatorWithFlattening``)
-as the examples its ``seq_lengths`` names; handed a packed row directly, such a collator
-would train it as one long example. TRL's ``DataCollatorForLanguageModeling(padding_free=True)``
-reads ``seq_lengths`` itself and needs no wrapper.
+:func:`load_trl` opens a ``seqpack pack --format trl`` directory as a ``datasets.Dataset``;
+:class:`per_example` feeds a collator that flattens *examples*
+(``DataCollatorWithFlattening``) each packed row as the examples of its ``seq_lengths``.
 """
 
 from __future__ import annotations
@@ -26,17 +23,14 @@ _PER_TOKEN = ("input_ids", "labels")
 
 @renamed_kwargs(verify="integrity")
 def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: Any) -> Any:
-    """The TRL-format packed directory ``path`` as a ``datasets.Dataset`` (one row per
-    packed row: ``input_ids``, ``labels`` where the input masked some targets,
-    ``seq_lengths``; a version 1 directory also has ``labels`` always and
-    ``position_ids``).
+    """The TRL-format packed directory ``path`` as a ``datasets.Dataset``, one row per
+    packed row (``input_ids``, ``seq_lengths``, ``labels`` where some are masked; version 1
+    also ``position_ids`` and ``labels`` always).
 
-    ``integrity``: ``True`` or ``"full"`` check the manifest, every shard's size
-    and sha256, and decode every shard to hold it against the format and the
-    manifest (schema, ids inside the vocabulary, labels, lengths, version 1's
-    positions, counts); ``False`` the manifest only. ``load_kwargs`` go to
-    ``datasets.load_dataset("parquet", ...)`` (e.g. ``cache_dir``). A
-    seqpack-format directory is refused (use ``load_packed`` for it).
+    ``integrity``: ``True`` / ``"full"``: the manifest, every shard's size and sha256, and
+    every shard decoded against the format and the manifest; ``False``: the manifest only.
+    ``load_kwargs`` go to ``datasets.load_dataset("parquet", ...)``. A seqpack-format
+    directory is refused (``load_packed``).
     """
     import datasets
 
@@ -64,16 +58,12 @@ def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: A
 
 
 class per_example:  # a wrapper used like a function: collator = per_example(collator)
-    """``collator`` fed each packed row as the examples its ``seq_lengths`` names.
-
-    ``features`` are rows of the TRL format (lists, arrays or tensors, any
-    ``datasets`` format); row ``r`` becomes the examples
-    ``input_ids[s:s+n]`` / ``labels[s:s+n]`` (when the rows have labels) for each
-    ``n`` of ``seq_lengths``, in order, and ``collator`` receives all of them as
-    one batch. The fixture row ``input_ids [0, 99, 100, 1, 0, 101, 1]``,
+    """``collator`` fed each packed row (TRL format, any ``datasets`` format) as the
+    examples ``input_ids[s:s+n]`` (and ``labels``) of each ``n`` of its ``seq_lengths``, all
+    in one batch. The fixture row ``input_ids [0, 99, 100, 1, 0, 101, 1]``,
     ``seq_lengths [4, 3]`` reaches ``DataCollatorWithFlattening`` as
     ``[0, 99, 100, 1]`` and ``[0, 101, 1]``: positions ``[0,1,2,3,0,1,2]``,
-    labels ``[-100, 99, 100, 1, -100, 101, 1]`` (the ids, -100 on each first).
+    labels ``[-100, 99, 100, 1, -100, 101, 1]``.
     """
 
     def __init__(self, collator: Callable[..., Any]) -> None:

@@ -13,12 +13,8 @@ file, fsync, ``os.replace``, folder fsync)::
       notes.txt                 the user's: never touched (a note says it stays)
 
 Shard names carry a *generation* one above any in the folder (:meth:`Output.shard`).
-``--overwrite`` is a new manifest plus removal of the shards the previous one
-listed. A failed or signalled run removes its generation's files and folders;
-a run killed outright leaves its record in the lock file, and the next writer
-removes exactly that run's files. Refused: a folder of foreign files and no
-manifest; ``--out`` ``""``, ``.``, ``..``, ``/``; an output overlapping an
-input; a lock file or manifest that is a link (a symbolic ``--out`` is followed).
+A run killed outright leaves its record in the lock file, and the next writer
+removes exactly that run's files.
 """
 
 from __future__ import annotations
@@ -51,16 +47,6 @@ LOCK = ".seqpack-lock"
 SHARD = re.compile(r"^shard-(?:(?P<gen>\d{4,})-)?\d{5,}\.parquet$")
 
 
-def _generation_files(generation: int) -> re.Pattern[str]:
-    """Every name a run of ``generation`` may leave: its shards and their part files,
-    and its manifest's part file."""
-    g = f"{generation:04d}"
-    return re.compile(
-        rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"
-        rf"|\.manifest-{g}\.json\.[0-9a-f]{{8}}\.part)$"
-    )
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -89,8 +75,7 @@ def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None =
 
 
 def output_path(out: str | os.PathLike[str]) -> Path:
-    """``out`` as the path of an output folder: refused when it cannot name one, a symbolic
-    link followed to the folder it names."""
+    """``out`` as an output folder's path (a symbolic link followed); refused if it names none."""
     text = os.fspath(out)
     if not text.strip():
         raise InvalidInput("--out is empty — name the output folder, e.g. --out packed")
@@ -164,8 +149,7 @@ def listed_shards(folder: Path) -> list[str] | None:
 
 
 def _check_target(path: Path, overwrite: bool) -> None:
-    """Refuse an output path that holds something else than seqpack's files (before the lock
-    is created in it), or an output without ``overwrite``."""
+    """Refuse a path holding other than seqpack's files, or an output without ``overwrite``."""
     if not os.path.lexists(path):
         return
     if not path.is_dir():
@@ -189,8 +173,8 @@ def _check_target(path: Path, overwrite: bool) -> None:
 
 
 def make_folders(folder: Path) -> list[Path]:
-    """Create ``folder`` and its missing parents; the ones created, outermost first (on an
-    ``OSError`` none is left behind)."""
+    """Create ``folder`` and its missing parents; those created, outermost first (none left
+    on an ``OSError``)."""
     missing: list[Path] = []
     while not os.path.lexists(folder) and folder != folder.parent:
         missing.append(folder)
@@ -266,8 +250,8 @@ class Output:
         return f"shard-{self.generation:04d}-{k:05d}.parquet"
 
     def commit(self, manifest: dict[str, Any]) -> None:
-        """Replace ``manifest.json`` with ``manifest`` (the commit point), then remove the
-        shards the previous manifest listed; a note names what else the folder holds."""
+        """Replace ``manifest.json`` (the commit point), then remove the shards the previous
+        one listed; a note names what else the folder holds."""
         data = json.dumps(manifest, indent=2).encode()
         _plain_file(self.path / MANIFEST, "manifest")
         part = f".manifest-{self.generation:04d}.json.{secrets.token_hex(4)}.part"
@@ -284,8 +268,8 @@ class Output:
 
 
 def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, _Record]:
-    """Lock ``path/.seqpack-lock`` without waiting; (lock, descriptor, the record a killed
-    writer left in it)."""
+    """Lock ``path/.seqpack-lock`` without waiting; (lock, descriptor, a killed writer's
+    record)."""
     file = path / LOCK
     _plain_file(file, "lock file")
     lock = filelock.FileLock(file, timeout=0)
@@ -317,27 +301,21 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, _Record]:
 
 
 def _clean(path: Path, generation: int, replaces: Iterable[str]) -> int:
-    """Remove what a run of ``generation`` left that no manifest lists: its own files
-    (before its commit) and, once a manifest stops listing them, the shards it replaces;
-    how many files went."""
+    """Remove (and count) what a run of ``generation`` left that no manifest lists: its own
+    files and, once a manifest stops listing them, the shards it replaces."""
     try:
         listed = listed_shards(path)
     except InvalidInput:  # the manifest became a link: not ours to read
         listed = None
-    mine = _generation_files(generation)
+    g = f"{generation:04d}"  # its shards, their part files and its manifest's part file
+    mine = re.compile(
+        rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"
+        rf"|\.manifest-{g}\.json\.[0-9a-f]{{8}}\.part)$"
+    )
     names = [n for n in os.listdir(path) if mine.match(n)]
     if listed is not None:
         names += [n for n in replaces if SHARD.match(n)]
     return _remove(path, names, listed or ())
-
-
-def _recover(path: Path, previous: _Record) -> list[str]:
-    """Remove the files of the killed run recorded in the lock (those no manifest lists)."""
-    if previous.generation is None:
-        return []
-    removed = _clean(path, previous.generation, previous.replaces)
-    note = f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
-    return [note + (f"; removed {removed} file(s) it wrote" if removed else "")]
 
 
 @contextmanager
@@ -347,10 +325,10 @@ def open_output(
     """Hold the output folder ``out`` for one writer, from the first check to the commit.
 
     Raises :class:`~seqpack.core.errors.InvalidInput` when another run holds it
-    (naming it), when ``out`` cannot name an output folder, overlaps one of
-    ``inputs``, holds files seqpack did not write and no manifest, or holds
-    an output and ``overwrite`` is False. If the body raises (an error,
-    SIGTERM, Ctrl-C) before :meth:`Output.commit` replaced the manifest,
+    (naming it), ``out`` names no new folder (``""``, ``.``, ``..``, ``/``),
+    overlaps one of ``inputs``, holds foreign files and no manifest, holds an
+    output and ``overwrite`` is False, or its lock file or manifest is a link.
+    If the body raises (an error, SIGTERM, Ctrl-C) before :meth:`Output.commit`,
     everything this run wrote is removed, and so are the folders it created.
     """
     path = output_path(out)
@@ -370,7 +348,13 @@ def open_output(
         raise
     try:
         _check_target(path, overwrite)  # again, holding the lock
-        notes = _recover(path, previous)
+        notes = []
+        if previous.generation is not None:  # the files of a killed run no manifest lists
+            removed = _clean(path, previous.generation, previous.replaces)
+            notes.append(
+                f"took over {LOCK} of {path}, left by a run that ended ({_describe(previous)})"
+                + (f"; removed {removed} file(s) it wrote" if removed else "")
+            )
         listed = listed_shards(path)
         gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
         replaces = [n for n in listed or () if SHARD.match(n)]
@@ -387,9 +371,7 @@ def open_output(
             _clean(path, output.generation, output.replaces)
     finally:
         try:
-            os.unlink(path / LOCK)  # while locked: a writer that opened it retries
-        except FileNotFoundError:
-            pass
+            (path / LOCK).unlink(missing_ok=True)  # while locked: one that opened it retries
         finally:
             os.close(fd)
             lock.release()

@@ -1,21 +1,11 @@
 """Loading as verification: a packed directory's manifest and shards must agree.
 
-``manifest.json`` is decoded once, at the border, into :class:`Manifest`
-(msgspec structs with bounds), then every number a loader relies on is held
-against the others: an edited manifest or shard fails with an
-:class:`~seqpack.core.errors.InvalidInput` naming what disagrees, or changes
-nothing that is loaded. ``load_packed(integrity=...)``:
-
-- ``False``: :func:`check_manifest` only (schema, contiguous rows, counts,
-  statistics, no shard twice); files the manifest does not list are never read;
-- ``True`` (default): plus :func:`check_checksums` (size and sha256 of every shard);
-- ``"full"``: plus :func:`check_contents` (every shard decoded now, ordinals a
-  permutation of ``0..occurrences-1``, eligible targets as recorded).
-
-At every depth a shard read is checked against the format (:func:`check_table`)
-and its entry (:func:`check_shard`: counts, no empty row, occurrences inside
-their row without overlap, tokens in ``[0, vocab_size)``, ordinals distinct and
-in range, ``range_end - range_start == len + 1``).
+``manifest.json`` is decoded once into :class:`Manifest` (msgspec structs with
+bounds); an edited manifest or shard fails with an
+:class:`~seqpack.core.errors.InvalidInput` naming what disagrees.
+``load_packed(integrity=...)``: ``False`` runs :func:`check_manifest`, ``True``
+also :func:`check_checksums`, ``"full"`` also :func:`check_contents`. Every
+shard read is checked by :func:`check_table` and :func:`check_shard`.
 """
 
 from __future__ import annotations
@@ -133,8 +123,7 @@ def read_manifest(folder: Path) -> Any:
 
 
 def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
-    """``raw`` (a parsed manifest) as ``schema``; a field that does not fit is named, with
-    its value and its bounds."""
+    """``raw`` (a parsed manifest) as ``schema``; a misfit field is named (value, bounds)."""
     if not isinstance(raw, Mapping):
         raise _bad(where, f"holds a {type(raw).__name__}, not a manifest object")
     try:
@@ -144,8 +133,7 @@ def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
 
 
 def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
-    """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in seqpack's words:
-    the field (a shard by its file), its value, what it must be."""
+    """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in seqpack's words."""
     what, _, at = text.partition(" - at `$")
     path: list[Any] = [int(i) if i else k for k, i in re.findall(r"\.(\w+)|\[(\d+)\]", at)]
     node, parts = raw, []
@@ -175,8 +163,7 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
 
 
 def check_manifest(manifest: Any, folder: Path) -> Manifest:
-    """Check ``manifest`` (parsed ``manifest.json`` of ``folder``) on its own, no shard
-    read; return it decoded."""
+    """Check the parsed ``manifest.json`` of ``folder`` on its own; return it decoded."""
     where = folder / MANIFEST
     trl = is_trl(manifest)
     if (
@@ -295,9 +282,8 @@ def _kind(kind: pa.DataType) -> str:
 
 
 def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) -> None:
-    """A shard's schema is the format's: only its columns, each of its declared Arrow
-    type (no float or int64 token ids), the required ones present, and the columns its
-    manifest ``entry`` lists."""
+    """A shard's schema is the format's (the declared types, the required columns) and
+    has the columns its manifest ``entry`` lists."""
     v1 = is_version_1(schema.names)
     declared = V1_SCHEMA if v1 else SCHEMA
     for f in schema:
@@ -330,12 +316,10 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
 
 
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
-    """Shard content against its manifest ``entry`` and the binding, capacity and the
-    manifest's ``occurrences`` (ordinals lie in ``[0, occurrences)``)."""
+    """Shard content against its manifest ``entry``, the binding and ``occurrences``."""
     got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
-           "tokens": int(rows.tokens.shape[0])}  # fmt: skip
-    if entry.get("eligible") is not None:
-        got["eligible"] = int(np.count_nonzero(rows.loss_mask))
+           "tokens": int(rows.tokens.shape[0]),
+           "eligible": int(np.count_nonzero(rows.loss_mask))}  # fmt: skip
     _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
         raise _bad(where, "a row holds no occurrence")
@@ -369,29 +353,25 @@ def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Of one shard, reading only the columns they need, its schema and counts checked
-    against ``entry``: pairs per occurrence int64 [K], occurrence offsets per row int64
-    [R+1] and eligible (supervised) targets per row int64 [R]."""
+    """Of one shard (only the columns needed; checked against ``entry``): pairs per
+    occurrence int64 [K], occurrence offsets int64 [R+1], eligible targets per row [R]."""
     try:
         schema = pq.read_schema(file)
         check_schema(schema, str(file), entry)
         names = schema.names
+        wanted = ("seq_lengths", "labels", "pair_counts", "loss_bits")
+        table = pq.read_table(file, columns=[n for n in names if n in wanted])
         if is_version_1(names):
-            table = pq.read_table(file, columns=["seq_lengths", "labels"])
             seq, occ = flat_column(table, "seq_lengths")
             labels, offsets = flat_column(table, "labels")
-            counts = offsets_of(labels != IGNORE_INDEX)
-            per_row = counts[offsets[1:]] - counts[offsets[:-1]]
+            per_row = np.diff(offsets_of(labels != IGNORE_INDEX)[offsets])
         else:
-            table = pq.read_table(
-                file, columns=[n for n in names if n in ("pair_counts", "loss_bits")]
-            )
             seq, occ = flat_column(table, "pair_counts")
             pairs = offsets_of(seq.astype(np.int64))
             per_row = np.diff(pairs[occ])
             if "loss_bits" in names:
-                counts = offsets_of(unpack_bits(table.column("loss_bits"), per_row, str(file)))
-                per_row = counts[pairs[occ[1:]]] - counts[pairs[occ[:-1]]]
+                bits = unpack_bits(table.column("loss_bits"), per_row, str(file))
+                per_row = np.diff(offsets_of(bits)[pairs[occ]])
     except (pa.ArrowException, OSError) as err:
         raise _bad(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
@@ -400,8 +380,8 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
 
 
 def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:
-    """Decode every shard now (``read(k)`` runs :func:`check_shard`); then the whole-output
-    facts: every ordinal exactly once, and the eligible targets recorded."""
+    """Decode every shard now (``read(k)`` checks each); then every ordinal exactly once,
+    and the eligible targets recorded."""
     ordinals, eligible = [], 0
     for k in range(len(manifest["shards"])):
         rows = read(k)
@@ -420,8 +400,8 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
 
 
 def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
-    """Decode one shard file of ``store`` (a :class:`~seqpack.io.store.PackedStore`: its
-    capacity, partition, binding and occurrences) into checked :class:`CompactRows`."""
+    """Decode one shard file of a :class:`~seqpack.io.store.PackedStore` into checked
+    :class:`CompactRows`."""
     where = str(file)
     try:
         table = pq.read_table(file, memory_map=True)
@@ -440,8 +420,7 @@ def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
 
 
 def refuse_packed(path: Path) -> None:
-    """Refuse a seqpack output (its folder or a file in it) given as input: its rows are
-    packed already, and reading them as a corpus would pack the packing."""
+    """Refuse a seqpack output (its folder or a file in it) given as input."""
     folder = path if path.is_dir() else path.parent
     try:
         kind = read_manifest(folder).get("format") if (folder / MANIFEST).is_file() else None

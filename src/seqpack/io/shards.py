@@ -1,6 +1,6 @@
 """The packed-row Parquet format: one table row per packed row, written and read back.
 
-Version 2, one Parquet row per packed row (``K`` = occurrences in that row)::
+Version 2 (``K`` = occurrences in the row)::
 
     row           int64           global row index
     tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))
@@ -14,21 +14,10 @@ Version 2, one Parquet row per packed row (``K`` = occurrences in that row)::
     range_starts  list<int64>     [K] selected source range [start, end)  *
     range_ends    list<int64>     [K]  *
 
-Columns marked ``*`` are stored only when the shard's other columns cannot
-give them (the manifest lists each shard's ``columns``): ``loss_bits`` when
-some target is unsupervised, ``example_ids`` when one differs from its source
-id, the ranges when an example is not a whole source ``[0, len + 1)``,
-``source_ids`` when one of those is stored or an id is not its row number.
-Decided from content, so every writer (in memory, out of core, Ray) writes the
-same bytes for the same rows. zstd level 1, no dictionary, no statistics
-(``benchmarks/bench_format.py``); a shard holds whole model calls.
-
-:func:`arrow_to_rows` reads a table back as :class:`CompactRows`, version 1
-too (``seq_lengths`` and a ``labels`` column aligned with ``tokens``: -100
-where a pair is not supervised and on each window's first token). Which
-version a table is follows from its columns, so a shard, a ``datasets`` row
-or a collator's features read alike, each checked to describe whole, in-row
-occurrences.
+``*``: stored only when the other columns cannot give them (:func:`layout_of`,
+decided from content; the manifest lists each shard's ``columns``). A shard
+holds whole model calls. :func:`arrow_to_rows` reads version 1 or 2 (told by
+the columns) back as :class:`CompactRows`, checked.
 """
 
 from __future__ import annotations
@@ -54,14 +43,13 @@ from seqpack.io.atomic import write_file
 
 FORMAT = "seqpack.packed-rows"
 VERSION = 2
-#: The version of tree outputs (``seqpack pack --tree``, :mod:`seqpack.io.tree_store`):
-#: node / parent / multiplicity columns; flat outputs still write :data:`VERSION`.
+#: The version of tree outputs (:mod:`seqpack.io.tree_store`).
 TREE_VERSION = 3
 #: Format versions :func:`seqpack.io.store.load_packed` reads.
 READABLE_VERSIONS = (1, 2)
 #: Target tokens per shard; shards always end on a model-call boundary.
 SHARD_TOKENS = 1 << 25
-#: How shards are written (``benchmarks/bench_format.py`` measured the alternatives).
+#: How shards are written (``benchmarks/bench_format.py``).
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 1,
@@ -85,22 +73,11 @@ FIELDS: dict[str, pa.DataType] = {
 REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
 #: Every version-2 column (a shard holds :data:`REQUIRED` and some of the others).
 SCHEMA = pa.schema(list(FIELDS.items()))
-#: The version-1 schema (every column stored; ``labels`` aligned with ``tokens``).
-V1_SCHEMA = pa.schema(
-    [
-        ("row", pa.int64()),
-        ("tokens", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("seq_lengths", pa.list_(pa.int32())),
-        ("seq_starts", pa.list_(pa.int32())),
-        ("ordinals", pa.list_(pa.int64())),
-        ("source_ids", pa.list_(pa.string())),
-        ("example_ids", pa.list_(pa.string())),
-        ("range_starts", pa.list_(pa.int64())),
-        ("range_ends", pa.list_(pa.int64())),
-    ]
-)
-V1_COLUMNS = tuple(V1_SCHEMA.names)
+_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts",
+                   "range_ends")  # fmt: skip
+#: The version-1 columns (every one stored; ``labels`` aligned with ``tokens``).
+V1_COLUMNS = ("row", "tokens", "labels", "seq_lengths", *_PER_OCCURRENCE)
+V1_SCHEMA = pa.schema([(n, FIELDS.get(n, pa.list_(pa.int32()))) for n in V1_COLUMNS])
 
 
 @dataclass(frozen=True)
@@ -181,14 +158,8 @@ def manifest_record(
     kind: tuple[str, int] = (FORMAT, VERSION),
     **sections: Any,
 ) -> dict[str, Any]:
-    """The packed output's metadata in one shape: format, version, binding, partition,
-    config, then ``sections`` (rows, occurrences, columns, policy, statistics, input,
-    engine…) in the order given, and ``shards`` last when there are files.
-
-    The one builder of ``manifest.json`` (every engine) and of
-    :func:`seqpack.hf.pack_dataset`'s ``info``; ``kind`` is seqpack's (format,
-    version) or :data:`seqpack.io.trl_schema.TRL_FORMAT`'s.
-    """
+    """``manifest.json`` (and :func:`seqpack.hf.pack_dataset`'s ``info``): format and
+    version (``kind``), binding, partition, config, ``sections`` in order, ``shards`` last."""
     record: dict[str, Any] = {
         "format": kind[0],
         "version": kind[1],
@@ -209,11 +180,8 @@ def numpy_array(values: np.ndarray, kind: pa.DataType) -> pa.Array:
 
 
 def list_array(offsets: np.ndarray, values: Any, kind: pa.DataType) -> pa.ListArray:
-    """Arrow ``list<kind>``: list ``i`` is ``values[offsets[i]:offsets[i+1]]`` (int32 offsets).
-
-    NumPy values of a primitive ``kind`` are wrapped without a copy; Arrow
-    arrays are used as they are.
-    """
+    """Arrow ``list<kind>``: list ``i`` is ``values[offsets[i]:offsets[i+1]]`` (int32 offsets;
+    primitive NumPy values wrapped without a copy)."""
     if isinstance(values, pa.Array):
         items = values
     elif pa.types.is_primitive(kind):
@@ -317,11 +285,8 @@ def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail
 
 
 def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
-    """Write a shard table (version 2, a tree's version 3 or TRL's,
-    :mod:`seqpack.io.trl_schema`) whole as ``directory/name``
-    (:func:`seqpack.io.atomic.write_file`: a task retried after a crash replaces it whole);
-    its manifest entry: file, first_row, rows, occurrences and tokens (not for a tree
-    shard), bytes, sha256, columns (those stored) and eligible targets (flat shards)."""
+    """Write a shard table (version 2, 3 or TRL's) whole as ``directory/name``; its manifest
+    entry (occurrences, tokens and eligible targets for flat shards only)."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
@@ -350,9 +315,7 @@ def byte_buffers(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
 
 
 def eligible_targets(table: pa.Table) -> int:
-    """Supervised targets of a shard table (version 2 or TRL's): set bits of ``loss_bits``
-    (unused bits are 0), every pair without it; labels other than -100 in TRL's (every
-    token but each example's first without them)."""
+    """Supervised targets of a shard table (version 2 or TRL's)."""
     if "input_ids" in table.column_names and "labels" not in table.column_names:
         tokens = pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0
         return int(tokens) - int(
@@ -404,10 +367,6 @@ def _columns(table: pa.Table, names: Iterable[str], where: str) -> None:
     missing = [n for n in names if n not in table.column_names]
     if missing:
         raise InvalidInput(f"{where}: missing columns {missing} — not seqpack packed rows")
-
-
-_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts",
-                   "range_ends")  # fmt: skip
 
 
 def _per_occurrence(table: pa.Table, occ: np.ndarray, name: str) -> np.ndarray | None:
@@ -490,12 +449,8 @@ def arrow_to_rows(
     where: str,
     contiguous: bool = True,
 ) -> CompactRows:
-    """Read packed-row rows (version 1 or 2) back, checking they describe whole, in-row
-    occurrences.
-
-    ``contiguous`` also requires consecutive ``row`` values (needed to rebuild
-    model calls; not to recover the examples).
-    """
+    """Read packed-row rows (version 1 or 2) back, checked to describe whole, in-row
+    occurrences (``contiguous``: and consecutive ``row`` values)."""
     damaged = f"{where}: rows are inconsistent — the file is damaged; pack again"
     try:
         fields, row_tok = (_v1 if is_version_1(table.column_names) else _v2)(table, where)

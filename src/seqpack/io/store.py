@@ -1,12 +1,6 @@
-"""The packed directory: Parquet shards of compact rows plus ``manifest.json``.
-
-Shards hold compact rows in the format of :mod:`seqpack.io.shards` (version 2;
-version 1 still loads; tree outputs are version 3, :mod:`seqpack.io.tree_store`),
-whole model calls each. ``manifest.json`` records the format version, binding,
-partition, config, policy, statistics and every shard's row span, size, sha256
-and stored columns: a reader trusts only what it lists, and a writer publishes
-by replacing it (:mod:`seqpack.io.atomic`).
-"""
+"""The packed directory: Parquet shards (:mod:`seqpack.io.shards`; trees:
+:mod:`seqpack.io.tree_store`) plus ``manifest.json``, published by
+:mod:`seqpack.io.atomic`."""
 
 from __future__ import annotations
 
@@ -49,8 +43,7 @@ SHARDS_IN_FLIGHT = 2
 
 
 def to_table(rows: CompactRows, format: str = "seqpack") -> pa.Table:
-    """``rows`` as one shard's table: seqpack's format (the leanest layout that keeps
-    everything, :func:`seqpack.io.shards.shard_table`) or TRL's (``format="trl"``)."""
+    """``rows`` as one shard's table: :func:`~seqpack.io.shards.shard_table` or TRL's."""
     return trl_table(rows) if format == "trl" else shard_table(rows)
 
 
@@ -66,15 +59,9 @@ def write_shards(
     format: str = "seqpack",
     on_shard: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output`` as
-    :func:`write_shard` writes it; the manifest entries, in order.
-
-    This thread gathers shard ``k`` (the kernels release the GIL) while a writer
-    thread compresses shard ``k-1``: at most :data:`SHARDS_IN_FLIGHT` shards are
-    in memory. A single shard is written here, where signals arrive.
-    ``on_shard(entry)`` reports each shard written, in order; a failing write
-    stops the run at the next shard.
-    """
+    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output``; the
+    manifest entries, in order (``on_shard(entry)`` after each). At most
+    :data:`SHARDS_IN_FLIGHT` shards are in memory; a single one is written on this thread."""
     spans = list(itertools.pairwise(np.asarray(bounds).tolist()))
     entries: list[dict[str, Any]] = []
 
@@ -114,14 +101,9 @@ def write_packed(
     shard_tokens: int = SHARD_TOKENS,
     on_shard: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Write ``rows`` as a packed directory at ``out``; return the manifest.
-
-    Published as every writer publishes (:mod:`seqpack.io.atomic`): the output is
-    locked for this writer, shards are written under new names, and the new
-    ``manifest.json`` replacing the old one is the commit. On any failure the
-    shards written are removed and a previous output is left as it was.
-    ``on_shard(rows_written)`` reports progress.
-    """
+    """Write ``rows`` as a packed directory at ``out`` (:func:`~seqpack.io.atomic.open_output`:
+    on a failure a previous output is left as it was); return the manifest.
+    ``on_shard(rows_written)`` reports progress."""
     with open_output(out, overwrite) as output:
         bounds = shard_bounds(rows, max_rows_per_batch, shard_tokens)
         report = None if on_shard is None else (lambda entry: on_shard(entry["rows"]))
@@ -142,8 +124,7 @@ def write_packed(
 def require(
     store: Any, expected_binding: Binding | None = None, expected_split: Split | str | None = None
 ) -> None:
-    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is the expected
-    output."""
+    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is expected."""
     if expected_binding is not None:
         expected_binding.require(store.binding, f"packed data {store.path}")
     if expected_split is not None:
@@ -156,24 +137,17 @@ def require(
 
 
 class PackedStore:
-    """A packed directory, read back as the model calls that were packed.
-
-    ``len(store)`` model calls; ``store[i]`` / iteration give
-    :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s
-    (same cells, segments, positions, flags, occurrences and provenance).
-    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`.
-    """
+    """A packed directory read back: ``len(store)`` model calls; ``store[i]`` / iteration
+    give :class:`PackedBatch` objects identical to :func:`seqpack.materialize`'s;
+    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.manifest = manifest
+        m = check_manifest(manifest, path)  # every number agrees with the others before use
+        self.path, self.manifest, self.shards = path, manifest, manifest["shards"]
         self.binding = Binding.from_dict(manifest["binding"])
-        self.partition = Split.parse(manifest["partition"])
-        self.capacity = int(manifest["config"]["capacity"])
-        self.max_rows_per_batch = int(manifest["config"]["max_rows_per_batch"])
-        self.num_rows = int(manifest["rows"])
-        self.occurrences = int(manifest["occurrences"])
-        self.shards = manifest["shards"]
+        self.partition = Split(m.partition)
+        self.capacity, self.max_rows_per_batch = m.config.capacity, m.config.max_rows_per_batch
+        self.num_rows, self.occurrences = m.rows, m.occurrences
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
         self._cached: tuple[int, CompactRows] | None = None
 
@@ -184,9 +158,7 @@ class PackedStore:
 
     def shard_rows(self, k: int) -> CompactRows:
         if self._cached is None or self._cached[0] != k:
-            file = self.path / self.shards[k]["file"]
-            rows = read_shard(file, self.shards[k], self)
-            self._cached = (k, rows)
+            self._cached = (k, read_shard(self.path / self.shards[k]["file"], self.shards[k], self))
         return self._cached[1]
 
     def __getitem__(self, i: int) -> PackedBatch:
@@ -212,20 +184,15 @@ def load_packed(
     integrity: bool | str = True,
     expected_split: Split | str | None = None,
 ) -> PackedStore:
-    """Open a packed directory, checking its manifest, shards, checksums and binding.
+    """Open a packed directory (a tree output as a :class:`~seqpack.io.tree_store.TreeStore`),
+    reading only the files its manifest lists.
 
-    ``integrity`` (see :mod:`seqpack.io.integrity`): ``True`` checks the manifest
-    and every shard's size and sha256; ``"full"`` also decodes every shard
-    now and holds it against the manifest; ``False`` checks the manifest
-    only. At every depth a shard is checked against its manifest entry
-    when it is read. Raises :class:`~seqpack.core.errors.InvalidInput` for a
-    missing, malformed, damaged or edited output (naming what disagrees),
-    :class:`~seqpack.core.errors.BindingMismatch`
-    when ``expected_binding`` differs from the manifest's and
-    :class:`~seqpack.core.errors.SplitMismatch` when ``expected_split`` does.
-    Only the files the manifest lists are read: shards a killed run left are ignored.
-    A tree output (version 3, ``seqpack pack --tree``) opens as a
-    :class:`~seqpack.io.tree_store.TreeStore` of row records.
+    ``integrity`` (:mod:`seqpack.io.integrity`): ``False`` checks the manifest,
+    ``True`` also every shard's size and sha256, ``"full"`` also decodes every
+    shard now; a shard is always checked against its entry when read. Raises
+    :class:`~seqpack.core.errors.InvalidInput` for a missing, malformed or
+    damaged output (naming what disagrees), ``BindingMismatch`` /
+    ``SplitMismatch`` when ``expected_binding`` / ``expected_split`` differ.
     """
     path = path_argument("path", path)
     if expected_binding is not None and not isinstance(expected_binding, Binding):
@@ -243,7 +210,6 @@ def load_packed(
         store = TreeStore(path, manifest)  # version 3: tree rows (seqpack pack --tree)
     else:
         refuse_trl(manifest, str(path))
-        check_manifest(manifest, path)  # every number agrees with the others before it is used
         store = PackedStore(path, manifest)
     if integrity:
         check_checksums(store.manifest, path)

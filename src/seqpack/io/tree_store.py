@@ -1,21 +1,6 @@
-"""Tree packing on disk: a file's rows as groups, and the packed format's version 3.
+"""Tree packing on disk: a table's rows as groups (:func:`file_groups`), and version 3.
 
-**In.** :func:`file_groups` reads one table (:func:`read_table`: any input
-the flat path reads) and returns its :class:`~seqpack.core.tree.SequenceGroups` plus each
-sequence's index in the input (row by row: a row's completions, or chosen
-then rejected, in order), from the first that applies:
-
-* the id column sets of :data:`~seqpack.core.tree.TREE_COLUMNS`;
-* TRL's DPO text ``prompt`` / ``chosen`` / ``rejected`` (strings or chats)
-  through a tokenizer, each of prompt + chosen and prompt + rejected read as
-  an SFT prompt-completion row (:func:`seqpack.io.sft.encode_sft`);
-* ``mode="auto"``: plain SFT rows (``input_ids`` or SFT text columns) grouped
-  by their first ``prefix`` tokens within windows of ``window`` rows
-  (bounded memory; any grouping is exact, it only decides what may share).
-
-**Out.** A tree output is a packed directory like a flat one (``manifest.json``
-with ``format`` :data:`~seqpack.io.shards.FORMAT`, binding, partition, config,
-policy, statistics, every shard's size and sha256) with ``"version": 3`` and
+A tree output is a packed directory like a flat one with ``"version": 3`` and
 ``"layout": "tree"``. One Parquet row per packed row, its used cells a prefix
 of the row (padding is not stored); the same records are what
 ``pack_dataset(..., tree=True)`` returns::
@@ -33,9 +18,8 @@ of the row (padding is not stored); the same records are what
     sequence_mask   list<list<bool>>   [K][L] which of its targets it supervises
 
 :func:`tree_records` makes the records of a :class:`~seqpack.core.tree.TreeBatch`,
-:func:`tree_batch_from_rows` makes one model call of any records;
-:class:`TreeStore` (what :func:`seqpack.io.store.load_packed` returns for a
-tree output) reads them back. Versions 1 and 2 (flat rows) are read as before.
+:func:`tree_batch_from_rows` one model call of any records; :class:`TreeStore`
+reads them back.
 """
 
 from __future__ import annotations
@@ -59,14 +43,10 @@ from seqpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
 from seqpack.io.shards import FORMAT, TREE_VERSION, manifest_record, write_shard_file
 from seqpack.io.tokenizers import Tokenizer
 
-#: TRL's DPO text columns.
-DPO_TEXT = ("prompt", "chosen", "rejected")
-
 
 def read_table(source: Any, partition: Split | str = "train") -> tuple[pa.Table, Origin]:
-    """Any input the flat path reads (files, folders, globs, several of them, compressed
-    JSON Lines, ``-`` for standard input: :func:`seqpack.io.readers.open_input`) as one
-    Arrow table (read whole) and its :class:`Origin`."""
+    """Any input the flat path reads (:func:`seqpack.io.readers.read_arrow`) as one Arrow
+    table and its :class:`Origin`."""
     from seqpack.io.readers import read_arrow
 
     # the readers keep the columns they know plus the text field: name "group" so a
@@ -95,7 +75,11 @@ def file_groups(
     prefix: int = 16,
     window: int = 4096,
 ) -> tuple[SequenceGroups, np.ndarray]:
-    """``table``'s groups under ``binding`` and each sequence's input index (int64 [S])."""
+    """``table``'s groups under ``binding`` and each sequence's input index (int64 [S]),
+    from the first that applies: the id columns of :data:`~seqpack.core.tree.TREE_COLUMNS`;
+    TRL's DPO text ``prompt`` / ``chosen`` / ``rejected`` (prompt + each answer read as an
+    SFT prompt-completion row); with ``mode="auto"``, plain SFT rows grouped by their first
+    ``prefix`` tokens within windows of ``window`` rows."""
     names = table.column_names
     where = origin.parts[0][0]
     if mode == "auto":
@@ -108,7 +92,7 @@ def file_groups(
             {n: table.column(n).to_pylist() if n in wanted else [] for n in names}, binding
         )
         return groups, np.arange(len(groups), dtype=np.int64)
-    if set(DPO_TEXT) <= set(names):
+    if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
         return _dpo_text(table, origin, tokenizer, binding)
     if "chosen" in names and "rejected" in names:
         raise InvalidInput(
@@ -154,18 +138,16 @@ def _dpo_text(
             " (prompt_input_ids / chosen_input_ids / rejected_input_ids)"
         )
     extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
-    seqs, masks = [], []
+    encoded = []
     for answer in ("chosen", "rejected"):
         cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
-        s, m = _encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion"))
-        seqs.append(s)
-        masks.append(m)
+        encoded.append(_encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion")))
+    (chosen, chosen_masks), (rejected, rejected_masks) = encoded
     # chosen, rejected of row 0, then of row 1, ...
-    seqs = [s for pair in zip(*seqs, strict=True) for s in pair]
-    masks = [m for pair in zip(*masks, strict=True) for m in pair]
+    seqs = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
+    masks = [m for pair in zip(chosen_masks, rejected_masks, strict=True) for m in pair]
     group = np.repeat(np.arange(len(seqs) // 2, dtype=np.int64), 2)
-    groups = SequenceGroups.of(seqs, masks, group, binding)
-    return groups, np.arange(len(seqs), dtype=np.int64)
+    return SequenceGroups.of(seqs, masks, group, binding), np.arange(len(seqs), dtype=np.int64)
 
 
 def _plain_rows(
@@ -215,7 +197,7 @@ def table_binding(
     split_id: str | None = None,
 ) -> Binding:
     """The binding of a tree packing of ``table`` (receipt: the sha256 of its Arrow stream
-    and the partition, so standard input and several files have one too)."""
+    and the partition)."""
 
     def receipt() -> str:
         sink = pa.BufferOutputStream()
@@ -345,9 +327,8 @@ def write_tree_shards(
     shard_rows: int = TREE_SHARD_ROWS,
     **sections: Any,
 ) -> dict[str, Any]:
-    """Write tree ``records`` as version-3 shards into the held ``output`` (each shard whole
-    or not at all) and return the manifest for :meth:`~seqpack.io.atomic.Output.commit`.
-    ``config`` holds ``capacity`` and ``max_rows_per_batch``; ``sections`` go into it."""
+    """Write tree ``records`` as version-3 shards into the held ``output``; the manifest
+    for :meth:`~seqpack.io.atomic.Output.commit` (``sections`` go into it)."""
     shards = []
     for k, a in enumerate(range(0, max(len(records), 1), shard_rows)):
         part = records[a : a + shard_rows]
@@ -432,11 +413,7 @@ def _check_record(rec: dict[str, Any], row: int, capacity: int, where: str) -> N
         or any(rec[n] is None or len(rec[n]) != used for n in TREE_FIELDS if n.endswith("_ids"))
         or len(rec["weights"]) != used
         or len(rec["sequence_cells"]) != len(rec["sequence_index"])
-        or len(rec["sequence_mask"]) != len(rec["sequence_index"])
-        or any(
-            len(c) != len(m)
-            for c, m in zip(rec["sequence_cells"], rec["sequence_mask"], strict=False)
-        )
+        or list(map(len, rec["sequence_cells"])) != list(map(len, rec["sequence_mask"]))
         or any(not 0 <= x < used for c in rec["sequence_cells"] for x in c)
     )
     if bad:
