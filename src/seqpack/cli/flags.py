@@ -16,7 +16,7 @@ from typing import Any
 
 from seqpack._renames import OLD_FLAGS, OLD_OPTIONS
 from seqpack.core.errors import MAX_OPTION_VALUE, InvalidInput, positive_int
-from seqpack.pipeline.options import PackOptions, flag_name
+from seqpack.pipeline.options import PackOptions
 
 _UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 _BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -138,14 +138,14 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
         kwargs = dict(f.metadata["argparse"])
         parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
         if parse is not None:
-            kwargs["type"] = argparse_type(parse, flag_name(f))
+            kwargs["type"] = argparse_type(parse, f.metadata["flag"])
         target: Any = parser
-        olds = [o for o, n in OLD_FLAGS.items() if n == flag_name(f)]
+        olds = [o for o, n in OLD_FLAGS.items() if n == f.metadata["flag"]]
         if olds:  # and its old name, never both
             target = parser.add_mutually_exclusive_group()
             for old in olds:
                 old_flag(target, old, f.name, kwargs, parse)
-        target.add_argument(flag_name(f), dest=f.name, help=f.metadata["help"], **kwargs)
+        target.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
 
 
 def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptions) -> Any:
@@ -210,4 +210,4 @@ def old_capacity(parser: Any, dest: str) -> None:
 
 def cli_flags(command: str) -> list[str]:
     """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
-    return [flag_name(f) for f in _flagged(PackOptions, command)]
+    return [f.metadata["flag"] for f in _flagged(PackOptions, command)]

@@ -59,18 +59,12 @@ PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 def flag(
     flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
-    """Field metadata: the flag (None: none; "": :func:`flag_name`), help, argparse keywords."""
+    """Field metadata: the flag (None: not on the command line), help and argparse keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
 
 
-def option(default: Any, help: str, *args: Any, **kwargs: Any) -> Any:
-    """A field whose flag is its name in dashes (``max_length``: ``--max-length``)."""
-    return field(default=default, metadata=flag("", help, *args, **kwargs))
-
-
-def flag_name(f: dataclasses.Field) -> str:
-    """A field's command-line flag: its metadata's, else (``""``) its name in dashes."""
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+def _field(default: Any, *args: Any, **kwargs: Any) -> Any:
+    return field(default=default, metadata=flag(*args, **kwargs))
 
 
 _PATH = (str, os.PathLike)
@@ -103,16 +97,17 @@ class PackOptions:
     (a Jinja file or the template text) is read on construction.
     """
 
-    max_length: int = option(
+    max_length: int = _field(
         None,
+        "--max-length",
         "tokens per row: the width of the input_ids a model sees, for every --format"
         " (TRL's max_length); replaces --capacity, its old name",
         BOTH,
         metavar="N",
         type=int,
     )
-    policy: str = option(
-        DEFAULT_POLICY, f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
+    policy: str = _field(
+        DEFAULT_POLICY, "--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -124,84 +119,105 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = option(DEFAULT_ROWS_PER_BATCH, "rows per model call", type=int)
-    max_metadata_bytes: int | None = option(
+    max_rows_per_batch: int = _field(
+        DEFAULT_ROWS_PER_BATCH, "--max-rows-per-batch", "rows per model call", type=int
+    )
+    max_metadata_bytes: int | None = _field(
         None,
+        "--max-metadata-bytes",
         "refuse (before planning) to pack when the plan, rows and one model call need more"
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
-    split: Split = option(  # noqa: RUF009
-        Split.TRAIN, "the split the data is: train, validation or test", BOTH
+    split: Split = _field(  # noqa: RUF009
+        Split.TRAIN, "--split", "the split the data is: train, validation or test", BOTH
     )
-    cut_long: bool = option(
+    cut_long: bool = _field(
         False,
+        "--cut-long",
         "cut documents longer than a row into consecutive spans, every pair kept once",
         BOTH,
         action="store_true",
     )
-    vocab_size: int | None = option(None, "vocabulary size of pre-tokenized input", type=int)
-    tokenizer: str | Tokenizer | None = option(  # noqa: RUF009
-        None, "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
+    vocab_size: int | None = _field(
+        None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
     )
-    tokenizer_id: str | None = option(None, "tokenizer identity recorded in the binding")
-    split_id: str | None = option(None, "split-receipt identity (default: digest of the data)")
-    text_field: str = option("text", "text column when there is no input_ids", BOTH)
-    chat_template: str | None = option(
+    tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
+        None, "--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
+    )
+    tokenizer_id: str | None = _field(
+        None, "--tokenizer-id", "tokenizer identity recorded in the binding"
+    )
+    split_id: str | None = _field(
+        None, "--split-id", "split-receipt identity (default: digest of the data)"
+    )
+    text_field: str = _field("text", "--text-field", "text column when there is no input_ids", BOTH)
+    chat_template: str | None = _field(
         None,
+        "--chat-template",
         "Jinja chat template for messages / conversational prompt-completion rows (a file;"
         " default: the --tokenizer folder's own)",
         BOTH,
         metavar="FILE",
     )
     # TRL 1.16 SFTConfig's two switches, same names and defaults (core.supervision.Objective)
-    assistant_only_loss: bool = option(
+    assistant_only_loss: bool = _field(
         False,
+        "--assistant-only-loss",
         "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
         " default: the whole conversation, as TRL; needs generation markers in the template)",
         BOTH,
         action="store_true",
     )
-    completion_only_loss: bool | None = option(
+    completion_only_loss: bool | None = _field(
         None,
+        "--completion-only-loss",
         "true: train only the completion of prompt-completion rows (and completion_mask);"
         " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
         " for prompt-completion rows only, as TRL)",
         BOTH,
         metavar="{true,false}",
     )
-    overwrite: bool = option(False, "replace an existing output", action="store_true")
-    progress: bool | None = option(
+    overwrite: bool = _field(
+        False, "--overwrite", "replace an existing output", action="store_true"
+    )
+    progress: bool | None = _field(
         None,
+        "--progress",
         "progress bars on stderr (default: when stderr is a terminal)",
         action=argparse.BooleanOptionalAction,
     )
-    shard_tokens: int = option(
+    shard_tokens: int = _field(
         DEFAULT_SHARD_TOKENS,
+        "--shard-tokens",
         "target tokens per output shard (two shards are built at a time; default 2**25)",
         metavar="N",
     )
-    chunk_bytes: int = option(
+    chunk_bytes: int = _field(
         DEFAULT_CHUNK_BYTES,
+        "--chunk-bytes",
         "input read, parsed and tokenized this many bytes at a time (default 32M)",
         BOTH,
         metavar="BYTES",
     )
-    format: str = option(
+    format: str = _field(
         "seqpack",
+        "--format",
         "output columns: seqpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
         " input_ids, seq_lengths in tokens, labels where the input masks some)",
         BOTH,
         choices=OUTPUT_FORMATS,
     )
-    pad_token_id: int | None = option(
+    pad_token_id: int | None = _field(
         None,
+        "--pad-token-id",
         "the id collators pad with, checked against the vocabulary before packing and"
         " recorded (default: the tokenizer's pad token)",
         type=int,
     )
-    spill_dir: str | None = option(
+    spill_dir: str | None = _field(
         None,
+        "--spill-dir",
         "folder for the temporary token spill of a corpus read chunk by chunk (default:"
         " beside --out; it needs room for 4 bytes a token)",
     )

@@ -7,7 +7,7 @@ tree with flat packing under one policy; :class:`TreeOptions` carries the ``--tr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from seqpack.core.binding import Binding
 from seqpack.core.errors import InvalidInput, positive_int
 from seqpack.core.policies import plan_rows
 from seqpack.core.tree import SequenceGroups, build_layout, pack_tree
-from seqpack.pipeline.options import BOTH, PackOptions, option
+from seqpack.pipeline.options import BOTH, PackOptions, flag
 
 #: ``--tree`` values: ``on`` (groups from the columns) or ``auto`` (rows grouped by prefix).
 TREE_MODES = ("on", "auto")
@@ -42,29 +42,38 @@ class TreeOptions:
     ``tree_prefix`` tokens, within consecutive blocks of ``tree_block`` documents;
     ``tree_window=`` is its 0.2 name, with a DeprecationWarning)."""
 
-    tree: str | None = option(
-        None,
-        "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
-        " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
-        BOTH,
-        nargs="?",
-        const="on",
-        choices=TREE_MODES,
+    tree: str | None = field(
+        default=None,
+        metadata=flag(
+            "--tree",
+            "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
+            " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
+            BOTH,
+            nargs="?",
+            const="on",
+            choices=TREE_MODES,
+        ),
     )
-    tree_prefix: int = option(
-        DEFAULT_TREE_PREFIX,
-        f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
-        BOTH,
-        metavar="K",
-        type=int,
+    tree_prefix: int = field(
+        default=DEFAULT_TREE_PREFIX,
+        metadata=flag(
+            "--tree-prefix",
+            f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
+            BOTH,
+            metavar="K",
+            type=int,
+        ),
     )
-    tree_block: int = option(
-        DEFAULT_TREE_WINDOW,
-        "--tree auto: documents are grouped within consecutive blocks of this many"
-        f" (default {DEFAULT_TREE_WINDOW})",
-        BOTH,
-        metavar="DOCUMENTS",
-        type=int,
+    tree_block: int = field(
+        default=DEFAULT_TREE_WINDOW,
+        metadata=flag(
+            "--tree-block",
+            "--tree auto: documents are grouped within consecutive blocks of this many"
+            f" (default {DEFAULT_TREE_WINDOW})",
+            BOTH,
+            metavar="DOCUMENTS",
+            type=int,
+        ),
     )
 
     def __post_init__(self) -> None:
