@@ -21,7 +21,6 @@ def column(table: pa.Table, name: str) -> pa.Array:
     """One column as one Arrow array (a single chunk as it is: no copy)."""
     col = table.column(name)
     if isinstance(col, pa.ChunkedArray):
-        # one chunk is used as it is: combine_chunks() would copy it
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     return col
 

@@ -13,7 +13,7 @@ Every input becomes an Arrow table with one row per source document:
 - ``partition`` (string, optional): every row must belong to the partition read.
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is token
-``j + 1``'s. No Python loop per token; errors name the file, the line or row, and the fix.
+``j + 1``'s. Errors name the file, the line or row, and the fix.
 """
 
 from __future__ import annotations
@@ -62,9 +62,8 @@ class ReadColumns(frozenset):
 
 
 def wanted_columns(present: Sequence[str], text_field: str) -> list[str]:
-    """Columns a reader reads: the documented ones, the text field, the SFT text columns and
-    any that may be supervision (so it is refused, not dropped); all of them when there are
-    neither ids nor text, so the error can list them."""
+    """The ``present`` columns in :class:`ReadColumns`; all of them when there are neither
+    ids nor text, so the error can list them."""
     read = ReadColumns(text_field)
     keep = [c for c in present if c in read]
     found = {"input_ids", text_field, *SFT_COLUMNS} & set(keep)

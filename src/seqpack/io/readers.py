@@ -1,12 +1,8 @@
 """Readers: JSON Lines, text, Parquet and ``datasets`` as bounded Arrow chunks.
 
-:func:`open_input` names what a source is (:class:`Input`) and
-:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each
-(Parquet by row groups, bounded by :mod:`seqpack.io.parquet_guard`; every file
-through the input policy of :mod:`seqpack.io.files`), each chunk with the
-:class:`~seqpack.io.documents.Origin` naming its rows in errors.
-:func:`read_documents` and :func:`load_examples` read a whole input into memory
-(:mod:`seqpack.io.columns` converts it).
+:func:`open_input` says what a source is (:class:`Input`); :meth:`Input.chunks` reads it
+in chunks of about ``chunk_bytes`` of input, each with the :class:`Origin` naming its rows.
+:func:`read_documents` and :func:`load_examples` read a whole input into memory.
 """
 
 from __future__ import annotations
@@ -132,12 +128,12 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
                               str(path), "row")  # fmt: skip
         return
     with open_stream(path, root=root, limits=limits) as stream:
+        name = Path(stream.name)
         if kind == "text":
-            parts = _text_tables(stream, Path(stream.name), chunk_bytes, text_field)
+            parts = _text_tables(stream, name, chunk_bytes, text_field)
             yield from _named(parts, stream.name, "text line", stream)
             return
         head = stream.first_byte()
-        name = Path(stream.name)
         if head == b"[":
             table = read_json_array(stream, name)
             yield from _named(iter([(table, stream.position)]), str(name), "row")
@@ -208,8 +204,7 @@ def _parquet_chunks(
         ) from None
 
 
-# -- datasets save_to_disk folders: state.json / dataset_dict.json checked before datasets
-# reads them, every file they name held to the input policy (see docs/design-notes.md).
+# -- datasets save_to_disk folders, checked before datasets reads them (docs/design-notes.md)
 
 
 def _damaged(path: Path, what: str) -> InvalidInput:
@@ -323,16 +318,12 @@ def open_input(
 ) -> Input:
     """What ``source`` is and how to read it (nothing is read yet).
 
-    ``source``: a ``.jsonl``/``.json``/``.ndjson`` file (or one compressed:
-    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a ``.txt`` file
-    (compressed too: one document per line, as ``datasets``' "text" builder), a
-    ``.parquet`` file, a folder of Parquet (or JSON Lines) shards read in
-    sorted name order, a glob, a list of any of these (one format, read in
-    order), a ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
-    ``partition``), or an in-memory ``datasets.Dataset`` / ``DatasetDict`` /
-    ``pyarrow.Table``. ``limits`` bound what reading may decode
-    (:class:`~seqpack.io.files.ReadLimits`; ``seqpack.pipeline.budget.read_limits``
-    derives them from the options).
+    ``source``: a ``.jsonl``/``.json``/``.ndjson`` or ``.txt`` file (one document per
+    line; either may be compressed: ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for
+    standard input, a ``.parquet`` file, a folder of shards (sorted by name), a glob, a
+    list of these (one format, in order), a ``datasets`` ``save_to_disk`` folder (a
+    ``DatasetDict`` picks ``partition``), or an in-memory ``datasets.Dataset`` /
+    ``DatasetDict`` / ``pyarrow.Table``. ``limits`` bound what reading may decode.
     """
     part = Split.parse(partition)
     limits = limits or ReadLimits()
