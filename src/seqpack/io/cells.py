@@ -38,11 +38,8 @@ def row_of(offsets: np.ndarray, pos: int) -> int:
 def lists(
     table: pa.Table, name: str, origin: Origin, optional: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A list column as (values [Σn], offsets int64 [k+1], present bool [k]).
-
-    A missing (null) list is an error unless ``optional``; then it has no
-    values and ``present`` is False for its row.
-    """
+    """A list column as ``(values, offsets, present)``; a null list is an error unless
+    ``optional``, then it has no values and ``present`` is False for its row."""
     arr = column(table, name)
     present = ~pc.is_null(arr).to_numpy(zero_copy_only=False)
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):

@@ -176,8 +176,7 @@ def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens
         raise InvalidInput(
             f"{where}: column {twice[0]!r} appears more than once — rename or drop the duplicates"
         )
-    for index, name in enumerate(names):
-        kind = table.schema.field(index).type
+    for name, kind in zip(names, table.schema.types, strict=True):
         if name in read or pa.types.is_null(kind):
             continue
         if name in SUPERVISION_COLUMNS:
@@ -335,11 +334,8 @@ def chunk_from_arrow(
             flags = None if flags is None or flags.all() else flags
             largest = int(tokens.max()) if tokens.size else -1
         else:
-            texts = [
-                n
-                for n in sorted(names, key=lambda n: (n != "text", n))
-                if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
-            ]
+            strings = {n for n in names if pa.types.is_string(table.schema.field(n).type)}
+            texts = sorted(strings - {"id", "partition"}, key=lambda n: (n != "text", n))
             hint = f" (e.g. --text-field {texts[0]})" if texts else ""
             raise InvalidInput(
                 f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"

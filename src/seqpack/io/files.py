@@ -285,10 +285,7 @@ class InputStream:
             ) from None
         self.out += len(data)
         if self.limit is not None and self.out > self.limit:
-            try:
-                raw_size = os.fstat(self.raw.fileno()).st_size
-            except (OSError, ValueError, AttributeError):
-                raw_size = 0
+            raw_size = os.fstat(self.raw.fileno()).st_size  # a limit is set on files only
             raise InvalidInput(
                 f"{self.name} decompresses to more than {self.limit:,} bytes (over"
                 f" {self.limit // max(1, raw_size):,}x its size: a compression bomb?) —"

@@ -207,10 +207,10 @@ def _parquet_chunks(
 # -- datasets save_to_disk folders, checked before datasets reads them (docs/design-notes.md)
 
 
-def _damaged(path: Path, what: str) -> InvalidInput:
+def _damaged(folder: Path, what: str) -> InvalidInput:
     return InvalidInput(
-        f"{path.parent}: cannot load as a datasets save_to_disk folder ({path.name}: {what})"
-        " — save it again with Dataset.save_to_disk"
+        f"{folder}: cannot load as a datasets save_to_disk folder ({what}) — save it again with"
+        " Dataset.save_to_disk"
     )
 
 
@@ -220,15 +220,15 @@ def _listed(path: Path, root: Path, key: str, field: str | None) -> list[str]:
         doc = json.loads(read_limited(path, MAX_METADATA_FILE, root=root),
                          object_pairs_hook=unique_keys)  # fmt: skip
     except DuplicateKey as err:
-        raise _damaged(path, f"key {err.args[0]!r} appears twice") from None
+        raise _damaged(path.parent, f"{path.name}: key {err.args[0]!r} appears twice") from None
     except (ValueError, RecursionError) as err:
-        raise _damaged(path, f"not valid JSON: {err}") from None
+        raise _damaged(path.parent, f"{path.name}: not valid JSON: {err}") from None
     items = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
-        raise _damaged(path, f"{key!r} is not a non-empty list")
+        raise _damaged(path.parent, f"{path.name}: {key!r} is not a non-empty list")
     names = [item.get(field) if field and isinstance(item, dict) else item for item in items]
     if not all(isinstance(n, str) for n in names):
-        raise _damaged(path, f"an entry of {key!r} names no file")
+        raise _damaged(path.parent, f"{path.name}: an entry of {key!r} names no file")
     return names
 
 
@@ -260,10 +260,7 @@ def load_folder(path: Path) -> Any:
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as err:  # datasets raises many kinds on a damaged folder
-        raise InvalidInput(
-            f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
-            f" {err}) — save it again with Dataset.save_to_disk"
-        ) from None
+        raise _damaged(path, f"{type(err).__name__}: {err}") from None
     for part in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         for cache in part.cache_files:
             open_regular(cache["filename"], root=path).close()
