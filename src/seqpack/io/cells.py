@@ -1,7 +1,5 @@
-"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns` and
-:mod:`seqpack.io.sft`: a list column of ``k`` rows becomes ``(values [Σn], offsets int64
-[k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``, and every
-column's errors are worded one way.
+"""Arrow list columns as flat, checked NumPy arrays: ``k`` rows become ``(values [Σn],
+offsets int64 [k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``.
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@ Every input becomes an Arrow table with one row per source document:
 
 - ``input_ids`` (list of int): the encoded document, BOS/EOS as the tokenizer made them;
 - ``text`` (string): instead of ``input_ids``, with a tokenizer (``--text-field``);
-- ``prompt`` / ``completion`` or ``messages``: instead, SFT rows tokenized as TRL
-  does (:mod:`seqpack.io.sft`);
-- ``labels``, ``loss_mask``, ``completion_mask``, ``assistant_masks`` (optional): the
-  supervision columns, ANDed, as :mod:`seqpack.core.supervision` rules; a column that
-  looks like supervision but is none of these is refused;
+- ``prompt`` / ``completion`` or ``messages``: instead, SFT rows tokenized as TRL does;
+- ``labels``, ``loss_mask``, ``completion_mask``, ``assistant_masks`` (optional): ANDed
+  (:mod:`seqpack.core.supervision`); other columns that look like supervision are refused;
 - ``id`` (string or int, optional): the source id; the row number when absent;
 - ``partition`` (string, optional): every row must belong to the partition read.
 
@@ -138,10 +136,8 @@ def _texts(
 
 def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
-    if "partition" not in table.column_names:
-        return
-    col = column(table, "partition")
-    if pa.types.is_null(col.type):
+    col = column(table, "partition") if "partition" in table.column_names else pa.nulls(0)
+    if pa.types.is_null(col.type):  # absent, or all null
         return
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
@@ -164,11 +160,9 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
 
 
 def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens: bool) -> None:
-    """Refuse a column that looks like supervision seqpack does not read (see the module).
-
-    ``read``: the columns this table is read from; ``tokens``: whether they
-    are ``input_ids`` (else text, which no per-token column can align with).
-    """
+    """Refuse a column that looks like supervision seqpack does not read (see the module);
+    ``read``: the columns this table is read from; ``tokens``: whether they are
+    ``input_ids`` (else text, which no per-token column can align with)."""
     where = origin.parts[0][0]
     names = table.column_names
     twice = sorted({name for name in names if names.count(name) > 1})

@@ -1,11 +1,9 @@
 """A Parquet file's decoded size, bounded before a page is decompressed.
 
-:func:`check_row_groups` bounds what each row group will decode to from the footer
-**and** from every page header (a small Thrift struct, walked here without
-decompressing anything), since a hostile footer may understate what the pages say.
-A row group over :attr:`ReadLimits.decoded_bytes`, or inflating more than
-:attr:`ReadLimits.ratio` times its compressed size beyond :attr:`ReadLimits.floor`,
-is refused naming the file, the row group and the sizes.
+:func:`check_row_groups` bounds each row group's decoded size from the footer **and** every
+page header (a hostile footer may understate it); a row group over
+:attr:`ReadLimits.decoded_bytes`, or over :attr:`ReadLimits.ratio` times its compressed size
+beyond :attr:`ReadLimits.floor`, is refused naming the file, the row group and the sizes.
 """
 
 from __future__ import annotations

@@ -90,9 +90,8 @@ class Spill:
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
         self.path = folder
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
         with self._naming_errors():
-            self._writer = pa.ipc.new_file(self._file, SCHEMA)
+            self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
 
     def append(self, chunk: TokenChunk) -> None:
