@@ -315,8 +315,8 @@ def chunk_from_arrow(
             tokens, offsets, largest = _token_column(table, origin)
             flags = supervised_targets(table, tokens, offsets, origin, objective)
         elif sft is not None or text_field in names:
-            read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
-            check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
+            read = {*(sft or ()), *(TEMPLATE_COLUMNS if sft else ()), "id", "partition", text_field}
+            check_columns(table, origin, read, tokens=False)
             if sft is not None:
                 tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft, objective)
             elif objective.assistant_only_loss:
