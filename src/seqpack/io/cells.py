@@ -61,10 +61,8 @@ def lists(
 
 def show(value: Any) -> str:
     """A short repr of one cell for an error message (nested lists included)."""
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):
         value = value.tolist()
-    elif isinstance(value, np.generic):
-        value = value.item()
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

@@ -355,9 +355,7 @@ def open_stream(
 def reopen(name: str | Path) -> InputStream | None:
     """A file named in an error again from its start (to find a line); None for standard
     input or a file that is gone (no second read)."""
-    if str(name) == "<stdin>" or is_stdin(name):
-        return None
-    try:
-        return open_stream(name)
-    except InvalidInput:
-        return None
+    if str(name) != "<stdin>" and not is_stdin(name):
+        with contextlib.suppress(InvalidInput):
+            return open_stream(name)
+    return None
