@@ -252,7 +252,6 @@ def _label_flags(
             f"{origin.locate(row)}: labels has {int(np.diff(loffsets)[row])} entries but"
             f" input_ids has {int(counts[row])} — labels align with input_ids"
         )
-    supervised = labels != IGNORE_INDEX
     wrong = wrong_labels(labels, tokens[np.repeat(present, counts)])
     if wrong.any():
         pos = first(wrong)
@@ -262,7 +261,7 @@ def _label_flags(
             f" differs from its input_ids token — a label must be the token itself"
             f" or {IGNORE_INDEX} (unshifted; seqpack forms the pairs)"
         )
-    return target_flags(supervised, loffsets[:-1][present]), present
+    return target_flags(labels != IGNORE_INDEX, loffsets[:-1][present]), present
 
 
 def _mask_flags(

@@ -79,13 +79,9 @@ class _Compact:
     def struct(self, take: Any, depth: int = 0) -> None:
         """Walk one struct; ``take(field_id, kind)`` reads a field itself (True) or skips it."""
         last = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return
+        while head := self.byte():  # 0: the struct's end
             kind, delta = head & 0x0F, head >> 4
-            field = last + delta if delta else self.zigzag()
-            last = field
+            last = field = last + delta if delta else self.zigzag()
             if not take(field, kind):
                 self.skip(kind, depth)
 
