@@ -63,11 +63,7 @@ class MappedFile:
 
 
 SCHEMA = pa.schema(
-    [
-        ("tokens", pa.large_list(pa.int32())),
-        ("flags", pa.large_list(pa.uint8())),
-        ("id", pa.string()),
-    ]
+    {"tokens": pa.large_list(pa.int32()), "flags": pa.large_list(pa.uint8()), "id": pa.string()}
 )
 
 
