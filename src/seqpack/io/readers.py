@@ -130,18 +130,15 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
     with open_stream(path, root=root, limits=limits) as stream:
         name = Path(stream.name)
         if kind == "text":
-            parts = _text_tables(stream, name, chunk_bytes, text_field)
-            yield from _named(parts, stream.name, "text line", stream)
-            return
-        head = stream.first_byte()
-        if head == b"[":
-            table = read_json_array(stream, name)
-            yield from _named(iter([(table, stream.position)]), str(name), "row")
+            parts, unit = _text_tables(stream, name, chunk_bytes, text_field), "text line"
+        elif (head := stream.first_byte()) == b"[":
+            parts, unit = iter([(read_json_array(stream, name), 0)]), "row"
         elif not head:
             raise InvalidInput(f"{name} is empty: it holds no rows — nothing to pack")
         else:
             parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
-            yield from _named(parts, str(name), "line", stream)
+            unit = "line"
+        yield from _named(parts, stream.name, unit, stream)
 
 
 def _text_tables(
