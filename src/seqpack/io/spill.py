@@ -28,8 +28,7 @@ class MappedFile:
     """``file`` (opened for reading) mapped read-only; ``buffer`` is a zero-copy Arrow view."""
 
     def __init__(self, path: Path, file: BinaryIO) -> None:
-        self.path = path
-        self._file = file
+        self.path, self._file = path, file
         size = file.seek(0, 2)
         file.seek(0)
         self._map = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) if size else None
