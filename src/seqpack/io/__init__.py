@@ -11,19 +11,11 @@ from __future__ import annotations
 from seqpack._lazy import lazy_exports
 
 _NAMES = {
-    "COLUMNS": "columns",
-    "read_arrow": "readers",
-    "read_documents": "readers",
-    "documents_from_arrow": "columns",
-    "load_examples": "readers",
-    "Documents": "documents",
-    "Origin": "documents",
-    "resolve_binding": "documents",
-    "ByteTokenizer": "tokenizers",
-    "load_tokenizer": "tokenizers",
-    "PackedStore": "store",
-    "load_packed": "store",
-    "write_packed": "store",
+    **dict.fromkeys(("COLUMNS", "documents_from_arrow"), "columns"),
+    **dict.fromkeys(("read_arrow", "read_documents", "load_examples"), "readers"),
+    **dict.fromkeys(("Documents", "Origin", "resolve_binding"), "documents"),
+    **dict.fromkeys(("ByteTokenizer", "load_tokenizer"), "tokenizers"),
+    **dict.fromkeys(("PackedStore", "load_packed", "write_packed"), "store"),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)

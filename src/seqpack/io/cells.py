@@ -1,7 +1,5 @@
-"""Arrow list columns as flat NumPy arrays, checked, for :mod:`seqpack.io.columns` and
-:mod:`seqpack.io.sft`: a list column of ``k`` rows becomes ``(values [Σn], offsets int64
-[k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``, and every
-column's errors are worded one way.
+"""Arrow list columns as flat, checked NumPy arrays: ``k`` rows become ``(values [Σn],
+offsets int64 [k+1], present bool [k])``, row ``i`` being ``values[offsets[i]:offsets[i+1]]``.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ def column(table: pa.Table, name: str) -> pa.Array:
     """One column as one Arrow array (a single chunk as it is: no copy)."""
     col = table.column(name)
     if isinstance(col, pa.ChunkedArray):
-        # one chunk is used as it is: combine_chunks() would copy it
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     return col
 
@@ -39,11 +36,8 @@ def row_of(offsets: np.ndarray, pos: int) -> int:
 def lists(
     table: pa.Table, name: str, origin: Origin, optional: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A list column as (values [Σn], offsets int64 [k+1], present bool [k]).
-
-    A missing (null) list is an error unless ``optional``; then it has no
-    values and ``present`` is False for its row.
-    """
+    """A list column as ``(values, offsets, present)``; a null list is an error unless
+    ``optional``, then it has no values and ``present`` is False for its row."""
     arr = column(table, name)
     present = ~pc.is_null(arr).to_numpy(zero_copy_only=False)
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
@@ -67,10 +61,8 @@ def lists(
 
 def show(value: Any) -> str:
     """A short repr of one cell for an error message (nested lists included)."""
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, np.generic)):
         value = value.tolist()
-    elif isinstance(value, np.generic):
-        value = value.item()
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

@@ -4,16 +4,14 @@ Every input becomes an Arrow table with one row per source document:
 
 - ``input_ids`` (list of int): the encoded document, BOS/EOS as the tokenizer made them;
 - ``text`` (string): instead of ``input_ids``, with a tokenizer (``--text-field``);
-- ``prompt`` / ``completion`` or ``messages``: instead, SFT rows tokenized as TRL
-  does (:mod:`seqpack.io.sft`);
-- ``labels``, ``loss_mask``, ``completion_mask``, ``assistant_masks`` (optional): the
-  supervision columns, ANDed, as :mod:`seqpack.core.supervision` rules; a column that
-  looks like supervision but is none of these is refused;
+- ``prompt`` / ``completion`` or ``messages``: instead, SFT rows tokenized as TRL does;
+- ``labels``, ``loss_mask``, ``completion_mask``, ``assistant_masks`` (optional): ANDed
+  (:mod:`seqpack.core.supervision`); other columns that look like supervision are refused;
 - ``id`` (string or int, optional): the source id; the row number when absent;
 - ``partition`` (string, optional): every row must belong to the partition read.
 
 Target ``j`` of a document predicts token ``j + 1``, so its loss flag is token
-``j + 1``'s. No Python loop per token; errors name the file, the line or row, and the fix.
+``j + 1``'s. Errors name the file, the line or row, and the fix.
 """
 
 from __future__ import annotations
@@ -62,9 +60,8 @@ class ReadColumns(frozenset):
 
 
 def wanted_columns(present: Sequence[str], text_field: str) -> list[str]:
-    """Columns a reader reads: the documented ones, the text field, the SFT text columns and
-    any that may be supervision (so it is refused, not dropped); all of them when there are
-    neither ids nor text, so the error can list them."""
+    """The ``present`` columns in :class:`ReadColumns`; all of them when there are neither
+    ids nor text, so the error can list them."""
     read = ReadColumns(text_field)
     keep = [c for c in present if c in read]
     found = {"input_ids", text_field, *SFT_COLUMNS} & set(keep)
@@ -139,10 +136,8 @@ def _texts(
 
 def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
-    if "partition" not in table.column_names:
-        return
-    col = column(table, "partition")
-    if pa.types.is_null(col.type):
+    col = column(table, "partition") if "partition" in table.column_names else pa.nulls(0)
+    if pa.types.is_null(col.type):  # absent, or all null
         return
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
@@ -165,11 +160,9 @@ def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
 
 
 def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens: bool) -> None:
-    """Refuse a column that looks like supervision seqpack does not read (see the module).
-
-    ``read``: the columns this table is read from; ``tokens``: whether they
-    are ``input_ids`` (else text, which no per-token column can align with).
-    """
+    """Refuse a column that looks like supervision seqpack does not read (see the module);
+    ``read``: the columns this table is read from; ``tokens``: whether they are
+    ``input_ids`` (else text, which no per-token column can align with)."""
     where = origin.parts[0][0]
     names = table.column_names
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -177,8 +170,7 @@ def check_columns(table: pa.Table, origin: Origin, read: Collection[str], tokens
         raise InvalidInput(
             f"{where}: column {twice[0]!r} appears more than once — rename or drop the duplicates"
         )
-    for index, name in enumerate(names):
-        kind = table.schema.field(index).type
+    for name, kind in zip(names, table.schema.types, strict=True):
         if name in read or pa.types.is_null(kind):
             continue
         if name in SUPERVISION_COLUMNS:
@@ -260,7 +252,6 @@ def _label_flags(
             f"{origin.locate(row)}: labels has {int(np.diff(loffsets)[row])} entries but"
             f" input_ids has {int(counts[row])} — labels align with input_ids"
         )
-    supervised = labels != IGNORE_INDEX
     wrong = wrong_labels(labels, tokens[np.repeat(present, counts)])
     if wrong.any():
         pos = first(wrong)
@@ -270,7 +261,7 @@ def _label_flags(
             f" differs from its input_ids token — a label must be the token itself"
             f" or {IGNORE_INDEX} (unshifted; seqpack forms the pairs)"
         )
-    return target_flags(supervised, loffsets[:-1][present]), present
+    return target_flags(labels != IGNORE_INDEX, loffsets[:-1][present]), present
 
 
 def _mask_flags(
@@ -323,8 +314,8 @@ def chunk_from_arrow(
             tokens, offsets, largest = _token_column(table, origin)
             flags = supervised_targets(table, tokens, offsets, origin, objective)
         elif sft is not None or text_field in names:
-            read = set(sft or (text_field,)) | ({*TEMPLATE_COLUMNS} if sft else set())
-            check_columns(table, origin, read | {"id", "partition", text_field}, tokens=False)
+            read = {*(sft or ()), *(TEMPLATE_COLUMNS if sft else ()), "id", "partition", text_field}
+            check_columns(table, origin, read, tokens=False)
             if sft is not None:
                 tokens, offsets, supervised = encode_sft(table, origin, tokenizer, sft, objective)
             elif objective.assistant_only_loss:
@@ -336,11 +327,8 @@ def chunk_from_arrow(
             flags = None if flags is None or flags.all() else flags
             largest = int(tokens.max()) if tokens.size else -1
         else:
-            texts = [
-                n
-                for n in sorted(names, key=lambda n: (n != "text", n))
-                if pa.types.is_string(table.schema.field(n).type) and n not in ("id", "partition")
-            ]
+            strings = {n for n in names if pa.types.is_string(table.schema.field(n).type)}
+            texts = sorted(strings - {"id", "partition"}, key=lambda n: (n != "text", n))
             hint = f" (e.g. --text-field {texts[0]})" if texts else ""
             raise InvalidInput(
                 f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"

@@ -1,11 +1,8 @@
-"""The input policy: which files seqpack reads, and how much of them, for every reader.
-
-Every reader (JSON Lines, Parquet, ``datasets`` folders, Ray blocks, tokenizer,
-template and state loaders) opens files here: regular files only
-(:func:`open_regular`), inside the input named (:func:`resolve_inside`), of a
-bounded size (:func:`read_limited`), decompressed with a bound
-(:func:`open_stream`, :class:`ReadLimits`); :func:`resolve_files` says which files
-an input names. Every refusal is one :class:`InvalidInput` line naming the path.
+"""The input policy every reader opens files through: regular files only
+(:func:`open_regular`), inside the input (:func:`resolve_inside`), of bounded size
+(:func:`read_limited`), decompressed with a bound (:func:`open_stream`,
+:class:`ReadLimits`); :func:`resolve_files` lists an input's files. Every refusal is
+one :class:`InvalidInput` line naming the path.
 """
 
 from __future__ import annotations
@@ -153,23 +150,14 @@ def data_kind(name: str | Path) -> tuple[str | None, str | None]:
     """``(kind, codec)`` of a file name, case-insensitively: ``("jsonl", "gzip")`` for
     ``A.JSONL.GZ``, ``("parquet", None)`` for ``b.PARQUET``, ``(None, None)`` for what
     seqpack does not read (a compressed Parquet file too: Parquet compresses inside)."""
-    suffixes = [s.lower() for s in Path(str(name)).suffixes]
-    codec = CODECS.get(suffixes[-1]) if suffixes else None
-    if codec is not None:
-        suffixes = suffixes[:-1]
-    kind = DATA_SUFFIXES.get(suffixes[-1]) if suffixes else None
-    if kind is None or (kind == "parquet" and codec is not None):
-        return None, None
-    return kind, codec
+    *rest, last = ["", *(s.lower() for s in Path(str(name)).suffixes)]
+    codec = CODECS.get(last)
+    kind = DATA_SUFFIXES.get(rest[-1] if codec else last)
+    return (None, None) if kind is None or (kind == "parquet" and codec) else (kind, codec)
 
 
 def is_datasets_folder(path: Path) -> bool:
     return os.path.lexists(path / "state.json") or os.path.lexists(path / "dataset_dict.json")
-
-
-def _side_file(name: str) -> bool:
-    low = name.lower()
-    return low.startswith((".", "_")) or low in SIDE_FILES or low.endswith(SIDE_SUFFIXES)
 
 
 def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
@@ -191,7 +179,8 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
             " raw data — pack its source instead, or read it with seqpack.io.load_packed"
         )
     for entry in entries:
-        if _side_file(entry.name):
+        low = entry.name.lower()
+        if low.startswith((".", "_")) or low in SIDE_FILES or low.endswith(SIDE_SUFFIXES):
             continue
         kind, _ = data_kind(entry.name)
         if entry.is_dir() or kind is None:
@@ -219,18 +208,6 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
     return kind, tuple(files)
 
 
-def _file_kind(path: Path) -> str:
-    kind, _ = data_kind(path)
-    if kind is None:
-        suffix = "".join(path.suffixes[-2:]).lower() or path.name
-        raise InvalidInput(
-            f"{path}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, .txt (one"
-            " document per line; JSON Lines and text may be compressed: .gz, .zst, .bz2, .xz),"
-            " a folder of such shards, a datasets save_to_disk folder, or - for standard input"
-        )
-    return kind
-
-
 def resolve_files(
     sources: Sequence[str | Path],
 ) -> tuple[str, tuple[Path, ...], tuple[Path | None, ...]]:
@@ -251,15 +228,23 @@ def resolve_files(
         for match in matches:
             if not match.exists():  # a dangling link too
                 raise InvalidInput(f"input {str(match)!r} does not exist — check the path")
-            if not match.is_dir():
-                found.append((_file_kind(match), match, None))
-                continue
-            if is_datasets_folder(match):
+            if match.is_dir():
+                if is_datasets_folder(match):
+                    raise InvalidInput(
+                        f"{match} is a datasets save_to_disk folder: give it as the only input"
+                    )
+                kind, shards = folder_files(match)
+                found += [(kind, shard, match) for shard in shards]
+            elif (kind := data_kind(match)[0]) is None:
+                suffix = "".join(match.suffixes[-2:]).lower() or match.name
                 raise InvalidInput(
-                    f"{match} is a datasets save_to_disk folder: give it as the only input"
+                    f"{match}: unknown input type {suffix!r} — use .jsonl, .json, .parquet, .txt"
+                    " (one document per line; JSON Lines and text may be compressed: .gz, .zst,"
+                    " .bz2, .xz), a folder of such shards, a datasets save_to_disk folder, or -"
+                    " for standard input"
                 )
-            kind, shards = folder_files(match)
-            found += [(kind, shard, match) for shard in shards]
+            else:
+                found.append((kind, match, None))
     kinds = {kind for kind, _, _ in found}
     if len(kinds) > 1:
         names = " and ".join(KIND_NAMES[k] for k in KIND_NAMES if k in kinds)
@@ -300,10 +285,7 @@ class InputStream:
             ) from None
         self.out += len(data)
         if self.limit is not None and self.out > self.limit:
-            try:
-                raw_size = os.fstat(self.raw.fileno()).st_size
-            except (OSError, ValueError, AttributeError):
-                raw_size = 0
+            raw_size = os.fstat(self.raw.fileno()).st_size  # a limit is set on files only
             raise InvalidInput(
                 f"{self.name} decompresses to more than {self.limit:,} bytes (over"
                 f" {self.limit // max(1, raw_size):,}x its size: a compression bomb?) —"
@@ -331,9 +313,6 @@ class InputStream:
             found = block.removeprefix(BOM if len(parts) == 1 else b"").lstrip(b" \t\r\n")[:1]
         self._head = b"".join(parts) + self._head
         return found
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -376,9 +355,7 @@ def open_stream(
 def reopen(name: str | Path) -> InputStream | None:
     """A file named in an error again from its start (to find a line); None for standard
     input or a file that is gone (no second read)."""
-    if str(name) == "<stdin>" or is_stdin(name):
-        return None
-    try:
-        return open_stream(name)
-    except InvalidInput:
-        return None
+    if str(name) != "<stdin>" and not is_stdin(name):
+        with contextlib.suppress(InvalidInput):
+            return open_stream(name)
+    return None

@@ -1,11 +1,9 @@
 """A Parquet file's decoded size, bounded before a page is decompressed.
 
-:func:`check_row_groups` bounds what each row group will decode to from the footer
-**and** from every page header (a small Thrift struct, walked here without
-decompressing anything), since a hostile footer may understate what the pages say.
-A row group over :attr:`ReadLimits.decoded_bytes`, or inflating more than
-:attr:`ReadLimits.ratio` times its compressed size beyond :attr:`ReadLimits.floor`,
-is refused naming the file, the row group and the sizes.
+:func:`check_row_groups` bounds each row group's decoded size from the footer **and** every
+page header (a hostile footer may understate it); a row group over
+:attr:`ReadLimits.decoded_bytes`, or over :attr:`ReadLimits.ratio` times its compressed size
+beyond :attr:`ReadLimits.floor`, is refused naming the file, the row group and the sizes.
 """
 
 from __future__ import annotations
@@ -36,15 +34,13 @@ class _Compact:
         return self.data[self.pos - 1]
 
     def varint(self) -> int:
-        shift = out = 0
-        while True:
+        out = 0
+        for shift in range(0, 77, 7):
             b = self.byte()
             out |= (b & 0x7F) << shift
             if not b & 0x80:
                 return out
-            shift += 7
-            if shift > 70:
-                raise ValueError("varint too long")
+        raise ValueError("varint too long")
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -53,14 +49,10 @@ class _Compact:
     def skip(self, kind: int, depth: int = 0) -> None:
         if depth > 32:
             raise ValueError("nested too deep")
-        if kind in (1, 2):  # booleans inside a field header carry no byte
-            return
-        if kind == 3:
-            self.pos += 1
+        if kind in (3, 7):
+            self.pos += 1 if kind == 3 else 8
         elif kind in (4, 5, 6):
             self.varint()
-        elif kind == 7:
-            self.pos += 8
         elif kind == 8:
             size = self.varint()  # read before moving: the length precedes the bytes
             self.pos += size
@@ -73,15 +65,13 @@ class _Compact:
                 else:
                     self.skip(head & 0x0F, depth + 1)
         elif kind == 11:
-            size = self.varint()
-            if size:
-                types = self.byte()
-                for _ in range(size):
-                    self.skip(types >> 4, depth + 1)
-                    self.skip(types & 0x0F, depth + 1)
+            types = self.byte() if (size := self.varint()) else 0
+            for _ in range(size):
+                self.skip(types >> 4, depth + 1)
+                self.skip(types & 0x0F, depth + 1)
         elif kind == 12:
             self.struct(lambda *_: False, depth + 1)
-        else:
+        elif kind not in (1, 2):  # booleans inside a field header carry no byte
             raise ValueError(f"unknown Thrift type {kind}")
         if self.pos > len(self.data):
             raise EOFError
@@ -89,13 +79,9 @@ class _Compact:
     def struct(self, take: Any, depth: int = 0) -> None:
         """Walk one struct; ``take(field_id, kind)`` reads a field itself (True) or skips it."""
         last = 0
-        while True:
-            head = self.byte()
-            if head == 0:
-                return
+        while head := self.byte():  # 0: the struct's end
             kind, delta = head & 0x0F, head >> 4
-            field = last + delta if delta else self.zigzag()
-            last = field
+            last = field = last + delta if delta else self.zigzag()
             if not take(field, kind):
                 self.skip(kind, depth)
 
@@ -104,25 +90,19 @@ def _page_header(data: bytes) -> tuple[int, int, int, int]:
     """``(header bytes, uncompressed size, compressed size, values)`` of the page header at
     the start of ``data`` (EOFError when ``data`` ends inside it)."""
     reader = _Compact(data)
-    found = {2: 0, 3: 0, "values": 0}  # field 2: uncompressed size, 3: compressed size
+    found = {1: 0, 2: 0, 3: 0}  # 2: uncompressed size, 3: compressed size, 1: values
 
-    def inner(sub: int, sub_kind: int) -> bool:
-        if sub == 1 and sub_kind == 5:
-            found["values"] = reader.zigzag()
-            return True
-        return False
-
-    def take(field: int, kind: int) -> bool:
-        if field in (2, 3) and kind == 5:
+    def take(field: int, kind: int, page: bool = False) -> bool:
+        if kind == 5 and field in ((1,) if page else (2, 3)):
             found[field] = reader.zigzag()
-        elif field in (5, 7, 8) and kind == 12:  # data, dictionary, data v2: num_values first
-            reader.struct(inner, 1)
+        elif kind == 12 and not page and field in (5, 7, 8):  # a page's num_values is field 1
+            reader.struct(lambda sub, sub_kind: take(sub, sub_kind, True), 1)
         else:
             return False
         return True
 
     reader.struct(take)
-    return reader.pos, found[2], found[3], found["values"]
+    return reader.pos, found[2], found[3], found[1]
 
 
 def _page_headers(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -151,10 +131,8 @@ def _chunk_bytes(f: BinaryIO, column: Any) -> tuple[int, int]:
     width = _WIDTH.get(column.physical_type, 0)
     # the chunk starts at its dictionary page when it has one (writers leave the data page
     # offset 0 in an empty row group); an offset of 0 would be the file's magic bytes
-    offsets = [column.data_page_offset]
-    if column.has_dictionary_page and column.dictionary_page_offset is not None:
-        offsets.append(column.dictionary_page_offset)
-    start = min([o for o in offsets if o and o > 0] or [0])
+    dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+    start = min([o for o in (column.data_page_offset, dictionary) if o and o > 0] or [0])
     if start <= 0:
         if column.total_compressed_size > 0:
             raise ValueError("a column chunk without a page offset")
@@ -180,18 +158,15 @@ def check_row_groups(
         decoded = compressed = 0
         try:
             for c in range(group.num_columns):
-                column = group.column(c)
-                if column.path_in_schema.split(".")[0] not in wanted:
-                    continue
-                d, z = _chunk_bytes(f, column)
-                decoded, compressed = decoded + d, compressed + z
+                if (column := group.column(c)).path_in_schema.split(".")[0] in wanted:
+                    d, z = _chunk_bytes(f, column)
+                    decoded, compressed = decoded + d, compressed + z
         except (ValueError, OSError) as err:
             raise InvalidInput(
                 f"{path}: row group {g} cannot be read as Parquet ({err}) — the file is damaged;"
                 " write it again"
             ) from None
-        bomb = decoded > limits.floor and decoded > limits.ratio * max(1, compressed)
-        if bomb:
+        if decoded > limits.floor and decoded > limits.ratio * max(1, compressed):
             raise InvalidInput(
                 f"{path}: row group {g} would decode to {decoded:,} bytes,"
                 f" {decoded / max(1, compressed):,.0f}x its {compressed:,} compressed bytes (a"

@@ -1,12 +1,8 @@
 """Readers: JSON Lines, text, Parquet and ``datasets`` as bounded Arrow chunks.
 
-:func:`open_input` names what a source is (:class:`Input`) and
-:meth:`Input.chunks` reads it in chunks of about ``chunk_bytes`` of input each
-(Parquet by row groups, bounded by :mod:`seqpack.io.parquet_guard`; every file
-through the input policy of :mod:`seqpack.io.files`), each chunk with the
-:class:`~seqpack.io.documents.Origin` naming its rows in errors.
-:func:`read_documents` and :func:`load_examples` read a whole input into memory
-(:mod:`seqpack.io.columns` converts it).
+:func:`open_input` says what a source is (:class:`Input`); :meth:`Input.chunks` reads it
+in chunks of about ``chunk_bytes`` of input, each with the :class:`Origin` naming its rows.
+:func:`read_documents` and :func:`load_examples` read a whole input into memory.
 """
 
 from __future__ import annotations
@@ -132,20 +128,17 @@ def _file_chunks(path: Path, root: Path | None, kind: str, chunk_bytes: int, tex
                               str(path), "row")  # fmt: skip
         return
     with open_stream(path, root=root, limits=limits) as stream:
-        if kind == "text":
-            parts = _text_tables(stream, Path(stream.name), chunk_bytes, text_field)
-            yield from _named(parts, stream.name, "text line", stream)
-            return
-        head = stream.first_byte()
         name = Path(stream.name)
-        if head == b"[":
-            table = read_json_array(stream, name)
-            yield from _named(iter([(table, stream.position)]), str(name), "row")
+        if kind == "text":
+            parts, unit = _text_tables(stream, name, chunk_bytes, text_field), "text line"
+        elif (head := stream.first_byte()) == b"[":
+            parts, unit = iter([(read_json_array(stream, name), 0)]), "row"
         elif not head:
             raise InvalidInput(f"{name} is empty: it holds no rows — nothing to pack")
         else:
             parts = iter_jsonl(stream, name, chunk_bytes, ReadColumns(text_field), limits)
-            yield from _named(parts, str(name), "line", stream)
+            unit = "line"
+        yield from _named(parts, stream.name, unit, stream)
 
 
 def _text_tables(
@@ -208,14 +201,13 @@ def _parquet_chunks(
         ) from None
 
 
-# -- datasets save_to_disk folders: state.json / dataset_dict.json checked before datasets
-# reads them, every file they name held to the input policy (see docs/design-notes.md).
+# -- datasets save_to_disk folders, checked before datasets reads them (docs/design-notes.md)
 
 
-def _damaged(path: Path, what: str) -> InvalidInput:
+def _damaged(folder: Path, what: str) -> InvalidInput:
     return InvalidInput(
-        f"{path.parent}: cannot load as a datasets save_to_disk folder ({path.name}: {what})"
-        " — save it again with Dataset.save_to_disk"
+        f"{folder}: cannot load as a datasets save_to_disk folder ({what}) — save it again with"
+        " Dataset.save_to_disk"
     )
 
 
@@ -225,15 +217,15 @@ def _listed(path: Path, root: Path, key: str, field: str | None) -> list[str]:
         doc = json.loads(read_limited(path, MAX_METADATA_FILE, root=root),
                          object_pairs_hook=unique_keys)  # fmt: skip
     except DuplicateKey as err:
-        raise _damaged(path, f"key {err.args[0]!r} appears twice") from None
+        raise _damaged(path.parent, f"{path.name}: key {err.args[0]!r} appears twice") from None
     except (ValueError, RecursionError) as err:
-        raise _damaged(path, f"not valid JSON: {err}") from None
+        raise _damaged(path.parent, f"{path.name}: not valid JSON: {err}") from None
     items = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
-        raise _damaged(path, f"{key!r} is not a non-empty list")
+        raise _damaged(path.parent, f"{path.name}: {key!r} is not a non-empty list")
     names = [item.get(field) if field and isinstance(item, dict) else item for item in items]
     if not all(isinstance(n, str) for n in names):
-        raise _damaged(path, f"an entry of {key!r} names no file")
+        raise _damaged(path.parent, f"{path.name}: an entry of {key!r} names no file")
     return names
 
 
@@ -265,10 +257,7 @@ def load_folder(path: Path) -> Any:
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as err:  # datasets raises many kinds on a damaged folder
-        raise InvalidInput(
-            f"{path}: cannot load as a datasets save_to_disk folder ({type(err).__name__}:"
-            f" {err}) — save it again with Dataset.save_to_disk"
-        ) from None
+        raise _damaged(path, f"{type(err).__name__}: {err}") from None
     for part in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         for cache in part.cache_files:
             open_regular(cache["filename"], root=path).close()
@@ -323,16 +312,12 @@ def open_input(
 ) -> Input:
     """What ``source`` is and how to read it (nothing is read yet).
 
-    ``source``: a ``.jsonl``/``.json``/``.ndjson`` file (or one compressed:
-    ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for standard input, a ``.txt`` file
-    (compressed too: one document per line, as ``datasets``' "text" builder), a
-    ``.parquet`` file, a folder of Parquet (or JSON Lines) shards read in
-    sorted name order, a glob, a list of any of these (one format, read in
-    order), a ``datasets`` ``save_to_disk`` folder (a ``DatasetDict`` picks
-    ``partition``), or an in-memory ``datasets.Dataset`` / ``DatasetDict`` /
-    ``pyarrow.Table``. ``limits`` bound what reading may decode
-    (:class:`~seqpack.io.files.ReadLimits`; ``seqpack.pipeline.budget.read_limits``
-    derives them from the options).
+    ``source``: a ``.jsonl``/``.json``/``.ndjson`` or ``.txt`` file (one document per
+    line; either may be compressed: ``.gz``, ``.zst``, ``.bz2``, ``.xz``), ``-`` for
+    standard input, a ``.parquet`` file, a folder of shards (sorted by name), a glob, a
+    list of these (one format, in order), a ``datasets`` ``save_to_disk`` folder (a
+    ``DatasetDict`` picks ``partition``), or an in-memory ``datasets.Dataset`` /
+    ``DatasetDict`` / ``pyarrow.Table``. ``limits`` bound what reading may decode.
     """
     part = Split.parse(partition)
     limits = limits or ReadLimits()

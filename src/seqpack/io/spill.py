@@ -1,13 +1,9 @@
 """The spill: token chunks written once to a temporary Arrow IPC file, read back memory-mapped.
 
-Packing a corpus larger than memory appends each
-:class:`~seqpack.io.documents.TokenChunk` to the spill as one record batch and
-keeps only the lengths; :meth:`Spill.open` maps the file and gives every chunk
-back as views of the map. The file is a :func:`tempfile.TemporaryFile` (no
-name on POSIX), so it is gone after success, failure, SIGTERM or SIGKILL alike;
-folders created for it are removed when it closes. :meth:`MappedFile.release`
-drops the pages read after each output shard, so resident memory is bounded by
-what one shard touches (input Arrow IPC files are mapped the same way).
+Each :class:`~seqpack.io.documents.TokenChunk` is one record batch; :meth:`Spill.open` maps
+the file and gives the chunks back as views of the map. The file is an unnamed
+:func:`tempfile.TemporaryFile`, gone after success, failure or any kill; folders made for
+it are removed on close. :meth:`MappedFile.release` drops the pages read so far.
 """
 
 from __future__ import annotations
@@ -32,14 +28,11 @@ class MappedFile:
     """``file`` (opened for reading) mapped read-only; ``buffer`` is a zero-copy Arrow view."""
 
     def __init__(self, path: Path, file: BinaryIO) -> None:
-        self.path = path
-        self._file = file
+        self.path, self._file = path, file
         size = file.seek(0, 2)
         file.seek(0)
-        self._map: mmap.mmap | None = (
-            mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) if size else None
-        )
-        self.buffer = pa.py_buffer(self._map) if self._map is not None else pa.py_buffer(b"")
+        self._map = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ) if size else None
+        self.buffer = pa.py_buffer(self._map if self._map is not None else b"")
 
     def release(self) -> None:
         """Drop this file's resident pages from the process (the data stays readable)."""
@@ -69,11 +62,7 @@ class MappedFile:
 
 
 SCHEMA = pa.schema(
-    [
-        ("tokens", pa.large_list(pa.int32())),
-        ("flags", pa.large_list(pa.uint8())),
-        ("id", pa.string()),
-    ]
+    {"tokens": pa.large_list(pa.int32()), "flags": pa.large_list(pa.uint8()), "id": pa.string()}
 )
 
 
@@ -96,9 +85,8 @@ class Spill:
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
         self.path = folder
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
         with self._naming_errors():
-            self._writer = pa.ipc.new_file(self._file, SCHEMA)
+            self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
 
     def append(self, chunk: TokenChunk) -> None:
@@ -129,18 +117,11 @@ class Spill:
         reader = pa.ipc.open_file(pa.BufferReader(self._mapped.buffer))
         chunks = []
         for i, (origin, first) in enumerate(zip(origins, first_rows, strict=True)):
-            batch = reader.get_batch(i)
-            tokens, flags, ids = batch.columns
-            chunks.append(
-                TokenChunk(
-                    tokens=tokens.values.to_numpy(),
-                    offsets=tokens.offsets.to_numpy(),
-                    flags=None if flags.null_count else flags.values.to_numpy().view(bool),
-                    ids=None if ids.null_count else ids,
-                    origin=origin,
-                    first_row=first,
-                )
-            )
+            tokens, flags, ids = reader.get_batch(i).columns
+            flags = None if flags.null_count else flags.values.to_numpy().view(bool)
+            ids = None if ids.null_count else ids
+            offsets = tokens.offsets.to_numpy()
+            chunks.append(TokenChunk(tokens.values.to_numpy(), offsets, flags, ids, origin, first))
         return chunks
 
     def release(self) -> None:
