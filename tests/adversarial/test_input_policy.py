@@ -166,6 +166,29 @@ def test_a_parquet_decompression_bomb_is_refused_before_memory_grows(tmp_path):
     assert int(grown) < 64  # MiB: the 144 MB of values were never decoded
 
 
+def test_a_page_header_claiming_a_huge_boolean_map_is_refused_quickly(tmp_path):
+    # a Thrift map of 2**60 (bool, bool) entries: each entry is one byte in the compact
+    # protocol, so the walk reaches the chunk's end; it once skipped them reading nothing
+    pq.write_table(pa.table({"input_ids": [[0, 5, 1]] * 4}), tmp_path / "ok.parquet")
+    data = (tmp_path / "ok.parquet").read_bytes()
+    start = pq.ParquetFile(tmp_path / "ok.parquet").metadata.row_group(0).column(0)
+    start = start.dictionary_page_offset or start.data_page_offset
+    # field 15 (delta 15) of type 11 (map), size varint 2**60, key/value types 1/1
+    huge = bytes([0xFB]) + bytes([0x80] * 8 + [0x10]) + bytes([0x11])
+    (tmp_path / "m.parquet").write_bytes(data[:start] + huge + data[start + len(huge) :])
+    code = (
+        "import sys\n"
+        "from seqpack.io.readers import read_documents\n"
+        "from seqpack.core.errors import InvalidInput\n"
+        "try:\n    read_documents(sys.argv[1])\nexcept InvalidInput as e:\n    print(e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "m.parquet")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "row group 0 cannot be read as Parquet" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_the_budget_bounds_a_parquet_row_group(tmp_path):
     # one row group of 9 M ids (81 MB decoded): over a 1 GiB budget's share of one read
     # (4 x --chunk-bytes, at least 64 MiB), refused before it is decoded

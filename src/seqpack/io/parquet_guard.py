@@ -60,21 +60,26 @@ class _Compact:
             head = self.byte()
             size = head >> 4 if head >> 4 != 15 else self.varint()
             for _ in range(size):
-                if head & 0x0F in (1, 2):
-                    self.byte()  # a boolean list element is one byte
-                else:
-                    self.skip(head & 0x0F, depth + 1)
+                self.element(head & 0x0F, depth)
         elif kind == 11:
             types = self.byte() if (size := self.varint()) else 0
             for _ in range(size):
-                self.skip(types >> 4, depth + 1)
-                self.skip(types & 0x0F, depth + 1)
+                self.element(types >> 4, depth)
+                self.element(types & 0x0F, depth)
         elif kind == 12:
             self.struct(lambda *_: False, depth + 1)
         elif kind not in (1, 2):  # booleans inside a field header carry no byte
             raise ValueError(f"unknown Thrift type {kind}")
         if self.pos > len(self.data):
             raise EOFError
+
+    def element(self, kind: int, depth: int) -> None:
+        """Skip one list, set or map element: a boolean there is one byte (in a field
+        header it is the type itself), so a huge boolean map cannot spin without reading."""
+        if kind in (1, 2):
+            self.byte()
+        else:
+            self.skip(kind, depth + 1)
 
     def struct(self, take: Any, depth: int = 0) -> None:
         """Walk one struct; ``take(field_id, kind)`` reads a field itself (True) or skips it."""
