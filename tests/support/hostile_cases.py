@@ -893,6 +893,17 @@ def _parquet_bomb(folder: Path) -> None:
     pq.write_table(pa.table({"input_ids": rows}), folder / "bomb.parquet", compression="zstd")
 
 
+def _parquet_boolean_map(folder: Path) -> None:
+    # the first page header starts with a field holding a Thrift map of 2**60 booleans
+    pq.write_table(pa.table({"input_ids": [[0, 5, 1]] * 4}), folder / "ok.parquet")
+    data = (folder / "ok.parquet").read_bytes()
+    chunk = pq.ParquetFile(folder / "ok.parquet").metadata.row_group(0).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    huge = bytes([0xFB, *[0x80] * 8, 0x10, 0x11])  # field 15: map, size 2**60, (bool, bool)
+    (folder / "m.parquet").write_bytes(data[:start] + huge + data[start + len(huge) :])
+    (folder / "ok.parquet").unlink()
+
+
 def _pack_file(name: str, **kw: Any) -> Callable[[], Any]:
     return lambda: _pack(data=name, **kw)
 
@@ -950,6 +961,17 @@ CASES += [
         ("bomb.parquet: row group 0 would decode to", "a decompression bomb?",
          "refused before decoding"),
         setup=_parquet_bomb,
+    ),
+    Case(
+        "parquet-boolean-map",
+        "a Parquet page header claiming a Thrift map of 2**60 booleans (the header walk"
+        " spun for practically forever)",
+        {},
+        _pack_argv(data="m.parquet"),
+        _pack_file("m.parquet"),
+        InvalidInput,
+        ("m.parquet: row group 0 cannot be read as Parquet", "the file is damaged"),
+        setup=_parquet_boolean_map,
     ),
     Case(
         "gzip-bomb",
