@@ -5,7 +5,8 @@
 - no module imports another module's private name;
 - no two modules share a base name, no function over 80 lines;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
-- the 0.1 module paths still import, with a DeprecationWarning.
+- the 0.1 module paths still import, with a DeprecationWarning;
+- every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``.
 """
 
 import ast
@@ -192,3 +193,23 @@ def test_split_modules_keep_their_old_names(old, names):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("patch", sorted((ROOT / "tests" / "mutants").glob("*.patch")), ids=str)
+def test_every_planted_mutant_still_applies(patch):
+    # a patch whose lines left src/ plants nothing: scripts/mutation_planted.py would
+    # report no killer for a bug that is not there
+    target, hunks = None, []
+    for line in patch.read_text().splitlines():
+        if line.startswith("--- a/"):
+            target = ROOT / line[len("--- a/") :]
+        elif line.startswith("@@"):
+            hunks.append([])
+        elif hunks and line[:1] in (" ", "-"):
+            hunks[-1].append(line[1:])
+        elif hunks and line == "":
+            hunks[-1].append("")
+    assert target is not None and hunks, f"{patch.name} changes nothing"
+    text = target.read_text()
+    for old in hunks:
+        assert "\n".join(old) in text, f"{patch.name} no longer applies to {target.name}"
