@@ -27,9 +27,22 @@ from seqpack.core.errors import InvalidInput
 from seqpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
-_LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "LightningAttention", "Rwkv")
-_LINEAR += ("xLSTM", "mLSTM", "sLSTM")
-MIXER_CLASSES = (("ShortConv", "convolution"), *((w, "linear attention") for w in _LINEAR))
+MIXER_CLASSES = (
+    ("ShortConv", "convolution"),
+    *(
+        (w, "linear attention")
+        for w in (
+            "Mamba",
+            "GatedDeltaNet",
+            "LinearAttention",
+            "LightningAttention",
+            "Rwkv",
+            "xLSTM",
+            "mLSTM",
+            "sLSTM",
+        )
+    ),
+)
 #: Source words of a forward that dispatches through transformers' attention interface.
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
 #: Source words of a model that applies its config's sliding window.

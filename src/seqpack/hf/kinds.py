@@ -22,11 +22,20 @@ FLATTENED_KINDS = (FLASH, VARLEN)
 #: Kinds that read a mask seqpack builds, so a model's windows must be known to it.
 MASK_KINDS = (SDPA, EAGER, FLEX)
 
-BUILTIN = {"eager": EAGER, "sdpa": SDPA, "flex_attention": FLEX, "seqpack_varlen": VARLEN}
-BUILTIN |= {f"flash_attention_{v}": FLASH for v in (2, 3, 4)}
+BUILTIN = {
+    "eager": EAGER,
+    "sdpa": SDPA,
+    "flex_attention": FLEX,
+    "seqpack_varlen": VARLEN,
+    **{f"flash_attention_{v}": FLASH for v in (2, 3, 4)},
+}
 #: ``transformers``' mask function names (``masking_utils``) -> the kind that reads that mask.
-MASK_FUNCTION_KINDS = {"sdpa_mask": SDPA, "eager_mask": EAGER, "flex_attention_mask": FLEX}
-MASK_FUNCTION_KINDS["flash_attention_mask"] = FLASH
+MASK_FUNCTION_KINDS = {
+    "sdpa_mask": SDPA,
+    "eager_mask": EAGER,
+    "flash_attention_mask": FLASH,
+    "flex_attention_mask": FLEX,
+}
 #: ``transformers.integrations.hub_kernels.is_kernel``'s pattern: ``org/repo[@rev][:function]``.
 HUB_NAME = re.compile(r"^[^/:|]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
 

@@ -317,9 +317,13 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
 
 def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
     """Shard content against its manifest ``entry``, the binding and ``occurrences``."""
-    got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
-           "tokens": int(rows.tokens.shape[0]),
-           "eligible": int(np.count_nonzero(rows.loss_mask))}  # fmt: skip
+    got = {
+        "rows": rows.num_rows,
+        "first_row": rows.first_row,
+        "occurrences": len(rows),
+        "tokens": int(rows.tokens.shape[0]),
+        "eligible": int(np.count_nonzero(rows.loss_mask)),
+    }
     _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
         raise _bad(where, "a row holds no occurrence")

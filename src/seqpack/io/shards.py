@@ -73,8 +73,14 @@ FIELDS: dict[str, pa.DataType] = {
 REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
 #: Every version-2 column (a shard holds :data:`REQUIRED` and some of the others).
 SCHEMA = pa.schema(list(FIELDS.items()))
-_PER_OCCURRENCE = ("seq_starts", "ordinals", "source_ids", "example_ids", "range_starts",
-                   "range_ends")  # fmt: skip
+_PER_OCCURRENCE = (
+    "seq_starts",
+    "ordinals",
+    "source_ids",
+    "example_ids",
+    "range_starts",
+    "range_ends",
+)
 #: The version-1 columns (every one stored; ``labels`` aligned with ``tokens``).
 V1_COLUMNS = ("row", "tokens", "labels", "seq_lengths", *_PER_OCCURRENCE)
 V1_SCHEMA = pa.schema([(n, FIELDS.get(n, pa.list_(pa.int32()))) for n in V1_COLUMNS])

@@ -305,8 +305,16 @@ class Slot:
 
 
 SAMPLER_FORMAT = "seqpack.row-sampler/1"
-_SAMPLER_CONFIG = ("rows", "world_size", "rank", "micro_batches", "rows_per_micro_batch")
-_SAMPLER_CONFIG += ("seed", "balance", "shuffle")
+_SAMPLER_CONFIG = (
+    "rows",
+    "world_size",
+    "rank",
+    "micro_batches",
+    "rows_per_micro_batch",
+    "seed",
+    "balance",
+    "shuffle",
+)
 
 
 class RowSampler:

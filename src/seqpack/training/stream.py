@@ -59,9 +59,18 @@ from seqpack.training.packed_data import ScheduledBatch
 
 STATE_FORMAT = "seqpack.stream-dataset/1"
 #: A saved state's settings: its on-disk key -> the dataset's attribute (0.2's keys kept).
-_CONFIG = {k: k for k in ("capacity", "rows_per_micro_batch", "micro_batches", "world_size")}
-_CONFIG |= {"rank": "rank", "window": "lookahead", "max_open_rows": "max_open_rows"}
-_CONFIG |= {"seed": "seed", "split_long": "cut_long", "balance": "balance"}
+_CONFIG = {
+    "capacity": "capacity",
+    "rows_per_micro_batch": "rows_per_micro_batch",
+    "micro_batches": "micro_batches",
+    "world_size": "world_size",
+    "rank": "rank",
+    "window": "lookahead",
+    "max_open_rows": "max_open_rows",
+    "seed": "seed",
+    "split_long": "cut_long",
+    "balance": "balance",
+}
 _CLOSED = ("example", "row", "start")
 
 #: Documents a stream reads at a time, at most.
