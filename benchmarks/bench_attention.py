@@ -8,7 +8,7 @@ packed next-fit into ``--rows`` rows of ``--capacity`` cells; the *same*
 examples right-padded one per row to the longest of them (dynamic padding,
 the stronger padded baseline) with the dense backend. Token ids are random.
 
-Model: ``seqpack.verify.TinyDecoder`` (Llama-style, tied byte vocabulary 266),
+Model: ``exactpack.verify.TinyDecoder`` (Llama-style, tied byte vocabulary 266),
 default width 256, 4 heads, SwiGLU 704, 4 layers, float32, seed 0 — the
 same weights in every run. A training step is layout + forward + token-
 weighted loss + backward; ``forward`` rows are the same under no_grad (the
@@ -43,17 +43,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqpack import Binding, ExampleTable, PackConfig, Split, pack_examples
-from seqpack.core.loss import token_weighted_loss
-from seqpack.core.policies import plan_rows
-from seqpack.nn import AttentionLayout, attention
-from seqpack.nn.varlen import BUCKETING, varlen_attention, varlen_plan
-from seqpack.verify.decoder import DecoderConfig, TinyDecoder
+from exactpack import Binding, ExampleTable, PackConfig, Split, pack_examples
+from exactpack.core.loss import token_weighted_loss
+from exactpack.core.policies import plan_rows
+from exactpack.nn import AttentionLayout, attention
+from exactpack.nn.varlen import BUCKETING, varlen_attention, varlen_plan
+from exactpack.verify.decoder import DecoderConfig, TinyDecoder
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import w1_sft, w2_short
 
-BINDING = Binding(266, "seqpack/bytes-266", "sha256:bench-attention")
+BINDING = Binding(266, "exactpack/bytes-266", "sha256:bench-attention")
 RUNS = [  # (layout, backend, mode)
     ("padded", "dense", "train"),
     ("packed", "dense", "train"),

@@ -8,7 +8,7 @@ checkouts under ``.cache/commits/``, imported through ``PYTHONPATH``), the two
 headline user paths of :mod:`bench_userpath` as fresh processes:
 
 1. ``pack_dataset`` on W1 in memory, the first call timed from import to return;
-2. ``seqpack pack W1.parquet --out DIR`` (Parquet -> Parquet), the whole process.
+2. ``exactpack pack W1.parquet --out DIR`` (Parquet -> Parquet), the whole process.
 
 Alternating the two trees inside each round keeps the machine's load the same for
 both; the table prints the median of the rounds and new/old ratios (below 1: faster).
@@ -40,16 +40,16 @@ def checkout(rev: str) -> Path:
 
 
 def one_round(src: Path, work: Path) -> dict[str, float]:
-    os.environ["PYTHONPATH"] = str(src)  # fresh children import this tree's seqpack
-    mem = user.in_memory("W1", "seqpack", 1)
+    os.environ["PYTHONPATH"] = str(src)  # fresh children import this tree's exactpack
+    mem = user.in_memory("W1", "exactpack", 1)
     w = user.workload("W1")
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(user.VOCAB)]
-    pack = user.seqpack_pack(user.parquet_input("W1"), work / "out", *flags)
+    pack = user.exactpack_pack(user.parquet_input("W1"), work / "out", *flags)
     return {
         "pack_dataset first call (s)": mem["seconds"],
         "pack_dataset peak RSS (MB)": mem["peak_rss"] / 1e6,
-        "seqpack pack, fresh process (s)": pack["seconds"],
-        "seqpack pack peak RSS (MB)": pack["peak_rss"] / 1e6,
+        "exactpack pack, fresh process (s)": pack["seconds"],
+        "exactpack pack peak RSS (MB)": pack["peak_rss"] / 1e6,
     }
 
 

@@ -1,4 +1,4 @@
-"""A transformers model on packed rows: ``seqpack_varlen`` vs sdpa with dense 4-D masks.
+"""A transformers model on packed rows: ``exactpack_varlen`` vs sdpa with dense 4-D masks.
 
     .venv/bin/python benchmarks/bench_hf_attention.py              # docs/transformers.md table
     .venv/bin/python benchmarks/bench_hf_attention.py --quick      # smoke run: T=512, 1 thread
@@ -16,7 +16,7 @@ Variants (all compute the same loss; the run checks it):
 * ``sdpa + float mask``: ``attn_implementation="sdpa"``, the additive float
   ``(R, 1, T, T)`` mask — the baseline;
 * ``sdpa + bool mask``: the same, ``mask="bool"`` (a quarter of the bytes);
-* ``seqpack_varlen``: the registered attention function on the flattened
+* ``exactpack_varlen``: the registered attention function on the flattened
   valid cells with ``cu_seq_lens`` — no mask at all.
 
 Each (variant, T, threads) runs in a fresh subprocess: one warm-up step,
@@ -47,7 +47,7 @@ from workloads import w1_sft
 VARIANTS = {  # name -> (attn_implementation, mask)
     "sdpa + float mask": ("sdpa", "float"),
     "sdpa + bool mask": ("sdpa", "bool"),
-    "seqpack_varlen": ("seqpack_varlen", "float"),
+    "exactpack_varlen": ("exactpack_varlen", "float"),
 }
 BASELINE = "sdpa + float mask"
 CONFIG = {
@@ -68,9 +68,9 @@ CONFIG = {
 
 def batch_of(rows: int, width: int):
     """The first ``rows`` next-fit rows of W1 (lengths clipped to the row), random ids."""
-    from seqpack import Binding, PackConfig, SequenceExample, pack_examples
+    from exactpack import Binding, PackConfig, SequenceExample, pack_examples
 
-    binding = Binding(266, "seqpack/bytes-266", "sha256:bench-hf-attention")
+    binding = Binding(266, "exactpack/bytes-266", "sha256:bench-hf-attention")
     lengths = np.minimum(w1_sft().lengths, width)
     rng = np.random.default_rng(0)
     examples, filled, row = [], 0, 0
@@ -93,8 +93,8 @@ def batch_of(rows: int, width: int):
 def worker(variant: str, width: int, rows: int, threads: int, repeats: int) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
-    from seqpack.hf import hf_inputs
+    import exactpack.hf.attention_impl  # noqa: F401  (registers exactpack_varlen)
+    from exactpack.hf import hf_inputs
 
     torch.set_num_threads(threads)
     attn, mask = VARIANTS[variant]

@@ -3,18 +3,18 @@
     .venv/bin/python benchmarks/bench_pipeline.py            # W1 and W2, table + memory
     .venv/bin/python benchmarks/bench_pipeline.py --quick    # W1 only, no TRL one-batch run
 
-Each workload's lengths (prediction pairs) get synthetic token ids: seqpack
+Each workload's lengths (prediction pairs) get synthetic token ids: exactpack
 receives windows of ``len + 1`` tokens (``len`` pairs, ``len`` cells), TRL
 receives sequences of ``len`` tokens (``len`` cells), so both fill the same
 number of cells and share the lower bound ``ceil(Σ len / capacity)``.
 
-Timed, after one warm-up: seqpack ``pipeline.pack_table`` (plan + compact
+Timed, after one warm-up: exactpack ``pipeline.pack_table`` (plan + compact
 rows, i.e. tokens and loss flags gathered into storage order with per-row
 occurrence metadata) and, as a second line, the same plus the Arrow table of
-:data:`seqpack.store.SCHEMA` that ``hf.pack_dataset`` returns; TRL
+:data:`exactpack.store.SCHEMA` that ``hf.pack_dataset`` returns; TRL
 ``trl.data_utils.pack_dataset(ds, capacity, strategy="bfd")`` on an in-memory
 ``datasets.Dataset`` (default map batches of 1,000). Ratio = TRL seconds /
-seqpack seconds in the same run.
+exactpack seconds in the same run.
 
 Memory: a fresh subprocess builds W2's token arrays (with mixed loss flags,
 so they are gathered as well), resets the kernel's
@@ -37,9 +37,9 @@ import tracemalloc
 
 import numpy as np
 
-from seqpack import Binding, ExampleTable
-from seqpack.io.shards import rows_to_arrow
-from seqpack.pipeline.local import pack_table
+from exactpack import Binding, ExampleTable
+from exactpack.io.shards import rows_to_arrow
+from exactpack.pipeline.local import pack_table
 from workloads import EXPECTED_SHA, Workload, w1_sft, w2_short
 
 VOCAB = 32_000
@@ -96,19 +96,19 @@ def timed(fn, repeats: int):
     return statistics.median(times), out
 
 
-def run_seqpack(w: Workload, repeats: int) -> list[dict]:
+def run_exactpack(w: Workload, repeats: int) -> list[dict]:
     table = example_table(w)
     rows_out = []
     for policy in POLICIES:
         seconds, (plan, _) = timed(lambda p=policy: pack_table(table, w.capacity, p), repeats)
-        rows_out.append(_row(f"seqpack {policy}", w, seconds, plan.num_rows))
+        rows_out.append(_row(f"exactpack {policy}", w, seconds, plan.num_rows))
 
     def with_arrow():
         plan, rows = pack_table(table, w.capacity, "best-fit-decreasing")
         return plan, rows_to_arrow(rows)
 
     seconds, (plan, _) = timed(with_arrow, repeats)
-    rows_out.append(_row("seqpack best-fit-decreasing + Arrow", w, seconds, plan.num_rows))
+    rows_out.append(_row("exactpack best-fit-decreasing + Arrow", w, seconds, plan.num_rows))
     return rows_out
 
 
@@ -206,7 +206,7 @@ def print_table(results: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="W1 only")
-    parser.add_argument("--repeats", type=int, default=3, help="timed seqpack runs (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed exactpack runs (median)")
     parser.add_argument("--trl-repeats", type=int, default=1, help="timed TRL runs (median)")
     parser.add_argument("--trl-one-batch", action="store_true", help="also TRL in one map batch")
     parser.add_argument("--no-trl", action="store_true", help="skip TRL")
@@ -219,7 +219,7 @@ def main() -> None:
     for make in (w1_sft,) if args.quick else (w1_sft, w2_short):
         w = make()
         assert w.sha == EXPECTED_SHA[w.name], f"{w.name} lengths changed"
-        results += run_seqpack(w, args.repeats)
+        results += run_exactpack(w, args.repeats)
         gc.collect()
         if not args.no_trl:
             results += run_trl(w, args.trl_repeats, args.trl_one_batch)

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_policies.py --json     # JSON (one object per row)
 
 For each workload and policy: median seconds of ``--repeat`` timed runs of
-``seqpack.plan_rows`` (after one untimed call, whose time is reported as
+``exactpack.plan_rows`` (after one untimed call, whose time is reported as
 ``first s``: the first call's page faults and caches), the median
 CPU seconds of the same runs (robust when other jobs share the cores),
 examples/s (wall clock), rows, and rows / lower bound. Lengths are the workloads' prediction lengths
@@ -60,8 +60,8 @@ def timed(fn, repeat: int) -> tuple[float, float, float, object]:
     return first, statistics.median(wall), statistics.median(cpu), result
 
 
-def bench_seqpack(w: Workload, engine: str, repeat: int) -> list[dict]:
-    from seqpack import plan_rows
+def bench_exactpack(w: Workload, engine: str, repeat: int) -> list[dict]:
+    from exactpack import plan_rows
 
     rows = []
     for policy, options in POLICIES:
@@ -146,13 +146,13 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="skip TRL even if installed")
     args = parser.parse_args()
 
-    from seqpack.core import engine as kernels
+    from exactpack.core import engine as kernels
 
     engines = [kernels.resolve(e) for e in args.engines.split(",")]
     pack_bfd = None if args.no_trl else trl_planner()
     results = []
     for w in all_workloads():
-        ours = [r for e in engines for r in bench_seqpack(w, e, args.repeat)]
+        ours = [r for e in engines for r in bench_exactpack(w, e, args.repeat)]
         if pack_bfd is not None:
             trl_default = bench_trl(w, pack_bfd, 1000)
             for r in ours:

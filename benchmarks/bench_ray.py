@@ -12,11 +12,11 @@ packed directory out. Measured in one run, tokens = prediction pairs:
 
 - the tokenizer alone over the same texts, in a fresh process with one Rust
   thread (``encode_batch`` and ``encode_batch_fast``): the per-core limit;
-- ``seqpack pack --engine local`` as a fresh process (imports, reading,
+- ``exactpack pack --engine local`` as a fresh process (imports, reading,
   tokenizing on all cores, planning, writing);
-- ``seqpack pack --engine ray --ray-num-cpus W`` as a fresh process (pays
+- ``exactpack pack --engine ray --ray-num-cpus W`` as a fresh process (pays
   ``ray.init``, worker start-up and shut-down), for each W;
-- ``seqpack.ray.pack`` on an instance of W CPUs already running, after one
+- ``exactpack.ray.pack`` on an instance of W CPUs already running, after one
   pack that started its workers (steady state: the scaling curve; the best
   of ``--repeat``), for each W; its tasks' own seconds (manifest
   ``engine.per_block``) give the per-worker rate.
@@ -118,25 +118,25 @@ def tokenizer_alone(tok: Path, folder: Path) -> dict[str, float]:
 
 
 def cli(args: list[str]) -> tuple[float, dict, float]:
-    """``seqpack ARGS --json`` as a fresh process: (wall seconds, statistics, peak RSS GiB)."""
-    seqpack = Path(sys.executable).with_name("seqpack")
+    """``exactpack ARGS --json`` as a fresh process: (wall seconds, statistics, peak RSS GiB)."""
+    exactpack = Path(sys.executable).with_name("exactpack")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(seqpack), *args, "--json"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(exactpack), *args, "--json"], stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
-        raise SystemExit(f"seqpack {' '.join(args)} exited {proc.returncode}")
+        raise SystemExit(f"exactpack {' '.join(args)} exited {proc.returncode}")
     return wall, json.loads(out.splitlines()[-1]), usage.ru_maxrss / (1 << 20)
 
 
 def warm(folder: Path, tok: Path, out: Path, workers: int, repeat: int) -> dict:
-    """``seqpack.ray.pack`` on a running instance of ``workers`` CPUs: a first pack starts the
+    """``exactpack.ray.pack`` on a running instance of ``workers`` CPUs: a first pack starts the
     workers, the best of ``repeat`` more is kept; its manifest gives the tasks' seconds."""
     import ray
 
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     kw = {"capacity": CAPACITY, "tokenizer": str(tok), "cut_long": True, "progress": False}
     ray.init(
@@ -162,7 +162,7 @@ def warm(folder: Path, tok: Path, out: Path, workers: int, repeat: int) -> dict:
 
 def scan_seconds(folder: Path) -> float:
     """The driver's serial line scan of the JSON Lines shards (what a block layout costs)."""
-    from seqpack.ray.blocks import file_blocks
+    from exactpack.ray.blocks import file_blocks
 
     t0 = time.perf_counter()
     file_blocks(folder, None)

@@ -9,10 +9,10 @@ W1's lengths (prediction pairs, 200,000 examples) get synthetic token ids
 capacity 4096 into a packed directory (read, check, plan, materialise, write
 zstd Parquet, manifest):
 
-- ``local``: :func:`seqpack.pipeline.pack_path`, one process, one global plan;
-- ``pool``: :mod:`seqpack.ray`'s plan and write tasks on a
+- ``local``: :func:`exactpack.pipeline.pack_path`, one process, one global plan;
+- ``pool``: :mod:`exactpack.ray`'s plan and write tasks on a
   ``ProcessPoolExecutor`` — one block per shard, the same shards as ``ray``;
-- ``ray``: :func:`seqpack.ray.pack` on a local instance of ``--workers``
+- ``ray``: :func:`exactpack.ray.pack` on a local instance of ``--workers``
   CPUs, one block per shard. ``ray.init`` is timed on its own line; the
   first pack starts the workers (imports), the second is warm;
 - ``ray 1k``: the same with 1,000-example blocks (rows cost of small blocks).
@@ -35,12 +35,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.io.atomic import open_output
-from seqpack.pipeline.local import pack_path
-from seqpack.pipeline.options import PackOptions
-from seqpack.ray.blocks import file_blocks
-from seqpack.ray.shard_layout import ShardCuts
-from seqpack.ray.tasks import Settings, plan_block, write_shard
+from exactpack.io.atomic import open_output
+from exactpack.pipeline.local import pack_path
+from exactpack.pipeline.options import PackOptions
+from exactpack.ray.blocks import file_blocks
+from exactpack.ray.shard_layout import ShardCuts
+from exactpack.ray.tasks import Settings, plan_block, write_shard
 from workloads import EXPECTED_SHA, w1_sft
 
 VOCAB = 32_000
@@ -68,7 +68,7 @@ def write_shards(lengths: np.ndarray) -> Path:
 
 
 def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
-    """seqpack.ray's tasks on a process pool: plan every block, lay out, write every shard."""
+    """exactpack.ray's tasks on a process pool: plan every block, lay out, write every shard."""
     blocks = file_blocks(folder, None)
     settings = Settings(
         PackOptions(capacity=capacity, policy=POLICY, vocab_size=VOCAB, split_id="bench")
@@ -136,7 +136,7 @@ def main() -> None:
 
         import ray
 
-        from seqpack.ray import pack
+        from exactpack.ray import pack
 
         t0 = time.perf_counter()
         ray.init(num_cpus=args.workers, include_dashboard=False, logging_level=logging.ERROR)

@@ -1,11 +1,11 @@
-"""Chat SFT data to packed rows: seqpack against TRL 1.16's own preparation, in one run.
+"""Chat SFT data to packed rows: exactpack against TRL 1.16's own preparation, in one run.
 
     nice -n 10 .venv/bin/python benchmarks/bench_sft.py              # 20,000 chats
     .venv/bin/python benchmarks/bench_sft.py --chats 2000            # a quick look
 
 What a user runs, each in a fresh process (peak RSS = its ``ru_maxrss``):
 
-- seqpack: ``pack_dataset(ds, 4096, format="trl", tokenizer=tok,
+- exactpack: ``pack_dataset(ds, 4096, format="trl", tokenizer=tok,
   assistant_only_loss=True)`` on an
   in-memory ``datasets.Dataset`` of ``messages`` (rendered with the folder's
   chat template, assistant-only loss, packed best-fit-decreasing);
@@ -21,7 +21,7 @@ ChatML-like template whose assistant turns sit in ``{% generation %}``
 markers. The conversations are paragraphs of standard-library source as
 user and assistant turns (2 to 6 turns, deterministic). Both outputs are
 checked to hold the same tokens and the same number of supervised targets.
-Ratios are TRL seconds / seqpack seconds in this run; the load average is
+Ratios are TRL seconds / exactpack seconds in this run; the load average is
 printed with the table. One thread for torch (the tokenizers use all cores
 in both).
 """
@@ -86,10 +86,10 @@ def chats(n: int) -> list[list[dict[str, str]]]:
     return out
 
 
-def run_seqpack(ds, folder: Path) -> tuple[float, list, list, list]:
+def run_exactpack(ds, folder: Path) -> tuple[float, list, list, list]:
     from transformers import AutoTokenizer
 
-    from seqpack.hf import pack_dataset
+    from exactpack.hf import pack_dataset
 
     tok = AutoTokenizer.from_pretrained(str(folder))  # loaded before the clock, as for TRL
     started = time.perf_counter()
@@ -129,7 +129,7 @@ def child(tool: str, n: int, out: Path) -> None:
     datasets.disable_progress_bars()
     ds = datasets.Dataset.from_dict({"messages": chats(n)})
     folder = chat_folder()
-    run = run_seqpack if tool == "seqpack" else (lambda d, f: run_trl(d, f, out))
+    run = run_exactpack if tool == "exactpack" else (lambda d, f: run_trl(d, f, out))
     seconds, ids, labels, lengths = run(ds, folder)
     tokens = sum(len(r) for r in ids)
     supervised = 0
@@ -146,7 +146,7 @@ def child(tool: str, n: int, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chats", type=int, default=20_000)
-    parser.add_argument("--child", choices=["seqpack", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["exactpack", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = CACHE / "bench-sft"
     if args.child:
@@ -154,13 +154,13 @@ def main() -> None:
         return
     chat_folder()
     results = {}
-    for tool in ("seqpack", "trl"):
+    for tool in ("exactpack", "trl"):
         done = subprocess.run(
             [sys.executable, __file__, "--child", tool, "--chats", str(args.chats)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         results[tool] = json.loads(done.stdout.strip().splitlines()[-1])
-    a, b = results["seqpack"], results["trl"]
+    a, b = results["exactpack"], results["trl"]
     assert (a["tokens"], a["supervised"]) == (b["tokens"], b["supervised"]), results
     print(f"{args.chats:,} chats, {a['tokens']:,} tokens, {a['supervised']:,} supervised targets,"
           f" max_length {MAX_LENGTH}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
@@ -168,7 +168,7 @@ def main() -> None:
     for r in (a, b):
         print(f"{r['tool']:<10}{r['seconds']:>10.2f}{r['rows']:>8}{r['rss_mb']:>14.0f}")
     ratio = b["seconds"] / a["seconds"], b["rss_mb"] / a["rss_mb"]
-    print(f"TRL / seqpack: {ratio[0]:.2f}x time, {ratio[1]:.2f}x peak RSS")
+    print(f"TRL / exactpack: {ratio[0]:.2f}x time, {ratio[1]:.2f}x peak RSS")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ and tree (best-fit-decreasing over tries); tree planning speed on 1M
 sequences (integers only: layout + plan); trie building from tokens; and
 the training-step throughput (forward + backward, float32, one thread) of a
 small Llama through ``transformers`` on a few groups, flat rows on
-``seqpack_varlen`` against tree rows on ``seqpack_tree``, counting tokens as
+``exactpack_varlen`` against tree rows on ``exactpack_tree``, counting tokens as
 the flat sequences they represent.
 
     .venv/bin/python benchmarks/bench_tree.py --groups 2000 --step-groups 2
@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from seqpack.core.binding import Binding
-from seqpack.core.policies import plan_rows
-from seqpack.core.tree import SequenceGroups, build_layout, group_bounds, pack_tree, plan_tries
+from exactpack.core.binding import Binding
+from exactpack.core.policies import plan_rows
+from exactpack.core.tree import SequenceGroups, build_layout, group_bounds, pack_tree, plan_tries
 
 VOCAB = 32000
 #: The step model's vocabulary: small enough that one thread runs a step in seconds.
@@ -119,18 +119,18 @@ def planning(sequences: int = 1_000_000, capacity: int = 16384) -> dict:
 
 
 def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
-    """Flat (seqpack_varlen) vs tree (seqpack_tree) training steps on ``groups`` groups."""
+    """Flat (exactpack_varlen) vs tree (exactpack_tree) training steps on ``groups`` groups."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from seqpack.core.compact import pack_examples
-    from seqpack.core.config import PackConfig
-    from seqpack.core.examples import SequenceExample
-    from seqpack.hf.adapter import hf_inputs, hf_loss
-    from seqpack.hf.attention_impl import register as register_varlen
-    from seqpack.hf.tree_inputs import register as register_tree
-    from seqpack.hf.tree_inputs import tree_inputs
-    from seqpack.nn.tree_attention import tree_loss
+    from exactpack.core.compact import pack_examples
+    from exactpack.core.config import PackConfig
+    from exactpack.core.examples import SequenceExample
+    from exactpack.hf.adapter import hf_inputs, hf_loss
+    from exactpack.hf.attention_impl import register as register_varlen
+    from exactpack.hf.tree_inputs import register as register_tree
+    from exactpack.hf.tree_inputs import tree_inputs
+    from exactpack.nn.tree_attention import tree_loss
 
     torch.set_num_threads(1)
     register_varlen(), register_tree()
@@ -167,13 +167,13 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     (flat_batch,) = pack_examples("train", examples, data.binding, PackConfig(capacity, 1)).batches
 
     def flat_step():
-        model.set_attn_implementation("seqpack_varlen")
-        out = model(**hf_inputs(flat_batch, "seqpack_varlen", config=cfg, labels=False))
+        model.set_attn_implementation("exactpack_varlen")
+        out = model(**hf_inputs(flat_batch, "exactpack_varlen", config=cfg, labels=False))
         hf_loss(out.logits, flat_batch).mean.backward()
 
     def tree_step():
-        model.set_attn_implementation("seqpack_tree")
-        out = model(**tree_inputs(tree_batch, "seqpack_tree", config=cfg))
+        model.set_attn_implementation("exactpack_tree")
+        out = model(**tree_inputs(tree_batch, "exactpack_tree", config=cfg))
         tree_loss(out.logits, tree_batch).mean.backward()
 
     times = {}

@@ -8,17 +8,17 @@ and a tokenizer's load in fresh processes (its ``tokenizer.json``, a generic
 
 Three paths (TRL's counterpart in brackets):
 
-1. in memory: ``seqpack.hf.pack_dataset(ds, C, "best-fit-decreasing")`` (and
+1. in memory: ``exactpack.hf.pack_dataset(ds, C, "best-fit-decreasing")`` (and
    ``format="trl"``, TRL's schema) on an in-memory ``datasets.Dataset`` of
    ``input_ids`` (int32 lists, as ``datasets`` stores tokenizer output)
    [``trl.pack_dataset(ds, C, "bfd")``]; in a fresh process per tool, the
    **first call** timed from the tool's import to its return (the headline),
    then the median of ``--repeats`` warm calls beside it;
-2. Parquet -> Parquet, fresh processes: ``seqpack pack W.parquet --out DIR``
+2. Parquet -> Parquet, fresh processes: ``exactpack pack W.parquet --out DIR``
    [``load_dataset("parquet")`` + ``pack_dataset(bfd)`` + ``to_parquet``, with
    an empty ``datasets`` cache so every run does the whole job]; the median of
    ``--fresh-repeats`` runs of each;
-3. text -> packed, fresh processes: ``seqpack pack texts.jsonl --tokenizer
+3. text -> packed, fresh processes: ``exactpack pack texts.jsonl --tokenizer
    tokenizer.json --cut-long`` [``load_dataset("json")`` +
    ``map(tokenizer, batched=True)`` + ``pack_dataset(bfd_split)`` (which, like
    ``--cut-long``, keeps every token) + ``to_parquet``], and the tokenizer
@@ -28,10 +28,10 @@ Three paths (TRL's counterpart in brackets):
 W1 and W2 are DESIGN.md's workloads (:mod:`workloads`; random ids below
 32,000, capacity 4096 and 2048); the text corpus is the standard library's
 source (:mod:`corpus`) with a byte-level BPE trained on it, capacity 2048.
-Capacities are in seqpack's prediction pairs and TRL's tokens; both see the
+Capacities are in exactpack's prediction pairs and TRL's tokens; both see the
 same documents. Peak RSS is the kernel's ``ru_maxrss`` of each fresh
 process (``VmHWM`` of the process for path 1, which holds its input and
-output in memory by design). Ratios are TRL seconds / seqpack seconds in
+output in memory by design). Ratios are TRL seconds / exactpack seconds in
 this run; the load average is printed with the table.
 """
 
@@ -118,11 +118,11 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     w = workload(name)
     table = token_table(name)
     ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
-    fmt = "trl" if tool == "seqpack-trl" else "seqpack"  # TRL's schema, capacity in tokens
+    fmt = "trl" if tool == "exactpack-trl" else "exactpack"  # TRL's schema, capacity in tokens
     before = _status("VmRSS")
     c0, t0 = _cpu(), time.perf_counter()
-    if tool.startswith("seqpack"):
-        from seqpack.hf import pack_dataset
+    if tool.startswith("exactpack"):
+        from exactpack.hf import pack_dataset
 
         def run():
             return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
@@ -211,7 +211,7 @@ def fresh(argv: list[str], env: dict | None = None) -> dict:
             timed = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *argv]
             env = {**os.environ, **(env or {})}
             # a user's install has its bytecode compiled (pip does it); this sandbox's
-            # PYTHONDONTWRITEBYTECODE would make every process compile seqpack's modules
+            # PYTHONDONTWRITEBYTECODE would make every process compile exactpack's modules
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             code = subprocess.call(timed, stdout=out, stderr=err, env=env)
             seconds = time.perf_counter() - t0
@@ -223,8 +223,8 @@ def fresh(argv: list[str], env: dict | None = None) -> dict:
         return {"seconds": seconds, "stdout": out.read(), "peak_rss": peak}
 
 
-def seqpack_pack(source: Path, out: Path, *flags: str) -> dict:
-    argv = [sys.executable, "-m", "seqpack", "pack", str(source), "--out", str(out)]
+def exactpack_pack(source: Path, out: Path, *flags: str) -> dict:
+    argv = [sys.executable, "-m", "exactpack", "pack", str(source), "--out", str(out)]
     result = fresh([*argv, "--json", "--overwrite", *flags])
     result["stats"] = json.loads(result["stdout"].strip().splitlines()[-1])
     return result
@@ -248,17 +248,17 @@ def run_workload(
 ) -> list[dict]:
     w = workload(name)
     rows = []
-    seq = in_memory(name, "seqpack", repeats)
+    seq = in_memory(name, "exactpack", repeats)
     trl = in_memory(name, "trl", max(1, repeats // 2))
     rows.append(_row("pack_dataset (in memory)", name, seq, trl))
-    same = in_memory(name, "seqpack-trl", repeats)  # TRL's own schema and unit
+    same = in_memory(name, "exactpack-trl", repeats)  # TRL's own schema and unit
     rows.append(_row("pack_dataset(format='trl') (in memory)", name, same, trl))
     if not parquet:
         return rows
     source = parquet_input(name)
     flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
-    seq = _median(fresh_repeats, lambda: seqpack_pack(source, work / f"{name}-seqpack", *flags))
+    seq = _median(fresh_repeats, lambda: exactpack_pack(source, work / f"{name}-exactpack", *flags))
     trl_args = (str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
     trl = _median(fresh_repeats, lambda: trl_run(TRL_PARQUET, *trl_args))
     rows.append(_row("Parquet -> Parquet (fresh processes)", name, seq, trl))
@@ -266,13 +266,13 @@ def run_workload(
 
 
 def first_calls(names: list[str], processes: int, repeats: int) -> None:
-    """Path 1 for seqpack's format and TRL's, in ``processes`` fresh processes each: every
+    """Path 1 for exactpack's format and TRL's, in ``processes`` fresh processes each: every
     first call (from the import) against the warm median of its own process, and the median
     of those ratios (a single first call varies with the OS's first huge pages)."""
     print("| path | workload | first (warm) s, one per fresh process | median first / warm |")
     print("|---|---|---|---:|")
     for name in names:
-        for tool, path in (("seqpack", "pack_dataset"), ("seqpack-trl", "format='trl'")):
+        for tool, path in (("exactpack", "pack_dataset"), ("exactpack-trl", "format='trl'")):
             runs = [in_memory(name, tool, repeats) for _ in range(processes)]
             pairs = ", ".join(f"{r['seconds']:.2f} ({r['warm_seconds']:.2f})" for r in runs)
             ratio = statistics.median(r["seconds"] / r["warm_seconds"] for r in runs)
@@ -291,7 +291,7 @@ def _median(repeats: int, run) -> dict:
 TOKENIZER_LOAD = """
 import resource, sys, time
 t0 = time.perf_counter()
-from seqpack.io.tokenizers import load_tokenizer
+from exactpack.io.tokenizers import load_tokenizer
 load_tokenizer(sys.argv[1]).encode_batch(["def f(x):\\n    return x"])
 u = resource.getrusage(resource.RUSAGE_SELF)
 print(time.perf_counter() - t0, u.ru_utime + u.ru_stime, "transformers" in sys.modules)
@@ -339,7 +339,7 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
     limit = json.loads(alone["stdout"].strip().splitlines()[-1])
     flags = ["--capacity", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--cut-long",
              "--policy", "best-fit-decreasing"]  # fmt: skip
-    seq = seqpack_pack(source, work / f"text-{megabytes:g}", *flags)
+    seq = exactpack_pack(source, work / f"text-{megabytes:g}", *flags)
     shutil.rmtree(work / f"text-{megabytes:g}", ignore_errors=True)
     trl = None
     if with_trl:
@@ -351,7 +351,7 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
         "tokenizer_seconds": limit["encode_seconds"],
         "tokenizer_tokens_per_s": limit["tokens"] / limit["encode_seconds"],
         "tokens": seq["stats"]["input_tokens"],
-        "seqpack_tokens_per_s": seq["stats"]["input_tokens"] / seq["seconds"],
+        "exactpack_tokens_per_s": seq["stats"]["input_tokens"] / seq["seconds"],
         "over_tokenizer": seq["seconds"] / limit["encode_seconds"],
         "tokenizer_rss": alone["peak_rss"],
     }
@@ -361,19 +361,19 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
 def _row(path: str, workload_name: str, seq: dict, trl: dict | None) -> dict:
     warm = seq.get("warm_seconds"), (trl or {}).get("warm_seconds")
     return {
-        "seqpack_cpu": seq.get("cpu"),
-        "seqpack_warm_cpu": seq.get("warm_cpu"),
+        "exactpack_cpu": seq.get("cpu"),
+        "exactpack_warm_cpu": seq.get("warm_cpu"),
         "trl_cpu": (trl or {}).get("cpu"),
         "trl_warm_cpu": (trl or {}).get("warm_cpu"),
         "path": path,
         "workload": workload_name,
-        "seqpack_seconds": seq["seconds"],
+        "exactpack_seconds": seq["seconds"],
         "trl_seconds": trl["seconds"] if trl else None,
         "ratio": trl["seconds"] / seq["seconds"] if trl else None,
-        "seqpack_warm": warm[0],
+        "exactpack_warm": warm[0],
         "trl_warm": warm[1],
         "warm_ratio": warm[1] / warm[0] if None not in warm else None,
-        "seqpack_rss": seq["peak_rss"],
+        "exactpack_rss": seq["peak_rss"],
         "trl_rss": trl["peak_rss"] if trl else None,
     }
 
@@ -382,7 +382,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores;"
           f" RSS target {RSS_LIMIT / GIB:.2f} GiB (2 shards of int32 tokens + 1 GiB)")  # fmt: skip
     print("first call in a fresh process, imports included; (warm median) where measured\n")
-    print("| path | workload | seqpack s | TRL s | TRL / seqpack | seqpack peak RSS |"
+    print("| path | workload | exactpack s | TRL s | TRL / exactpack | exactpack peak RSS |"
           " TRL peak RSS |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|")
 
@@ -394,30 +394,33 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         ratio = both(r["ratio"], r["warm_ratio"], "{:.1f}x") if r["ratio"] else "-"
         trl_rss = f"{r['trl_rss'] / GIB:.2f} GiB" if r["trl_rss"] else "-"
-        print(f"| {r['path']} | {r['workload']} | {both(r['seqpack_seconds'], r['seqpack_warm'])}"
+        ours = both(r["exactpack_seconds"], r["exactpack_warm"])
+        print(f"| {r['path']} | {r['workload']} | {ours}"
               f" | {both(r['trl_seconds'], r['trl_warm'])} | **{ratio}**"
-              f" | {r['seqpack_rss'] / GIB:.2f} GiB | {trl_rss} |")  # fmt: skip
-    timed = [r for r in rows if r.get("seqpack_cpu") is not None]
+              f" | {r['exactpack_rss'] / GIB:.2f} GiB | {trl_rss} |")  # fmt: skip
+    timed = [r for r in rows if r.get("exactpack_cpu") is not None]
     if timed:
         print("\nCPU seconds (user + system) of the same calls, first (warm median):\n")
-        print("| path | workload | seqpack CPU s | TRL CPU s | seqpack first / warm (wall, CPU) |")
+        print(
+            "| path | workload | exactpack CPU s | TRL CPU s | exactpack first / warm (wall, CPU) |"
+        )
         print("|---|---|---:|---:|---:|")
         for r in timed:
             print(f"| {r['path']} | {r['workload']}"
-                  f" | {both(r['seqpack_cpu'], r['seqpack_warm_cpu'])}"
+                  f" | {both(r['exactpack_cpu'], r['exactpack_warm_cpu'])}"
                   f" | {both(r['trl_cpu'], r['trl_warm_cpu'])}"
-                  f" | {r['seqpack_seconds'] / r['seqpack_warm']:.2f}x,"
-                  f" {r['seqpack_cpu'] / r['seqpack_warm_cpu']:.2f}x |")  # fmt: skip
+                  f" | {r['exactpack_seconds'] / r['exactpack_warm']:.2f}x,"
+                  f" {r['exactpack_cpu'] / r['exactpack_warm_cpu']:.2f}x |")  # fmt: skip
     text = [r for r in rows if "tokenizer_seconds" in r]
     if text:
-        print("\n| text corpus | tokens | tokenizer alone s (M tok/s) | seqpack s (M tok/s) |"
-              " seqpack / tokenizer | seqpack peak RSS | tokenizer peak RSS |")  # fmt: skip
+        print("\n| text corpus | tokens | tokenizer alone s (M tok/s) | exactpack s (M tok/s) |"
+              " exactpack / tokenizer | exactpack peak RSS | tokenizer peak RSS |")  # fmt: skip
         print("|---|---:|---:|---:|---:|---:|---:|")
         for r in text:
             print(f"| {r['workload']} | {r['tokens']:,} | {r['tokenizer_seconds']:.2f}"
-                  f" ({r['tokenizer_tokens_per_s'] / 1e6:.2f}) | {r['seqpack_seconds']:.2f}"
-                  f" ({r['seqpack_tokens_per_s'] / 1e6:.2f}) | {r['over_tokenizer']:.2f}"
-                  f" | {r['seqpack_rss'] / GIB:.2f} GiB"
+                  f" ({r['tokenizer_tokens_per_s'] / 1e6:.2f}) | {r['exactpack_seconds']:.2f}"
+                  f" ({r['exactpack_tokens_per_s'] / 1e6:.2f}) | {r['over_tokenizer']:.2f}"
+                  f" | {r['exactpack_rss'] / GIB:.2f} GiB"
                   f" | {r['tokenizer_rss'] / GIB:.2f} GiB |")  # fmt: skip
 
 
@@ -473,7 +476,7 @@ def main() -> None:
     if len(text) > 1:
         a, b = text[0], text[-1]
         print(f"\nmemory scaling: {b['workload']} / {a['workload']} peak RSS"
-              f" {b['seqpack_rss'] / a['seqpack_rss']:.2f}x for"
+              f" {b['exactpack_rss'] / a['exactpack_rss']:.2f}x for"
               f" {b['tokens'] / a['tokens']:.1f}x the tokens")  # fmt: skip
     print("\n" + json.dumps({"rows": rows, "tokenizer_loads": loads,
                              "load_average": os.getloadavg()}))  # fmt: skip

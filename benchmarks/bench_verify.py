@@ -40,12 +40,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack import Binding, ExampleTable
-from seqpack.io.integrity import check_shard, check_table
-from seqpack.io.shards import arrow_to_rows
-from seqpack.io.store import load_packed, write_packed
-from seqpack.io.trl_schema import check_trl_contents
-from seqpack.pipeline.local import pack_path, pack_table
+from exactpack import Binding, ExampleTable
+from exactpack.io.integrity import check_shard, check_table
+from exactpack.io.shards import arrow_to_rows
+from exactpack.io.store import load_packed, write_packed
+from exactpack.io.trl_schema import check_trl_contents
+from exactpack.pipeline.local import pack_path, pack_table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import w1_sft

@@ -11,9 +11,9 @@ dense: float32): outputs and dq, dk, dv against ``ranges`` with the same
 window in float64 on the same (rounded) inputs, scaled error
 ``max|a-b| / max|ref|``; padding queries exactly zero; the gradient of one
 segment's outputs with respect to every other cell's q, k, v exactly zero;
-nothing NaN. transformers: ``seqpack verify``'s comparison (packed ==
+nothing NaN. transformers: ``exactpack verify``'s comparison (packed ==
 separate, logits, loss, gradients) of a tiny windowed Mistral on CUDA for
-``seqpack_varlen``, ``sdpa``, ``flex_attention`` and ``flash_attention_2``
+``exactpack_varlen``, ``sdpa``, ``flex_attention`` and ``flash_attention_2``
 where installed. Timings: one layer's attention, forward and forward+backward,
 on W1 rows (``--rows`` x ``--capacity``), CUDA events, median of 10 after
 warm-up (the warm-up includes FlexAttention's compile). Exit code 1 when a
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.nn import AttentionLayout, attention
-from seqpack.nn.auto import choose_backend
-from seqpack.verify.fixture import fixture_batch
+from exactpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
+from exactpack.nn import AttentionLayout, attention
+from exactpack.nn.auto import choose_backend
+from exactpack.verify.fixture import fixture_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_attention import layouts
@@ -147,7 +147,7 @@ def transformers_check() -> None:
     import json
     import tempfile
 
-    from seqpack.verify.models import (
+    from exactpack.verify.models import (
         load_model,
         verification_examples,
         verification_layout,
@@ -160,7 +160,7 @@ def transformers_check() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         for attn, dtype in [
-            ("seqpack_varlen", torch.float64),
+            ("exactpack_varlen", torch.float64),
             ("sdpa", torch.float64),
             ("flex_attention", torch.float32),
             ("flash_attention_2", torch.bfloat16),

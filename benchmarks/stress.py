@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from seqpack import Binding, BudgetExceeded, ExampleTable, plan_rows
-from seqpack.core.policies import POLICIES
-from seqpack.pipeline.budget import packing_bytes
-from seqpack.pipeline.local import pack_table
+from exactpack import Binding, BudgetExceeded, ExampleTable, plan_rows
+from exactpack.core.policies import POLICIES
+from exactpack.pipeline.budget import packing_bytes
+from exactpack.pipeline.local import pack_table
 
 CAPACITY = 2048
 VOCAB = 32_000
@@ -136,9 +136,9 @@ def run_step(step: str, n: int, out_dir: str | None) -> dict:
 
 
 def _write(rows, out_dir: str | None) -> dict:
-    from seqpack.io.store import load_packed, write_packed
+    from exactpack.io.store import load_packed, write_packed
 
-    folder = Path(out_dir or tempfile.mkdtemp(prefix="seqpack-stress-")) / "packed"
+    folder = Path(out_dir or tempfile.mkdtemp(prefix="exactpack-stress-")) / "packed"
     t0 = time.perf_counter()
     manifest = write_packed(rows, folder, max_rows_per_batch=8, overwrite=True)
     written = time.perf_counter() - t0

@@ -5,7 +5,7 @@ top-level definition into units of varied length, go through the built-in
 byte tokenizer; units longer than ``--max-length`` prediction pairs are split
 into ranges (every pair kept once) or, with ``--long drop``, left out. They
 are packed best-fit-decreasing into a packed directory and trained through
-the whole seqpack data path:
+the whole exactpack data path:
 ``PackedBatches`` -> ``RowSampler`` (micro-batches) -> ``PackedCollator``
 -> ``TinyDecoder`` -> ``micro_batch_loss`` (divided by the step's count).
 
@@ -35,19 +35,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from seqpack import ByteTokenizer, ExampleTable, Split, cut_long, data_digest
-from seqpack.core.binding import Binding
-from seqpack.core.loss import masked_nll_sum
-from seqpack.io.store import write_packed
-from seqpack.pipeline.local import pack_table
-from seqpack.training import (
+from exactpack import ByteTokenizer, ExampleTable, Split, cut_long, data_digest
+from exactpack.core.binding import Binding
+from exactpack.core.loss import masked_nll_sum
+from exactpack.io.store import write_packed
+from exactpack.pipeline.local import pack_table
+from exactpack.training import (
     PackedBatches,
     PackedCollator,
     RowSampler,
     decoder_inputs,
     micro_batch_loss,
 )
-from seqpack.verify.decoder import DecoderConfig, TinyDecoder
+from exactpack.verify.decoder import DecoderConfig, TinyDecoder
 
 
 def stdlib_texts(max_files: int) -> list[tuple[str, str]]:
@@ -282,7 +282,7 @@ def main() -> None:
     p.add_argument("--ff", type=int, default=160)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--attention", default="auto", help="attention backend (seqpack.nn)")
+    p.add_argument("--attention", default="auto", help="attention backend (exactpack.nn)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("out/train_tiny.png"), help="plot path")
@@ -297,7 +297,7 @@ def main() -> None:
         f" ({args.long} long ones), {int(table.lengths.sum()):,} prediction pairs,"
         f" capacity {args.capacity}"
     )
-    with tempfile.TemporaryDirectory(prefix="seqpack-train-tiny-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="exactpack-train-tiny-") as tmp:
         rows = args.rows * args.micro
         dirs = {
             name: packed_dir(table, args.capacity, policy, rows, Path(tmp))

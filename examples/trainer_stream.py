@@ -4,11 +4,11 @@
     torchrun --nproc-per-node 2 examples/trainer_stream.py --out out/stream  # two ranks
 
 The corpus is a generator of ``{"id", "input_ids"}`` rows (here made up; in
-practice ``load_dataset(..., streaming=True)``). ``seqpack.hf.pack_dataset``
+practice ``load_dataset(..., streaming=True)``). ``exactpack.hf.pack_dataset``
 returns a ``datasets.IterableDataset`` of packed rows, packed with streaming
 best fit as it is read; ``Trainer`` keeps accelerate's defaults
 (``dispatch_batches``: rank 0 reads the stream and hands each rank its rows).
-seqpack shards nothing itself and pads the stream's end with empty rows to a
+exactpack shards nothing itself and pads the stream's end with empty rows to a
 multiple of ``world_size * max_rows_per_batch``, so with
 ``per_device_train_batch_size`` dividing ``max_rows_per_batch`` every example
 is trained on exactly once per epoch, on one rank. ``HFCollator`` builds each
@@ -52,7 +52,7 @@ def seen_examples(inputs: dict) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    import seqpack.hf
+    import exactpack.hf
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         disable_tqdm=True,
         accelerator_config={"dispatch_batches": False} if cli.no_dispatch else None,
     )
-    packed = seqpack.hf.pack_dataset(
+    packed = exactpack.hf.pack_dataset(
         corpus, CAPACITY, vocab_size=266, max_rows_per_batch=ROWS, tokenizer_id="example"
     )
     world = args.world_size
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         bos_token_id=0, eos_token_id=1, pad_token_id=2, attn_implementation="sdpa",
     )  # fmt: skip
     model = LlamaForCausalLM(config)
-    collate = seqpack.hf.HFCollator.for_dataset(packed, "sdpa", config=model.config)
+    collate = exactpack.hf.HFCollator.for_dataset(packed, "sdpa", config=model.config)
     record: list[dict] = []
 
     class Recording(Trainer):

@@ -1,7 +1,7 @@
 """A DPO step on tree-packed rows: each prompt stored once for its chosen and rejected answer.
 
 Each model (policy and reference) runs **one** forward over the tree-packed
-rows; :func:`seqpack.nn.tree_attention.sequence_logprobs` gives every original
+rows; :func:`exactpack.nn.tree_attention.sequence_logprobs` gives every original
 sequence's summed completion log-probability, from which the DPO loss is
 
     loss = -mean_g log σ(β [(π_c - ρ_c) - (π_r - ρ_r)])
@@ -23,12 +23,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from seqpack.core.binding import Binding
-from seqpack.core.tree import SequenceGroups, pack_tree
-from seqpack.hf.tree_inputs import tree_inputs
-from seqpack.nn.tree_attention import sequence_logprobs
-from seqpack.verify.models import load_model
-from seqpack.verify.tree_models import use_tree_attention
+from exactpack.core.binding import Binding
+from exactpack.core.tree import SequenceGroups, pack_tree
+from exactpack.hf.tree_inputs import tree_inputs
+from exactpack.nn.tree_attention import sequence_logprobs
+from exactpack.verify.models import load_model
+from exactpack.verify.tree_models import use_tree_attention
 
 TINY_GPT2 = {
     "model_type": "gpt2",
@@ -58,7 +58,7 @@ def tree_logprobs(model: torch.nn.Module, groups: SequenceGroups, capacity: int)
     """Summed completion log-probs of every sequence, in supplied order, from one forward."""
     (batch,) = pack_tree(groups, capacity, policy="best-fit-decreasing").batches
     dtype = next(model.parameters()).dtype
-    logits = model(**tree_inputs(batch, "seqpack_tree", config=model.config, dtype=dtype)).logits
+    logits = model(**tree_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
     sums = sequence_logprobs(logits, batch)
     return sums.new_zeros(len(groups)).index_copy(0, torch.as_tensor(batch.seq_index), sums)
 
@@ -92,7 +92,7 @@ def unpacked_dpo(policy, reference, groups, beta=0.1) -> torch.Tensor:
 
 
 def tiny_models(config: Path | None = None) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """Policy (seed 0) and reference (seed 1), float64, on ``seqpack_tree`` attention."""
+    """Policy (seed 0) and reference (seed 1), float64, on ``exactpack_tree`` attention."""
     with tempfile.TemporaryDirectory() as tmp:
         path = config or Path(tmp) / "config.json"
         if config is None:

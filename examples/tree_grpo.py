@@ -6,7 +6,7 @@ the sampling policy's log-probs ``old``::
     ratio = exp(logp - old)
     loss  = Σ_tokens -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) / (completion tokens)
 
-:func:`seqpack.nn.tree_attention.token_logprobs` gives every original sequence's
+:func:`exactpack.nn.tree_attention.token_logprobs` gives every original sequence's
 per-token log-probabilities from **one** forward over the tree-packed rows;
 :func:`unpacked_grpo` computes the same from each rollout run alone. The
 ``old`` log-probs are the current ones detached plus a fixed seeded offset,
@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from seqpack.core.binding import Binding
-from seqpack.core.tree import SequenceGroups, pack_tree
-from seqpack.hf.tree_inputs import tree_inputs
-from seqpack.nn.tree_attention import token_logprobs
+from exactpack.core.binding import Binding
+from exactpack.core.tree import SequenceGroups, pack_tree
+from exactpack.hf.tree_inputs import tree_inputs
+from exactpack.nn.tree_attention import token_logprobs
 
 
 def rollout_groups(n: int, size: int, vocab: int, seed: int) -> tuple[SequenceGroups, np.ndarray]:
@@ -65,7 +65,7 @@ def clipped_loss(
 def tree_grpo(model, groups, rewards, capacity=512) -> torch.Tensor:
     (batch,) = pack_tree(groups, capacity).batches
     dtype = next(model.parameters()).dtype
-    logits = model(**tree_inputs(batch, "seqpack_tree", config=model.config, dtype=dtype)).logits
+    logits = model(**tree_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
     per_seq = token_logprobs(logits, batch)
     by_index = {int(s): i for i, s in enumerate(batch.seq_index)}
     ordered = [per_seq[by_index[i]] for i in range(len(groups))]

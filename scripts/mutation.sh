@@ -18,7 +18,7 @@
 # Each group runs in its own scratch copy, .cache/mutation/<group>/ (src/, tests/, docs/,
 # examples/, README.md and pyproject.toml, prepared by scripts/mutation_prepare.py), mutating only its modules and
 # selecting tests only from its test files (the kernels group under the python kernels,
-# SEQPACK_KERNELS=python: mutating a Python kernel leaves its C twin as it was), with the
+# EXACTPACK_KERNELS=python: mutating a Python kernel leaves its C twin as it was), with the
 # derandomized "mutation" hypothesis profile. mutmut keeps its results there, so a rerun only retests
 # mutants of changed functions. Summaries: .cache/mutation/<group>/summary.json and
 # .cache/mutation/summary.txt; survivors: .cache/mutation/<group>/survivors.txt.
@@ -30,7 +30,7 @@ if [ "${1:-}" = planted ]; then
     exec nice -n 10 .venv/bin/python scripts/mutation_planted.py "$@"
 fi
 
-# group | modules under src/seqpack (comma-separated) | test files
+# group | modules under src/exactpack (comma-separated) | test files
 GROUPS_TABLE="
 examples|core/examples.py|test_examples.py test_reference_examples.py test_reference_store.py test_batch.py test_hostile.py
 loss|core/loss.py|test_loss.py test_reference_loss.py test_reference_loss_rules.py
@@ -81,8 +81,8 @@ while IFS='|' read -r group modules tests; do
         # Mutated kernels are Python (their C twins stay as built): run them as Python.
         # Other groups keep the C kernels, so their native-only branches are reached too.
         case "$modules" in
-            *_kernels*) export SEQPACK_KERNELS=python ;;
-            *) unset SEQPACK_KERNELS SEQPACK_ENGINE ;;
+            *_kernels*) export EXACTPACK_KERNELS=python ;;
+            *) unset EXACTPACK_KERNELS EXACTPACK_ENGINE ;;
         esac
         export MPLCONFIGDIR="$root/.cache/matplotlib" TORCHINDUCTOR_CACHE_DIR="$root/.cache/inductor"
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1

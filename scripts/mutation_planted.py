@@ -16,7 +16,7 @@ and ``tests`` (the test files to run; absent: every test file but the slow ones 
 ``git apply``, and pytest run on the selection with ``PYTHONPATH`` at the copy's
 ``src/`` (subprocesses inherit it) and the derandomized ``mutation`` hypothesis
 profile. The copy keeps one path and the sources' modification times, and the
-built C kernels (``seqpack/core/native*.so``), so a patch to a Python kernel runs
+built C kernels (``exactpack/core/native*.so``), so a patch to a Python kernel runs
 only where the tests ask for the python kernels.
 A test *kills* the mutant when it fails or errors; killers are counted per test
 function (parametrized cases together). ``.cache/planted/results.json`` keeps every

@@ -13,7 +13,7 @@ function and replaces each mutated function by a trampoline (a closure):
   trampoline has one).
 
 Nothing else changes. The ``[tool.mutmut]`` table of the copy's
-``pyproject.toml`` is rewritten to mutate only ``src/seqpack/MODULE`` (a comma-separated
+``pyproject.toml`` is rewritten to mutate only ``src/exactpack/MODULE`` (a comma-separated
 list mutates several) and to
 select tests from ``TEST_FILE...``.
 """
@@ -63,7 +63,7 @@ def toml_value(value: object) -> str:
 def rewrite_config(pyproject: Path, module: str, tests: list[str]) -> None:
     text = pyproject.read_text()
     table = dict(tomllib.loads(text)["tool"]["mutmut"])
-    table["only_mutate"] = [f"src/seqpack/{m}" for m in module.split(",")]
+    table["only_mutate"] = [f"src/exactpack/{m}" for m in module.split(",")]
     table["pytest_add_cli_args_test_selection"] = tests
     head, sep, _ = text.partition("[tool.mutmut]")
     if not sep:
@@ -76,8 +76,8 @@ def main(argv: list[str]) -> None:
     work, module, *tests = argv
     root = Path(work)
     for rel in KERNEL_MODULES:
-        undecorate_kernels(root / "src/seqpack" / rel)
-    keep_closures(root / "src/seqpack/core/engine.py")
+        undecorate_kernels(root / "src/exactpack" / rel)
+    keep_closures(root / "src/exactpack/core/engine.py")
     rewrite_config(root / "pyproject.toml", module, tests)
 
 

@@ -96,7 +96,7 @@ def _modules(group: str) -> str:
     match = re.search(r"^only_mutate = \[(.*)\]$", text, re.M)
     if not match:
         return ""
-    return ", ".join(m.replace("src/seqpack/", "") for m in re.findall(r'"([^"]+)"', match[1]))
+    return ", ".join(m.replace("src/exactpack/", "") for m in re.findall(r'"([^"]+)"', match[1]))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ Usage::
 For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: a tiny random config
 (``tests/support/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
 has one, smaller than the longest example), its capability
-(:func:`seqpack.hf.capability.capability`: exact / exact if ... / refused and
+(:func:`exactpack.hf.capability.capability`: exact / exact if ... / refused and
 why), and ``verify_hf`` in float64 on each of eager, sdpa and
-``seqpack_varlen``, the separate runs on the model's own sdpa/eager. Each
+``exactpack_varlen``, the separate runs on the model's own sdpa/eager. Each
 cell is ``PASS`` (packed == separate), ``FAIL`` (mixed examples), ``refused``
 (up front, with the reason), ``n/a`` (transformers has no such
 implementation for the type) or ``crash``. Writes the JSON result and, unless
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-ATTNS = ("eager", "sdpa", "seqpack_varlen")
+ATTNS = ("eager", "sdpa", "exactpack_varlen")
 DOCS = ROOT / "docs" / "transformers.md"
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
 
@@ -43,7 +43,7 @@ def _line(err: BaseException) -> str:
 def _build(config, attn: str, dtype):
     import torch
 
-    from seqpack.hf.capability import causal_lm
+    from exactpack.hf.capability import causal_lm
 
     torch.manual_seed(0)
     return causal_lm(config)(
@@ -52,7 +52,7 @@ def _build(config, attn: str, dtype):
 
 
 def _runs_alone(model) -> str | None:
-    """None, or why the model's own forward of one short example fails (no seqpack inputs)."""
+    """None, or why the model's own forward of one short example fails (no exactpack inputs)."""
     import torch
 
     try:
@@ -67,9 +67,9 @@ def run_one(model_type: str, attn: str, config) -> dict:
     """One cell: ``{"status", "detail", ...}`` for ``model_type`` on ``attn``."""
     import torch
 
-    from seqpack.hf.architectures import UnsupportedArchitecture
-    from seqpack.hf.capability import architecture_of, capability
-    from seqpack.hf.kinds import attention_kind
+    from exactpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.capability import architecture_of, capability
+    from exactpack.hf.kinds import attention_kind
 
     from support.architecture_cases import verify_default
 
@@ -128,7 +128,7 @@ def sweep_type(model_type: str, budget: int = 180) -> dict:
 
 
 def _sweep_type(model_type: str) -> dict:
-    from seqpack.hf.capability import capability
+    from exactpack.hf.capability import capability
 
     from support.architecture_tiny import tiny_config
 
@@ -152,7 +152,7 @@ def cell_text(cell: dict) -> str:
 
 
 def table(results: dict) -> str:
-    head = "| model type | capability | eager | sdpa | seqpack_varlen |\n|---|---|---|---|---|\n"
+    head = "| model type | capability | eager | sdpa | exactpack_varlen |\n|---|---|---|---|---|\n"
     rows = []
     for model_type, r in results.items():
         cells = [cell_text(r["cells"].get(a, {})) for a in ATTNS]
@@ -245,7 +245,7 @@ def main() -> None:
     )  # fmt: skip
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
+    import exactpack.hf.attention_impl  # noqa: F401  (registers exactpack_varlen)
 
     run_sweep(args, list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), sweep_type, counts, write_docs)
 

@@ -9,8 +9,8 @@ The types are those with a ``PASS`` cell in the flat sweep's table
 (``scripts/sweep_architectures.py``, ``docs/transformers.md``), built from
 the same tiny configs (``tests/support/architecture_tiny.py``: width 16,
 2 layers, window 4 where the model has one). Each type runs
-:func:`seqpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
-``seqpack_tree`` and ``seqpack_tree_varlen`` (the flash path, through its
+:func:`exactpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
+``exactpack_tree`` and ``exactpack_tree_varlen`` (the flash path, through its
 plain-torch reference on CPU), and the naive control on eager (it must
 FAIL), with the groups ``"30:5,8,12;10:4,4"`` (scaled down
 where the model is exact only up to an example length). A cell is ``PASS``,
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_architectures import DOCS as FLAT_DOCS
 from sweep_architectures import ROOT, TimedOut, _alarm, _line, _runs_alone, run_sweep, sweep_args
 
-ATTNS = ("eager", "sdpa", "seqpack_tree", "seqpack_tree_varlen")
+ATTNS = ("eager", "sdpa", "exactpack_tree", "exactpack_tree_varlen")
 #: The control: ``--mode naive`` on eager (siblings see each other), which must FAIL.
 NAIVE = "naive"
 SPEC = "30:5,8,12;10:4,4"
@@ -45,7 +45,7 @@ def flat_passing() -> list[str]:
 
 def spec_for(limit: int | None) -> list[tuple[int, tuple[int, ...]]]:
     """:data:`SPEC`, or groups whose sequences stay within ``limit`` pairs."""
-    from seqpack.verify.tree_models import parse_tree_lengths
+    from exactpack.verify.tree_models import parse_tree_lengths
 
     if limit is None or limit >= 42:
         return parse_tree_lengths(SPEC)
@@ -57,11 +57,11 @@ def run_one(attn: str, config, mode: str = "adapter") -> dict:
     """One cell: ``{"status", ...}`` of the tree verification on ``attn`` in ``mode``."""
     import torch
 
-    from seqpack.core.errors import InvalidInput, NotAvailable
-    from seqpack.hf.architectures import UnsupportedArchitecture
-    from seqpack.hf.capability import capability
-    from seqpack.hf.tree_inputs import check_tree
-    from seqpack.verify.tree_models import tree_groups, verify_tree
+    from exactpack.core.errors import InvalidInput, NotAvailable
+    from exactpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.capability import capability
+    from exactpack.hf.tree_inputs import check_tree
+    from exactpack.verify.tree_models import tree_groups, verify_tree
 
     from support.architecture_tiny import tree_model
 
@@ -129,7 +129,7 @@ def cell_text(cell: dict) -> str:
 
 
 def table(results: dict) -> str:
-    head = "| model type | eager | sdpa | seqpack_tree | seqpack_tree_varlen | naive (eager) |"
+    head = "| model type | eager | sdpa | exactpack_tree | exactpack_tree_varlen | naive (eager) |"
     head += " why refused |\n|---|---|---|---|---|---|---|\n"
     rows = []
     for model_type, r in results.items():

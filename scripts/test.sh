@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full test suite: set up .venv with the dev extras (the locked versions of
-# requirements/lock.txt; SEQPACK_UNLOCKED=1 for the newest) and run pytest.
+# requirements/lock.txt; EXACTPACK_UNLOCKED=1 for the newest) and run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh dev

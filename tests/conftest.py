@@ -6,8 +6,8 @@
   ``@reproduce_failure`` blob. ``HYPOTHESIS_PROFILE=mutation`` is the small
   derandomized profile ``scripts/mutation.sh`` uses.
 - NumPy: random tests take the ``seed`` (or ``rng``) fixture. The seed is
-  ``SEQPACK_TEST_SEED`` when set, else a fixed default, and a failing test that
-  used it reports ``SEQPACK_TEST_SEED=<seed>`` so the run can be replayed.
+  ``EXACTPACK_TEST_SEED`` when set, else a fixed default, and a failing test that
+  used it reports ``EXACTPACK_TEST_SEED=<seed>`` so the run can be replayed.
 - No silent absences: under ``CI=true`` every dependency of the ``dev`` extra in
   ``pyproject.toml`` must import at session start, or the run stops (exit 4) naming
   what is missing; a ``pytest.importorskip`` would otherwise drop its tests unseen.
@@ -60,7 +60,7 @@ def dev_modules(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
         seen.add(extra)
         for req in extras[extra]:
             dist = re.match(r"[A-Za-z0-9_.-]+", req)[0]
-            nested = re.fullmatch(r"seqpack\[(.*)\].*", req)
+            nested = re.fullmatch(r"exactpack\[(.*)\].*", req)
             if nested:
                 todo += [e.strip() for e in nested[1].split(",")]
                 continue
@@ -114,12 +114,12 @@ def pytest_sessionstart(session):
         )
 
 
-SEED_VARIABLE = "SEQPACK_TEST_SEED"
+SEED_VARIABLE = "EXACTPACK_TEST_SEED"
 DEFAULT_SEED = 1234
 
 
 def suite_seed() -> int:
-    """The seed of this run: ``SEQPACK_TEST_SEED`` or :data:`DEFAULT_SEED`."""
+    """The seed of this run: ``EXACTPACK_TEST_SEED`` or :data:`DEFAULT_SEED`."""
     text = os.environ.get(SEED_VARIABLE, "").strip()
     return int(text) if text else DEFAULT_SEED
 

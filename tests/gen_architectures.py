@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from seqpack.verify.models import ModelCrashed
+from exactpack.verify.models import ModelCrashed
 
 from support.architecture_cases import CASES, STANDARD, Case, run
 
@@ -112,7 +112,7 @@ def refused_row(case: Case) -> tuple[list[str], str]:
 
 def table(flex: bool) -> str:
     head = (
-        "| case | model type | verdict | eager | sdpa | seqpack_varlen | flex_attention (CPU)"
+        "| case | model type | verdict | eager | sdpa | exactpack_varlen | flex_attention (CPU)"
         " | naive control | float32 islands (float64 model); notes |\n"
         "|---|---|---|---|---|---|---|---|---|\n"
     )

@@ -26,22 +26,22 @@ that the tests assert (`tests/support/hostile_cases.py` by
 `tests/adversarial/test_saved_states.py`); `test_hostile.py` fails when a case or an
 expectation here is out of date.*
 
-seqpack sits at the start of training runs, so a silent mistake there is the
+exactpack sits at the start of training runs, so a silent mistake there is the
 most expensive kind. The rules:
 
 - **Bad input gets one clear line and nothing is written.** The CLI exits
-  with code 2 and prints `seqpack pack: error: ...` naming the file and line
+  with code 2 and prints `exactpack pack: error: ...` naming the file and line
   (or example, index and id), the value, the limit and what to do; the Python
-  API raises the matching subclass of `seqpack.SeqpackError` with the same
+  API raises the matching subclass of `exactpack.ExactpackError` with the same
   words. Neither leaves a file behind (the tests compare the folder before
-  and after). A refused command line is one line too (`seqpack CMD: error:
+  and after). A refused command line is one line too (`exactpack CMD: error:
   ...`, exit 2), never argparse's usage block; every number on the command
   line is read by one function that refuses `inf`, `nan`, fractions and
   absurd sizes.
 - **No crash on any bytes.** pyarrow's JSON reader crashes the process on a
   first line that is `null` and on arrays nested a few thousand deep, and
-  takes invalid UTF-8 into column names; seqpack scans every line first and
-  names the line. Hypothesis fuzz targets accept only seqpack's own errors or
+  takes invalid UTF-8 into column names; exactpack scans every line first and
+  names the line. Hypothesis fuzz targets accept only exactpack's own errors or
   a valid result: `tests/adversarial/test_fuzz_readers.py` (400 examples each: damaged
   JSON Lines, mixed formats, Arrow tables of any column types, damaged
   Parquet), and 1,000 examples each under CI's derandomized profile:
@@ -52,14 +52,14 @@ most expensive kind. The rules:
   invariant) and `tests/adversarial/test_fuzz_states.py` (damaged plan dicts, plan files
   and stream states are refused or valid).
 - **One input policy for every reader.** JSON Lines, Parquet, `datasets`
-  folders and Ray's driver and workers open files through `seqpack.io.files`:
+  folders and Ray's driver and workers open files through `exactpack.io.files`:
   regular files only (a FIFO or `/dev/zero` is refused before a byte is
   read), inside the input named (`state.json` naming `../other/...` is
-  refused), names in any case, a folder holding data files seqpack would not
+  refused), names in any case, a folder holding data files exactpack would not
   read refused by name, and what a read may decode bounded before decoding
   (Parquet page headers, compressed streams, distinct JSON keys).
 - **Nothing loaded is trusted without a check.** A packed directory's
-  manifest and shards must agree (`seqpack.io.integrity`); files it does not list
+  manifest and shards must agree (`exactpack.io.integrity`); files it does not list
   are never read. On W1 (69M tokens)
   the default checksum fast path costs 0.08× of decoding every shard once
   and a full verify (`load_packed(path, integrity="full")`) 1.13× (3.7 s);
@@ -67,7 +67,7 @@ most expensive kind. The rules:
   its decoding (see *Integrity* below). Plans and stream,
   sampler and dataset states are held to every invariant their loaders rely
   on, with allocations bounded by the file or a budget; tokenizers (`--tokenizer`)
-  and models (`seqpack verify --hf-config/--hf-model`) are loaded with
+  and models (`exactpack verify --hf-config/--hf-model`) are loaded with
   `trust_remote_code=False`, so a folder's own Python code (`auto_map`) is
   refused, never run, and nothing ever asks a question on stdin
   (`tests/integration/test_cli_usage.py` answers `y` and checks no marker file appears).
@@ -94,7 +94,7 @@ one (or, for a fresh path, no manifest: nothing published).
 - the output path has no manifest (fresh target), or loads and equals one of
   the complete outputs, old or new, shard for shard — never a mix; an
   earlier complete output is never lost;
-- the next `seqpack pack` at that path finds the killed run's record in the
+- the next `exactpack pack` at that path finds the killed run's record in the
   lock file (its generation and the shards it was replacing) and removes
   exactly the files that run wrote and no manifest lists — with a note on
   stderr — so the folder holds its manifest and listed shards only.
@@ -114,13 +114,13 @@ RACES = """\
 ## Races on the output path, and the user's files
 
 One writer holds an output path from its first check to the commit: it
-locks `out/.seqpack-lock` (`filelock`, i.e. `flock(2)`, released by the
+locks `out/.exactpack-lock` (`filelock`, i.e. `flock(2)`, released by the
 kernel however the writer ends) and records its pid, host and start time
 there. `tests/adversarial/test_races.py` replays each race deterministically, with the
 first writer paused inside its write:
 
-- a second `seqpack pack` to the same `--out` — with or without `--overwrite`
-  — is refused in one line naming the first (`another seqpack run (pid 4242
+- a second `exactpack pack` to the same `--out` — with or without `--overwrite`
+  — is refused in one line naming the first (`another exactpack run (pid 4242
   on node1, since ...) is writing out — wait for it to finish, or choose
   another --out`), and the first one's output is what gets published; another
   thread of the same process is refused the same way;
@@ -129,7 +129,7 @@ first writer paused inside its write:
 - a file the user puts in the output folder (before or while packing) is
   never touched: it stays, with a note (`left 'notes.txt' in out: the
   manifest does not list it ...`); `--overwrite` removes only regular files
-  of seqpack's own shard-name pattern that the previous manifest listed — a
+  of exactpack's own shard-name pattern that the previous manifest listed — a
   manifest edited to list the user's files, or `../outside.txt`, deletes
   nothing of theirs; a folder holding other files and no manifest is never
   packed into;
@@ -152,7 +152,7 @@ dev environment the suite was last run with (`pip freeze` of a fresh
 2.13.0). `scripts/setup-venv.sh` installs under those constraints, so a
 fresh clone tests what was tested (`git clone ... && bash scripts/test.sh`);
 the ranges in `pyproject.toml` stay what users install against.
-`SEQPACK_UNLOCKED=1 bash scripts/test.sh` upgrades every package to the
+`EXACTPACK_UNLOCKED=1 bash scripts/test.sh` upgrades every package to the
 newest version those ranges allow (torch stays 2.13.0: any other would pull a
 CUDA build) and runs the suite against them; when it passes, refresh the lock
 with `.venv/bin/python -m pip freeze --exclude-editable` (torch written as
@@ -161,7 +161,7 @@ with `.venv/bin/python -m pip freeze --exclude-editable` (torch written as
 
 VERIFY_TEXT = """\
 `load_packed` (and `PackedDataset`, which uses it) treats loading as verification
-(`seqpack.io.integrity`): the manifest and the shards must agree — contiguous row
+(`exactpack.io.integrity`): the manifest and the shards must agree — contiguous row
 numbering and first rows, rows, occurrences and tokens per shard (against the
 manifest and against each shard's content), whole model calls per shard, no shard
 listed twice (files it does not list are never read), capacity and rows per batch in
@@ -240,7 +240,7 @@ INVARIANTS = [
     ),
     (
         "damage to the first, middle or last shard (bit flip, re-hashed edits) is refused at"
-        " every depth, seqpack's format and TRL's",
+        " every depth, exactpack's format and TRL's",
         "`test_integrity.py::test_damage_to_the_first_middle_or_last_shard_is_refused`,"
         " `::test_damage_to_any_shard_of_a_trl_output_is_refused`",
     ),
@@ -260,7 +260,7 @@ INVARIANTS = [
         "`test_fuzz_states.py`; cases: `test_saved_states.py`",
     ),
     (
-        "any JSON Lines line from the grammar is a seqpack error or valid documents; valid"
+        "any JSON Lines line from the grammar is a exactpack error or valid documents; valid"
         " records in any layout are read exactly (1,000 examples each)",
         "`test_fuzz_grammar.py`",
     ),
@@ -301,7 +301,7 @@ def hostile_table() -> list[str]:
         else:
             expected = f"`{case.error.__name__}` naming `{case.needles[0]}`"
             cli = "— (a library check)" if case.argv is None else f"{got.cli_code}, {code(stderr)}"
-            same = got.cli_stderr == f"seqpack pack: error: {got.api_message}\n"
+            same = got.cli_stderr == f"exactpack pack: error: {got.api_message}\n"
             message = "same words" if case.argv is not None and same else got.api_message
             name = got.api_error.__name__ if got.api_error else "none"
             api = f"`{name}`: {cell(message.replace(f'{tmp}/', ''))}"

@@ -1,4 +1,4 @@
-"""Killing ``seqpack pack`` at any point never publishes a partial output.
+"""Killing ``exactpack pack`` at any point never publishes a partial output.
 
 Two kinds of trials:
 
@@ -24,18 +24,18 @@ import time
 import numpy as np
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io.atomic import LOCK, MANIFEST
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack.core.errors import InvalidInput
+from exactpack.io.atomic import LOCK, MANIFEST
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.packed_helpers import random_records, write_jsonl
 
 SWEEP = r"""
 import os, shutil, signal, sys
 from pathlib import Path
-import seqpack.io.shards as shards
-from seqpack.pipeline.local import pack_path
+import exactpack.io.shards as shards
+from exactpack.pipeline.local import pack_path
 
 data, root, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 old = root / "old"  # the earlier output for "over"; packing it also warms the kernels
@@ -152,16 +152,16 @@ OPTIONS = ("--max-length", "64", "--vocab-size", "500", "--policy", "next-fit")
 
 def _packing(data, out, *extra):
     return subprocess.Popen(
-        [sys.executable, "-m", "seqpack", "pack", str(data), "--out", str(out), *OPTIONS, *extra],
+        [sys.executable, "-m", "exactpack", "pack", str(data), "--out", str(out), *OPTIONS, *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-#: Kill delays, seconds after the start of ``seqpack pack`` (a run here takes about 1-2 s:
+#: Kill delays, seconds after the start of ``exactpack pack`` (a run here takes about 1-2 s:
 #: interpreter start, imports, reading, planning, writing). Drawn from the suite's seed, never
-#: scaled by a measured time, so a failing case replays with SEQPACK_TEST_SEED.
+#: scaled by a measured time, so a failing case replays with EXACTPACK_TEST_SEED.
 KILL_DELAYS = (0.2, 2.5)
 
 
@@ -235,11 +235,11 @@ def test_the_next_writer_removes_exactly_what_a_killed_run_wrote(data, tmp_path)
 
 #: Where a pack signals itself: (module, function), and whether it calls the real one first.
 STAGES = {
-    "reading": ("seqpack.pipeline.corpus", "chunk_from_arrow", False),
-    "planning": ("seqpack.pipeline.local", "plan_corpus", False),
-    "writing": ("seqpack.io.shards", "_write_shard", True),
-    "before-commit": ("seqpack.io.atomic", "write_file", False),
-    "after-commit": ("seqpack.io.atomic", "fsync_dir", True),
+    "reading": ("exactpack.pipeline.corpus", "chunk_from_arrow", False),
+    "planning": ("exactpack.pipeline.local", "plan_corpus", False),
+    "writing": ("exactpack.io.shards", "_write_shard", True),
+    "before-commit": ("exactpack.io.atomic", "write_file", False),
+    "after-commit": ("exactpack.io.atomic", "fsync_dir", True),
 }
 SIGNALLED = r"""
 import importlib, os, signal, sys
@@ -256,7 +256,7 @@ def signalled(*args, **kwargs):
     os.kill(os.getpid(), int(signum))
     return result if after == "1" else real(*args, **kwargs)
 setattr(module, name, signalled)
-from seqpack.cli import main
+from exactpack.cli import main
 sys.exit(main(sys.argv[6:]))
 """
 
@@ -293,7 +293,7 @@ def _pack_signalled(tmp_path, stage, signum, *extra):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_at_any_stage_exits_143_or_130_and_publishes_nothing_half(tmp_path, stage, signum):
     proc = _pack_signalled(tmp_path, stage, signum)
-    code, said = (143, "") if signum == signal.SIGTERM else (130, "seqpack pack: interrupted\n")
+    code, said = (143, "") if signum == signal.SIGTERM else (130, "exactpack pack: interrupted\n")
     assert proc.returncode == code and proc.stderr == said, proc.stderr
     if stage == "after-commit":  # published whole, before the signal arrived
         _only_its_files(tmp_path / "out")
@@ -321,8 +321,8 @@ def test_a_signal_at_any_stage_of_an_overwrite_keeps_one_complete_output(tmp_pat
 def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, capsys):
     import errno
 
-    from seqpack.cli import main
-    from seqpack.io import shards
+    from exactpack.cli import main
+    from exactpack.io import shards
 
     def full(table, where, **options):
         raise OSError(errno.ENOSPC, "No space left on device")  # as a file's write raises it
@@ -333,7 +333,7 @@ def test_a_full_disk_is_one_line_exit_1_and_nothing_left(tmp_path, monkeypatch, 
                  "--vocab-size", "10"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
-    assert err.startswith("seqpack pack: error: [Errno 28] No space left on device")
+    assert err.startswith("exactpack pack: error: [Errno 28] No space left on device")
     assert f"{tmp_path / 'out' / 'shard-0001-00000.parquet'}" in err  # the path is named
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
 
@@ -343,7 +343,7 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
     # leaves the module half-initialised; the error that follows is the termination.
     script = (
         "import os, signal, sys\n"
-        "import seqpack.io.shards as shards\n"
+        "import exactpack.io.shards as shards\n"
         "def swallowing(table, path):\n"
         "    try:\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -351,7 +351,7 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
         "        pass\n"
         "    raise AttributeError('partially initialized module')\n"
         "shards._write_shard = swallowing\n"
-        "from seqpack.cli import main\n"
+        "from exactpack.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
@@ -363,5 +363,5 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
         check=False,
     )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
-    assert proc.stderr == "seqpack pack: terminated\n"
+    assert proc.stderr == "exactpack pack: terminated\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]

@@ -1,7 +1,7 @@
 """Grammar fuzzers for the doors other than data files: tokenizer settings, chat templates,
 ``state.json`` and the public API's arguments.
 
-Each door's contract: a :class:`~seqpack.SeqpackError` of one line, or a result that
+Each door's contract: a :class:`~exactpack.ExactpackError` of one line, or a result that
 keeps the door's promise, never another exception type:
 
 - a ``tokenizer.json`` with any truncation, padding and post-processor: the ids are those
@@ -32,13 +32,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from seqpack import SeqpackError
+from exactpack import ExactpackError
 
 DOORS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def one_line(err: BaseException) -> None:
-    assert isinstance(err, SeqpackError), f"{type(err).__name__}: {err}"
+    assert isinstance(err, ExactpackError), f"{type(err).__name__}: {err}"
     assert "\n" not in str(err).strip(), str(err)
 
 
@@ -91,7 +91,7 @@ def test_tokenizer_settings_never_cut_or_pad(
 ):
     from tokenizers import Tokenizer, processors
 
-    from seqpack.io.tokenizers import load_tokenizer
+    from exactpack.io.tokenizers import load_tokenizer
 
     tok = Tokenizer.from_str(word_tokenizer)
     single, refused = processor
@@ -179,8 +179,8 @@ def chat_folder(tmp_path_factory):
 @given(pieces=st.lists(PIECES, min_size=1, max_size=3), chats=st.sampled_from([1, 2]))
 @example(pieces=["{% for %}"], chats=1)  # a syntax error escaped as a TemplateSyntaxError
 def test_any_template_of_the_grammar_renders_or_fails_in_one_line(chat_folder, pieces, chats):
-    from seqpack.io.readers import read_documents
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.io.readers import read_documents
+    from exactpack.pipeline.options import PackOptions
 
     template = "".join(pieces)
     table = pa.Table.from_pylist([{"messages": c} for c in CHATS[:chats]])
@@ -254,7 +254,7 @@ RAW = st.sampled_from(
     raw=st.one_of(st.none(), RAW),
 )
 def test_any_state_json_reads_only_inside_the_folder(saved, files, extra, raw):
-    from seqpack.io.readers import read_documents
+    from exactpack.io.readers import read_documents
 
     folder = saved / "ds"
     text = raw if raw is not None else json.dumps({**extra, "_data_files": files})
@@ -278,7 +278,7 @@ HOSTILE = st.sampled_from(
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from seqpack.pipeline.local import pack_path
+    from exactpack.pipeline.local import pack_path
 
     root = tmp_path_factory.mktemp("api")
     src = root / "in.jsonl"
@@ -313,7 +313,7 @@ def _outcome(call) -> None:
 @DOORS
 @given(name=st.sampled_from(sorted(PACK_ARGS)), value=HOSTILE)
 def test_pack_path_arguments(packed, tmp_path_factory, name, value):
-    from seqpack.pipeline.local import pack_path
+    from exactpack.pipeline.local import pack_path
 
     out = tmp_path_factory.mktemp("p") / "out"
     _outcome(lambda: pack_path(packed / "in.jsonl", out, **(PACK_ARGS | {name: value})))
@@ -327,7 +327,7 @@ def test_pack_path_arguments(packed, tmp_path_factory, name, value):
 @example(name="capacity", value=None)  # PackOptions' TypeError escaped
 def test_pack_dataset_arguments(name, value):
     datasets = pytest.importorskip("datasets")
-    from seqpack.hf.datasets_io import pack_dataset
+    from exactpack.hf.datasets_io import pack_dataset
 
     ds = datasets.Dataset.from_list([{"input_ids": [1, 2, 3, 4][: 2 + i % 3]} for i in range(6)])
     args = {"capacity": 8, "policy": "best-fit", "vocab_size": 20, "pad_token_id": 0}
@@ -343,7 +343,7 @@ def test_pack_dataset_arguments(name, value):
     value=HOSTILE,
 )
 def test_load_packed_arguments(packed, name, value):
-    from seqpack.io.store import load_packed
+    from exactpack.io.store import load_packed
 
     args = {"path": packed / "out", "integrity": True} | {name: value}
     _outcome(lambda: load_packed(args.pop("path"), **args))
@@ -363,7 +363,7 @@ SAMPLER_ARGS = [
 @DOORS
 @given(name=st.sampled_from(SAMPLER_ARGS), value=HOSTILE)
 def test_row_sampler_arguments(name, value):
-    from seqpack.training import RowSampler, RowStats
+    from exactpack.training import RowSampler, RowStats
 
     tokens = np.array([5.0, 3.0, 8.0, 2.0, 7.0])
     args = {"rows_per_micro_batch": 2, "micro_batches": 1, "world_size": 1, "rank": 0}
@@ -400,7 +400,7 @@ STREAM_ARGS = [
 def test_stream_dataset_arguments(name, value):
     from itertools import islice
 
-    from seqpack.training.stream import StreamDataset
+    from exactpack.training.stream import StreamDataset
 
     from support.strategies import BINDING
 

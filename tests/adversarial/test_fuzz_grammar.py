@@ -5,9 +5,9 @@ by byte), these lines come from a JSON grammar with its edges: numbers of
 any size and form (``-0``, ``1e999``, ``NaN``), every escape including lone
 surrogates, brackets and quotes inside strings, duplicate keys, two values on
 one line, truncation, trailing garbage, odd whitespace, CRLF and a BOM. The
-contract of the public reader :func:`seqpack.io.readers.read_documents`:
+contract of the public reader :func:`exactpack.io.readers.read_documents`:
 
-- any file: a :class:`~seqpack.SeqpackError` or documents that keep their
+- any file: a :class:`~exactpack.ExactpackError` or documents that keep their
   invariants, never another exception (and never a crash of the process);
 - a file of valid records, however laid out: read exactly (same ids, tokens
   and loss flags, in order).
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack import SeqpackError
-from seqpack.io.documents import Documents
-from seqpack.io.readers import read_documents
-from seqpack.io.tokenizers import ByteTokenizer
+from exactpack import ExactpackError
+from exactpack.io.documents import Documents
+from exactpack.io.readers import read_documents
+from exactpack.io.tokenizers import ByteTokenizer
 
 GRAMMAR = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 KEYS = ["id", "input_ids", "labels", "loss_mask", "text", "partition", "other"]
@@ -111,11 +111,13 @@ def path(tmp_path_factory):
 
 @GRAMMAR
 @given(files(), st.booleans())
-def test_any_line_of_the_grammar_is_a_seqpack_error_or_valid_documents(path, data, with_tokenizer):
+def test_any_line_of_the_grammar_is_a_exactpack_error_or_valid_documents(
+    path, data, with_tokenizer
+):
     path.write_bytes(data)
     try:
         docs = read_documents(path, tokenizer=ByteTokenizer() if with_tokenizer else None)
-    except SeqpackError as err:
+    except ExactpackError as err:
         assert "\n" not in str(err).strip(), "one line"
         return
     _check_documents(docs)

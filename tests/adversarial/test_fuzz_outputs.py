@@ -11,7 +11,7 @@ Two hypothesis targets over one small packed output (three shards, made by
   checksums hold and only the agreement checks can object).
 
 Each edited output is loaded and every model call read (``integrity=True`` and
-``"full"``). A manifest edit gives a :class:`~seqpack.SeqpackError`, or
+``"full"``). A manifest edit gives a :class:`~exactpack.ExactpackError`, or
 exactly the batches of the unedited output (cells, segments, positions,
 flags, occurrences and provenance). The binding's identity strings, the
 partition and the informational records (input, policy options, engine) are
@@ -20,7 +20,7 @@ expectations instead (``test_integrity.py``) and are not drawn here.
 
 A shard edited *and re-hashed* is a new output as far as any check can tell
 (a token changed to another in-vocabulary id is just data), so there the
-contract is: a :class:`~seqpack.SeqpackError`, or batches that keep every
+contract is: a :class:`~exactpack.ExactpackError`, or batches that keep every
 invariant (tokens in the vocabulary, every occurrence whole, inside its
 row, its segment and positions intact, provenance consistent; once per
 shard, and once in the whole output under ``integrity="full"``).
@@ -39,11 +39,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack import SeqpackError
-from seqpack.core.batch import CELL_FIELDS
-from seqpack.io.shards import sha256_file
-from seqpack.io.store import MANIFEST, load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack import ExactpackError
+from exactpack.core.batch import CELL_FIELDS
+from exactpack.io.shards import sha256_file
+from exactpack.io.store import MANIFEST, load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.packed_helpers import (
     OCCURRENCE_FIELDS,
@@ -103,7 +103,7 @@ def _check(out, reference, edit: str = "", same: bool = True, depths=(True, "ful
         try:
             store = load_packed(out, integrity=verify)
             batches = list(store)
-        except SeqpackError as err:  # anything else propagates: a failure naming the edit
+        except ExactpackError as err:  # anything else propagates: a failure naming the edit
             assert "\n" not in str(err), "one line"
             continue
         if same:

@@ -1,10 +1,10 @@
-"""Fuzz the readers: whatever the bytes, only seqpack's own errors come out.
+"""Fuzz the readers: whatever the bytes, only exactpack's own errors come out.
 
 Four targets, each a hypothesis property: JSON Lines built from random
 records and then damaged byte by byte; mostly valid records as JSON Lines,
 a JSON array and Parquet; Arrow tables with random column types; and a valid
 Parquet file with random bytes replaced. A read either raises a
-:class:`~seqpack.SeqpackError` or returns a table that satisfies the
+:class:`~exactpack.ExactpackError` or returns a table that satisfies the
 ExampleTable invariants. pyarrow's own JSON reader crashes the process on
 some of these inputs (a ``null`` first line, deep nesting), so a regression
 shows up here as a dead test process, not as a failure message.
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from seqpack import ExampleTable, InvalidInput, SeqpackError
-from seqpack.io.readers import load_examples
-from seqpack.io.tokenizers import ByteTokenizer
+from exactpack import ExactpackError, ExampleTable, InvalidInput
+from exactpack.io.readers import load_examples
+from exactpack.io.tokenizers import ByteTokenizer
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -75,11 +75,11 @@ binding_args = st.one_of(
 
 
 def check_read(source, args, partition="train"):
-    """Read ``source``: None on a SeqpackError, else the table (it keeps the ExampleTable
+    """Read ``source``: None on a ExactpackError, else the table (it keeps the ExampleTable
     invariants). Targets whose input is valid assert that a table came back."""
     try:
         table = load_examples(source, partition=partition, **args)
-    except SeqpackError:
+    except ExactpackError:
         return None
     assert isinstance(table, ExampleTable)
     vocab = table.binding.vocab_size
@@ -367,7 +367,7 @@ def test_fuzz_state_json_names_never_reach_outside_the_folder(saved, name):
     to a file inside the folder (then that file is the one read)."""
     import os
 
-    from seqpack.io.readers import read_documents
+    from exactpack.io.readers import read_documents
 
     folder = saved / "ds"
     state = json.loads((folder / "state.json").read_text())
@@ -379,7 +379,7 @@ def test_fuzz_state_json_names_never_reach_outside_the_folder(saved, name):
     )
     try:
         docs = read_documents(folder)
-    except SeqpackError:
+    except ExactpackError:
         return
     assert inside and os.path.isfile(target), (name, target)
     assert docs.tokens.tolist() == [0, 5, 1]

@@ -5,12 +5,12 @@ damaging it:
 
 - ``Plan.from_dict`` on a plan's dict with values replaced (numbers nudged or
   swapped for 0, -1, 2**62, floats, bools, text, null) and entries added or
-  removed: an :class:`~seqpack.InvalidInput`, or a plan whose placements keep
+  removed: an :class:`~exactpack.InvalidInput`, or a plan whose placements keep
   every invariant (checked here independently, cell by cell);
 - ``Plan.load`` on a saved ``.npz`` with bytes flipped, cut or inserted:
-  an :class:`~seqpack.InvalidInput`, or a valid plan;
+  an :class:`~exactpack.InvalidInput`, or a valid plan;
 - ``StreamPacker.from_state_dict`` on a state with the same kinds of damage:
-  a :class:`~seqpack.SeqpackError`, or a packer that, finished, places
+  a :class:`~exactpack.ExactpackError`, or a packer that, finished, places
   exactly the examples the state holds, each once, in rows that fit.
 """
 
@@ -20,10 +20,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack import SeqpackError
-from seqpack.core.plan import Plan
-from seqpack.core.policies import plan_rows
-from seqpack.core.stream_packer import StreamPacker
+from exactpack import ExactpackError
+from exactpack.core.plan import Plan
+from exactpack.core.policies import plan_rows
+from exactpack.core.stream_packer import StreamPacker
 
 FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 ODD = [0, -1, 1, 2, 7, 2**31, 2**62, -(2**62), 1.5, 2.0, True, False, None, "3", [], [1]]
@@ -74,7 +74,7 @@ def test_a_damaged_plan_dict_is_refused_or_valid(data):
         _damage(data.draw, state)
     try:
         plan = Plan.from_dict(state)
-    except SeqpackError:
+    except ExactpackError:
         return
     _check_plan(plan)
 
@@ -97,7 +97,7 @@ def test_a_damaged_plan_file_is_refused_or_valid(tmp_path_factory, data):
     damaged.write_bytes(bytes(raw))
     try:
         plan = Plan.load(damaged)
-    except SeqpackError:
+    except ExactpackError:
         return
     _check_plan(plan)
 
@@ -130,7 +130,7 @@ def test_a_damaged_stream_state_is_refused_or_a_packer_that_places_what_it_holds
         _damage(data.draw, state)
     try:
         packer = StreamPacker.from_state_dict(state, kernels="python")
-    except SeqpackError:
+    except ExactpackError:
         return
     held = dict(zip(state["buffer"]["example"], state["buffer"]["length"], strict=True))
     for row in state["open_rows"]:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from seqpack.io.store import load_packed
+from exactpack.io.store import load_packed
 
 from support.hostile_cases import CASES, DATA, OUT, Case, run_case
 from support.packed_helpers import recovered_examples
@@ -29,7 +29,7 @@ def test_bad_input_is_one_clear_line_a_typed_error_and_nothing_written(case: Cas
     if case.argv is not None:
         assert got.cli_code == 2
         assert got.cli_stdout == ""
-        assert got.cli_stderr == f"seqpack pack: error: {got.api_message}\n"
+        assert got.cli_stderr == f"exactpack pack: error: {got.api_message}\n"
         assert got.cli_written == []
 
 
@@ -69,7 +69,7 @@ def test_json_output_carries_the_duplicate_count(tmp_path):
     path = tmp_path / DATA
     path.write_text('{"id": 1, "input_ids": [0, 5, 1]}\n' * 3)
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack", "stats", path, "--max-length", "8", "--json"],
+        [sys.executable, "-m", "exactpack", "stats", path, "--max-length", "8", "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -96,7 +96,7 @@ def test_the_real_entry_point_agrees_with_the_in_process_cli(name, tmp_path):
     case = next(c for c in CASES if c.name == name)
     got = run_case(case, tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack", *case.argv],
+        [sys.executable, "-m", "exactpack", *case.argv],
         capture_output=True,
         text=True,
         check=False,
@@ -108,12 +108,12 @@ def test_the_real_entry_point_agrees_with_the_in_process_cli(name, tmp_path):
 
 
 def test_argparse_refuses_a_non_integer_capacity_in_one_line(tmp_path, capsys):
-    from seqpack.cli import main
+    from exactpack.cli import main
 
     code = main(["pack", "x.jsonl", "--out", str(tmp_path / "o"), "--max-length", "lots"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert err.startswith("seqpack pack: error: --max-length 'lots' is not a whole number")
+    assert err.startswith("exactpack pack: error: --max-length 'lots' is not a whole number")
     assert not (tmp_path / "o").exists()
 
 
@@ -131,13 +131,13 @@ def test_docs_reliability_lists_every_case_as_generated():
     ("text", "size"), [("123", 123), ("1K", 1024), ("1.5M", 3 << 19), ("2GiB", 2 << 30)]
 )
 def test_byte_sizes_on_the_command_line(text, size):
-    from seqpack.cli.flags import parse_byte_size
+    from exactpack.cli.flags import parse_byte_size
 
     assert parse_byte_size(text, "--max-metadata-bytes") == size
 
 
 def test_a_bad_byte_size_is_refused(capsys):
-    from seqpack.cli import main
+    from exactpack.cli import main
 
     code = main(["pack", "x", "--out", "o", "--max-length", "4", "--max-metadata-bytes", "lots"])
     assert code == 2

@@ -1,4 +1,4 @@
-"""The one input policy (seqpack.io.files), case class by case class: files outside the input,
+"""The one input policy (exactpack.io.files), case class by case class: files outside the input,
 special files, names in any case, stray files, bombs (Parquet, compressed, JSON keys),
 compressed / piped / many-file inputs equal to the plain file, and Ray's driver."""
 
@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.core.errors import InvalidInput, NotAvailable
-from seqpack.io.files import open_regular, read_limited, resolve_inside
-from seqpack.io.readers import read_documents
-from seqpack.pipeline.local import pack_path
+from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.io.files import open_regular, read_limited, resolve_inside
+from exactpack.io.readers import read_documents
+from exactpack.pipeline.local import pack_path
 
 DOCS = [{"id": f"d{i}", "input_ids": [0, 5 + i % 7, 6, 1]} for i in range(40)]
 
@@ -151,8 +151,8 @@ def _read_in_a_child(path) -> tuple[str, str]:
     and how many MiB its peak RSS grew by."""
     code = (
         "import resource, sys\n"
-        "from seqpack.io.readers import read_documents\n"
-        "from seqpack.core.errors import InvalidInput\n"
+        "from exactpack.io.readers import read_documents\n"
+        "from exactpack.core.errors import InvalidInput\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "try:\n    read_documents(sys.argv[1])\nexcept InvalidInput as e:\n    print(e)\n"
         "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
@@ -258,7 +258,7 @@ def test_standard_input_and_a_gzip_file_pack_as_the_plain_file(tmp_path):
 
     def cli(source, out, stdin=None):
         proc = subprocess.run(
-            [sys.executable, "-m", "seqpack", "pack", source, "--out", str(out), *argv],
+            [sys.executable, "-m", "exactpack", "pack", source, "--out", str(out), *argv],
             input=stdin, capture_output=True, timeout=120, check=False, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -272,7 +272,7 @@ def test_standard_input_and_a_gzip_file_pack_as_the_plain_file(tmp_path):
 
 def test_a_bad_line_on_standard_input_is_named_without_a_second_read(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack", "pack", "-", "--out", str(tmp_path / "o"),
+        [sys.executable, "-m", "exactpack", "pack", "-", "--out", str(tmp_path / "o"),
          "--max-length", "8", "--vocab-size", "300"],
         input=_jsonl(DOCS[:3]) + b'{"input_ids": [0, 1\n', capture_output=True, text=False,
         timeout=120, check=False,
@@ -302,7 +302,7 @@ def test_several_paths_and_a_glob_are_one_input_in_order(tmp_path):
 
 
 def test_ray_lays_out_blocks_through_the_same_policy(tmp_path):
-    from seqpack.ray.blocks import file_blocks
+    from exactpack.ray.blocks import file_blocks
 
     (tmp_path / "zero.jsonl").symlink_to("/dev/zero")  # would be read until memory ran out
     with pytest.raises(InvalidInput, match="is a character device"):
@@ -323,7 +323,7 @@ def test_ray_lays_out_blocks_through_the_same_policy(tmp_path):
 
 
 def test_ray_workers_bound_parquet_row_groups(tmp_path):
-    from seqpack.ray.blocks import InputSlice, read_slice
+    from exactpack.ray.blocks import InputSlice, read_slice
 
     _parquet_bomb(tmp_path / "bomb.parquet")
     with pytest.raises(InvalidInput, match="decompression bomb"):
@@ -332,7 +332,7 @@ def test_ray_workers_bound_parquet_row_groups(tmp_path):
 
 def test_an_unreachable_ray_address_fails_within_seconds():
     pytest.importorskip("ray")
-    from seqpack.ray.driver import check_reachable
+    from exactpack.ray.driver import check_reachable
 
     started = time.perf_counter()
     with pytest.raises(NotAvailable, match=r"no Ray cluster answers at '127\.0\.0\.1:1'"):
@@ -343,7 +343,7 @@ def test_an_unreachable_ray_address_fails_within_seconds():
 
 
 def test_progress_counts_the_compressed_bytes(tmp_path):
-    from seqpack.io.readers import open_input
+    from exactpack.io.readers import open_input
 
     (tmp_path / "c.jsonl.gz").write_bytes(gzip.compress(_jsonl(DOCS * 50)))
     source = open_input(tmp_path / "c.jsonl.gz")
@@ -363,5 +363,5 @@ def test_a_dataset_dict_split_outside_the_folder_and_a_packed_folder_are_refused
         read_documents(tmp_path / "dd")
     (tmp_path / "in.jsonl").write_bytes(_jsonl())
     _pack(tmp_path / "in.jsonl", tmp_path / "packed")
-    with pytest.raises(InvalidInput, match=r"is a seqpack output .* it is already packed"):
+    with pytest.raises(InvalidInput, match=r"is a exactpack output .* it is already packed"):
         read_documents(tmp_path / "packed")

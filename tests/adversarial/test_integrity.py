@@ -13,7 +13,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from seqpack import (
+from exactpack import (
     BindingMismatch,
     ExampleTable,
     InvalidInput,
@@ -23,9 +23,9 @@ from seqpack import (
     SplitMismatch,
     pack_examples,
 )
-from seqpack.core.loss import token_weighted_loss
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack.core.loss import token_weighted_loss
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.integrity_cases import DAMAGES, Damage, make_packed, run_damage
 from support.packed_helpers import random_records, recovered_examples, write_jsonl
@@ -70,7 +70,7 @@ def test_files_the_manifest_does_not_list_are_never_read(packed, tmp_path):
 
 
 def test_every_shard_is_hashed_on_load(packed, tmp_path, monkeypatch):
-    from seqpack.io import integrity as verify_mod
+    from exactpack.io import integrity as verify_mod
 
     seen = []
     real = verify_mod.sha256_file
@@ -311,8 +311,8 @@ def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, wh
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from seqpack.hf.trl_training import load_trl
-    from seqpack.io.shards import sha256_file
+    from exactpack.hf.trl_training import load_trl
+    from exactpack.io.shards import sha256_file
 
     out = tmp_path / "out"
     shutil.copytree(trl_packed, out)
@@ -350,7 +350,7 @@ def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
     """The training path holds shards to the format at its default depth, row_stats too."""
     import shutil
 
-    from seqpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedDataset
 
     case = next(c for c in DAMAGES if c.name == name)
     out = tmp_path / "out"

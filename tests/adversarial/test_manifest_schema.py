@@ -1,4 +1,4 @@
-"""The manifest schema (msgspec, :mod:`seqpack.io.integrity`) against hostile JSON.
+"""The manifest schema (msgspec, :mod:`exactpack.io.integrity`) against hostile JSON.
 
 Run as a script (``python tests/test_manifest_schema.py PACKED``) it writes
 each hostile ``manifest.json`` into ``PACKED`` in turn, loads it the way a
@@ -6,7 +6,7 @@ training job does and prints one JSON line per case: ``ok`` or the error's
 type and message. The test runs it in a child process, so a crash of the
 decoder (a segfault, a stack overflow) fails the test instead of killing it,
 and then holds every outcome to the contract: loaded unchanged, or one
-:class:`~seqpack.InvalidInput` line naming ``manifest.json`` and the fix.
+:class:`~exactpack.InvalidInput` line naming ``manifest.json`` and the fix.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _cases(good: bytes) -> dict[str, bytes]:
 
 
 def main(folder: Path) -> None:
-    from seqpack import SeqpackError
-    from seqpack.io.store import load_packed
+    from exactpack import ExactpackError
+    from exactpack.io.store import load_packed
 
     good = (folder / "manifest.json").read_bytes()
     for name, data in _cases(good).items():
@@ -75,14 +75,14 @@ def main(folder: Path) -> None:
             for _ in load_packed(folder):
                 pass
             outcome = {"ok": True}
-        except SeqpackError as err:
+        except ExactpackError as err:
             outcome = {"error": type(err).__name__, "message": str(err)}
         print(json.dumps({"case": name, **outcome}), flush=True)
     (folder / "manifest.json").write_bytes(good)
 
 
 def test_hostile_manifests_are_one_clear_line_and_never_a_crash(tmp_path):
-    from seqpack.pipeline.local import pack_path
+    from exactpack.pipeline.local import pack_path
 
     from support.packed_helpers import random_records, write_jsonl
 

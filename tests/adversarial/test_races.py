@@ -19,18 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io import atomic
-from seqpack.io.atomic import LOCK
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack.core.errors import InvalidInput
+from exactpack.io import atomic
+from exactpack.io.atomic import LOCK
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.packed_helpers import assert_same_batches, random_records, write_jsonl
 
 PAUSED = r"""
 import sys, time
 from pathlib import Path
-import seqpack.io.shards as shards
+import exactpack.io.shards as shards
 ready, go = Path(sys.argv[1]), Path(sys.argv[2])
 real = shards._write_shard
 def paused(table, path):
@@ -40,7 +40,7 @@ def paused(table, path):
     while not go.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
 shards._write_shard = paused
-from seqpack.cli import main
+from exactpack.cli import main
 sys.exit(main(sys.argv[3:]))
 """
 OPTIONS = ["--max-length", "16", "--vocab-size", "500", "--policy", "next-fit"]
@@ -54,7 +54,7 @@ def data(tmp_path_factory):
 
 def _cli(*argv, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "seqpack", *map(str, argv)],
+        [sys.executable, "-m", "exactpack", *map(str, argv)],
         capture_output=True,
         text=True,
         check=False,
@@ -63,7 +63,7 @@ def _cli(*argv, cwd=None):
 
 
 class Paused:
-    """``seqpack pack`` in a subprocess, stopped after its first shard until :meth:`resume`."""
+    """``exactpack pack`` in a subprocess, stopped after its first shard until :meth:`resume`."""
 
     def __init__(self, tmp_path: Path, data: Path, out: Path, *extra: str) -> None:
         self.ready, self.go = tmp_path / "ready", tmp_path / "go"
@@ -98,7 +98,7 @@ def test_a_second_writer_is_refused_naming_the_first(data, tmp_path, overwrite):
     second = _cli("pack", data, "--out", out, *OPTIONS, "--policy", "padded", *extra)
     assert second.returncode == 2 and second.stdout == ""
     assert second.stderr.count("\n") == 1
-    assert f"another seqpack run (pid {first.proc.pid} on {socket.gethostname()}" in second.stderr
+    assert f"another exactpack run (pid {first.proc.pid} on {socket.gethostname()}" in second.stderr
     assert f"is writing {out} — wait for it to finish, or choose another --out" in second.stderr
     code, err = first.resume()
     assert code == 0, err
@@ -174,7 +174,7 @@ def test_overwrite_removes_only_the_shards_the_previous_manifest_listed(data, tm
     stats = pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
     assert stats["recovered"] == [
         f"left 'notes.txt', 'shard-0009-00000.parquet' in {out}: the manifest does not list"
-        " them and seqpack removes only its own shards"
+        " them and exactpack removes only its own shards"
     ]
     new = _listed(out)
     assert not set(old) & {p.name for p in out.iterdir()}  # the old shards are gone
@@ -185,7 +185,7 @@ def test_overwrite_removes_only_the_shards_the_previous_manifest_listed(data, tm
 
 
 def test_a_manifest_listing_the_users_files_never_deletes_them(data, tmp_path):
-    """An edited manifest naming other files: only names of seqpack's own shards go."""
+    """An edited manifest naming other files: only names of exactpack's own shards go."""
     out = tmp_path / "out"
     pack_path(data, out, capacity=16, vocab_size=500)
     (out / "notes.txt").write_text("mine")
@@ -216,7 +216,7 @@ def test_a_manifest_listing_the_users_files_never_deletes_them(data, tmp_path):
 def test_output_paths_that_name_no_new_folder_are_one_line(
     data, tmp_path, monkeypatch, capsys, out, needle, overwrite
 ):
-    from seqpack.cli import main
+    from exactpack.cli import main
 
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
@@ -275,7 +275,7 @@ def test_missing_parent_folders_are_removed_again_when_nothing_is_published(tmp_
 def test_the_ray_driver_claims_its_output(tmp_path, monkeypatch):
     """The Ray engine refuses a held output before it starts Ray (no cluster needed)."""
     pytest.importorskip("ray")
-    from seqpack import ray as ray_engine
+    from exactpack import ray as ray_engine
 
     out = tmp_path / "out"
     with atomic.open_output(out, overwrite=False):
@@ -316,7 +316,7 @@ def test_an_output_over_its_input_is_refused(tmp_path, where, overwrite):
     }[where]
     got = _cli("pack", source, "--out", out, *OPTIONS, *(["--overwrite"] if overwrite else []))
     assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
-    assert "seqpack never publishes over its input — choose another --out" in got.stderr
+    assert "exactpack never publishes over its input — choose another --out" in got.stderr
     assert sorted(p.name for p in inputs.iterdir()) == before
 
 
@@ -336,7 +336,7 @@ def test_a_lock_or_manifest_that_is_a_link_is_never_written_through(data, tmp_pa
         os.link(precious, target)
     got = _cli("pack", data, "--out", out, *OPTIONS, "--overwrite")
     assert got.returncode == 2 and got.stderr.count("\n") == 1, got.stderr
-    assert "seqpack never writes through a link — remove it" in got.stderr
+    assert "exactpack never writes through a link — remove it" in got.stderr
     assert precious.read_text() == "the user's"
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.name != what}
     assert after == {k: v for k, v in before.items() if k != what}  # nothing else changed

@@ -11,15 +11,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io import jsonl
-from seqpack.io.readers import load_examples, read_documents
-from seqpack.pipeline.local import pack_path
+from exactpack.core.errors import InvalidInput
+from exactpack.io import jsonl
+from exactpack.io.readers import load_examples, read_documents
+from exactpack.pipeline.local import pack_path
 
 
-def seqpack(*args, timeout=60):
+def exactpack(*args, timeout=60):
     return subprocess.run(
-        [sys.executable, "-m", "seqpack", *map(str, args)],
+        [sys.executable, "-m", "exactpack", *map(str, args)],
         capture_output=True, text=True, check=False, timeout=timeout,
     )  # fmt: skip
 
@@ -31,7 +31,7 @@ def test_a_fifo_is_refused_at_once_never_opened_for_reading(tmp_path, name):
     os.mkfifo(path)
     source = path if "/" not in name else path.parent
     # no writer ever opens the FIFO: reading it would block forever
-    proc = seqpack("pack", source, "--out", tmp_path / "out", "--max-length", 8,
+    proc = exactpack("pack", source, "--out", tmp_path / "out", "--max-length", 8,
                    "--vocab-size", 10, timeout=60)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -142,8 +142,8 @@ def test_an_unpaired_surrogate_is_named_by_its_line_and_column(tmp_path):
 
 
 @pytest.mark.parametrize("chunk", [16, 1 << 20])
-def test_a_column_seqpack_does_not_read_may_mix_types(tmp_path, chunk):
-    """Arrow's reader refuses a column whose type changes between lines; a column seqpack
+def test_a_column_exactpack_does_not_read_may_mix_types(tmp_path, chunk):
+    """Arrow's reader refuses a column whose type changes between lines; a column exactpack
     never reads must not fail the run, and the result equals the file without it."""
     rows = [{"input_ids": [0, 1, 2 + i % 3], "meta": i if i % 2 else f"s{i}"} for i in range(9)]
     mixed, plain = tmp_path / "mixed.jsonl", tmp_path / "plain.jsonl"
@@ -159,7 +159,7 @@ def test_a_column_seqpack_does_not_read_may_mix_types(tmp_path, chunk):
     ]
 
 
-def test_a_column_seqpack_reads_with_mixed_types_is_named_by_its_line(tmp_path):
+def test_a_column_exactpack_reads_with_mixed_types_is_named_by_its_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "ok"}\n\n{"text": "ok too"}\n{"text": 5}\n')
     with pytest.raises(

@@ -1,7 +1,7 @@
 """Saved states are checked before they are trusted: plans, stream packers, samplers, streams.
 
 Each invariant a loader relies on has a case that breaks it and must end in
-one seqpack error (never a NumPy error, a wrong result or an allocation the
+one exactpack error (never a NumPy error, a wrong result or an allocation the
 file merely claims).
 """
 
@@ -13,11 +13,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from seqpack.core.errors import BudgetExceeded, InvalidInput
-from seqpack.core.plan import Plan
-from seqpack.core.policies import plan_rows
-from seqpack.core.stream_packer import StreamPacker, stream_bytes
-from seqpack.training.distributed import RowSampler
+from exactpack.core.errors import BudgetExceeded, InvalidInput
+from exactpack.core.plan import Plan
+from exactpack.core.policies import plan_rows
+from exactpack.core.stream_packer import StreamPacker, stream_bytes
+from exactpack.training.distributed import RowSampler
 
 from support.integrity_cases import STATES, StateCase, run_state
 from support.strategies import BINDING
@@ -120,14 +120,14 @@ def test_a_header_that_claims_a_huge_array_allocates_nothing(plan, tmp_path):
 @pytest.mark.parametrize(
     ("members", "needle"),
     [
-        ({"lengths": b"garbage"}, "not a seqpack plan"),
+        ({"lengths": b"garbage"}, "not a exactpack plan"),
         ({"lengths": None}, "There is no item named 'lengths.npy'"),
         ({"lengths": "object"}, "not 1-D integers"),
         ({"lengths": "float"}, "not 1-D integers"),
         ({"lengths": "2-D"}, "not 1-D integers"),
         ({"lengths": "short"}, "cut short"),
         ({"header": "list"}, "the plan header is not a JSON object"),
-        ({"header": "not-json"}, "not a seqpack plan"),
+        ({"header": "not-json"}, "not a exactpack plan"),
     ],
 )
 def test_a_damaged_plan_file_is_one_error(plan, tmp_path, members, needle):
@@ -151,7 +151,7 @@ def test_a_damaged_plan_file_is_one_error(plan, tmp_path, members, needle):
 
 def test_not_a_zip_at_all(tmp_path):
     (tmp_path / "p.npz").write_bytes(b"\x80\x04pickle")
-    with pytest.raises(InvalidInput, match=r"p\.npz: not a seqpack plan"):
+    with pytest.raises(InvalidInput, match=r"p\.npz: not a exactpack plan"):
         Plan.load(tmp_path / "p.npz")
 
 
@@ -193,7 +193,10 @@ def _remove_from_a_row(state):
         (lambda s: s.update(capacity=0), "capacity 0 lies outside"),
         (lambda s: s.update(finished="no"), "finished must be true or false"),
         (lambda s: s.pop("buffer"), "has no 'buffer'"),
-        (lambda s: s.update(format="seqpack.stream-best-fit/1"), "save it again with state_dict()"),
+        (
+            lambda s: s.update(format="exactpack.stream-best-fit/1"),
+            "save it again with state_dict()",
+        ),
         (_remove_an_example, "an example removed or added"),
         (_remove_from_a_row, "an example removed or added"),
         (lambda s: s["buffer"]["length"].__setitem__(0, 9), "buffer state's length holds a value"),
@@ -256,7 +259,7 @@ def test_every_example_still_comes_out_after_a_round_trip(state):
 
 
 def _sampler():
-    from seqpack.training.distributed import RowStats
+    from exactpack.training.distributed import RowStats
 
     tokens = np.arange(1, 9, dtype=np.int64)
     stats = RowStats(tokens, tokens, (tokens**2).astype(np.float64))
@@ -284,7 +287,7 @@ def test_a_sampler_state_is_checked(edit, needle):
 
 
 def _stream(docs, **kw):
-    from seqpack.training.stream import StreamDataset
+    from exactpack.training.stream import StreamDataset
 
     return StreamDataset(docs, binding=BINDING, max_length=8, rows_per_micro_batch=1,
                          world_size=1, rank=0, lookahead=4, **kw)  # fmt: skip

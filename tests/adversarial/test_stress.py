@@ -2,9 +2,9 @@
 
 ``benchmarks/stress.py`` runs the same checks on 10 million examples and
 100 million tokens; here random tables of a few thousand examples show that
-:func:`seqpack.pipeline.packing_bytes` bounds what :func:`pack_table`
+:func:`exactpack.pipeline.packing_bytes` bounds what :func:`pack_table`
 allocates (tracemalloc sees NumPy's allocations) for every policy, and that a
-budget one byte short raises :class:`~seqpack.BudgetExceeded` having
+budget one byte short raises :class:`~exactpack.BudgetExceeded` having
 allocated nothing.
 """
 
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import Binding, BudgetExceeded, ExampleTable
-from seqpack.core import config as budget
-from seqpack.core.policies import POLICIES
-from seqpack.pipeline.budget import packing_bytes
-from seqpack.pipeline.local import pack_table
+from exactpack import Binding, BudgetExceeded, ExampleTable
+from exactpack.core import config as budget
+from exactpack.core.policies import POLICIES
+from exactpack.pipeline.budget import packing_bytes
+from exactpack.pipeline.local import pack_table
 
 #: Allocations below this are Python bookkeeping, not packing arrays.
 NOTHING = 64 << 10
@@ -118,9 +118,9 @@ def test_the_stream_policy_budget_grows_with_its_window(rng, window):
 MEASURE = r"""
 import json, sys, tracemalloc
 import pyarrow as pa
-from seqpack.pipeline.local import pack_path
-from seqpack.pipeline.budget import StreamBudget
-from seqpack.pipeline.options import PackOptions
+from exactpack.pipeline.local import pack_path
+from exactpack.pipeline.budget import StreamBudget
+from exactpack.pipeline.options import PackOptions
 
 opts = dict(capacity=64, vocab_size=1000, chunk_bytes=1 << 16, shard_tokens=20_000,
             policy=sys.argv[3], max_metadata_bytes=1 << 40)  # with a budget: spilled
@@ -162,15 +162,17 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
     import subprocess
     import sys
 
-    from seqpack.io.readers import Input
-    from seqpack.pipeline.local import pack_path
+    from exactpack.io.readers import Input
+    from exactpack.pipeline.local import pack_path
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"input_ids": [0, 5, 1]}\n' * 10)
     args = ["pack", str(path), "--out", str(tmp_path / "out"), "--max-length", "4096",
             "--vocab-size", "10", "--max-metadata-bytes", "64M", "--policy", "stream-best-fit",
             "--option", "lookahead=50000000"]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", "seqpack", *args], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "exactpack", *args], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "but max_metadata_bytes is 67,108,864" in proc.stderr
 
@@ -191,10 +193,10 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
 def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch):
     import dataclasses
 
-    from seqpack.io.readers import read_documents
-    from seqpack.pipeline import local, writer
-    from seqpack.pipeline.budget import StreamBudget
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.io.readers import read_documents
+    from exactpack.pipeline import local, writer
+    from exactpack.pipeline.budget import StreamBudget
+    from exactpack.pipeline.options import PackOptions
 
     path = tmp_path / "d.jsonl"
     path.write_text(

@@ -5,12 +5,12 @@ One test per page. A page's blocks run in order in a fresh temporary folder
 the folder holds links to the repository's ``.venv`` (this interpreter's
 environment), ``examples/``, ``benchmarks/`` and ``tests/data/``, so
 ``.venv/bin/python examples/train_tiny.py`` and
-``seqpack verify --hf-config tests/data/tiny_llama.json`` work as written.
+``exactpack verify --hf-config tests/data/tiny_llama.json`` work as written.
 
 - ``python`` blocks share one namespace per page and run in this process
   (imports are paid once), with the page and line in every traceback;
 - ``bash`` blocks run with ``bash -euo pipefail`` and the environment's
-  ``bin/`` first on ``PATH`` (so ``seqpack ...`` and ``python`` are ours);
+  ``bin/`` first on ``PATH`` (so ``exactpack ...`` and ``python`` are ours);
 - a block preceded by ``<!-- docs-test: skip (reason) -->`` is not run. The
   reason is required; each skipped block is reported as a
   :class:`DocsBlockSkipped` warning (the warnings summary lists them).

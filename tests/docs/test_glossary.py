@@ -1,7 +1,7 @@
 """The glossary of docs/architecture.md is what the public names say (issue 20).
 
 Every public name -- each package's ``__all__``, every public module-level function
-and class under ``src/seqpack``, every flag of every ``seqpack`` command -- is cut
+and class under ``src/exactpack``, every flag of every ``exactpack`` command -- is cut
 into word parts (``snake_case``, ``CamelCase``, ``--kebab-case``); none may hold a
 word the glossary retired (its ``not`` column) unless the name is listed in
 :data:`ALLOWED` with the reason it stays for now. A retired word that is itself a
@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = ROOT / "src" / "seqpack"
+SRC = ROOT / "src" / "exactpack"
 PACKAGES = (
-    "seqpack",
-    "seqpack.io",
-    "seqpack.pipeline",
-    "seqpack.training",
-    "seqpack.nn",
-    "seqpack.hf",
-    "seqpack.ray",
-    "seqpack.verify",
+    "exactpack",
+    "exactpack.io",
+    "exactpack.pipeline",
+    "exactpack.training",
+    "exactpack.nn",
+    "exactpack.hf",
+    "exactpack.ray",
+    "exactpack.verify",
 )
 
 #: Names that keep a retired word for now, and why (remove an entry when its rename lands).
@@ -42,7 +42,7 @@ ALLOWED = {
 }
 
 #: Renames that landed: each old public spelling is gone from the public names (it
-#: may live on only as a deprecated alias: seqpack._renames' OLD_FLAGS / OLD_FIELDS,
+#: may live on only as a deprecated alias: exactpack._renames' OLD_FLAGS / OLD_FIELDS,
 #: a module ``__getattr__`` or ``@renamed_kwargs``), and its new spelling is there.
 LANDED = {
     "--capacity": "--max-length",
@@ -59,18 +59,18 @@ LANDED_KEYWORDS = (
         "window",
         "sliding_window",
         (
-            "seqpack.core.permission:permitted",
-            "seqpack.core.permission:dense_mask",
-            "seqpack.core.batch:PackedBatch.dense_mask",
-            "seqpack.core.tree:TreeBatch.key_spans",
-            "seqpack.nn.attention:attention",
-            "seqpack.nn.attention:AttentionLayout.key_bounds",
-            "seqpack.nn.varlen:varlen_attention",
-            "seqpack.nn.flex:flex_attention",
-            "seqpack.nn.flash:flash_attention",
-            "seqpack.nn.auto:auto_attention",
-            "seqpack.nn.tree_attention:tree_attention",
-            "seqpack.hf.masks:additive_mask",
+            "exactpack.core.permission:permitted",
+            "exactpack.core.permission:dense_mask",
+            "exactpack.core.batch:PackedBatch.dense_mask",
+            "exactpack.core.tree:TreeBatch.key_spans",
+            "exactpack.nn.attention:attention",
+            "exactpack.nn.attention:AttentionLayout.key_bounds",
+            "exactpack.nn.varlen:varlen_attention",
+            "exactpack.nn.flex:flex_attention",
+            "exactpack.nn.flash:flash_attention",
+            "exactpack.nn.auto:auto_attention",
+            "exactpack.nn.tree_attention:tree_attention",
+            "exactpack.hf.masks:additive_mask",
         ),
     ),
 )
@@ -165,15 +165,15 @@ def public_names() -> dict[str, str]:
             is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             if is_def and not node.name.startswith("_"):
                 names.setdefault(node.name, ".".join(rel.parts))
-    names.update({flag: f"seqpack {cmd}" for cmd, flag in cli_flags()})
+    names.update({flag: f"exactpack {cmd}" for cmd, flag in cli_flags()})
     return names
 
 
 def cli_flags(deprecated: bool = False) -> list[tuple[str, str]]:
-    """(command, flag) of every ``seqpack`` flag; the deprecated old names of flags
-    (hidden from ``--help``, :data:`seqpack._renames.OLD_FLAGS`) only with ``deprecated``."""
-    from seqpack._renames import OLD_FLAGS
-    from seqpack.cli import build_parser
+    """(command, flag) of every ``exactpack`` flag; the deprecated old names of flags
+    (hidden from ``--help``, :data:`exactpack._renames.OLD_FLAGS`) only with ``deprecated``."""
+    from exactpack._renames import OLD_FLAGS
+    from exactpack.cli import build_parser
 
     out = []
     for action in build_parser()._actions:
@@ -194,8 +194,8 @@ def test_landed_renames_stay_landed():
     hidden, print one warning line and are the old names of the flags they point to."""
     import dataclasses
 
-    from seqpack._renames import OLD_FIELDS, OLD_FLAGS
-    from seqpack.pipeline.options import PackOptions
+    from exactpack._renames import OLD_FIELDS, OLD_FLAGS
+    from exactpack.pipeline.options import PackOptions
 
     names = public_names()
     assert not sorted(set(LANDED) & set(names)), "a renamed public name came back"
@@ -237,18 +237,18 @@ def test_every_allowed_name_still_exists():
 @pytest.mark.parametrize(
     ("module", "old", "new"),
     [
-        ("seqpack", "Partition", "Split"),
-        ("seqpack", "PartitionMismatch", "SplitMismatch"),
-        ("seqpack", "split_digest", "data_digest"),
-        ("seqpack", "split_long", "cut_long"),
-        ("seqpack.core.binding", "Partition", "Split"),
-        ("seqpack.core.binding", "split_digest", "data_digest"),
-        ("seqpack.core.errors", "PartitionMismatch", "SplitMismatch"),
-        ("seqpack.core.examples", "split_long", "cut_long"),
-        ("seqpack.core.stream_packer", "DEFAULT_WINDOW", "DEFAULT_LOOKAHEAD"),
-        ("seqpack.core.permission", "check_window", "check_sliding_window"),
-        ("seqpack.core.errors", "check_tree_capacity", "check_max_length"),
-        ("seqpack.verify.fixture", "FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH"),
+        ("exactpack", "Partition", "Split"),
+        ("exactpack", "PartitionMismatch", "SplitMismatch"),
+        ("exactpack", "split_digest", "data_digest"),
+        ("exactpack", "split_long", "cut_long"),
+        ("exactpack.core.binding", "Partition", "Split"),
+        ("exactpack.core.binding", "split_digest", "data_digest"),
+        ("exactpack.core.errors", "PartitionMismatch", "SplitMismatch"),
+        ("exactpack.core.examples", "split_long", "cut_long"),
+        ("exactpack.core.stream_packer", "DEFAULT_WINDOW", "DEFAULT_LOOKAHEAD"),
+        ("exactpack.core.permission", "check_window", "check_sliding_window"),
+        ("exactpack.core.errors", "check_tree_capacity", "check_max_length"),
+        ("exactpack.verify.fixture", "FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH"),
     ],
 )
 def test_old_names_still_work_with_a_warning(module, old, new):
@@ -258,8 +258,8 @@ def test_old_names_still_work_with_a_warning(module, old, new):
 
 
 def test_old_keywords_still_work_with_a_warning(tmp_path):
-    from seqpack import InvalidInput
-    from seqpack.io.store import load_packed
+    from exactpack import InvalidInput
+    from exactpack.io.store import load_packed
 
     for old in ("verify", "expected_partition"):
         value = "train" if old == "expected_partition" else True

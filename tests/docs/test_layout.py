@@ -1,7 +1,7 @@
 """The house rules of the source tree (issue 11), checked on every run.
 
 - the layer contract in ``pyproject.toml`` holds (``lint-imports``, import-linter);
-- ``import seqpack`` loads none of the heavy dependencies;
+- ``import exactpack`` loads none of the heavy dependencies;
 - no module imports another module's private name;
 - no two modules share a base name, no function over 80 lines;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SRC = ROOT / "src" / "seqpack"
+SRC = ROOT / "src" / "exactpack"
 HEAVY = ("torch", "pyarrow", "transformers", "datasets", "ray", "matplotlib", "tokenizers", "tqdm")
 MAX_FUNCTION_LINES = 80
 
@@ -39,11 +39,11 @@ def test_the_layer_contract_holds():
     assert "0 broken" in proc.stdout and "3 kept" in proc.stdout, proc.stdout
 
 
-def test_import_seqpack_loads_no_heavy_dependency():
+def test_import_exactpack_loads_no_heavy_dependency():
     code = (
-        "import sys, seqpack\n"
-        "from seqpack.verify.fixture import fixture_batch\n"
-        "from seqpack.verify.trace import demo_trace\n"
+        "import sys, exactpack\n"
+        "from exactpack.verify.fixture import fixture_batch\n"
+        "from exactpack.verify.trace import demo_trace\n"
         "fixture_batch(); demo_trace(model=False)\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
@@ -55,8 +55,8 @@ def test_import_seqpack_loads_no_heavy_dependency():
 def test_the_core_runs_with_torch_missing():
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import seqpack, seqpack.io.tokenizers\n"
-        "from seqpack.verify.trace import demo_trace\n"
+        "import exactpack, exactpack.io.tokenizers\n"
+        "from exactpack.verify.trace import demo_trace\n"
         "trace = demo_trace()\n"
         "assert 'skipped' in trace['model'], trace['model']\n"
     )
@@ -68,7 +68,7 @@ def test_no_module_imports_a_private_name_of_another():
     offences = []
     for path, tree in _modules():
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seqpack"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exactpack"):
                 for alias in node.names:
                     if alias.name.startswith("_") and alias.name != "_compat":
                         offences.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
@@ -95,17 +95,17 @@ def test_functions_stay_small():
 
 
 def _option_fields():
-    from seqpack.pipeline.options import PackOptions
-    from seqpack.ray.ray_options import RayOptions
+    from exactpack.pipeline.options import PackOptions
+    from exactpack.ray.ray_options import RayOptions
 
     return {f.name for cls in (PackOptions, RayOptions) for f in dataclasses.fields(cls)}
 
 
 def test_entry_points_declare_no_packing_option_of_their_own():
-    from seqpack.hf.datasets_io import pack_dataset
-    from seqpack.pipeline.local import pack_path
-    from seqpack.pipeline.stats import stats_path
-    from seqpack.ray.driver import pack
+    from exactpack.hf.datasets_io import pack_dataset
+    from exactpack.pipeline.local import pack_path
+    from exactpack.pipeline.stats import stats_path
+    from exactpack.ray.driver import pack
 
     fields = _option_fields()
     for fn in (pack_path, stats_path, pack, pack_dataset):
@@ -115,8 +115,8 @@ def test_entry_points_declare_no_packing_option_of_their_own():
 
 
 def test_every_option_flag_reaches_the_command_line():
-    from seqpack.cli import build_parser
-    from seqpack.cli.flags import cli_flags
+    from exactpack.cli import build_parser
+    from exactpack.cli.flags import cli_flags
 
     sub = build_parser()._subparsers._group_actions[0].choices
     for command in ("pack", "stats"):
@@ -130,20 +130,20 @@ def test_every_option_flag_reaches_the_command_line():
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("seqpack.stream_packer", "seqpack.core.stream_packer"),
-        ("seqpack.permission", "seqpack.core.permission"),
-        ("seqpack.loss", "seqpack.core.loss"),
-        ("seqpack.core.checks", "seqpack.core.errors"),
-        ("seqpack.core.arguments", "seqpack.core.errors"),
-        ("seqpack.core.arith", "seqpack.core.config"),
-        ("seqpack.core.counts", "seqpack.core.policies"),
+        ("exactpack.stream_packer", "exactpack.core.stream_packer"),
+        ("exactpack.permission", "exactpack.core.permission"),
+        ("exactpack.loss", "exactpack.core.loss"),
+        ("exactpack.core.checks", "exactpack.core.errors"),
+        ("exactpack.core.arguments", "exactpack.core.errors"),
+        ("exactpack.core.arith", "exactpack.core.config"),
+        ("exactpack.core.counts", "exactpack.core.policies"),
     ],
 )
 def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
     code = (
         "import importlib, warnings\n"
         "warnings.simplefilter('error', DeprecationWarning)\n"
-        "import seqpack\n"
+        "import exactpack\n"
         f"new = importlib.import_module({new!r})\n"
         "try:\n"
         f"    importlib.import_module({old!r})\n"
@@ -159,7 +159,7 @@ def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
 
 
 def test_split_long_sources_still_works_with_a_deprecation_warning():
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.pipeline.options import PackOptions
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -171,10 +171,10 @@ def test_split_long_sources_still_works_with_a_deprecation_warning():
 @pytest.mark.parametrize(
     ("old", "names"),
     [
-        ("seqpack.batch", ["PackedBatch", "PackConfig", "materialize"]),
-        ("seqpack.store", ["load_packed", "write_packed", "SCHEMA", "rows_to_arrow"]),
-        ("seqpack.training.hf", ["hf_inputs", "HFCollator"]),
-        ("seqpack.policies", ["plan_rows", "Plan", "positive_int"]),
+        ("exactpack.batch", ["PackedBatch", "PackConfig", "materialize"]),
+        ("exactpack.store", ["load_packed", "write_packed", "SCHEMA", "rows_to_arrow"]),
+        ("exactpack.training.hf", ["hf_inputs", "HFCollator"]),
+        ("exactpack.policies", ["plan_rows", "Plan", "positive_int"]),
     ],
 )
 def test_split_modules_keep_their_old_names(old, names):
@@ -182,12 +182,12 @@ def test_split_modules_keep_their_old_names(old, names):
         "import importlib, warnings\n"
         "warnings.simplefilter('ignore', DeprecationWarning)\n"
         f"old = importlib.import_module({old!r})\n"
-        "import seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards\n"
-        "import seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan, seqpack.core.checks\n"
-        "import seqpack.core.policies, seqpack.core.compact\n"
-        "homes = [seqpack.core.batch, seqpack.core.config, seqpack.io.store, seqpack.io.shards,\n"
-        "         seqpack.hf.adapter, seqpack.hf.collator, seqpack.core.plan,\n"
-        "         seqpack.core.checks, seqpack.core.policies, seqpack.core.compact]\n"
+        "import exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards\n"
+        "import exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan, exactpack.core.checks\n"
+        "import exactpack.core.policies, exactpack.core.compact\n"
+        "homes = [exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards,\n"
+        "         exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan,\n"
+        "         exactpack.core.checks, exactpack.core.policies, exactpack.core.compact]\n"
         f"for name in {names!r}:\n"
         "    assert any(getattr(h, name, None) is getattr(old, name) for h in homes), name\n"
     )

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqpack import PackConfig, pack_examples
-from seqpack.hf.adapter import build_inputs, cell_logits, hf_inputs
-from seqpack.hf.architectures import UnsupportedArchitecture, describe
-from seqpack.hf.capability import architecture_of, capability
-from seqpack.verify.diagnose import example_tokens
-from seqpack.verify.models import ModelCrashed, verify_hf
+from exactpack import PackConfig, pack_examples
+from exactpack.hf.adapter import build_inputs, cell_logits, hf_inputs
+from exactpack.hf.architectures import UnsupportedArchitecture, describe
+from exactpack.hf.capability import architecture_of, capability
+from exactpack.verify.diagnose import example_tokens
+from exactpack.verify.models import ModelCrashed, verify_hf
 
 from support.architecture_cases import CASES, WINDOW, build, run
 from support.dtype_path import observed_tolerance, unlabelled
@@ -100,7 +100,7 @@ def leak(model, batch, examples, kwargs):
 
 
 def _examples(config):
-    from seqpack.verify.models import verification_examples, verification_layout
+    from exactpack.verify.models import verification_examples, verification_layout
 
     layout = verification_layout(describe(config).window, config.max_position_embeddings)
     assert layout.capacity == 14 and layout.lengths[0] == 11
@@ -140,7 +140,7 @@ def test_refused_cases_are_refused_up_front_and_really_leak(case):
 
 
 def _examples_for(model):
-    from seqpack.verify.models import verification_examples
+    from exactpack.verify.models import verification_examples
 
     config = model.config.get_text_config()
     return verification_examples(
@@ -160,7 +160,7 @@ def test_flex_attention_forward_on_cpu_takes_the_windowed_block_masks():
     """transformers' flex path compiles FlexAttention (float32, forward only on CPU).
 
     In a fresh process: a failed compile would leave the compiled wrapper on the
-    unfused path for the rest of this one (see seqpack.nn.flex).
+    unfused path for the rest of this one (see exactpack.nn.flex).
     """
     script = (
         "import sys, torch; sys.path.insert(0, 'tests'); torch.set_num_threads(1)\n"
@@ -202,7 +202,7 @@ def _tiny(model_type, **options):
 
 
 def _batch(lengths, capacity, vocab=266):
-    from seqpack.verify.models import VerifyCase, verification_examples
+    from exactpack.verify.models import VerifyCase, verification_examples
 
     examples = verification_examples(vocab, 0, layout=VerifyCase(tuple(lengths), capacity))
     (batch,) = pack_examples(
@@ -219,7 +219,7 @@ def test_a_window_the_model_never_applies_is_not_applied():
     assert capability(_tiny("mistral")).window == WINDOW  # a model that does apply it
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "seqpack_varlen"])
+@pytest.mark.parametrize("attn", ["sdpa", "exactpack_varlen"])
 def test_a_bidirectional_bert_is_refused_for_causal_packing(attn):
     config = _tiny("bert", is_decoder=False)
     with pytest.raises(UnsupportedArchitecture, match=r"bidirectional.*is_decoder=True"):
@@ -230,26 +230,28 @@ def test_a_bidirectional_bert_is_refused_for_causal_packing(attn):
 @pytest.mark.parametrize(
     "model_type", ["big_bird", "megatron-bert", "rembert", "falcon", "gpt_neo"]
 )
-def test_seqpack_varlen_is_refused_on_models_that_never_call_the_interface(model_type):
+def test_exactpack_varlen_is_refused_on_models_that_never_call_the_interface(model_type):
     arch = capability(_tiny(model_type))
     arch.check("sdpa" if model_type not in ("gpt_neo",) else "eager")
     with pytest.raises(UnsupportedArchitecture, match=r"never calls transformers' Attention") as e:
-        arch.check("seqpack_varlen")
-    assert str(e.value).startswith(f"{model_type} cannot run attn_implementation='seqpack_varlen'")
+        arch.check("exactpack_varlen")
+    assert str(e.value).startswith(
+        f"{model_type} cannot run attn_implementation='exactpack_varlen'"
+    )
 
 
-def test_falcon_on_seqpack_varlen_is_refused_before_loading_not_a_keyerror(tmp_path):
-    from seqpack.verify.models import load_model
+def test_falcon_on_exactpack_varlen_is_refused_before_loading_not_a_keyerror(tmp_path):
+    from exactpack.verify.models import load_model
 
     _tiny("falcon").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedArchitecture, match=r"falcon cannot run .*AttentionInterface"):
-        load_model(config=tmp_path, attn_implementation="seqpack_varlen")
+        load_model(config=tmp_path, attn_implementation="exactpack_varlen")
 
 
 @pytest.mark.parametrize("model_type", ["nemotron", "stablelm"])
 def test_layers_that_drop_the_attention_kwargs_are_named_not_blamed_on_the_user(model_type):
     with pytest.raises(UnsupportedArchitecture, match="without its attention kwargs") as err:
-        capability(_tiny(model_type)).check("seqpack_varlen")
+        capability(_tiny(model_type)).check("exactpack_varlen")
     assert "hf_inputs" not in str(err.value)  # what verify already did is not the fix
 
 
@@ -288,7 +290,7 @@ def test_llama4_nope_temperature_is_exact_only_for_rows_shorter_than_floor_scale
     with pytest.raises(UnsupportedArchitecture, match="rows <= 12 columns"):
         hf_inputs(_batch([5, 3], 14), "sdpa", config=config)
     with pytest.raises(UnsupportedArchitecture, match="chunked_attention"):
-        capability(config).check("seqpack_varlen")
+        capability(config).check("exactpack_varlen")
 
 
 def test_indexed_attention_is_exact_only_while_examples_fit_index_topk():
@@ -337,21 +339,21 @@ def test_float32_islands_outside_attention_get_their_tolerance_and_name(model_ty
     assert any(f"{op} (float32)" in ops for ops in islands.values()), islands
 
 
-def test_verify_of_seqpack_varlen_is_held_against_the_models_own_attention(monkeypatch):
+def test_verify_of_exactpack_varlen_is_held_against_the_models_own_attention(monkeypatch):
     """The old vacuous PASS: varlen applying moshi's unused window passed against itself."""
     import dataclasses
 
-    import seqpack.hf.attention_impl as varlen
+    import exactpack.hf.attention_impl as varlen
 
     case = next(c for c in CASES if c.model_type == "moshi")
-    model = build(case, "seqpack_varlen")
+    model = build(case, "exactpack_varlen")
     arch = architecture_of(model)
     assert arch.window is None
-    report = run(case, "seqpack_varlen")
+    report = run(case, "exactpack_varlen")
     assert report["pass"] and report["reference"] == "sdpa"
     wrong = dataclasses.replace(arch, window=WINDOW)  # what the config alone would say
     monkeypatch.setattr(varlen, "_architecture", lambda config: wrong)
-    report = run(case, "seqpack_varlen")
+    report = run(case, "exactpack_varlen")
     assert not report["pass"] and report["max_abs_diff"]["logits"] > 1e-3
 
 
@@ -360,7 +362,7 @@ def test_the_sweep_script_reports_each_implementation_of_a_type():
     sweep = _sweep()
     result = sweep.sweep_type("gpt_neo")
     cells = {attn: cell["status"] for attn, cell in result["cells"].items()}
-    assert cells == {"eager": "PASS", "sdpa": "n/a", "seqpack_varlen": "refused"}
+    assert cells == {"eager": "PASS", "sdpa": "n/a", "exactpack_varlen": "refused"}
     assert result["cells"]["eager"]["logits"] < 1e-6 and result["verdict"] == "exact"
     row = sweep.table({"gpt_neo": result}).splitlines()[-1]
     assert row.startswith("| `gpt_neo` | exact; ") and "never calls" in row
@@ -389,7 +391,7 @@ def test_assistants_reading_another_models_keys_are_refused():
 
 def test_bidirectional_image_tokens_leave_text_causal():
     assert _tiny("gemma4_unified").get_text_config().use_bidirectional_attention == "vision"
-    capability(_tiny("gemma4_unified")).check("seqpack_varlen")
+    capability(_tiny("gemma4_unified")).check("exactpack_varlen")
 
 
 def test_blt_is_refused_for_its_byte_hashes_across_the_row():
@@ -397,7 +399,7 @@ def test_blt_is_refused_for_its_byte_hashes_across_the_row():
 
 
 def test_musicgen_is_judged_on_the_decoder_its_causal_lm_takes():
-    from seqpack.hf.capability import causal_lm
+    from exactpack.hf.capability import causal_lm
 
     config = _tiny("musicgen")
     assert type(config).__name__ == "MusicgenDecoderConfig"
@@ -420,7 +422,7 @@ def test_a_model_whose_own_loss_crashes_is_own_loss_not_a_crash():
     """git cuts its image columns off the logits before its loss: text alone leaves none."""
     from transformers import AutoModelForCausalLM
 
-    from seqpack.verify.models import verification_examples
+    from exactpack.verify.models import verification_examples
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(

@@ -2,12 +2,12 @@ import json
 import subprocess
 import sys
 
-from seqpack.cli import main
+from exactpack.cli import main
 
 
 def run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "seqpack.cli", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "exactpack.cli", *args], capture_output=True, text=True, check=False
     )
 
 
@@ -27,8 +27,8 @@ def test_demo_prints_the_fixture_trace_through_the_real_entry_point():
 
 
 def test_bad_input_exits_2_with_one_line(capsys, monkeypatch):
-    from seqpack.core.errors import InvalidInput
-    from seqpack.verify import trace as demo
+    from exactpack.core.errors import InvalidInput
+    from exactpack.verify import trace as demo
 
     def boom():
         raise InvalidInput("example 3 ('x'[0:9]) is bad — fix it")
@@ -36,5 +36,5 @@ def test_bad_input_exits_2_with_one_line(capsys, monkeypatch):
     monkeypatch.setattr(demo, "demo_trace", boom)
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "seqpack demo: error: example 3 ('x'[0:9]) is bad — fix it"
+    assert err.strip() == "exactpack demo: error: example 3 ('x'[0:9]) is bad — fix it"
     assert err.count("\n") == 1

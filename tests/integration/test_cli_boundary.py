@@ -2,7 +2,7 @@
 
 A Python caller passing an argument of the wrong type to ``pack_path``,
 ``pack_dataset``, ``stats_path`` or ``load_packed`` gets one
-:class:`~seqpack.SeqpackError` line naming the argument and what to pass —
+:class:`~exactpack.ExactpackError` line naming the argument and what to pass —
 never a ``TypeError`` / ``AttributeError`` from deep inside, and never a
 wrong type silently taken as true (``overwrite="no"``). A file name holding
 control characters (an ANSI escape) is printed escaped, never sent to the
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from seqpack import SeqpackError
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
-from seqpack.pipeline.stats import stats_path
+from exactpack import ExactpackError
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
+from exactpack.pipeline.stats import stats_path
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_a_wrong_type_option_is_one_line_naming_it(tmp_path, data, name, value, 
         lambda: pack_path(data, tmp_path / "out", **(OK | {name: value})),
         lambda: stats_path(data, **(OK | {name: value})),
     ):
-        with pytest.raises(SeqpackError) as info:
+        with pytest.raises(ExactpackError) as info:
             call()
         assert needle in str(info.value) and "\n" not in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
@@ -66,7 +66,7 @@ def test_a_wrong_type_option_is_one_line_naming_it(tmp_path, data, name, value, 
 def test_wrong_type_paths_and_option_objects(tmp_path, data):
     import datasets
 
-    from seqpack.hf import pack_dataset
+    from exactpack.hf import pack_dataset
 
     cases = [
         (lambda: pack_path(data, 5, **OK), "out must be a path (str or os.PathLike), got int 5"),
@@ -83,7 +83,7 @@ def test_wrong_type_paths_and_option_objects(tmp_path, data):
         ),
         (
             lambda: load_packed(tmp_path, expected_binding="x"),
-            "expected_binding must be a seqpack.Binding",
+            "expected_binding must be a exactpack.Binding",
         ),
         (
             lambda: pack_dataset(
@@ -93,7 +93,7 @@ def test_wrong_type_paths_and_option_objects(tmp_path, data):
         ),
     ]
     for call, needle in cases:
-        with pytest.raises(SeqpackError) as info:
+        with pytest.raises(ExactpackError) as info:
             call()
         assert needle in str(info.value), (needle, str(info.value))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
@@ -104,11 +104,11 @@ def test_control_characters_of_a_file_name_are_escaped_on_the_terminal(tmp_path)
     rows = ("abcdefgh", "ab")
     (tmp_path / evil).write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
     out = "o\x1b[2Jut"
-    env = {**os.environ, "SEQPACK_PROGRESS_SECONDS": "0.001"}  # progress lines name it too
+    env = {**os.environ, "EXACTPACK_PROGRESS_SECONDS": "0.001"}  # progress lines name it too
 
     def run(*args):
         return subprocess.run(
-            [sys.executable, "-m", "seqpack", *args, "--tokenizer", "bytes"],
+            [sys.executable, "-m", "exactpack", *args, "--tokenizer", "bytes"],
             capture_output=True, cwd=tmp_path, env=env, check=False,
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Fast first calls (issue 23, item 7): C kernels that load wherever seqpack is
+"""Fast first calls (issue 23, item 7): C kernels that load wherever exactpack is
 installed (no numba), no heavy import on the in-memory path, TRL's columns in one pass.
 
 Speed itself is measured in ``benchmarks/bench_userpath.py`` (first call in a
@@ -22,17 +22,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 #: The C kernels are built (skipped on a user's machine without a compiler; never under CI).
 NATIVE = pytest.mark.skipif(
-    importlib.util.find_spec("seqpack.core.native") is None and os.environ.get("CI") != "true",
+    importlib.util.find_spec("exactpack.core.native") is None and os.environ.get("CI") != "true",
     reason="C kernels not built",
 )
 
 PLAN = """
-import json, sys, numpy as np, seqpack
-from seqpack.core import engine
-from seqpack.core.policies import plan_rows
+import json, sys, numpy as np, exactpack
+from exactpack.core import engine
+from exactpack.core.policies import plan_rows
 plan = plan_rows(np.array([3, 4, 5, 2]), 8, "best-fit-decreasing", kernels="native")
 print(json.dumps({"rows": plan.num_rows, "kernels": engine.resolve("auto"),
-                  "numba": "numba" in sys.modules, "file": seqpack.__file__}))
+                  "numba": "numba" in sys.modules, "file": exactpack.__file__}))
 """
 
 
@@ -41,17 +41,19 @@ def test_the_c_kernels_load_from_a_read_only_install_without_a_home():
     """An installed package whose folder is read-only, run by a user without a writable home:
     the C kernels load and run there (nothing is compiled or cached at run time), and
     nothing imports numba."""
-    root = Path(tempfile.mkdtemp(prefix="seqpack-ro-"))  # under /tmp: any user can reach it
+    root = Path(tempfile.mkdtemp(prefix="exactpack-ro-"))  # under /tmp: any user can reach it
     os.chmod(root, 0o755)
     site, tmp = root / "site", root / "tmp"
-    shutil.copytree(SRC / "seqpack", site / "seqpack", ignore=shutil.ignore_patterns("*.c"))
+    shutil.copytree(SRC / "exactpack", site / "exactpack", ignore=shutil.ignore_patterns("*.c"))
     tmp.mkdir(mode=0o777)
     os.chmod(tmp, 0o777)
     for folder, _, files in os.walk(site):
         for name in files:
             os.chmod(os.path.join(folder, name), 0o444)
         os.chmod(folder, 0o555)
-    env = {k: v for k, v in os.environ.items() if k not in ("SEQPACK_KERNELS", "SEQPACK_ENGINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("EXACTPACK_KERNELS", "EXACTPACK_ENGINE")
+    }
     env |= {"PYTHONPATH": str(site), "HOME": str(root / "no-home"), "TMPDIR": str(tmp)}
     user = [] if os.getuid() else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     argv = [*user, sys.executable, "-c", PLAN]
@@ -76,8 +78,8 @@ tokens = [0, 99, 100, 1, 0, 101, 1, 0, 102, 103, 104, 1]
 ids = pa.ListArray.from_arrays(pa.array([0, 4, 7, 12], pa.int32()), pa.array(tokens, pa.int32()))
 ds = datasets.Dataset(datasets.table.InMemoryTable(pa.table({"input_ids": ids})), fingerprint="x")
 before = set(sys.modules)
-from seqpack.hf import pack_dataset
-for fmt in ("seqpack", "trl"):
+from exactpack.hf import pack_dataset
+for fmt in ("exactpack", "trl"):
     pack_dataset(ds, 7, "bfd", vocab_size=266, format=fmt)
 heavy = ("torch", "transformers", "tokenizers", "matplotlib", "tqdm", "ray", "numba")
 print(sorted(m for m in set(sys.modules) - before if m.split(".")[0] in heavy))
@@ -99,11 +101,11 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     pytest.importorskip("trl")
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from seqpack.core import engine
-    from seqpack.core.binding import Binding, Split
-    from seqpack.core.compact import CompactRows
-    from seqpack.io.shards import token_offsets
-    from seqpack.io.trl_schema import trl_table
+    from exactpack.core import engine
+    from exactpack.core.binding import Binding, Split
+    from exactpack.core.compact import CompactRows
+    from exactpack.io.shards import token_offsets
+    from exactpack.io.trl_schema import trl_table
 
     rng = np.random.default_rng(11)
     lengths = rng.integers(1, 40, size=300).astype(np.int64)
@@ -132,11 +134,11 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
 
 PACK = """
 import json, sys
-from seqpack.cli import main
+from exactpack.cli import main
 with open("d.jsonl", "w") as f:
     for i in range(20):
         f.write(json.dumps({"id": f"doc-{i}", "text": "abc" * (i + 1)}) + "\\n")
-for fmt in ("seqpack", "trl"):
+for fmt in ("exactpack", "trl"):
     code = main(["pack", "d.jsonl", "--tokenizer", "bytes", "--max-length", "128", "--format", fmt,
                  "--out", "out-" + fmt])
     assert code == 0, code
@@ -145,8 +147,8 @@ print(sorted(m for m in heavy if m in sys.modules))
 """
 
 
-def test_seqpack_pack_imports_nothing_heavy(tmp_path):
-    """`seqpack pack` with ids given (source ids gathered with Arrow's take): no pandas (it
+def test_exactpack_pack_imports_nothing_heavy(tmp_path):
+    """`exactpack pack` with ids given (source ids gathered with Arrow's take): no pandas (it
     cost 0.65-1.5 s of a fresh process), nor anything else it does not need."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     run = subprocess.run([sys.executable, "-c", PACK], capture_output=True, text=True, env=env,
@@ -157,8 +159,8 @@ def test_seqpack_pack_imports_nothing_heavy(tmp_path):
 
 SMALL = """
 import json, sys, numpy as np
-from seqpack.core import engine
-from seqpack.core.policies import plan_rows
+from exactpack.core import engine
+from exactpack.core.policies import plan_rows
 used, call = set(), engine.call
 engine.call = lambda kernels, *args, **kw: used.add(kernels) or call(kernels, *args, **kw)
 lengths = np.random.default_rng(0).integers(1, 8, 20_000)
@@ -175,7 +177,9 @@ print(json.dumps({"auto": auto, "numba": "numba" in sys.modules, "same": same}))
 def test_every_call_plans_with_the_c_kernels_and_no_numba():
     """``"auto"`` runs the C kernels at any size (loading them costs no start-up), gives the
     Python kernels' plan, and nothing imports numba."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SEQPACK_KERNELS", "SEQPACK_ENGINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("EXACTPACK_KERNELS", "EXACTPACK_ENGINE")
+    }
     env["PYTHONPATH"] = str(SRC)
     run = subprocess.run(
         [sys.executable, "-c", SMALL], capture_output=True, text=True, env=env, check=False

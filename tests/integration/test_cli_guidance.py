@@ -1,7 +1,7 @@
 """Messages that send the user the right way, visible progress and versions (issue 23, 6-7).
 
-Each test runs the real command line (``seqpack.cli.main`` or ``python -m
-seqpack``) on files it writes, and checks the one line a user reads.
+Each test runs the real command line (``exactpack.cli.main`` or ``python -m
+exactpack``) on files it writes, and checks the one line a user reads.
 """
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.cli import main
+from exactpack.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from workloads import stdlib_texts, train_bpe
@@ -22,7 +22,7 @@ from workloads import stdlib_texts, train_bpe
 
 def run(*args, env=None, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "seqpack", *map(str, args)],
+        [sys.executable, "-m", "exactpack", *map(str, args)],
         capture_output=True, text=True, check=False, cwd=cwd,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
@@ -43,7 +43,7 @@ def _one_line(capsys):
     return err
 
 
-def test_out_on_a_folder_seqpack_did_not_write_never_suggests_overwrite(tmp_path, capsys):
+def test_out_on_a_folder_exactpack_did_not_write_never_suggests_overwrite(tmp_path, capsys):
     data = _texts(tmp_path, [5, 7, 9])
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -52,10 +52,10 @@ def test_out_on_a_folder_seqpack_did_not_write_never_suggests_overwrite(tmp_path
         argv = ["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(mine)]
         assert main([*argv, *extra]) == 2
         err = _one_line(capsys)
-        assert "not a seqpack output" in err and "choose another --out" in err
+        assert "not a exactpack output" in err and "choose another --out" in err
         assert "pass --overwrite" not in err
     assert (mine / "notes.txt").read_text() == "keep me"
-    # a real seqpack output still says --overwrite, which then works
+    # a real exactpack output still says --overwrite, which then works
     out = tmp_path / "out"
     argv = ["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(out)]
     assert main(argv) == 0
@@ -89,7 +89,7 @@ def test_a_packed_folder_given_as_input_is_recognised_as_packed(tmp_path, capsys
     ):
         assert main(argv) == 2
         err = _one_line(capsys)
-        assert "is a seqpack output" in err and "already packed" in err and "load_packed" in err
+        assert "is a exactpack output" in err and "already packed" in err and "load_packed" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "packed"]
 
 
@@ -115,7 +115,7 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
     assert report["examples"] == int((~want_over).sum())  # the policies plan those that fit
     assert report["tokens"] == int(pairs[~want_over].sum())
     err = captured.err
-    assert err.count("\n") == 1 and err.startswith("seqpack stats: warning: ")
+    assert err.count("\n") == 1 and err.startswith("exactpack stats: warning: ")
     assert f"{over['examples']} of 500 examples are longer than capacity 300" in err
     assert f"capacity {fits[0]} fits 99%" in err and "--cut-long" in err
     # nothing fits: one error line, exit 2, still counting them all
@@ -125,11 +125,11 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
 
 
 def test_version_and_trl_s_policy_name(tmp_path, capsys):
-    from seqpack import __version__, plan_rows
+    from exactpack import __version__, plan_rows
 
     with pytest.raises(SystemExit) as info:
         main(["--version"])
-    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"seqpack {__version__}"
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"exactpack {__version__}"
     data = _texts(tmp_path, [5, 30, 7, 9, 50, 2])
     assert main(["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--policy", "bfd",
                  "--out", str(tmp_path / "o"), "--json"]) == 0  # fmt: skip
@@ -141,18 +141,19 @@ def test_version_and_trl_s_policy_name(tmp_path, capsys):
 def test_a_pipe_gets_periodic_plain_lines_with_progress_and_nothing_without(tmp_path):
     data = _texts(tmp_path, np.arange(1, 400))
     args = ("pack", data, "--tokenizer", "bytes", "--max-length", "512", "--chunk-bytes", "4000")
-    often = {"SEQPACK_PROGRESS_SECONDS": "0.001"}
+    often = {"EXACTPACK_PROGRESS_SECONDS": "0.001"}
     quiet = run(*args, "--out", tmp_path / "a", env=often)
     assert quiet.returncode == 0 and quiet.stderr == ""  # a pipe, not asked: stderr stays clean
     shown = run(*args, "--out", tmp_path / "b", "--progress", env=often)
     assert shown.returncode == 0
-    lines = [ln for ln in shown.stderr.splitlines() if ln.startswith("seqpack: reading: ")]
+    lines = [ln for ln in shown.stderr.splitlines() if ln.startswith("exactpack: reading: ")]
     assert len(lines) >= 2 and "\r" not in shown.stderr  # lines, not a redrawn bar
     size = f"{data.stat().st_size / 1e3:.1f} kB"
-    assert lines[-1].startswith(f"seqpack: reading: {size} of {size} (100%), ")
+    assert lines[-1].startswith(f"exactpack: reading: {size} of {size} (100%), ")
     assert "399 docs" in lines[-1]
     assert any(
-        ln.startswith("seqpack: writing: ") and " rows, " in ln for ln in shown.stderr.splitlines()
+        ln.startswith("exactpack: writing: ") and " rows, " in ln
+        for ln in shown.stderr.splitlines()
     )
 
 
@@ -184,20 +185,20 @@ def _on_a_pty(argv, columns):
 
 def test_a_pty_without_a_size_gets_plain_lines_and_a_sized_one_a_bar(tmp_path):
     data = _texts(tmp_path, [5, 7, 9])
-    argv = [sys.executable, "-m", "seqpack", "pack", str(data), "--tokenizer", "bytes",
+    argv = [sys.executable, "-m", "exactpack", "pack", str(data), "--tokenizer", "bytes",
             "--max-length", "64", "--out"]  # fmt: skip
     proc, err = _on_a_pty([*argv, str(tmp_path / "a")], 0)  # a new pty reports 0 columns
     assert proc.returncode == 0
-    assert "seqpack: reading: " in err and "seqpack: writing: " in err
+    assert "exactpack: reading: " in err and "exactpack: writing: " in err
     assert "\r" not in err  # lines, no bar redraws
     proc, err = _on_a_pty([*argv, str(tmp_path / "b")], 100)
     assert proc.returncode == 0
-    assert "\r" in err and "seqpack: reading:" in err and "%|" in err  # tqdm's bar
+    assert "\r" in err and "exactpack: reading:" in err and "%|" in err  # tqdm's bar
 
 
 def test_the_reading_bar_moves_while_a_chunk_is_tokenized(tmp_path, monkeypatch):
-    from seqpack.io import tokenizers
-    from seqpack.pipeline.progress import progress_bar
+    from exactpack.io import tokenizers
+    from exactpack.pipeline.progress import progress_bar
 
     texts = [t for _, t in stdlib_texts(200, 2000)[:40]]
     tok = tokenizers.load_tokenizer(train_bpe(texts, 300, tmp_path / "tokenizer.json"))

@@ -1,4 +1,4 @@
-"""`seqpack pack` and `seqpack stats` through the real entry point (`python -m seqpack`)."""
+"""`exactpack pack` and `exactpack stats` through the real entry point (`python -m exactpack`)."""
 
 import json
 import subprocess
@@ -9,16 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack import plan_rows
-from seqpack.core.policies import POLICIES
-from seqpack.io.store import load_packed
+from exactpack import plan_rows
+from exactpack.core.policies import POLICIES
+from exactpack.io.store import load_packed
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples, write_jsonl
 
 
-def seqpack(*args):
+def exactpack(*args):
     return subprocess.run(
-        [sys.executable, "-m", "seqpack", *map(str, args)],
+        [sys.executable, "-m", "exactpack", *map(str, args)],
         capture_output=True,
         text=True,
         check=False,
@@ -39,7 +39,7 @@ def jsonl(tmp_path, records):
 
 def test_pack_json_stats_and_exact_round_trip(tmp_path, jsonl, records):
     out = tmp_path / "packed"
-    proc = seqpack(
+    proc = exactpack(
         "pack", jsonl, "--max-length", 128, "--policy", "best-fit-decreasing", "--out", out,
         "--vocab-size", 1000, "--json", "--max-rows-per-batch", 3,
     )  # fmt: skip
@@ -72,7 +72,7 @@ def test_parquet_folder_and_datasets_folder_inputs(tmp_path, records):
     results = []
     for source in (shards, tmp_path / "ds"):
         out = tmp_path / f"out-{source.name}"
-        proc = seqpack("pack", source, "--max-length", 100, "--policy", "next-fit", "--out", out,
+        proc = exactpack("pack", source, "--max-length", 100, "--policy", "next-fit", "--out", out,
                        "--vocab-size", 1000, "--json")  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         results.append(json.loads(proc.stdout.splitlines()[-1]))
@@ -99,19 +99,19 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
         "--tokenizer",
         "bytes",
     )
-    assert seqpack(*args).returncode == 0
-    again = seqpack(*args)
+    assert exactpack(*args).returncode == 0
+    again = exactpack(*args)
     assert again.returncode == 2
     assert (
         again.stderr.strip()
-        == f"seqpack pack: error: {out} already exists — pass --overwrite to replace it"
+        == f"exactpack pack: error: {out} already exists — pass --overwrite to replace it"
     )
-    replaced = seqpack(*args, "--overwrite", "--json")
+    replaced = exactpack(*args, "--overwrite", "--json")
     assert replaced.returncode == 0, replaced.stderr
     store = load_packed(out)
-    assert store.binding.tokenizer_id == "seqpack/bytes-266" and store.binding.vocab_size == 266
+    assert store.binding.tokenizer_id == "exactpack/bytes-266" and store.binding.vocab_size == 266
     got = recovered_examples(store)
-    from seqpack.io.tokenizers import ByteTokenizer
+    from exactpack.io.tokenizers import ByteTokenizer
 
     for ex in got.values():
         assert ByteTokenizer().decode(ex["tokens"]) == texts[int(ex["source_id"][1:])]
@@ -128,16 +128,16 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
 )
 def test_errors_are_one_line_with_exit_code_2(tmp_path, jsonl, extra, message):
     args = ["pack", jsonl, "--out", tmp_path / "out", "--policy", "next-fit", "--max-length", 64]
-    proc = seqpack(*args, *extra)
+    proc = exactpack(*args, *extra)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("seqpack pack: error: ")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("exactpack pack: error: ")
     assert message in proc.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_stats_json_table_and_plot(tmp_path, jsonl, records):
     png = tmp_path / "stats.png"
-    proc = seqpack("stats", jsonl, "--max-length", 128, "--json", "--plot", png)
+    proc = exactpack("stats", jsonl, "--max-length", 128, "--json", "--plot", png)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.splitlines()[-1])
     assert [p["policy"] for p in report["policies"]] == list(POLICIES)
@@ -145,43 +145,43 @@ def test_stats_json_table_and_plot(tmp_path, jsonl, records):
     for entry in report["policies"]:
         assert entry["rows"] == plan_rows(lengths, 128, entry["policy"]).num_rows
     assert png.read_bytes()[:4] == b"\x89PNG"
-    text = seqpack("stats", jsonl, "--max-length", 128, "--policy", "next-fit")
+    text = exactpack("stats", jsonl, "--max-length", 128, "--policy", "next-fit")
     assert text.returncode == 0 and "next-fit" in text.stdout and "rows/LB" in text.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "stats.png"]
 
 
 def test_max_length_is_the_input_ids_width_in_every_format(tmp_path, jsonl):
-    """One --max-length, two formats: seqpack rows are input_ids of exactly N tokens (a cell
+    """One --max-length, two formats: exactpack rows are input_ids of exactly N tokens (a cell
     per input token), TRL rows at most N tokens (TRL's max_length); --capacity, its old name,
     packs the same rows with one deprecation line."""
-    from seqpack.training import PackedCollator, PackedDataset
+    from exactpack.training import PackedCollator, PackedDataset
 
     base = ("pack", jsonl, "--vocab-size", 1000, "--max-length", 64, "--json")
-    assert seqpack(*base, "--out", tmp_path / "s").returncode == 0
-    assert seqpack(*base, "--out", tmp_path / "t", "--format", "trl").returncode == 0
+    assert exactpack(*base, "--out", tmp_path / "s").returncode == 0
+    assert exactpack(*base, "--out", tmp_path / "t", "--format", "trl").returncode == 0
     rows = PackedDataset(tmp_path / "s")
     assert PackedCollator()(rows[0])["input_ids"].shape[1] == 64 == rows.capacity
     trl = pq.read_table(sorted((tmp_path / "t").glob("*.parquet"))[0])
     widths = [len(ids) for ids in trl.column("input_ids").to_pylist()]
     assert max(widths) <= 64 and max(widths) > 32
-    old = seqpack("pack", jsonl, "--vocab-size", 1000, "--capacity", 64, "--out", tmp_path / "o")
+    old = exactpack("pack", jsonl, "--vocab-size", 1000, "--capacity", 64, "--out", tmp_path / "o")
     assert old.returncode == 0
     assert old.stderr == (
-        "seqpack pack: warning: --capacity is deprecated; pass --max-length 64 (the same"
+        "exactpack pack: warning: --capacity is deprecated; pass --max-length 64 (the same"
         " number: tokens per row)\n"
     )
     manifest = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("s", "o")]
     assert manifest[0]["statistics"] == manifest[1]["statistics"]
-    both = seqpack(*base, "--capacity", 64, "--out", tmp_path / "b")
+    both = exactpack(*base, "--capacity", 64, "--out", tmp_path / "b")
     assert both.returncode == 2 and both.stderr.count("\n") == 1
     assert "--capacity: not allowed with argument --max-length" in both.stderr
-    missing = seqpack("pack", jsonl, "--vocab-size", 1000, "--out", tmp_path / "m")
+    missing = exactpack("pack", jsonl, "--vocab-size", 1000, "--out", tmp_path / "m")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "required: --max-length" in missing.stderr
 
 
 def test_capacity_keyword_still_works_with_a_deprecation_warning():
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.pipeline.options import PackOptions
 
     with pytest.warns(DeprecationWarning, match="max_length"):
         old = PackOptions(capacity=64, vocab_size=10)
@@ -202,9 +202,9 @@ def test_a_plain_text_file_is_one_document_per_line_as_datasets_reads_it(tmp_pat
     file of the same ``{"text": line}`` rows (issue 23)."""
     import gzip
 
-    from seqpack.io.readers import read_documents
-    from seqpack.io.tokenizers import ByteTokenizer
-    from seqpack.pipeline.local import pack_path
+    from exactpack.io.readers import read_documents
+    from exactpack.io.tokenizers import ByteTokenizer
+    from exactpack.pipeline.local import pack_path
 
     raw = "hello world\r\nsecond line\n\nü and \r a lone CR\n  \nlast, no newline".encode()
     (tmp_path / "c.txt").write_bytes(raw)
@@ -225,14 +225,14 @@ def test_a_plain_text_file_is_one_document_per_line_as_datasets_reads_it(tmp_pat
     outs = {}
     for name in ("c.txt", "c.txt.gz", "c.jsonl"):
         args = ("pack", tmp_path / name, "--tokenizer", "bytes", "--max-length", 40)
-        done = seqpack(*args, "--out", tmp_path / f"out-{name}")
+        done = exactpack(*args, "--out", tmp_path / f"out-{name}")
         assert done.returncode == 0, done.stderr
         outs[name] = recovered_examples(load_packed(tmp_path / f"out-{name}"))
     assert outs["c.txt"] == outs["c.jsonl"] == outs["c.txt.gz"]
     stats = pack_path(tmp_path / "c.txt", tmp_path / "lib", max_length=40, tokenizer="bytes")
     assert stats["examples"] == 7
     (tmp_path / "bad.txt").write_bytes(b"fine\nnot \xff utf-8\n")
-    bad = seqpack(
+    bad = exactpack(
         "pack",
         tmp_path / "bad.txt",
         "--tokenizer",

@@ -1,12 +1,12 @@
-"""``seqpack show DIR --row N [--figure PATH]``: a user's own packed row, printed and drawn."""
+"""``exactpack show DIR --row N [--figure PATH]``: a user's own packed row, printed and drawn."""
 
 import json
 
 import numpy as np
 import pytest
 
-from seqpack.cli import main
-from seqpack.verify.fixture import fixture_batch
+from exactpack.cli import main
+from exactpack.verify.fixture import fixture_batch
 
 
 @pytest.fixture
@@ -40,13 +40,13 @@ def test_show_prints_each_row_s_occupants(packed, capsys):
 
 
 def test_show_draws_the_row_as_the_demo_draws_the_fixture(packed, tmp_path, capsys):
-    from seqpack.verify.figure import draw_batch
+    from exactpack.verify.figure import draw_batch
 
     png = tmp_path / "row0.png"
     assert main(["show", str(packed), "--row", "0", "--figure", str(png)]) == 0
     assert f"figure: {png}" in capsys.readouterr().out
     # the same drawing as draw_batch of the fixture's first row with that title
-    from seqpack.cli.show import load_row
+    from exactpack.cli.show import load_row
 
     batch = fixture_batch()
     _, row = load_row(packed, 0)  # read back from disk: the fixture's first row

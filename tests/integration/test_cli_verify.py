@@ -1,4 +1,4 @@
-"""``seqpack verify``: exit codes 0 (pass), 1 (fail), 2 (bad input); JSON on the last line."""
+"""``exactpack verify``: exit codes 0 (pass), 1 (fail), 2 (bad input); JSON on the last line."""
 
 import json
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqpack.cli import main
+from exactpack.cli import main
 
 torch.set_num_threads(1)
 CONFIG = str(Path(__file__).parents[1] / "data" / "tiny_llama.json")
@@ -44,7 +44,7 @@ def test_bool_mask_on_eager_is_flagged_and_human_output(capsys):
 
 
 def test_hf_model_dir(capsys, tmp_path):
-    from seqpack.verify.models import load_model
+    from exactpack.verify.models import load_model
 
     load_model(config=CONFIG, seed=2).save_pretrained(tmp_path)
     code, out, _ = verify(capsys, "--hf-model", str(tmp_path), "--json", "--seed", "2")
@@ -54,8 +54,8 @@ def test_hf_model_dir(capsys, tmp_path):
 
 def test_a_pickled_model_is_refused_before_anything_is_unpickled(capsys, tmp_path):
     """A folder whose weights are only a pickle (``pytorch_model.bin``) is one line, exit 2:
-    unpickling can run code, so seqpack never does it."""
-    from seqpack.verify.models import load_model
+    unpickling can run code, so exactpack never does it."""
+    from exactpack.verify.models import load_model
 
     model = load_model(config=CONFIG, seed=2)
     model.save_pretrained(tmp_path)  # transformers 5 writes safetensors only: replace them
@@ -108,7 +108,7 @@ def write_config(tmp_path, **changes):
     return str(path)
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa", "seqpack_varlen"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa", "exactpack_varlen"])
 def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
     capsys, tmp_path, attn
 ):
@@ -130,7 +130,7 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
         "conditions": [],
         "verdict": "exact",
     }
-    if attn == "seqpack_varlen":
+    if attn == "exactpack_varlen":
         return
     code, out, _ = verify(capsys, "--hf-config", config, "--attn", attn, "--mode", "naive")
     last = out.strip().splitlines()[-1]
@@ -163,9 +163,9 @@ def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_
     )
     code, out, err = verify(capsys, "--hf-config", str(bloom))
     assert code == 2 and "bloom cannot be packed exactly: its ALiBi bias" in err
-    # Gemma 2 soft-caps its logits; seqpack_varlen says so instead of a traceback.
+    # Gemma 2 soft-caps its logits; exactpack_varlen says so instead of a traceback.
     gemma2 = write_config(tmp_path, model_type="gemma2", sliding_window=4)
-    code, out, err = verify(capsys, "--hf-config", gemma2, "--attn", "seqpack_varlen")
+    code, out, err = verify(capsys, "--hf-config", gemma2, "--attn", "exactpack_varlen")
     assert code == 2 and out == "" and "soft-caps" in err and len(err.strip().splitlines()) == 1
 
 
@@ -175,7 +175,7 @@ def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_
 def test_lengths_that_are_not_positive_ints_are_a_usage_error(capsys, lengths, message):
     code, out, err = verify(capsys, "--hf-config", CONFIG, "--lengths", lengths)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert err.startswith("seqpack verify: error: argument --lengths") and message in err
+    assert err.startswith("exactpack verify: error: argument --lengths") and message in err
 
 
 @pytest.mark.parametrize(
@@ -213,16 +213,16 @@ def test_configs_without_pad_token_id_verify_and_exit_1_means_only_mixed(capsys,
     assert "cpmant cannot be packed exactly: it takes no position_ids" in err
 
 
-def test_seqpack_varlen_on_a_model_without_the_interface_is_one_line(capsys, tmp_path):
+def test_exactpack_varlen_on_a_model_without_the_interface_is_one_line(capsys, tmp_path):
     code, out, err = verify(
-        capsys, "--hf-config", _tiny_dir(tmp_path, "gpt_neo"), "--attn", "seqpack_varlen"
+        capsys, "--hf-config", _tiny_dir(tmp_path, "gpt_neo"), "--attn", "exactpack_varlen"
     )
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "gpt_neo cannot run attn_implementation='seqpack_varlen'" in err
+    assert "gpt_neo cannot run attn_implementation='exactpack_varlen'" in err
 
 
 def test_a_crash_outside_the_model_is_exit_2_not_1(capsys, monkeypatch):
-    from seqpack.verify import models as hf_verify
+    from exactpack.verify import models as hf_verify
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom\nsecond line")

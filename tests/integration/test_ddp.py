@@ -33,13 +33,13 @@ TIMEOUT_S = 60
 
 
 def _model():
-    from seqpack.verify.decoder import TinyDecoder
+    from exactpack.verify.decoder import TinyDecoder
 
     return TinyDecoder("large", seed=SEED, attention=ATTENTION)
 
 
 def _sampler(stats, world_size=None, rank=None):
-    from seqpack.training import RowSampler
+    from exactpack.training import RowSampler
 
     return RowSampler(
         stats,
@@ -62,7 +62,7 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    from seqpack.training import (
+    from exactpack.training import (
         PackedCollator,
         PackedDataset,
         decoder_inputs,
@@ -127,9 +127,9 @@ def _free_port() -> int:
 
 
 def _write_data(path: Path) -> None:
-    from seqpack import ExampleTable, SequenceExample, plan_rows
-    from seqpack.core.compact import compact_rows
-    from seqpack.io.store import write_packed
+    from exactpack import ExampleTable, SequenceExample, plan_rows
+    from exactpack.core.compact import compact_rows
+    from exactpack.io.store import write_packed
 
     from support.strategies import BINDING
 
@@ -153,8 +153,8 @@ def _write_data(path: Path) -> None:
 
 def _reference(data: Path):
     """One process: per step, the gradient of the mean over all the step's rows; SGD between."""
-    from seqpack.core.loss import token_weighted_loss
-    from seqpack.training import PackedDataset
+    from exactpack.core.loss import token_weighted_loss
+    from exactpack.training import PackedDataset
 
     ds = PackedDataset(data)
     stats = ds.row_stats()
@@ -177,7 +177,7 @@ def _reference(data: Path):
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):
-    from seqpack.verify.layouts import within_tolerance
+    from exactpack.verify.layouts import within_tolerance
 
     torch.set_num_threads(1)
     data = tmp_path / "packed"

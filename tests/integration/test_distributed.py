@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput
-from seqpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
-from seqpack.verify.fixture import fixture_batch
+from exactpack import InvalidInput
+from exactpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
+from exactpack.verify.fixture import fixture_batch
 
 
 @given(
@@ -99,7 +99,7 @@ def _reference_balance(rows, loads, slots, per_slot):
     seed=st.integers(0, 1000),
 )
 def test_heap_balancing_equals_the_plain_greedy(n, slots, per, ties, seed):
-    from seqpack.training.distributed import _balance_step
+    from exactpack.training.distributed import _balance_step
 
     rng = np.random.default_rng(seed)
     n = min(n, slots * per)
@@ -125,15 +125,15 @@ def test_sampler_and_stats_reject_bad_settings():
 
 
 #: Arguments of the training API that once allocated gigabytes or raised a traceback; each
-#: must now be one SeqpackError before anything is allocated (run under a 3 GB cap).
+#: must now be one ExactpackError before anything is allocated (run under a 3 GB cap).
 def _bad_api_calls():
     import datasets
 
-    import seqpack
-    import seqpack.hf as H
-    from seqpack.training import RowSampler, RowStats, StreamDataset
+    import exactpack
+    import exactpack.hf as H
+    from exactpack.training import RowSampler, RowStats, StreamDataset
 
-    b = seqpack.Binding(266, "t", "s")
+    b = exactpack.Binding(266, "t", "s")
     rs = RowStats.from_segments(np.full(5, 3), np.arange(5), np.full(5, 3))
     packed = H.pack_dataset(datasets.Dataset.from_dict({"input_ids": [[0, 1, 2]]}), 8,
                             vocab_size=266)  # fmt: skip
@@ -190,16 +190,16 @@ def _bad_api_calls():
 
 def test_api_arguments_are_refused_before_anything_is_allocated():
     """In a child process capped at 3 GB of address space (each case once asked for 7-74 GiB
-    or raised AttributeError / ValueError): one SeqpackError naming the argument each."""
+    or raised AttributeError / ValueError): one ExactpackError naming the argument each."""
     import subprocess
     import sys
 
     code = (
         "import resource, sys; sys.path[:0] = ['tests', 'tests/integration'];"
         "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
-        "import test_distributed as t, seqpack\n"
+        "import test_distributed as t, exactpack\n"
         "for name, (call, words) in t._bad_api_calls().items():\n"
-        "    try:\n        call()\n    except seqpack.SeqpackError as e:\n"
+        "    try:\n        call()\n    except exactpack.ExactpackError as e:\n"
         "        assert words in str(e) and '\\n' not in str(e), (name, str(e))\n"
         "        continue\n"
         "    except BaseException as e:\n        raise AssertionError((name, repr(e)))\n"

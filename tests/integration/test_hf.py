@@ -2,19 +2,19 @@ import datasets
 import numpy as np
 import pytest
 
-from seqpack import Binding, BindingMismatch, PackConfig, materialize, plan_rows
-from seqpack.core.errors import InvalidInput
-from seqpack.hf.datasets_io import (
+from exactpack import Binding, BindingMismatch, PackConfig, materialize, plan_rows
+from exactpack.core.errors import InvalidInput
+from exactpack.hf.datasets_io import (
     pack_dataset,
     packed_metadata,
     packed_rows,
     to_batches,
     unpack_dataset,
 )
-from seqpack.io.readers import load_examples
-from seqpack.io.shards import REQUIRED, rows_to_arrow
-from seqpack.pipeline.local import pack_table
-from seqpack.verify.fixture import FIXTURE_DOCUMENTS, fixture_epoch
+from exactpack.io.readers import load_examples
+from exactpack.io.shards import REQUIRED, rows_to_arrow
+from exactpack.pipeline.local import pack_table
+from exactpack.verify.fixture import FIXTURE_DOCUMENTS, fixture_epoch
 
 from support.packed_helpers import assert_same_batches, expected_flags, random_records
 from support.v1_format import v1_dataset
@@ -76,7 +76,7 @@ def test_binding_defaults_split_long_and_errors(rng):
     other = Binding(7, "x", "y")
     with pytest.raises(BindingMismatch):
         list(to_batches(packed, expected_binding=other))
-    with pytest.raises(InvalidInput, match="no seqpack metadata"):
+    with pytest.raises(InvalidInput, match="no exactpack metadata"):
         unpack_dataset(datasets.Dataset.from_dict({"tokens": [[1]]}))
 
 

@@ -1,4 +1,4 @@
-"""seqpack.hf.adapter: the transformers keyword arguments, loss and Trainer collator."""
+"""exactpack.hf.adapter: the transformers keyword arguments, loss and Trainer collator."""
 
 import itertools
 import os
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from seqpack import InvalidInput, PackConfig, pack_examples
-from seqpack.core.loss import token_weighted_loss
-from seqpack.hf.adapter import (
+from exactpack import InvalidInput, PackConfig, pack_examples
+from exactpack.core.loss import token_weighted_loss
+from exactpack.hf.adapter import (
     IGNORE_INDEX,
     additive_mask,
     block_mask,
@@ -29,10 +29,10 @@ from seqpack.hf.adapter import (
     model_labels,
     shift_labels,
 )
-from seqpack.hf.collator import HFCollator
-from seqpack.hf.datasets_io import pack_dataset, to_batches
-from seqpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
-from seqpack.verify.models import FLOAT32_TOLERANCE, verification_examples
+from exactpack.hf.collator import HFCollator
+from exactpack.hf.datasets_io import pack_dataset, to_batches
+from exactpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
+from exactpack.verify.models import FLOAT32_TOLERANCE, verification_examples
 
 from support.dtype_path import observed_tolerance, unlabelled
 from support.mask_helpers import block_mask_cells
@@ -371,7 +371,7 @@ def test_masks_follow_the_model_config_one_per_layer_type():
     cells = block_mask_cells(flex["sliding_attention"])[:, 0].numpy()
     assert np.array_equal(cells, hf_allowed(batch, 2))
     # Flattened implementations take the window from the layer: no mask at all.
-    for attn in ("flash_attention_2", "seqpack_varlen"):
+    for attn in ("flash_attention_2", "exactpack_varlen"):
         assert "attention_mask" not in hf_inputs(batch, attn, config=qwen)
 
 
@@ -396,7 +396,7 @@ def test_bool_masks_are_for_sdpa_only():
     ],
 )
 def test_architectures_that_cannot_be_exact_are_refused(model_type, options, words):
-    from seqpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.architectures import UnsupportedArchitecture
 
     config = config_of(model_type, **options)
     with pytest.raises(UnsupportedArchitecture, match=f"^{model_type} cannot be packed exactly"):
@@ -424,23 +424,23 @@ def test_an_implementation_that_cannot_run_here_is_refused_at_construction(monke
         HFCollator("flash_attention_2", config=llama_config())
 
 
-def test_importing_seqpack_hf_registers_seqpack_varlen_in_a_fresh_process():
+def test_importing_exactpack_hf_registers_exactpack_varlen_in_a_fresh_process():
     import subprocess
     import sys
 
     script = (
-        "import sys, seqpack.hf\n"
+        "import sys, exactpack.hf\n"
         "assert 'transformers' not in sys.modules  # still light\n"
         "from transformers import AttentionInterface, LlamaConfig, AutoModelForCausalLM\n"
-        "assert 'seqpack_varlen' in AttentionInterface._global_mapping\n"
+        "assert 'exactpack_varlen' in AttentionInterface._global_mapping\n"
         "cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16,"
         " num_hidden_layers=1, num_attention_heads=2)\n"
-        "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='seqpack_varlen')\n"
+        "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='exactpack_varlen')\n"
         "print(m.config._attn_implementation)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1500:]
-    assert done.stdout.strip().splitlines()[-1] == "seqpack_varlen"
+    assert done.stdout.strip().splitlines()[-1] == "exactpack_varlen"
 
 
 def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
@@ -451,7 +451,7 @@ def test_pack_dataset_with_a_model_checks_its_capability_before_any_row():
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 40"):
         pack_dataset(ds, 24, vocab_size=266, model=config_of("llama", vocab_size=40))
     bidirectional = config_of("bert", is_decoder=False, intermediate_size=32)
-    from seqpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.architectures import UnsupportedArchitecture
 
     with pytest.raises(UnsupportedArchitecture, match="bidirectional"):
         pack_dataset(ds, 24, vocab_size=266, model=bidirectional)

@@ -1,4 +1,4 @@
-"""seqpack.hf.attention_impl: the seqpack_varlen attention function, against the predicate."""
+"""exactpack.hf.attention_impl: the exactpack_varlen attention function, against the predicate."""
 
 import numpy as np
 import pytest
@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AttentionInterface, AutoConfig
 
-from seqpack import InvalidInput, NotAvailable
-from seqpack.hf.adapter import hf_inputs
-from seqpack.hf.attention_impl import NAME, plan_of, seqpack_varlen_attention
-from seqpack.verify.fixture import fixture_batch
+from exactpack import InvalidInput, NotAvailable
+from exactpack.hf.adapter import hf_inputs
+from exactpack.hf.attention_impl import NAME, exactpack_varlen_attention, plan_of
+from exactpack.verify.fixture import fixture_batch
 
 from support.reference import flat_spans, per_example_attention
 from support.strategies import packed_epochs
@@ -51,7 +51,7 @@ def within(a, b):
 
 
 def test_registered_with_transformers():
-    assert AttentionInterface._global_mapping[NAME] is seqpack_varlen_attention
+    assert AttentionInterface._global_mapping[NAME] is exactpack_varlen_attention
 
 
 @settings(max_examples=40)
@@ -61,7 +61,7 @@ def test_matches_the_predicate_with_gqa_and_windows(case, window):
     batch = epoch.batches[0]
     q, k, v, kwargs = flattened(batch)
     config = AutoConfig.for_model("mistral", sliding_window=window, num_hidden_layers=1)
-    out, weights = seqpack_varlen_attention(
+    out, weights = exactpack_varlen_attention(
         Layer(config), q, k, v, None, scaling=0.25, sliding_window=window, **kwargs
     )
     assert weights is None and out.shape == (1, q.shape[2], 4, 8)
@@ -75,25 +75,25 @@ def test_matches_the_predicate_with_gqa_and_windows(case, window):
 def test_rows_without_cu_seqlens_are_one_example_each_and_packed_ones_are_refused():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    out, _ = seqpack_varlen_attention(Layer(), q, k, v, None, scaling=0.5)
+    out, _ = exactpack_varlen_attention(Layer(), q, k, v, None, scaling=0.5)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     assert within(out, want.transpose(1, 2))
     packed = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
     with pytest.raises(InvalidInput, match=r"packed position_ids .* would be joined"):
-        seqpack_varlen_attention(Layer(), q, k, v, None, position_ids=packed)
+        exactpack_varlen_attention(Layer(), q, k, v, None, position_ids=packed)
     with pytest.raises(InvalidInput, match="batch of 1"):
-        seqpack_varlen_attention(Layer(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 5]))
+        exactpack_varlen_attention(Layer(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 5]))
 
 
 def test_softcapping_sinks_and_bad_cu_seqlens_are_refused():
     q, k, v, kwargs = flattened(fixture_batch())
     with pytest.raises(NotAvailable, match=r"soft-caps .*eager"):
-        seqpack_varlen_attention(Layer(), q, k, v, None, softcap=50.0, **kwargs)
+        exactpack_varlen_attention(Layer(), q, k, v, None, softcap=50.0, **kwargs)
     with pytest.raises(NotAvailable, match="sinks"):
-        seqpack_varlen_attention(Layer(), q, k, v, None, s_aux=torch.zeros(4), **kwargs)
+        exactpack_varlen_attention(Layer(), q, k, v, None, s_aux=torch.zeros(4), **kwargs)
     bad = kwargs | {"cu_seq_lens_q": torch.tensor([0, 3, 4], dtype=torch.int32)}
     with pytest.raises(InvalidInput, match="does not split the 9 flattened tokens"):
-        seqpack_varlen_attention(Layer(), q, k, v, None, **bad)
+        exactpack_varlen_attention(Layer(), q, k, v, None, **bad)
 
 
 def test_the_window_comes_from_the_config_and_must_agree_with_the_layer():
@@ -102,12 +102,12 @@ def test_the_window_comes_from_the_config_and_must_agree_with_the_layer():
         "qwen2", use_sliding_window=True, sliding_window=2, max_window_layers=1,
         num_hidden_layers=2,
     )  # fmt: skip
-    full, _ = seqpack_varlen_attention(Layer(config, 0), q, k, v, None, scaling=0.25, **kwargs)
-    slide, _ = seqpack_varlen_attention(Layer(config, 1), q, k, v, None, scaling=0.25, **kwargs)
+    full, _ = exactpack_varlen_attention(Layer(config, 0), q, k, v, None, scaling=0.25, **kwargs)
+    slide, _ = exactpack_varlen_attention(Layer(config, 1), q, k, v, None, scaling=0.25, **kwargs)
     assert within(full[0], reference(q, k, v, fixture_batch(), None))
     assert within(slide[0], reference(q, k, v, fixture_batch(), 2))
     with pytest.raises(InvalidInput, match="passes sliding_window=3 but its config gives 2"):
-        seqpack_varlen_attention(Layer(config, 1), q, k, v, None, sliding_window=3, **kwargs)
+        exactpack_varlen_attention(Layer(config, 1), q, k, v, None, sliding_window=3, **kwargs)
 
 
 def test_one_plan_per_cu_seqlens_tensor():
@@ -119,13 +119,13 @@ def test_one_plan_per_cu_seqlens_tensor():
     assert np.array_equal(plan.scatter.numpy(), np.arange(1, 10)[[4, 5, 6, 7, 8, 0, 1, 2, 3]])
 
 
-def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
-    """HFCollator has no model config; seqpack_varlen reads each layer's window itself."""
+def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
+    """HFCollator has no model config; exactpack_varlen reads each layer's window itself."""
     from transformers import AutoModelForCausalLM
 
-    from seqpack import PackConfig, pack_examples
-    from seqpack.hf.collator import HFCollator
-    from seqpack.verify.models import verification_examples, verification_layout
+    from exactpack import PackConfig, pack_examples
+    from exactpack.hf.collator import HFCollator
+    from exactpack.verify.models import verification_examples, verification_layout
 
     config = AutoConfig.for_model(
         "qwen2", vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -149,18 +149,18 @@ def test_the_trainer_collator_is_window_exact_on_seqpack_varlen():
     assert within(packed[torch.as_tensor(order)], alone)
 
 
-def test_a_mask_seqpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
+def test_a_mask_exactpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
     """doge passes its own 4-D bias; a caller's padding mask is no better (never dropped)."""
     import pytest as _pytest
 
-    from seqpack.core.errors import NotAvailable
-    from seqpack.hf.attention_impl import seqpack_varlen_attention
+    from exactpack.core.errors import NotAvailable
+    from exactpack.hf.attention_impl import exactpack_varlen_attention
 
     module = torch.nn.Module()
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
     for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[1, 1, 1, 0, 0]])):
         with _pytest.raises(NotAvailable, match="would drop"):
-            seqpack_varlen_attention(module, q, q, q, mask)
-    out, _ = seqpack_varlen_attention(module, q, q, q, torch.ones(1, 5, dtype=torch.long))
+            exactpack_varlen_attention(module, q, q, q, mask)
+    out, _ = exactpack_varlen_attention(module, q, q, q, torch.ones(1, 5, dtype=torch.long))
     want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)

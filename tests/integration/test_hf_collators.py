@@ -1,6 +1,6 @@
 """Collators that cannot be misused: every output fed to a transformers model gives the exact loss.
 
-The fixture (A, B | C, one row at capacity 12) through every collator seqpack
+The fixture (A, B | C, one row at capacity 12) through every collator exactpack
 has, into a tiny float64 Llama: ``model(**features).loss`` must equal the
 token-weighted loss of the three examples run alone, derived here from the
 model itself. A control rebuilds the 0.2 output (pre-shifted targets
@@ -21,14 +21,14 @@ from transformers.masking_utils import AttentionMaskInterface, flash_attention_m
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.utils import TransformersKwargs
 
-from seqpack import InvalidInput, PackConfig, Split, SplitMismatch, pack_examples
-from seqpack.hf.adapter import hf_inputs
-from seqpack.hf.attention_impl import seqpack_varlen_attention
-from seqpack.hf.collator import HFCollator
-from seqpack.hf.kinds import KINDS, attention_kind
-from seqpack.training.packed_data import PackedCollator
-from seqpack.verify.fixture import fixture_batch, fixture_examples
-from seqpack.verify.models import FLOAT32_TOLERANCE
+from exactpack import InvalidInput, PackConfig, Split, SplitMismatch, pack_examples
+from exactpack.hf.adapter import hf_inputs
+from exactpack.hf.attention_impl import exactpack_varlen_attention
+from exactpack.hf.collator import HFCollator
+from exactpack.hf.kinds import KINDS, attention_kind
+from exactpack.training.packed_data import PackedCollator
+from exactpack.verify.fixture import fixture_batch, fixture_examples
+from exactpack.verify.models import FLOAT32_TOLERANCE
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
@@ -80,35 +80,35 @@ def custom_implementations():
         return sdpa_attention_forward(*args, **kwargs)
 
     def my_varlen(*args, **kwargs):
-        return seqpack_varlen_attention(*args, **kwargs)
+        return exactpack_varlen_attention(*args, **kwargs)
 
     def unknown(*args, **kwargs):
         return sdpa_attention_forward(*args, **kwargs)
 
-    AttentionInterface.register("seqpack_test_sdpa", my_sdpa)
-    AttentionMaskInterface.register("seqpack_test_sdpa", sdpa_mask)
-    AttentionInterface.register("seqpack_test_varlen", my_varlen)
-    AttentionMaskInterface.register("seqpack_test_varlen", flash_attention_mask)
-    AttentionInterface.register("seqpack_test_unknown", unknown)
+    AttentionInterface.register("exactpack_test_sdpa", my_sdpa)
+    AttentionMaskInterface.register("exactpack_test_sdpa", sdpa_mask)
+    AttentionInterface.register("exactpack_test_varlen", my_varlen)
+    AttentionMaskInterface.register("exactpack_test_varlen", flash_attention_mask)
+    AttentionInterface.register("exactpack_test_unknown", unknown)
     yield
-    for name in ("seqpack_test_sdpa", "seqpack_test_varlen", "seqpack_test_unknown"):
+    for name in ("exactpack_test_sdpa", "exactpack_test_varlen", "exactpack_test_unknown"):
         AttentionInterface._global_mapping.pop(name, None)
         AttentionMaskInterface._global_mapping.pop(name, None)
 
 
 #: (model attention, how the features are built)
 OUTPUTS = [
-    ("seqpack_varlen", "packed_collator_flatten"),
+    ("exactpack_varlen", "packed_collator_flatten"),
     ("sdpa", "packed_collator_flatten"),
     ("eager", "packed_collator_flatten"),
-    ("seqpack_test_varlen", "packed_collator_flatten"),
+    ("exactpack_test_varlen", "packed_collator_flatten"),
     ("sdpa", "hf_collator"),
     ("eager", "hf_collator"),
-    ("seqpack_varlen", "hf_collator"),
-    ("seqpack_test_sdpa", "hf_collator"),
-    ("seqpack_test_varlen", "hf_collator"),
+    ("exactpack_varlen", "hf_collator"),
+    ("exactpack_test_sdpa", "hf_collator"),
+    ("exactpack_test_varlen", "hf_collator"),
     ("sdpa", "hf_inputs"),
-    ("seqpack_varlen", "hf_inputs"),
+    ("exactpack_varlen", "hf_inputs"),
 ]
 
 
@@ -138,7 +138,7 @@ def test_model_loss_of_every_collator_output_is_the_separate_examples_loss(
 def test_the_old_pre_shifted_labels_would_be_caught():
     """Control: 0.2 put pre-shifted targets under ``labels``; the model shifted them again."""
     examples, batch = fixture_at(12)
-    model = model_of(llama_config(), "seqpack_varlen")
+    model = model_of(llama_config(), "exactpack_varlen")
     want = separate_loss(model, examples)
     features = PackedCollator(flatten=True)(batch)
     old = dict(features, labels=features["shift_labels"])
@@ -220,7 +220,10 @@ def test_no_output_key_collides_with_a_transformers_argument_of_another_meaning(
         PackedCollator()(batch),
         PackedCollator(flatten=True)(batch),
         PackedCollator(permission_mask=True)(batch),
-        *(HFCollator(attn, config=config)([batch]) for attn in ("sdpa", "eager", "seqpack_varlen")),
+        *(
+            HFCollator(attn, config=config)([batch])
+            for attn in ("sdpa", "eager", "exactpack_varlen")
+        ),
         hf_inputs(batch, "flash_attention_2"),
         hf_inputs(batch, "kernels-community/flash-attn2"),
     ]
@@ -239,8 +242,8 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
         raise AssertionError("classifying an attention implementation must not load a kernel")
 
     monkeypatch.setattr(hub, "get_kernel", no_download)
-    assert attention_kind("seqpack_test_sdpa") == "sdpa"
-    assert attention_kind("seqpack_test_varlen") == "flash"
+    assert attention_kind("exactpack_test_sdpa") == "sdpa"
+    assert attention_kind("exactpack_test_varlen") == "flash"
     assert attention_kind("kernels-community/flash-attn2") == "flash"
     assert attention_kind("kernels-community/vllm-flash-attn3@main") == "flash"
     assert attention_kind("flash_attention_3") == "flash"
@@ -248,14 +251,14 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
     f = collate([fixture_batch()])
     assert "attention_mask" not in f and f["cu_seq_lens_q"].tolist() == [0, 3, 5, 9]
     # A registered function with no mask function: its kind must be stated.
-    with pytest.raises(InvalidInput, match=r"'seqpack_test_unknown'.*no mask function.*flash"):
-        HFCollator("seqpack_test_unknown", config=llama_config())
-    assert HFCollator("seqpack_test_unknown", kind="sdpa", config=llama_config()).kind == "sdpa"
+    with pytest.raises(InvalidInput, match=r"'exactpack_test_unknown'.*no mask function.*flash"):
+        HFCollator("exactpack_test_unknown", config=llama_config())
+    assert HFCollator("exactpack_test_unknown", kind="sdpa", config=llama_config()).kind == "sdpa"
     with pytest.raises(InvalidInput, match=r"of kind 'flash'.*not kind='sdpa'"):
         attention_kind("kernels-community/flash-attn2", "sdpa")
     for name in (
         "kernels-community/not-a-flash-kernel",
-        "seqpack_unregistered_attention",
+        "exactpack_unregistered_attention",
         "paged|sdpa",
     ):
         with pytest.raises(InvalidInput, match=rf"{name}.*{', '.join(KINDS[2:])}"):
@@ -269,7 +272,7 @@ def tiny_mistral(window: int):
     return MistralConfig(**{k: c[k] for k in keep}, sliding_window=window, pad_token_id=2)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager", "seqpack_varlen"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "exactpack_varlen"])
 def test_a_windowed_model_through_hf_collator_equals_separate_examples(attn):
     examples, batch = fixture_at(12)
     config = tiny_mistral(window=2)
@@ -278,11 +281,11 @@ def test_a_windowed_model_through_hf_collator_equals_separate_examples(attn):
     with torch.no_grad():
         got = model(**HFCollator(attn, dtype=torch.float64, config=config)([batch])).loss
         assert close(got, want)
-        if attn != "seqpack_varlen":
+        if attn != "exactpack_varlen":
             # Control: what 0.2's config-less collator built — unwindowed masks.
             unwindowed = hf_inputs(batch, attn, dtype=torch.float64)
             assert not close(model(**unwindowed).loss, want, 1e-3, 1e-3)
-    if attn == "seqpack_varlen":  # the layer applies the window: no config needed
+    if attn == "exactpack_varlen":  # the layer applies the window: no config needed
         with torch.no_grad():
             assert close(model(**HFCollator(attn)([batch])).loss, want)
     else:
@@ -295,15 +298,15 @@ def test_a_training_collator_refuses_validation_rows():
     import dataclasses
 
     held_out = dataclasses.replace(batch, partition=Split.VALIDATION)
-    collate = HFCollator("seqpack_varlen")
+    collate = HFCollator("exactpack_varlen")
     assert collate([batch])["input_ids"].shape == (1, 9)
     with pytest.raises(SplitMismatch, match="expects train rows but got a validation"):
         collate([held_out])
-    assert HFCollator("seqpack_varlen", partition="validation")([held_out])["seq_idx"].shape == (
+    assert HFCollator("exactpack_varlen", partition="validation")([held_out])["seq_idx"].shape == (
         1,
         9,
     )
     assert np.array_equal(
-        HFCollator("seqpack_varlen", partition=None)([held_out])["input_ids"][0].numpy(),
+        HFCollator("exactpack_varlen", partition=None)([held_out])["input_ids"][0].numpy(),
         batch.inputs[batch.input_valid],
     )

@@ -1,4 +1,4 @@
-"""seqpack.verify.models: separate vs packed on a tiny Llama built from a config, and the leaks."""
+"""exactpack.verify.models: separate vs packed on a tiny Llama from a config, and the leaks."""
 
 import json
 import os
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqpack import InvalidInput, NotAvailable, PackConfig, pack_examples
-from seqpack.hf.adapter import build_inputs
-from seqpack.hf.architectures import describe
-from seqpack.verify.layouts import ATOL, RTOL, tiny_layouts, verify_tiny
-from seqpack.verify.models import (
+from exactpack import InvalidInput, NotAvailable, PackConfig, pack_examples
+from exactpack.hf.adapter import build_inputs
+from exactpack.hf.architectures import describe
+from exactpack.verify.layouts import ATOL, RTOL, tiny_layouts, verify_tiny
+from exactpack.verify.models import (
     CAPACITY,
     FLOAT32_TOLERANCE,
     LENGTHS,
@@ -22,7 +22,7 @@ from seqpack.verify.models import (
     verification_layout,
     verify_hf,
 )
-from seqpack.verify.tolerance import float32_islands
+from exactpack.verify.tolerance import float32_islands
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
@@ -235,8 +235,8 @@ def test_a_failure_names_the_first_layer_that_mixed_examples():
     assert "model.layers.0.self_attn (LlamaAttention): attention" in report["hint"]
 
 
-def test_seqpack_varlen_passes_the_same_comparisons():
-    report = run("seqpack_varlen", "adapter")
-    assert report["pass"] and report["model"]["attn_implementation"] == "seqpack_varlen"
+def test_exactpack_varlen_passes_the_same_comparisons():
+    report = run("exactpack_varlen", "adapter")
+    assert report["pass"] and report["model"]["attn_implementation"] == "exactpack_varlen"
     assert (report["tolerance"]["abs"], report["tolerance"]["rel"]) == (ATOL, RTOL)
     assert report["max_abs_diff"]["logits"] < 1e-12 and report["comparisons"]["model_loss"] == 1

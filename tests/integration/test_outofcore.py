@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.io.readers import read_documents
-from seqpack.io.store import load_packed, write_packed
-from seqpack.pipeline.local import bind_examples, pack_path, pack_table, run_statistics
-from seqpack.pipeline.options import PackOptions
+from exactpack.io.readers import read_documents
+from exactpack.io.store import load_packed, write_packed
+from exactpack.pipeline.local import bind_examples, pack_path, pack_table, run_statistics
+from exactpack.pipeline.options import PackOptions
 
 from support.packed_helpers import random_records, recovered_examples, write_jsonl
 
@@ -72,7 +72,7 @@ CASES = {
 def spilled(request, monkeypatch):
     """Both ways a read corpus is held: spilled to disk, or kept in memory (small ones)."""
     if request.param == "spilled":
-        monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 0)
+        monkeypatch.setattr("exactpack.pipeline.corpus.KEEP_BYTES", 0)
     return request.param
 
 
@@ -166,8 +166,8 @@ def test_progress_shows_documents_tokens_and_rates(tmp_path, rng, capsys):
     stats = pack_path(path, tmp_path / "out", capacity=32, vocab_size=100, progress=True,
                       chunk_bytes=500)  # fmt: skip
     err = capsys.readouterr().err
-    for needle in ("seqpack: reading", "docs", "tokens", "B/s", "seqpack: planning",
-                   "seqpack: writing", "rows"):  # fmt: skip
+    for needle in ("exactpack: reading", "docs", "tokens", "B/s", "exactpack: planning",
+                   "exactpack: writing", "rows"):  # fmt: skip
         assert needle in err, needle
     assert stats["tokens_per_s"] == pytest.approx(stats["input_tokens"] / stats["seconds"])
 
@@ -184,7 +184,7 @@ def test_identical_ids_across_chunks_are_reported(tmp_path):
 
 
 def test_a_small_corpus_is_kept_and_a_large_one_spilled(tmp_path, rng, monkeypatch):
-    from seqpack.io.spill import Spill
+    from exactpack.io.spill import Spill
 
     opened = []
     real = Spill.open
@@ -192,7 +192,7 @@ def test_a_small_corpus_is_kept_and_a_large_one_spilled(tmp_path, rng, monkeypat
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 300, vocab=300, max_len=40))
     pack_path(path, tmp_path / "a", capacity=48, vocab_size=300, chunk_bytes=2000)
     assert opened == []  # a few kilobytes of ids: kept in memory
-    monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 10_000)  # passed mid-way
+    monkeypatch.setattr("exactpack.pipeline.corpus.KEEP_BYTES", 10_000)  # passed mid-way
     pack_path(path, tmp_path / "b", capacity=48, vocab_size=300, chunk_bytes=2000)
     assert opened == [1]
     pack_path(path, tmp_path / "c", capacity=48, vocab_size=300, max_metadata_bytes=1 << 40)

@@ -1,10 +1,10 @@
-"""The peers' collator contracts, checked against seqpack's outputs (docs/testing.md lists them).
+"""The peers' collator contracts, checked against exactpack's outputs (docs/testing.md lists them).
 
 Learned from the peers' own test suites (never copied): transformers'
 ``DataCollatorWithFlattening`` tests and its padding-free modeling test,
 TRL 1.16's padding-free ``DataCollatorForLanguageModeling`` tests, torchtune's
 ``PackedDataset`` tests and axolotl's multipack tests. Where a peer's
-collator runs here (transformers, TRL), seqpack's output is compared with
+collator runs here (transformers, TRL), exactpack's output is compared with
 the peer's own output on the same examples.
 """
 
@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorWithFlattening
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen: tests may run alone)
-from seqpack import InvalidInput, PackConfig, SequenceExample, pack_examples
-from seqpack.hf.adapter import hf_inputs
-from seqpack.hf.collator import HFCollator
-from seqpack.training.packed_data import PackedCollator
-from seqpack.verify.models import FLOAT32_TOLERANCE
+import exactpack.hf.attention_impl  # noqa: F401  (registers exactpack_varlen: tests may run alone)
+from exactpack import InvalidInput, PackConfig, SequenceExample, pack_examples
+from exactpack.hf.adapter import hf_inputs
+from exactpack.hf.collator import HFCollator
+from exactpack.training.packed_data import PackedCollator
+from exactpack.verify.models import FLOAT32_TOLERANCE
 
 from support.dtype_path import observed_tolerance, unlabelled
 from support.strategies import BINDING, packed_epochs
@@ -75,7 +75,7 @@ def test_flattened_outputs_equal_transformers_flattening_collator(case):
 @settings(max_examples=40)
 @given(packed_epochs())
 def test_labels_with_loss_masks_equal_the_peer_fed_the_same_labels(case):
-    """The peer's ``labels`` given per-example labels (-100 where unsupervised) = seqpack's."""
+    """The peer's ``labels`` given per-example labels (-100 where unsupervised) = exactpack's."""
     _, _, epoch = case
     peer = DataCollatorWithFlattening()
     for batch in epoch.batches:
@@ -100,7 +100,7 @@ def test_collating_leaves_its_inputs_unchanged():
     examples = [_example(i, n) for i, n in enumerate([3, 5, 2, 6])]
     batch = pack_examples("train", examples, BINDING, PackConfig(8, 4)).batches[0]
     before = {name: getattr(batch, name).copy() for name in ("inputs", "targets", "loss_mask")}
-    for collate in (PackedCollator(), PackedCollator(flatten=True), HFCollator("seqpack_varlen")):
+    for collate in (PackedCollator(), PackedCollator(flatten=True), HFCollator("exactpack_varlen")):
         collate([batch] if isinstance(collate, HFCollator) else batch)
     for name, value in before.items():
         assert np.array_equal(getattr(batch, name), value), name
@@ -121,7 +121,7 @@ def _model(attn):
     return model.eval()
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "seqpack_varlen"])
+@pytest.mark.parametrize("attn", ["sdpa", "exactpack_varlen"])
 def test_padding_free_loss_equals_the_padded_batch_loss(attn):
     """transformers' padding-free contract: the flattened call's loss is the padded batch's.
 
@@ -155,7 +155,7 @@ def test_padding_free_loss_equals_the_padded_batch_loss(attn):
         config = model.config
         for features in (
             HFCollator(attn, dtype=torch.float64, config=config)([batch]),
-            PackedCollator(flatten=True)(batch) if attn == "seqpack_varlen" else None,
+            PackedCollator(flatten=True)(batch) if attn == "exactpack_varlen" else None,
         ):
             if features is not None:
                 got = model(**features).loss
@@ -172,7 +172,7 @@ def test_padding_free_loss_equals_the_padded_batch_loss(attn):
 @settings(max_examples=40)
 @given(packed_epochs())
 def test_flattened_outputs_equal_trl_padding_free_collator(case):
-    """TRL's padding-free keys (positions, -100 at each start, cu_seq_lens, seq_idx) = seqpack's."""
+    """TRL's padding-free keys (positions, -100 at each start, cu_seq_lens, seq_idx) are ours."""
     _, _, epoch = case
     if not supervised(epoch):
         return  # TRL supervises every pair of input_ids; masks are compared with transformers'
@@ -240,7 +240,7 @@ def test_every_cell_field_has_the_row_shape_and_no_label_crosses_a_boundary(case
 
 
 def test_an_example_longer_than_a_row_is_refused():
-    """torchtune refuses a sample longer than max_seq_len (unless split); so does seqpack."""
+    """torchtune refuses a sample longer than max_seq_len (unless split); so does exactpack."""
     with pytest.raises(InvalidInput, match="capacity"):
         pack_examples("train", [_example(0, 9)], BINDING, PackConfig(8, 1))
 
@@ -248,7 +248,7 @@ def test_an_example_longer_than_a_row_is_refused():
 # -- axolotl multipack -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager", "seqpack_varlen"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "exactpack_varlen"])
 def test_a_packed_forward_equals_the_per_document_forward(attn):
     """axolotl: packing must not leak attention across documents (logits of each alone)."""
     examples = [_example(i, n, seed=7) for i, n in enumerate([5, 4, 2, 6, 3])]
@@ -256,14 +256,14 @@ def test_a_packed_forward_equals_the_per_document_forward(attn):
     model = _model(attn)
     f = HFCollator(attn, dtype=torch.float64, config=model.config)([batch])
     # eager takes its softmax in float32 (an island): float32's tolerance; sdpa and
-    # seqpack_varlen stay float64 and keep the seed's. Observed on the logits alone.
+    # exactpack_varlen stay float64 and keep the seed's. Observed on the logits alone.
     atol, rtol = observed_tolerance(model, unlabelled(f))
     assert ((atol, rtol) == FLOAT32_TOLERANCE) == (attn == "eager")
     with torch.no_grad():
         logits = model(**f).logits
         occ = batch.occurrences
         if logits.shape[0] == 1 and batch.shape[0] > 1:  # flattened: scatter back to cells
-            from seqpack.hf.adapter import cell_logits
+            from exactpack.hf.adapter import cell_logits
 
             logits = cell_logits(logits, batch)
         for i, ex in enumerate(examples):

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import ExampleTable, OversizedExample, SequenceExample, plan_rows
-from seqpack.core.examples import cut_long, long_ranges
-from seqpack.core.policies import POLICIES
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
-from seqpack.pipeline.stats import stats_path
+from exactpack import ExampleTable, OversizedExample, SequenceExample, plan_rows
+from exactpack.core.examples import cut_long, long_ranges
+from exactpack.core.policies import POLICIES
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
+from exactpack.pipeline.stats import stats_path
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples, write_jsonl
 from support.strategies import BINDING
@@ -141,6 +141,6 @@ def test_progress_goes_to_stderr_when_asked(tmp_path, rng, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 10, vocab=100, max_len=9))
     pack_path(path, tmp_path / "out", capacity=16, policy="next-fit", vocab_size=100, progress=True)
     err = capsys.readouterr().err
-    assert "seqpack: reading" in err and "seqpack: writing" in err
+    assert "exactpack: reading" in err and "exactpack: writing" in err
     pack_path(path, tmp_path / "o2", capacity=16, policy="next-fit", vocab_size=100)
     assert capsys.readouterr().err == ""  # not a terminal: quiet

@@ -1,4 +1,4 @@
-"""seqpack.ray on a local 2-CPU Ray instance (started once for the module)."""
+"""exactpack.ray on a local 2-CPU Ray instance (started once for the module)."""
 
 import hashlib
 import itertools
@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import BudgetExceeded, InvalidInput, Split, SplitMismatch, data_digest
-from seqpack.cli import main
-from seqpack.core.config import PackConfig
-from seqpack.io.readers import load_examples, read_documents
-from seqpack.io.store import load_packed
-from seqpack.pipeline.budget import check_budget
-from seqpack.pipeline.local import pack_path
-from seqpack.ray.shard_layout import ShardCuts
+from exactpack import BudgetExceeded, InvalidInput, Split, SplitMismatch, data_digest
+from exactpack.cli import main
+from exactpack.core.config import PackConfig
+from exactpack.io.readers import load_examples, read_documents
+from exactpack.io.store import load_packed
+from exactpack.pipeline.budget import check_budget
+from exactpack.pipeline.local import pack_path
+from exactpack.ray.shard_layout import ShardCuts
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples
 from support.ray_helpers import private_loopback_ray
@@ -80,7 +80,7 @@ def shards(tmp_path_factory, records):
 def packed_blocks(ray_instance, shards, tmp_path_factory):
     """Blocks of 1,000 examples across shard boundaries, best-fit-decreasing."""
     out = tmp_path_factory.mktemp("out") / "blocks"
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     stats = pack(
         shards,
@@ -95,7 +95,7 @@ def packed_blocks(ray_instance, shards, tmp_path_factory):
 
 
 def _pack(*args, **kwargs):
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     return pack(*args, capacity=CAPACITY, vocab_size=VOCAB, progress=False, **kwargs)
 
@@ -309,7 +309,7 @@ def test_default_ids_and_split_receipt_follow_the_input(ray_instance, records, t
     for rows in (_all_rows(out), _all_rows(local)):  # the id is the row number in the folder
         assert np.array_equal(rows["source_ids"], rows["ordinals"].astype(str).astype(object))
     digests = [read_documents(f).digest("train") for f in sorted(folder.glob("*.parquet"))]
-    expected = data_digest("seqpack-split-blocks", "train", *digests)
+    expected = data_digest("exactpack-split-blocks", "train", *digests)
     assert load_packed(out).binding.split_id == expected
 
 
@@ -401,7 +401,7 @@ def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
     bad = [*argv[:-2], "--out", str(tmp_path / "x"), "--vocab-size", "10"]
     assert main(bad) == 2
     err = capsys.readouterr().err
-    assert err.startswith("seqpack pack: error: ") and "not below the vocabulary size 10" in err
+    assert err.startswith("exactpack pack: error: ") and "not below the vocabulary size 10" in err
     assert (
         main(["pack", str(shards), "--max-length", "8", "--out", "y", "--block-examples", "9"]) == 2
     )
@@ -411,17 +411,17 @@ def test_cli_engine_ray(ray_instance, shards, tmp_path, capsys):
 def test_without_ray_the_engine_says_how_to_install_it(tmp_path):
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "import seqpack.ray\n"
-        "from seqpack import NotAvailable\n"
+        "import exactpack.ray\n"
+        "from exactpack import NotAvailable\n"
         "try:\n"
-        f"    seqpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, capacity=8,"
+        f"    exactpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, capacity=8,"
         " vocab_size=9)\n"
         "except NotAvailable as err:\n"
         "    print(err)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "pip install 'seqpack[ray]'" in proc.stdout
+    assert "pip install 'exactpack[ray]'" in proc.stdout
 
 
 def _small_shards(folder, records, sizes):
@@ -498,6 +498,6 @@ def test_the_metadata_budget_applies_per_block(ray_instance, records, tmp_path, 
     argv += ["--vocab-size", str(VOCAB), "--out", str(tmp_path / "out")]
     assert main([*argv, "--max-metadata-bytes", str(limit - 1)]) == 2
     err_lines = capsys.readouterr().err.strip().splitlines()
-    assert len(err_lines) == 1 and err_lines[0].startswith("seqpack pack: error: block ")
+    assert len(err_lines) == 1 and err_lines[0].startswith("exactpack pack: error: block ")
     assert f"max_metadata_bytes is {limit - 1:,}" in err_lines[0]
     assert _no_output(tmp_path)

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput
-from seqpack.io.jsonl import read_jsonl
-from seqpack.io.tokenizers import HFTokenizer, load_tokenizer
-from seqpack.pipeline.options import PackOptions
-from seqpack.ray import blocks as ray_blocks
-from seqpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_slice
-from seqpack.ray.driver import per_block, per_node
-from seqpack.ray.shard_layout import ShardCuts
-from seqpack.ray.tasks import FastTokenizer, Settings, task_tokenizer
+from exactpack import InvalidInput
+from exactpack.io.jsonl import read_jsonl
+from exactpack.io.tokenizers import HFTokenizer, load_tokenizer
+from exactpack.pipeline.options import PackOptions
+from exactpack.ray import blocks as ray_blocks
+from exactpack.ray.blocks import block_table, file_blocks, jsonl_pieces, read_slice
+from exactpack.ray.driver import per_block, per_node
+from exactpack.ray.shard_layout import ShardCuts
+from exactpack.ray.tasks import FastTokenizer, Settings, task_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from workloads import stdlib_texts, train_bpe
@@ -102,7 +102,7 @@ def test_a_bad_line_in_a_range_is_named_by_its_file_and_line(tmp_path):
     block_table(blocks[0], "text", [])
     with pytest.raises(InvalidInput, match=rf"^{path} line 8: not valid JSON") as err:
         block_table(blocks[2], "text", [])
-    assert "seqpack-block-" not in str(err.value)  # never the worker's temporary copy
+    assert "exactpack-block-" not in str(err.value)  # never the worker's temporary copy
     with pytest.raises(InvalidInput) as local:  # the local reader's message for the file
         read_jsonl(path)
     assert str(local.value) == str(err.value)

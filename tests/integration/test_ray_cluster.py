@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack import InvalidInput
-from seqpack.io.store import load_packed
-from seqpack.io.tokenizers import load_tokenizer
-from seqpack.pipeline.local import pack_path
-from seqpack.ray import RayTaskFailed
+from exactpack import InvalidInput
+from exactpack.io.store import load_packed
+from exactpack.io.tokenizers import load_tokenizer
+from exactpack.pipeline.local import pack_path
+from exactpack.ray import RayTaskFailed
 
 from support.packed_helpers import recovered_examples
 from support.ray_helpers import private_loopback_ray
@@ -122,7 +122,7 @@ def test_cli_packs_text_on_two_nodes_like_the_local_engine(cluster, corpus, loca
     argv += ["--tokenizer", str(tok), "--cut-long", "--max-length", str(CAPACITY)]
     argv += ["--block-examples", "16", "--out", str(out), "--json"]
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack", *argv], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "exactpack", *argv], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout.splitlines()[-1])
@@ -154,7 +154,7 @@ def _rows(out):
 
 def test_one_block_per_shard_plans_each_shard_as_the_local_engine(cluster, corpus, tmp_path):
     jsonl, _, tok = corpus
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     pack(jsonl, tmp_path / "ray", **_options(str(tok)), split_id=PINNED)
     got, examples = _examples(tmp_path / "ray"), {}
@@ -180,7 +180,7 @@ def test_parquet_text_shards_and_a_text_dataset_give_the_same_examples(
     import ray
 
     _, parquet, tok = corpus
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     stats = pack(parquet, tmp_path / "out", **_options(str(tok)), block_examples=25)
     assert stats["blocks"] == -(-sum(SHARDS) // 25)
@@ -193,7 +193,7 @@ def test_parquet_text_shards_and_a_text_dataset_give_the_same_examples(
 def test_workers_never_read_the_tokenizer_path(cluster, corpus, local, tmp_path):
     """The driver loads the tokenizer; the tasks get its content through the object store."""
     jsonl, _, tok = corpus
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     folder = tmp_path / "tok"
     shutil.copytree(tok.parent, folder)
@@ -210,7 +210,7 @@ def _no_output(parent):
 
 def test_a_bad_line_mid_file_is_named_and_nothing_is_written(cluster, corpus, tmp_path):
     jsonl, _, tok = corpus
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     folder = tmp_path / "in"
     shutil.copytree(jsonl, folder)
@@ -248,7 +248,7 @@ def test_a_worker_node_lost_mid_run_never_publishes_a_partial_output(
     output."""
     import ray
 
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     jsonl, _, tok = corpus
     clean = tmp_path / "clean"

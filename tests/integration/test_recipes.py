@@ -61,14 +61,14 @@ def _free_port() -> int:
 def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process, the custom loop's steps: both ranks' micro-batches of each step,
     each loss divided by the whole step's count (world_size=1), one SGD step."""
-    from seqpack.training import (
+    from exactpack.training import (
         PackedCollator,
         PackedDataset,
         RowSampler,
         decoder_inputs,
         micro_batch_loss,
     )
-    from seqpack.verify.decoder import DecoderConfig, TinyDecoder
+    from exactpack.verify.decoder import DecoderConfig, TinyDecoder
 
     ds = PackedDataset(folder / "packed", expected_split="train")
     samplers = [
@@ -108,7 +108,7 @@ def test_a_recipe_under_torchrun_is_distributed_and_equals_one_process(name, tmp
     env = os.environ | {
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
-        "SEQPACK_ENGINE": "python",
+        "EXACTPACK_ENGINE": "python",
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}"]

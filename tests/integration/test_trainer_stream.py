@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import seqpack
-import seqpack.hf as H
-from seqpack import ByteTokenizer, SeqpackError
-from seqpack.training import StreamDataset
+import exactpack
+import exactpack.hf as H
+from exactpack import ByteTokenizer, ExactpackError
+from exactpack.training import StreamDataset
 
 PACKER = {"lookahead": 8, "max_open_rows": 4, "seed": 3}
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def stream_of(docs):
     return datasets.IterableDataset.from_generator(lambda: iter(docs))
 
 
-@pytest.mark.parametrize("fmt", ["seqpack", "trl"])
+@pytest.mark.parametrize("fmt", ["exactpack", "trl"])
 def test_a_stream_packs_as_stream_best_fit_packs_it_in_memory(fmt):
     docs = rows()
     packed = H.pack_dataset(stream_of(docs), 12, vocab_size=266, format=fmt, **PACKER)
@@ -54,7 +54,7 @@ def test_a_stream_packs_as_stream_best_fit_packs_it_in_memory(fmt):
     keys = ["input_ids", "labels", "seq_lengths"] if fmt == "trl" else ["tokens", "ordinals"]
     for key in keys:
         assert [r[key] for r in got] == [r[key] for r in want], key
-    if fmt == "seqpack":
+    if fmt == "exactpack":
         a, b = list(H.to_batches(packed, 4)), list(H.to_batches(memory, 4))
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
@@ -71,21 +71,21 @@ def test_text_rows_generators_and_functions():
     assert got["input_ids"] == [tok.encode(t["text"]).tolist() for t in texts]
     once = H.pack_dataset((r for r in rows()), 12, vocab_size=266)
     assert len(list(once)) > 1
-    with pytest.raises(SeqpackError, match="already read once"):
+    with pytest.raises(ExactpackError, match="already read once"):
         list(once)
 
 
-def test_stream_failures_are_one_seqpack_error():
+def test_stream_failures_are_one_exactpack_error():
     docs = rows()
-    with pytest.raises(SeqpackError, match="pass vocab_size="):
+    with pytest.raises(ExactpackError, match="pass vocab_size="):
         H.pack_dataset(stream_of(docs), 12)
-    with pytest.raises(SeqpackError, match="lower lookahead"):  # 56 GB of buffers: refused first
+    with pytest.raises(ExactpackError, match="lower lookahead"):  # 56 GB of buffers: refused first
         H.pack_dataset(stream_of(docs), 12, vocab_size=266, lookahead=10**9)
-    with pytest.raises(SeqpackError, match="policy 'stream-best-fit'"):
+    with pytest.raises(ExactpackError, match="policy 'stream-best-fit'"):
         H.pack_dataset(stream_of(docs), 12, "first-fit-decreasing", vocab_size=266)
-    from seqpack.pipeline import pack_path
+    from exactpack.pipeline import pack_path
 
-    with pytest.raises(SeqpackError, match=r"seqpack\.hf\.pack_dataset"):
+    with pytest.raises(ExactpackError, match=r"exactpack\.hf\.pack_dataset"):
         pack_path(stream_of(docs), "out", capacity=12, vocab_size=266)
     cases = [
         ([[1, 2, 3]], "not a mapping"),
@@ -95,7 +95,7 @@ def test_stream_failures_are_one_seqpack_error():
         ([{"text": "abc"}], "tokenizer"),
     ]
     for bad, words in cases:
-        with pytest.raises(SeqpackError, match=words):
+        with pytest.raises(ExactpackError, match=words):
             list(H.pack_dataset(bad, 12, vocab_size=266))
 
 
@@ -110,9 +110,9 @@ def test_a_stream_resumes_from_its_state_dict():
     assert first + list(again) == everything
 
 
-@pytest.mark.parametrize("fmt", ["seqpack", "trl"])
+@pytest.mark.parametrize("fmt", ["exactpack", "trl"])
 def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monkeypatch):
-    import seqpack.hf.streaming as streaming
+    import exactpack.hf.streaming as streaming
 
     docs = rows(37)
     alone = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))
@@ -120,7 +120,7 @@ def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monk
     ranked = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))
     assert len(alone) % 6 and len(ranked) % 6 == 0 and len(alone) < len(ranked) < len(alone) + 6
     assert ranked[: len(alone)] == alone
-    if fmt == "seqpack":  # split by node (a loop without accelerate): equal shares, all rows
+    if fmt == "exactpack":  # split by node (a loop without accelerate): equal shares, all rows
         from datasets.distributed import split_dataset_by_node
 
         packed = H.pack_dataset(docs, 12, vocab_size=266, max_rows_per_batch=3)
@@ -132,7 +132,7 @@ def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monk
             assert set(row["labels"]) == {-100}
         else:
             assert row["pair_counts"] == [] and row["tokens"] == []
-    if fmt == "seqpack":  # empty rows collate to padding only: no target, no key, no query
+    if fmt == "exactpack":  # empty rows collate to padding only: no target, no key, no query
         packed = H.pack_dataset(docs, 12, vocab_size=266, max_rows_per_batch=3)
         collate = H.HFCollator.for_dataset(packed, "sdpa", config=_llama().config)
         out = collate(ranked[-2:])
@@ -151,7 +151,7 @@ def _llama():
 
 
 def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
-    binding = seqpack.Binding(vocab_size=266, tokenizer_id="seqpack/bytes-266", split_id="demo")
+    binding = exactpack.Binding(vocab_size=266, tokenizer_id="exactpack/bytes-266", split_id="demo")
     texts = [{"id": f"t{i}", "text": "stream " * (i % 4 + 1)} for i in range(20)]
     stream = StreamDataset(
         texts, binding=binding, max_length=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer()
@@ -171,9 +171,9 @@ def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
         texts, binding=binding, max_length=32, rows_per_micro_batch=2, tokenizer=ByteTokenizer(),
         world_size=2, rank=0,
     )  # fmt: skip
-    with pytest.raises(SeqpackError, match="world_size=1, rank=0"):
+    with pytest.raises(ExactpackError, match="world_size=1, rank=0"):
         collate([next(iter(ranked))])  # accelerate would shard it again: half lost
-    with pytest.raises(SeqpackError, match="text_field"):
+    with pytest.raises(ExactpackError, match="text_field"):
         list(StreamDataset([{"body": "x"}], binding=binding, max_length=8, rows_per_micro_batch=1))
 
 
@@ -188,7 +188,7 @@ def _launch(nproc: int, tmp: Path, batch: int) -> list[dict]:
     env = os.environ | {
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
-        "SEQPACK_ENGINE": "python",
+        "EXACTPACK_ENGINE": "python",
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     script = [str(ROOT / "examples" / "trainer_stream.py"), "--out", str(tmp / f"o{nproc}")]

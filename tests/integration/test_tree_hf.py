@@ -1,4 +1,4 @@
-"""Tree packing in transformers: ``seqpack verify --tree-lengths``, the masks and the backend.
+"""Tree packing in transformers: ``exactpack verify --tree-lengths``, the masks and the backend.
 
 Models are the suite's tiny configs (2 layers, width 16): Llama (full
 attention), Mistral (one window of 4), Qwen2 (full + sliding layers,
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack.cli import main
-from seqpack.core.binding import Binding
-from seqpack.core.errors import NotAvailable
-from seqpack.core.tree import SequenceGroups, pack_tree
-from seqpack.hf.architectures import describe
-from seqpack.hf.tree_inputs import tree_allowed, tree_inputs, tree_layer_masks
-from seqpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
-from seqpack.verify.models import load_model
-from seqpack.verify.tree_models import (
+from exactpack.cli import main
+from exactpack.core.binding import Binding
+from exactpack.core.errors import NotAvailable
+from exactpack.core.tree import SequenceGroups, pack_tree
+from exactpack.hf.architectures import describe
+from exactpack.hf.tree_inputs import tree_allowed, tree_inputs, tree_layer_masks
+from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
+from exactpack.verify.models import load_model
+from exactpack.verify.tree_models import (
     parse_tree_lengths,
     tree_groups,
     use_tree_attention,
@@ -61,7 +61,7 @@ def config(tmp_path: Path, model_type: str, **extra) -> Path:
 
 def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
     model = load_model(config=path, attn_implementation="eager" if attn == "eager" else "sdpa")
-    if attn.startswith("seqpack_tree"):
+    if attn.startswith("exactpack_tree"):
         use_tree_attention(model, attn)
     groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
     return verify_tree(model, groups, mode=mode)
@@ -71,17 +71,17 @@ def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
     ("model_type", "extra", "attn"),
     [
         ("llama", {}, "sdpa"),
-        ("llama", {}, "seqpack_tree"),
+        ("llama", {}, "exactpack_tree"),
         ("llama", {}, "eager"),
-        ("mistral", {"sliding_window": 4}, "seqpack_tree"),
+        ("mistral", {"sliding_window": 4}, "exactpack_tree"),
         ("mistral", {"sliding_window": 4}, "sdpa"),
-        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),  # the flash path on CPU
+        ("mistral", {"sliding_window": 4}, "exactpack_tree_varlen"),  # the flash path on CPU
         (
             "qwen2",
             {"sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
-            "seqpack_tree",
+            "exactpack_tree",
         ),
-        ("gpt2", {}, "seqpack_tree"),
+        ("gpt2", {}, "exactpack_tree"),
     ],
 )
 def test_tree_rows_compute_what_each_sequence_computes_alone(tmp_path, model_type, extra, attn):
@@ -105,26 +105,26 @@ def test_tree_rows_compute_what_each_sequence_computes_alone(tmp_path, model_typ
 #: tree adds.
 SWEEP = [
     ("gemma2", "eager", None),
-    ("gemma3n_text", "seqpack_tree", None),
+    ("gemma3n_text", "exactpack_tree", None),
     ("gpt_oss", "eager", None),
-    ("cohere2", "seqpack_tree", None),
+    ("cohere2", "exactpack_tree", None),
     ("roberta", "sdpa", None),
     ("axk2", "sdpa", None),
     ("big_bird", "eager", None),
-    ("big_bird", "seqpack_tree", "never calls transformers. AttentionInterface"),
+    ("big_bird", "exactpack_tree", "never calls transformers. AttentionInterface"),
     ("mpt", "eager", "takes no position_ids"),
     ("roformer", "eager", "rotary tables are indexed by column"),
     ("gpt_neo", "eager", "band over the row.s columns"),
-    ("gpt_oss", "seqpack_tree", "attention sinks"),
-    ("llama4_text", "seqpack_tree", "chunked_attention"),
+    ("gpt_oss", "exactpack_tree", "attention sinks"),
+    ("llama4_text", "exactpack_tree", "chunked_attention"),
 ]
 
 
 @pytest.mark.parametrize(("model_type", "attn", "refusal"), SWEEP)
 def test_sweep_slice(model_type, attn, refusal):
-    from seqpack.hf.architectures import UnsupportedArchitecture
-    from seqpack.hf.capability import capability
-    from seqpack.hf.tree_inputs import check_tree
+    from exactpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.capability import capability
+    from exactpack.hf.tree_inputs import check_tree
 
     from support.architecture_tiny import tiny_config, tree_model
 
@@ -146,8 +146,8 @@ def test_sweep_slice(model_type, attn, refusal):
     ("model_type", "extra", "attn"),
     [
         ("llama", {}, "sdpa"),
-        ("mistral", {"sliding_window": 4}, "seqpack_tree"),
-        ("mistral", {"sliding_window": 4}, "seqpack_tree_varlen"),
+        ("mistral", {"sliding_window": 4}, "exactpack_tree"),
+        ("mistral", {"sliding_window": 4}, "exactpack_tree_varlen"),
     ],
 )
 def test_naive_layout_fails(tmp_path, model_type, extra, attn):
@@ -159,12 +159,12 @@ def test_naive_layout_fails(tmp_path, model_type, extra, attn):
 
 def test_cli_exit_codes(capsys):
     args = ["verify", "--hf-config", str(LLAMA), "--tree-lengths", "6:3,3"]
-    assert main([*args, "--attn", "seqpack_tree"]) == 0
+    assert main([*args, "--attn", "exactpack_tree"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("PASS")
     assert main([*args, "--mode", "naive", "--json"]) == 1
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["pass"] is False and report["layout"] == "tree"
-    assert main([*args, "--attn", "seqpack_varlen"]) == 2
+    assert main([*args, "--attn", "exactpack_varlen"]) == 2
     assert "cannot run tree-packed rows" in capsys.readouterr().err
     assert main(["verify", "--hf-config", str(LLAMA), "--tree-lengths", "6:"]) == 2
     assert main([*args, "--mode", "bool-mask"]) == 2
@@ -226,7 +226,7 @@ def test_backend_work_is_nodes_times_paths():
 
 
 def test_sequence_views_unpack_the_cells():
-    from seqpack.nn.tree_attention import sequence_logprobs, token_logprobs
+    from exactpack.nn.tree_attention import sequence_logprobs, token_logprobs
 
     binding = Binding(7, "t", "s")
     groups = SequenceGroups.from_prompt_completions([[1, 2, 3]], [[[4, 5], [4, 6]]], binding)
@@ -275,8 +275,8 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from seqpack.hf.tree_inputs import tree_block_mask
-    from seqpack.nn.tree_attention import tree_attention
+    from exactpack.hf.tree_inputs import tree_block_mask
+    from exactpack.nn.tree_attention import tree_attention
 
     batch = small_batch()
     rows, width = batch.shape
@@ -300,7 +300,7 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 def test_flash_path_is_the_tree_backend(window, merge):
     """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
     reference) == tree_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
-    from seqpack.nn.tree_attention import (
+    from exactpack.nn.tree_attention import (
         flash_plan,
         tree_attention,
         tree_flash_attention,

@@ -17,8 +17,8 @@ pytest.importorskip("trl")
 
 from datasets import Dataset
 
-import seqpack.hf
-import seqpack.hf.attention_impl
+import exactpack.hf
+import exactpack.hf.attention_impl
 
 from support.trl_helpers import (
     examples,
@@ -35,8 +35,8 @@ from support.trl_helpers import (
 
 #: sdpa: transformers finds the examples from the restarting position_ids (no
 #: attention_mask, use_cache=False under Trainer) and masks block-causally;
-#: seqpack_varlen: one SDPA call per example from the collators' cu_seq_lens_q.
-ATTENTION = ("sdpa", "seqpack_varlen")
+#: exactpack_varlen: one SDPA call per example from the collators' cu_seq_lens_q.
+ATTENTION = ("sdpa", "exactpack_varlen")
 
 
 def _packed(tok, kind=None, masked=True):
@@ -47,7 +47,7 @@ def _packed(tok, kind=None, masked=True):
         labels = ids
     columns = {"input_ids": ids} | ({"labels": labels} if masked else {})
     ds = Dataset.from_dict(columns).with_format(kind)
-    packed = seqpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok)
+    packed = exactpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok)
     assert ("labels" in packed.column_names) == masked
     return packed, ids, labels
 
@@ -68,7 +68,7 @@ def _train(kind, model, packed, tok, tmp_path, loss, rows=None):
     else:
         args = TrainingArguments(remove_unused_columns=False, **common)
         flatten = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
-        extra = {"data_collator": seqpack.hf.per_example(flatten)}
+        extra = {"data_collator": exactpack.hf.per_example(flatten)}
         trainer_class = Trainer
     trainer = trainer_class(
         model=model,
@@ -97,7 +97,7 @@ def _run(kind, attn, tmp_path, loss, data_format=None, masked=True):
 
 @pytest.mark.parametrize("kind", ["trl", "transformers"])
 @pytest.mark.parametrize(
-    ("attn", "data_format"), [("sdpa", None), ("seqpack_varlen", None), ("sdpa", "torch")]
+    ("attn", "data_format"), [("sdpa", None), ("exactpack_varlen", None), ("sdpa", "torch")]
 )
 def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
     """``data_format="torch"``: the rows reach the collators as tensors of the stored
@@ -144,7 +144,7 @@ def test_rows_fed_whole_to_flattening_collator_join_examples(tmp_path):
     packed, ids, _ = _packed(tok)
     rows = [packed[i] for i in range(len(packed))]
     direct = DataCollatorWithFlattening(return_tensors="np")(rows)
-    split = seqpack.hf.per_example(DataCollatorWithFlattening(return_tensors="np"))(rows)
+    split = exactpack.hf.per_example(DataCollatorWithFlattening(return_tensors="np"))(rows)
     assert (direct["input_ids"] == split["input_ids"]).all()
     restarts = int((split["position_ids"] == 0).sum())
     assert restarts == sum(len(r["seq_lengths"]) for r in rows) == len(ids)
@@ -159,7 +159,7 @@ def test_sft_trainer_on_a_streamed_dataset_equals_separate_examples(tmp_path):
     tok = tokenizer()
     ids, labels = examples()
     rows = [{"input_ids": i, "labels": lab} for i, lab in zip(ids, labels, strict=True)]
-    packed = seqpack.hf.pack_dataset(lambda: iter(rows), 12, format="trl", tokenizer=tok)
+    packed = exactpack.hf.pack_dataset(lambda: iter(rows), 12, format="trl", tokenizer=tok)
     assert isinstance(packed, IterableDataset)
     count = sum(1 for _ in packed)
     assert 1 < count < len(ids)

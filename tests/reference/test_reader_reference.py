@@ -2,7 +2,7 @@
 
 The reference reads the files directly — ``pyarrow.parquet`` row group by row
 group, the ``json`` module line by line, Arrow IPC for a ``datasets`` folder's
-files — never through seqpack's readers. Over random layouts (many row
+files — never through exactpack's readers. Over random layouts (many row
 groups, empty ones, small ``chunk_bytes``, blank lines, several files, several
 Arrow files) every row must arrive exactly once, in order, with its tokens
 and id: a reader that loses a row group, a chunk or a file fails here, with
@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.io.readers import read_documents
-from seqpack.pipeline.local import pack_path
+from exactpack.io.readers import read_documents
+from exactpack.pipeline.local import pack_path
 
 from support.strategies import scaled
 
@@ -147,7 +147,7 @@ def test_every_json_line_arrives_once_across_chunks_and_files(tmp_path_factory, 
 @settings(max_examples=scaled(40), deadline=None)
 @given(st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=30))
 def test_every_text_line_arrives_once_as_its_bytes(tmp_path_factory, texts):
-    from seqpack.io.tokenizers import ByteTokenizer
+    from exactpack.io.tokenizers import ByteTokenizer
 
     folder = tmp_path_factory.mktemp("tx")
     path = folder / "t.jsonl"

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from seqpack.nn import AttentionLayout, attention
+from exactpack.nn import AttentionLayout, attention
 
 from support.reference import Layout, placed_from_records
 from support.strategies import packed_epochs, scaled
@@ -77,7 +77,7 @@ def test_cpu_backends_equal_the_per_query_reference(data):
 @pytest.mark.parametrize("backend", ["ranges", "dense", "varlen"])
 def test_a_key_outside_the_permission_never_moves_an_output(backend):
     """Changing the values of forbidden keys leaves every query's output as it was."""
-    from seqpack.verify.fixture import fixture_batch, fixture_examples
+    from exactpack.verify.fixture import fixture_batch, fixture_examples
 
     batch = fixture_batch()
     layout = Layout.build(placed_from_records(batch.occurrences, fixture_examples()), *batch.shape)

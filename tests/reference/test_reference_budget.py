@@ -1,6 +1,6 @@
 """PackConfig and the metadata budget against a plain reference: bytes counted from the arrays.
 
-The budget of :func:`seqpack.materialize` is what it allocates: the plan's
+The budget of :func:`exactpack.materialize` is what it allocates: the plan's
 four int64 arrays per example, every model call's cells and occurrence
 records (their arrays' item sizes), and the transient int64 gather indices of
 the largest call. The reference counts those from the batches actually built
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import BudgetExceeded, InvalidInput, PackConfig, Split, pack_examples
-from seqpack.core import config as budget
-from seqpack.core.binding import INT32_MAX
-from seqpack.core.config import check_segment_namespace, plan_metadata_bytes
-from seqpack.core.policies import plan_rows
+from exactpack import BudgetExceeded, InvalidInput, PackConfig, Split, pack_examples
+from exactpack.core import config as budget
+from exactpack.core.binding import INT32_MAX
+from exactpack.core.config import check_segment_namespace, plan_metadata_bytes
+from exactpack.core.policies import plan_rows
 
 from support.strategies import BINDING, example_lists
 

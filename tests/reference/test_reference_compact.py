@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import ExampleTable, InvalidInput, SequenceExample, Split, plan_rows
-from seqpack.core import compact as compact_mod
-from seqpack.core.compact import compact_rows, gather_segments, span_labels
-from seqpack.core.policies import POLICIES
-from seqpack.verify.fixture import fixture_binding, fixture_examples
+from exactpack import ExampleTable, InvalidInput, SequenceExample, Split, plan_rows
+from exactpack.core import compact as compact_mod
+from exactpack.core.compact import compact_rows, gather_segments, span_labels
+from exactpack.core.policies import POLICIES
+from exactpack.verify.fixture import fixture_binding, fixture_examples
 
 from support.reference import Layout, Placed
 from support.strategies import BINDING, example_lists

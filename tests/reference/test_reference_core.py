@@ -13,9 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import Binding, BindingMismatch, InvalidInput, PackConfig, Split, pack_examples
-from seqpack.core.binding import INT32_MAX, data_digest
-from seqpack.core.policies import POLICIES, batch_counts, compare_layouts, layout_counts, plan_rows
+from exactpack import Binding, BindingMismatch, InvalidInput, PackConfig, Split, pack_examples
+from exactpack.core.binding import INT32_MAX, data_digest
+from exactpack.core.policies import (
+    POLICIES,
+    batch_counts,
+    compare_layouts,
+    layout_counts,
+    plan_rows,
+)
 
 from support.reference import Layout, placed_from_records
 from support.strategies import BINDING, example_lists

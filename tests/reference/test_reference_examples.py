@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import Binding, ExampleTable, InvalidInput, SequenceExample, Split
-from seqpack.core.examples import as_token_array, concat_ranges, cut_long, long_ranges
+from exactpack import Binding, ExampleTable, InvalidInput, SequenceExample, Split
+from exactpack.core.examples import as_token_array, concat_ranges, cut_long, long_ranges
 
 from support.reference import split_ranges
 from support.strategies import BINDING, example_lists
@@ -103,7 +103,7 @@ def test_an_example_is_its_range_sliced_by_hand(doc, data):
             {"range": (2, 2)},
             "source 'd' range [2, 2) has 0 token(s); an example needs at least 2",
         ),
-        ({"binding": "not a binding"}, "source 'd': binding must be a seqpack.Binding"),
+        ({"binding": "not a binding"}, "source 'd': binding must be a exactpack.Binding"),
         ({"tokens": [0, 999]}, "source 'd': token id 999 at position 1 is outside [0, 266)"),
     ],
 )
@@ -227,20 +227,20 @@ def test_table_checks_name_the_example_and_the_fix():
     cases = [
         (
             {"binding": None},
-            "ExampleTable.binding must be a seqpack.Binding — build one with"
+            "ExampleTable.binding must be a exactpack.Binding — build one with"
             " Binding(vocab_size, tokenizer_id, split_id)",
         ),
         (
             {"windows": [0, 1, 2]},
             "ExampleTable.windows must be a 1-D integer NumPy array, got list — encode text with"
             " a tokenizer; build tables with ExampleTable.from_examples or"
-            " seqpack.io.load_examples",
+            " exactpack.io.load_examples",
         ),
         (
             {"loss_mask": np.ones(2)},
             "ExampleTable.loss_mask must be a 1-D bool NumPy array, got float64 — encode text"
             " with a tokenizer; build tables with ExampleTable.from_examples or"
-            " seqpack.io.load_examples",
+            " exactpack.io.load_examples",
         ),
         (
             {"offsets": np.array([1, 3])},
@@ -283,7 +283,7 @@ def test_table_checks_name_the_example_and_the_fix():
         with pytest.raises(InvalidInput) as err:
             ExampleTable(**(ok | change))
         assert str(err.value).startswith(message), (change, str(err.value))
-        if "NumPy array" in message or "seqpack.Binding" in message:
+        if "NumPy array" in message or "exactpack.Binding" in message:
             assert str(err.value) == message
 
 

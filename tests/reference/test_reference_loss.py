@@ -3,7 +3,7 @@
 The model is a bigram table ``W`` (``logits(cell) = W[input token]``), so each
 example's loss and gradient can be written out by hand, one target at a
 time, from the example's own tokens and loss flags — no packed batch, no
-seqpack loss function. For an optimizer step that covers examples ``E``::
+exactpack loss function. For an optimizer step that covers examples ``E``::
 
     N = Σ_{e∈E} (supervised targets of e)                  counted from the source records
     L = (1/N) Σ_{e∈E} Σ_t [logsumexp(W[x_t]) - W[x_t, y_t]]
@@ -27,12 +27,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, Split, pack_examples
-from seqpack.core import loss as core_loss
-from seqpack.pipeline.local import pack_path
-from seqpack.training.distributed import RowSampler
-from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from seqpack.training.packed_data import PackedCollator, PackedDataset
+from exactpack import EmptyObjective, InvalidInput, PackConfig, Split, pack_examples
+from exactpack.core import loss as core_loss
+from exactpack.pipeline.local import pack_path
+from exactpack.training.distributed import RowSampler
+from exactpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from exactpack.training.packed_data import PackedCollator, PackedDataset
 
 from support.packed_helpers import random_records, write_jsonl
 from support.reference import close, log_softmax_nll, softmax

@@ -14,11 +14,11 @@ import pytest
 import torch
 from hypothesis import assume, given
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
-from seqpack import pack_examples as pack
-from seqpack.core import loss as core_loss
-from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from seqpack.verify.fixture import fixture_batch
+from exactpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
+from exactpack import pack_examples as pack
+from exactpack.core import loss as core_loss
+from exactpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from exactpack.verify.fixture import fixture_batch
 
 from support.reference import close, log_softmax_nll
 from support.strategies import BINDING, packed_epochs

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import (
+from exactpack import (
     Binding,
     BindingMismatch,
     ExampleTable,
@@ -29,12 +29,12 @@ from seqpack import (
     pack_examples,
     plan_rows,
 )
-from seqpack.core import config as budget
-from seqpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
-from seqpack.core.permission import tiled_edges
-from seqpack.core.policies import POLICIES
-from seqpack.training.packed_data import PackedCollator, empty_batch
-from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
+from exactpack.core import config as budget
+from exactpack.core.batch import CELL_FIELDS, PackedBatch, fill_cells
+from exactpack.core.permission import tiled_edges
+from exactpack.core.policies import POLICIES
+from exactpack.training.packed_data import PackedCollator, empty_batch
+from exactpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 from support.reference import Layout, placed_from_records, reference_next_fit, stream_plan
 from support.strategies import BINDING, example_lists, scaled

@@ -16,19 +16,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
-from seqpack.cli.flags import parse_byte_size, parse_count, parse_option
-from seqpack.core.binding import INT32_MAX
-from seqpack.core.errors import (
+from exactpack import InvalidInput, OversizedExample, Plan, plan_rows
+from exactpack.cli.flags import parse_byte_size, parse_count, parse_option
+from exactpack.core.binding import INT32_MAX
+from exactpack.core.errors import (
     MAX_OPTION_VALUE,
     MAX_TREE_CAPACITY,
     check_lengths,
     check_max_length,
     positive_int,
 )
-from seqpack.core.plan import validate_plan
-from seqpack.core.policies import POLICIES, check_policy_options, decreasing_order
-from seqpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
+from exactpack.core.plan import validate_plan
+from exactpack.core.policies import POLICIES, check_policy_options, decreasing_order
+from exactpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
 
 from support.reference import decreasing, stream_plan
 
@@ -92,7 +92,7 @@ def test_a_plan_file_with_pickled_objects_is_refused(tmp_path):
     )
     objects = np.array([1, 2], dtype=object)
     np.savez(path, header=header, lengths=objects, row_of=objects, start_of=objects)
-    with pytest.raises((ValueError, InvalidInput)) as err:  # NumPy's refusal, or seqpack's check
+    with pytest.raises((ValueError, InvalidInput)) as err:  # NumPy's refusal, or exactpack's check
         Plan.load(path)
     assert "allow_pickle" in str(err.value) or "object array" in str(err.value)
 

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack.core.policies import POLICIES
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
-from seqpack.training.packed_data import PackedDataset
+from exactpack.core.policies import POLICIES
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
+from exactpack.training.packed_data import PackedDataset
 
 from support.reference import split_ranges
 from support.strategies import scaled
@@ -225,7 +225,7 @@ def test_every_row_of_every_parquet_row_group_and_file_is_packed_once(
 
 def test_pack_dataset_and_unpack_dataset_give_the_sources_back(seed):
     datasets = pytest.importorskip("datasets")
-    from seqpack.hf.datasets_io import pack_dataset, to_batches, unpack_dataset
+    from exactpack.hf.datasets_io import pack_dataset, to_batches, unpack_dataset
 
     rng = np.random.default_rng(seed)
     records = []
@@ -271,7 +271,7 @@ def test_stats_count_every_row_of_every_row_group(lengths, group):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from seqpack.pipeline.stats import stats_path
+    from exactpack.pipeline.stats import stats_path
 
     records = [{"id": f"r{i}", "input_ids": [i % VOCAB] * n} for i, n in enumerate(lengths)]
     with tempfile.TemporaryDirectory() as folder:

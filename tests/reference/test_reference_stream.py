@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seqpack import plan_rows
-from seqpack.core import engine
-from seqpack.core.stream_packer import StreamPacker, bucket_sides
-from seqpack.training.stream import StreamDataset
+from exactpack import plan_rows
+from exactpack.core import engine
+from exactpack.core.stream_packer import StreamPacker, bucket_sides
+from exactpack.training.stream import StreamDataset
 
 from support.reference import (
     Layout,
@@ -292,7 +292,7 @@ def test_a_restored_state_saves_back_to_itself(case, engine_name):
 @given(stream_datasets())
 def test_mapping_flags_are_the_and_of_every_supervision_column(case):
     """The stream's per-document rule (``core.supervision.mapping_flags``) is the AND."""
-    from seqpack.core.supervision import mapping_flags
+    from exactpack.core.supervision import mapping_flags
 
     docs, _ = case
     for doc in docs:
@@ -309,8 +309,8 @@ def test_mapping_flags_are_the_and_of_every_supervision_column(case):
 def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factory, case):
     """The same mappings streamed and packed from a JSON Lines file: every example's loss
     flags are the reference AND on both routes (one reader each, one rule)."""
-    from seqpack.io.store import load_packed
-    from seqpack.pipeline.local import pack_path
+    from exactpack.io.store import load_packed
+    from exactpack.pipeline.local import pack_path
 
     docs, s = case
     docs = [file_record(i, d) for i, d in enumerate(docs)]

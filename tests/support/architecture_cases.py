@@ -31,7 +31,7 @@ BASE = {
 WINDOW = 4
 MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
 #: The implementations every standard decoder is checked on.
-STANDARD = ("eager", "sdpa", "seqpack_varlen")
+STANDARD = ("eager", "sdpa", "exactpack_varlen")
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ CASES: tuple[Case, ...] = (
         "gemma2 (sliding/full layers)",
         "gemma2",
         sliding(attn_logit_softcapping=None),
-        attns=("eager", "seqpack_varlen"),
+        attns=("eager", "exactpack_varlen"),
         note="transformers has no sdpa for gemma2",
     ),
     Case(
@@ -119,7 +119,7 @@ CASES: tuple[Case, ...] = (
         "gemma2",
         sliding(),
         attns=("eager",),
-        note="seqpack_varlen refuses soft-capping",
+        note="exactpack_varlen refuses soft-capping",
     ),
     Case(
         "gemma3_text (sliding/full layers)",
@@ -137,7 +137,7 @@ CASES: tuple[Case, ...] = (
         "gpt_oss",
         sliding(**MOE),
         attns=("eager",),
-        note="transformers has no sdpa for gpt_oss; seqpack_varlen refuses sinks",
+        note="transformers has no sdpa for gpt_oss; exactpack_varlen refuses sinks",
     ),
     Case("ministral (sliding layers)", "ministral", sliding()),
     Case(
@@ -164,7 +164,7 @@ CASES: tuple[Case, ...] = (
             "floor_scale": 32,
         },
         attns=("eager", "sdpa"),
-        note="exact while rows < floor_scale; seqpack_varlen refuses chunked layers",
+        note="exact while rows < floor_scale; exactpack_varlen refuses chunked layers",
     ),
     Case("moshi (window in its config, none in its code)", "moshi", tiny=True),
     Case("roberta (positions from padding_idx + 1)", "roberta", tiny=True),
@@ -185,7 +185,7 @@ CASES: tuple[Case, ...] = (
         {"index_topk": 12},
         tiny=True,
         attns=("eager", "sdpa"),
-        note="exact while every example <= index_topk; seqpack_varlen refuses the indexer",
+        note="exact while every example <= index_topk; exactpack_varlen refuses the indexer",
     ),
     Case(
         "mpt (ALiBi, relative)",
@@ -269,7 +269,7 @@ def build(case: Case, attn: str, dtype: Any = None, seed: int = 0) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import seqpack.hf.attention_impl  # noqa: F401  (registers seqpack_varlen)
+    import exactpack.hf.attention_impl  # noqa: F401  (registers exactpack_varlen)
 
     dtype = dtype or torch.float64
     if case.tiny:
@@ -295,8 +295,8 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
 
 def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of ``model`` on the default examples for its window and conditions."""
-    from seqpack.hf.capability import architecture_of
-    from seqpack.verify.models import verification_examples, verification_layout, verify_hf
+    from exactpack.hf.capability import architecture_of
+    from exactpack.verify.models import verification_examples, verification_layout, verify_hf
 
     config = model.config.get_text_config()
     arch = architecture_of(model)

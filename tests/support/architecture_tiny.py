@@ -268,11 +268,11 @@ __all__ = ["OVERRIDES", "SIZES", "VOCAB", "WINDOW", "tiny_config", "tiny_options
 
 def tree_model(config: Any, attn: str) -> Any:
     """``config``'s causal LM in float64 (seed 0, eager experts) for the tree check on
-    ``attn``: built on sdpa or eager, with ``seqpack_tree*`` installed on top of eager."""
+    ``attn``: built on sdpa or eager, with ``exactpack_tree*`` installed on top of eager."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from seqpack.verify.tree_models import use_tree_attention
+    from exactpack.verify.tree_models import use_tree_attention
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
@@ -281,6 +281,6 @@ def tree_model(config: Any, attn: str) -> Any:
         dtype=torch.float64,
         experts_implementation="eager",
     ).eval()
-    if attn.startswith("seqpack_tree"):
+    if attn.startswith("exactpack_tree"):
         use_tree_attention(model, attn)
     return model

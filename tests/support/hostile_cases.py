@@ -3,7 +3,7 @@
 A case writes its input files into an empty folder (the working directory
 while it runs, so messages show short relative paths), then runs
 
-- the CLI in-process (``seqpack.cli.main``, the function the ``seqpack``
+- the CLI in-process (``exactpack.cli.main``, the function the ``exactpack``
   script calls): expected exit code 2, one line on stderr naming the
   file/line/example and the fix, and no file written;
 - the API call a library user would make: expected the typed exception,
@@ -32,25 +32,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack import (
+from exactpack import (
     Binding,
     BindingMismatch,
     BudgetExceeded,
+    ExactpackError,
     ExampleTable,
     InvalidInput,
     OversizedExample,
     PackConfig,
-    SeqpackError,
     SequenceExample,
     SplitMismatch,
     pack_examples,
 )
-from seqpack.cli import main
-from seqpack.core.config import check_segment_namespace
-from seqpack.io.readers import load_examples
-from seqpack.io.templates import TemplateLimit
-from seqpack.io.tokenizers import ByteTokenizer, load_tokenizer
-from seqpack.pipeline.local import pack_path
+from exactpack.cli import main
+from exactpack.core.config import check_segment_namespace
+from exactpack.io.readers import load_examples
+from exactpack.io.templates import TemplateLimit
+from exactpack.io.tokenizers import ByteTokenizer, load_tokenizer
+from exactpack.pipeline.local import pack_path
 
 DATA = "data.jsonl"
 OUT = "out"
@@ -77,7 +77,7 @@ class Case:
     files: dict[str, bytes]
     argv: tuple[str, ...] | None  # None: no CLI form (a library-level check)
     api: Callable[[], Any]
-    error: type[SeqpackError] | None  # None: accepted input
+    error: type[ExactpackError] | None  # None: accepted input
     needles: tuple[str, ...]  # words the message (or the warning) must contain
     setup: Callable[[Path], None] | None = None
     expect: str = ""  # for accepted inputs: what happens instead of an error
@@ -102,7 +102,7 @@ def _existing_output(folder: Path) -> None:
 
 def _foreign_folder(folder: Path) -> None:
     (folder / OUT).mkdir()
-    (folder / OUT / "notes.txt").write_text("not seqpack's")
+    (folder / OUT / "notes.txt").write_text("not exactpack's")
 
 
 def _truncated_parquet(folder: Path) -> None:
@@ -741,12 +741,12 @@ CASES: list[Case] = [
     ),
     Case(
         "out-foreign",
-        "`--overwrite` onto a folder that is not a seqpack output",
+        "`--overwrite` onto a folder that is not a exactpack output",
         {DATA: lines(*_ok_docs())},
         (*_pack_argv(), "--overwrite"),
         lambda: _pack(overwrite=True),
         InvalidInput,
-        (f"{OUT} exists and is not a seqpack output; refusing", "choose another --out"),
+        (f"{OUT} exists and is not a exactpack output; refusing", "choose another --out"),
         setup=_foreign_folder,
     ),
     Case(
@@ -786,7 +786,7 @@ CASES: list[Case] = [
         _pack_argv("--tokenizer", "tok", vocab=None),
         lambda: load_tokenizer("tok"),
         InvalidInput,
-        ("the tokenizer in tok needs the Python code", "seqpack never runs a tokenizer folder's"),
+        ("the tokenizer in tok needs the Python code", "exactpack never runs a tokenizer folder's"),
         setup=_remote_code_tokenizer,
     ),
     Case(
@@ -947,7 +947,7 @@ CASES += [
         _pack_argv(data="shards"),
         _pack_file("shards"),
         InvalidInput,
-        ("shards holds b.csv beside its shards, which seqpack does not read",),
+        ("shards holds b.csv beside its shards, which exactpack does not read",),
         setup=_stray_file,
     ),
     Case(
@@ -1092,7 +1092,7 @@ def run_case(case: Case, folder: Path) -> Outcome:
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 outcome.api_result = case.api()
-        except SeqpackError as err:
+        except ExactpackError as err:
             outcome.api_error, outcome.api_message = type(err), str(err)
         outcome.api_written = _changes(before, folder)
     return outcome
@@ -1149,17 +1149,19 @@ USAGE: list[Usage] = [
           ("--option 'lookahead' is not KEY=VALUE", "write e.g. lookahead=4096")),
     Usage("ray-cpus-fraction", "`--ray-num-cpus 1.5`", _flag("--ray-num-cpus", "1.5"),
           ("--ray-num-cpus '1.5' is not a whole number",)),
-    Usage("verify-seed-negative", "`seqpack verify --seed -1`", ("verify", "--seed", "-1"),
+    Usage("verify-seed-negative", "`exactpack verify --seed -1`", ("verify", "--seed", "-1"),
           ("--seed '-1' is outside [0, 9,223,372,036,854,775,807]",)),
-    Usage("verify-seed-inf", "`seqpack verify --seed inf`", ("verify", "--seed", "inf"),
+    Usage("verify-seed-inf", "`exactpack verify --seed inf`", ("verify", "--seed", "inf"),
           ("--seed 'inf' is not a whole number",)),
-    Usage("missing-out", "`seqpack pack` without `--out`",
+    Usage("missing-out", "`exactpack pack` without `--out`",
           ("pack", DATA, "--max-length", "8"), ("the following arguments are required: --out",)),
     Usage("unknown-flag", "a misspelt flag", (*_STATS, "--max-rows", "nan", "--polcy", "x"),
-          ("unrecognized arguments: --max-rows nan --polcy x", "(see seqpack stats --help)")),
+          ("unrecognized arguments: --max-rows nan --polcy x", "(see exactpack stats --help)")),
     Usage("bad-choice", "`--engine spark`", _flag("--engine", "spark"),
           ("argument --engine: invalid choice: 'spark'",)),
-    Usage("no-command", "`seqpack` alone", (), ("the following arguments are required: command",)),
+    Usage(
+        "no-command", "`exactpack` alone", (), ("the following arguments are required: command",)
+    ),
     Usage("plot-format", "`--plot stats.xyz` (was a matplotlib traceback after planning)",
           (*_STATS, "--plot", "stats.xyz"),
           ("--plot 'stats.xyz': .xyz is not an image format matplotlib writes", ".png")),

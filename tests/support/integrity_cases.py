@@ -4,7 +4,7 @@ A case damages a copy of a small packed output (three or more shards, made by
 ``pack_path`` so it carries statistics) and loads it the way a training job
 would: ``load_packed`` and every model call read. Edits of shards come with
 their size and sha256 recomputed in the manifest, so the checksums hold and
-only the agreement of manifest and shards (:mod:`seqpack.io.integrity`) can
+only the agreement of manifest and shards (:mod:`exactpack.io.integrity`) can
 catch them. ``tests/adversarial/test_integrity.py`` asserts every case;
 ``tests/gen_reliability.py`` lists them in ``docs/reliability.md``.
 """
@@ -22,17 +22,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack import (
+from exactpack import (
     Binding,
     BindingMismatch,
     BudgetExceeded,
+    ExactpackError,
     InvalidInput,
-    SeqpackError,
     SplitMismatch,
 )
-from seqpack.io.shards import FIELDS, sha256_file
-from seqpack.io.store import MANIFEST, load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack.io.shards import FIELDS, sha256_file
+from exactpack.io.store import MANIFEST, load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.packed_helpers import random_records, write_jsonl
 
@@ -258,7 +258,7 @@ class Damage:
     name: str
     input: str
     damage: Callable[[Path], None]
-    error: type[SeqpackError]
+    error: type[ExactpackError]
     needles: tuple[str, ...]
     load: Callable[[Path], Any] = load_all
 
@@ -280,7 +280,7 @@ DAMAGES: list[Damage] = [
            ("shard-0001-00000.parquet: checksum mismatch",)),
     Damage("no-manifest", "the manifest deleted (what a killed run leaves)",
            lambda out: (out / MANIFEST).unlink(), InvalidInput,
-           ("has no manifest.json: not a finished seqpack output", "run seqpack pack again")),
+           ("has no manifest.json: not a finished exactpack output", "run exactpack pack again")),
     Damage("manifest-not-json", "the manifest is not JSON",
            lambda out: (out / MANIFEST).write_bytes(b'{"format": \xff'), InvalidInput,
            ("manifest.json: not valid JSON", "pack again")),
@@ -288,7 +288,7 @@ DAMAGES: list[Damage] = [
            InvalidInput, ("holds a list, not a manifest object",)),
     Damage("manifest-version", "a manifest of another format version",
            _manifest(_set("version", 99)), InvalidInput,
-           ("this seqpack reads 'seqpack.packed-rows' version 1",)),
+           ("this exactpack reads 'exactpack.packed-rows' version 1",)),
     Damage("manifest-rows", "the manifest's row count changed", _manifest(_set("rows", 10**6)),
            InvalidInput, ("shards hold", "rows, not 1,000,000")),
     Damage("manifest-sha", "a shard's recorded sha256 changed",
@@ -439,7 +439,7 @@ def run_damage(case: Damage, packed: Path, folder: Path) -> tuple[type | None, s
     case.damage(out)
     try:
         case.load(out)
-    except SeqpackError as err:
+    except ExactpackError as err:
         return type(err), str(err).replace(f"{folder}/", "")
     return None, ""
 
@@ -448,14 +448,14 @@ def run_damage(case: Damage, packed: Path, folder: Path) -> tuple[type | None, s
 
 
 def _plan() -> Any:
-    from seqpack.core.policies import plan_rows
+    from exactpack.core.policies import plan_rows
 
     return plan_rows(np.array([3, 2, 4, 1, 6]), 6, "best-fit-decreasing")
 
 
 def _plan_dict(**changes: Any) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
-        from seqpack.core.plan import Plan
+        from exactpack.core.plan import Plan
 
         return Plan.from_dict({**_plan().to_dict(), **changes})
 
@@ -464,7 +464,7 @@ def _plan_dict(**changes: Any) -> Callable[[Path], Any]:
 
 def _plan_file(damage: Callable[[Path], None]) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
-        from seqpack.core.plan import Plan
+        from exactpack.core.plan import Plan
 
         _plan().save(folder / "plan.npz")
         damage(folder / "plan.npz")
@@ -492,7 +492,7 @@ def _claim_huge(path: Path) -> None:
 
 def _stream_state(**changes: Any) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
-        from seqpack.core.stream_packer import StreamPacker
+        from exactpack.core.stream_packer import StreamPacker
 
         packer = StreamPacker(8, lookahead=4, max_open_rows=2, seed=3)
         packer.push([3, 5, 2, 7, 1, 4, 6, 2, 2])
@@ -511,7 +511,7 @@ def _drop_buffered(state: dict) -> None:
 
 def _sampler_state(**changes: Any) -> Callable[[Path], Any]:
     def load(folder: Path) -> Any:
-        from seqpack.training.distributed import RowSampler, RowStats
+        from exactpack.training.distributed import RowSampler, RowStats
 
         tokens = np.arange(1, 9, dtype=np.int64)
         sampler = RowSampler(RowStats(tokens, tokens, tokens**2.0), rows_per_micro_batch=2,
@@ -528,7 +528,7 @@ class StateCase:
     name: str
     input: str
     load: Callable[[Path], Any]
-    error: type[SeqpackError]
+    error: type[ExactpackError]
     needles: tuple[str, ...]
 
 
@@ -551,10 +551,10 @@ STATES: list[StateCase] = [
               ("plan lengths must hold integers, got float64",)),
     StateCase("plan-file-claims-2**40", "a plan file whose header claims 2**40 lengths",
               _plan_file(_claim_huge), InvalidInput,
-              ("plan.npz: not a seqpack plan (lengths claims 8,796,093,022,208 bytes",)),
+              ("plan.npz: not a exactpack plan (lengths claims 8,796,093,022,208 bytes",)),
     StateCase("plan-file-pickle", "a plan file that is a pickle",
               _plan_file(lambda p: p.write_bytes(b"\x80\x04\x95pickle")), InvalidInput,
-              ("plan.npz: not a seqpack plan", "save it again with Plan.save")),
+              ("plan.npz: not a exactpack plan", "save it again with Plan.save")),
     StateCase("stream-huge-window", "a stream state with `window=10**10`",
               _stream_state(window=10**10), InvalidInput,
               ("window 10,000,000,000 lies outside [1, 2,147,483,647]",)),
@@ -569,8 +569,8 @@ STATES: list[StateCase] = [
     StateCase("stream-float-window", "a stream state with `window=4.0`",
               _stream_state(window=4.0), InvalidInput, ("window must be an integer, got 4.0",)),
     StateCase("stream-old-format", "a stream state of format /1 (no returned-example count)",
-              _stream_state(format="seqpack.stream-best-fit/1"), InvalidInput,
-              ("format 'seqpack.stream-best-fit/1'", "start the stream again")),
+              _stream_state(format="exactpack.stream-best-fit/1"), InvalidInput,
+              ("format 'exactpack.stream-best-fit/1'", "start the stream again")),
     StateCase("sampler-float-epoch", "a sampler state with `epoch=1.5`",
               _sampler_state(epoch=1.5), InvalidInput, ("epoch must be an integer, got 1.5",)),
 ]  # fmt: skip
@@ -579,6 +579,6 @@ STATES: list[StateCase] = [
 def run_state(case: StateCase, folder: Path) -> tuple[type | None, str]:
     try:
         case.load(folder)
-    except SeqpackError as err:
+    except ExactpackError as err:
         return type(err), str(err).replace(f"{folder}/", "")
     return None, ""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqpack.core.batch import CELL_FIELDS as BATCH_FIELDS
+from exactpack.core.batch import CELL_FIELDS as BATCH_FIELDS
 
 OCCURRENCE_FIELDS = (
     "ordinal",

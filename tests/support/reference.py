@@ -1,7 +1,7 @@
 """Independent references for the contracts in ``shared/DESIGN.md``.
 
 Everything here is written from the rules in the docs, in plain Python
-(lists, loops, one cell or one example at a time), and calls no seqpack
+(lists, loops, one cell or one example at a time), and calls no exactpack
 function: the tests hold the library's vectorised views, packers and loss
 against these. A reference that shared code with what it checks would pass
 with it when both are wrong.
@@ -495,7 +495,7 @@ def per_example_attention(q, k, v, spans, scale: float, window: int | None = Non
     ``q``, ``k``, ``v`` torch (R, H, T, D) (``k``/``v`` may have fewer heads: each
     serves ``H // Hkv`` query heads); ``spans`` ``(row, start, end)`` per example.
     Query ``i`` of an example sees its keys ``j <= i`` (and ``i - j < window``);
-    cells of no example get zeros. Differentiable (torch autograd), no seqpack code.
+    cells of no example get zeros. Differentiable (torch autograd), no exactpack code.
     """
     import torch
 

@@ -6,7 +6,7 @@ EOS / PAD and a chat template whose assistant turns sit inside
 ``{% generation %}`` markers, and saves it with ``save_pretrained`` (no
 network). :func:`trl_prepared` runs ``trl.SFTTrainer``'s dataset preparation
 (tokenize, ``build_labels``) on a ``datasets.Dataset`` and returns its
-``input_ids`` and ``labels``: the reference every seqpack reading is held to.
+``input_ids`` and ``labels``: the reference every exactpack reading is held to.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from seqpack import Binding, PackConfig, SequenceExample, Split, pack_examples
+from exactpack import Binding, PackConfig, SequenceExample, Split, pack_examples
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
 

@@ -1,4 +1,4 @@
-"""The version-1 packed format, written as seqpack 0.2 wrote it (kept to test that it still loads).
+"""The version-1 packed format, written as exactpack 0.2 wrote it (kept to test that it still loads).
 
 Version 1 stored, per packed row, ``tokens``, a ``labels`` column aligned
 with them (the token where its pair is supervised, -100 otherwise and on
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seqpack.core.compact import CompactRows
-from seqpack.io.shards import V1_SCHEMA, manifest_record, sha256_file, shard_bounds
+from exactpack.core.compact import CompactRows
+from exactpack.io.shards import V1_SCHEMA, manifest_record, sha256_file, shard_bounds
 
 
 def _lists(offsets, values, kind):
@@ -82,9 +82,9 @@ def write_v1(rows: CompactRows, out: Path, max_rows_per_batch: int, shard_tokens
 
 
 def v1_dataset(rows: CompactRows, max_rows_per_batch: int, statistics: dict):
-    """What ``seqpack.hf.pack_dataset`` returned in version 1: the rows and the metadata."""
+    """What ``exactpack.hf.pack_dataset`` returned in version 1: the rows and the metadata."""
     import datasets
 
     meta = v1_manifest(rows, max_rows_per_batch) | {"statistics": statistics}
-    info = datasets.DatasetInfo(description=json.dumps({"seqpack": meta}))
+    info = datasets.DatasetInfo(description=json.dumps({"exactpack": meta}))
     return datasets.Dataset(datasets.table.InMemoryTable(v1_table(rows)), info=info)

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput
-from seqpack.nn import AttentionLayout, attention
-from seqpack.verify.fixture import fixture_batch
+from exactpack import InvalidInput
+from exactpack.nn import AttentionLayout, attention
+from exactpack.verify.fixture import fixture_batch
 
 from support.reference import Layout, per_example_attention, placed_from_records, spans_of
 from support.strategies import packed_epochs

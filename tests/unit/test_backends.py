@@ -1,7 +1,7 @@
 """Variable-length backends (varlen, flex, flash, auto) against each example run alone.
 
 The reference is ``tests/support/reference.py``'s per-example plain softmax over the cells the
-occurrence records name (no seqpack backend, mask or predicate).
+occurrence records name (no exactpack backend, mask or predicate).
 """
 
 import itertools
@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
-from seqpack.nn import BACKENDS, AttentionLayout, attention
-from seqpack.nn.auto import choose_backend
-from seqpack.nn.flash import check_flash
-from seqpack.nn.flex import flex_block_mask
-from seqpack.nn.varlen import (
+from exactpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
+from exactpack.nn import BACKENDS, AttentionLayout, attention
+from exactpack.nn.auto import choose_backend
+from exactpack.nn.flash import check_flash
+from exactpack.nn.flex import flex_block_mask
+from exactpack.nn.varlen import (
     BUCKETING,
     CALL_COST,
     TOKEN_COST,
@@ -25,9 +25,9 @@ from seqpack.nn.varlen import (
     varlen_attention,
     varlen_plan,
 )
-from seqpack.verify.decoder import TinyDecoder
-from seqpack.verify.fixture import fixture_batch
-from seqpack.verify.layouts import three_way
+from exactpack.verify.decoder import TinyDecoder
+from exactpack.verify.fixture import fixture_batch
+from exactpack.verify.layouts import three_way
 
 from support.mask_helpers import block_mask_cells
 from support.reference import Layout, per_example_attention, placed_from_records, spans_of

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from seqpack import (
+from exactpack import (
     NO_SEGMENT,
     PAD_CELL,
     BudgetExceeded,
@@ -14,8 +14,8 @@ from seqpack import (
     SplitMismatch,
     pack_examples,
 )
-from seqpack.core.config import check_segment_namespace
-from seqpack.verify.fixture import (
+from exactpack.core.config import check_segment_namespace
+from exactpack.verify.fixture import (
     FIXTURE_DOCUMENTS,
     fixture_binding,
     fixture_epoch,

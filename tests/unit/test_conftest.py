@@ -20,7 +20,7 @@ NEEDS_TRL = (
 
 
 #: A test file whose module-level importorskip names a module no extra installs.
-NEEDS_OTHER = "import pytest\npytest.importorskip('seqpack_no_such_module')\n"
+NEEDS_OTHER = "import pytest\npytest.importorskip('exactpack_no_such_module')\n"
 
 
 def run_without_trl(tmp_path, ci, test="test_needs_trl.py"):
@@ -44,7 +44,7 @@ def test_the_dev_extra_is_read_whole():
     # nested extras expanded (all -> hf, plot, cli; ray) and import names mapped
     for name in ("trl", "ray.data", "datasets", "transformers", "hypothesis"):
         assert name in names
-    assert "numba" not in names  # the kernels are seqpack's own C (seqpack.core.engine)
+    assert "numba" not in names  # the kernels are exactpack's own C (exactpack.core.engine)
     for name in ("matplotlib", "tqdm", "accelerate", "pyarrow", "torch", "importlinter"):
         assert name in names
     assert "ruff" not in names and "flash_attn" not in names
@@ -65,6 +65,6 @@ def test_ci_fails_loudly_when_trl_is_missing_and_users_skip(tmp_path):
 def test_under_ci_an_importorskip_fails_instead_of_skipping(tmp_path):
     ci = run_without_trl(tmp_path, ci=True, test="test_needs_other.py")
     assert ci.returncode == 2, ci.stdout + ci.stderr  # a collection error: nothing runs
-    assert "CI=true: Skipped: could not import 'seqpack_no_such_module'" in ci.stdout, ci.stdout
+    assert "CI=true: Skipped: could not import 'exactpack_no_such_module'" in ci.stdout, ci.stdout
     user = run_without_trl(tmp_path, ci=False, test="test_needs_other.py")
     assert "1 skipped" in user.stdout, user.stdout

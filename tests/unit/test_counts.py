@@ -1,5 +1,5 @@
-from seqpack.core.policies import compare_layouts, layout_counts
-from seqpack.verify.fixture import DENSITY_LENGTHS, FIXTURE_DOCUMENTS, FIXTURE_MAX_LENGTH
+from exactpack.core.policies import compare_layouts, layout_counts
+from exactpack.verify.fixture import DENSITY_LENGTHS, FIXTURE_DOCUMENTS, FIXTURE_MAX_LENGTH
 
 
 def test_fixture_density_is_75_percent_in_both_layouts():

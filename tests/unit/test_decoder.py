@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
-from seqpack.core.loss import masked_nll_sum
-from seqpack.nn import BACKENDS, AttentionLayout
-from seqpack.nn.attention import ranges_attention
-from seqpack.verify.decoder import DecoderConfig, TinyDecoder
-from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
+from exactpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
+from exactpack.core.loss import masked_nll_sum
+from exactpack.nn import BACKENDS, AttentionLayout
+from exactpack.nn.attention import ranges_attention
+from exactpack.verify.decoder import DecoderConfig, TinyDecoder
+from exactpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 torch.set_num_threads(1)
 

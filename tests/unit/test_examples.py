@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from seqpack import (
+from exactpack import (
     Binding,
     BindingMismatch,
     ExampleTable,

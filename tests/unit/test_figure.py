@@ -5,10 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from seqpack import InvalidInput, PackConfig, Split, pack_examples
-from seqpack.verify.figure import FIELDS, draw_batch, draw_fixture
-from seqpack.verify.figure import PAD_COLOR as PAD_GREY
-from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
+from exactpack import InvalidInput, PackConfig, Split, pack_examples
+from exactpack.verify.figure import FIELDS, draw_batch, draw_fixture
+from exactpack.verify.figure import PAD_COLOR as PAD_GREY
+from exactpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
 
 from support.reference import Layout, placed_from_records
 
@@ -147,7 +147,7 @@ def test_padded_layout_draws_too(tmp_path):
 def test_cli_demo_figure(tmp_path):
     out = tmp_path / "fixture.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "seqpack.cli", "demo", "--figure", str(out), "--compact"],
+        [sys.executable, "-m", "exactpack.cli", "demo", "--figure", str(out), "--compact"],
         capture_output=True,
         text=True,
         check=False,
@@ -157,7 +157,7 @@ def test_cli_demo_figure(tmp_path):
     # The command draws exactly the fixture figure (PNGs are written without a time stamp).
     assert out.read_bytes() == draw_fixture(tmp_path / "same.png").read_bytes()
     bad = subprocess.run(
-        [sys.executable, "-m", "seqpack.cli", "demo", "--figure", str(tmp_path / "x.gif")],
+        [sys.executable, "-m", "exactpack.cli", "demo", "--figure", str(tmp_path / "x.gif")],
         capture_output=True,
         text=True,
         check=False,
@@ -169,8 +169,8 @@ def test_cli_demo_figure(tmp_path):
 def test_a_wide_row_draws_its_permission_from_the_predicate(tmp_path, drawn):
     """`draw_row` on a row wider than MAX_COLUMNS: the image's coloured pixels are exactly
     the permitted (query, key) pairs at the sampled columns, by `allowed_key`."""
-    from seqpack.core.permission import allowed_key
-    from seqpack.verify.figure import MAX_COLUMNS, WIDE_BINS, draw_row
+    from exactpack.core.permission import allowed_key
+    from exactpack.verify.figure import MAX_COLUMNS, WIDE_BINS, draw_row
 
     rng = np.random.default_rng(5)
     width = 3 * WIDE_BINS // 2  # sampled, not every column
@@ -178,7 +178,7 @@ def test_a_wide_row_draws_its_permission_from_the_predicate(tmp_path, drawn):
     lengths = [int(n) for n in rng.integers(2, 80, size=9)]  # at most 720 pairs: one row
     records = [(f"d{i}", [0, *(int(t) for t in rng.integers(2, 200, n - 1)), 1])
                for i, n in enumerate(lengths)]  # fmt: skip
-    from seqpack import Binding, SequenceExample
+    from exactpack import Binding, SequenceExample
 
     binding = Binding(vocab_size=266, tokenizer_id="t", split_id="s")
     examples = [SequenceExample.from_document(t, source_id=n, partition="train", binding=binding)

@@ -6,11 +6,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack import Binding
-from seqpack.core.errors import InvalidInput
-from seqpack.io.documents import resolve_binding
-from seqpack.io.readers import load_examples, read_documents
-from seqpack.io.tokenizers import ByteTokenizer
+from exactpack import Binding
+from exactpack.core.errors import InvalidInput
+from exactpack.io.documents import resolve_binding
+from exactpack.io.readers import load_examples, read_documents
+from exactpack.io.tokenizers import ByteTokenizer
 
 from support.packed_helpers import expected_flags, random_records, write_jsonl
 
@@ -124,7 +124,7 @@ def test_binding_from_vocab_size_or_tokenizer(tmp_path):
         != resolve_binding(docs, "validation", vocab_size=300).split_id
     )
     tok = load_examples(path, tokenizer=ByteTokenizer()).binding
-    assert tok == Binding(266, "seqpack/bytes-266", table.binding.split_id)
+    assert tok == Binding(266, "exactpack/bytes-266", table.binding.split_id)
     with pytest.raises(InvalidInput, match="needs --vocab-size"):
         load_examples(path)
     with pytest.raises(InvalidInput, match="below the tokenizer's 266"):
@@ -201,7 +201,7 @@ def test_a_loss_mask_of_nested_lists_is_named_not_a_crash():
 def test_text_is_encoded_in_sub_batches_with_encode_batch_fast(tmp_path, monkeypatch):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from seqpack.io import tokenizers as tok_mod
+    from exactpack.io import tokenizers as tok_mod
 
     backend = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -5,9 +5,9 @@ import pytest
 import torch
 from hypothesis import given
 
-from seqpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
-from seqpack import pack_examples as pack
-from seqpack.core.loss import (
+from exactpack import EmptyObjective, InvalidInput, PackConfig, SequenceExample, Split
+from exactpack import pack_examples as pack
+from exactpack.core.loss import (
     LossSum,
     divide,
     probe_logits,
@@ -15,8 +15,8 @@ from seqpack.core.loss import (
     token_weighted_sum,
     weighting_report,
 )
-from seqpack.verify.fixture import fixture_batch, probe_gold_probability
-from seqpack.verify.trace import probe_section
+from exactpack.verify.fixture import fixture_batch, probe_gold_probability
+from exactpack.verify.trace import probe_section
 
 from support.strategies import BINDING, packed_epochs
 

@@ -1,4 +1,4 @@
-"""The C kernels (``seqpack.core.native``): what ``"auto"`` picks, the 0.2 spellings, and
+"""The C kernels (``exactpack.core.native``): what ``"auto"`` picks, the 0.2 spellings, and
 identical results to the Python kernels on random inputs for every kernel family (plan,
 stream, gather, labels, range), in every dtype the callers pass."""
 
@@ -10,13 +10,15 @@ import warnings
 import numpy as np
 import pytest
 
-from seqpack import PackOptions, plan_rows
-from seqpack.core import engine
-from seqpack.core.compact import gather_into, span_labels, value_range
-from seqpack.core.policies import POLICIES
-from seqpack.core.stream_packer import StreamPacker
+from exactpack import PackOptions, plan_rows
+from exactpack.core import engine
+from exactpack.core.compact import gather_into, span_labels, value_range
+from exactpack.core.policies import POLICIES
+from exactpack.core.stream_packer import StreamPacker
 
-FORCED_PYTHON = (os.environ.get("SEQPACK_KERNELS") or os.environ.get("SEQPACK_ENGINE")) == "python"
+FORCED_PYTHON = (
+    os.environ.get("EXACTPACK_KERNELS") or os.environ.get("EXACTPACK_ENGINE")
+) == "python"
 #: Skipped where the user turned the C kernels off, or (a user's machine without a compiler)
 #: they are not built; under CI they must be there.
 NATIVE = pytest.mark.skipif(
@@ -28,7 +30,7 @@ TOKEN_DTYPES = [np.int32, np.int64, np.uint16, np.uint32]
 
 
 def test_auto_is_native_here():
-    """The C kernels are built with seqpack (an editable install too), so "auto" is native."""
+    """The C kernels are built with exactpack (an editable install too), so "auto" is native."""
     assert engine.native_available()
     assert engine.resolve("auto") == "native"
     assert StreamPacker(8).kernels == "native"

@@ -6,15 +6,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput
-from seqpack.core.permission import (
+from exactpack import InvalidInput
+from exactpack.core.permission import (
     check_sliding_window,
     key_bounds,
     pairwise,
     permitted,
     tiled_edges,
 )
-from seqpack.verify.fixture import fixture_batch
+from exactpack.verify.fixture import fixture_batch
 
 from support.reference import Layout, placed_from_records
 from support.strategies import packed_epochs
@@ -25,7 +25,7 @@ WINDOWS = st.one_of(st.none(), st.integers(1, 14))
 
 def reference_matrix(batch, examples, window=None):
     """The permission written in ``tests/support/reference.py`` from the occurrence records and the
-    examples alone (plain Python, no seqpack predicate): same occurrence, key at or before
+    examples alone (plain Python, no exactpack predicate): same occurrence, key at or before
     the query, fewer than ``window`` cells back."""
     layout = Layout.build(placed_from_records(batch.occurrences, examples), *batch.shape)
     return np.array(layout.dense(window), dtype=bool).reshape(batch.shape + batch.shape[1:])

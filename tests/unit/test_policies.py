@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, OversizedExample, Plan, plan_rows
-from seqpack.core import engine
-from seqpack.core.errors import MAX_TREE_CAPACITY, positive_int
-from seqpack.core.plan import validate_plan
-from seqpack.core.policies import POLICIES, decreasing_order
+from exactpack import InvalidInput, OversizedExample, Plan, plan_rows
+from exactpack.core import engine
+from exactpack.core.errors import MAX_TREE_CAPACITY, positive_int
+from exactpack.core.plan import validate_plan
+from exactpack.core.policies import POLICIES, decreasing_order
 
 from support.reference import (
     decreasing,
@@ -198,10 +198,10 @@ def test_the_counting_sort_kernel_run_as_plain_python(case):
 def test_the_core_plans_without_the_c_kernels():
     code = f"""
 import json, sys
-sys.modules["seqpack.core.native"] = None  # as if not built
+sys.modules["exactpack.core.native"] = None  # as if not built
 import numpy as np
-from seqpack import NotAvailable, plan_rows
-from seqpack.core import engine
+from exactpack import NotAvailable, plan_rows
+from exactpack.core import engine
 assert not engine.native_available()
 assert "numba" not in sys.modules
 lengths = np.random.default_rng(7).integers(1, 100, 500)

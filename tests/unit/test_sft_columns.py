@@ -16,14 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.cli import main
-from seqpack.core.errors import InvalidInput
-from seqpack.core.supervision import Objective
-from seqpack.io.readers import read_documents
-from seqpack.io.store import load_packed
-from seqpack.io.tokenizers import load_tokenizer
-from seqpack.pipeline import pack_path
-from seqpack.pipeline.options import PackOptions
+from exactpack.cli import main
+from exactpack.core.errors import InvalidInput
+from exactpack.core.supervision import Objective
+from exactpack.io.readers import read_documents
+from exactpack.io.store import load_packed
+from exactpack.io.tokenizers import load_tokenizer
+from exactpack.pipeline import pack_path
+from exactpack.pipeline.options import PackOptions
 
 from support.packed_helpers import recovered_examples
 from support.sft_helpers import (
@@ -51,7 +51,7 @@ def tok(folder):
 
 
 def labels_of(docs) -> list[list[int]]:
-    """seqpack's reading in TRL's terms: the token where its pair is supervised, else -100
+    """exactpack's reading in TRL's terms: the token where its pair is supervised, else -100
     (and -100 on the first token, which no pair predicts)."""
     out = []
     for i in range(len(docs)):
@@ -214,7 +214,7 @@ def test_cli_packs_chat_jsonl_and_parquet_with_trl_supervision(folder, reference
     for name in ("chats.jsonl", "c.parquet"):
         out = tmp_path / f"out-{name}"
         done = subprocess.run(
-            [sys.executable, "-m", "seqpack", "pack", tmp_path / name, "--tokenizer", folder,
+            [sys.executable, "-m", "exactpack", "pack", tmp_path / name, "--tokenizer", folder,
              "--chat-template", tmp_path / "train.jinja", "--max-length", "128", "--out", out,
              "--assistant-only-loss"],
             capture_output=True, text=True, check=False,
@@ -224,7 +224,7 @@ def test_cli_packs_chat_jsonl_and_parquet_with_trl_supervision(folder, reference
 
 
 def test_pack_path_and_pack_dataset_read_the_same_supervision(folder, reference, tmp_path):
-    from seqpack.hf import pack_dataset, unpack_dataset
+    from exactpack.hf import pack_dataset, unpack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS, "source": ["a", "b", "c"]})
     pack_path(ds, tmp_path / "out", capacity=128, tokenizer=str(folder), assistant_only_loss=True)
@@ -240,7 +240,7 @@ def test_the_ray_engine_reads_the_same_supervision(folder, reference, tmp_path):
     ray = pytest.importorskip("ray")
     import logging
 
-    from seqpack.ray import pack
+    from exactpack.ray import pack
 
     from support.ray_helpers import private_loopback_ray
 
@@ -284,7 +284,7 @@ REFUSED = [
     ({"mask": [0, 1, 1]}, "'mask' looks like supervision", "give it as loss_mask"),
     ({"completion_masks": [0, 1, 1]}, "'completion_masks'", "did you mean completion_mask"),
     ({"assistant_mask": [0, 1, 1]}, "'assistant_mask'", "did you mean assistant_masks"),
-    ({"targets": [5, 1, -100]}, "'targets'", "seqpack forms the targets itself"),
+    ({"targets": [5, 1, -100]}, "'targets'", "exactpack forms the targets itself"),
     ({"seq_lengths": [3]}, "'seq_lengths'", "already packed"),
     ({"response_label_ids": [0, 1, 1]}, "'response_label_ids'", "rename it to the one it means"),
     ({"attention_mask": [1, 1, 0]}, "attention_mask[2] = 0", "padded or masked tokens"),
@@ -385,8 +385,8 @@ def test_a_mask_of_the_wrong_kind_names_its_json_line(tmp_path):
 
 
 def test_streamed_mappings_follow_the_same_rule():
-    from seqpack.core.binding import Binding
-    from seqpack.training.stream import StreamDataset
+    from exactpack.core.binding import Binding
+    from exactpack.training.stream import StreamDataset
 
     def first_mask(item):
         stream = StreamDataset(
@@ -412,7 +412,7 @@ def test_streamed_mappings_follow_the_same_rule():
 
 
 def test_chats_packed_in_trls_format_carry_trls_own_labels(folder, reference):
-    from seqpack.hf import pack_dataset
+    from exactpack.hf import pack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     packed = pack_dataset(

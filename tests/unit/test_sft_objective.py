@@ -3,7 +3,7 @@
 For each kind of SFT row TRL reads (``messages``, text and conversational
 prompt-completion, token ids with ``completion_mask`` / ``assistant_masks``)
 and every combination of ``SFTConfig``'s ``assistant_only_loss`` and
-``completion_only_loss``, seqpack's reading (``Objective``, the same names
+``completion_only_loss``, exactpack's reading (``Objective``, the same names
 and defaults) gives TRL's own ``SFTTrainer`` preparation: the same tokens
 and the same supervised targets, or a refusal where TRL refuses.
 """
@@ -15,11 +15,11 @@ import itertools
 import pyarrow as pa
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.core.supervision import Objective
-from seqpack.io.readers import read_documents
-from seqpack.io.tokenizers import load_tokenizer
-from seqpack.pipeline.options import PackOptions
+from exactpack.core.errors import InvalidInput
+from exactpack.core.supervision import Objective
+from exactpack.io.readers import read_documents
+from exactpack.io.tokenizers import load_tokenizer
+from exactpack.pipeline.options import PackOptions
 
 from support.sft_helpers import (
     CHATS,
@@ -94,7 +94,7 @@ def test_every_switch_reads_as_trl_prepares(folders, tmp_path, kind, template):
         config = {"assistant_only_loss": assistant, "completion_only_loss": completion}
         try:
             ref = trl_prepared(ds, folder, tmp_path, **config)
-        except (ValueError, RuntimeError) as err:  # TRL refuses: so does seqpack
+        except (ValueError, RuntimeError) as err:  # TRL refuses: so does exactpack
             with pytest.raises(InvalidInput):
                 read_documents(ds, tokenizer=tokenizer, objective=Objective(**config))
             assert assistant, f"TRL refused {config} on {kind}: {err}"
@@ -145,8 +145,8 @@ def test_refusals_name_the_row_and_the_switch(folders):
 def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
     import json
 
-    from seqpack.cli import main
-    from seqpack.io.store import load_packed
+    from exactpack.cli import main
+    from exactpack.io.store import load_packed
 
     from support.packed_helpers import recovered_examples
 
@@ -169,12 +169,12 @@ def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
 def test_sfttrainer_reads_the_packed_rows_with_the_users_flags(folders, tmp_path):
     """TRL-format rows carry the objective in ``labels``: SFTTrainer keeps them as they are
     for every ``completion_only_loss``, and trains; ``assistant_only_loss=True`` belongs to
-    seqpack's call (TRL refuses it on any tokenized dataset, its own packed rows too)."""
+    exactpack's call (TRL refuses it on any tokenized dataset, its own packed rows too)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    from seqpack.hf import pack_dataset
+    from exactpack.hf import pack_dataset
 
     folder = folders["marked"]
     chats = datasets.Dataset.from_dict({"messages": CHATS})
@@ -200,7 +200,7 @@ def test_sfttrainer_reads_the_packed_rows_with_the_users_flags(folders, tmp_path
 
 
 def test_a_streamed_dataset_follows_the_same_switches(folders):
-    from seqpack.hf import pack_dataset
+    from exactpack.hf import pack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     folder = str(folders["marked"])

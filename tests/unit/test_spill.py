@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io.documents import Origin, TokenChunk
-from seqpack.io.spill import Spill
-from seqpack.io.store import load_packed
-from seqpack.pipeline.local import pack_path
+from exactpack.core.errors import InvalidInput
+from exactpack.io.documents import Origin, TokenChunk
+from exactpack.io.spill import Spill
+from exactpack.io.store import load_packed
+from exactpack.pipeline.local import pack_path
 
 from support.packed_helpers import random_records, write_jsonl
 
@@ -35,7 +35,7 @@ def _open_spills(folder: Path) -> list[str]:
 @pytest.fixture(autouse=True)
 def always_spill(monkeypatch):
     """Every corpus here is spilled (small ones are otherwise kept in memory)."""
-    monkeypatch.setattr("seqpack.pipeline.corpus.KEEP_BYTES", 0)
+    monkeypatch.setattr("exactpack.pipeline.corpus.KEEP_BYTES", 0)
 
 
 @pytest.fixture
@@ -109,15 +109,15 @@ def test_chunks_read_back_from_the_spill_equal_the_chunks_written(tmp_path, rng)
 
 KILLED = r"""
 import os, signal, sys
-import seqpack.io.shards as shards
+import exactpack.io.shards as shards
 real = shards._write_shard
 def dying(table, path):
     real(table, path)
     os.kill(os.getpid(), getattr(signal, sys.argv[4]))
 shards._write_shard = dying
-import seqpack.pipeline.corpus
-seqpack.pipeline.corpus.KEEP_BYTES = 0  # spilled, however small
-from seqpack.cli import main
+import exactpack.pipeline.corpus
+exactpack.pipeline.corpus.KEEP_BYTES = 0  # spilled, however small
+from exactpack.cli import main
 sys.exit(main(["pack", sys.argv[1], "--out", sys.argv[2], "--max-length", "64",
                "--vocab-size", "300", "--chunk-bytes", "500", "--spill-dir", sys.argv[3],
                "--shard-tokens", "300"]))
@@ -146,8 +146,8 @@ def test_a_full_spill_disk_names_the_spill_folder(tmp_path, corpus, monkeypatch,
     import io
     import tempfile as tempfile_mod
 
-    from seqpack.cli import main
-    from seqpack.io import spill as spill_mod
+    from exactpack.cli import main
+    from exactpack.io import spill as spill_mod
 
     real = tempfile_mod.TemporaryFile
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack import (
+from exactpack import (
     Binding,
     BindingMismatch,
     ExampleTable,
@@ -19,13 +19,13 @@ from seqpack import (
     materialize,
     plan_rows,
 )
-from seqpack.core.compact import compact_rows, gather_segments, span_labels
-from seqpack.core.errors import InvalidInput
-from seqpack.core.policies import POLICIES
-from seqpack.io import shards as shards_mod
-from seqpack.io.shards import FULL, REQUIRED, SCHEMA, arrow_to_rows, rows_to_arrow
-from seqpack.io.store import MANIFEST, load_packed, write_packed
-from seqpack.verify.fixture import fixture_binding, fixture_epoch, fixture_examples
+from exactpack.core.compact import compact_rows, gather_segments, span_labels
+from exactpack.core.errors import InvalidInput
+from exactpack.core.policies import POLICIES
+from exactpack.io import shards as shards_mod
+from exactpack.io.shards import FULL, REQUIRED, SCHEMA, arrow_to_rows, rows_to_arrow
+from exactpack.io.store import MANIFEST, load_packed, write_packed
+from exactpack.verify.fixture import fixture_binding, fixture_epoch, fixture_examples
 
 from support.packed_helpers import assert_same_batches
 from support.reference import reference_calls, split_examples
@@ -111,7 +111,7 @@ def test_numpy_and_native_gathers_agree(rng, monkeypatch):
     starts = rng.integers(0, 5000 - 40, size=300)
     want = np.concatenate([src[s : s + n] for s, n in zip(starts, lens, strict=True)])
     assert np.array_equal(gather_segments(src, starts, lens), want)
-    monkeypatch.setattr("seqpack.core.compact.GATHER_CHUNK", 64)  # many chunks
+    monkeypatch.setattr("exactpack.core.compact.GATHER_CHUNK", 64)  # many chunks
     assert np.array_equal(gather_segments(src, starts, lens, native=False), want)
 
 
@@ -132,7 +132,7 @@ def test_window_labels_mark_unsupervised_and_first_tokens(rng):
 
 
 def _random_examples(rng, n=200, capacity=32):
-    from seqpack import SequenceExample
+    from exactpack import SequenceExample
 
     examples = []
     for i in range(n):
@@ -187,14 +187,14 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
     with pytest.raises(InvalidInput, match=r"shard-0001-00001\.parquet: checksum mismatch"):
         load_packed(out)
     (out / "manifest.json").unlink()
-    with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished seqpack output"):
+    with pytest.raises(InvalidInput, match=r"no manifest\.json: not a finished exactpack output"):
         load_packed(out)
 
 
 @pytest.mark.parametrize("which", [0, "middle", -1])
 def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
     """One flipped byte in the first, a middle or the last shard: every reader refuses."""
-    from seqpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedDataset
 
     _, _, manifest = _packed(tmp_path, rng)
     names = [entry["file"] for entry in manifest["shards"]]
@@ -209,7 +209,7 @@ def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
             open_(tmp_path / "out")
 
 
-def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, rng):
+def test_existing_output_needs_overwrite_and_must_be_a_exactpack_output(tmp_path, rng):
     _packed(tmp_path, rng)
     with pytest.raises(InvalidInput, match="already exists — pass --overwrite"):
         _packed(tmp_path, rng)
@@ -221,7 +221,7 @@ def test_existing_output_needs_overwrite_and_must_be_a_seqpack_output(tmp_path, 
     assert all(name.startswith("shard-0002-") for name in listed)  # the old shards are gone
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(InvalidInput, match="not a seqpack output; refusing"):
+    with pytest.raises(InvalidInput, match="not a exactpack output; refusing"):
         _packed(tmp_path, rng, name="mine", overwrite=True)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "out"]
@@ -257,11 +257,11 @@ def test_a_failure_mid_write_leaves_the_previous_output_intact(tmp_path, rng, mo
 KILLER = """
 import os, signal, sys
 import numpy as np
-from seqpack.io import shards, store
-from seqpack.core.compact import compact_rows
-from seqpack.core.examples import ExampleTable
-from seqpack.core.policies import plan_rows
-from seqpack.verify.fixture import fixture_binding, fixture_examples
+from exactpack.io import shards, store
+from exactpack.core.compact import compact_rows
+from exactpack.core.examples import ExampleTable
+from exactpack.core.policies import plan_rows
+from exactpack.verify.fixture import fixture_binding, fixture_examples
 
 real = shards._write_shard
 def dying(table, path):
@@ -304,8 +304,8 @@ def test_a_killed_run_leaves_no_complete_looking_output(tmp_path, rng):
 )
 def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, split, named):
     """Each derivable column is stored only when needed, and every layout reads back whole."""
-    from seqpack.core.examples import cut_long
-    from seqpack.io.shards import layout_of
+    from exactpack.core.examples import cut_long
+    from exactpack.io.shards import layout_of
 
     examples, capacity = case
     table = ExampleTable.from_examples(examples, Split.TRAIN, BINDING)
@@ -338,7 +338,7 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
 
 
 def test_loss_bits_pad_each_row_to_whole_bytes(rng):
-    from seqpack.io.shards import row_bits, unpack_bits
+    from exactpack.io.shards import row_bits, unpack_bits
 
     row_pairs = np.array([0, 1, 7, 8, 9, 23, 64, 3])
     mask = rng.random(int(row_pairs.sum())) < 0.5
@@ -352,7 +352,7 @@ def test_loss_bits_pad_each_row_to_whole_bytes(rng):
 
 
 def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
-    from seqpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedDataset
 
     examples = _random_examples(rng)
     table = ExampleTable.from_examples(examples, "train", BINDING)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack import InvalidInput, OversizedExample, plan_rows
-from seqpack.core import engine
-from seqpack.core.plan import validate_plan
-from seqpack.core.stream_packer import Placements, StreamPacker
+from exactpack import InvalidInput, OversizedExample, plan_rows
+from exactpack.core import engine
+from exactpack.core.plan import validate_plan
+from exactpack.core.stream_packer import Placements, StreamPacker
 
 ENGINES = ["python", "native"] if engine.native_available() else ["python"]
 

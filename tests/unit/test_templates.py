@@ -3,7 +3,7 @@
 Each hostile template is rendered through the whole reading path (the
 tokenizer folder's transformers renderer, as TRL uses it) in a fresh
 process under a 3 GiB address-space limit: it must fail within seconds
-with one ``SeqpackError`` line, never hang or abort. A sane template
+with one ``ExactpackError`` line, never hang or abort. A sane template
 renders exactly as transformers renders it without the limits.
 """
 
@@ -62,9 +62,9 @@ SCRIPT = textwrap.dedent(
     import json, resource, sys, time
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
     import pyarrow as pa
-    from seqpack.core.errors import SeqpackError
-    from seqpack.io.readers import read_documents
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.core.errors import ExactpackError
+    from exactpack.io.readers import read_documents
+    from exactpack.pipeline.options import PackOptions
     folder, chats, cases = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     table = pa.Table.from_pylist([{"messages": c} for c in chats])
     for name, template in cases.items():
@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent(
         try:
             read_documents(table, tokenizer=tok)
             message = "rendered"
-        except SeqpackError as err:
+        except ExactpackError as err:
             message = str(err)
         print(json.dumps([name, time.perf_counter() - start, message]))
     """
@@ -108,7 +108,7 @@ def test_a_sane_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
     from transformers.utils import chat_template_utils as ctu
 
-    from seqpack.io.templates import BoundedTemplate, bounded
+    from exactpack.io.templates import BoundedTemplate, bounded
 
     folder = chat_tokenizer(tmp_path / "tok")
     real = AutoTokenizer.from_pretrained(str(folder))
@@ -123,7 +123,7 @@ def test_a_sane_template_renders_as_transformers_renders_it(tmp_path):
             for c in CHATS
         ]
     assert [dict(g) for g in got] == [dict(w) for w in want]
-    # outside seqpack's own calls, transformers compiles as it always does
+    # outside exactpack's own calls, transformers compiles as it always does
     assert not isinstance(ctu._compile_jinja_template(TEMPLATE), BoundedTemplate)
 
 
@@ -131,8 +131,8 @@ def test_large_numbers_in_the_data_are_not_sizes(tmp_path):
     """A tool call's big number or a timestamp reaches ``tojson`` / ``format`` as data."""
     import pyarrow as pa
 
-    from seqpack.io.readers import read_documents
-    from seqpack.pipeline.options import PackOptions
+    from exactpack.io.readers import read_documents
+    from exactpack.pipeline.options import PackOptions
 
     folder = chat_tokenizer(tmp_path / "tok")
     template = TEMPLATE.replace("{{ m['content'] }}<|end|>{% endgeneration %}",

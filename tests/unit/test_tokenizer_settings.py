@@ -20,9 +20,9 @@ import warnings
 import pyarrow as pa
 import pytest
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io.readers import read_documents
-from seqpack.io.tokenizers import (
+from exactpack.core.errors import InvalidInput
+from exactpack.io.readers import read_documents
+from exactpack.io.tokenizers import (
     MAX_TEMPLATE_FILE,
     load_tokenizer,
     loaded_tokenizer,
@@ -62,7 +62,7 @@ def test_truncation_and_padding_in_tokenizer_json_are_turned_off_with_a_note(tmp
         tok = load_tokenizer(tmp_path / "tokenizer.json")
     assert _tokens(tok) == want and len(want[1]) > 4  # whole documents, no pad tokens
     assert tok.pad_token_id == 3  # the padding setting's pad id is still the pad token
-    # an object the user holds is never changed: seqpack tokenizes with a copy
+    # an object the user holds is never changed: exactpack tokenizes with a copy
     with pytest.warns(UserWarning, match="turned off"):
         wrapped = loaded_tokenizer(hostile)
     assert _tokens(wrapped) == want and hostile.truncation is not None
@@ -170,7 +170,7 @@ def test_a_folder_loads_as_its_tokenizer_json_without_transformers(folder):
     assert tok.backend.eos_token == real.eos_token
     code = (
         "import sys, time; t = time.perf_counter();"
-        "from seqpack.io.tokenizers import load_tokenizer;"
+        "from exactpack.io.tokenizers import load_tokenizer;"
         f"tok = load_tokenizer({str(folder)!r}); tok.encode_batch(['hi']);"
         "print('transformers' in sys.modules, 'torch' in sys.modules)"
     )
@@ -181,7 +181,7 @@ def test_a_folder_loads_as_its_tokenizer_json_without_transformers(folder):
 
 
 LOAD = (
-    "import json, sys; from seqpack.io.tokenizers import load_tokenizer;"
+    "import json, sys; from exactpack.io.tokenizers import load_tokenizer;"
     "tok = load_tokenizer(sys.argv[1]); texts = json.loads(sys.argv[2]);"
     "print(json.dumps({'ids': [tok.encode_batch([t])[0].tolist() for t in texts],"
     " 'vocab': tok.vocab_size, 'pad': tok.pad_token_id,"
@@ -228,9 +228,9 @@ def test_a_model_specific_folder_loads_without_transformers_from_its_second_load
 
 
 def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
-    from seqpack.cli import main
-    from seqpack.core.binding import Binding
-    from seqpack.training.stream import StreamDataset
+    from exactpack.cli import main
+    from exactpack.core.binding import Binding
+    from exactpack.training.stream import StreamDataset
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "world"}\n')
@@ -244,7 +244,7 @@ def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
     assert "(e.g. --text-field text)" in err
     assert not (tmp_path / "o").exists()
     # {"id", "text"} mappings in a stream are tokenized, never a bare KeyError
-    binding = Binding(266, "seqpack/bytes-266", "s")
+    binding = Binding(266, "exactpack/bytes-266", "s")
     items = [{"id": "a", "text": "hello"}, {"id": "b", "text": "hi"}]
     stream = StreamDataset(items, binding=binding, max_length=16, rows_per_micro_batch=1,
                            tokenizer=load_tokenizer("bytes"))  # fmt: skip
@@ -262,9 +262,9 @@ def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
 
     import pyarrow.parquet as pq
 
-    from seqpack.io.store import load_packed
-    from seqpack.pipeline import pack_path
-    from seqpack.ray import pack
+    from exactpack.io.store import load_packed
+    from exactpack.pipeline import pack_path
+    from exactpack.ray import pack
 
     from support.ray_helpers import private_loopback_ray
 
@@ -293,7 +293,7 @@ def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
 
 
 def test_the_cli_says_a_setting_was_turned_off_in_one_warning_line(tmp_path, capsys):
-    from seqpack.cli import main
+    from exactpack.cli import main
 
     hostile = _word_tokenizer()
     hostile.enable_truncation(2)
@@ -302,5 +302,5 @@ def test_the_cli_says_a_setting_was_turned_off_in_one_warning_line(tmp_path, cap
     args = ["pack", str(tmp_path / "d.jsonl"), "--tokenizer", str(tmp_path / "tokenizer.json")]
     assert main([*args, "--max-length", "8", "--out", str(tmp_path / "o")]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert len(err) == 1 and err[0].startswith("seqpack pack: warning: ")
+    assert len(err) == 1 and err[0].startswith("exactpack pack: warning: ")
     assert "truncation to 2 tokens is turned off" in err[0]

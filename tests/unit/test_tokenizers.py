@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqpack.core.errors import InvalidInput
-from seqpack.io.tokenizers import (
+from exactpack.core.errors import InvalidInput
+from exactpack.io.tokenizers import (
     BOS_ID,
     BYTE_OFFSET,
     EOS_ID,
@@ -12,7 +12,7 @@ from seqpack.io.tokenizers import (
     HFTokenizer,
     load_tokenizer,
 )
-from seqpack.verify.fixture import FIXTURE_VOCAB, fixture_binding
+from exactpack.verify.fixture import FIXTURE_VOCAB, fixture_binding
 
 
 def test_byte_layout_matches_the_fixture_vocabulary():

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from seqpack import (
+from exactpack import (
     ExampleTable,
     InvalidInput,
     SequenceExample,
@@ -18,11 +18,11 @@ from seqpack import (
     SplitMismatch,
     plan_rows,
 )
-from seqpack.core.compact import compact_rows
-from seqpack.io.store import write_packed
-from seqpack.nn.attention import AttentionLayout
-from seqpack.training.distributed import RowSampler, RowStats
-from seqpack.training.packed_data import (
+from exactpack.core.compact import compact_rows
+from exactpack.io.store import write_packed
+from exactpack.nn.attention import AttentionLayout
+from exactpack.training.distributed import RowSampler, RowStats
+from exactpack.training.packed_data import (
     PackedCollator,
     PackedDataset,
     ScheduledBatch,
@@ -33,8 +33,8 @@ from seqpack.training.packed_data import (
     move_features,
     select_rows,
 )
-from seqpack.verify.decoder import TinyDecoder
-from seqpack.verify.fixture import fixture_batch, fixture_binding
+from exactpack.verify.decoder import TinyDecoder
+from exactpack.verify.fixture import fixture_batch, fixture_binding
 
 from support.packed_helpers import BATCH_FIELDS, assert_same_batches
 from support.strategies import BINDING, example_lists, packed_epochs
@@ -95,8 +95,8 @@ def test_flatten_gathers_the_valid_cells_of_rows_mode(case):
 @given(packed_epochs())
 def test_compact_columns_equal_the_padded_cells_views(case):
     """The collator reads compact rows; every column equals the padded batch's own view."""
-    from seqpack.training.labels import model_labels, shift_labels
-    from seqpack.training.rows import compact_of
+    from exactpack.training.labels import model_labels, shift_labels
+    from exactpack.training.rows import compact_of
 
     _, _, epoch = case
     for batch in epoch.batches:
@@ -243,7 +243,7 @@ def test_packed_dataset_reads_calls_rows_and_stats(tmp_path_factory, case, per_c
 
 
 def test_packed_dataset_is_the_deprecated_name_of_packed_batches(tmp_path):
-    from seqpack.training import PackedBatches
+    from exactpack.training import PackedBatches
 
     path, want = _write(tmp_path, *_examples(2))
     with pytest.warns(DeprecationWarning, match="PackedBatches"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack import (
+from exactpack import (
     Binding,
     EmptyObjective,
     InvalidInput,
@@ -18,13 +18,18 @@ from seqpack import (
     SequenceExample,
     pack_examples,
 )
-from seqpack.core.loss import token_weighted_loss, token_weighted_sum
-from seqpack.training.distributed import RowSampler, RowStats
-from seqpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from seqpack.training.packed_data import PackedCollator, ScheduledBatch, decoder_inputs, select_rows
-from seqpack.verify.decoder import TinyDecoder
-from seqpack.verify.fixture import fixture_batch
-from seqpack.verify.layouts import within_tolerance
+from exactpack.core.loss import token_weighted_loss, token_weighted_sum
+from exactpack.training.distributed import RowSampler, RowStats
+from exactpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
+from exactpack.training.packed_data import (
+    PackedCollator,
+    ScheduledBatch,
+    decoder_inputs,
+    select_rows,
+)
+from exactpack.verify.decoder import TinyDecoder
+from exactpack.verify.fixture import fixture_batch
+from exactpack.verify.layouts import within_tolerance
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
 COLLATE = PackedCollator()

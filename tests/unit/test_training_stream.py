@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from seqpack import (
+from exactpack import (
     ByteTokenizer,
     ExampleTable,
     InvalidInput,
@@ -13,9 +13,9 @@ from seqpack import (
     cut_long,
     plan_rows,
 )
-from seqpack.core.compact import compact_rows
-from seqpack.training.packed_data import PackedCollator
-from seqpack.training.stream import StreamDataset
+from exactpack.core.compact import compact_rows
+from exactpack.training.packed_data import PackedCollator
+from exactpack.training.stream import StreamDataset
 
 from support.packed_helpers import assert_same_batches, recovered_examples
 from support.strategies import BINDING

@@ -2,7 +2,7 @@
 
 Every view is held against what each original sequence sees when it runs
 alone (its own cells, causal, windowed), computed from ``seq_cells`` with
-no reference to nodes, and against :func:`seqpack.core.permission.permitted`.
+no reference to nodes, and against :func:`exactpack.core.permission.permitted`.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqpack.core.binding import Binding
-from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.core.permission import pairwise, permitted
-from seqpack.core.policies import POLICIES
-from seqpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most, tree_loss
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.permission import pairwise, permitted
+from exactpack.core.policies import POLICIES
+from exactpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most, tree_loss
 
 BINDING = Binding(50, "test-tokenizer", "sha256:test")
 
@@ -59,7 +59,7 @@ def alone_mask(batch, window=None) -> np.ndarray:
 
 
 def drawn_example():
-    """The layout drawn in seqpack.core.tree's docstring (ids: p0..p3 = 10..13, a..f = 20..)."""
+    """The layout drawn in exactpack.core.tree's docstring (ids: p0..p3 = 10..13, a..f = 20..)."""
     a, b, c, d, e, f = 20, 21, 22, 23, 30, 31
     return SequenceGroups.from_prompt_completions(
         [[10, 11, 12, 13]], [[[a, b, c], [a, d], [e, f]]], BINDING

@@ -1,4 +1,4 @@
-"""Tree packing inputs: the three column conventions, ``seqpack stats --tree``, refusals."""
+"""Tree packing inputs: the three column conventions, ``exactpack stats --tree``, refusals."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpack.cli import main
-from seqpack.core.binding import Binding
-from seqpack.core.errors import InvalidInput
-from seqpack.core.tree import groups_from_columns, pack_tree
+from exactpack.cli import main
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput
+from exactpack.core.tree import groups_from_columns, pack_tree
 
 BINDING = Binding(20, "ids", "test")
 
@@ -69,9 +69,9 @@ def test_pack_dataset_tree_rows_round_trip():
     import datasets
     import torch
 
-    from seqpack.hf import pack_dataset
-    from seqpack.hf.tree_inputs import tree_batch_from_rows
-    from seqpack.nn.tree_attention import sequence_logprobs
+    from exactpack.hf import pack_dataset
+    from exactpack.hf.tree_inputs import tree_batch_from_rows
+    from exactpack.nn.tree_attention import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
         {
@@ -104,11 +104,11 @@ def test_tree_collator_feeds_a_model():
     import datasets
     import torch
 
-    from seqpack.hf import pack_dataset
-    from seqpack.hf.tree_inputs import TreeCollator
-    from seqpack.nn.tree_attention import tree_loss
-    from seqpack.verify.models import load_model
-    from seqpack.verify.tree_models import use_tree_attention
+    from exactpack.hf import pack_dataset
+    from exactpack.hf.tree_inputs import TreeCollator
+    from exactpack.nn.tree_attention import tree_loss
+    from exactpack.verify.models import load_model
+    from exactpack.verify.tree_models import use_tree_attention
 
     config = Path(__file__).parents[1] / "data" / "tiny_llama.json"
     model = load_model(config=config, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""``seqpack pack --tree``: files -> version-3 packed directories -> load -> tree batches.
+"""``exactpack pack --tree``: files -> version-3 packed directories -> load -> tree batches.
 
 The written rows are held to the in-memory route (``pack_dataset(tree=True)``
 and the core layout), every sequence is recovered from the loaded rows
@@ -15,16 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seqpack.cli import main
-from seqpack.core.errors import InvalidInput
-from seqpack.io.store import PackedStore, load_packed
-from seqpack.io.tree_store import TreeStore
-from seqpack.pipeline import pack_path
-from seqpack.pipeline.pack_tree import TreeOptions, pack_tree_path
+from exactpack.cli import main
+from exactpack.core.errors import InvalidInput
+from exactpack.io.store import PackedStore, load_packed
+from exactpack.io.tree_store import TreeStore
+from exactpack.pipeline import pack_path
+from exactpack.pipeline.pack_tree import TreeOptions, pack_tree_path
 
 datasets = pytest.importorskip("datasets")
-from seqpack.hf import pack_dataset  # noqa: E402
-from seqpack.hf.tree_inputs import tree_batch_from_rows  # noqa: E402
+from exactpack.hf import pack_dataset  # noqa: E402
+from exactpack.hf.tree_inputs import tree_batch_from_rows  # noqa: E402
 
 VOCAB = 40
 ARRAYS = (
@@ -271,8 +271,8 @@ def chat_folder(tmp_path_factory):
 
 def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bool]]]:
     """The SFT prompt-completion reading of ``rows`` (io/sft.py): tokens and pair flags."""
-    from seqpack.io.readers import read_documents
-    from seqpack.io.tokenizers import as_tokenizer
+    from exactpack.io.readers import read_documents
+    from exactpack.io.tokenizers import as_tokenizer
 
     tok = as_tokenizer(str(folder))
     docs = read_documents(datasets.Dataset.from_dict(rows), tokenizer=tok)
@@ -327,11 +327,13 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
 
 
 def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
-    from seqpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedDataset
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
-    with pytest.raises(InvalidInput, match=r"records\(\) and seqpack.hf.tree_inputs.TreeCollator"):
+    with pytest.raises(
+        InvalidInput, match=r"records\(\) and exactpack.hf.tree_inputs.TreeCollator"
+    ):
         PackedDataset(tmp_path / "tree")
     argv = [
         "pack",
@@ -419,9 +421,9 @@ def test_records_of_many_rows_collate_to_the_packed_batch():
     """Node ids stay contiguous past the second row (they once doubled from row 3 on)."""
     import dataclasses
 
-    from seqpack.core.binding import Binding
-    from seqpack.core.tree import SequenceGroups, pack_tree
-    from seqpack.io.tree_store import tree_records
+    from exactpack.core.binding import Binding
+    from exactpack.core.tree import SequenceGroups, pack_tree
+    from exactpack.io.tree_store import tree_records
 
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, VOCAB, 8) for _ in range(12)]

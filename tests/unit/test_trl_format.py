@@ -1,8 +1,8 @@
-"""format="trl": TRL 1.16's packed schema from pack_dataset and `seqpack pack --format trl`.
+"""format="trl": TRL 1.16's packed schema from pack_dataset and `exactpack pack --format trl`.
 
 Contracts ported from TRL's own ``pack_dataset`` tests (tests/test_data_utils.py,
 ``TestPackDatasetBfd``) where they apply, checked against the real ``trl`` package;
-where seqpack deliberately differs (an over-long example is an error or split with
+where exactpack deliberately differs (an over-long example is an error or split with
 every pair kept, never truncated; an example with no pair is an error, never dropped)
 the test says so.
 """
@@ -25,11 +25,11 @@ import datasets
 import trl
 from datasets import Dataset
 
-from seqpack.core.errors import InvalidInput, OversizedExample
-from seqpack.hf import load_trl, pack_dataset, packed_metadata, to_batches
-from seqpack.io.integrity import check_checksums, check_manifest, read_manifest
-from seqpack.io.store import load_packed
-from seqpack.io.trl_schema import check_trl_contents
+from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.hf import load_trl, pack_dataset, packed_metadata, to_batches
+from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+from exactpack.io.store import load_packed
+from exactpack.io.trl_schema import check_trl_contents
 
 from support.trl_helpers import tokenizer
 
@@ -88,8 +88,8 @@ def test_fixture_schema_and_values():
     assert rows["input_ids"] == [A + B, C]  # next-fit: A and B fill 7 tokens exactly
     assert rows["seq_lengths"] == [[len(A), len(B)], [len(C)]]
     assert _examples_of(rows) == [(e, _expected_labels(e)) for e in (A, B, C)]
-    info = json.loads(packed.info.description)["seqpack"]
-    assert info["format"] == "seqpack.trl-packed"
+    info = json.loads(packed.info.description)["exactpack"]
+    assert info["format"] == "exactpack.trl-packed"
     assert info["config"]["capacity_unit"] == "tokens"
     assert info["statistics"]["tokens"] == len(A) + len(B) + len(C)
 
@@ -115,7 +115,7 @@ def test_labels_follow_input_labels_and_loss_mask():
 
 def test_bfd_equals_trl_on_its_own_example():
     """TRL: [[1,2,3],[4,5,6,7],[8]] at 4 -> [[4,5,6,7],[1,2,3,8]], seq_lengths [[4],[3,1]].
-    [8] alone has no pair, so seqpack's copy of the case gives it a second token."""
+    [8] alone has no pair, so exactpack's copy of the case gives it a second token."""
     ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5, 6, 7], [8, 9]]})
     ours = pack_dataset(ds, 5, format="trl").to_dict()
     theirs = trl.pack_dataset(ds, 5, strategy="bfd").to_dict()
@@ -163,7 +163,7 @@ def test_named_format_columns_keep_the_rest_hidden():
 
 
 def test_overlong_example_is_an_error_naming_it():
-    """TRL's bfd truncates ([1..5] at 4 keeps [1,2,3,4] and drops 5); seqpack never cuts."""
+    """TRL's bfd truncates ([1..5] at 4 keeps [1,2,3,4] and drops 5); exactpack never cuts."""
     ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13]]})
     with pytest.raises(OversizedExample, match=r"row 0.*5 tokens; capacity is 4 tokens"):
         pack_dataset(ds, 4, format="trl")
@@ -195,7 +195,7 @@ def test_split_long_keeps_every_pair_with_right_labels():
 
 @pytest.mark.parametrize("short", [[], [5]])
 def test_example_without_a_pair_is_an_error(short):
-    """TRL drops empty sequences; seqpack never drops an example: it names the row."""
+    """TRL drops empty sequences; exactpack never drops an example: it names the row."""
     ds = Dataset.from_dict({"input_ids": [[1, 2], short, [3, 4, 5]]})
     with pytest.raises(InvalidInput, match="row 1"):
         pack_dataset(ds, 4, format="trl")
@@ -205,7 +205,7 @@ def test_vocab_size_and_pad_from_the_tokenizer():
     tok = tokenizer()
     ds = Dataset.from_dict({"input_ids": [[3, 4, 5], [6, 7]]})
     packed = pack_dataset(ds, 8, format="trl", tokenizer=tok)
-    info = json.loads(packed.info.description)["seqpack"]
+    info = json.loads(packed.info.description)["exactpack"]
     assert info["binding"]["vocab_size"] == len(tok) != 8  # not the largest id + 1
     assert info["config"]["pad_token_id"] == tok.pad_token_id
     with pytest.raises(InvalidInput, match="not the tokenizer's pad token"):
@@ -219,13 +219,13 @@ def test_pad_id_outside_the_vocabulary_is_refused(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": r}) + "\n" for r in ds["input_ids"]))
     out = tmp_path / "out"
-    run = _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 10,
+    run = _exactpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 10,
                    "--pad-token-id", 12, "--format", "trl")  # fmt: skip
     assert run.returncode == 2 and "pad_token_id 12 is outside" in run.stderr
     assert not out.exists()
 
 
-def test_trl_rows_are_refused_by_seqpack_loaders():
+def test_trl_rows_are_refused_by_exactpack_loaders():
     packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
     with pytest.raises(InvalidInput, match="TRL-format rows"):
         packed_metadata(packed)
@@ -233,8 +233,8 @@ def test_trl_rows_are_refused_by_seqpack_loaders():
         next(to_batches(packed))
 
 
-def _seqpack(*args) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "seqpack", *map(str, args)]
+def _exactpack(*args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "exactpack", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -243,11 +243,11 @@ def test_cli_writes_parquet_that_load_dataset_reads(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
     out = tmp_path / "packed"
-    run = _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
+    run = _exactpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
                    "--format", "trl", "--max-rows-per-batch", 1, "--shard-tokens", 8)  # fmt: skip
     assert run.returncode == 0, run.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format"] == "seqpack.trl-packed" and len(manifest["shards"]) > 1
+    assert manifest["format"] == "exactpack.trl-packed" and len(manifest["shards"]) > 1
     files = sorted(str(p) for p in out.glob("shard-*.parquet"))
     loaded = datasets.load_dataset(
         "parquet", data_files=files, split="train", cache_dir=str(tmp_path / "cache")
@@ -257,21 +257,21 @@ def test_cli_writes_parquet_that_load_dataset_reads(tmp_path):
     assert loaded.to_dict() == in_memory.to_dict()  # the same plan and rows either way
     checked = load_trl(out, integrity="full", cache_dir=str(tmp_path / "cache"))
     assert checked.to_dict() == loaded.to_dict()
-    assert verify_folder(out)["format"] == "seqpack.trl-packed"
+    assert verify_folder(out)["format"] == "exactpack.trl-packed"
     with pytest.raises(InvalidInput, match="TRL-format rows"):
         load_packed(out)
 
 
-def test_load_trl_finds_a_damaged_shard_and_refuses_seqpack_format(tmp_path):
+def test_load_trl_finds_a_damaged_shard_and_refuses_exactpack_format(tmp_path):
     docs = [A, B, C]
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
-    for fmt in ("trl", "seqpack"):
-        run = _seqpack("pack", src, "--out", tmp_path / fmt, "--max-length", 8,
+    for fmt in ("trl", "exactpack"):
+        run = _exactpack("pack", src, "--out", tmp_path / fmt, "--max-length", 8,
                        "--vocab-size", 266, "--format", fmt)  # fmt: skip
         assert run.returncode == 0, run.stderr
     with pytest.raises(InvalidInput, match="not a TRL-format output"):
-        load_trl(tmp_path / "seqpack")
+        load_trl(tmp_path / "exactpack")
     shard = next((tmp_path / "trl").glob("shard-*.parquet"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -284,11 +284,11 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
     out = tmp_path / "trl"
-    assert _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
+    assert _exactpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
                     "--format", "trl").returncode == 0  # fmt: skip
     import pyarrow.parquet as pq
 
-    from seqpack.io.shards import sha256_file
+    from exactpack.io.shards import sha256_file
 
     shard = next(out.glob("shard-*.parquet"))
     table = pq.read_table(shard)
@@ -307,14 +307,14 @@ def test_full_check_catches_rows_that_disagree_with_the_manifest(tmp_path):
 
 def test_ray_engine_refuses_trl_format(tmp_path):
     pytest.importorskip("ray")
-    from seqpack import ray as ray_engine
+    from exactpack import ray as ray_engine
 
     with pytest.raises(InvalidInput, match="local engine only"):
         ray_engine.pack(tmp_path / "x.jsonl", tmp_path / "out", capacity=8, format="trl")
 
 
 def test_per_example_needs_packed_rows():
-    from seqpack.hf import per_example
+    from exactpack.hf import per_example
 
     with pytest.raises(InvalidInput, match="no seq_lengths"):
         per_example(lambda f: f)([{"input_ids": [1, 2]}])
@@ -341,7 +341,7 @@ def test_w1_like_rows_never_more_than_trl_bfd():
 
 
 def test_stats_counts_tokens_with_format_trl(tmp_path):
-    from seqpack.pipeline.stats import stats_path
+    from exactpack.pipeline.stats import stats_path
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
@@ -365,7 +365,7 @@ def test_both_collators_read_the_rows_as_their_examples(masked):
     from transformers import DataCollatorWithFlattening
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from seqpack.hf import per_example
+    from exactpack.hf import per_example
 
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
     labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
@@ -413,7 +413,7 @@ def test_a_tokenizers_object_binds_its_full_vocabulary():
     backend.enable_padding(pad_id=10, pad_token="<pad>")
     ds = Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 10]]})
     packed = pack_dataset(ds, 8, format="trl", tokenizer=backend)
-    info = json.loads(packed.info.description)["seqpack"]
+    info = json.loads(packed.info.description)["exactpack"]
     assert info["binding"]["vocab_size"] == 11
     assert info["binding"]["tokenizer_id"].startswith("tokenizers:@sha256:")
     assert info["config"]["pad_token_id"] == 10
@@ -466,12 +466,12 @@ def test_version_1_outputs_still_load(tmp_path):
     passes the full check; a damaged position in it is still found."""
     import pyarrow.parquet as pq
 
-    from seqpack.io.shards import sha256_file
+    from exactpack.io.shards import sha256_file
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
     out = tmp_path / "v1"
-    assert _seqpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
+    assert _exactpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
                     "--format", "trl").returncode == 0  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["version"] == 2
@@ -517,8 +517,8 @@ def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
     are refused by name."""
     import pyarrow.parquet as pq
 
-    from seqpack.io.shards import sha256_file
-    from seqpack.pipeline.local import pack_path
+    from exactpack.io.shards import sha256_file
+    from exactpack.pipeline.local import pack_path
 
     src = tmp_path / "in.jsonl"
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
-from seqpack.verify.decoder import PROFILES, TinyDecoder
-from seqpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
-from seqpack.verify.layouts import three_way
-from seqpack.verify.probes import first_query_probe, isolation_probe, unguarded_causal_attention
-from seqpack.verify.trace import demo_trace
+from exactpack import InvalidInput, PackConfig, SequenceExample, Split, pack_examples
+from exactpack.verify.decoder import PROFILES, TinyDecoder
+from exactpack.verify.fixture import fixture_batch, fixture_binding, fixture_examples
+from exactpack.verify.layouts import three_way
+from exactpack.verify.probes import first_query_probe, isolation_probe, unguarded_causal_attention
+from exactpack.verify.trace import demo_trace
 
 torch.set_num_threads(1)
 SEEDS = range(100)

@@ -1,0 +1,5 @@
+import sys
+
+from exactpack.cli import main
+
+sys.exit(main())

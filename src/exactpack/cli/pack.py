@@ -1,0 +1,156 @@
+"""``exactpack pack`` and ``exactpack stats``: the option classes' flags
+(:mod:`exactpack.cli.flags`) plus the input, ``--out``, ``--engine`` and ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from exactpack.cli.flags import add_arguments, from_arguments
+from exactpack.core.errors import InvalidInput
+from exactpack.pipeline.pack_tree import TreeOptions
+from exactpack.pipeline.progress import printable
+
+
+def _add_common(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument(
+        "input",
+        nargs="+",
+        help=".jsonl/.json (or .jsonl.gz/.zst/.bz2/.xz), .parquet, .txt (one document per line),"
+        " a folder of shards, a glob, a datasets folder, or - for standard input; several are"
+        " read in order",
+    )
+    add_arguments(p, command)
+    add_arguments(p, command, TreeOptions)
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
+
+
+def add_pack(p: argparse.ArgumentParser) -> None:
+    from exactpack.ray.ray_options import RayOptions
+
+    _add_common(p, "pack")
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process; ray: read, tokenize and plan per block on Ray",
+    )
+    add_arguments(p, "pack", RayOptions)
+
+
+def add_stats(p: argparse.ArgumentParser) -> None:
+    _add_common(p, "stats")
+    p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
+    p.add_argument(
+        "--policy", dest="policies", action="append", help="only these policies (repeatable)"
+    )
+
+
+def _checked(args: argparse.Namespace) -> Any:
+    """The input (a path, or the list of several), with the tree flags checked."""
+    if args.tree != "auto" and (args.tree_prefix, args.tree_block) != (None, None):
+        raise InvalidInput("--tree-prefix and --tree-block group documents for --tree auto: add it")
+    return args.input[0] if len(args.input) == 1 else list(args.input)
+
+
+def _unit(options: Any) -> str:
+    """What example lengths count: prediction pairs, or tokens with --format trl."""
+    return "tokens" if options.format == "trl" else "prediction pairs"
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    args.input = _checked(args)
+    options = from_arguments(args, "pack")
+    if args.tree is not None:
+        from exactpack.cli.verify_tree import cmd_pack_tree
+
+        return cmd_pack_tree(args, options, from_arguments(args, "pack", TreeOptions))
+    if args.engine == "ray":
+        from exactpack import ray as ray_engine
+        from exactpack.ray.ray_options import RayOptions
+
+        engine = from_arguments(args, "pack", RayOptions)
+        stats = ray_engine.pack(args.input, args.out, options, engine)
+    else:
+        if (args.block_examples, args.address, args.num_cpus) != (None, None, None):
+            raise InvalidInput("--block-examples and --ray-* options need --engine ray")
+        from exactpack.pipeline.local import pack_path
+
+        stats = pack_path(args.input, args.out, options)
+    report_input(args.command, stats)
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    print(
+        f"packed {stats['examples']:,} examples ({stats['tokens']:,} {_unit(options)},"
+        f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
+        f" {stats['rows']:,} rows of {stats['capacity']} tokens:"
+        f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
+        f" {stats['seconds']:.2f} s"
+    )
+    print(
+        f"wrote {printable(stats['out'])}: {stats['shards']} shard(s),"
+        f" {stats['batches']:,} model call(s)"
+    )
+    if "blocks" in stats:
+        print(
+            f"ray: {stats['blocks']:,} block(s) on {stats['nodes']} node(s); rows / global lower"
+            f" bound {stats['rows_over_lower_bound']:.4f} (per-block lower bounds sum to"
+            f" {stats['block_lower_bound']:,})"
+        )
+    return 0
+
+
+def report_input(command: str, stats: dict) -> None:
+    """Warn on stderr about repeated ids; note hidden folders of killed runs cleaned up."""
+    for note in stats.get("recovered", []):
+        print(f"exactpack {command}: note: {printable(note)}", file=sys.stderr)
+    if stats.get("duplicate_ids"):
+        first = stats["duplicate_first"]
+        print(
+            printable(
+                f"exactpack {command}: warning: {stats['duplicate_ids']:,} row(s) repeat an"
+                f" earlier id (first: {first['id']!r} at {first['at']}, first seen at"
+                f" {first['first_seen']}); each is packed as its own occurrence — de-duplicate"
+                " the input if that is not intended"
+            ),
+            file=sys.stderr,
+        )
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    source = _checked(args)
+    if args.tree:
+        from exactpack.cli.verify_tree import cmd_stats_tree
+
+        return cmd_stats_tree(args)
+    from exactpack.pipeline.stats import oversized_line, stats_path
+
+    options = from_arguments(args, "stats")
+    report = stats_path(source, options, policies=args.policies, plot=args.plot)
+    report_input(args.command, report)
+    over = report.get("oversized")
+    if over is not None:
+        line = oversized_line(over, report["capacity"])
+        print(f"exactpack stats: warning: {printable(line)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    left_out = f", {over['examples']:,} too long left out" if over is not None else ""
+    print(
+        f"{report['examples']:,} examples ({report['split_sources']:,} sources split{left_out}),"
+        f" {report['tokens']:,} {_unit(options)}, max length {report['capacity']},"
+        f" lower bound {report['lower_bound']:,} rows"
+    )
+    print(f"{'policy':<22} {'rows':>12} {'rows/LB':>9} {'efficiency':>11} {'seconds':>9}")
+    for r in report["policies"]:
+        print(
+            f"{r['policy']:<22} {r['rows']:>12,} {r['rows_over_lower_bound']:>9.4f}"
+            f" {r['efficiency']:>11.2%} {r['seconds']:>9.3f}"
+        )
+    if "plot" in report:
+        print(f"plot: {printable(report['plot'])}")
+    return 0

@@ -1,0 +1,195 @@
+"""``exactpack verify``: packed rows compute what separate examples compute, or where not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from exactpack.cli.flags import argparse_type, parse_int
+
+#: Seeds numpy and torch both take.
+MAX_SEED = 2**63 - 1
+
+
+def add_verify(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--hf-config", metavar="PATH", help="transformers config (file or dir)")
+    source.add_argument("--hf-model", metavar="PATH", help="local pretrained transformers dir")
+    p.add_argument(
+        "--attn",
+        help="attention: eager|sdpa|flex_attention|flash_attention_2|exactpack_varlen (default"
+        " sdpa) for transformers; a exactpack backend (default ranges) for the tiny decoder",
+    )
+    p.add_argument(
+        "--lengths",
+        metavar="N,N,...",
+        type=_lengths,
+        help="prediction pairs of the examples to pack (default: six examples, the longest"
+        " 2*window+3 for a model with a sliding window)",
+    )
+    p.add_argument(
+        "--max-length",
+        dest="capacity",
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
+        metavar="N",
+        help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
+    )
+    p.add_argument(
+        "--mode",
+        default="adapter",
+        choices=("adapter", "naive", "bool-mask"),
+        help="adapter: exactpack's hf_inputs; naive: position_ids only, default settings;"
+        " bool-mask: a boolean 4-D mask",
+    )
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    p.add_argument(
+        "--seed",
+        type=argparse_type(lambda text, flag: parse_int(text, flag, 0, MAX_SEED), "--seed"),
+        default=0,
+        help="weights (from a config) and token ids",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
+    p.add_argument(
+        "--tree-lengths",
+        metavar="P:C,C;...",
+        help="verify tree packing instead: groups as prompt length : completion lengths"
+        ' (e.g. "30:5,8,12;10:4,4"); --attn eager|sdpa|exactpack_tree|exactpack_tree_varlen'
+        " (docs/tree.md)",
+    )
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ints"
+        ) from None
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every length must be a positive int")
+    return lengths
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0: packed == separate; 1: the model mixed examples. A refusal, bad input or a
+    crash anywhere (loading, the model, exactpack) is one line and exit 2."""
+    from exactpack.core.errors import ExactpackError
+    from exactpack.verify.diagnose import ModelCrashed
+
+    try:
+        if args.tree_lengths is not None:  # prints its own report; its exit code
+            from exactpack.cli.verify_tree import cmd_verify_tree
+
+            return cmd_verify_tree(args, finish_verify)
+        return finish_verify(args, _run_verify(args))
+    except (ExactpackError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        first = " ".join(str(err).split())[:300] or type(err).__name__
+        raise ModelCrashed(f"verify crashed: {type(err).__name__}: {first}") from err
+
+
+def _run_verify(args: argparse.Namespace) -> dict:
+    import os
+
+    from exactpack.core.errors import InvalidInput
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
+    if not (args.hf_config or args.hf_model):
+        if args.dtype != "float64" or args.device != "cpu":
+            raise InvalidInput(
+                "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
+                " — drop --dtype/--device, or pass --hf-config/--hf-model"
+            )
+        if args.lengths or args.capacity:
+            raise InvalidInput(
+                "--lengths/--max-length apply to transformers models (--hf-config/--hf-model);"
+                " the tiny decoder runs the fixture and random layouts"
+            )
+        from exactpack.verify.layouts import verify_tiny
+
+        return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
+    from exactpack.cli.verify_tree import load_hf_model
+    from exactpack.hf.capability import architecture_of
+    from exactpack.hf.kinds import attention_kind
+    from exactpack.verify import models as hf_verify
+
+    model = load_hf_model(args, args.attn or "sdpa", refuse=args.mode == "adapter")
+    arch = architecture_of(model)
+    if args.mode == "adapter":
+        arch.check(attention_kind(args.attn or "sdpa"))
+    cfg = model.config.get_text_config()
+    limits = [c.limit for c in arch.conditions if c.what == "example"]
+    layout = hf_verify.verification_layout(
+        arch.window,
+        getattr(cfg, "max_position_embeddings", None),
+        args.lengths,
+        args.capacity,
+        max_example=min(limits) if limits else None,
+    )
+    examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+    report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
+    report["model"]["source"] = str(args.hf_config or args.hf_model)
+    return report
+
+
+def finish_verify(args: argparse.Namespace, report: dict) -> int:
+    """Print a verify report (flat, tree or tiny decoder; ``--json``: one line) and give its
+    exit code: 0 pass, 1 mixed; the model's own loss alone disagreeing is exit 2, one line."""
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_verify(report)
+    if report["pass"]:
+        return 0
+    if report.get("mixed", True):
+        return 1
+    from exactpack.core.errors import InvalidInput
+
+    raise InvalidInput(report["hint"])
+
+
+def _print_verify(r: dict) -> None:
+    m, tree = r["model"], r.get("layout") == "tree"
+    if r["target"] == "transformers":  # the tree report's too
+        run = (
+            f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
+            f" {m['attn_implementation']}, {m['device']}), mode {r['mode']}:"
+        )
+    if tree:
+        print(
+            f"{run} {r['groups']} groups, {r['sequences']} sequences of {r['lengths']} pairs as"
+            f" tries of {r['nodes']} nodes: {r['tokens_stored']} cells stored for"
+            f" {r['tokens_flat']} flat, {r['rows']} row(s) of {r['capacity']}"
+        )
+    elif r["target"] == "transformers":
+        print(
+            f"{run} {r['examples']} examples of {r['lengths']} pairs packed into {r['rows']} rows"
+            f" of {r['capacity']}, {r['targets']} targets ({r['eligible_targets']} eligible)"
+        )
+        arch = r["architecture"]
+        windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
+        exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
+        print(f"attention windows: {windows}{exercised}")
+    else:
+        print(
+            f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
+            f" attention {m['attention']}), mode {r['mode']}: {r['layouts']} layouts,"
+            f" {r['examples']} examples, {r['targets']} targets; separate vs padded vs packed"
+        )
+    tol = r["tolerance"]
+    diffs = ", ".join(f"{k} {v:.2e}" for k, v in r["max_abs_diff"].items())
+    fails = ", ".join(f"{k} {v:,}/{r['comparisons'][k]:,}" for k, v in r["failures"].items())
+    print(f"max abs diff vs separate: {diffs}")
+    print(
+        f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
+        f" {tol['why']})"
+    )
+    if r.get("widened"):
+        print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")
+    if r["pass"]:
+        alone = "each sequence computes alone" if tree else "separate examples compute"
+        print(f"PASS: {'tree-packed' if tree else 'packed'} rows compute what {alone}")
+    else:
+        print(f"{'FAIL' if r.get('mixed', True) else 'NOT MIXED'}: {r['hint']}")

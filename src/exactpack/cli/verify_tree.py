@@ -1,0 +1,104 @@
+"""``exactpack verify --tree-lengths``, ``pack --tree``, ``stats --tree``: the tree commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from exactpack.core.errors import InvalidInput
+
+#: Implementations the tree verification feeds (the flattened kinds cannot express a tree).
+TREE_IMPLEMENTATIONS = ("eager", "sdpa", "exactpack_tree", "exactpack_tree_varlen")
+
+
+def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]) -> int:
+    """Exit 0 PASS, 1 FAIL; ``finish`` prints the report as flat verify prints its own."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
+    if not (args.hf_config or args.hf_model):
+        raise InvalidInput(
+            "--tree-lengths verifies a transformers model: pass --hf-config or --hf-model"
+        )
+    if args.lengths:
+        raise InvalidInput("--tree-lengths and --lengths are two layouts: pass one of them")
+    attn = args.attn or "sdpa"
+    if attn not in TREE_IMPLEMENTATIONS:
+        raise InvalidInput(
+            f"--attn {attn!r} cannot run tree-packed rows here; choose one of"
+            f" {', '.join(TREE_IMPLEMENTATIONS)} (cu_seqlens kinds cannot express a tree;"
+            " FlexAttention has no CPU backward)"
+        )
+    if args.mode not in ("adapter", "naive"):
+        raise InvalidInput(
+            f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
+        )
+    from exactpack.verify import tree_models as tree_verify
+
+    spec = tree_verify.parse_tree_lengths(args.tree_lengths)
+    model = load_hf_model(args, "sdpa" if attn == "sdpa" else "eager")
+    if attn.startswith("exactpack_tree"):
+        tree_verify.use_tree_attention(model, attn)
+    cfg = model.config.get_text_config()
+    groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed)
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if limit is not None and int(groups.lengths.max()) > limit:
+        raise InvalidInput(
+            f"a sequence of {int(groups.lengths.max())} pairs is longer than the model's"
+            f" max_position_embeddings {limit} — shorten --tree-lengths"
+        )
+    r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
+    r["model"]["source"] = str(args.hf_config or args.hf_model)
+    return finish(args, r)
+
+
+def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> Any:
+    """The ``--hf-config`` / ``--hf-model`` model, in ``args``' dtype, seed and device."""
+    from exactpack.verify.models import DTYPES, load_model
+
+    where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
+    return load_model(
+        attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
+    )
+
+
+def cmd_stats_tree(args: argparse.Namespace) -> int:
+    """``exactpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
+    from exactpack.cli.flags import from_arguments
+    from exactpack.pipeline.pack_tree import TreeOptions, tree_stats
+
+    options = from_arguments(args, "stats")
+    policy = (args.policies or ["best-fit-decreasing"])[0]
+    topts = from_arguments(args, "stats", TreeOptions)
+    source = args.input[0] if len(args.input) == 1 else list(args.input)
+    r = tree_stats(source, options.capacity, policy, topts, options.load_tokenizer())
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(
+        f"{r['groups']:,} groups, {r['sequences']:,} sequences, capacity {r['capacity']},"
+        f" {r['policy']}: tree stores {r['tokens_stored']:,} cells in {r['rows_tree']:,} rows;"
+        f" flat {r['tokens_flat']:,} in {r['rows_flat']:,} rows ({r['stored_over_flat']:.3f}x)"
+    )
+    return 0
+
+
+def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
+    """``exactpack pack --tree``: tries written as a version-3 packed directory."""
+    if args.engine != "local":
+        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
+    from exactpack.pipeline.pack_tree import pack_tree_path
+
+    s = pack_tree_path(args.input, args.out, options, tree)
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(
+        f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
+        f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
+        f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
+        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s"
+    )
+    print(f"wrote {s['out']}: {s['shards']} shard(s), format version 3 (tree rows)")
+    return 0

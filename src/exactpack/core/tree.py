@@ -1,0 +1,668 @@
+"""Tree packing: sequences that share a prefix store it once, every branch exact.
+
+A group (a prompt's completions, a DPO pair, rows sharing a ``group``
+column) becomes a compressed prefix trie built from the actual tokens. A
+sequence of ``n`` tokens has ``L = n - 1`` cells (input ``t[d]``, target
+``t[d+1]``, position ``d``); two sequences share cell ``d`` when their
+first ``d + 2`` tokens agree, so each branch's first cell repeats its
+parent's last target. Each trie is one packing unit, laid out depth-first
+in one row, positions the depth along the path. One prompt ``p0..p3`` and
+completions ``a b c``, ``a d``, ``e f``, capacity 12::
+
+    column     0   1   2   3   4   5   6   7   8   9  10  11
+    input     p0  p1  p2  p3   a   b   a  p3   e   .   .   .
+    target    p1  p2  p3   a   b   c   d   e   f   .   .   .
+    position   0   1   2   3   4   5   4   3   4   .   .   .
+    node       0   0   0   1   2   2   3   4   4   .   .   .
+    node_end   5   5   5   4   3   3   4   5   5   .   .   .
+    weight     0   0   0   2   1   1   1   1   1   .   .   .   (prompt not supervised)
+
+    node tree:  0 (p0..p2, all three) ── 1 (p3→a, shared by 1st and 2nd)
+                                        ├── 2 (a→b, b→c)
+                                        └── 3 (a→d)
+                 0 ── 4 (p3→e, e→f)
+
+A key is allowed (:func:`exactpack.core.permission.permitted`) when its node
+is an ancestor-or-self of the query's (``node[k] <= node[q] < node_end[k]``),
+both valid, and ``0 <= pos[q] - pos[k] < sliding_window``: column 6 sees 0-3 and
+itself, never its sibling's 4-5. A cell's weight counts the sequences that
+supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
+(16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
+with any flat policy and keeps every sequence's cells (``seq_cells``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
+from exactpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
+from exactpack.core.permission import check_sliding_window, pairwise, position_ids
+from exactpack.core.plan import Plan
+from exactpack.core.policies import plan_rows
+
+# Groups of sequences: the input.
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceGroups:
+    """``tokens`` int32 [Σ n], ``offsets`` int64 [S+1], ``group`` int64 [S] (contiguous),
+    ``loss_mask`` bool [Σ L] (per pair, sequence after sequence), ``binding``::
+
+        prompt [5, 6, 7], completions [8, 9] and [8, 4]
+        sequence 0: 5 6 7 8 9   supervised [F, F, T, T]   (targets 8, 9)
+        sequence 1: 5 6 7 8 4   supervised [F, F, T, T]   (targets 8, 4)
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    group: np.ndarray
+    loss_mask: np.ndarray
+    binding: Binding
+
+    def __post_init__(self) -> None:
+        n = np.diff(self.offsets)
+        if n.size and int(n.min()) < 2:
+            i = int(np.argmin(n))
+            raise InvalidInput(
+                f"sequence {i} (group {int(self.group[i])}) has {int(n[i])} tokens; a sequence"
+                " needs at least 2 (one prediction pair) — drop it"
+            )
+        if self.group.shape[0] != n.shape[0] or self.loss_mask.shape[0] != int((n - 1).sum()):
+            raise InvalidInput("group / loss_mask do not match the sequences' offsets")
+        if self.tokens.size and int(self.tokens.max()) >= self.binding.vocab_size:
+            raise InvalidInput(
+                f"token id {int(self.tokens.max())} is outside the vocabulary"
+                f" ({self.binding.vocab_size}) — pass the tokenizer's or the model's --vocab-size"
+            )
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Prediction pairs per sequence, int64 [S]."""
+        return np.diff(self.offsets) - 1
+
+    def pair_mask(self, seqs: np.ndarray) -> np.ndarray:
+        """``loss_mask`` of sequences ``seqs``, concatenated in that order, bool [Σ L]."""
+        starts = pair_offsets(self.offsets)[:-1][seqs]
+        return self.loss_mask[concat_ranges(starts, self.lengths[seqs])]
+
+    def sequence(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+    @classmethod
+    def of(
+        cls, seqs: list[np.ndarray], masks: list[np.ndarray], group: Any, binding: Binding
+    ) -> SequenceGroups:
+        """From per-sequence token arrays and per-pair masks (``group`` contiguous)."""
+        offsets = offsets_of(np.array([s.size for s in seqs], dtype=np.int64))
+        tokens = np.concatenate(seqs).astype(np.int32) if seqs else np.zeros(0, np.int32)
+        mask = np.concatenate(masks).astype(bool) if masks else np.zeros(0, bool)
+        return cls(tokens, offsets, np.asarray(group, dtype=np.int64), mask, binding)
+
+    @classmethod
+    def from_lists(
+        cls,
+        groups: Sequence[Sequence[Any]],
+        binding: Binding,
+        loss_masks: Sequence[Sequence[Any]] | None = None,
+    ) -> SequenceGroups:
+        """From nested lists: ``groups[g][j]`` a token sequence; ``loss_masks[g][j]`` its
+        per-pair supervision (default: every target supervised)."""
+        seqs, masks, group = [], [], []
+        for g, members in enumerate(groups):
+            for j, seq in enumerate(members):
+                arr = as_token_array(seq, binding.vocab_size, f"group {g} sequence {j}")
+                pairs = max(arr.size - 1, 0)
+                m = np.ones(pairs, bool) if loss_masks is None else loss_masks[g][j]
+                if (m := np.asarray(m, dtype=bool)).shape != (pairs,):
+                    raise InvalidInput(
+                        f"group {g} sequence {j}: loss mask has {m.size} entries for"
+                        f" {arr.size - 1} prediction pairs — give one per pair"
+                    )
+                seqs.append(arr)
+                masks.append(m)
+                group.append(g)
+        return cls.of(seqs, masks, group, binding)
+
+    @classmethod
+    def from_prompt_completions(
+        cls,
+        prompts: Sequence[Any],
+        completions: Sequence[Sequence[Any]],
+        binding: Binding,
+    ) -> SequenceGroups:
+        """Group ``g`` = ``prompts[g] + c`` for each ``c`` in ``completions[g]``; only the
+        completion's tokens are supervised (targets from the prompt's last token on)."""
+        if len(prompts) != len(completions):
+            raise InvalidInput(
+                f"{len(prompts)} prompts but {len(completions)} completion lists — one list per"
+                " prompt"
+            )
+        seqs, masks, group = [], [], []
+        for g, (prompt, members) in enumerate(zip(prompts, completions, strict=True)):
+            p = as_token_array(prompt, binding.vocab_size, f"prompt {g}")
+            if p.size == 0:
+                raise InvalidInput(f"prompt {g} is empty — a completion needs a context token")
+            for j, c in enumerate(members):
+                comp = as_token_array(c, binding.vocab_size, f"group {g} completion {j}")
+                if comp.size == 0:
+                    raise InvalidInput(f"group {g} completion {j} is empty — drop it")
+                seqs.append(np.concatenate([p, comp]))
+                masks.append(np.arange(p.size + comp.size - 1) >= p.size - 1)
+                group.append(g)
+        return cls.of(seqs, masks, group, binding)
+
+
+#: Column sets tree packing reads, in the order they are looked for.
+TREE_COLUMNS = (
+    ("prompt_ids", "completion_ids"),
+    ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids"),
+    ("input_ids", "group"),
+)
+_TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
+
+
+def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGroups:
+    """Groups from record columns (lists per row), by the first column set present:
+
+    * ``prompt_ids`` + ``completion_ids``: a row's completions (a list of id
+      lists, GRPO) are one group; a single id list is a group of one;
+    * ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL's
+      DPO columns): each row is a group ``[chosen, rejected]``;
+    * ``input_ids`` + ``group``: rows of equal ``group`` (in first-seen order)
+      form a group; every target supervised.
+
+    Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first.
+    """
+    names = set(columns)
+    if {"prompt_ids", "completion_ids"} <= names:
+        comps = [
+            c if c and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
+            for c in columns["completion_ids"]
+        ]
+        return SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+    if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
+        pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
+        return SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+    if {"input_ids", "group"} <= names:
+        members: dict[Any, list[Any]] = {}
+        for ids, g in zip(columns["input_ids"], columns["group"], strict=True):
+            members.setdefault(g, []).append(ids)
+        return SequenceGroups.from_lists(list(members.values()), binding)
+    text = sorted(names & set(_TEXT))
+    found = ", ".join(sorted(names)) or "none"
+    hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""
+    raise InvalidInput(
+        "tree packing reads prompt_ids + completion_ids, prompt_input_ids + chosen_input_ids +"
+        f" rejected_input_ids, or input_ids + group; this input has columns {found}{hint}"
+    )
+
+
+# Tries: integers only, vectorised.
+
+
+def next_at_most(
+    values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``
+    (``ends[i]`` when none); binary lifting over a sparse table of range minima."""
+    n = values.shape[0]
+    pos = np.asarray(starts, dtype=np.int64).copy()
+    if pos.size == 0 or n == 0:
+        return np.minimum(pos, ends)
+    levels = max(1, int(np.ceil(np.log2(int((ends - pos).max(initial=0)) + 1))))
+    table = [values]
+    for p in range(1, levels):
+        prev, step = table[-1], 1 << (p - 1)
+        nxt = prev.copy()
+        nxt[: max(n - step, 0)] = np.minimum(prev[: max(n - step, 0)], prev[step:])
+        table.append(nxt)
+    for p in range(levels - 1, -1, -1):
+        size = 1 << p
+        skip = (pos + size <= ends) & (table[p][np.minimum(pos, n - 1)] > limits)
+        pos = pos + size * skip
+    return np.minimum(pos, ends)
+
+
+def prev_at_most(
+    values: np.ndarray, limits: np.ndarray, lows: np.ndarray, highs: np.ndarray
+) -> np.ndarray:
+    """Per query ``i``: the largest ``k`` in ``[lows[i], highs[i]]``, ``values[k] <= limits[i]``
+    (``lows[i] - 1`` when there is none)."""
+    n = values.shape[0]
+    return n - 1 - next_at_most(values[::-1].copy(), limits, n - 1 - highs, n - lows)
+
+
+def group_bounds(group: np.ndarray) -> np.ndarray:
+    """Start of each run of equal ``group`` ids and the end, int64 [G+1] (groups contiguous)."""
+    group = np.asarray(group, dtype=np.int64)
+    cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+    starts = np.unique(np.concatenate([[0], cuts, [group.shape[0]]])).astype(np.int64)
+    seen = group[starts[:-1]]
+    if np.unique(seen).shape[0] != seen.shape[0]:
+        raise InvalidInput(
+            "the rows of one group are not contiguous — sort the rows by their group column"
+            " (or give each group once, as a list of sequences)"
+        )
+    return starts
+
+
+def trie_order(tokens: np.ndarray, offsets: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Sequence indices, each group's sequences in a fixed lexicographic order (of
+    little-endian int32 bytes), int64 [S]."""
+    order = np.arange(offsets.shape[0] - 1, dtype=np.int64)
+    data = np.ascontiguousarray(tokens, dtype="<i4")
+    for g in np.flatnonzero(np.diff(bounds) > 1):
+        lo, hi = int(bounds[g]), int(bounds[g + 1])
+        keys = [data[offsets[i] : offsets[i + 1]].tobytes() for i in range(lo, hi)]
+        order[lo:hi] = lo + np.array(sorted(range(hi - lo), key=keys.__getitem__))
+    return order
+
+
+def adjacent_lcp(
+    tokens: np.ndarray, offsets: np.ndarray, order: np.ndarray, bounds: np.ndarray
+) -> np.ndarray:
+    """Cells each sequence of ``order`` shares with its predecessor (0 at group starts), int64
+    [S]: sequences agreeing on their first ``t`` tokens share ``max(t - 1, 0)`` cells."""
+    s = order.shape[0]
+    lcp = np.zeros(s, dtype=np.int64)
+    first = np.zeros(s, dtype=bool)
+    first[bounds[:-1][bounds[:-1] < s]] = True
+    pairs = np.flatnonzero(~first)
+    if pairs.size == 0:
+        return lcp
+    a, b = offsets[order[pairs - 1]], offsets[order[pairs]]
+    m = np.minimum(offsets[order[pairs - 1] + 1] - a, offsets[order[pairs] + 1] - b)
+    owner, local = spread(m)
+    mismatch = np.where(tokens[a[owner] + local] != tokens[b[owner] + local], local, m[owner])
+    starts = offsets_of(m)[:-1]
+    lcp[pairs] = np.maximum(np.minimum.reduceat(mismatch, starts) - 1, 0)
+    return lcp
+
+
+@dataclass(frozen=True, eq=False)
+class TrieOrder:
+    """The depth-first layout of tries. Per sequence in layout order [S]: ``order`` (index
+    in the supplied sequences), ``lengths`` (cells), ``lcp``, ``trie``, ``own_col``
+    (trie-local column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
+    ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order: ``node_trie``,
+    ``node_col`` (trie-local), ``node_len``, ``node_pos`` (depth), ``node_parent`` (-1: a
+    root), ``node_end`` (``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
+    """
+
+    order: np.ndarray
+    lengths: np.ndarray
+    lcp: np.ndarray
+    trie: np.ndarray
+    own_col: np.ndarray
+    sizes: np.ndarray
+    seq_bounds: np.ndarray
+    node_bounds: np.ndarray
+    node_trie: np.ndarray
+    node_col: np.ndarray
+    node_len: np.ndarray
+    node_pos: np.ndarray
+    node_parent: np.ndarray
+    node_end: np.ndarray
+
+    def path_columns(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Trie-local column of every cell of sequences ``seqs``, in depth order: int64 [Σ L]
+        and [len(seqs)+1] offsets. Depth ``d`` of ``j`` is owned by the last ``k <= j`` of its
+        trie with ``lcp[k] <= d``."""
+        lens = self.lengths[seqs]
+        bounds = offsets_of(lens)
+        owner_seq = np.repeat(seqs, lens)
+        depth = spread(lens)[1]
+        owner = prev_at_most(self.lcp, depth, self.seq_bounds[self.trie[owner_seq]], owner_seq)
+        return self.own_col[owner] + depth - self.lcp[owner], bounds
+
+
+def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -> TrieOrder:
+    """The layout of tries whose sequences (in trie order) have these ``lengths`` and ``lcp``
+    (0 at each trie's first sequence), int64 [S]; ``seq_bounds`` [G+1]."""
+    lengths, lcp = np.asarray(lengths, dtype=np.int64), np.asarray(lcp, dtype=np.int64)
+    s, g = lengths.shape[0], seq_bounds.shape[0] - 1
+    trie = np.repeat(np.arange(g, dtype=np.int64), np.diff(seq_bounds))
+    own = lengths - lcp
+    csum = offsets_of(own)
+    sizes = csum[seq_bounds[1:]] - csum[seq_bounds[:-1]]
+    cell_base = csum[seq_bounds[:-1]]  # global column of each trie's first cell
+    own_start = csum[:-1]  # global column of each sequence's first owned cell
+    total = int(csum[-1])
+    # The cell each sequence branches from: depth lcp-1 of the last earlier sequence
+    # of its trie whose owned span reaches that depth.
+    branches = np.flatnonzero((lcp > 0) & (own > 0))
+    owner = prev_at_most(lcp, lcp[branches] - 1, seq_bounds[trie[branches]], branches - 1)
+    parent_cell = own_start[owner] + (lcp[branches] - 1 - lcp[owner])
+    # Nodes start at every owned span and after every branching cell: O(S), no per-cell array.
+    node_start = np.unique(np.concatenate([own_start[own > 0], parent_cell + 1]))
+    node_len = np.diff(np.append(node_start, total))
+    owners = np.flatnonzero(own > 0)
+    node_owner = owners[np.searchsorted(own_start[owners], node_start, side="right") - 1]
+    node_pos = lcp[node_owner] + node_start - own_start[node_owner]
+    branch_parent = np.full(s, -1, dtype=np.int64)
+    branch_parent[branches] = parent_cell
+    span_start = node_start == own_start[node_owner]
+    parent_cell_of_node = np.where(span_start, branch_parent[node_owner], node_start - 1)
+    parent_node = np.searchsorted(node_start, np.maximum(parent_cell_of_node, 0), side="right") - 1
+    node_trie = trie[node_owner]
+    node_bounds = np.searchsorted(node_trie, np.arange(g + 1), side="left").astype(np.int64)
+    ids = np.arange(node_start.shape[0], dtype=np.int64)
+    limit = node_pos + node_len - 1  # a later node starting no deeper leaves the subtree
+    return TrieOrder(
+        order=np.arange(s, dtype=np.int64),
+        lengths=lengths,
+        lcp=lcp,
+        trie=trie,
+        own_col=own_start - cell_base[trie],
+        sizes=sizes,
+        seq_bounds=np.asarray(seq_bounds, dtype=np.int64),
+        node_bounds=node_bounds,
+        node_trie=node_trie,
+        node_col=node_start - cell_base[node_trie],
+        node_len=node_len,
+        node_pos=node_pos,
+        node_parent=np.where(node_pos > 0, parent_node, -1),
+        node_end=next_at_most(node_pos, limit, ids + 1, node_bounds[node_trie + 1]),
+    )
+
+
+def split_oversized(
+    lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut tries larger than ``capacity``: a sub-trie (``lcp`` 0, repeating the prefix)
+    starts where the next sequence's owned cells would overflow; returns ``(lcp,
+    seq_bounds)``. A sequence longer than ``capacity`` is an :class:`OversizedExample`."""
+    if lengths.size and int(lengths.max()) > capacity:
+        i = int(np.argmax(lengths > capacity))
+        raise OversizedExample(
+            f"sequence {i} (in trie order) has {int(lengths[i])} prediction pairs; capacity is"
+            f" {capacity} — raise --max-length or drop the sequence"
+        )
+    own = lengths - lcp
+    csum = offsets_of(own)
+    big = np.flatnonzero(csum[seq_bounds[1:]] - csum[seq_bounds[:-1]] > capacity)
+    if big.size == 0:
+        return lcp, seq_bounds
+    lcp, cuts = lcp.copy(), [seq_bounds]
+    for t in big:  # rare: only oversized tries take the sequential greedy cut
+        lo, hi = int(seq_bounds[t]), int(seq_bounds[t + 1])
+        used = int(lengths[lo])
+        for j in range(lo + 1, hi):
+            if used + int(own[j]) > capacity:
+                lcp[j], used = 0, int(lengths[j])
+                cuts.append(np.array([j]))
+            else:
+                used += int(own[j])
+    return lcp, np.unique(np.concatenate(cuts)).astype(np.int64)
+
+
+def plan_tries(
+    lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray, capacity: int
+) -> TrieOrder:
+    """Split oversized tries, then lay every trie out (integers only)."""
+    lcp, seq_bounds = split_oversized(lengths, lcp, seq_bounds, capacity)
+    return layout_tries(lengths, lcp, seq_bounds)
+
+
+def build_layout(groups: SequenceGroups, capacity: int) -> TrieOrder:
+    """The tries of ``groups`` (from their tokens) laid out for rows of ``capacity`` cells."""
+    bounds = group_bounds(groups.group)
+    order = trie_order(groups.tokens, groups.offsets, bounds)
+    lcp = adjacent_lcp(groups.tokens, groups.offsets, order, bounds)
+    layout = plan_tries(groups.lengths[order], lcp, bounds, capacity)
+    return dataclasses.replace(layout, order=order)
+
+
+# Rows: one model call of tree-packed rows.
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBatch:
+    """One model call of tree-packed rows. Cells [R, T]: ``inputs``/``targets`` int32
+    (-1 on padding), ``nodes`` int32 (pre-order node id, -1 on padding), ``node_ends``
+    int32 (the cell's node exit), ``positions`` int32 (depth along the path),
+    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that supervise the
+    cell's target). Nodes [M]: ``node_row``, ``node_col``, ``node_len``, ``node_pos``,
+    ``node_parent`` (-1: root), ``node_end``. Sequences [S] in layout order: ``seq_index``
+    (index in the supplied sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
+    ``row * T + column`` of each cell, depth order) and ``seq_loss_mask``.
+    """
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    nodes: np.ndarray
+    node_ends: np.ndarray
+    positions: np.ndarray
+    input_valid: np.ndarray
+    loss_mask: np.ndarray
+    weights: np.ndarray
+    node_row: np.ndarray
+    node_col: np.ndarray
+    node_len: np.ndarray
+    node_pos: np.ndarray
+    node_parent: np.ndarray
+    node_end: np.ndarray
+    seq_index: np.ndarray
+    seq_bounds: np.ndarray
+    seq_cells: np.ndarray
+    seq_loss_mask: np.ndarray
+    binding: Binding
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.inputs.shape[0]), int(self.inputs.shape[1]))
+
+    @property
+    def segments(self) -> np.ndarray:
+        """The node ids, by the flat batch's name (the masks of :mod:`exactpack.hf.masks`)."""
+        return self.nodes
+
+    @property
+    def eligible_count(self) -> int:
+        """N: supervised targets of the original sequences (``Σ weights``)."""
+        return int(self.weights.sum())
+
+    @property
+    def tokens_stored(self) -> int:
+        return int(self.input_valid.sum())
+
+    @property
+    def tokens_flat(self) -> int:
+        """Cells flat packing would store for the same sequences."""
+        return int(self.seq_bounds[-1])
+
+    def position_ids(self) -> np.ndarray:
+        return position_ids(self)  # type: ignore[arg-type]
+
+    def dense_mask(self, sliding_window: int | None = None) -> np.ndarray:
+        """:func:`~exactpack.core.permission.permitted` over every pair, bool [R, T, T]."""
+        return pairwise(
+            self.input_valid,
+            self.nodes,
+            self.positions,
+            check_sliding_window(sliding_window),
+            self.node_ends,
+        )
+
+    def key_spans(
+        self, row: int, query: int, sliding_window: int | None = None
+    ) -> list[tuple[int, int]]:
+        """The keys of one query as column spans ``[start, end)``: its ancestors' nodes, root
+        first, then its own node up to itself, each clipped to the window; ``[]`` on padding."""
+        sliding_window = check_sliding_window(sliding_window)
+        node = int(self.nodes[row, query])
+        if node < 0 or not self.input_valid[row, query]:
+            return []
+        pos = int(self.positions[row, query])
+        lowest = -(2**62) if sliding_window is None else pos - sliding_window + 1
+        path = [node]
+        while self.node_parent[path[-1]] >= 0:
+            path.append(int(self.node_parent[path[-1]]))
+        spans = []
+        for n in reversed(path):
+            col = int(self.node_col[n])
+            end = query + 1 if n == node else col + int(self.node_len[n])
+            start = col + max(0, lowest - int(self.node_pos[n]))
+            if start < end:
+                spans.append((start, end))
+        return spans
+
+    def sequence_cells(self, i: int) -> np.ndarray:
+        """Flat cell indices of sequence ``i`` (layout order in this batch), int64 [L]."""
+        return self.seq_cells[self.seq_bounds[i] : self.seq_bounds[i + 1]]
+
+
+@dataclass(frozen=True, eq=False)
+class TreeEpoch:
+    """Every model call of one tree packing, with the layout and the plan of its tries."""
+
+    batches: list[TreeBatch]
+    layout: TrieOrder
+    plan: Plan
+
+    def stats(self) -> dict[str, Any]:
+        """tokens_stored / tokens_flat (cells), rows, tries, nodes, sequences."""
+        stored, flat = int(self.layout.sizes.sum()), int(self.layout.lengths.sum())
+        return {
+            "sequences": int(self.layout.lengths.shape[0]),
+            "tries": int(self.layout.sizes.shape[0]),
+            "nodes": int(self.layout.node_len.shape[0]),
+            "tokens_stored": stored,
+            "tokens_flat": flat,
+            "stored_over_flat": stored / flat if flat else 0.0,
+            "rows": self.plan.num_rows,
+            "capacity": self.plan.capacity,
+        }
+
+
+def pack_tree(
+    groups: SequenceGroups,
+    max_length: int,
+    *,
+    policy: str = "next-fit",
+    max_rows_per_batch: int | None = None,
+    **policy_options: Any,
+) -> TreeEpoch:
+    """Tree-pack ``groups`` into rows of ``max_length`` cells, placed by any flat ``policy``,
+    in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
+    layout = build_layout(groups, max_length)
+    plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
+    rows_per = max_rows_per_batch or max(plan.num_rows, 1)
+    order = plan.row_order()
+    bounds = np.searchsorted(plan.row_of[order], np.arange(0, plan.num_rows + rows_per, rows_per))
+    batches = []
+    for b, first in enumerate(range(0, plan.num_rows, rows_per)):
+        rows = min(rows_per, plan.num_rows - first)
+        tries = order[bounds[b] : bounds[b + 1]]
+        batches.append(materialize(groups, layout, plan, tries, first, rows))
+    return TreeEpoch(batches, layout, plan)
+
+
+def materialize(
+    groups: SequenceGroups,
+    layout: TrieOrder,
+    plan: Plan,
+    tries: np.ndarray,
+    first_row: int,
+    rows: int,
+) -> TreeBatch:
+    """The cells of ``tries`` (placed by ``plan`` in rows ``first_row..+rows``), vectorised."""
+    width, cells = plan.capacity, rows * plan.capacity
+    tries = tries[np.lexsort((plan.start_of[tries], plan.row_of[tries]))]
+    base = (plan.row_of[tries] - first_row) * width + plan.start_of[tries]  # flat cell of col 0
+    base_of = np.zeros(layout.sizes.shape[0], dtype=np.int64)
+    base_of[tries] = base
+    lo = layout.seq_bounds[tries]
+    seqs = concat_ranges(lo, layout.seq_bounds[tries + 1] - lo)
+    # Owned spans: every stored cell, its token from the sequence that owns it.
+    owner, local = spread(layout.lengths[seqs] - layout.lcp[seqs])
+    dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
+    depth = layout.lcp[seqs][owner] + local
+    src = groups.offsets[layout.order[seqs]][owner] + depth
+    inputs, targets = np.full((2, cells), -1, dtype=np.int32)
+    positions = np.zeros(cells, dtype=np.int32)
+    valid = np.zeros(cells, dtype=bool)
+    inputs[dest], targets[dest] = groups.tokens[src], groups.tokens[src + 1]
+    positions[dest], valid[dest] = depth, True
+    # Nodes, renumbered in (row, column) order: each trie keeps one contiguous id range.
+    lo = layout.node_bounds[tries]
+    counts = layout.node_bounds[tries + 1] - lo
+    t_of, k = spread(counts)
+    gids = lo[t_of] + k
+    shift = (offsets_of(counts)[:-1] - lo)[t_of]
+    parent = layout.node_parent[gids]
+    node_end = layout.node_end[gids] + shift
+    node_flat = base[t_of] + layout.node_col[gids]
+    nodes, node_ends = np.full((2, cells), -1, dtype=np.int32)
+    n_of, off = spread(layout.node_len[gids])
+    nodes[node_flat[n_of] + off] = n_of
+    node_ends[node_flat[n_of] + off] = node_end[n_of]
+    # Every sequence's own cells, and the weights of the targets it supervises.
+    cols, seq_bounds = layout.path_columns(seqs)
+    seq_cells = np.repeat(base_of[layout.trie[seqs]], layout.lengths[seqs]) + cols
+    mask = groups.pair_mask(layout.order[seqs])
+    weights = np.bincount(seq_cells[mask], minlength=cells).astype(np.int32)
+    shape = (rows, width)
+    return TreeBatch(
+        inputs=inputs.reshape(shape),
+        targets=targets.reshape(shape),
+        nodes=nodes.reshape(shape),
+        node_ends=node_ends.reshape(shape),
+        positions=positions.reshape(shape),
+        input_valid=valid.reshape(shape),
+        loss_mask=(weights > 0).reshape(shape),
+        weights=weights.reshape(shape),
+        node_row=node_flat // width,
+        node_col=node_flat % width,
+        node_len=layout.node_len[gids],
+        node_pos=layout.node_pos[gids],
+        node_parent=np.where(parent >= 0, parent + shift, -1),
+        node_end=node_end,
+        seq_index=layout.order[seqs],
+        seq_bounds=seq_bounds,
+        seq_cells=seq_cells,
+        seq_loss_mask=mask,
+        binding=groups.binding,
+    )
+
+
+def tree_loss_sum(logits: Any, batch: TreeBatch) -> LossSum:
+    """``Σ weight·nll`` over supervised cells and ``N = Σ weight``; ``logits`` (R, T, V),
+    NumPy (float64) or torch, read only at cells in the loss."""
+    check_logits(logits, batch.shape, batch.binding.vocab_size)
+    cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
+    w = batch.weights.reshape(-1)[cells]
+    if isinstance(nll, np.ndarray):
+        return LossSum(float(np.sum(nll * w)), batch.eligible_count)
+    return LossSum((nll * nll.new_tensor(w)).sum(), batch.eligible_count)
+
+
+def tree_loss(logits: Any, batch: TreeBatch, count: int | None = None) -> LossResult:
+    """Token-weighted mean over the original sequences' supervised targets (``count``: global N)."""
+    return divide(tree_loss_sum(logits, batch), count, what="this tree batch")
+
+
+__all__ = [
+    "TREE_COLUMNS",
+    "SequenceGroups",
+    "TreeBatch",
+    "TreeEpoch",
+    "TrieOrder",
+    "build_layout",
+    "groups_from_columns",
+    "pack_tree",
+    "plan_tries",
+    "tree_loss",
+    "tree_loss_sum",
+]

@@ -1,0 +1,179 @@
+"""Hugging Face ``transformers``: the keyword arguments that make a causal LM honour packing.
+
+:func:`hf_inputs` gives what the implementation's kind reads (:mod:`exactpack.hf.kinds`):
+the masks of :mod:`exactpack.hf.masks` (eager, sdpa, flex), or for the flattened kinds the
+valid cells as ``(1, N)`` with ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx``;
+and always ``input_ids`` (``pad_token_id`` on padding), local ``position_ids``,
+``use_cache=False``, and with ``labels`` both ``labels`` (unshifted) and ``shift_labels``
+(:mod:`exactpack.training.labels`). Fixture row 0 (A = columns 0-2, B = 3-4, padding at 5)
+for ``sdpa``::
+
+    input_ids     [ 0, 99, 100,    0,  101, 0]      pad_token_id 0 at column 5
+    position_ids  [ 0,  1,   2,    0,    1, 0]
+    shift_labels  [99, 100,  1,  101,    1, -100]
+    labels        [-100, 99, 100, -100, 101, -100]
+    attention_mask[0, 0]: 0 on A's 3x3 and B's 2x2 causal blocks and on (5, 5),
+                          finfo.min elsewhere
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from exactpack.core.batch import IGNORE_INDEX, PackedBatch
+from exactpack.core.compact import CompactRows
+from exactpack.core.errors import InvalidInput
+from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
+from exactpack.hf.architectures import Architecture
+from exactpack.hf.capability import capability
+from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
+from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
+from exactpack.training.labels import model_labels, seq_idx, shift_labels
+from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
+
+#: The built-in implementations ``exactpack verify`` runs (any registered one is fed by kind).
+IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "exactpack_varlen")
+#: Built-in implementations fed the valid cells flattened into one row, with ``cu_seq_lens``.
+FLATTENED = ("flash_attention_2", "exactpack_varlen")
+
+
+def hf_inputs(
+    batch: PackedBatch,
+    attn_implementation: str,
+    *,
+    config: Any = None,
+    kind: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
+
+    ``config`` (``model.config``) decides windows and per-layer-type masks and raises
+    ``UnsupportedArchitecture`` where it cannot be exact. ``kind=``: the kind of a name
+    exactpack cannot tell (:mod:`exactpack.hf.kinds`). ``options`` (:func:`build_inputs`):
+    ``dtype`` (the model's), ``device``, ``mask`` (``"float"``; ``"bool"``: sdpa only),
+    ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``) and
+    ``num_items_in_batch`` (the step's global eligible count). Tensors are ``(R, T)``,
+    or ``(1, N)`` of the valid cells for the flattened kinds (:func:`cell_logits`).
+    """
+    kind = attention_kind(attn_implementation, kind)
+    arch = None if config is None else capability(config).check(kind)
+    return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
+
+
+def build_inputs(
+    batch: PackedBatch | CompactRows,
+    attn_implementation: str,
+    arch: Architecture | None,
+    *,
+    mask: str = "float",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    pad_token_id: int = 0,
+    labels: bool = True,
+    num_items_in_batch: int | None = None,
+    kind: str | None = None,
+) -> dict[str, Any]:
+    """:func:`hf_inputs` for a checked architecture; its batch conditions are checked on
+    every batch. Padded cells and masks are made only for the kinds that read a mask."""
+    kind = attention_kind(attn_implementation, kind)
+    rows = compact_of(batch)
+    flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
+    longest = int(rows.lengths.max()) if len(rows) else 0
+    if arch is not None:
+        arch.check_batch(longest, int(rows.lengths.sum()) if flat else rows.capacity)
+    vocab = rows.binding.vocab_size
+    if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
+        raise InvalidInput(
+            f"pad_token_id {pad_token_id!r} is not a token id of the batch's vocabulary"
+            f" [0, {vocab}) — pass any real id (padding cells are never seen by real queries)"
+        )
+    cells = flat_columns(rows)
+    index = cells.pop("valid_index")
+    offset = 0 if arch is None else arch.position_offset  # RoBERTa family: padding_idx + 1
+    cells["position_ids"] = cells["position_ids"] + offset
+    names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
+    shape = (rows.num_rows, rows.capacity)
+    if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
+        pad_token_id = arch.padding_id(pad_token_id, vocab)
+    fill = (
+        PAD_FILL | {"input_ids": int(pad_token_id)} | ({"position_ids": offset} if offset else {})
+    )
+    out: dict[str, Any] = {}
+    for name in names:
+        value = cells[name][None] if flat else pad_cells(cells[name], index, shape, fill[name])
+        out[name] = torch.as_tensor(value, device=device)
+    if flat:
+        if attn_implementation == "exactpack_varlen":
+            from exactpack.hf.attention_impl import register
+
+            register()
+        cu = cu_seq_lens(rows)
+        cu_t = torch.as_tensor(cu, device=device)
+        out |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
+        out |= {"max_length_q": longest, "max_length_k": longest}
+        out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
+    elif arch is None or not arch.mask_from_positions:
+        # (falcon's ALiBi builds its own mask from the restarting position_ids)
+        padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
+        out["attention_mask"] = layer_masks(
+            padded, kind, arch, mask=mask, dtype=dtype, device=device
+        )
+    if labels and num_items_in_batch is not None:
+        out["num_items_in_batch"] = int(num_items_in_batch)
+    out["use_cache"] = False
+    return out
+
+
+def cell_logits(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Logits as the batch's cells, ``(R, T, V)``: a padded call's as they are, a flattened
+    call's ``(1, N, V)`` scattered back by ``valid_index`` (zeros at padding cells)."""
+    rows, width = batch.shape
+    if logits.ndim == 3 and tuple(logits.shape[:2]) == (rows, width):
+        return logits
+    cu = batch.cu_seqlens()
+    n = int(cu.valid_index.shape[0])
+    if logits.ndim != 3 or tuple(logits.shape[:2]) != (1, n):
+        raise InvalidInput(
+            f"logits of shape {tuple(logits.shape)} fit neither the batch's cells"
+            f" ({rows}, {width}, V) nor its {n} flattened valid cells (1, {n}, V)"
+        )
+    out = logits.new_zeros((rows * width, logits.shape[-1]))
+    index = torch.as_tensor(cu.valid_index, device=logits.device)
+    return out.index_copy(0, index, logits[0]).reshape(rows, width, -1)
+
+
+def hf_loss_sum(logits: torch.Tensor, batch: PackedBatch) -> LossSum:
+    """Raw NLL sum over the eligible targets and their count, from a model's logits."""
+    cells = cell_logits(logits, batch)
+    if cells.shape[-1] < batch.binding.vocab_size:
+        raise InvalidInput(
+            f"the model has {cells.shape[-1]} vocabulary logits but the batch's binding has"
+            f" vocab_size {batch.binding.vocab_size} — use a model whose vocabulary covers it"
+        )
+    return masked_nll_sum(cells, batch.targets, batch.loss_mask)
+
+
+def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) -> LossResult:
+    """Token-weighted loss from a model's logits: raw sum / ``count`` (default: this batch's N;
+    pass the step's global eligible count under accumulation or data parallelism)."""
+    return divide(hf_loss_sum(logits, batch), count)
+
+
+__all__ = [
+    "FLATTENED",
+    "IGNORE_INDEX",
+    "IMPLEMENTATIONS",
+    "additive_mask",
+    "block_mask",
+    "bool_mask",
+    "build_inputs",
+    "cell_logits",
+    "hf_allowed",
+    "hf_inputs",
+    "hf_loss",
+    "hf_loss_sum",
+    "model_labels",
+    "shift_labels",
+]

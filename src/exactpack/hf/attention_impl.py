@@ -1,0 +1,197 @@
+"""``attn_implementation="exactpack_varlen"``: packed rows in ``transformers`` without a dense mask.
+
+An ``AttentionInterface`` function over ``hf_inputs(batch, "exactpack_varlen")`` (the valid
+cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run by
+:func:`exactpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
+layer's window. Refused: soft-capping, sinks, packed ``position_ids`` without ``cu_seq_lens_q``::
+
+    import exactpack.hf.attention_impl  # registers "exactpack_varlen"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="exactpack_varlen")
+    out = model(**hf_inputs(batch, "exactpack_varlen", config=model.config))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.hf.architectures import Architecture
+from exactpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
+
+NAME = "exactpack_varlen"
+
+#: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
+_PLANS: OrderedDict[int, tuple[weakref.ref, VarlenPlan]] = OrderedDict()
+_PLAN_CACHE_SIZE = 8
+
+
+def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
+    """The varlen plan of ``cu_seqlens`` over ``tokens`` flattened cells, cached per tensor."""
+    key = id(cu_seqlens)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0]() is cu_seqlens:
+        _PLANS.move_to_end(key)
+        return hit[1]
+    cu = cu_seqlens.detach().cpu().numpy().astype(np.int64)
+    if cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or cu[-1] != tokens or (np.diff(cu) < 0).any():
+        raise InvalidInput(
+            f"cu_seq_lens_q {cu.tolist()[:8]}... does not split the {tokens} flattened tokens"
+            " into examples — build the inputs with hf_inputs(batch, 'exactpack_varlen')"
+        )
+    lengths = np.diff(cu)
+    keep = lengths > 0
+    plan = segment_plan(cu[:-1][keep], lengths[keep], tokens, cu_seqlens.device)
+    _PLANS[key] = (weakref.ref(cu_seqlens), plan)
+    while len(_PLANS) > _PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return plan
+
+
+#: Capabilities of the configs seen, by ``id`` (with a weak reference to tell a reused id).
+_ARCHS: dict[int, tuple[weakref.ref, Architecture]] = {}
+
+
+def _architecture(config: Any) -> Architecture:
+    """:func:`exactpack.hf.capability.capability` of ``config``, once per config object."""
+    hit = _ARCHS.get(id(config))
+    if hit is not None and hit[0]() is config:
+        return hit[1]
+    from exactpack.hf.capability import capability
+
+    arch = capability(config).check(NAME)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
+        _ARCHS[id(config)] = (weakref.ref(config), arch)
+    return arch
+
+
+def layer_sliding_window(module: Any, passed: int | None) -> int | None:
+    """The window of ``module``'s layer by its capability; must agree with ``passed``."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return passed
+    window = _architecture(config).layer_sliding_window(getattr(module, "layer_idx", None))
+    if passed is not None and passed != window:
+        raise InvalidInput(
+            f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
+            f" sliding_window={passed} but its config gives {window}; exactpack follows the config"
+            " and will not guess — report this architecture"
+        )
+    return window
+
+
+def exactpack_varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) -> ``(B, S, H, Dv)``, no
+    weights; with ``cu_seq_lens_q`` one flattened row (B = 1), without one example a row."""
+    name = type(module).__name__
+    refuse_unexpressible(NAME, name, softcap, s_aux, "")
+    if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
+        # a 2-D mask is the caller's padding, a 4-D one the model's own bias: never dropped
+        raise NotAvailable(
+            f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
+            f" (padding, or the model's own bias), which {NAME} would drop — feed"
+            f" hf_inputs(batch, '{NAME}', config=model.config) without attention_mask, or use"
+            " sdpa or eager for this model"
+        )
+    rows, _, width, _ = query.shape
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        check_unpacked(kwargs.get("position_ids"), name)
+        cu = torch.arange(0, rows * width + 1, width, dtype=torch.int32)  # one example per row
+    elif rows != 1:
+        raise InvalidInput(
+            f"{NAME} takes cu_seq_lens_q with the flattened packed row (a batch of 1), got a"
+            f" batch of {rows} — feed the model hf_inputs(batch, '{NAME}', config=model.config)"
+        )
+    plan = plan_of(cu, rows * width)
+    out = run_on_tokens(
+        segment_attention, module, query, key, value, plan, dropout, scaling, sliding_window
+    )
+    return out, None  # (B, S, H, Dv), no attention weights
+
+
+def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: str) -> None:
+    """Refuse attention-logit soft-capping (Gemma 2) and sinks (GPT-OSS): SDPA has neither."""
+    if softcap is not None:
+        raise NotAvailable(
+            f"{impl}: {name} soft-caps its attention logits (softcap={softcap}), which SDPA"
+            f" cannot express — use attn_implementation='eager'{hint} (or set"
+            " attn_logit_softcapping=None)"
+        )
+    if s_aux is not None:
+        raise NotAvailable(
+            f"{impl}: {name} has attention sinks, which SDPA cannot express —"
+            f" use attn_implementation='eager'{hint}"
+        )
+
+
+def run_on_tokens(
+    fn: Any,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: Any,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """``fn(q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs as
+    ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
+    rows, _, width, _ = query.shape
+    window = layer_sliding_window(module, sliding_window)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    drop = dropout if module.training else 0.0
+    out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
+    return out.view(rows, width, *out.shape[1:])
+
+
+def _all_ones(mask: torch.Tensor) -> bool:
+    """True for a 2-D padding mask that masks nothing (what tokenizers and pipelines pass)."""
+    return mask.dim() == 2 and bool((mask != 0).all())
+
+
+def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
+    """Refuse rows whose ``position_ids`` restart (packed) when no ``cu_seq_lens_q`` came."""
+    if position_ids is None:
+        return
+    steps = torch.arange(position_ids.shape[-1], device=position_ids.device)
+    if not bool((position_ids == position_ids[..., :1] + steps).all()):
+        raise InvalidInput(
+            f"{NAME}: {name} got packed position_ids (they restart inside a row) but no"
+            f" cu_seq_lens_q, so the examples would be joined — build the inputs with"
+            f" hf_inputs(batch, '{NAME}', config=model.config); if you did, this model's"
+            " layers drop the attention kwargs before attention: use sdpa or eager for it"
+        )
+
+
+def register() -> str:
+    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, exactpack_varlen_attention)
+    return NAME
+
+
+register()
+#: The name ``exactpack.hf`` exports :func:`register` under.
+register_attention = register
+
+__all__ = ["NAME", "exactpack_varlen_attention", "plan_of", "register", "register_attention"]

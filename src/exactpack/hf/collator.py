@@ -1,0 +1,148 @@
+"""A ``data_collator`` for ``transformers.Trainer`` over packed rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from exactpack.core.batch import PackedBatch
+from exactpack.core.binding import Binding, Split
+from exactpack.core.compact import CompactRows
+from exactpack.core.errors import InvalidInput
+from exactpack.hf.adapter import build_inputs
+from exactpack.hf.architectures import Architecture
+from exactpack.hf.capability import capability, check_runnable, check_vocabulary
+from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
+from exactpack.training.packed_data import ScheduledBatch, check_split
+from exactpack.training.rows import concat_rows
+
+
+@dataclass
+class HFCollator:
+    """A ``data_collator`` for ``transformers.Trainer`` over packed rows.
+
+    ``features``: :class:`PackedBatch` objects, ``StreamDataset`` items
+    (:class:`~exactpack.training.ScheduledBatch`), or rows of :func:`exactpack.hf.pack_dataset`
+    (:meth:`for_dataset`; keep their columns with ``remove_unused_columns=False``). Returns
+    :func:`hf_inputs` of the stacked rows. ``kind=``: :mod:`exactpack.hf.kinds`. ``config``
+    (``model.config``) decides windows and refusals; the mask kinds (sdpa, eager, flex)
+    require it. ``partition`` (``"train"``; None: any) refuses other splits.
+    ``use_cache=False`` is passed unless ``config.use_cache`` is already False.
+    """
+
+    attn_implementation: str
+    dtype: torch.dtype = torch.float32
+    pad_token_id: int = 0
+    capacity: int | None = None
+    binding: Binding | None = None
+    partition: Split | str | None = Split.TRAIN
+    config: Any = None
+    kind: str | None = None
+    arch: Architecture | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.kind = attention_kind(self.attn_implementation, self.kind)
+        if self.partition is not None:
+            self.partition = Split.parse(self.partition)
+        if self.config is None and self.kind in MASK_KINDS:
+            raise InvalidInput(
+                f"HFCollator({self.attn_implementation!r}) builds the attention masks itself, so"
+                " it needs the model's config: HFCollator(..., config=model.config) — a model"
+                " with sliding windows would otherwise train with unwindowed masks"
+            )
+        check_runnable(self.attn_implementation, self.kind)
+        self.arch = None if self.config is None else capability(self.config).check(self.kind)
+        if self.config is not None:
+            check_vocabulary(self.config, self.binding, self.pad_token_id)
+
+    @classmethod
+    def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
+        """A collator for the rows of ``packed`` (capacity, binding, partition, pad id: its
+        metadata); ``options``: the other fields (``config=model.config``)."""
+        from exactpack.hf.datasets_io import packed_metadata
+
+        meta = packed_metadata(packed)
+        recorded = meta["config"].get("pad_token_id")
+        if isinstance(recorded, int) and "pad_token_id" not in options:
+            options["pad_token_id"] = recorded  # the pad id the packing was checked with
+        return cls(
+            attn_implementation,
+            capacity=int(meta["config"]["capacity"]),
+            binding=Binding.from_dict(meta["binding"]),
+            partition=Split.parse(meta["partition"]),
+            **options,
+        )
+
+    def batch_of(self, features: Sequence[Any]) -> PackedBatch:
+        """The stacked rows of ``features`` as one padded :class:`PackedBatch`."""
+        return self.rows_of(features).to_batch()
+
+    def rows_of(self, features: Sequence[Any]) -> CompactRows:
+        """The stacked rows of ``features``, compact."""
+        if isinstance(features, (PackedBatch, CompactRows, ScheduledBatch)):
+            features = [features]
+        for f in features:
+            if isinstance(f, ScheduledBatch) and (f.world_size or 1) > 1:
+                raise InvalidInput(
+                    f"these StreamDataset items are rank {f.slot.rank}'s share of"
+                    f" {f.world_size} ranks, but Trainer (accelerate) splits the data between"
+                    " ranks itself, so half would never be trained on — build the"
+                    " StreamDataset with world_size=1, rank=0 for Trainer"
+                )
+        # StreamDataset / PackedBatches[slot] items: their rows (Trainer sums the targets)
+        features = [f.rows if isinstance(f, ScheduledBatch) else f for f in features]
+        if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
+            rows = concat_rows(features)
+            check_split(rows, self.partition, "this HFCollator")
+            if self.config is not None and self.binding is None:  # known only now
+                check_vocabulary(self.config, rows.binding, self.pad_token_id)
+            return rows
+        if not features or not all(isinstance(f, Mapping) for f in features):
+            raise InvalidInput(
+                "collator features must be PackedBatch / ScheduledBatch objects or rows of a"
+                " packed dataset"
+            )
+        return self._rows(features)
+
+    def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
+        names = list(features[0])
+        missing = [n for n in REQUIRED if n not in names]
+        if missing:
+            raise InvalidInput(
+                f"collator features lack the packed columns {missing} — keep them with"
+                " TrainingArguments(remove_unused_columns=False)"
+            )
+        if self.capacity is None or self.binding is None or self.partition is None:
+            raise InvalidInput(
+                "this collator does not know the packing's capacity, binding and partition —"
+                " build it with HFCollator.for_dataset(packed, attn_implementation)"
+            )
+        schema = pa.schema([(n, FIELDS[n]) for n in FIELDS if n in names])
+        table = pa.Table.from_pylist([{n: f[n] for n in schema.names} for f in features], schema)
+        return arrow_to_rows(
+            table,
+            capacity=self.capacity,
+            partition=self.partition,
+            binding=self.binding,
+            where="collator features",
+            contiguous=False,
+        )
+
+    def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
+        out = build_inputs(
+            self.rows_of(features),
+            self.attn_implementation,
+            self.arch,
+            dtype=self.dtype,
+            pad_token_id=self.pad_token_id,
+            kind=self.kind,
+        )
+        if self.config is not None and getattr(self.config, "use_cache", True) is False:
+            # no cache made: every value a tensor of rows, as accelerate's dispatch_batches needs
+            del out["use_cache"]
+        return out

@@ -1,0 +1,334 @@
+"""Hugging Face ``datasets`` in and out: pack a Dataset into a packed Dataset, and back.
+
+``pack_dataset(ds, max_length)`` takes a ``datasets.Dataset`` with ``input_ids``
+(optional ``labels`` with -100, ``loss_mask``, ``id``: :mod:`exactpack.io.columns`) and
+returns one row per packed row in the columns of :mod:`exactpack.io.shards`; the metadata
+(binding, partition, capacity, policy, columns, statistics) travels as JSON in
+``info.description`` under ``"exactpack"``. For the fixture::
+
+    >>> packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 6, "next-fit")
+    >>> packed["tokens"]        # [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
+    >>> packed["seq_starts"]    # [[0, 3], [0]]
+
+A memory-mapped input gives a memory-mapped output. ``to_batches(packed)`` rebuilds the
+padded model calls; ``unpack_dataset(packed)`` the examples in their original order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from exactpack.core.batch import PackedBatch
+from exactpack.core.binding import Binding, Split
+from exactpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
+from exactpack.core.config import PackConfig
+from exactpack.core.errors import InvalidInput
+from exactpack.core.examples import offsets_of
+from exactpack.io.readers import Input
+from exactpack.io.shards import (
+    FORMAT,
+    VERSION,
+    arrow_to_rows,
+    layout_of,
+    list_array,
+    manifest_record,
+    shard_table,
+    union,
+)
+from exactpack.io.trl_schema import TRL_FORMAT, TRL_VERSION, refuse_trl, trl_schema, trl_table
+from exactpack.pipeline.budget import StreamBudget
+from exactpack.pipeline.corpus import Corpus, read_corpus
+from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.writer import (
+    CorpusSource,
+    Examples,
+    corpus_examples,
+    layout_for,
+    plan_corpus,
+    shard_spans,
+)
+
+META_KEY = "exactpack"
+
+
+def _options(
+    max_length: int | None, policy: str | None, options: PackOptions | None, keywords: dict
+) -> PackOptions:
+    fields = {f.name for f in dataclasses.fields(PackOptions)}
+    overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
+    given = {"max_length": max_length, "policy": policy}
+    overrides |= {k: v for k, v in given.items() if v is not None}
+    if keywords:
+        base = options.policy_options if options is not None else {}
+        overrides["policy_options"] = {**base, **keywords}
+    return PackOptions.of(options, **overrides)
+
+
+def fingerprint_receipt(source: Input, partition: Split) -> str | None:
+    """The split receipt of a ``datasets`` input: a digest of its fingerprint (datasets'
+    own identity of the data and its transforms) and the partition; None without one."""
+    if not source.fingerprint:
+        return None
+    text = f"exactpack-split\0{partition.value}\0datasets-fingerprint\0{source.fingerprint}"
+    return "datasets:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fingerprint(base: str | None, meta: dict[str, Any]) -> str:
+    """The output's fingerprint: the input's and every option that shaped the output."""
+    text = json.dumps({"input": base or secrets.token_hex(8), "exactpack": meta}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def pack_dataset(
+    dataset: Any,
+    max_length: int | None = None,
+    policy: str | None = None,
+    *,
+    options: PackOptions | None = None,
+    **keywords: Any,
+) -> Any:
+    """Pack ``dataset`` (``input_ids`` [+ ``labels``]) into a ``datasets.Dataset`` of rows.
+
+    ``max_length`` (tokens per row), ``policy``,
+    ``options`` and any :class:`PackOptions` field as a keyword say how; other keywords are
+    policy options (``lookahead=4096``). ``vocab_size`` defaults to the tokenizer's
+    (``tokenizer=``: a path or a loaded tokenizer), else the largest id + 1;
+    ``pad_token_id`` (default: the tokenizer's) is checked against it first.
+    ``model=`` (a model or its config) is checked before any row
+    (:func:`exactpack.hf.capability.check_model`).
+
+    ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
+    ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
+    returns a ``datasets.IterableDataset`` packed with ``stream-best-fit`` as it is read
+    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing
+    (:func:`exactpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
+    """
+    import datasets
+
+    from exactpack.hf.streaming import is_stream, pack_stream
+
+    if keywords.pop("tree", False):  # tree packing: docs/tree.md
+        from exactpack.hf.tree_inputs import pack_tree_dataset
+
+        capacity = max_length or keywords.pop("capacity", None)
+        return pack_tree_dataset(dataset, capacity, policy, **keywords)
+    stream = is_stream(dataset)
+    if stream and policy is None and options is None and "policy" not in keywords:
+        policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
+    model = keywords.pop("model", None)
+    opts = _options(max_length, policy, options, keywords)
+    _check_model(model, None, None, None, opts)  # its capability and rows, before any read
+    if stream:
+        return pack_stream(dataset, opts, META_KEY)
+    tokenizer = opts.load_tokenizer()
+    corpus = read_corpus(
+        dataset,
+        opts,
+        tokenizer,
+        receipt=lambda found: fingerprint_receipt(found, opts.split),
+        default_vocab=True,
+    )
+    try:
+        pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
+        examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
+        _check_model(model, corpus.binding, pad, examples, opts)  # before any row
+        storage = plan_corpus(
+            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
+        )
+        columns, table = _tables(corpus, examples, storage, opts)
+        fingerprint_in = corpus.source.fingerprint
+    finally:
+        corpus.close()
+    fields = opts.manifest_fields(pad)
+    meta = manifest_record(
+        binding=corpus.binding,
+        partition=opts.split,
+        config=fields["config"],
+        kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
+        columns=columns,
+        policy=fields["policy"],
+        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+    )
+    info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
+    fingerprint = _fingerprint(fingerprint_in, meta)
+    packed = _as_dataset(table, info, fingerprint, _cache_folder(dataset))
+    return carry_format(dataset, packed)
+
+
+def _check_model(
+    model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
+) -> None:
+    """:func:`exactpack.hf.capability.check_model` of ``pack_dataset(..., model=)``, if given."""
+    if model is None:
+        return
+    from exactpack.hf.capability import check_model
+
+    lengths = examples.lengths if examples is not None else ()
+    longest = int(max(lengths)) if len(lengths) else 0
+    check_model(model, binding, pad, longest, opts.capacity)
+
+
+def _tables(
+    corpus: Corpus, examples: Examples, storage: Storage, opts: PackOptions
+) -> tuple[list[str], pa.Table]:
+    """The packed rows gathered into one table (one schema); its column names."""
+    source = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
+    bounds = shard_spans(storage, opts).tolist()
+    parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
+    if opts.format == "trl":
+        tables = [trl_table(cols) for cols in parts]
+        schema = trl_schema(labels=corpus.flagged)
+    else:
+        layout = union(layout_of(cols) for cols in parts)
+        tables = [shard_table(cols, layout) for cols in parts]
+        schema = layout.schema()
+    del parts
+    return schema.names, pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def carry_format(source: Any, packed: Any) -> Any:
+    """``packed`` with ``source``'s ``datasets`` format (type, its keywords, and — when
+    the source named its columns — those of them that remain plus every new one)."""
+    fmt = getattr(source, "format", None)
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "custom"):
+        return packed
+    columns = None
+    if getattr(source, "_format_columns", None) is not None:
+        named, had = set(source._format_columns), set(source.column_names)
+        columns = [c for c in packed.column_names if c in named or c not in had]
+    return packed.with_format(
+        fmt["type"],
+        columns=columns,
+        output_all_columns=fmt.get("output_all_columns", False),
+        **fmt.get("format_kwargs", {}),
+    )
+
+
+def _cache_folder(dataset: Any) -> Path | None:
+    """Where a memory-mapped input's cache files are (None for an in-memory input)."""
+    files = getattr(dataset, "cache_files", None) or []
+    return Path(files[0]["filename"]).parent if files else None
+
+
+def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | None) -> Any:
+    """``table`` as a Dataset with ``fingerprint``: in memory, or memory-mapped from an
+    Arrow file written (atomically) into ``folder``."""
+    import datasets
+    from datasets.table import InMemoryTable, MemoryMappedTable
+
+    if folder is None:
+        return datasets.Dataset(InMemoryTable(table), info=info, fingerprint=fingerprint)
+    path = folder / f"cache-exactpack-{fingerprint}.arrow"
+    part = folder / f".{path.name}.{secrets.token_hex(4)}.part"
+    try:
+        with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+    return datasets.Dataset(
+        MemoryMappedTable.from_file(str(path)), info=info, fingerprint=fingerprint
+    )
+
+
+def packed_metadata(packed: Any) -> dict[str, Any]:
+    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
+    try:
+        meta = json.loads(packed.info.description or "")[META_KEY]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput(
+            "this dataset carries no exactpack metadata in info.description — was it made by"
+            " exactpack.hf.pack_dataset?"
+        ) from None
+    refuse_trl(meta, "this dataset")
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise InvalidInput(
+            f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
+            f" not {FORMAT!r} version {VERSION}"
+        )
+    return meta
+
+
+def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
+    """All rows of a packed dataset as :class:`CompactRows` (checked)."""
+    meta = packed_metadata(packed)
+    table = packed.with_format("arrow")[0 : len(packed)]
+    binding = Binding.from_dict(meta["binding"])
+    return _rows_of(table, meta, binding, "packed dataset", contiguous=contiguous)
+
+
+def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: Any) -> CompactRows:
+    partition = Split.parse(meta["partition"])
+    capacity = int(meta["config"]["capacity"])
+    return arrow_to_rows(
+        table, capacity=capacity, partition=partition, binding=binding, where=where, **kw
+    )
+
+
+def to_batches(
+    packed: Any, max_rows_per_batch: int | None = None, expected_binding: Binding | None = None
+) -> Iterator[PackedBatch]:
+    """The padded model calls of a packed ``Dataset`` or streamed ``IterableDataset``
+    (checked first), identical to :func:`exactpack.materialize`'s."""
+    import datasets
+
+    if not isinstance(packed, (datasets.Dataset, datasets.IterableDataset)):
+        raise InvalidInput(
+            "to_batches reads the output of exactpack.hf.pack_dataset, not a"
+            f" {type(packed).__name__}"
+        )
+    if expected_binding is not None and not isinstance(expected_binding, Binding):
+        raise InvalidInput(
+            f"expected_binding must be a exactpack.Binding, got {type(expected_binding).__name__}"
+        )
+    meta = packed_metadata(packed)
+    config = meta["config"]
+    per = int(config["max_rows_per_batch"]) if max_rows_per_batch is None else max_rows_per_batch
+    per = PackConfig(int(config["capacity"]), per).max_rows_per_batch  # checked
+    binding = Binding.from_dict(meta["binding"])
+    if expected_binding is not None:
+        expected_binding.require(binding, "the packed dataset")
+    if isinstance(packed, datasets.Dataset):
+        return packed_rows(packed).batches(per)
+    tables = packed.with_format("arrow").iter(batch_size=per)
+    return (_rows_of(t, meta, binding, "packed stream").to_batch() for t in tables)
+
+
+def unpack_dataset(packed: Any) -> Any:
+    """The packed examples back as a ``datasets.Dataset``, in their original order: ``id``,
+    ``example_id``, ``range_start``, ``range_end``, ``input_ids`` (the range's tokens) and
+    ``labels`` (the token where its pair is supervised, else -100, as on the first token)."""
+    import datasets
+    from datasets.table import InMemoryTable
+
+    rows = packed_rows(packed, contiguous=False)
+    order = np.argsort(rows.ordinals, kind="stable")
+    lens = rows.lengths[order]
+    tokens = gather_segments(rows.tokens, rows.token_offsets[order], lens + 1)
+    mask = gather_segments(rows.loss_mask, rows.target_offsets[order], lens)
+    offsets = offsets_of(lens + 1)
+    labels = span_labels(tokens, mask, lens)
+    table = pa.table(
+        {
+            "id": pa.array(rows.source_ids[order], pa.string()),
+            "example_id": pa.array(rows.example_ids[order], pa.string()),
+            "range_start": pa.array(rows.range_starts[order]),
+            "range_end": pa.array(rows.range_ends[order]),
+            "input_ids": list_array(offsets, tokens, pa.int32()),
+            "labels": list_array(offsets, labels, pa.int32()),
+        }
+    )
+    base = getattr(packed, "_fingerprint", None) or secrets.token_hex(8)
+    fingerprint = hashlib.sha256(f"exactpack-unpack\0{base}".encode()).hexdigest()[:32]
+    return datasets.Dataset(InMemoryTable(table), fingerprint=fingerprint)

@@ -1,0 +1,433 @@
+"""Loading as verification: a packed directory's manifest and shards must agree.
+
+``manifest.json`` is decoded once into :class:`Manifest` (msgspec structs with
+bounds); an edited manifest or shard fails with an
+:class:`~exactpack.core.errors.InvalidInput` naming what disagrees.
+``load_packed(integrity=...)``: ``False`` runs :func:`check_manifest`, ``True``
+also :func:`check_checksums`, ``"full"`` also :func:`check_contents`. Every
+shard read is checked by :func:`check_table` and :func:`check_shard`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from exactpack.core.binding import INT32_MAX
+from exactpack.core.compact import CompactRows
+from exactpack.core.errors import InvalidInput
+from exactpack.core.examples import offsets_of
+from exactpack.io.atomic import MANIFEST
+from exactpack.io.shards import (
+    FORMAT,
+    REQUIRED,
+    SCHEMA,
+    VERSION,
+    arrow_to_rows,
+    flat_column,
+    sha256_file,
+    unpack_bits,
+)
+from exactpack.io.trl_schema import is_trl
+
+#: Counts in a manifest above this are not counts (JSON integers stay exact below 2**53).
+MAX_COUNT = 2**53
+DEPTHS = (False, True, "full")  # of load_packed(integrity=...)
+#: The largest manifest read (a real one lists a few thousand shards).
+MAX_MANIFEST_BYTES = 64 << 20
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Size = Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)]
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class ConfigRecord(msgspec.Struct):
+    capacity: Size
+    max_rows_per_batch: Size
+
+
+class BindingRecord(msgspec.Struct):
+    vocab_size: Size
+    tokenizer_id: Text
+    split_id: Text
+
+
+class TreeEntry(msgspec.Struct, kw_only=True):
+    """A shard entry of any output: its file, row span, size and sha256."""
+
+    file: Annotated[str, msgspec.Meta(max_length=255)]  # a name the file system can hold
+    first_row: Count
+    rows: Count
+    bytes: Count
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    columns: list[str] | None = None
+
+
+class ShardEntry(TreeEntry, kw_only=True):
+    """A flat shard's entry: also its occurrences, tokens and (since 0.3) eligible targets."""
+
+    occurrences: Count
+    tokens: Count
+    eligible: Count | None = None
+
+
+class TreeManifest(msgspec.Struct):
+    """What a loader relies on in ``manifest.json`` (other sections are informational)."""
+
+    config: ConfigRecord
+    binding: BindingRecord
+    partition: Literal["train", "validation", "test"]
+    rows: Count
+    shards: list[TreeEntry]
+
+
+class Manifest(TreeManifest):
+    """A flat output's: also its occurrences, the shards' counts and the statistics."""
+
+    shards: list[ShardEntry]
+    occurrences: Count
+    statistics: dict[str, Any] | None = None
+
+
+def _bad(where: Path | str, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{where}: {what} — the packed directory was changed or damaged; pack again"
+    )
+
+
+def read_manifest(folder: Path) -> Any:
+    """The parsed ``manifest.json`` of ``folder`` (any JSON value; see :func:`decode`)."""
+    where = folder / MANIFEST
+    try:
+        with where.open("rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB")
+        # the json module, not msgspec's parser: Infinity and NaN parse, then the
+        # schema names the field that holds them
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidInput(f"{where}: not valid JSON ({err}) — pack again") from None
+
+
+def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
+    """``raw`` (a parsed manifest) as ``schema``; a misfit field is named (value, bounds)."""
+    if not isinstance(raw, Mapping):
+        raise _bad(where, f"holds a {type(raw).__name__}, not a manifest object")
+    try:
+        return msgspec.convert(raw, schema)
+    except msgspec.ValidationError as err:
+        raise _schema_error(str(err), raw, where) from None
+
+
+def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
+    """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in exactpack's words."""
+    what, _, at = text.partition(" - at `$")
+    path: list[Any] = [int(i) if i else k for k, i in re.findall(r"\.(\w+)|\[(\d+)\]", at)]
+    node, parts = raw, []
+    for key in path:
+        entry = node[key]
+        if isinstance(key, int):  # a shard entry, named by its file
+            file = entry.get("file") if isinstance(entry, Mapping) else None
+            named = isinstance(file, str) and len(file) <= 255
+            parts = [f"shard {file}" if named else f"shards[{key}]"]
+        else:
+            parts.append(key)
+        node = entry
+    sep = " " if any(isinstance(k, int) for k in path) else "."
+    label = sep.join(parts)
+    if missing := re.match(r"Object missing required field `(\w+)`", what):
+        context = label + (": " if sep == " " else ".") if label else ""
+        return _bad(where, f"{context}{missing[1]!r} is missing")
+    if "`int`" in what:
+        sizes = (*ConfigRecord.__struct_fields__, "vocab_size")
+        low, high = (1, INT32_MAX) if path[-1] in sizes else (0, MAX_COUNT)
+        return _bad(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
+    if path == ["partition"]:
+        return _bad(where, f"partition is {node!r}, not train, validation or test")
+    shown = repr(node) if len(repr(node)) <= 40 else repr(node)[:37] + "..."
+    expected = re.sub(r"^Expected |, got .*$", "", what)
+    return _bad(where, f"{label or 'the manifest'} is {shown}, not {expected}")
+
+
+def check_manifest(manifest: Any, folder: Path) -> Manifest:
+    """Check the parsed ``manifest.json`` of ``folder`` on its own; return it decoded."""
+    where = folder / MANIFEST
+    trl = is_trl(manifest)
+    if (
+        isinstance(manifest, Mapping)
+        and not trl
+        and (manifest.get("format") != FORMAT or manifest.get("version") != VERSION)
+    ):
+        raise InvalidInput(
+            f"{where}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
+            f" this exactpack reads {FORMAT!r} version {VERSION} — pack it again with this"
+            " version"
+        )
+    m: Manifest = decode(manifest, Manifest, where)
+    totals = _check_entries(m, where)
+    for key in ("rows", "occurrences"):
+        if totals[key] != getattr(m, key):
+            raise _bad(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
+    if m.statistics is not None:
+        pairs = totals["tokens"] - (0 if trl else m.occurrences)  # TRL's unit: tokens
+        _check_statistics(manifest, m, pairs, totals["eligible"], where)
+    return m
+
+
+def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
+    """Shard entries: plain unique names, contiguous whole model calls, plausible counts;
+    their totals (eligible -1: not recorded for every shard)."""
+    capacity, per_call = m.config.capacity, m.config.max_rows_per_batch
+    names: set[str] = set()
+    totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
+    for k, e in enumerate(m.shards):
+        name = e.file
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise _bad(where, f"shard file {name!r} is not a plain file name")
+        if name in names:
+            raise _bad(where, f"shard {name} is listed twice")
+        names.add(name)
+        stale = e.eligible is None or totals["eligible"] < 0
+        totals["eligible"] = -1 if stale else totals["eligible"] + e.eligible
+        if e.first_row != totals["rows"]:
+            raise _bad(where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}")
+        if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call):
+            raise _bad(
+                where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
+            )
+        # Every row holds 1..capacity occurrences; a window is len + 1 >= 2 tokens.
+        rows, occ, tokens = e.rows, e.occurrences, e.tokens
+        if not rows <= occ <= rows * capacity or not 2 * occ <= tokens <= rows * capacity + occ:
+            raise _bad(
+                where,
+                f"shard {name} claims {rows:,} rows, {occ:,} occurrences and"
+                f" {tokens:,} tokens, which rows of {capacity:,} cannot hold",
+            )
+        totals["rows"] += rows
+        totals["occurrences"] += occ
+        totals["tokens"] += tokens
+    return totals
+
+
+def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where: Path) -> None:
+    """The statistics a pack recorded agree with the manifest's own numbers (``tokens``:
+    prediction pairs; ``known``: the shards' eligible targets, -1 when not recorded)."""
+    stats, rows, capacity = m.statistics or {}, m.rows, m.config.capacity
+    expected: dict[str, Any] = {
+        "capacity": capacity,
+        "rows": rows,
+        "examples": m.occurrences,
+        "tokens": tokens,
+        "lower_bound": -(-tokens // capacity),
+        "batches": -(-rows // m.config.max_rows_per_batch),
+        "efficiency": tokens / (rows * capacity) if rows else 0.0,
+    }
+    policy = raw.get("policy")
+    if isinstance(policy, Mapping) and "name" in policy:
+        expected["policy"] = policy["name"]
+    for key, want in expected.items():
+        got = stats.get(key, want)
+        if key == "efficiency":  # a float: equal to rounding
+            same = type(got) in (int, float) and abs(got - want) <= 1e-9 * max(1.0, want)
+        else:
+            same = got == want and not isinstance(got, bool)
+        if not same:
+            raise _bad(
+                where,
+                f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
+            )
+    eligible = stats.get("eligible_targets")
+    if eligible is None:
+        return
+    if type(eligible) is not int or not 0 <= eligible <= tokens:
+        raise _bad(where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]")
+    if known >= 0 and eligible != known:
+        raise _bad(
+            where,
+            f"statistics.eligible_targets is {eligible!r} but the shards' entries give {known:,}",
+        )
+
+
+def check_checksums(manifest: Mapping, folder: Path) -> None:
+    """Every listed shard exists, with the manifest's size and sha256."""
+    for entry in manifest["shards"]:
+        file = folder / entry["file"]
+        if not file.is_file():
+            raise InvalidInput(f"{file} is missing — the packed directory is incomplete")
+        if file.stat().st_size != entry["bytes"] or sha256_file(file) != entry["sha256"]:
+            raise InvalidInput(
+                f"{file}: checksum mismatch (size or sha256 differs from the manifest) — the"
+                " file was changed, truncated or damaged; pack again"
+            )
+
+
+def _kind(kind: pa.DataType) -> str:
+    """An Arrow type without its list fields' names: ``list<int32>``."""
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"{'large_' * pa.types.is_large_list(kind)}list<{_kind(kind.value_type)}>"
+    return str(kind)
+
+
+def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) -> None:
+    """A shard's schema is the format's (the declared types, the required columns) and
+    has the columns its manifest ``entry`` lists."""
+    declared = SCHEMA
+    for f in schema:
+        if f.name not in declared.names:
+            raise _bad(where, f"column {f.name!r} is not a column of the packed-row format")
+        want = declared.field(f.name).type
+        if _kind(f.type) != _kind(want):
+            raise _bad(
+                where, f"column {f.name!r} has type {_kind(f.type)}, not the format's {_kind(want)}"
+            )
+    missing = [n for n in REQUIRED if n not in schema.names]
+    if missing:
+        raise _bad(where, f"the required columns {missing} are missing")
+    if entry is not None and "columns" in entry and entry["columns"] != schema.names:
+        raise _bad(
+            where, f"holds the columns {schema.names} but the manifest says {entry['columns']}"
+        )
+
+
+def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> None:
+    """:func:`check_schema`, and no null at any list depth (the row decoder would turn one
+    into NaN and then into an arbitrary integer)."""
+    check_schema(table.schema, where, entry)
+    for name in table.column_names:
+        chunks = table.column(name).chunks
+        while chunks:
+            if any(chunk.null_count for chunk in chunks):
+                raise _bad(where, f"a value of column {name!r} is missing (null)")
+            chunks = [c.flatten() for c in chunks if pa.types.is_list(c.type)]
+
+
+def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
+    """Shard content against its manifest ``entry``, the binding and ``occurrences``."""
+    got = {
+        "rows": rows.num_rows,
+        "first_row": rows.first_row,
+        "occurrences": len(rows),
+        "tokens": int(rows.tokens.shape[0]),
+        "eligible": int(np.count_nonzero(rows.loss_mask)),
+    }
+    _agree(got, entry, where)
+    if np.any(np.diff(rows.row_offsets) < 1):
+        raise _bad(where, "a row holds no occurrence")
+    tokens = rows.tokens
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= rows.binding.vocab_size):
+        bad = int(tokens[(tokens < 0) | (tokens >= rows.binding.vocab_size)][0])
+        raise _bad(
+            where, f"token id {bad} is outside [0, {rows.binding.vocab_size}) (binding.vocab_size)"
+        )
+    starts, lengths = rows.starts, rows.lengths  # each inside its row: arrow_to_rows checked
+    same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
+    same_row[rows.row_offsets[1:-1] - 1] = False
+    if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
+        raise _bad(where, "two occurrences of a row overlap")
+    ordinals = rows.ordinals
+    if ordinals.size and (int(ordinals.min()) < 0 or int(ordinals.max()) >= occurrences):
+        raise _bad(where, f"an ordinal lies outside 0..{occurrences - 1:,}")
+    if np.unique(ordinals).shape[0] != ordinals.shape[0]:
+        raise _bad(where, "two occurrences share an ordinal (segment id)")
+    if np.any(rows.range_starts < 0) or not np.array_equal(
+        rows.range_ends - rows.range_starts, rows.lengths + 1
+    ):
+        raise _bad(where, "a provenance range [range_start, range_end) is not its window's")
+
+
+def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
+    """What a shard holds is what its manifest ``entry`` says (where it says it)."""
+    for key, value in got.items():
+        if entry.get(key) is not None and value != entry[key]:
+            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+
+
+def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of one shard (only the columns needed; checked against ``entry``): pairs per
+    occurrence int64 [K], occurrence offsets int64 [R+1], eligible targets per row [R]."""
+    try:
+        schema = pq.read_schema(file)
+        check_schema(schema, str(file), entry)
+        names = schema.names
+        wanted = ("pair_counts", "loss_bits")
+        table = pq.read_table(file, columns=[n for n in names if n in wanted])
+        seq, occ = flat_column(table, "pair_counts")
+        pairs = offsets_of(seq.astype(np.int64))
+        per_row = np.diff(pairs[occ])
+        if "loss_bits" in names:
+            bits = unpack_bits(table.column("loss_bits"), per_row, str(file))
+            per_row = np.diff(offsets_of(bits)[pairs[occ]])
+    except (pa.ArrowException, OSError) as err:
+        raise _bad(file, f"cannot read the shard ({err})") from None
+    got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
+    _agree(got, entry, file)
+    return seq.astype(np.int64), occ, per_row
+
+
+def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:
+    """Decode every shard now (``read(k)`` checks each); then every ordinal exactly once,
+    and the eligible targets recorded."""
+    ordinals, eligible = [], 0
+    for k in range(len(manifest["shards"])):
+        rows = read(k)
+        ordinals.append(rows.ordinals)
+        eligible += int(np.count_nonzero(rows.loss_mask))
+    seen = np.sort(np.concatenate([np.zeros(0, np.int64), *ordinals]))
+    if not np.array_equal(seen, np.arange(seen.shape[0])):
+        raise _bad(where / MANIFEST, "the shards' ordinals are not 0..occurrences-1 each once")
+    stats = manifest.get("statistics")
+    if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
+        raise _bad(
+            where / MANIFEST,
+            f"statistics.eligible_targets is"
+            f" {stats['eligible_targets']!r} but the shards hold {eligible:,}",
+        )
+
+
+def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
+    """Decode one shard file of a :class:`~exactpack.io.store.PackedStore` into checked
+    :class:`CompactRows`."""
+    where = str(file)
+    try:
+        table = pq.read_table(file, memory_map=True)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        raise _bad(file, f"cannot read the shard ({err})") from None
+    check_table(table, where, entry)
+    rows = arrow_to_rows(
+        table,
+        capacity=store.capacity,
+        partition=store.partition,
+        binding=store.binding,
+        where=where,
+    )
+    check_shard(rows, entry, store.occurrences, where)
+    return rows
+
+
+def refuse_packed(path: Path) -> None:
+    """Refuse a exactpack output (its folder or a file in it) given as input."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        kind = read_manifest(folder).get("format") if (folder / MANIFEST).is_file() else None
+    except (OSError, InvalidInput, AttributeError):
+        return
+    if not isinstance(kind, str) or not kind.startswith("exactpack."):
+        return
+    use = (
+        "exactpack.hf.load_trl(path) or TRL's trainer"
+        if kind.endswith("trl-packed")
+        else "exactpack.io.load_packed(path) or exactpack.training.PackedBatches(path)"
+    )
+    raise InvalidInput(
+        f"{path} is a exactpack output (format {kind}): it is already packed — use it with"
+        f" {use}, or give the corpus it was packed from"
+    )

@@ -1,0 +1,617 @@
+"""Tokenizers for text input: the built-in byte tokenizer and local Hugging Face ones.
+
+The built-in tokenizer is the fixture's 266-entry vocabulary::
+
+    id      0      1      2      3..9            10..265
+    meaning BOS    EOS    PAD    reserved        byte b -> id 10 + b
+
+    encode("hi") = [0, 114, 115, 1]      ('h' = 104, 'i' = 105)
+
+Every document is ``[BOS, bytes..., EOS]``: ``b`` UTF-8 bytes give ``b + 2``
+tokens and ``b + 1`` prediction pairs. PAD is reserved and never emitted.
+
+:func:`load_tokenizer` loads a ``tokenizers`` or ``transformers`` tokenizer saved on disk
+(nothing downloaded, no folder's code run, every file regular and bounded); truncation
+and padding are turned off (with a warning), a post-processor adding more than BOS/EOS
+is refused. Every tokenizer has ``identity`` (the Binding's ``tokenizer_id``),
+``vocab_size`` and ``encode_batch(texts) -> (tokens int32 [Σn], offsets int64 [k+1])``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import stat
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from exactpack.core import meter
+from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.examples import offsets_of
+from exactpack.io.files import read_limited
+
+BOS_ID = 0
+EOS_ID = 1
+BYTE_OFFSET = 10  # ids 2 (PAD) to 9 are reserved
+BYTE_VOCAB_SIZE = BYTE_OFFSET + 256
+BYTES_IDENTITY = "exactpack/bytes-266"
+#: Where a tokenizer's identity names a chat template other than its own.
+CHAT_MARK = "+chat-template@sha256:"
+#: Characters of text encoded per tokenizer call (its records take ~45 bytes a character).
+ENCODE_BATCH = 1 << 22
+#: Files whose bytes define a saved tokenizer; they make up its identity digest.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "chat_template.jinja")  # fmt: skip
+#: Files besides ``tokenizer.json`` from which transformers could build a (slow) tokenizer.
+SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
+#: The largest tokenizer file read (the largest hub ``tokenizer.json`` files are ~35 MB).
+MAX_TOKENIZER_FILE = 1 << 29
+#: The largest chat template read (hub templates are at most tens of kilobytes).
+MAX_TEMPLATE_FILE = 1 << 22
+#: Tokenizer classes that use ``tokenizer.json`` as it is.
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+#: ``tokenizer_config.json`` keys with which transformers rebuilds part of the tokenizer.
+REBUILDING_KEYS = ("add_bos_token", "add_eos_token", "add_prefix_space", "do_lower_case",
+                   "strip_accents", "tokenize_chinese_chars", "split_special_tokens", "legacy",
+                   "auto_map", "from_slow")  # fmt: skip
+
+
+class Tokenizer(Protocol):
+    identity: str
+    vocab_size: int
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted by 10, wrapped in BOS 0 / EOS 1 (see the module docstring)."""
+
+    identity = BYTES_IDENTITY
+    vocab_size = BYTE_VOCAB_SIZE
+
+    def encode(self, text: str) -> np.ndarray:
+        """``[BOS, 10 + byte..., EOS]`` as int32 [len(utf8) + 2].
+
+        >>> ByteTokenizer().encode("hi").tolist()
+        [0, 114, 115, 1]
+        """
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode many texts: flat tokens int32 [Σ(b_i + 2)] and offsets int64 [k+1]."""
+        raw = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter((len(b) for b in raw), dtype=np.int64, count=len(raw))
+        return self.encode_utf8(np.frombuffer(b"".join(raw), dtype=np.uint8), offsets_of(lengths))
+
+    def encode_utf8(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """UTF-8 ``data`` uint8 [B] split by ``offsets`` int64 [k+1] -> tokens int32 and
+        their offsets int64 [k+1], with no Python loop per text or byte."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        base = offsets[0]
+        out_offsets = offsets - base + 2 * np.arange(offsets.shape[0], dtype=np.int64)
+        out = np.empty(int(out_offsets[-1]), dtype=np.int32)
+        is_byte = np.ones(out.shape[0], dtype=bool)
+        is_byte[out_offsets[:-1]] = is_byte[out_offsets[1:] - 1] = False
+        out[out_offsets[:-1]] = BOS_ID
+        out[out_offsets[1:] - 1] = EOS_ID
+        out[is_byte] = data[base : offsets[-1]].astype(np.int32) + BYTE_OFFSET
+        return out, out_offsets
+
+    def decode(self, tokens: Any) -> str:
+        """Bytes back to text; special ids are dropped."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        data = (ids[ids >= BYTE_OFFSET] - BYTE_OFFSET).astype(np.uint8)
+        return data.tobytes().decode("utf-8", errors="replace")
+
+
+# -- the files of a saved tokenizer, and the settings inside them that would change data
+
+
+def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
+    """Refuse ``path`` unless a regular file of at most ``limit`` bytes (before opening it)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise InvalidInput(f"cannot read {path} ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"{path} is not a regular file — exactpack reads tokenizer files only")
+    if info.st_size > limit:
+        raise InvalidInput(
+            f"{path} holds {info.st_size:,} bytes, more than the {limit:,} a tokenizer file or"
+            " chat template may hold — it is not one; pass the tokenizer's own files"
+        )
+
+
+def read_checked(path: Path, limit: int = MAX_TOKENIZER_FILE) -> bytes:
+    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``)."""
+    checked_file(path, limit)
+    return read_limited(path, limit)
+
+
+def file_identity(kind: str, path: Path, files: Iterable[Path]) -> str:
+    """``kind:name@sha256:...``: a digest of ``files`` (names and bytes, each checked)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + read_checked(f) + b"\0")
+    return f"{kind}:{path.name}@sha256:{h.hexdigest()[:16]}"
+
+
+def sanitized(rust: Any, where: str, owned: bool) -> tuple[Any, int | None]:
+    """``rust`` without truncation or padding (a copy unless ``owned``; a warning names
+    them) and the pad id its padding named; :func:`check_post_processor` first."""
+    check_post_processor(rust, where)
+    truncation, padding = rust.truncation, rust.padding
+    if truncation is None and padding is None:
+        return rust, None
+    rust = rust if owned else copy.deepcopy(rust)
+    turned = []
+    if truncation is not None:
+        rust.no_truncation()
+        turned.append(f"truncation to {truncation.get('max_length')} tokens")
+    if padding is not None:
+        rust.no_padding()
+        turned.append("padding")
+    warnings.warn(
+        f"{where}: the tokenizer's {' and '.join(turned)} is turned off — exactpack tokenizes"
+        " whole documents and marks padding itself (cut or padded documents would be"
+        " trained as they are)",
+        UserWarning,
+        stacklevel=3,
+    )
+    return rust, None if padding is None else int(padding["pad_id"])
+
+
+def check_post_processor(rust: Any, where: str) -> None:
+    """Refuse a post-processor that adds more than one special token before or after a
+    single text (``[CLS] $A [SEP] [X]``); BOS/EOS-shaped ones, Bert's and Roberta's pass."""
+    try:
+        processor = json.loads(rust.to_str()).get("post_processor")
+    except (ValueError, AttributeError):  # not serializable: nothing to inspect
+        return
+    before, after = _added(processor)
+    if len(before) > 1 or len(after) > 1:
+        shown = " ".join([*before, "$A", *after])
+        raise InvalidInput(
+            f"{where}: the tokenizer's post-processor turns each text into {shown!r} — exactpack"
+            " keeps at most a BOS before and an EOS after each document (other added tokens"
+            " would enter every example); save the tokenizer with a TemplateProcessing of at"
+            " most one special token on each side of $A, or pass pre-tokenized input_ids"
+        )
+
+
+def _added(processor: Any) -> tuple[list[str], list[str]]:
+    """The special tokens a post-processor puts before and after a single sequence."""
+    if not isinstance(processor, dict):
+        return [], []
+    kind = processor.get("type")
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return [str(processor["cls"][0])], [str(processor["sep"][0])]
+    before, after = [], []
+    if kind == "Sequence":
+        for inner in processor.get("processors", []):
+            b, a = _added(inner)
+            before, after = b + before, after + a
+    elif kind == "TemplateProcessing":  # ByteLevel and the like add no token
+        specials, seen = processor.get("special_tokens", {}), False
+        for piece in processor.get("single", []):
+            if "Sequence" in piece:
+                seen = True
+                continue
+            name = piece.get("SpecialToken", {}).get("id", "?")
+            ids = specials.get(name, {}).get("ids", [None])
+            (after if seen else before).extend([str(name)] * max(1, len(ids)))
+    return before, after
+
+
+# -- a save_pretrained folder: its tokenizer.json directly, or through AutoTokenizer
+
+
+def open_folder(path: Path) -> tuple[Any, str, int, Any]:
+    """The tokenizer saved in folder ``path``: its transformers backend (lazy when its
+    ``tokenizer.json`` is read directly, :func:`_direct`, or remembered,
+    :func:`remembered_file`), identity, vocabulary size and the direct Rust tokenizer."""
+    for name in (*TOKENIZER_FILES, *SLOW_FILES):
+        if (path / name).exists():
+            checked_file(path / name, MAX_TEMPLATE_FILE if name.endswith(".jinja") else
+                         MAX_TOKENIZER_FILE)  # fmt: skip
+    if (path / "additional_chat_templates").is_dir():
+        for file in sorted((path / "additional_chat_templates").iterdir()):
+            checked_file(file, MAX_TEMPLATE_FILE)
+    if "auto_map" in read_checked(path / "tokenizer_config.json").decode(errors="replace"):
+        raise InvalidInput(  # never run, never even tried
+            f"the tokenizer in {path} needs the Python code its tokenizer_config.json names"
+            " (auto_map); exactpack never runs a tokenizer folder's code — save it with a"
+            " built-in tokenizer class, or pass its tokenizer.json"
+        )
+    files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
+    identity = file_identity("hf", path, files)
+    has_json = (path / "tokenizer.json").is_file()
+    if not has_json and not any((path / f).is_file() for f in SLOW_FILES):
+        raise InvalidInput(
+            f"{path} has tokenizer_config.json but no tokenizer.json (nor tokenizer.model or"
+            " vocab files) — save the tokenizer into it with save_pretrained(), or pass the"
+            " folder that holds its tokenizer.json"
+        )
+    direct = _direct(path) if has_json else None
+    if direct is not None:
+        rust, config = direct
+        pad = _content(config.get("pad_token"))
+        lazy = LazyTransformers(path, _content(config.get("eos_token")),
+                                None if pad is None else rust.token_to_id(pad))  # fmt: skip
+        return lazy, identity, rust.get_vocab_size(True), rust
+    cache = remembered_file(identity) if has_json else None
+    known = _recall(cache)
+    if known is not None:  # the tokenizer transformers built from this folder, kept
+        rust, meta = known
+        lazy = LazyTransformers(path, meta["eos_token"], meta["pad_token_id"])
+        return lazy, identity, int(meta["vocab_size"]), rust
+    backend = auto_tokenizer(path, has_json)
+    if cache is not None:
+        _remember(cache, backend)
+    return backend, identity, len(backend), None
+
+
+#: Texts on which a remembered tokenizer must give transformers' own ids.
+PROBES = ["Hello world!", "  two  spaces\n\ttab", "caf\u00e9 \u00fc\u00df \u4e2d\u6587 \U0001f600",
+          "x<s>y</s> <pad><unk>", "1234567 + 89 = ?", "'s 're don't"]  # fmt: skip
+
+
+def remembered_file(identity: str) -> Path | None:
+    """Where the tokenizer transformers builds from folder ``identity`` is kept, keyed by it
+    and the transformers and tokenizers versions (None without both installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        versions = f"{version('transformers')}\0{version('tokenizers')}"
+    except PackageNotFoundError:
+        return None
+    key = hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(home) / "exactpack" / "tokenizers" / f"{key}.json"
+
+
+def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
+    """The Rust tokenizer and facts :func:`_remember` kept in ``file``, or None."""
+    if file is None or not file.with_suffix(".meta").is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        meta = json.loads(read_checked(file.with_suffix(".meta"), MAX_TEMPLATE_FILE))
+        checked_file(file)
+        return Tokenizer.from_file(str(file)), meta
+    except Exception:  # damaged or unreadable: transformers loads the folder again
+        return None
+
+
+def _remember(file: Path, backend: Any) -> None:
+    """Keep ``backend``'s Rust tokenizer in ``file`` when encoding with it is all transformers
+    does (no Python encoding or split special tokens, the same ids on :data:`PROBES`)."""
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    rust = getattr(backend, "backend_tokenizer", None)
+    if not isinstance(backend, TokenizersBackend) or rust is None or backend.split_special_tokens:
+        return
+    if any(getattr(type(backend), name) is not getattr(TokenizersBackend, name)
+           for name in ("__call__", "_encode_plus", "tokenize")):  # fmt: skip
+        return
+    if [e.ids for e in rust.encode_batch(PROBES)] != backend(PROBES)["input_ids"]:
+        return
+    meta = {"vocab_size": len(backend), "pad_token_id": backend.pad_token_id,
+            "eos_token": backend.eos_token}  # fmt: skip
+    from exactpack.io.atomic import write_file
+
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        write_file(file, lambda f: f.write(rust.to_str().encode()))
+        # the meta last: its presence says both are whole
+        write_file(file.with_suffix(".meta"), lambda f: f.write(json.dumps(meta).encode()))
+    except OSError:
+        return  # no writable cache: the next process loads through transformers again
+
+
+def _direct(path: Path) -> tuple[Any, dict[str, Any]] | None:
+    """The folder's Rust tokenizer and config when transformers would use its
+    ``tokenizer.json`` as it is, else None (transformers then loads it, or names the damage)."""
+    if any((path / f).is_file() for f in ("special_tokens_map.json", "added_tokens.json")):
+        return None
+    try:
+        config = json.loads(read_checked(path / "tokenizer_config.json"))
+    except ValueError:
+        return None  # transformers names the damage
+    generic = isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_CLASSES
+    if not generic or any(key in config for key in REBUILDING_KEYS):
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        rust = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # no tokenizers, or the Rust side's plain Exception
+        return None
+    for key, value in config.items():
+        if key.endswith("_token") and value is not None:
+            token = _content(value)
+            if token is None or rust.token_to_id(token) is None:
+                return None  # transformers would add it to the vocabulary
+    for index, added in (config.get("added_tokens_decoder") or {}).items():
+        if not isinstance(added, dict) or rust.token_to_id(added.get("content")) != int(index):
+            return None
+    return rust, config
+
+
+def _content(value: Any) -> str | None:
+    """A special token's text: the string, or an ``AddedToken`` dict's ``content``."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class LazyTransformers:
+    """A folder's transformers tokenizer, loaded on first use of anything but
+    ``pad_token_id``, ``eos_token`` and ``is_fast``; pickled loaded."""
+
+    is_fast = True
+    split_special_tokens = False
+
+    def __init__(self, path: Path, eos_token: str | None, pad_token_id: int | None) -> None:
+        self._path, self._real = path, None
+        self.eos_token, self.pad_token_id = eos_token, pad_token_id
+
+    def load(self) -> Any:
+        """The transformers tokenizer (imported and loaded once)."""
+        if self._real is None:
+            self._real = auto_tokenizer(self._path, True)
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_real", "_path"):
+            raise AttributeError(name)
+        return getattr(self.load(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _same, (self.load(),)
+
+
+def auto_tokenizer(path: Path, has_json: bool) -> Any:
+    """``transformers.AutoTokenizer`` on ``path``, local files only, no remote code."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise NotAvailable(
+            "loading a transformers tokenizer needs `pip install exactpack[hf]`"
+        ) from err
+    try:
+        # trust_remote_code=False: no folder code, and no question on stdin (asked if unset)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                             trust_remote_code=False)  # fmt: skip
+    except Exception as err:  # transformers raises many kinds on a damaged folder
+        why = " ".join(str(err).split())
+        if not has_json:
+            raise InvalidInput(
+                f"{path} has no tokenizer.json, and transformers cannot build the tokenizer"
+                f" from its other files ({type(err).__name__}: {why[:200]}) — save the"
+                " tokenizer with save_pretrained() from a fast tokenizer (it writes"
+                " tokenizer.json)"
+            ) from None
+        raise InvalidInput(
+            f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"
+            " again with save_pretrained()"
+        ) from None
+
+
+def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` (one id list per item, each alive only while copied) flat, and offsets."""
+    offsets = offsets_of(np.fromiter(map(len, items), dtype=np.int64, count=len(items)))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
+    """The ``tokenizers.Tokenizer`` that does the work (a transformers one's copied), or None."""
+    if kind == "tokenizers":
+        return backend
+    fast = getattr(backend, "is_fast", False)
+    rust = getattr(backend, "backend_tokenizer", None) if fast else None
+    if rust is None or getattr(backend, "split_special_tokens", False):
+        return None
+    rust, _ = sanitized(rust, where, owned=False)
+    # nothing to turn off: still never share it
+    return copy.deepcopy(rust) if rust is backend.backend_tokenizer else rust
+
+
+def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
+    """``[a, b)`` spans of ``texts`` holding about ``size`` characters each (at least one)."""
+    spans, start, total = [], 0, 0
+    for i, text in enumerate(texts):
+        total += len(text)
+        if total >= size:
+            spans.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(texts) or not spans:
+        spans.append((start, len(texts)))
+    return spans
+
+
+class HFTokenizer:
+    """A ``tokenizers`` or ``transformers`` tokenizer (its Rust backend encodes if it has one)."""
+
+    #: The chat template to render conversations with (``--chat-template``); None: its own.
+    chat_template: str | None = None
+
+    def __init__(
+        self, backend: Any, kind: str, identity: str, vocab_size: int, *, where: str | None = None,
+        owned: bool = False, rust: Any = None
+    ) -> None:  # fmt: skip
+        where = where or identity
+        self._pad: int | None = None
+        if kind == "tokenizers":  # truncation and padding off (a copy unless ``owned``)
+            backend, self._pad = sanitized(backend, where, owned)
+        self.backend, self.kind, self.identity = backend, kind, identity
+        self.vocab_size = int(vocab_size)
+        if rust is not None:  # a folder's tokenizer.json read directly
+            self._rust = sanitized(rust, where, owned=True)[0]
+        else:
+            self._rust = rust_backend(backend, kind, where)
+
+    def with_chat_template(self, template: str) -> HFTokenizer:
+        """This (transformers) tokenizer rendering chats with ``template``; its identity says
+        so (the template decides the tokens), unless it is the tokenizer's own."""
+        if template == self.chat_template:  # already applied (a Ray task's shipped copy)
+            return self
+        out = copy.copy(self)
+        out.chat_template = template
+        out.identity = self.identity.split(CHAT_MARK)[0]
+        if template != getattr(self.backend, "chat_template", None):
+            out.identity += f"{CHAT_MARK}{hashlib.sha256(template.encode()).hexdigest()[:16]}"
+        return out
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The tokenizer's pad id (a transformers pad token or a padding setting), or None."""
+        if self.kind == "transformers":
+            return getattr(self.backend, "pad_token_id", None)
+        return self.__dict__.get("_pad")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"_rust": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        with warnings.catch_warnings():  # warned where it was loaded; a worker stays quiet
+            warnings.simplefilter("ignore")
+            self._rust = rust_backend(self.backend, self.kind)
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids int32 [Σn] and offsets int64 [k+1], :data:`ENCODE_BATCH` characters a call."""
+        texts = list(texts)
+        spans = text_spans(texts, ENCODE_BATCH)
+        parts = []
+        for i, (a, b) in enumerate(spans):
+            parts.append(self._encode(texts[a:b]))
+            meter.report((i + 1) / len(spans))  # a progress bar moves within a chunk
+        if len(parts) == 1:
+            return parts[0]
+        counts = np.concatenate([np.diff(offsets) for _, offsets in parts])
+        return np.concatenate([ids for ids, _ in parts]), offsets_of(counts)
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._rust is not None:
+            encode = getattr(self._rust, "encode_batch_fast", None) or self._rust.encode_batch
+            encodings = encode(texts, add_special_tokens=True)
+            return _flat(encodings, (e.ids for e in encodings))
+        ids = self.backend(texts, add_special_tokens=True)["input_ids"]
+        return _flat(ids, ids)
+
+
+def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
+    """``"bytes"`` (built-in) or a local path, never downloaded: a folder with
+    ``tokenizer_config.json`` is a transformers tokenizer (:func:`open_folder`), a
+    ``tokenizer.json`` (or a folder holding only one) a ``tokenizers`` tokenizer."""
+    if str(spec) == "bytes":
+        return ByteTokenizer()
+    path = Path(spec)
+    if not path.exists():
+        raise InvalidInput(
+            f"tokenizer {str(spec)!r} is not a local file or folder — exactpack loads tokenizers"
+            " from disk only (no downloads); pass --tokenizer bytes or a saved tokenizer folder"
+        )
+    if path.is_dir() and (path / "tokenizer_config.json").is_file():
+        backend, identity, size, rust = open_folder(path)
+        return HFTokenizer(backend, "transformers", identity, size, where=str(path), rust=rust)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise InvalidInput(
+            f"{path} holds neither tokenizer_config.json nor tokenizer.json"
+            " — save the tokenizer with save_pretrained() or Tokenizer.save()"
+        )
+    try:
+        from tokenizers import Tokenizer as RustTokenizer
+    except ImportError as err:
+        raise NotAvailable("loading tokenizer.json needs `pip install exactpack[hf]`") from err
+    checked_file(file)
+    try:
+        backend = RustTokenizer.from_file(str(file))
+    except Exception as err:  # the Rust side raises a plain Exception
+        raise InvalidInput(
+            f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
+            " a tokenizer saved with save_pretrained() or Tokenizer.save()"
+        ) from None
+    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
+    return HFTokenizer(backend, "tokenizers", identity, backend.get_vocab_size(True),
+                       where=str(file), owned=True)  # fmt: skip
+
+
+def read_chat_template(spec: str | os.PathLike[str]) -> str:
+    """A chat template: the text itself (it holds ``{%`` or ``{{``), a Jinja file, or a
+    ``tokenizer_config.json`` whose ``chat_template`` it is."""
+    if isinstance(spec, str) and ("{%" in spec or "{{" in spec):
+        return spec
+    path = Path(spec)
+    if not path.is_file():
+        raise InvalidInput(
+            f"chat template {str(spec)!r} is not a file — pass a Jinja file (e.g. the"
+            " tokenizer folder's chat_template.jinja) or the template text"
+        )
+    if path.suffix != ".json":
+        return read_checked(path, MAX_TEMPLATE_FILE).decode("utf-8", errors="replace")
+    try:
+        text = json.loads(read_checked(path).decode("utf-8", errors="replace"))["chat_template"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput(f"{path} holds no chat_template — pass a Jinja file") from None
+    if not isinstance(text, str):
+        raise InvalidInput(f"{path}: chat_template is not one template — pass a Jinja file")
+    return text
+
+
+def with_chat_template(tokenizer: Tokenizer | None, template: str | None) -> Tokenizer | None:
+    """``tokenizer`` rendering chats with ``template`` (None: as it is)."""
+    if template is None:
+        return tokenizer
+    if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
+        raise InvalidInput(
+            "--chat-template needs a transformers tokenizer: pass --tokenizer with a"
+            " save_pretrained folder (tokenizer_config.json), not a tokenizer.json"
+        )
+    return tokenizer.with_chat_template(template)
+
+
+def loaded_tokenizer(backend: Any) -> HFTokenizer | None:
+    """A ``transformers`` tokenizer or ``tokenizers.Tokenizer`` object already in memory as
+    an :class:`HFTokenizer` (identity: a digest of its serialized form), else None."""
+    rust = getattr(backend, "backend_tokenizer", None)
+    if rust is not None and callable(backend):  # a fast transformers tokenizer
+        name = Path(str(getattr(backend, "name_or_path", "") or "tokenizer")).name
+        digest = hashlib.sha256(rust.to_str().encode()).hexdigest()[:16]
+        return HFTokenizer(backend, "transformers", f"hf:{name}@sha256:{digest}", len(backend))
+    if hasattr(backend, "get_vocab_size") and hasattr(backend, "to_str"):
+        digest = hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
+        size = backend.get_vocab_size(with_added_tokens=True)
+        return HFTokenizer(backend, "tokenizers", f"tokenizers:@sha256:{digest}", size)
+    return None
+
+
+def as_tokenizer(spec: str | os.PathLike[str] | Tokenizer | Any | None) -> Tokenizer | None:
+    """A tokenizer from a spec (:func:`load_tokenizer`) or an object in memory
+    (:func:`loaded_tokenizer`); a exactpack tokenizer or None is returned as it is."""
+    if isinstance(spec, (str, os.PathLike)):
+        return load_tokenizer(spec)
+    if spec is None or isinstance(spec, (ByteTokenizer, HFTokenizer)):
+        return spec
+    return loaded_tokenizer(spec) or spec

@@ -1,0 +1,156 @@
+"""TRL's packed schema (``--format trl``): rows that TRL and transformers consume unchanged.
+
+One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
+
+    input_ids     list<int32>   the examples' tokens back to back (Σ n_i <= capacity)
+    labels        list<int64>   only when the input says what is not supervised (its
+                                labels, loss_mask, completion_mask, assistant_masks or a
+                                chat objective): the token where its pair is
+                                supervised, -100 elsewhere and on each example's
+                                first token (no pair of the example predicts it)
+    seq_lengths   list<int32>   [K] tokens per example (TRL 1.16's meaning)
+
+This is TRL 1.16's own stored form (``trl.pack_dataset``; ``SFTTrainer`` folds its masks
+into ``labels``); its collator derives ``position_ids`` from ``seq_lengths`` and trains
+every pair of a row without ``labels`` (rationale: docs/design-notes.md).
+Capacity counts tokens (TRL's ``max_length``), not exactpack's prediction pairs. For
+the fixture A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1] at capacity 7,
+next-fit::
+
+    input_ids     [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
+    seq_lengths   [[4, 3], [5]]
+    (positions    [[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4]]  derived by the collator)
+
+Version 1 (still read) also stored ``labels`` always and ``position_ids`` (``0..n_i-1``
+per example). A directory holds these Parquet shards and a ``manifest.json`` of format
+:data:`TRL_FORMAT` (published, sized and hashed as exactpack's own format).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from exactpack.core.compact import CompactRows, span_labels
+from exactpack.core.errors import InvalidInput
+from exactpack.io.shards import list_array, token_offsets
+
+TRL_FORMAT = "exactpack.trl-packed"
+TRL_VERSION = 2
+_IDS = ("input_ids", pa.list_(pa.int32()))
+_LABELS = ("labels", pa.list_(pa.int64()))
+_LENGTHS = ("seq_lengths", pa.list_(pa.int32()))
+#: Rows where every pair is supervised.
+TRL_SCHEMA = pa.schema([_IDS, _LENGTHS])
+#: Rows with a loss mask (and every row of a stream, whose schema is fixed before it is read).
+TRL_LABELED_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS])
+
+
+def trl_schema(labels: bool) -> pa.Schema:
+    """TRL's packed schema of rows with (``labels``) or without a loss mask."""
+    return TRL_LABELED_SCHEMA if labels else TRL_SCHEMA
+
+
+def trl_table(cols: CompactRows) -> pa.Table:
+    """``cols`` (one shard's rows) in TRL's packed schema, ``labels`` with a loss mask."""
+    _, row_tok = token_offsets(cols)
+    arrays = [list_array(row_tok, cols.tokens, pa.int32())]  # the gathered tokens, no copy
+    if cols.loss_mask is not None:
+        labels = span_labels(cols.tokens, cols.loss_mask, cols.lengths).astype(np.int64)
+        arrays.append(list_array(row_tok, labels, pa.int64()))
+    arrays.append(list_array(cols.row_offsets, cols.lengths + 1, pa.int32()))
+    return pa.Table.from_arrays(arrays, schema=trl_schema(cols.loss_mask is not None))
+
+
+def is_trl(manifest: object) -> bool:
+    """Whether ``manifest`` (a packed output's metadata) is a TRL-format output's."""
+    return (
+        isinstance(manifest, dict)
+        and manifest.get("format") == TRL_FORMAT
+        and manifest.get("version") == TRL_VERSION
+    )
+
+
+def refuse_trl(manifest: object, where: str) -> None:
+    """Raise a clear :class:`InvalidInput` when ``manifest`` is a TRL-format output, which
+    exactpack's own loaders (``load_packed``, ``PackedBatches``, ``to_batches``) do not read."""
+    if isinstance(manifest, dict) and manifest.get("format") == TRL_FORMAT:
+        raise InvalidInput(
+            f"{where} holds TRL-format rows (packed with --format trl), which exactpack's own"
+            " loaders do not read — load it with exactpack.hf.load_trl(path) or"
+            " datasets.load_dataset('parquet', data_files=...), and train it with TRL's"
+            " padding-free collator; pack without --format trl for PackedBatches"
+        )
+
+
+def check_trl_contents(manifest: Mapping, folder: Path) -> None:
+    """Decode every shard of a TRL-format directory against the manifest: one schema of its
+    version, the entry's rows, examples, tokens and supervised labels, rows of whole examples
+    within ``capacity``, ids below ``vocab_size``, labels -100 or their token (-100 on each
+    example's first)."""
+    capacity = int(manifest["config"]["capacity"])
+    vocab = int(manifest["binding"]["vocab_size"])
+    schemas = [TRL_SCHEMA, TRL_LABELED_SCHEMA]
+    for entry in manifest["shards"]:
+        file = folder / entry["file"]
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError) as err:
+            raise _damaged(file, f"cannot read the shard ({err})") from None
+        if not any(table.schema.equals(s) for s in schemas):
+            raise _damaged(file, f"schema {table.schema} is not TRL's {schemas[-1]}")
+        schemas = [table.schema]  # every shard of an output has the first one's columns
+        if any(_nulls(table.column(n)) for n in table.column_names):
+            raise _damaged(file, "a value is missing (null)")
+        if not _consistent(table, entry, capacity, vocab, file):
+            raise _damaged(
+                file,
+                "rows, seq_lengths or labels disagree with each other, the"
+                f" manifest entry or capacity {capacity:,}",
+            )
+
+
+def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file: Path) -> bool:
+    """Whether one shard's columns agree with each other, its entry and ``capacity``."""
+    ids, lens = (table.column(n).combine_chunks() for n in ("input_ids", "seq_lengths"))
+    tokens = ids.flatten().to_numpy()
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise _damaged(file, f"a token id is outside [0, {vocab}) (binding.vocab_size)")
+    row_len = np.diff(ids.offsets.to_numpy())
+    seq = lens.flatten().to_numpy().astype(np.int64)
+    per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
+    starts = np.cumsum(seq) - seq
+    eligible = int(seq.sum()) - seq.shape[0]  # every pair, without labels
+    ok = (
+        table.num_rows == entry["rows"]
+        and len(seq) == entry["occurrences"]
+        and int(row_len.sum()) == entry["tokens"]
+        and np.array_equal(per_row, row_len)
+        and not (seq.size and (int(seq.min()) < 2 or int(row_len.max()) > capacity))
+    )
+    if "labels" in table.column_names:
+        labels = table.column("labels").combine_chunks()
+        targets = labels.flatten().to_numpy()
+        ignored = targets == -100
+        eligible = int((~ignored).sum())
+        ok = (
+            ok
+            and np.array_equal(np.diff(labels.offsets.to_numpy()), row_len)
+            and bool(np.all(ignored | (targets == tokens)))
+            and bool(np.all(ignored[starts]))
+        )
+    return bool(ok) and entry.get("eligible", eligible) == eligible
+
+
+def _nulls(column: pa.ChunkedArray) -> int:
+    return sum(c.null_count + c.flatten().null_count for c in column.chunks)
+
+
+def _damaged(where: Path, what: str) -> InvalidInput:
+    return InvalidInput(
+        f"{where}: {what} — the packed directory was changed or damaged; pack again"
+    )

@@ -1,0 +1,335 @@
+"""Attention over tree-packed rows: each node's queries against its path, never ``T^2``.
+
+A node of ``m`` cells whose path (its ancestors' cells, root first, then its own) holds
+``P`` cells attends with one ``(m, P)`` block, its queries at path positions
+``P-m .. P-1`` (:func:`~exactpack.nn.varlen.grouped_attention`, shared with ``varlen``);
+nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
+:mod:`exactpack.core.tree`::
+
+    node 0 (cols 0-2)  queries 0-2  keys 0-2          3 x 3
+    node 1 (col 3)     query 3      keys 0-3          1 x 4
+    node 2 (cols 4-5)  queries 4-5  keys 0-3, 4-5     2 x 6
+    node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
+    node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
+
+Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
+gradient once per consumer (``index_select``'s backward adds them): the flat gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from exactpack.core.errors import NotAvailable
+from exactpack.core.examples import concat_ranges
+from exactpack.core.loss import check_logits, eligible_nll
+from exactpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
+from exactpack.nn.flex import permission_mod
+from exactpack.nn.varlen import grouped_attention
+
+
+@dataclass(frozen=True, eq=False)
+class TreePlan:
+    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers:
+    ``groups`` per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``; ``scatter`` int64
+    (R*T,) ``1 +`` each stored cell's output slot (0: padding); ``score_cells`` ``Σ m × P``."""
+
+    groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
+    scatter: torch.Tensor
+    cells: int
+    score_cells: int
+    cache: dict = field(default_factory=dict, repr=False)
+
+    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All groups' query and key indices, concatenated (cached)."""
+        if "gathers" not in self.cache:
+            self.cache["gathers"] = tuple(torch.cat([g[i] for g in self.groups]) for i in (3, 4))
+        return self.cache["gathers"]
+
+
+def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per node (pre-order): the flat cells of its path (ancestors' spans root first, then
+    its own) as ``(cells, bounds)``, int64 [Σ P] and [M+1]."""
+    first = batch.node_row * batch.shape[1] + batch.node_col
+    paths: list[list[int]] = []
+    for n, parent in enumerate(batch.node_parent.tolist()):
+        paths.append([*paths[parent], n] if parent >= 0 else [n])
+    order = np.fromiter((a for path in paths for a in path), dtype=np.int64)
+    lens = batch.node_len[order].astype(np.int64)
+    sizes = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+    path_len = np.add.reduceat(lens, np.r_[0, np.cumsum(sizes)[:-1]]) if paths else lens
+    return concat_ranges(first[order], lens), np.r_[0, np.cumsum(path_len)].astype(np.int64)
+
+
+def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> TreePlan:
+    """The (m, P)-grouped gather/scatter plan of ``batch``."""
+    keys, bounds = node_keys(batch)
+    first = batch.node_row * batch.shape[1] + batch.node_col
+    m, p = batch.node_len.astype(np.int64), np.diff(bounds)
+    shapes, inverse = np.unique(np.stack([m, p], axis=1), axis=0, return_inverse=True)
+    scatter = np.zeros(batch.shape[0] * batch.shape[1], dtype=np.int64)
+    groups, slot = [], 0
+    for g, (mg, pg) in enumerate(shapes.tolist()):
+        members = np.flatnonzero(inverse.reshape(-1) == g)
+        q_index = (first[members][:, None] + np.arange(mg)).reshape(-1)
+        k_index = (bounds[members][:, None] + np.arange(pg)).reshape(-1)
+        scatter[q_index] = slot + 1 + np.arange(q_index.shape[0])
+        slot += q_index.shape[0]
+        q_t, k_t = (torch.as_tensor(x, device=device) for x in (q_index, keys[k_index]))
+        groups.append((int(members.shape[0]), int(mg), int(pg), q_t, k_t))
+    cells = int(scatter.shape[0])
+    return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: TreePlan,
+    scale: float,
+    sliding_window: int | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
+    groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
+    q_index, k_index = plan.gathers()
+    return grouped_attention(
+        q, k, v, groups, q_index, k_index, plan.scatter, scale, sliding_window, dropout, plan.cache
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class FlashPlan:
+    """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
+
+    Queries: the stored cells in node order (``stored``), one sequence a node (``cu_q``,
+    int32 [M+1]); keys: each node's path (``keys``, ``cu_k``), or for the merge each node's
+    own span (``cu_q``) and the ancestors' spans (``ancestors``, ``cu_a``) of the nodes
+    that have some (``inner_q``: their query slots, ``cu_inner``).
+    """
+
+    stored: torch.Tensor
+    cu_q: torch.Tensor
+    keys: torch.Tensor
+    cu_k: torch.Tensor
+    inner_q: torch.Tensor
+    cu_inner: torch.Tensor
+    ancestors: torch.Tensor
+    cu_a: torch.Tensor
+    max_q: int
+    max_k: int
+    cells: int
+
+
+def flash_plan(batch: TreeBatch, device: torch.device | str | None = None) -> FlashPlan:
+    """The :class:`FlashPlan` of ``batch`` (node spans lie in node order along the row)."""
+    keys, bounds = node_keys(batch)
+    m = batch.node_len.astype(np.int64)
+    first = batch.node_row * batch.shape[1] + batch.node_col
+    inner = np.flatnonzero(batch.node_parent >= 0)
+    starts = np.r_[0, np.cumsum(m)[:-1]]  # each node's first query slot
+    own = np.zeros(keys.shape[0], dtype=bool)
+    own[concat_ranges(bounds[1:] - m, m)] = True  # the path's last m keys: the node itself
+
+    def t(x: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=dtype, device=device)
+
+    def cu(lengths: np.ndarray) -> torch.Tensor:
+        return t(np.r_[0, np.cumsum(lengths)], torch.int32)
+
+    return FlashPlan(
+        t(concat_ranges(first, m)),
+        cu(m),
+        t(keys),
+        cu(np.diff(bounds)),
+        t(concat_ranges(starts[inner], m[inner])),
+        cu(m[inner]),
+        t(keys[~own]),
+        cu(np.diff(bounds)[inner] - m[inner]),
+        int(m.max(initial=0)),
+        int(np.diff(bounds).max(initial=0)),
+        batch.shape[0] * batch.shape[1],
+    )
+
+
+def varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    return_attn_probs: bool = False,
+    **_: Any,
+) -> Any:
+    """``flash_attn_varlen_func`` in plain torch (dense per call: for checks on CPU).
+
+    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is ``q[cu_q[i]:cu_q[i+1]]``
+    against ``k[cu_k[i]:cu_k[i+1]]``, causality and ``window_size`` bottom-right aligned
+    (query ``j`` of ``Lq`` at key ``j + Lk - Lq``). Returns ``out`` (Nq, H, Dv), or with
+    ``return_attn_probs`` ``(out, lse (H, Nq), None)`` (differentiable; no key: 0, -inf).
+    """
+    if dropout_p:
+        raise NotAvailable("varlen_reference has no dropout: it is the exact check")
+
+    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:  # seq, index
+        seq = torch.searchsorted(cu.long(), torch.arange(n, device=cu.device), right=True) - 1
+        return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
+
+    sq, iq = local(cu_seqlens_q, q.shape[0])
+    sk, ik = local(cu_seqlens_k, k.shape[0])
+    shift = (cu_seqlens_k.diff() - cu_seqlens_q.diff()).long()[sq]  # Lk - Lq per query
+    rel = (iq + shift)[:, None] - ik[None, :]  # (Nq, Nk): aligned key index - key index
+    allowed = sq[:, None] == sk[None, :]
+    left, right = window_size
+    if causal:
+        allowed &= rel >= 0
+    if left >= 0:
+        allowed &= rel <= left
+    if right >= 0:
+        allowed &= rel >= -right
+    heads = q.shape[1]
+    k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = scores.logsumexp(-1)  # (H, Nq)
+    probs = (scores - lse[..., None]).exp().nan_to_num(0.0)
+    out = torch.einsum("hqk,khd->qhd", probs, v)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_varlen(device: torch.device) -> Any:
+    """``flash_attn_varlen_func`` on CUDA, :func:`varlen_reference` on CPU."""
+    if device.type != "cuda":
+        return varlen_reference
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as err:
+        raise NotAvailable(
+            "flash tree attention on CUDA needs the flash-attn package; use exactpack_tree"
+        ) from err
+    return flash_attn_varlen_func
+
+
+def tree_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: FlashPlan,
+    scale: float,
+    sliding_window: int | None = None,
+    dropout: float = 0.0,
+    *,
+    varlen: Any = None,
+    merge: bool = False,
+) -> torch.Tensor:
+    """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
+
+    Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at padding.
+    Default: one causal bottom-right call, each node's queries against its gathered path.
+    ``merge``: a causal call over the node spans plus one over the ancestors' spans,
+    merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
+    """
+    varlen = varlen or flash_varlen(q.device)
+    qs = q.index_select(0, plan.stored)
+
+    def call(keys: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any) -> Any:
+        return varlen(
+            kw.pop("q", qs), k.index_select(0, keys), v.index_select(0, keys), cu_q, cu_k,
+            plan.max_q, plan.max_k, dropout_p=dropout, softmax_scale=scale, **kw,
+        )  # fmt: skip
+
+    if not merge:
+        left = -1 if sliding_window is None else sliding_window - 1
+        out = call(plan.keys, plan.cu_q, plan.cu_k, causal=True, window_size=(left, 0))
+    else:
+        if sliding_window is not None:
+            raise NotAvailable("the two-part merge serves full attention; use merge=False")
+        if torch.is_grad_enabled() and q.requires_grad and varlen is not varlen_reference:
+            raise NotAvailable(
+                "the two-part merge needs the log-sum-exp's gradient, which flash-attn's"
+                " backward drops: run it without gradients, or use merge=False"
+            )
+        own, lse_own, _ = call(
+            plan.stored, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
+        )
+        part, lse_part, _ = call(
+            plan.ancestors, plan.cu_inner, plan.cu_a, q=qs.index_select(0, plan.inner_q),
+            return_attn_probs=True,
+        )  # fmt: skip
+        lse_own_inner = lse_own.index_select(1, plan.inner_q)
+        lse = torch.logaddexp(lse_own_inner, lse_part)  # (H, n): both parts' softmax
+        merged = own.index_select(0, plan.inner_q) * (lse_own_inner - lse).exp().T[..., None]
+        merged = merged + part * (lse_part - lse).exp().T[..., None]
+        out = own.index_copy(0, plan.inner_q, merged.to(own.dtype))
+    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
+
+
+def tree_mask_mod(
+    valid: torch.Tensor,
+    nodes: torch.Tensor,
+    node_ends: torch.Tensor,
+    positions: torch.Tensor,
+    sliding_window: int | None = None,
+) -> Any:
+    """:func:`~exactpack.core.permission.permitted` on a tree row as a FlexAttention
+    ``mask_mod`` over (R, T): :func:`~exactpack.nn.flex.permission_mod` with node ends."""
+    return permission_mod(valid, nodes, positions, sliding_window, node_ends)
+
+
+def cell_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
+    """Log-probability of each stored cell's target, (R*T,) (0 at padding, never computed)."""
+    check_logits(logits, batch.shape, batch.binding.vocab_size)
+    cells, nll = eligible_nll(logits, batch.targets, batch.input_valid)
+    index = torch.as_tensor(cells, device=logits.device)
+    return nll.new_zeros(batch.inputs.size).index_copy(0, index, -nll)
+
+
+def _per_sequence(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
+    """Each sequence's target log-probs, concatenated in layout order, (Σ L,)."""
+    index = torch.as_tensor(batch.seq_cells, device=logits.device)
+    return cell_logprobs(logits, batch).index_select(0, index)
+
+
+def token_logprobs(logits: torch.Tensor, batch: TreeBatch) -> list[torch.Tensor]:
+    """Per original sequence (layout order, ``batch.seq_index``): its targets' log-probs, (L,)."""
+    return list(_per_sequence(logits, batch).split(np.diff(batch.seq_bounds).tolist()))
+
+
+def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
+    """Sum of each original sequence's supervised target log-probs (its own loss mask), (S,)
+    in layout order: the DPO / SimPO / reward-model quantity."""
+    mask = torch.as_tensor(batch.seq_loss_mask, device=logits.device)
+    flat = _per_sequence(logits, batch) * mask
+    owner = np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds))
+    owner = torch.as_tensor(owner, device=logits.device)
+    return flat.new_zeros(batch.seq_index.shape[0]).index_add(0, owner, flat)
+
+
+__all__ = [
+    "FlashPlan",
+    "TreePlan",
+    "cell_logprobs",
+    "flash_plan",
+    "flash_varlen",
+    "node_keys",
+    "sequence_logprobs",
+    "token_logprobs",
+    "tree_attention",
+    "tree_flash_attention",
+    "tree_loss",
+    "tree_loss_sum",
+    "tree_mask_mod",
+    "tree_plan",
+    "varlen_reference",
+]

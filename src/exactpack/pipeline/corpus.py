@@ -1,0 +1,282 @@
+"""A corpus read out of core: chunk by chunk, tokenized, spilled; only the lengths in memory.
+
+:func:`read_corpus` checks and tokenizes each chunk of ``chunk_bytes`` and appends it to a
+:class:`~exactpack.io.spill.Spill` (Arrow inputs are not spilled: their chunks are views);
+the split receipt is computed on the way (:class:`~exactpack.io.documents.DataDigest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput, check_lengths
+from exactpack.core.examples import example_label
+from exactpack.core.supervision import Objective
+from exactpack.io.columns import chunk_from_arrow
+from exactpack.io.documents import DataDigest, Origin, TokenChunk, make_binding
+from exactpack.io.readers import Input, open_input
+from exactpack.io.shards import default_ids
+from exactpack.io.spill import Spill
+from exactpack.io.tokenizers import Tokenizer
+from exactpack.pipeline.budget import StreamBudget, read_limits
+from exactpack.pipeline.options import PackOptions
+from exactpack.pipeline.progress import counts, progress_bar
+
+
+@dataclass(eq=False)
+class Corpus:
+    """Documents ``0..N-1`` of an input as views (spilled or the input's own Arrow).
+
+    ``chunks[c]`` holds documents ``first_rows[c] .. first_rows[c+1] - 1``;
+    ``counts`` int64 [N] are their tokens. ``flagged``: some target is not
+    supervised; ``named``: some document has an id other than its row number.
+    """
+
+    source: Input
+    chunks: list[TokenChunk]
+    first_rows: np.ndarray
+    counts: np.ndarray
+    binding: Binding
+    flagged: bool
+    named: bool
+    eligible: int
+    spill: Spill | None
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.counts.sum())
+
+    def chunk_of(self, docs: np.ndarray) -> np.ndarray:
+        """The chunk holding each document, int64 [k]."""
+        return np.searchsorted(self.first_rows, docs, "right") - 1
+
+    def _where(self, doc: int) -> tuple[TokenChunk, int]:
+        c = int(self.chunk_of(np.array([doc]))[0])
+        return self.chunks[c], doc - int(self.first_rows[c])
+
+    def locate(self, doc: int) -> str:
+        chunk, i = self._where(doc)
+        return chunk.origin.locate(i)
+
+    def id_of(self, doc: int) -> str:
+        chunk, i = self._where(doc)
+        return chunk.id_of(i)
+
+    def ids(self) -> pa.ChunkedArray:
+        """Every document's id in order (the row number where the input has none)."""
+        parts = [
+            default_ids(np.arange(c.first_row, c.first_row + len(c))) if c.ids is None else c.ids
+            for c in self.chunks
+        ]
+        return pa.chunked_array(parts, pa.string())
+
+    def release(self) -> None:
+        """Hand back the memory-mapped pages read so far (see :mod:`exactpack.io.spill`)."""
+        if self.spill is not None:
+            self.spill.release()
+        self.source.release()
+
+    def release_chunk(self, c: int) -> None:
+        """Hand back the mapped pages of chunk ``c`` (its windows were just gathered)."""
+        maps = (self.spill.mapped if self.spill is not None else []) + self.source.mapped
+        if not maps:
+            return
+        chunk = self.chunks[c]
+        for array in (chunk.tokens, chunk.offsets, chunk.flags):
+            if array is not None and array.size:
+                address = array.__array_interface__["data"][0]
+                for mapped in maps:
+                    mapped.release_span(address, array.nbytes)
+
+    def close(self) -> None:
+        self.chunks = []
+        if self.spill is not None:
+            self.spill.close()
+        self.source.close()
+
+
+def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
+    """``chunk`` without its id column when that only repeats the row numbers."""
+    if chunk.ids is None:
+        return chunk
+    rows = default_ids(np.arange(chunk.first_row, chunk.first_row + len(chunk)))
+    same = len(chunk.ids) == len(rows) and chunk.ids.cast(pa.string()).equals(rows)
+    return replace(chunk, ids=None) if same else chunk
+
+
+def _labels(chunk: TokenChunk) -> Callable[[int], str]:
+    def label(i: int) -> str:
+        n = int(chunk.offsets[i + 1] - chunk.offsets[i])
+        name = example_label(chunk.first_row + i, chunk.id_of(i), 0, n)
+        return f"{chunk.origin.locate(i)}: {name}"
+
+    return label
+
+
+#: Token bytes of a corpus kept in memory rather than spilled (without a budget): 32 M
+#: ids, a 100 MB text corpus; below it memory costs less than writing and mapping a spill.
+KEEP_BYTES = 128 << 20
+
+
+class _Reading:
+    """What :func:`read_corpus` accumulates: chunks kept up to ``keep_bytes``, then spilled."""
+
+    def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
+        self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
+        self.counts: list[np.ndarray] = []
+        self.flags: list[Any] = []
+        self.origins: list[Origin] = []
+        self.firsts: list[int] = []
+        self.kept: list[TokenChunk] = []
+        self.spill: Spill | None = None
+        self.documents = self.tokens = self.eligible = self.held = 0
+        self.largest = -1
+        self.flagged = self.named = False
+
+    def take(
+        self, chunk: TokenChunk, opts: PackOptions, vocab: int | None, digest: DataDigest | None
+    ) -> None:
+        """Check ``chunk`` against the options and keep what the corpus needs of it."""
+        if vocab is not None:
+            chunk.check_vocabulary(vocab)
+        elif chunk.tokens.size:
+            largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
+            self.largest = max(self.largest, largest)
+        if not opts.cut_long:
+            check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
+        chunk = _drop_default_ids(chunk)
+        targets = chunk.tokens.shape[0] - len(chunk)
+        self.counts.append(chunk.counts)
+        self.flags.append(targets if chunk.flags is None else None)
+        self.flagged |= chunk.flags is not None
+        self.named |= chunk.ids is not None
+        self.origins.append(chunk.origin)
+        self.firsts.append(chunk.first_row)
+        if digest is not None:
+            digest.tokens(chunk.tokens)
+        self._hold(chunk)
+        self.documents += len(chunk)
+        self.tokens += int(chunk.tokens.shape[0])
+        self.eligible += targets if chunk.flags is None else int(np.count_nonzero(chunk.flags))
+
+    def _hold(self, chunk: TokenChunk) -> None:
+        if self.spill is not None:
+            self.spill.append(chunk)
+            return
+        if not self.persistent:  # own int32 ids, not the reader's buffers
+            chunk = replace(chunk, tokens=chunk.tokens.astype(np.int32, copy=False))
+            self.held += chunk.tokens.nbytes + chunk.offsets.nbytes
+            self.held += 0 if chunk.flags is None else chunk.flags.nbytes
+        self.kept.append(chunk)
+        if not self.persistent and self.held > self.keep_bytes:
+            self.spill = Spill(self.spill_dir)
+            for kept in self.kept:
+                self.spill.append(kept)
+            self.kept = []
+
+    def chunks(self) -> list[TokenChunk]:
+        return self.spill.open(self.origins, self.firsts) if self.spill is not None else self.kept
+
+    def close(self) -> None:
+        self.kept = []
+        if self.spill is not None:
+            self.spill.close()
+
+
+def read_corpus(
+    source: str | Path | Any,
+    opts: PackOptions,
+    tokenizer: Tokenizer | None,
+    *,
+    show: bool = False,
+    receipt: Callable[[Input], str | None] | None = None,
+    spill_dir: str | Path | None = None,
+    default_vocab: bool = False,
+) -> Corpus:
+    """Read, check, tokenize and spill ``source`` (see the module docstring).
+
+    ``receipt(input)`` may supply the split receipt (None: the content digest).
+    Pre-tokenized input without a vocabulary size or tokenizer is refused before reading,
+    unless ``default_vocab`` (then the vocabulary is the largest id + 1). The budget
+    (:class:`StreamBudget`) is checked before the first chunk and as documents are counted.
+    """
+    known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
+    binding = None
+    if known:
+        binding = make_binding(
+            lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tokenizer,
+            tokenizer_id=opts.tokenizer_id,
+        )  # fmt: skip
+    vocab = None if binding is None else binding.vocab_size
+    source_input = open_input(source, opts.split, read_limits(opts))
+    budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)
+    budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
+    given = (receipt(source_input) if receipt else None) or opts.split_id
+    digest = None if given else DataDigest(opts.split)
+    keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
+    state = _Reading(source_input.persistent, spill_dir or ".", keep)
+    try:
+        with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
+            chunks_in = source_input.chunks(opts.chunk_bytes, opts.text_field)
+            for table, origin, size in read_ahead(chunks_in):
+                with bar.chunk(size):  # moves as the chunk is tokenized
+                    if table.num_rows:
+                        chunk = chunk_from_arrow(
+                            table, origin, tokenizer=tokenizer, text_field=opts.text_field,
+                            partition=opts.split, objective=Objective.of(opts),
+                        ).rebased(state.documents)  # fmt: skip
+                        budget.check(documents=state.documents + len(chunk), what=source_input.name)
+                        state.take(chunk, opts, vocab, digest)
+                bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
+        if not state.documents:
+            raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
+        chunks = state.chunks()
+        flags = [n if n is not None else c.flags for n, c in zip(state.flags, chunks, strict=True)]
+        split_id = given or digest.finish(state.counts, flags)  # type: ignore[union-attr]
+        if state.spill is not None:
+            state.spill.release()
+        if binding is None:  # default_vocab: the largest id read + 1
+            binding = make_binding(
+                lambda: split_id, vocab_size=state.largest + 1, tokenizer_id=opts.tokenizer_id
+            )
+        binding = replace(binding, split_id=split_id)
+    except BaseException:
+        state.close()
+        source_input.close()
+        raise
+    first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
+    return Corpus(
+        source_input, chunks, first_rows, np.concatenate(state.counts), binding,
+        state.flagged, state.named, state.eligible, state.spill,
+    )  # fmt: skip
+
+
+_END = object()
+
+
+def read_ahead(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, each produced by a helper thread while the previous one is used."""
+    with ThreadPoolExecutor(1, thread_name_prefix="exactpack-read") as pool:
+        ahead = pool.submit(next, items, _END)
+        try:
+            while (item := ahead.result()) is not _END:
+                ahead = pool.submit(next, items, _END)
+                yield item
+        finally:
+            with contextlib.suppress(BaseException):
+                ahead.result()  # the helper is done with the generator before it closes
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()

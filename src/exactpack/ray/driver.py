@@ -1,0 +1,384 @@
+"""The driver: lay out blocks, run the tasks, merge statistics, publish atomically.
+
+The manifest's ``engine`` record says where the run went: a block's read/tokenize/plan
+seconds and CPU seconds are its plan task's; its write seconds are its share, by rows, of
+the shards holding its rows (a shard of 6 rows of block 0 and 2 of block 1 written in
+0.4 s: 0.3 s and 0.1 s); ``nodes`` sums each node's task times, busiest first.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from exactpack.core.binding import Binding, data_digest
+from exactpack.core.errors import ExactpackError, InvalidInput, NotAvailable
+from exactpack.io.atomic import Output, open_output
+from exactpack.io.documents import make_binding
+from exactpack.io.shards import manifest_record
+from exactpack.pipeline.local import duplicate_report
+from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.progress import status
+from exactpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
+from exactpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
+from exactpack.ray.shard_layout import (
+    RayTaskFailed,
+    Shard,
+    ShardCuts,
+    check_written,
+    merge_statistics,
+)
+from exactpack.ray.tasks import Settings, plan_block, write_shard
+
+if TYPE_CHECKING:
+    import ray.data
+
+#: Timings of the plan task and of the write task; where a task ran.
+PLAN_TIMES = ("read_seconds", "tokenize_seconds", "plan_seconds", "plan_cpu_seconds")
+WRITE_TIMES = ("write_seconds", "write_cpu_seconds")
+WHERE = ("node", "node_ip")
+
+
+def split_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A write task's result as (the shard's manifest entry, where and how long it ran)."""
+    return entry, {k: entry.pop(k) for k in (*WHERE, *WRITE_TIMES)}
+
+
+def per_block(
+    layout: ShardCuts,
+    block_stats: list[dict[str, Any]],
+    shards: list[Shard],
+    runs: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each block's layout record, node, plan timings and share of the write timings."""
+    write = [dict.fromkeys(WRITE_TIMES, 0.0) for _ in block_stats]
+    for shard, run in zip(shards, runs, strict=True):
+        rows = sum(b - a for _, a, b, _ in shard.spans)
+        for j, a, b, _ in shard.spans:
+            for k in WRITE_TIMES:
+                write[j][k] += run[k] * (b - a) / rows
+    return [
+        laid | {k: stats[k] for k in WHERE} | {k: stats[k] for k in PLAN_TIMES} | write[j]
+        for j, (laid, stats) in enumerate(zip(layout.blocks, block_stats, strict=True))
+    ]
+
+
+def per_shard(shards: list[Shard], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each shard's writer: shard index, node, node IP, seconds."""
+    return [{"shard": s.index} | run for s, run in zip(shards, runs, strict=True)]
+
+
+def per_node(blocks: list[dict[str, Any]], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Work per node, busiest first: counts, stage seconds, ``busy_seconds`` (their wall-clock
+    sum) and ``plan_tokens_per_second`` (pairs per second of read, tokenize and plan)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    zero = dict.fromkeys(("blocks", "examples", "tokens", "shards"), 0)
+    zero |= dict.fromkeys((*PLAN_TIMES, *WRITE_TIMES), 0.0)
+    sums = (
+        (blocks, "blocks", ("examples", "tokens", *PLAN_TIMES)),
+        (shards, "shards", WRITE_TIMES),
+    )
+    for items, counted, summed in sums:
+        for item in items:
+            n = nodes.setdefault(item["node"], {k: item[k] for k in WHERE} | zero)
+            n[counted] += 1
+            for k in summed:
+                n[k] += item[k]
+    for n in nodes.values():
+        planning = n["read_seconds"] + n["tokenize_seconds"] + n["plan_seconds"]
+        n["busy_seconds"] = planning + n["write_seconds"]
+        n["plan_tokens_per_second"] = n["tokens"] / planning if planning else 0.0
+    return sorted(nodes.values(), key=lambda n: -n["busy_seconds"])
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        import ray.data  # registers Ray's Arrow extension types
+    except ImportError as err:
+        raise NotAvailable("the ray engine needs Ray Data: pip install 'exactpack[ray]'") from err
+    return ray
+
+
+@contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
+    """The running Ray instance (left running), or one started here and shut down on exit:
+    local (``num_cpus``) without ``address``, else joining the cluster at ``address``."""
+    ray = _ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    local = {} if address else {"num_cpus": num_cpus, "include_dashboard": False}
+    if address:
+        check_reachable(address)
+    try:
+        ray.init(address=address or "local", logging_level=logging.WARNING, **local)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        if not address:
+            raise
+        raise NotAvailable(
+            f"cannot join the Ray cluster at {address!r} ({str(err).splitlines()[0]}) —"
+            " check --ray-address (ray status on the head node prints it)"
+        ) from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+#: Seconds a Ray head's port has to answer.
+CONNECT_SECONDS = 5.0
+
+
+def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse a ``[ray://]HOST:PORT`` that accepts no connection within ``timeout`` seconds."""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host and port and not port.isdigit():
+        return  # a bare host name: Ray resolves it (and its default port) itself
+    if not host or not port.isdigit():
+        raise InvalidInput(
+            f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto — e.g."
+            " --ray-address 10.0.0.5:6379"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise NotAvailable(
+            f"no Ray cluster answers at {address!r} within {timeout:g} s"
+            f" ({err.strerror or err}) — start one (ray start --head) or fix --ray-address"
+        ) from None
+
+
+@dataclass
+class TaskResults:
+    """What the tasks returned, in input order."""
+
+    block_stats: list[dict[str, Any]]
+    layout: ShardCuts
+    entries: list[dict[str, Any]]
+    shards: list[Shard]
+    runs: list[dict[str, Any]]
+    ids: pa.Array
+
+
+def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``.options`` of the plan tasks (``SPREAD`` unless ``remote_args`` names a
+    ``scheduling_strategy``) and of the write tasks (Ray's default, near their rows)."""
+    return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
+
+
+def run_tasks(
+    ray: Any,
+    blocks: list[Block],
+    inputs: list[list[Any]],
+    settings: Settings,
+    output: Output,
+    remote_args: dict[str, Any],
+    show: bool,
+) -> TaskResults:
+    """Plan every block, write shards as their rows become known. A task's exactpack error is
+    re-raised unchanged; any other failure is :class:`RayTaskFailed`."""
+    from tqdm import tqdm
+
+    plan_args, write_args = task_options(remote_args)
+    plan = ray.remote(plan_block).options(num_returns=2, **plan_args)
+    write = ray.remote(write_shard).options(**write_args)
+    shared = ray.put(settings)
+    planned = [plan.remote(b, shared, *refs) for b, refs in zip(blocks, inputs, strict=True)]
+    tables: list[Any] = [p[1] for p in planned]
+    position = {p[0]: k for k, p in enumerate(planned)}
+    pending = [p[0] for p in planned]
+    layout = ShardCuts(len(blocks), settings.options.max_rows_per_batch)
+    stats: dict[int, dict[str, Any]] = {}
+    ids: dict[int, Any] = {}
+    writes: list[Any] = []
+    shards: list[Shard] = []
+    bar = tqdm(total=len(blocks), desc="exactpack: blocks", unit="block", disable=not show)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
+            for ref, value in zip(ready, ray.get(ready), strict=True):
+                ids[position[ref]] = value.pop("ids")
+                stats[position[ref]] = value
+            bar.update(len(ready))
+            while len(layout.blocks) in stats:
+                for shard in layout.add(stats[len(layout.blocks)]):
+                    spans = tuple((a, b, e) for _, a, b, e in shard.spans)
+                    name = output.shard(shard.index)
+                    args = (str(output.path), name, shard.index, shard.first_row, spans, shared)
+                    writes.append(write.remote(*args, *[tables[j] for j, *_ in shard.spans]))
+                    shards.append(shard)
+                    for j in range(layout.consumed):
+                        tables[j] = None  # the write tasks hold what they still need
+        written = [split_entry(entry) for entry in ray.get(writes)]
+    except BaseException as err:
+        # never ray.cancel (design notes): writers finish before the folder's cleanup
+        ray.wait(writes, num_returns=len(writes), timeout=60)
+        if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, ExactpackError):
+            raise err.cause from None
+        if isinstance(err, ray.exceptions.RayError):
+            raise RayTaskFailed(f"a Ray task failed ({err}) — see the Ray logs") from err
+        raise
+    finally:
+        bar.close()
+    merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
+    block_stats = [stats[k] for k in range(len(blocks))]
+    entries, runs = [e for e, _ in written], [r for _, r in written]
+    return TaskResults(block_stats, layout, entries, shards, runs, merged)
+
+
+def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
+    """The local pipeline's ``duplicate_ids`` / ``duplicate_first`` over every block's ``ids``
+    (in input order): repeats within and across blocks count."""
+    starts = np.array([b.first for b in blocks], dtype=np.int64)
+
+    def locate(global_row: int) -> str:
+        block = blocks[int(np.searchsorted(starts, global_row, side="right")) - 1]
+        return block_origin(block).locate(global_row - block.first)
+
+    return duplicate_report(ids, locate)
+
+
+def _manifest(
+    options: PackOptions,
+    binding: Binding,
+    results: TaskResults,
+    source: str,
+    block_examples: int | None,
+    pad_token_id: int | None = None,
+) -> dict[str, Any]:
+    """The local pipeline's manifest, statistics merged over blocks, plus ``engine``."""
+    fields = options.manifest_fields(pad_token_id)
+    layout, block_stats = results.layout, results.block_stats
+    stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
+    receipt = options.split_id or data_digest(
+        "exactpack-split-blocks", options.split.value, *(s["split_id"] for s in block_stats)
+    )
+    blocks = per_block(layout, block_stats, results.shards, results.runs)
+    shards = per_shard(results.shards, results.runs)
+    return manifest_record(
+        binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
+        partition=options.split,
+        config=fields["config"],
+        shards=results.entries,
+        rows=layout.rows,
+        occurrences=layout.examples,
+        policy=fields["policy"],
+        statistics=stats,
+        input={"source": source, "text_field": options.text_field},
+        engine={
+            "name": "ray",
+            "block_examples": block_examples,
+            "blocks": len(layout.blocks),
+            "block_lower_bound": sum(s["lower_bound"] for s in block_stats),
+            "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
+            "nodes": per_node(blocks, shards),
+            "per_block": blocks,
+            "per_shard": shards,
+        },
+    )
+
+
+def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Settings]:
+    """The binding (its split receipt pending) and what every task gets: the options with
+    the tokenizer loaded."""
+    tok = opts.load_tokenizer()
+    binding = make_binding(
+        lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tok,
+        tokenizer_id=opts.tokenizer_id, split_id=opts.split_id,
+    )  # fmt: skip
+    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook, binding)
+
+
+def pack(
+    source: str | Path | ray.data.Dataset,
+    out: str | Path,
+    options: PackOptions | None = None,
+    engine: RayOptions | None = None,
+    /,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Pack Parquet or JSON Lines shards — token ids or text — (or a ``ray.data.Dataset``)
+    on Ray into the packed directory ``out``.
+
+    ``options`` (:class:`~exactpack.pipeline.options.PackOptions`) and ``engine``
+    (:class:`~exactpack.ray.ray_options.RayOptions`); keywords override fields of either
+    (``max_length=4096, block_examples=10_000``). Text is tokenized in the tasks with the
+    tokenizer the driver loaded. Statistics: :func:`exactpack.pipeline.local.pack_path`'s
+    plus ``blocks``, ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
+    (rows / the global lower bound) and ``nodes``. ``max_metadata_bytes`` applies to each
+    block alone. Without ``split_id`` the split receipt digests the blocks' digests in
+    order, so it depends on the block layout: pin it when several layouts must agree.
+    """
+    _ray()  # say how to install it before anything else
+    opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    if opts.format != "exactpack":
+        raise InvalidInput(
+            f"--format {opts.format} is written by the local engine only — drop --engine ray"
+        )
+    with open_output(out, opts.overwrite, inputs=[source]) as output:
+        return pack_into(source, output, opts, ray_opts)
+
+
+def pack_into(
+    source: str | Path | ray.data.Dataset, output: Output, opts: PackOptions, ray_opts: RayOptions
+) -> dict[str, Any]:
+    """:func:`pack`'s work, holding the output folder (``output``) until the commit."""
+    started = time.perf_counter()
+    show = opts.show_progress(sys.stderr)
+    say = status(show)
+    binding, settings = _settings(opts, ray_opts)
+    pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
+    files = isinstance(source, (str, Path, list, tuple))
+    if files:  # laid out before Ray starts: a bad input fails fast
+        say(f"laying out blocks of {source}")
+        blocks = file_blocks(source, ray_opts.block_examples)
+        if not blocks:
+            raise InvalidInput(f"{source} holds no rows — nothing to pack")
+        inputs, block_examples = [[] for _ in blocks], ray_opts.block_examples
+    with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
+        if not files:
+            if not isinstance(source, ray.data.Dataset):
+                raise InvalidInput(
+                    "the ray engine reads a Parquet or JSON Lines file, a folder of such shards"
+                    f" or a ray.data.Dataset, not a {type(source).__name__}"
+                )
+            block_examples = ray_opts.block_examples or DEFAULT_BLOCK_EXAMPLES
+            say("materialising the dataset in order")
+            blocks, inputs = dataset_blocks(ray, source, block_examples, opts.text_field, show)
+        say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
+        args = (settings, output, dict(ray_opts.remote_args), show)
+        results = run_tasks(ray, blocks, inputs, *args)
+        check_written(results.layout, results.entries, output.path)
+        name = str(source) if files else "ray.data.Dataset"
+        manifest = _manifest(opts, binding, results, name, block_examples, pad)
+        output.commit(manifest)
+    meta = manifest["engine"]
+    return (
+        manifest["statistics"]
+        | duplicates(blocks, results.ids)
+        | {
+            "blocks": meta["blocks"],
+            "block_examples": block_examples,
+            "block_lower_bound": meta["block_lower_bound"],
+            "rows_over_lower_bound": meta["rows_over_lower_bound"],
+            "nodes": len(meta["nodes"]),
+            "shards": len(results.entries),
+            "out": str(output.path),
+            "recovered": output.notes,
+            "seconds": time.perf_counter() - started,
+        }
+    )

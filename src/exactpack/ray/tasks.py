@@ -1,0 +1,206 @@
+"""The two Ray tasks: read, tokenize and plan one block; write one output shard.
+
+Both are plain functions of their arguments, so a task Ray retries computes the same
+thing; each reports where and how long it ran (``node``, ``node_ip``, ``*_seconds``: the
+manifest's ``engine`` section, never the shards). A task sizes the tokenizer's Rust pool
+to its CPUs (:func:`limit_tokenizer_threads`) and encodes with ``encode_batch_fast``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from exactpack.core.binding import Binding, Split
+from exactpack.core.config import PackConfig
+from exactpack.core.errors import SplitMismatch
+from exactpack.core.examples import example_label
+from exactpack.core.supervision import Objective
+from exactpack.io import store
+from exactpack.io.columns import documents_from_arrow
+from exactpack.io.documents import Documents
+from exactpack.io.shards import FULL, arrow_to_rows, shard_bounds, shard_table
+from exactpack.io.tokenizers import HFTokenizer, Tokenizer
+from exactpack.pipeline.budget import check_budget, read_limits
+from exactpack.pipeline.local import bind_examples, pack_table, run_statistics
+from exactpack.pipeline.options import PackOptions
+from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_table
+from exactpack.ray.ray_options import TaskHook
+
+
+def _ray_worker() -> Any:
+    """The ``ray`` module when this process is a connected Ray worker or driver, else None."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+def node_of_task() -> dict[str, str]:
+    """``{"node": Ray node id (hex), "node_ip": its address}``; off Ray, the host name."""
+    ray = _ray_worker()
+    if ray is None:
+        return {"node": socket.gethostname(), "node_ip": ""}
+    return {
+        "node": ray.get_runtime_context().get_node_id(),
+        "node_ip": ray.util.get_node_ip_address(),
+    }
+
+
+def limit_tokenizer_threads() -> None:
+    """Size the Rust thread pool (``RAYON_NUM_THREADS``, unless set) to the task's CPUs, as
+    Ray does for OpenMP (else ``n`` one-CPU tasks each start ``n`` threads)."""
+    ray = _ray_worker()
+    if ray is None or "RAYON_NUM_THREADS" in os.environ:
+        return
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cpus)))
+
+
+class FastTokenizer:
+    """The :class:`~exactpack.io.tokenizers.HFTokenizer` it wraps (same ids and identity),
+    encoding with ``encode_batch_fast`` (no per-token offsets and strings)."""
+
+    def __init__(self, wrapped: HFTokenizer) -> None:
+        self.backend = wrapped.backend
+        self.identity = wrapped.identity
+        self.vocab_size = wrapped.vocab_size
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids int32 [Σn] and offsets int64 [k+1] (BOS/EOS as the post-processor adds)."""
+        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=True)
+        ids = pa.array([e.ids for e in encodings], type=pa.large_list(pa.int32()))
+        offsets = ids.offsets.to_numpy()
+        return ids.values.to_numpy(zero_copy_only=False), offsets
+
+
+def task_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer | None:
+    """The tokenizer a task encodes with: :class:`FastTokenizer` where it applies."""
+    if (
+        isinstance(tokenizer, HFTokenizer)
+        and tokenizer.kind == "tokenizers"
+        and hasattr(tokenizer.backend, "encode_batch_fast")
+    ):
+        return FastTokenizer(tokenizer)
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every task gets, once, through the object store: the options (the tokenizer
+    loaded on the driver pickles with them: no worker reads its path), the binding (its
+    split receipt pending) and the task hook."""
+
+    options: PackOptions
+    hook: TaskHook | None = None
+    binding: Binding | None = None
+
+
+def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
+    if PARTITION_COLUMN not in table.column_names:
+        return
+    values = table.column(PARTITION_COLUMN).to_numpy(zero_copy_only=False).astype(object)
+    bad = values != partition.value
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise SplitMismatch(
+            f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
+            f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
+            " another partition's rows; filter the input or pack it with"
+            f" --split {values[row]}"
+        )
+
+
+def plan_block(
+    block: Block, settings: Settings, *tables: pa.Table
+) -> tuple[dict[str, Any], pa.Table]:
+    """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow).
+
+    The statistics carry ``ids`` (the block's example ids, Arrow strings in row order),
+    the node, the read / tokenize / plan seconds and ``plan_cpu_seconds`` (all three).
+    """
+    started, cpu = time.perf_counter(), time.process_time()
+    opts = settings.options
+    limit_tokenizer_threads()
+    tokenizer = task_tokenizer(opts.load_tokenizer())
+    table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
+    read = time.perf_counter()
+    docs = documents_from_arrow(
+        table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
+    )
+    check_split(table, docs, opts.split)
+    tokenized = time.perf_counter()
+    examples, split = bind_examples(docs, opts, tokenizer)
+    names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
+    check_budget(  # the local max_metadata_bytes check, for this block alone
+        examples,
+        PackConfig(opts.capacity, opts.max_rows_per_batch),
+        opts.policy,
+        opts.max_metadata_bytes,
+        where=f"block {block.index} ({names}, input rows {block.first:,}.."
+        f"{block.first + len(docs) - 1:,}): ",
+        fix="use fewer examples per block (--block-examples): on Ray the budget applies per block",
+        options=opts.policy_options,
+    )
+
+    def name(i: int) -> str:
+        if split:
+            return f"block {block.index}: {examples.label(i)}"
+        ex = examples.example(i)
+        return f"{origin.locate(i)}: {example_label(block.first + i, ex.example_id, *ex.range)}"
+
+    plan, rows = pack_table(examples, opts.capacity, opts.policy, name, **opts.policy_options)
+    cuts = shard_bounds(rows, opts.max_rows_per_batch, opts.shard_tokens)[1:-1]
+    out = shard_table(rows, FULL)  # the shard's writer drops what its rows can derive
+    stats = run_statistics(plan, docs, examples, split) | {
+        "split_id": examples.binding.split_id,
+        "cuts": cuts.tolist(),
+        "ids": pa.array(docs.ids, type=pa.string()),
+        **node_of_task(),
+        "read_seconds": read - started,
+        "tokenize_seconds": tokenized - read,
+        "plan_seconds": time.perf_counter() - tokenized,
+        "plan_cpu_seconds": time.process_time() - cpu,
+    }
+    if settings.hook is not None:
+        settings.hook("plan", block.index)
+    return stats, out
+
+
+def write_shard(
+    folder: str,
+    name: str,
+    index: int,
+    first_row: int,
+    spans: tuple[tuple[int, int, int], ...],
+    settings: Settings,
+    *tables: pa.Table,
+) -> dict[str, Any]:
+    """Task 2: rows ``[a, b)`` of each planned block (ordinals + offset) as shard ``index``,
+    the file ``folder/name``; its manifest entry plus ``node``, ``node_ip`` and timings."""
+    started, cpu = time.perf_counter(), time.process_time()
+    opts = settings.options
+    parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
+    rows = arrow_to_rows(
+        pa.concat_tables(parts).combine_chunks(), capacity=opts.capacity,
+        partition=opts.split, binding=settings.binding, where=name, contiguous=False,
+    )  # fmt: skip
+    part_rows = np.cumsum([0] + [b - a for a, b, _ in spans])
+    moved = np.repeat([e for *_, e in spans], np.diff(rows.row_offsets[part_rows]))
+    rows = replace(rows, ordinals=rows.ordinals + moved.astype(np.int64), first_row=first_row)
+    entry = store.write_shard(rows, folder, name)  # as every writer writes a shard
+    entry |= {
+        **node_of_task(),
+        "write_seconds": time.perf_counter() - started,
+        "write_cpu_seconds": time.process_time() - cpu,
+    }
+    if settings.hook is not None:
+        settings.hook("write", index)
+    return entry

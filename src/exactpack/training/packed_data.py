@@ -1,0 +1,316 @@
+"""PyTorch read path: packed rows, compact from the shard to the collator, -> tensors.
+
+:class:`PackedBatches` reads a packed directory as model calls or any selection of its
+rows (:class:`~exactpack.core.compact.CompactRows`, unpadded); :class:`PackedCollator`
+makes tensors, padding only in rows mode. The fixture's call (rows ``[A A A B B .]`` and
+``[C C C C . .]``) collates, with ``pad_id=0``, to::
+
+    input_ids     [[   0, 99, 100,    0, 101,    0], [   0, 102, 103, 104,    0,    0]]
+    shift_labels  [[  99, 100,  1,  101,   1, -100], [ 102, 103, 104,   1, -100, -100]]
+    labels        [[-100, 99, 100, -100, 101, -100], [-100, 102, 103, 104, -100, -100]]
+    position_ids  [[   0,  1,   2,    0,   1,    0], [   0,   1,   2,   3,    0,    0]]
+    segment_ids   [[   0,  0,   0,    1,   1,   -1], [   2,   2,   2,   2,   -1,   -1]]
+    cu_seq_lens_q = cu_seq_lens_k = [0, 3, 5, 9]     max_length_q = max_length_k = 4
+    num_items_in_batch = 9
+
+``shift_labels[r, c]``: the token cell ``c`` predicts, or ``-100`` where not
+loss-eligible; ``labels``: ``transformers``' unshifted ones (:mod:`exactpack.training.labels`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from exactpack.core.batch import IGNORE_INDEX, NO_SEGMENT, PackedBatch
+from exactpack.core.binding import Binding, Split
+from exactpack.core.compact import CompactRows
+from exactpack.core.errors import InvalidInput, SplitMismatch
+from exactpack.core.permission import pairwise
+from exactpack.io.integrity import read_row_stats
+from exactpack.io.store import PackedStore, load_packed
+from exactpack.nn.attention import AttentionLayout
+from exactpack.training.distributed import RowStats, Slot
+from exactpack.training.labels import seq_idx
+from exactpack.training.rows import (
+    PAD_FILL,
+    Rows,
+    compact_of,
+    concat_batches,
+    concat_rows,
+    cu_seq_lens,
+    distinct_rows,
+    empty_batch,
+    empty_rows,
+    flat_columns,
+    pad_cells,
+    select_rows,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledBatch:
+    """Rows (compact or a :class:`PackedBatch`; ``batch`` pads them, on first use) for the
+    :class:`Slot` they fill; ``world_size``: the ranks a stream was split over, or None."""
+
+    rows: Rows
+    slot: Slot
+    world_size: int | None = None
+
+    @cached_property
+    def batch(self) -> PackedBatch:
+        return self.rows if isinstance(self.rows, PackedBatch) else self.rows.to_batch()
+
+
+class PackedBatches(Dataset):
+    """Map-style dataset of model calls over a packed directory (verified on open).
+
+    ``ds[i]``: model call ``i`` as packed; ``ds[slot]`` (a :class:`Slot`): a
+    :class:`ScheduledBatch` of its rows; ``ds.rows(ids)`` / ``ds.compact_rows(ids)``: any
+    global rows, padded / not; ``row_stats()``: what a :class:`RowSampler` needs. Keeps
+    ``cache_shards`` decoded shards (LRU). ``expected_split="train"`` refuses other splits.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | PackedStore,
+        expected_binding: Binding | None = None,
+        *,
+        cache_shards: int = 4,
+        integrity: bool = True,
+        expected_split: Split | str | None = None,
+    ) -> None:
+        if isinstance(source, PackedStore):
+            source.require(expected_binding, expected_split)
+            self.store = source
+        else:
+            self.store = load_packed(
+                source, expected_binding, integrity=integrity, expected_split=expected_split
+            )
+        if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
+            raise InvalidInput(
+                f"{source} holds tree rows (exactpack pack --tree): read them with"
+                " load_packed(...).records() and exactpack.hf.tree_inputs.TreeCollator"
+            )
+        if cache_shards < 1:
+            raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
+        self.cache_shards = cache_shards
+        self._shards: OrderedDict[int, CompactRows] = OrderedDict()
+        self._stats: RowStats | None = None
+        firsts = [s["first_row"] for s in self.store.shards] + [self.store.num_rows]
+        self._first_rows = np.array(firsts, dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers get the dataset pickled: send no decoded shards.
+        return self.__dict__ | {"_shards": OrderedDict()}
+
+    @property
+    def num_rows(self) -> int:
+        return self.store.num_rows
+
+    @property
+    def capacity(self) -> int:
+        return self.store.capacity
+
+    @property
+    def binding(self) -> Binding:
+        return self.store.binding
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, index: int | Slot) -> PackedBatch | ScheduledBatch:
+        if isinstance(index, Slot):
+            return ScheduledBatch(self.compact_rows(index.rows), index)
+        return self.store[int(index)]
+
+    def _shard(self, k: int) -> CompactRows:
+        if k in self._shards:
+            self._shards.move_to_end(k)
+            return self._shards[k]
+        rows = self._shards[k] = self.store.shard_rows(k)
+        if len(self._shards) > self.cache_shards:
+            self._shards.popitem(last=False)
+        return rows
+
+    def compact_rows(self, ids: Sequence[int] | np.ndarray) -> CompactRows:
+        """Global rows ``ids`` (distinct, in this order), unpadded; none: 0 rows."""
+        ids = distinct_rows(ids, self.num_rows)
+        if not ids.size:
+            return empty_rows(self.capacity, self.store.partition, self.binding)
+        shard_of = np.searchsorted(self._first_rows, ids, "right") - 1
+        parts = []
+        for row, k in zip(ids.tolist(), shard_of.tolist(), strict=True):
+            shard = self._shard(k)
+            local = row - shard.first_row
+            parts.append(shard.slice_rows(local, local + 1))
+        return concat_rows(parts)
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> PackedBatch:
+        """Global rows ``ids`` (distinct, in this order) as one padded model call."""
+        return self.compact_rows(ids).to_batch()
+
+    def row_stats(self) -> RowStats:
+        """Valid tokens, eligible targets and Σl² of every row (cached; reads only the pair
+        counts and loss flags of each shard)."""
+        if self._stats is None:
+            parts = []
+            for shard in self.store.shards:
+                seq, occ, per_row = read_row_stats(self.store.path / shard["file"], shard)
+                rows = np.arange(shard["first_row"], shard["first_row"] + shard["rows"])
+                parts.append((seq, np.repeat(rows, np.diff(occ)), per_row))
+            self._stats = RowStats.stacked(parts)
+        return self._stats
+
+
+def _scheduled(item: Any) -> tuple[CompactRows, Slot | None]:
+    if isinstance(item, ScheduledBatch):
+        return compact_of(item.rows), item.slot
+    if isinstance(item, (PackedBatch, CompactRows)):
+        return compact_of(item), None
+    if isinstance(item, (list, tuple)) and item:
+        if len(item) == 1:
+            return _scheduled(item[0])
+        if all(isinstance(b, (PackedBatch, CompactRows)) for b in item):
+            return concat_rows(item), None
+    raise InvalidInput(
+        f"cannot collate {type(item).__name__}; pass a PackedBatch, a ScheduledBatch, or a list"
+        " of PackedBatch (use DataLoader(batch_size=None) with a RowSampler)"
+    )
+
+
+class PackedCollator:
+    """Tensors for one model call (the module docstring draws the fixture's).
+
+    int64 ``input_ids`` (``pad_id`` on padding), ``shift_labels`` / ``labels``
+    (``ignore_index`` where not eligible), ``position_ids``, ``segment_ids`` (-1 on
+    padding); int32 ``cu_seq_lens_q``/``_k`` [S+1]; ints ``max_length_q``/``_k``,
+    ``num_eligible`` and ``num_items_in_batch`` (for a :class:`ScheduledBatch` the whole
+    step's, plus ``last_micro`` and ``slot``).
+    Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
+    adds bool ``[R, 1, T, T]`` (True = may attend). ``flatten=True``: ``[1, N]``, no
+    padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s;
+    for Hugging Face models, or :class:`exactpack.hf.HFCollator`). ``partition="train"``
+    refuses other partitions.
+    """
+
+    def __init__(
+        self,
+        pad_id: int = 0,
+        *,
+        ignore_index: int = IGNORE_INDEX,
+        flatten: bool = False,
+        permission_mask: bool = False,
+        partition: Split | str | None = None,
+    ) -> None:
+        if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
+            raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
+        if flatten and permission_mask:
+            raise InvalidInput("flatten=True has no padding to mask; use permission_mask=False")
+        self.pad_id = int(pad_id)
+        self.ignore_index = int(ignore_index)
+        self.flatten = flatten
+        self.permission_mask = permission_mask
+        self.partition = None if partition is None else Split.parse(partition)
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        rows, slot = _scheduled(item)
+        check_split(rows, self.partition, "PackedCollator")
+        cells = flat_columns(rows, self.ignore_index)
+        index = cells.pop("valid_index")
+        shape = (rows.num_rows, rows.capacity)
+        if self.flatten:
+            cells = {k: v[None] for k, v in cells.items()}
+        else:
+            fill = PAD_FILL | {"input_ids": self.pad_id}
+            cells = {k: pad_cells(v, index, shape, fill[k]) for k, v in cells.items()}
+        out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in cells.items()}
+        cu = cu_seq_lens(rows)
+        longest = int(rows.lengths.max()) if len(rows) else 0
+        eligible = int(rows.loss_mask.sum())
+        out |= {
+            "cu_seq_lens_q": torch.from_numpy(cu),
+            "cu_seq_lens_k": torch.from_numpy(cu.copy()),
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "num_eligible": eligible,
+            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
+        }
+        if self.flatten:
+            out["seq_idx"] = torch.as_tensor(seq_idx(cu))
+            # transformers reads packed position_ids (batch of 1) only when no cache exists.
+            out["use_cache"] = False
+        else:
+            out["valid_index"] = torch.from_numpy(index)
+        if self.permission_mask:
+            seg, pos = cells["segment_ids"], cells["position_ids"]
+            out["permission_mask"] = torch.as_tensor(pairwise(seg != NO_SEGMENT, seg, pos))[:, None]
+        if slot is not None:
+            out |= {"last_micro": slot.last_micro, "slot": slot}
+        return out
+
+
+def check_split(batch: Rows, expected: Split | None, who: str) -> None:
+    """Refuse ``batch`` unless it is of partition ``expected`` (None: any)."""
+    if expected is not None and batch.partition is not expected:
+        got = batch.partition.value
+        raise SplitMismatch(
+            f"{who} expects {expected.value} rows but got a {got} model call — a {got} output"
+            f" must not be used as {expected.value} data; collate it with a collator built"
+            f" for partition={got!r}"
+        )
+
+
+def move_features(features: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """The collated dict with every tensor on ``device`` (other values as they are)."""
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        for k, v in features.items()
+    }
+
+
+def layout_from_features(
+    features: dict[str, Any], device: torch.device | str | None = None
+) -> AttentionLayout:
+    """:meth:`AttentionLayout.from_segments` of rows-mode features (equal to ``from_batch``'s),
+    for :class:`~exactpack.verify.TinyDecoder` from collated tensors alone."""
+    if "valid_index" not in features:
+        raise InvalidInput("layout_from_features needs rows-mode features (flatten=False)")
+    shape = tuple(features["segment_ids"].shape)
+    cu = features["cu_seq_lens_q"].cpu().numpy().astype(np.int64)
+    first = features["valid_index"].cpu().numpy()[cu[:-1]]  # each segment's first cell
+    segments = features["segment_ids"].cpu().numpy().reshape(-1)[first]
+    rows, starts = np.divmod(first, shape[1])
+    return AttentionLayout.from_segments(shape, rows, starts, np.diff(cu), segments, device)
+
+
+def decoder_inputs(
+    features: dict[str, Any], device: torch.device | str | None = None
+) -> tuple[torch.Tensor, AttentionLayout]:
+    """``(ids, layout)`` for :class:`~exactpack.verify.TinyDecoder` from rows-mode features."""
+    return features["input_ids"].to(device), layout_from_features(features, device)
+
+
+__all__ = [
+    "PackedBatches",
+    "PackedCollator",
+    "ScheduledBatch",
+    "check_split",
+    "compact_of",
+    "concat_batches",
+    "concat_rows",
+    "decoder_inputs",
+    "empty_batch",
+    "flat_columns",
+    "layout_from_features",
+    "move_features",
+    "select_rows",
+]

@@ -1,0 +1,258 @@
+"""Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
+
+:func:`verify_tree` runs each sequence alone and every trie packed into rows (one call),
+and compares in the model's dtype (:mod:`exactpack.verify.tolerance`) every logit of every
+sequence, each sequence's supervised log-probability sum, the token-weighted loss and
+every parameter-gradient coordinate. ``mode``: ``adapter``
+(:func:`exactpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each trie one causal sequence
+with column positions: siblings see each other; it must fail). :func:`tree_groups` draws
+groups from a spec such as ``"30:5,8,12;10:4,4"`` (prompt : completion lengths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput
+from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
+from exactpack.hf.capability import architecture_of
+from exactpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
+from exactpack.nn.tree_attention import sequence_logprobs, tree_loss
+from exactpack.verify.diagnose import guarded
+from exactpack.verify.models import model_facts, observed, running, tally
+from exactpack.verify.tolerance import compare, grad_vector, tolerance
+
+MODES = ("adapter", "naive")
+LOW = (torch.float32, torch.float16, torch.bfloat16)
+WIDE = torch.float64
+#: Config fields that bound a row's positions (mpt's ALiBi table, big_bird's embeddings).
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
+    """``"30:5,8,12;10:4,4"`` -> ``[(30, (5, 8, 12)), (10, (4, 4))]`` (positive ints)."""
+    groups = []
+    for part in text.split(";"):
+        prompt, sep, rest = part.partition(":")
+        try:
+            p = int(prompt)
+            comps = tuple(int(c) for c in rest.split(","))
+        except ValueError:
+            comps, p = (), 0
+        if not sep or p < 1 or not comps or min(comps) < 1:
+            raise InvalidInput(
+                f"--tree-lengths {text!r}: each group is PROMPT:COMPLETION,COMPLETION,... with"
+                ' positive token counts, groups separated by ";" (e.g. "30:5,8,12;10:4,4")'
+            )
+        groups.append((p, comps))
+    return groups
+
+
+def tree_groups(
+    spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int
+) -> SequenceGroups:
+    """Random-id groups of ``spec``; each completion after the first repeats 0-2 of the
+    previous one's first tokens (the second always one)."""
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    for prompt_len, lens in spec:
+        prompts.append(rng.integers(0, vocab_size, prompt_len))
+        comps = [rng.integers(0, vocab_size, n) for n in lens]
+        for j in range(1, len(comps)):
+            share = 1 if j == 1 else int(rng.integers(0, 3))
+            share = min(share, len(comps[j]) - 1, len(comps[j - 1]))
+            comps[j][:share] = comps[j - 1][:share]
+        completions.append(comps)
+    binding = Binding(vocab_size, "exactpack/verify-random-ids", f"verify-tree-seed-{seed}")
+    return SequenceGroups.from_prompt_completions(prompts, completions, binding)
+
+
+def naive_batch(batch: TreeBatch) -> TreeBatch:
+    """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
+    roots = np.flatnonzero(batch.node_parent < 0)
+    root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
+    nodes = batch.nodes.astype(np.int64)
+    cell_root = np.where(batch.input_valid, root_of[np.maximum(nodes, 0)], -1)
+    rank = np.searchsorted(roots, np.maximum(cell_root, 0))
+    cols = np.arange(batch.shape[1])[None, :]
+    positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
+    ends = np.zeros(roots.shape[0], dtype=np.int64)
+    np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
+    return dataclasses.replace(
+        batch,
+        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
+        positions=positions.astype(np.int32),
+        node_row=batch.node_row[roots],
+        node_col=batch.node_col[roots],
+        node_len=ends,
+        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
+        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
+    )
+
+
+class Float64Islands(TorchFunctionMode):
+    """Inside: float64 data the model casts to a lower float precision stays float64.
+
+    Casts (``.to``, ``.float()``, ``.type_as``, ``dtype=`` keywords) of float64 data keep
+    float64, and a lower-precision tensor meeting float64 data in an op is widened, so
+    the model's float32 islands run in float64 for the check. In-place ops and tensors
+    made without float64 inputs are left as they are.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") or "out" in kwargs or not any(x.dtype == WIDE for x in leaves):
+            return func(*args, **kwargs)
+        first = args[0]
+        casts = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.type_as)
+        if func in casts and first.dtype == WIDE:
+            return first
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            args = (first, args[1].device, *args[2:])  # .to(other): its device, not its dtype
+        args, kwargs = tree_map(_widen, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.dtype):
+        return WIDE if x in LOW else x
+    if isinstance(x, torch.Tensor) and x.dtype in LOW:
+        return x.to(WIDE)
+    return x
+
+
+def _separate(model: torch.nn.Module, groups: SequenceGroups, order: np.ndarray, device: Any):
+    """Per sequence of ``order``: logits (L, V) alone, its supervised log-prob sum, NLL sum."""
+    logits, sums, total = [], [], 0
+    for i in order.tolist():
+        seq = groups.sequence(i)
+        ids = torch.as_tensor(seq[:-1].astype(np.int64), device=device)[None]
+        out = model(input_ids=ids, use_cache=False).logits[0]  # (L, V)
+        gold = torch.as_tensor(seq[1:].astype(np.int64), device=device)
+        lp = out.log_softmax(-1).gather(1, gold[:, None])[:, 0]
+        mask = torch.as_tensor(groups.pair_mask(np.array([i])), device=device)
+        logits.append(out)
+        sums.append((lp * mask).sum())
+        total = total - (lp * mask).sum()
+    return torch.cat(logits), torch.stack(sums), total
+
+
+def verify_tree(
+    model: torch.nn.Module,
+    groups: SequenceGroups,
+    *,
+    mode: str = "adapter",
+    capacity: int | None = None,
+    pad_token_id: int = 0,
+) -> dict[str, Any]:
+    """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``.
+
+    The separate runs use ``attn`` when it is ``sdpa`` or ``eager``, else the model's sdpa;
+    all runs are inside :class:`Float64Islands` (the report's ``widened``: what it kept).
+    """
+    if mode not in MODES:
+        raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
+    attn = model.config._attn_implementation
+    arch = check_tree(architecture_of(model), attn)
+    param = next(model.parameters())
+    dtype, device = param.dtype, param.device
+    if capacity is None:  # all tries in one row plus padding, within the model's positions
+        text = model.config.get_text_config()
+        limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
+        capacity = int(groups.lengths.sum()) + 2
+        capacity = max(min(capacity, limit or capacity), int(groups.lengths.max()))
+    arch.check_batch(int(groups.lengths.max()), capacity)
+    epoch = pack_tree(groups, capacity)
+    (batch,) = epoch.batches
+    fed = naive_batch(batch) if mode == "naive" else batch
+    params = [p for p in model.parameters() if p.requires_grad]
+    own = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    reference = attn if attn in ("eager", "sdpa") else own
+    with running(model, reference):
+        _, widened = guarded(model, "forward", lambda: observed(model, groups.sequence(0)[:-1]))
+    with Float64Islands():
+        with running(model, reference):
+            islands, _ = observed(model, groups.sequence(0)[:-1])
+            sep_logits, sep_sums, sep_total = guarded(
+                model, "forward", lambda: _separate(model, groups, batch.seq_index, device)
+            )
+        tol = tolerance(dtype, islands)
+        sep_mean = sep_total / batch.eligible_count
+        kwargs = tree_inputs(
+            fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
+        )
+        out = guarded(model, "forward", lambda: model(**kwargs)).logits  # (R, T, V)
+        cells = torch.as_tensor(batch.seq_cells, device=device)
+        tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
+        tree_mean = tree_loss(out, batch).mean
+        grads = [
+            guarded(model, "backward", lambda m=m: grad_vector(m, params))
+            for m in (sep_mean, tree_mean)
+        ]
+    compared = {
+        "logits": compare(sep_logits, tree_logits, tol),
+        "sequence_logprobs": compare(sep_sums, sequence_logprobs(out, batch), tol),
+        "loss": compare(sep_mean, tree_mean, tol),
+        "gradients": compare(*grads, tol),
+    }
+    report = _report(model, arch, groups, epoch, mode, capacity, tol, compared)
+    report["reference"] = reference
+    report["widened"] = widened
+    report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}
+    report["pass"] = not any(report["failures"].values())
+    if not report["pass"]:
+        report["hint"] = (
+            "the naive layout lets siblings see each other and restarts no branch positions"
+            if mode == "naive"
+            else f"{attn} mixed the branches of a trie: report this architecture"
+        )
+    return report
+
+
+def _report(
+    model: torch.nn.Module,
+    arch: Any,
+    groups: SequenceGroups,
+    epoch: Any,
+    mode: str,
+    capacity: int,
+    tol: dict[str, Any],
+    compared: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    stats, (batch,) = epoch.stats(), epoch.batches
+    return {
+        "target": "transformers",
+        "layout": "tree",
+        "model": model_facts(model),
+        "architecture": {"windows": {k or "all": v for k, v in arch.windows.items()}},
+        "mode": mode,
+        "groups": int(np.unique(groups.group).shape[0]),
+        "sequences": len(groups),
+        "lengths": groups.lengths.tolist(),
+        "rows": batch.shape[0],
+        "capacity": capacity,
+        "nodes": int(batch.node_len.shape[0]),
+        "tokens_stored": stats["tokens_stored"],
+        "tokens_flat": stats["tokens_flat"],
+        "eligible_targets": batch.eligible_count,
+        "tolerance": dict(tol),
+        **tally(compared),
+    }
+
+
+def use_tree_attention(model: torch.nn.Module, name: str = NAME) -> None:
+    """Switch ``model`` to ``name`` (:data:`exactpack.hf.tree_inputs.TREE_NAMES`), registered."""
+    register(name)
+    check_tree(architecture_of(model), name)
+    model.set_attn_implementation(name)

@@ -1,5 +1,0 @@
-import sys
-
-from seqpack.cli import main
-
-sys.exit(main())

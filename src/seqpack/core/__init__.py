@@ -1,6 +1,0 @@
-"""The NumPy core: examples, plans and policies, packed batches and the permission.
-
-Nothing here imports torch, pyarrow or any other heavy dependency; every
-other layer (``io``, ``pipeline``, ``nn``, ``training``, ``hf``, ``ray``)
-builds on these arrays. The public names are re-exported by :mod:`seqpack`.
-"""
