@@ -39,11 +39,17 @@ def checkout(rev: str) -> Path:
     return path / "src"
 
 
+def package_of(src: Path) -> str:
+    """The import package a source tree holds (an old commit may predate a rename)."""
+    return next(p.name for p in sorted(src.iterdir()) if (p / "__main__.py").exists())
+
+
 def one_round(src: Path, work: Path) -> dict[str, float]:
-    os.environ["PYTHONPATH"] = str(src)  # fresh children import this tree's exactpack
+    os.environ["PYTHONPATH"] = str(src)  # fresh children import this tree's package
+    os.environ["BENCH_PACKAGE"] = user.PACKAGE = package_of(src)
     mem = user.in_memory("W1", "exactpack", 1)
     w = user.workload("W1")
-    flags = ["--capacity", str(w.capacity), "--vocab-size", str(user.VOCAB)]
+    flags = ["--max-length", str(w.capacity), "--vocab-size", str(user.VOCAB)]
     pack = user.exactpack_pack(user.parquet_input("W1"), work / "out", *flags)
     return {
         "pack_dataset first call (s)": mem["seconds"],

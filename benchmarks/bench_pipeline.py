@@ -38,7 +38,7 @@ import tracemalloc
 import numpy as np
 
 from exactpack import Binding, ExampleTable
-from exactpack.io.shards import rows_to_arrow
+from exactpack.io.shards import shard_table
 from exactpack.pipeline.local import pack_table
 from workloads import EXPECTED_SHA, Workload, w1_sft, w2_short
 
@@ -105,7 +105,7 @@ def run_exactpack(w: Workload, repeats: int) -> list[dict]:
 
     def with_arrow():
         plan, rows = pack_table(table, w.capacity, "best-fit-decreasing")
-        return plan, rows_to_arrow(rows)
+        return plan, shard_table(rows)
 
     seconds, (plan, _) = timed(with_arrow, repeats)
     rows_out.append(_row("exactpack best-fit-decreasing + Arrow", w, seconds, plan.num_rows))

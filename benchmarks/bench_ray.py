@@ -52,7 +52,7 @@ CAPACITY = 4096
 VOCAB = 8192
 #: The per-block task times of the manifest's ``engine.per_block``.
 STAGES = ("read", "tokenize", "plan", "write")
-PACK = ["--capacity", str(CAPACITY), "--cut-long", "--policy", "best-fit-decreasing"]
+PACK = ["--max-length", str(CAPACITY), "--cut-long", "--policy", "best-fit-decreasing"]
 
 
 def corpus(mb: int, shards: int) -> Path:

@@ -38,6 +38,7 @@ this run; the load average is printed with the table.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -55,6 +56,8 @@ from corpus import CACHE, corpus, train_tokenizer
 from workloads import EXPECTED_SHA, w1_sft, w2_short
 
 HERE = Path(__file__).resolve().parent
+#: The package measured (bench_commits.py sets it for a commit from before the rename).
+PACKAGE = os.environ.get("BENCH_PACKAGE", "exactpack")
 VOCAB = 32_000
 TEXT_CAPACITY = 2048
 GIB = 1 << 30
@@ -122,7 +125,7 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     before = _status("VmRSS")
     c0, t0 = _cpu(), time.perf_counter()
     if tool.startswith("exactpack"):
-        from exactpack.hf import pack_dataset
+        pack_dataset = importlib.import_module(f"{PACKAGE}.hf").pack_dataset
 
         def run():
             return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
@@ -224,7 +227,7 @@ def fresh(argv: list[str], env: dict | None = None) -> dict:
 
 
 def exactpack_pack(source: Path, out: Path, *flags: str) -> dict:
-    argv = [sys.executable, "-m", "exactpack", "pack", str(source), "--out", str(out)]
+    argv = [sys.executable, "-m", PACKAGE, "pack", str(source), "--out", str(out)]
     result = fresh([*argv, "--json", "--overwrite", *flags])
     result["stats"] = json.loads(result["stdout"].strip().splitlines()[-1])
     return result
@@ -256,7 +259,7 @@ def run_workload(
     if not parquet:
         return rows
     source = parquet_input(name)
-    flags = ["--capacity", str(w.capacity), "--vocab-size", str(VOCAB),
+    flags = ["--max-length", str(w.capacity), "--vocab-size", str(VOCAB),
              "--policy", "best-fit-decreasing"]  # fmt: skip
     seq = _median(fresh_repeats, lambda: exactpack_pack(source, work / f"{name}-exactpack", *flags))
     trl_args = (str(source), str(work / f"{name}-trl.parquet"), str(w.capacity))
@@ -337,7 +340,7 @@ def run_text(megabytes: float, work: Path, with_trl: bool) -> list[dict]:
     name = f"text {megabytes:g} MB"
     alone = fresh([sys.executable, "-c", TOKENIZER_ALONE, str(source), str(tok)])
     limit = json.loads(alone["stdout"].strip().splitlines()[-1])
-    flags = ["--capacity", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--cut-long",
+    flags = ["--max-length", str(TEXT_CAPACITY), "--tokenizer", str(tok), "--cut-long",
              "--policy", "best-fit-decreasing"]  # fmt: skip
     seq = exactpack_pack(source, work / f"text-{megabytes:g}", *flags)
     shutil.rmtree(work / f"text-{megabytes:g}", ignore_errors=True)

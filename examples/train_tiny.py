@@ -269,8 +269,8 @@ def main() -> None:
     p.add_argument("--bench-repeats", type=int, default=3, help="timed runs per layout")
     p.add_argument("--max-files", type=int, default=300, help="stdlib files to read")
     p.add_argument(
-        "--max-length", "--capacity", dest="capacity", type=int, default=512,
-        help="tokens per row, the input_ids width (--capacity: its old name)",
+        "--max-length", dest="capacity", type=int, default=512,
+        help="tokens per row, the input_ids width",
     )  # fmt: skip
     p.add_argument(
         "--long", choices=("split", "drop"), default="split", help="units over the capacity"

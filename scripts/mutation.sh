@@ -82,7 +82,7 @@ while IFS='|' read -r group modules tests; do
         # Other groups keep the C kernels, so their native-only branches are reached too.
         case "$modules" in
             *_kernels*) export EXACTPACK_KERNELS=python ;;
-            *) unset EXACTPACK_KERNELS EXACTPACK_ENGINE ;;
+            *) unset EXACTPACK_KERNELS ;;
         esac
         export MPLCONFIGDIR="$root/.cache/matplotlib" TORCHINDUCTOR_CACHE_DIR="$root/.cache/inductor"
         export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1

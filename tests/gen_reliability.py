@@ -160,7 +160,7 @@ with `.venv/bin/python -m pip freeze --exclude-editable` (torch written as
 """
 
 VERIFY_TEXT = """\
-`load_packed` (and `PackedDataset`, which uses it) treats loading as verification
+`load_packed` (and `PackedBatches`, which uses it) treats loading as verification
 (`exactpack.io.integrity`): the manifest and the shards must agree — contiguous row
 numbering and first rows, rows, occurrences and tokens per shard (against the
 manifest and against each shard's content), whole model calls per shard, no shard
@@ -191,7 +191,7 @@ never yields a batch that disagrees with the manifest; only the cross-shard fact
 (each ordinal once in the whole output) need `"full"`.
 
 What the format promises is checked at the default depth too, also by
-`PackedDataset` (its `row_stats` included) and `load_trl`: a shard's columns are
+`PackedBatches` (its `row_stats` included) and `load_trl`: a shard's columns are
 the format's, each of its declared Arrow type (token ids stored as floats, or as
 int64 above 2**32 that would wrap into the vocabulary, are refused, never cast), and
 exactly the columns its manifest entry lists; each entry records the shard's

@@ -350,13 +350,13 @@ def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
     """The training path holds shards to the format at its default depth, row_stats too."""
     import shutil
 
-    from exactpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedBatches
 
     case = next(c for c in DAMAGES if c.name == name)
     out = tmp_path / "out"
     shutil.copytree(packed[0], out)
     case.damage(out)
-    data = PackedDataset(out)
+    data = PackedBatches(out)
     with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
         data.row_stats()
     with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):

@@ -7,7 +7,7 @@ word the glossary retired (its ``not`` column) unless the name is listed in
 :data:`ALLOWED` with the reason it stays for now. A retired word that is itself a
 term (``verify``, ``engine``) is left to review; a term that contains a retired word
 (``sliding_window``) is taken out of a name before the retired words are looked for.
-The old spellings of renamed public names still work, with a DeprecationWarning.
+Nothing was released, so an old spelling of a renamed name is gone, not deprecated.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import argparse
 import ast
 import importlib
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -36,14 +35,12 @@ PACKAGES = (
 
 #: Names that keep a retired word for now, and why (remove an entry when its rename lands).
 ALLOWED = {
-    "old_capacity": "declares the deprecated --capacity beside --max-length (one release)",
     # an input column is named partition (the data's own format: Ray's blocks read it)
     "PARTITION_COLUMN": "the name of the input column, as the data spells it",
 }
 
-#: Renames that landed: each old public spelling is gone from the public names (it
-#: may live on only as a deprecated alias: exactpack._renames' OLD_FLAGS / OLD_FIELDS,
-#: a module ``__getattr__`` or ``@renamed_kwargs``), and its new spelling is there.
+#: Renames that landed: each old public spelling is gone (no alias, no hidden flag), and
+#: its new spelling is there.
 LANDED = {
     "--capacity": "--max-length",
     "--split-long": "--cut-long",
@@ -52,8 +49,7 @@ LANDED = {
     "FIXTURE_CAPACITY": "FIXTURE_MAX_LENGTH",
     "check_tree_capacity": "check_max_length",
 }
-#: Keywords renamed: (old, new, functions "module:qualname" that take the new one only;
-#: the old one lives on in their ``@renamed_kwargs``).
+#: Keywords renamed: (old, new, functions "module:qualname" that take the new one only).
 LANDED_KEYWORDS = (
     (
         "window",
@@ -169,10 +165,8 @@ def public_names() -> dict[str, str]:
     return names
 
 
-def cli_flags(deprecated: bool = False) -> list[tuple[str, str]]:
-    """(command, flag) of every ``exactpack`` flag; the deprecated old names of flags
-    (hidden from ``--help``, :data:`exactpack._renames.OLD_FLAGS`) only with ``deprecated``."""
-    from exactpack._renames import OLD_FLAGS
+def cli_flags() -> list[tuple[str, str]]:
+    """(command, flag) of every ``exactpack`` flag, hidden ones included."""
     from exactpack.cli import build_parser
 
     out = []
@@ -180,21 +174,17 @@ def cli_flags(deprecated: bool = False) -> list[tuple[str, str]]:
         if isinstance(action, argparse._SubParsersAction):
             for cmd, sub in action.choices.items():
                 for act in sub._actions:
-                    old = act.help == argparse.SUPPRESS and set(act.option_strings) <= set(
-                        OLD_FLAGS
-                    )
-                    if old and not deprecated:
-                        continue
                     out += [(cmd, o) for o in act.option_strings if o.startswith("--")]
     return out
 
 
-def test_landed_renames_stay_landed():
-    """An old spelling of ``LANDED`` is no public name again; the deprecated flags are
-    hidden, print one warning line and are the old names of the flags they point to."""
+def test_landed_renames_stay_landed(capsys):
+    """An old spelling of ``LANDED`` is no public name, field or flag, hidden or not; an old
+    field is refused as an unknown option and an old flag as an unknown argument."""
     import dataclasses
 
-    from exactpack._renames import OLD_FIELDS, OLD_FLAGS
+    from exactpack import InvalidInput
+    from exactpack.cli import main
     from exactpack.pipeline.options import PackOptions
 
     names = public_names()
@@ -202,10 +192,13 @@ def test_landed_renames_stay_landed():
     assert set(LANDED.values()) <= set(names)
     fields = {f.name for f in dataclasses.fields(PackOptions)}
     assert not set(LANDED_FIELDS) & fields and set(LANDED_FIELDS.values()) <= fields
-    assert set(OLD_FIELDS.values()) <= fields and not set(OLD_FIELDS) & fields
-    hidden = {flag for _, flag in cli_flags(deprecated=True)} - {f for _, f in cli_flags()}
-    assert hidden == set(OLD_FLAGS) and {k for k in LANDED if k[:2] == "--"} <= hidden
-    assert set(OLD_FLAGS.values()) <= set(names)
+    for old in LANDED_FIELDS:
+        with pytest.raises(InvalidInput, match=f"unknown packing option.*{old}"):
+            PackOptions.of(max_length=8, **{old: 8})
+    flags = {flag for _, flag in cli_flags()}
+    assert not {k for k in LANDED if k[:2] == "--"} & flags
+    assert main(["pack", "x.jsonl", "--max-length", "8", "--capacity", "8", "--out", "o"]) == 2
+    assert "unrecognized arguments: --capacity 8" in capsys.readouterr().err
 
 
 def test_no_public_name_uses_a_retired_word():
@@ -249,35 +242,27 @@ def test_every_allowed_name_still_exists():
         ("exactpack.core.permission", "check_window", "check_sliding_window"),
         ("exactpack.core.errors", "check_tree_capacity", "check_max_length"),
         ("exactpack.verify.fixture", "FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH"),
+        ("exactpack.training.packed_data", "PackedDataset", "PackedBatches"),
+        ("exactpack.hf", "hf_labels", "shift_labels"),
     ],
 )
-def test_old_names_still_work_with_a_warning(module, old, new):
+def test_old_names_are_gone(module, old, new):
     mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=f"{old} is now .*{new}"):
-        assert getattr(mod, old) is getattr(mod, new)
+    assert not hasattr(mod, old)
+    assert getattr(mod, new) is not None
 
 
-def test_old_keywords_still_work_with_a_warning(tmp_path):
-    from exactpack import InvalidInput
+def test_old_keywords_are_refused(tmp_path):
     from exactpack.io.store import load_packed
 
     for old in ("verify", "expected_partition"):
         value = "train" if old == "expected_partition" else True
-        with (
-            pytest.warns(DeprecationWarning, match=f"{old}="),
-            pytest.raises(InvalidInput, match=r"no manifest\.json"),
-        ):
+        with pytest.raises(TypeError, match=old):
             load_packed(tmp_path, **{old: value})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(InvalidInput, match=r"no manifest\.json"):
-            load_packed(tmp_path, integrity=True, expected_split="train")
-    with pytest.raises(TypeError, match="both verify= and integrity="):
-        load_packed(tmp_path, verify=True, integrity=True)
 
 
 def test_landed_keywords_stay_landed():
-    """A renamed keyword is no parameter again (its old spelling is only the shim's)."""
+    """A renamed keyword is no parameter again."""
     import inspect
 
     for old, new, functions in LANDED_KEYWORDS:

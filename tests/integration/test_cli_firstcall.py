@@ -51,9 +51,7 @@ def test_the_c_kernels_load_from_a_read_only_install_without_a_home():
         for name in files:
             os.chmod(os.path.join(folder, name), 0o444)
         os.chmod(folder, 0o555)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("EXACTPACK_KERNELS", "EXACTPACK_ENGINE")
-    }
+    env = {k: v for k, v in os.environ.items() if k != "EXACTPACK_KERNELS"}
     env |= {"PYTHONPATH": str(site), "HOME": str(root / "no-home"), "TMPDIR": str(tmp)}
     user = [] if os.getuid() else ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     argv = [*user, sys.executable, "-c", PLAN]
@@ -177,9 +175,7 @@ print(json.dumps({"auto": auto, "numba": "numba" in sys.modules, "same": same}))
 def test_every_call_plans_with_the_c_kernels_and_no_numba():
     """``"auto"`` runs the C kernels at any size (loading them costs no start-up), gives the
     Python kernels' plan, and nothing imports numba."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("EXACTPACK_KERNELS", "EXACTPACK_ENGINE")
-    }
+    env = {k: v for k, v in os.environ.items() if k != "EXACTPACK_KERNELS"}
     env["PYTHONPATH"] = str(SRC)
     run = subprocess.run(
         [sys.executable, "-c", SMALL], capture_output=True, text=True, env=env, check=False

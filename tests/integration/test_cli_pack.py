@@ -152,48 +152,33 @@ def test_stats_json_table_and_plot(tmp_path, jsonl, records):
 
 def test_max_length_is_the_input_ids_width_in_every_format(tmp_path, jsonl):
     """One --max-length, two formats: exactpack rows are input_ids of exactly N tokens (a cell
-    per input token), TRL rows at most N tokens (TRL's max_length); --capacity, its old name,
-    packs the same rows with one deprecation line."""
-    from exactpack.training import PackedCollator, PackedDataset
+    per input token), TRL rows at most N tokens (TRL's max_length)."""
+    from exactpack.training import PackedBatches, PackedCollator
 
     base = ("pack", jsonl, "--vocab-size", 1000, "--max-length", 64, "--json")
     assert exactpack(*base, "--out", tmp_path / "s").returncode == 0
     assert exactpack(*base, "--out", tmp_path / "t", "--format", "trl").returncode == 0
-    rows = PackedDataset(tmp_path / "s")
+    rows = PackedBatches(tmp_path / "s")
     assert PackedCollator()(rows[0])["input_ids"].shape[1] == 64 == rows.capacity
     trl = pq.read_table(sorted((tmp_path / "t").glob("*.parquet"))[0])
     widths = [len(ids) for ids in trl.column("input_ids").to_pylist()]
     assert max(widths) <= 64 and max(widths) > 32
-    old = exactpack("pack", jsonl, "--vocab-size", 1000, "--capacity", 64, "--out", tmp_path / "o")
-    assert old.returncode == 0
-    assert old.stderr == (
-        "exactpack pack: warning: --capacity is deprecated; pass --max-length 64 (the same"
-        " number: tokens per row)\n"
-    )
-    manifest = [json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("s", "o")]
-    assert manifest[0]["statistics"] == manifest[1]["statistics"]
-    both = exactpack(*base, "--capacity", 64, "--out", tmp_path / "b")
-    assert both.returncode == 2 and both.stderr.count("\n") == 1
-    assert "--capacity: not allowed with argument --max-length" in both.stderr
     missing = exactpack("pack", jsonl, "--vocab-size", 1000, "--out", tmp_path / "m")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "required: --max-length" in missing.stderr
 
 
-def test_capacity_keyword_still_works_with_a_deprecation_warning():
+def test_max_length_is_the_only_keyword_for_the_row_width():
     from exactpack.pipeline.options import PackOptions
 
-    with pytest.warns(DeprecationWarning, match="max_length"):
-        old = PackOptions(capacity=64, vocab_size=10)
-    with pytest.warns(DeprecationWarning, match="max_length"):
-        again = PackOptions.of(capacity=64, vocab_size=10)
-    assert (
-        old == again == PackOptions(max_length=64, vocab_size=10) == PackOptions(64, vocab_size=10)
-    )
-    assert old.capacity == old.max_length == 64
+    options = PackOptions(max_length=64, vocab_size=10)
+    assert options == PackOptions.of(max_length=64, vocab_size=10) == PackOptions(64, vocab_size=10)
+    assert options.capacity == options.max_length == 64
     assert PackOptions(max_length=64, format="trl").pair_capacity == 63
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="capacity must be"):
-        PackOptions(capacity=0)
+    with pytest.raises(TypeError, match="capacity"):
+        PackOptions(capacity=64)
+    with pytest.raises(ValueError, match="max_length must be"):
+        PackOptions(max_length=0)
 
 
 def test_a_plain_text_file_is_one_document_per_line_as_datasets_reads_it(tmp_path):

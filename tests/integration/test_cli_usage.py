@@ -51,8 +51,8 @@ def test_a_tokenizer_folder_s_code_never_runs_and_nothing_is_asked(tmp_path):
     (tmp_path / DATA).write_bytes(lines({"text": "hi"}))
     for command in (["pack", DATA, "--out", "out"], ["stats", DATA]):
         proc = subprocess.run(
-            [sys.executable, "-m", "exactpack", *command]
-            + ["--max-length", "8", "--tokenizer", "tok"],
+            [sys.executable, "-m", "exactpack", *command, "--max-length", "8",
+             "--tokenizer", "tok"],
             input="y\ny\n", capture_output=True, text=True, check=False, cwd=tmp_path,
         )  # fmt: skip
         assert proc.returncode == 2 and proc.stdout == ""

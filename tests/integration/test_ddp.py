@@ -63,8 +63,8 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     from torch.utils.data import DataLoader
 
     from exactpack.training import (
+        PackedBatches,
         PackedCollator,
-        PackedDataset,
         decoder_inputs,
         labels_nll_sum,
         micro_batch_loss,
@@ -78,7 +78,7 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
         world_size=world,
         timeout=timedelta(seconds=TIMEOUT_S // 2),
     )
-    ds = PackedDataset(data)
+    ds = PackedBatches(data)
     sampler = _sampler(ds.row_stats())  # world size and rank from torch.distributed
     loader = DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=PackedCollator())
     model = DistributedDataParallel(_model())
@@ -154,9 +154,9 @@ def _write_data(path: Path) -> None:
 def _reference(data: Path):
     """One process: per step, the gradient of the mean over all the step's rows; SGD between."""
     from exactpack.core.loss import token_weighted_loss
-    from exactpack.training import PackedDataset
+    from exactpack.training import PackedBatches
 
-    ds = PackedDataset(data)
+    ds = PackedBatches(data)
     stats = ds.row_stats()
     schedules = [_sampler(stats, WORLD, r) for r in range(WORLD)]
     schedule = schedules[0].schedule

@@ -7,17 +7,15 @@ from exactpack.core.errors import InvalidInput
 from exactpack.hf.datasets_io import (
     pack_dataset,
     packed_metadata,
-    packed_rows,
     to_batches,
     unpack_dataset,
 )
 from exactpack.io.readers import load_examples
-from exactpack.io.shards import REQUIRED, rows_to_arrow
+from exactpack.io.shards import REQUIRED, shard_table
 from exactpack.pipeline.local import pack_table
 from exactpack.verify.fixture import FIXTURE_DOCUMENTS, fixture_epoch
 
 from support.packed_helpers import assert_same_batches, expected_flags, random_records
-from support.v1_format import v1_dataset
 
 
 def _dataset(records):
@@ -108,7 +106,7 @@ def test_the_output_equals_the_in_memory_rows_and_hashes_nothing(rng, policy, mo
     small = pack_dataset(ds, 64, policy, vocab_size=700, shard_tokens=500, chunk_bytes=700)
     table = load_examples(ds, vocab_size=700, split_id=packed_metadata(one)["binding"]["split_id"])
     _, rows = pack_table(table, 64, policy)
-    want = rows_to_arrow(rows)
+    want = shard_table(rows)
     for packed in (one, small):
         assert packed.with_format("arrow")[:].combine_chunks().equals(want.combine_chunks())
         assert packed._fingerprint != ds._fingerprint
@@ -136,18 +134,3 @@ def test_a_memory_mapped_input_gives_a_memory_mapped_output(tmp_path, rng):
     assert packed.with_format("arrow")[:].equals(in_memory.with_format("arrow")[:])
     back = unpack_dataset(packed)
     assert back["input_ids"] == [r["input_ids"] for r in records]
-
-
-def test_a_version_1_packed_dataset_still_reads(rng):
-    records = random_records(rng, 60, vocab=400, max_len=30)
-    table = load_examples(_dataset(records), vocab_size=400, tokenizer_id="tok")
-    plan, rows = pack_table(table, 32, "best-fit-decreasing")
-    old = v1_dataset(rows, 3, plan.stats())
-    assert "labels" in old.column_names and packed_metadata(old)["version"] == 1
-    want = list(rows.batches(3))
-    assert_same_batches(to_batches(old), want)
-    assert_same_batches(packed_rows(old).batches(3), want)
-    back = unpack_dataset(old)
-    assert back["input_ids"] == [r["input_ids"] for r in records]
-    for record, labels in zip(records, back["labels"], strict=True):
-        assert [label != -100 for label in labels[1:]] == expected_flags(record)

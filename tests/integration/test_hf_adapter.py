@@ -24,7 +24,6 @@ from exactpack.hf.adapter import (
     cell_logits,
     hf_allowed,
     hf_inputs,
-    hf_labels,
     hf_loss,
     model_labels,
     shift_labels,
@@ -252,8 +251,6 @@ def test_bad_arguments_are_refused():
     batch = fixture_batch()
     with pytest.raises(InvalidInput, match=r"'flash_attention_9' is of no kind.*flash_attention_2"):
         hf_inputs(batch, "flash_attention_9")
-    with pytest.warns(DeprecationWarning, match="shift_labels"):
-        assert np.array_equal(hf_labels(batch), shift_labels(batch))
     with pytest.raises(InvalidInput, match="pad_token_id"):
         hf_inputs(batch, "sdpa", pad_token_id=266)
     with pytest.raises(InvalidInput, match="floating"):

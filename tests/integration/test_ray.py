@@ -259,7 +259,7 @@ def test_output_does_not_depend_on_the_number_of_parallel_tasks(
 ):
     serial = tmp_path / "serial"
     _pack(
-        shards, serial, block_examples=1000, split_id=PINNED, ray_remote_args={"num_cpus": 2}
+        shards, serial, block_examples=1000, split_id=PINNED, remote_args={"num_cpus": 2}
     )  # one task at a time on 2 CPUs
     assert _manifest(serial)["shards"] == _manifest(packed_blocks[0])["shards"]
 

@@ -62,15 +62,15 @@ def _replay(folder: Path, epochs: int) -> tuple[list[float], dict[str, torch.Ten
     """One process, the custom loop's steps: both ranks' micro-batches of each step,
     each loss divided by the whole step's count (world_size=1), one SGD step."""
     from exactpack.training import (
+        PackedBatches,
         PackedCollator,
-        PackedDataset,
         RowSampler,
         decoder_inputs,
         micro_batch_loss,
     )
     from exactpack.verify.decoder import DecoderConfig, TinyDecoder
 
-    ds = PackedDataset(folder / "packed", expected_split="train")
+    ds = PackedBatches(folder / "packed", expected_split="train")
     samplers = [
         RowSampler(ds.row_stats(), rows_per_micro_batch=4, micro_batches=2, seed=0,
                    balance="attention", world_size=WORLD, rank=r)
@@ -108,7 +108,7 @@ def test_a_recipe_under_torchrun_is_distributed_and_equals_one_process(name, tmp
     env = os.environ | {
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
-        "EXACTPACK_ENGINE": "python",
+        "EXACTPACK_KERNELS": "python",
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}"]

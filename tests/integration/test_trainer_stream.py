@@ -188,7 +188,7 @@ def _launch(nproc: int, tmp: Path, batch: int) -> list[dict]:
     env = os.environ | {
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
-        "EXACTPACK_ENGINE": "python",
+        "EXACTPACK_KERNELS": "python",
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     script = [str(ROOT / "examples" / "trainer_stream.py"), "--out", str(tmp / f"o{nproc}")]

@@ -32,7 +32,7 @@ from exactpack.core import loss as core_loss
 from exactpack.pipeline.local import pack_path
 from exactpack.training.distributed import RowSampler
 from exactpack.training.global_loss import labels_nll_sum, loss_factor, micro_batch_loss, normalize
-from exactpack.training.packed_data import PackedCollator, PackedDataset
+from exactpack.training.packed_data import PackedBatches, PackedCollator
 
 from support.packed_helpers import random_records, write_jsonl
 from support.reference import close, log_softmax_nll, softmax
@@ -81,7 +81,7 @@ def packed(tmp_path_factory):
     path = tmp_path_factory.mktemp("loss")
     data = write_jsonl(path / "d.jsonl", records)
     pack_path(data, path / "out", capacity=16, vocab_size=VOCAB, max_rows_per_batch=64)
-    return records, PackedDataset(path / "out")
+    return records, PackedBatches(path / "out")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ input ``doc_s[a + p]``, target ``doc_s[a + p + 1]`` and the source's own loss
 flag for that target at column ``c0 + p``; its cells share one segment that
 no other occurrence of the call uses; and over the whole store every
 next-token pair of every source appears exactly once. Only the public API is
-used (``pack_path``, ``load_packed``, ``PackedDataset``, ``pack_dataset`` /
+used (``pack_path``, ``load_packed``, ``PackedBatches``, ``pack_dataset`` /
 ``unpack_dataset``), never the shard columns.
 """
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from exactpack.core.policies import POLICIES
 from exactpack.io.store import load_packed
 from exactpack.pipeline.local import pack_path
-from exactpack.training.packed_data import PackedDataset
+from exactpack.training.packed_data import PackedBatches
 
 from support.reference import split_ranges
 from support.strategies import scaled
@@ -157,7 +157,7 @@ def test_rows_and_row_stats_of_a_packed_dataset_trace_to_the_sources(
         data = path / "d.parquet"
         pq.write_table(pa.Table.from_pylist(records), data, row_group_size=source)
     pack_path(data, path / "out", **options)
-    ds = PackedDataset(path / "out")
+    ds = PackedBatches(path / "out")
     sources = {rec["id"]: rec for rec in records}
     order = np.random.default_rng(seed_).permutation(ds.num_rows)
     pairs = []

@@ -5,20 +5,16 @@ stream, gather, labels, range), in every dtype the callers pass."""
 from __future__ import annotations
 
 import os
-import warnings
 
 import numpy as np
 import pytest
 
-from exactpack import PackOptions, plan_rows
+from exactpack import InvalidInput, PackOptions, plan_rows
 from exactpack.core import engine
 from exactpack.core.compact import gather_into, span_labels, value_range
-from exactpack.core.policies import POLICIES
 from exactpack.core.stream_packer import StreamPacker
 
-FORCED_PYTHON = (
-    os.environ.get("EXACTPACK_KERNELS") or os.environ.get("EXACTPACK_ENGINE")
-) == "python"
+FORCED_PYTHON = (os.environ.get("EXACTPACK_KERNELS")) == "python"
 #: Skipped where the user turned the C kernels off, or (a user's machine without a compiler)
 #: they are not built; under CI they must be there.
 NATIVE = pytest.mark.skipif(
@@ -36,32 +32,17 @@ def test_auto_is_native_here():
     assert StreamPacker(8).kernels == "native"
 
 
-def test_the_0_2_spellings_still_work_with_a_warning():
+def test_only_the_glossary_spellings_are_taken():
+    """Nothing was released: "numba" is an unknown kernels name and engine= no keyword."""
     lengths = np.array([3, 2, 4])
-    with pytest.warns(DeprecationWarning, match="'native'"):
-        assert engine.resolve("numba") == "native"
-    with pytest.warns(DeprecationWarning, match=r"engine=\) is now kernels="):
-        old = plan_rows(lengths, 6, "best-fit-decreasing", engine="python")
-    assert old.row_of.tolist() == plan_rows(lengths, 6, "best-fit-decreasing").row_of.tolist()
-    with pytest.warns(DeprecationWarning, match="kernels="):
-        assert StreamPacker(8, engine="python").kernels == "python"
-    with pytest.warns(DeprecationWarning, match="engine is now kernels"):
-        opts = PackOptions(max_length=8, policy="best-fit-decreasing", policy_options={
-            "engine": "python"})  # fmt: skip
-    assert dict(opts.policy_options) == {"kernels": "python"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plan_rows(lengths, 6, "next-fit", kernels="native")  # the new names warn nothing
-
-
-@pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"padded"}))
-@pytest.mark.parametrize("capacity", [1, 7, 64, 4096])
-def test_plans_are_identical_on_random_inputs(rng, policy, capacity):
-    lengths = np.minimum(rng.geometric(min(4 / capacity, 1), size=3000), capacity)
-    native = plan_rows(lengths, capacity, policy, kernels="native")
-    python = plan_rows(lengths, capacity, policy, kernels="python")
-    assert np.array_equal(native.row_of, python.row_of)
-    assert np.array_equal(native.start_of, python.start_of)
+    with pytest.raises(InvalidInput, match="unknown engine 'numba'"):
+        engine.resolve("numba")
+    with pytest.raises(InvalidInput, match="takes no option engine"):
+        plan_rows(lengths, 6, "best-fit-decreasing", engine="python")
+    with pytest.raises(TypeError, match="engine"):
+        StreamPacker(8, engine="python")
+    with pytest.raises(InvalidInput, match="takes no option engine"):
+        PackOptions(max_length=8, policy="best-fit-decreasing", policy_options={"engine": "python"})
 
 
 def test_streams_are_identical_on_random_inputs_and_resumes(rng):

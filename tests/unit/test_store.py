@@ -23,14 +23,13 @@ from exactpack.core.compact import compact_rows, gather_segments, span_labels
 from exactpack.core.errors import InvalidInput
 from exactpack.core.policies import POLICIES
 from exactpack.io import shards as shards_mod
-from exactpack.io.shards import FULL, REQUIRED, SCHEMA, arrow_to_rows, rows_to_arrow
+from exactpack.io.shards import FULL, REQUIRED, SCHEMA, arrow_to_rows, shard_table
 from exactpack.io.store import MANIFEST, load_packed, write_packed
 from exactpack.verify.fixture import fixture_binding, fixture_epoch, fixture_examples
 
 from support.packed_helpers import assert_same_batches
 from support.reference import reference_calls, split_examples
 from support.strategies import BINDING, example_lists, scaled
-from support.v1_format import write_v1
 
 #: dtypes of the cell arrays (the layout the readers and collators rely on).
 CELL_DTYPES = {"inputs": "int32", "targets": "int32", "segments": "int32", "positions": "int32"}
@@ -71,7 +70,7 @@ def _fixture_rows(policy="next-fit"):
 def test_fixture_compact_rows_hold_windows_back_to_back():
     _, plan, rows = _fixture_rows()
     docs = [ex.window.tolist() for ex in fixture_examples()]
-    arrow = rows_to_arrow(rows)
+    arrow = shard_table(rows)
     # every target supervised and whole sources: no loss bits, example ids or ranges
     assert arrow.schema.names == [*REQUIRED, "source_ids"]
     assert arrow.column("tokens").to_pylist() == [docs[0] + docs[1], docs[2]]
@@ -83,7 +82,7 @@ def test_fixture_compact_rows_hold_windows_back_to_back():
     )
     assert_cells_are_the_reference(back.batches(2), fixture_examples(), plan, 2)
     assert_same_batches(back.batches(2), fixture_epoch(2).batches)
-    full = rows_to_arrow(rows, FULL)
+    full = shard_table(rows, FULL)
     assert full.schema == SCHEMA
     # one bit per target, first target the high bit: row 0 has 3 + 2 targets, row 1 has 4
     assert full.column("loss_bits").to_pylist() == [bytes([0b11111000]), bytes([0b11110000])]
@@ -194,7 +193,7 @@ def test_checksums_binding_and_completeness_are_verified(tmp_path, rng):
 @pytest.mark.parametrize("which", [0, "middle", -1])
 def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
     """One flipped byte in the first, a middle or the last shard: every reader refuses."""
-    from exactpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedBatches
 
     _, _, manifest = _packed(tmp_path, rng)
     names = [entry["file"] for entry in manifest["shards"]]
@@ -204,7 +203,7 @@ def test_a_damaged_shard_is_refused_wherever_it_lies(tmp_path, rng, which):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
-    for open_ in (load_packed, PackedDataset):
+    for open_ in (load_packed, PackedBatches):
         with pytest.raises(InvalidInput, match=rf"{re.escape(name)}: checksum mismatch"):
             open_(tmp_path / "out")
 
@@ -329,7 +328,7 @@ def test_the_lean_layout_stores_exactly_what_cannot_be_derived(case, policy, spl
     assert layout.source_ids == (renamed or not whole or not numbered)
     assert layout.source_ids or not named
     for chosen in (layout, FULL):
-        arrow = rows_to_arrow(rows, chosen)
+        arrow = shard_table(rows, chosen)
         assert arrow.schema.names == chosen.columns()
         back = arrow_to_rows(
             arrow, capacity=capacity, partition=rows.partition, binding=rows.binding, where="t"
@@ -351,30 +350,15 @@ def test_loss_bits_pad_each_row_to_whole_bytes(rng):
         unpack_bits(bits, row_pairs + 8, "t")
 
 
-def test_a_version_1_output_written_by_the_v1_code_still_loads(tmp_path, rng):
-    from exactpack.training.packed_data import PackedDataset
-
+def test_an_output_of_another_format_version_is_refused_with_the_fix(tmp_path, rng):
+    """Only the version this exactpack writes is read (nothing earlier was published)."""
     examples = _random_examples(rng)
     table = ExampleTable.from_examples(examples, "train", BINDING)
-    plan = plan_rows(table.lengths, 32, "best-fit-decreasing")
-    rows = compact_rows(table, plan)
-    v1 = write_v1(rows, tmp_path / "v1", max_rows_per_batch=4, shard_tokens=1000)
-    v2 = write_packed(rows, tmp_path / "v2", max_rows_per_batch=4, shard_tokens=1000)
-    assert v1["version"] == 1 and v2["version"] == 2 and len(v1["shards"]) > 1
-    assert "labels" in pq.read_schema(tmp_path / "v1" / "shard-00000.parquet").names
-    assert {"loss_bits", "pair_counts"} <= set(
-        pq.read_schema(tmp_path / "v2" / v2["shards"][0]["file"]).names
-    )
-    stats = []
-    for name in ("v1", "v2"):
-        store = load_packed(tmp_path / name, BINDING)
-        assert_cells_are_the_reference(store, examples, plan, 4)
-        data = PackedDataset(tmp_path / name)
-        picked = data.rows([5, 0, 9])  # any selection of rows, across shards
-        assert_same_batches([picked], [PackedDataset(tmp_path / "v2").rows([5, 0, 9])])
-        stats.append(data.row_stats())
-    for field in ("tokens", "eligible", "attention"):
-        assert np.array_equal(getattr(stats[0], field), getattr(stats[1], field))
-    assert stats[1].eligible.sum() == table.loss_mask.sum()
-    # the v2 shards are smaller: no labels column repeating the tokens
-    assert sum(s["bytes"] for s in v2["shards"]) < sum(s["bytes"] for s in v1["shards"])
+    rows = compact_rows(table, plan_rows(table.lengths, 32, "best-fit-decreasing"))
+    manifest = write_packed(rows, tmp_path / "out", max_rows_per_batch=4, shard_tokens=1000)
+    assert manifest["version"] == 2
+    load_packed(tmp_path / "out", BINDING)
+    path = tmp_path / "out" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 1}))
+    with pytest.raises(InvalidInput, match=r"version 1;.*reads .* version 2 — pack it again"):
+        load_packed(tmp_path / "out", BINDING)

@@ -1,4 +1,4 @@
-"""PyTorch data path: row selection, PackedDataset, collator, layout, RowSampler, DataLoader."""
+"""PyTorch data path: row selection, PackedBatches, collator, layout, RowSampler, DataLoader."""
 
 import dataclasses
 import itertools
@@ -23,8 +23,8 @@ from exactpack.io.store import write_packed
 from exactpack.nn.attention import AttentionLayout
 from exactpack.training.distributed import RowSampler, RowStats
 from exactpack.training.packed_data import (
+    PackedBatches,
     PackedCollator,
-    PackedDataset,
     ScheduledBatch,
     concat_batches,
     decoder_inputs,
@@ -230,7 +230,7 @@ def _examples(seed, n=40, capacity=8):
 def test_packed_dataset_reads_calls_rows_and_stats(tmp_path_factory, case, per_call, shard):
     examples, capacity = case
     path, want = _write(tmp_path_factory.mktemp("d"), examples, capacity, per_call, shard)
-    ds = PackedDataset(path, BINDING, cache_shards=1)
+    ds = PackedBatches(path, BINDING, cache_shards=1)
     assert len(ds) == len(want)
     assert_same_batches([ds[i] for i in range(len(ds))], want)
     everything = concat_batches(want)
@@ -240,17 +240,6 @@ def test_packed_dataset_reads_calls_rows_and_stats(tmp_path_factory, case, per_c
     for name in ("tokens", "eligible", "attention"):
         assert np.array_equal(getattr(got, name), getattr(expect, name)), name
     assert got.eligible.sum() == sum(b.eligible_count for b in want)
-
-
-def test_packed_dataset_is_the_deprecated_name_of_packed_batches(tmp_path):
-    from exactpack.training import PackedBatches
-
-    path, want = _write(tmp_path, *_examples(2))
-    with pytest.warns(DeprecationWarning, match="PackedBatches"):
-        old = PackedDataset(path)
-    new = PackedBatches(path)
-    assert isinstance(old, PackedBatches) and len(old) == len(new) == len(want)
-    assert_same_batches([old[0]], [new[0]])
 
 
 def test_row_stats_of_the_fixture():
@@ -265,7 +254,7 @@ def test_row_stats_of_the_fixture():
 def test_sampler_gives_every_rank_equal_slots_and_every_row_once(tmp_path, balance):
     examples, capacity = _examples(1)
     path, _ = _write(tmp_path, examples, capacity)
-    ds = PackedDataset(path)
+    ds = PackedBatches(path)
     stats = ds.row_stats()
     world, micro, per = 3, 2, 3
     samplers = [
@@ -328,7 +317,7 @@ def test_dataloader_stops_and_restores_with_identical_continuation(tmp_path):
     path, _ = _write(tmp_path, examples, capacity)
 
     def loader():
-        ds = PackedDataset(path, BINDING)
+        ds = PackedBatches(path, BINDING)
         sampler = RowSampler(ds.row_stats(), rows_per_micro_batch=3, micro_batches=2, seed=4)
         sampler.set_epoch(2)
         return sampler, DataLoader(
@@ -385,9 +374,9 @@ def test_a_training_collator_refuses_validation_rows():
 def test_packed_dataset_refuses_another_partition(tmp_path):
     examples, capacity = _examples(3, n=6)
     path, _ = _write(tmp_path, examples, capacity)
-    assert len(PackedDataset(path, BINDING, expected_split="train")) > 0
+    assert len(PackedBatches(path, BINDING, expected_split="train")) > 0
     with pytest.raises(SplitMismatch, match="holds split 'train', not 'validation'"):
-        PackedDataset(path, BINDING, expected_split="validation")
-    store = PackedDataset(path).store
+        PackedBatches(path, BINDING, expected_split="validation")
+    store = PackedBatches(path).store
     with pytest.raises(SplitMismatch, match="not 'test'"):
-        PackedDataset(store, expected_split=Split.TEST)
+        PackedBatches(store, expected_split=Split.TEST)

@@ -327,14 +327,14 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
 
 
 def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
-    from exactpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedBatches
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
     with pytest.raises(
         InvalidInput, match=r"records\(\) and exactpack.hf.tree_inputs.TreeCollator"
     ):
-        PackedDataset(tmp_path / "tree")
+        PackedBatches(tmp_path / "tree")
     argv = [
         "pack",
         str(tmp_path / "t.jsonl"),

@@ -43,8 +43,8 @@ from exactpack.core.errors import InvalidInput
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MANIFEST = "manifest.json"
 LOCK = ".exactpack-lock"
-#: A shard exactpack wrote: ``shard-GGGG-KKKKK.parquet`` (``shard-KKKKK.parquet`` before 0.3).
-SHARD = re.compile(r"^shard-(?:(?P<gen>\d{4,})-)?\d{5,}\.parquet$")
+#: A shard exactpack wrote: ``shard-GGGG-KKKKK.parquet`` (generation, then index).
+SHARD = re.compile(r"^shard-(?P<gen>\d{4,})-\d{5,}\.parquet$")
 
 
 def fsync_dir(path: Path) -> None:
@@ -356,7 +356,7 @@ def open_output(
                 + (f"; removed {removed} file(s) it wrote" if removed else "")
             )
         listed = listed_shards(path)
-        gens = [int(m["gen"] or 0) for p in path.iterdir() if (m := SHARD.match(p.name))]
+        gens = [int(m["gen"]) for p in path.iterdir() if (m := SHARD.match(p.name))]
         replaces = [n for n in listed or () if SHARD.match(n)]
         output = Output(path, max([0, *gens]) + 1, replaces, notes)
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

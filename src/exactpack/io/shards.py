@@ -253,10 +253,6 @@ def shard_table(cols: CompactRows, layout: StoredColumns | None = None) -> pa.Ta
     return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
 
 
-#: The 0.1 name of :func:`shard_table` (compact rows as a version-2 table).
-rows_to_arrow = shard_table
-
-
 def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
     """Row boundaries of the shards: whole model calls, about ``shard_tokens`` tokens each."""
     return call_bounds(rows.token_offsets[rows.row_offsets], max_rows_per_batch, shard_tokens)

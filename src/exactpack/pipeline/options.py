@@ -97,7 +97,7 @@ class PackOptions:
         None,
         "--max-length",
         "tokens per row: the width of the input_ids a model sees, for every --format"
-        " (TRL's max_length); replaces --capacity, its old name",
+        " (TRL's max_length)",
         BOTH,
         metavar="N",
         type=int,

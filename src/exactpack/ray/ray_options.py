@@ -65,10 +65,7 @@ class RayOptions:
         engine: RayOptions | None = None,
         **overrides: Any,
     ) -> tuple[PackOptions, RayOptions]:
-        """Both option objects, each override sent to whichever declares it
-        (``ray_remote_args``: the 0.1 name of ``remote_args``)."""
-        if "ray_remote_args" in overrides:
-            overrides["remote_args"] = overrides.pop("ray_remote_args")
+        """Both option objects, each override sent to whichever declares it."""
         mine = {f.name for f in dataclasses.fields(cls)}
         ours = {k: overrides.pop(k) for k in list(overrides) if k in mine}
         ray_opts = dataclasses.replace(engine or cls(), **ours) if ours else (engine or cls())
