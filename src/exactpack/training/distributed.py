@@ -24,6 +24,7 @@ import numpy as np
 
 from exactpack.core.binding import INT32_MAX
 from exactpack.core.errors import BudgetExceeded, InvalidInput, positive_int, state_int, state_value
+from exactpack.training.balance import CostModel, balanced_partition
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -59,7 +60,9 @@ def check_schedule(
 
 def check_balance(balance: str) -> None:
     if not isinstance(balance, str) or balance not in BALANCES:
-        raise InvalidInput(f"unknown balance {balance!r}; use one of {', '.join(BALANCES)}")
+        raise InvalidInput(
+            f"unknown balance {balance!r}; use one of {', '.join(BALANCES)} or a CostModel"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,10 +105,14 @@ def schedule_rows(
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
+    partition: str = "greedy",
 ) -> StepSchedule:
     """Assign rows (per-row ``loads``, float [n]) to steps, ranks and micro-batches, each
     row once; only the last step may be short (each slot then takes at most
-    ``ceil(rows / slots)``). Over :data:`SCHEDULE_BYTES`: refused (:func:`check_schedule`)."""
+    ``ceil(rows / slots)``). Over :data:`SCHEDULE_BYTES`: refused (:func:`check_schedule`).
+    ``partition``: ``"greedy"`` (heaviest row to the least-loaded slot) or ``"balanced"``
+    (:func:`~exactpack.training.balance.balanced_partition`: Karmarkar–Karp or greedy,
+    whichever gives the smaller largest slot)."""
     try:
         loads = np.asarray(loads, dtype=np.float64)
     except (TypeError, ValueError):
@@ -119,6 +126,8 @@ def schedule_rows(
     for name, v in (("seed", seed), ("epoch", epoch)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise InvalidInput(f"{name} must be a non-negative integer, got {v!r}")
+    if partition not in ("greedy", "balanced"):
+        raise InvalidInput(f"unknown partition {partition!r}; use 'greedy' or 'balanced'")
     order = np.arange(n, dtype=np.int64)
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(n)
@@ -130,7 +139,7 @@ def schedule_rows(
     for step in range(steps):
         rows = order[step * per_step : (step + 1) * per_step]
         step_groups, step_loads = _balance_step(
-            rows, loads[rows], slots_per_step, rows_per_micro_batch
+            rows, loads[rows], slots_per_step, rows_per_micro_batch, partition
         )
         groups.extend(step_groups)
         slot_loads[step] = step_loads.reshape(world_size, micro_batches)
@@ -141,11 +150,15 @@ def schedule_rows(
 
 
 def _balance_step(
-    rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int
+    rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int, partition: str = "greedy"
 ) -> tuple[list[list[int]], np.ndarray]:
     """Each row (heaviest first, stable) into the open slot of least load (ties: lowest
     index), at most ``min(per_slot, ceil(len(rows) / slots))`` rows a slot."""
     cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
+    if partition == "balanced" and rows.size:
+        picked = balanced_partition(loads, slots, cap)
+        chosen = [sorted(int(rows[i]) for i in g) for g in picked]
+        return chosen, np.array([float(loads[g].sum()) for g in picked], dtype=np.float64)
     groups: list[list[int]] = [[] for _ in range(slots)]
     load = np.zeros(slots, dtype=np.float64)
     heap = [(0.0, s) for s in range(slots)]
@@ -313,6 +326,7 @@ _SAMPLER_CONFIG = (
     "rows_per_micro_batch",
     "seed",
     "balance",
+    "cost",
     "shuffle",
 )
 
@@ -323,6 +337,9 @@ class RowSampler:
     with ``batch_size=None`` over :class:`~exactpack.training.packed_data.PackedBatches`.
     ``world_size``/``rank`` default to the ``torch.distributed`` group (else 1 and 0).
     ``state_dict()`` (epoch, slots yielded) lets a fresh sampler continue exactly.
+    ``balance``: ``"tokens"`` (Σl), ``"attention"`` (Σl²), ``"none"``, or a
+    :class:`~exactpack.training.balance.CostModel` (FLOPs from the model's config:
+    ``CostModel.from_config(model.config)``), then partitioned by balanced Karmarkar–Karp.
     """
 
     def __init__(
@@ -334,7 +351,7 @@ class RowSampler:
         world_size: int | None = None,
         rank: int | None = None,
         seed: int = 0,
-        balance: Balance = "tokens",
+        balance: Balance | CostModel = "tokens",
         shuffle: bool = True,
     ) -> None:
         if not isinstance(stats, RowStats):
@@ -350,9 +367,13 @@ class RowSampler:
         self.micro_batches = micro_batches
         self.rows_per_micro_batch = rows_per_micro_batch
         self.seed = seed
-        self.balance = balance
         self.shuffle = shuffle
-        self._costs = stats.costs(balance)
+        if isinstance(balance, CostModel):
+            self.balance, self.cost = "compute", [balance.linear, balance.quadratic]
+            self._costs = balance.row_costs(stats)
+        else:
+            self.balance, self.cost = balance, None
+            self._costs = stats.costs(balance)
         self.epoch = 0
         self.position = 0
         self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
@@ -385,6 +406,7 @@ class RowSampler:
                 seed=self.seed,
                 epoch=self.epoch,
                 shuffle=self.shuffle,
+                partition="greedy" if self.cost is None else "balanced",
             )
             counts = step_eligible_counts(schedule, self.stats.eligible)
             self._cache = (self.epoch, schedule, counts)

@@ -1,0 +1,113 @@
+"""Compute balancing vs token balancing: the largest slot's FLOPs over the mean slot's.
+
+    .venv/bin/python benchmarks/bench_balance.py            # W1 flat rows and GRPO-like trees
+
+Rows are packed as users pack them (``plan_rows(..., "best-fit-decreasing")``), then
+scheduled over 8 ranks × 4 micro-batches by :class:`~exactpack.training.RowSampler`
+(flat) or :func:`~exactpack.training.distributed.schedule_rows` (tree rows), once by
+tokens (greedy, the default) and once by a :class:`~exactpack.training.balance.CostModel`
+(balanced Karmarkar–Karp). A step lasts as long as its slowest slot, so the figure
+is ``Σ_steps max slot / Σ_steps mean slot`` of the FLOPs (1.0: no rank waits).
+Tree rows: groups of a prompt (256–1024 tokens) and 8 completions (32–512), each
+completion scoring ``c·p + c(c+1)/2`` pairs (:func:`~exactpack.training.balance.causal_pairs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from exactpack import plan_rows
+from exactpack.training.balance import CostModel, causal_pairs
+from exactpack.training.distributed import RowSampler, RowStats, schedule_rows
+from workloads import w1_sft
+
+CONFIGS = {
+    "Llama-3-8B": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    },
+    "Qwen2.5-0.5B": {
+        "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+    },
+    "Qwen3-30B-A3B (MoE)": {
+        "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "num_experts": 128,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+    },
+}  # fmt: skip
+WORLD, MICRO = 8, 4
+
+
+def figure(flops: np.ndarray, row_ids: np.ndarray, offsets: np.ndarray, steps: int) -> float:
+    per_step = WORLD * MICRO
+    loads = np.add.reduceat(np.r_[flops[row_ids], 0.0], offsets[:-1])
+    loads = np.where(np.diff(offsets) > 0, loads, 0.0).reshape(steps, per_step)
+    return float(loads.max(axis=1).sum() / loads.mean(axis=1).sum())
+
+
+def flat_rows() -> RowStats:
+    w = w1_sft()
+    plan = plan_rows(w.lengths, w.capacity, "best-fit-decreasing")
+    return RowStats.from_segments(w.lengths, plan.row_of, np.zeros(plan.num_rows, np.int64))
+
+
+def tree_rows(groups: int = 4000, capacity: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and causal pairs per row of GRPO-like groups, packed by their tokens."""
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(256, 1025, groups)
+    completions = rng.integers(32, 513, (groups, 8))
+    tokens = prompt + completions.sum(axis=1)
+    pairs = causal_pairs(prompt) + causal_pairs(completions, prompt[:, None]).sum(axis=1)
+    plan = plan_rows(tokens, capacity, "best-fit-decreasing")
+    row_tokens = np.bincount(plan.row_of, weights=tokens, minlength=plan.num_rows)
+    row_pairs = np.bincount(plan.row_of, weights=pairs, minlength=plan.num_rows)
+    return row_tokens, row_pairs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows-per-micro-batch", type=int, nargs="+", default=[1, 2, 4])
+    args = ap.parse_args()
+    stats = flat_rows()
+    tree_tokens, tree_pairs = tree_rows()
+    print(f"W1: {len(stats):,} rows of 4096; tree rows: {len(tree_tokens):,} rows of 16384")
+    print(f"{WORLD} ranks x {MICRO} micro-batches; figure = sum of step max / sum of step mean")
+    print("| model | rows | rows/micro | by tokens | by compute | seconds (compute) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, config in CONFIGS.items():
+        cost = CostModel.from_config(config)
+        for r in args.rows_per_micro_batch:
+            flops = cost.row_costs(stats)
+            out = []
+            for balance in ("tokens", cost):
+                t0 = time.perf_counter()
+                s = RowSampler(
+                    stats, rows_per_micro_batch=r, micro_batches=MICRO, world_size=WORLD,
+                    rank=0, balance=balance,
+                )  # fmt: skip
+                sch = s.schedule
+                out.append((figure(flops, sch.row_ids, sch.slot_offsets, sch.steps),
+                            time.perf_counter() - t0))  # fmt: skip
+            print(
+                f"| {name} | W1 flat | {r} | {out[0][0]:.4f} | {out[1][0]:.4f} | {out[1][1]:.2f} |"
+            )
+            flops = cost.costs(tree_tokens, tree_pairs)
+            out = []
+            for loads, partition in ((tree_tokens, "greedy"), (flops, "balanced")):
+                t0 = time.perf_counter()
+                sch = schedule_rows(
+                    loads, world_size=WORLD, micro_batches=MICRO, rows_per_micro_batch=r,
+                    partition=partition,
+                )  # fmt: skip
+                out.append((figure(flops, sch.row_ids, sch.slot_offsets, sch.steps),
+                            time.perf_counter() - t0))  # fmt: skip
+            row = f"| {name} | GRPO trees | {r} | {out[0][0]:.4f} | {out[1][0]:.4f}"
+            print(f"{row} | {out[1][1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
