@@ -97,11 +97,11 @@ def main() -> None:
             )
             flops = cost.costs(tree_tokens, tree_pairs)
             out = []
-            for loads, partition in ((tree_tokens, "greedy"), (flops, "balanced")):
+            for loads, method in ((tree_tokens, "greedy"), (flops, "balanced")):
                 t0 = time.perf_counter()
                 sch = schedule_rows(
                     loads, world_size=WORLD, micro_batches=MICRO, rows_per_micro_batch=r,
-                    partition=partition,
+                    method=method,
                 )  # fmt: skip
                 out.append((figure(flops, sch.row_ids, sch.slot_offsets, sch.steps),
                             time.perf_counter() - t0))  # fmt: skip

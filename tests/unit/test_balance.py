@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from exactpack import InvalidInput
-from exactpack.training.balance import CostModel, balanced_partition, causal_pairs, spread
+from exactpack.training.balance import CostModel, balanced_groups, causal_pairs, spread
 from exactpack.training.distributed import RowSampler, RowStats, schedule_rows
 
 
@@ -93,9 +93,9 @@ def _optimum(costs, slots, cap):
 def test_the_partition_is_whole_capped_and_never_worse_than_greedy(costs, slots, cap):
     if slots * cap < len(costs):
         with pytest.raises(InvalidInput, match="do not fit"):
-            balanced_partition(costs, slots, cap)
+            balanced_groups(costs, slots, cap)
         return
-    groups = balanced_partition(costs, slots, cap)
+    groups = balanced_groups(costs, slots, cap)
     assert len(groups) == slots and sorted(i for g in groups for i in g) == list(range(len(costs)))
     assert all(len(g) <= cap for g in groups)
     largest = max(sum(costs[i] for i in g) for g in groups)

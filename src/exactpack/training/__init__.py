@@ -11,7 +11,7 @@ from __future__ import annotations
 from exactpack._lazy import lazy_exports
 
 _EXPORTS = {
-    "balance": "CostModel balanced_partition",
+    "balance": "CostModel balanced_groups",
     "distributed": "RowSampler RowStats Slot StepSchedule row_costs schedule_rows"
     " step_eligible_counts",
     "global_loss": "labels_nll_sum loss_factor micro_batch_loss normalize",

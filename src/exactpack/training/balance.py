@@ -13,7 +13,7 @@ tokens scores ``n·d + n(n+1)/2`` (its path, not its row). Two rows of 4096 toke
 cost the same under token balancing and differ 8.4 M pairs in attention work;
 ``CostModel.from_config(config).row_costs(stats)`` weighs both terms in FLOPs.
 
-:func:`balanced_partition` splits a step's rows into ``slots`` groups of at most
+:func:`balanced_groups` splits a step's rows into ``slots`` groups of at most
 ``cap`` rows each, minimising the largest group cost: the balanced largest
 differencing method (Karmarkar–Karp with equal cardinalities), then greedy LPT, the
 better of the two kept.
@@ -181,12 +181,12 @@ def _refine(costs: np.ndarray, groups: list[list[int]], cap: int) -> list[list[i
     return [sorted(g) for g in groups]
 
 
-def balanced_partition(costs: Any, slots: int, cap: int) -> list[list[int]]:
+def balanced_groups(costs: Any, slots: int, cap: int) -> list[list[int]]:
     """Indices of ``costs`` in ``slots`` groups of at most ``cap`` each (``slots·cap`` ≥
     the number of items), minimising the largest group's cost: balanced Karmarkar–Karp
     and LPT, each refined by moves and swaps, the better kept. Each group ascending.
 
-    >>> balanced_partition([8, 7, 6, 5, 4], 2, 3)  # 15 + 15 (KK alone: 16 + 14)
+    >>> balanced_groups([8, 7, 6, 5, 4], 2, 3)  # 15 + 15 (KK alone: 16 + 14)
     [[2, 3, 4], [0, 1]]
     """
     costs = np.asarray(costs, dtype=np.float64)
@@ -211,4 +211,4 @@ def spread(costs: Any, groups: list[list[int]]) -> float:
     return float(loads.max() / loads.mean()) if loads.size and loads.mean() > 0 else 1.0
 
 
-__all__ = ["CostModel", "balanced_partition", "causal_pairs", "spread"]
+__all__ = ["CostModel", "balanced_groups", "causal_pairs", "spread"]

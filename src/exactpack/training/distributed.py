@@ -24,7 +24,7 @@ import numpy as np
 
 from exactpack.core.binding import INT32_MAX
 from exactpack.core.errors import BudgetExceeded, InvalidInput, positive_int, state_int, state_value
-from exactpack.training.balance import CostModel, balanced_partition
+from exactpack.training.balance import CostModel, balanced_groups
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -105,13 +105,13 @@ def schedule_rows(
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
-    partition: str = "greedy",
+    method: str = "greedy",
 ) -> StepSchedule:
     """Assign rows (per-row ``loads``, float [n]) to steps, ranks and micro-batches, each
     row once; only the last step may be short (each slot then takes at most
     ``ceil(rows / slots)``). Over :data:`SCHEDULE_BYTES`: refused (:func:`check_schedule`).
-    ``partition``: ``"greedy"`` (heaviest row to the least-loaded slot) or ``"balanced"``
-    (:func:`~exactpack.training.balance.balanced_partition`: Karmarkar–Karp or greedy,
+    ``method``: ``"greedy"`` (heaviest row to the least-loaded slot) or ``"balanced"``
+    (:func:`~exactpack.training.balance.balanced_groups`: Karmarkar–Karp or greedy,
     whichever gives the smaller largest slot)."""
     try:
         loads = np.asarray(loads, dtype=np.float64)
@@ -126,8 +126,8 @@ def schedule_rows(
     for name, v in (("seed", seed), ("epoch", epoch)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise InvalidInput(f"{name} must be a non-negative integer, got {v!r}")
-    if partition not in ("greedy", "balanced"):
-        raise InvalidInput(f"unknown partition {partition!r}; use 'greedy' or 'balanced'")
+    if method not in ("greedy", "balanced"):
+        raise InvalidInput(f"unknown method {method!r}; use 'greedy' or 'balanced'")
     order = np.arange(n, dtype=np.int64)
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(n)
@@ -139,7 +139,7 @@ def schedule_rows(
     for step in range(steps):
         rows = order[step * per_step : (step + 1) * per_step]
         step_groups, step_loads = _balance_step(
-            rows, loads[rows], slots_per_step, rows_per_micro_batch, partition
+            rows, loads[rows], slots_per_step, rows_per_micro_batch, method
         )
         groups.extend(step_groups)
         slot_loads[step] = step_loads.reshape(world_size, micro_batches)
@@ -150,13 +150,13 @@ def schedule_rows(
 
 
 def _balance_step(
-    rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int, partition: str = "greedy"
+    rows: np.ndarray, loads: np.ndarray, slots: int, per_slot: int, method: str = "greedy"
 ) -> tuple[list[list[int]], np.ndarray]:
     """Each row (heaviest first, stable) into the open slot of least load (ties: lowest
     index), at most ``min(per_slot, ceil(len(rows) / slots))`` rows a slot."""
     cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
-    if partition == "balanced" and rows.size:
-        picked = balanced_partition(loads, slots, cap)
+    if method == "balanced" and rows.size:
+        picked = balanced_groups(loads, slots, cap)
         chosen = [sorted(int(rows[i]) for i in g) for g in picked]
         return chosen, np.array([float(loads[g].sum()) for g in picked], dtype=np.float64)
     groups: list[list[int]] = [[] for _ in range(slots)]
@@ -406,7 +406,7 @@ class RowSampler:
                 seed=self.seed,
                 epoch=self.epoch,
                 shuffle=self.shuffle,
-                partition="greedy" if self.cost is None else "balanced",
+                method="greedy" if self.cost is None else "balanced",
             )
             counts = step_eligible_counts(schedule, self.stats.eligible)
             self._cache = (self.epoch, schedule, counts)
