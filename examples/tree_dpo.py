@@ -1,7 +1,7 @@
 """A DPO step on tree-packed rows: each prompt stored once for its chosen and rejected answer.
 
 Each model (policy and reference) runs **one** forward over the tree-packed
-rows; :func:`exactpack.nn.tree_attention.sequence_logprobs` gives every original
+rows; :func:`exactpack.nn.logprobs.sequence_logprobs` gives every original
 sequence's summed completion log-probability, from which the DPO loss is
 
     loss = -mean_g log σ(β [(π_c - ρ_c) - (π_r - ρ_r)])
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.tree_inputs import tree_inputs
-from exactpack.nn.tree_attention import sequence_logprobs
+from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.verify.models import load_model
 from exactpack.verify.tree_models import use_tree_attention
 

@@ -6,7 +6,7 @@ the sampling policy's log-probs ``old``::
     ratio = exp(logp - old)
     loss  = Σ_tokens -min(ratio·A, clip(ratio, 1-ε, 1+ε)·A) / (completion tokens)
 
-:func:`exactpack.nn.tree_attention.token_logprobs` gives every original sequence's
+:func:`exactpack.nn.logprobs.token_logprobs` gives every original sequence's
 per-token log-probabilities from **one** forward over the tree-packed rows;
 :func:`unpacked_grpo` computes the same from each rollout run alone. The
 ``old`` log-probs are the current ones detached plus a fixed seeded offset,
@@ -23,7 +23,7 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.tree_inputs import tree_inputs
-from exactpack.nn.tree_attention import token_logprobs
+from exactpack.nn.logprobs import token_logprobs
 
 
 def rollout_groups(n: int, size: int, vocab: int, seed: int) -> tuple[SequenceGroups, np.ndarray]:

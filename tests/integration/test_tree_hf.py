@@ -226,7 +226,7 @@ def test_backend_work_is_nodes_times_paths():
 
 
 def test_sequence_views_unpack_the_cells():
-    from exactpack.nn.tree_attention import sequence_logprobs, token_logprobs
+    from exactpack.nn.logprobs import sequence_logprobs, token_logprobs
 
     binding = Binding(7, "t", "s")
     groups = SequenceGroups.from_prompt_completions([[1, 2, 3]], [[[4, 5], [4, 6]]], binding)

@@ -71,7 +71,7 @@ def test_pack_dataset_tree_rows_round_trip():
 
     from exactpack.hf import pack_dataset
     from exactpack.hf.tree_inputs import tree_batch_from_rows
-    from exactpack.nn.tree_attention import sequence_logprobs
+    from exactpack.nn.logprobs import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
         {

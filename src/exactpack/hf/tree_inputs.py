@@ -100,7 +100,7 @@ def tree_inputs(
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
-    come back ``(R, T, V)`` (:func:`exactpack.nn.tree_attention.sequence_logprobs`)."""
+    come back ``(R, T, V)`` (:func:`exactpack.nn.logprobs.sequence_logprobs`)."""
     if arch is None and config is not None:
         arch = check_tree(describe(config), attn_implementation)
     vocab = batch.binding.vocab_size

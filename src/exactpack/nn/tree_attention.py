@@ -26,7 +26,6 @@ import torch
 
 from exactpack.core.errors import NotAvailable
 from exactpack.core.examples import concat_ranges
-from exactpack.core.loss import check_logits, eligible_nll
 from exactpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
 from exactpack.nn.flex import permission_mod
 from exactpack.nn.varlen import grouped_attention
@@ -287,44 +286,12 @@ def tree_mask_mod(
     return permission_mod(valid, nodes, positions, sliding_window, node_ends)
 
 
-def cell_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    """Log-probability of each stored cell's target, (R*T,) (0 at padding, never computed)."""
-    check_logits(logits, batch.shape, batch.binding.vocab_size)
-    cells, nll = eligible_nll(logits, batch.targets, batch.input_valid)
-    index = torch.as_tensor(cells, device=logits.device)
-    return nll.new_zeros(batch.inputs.size).index_copy(0, index, -nll)
-
-
-def _per_sequence(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    """Each sequence's target log-probs, concatenated in layout order, (Σ L,)."""
-    index = torch.as_tensor(batch.seq_cells, device=logits.device)
-    return cell_logprobs(logits, batch).index_select(0, index)
-
-
-def token_logprobs(logits: torch.Tensor, batch: TreeBatch) -> list[torch.Tensor]:
-    """Per original sequence (layout order, ``batch.seq_index``): its targets' log-probs, (L,)."""
-    return list(_per_sequence(logits, batch).split(np.diff(batch.seq_bounds).tolist()))
-
-
-def sequence_logprobs(logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-    """Sum of each original sequence's supervised target log-probs (its own loss mask), (S,)
-    in layout order: the DPO / SimPO / reward-model quantity."""
-    mask = torch.as_tensor(batch.seq_loss_mask, device=logits.device)
-    flat = _per_sequence(logits, batch) * mask
-    owner = np.repeat(np.arange(batch.seq_index.shape[0]), np.diff(batch.seq_bounds))
-    owner = torch.as_tensor(owner, device=logits.device)
-    return flat.new_zeros(batch.seq_index.shape[0]).index_add(0, owner, flat)
-
-
 __all__ = [
     "FlashPlan",
     "TreePlan",
-    "cell_logprobs",
     "flash_plan",
     "flash_varlen",
     "node_keys",
-    "sequence_logprobs",
-    "token_logprobs",
     "tree_attention",
     "tree_flash_attention",
     "tree_loss",

@@ -24,7 +24,8 @@ from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.capability import architecture_of
 from exactpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
-from exactpack.nn.tree_attention import sequence_logprobs, tree_loss
+from exactpack.nn.logprobs import sequence_logprobs
+from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import model_facts, observed, running, tally
 from exactpack.verify.tolerance import compare, grad_vector, tolerance
