@@ -4,6 +4,7 @@ The package is layered; each folder imports only the ones below it::
 
     cli                      the command line
     verify                   proof tooling: fixture, trace, figures, tiny decoder, verify
+    trl                      TRL's trainers on tree rows (exactpack.trl.pack)
     ray                      the pipeline as Ray tasks, for clusters
     hf                       Hugging Face: datasets in/out, transformers adapter, collators
     training                 torch datasets, collators, samplers, loss normalisation

@@ -1,0 +1,209 @@
+"""TRL's preference and RL trainers on tree-packed rows: one call, exact.
+
+.. code-block:: python
+
+    trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+    exactpack.trl.pack(trainer)          # the one added line (and its import)
+    trainer.train()
+
+TRL 1.16 computes every per-token log-probability (policy and reference; DPO,
+GRPO, RLOO) with one call per model, ``model(input_ids, attention_mask, labels=...,
+fused_lm_head=True)``, over a padded batch: DPO's chosen rows then its rejected
+rows, GRPO's prompt + completion rows. :func:`pack` makes the backbone inside that
+call run the batch as tree rows: each row's real tokens are a sequence, sequences
+that share a prefix (a DPO pair's prompt, a GRPO group's prompt) store and compute
+it once, and the backbone's hidden state at every real token comes back in the
+padded layout TRL expects — what each sequence computes alone. Two pairs of one
+batch, prompts ``P``/``Q``, answers ``a b`` / ``c`` and ``d`` / ``e f``::
+
+    TRL's rows (right-padded)     tree row (one model call)
+    P P a b                       P P a b . c . Q d . e f .
+    Q d . .                       node 0: P P ; node 1: a b ; node 2: c (under 0)
+    P P c .                       node 3: Q ; node 4: d ; node 5: e f (under 3)
+    Q e f .
+
+TRL's head, loss types, metrics, reference model or PEFT adapter, accumulation,
+DDP and logging run unchanged on those hidden states. Every other call
+(generation, a plain forward, evaluation without the fused head) runs the model
+as it is, on its own attention. Refused up front, with the reason: a model the
+capability check refuses on tree rows, a TRL other than the version checked, MoE
+router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
+and at call time inputs other than token ids (images, ``inputs_embeds``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from exactpack.core.binding import Binding
+from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
+from exactpack.hf.capability import architecture_of
+from exactpack.hf.tree_inputs import check_tree, tree_inputs
+
+#: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
+CHECKED_TRL = ("1.16",)
+#: Trainer attributes holding a model TRL calls with ``fused_lm_head=True``.
+_MODELS = ("model", "ref_model")
+_PACKED = "_exactpack_packed"
+
+
+def pack(trainer: Any, *, attn_implementation: str | None = None) -> Any:
+    """Make ``trainer``'s log-probability forwards run on tree rows (in place); returns it.
+
+    ``attn_implementation``: how the tree rows are attended (default: the model's own,
+    ``sdpa`` / ``eager`` / ``flex_attention``, fed the tree's masks)."""
+    import trl
+
+    if not trl.__version__.startswith(CHECKED_TRL):
+        raise NotAvailable(
+            f"exactpack.trl.pack was checked against TRL {', '.join(CHECKED_TRL)}, not"
+            f" {trl.__version__}: its log-probability call may differ — install trl=="
+            f"{CHECKED_TRL[-1]}.0"
+        )
+    patched = 0
+    for name in _MODELS:
+        model = getattr(trainer, name, None)
+        if model is not None:
+            _patch(_causal_lm(model), attn_implementation)
+            patched += 1
+    if not patched:
+        raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
+    return trainer
+
+
+def _causal_lm(model: Any) -> Any:
+    """The module whose ``forward`` TRL's fused head replaced (PEFT: the base model)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = getattr(vars(base).get("forward"), "__func__", None)  # set on the instance
+    code = getattr(forward, "__code__", None)
+    fused = code is not None and "fused_lm_head" in code.co_varnames
+    if not fused and not getattr(base, _PACKED, False):
+        raise InvalidInput(
+            f"{type(base).__name__} has no fused LM head: build the TRL trainer first, then"
+            " call exactpack.trl.pack(trainer)"
+        )
+    return base
+
+
+def _patch(lm: Any, attn_implementation: str | None) -> None:
+    if getattr(lm, _PACKED, False):
+        return
+    config = lm.config.get_text_config()
+    if getattr(config, "output_router_logits", False):
+        raise NotAvailable(
+            f"{config.model_type} returns router logits for a load-balancing loss that reads"
+            " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
+        )
+    impl = attn_implementation or getattr(lm.config, "_attn_implementation", None) or "sdpa"
+    arch = check_tree(architecture_of(lm), impl)
+    backbone = getattr(lm, lm.base_model_prefix)
+    fused, plain = lm.forward, backbone.forward
+    inside = threading.local()
+
+    @functools.wraps(fused)
+    def forward(*args: Any, fused_lm_head: bool = False, **kwargs: Any) -> Any:
+        if not fused_lm_head:
+            return fused(*args, **kwargs)
+        inside.on = True
+        try:
+            return fused(*args, fused_lm_head=True, **kwargs)
+        finally:
+            inside.on = False
+
+    @functools.wraps(plain)
+    def backbone_forward(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(inside, "on", False):
+            return plain(*args, **kwargs)
+        return _tree_forward(plain, lm, arch, impl, *args, **kwargs)
+
+    lm.forward = forward
+    backbone.forward = backbone_forward
+    setattr(lm, _PACKED, True)
+
+
+#: Keywords TRL's fused call may pass the backbone that change nothing on tree rows.
+_HARMLESS = {"use_cache": False, "return_dict": True, "output_router_logits": False}
+
+
+def _tree_forward(
+    plain: Any,
+    lm: Any,
+    arch: Any,
+    impl: str,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """The padded batch's hidden states ``(B, L, H)``, computed on tree rows."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    extra = sorted(
+        k for k, v in kwargs.items() if k not in _HARMLESS or v not in (None, _HARMLESS[k])
+    )
+    if input_ids is None or extra:
+        what = ", ".join(extra) or "inputs_embeds instead of input_ids"
+        raise NotAvailable(
+            f"exactpack.trl packs token ids only, not {what}: leave this trainer unpacked"
+        )
+    batch, length = input_ids.shape
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    keep = mask.to(torch.bool).cpu().numpy()
+    first = keep.argmax(axis=1)
+    counts = keep.sum(axis=1)
+    contiguous = np.array([keep[b, first[b] : first[b] + counts[b]].all() for b in range(batch)])
+    if not contiguous.all() or (counts == 0).any():
+        b = int(np.flatnonzero(~contiguous | (counts == 0))[0])
+        raise InvalidInput(
+            f"row {b} of the batch has {'no' if counts[b] == 0 else 'a hole in its'} real"
+            " tokens (attention_mask): tree rows need each row's tokens in one run"
+        )
+    if position_ids is not None:
+        want = np.arange(length)[None, :] - first[:, None]
+        if not np.array_equal(position_ids.cpu().numpy()[keep], want[keep]):
+            raise InvalidInput(
+                "position_ids do not count each row from its first real token: the rows are"
+                " already packed (padding_free) — leave padding_free off with exactpack.trl"
+            )
+    ids = input_ids.cpu().numpy()
+    seqs = [ids[b, first[b] : first[b] + counts[b]] for b in range(batch)]
+    vocab = int(lm.get_input_embeddings().weight.shape[0])
+    pad = 0
+    # a closing token makes each sequence's last real token an input cell; its target is unused
+    order = sorted(range(batch), key=lambda b: seqs[b].tolist())
+    group = np.cumsum([i == 0 or seqs[order[i]][0] != seqs[order[i - 1]][0] for i in range(batch)])
+    groups = SequenceGroups.of(
+        [np.append(seqs[b], pad) for b in order],
+        [np.ones(int(counts[b]), dtype=bool) for b in order],
+        group - 1,
+        Binding(vocab_size=vocab, tokenizer_id="trl-batch", split_id="trl-batch"),
+    )
+    width = int(build_layout(groups, int(counts.sum()) + batch).sizes.max())
+    tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
+    arch.check_batch(int(counts.max()), width)
+    dtype = next(lm.parameters()).dtype
+    inputs = tree_inputs(tree, impl, arch=arch, dtype=dtype, device=input_ids.device)
+    hidden = plain(**inputs).last_hidden_state  # (R, T, H)
+    cells = np.asarray(tree.seq_cells, dtype=np.int64)
+    bounds = np.asarray(tree.seq_bounds, dtype=np.int64)
+    rows = np.asarray(order, dtype=np.int64)[np.asarray(tree.seq_index, dtype=np.int64)]
+    dest = np.concatenate(
+        [
+            rows[i] * length + first[rows[i]] + np.arange(bounds[i + 1] - bounds[i])
+            for i in range(len(rows))
+        ]
+    )
+    src = torch.as_tensor(cells, device=hidden.device)
+    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)
+    out = flat.new_zeros(batch * length, flat.shape[-1])
+    out = out.index_copy(0, torch.as_tensor(dest, device=flat.device), flat)
+    return BaseModelOutputWithPast(last_hidden_state=out.reshape(batch, length, -1))
+
+
+__all__ = ["CHECKED_TRL", "pack"]

@@ -1,0 +1,176 @@
+"""TRL's DPOTrainer with ``exactpack.trl.pack``: a training step on tree rows equals
+TRL's own unpacked step — the loss, every parameter gradient, the metrics — in float64
+(tolerance: the seed's ``1e-10 + 1e-9*max(|a|,|b|)``).
+
+TRL's fused head computes its tiles in float32 (``trl.kernels.chunked_logprob``), which
+would cap any comparison near float32 rounding; :func:`float64_head` swaps in the same
+quantities in the model's dtype for both runs, so what is compared is the backbone's
+work, packed or not. With TRL's own head the two runs agree to float32 rounding
+(:func:`test_with_trls_float32_head_the_runs_agree_to_its_rounding`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from datasets import Dataset
+
+import exactpack.trl
+from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.verify.tree_models import Float64Islands
+
+from support.trl_helpers import grad_recorder, llama, worst_ratio
+
+torch.set_num_threads(1)
+
+
+class Float64Head(torch.autograd.Function):
+    """TRL's ``ChunkedLogProbFunction`` contract in the input dtype, by autograd."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk, softcap, scale, outputs):
+        logits = torch.nn.functional.linear(hidden, weight, bias) * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
+        log_p = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        extra = (
+            torch.logsumexp(2 * log_p, dim=-1).detach(),
+            logits.mean(-1).detach(),
+            logits.argmax(-1) == targets,
+        )
+        return log_p.gather(1, targets[:, None])[:, 0], entropy, *extra
+
+
+@pytest.fixture
+def float64_head(monkeypatch):
+    import trl.trainer.utils
+
+    monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Float64Head)
+
+
+def word_tokenizer():
+    """``t0..t47`` split on spaces (pad ``<pad>`` = 0, eos ``t2``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(1, 48)} | {"<pad>": 0}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="t2")
+
+
+#: Four pairs; two share a prompt, answers of different lengths (right padding differs).
+PAIRS = {
+    "prompt": ["t3 t4 t5 t6", "t7 t8", "t3 t4 t5 t6", "t9 t10 t11"],
+    "chosen": [" t12 t13 t2", " t14 t2", " t15 t16 t17 t18 t2", " t19 t2"],
+    "rejected": [" t20 t2", " t21 t22 t23 t2", " t24 t2", " t25 t26 t2"],
+}
+
+
+def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
+    """One DPO step (two micro-batches of two pairs); ``wide``: the model's float32
+    islands (RMSNorm upcasts to float32) kept in float64 (:class:`Float64Islands`), else
+    a shared prompt's summed gradient rounds differently in them than its parts do."""
+    from trl import DPOConfig, DPOTrainer
+
+    record, grads = grad_recorder()
+    args = DPOConfig(
+        output_dir=str(tmp_path / ("packed" if packed else "plain")),
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
+        learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
+        report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0,
+        dataloader_num_workers=0, logging_steps=1, gradient_checkpointing=False, **config,
+    )  # fmt: skip
+    trainer = DPOTrainer(
+        model=llama(), ref_model=llama(), args=args, train_dataset=Dataset.from_dict(PAIRS),
+        processing_class=word_tokenizer(), callbacks=[record],
+    )  # fmt: skip
+    if packed:
+        assert exactpack.trl.pack(trainer) is trainer
+    with Float64Islands() if wide else contextlib.nullcontext():
+        trainer.train()
+    logs = {k: v for k, v in trainer.state.log_history[0].items() if isinstance(v, float)}
+    return grads[0], logs
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_a_dpo_step_on_tree_rows_equals_trls_own_step(tmp_path, loss_type, float64_head):
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, loss_type=[loss_type])
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, loss_type=[loss_type])
+    assert worst_ratio(packed_grads, plain_grads) <= 1.0
+    assert max(float(g.abs().max()) for g in plain_grads.values()) > 0
+    for key in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
+        if key in plain_logs:
+            a, b = packed_logs[key], plain_logs[key]
+            assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
+
+
+def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, wide=False)
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, wide=False)
+    # float32 tiles and norms: a gradient's relative error of a few float32 ulps (2**-23)
+    for name, g in plain_grads.items():
+        gap = float((packed_grads[name] - g).abs().max())
+        assert gap <= 1e-6 * float(g.abs().max()) + 1e-12, name
+    assert abs(packed_logs["loss"] - plain_logs["loss"]) <= 1e-6 * abs(plain_logs["loss"])
+
+
+def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float64_head):
+    """Only TRL's fused log-probability call is packed: a plain left-padded forward and
+    generate() run on the model's own attention, as before."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = llama()
+    reference = copy.deepcopy(model)
+    add_fused_lm_head(model)
+
+    class Trainer:  # the one attribute pack() reads
+        pass
+
+    trainer = Trainer()
+    trainer.model = model
+    exactpack.trl.pack(trainer)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        want = reference(input_ids=ids, attention_mask=mask).logits
+        assert torch.equal(got, want)
+        out = model.generate(ids[1:], max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert torch.equal(out, reference.generate(ids[1:], max_new_tokens=3, do_sample=False,
+                                                   pad_token_id=0))  # fmt: skip
+        labels = ids.masked_fill(mask == 0, -100)
+        fused = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    alone = torch.log_softmax(reference(input_ids=ids[:1, 2:]).logits[0, :-1], -1)
+    want_lp = alone.gather(1, ids[0, 3:, None])[:, 0]
+    assert torch.allclose(fused.log_probs[0, 2:], want_lp, rtol=1e-12, atol=1e-12)
+
+
+def test_refusals_are_up_front(tmp_path):
+    model = llama()
+
+    class Trainer:
+        pass
+
+    trainer = Trainer()
+    trainer.model = model
+    with pytest.raises(InvalidInput, match="no fused LM head"):
+        exactpack.trl.pack(trainer)
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(model)
+    exactpack.trl.pack(trainer)
+    ids = torch.tensor([[3, 0, 5]])
+    with pytest.raises(InvalidInput, match="a hole in its real tokens"):
+        model(input_ids=ids, attention_mask=torch.tensor([[1, 0, 1]]), labels=ids,
+              fused_lm_head=True)  # fmt: skip
+    with pytest.raises(NotAvailable, match="token ids only"):
+        model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
