@@ -80,15 +80,26 @@ def pack(trainer: Any, *, attn_implementation: str | None = None) -> Any:
 def _causal_lm(model: Any) -> Any:
     """The module whose ``forward`` TRL's fused head replaced (PEFT: the base model)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    forward = getattr(vars(base).get("forward"), "__func__", None)  # set on the instance
-    code = getattr(forward, "__code__", None)
-    fused = code is not None and "fused_lm_head" in code.co_varnames
-    if not fused and not getattr(base, _PACKED, False):
+    if not _has_fused_head(vars(base).get("forward")) and not getattr(base, _PACKED, False):
         raise InvalidInput(
             f"{type(base).__name__} has no fused LM head: build the TRL trainer first, then"
             " call exactpack.trl.pack(trainer)"
         )
     return base
+
+
+def _has_fused_head(forward: Any) -> bool:
+    """Whether the instance's ``forward`` is TRL's fused one, through the wrappers
+    accelerate adds (autocast, outputs to float32)."""
+    for _ in range(8):
+        func = getattr(forward, "__func__", forward)
+        code = getattr(func, "__code__", None)
+        if code is not None and "fused_lm_head" in code.co_varnames:
+            return True
+        forward = getattr(func, "__wrapped__", None)
+        if forward is None:
+            return False
+    return False
 
 
 def _patch(lm: Any, attn_implementation: str | None) -> None:

@@ -174,3 +174,48 @@ def test_refusals_are_up_front(tmp_path):
               fused_lm_head=True)  # fmt: skip
     with pytest.raises(NotAvailable, match="token ids only"):
         model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
+
+
+def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(tmp_path, float64_head):
+    """GRPOTrainer's one log-probability call (left-padded prompts + right-padded
+    completions, groups of completions sharing a prompt): log-probs, entropies and the
+    gradient of a weighted sum, packed vs as shipped, float64."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    def build():
+        args = GRPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+            max_completion_length=4, report_to=[], use_cpu=True, bf16=False,
+            save_strategy="no", gradient_checkpointing=False, beta=0.0,
+        )  # fmt: skip
+        prompts = Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7"] * 2})
+        return GRPOTrainer(
+            model=llama(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args, train_dataset=prompts, processing_class=word_tokenizer(),
+        )  # fmt: skip
+
+    # two groups of two: prompts left-padded to 3, completions right-padded to 4
+    ids = torch.tensor([
+        [3, 4, 5, 10, 11, 2, 0], [3, 4, 5, 12, 2, 0, 0],
+        [0, 6, 7, 13, 14, 15, 2], [0, 6, 7, 16, 2, 0, 0],
+    ])  # fmt: skip
+    mask = (ids != 0).long()
+    weights = torch.tensor([[1.0, -2.0, 0.5, 1.5]], dtype=torch.float64).T
+    results = []
+    for packed in (False, True):
+        trainer = build()
+        if packed:
+            exactpack.trl.pack(trainer)
+        model = trainer.model
+        with Float64Islands():
+            logps, entropy, _ = trainer._get_per_token_logps_and_entropies(
+                model, ids, mask, logits_to_keep=4, compute_entropy=True
+            )
+            ((logps * mask[:, 3:]) * weights).sum().backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        results.append((logps.detach(), entropy.detach(), grads))
+    (lp0, en0, g0), (lp1, en1, g1) = results
+    keep = mask[:, 3:].bool()
+    assert torch.all((lp0 - lp1)[keep].abs() <= 1e-10 + 1e-9 * lp0[keep].abs())
+    assert torch.all((en0 - en1)[keep].abs() <= 1e-10 + 1e-9 * en0[keep].abs())
+    assert worst_ratio(g1, g0) <= 1.0
