@@ -71,7 +71,7 @@ def pool_pack(folder: Path, out: Path, capacity: int, workers: int) -> dict:
     """exactpack.ray's tasks on a process pool: plan every block, lay out, write every shard."""
     blocks = file_blocks(folder, None)
     settings = Settings(
-        PackOptions(capacity=capacity, policy=POLICY, vocab_size=VOCAB, split_id="bench")
+        PackOptions(max_length=capacity, policy=POLICY, vocab_size=VOCAB, split_id="bench")
     )
     with ProcessPoolExecutor(workers) as pool, open_output(out, overwrite=True) as output:
         planned = list(pool.map(plan_block, blocks, [settings] * len(blocks)))

@@ -123,7 +123,7 @@ def build_trl(folder: Path, examples: int) -> Path:
     np.cumsum(lengths + 1, out=offsets[1:])
     ids = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
     table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))})
-    pack_path(table, folder / "trl", capacity=4097, vocab_size=VOCAB, format="trl",
+    pack_path(table, folder / "trl", max_length=4097, vocab_size=VOCAB, format="trl",
               spill_dir=folder)  # fmt: skip
     return folder / "trl"
 

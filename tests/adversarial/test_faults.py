@@ -112,7 +112,7 @@ def _only_its_files(out):
 
 
 def _next_run_cleans_up(data, out):
-    stats = pack_path(data, out, capacity=64, vocab_size=500, policy="padded", overwrite=True)
+    stats = pack_path(data, out, max_length=64, vocab_size=500, policy="padded", overwrite=True)
     _only_its_files(out)
     return stats["recovered"]
 
@@ -211,7 +211,7 @@ def test_the_next_writer_removes_exactly_what_a_killed_run_wrote(data, tmp_path)
     """The lock file a killed run leaves names its generation and the shards it replaces:
     only those go, and only if no manifest lists them."""
     out = tmp_path / "out"
-    pack_path(data, out, capacity=64, vocab_size=500)
+    pack_path(data, out, max_length=64, vocab_size=500)
     listed = [s["file"] for s in load_packed(out).manifest["shards"]]
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
@@ -223,7 +223,7 @@ def test_the_next_writer_removes_exactly_what_a_killed_run_wrote(data, tmp_path)
     kept = ["shard-0003-00000.parquet", "shard-0002-00000.parquet.bak", "notes.txt"]
     for name in killed + kept:
         (out / name).write_bytes(b"x")
-    stats = pack_path(data, out, capacity=64, vocab_size=500, overwrite=True)
+    stats = pack_path(data, out, max_length=64, vocab_size=500, overwrite=True)
     assert stats["recovered"][0] == (
         f"took over {LOCK} of {out}, left by a run that ended (pid {int(dead.stdout)} on h,"
         " since then); removed 3 file(s) it wrote"
@@ -306,7 +306,7 @@ def test_a_signal_at_any_stage_exits_143_or_130_and_publishes_nothing_half(tmp_p
 def test_a_signal_at_any_stage_of_an_overwrite_keeps_one_complete_output(tmp_path, stage):
     out = tmp_path / "out"
     data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5 + i % 3, 1]} for i in range(40)])
-    pack_path(data, out, capacity=4, vocab_size=10, policy="padded", max_rows_per_batch=2,
+    pack_path(data, out, max_length=4, vocab_size=10, policy="padded", max_rows_per_batch=2,
               shard_tokens=8)  # fmt: skip
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     proc = _pack_signalled(tmp_path, stage, signal.SIGTERM, "--overwrite")

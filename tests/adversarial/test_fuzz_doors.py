@@ -186,7 +186,7 @@ def test_any_template_of_the_grammar_renders_or_fails_in_one_line(chat_folder, p
     table = pa.Table.from_pylist([{"messages": c} for c in CHATS[:chats]])
     start = time.perf_counter()
     try:
-        opts = PackOptions(capacity=8, tokenizer=str(chat_folder), chat_template=template)
+        opts = PackOptions(max_length=8, tokenizer=str(chat_folder), chat_template=template)
         docs = read_documents(table, tokenizer=opts.load_tokenizer())
     except Exception as err:  # the property: its type
         one_line(err)
@@ -284,12 +284,12 @@ def packed(tmp_path_factory):
     src = root / "in.jsonl"
     rows = [{"id": str(i), "input_ids": list(range(1, 3 + i % 5))} for i in range(12)]
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pack_path(src, root / "out", capacity=8, vocab_size=20)
+    pack_path(src, root / "out", max_length=8, vocab_size=20)
     return root
 
 
 PACK_ARGS = {
-    "capacity": 8,
+    "max_length": 8,
     "policy": "best-fit",
     "vocab_size": 20,
     "max_rows_per_batch": 4,
@@ -330,7 +330,7 @@ def test_pack_dataset_arguments(name, value):
     from exactpack.hf.datasets_io import pack_dataset
 
     ds = datasets.Dataset.from_list([{"input_ids": [1, 2, 3, 4][: 2 + i % 3]} for i in range(6)])
-    args = {"capacity": 8, "policy": "best-fit", "vocab_size": 20, "pad_token_id": 0}
+    args = {"max_length": 8, "policy": "best-fit", "vocab_size": 20, "pad_token_id": 0}
     args |= {"format": "rows"} if name == "format" else {}
     args[name] = value
     with contextlib.redirect_stderr(io.StringIO()):
@@ -405,6 +405,6 @@ def test_stream_dataset_arguments(name, value):
     from support.strategies import BINDING
 
     docs = [np.arange(1, 2 + i % 6, dtype=np.int32) for i in range(20)]
-    args = {"binding": BINDING, "capacity": 10, "rows_per_micro_batch": 3, "lookahead": 8}
+    args = {"binding": BINDING, "max_length": 10, "rows_per_micro_batch": 3, "lookahead": 8}
     args[name] = value
     _outcome(lambda: list(islice(iter(StreamDataset(docs, **args)), 4)))

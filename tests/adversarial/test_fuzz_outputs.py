@@ -63,7 +63,7 @@ def packed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzzout")
     records = random_records(np.random.default_rng(8), 40, vocab=300, max_len=20)
     data = write_jsonl(folder / "d.jsonl", records)
-    pack_path(data, folder / "ref", capacity=24, vocab_size=300, max_rows_per_batch=2,
+    pack_path(data, folder / "ref", max_length=24, vocab_size=300, max_rows_per_batch=2,
               shard_tokens=120)  # fmt: skip
     reference = Reference(_arrays(b) for b in load_packed(folder / "ref"))
     assert len(json.loads((folder / "ref" / MANIFEST).read_text())["shards"]) >= 3

@@ -41,7 +41,7 @@ def _shards(out):
 
 
 def _pack(source, out, **kw):
-    return pack_path(source, out, capacity=8, vocab_size=300, policy="next-fit", **kw)
+    return pack_path(source, out, max_length=8, vocab_size=300, policy="next-fit", **kw)
 
 
 # --- files outside the input -----------------------------------------------------------
@@ -194,7 +194,7 @@ def test_the_budget_bounds_a_parquet_row_group(tmp_path):
     docs = pa.table({"input_ids": pa.ListArray.from_arrays(np.arange(0, 9_000_001, 30_000), ids)})
     pq.write_table(docs, tmp_path / "a.parquet", row_group_size=300)
     with pytest.raises(InvalidInput, match="more than the 67,108,864 bytes a read may use"):
-        pack_path(tmp_path / "a.parquet", tmp_path / "o", capacity=40_000, vocab_size=4000,
+        pack_path(tmp_path / "a.parquet", tmp_path / "o", max_length=40_000, vocab_size=4000,
                   max_metadata_bytes=1 << 30, chunk_bytes=1 << 10)  # fmt: skip
     assert not (tmp_path / "o").exists()
 

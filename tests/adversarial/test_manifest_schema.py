@@ -88,7 +88,7 @@ def test_hostile_manifests_are_one_clear_line_and_never_a_crash(tmp_path):
 
     records = random_records(np.random.default_rng(3), 40, vocab=300, max_len=20)
     data = write_jsonl(tmp_path / "d.jsonl", records)
-    pack_path(data, tmp_path / "out", capacity=32, vocab_size=300, max_rows_per_batch=2,
+    pack_path(data, tmp_path / "out", max_length=32, vocab_size=300, max_rows_per_batch=2,
               shard_tokens=200)  # fmt: skip
     run = subprocess.run(
         [sys.executable, __file__, str(tmp_path / "out")], capture_output=True, text=True

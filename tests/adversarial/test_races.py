@@ -136,7 +136,7 @@ def test_another_thread_of_the_same_process_is_refused(data, tmp_path):
     holder.start()
     entered.wait(30)
     try:
-        pack_path(data, out, capacity=16, vocab_size=500)
+        pack_path(data, out, max_length=16, vocab_size=500)
     except InvalidInput as err:
         errors.append(str(err))
     leave.set()
@@ -153,7 +153,7 @@ def _listed(out: Path) -> list[str]:
 def test_a_file_made_in_the_output_while_packing_survives_with_a_note(data, tmp_path, target):
     out = tmp_path / "out"
     if target == "overwrite":
-        pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
+        pack_path(data, out, max_length=16, vocab_size=500, policy="padded")
     first = Paused(tmp_path, data, out, *(["--overwrite"] if target == "overwrite" else []))
     (out / "notes.txt").write_text("mine")  # while the pack runs
     code, err = first.resume()
@@ -167,11 +167,11 @@ def test_a_file_made_in_the_output_while_packing_survives_with_a_note(data, tmp_
 
 def test_overwrite_removes_only_the_shards_the_previous_manifest_listed(data, tmp_path):
     out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500, policy="padded")
+    pack_path(data, out, max_length=16, vocab_size=500, policy="padded")
     old = _listed(out)
     (out / "shard-0009-00000.parquet").write_bytes(b"the user's, named like a shard")
     (out / "notes.txt").write_text("mine")
-    stats = pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
+    stats = pack_path(data, out, max_length=16, vocab_size=500, overwrite=True)
     assert stats["recovered"] == [
         f"left 'notes.txt', 'shard-0009-00000.parquet' in {out}: the manifest does not list"
         " them and exactpack removes only its own shards"
@@ -187,13 +187,13 @@ def test_overwrite_removes_only_the_shards_the_previous_manifest_listed(data, tm
 def test_a_manifest_listing_the_users_files_never_deletes_them(data, tmp_path):
     """An edited manifest naming other files: only names of exactpack's own shards go."""
     out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500)
+    pack_path(data, out, max_length=16, vocab_size=500)
     (out / "notes.txt").write_text("mine")
     (tmp_path / "outside.txt").write_text("mine too")
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["shards"] += [{"file": "notes.txt"}, {"file": "../outside.txt"}]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    pack_path(data, out, capacity=16, vocab_size=500, overwrite=True)
+    pack_path(data, out, max_length=16, vocab_size=500, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"
     assert (tmp_path / "outside.txt").read_text() == "mine too"
 
@@ -232,7 +232,7 @@ def test_output_paths_that_name_no_new_folder_are_one_line(
 
 def test_an_output_symlink_is_followed_and_kept(data, tmp_path):
     target = tmp_path / "real"
-    pack_path(data, target, capacity=16, vocab_size=500, policy="padded")
+    pack_path(data, target, max_length=16, vocab_size=500, policy="padded")
     link = tmp_path / "link"
     link.symlink_to("real")
     got = _cli("pack", data, "--out", link, *OPTIONS, "--overwrite")
@@ -262,7 +262,7 @@ def test_a_symlink_loop_is_one_line(data, tmp_path):
 
 def test_a_nul_byte_in_the_output_path_is_one_error(data, tmp_path):
     with pytest.raises(InvalidInput, match="holds a NUL byte"):
-        pack_path(data, tmp_path / "a\0b", capacity=16, vocab_size=500)
+        pack_path(data, tmp_path / "a\0b", max_length=16, vocab_size=500)
 
 
 def test_missing_parent_folders_are_removed_again_when_nothing_is_published(tmp_path):
@@ -283,7 +283,7 @@ def test_the_ray_driver_claims_its_output(tmp_path, monkeypatch):
 
         def other():
             try:
-                ray_engine.pack(tmp_path / "none.parquet", out, capacity=8, vocab_size=10)
+                ray_engine.pack(tmp_path / "none.parquet", out, max_length=8, vocab_size=10)
             except InvalidInput as err:
                 done.append(str(err))
 
@@ -324,7 +324,7 @@ def test_an_output_over_its_input_is_refused(tmp_path, where, overwrite):
 @pytest.mark.parametrize("what", [LOCK, "manifest.json"])
 def test_a_lock_or_manifest_that_is_a_link_is_never_written_through(data, tmp_path, link, what):
     out = tmp_path / "out"
-    pack_path(data, out, capacity=16, vocab_size=500)
+    pack_path(data, out, max_length=16, vocab_size=500)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     precious = tmp_path / "precious.txt"
     precious.write_text("the user's")

@@ -181,7 +181,7 @@ def test_a_huge_window_is_refused_before_the_input_is_read(tmp_path, monkeypatch
 
     monkeypatch.setattr(Input, "chunks", never)
     with pytest.raises(BudgetExceeded, match="2 read chunks") as err:
-        pack_path(path, tmp_path / "out", capacity=4096, vocab_size=10, policy="stream-best-fit",
+        pack_path(path, tmp_path / "out", max_length=4096, vocab_size=10, policy="stream-best-fit",
                   policy_options={"lookahead": 50_000_000},
                   max_metadata_bytes=64 << 20)  # fmt: skip
     assert int(str(err.value).split(" needs ")[1].split(" bytes")[0].replace(",", "")) > 50e6 * 100
@@ -202,7 +202,7 @@ def test_split_long_is_budgeted_before_any_source_is_split(tmp_path, monkeypatch
     path.write_text(
         "".join('{"input_ids": [' + ", ".join(["3"] * 2000) + "]}\n" for _ in range(50))
     )
-    opts = PackOptions(capacity=16, vocab_size=10, cut_long=True, chunk_bytes=1 << 14,
+    opts = PackOptions(max_length=16, vocab_size=10, cut_long=True, chunk_bytes=1 << 14,
                        shard_tokens=1000)  # fmt: skip
     limit = StreamBudget.of(opts, "jsonl").need(50, 50) + 1  # reading fits, the pieces do not
 

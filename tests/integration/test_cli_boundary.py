@@ -32,7 +32,7 @@ def data(tmp_path):
     return path
 
 
-OK = {"capacity": 64, "tokenizer": "bytes"}
+OK = {"max_length": 64, "tokenizer": "bytes"}
 
 #: (argument, value, what the one line must say)
 OPTION_CASES = [

@@ -140,7 +140,7 @@ def _bad_api_calls():
     docs = [[0, 1, 2]] * 10
 
     def stream(**kw):
-        args = {"binding": b, "capacity": 8, "rows_per_micro_batch": 1} | kw
+        args = {"binding": b, "max_length": 8, "rows_per_micro_batch": 1} | kw
         return next(iter(StreamDataset(args.pop("documents", docs), **args)))
 
     return {
@@ -171,7 +171,7 @@ def _bad_api_calls():
         "stream world 1e9": (lambda: stream(world_size=10**9, rank=0), "over the"),
         "stream micro 1e9": (lambda: stream(micro_batches=10**9), "over the"),
         "stream window 1e9": (lambda: stream(lookahead=10**9), "over the"),
-        "stream capacity 1e10": (lambda: stream(capacity=10**10), "capacity"),
+        "stream capacity 1e10": (lambda: stream(max_length=10**10), "capacity"),
         "stream read_chunk 1e12": (lambda: stream(read_chunk=10**12), "read_chunk"),
         "stream binding str": (lambda: stream(binding="x"), "binding"),
         "stream tokenizer str": (lambda: stream(tokenizer="bytes"), "tokenizer"),

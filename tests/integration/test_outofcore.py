@@ -59,12 +59,12 @@ def assert_same_output(a, b):
 
 
 CASES = {
-    "labels": dict(capacity=64, vocab_size=500),
-    "bfd": dict(capacity=64, vocab_size=500, policy="best-fit-decreasing"),
-    "ffd": dict(capacity=64, vocab_size=500, policy="first-fit-decreasing"),
-    "stream": dict(capacity=64, vocab_size=500, policy="stream-best-fit",
+    "labels": dict(max_length=64, vocab_size=500),
+    "bfd": dict(max_length=64, vocab_size=500, policy="best-fit-decreasing"),
+    "ffd": dict(max_length=64, vocab_size=500, policy="first-fit-decreasing"),
+    "stream": dict(max_length=64, vocab_size=500, policy="stream-best-fit",
                    policy_options={"lookahead": 7}),
-    "split": dict(capacity=16, vocab_size=500, cut_long=True, max_rows_per_batch=3),
+    "split": dict(max_length=16, vocab_size=500, cut_long=True, max_rows_per_batch=3),
 }  # fmt: skip
 
 
@@ -100,7 +100,7 @@ def test_chunk_boundaries_blank_blocks_long_lines_and_no_final_newline(tmp_path,
     text = "\n".join(lines[:20]) + "\n" + "\n" * 300 + "\r\n".join(lines[20:])
     path = tmp_path / "d.jsonl"
     path.write_text(text)
-    opts = dict(capacity=48, vocab_size=300, policy="best-fit-decreasing", shard_tokens=300)
+    opts = dict(max_length=48, vocab_size=300, policy="best-fit-decreasing", shard_tokens=300)
     in_memory(path, tmp_path / "mem", **opts)
     for chunk in (16, 100, 333, 1 << 20):  # 16: every line is longer than a read
         out = tmp_path / f"ooc-{chunk}"
@@ -130,9 +130,9 @@ def test_parquet_row_groups_datasets_folders_and_text(tmp_path, rng, spilled):
     ds.save_to_disk(str(tmp_path / "ds"), max_shard_size=2000)
     texts = write_jsonl(tmp_path / "t.jsonl", [{"text": "x" * (i % 50 + 1)} for i in range(80)])
     cases = [
-        (folder, dict(capacity=32, vocab_size=400, policy="best-fit-decreasing")),
-        (tmp_path / "ds", dict(capacity=32, vocab_size=400, policy="best-fit-decreasing")),
-        (texts, dict(capacity=20, tokenizer="bytes", cut_long=True)),
+        (folder, dict(max_length=32, vocab_size=400, policy="best-fit-decreasing")),
+        (tmp_path / "ds", dict(max_length=32, vocab_size=400, policy="best-fit-decreasing")),
+        (texts, dict(max_length=20, tokenizer="bytes", cut_long=True)),
     ]
     for k, (source, opts) in enumerate(cases):
         opts = opts | {"shard_tokens": 300}
@@ -153,8 +153,8 @@ def test_parquet_row_groups_datasets_folders_and_text(tmp_path, rng, spilled):
 def test_an_id_column_of_row_numbers_is_not_stored(tmp_path):
     records = [{"id": i, "input_ids": [0, 5 + i % 7, 1]} for i in range(30)]
     path = write_jsonl(tmp_path / "d.jsonl", records)
-    pack_path(path, tmp_path / "a", capacity=8, vocab_size=20, chunk_bytes=64)
-    in_memory(path, tmp_path / "b", capacity=8, vocab_size=20)
+    pack_path(path, tmp_path / "a", max_length=8, vocab_size=20, chunk_bytes=64)
+    in_memory(path, tmp_path / "b", max_length=8, vocab_size=20)
     manifest = assert_same_output(tmp_path / "a", tmp_path / "b")
     assert all("source_ids" not in shard["columns"] for shard in manifest["shards"])
     got = recovered_examples(load_packed(tmp_path / "a"))
@@ -163,7 +163,7 @@ def test_an_id_column_of_row_numbers_is_not_stored(tmp_path):
 
 def test_progress_shows_documents_tokens_and_rates(tmp_path, rng, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 50, vocab=100, max_len=30))
-    stats = pack_path(path, tmp_path / "out", capacity=32, vocab_size=100, progress=True,
+    stats = pack_path(path, tmp_path / "out", max_length=32, vocab_size=100, progress=True,
                       chunk_bytes=500)  # fmt: skip
     err = capsys.readouterr().err
     for needle in ("exactpack: reading", "docs", "tokens", "B/s", "exactpack: planning",
@@ -176,7 +176,7 @@ def test_identical_ids_across_chunks_are_reported(tmp_path):
     records = [{"id": "same" if i in (3, 40) else f"d{i}", "input_ids": [0, 5, 1]}
                for i in range(50)]  # fmt: skip
     path = write_jsonl(tmp_path / "d.jsonl", records)
-    stats = pack_path(path, tmp_path / "out", capacity=8, vocab_size=10, chunk_bytes=100)
+    stats = pack_path(path, tmp_path / "out", max_length=8, vocab_size=10, chunk_bytes=100)
     assert stats["duplicate_ids"] == 1
     assert stats["duplicate_first"]["at"].endswith("d.jsonl line 41")
     assert stats["duplicate_first"]["first_seen"].endswith("d.jsonl line 4")
@@ -190,11 +190,11 @@ def test_a_small_corpus_is_kept_and_a_large_one_spilled(tmp_path, rng, monkeypat
     real = Spill.open
     monkeypatch.setattr(Spill, "open", lambda self, *a: opened.append(1) or real(self, *a))
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 300, vocab=300, max_len=40))
-    pack_path(path, tmp_path / "a", capacity=48, vocab_size=300, chunk_bytes=2000)
+    pack_path(path, tmp_path / "a", max_length=48, vocab_size=300, chunk_bytes=2000)
     assert opened == []  # a few kilobytes of ids: kept in memory
     monkeypatch.setattr("exactpack.pipeline.corpus.KEEP_BYTES", 10_000)  # passed mid-way
-    pack_path(path, tmp_path / "b", capacity=48, vocab_size=300, chunk_bytes=2000)
+    pack_path(path, tmp_path / "b", max_length=48, vocab_size=300, chunk_bytes=2000)
     assert opened == [1]
-    pack_path(path, tmp_path / "c", capacity=48, vocab_size=300, max_metadata_bytes=1 << 40)
+    pack_path(path, tmp_path / "c", max_length=48, vocab_size=300, max_metadata_bytes=1 << 40)
     assert opened == [1, 1]  # with a budget the corpus is always spilled
     assert_same_output(tmp_path / "a", tmp_path / "b")

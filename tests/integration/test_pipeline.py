@@ -78,7 +78,7 @@ def _check_round_trip(out, records):
 def test_pack_path_round_trip_recovers_tokens_labels_and_provenance(tmp_path, rng, policy):
     records = random_records(rng, 120, vocab=500, max_len=40)
     path = write_jsonl(tmp_path / "d.jsonl", records)
-    stats = pack_path(path, tmp_path / "out", capacity=48, policy=policy, vocab_size=500)
+    stats = pack_path(path, tmp_path / "out", max_length=48, policy=policy, vocab_size=500)
     plan = plan_rows([len(r["input_ids"]) - 1 for r in records], 48, policy)
     assert {k: stats[k] for k in plan.stats()} == plan.stats()
     assert stats["eligible_targets"] == sum(sum(expected_flags(r)) for r in records)
@@ -93,10 +93,10 @@ def test_split_long_through_the_pipeline(tmp_path, rng):
     records = random_records(rng, 30, vocab=266, max_len=50)
     path = write_jsonl(tmp_path / "d.jsonl", records)
     with pytest.raises(OversizedExample, match=r"d\.jsonl line \d+: example \d+"):
-        pack_path(path, tmp_path / "x", capacity=16, policy="next-fit", tokenizer="bytes")
+        pack_path(path, tmp_path / "x", max_length=16, policy="next-fit", tokenizer="bytes")
     assert not (tmp_path / "x").exists()
     stats = pack_path(
-        path, tmp_path / "out", capacity=16, policy="next-fit", tokenizer="bytes",
+        path, tmp_path / "out", max_length=16, policy="next-fit", tokenizer="bytes",
         cut_long=True,
     )  # fmt: skip
     long = [r for r in records if len(r["input_ids"]) - 1 > 16]
@@ -120,7 +120,7 @@ def test_stats_compares_every_policy_and_plots(tmp_path, rng):
     path = write_jsonl(tmp_path / "d.jsonl", records)
     lengths = np.array([len(r["input_ids"]) - 1 for r in records])
     started = time.perf_counter()
-    report = stats_path(path, capacity=64, plot=tmp_path / "fig" / "stats.png")
+    report = stats_path(path, max_length=64, plot=tmp_path / "fig" / "stats.png")
     wall = time.perf_counter() - started
     assert report["tokens"] == lengths.sum() and report["examples"] == len(records)
     assert report["lower_bound"] == -(-lengths.sum() // 64)
@@ -139,8 +139,8 @@ def test_stats_compares_every_policy_and_plots(tmp_path, rng):
 
 def test_progress_goes_to_stderr_when_asked(tmp_path, rng, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 10, vocab=100, max_len=9))
-    pack_path(path, tmp_path / "out", capacity=16, policy="next-fit", vocab_size=100, progress=True)
+    pack_path(path, tmp_path / "out", max_length=16, policy="next-fit", vocab_size=100, progress=True)
     err = capsys.readouterr().err
     assert "exactpack: reading" in err and "exactpack: writing" in err
-    pack_path(path, tmp_path / "o2", capacity=16, policy="next-fit", vocab_size=100)
+    pack_path(path, tmp_path / "o2", max_length=16, policy="next-fit", vocab_size=100)
     assert capsys.readouterr().err == ""  # not a terminal: quiet

@@ -168,7 +168,7 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
         s = pack_path(
             file,
             local,
-            capacity=CAPACITY,
+            max_length=CAPACITY,
             vocab_size=VOCAB,
             policy=policy,
             policy_options=options,
@@ -188,7 +188,7 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
 def test_one_block_is_byte_identical_to_the_local_pipeline(ray_instance, shards, tmp_path):
     ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED)
     local = pack_path(
-        shards, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
+        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
     )
     a, b = _manifest(tmp_path / "ray"), _manifest(tmp_path / "local")
     assert a["shards"] == b["shards"] and a["binding"] == b["binding"]
@@ -305,7 +305,7 @@ def test_default_ids_and_split_receipt_follow_the_input(ray_instance, records, t
     out = tmp_path / "out"
     _pack(folder, out)
     local = tmp_path / "local"
-    pack_path(folder, local, capacity=CAPACITY, vocab_size=VOCAB)
+    pack_path(folder, local, max_length=CAPACITY, vocab_size=VOCAB)
     for rows in (_all_rows(out), _all_rows(local)):  # the id is the row number in the folder
         assert np.array_equal(rows["source_ids"], rows["ordinals"].astype(str).astype(object))
     digests = [read_documents(f).digest("train") for f in sorted(folder.glob("*.parquet"))]
@@ -448,7 +448,7 @@ def test_duplicate_ids_are_counted_across_blocks_like_the_local_pipeline(
         seen.add(r["id"])
     stats = _pack(folder, tmp_path / "ray", block_examples=50, split_id=PINNED)
     local = pack_path(
-        folder, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
+        folder, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
     )
     assert stats["duplicate_ids"] == local["duplicate_ids"] == repeats == 3
     assert stats["duplicate_first"] == local["duplicate_first"]

@@ -182,7 +182,7 @@ def test_a_pickled_tokenizer_needs_no_files(bpe, tmp_path, kind):
     assert isinstance(loaded, HFTokenizer) and loaded.kind == kind
     want = loaded.encode_batch(texts)
     cloudpickle = pytest.importorskip("ray.cloudpickle")  # what ray.put pickles with
-    shipped = cloudpickle.dumps(Settings(PackOptions(capacity=64, tokenizer=loaded)))
+    shipped = cloudpickle.dumps(Settings(PackOptions(max_length=64, tokenizer=loaded)))
     shutil.rmtree(folder)
     assert (str(folder).encode() in shipped) == (kind == "transformers")
     again = cloudpickle.loads(shipped).options.load_tokenizer()

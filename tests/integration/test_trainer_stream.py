@@ -86,7 +86,7 @@ def test_stream_failures_are_one_exactpack_error():
     from exactpack.pipeline import pack_path
 
     with pytest.raises(ExactpackError, match=r"exactpack\.hf\.pack_dataset"):
-        pack_path(stream_of(docs), "out", capacity=12, vocab_size=266)
+        pack_path(stream_of(docs), "out", max_length=12, vocab_size=266)
     cases = [
         ([[1, 2, 3]], "not a mapping"),
         ([{"input_ids": [1, 2]}, {"input_ids": "x"}], "cannot read their columns"),

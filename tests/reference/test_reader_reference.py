@@ -187,7 +187,7 @@ def test_a_packed_parquet_input_counts_every_source_row(tmp_path, rng):
     _write_parquet(tmp_path / "a.parquet", docs, [10] * 9)
     want = _reference_parquet([tmp_path / "a.parquet"])
     stats = pack_path(
-        tmp_path / "a.parquet", tmp_path / "out", capacity=32, vocab_size=VOCAB, chunk_bytes=64
+        tmp_path / "a.parquet", tmp_path / "out", max_length=32, vocab_size=VOCAB, chunk_bytes=64
     )
     assert stats["examples"] == len(want) == 101
     assert stats["input_tokens"] == sum(len(r["input_ids"]) for r in want)

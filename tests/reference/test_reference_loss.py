@@ -80,7 +80,7 @@ def packed(tmp_path_factory):
     records = random_records(rng, 40, VOCAB, 12)
     path = tmp_path_factory.mktemp("loss")
     data = write_jsonl(path / "d.jsonl", records)
-    pack_path(data, path / "out", capacity=16, vocab_size=VOCAB, max_rows_per_batch=64)
+    pack_path(data, path / "out", max_length=16, vocab_size=VOCAB, max_rows_per_batch=64)
     return records, PackedBatches(path / "out")
 
 

@@ -278,7 +278,7 @@ def test_stats_count_every_row_of_every_row_group(lengths, group):
         data = f"{folder}/d.parquet"
         pq.write_table(pa.Table.from_pylist(records), data, row_group_size=group)
         assert pq.ParquetFile(data).num_row_groups == -(-len(records) // group)
-        stats = stats_path(data, capacity=8, cut_long=True, vocab_size=VOCAB)
+        stats = stats_path(data, max_length=8, cut_long=True, vocab_size=VOCAB)
     assert stats["sources"] == len(records)
     assert stats["tokens"] == sum(n - 1 for n in lengths)
     assert stats["examples"] == sum(len(split_ranges(n, 8)) for n in lengths)

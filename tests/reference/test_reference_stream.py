@@ -324,7 +324,7 @@ def test_the_stream_and_the_file_pack_supervise_the_same_targets(tmp_path_factor
     assert streamed == want
     path = tmp_path_factory.mktemp("stream-vs-file")
     (path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    pack_path(path / "d.jsonl", path / "out", capacity=s["max_length"],
+    pack_path(path / "d.jsonl", path / "out", max_length=s["max_length"],
               cut_long=s["cut_long"], vocab_size=BINDING.vocab_size)  # fmt: skip
     packed = {}
     for batch in load_packed(path / "out"):

@@ -227,7 +227,7 @@ def test_pack_path_and_pack_dataset_read_the_same_supervision(folder, reference,
     from exactpack.hf import pack_dataset, unpack_dataset
 
     ds = datasets.Dataset.from_dict({"messages": CHATS, "source": ["a", "b", "c"]})
-    pack_path(ds, tmp_path / "out", capacity=128, tokenizer=str(folder), assistant_only_loss=True)
+    pack_path(ds, tmp_path / "out", max_length=128, tokenizer=str(folder), assistant_only_loss=True)
     assert _recovered(tmp_path / "out") == (reference["tokens"], reference["flags"])
     back = unpack_dataset(pack_dataset(ds, 128, tokenizer=str(folder), assistant_only_loss=True))
     assert back["input_ids"] == reference["tokens"]
@@ -266,14 +266,14 @@ def test_chat_template_option_overrides_the_folders_own(folder, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     want = read_documents(ds, tokenizer=load_tokenizer(folder), objective=aol).digest("train")
     for spec in (tmp_path / "t.jinja", TEMPLATE, str(tmp_path / "config.json")):
-        loaded = PackOptions(capacity=8, tokenizer=str(bare), chat_template=spec).load_tokenizer()
+        loaded = PackOptions(max_length=8, tokenizer=str(bare), chat_template=spec).load_tokenizer()
         assert "+chat-template@sha256:" in loaded.identity
         assert read_documents(ds, tokenizer=loaded, objective=aol).digest("train") == want
 
 
 def test_a_folders_own_template_keeps_its_identity(folder):
     own = (folder / "chat_template.jinja").read_text()
-    loaded = PackOptions(capacity=8, tokenizer=str(folder), chat_template=own).load_tokenizer()
+    loaded = PackOptions(max_length=8, tokenizer=str(folder), chat_template=own).load_tokenizer()
     assert loaded.identity == load_tokenizer(folder).identity
 
 
@@ -350,7 +350,7 @@ def test_chat_rows_need_a_transformers_tokenizer_and_a_template(folder, tmp_path
         read_documents(ds, tokenizer=load_tokenizer(folder / "tokenizer.json"))
     with pytest.raises(InvalidInput, match="--chat-template needs a transformers tokenizer"):
         PackOptions(
-            capacity=8, tokenizer=str(folder / "tokenizer.json"), chat_template=TEMPLATE
+            max_length=8, tokenizer=str(folder / "tokenizer.json"), chat_template=TEMPLATE
         ).load_tokenizer()
     pq.write_table(ds, tmp_path / "c.parquet")
     code = main(["pack", str(tmp_path / "c.parquet"), "--tokenizer", str(folder),

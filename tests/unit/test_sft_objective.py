@@ -139,7 +139,7 @@ def test_refusals_name_the_row_and_the_switch(folders):
     with pytest.raises(InvalidInput, match="row 1: the completion is empty"):
         read_documents(empty, tokenizer=load_tokenizer("bytes"))
     with pytest.raises(InvalidInput, match="completion_only_loss must be True, False or None"):
-        PackOptions(capacity=8, completion_only_loss="yes")
+        PackOptions(max_length=8, completion_only_loss="yes")
 
 
 def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):

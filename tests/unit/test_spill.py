@@ -55,7 +55,7 @@ def test_the_spill_has_no_name_while_it_is_read_and_is_gone_after(tmp_path, corp
         return real(self, *args)
 
     monkeypatch.setattr(Spill, "open", watching)
-    pack_path(corpus, tmp_path / "out", capacity=64, vocab_size=300, chunk_bytes=500,
+    pack_path(corpus, tmp_path / "out", max_length=64, vocab_size=300, chunk_bytes=500,
               spill_dir=spill_dir)  # fmt: skip
     ((names, open_files),) = seen
     assert names == []  # nothing in the folder has a name
@@ -67,7 +67,7 @@ def test_a_failure_after_spilling_leaves_nothing(tmp_path, corpus):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(corpus.read_bytes() + b'{"input_ids": [0, -4]}\n')
     with pytest.raises(InvalidInput, match=r"bad\.jsonl line 201: token id -4"):
-        pack_path(bad, tmp_path / "out", capacity=64, vocab_size=300, chunk_bytes=500,
+        pack_path(bad, tmp_path / "out", max_length=64, vocab_size=300, chunk_bytes=500,
                   spill_dir=tmp_path / "spill")  # fmt: skip
     assert not (tmp_path / "spill").exists()  # the refused run made it, and removed it
     assert _open_spills(tmp_path / "spill") == []
@@ -135,7 +135,7 @@ def test_a_killed_pack_leaves_no_spill_behind(tmp_path, corpus, how):
     sig = getattr(signal, how)
     assert proc.returncode in (-sig, 128 + sig), proc.stderr
     assert os.listdir(spill_dir) == []  # unnamed: the kernel freed it
-    stats = pack_path(corpus, out, capacity=64, vocab_size=300, spill_dir=spill_dir)
+    stats = pack_path(corpus, out, max_length=64, vocab_size=300, spill_dir=spill_dir)
     assert load_packed(out).num_rows == stats["rows"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out", "spill"]
     assert os.listdir(spill_dir) == []

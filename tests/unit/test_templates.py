@@ -139,7 +139,7 @@ def test_large_numbers_in_the_data_are_not_sizes(tmp_path):
                                 "{{ m['content'] }}{{ m['n']|tojson }}{{ '%d'|format(m['n']) }}"
                                 "<|end|>{% endgeneration %}")  # fmt: skip
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "n": 10**12}]
-    tok = PackOptions(capacity=8, tokenizer=str(folder), chat_template=template).load_tokenizer()
+    tok = PackOptions(max_length=8, tokenizer=str(folder), chat_template=template).load_tokenizer()
     docs = read_documents(pa.Table.from_pylist([{"messages": chat}]), tokenizer=tok)
     text = tok.backend.decode(docs.tokens.tolist())
     assert text.count("1000000000000") == 2

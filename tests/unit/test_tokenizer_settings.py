@@ -276,7 +276,7 @@ def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     spec = str(tmp_path / "tokenizer.json")
     with pytest.warns(UserWarning, match="turned off"):
-        pack_path(tmp_path / "d.parquet", tmp_path / "local", capacity=16, tokenizer=spec)
+        pack_path(tmp_path / "d.parquet", tmp_path / "local", max_length=16, tokenizer=spec)
     with private_loopback_ray() as session:
         ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=session,
                  logging_level=logging.ERROR)  # fmt: skip

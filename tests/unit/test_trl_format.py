@@ -310,7 +310,7 @@ def test_ray_engine_refuses_trl_format(tmp_path):
     from exactpack import ray as ray_engine
 
     with pytest.raises(InvalidInput, match="local engine only"):
-        ray_engine.pack(tmp_path / "x.jsonl", tmp_path / "out", capacity=8, format="trl")
+        ray_engine.pack(tmp_path / "x.jsonl", tmp_path / "out", max_length=8, format="trl")
 
 
 def test_per_example_needs_packed_rows():
@@ -345,12 +345,12 @@ def test_stats_counts_tokens_with_format_trl(tmp_path):
 
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
-    report = stats_path(src, capacity=8, format="trl", policies=["best-fit-decreasing"])
+    report = stats_path(src, max_length=8, format="trl", policies=["best-fit-decreasing"])
     assert report["tokens"] == len(A) + len(B) + len(C)
     packed = pack_dataset(Dataset.from_dict({"input_ids": [A, B, C]}), 8, format="trl")
     assert report["policies"][0]["rows"] == len(packed)
     # an example over the capacity is counted and reported (in tokens), not a stop
-    over = stats_path(src, capacity=4, format="trl")["oversized"]
+    over = stats_path(src, max_length=4, format="trl")["oversized"]
     assert (over["examples"], over["first_length"], over["unit"]) == (1, 5, "tokens")
     assert over["capacity_100"] == 5
 
@@ -524,7 +524,7 @@ def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
     src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in docs))
     out = tmp_path / "out"
-    pack_path(src, out, capacity=8, vocab_size=266, format="trl", max_rows_per_batch=1,
+    pack_path(src, out, max_length=8, vocab_size=266, format="trl", max_rows_per_batch=1,
               shard_tokens=8)  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["shards"]) > 1
