@@ -137,9 +137,37 @@ def test_stats_compares_every_policy_and_plots(tmp_path, rng):
     assert not list(tmp_path.glob("*.parquet"))
 
 
+@pytest.mark.parametrize("fmt", ["exactpack", "trl"])
+def test_the_plot_shows_the_too_long_examples_and_the_cut_line(tmp_path, monkeypatch, fmt):
+    """What one needs to choose max_length: every example, the ones over it marked, in the
+    format's unit (tokens for TRL's format, prediction pairs for ours)."""
+    import matplotlib.figure
+
+    records = [{"id": f"d{i}", "input_ids": list(range(1, n + 1))} for i, n in
+               enumerate([5, 9, 12, 40, 41, 70, 8])]  # fmt: skip
+    path = write_jsonl(tmp_path / "d.jsonl", records)
+    figures = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig)
+    )
+    report = stats_path(path, max_length=30, format=fmt, vocab_size=100, plot=tmp_path / "s.png")
+    assert report["oversized"]["examples"] == 3
+    left = figures[0].axes[0]
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert "over max_length: 3 (not packed)" in labels and "max_length 30" in labels
+    unit = "tokens" if fmt == "trl" else "prediction pairs"
+    assert left.get_xlabel() == f"{unit} per example"
+    packed, over = left.containers  # stacked: the red bars sit on the blue ones
+    assert sum(b.get_height() for b in over) == 3 and sum(b.get_height() for b in packed) == 4
+    right_most = max(b.get_x() + b.get_width() for b in over)
+    assert right_most >= (70 if fmt == "trl" else 69)
+
+
 def test_progress_goes_to_stderr_when_asked(tmp_path, rng, capsys):
     path = write_jsonl(tmp_path / "d.jsonl", random_records(rng, 10, vocab=100, max_len=9))
-    pack_path(path, tmp_path / "out", max_length=16, policy="next-fit", vocab_size=100, progress=True)
+    pack_path(
+        path, tmp_path / "out", max_length=16, policy="next-fit", vocab_size=100, progress=True
+    )
     err = capsys.readouterr().err
     assert "exactpack: reading" in err and "exactpack: writing" in err
     pack_path(path, tmp_path / "o2", max_length=16, policy="next-fit", vocab_size=100)

@@ -82,6 +82,7 @@ def stats_path(
     named = (lambda i: f"example {i}") if split else located
     labels = None if split else located
     over = oversized(lengths, capacity, named, "tokens" if shift else "prediction pairs")
+    every = lengths
     if over is not None:  # plan the examples that fit; report the others
         keep = np.flatnonzero(lengths <= capacity)
         lengths = lengths[keep]
@@ -104,7 +105,9 @@ def stats_path(
         ],
     }
     if plot is not None:
-        report["plot"] = str(plot_stats(lengths, [p for p, _ in results], capacity, plot))
+        unit = "tokens" if shift else "prediction pairs"
+        plans = [p for p, _ in results]
+        report["plot"] = str(plot_stats(every, plans, capacity, plot, unit))
     return report
 
 
@@ -179,19 +182,34 @@ def check_plot_path(path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def plot_stats(lengths: np.ndarray, plans: Sequence[Plan], capacity: int, path: str | Path) -> Path:
-    """Left: histogram of prediction lengths. Right: each row's fill, fullest first, per policy."""
+def plot_stats(
+    lengths: np.ndarray,
+    plans: Sequence[Plan],
+    max_length: int,
+    path: str | Path,
+    unit: str = "prediction pairs",
+) -> Path:
+    """Left: histogram of every example's length in ``unit``, the ones over ``max_length``
+    (not packed) in red beside the cut line. Right: each row's fill, fullest first, per
+    policy (of the examples that fit)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    left.hist(lengths, bins=min(80, max(10, int(np.sqrt(lengths.shape[0])))), color="#4c72b0")
-    left.axvline(capacity, color="#c44e52", linestyle="--", label=f"capacity {capacity}")
-    left.set(xlabel="prediction pairs per example", ylabel="examples", yscale="log")
-    left.set_title(f"{lengths.shape[0]:,} examples, {int(lengths.sum()):,} pairs")
-    left.legend()
+    fits = lengths <= max_length
+    over = int((~fits).sum())
+    bins = np.histogram_bin_edges(lengths, bins=min(80, max(10, int(np.sqrt(lengths.shape[0])))))
+    left.hist(
+        [lengths[fits], lengths[~fits]], bins=bins, stacked=True, color=["#4c72b0", "#c44e52"],
+        label=["packed", f"over max_length: {over:,} (not packed)"],
+    )  # fmt: skip
+    left.axvline(max_length, color="#c44e52", linestyle="--", label=f"max_length {max_length}")
+    left.set(xlabel=f"{unit} per example", ylabel="examples", yscale="log")
+    left.set_title(f"{lengths.shape[0]:,} examples, {int(lengths.sum()):,} {unit}")
+    left.legend(fontsize="small")
+    lengths, capacity = lengths[fits], max_length
     lower = -(-int(lengths.sum()) // capacity)
     for k, plan in enumerate(plans):
         fill = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows) / capacity
