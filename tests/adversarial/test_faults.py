@@ -39,7 +39,7 @@ from exactpack.pipeline.local import pack_path
 
 data, root, target = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 old = root / "old"  # the earlier output for "over"; packing it also warms the kernels
-pack_path(data, old, capacity=64, vocab_size=500, policy="padded")
+pack_path(data, old, max_length=64, vocab_size=500, policy="padded")
 STEPS = [(os, "mkdir"), (os, "replace"), (os, "fsync"), (os, "unlink"), (os, "ftruncate"),
          (shards, "_write_shard")]
 
@@ -58,7 +58,7 @@ def run(kill_at):
         setattr(module, name, step)
     for module, name in STEPS:
         wrap(module, name)
-    pack_path(data, out, capacity=64, vocab_size=500, policy="next-fit", overwrite=True)
+    pack_path(data, out, max_length=64, vocab_size=500, policy="next-fit", overwrite=True)
     return count[0]
 
 kill_at = 1

@@ -62,3 +62,31 @@ def test_show_refuses_a_row_outside_the_output_in_one_line(packed, capsys):
     assert main(["show", str(packed), "--row", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has rows 0..1; --row 2 is outside them" in err
+
+
+@pytest.mark.parametrize("fmt", ["exactpack", "trl"])
+def test_show_prints_each_example_as_text_with_its_supervised_tokens_marked(tmp_path, capsys, fmt):
+    """SFT rows (labels -100 on the prompt): the prompt outside the brackets, the answer
+    inside, in both formats; the text decoded by the tokenizer the rows were packed with."""
+    from exactpack.io.tokenizers import ByteTokenizer
+
+    tok = ByteTokenizer()
+    data = tmp_path / "sft.jsonl"
+    rows = []
+    for prompt, answer in (("Q: 2+2?", " A: 4"), ("Hi", " there")):
+        ids = tok.encode(prompt + answer).tolist()  # BOS, bytes, EOS
+        cut = 1 + len(prompt.encode())
+        rows.append({"input_ids": ids, "labels": [-100] * cut + ids[cut:]})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    argv = ["pack", str(data), "--tokenizer", "bytes", "--max-length", "64", "--out", str(out)]
+    assert main([*argv, "--format", fmt]) == 0
+    capsys.readouterr()
+    assert main(["show", str(out), "--text", "--tokenizer", "bytes", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    texts = sorted(e["text"] for e in got["examples"])
+    assert texts == ["Hi[[ there]]", "Q: 2+2?[[ A: 4]]"]
+    assert main(["show", str(out), "--text"]) == 0  # no tokenizer: the ids, marked the same way
+    printed = capsys.readouterr().out
+    marked = " ".join(map(str, tok.encode(" there").tolist()[1:]))  # the bytes, EOS included
+    assert f"[[{marked}]]" in printed

@@ -414,7 +414,7 @@ def test_without_ray_the_engine_says_how_to_install_it(tmp_path):
         "import exactpack.ray\n"
         "from exactpack import NotAvailable\n"
         "try:\n"
-        f"    exactpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, capacity=8,"
+        f"    exactpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, max_length=8,"
         " vocab_size=9)\n"
         "except NotAvailable as err:\n"
         "    print(err)\n"

@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(
     folder, chats, cases = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     table = pa.Table.from_pylist([{"messages": c} for c in chats])
     for name, template in cases.items():
-        tok = PackOptions(capacity=8, tokenizer=folder, chat_template=template).load_tokenizer()
+        tok = PackOptions(max_length=8, tokenizer=folder, chat_template=template).load_tokenizer()
         start = time.perf_counter()
         try:
             read_documents(table, tokenizer=tok)

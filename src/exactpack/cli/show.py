@@ -1,5 +1,8 @@
-"""``exactpack show DIR --row N [--figure PATH]``: one packed row's occupants (segment,
-columns, pairs, supervised targets, source id and range) and, with ``--figure``, its drawing.
+"""``exactpack show DIR --row N [--figure PATH] [--text]``: one packed row's occupants
+(segment, columns, pairs, supervised targets, source id and range), with ``--figure`` its
+drawing, with ``--text`` each example as text, its supervised tokens between ``[[`` and
+``]]``. A TRL-format folder (``--format trl``) shows the same way (no ids: TRL's rows keep
+none).
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ def add_show(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row", type=int, default=0, help="the row to show (default 0)")
     p.add_argument("--figure", metavar="PATH", help="also draw the row (PNG or SVG)")
     p.add_argument("--json", action="store_true", help="print the row as JSON")
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="print each example's tokens as text, the supervised ones between [[ and ]]",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="decode --text with this tokenizer ('bytes' or a local path; default: ids)",
+    )
 
 
 def load_row(packed: Any, row: int) -> Any:
@@ -60,20 +73,101 @@ def row_record(batch: Any) -> dict[str, Any]:
     }
 
 
+def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]]:
+    """Row ``row`` of a TRL-format folder (checked as ``load_trl`` checks it): its folder,
+    row count, :func:`row_record` and each example's tokens and supervised flags."""
+    import pyarrow.parquet as pq
+
+    from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+    from exactpack.io.trl_schema import check_trl_contents
+
+    path = path_argument("packed", folder)
+    manifest = read_manifest(path)
+    check_manifest(manifest, path)
+    check_checksums(manifest, path)
+    check_trl_contents(manifest, path)
+    total = sum(int(e["rows"]) for e in manifest["shards"])
+    if not 0 <= row < total:
+        raise InvalidInput(f"{path} has rows 0..{total - 1}; --row {row} is outside them")
+    local = row
+    for entry in manifest["shards"]:
+        if local < int(entry["rows"]):
+            break
+        local -= int(entry["rows"])
+    table = pq.read_table(path / entry["file"]).slice(local, 1).to_pylist()[0]
+    ids, lengths = table["input_ids"], table["seq_lengths"]
+    labels = table.get("labels")
+    cells, examples, texts, start = int(manifest["config"]["capacity"]), [], [], 0
+    for k, n in enumerate(lengths):
+        window = ids[start : start + n]
+        flags = [j > 0 and (labels is None or labels[start + j] != -100) for j in range(n)]
+        examples.append({"segment": k, "columns": [start, start + n], "pairs": n - 1,
+                         "supervised": sum(flags), "source_id": "-", "example_id": "-",
+                         "range": [0, n]})  # fmt: skip
+        texts.append({"tokens": window, "supervised": flags})
+        start += n
+    record = {"row": row, "cells": cells, "used": start, "examples": examples}
+    return str(path), total, record, texts
+
+
+def example_tokens(batch: Any) -> list[dict]:
+    """Each example of a one-row batch: its window's tokens (inputs, then the last target)
+    and whether each token is a supervised target (the first never is)."""
+    occ, out = batch.occurrences, []
+    for a, b in zip(occ.col_start.tolist(), occ.col_end.tolist(), strict=True):
+        tokens = [*batch.inputs[0, a:b].tolist(), int(batch.targets[0, b - 1])]
+        out.append({"tokens": tokens, "supervised": [False, *batch.loss_mask[0, a:b].tolist()]})
+    return out
+
+
+def marked_text(tokens: list[int], supervised: list[bool], tokenizer: Any) -> str:
+    """The tokens as text (or ids), each run of supervised tokens between ``[[`` and ``]]``."""
+    parts, start = [], 0
+    for end in range(1, len(tokens) + 1):
+        if end == len(tokens) or supervised[end] != supervised[start]:
+            run = tokens[start:end]
+            text = tokenizer.decode(run) if tokenizer is not None else " ".join(map(str, run))
+            parts.append(f"[[{text}]]" if supervised[start] else text)
+            start = end
+    return ("" if tokenizer is not None else " ").join(parts)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    store, batch = load_row(args.packed, args.row)
-    record = row_record(batch)
+    from exactpack.io.integrity import read_manifest
+    from exactpack.io.trl_schema import is_trl
+
+    tokenizer = None
+    if args.tokenizer is not None:
+        from exactpack.io.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    folder = path_argument("packed", args.packed)
+    try:
+        trl = is_trl(read_manifest(folder))
+    except (OSError, InvalidInput):
+        trl = False  # load_packed names what is wrong with the folder
+    if trl:
+        if args.figure:
+            raise InvalidInput("--figure draws exactpack-format rows; drop it for a TRL folder")
+        where, total, record, texts = trl_row(folder, args.row)
+    else:
+        store, batch = load_row(folder, args.row)
+        where, total, record = str(store.path), store.num_rows, row_record(batch)
+        texts = example_tokens(batch)
+    if args.text:
+        for e, t in zip(record["examples"], texts, strict=True):
+            e["text"] = marked_text(t["tokens"], t["supervised"], tokenizer)
     if args.figure:
         from exactpack.verify.figure import draw_row
 
-        title = f"{store.path} row {args.row} of {store.num_rows}"
+        title = f"{where} row {args.row} of {total}"
         record["figure"] = str(draw_row(batch, args.figure, title=printable(title)))
     if args.json:
         print(json.dumps(record))
         return 0
     cells, used = record["cells"], record["used"]
     print(
-        f"{printable(str(store.path))} row {args.row} of {store.num_rows:,}: {cells:,} cells,"
+        f"{printable(where)} row {args.row} of {total:,}: {cells:,} cells,"
         f" {used:,} used ({used / cells:.1%}), {len(record['examples'])} example(s)"
     )
     print(f"{'segment':>8} {'columns':>13} {'pairs':>7} {'supervised':>10}  source [range]")
@@ -83,6 +177,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"{e['segment']:>8} {f'{a}..{b - 1}':>13} {e['pairs']:>7,} {e['supervised']:>10,}"
             f"  {printable(repr(e['source_id']))}[{e['range'][0]}:{e['range'][1]}]"
         )
+        if "text" in e:
+            print(f"{'':>8} {printable(e['text'])}")
     if used < cells:
         print(f"{'padding':>8} {f'{used}..{cells - 1}':>13}")
     if "figure" in record:

@@ -498,6 +498,13 @@ class HFTokenizer:
             warnings.simplefilter("ignore")
             self._rust = rust_backend(self.backend, self.kind)
 
+    def decode(self, tokens: Any) -> str:
+        """Ids back to text, special tokens kept (what a row holds, for display)."""
+        ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
+        if self._rust is not None:
+            return str(self._rust.decode(ids, skip_special_tokens=False))
+        return str(self.backend.decode(ids, skip_special_tokens=False))
+
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids int32 [Σn] and offsets int64 [k+1], :data:`ENCODE_BATCH` characters a call."""
         texts = list(texts)
