@@ -133,7 +133,7 @@ def test_pack_load_collate_equals_the_in_memory_tree_rows(tmp_path, make, suffix
     columns = make(np.random.default_rng(7), 12)
     src = tmp_path / f"in{suffix}"
     _write(columns, src)
-    stats = pack_tree_path(src, tmp_path / "out", capacity=24, vocab_size=VOCAB)
+    stats = pack_tree_path(src, tmp_path / "out", max_length=24, vocab_size=VOCAB)
     store = load_packed(tmp_path / "out", integrity="full")
     assert isinstance(store, TreeStore) and store.manifest["version"] == 3
     records = store.records()
@@ -153,7 +153,7 @@ def test_every_sequence_round_trips_through_the_files(tmp_path, seed):
     columns = make(rng, int(rng.integers(1, 30)))
     _write(columns, tmp_path / "in.parquet")
     capacity = int(rng.integers(12, 40))
-    opts = {"capacity": capacity, "vocab_size": VOCAB, "max_rows_per_batch": 3}
+    opts = {"max_length": capacity, "vocab_size": VOCAB, "max_rows_per_batch": 3}
     pack_tree_path(tmp_path / "in.parquet", tmp_path / "out", **opts)
     records = load_packed(tmp_path / "out").records()
     want = _sequences(columns)
@@ -167,12 +167,12 @@ def test_every_sequence_round_trips_through_the_files(tmp_path, seed):
 def test_flat_outputs_still_load_and_other_versions_are_refused(tmp_path):
     src = tmp_path / "flat.jsonl"
     src.write_text('{"input_ids": [1, 2, 3]}\n{"input_ids": [4, 5]}\n')
-    pack_path(src, tmp_path / "flat", capacity=4, vocab_size=8)
+    pack_path(src, tmp_path / "flat", max_length=4, vocab_size=8)
     flat = load_packed(tmp_path / "flat")
     assert isinstance(flat, PackedStore) and flat.manifest["version"] == 2
     assert len(flat) == 1 and flat[0].inputs.shape == (1, 4)  # one model call of one row
     _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
     mpath = tmp_path / "tree" / "manifest.json"
     manifest = json.loads(mpath.read_text())
     mpath.write_text(json.dumps(manifest | {"version": 4}))
@@ -184,7 +184,7 @@ def test_format_trl_with_tree_is_refused_with_the_reason(tmp_path, capsys):
     _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
     with pytest.raises(InvalidInput, match="cannot express a tree"):
         pack_tree_path(
-            tmp_path / "t.jsonl", tmp_path / "o", capacity=16, vocab_size=VOCAB, format="trl"
+            tmp_path / "t.jsonl", tmp_path / "o", max_length=16, vocab_size=VOCAB, format="trl"
         )
     argv = [
         "pack",
@@ -221,7 +221,7 @@ def test_cli_pack_tree_writes_what_the_library_writes(tmp_path, capsys):
     ]
     assert main(argv) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    pack_tree_path(tmp_path / "d.jsonl", tmp_path / "lib", capacity=20, vocab_size=VOCAB)
+    pack_tree_path(tmp_path / "d.jsonl", tmp_path / "lib", max_length=20, vocab_size=VOCAB)
     assert load_packed(tmp_path / "cli").records() == load_packed(tmp_path / "lib").records()
     assert stats["tokens_stored"] < stats["tokens_flat"]
 
@@ -242,7 +242,7 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
             tmp_path / f"w{window}",
             None,
             tree,
-            capacity=64,
+            max_length=64,
             vocab_size=VOCAB,
         )
         records = load_packed(tmp_path / f"w{window}").records()
@@ -299,7 +299,7 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
     for k, rows in enumerate((text, chats)):
         src = tmp_path / f"dpo{k}.jsonl"
         _write(rows, src)
-        stats = pack_tree_path(src, tmp_path / f"o{k}", capacity=256, tokenizer=str(chat_folder))
+        stats = pack_tree_path(src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder))
         got = _recovered(load_packed(tmp_path / f"o{k}").records())
         chosen = _sft_reading({"prompt": rows["prompt"], "completion": rows["chosen"]}, chat_folder)
         rejected = _sft_reading(
@@ -309,7 +309,7 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
         assert got == dict(enumerate(want))
         assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
     with pytest.raises(InvalidInput, match="no tokenizer was given"):
-        pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", capacity=64, vocab_size=VOCAB)
+        pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", max_length=64, vocab_size=VOCAB)
 
 
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
@@ -317,24 +317,24 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
     _write(rows, tmp_path / "sft.jsonl")
     tree = TreeOptions(tree="auto", tree_prefix=4)
     pack_tree_path(
-        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, capacity=64, tokenizer="bytes"
+        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, max_length=64, tokenizer="bytes"
     )
     got = _recovered(load_packed(tmp_path / "o").records())
     want = dict(enumerate(_sft_reading(rows, "bytes")))
     assert got == want
     with pytest.raises(InvalidInput, match="pass --tree auto"):
-        pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", capacity=64, tokenizer="bytes")
+        pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", max_length=64, tokenizer="bytes")
 
 
 def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
-    from exactpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedBatches
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
     with pytest.raises(
         InvalidInput, match=r"records\(\) and exactpack.hf.tree_inputs.TreeCollator"
     ):
-        PackedDataset(tmp_path / "tree")
+        PackedBatches(tmp_path / "tree")
     argv = [
         "pack",
         str(tmp_path / "t.jsonl"),
@@ -353,7 +353,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
 
 def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):
     _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", capacity=16, vocab_size=VOCAB)
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
     manifest = load_packed(tmp_path / "tree", integrity="full").manifest
     shard = tmp_path / "tree" / manifest["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")

@@ -4,8 +4,10 @@
 model's modules (the model given, else the config's model built on the ``meta`` device)
 and returns an :class:`~exactpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
-:func:`check_runnable` are what ``pack_dataset(..., model=...)`` and
-:class:`exactpack.hf.HFCollator` run first.
+:func:`check_runnable` are what ``pack_dataset(..., model=...)`` and the collators
+(:func:`check_collator`: :class:`exactpack.hf.HFCollator` and, on tree rows,
+``exactpack.hf.tree_inputs.TreeCollator``) run first; ``Architecture.check_batch`` then
+holds every batch, flat or tree, to the model's conditions.
 """
 
 from __future__ import annotations
@@ -410,6 +412,36 @@ def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) ->
         )
 
 
+def check_collator(
+    owner: str,
+    attn_implementation: str,
+    kind: str,
+    config: Any,
+    binding: Binding | None,
+    pad_token_id: int,
+    *,
+    tree: bool = False,
+) -> Architecture | None:
+    """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`,
+    ``TreeCollator`` with ``tree``): the mask kinds need the config; a flash implementation
+    must run here; the config's capability for ``kind``; the vocabulary and pad id. The
+    architecture (None without a config) then checks every batch (``check_batch``)."""
+    from exactpack.hf.kinds import MASK_KINDS
+
+    if config is None and kind in MASK_KINDS:
+        raise InvalidInput(
+            f"{owner}({attn_implementation!r}) builds the attention masks itself, so it needs"
+            f" the model's config: {owner}(..., config=model.config) — a model with sliding"
+            " windows would otherwise train with unwindowed masks"
+        )
+    check_runnable(attn_implementation, kind)
+    if config is None:
+        return None
+    arch = capability(config).check(kind, tree=tree)
+    check_vocabulary(config, binding, pad_token_id)
+    return arch
+
+
 def check_model(
     model: Any, binding: Binding | None, pad_token_id: int | None, longest: int, capacity: int
 ) -> Architecture:
@@ -431,6 +463,7 @@ __all__ = [
     "architecture_of",
     "capability",
     "causal_lm",
+    "check_collator",
     "check_model",
     "check_runnable",
     "check_vocabulary",
