@@ -443,17 +443,30 @@ def check_collator(
 
 
 def check_model(
-    model: Any, binding: Binding | None, pad_token_id: int | None, longest: int, capacity: int
+    model: Any,
+    binding: Binding | None,
+    pad_token_id: int | None,
+    longest: int,
+    capacity: int,
+    *,
+    tree: bool = False,
 ) -> Architecture:
     """``pack_dataset(..., model=model)``'s check (a model or a config): refused for its
     implementation, beyond its conditions (``longest`` pairs, rows of ``capacity``), or when
-    its embedding cannot index the vocabulary or pad id."""
+    its embedding cannot index the vocabulary or pad id. ``tree``: for tree rows
+    (``longest``: the longest sequence; ``Architecture.check(kind, tree=True)``)."""
     from exactpack.hf.kinds import derived_kind
 
     config = getattr(model, "config", model)
     arch = capability(config, model if hasattr(model, "config") else None)
     attn = getattr(config, "_attn_implementation", None)
-    arch.check(derived_kind(attn) if isinstance(attn, str) else None)
+    kind = derived_kind(attn) if isinstance(attn, str) else None
+    if tree and isinstance(attn, str):
+        from exactpack.hf.attention_impl import TREE_NAMES
+        from exactpack.hf.tree_inputs import tree_kind  # (tree_inputs imports this module)
+
+        kind = tree_kind(attn) if kind is not None or attn in TREE_NAMES else None
+    arch.check(kind, tree=tree)
     arch.check_batch(longest, capacity)
     check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
     return arch

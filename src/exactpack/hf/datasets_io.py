@@ -121,8 +121,7 @@ def pack_dataset(
     if keywords.pop("tree", False):  # tree packing: docs/tree.md
         from exactpack.hf.tree_inputs import pack_tree_dataset
 
-        capacity = max_length or keywords.pop("capacity", None)
-        return pack_tree_dataset(dataset, capacity, policy, **keywords)
+        return pack_tree_dataset(dataset, max_length, policy, **keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options

@@ -31,7 +31,7 @@ from exactpack.hf.architectures import Architecture
 from exactpack.hf.attention_impl import TREE_NAME as NAME
 from exactpack.hf.attention_impl import TREE_NAMES, register
 from exactpack.hf.attention_impl import TREE_VARLEN_NAME as VARLEN_NAME
-from exactpack.hf.capability import capability, check_collator
+from exactpack.hf.capability import capability, check_collator, check_model
 from exactpack.hf.kinds import FLATTENED_KINDS, VARLEN, attention_kind
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
@@ -121,13 +121,26 @@ def pack_tree_dataset(
     *,
     format: str = "exactpack",
     vocab_size: int | None = None,
+    model: Any = None,
     **policy_options: Any,
 ) -> Any:
     """Tree-pack ``dataset``'s tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO
     ``prompt_input_ids`` / ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` +
-    ``group``) into a ``datasets.Dataset``, one record per row."""
+    ``group``) into a ``datasets.Dataset``, one record per row. ``model=`` (a model or its
+    config) is checked as flat ``pack_dataset`` checks it
+    (:func:`exactpack.hf.capability.check_model`, on tree rows): before reading, then with
+    the longest sequence and the vocabulary."""
     import datasets
 
+    from exactpack.hf.streaming import is_stream
+
+    if is_stream(dataset):
+        raise InvalidInput(
+            f"pack_dataset(..., tree=True) builds its tries from the whole input, so it takes"
+            f" a datasets.Dataset, not a stream ({type(dataset).__name__}) — materialise it"
+            " first (datasets.Dataset.from_list(list(stream))), or pack files with"
+            " exactpack pack --tree"
+        )
     if format == "trl":
         raise InvalidInput(
             "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
@@ -135,13 +148,18 @@ def pack_tree_dataset(
             " default format with tree=True"
         )
     if max_length is None:
-        raise InvalidInput("pack_dataset(..., tree=True) needs capacity= (cells per row)")
+        raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
+    if model is not None:  # before any read, as flat pack_dataset
+        check_model(model, None, None, 0, max_length, tree=True)
     wanted = {name for names in TREE_COLUMNS for name in names}
     columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
     vocab = vocab_size or 1 + max(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
     groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    if model is not None:
+        longest = int(groups.lengths.max()) if len(groups) else 0
+        check_model(model, groups.binding, None, longest, max_length, tree=True)
     epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **policy_options)
     (batch,) = epoch.batches
     return datasets.Dataset.from_list(tree_records(batch))
