@@ -124,7 +124,7 @@ SWEEP = [
 def test_sweep_slice(model_type, attn, refusal):
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capability import capability
-    from exactpack.hf.tree_inputs import tree_kind
+    from exactpack.hf.kinds import tree_kind
 
     from support.architecture_tiny import tiny_config, tree_model
 

@@ -25,6 +25,7 @@ import torch
 
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.hf.architectures import Architecture
+from exactpack.hf.kinds import TREE, TREE_VARLEN
 from exactpack.nn.tree_attention import (
     FlashPlan,
     TreePlan,
@@ -34,11 +35,9 @@ from exactpack.nn.tree_attention import (
 from exactpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
 
 NAME = "exactpack_varlen"
-#: Tree rows (``tree_inputs``): the plan as the keyword ``exactpack_tree``, SDPA per node.
-TREE_NAME = "exactpack_tree"
-#: The same rows through a varlen kernel ("flash" in a name sends transformers to the hub).
-TREE_VARLEN_NAME = "exactpack_tree_varlen"
-TREE_NAMES = (TREE_NAME, TREE_VARLEN_NAME)
+#: Tree rows (``tree_inputs``): the plan as the keyword ``exactpack_tree``, SDPA per node,
+#: or through a varlen kernel (``exactpack_tree_varlen``).
+TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 
 #: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
 _PLANS: OrderedDict[int, tuple[weakref.ref, VarlenPlan]] = OrderedDict()
@@ -264,7 +263,6 @@ __all__ = [
     "FUNCTIONS",
     "NAME",
     "TREE_NAME",
-    "TREE_NAMES",
     "TREE_VARLEN_NAME",
     "exactpack_tree_attention",
     "exactpack_varlen_attention",

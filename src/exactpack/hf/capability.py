@@ -455,16 +455,13 @@ def check_model(
     implementation, beyond its conditions (``longest`` pairs, rows of ``capacity``), or when
     its embedding cannot index the vocabulary or pad id. ``tree``: for tree rows
     (``longest``: the longest sequence; ``Architecture.check(kind, tree=True)``)."""
-    from exactpack.hf.kinds import derived_kind
+    from exactpack.hf.kinds import TREE_NAMES, derived_kind, tree_kind
 
     config = getattr(model, "config", model)
     arch = capability(config, model if hasattr(model, "config") else None)
     attn = getattr(config, "_attn_implementation", None)
     kind = derived_kind(attn) if isinstance(attn, str) else None
     if tree and isinstance(attn, str):
-        from exactpack.hf.attention_impl import TREE_NAMES
-        from exactpack.hf.tree_inputs import tree_kind  # (tree_inputs imports this module)
-
         kind = tree_kind(attn) if kind is not None or attn in TREE_NAMES else None
     arch.check(kind, tree=tree)
     arch.check_batch(longest, capacity)

@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.attention_impl import TREE_NAME as NAME
-from exactpack.hf.attention_impl import TREE_NAMES, register
-from exactpack.hf.attention_impl import TREE_VARLEN_NAME as VARLEN_NAME
+from exactpack.hf.attention_impl import register
 from exactpack.hf.capability import capability, check_collator, check_model
-from exactpack.hf.kinds import FLATTENED_KINDS, VARLEN, attention_kind
+from exactpack.hf.kinds import TREE as NAME
+from exactpack.hf.kinds import TREE_NAMES, tree_kind
+from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
 from exactpack.nn.tree_attention import flash_plan, tree_plan
@@ -53,22 +53,6 @@ def tree_layer_masks(
     """The ``attention_mask`` argument: one mask, or ``{layer_type: mask}`` per layer type
     (:func:`exactpack.hf.masks.layer_masks`: the masks are the flat ones' with node ends)."""
     return layer_masks(batch, kind, arch, dtype=dtype, device=device)
-
-
-def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind (:mod:`exactpack.hf.kinds`) the capability check judges
-    ``attn_implementation`` by on tree rows: :data:`TREE_NAMES` are ``exactpack_varlen``'s
-    (the plan rides the same attention kwargs); the flattened kinds are refused."""
-    if attn_implementation in TREE_NAMES:
-        return VARLEN
-    kind = attention_kind(attn_implementation, kind)
-    if kind in FLATTENED_KINDS:
-        raise NotAvailable(
-            f"{attn_implementation} reads cu_seqlens, which describe disjoint intervals and"
-            " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
-            f" attn_implementation='{NAME}', 'sdpa', 'eager' or 'flex_attention'"
-        )
-    return kind
 
 
 def tree_inputs(
@@ -214,6 +198,5 @@ __all__ = [
     "tree_batch_from_rows",
     "tree_block_mask",
     "tree_inputs",
-    "tree_kind",
     "tree_layer_masks",
 ]

@@ -24,7 +24,8 @@ from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.attention_impl import register
 from exactpack.hf.capability import architecture_of
-from exactpack.hf.tree_inputs import NAME, tree_inputs, tree_kind
+from exactpack.hf.kinds import tree_kind
+from exactpack.hf.tree_inputs import NAME, tree_inputs
 from exactpack.nn.tree_attention import sequence_logprobs, tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import model_facts, observed, running, tally
