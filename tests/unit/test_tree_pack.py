@@ -20,7 +20,7 @@ from exactpack.core.errors import InvalidInput
 from exactpack.io.store import PackedStore, load_packed
 from exactpack.io.tree_store import TreeStore
 from exactpack.pipeline import pack_path
-from exactpack.pipeline.pack_tree import TreeOptions, pack_tree_path
+from exactpack.pipeline.pack_tree import pack_tree_path
 
 datasets = pytest.importorskip("datasets")
 from exactpack.hf import pack_dataset  # noqa: E402
@@ -236,12 +236,12 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
     _write({"input_ids": rows}, tmp_path / "sft.jsonl")
     out = {}
     for window in (20, 4):
-        tree = TreeOptions(tree="auto", tree_prefix=6, tree_block=window)
         stats = pack_tree_path(
             tmp_path / "sft.jsonl",
             tmp_path / f"w{window}",
-            None,
-            tree,
+            tree="auto",
+            tree_prefix=6,
+            tree_block=window,
             max_length=64,
             vocab_size=VOCAB,
         )
@@ -315,9 +315,13 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
     rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
     _write(rows, tmp_path / "sft.jsonl")
-    tree = TreeOptions(tree="auto", tree_prefix=4)
     pack_tree_path(
-        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, max_length=64, tokenizer="bytes"
+        tmp_path / "sft.jsonl",
+        tmp_path / "o",
+        tree="auto",
+        tree_prefix=4,
+        max_length=64,
+        tokenizer="bytes",
     )
     got = _recovered(load_packed(tmp_path / "o").records())
     want = dict(enumerate(_sft_reading(rows, "bytes")))
@@ -570,3 +574,28 @@ def test_tree_rows_constructor_checks_its_arguments_as_the_loader_does():
         tree_batch_from_rows([big], 12, VOCAB)
     with pytest.raises(InvalidInput, match="the same sequence_index"):
         tree_batch_from_rows([rec, rec], 12, VOCAB)
+
+
+def test_tree_options_are_pack_options(tmp_path):
+    """One options class: ``tree`` / ``tree_prefix`` / ``tree_block`` are PackOptions fields
+    (their flags built from the field metadata), taken by every entry point."""
+    from exactpack.cli.flags import cli_flags
+    from exactpack.pipeline.options import PackOptions
+    from exactpack.pipeline.stats import stats_path
+
+    for command in ("pack", "stats"):
+        assert {"--tree", "--tree-prefix", "--tree-block"} <= set(cli_flags(command))
+    with pytest.raises(InvalidInput, match="tree must be one of on, auto"):
+        PackOptions(max_length=8, tree="yes")
+    with pytest.raises(InvalidInput, match="tree_prefix must be an integer"):
+        PackOptions(max_length=8, tree="auto", tree_prefix=0)
+    _write(_grpo(np.random.default_rng(5), 4), tmp_path / "t.jsonl")
+    opts = PackOptions(max_length=24, vocab_size=VOCAB, tree="on")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "a", opts)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "b", opts)  # the flat entry point, tree rows
+    assert load_packed(tmp_path / "b").records() == load_packed(tmp_path / "a").records()
+    report = stats_path(tmp_path / "t.jsonl", opts)
+    assert report["tokens_stored"] < report["tokens_flat"]
+    rows = _grpo(np.random.default_rng(5), 4)
+    ds = datasets.Dataset.from_dict(rows)
+    assert list(pack_dataset(ds, options=opts)) == list(pack_dataset(ds, 24, tree=True))
