@@ -567,3 +567,27 @@ def test_tree_attention_is_registered_on_import():
         check=False,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_tree_collator_checks_what_hf_collator_checks():
+    """TreeCollator runs HFCollator's up-front check (check_collator): the mask kinds need
+    the config, the vocabulary must fit the model's, and padding avoids a zero pad row
+    (gemma3n, known from its modules only)."""
+    from exactpack.core.errors import InvalidInput
+    from exactpack.hf.capability import capability
+    from exactpack.hf.tree_inputs import TreeCollator
+
+    from support.architecture_tiny import tiny_config
+
+    with pytest.raises(InvalidInput, match=r"needs the model's config: TreeCollator\(..."):
+        TreeCollator(16, 266, "sdpa")
+    llama = tiny_config("llama")
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 266"):
+        TreeCollator(16, 300, "exactpack_tree", config=llama)
+    gemma = tiny_config("gemma3n_text")
+    zero = capability(gemma).zero_pad
+    assert zero is not None  # from its modules, not its config
+    batch = small_batch()
+    assert (~batch.input_valid).any()
+    ids = tree_inputs(batch, "sdpa", config=gemma, pad_token_id=zero)["input_ids"]
+    assert not bool((ids[torch.as_tensor(~batch.input_valid)] == zero).any())
