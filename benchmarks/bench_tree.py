@@ -127,13 +127,12 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     from exactpack.core.config import PackConfig
     from exactpack.core.examples import SequenceExample
     from exactpack.hf.adapter import hf_inputs, hf_loss
-    from exactpack.hf.attention_impl import register as register_varlen
-    from exactpack.hf.tree_inputs import register as register_tree
+    from exactpack.hf.attention_impl import register
     from exactpack.hf.tree_inputs import tree_inputs
     from exactpack.nn.tree_attention import tree_loss
 
     torch.set_num_threads(1)
-    register_varlen(), register_tree()
+    register()
     prompts, comps = workload(name, groups, seed=777)
     prompts, comps = np.maximum(prompts // scale, 2), np.maximum(comps // scale, 2)
     data = token_groups(prompts, comps, seed=2, vocab=STEP_VOCAB)

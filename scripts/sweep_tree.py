@@ -60,14 +60,14 @@ def run_one(attn: str, config, mode: str = "adapter") -> dict:
     from exactpack.core.errors import InvalidInput, NotAvailable
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capability import capability
-    from exactpack.hf.tree_inputs import check_tree
+    from exactpack.hf.kinds import tree_kind
     from exactpack.verify.tree_models import tree_groups, verify_tree
 
     from support.architecture_tiny import tree_model
 
     try:
-        arch = check_tree(capability(config), attn)
-    except UnsupportedArchitecture as err:
+        arch = capability(config).check(tree_kind(attn), tree=True)
+    except (UnsupportedArchitecture, NotAvailable) as err:
         return {"status": "refused", "detail": str(err)}
     try:
         model = tree_model(config, attn)

@@ -44,7 +44,8 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.capability import architecture_of
-from exactpack.hf.tree_inputs import check_tree, tree_inputs
+from exactpack.hf.kinds import tree_kind
+from exactpack.hf.tree_inputs import tree_inputs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -112,7 +113,7 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
     impl = attn_implementation or getattr(lm.config, "_attn_implementation", None) or "sdpa"
-    arch = check_tree(architecture_of(lm), impl)
+    arch = architecture_of(lm).check(tree_kind(impl), tree=True)
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
     inside = threading.local()
@@ -197,7 +198,6 @@ def _tree_forward(
     )
     width = int(build_layout(groups, int(counts.sum()) + batch).sizes.max())
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
-    arch.check_batch(int(counts.max()), width)
     dtype = next(lm.parameters()).dtype
     inputs = tree_inputs(tree, impl, arch=arch, dtype=dtype, device=input_ids.device)
     hidden = plain(**inputs).last_hidden_state  # (R, T, H)

@@ -124,14 +124,14 @@ SWEEP = [
 def test_sweep_slice(model_type, attn, refusal):
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capability import capability
-    from exactpack.hf.tree_inputs import check_tree
+    from exactpack.hf.kinds import tree_kind
 
     from support.architecture_tiny import tiny_config, tree_model
 
     config = tiny_config(model_type)
     if refusal is not None:
         with pytest.raises(UnsupportedArchitecture, match=refusal):
-            check_tree(capability(config), attn)
+            capability(config).check(tree_kind(attn), tree=True)
         return
     model = tree_model(config, attn)
     arch = capability(config)
@@ -335,3 +335,259 @@ def test_flash_path_is_the_tree_backend(window, merge):
                 q, k, v, flash_plan(batch), 0.3, merge=True, varlen=varlen_reference
             )
         torch.testing.assert_close(forward, want.detach(), rtol=0, atol=1e-14)
+
+
+# One capability check, one per-batch check: tree rows take flat packing's, never a copy.
+
+
+def tree_and_flat(spec, capacity, vocab=266):
+    """The same random sequences (``spec``: prompt : completion lengths) tree-packed and
+    flat-packed, one model call each."""
+    from exactpack.core.compact import pack_examples
+    from exactpack.core.config import PackConfig
+    from exactpack.core.examples import SequenceExample
+
+    groups = tree_groups(spec, vocab, seed=0)
+    tree = pack_tree(groups, capacity).batches[0]
+    examples = [
+        SequenceExample.from_document(
+            groups.sequence(i), source_id=str(i), partition="train", binding=groups.binding
+        )
+        for i in range(len(groups))
+    ]
+    flat = pack_examples("train", examples, groups.binding, PackConfig(capacity, 64)).batches[0]
+    return tree, flat
+
+
+#: (model type, config extra, tree attention, flat attention, the refusal both make): one per
+#: kind of model-level refusal the flat path makes, from the config or the model's modules.
+REFUSALS = [
+    ("bloom", {}, "eager", "eager", "ALiBi"),  # a refused type (config)
+    ("bert", {"is_decoder": False}, "sdpa", "sdpa", "bidirectional"),  # modules: is_causal
+    ("openai-gpt", {}, "eager", "eager", "2-D padding mask"),  # its forward builds its mask
+    ("bart", {}, "sdpa", "sdpa", "takes no position_ids"),  # positions from the columns
+    ("recurrent_gemma", {}, "sdpa", "sdpa", "convolution layer"),  # a mixer (modules)
+    ("mamba", {}, "eager", "eager", "linear attention layer"),
+    # where exactpack_varlen is refused, so are the tree implementations (same kwargs)
+    ("gpt_oss", {}, "exactpack_tree", "exactpack_varlen", "attention sinks"),
+    ("nemotron", {}, "exactpack_tree", "exactpack_varlen", "without its attention kwargs"),
+    ("doge", {}, "exactpack_tree_varlen", "exactpack_varlen", "its own bias"),
+    ("big_bird", {}, "exactpack_tree", "exactpack_varlen", "never calls transformers"),
+    ("gemma2", {}, "exactpack_tree", "exactpack_varlen", "soft-caps"),
+    ("llama4_text", {}, "exactpack_tree", "exactpack_varlen", "chunked_attention"),
+    ("axk2", {}, "exactpack_tree", "exactpack_varlen", "indexer"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "extra", "tree_attn", "flat_attn", "why"), REFUSALS)
+def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn, flat_attn, why):
+    """``tree_inputs(..., config=)`` and ``TreeCollator`` run the flat path's capability
+    check (the config and the model's modules), not a config-only copy."""
+    from exactpack.hf.adapter import hf_inputs
+    from exactpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.tree_inputs import TreeCollator
+
+    from support.architecture_tiny import tiny_config
+
+    cfg = tiny_config(model_type, **extra)
+    tree, flat = tree_and_flat([(4, (3, 2))], 16)
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        hf_inputs(flat, flat_attn, config=cfg)
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        tree_inputs(tree, tree_attn, config=cfg)
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        TreeCollator(16, 266, tree_attn, config=cfg)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra", "why"),
+    [
+        ("roformer", {}, "rotary tables are indexed by column"),  # found in its modules
+        ("mpt", {}, "takes no position_ids"),  # found in its modules
+        ("gpt_neo", {}, "band over the row.s columns"),
+        ("falcon", {"alibi": True}, "ALiBi bias is built from the row.s columns"),
+    ],
+)
+def test_tree_refusals_of_column_positions_from_the_config(model_type, extra, why):
+    """Exact flat, refused as trees: found through ``config=`` alone (the model's modules
+    are read from the config's model on the meta device, as the flat check reads them)."""
+    from exactpack.hf.adapter import hf_inputs
+    from exactpack.hf.architectures import UnsupportedArchitecture
+
+    from support.architecture_tiny import tiny_config
+
+    cfg = tiny_config(model_type, **extra)
+    tree, flat = tree_and_flat([(4, (3, 2))], 16)
+    hf_inputs(flat, "eager", config=cfg)  # flat: exact
+    with pytest.raises(UnsupportedArchitecture, match="cannot run tree-packed rows: .*" + why):
+        tree_inputs(tree, "eager", config=cfg)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "exactpack_tree"])
+def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
+    """RoBERTa numbers positions from ``padding_idx + 1``: only its modules say so. The
+    documented ``tree_inputs(batch, attn, config=model.config)`` (and ``TreeCollator``)
+    feed the offset, so every sequence's logits equal its run alone; the depths without
+    the offset (what a config-only check fed) are far off."""
+    from exactpack.hf.tree_inputs import TreeCollator
+    from exactpack.io.tree_store import tree_records
+
+    from support.architecture_tiny import tiny_config, tree_model
+
+    model = tree_model(tiny_config("roberta"), attn)
+    groups = tree_groups([(6, (4, 3, 3))], 266, seed=2)
+    assert not (groups.tokens == model.config.pad_token_id).any()  # alone: numbered from 2
+    batch = pack_tree(groups, 24).batches[0]
+    kwargs = tree_inputs(batch, attn, config=model.config, dtype=torch.float64)
+    assert int(kwargs["position_ids"][0, 0]) == model.config.pad_token_id + 1
+    collated = TreeCollator(24, 266, attn, config=model.config, dtype=torch.float64)(
+        tree_records(batch)
+    )
+    torch.testing.assert_close(collated["inputs"]["position_ids"], kwargs["position_ids"])
+
+    def cells(kw):
+        with torch.no_grad():
+            out = model(**kw).logits
+        return out.reshape(-1, out.shape[-1])
+
+    packed = cells(kwargs)
+    wrong = cells(kwargs | {"position_ids": torch.as_tensor(batch.position_ids())})
+    for i, s in enumerate(batch.seq_index):
+        seq = torch.as_tensor(groups.sequence(s)[:-1].astype(np.int64))[None]
+        with torch.no_grad():
+            alone = model(input_ids=seq, use_cache=False).logits[0]
+        got = packed[torch.as_tensor(batch.sequence_cells(i))]
+        torch.testing.assert_close(got, alone, rtol=1e-9, atol=1e-10)
+        assert float((wrong[torch.as_tensor(batch.sequence_cells(i))] - alone).abs().max()) > 1e-3
+
+
+#: (model type, config extra, tree spec, capacity) beyond one stated condition, and the
+#: largest tree within it: the condition reads the tree's depth (or its row's columns).
+CONDITIONS = [
+    (  # dynamic RoPE: examples <= 16 pairs; depth 6 + 12 - 1 = 17 though no node is > 11
+        "llama",
+        {
+            "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+            "max_position_embeddings": 16,
+        },
+        [(6, (12, 4))],
+        40,
+        [(6, (11, 4))],
+        "every example <= 16 pairs",
+    ),
+    (  # LongRoPE: the same from original_max_position_embeddings
+        "phi3",
+        {
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 4,
+                "long_factor": [2.0] * 4,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 1e4,
+            },
+            "original_max_position_embeddings": 16,
+            "max_position_embeddings": 64,
+        },
+        [(10, (8, 2))],
+        40,
+        [(10, (7, 2))],
+        "every example <= 16 pairs",
+    ),
+    (  # an indexer keeping index_topk = 8 keys: a path of 9 pairs is beyond
+        "axk2",
+        {},
+        [(5, (5, 1))],
+        24,
+        [(5, (4, 1))],
+        "every example <= 8 pairs",
+    ),
+    (  # Llama 4's NoPE temperature: rows <= floor_scale - 1 = 7 columns
+        "llama4_text",
+        {"attn_temperature_tuning": True, "floor_scale": 8, "no_rope_layers": [0, 1]},
+        [(3, (2, 2))],
+        8,
+        [(3, (2, 2))],
+        "rows <= 7 columns",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model_type", "extra", "beyond", "capacity", "within", "why"), CONDITIONS)
+def test_tree_batches_are_held_to_the_flat_conditions(
+    model_type, extra, beyond, capacity, within, why
+):
+    from exactpack.hf.adapter import hf_inputs
+    from exactpack.hf.architectures import UnsupportedArchitecture
+    from exactpack.hf.capability import capability
+    from exactpack.hf.tree_inputs import TreeCollator
+    from exactpack.io.tree_store import tree_records
+
+    from support.architecture_tiny import tiny_config
+
+    cfg = tiny_config(model_type, **extra)
+    assert capability(cfg).conditions  # the model states the condition
+    tree, flat = tree_and_flat(beyond, capacity)
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        hf_inputs(flat, "sdpa", config=cfg)  # the same sequences, flat: refused alike
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        tree_inputs(tree, "sdpa", config=cfg)
+    collator = TreeCollator(capacity, 266, "sdpa", config=cfg)
+    with pytest.raises(UnsupportedArchitecture, match=why):
+        collator(tree_records(tree))
+    if model_type == "llama4_text":  # a row condition: the same tree in 7 columns passes
+        capacity = 7
+    ok, _ = tree_and_flat(within, capacity)
+    assert max(np.diff(ok.seq_bounds)) == ok.longest
+    tree_inputs(ok, "sdpa", config=cfg)
+    collator = TreeCollator(capacity, 266, "sdpa", config=cfg)
+    collator(tree_records(ok))
+
+
+def test_tree_attention_is_registered_on_import():
+    """``import exactpack.hf`` registers the tree implementations as it registers
+    ``exactpack_varlen``: a model is built on them with no helper called."""
+    import subprocess
+    import sys
+
+    code = (
+        "import exactpack.hf, json\n"
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
+        f"cfg = AutoConfig.from_pretrained({str(LLAMA)!r})\n"
+        "for name in ('exactpack_varlen', 'exactpack_tree', 'exactpack_tree_varlen'):\n"
+        "    m = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)\n"
+        "    assert m.config._attn_implementation == name\n"
+        "print('ok')\n"
+    )
+    src = str(Path(__file__).parents[2] / "src")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": src, "HF_HUB_OFFLINE": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_tree_collator_checks_what_hf_collator_checks():
+    """TreeCollator runs HFCollator's up-front check (check_collator): the mask kinds need
+    the config, the vocabulary must fit the model's, and padding avoids a zero pad row
+    (gemma3n, known from its modules only)."""
+    from exactpack.core.errors import InvalidInput
+    from exactpack.hf.capability import capability
+    from exactpack.hf.tree_inputs import TreeCollator
+
+    from support.architecture_tiny import tiny_config
+
+    with pytest.raises(InvalidInput, match=r"needs the model's config: TreeCollator\(..."):
+        TreeCollator(16, 266, "sdpa")
+    llama = tiny_config("llama")
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 266"):
+        TreeCollator(16, 300, "exactpack_tree", config=llama)
+    gemma = tiny_config("gemma3n_text")
+    zero = capability(gemma).zero_pad
+    assert zero is not None  # from its modules, not its config
+    batch = small_batch()
+    assert (~batch.input_valid).any()
+    ids = tree_inputs(batch, "sdpa", config=gemma, pad_token_id=zero)["input_ids"]
+    assert not bool((ids[torch.as_tensor(~batch.input_valid)] == zero).any())

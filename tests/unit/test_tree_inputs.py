@@ -132,3 +132,46 @@ def test_tree_collator_feeds_a_model():
             gold = lp.gather(1, seq[1:, None])[:, 0][len(prompt) - 1 :]
             total, count = total - float(gold.detach().sum()), count + gold.shape[0]
     assert abs(float(loss.detach()) - total / count) <= 1e-10 + 1e-9 * abs(total / count)
+
+
+def test_pack_dataset_tree_refuses_a_stream_in_one_line():
+    import datasets
+
+    from exactpack.hf import pack_dataset
+
+    rows = [{"prompt_ids": [5, 6, 7], "completion_ids": [[8, 9], [8, 4]]}]
+    stream = datasets.Dataset.from_list(rows).to_iterable_dataset()
+    for source in (stream, iter(rows)):
+        with pytest.raises(InvalidInput, match="not a stream") as err:
+            pack_dataset(source, 8, tree=True)
+        assert "\n" not in str(err.value)
+    with pytest.raises(InvalidInput, match="needs max_length="):
+        pack_dataset(datasets.Dataset.from_list(rows), tree=True)
+
+
+def test_pack_dataset_tree_checks_the_model_as_flat_packing_does():
+    """``model=`` with ``tree=True``: flat ``pack_dataset``'s check_model, on tree rows."""
+    import datasets
+    from transformers import LlamaConfig, RoFormerConfig
+
+    from exactpack.hf import pack_dataset
+    from exactpack.hf.architectures import UnsupportedArchitecture
+
+    ds = datasets.Dataset.from_dict({"prompt_ids": [[5] * 10], "completion_ids": [[[8] * 8, [4]]]})
+    small = dict(hidden_size=16, intermediate_size=16, num_attention_heads=2, vocab_size=20)
+    roformer = RoFormerConfig(num_hidden_layers=1, is_decoder=True, embedding_size=16, **small)
+    with pytest.raises(UnsupportedArchitecture, match="rotary tables are indexed by column"):
+        pack_dataset(ds, 32, tree=True, model=roformer)
+    dynamic = LlamaConfig(
+        num_hidden_layers=1,
+        max_position_embeddings=16,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+        **small,
+    )
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 16 pairs"):
+        pack_dataset(ds, 32, tree=True, model=dynamic)  # prompt 10 + completion 8: 17 pairs
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 20"):
+        pack_dataset(
+            ds, 32, tree=True, vocab_size=30, model=LlamaConfig(num_hidden_layers=1, **small)
+        )
+    assert len(pack_dataset(ds, 32, tree=True, model=LlamaConfig(num_hidden_layers=1, **small)))

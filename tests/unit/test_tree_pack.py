@@ -20,7 +20,7 @@ from exactpack.core.errors import InvalidInput
 from exactpack.io.store import PackedStore, load_packed
 from exactpack.io.tree_store import TreeStore
 from exactpack.pipeline import pack_path
-from exactpack.pipeline.pack_tree import TreeOptions, pack_tree_path
+from exactpack.pipeline.pack_tree import pack_tree_path
 
 datasets = pytest.importorskip("datasets")
 from exactpack.hf import pack_dataset  # noqa: E402
@@ -236,12 +236,12 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
     _write({"input_ids": rows}, tmp_path / "sft.jsonl")
     out = {}
     for window in (20, 4):
-        tree = TreeOptions(tree="auto", tree_prefix=6, tree_block=window)
         stats = pack_tree_path(
             tmp_path / "sft.jsonl",
             tmp_path / f"w{window}",
-            None,
-            tree,
+            tree="auto",
+            tree_prefix=6,
+            tree_block=window,
             max_length=64,
             vocab_size=VOCAB,
         )
@@ -315,9 +315,13 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
     rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
     _write(rows, tmp_path / "sft.jsonl")
-    tree = TreeOptions(tree="auto", tree_prefix=4)
     pack_tree_path(
-        tmp_path / "sft.jsonl", tmp_path / "o", None, tree, max_length=64, tokenizer="bytes"
+        tmp_path / "sft.jsonl",
+        tmp_path / "o",
+        tree="auto",
+        tree_prefix=4,
+        max_length=64,
+        tokenizer="bytes",
     )
     got = _recovered(load_packed(tmp_path / "o").records())
     want = dict(enumerate(_sft_reading(rows, "bytes")))
@@ -437,3 +441,161 @@ def test_records_of_many_rows_collate_to_the_packed_batch():
             np.testing.assert_array_equal(
                 getattr(got, field.name), getattr(want, field.name), err_msg=field.name
             )
+
+
+# Tree content checked on load as flat content is: a shard damaged field by field, with its
+# manifest checksum recomputed, is refused naming the row and what disagrees.
+
+#: One row of 11 cells and 8 nodes (two tries; branches at 7 and at 8, a leaf node 3).
+DAMAGE_ROWS = [
+    {"prompt_ids": [5, 6, 7], "completion_ids": [[8, 9, 10], [8, 4], [3]]},
+    {"prompt_ids": [1, 2], "completion_ids": [[3, 3], [4]]},
+]
+
+
+def _set(name, index, value):
+    def edit(rec):
+        rec[name][index] = value
+
+    return edit
+
+
+def _node(name, cells, value):  # the same value on every cell of one node
+    def edit(rec):
+        for c in cells:
+            rec[name][c] = value
+
+    return edit
+
+
+DAMAGES = [
+    ("input id", _set("input_ids", 4, VOCAB), r"token id 40 is outside \[0, 40\)"),
+    ("target id", _set("target_ids", 6, 99), r"token id 99 is outside"),
+    ("node end past the row", _node("node_ends", [10], 9), "node 7's end 9 is not one past"),
+    ("node ends not nested", _node("node_ends", [4], 5), "node 3's end 5 is not one past"),
+    ("parent after its child", _node("parent_ids", [3], 3), "node 2's parent 3 is not an earlier"),
+    ("parent cycle", _node("parent_ids", [0, 1], 0), "node 0's parent 0 is not an earlier"),
+    ("node ids", _set("node_ids", 10, 9), "node_ids do not run 0, 1, 2"),
+    ("position", _set("position_ids", 6, 5), "not the depth along each path"),
+    ("target off the path", _set("target_ids", 3, 9), "cell 4's input is not the target before"),
+    ("weight", _set("weights", 3, 1), "cell 3 has weight 1 but 2 sequence"),
+    ("negative weight", _set("weights", 0, -1), "weight -1 is negative"),
+    ("sequence index twice", _set("sequence_index", 0, 1), "share a sequence_index"),
+    ("sequence index range", _set("sequence_index", 0, 5), r"sequence_index lies outside 0\.\.4"),
+    ("sequence not a path", _set("sequence_cells", 1, [0, 1, 2, 4]), "not one path from a root"),
+    ("sequence mask", _set("sequence_mask", 0, [False, True]), "not one flag per cell"),
+    ("row number", lambda rec: rec.update(row=3), "it is numbered 3"),
+]
+
+
+def _damaged_output(tmp_path, edit, max_length=12, row=0):
+    """A tree output of :data:`DAMAGE_ROWS` whose row ``row`` got ``edit``, the manifest's
+    size and sha256 of the shard recomputed (only the content check can catch it)."""
+    from exactpack.io.shards import sha256_file
+    from exactpack.io.tree_store import TREE_SCHEMA
+
+    _write({k: [r[k] for r in DAMAGE_ROWS] for k in DAMAGE_ROWS[0]}, tmp_path / "t.jsonl")
+    out = tmp_path / "tree"
+    pack_tree_path(tmp_path / "t.jsonl", out, max_length=max_length, vocab_size=VOCAB)
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    shard = out / entry["file"]
+    records = pq.read_table(shard).to_pylist()
+    edit(records[row])
+    pq.write_table(pa.Table.from_pylist(records, schema=TREE_SCHEMA), shard)
+    entry |= {"bytes": shard.stat().st_size, "sha256": sha256_file(shard)}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_the_damage_fixture_loads_whole():
+    rec = pack_dataset(
+        datasets.Dataset.from_dict({k: [r[k] for r in DAMAGE_ROWS] for k in DAMAGE_ROWS[0]}),
+        12,
+        tree=True,
+        vocab_size=VOCAB,
+    )[0]
+    assert len(rec["input_ids"]) == 11 and rec["node_ids"][-1] == 7
+    assert rec["node_ends"] == [5, 5, 2, 5, 4, 5, 5, 8, 7, 7, 8]
+
+
+@pytest.mark.parametrize(("what", "edit", "match"), DAMAGES, ids=[d[0] for d in DAMAGES])
+def test_a_damaged_tree_field_is_refused_on_load(tmp_path, what, edit, match):
+    out = _damaged_output(tmp_path, edit)
+    load_packed(out, integrity=False)  # the manifest alone still agrees
+    with pytest.raises(InvalidInput, match=match) as err:
+        load_packed(out, integrity="full")
+    text = str(err.value)
+    assert "\n" not in text and "row 0: " in text and text.endswith("damaged; pack again")
+    with pytest.raises(InvalidInput, match=match):
+        load_packed(out).records()  # the default load checks each row it reads
+
+
+def test_sequence_indexes_across_rows_are_a_permutation(tmp_path):
+    """Two rows (capacity 8): each row's indexes are distinct, but row 1 repeats row 0's."""
+    out = _damaged_output(tmp_path, lambda rec: None, max_length=8)
+    first = load_packed(out).records()[0]["sequence_index"][0]
+    (tmp_path / "d").mkdir()
+    out = _damaged_output(tmp_path / "d", _set("sequence_index", 0, first), 8, row=1)
+    with pytest.raises(InvalidInput, match=r"sequence_index values are not 0\.\.4 each once"):
+        load_packed(out, integrity="full")
+
+
+def test_tree_rows_constructor_checks_its_arguments_as_the_loader_does():
+    import copy
+
+    rec = pack_dataset(
+        datasets.Dataset.from_dict({k: [r[k] for r in DAMAGE_ROWS] for k in DAMAGE_ROWS[0]}),
+        12,
+        tree=True,
+        vocab_size=VOCAB,
+    )[0]
+    tree_batch_from_rows([rec], 12, VOCAB)
+    for capacity in (12.0, True, 0, 2**31):  # refused before anything is allocated
+        with pytest.raises(InvalidInput, match="capacity must be an integer"):
+            tree_batch_from_rows([rec], capacity, VOCAB)
+    with pytest.raises(InvalidInput, match=r"holds 11 cells; a row holds 1\.\.8"):
+        tree_batch_from_rows([rec], 8, VOCAB)
+    with pytest.raises(InvalidInput, match=r"token id 10 is outside \[0, 10\)"):
+        tree_batch_from_rows([rec], 12, 10)  # a vocabulary smaller than the ids
+    with pytest.raises(InvalidInput, match="vocab_size must be an integer"):
+        tree_batch_from_rows([rec], 12, 0)
+    for what, edit, match in DAMAGES:
+        if what in ("row number", "sequence index range"):  # records: any subset of rows
+            continue
+        bad = copy.deepcopy(rec)
+        edit(bad)
+        with pytest.raises(InvalidInput, match=match) as err:
+            tree_batch_from_rows([bad], 12, VOCAB)
+        assert str(err.value).startswith("tree record 0: "), what
+    big = copy.deepcopy(rec)
+    big["weights"][0] = 2**31
+    with pytest.raises(InvalidInput, match="weights holds a value outside int32"):
+        tree_batch_from_rows([big], 12, VOCAB)
+    with pytest.raises(InvalidInput, match="the same sequence_index"):
+        tree_batch_from_rows([rec, rec], 12, VOCAB)
+
+
+def test_tree_options_are_pack_options(tmp_path):
+    """One options class: ``tree`` / ``tree_prefix`` / ``tree_block`` are PackOptions fields
+    (their flags built from the field metadata), taken by every entry point."""
+    from exactpack.cli.flags import cli_flags
+    from exactpack.pipeline.options import PackOptions
+    from exactpack.pipeline.stats import stats_path
+
+    for command in ("pack", "stats"):
+        assert {"--tree", "--tree-prefix", "--tree-block"} <= set(cli_flags(command))
+    with pytest.raises(InvalidInput, match="tree must be one of on, auto"):
+        PackOptions(max_length=8, tree="yes")
+    with pytest.raises(InvalidInput, match="tree_prefix must be an integer"):
+        PackOptions(max_length=8, tree="auto", tree_prefix=0)
+    _write(_grpo(np.random.default_rng(5), 4), tmp_path / "t.jsonl")
+    opts = PackOptions(max_length=24, vocab_size=VOCAB, tree="on")
+    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "a", opts)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "b", opts)  # the flat entry point, tree rows
+    assert load_packed(tmp_path / "b").records() == load_packed(tmp_path / "a").records()
+    report = stats_path(tmp_path / "t.jsonl", opts)
+    assert report["tokens_stored"] < report["tokens_flat"]
+    rows = _grpo(np.random.default_rng(5), 4)
+    ds = datasets.Dataset.from_dict(rows)
+    assert list(pack_dataset(ds, options=opts)) == list(pack_dataset(ds, 24, tree=True))

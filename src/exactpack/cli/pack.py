@@ -10,7 +10,6 @@ from typing import Any
 
 from exactpack.cli.flags import add_arguments, from_arguments
 from exactpack.core.errors import InvalidInput
-from exactpack.pipeline.pack_tree import TreeOptions
 from exactpack.pipeline.progress import printable
 
 
@@ -23,7 +22,6 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
         " read in order",
     )
     add_arguments(p, command)
-    add_arguments(p, command, TreeOptions)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON (last line)")
 
 
@@ -67,7 +65,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.tree is not None:
         from exactpack.cli.verify_tree import cmd_pack_tree
 
-        return cmd_pack_tree(args, options, from_arguments(args, "pack", TreeOptions))
+        return cmd_pack_tree(args, options)
     if args.engine == "ray":
         from exactpack import ray as ray_engine
         from exactpack.ray.ray_options import RayOptions

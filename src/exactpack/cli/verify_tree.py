@@ -66,13 +66,12 @@ def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> A
 def cmd_stats_tree(args: argparse.Namespace) -> int:
     """``exactpack stats --tree``: tokens stored and rows, tree vs flat, one policy."""
     from exactpack.cli.flags import from_arguments
-    from exactpack.pipeline.pack_tree import TreeOptions, tree_stats
+    from exactpack.pipeline.pack_tree import tree_stats
 
     options = from_arguments(args, "stats")
     policy = (args.policies or ["best-fit-decreasing"])[0]
-    topts = from_arguments(args, "stats", TreeOptions)
     source = args.input[0] if len(args.input) == 1 else list(args.input)
-    r = tree_stats(source, options.capacity, policy, topts, options.load_tokenizer())
+    r = tree_stats(source, options, policy, options.load_tokenizer())
     if args.json:
         print(json.dumps(r))
         return 0
@@ -84,13 +83,13 @@ def cmd_stats_tree(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pack_tree(args: argparse.Namespace, options: Any, tree: Any) -> int:
+def cmd_pack_tree(args: argparse.Namespace, options: Any) -> int:
     """``exactpack pack --tree``: tries written as a version-3 packed directory."""
     if args.engine != "local":
         raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     from exactpack.pipeline.pack_tree import pack_tree_path
 
-    s = pack_tree_path(args.input, args.out, options, tree)
+    s = pack_tree_path(args.input, args.out, options)
     if args.json:
         print(json.dumps(s))
         return 0

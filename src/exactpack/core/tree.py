@@ -474,6 +474,13 @@ class TreeBatch:
         return int(self.weights.sum())
 
     @property
+    def longest(self) -> int:
+        """Pairs of the longest sequence: its path's depth, the largest position + 1 (a flat
+        batch's longest example, for a model's conditions)."""
+        lengths = self.node_pos + self.node_len
+        return int(lengths.max()) if lengths.size else 0
+
+    @property
     def tokens_stored(self) -> int:
         return int(self.input_valid.sum())
 

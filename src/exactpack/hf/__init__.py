@@ -1,7 +1,9 @@
 """Hugging Face: ``datasets`` in and out, the ``transformers`` adapter and collators.
 
 Names load on first use: ``import exactpack.hf`` imports neither ``transformers`` nor
-``datasets``, and registers ``exactpack_varlen`` as soon as ``transformers`` loads.
+``datasets``, and registers ``exactpack_varlen``, ``exactpack_tree`` and
+``exactpack_tree_varlen`` (:mod:`exactpack.hf.attention_impl`) as soon as ``transformers``
+loads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ _NAMES = {name: mod for mod, names in _BY_MODULE.items() for name in names.split
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
 
-#: Holds ``AttentionInterface``: ``exactpack_varlen`` is registered right after it has run.
+#: Holds ``AttentionInterface``: exactpack's implementations are registered right after it has run.
 _TARGET = "transformers.modeling_utils"
 
 
@@ -39,8 +41,8 @@ def _register() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`_TARGET` like the path finder and registers ``exactpack_varlen`` once it
-    has executed."""
+    """Finds :data:`_TARGET` like the path finder and registers exactpack's attention
+    implementations once it has executed."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != _TARGET:

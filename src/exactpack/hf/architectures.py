@@ -63,6 +63,15 @@ FIX = (
 )
 
 
+#: ``Architecture.positions`` that count the row's columns (tree rows refuse them).
+COLUMN_POSITIONS = {
+    "relative": "its rotary tables are indexed by column",
+    "none": "it takes no position_ids, so any position it uses (mpt's ALiBi) is the column",
+}
+#: Models that apply their sliding window themselves, as a band over the row's columns.
+COLUMN_WINDOWS = {"gpt_neo": "its local layers apply window_size as a band over the row's columns"}
+
+
 class UnsupportedArchitecture(NotAvailable):
     """exactpack cannot make this architecture compute exactly what separate examples compute."""
 
@@ -142,22 +151,46 @@ class Architecture:
             return {"": self.window}
         return {t: self.window if t == "sliding_attention" else None for t in self.mask_types}
 
-    def check(self, kind: str | None = None) -> Architecture:
+    @property
+    def tree_refusal(self) -> str | None:
+        """Why tree rows cannot be exact though flat rows are: the model reads positions from
+        the row's columns, where a branch does not continue its parent's positions."""
+        why = COLUMN_WINDOWS.get(self.model_type)
+        if self.positions in COLUMN_POSITIONS:
+            why = COLUMN_POSITIONS[self.positions]
+        elif self.mask_from_positions:
+            why = "its ALiBi bias is built from the row's columns"
+        return why
+
+    def check(self, kind: str | None = None, *, tree: bool = False) -> Architecture:
         """Raise :class:`UnsupportedArchitecture` (which model, why) unless exact for
-        ``kind``, the implementation's (:mod:`exactpack.hf.kinds`)."""
+        ``kind``, the implementation's (:mod:`exactpack.hf.kinds`); with ``tree``, on
+        tree-packed rows too (:attr:`tree_refusal`), where ``exactpack_tree`` and
+        ``exactpack_tree_varlen`` are of kind ``exactpack_varlen`` (the tree plan rides the
+        same attention kwargs)."""
         if self.refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot be packed exactly: {self.refusal}"
             )
         if kind == "exactpack_varlen" and self.varlen_refusal is not None:
+            name = "exactpack_tree' or 'exactpack_tree_varlen" if tree else "exactpack_varlen"
             raise UnsupportedArchitecture(
-                f"{self.model_type} cannot run attn_implementation='exactpack_varlen':"
+                f"{self.model_type} cannot run attn_implementation='{name}':"
                 f" {self.varlen_refusal.removeprefix(self.model_type + ': ')}"
+            )
+        if tree and self.tree_refusal is not None:
+            raise UnsupportedArchitecture(
+                f"{self.model_type} cannot run tree-packed rows: {self.tree_refusal}, and a"
+                " branch's columns do not continue its parent's positions"
             )
         return self
 
     def check_batch(self, longest_example: int, width: int) -> None:
-        """Raise :class:`UnsupportedArchitecture` when a batch breaks one of the conditions."""
+        """Raise :class:`UnsupportedArchitecture` when a batch breaks one of the conditions.
+
+        ``longest_example``: the batch's largest position + 1 in pairs (a flat example's
+        length; on tree rows the longest sequence, its path's depth); ``width``: the
+        columns one model call's row holds."""
         for cond in self.conditions:
             example = cond.what == "example"
             got = longest_example if example else width

@@ -1,11 +1,14 @@
-"""``attn_implementation="exactpack_varlen"``: packed rows in ``transformers`` without a dense mask.
+"""``attn_implementation="exactpack_varlen"`` and ``"exactpack_tree"``: packed rows without a mask.
 
-An ``AttentionInterface`` function over ``hf_inputs(batch, "exactpack_varlen")`` (the valid
-cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run by
-:func:`exactpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
-layer's window. Refused: soft-capping, sinks, packed ``position_ids`` without ``cu_seq_lens_q``::
+``exactpack_varlen``: an ``AttentionInterface`` function over ``hf_inputs(batch,
+"exactpack_varlen")`` (the valid cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run
+by :func:`exactpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
+layer's window. ``exactpack_tree`` / ``exactpack_tree_varlen``: the same over tree rows
+(``tree_inputs(batch, "exactpack_tree")``: the plan as a keyword). Refused: soft-capping,
+sinks, packed ``position_ids`` without ``cu_seq_lens_q`` (or a tree plan). Importing this
+module (``exactpack.hf`` does as soon as ``transformers`` loads) registers all three::
 
-    import exactpack.hf.attention_impl  # registers "exactpack_varlen"
+    import exactpack.hf.attention_impl  # registers "exactpack_varlen", "exactpack_tree", ...
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="exactpack_varlen")
     out = model(**hf_inputs(batch, "exactpack_varlen", config=model.config))
 """
@@ -22,9 +25,19 @@ import torch
 
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.hf.architectures import Architecture
+from exactpack.hf.kinds import TREE, TREE_VARLEN
+from exactpack.nn.tree_attention import (
+    FlashPlan,
+    TreePlan,
+    tree_attention,
+    tree_flash_attention,
+)
 from exactpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
 
 NAME = "exactpack_varlen"
+#: Tree rows (``tree_inputs``): the plan as the keyword ``exactpack_tree``, SDPA per node,
+#: or through a varlen kernel (``exactpack_tree_varlen``).
+TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 
 #: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
 _PLANS: OrderedDict[int, tuple[weakref.ref, VarlenPlan]] = OrderedDict()
@@ -182,11 +195,63 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
         )
 
 
+def exactpack_tree_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv).
+    The plan (keyword :data:`TREE_NAME`, from ``tree_inputs``) decides the backend:
+    :func:`~exactpack.nn.tree_attention.tree_attention` or, for a ``FlashPlan``,
+    :func:`~exactpack.nn.tree_attention.tree_flash_attention`."""
+    name = type(module).__name__
+    refuse_unexpressible(TREE_NAME, name, softcap, s_aux, " with tree_inputs")
+    plan = kwargs.get(TREE_NAME)
+    rows, _, width, _ = query.shape
+    feed = f"feed the model tree_inputs(batch, '{TREE_NAME}', config=model.config)"
+    if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
+        pos = kwargs.get("position_ids")
+        if pos is not None and not bool(
+            (pos == pos[..., :1] + torch.arange(width, device=pos.device)).all()
+        ):
+            raise InvalidInput(
+                f"{TREE_NAME}: {name} got position_ids that are not one sequence per row but no"
+                f" tree plan — {feed}"
+            )
+        index = torch.arange(rows * width, device=query.device)  # one root node per row
+        plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
+    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != plan.cells:
+        raise InvalidInput(f"{TREE_NAME}: {name} got a tree plan that is not this call's — {feed}")
+    run = tree_flash_attention if isinstance(plan, FlashPlan) else tree_attention
+    return run_on_tokens(
+        run, module, query, key, value, plan, dropout, scaling, sliding_window
+    ), None
+
+
+#: Every name this module registers, and its function.
+FUNCTIONS = {
+    NAME: exactpack_varlen_attention,
+    TREE_NAME: exactpack_tree_attention,
+    TREE_VARLEN_NAME: exactpack_tree_attention,
+}
+
+
 def register() -> str:
-    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+    """Register :data:`FUNCTIONS` (``exactpack_varlen``, ``exactpack_tree``,
+    ``exactpack_tree_varlen``) with ``transformers.AttentionInterface`` (idempotent);
+    return :data:`NAME`."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(NAME, exactpack_varlen_attention)
+    for name, function in FUNCTIONS.items():
+        AttentionInterface.register(name, function)
     return NAME
 
 
@@ -194,4 +259,14 @@ register()
 #: The name ``exactpack.hf`` exports :func:`register` under.
 register_attention = register
 
-__all__ = ["NAME", "exactpack_varlen_attention", "plan_of", "register", "register_attention"]
+__all__ = [
+    "FUNCTIONS",
+    "NAME",
+    "TREE_NAME",
+    "TREE_VARLEN_NAME",
+    "exactpack_tree_attention",
+    "exactpack_varlen_attention",
+    "plan_of",
+    "register",
+    "register_attention",
+]

@@ -4,8 +4,10 @@
 model's modules (the model given, else the config's model built on the ``meta`` device)
 and returns an :class:`~exactpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
-:func:`check_runnable` are what ``pack_dataset(..., model=...)`` and
-:class:`exactpack.hf.HFCollator` run first.
+:func:`check_runnable` are what ``pack_dataset(..., model=...)`` and the collators
+(:func:`check_collator`: :class:`exactpack.hf.HFCollator` and, on tree rows,
+``exactpack.hf.tree_inputs.TreeCollator``) run first; ``Architecture.check_batch`` then
+holds every batch, flat or tree, to the model's conditions.
 """
 
 from __future__ import annotations
@@ -410,18 +412,58 @@ def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) ->
         )
 
 
+def check_collator(
+    owner: str,
+    attn_implementation: str,
+    kind: str,
+    config: Any,
+    binding: Binding | None,
+    pad_token_id: int,
+    *,
+    tree: bool = False,
+) -> Architecture | None:
+    """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`,
+    ``TreeCollator`` with ``tree``): the mask kinds need the config; a flash implementation
+    must run here; the config's capability for ``kind``; the vocabulary and pad id. The
+    architecture (None without a config) then checks every batch (``check_batch``)."""
+    from exactpack.hf.kinds import MASK_KINDS
+
+    if config is None and kind in MASK_KINDS:
+        raise InvalidInput(
+            f"{owner}({attn_implementation!r}) builds the attention masks itself, so it needs"
+            f" the model's config: {owner}(..., config=model.config) — a model with sliding"
+            " windows would otherwise train with unwindowed masks"
+        )
+    check_runnable(attn_implementation, kind)
+    if config is None:
+        return None
+    arch = capability(config).check(kind, tree=tree)
+    check_vocabulary(config, binding, pad_token_id)
+    return arch
+
+
 def check_model(
-    model: Any, binding: Binding | None, pad_token_id: int | None, longest: int, capacity: int
+    model: Any,
+    binding: Binding | None,
+    pad_token_id: int | None,
+    longest: int,
+    capacity: int,
+    *,
+    tree: bool = False,
 ) -> Architecture:
     """``pack_dataset(..., model=model)``'s check (a model or a config): refused for its
     implementation, beyond its conditions (``longest`` pairs, rows of ``capacity``), or when
-    its embedding cannot index the vocabulary or pad id."""
-    from exactpack.hf.kinds import derived_kind
+    its embedding cannot index the vocabulary or pad id. ``tree``: for tree rows
+    (``longest``: the longest sequence; ``Architecture.check(kind, tree=True)``)."""
+    from exactpack.hf.kinds import TREE_NAMES, derived_kind, tree_kind
 
     config = getattr(model, "config", model)
     arch = capability(config, model if hasattr(model, "config") else None)
     attn = getattr(config, "_attn_implementation", None)
-    arch.check(derived_kind(attn) if isinstance(attn, str) else None)
+    kind = derived_kind(attn) if isinstance(attn, str) else None
+    if tree and isinstance(attn, str):
+        kind = tree_kind(attn) if kind is not None or attn in TREE_NAMES else None
+    arch.check(kind, tree=tree)
     arch.check_batch(longest, capacity)
     check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
     return arch
@@ -431,6 +473,7 @@ __all__ = [
     "architecture_of",
     "capability",
     "causal_lm",
+    "check_collator",
     "check_model",
     "check_runnable",
     "check_vocabulary",

@@ -15,8 +15,8 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import capability, check_runnable, check_vocabulary
-from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.hf.capability import check_collator, check_vocabulary
+from exactpack.hf.kinds import attention_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split
 from exactpack.training.rows import concat_rows
@@ -49,16 +49,14 @@ class HFCollator:
         self.kind = attention_kind(self.attn_implementation, self.kind)
         if self.partition is not None:
             self.partition = Split.parse(self.partition)
-        if self.config is None and self.kind in MASK_KINDS:
-            raise InvalidInput(
-                f"HFCollator({self.attn_implementation!r}) builds the attention masks itself, so"
-                " it needs the model's config: HFCollator(..., config=model.config) — a model"
-                " with sliding windows would otherwise train with unwindowed masks"
-            )
-        check_runnable(self.attn_implementation, self.kind)
-        self.arch = None if self.config is None else capability(self.config).check(self.kind)
-        if self.config is not None:
-            check_vocabulary(self.config, self.binding, self.pad_token_id)
+        self.arch = check_collator(
+            "HFCollator",
+            self.attn_implementation,
+            self.kind,
+            self.config,
+            self.binding,
+            self.pad_token_id,
+        )
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:

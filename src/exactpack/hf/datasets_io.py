@@ -118,11 +118,9 @@ def pack_dataset(
 
     from exactpack.hf.streaming import is_stream, pack_stream
 
-    if keywords.pop("tree", False):  # tree packing: docs/tree.md
-        from exactpack.hf.tree_inputs import pack_tree_dataset
-
-        capacity = max_length or keywords.pop("capacity", None)
-        return pack_tree_dataset(dataset, capacity, policy, **keywords)
+    tree = keywords.pop("tree", None)
+    if tree or (tree is None and options is not None and options.tree):
+        return _pack_tree(dataset, tree or options.tree, max_length, policy, options, keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
@@ -164,6 +162,28 @@ def pack_dataset(
     fingerprint = _fingerprint(fingerprint_in, meta)
     packed = _as_dataset(table, info, fingerprint, _cache_folder(dataset))
     return carry_format(dataset, packed)
+
+
+def _pack_tree(
+    dataset: Any,
+    tree: Any,
+    max_length: int | None,
+    policy: str | None,
+    options: PackOptions | None,
+    keywords: dict,
+) -> Any:
+    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md."""
+    from exactpack.hf.tree_inputs import pack_tree_dataset
+
+    if tree == "auto":
+        raise InvalidInput(
+            "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
+            " (exactpack pack --tree auto) — pass tree=True with group columns"
+        )
+    if options is not None:  # its fields, where no keyword gives them
+        max_length, policy = max_length or options.max_length, policy or options.policy
+        keywords.setdefault("vocab_size", options.vocab_size)
+    return pack_tree_dataset(dataset, max_length, policy, **keywords)
 
 
 def _check_model(

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import re
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, NotAvailable
 
 FLASH, VARLEN, SDPA, EAGER, FLEX = "flash", "exactpack_varlen", "sdpa", "eager", "flex"
+#: Tree rows' own implementations (:mod:`exactpack.hf.attention_impl`): the tree plan as a
+#: keyword, SDPA per node / a varlen kernel per path ("flash" in a name goes to the hub).
+TREE, TREE_VARLEN = "exactpack_tree", "exactpack_tree_varlen"
+TREE_NAMES = (TREE, TREE_VARLEN)
 #: Every kind, and the ones fed the flattened valid cells (no mask).
 KINDS = (FLASH, VARLEN, SDPA, EAGER, FLEX)
 FLATTENED_KINDS = (FLASH, VARLEN)
@@ -106,6 +110,22 @@ def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
     return found or kind
 
 
+def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
+    """The kind the capability check judges ``attn_implementation`` by on tree rows:
+    :data:`TREE_NAMES` are ``exactpack_varlen``'s (the plan rides the same attention
+    kwargs); the flattened kinds are refused (``cu_seqlens`` cannot say "ancestor")."""
+    if attn_implementation in TREE_NAMES:
+        return VARLEN
+    kind = attention_kind(attn_implementation, kind)
+    if kind in FLATTENED_KINDS:
+        raise NotAvailable(
+            f"{attn_implementation} reads cu_seqlens, which describe disjoint intervals and"
+            " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
+            f" attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
+        )
+    return kind
+
+
 __all__ = [
     "BUILTIN",
     "EAGER",
@@ -115,7 +135,11 @@ __all__ = [
     "KINDS",
     "MASK_KINDS",
     "SDPA",
+    "TREE",
+    "TREE_NAMES",
+    "TREE_VARLEN",
     "VARLEN",
     "attention_kind",
     "derived_kind",
+    "tree_kind",
 ]

@@ -8,42 +8,34 @@ and by kind: the masks of :mod:`exactpack.hf.masks` (``eager`` / ``sdpa`` /
 ``exactpack_tree_varlen`` no mask and the plan as the keyword ``exactpack_tree``
 (:func:`~exactpack.nn.tree_attention.tree_attention` /
 :func:`~exactpack.nn.tree_attention.tree_flash_attention`). The flattened kinds are refused.
+Tree rows take flat packing's checks, not copies of them: the model's capability
+(:func:`exactpack.hf.capability.capability`, its modules included, with the tree's own
+refusals: ``Architecture.check(kind, tree=True)``) and, on every batch, its conditions
+(``Architecture.check_batch`` with the longest sequence's depth).
 :func:`pack_tree_dataset` (``pack_dataset(..., tree=True)``) packs a ``Dataset``'s groups
 into one record per row; :class:`TreeCollator` turns records into a model call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from exactpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
-from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
+from exactpack.hf.architectures import Architecture
+from exactpack.hf.attention_impl import register
+from exactpack.hf.capability import capability, check_collator, check_model
+from exactpack.hf.kinds import TREE as NAME
+from exactpack.hf.kinds import TREE_NAMES, tree_kind
+from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
-from exactpack.nn.tree_attention import (
-    FlashPlan,
-    TreePlan,
-    flash_plan,
-    tree_attention,
-    tree_flash_attention,
-    tree_plan,
-)
-
-NAME = "exactpack_tree"
-#: The same rows through a varlen kernel
-#: (:func:`~exactpack.nn.tree_attention.tree_flash_attention`).
-VARLEN_NAME = "exactpack_tree_varlen"  # ("flash" in a name sends transformers to the hub)
-TREE_NAMES = (NAME, VARLEN_NAME)
-#: Models that apply their sliding window themselves, as a band over the row's columns.
-COLUMN_WINDOWS = {"gpt_neo": "its local layers apply window_size as a band over the row's columns"}
-
+from exactpack.nn.tree_attention import flash_plan, tree_plan
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
 tree_allowed = hf_allowed
@@ -63,32 +55,6 @@ def tree_layer_masks(
     return layer_masks(batch, kind, arch, dtype=dtype, device=device)
 
 
-def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
-    """``arch`` if tree rows on ``attn_implementation`` are exact, else why not: flat
-    packing's refusals, positions read from the row's columns, and :data:`TREE_NAMES` where
-    ``exactpack_varlen`` is refused."""
-    ours = attn_implementation in TREE_NAMES
-    arch.check(None if ours else attention_kind(attn_implementation))
-    if ours and arch.varlen_refusal is not None:
-        raise UnsupportedArchitecture(
-            f"{arch.model_type} cannot run attn_implementation='{attn_implementation}', which"
-            f" runs where exactpack_varlen runs (the plan rides the same attention kwargs):"
-            f" {arch.varlen_refusal.removeprefix(arch.model_type + ': ')}"
-        )
-    why = COLUMN_WINDOWS.get(arch.model_type)
-    if arch.positions in ("relative", "none") or arch.mask_from_positions:
-        why = {
-            "relative": "its rotary tables are indexed by column",
-            "none": "it takes no position_ids, so any position it uses (mpt's ALiBi) is the column",
-        }.get(arch.positions, "its ALiBi bias is built from the row's columns")
-    if why is not None:
-        raise UnsupportedArchitecture(
-            f"{arch.model_type} cannot run tree-packed rows: {why}, and a branch's columns do"
-            " not continue its parent's positions"
-        )
-    return arch
-
-
 def tree_inputs(
     batch: TreeBatch,
     attn_implementation: str,
@@ -100,9 +66,19 @@ def tree_inputs(
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
-    come back ``(R, T, V)`` (:func:`exactpack.nn.logprobs.sequence_logprobs`)."""
+    come back ``(R, T, V)`` (:func:`exactpack.nn.logprobs.sequence_logprobs`).
+
+    ``config`` (``model.config``) runs flat packing's capability check
+    (:func:`exactpack.hf.capability.capability`: the config and the model's modules) with
+    the tree's refusals (``Architecture.check(kind, tree=True)``); ``arch``: an
+    architecture already found (``architecture_of(model)``). Either way the batch is held
+    to the model's conditions as a flat batch is (``Architecture.check_batch``: the longest
+    sequence, its path's depth, and the row's columns)."""
+    kind = tree_kind(attn_implementation)
     if arch is None and config is not None:
-        arch = check_tree(describe(config), attn_implementation)
+        arch = capability(config)
+    if arch is not None:
+        arch.check(kind, tree=True).check_batch(batch.longest, batch.shape[1])
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
@@ -116,66 +92,10 @@ def tree_inputs(
         "use_cache": False,
     }
     if attn_implementation in TREE_NAMES:
-        register(attn_implementation)
+        register()
         make = flash_plan if attn_implementation == VARLEN_NAME else tree_plan
         return out | {NAME: make(batch, device)}
-    kind = attention_kind(attn_implementation)
-    if kind in FLATTENED_KINDS:
-        raise NotAvailable(
-            f"{attn_implementation} reads cu_seqlens, which describe disjoint intervals and"
-            " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
-            f" attn_implementation='{NAME}', 'sdpa', 'eager' or 'flex_attention'"
-        )
     return out | {"attention_mask": tree_layer_masks(batch, kind, arch, dtype, device)}
-
-
-def exactpack_tree_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    s_aux: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv)."""
-    from exactpack.hf.attention_impl import refuse_unexpressible, run_on_tokens
-
-    name = type(module).__name__
-    refuse_unexpressible(NAME, name, softcap, s_aux, " with tree_inputs")
-    plan = kwargs.get(NAME)
-    rows, _, width, _ = query.shape
-    feed = f"feed the model tree_inputs(batch, '{NAME}', config=model.config)"
-    if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
-        pos = kwargs.get("position_ids")
-        if pos is not None and not bool(
-            (pos == pos[..., :1] + torch.arange(width, device=pos.device)).all()
-        ):
-            raise InvalidInput(
-                f"{NAME}: {name} got position_ids that are not one sequence per row but no tree"
-                f" plan — {feed}"
-            )
-        index = torch.arange(rows * width, device=query.device)  # one root node per row
-        plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
-    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != plan.cells:
-        raise InvalidInput(f"{NAME}: {name} got a tree plan that is not this call's — {feed}")
-    run = tree_flash_attention if isinstance(plan, FlashPlan) else tree_attention
-    return run_on_tokens(
-        run, module, query, key, value, plan, dropout, scaling, sliding_window
-    ), None
-
-
-def register(name: str = NAME) -> str:
-    """Register ``name`` (one of :data:`TREE_NAMES`) with ``transformers.AttentionInterface``
-    (idempotent); return it. Both run :func:`exactpack_tree_attention`; the plan decides."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(name, exactpack_tree_attention)
-    return name
 
 
 def pack_tree_dataset(
@@ -185,13 +105,26 @@ def pack_tree_dataset(
     *,
     format: str = "exactpack",
     vocab_size: int | None = None,
+    model: Any = None,
     **policy_options: Any,
 ) -> Any:
     """Tree-pack ``dataset``'s tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO
     ``prompt_input_ids`` / ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` +
-    ``group``) into a ``datasets.Dataset``, one record per row."""
+    ``group``) into a ``datasets.Dataset``, one record per row. ``model=`` (a model or its
+    config) is checked as flat ``pack_dataset`` checks it
+    (:func:`exactpack.hf.capability.check_model`, on tree rows): before reading, then with
+    the longest sequence and the vocabulary."""
     import datasets
 
+    from exactpack.hf.streaming import is_stream
+
+    if is_stream(dataset):
+        raise InvalidInput(
+            f"pack_dataset(..., tree=True) builds its tries from the whole input, so it takes"
+            f" a datasets.Dataset, not a stream ({type(dataset).__name__}) — materialise it"
+            " first (datasets.Dataset.from_list(list(stream))), or pack files with"
+            " exactpack pack --tree"
+        )
     if format == "trl":
         raise InvalidInput(
             "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
@@ -199,13 +132,18 @@ def pack_tree_dataset(
             " default format with tree=True"
         )
     if max_length is None:
-        raise InvalidInput("pack_dataset(..., tree=True) needs capacity= (cells per row)")
+        raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
+    if model is not None:  # before any read, as flat pack_dataset
+        check_model(model, None, None, 0, max_length, tree=True)
     wanted = {name for names in TREE_COLUMNS for name in names}
     columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
     vocab = vocab_size or 1 + max(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
     groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    if model is not None:
+        longest = int(groups.lengths.max()) if len(groups) else 0
+        check_model(model, groups.binding, None, longest, max_length, tree=True)
     epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **policy_options)
     (batch,) = epoch.batches
     return datasets.Dataset.from_list(tree_records(batch))
@@ -224,13 +162,26 @@ class TreeCollator:
     config: Any = None
     dtype: Any = None
     pad_token_id: int = 0
+    arch: Architecture | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # HFCollator's check: config needed by the mask kinds, capability (tree), vocabulary
+        self.arch = check_collator(
+            "TreeCollator",
+            self.attn_implementation,
+            tree_kind(self.attn_implementation),
+            self.config,
+            Binding(self.vocab_size, "tree-records", "tree-records"),
+            self.pad_token_id,
+            tree=True,
+        )
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
-        inputs = tree_inputs(
+        inputs = tree_inputs(  # every batch held to the model's conditions
             batch,
             self.attn_implementation,
-            config=self.config,
+            arch=self.arch,
             dtype=self.dtype or torch.float32,
             pad_token_id=self.pad_token_id,
         )
@@ -239,12 +190,10 @@ class TreeCollator:
 
 __all__ = [
     "NAME",
+    "TREE_NAMES",
     "VARLEN_NAME",
     "TreeCollator",
-    "check_tree",
-    "exactpack_tree_attention",
     "pack_tree_dataset",
-    "register",
     "tree_allowed",
     "tree_batch_from_rows",
     "tree_block_mask",

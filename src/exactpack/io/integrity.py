@@ -97,7 +97,8 @@ class Manifest(TreeManifest):
     statistics: dict[str, Any] | None = None
 
 
-def _bad(where: Path | str, what: str) -> InvalidInput:
+def bad_output(where: Path | str, what: str) -> InvalidInput:
+    """The error of a damaged output: ``where``, ``what`` disagrees, pack again."""
     return InvalidInput(
         f"{where}: {what} — the packed directory was changed or damaged; pack again"
     )
@@ -121,7 +122,7 @@ def read_manifest(folder: Path) -> Any:
 def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
     """``raw`` (a parsed manifest) as ``schema``; a misfit field is named (value, bounds)."""
     if not isinstance(raw, Mapping):
-        raise _bad(where, f"holds a {type(raw).__name__}, not a manifest object")
+        raise bad_output(where, f"holds a {type(raw).__name__}, not a manifest object")
     try:
         return msgspec.convert(raw, schema)
     except msgspec.ValidationError as err:
@@ -146,16 +147,16 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     label = sep.join(parts)
     if missing := re.match(r"Object missing required field `(\w+)`", what):
         context = label + (": " if sep == " " else ".") if label else ""
-        return _bad(where, f"{context}{missing[1]!r} is missing")
+        return bad_output(where, f"{context}{missing[1]!r} is missing")
     if "`int`" in what:
         sizes = (*ConfigRecord.__struct_fields__, "vocab_size")
         low, high = (1, INT32_MAX) if path[-1] in sizes else (0, MAX_COUNT)
-        return _bad(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
+        return bad_output(where, f"{label} is {node!r}, not an integer in [{low:,}, {high:,}]")
     if path == ["partition"]:
-        return _bad(where, f"partition is {node!r}, not train, validation or test")
+        return bad_output(where, f"partition is {node!r}, not train, validation or test")
     shown = repr(node) if len(repr(node)) <= 40 else repr(node)[:37] + "..."
     expected = re.sub(r"^Expected |, got .*$", "", what)
-    return _bad(where, f"{label or 'the manifest'} is {shown}, not {expected}")
+    return bad_output(where, f"{label or 'the manifest'} is {shown}, not {expected}")
 
 
 def check_manifest(manifest: Any, folder: Path) -> Manifest:
@@ -176,7 +177,7 @@ def check_manifest(manifest: Any, folder: Path) -> Manifest:
     totals = _check_entries(m, where)
     for key in ("rows", "occurrences"):
         if totals[key] != getattr(m, key):
-            raise _bad(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
+            raise bad_output(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
     if m.statistics is not None:
         pairs = totals["tokens"] - (0 if trl else m.occurrences)  # TRL's unit: tokens
         _check_statistics(manifest, m, pairs, totals["eligible"], where)
@@ -192,22 +193,24 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
     for k, e in enumerate(m.shards):
         name = e.file
         if Path(name).name != name or name in ("", ".", ".."):
-            raise _bad(where, f"shard file {name!r} is not a plain file name")
+            raise bad_output(where, f"shard file {name!r} is not a plain file name")
         if name in names:
-            raise _bad(where, f"shard {name} is listed twice")
+            raise bad_output(where, f"shard {name} is listed twice")
         names.add(name)
         stale = e.eligible is None or totals["eligible"] < 0
         totals["eligible"] = -1 if stale else totals["eligible"] + e.eligible
         if e.first_row != totals["rows"]:
-            raise _bad(where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}")
+            raise bad_output(
+                where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}"
+            )
         if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call):
-            raise _bad(
+            raise bad_output(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
             )
         # Every row holds 1..capacity occurrences; a window is len + 1 >= 2 tokens.
         rows, occ, tokens = e.rows, e.occurrences, e.tokens
         if not rows <= occ <= rows * capacity or not 2 * occ <= tokens <= rows * capacity + occ:
-            raise _bad(
+            raise bad_output(
                 where,
                 f"shard {name} claims {rows:,} rows, {occ:,} occurrences and"
                 f" {tokens:,} tokens, which rows of {capacity:,} cannot hold",
@@ -241,7 +244,7 @@ def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where:
         else:
             same = got == want and not isinstance(got, bool)
         if not same:
-            raise _bad(
+            raise bad_output(
                 where,
                 f"statistics.{key} is {got!r} but the manifest's config and shards give {want!r}",
             )
@@ -249,9 +252,11 @@ def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where:
     if eligible is None:
         return
     if type(eligible) is not int or not 0 <= eligible <= tokens:
-        raise _bad(where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]")
+        raise bad_output(
+            where, f"statistics.eligible_targets is {eligible!r}, not in [0, {tokens:,}]"
+        )
     if known >= 0 and eligible != known:
-        raise _bad(
+        raise bad_output(
             where,
             f"statistics.eligible_targets is {eligible!r} but the shards' entries give {known:,}",
         )
@@ -283,17 +288,17 @@ def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) ->
     declared = SCHEMA
     for f in schema:
         if f.name not in declared.names:
-            raise _bad(where, f"column {f.name!r} is not a column of the packed-row format")
+            raise bad_output(where, f"column {f.name!r} is not a column of the packed-row format")
         want = declared.field(f.name).type
         if _kind(f.type) != _kind(want):
-            raise _bad(
+            raise bad_output(
                 where, f"column {f.name!r} has type {_kind(f.type)}, not the format's {_kind(want)}"
             )
     missing = [n for n in REQUIRED if n not in schema.names]
     if missing:
-        raise _bad(where, f"the required columns {missing} are missing")
+        raise bad_output(where, f"the required columns {missing} are missing")
     if entry is not None and "columns" in entry and entry["columns"] != schema.names:
-        raise _bad(
+        raise bad_output(
             where, f"holds the columns {schema.names} but the manifest says {entry['columns']}"
         )
 
@@ -306,7 +311,7 @@ def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> No
         chunks = table.column(name).chunks
         while chunks:
             if any(chunk.null_count for chunk in chunks):
-                raise _bad(where, f"a value of column {name!r} is missing (null)")
+                raise bad_output(where, f"a value of column {name!r} is missing (null)")
             chunks = [c.flatten() for c in chunks if pa.types.is_list(c.type)]
 
 
@@ -321,34 +326,185 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
     }
     _agree(got, entry, where)
     if np.any(np.diff(rows.row_offsets) < 1):
-        raise _bad(where, "a row holds no occurrence")
+        raise bad_output(where, "a row holds no occurrence")
     tokens = rows.tokens
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= rows.binding.vocab_size):
         bad = int(tokens[(tokens < 0) | (tokens >= rows.binding.vocab_size)][0])
-        raise _bad(
+        raise bad_output(
             where, f"token id {bad} is outside [0, {rows.binding.vocab_size}) (binding.vocab_size)"
         )
     starts, lengths = rows.starts, rows.lengths  # each inside its row: arrow_to_rows checked
     same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
     same_row[rows.row_offsets[1:-1] - 1] = False
     if np.any(same_row & (starts[1:] < starts[:-1] + lengths[:-1])):
-        raise _bad(where, "two occurrences of a row overlap")
+        raise bad_output(where, "two occurrences of a row overlap")
     ordinals = rows.ordinals
     if ordinals.size and (int(ordinals.min()) < 0 or int(ordinals.max()) >= occurrences):
-        raise _bad(where, f"an ordinal lies outside 0..{occurrences - 1:,}")
+        raise bad_output(where, f"an ordinal lies outside 0..{occurrences - 1:,}")
     if np.unique(ordinals).shape[0] != ordinals.shape[0]:
-        raise _bad(where, "two occurrences share an ordinal (segment id)")
+        raise bad_output(where, "two occurrences share an ordinal (segment id)")
     if np.any(rows.range_starts < 0) or not np.array_equal(
         rows.range_ends - rows.range_starts, rows.lengths + 1
     ):
-        raise _bad(where, "a provenance range [range_start, range_end) is not its window's")
+        raise bad_output(where, "a provenance range [range_start, range_end) is not its window's")
+
+
+#: Columns of a tree record with one value per used cell, and with one per sequence.
+TREE_CELL_COLUMNS = (
+    "input_ids",
+    "target_ids",
+    "position_ids",
+    "node_ids",
+    "node_ends",
+    "parent_ids",
+    "weights",
+)
+TREE_SEQUENCE_COLUMNS = ("sequence_index", "sequence_cells", "sequence_mask")
+#: What a record's list values may be (Arrow's ``to_pylist``, or a NumPy-formatted dataset).
+LISTS = (list, tuple, np.ndarray)
+
+
+def _ints(values: Any, what: str, fail: Callable[[str], Exception]) -> np.ndarray:
+    """``values`` (a list of ints) as int64, or ``fail`` naming ``what``."""
+    try:
+        out = np.asarray(values if values is not None else [None])
+    except (ValueError, OverflowError):
+        out = np.asarray([None])
+    if out.ndim != 1 or (out.size and not np.issubdtype(out.dtype, np.integer)):
+        raise fail(f"{what} is not a list of integers")
+    if out.size and (int(out.min()) < -(2**31) or int(out.max()) > INT32_MAX):
+        raise fail(f"{what} holds a value outside int32")
+    return out.astype(np.int64)
+
+
+def _check_nodes(col: dict[str, np.ndarray], used: int, fail: Callable[[str], Exception]) -> Any:
+    """The node columns of one tree record (:func:`check_tree_record`); each cell's
+    predecessor on its path (-1 at a root's first cell), int64 [used]."""
+    node, pos = col["node_ids"], col["position_ids"]
+    if node[0] != 0 or np.any((np.diff(node) != 0) & (np.diff(node) != 1)):
+        raise fail("node_ids do not run 0, 1, 2, ... in column order")
+    first = np.flatnonzero(np.r_[True, node[1:] != node[:-1]])  # [M] each node's first cell
+    last = np.r_[first[1:], used] - 1
+    count = first.shape[0]
+    end, parent = col["node_ends"][first], col["parent_ids"][first]
+    if np.any(col["node_ends"] != end[node]) or np.any(col["parent_ids"] != parent[node]):
+        raise fail("node_ends or parent_ids differ inside one node")
+    ids = np.arange(count)
+    if np.any((parent < -1) | (parent >= ids)):
+        k = int(np.flatnonzero((parent < -1) | (parent >= ids))[0])
+        raise fail(f"node {k}'s parent {int(parent[k])} is not an earlier node (or -1)")
+    size, top = np.ones(count, np.int64), ids.copy()  # subtree size and last node
+    for k in range(count - 1, 0, -1):  # children after parents: one pass from the end
+        p = parent[k]
+        if p >= 0:
+            size[p] += size[k]
+            top[p] = max(top[p], top[k])
+    if np.any(end != ids + size) or np.any(end != top + 1):
+        k = int(np.flatnonzero((end != ids + size) | (end != top + 1))[0])
+        raise fail(f"node {k}'s end {int(end[k])} is not one past its subtree (nested ends)")
+    start = np.where(parent < 0, 0, pos[last[np.maximum(parent, 0)]] + 1)
+    if np.any(pos != start[node] + np.arange(used) - first[node]):
+        raise fail("position_ids are not the depth along each path")
+    before = np.arange(used) - 1  # the cell before each cell on its path
+    before[first] = np.where(parent < 0, -1, last[np.maximum(parent, 0)])
+    inner = before >= 0
+    if np.any(col["input_ids"][inner] != col["target_ids"][before[inner]]):
+        c = int(
+            np.flatnonzero(inner)[col["input_ids"][inner] != col["target_ids"][before[inner]]][0]
+        )
+        raise fail(f"cell {c}'s input is not the target before it on its path")
+    return before
+
+
+def _check_sequences(
+    rec: Mapping[str, Any],
+    pos: np.ndarray,
+    before: np.ndarray,
+    fail: Callable[[str], Exception],
+    sequences: int | None,
+) -> np.ndarray:
+    """The sequence columns of one tree record (:func:`check_tree_record`): each sequence
+    one path from a root in depth order; how many sequences supervise each cell, [used]."""
+    used = pos.shape[0]
+    index = _ints(rec["sequence_index"], "sequence_index", fail)
+    cells_in, masks_in = rec["sequence_cells"], rec["sequence_mask"]
+    if not isinstance(cells_in, LISTS) or not isinstance(masks_in, LISTS):
+        raise fail("sequence_cells and sequence_mask are not lists of lists")
+    if not len(cells_in) == len(masks_in) == index.shape[0]:
+        raise fail("sequence_index, sequence_cells and sequence_mask differ in length")
+    high = INT32_MAX if sequences is None else sequences - 1
+    if index.size and (int(index.min()) < 0 or int(index.max()) > high):
+        raise fail(f"a sequence_index lies outside 0..{high:,}")
+    if np.unique(index).shape[0] != index.shape[0]:
+        raise fail("two sequences share a sequence_index")
+    lens = np.array([len(c) if isinstance(c, LISTS) else -1 for c in cells_in], np.int64)
+    if any(not isinstance(m, LISTS) or len(m) != n for m, n in zip(masks_in, lens, strict=True)):
+        raise fail("a sequence's sequence_mask is not one flag per cell")
+    if lens.size and int(lens.min()) < 1:
+        raise fail("a sequence holds no cell")
+    cells = _ints([x for c in cells_in for x in c], "sequence_cells", fail)
+    mask = np.array([x for m in masks_in for x in m], dtype=object)
+    if any(type(x) is not bool and not isinstance(x, np.bool_) for x in mask):
+        raise fail("sequence_mask is not a list of flags")
+    if cells.size and (int(cells.min()) < 0 or int(cells.max()) >= used):
+        raise fail(f"a sequence cell lies outside the row's {used:,} cells")
+    starts = offsets_of(lens)[:-1]
+    depth = np.arange(cells.shape[0]) - np.repeat(starts, lens)
+    nxt = np.ones(cells.shape[0], bool)
+    nxt[starts] = False  # cell i follows cell i - 1 of its sequence
+    follows = before[cells[nxt]] == cells[np.flatnonzero(nxt) - 1]
+    if np.any(pos[cells] != depth) or not np.all(follows):
+        raise fail("a sequence's cells are not one path from a root, in depth order")
+    return np.bincount(cells[mask.astype(bool)], minlength=used)
+
+
+def check_tree_record(
+    rec: Mapping[str, Any],
+    capacity: int,
+    vocab_size: int,
+    fail: Callable[[str], Exception],
+    sequences: int | None = None,
+) -> None:
+    """One tree record (a packed row: :mod:`exactpack.io.tree_store`) is a forest the
+    permission predicate can trust, else ``fail(what)`` is raised: 1..``capacity`` cells,
+    token ids in ``[0, vocab_size)``, node ids 0, 1, ... in column order, parents earlier
+    nodes, each node's end one past its subtree (nested, inside the row), positions the
+    depth along the path, each cell's input the target before it on its path, every
+    sequence one path from a root in depth order (indexes distinct, below ``sequences``),
+    and weights the count of sequences supervising each cell."""
+    missing = [n for n in (*TREE_CELL_COLUMNS, *TREE_SEQUENCE_COLUMNS) if n not in rec]
+    if missing:
+        raise fail(f"the columns {missing} are missing")
+    col = {n: _ints(rec[n], n, fail) for n in TREE_CELL_COLUMNS}
+    used = col["input_ids"].shape[0]
+    if not 1 <= used <= capacity:
+        raise fail(f"it holds {used:,} cells; a row holds 1..{capacity:,} (capacity)")
+    for name, values in col.items():
+        if values.shape[0] != used:
+            raise fail(f"{name} holds {values.shape[0]:,} values for {used:,} cells")
+    for name in ("input_ids", "target_ids"):
+        ids = col[name]
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
+            raise fail(f"token id {bad} is outside [0, {vocab_size}) (binding.vocab_size)")
+    before = _check_nodes(col, used, fail)
+    supervised = _check_sequences(rec, col["position_ids"], before, fail, sequences)
+    weights = col["weights"]
+    if int(weights.min()) < 0:
+        raise fail(f"weight {int(weights.min())} is negative")
+    if np.any(weights != supervised):
+        c = int(np.flatnonzero(weights != supervised)[0])
+        raise fail(
+            f"cell {c} has weight {int(weights[c])} but {int(supervised[c])} sequence(s)"
+            " supervise it"
+        )
 
 
 def _agree(got: dict[str, int], entry: Mapping, where: Path | str) -> None:
     """What a shard holds is what its manifest ``entry`` says (where it says it)."""
     for key, value in got.items():
         if entry.get(key) is not None and value != entry[key]:
-            raise _bad(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
+            raise bad_output(where, f"holds {key} {value:,} but the manifest says {entry[key]:,}")
 
 
 def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,7 +523,7 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
             bits = unpack_bits(table.column("loss_bits"), per_row, str(file))
             per_row = np.diff(offsets_of(bits)[pairs[occ]])
     except (pa.ArrowException, OSError) as err:
-        raise _bad(file, f"cannot read the shard ({err})") from None
+        raise bad_output(file, f"cannot read the shard ({err})") from None
     got = {"rows": occ.shape[0] - 1, "occurrences": seq.shape[0], "eligible": int(per_row.sum())}
     _agree(got, entry, file)
     return seq.astype(np.int64), occ, per_row
@@ -383,10 +539,12 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
         eligible += int(np.count_nonzero(rows.loss_mask))
     seen = np.sort(np.concatenate([np.zeros(0, np.int64), *ordinals]))
     if not np.array_equal(seen, np.arange(seen.shape[0])):
-        raise _bad(where / MANIFEST, "the shards' ordinals are not 0..occurrences-1 each once")
+        raise bad_output(
+            where / MANIFEST, "the shards' ordinals are not 0..occurrences-1 each once"
+        )
     stats = manifest.get("statistics")
     if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
-        raise _bad(
+        raise bad_output(
             where / MANIFEST,
             f"statistics.eligible_targets is"
             f" {stats['eligible_targets']!r} but the shards hold {eligible:,}",
@@ -400,7 +558,7 @@ def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
     try:
         table = pq.read_table(file, memory_map=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
-        raise _bad(file, f"cannot read the shard ({err})") from None
+        raise bad_output(file, f"cannot read the shard ({err})") from None
     check_table(table, where, entry)
     rows = arrow_to_rows(
         table,

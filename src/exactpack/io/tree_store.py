@@ -25,6 +25,7 @@ reads them back.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exactpack.core.binding import Binding, Split
-from exactpack.core.errors import InvalidInput
+from exactpack.core.binding import INT32_MAX, Binding, Split
+from exactpack.core.errors import InvalidInput, positive_int
 from exactpack.core.examples import as_token_array, offsets_of
 from exactpack.core.tree import TREE_COLUMNS, SequenceGroups, TreeBatch, groups_from_columns
 from exactpack.io.atomic import Output
 from exactpack.io.documents import Origin, make_binding
-from exactpack.io.integrity import TreeManifest, decode
+from exactpack.io.integrity import TreeManifest, bad_output, check_tree_record, decode
 from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
 from exactpack.io.shards import FORMAT, TREE_VERSION, manifest_record, write_shard_file
 from exactpack.io.tokenizers import Tokenizer
@@ -266,11 +267,19 @@ def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
 
 
 def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:
-    """Records of :func:`tree_records` (any subset, any order) as one model call."""
+    """Records of :func:`tree_records` (any subset, any order) as one model call, checked
+    as a tree shard is checked on load
+    (:func:`~exactpack.io.integrity.check_tree_record`) before anything is allocated."""
+    capacity = positive_int("capacity", capacity, INT32_MAX)
+    binding = Binding(vocab_size, "pretokenized", "tree-dataset")  # checks vocab_size
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in rows):
+        raise InvalidInput("rows must be a list of tree records (dicts: tree_records)")
+    for r, row in enumerate(rows):
+        check_tree_record(row, capacity, binding.vocab_size, _argument(r))
+    index = [i for row in rows for i in row["sequence_index"]]
+    if len(set(index)) != len(index):
+        raise InvalidInput("two records hold the same sequence_index — pass each packed row once")
     used = np.array([len(row["input_ids"]) for row in rows], dtype=np.int64)
-    if used.size and int(used.max()) > capacity:
-        r = int(np.argmax(used > capacity))
-        raise InvalidInput(f"row {r} holds {int(used[r])} cells; capacity is {capacity}")
     valid = np.arange(capacity) < used[:, None]  # [R, T]: a row's cells are a prefix
 
     def cells(name: str) -> np.ndarray:
@@ -313,7 +322,15 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
         seq_bounds=offsets_of(lens),
         seq_cells=flat("sequence_cells", np.int64) + np.repeat(seq_row * capacity, lens),
         seq_loss_mask=flat("sequence_mask", bool),
-        binding=Binding(vocab_size, "pretokenized", "tree-dataset"),
+        binding=binding,
+    )
+
+
+def _argument(r: int) -> Any:
+    """The constructor's ``fail``: an argument error naming the record."""
+    return lambda what: InvalidInput(
+        f"tree record {r}: {what} — pass the records of tree_records, pack_dataset(...,"
+        " tree=True) or load_packed(...).records() unchanged"
     )
 
 
@@ -371,6 +388,10 @@ class TreeStore:
             raise InvalidInput(f"{where}: a shard file is not a plain file name — pack again")
         if sum(s.rows for s in m.shards) != self.num_rows:
             raise InvalidInput(f"{where}: shards do not hold {self.num_rows} rows — pack again")
+        sequences = manifest.get("sequences")  # written since version 3; None: not checked
+        if sequences is not None and (type(sequences) is not int or sequences < 0):
+            raise bad_output(where, f"sequences is {sequences!r}, not a count")
+        self.sequences: int | None = sequences
         self.path, self.manifest = path, manifest
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
@@ -388,8 +409,12 @@ class TreeStore:
             if table.schema != TREE_SCHEMA or table.num_rows != entry["rows"]:
                 raise InvalidInput(f"{file}: not the tree shard the manifest lists — pack again")
             records = table.to_pylist()
+            vocab = self.binding.vocab_size
             for i, rec in enumerate(records):
-                _check_record(rec, entry["first_row"] + i, self.capacity, str(file))
+                row, fail = entry["first_row"] + i, _damaged(str(file), entry["first_row"] + i)
+                if rec["row"] != row:
+                    raise fail(f"it is numbered {rec['row']}")
+                check_tree_record(rec, self.capacity, vocab, fail, self.sequences)
             self._cached = (k, records)
         return self._cached[1]
 
@@ -400,24 +425,22 @@ class TreeStore:
         return self.shard_records(k)[i - self.shards[k]["first_row"]]
 
     def records(self) -> list[dict[str, Any]]:
-        """Every row's record, in row order (``row`` dropped)."""
+        """Every row's record, in row order (``row`` dropped); the sequence indexes checked
+        to number the input's sequences, each once."""
         rows = [rec for k in range(len(self.shards)) for rec in self.shard_records(k)]
+        index = np.sort(np.array([i for rec in rows for i in rec["sequence_index"]], np.int64))
+        count = index.shape[0] if self.sequences is None else self.sequences
+        if not np.array_equal(index, np.arange(count)):
+            raise bad_output(
+                self.path / "manifest.json",
+                f"the rows' sequence_index values are not 0..{count - 1:,} each once",
+            )
         return [{n: v for n, v in rec.items() if n != "row"} for rec in rows]
 
 
-def _check_record(rec: dict[str, Any], row: int, capacity: int, where: str) -> None:
-    used = len(rec["input_ids"])
-    bad = (
-        rec["row"] != row
-        or used > capacity
-        or any(rec[n] is None or len(rec[n]) != used for n in TREE_FIELDS if n.endswith("_ids"))
-        or len(rec["weights"]) != used
-        or len(rec["sequence_cells"]) != len(rec["sequence_index"])
-        or list(map(len, rec["sequence_cells"])) != list(map(len, rec["sequence_mask"]))
-        or any(not 0 <= x < used for c in rec["sequence_cells"] for x in c)
-    )
-    if bad:
-        raise InvalidInput(f"{where}: row {row} is not a consistent tree row — pack again")
+def _damaged(where: str, row: int) -> Any:
+    """The loader's ``fail``: the flat integrity check's words for a damaged shard."""
+    return lambda what: bad_output(where, f"row {row:,}: {what}")
 
 
 __all__ = [

@@ -139,6 +139,10 @@ def pack_path(
     writer at ``out`` is refused while this one holds it.
     """
     opts = PackOptions.of(options, **overrides)
+    if opts.tree is not None:  # tree packing: the same options, its own writer (docs/tree.md)
+        from exactpack.pipeline.pack_tree import pack_tree_path
+
+        return pack_tree_path(source, out, opts)
     path_argument("out", out)  # its type; the value is checked where it is opened
     if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it

@@ -33,7 +33,16 @@ from exactpack.core.policies import POLICIES, check_policy_options
 from exactpack.core.supervision import Objective
 from exactpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
 
-__all__ = ["POLICY_ALIASES", "PackOptions", "check_pad_id", "parse_pad", "policy_name"]
+__all__ = [
+    "DEFAULT_TREE_PREFIX",
+    "DEFAULT_TREE_WINDOW",
+    "POLICY_ALIASES",
+    "TREE_MODES",
+    "PackOptions",
+    "check_pad_id",
+    "parse_pad",
+    "policy_name",
+]
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -45,6 +54,12 @@ DEFAULT_CHUNK_BYTES = 1 << 25
 MAX_CHUNK_BYTES = 1 << 30
 #: What ``--format`` writes: exactpack's own packed columns, or TRL 1.16's packed schema.
 OUTPUT_FORMATS = ("exactpack", "trl")
+#: ``tree`` values: ``on`` (groups from the columns) or ``auto`` (rows grouped by prefix).
+TREE_MODES = ("on", "auto")
+#: ``tree="auto"``: rows whose first this many tokens agree share a trie.
+DEFAULT_TREE_PREFIX = 16
+#: ``tree="auto"``: rows are grouped within windows of this many rows (bounded memory).
+DEFAULT_TREE_WINDOW = 4096
 #: Other tools' names of exactpack's policies (TRL's ``pack_dataset(strategy="bfd")``).
 POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 
@@ -81,7 +96,8 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 #: Count fields and their largest value (``max_length`` is checked first, by its own name).
 _COUNTS = {"max_rows_per_batch": INT32_MAX, "max_metadata_bytes": budget.MAX_BYTES}
 _COUNTS |= {"vocab_size": INT32_MAX, "shard_tokens": INT32_MAX, "chunk_bytes": MAX_CHUNK_BYTES}
-_REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes")
+_COUNTS |= {"tree_prefix": INT32_MAX, "tree_block": INT32_MAX}
+_REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes", "tree_prefix", "tree_block")
 
 
 @dataclass(frozen=True)
@@ -211,6 +227,34 @@ class PackOptions:
         " recorded (default: the tokenizer's pad token)",
         type=int,
     )
+    # tree packing (docs/tree.md): None packs flat; pipeline.pack_tree reads the rest
+    tree: str | None = _field(
+        None,
+        "--tree",
+        "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
+        " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
+        BOTH,
+        nargs="?",
+        const="on",
+        choices=TREE_MODES,
+    )
+    tree_prefix: int = _field(
+        DEFAULT_TREE_PREFIX,
+        "--tree-prefix",
+        f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
+        BOTH,
+        metavar="K",
+        type=int,
+    )
+    tree_block: int = _field(
+        DEFAULT_TREE_WINDOW,
+        "--tree-block",
+        "--tree auto: documents are grouped within consecutive blocks of this many"
+        f" (default {DEFAULT_TREE_WINDOW})",
+        BOTH,
+        metavar="DOCUMENTS",
+        type=int,
+    )
     spill_dir: str | None = _field(
         None,
         "--spill-dir",
@@ -256,6 +300,12 @@ class PackOptions:
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
+        if self.tree is not None and (
+            not isinstance(self.tree, str) or self.tree not in TREE_MODES
+        ):
+            raise InvalidInput(
+                f"tree must be one of {', '.join(TREE_MODES)} or None, got {self.tree!r}"
+            )
 
     @classmethod
     def of(cls, options: PackOptions | None = None, **overrides: Any) -> PackOptions:

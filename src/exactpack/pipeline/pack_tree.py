@@ -1,30 +1,24 @@
 """``exactpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
 
 :func:`pack_tree_path` writes a version-3 packed directory; :func:`tree_stats` compares
-tree with flat packing under one policy; :class:`TreeOptions` carries the ``--tree*`` flags.
+tree with flat packing under one policy. The ``--tree*`` flags are fields of
+:class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``, ``tree_block``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, positive_int
+from exactpack.core.errors import InvalidInput
 from exactpack.core.policies import plan_rows
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
-from exactpack.pipeline.options import BOTH, PackOptions, flag
+from exactpack.pipeline.options import PackOptions
 
-#: ``--tree`` values: ``on`` (groups from the columns) or ``auto`` (rows grouped by prefix).
-TREE_MODES = ("on", "auto")
-#: ``--tree auto``: rows whose first this many tokens agree share a trie.
-DEFAULT_TREE_PREFIX = 16
-#: ``--tree auto``: rows are grouped within windows of this many rows (bounded memory).
-DEFAULT_TREE_WINDOW = 4096
 #: Why ``--format trl`` and ``--tree`` do not go together.
 TRL_REFUSAL = (
     "--format trl cannot express a tree: TRL's packed rows hold disjoint sequences"
@@ -33,85 +27,38 @@ TRL_REFUSAL = (
 )
 
 
-@dataclass(frozen=True)
-class TreeOptions:
-    """``tree``: None (flat packing), ``"on"`` (groups from the tree columns: prompt_ids +
-    completion_ids, TRL's DPO columns, input_ids + group, or prompt / chosen / rejected
-    text through the tokenizer) or ``"auto"`` (plain SFT rows grouped by their first
-    ``tree_prefix`` tokens, within consecutive blocks of ``tree_block`` documents)."""
+def file_groups_of(
+    opts: PackOptions, table: Any, origin: Any, binding: Binding, tokenizer: Any
+) -> tuple[SequenceGroups, np.ndarray]:
+    """The groups of the input's ``table`` under ``opts.tree`` (None: ``"on"``) and each
+    sequence's index in it."""
+    from exactpack.io.tree_store import file_groups  # pyarrow: only when packing
 
-    tree: str | None = field(
-        default=None,
-        metadata=flag(
-            "--tree",
-            "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
-            " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
-            BOTH,
-            nargs="?",
-            const="on",
-            choices=TREE_MODES,
-        ),
+    return file_groups(
+        table,
+        origin,
+        binding=binding,
+        tokenizer=tokenizer,
+        mode=opts.tree or "on",
+        prefix=opts.tree_prefix,
+        window=opts.tree_block,
     )
-    tree_prefix: int = field(
-        default=DEFAULT_TREE_PREFIX,
-        metadata=flag(
-            "--tree-prefix",
-            f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
-            BOTH,
-            metavar="K",
-            type=int,
-        ),
-    )
-    tree_block: int = field(
-        default=DEFAULT_TREE_WINDOW,
-        metadata=flag(
-            "--tree-block",
-            "--tree auto: documents are grouped within consecutive blocks of this many"
-            f" (default {DEFAULT_TREE_WINDOW})",
-            BOTH,
-            metavar="DOCUMENTS",
-            type=int,
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if self.tree is not None and self.tree not in TREE_MODES:
-            raise InvalidInput(f"tree must be one of {', '.join(TREE_MODES)} or None")
-        object.__setattr__(self, "tree_prefix", positive_int("tree_prefix", self.tree_prefix))
-        object.__setattr__(self, "tree_block", positive_int("tree_block", self.tree_block))
-
-    def groups(
-        self, table: Any, origin: Any, binding: Binding, tokenizer: Any
-    ) -> tuple[SequenceGroups, np.ndarray]:
-        """The groups of the input's ``table`` and each sequence's index in it."""
-        from exactpack.io.tree_store import file_groups  # pyarrow: only when packing
-
-        return file_groups(
-            table,
-            origin,
-            binding=binding,
-            tokenizer=tokenizer,
-            mode=self.tree or "on",
-            prefix=self.tree_prefix,
-            window=self.tree_block,
-        )
 
 
 def pack_tree_path(
     source: str | Path,
     out: str | Path,
     options: PackOptions | None = None,
-    tree: TreeOptions | None = None,
     /,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Tree-pack the input ``source`` (a path, a glob, ``-``, or a list of them) into the
     packed directory ``out``; the statistics (``sequences``, ``tries``, ``nodes``,
     ``tokens_stored``, ``tokens_flat``, ``stored_over_flat``, ``rows``, ``capacity``,
-    ``policy``, ``groups``, ``shards``, ``out``, ``seconds``). ``tree`` defaults to
-    ``TreeOptions(tree="on")``."""
+    ``policy``, ``groups``, ``shards``, ``out``, ``seconds``). ``tree`` (a
+    :class:`PackOptions` field) defaults to ``"on"`` here."""
     opts = PackOptions.of(options, **overrides)
-    topts = tree if tree is not None and tree.tree is not None else TreeOptions(tree="on")
+    opts = opts if opts.tree is not None else PackOptions.of(opts, tree="on")
     if opts.format == "trl":
         raise InvalidInput(TRL_REFUSAL)
     from exactpack.io.atomic import open_output
@@ -125,7 +72,7 @@ def pack_tree_path(
         tok = opts.load_tokenizer()
         table, origin = read_table(source, opts.split)
         binding = table_binding(table, opts.split, **opts.binding_keywords(tok))
-        groups, index = topts.groups(table, origin, binding, tok)
+        groups, index = file_groups_of(opts, table, origin, binding, tok)
         epoch = pack_tree(
             groups,
             opts.capacity,
@@ -139,13 +86,13 @@ def pack_tree_path(
         stats = epoch.stats() | {
             "groups": int(np.unique(groups.group).shape[0]),
             "policy": opts.policy,
-            "tree": topts.tree,
+            "tree": opts.tree,
             "eligible_targets": int(groups.loss_mask.sum()),
         }
         fields = opts.manifest_fields()
-        tree_fields = {"mode": topts.tree}
-        if topts.tree == "auto":
-            tree_fields |= {"prefix": topts.tree_prefix, "window": topts.tree_block}
+        tree_fields = {"mode": opts.tree}
+        if opts.tree == "auto":
+            tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
         manifest = write_tree_shards(
             records,
             output,
@@ -168,16 +115,16 @@ def pack_tree_path(
 
 def tree_stats(
     source: str | Path,
-    capacity: int,
+    options: PackOptions,
     policy: str = "best-fit-decreasing",
-    tree: TreeOptions | None = None,
     tokenizer: Any = None,
 ) -> dict[str, Any]:
-    """Tree vs flat packing of the input ``source``'s groups at ``capacity`` under ``policy``
-    (without a tokenizer the vocabulary is one past the largest id)."""
+    """Tree vs flat packing of the input ``source``'s groups (``options.tree``, None:
+    ``"on"``) at ``options.capacity`` under ``policy`` (without a tokenizer the
+    vocabulary is one past the largest id)."""
     from exactpack.io.tree_store import max_id, read_table
 
-    topts = tree if tree is not None and tree.tree is not None else TreeOptions(tree="on")
+    capacity = options.capacity
     table, origin = read_table(source)
     if tokenizer is not None:
         vocab = int(tokenizer.vocab_size)
@@ -187,9 +134,8 @@ def tree_stats(
             default=0,
         )
     identity = getattr(tokenizer, "identity", "pre-tokenized")
-    groups, _ = topts.groups(
-        table, origin, Binding(vocab, identity, f"input:{origin.parts[0][0]}"), tokenizer
-    )
+    binding = Binding(vocab, identity, f"input:{origin.parts[0][0]}")
+    groups, _ = file_groups_of(options, table, origin, binding, tokenizer)
     layout = build_layout(groups, capacity)
     stored, total = int(layout.sizes.sum()), int(groups.lengths.sum())
     return {
@@ -206,12 +152,4 @@ def tree_stats(
     }
 
 
-__all__ = [
-    "DEFAULT_TREE_PREFIX",
-    "DEFAULT_TREE_WINDOW",
-    "TREE_MODES",
-    "TRL_REFUSAL",
-    "TreeOptions",
-    "pack_tree_path",
-    "tree_stats",
-]
+__all__ = ["TRL_REFUSAL", "file_groups_of", "pack_tree_path", "tree_stats"]

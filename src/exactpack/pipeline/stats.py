@@ -61,6 +61,11 @@ def stats_path(
 
     With ``format="trl"`` lengths, capacity and statistics count tokens (TRL's unit)."""
     opts = PackOptions.of(options, **overrides)
+    if opts.tree is not None:  # tree vs flat under one policy (docs/tree.md)
+        from exactpack.pipeline.pack_tree import tree_stats
+
+        policy = policies[0] if policies else opts.policy
+        return tree_stats(source, opts, policy, opts.load_tokenizer())
     if plot is not None:
         check_plot_path(plot)
     capacity = opts.capacity

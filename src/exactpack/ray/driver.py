@@ -329,6 +329,8 @@ def pack(
         raise InvalidInput(
             f"--format {opts.format} is written by the local engine only — drop --engine ray"
         )
+    if opts.tree is not None:
+        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     with open_output(out, opts.overwrite, inputs=[source]) as output:
         return pack_into(source, output, opts, ray_opts)
 

@@ -22,8 +22,10 @@ from torch.utils._pytree import tree_leaves, tree_map
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
+from exactpack.hf.attention_impl import register
 from exactpack.hf.capability import architecture_of
-from exactpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
+from exactpack.hf.kinds import tree_kind
+from exactpack.hf.tree_inputs import NAME, tree_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
@@ -165,7 +167,7 @@ def verify_tree(
     if mode not in MODES:
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
     attn = model.config._attn_implementation
-    arch = check_tree(architecture_of(model), attn)
+    arch = architecture_of(model).check(tree_kind(attn), tree=True)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     if capacity is None:  # all tries in one row plus padding, within the model's positions
@@ -173,8 +175,7 @@ def verify_tree(
         limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
         capacity = int(groups.lengths.sum()) + 2
         capacity = max(min(capacity, limit or capacity), int(groups.lengths.max()))
-    arch.check_batch(int(groups.lengths.max()), capacity)
-    epoch = pack_tree(groups, capacity)
+    epoch = pack_tree(groups, capacity)  # tree_inputs holds the batch to arch's conditions
     (batch,) = epoch.batches
     fed = naive_batch(batch) if mode == "naive" else batch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -254,6 +255,6 @@ def _report(
 
 def use_tree_attention(model: torch.nn.Module, name: str = NAME) -> None:
     """Switch ``model`` to ``name`` (:data:`exactpack.hf.tree_inputs.TREE_NAMES`), registered."""
-    register(name)
-    check_tree(architecture_of(model), name)
+    register()
+    architecture_of(model).check(tree_kind(name), tree=True)
     model.set_attn_implementation(name)
