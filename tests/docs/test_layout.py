@@ -6,18 +6,21 @@
 - no two modules share a base name, no function over 80 lines;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
 - the 0.1 module paths still import, with a DeprecationWarning;
-- every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``.
+- every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``;
+- every test has a time limit (pytest-timeout), so a hung wait fails one test, not the run.
 """
 
 import ast
 import dataclasses
 import inspect
+import re
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "exactpack"
@@ -182,10 +185,12 @@ def test_split_modules_keep_their_old_names(old, names):
         "import importlib, warnings\n"
         "warnings.simplefilter('ignore', DeprecationWarning)\n"
         f"old = importlib.import_module({old!r})\n"
-        "import exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards\n"
-        "import exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan, exactpack.core.checks\n"
+        "import exactpack.core.batch, exactpack.core.config, exactpack.io.store\n"
+        "import exactpack.io.shards, exactpack.hf.adapter, exactpack.hf.collator\n"
+        "import exactpack.core.plan, exactpack.core.checks\n"
         "import exactpack.core.policies, exactpack.core.compact\n"
-        "homes = [exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards,\n"
+        "homes = [exactpack.core.batch, exactpack.core.config, exactpack.io.store,\n"
+        "         exactpack.io.shards,\n"
         "         exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan,\n"
         "         exactpack.core.checks, exactpack.core.policies, exactpack.core.compact]\n"
         f"for name in {names!r}:\n"
@@ -213,3 +218,25 @@ def test_every_planted_mutant_still_applies(patch):
     text = target.read_text()
     for old in hunks:
         assert "\n".join(old) in text, f"{patch.name} no longer applies to {target.name}"
+
+
+#: The longest any one test may run, in seconds (the default and every marked exception).
+MAX_TEST_SECONDS = 600
+
+
+def test_every_test_has_a_time_limit(request):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    default = project["tool"]["pytest"]["ini_options"].get("timeout")
+    assert isinstance(default, int) and 0 < default <= MAX_TEST_SECONDS, (
+        "set timeout = 300 in [tool.pytest.ini_options] (pytest-timeout)"
+    )
+    assert any(
+        r.startswith("pytest-timeout") for r in project["project"]["optional-dependencies"]["dev"]
+    )
+    lock = (ROOT / "requirements" / "lock.txt").read_text()
+    assert re.search(r"^pytest-timeout==[0-9.]+$", lock, re.MULTILINE), "pin it in lock.txt"
+    assert request.config.pluginmanager.hasplugin("timeout"), "pytest-timeout is not installed"
+    assert float(request.config.getini("timeout")) == default
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for seconds in re.findall(r"mark\.timeout\(([^)]*)\)", path.read_text()):
+            assert 0 < float(seconds) <= MAX_TEST_SECONDS, f"{path.name}: timeout({seconds})"

@@ -7,8 +7,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +26,7 @@ from exactpack.io.readers import load_examples, read_documents
 from exactpack.io.store import load_packed
 from exactpack.pipeline.budget import check_budget
 from exactpack.pipeline.local import pack_path
-from exactpack.ray.shard_layout import ShardCuts
+from exactpack.ray.shard_layout import RayTaskFailed, ShardCuts
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples
 from support.ray_helpers import private_loopback_ray
@@ -85,7 +87,7 @@ def packed_blocks(ray_instance, shards, tmp_path_factory):
     stats = pack(
         shards,
         out,
-        capacity=CAPACITY,
+        max_length=CAPACITY,
         vocab_size=VOCAB,
         block_examples=1000,
         split_id=PINNED,
@@ -97,7 +99,7 @@ def packed_blocks(ray_instance, shards, tmp_path_factory):
 def _pack(*args, **kwargs):
     from exactpack.ray import pack
 
-    return pack(*args, capacity=CAPACITY, vocab_size=VOCAB, progress=False, **kwargs)
+    return pack(*args, max_length=CAPACITY, vocab_size=VOCAB, progress=False, **kwargs)
 
 
 def _all_rows(out):
@@ -168,7 +170,7 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
         s = pack_path(
             file,
             local,
-            capacity=CAPACITY,
+            max_length=CAPACITY,
             vocab_size=VOCAB,
             policy=policy,
             policy_options=options,
@@ -188,7 +190,7 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
 def test_one_block_is_byte_identical_to_the_local_pipeline(ray_instance, shards, tmp_path):
     ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED)
     local = pack_path(
-        shards, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
+        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
     )
     a, b = _manifest(tmp_path / "ray"), _manifest(tmp_path / "local")
     assert a["shards"] == b["shards"] and a["binding"] == b["binding"]
@@ -254,6 +256,52 @@ def test_workers_killed_mid_run_still_give_every_example_once(
     assert _manifest(out)["shards"] == _manifest(packed_blocks[0])["shards"]
 
 
+def _kill_plan_1(stop_file):
+    """A task hook: block 1's plan worker is SIGKILLed (as Ray's memory monitor kills one)
+    until ``stop_file`` exists."""
+
+    def hook(stage, index):
+        if (stage, index) == ("plan", 1) and not os.path.exists(stop_file):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def test_a_worker_killed_past_its_retries_is_one_line_naming_the_cause(
+    ray_instance, shards, tmp_path
+):
+    stop = str(tmp_path / "stop")
+    with pytest.raises(RayTaskFailed) as err:
+        _pack(shards, tmp_path / "out", block_examples=1000, task_hook=_kill_plan_1(stop),
+              remote_args={"max_retries": 0})  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("a Ray task failed: its worker died")
+    assert "WorkerCrashedError" in message and "raise max_retries" in message
+    assert _no_output(tmp_path)
+
+
+def test_a_worker_killed_on_every_retry_fails_at_the_task_timeout(ray_instance, shards, tmp_path):
+    """Endless retries (the memory monitor's kills): the driver waited forever."""
+    stop = tmp_path / "stop"
+    started = time.monotonic()
+    try:
+        with pytest.raises(RayTaskFailed, match=r"no task finished in 3 s: a worker was lost or is stuck"):
+            _pack(shards, tmp_path / "out", block_examples=1000, task_timeout=3,
+                  task_hook=_kill_plan_1(str(stop)), remote_args={"max_retries": -1})  # fmt: skip
+    finally:
+        stop.touch()  # the retried task may now finish: no loop left behind for later tests
+    assert time.monotonic() - started < 60
+    assert _no_output(tmp_path)
+
+
+def test_the_task_timeout_is_checked():
+    from exactpack.ray import RayOptions
+
+    for bad in (0, -1, 1.5, 10**9):
+        with pytest.raises(InvalidInput, match="task_timeout must be an integer in"):
+            RayOptions(task_timeout=bad)
+
+
 def test_output_does_not_depend_on_the_number_of_parallel_tasks(
     ray_instance, shards, packed_blocks, tmp_path
 ):
@@ -305,7 +353,7 @@ def test_default_ids_and_split_receipt_follow_the_input(ray_instance, records, t
     out = tmp_path / "out"
     _pack(folder, out)
     local = tmp_path / "local"
-    pack_path(folder, local, capacity=CAPACITY, vocab_size=VOCAB)
+    pack_path(folder, local, max_length=CAPACITY, vocab_size=VOCAB)
     for rows in (_all_rows(out), _all_rows(local)):  # the id is the row number in the folder
         assert np.array_equal(rows["source_ids"], rows["ordinals"].astype(str).astype(object))
     digests = [read_documents(f).digest("train") for f in sorted(folder.glob("*.parquet"))]
@@ -414,7 +462,7 @@ def test_without_ray_the_engine_says_how_to_install_it(tmp_path):
         "import exactpack.ray\n"
         "from exactpack import NotAvailable\n"
         "try:\n"
-        f"    exactpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, capacity=8,"
+        f"    exactpack.ray.pack({str(tmp_path)!r}, {str(tmp_path / 'out')!r}, max_length=8,"
         " vocab_size=9)\n"
         "except NotAvailable as err:\n"
         "    print(err)\n"
@@ -448,7 +496,7 @@ def test_duplicate_ids_are_counted_across_blocks_like_the_local_pipeline(
         seen.add(r["id"])
     stats = _pack(folder, tmp_path / "ray", block_examples=50, split_id=PINNED)
     local = pack_path(
-        folder, tmp_path / "local", capacity=CAPACITY, vocab_size=VOCAB, split_id=PINNED
+        folder, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
     )
     assert stats["duplicate_ids"] == local["duplicate_ids"] == repeats == 3
     assert stats["duplicate_first"] == local["duplicate_first"]

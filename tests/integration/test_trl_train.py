@@ -14,6 +14,7 @@ import copy
 import pytest
 
 pytest.importorskip("trl")
+pytestmark = pytest.mark.timeout(600)  # trains small models on the CPU
 
 from datasets import Dataset
 
