@@ -51,6 +51,17 @@ most expensive kind. The rules:
   changes nothing; any shard edit, re-hashed, fails or keeps every
   invariant) and `tests/adversarial/test_fuzz_states.py` (damaged plan dicts, plan files
   and stream states are refused or valid).
+- **The C kernels agree with their Python twins.** Arrays reach the C kernels
+  through one border (`exactpack.core.engine.call`), which passes a strided,
+  big-endian or other-dtype array as a C-contiguous int64 copy, so
+  `kernels="native"` and `kernels="python"` give the same plan or the same
+  error for anything NumPy takes (`tests/adversarial/test_kernel_twins.py`,
+  hypothesis over `plan_rows` with every policy and `StreamPacker`). Sizes are
+  checked before buffers are made: `plan_rows` sizes stream-best-fit by its
+  input (`lookahead=2**31 - 1` plans as the number of examples), a
+  `StreamPacker` refuses buffers over `max_bytes` (4 GiB unless given), and a
+  packer shared by threads takes one call at a time (the C kernel releases the
+  GIL; two threads corrupted its heap).
 - **One input policy for every reader.** JSON Lines, Parquet, `datasets`
   folders and Ray's driver and workers open files through `exactpack.io.files`:
   regular files only (a FIFO or `/dev/zero` is refused before a byte is

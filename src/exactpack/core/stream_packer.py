@@ -24,6 +24,7 @@ Rows are numbered in closing order; every call returns only complete rows::
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +42,7 @@ from exactpack.core.engine import (
 )
 from exactpack.core.errors import (
     MAX_TREE_CAPACITY,
+    BudgetExceeded,
     InvalidInput,
     check_lengths,
     check_max_length,
@@ -55,13 +57,29 @@ DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
 STATE_FORMAT = "exactpack.stream-best-fit/2"
 CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
-#: What :meth:`StreamPacker.from_state_dict` lets a state allocate unless told otherwise.
+#: What a :class:`StreamPacker` (or :meth:`StreamPacker.from_state_dict`'s state) may
+#: allocate for its buffers unless told otherwise (``max_bytes=``).
 DEFAULT_STATE_BYTES = 4 << 30
 
 
 def stream_bytes(capacity: int, lookahead: int, max_open_rows: int) -> int:
     """Bytes a packer's buffers take (ring, open rows, both trees, one call's output)."""
     return 8 * (7 * lookahead + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
+
+
+def check_stream_bytes(
+    capacity: int, lookahead: int, max_open_rows: int, max_bytes: int | None
+) -> None:
+    """Refuse settings whose buffers (:func:`stream_bytes`) exceed ``max_bytes`` (None: no
+    limit), before anything is allocated."""
+    need = stream_bytes(capacity, lookahead, max_open_rows)
+    if max_bytes is not None and need > max_bytes:
+        raise BudgetExceeded(
+            f"a stream-best-fit packer of lookahead={lookahead:,} and"
+            f" max_open_rows={max_open_rows:,} (capacity {capacity:,}) needs {need:,} bytes"
+            f" of buffers but max_bytes is {max_bytes:,} — lower lookahead or max_open_rows"
+            " (a few thousand is typical), or pass max_bytes="
+        )
 
 
 def check_state(state: Any) -> None:
@@ -361,8 +379,11 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 class StreamPacker:
     """Streaming best fit, deterministic for ``(capacity, lookahead, max_open_rows,
     seed)`` (``kernels`` changes speed only); ``lookahead=1, max_open_rows=1`` is next-fit.
-    Memory O(lookahead + max_open_rows * examples per row + capacity). ``window=``: the
-    0.2 name of ``lookahead`` (saved states keep the key ``window``).
+    Memory O(lookahead + max_open_rows * examples per row + capacity): the buffers
+    (:func:`stream_bytes`) are checked against ``max_bytes`` (None: no limit) before any is
+    allocated. Calls from several threads take turns (one lock per packer): the kernels
+    release the GIL and share the packer's arrays. Saved states keep the key ``window``
+    for ``lookahead``.
     """
 
     def __init__(
@@ -373,10 +394,20 @@ class StreamPacker:
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         kernels: str = "auto",
+        max_bytes: int | None = DEFAULT_STATE_BYTES,
     ) -> None:
         settings = self.check_settings(capacity, lookahead, max_open_rows, seed, kernels)
         self.capacity, self.lookahead, self.max_open_rows, self.seed, self.kernels = settings
+        check_stream_bytes(self.capacity, self.lookahead, self.max_open_rows, max_bytes)
+        self._lock = threading.Lock()
         self._reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # a lock never pickles
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @staticmethod
     def check_settings(
@@ -433,19 +464,23 @@ class StreamPacker:
     def push(self, lengths: Any) -> Placements:
         """Add examples (prediction lengths, 1-D ints); return the rows completed. An
         oversized one raises :class:`~exactpack.OversizedExample`, the packer unchanged."""
-        self._require_open()
-        first = self.examples_pushed
-        arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
-        parts = [self._run(arr[lo : lo + CHUNK]) for lo in range(0, max(arr.shape[0], 1), CHUNK)]
+        with self._lock:
+            self._require_open()
+            first = self.examples_pushed
+            arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
+            parts = [
+                self._run(arr[lo : lo + CHUNK]) for lo in range(0, max(arr.shape[0], 1), CHUNK)
+            ]
         if len(parts) == 1:
             return parts[0]
         return Placements(*map(np.concatenate, zip(*parts, strict=True)))
 
     def finish(self) -> Placements:
         """Place every waiting example and close every open row."""
-        self._require_open()
-        out = self._run(None)
-        self.finished = True
+        with self._lock:
+            self._require_open()
+            out = self._run(None)
+            self.finished = True
         return out
 
     def _require_open(self) -> None:
@@ -488,6 +523,10 @@ class StreamPacker:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: config, counters, buffer, open rows (plain data)."""
+        with self._lock:
+            return self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         bex, blen = self._buf[0], self._buf[1]
         slots = np.flatnonzero(bex >= 0)
         slots = slots[np.argsort(bex[slots])]
@@ -526,13 +565,20 @@ class StreamPacker:
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
         settings = {k: state[k] for k in ("max_open_rows", "seed")}
-        packer = cls(state["capacity"], lookahead=state["window"], **settings, kernels=kernels)
+        packer = cls(
+            state["capacity"], lookahead=state["window"], **settings, kernels=kernels,
+            max_bytes=max_bytes,
+        )  # fmt: skip
         packer.load_state_dict(state)
         return packer
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a packer with the same configuration; a
         refused state (:func:`check_state`) leaves the packer as it was."""
+        with self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state)
         for key in ("capacity", "window", "max_open_rows", "seed"):
             own = getattr(self, "lookahead" if key == "window" else key)
