@@ -68,7 +68,9 @@ most expensive kind. The rules:
   read), inside the input named (`state.json` naming `../other/...` is
   refused), names in any case, a folder holding data files exactpack would not
   read refused by name, and what a read may decode bounded before decoding
-  (Parquet page headers, compressed streams, distinct JSON keys).
+  (Parquet page headers, compressed streams, distinct JSON keys); each line of a
+  compressed stream counts 256 bytes toward its limit as it is read, since it
+  becomes a document even when empty.
 - **Nothing loaded is trusted without a check.** A packed directory's
   manifest and shards must agree (`exactpack.io.integrity`); files it does not list
   are never read. On W1 (69M tokens)

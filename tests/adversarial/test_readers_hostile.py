@@ -98,7 +98,7 @@ def test_every_error_names_the_real_line(tmp_path):
     path.write_text(text.replace("\n", "\r\n"))
     for chunk in (8, 1 << 20):
         with pytest.raises(InvalidInput, match=r"d\.jsonl line 7 \(id '3'\): token id 999"):
-            pack_path(path, tmp_path / "out", capacity=8, vocab_size=100, chunk_bytes=chunk)
+            pack_path(path, tmp_path / "out", max_length=8, vocab_size=100, chunk_bytes=chunk)
 
 
 def test_id_types_must_agree_across_chunks(tmp_path):
@@ -106,7 +106,7 @@ def test_id_types_must_agree_across_chunks(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     with pytest.raises(InvalidInput, match="line 21: id holds string values but earlier lines"):
-        pack_path(path, tmp_path / "out", capacity=8, vocab_size=10, chunk_bytes=100)
+        pack_path(path, tmp_path / "out", max_length=8, vocab_size=10, chunk_bytes=100)
 
 
 def test_overlong_lines_and_json_arrays_are_refused_not_buffered(tmp_path, monkeypatch):
@@ -137,7 +137,7 @@ def test_an_unpaired_surrogate_is_named_by_its_line_and_column(tmp_path):
     pair = json.dumps({"text": "ok \U0001f600"})  # written as the escaped pair \ud83d\ude00
     path.write_text("\n".join([pair, "", '{"text": "bad \\ud800 here"}']) + "\n")
     with pytest.raises(InvalidInput, match=r"d\.jsonl line 3: 'text' holds an unpaired surrogate"):
-        pack_path(path, tmp_path / "out", capacity=64, tokenizer="bytes")
+        pack_path(path, tmp_path / "out", max_length=64, tokenizer="bytes")
     assert not (tmp_path / "out").exists()
 
 
@@ -149,8 +149,8 @@ def test_a_column_exactpack_does_not_read_may_mix_types(tmp_path, chunk):
     mixed, plain = tmp_path / "mixed.jsonl", tmp_path / "plain.jsonl"
     mixed.write_text("".join(json.dumps(r) + "\n" for r in rows))
     plain.write_text("".join(json.dumps({"input_ids": r["input_ids"]}) + "\n" for r in rows))
-    got = pack_path(mixed, tmp_path / "a", capacity=8, vocab_size=10, chunk_bytes=chunk)
-    want = pack_path(plain, tmp_path / "b", capacity=8, vocab_size=10, chunk_bytes=chunk)
+    got = pack_path(mixed, tmp_path / "a", max_length=8, vocab_size=10, chunk_bytes=chunk)
+    want = pack_path(plain, tmp_path / "b", max_length=8, vocab_size=10, chunk_bytes=chunk)
     assert (got["examples"], got["rows"], got["tokens"]) == (9, want["rows"], want["tokens"])
     assert [
         t.column("tokens") for t in map(pq.read_table, sorted((tmp_path / "a").glob("*.parquet")))
@@ -165,4 +165,4 @@ def test_a_column_exactpack_reads_with_mixed_types_is_named_by_its_line(tmp_path
     with pytest.raises(
         InvalidInput, match=r"d\.jsonl line 4: text holds a number where line 1 holds a string"
     ):
-        pack_path(path, tmp_path / "out", capacity=64, tokenizer="bytes")
+        pack_path(path, tmp_path / "out", max_length=64, tokenizer="bytes")

@@ -983,6 +983,17 @@ CASES += [
         ("b.jsonl.gz decompresses to more than 67,108,864 bytes", "a compression bomb?"),
     ),
     Case(
+        "gzip-empty-lines",
+        "a `.txt.gz` of 1 KB holding 400,000 empty lines (each became a document before"
+        " the decompression limit tripped: 1 MB of them ran two minutes and reached 3.8 GB)",
+        {"e.txt.gz": gzip.compress(b"\n" * 400_000, 9)},
+        _pack_argv("--tokenizer", "bytes", data="e.txt.gz", vocab=None),
+        _pack_file("e.txt.gz", vocab=None, tokenizer="bytes"),
+        InvalidInput,
+        ("e.txt.gz decompresses to more than 67,108,864 bytes counting 256 bytes for each of"
+         " its 400,000+ lines", "a compression bomb?"),
+    ),
+    Case(
         "gzip-damaged",
         "a `.jsonl.gz` cut short",
         {"c.jsonl.gz": gzip.compress(lines(*_ok_docs(50)))[:-40]},
