@@ -95,7 +95,7 @@ def corpus(tmp_path_factory):
 
 
 def _options(tok):
-    return {"capacity": CAPACITY, "tokenizer": tok, "cut_long": True, "progress": False}
+    return {"max_length": CAPACITY, "tokenizer": tok, "cut_long": True, "progress": False}
 
 
 def _examples(out):
