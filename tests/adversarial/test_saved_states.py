@@ -326,6 +326,23 @@ def test_a_stream_dataset_state_is_checked(edit, needle):
     assert needle in str(info.value)
 
 
+def test_a_stream_packer_state_names_its_stream():
+    from exactpack import BindingMismatch
+
+    packer = StreamPacker(8, lookahead=4, stream="sha256:a")
+    packer.push([3, 5, 2, 7])
+    state = packer.state_dict()
+    assert state["stream"] == "sha256:a"
+    resumed = StreamPacker.from_state_dict(state)  # the state's own stream
+    assert resumed.finish().example.tolist() == packer.finish().example.tolist()
+    with pytest.raises(BindingMismatch, match="saved from stream 'sha256:a' but this packer"):
+        StreamPacker(8, lookahead=4).load_state_dict(state)
+    with pytest.raises(InvalidInput, match="state's stream must be a name or null, got 5"):
+        StreamPacker.from_state_dict(state | {"stream": 5})
+    with pytest.raises(InvalidInput, match="stream must be a name"):
+        StreamPacker(8, stream="")
+
+
 def test_a_stream_dataset_state_names_its_stream():
     from exactpack import Binding, BindingMismatch
 

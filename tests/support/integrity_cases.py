@@ -540,6 +540,14 @@ def _dataset_state(split_id: str = "stream-a", **changes: Any) -> Callable[[Path
     return load
 
 
+def _other_stream(folder: Path) -> Any:
+    from exactpack.core.stream_packer import StreamPacker
+
+    packer = StreamPacker(8, lookahead=4, stream="sha256:stream-a")
+    packer.push([3, 5, 2, 7])
+    return StreamPacker.from_state_dict(packer.state_dict(), stream="sha256:stream-b")
+
+
 def _drop_buffered(state: dict) -> None:
     state["buffer"]["example"].pop(0)
     state["buffer"]["length"].pop(0)
@@ -607,6 +615,9 @@ STATES: list[StateCase] = [
     StateCase("stream-old-format", "a stream state of format /1 (no returned-example count)",
               _stream_state(format="exactpack.stream-best-fit/1"), InvalidInput,
               ("format 'exactpack.stream-best-fit/1'", "start the stream again")),
+    StateCase("stream-other-stream", "a stream state resumed for another stream",
+              _other_stream, BindingMismatch,
+              ("saved from stream 'sha256:stream-a' but this packer packs 'sha256:stream-b'",)),
     StateCase("dataset-other-stream",
               "a StreamDataset state resumed over another stream (another split receipt)",
               _dataset_state(split_id="stream-b"), BindingMismatch,

@@ -42,6 +42,7 @@ from exactpack.core.engine import (
 )
 from exactpack.core.errors import (
     MAX_TREE_CAPACITY,
+    BindingMismatch,
     BudgetExceeded,
     InvalidInput,
     check_lengths,
@@ -55,7 +56,7 @@ from exactpack.core.errors import (
 
 DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
-STATE_FORMAT = "exactpack.stream-best-fit/2"
+STATE_FORMAT = "exactpack.stream-best-fit/3"  # /3: the stream's identity (``stream``)
 CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
 #: What a :class:`StreamPacker` (or :meth:`StreamPacker.from_state_dict`'s state) may
 #: allocate for its buffers unless told otherwise (``max_bytes=``).
@@ -99,6 +100,9 @@ def check_state(state: Any) -> None:
     seed = state_value(state, "seed", what)
     if isinstance(seed, bool) or not isinstance(seed, int):  # any int, as the constructor takes
         raise InvalidInput(f"the {what} state's seed must be an integer, got {seed!r}")
+    stream = state_value(state, "stream", what)
+    if stream is not None and (not isinstance(stream, str) or not stream):
+        raise InvalidInput(f"the {what} state's stream must be a name or null, got {stream!r}")
     pushed = state_int(state, "examples_pushed", what)
     emitted = state_int(state, "examples_emitted", what, 0, pushed)
     # every returned row holds at least one example, and examples come out in rows
@@ -382,8 +386,9 @@ class StreamPacker:
     Memory O(lookahead + max_open_rows * examples per row + capacity): the buffers
     (:func:`stream_bytes`) are checked against ``max_bytes`` (None: no limit) before any is
     allocated. Calls from several threads take turns (one lock per packer): the kernels
-    release the GIL and share the packer's arrays. Saved states keep the key ``window``
-    for ``lookahead``.
+    release the GIL and share the packer's arrays. ``stream``: what the lengths come from
+    (e.g. the input's split receipt), saved in the state, which only a packer of the same
+    stream loads. Saved states keep the key ``window`` for ``lookahead``.
     """
 
     def __init__(
@@ -395,9 +400,15 @@ class StreamPacker:
         seed: int = 0,
         kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
+        stream: str | None = None,
     ) -> None:
         settings = self.check_settings(capacity, lookahead, max_open_rows, seed, kernels)
         self.capacity, self.lookahead, self.max_open_rows, self.seed, self.kernels = settings
+        if stream is not None and (not isinstance(stream, str) or not stream):
+            raise InvalidInput(
+                f"stream must be a name (e.g. the input's split receipt), got {stream!r}"
+            )
+        self.stream = stream
         check_stream_bytes(self.capacity, self.lookahead, self.max_open_rows, max_bytes)
         self._lock = threading.Lock()
         self._reset()
@@ -544,6 +555,7 @@ class StreamPacker:
             "window": self.lookahead,  # the 0.2 key, kept on disk
             "max_open_rows": self.max_open_rows,
             "seed": self.seed,
+            "stream": self.stream,
             "finished": self.finished,
             "examples_pushed": self.examples_pushed,
             "examples_emitted": self._emitted,
@@ -558,16 +570,18 @@ class StreamPacker:
         state: dict[str, Any],
         kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
+        stream: str | None = None,
     ) -> StreamPacker:
         """A packer configured and positioned as ``state`` says, checked whole and its
-        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first."""
+        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first; with
+        ``stream``, a state saved from another stream is refused."""
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
         settings = {k: state[k] for k in ("max_open_rows", "seed")}
         packer = cls(
             state["capacity"], lookahead=state["window"], **settings, kernels=kernels,
-            max_bytes=max_bytes,
+            max_bytes=max_bytes, stream=state["stream"] if stream is None else stream,
         )  # fmt: skip
         packer.load_state_dict(state)
         return packer
@@ -587,6 +601,12 @@ class StreamPacker:
                     f"state has {key}={state[key]!r} but this packer has {own!r}"
                     " — construct it with StreamPacker.from_state_dict(state)"
                 )
+        if state["stream"] != self.stream:
+            raise BindingMismatch(
+                f"the stream-best-fit state was saved from stream {state['stream']!r} but this"
+                f" packer packs {self.stream!r} — resume it over the stream it was saved from,"
+                " or start the stream again"
+            )
         self._reset()
         self._scalars[S_PUSHED] = int(state["examples_pushed"])
         self._scalars[S_ROWS] = int(state["rows_emitted"])

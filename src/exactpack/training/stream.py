@@ -300,8 +300,9 @@ class _StreamPass:
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
         self.packer = StreamPacker(
-            ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed
-        )
+            ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed,
+            stream=ds.binding.split_id,
+        )  # fmt: skip
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
         self.closed = (np.zeros(0, dtype=np.int64),) * 3  # example, row, start: not yet used
         self.docs_read = self.step = self.micro_done = 0
