@@ -277,12 +277,16 @@ def run_tasks(
     except BaseException as err:
         # never ray.cancel (design notes): writers finish before the folder's cleanup
         ray.wait(list(writes), num_returns=len(writes), timeout=60)
-        raise lost_task(ray, err, timeout) from None
+        mapped = lost_task(ray, err, timeout)
+        if mapped is err:
+            raise
+        raise mapped from (None if mapped is getattr(err, "cause", None) else err)
     finally:
         bar.close()
     merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
     block_stats = [stats[k] for k in range(len(blocks))]
-    entries, runs = (list(x) for x in zip(*(written[k] for k in range(len(shards))), strict=True))
+    entries = [written[k][0] for k in range(len(shards))]
+    runs = [written[k][1] for k in range(len(shards))]
     return TaskResults(block_stats, layout, entries, shards, runs, merged)
 
 
