@@ -285,7 +285,8 @@ def test_a_worker_killed_on_every_retry_fails_at_the_task_timeout(ray_instance, 
     stop = tmp_path / "stop"
     started = time.monotonic()
     try:
-        with pytest.raises(RayTaskFailed, match=r"no task finished in 3 s: a worker was lost or is stuck"):
+        lost = r"no task finished in 3 s: a worker was lost or is stuck"
+        with pytest.raises(RayTaskFailed, match=lost):
             _pack(shards, tmp_path / "out", block_examples=1000, task_timeout=3,
                   task_hook=_kill_plan_1(str(stop)), remote_args={"max_retries": -1})  # fmt: skip
     finally:

@@ -14,7 +14,6 @@ import copy
 import pytest
 
 pytest.importorskip("trl")
-pytestmark = pytest.mark.timeout(600)  # trains small models on the CPU
 
 from datasets import Dataset
 
@@ -33,6 +32,8 @@ from support.trl_helpers import (
     training_args,
     worst_ratio,
 )
+
+pytestmark = pytest.mark.timeout(600)  # trains small models on the CPU
 
 #: sdpa: transformers finds the examples from the restarting position_ids (no
 #: attention_mask, use_cache=False under Trainer) and masks block-causally;
