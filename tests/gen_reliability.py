@@ -84,6 +84,11 @@ most expensive kind. The rules:
   `trust_remote_code=False`, so a folder's own Python code (`auto_map`) is
   refused, never run, and nothing ever asks a question on stdin
   (`tests/integration/test_cli_usage.py` answers `y` and checks no marker file appears).
+  A model's config is read only as a regular file within the tokenizer files'
+  limit, and the model is sized from it before anything is built: parameters ×
+  dtype bytes over `--max-model-bytes` (2 GiB) or more than 1,024 layers is one
+  line; `--lengths` / `--tree-lengths` are held to the model's positions and
+  1,048,576 ids before any is drawn.
 - **Accepted but reported:** duplicated ids are packed as separate
   occurrences, counted in the statistics (`duplicate_ids`, `--json`) and
   named in a warning line; an example longer than a row packs with
