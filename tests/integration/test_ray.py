@@ -295,6 +295,31 @@ def test_a_worker_killed_on_every_retry_fails_at_the_task_timeout(ray_instance, 
     assert _no_output(tmp_path)
 
 
+def test_every_lost_task_is_one_line_naming_its_cause():
+    ray = pytest.importorskip("ray")
+    from ray import exceptions as E
+
+    from exactpack.ray.driver import lost_task
+
+    cases = [
+        (E.OutOfMemoryError("Task was killed due to the node running low on memory.\nMore"),
+         "Ray's memory monitor killed its worker on every try (OutOfMemoryError)"),
+        (E.WorkerCrashedError(), "its worker died on every try (WorkerCrashedError: The worker"),
+        (E.NodeDiedError("node 7 died"), "its worker died on every try (NodeDiedError: node 7"),
+        (E.GetTimeoutError("t"), "no task finished in 5 s: a worker was lost or is stuck"),
+        (E.ObjectLostError("abc", "owner", "call"), "ObjectLostError: Failed to retrieve"),
+    ]  # fmt: skip
+    for err, needle in cases:
+        mapped = lost_task(ray, err, 5)
+        assert isinstance(mapped, RayTaskFailed) and "\n" not in str(mapped), str(mapped)
+        assert str(mapped).startswith("a Ray task failed: ") and needle in str(mapped)
+        assert "nothing was published" in str(mapped)
+    own = InvalidInput("part-01.parquet row 7: bad token")
+    assert lost_task(ray, E.RayTaskError("plan_block", "traceback", own), 5) is own
+    interrupt = KeyboardInterrupt()
+    assert lost_task(ray, interrupt, 5) is interrupt
+
+
 def test_the_task_timeout_is_checked():
     from exactpack.ray import RayOptions
 
