@@ -51,13 +51,26 @@ most expensive kind. The rules:
   changes nothing; any shard edit, re-hashed, fails or keeps every
   invariant) and `tests/adversarial/test_fuzz_states.py` (damaged plan dicts, plan files
   and stream states are refused or valid).
+- **The C kernels agree with their Python twins.** Arrays reach the C kernels
+  through one border (`exactpack.core.engine.call`), which passes a strided,
+  big-endian or other-dtype array as a C-contiguous int64 copy, so
+  `kernels="native"` and `kernels="python"` give the same plan or the same
+  error for anything NumPy takes (`tests/adversarial/test_kernel_twins.py`,
+  hypothesis over `plan_rows` with every policy and `StreamPacker`). Sizes are
+  checked before buffers are made: `plan_rows` sizes stream-best-fit by its
+  input (`lookahead=2**31 - 1` plans as the number of examples), a
+  `StreamPacker` refuses buffers over `max_bytes` (4 GiB unless given), and a
+  packer shared by threads takes one call at a time (the C kernel releases the
+  GIL; two threads corrupted its heap).
 - **One input policy for every reader.** JSON Lines, Parquet, `datasets`
   folders and Ray's driver and workers open files through `exactpack.io.files`:
   regular files only (a FIFO or `/dev/zero` is refused before a byte is
   read), inside the input named (`state.json` naming `../other/...` is
   refused), names in any case, a folder holding data files exactpack would not
   read refused by name, and what a read may decode bounded before decoding
-  (Parquet page headers, compressed streams, distinct JSON keys).
+  (Parquet page headers, compressed streams, distinct JSON keys); each line of a
+  compressed stream counts 256 bytes toward its limit as it is read, since it
+  becomes a document even when empty.
 - **Nothing loaded is trusted without a check.** A packed directory's
   manifest and shards must agree (`exactpack.io.integrity`); files it does not list
   are never read. On W1 (69M tokens)
@@ -71,6 +84,11 @@ most expensive kind. The rules:
   `trust_remote_code=False`, so a folder's own Python code (`auto_map`) is
   refused, never run, and nothing ever asks a question on stdin
   (`tests/integration/test_cli_usage.py` answers `y` and checks no marker file appears).
+  A model's config is read only as a regular file within the tokenizer files'
+  limit, and the model is sized from it before anything is built: parameters ×
+  dtype bytes over `--max-model-bytes` (2 GiB) or more than 1,024 layers is one
+  line; `--lengths` / `--tree-lengths` are held to the model's positions and
+  1,048,576 ids before any is drawn.
 - **Accepted but reported:** duplicated ids are packed as separate
   occurrences, counted in the statistics (`duplicate_ids`, `--json`) and
   named in a warning line; an example longer than a row packs with
@@ -362,7 +380,12 @@ def states_table() -> list[str]:
         "anything is allocated: a `.npz` array's declared size must be what the file holds,",
         "and a stream state's buffers (`stream_bytes`) must fit `max_bytes` (4 GiB unless",
         "given). A stream state counts the examples already returned, so an example",
-        "removed from it (or added) is refused rather than silently never emitted.",
+        "removed from it (or added) is refused rather than silently never emitted. A",
+        "`StreamDataset` state names its stream (its binding: vocabulary, tokenizer and",
+        "split receipt) and is refused for another one, and a resume re-reads at most as",
+        "many documents as the state's packer was given examples (a sized source shorter",
+        "than that is refused at once), so a damaged count never reads an endless source",
+        "for ever.",
         "",
         "| # | damage | expected | observed |",
         "|---|---|---|---|",

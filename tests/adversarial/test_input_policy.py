@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from exactpack.core.errors import InvalidInput, NotAvailable
-from exactpack.io.files import open_regular, read_limited, resolve_inside
+from exactpack.io.files import ReadLimits, open_regular, open_stream, read_limited, resolve_inside
+from exactpack.io.jsonl import line_blocks
 from exactpack.io.readers import read_documents
 from exactpack.pipeline.local import pack_path
 
@@ -205,6 +206,28 @@ def test_a_gzip_bomb_is_refused_after_a_bounded_read(tmp_path):
     assert (tmp_path / "b.jsonl.gz").stat().st_size < 500_000
     with pytest.raises(InvalidInput, match="decompresses to more than 67,108,864 bytes"):
         read_documents(tmp_path / "b.jsonl.gz")
+
+
+@pytest.mark.parametrize(
+    ("name", "line"), [("e.txt.gz", b"\n"), ("e.txt.gz", b"\r"), ("r.jsonl.gz", b"{}\n")]
+)
+def test_lines_count_toward_the_limit_as_they_are_read(tmp_path, name, line):
+    """Each line becomes a document: 1 MB of gzipped empty lines ran two minutes to 3.8 GB
+    before the limit on bytes tripped. Lines now count 256 bytes each as they are read."""
+    (tmp_path / name).write_bytes(gzip.compress(line * 3_000_000, 9))
+    limits = ReadLimits(floor=1 << 20)  # 1 MiB: 4,096 lines
+    stream = open_stream(tmp_path / name, limits=limits)
+    with (
+        stream,
+        pytest.raises(InvalidInput, match=r"counting 256 bytes for each of its [\d,]+\+ lines"),
+    ):
+        for _ in line_blocks(stream, 1 << 16, tmp_path / name):
+            pass
+    assert stream.out <= 1 << 16  # refused within the first block, before a document exists
+    real = b'{"input_ids": [0, 5, 9, 1], "id": "doc-0001"}\n' * 20_000  # 46 bytes a line
+    (tmp_path / "ok.jsonl.gz").write_bytes(gzip.compress(real))
+    with open_stream(tmp_path / "ok.jsonl.gz", limits=ReadLimits(floor=7 << 20)) as ok:
+        assert sum(len(b) for b in line_blocks(ok, 1 << 16, tmp_path / "ok.jsonl.gz")) == len(real)
 
 
 def test_many_distinct_json_keys_are_refused_quickly(tmp_path):

@@ -6,6 +6,7 @@ file merely claims).
 """
 
 import io
+import itertools
 import json
 import tracemalloc
 import zipfile
@@ -289,8 +290,9 @@ def test_a_sampler_state_is_checked(edit, needle):
 def _stream(docs, **kw):
     from exactpack.training.stream import StreamDataset
 
-    return StreamDataset(docs, binding=BINDING, max_length=8, rows_per_micro_batch=1,
-                         world_size=1, rank=0, lookahead=4, **kw)  # fmt: skip
+    kw = {"binding": BINDING} | kw
+    return StreamDataset(docs, max_length=8, rows_per_micro_batch=1, world_size=1, rank=0,
+                         lookahead=4, **kw)  # fmt: skip
 
 
 def _stream_state():
@@ -322,6 +324,55 @@ def test_a_stream_dataset_state_is_checked(edit, needle):
     with pytest.raises(InvalidInput) as info:
         next(iter(ds))
     assert needle in str(info.value)
+
+
+def test_a_stream_packer_state_names_its_stream():
+    from exactpack import BindingMismatch
+
+    packer = StreamPacker(8, lookahead=4, stream="sha256:a")
+    packer.push([3, 5, 2, 7])
+    state = packer.state_dict()
+    assert state["stream"] == "sha256:a"
+    resumed = StreamPacker.from_state_dict(state)  # the state's own stream
+    assert resumed.finish().example.tolist() == packer.finish().example.tolist()
+    with pytest.raises(BindingMismatch, match="saved from stream 'sha256:a' but this packer"):
+        StreamPacker(8, lookahead=4).load_state_dict(state)
+    with pytest.raises(InvalidInput, match="state's stream must be a name or null, got 5"):
+        StreamPacker.from_state_dict(state | {"stream": 5})
+    with pytest.raises(InvalidInput, match="stream must be a name"):
+        StreamPacker(8, stream="")
+
+
+def test_a_stream_dataset_state_names_its_stream():
+    from exactpack import Binding, BindingMismatch
+
+    docs, state = _stream_state()
+    assert state["binding"] == BINDING.to_dict()
+    other = Binding(BINDING.vocab_size, "another-tokenizer", BINDING.split_id)
+    with pytest.raises(
+        BindingMismatch, match=f"tokenizer_id {BINDING.tokenizer_id!r} != 'another-tokenizer'"
+    ):
+        _stream(docs, binding=other).load_state_dict(state)
+    for damaged in ([1], {"vocab_size": 1}):
+        with pytest.raises(InvalidInput, match="state's binding must hold vocab_size"):
+            _stream(docs).load_state_dict(state | {"binding": damaged})
+
+
+@pytest.mark.timeout(30)  # both were read document by document, for ever or to the end
+def test_a_resume_never_reads_past_what_the_state_pushed():
+    docs, state = _stream_state()
+    for edit, needle in (
+        ({"docs_read": 10**15}, "docs_read 1,000,000,000,000,000 lies outside"),
+        ({"docs_read": 10**15, "first_doc": 10**15}, "docs_read"),
+    ):
+        ds = _stream(lambda: itertools.cycle(docs))  # endless
+        ds.load_state_dict(state | edit)
+        with pytest.raises(InvalidInput, match=needle):
+            next(iter(ds))
+    ds = _stream(docs[:1])  # a sized source shorter than what the state read
+    ds.load_state_dict(state)
+    with pytest.raises(InvalidInput, match=r"has read \d+ documents but the source holds 1 —"):
+        next(iter(ds))
 
 
 # ---------------------------------------------------------------- the catalogue's cases

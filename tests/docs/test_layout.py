@@ -6,7 +6,8 @@
 - no two modules share a base name, no function over 80 lines;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
 - the old name appears nowhere, nothing is deprecated before a release;
-- every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``.
+- every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``;
+- every test has a time limit (pytest-timeout), so a hung wait fails one test, not the run.
 """
 
 import ast
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "exactpack"
@@ -213,3 +215,25 @@ def test_every_planted_mutant_still_applies(patch):
     text = target.read_text()
     for old in hunks:
         assert "\n".join(old) in text, f"{patch.name} no longer applies to {target.name}"
+
+
+#: The longest any one test may run, in seconds (the default and every marked exception).
+MAX_TEST_SECONDS = 600
+
+
+def test_every_test_has_a_time_limit(request):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    default = project["tool"]["pytest"]["ini_options"].get("timeout")
+    assert isinstance(default, int) and 0 < default <= MAX_TEST_SECONDS, (
+        "set timeout = 300 in [tool.pytest.ini_options] (pytest-timeout)"
+    )
+    assert any(
+        r.startswith("pytest-timeout") for r in project["project"]["optional-dependencies"]["dev"]
+    )
+    lock = (ROOT / "requirements" / "lock.txt").read_text()
+    assert re.search(r"^pytest-timeout==[0-9.]+$", lock, re.MULTILINE), "pin it in lock.txt"
+    assert request.config.pluginmanager.hasplugin("timeout"), "pytest-timeout is not installed"
+    assert float(request.config.getini("timeout")) == default
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for seconds in re.findall(r"mark\.timeout\(([^)]*)\)", path.read_text()):
+            assert 0 < float(seconds) <= MAX_TEST_SECONDS, f"{path.name}: timeout({seconds})"

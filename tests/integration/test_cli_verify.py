@@ -1,6 +1,9 @@
 """``exactpack verify``: exit codes 0 (pass), 1 (fail), 2 (bad input); JSON on the last line."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +246,65 @@ def test_a_model_whose_own_loss_alone_disagrees_is_not_reported_as_mixed(capsys,
     assert code == 2 and not report["pass"] and not report["mixed"]
     assert set(k for k, n in report["failures"].items() if n) == {"model_loss"}
     assert "hf_loss" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_over_the_byte_budget_is_refused_before_it_is_built(capsys):
+    from exactpack import BudgetExceeded
+    from exactpack.verify import load_model
+
+    code, out, err = verify(capsys, "--hf-config", CONFIG, "--max-model-bytes", "1K")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "the model needs about" in err and "but max_model_bytes is 1,024" in err
+    assert "raise --max-model-bytes" in err
+    with pytest.raises(BudgetExceeded, match="max_model_bytes is 1,024"):
+        load_model(config=CONFIG, max_model_bytes=1024)
+    assert load_model(config=CONFIG, max_model_bytes=None) is not None
+
+
+def test_huge_configs_are_refused_from_the_config_alone(tmp_path):
+    """30B parameters, or a million layers (a module each: minutes and gigabytes on the
+    meta device before any weight): one line in seconds, in a child capped at 4 GiB, so a
+    regression fails instead of swapping the machine."""
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "deep").mkdir()
+    wide = write_config(tmp_path / "wide", hidden_size=16384, intermediate_size=53248,
+                        num_hidden_layers=64, vocab_size=256_000)  # fmt: skip
+    deep = write_config(tmp_path / "deep", num_hidden_layers=1_000_000)
+    for config, needle in (
+        (wide, "but max_model_bytes is 2,147,483,648 — verify a smaller config"),
+        (deep, "the config has 1,000,000 layers, more than the 1,024 any model has"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c",
+             "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30));"
+             "from exactpack.cli import main; sys.exit(main(sys.argv[1:]))",
+             "verify", "--hf-config", config],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-1000:]
+        assert needle in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)  # a FIFO hung the config read forever
+def test_a_config_that_is_no_regular_file_or_too_big_is_refused_unread(capsys, tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    code, out, err = verify(capsys, "--hf-config", str(fifo))
+    assert code == 2 and out == "" and f"{fifo} is not a regular file" in err
+    folder = tmp_path / "big"
+    folder.mkdir()
+    with open(folder / "config.json", "wb") as f:
+        f.truncate(600 << 20)  # sparse: 600 MB without writing them
+    code, out, err = verify(capsys, "--hf-config", str(folder))
+    assert code == 2 and err.count("\n") == 1
+    assert "holds 629,145,600 bytes, more than the 536,870,912 a config file may hold" in err
+
+
+def test_tree_lengths_past_the_positions_are_refused_before_any_id(capsys, monkeypatch):
+    from exactpack.verify import tree_models
+
+    drawn = []
+    monkeypatch.setattr(tree_models.np.random, "default_rng", lambda *a: drawn.append(a))
+    code, out, err = verify(capsys, "--hf-config", CONFIG, "--tree-lengths", "10:60;3:4")
+    assert code == 2 and out == "" and drawn == []
+    assert "a sequence of 69 pairs is longer than the model's max_position_embeddings 64" in err

@@ -7,8 +7,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +26,7 @@ from exactpack.io.readers import load_examples, read_documents
 from exactpack.io.store import load_packed
 from exactpack.pipeline.budget import check_budget
 from exactpack.pipeline.local import pack_path
-from exactpack.ray.shard_layout import ShardCuts
+from exactpack.ray.shard_layout import RayTaskFailed, ShardCuts
 
 from support.packed_helpers import expected_flags, random_records, recovered_examples
 from support.ray_helpers import private_loopback_ray
@@ -85,7 +87,7 @@ def packed_blocks(ray_instance, shards, tmp_path_factory):
     stats = pack(
         shards,
         out,
-        capacity=CAPACITY,
+        max_length=CAPACITY,
         vocab_size=VOCAB,
         block_examples=1000,
         split_id=PINNED,
@@ -97,7 +99,7 @@ def packed_blocks(ray_instance, shards, tmp_path_factory):
 def _pack(*args, **kwargs):
     from exactpack.ray import pack
 
-    return pack(*args, capacity=CAPACITY, vocab_size=VOCAB, progress=False, **kwargs)
+    return pack(*args, max_length=CAPACITY, vocab_size=VOCAB, progress=False, **kwargs)
 
 
 def _all_rows(out):
@@ -252,6 +254,78 @@ def test_workers_killed_mid_run_still_give_every_example_once(
     assert sorted(os.listdir(markers)) == ["plan-1", "write-2"]
     _check_exactly_once(out, records)
     assert _manifest(out)["shards"] == _manifest(packed_blocks[0])["shards"]
+
+
+def _kill_plan_1(stop_file):
+    """A task hook: block 1's plan worker is SIGKILLed (as Ray's memory monitor kills one)
+    until ``stop_file`` exists."""
+
+    def hook(stage, index):
+        if (stage, index) == ("plan", 1) and not os.path.exists(stop_file):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def test_a_worker_killed_past_its_retries_is_one_line_naming_the_cause(
+    ray_instance, shards, tmp_path
+):
+    stop = str(tmp_path / "stop")
+    with pytest.raises(RayTaskFailed) as err:
+        _pack(shards, tmp_path / "out", block_examples=1000, task_hook=_kill_plan_1(stop),
+              remote_args={"max_retries": 0})  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("a Ray task failed: its worker died")
+    assert "WorkerCrashedError" in message and "raise max_retries" in message
+    assert _no_output(tmp_path)
+
+
+def test_a_worker_killed_on_every_retry_fails_at_the_task_timeout(ray_instance, shards, tmp_path):
+    """Endless retries (the memory monitor's kills): the driver waited forever."""
+    stop = tmp_path / "stop"
+    started = time.monotonic()
+    try:
+        lost = r"no task finished in 3 s: a worker was lost or is stuck"
+        with pytest.raises(RayTaskFailed, match=lost):
+            _pack(shards, tmp_path / "out", block_examples=1000, task_timeout=3,
+                  task_hook=_kill_plan_1(str(stop)), remote_args={"max_retries": -1})  # fmt: skip
+    finally:
+        stop.touch()  # the retried task may now finish: no loop left behind for later tests
+    assert time.monotonic() - started < 60
+    assert _no_output(tmp_path)
+
+
+def test_every_lost_task_is_one_line_naming_its_cause():
+    ray = pytest.importorskip("ray")
+    from ray import exceptions as E
+
+    from exactpack.ray.driver import lost_task
+
+    cases = [
+        (E.OutOfMemoryError("Task was killed due to the node running low on memory.\nMore"),
+         "Ray's memory monitor killed its worker on every try (OutOfMemoryError)"),
+        (E.WorkerCrashedError(), "its worker died on every try (WorkerCrashedError: The worker"),
+        (E.NodeDiedError("node 7 died"), "its worker died on every try (NodeDiedError: node 7"),
+        (E.GetTimeoutError("t"), "no task finished in 5 s: a worker was lost or is stuck"),
+        (E.ObjectLostError("abc", "owner", "call"), "ObjectLostError: Failed to retrieve"),
+    ]  # fmt: skip
+    for err, needle in cases:
+        mapped = lost_task(ray, err, 5)
+        assert isinstance(mapped, RayTaskFailed) and "\n" not in str(mapped), str(mapped)
+        assert str(mapped).startswith("a Ray task failed: ") and needle in str(mapped)
+        assert "nothing was published" in str(mapped)
+    own = InvalidInput("part-01.parquet row 7: bad token")
+    assert lost_task(ray, E.RayTaskError("plan_block", "traceback", own), 5) is own
+    interrupt = KeyboardInterrupt()
+    assert lost_task(ray, interrupt, 5) is interrupt
+
+
+def test_the_task_timeout_is_checked():
+    from exactpack.ray import RayOptions
+
+    for bad in (0, -1, 1.5, 10**9):
+        with pytest.raises(InvalidInput, match="task_timeout must be an integer in"):
+            RayOptions(task_timeout=bad)
 
 
 def test_output_does_not_depend_on_the_number_of_parallel_tasks(

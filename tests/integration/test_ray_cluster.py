@@ -34,6 +34,9 @@ from support.ray_helpers import private_loopback_ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from workloads import stdlib_texts, train_bpe
 
+#: Starting a multi-node cluster on a loaded machine takes most of a test's time.
+pytestmark = pytest.mark.timeout(600)
+
 CAPACITY = 256
 PINNED = "sha256:pinned-split"
 SHARDS = (50, 30, 40)

@@ -33,6 +33,8 @@ from support.trl_helpers import (
     worst_ratio,
 )
 
+pytestmark = pytest.mark.timeout(600)  # trains small models on the CPU
+
 #: sdpa: transformers finds the examples from the restarting position_ids (no
 #: attention_mask, use_cache=False under Trainer) and masks block-causally;
 #: exactpack_varlen: one SDPA call per example from the collators' cu_seq_lens_q.

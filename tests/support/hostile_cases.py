@@ -983,6 +983,17 @@ CASES += [
         ("b.jsonl.gz decompresses to more than 67,108,864 bytes", "a compression bomb?"),
     ),
     Case(
+        "gzip-empty-lines",
+        "a `.txt.gz` of 1 KB holding 400,000 empty lines (each became a document before"
+        " the decompression limit tripped: 1 MB of them ran two minutes and reached 3.8 GB)",
+        {"e.txt.gz": gzip.compress(b"\n" * 400_000, 9)},
+        _pack_argv("--tokenizer", "bytes", data="e.txt.gz", vocab=None),
+        _pack_file("e.txt.gz", vocab=None, tokenizer="bytes"),
+        InvalidInput,
+        ("e.txt.gz decompresses to more than 67,108,864 bytes counting 256 bytes for each of"
+         " its 400,000+ lines", "a compression bomb?"),
+    ),
+    Case(
         "gzip-damaged",
         "a `.jsonl.gz` cut short",
         {"c.jsonl.gz": gzip.compress(lines(*_ok_docs(50)))[:-40]},
@@ -1153,6 +1164,18 @@ USAGE: list[Usage] = [
           ("--seed '-1' is outside [0, 9,223,372,036,854,775,807]",)),
     Usage("verify-seed-inf", "`exactpack verify --seed inf`", ("verify", "--seed", "inf"),
           ("--seed 'inf' is not a whole number",)),
+    Usage("verify-tree-lengths-huge",
+          "`exactpack verify --tree-lengths 10:1000000000` (drew 8 GB of ids before the"
+          " positions check)",
+          ("verify", "--hf-config", "c.json", "--tree-lengths", "10:1000000000"),
+          ("--tree-lengths asks for 1,000,000,010 tokens; a verification runs at most"
+           " 1,048,576", "give fewer or shorter examples")),
+    Usage("verify-lengths-huge", "`exactpack verify --lengths 1000000000`",
+          ("verify", "--hf-config", "c.json", "--lengths", "1000000000"),
+          ("--lengths asks for 1,000,000,001 tokens",)),
+    Usage("verify-model-bytes", "`exactpack verify --max-model-bytes lots`",
+          ("verify", "--max-model-bytes", "lots"),
+          ("--max-model-bytes 'lots' is not a byte size like 512M or 2G",)),
     Usage("missing-out", "`exactpack pack` without `--out`",
           ("pack", DATA, "--max-length", "8"), ("the following arguments are required: --out",)),
     Usage("unknown-flag", "a misspelt flag", (*_STATS, "--max-rows", "nan", "--polcy", "x"),

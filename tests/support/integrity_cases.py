@@ -509,6 +509,45 @@ def _stream_state(**changes: Any) -> Callable[[Path], Any]:
     return load
 
 
+def _endless_documents():
+    """A source that never ends (a generator function: every pass starts it again)."""
+    k = 0
+    while True:
+        yield [0, 5 + k % 7, 6, 1]
+        k += 1
+
+
+def _dataset_state(split_id: str = "stream-a", **changes: Any) -> Callable[[Path], Any]:
+    """A StreamDataset state saved one step into an endless source, edited, resumed into a
+    dataset over the stream named ``split_id``."""
+
+    def dataset(split: str) -> Any:
+        from exactpack.training.stream import StreamDataset
+
+        binding = Binding(VOCAB, "exactpack/test-ids", split)
+        return StreamDataset(_endless_documents, binding=binding, max_length=8,
+                             rows_per_micro_batch=1, world_size=1, rank=0, lookahead=4)  # fmt: skip
+
+    def load(folder: Path) -> Any:
+        saved = dataset("stream-a")
+        next(iter(saved))
+        state = json.loads(json.dumps(saved.state_dict()))
+        state.update(changes)
+        resumed = dataset(split_id)
+        resumed.load_state_dict(state)
+        return next(iter(resumed))
+
+    return load
+
+
+def _other_stream(folder: Path) -> Any:
+    from exactpack.core.stream_packer import StreamPacker
+
+    packer = StreamPacker(8, lookahead=4, stream="sha256:stream-a")
+    packer.push([3, 5, 2, 7])
+    return StreamPacker.from_state_dict(packer.state_dict(), stream="sha256:stream-b")
+
+
 def _drop_buffered(state: dict) -> None:
     state["buffer"]["example"].pop(0)
     state["buffer"]["length"].pop(0)
@@ -576,6 +615,19 @@ STATES: list[StateCase] = [
     StateCase("stream-old-format", "a stream state of format /1 (no returned-example count)",
               _stream_state(format="exactpack.stream-best-fit/1"), InvalidInput,
               ("format 'exactpack.stream-best-fit/1'", "start the stream again")),
+    StateCase("stream-other-stream", "a stream state resumed for another stream",
+              _other_stream, BindingMismatch,
+              ("saved from stream 'sha256:stream-a' but this packer packs 'sha256:stream-b'",)),
+    StateCase("dataset-other-stream",
+              "a StreamDataset state resumed over another stream (another split receipt)",
+              _dataset_state(split_id="stream-b"), BindingMismatch,
+              ("the stream-dataset state was saved from another stream (split_id 'stream-a'"
+               " != 'stream-b')", "or start the stream again")),
+    StateCase("dataset-docs-read-huge",
+              "a StreamDataset state with `docs_read=10**15` on an endless source (was read"
+              " for ever)",
+              _dataset_state(docs_read=10**15), InvalidInput,
+              ("the stream-dataset state's docs_read 1,000,000,000,000,000 lies outside",)),
     StateCase("sampler-float-epoch", "a sampler state with `epoch=1.5`",
               _sampler_state(epoch=1.5), InvalidInput, ("epoch must be an integer, got 1.5",)),
 ]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from exactpack.cli.flags import argparse_type, parse_int
+from exactpack.cli.flags import argparse_type, parse_byte_size, parse_int
 
 #: Seeds numpy and torch both take.
 MAX_SEED = 2**63 - 1
@@ -49,6 +49,13 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         help="weights (from a config) and token ids",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument(
+        "--max-model-bytes",
+        type=argparse_type(parse_byte_size, "--max-model-bytes"),
+        metavar="B",
+        help="refuse a model whose parameters x dtype bytes, estimated from its config,"
+        " exceed B before building it (default 2G: max_model_bytes of load_model)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
     p.add_argument(
         "--tree-lengths",
@@ -115,6 +122,8 @@ def _run_verify(args: argparse.Namespace) -> dict:
     from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models as hf_verify
 
+    if args.lengths:  # the budget, before the model is built
+        hf_verify.check_verify_tokens(sum(n + 1 for n in args.lengths), "--lengths")
     model = load_hf_model(args, args.attn or "sdpa", refuse=args.mode == "adapter")
     arch = architecture_of(model)
     if args.mode == "adapter":

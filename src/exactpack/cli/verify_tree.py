@@ -37,17 +37,13 @@ def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]
     from exactpack.verify import tree_models as tree_verify
 
     spec = tree_verify.parse_tree_lengths(args.tree_lengths)
+    tree_verify.check_tree_lengths(spec)  # the budget, before the model is built
     model = load_hf_model(args, "sdpa" if attn == "sdpa" else "eager")
     if attn.startswith("exactpack_tree"):
         tree_verify.use_tree_attention(model, attn)
     cfg = model.config.get_text_config()
-    groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed)
     limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is not None and int(groups.lengths.max()) > limit:
-        raise InvalidInput(
-            f"a sequence of {int(groups.lengths.max())} pairs is longer than the model's"
-            f" max_position_embeddings {limit} — shorten --tree-lengths"
-        )
+    groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed, max_positions=limit)
     r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
     r["model"]["source"] = str(args.hf_config or args.hf_model)
     return finish(args, r)
@@ -58,6 +54,8 @@ def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> A
     from exactpack.verify.models import DTYPES, load_model
 
     where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
+    if args.max_model_bytes is not None:  # else load_model's default
+        where["max_model_bytes"] = args.max_model_bytes
     return load_model(
         attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
     )

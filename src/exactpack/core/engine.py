@@ -85,10 +85,17 @@ def resolve(kernels: str) -> str:
 
 
 def call(kernels: str, name: str, *args: Any, inputs: int = 0) -> Any:
-    """Run kernel ``name`` with resolved ``kernels``; for python, arrays (also in tuples)
-    travel as lists and each after the first ``inputs`` (read-only) gets its list back."""
+    """Run kernel ``name`` with resolved ``kernels`` on int64 arrays (also in tuples); each
+    after the first ``inputs`` (read-only) is written in place. For native, an array the C
+    kernels cannot take as it is (strided, another integer dtype, big-endian) travels as a
+    C-contiguous native int64 copy, copied back where written, so both kernels take what
+    NumPy takes and give the same answer. For python, arrays travel as lists."""
     if kernels == "native":
-        return getattr(_LOADED["module"], name)(*args)
+        ready = [_for_c(a) for a in args]
+        result = getattr(_LOADED["module"], name)(*ready)
+        for array, copy in zip(args[inputs:], ready[inputs:], strict=True):
+            _copy_back(array, copy, only_copies=True)
+        return result
     lists = [_as_lists(a) for a in args]
     result = _PLAIN[name](*lists)
     for array, values in zip(args[inputs:], lists[inputs:], strict=True):
@@ -104,12 +111,23 @@ def _as_lists(arg: Any) -> Any:
     return arg
 
 
-def _copy_back(arg: Any, values: Any) -> None:
+def _for_c(arg: Any) -> Any:
+    """``arg`` as the C kernels take it: a C-contiguous native-order int64 array."""
     if isinstance(arg, np.ndarray):
-        arg[...] = values
+        usable = arg.dtype == np.int64 and arg.dtype.isnative and arg.flags.c_contiguous
+        return arg if usable else np.ascontiguousarray(arg, dtype=np.int64)
+    if isinstance(arg, tuple):
+        return tuple(_for_c(a) for a in arg)
+    return arg
+
+
+def _copy_back(arg: Any, values: Any, only_copies: bool = False) -> None:
+    if isinstance(arg, np.ndarray):
+        if not (only_copies and values is arg):
+            arg[...] = values
     elif isinstance(arg, tuple):
         for a, v in zip(arg, values, strict=True):
-            _copy_back(a, v)
+            _copy_back(a, v, only_copies)
 
 
 def pow2_at_least(n: int) -> int:

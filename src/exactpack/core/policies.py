@@ -190,13 +190,22 @@ def stream_best_fit(
     seed: int = 0,
     kernels: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:class:`~exactpack.core.stream_packer.StreamPacker` over an array (None: its defaults)."""
+    """:class:`~exactpack.core.stream_packer.StreamPacker` over an array (None: its defaults).
+
+    ``lookahead`` and ``max_open_rows`` above the number of examples ``n`` plan as ``n``
+    (the same plan: no example is forced out before :meth:`finish`, at most ``n`` rows
+    open), so the buffers follow the input, never a huge setting."""
+    lookahead = DEFAULT_LOOKAHEAD if lookahead is None else lookahead
+    max_open_rows = DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows
+    StreamPacker.check_settings(capacity, lookahead, max_open_rows, seed, kernels)
+    most = max(int(lengths.shape[0]), 1)
     packer = StreamPacker(
         capacity,
-        lookahead=DEFAULT_LOOKAHEAD if lookahead is None else lookahead,
-        max_open_rows=DEFAULT_MAX_OPEN_ROWS if max_open_rows is None else max_open_rows,
+        lookahead=min(lookahead, most),
+        max_open_rows=min(max_open_rows, most),
         seed=seed,
         kernels=kernels,
+        max_bytes=None,  # bounded by the input, which is already in memory
     )
     row_of, start_of = np.empty((2, lengths.shape[0]), dtype=np.int64)
     for part in (packer.push(lengths), packer.finish()):

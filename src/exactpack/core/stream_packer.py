@@ -24,6 +24,7 @@ Rows are numbered in closing order; every call returns only complete rows::
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +42,8 @@ from exactpack.core.engine import (
 )
 from exactpack.core.errors import (
     MAX_TREE_CAPACITY,
+    BindingMismatch,
+    BudgetExceeded,
     InvalidInput,
     check_lengths,
     check_max_length,
@@ -53,15 +56,31 @@ from exactpack.core.errors import (
 
 DEFAULT_LOOKAHEAD = 4096
 DEFAULT_MAX_OPEN_ROWS = 64
-STATE_FORMAT = "exactpack.stream-best-fit/2"
+STATE_FORMAT = "exactpack.stream-best-fit/3"  # /3: the stream's identity (``stream``)
 CHUNK = 1 << 16  # examples per kernel call: bounds the output and record arrays
-#: What :meth:`StreamPacker.from_state_dict` lets a state allocate unless told otherwise.
+#: What a :class:`StreamPacker` (or :meth:`StreamPacker.from_state_dict`'s state) may
+#: allocate for its buffers unless told otherwise (``max_bytes=``).
 DEFAULT_STATE_BYTES = 4 << 30
 
 
 def stream_bytes(capacity: int, lookahead: int, max_open_rows: int) -> int:
     """Bytes a packer's buffers take (ring, open rows, both trees, one call's output)."""
     return 8 * (7 * lookahead + 5 * max_open_rows + 12 * (capacity + 1)) + 24 * CHUNK
+
+
+def check_stream_bytes(
+    capacity: int, lookahead: int, max_open_rows: int, max_bytes: int | None
+) -> None:
+    """Refuse settings whose buffers (:func:`stream_bytes`) exceed ``max_bytes`` (None: no
+    limit), before anything is allocated."""
+    need = stream_bytes(capacity, lookahead, max_open_rows)
+    if max_bytes is not None and need > max_bytes:
+        raise BudgetExceeded(
+            f"a stream-best-fit packer of lookahead={lookahead:,} and"
+            f" max_open_rows={max_open_rows:,} (capacity {capacity:,}) needs {need:,} bytes"
+            f" of buffers but max_bytes is {max_bytes:,} — lower lookahead or max_open_rows"
+            " (a few thousand is typical), or pass max_bytes="
+        )
 
 
 def check_state(state: Any) -> None:
@@ -81,6 +100,9 @@ def check_state(state: Any) -> None:
     seed = state_value(state, "seed", what)
     if isinstance(seed, bool) or not isinstance(seed, int):  # any int, as the constructor takes
         raise InvalidInput(f"the {what} state's seed must be an integer, got {seed!r}")
+    stream = state_value(state, "stream", what)
+    if stream is not None and (not isinstance(stream, str) or not stream):
+        raise InvalidInput(f"the {what} state's stream must be a name or null, got {stream!r}")
     pushed = state_int(state, "examples_pushed", what)
     emitted = state_int(state, "examples_emitted", what, 0, pushed)
     # every returned row holds at least one example, and examples come out in rows
@@ -361,8 +383,12 @@ def bucket_sides(index: np.ndarray, seed: int) -> np.ndarray:
 class StreamPacker:
     """Streaming best fit, deterministic for ``(capacity, lookahead, max_open_rows,
     seed)`` (``kernels`` changes speed only); ``lookahead=1, max_open_rows=1`` is next-fit.
-    Memory O(lookahead + max_open_rows * examples per row + capacity). ``window=``: the
-    0.2 name of ``lookahead`` (saved states keep the key ``window``).
+    Memory O(lookahead + max_open_rows * examples per row + capacity): the buffers
+    (:func:`stream_bytes`) are checked against ``max_bytes`` (None: no limit) before any is
+    allocated. Calls from several threads take turns (one lock per packer): the kernels
+    release the GIL and share the packer's arrays. ``stream``: what the lengths come from
+    (e.g. the input's split receipt), saved in the state, which only a packer of the same
+    stream loads. Saved states keep the key ``window`` for ``lookahead``.
     """
 
     def __init__(
@@ -373,10 +399,26 @@ class StreamPacker:
         max_open_rows: int = DEFAULT_MAX_OPEN_ROWS,
         seed: int = 0,
         kernels: str = "auto",
+        max_bytes: int | None = DEFAULT_STATE_BYTES,
+        stream: str | None = None,
     ) -> None:
         settings = self.check_settings(capacity, lookahead, max_open_rows, seed, kernels)
         self.capacity, self.lookahead, self.max_open_rows, self.seed, self.kernels = settings
+        if stream is not None and (not isinstance(stream, str) or not stream):
+            raise InvalidInput(
+                f"stream must be a name (e.g. the input's split receipt), got {stream!r}"
+            )
+        self.stream = stream
+        check_stream_bytes(self.capacity, self.lookahead, self.max_open_rows, max_bytes)
+        self._lock = threading.Lock()
         self._reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}  # a lock never pickles
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @staticmethod
     def check_settings(
@@ -433,19 +475,23 @@ class StreamPacker:
     def push(self, lengths: Any) -> Placements:
         """Add examples (prediction lengths, 1-D ints); return the rows completed. An
         oversized one raises :class:`~exactpack.OversizedExample`, the packer unchanged."""
-        self._require_open()
-        first = self.examples_pushed
-        arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
-        parts = [self._run(arr[lo : lo + CHUNK]) for lo in range(0, max(arr.shape[0], 1), CHUNK)]
+        with self._lock:
+            self._require_open()
+            first = self.examples_pushed
+            arr = check_lengths(lengths, self.capacity, lambda i: f"example {first + i}")
+            parts = [
+                self._run(arr[lo : lo + CHUNK]) for lo in range(0, max(arr.shape[0], 1), CHUNK)
+            ]
         if len(parts) == 1:
             return parts[0]
         return Placements(*map(np.concatenate, zip(*parts, strict=True)))
 
     def finish(self) -> Placements:
         """Place every waiting example and close every open row."""
-        self._require_open()
-        out = self._run(None)
-        self.finished = True
+        with self._lock:
+            self._require_open()
+            out = self._run(None)
+            self.finished = True
         return out
 
     def _require_open(self) -> None:
@@ -488,6 +534,10 @@ class StreamPacker:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: config, counters, buffer, open rows (plain data)."""
+        with self._lock:
+            return self._state_dict()
+
+    def _state_dict(self) -> dict[str, Any]:
         bex, blen = self._buf[0], self._buf[1]
         slots = np.flatnonzero(bex >= 0)
         slots = slots[np.argsort(bex[slots])]
@@ -505,6 +555,7 @@ class StreamPacker:
             "window": self.lookahead,  # the 0.2 key, kept on disk
             "max_open_rows": self.max_open_rows,
             "seed": self.seed,
+            "stream": self.stream,
             "finished": self.finished,
             "examples_pushed": self.examples_pushed,
             "examples_emitted": self._emitted,
@@ -519,20 +570,29 @@ class StreamPacker:
         state: dict[str, Any],
         kernels: str = "auto",
         max_bytes: int | None = DEFAULT_STATE_BYTES,
+        stream: str | None = None,
     ) -> StreamPacker:
         """A packer configured and positioned as ``state`` says, checked whole and its
-        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first."""
+        buffers (:func:`stream_bytes`) within ``max_bytes`` (None: no limit) first; with
+        ``stream``, a state saved from another stream is refused."""
         check_state(state)
         need = stream_bytes(state["capacity"], state["window"], state["max_open_rows"])
         enforce(need, max_bytes, "restoring the stream-best-fit state", "pass max_bytes=")
         settings = {k: state[k] for k in ("max_open_rows", "seed")}
-        packer = cls(state["capacity"], lookahead=state["window"], **settings, kernels=kernels)
+        packer = cls(
+            state["capacity"], lookahead=state["window"], **settings, kernels=kernels,
+            max_bytes=max_bytes, stream=state["stream"] if stream is None else stream,
+        )  # fmt: skip
         packer.load_state_dict(state)
         return packer
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` of a packer with the same configuration; a
         refused state (:func:`check_state`) leaves the packer as it was."""
+        with self._lock:
+            self._load_state_dict(state)
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state)
         for key in ("capacity", "window", "max_open_rows", "seed"):
             own = getattr(self, "lookahead" if key == "window" else key)
@@ -541,6 +601,12 @@ class StreamPacker:
                     f"state has {key}={state[key]!r} but this packer has {own!r}"
                     " — construct it with StreamPacker.from_state_dict(state)"
                 )
+        if state["stream"] != self.stream:
+            raise BindingMismatch(
+                f"the stream-best-fit state was saved from stream {state['stream']!r} but this"
+                f" packer packs {self.stream!r} — resume it over the stream it was saved from,"
+                " or start the stream again"
+            )
         self._reset()
         self._scalars[S_PUSHED] = int(state["examples_pushed"])
         self._scalars[S_ROWS] = int(state["rows_emitted"])

@@ -34,6 +34,10 @@ DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parq
 KIND_NAMES = {"parquet": "parquet", "jsonl": "JSON Lines", "text": "text"}
 #: The most bytes a reader may peek at before the first record (then rewind).
 _PEEK_BYTES = 64 << 20
+#: What a line of a compressed file costs toward its decompression limit beside its bytes:
+#: the document it becomes (offsets, an id, tokens, table rows) takes more (about 480
+#: bytes for an empty line packed with --tokenizer bytes), short real lines far less.
+LINE_BYTES = 256
 BOM = b"\xef\xbb\xbf"
 #: Files a data folder may hold beside its shards (metadata no reader needs).
 SIDE_FILES = ("dataset_info.json", "state.json", "dataset_dict.json", "_success", "_metadata",
@@ -265,7 +269,7 @@ class InputStream:
 
     def __init__(self, name: str, raw: BinaryIO, codec: str | None, limit: int | None) -> None:
         self.name, self.raw, self.codec, self.limit = name, raw, codec, limit
-        self.out, self._head = 0, b""
+        self.out, self.lines, self._head = 0, 0, b""
         self._stream = _decoder(raw, codec)
 
     @property
@@ -284,14 +288,31 @@ class InputStream:
                 " or not what its suffix says"
             ) from None
         self.out += len(data)
-        if self.limit is not None and self.out > self.limit:
-            raw_size = os.fstat(self.raw.fileno()).st_size  # a limit is set on files only
-            raise InvalidInput(
-                f"{self.name} decompresses to more than {self.limit:,} bytes (over"
-                f" {self.limit // max(1, raw_size):,}x its size: a compression bomb?) —"
-                " decompress it yourself if it is genuine, and pack the plain file"
-            )
+        self._check()
         return data
+
+    def charge_lines(self, lines: int) -> None:
+        """Count ``lines`` read toward the limit, :data:`LINE_BYTES` each: every line becomes
+        a document, empty or not, so a file of newlines must trip the limit long before
+        its documents fill memory (1 MB of gzip holds a billion empty lines)."""
+        self.lines += lines
+        self._check()
+
+    def _check(self) -> None:
+        if self.limit is None or self.out + self.lines * LINE_BYTES <= self.limit:
+            return
+        raw_size = os.fstat(self.raw.fileno()).st_size  # a limit is set on files only
+        by_lines = self.lines * LINE_BYTES > self.out  # its lines tripped it: say so
+        lines = (
+            f" counting {LINE_BYTES} bytes for each of its {self.lines:,}+ lines"
+            if by_lines
+            else ""
+        )
+        raise InvalidInput(
+            f"{self.name} decompresses to more than {self.limit:,} bytes{lines} (over"
+            f" {self.limit // max(1, raw_size):,}x its size: a compression bomb?) —"
+            " decompress it yourself if it is genuine, and pack the plain file"
+        )
 
     def read(self, n: int = -1) -> bytes:
         n = 1 << 62 if n is None or n < 0 else n

@@ -313,8 +313,11 @@ def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[me
     """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline),
     linear in the file size; a line over :data:`MAX_LINE_BYTES` is refused."""
     carry, carried, line = [], 0, 1
+    charge = getattr(f, "charge_lines", None)  # a compressed file counts its lines as read
     while True:
         block = f.read(size)
+        if charge is not None:  # "\r" ends a text line too (universal newlines)
+            charge(block.count(b"\n") + block.count(b"\r"))
         if not block:
             if carried:
                 yield memoryview(b"".join(carry))

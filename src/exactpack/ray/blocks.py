@@ -370,7 +370,12 @@ def _num_rows(table: pa.Table) -> int:
 
 
 def dataset_blocks(
-    ray: Any, dataset: ray.data.Dataset, block_examples: int, text_field: str, show: bool
+    ray: Any,
+    dataset: ray.data.Dataset,
+    block_examples: int,
+    text_field: str,
+    show: bool,
+    timeout: float,
 ) -> tuple[list[Block], list[list[Any]]]:
     """Blocks over a Dataset, normalised (:func:`plain_columns`), materialised in order."""
     ds = dataset.map_batches(
@@ -380,7 +385,7 @@ def dataset_blocks(
     ds.context.enable_progress_bars = show
     refs = ds.to_arrow_refs()
     rows = ray.remote(_num_rows)
-    counts = ray.get([rows.remote(r) for r in refs])
+    counts = ray.get([rows.remote(r) for r in refs], timeout=timeout)
     names = [str(k) for k in range(len(refs))]
     pieces = cut_pieces(names, counts, block_examples, local_labels=False)
     inputs = [[refs[int(p.name)] for p in run] for run in pieces]

@@ -180,20 +180,63 @@ def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
 
 
+def lost_task(ray: Any, err: BaseException, timeout: float) -> BaseException:
+    """A Ray failure as one line naming its cause (:class:`RayTaskFailed`); a task's own
+    exactpack error unchanged; anything else (``KeyboardInterrupt``) as it is."""
+    if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, ExactpackError):
+        return err.cause
+    if not isinstance(err, ray.exceptions.RayError):
+        return err
+    said = (str(err).strip().splitlines() or [""])[0].split(". ")[0][:200]
+    kind = type(err).__name__
+    if isinstance(err, ray.exceptions.GetTimeoutError):
+        why = (
+            f"no task finished in {timeout:g} s: a worker was lost or is stuck (Ray's memory"
+            " monitor kills workers on a node low on memory)"
+        )
+        fix = "give the tasks more memory or fewer examples (--block-examples), or raise"
+        fix += " --ray-task-timeout"
+    elif isinstance(err, ray.exceptions.OutOfMemoryError):
+        why = f"Ray's memory monitor killed its worker on every try ({kind})"
+        fix = "use fewer examples per block (--block-examples) or give each task more memory"
+    elif isinstance(err, (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)):
+        why = f"its worker died on every try ({kind}: {said})"
+        fix = "see the Ray logs (python-core-worker-*.log) or raise max_retries in remote_args"
+    else:
+        why = f"{kind}: {said}"
+        fix = "see the Ray logs"
+    return RayTaskFailed(f"a Ray task failed: {why} — nothing was published; {fix}")
+
+
+#: Seconds between the driver's looks at its pending tasks.
+POLL_SECONDS = 0.1
+
+
+def wait_some(ray: Any, pending: list[Any], timeout: float, since: float) -> tuple[list, list]:
+    """The refs of ``pending`` finished now and those still running; Ray's
+    ``GetTimeoutError`` once none has finished for ``timeout`` seconds after ``since``."""
+    ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+    if not ready and time.monotonic() - since > timeout:
+        raise ray.exceptions.GetTimeoutError(f"no task finished in {timeout:g} s")
+    return ready, pending
+
+
 def run_tasks(
     ray: Any,
     blocks: list[Block],
     inputs: list[list[Any]],
     settings: Settings,
     output: Output,
-    remote_args: dict[str, Any],
+    ray_opts: RayOptions,
     show: bool,
 ) -> TaskResults:
     """Plan every block, write shards as their rows become known. A task's exactpack error is
-    re-raised unchanged; any other failure is :class:`RayTaskFailed`."""
+    re-raised unchanged; any other failure, or no task finishing for ``task_timeout``
+    seconds, is :class:`RayTaskFailed` naming the cause (:func:`lost_task`)."""
     from tqdm import tqdm
 
-    plan_args, write_args = task_options(remote_args)
+    timeout = ray_opts.task_timeout
+    plan_args, write_args = task_options(dict(ray_opts.remote_args))
     plan = ray.remote(plan_block).options(num_returns=2, **plan_args)
     write = ray.remote(write_shard).options(**write_args)
     shared = ray.put(settings)
@@ -204,39 +247,46 @@ def run_tasks(
     layout = ShardCuts(len(blocks), settings.options.max_rows_per_batch)
     stats: dict[int, dict[str, Any]] = {}
     ids: dict[int, Any] = {}
-    writes: list[Any] = []
+    writes: dict[Any, int] = {}  # a write task's ref: its shard's place in ``shards``
+    written: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     shards: list[Shard] = []
     bar = tqdm(total=len(blocks), desc="exactpack: blocks", unit="block", disable=not show)
+    since = time.monotonic()
     try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
-            for ref, value in zip(ready, ray.get(ready), strict=True):
+        while pending:  # plan and write tasks alike: any one finishing is progress
+            ready, pending = wait_some(ray, pending, timeout, since)
+            since = time.monotonic() if ready else since
+            for ref, value in zip(ready, ray.get(ready, timeout=timeout), strict=True):
+                if ref in writes:
+                    written[writes[ref]] = split_entry(value)
+                    continue
                 ids[position[ref]] = value.pop("ids")
                 stats[position[ref]] = value
-            bar.update(len(ready))
+                bar.update(1)
             while len(layout.blocks) in stats:
                 for shard in layout.add(stats[len(layout.blocks)]):
                     spans = tuple((a, b, e) for _, a, b, e in shard.spans)
                     name = output.shard(shard.index)
                     args = (str(output.path), name, shard.index, shard.first_row, spans, shared)
-                    writes.append(write.remote(*args, *[tables[j] for j, *_ in shard.spans]))
+                    ref = write.remote(*args, *[tables[j] for j, *_ in shard.spans])
+                    writes[ref] = len(shards)
+                    pending.append(ref)
                     shards.append(shard)
                     for j in range(layout.consumed):
                         tables[j] = None  # the write tasks hold what they still need
-        written = [split_entry(entry) for entry in ray.get(writes)]
     except BaseException as err:
         # never ray.cancel (design notes): writers finish before the folder's cleanup
-        ray.wait(writes, num_returns=len(writes), timeout=60)
-        if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, ExactpackError):
-            raise err.cause from None
-        if isinstance(err, ray.exceptions.RayError):
-            raise RayTaskFailed(f"a Ray task failed ({err}) — see the Ray logs") from err
-        raise
+        ray.wait(list(writes), num_returns=len(writes), timeout=60)
+        mapped = lost_task(ray, err, timeout)
+        if mapped is err:
+            raise
+        raise mapped from (None if mapped is getattr(err, "cause", None) else err)
     finally:
         bar.close()
     merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
     block_stats = [stats[k] for k in range(len(blocks))]
-    entries, runs = [e for e, _ in written], [r for _, r in written]
+    entries = [written[k][0] for k in range(len(shards))]
+    runs = [written[k][1] for k in range(len(shards))]
     return TaskResults(block_stats, layout, entries, shards, runs, merged)
 
 
@@ -360,10 +410,14 @@ def pack_into(
                 )
             block_examples = ray_opts.block_examples or DEFAULT_BLOCK_EXAMPLES
             say("materialising the dataset in order")
-            blocks, inputs = dataset_blocks(ray, source, block_examples, opts.text_field, show)
+            try:
+                blocks, inputs = dataset_blocks(
+                    ray, source, block_examples, opts.text_field, show, ray_opts.task_timeout
+                )
+            except ray.exceptions.RayError as err:
+                raise lost_task(ray, err, ray_opts.task_timeout) from None
         say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
-        args = (settings, output, dict(ray_opts.remote_args), show)
-        results = run_tasks(ray, blocks, inputs, *args)
+        results = run_tasks(ray, blocks, inputs, settings, output, ray_opts, show)
         check_written(results.layout, results.entries, output.path)
         name = str(source) if files else "ray.data.Dataset"
         manifest = _manifest(opts, binding, results, name, block_examples, pad)

@@ -16,6 +16,12 @@ from exactpack.pipeline.options import PackOptions, flag
 #: Examples per block for a ``ray.data.Dataset`` input (it has no shards to follow).
 DEFAULT_BLOCK_EXAMPLES = 10_000
 
+#: Seconds the driver waits for *some* task to finish before it gives up on the run: a
+#: worker the memory monitor killed over and over, or one stuck, never reports back.
+DEFAULT_TASK_TIMEOUT = 3600
+#: The longest ``task_timeout`` accepted: a week.
+MAX_TASK_TIMEOUT = 7 * 24 * 3600
+
 #: ``task_hook(stage, index)``: called in the worker once a task's output exists
 #: (``"plan"`` with the block index, ``"write"`` with the shard index).
 TaskHook = Callable[[str, int], None]
@@ -28,7 +34,10 @@ class RayOptions:
     ``block_examples``: examples per block (None: one per input shard; a Dataset:
     :data:`DEFAULT_BLOCK_EXAMPLES`). ``address`` / ``num_cpus``: see
     :func:`exactpack.ray.driver.ray_session`. ``remote_args``: every task's ``.options``
-    (e.g. ``{"num_cpus": 2, "max_retries": 5}``). ``task_hook``: logging, fault injection.
+    (e.g. ``{"num_cpus": 2, "max_retries": 5}``; a task whose worker dies is retried
+    ``max_retries`` times, Ray's default 3). ``task_timeout``: seconds the driver waits with
+    no task finishing before the run fails (:data:`DEFAULT_TASK_TIMEOUT`). ``task_hook``:
+    logging, fault injection.
     """
 
     block_examples: int | None = field(
@@ -48,6 +57,15 @@ class RayOptions:
     remote_args: Mapping[str, Any] = field(
         default_factory=dict, metadata=flag(None, "every Ray task's .options(...)")
     )
+    task_timeout: int = field(
+        default=DEFAULT_TASK_TIMEOUT,
+        metadata=flag(
+            "--ray-task-timeout",
+            "ray: fail when no task finishes for this many seconds (default 3600)",
+            metavar="S",
+            type=int,
+        ),
+    )
     task_hook: TaskHook | None = field(
         default=None, metadata=flag(None, "called in the worker after each task")
     )
@@ -56,6 +74,8 @@ class RayOptions:
         for name in ("block_examples", "num_cpus"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, positive_int(name, getattr(self, name)))
+        timeout = positive_int("task_timeout", self.task_timeout, MAX_TASK_TIMEOUT)
+        object.__setattr__(self, "task_timeout", timeout)
         object.__setattr__(self, "remote_args", MappingProxyType(dict(self.remote_args)))
 
     @classmethod

@@ -25,6 +25,7 @@ from exactpack.core.binding import INT32_MAX, Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.config import check_segment_namespace
 from exactpack.core.errors import (
+    BindingMismatch,
     InvalidInput,
     OversizedExample,
     positive_int,
@@ -56,7 +57,7 @@ from exactpack.training.distributed import (
 )
 from exactpack.training.packed_data import ScheduledBatch
 
-STATE_FORMAT = "exactpack.stream-dataset/1"
+STATE_FORMAT = "exactpack.stream-dataset/2"  # /2: the stream's identity (its binding)
 #: A saved state's settings: its on-disk key -> the dataset's attribute (0.2's keys kept).
 _CONFIG = {
     "capacity": "capacity",
@@ -112,6 +113,25 @@ def check_stream_memory(
         " it is cut",
         "lower world_size, micro_batches or rows_per_micro_batch",
     )
+
+
+def check_stream_identity(state: Any, binding: Binding) -> None:
+    """Refuse a state saved from another stream: its ``binding`` (vocabulary, tokenizer and
+    split receipt, the stream's identity) must be ``binding``."""
+    saved = state_value(state, "binding", "stream-dataset")
+    fields = binding.to_dict()
+    if not isinstance(saved, Mapping) or set(saved) != set(fields):
+        raise InvalidInput(
+            f"the stream-dataset state's binding must hold {', '.join(fields)}, got {saved!r}"
+            " — the state is damaged; save it again with state_dict()"
+        )
+    diffs = [f"{k} {saved[k]!r} != {v!r}" for k, v in fields.items() if saved[k] != v]
+    if diffs:
+        raise BindingMismatch(
+            f"the stream-dataset state was saved from another stream ({'; '.join(diffs)}) —"
+            " resume it with the documents, tokenizer and split it was saved from, or start"
+            " the stream again"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,6 +290,7 @@ class StreamDataset(IterableDataset):
         """The next iteration continues from ``state`` (same configuration required)."""
         settings = SimpleNamespace(**{key: getattr(self, a) for key, a in _CONFIG.items()})
         check_saved(state, STATE_FORMAT, "stream-dataset", "dataset", settings, tuple(_CONFIG))
+        check_stream_identity(state, self.binding)
         self._resume, self._cursor = state, None
 
 
@@ -279,8 +300,9 @@ class _StreamPass:
     def __init__(self, ds: StreamDataset, state: dict[str, Any] | None) -> None:
         self.ds = ds
         self.packer = StreamPacker(
-            ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed
-        )
+            ds.capacity, lookahead=ds.lookahead, max_open_rows=ds.max_open_rows, seed=ds.seed,
+            stream=ds.binding.split_id,
+        )  # fmt: skip
         self.pending: dict[int, Example] = {}  # example index -> data, until trained on
         self.closed = (np.zeros(0, dtype=np.int64),) * 3  # example, row, start: not yet used
         self.docs_read = self.step = self.micro_done = 0
@@ -295,6 +317,7 @@ class _StreamPass:
         return {
             "format": STATE_FORMAT,
             **{key: getattr(self.ds, attr) for key, attr in _CONFIG.items()},
+            "binding": self.ds.binding.to_dict(),
             "packer": self.packer.state_dict(),
             "closed": {k: v.tolist() for k, v in zip(_CLOSED, self.closed, strict=True)},
             "docs_read": self.docs_read,
@@ -324,8 +347,17 @@ class _StreamPass:
         self.closed = state_columns(state, "closed", what, limits)
         self.step, self.micro_done = (state_int(state, k, what) for k in ("step", "micro_done"))
         self.source_done = state_value(state, "source_done", what) is True
+        # every document read gave the packer at least one example, and example indices
+        # fit int32: re-reading never goes past what was pushed (a huge docs_read on an
+        # endless source was read for ever)
+        if pushed > INT32_MAX + 1:
+            raise InvalidInput(
+                f"the {what} state's packer pushed {pushed:,} examples, more than the"
+                f" {INT32_MAX + 1:,} a stream numbers — the state is damaged; save it again"
+            )
         self.docs_read = state_int(state, "first_doc", what)
-        docs_read = state_int(state, "docs_read", what, self.docs_read)
+        docs_read = state_int(state, "docs_read", what, self.docs_read, pushed)
+        self._check_source_holds(docs_read)
         example = state_int(state, "first_doc_example", what, 0, pushed)
         digest = state_value(state, "pending_digest", what)
         wanted = set(packer["buffer"]["example"]) | set(self.closed[0].tolist())
@@ -344,6 +376,16 @@ class _StreamPass:
             raise InvalidInput(
                 "the source gave different documents than when the state was saved — resume"
                 " needs a source that yields the same documents in the same order"
+            )
+
+    def _check_source_holds(self, docs: int) -> None:
+        """Refuse at once a state that read more documents than a sized source holds."""
+        source = self.ds.documents
+        size = None if callable(source) else getattr(source, "__len__", None)
+        if size is not None and docs > size():
+            raise InvalidInput(
+                f"the stream-dataset state has read {docs:,} documents but the source holds"
+                f" {size():,} — resume with the source it was saved from"
             )
 
     def _read(self, count: int, first_example: int) -> tuple[list[Example], int]:

@@ -26,6 +26,8 @@ dtype path (:mod:`exactpack.verify.tolerance`); ``model_loss`` always gets float
 from __future__ import annotations
 
 import functools
+import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -39,13 +41,14 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding
 from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import BudgetExceeded, InvalidInput, NotAvailable
 from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capability import architecture_of, capability
 from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
 from exactpack.verify.diagnose import (
     ModelCrashed,
     culprit,
@@ -65,6 +68,18 @@ CAPACITY = 12
 PROMPT_TARGETS = 3
 MAX_WIDTH = 1024  # the widest default row
 PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+#: The most token ids a verification draws (every example, or every tree sequence, and
+#: one row's width): its forward and backward passes run on one machine.
+MAX_VERIFY_TOKENS = 1 << 20
+#: What a model built for verification may take (parameters x dtype bytes, estimated from
+#: its config before anything is built) unless ``max_model_bytes=`` says otherwise.
+DEFAULT_MAX_MODEL_BYTES = 2 << 30
+#: More layers than any released model: a config past it is refused before the meta build
+#: (a module per layer; a million took minutes and gigabytes before any weight).
+MAX_LAYERS = 1024
+#: Parameter counts and layer counts by the names configs use for them.
+_WIDTH = ("hidden_size", "d_model", "n_embd", "dim")
+_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,12 @@ def verification_layout(
     if lengths is not None:
         if not lengths or min(lengths) < 1:
             raise InvalidInput(f"--lengths {list(lengths)}: give positive prediction-pair counts")
+        check_verify_tokens(sum(n + 1 for n in lengths), "--lengths")
+        if max_positions is not None and max(lengths) > max_positions:
+            raise InvalidInput(
+                f"--lengths: an example of {max(lengths):,} pairs is longer than the model's"
+                f" max_position_embeddings {max_positions:,} — give shorter --lengths"
+            )
         width = capacity or min(sum(lengths), max(limit, max(lengths)))
         layout = VerifyCase(tuple(int(n) for n in lengths), int(width), window)
     elif window is None or window >= limit - 3:
@@ -111,6 +132,7 @@ def verification_layout(
     if lengths is None and max_example is not None and max(layout.lengths) > max_example:
         capped = tuple(min(n, max_example) for n in layout.lengths)
         layout = VerifyCase(capped, layout.capacity, window)
+    check_verify_tokens(layout.capacity, "--max-length")
     if max(layout.lengths) > layout.capacity:
         raise InvalidInput(
             f"an example of {max(layout.lengths)} pairs does not fit rows of {layout.capacity}"
@@ -125,6 +147,16 @@ def verification_layout(
     return layout
 
 
+def check_verify_tokens(tokens: int, flag: str) -> None:
+    """Refuse a verification of more than :data:`MAX_VERIFY_TOKENS` ids before any is drawn."""
+    if tokens > MAX_VERIFY_TOKENS:
+        raise BudgetExceeded(
+            f"{flag} asks for {tokens:,} tokens; a verification runs at most"
+            f" {MAX_VERIFY_TOKENS:,} through the model (separately and packed) — give"
+            " fewer or shorter examples: a few hundred tokens exercise every mask"
+        )
+
+
 def verification_examples(
     vocab_size: int,
     seed: int,
@@ -134,6 +166,7 @@ def verification_examples(
 ) -> list[SequenceExample]:
     """Examples of random ids with ``layout``'s lengths; example 2 has a 3-target prompt."""
     layout = layout or verification_layout(None, max_positions)
+    check_verify_tokens(sum(n + 1 for n in layout.lengths), "--lengths")
     if max_positions is not None and layout.capacity > max_positions:
         verification_layout(layout.window, max_positions, layout.lengths, layout.capacity)
     rng = np.random.default_rng(seed)
@@ -191,12 +224,17 @@ def load_model(
     seed: int = 0,
     device: str | torch.device = "cpu",
     refuse: bool = True,
+    max_model_bytes: int | None = DEFAULT_MAX_MODEL_BYTES,
 ) -> torch.nn.Module:
     """A causal LM from a local config (seeded random weights) or a local pretrained dir.
 
     Nothing is downloaded and no folder's own code runs; ``eval()``, the model's own
     trainable set kept; float64 MoE experts run ``"eager"``. With ``refuse`` an
     architecture exactpack cannot make exact is refused from its config, before any weights.
+    The config file is read under the tokenizer files' size limit, and a model whose
+    parameters x ``dtype`` bytes (estimated from the config) or whose weight files exceed
+    ``max_model_bytes`` (None: no limit), or with more than :data:`MAX_LAYERS` layers, is
+    refused before it is built.
     """
     if (config is None) == (model is None):
         raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
@@ -212,7 +250,9 @@ def load_model(
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
+    check_config_files(path)
     cfg = _built(path, lambda: AutoConfig.from_pretrained(str(path), **local))
+    check_model_size(cfg, dtype, max_model_bytes, path, weights=model is not None)
     if refuse:  # the config's capability, from its modules built on the meta device
         capability(cfg).check(attention_kind(attn_implementation))
     auto = AutoModelForCausalLM
@@ -225,6 +265,90 @@ def load_model(
             auto.from_pretrained, str(path), local_files_only=True, use_safetensors=True, **options
         )
     return _built(path, build).to(device).eval()
+
+
+def check_config_files(path: Path) -> None:
+    """Refuse a config that is not a regular file within the tokenizer files' limit
+    (:data:`~exactpack.io.tokenizers.MAX_TOKENIZER_FILE`) before transformers reads it."""
+    files = [path / "config.json"] if path.is_dir() else [path]
+    for file in files:
+        try:
+            info = os.stat(file)
+        except FileNotFoundError:
+            continue  # transformers names what is missing
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidInput(
+                f"{file} is not a regular file — pass a config.json or a model folder holding one"
+            )
+        if info.st_size > MAX_TOKENIZER_FILE:
+            raise InvalidInput(
+                f"{file} holds {info.st_size:,} bytes, more than the {MAX_TOKENIZER_FILE:,} a"
+                " config file may hold — it is not a transformers config; pass the model's"
+                " config.json"
+            )
+
+
+def _config_int(cfg: Any, names: Sequence[str], default: int = 0) -> int:
+    """The first of ``names`` that ``cfg`` sets to a positive int, else ``default``."""
+    for name in names:
+        try:  # some configs raise for a per-layer attribute read globally (gemma4's head_dim)
+            value = getattr(cfg, name, None)
+        except Exception:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return default
+
+
+def parameter_estimate(cfg: Any) -> int:
+    """About how many parameters ``cfg``'s decoder holds, from its sizes alone: embeddings
+    (and an untied head), then per layer attention (q, k, v, o), a gated MLP (times its
+    experts) and norms. Python ints: a config's absurd sizes give an absurd count, never
+    an overflow."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    width = _config_int(text, _WIDTH)
+    heads = _config_int(text, ("num_attention_heads", "n_head"), 1)
+    kv_heads = _config_int(text, ("num_key_value_heads",), heads)
+    head_dim = _config_int(text, ("head_dim",), max(width // heads, 1))
+    inner = _config_int(text, ("intermediate_size", "ffn_dim", "n_inner", "d_ff"), 4 * width)
+    experts = _config_int(text, ("num_local_experts", "num_experts", "n_routed_experts"), 1)
+    if experts > 1:
+        inner = _config_int(text, ("moe_intermediate_size",), inner) * experts
+    attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim
+    layer = attention + 3 * width * inner + 2 * width
+    heads_out = 1 if getattr(text, "tie_word_embeddings", True) else 2
+    return _config_int(text, ("vocab_size",)) * width * heads_out + layer_count(cfg) * layer
+
+
+def layer_count(cfg: Any) -> int:
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return _config_int(text, _LAYERS)
+
+
+def check_model_size(
+    cfg: Any, dtype: torch.dtype, max_bytes: int | None, path: Path, weights: bool = False
+) -> None:
+    """Refuse ``cfg``'s model before it is built: more than :data:`MAX_LAYERS` layers, or
+    more than ``max_bytes`` (None: no limit) of parameters in ``dtype`` by
+    :func:`parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
+    layers = layer_count(cfg)
+    if layers > MAX_LAYERS:
+        raise InvalidInput(
+            f"{path}: the config has {layers:,} layers, more than the {MAX_LAYERS:,} any"
+            " model has — it is damaged or not a model to verify; fix num_hidden_layers"
+        )
+    if max_bytes is None:
+        return
+    need = parameter_estimate(cfg) * dtype.itemsize
+    if weights and path.is_dir():
+        need = max(need, sum(f.stat().st_size for f in path.glob("*.safetensors")))
+    if need > max_bytes:
+        raise BudgetExceeded(
+            f"{path}: the model needs about {need:,} bytes ({layers:,} layers, in"
+            f" {str(dtype).removeprefix('torch.')}) but max_model_bytes is {max_bytes:,} —"
+            " verify a smaller config of the same architecture (fewer layers, a narrower"
+            " width), or raise --max-model-bytes"
+        )
 
 
 def _built(path: Path, build: Callable[[], Any]) -> Any:

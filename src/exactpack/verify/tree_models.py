@@ -29,7 +29,7 @@ from exactpack.hf.tree_inputs import NAME, tree_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
-from exactpack.verify.models import model_facts, observed, running, tally
+from exactpack.verify.models import check_verify_tokens, model_facts, observed, running, tally
 from exactpack.verify.tolerance import compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
@@ -58,11 +58,31 @@ def parse_tree_lengths(text: str) -> list[tuple[int, tuple[int, ...]]]:
     return groups
 
 
+def check_tree_lengths(
+    spec: list[tuple[int, tuple[int, ...]]], max_positions: int | None = None
+) -> None:
+    """Refuse ``spec`` before any id is drawn: a sequence (prompt + completion) longer
+    than ``max_positions``, or more than :data:`MAX_VERIFY_TOKENS` ids in all."""
+    total = sum(p + sum(comps) for p, comps in spec)
+    check_verify_tokens(total, "--tree-lengths")
+    longest = max(p + max(comps) - 1 for p, comps in spec)  # pairs: tokens - 1
+    if max_positions is not None and longest > max_positions:
+        raise InvalidInput(
+            f"a sequence of {longest:,} pairs is longer than the model's"
+            f" max_position_embeddings {max_positions:,} — shorten --tree-lengths"
+        )
+
+
 def tree_groups(
-    spec: list[tuple[int, tuple[int, ...]]], vocab_size: int, seed: int
+    spec: list[tuple[int, tuple[int, ...]]],
+    vocab_size: int,
+    seed: int,
+    max_positions: int | None = None,
 ) -> SequenceGroups:
-    """Random-id groups of ``spec``; each completion after the first repeats 0-2 of the
-    previous one's first tokens (the second always one)."""
+    """Random-id groups of ``spec`` (:func:`check_tree_lengths` first); each completion
+    after the first repeats 0-2 of the previous one's first tokens (the second always
+    one)."""
+    check_tree_lengths(spec, max_positions)
     rng = np.random.default_rng(seed)
     prompts, completions = [], []
     for prompt_len, lens in spec:
