@@ -372,6 +372,8 @@ class TreeStore:
         if sum(s.rows for s in m.shards) != self.num_rows:
             raise InvalidInput(f"{where}: shards do not hold {self.num_rows} rows — pack again")
         self.path, self.manifest = path, manifest
+        total = manifest.get("sequences")  # written by every tree writer; bounds the indices
+        self.sequences = total if type(total) is int and total >= 0 else None
         self._cached: tuple[int, list[dict[str, Any]]] | None = None
 
     def __len__(self) -> int:
@@ -389,7 +391,7 @@ class TreeStore:
                 raise InvalidInput(f"{file}: not the tree shard the manifest lists — pack again")
             records = table.to_pylist()
             for i, rec in enumerate(records):
-                _check_record(rec, entry["first_row"] + i, self.capacity, str(file))
+                _check_record(rec, entry["first_row"] + i, self.capacity, str(file), self.sequences)
             self._cached = (k, records)
         return self._cached[1]
 
@@ -402,22 +404,81 @@ class TreeStore:
     def records(self) -> list[dict[str, Any]]:
         """Every row's record, in row order (``row`` dropped)."""
         rows = [rec for k in range(len(self.shards)) for rec in self.shard_records(k)]
+        named = [i for rec in rows for i in rec["sequence_index"]]
+        if len(set(named)) != len(named):
+            raise InvalidInput(
+                f"{self.path}: a sequence index is stored in two rows — the files are damaged;"
+                " pack again"
+            )
         return [{n: v for n, v in rec.items() if n != "row"} for rec in rows]
 
 
-def _check_record(rec: dict[str, Any], row: int, capacity: int, where: str) -> None:
+def _check_record(
+    rec: dict[str, Any], row: int, capacity: int, where: str, sequences: int | None = None
+) -> None:
     used = len(rec["input_ids"])
+    index = rec["sequence_index"]
     bad = (
         rec["row"] != row
         or used > capacity
         or any(rec[n] is None or len(rec[n]) != used for n in TREE_FIELDS if n.endswith("_ids"))
         or len(rec["weights"]) != used
-        or len(rec["sequence_cells"]) != len(rec["sequence_index"])
+        or len(rec["sequence_cells"]) != len(index)
         or list(map(len, rec["sequence_cells"])) != list(map(len, rec["sequence_mask"]))
         or any(not 0 <= x < used for c in rec["sequence_cells"] for x in c)
+        or len(set(index)) != len(index)
+        or any(not 0 <= i < (sequences if sequences is not None else i + 1) for i in index)
+        or not _consistent_tree(rec, used)
     )
     if bad:
-        raise InvalidInput(f"{where}: row {row} is not a consistent tree row — pack again")
+        raise InvalidInput(
+            f"{where}: row {row} is not a consistent tree row — the file is damaged; pack again"
+        )
+
+
+def _consistent_tree(rec: dict[str, Any], used: int) -> bool:
+    """Whether a record's fields agree with each other (the drawn layout of
+    :mod:`exactpack.core.tree`): node ids in pre-order by column, each node's parent and
+    Euler exit on all its cells and the exit derived from the parents, every sequence a
+    root-to-leaf path (depth 0, 1, ...; the next cell its node's next or a child's first;
+    each input its predecessor's target), every cell on a path, and each weight the
+    number of sequences that supervise the cell."""
+    if used == 0:
+        return not rec["sequence_cells"]
+    node, end, parent = (
+        np.asarray(rec[n], np.int64) for n in ("node_ids", "node_ends", "parent_ids")
+    )
+    pos, weight = np.asarray(rec["position_ids"], np.int64), np.asarray(rec["weights"], np.int64)
+    inputs, targets = np.asarray(rec["input_ids"]), np.asarray(rec["target_ids"])
+    step = np.diff(node)
+    if node[0] != 0 or ((step != 0) & (step != 1)).any():
+        return False
+    first = np.flatnonzero(np.r_[True, step != 0])  # [nodes] each node's first cell
+    up = parent[first]
+    if (end != end[first][node]).any() or (parent != up[node]).any():
+        return False
+    if ((up < -1) | (up >= np.arange(first.size))).any():
+        return False
+    exit_ = np.arange(1, first.size + 1)
+    for k in range(first.size - 1, 0, -1):  # children follow their parent in pre-order
+        if up[k] >= 0:
+            exit_[up[k]] = max(exit_[up[k]], exit_[k])
+    if (end[first] != exit_).any():
+        return False
+    count = np.zeros(used, np.int64)
+    for cells, mask in zip(rec["sequence_cells"], rec["sequence_mask"], strict=True):
+        c = np.asarray(cells, np.int64)
+        if c.size == 0 or up[node[c[0]]] != -1 or (pos[c] != np.arange(c.size)).any():
+            return False
+        a, b = c[:-1], c[1:]
+        same = node[b] == node[a]
+        step_ok = np.where(same, b == a + 1, (up[node[b]] == node[a]) & (first[node[b]] == b))
+        if not step_ok.all() or (inputs[b] != targets[a]).any():
+            return False
+        np.add.at(count, c[np.asarray(mask, bool)], 1)
+    on_path = np.zeros(used, bool)
+    on_path[[x for cs in rec["sequence_cells"] for x in cs]] = True
+    return bool(on_path.all() and (count == weight).all())
 
 
 __all__ = [
