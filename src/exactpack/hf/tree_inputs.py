@@ -23,7 +23,8 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from exactpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
+from exactpack.hf.architectures import Architecture, UnsupportedArchitecture
+from exactpack.hf.capability import capability
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
@@ -102,7 +103,9 @@ def tree_inputs(
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
     come back ``(R, T, V)`` (:func:`exactpack.nn.tree_attention.sequence_logprobs`)."""
     if arch is None and config is not None:
-        arch = check_tree(describe(config), attn_implementation)
+        # from the model's modules too (built on meta): RoBERTa's padding_idx + 1 offset
+        # and the positions it reads are not in its config
+        arch = check_tree(capability(config), attn_implementation)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
