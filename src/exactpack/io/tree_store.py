@@ -25,11 +25,13 @@ reads them back.
 from __future__ import annotations
 
 import hashlib
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from exactpack.core.binding import Binding, Split
@@ -389,6 +391,8 @@ class TreeStore:
                 raise InvalidInput(f"{file}: cannot read the shard ({err}) — pack again") from None
             if table.schema != TREE_SCHEMA or table.num_rows != entry["rows"]:
                 raise InvalidInput(f"{file}: not the tree shard the manifest lists — pack again")
+            if any(_has_nulls(column) for column in table.columns):
+                raise InvalidInput(f"{file}: holds a null value — the file is damaged; pack again")
             records = table.to_pylist()
             for i, rec in enumerate(records):
                 _check_record(rec, entry["first_row"] + i, self.capacity, str(file), self.sequences)
@@ -428,12 +432,26 @@ def _check_record(
         or any(not 0 <= x < used for c in rec["sequence_cells"] for x in c)
         or len(set(index)) != len(index)
         or any(not 0 <= i < (sequences if sequences is not None else i + 1) for i in index)
-        or not _consistent_tree(rec, used)
+        or not _consistent(rec, used)
     )
     if bad:
         raise InvalidInput(
             f"{where}: row {row} is not a consistent tree row — the file is damaged; pack again"
         )
+
+
+def _has_nulls(column: pa.ChunkedArray) -> bool:
+    """Whether a column holds a null at any depth of its lists."""
+    while not column.null_count and pa.types.is_list(column.type):
+        column = pc.list_flatten(column)
+    return bool(column.null_count)
+
+
+def _consistent(rec: dict[str, Any], used: int) -> bool:
+    try:
+        return _consistent_tree(rec, used)
+    except (TypeError, ValueError, IndexError):  # nulls or ids out of range: damaged too
+        return False
 
 
 def _consistent_tree(rec: dict[str, Any], used: int) -> bool:
@@ -442,7 +460,7 @@ def _consistent_tree(rec: dict[str, Any], used: int) -> bool:
     Euler exit on all its cells and the exit derived from the parents, every sequence a
     root-to-leaf path (depth 0, 1, ...; the next cell its node's next or a child's first;
     each input its predecessor's target), every cell on a path, and each weight the
-    number of sequences that supervise the cell."""
+    number of sequences that supervise the cell. Vectorised over the row's cells."""
     if used == 0:
         return not rec["sequence_cells"]
     node, end, parent = (
@@ -459,26 +477,32 @@ def _consistent_tree(rec: dict[str, Any], used: int) -> bool:
         return False
     if ((up < -1) | (up >= np.arange(first.size))).any():
         return False
-    exit_ = np.arange(1, first.size + 1)
-    for k in range(first.size - 1, 0, -1):  # children follow their parent in pre-order
-        if up[k] >= 0:
-            exit_[up[k]] = max(exit_[up[k]], exit_[k])
-    if (end[first] != exit_).any():
+    # a node's exit is one past its last descendant: past itself and every child's exit
+    exit_, child = end[first], up >= 0
+    want = np.arange(1, first.size + 1)
+    np.maximum.at(want, up[child], exit_[child])
+    if (exit_ != want).any():
         return False
-    count = np.zeros(used, np.int64)
-    for cells, mask in zip(rec["sequence_cells"], rec["sequence_mask"], strict=True):
-        c = np.asarray(cells, np.int64)
-        if c.size == 0 or up[node[c[0]]] != -1 or (pos[c] != np.arange(c.size)).any():
-            return False
-        a, b = c[:-1], c[1:]
-        same = node[b] == node[a]
-        step_ok = np.where(same, b == a + 1, (up[node[b]] == node[a]) & (first[node[b]] == b))
-        if not step_ok.all() or (inputs[b] != targets[a]).any():
-            return False
-        np.add.at(count, c[np.asarray(mask, bool)], 1)
-    on_path = np.zeros(used, bool)
-    on_path[[x for cs in rec["sequence_cells"] for x in cs]] = True
-    return bool(on_path.all() and (count == weight).all())
+    lens = np.array([len(c) for c in rec["sequence_cells"]], dtype=np.int64)
+    if lens.size == 0 or int(lens.min()) == 0:
+        return False
+    cells = np.fromiter(chain.from_iterable(rec["sequence_cells"]), np.int64, int(lens.sum()))
+    mask = np.fromiter(chain.from_iterable(rec["sequence_mask"]), bool, cells.size)
+    starts = offsets_of(lens)[:-1]
+    if (pos[cells] != np.arange(cells.size) - np.repeat(starts, lens)).any():
+        return False
+    if (up[node[cells[starts]]] != -1).any():  # every sequence starts at a root
+        return False
+    later = np.ones(cells.size, bool)
+    later[starts] = False
+    b = cells[later]  # each cell after a sequence's first, and the cell before it
+    a = cells[np.flatnonzero(later) - 1]
+    same = node[b] == node[a]
+    step_ok = np.where(same, b == a + 1, (up[node[b]] == node[a]) & (first[node[b]] == b))
+    if not step_ok.all() or (inputs[b] != targets[a]).any():
+        return False
+    on_path = np.bincount(cells, minlength=used) > 0
+    return bool(on_path.all() and (np.bincount(cells[mask], minlength=used) == weight).all())
 
 
 __all__ = [
