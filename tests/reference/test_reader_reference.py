@@ -444,3 +444,30 @@ def test_pack_path_counts_every_member_and_the_last_line(tmp_path):
     stats = pack_path(tmp_path / "t.txt.gz", tmp_path / "o2", max_length=32, tokenizer="bytes")
     assert stats["examples"] == len(lines) == 4
     assert stats["input_tokens"] == sum(len(_byte_tokens(t)) for t in lines)
+
+
+def test_the_tree_door_reads_every_member_in_sorted_file_order(tmp_path):
+    """pack_tree_path reads through the same readers: a glob of two ``cat a.gz b.gz``
+    files without a final newline, created last first; each sequence's input index is
+    its place in the sorted files' rows (prompt + each completion, in order)."""
+    from exactpack.pipeline.pack_tree import pack_tree_path
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    files = {  # one prompt's completions per file, each file two gzip members
+        f"g{k:02d}.jsonl.gz": [{"prompt_ids": [1 + k, 2], "completion_ids": [[3, 4 + k], [5]]}] * 2
+        for k in range(12)
+    }
+    for name in sorted(files, reverse=True):
+        data = _body([json.dumps(r) for r in files[name]], "\n", False)
+        (folder / name).write_bytes(_members(".gz", data, [len(data) // 2]))
+    assert os.listdir(folder) != sorted(files)  # the directory's order is not the sorted one
+    rows = [r for name in sorted(files) for r in _jsonl_rows(gzip.decompress(
+        (folder / name).read_bytes()))]  # fmt: skip
+    want = [r["prompt_ids"] + c for r in rows for c in r["completion_ids"]]
+    pack_tree_path(str(folder / "g*.jsonl.gz"), tmp_path / "out", max_length=32, vocab_size=VOCAB)
+    got = {}
+    for rec in load_packed(tmp_path / "out").records():
+        for s, cells in zip(rec["sequence_index"], rec["sequence_cells"], strict=True):
+            got[s] = [rec["input_ids"][c] for c in cells] + [rec["target_ids"][cells[-1]]]
+    assert [got[s] for s in range(len(want))] == want and len(got) == len(want) == 48
