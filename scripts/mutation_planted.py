@@ -134,9 +134,12 @@ def plant(patch: Path) -> dict:
     if os.environ.get("PLANTED_BASELINE") == "1":
         base, _, _ = run_tests(work, tests, out / "junit-baseline.xml")
         result["baseline_failures"] = sorted(n for n, o in base.items() if o == "failed")
-    applied = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=work,
+    # The copy may lie inside a git worktree (the default .cache/planted/ does): stop git
+    # from finding it, or ``git apply`` skips every path outside the copy and plants nothing.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(work.parent))
+    applied = subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=work, env=env,
                              capture_output=True, text=True)  # fmt: skip
-    if applied.returncode != 0:
+    if applied.returncode != 0 or "Skipped patch" in applied.stderr:
         result["error"] = "patch does not apply: " + applied.stderr.strip()[-500:]
         return result
     outcomes, seconds, tail = run_tests(work, tests, out / "junit-mutant.xml")

@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from exactpack import plan_rows
@@ -259,6 +259,46 @@ def test_stream_dataset_yields_the_reference_schedule_and_cells(case):
                 assert (str(sid), int(start)) == examples[int(o)][:2]
             if members:
                 assert batch.first_row == members[0]
+
+
+def _resumed_slots(docs, s, rank, cut):
+    """The slots a dataset yields after a fresh one yielded ``cut`` and saved its state."""
+    first = StreamDataset(docs, binding=BINDING, rank=rank, **s)
+    items = iter(first)
+    for _ in range(cut):
+        next(items)
+    resumed = StreamDataset(docs, binding=BINDING, rank=rank, **s)
+    resumed.load_state_dict(first.state_dict())
+    return [(i.slot.step, i.slot.micro, list(i.slot.rows), i.slot.index) for i in resumed]
+
+
+def test_a_resumed_stream_continues_at_every_micro_batch_boundary_by_hand():
+    """Six documents of 5 tokens fill a row of 4 pairs each and close in order; three
+    micro-batches of one row a step: (step, micro, rows, index) written out."""
+    docs = [[1 + d, 2, 3, 4, 5] for d in range(6)]
+    s = {"max_length": 4, "rows_per_micro_batch": 1, "micro_batches": 3, "lookahead": 1}
+    want = [(0, 0, [0], 0), (0, 1, [1], 1), (0, 2, [2], 2),
+            (1, 0, [3], 3), (1, 1, [4], 4), (1, 2, [5], 5)]  # fmt: skip
+    assert _resumed_slots(docs, s, 0, 0) == want
+    for cut in range(len(want) + 1):  # after every micro-batch, the step's last included
+        assert _resumed_slots(docs, s, 0, cut) == want[cut:], cut
+
+
+@settings(max_examples=scaled(8), deadline=None)
+@given(stream_datasets(), st.integers(2, 3))
+@example(([[1, 2, 3, 4, 5]] * 7, {"max_length": 4, "rows_per_micro_batch": 1, "micro_batches": 3,
+          "world_size": 1, "lookahead": 2, "max_open_rows": 1, "seed": 0, "balance": "tokens",
+          "cut_long": False, "read_chunk": 2}), 3)  # fmt: skip
+def test_a_resumed_stream_dataset_continues_as_the_reference_schedule(case, micro):
+    """Saved after any number of calls (every micro-batch boundary of every step), a
+    resumed dataset yields exactly the reference's remaining calls: none repeated."""
+    docs, s = case
+    s = {**s, "micro_batches": micro}
+    for rank in range(s["world_size"]):
+        _, _, want = reference_slots(docs, s, rank)
+        listed = [(step, m, members, k) for k, (step, m, members, _, _) in enumerate(want)]
+        for cut in range(len(listed) + 1):
+            assert _resumed_slots(docs, s, rank, cut) == listed[cut:], (rank, cut)
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 7])

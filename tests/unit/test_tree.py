@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from exactpack.core.binding import Binding
@@ -89,8 +89,15 @@ def test_drawn_layout_is_computed():
 
 
 @settings(max_examples=60, deadline=None)
-@given(tree_groups(), st.sampled_from([None, 1, 2, 3]), st.integers(0, 6))
+@given(tree_groups(), st.one_of(st.none(), st.integers(1, 12)), st.integers(0, 6))
+# the docstring's layout at capacity 12: column 6 (a->d, depth 4) sees column 3 (depth 3),
+# three columns away
+@example(drawn_example(), 2, 6)
+@example(drawn_example(), 3, 6)
+@example(drawn_example(), None, 6)
 def test_predicate_is_what_each_sequence_sees_alone(groups, window, slack):
+    """Windows from 1 to past the deepest path: a window smaller than a branch's depth
+    must count depth (positions), never columns (a sibling's cells lie between)."""
     capacity = int(groups.lengths.max()) + slack
     epoch = pack_tree(groups, capacity, policy="best-fit-decreasing")
     for batch in epoch.batches:
@@ -109,6 +116,7 @@ def test_predicate_is_what_each_sequence_sees_alone(groups, window, slack):
 
 @settings(max_examples=60, deadline=None)
 @given(tree_groups(), st.integers(0, 4), st.sampled_from(sorted(POLICIES)), st.integers(1, 3))
+@example(drawn_example(), 4, "best-fit-decreasing", 1)  # the drawn trie: 9 cells in a row of 10
 def test_every_pair_once_per_sequence_and_weights(groups, slack, policy, rows_per_batch):
     capacity = int(groups.lengths.max()) + slack
     epoch = pack_tree(groups, capacity, policy=policy, max_rows_per_batch=rows_per_batch)
@@ -138,6 +146,7 @@ def test_every_pair_once_per_sequence_and_weights(groups, slack, policy, rows_pe
 
 @settings(max_examples=40, deadline=None)
 @given(tree_groups(), st.integers(0, 2**31 - 1))
+@example(drawn_example(), 0)
 def test_weighted_loss_equals_flat_objective(groups, seed):
     # micro-batches of one row: raw sums and counts add up, divided once (accumulation, DDP)
     epoch = pack_tree(groups, int(groups.lengths.max()) + 2, max_rows_per_batch=1)

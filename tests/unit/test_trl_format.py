@@ -113,6 +113,39 @@ def test_labels_follow_input_labels_and_loss_mask():
         assert found[tuple(e)] == [-100] + [x if m[j] else -100 for j, x in enumerate(e) if j]
 
 
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {},
+        {"labels": [A, B, C]},
+        {"labels": [[-100, *A[1:]], B, [-100, *C[1:]]]},
+        {"loss_mask": [[0, 1, 1, 1], [1] * 3, [1] * 5]},
+        {"labels": [[-100, -100, 100, 1], B, C]},
+        {"loss_mask": [[1, 1, 1, 1], [1, 1, 0], [1] * 5]},
+    ],
+    ids=["bare", "labels=tokens", "first-token-100", "first-flag-0", "labels", "loss_mask"],
+)
+def test_labels_are_a_column_exactly_when_trl_s_collator_would_mask_something(columns):
+    """Both ways against TRL's own padding-free collator: without a masked target the rows
+    hold no labels and the collator's own labels (from input_ids) train every pair; with
+    one, the stored labels are what the collator passes on, -100 where masked."""
+    packed = pack_dataset(
+        Dataset.from_dict({"input_ids": [A, B, C], **columns}), 7, "next-fit", format="trl"
+    )
+    given = columns.get("labels") or [
+        [x if f else -100 for x, f in zip(e, m, strict=True)]
+        for e, m in zip(
+            [A, B, C], columns.get("loss_mask", [[1] * len(e) for e in (A, B, C)]), strict=True
+        )
+    ]
+    want = [_expected_labels(e, lab) for e, lab in zip([A, B, C], given, strict=True)]
+    masked = any(-100 in lab[1:] for lab in want)
+    assert packed.column_names == (LABELED_COLUMNS if masked else TRL_COLUMNS)
+    assert [lab for _, lab in _examples_of(packed.to_dict())] == want
+    if not masked:  # the collator's labels from the ids alone are the same training
+        assert want == [_expected_labels(e) for e in (A, B, C)]
+
+
 def test_bfd_equals_trl_on_its_own_example():
     """TRL: [[1,2,3],[4,5,6,7],[8]] at 4 -> [[4,5,6,7],[1,2,3,8]], seq_lengths [[4],[3,1]].
     [8] alone has no pair, so exactpack's copy of the case gives it a second token."""

@@ -247,8 +247,9 @@ def span_labels(
     keep[firsts] = False
     supervised = np.zeros(tokens.shape[0], dtype=bool)
     supervised[keep] = loss_mask
-    # an int32 -100 (a bare -100 wraps to 65436 beside uint16 tokens under NumPy 2)
-    np.copyto(out, np.where(supervised, tokens, np.int32(IGNORE_INDEX)))
+    # an int32 -100 (a bare -100 wraps to 65436 beside uint16 tokens under NumPy 2);
+    # unsafe: uint64 tokens and int32 promote to float64, exact for any int32 id
+    np.copyto(out, np.where(supervised, tokens, np.int32(IGNORE_INDEX)), casting="unsafe")
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from exactpack.core.binding import INT32_MAX, Binding, Split
@@ -408,6 +409,8 @@ class TreeStore:
                 raise InvalidInput(f"{file}: cannot read the shard ({err}) — pack again") from None
             if table.schema != TREE_SCHEMA or table.num_rows != entry["rows"]:
                 raise InvalidInput(f"{file}: not the tree shard the manifest lists — pack again")
+            if any(_has_nulls(column) for column in table.columns):
+                raise InvalidInput(f"{file}: holds a null value — the file is damaged; pack again")
             records = table.to_pylist()
             vocab = self.binding.vocab_size
             for i, rec in enumerate(records):
@@ -441,6 +444,13 @@ class TreeStore:
 def _damaged(where: str, row: int) -> Any:
     """The loader's ``fail``: the flat integrity check's words for a damaged shard."""
     return lambda what: bad_output(where, f"row {row:,}: {what}")
+
+
+def _has_nulls(column: pa.ChunkedArray) -> bool:
+    """Whether a column holds a null at any depth of its lists."""
+    while not column.null_count and pa.types.is_list(column.type):
+        column = pc.list_flatten(column)
+    return bool(column.null_count)
 
 
 __all__ = [

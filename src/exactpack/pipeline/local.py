@@ -74,23 +74,24 @@ def _text(value: Any) -> str:
 
 def pack_table(
     table: ExampleTable,
-    capacity: int,
+    max_length: int,
     policy: str = DEFAULT_POLICY,
     labels: Callable[[int], str] | None = None,
     *,
     max_metadata_bytes: int | None = None,
     **options: Any,
 ) -> tuple[Plan, CompactRows]:
-    """Plan ``table`` with ``policy`` and materialise it as compact rows (in memory).
+    """Plan ``table`` into rows of ``max_length`` cells with ``policy`` and materialise it as
+    compact rows (in memory).
 
     ``labels(i)`` names example ``i`` in errors (default: :meth:`ExampleTable.label`).
     With ``max_metadata_bytes``, :func:`packing_bytes` over it is
     :class:`~exactpack.core.errors.BudgetExceeded` before anything is allocated.
     """
     if max_metadata_bytes is not None:
-        need = packing_bytes(table, capacity, policy, options)
+        need = packing_bytes(table, max_length, policy, options)
         budget.enforce(need, max_metadata_bytes, "packing")
-    plan = plan_rows(table.lengths, capacity, policy, labels=labels or table.label, **options)
+    plan = plan_rows(table.lengths, max_length, policy, labels=labels or table.label, **options)
     return plan, compact_rows(table, plan)
 
 
