@@ -282,12 +282,13 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
     how, offset, why = _positions(model, decoder)
     attention = _attention_modules(decoder)
     refusal, kind = arch.refusal, arch.kind
-    mixers = mixing_modules(decoder)
-    if mixers:
-        refusal, kind = mixing_reason(decoder, mixers[0])
+    restarted, foreign = restart_plan(decoder, mixing_modules(decoder))
+    if foreign:
+        refusal, kind = mixing_reason(decoder, foreign[0])
     elif arch.kind in ("linear attention", "convolution") and refusal is not None:
-        refusal, kind = None, "attention"  # layer-type words, but no such layer was built
-    if refusal is None and not attention:
+        # layer-type words, but every such layer built restarts per example (or none was built)
+        refusal, kind = None, (arch.kind if restarted else "attention")
+    if refusal is None and not attention and not restarted:
         first = next(iter(decoder.children()), decoder)
         refusal, kind = (
             f"it has no attention layers: its positions mix through a recurrence"
@@ -328,6 +329,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         varlen_refusal=arch.varlen_refusal or _varlen_refusal(arch.model_type, attention, decoder),
         window=arch.window if applies else None,  # moshi has the field and never applies it
         zero_pad=_zero_pad(decoder),
+        mixers=restarted if refusal is None else (),
     )
 
 
@@ -359,6 +361,27 @@ def mixing_modules(model: Any) -> list[tuple[str, str]]:
         if kind is not None:
             found.append((name, kind))
     return found
+
+
+def restart_plan(
+    model: Any, mixers: list[tuple[str, str]]
+) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    """``(restarted classes, the rest)`` of :func:`mixing_modules`' ``mixers``: a layer is
+    covered when it is a :data:`~exactpack.hf.mixers.RESTARTABLE` mixer, inside one (its
+    conv), around one (its block) or a normalization named after its family (position-wise);
+    the restarted classes are every restartable mixer of ``model``'s text part."""
+    from exactpack.hf.mixers import mixer_modules
+
+    ours = [n for n, m in mixer_modules(model) if not any(w in n for w in TOWER_WORDS)]
+    rest = [
+        (n, kind)
+        for n, kind in mixers
+        if n not in ours
+        and not any(n.startswith(o + ".") or o.startswith(n + ".") for o in ours)
+        and "Norm" not in type(model.get_submodule(n)).__name__
+    ]
+    classes = tuple(dict.fromkeys(type(model.get_submodule(n)).__name__ for n in ours))
+    return classes, rest
 
 
 def mixing_reason(model: Any, mixer: tuple[str, str]) -> tuple[str, str]:
@@ -438,4 +461,5 @@ __all__ = [
     "meta_model",
     "mixing_modules",
     "mixing_reason",
+    "restart_plan",
 ]

@@ -23,7 +23,8 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from exactpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
+from exactpack.hf.architectures import Architecture, UnsupportedArchitecture
+from exactpack.hf.capability import capability
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
@@ -65,10 +66,17 @@ def tree_layer_masks(
 
 def check_tree(arch: Architecture, attn_implementation: str) -> Architecture:
     """``arch`` if tree rows on ``attn_implementation`` are exact, else why not: flat
-    packing's refusals, positions read from the row's columns, and :data:`TREE_NAMES` where
-    ``exactpack_varlen`` is refused."""
+    packing's refusals, mixers that carry state along the row, positions read from the row's
+    columns, and :data:`TREE_NAMES` where ``exactpack_varlen`` is refused."""
     ours = attn_implementation in TREE_NAMES
     arch.check(None if ours else attention_kind(attn_implementation))
+    if arch.mixers:
+        raise UnsupportedArchitecture(
+            f"{arch.model_type} cannot run tree-packed rows: its {', '.join(arch.mixers)} carry"
+            " state along the row, and on a tree row a branch's state must start from its"
+            " parent's final state, which exactpack does not compute (it restarts mixers per"
+            " example on flat rows only) — pack it flat, without --tree"
+        )
     if ours and arch.varlen_refusal is not None:
         raise UnsupportedArchitecture(
             f"{arch.model_type} cannot run attn_implementation='{attn_implementation}', which"
@@ -102,7 +110,7 @@ def tree_inputs(
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
     come back ``(R, T, V)`` (:func:`exactpack.nn.tree_attention.sequence_logprobs`)."""
     if arch is None and config is not None:
-        arch = check_tree(describe(config), attn_implementation)
+        arch = check_tree(capability(config), attn_implementation)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")

@@ -1,0 +1,153 @@
+"""Hybrid models packed exactly: mixers that carry state along the row restart per example.
+
+Tiny float64 models (width 16, 2 layers): LFM2's short convolutions, Mamba's selective
+scan, Bamba's Mamba-2 scan and Qwen3-Next's gated delta rule. The matrix
+(``tests/support/architecture_cases.py``) proves each exact on its implementations; here:
+the restart is what makes them exact (the control without it fails), the inputs carry
+``seq_idx``, a model whose mixers were not restarted is refused its inputs, tree rows are
+refused, and mixers exactpack does not know keep a refusal naming them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from exactpack import InvalidInput, PackConfig, pack_examples
+from exactpack.hf.adapter import hf_inputs
+from exactpack.hf.architectures import UnsupportedArchitecture
+from exactpack.hf.capability import capability
+from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs
+from exactpack.verify.fixture import fixture_batch
+
+from support.architecture_cases import CASES, build, verify_default
+from support.architecture_tiny import tiny_config
+
+torch.set_num_threads(1)
+LIN = ["linear_attention", "full_attention"]
+#: Every hybrid type of the installed transformers exactpack restarts, and a tiny config.
+HYBRIDS = {
+    "lfm2": {"layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
+    "lfm2_moe": {},
+    "mamba": {},
+    "falcon_mamba": {},
+    "mamba2": {},
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "nemotron_h": {},
+    "falcon_h1": {},
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
+    "qwen3_next": {"layer_types": LIN},
+    "qwen3_5": {},
+    "qwen3_5_moe": {},
+    "olmo_hybrid": {},
+}
+CASE = {c.model_type: c for c in CASES if "restarted" in c.name}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_every_hybrid_type_is_exact_with_its_mixers_named(model_type):
+    arch = capability(tiny_config(model_type, **HYBRIDS[model_type]))
+    assert arch.refusal is None and arch.mixers, arch
+    assert set(arch.mixers) <= set(RESTARTABLE) and "restarts its" in arch.verdict
+
+
+def test_seq_idx_marks_each_example_and_the_padding():
+    batch = fixture_batch()  # row 0: A = columns 0-2, B = 3-4, padding at 5
+    config = tiny_config("lfm2", **HYBRIDS["lfm2"])
+    model = restart_mixers(build(CASE["lfm2"], "sdpa"))
+    kwargs = hf_inputs(batch, "sdpa", config=model.config)
+    ids = kwargs["seq_idx"].numpy()
+    assert ids[0].tolist() == [0, 0, 0, 1, 1, -1]
+    assert runs(kwargs["seq_idx"])[0] == [(0, 3), (3, 5), (5, 6)]
+    cu = batch.cu_seqlens()
+    want = cell_seq_idx(np.diff(cu.cu_seqlens), cu.valid_index, batch.shape)
+    assert (ids == want).all()
+    flat = hf_inputs(batch, "exactpack_varlen", config=model.config)["seq_idx"]
+    assert flat.shape == (1, int(batch.input_valid.sum()))
+    # a config whose model's mixers were never restarted: refused, not fed seq_idx to ignore
+    with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
+        hf_inputs(batch, "sdpa", config=config)
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "mamba", "bamba", "qwen3_next"])
+def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
+    """Control: the same inputs with every row one span (the state carried across
+    examples) fail, first at a mixer; the naive call (no seq_idx) fails too."""
+    case = CASE[model_type]
+    attn = case.attns[0]
+    assert verify_default(build(case, attn))["pass"]
+    monkeypatch.setattr(
+        "exactpack.hf.mixers.runs", lambda ids: [[(0, int(ids.shape[1]))]] * int(ids.shape[0])
+    )
+    carried = verify_default(build(case, attn))
+    assert not carried["pass"] and carried["mixed"]
+    assert carried["max_abs_diff"]["logits"] > 1e-6  # a real leak, not rounding
+    assert carried["first_divergence"]["kind"] in ("convolution", "linear attention")
+    monkeypatch.undo()
+    naive = verify_default(build(case, attn), mode="naive")
+    assert not naive["pass"]
+
+
+def test_a_restarted_mixer_runs_as_before_outside_packed_calls():
+    model = build(CASE["mamba"], "eager")
+    ids = torch.arange(3, 11)[None]
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        after = restart_mixers(restart_mixers(model))(input_ids=ids).logits  # idempotent
+    assert torch.equal(before, after)
+
+
+def test_gradient_checkpointing_is_refused_where_a_mixer_gets_no_seq_idx():
+    """Mamba's blocks call the mixer without the call's kwargs: a recompute in backward
+    could not restart it, so the packed call says so instead of training on leaked state."""
+    model = restart_mixers(build(CASE["mamba"], "eager"))
+    model.gradient_checkpointing_enable()
+    model.train()
+    examples_batch = _batch(model, [5, 4], 12)
+    kwargs = hf_inputs(examples_batch, "eager", config=model.config)
+    with pytest.raises(InvalidInput, match="gradient checkpointing"):
+        model(**kwargs)
+
+
+def _batch(model, lengths, capacity):
+    from exactpack.verify.models import VerifyCase, verification_examples
+
+    layout = VerifyCase(tuple(lengths), capacity)
+    examples = verification_examples(model.config.vocab_size, 0, layout=layout)
+    config = PackConfig(capacity, len(examples))
+    return pack_examples("train", examples, examples[0].binding, config).batches[0]
+
+
+@pytest.mark.parametrize(("model_type", "attn"), [("mamba", "eager"), ("lfm2", "sdpa")])
+def test_tree_rows_refuse_hybrids_up_front(model_type, attn):
+    from exactpack.hf.tree_inputs import check_tree
+
+    config = tiny_config(model_type, **HYBRIDS[model_type])
+    with pytest.raises(UnsupportedArchitecture, match="parent's final state") as err:
+        check_tree(capability(config), attn)
+    assert "without --tree" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tree_verify_refuses_a_hybrid_before_any_forward():
+    from exactpack.verify.tree_models import tree_groups, verify_tree
+
+    model = build(CASE["lfm2"], "sdpa")
+    groups = tree_groups([(6, (3, 2)), (4, (2,))], model.config.vocab_size, 0)
+    with pytest.raises(UnsupportedArchitecture, match="Lfm2ShortConv carry state"):
+        verify_tree(model, groups)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "words"),
+    [
+        ("recurrent_gemma", "conv_1d (Conv1d)"),
+        ("zamba2", "Zamba2MambaDecoderLayer"),
+        ("minimax", "MiniMaxLightningAttention"),
+    ],
+)
+def test_mixers_exactpack_does_not_restart_keep_a_refusal_naming_them(model_type, words):
+    arch = capability(tiny_config(model_type))
+    assert arch.refusal and words in arch.refusal and not arch.mixers
+    assert "exactpack restarts only the mixers it knows" in arch.refusal
