@@ -18,6 +18,7 @@ from exactpack import InvalidInput, PackConfig, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture
 from exactpack.hf.capability import capability
+from exactpack.hf.collator import HFCollator
 from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs
 from exactpack.verify.fixture import fixture_batch
 
@@ -25,37 +26,35 @@ from support.architecture_cases import CASES, build, verify_default
 from support.architecture_tiny import tiny_config
 
 torch.set_num_threads(1)
-LIN = ["linear_attention", "full_attention"]
-#: Every hybrid type of the installed transformers exactpack restarts, and a tiny config.
-HYBRIDS = {
-    "lfm2": {"layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
-    "lfm2_moe": {},
-    "mamba": {},
-    "falcon_mamba": {},
-    "mamba2": {},
-    "bamba": {"attn_layer_indices": [1]},
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "nemotron_h": {},
-    "falcon_h1": {},
-    "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
-    "qwen3_next": {"layer_types": LIN},
-    "qwen3_5": {},
-    "qwen3_5_moe": {},
-    "olmo_hybrid": {},
-}
+
+
+def _sweep_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "sweep_architectures.py"
+    spec = importlib.util.spec_from_file_location("sweep_architectures", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return sweep
+
+
+#: scripts/sweep_architectures.py: every hybrid type exactpack restarts (tiny configs mix one
+#: mixer layer with one attention layer where the type has attention).
+HYBRIDS = _sweep_script().HYBRIDS
 CASE = {c.model_type: c for c in CASES if "restarted" in c.name}
 
 
 @pytest.mark.parametrize("model_type", sorted(HYBRIDS))
 def test_every_hybrid_type_is_exact_with_its_mixers_named(model_type):
-    arch = capability(tiny_config(model_type, **HYBRIDS[model_type]))
+    arch = capability(tiny_config(model_type))
     assert arch.refusal is None and arch.mixers, arch
     assert set(arch.mixers) <= set(RESTARTABLE) and "restarts its" in arch.verdict
 
 
 def test_seq_idx_marks_each_example_and_the_padding():
     batch = fixture_batch()  # row 0: A = columns 0-2, B = 3-4, padding at 5
-    config = tiny_config("lfm2", **HYBRIDS["lfm2"])
+    config = tiny_config("lfm2")
     model = restart_mixers(build(CASE["lfm2"], "sdpa"))
     kwargs = hf_inputs(batch, "sdpa", config=model.config)
     ids = kwargs["seq_idx"].numpy()
@@ -69,6 +68,10 @@ def test_seq_idx_marks_each_example_and_the_padding():
     # a config whose model's mixers were never restarted: refused, not fed seq_idx to ignore
     with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
         hf_inputs(batch, "sdpa", config=config)
+    with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
+        HFCollator("sdpa", config=config)
+    collated = HFCollator("sdpa", config=model.config)(batch)
+    assert torch.equal(collated["seq_idx"], kwargs["seq_idx"])
 
 
 @pytest.mark.parametrize("model_type", ["lfm2", "mamba", "bamba", "qwen3_next"])
@@ -103,12 +106,29 @@ def test_gradient_checkpointing_is_refused_where_a_mixer_gets_no_seq_idx():
     """Mamba's blocks call the mixer without the call's kwargs: a recompute in backward
     could not restart it, so the packed call says so instead of training on leaked state."""
     model = restart_mixers(build(CASE["mamba"], "eager"))
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     model.train()
     examples_batch = _batch(model, [5, 4], 12)
     kwargs = hf_inputs(examples_batch, "eager", config=model.config)
-    with pytest.raises(InvalidInput, match="gradient checkpointing"):
+    with pytest.raises(InvalidInput, match="checkpointing would recompute"):
         model(**kwargs)
+
+
+def test_checkpointed_layers_that_get_seq_idx_restart_in_their_recompute_too():
+    """LFM2's decoder layers hand the call's kwargs (seq_idx) to the conv, so the backward's
+    recompute restarts it as the forward did: the same gradients as without checkpointing."""
+
+    def grads(checkpointing):
+        model = restart_mixers(build(CASE["lfm2"], "sdpa"))
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model.train()
+        batch = _batch(model, [5, 4, 2], 12)
+        out = model(**hf_inputs(batch, "sdpa", config=model.config, dtype=torch.float64))
+        return torch.autograd.grad(out.loss, [p for p in model.parameters() if p.requires_grad])
+
+    for a, b in zip(grads(False), grads(True), strict=True):
+        assert torch.equal(a, b)
 
 
 def _batch(model, lengths, capacity):
@@ -124,7 +144,7 @@ def _batch(model, lengths, capacity):
 def test_tree_rows_refuse_hybrids_up_front(model_type, attn):
     from exactpack.hf.tree_inputs import check_tree
 
-    config = tiny_config(model_type, **HYBRIDS[model_type])
+    config = tiny_config(model_type)
     with pytest.raises(UnsupportedArchitecture, match="parent's final state") as err:
         check_tree(capability(config), attn)
     assert "without --tree" in str(err.value) and "\n" not in str(err.value)

@@ -13,7 +13,7 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
-from exactpack.hf.adapter import build_inputs
+from exactpack.hf.adapter import build_inputs, check_restarts
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capability import capability, check_runnable, check_vocabulary
 from exactpack.hf.kinds import MASK_KINDS, attention_kind
@@ -59,6 +59,7 @@ class HFCollator:
         self.arch = None if self.config is None else capability(self.config).check(self.kind)
         if self.config is not None:
             check_vocabulary(self.config, self.binding, self.pad_token_id)
+            check_restarts(self.arch, self.config)  # hybrids: restart_mixers(model) first
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:

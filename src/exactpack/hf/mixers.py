@@ -116,8 +116,8 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
         if seq_idx is None and call.checkpointing:
             raise InvalidInput(
                 f"{name} ({type(self).__name__}) is not handed seq_idx by its model, and"
-                " gradient checkpointing would recompute it after the packed call, where"
-                " exactpack cannot restart it — turn gradient checkpointing off for this model"
+                " gradient (activation) checkpointing would recompute it after the packed call,"
+                " where exactpack cannot restart it — turn checkpointing off for this model"
             )
         rows, width = hidden_states.shape[:2]
         if len(spans) != rows or (spans and spans[0][-1][1] != width):
@@ -157,7 +157,7 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
         seq_idx = kwargs.get("seq_idx")
         if isinstance(seq_idx, torch.Tensor):
             call.spans, call.shape = runs(seq_idx), tuple(seq_idx.shape)
-            call.checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+            call.checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
         else:
             call.spans = call.shape = None
 
