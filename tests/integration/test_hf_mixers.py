@@ -13,13 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from exactpack import InvalidInput, PackConfig, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture
 from exactpack.hf.capability import capability
 from exactpack.hf.collator import HFCollator
-from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs
+from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs, segment_conv1d
 from exactpack.verify.fixture import fixture_batch
 
 from support.architecture_cases import CASES, build, verify_default
@@ -76,13 +77,13 @@ def test_seq_idx_marks_each_example_and_the_padding():
 
 @pytest.mark.parametrize("model_type", ["lfm2", "mamba", "bamba", "qwen3_next"])
 def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
-    """Control: the same inputs with every row one span (the state carried across
-    examples) fail, first at a mixer; the naive call (no seq_idx) fails too."""
+    """Control: the same inputs with seq_idx 0 on every cell (one example a row: the state
+    carried across examples) fail, first at a mixer; the naive call (no seq_idx) fails too."""
     case = CASE[model_type]
     attn = case.attns[0]
     assert verify_default(build(case, attn))["pass"]
     monkeypatch.setattr(
-        "exactpack.hf.mixers.runs", lambda ids: [[(0, int(ids.shape[1]))]] * int(ids.shape[0])
+        "exactpack.hf.adapter.cell_seq_idx", lambda lengths, index, shape: np.zeros(shape, "i4")
     )
     carried = verify_default(build(case, attn))
     assert not carried["pass"] and carried["mixed"]
@@ -91,6 +92,23 @@ def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
     monkeypatch.undo()
     naive = verify_default(build(case, attn), mode="naive")
     assert not naive["pass"]
+
+
+def test_the_vectorised_short_conv_is_the_convolution_of_each_example_alone():
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(2, 5, 9, dtype=torch.float64), torch.randn(5, 3), torch.randn(5)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, -1, -1, -1]])
+    got = segment_conv1d(x, weight.double(), bias.double(), seq_idx)
+
+    def alone(part):
+        w = weight.double()[:, None]
+        return F.conv1d(part, w, bias.double(), padding=2, groups=5)[..., : part.shape[-1]]
+
+    for row, spans in enumerate(runs(seq_idx)):
+        for s, e in spans:
+            assert torch.allclose(got[row, :, s:e], alone(x[row : row + 1, :, s:e])[0], 0, 1e-15)
+    joined = alone(x)  # no restart: column 3 reads columns 1 and 2 of the example before
+    assert not torch.allclose(got[0, :, 3], joined[0, :, 3])
 
 
 def test_a_restarted_mixer_runs_as_before_outside_packed_calls():

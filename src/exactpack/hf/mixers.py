@@ -12,25 +12,28 @@ B = 3-4, padding at 5), a width-3 convolution and a scan::
     scan state    0 -> h(A0) -> h(A0:1) -> h(A0:2) | 0 -> h(B0) -> h(B0:1) | 0 -> ...
                                                    ^ zero state and zero conv history here
 
-:func:`restart_mixers` makes a model's mixers do that: each mixer module (the owner of a
-depthwise ``Conv1d`` in :data:`RESTARTABLE`) runs its own forward on each example's
-columns alone, ``(1, L, H)`` with no cache, whenever the call carries ``seq_idx`` (the
+:func:`restart_mixers` makes a model's mixers do that: each mixer module (a class in
+:data:`RESTARTABLE`) runs its own forward on each example's columns alone, ``(1, L, H)``
+with no cache, whenever the call carries ``seq_idx`` (the
 per-cell example index :func:`exactpack.hf.hf_inputs` gives: ``(R, T)`` padded, ``(1, N)``
 flattened), and as before without one. The same code on the same columns with the same
 zero state: exact by construction, in every dtype, on the model's own kernels where it has
 them. A mixer module's forward is ``forward(hidden_states, cache=None,
 attention_mask=None, **kwargs) -> (B, T, H)`` in every family below (transformers 5).
+LFM2's short convolutions (:data:`VECTORISED`) restart in one call instead, their window
+masked by ``seq_idx`` (:func:`segment_conv1d`).
 """
 
 from __future__ import annotations
 
 import types
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from exactpack.core.errors import InvalidInput
 
@@ -77,6 +80,35 @@ def cell_seq_idx(
     return out.reshape(shape)
 
 
+def segment_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor
+) -> torch.Tensor:
+    """The depthwise causal convolution of ``x`` ``(B, C, T)`` by ``weight`` ``(C, K)``
+    (``F.conv1d(..., groups=C, padding=K - 1)[..., :T]``), restarting at every change of
+    ``seq_idx`` ``(B, T)``: column ``t`` reads only its own example's columns among
+    ``t - K + 1 .. t``, zeros before the example's first, as the example alone does."""
+    k = weight.shape[-1]
+    window = F.pad(x, (k - 1, 0)).unfold(-1, k, 1)  # (B, C, T, K): columns t-K+1 .. t
+    outside = torch.iinfo(torch.int64).min  # before column 0: nobody's example
+    ids = F.pad(seq_idx.long(), (k - 1, 0), value=outside).unfold(-1, k, 1)  # (B, T, K)
+    same = (ids == seq_idx.long()[..., None]).to(x.dtype)  # (B, T, K): own example only
+    out = torch.einsum("bctk,btk,ck->bct", window, same, weight.to(x.dtype))  # (B, C, T)
+    return out if bias is None else out + bias.to(x.dtype)[:, None]
+
+
+def _short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, seq_idx: torch.Tensor) -> Any:
+    """LFM2's ``ShortConv`` forward (no cache, no padding mask) with :func:`segment_conv1d`:
+    one call for the whole row, no loop over its examples."""
+    bcx = module.in_proj(hidden_states).transpose(-1, -2)  # (B, 3H, T)
+    b, c, x = bcx.chunk(3, dim=-2)
+    conv = segment_conv1d(b * x, module.conv.weight.squeeze(1), module.conv.bias, seq_idx)
+    return module.out_proj((c * conv).to(hidden_states.dtype).transpose(-1, -2).contiguous())
+
+
+#: Mixers restarted in one vectorised call (the rest run per example): class -> forward.
+VECTORISED = {"Lfm2ShortConv": _short_conv, "Lfm2MoeShortConv": _short_conv}
+
+
 def runs(seq_idx: torch.Tensor) -> list[list[tuple[int, int]]]:
     """Per row, the ``(start, end)`` column spans of equal ``seq_idx`` (each example, and the
     padding): ``[[0, 0, 0, 1, 1, -1]]`` -> ``[[(0, 3), (3, 5), (5, 6)]]``."""
@@ -94,9 +126,8 @@ class _Call:
     """The spans of the model call in progress (set by the root's pre-hook)."""
 
     spans: list[list[tuple[int, int]]] | None = None
-    shape: tuple[int, int] | None = None
+    seq_idx: torch.Tensor | None = None  # the tensor the spans were read from
     checkpointing: bool = False
-    seen: set[str] = field(default_factory=set)
 
 
 def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
@@ -110,7 +141,9 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
         **kwargs: Any,
     ) -> torch.Tensor:
         seq_idx = kwargs.get("seq_idx")
-        spans = runs(seq_idx) if isinstance(seq_idx, torch.Tensor) else call.spans
+        spans = call.spans  # read once per call: runs() copies seq_idx to the host
+        if isinstance(seq_idx, torch.Tensor) and seq_idx is not call.seq_idx:
+            spans = runs(seq_idx)  # a recompute after the call (checkpointing), or a layer alone
         if spans is None:  # not a packed call: the module's own forward
             return own(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
         if seq_idx is None and call.checkpointing:
@@ -129,6 +162,11 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
             raise InvalidInput(
                 f"{name} got a cache on a packed call; packed rows are for training"
                 " — pass use_cache=False (hf_inputs does)"
+            )
+        ids = seq_idx if isinstance(seq_idx, torch.Tensor) else call.seq_idx
+        if type(self).__name__ in VECTORISED and ids is not None:
+            return VECTORISED[type(self).__name__](
+                self, hidden_states, ids.to(hidden_states.device)
             )
         # each example alone: (1, L, H) through the module's own forward, no cache, no mask
         out = [
@@ -156,13 +194,13 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
     def before(module: Any, args: tuple, kwargs: dict) -> None:
         seq_idx = kwargs.get("seq_idx")
         if isinstance(seq_idx, torch.Tensor):
-            call.spans, call.shape = runs(seq_idx), tuple(seq_idx.shape)
+            call.spans, call.seq_idx = runs(seq_idx), seq_idx
             call.checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
         else:
-            call.spans = call.shape = None
+            call.spans = call.seq_idx = None
 
     def after(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        call.spans = call.shape = None  # a later direct call of a layer is not this one
+        call.spans = call.seq_idx = None  # a later direct call of a layer is not this one
 
     for name, module in mixer_modules(model):
         if getattr(module, _MARK, None) is None:
@@ -184,4 +222,13 @@ def restarts(config: Any) -> bool:
     return _PREPARED.get(id(config)) is config
 
 
-__all__ = ["RESTARTABLE", "cell_seq_idx", "mixer_modules", "restart_mixers", "restarts", "runs"]
+__all__ = [
+    "RESTARTABLE",
+    "VECTORISED",
+    "cell_seq_idx",
+    "mixer_modules",
+    "restart_mixers",
+    "restarts",
+    "runs",
+    "segment_conv1d",
+]
