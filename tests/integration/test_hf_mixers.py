@@ -89,9 +89,10 @@ def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
     assert not carried["pass"] and carried["mixed"]
     assert carried["max_abs_diff"]["logits"] > 1e-6  # a real leak, not rounding
     assert carried["first_divergence"]["kind"] in ("convolution", "linear attention")
+    assert "restart_mixers(model)" in carried["hint"]
     monkeypatch.undo()
     naive = verify_default(build(case, attn), mode="naive")
-    assert not naive["pass"]
+    assert not naive["pass"] and naive["first_divergence"]["class"] in RESTARTABLE
 
 
 def test_the_vectorised_short_conv_is_the_convolution_of_each_example_alone():
