@@ -6,22 +6,23 @@ selective scan's state, a gated delta rule's memory) has no mask to read: it mus
 every example from zero, as the example run alone does. Fixture row 0 (A = columns 0-2,
 B = 3-4, padding at 5), a width-3 convolution and a scan::
 
-    column          0     1     2   |  3     4   |  5
-    seq_idx         0     0     0   |  1     1   | -1
-    conv window   . . A0 . A0 A1 A0 A1 A2 | . . B0  . B0 B1 | . . pad
-    scan state    0 -> h(A0) -> h(A0:1) -> h(A0:2) | 0 -> h(B0) -> h(B0:1) | 0 -> ...
-                                                   ^ zero state and zero conv history here
+    column         0          1          2       |     3          4      |    5
+    seq_idx        0          0          0       |     1          1      |   -1
+    conv window  [. . A0]  [. A0 A1]  [A0 A1 A2]  |  [. . B0]  [. B0 B1]  |  [. . pad]
+    scan state   0 -> s(A0) -> s(A0..1) -> s(A0..2)
+                                       0 -> s(B0) -> s(B0..1)    (not s(A0..2))
+                                       ^ the boundary: conv history and state reset
 
 :func:`restart_mixers` makes a model's mixers do that: each mixer module (a class in
 :data:`RESTARTABLE`) runs its own forward on each example's columns alone, ``(1, L, H)``
-with no cache, whenever the call carries ``seq_idx`` (the
-per-cell example index :func:`exactpack.hf.hf_inputs` gives: ``(R, T)`` padded, ``(1, N)``
-flattened), and as before without one. The same code on the same columns with the same
-zero state: exact by construction, in every dtype, on the model's own kernels where it has
-them. A mixer module's forward is ``forward(hidden_states, cache=None,
-attention_mask=None, **kwargs) -> (B, T, H)`` in every family below (transformers 5).
-LFM2's short convolutions (:data:`VECTORISED`) restart in one call instead, their window
-masked by ``seq_idx`` (:func:`segment_conv1d`).
+with no cache, whenever the call carries ``seq_idx`` (the per-cell example index
+:func:`exactpack.hf.hf_inputs` gives: ``(R, T)`` padded, ``(1, N)`` flattened), and as
+before without one. The same code on the same columns with the same zero state: exact
+by construction, in every dtype, on the model's own kernels where it has them. A mixer
+module's forward is ``forward(hidden_states, cache=None, attention_mask=None, **kwargs)
+-> (B, T, H)`` in every family below (transformers 5). LFM2's short convolutions
+(:data:`VECTORISED`) restart in one call instead, their window masked by ``seq_idx``
+(:func:`segment_conv1d`).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
         seq_idx = kwargs.get("seq_idx")
         if isinstance(seq_idx, torch.Tensor):
             call.spans, call.seq_idx = runs(seq_idx), seq_idx
-            call.checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
+            checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
+            call.checkpointing = checkpointing and model.training  # recomputes only in training
         else:
             call.spans = call.seq_idx = None
 
