@@ -3,7 +3,7 @@
 Usage::
 
     PYTHONPATH=src nice .venv/bin/python scripts/sweep_architectures.py \
-        [--out .cache/sweep.json] [--types llama,moshi,...] [--no-docs]
+        [--out .cache/sweep.json] [--types llama,moshi,...|hybrids] [--no-docs]
 
 For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: a tiny random config
 (``tests/support/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
@@ -14,7 +14,10 @@ why), and ``verify_hf`` in float64 on each of eager, sdpa and
 cell is ``PASS`` (packed == separate), ``FAIL`` (mixed examples), ``refused``
 (up front, with the reason), ``n/a`` (transformers has no such
 implementation for the type) or ``crash``. Writes the JSON result and, unless
-``--no-docs``, the sweep table of ``docs/transformers.md``.
+``--no-docs``, the sweep table of ``docs/transformers.md``. ``--types hybrids``
+sweeps :data:`HYBRIDS`, the hybrid types whose mixers exactpack restarts per
+example (:mod:`exactpack.hf.mixers`; their tiny configs mix one mixer layer with
+one attention layer where the type has attention).
 """
 
 from __future__ import annotations
@@ -34,6 +37,24 @@ sys.path.insert(0, str(ROOT / "tests"))
 ATTNS = ("eager", "sdpa", "exactpack_varlen")
 DOCS = ROOT / "docs" / "transformers.md"
 BEGIN, END = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+#: Hybrid types whose mixers restart per example: short convolutions (LFM2), Mamba and
+#: Mamba-2 selective scans, gated delta rules (each PASS in float64, the rest refused).
+HYBRIDS = (
+    "lfm2",
+    "lfm2_moe",
+    "mamba",
+    "falcon_mamba",
+    "jamba",
+    "mamba2",
+    "bamba",
+    "nemotron_h",
+    "falcon_h1",
+    "granitemoehybrid",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "olmo_hybrid",
+)
 
 
 def _line(err: BaseException) -> str:
@@ -224,6 +245,8 @@ def run_sweep(args: argparse.Namespace, every: list[str], sweep, counts, write_d
     """``sweep(type)`` for ``--types`` (default ``every``), the JSON saved after each type;
     ``--merge`` re-runs some types inside an earlier result; the docs once all are in."""
     types = args.types.split(",") if args.types else every
+    if types == ["hybrids"]:
+        types = list(HYBRIDS)
     out = Path(args.out)
     results = json.loads(out.read_text()) if args.merge and out.exists() else {}
     for model_type in types:
@@ -241,7 +264,7 @@ def run_sweep(args: argparse.Namespace, every: list[str], sweep, counts, write_d
 def main() -> None:
     args = sweep_args(
         __doc__.splitlines()[0], str(ROOT / ".cache" / "sweep.json"),
-        "comma-separated model types (default: all)",
+        "comma-separated model types, or hybrids (default: all)",
     )  # fmt: skip
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 

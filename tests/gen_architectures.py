@@ -7,7 +7,8 @@ config, float64, default verification examples: the longest ``2*window+3``
 pairs), on each implementation the case lists, and records the largest
 logit and gradient differences from separate runs; the naive control
 (``input_ids`` + ``position_ids``, default ``use_cache=True``) for windowed
-cases; for refused cases the measured leak when run anyway. ``--no-flex``
+cases and hybrids (their mixers then run across the row); for refused cases
+the measured leak when run anyway. ``--no-flex``
 keeps the FlexAttention cells already in the table instead of measuring them
 again (float32, forward only, compiled on CPU in a fresh process per case:
 about a minute each on a quiet machine).
@@ -91,7 +92,7 @@ def exact_row(case: Case, flex: bool) -> tuple[list[str], str]:
     else:
         cells.append("—")
     naive = "—"
-    if case.windowed:
+    if case.windowed or case.restarts:
         control = run(case, case.attns[0], mode="naive")
         naive = (
             f"{'FAIL' if not control['pass'] else 'pass'} {control['max_abs_diff']['logits']:.0e}"

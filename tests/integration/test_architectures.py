@@ -308,10 +308,10 @@ def test_falcon_alibi_takes_no_block_mask_and_stops_at_256_columns():
         hf_inputs(_batch([200, 50], 257), "eager", config=config)
 
 
-def test_lfm2_without_conv_layers_is_not_refused_by_its_type():
-    capability(_tiny("lfm2", layer_types=["full_attention"] * 2)).check("sdpa")
-    with pytest.raises(UnsupportedArchitecture, match="convolution"):
-        capability(_tiny("lfm2", layer_types=["conv", "full_attention"])).check("sdpa")
+def test_lfm2_restarts_its_conv_layers_and_has_none_without_them():
+    assert capability(_tiny("lfm2", layer_types=["full_attention"] * 2)).mixers == ()
+    arch = capability(_tiny("lfm2", layer_types=["conv", "full_attention"])).check("sdpa")
+    assert arch.mixers == ("Lfm2ShortConv",) and "restarts its Lfm2ShortConv" in arch.verdict
 
 
 def test_recurrences_and_convolutions_are_refused_for_the_true_reason():

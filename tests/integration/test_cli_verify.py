@@ -141,6 +141,23 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
     assert "(MistralAttention): attention" in last
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model_type": "lfm2", "layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
+        {"model_type": "mamba", "state_size": 4, "expand": 2, "conv_kernel": 3},
+    ],
+    ids=["lfm2", "mamba"],
+)
+def test_hybrids_pass_with_their_mixers_restarted(capsys, tmp_path, changes):
+    config = write_config(tmp_path, **changes)
+    code, out, _ = verify(capsys, "--hf-config", config, "--attn", "eager", "--json")
+    report = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and report["pass"] is True, report
+    assert "restarts its" in report["architecture"]["verdict"]
+    assert report["failures"] == dict.fromkeys(report["failures"], 0)
+
+
 def test_default_examples_exercise_the_window(capsys, tmp_path):
     config = write_config(
         tmp_path, model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1
@@ -152,13 +169,11 @@ def test_default_examples_exercise_the_window(capsys, tmp_path):
 
 
 def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_path):
-    lfm2 = write_config(
-        tmp_path, model_type="lfm2", layer_types=["conv", "full_attention"], conv_L_cache=3
-    )
-    code, out, err = verify(capsys, "--hf-config", lfm2)
+    rwkv = write_config(tmp_path, model_type="rwkv", attention_hidden_size=16)
+    code, out, err = verify(capsys, "--hf-config", rwkv)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "lfm2 cannot be packed exactly: its convolution layer" in err
-    assert "short convolutions mix neighbouring columns" in err
+    assert "rwkv cannot be packed exactly: its linear attention layer" in err
+    assert "exactpack restarts only the mixers it knows" in err
     bloom = tmp_path / "bloom"
     bloom.mkdir()
     (bloom / "config.json").write_text(

@@ -387,8 +387,7 @@ def test_bool_masks_are_for_sdpa_only():
     ("model_type", "options", "words"),
     [
         ("bloom", {}, "ALiBi"),
-        ("lfm2", {"layer_types": ["conv", "full_attention"]}, "convolutions"),
-        ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}, "linear"),
+        ("rwkv", {}, "RwkvBlock"),
         ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional"),
     ],
 )

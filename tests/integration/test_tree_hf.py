@@ -367,7 +367,6 @@ REFUSALS = [
     ("openai-gpt", {}, "eager", "eager", "2-D padding mask"),  # its forward builds its mask
     ("bart", {}, "sdpa", "sdpa", "takes no position_ids"),  # positions from the columns
     ("recurrent_gemma", {}, "sdpa", "sdpa", "convolution layer"),  # a mixer (modules)
-    ("mamba", {}, "eager", "eager", "linear attention layer"),
     # where exactpack_varlen is refused, so are the tree implementations (same kwargs)
     ("gpt_oss", {}, "exactpack_tree", "exactpack_varlen", "attention sinks"),
     ("nemotron", {}, "exactpack_tree", "exactpack_varlen", "without its attention kwargs"),

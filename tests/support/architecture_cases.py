@@ -39,7 +39,8 @@ class Case:
     """One row of the matrix.
 
     ``attns``: implementations checked (``exact`` cases must pass every one);
-    ``refused``: the layer kind named by the refusal (``None``: exact);
+    ``refused``: the layer kind named by the refusal (``None``: exact); ``restarts``: its
+    mixers restart per example (the naive control, no ``seq_idx``, must fail);
     ``flex``: also compare a FlexAttention forward on CPU (float32, no grad).
     """
 
@@ -52,6 +53,7 @@ class Case:
     note: str = ""
     drop: tuple[str, ...] = ()  # base keys this config derives itself
     tiny: bool = False  # start from architecture_tiny.tiny_config (every size shrunk)
+    restarts: bool = False  # mixers that carry state along the row, restarted per example
 
     @property
     def windowed(self) -> bool:
@@ -196,6 +198,53 @@ CASES: tuple[Case, ...] = (
     Case("gemma3n_text (padding off its zero embedding row)", "gemma3n_text", tiny=True),
     Case("gemma4_text (per-layer input embeddings)", "gemma4_text", tiny=True),
     Case("xmod (its default language's adapters)", "xmod", tiny=True),
+    # Hybrids: mixers that carry state along the row restart per example (exactpack.hf.mixers).
+    Case(
+        "lfm2 (short convolutions, restarted)",
+        "lfm2",
+        {"layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
+        restarts=True,
+    ),
+    Case("mamba (selective scan, restarted)", "mamba", tiny=True, attns=("eager",), restarts=True),
+    Case(
+        "bamba (Mamba-2 hybrid, restarted)",
+        "bamba",
+        {"attn_layer_indices": [1]},
+        tiny=True,
+        restarts=True,
+    ),
+    Case(
+        "qwen3_next (gated delta rule, restarted)",
+        "qwen3_next",
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+        },
+        restarts=True,
+    ),
+    Case(
+        "jamba (Mamba hybrid, restarted)",
+        "jamba",
+        {
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 2,
+            "mamba_d_state": 4,
+            "mamba_dt_rank": 4,
+            "mamba_expand": 2,
+            "use_mamba_kernels": False,
+        },
+        restarts=True,
+    ),
     # Refused up front: the named layer kind mixes examples.
     Case(
         "openai-gpt (its own mask from a 2-D padding mask)",
@@ -222,44 +271,6 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "bloom (ALiBi)", "bloom", {"n_layer": 2, "n_head": 2}, attns=("eager",), refused="attention"
-    ),
-    Case(
-        "lfm2 (short convolutions)",
-        "lfm2",
-        {"layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
-        refused="convolution",
-    ),
-    Case(
-        "qwen3_next (gated delta net)",
-        "qwen3_next",
-        {
-            "layer_types": ["linear_attention", "full_attention"],
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 16,
-            "shared_expert_intermediate_size": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2,
-            "linear_key_head_dim": 8,
-            "linear_value_head_dim": 8,
-        },
-        refused="linear attention",
-    ),
-    Case(
-        "jamba (Mamba hybrid)",
-        "jamba",
-        {
-            "attn_layer_period": 2,
-            "attn_layer_offset": 1,
-            "expert_layer_period": 2,
-            "expert_layer_offset": 1,
-            "num_experts": 2,
-            "mamba_d_state": 4,
-            "mamba_dt_rank": 4,
-            "mamba_expand": 2,
-            "use_mamba_kernels": False,
-        },
-        refused="linear attention",
     ),
 )
 

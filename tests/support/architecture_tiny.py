@@ -140,6 +140,7 @@ BASES: dict[str, dict[str, Any]] = {"gemma4_assistant": {"text_config": ASSISTAN
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 #: Per-type extras where the generic sizes break a config's own consistency checks.
 MLA = {"num_key_value_heads": 2}
+HYBRID = ["linear_attention", "full_attention"]
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{
         t: MLA
@@ -153,9 +154,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         )
     },
     **{t: {"rotary_dim": 4} for t in ("codegen", "gptj")},
-    **{
-        t: {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8}
-        for t in ("bamba", "granitemoehybrid")
+    "bamba": {"mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8, "attn_layer_indices": [1]},
+    "granitemoehybrid": {
+        "mamba_n_heads": 4,
+        "mamba_d_head": 8,
+        "mamba_d_state": 8,
+        "layer_types": HYBRID,
     },
     "mamba2": {"num_heads": 4, "head_dim": 8, "state_size": 8, "n_groups": 1},
     "diffllama": {"num_key_value_heads": 2},
@@ -168,6 +172,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": WINDOW},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 16},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # hybrids: one mixer layer and one attention layer (the default tiny depth has only one kind)
+    "lfm2": {"layer_types": ["conv", "full_attention"], "conv_L_cache": 3},
+    "qwen3_next": {"layer_types": HYBRID},
+    **{t: {"text_config": {"layer_types": HYBRID}} for t in ("qwen3_5", "qwen3_5_moe")},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "falcon_h1": {"mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_state": 8, "mamba_chunk_size": 8},
+    "nemotron_h": {
+        "ssm_state_size": 8,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 8,
+        "n_groups": 1,
+        "chunk_size": 8,
+    },
     "zaya": {"num_experts_per_tok": 1},
     "xmod": {"default_language": "en_XX"},
     "gemma3n_text": {"num_kv_shared_layers": 0},  # the default 15 of 35 layers

@@ -25,6 +25,7 @@ _BY_MODULE = {
     "architectures": "Architecture UnsupportedArchitecture describe",
     "capability": "capability",
     "attention_impl": "register_attention",
+    "mixers": "restart_mixers",
 }
 _NAMES = {name: mod for mod, names in _BY_MODULE.items() for name in names.split()}
 __all__ = sorted(_NAMES)

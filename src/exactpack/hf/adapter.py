@@ -14,6 +14,7 @@ for ``sdpa``::
     labels        [-100, 99, 100, -100, 101, -100]
     attention_mask[0, 0]: 0 on A's 3x3 and B's 2x2 causal blocks and on (5, 5),
                           finfo.min elsewhere
+    seq_idx       [ 0,  0,   0,    1,    1, -1]     models with mixers (exactpack.hf.mixers)
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import capability
+from exactpack.hf.capability import capability, check_restarts
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
+from exactpack.hf.mixers import cell_seq_idx
 from exactpack.training.labels import model_labels, seq_idx, shift_labels
 from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
 
@@ -59,6 +61,8 @@ def hf_inputs(
     """
     kind = attention_kind(attn_implementation, kind)
     arch = None if config is None else capability(config).check(kind)
+    if arch is not None:
+        check_restarts(arch, config)
     return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
 
 
@@ -114,12 +118,15 @@ def build_inputs(
         out |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
         out |= {"max_length_q": longest, "max_length_k": longest}
         out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
-    elif arch is None or not arch.mask_from_positions:
+    elif arch is not None and arch.mixers:  # each cell's example: where mixers restart
+        ids = cell_seq_idx(rows.lengths, index, shape)
+        out["seq_idx"] = torch.as_tensor(ids, device=device)
+    if not flat and (arch is None or not arch.mask_from_positions):
         # (falcon's ALiBi builds its own mask from the restarting position_ids)
         padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
-        out["attention_mask"] = layer_masks(
-            padded, kind, arch, mask=mask, dtype=dtype, device=device
-        )
+        masks = layer_masks(padded, kind, arch, mask=mask, dtype=dtype, device=device)
+        if not isinstance(masks, dict) or any(m is not None for m in masks.values()):
+            out["attention_mask"] = masks  # (Mamba: no attention layer, so no mask at all)
     if labels and num_items_in_batch is not None:
         out["num_items_in_batch"] = int(num_items_in_batch)
     out["use_cache"] = False

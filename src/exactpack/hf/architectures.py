@@ -58,7 +58,14 @@ WHY_KIND = {
     "chunked attention": "chunked attention groups absolute columns, not each example's positions",
 }
 FIX = (
-    "transformers ignores seq_idx/cu_seqlens on its CPU fallbacks, so packed examples would leak;"
+    "exactpack restarts only the mixers it knows per example (exactpack.hf.mixers.RESTARTABLE:"
+    " LFM2 short convolutions, Mamba and Mamba-2 scans, gated delta rules), not this one;"
+    " train it on unpacked (padded) rows"
+)
+#: The same, judged from a config whose model could not be built to see its mixers.
+CONFIG_FIX = (
+    "exactpack restarts a mixer per example only once it has seen the model's mixer class"
+    " (exactpack.hf.mixers.RESTARTABLE), and this config's model could not be built to look;"
     " train it on unpacked (padded) rows"
 )
 
@@ -102,7 +109,8 @@ class Architecture:
     ``position_offset``), ``relative``, ``columns`` or ``none``. ``varlen_refusal``: why
     ``exactpack_varlen`` cannot run it. ``chunk``: ``attention_chunk_size``.
     ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi). ``zero_pad``: an id padding
-    cells must not carry (gemma3n: NaN gradients).
+    cells must not carry (gemma3n: NaN gradients). ``mixers``: the classes of the layers that
+    carry state along the row, restarted at every example (:mod:`exactpack.hf.mixers`).
     """
 
     model_type: str
@@ -117,6 +125,7 @@ class Architecture:
     chunk: int | None = None
     mask_from_positions: bool = False
     zero_pad: int | None = None
+    mixers: tuple[str, ...] = ()
 
     def padding_id(self, pad_token_id: int, vocab: int) -> int:
         """The id padding cells carry: ``pad_token_id``, or the next id where that one is
@@ -134,9 +143,10 @@ class Architecture:
         """``exact``, ``exact if ...`` (its conditions) or ``refused: why``."""
         if self.refusal is not None:
             return f"refused: {self.refusal}"
+        restarts = f" (restarts its {', '.join(self.mixers)} per example)" if self.mixers else ""
         if self.conditions:
-            return "exact if " + "; ".join(c.text() for c in self.conditions)
-        return "exact"
+            return "exact if " + "; ".join(c.text() for c in self.conditions) + restarts
+        return "exact" + restarts
 
     def layer_sliding_window(self, layer_idx: int | None) -> int | None:
         """The window of decoder layer ``layer_idx`` (one-mask models: the model's window)."""
@@ -178,6 +188,13 @@ class Architecture:
                 f"{self.model_type} cannot run attn_implementation='{name}':"
                 f" {self.varlen_refusal.removeprefix(self.model_type + ': ')}"
             )
+        if tree and self.mixers:
+            raise UnsupportedArchitecture(
+                f"{self.model_type} cannot run tree-packed rows: its {', '.join(self.mixers)}"
+                " carry state along the row, and on a tree row a branch's state must start"
+                " from its parent's final state, which exactpack does not compute (it restarts"
+                " mixers per example on flat rows only) — pack it flat, without --tree"
+            )
         if tree and self.tree_refusal is not None:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot run tree-packed rows: {self.tree_refusal}, and a"
@@ -207,7 +224,7 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
     """``(kind, why)`` when the config's model cannot be made exact, else ``None``."""
     if model_type in REFUSED_TYPES:
         kind, why = REFUSED_TYPES[model_type]
-        return kind, (f"{why}; {FIX}" if kind in WHY_KIND else why)
+        return kind, (f"{why}; {CONFIG_FIX}" if kind in WHY_KIND else why)
     if getattr(config, "position_embedding_type", "") == "alibi":
         return (
             "attention",
@@ -246,7 +263,7 @@ def _refusal(config: Any, model_type: str, layer_types: list[str] | None) -> tup
         kind = next((k for word, k in LAYER_KINDS if word in layer_type), None)
         if kind is None:
             return ("attention", f"its layer type {layer_type!r} is not one exactpack knows")
-        return (kind, f"its {layer_type!r} layers: {WHY_KIND[kind]}; {FIX}")
+        return (kind, f"its {layer_type!r} layers: {WHY_KIND[kind]}; {CONFIG_FIX}")
     return None
 
 

@@ -284,12 +284,13 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
     how, offset, why = _positions(model, decoder)
     attention = _attention_modules(decoder)
     refusal, kind = arch.refusal, arch.kind
-    mixers = mixing_modules(decoder)
-    if mixers:
-        refusal, kind = mixing_reason(decoder, mixers[0])
+    restarted, foreign = restart_plan(decoder, mixing_modules(decoder))
+    if foreign:
+        refusal, kind = mixing_reason(decoder, foreign[0])
     elif arch.kind in ("linear attention", "convolution") and refusal is not None:
-        refusal, kind = None, "attention"  # layer-type words, but no such layer was built
-    if refusal is None and not attention:
+        # layer-type words, but every such layer built restarts per example (or none was built)
+        refusal, kind = None, (arch.kind if restarted else "attention")
+    if refusal is None and not attention and not restarted:
         first = next(iter(decoder.children()), decoder)
         refusal, kind = (
             f"it has no attention layers: its positions mix through a recurrence"
@@ -330,6 +331,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         varlen_refusal=arch.varlen_refusal or _varlen_refusal(arch.model_type, attention, decoder),
         window=arch.window if applies else None,  # moshi has the field and never applies it
         zero_pad=_zero_pad(decoder),
+        mixers=restarted if refusal is None else (),
     )
 
 
@@ -361,6 +363,27 @@ def mixing_modules(model: Any) -> list[tuple[str, str]]:
         if kind is not None:
             found.append((name, kind))
     return found
+
+
+def restart_plan(
+    model: Any, mixers: list[tuple[str, str]]
+) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    """``(restarted classes, the rest)`` of :func:`mixing_modules`' ``mixers``: a layer is
+    covered when it is a :data:`~exactpack.hf.mixers.RESTARTABLE` mixer, inside one (its
+    conv), around one (its block) or a normalization named after its family (position-wise);
+    the restarted classes are every restartable mixer of ``model``'s text part."""
+    from exactpack.hf.mixers import mixer_modules
+
+    ours = [n for n, m in mixer_modules(model) if not any(w in n for w in TOWER_WORDS)]
+    rest = [
+        (n, kind)
+        for n, kind in mixers
+        if n not in ours
+        and not any(n.startswith(o + ".") or o.startswith(n + ".") for o in ours)
+        and "Norm" not in type(model.get_submodule(n)).__name__
+    ]
+    classes = tuple(dict.fromkeys(type(model.get_submodule(n)).__name__ for n in ours))
+    return classes, rest
 
 
 def mixing_reason(model: Any, mixer: tuple[str, str]) -> tuple[str, str]:
@@ -412,6 +435,19 @@ def check_vocabulary(config: Any, binding: Binding | None, pad_token_id: int) ->
         )
 
 
+def check_restarts(arch: Architecture, config: Any) -> None:
+    """Refuse the inputs of a model whose mixers (``arch.mixers``) do not restart yet: fed
+    ``seq_idx``, its mixers would still run across the row."""
+    from exactpack.hf.mixers import restarts
+
+    if arch.mixers and not restarts(config):
+        raise InvalidInput(
+            f"{arch.model_type}'s {', '.join(arch.mixers)} carry state along the row: call"
+            " exactpack.hf.restart_mixers(model) once before feeding it packed rows, and pass"
+            " config=model.config (that model's own config)"
+        )
+
+
 def check_collator(
     owner: str,
     attn_implementation: str,
@@ -439,6 +475,7 @@ def check_collator(
         return None
     arch = capability(config).check(kind, tree=tree)
     check_vocabulary(config, binding, pad_token_id)
+    check_restarts(arch, config)  # hybrids: restart_mixers(model) first
     return arch
 
 
@@ -481,4 +518,5 @@ __all__ = [
     "meta_model",
     "mixing_modules",
     "mixing_reason",
+    "restart_plan",
 ]

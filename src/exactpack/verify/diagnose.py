@@ -19,6 +19,7 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import ExactpackError
 from exactpack.core.examples import SequenceExample
 from exactpack.hf.adapter import FLATTENED
+from exactpack.hf.mixers import RESTARTABLE
 from exactpack.verify.layouts import occurrence_cells
 
 _LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "Lightning", "Recurrent", "Rwkv", "Mixer")
@@ -195,6 +196,12 @@ def hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) ->
         else "no single layer isolated"
     )
     fix = "feed the model exactpack.hf.hf_inputs(batch, attn_implementation, config=model.config)"
+    if culprit and culprit["class"] in RESTARTABLE:
+        return (
+            f"the model mixed examples ({where}): that layer carries state along the row and"
+            " restarts at each example only on a call with seq_idx, after"
+            f" exactpack.hf.restart_mixers(model) — {fix}"
+        )
     if mode == "naive":
         return (
             f"the model mixed examples ({where}): position_ids alone do not separate packed"

@@ -48,6 +48,7 @@ from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capability import architecture_of, capability
 from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.hf.mixers import restart_mixers
 from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
 from exactpack.verify.diagnose import (
     ModelCrashed,
@@ -457,6 +458,8 @@ def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Arch
     experts = getattr(model.config, "_experts_implementation", None)
     if next(model.parameters()).dtype == torch.float64 and experts == "grouped_mm":
         model.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
+    if arch.mixers:  # restarted on the packed calls that carry seq_idx (not naive ones)
+        restart_mixers(model)
     return arch
 
 

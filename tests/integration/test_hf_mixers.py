@@ -1,0 +1,192 @@
+"""Hybrid models packed exactly: mixers that carry state along the row restart per example.
+
+Tiny float64 models (width 16, 2 layers): LFM2's short convolutions, Mamba's selective
+scan, Bamba's Mamba-2 scan and Qwen3-Next's gated delta rule. The matrix
+(``tests/support/architecture_cases.py``) proves each exact on its implementations; here:
+the restart is what makes them exact (the control without it fails), the inputs carry
+``seq_idx``, a model whose mixers were not restarted is refused its inputs, tree rows are
+refused, and mixers exactpack does not know keep a refusal naming them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from exactpack import InvalidInput, PackConfig, pack_examples
+from exactpack.hf.adapter import hf_inputs
+from exactpack.hf.architectures import UnsupportedArchitecture
+from exactpack.hf.capability import capability
+from exactpack.hf.collator import HFCollator
+from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs, segment_conv1d
+from exactpack.verify.fixture import fixture_batch
+
+from support.architecture_cases import CASES, build, verify_default
+from support.architecture_tiny import tiny_config
+
+torch.set_num_threads(1)
+
+
+def _sweep_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "sweep_architectures.py"
+    spec = importlib.util.spec_from_file_location("sweep_architectures", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return sweep
+
+
+#: scripts/sweep_architectures.py: every hybrid type exactpack restarts (tiny configs mix one
+#: mixer layer with one attention layer where the type has attention).
+HYBRIDS = _sweep_script().HYBRIDS
+CASE = {c.model_type: c for c in CASES if "restarted" in c.name}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_every_hybrid_type_is_exact_with_its_mixers_named(model_type):
+    arch = capability(tiny_config(model_type))
+    assert arch.refusal is None and arch.mixers, arch
+    assert set(arch.mixers) <= set(RESTARTABLE) and "restarts its" in arch.verdict
+
+
+def test_seq_idx_marks_each_example_and_the_padding():
+    batch = fixture_batch()  # row 0: A = columns 0-2, B = 3-4, padding at 5
+    config = tiny_config("lfm2")
+    model = restart_mixers(build(CASE["lfm2"], "sdpa"))
+    kwargs = hf_inputs(batch, "sdpa", config=model.config)
+    ids = kwargs["seq_idx"].numpy()
+    assert ids[0].tolist() == [0, 0, 0, 1, 1, -1]
+    assert runs(kwargs["seq_idx"])[0] == [(0, 3), (3, 5), (5, 6)]
+    cu = batch.cu_seqlens()
+    want = cell_seq_idx(np.diff(cu.cu_seqlens), cu.valid_index, batch.shape)
+    assert (ids == want).all()
+    flat = hf_inputs(batch, "exactpack_varlen", config=model.config)["seq_idx"]
+    assert flat.shape == (1, int(batch.input_valid.sum()))
+    # a config whose model's mixers were never restarted: refused, not fed seq_idx to ignore
+    with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
+        hf_inputs(batch, "sdpa", config=config)
+    with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
+        HFCollator("sdpa", config=config)
+    collated = HFCollator("sdpa", config=model.config)(batch)
+    assert torch.equal(collated["seq_idx"], kwargs["seq_idx"])
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "mamba", "bamba", "qwen3_next"])
+def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
+    """Control: the same inputs with seq_idx 0 on every cell (one example a row: the state
+    carried across examples) fail, first at a mixer; the naive call (no seq_idx) fails too."""
+    case = CASE[model_type]
+    attn = case.attns[0]
+    assert verify_default(build(case, attn))["pass"]
+    monkeypatch.setattr(
+        "exactpack.hf.adapter.cell_seq_idx", lambda lengths, index, shape: np.zeros(shape, "i4")
+    )
+    carried = verify_default(build(case, attn))
+    assert not carried["pass"] and carried["mixed"]
+    assert carried["max_abs_diff"]["logits"] > 1e-6  # a real leak, not rounding
+    assert carried["first_divergence"]["kind"] in ("convolution", "linear attention")
+    assert "restart_mixers(model)" in carried["hint"]
+    monkeypatch.undo()
+    naive = verify_default(build(case, attn), mode="naive")
+    assert not naive["pass"] and naive["first_divergence"]["class"] in RESTARTABLE
+
+
+def test_the_vectorised_short_conv_is_the_convolution_of_each_example_alone():
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(2, 5, 9, dtype=torch.float64), torch.randn(5, 3), torch.randn(5)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, -1, -1, -1]])
+    got = segment_conv1d(x, weight.double(), bias.double(), seq_idx)
+
+    def alone(part):
+        w = weight.double()[:, None]
+        return F.conv1d(part, w, bias.double(), padding=2, groups=5)[..., : part.shape[-1]]
+
+    for row, spans in enumerate(runs(seq_idx)):
+        for s, e in spans:
+            assert torch.allclose(got[row, :, s:e], alone(x[row : row + 1, :, s:e])[0], 0, 1e-15)
+    joined = alone(x)  # no restart: column 3 reads columns 1 and 2 of the example before
+    assert not torch.allclose(got[0, :, 3], joined[0, :, 3])
+
+
+def test_a_restarted_mixer_runs_as_before_outside_packed_calls():
+    model = build(CASE["mamba"], "eager")
+    ids = torch.arange(3, 11)[None]
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        after = restart_mixers(restart_mixers(model))(input_ids=ids).logits  # idempotent
+    assert torch.equal(before, after)
+
+
+def test_gradient_checkpointing_is_refused_where_a_mixer_gets_no_seq_idx():
+    """Mamba's blocks call the mixer without the call's kwargs: a recompute in backward
+    could not restart it, so the packed call says so instead of training on leaked state."""
+    model = restart_mixers(build(CASE["mamba"], "eager"))
+    model.activation_checkpointing_enable()
+    model.train()
+    examples_batch = _batch(model, [5, 4], 12)
+    kwargs = hf_inputs(examples_batch, "eager", config=model.config)
+    with pytest.raises(InvalidInput, match="checkpointing would recompute"):
+        model(**kwargs)
+
+
+def test_checkpointed_layers_that_get_seq_idx_restart_in_their_recompute_too():
+    """LFM2's decoder layers hand the call's kwargs (seq_idx) to the conv, so the backward's
+    recompute restarts it as the forward did: the same gradients as without checkpointing."""
+
+    def grads(checkpointing):
+        model = restart_mixers(build(CASE["lfm2"], "sdpa"))
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model.train()
+        batch = _batch(model, [5, 4, 2], 12)
+        out = model(**hf_inputs(batch, "sdpa", config=model.config, dtype=torch.float64))
+        return torch.autograd.grad(out.loss, [p for p in model.parameters() if p.requires_grad])
+
+    for a, b in zip(grads(False), grads(True), strict=True):
+        assert torch.equal(a, b)
+
+
+def _batch(model, lengths, capacity):
+    from exactpack.verify.models import VerifyCase, verification_examples
+
+    layout = VerifyCase(tuple(lengths), capacity)
+    examples = verification_examples(model.config.vocab_size, 0, layout=layout)
+    config = PackConfig(capacity, len(examples))
+    return pack_examples("train", examples, examples[0].binding, config).batches[0]
+
+
+@pytest.mark.parametrize(("model_type", "attn"), [("mamba", "eager"), ("lfm2", "sdpa")])
+def test_tree_rows_refuse_hybrids_up_front(model_type, attn):
+    from exactpack.hf.kinds import tree_kind
+
+    config = tiny_config(model_type)
+    with pytest.raises(UnsupportedArchitecture, match="parent's final state") as err:
+        capability(config).check(tree_kind(attn), tree=True)
+    assert "without --tree" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tree_verify_refuses_a_hybrid_before_any_forward():
+    from exactpack.verify.tree_models import tree_groups, verify_tree
+
+    model = build(CASE["lfm2"], "sdpa")
+    groups = tree_groups([(6, (3, 2)), (4, (2,))], model.config.vocab_size, 0)
+    with pytest.raises(UnsupportedArchitecture, match="Lfm2ShortConv carry state"):
+        verify_tree(model, groups)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "words"),
+    [
+        ("recurrent_gemma", "conv_1d (Conv1d)"),
+        ("zamba2", "Zamba2MambaDecoderLayer"),
+        ("minimax", "MiniMaxLightningAttention"),
+    ],
+)
+def test_mixers_exactpack_does_not_restart_keep_a_refusal_naming_them(model_type, words):
+    arch = capability(tiny_config(model_type))
+    assert arch.refusal and words in arch.refusal and not arch.mixers
+    assert "exactpack restarts only the mixers it knows" in arch.refusal
