@@ -16,6 +16,11 @@ from support.reference import flat_spans, per_example_attention
 from support.strategies import packed_epochs
 
 torch.set_num_threads(1)
+#: A small Llama config: what hf_inputs checks the rows against (vocabulary 266).
+CFG = AutoConfig.for_model(
+    "llama", vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1,
+)  # fmt: skip
 
 
 class Layer(torch.nn.Module):
@@ -35,7 +40,7 @@ def flattened(batch, heads=4, kv_heads=2, dim=8, seed=0):
         torch.randn(1, kv_heads, n, dim, generator=gen, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    kwargs = hf_inputs(batch, NAME, labels=False)
+    kwargs = hf_inputs(batch, NAME, config=CFG, labels=False)
     return q, k, v, {name: kwargs[name] for name in ("cu_seq_lens_q", "position_ids")}
 
 
@@ -120,7 +125,7 @@ def test_one_plan_per_cu_seqlens_tensor():
 
 
 def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
-    """HFCollator has no model config; exactpack_varlen reads each layer's window itself."""
+    """exactpack_varlen reads each layer's window itself (the collator checks the config)."""
     from transformers import AutoModelForCausalLM
 
     from exactpack import PackConfig, pack_examples
@@ -142,7 +147,9 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
         "train", examples, examples[0].binding, PackConfig(layout.capacity, 6)
     ).batches
     with torch.no_grad():
-        packed = model(**HFCollator(NAME)([batch])).logits[0]  # (N, V): the valid cells
+        packed = model(**HFCollator(NAME, config=config)([batch])).logits[
+            0
+        ]  # (N, V): the valid cells
         alone = torch.cat([model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0]
                            for ex in examples])  # fmt: skip
     order = np.argsort(np.repeat(batch.occurrences.ordinal, np.diff(batch.cu_seqlens().cu_seqlens)))

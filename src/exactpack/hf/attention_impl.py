@@ -12,7 +12,6 @@ layer's window. Refused: soft-capping, sinks, packed ``position_ids`` without ``
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -53,21 +52,11 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
     return plan
 
 
-#: Capabilities of the configs seen, by ``id`` (with a weak reference to tell a reused id).
-_ARCHS: dict[int, tuple[weakref.ref, Architecture]] = {}
-
-
 def _architecture(config: Any) -> Architecture:
-    """:func:`exactpack.hf.capability.capability` of ``config``, once per config object."""
-    hit = _ARCHS.get(id(config))
-    if hit is not None and hit[0]() is config:
-        return hit[1]
-    from exactpack.hf.capability import capability
+    """:func:`exactpack.hf.capability.capability` of ``config`` checked for :data:`NAME`."""
+    from exactpack.hf.capability import capability_once
 
-    arch = capability(config).check(NAME)
-    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
-        _ARCHS[id(config)] = (weakref.ref(config), arch)
-    return arch
+    return capability_once(config).check(NAME)
 
 
 def layer_sliding_window(module: Any, passed: int | None) -> int | None:

@@ -11,6 +11,7 @@ conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabu
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -19,6 +20,7 @@ import logging
 import sys
 import textwrap
 import warnings
+import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -343,6 +345,34 @@ def capability(config: Any, model: Any = None) -> Architecture:
     return arch if model is None else from_modules(arch, model)
 
 
+#: Capabilities of the configs (or models) seen, by ``id`` (a weak reference tells a reused id).
+_SEEN: dict[int, tuple[weakref.ref, Architecture]] = {}
+
+
+def capability_once(config: Any) -> Architecture:
+    """:func:`capability` of ``config`` (``model.config``, or the model itself), computed once
+    per object: what every batch's inputs are checked against."""
+    hit = _SEEN.get(id(config))
+    if hit is not None and hit[0]() is config:
+        return hit[1]
+    model = config if hasattr(config, "config") else None
+    arch = capability(getattr(config, "config", config), model)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not kept
+        _SEEN[id(config)] = (weakref.ref(config), arch)
+    return arch
+
+
+def require_config(config: Any, kind: str | None, caller: str) -> Architecture:
+    """The capability of ``config`` checked for ``kind``; no config refused, since without it a
+    model's sliding windows and refusals are unknown and its inputs could be silently wrong."""
+    if config is None:
+        raise InvalidInput(
+            f"{caller} needs the model's config to know its sliding windows and refusals"
+            f" — pass {caller}(..., config=model.config)"
+        )
+    return capability_once(config).check(kind)
+
+
 def mixing_modules(model: Any) -> list[tuple[str, str]]:
     """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
     attention: a ``Conv1d`` wider than one column, or a class named as a mixer."""
@@ -430,6 +460,7 @@ def check_model(
 __all__ = [
     "architecture_of",
     "capability",
+    "capability_once",
     "causal_lm",
     "check_model",
     "check_runnable",
@@ -438,4 +469,5 @@ __all__ = [
     "meta_model",
     "mixing_modules",
     "mixing_reason",
+    "require_config",
 ]

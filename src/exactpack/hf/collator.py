@@ -15,8 +15,8 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import capability, check_runnable, check_vocabulary
-from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.hf.capability import check_runnable, check_vocabulary, require_config
+from exactpack.hf.kinds import attention_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split
 from exactpack.training.rows import concat_rows
@@ -30,9 +30,9 @@ class HFCollator:
     (:class:`~exactpack.training.ScheduledBatch`), or rows of :func:`exactpack.hf.pack_dataset`
     (:meth:`for_dataset`; keep their columns with ``remove_unused_columns=False``). Returns
     :func:`hf_inputs` of the stacked rows. ``kind=``: :mod:`exactpack.hf.kinds`. ``config``
-    (``model.config``) decides windows and refusals; the mask kinds (sdpa, eager, flex)
-    require it. ``partition`` (``"train"``; None: any) refuses other splits.
-    ``use_cache=False`` is passed unless ``config.use_cache`` is already False.
+    (``model.config``, or the model; required) decides windows and refusals. ``partition``
+    (``"train"``; None: any) refuses other splits. ``use_cache=False`` is passed unless
+    ``config.use_cache`` is already False.
     """
 
     attn_implementation: str
@@ -41,7 +41,7 @@ class HFCollator:
     capacity: int | None = None
     binding: Binding | None = None
     partition: Split | str | None = Split.TRAIN
-    config: Any = None
+    config: Any = None  # required (a field with a default only to keep the order above)
     kind: str | None = None
     arch: Architecture | None = field(init=False, default=None, repr=False)
 
@@ -49,16 +49,14 @@ class HFCollator:
         self.kind = attention_kind(self.attn_implementation, self.kind)
         if self.partition is not None:
             self.partition = Split.parse(self.partition)
-        if self.config is None and self.kind in MASK_KINDS:
-            raise InvalidInput(
-                f"HFCollator({self.attn_implementation!r}) builds the attention masks itself, so"
-                " it needs the model's config: HFCollator(..., config=model.config) — a model"
-                " with sliding windows would otherwise train with unwindowed masks"
-            )
         check_runnable(self.attn_implementation, self.kind)
-        self.arch = None if self.config is None else capability(self.config).check(self.kind)
-        if self.config is not None:
-            check_vocabulary(self.config, self.binding, self.pad_token_id)
+        self.arch = require_config(self.config, self.kind, "HFCollator")
+        check_vocabulary(self._config, self.binding, self.pad_token_id)
+
+    @property
+    def _config(self) -> Any:
+        """The model's config (``config`` may be the model)."""
+        return getattr(self.config, "config", self.config)
 
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
@@ -99,8 +97,8 @@ class HFCollator:
         if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
             rows = concat_rows(features)
             check_split(rows, self.partition, "this HFCollator")
-            if self.config is not None and self.binding is None:  # known only now
-                check_vocabulary(self.config, rows.binding, self.pad_token_id)
+            if self.binding is None:  # known only now
+                check_vocabulary(self._config, rows.binding, self.pad_token_id)
             return rows
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
@@ -142,7 +140,7 @@ class HFCollator:
             pad_token_id=self.pad_token_id,
             kind=self.kind,
         )
-        if self.config is not None and getattr(self.config, "use_cache", True) is False:
+        if getattr(self._config, "use_cache", True) is False:
             # no cache made: every value a tensor of rows, as accelerate's dispatch_batches needs
             del out["use_cache"]
         return out

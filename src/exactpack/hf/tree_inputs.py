@@ -23,7 +23,8 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
-from exactpack.hf.architectures import Architecture, UnsupportedArchitecture, describe
+from exactpack.hf.architectures import Architecture, UnsupportedArchitecture
+from exactpack.hf.capability import capability_once, check_vocabulary
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
@@ -100,16 +101,23 @@ def tree_inputs(
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
-    come back ``(R, T, V)`` (:func:`exactpack.nn.tree_attention.sequence_logprobs`)."""
-    if arch is None and config is not None:
-        arch = check_tree(describe(config), attn_implementation)
+    come back ``(R, T, V)`` (:func:`exactpack.nn.tree_attention.sequence_logprobs`).
+    ``config`` (``model.config``, or the model) is required: it decides windows and refusals
+    (``arch``: a capability already checked with :func:`check_tree` instead)."""
+    if arch is None:
+        if config is None:
+            raise InvalidInput(
+                "tree_inputs needs the model's config to know its sliding windows and refusals"
+                " — pass tree_inputs(..., config=model.config)"
+            )
+        arch = check_tree(capability_once(config), attn_implementation)
+        check_vocabulary(getattr(config, "config", config), batch.binding, pad_token_id)
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
-    if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
-        pad_token_id = arch.padding_id(pad_token_id, vocab)
+    pad_token_id = arch.padding_id(pad_token_id, vocab)  # gemma3n: NaN gradients at its pad
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
-    offset = arch.position_offset if arch is not None else 0  # RoBERTa: from padding_idx + 1
+    offset = arch.position_offset  # RoBERTa: from padding_idx + 1
     out: dict[str, Any] = {
         "input_ids": torch.as_tensor(ids, device=device),
         "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
@@ -216,14 +224,23 @@ class TreeCollator:
     """``DataLoader`` collate function for tree records (:func:`pack_tree_dataset`,
     ``load_packed(...).records()``): ``{"inputs": tree_inputs(...), "batch": TreeBatch}``;
     call ``model(**out["inputs"])`` and take the loss or the per-sequence views from
-    ``out["batch"]`` (:mod:`exactpack.nn.tree_attention`)."""
+    ``out["batch"]`` (:mod:`exactpack.nn.tree_attention`). ``config`` (``model.config``, or
+    the model) is required."""
 
     capacity: int
     vocab_size: int
     attn_implementation: str = NAME
-    config: Any = None
+    config: Any = None  # required (a field with a default only to keep the order above)
     dtype: Any = None
     pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.config is None:
+            raise InvalidInput(
+                "TreeCollator needs the model's config to know its sliding windows and refusals"
+                " — pass TreeCollator(..., config=model.config)"
+            )
+        check_tree(capability_once(self.config), self.attn_implementation)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
