@@ -18,7 +18,7 @@ import torch
 from exactpack import PackConfig, pack_examples
 from exactpack.hf.adapter import build_inputs, cell_logits, hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture, describe
-from exactpack.hf.capability import architecture_of, capability
+from exactpack.hf.capabilities import architecture_of, capability
 from exactpack.verify.diagnose import example_tokens
 from exactpack.verify.models import ModelCrashed, verify_hf
 
@@ -399,7 +399,7 @@ def test_blt_is_refused_for_its_byte_hashes_across_the_row():
 
 
 def test_musicgen_is_judged_on_the_decoder_its_causal_lm_takes():
-    from exactpack.hf.capability import causal_lm
+    from exactpack.hf.capabilities import causal_lm
 
     config = _tiny("musicgen")
     assert type(config).__name__ == "MusicgenDecoderConfig"

@@ -22,7 +22,7 @@ from exactpack.verify.models import (
     verification_layout,
     verify_hf,
 )
-from exactpack.verify.tolerance import float32_islands
+from exactpack.verify.tolerances import float32_islands
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)

@@ -123,7 +123,7 @@ SWEEP = [
 @pytest.mark.parametrize(("model_type", "attn", "refusal"), SWEEP)
 def test_sweep_slice(model_type, attn, refusal):
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.tree_inputs import check_tree
 
     from support.architecture_tiny import tiny_config, tree_model

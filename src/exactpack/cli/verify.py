@@ -111,7 +111,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     from exactpack.cli.verify_tree import load_hf_model
-    from exactpack.hf.capability import architecture_of
+    from exactpack.hf.capabilities import architecture_of
     from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models as hf_verify
 

@@ -21,7 +21,7 @@ _BY_MODULE = {
     "collator": "HFCollator",
     "trl_training": "load_trl per_example split_rows",
     "architectures": "Architecture UnsupportedArchitecture describe",
-    "capability": "capability",
+    "capabilities": "capability",
     "attention_impl": "register_attention",
 }
 _NAMES = {name: mod for mod, names in _BY_MODULE.items() for name in names.split()}

@@ -27,7 +27,7 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import check_vocabulary, require_config
+from exactpack.hf.capabilities import check_vocabulary, require_config
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from exactpack.training.labels import model_labels, seq_idx, shift_labels

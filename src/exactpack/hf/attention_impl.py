@@ -53,8 +53,8 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
 
 
 def _architecture(config: Any) -> Architecture:
-    """:func:`exactpack.hf.capability.capability` of ``config`` checked for :data:`NAME`."""
-    from exactpack.hf.capability import capability_once
+    """:func:`exactpack.hf.capabilities.capability` of ``config`` checked for :data:`NAME`."""
+    from exactpack.hf.capabilities import capability_once
 
     return capability_once(config).check(NAME)
 

@@ -15,7 +15,7 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import check_runnable, check_vocabulary, require_config
+from exactpack.hf.capabilities import check_runnable, check_vocabulary, require_config
 from exactpack.hf.kinds import attention_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split

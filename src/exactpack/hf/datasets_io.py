@@ -106,7 +106,7 @@ def pack_dataset(
     (``tokenizer=``: a path or a loaded tokenizer), else the largest id + 1;
     ``pad_token_id`` (default: the tokenizer's) is checked against it first.
     ``model=`` (a model or its config) is checked before any row
-    (:func:`exactpack.hf.capability.check_model`).
+    (:func:`exactpack.hf.capabilities.check_model`).
 
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
     ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
@@ -169,10 +169,10 @@ def pack_dataset(
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
-    """:func:`exactpack.hf.capability.check_model` of ``pack_dataset(..., model=)``, if given."""
+    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if given."""
     if model is None:
         return
-    from exactpack.hf.capability import check_model
+    from exactpack.hf.capabilities import check_model
 
     lengths = examples.lengths if examples is not None else ()
     longest = int(max(lengths)) if len(lengths) else 0

@@ -24,7 +24,7 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
 from exactpack.hf.architectures import Architecture, UnsupportedArchitecture
-from exactpack.hf.capability import capability_once, check_vocabulary
+from exactpack.hf.capabilities import capability_once, check_vocabulary
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records

@@ -31,8 +31,8 @@ _NAMES = {
     "plain_columns": "blocks",
     "pack": "driver",
     "ray_session": "driver",
-    "DEFAULT_BLOCK_EXAMPLES": "options",
-    "RayOptions": "options",
+    "DEFAULT_BLOCK_EXAMPLES": "ray_options",
+    "RayOptions": "ray_options",
     "RayTaskFailed": "shard_layout",
 }
 __all__ = sorted(_NAMES)

@@ -1,7 +1,7 @@
 """Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
 
 :func:`verify_tree` runs each sequence alone and every trie packed into rows (one call),
-and compares in the model's dtype (:mod:`exactpack.verify.tolerance`) every logit of every
+and compares in the model's dtype (:mod:`exactpack.verify.tolerances`) every logit of every
 sequence, each sequence's supervised log-probability sum, the token-weighted loss and
 every parameter-gradient coordinate. ``mode``: ``adapter``
 (:func:`exactpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each trie one causal sequence
@@ -22,12 +22,12 @@ from torch.utils._pytree import tree_leaves, tree_map
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
-from exactpack.hf.capability import architecture_of
+from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.tree_inputs import NAME, check_tree, register, tree_inputs
 from exactpack.nn.tree_attention import sequence_logprobs, tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import model_facts, observed, running, tally
-from exactpack.verify.tolerance import compare, grad_vector, tolerance
+from exactpack.verify.tolerances import compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
 LOW = (torch.float32, torch.float16, torch.bfloat16)
