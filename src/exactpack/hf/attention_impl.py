@@ -91,14 +91,7 @@ def exactpack_varlen_attention(
     weights; with ``cu_seq_lens_q`` one flattened row (B = 1), without one example a row."""
     name = type(module).__name__
     refuse_unexpressible(NAME, name, softcap, s_aux, "")
-    if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
-        # a 2-D mask is the caller's padding, a 4-D one the model's own bias: never dropped
-        raise NotAvailable(
-            f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
-            f" (padding, or the model's own bias), which {NAME} would drop — feed"
-            f" hf_inputs(batch, '{NAME}', config=model.config) without attention_mask, or use"
-            " sdpa or eager for this model"
-        )
+    refuse_mask(NAME, name, attention_mask, f"hf_inputs(batch, '{NAME}', config=model.config)")
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
@@ -152,9 +145,49 @@ def run_on_tokens(
     return out.view(rows, width, *out.shape[1:])
 
 
-def _all_ones(mask: torch.Tensor) -> bool:
-    """True for a 2-D padding mask that masks nothing (what tokenizers and pipelines pass)."""
-    return mask.dim() == 2 and bool((mask != 0).all())
+def _hides_no_key(mask: torch.Tensor) -> bool:
+    """True for a 2-D padding mask whose zeros all follow a row's ones: none (what tokenizers
+    and pipelines pass), or right padding, which no real query reaches under causal attention."""
+    if mask.dim() != 2:
+        return False
+    keep = mask != 0
+    return not bool((keep[:, 1:] & ~keep[:, :-1]).any())
+
+
+def refuse_mask(impl: str, name: str, attention_mask: Any, feed: str) -> None:
+    """Refuse an ``attention_mask`` that hides a key from a real query: left padding
+    (generation, a padded eval) or a model's own bias. These kinds see only the packing's
+    boundaries, so a mask they ran without would give wrong logits with no error."""
+    if attention_mask is None or (
+        isinstance(attention_mask, torch.Tensor) and _hides_no_key(attention_mask)
+    ):
+        return
+    shape = tuple(getattr(attention_mask, "shape", ()))
+    raise NotAvailable(
+        f"{impl}: {name} got an attention_mask of shape {shape} that hides keys (a left-padded"
+        f" batch, or the model's own bias), which {impl} cannot apply — run padded batches on"
+        f" sdpa or eager (model.set_attn_implementation('sdpa')); packed rows need no mask:"
+        f" {feed}"
+    )
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """``transformers``' mask function for exactpack's kinds: the caller's 2-D padding mask
+    when it hides a key from a real query (so the attention sees it and refuses it), else
+    None. Without a registered mask function ``transformers`` drops the padding mask before
+    attention, and a left-padded batch would run as if unpadded."""
+    if attention_mask is None or _hides_no_key(attention_mask):
+        return None
+    return attention_mask
 
 
 def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
@@ -172,10 +205,13 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
 
 
 def register() -> str:
-    """Register :data:`NAME` with ``transformers.AttentionInterface`` (idempotent); return it."""
+    """Register :data:`NAME` with ``transformers.AttentionInterface`` and its
+    :func:`padding_mask` with ``AttentionMaskInterface`` (idempotent); return it."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, exactpack_varlen_attention)
+    AttentionMaskInterface.register(NAME, padding_mask)
     return NAME
 
 
@@ -183,4 +219,12 @@ register()
 #: The name ``exactpack.hf`` exports :func:`register` under.
 register_attention = register
 
-__all__ = ["NAME", "exactpack_varlen_attention", "plan_of", "register", "register_attention"]
+__all__ = [
+    "NAME",
+    "exactpack_varlen_attention",
+    "padding_mask",
+    "plan_of",
+    "refuse_mask",
+    "register",
+    "register_attention",
+]

@@ -151,10 +151,11 @@ def exactpack_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv)."""
-    from exactpack.hf.attention_impl import refuse_unexpressible, run_on_tokens
+    from exactpack.hf.attention_impl import refuse_mask, refuse_unexpressible, run_on_tokens
 
     name = type(module).__name__
     refuse_unexpressible(NAME, name, softcap, s_aux, " with tree_inputs")
+    refuse_mask(NAME, name, attention_mask, f"tree_inputs(batch, '{NAME}', config=model.config)")
     plan = kwargs.get(NAME)
     rows, _, width, _ = query.shape
     feed = f"feed the model tree_inputs(batch, '{NAME}', config=model.config)"
@@ -179,10 +180,15 @@ def exactpack_tree_attention(
 
 def register(name: str = NAME) -> str:
     """Register ``name`` (one of :data:`TREE_NAMES`) with ``transformers.AttentionInterface``
-    (idempotent); return it. Both run :func:`exactpack_tree_attention`; the plan decides."""
+    and ``AttentionMaskInterface`` (idempotent); return it. Both run
+    :func:`exactpack_tree_attention`; the plan decides."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from exactpack.hf.attention_impl import padding_mask
 
     AttentionInterface.register(name, exactpack_tree_attention)
+    AttentionMaskInterface.register(name, padding_mask)
     return name
 
 
