@@ -187,3 +187,14 @@ def test_every_call_plans_with_the_c_kernels_and_no_numba():
     assert run.returncode == 0, run.stderr[-2000:]
     seen = json.loads(run.stdout.splitlines()[-1])
     assert seen == {"auto": ["native"], "numba": False, "same": True}
+
+
+def test_the_user_path_benchmark_makes_its_scratch_folder_on_a_fresh_clone(tmp_path, monkeypatch):
+    """A fresh clone has no ``.cache/bench``: the benchmark's first scratch folder makes it."""
+    monkeypatch.syspath_prepend(str(SRC.parent / "benchmarks"))
+    import bench_userpath
+
+    missing = tmp_path / "clone" / ".cache" / "bench"
+    monkeypatch.setattr(bench_userpath, "CACHE", missing)
+    work = bench_userpath.scratch("userpath-")
+    assert work.is_dir() and work.parent == missing
