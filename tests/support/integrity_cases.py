@@ -44,7 +44,12 @@ def make_packed(folder: Path) -> tuple[Path, list[dict]]:
     records = random_records(np.random.default_rng(3), 120, vocab=VOCAB, max_len=30)
     data = write_jsonl(folder / "data.jsonl", records)
     pack_path(
-        data, folder / "out", capacity=32, vocab_size=VOCAB, max_rows_per_batch=2, shard_tokens=200
+        data,
+        folder / "out",
+        max_length=32,
+        vocab_size=VOCAB,
+        max_rows_per_batch=2,
+        shard_tokens=200,
     )
     return folder / "out", records
 

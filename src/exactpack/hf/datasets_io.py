@@ -33,8 +33,9 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
 from exactpack.core.config import PackConfig
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
+from exactpack.core.policies import policy_option_names
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -66,6 +67,17 @@ def _options(
     max_length: int | None, policy: str | None, options: PackOptions | None, keywords: dict
 ) -> PackOptions:
     fields = {f.name for f in dataclasses.fields(PackOptions)}
+    strays = sorted(set(keywords) - fields - policy_option_names())
+    if strays:  # neither a PackOptions field nor any policy's option: a typo, most likely
+        known = fields | policy_option_names() | {"model", "tree"}
+        raise InvalidInput(
+            f"pack_dataset got an unknown keyword {strays[0]}"
+            + (
+                did_you_mean(strays[0], known)
+                or "; its keywords are PackOptions fields, the policy's options"
+                " (lookahead=...), model= and tree="
+            )
+        )
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
     given = {"max_length": max_length, "policy": policy}
     overrides |= {k: v for k, v in given.items() if v is not None}
