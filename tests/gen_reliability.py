@@ -152,7 +152,11 @@ dev environment the suite was last run with (`pip freeze` of a fresh
 `bash scripts/setup-venv.sh dev`, Python 3.11; torch is the CPU build of
 2.13.0). `scripts/setup-venv.sh` installs under those constraints, so a
 fresh clone tests what was tested (`git clone ... && bash scripts/test.sh`);
-the ranges in `pyproject.toml` stay what users install against.
+the ranges in `pyproject.toml` stay what users install against. It says
+each step on one line, and stamps `.venv` with the sha256 of
+`pyproject.toml`, the lock, torch's constraint and the native kernels'
+source (and the extras): while they match, a later call installs nothing,
+so `scripts/test.sh` starts pytest in seconds instead of reinstalling.
 `EXACTPACK_UNLOCKED=1 bash scripts/test.sh` upgrades every package to the
 newest version those ranges allow (torch stays 2.13.0: any other would pull a
 CUDA build) and runs the suite against them; when it passes, refresh the lock
