@@ -297,7 +297,7 @@ def trl_packed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trl")
     records = random_records(np.random.default_rng(4), 120, vocab=VOCAB, max_len=30)
     data = write_jsonl(folder / "data.jsonl", records)
-    pack_path(data, folder / "out", capacity=32, vocab_size=VOCAB, format="trl",
+    pack_path(data, folder / "out", max_length=32, vocab_size=VOCAB, format="trl",
               max_rows_per_batch=2, shard_tokens=200)  # fmt: skip
     return folder / "out"
 
@@ -337,7 +337,7 @@ def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, wh
         entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
         (out / "manifest.json").write_text(json.dumps(manifest))
         needle = (
-            "rows, seq_lengths, labels or position_ids disagree"
+            "rows, seq_lengths or labels disagree"
             if how == "rehashed-label"
             else "a token id is outside [0, 500)"
         )

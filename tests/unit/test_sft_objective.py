@@ -139,7 +139,7 @@ def test_refusals_name_the_row_and_the_switch(folders):
     with pytest.raises(InvalidInput, match="row 1: the completion is empty"):
         read_documents(empty, tokenizer=load_tokenizer("bytes"))
     with pytest.raises(InvalidInput, match="completion_only_loss must be True, False or None"):
-        PackOptions(capacity=8, completion_only_loss="yes")
+        PackOptions(max_length=8, completion_only_loss="yes")
 
 
 def test_cli_flags_reach_the_reading(folders, tmp_path, capsys):
@@ -205,7 +205,7 @@ def test_a_streamed_dataset_follows_the_same_switches(folders):
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     folder = str(folders["marked"])
 
-    def supervised(data, **switch):  # the labels TRL's collator trains (rows may have none)
+    def supervised(data, **switch):  # the labels TRL's collator trains
         from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
         collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)

@@ -47,7 +47,7 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
-from exactpack.io.trl_schema import TRL_FORMAT, TRL_VERSION, refuse_trl, trl_schema, trl_table
+from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
 from exactpack.pipeline.options import PackOptions, check_pad_id
@@ -200,7 +200,7 @@ def _tables(
     parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":
         tables = [trl_table(cols) for cols in parts]
-        schema = trl_schema(labels=corpus.flagged)
+        schema = TRL_SCHEMA
     else:
         layout = union(layout_of(cols) for cols in parts)
         tables = [shard_table(cols, layout) for cols in parts]
