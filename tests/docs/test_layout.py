@@ -6,7 +6,6 @@
 - no two modules share a base name, no function over 80 lines;
 - no public name of a package is shadowed by a submodule of the same name;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
-- the 0.1 module paths still import, with a DeprecationWarning;
 - every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``.
 """
 
@@ -15,7 +14,6 @@ import dataclasses
 import inspect
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -162,74 +160,6 @@ def test_every_option_flag_reaches_the_command_line():
     assert {"--block-examples", "--ray-address", "--ray-num-cpus"} <= {
         s for a in sub["pack"]._actions for s in a.option_strings
     }
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("exactpack.stream_packer", "exactpack.core.stream_packer"),
-        ("exactpack.permission", "exactpack.core.permission"),
-        ("exactpack.loss", "exactpack.core.loss"),
-        ("exactpack.core.checks", "exactpack.core.errors"),
-        ("exactpack.core.arguments", "exactpack.core.errors"),
-        ("exactpack.core.arith", "exactpack.core.config"),
-        ("exactpack.core.counts", "exactpack.core.policies"),
-    ],
-)
-def test_old_module_paths_still_import_with_a_deprecation_warning(old, new):
-    code = (
-        "import importlib, warnings\n"
-        "warnings.simplefilter('error', DeprecationWarning)\n"
-        "import exactpack\n"
-        f"new = importlib.import_module({new!r})\n"
-        "try:\n"
-        f"    importlib.import_module({old!r})\n"
-        "except DeprecationWarning as w:\n"
-        f"    assert {new!r} in str(w), w\n"
-        "else:\n"
-        "    raise SystemExit('no DeprecationWarning')\n"
-        "warnings.simplefilter('ignore', DeprecationWarning)\n"
-        f"assert importlib.import_module({old!r}) is new\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-
-
-def test_split_long_sources_still_works_with_a_deprecation_warning():
-    from exactpack.pipeline.options import PackOptions
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        options = PackOptions.of(capacity=8, split_long_sources=True)
-    assert options.cut_long is True
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-
-
-@pytest.mark.parametrize(
-    ("old", "names"),
-    [
-        ("exactpack.batch", ["PackedBatch", "PackConfig", "materialize"]),
-        ("exactpack.store", ["load_packed", "write_packed", "SCHEMA", "rows_to_arrow"]),
-        ("exactpack.training.hf", ["hf_inputs", "HFCollator"]),
-        ("exactpack.policies", ["plan_rows", "Plan", "positive_int"]),
-    ],
-)
-def test_split_modules_keep_their_old_names(old, names):
-    code = (
-        "import importlib, warnings\n"
-        "warnings.simplefilter('ignore', DeprecationWarning)\n"
-        f"old = importlib.import_module({old!r})\n"
-        "import exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards\n"
-        "import exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan, exactpack.core.checks\n"
-        "import exactpack.core.policies, exactpack.core.compact\n"
-        "homes = [exactpack.core.batch, exactpack.core.config, exactpack.io.store, exactpack.io.shards,\n"
-        "         exactpack.hf.adapter, exactpack.hf.collator, exactpack.core.plan,\n"
-        "         exactpack.core.checks, exactpack.core.policies, exactpack.core.compact]\n"
-        f"for name in {names!r}:\n"
-        "    assert any(getattr(h, name, None) is getattr(old, name) for h in homes), name\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
 
 
 @pytest.mark.parametrize("patch", sorted((ROOT / "tests" / "mutants").glob("*.patch")), ids=str)
