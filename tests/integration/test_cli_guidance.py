@@ -127,7 +127,7 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
 
 def test_one_oversized_example_in_each_callers_words(tmp_path, capsys):
     """The library says max_length= / cut_long=True; the command line, its flags."""
-    from exactpack import OversizedExample
+    from exactpack import BudgetExceeded, OversizedExample
     from exactpack.pipeline import pack_path, stats_path
 
     data = _texts(tmp_path, [3, 40])
@@ -136,6 +136,10 @@ def test_one_oversized_example_in_each_callers_words(tmp_path, capsys):
         pack_path(data, tmp_path / "out", max_length=8, tokenizer="bytes")
     report = stats_path(data, max_length=8, tokenizer="bytes")
     assert report["oversized"]["examples"] == 1
+    with pytest.raises(BudgetExceeded) as err:
+        pack_path(data, tmp_path / "out", max_length=64, tokenizer="bytes", max_metadata_bytes=1024)
+    assert "lower chunk_bytes=, shard_tokens=, max_rows_per_batch=" in str(err.value)
+    assert " --" not in str(err.value)
     argv = [str(data), "--tokenizer", "bytes", "--max-length", "8"]
     assert main(["pack", *argv, "--out", str(tmp_path / "out")]) == 2
     assert _one_line(capsys).endswith(" — raise --max-length or cut it with --cut-long\n")
