@@ -93,14 +93,14 @@ def test_train_and_validation_rows_are_packed_apart_and_never_mixed(tmp_path, rn
     records = _split_records(tmp_path, rng)
     mixed = write_jsonl(tmp_path / "mixed.jsonl", records)
     with pytest.raises(SplitMismatch, match=r"mixed\.jsonl line 1: .* 'validation'"):
-        pack_path(mixed, tmp_path / "bad", capacity=16, vocab_size=VOCAB)
+        pack_path(mixed, tmp_path / "bad", max_length=16, vocab_size=VOCAB)
     assert not (tmp_path / "bad").exists()
     outs = {}
     for part in ("train", "validation"):
         subset = [r for r in records if r["partition"] == part]
         data = write_jsonl(tmp_path / f"{part}.jsonl", subset)
         outs[part] = tmp_path / part
-        pack_path(data, outs[part], capacity=16, vocab_size=VOCAB, split=part)
+        pack_path(data, outs[part], max_length=16, vocab_size=VOCAB, split=part)
         got = recovered_examples(load_packed(outs[part], expected_split=part))
         assert sorted(e["source_id"] for e in got.values()) == sorted(r["id"] for r in subset)
     train = load_packed(outs["train"])
@@ -167,7 +167,7 @@ def test_every_cell_traces_back_to_its_source_document(tmp_path, rng, policy):
     pack_path(
         data,
         tmp_path / "out",
-        capacity=24,
+        max_length=24,
         vocab_size=VOCAB,
         policy=policy,
         cut_long=True,
@@ -190,7 +190,7 @@ def test_next_fit_through_the_store_is_whole_once_and_in_order(tmp_path_factory,
     pack_path(
         data,
         folder / "out",
-        capacity=cap,
+        max_length=cap,
         vocab_size=VOCAB,
         policy="next-fit",
         cut_long=split,
@@ -350,13 +350,13 @@ def test_packed_dataset_refuses_what_the_format_forbids(packed, tmp_path, name):
     """The training path holds shards to the format at its default depth, row_stats too."""
     import shutil
 
-    from exactpack.training.packed_data import PackedDataset
+    from exactpack.training.packed_data import PackedBatches
 
     case = next(c for c in DAMAGES if c.name == name)
     out = tmp_path / "out"
     shutil.copytree(packed[0], out)
     case.damage(out)
-    data = PackedDataset(out)
+    data = PackedBatches(out)
     with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
         data.row_stats()
     with pytest.raises(InvalidInput, match=re.escape(case.needles[0])):
