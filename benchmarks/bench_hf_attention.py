@@ -8,8 +8,9 @@ supplied order, packed next-fit; the first ``--rows`` (4) rows of width T
 (4096 and 8192) are one micro-batch. Model: a tiny Llama built from a config
 (hidden 64, 4 heads of 16 / 2 KV heads, SwiGLU 128, 2 layers, vocabulary
 266, float32, seed 0), the same weights everywhere. A step is what a
-training loop does per micro-batch: ``hf_inputs(batch, ...)`` (the masks are
-built here, on the CPU) + forward + ``loss.backward()``.
+training loop does per micro-batch:
+``hf_inputs(batch, ..., config=model.config)`` (the masks are built here, on
+the CPU) + forward + ``loss.backward()``.
 
 Variants (all compute the same loss; the run checks it):
 

@@ -233,8 +233,14 @@ def exactpack_pack(source: Path, out: Path, *flags: str) -> dict:
     return result
 
 
+def scratch(prefix: str) -> Path:
+    """A fresh folder under ``.cache/bench``, made first on a fresh clone."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=CACHE))
+
+
 def trl_run(script: str, *args: str) -> dict:
-    cache = Path(tempfile.mkdtemp(prefix="hf-cache-", dir=CACHE))
+    cache = scratch("hf-cache-")
     try:  # an empty datasets cache: the run converts and packs like a user's first run
         return fresh([sys.executable, "-c", script, *args], {"HF_DATASETS_CACHE": str(cache)})
     finally:
@@ -451,7 +457,7 @@ def main() -> None:
         return
     sizes = [20.0] if args.quick else [float(x) for x in args.text.split(",") if x]
     trl_sizes = {float(x) for x in args.trl_text.split(",") if x}
-    work = Path(tempfile.mkdtemp(prefix="userpath-", dir=CACHE))
+    work = scratch("userpath-")
     rows: list[dict] = []
     loads: list[dict] = []
     try:

@@ -174,7 +174,7 @@ def transformers_check() -> None:
             layout = verification_layout(16, 64)
             examples = verification_examples(266, 0, layout=layout)
             try:
-                report = verify_hf(model, examples, capacity=layout.capacity)
+                report = verify_hf(model, examples, max_length=layout.capacity)
             except Exception as err:
                 check(name, False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
                 continue

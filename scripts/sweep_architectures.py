@@ -8,7 +8,7 @@ Usage::
 For each type of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: a tiny random config
 (``tests/support/architecture_tiny.py``: width 16, 2 layers, window 4 where the model
 has one, smaller than the longest example), its capability
-(:func:`exactpack.hf.capability.capability`: exact / exact if ... / refused and
+(:func:`exactpack.hf.capabilities.capability`: exact / exact if ... / refused and
 why), and ``verify_hf`` in float64 on each of eager, sdpa and
 ``exactpack_varlen``, the separate runs on the model's own sdpa/eager. Each
 cell is ``PASS`` (packed == separate), ``FAIL`` (mixed examples), ``refused``
@@ -64,7 +64,7 @@ def _line(err: BaseException) -> str:
 def _build(config, attn: str, dtype):
     import torch
 
-    from exactpack.hf.capability import causal_lm
+    from exactpack.hf.capabilities import causal_lm
 
     torch.manual_seed(0)
     return causal_lm(config)(
@@ -89,7 +89,7 @@ def run_one(model_type: str, attn: str, config) -> dict:
     import torch
 
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capability import architecture_of, capability
+    from exactpack.hf.capabilities import architecture_of, capability
     from exactpack.hf.kinds import attention_kind
 
     from support.architecture_cases import verify_default
@@ -149,7 +149,7 @@ def sweep_type(model_type: str, budget: int = 180) -> dict:
 
 
 def _sweep_type(model_type: str) -> dict:
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
 
     from support.architecture_tiny import tiny_config
 

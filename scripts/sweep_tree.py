@@ -59,7 +59,7 @@ def run_one(attn: str, config, mode: str = "adapter") -> dict:
 
     from exactpack.core.errors import InvalidInput, NotAvailable
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.kinds import tree_kind
     from exactpack.verify.tree_models import tree_groups, verify_tree
 

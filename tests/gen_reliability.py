@@ -33,7 +33,8 @@ most expensive kind. The rules:
   with code 2 and prints `exactpack pack: error: ...` naming the file and line
   (or example, index and id), the value, the limit and what to do; the Python
   API raises the matching subclass of `exactpack.ExactpackError` with the same
-  words. Neither leaves a file behind (the tests compare the folder before
+  words (a keyword, `cut_long=True`, where the command line names its flag,
+  `--cut-long`). Neither leaves a file behind (the tests compare the folder before
   and after). A refused command line is one line too (`exactpack CMD: error:
   ...`, exit 2), never argparse's usage block; every number on the command
   line is read by one function that refuses `inf`, `nan`, fractions and
@@ -169,7 +170,11 @@ dev environment the suite was last run with (`pip freeze` of a fresh
 `bash scripts/setup-venv.sh dev`, Python 3.11; torch is the CPU build of
 2.13.0). `scripts/setup-venv.sh` installs under those constraints, so a
 fresh clone tests what was tested (`git clone ... && bash scripts/test.sh`);
-the ranges in `pyproject.toml` stay what users install against.
+the ranges in `pyproject.toml` stay what users install against. It says
+each step on one line, and stamps `.venv` with the sha256 of
+`pyproject.toml`, the lock, torch's constraint and the native kernels'
+source (and the extras): while they match, a later call installs nothing,
+so `scripts/test.sh` starts pytest in seconds instead of reinstalling.
 `EXACTPACK_UNLOCKED=1 bash scripts/test.sh` upgrades every package to the
 newest version those ranges allow (torch stays 2.13.0: any other would pull a
 CUDA build) and runs the suite against them; when it passes, refresh the lock
@@ -300,6 +305,8 @@ def code(text: str) -> str:
 
 
 def hostile_table() -> list[str]:
+    from exactpack.cli.flags import in_flags
+
     from support.hostile_cases import CASES, run_case
 
     out = [
@@ -319,7 +326,7 @@ def hostile_table() -> list[str]:
         else:
             expected = f"`{case.error.__name__}` naming `{case.needles[0]}`"
             cli = "— (a library check)" if case.argv is None else f"{got.cli_code}, {code(stderr)}"
-            same = got.cli_stderr == f"exactpack pack: error: {got.api_message}\n"
+            same = got.cli_stderr == f"exactpack pack: error: {in_flags(got.api_message)}\n"
             message = "same words" if case.argv is not None and same else got.api_message
             name = got.api_error.__name__ if got.api_error else "none"
             api = f"`{name}`: {cell(message.replace(f'{tmp}/', ''))}"

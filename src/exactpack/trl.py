@@ -43,7 +43,7 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
-from exactpack.hf.capability import architecture_of
+from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import tree_kind
 from exactpack.hf.tree_inputs import tree_inputs
 

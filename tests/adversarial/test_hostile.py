@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from exactpack.cli.flags import in_flags
 from exactpack.io.store import load_packed
 
 from support.hostile_cases import CASES, DATA, OUT, Case, run_case
@@ -29,7 +30,8 @@ def test_bad_input_is_one_clear_line_a_typed_error_and_nothing_written(case: Cas
     if case.argv is not None:
         assert got.cli_code == 2
         assert got.cli_stdout == ""
-        assert got.cli_stderr == f"exactpack pack: error: {got.api_message}\n"
+        # the same words, the API's keywords (cut_long=True) as their flags (--cut-long)
+        assert got.cli_stderr == f"exactpack pack: error: {in_flags(got.api_message)}\n"
         assert got.cli_written == []
 
 

@@ -337,7 +337,7 @@ def test_damage_to_any_shard_of_a_trl_output_is_refused(trl_packed, tmp_path, wh
         entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
         (out / "manifest.json").write_text(json.dumps(manifest))
         needle = (
-            "rows, seq_lengths, labels or position_ids disagree"
+            "rows, seq_lengths or labels disagree"
             if how == "rehashed-label"
             else "a token id is outside [0, 500)"
         )

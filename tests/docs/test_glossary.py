@@ -273,3 +273,37 @@ def test_landed_keywords_stay_landed():
                 fn = getattr(fn, part)
             params = inspect.signature(fn).parameters
             assert new in params and old not in params, where
+
+
+#: What a user calls with keywords: none takes a retired word as a parameter (the packer's
+#: own ``capacity`` and the batches' on-disk ``partition`` stay inside the library).
+USER_CALLS = (
+    "exactpack.hf.collator:HFCollator",
+    "exactpack.hf.tree_inputs:TreeCollator",
+    "exactpack.hf.tree_inputs:tree_inputs",
+    "exactpack.hf.adapter:hf_inputs",
+    "exactpack.hf.datasets_io:pack_dataset",
+    "exactpack.verify.models:verify_hf",
+    "exactpack.verify.tree_models:verify_tree",
+    "exactpack.pipeline.local:pack_path",
+    "exactpack.pipeline.local:pack_table",
+    "exactpack.pipeline.stats:stats_path",
+    "exactpack.pipeline.stats:plot_stats",
+    "exactpack.pipeline.pack_tree:pack_tree_path",
+    "exactpack.training.stream:StreamDataset",
+    "exactpack.training.packed_data:PackedBatches",
+    "exactpack.io.store:load_packed",
+    "exactpack.core.tree:pack_tree",
+)
+RETIRED_KEYWORDS = {"capacity", "partition", "expected_partition", "split_long", "verify",
+                    "window", "engine", "tree_window"}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", USER_CALLS)
+def test_no_user_facing_call_takes_a_retired_keyword(where):
+    import inspect
+
+    module, qualname = where.split(":")
+    fn = getattr(importlib.import_module(module), qualname)
+    params = set(inspect.signature(fn).parameters)
+    assert not params & RETIRED_KEYWORDS, (where, sorted(params & RETIRED_KEYWORDS))

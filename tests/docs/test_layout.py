@@ -4,6 +4,7 @@
 - ``import exactpack`` loads none of the heavy dependencies;
 - no module imports another module's private name;
 - no two modules share a base name, no function over 80 lines;
+- no public name of a package is shadowed by a submodule of the same name;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
 - the old name appears nowhere, nothing is deprecated before a release;
 - every planted mutant (``tests/mutants/*.patch``) still applies to ``src/``;
@@ -83,6 +84,42 @@ def test_module_base_names_are_distinct():
         if path.stem not in ("__init__", "__main__"):
             homes.setdefault(path.stem, []).append(str(path.relative_to(SRC)))
     assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
+
+
+#: The packages whose names users import.
+PUBLIC_PACKAGES = (
+    "exactpack",
+    "exactpack.hf",
+    "exactpack.io",
+    "exactpack.nn",
+    "exactpack.pipeline",
+    "exactpack.ray",
+    "exactpack.training",
+    "exactpack.verify",
+)
+
+
+def test_no_public_name_is_shadowed_by_a_submodule():
+    """Importing a submodule sets it on its package, replacing an exported name it shares:
+    ``from exactpack.hf import capability`` once gave the module, not the function."""
+    code = (
+        "import importlib, pkgutil, sys, types, exactpack\n"
+        "for m in pkgutil.walk_packages(exactpack.__path__, 'exactpack.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        f"for name in {PUBLIC_PACKAGES!r}:\n"
+        "    package = sys.modules[name]\n"
+        "    lazy = '__getattr__' in vars(package)\n"
+        "    exported = getattr(package, '__all__', None) or (dir(package) if lazy else [])\n"
+        "    assert exported, name\n"
+        "    for public in exported:\n"
+        "        value = getattr(package, public)\n"
+        "        if isinstance(value, types.ModuleType):\n"
+        "            print(f'{name}.{public} is the module {value.__name__}')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "", proc.stdout
 
 
 def test_functions_stay_small():

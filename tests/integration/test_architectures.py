@@ -18,7 +18,7 @@ import torch
 from exactpack import PackConfig, pack_examples
 from exactpack.hf.adapter import build_inputs, cell_logits, hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture, describe
-from exactpack.hf.capability import architecture_of, capability
+from exactpack.hf.capabilities import architecture_of, capability
 from exactpack.verify.diagnose import example_tokens
 from exactpack.verify.models import ModelCrashed, verify_hf
 
@@ -280,15 +280,18 @@ def test_longrope_is_exact_only_while_no_example_passes_the_original_context():
     )
     assert [c.limit for c in capability(config).conditions] == [8]
     hf_inputs(_batch([8, 3], 12), "sdpa", config=config)  # within: accepted
-    with pytest.raises(UnsupportedArchitecture, match=r"every example <= 8 pairs.*longrope"):
+    with pytest.raises(UnsupportedArchitecture, match=r"every example <= 8 pairs.*longrope") as e:
         hf_inputs(_batch([9, 3], 12), "sdpa", config=config)
+    # a Python caller's words: its keyword, not a flag
+    assert str(e.value).endswith("— lower max_length= to 8 or pre-split the longer examples")
 
 
 def test_llama4_nope_temperature_is_exact_only_for_rows_shorter_than_floor_scale():
     config = _tiny("llama4_text", attention_chunk_size=4, no_rope_layers=[1, 0], floor_scale=13)
     hf_inputs(_batch([5, 3], 12), "sdpa", config=config)
-    with pytest.raises(UnsupportedArchitecture, match="rows <= 12 columns"):
+    with pytest.raises(UnsupportedArchitecture, match="rows <= 12 columns") as e:
         hf_inputs(_batch([5, 3], 14), "sdpa", config=config)
+    assert str(e.value).endswith("— lower max_length= to 12")
     with pytest.raises(UnsupportedArchitecture, match="chunked_attention"):
         capability(config).check("exactpack_varlen")
 
@@ -399,7 +402,7 @@ def test_blt_is_refused_for_its_byte_hashes_across_the_row():
 
 
 def test_musicgen_is_judged_on_the_decoder_its_causal_lm_takes():
-    from exactpack.hf.capability import causal_lm
+    from exactpack.hf.capabilities import causal_lm
 
     config = _tiny("musicgen")
     assert type(config).__name__ == "MusicgenDecoderConfig"

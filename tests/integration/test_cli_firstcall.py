@@ -118,9 +118,7 @@ def test_trl_columns_in_one_pass_equal_the_numpy_path(masked, monkeypatch):
     table = trl_table(cols)
     monkeypatch.setattr(engine, "compiled", lambda name: None)  # the NumPy path, no C kernels
     assert table.equals(trl_table(cols))
-    assert ("labels" in table.column_names) == masked
-    if masked:
-        assert table.schema.field("labels").type == pa.list_(pa.int64())
+    assert table.schema.field("labels").type == pa.list_(pa.int64())  # labels always
     collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
     batch = collate(table.to_pylist())
     labels, positions = (batch[c][0].numpy() for c in ("labels", "position_ids"))
@@ -183,3 +181,14 @@ def test_every_call_plans_with_the_c_kernels_and_no_numba():
     assert run.returncode == 0, run.stderr[-2000:]
     seen = json.loads(run.stdout.splitlines()[-1])
     assert seen == {"auto": ["native"], "numba": False, "same": True}
+
+
+def test_the_user_path_benchmark_makes_its_scratch_folder_on_a_fresh_clone(tmp_path, monkeypatch):
+    """A fresh clone has no ``.cache/bench``: the benchmark's first scratch folder makes it."""
+    monkeypatch.syspath_prepend(str(SRC.parent / "benchmarks"))
+    import bench_userpath
+
+    missing = tmp_path / "clone" / ".cache" / "bench"
+    monkeypatch.setattr(bench_userpath, "CACHE", missing)
+    work = bench_userpath.scratch("userpath-")
+    assert work.is_dir() and work.parent == missing

@@ -1,7 +1,8 @@
 """Messages that send the user the right way, visible progress and versions (issue 23, 6-7).
 
 Each test runs the real command line (``exactpack.cli.main`` or ``python -m
-exactpack``) on files it writes, and checks the one line a user reads.
+exactpack``) on files it writes, and checks the one line a user reads; the
+Python API's lines are checked for its own words (keywords, not flags).
 """
 
 import json
@@ -122,6 +123,51 @@ def test_stats_counts_every_oversized_example_and_the_capacities_that_fit(tmp_pa
     assert main(["stats", str(data), "--tokenizer", "bytes", "--max-length", "1"]) == 2
     err = _one_line(capsys)
     assert "500 of 500 examples are longer than capacity 1" in err and "none fits" in err
+
+
+def test_one_oversized_example_in_each_callers_words(tmp_path, capsys):
+    """The library says max_length= / cut_long=True; the command line, its flags."""
+    from exactpack import BudgetExceeded, OversizedExample
+    from exactpack.pipeline import pack_path, stats_path
+
+    data = _texts(tmp_path, [3, 40])
+    py = "raise max_length= or cut it with cut_long=True"
+    with pytest.raises(OversizedExample, match=py):
+        pack_path(data, tmp_path / "out", max_length=8, tokenizer="bytes")
+    report = stats_path(data, max_length=8, tokenizer="bytes")
+    assert report["oversized"]["examples"] == 1
+    with pytest.raises(BudgetExceeded) as err:
+        pack_path(data, tmp_path / "out", max_length=64, tokenizer="bytes", max_metadata_bytes=1024)
+    assert "lower chunk_bytes=, shard_tokens=, max_rows_per_batch=" in str(err.value)
+    assert " --" not in str(err.value)
+    argv = [str(data), "--tokenizer", "bytes", "--max-length", "8"]
+    assert main(["pack", *argv, "--out", str(tmp_path / "out")]) == 2
+    assert _one_line(capsys).endswith(" — raise --max-length or cut it with --cut-long\n")
+    assert main(["stats", *argv]) == 0
+    warning = capsys.readouterr().err
+    assert warning.rstrip().endswith("— raise --max-length or pass --cut-long"), warning
+
+
+def test_python_callers_get_a_did_you_mean_for_a_mistyped_keyword():
+    """Not 'policy X takes no option cut_lng': the keyword meant, or the keywords there are."""
+    import datasets
+
+    from exactpack import InvalidInput, PackOptions
+    from exactpack.hf import pack_dataset
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[0, 5, 6, 1], [0, 7, 1]]})
+    for typo, meant in (("cut_lng", "cut_long"), ("max_rows_per_batc", "max_rows_per_batch")):
+        with pytest.raises(InvalidInput, match=rf"unknown keyword {typo} — did you mean {meant}\?"):
+            pack_dataset(ds, 64, vocab_size=10, **{typo: True})
+        with pytest.raises(InvalidInput, match=rf"option\(s\) {typo} — did you mean {meant}\?"):
+            PackOptions.of(max_length=64, **{typo: True})
+    with pytest.raises(InvalidInput, match=r"lookahed — did you mean lookahead\?"):
+        pack_dataset(ds, 64, "stream-best-fit", vocab_size=10, lookahed=8)
+    with pytest.raises(InvalidInput, match=r"lookahead is stream-best-fit's"):
+        pack_dataset(ds, 64, "next-fit", vocab_size=10, lookahead=8)
+    with pytest.raises(InvalidInput, match=r"unknown keyword zzz; its keywords are PackOptions"):
+        pack_dataset(ds, 64, vocab_size=10, zzz=1)
+    assert len(pack_dataset(ds, 64, "stream-best-fit", vocab_size=10, lookahead=8)) == 1
 
 
 def test_version_and_trl_s_policy_name(tmp_path, capsys):

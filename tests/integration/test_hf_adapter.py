@@ -47,6 +47,10 @@ def llama_config():
     return AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
 
 
+#: The tiny Llama's config, one object (its capability is found once per object).
+CFG = llama_config()
+
+
 def tiny_llama(attn: str, dtype=torch.float64, seed: int = 0):
     torch.manual_seed(seed)
     config = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
@@ -77,7 +81,7 @@ def close(a, b, atol=1e-10, rtol=1e-9):
 
 def test_fixture_sdpa_kwargs():
     batch = fixture_batch()
-    kw = hf_inputs(batch, "sdpa", dtype=torch.float64, pad_token_id=7)
+    kw = hf_inputs(batch, "sdpa", config=CFG, dtype=torch.float64, pad_token_id=7)
     assert set(kw) == {
         "input_ids",
         "position_ids",
@@ -116,7 +120,7 @@ def test_masks_match_the_predicate_on_random_layouts(case, window):
         mask = additive_mask(batch, torch.float32, sliding_window=window)
         assert torch.equal(mask[:, 0] == 0, torch.as_tensor(allowed))
         assert torch.equal(bool_mask(batch, sliding_window=window)[:, 0], torch.as_tensor(allowed))
-        kw = hf_inputs(batch, "flash_attention_2", labels=False)
+        kw = hf_inputs(batch, "flash_attention_2", config=CFG, labels=False)
         cu = batch.cu_seqlens()
         assert kw["cu_seq_lens_q"].tolist() == cu.cu_seqlens.tolist()
         assert kw["input_ids"].shape == (1, cu.valid_index.shape[0])
@@ -143,7 +147,7 @@ def test_flash_kwargs_spans_are_the_segments_on_random_layouts(case):
     """Each cu_seq_lens span of the flattened cells is one segment, positions 0..l-1."""
     _, _, epoch = case
     for batch in epoch.batches:
-        kw = hf_inputs(batch, "flash_attention_2")
+        kw = hf_inputs(batch, "flash_attention_2", config=CFG)
         cu = kw["cu_seq_lens_q"].tolist()
         assert kw["max_length_q"] == max(np.diff(cu), default=0)
         assert len(cu) - 1 == batch.occurrences.row.shape[0]  # one span per occurrence
@@ -160,7 +164,7 @@ def test_flash_kwargs_spans_are_the_segments_on_random_layouts(case):
 
 def test_flash_kwargs_are_the_flattened_valid_cells():
     batch = fixture_batch()
-    kw = hf_inputs(batch, "flash_attention_2", num_items_in_batch=20)
+    kw = hf_inputs(batch, "flash_attention_2", config=CFG, num_items_in_batch=20)
     cu = batch.cu_seqlens()
     assert "attention_mask" not in kw and kw["use_cache"] is False
     for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
@@ -194,7 +198,7 @@ def test_flex_block_mask_attends_like_the_dense_predicate():
     from torch.nn.attention.flex_attention import flex_attention
 
     batch = fixture_epoch(3).batches[0]
-    bm = hf_inputs(batch, "flex_attention")["attention_mask"]
+    bm = hf_inputs(batch, "flex_attention", config=CFG)["attention_mask"]
     assert bm.shape == (2, 1, 6, 6)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -212,7 +216,7 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
     model = tiny_llama(attn)
     examples = verification_examples(266, seed=3)
     batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
-    kwargs = hf_inputs(batch, attn, dtype=torch.float64)
+    kwargs = hf_inputs(batch, attn, config=model.config, dtype=torch.float64)
     logits_tol = observed_tolerance(model, unlabelled(kwargs))  # eager: float32 softmax
     assert (attn == "eager") == (logits_tol == FLOAT32_TOLERANCE)
     loss_tol = observed_tolerance(model, kwargs)  # ForCausalLMLoss upcasts logits to float32
@@ -242,7 +246,9 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
     assert close(hf_loss(out.logits, batch).mean, total / count)
     assert close(out.loss, total / count, *loss_tol)  # transformers' float32 loss
     # A global count divides the raw sum once (gradient accumulation / ranks).
-    out = model(**hf_inputs(batch, attn, dtype=torch.float64, num_items_in_batch=100))
+    out = model(
+        **hf_inputs(batch, attn, config=model.config, dtype=torch.float64, num_items_in_batch=100)
+    )
     assert close(out.loss, total / 100, *loss_tol)
     assert close(hf_loss(out.logits, batch, count=100).mean, total / 100)
 
@@ -250,15 +256,56 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
     with pytest.raises(InvalidInput, match=r"'flash_attention_9' is of no kind.*flash_attention_2"):
-        hf_inputs(batch, "flash_attention_9")
+        hf_inputs(batch, "flash_attention_9", config=CFG)
     with pytest.raises(InvalidInput, match="pad_token_id"):
-        hf_inputs(batch, "sdpa", pad_token_id=266)
+        hf_inputs(batch, "sdpa", config=CFG, pad_token_id=266)
     with pytest.raises(InvalidInput, match="floating"):
         additive_mask(batch, torch.int64)
     with pytest.raises(InvalidInput, match="paged cache"):
-        HFCollator("paged|sdpa")
-    with pytest.raises(InvalidInput, match="config=model\\.config"):
-        HFCollator("sdpa")
+        HFCollator("paged|sdpa", config=CFG)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention", "exactpack_varlen"])
+def test_every_entry_point_that_builds_inputs_requires_the_config(attn):
+    """Without the config a windowed model would get unwindowed masks, silently."""
+    batch = fixture_batch()
+    with pytest.raises(InvalidInput, match=r"hf_inputs\(\.\.\., config=model\.config\)"):
+        hf_inputs(batch, attn, config=None)
+    with pytest.raises(TypeError, match="config"):
+        hf_inputs(batch, attn)  # a required keyword
+    with pytest.raises(InvalidInput, match=r"HFCollator\(\.\.\., config=model\.config\)"):
+        HFCollator(attn)
+    # The model itself does as well as its config; a vocabulary it cannot index is refused.
+    model = tiny_llama("sdpa")
+    assert hf_inputs(batch, attn, config=model)["input_ids"].shape[0] >= 1
+    small = config_of("llama", vocab_size=100)
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 100"):
+        hf_inputs(batch, attn, config=small)
+
+
+def test_a_windowed_model_is_exact_only_through_its_config():
+    """Qwen2 with a window of 2: the inputs hf_inputs builds from its config give each
+    example's logits alone; the unwindowed masks it would have built without are off."""
+    torch.manual_seed(0)
+    qwen = config_of(
+        "qwen2", use_sliding_window=True, sliding_window=2, max_window_layers=0,
+        num_key_value_heads=1, intermediate_size=32,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(qwen, attn_implementation="sdpa", dtype=torch.float64)
+    model = model.eval()
+    examples = verification_examples(266, seed=3)
+    batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
+    out = model(**hf_inputs(batch, "sdpa", config=model.config, dtype=torch.float64)).logits
+    occ = batch.occurrences
+    for j, i in enumerate(occ.ordinal.tolist()):
+        alone = model(input_ids=torch.as_tensor(examples[i].inputs[None]).long()).logits[0]
+        packed = out[occ.row[j], occ.col_start[j] : occ.col_end[j]]
+        assert close(packed, alone)
+    unwindowed = hf_inputs(batch, "sdpa", config=CFG, dtype=torch.float64)  # llama: no window
+    wrong = model(**unwindowed).logits
+    assert not close(
+        wrong[torch.as_tensor(batch.input_valid)], out[torch.as_tensor(batch.input_valid)]
+    )
 
 
 def _packed_dataset():
@@ -274,7 +321,7 @@ def test_collator_on_dataset_rows_and_on_batches():
     (whole,) = to_batches(packed)
     collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64, config=llama_config())
     got = collate([packed[2], packed[0]])  # Trainer's sampler reorders rows
-    want = hf_inputs(whole, "sdpa", dtype=torch.float64)
+    want = hf_inputs(whole, "sdpa", config=CFG, dtype=torch.float64)
     assert got.keys() == want.keys()
     for name in ("input_ids", "position_ids", "labels", "shift_labels", "attention_mask"):
         assert torch.equal(got[name], want[name][[2, 0]])
@@ -300,7 +347,7 @@ def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path)
     params = list(model.parameters())
 
     def grad_of(batch):
-        logits = model(**hf_inputs(batch, "sdpa", dtype=torch.float64)).logits
+        logits = model(**hf_inputs(batch, "sdpa", config=model.config, dtype=torch.float64)).logits
         grads = torch.autograd.grad(hf_loss(logits, batch).mean, params)
         return torch.cat([g.reshape(-1) for g in grads])
 
@@ -374,13 +421,13 @@ def test_masks_follow_the_model_config_one_per_layer_type():
 
 def test_bool_masks_are_for_sdpa_only():
     batch = fixture_batch()
-    kw = hf_inputs(batch, "sdpa", mask="bool")
+    kw = hf_inputs(batch, "sdpa", config=CFG, mask="bool")
     assert kw["attention_mask"].dtype == torch.bool
     assert torch.equal(kw["attention_mask"][:, 0], torch.as_tensor(hf_allowed(batch)))
     with pytest.raises(InvalidInput, match="as numbers"):
-        hf_inputs(batch, "eager", mask="bool")
+        hf_inputs(batch, "eager", config=CFG, mask="bool")
     with pytest.raises(InvalidInput, match="one of float, bool"):
-        hf_inputs(batch, "sdpa", mask="half")
+        hf_inputs(batch, "sdpa", config=CFG, mask="half")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,11 @@ from support.reference import flat_spans, per_example_attention
 from support.strategies import packed_epochs
 
 torch.set_num_threads(1)
+#: A small Llama config: what hf_inputs checks the rows against (vocabulary 266).
+CFG = AutoConfig.for_model(
+    "llama", vocab_size=266, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1,
+)  # fmt: skip
 
 
 class Layer(torch.nn.Module):
@@ -35,7 +40,7 @@ def flattened(batch, heads=4, kv_heads=2, dim=8, seed=0):
         torch.randn(1, kv_heads, n, dim, generator=gen, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    kwargs = hf_inputs(batch, NAME, labels=False)
+    kwargs = hf_inputs(batch, NAME, config=CFG, labels=False)
     return q, k, v, {name: kwargs[name] for name in ("cu_seq_lens_q", "position_ids")}
 
 
@@ -120,7 +125,7 @@ def test_one_plan_per_cu_seqlens_tensor():
 
 
 def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
-    """HFCollator has no model config; exactpack_varlen reads each layer's window itself."""
+    """exactpack_varlen reads each layer's window itself (the collator checks the config)."""
     from transformers import AutoModelForCausalLM
 
     from exactpack import PackConfig, pack_examples
@@ -142,7 +147,9 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
         "train", examples, examples[0].binding, PackConfig(layout.capacity, 6)
     ).batches
     with torch.no_grad():
-        packed = model(**HFCollator(NAME)([batch])).logits[0]  # (N, V): the valid cells
+        packed = model(**HFCollator(NAME, config=config)([batch])).logits[
+            0
+        ]  # (N, V): the valid cells
         alone = torch.cat([model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0]
                            for ex in examples])  # fmt: skip
     order = np.argsort(np.repeat(batch.occurrences.ordinal, np.diff(batch.cu_seqlens().cu_seqlens)))
@@ -150,7 +157,8 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
 
 
 def test_a_mask_exactpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
-    """doge passes its own 4-D bias; a caller's padding mask is no better (never dropped)."""
+    """doge passes its own 4-D bias; a caller's left padding is no better (never dropped);
+    right padding hides no key from a real query under causal attention."""
     import pytest as _pytest
 
     from exactpack.core.errors import NotAvailable
@@ -158,9 +166,43 @@ def test_a_mask_exactpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
 
     module = torch.nn.Module()
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
-    for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[1, 1, 1, 0, 0]])):
-        with _pytest.raises(NotAvailable, match="would drop"):
+    for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[0, 0, 1, 1, 1]])):
+        with _pytest.raises(NotAvailable, match=r"hides keys.*set_attn_implementation"):
             exactpack_varlen_attention(module, q, q, q, mask)
-    out, _ = exactpack_varlen_attention(module, q, q, q, torch.ones(1, 5, dtype=torch.long))
     want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)
+    for mask in (torch.ones(1, 5, dtype=torch.long), torch.tensor([[1, 1, 1, 0, 0]])):
+        out, _ = exactpack_varlen_attention(module, q, q, q, mask)
+        assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", [NAME, "exactpack_tree", "exactpack_tree_varlen"])
+def test_a_left_padded_batch_is_refused_not_ignored_by_exactpacks_kinds(impl):
+    """A left-padded batch (generation, a padded eval) through a whole model: transformers
+    drops the padding mask of a kind with no mask function, which gave logits off by ~0.07
+    on the padded row with no error. No mask, an all-ones one or right padding (which no
+    real query reaches) keep working, exactly as sdpa."""
+    from transformers import AutoModelForCausalLM
+
+    from exactpack.hf.tree_inputs import register
+
+    if impl != NAME:
+        register(impl)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CFG, attn_implementation="sdpa", dtype=torch.float64)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [2, 2, 3, 4, 5]])
+    left = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    right = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        want_right = model(input_ids=ids, attention_mask=right).logits
+        model.set_attn_implementation(impl)
+        with pytest.raises(NotAvailable, match=r"set_attn_implementation\('sdpa'\)"):
+            model(input_ids=ids, attention_mask=left)
+        for mask in (torch.ones_like(left), None):
+            assert within(model(input_ids=ids, attention_mask=mask).logits, want)
+        got = model(input_ids=ids, attention_mask=right).logits
+        assert within(got[torch.as_tensor(right) == 1], want_right[torch.as_tensor(right) == 1])
+        model.set_attn_implementation("sdpa")  # what the error says: padded batches on sdpa
+        got = model(input_ids=ids, attention_mask=left).logits
+        alone = model(input_ids=ids[1:, 2:]).logits
+    assert within(got[1, 2:], alone[0])

@@ -224,8 +224,8 @@ def test_no_output_key_collides_with_a_transformers_argument_of_another_meaning(
             HFCollator(attn, config=config)([batch])
             for attn in ("sdpa", "eager", "exactpack_varlen")
         ),
-        hf_inputs(batch, "flash_attention_2"),
-        hf_inputs(batch, "kernels-community/flash-attn2"),
+        hf_inputs(batch, "flash_attention_2", config=config),
+        hf_inputs(batch, "kernels-community/flash-attn2", config=config),
     ]
     for f in outputs:
         shared = set(f) & names
@@ -247,7 +247,7 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
     assert attention_kind("kernels-community/flash-attn2") == "flash"
     assert attention_kind("kernels-community/vllm-flash-attn3@main") == "flash"
     assert attention_kind("flash_attention_3") == "flash"
-    collate = HFCollator("kernels-community/flash-attn2")
+    collate = HFCollator("kernels-community/flash-attn2", config=llama_config())
     f = collate([fixture_batch()])
     assert "attention_mask" not in f and f["cu_seq_lens_q"].tolist() == [0, 3, 5, 9]
     # A registered function with no mask function: its kind must be stated.
@@ -282,15 +282,11 @@ def test_a_windowed_model_through_hf_collator_equals_separate_examples(attn):
         got = model(**HFCollator(attn, dtype=torch.float64, config=config)([batch])).loss
         assert close(got, want)
         if attn != "exactpack_varlen":
-            # Control: what 0.2's config-less collator built — unwindowed masks.
-            unwindowed = hf_inputs(batch, attn, dtype=torch.float64)
+            # Control: what a config-less collator would build — unwindowed masks.
+            unwindowed = hf_inputs(batch, attn, config=llama_config(), dtype=torch.float64)
             assert not close(model(**unwindowed).loss, want, 1e-3, 1e-3)
-    if attn == "exactpack_varlen":  # the layer applies the window: no config needed
-        with torch.no_grad():
-            assert close(model(**HFCollator(attn)([batch])).loss, want)
-    else:
-        with pytest.raises(InvalidInput, match=r"config=model.config.*unwindowed"):
-            HFCollator(attn)
+    with pytest.raises(InvalidInput, match=r"sliding windows.*config=model\.config"):
+        HFCollator(attn)
 
 
 def test_a_training_collator_refuses_validation_rows():
@@ -298,15 +294,20 @@ def test_a_training_collator_refuses_validation_rows():
     import dataclasses
 
     held_out = dataclasses.replace(batch, partition=Split.VALIDATION)
-    collate = HFCollator("exactpack_varlen")
+    config = llama_config()
+    collate = HFCollator("exactpack_varlen", config=config)
     assert collate([batch])["input_ids"].shape == (1, 9)
     with pytest.raises(SplitMismatch, match="expects train rows but got a validation"):
         collate([held_out])
-    assert HFCollator("exactpack_varlen", partition="validation")([held_out])["seq_idx"].shape == (
+    assert HFCollator("exactpack_varlen", split="validation", config=config)([held_out])[
+        "seq_idx"
+    ].shape == (
         1,
         9,
     )
     assert np.array_equal(
-        HFCollator("exactpack_varlen", partition=None)([held_out])["input_ids"][0].numpy(),
+        HFCollator("exactpack_varlen", split=None, config=config)([held_out])["input_ids"][
+            0
+        ].numpy(),
         batch.inputs[batch.input_valid],
     )

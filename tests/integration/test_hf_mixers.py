@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from exactpack import InvalidInput, PackConfig, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture
-from exactpack.hf.capability import capability
+from exactpack.hf.capabilities import capability
 from exactpack.hf.collator import HFCollator
 from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs, segment_conv1d
 from exactpack.verify.fixture import fixture_batch

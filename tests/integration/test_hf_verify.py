@@ -22,7 +22,7 @@ from exactpack.verify.models import (
     verification_layout,
     verify_hf,
 )
-from exactpack.verify.tolerance import float32_islands
+from exactpack.verify.tolerances import float32_islands
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
@@ -193,7 +193,7 @@ def test_a_window_of_16_with_a_40_pair_example_passes_and_the_unwindowed_mask_le
     model = load_model(config=tmp_path, attn_implementation="sdpa")
     layout = verification_layout(16, 64, (40, 20))
     examples = verification_examples(VOCAB, 0, layout=layout)
-    report = verify_hf(model, examples, capacity=layout.capacity)
+    report = verify_hf(model, examples, max_length=layout.capacity)
     assert report["pass"] and report["architecture"]["windows"] == {"all": 16}
     assert report["rows"] == 1 and report["max_abs_diff"]["logits"] < 1e-12
     (batch,) = pack_examples("train", examples, examples[0].binding, PackConfig(60, 2)).batches

@@ -31,6 +31,8 @@ from support.strategies import BINDING, packed_epochs
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
 CONFIG = pathlib.Path(__file__).parents[1] / "data" / "tiny_llama.json"
+#: The tiny Llama's config: what hf_inputs and HFCollator check the rows against.
+CFG = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
 FLAT_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "max_length_q", "seq_idx")
 
 
@@ -46,7 +48,7 @@ def supervised(epoch):
 
 
 def flat_outputs(batch):
-    return [PackedCollator(flatten=True)(batch), hf_inputs(batch, "flash_attention_2")]
+    return [PackedCollator(flatten=True)(batch), hf_inputs(batch, "flash_attention_2", config=CFG)]
 
 
 # -- transformers DataCollatorWithFlattening ------------------------------------------
@@ -100,7 +102,11 @@ def test_collating_leaves_its_inputs_unchanged():
     examples = [_example(i, n) for i, n in enumerate([3, 5, 2, 6])]
     batch = pack_examples("train", examples, BINDING, PackConfig(8, 4)).batches[0]
     before = {name: getattr(batch, name).copy() for name in ("inputs", "targets", "loss_mask")}
-    for collate in (PackedCollator(), PackedCollator(flatten=True), HFCollator("exactpack_varlen")):
+    for collate in (
+        PackedCollator(),
+        PackedCollator(flatten=True),
+        HFCollator("exactpack_varlen", config=CFG),
+    ):
         collate([batch] if isinstance(collate, HFCollator) else batch)
     for name, value in before.items():
         assert np.array_equal(getattr(batch, name), value), name
@@ -285,5 +291,5 @@ def test_every_example_is_in_exactly_one_row_and_no_attention_mask_is_2d(case):
         assert int(batch.input_valid.sum(axis=1).max()) <= capacity
         for f in (PackedCollator()(batch), PackedCollator(flatten=True)(batch)):
             assert "attention_mask" not in f
-        mask = hf_inputs(batch, "sdpa")["attention_mask"]
+        mask = hf_inputs(batch, "sdpa", config=CFG)["attention_mask"]
         assert mask.ndim == 4 and mask.dtype.is_floating_point

@@ -17,10 +17,10 @@ import torch
 
 from exactpack.cli import main
 from exactpack.core.binding import Binding
-from exactpack.core.errors import NotAvailable
+from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.architectures import describe
-from exactpack.hf.tree_inputs import tree_allowed, tree_inputs, tree_layer_masks
+from exactpack.hf.tree_inputs import TreeCollator, tree_allowed, tree_inputs, tree_layer_masks
 from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
 from exactpack.verify.models import load_model
 from exactpack.verify.tree_models import (
@@ -123,7 +123,7 @@ SWEEP = [
 @pytest.mark.parametrize(("model_type", "attn", "refusal"), SWEEP)
 def test_sweep_slice(model_type, attn, refusal):
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.kinds import tree_kind
 
     from support.architecture_tiny import tiny_config, tree_model
@@ -205,7 +205,28 @@ def test_layer_masks_per_layer_type_and_flattened_kinds_refused():
         allowed = masks[name][:, 0] == 0
         np.testing.assert_array_equal(allowed.numpy(), tree_allowed(batch, window))
     with pytest.raises(NotAvailable, match="cu_seqlens"):
-        tree_inputs(batch, "flash_attention_2")
+        tree_inputs(batch, "flash_attention_2", config=cfg)
+
+
+def test_tree_inputs_and_the_tree_collator_require_the_config():
+    """Without the config a windowed model would get unwindowed masks, silently."""
+    from transformers import Qwen2Config
+
+    batch = small_batch()
+    for attn in ("sdpa", "exactpack_tree"):
+        with pytest.raises(InvalidInput, match=r"tree_inputs\(\.\.\., config=model\.config\)"):
+            tree_inputs(batch, attn)
+        with pytest.raises(InvalidInput, match=r"TreeCollator\(\.\.\., config=model\.config\)"):
+            TreeCollator(batch.shape[1], batch.binding.vocab_size, attn)
+    cfg = Qwen2Config(
+        num_hidden_layers=2, use_sliding_window=True, sliding_window=2, max_window_layers=1,
+        vocab_size=batch.binding.vocab_size, hidden_size=16, intermediate_size=32,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    masks = tree_inputs(batch, "sdpa", config=cfg)["attention_mask"]
+    assert set(masks) == {"full_attention", "sliding_attention"}  # the window, from the config
+    with pytest.raises(InvalidInput, match=r"config\.vocab_size is 3"):
+        tree_inputs(batch, "sdpa", config=Qwen2Config(vocab_size=3, num_hidden_layers=1))
 
 
 def test_backend_work_is_nodes_times_paths():
@@ -252,7 +273,7 @@ def test_rows_and_sub_tries_still_exact(tmp_path):
     model = load_model(config=config(tmp_path, "mistral", sliding_window=4))
     use_tree_attention(model)
     groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
-    report = verify_tree(model, groups, capacity=45)
+    report = verify_tree(model, groups, max_length=45)
     assert report["pass"], report
     assert report["rows"] == 3 and report["tokens_stored"] > 67  # the prompt stored twice
 
@@ -517,7 +538,7 @@ def test_tree_batches_are_held_to_the_flat_conditions(
 ):
     from exactpack.hf.adapter import hf_inputs
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.tree_inputs import TreeCollator
     from exactpack.io.tree_store import tree_records
 
@@ -573,7 +594,7 @@ def test_tree_collator_checks_what_hf_collator_checks():
     the config, the vocabulary must fit the model's, and padding avoids a zero pad row
     (gemma3n, known from its modules only)."""
     from exactpack.core.errors import InvalidInput
-    from exactpack.hf.capability import capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.tree_inputs import TreeCollator
 
     from support.architecture_tiny import tiny_config

@@ -43,14 +43,14 @@ ATTENTION = ("sdpa", "exactpack_varlen")
 
 def _packed(tok, kind=None, masked=True):
     """The examples packed in TRL's format; without ``masked`` every pair is supervised
-    (the rows then have no labels column: TRL's collators take the ids)."""
+    (the rows' labels are then the ids, -100 on each example's first token)."""
     ids, labels = examples()
     if not masked:
         labels = ids
     columns = {"input_ids": ids} | ({"labels": labels} if masked else {})
     ds = Dataset.from_dict(columns).with_format(kind)
     packed = exactpack.hf.pack_dataset(ds, 12, format="trl", tokenizer=tok)
-    assert ("labels" in packed.column_names) == masked
+    assert packed.column_names == ["input_ids", "labels", "seq_lengths"]  # labels always
     return packed, ids, labels
 
 
@@ -113,9 +113,9 @@ def test_two_steps_equal_separate_examples(kind, attn, data_format, tmp_path):
 @pytest.mark.parametrize("kind", ["trl", "trl-skip", "transformers"])
 @pytest.mark.parametrize("data_format", [None, "torch"])
 def test_rows_without_labels_train_every_pair_as_separate_examples(kind, data_format, tmp_path):
-    """Every pair supervised: the rows are TRL's own (input_ids, seq_lengths); the
-    collators derive the positions and labels and train as the separate examples do,
-    with TRL's preparation (which adds labels = input_ids) or without it."""
+    """Every pair supervised: the rows are TRL's own (input_ids, seq_lengths) with labels;
+    the collators derive the positions and train as the separate examples do, with
+    TRL's preparation or without it."""
     grads, ref_grads, params, ref_params = _run(
         kind, "sdpa", tmp_path, float64_loss, data_format, masked=False
     )

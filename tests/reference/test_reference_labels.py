@@ -1,11 +1,11 @@
 """Labels written out by hand: TRL format's column rule and ``-100`` in every token dtype.
 
 The fixture A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1] at 7 tokens a row,
-next-fit, packs as rows ``A+B`` and ``C``. TRL format version 2 stores a ``labels``
-column exactly when some target is masked (trl_schema's docstring); its values are the
-token where the pair is supervised and ``-100`` elsewhere and on each example's first
-token. Shards are read with pyarrow alone; no trl is needed here (the same rule against
-TRL's own collator is in ``tests/unit/test_trl_format.py``).
+next-fit, packs as rows ``A+B`` and ``C``. TRL format version 2 always stores a ``labels``
+column (so no collator, with or without its padding-free flag, trains an EOS→BOS pair);
+its values are the token where the pair is supervised and ``-100`` elsewhere and on each
+example's first token. Shards are read with pyarrow alone; no trl is needed here (the same
+rule against TRL's own collator is in ``tests/unit/test_trl_format.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ROWS = [A + B, C]
 SEQ_LENGTHS = [[4, 3], [5]]
 #: Inputs that mask no target: no column, every token its own label, a -100 only on a
 #: first token (no pair predicts it), every flag 1, a first flag 0 (it flags no target).
+#: Their labels: -100 on each example's first token only.
 UNMASKED = {
     "bare": {},
     "labels=tokens": {"labels": [A, B, C]},
@@ -40,6 +41,7 @@ MASKED = {
     "assistant_masks": {"assistant_masks": [[1, 0, 1, 1], [1] * 3, [1] * 5]},
 }
 MASKED_LABELS = [[-100, -100, 100, 1, -100, 101, 1], [-100, 102, 103, 104, 1]]
+UNMASKED_LABELS = [[-100, 99, 100, 1, -100, 101, 1], [-100, 102, 103, 104, 1]]
 
 
 def _pack_trl_file(folder, columns: dict) -> list[dict]:
@@ -58,10 +60,12 @@ def _pack_trl_file(folder, columns: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", list(UNMASKED))
-def test_a_trl_file_without_masked_targets_has_no_labels_column(tmp_path, name):
+def test_a_trl_file_without_masked_targets_still_has_labels_100_on_first_tokens(tmp_path, name):
     rows = _pack_trl_file(tmp_path / "o", UNMASKED[name])
-    assert rows == [{"input_ids": r, "seq_lengths": n} for r, n in zip(ROWS, SEQ_LENGTHS,
-                                                                        strict=True)]  # fmt: skip
+    assert rows == [
+        {"input_ids": r, "labels": lab, "seq_lengths": n}
+        for r, lab, n in zip(ROWS, UNMASKED_LABELS, SEQ_LENGTHS, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("name", list(MASKED))
@@ -74,7 +78,7 @@ def test_a_trl_file_with_a_masked_target_has_labels_written_by_hand(tmp_path, na
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
-def test_a_trl_dataset_has_labels_exactly_when_a_target_is_masked(masked):
+def test_a_trl_dataset_has_labels_written_by_hand_masked_or_not(masked):
     datasets = pytest.importorskip("datasets")
     from exactpack.hf import pack_dataset
 
@@ -82,9 +86,8 @@ def test_a_trl_dataset_has_labels_exactly_when_a_target_is_masked(masked):
     for name, columns in cases.items():
         data = datasets.Dataset.from_dict({"input_ids": [A, B, C], **columns})
         packed = pack_dataset(data, 7, "next-fit", format="trl").to_dict()
-        want = {"input_ids": ROWS, "seq_lengths": SEQ_LENGTHS}
-        if masked:
-            want = {"input_ids": ROWS, "labels": MASKED_LABELS, "seq_lengths": SEQ_LENGTHS}
+        labels = MASKED_LABELS if masked else UNMASKED_LABELS
+        want = {"input_ids": ROWS, "labels": labels, "seq_lengths": SEQ_LENGTHS}
         assert packed == want, name
 
 

@@ -62,7 +62,7 @@ def test_roberta_tree_positions_by_hand():
 
 def test_the_tree_collator_passes_the_offset_on():
     records = tree_records(drawn_tree())
-    collate = TreeCollator(capacity=12, vocab_size=266, attn_implementation="sdpa",
+    collate = TreeCollator(max_length=12, vocab_size=266, attn_implementation="sdpa",
                            config=roberta(1))  # fmt: skip
     got = collate(records)["inputs"]["position_ids"].tolist()
     assert got == [[2, 3, 4, 5, 6, 7, 6, 5, 6, 2, 2, 2]]

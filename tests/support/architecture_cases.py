@@ -306,7 +306,7 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
 
 def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of ``model`` on the default examples for its window and conditions."""
-    from exactpack.hf.capability import architecture_of
+    from exactpack.hf.capabilities import architecture_of
     from exactpack.verify.models import verification_examples, verification_layout, verify_hf
 
     config = model.config.get_text_config()
@@ -318,7 +318,7 @@ def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
         max_example=min(limits) if limits else None,
     )
     examples = verification_examples(config.vocab_size, 0, layout=layout)
-    return verify_hf(model, examples, capacity=layout.capacity, **verify_options)
+    return verify_hf(model, examples, max_length=layout.capacity, **verify_options)
 
 
 __all__ = ["BASE", "CASES", "STANDARD", "WINDOW", "Case", "build", "run", "verify_default"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exactpack.verify.tolerance import float32_islands, tolerance
+from exactpack.verify.tolerances import float32_islands, tolerance
 
 
 def observed_tolerance(model, kwargs) -> tuple[float, float]:
@@ -13,7 +13,7 @@ def observed_tolerance(model, kwargs) -> tuple[float, float]:
     float64 throughout keeps the seed's ``1e-10 + 1e-9*max``; a float32 reduction on
     float64 data (an island: eager's ``softmax(dtype=float32)``, or ``ForCausalLMLoss``'s
     ``logits.float()`` when ``kwargs`` carry labels) takes float32's
-    (:mod:`exactpack.verify.tolerance`, which follows the data through one forward and backward).
+    (:mod:`exactpack.verify.tolerances`, which follows the data through one forward and backward).
     """
     islands = float32_islands(lambda: model(**kwargs)[0].sum().backward())
     model.zero_grad(set_to_none=True)

@@ -495,7 +495,7 @@ CASES: list[Case] = [
         (
             f"{DATA} line 1",
             "example 0 ('long'[0:10]) has 9 prediction pairs; capacity is 4",
-            "--cut-long",
+            "raise max_length= or cut it with cut_long=True",  # the CLI: its flags
         ),
     ),
     Case(
@@ -1179,7 +1179,13 @@ USAGE: list[Usage] = [
     Usage("missing-out", "`exactpack pack` without `--out`",
           ("pack", DATA, "--max-length", "8"), ("the following arguments are required: --out",)),
     Usage("unknown-flag", "a misspelt flag", (*_STATS, "--max-rows", "nan", "--polcy", "x"),
-          ("unrecognized arguments: --max-rows nan --polcy x", "(see exactpack stats --help)")),
+          ("unrecognized arguments: --max-rows nan --polcy x", "did you mean --policy?",
+           "(see exactpack stats --help)")),
+    Usage("flag-typo", "`--max-lenght 8`", ("pack", DATA, "--out", OUT, "--max-lenght", "8"),
+          ("unrecognized arguments: --max-lenght 8 — did you mean --max-length?",)),
+    Usage("stats-out", "`exactpack stats ... --out out` (pack's arguments)",
+          (*_STATS, "--out", OUT),
+          ("--out: stats writes nothing", "run exactpack pack with the same arguments")),
     Usage("bad-choice", "`--engine spark`", _flag("--engine", "spark"),
           ("argument --engine: invalid choice: 'spark'",)),
     Usage(

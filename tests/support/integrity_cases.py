@@ -293,7 +293,7 @@ DAMAGES: list[Damage] = [
            InvalidInput, ("holds a list, not a manifest object",)),
     Damage("manifest-version", "a manifest of another format version",
            _manifest(_set("version", 99)), InvalidInput,
-           ("this exactpack reads 'exactpack.packed-rows' version 1",)),
+           ("this exactpack reads 'exactpack.packed-rows' version 2",)),
     Damage("manifest-rows", "the manifest's row count changed", _manifest(_set("rows", 10**6)),
            InvalidInput, ("shards hold", "rows, not 1,000,000")),
     Damage("manifest-sha", "a shard's recorded sha256 changed",

@@ -205,7 +205,7 @@ def test_a_streamed_dataset_follows_the_same_switches(folders):
     ds = datasets.Dataset.from_dict({"messages": CHATS})
     folder = str(folders["marked"])
 
-    def supervised(data, **switch):  # the labels TRL's collator trains (rows may have none)
+    def supervised(data, **switch):  # the labels TRL's collator trains
         from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
         collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)

@@ -44,9 +44,8 @@ def verify_folder(folder):
 
 
 A, B, C = [0, 99, 100, 1], [0, 101, 1], [0, 102, 103, 104, 1]
-#: Every pair supervised: TRL's own packed columns; with a loss mask, labels between them.
-TRL_COLUMNS = ["input_ids", "seq_lengths"]
-LABELED_COLUMNS = ["input_ids", "labels", "seq_lengths"]
+#: TRL's own packed columns and labels between them, always (supervised or masked).
+TRL_COLUMNS = ["input_ids", "labels", "seq_lengths"]
 
 
 def _collated(row: dict) -> tuple[list[int], list[int], list[int]]:
@@ -87,6 +86,12 @@ def test_fixture_schema_and_values():
     rows = packed.to_dict()
     assert rows["input_ids"] == [A + B, C]  # next-fit: A and B fill 7 tokens exactly
     assert rows["seq_lengths"] == [[len(A), len(B)], [len(C)]]
+    # every pair supervised, and still labels: -100 on each example's first token, so even
+    # a collator without padding_free=True never trains A's EOS -> B's BOS
+    assert rows["labels"] == [
+        _expected_labels(A) + _expected_labels(B),
+        _expected_labels(C),
+    ]
     assert _examples_of(rows) == [(e, _expected_labels(e)) for e in (A, B, C)]
     info = json.loads(packed.info.description)["exactpack"]
     assert info["format"] == "exactpack.trl-packed"
@@ -125,10 +130,10 @@ def test_labels_follow_input_labels_and_loss_mask():
     ],
     ids=["bare", "labels=tokens", "first-token-100", "first-flag-0", "labels", "loss_mask"],
 )
-def test_labels_are_a_column_exactly_when_trl_s_collator_would_mask_something(columns):
-    """Both ways against TRL's own padding-free collator: without a masked target the rows
-    hold no labels and the collator's own labels (from input_ids) train every pair; with
-    one, the stored labels are what the collator passes on, -100 where masked."""
+def test_labels_are_always_a_column_and_trls_collator_passes_them_on(columns):
+    """Against TRL's own padding-free collator: the rows always hold labels (-100 on each
+    example's first token, and where masked), so TRL's collator passes them on and never
+    trains a pair across two examples, whether something is masked or not."""
     packed = pack_dataset(
         Dataset.from_dict({"input_ids": [A, B, C], **columns}), 7, "next-fit", format="trl"
     )
@@ -139,9 +144,9 @@ def test_labels_are_a_column_exactly_when_trl_s_collator_would_mask_something(co
         )
     ]
     want = [_expected_labels(e, lab) for e, lab in zip([A, B, C], given, strict=True)]
-    masked = any(-100 in lab[1:] for lab in want)
-    assert packed.column_names == (LABELED_COLUMNS if masked else TRL_COLUMNS)
+    assert packed.column_names == TRL_COLUMNS
     assert [lab for _, lab in _examples_of(packed.to_dict())] == want
+    masked = any(-100 in lab[1:] for lab in want)
     if not masked:  # the collator's labels from the ids alone are the same training
         assert want == [_expected_labels(e) for e in (A, B, C)]
 
@@ -153,7 +158,8 @@ def test_bfd_equals_trl_on_its_own_example():
     ours = pack_dataset(ds, 5, format="trl").to_dict()
     theirs = trl.pack_dataset(ds, 5, strategy="bfd").to_dict()
     assert {k: ours[k] for k in theirs} == theirs
-    assert ours == theirs  # TRL's columns and no more
+    assert set(ours) - set(theirs) == {"labels"}  # TRL's columns, and labels
+    assert ours["labels"] == [[-100, 5, 6, 7], [-100, 2, 3, -100, 9]]
 
 
 def test_bfd_plan_equals_trl_and_never_more_rows(rng):
@@ -404,7 +410,7 @@ def test_both_collators_read_the_rows_as_their_examples(masked):
     labels = [[-100, -100, 100, 1], B, [-100, 102, 103, 104, 1], [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
     columns = {"input_ids": docs} | ({"labels": labels} if masked else {})
     packed = pack_dataset(Dataset.from_dict(columns), 8, format="trl")
-    assert packed.column_names == (LABELED_COLUMNS if masked else TRL_COLUMNS)
+    assert packed.column_names == TRL_COLUMNS  # labels either way
     rows = [packed[i] for i in range(len(packed))]
     flat = {
         "input_ids": [x for r in rows for x in r["input_ids"]],
@@ -412,7 +418,7 @@ def test_both_collators_read_the_rows_as_their_examples(masked):
             x
             for r in rows
             for a, b in itertools.pairwise(np.cumsum([0, *r["seq_lengths"]]).tolist())
-            for x in [-100, *(r["labels"] if masked else r["input_ids"])[a + 1 : b]]
+            for x in [-100, *r["labels"][a + 1 : b]]
         ],
         "position_ids": [j for r in rows for n in r["seq_lengths"] for j in range(n)],
     }
@@ -467,10 +473,11 @@ def _version_1_rows(rows: list[dict], masked: bool) -> list[dict]:
 
 @pytest.mark.parametrize("masked", [True, False])
 def test_version_2_rows_collate_as_version_1_rows_did(masked):
-    """TRL's collator builds the same tensors from the lean rows as from version 1's
-    stored labels and positions: padding-free, identical; padded with positions
-    (sequence parallelism), identical ids, positions and mask, and the labels TRL's
-    own packed rows get there (this mode masks no example start; version 1 did)."""
+    """TRL's collator builds the same tensors from the rows (labels, no positions) as from
+    version 1's stored labels and positions: padding-free, identical; padded with
+    positions (sequence parallelism, no padding_free), identical too — every example's
+    first token -100, so no pair from one example's last token to the next one's first
+    is trained in either mode."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     docs = [A, B, C, [0, 5, 6, 7, 8, 9, 1], [0, 7, 1]]
@@ -487,67 +494,16 @@ def test_version_2_rows_collate_as_version_1_rows_did(masked):
         ours, before = padded(batch), padded(_version_1_rows(batch, masked))
         for key in ("input_ids", "attention_mask", "position_ids"):
             assert ours[key].tolist() == before[key].tolist(), key
-        if masked:
-            assert ours["labels"].tolist() == before["labels"].tolist()
-        else:  # TRL's own packing of the same examples: labels = input_ids, then packed
-            own = [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in batch]
-            assert ours["labels"].tolist() == padded(own)["labels"].tolist()
+        assert ours["labels"].tolist() == before["labels"].tolist()
+        starts = ours["position_ids"] == 0
+        assert (ours["labels"][starts] == -100).all()  # never an EOS -> BOS pair
 
 
-def test_version_1_outputs_still_load(tmp_path):
-    """A directory written before (version 1: labels and position_ids stored) loads and
-    passes the full check; a damaged position in it is still found."""
-    import pyarrow.parquet as pq
-
-    from exactpack.io.shards import sha256_file
-
-    src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"input_ids": d}) + "\n" for d in [A, B, C]))
-    out = tmp_path / "v1"
-    assert _exactpack("pack", src, "--out", out, "--max-length", 8, "--vocab-size", 266,
-                    "--format", "trl").returncode == 0  # fmt: skip
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["version"] == 2
-    rows_v2 = load_trl(out, cache_dir=str(tmp_path / "cache")).to_list()
-
-    def write_v1(edit=lambda rows: rows):
-        for entry in manifest["shards"]:
-            shard = out / entry["file"]
-            rows = edit(_version_1_rows(pq.read_table(shard).to_pylist(), masked=False))
-            schema = pa.schema([("input_ids", pa.list_(pa.int32())),
-                                ("labels", pa.list_(pa.int64())),
-                                ("seq_lengths", pa.list_(pa.int32())),
-                                ("position_ids", pa.list_(pa.int32()))])  # fmt: skip
-            table = pa.Table.from_pylist(rows, schema=schema)
-            pq.write_table(table, shard)
-            entry.update(bytes=shard.stat().st_size, sha256=sha256_file(shard),
-                         columns=schema.names)  # fmt: skip
-        (out / "manifest.json").write_text(json.dumps(manifest | {"version": 1}))
-
-    write_v1()
-    loaded = load_trl(out, integrity="full", cache_dir=str(tmp_path / "cache1"))
-    assert loaded.column_names == ["input_ids", "labels", "seq_lengths", "position_ids"]
-    assert loaded.to_list() == _version_1_rows(rows_v2, masked=False)
-    assert verify_folder(out)["version"] == 1
-
-    def shift(rows):
-        rows[0]["position_ids"][1] += 1
-        return rows
-
-    write_v1(shift)
-    with pytest.raises(InvalidInput, match="disagree"):
-        load_trl(out, cache_dir=str(tmp_path / "cache2"))
-    manifest["version"] = 3
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(InvalidInput, match="not a TRL-format output"):
-        load_trl(out)
-
-
-@pytest.mark.parametrize("how", ["stored-positions", "one-shard-labeled"])
+@pytest.mark.parametrize("how", ["stored-positions", "one-shard-unlabeled"])
 def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
-    """Version 2 shards are TRL's columns, the same in every shard: version 1's stored
-    positions under a version 2 manifest, or one shard with labels among shards without,
-    are refused by name."""
+    """Version 2 shards are TRL's columns with labels, in every shard: version 1's stored
+    positions under a version 2 manifest, or one shard without labels, are refused by
+    name."""
     import pyarrow.parquet as pq
 
     from exactpack.io.shards import sha256_file
@@ -564,8 +520,8 @@ def test_a_version_2_shard_of_another_schema_is_refused(tmp_path, how):
     entry = manifest["shards"][-1]
     shard = out / entry["file"]
     rows = _version_1_rows(pq.read_table(shard).to_pylist(), masked=False)
-    if how == "one-shard-labeled":
-        rows = [{k: r[k] for k in LABELED_COLUMNS} for r in rows]
+    if how == "one-shard-unlabeled":
+        rows = [{k: r[k] for k in ("input_ids", "seq_lengths")} for r in rows]
     table = pa.Table.from_pylist(rows)
     table = table.cast(pa.schema([(n, pa.list_(pa.int64() if n == "labels" else pa.int32()))
                                   for n in table.column_names]))  # fmt: skip

@@ -11,13 +11,14 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from exactpack.cli.demo import add_demo, cmd_demo
+from exactpack.cli.flags import in_flags
 from exactpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
 from exactpack.cli.show import add_show, cmd_show
 from exactpack.cli.verify import add_verify, cmd_verify
-from exactpack.core.errors import ExactpackError
+from exactpack.core.errors import ExactpackError, did_you_mean
 from exactpack.pipeline.progress import printable
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -40,7 +41,22 @@ class UsageError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a refusal is :class:`UsageError` (one line, exit 2), not usage + error."""
+    """argparse, but a refusal is :class:`UsageError` (one line, exit 2), not usage + error;
+    an unknown flag is answered with the closest one (``did you mean --max-length?``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, OneLineParser] = {}  # the subcommands' parsers, by name
+
+    def unknown(self, extra: Sequence[str]) -> UsageError:
+        """The refusal of ``extra`` (what parsing left over), with the closest flag."""
+        flags = [s for action in self._actions for s in action.option_strings]
+        typos = [e.partition("=")[0] for e in extra if e.startswith("--")]
+        hint = next((h for h in (did_you_mean(t, flags) for t in typos) if h), "")
+        return UsageError(
+            f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint}"
+            f" (see {self.prog} --help)"
+        )
 
     def error(self, message: str) -> NoReturn:
         # "argument --max-length: --max-length 'x' is not ..." names the flag twice
@@ -50,7 +66,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="exactpack",
         description="Pack tokenized examples into shared rows without joining their contexts.",
@@ -60,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"exactpack {exactpack.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, (add, _)) in COMMANDS.items():
-        add(sub.add_parser(name, help=help_text, description=help_text))
+        parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text)
+        add(parser.commands[name])
     return parser
 
 
@@ -84,7 +101,8 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
     """A library warning (e.g. a tokenizer setting turned off) as one ``warning:`` line."""
 
     def show(message: Warning | str, *_: object, **__: object) -> None:
-        print(f"exactpack {command}: warning: {_one_line(Exception(message))}", file=sys.stderr)
+        line = _one_line(Exception(in_flags(str(message))))
+        print(f"exactpack {command}: warning: {line}", file=sys.stderr)
 
     with warnings.catch_warnings():
         warnings.showwarning = show
@@ -98,10 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # name the subcommand, as its own refusals do
-            prog = f"{parser.prog} {args.command}"
-            raise UsageError(
-                f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)"
-            )
+            raise parser.commands[args.command].unknown(extra)
     except UsageError as err:
         print(_one_line(err), file=sys.stderr)
         return 2
@@ -115,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except (ExactpackError, OSError) as err:
-        print(f"exactpack {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        # the library speaks Python keywords (cut_long=True); here, their flags (--cut-long)
+        text = in_flags(str(err)) if isinstance(err, ExactpackError) else str(err)
+        print(f"exactpack {args.command}: error: {_one_line(Exception(text))}", file=sys.stderr)
         return 2 if isinstance(err, ExactpackError) else 1
     except KeyboardInterrupt:
         print(f"exactpack {args.command}: interrupted", file=sys.stderr)

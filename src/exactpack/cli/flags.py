@@ -153,6 +153,21 @@ def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptio
     return cls(**{k: v for k, v in values.items() if v is not None})
 
 
+#: A keyword as a library message names it: ``cut_long=True``, ``max_length=`` (no value).
+_KEYWORD = re.compile(r"\b([a-z][a-z0-9_]*)=(True\b)?(?![\w.'\"(\[{-])")
+
+
+def in_flags(message: str) -> str:
+    """A library message in the command line's words: each option keyword it names with no
+    value (``max_length=``) or ``=True`` (``cut_long=True``) as its flag."""
+    flags = {
+        f.name: f.metadata["flag"]
+        for f in dataclasses.fields(PackOptions)
+        if f.metadata.get("flag") is not None
+    }
+    return _KEYWORD.sub(lambda m: flags.get(m[1], m[0]), message)
+
+
 def cli_flags(command: str) -> list[str]:
     """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
     return [f.metadata["flag"] for f in _flagged(PackOptions, command)]

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from exactpack.cli.flags import add_arguments, from_arguments
+from exactpack.cli.flags import add_arguments, from_arguments, in_flags
 from exactpack.core.errors import InvalidInput
 from exactpack.pipeline.progress import printable
 
@@ -39,8 +39,19 @@ def add_pack(p: argparse.ArgumentParser) -> None:
     add_arguments(p, "pack", RayOptions)
 
 
+class _WritesNothing(argparse.Action):
+    """``stats --out``: refused, since stats only reads (``pack`` writes)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        parser.error(
+            "--out: stats writes nothing, it compares the policies — run exactpack pack with"
+            " the same arguments to write the rows there, or drop --out"
+        )
+
+
 def add_stats(p: argparse.ArgumentParser) -> None:
     _add_common(p, "stats")
+    p.add_argument("--out", action=_WritesNothing, help=argparse.SUPPRESS)
     p.add_argument("--plot", metavar="PATH", help="draw the length histogram and row fill (PNG)")
     p.add_argument(
         "--policy", dest="policies", action="append", help="only these policies (repeatable)"
@@ -132,7 +143,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     report_input(args.command, report)
     over = report.get("oversized")
     if over is not None:
-        line = oversized_line(over, report["capacity"])
+        line = in_flags(oversized_line(over, report["capacity"]))
         print(f"exactpack stats: warning: {printable(line)}", file=sys.stderr)
     if args.json:
         print(json.dumps(report))

@@ -118,7 +118,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     from exactpack.cli.verify_tree import load_hf_model
-    from exactpack.hf.capability import architecture_of
+    from exactpack.hf.capabilities import architecture_of
     from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models as hf_verify
 
@@ -138,7 +138,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
         max_example=min(limits) if limits else None,
     )
     examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
-    report = hf_verify.verify_hf(model, examples, mode=args.mode, capacity=layout.capacity)
+    report = hf_verify.verify_hf(model, examples, mode=args.mode, max_length=layout.capacity)
     report["model"]["source"] = str(args.hf_config or args.hf_model)
     return report
 

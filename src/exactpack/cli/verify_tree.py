@@ -44,7 +44,7 @@ def cmd_verify_tree(args: argparse.Namespace, finish: Callable[[Any, dict], int]
     cfg = model.config.get_text_config()
     limit = getattr(cfg, "max_position_embeddings", None)
     groups = tree_verify.tree_groups(spec, cfg.vocab_size, args.seed, max_positions=limit)
-    r = tree_verify.verify_tree(model, groups, mode=args.mode, capacity=args.capacity)
+    r = tree_verify.verify_tree(model, groups, mode=args.mode, max_length=args.capacity)
     r["model"]["source"] = str(args.hf_config or args.hf_model)
     return finish(args, r)
 

@@ -6,8 +6,9 @@ pairs; capacity is 8192 — raise --max-length or cut it with --cut-long``.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ class NotAvailable(ExactpackError, RuntimeError):
 
 
 # ------------------------------------------------------------ checks at the border
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` — did you mean X?`` for the choice closest to a mistyped ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.75)
+    return f" — did you mean {close[0]}?" if close else ""
 
 
 def _shown(value: Any) -> str:
@@ -89,10 +96,21 @@ def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     return int(value)
 
 
+#: What an oversized example's error tells a caller of the core (``PackConfig``) to do.
+CORE_FIX = "raise --max-length or cut it with --cut-long"
+#: The same for a caller of :class:`~exactpack.pipeline.options.PackOptions` (the command
+#: line shows its flags: ``exactpack.cli.flags.in_flags``).
+OPTIONS_FIX = "raise max_length= or cut it with cut_long=True"
+
+
 def check_lengths(
-    lengths: Any, capacity: int, labels: Callable[[int], str] | None = None
+    lengths: Any,
+    capacity: int,
+    labels: Callable[[int], str] | None = None,
+    fix: str = CORE_FIX,
 ) -> np.ndarray:
-    """Validate lengths against ``capacity``; return int64 [n]."""
+    """Validate lengths against ``capacity``; return int64 [n]. ``fix``: what an oversized
+    example's error tells the caller to do, in the caller's words."""
     positive_int("capacity", capacity)
     name = labels or (lambda i: f"example {i}")
     arr = np.asarray(lengths)
@@ -108,8 +126,7 @@ def check_lengths(
         if arr.max() > capacity:
             i = int(np.argmax(arr > capacity))
             raise OversizedExample(
-                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity}"
-                " — raise --max-length or cut it with --cut-long"
+                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity} — {fix}"
             )
     return arr
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from exactpack.core import engine
 from exactpack.core.engine import bucket_pop, bucket_push, kernel, tree_first_at_least, tree_set
-from exactpack.core.errors import InvalidInput, check_lengths, check_max_length
+from exactpack.core.errors import InvalidInput, check_lengths, check_max_length, did_you_mean
 from exactpack.core.plan import Plan
 from exactpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS, StreamPacker
 
@@ -227,6 +227,11 @@ def _options_of(fn: PolicyFn) -> set[str]:
     return {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
+def policy_option_names() -> set[str]:
+    """Every option any policy takes (``lookahead``, ``kernels``, ...)."""
+    return set().union(*(_options_of(fn) for fn in POLICIES.values()))
+
+
 def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int = 1) -> None:
     """Raise :class:`InvalidInput` unless ``policy`` exists and takes ``options`` (its
     keyword-only parameters, values checked as it checks them), allocating nothing."""
@@ -235,9 +240,13 @@ def check_policy_options(policy: str, options: Mapping[str, Any], capacity: int 
     known = _options_of(POLICIES[policy])
     unknown = set(options) - known
     if unknown:
+        first = sorted(unknown)[0]
+        owners = [name for name, fn in POLICIES.items() if first in _options_of(fn)]
+        whose = f" ({first} is {owners[0]}'s: policy={owners[0]!r})" if owners else ""
         raise InvalidInput(
             f"policy {policy!r} takes no option {', '.join(sorted(unknown))};"
-            f" its options: {', '.join(sorted(known)) or 'none'}"
+            f" its options: {', '.join(sorted(known)) or 'none'}{whose}"
+            f"{did_you_mean(first, known) if not owners else ''}"
         )
     if policy == "stream-best-fit":
         StreamPacker.check_settings(capacity, **{k: v for k, v in options.items() if v is not None})

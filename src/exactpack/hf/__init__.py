@@ -23,7 +23,7 @@ _BY_MODULE = {
     "collator": "HFCollator",
     "trl_training": "load_trl per_example split_rows",
     "architectures": "Architecture UnsupportedArchitecture describe",
-    "capability": "capability",
+    "capabilities": "capability",
     "attention_impl": "register_attention",
     "mixers": "restart_mixers",
 }

@@ -28,7 +28,7 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import capability, check_restarts
+from exactpack.hf.capabilities import check_restarts, check_vocabulary, require_config
 from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from exactpack.hf.mixers import cell_seq_idx
@@ -45,24 +45,27 @@ def hf_inputs(
     batch: PackedBatch,
     attn_implementation: str,
     *,
-    config: Any = None,
+    config: Any,
     kind: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model(**kwargs)`` that keep ``batch``'s examples apart.
 
-    ``config`` (``model.config``) decides windows and per-layer-type masks and raises
-    ``UnsupportedArchitecture`` where it cannot be exact. ``kind=``: the kind of a name
-    exactpack cannot tell (:mod:`exactpack.hf.kinds`). ``options`` (:func:`build_inputs`):
-    ``dtype`` (the model's), ``device``, ``mask`` (``"float"``; ``"bool"``: sdpa only),
-    ``pad_token_id`` (0), ``labels`` (True: ``labels`` and ``shift_labels``) and
-    ``num_items_in_batch`` (the step's global eligible count). Tensors are ``(R, T)``,
-    or ``(1, N)`` of the valid cells for the flattened kinds (:func:`cell_logits`).
+    ``config`` (``model.config``, or the model) is required: it decides windows and
+    per-layer-type masks, raises ``UnsupportedArchitecture`` where the model cannot be exact,
+    and refuses a vocabulary or pad id its embedding cannot index. ``kind=``: the kind of a
+    name exactpack cannot tell (:mod:`exactpack.hf.kinds`). ``options``
+    (:func:`build_inputs`): ``dtype`` (the model's), ``device``, ``mask`` (``"float"``;
+    ``"bool"``: sdpa only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and
+    ``shift_labels``) and ``num_items_in_batch`` (the step's global eligible count). Tensors
+    are ``(R, T)``, or ``(1, N)`` of the valid cells for the flattened kinds
+    (:func:`cell_logits`).
     """
     kind = attention_kind(attn_implementation, kind)
-    arch = None if config is None else capability(config).check(kind)
-    if arch is not None:
-        check_restarts(arch, config)
+    arch = require_config(config, kind, "hf_inputs")
+    model_config = getattr(config, "config", config)
+    check_vocabulary(model_config, batch.binding, options.get("pad_token_id", 0))
+    check_restarts(arch, model_config)
     return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
 
 

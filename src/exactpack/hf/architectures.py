@@ -215,8 +215,8 @@ class Architecture:
                 raise UnsupportedArchitecture(
                     f"{self.model_type} is exact only while {cond.text()}; this batch has"
                     f" {'an example' if example else 'rows'} of {got}"
-                    f" {'pairs' if example else 'columns'} — lower"
-                    f" {'--max-length / pre-split' if example else '--capacity'} to {cond.limit}"
+                    f" {'pairs' if example else 'columns'} — lower max_length= to {cond.limit}"
+                    f"{' or pre-split the longer examples' if example else ''}"
                 )
 
 

@@ -15,7 +15,6 @@ module (``exactpack.hf`` does as soon as ``transformers`` loads) registers all t
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -66,21 +65,11 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
     return plan
 
 
-#: Capabilities of the configs seen, by ``id`` (with a weak reference to tell a reused id).
-_ARCHS: dict[int, tuple[weakref.ref, Architecture]] = {}
-
-
 def _architecture(config: Any) -> Architecture:
-    """:func:`exactpack.hf.capability.capability` of ``config``, once per config object."""
-    hit = _ARCHS.get(id(config))
-    if hit is not None and hit[0]() is config:
-        return hit[1]
-    from exactpack.hf.capability import capability
+    """:func:`exactpack.hf.capabilities.capability` of ``config`` checked for :data:`NAME`."""
+    from exactpack.hf.capabilities import capability_once
 
-    arch = capability(config).check(NAME)
-    with contextlib.suppress(TypeError):  # not weakly referenceable: not cached
-        _ARCHS[id(config)] = (weakref.ref(config), arch)
-    return arch
+    return capability_once(config).check(NAME)
 
 
 def layer_sliding_window(module: Any, passed: int | None) -> int | None:
@@ -115,14 +104,7 @@ def exactpack_varlen_attention(
     weights; with ``cu_seq_lens_q`` one flattened row (B = 1), without one example a row."""
     name = type(module).__name__
     refuse_unexpressible(NAME, name, softcap, s_aux, "")
-    if isinstance(attention_mask, torch.Tensor) and not _all_ones(attention_mask):
-        # a 2-D mask is the caller's padding, a 4-D one the model's own bias: never dropped
-        raise NotAvailable(
-            f"{NAME}: {name} got an attention_mask of shape {tuple(attention_mask.shape)}"
-            f" (padding, or the model's own bias), which {NAME} would drop — feed"
-            f" hf_inputs(batch, '{NAME}', config=model.config) without attention_mask, or use"
-            " sdpa or eager for this model"
-        )
+    refuse_mask(NAME, name, attention_mask, f"hf_inputs(batch, '{NAME}', config=model.config)")
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
@@ -176,9 +158,49 @@ def run_on_tokens(
     return out.view(rows, width, *out.shape[1:])
 
 
-def _all_ones(mask: torch.Tensor) -> bool:
-    """True for a 2-D padding mask that masks nothing (what tokenizers and pipelines pass)."""
-    return mask.dim() == 2 and bool((mask != 0).all())
+def _hides_no_key(mask: torch.Tensor) -> bool:
+    """True for a 2-D padding mask whose zeros all follow a row's ones: none (what tokenizers
+    and pipelines pass), or right padding, which no real query reaches under causal attention."""
+    if mask.dim() != 2:
+        return False
+    keep = mask != 0
+    return not bool((keep[:, 1:] & ~keep[:, :-1]).any())
+
+
+def refuse_mask(impl: str, name: str, attention_mask: Any, feed: str) -> None:
+    """Refuse an ``attention_mask`` that hides a key from a real query: left padding
+    (generation, a padded eval) or a model's own bias. These kinds see only the packing's
+    boundaries, so a mask they ran without would give wrong logits with no error."""
+    if attention_mask is None or (
+        isinstance(attention_mask, torch.Tensor) and _hides_no_key(attention_mask)
+    ):
+        return
+    shape = tuple(getattr(attention_mask, "shape", ()))
+    raise NotAvailable(
+        f"{impl}: {name} got an attention_mask of shape {shape} that hides keys (a left-padded"
+        f" batch, or the model's own bias), which {impl} cannot apply — run padded batches on"
+        f" sdpa or eager (model.set_attn_implementation('sdpa')); packed rows need no mask:"
+        f" {feed}"
+    )
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """``transformers``' mask function for exactpack's kinds: the caller's 2-D padding mask
+    when it hides a key from a real query (so the attention sees it and refuses it), else
+    None. Without a registered mask function ``transformers`` drops the padding mask before
+    attention, and a left-padded batch would run as if unpadded."""
+    if attention_mask is None or _hides_no_key(attention_mask):
+        return None
+    return attention_mask
 
 
 def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
@@ -214,6 +236,8 @@ def exactpack_tree_attention(
     :func:`~exactpack.nn.tree_attention.tree_flash_attention`."""
     name = type(module).__name__
     refuse_unexpressible(TREE_NAME, name, softcap, s_aux, " with tree_inputs")
+    feed = f"tree_inputs(batch, '{TREE_NAME}', config=model.config)"
+    refuse_mask(TREE_NAME, name, attention_mask, feed)
     plan = kwargs.get(TREE_NAME)
     rows, _, width, _ = query.shape
     feed = f"feed the model tree_inputs(batch, '{TREE_NAME}', config=model.config)"
@@ -246,12 +270,14 @@ FUNCTIONS = {
 
 def register() -> str:
     """Register :data:`FUNCTIONS` (``exactpack_varlen``, ``exactpack_tree``,
-    ``exactpack_tree_varlen``) with ``transformers.AttentionInterface`` (idempotent);
-    return :data:`NAME`."""
+    ``exactpack_tree_varlen``) with ``transformers.AttentionInterface``, each with
+    :func:`padding_mask` in ``AttentionMaskInterface`` (idempotent); return :data:`NAME`."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     for name, function in FUNCTIONS.items():
         AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, padding_mask)
     return NAME
 
 
@@ -266,7 +292,9 @@ __all__ = [
     "TREE_VARLEN_NAME",
     "exactpack_tree_attention",
     "exactpack_varlen_attention",
+    "padding_mask",
     "plan_of",
+    "refuse_mask",
     "register",
     "register_attention",
 ]

@@ -15,7 +15,7 @@ from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import check_collator, check_vocabulary
+from exactpack.hf.capabilities import check_collator, check_vocabulary
 from exactpack.hf.kinds import attention_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split
@@ -30,25 +30,25 @@ class HFCollator:
     (:class:`~exactpack.training.ScheduledBatch`), or rows of :func:`exactpack.hf.pack_dataset`
     (:meth:`for_dataset`; keep their columns with ``remove_unused_columns=False``). Returns
     :func:`hf_inputs` of the stacked rows. ``kind=``: :mod:`exactpack.hf.kinds`. ``config``
-    (``model.config``) decides windows and refusals; the mask kinds (sdpa, eager, flex)
-    require it. ``partition`` (``"train"``; None: any) refuses other splits.
-    ``use_cache=False`` is passed unless ``config.use_cache`` is already False.
+    (``model.config``, or the model; required) decides windows and refusals. ``split``
+    (``"train"``; None: any) refuses other splits. ``use_cache=False`` is passed unless
+    ``config.use_cache`` is already False.
     """
 
     attn_implementation: str
     dtype: torch.dtype = torch.float32
     pad_token_id: int = 0
-    capacity: int | None = None
+    max_length: int | None = None
     binding: Binding | None = None
-    partition: Split | str | None = Split.TRAIN
-    config: Any = None
+    split: Split | str | None = Split.TRAIN
+    config: Any = None  # required (a field with a default only to keep the order above)
     kind: str | None = None
     arch: Architecture | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.kind = attention_kind(self.attn_implementation, self.kind)
-        if self.partition is not None:
-            self.partition = Split.parse(self.partition)
+        if self.split is not None:
+            self.split = Split.parse(self.split)
         self.arch = check_collator(
             "HFCollator",
             self.attn_implementation,
@@ -58,9 +58,14 @@ class HFCollator:
             self.pad_token_id,
         )
 
+    @property
+    def _config(self) -> Any:
+        """The model's config (``config`` may be the model)."""
+        return getattr(self.config, "config", self.config)
+
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
-        """A collator for the rows of ``packed`` (capacity, binding, partition, pad id: its
+        """A collator for the rows of ``packed`` (max_length, binding, split, pad id: its
         metadata); ``options``: the other fields (``config=model.config``)."""
         from exactpack.hf.datasets_io import packed_metadata
 
@@ -70,9 +75,9 @@ class HFCollator:
             options["pad_token_id"] = recorded  # the pad id the packing was checked with
         return cls(
             attn_implementation,
-            capacity=int(meta["config"]["capacity"]),
+            max_length=int(meta["config"]["capacity"]),
             binding=Binding.from_dict(meta["binding"]),
-            partition=Split.parse(meta["partition"]),
+            split=Split.parse(meta["partition"]),
             **options,
         )
 
@@ -96,9 +101,9 @@ class HFCollator:
         features = [f.rows if isinstance(f, ScheduledBatch) else f for f in features]
         if features and all(isinstance(f, (PackedBatch, CompactRows)) for f in features):
             rows = concat_rows(features)
-            check_split(rows, self.partition, "this HFCollator")
-            if self.config is not None and self.binding is None:  # known only now
-                check_vocabulary(self.config, rows.binding, self.pad_token_id)
+            check_split(rows, self.split, "this HFCollator")
+            if self.binding is None:  # known only now
+                check_vocabulary(self._config, rows.binding, self.pad_token_id)
             return rows
         if not features or not all(isinstance(f, Mapping) for f in features):
             raise InvalidInput(
@@ -115,17 +120,17 @@ class HFCollator:
                 f"collator features lack the packed columns {missing} — keep them with"
                 " TrainingArguments(remove_unused_columns=False)"
             )
-        if self.capacity is None or self.binding is None or self.partition is None:
+        if self.max_length is None or self.binding is None or self.split is None:
             raise InvalidInput(
-                "this collator does not know the packing's capacity, binding and partition —"
+                "this collator does not know the packing's max_length, binding and split —"
                 " build it with HFCollator.for_dataset(packed, attn_implementation)"
             )
         schema = pa.schema([(n, FIELDS[n]) for n in FIELDS if n in names])
         table = pa.Table.from_pylist([{n: f[n] for n in schema.names} for f in features], schema)
         return arrow_to_rows(
             table,
-            capacity=self.capacity,
-            partition=self.partition,
+            capacity=self.max_length,
+            partition=self.split,
             binding=self.binding,
             where="collator features",
             contiguous=False,
@@ -140,7 +145,7 @@ class HFCollator:
             pad_token_id=self.pad_token_id,
             kind=self.kind,
         )
-        if self.config is not None and getattr(self.config, "use_cache", True) is False:
+        if getattr(self._config, "use_cache", True) is False:
             # no cache made: every value a tensor of rows, as accelerate's dispatch_batches needs
             del out["use_cache"]
         return out

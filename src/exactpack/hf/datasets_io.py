@@ -33,8 +33,9 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows, Storage, gather_rows, gather_segments, span_labels
 from exactpack.core.config import PackConfig
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
+from exactpack.core.policies import policy_option_names
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -46,7 +47,7 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
-from exactpack.io.trl_schema import TRL_FORMAT, TRL_VERSION, refuse_trl, trl_schema, trl_table
+from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
 from exactpack.pipeline.options import PackOptions, check_pad_id
@@ -66,6 +67,17 @@ def _options(
     max_length: int | None, policy: str | None, options: PackOptions | None, keywords: dict
 ) -> PackOptions:
     fields = {f.name for f in dataclasses.fields(PackOptions)}
+    strays = sorted(set(keywords) - fields - policy_option_names())
+    if strays:  # neither a PackOptions field nor any policy's option: a typo, most likely
+        known = fields | policy_option_names() | {"model", "tree"}
+        raise InvalidInput(
+            f"pack_dataset got an unknown keyword {strays[0]}"
+            + (
+                did_you_mean(strays[0], known)
+                or "; its keywords are PackOptions fields, the policy's options"
+                " (lookahead=...), model= and tree="
+            )
+        )
     overrides = {k: keywords.pop(k) for k in list(keywords) if k in fields}
     given = {"max_length": max_length, "policy": policy}
     overrides |= {k: v for k, v in given.items() if v is not None}
@@ -106,7 +118,7 @@ def pack_dataset(
     (``tokenizer=``: a path or a loaded tokenizer), else the largest id + 1;
     ``pad_token_id`` (default: the tokenizer's) is checked against it first.
     ``model=`` (a model or its config) is checked before any row
-    (:func:`exactpack.hf.capability.check_model`).
+    (:func:`exactpack.hf.capabilities.check_model`).
 
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
     ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
@@ -189,10 +201,10 @@ def _pack_tree(
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
 ) -> None:
-    """:func:`exactpack.hf.capability.check_model` of ``pack_dataset(..., model=)``, if given."""
+    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if given."""
     if model is None:
         return
-    from exactpack.hf.capability import check_model
+    from exactpack.hf.capabilities import check_model
 
     lengths = examples.lengths if examples is not None else ()
     longest = int(max(lengths)) if len(lengths) else 0
@@ -208,7 +220,7 @@ def _tables(
     parts = [gather_rows(source, storage, a, b) for a, b in itertools.pairwise(bounds)]
     if opts.format == "trl":
         tables = [trl_table(cols) for cols in parts]
-        schema = trl_schema(labels=corpus.flagged)
+        schema = TRL_SCHEMA
     else:
         layout = union(layout_of(cols) for cols in parts)
         tables = [shard_table(cols, layout) for cols in parts]

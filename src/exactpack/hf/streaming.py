@@ -42,7 +42,7 @@ from exactpack.io.columns import chunk_from_arrow
 from exactpack.io.documents import Origin, TokenChunk, make_binding
 from exactpack.io.shards import FORMAT, FULL, VERSION, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
-from exactpack.io.trl_schema import TRL_FORMAT, TRL_LABELED_SCHEMA, TRL_VERSION, trl_table
+from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
 from exactpack.pipeline.options import PackOptions, check_pad_id
 
 #: Source rows read, checked and tokenized at a time.
@@ -282,7 +282,7 @@ class _Packing:
                 "labels": [[-100, -100]] * missing,
                 "seq_lengths": [[2]] * missing,
             }
-            yield self.rows, pa.Table.from_pydict(empty, schema=TRL_LABELED_SCHEMA)
+            yield self.rows, pa.Table.from_pydict(empty, schema=TRL_SCHEMA)
             return
         cols = self._rows([], np.zeros(missing + 1, dtype=np.int64), [], [])
         yield self.rows, shard_table(cols, FULL)
@@ -317,7 +317,7 @@ class StreamSpec:
 
     def schema(self) -> pa.Schema:
         # a stream's schema is fixed before a row is read: TRL's rows keep their labels
-        return TRL_LABELED_SCHEMA if self.opts.format == "trl" else FULL.schema()
+        return TRL_SCHEMA if self.opts.format == "trl" else FULL.schema()
 
 
 def _generate(spec: StreamSpec) -> Iterator[tuple[int, pa.Table]]:

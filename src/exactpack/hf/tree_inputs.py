@@ -9,7 +9,7 @@ and by kind: the masks of :mod:`exactpack.hf.masks` (``eager`` / ``sdpa`` /
 (:func:`~exactpack.nn.tree_attention.tree_attention` /
 :func:`~exactpack.nn.tree_attention.tree_flash_attention`). The flattened kinds are refused.
 Tree rows take flat packing's checks, not copies of them: the model's capability
-(:func:`exactpack.hf.capability.capability`, its modules included, with the tree's own
+(:func:`exactpack.hf.capabilities.capability`, its modules included, with the tree's own
 refusals: ``Architecture.check(kind, tree=True)``) and, on every batch, its conditions
 (``Architecture.check_batch`` with the longest sequence's depth).
 :func:`pack_tree_dataset` (``pack_dataset(..., tree=True)``) packs a ``Dataset``'s groups
@@ -29,7 +29,7 @@ from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.attention_impl import register
-from exactpack.hf.capability import capability, check_collator, check_model
+from exactpack.hf.capabilities import check_collator, check_model, check_vocabulary, require_config
 from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import TREE_NAMES, tree_kind
 from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
@@ -68,24 +68,23 @@ def tree_inputs(
     """Keyword arguments for ``model(**kwargs)`` on a tree batch, tensors ``(R, T)``; logits
     come back ``(R, T, V)`` (:func:`exactpack.nn.logprobs.sequence_logprobs`).
 
-    ``config`` (``model.config``) runs flat packing's capability check
-    (:func:`exactpack.hf.capability.capability`: the config and the model's modules) with
-    the tree's refusals (``Architecture.check(kind, tree=True)``); ``arch``: an
-    architecture already found (``architecture_of(model)``). Either way the batch is held
-    to the model's conditions as a flat batch is (``Architecture.check_batch``: the longest
-    sequence, its path's depth, and the row's columns)."""
+    ``config`` (``model.config``, or the model) is required: it runs flat packing's
+    capability check (the config and the model's modules) with the tree's refusals
+    (``Architecture.check(kind, tree=True)``) and the vocabulary check; ``arch``: an
+    architecture already found (``architecture_of(model)``) instead. Either way the batch
+    is held to the model's conditions as a flat batch is (``Architecture.check_batch``:
+    the longest sequence, its path's depth, and the row's columns)."""
     kind = tree_kind(attn_implementation)
-    if arch is None and config is not None:
-        arch = capability(config)
-    if arch is not None:
-        arch.check(kind, tree=True).check_batch(batch.longest, batch.shape[1])
+    if arch is None:
+        arch = require_config(config, kind, "tree_inputs", tree=True)
+        check_vocabulary(getattr(config, "config", config), batch.binding, pad_token_id)
+    arch.check(kind, tree=True).check_batch(batch.longest, batch.shape[1])
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(f"pad_token_id {pad_token_id!r} is not a token id in [0, {vocab})")
-    if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
-        pad_token_id = arch.padding_id(pad_token_id, vocab)
+    pad_token_id = arch.padding_id(pad_token_id, vocab)  # gemma3n: NaN gradients at its pad
     ids = np.where(batch.input_valid, batch.inputs, int(pad_token_id)).astype(np.int64)
-    offset = arch.position_offset if arch is not None else 0  # RoBERTa: from padding_idx + 1
+    offset = arch.position_offset  # RoBERTa: from padding_idx + 1
     out: dict[str, Any] = {
         "input_ids": torch.as_tensor(ids, device=device),
         "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
@@ -112,7 +111,7 @@ def pack_tree_dataset(
     ``prompt_input_ids`` / ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` +
     ``group``) into a ``datasets.Dataset``, one record per row. ``model=`` (a model or its
     config) is checked as flat ``pack_dataset`` checks it
-    (:func:`exactpack.hf.capability.check_model`, on tree rows): before reading, then with
+    (:func:`exactpack.hf.capabilities.check_model`, on tree rows): before reading, then with
     the longest sequence and the vocabulary."""
     import datasets
 
@@ -154,12 +153,13 @@ class TreeCollator:
     """``DataLoader`` collate function for tree records (:func:`pack_tree_dataset`,
     ``load_packed(...).records()``): ``{"inputs": tree_inputs(...), "batch": TreeBatch}``;
     call ``model(**out["inputs"])`` and take the loss or the per-sequence views from
-    ``out["batch"]`` (:mod:`exactpack.nn.tree_attention`)."""
+    ``out["batch"]`` (:mod:`exactpack.nn.logprobs`). ``config`` (``model.config``, or
+    the model) is required."""
 
-    capacity: int
+    max_length: int
     vocab_size: int
     attn_implementation: str = NAME
-    config: Any = None
+    config: Any = None  # required (a field with a default only to keep the order above)
     dtype: Any = None
     pad_token_id: int = 0
     arch: Architecture | None = field(init=False, default=None, repr=False)
@@ -177,7 +177,7 @@ class TreeCollator:
         )
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = tree_batch_from_rows(list(features), self.capacity, self.vocab_size)
+        batch = tree_batch_from_rows(list(features), self.max_length, self.vocab_size)
         inputs = tree_inputs(  # every batch held to the model's conditions
             batch,
             self.attn_implementation,

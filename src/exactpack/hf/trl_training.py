@@ -22,8 +22,7 @@ _PER_TOKEN = ("input_ids", "labels")
 
 def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: Any) -> Any:
     """The TRL-format packed directory ``path`` as a ``datasets.Dataset``, one row per
-    packed row (``input_ids``, ``seq_lengths``, ``labels`` where some are masked; version 1
-    also ``position_ids`` and ``labels`` always).
+    packed row (``input_ids``, ``labels``, ``seq_lengths``).
 
     ``integrity``: ``True`` / ``"full"``: the manifest, every shard's size and sha256, and
     every shard decoded against the format and the manifest; ``False``: the manifest only.

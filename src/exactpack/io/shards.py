@@ -213,7 +213,7 @@ def token_offsets(cols: CompactRows) -> tuple[np.ndarray, np.ndarray]:
     if int(row_tok[-1]) > INT32_MAX:
         raise InvalidInput(
             f"{int(row_tok[-1]):,} tokens do not fit one Parquet list column"
-            " — lower --max-rows-per-batch"
+            " — lower max_rows_per_batch="
         )
     return tok, row_tok
 

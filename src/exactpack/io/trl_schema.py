@@ -3,21 +3,24 @@
 One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
 
     input_ids     list<int32>   the examples' tokens back to back (Σ n_i <= capacity)
-    labels        list<int64>   only when the input says what is not supervised (its
-                                labels, loss_mask, completion_mask, assistant_masks or a
-                                chat objective): the token where its pair is
-                                supervised, -100 elsewhere and on each example's
-                                first token (no pair of the example predicts it)
+    labels        list<int64>   always: the token where its pair is supervised (every
+                                pair, unless the input masks some: its labels,
+                                loss_mask, completion_mask, assistant_masks or a chat
+                                objective), -100 elsewhere and on each example's first
+                                token (no pair of the example predicts it)
     seq_lengths   list<int32>   [K] tokens per example (TRL 1.16's meaning)
 
 This is TRL 1.16's own stored form (``trl.pack_dataset``; ``SFTTrainer`` folds its masks
-into ``labels``); its collator derives ``position_ids`` from ``seq_lengths`` and trains
-every pair of a row without ``labels`` (rationale: docs/design-notes.md).
+into ``labels``) with ``labels`` always: TRL's padding-free collator derives
+``position_ids`` from ``seq_lengths``, and any collator that reads ``labels`` (even one
+used without ``padding_free=True``) never trains the pair from one example's last token
+to the next one's first (rationale: docs/design-notes.md).
 Capacity counts tokens (TRL's ``max_length``), not exactpack's prediction pairs. For
 the fixture A=[0,99,100,1], B=[0,101,1], C=[0,102,103,104,1] at capacity 7,
 next-fit::
 
     input_ids     [[0, 99, 100, 1, 0, 101, 1], [0, 102, 103, 104, 1]]
+    labels        [[-100, 99, 100, 1, -100, 101, 1], [-100, 102, 103, 104, 1]]
     seq_lengths   [[4, 3], [5]]
     (positions    [[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4]]  derived by the collator)
 
@@ -44,26 +47,23 @@ TRL_VERSION = 2
 _IDS = ("input_ids", pa.list_(pa.int32()))
 _LABELS = ("labels", pa.list_(pa.int64()))
 _LENGTHS = ("seq_lengths", pa.list_(pa.int32()))
-#: Rows where every pair is supervised.
-TRL_SCHEMA = pa.schema([_IDS, _LENGTHS])
-#: Rows with a loss mask (and every row of a stream, whose schema is fixed before it is read).
-TRL_LABELED_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS])
-
-
-def trl_schema(labels: bool) -> pa.Schema:
-    """TRL's packed schema of rows with (``labels``) or without a loss mask."""
-    return TRL_LABELED_SCHEMA if labels else TRL_SCHEMA
+#: Every row, supervised or masked: ``labels`` always (-100 on each example's first token).
+TRL_SCHEMA = pa.schema([_IDS, _LABELS, _LENGTHS])
 
 
 def trl_table(cols: CompactRows) -> pa.Table:
-    """``cols`` (one shard's rows) in TRL's packed schema, ``labels`` with a loss mask."""
+    """``cols`` (one shard's rows) in TRL's packed schema."""
     _, row_tok = token_offsets(cols)
-    arrays = [list_array(row_tok, cols.tokens, pa.int32())]  # the gathered tokens, no copy
-    if cols.loss_mask is not None:
-        labels = span_labels(cols.tokens, cols.loss_mask, cols.lengths).astype(np.int64)
-        arrays.append(list_array(row_tok, labels, pa.int64()))
-    arrays.append(list_array(cols.row_offsets, cols.lengths + 1, pa.int32()))
-    return pa.Table.from_arrays(arrays, schema=trl_schema(cols.loss_mask is not None))
+    mask = cols.loss_mask
+    if mask is None:  # every pair supervised
+        mask = np.ones(int(cols.lengths.sum()), dtype=np.bool_)
+    labels = span_labels(cols.tokens, mask, cols.lengths).astype(np.int64)
+    arrays = [
+        list_array(row_tok, cols.tokens, pa.int32()),  # the gathered tokens, no copy
+        list_array(row_tok, labels, pa.int64()),
+        list_array(cols.row_offsets, cols.lengths + 1, pa.int32()),
+    ]
+    return pa.Table.from_arrays(arrays, schema=TRL_SCHEMA)
 
 
 def is_trl(manifest: object) -> bool:
@@ -94,16 +94,14 @@ def check_trl_contents(manifest: Mapping, folder: Path) -> None:
     example's first)."""
     capacity = int(manifest["config"]["capacity"])
     vocab = int(manifest["binding"]["vocab_size"])
-    schemas = [TRL_SCHEMA, TRL_LABELED_SCHEMA]
     for entry in manifest["shards"]:
         file = folder / entry["file"]
         try:
             table = pq.read_table(file)
         except (pa.ArrowException, OSError) as err:
             raise _damaged(file, f"cannot read the shard ({err})") from None
-        if not any(table.schema.equals(s) for s in schemas):
-            raise _damaged(file, f"schema {table.schema} is not TRL's {schemas[-1]}")
-        schemas = [table.schema]  # every shard of an output has the first one's columns
+        if not table.schema.equals(TRL_SCHEMA):
+            raise _damaged(file, f"schema {table.schema} is not TRL's {TRL_SCHEMA}")
         if any(_nulls(table.column(n)) for n in table.column_names):
             raise _damaged(file, "a value is missing (null)")
         if not _consistent(table, entry, capacity, vocab, file):
@@ -124,7 +122,6 @@ def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file
     seq = lens.flatten().to_numpy().astype(np.int64)
     per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
     starts = np.cumsum(seq) - seq
-    eligible = int(seq.sum()) - seq.shape[0]  # every pair, without labels
     ok = (
         table.num_rows == entry["rows"]
         and len(seq) == entry["occurrences"]
@@ -132,17 +129,16 @@ def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file
         and np.array_equal(per_row, row_len)
         and not (seq.size and (int(seq.min()) < 2 or int(row_len.max()) > capacity))
     )
-    if "labels" in table.column_names:
-        labels = table.column("labels").combine_chunks()
-        targets = labels.flatten().to_numpy()
-        ignored = targets == -100
-        eligible = int((~ignored).sum())
-        ok = (
-            ok
-            and np.array_equal(np.diff(labels.offsets.to_numpy()), row_len)
-            and bool(np.all(ignored | (targets == tokens)))
-            and bool(np.all(ignored[starts]))
-        )
+    labels = table.column("labels").combine_chunks()
+    targets = labels.flatten().to_numpy()
+    ignored = targets == -100
+    eligible = int((~ignored).sum())
+    ok = (
+        ok
+        and np.array_equal(np.diff(labels.offsets.to_numpy()), row_len)
+        and bool(np.all(ignored | (targets == tokens)))
+        and bool(np.all(ignored[starts]))
+    )
     return bool(ok) and entry.get("eligible", eligible) == eligible
 
 

@@ -177,7 +177,7 @@ class StreamBudget:
             self.need(documents, examples, occurrences),
             self.limit,
             f"packing {what or 'this corpus'} with {opts.policy} ({parts})",
-            "lower --chunk-bytes, --shard-tokens, --max-rows-per-batch or the policy's lookahead",
+            "lower chunk_bytes=, shard_tokens=, max_rows_per_batch= or the policy's lookahead",
         )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, check_lengths
+from exactpack.core.errors import OPTIONS_FIX, InvalidInput, check_lengths
 from exactpack.core.examples import example_label
 from exactpack.core.supervision import Objective
 from exactpack.io.columns import chunk_from_arrow
@@ -155,7 +155,7 @@ class _Reading:
             largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
             self.largest = max(self.largest, largest)
         if not opts.cut_long:
-            check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk))
+            check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk), OPTIONS_FIX)
         chunk = _drop_default_ids(chunk)
         targets = chunk.tokens.shape[0] - len(chunk)
         self.counts.append(chunk.counts)

@@ -28,7 +28,7 @@ from typing import Any
 
 from exactpack.core import config as budget
 from exactpack.core.binding import INT32_MAX, Split
-from exactpack.core.errors import InvalidInput, positive_int, type_argument
+from exactpack.core.errors import InvalidInput, did_you_mean, positive_int, type_argument
 from exactpack.core.policies import POLICIES, check_policy_options
 from exactpack.core.supervision import Objective
 from exactpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
@@ -314,8 +314,11 @@ class PackOptions:
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise InvalidInput(
-                f"unknown packing option(s) {', '.join(unknown)}; PackOptions has"
-                f" {', '.join(sorted(names))}"
+                f"unknown packing option(s) {', '.join(unknown)}"
+                + (
+                    did_you_mean(unknown[0], names)
+                    or f"; PackOptions has {', '.join(sorted(names))}"
+                )
             )
         if options is None:
             return cls(**overrides)

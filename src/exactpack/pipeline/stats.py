@@ -149,7 +149,7 @@ def oversized_line(found: dict, capacity: int) -> str:
         f"{found['examples']:,} of {found['of']:,} examples are longer than capacity"
         f" {capacity:,} (first: {found['first']}, {found['first_length']:,} {found['unit']};"
         f" longest {found['longest']:,}): capacity {found['capacity_99']:,} fits 99% of the"
-        f" examples, {found['capacity_100']:,} fits all — raise --max-length or pass --cut-long"
+        f" examples, {found['capacity_100']:,} fits all — raise max_length= or pass cut_long=True"
     )
 
 

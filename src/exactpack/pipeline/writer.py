@@ -69,8 +69,8 @@ def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str])
         i = int(np.argmax(tokens > capacity))
         raise OversizedExample(
             f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
-            " (format trl counts tokens, TRL's max_length) — raise --max-length or split it"
-            " with --cut-long"
+            " (format trl counts tokens, as TRL's max_length does) — raise max_length= or"
+            " split it with cut_long=True"
         )
     return tokens
 

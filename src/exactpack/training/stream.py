@@ -221,7 +221,7 @@ class StreamDataset(IterableDataset):
         micro_batches: int = 1,
         world_size: int | None = None,
         rank: int | None = None,
-        partition: Split | str = "train",
+        split: Split | str = "train",
         cut_long: bool = False,
         tokenizer: Tokenizer | None = None,
         lookahead: int = DEFAULT_LOOKAHEAD,
@@ -235,7 +235,7 @@ class StreamDataset(IterableDataset):
         if not isinstance(binding, Binding):
             raise InvalidInput(f"binding must be a exactpack.Binding, got {type(binding).__name__}")
         self.binding = binding
-        self.partition = Split.parse(partition)
+        self.partition = Split.parse(split)
         self.world_size, self.rank = check_world(world_size, rank)
         self.rows_per_micro_batch = positive_int(
             "rows_per_micro_batch", rows_per_micro_batch, INT32_MAX

@@ -25,7 +25,7 @@ _NAMES = {
     "verify_tiny": "layouts",
     "load_model": "models",
     "verify_hf": "models",
-    "tolerance": "tolerance",
+    "tolerance": "tolerances",
     "verify_tree": "tree_models",
 }
 __all__ = sorted(_NAMES)

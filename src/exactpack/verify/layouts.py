@@ -36,7 +36,7 @@ from exactpack.core.loss import masked_nll_sum
 from exactpack.verify.decoder import TinyDecoder
 from exactpack.verify.fixture import FIXTURE_MAX_LENGTH, fixture_binding, fixture_examples
 from exactpack.verify.probes import unguarded_causal_attention
-from exactpack.verify.tolerance import compare, grad_vector
+from exactpack.verify.tolerances import compare, grad_vector
 
 ATOL = 1e-10
 RTOL = 1e-9

@@ -20,7 +20,7 @@ as ``mode`` says:
 A refused architecture or a crash inside the model (:class:`ModelCrashed`) is ``exactpack
 verify`` exit 2; exit 1 means the model mixed examples, the report's ``hint`` naming the
 first divergent layer (:mod:`exactpack.verify.diagnose`). Tolerances follow the model's real
-dtype path (:mod:`exactpack.verify.tolerance`); ``model_loss`` always gets float32's.
+dtype path (:mod:`exactpack.verify.tolerances`); ``model_loss`` always gets float32's.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capability import architecture_of, capability
+from exactpack.hf.capabilities import architecture_of, capability
 from exactpack.hf.kinds import MASK_KINDS, attention_kind
 from exactpack.hf.mixers import restart_mixers
 from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
@@ -58,7 +58,7 @@ from exactpack.verify.diagnose import (
     hint,
     run_alone,
 )
-from exactpack.verify.tolerance import FLOAT32_TOLERANCE, compare, grad_vector, observe, tolerance
+from exactpack.verify.tolerances import FLOAT32_TOLERANCE, compare, grad_vector, observe, tolerance
 
 MODES = ("adapter", "naive", "bool-mask")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -430,7 +430,7 @@ def running(model: torch.nn.Module, attn: str) -> Iterator[None]:
 
 
 def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) -> tuple:
-    """``(islands, casts)`` (:func:`~exactpack.verify.tolerance.observe`) of one forward (and
+    """``(islands, casts)`` (:func:`~exactpack.verify.tolerances.observe`) of one forward (and
     backward) of ``tokens`` alone through a float64 model; ``({}, [])`` for any other dtype.
     A flex model is observed on ``sdpa`` (dispatch modes cannot follow FlexAttention).
     """
@@ -468,14 +468,14 @@ def verify_hf(
     examples: Sequence[SequenceExample],
     *,
     mode: str = "adapter",
-    capacity: int | None = None,
+    max_length: int | None = None,
     pad_token_id: int | None = None,
     gradients: bool = True,
     allow_unsupported: bool = False,
 ) -> dict[str, Any]:
     """Separate vs packed for a ``transformers`` causal LM; a report dict with ``pass``.
 
-    ``capacity``: the row width (default :data:`CAPACITY`, or the longest example + 3).
+    ``max_length``: the row width (default :data:`CAPACITY`, or the longest example + 3).
     ``gradients=False`` compares logits and losses only. ``allow_unsupported`` runs a
     refused architecture anyway, to measure its leak (``"supported": False``, never passes).
     """
@@ -484,7 +484,7 @@ def verify_hf(
     arch = _prepare(model, mode, allow_unsupported)
     with nullcontext() if gradients else torch.no_grad():
         report, kwargs, batch, tol = _compare(
-            model, arch, examples, mode, capacity, pad_token_id, gradients
+            model, arch, examples, mode, max_length, pad_token_id, gradients
         )
     if not gradients:
         report["note"] = "gradients not compared (no backward for this implementation here)"

@@ -16,7 +16,7 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import masked_nll_sum
 from exactpack.nn.attention import AttentionLayout, Backend
-from exactpack.verify.tolerance import compare
+from exactpack.verify.tolerances import compare
 
 
 def unguarded_causal_attention(

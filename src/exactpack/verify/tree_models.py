@@ -1,7 +1,7 @@
 """Prove that tree-packed rows compute what each sequence computes alone, or show the leak.
 
 :func:`verify_tree` runs each sequence alone and every trie packed into rows (one call),
-and compares in the model's dtype (:mod:`exactpack.verify.tolerance`) every logit of every
+and compares in the model's dtype (:mod:`exactpack.verify.tolerances`) every logit of every
 sequence, each sequence's supervised log-probability sum, the token-weighted loss and
 every parameter-gradient coordinate. ``mode``: ``adapter``
 (:func:`exactpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each trie one causal sequence
@@ -23,14 +23,14 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.attention_impl import register
-from exactpack.hf.capability import architecture_of
+from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import tree_kind
 from exactpack.hf.tree_inputs import NAME, tree_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import check_verify_tokens, model_facts, observed, running, tally
-from exactpack.verify.tolerance import compare, grad_vector, tolerance
+from exactpack.verify.tolerances import compare, grad_vector, tolerance
 
 MODES = ("adapter", "naive")
 LOW = (torch.float32, torch.float16, torch.bfloat16)
@@ -176,7 +176,7 @@ def verify_tree(
     groups: SequenceGroups,
     *,
     mode: str = "adapter",
-    capacity: int | None = None,
+    max_length: int | None = None,
     pad_token_id: int = 0,
 ) -> dict[str, Any]:
     """Separate vs tree-packed for a ``transformers`` causal LM; a report dict with ``pass``.
@@ -190,12 +190,12 @@ def verify_tree(
     arch = architecture_of(model).check(tree_kind(attn), tree=True)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
-    if capacity is None:  # all tries in one row plus padding, within the model's positions
+    if max_length is None:  # all tries in one row plus padding, within the model's positions
         text = model.config.get_text_config()
         limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
-        capacity = int(groups.lengths.sum()) + 2
-        capacity = max(min(capacity, limit or capacity), int(groups.lengths.max()))
-    epoch = pack_tree(groups, capacity)  # tree_inputs holds the batch to arch's conditions
+        max_length = int(groups.lengths.sum()) + 2
+        max_length = max(min(max_length, limit or max_length), int(groups.lengths.max()))
+    epoch = pack_tree(groups, max_length)  # tree_inputs holds the batch to arch's conditions
     (batch,) = epoch.batches
     fed = naive_batch(batch) if mode == "naive" else batch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -228,7 +228,7 @@ def verify_tree(
         "loss": compare(sep_mean, tree_mean, tol),
         "gradients": compare(*grads, tol),
     }
-    report = _report(model, arch, groups, epoch, mode, capacity, tol, compared)
+    report = _report(model, arch, groups, epoch, mode, max_length, tol, compared)
     report["reference"] = reference
     report["widened"] = widened
     report["loss"] = {"separate": float(sep_mean.detach()), "tree": float(tree_mean.detach())}

@@ -13,6 +13,7 @@ holds every batch, flat or tree, to the model's conditions.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -21,6 +22,7 @@ import logging
 import sys
 import textwrap
 import warnings
+import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -347,6 +349,36 @@ def capability(config: Any, model: Any = None) -> Architecture:
     return arch if model is None else from_modules(arch, model)
 
 
+#: Capabilities of the configs (or models) seen, by ``id`` (a weak reference tells a reused id).
+_SEEN: dict[int, tuple[weakref.ref, Architecture]] = {}
+
+
+def capability_once(config: Any) -> Architecture:
+    """:func:`capability` of ``config`` (``model.config``, or the model itself), computed once
+    per object: what every batch's inputs are checked against."""
+    hit = _SEEN.get(id(config))
+    if hit is not None and hit[0]() is config:
+        return hit[1]
+    model = config if hasattr(config, "config") else None
+    arch = capability(getattr(config, "config", config), model)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: not kept
+        _SEEN[id(config)] = (weakref.ref(config), arch)
+    return arch
+
+
+def require_config(
+    config: Any, kind: str | None, caller: str, *, tree: bool = False
+) -> Architecture:
+    """The capability of ``config`` checked for ``kind``; no config refused, since without it a
+    model's sliding windows and refusals are unknown and its inputs could be silently wrong."""
+    if config is None:
+        raise InvalidInput(
+            f"{caller} needs the model's config to know its sliding windows and refusals"
+            f" — pass {caller}(..., config=model.config)"
+        )
+    return capability_once(config).check(kind, tree=tree)
+
+
 def mixing_modules(model: Any) -> list[tuple[str, str]]:
     """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
     attention: a ``Conv1d`` wider than one column, or a class named as a mixer."""
@@ -457,25 +489,16 @@ def check_collator(
     pad_token_id: int,
     *,
     tree: bool = False,
-) -> Architecture | None:
+) -> Architecture:
     """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`,
-    ``TreeCollator`` with ``tree``): the mask kinds need the config; a flash implementation
-    must run here; the config's capability for ``kind``; the vocabulary and pad id. The
-    architecture (None without a config) then checks every batch (``check_batch``)."""
-    from exactpack.hf.kinds import MASK_KINDS
-
-    if config is None and kind in MASK_KINDS:
-        raise InvalidInput(
-            f"{owner}({attn_implementation!r}) builds the attention masks itself, so it needs"
-            f" the model's config: {owner}(..., config=model.config) — a model with sliding"
-            " windows would otherwise train with unwindowed masks"
-        )
+    ``TreeCollator`` with ``tree``): the config (or the model) is required; a flash
+    implementation must run here; the capability for ``kind``; the vocabulary and pad id;
+    a hybrid's mixers restarted. The architecture then checks every batch (``check_batch``)."""
     check_runnable(attn_implementation, kind)
-    if config is None:
-        return None
-    arch = capability(config).check(kind, tree=tree)
-    check_vocabulary(config, binding, pad_token_id)
-    check_restarts(arch, config)  # hybrids: restart_mixers(model) first
+    arch = require_config(config, kind, owner, tree=tree)
+    model_config = getattr(config, "config", config)
+    check_vocabulary(model_config, binding, pad_token_id)
+    check_restarts(arch, model_config)  # hybrids: restart_mixers(model) first
     return arch
 
 
@@ -509,6 +532,7 @@ def check_model(
 __all__ = [
     "architecture_of",
     "capability",
+    "capability_once",
     "causal_lm",
     "check_collator",
     "check_model",
@@ -518,5 +542,6 @@ __all__ = [
     "meta_model",
     "mixing_modules",
     "mixing_reason",
+    "require_config",
     "restart_plan",
 ]
