@@ -377,12 +377,12 @@ def test_row_sampler_arguments(name, value):
 
 
 STREAM_ARGS = [
-    "capacity",
+    "max_length",
     "rows_per_micro_batch",
     "micro_batches",
     "world_size",
     "rank",
-    "partition",
+    "split",
     "cut_long",
     "lookahead",
     "max_open_rows",

@@ -122,7 +122,7 @@ from exactpack.pipeline.local import pack_path
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.options import PackOptions
 
-opts = dict(capacity=64, vocab_size=1000, chunk_bytes=1 << 16, shard_tokens=20_000,
+opts = dict(max_length=64, vocab_size=1000, chunk_bytes=1 << 16, shard_tokens=20_000,
             policy=sys.argv[3], max_metadata_bytes=1 << 40)  # with a budget: spilled
 pack_path(sys.argv[1], sys.argv[2] + "-warm", **opts)  # imports and kernels loaded first
 pool = pa.default_memory_pool()

@@ -183,10 +183,9 @@ def test_a_left_padded_batch_is_refused_not_ignored_by_exactpacks_kinds(impl):
     real query reaches) keep working, exactly as sdpa."""
     from transformers import AutoModelForCausalLM
 
-    from exactpack.hf.tree_inputs import register
+    from exactpack.hf.attention_impl import register
 
-    if impl != NAME:
-        register(impl)
+    register()  # every exactpack kind, flat and tree
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CFG, attn_implementation="sdpa", dtype=torch.float64)
     ids = torch.tensor([[5, 6, 7, 8, 9], [2, 2, 3, 4, 5]])

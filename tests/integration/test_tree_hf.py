@@ -599,7 +599,10 @@ def test_tree_collator_checks_what_hf_collator_checks():
 
     from support.architecture_tiny import tiny_config
 
-    with pytest.raises(InvalidInput, match=r"needs the model's config: TreeCollator\(..."):
+    with pytest.raises(
+        InvalidInput,
+        match=r"TreeCollator needs the model's config .* pass TreeCollator\(..., config=",
+    ):
         TreeCollator(16, 266, "sdpa")
     llama = tiny_config("llama")
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 266"):

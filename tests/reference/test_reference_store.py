@@ -50,7 +50,7 @@ def corpora(draw):
             record["loss_mask"] = [int(draw(st.booleans())) for _ in ids[1:]]
         records.append(record)
     options = {
-        "capacity": capacity,
+        "max_length": capacity,
         "cut_long": split,
         "policy": draw(st.sampled_from(sorted(POLICIES))),
         "max_rows_per_batch": draw(st.integers(1, 5)),
@@ -125,14 +125,14 @@ def test_every_cell_of_a_store_traces_to_its_source_document(tmp_path_factory, c
     sources = {rec["id"]: rec for rec in records}
     pairs, first = [], 0
     for batch in store:
-        assert batch.first_row == first and batch.shape[1] == options["capacity"]
+        assert batch.first_row == first and batch.shape[1] == options["max_length"]
         assert batch.shape[0] <= options["max_rows_per_batch"]
         first += batch.shape[0]
         check_call(batch, sources, pairs)
     assert first == store.num_rows == stats["rows"]
     assert sorted(pairs) == every_pair(records)
     want_examples = sum(
-        len(split_ranges(len(r["input_ids"]), options["capacity"])) for r in records
+        len(split_ranges(len(r["input_ids"]), options["max_length"])) for r in records
     )
     assert stats["examples"] == want_examples
     assert stats["eligible_targets"] == sum(sum(source_flags(r)) for r in records)

@@ -298,7 +298,7 @@ def test_bad_policy_engine_and_options_are_reported():
     with pytest.raises(InvalidInput, match="unknown policy"):
         plan_rows([1], 4, "worst-fit")
     with pytest.raises(InvalidInput, match="unknown engine"):
-        plan_rows([1], 4, "next-fit", engine="gpu")
+        plan_rows([1], 4, "next-fit", kernels="gpu")
     with pytest.raises(InvalidInput, match="takes no option lookahead"):
         plan_rows([1], 4, "best-fit-decreasing", lookahead=4)
     with pytest.raises(InvalidInput, match=r"lookahead must be an integer in \[1, "):

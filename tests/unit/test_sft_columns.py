@@ -249,7 +249,7 @@ def test_the_ray_engine_reads_the_same_supervision(folder, reference, tmp_path):
         ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=session,
                  logging_level=logging.ERROR)  # fmt: skip
         try:
-            pack(tmp_path / "c.parquet", tmp_path / "out", capacity=128, tokenizer=str(folder),
+            pack(tmp_path / "c.parquet", tmp_path / "out", max_length=128, tokenizer=str(folder),
                  assistant_only_loss=True)  # fmt: skip
         finally:
             ray.shutdown()

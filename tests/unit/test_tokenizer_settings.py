@@ -282,7 +282,7 @@ def test_ray_tasks_tokenize_with_the_sanitised_tokenizer(tmp_path):
                  logging_level=logging.ERROR)  # fmt: skip
         try:
             with pytest.warns(UserWarning, match="turned off"):
-                pack(tmp_path / "d.parquet", tmp_path / "ray", capacity=16, tokenizer=spec)
+                pack(tmp_path / "d.parquet", tmp_path / "ray", max_length=16, tokenizer=spec)
         finally:
             ray.shutdown()
     want = sum(len(_word_tokenizer().encode(t).ids) - 1 for t in TEXTS * 3)

@@ -599,3 +599,27 @@ def test_tree_options_are_pack_options(tmp_path):
     rows = _grpo(np.random.default_rng(5), 4)
     ds = datasets.Dataset.from_dict(rows)
     assert list(pack_dataset(ds, options=opts)) == list(pack_dataset(ds, 24, tree=True))
+
+
+def test_parent_ids_are_held_to_the_nodes_by_hand():
+    """The drawn layout of exactpack.core.tree (one prompt, completions a b c / a d / e f)
+    as a record, its parent_ids written by hand, then each edited: a parent that differs
+    inside one node, a parent that is no earlier node, a root given a parent."""
+    from exactpack.core.binding import Binding
+    from exactpack.core.tree import SequenceGroups, pack_tree
+    from exactpack.io.tree_store import tree_records
+
+    a, b, c, d, e, f = 20, 21, 22, 23, 30, 31
+    groups = SequenceGroups.from_prompt_completions(
+        [[10, 11, 12, 13]], [[[a, b, c], [a, d], [e, f]]], Binding(64, "t", "s")
+    )
+    (record,) = tree_records(pack_tree(groups, 12).batches[0])
+    # nodes 0 (cols 0-2), 1 (col 3), 2 (cols 4-5), 3 (col 6), 4 (cols 7-8)
+    assert record["node_ids"] == [0, 0, 0, 1, 2, 2, 3, 4, 4]
+    assert record["parent_ids"] == [-1, -1, -1, 0, 1, 1, 1, 0, 0]
+    tree_batch_from_rows([record], 12, 64)  # as written: accepted
+    for cell, parent in ((5, 0), (3, 3), (0, 2), (7, 9)):
+        bad = {**record, "parent_ids": list(record["parent_ids"])}
+        bad["parent_ids"][cell] = parent
+        with pytest.raises(InvalidInput, match="parent"):
+            tree_batch_from_rows([bad], 12, 64)

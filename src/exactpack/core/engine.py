@@ -91,8 +91,15 @@ def call(kernels: str, name: str, *args: Any, inputs: int = 0) -> Any:
     C-contiguous native int64 copy, copied back where written, so both kernels take what
     NumPy takes and give the same answer. For python, arrays travel as lists."""
     if kernels == "native":
-        ready = [_for_c(a) for a in args]
-        result = getattr(_LOADED["module"], name)(*ready)
+        kernel = getattr(_LOADED["module"], name)
+        ready = [_for_c(a, widen=False) for a in args]  # the dtypes a kernel reads as they are
+        try:
+            result = kernel(*ready)
+        except TypeError as err:  # parsed before any work: this kernel takes int64 there
+            if "unsupported array format" not in str(err):
+                raise
+            ready = [_for_c(a, widen=True) for a in args]
+            result = kernel(*ready)
         for array, copy in zip(args[inputs:], ready[inputs:], strict=True):
             _copy_back(array, copy, only_copies=True)
         return result
@@ -111,13 +118,16 @@ def _as_lists(arg: Any) -> Any:
     return arg
 
 
-def _for_c(arg: Any) -> Any:
-    """``arg`` as the C kernels take it: a C-contiguous native-order int64 array."""
+def _for_c(arg: Any, widen: bool) -> Any:
+    """``arg`` as the C kernels take it: C-contiguous and native-order, of its own dtype
+    (a token array of any integer kind, a bool mask, an int32 output) or, with ``widen``,
+    int64 (what the planning kernels read)."""
     if isinstance(arg, np.ndarray):
-        usable = arg.dtype == np.int64 and arg.dtype.isnative and arg.flags.c_contiguous
-        return arg if usable else np.ascontiguousarray(arg, dtype=np.int64)
+        dtype = np.dtype(np.int64) if widen else arg.dtype.newbyteorder("=")
+        usable = arg.dtype == dtype and arg.dtype.isnative and arg.flags.c_contiguous
+        return arg if usable else np.ascontiguousarray(arg, dtype=dtype)
     if isinstance(arg, tuple):
-        return tuple(_for_c(a) for a in arg)
+        return tuple(_for_c(a, widen) for a in arg)
     return arg
 
 

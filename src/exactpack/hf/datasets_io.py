@@ -131,7 +131,7 @@ def pack_dataset(
     from exactpack.hf.streaming import is_stream, pack_stream
 
     tree = keywords.pop("tree", None)
-    if tree or (tree is None and options is not None and options.tree):
+    if tree or (tree is None and isinstance(options, PackOptions) and options.tree):
         return _pack_tree(dataset, tree or options.tree, max_length, policy, options, keywords)
     stream = is_stream(dataset)
     if stream and policy is None and options is None and "policy" not in keywords:
