@@ -121,14 +121,15 @@ def child_in_memory(name: str, tool: str, repeats: int) -> dict:
     w = workload(name)
     table = token_table(name)
     ds = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench-{name}")
-    fmt = "trl" if tool == "exactpack-trl" else "exactpack"  # TRL's schema, capacity in tokens
+    # TRL's schema (capacity in tokens), else the package's own default format
+    fmt = {"format": "trl"} if tool == "exactpack-trl" else {}
     before = _status("VmRSS")
     c0, t0 = _cpu(), time.perf_counter()
     if tool.startswith("exactpack"):
         pack_dataset = importlib.import_module(f"{PACKAGE}.hf").pack_dataset
 
         def run():
-            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, format=fmt)
+            return pack_dataset(ds, w.capacity, "best-fit-decreasing", vocab_size=VOCAB, **fmt)
     else:
         import torch
         from trl.data_utils import pack_dataset as trl_pack
