@@ -44,7 +44,7 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.capabilities import architecture_of
-from exactpack.hf.kinds import tree_kind
+from exactpack.hf.kinds import TREE_NAMES, tree_kind
 from exactpack.hf.tree_inputs import tree_inputs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
@@ -112,7 +112,14 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
             f"{config.model_type} returns router logits for a load-balancing loss that reads"
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
-    impl = attn_implementation or getattr(lm.config, "_attn_implementation", None) or "sdpa"
+    own = getattr(lm.config, "_attn_implementation", None) or "sdpa"
+    impl = attn_implementation or own
+    if impl in TREE_NAMES and impl != own:  # its plan rides kwargs only that kernel reads
+        raise InvalidInput(
+            f"attn_implementation={impl!r} runs only where the model attends with it (it is on"
+            f" {own!r}): model.set_attn_implementation({impl!r}) first, or leave"
+            " attn_implementation out to feed the tree's masks to the model's own attention"
+        )
     arch = architecture_of(lm).check(tree_kind(impl), tree=True)
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward

@@ -172,6 +172,11 @@ def test_refusals_are_up_front(tmp_path):
     with pytest.raises(InvalidInput, match="a hole in its real tokens"):
         model(input_ids=ids, attention_mask=torch.tensor([[1, 0, 1]]), labels=ids,
               fused_lm_head=True)  # fmt: skip
+    other = llama()
+    add_fused_lm_head(other)
+    trainer.model = other
+    with pytest.raises(InvalidInput, match=r"set_attn_implementation\('exactpack_tree'\) first"):
+        exactpack.trl.pack(trainer, attn_implementation="exactpack_tree")
     with pytest.raises(NotAvailable, match="token ids only"):
         model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
 
