@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from exactpack import InvalidInput
-from exactpack.training.balance import CostModel, balanced_groups, causal_pairs, spread
+from exactpack.training.balance import CostModel, balanced_groups, causal_pairs, largest_share
 from exactpack.training.distributed import RowSampler, RowStats, schedule_rows
 
 
@@ -174,6 +174,6 @@ def test_a_compute_sampler_state_names_its_cost_model(rng):
         RowSampler(stats, balance="compute", **kwargs)
 
 
-def test_spread_is_largest_over_mean():
-    assert spread([4, 2, 2], [[0], [1, 2]]) == 1.0
-    assert spread([6, 1, 1], [[0], [1, 2]]) == pytest.approx(6 / 4)
+def test_largest_share_is_largest_over_mean():
+    assert largest_share([4, 2, 2], [[0], [1, 2]]) == 1.0
+    assert largest_share([6, 1, 1], [[0], [1, 2]]) == pytest.approx(6 / 4)

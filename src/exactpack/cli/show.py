@@ -74,8 +74,9 @@ def row_record(batch: Any) -> dict[str, Any]:
 
 
 def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]]:
-    """Row ``row`` of a TRL-format folder (checked as ``load_trl`` checks it): its folder,
-    row count, :func:`row_record` and each example's tokens and supervised flags."""
+    """Row ``row`` of a TRL-format folder: its folder, row count, :func:`row_record` and each
+    example's tokens and supervised flags. The manifest is checked, and the one shard the
+    row is in as ``load_trl`` checks every shard (its sha256, its decoded contents)."""
     import pyarrow.parquet as pq
 
     from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
@@ -84,8 +85,6 @@ def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]
     path = path_argument("packed", folder)
     manifest = read_manifest(path)
     check_manifest(manifest, path)
-    check_checksums(manifest, path)
-    check_trl_contents(manifest, path)
     total = sum(int(e["rows"]) for e in manifest["shards"])
     if not 0 <= row < total:
         raise InvalidInput(f"{path} has rows 0..{total - 1}; --row {row} is outside them")
@@ -94,6 +93,9 @@ def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]
         if local < int(entry["rows"]):
             break
         local -= int(entry["rows"])
+    one = {**manifest, "shards": [entry]}  # only the shard shown is read
+    check_checksums(one, path)
+    check_trl_contents(one, path)
     table = pq.read_table(path / entry["file"]).slice(local, 1).to_pylist()[0]
     ids, lengths = table["input_ids"], table["seq_lengths"]
     labels = table.get("labels")

@@ -112,8 +112,9 @@ class CostModel:
         return self.costs(tokens, (np.asarray(stats.attention, np.float64) + tokens) / 2)
 
 
-def _lpt(costs: np.ndarray, slots: int, cap: int) -> list[list[int]]:
-    """Greedy: heaviest first into the open slot of least load (ties: lowest index)."""
+def greedy_groups(costs: np.ndarray, slots: int, cap: int) -> list[list[int]]:
+    """Greedy (LPT): each index, heaviest first (stable), into the open slot of least load
+    (ties: lowest slot), at most ``cap`` a slot; each group in placing order."""
     groups: list[list[int]] = [[] for _ in range(slots)]
     heap = [(0.0, s) for s in range(slots)]
     for i in np.argsort(-costs, kind="stable").tolist():
@@ -195,7 +196,7 @@ def balanced_groups(costs: Any, slots: int, cap: int) -> list[list[int]]:
     if slots < 1 or cap < 1 or slots * cap < costs.size:
         raise InvalidInput(f"{costs.size} rows do not fit {slots} slots of {cap} rows")
     best: list[list[int]] | None = None
-    for method in (_ldm, _lpt):
+    for method in (_ldm, greedy_groups):
         groups = _refine(costs, [list(g) for g in method(costs, slots, cap)], cap)
         largest = max((float(costs[g].sum()) for g in groups), default=0.0)
         if best is None or largest < max(float(costs[g].sum()) for g in best):
@@ -204,11 +205,11 @@ def balanced_groups(costs: Any, slots: int, cap: int) -> list[list[int]]:
     return best
 
 
-def spread(costs: Any, groups: list[list[int]]) -> float:
+def largest_share(costs: Any, groups: list[list[int]]) -> float:
     """The largest group's cost over the mean group's (1.0: perfectly balanced)."""
     costs = np.asarray(costs, dtype=np.float64)
     loads = np.array([costs[g].sum() for g in groups])
     return float(loads.max() / loads.mean()) if loads.size and loads.mean() > 0 else 1.0
 
 
-__all__ = ["CostModel", "balanced_groups", "causal_pairs", "spread"]
+__all__ = ["CostModel", "balanced_groups", "causal_pairs", "greedy_groups", "largest_share"]

@@ -15,7 +15,6 @@ of its whole step (:mod:`exactpack.training.global_loss`).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +23,7 @@ import numpy as np
 
 from exactpack.core.binding import INT32_MAX
 from exactpack.core.errors import BudgetExceeded, InvalidInput, positive_int, state_int, state_value
-from exactpack.training.balance import CostModel, balanced_groups
+from exactpack.training.balance import CostModel, balanced_groups, greedy_groups
 
 Balance = Literal["tokens", "attention", "none"]
 BALANCES = ("tokens", "attention", "none")
@@ -155,23 +154,10 @@ def _balance_step(
     """Each row (heaviest first, stable) into the open slot of least load (ties: lowest
     index), at most ``min(per_slot, ceil(len(rows) / slots))`` rows a slot."""
     cap = min(per_slot, -(-rows.shape[0] // slots)) if rows.size else 0
-    if method == "balanced" and rows.size:
-        picked = balanced_groups(loads, slots, cap)
-        chosen = [sorted(int(rows[i]) for i in g) for g in picked]
-        return chosen, np.array([float(loads[g].sum()) for g in picked], dtype=np.float64)
-    groups: list[list[int]] = [[] for _ in range(slots)]
-    load = np.zeros(slots, dtype=np.float64)
-    heap = [(0.0, s) for s in range(slots)]
-    for i in np.argsort(-loads, kind="stable").tolist():
-        total, target = heapq.heappop(heap)
-        groups[target].append(int(rows[i]))
-        total += float(loads[i])
-        load[target] = total
-        if len(groups[target]) < cap:
-            heapq.heappush(heap, (total, target))
-    for g in groups:
-        g.sort()
-    return groups, load
+    pick = balanced_groups if method == "balanced" else greedy_groups
+    picked = pick(loads, slots, cap) if rows.size else [[] for _ in range(slots)]
+    totals = [sum((float(loads[i]) for i in g), 0.0) for g in picked]  # in placing order
+    return [sorted(int(rows[i]) for i in g) for g in picked], np.array(totals, np.float64)
 
 
 @dataclass(frozen=True, eq=False)
