@@ -128,7 +128,6 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     from exactpack.core.examples import SequenceExample
     from exactpack.hf.adapter import hf_inputs, hf_loss
     from exactpack.hf.attention_impl import register
-    from exactpack.hf.tree_inputs import tree_inputs
     from exactpack.nn.tree_attention import tree_loss
 
     torch.set_num_threads(1)
@@ -172,7 +171,7 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
 
     def tree_step():
         model.set_attn_implementation("exactpack_tree")
-        out = model(**tree_inputs(tree_batch, "exactpack_tree", config=cfg))
+        out = model(**hf_inputs(tree_batch, "exactpack_tree", config=cfg))
         tree_loss(out.logits, tree_batch).mean.backward()
 
     times = {}

@@ -43,9 +43,9 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
+from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE_NAMES, tree_kind
-from exactpack.hf.tree_inputs import tree_inputs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -206,7 +206,7 @@ def _tree_forward(
     width = int(build_layout(groups, int(counts.sum()) + batch).sizes.max())
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
     dtype = next(lm.parameters()).dtype
-    inputs = tree_inputs(tree, impl, arch=arch, dtype=dtype, device=input_ids.device)
+    inputs = build_inputs(tree, impl, arch, dtype=dtype, device=input_ids.device)
     hidden = plain(**inputs).last_hidden_state  # (R, T, H)
     cells = np.asarray(tree.seq_cells, dtype=np.int64)
     bounds = np.asarray(tree.seq_bounds, dtype=np.int64)

@@ -33,7 +33,7 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "integrity check": ("io/integrity:check_shard", "io/integrity:check_tree_record"),
     "reader": ("pipeline/corpus:read_corpus", "io/tree_store:file_groups"),
     "pipeline": ("pipeline/local:pack_path", "pipeline/pack_tree:pack_tree_path"),
-    "pack_dataset": ("hf/datasets_io:pack_dataset", "hf/tree_inputs:pack_tree_dataset"),
+    "pack_dataset": ("hf/datasets_io:pack_dataset", "hf/datasets_io:_pack_tree"),
     "HF input builder": ("hf/adapter:hf_inputs", "hf/tree_inputs:tree_inputs"),
     "registered attention function": (
         "hf/attention_impl:exactpack_varlen_attention",

@@ -279,8 +279,6 @@ def test_landed_keywords_stay_landed():
 #: own ``capacity`` and the batches' on-disk ``partition`` stay inside the library).
 USER_CALLS = (
     "exactpack.hf.collator:HFCollator",
-    "exactpack.hf.tree_inputs:TreeCollator",
-    "exactpack.hf.tree_inputs:tree_inputs",
     "exactpack.hf.adapter:hf_inputs",
     "exactpack.hf.datasets_io:pack_dataset",
     "exactpack.verify.models:verify_hf",

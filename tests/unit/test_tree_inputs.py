@@ -70,7 +70,7 @@ def test_pack_dataset_tree_rows_round_trip():
     import torch
 
     from exactpack.hf import pack_dataset
-    from exactpack.hf.tree_inputs import tree_batch_from_rows
+    from exactpack.io.tree_store import tree_batch_from_rows
     from exactpack.nn.logprobs import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
@@ -104,8 +104,9 @@ def test_tree_collator_feeds_a_model():
     import datasets
     import torch
 
+    from exactpack.core.binding import Binding
     from exactpack.hf import pack_dataset
-    from exactpack.hf.tree_inputs import TreeCollator
+    from exactpack.hf.collator import HFCollator
     from exactpack.nn.tree_attention import tree_loss
     from exactpack.verify.models import load_model
     from exactpack.verify.tree_models import use_tree_attention
@@ -117,13 +118,17 @@ def test_tree_collator_feeds_a_model():
         {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
     )
     rows = pack_dataset(ds, 9, tree=True)
-    loader = torch.utils.data.DataLoader(
-        rows,
-        batch_size=2,
-        collate_fn=TreeCollator(9, 266, config=model.config, dtype=torch.float64),
+    collator = HFCollator(
+        "exactpack_tree",
+        max_length=9,
+        binding=Binding(266, "tree-records", "tree-records"),
+        tree=True,
+        config=model.config,
+        dtype=torch.float64,
     )
-    (out,) = list(loader)
-    loss = tree_loss(model(**out["inputs"]).logits, out["batch"]).mean
+    loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
+    (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
+    loss = tree_loss(model(**collator(batch)).logits, batch).mean
     total, count = 0.0, 0
     for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
         for c in comps:

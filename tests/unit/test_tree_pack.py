@@ -24,7 +24,7 @@ from exactpack.pipeline.pack_tree import pack_tree_path
 
 datasets = pytest.importorskip("datasets")
 from exactpack.hf import pack_dataset  # noqa: E402
-from exactpack.hf.tree_inputs import tree_batch_from_rows  # noqa: E402
+from exactpack.io.tree_store import tree_batch_from_rows  # noqa: E402
 
 VOCAB = 40
 ARRAYS = (
@@ -336,7 +336,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
     with pytest.raises(
-        InvalidInput, match=r"records\(\) and exactpack.hf.tree_inputs.TreeCollator"
+        InvalidInput, match=r"records\(\) and exactpack.hf.HFCollator\(\.\.\., tree=True\)"
     ):
         PackedBatches(tmp_path / "tree")
     argv = [

@@ -4,7 +4,7 @@
 "exactpack_varlen")`` (the valid cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run
 by :func:`exactpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
 layer's window. ``exactpack_tree`` / ``exactpack_tree_varlen``: the same over tree rows
-(``tree_inputs(batch, "exactpack_tree")``: the plan as a keyword). Refused: soft-capping,
+(``hf_inputs(tree_batch, "exactpack_tree")``: the plan as a keyword). Refused: soft-capping,
 sinks, packed ``position_ids`` without ``cu_seq_lens_q`` (or a tree plan). Importing this
 module (``exactpack.hf`` does as soon as ``transformers`` loads) registers all three::
 
@@ -34,8 +34,8 @@ from exactpack.nn.tree_attention import (
 from exactpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
 
 NAME = "exactpack_varlen"
-#: Tree rows (``tree_inputs``): the plan as the keyword ``exactpack_tree``, SDPA per node,
-#: or through a varlen kernel (``exactpack_tree_varlen``).
+#: Tree rows (``hf_inputs`` of a ``TreeBatch``): the plan as the keyword ``exactpack_tree``,
+#: SDPA per node, or through a varlen kernel (``exactpack_tree_varlen``).
 TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 
 #: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
@@ -231,16 +231,16 @@ def exactpack_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv).
-    The plan (keyword :data:`TREE_NAME`, from ``tree_inputs``) decides the backend:
+    The plan (keyword :data:`TREE_NAME`, from ``hf_inputs``) decides the backend:
     :func:`~exactpack.nn.tree_attention.tree_attention` or, for a ``FlashPlan``,
     :func:`~exactpack.nn.tree_attention.tree_flash_attention`."""
     name = type(module).__name__
-    refuse_unexpressible(TREE_NAME, name, softcap, s_aux, " with tree_inputs")
-    feed = f"tree_inputs(batch, '{TREE_NAME}', config=model.config)"
+    refuse_unexpressible(TREE_NAME, name, softcap, s_aux, " with hf_inputs")
+    feed = f"hf_inputs(tree_batch, '{TREE_NAME}', config=model.config)"
     refuse_mask(TREE_NAME, name, attention_mask, feed)
     plan = kwargs.get(TREE_NAME)
     rows, _, width, _ = query.shape
-    feed = f"feed the model tree_inputs(batch, '{TREE_NAME}', config=model.config)"
+    feed = f"feed the model hf_inputs(tree_batch, '{TREE_NAME}', config=model.config)"
     if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
         pos = kwargs.get("position_ids")
         if pos is not None and not bool(

@@ -36,6 +36,7 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
+from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -47,6 +48,7 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
+from exactpack.io.tree_store import max_id, tree_records
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
@@ -123,8 +125,8 @@ def pack_dataset(
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
     ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
     returns a ``datasets.IterableDataset`` packed with ``stream-best-fit`` as it is read
-    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing
-    (:func:`exactpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
+    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing,
+    one record per row (docs/tree.md).
     """
     import datasets
 
@@ -184,8 +186,17 @@ def _pack_tree(
     options: PackOptions | None,
     keywords: dict,
 ) -> Any:
-    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md."""
-    from exactpack.hf.tree_inputs import pack_tree_dataset
+    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md.
+
+    The tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO ``prompt_input_ids`` /
+    ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` + ``group``) become a
+    ``datasets.Dataset`` of one record per row. ``model=`` is checked as flat
+    ``pack_dataset`` checks it (on tree rows): before reading, then with the longest
+    sequence and the vocabulary."""
+    import datasets
+
+    from exactpack.hf.capabilities import check_model
+    from exactpack.hf.streaming import is_stream
 
     if tree == "auto":
         raise InvalidInput(
@@ -195,7 +206,36 @@ def _pack_tree(
     if options is not None:  # its fields, where no keyword gives them
         max_length, policy = max_length or options.max_length, policy or options.policy
         keywords.setdefault("vocab_size", options.vocab_size)
-    return pack_tree_dataset(dataset, max_length, policy, **keywords)
+    if is_stream(dataset):
+        raise InvalidInput(
+            f"pack_dataset(..., tree=True) builds its tries from the whole input, so it takes"
+            f" a datasets.Dataset, not a stream ({type(dataset).__name__}) — materialise it"
+            " first (datasets.Dataset.from_list(list(stream))), or pack files with"
+            " exactpack pack --tree"
+        )
+    if keywords.pop("format", "exactpack") == "trl":
+        raise InvalidInput(
+            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
+            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
+            " default format with tree=True"
+        )
+    if max_length is None:
+        raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
+    model, vocab = keywords.pop("model", None), keywords.pop("vocab_size", None)
+    if model is not None:  # before any read, as flat pack_dataset
+        check_model(model, None, None, 0, max_length, tree=True)
+    wanted = {name for names in TREE_COLUMNS for name in names}
+    columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
+    vocab = vocab or 1 + max(
+        (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
+    )
+    groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    if model is not None:
+        longest = int(groups.lengths.max()) if len(groups) else 0
+        check_model(model, groups.binding, None, longest, max_length, tree=True)
+    epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **keywords)
+    (batch,) = epoch.batches
+    return datasets.Dataset.from_list(tree_records(batch))
 
 
 def _check_model(

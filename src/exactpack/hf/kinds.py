@@ -20,6 +20,8 @@ FLASH, VARLEN, SDPA, EAGER, FLEX = "flash", "exactpack_varlen", "sdpa", "eager",
 #: keyword, SDPA per node / a varlen kernel per path ("flash" in a name goes to the hub).
 TREE, TREE_VARLEN = "exactpack_tree", "exactpack_tree_varlen"
 TREE_NAMES = (TREE, TREE_VARLEN)
+#: The names :mod:`exactpack.hf.attention_impl` registers with ``transformers``.
+REGISTERED = (VARLEN, *TREE_NAMES)
 #: Every kind, and the ones fed the flattened valid cells (no mask).
 KINDS = (FLASH, VARLEN, SDPA, EAGER, FLEX)
 FLATTENED_KINDS = (FLASH, VARLEN)
@@ -111,9 +113,10 @@ def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
 
 
 def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind the capability check judges ``attn_implementation`` by on tree rows:
-    :data:`TREE_NAMES` are ``exactpack_varlen``'s (the plan rides the same attention
-    kwargs); the flattened kinds are refused (``cu_seqlens`` cannot say "ancestor")."""
+    """The kind the capability check judges ``attn_implementation`` by on tree rows, and the
+    one check that refuses a batch with parents to the flattened kinds (``cu_seqlens``
+    cannot say "ancestor"): :data:`TREE_NAMES` are ``exactpack_varlen``'s (the plan rides
+    the same attention kwargs)."""
     if attn_implementation in TREE_NAMES:
         return VARLEN
     kind = attention_kind(attn_implementation, kind)
@@ -134,6 +137,7 @@ __all__ = [
     "FLEX",
     "KINDS",
     "MASK_KINDS",
+    "REGISTERED",
     "SDPA",
     "TREE",
     "TREE_NAMES",

@@ -102,7 +102,7 @@ class PackedBatches(Dataset):
         if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
             raise InvalidInput(
                 f"{source} holds tree rows (exactpack pack --tree): read them with"
-                " load_packed(...).records() and exactpack.hf.tree_inputs.TreeCollator"
+                " load_packed(...).records() and exactpack.hf.HFCollator(..., tree=True)"
             )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
