@@ -38,10 +38,12 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "registered attention function": (
         "hf/attention_impl:exactpack_varlen_attention",
         "hf/attention_impl:exactpack_tree_attention",
+        "hf/attention_impl:exactpack_attention",
     ),
     "attention plan": (
         "nn/varlen:VarlenPlan",
         "nn/tree_attention:TreePlan",
+        "nn/varlen:PathPlan",
         "nn/tree_attention:FlashPlan",
     ),
     "flash lookup": ("nn/flash:flash_kernel", "nn/tree_attention:flash_varlen"),

@@ -8,7 +8,7 @@ those of the single-batch token-weighted mean computed here in one process
 over the same rows, and the per-micro-batch-mean control must not. The same
 processes then run tree rows (DPO-like groups, weights > 1 on shared prefixes)
 through the same RowSampler, PackedCollator and micro_batch_loss, against
-``tree_loss`` (``Σ weight·nll / Σ weight``) over each step's rows in one process.
+``token_weighted_loss`` (``Σ weight·nll / Σ weight``) over each step's rows in one process.
 
 This file is also the worker: ``python tests/integration/test_ddp.py RANK WORLD PORT DATA OUT``.
 """
@@ -137,12 +137,12 @@ class TreeModel(torch.nn.Module):
         self.head = torch.nn.Linear(width, vocab, dtype=torch.float64)
 
     def forward(self, features) -> torch.Tensor:
-        from exactpack.nn.tree_attention import tree_attention
+        from exactpack.nn.varlen import path_attention
 
         x = self.embed(features["input_ids"])  # (R, T, C)
         rows, width, c = x.shape
         q, k, v = self.qkv(x).reshape(rows * width, 3, self.heads, c // self.heads).unbind(1)
-        mixed = tree_attention(q, k, v, features["tree_plan"], (c // self.heads) ** -0.5)
+        mixed = path_attention(q, k, v, features["tree_plan"], (c // self.heads) ** -0.5)
         return self.head(x + mixed.reshape(rows, width, c))  # (R, T, V)
 
 
@@ -205,8 +205,8 @@ def _tree_epoch(world: int) -> list[dict[str, torch.Tensor]]:
 
 
 def _tree_reference():
-    """One process: per step, the gradient of tree_loss over all the step's rows."""
-    from exactpack.core.tree import tree_loss
+    """One process: per step, the gradient of token_weighted_loss over all the step's rows."""
+    from exactpack.core.loss import token_weighted_loss
     from exactpack.training import PackedCollator
 
     records = _tree_rows()
@@ -217,7 +217,7 @@ def _tree_reference():
     for step in range(schedule.steps):
         slots = [schedule.slot(step, r, m) for r in range(WORLD) for m in range(MICRO)]
         batch = _tree_batch(records, np.sort(np.concatenate(slots)))
-        tree_loss(model(PackedCollator()(batch)), batch).mean.backward()
+        token_weighted_loss(model(PackedCollator()(batch)), batch).mean.backward()
         grads.append(_grads(model))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -299,13 +299,13 @@ def test_refused_architectures_stay_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("window", [None, 2])
 def test_flex_block_mask_forward_matches_the_tree_backend(window):
-    """FlexAttention (forward only on CPU) under block_mask == tree_attention, float32."""
+    """FlexAttention (forward only on CPU) under block_mask == path_attention, float32."""
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
     from exactpack.hf.masks import block_mask
-    from exactpack.nn.tree_attention import tree_attention
+    from exactpack.nn.varlen import path_attention
 
     batch = small_batch()
     rows, width = batch.shape
@@ -318,7 +318,7 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
     def tokens(x):
         return x.transpose(1, 2).reshape(rows * width, 2, 8)
 
-    ours = tree_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
+    ours = path_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
     ours = ours.view(rows, width, 2, 8).transpose(1, 2)
     real = torch.as_tensor(batch.input_valid)[:, None, :, None]
     # float32 softmax on two kernels: float32's tolerance
@@ -328,13 +328,9 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 @pytest.mark.parametrize(("window", "merge"), [(None, False), (2, False), (3, False), (None, True)])
 def test_flash_path_is_the_tree_backend(window, merge):
     """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
-    reference) == tree_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
-    from exactpack.nn.tree_attention import (
-        flash_plan,
-        tree_attention,
-        tree_flash_attention,
-        varlen_reference,
-    )
+    reference) == path_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
+    from exactpack.nn.tree_attention import flash_plan, tree_flash_attention, varlen_reference
+    from exactpack.nn.varlen import path_attention
 
     batch = small_batch()
     n = batch.shape[0] * batch.shape[1]
@@ -345,7 +341,7 @@ def test_flash_path_is_the_tree_backend(window, merge):
         for _ in range(2)
     )
     ours = tree_flash_attention(q, k, v, flash_plan(batch), 0.3, window, merge=merge)
-    want = tree_attention(q, k, v, tree_plan(batch), 0.3, window)
+    want = path_attention(q, k, v, tree_plan(batch), 0.3, window)
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-14)
     seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
     for a, b in zip(

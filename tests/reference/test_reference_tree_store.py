@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from exactpack.core.tree import tree_loss_sum
+from exactpack.core.loss import token_weighted_sum
 from exactpack.io import tree_store
 from exactpack.io.store import load_packed
 from exactpack.io.tree_store import tree_batch_from_rows
@@ -156,7 +156,7 @@ def test_the_reloaded_batch_s_loss_is_the_per_sequence_sum(packed):
     seqs, _ = _reference(columns)
     batch = _reloaded(out)
     logits = np.random.default_rng(1).normal(size=(*batch.shape, VOCAB))
-    got = tree_loss_sum(logits, batch)
+    got = token_weighted_sum(logits, batch)
     want = []
     for rec in _shard_rows(out):
         r = rec["row"]

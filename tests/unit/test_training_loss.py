@@ -225,7 +225,7 @@ def test_train_tiny_example_smoke(tmp_path):
 
 
 def test_tree_rows_collate_to_weighted_labels_and_refuse_flattening():
-    from exactpack.core.tree import SequenceGroups, pack_tree, tree_loss
+    from exactpack.core.tree import SequenceGroups, pack_tree
     from exactpack.verify.fixture import fixture_binding
 
     groups = SequenceGroups.from_lists(
@@ -238,7 +238,7 @@ def test_tree_rows_collate_to_weighted_labels_and_refuse_flattening():
     logits = torch.randn(
         *batch.shape, 266, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
     )
-    want = tree_loss(logits, batch).mean
+    want = token_weighted_loss(logits, batch).mean
     got = micro_batch_loss(logits, f)
     assert abs(float(got) - float(want)) <= 1e-10 + 1e-9 * abs(float(want))
     with pytest.raises(InvalidInput, match="cannot be flattened"):

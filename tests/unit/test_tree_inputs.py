@@ -105,9 +105,9 @@ def test_tree_collator_feeds_a_model():
     import torch
 
     from exactpack.core.binding import Binding
+    from exactpack.core.loss import token_weighted_loss
     from exactpack.hf import pack_dataset
     from exactpack.hf.collator import HFCollator
-    from exactpack.nn.tree_attention import tree_loss
     from exactpack.verify.models import load_model
     from exactpack.verify.tree_models import use_tree_attention
 
@@ -128,7 +128,7 @@ def test_tree_collator_feeds_a_model():
     )
     loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
     (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
-    loss = tree_loss(model(**collator(batch)).logits, batch).mean
+    loss = token_weighted_loss(model(**collator(batch)).logits, batch).mean
     total, count = 0.0, 0
     for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
         for c in comps:

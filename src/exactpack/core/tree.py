@@ -43,7 +43,6 @@ import numpy as np
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, OversizedExample
 from exactpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
-from exactpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
 from exactpack.core.permission import check_sliding_window, pairwise, position_ids
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
@@ -644,22 +643,6 @@ def materialize(
     )
 
 
-def tree_loss_sum(logits: Any, batch: TreeBatch) -> LossSum:
-    """``Σ weight·nll`` over supervised cells and ``N = Σ weight``; ``logits`` (R, T, V),
-    NumPy (float64) or torch, read only at cells in the loss."""
-    check_logits(logits, batch.shape, batch.binding.vocab_size)
-    cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
-    w = batch.weights.reshape(-1)[cells]
-    if isinstance(nll, np.ndarray):
-        return LossSum(float(np.sum(nll * w)), batch.eligible_count)
-    return LossSum((nll * nll.new_tensor(w)).sum(), batch.eligible_count)
-
-
-def tree_loss(logits: Any, batch: TreeBatch, count: int | None = None) -> LossResult:
-    """Token-weighted mean over the original sequences' supervised targets (``count``: global N)."""
-    return divide(tree_loss_sum(logits, batch), count, what="this tree batch")
-
-
 __all__ = [
     "TREE_COLUMNS",
     "SequenceGroups",
@@ -670,6 +653,4 @@ __all__ = [
     "groups_from_columns",
     "pack_tree",
     "plan_tries",
-    "tree_loss",
-    "tree_loss_sum",
 ]

@@ -27,7 +27,7 @@ import torch
 from exactpack.core.batch import IGNORE_INDEX, PackedBatch
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
-from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
+from exactpack.core.loss import LossResult, LossSum, divide, token_weighted_sum
 from exactpack.core.tree import TreeBatch
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_restarts, check_vocabulary, require_config
@@ -75,7 +75,7 @@ def hf_inputs(
     Tree rows (a :class:`~exactpack.core.tree.TreeBatch`, docs/tree.md): depth
     ``position_ids``, the masks with the tree's node ends, or for ``exactpack_tree`` /
     ``exactpack_tree_varlen`` no mask and the attention plan as the keyword
-    ``exactpack_tree``; no labels (a target's weight counts its sequences: ``tree_loss``).
+    ``exactpack_tree``; no labels (a target's weight counts its sequences: ``token_weighted_loss``).
     The capability check adds the tree's refusals (``Architecture.check(kind, tree=True)``);
     the flattened kinds refuse it (:func:`~exactpack.hf.kinds.tree_kind`).
     """
@@ -214,7 +214,7 @@ def hf_loss_sum(logits: torch.Tensor, batch: PackedBatch) -> LossSum:
             f"the model has {cells.shape[-1]} vocabulary logits but the batch's binding has"
             f" vocab_size {batch.binding.vocab_size} — use a model whose vocabulary covers it"
         )
-    return masked_nll_sum(cells, batch.targets, batch.loss_mask)
+    return token_weighted_sum(cells, batch)
 
 
 def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) -> LossResult:

@@ -2,7 +2,8 @@
 
 A node of ``m`` cells whose path (its ancestors' cells, root first, then its own) holds
 ``P`` cells attends with one ``(m, P)`` block, its queries at path positions
-``P-m .. P-1`` (:func:`~exactpack.nn.varlen.grouped_attention`, shared with ``varlen``);
+``P-m .. P-1``: :func:`tree_plan` gives the :class:`~exactpack.nn.varlen.PathPlan` that
+:func:`~exactpack.nn.varlen.path_attention` runs (a flat segment is its own path);
 nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
 :mod:`exactpack.core.tree`::
 
@@ -12,13 +13,13 @@ nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
     node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
-Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
+Gather indices are built once per batch; a shared prefix gets its
 gradient once per consumer (``index_select``'s backward adds them): the flat gradient.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,28 +27,9 @@ import torch
 
 from exactpack.core.errors import NotAvailable
 from exactpack.core.examples import concat_ranges
-from exactpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
+from exactpack.core.tree import TreeBatch
 from exactpack.nn.flex import permission_mod
-from exactpack.nn.varlen import grouped_attention
-
-
-@dataclass(frozen=True, eq=False)
-class TreePlan:
-    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers:
-    ``groups`` per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``; ``scatter`` int64
-    (R*T,) ``1 +`` each stored cell's output slot (0: padding); ``score_cells`` ``Σ m × P``."""
-
-    groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
-    scatter: torch.Tensor
-    cells: int
-    score_cells: int
-    cache: dict = field(default_factory=dict, repr=False)
-
-    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All groups' query and key indices, concatenated (cached)."""
-        if "gathers" not in self.cache:
-            self.cache["gathers"] = tuple(torch.cat([g[i] for g in self.groups]) for i in (3, 4))
-        return self.cache["gathers"]
+from exactpack.nn.varlen import PathPlan
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -64,41 +46,28 @@ def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
     return concat_ranges(first[order], lens), np.r_[0, np.cumsum(path_len)].astype(np.int64)
 
 
-def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> TreePlan:
-    """The (m, P)-grouped gather/scatter plan of ``batch``."""
+def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> PathPlan:
+    """The :class:`~exactpack.nn.varlen.PathPlan` of ``batch``: one block a node, its queries
+    against its path, nodes of the same ``(m, P)`` in one group."""
     keys, bounds = node_keys(batch)
     first = batch.node_row * batch.shape[1] + batch.node_col
     m, p = batch.node_len.astype(np.int64), np.diff(bounds)
     shapes, inverse = np.unique(np.stack([m, p], axis=1), axis=0, return_inverse=True)
     scatter = np.zeros(batch.shape[0] * batch.shape[1], dtype=np.int64)
-    groups, slot = [], 0
+    groups, q_parts, k_parts, slot = [], [], [], 0
     for g, (mg, pg) in enumerate(shapes.tolist()):
         members = np.flatnonzero(inverse.reshape(-1) == g)
         q_index = (first[members][:, None] + np.arange(mg)).reshape(-1)
-        k_index = (bounds[members][:, None] + np.arange(pg)).reshape(-1)
+        q_parts.append(q_index)
+        k_parts.append(keys[(bounds[members][:, None] + np.arange(pg)).reshape(-1)])
         scatter[q_index] = slot + 1 + np.arange(q_index.shape[0])
         slot += q_index.shape[0]
-        q_t, k_t = (torch.as_tensor(x, device=device) for x in (q_index, keys[k_index]))
-        groups.append((int(members.shape[0]), int(mg), int(pg), q_t, k_t))
-    cells = int(scatter.shape[0])
-    return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
-
-
-def tree_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    plan: TreePlan,
-    scale: float,
-    sliding_window: int | None = None,
-    dropout: float = 0.0,
-) -> torch.Tensor:
-    """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
-    groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
-    q_index, k_index = plan.gathers()
-    return grouped_attention(
-        q, k, v, groups, q_index, k_index, plan.scatter, scale, sliding_window, dropout, plan.cache
+        groups.append((int(members.shape[0]), int(mg), int(pg)))
+    q_t, k_t = (
+        torch.as_tensor(np.concatenate(x) if x else np.zeros(0, np.int64), device=device)
+        for x in (q_parts, k_parts)
     )
+    return PathPlan(tuple(groups), q_t, k_t, torch.as_tensor(scatter, device=device))
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,14 +257,10 @@ def tree_mask_mod(
 
 __all__ = [
     "FlashPlan",
-    "TreePlan",
     "flash_plan",
     "flash_varlen",
     "node_keys",
-    "tree_attention",
     "tree_flash_attention",
-    "tree_loss",
-    "tree_loss_sum",
     "tree_mask_mod",
     "tree_plan",
     "varlen_reference",

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
+from exactpack.core.loss import token_weighted_loss
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.attention_impl import register
@@ -28,7 +29,6 @@ from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import tree_kind
 from exactpack.nn.logprobs import sequence_logprobs
-from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import check_verify_tokens, model_facts, observed, running, tally
 from exactpack.verify.tolerances import compare, grad_vector, tolerance
@@ -218,7 +218,7 @@ def verify_tree(
         out = guarded(model, "forward", lambda: model(**kwargs)).logits  # (R, T, V)
         cells = torch.as_tensor(batch.seq_cells, device=device)
         tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
-        tree_mean = tree_loss(out, batch).mean
+        tree_mean = token_weighted_loss(out, batch).mean
         grads = [
             guarded(model, "backward", lambda m=m: grad_vector(m, params))
             for m in (sep_mean, tree_mean)
