@@ -108,6 +108,8 @@ def test_tree_collator_feeds_a_model():
     from exactpack.core.loss import token_weighted_loss
     from exactpack.hf import pack_dataset
     from exactpack.hf.collator import HFCollator
+    from exactpack.training import ScheduledBatch
+    from exactpack.training.distributed import Slot
     from exactpack.verify.models import load_model
     from exactpack.verify.tree_models import use_tree_attention
 
@@ -129,6 +131,9 @@ def test_tree_collator_feeds_a_model():
     loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
     (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
     loss = token_weighted_loss(model(**collator(batch)).logits, batch).mean
+    slot = Slot(0, 0, 0, 0, 1, tuple(range(batch.shape[0])), batch.eligible_count, 0)
+    scheduled = collator(ScheduledBatch(batch, slot))  # a RowSampler slot of the same rows
+    assert torch.equal(scheduled["input_ids"], collator(batch)["input_ids"])
     total, count = 0.0, 0
     for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
         for c in comps:

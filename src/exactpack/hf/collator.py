@@ -99,6 +99,8 @@ class HFCollator:
 
     def rows_of(self, features: Sequence[Any]) -> CompactRows | TreeBatch:
         """The stacked rows of ``features``, compact (tree rows: one ``TreeBatch``)."""
+        if isinstance(features, ScheduledBatch) and isinstance(features.rows, TreeBatch):
+            features = features.rows  # a RowSampler slot of tree rows (PackedCollator's item)
         if isinstance(features, TreeBatch):
             return features
         if self.tree:
