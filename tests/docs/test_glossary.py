@@ -65,7 +65,7 @@ LANDED_KEYWORDS = (
             "exactpack.nn.flex:flex_attention",
             "exactpack.nn.flash:flash_attention",
             "exactpack.nn.auto:auto_attention",
-            "exactpack.nn.tree_attention:tree_attention",
+            "exactpack.nn.varlen:path_attention",
             "exactpack.hf.masks:additive_mask",
         ),
     ),

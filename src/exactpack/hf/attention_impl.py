@@ -122,8 +122,11 @@ def exactpack_attention(
             f"{impl}: {name} got a plan that is not this call's — feed the model {feed}"
         )
     run = tree_flash_attention if isinstance(plan, FlashPlan) else path_attention
-    out = run_on_tokens(run, module, query, key, value, plan, dropout, scaling, sliding_window)
-    return out, None  # (B, S, H, Dv), no attention weights
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window = layer_sliding_window(module, sliding_window)
+    q, k, v = (as_tokens(x) for x in (query, key, value))  # (B*S, H, D)
+    out = run(q, k, v, plan, scale, window, dropout=dropout if module.training else 0.0)
+    return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv), no weights
 
 
 def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: str) -> None:
@@ -139,27 +142,6 @@ def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: s
             f"{impl}: {name} has attention sinks, which SDPA cannot express —"
             f" use attn_implementation='eager'{hint}"
         )
-
-
-def run_on_tokens(
-    fn: Any,
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    plan: Any,
-    dropout: float,
-    scaling: float | None,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """``fn(q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs as
-    ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
-    rows, _, width, _ = query.shape
-    window = layer_sliding_window(module, sliding_window)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    drop = dropout if module.training else 0.0
-    out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
-    return out.view(rows, width, *out.shape[1:])
 
 
 def _hides_no_key(mask: torch.Tensor) -> bool:

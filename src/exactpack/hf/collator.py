@@ -131,8 +131,6 @@ class HFCollator:
         return self._rows(features)
 
     def _tree_rows(self, features: Sequence[Any]) -> TreeBatch:
-        if len(features) == 1 and isinstance(features[0], TreeBatch):
-            return features[0]
         if self.max_length is None or self.binding is None:
             raise InvalidInput(
                 "this collator does not know the tree rows' max_length and vocabulary — build"
