@@ -329,7 +329,7 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 def test_flash_path_is_the_tree_backend(window, merge):
     """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
     reference) == path_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
-    from exactpack.nn.tree_attention import flash_plan, tree_flash_attention, varlen_reference
+    from exactpack.nn.tree_attention import tree_flash_attention, varlen_reference
     from exactpack.nn.varlen import path_attention
 
     batch = small_batch()
@@ -340,7 +340,7 @@ def test_flash_path_is_the_tree_backend(window, merge):
         torch.randn(n, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    ours = tree_flash_attention(q, k, v, flash_plan(batch), 0.3, window, merge=merge)
+    ours = tree_flash_attention(q, k, v, tree_plan(batch), 0.3, window, merge=merge)
     want = path_attention(q, k, v, tree_plan(batch), 0.3, window)
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-14)
     seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
@@ -353,11 +353,11 @@ def test_flash_path_is_the_tree_backend(window, merge):
     if merge:  # flash-attn's backward drops the log-sum-exp's gradient: refused with grads
         with pytest.raises(NotAvailable, match="log-sum-exp"):
             tree_flash_attention(
-                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
+                q, k, v, tree_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
             )
         with torch.no_grad():
             forward = tree_flash_attention(
-                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=varlen_reference
+                q, k, v, tree_plan(batch), 0.3, merge=True, varlen=varlen_reference
             )
         torch.testing.assert_close(forward, want.detach(), rtol=0, atol=1e-14)
 

@@ -19,6 +19,7 @@ for ``sdpa``::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from exactpack.hf.kinds import (
 )
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
 from exactpack.hf.mixers import cell_seq_idx
-from exactpack.nn.tree_attention import flash_plan, tree_plan
+from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.labels import model_labels, seq_idx, shift_labels
 from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
 
@@ -136,8 +137,8 @@ def build_inputs(
 
         register()
     if tree and attn_implementation in TREE_NAMES:  # no mask: the plan, by keyword
-        plan = flash_plan if attn_implementation == TREE_VARLEN else tree_plan
-        out[TREE] = plan(batch, device)
+        flash = attn_implementation == TREE_VARLEN  # the same plan, through a varlen kernel
+        out[TREE] = dataclasses.replace(tree_plan(batch, device), flash=flash)
     elif flat:
         cu = cu_seq_lens(rows)
         cu_t = torch.as_tensor(cu, device=device)

@@ -4,7 +4,7 @@ packed rows without a mask, through one attention function.
 :func:`exactpack_attention` runs every query against its path
 (:func:`exactpack.nn.varlen.path_attention`; a flat example is its own path) with the layer's
 window, by the plan it is given: a tree's (``hf_inputs(tree_batch, "exactpack_tree")``: the
-plan as the keyword ``exactpack_tree``; a ``FlashPlan`` for ``exactpack_tree_varlen``), else
+plan as the keyword ``exactpack_tree``, run by a varlen kernel for ``exactpack_tree_varlen``), else
 ``cu_seq_lens_q``'s (``hf_inputs(batch, "exactpack_varlen")``: the valid cells flattened into
 ``(1, N)``), else one example a row. Refused: soft-capping, sinks, a mask that hides keys,
 packed ``position_ids`` without a plan. Importing this module (``exactpack.hf`` does as soon
@@ -27,7 +27,7 @@ import torch
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.kinds import TREE, TREE_VARLEN
-from exactpack.nn.tree_attention import FlashPlan, tree_flash_attention
+from exactpack.nn.tree_attention import tree_flash_attention
 from exactpack.nn.varlen import PathPlan, as_tokens, path_attention, segment_plan
 
 NAME = "exactpack_varlen"
@@ -117,11 +117,11 @@ def exactpack_attention(
             f" batch of {rows} — feed the model {feed}"
         )
     plan = plan_of(cu, rows * width) if plan is None else plan
-    if not isinstance(plan, (PathPlan, FlashPlan)) or rows * width != plan.cells:
+    if not isinstance(plan, PathPlan) or rows * width != plan.cells:
         raise InvalidInput(
             f"{impl}: {name} got a plan that is not this call's — feed the model {feed}"
         )
-    run = tree_flash_attention if isinstance(plan, FlashPlan) else path_attention
+    run = tree_flash_attention if plan.flash else path_attention
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     window = layer_sliding_window(module, sliding_window)
     q, k, v = (as_tokens(x) for x in (query, key, value))  # (B*S, H, D)

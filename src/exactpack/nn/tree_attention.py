@@ -19,7 +19,6 @@ gradient once per consumer (``index_select``'s backward adds them): the flat gra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,60 +67,6 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Pat
         for x in (q_parts, k_parts)
     )
     return PathPlan(tuple(groups), q_t, k_t, torch.as_tensor(scatter, device=device))
-
-
-@dataclass(frozen=True, eq=False)
-class FlashPlan:
-    """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
-
-    Queries: the stored cells in node order (``stored``), one sequence a node (``cu_q``,
-    int32 [M+1]); keys: each node's path (``keys``, ``cu_k``), or for the merge each node's
-    own span (``cu_q``) and the ancestors' spans (``ancestors``, ``cu_a``) of the nodes
-    that have some (``inner_q``: their query slots, ``cu_inner``).
-    """
-
-    stored: torch.Tensor
-    cu_q: torch.Tensor
-    keys: torch.Tensor
-    cu_k: torch.Tensor
-    inner_q: torch.Tensor
-    cu_inner: torch.Tensor
-    ancestors: torch.Tensor
-    cu_a: torch.Tensor
-    max_q: int
-    max_k: int
-    cells: int
-
-
-def flash_plan(batch: TreeBatch, device: torch.device | str | None = None) -> FlashPlan:
-    """The :class:`FlashPlan` of ``batch`` (node spans lie in node order along the row)."""
-    keys, bounds = node_keys(batch)
-    m = batch.node_len.astype(np.int64)
-    first = batch.node_row * batch.shape[1] + batch.node_col
-    inner = np.flatnonzero(batch.node_parent >= 0)
-    starts = np.r_[0, np.cumsum(m)[:-1]]  # each node's first query slot
-    own = np.zeros(keys.shape[0], dtype=bool)
-    own[concat_ranges(bounds[1:] - m, m)] = True  # the path's last m keys: the node itself
-
-    def t(x: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=dtype, device=device)
-
-    def cu(lengths: np.ndarray) -> torch.Tensor:
-        return t(np.r_[0, np.cumsum(lengths)], torch.int32)
-
-    return FlashPlan(
-        t(concat_ranges(first, m)),
-        cu(m),
-        t(keys),
-        cu(np.diff(bounds)),
-        t(concat_ranges(starts[inner], m[inner])),
-        cu(m[inner]),
-        t(keys[~own]),
-        cu(np.diff(bounds)[inner] - m[inner]),
-        int(m.max(initial=0)),
-        int(np.diff(bounds).max(initial=0)),
-        batch.shape[0] * batch.shape[1],
-    )
 
 
 def varlen_reference(
@@ -193,7 +138,7 @@ def tree_flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    plan: FlashPlan,
+    plan: PathPlan,
     scale: float,
     sliding_window: int | None = None,
     dropout: float = 0.0,
@@ -201,7 +146,8 @@ def tree_flash_attention(
     varlen: Any = None,
     merge: bool = False,
 ) -> torch.Tensor:
-    """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
+    """``plan`` through a varlen kernel (``flash_attn_varlen_func``'s signature), one
+    sequence a block (:meth:`~exactpack.nn.varlen.PathPlan.varlen`).
 
     Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at padding.
     Default: one causal bottom-right call, each node's queries against its gathered path.
@@ -209,17 +155,18 @@ def tree_flash_attention(
     merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
     """
     varlen = varlen or flash_varlen(q.device)
-    qs = q.index_select(0, plan.stored)
+    seq = plan.varlen()
+    qs = q.index_select(0, plan.q_index)
 
     def call(keys: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any) -> Any:
         return varlen(
             kw.pop("q", qs), k.index_select(0, keys), v.index_select(0, keys), cu_q, cu_k,
-            plan.max_q, plan.max_k, dropout_p=dropout, softmax_scale=scale, **kw,
+            seq["max_q"], seq["max_k"], dropout_p=dropout, softmax_scale=scale, **kw,
         )  # fmt: skip
 
     if not merge:
         left = -1 if sliding_window is None else sliding_window - 1
-        out = call(plan.keys, plan.cu_q, plan.cu_k, causal=True, window_size=(left, 0))
+        out = call(plan.k_index, seq["cu_q"], seq["cu_k"], causal=True, window_size=(left, 0))
     else:
         if sliding_window is not None:
             raise NotAvailable("the two-part merge serves full attention; use merge=False")
@@ -228,19 +175,20 @@ def tree_flash_attention(
                 "the two-part merge needs the log-sum-exp's gradient, which flash-attn's"
                 " backward drops: run it without gradients, or use merge=False"
             )
+        inner = seq["inner_q"]
         own, lse_own, _ = call(
-            plan.stored, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
+            plan.q_index, seq["cu_q"], seq["cu_q"], causal=True, return_attn_probs=True
         )
         part, lse_part, _ = call(
-            plan.ancestors, plan.cu_inner, plan.cu_a, q=qs.index_select(0, plan.inner_q),
+            seq["ancestors"], seq["cu_inner"], seq["cu_a"], q=qs.index_select(0, inner),
             return_attn_probs=True,
         )  # fmt: skip
-        lse_own_inner = lse_own.index_select(1, plan.inner_q)
+        lse_own_inner = lse_own.index_select(1, inner)
         lse = torch.logaddexp(lse_own_inner, lse_part)  # (H, n): both parts' softmax
-        merged = own.index_select(0, plan.inner_q) * (lse_own_inner - lse).exp().T[..., None]
+        merged = own.index_select(0, inner) * (lse_own_inner - lse).exp().T[..., None]
         merged = merged + part * (lse_part - lse).exp().T[..., None]
-        out = own.index_copy(0, plan.inner_q, merged.to(own.dtype))
-    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
+        out = own.index_copy(0, inner, merged.to(own.dtype))
+    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.q_index, out)
 
 
 def tree_mask_mod(
@@ -256,8 +204,6 @@ def tree_mask_mod(
 
 
 __all__ = [
-    "FlashPlan",
-    "flash_plan",
     "flash_varlen",
     "node_keys",
     "tree_flash_attention",

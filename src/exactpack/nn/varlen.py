@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from exactpack.core.errors import InvalidInput
+from exactpack.core.examples import concat_ranges
 from exactpack.core.permission import check_sliding_window, permitted
 from exactpack.nn.attention import AttentionLayout, register_backend
 
@@ -52,6 +53,8 @@ class PathPlan:
     q_index: torch.Tensor
     k_index: torch.Tensor
     scatter: torch.Tensor
+    #: run by a varlen (flash) kernel, one sequence a block (``exactpack_tree_varlen``)
+    flash: bool = False
     cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -66,6 +69,41 @@ class PathPlan:
     def score_cells(self) -> int:
         """``Σ n·m·P``: the attention scores the plan computes (not ``R*T^2``)."""
         return sum(n * m * p for n, m, p in self.groups)
+
+    def varlen(self) -> dict[str, Any]:
+        """The blocks as a varlen kernel's sequences (``flash_attn_varlen_func``'s, cached):
+        block ``b``'s ``m`` queries (``q_index``, ``cu_q``) against its ``P`` keys
+        (``k_index``, ``cu_k``), causal bottom-right; for the two-part merge, the blocks
+        with ancestors (their query slots ``inner_q``, ``cu_inner``) against the keys
+        before their own (``ancestors``, ``cu_a``); a block's own keys are its queries."""
+        if "varlen" not in self.cache:
+            n = [g[0] for g in self.groups]
+            m, p = (np.repeat([g[i] for g in self.groups], n).astype(np.int64) for i in (1, 2))
+            inner = np.flatnonzero(p > m)
+            q_at, k_at = np.r_[0, np.cumsum(m)], np.r_[0, np.cumsum(p)]
+            ancestors = concat_ranges(k_at[:-1][inner], (p - m)[inner])
+            device = self.q_index.device
+
+            def cu(lengths: np.ndarray) -> torch.Tensor:
+                return torch.as_tensor(
+                    np.r_[0, np.cumsum(lengths)], dtype=torch.int32, device=device
+                )
+
+            self.cache["varlen"] = {
+                "cu_q": cu(m),
+                "cu_k": cu(p),
+                "inner_q": torch.as_tensor(
+                    concat_ranges(q_at[:-1][inner], m[inner]), device=device
+                ),
+                "cu_inner": cu(m[inner]),
+                "ancestors": self.k_index.index_select(
+                    0, torch.as_tensor(ancestors, device=device)
+                ),
+                "cu_a": cu((p - m)[inner]),
+                "max_q": int(m.max(initial=0)),
+                "max_k": int(p.max(initial=0)),
+            }
+        return self.cache["varlen"]
 
 
 def group_segments(

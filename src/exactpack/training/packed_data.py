@@ -270,7 +270,7 @@ class PackedCollator:
         ``segment_ids`` (the nodes), ``weights`` (what :func:`micro_batch_loss` weighs each
         target by), ``num_items_in_batch`` (``Σ weights``, or the step's) and ``tree_plan``
         (:func:`~exactpack.nn.tree_attention.tree_plan`, for
-        :func:`~exactpack.nn.tree_attention.tree_attention`)."""
+        :func:`~exactpack.nn.varlen.path_attention`)."""
         if self.flatten:
             raise InvalidInput(
                 "tree rows cannot be flattened: cu_seq_lens cannot express a node's ancestors"
