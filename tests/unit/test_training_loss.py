@@ -14,6 +14,7 @@ from exactpack import (
     Binding,
     EmptyObjective,
     InvalidInput,
+    NotAvailable,
     PackConfig,
     SequenceExample,
     pack_examples,
@@ -241,5 +242,5 @@ def test_tree_rows_collate_to_weighted_labels_and_refuse_flattening():
     want = token_weighted_loss(logits, batch).mean
     got = micro_batch_loss(logits, f)
     assert abs(float(got) - float(want)) <= 1e-10 + 1e-9 * abs(float(want))
-    with pytest.raises(InvalidInput, match="cannot be flattened"):
+    with pytest.raises(NotAvailable, match=r"flatten=True\) reads cu_seqlens.*flatten=False"):
         PackedCollator(flatten=True)(batch)

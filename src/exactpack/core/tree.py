@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.errors import InvalidInput, NotAvailable, OversizedExample
 from exactpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
 from exactpack.core.permission import check_sliding_window, pairwise, position_ids
 from exactpack.core.plan import Plan
@@ -529,6 +529,16 @@ class TreeBatch:
         return self.seq_cells[self.seq_bounds[i] : self.seq_bounds[i + 1]]
 
 
+def refuse_flattened(what: str, fix: str) -> None:
+    """The one refusal of tree rows to a consumer of disjoint intervals (flash
+    ``cu_seqlens``, ``exactpack_varlen``, a flattened collator): it cannot say "this key is
+    my ancestor". ``what``: the consumer; ``fix``: what to use instead."""
+    raise NotAvailable(
+        f"{what} reads cu_seqlens, which describe disjoint intervals and cannot say 'this key"
+        f" is my ancestor', so it cannot run tree-packed rows — {fix}"
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class TreeEpoch:
     """Every model call of one tree packing, with the layout and the plan of its tries."""
@@ -653,4 +663,5 @@ __all__ = [
     "groups_from_columns",
     "pack_tree",
     "plan_tries",
+    "refuse_flattened",
 ]

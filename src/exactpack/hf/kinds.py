@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import InvalidInput
+from exactpack.core.tree import refuse_flattened
 
 FLASH, VARLEN, SDPA, EAGER, FLEX = "flash", "exactpack_varlen", "sdpa", "eager", "flex"
 #: Tree rows' own implementations (:mod:`exactpack.hf.attention_impl`): the tree plan as a
@@ -121,11 +122,8 @@ def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
         return VARLEN
     kind = attention_kind(attn_implementation, kind)
     if kind in FLATTENED_KINDS:
-        raise NotAvailable(
-            f"{attn_implementation} reads cu_seqlens, which describe disjoint intervals and"
-            " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
-            f" attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
-        )
+        fix = f"use attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
+        refuse_flattened(attn_implementation, fix)
     return kind
 
 

@@ -35,7 +35,7 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch
 from exactpack.core.permission import pairwise
-from exactpack.core.tree import TreeBatch
+from exactpack.core.tree import TreeBatch, refuse_flattened
 from exactpack.io.integrity import read_row_stats
 from exactpack.io.store import PackedStore, load_packed
 from exactpack.nn.attention import AttentionLayout
@@ -272,10 +272,7 @@ class PackedCollator:
         (:func:`~exactpack.nn.tree_attention.tree_plan`, for
         :func:`~exactpack.nn.varlen.path_attention`)."""
         if self.flatten:
-            raise InvalidInput(
-                "tree rows cannot be flattened: cu_seq_lens cannot express a node's ancestors"
-                " — use PackedCollator(flatten=False) and the tree_plan it returns"
-            )
+            refuse_flattened("PackedCollator(flatten=True)", "use flatten=False and its tree_plan")
         eligible = batch.eligible_count
         cells = {
             "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
