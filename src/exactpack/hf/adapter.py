@@ -109,13 +109,10 @@ def build_inputs(
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
     rows = batch if tree else compact_of(batch)
     flat = kind in FLATTENED_KINDS and not tree  # one flattened row of every valid cell
-    if tree:
-        longest, width = batch.longest, batch.shape[1]
-        if arch is not None:
-            arch.check(kind, tree=True)
-    else:
-        longest = int(rows.lengths.max()) if len(rows) else 0
-        width = int(rows.lengths.sum()) if flat else rows.capacity
+    if tree and arch is not None:  # every batch: the tree's refusals, then its conditions
+        arch.check(kind, tree=True)
+    longest = batch.longest if tree else int(rows.lengths.max()) if len(rows) else 0
+    width = batch.shape[1] if tree else int(rows.lengths.sum()) if flat else rows.capacity
     if arch is not None:
         arch.check_batch(longest, width)
     vocab = rows.binding.vocab_size

@@ -102,7 +102,9 @@ def exactpack_attention(
     :data:`TREE_NAME`), ``cu_seq_lens_q``'s (one flattened row, B = 1), or one example a row."""
     name = type(module).__name__
     plan = kwargs.get(TREE_NAME)
-    impl = NAME if plan is None and "cu_seq_lens_q" in kwargs else TREE_NAME
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if impl not in (NAME, TREE_NAME, TREE_VARLEN_NAME):  # the name the model runs under
+        impl = NAME if plan is None else TREE_NAME
     feed = f"hf_inputs(batch, '{impl}', config=model.config)"
     refuse_unexpressible(impl, name, softcap, s_aux, f" with {feed}")
     refuse_mask(impl, name, attention_mask, feed)
