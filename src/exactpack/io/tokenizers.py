@@ -243,20 +243,24 @@ def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     direct = _direct(path) if has_json else None
     if direct is not None:
         rust, config = direct
-        pad = _content(config.get("pad_token"))
-        lazy = LazyTransformers(path, _content(config.get("eos_token")),
-                                None if pad is None else rust.token_to_id(pad))  # fmt: skip
-        return lazy, identity, rust.get_vocab_size(True), rust
+        return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
     cache = remembered_file(identity) if has_json else None
-    known = _recall(cache)
-    if known is not None:  # the tokenizer transformers built from this folder, kept
-        rust, meta = known
-        lazy = LazyTransformers(path, meta["eos_token"], meta["pad_token_id"])
-        return lazy, identity, int(meta["vocab_size"]), rust
+    rust = _recall(cache)
+    if rust is not None:  # the tokenizer transformers built from this folder, kept
+        config = json.loads(read_checked(path / "tokenizer_config.json"))
+        return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
     backend = auto_tokenizer(path, has_json)
     if cache is not None:
-        _remember(cache, backend)
+        _remember(cache, backend, path)
     return backend, identity, len(backend), None
+
+
+def _lazy(path: Path, rust: Any, config: dict[str, Any]) -> LazyTransformers:
+    """The folder's transformers tokenizer, unloaded: EOS and PAD from its own
+    ``tokenizer_config.json``, the PAD id from ``rust`` (never from a cache)."""
+    pad = _content(config.get("pad_token"))
+    eos = _content(config.get("eos_token"))
+    return LazyTransformers(path, eos, None if pad is None else rust.token_to_id(pad))
 
 
 #: Texts on which a remembered tokenizer must give transformers' own ids.
@@ -264,37 +268,76 @@ PROBES = ["Hello world!", "  two  spaces\n\ttab", "caf\u00e9 \u00fc\u00df \u4e2d
           "x<s>y</s> <pad><unk>", "1234567 + 89 = ?", "'s 're don't"]  # fmt: skip
 
 
+def cache_folder() -> Path:
+    """``$XDG_CACHE_HOME/exactpack/tokenizers`` (``~/.cache`` without it)."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(home) / "exactpack" / "tokenizers"
+
+
 def remembered_file(identity: str) -> Path | None:
-    """Where the tokenizer transformers builds from folder ``identity`` is kept, keyed by it
-    and the transformers and tokenizers versions (None without both installed)."""
+    """The name under which the tokenizer transformers builds from folder ``identity`` is
+    kept: ``KEY-`` + the SHA-256 of its bytes + ``.json`` (:func:`_recall` checks it), KEY
+    a digest of ``identity`` and the transformers and tokenizers versions; None without
+    both installed or without a cache folder only this user can write."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         versions = f"{version('transformers')}\0{version('tokenizers')}"
     except PackageNotFoundError:
         return None
-    key = hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(home) / "exactpack" / "tokenizers" / f"{key}.json"
-
-
-def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
-    """The Rust tokenizer and facts :func:`_remember` kept in ``file``, or None."""
-    if file is None or not file.with_suffix(".meta").is_file():
+    folder = cache_folder()
+    try:  # each created for this user only (a parent's mode would follow the umask)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None  # no cache: transformers loads the folder every time
+    if not all(_private(p) for p in (folder.parent, folder)):
+        warnings.warn(
+            f"{folder} is not a folder only you can write (owned by another user, or group-"
+            " or world-writable), so exactpack does not use it as its tokenizer cache — a"
+            " file put there would decide the tokens; remove it or run `chmod go-w` on it",
+            UserWarning,
+            stacklevel=4,
+        )
         return None
+    return folder / hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
+
+
+def _private(path: Path) -> bool:
+    """Whether ``path`` (not followed) is this user's and no one else may write to it."""
     try:
-        from tokenizers import Tokenizer
+        info = os.lstat(path)
+    except OSError:
+        return False
+    owner = info.st_uid == os.getuid() if hasattr(os, "getuid") else True
+    return owner and not stat.S_ISLNK(info.st_mode) and not info.st_mode & 0o022
 
-        meta = json.loads(read_checked(file.with_suffix(".meta"), MAX_TEMPLATE_FILE))
-        checked_file(file)
-        return Tokenizer.from_file(str(file)), meta
-    except Exception:  # damaged or unreadable: transformers loads the folder again
+
+def _recall(key: Path | None) -> Any:
+    """The Rust tokenizer :func:`_remember` kept under ``key``, or None when there is none,
+    or the file is not this user's private one, or its bytes do not hash to its name."""
+    if key is None:
         return None
+    for file in key.parent.glob(f"{key.name}-*.json"):
+        try:
+            from tokenizers import Tokenizer
+
+            if not _private(file):
+                continue
+            data = read_checked(file)
+            if hashlib.sha256(data).hexdigest() != file.stem.split("-", 1)[1]:
+                continue  # damaged or edited: transformers loads the folder again
+            return Tokenizer.from_str(data.decode())
+        except Exception:  # unreadable or not a tokenizer: likewise
+            continue
+    return None
 
 
-def _remember(file: Path, backend: Any) -> None:
-    """Keep ``backend``'s Rust tokenizer in ``file`` when encoding with it is all transformers
-    does (no Python encoding or split special tokens, the same ids on :data:`PROBES`)."""
+def _remember(key: Path, backend: Any, path: Path) -> None:
+    """Keep ``backend``'s Rust tokenizer under ``key`` when encoding with it is all
+    transformers does (no Python encoding or split special tokens, the same ids on
+    :data:`PROBES`) and what :func:`open_folder` derives from it and the folder's config
+    (vocabulary size, EOS, PAD id) is transformers' own."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     rust = getattr(backend, "backend_tokenizer", None)
@@ -305,15 +348,19 @@ def _remember(file: Path, backend: Any) -> None:
         return
     if [e.ids for e in rust.encode_batch(PROBES)] != backend(PROBES)["input_ids"]:
         return
-    meta = {"vocab_size": len(backend), "pad_token_id": backend.pad_token_id,
-            "eos_token": backend.eos_token}  # fmt: skip
+    try:
+        lazy = _lazy(path, rust, json.loads(read_checked(path / "tokenizer_config.json")))
+    except ValueError:
+        return
+    if (rust.get_vocab_size(True), lazy.eos_token, lazy.pad_token_id) != (
+        len(backend), backend.eos_token, backend.pad_token_id):  # fmt: skip
+        return
     from exactpack.io.atomic import write_file
 
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        write_file(file, lambda f: f.write(rust.to_str().encode()))
-        # the meta last: its presence says both are whole
-        write_file(file.with_suffix(".meta"), lambda f: f.write(json.dumps(meta).encode()))
+    data = rust.to_str().encode()
+    try:  # the name holds the digest of the bytes, so a whole file is one that hashes to it
+        write_file(key.with_name(f"{key.name}-{hashlib.sha256(data).hexdigest()}.json"),
+                   lambda f: f.write(data))  # fmt: skip
     except OSError:
         return  # no writable cache: the next process loads through transformers again
 

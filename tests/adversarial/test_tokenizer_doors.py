@@ -1,0 +1,100 @@
+"""Tokenizer doors: the cache of tokenizers transformers built (class 4 of issue 37) and
+tokenizer files whose values would exhaust the Rust side (class 8).
+
+The cache decides the tokens of every later run, so it is trusted only when it is this
+user's private folder and a file's bytes hash to its name; what the tokenizer's facts are
+(vocabulary size, EOS, PAD) is read from the tokenizer and its folder, never a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from exactpack.io.tokenizers import cache_folder, load_tokenizer
+
+from support.sft_helpers import chat_tokenizer
+
+pytest.importorskip("transformers")
+TEXTS = ["Hello World, what color is the sky?", "HELLO there <s>x</s>"]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A folder of a model-specific class (loaded through transformers, so cached) and
+    transformers' own ids, vocabulary size, EOS and PAD id for it."""
+    from transformers import AutoTokenizer
+
+    folder = chat_tokenizer(tmp_path_factory.mktemp("qwen"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "Qwen2TokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    real = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    facts = (real(TEXTS)["input_ids"], len(real), real.eos_token, real.pad_token_id)
+    return folder, facts
+
+
+def _facts(tok):
+    ids = [tok.encode_batch([t])[0].tolist() for t in TEXTS]
+    return ids, tok.vocab_size, tok.backend.eos_token, tok.pad_token_id
+
+
+def _lowercasing(data: bytes) -> bytes:
+    """Another valid tokenizer: the same one lowercasing first (other ids for 'Hello')."""
+    tok = json.loads(data)
+    tok["normalizer"] = {"type": "Lowercase"}
+    return json.dumps(tok).encode()
+
+
+def _plant(folder, rename: bool) -> int:
+    """Replace every cached tokenizer by a lowercasing one; ``rename``: under a name its
+    new bytes hash to, as a writer who knows the scheme would. Returns the files planted."""
+    planted = 0
+    for file in sorted(folder.iterdir()):
+        if file.suffix != ".json":
+            continue
+        data = _lowercasing(file.read_bytes())
+        file.write_bytes(data)
+        if rename and "-" in file.stem:
+            file.rename(file.with_name(f"{file.stem.split('-')[0]}-"
+                                       f"{hashlib.sha256(data).hexdigest()}.json"))  # fmt: skip
+        planted += 1
+    return planted
+
+
+def test_an_edited_cache_file_is_not_trusted(model_folder, tmp_path, monkeypatch):
+    folder, want = model_folder
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _facts(load_tokenizer(folder)) == want  # through transformers, then kept
+    cache = cache_folder()
+    assert cache == tmp_path / "exactpack" / "tokenizers"
+    assert os.stat(cache).st_mode & 0o077 == 0  # made for this user only
+    assert _facts(load_tokenizer(folder)) == want  # from the cache
+    assert _plant(cache, rename=False) == 1
+    for meta in cache.glob("*.meta"):  # a format that kept facts beside it: lie in them
+        meta.write_text(json.dumps({"vocab_size": 7, "eos_token": "x", "pad_token_id": 3}))
+    assert _facts(load_tokenizer(folder)) == want  # its bytes do not hash to its name
+    assert _facts(load_tokenizer(folder)) == want  # and the file written again is whole
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_cache_folder_others_can_write_is_not_used(model_folder, tmp_path, monkeypatch,
+                                                     mode):  # fmt: skip
+    folder, want = model_folder
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    load_tokenizer(folder)  # fills the cache
+    cache = cache_folder()
+    assert _plant(cache, rename=True) == 1  # another user's file, well formed
+    os.chmod(cache, mode)
+    with pytest.warns(UserWarning, match=r"not a folder only you can write .*chmod go-w"):
+        assert _facts(load_tokenizer(folder)) == want
+    os.chmod(cache, 0o700)
+    # a link in place of the folder is not this user's private folder either
+    shutil.move(cache, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", cache)
+    with pytest.warns(UserWarning, match="not a folder only you can write"):
+        assert _facts(load_tokenizer(folder)) == want
