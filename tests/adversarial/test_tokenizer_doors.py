@@ -15,7 +15,8 @@ import shutil
 
 import pytest
 
-from exactpack.io.tokenizers import cache_folder, load_tokenizer
+from exactpack.core.errors import InvalidInput
+from exactpack.io.tokenizers import MAX_TOKENIZER_STRING, cache_folder, load_tokenizer
 
 from support.sft_helpers import chat_tokenizer
 
@@ -98,3 +99,42 @@ def test_a_cache_folder_others_can_write_is_not_used(model_folder, tmp_path, mon
     os.symlink(tmp_path / "elsewhere", cache)
     with pytest.warns(UserWarning, match="not a folder only you can write"):
         assert _facts(load_tokenizer(folder)) == want
+
+
+def _with_huge_token(data: bytes, size: int, quoted: bool) -> bytes:
+    """The tokenizer with an added token of ``size`` bytes (``quoted``: of escaped quotes,
+    so no run between two quote bytes is long)."""
+    tok = json.loads(data)
+    content = '"' * (size // 2) if quoted else "a" * size
+    tok["added_tokens"].append({"id": len(tok["model"]["vocab"]) + 50, "content": content,
+                                "single_word": False, "lstrip": False, "rstrip": False,
+                                "normalized": False, "special": True})  # fmt: skip
+    return json.dumps(tok).encode()
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+def test_a_huge_string_in_tokenizer_files_is_refused_before_the_rust_side(
+    model_folder, tmp_path, quoted
+):
+    """A 30 MB added token aborts the process in the Rust allocator under a 2 GB limit
+    (it builds ~40 bytes a byte); any string over MAX_TOKENIZER_STRING is refused first.
+    Scaled down: 2 MiB, which the Rust side would take."""
+    folder, _ = model_folder
+    size = 2 * MAX_TOKENIZER_STRING
+    data = _with_huge_token((folder / "tokenizer.json").read_bytes(), size, quoted)
+    (tmp_path / "tokenizer.json").write_bytes(data)
+    with pytest.raises(InvalidInput, match=r"tokenizer\.json holds a string of 2,0\d\d,\d\d\d"
+                       " bytes, more than the 1,048,576") as err:  # fmt: skip
+        load_tokenizer(tmp_path / "tokenizer.json")
+    assert "\n" not in str(err.value)
+    copy = tmp_path / "folder"  # a folder: its tokenizer_config.json's added tokens too
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config.setdefault("added_tokens_decoder", {})["999"] = {"content": "b" * size, "special": True}
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInput, match=r"tokenizer_config\.json holds a string of 2,"):
+        load_tokenizer(copy)
+    # the longest real string passes: a charsmap-sized one
+    data = _with_huge_token((folder / "tokenizer.json").read_bytes(), 300_000, quoted)
+    (tmp_path / "tokenizer.json").write_bytes(data)
+    assert load_tokenizer(tmp_path / "tokenizer.json").vocab_size > 300

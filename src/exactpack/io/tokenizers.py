@@ -53,7 +53,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 #: Files besides ``tokenizer.json`` from which transformers could build a (slow) tokenizer.
 SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
 #: The largest tokenizer file read (the largest hub ``tokenizer.json`` files are ~35 MB).
-MAX_TOKENIZER_FILE = 1 << 29
+MAX_TOKENIZER_FILE = 1 << 27
+#: The longest string a tokenizer's JSON file may hold, in bytes (hub files' longest is a
+#: normalizer's ``precompiled_charsmap``, ~0.3 MB): the Rust side builds ~40 bytes a byte
+#: of an added token and aborts the process when its allocation fails.
+MAX_TOKENIZER_STRING = 1 << 20
 #: The largest chat template read (hub templates are at most tens of kilobytes).
 MAX_TEMPLATE_FILE = 1 << 22
 #: Tokenizer classes that use ``tokenizer.json`` as it is.
@@ -131,9 +135,47 @@ def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
 
 
 def read_checked(path: Path, limit: int = MAX_TOKENIZER_FILE) -> bytes:
-    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``)."""
+    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``); a
+    ``.json`` file's strings at most :data:`MAX_TOKENIZER_STRING` bytes each."""
     checked_file(path, limit)
-    return read_limited(path, limit)
+    data = read_limited(path, limit)
+    if path.suffix == ".json" and (longest := longest_string(data)) > MAX_TOKENIZER_STRING:
+        raise InvalidInput(
+            f"{path} holds a string of {longest:,} bytes, more than the"
+            f" {MAX_TOKENIZER_STRING:,} a tokenizer file's string may hold — it is not a"
+            " tokenizer's; pass the tokenizer's own files"
+        )
+    return data
+
+
+def longest_string(data: bytes, block: int = 1 << 20) -> int:
+    """The most bytes between the quotes of one string of JSON text ``data`` (escapes
+    counted as written), scanned ``block`` bytes at a time: a quote after an odd run of
+    backslashes is inside a string."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    longest, opened, run = 0, -1, 0  # opened: where the open string began; run: backslashes
+    for start in range(0, raw.shape[0], block):
+        part = raw[start : start + block]
+        slash = part == 92
+        index = np.arange(part.shape[0], dtype=np.int64)
+        last = np.maximum.accumulate(np.where(slash, -1, index))  # last non-backslash
+        quotes = np.flatnonzero(part == 34)
+        prev = last[np.maximum(quotes - 1, 0)]  # backslashes before each quote: in this
+        before = np.where(quotes > 0, quotes - 1 - prev, 0)  # block, and the last block's
+        before += np.where((quotes == 0) | (prev < 0), run, 0)  # when they reach its start
+        ends = quotes[before % 2 == 0] + start
+        if opened >= 0 and ends.shape[0]:  # a string open from an earlier block
+            longest, opened, ends = max(longest, int(ends[0] - opened)), -1, ends[1:]
+        pairs = ends.shape[0] // 2
+        if pairs:
+            longest = max(longest, int((ends[1 : 2 * pairs : 2] - ends[: 2 * pairs : 2]).max()))
+        if ends.shape[0] % 2:
+            opened = int(ends[-1])
+        tail = part.shape[0] - 1 - int(last[-1])
+        run = run + tail if tail == part.shape[0] else tail
+    if opened >= 0:  # never closed: it runs to the end
+        longest = max(longest, raw.shape[0] - opened)
+    return longest
 
 
 def file_identity(kind: str, path: Path, files: Iterable[Path]) -> str:
@@ -599,7 +641,8 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
     except ImportError as err:
         raise NotAvailable("loading tokenizer.json needs `pip install exactpack[hf]`") from err
-    checked_file(file)
+    # read and checked (sizes, strings) before the Rust side sees it
+    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
     try:
         backend = RustTokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a plain Exception
@@ -607,7 +650,6 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
             " a tokenizer saved with save_pretrained() or Tokenizer.save()"
         ) from None
-    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
     return HFTokenizer(backend, "tokenizers", identity, backend.get_vocab_size(True),
                        where=str(file), owned=True)  # fmt: skip
 
