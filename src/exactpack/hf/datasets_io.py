@@ -36,6 +36,7 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
+from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -301,11 +302,22 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
 
 
 def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: Any) -> CompactRows:
+    """``table``'s rows, checked as a loaded shard's are (:func:`check_rows`) against the
+    occurrence count the metadata states (a stream's ordinals: only each once)."""
     partition = Split.parse(meta["partition"])
     capacity = int(meta["config"]["capacity"])
-    return arrow_to_rows(
+    rows = arrow_to_rows(
         table, capacity=capacity, partition=partition, binding=binding, where=where, **kw
     )
+    stats = meta.get("statistics")  # None for a stream: its count is not known
+    examples = stats.get("examples") if isinstance(stats, dict) else 1 << 62
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < len(rows):
+        raise InvalidInput(
+            f"{where}: its metadata's statistics.examples is {examples!r}, not the count of the"
+            f" {len(rows):,} or more examples it holds — the dataset was changed; pack it again"
+        )
+    check_rows(rows, examples, where)
+    return rows
 
 
 def to_batches(

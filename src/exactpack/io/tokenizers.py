@@ -46,6 +46,10 @@ BYTES_IDENTITY = "exactpack/bytes-266"
 CHAT_MARK = "+chat-template@sha256:"
 #: Characters of text encoded per tokenizer call (its records take ~45 bytes a character).
 ENCODE_BATCH = 1 << 22
+#: The longest text a tokenizer is given (~4M tokens, longer than any context): the Rust
+#: side takes ~45 bytes a character and aborts the process when an allocation fails (a
+#: 60 MB line did under a 4 GB limit).
+MAX_TEXT_CHARS = 1 << 24
 #: Files whose bytes define a saved tokenizer; they make up its identity digest.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
@@ -597,6 +601,9 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids int32 [Σn] and offsets int64 [k+1], :data:`ENCODE_BATCH` characters a call."""
         texts = list(texts)
+        if max(map(len, texts), default=0) > MAX_TEXT_CHARS:
+            i = next(i for i, text in enumerate(texts) if len(text) > MAX_TEXT_CHARS)
+            raise too_long(f"text {i} of {len(texts)} given to the tokenizer", len(texts[i]))
         spans = text_spans(texts, ENCODE_BATCH)
         parts = []
         for i, (a, b) in enumerate(spans):
@@ -614,6 +621,14 @@ class HFTokenizer:
             return _flat(encodings, (e.ids for e in encodings))
         ids = self.backend(texts, add_special_tokens=True)["input_ids"]
         return _flat(ids, ids)
+
+
+def too_long(where: str, chars: int) -> InvalidInput:
+    """The refusal of a text over :data:`MAX_TEXT_CHARS` characters at ``where``."""
+    return InvalidInput(
+        f"{where} holds {chars:,} characters, more than the {MAX_TEXT_CHARS:,} exactpack gives"
+        " a tokenizer at once (it would take ~45 bytes a character) — split the document"
+    )
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
