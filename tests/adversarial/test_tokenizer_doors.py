@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 
@@ -138,3 +139,36 @@ def test_a_huge_string_in_tokenizer_files_is_refused_before_the_rust_side(
     data = _with_huge_token((folder / "tokenizer.json").read_bytes(), 300_000, quoted)
     (tmp_path / "tokenizer.json").write_bytes(data)
     assert load_tokenizer(tmp_path / "tokenizer.json").vocab_size > 300
+
+
+def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path):
+    """A template whose generation prompt opens an empty thought block the whole
+    conversation drops (Gemma 4's): the prompt is not a prefix of prompt + completion, so
+    the completion is trained from where they diverge — said, never silent (TRL warns)."""
+    import pyarrow as pa
+
+    from exactpack.io.readers import read_documents
+
+    from support.sft_helpers import TEMPLATE
+
+    thinking = TEMPLATE.replace("<|assistant|>\n{% endif %}", "<|assistant|>\n<think></think>"
+                                "{% endif %}")  # fmt: skip
+    assert thinking != TEMPLATE
+    rows = [{"prompt": [{"role": "user", "content": f"What color is the sky {i}?"}],
+             "completion": [{"role": "assistant", "content": "It is blue."}]}
+            for i in range(3)]  # fmt: skip
+    table = pa.Table.from_pylist(rows)
+    plain = load_tokenizer(chat_tokenizer(tmp_path / "plain"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the template's own rendering: a prefix, no warning
+        read_documents(table, tokenizer=plain)
+    tok = load_tokenizer(chat_tokenizer(tmp_path / "thinking", thinking))
+    with pytest.warns(UserWarning, match=r"row 0: the tokenized prompt is not a prefix of the"
+                      r" tokenized prompt \+ completion \(3 of 3 rows") as said:  # fmt: skip
+        docs = read_documents(table, tokenizer=tok)
+    assert "'<think></think>'" in str(said[0].message)
+    assert "\n" not in str(said[0].message)
+    # trained from where they diverge: the answer and what follows it, no prompt token
+    first = docs.tokens[docs.offsets[0] : docs.offsets[1]]
+    mask = docs.loss_mask[: first.shape[0] - 1]  # one flag per target (first[1:])
+    assert tok.decode(first[1:][mask]).startswith("It is blue.")
