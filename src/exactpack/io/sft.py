@@ -228,7 +228,10 @@ def _completion_masks(
             differ = np.flatnonzero(head[:n] != full[:n])
             common = int(differ[0]) if differ.size else n
             mask[:common] = False
-            if common < head.shape[0]:
+            # an end-of-text token the tokenizer appends to every text (the byte
+            # tokenizer's EOS) ends both: the prompt alone is a prefix but for it
+            suffix = common == head.shape[0] - 1 and head[-1] == full[-1]
+            if common < head.shape[0] and not suffix:
                 bent.append((row, head[common:]))
         masks.append(mask)
     if bent:
