@@ -312,7 +312,7 @@ def test_a_config_that_is_no_regular_file_or_too_big_is_refused_unread(capsys, t
         f.truncate(600 << 20)  # sparse: 600 MB without writing them
     code, out, err = verify(capsys, "--hf-config", str(folder))
     assert code == 2 and err.count("\n") == 1
-    assert "holds 629,145,600 bytes, more than the 536,870,912 a config file may hold" in err
+    assert "holds 629,145,600 bytes, more than the 134,217,728 a config file may hold" in err
 
 
 def test_tree_lengths_past_the_positions_are_refused_before_any_id(capsys, monkeypatch):
