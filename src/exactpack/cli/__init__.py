@@ -148,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        SIGNALLED.clear()  # a library call after this command commits as usual
 
 
 if __name__ == "__main__":
