@@ -53,7 +53,7 @@ most expensive kind. The rules:
   invariant) and `tests/adversarial/test_fuzz_states.py` (damaged plan dicts, plan files
   and stream states are refused or valid). What would abort the process in a
   native library is refused before it gets there: a NUL byte in a text or
-  JSON Lines file in the block it is read (600 MB of NULs reached 2.5 GB as
+  JSON file in the block it is read (600 MB of NULs reached 2.5 GB as
   one line), a text of more than 16,777,216 characters before the Rust
   tokenizer (~45 bytes a character; a 60 MB line aborted it), and a
   tokenizer file holding a string over 1 MiB or over 128 MiB in all before

@@ -1066,7 +1066,7 @@ CASES += [
         _pack_argv(),
         _pack,
         InvalidInput,
-        ("data.jsonl line 1: holds a NUL byte — not a text or JSON Lines file",),
+        ("data.jsonl line 1: holds a NUL byte — not a text or JSON file",),
     ),
     Case(
         "text-nul-byte",

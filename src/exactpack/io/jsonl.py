@@ -327,7 +327,7 @@ def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[me
             line += block.count(b"\n", 0, nul)
             raise InvalidInput(
                 f"{path} line {line}: holds a NUL byte — not a text"
-                " or JSON Lines file; pass the file's text, or its data in a Parquet file"
+                " or JSON file; pass the file's text, or its data in a Parquet file"
             )
         cut = block.rfind(b"\n") + 1
         if not cut:
