@@ -15,9 +15,16 @@ import shutil
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exactpack.core.errors import InvalidInput
-from exactpack.io.tokenizers import MAX_TOKENIZER_STRING, cache_folder, load_tokenizer
+from exactpack.io.tokenizers import (
+    MAX_TOKENIZER_STRING,
+    cache_folder,
+    load_tokenizer,
+    longest_string,
+)
 
 from support.sft_helpers import chat_tokenizer
 
@@ -172,3 +179,32 @@ def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path):
     first = docs.tokens[docs.offsets[0] : docs.offsets[1]]
     mask = docs.loss_mask[: first.shape[0] - 1]  # one flag per target (first[1:])
     assert tok.decode(first[1:][mask]).startswith("It is blue.")
+
+
+def _strings_by_hand(data: bytes) -> int:
+    """The longest string of JSON text ``data`` by a lexer a byte at a time (the reference
+    of the vectorised block scan): from its opening quote to its closing one."""
+    best, i = 0, 0
+    while i < len(data):
+        if data[i] == ord('"'):
+            j = i + 1
+            while j < len(data) and data[j] != ord('"'):
+                j += 2 if data[j] == ord("\\") else 1
+            best, i = max(best, min(j, len(data)) - i), j + 1
+        else:
+            i += 1
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(
+        st.sampled_from(["a", "\\", '"', "\\\\", "xyz", '\\"', " ", "\\u0022"]), max_size=40
+    ),
+    cut=st.integers(0, 400),
+    block=st.integers(1, 9),
+)
+def test_the_block_scan_finds_the_longest_string_as_a_lexer_does(pieces, cut, block):
+    """Escaped quotes and backslash runs across block borders, valid JSON or cut short."""
+    data = json.dumps(["".join(pieces), *pieces]).encode()[: cut or None]
+    assert longest_string(data, block) == _strings_by_hand(data)
