@@ -102,6 +102,11 @@ def test_a_cache_folder_others_can_write_is_not_used(model_folder, tmp_path, mon
     with pytest.warns(UserWarning, match=r"not a folder only you can write .*chmod go-w"):
         assert _facts(load_tokenizer(folder)) == want
     os.chmod(cache, 0o700)
+    if os.getuid() == 0:  # root can give it away: another user's folder is not used
+        os.chown(cache, 65534, 65534)
+        with pytest.warns(UserWarning, match="not a folder only you can write"):
+            assert _facts(load_tokenizer(folder)) == want
+        os.chown(cache, 0, 0)
     # a link in place of the folder is not this user's private folder either
     shutil.move(cache, tmp_path / "elsewhere")
     os.symlink(tmp_path / "elsewhere", cache)
