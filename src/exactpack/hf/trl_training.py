@@ -77,7 +77,8 @@ def split_rows(features: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if "seq_lengths" not in row:
             raise InvalidInput(
                 f"feature {k} has no seq_lengths: per_example expects rows of"
-                " pack_dataset(..., format='trl') — pass unpacked examples to the collator"
+                " pack_dataset(..., format='trl') — under Trainer pass"
+                " TrainingArguments(remove_unused_columns=False), which keeps the column"
             )
         keys = [key for key in _PER_TOKEN if key in row]
         start = 0
