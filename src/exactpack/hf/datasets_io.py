@@ -58,6 +58,7 @@ from exactpack.pipeline.writer import (
     layout_for,
     plan_corpus,
     shard_spans,
+    source_stats,
 )
 
 META_KEY = "exactpack"
@@ -153,9 +154,7 @@ def pack_dataset(
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
         _check_model(model, corpus.binding, pad, examples, opts)  # before any row
-        storage = plan_corpus(
-            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
-        )
+        storage = plan_corpus(examples, opts)
         columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
     finally:
@@ -168,7 +167,7 @@ def pack_dataset(
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         columns=columns,
         policy=fields["policy"],
-        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+        statistics=storage.plan.stats() | source_stats(corpus, examples),
     )
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
