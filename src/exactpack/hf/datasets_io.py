@@ -274,15 +274,33 @@ def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | Non
 
 
 def packed_metadata(packed: Any) -> dict[str, Any]:
-    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
-    try:
-        meta = json.loads(packed.info.description or "")[META_KEY]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidInput(
-            "this dataset carries no exactpack metadata in info.description — was it made by"
-            " exactpack.hf.pack_dataset?"
-        ) from None
-    refuse_trl(meta, "this dataset")
+    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``, or
+    the manifest of the folder ``exactpack pack`` wrote (``packed`` a path; its shards'
+    sizes and sha256 checked as :func:`~exactpack.io.store.load_packed` does)."""
+    if isinstance(packed, (str, os.PathLike)):
+        from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+
+        path = Path(packed)
+        try:
+            meta = read_manifest(path)
+        except OSError:
+            raise InvalidInput(
+                f"{path} has no readable manifest.json: not a finished exactpack output — run"
+                " exactpack pack again"
+            ) from None
+        refuse_trl(meta, str(path))
+        check_manifest(meta, path)
+        check_checksums(meta, path)
+    else:
+        try:
+            meta = json.loads(packed.info.description or "")[META_KEY]
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(
+                "this dataset carries no exactpack metadata in info.description — was it made"
+                " by exactpack.hf.pack_dataset? For the shards of an `exactpack pack` folder"
+                " pass the folder instead: HFCollator.for_dataset('OUT', ...)"
+            ) from None
+        refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InvalidInput(
             f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
