@@ -261,6 +261,11 @@ def test_an_sft_row_is_never_cut_into_pieces_that_lose_its_prompt():
         pack_dataset(ds, 16, format="trl", tokenizer="bytes", cut_long=True)
     kept = pack_dataset(ds, 16, format="trl", tokenizer="bytes", truncation_mode="keep_start")
     assert kept["seq_lengths"] == [[16]]
+    stream = ds.to_iterable_dataset()  # packed as read: the same refusal, and no truncation
+    with pytest.raises(InvalidInput, match="later pieces without their prompt"):
+        list(pack_dataset(stream, 16, tokenizer="bytes", cut_long=True))
+    with pytest.raises(InvalidInput, match="a stream is packed as it is read"):
+        list(pack_dataset(stream, 16, tokenizer="bytes", truncation_mode="keep_start"))
 
 
 def test_split_long_keeps_every_pair_with_right_labels():

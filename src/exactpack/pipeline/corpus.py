@@ -130,6 +130,21 @@ def _labels(chunk: TokenChunk) -> Callable[[int], str]:
 NAMED_LONG = 3
 
 
+def is_sft(table: pa.Table) -> bool:
+    """Whether ``table``'s rows are rendered SFT rows (prompt/completion or messages)."""
+    return "input_ids" not in table.column_names and bool(sft_columns(table.column_names))
+
+
+def refuse_cut_sft(name: str) -> None:
+    """``cut_long`` on an SFT row longer than a row: its later pieces would lose the prompt
+    and earlier turns they answer, so it is refused (``truncation_mode`` keeps the start)."""
+    raise InvalidInput(
+        f"{name} is an SFT row (prompt/completion or messages) longer than a row: cut_long=True"
+        " would train its later pieces without their prompt — raise max_length=, or keep its"
+        " start with truncation_mode= ('keep_start')"
+    )
+
+
 @dataclass
 class _TooLong:
     """The examples longer than a row, found chunk by chunk: counted, the first few named."""
@@ -143,12 +158,8 @@ class _TooLong:
         if not long.size:
             return
         label = _labels(chunk)
-        if sft and opts.cut_long:  # later pieces would lose the prompt and earlier turns
-            raise InvalidInput(
-                f"{label(int(long[0]))} is an SFT row (prompt/completion or messages) longer than"
-                " a row: cut_long=True would train its later pieces without their prompt —"
-                " raise max_length=, or keep its start with truncation_mode= ('keep_start')"
-            )
+        if sft and opts.cut_long:
+            refuse_cut_sft(label(int(long[0])))
         if opts.cut_long or opts.truncation_mode is not None:
             return
         self.count += int(long.size)
@@ -292,10 +303,7 @@ def read_corpus(
                             partition=opts.split, objective=Objective.of(opts),
                         ).rebased(state.documents)  # fmt: skip
                         budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                        sft = "input_ids" not in table.column_names and bool(
-                            sft_columns(table.column_names)
-                        )
-                        state.take(chunk, opts, vocab, digest, sft)
+                        state.take(chunk, opts, vocab, digest, is_sft(table))
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
