@@ -310,7 +310,8 @@ class PackOptions:
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
-        if self.truncation_mode not in (None, *TRUNCATION_MODES):
+        mode = self.truncation_mode
+        if mode is not None and (not isinstance(mode, str) or mode not in TRUNCATION_MODES):
             raise InvalidInput(
                 f"truncation_mode must be 'keep_start', 'keep_end' or None, got"
                 f" {self.truncation_mode!r}"
