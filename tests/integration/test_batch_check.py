@@ -103,3 +103,21 @@ def test_a_trainer_that_would_join_examples_stops_before_step_1(kind, extra, mat
         trainer.train()
     assert trainer.state.global_step == 0
     assert all(torch.equal(before[n], p) for n, p in parameters(trainer.model).items())
+
+
+def test_a_folder_loaded_with_load_trl_is_known_after_its_seq_lengths_are_removed(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from exactpack.pipeline import pack_path
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"input_ids": {ids}}}\n' for ids in (A, B, C)))
+    pack_path(data, tmp_path / "out", max_length=7, vocab_size=266, format="trl")
+    rows = exactpack.hf.load_trl(tmp_path / "out", cache_dir=str(tmp_path / "cache"))
+    loader = DataLoader(rows.remove_columns(["seq_lengths"]), collate_fn=list)
+    with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
+        CheckBatches().on_train_begin(None, None, None, train_dataloader=loader)
+    kept = DataLoader(rows, batch_size=2, collate_fn=DataCollatorWithFlattening())
+    CheckBatches().on_train_begin(None, None, None, train_dataloader=kept)
+    with pytest.raises(InvalidInput, match="per_example"):
+        next(iter(kept))  # the wrapped collate_fn checks each batch
