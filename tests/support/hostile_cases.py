@@ -494,8 +494,9 @@ CASES: list[Case] = [
         OversizedExample,
         (
             f"{DATA} line 1",
-            "example 0 ('long'[0:10]) has 9 prediction pairs; capacity is 4",
-            "raise max_length= or cut it with cut_long=True",  # the CLI: its flags
+            "1 of 1 examples are longer than 5 tokens (max_length 4",
+            "example 0 ('long'[0:10]), 10 tokens",
+            "raise max_length= (the longest, 10 tokens, needs 9), cut them with cut_long=True",
         ),
     ),
     Case(

@@ -59,6 +59,7 @@ from exactpack.pipeline.writer import (
     layout_for,
     plan_corpus,
     shard_spans,
+    source_stats,
 )
 
 META_KEY = "exactpack"
@@ -154,9 +155,7 @@ def pack_dataset(
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
         _check_model(model, corpus.binding, pad, examples, opts)  # before any row
-        storage = plan_corpus(
-            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
-        )
+        storage = plan_corpus(examples, opts)
         columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
     finally:
@@ -169,7 +168,7 @@ def pack_dataset(
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         columns=columns,
         policy=fields["policy"],
-        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+        statistics=storage.plan.stats() | source_stats(corpus, examples),
     )
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
@@ -276,15 +275,33 @@ def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | Non
 
 
 def packed_metadata(packed: Any) -> dict[str, Any]:
-    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
-    try:
-        meta = json.loads(packed.info.description or "")[META_KEY]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidInput(
-            "this dataset carries no exactpack metadata in info.description — was it made by"
-            " exactpack.hf.pack_dataset?"
-        ) from None
-    refuse_trl(meta, "this dataset")
+    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``, or
+    the manifest of the folder ``exactpack pack`` wrote (``packed`` a path; its shards'
+    sizes and sha256 checked as :func:`~exactpack.io.store.load_packed` does)."""
+    if isinstance(packed, (str, os.PathLike)):
+        from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+
+        path = Path(packed)
+        try:
+            meta = read_manifest(path)
+        except OSError:
+            raise InvalidInput(
+                f"{path} has no readable manifest.json: not a finished exactpack output — run"
+                " exactpack pack again"
+            ) from None
+        refuse_trl(meta, str(path))
+        check_manifest(meta, path)
+        check_checksums(meta, path)
+    else:
+        try:
+            meta = json.loads(packed.info.description or "")[META_KEY]
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(
+                "this dataset carries no exactpack metadata in info.description — was it made"
+                " by exactpack.hf.pack_dataset? For the shards of an `exactpack pack` folder"
+                " pass the folder instead: HFCollator.for_dataset('OUT', ...)"
+            ) from None
+        refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InvalidInput(
             f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
