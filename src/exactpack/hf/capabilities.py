@@ -301,6 +301,8 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         )
     if refusal is None and why is not None:
         refusal, kind = why, "positions"
+    if how == "none" and not attention and restarted:
+        how = "mixers"  # pure state-space models: nothing reads a position but the mixers
     padding = [
         (type(m).__name__, w)
         for m in (decoder, model)
