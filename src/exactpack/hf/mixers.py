@@ -131,7 +131,7 @@ def path_conv1d(
     flat row (:func:`seq_idx_parents`) that is each example's window restarted; on a tree
     row a branch's window continues its parent's last ``K - 1`` inputs, never a sibling's."""
     k = weight.shape[-1]
-    b, c, t = x.shape
+    b, _, t = x.shape
     taps = [torch.arange(t, device=x.device).expand(b, t)]  # (B, T) per tap: t, parent, ...
     for _ in range(k - 1):
         prev = taps[-1]
@@ -382,9 +382,9 @@ __all__ = [
     "cell_parents",
     "cell_seq_idx",
     "mixer_modules",
+    "path_conv1d",
     "restart_mixers",
     "restarts",
-    "path_conv1d",
     "runs",
     "seq_idx_parents",
 ]
