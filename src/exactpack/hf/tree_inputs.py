@@ -105,7 +105,10 @@ def tree_inputs(
         register()
         make = flash_plan if attn_implementation == VARLEN_NAME else tree_plan
         return out | {NAME: make(batch, device)}
-    return out | {"attention_mask": tree_layer_masks(batch, kind, arch, dtype, device)}
+    masks = tree_layer_masks(batch, kind, arch, dtype, device)
+    if not isinstance(masks, dict) or any(m is not None for m in masks.values()):
+        out["attention_mask"] = masks  # (Mamba-2: no attention layer, so no mask at all)
+    return out
 
 
 def pack_tree_dataset(
