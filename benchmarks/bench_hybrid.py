@@ -6,14 +6,16 @@ of W1-like lengths (``/work/shared/DESIGN.md``: lognormal, median ~212, mean ~35
 the capacity 2048), random ids. Two ratios, measured in one process, medians of ``--repeats``
 forward + backward steps each:
 
-(a) **boundary cost** = packed rows (``restart_mixers`` + ``hf_inputs``, sdpa) / the same
-    examples run unpacked, one call each (``(1, L)``, no padding): the price of keeping
-    the examples apart on the same tokens. Target <= 1.3.
+(a) **boundary cost** = packed rows (``restart_mixers`` + ``hf_inputs``; ``--attn``
+    ``exactpack_varlen``: the valid cells flattened, SDPA per example; ``sdpa``: one dense
+    block mask a row) / the same examples run unpacked, one call each (``(1, L)``, no
+    padding): the price of keeping the examples apart on the same tokens. Target <= 1.3.
 (b) **packed / padded real tokens/s**: the same examples as padded rows (one example a row,
     micro-batches of ``--padded-rows`` padded to their longest, no restarts needed: padding
     sits after each example) against the packed rows. Target >= 1.5.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_hybrid.py [--rows 4] [--repeats 3]
+        [--attn exactpack_varlen|sdpa] [--profile]
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4, help="packed rows of 2048 to fill")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--padded-rows", type=int, default=4, help="examples a padded call")
+    parser.add_argument("--attn", default="exactpack_varlen", help="the packed rows' kind")
+    parser.add_argument("--profile", action="store_true", help="the packed step's top ops")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers
@@ -87,6 +91,8 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
     model = restart_mixers(tiny_qwen3_5())
+    if args.attn != "sdpa":
+        model.set_attn_implementation(args.attn)
     lengths = w1_lengths(int(args.rows * CAPACITY * 0.97))
     examples = verification_examples(4096, 0, layout=VerifyCase(tuple(lengths), CAPACITY))
     config = PackConfig(CAPACITY, len(examples))
@@ -94,12 +100,12 @@ def main() -> None:
         "train", examples, examples[0].binding, config, policy="best-fit-decreasing"
     )
     (batch,) = epoch.batches
-    packed = hf_inputs(batch, "sdpa", config=model.config)
+    packed = hf_inputs(batch, args.attn, config=model.config)
     ids = [torch.as_tensor(e.inputs.astype(np.int64))[None] for e in examples]  # (1, L) each
 
     def step_packed():
         model.zero_grad(set_to_none=True)
-        model(**packed).loss.backward()
+        model(**packed).loss.backward()  # sdpa / the unpacked calls: the layers' own attention
 
     def step_unpacked():
         model.zero_grad(set_to_none=True)
@@ -118,6 +124,13 @@ def main() -> None:
             labels = x.masked_fill(mask == 0, -100)
             model(input_ids=x, attention_mask=mask, labels=labels, use_cache=False).loss.backward()
 
+    if args.profile:
+        from torch.profiler import profile
+
+        step_packed()
+        with profile() as prof:
+            step_packed()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     t_packed = timed(step_packed, args.repeats)
     t_unpacked = timed(step_unpacked, args.repeats)
     t_padded = timed(step_padded, args.repeats)
