@@ -21,8 +21,14 @@ before without one. The same code on the same columns with the same zero state: 
 by construction, in every dtype, on the model's own kernels where it has them. A mixer
 module's forward is ``forward(hidden_states, cache=None, attention_mask=None, **kwargs)
 -> (B, T, H)`` in every family below (transformers 5). LFM2's short convolutions
-(:data:`VECTORISED`) restart in one call instead, their window masked by ``seq_idx``
-(:func:`segment_conv1d`).
+(:data:`VECTORISED`) restart in one call instead (:func:`path_conv1d`).
+
+On tree rows (the keyword :data:`PARENTS`, :func:`cell_parents`) a node starts from its
+parent's final state instead of zero, forked at the branch point: the node's own forward
+from a :class:`ForkCache` (transformers' linear-attention cache interface) holding the
+parent's last conv inputs and scan state; :data:`REPLAYED` mixers, whose sequence form
+takes no initial state, replay the node's whole path. A flat row is a tree of one-node
+paths (:func:`seq_idx_parents`), so both run one loop (:func:`runs`).
 """
 
 from __future__ import annotations
