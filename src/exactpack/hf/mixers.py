@@ -33,8 +33,10 @@ paths (:func:`seq_idx_parents`), so both run one loop (:func:`runs`).
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,6 +325,45 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
     return types.MethodType(forward, module)
 
 
+def _begin(model: torch.nn.Module, call: _Call, kwargs: dict) -> None:
+    """Read the packed call's rows from ``kwargs`` (``seq_idx``, or :data:`PARENTS`, which
+    is popped: the model never sees it) into ``call``."""
+    seq_idx, parents = kwargs.get("seq_idx"), kwargs.pop(PARENTS, None)
+    training = model.training and bool(getattr(model, "is_activation_checkpointing", False))
+    call.checkpointing = training  # a recompute runs only in training
+    call.seq_idx = seq_idx if isinstance(seq_idx, torch.Tensor) else None
+    if isinstance(parents, torch.Tensor):
+        if training:
+            raise InvalidInput(
+                f"{type(model).__name__}'s mixers start each tree node from its parent's"
+                " state only inside the call, and gradient (activation) checkpointing"
+                " would recompute them after it — turn checkpointing off for tree rows"
+            )
+        call.parents = parents
+    elif call.seq_idx is not None:
+        call.parents = seq_idx_parents(call.seq_idx)
+    else:
+        call.parents = None
+    call.nodes = None if call.parents is None else runs(call.parents)
+
+
+@contextlib.contextmanager
+def packed_call(model: torch.nn.Module, kwargs: dict) -> Iterator[None]:
+    """What :func:`restart_mixers`' hooks do around ``model(**kwargs)``, for a caller that
+    runs a forward of ``model`` without its hooks (``exactpack.trl`` calls the backbone's
+    own forward); pops :data:`PARENTS` from ``kwargs``. Nothing where ``model`` was not
+    restarted."""
+    call = getattr(model, _MARK, None)
+    if call is None:
+        yield
+        return
+    _begin(model, call, kwargs)
+    try:
+        yield
+    finally:
+        call.nodes = call.parents = call.seq_idx = None
+
+
 def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
     """Make every :data:`RESTARTABLE` mixer of ``model`` restart at each example of a packed
     call (one that carries ``seq_idx``, as :func:`exactpack.hf.hf_inputs` gives); other
@@ -337,23 +378,7 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
     call = _Call()
 
     def before(module: Any, args: tuple, kwargs: dict) -> Any:
-        seq_idx, parents = kwargs.get("seq_idx"), kwargs.pop(PARENTS, None)
-        training = model.training and bool(getattr(model, "is_activation_checkpointing", False))
-        call.checkpointing = training  # a recompute runs only in training
-        call.seq_idx = seq_idx if isinstance(seq_idx, torch.Tensor) else None
-        if isinstance(parents, torch.Tensor):  # tree rows: the model never sees the keyword
-            if training:
-                raise InvalidInput(
-                    f"{type(model).__name__}'s mixers start each tree node from its parent's"
-                    " state only inside the call, and gradient (activation) checkpointing"
-                    " would recompute them after it — turn checkpointing off for tree rows"
-                )
-            call.parents = parents
-        elif call.seq_idx is not None:
-            call.parents = seq_idx_parents(call.seq_idx)
-        else:
-            call.parents = None
-        call.nodes = None if call.parents is None else runs(call.parents)
+        _begin(model, call, kwargs)
         return args, kwargs
 
     def after(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -388,6 +413,7 @@ __all__ = [
     "cell_parents",
     "cell_seq_idx",
     "mixer_modules",
+    "packed_call",
     "path_conv1d",
     "restart_mixers",
     "restarts",
