@@ -2,7 +2,7 @@
 
 A tiny Qwen3.5 (gated delta rule + attention, 3:1 as the real model; width 256, 4 layers,
 vocabulary 4096, float32, one thread, CPU, transformers' torch fallbacks) trains on examples
-of W1-like lengths (``/work/shared/DESIGN.md``: lognormal, median ~212, mean ~350, clipped to
+of W1-like lengths (W1 in the design notes: lognormal, median ~212, mean ~350, clipped to
 the capacity 2048), random ids. Two ratios, measured in one process, medians of ``--repeats``
 forward + backward steps each:
 
@@ -13,9 +13,11 @@ forward + backward steps each:
 (b) **packed / padded real tokens/s**: the same examples as padded rows (one example a row,
     micro-batches of ``--padded-rows`` padded to their longest, no restarts needed: padding
     sits after each example) against the packed rows. Target >= 1.5.
+(c) with ``--tree``: DPO-like tries on tree rows against each sequence alone
+    (:func:`tree_ratio`).
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_hybrid.py [--rows 4] [--repeats 3]
-        [--attn exactpack_varlen|sdpa] [--profile]
+        [--attn exactpack_varlen|sdpa] [--tree] [--profile]
 """
 
 from __future__ import annotations
@@ -73,6 +75,41 @@ def timed(step, repeats: int) -> float:
     return statistics.median(times)
 
 
+def tree_ratio(model, repeats: int) -> dict:
+    """(c) four DPO-like groups (prompt 600, chosen and rejected 150 tokens) as tree rows
+    (``exactpack_tree``: each branch's mixer state forked from the prompt's) against each
+    sequence run alone: the shared prompt computed once instead of twice."""
+    from exactpack.core.tree import pack_tree
+    from exactpack.hf.tree_inputs import tree_inputs
+    from exactpack.nn.tree_attention import tree_loss
+    from exactpack.verify.tree_models import tree_groups
+
+    groups = tree_groups([(600, (150, 150))] * 4, model.config.vocab_size, 0)
+    (batch,) = pack_tree(groups, CAPACITY).batches
+    model.set_attn_implementation("exactpack_tree")
+    inputs = tree_inputs(batch, "exactpack_tree", config=model.config)
+    seqs = [
+        torch.as_tensor(groups.sequence(i)[:-1].astype(np.int64))[None] for i in range(len(groups))
+    ]
+
+    def step_tree():
+        model.zero_grad(set_to_none=True)
+        tree_loss(model(**inputs).logits, batch).mean.backward()
+
+    def step_alone():
+        model.zero_grad(set_to_none=True)
+        for x in seqs:
+            model(input_ids=x, labels=x, use_cache=False).loss.backward()
+
+    t_tree, t_alone = timed(step_tree, repeats), timed(step_alone, repeats)
+    return {
+        "tree": {"rows": batch.shape[0], "cells": int(batch.input_valid.sum()),
+                 "sequence_tokens": int(sum(x.shape[1] for x in seqs)),
+                 "seconds": {"tree": t_tree, "alone": t_alone}},
+        "tree_speedup_over_sequences_alone": t_alone / t_tree,
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4, help="packed rows of 2048 to fill")
@@ -80,6 +117,9 @@ def main() -> None:
     parser.add_argument("--padded-rows", type=int, default=4, help="examples a padded call")
     parser.add_argument("--attn", default="exactpack_varlen", help="the packed rows' kind")
     parser.add_argument("--profile", action="store_true", help="the packed step's top ops")
+    parser.add_argument(
+        "--tree", action="store_true", help="(c): DPO-like tries on tree rows vs each alone"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers
@@ -139,6 +179,7 @@ def main() -> None:
         len(ids[i : i + args.padded_rows]) * max(x.shape[1] for x in ids[i : i + args.padded_rows])
         for i in range(0, len(ids), args.padded_rows)
     )
+    tree = tree_ratio(model, args.repeats) if args.tree else {}
     print(
         json.dumps(
             {
@@ -150,6 +191,7 @@ def main() -> None:
                 "seconds": {"packed": t_packed, "unpacked": t_unpacked, "padded": t_padded},
                 "boundary_cost_packed_over_unpacked": t_packed / t_unpacked,
                 "packed_over_padded_tokens_per_s": t_padded / t_packed,
+                **tree,
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
             },
