@@ -150,13 +150,20 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
     ],
     ids=["lfm2", "mamba"],
 )
-def test_hybrids_pass_with_their_mixers_restarted(capsys, tmp_path, changes):
+def test_hybrids_pass_flat_and_as_trees_with_their_mixers_restarted(capsys, tmp_path, changes):
     config = write_config(tmp_path, **changes)
     code, out, _ = verify(capsys, "--hf-config", config, "--attn", "eager", "--json")
     report = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and report["pass"] is True, report
     assert "restarts its" in report["architecture"]["verdict"]
     assert report["failures"] == dict.fromkeys(report["failures"], 0)
+    # tree rows: each branch's mixer state forks its parent's; the naive rows (a branch
+    # starts from its sibling's state) fail
+    tree = ("--hf-config", config, "--attn", "eager", "--tree-lengths", "6:3,2;3:2", "--json")
+    code, out, _ = verify(capsys, *tree)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["pass"] is True
+    code, out, _ = verify(capsys, *tree, "--mode", "naive")
+    assert code == 1 and json.loads(out.strip().splitlines()[-1])["pass"] is False
 
 
 def test_default_examples_exercise_the_window(capsys, tmp_path):

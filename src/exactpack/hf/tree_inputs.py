@@ -29,11 +29,18 @@ from exactpack.core.errors import InvalidInput
 from exactpack.core.tree import TREE_COLUMNS, TreeBatch, groups_from_columns, pack_tree
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.attention_impl import register
-from exactpack.hf.capabilities import check_collator, check_model, check_vocabulary, require_config
+from exactpack.hf.capabilities import (
+    check_collator,
+    check_model,
+    check_restarts,
+    check_vocabulary,
+    require_config,
+)
 from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import TREE_NAMES, tree_kind
 from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
+from exactpack.hf.mixers import PARENTS, cell_parents
 from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
 from exactpack.nn.tree_attention import flash_plan, tree_plan
 
@@ -78,6 +85,7 @@ def tree_inputs(
     if arch is None:
         arch = require_config(config, kind, "tree_inputs", tree=True)
         check_vocabulary(getattr(config, "config", config), batch.binding, pad_token_id)
+        check_restarts(arch, getattr(config, "config", config))  # hybrids: restart_mixers
     arch.check(kind, tree=True).check_batch(batch.longest, batch.shape[1])
     vocab = batch.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
@@ -90,11 +98,17 @@ def tree_inputs(
         "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
         "use_cache": False,
     }
+    if arch.mixers:  # each node's mixer state starts from its parent's (exactpack.hf.mixers)
+        parents = cell_parents(batch.nodes, batch.node_parent, batch.node_col, batch.node_len)
+        out[PARENTS] = torch.as_tensor(parents, device=device)
     if attn_implementation in TREE_NAMES:
         register()
         make = flash_plan if attn_implementation == VARLEN_NAME else tree_plan
         return out | {NAME: make(batch, device)}
-    return out | {"attention_mask": tree_layer_masks(batch, kind, arch, dtype, device)}
+    masks = tree_layer_masks(batch, kind, arch, dtype, device)
+    if not isinstance(masks, dict) or any(m is not None for m in masks.values()):
+        out["attention_mask"] = masks  # (Mamba-2: no attention layer, so no mask at all)
+    return out
 
 
 def pack_tree_dataset(

@@ -25,6 +25,7 @@ from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.attention_impl import register
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import tree_kind
+from exactpack.hf.mixers import restart_mixers
 from exactpack.hf.tree_inputs import NAME, tree_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.nn.tree_attention import tree_loss
@@ -188,6 +189,8 @@ def verify_tree(
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
     attn = model.config._attn_implementation
     arch = architecture_of(model).check(tree_kind(attn), tree=True)
+    if arch.mixers:  # each node starts from its parent's state (the naive rows: a sibling's)
+        restart_mixers(model)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     if max_length is None:  # all tries in one row plus padding, within the model's positions
