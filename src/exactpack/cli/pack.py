@@ -73,10 +73,8 @@ def _unit(options: Any) -> str:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _checked(args)
     options = from_arguments(args, "pack")
-    if args.tree is not None:
-        from exactpack.cli.verify_tree import cmd_pack_tree
-
-        return cmd_pack_tree(args, options)
+    if args.tree is not None and args.engine == "ray":
+        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     if args.engine == "ray":
         from exactpack import ray as ray_engine
         from exactpack.ray.ray_options import RayOptions
@@ -92,6 +90,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     report_input(args.command, stats)
     if args.json:
         print(json.dumps(stats))
+        return 0
+    if args.tree is not None:
+        _print_tree(stats)
         return 0
     print(
         f"packed {stats['examples']:,} examples ({stats['tokens']:,} {_unit(options)},"
@@ -111,6 +112,19 @@ def cmd_pack(args: argparse.Namespace) -> int:
             f" {stats['block_lower_bound']:,})"
         )
     return 0
+
+
+def _print_tree(s: dict) -> None:
+    print(
+        f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
+        f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
+        f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
+        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s"
+    )
+    print(
+        f"wrote {printable(s['out'])}: {s['shards']} shard(s), {s['batches']:,} model call(s),"
+        " forest rows (node columns)"
+    )
 
 
 def report_input(command: str, stats: dict) -> None:

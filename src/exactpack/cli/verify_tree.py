@@ -79,23 +79,3 @@ def cmd_stats_tree(args: argparse.Namespace) -> int:
         f" flat {r['tokens_flat']:,} in {r['rows_flat']:,} rows ({r['stored_over_flat']:.3f}x)"
     )
     return 0
-
-
-def cmd_pack_tree(args: argparse.Namespace, options: Any) -> int:
-    """``exactpack pack --tree``: tries written as a version-3 packed directory."""
-    if args.engine != "local":
-        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
-    from exactpack.pipeline.pack_tree import pack_tree_path
-
-    s = pack_tree_path(args.input, args.out, options)
-    if args.json:
-        print(json.dumps(s))
-        return 0
-    print(
-        f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
-        f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
-        f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
-        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s"
-    )
-    print(f"wrote {s['out']}: {s['shards']} shard(s), format version 3 (tree rows)")
-    return 0

@@ -34,7 +34,7 @@ from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import TREE_NAMES, tree_kind
 from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
-from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
+from exactpack.io.tree_rows import max_id, tree_batch_from_rows, tree_records
 from exactpack.nn.tree_attention import flash_plan, tree_plan
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
