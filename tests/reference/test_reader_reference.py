@@ -450,7 +450,6 @@ def test_the_tree_door_reads_every_member_in_sorted_file_order(tmp_path):
     """pack_tree_path reads through the same readers: a glob of two ``cat a.gz b.gz``
     files without a final newline, created last first; each sequence's input index is
     its place in the sorted files' rows (prompt + each completion, in order)."""
-    from exactpack.pipeline.pack_tree import pack_tree_path
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -465,7 +464,9 @@ def test_the_tree_door_reads_every_member_in_sorted_file_order(tmp_path):
     rows = [r for name in sorted(files) for r in _jsonl_rows(gzip.decompress(
         (folder / name).read_bytes()))]  # fmt: skip
     want = [r["prompt_ids"] + c for r in rows for c in r["completion_ids"]]
-    pack_tree_path(str(folder / "g*.jsonl.gz"), tmp_path / "out", max_length=32, vocab_size=VOCAB)
+    pack_path(
+        str(folder / "g*.jsonl.gz"), tmp_path / "out", max_length=32, vocab_size=VOCAB, tree="on"
+    )
     got = {}
     for rec in load_packed(tmp_path / "out").records():
         for s, cells in zip(rec["sequence_index"], rec["sequence_cells"], strict=True):

@@ -84,14 +84,7 @@ def file_groups(
     if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
         wanted = {n for cols in TREE_COLUMNS for n in cols}
         columns = {n: table.column(n).to_pylist() if n in wanted else [] for n in names}
-        order = np.arange(table.num_rows, dtype=np.int64)
-        if "group" in names and not any(set(c) <= set(names) for c in TREE_COLUMNS[:2]):
-            # rows of one group, wherever they are, in input order: the index says where
-            keys = pc.index_in(table.column("group"), value_set=pc.unique(table.column("group")))
-            order = np.argsort(keys.to_numpy(zero_copy_only=False), kind="stable")
-            columns = {n: [v[i] for i in order] if v else v for n, v in columns.items()}
-        groups = groups_from_columns(columns, binding)
-        return groups, order if len(order) == len(groups) else np.arange(len(groups))
+        return groups_from_columns(columns, binding)
     if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
         return _dpo_text(table, origin, tokenizer, binding)
     if "chosen" in names and "rejected" in names:
@@ -208,21 +201,30 @@ def tree_blocks(
     tokenizer: Tokenizer | None,
     on_read: Any = None,
 ) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """Each block's groups and its sequences' indexes in the whole input, chunk by chunk
-    (``source_input``: :func:`~exactpack.io.readers.open_input`'s, closed at the end);
-    ``on_read(table, input bytes)`` sees every chunk as read (the receipt, progress). Rows
-    of a chunk's last ``group`` wait for the next chunk (a group is never split)."""
-    carry: pa.Table | None = None
-    base = 0  # sequences of the input before this block
+    """Blocks of about ``opts.chunk_bytes`` of input read chunk by chunk: each block's
+    groups and its sequences' indexes in the whole input (``source_input``:
+    :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
+    chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
+    the next block, so a group is never split; small chunks (small files) join one block."""
+    tables: list[pa.Table] = []
+    parts: list[tuple[str, int, str]] = []  # the block's Origin
+    rows, held, base = 0, 0, 0  # rows and input bytes in the block; sequences before it
 
-    def block(table: pa.Table, origin: Origin) -> tuple[SequenceGroups, np.ndarray]:
-        nonlocal base
+    def block(last: bool) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
+        nonlocal rows, held, base
+        table = pa.concat_tables(tables, promote_options="permissive")
+        origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
+        tail = table.num_rows if last else _group_tail(table)  # its group may go on
+        tables[:], parts[:], rows, held = [table.slice(tail)], [], table.num_rows - tail, 0
+        if not tail:
+            return
         groups, index = file_groups(
-            table, origin, binding=binding, tokenizer=tokenizer, mode=opts.tree or "on",
-            prefix=opts.tree_prefix, window=opts.tree_block,
+            table.slice(0, tail), origin, binding=binding,
+            tokenizer=tokenizer, mode=opts.tree or "on", prefix=opts.tree_prefix,
+            window=opts.tree_block,
         )  # fmt: skip
         base += len(groups)
-        return groups, index + (base - len(groups))
+        yield groups, index + (base - len(groups))
 
     try:
         for table, origin, nbytes in source_input.chunks(opts.chunk_bytes, "group"):
@@ -231,15 +233,15 @@ def tree_blocks(
             if not table.num_rows:
                 continue
             check_partition(table, origin, opts.split)
-            if carry is not None:
-                table = pa.concat_tables([carry, table], promote_options="permissive")
-            tail = _group_tail(table)  # its group may go on in the next chunk
-            carry = table.slice(tail) if tail < table.num_rows else None
-            if tail:
-                yield block(table.slice(0, tail), origin)
-            source_input.release()
-        if carry is not None:
-            yield block(carry, Origin(((source_input.name, 0, "row"),)))
+            name, shift, unit = origin.parts[0]
+            parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
+            tables.append(table)
+            rows, held = rows + table.num_rows, held + nbytes
+            if held >= opts.chunk_bytes:
+                yield from block(last=False)
+                source_input.release()
+        if rows:
+            yield from block(last=True)
     finally:
         source_input.close()
 
