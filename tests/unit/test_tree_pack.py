@@ -632,3 +632,63 @@ def test_parent_ids_are_held_to_the_nodes_by_hand():
         bad["parent_ids"][cell] = parent
         with pytest.raises(InvalidInput, match="parent"):
             tree_batch_from_rows([bad], 12, 64)
+
+
+def test_a_tree_input_is_packed_block_by_block_never_splitting_a_group(tmp_path):
+    """Small ``chunk_bytes``: several blocks, each planned on its own; a group's rows that
+    straddle a chunk stay one trie, sequence_index numbers the input's rows, and model calls
+    never straddle a shard."""
+    rng = np.random.default_rng(2)
+    rows = [(g, rng.integers(0, VOCAB, int(rng.integers(3, 9))).tolist()) for g in range(60)]
+    rows = [(g, [1 + g % 9, 2, 3, *tail[: 1 + k]]) for g, tail in rows for k in range(3)]
+    columns = {"input_ids": [ids for _, ids in rows], "group": [f"g{g}" for g, _ in rows]}
+    _write(columns, tmp_path / "in.jsonl")
+    opts = {"max_length": 40, "vocab_size": VOCAB, "max_rows_per_batch": 4, "tree": "on"}
+    stats = pack_path(tmp_path / "in.jsonl", tmp_path / "out", chunk_bytes=1500, **opts)
+    whole = pack_path(tmp_path / "in.jsonl", tmp_path / "one", **opts)
+    assert stats["blocks"] > 3 and whole["blocks"] == 1
+    assert stats["groups"] == whole["groups"] == 60  # no group split at a chunk boundary
+    assert stats["tokens_stored"] == whole["tokens_stored"]  # the same tries
+    store = load_packed(tmp_path / "out", integrity="full")
+    records = store.records()
+    assert _recovered(records) == dict(enumerate(_sequences(columns)))
+    for rec in records:  # every row holds whole groups
+        groups = {columns["group"][i] for i in rec["sequence_index"]}
+        for g in groups:
+            assert sum(columns["group"][i] == g for i in rec["sequence_index"]) == 3
+    calls = [store[i] for i in range(len(store))]
+    assert sum(c.shape[0] for c in calls) == store.num_rows == stats["rows"]
+    assert len(calls) == stats["batches"] == sum(-(-s["rows"] // 4) for s in store.shards)
+
+
+def test_tree_packing_keeps_the_flat_input_policy(tmp_path, monkeypatch, capsys):
+    """Issue 37, class 1: a budget too small is refused before reading, a row of another
+    split is a SplitMismatch, --tree auto never re-reads the file to name a row, and the
+    largest look-ahead plans the input it has (no allocation by its size)."""
+    from exactpack.core.errors import BudgetExceeded, SplitMismatch
+    from exactpack.io import documents
+
+    rows = [{"input_ids": [1, 2, 3 + k % 5], "group": k // 2} for k in range(6)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    opts = {"max_length": 16, "vocab_size": VOCAB, "tree": "on"}
+    with pytest.raises(BudgetExceeded, match="one block of groups"):
+        pack_path(tmp_path / "in.jsonl", tmp_path / "b", max_metadata_bytes=1 << 20, **opts)
+    argv = ["pack", str(tmp_path / "in.jsonl"), "--tree", "--max-length", "16", "--vocab-size",
+            str(VOCAB), "--max-metadata-bytes", "1MB", "--out", str(tmp_path / "c")]  # fmt: skip
+    assert main(argv) == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    split = [*rows, {"input_ids": [1, 2, 3], "group": 9, "partition": "test"}]
+    (tmp_path / "split.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split))
+    with pytest.raises(SplitMismatch, match="line 7: the row belongs to partition 'test'"):
+        pack_path(tmp_path / "split.jsonl", tmp_path / "s", **opts)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists()
+    calls = []
+    monkeypatch.setattr(documents, "_line_of", lambda *a: calls.append(a) or 0)
+    many = "".join(json.dumps({"input_ids": [k % 7, 1, 2, k % 11]}) + "\n" for k in range(3000))
+    (tmp_path / "auto.jsonl").write_text(many)
+    auto = pack_path(tmp_path / "auto.jsonl", tmp_path / "a", **opts | {"tree": "auto"},
+                     tree_prefix=2)  # fmt: skip
+    assert calls == [] and auto["sequences"] == 3000 and auto["groups"] == 7
+    huge = {"lookahead": 2**31 - 1, "max_open_rows": 2**31 - 1}
+    stats = pack_path(tmp_path / "in.jsonl", tmp_path / "l", policy="stream-best-fit",
+                      policy_options=huge, **opts)  # fmt: skip
+    assert stats["sequences"] == 6 and stats["groups"] == 3

@@ -84,6 +84,8 @@ FIELDS: dict[str, pa.DataType] = {
     "range_ends": pa.list_(pa.int64()),
 }
 REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
+#: Every flat column (a shard holds :data:`REQUIRED` and some of the others).
+SCHEMA = pa.schema(list(FIELDS.items()))
 _CELL = pa.list_(pa.int32())
 #: Columns of a forest row with one value per used cell, and with one per sequence.
 TREE_CELL_COLUMNS = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends",
@@ -99,7 +101,7 @@ TREE_FIELDS: dict[str, pa.DataType] = {
 TREE_SCHEMA = pa.schema(list(TREE_FIELDS.items()))
 #: Per layout: every column a shard may hold, and those it must.
 LAYOUTS = {
-    "flat": (pa.schema(list(FIELDS.items())), REQUIRED),
+    "flat": (SCHEMA, REQUIRED),
     "tree": (TREE_SCHEMA, tuple(TREE_FIELDS)),
 }
 _PER_OCCURRENCE = (

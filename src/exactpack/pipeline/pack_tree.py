@@ -201,14 +201,14 @@ def tree_blocks(
     tokenizer: Tokenizer | None,
     on_read: Any = None,
 ) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """Blocks of about ``opts.chunk_bytes`` of input read chunk by chunk: each block's
+    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) read chunk by chunk: each block's
     groups and its sequences' indexes in the whole input (``source_input``:
     :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
     chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
     the next block, so a group is never split; small chunks (small files) join one block."""
     tables: list[pa.Table] = []
     parts: list[tuple[str, int, str]] = []  # the block's Origin
-    rows, held, base = 0, 0, 0  # rows and input bytes in the block; sequences before it
+    rows, held, base = 0, 0, 0  # rows and Arrow bytes in the block; sequences before it
 
     def block(last: bool) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
         nonlocal rows, held, base
@@ -236,7 +236,7 @@ def tree_blocks(
             name, shift, unit = origin.parts[0]
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
             tables.append(table)
-            rows, held = rows + table.num_rows, held + nbytes
+            rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
             if held >= opts.chunk_bytes:
                 yield from block(last=False)
                 source_input.release()
