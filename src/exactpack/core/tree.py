@@ -191,7 +191,7 @@ def groups_from_columns(
     names = set(columns)
     if {"prompt_ids", "completion_ids"} <= names:
         comps = [
-            c if c and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
+            c if len(c) and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
             for c in columns["completion_ids"]
         ]
         groups = SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)

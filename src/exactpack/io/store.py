@@ -44,10 +44,13 @@ SHARDS_IN_FLIGHT = 2
 
 
 def to_table(
-    rows: CompactRows | TreeBatch, format: str = "exactpack", first_row: int = 0
+    rows: CompactRows | TreeBatch | pa.Table, format: str = "exactpack", first_row: int = 0
 ) -> pa.Table:
     """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table`, TRL's, or
-    forest rows (:func:`~exactpack.io.tree_rows.tree_table`, numbered from ``first_row``)."""
+    forest rows (:func:`~exactpack.io.tree_rows.tree_table`, numbered from ``first_row``);
+    a table made already (forest rows built call by call) as it is."""
+    if isinstance(rows, pa.Table):
+        return rows
     if isinstance(rows, TreeBatch):
         return tree_table(rows, first_row)
     return trl_table(rows) if format == "trl" else shard_table(rows)

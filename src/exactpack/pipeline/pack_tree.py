@@ -47,10 +47,15 @@ from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
 from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record
 from exactpack.io.store import write_shards
 from exactpack.io.tokenizers import Tokenizer
+from exactpack.io.tree_rows import tree_table
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
 from exactpack.pipeline.progress import progress_bar, status
 
+#: A stored forest cell (7 int32 columns and its sequences' cells) is about this many flat
+#: tokens' bytes (6 each, :data:`~exactpack.pipeline.budget.SHARD_TOKEN_BYTES`): a forest
+#: shard holds ``shard_tokens / CELL_TOKENS`` cells, so both shards cost about the same.
+CELL_TOKENS = 6
 #: Why ``--format trl`` and ``--tree`` do not go together.
 TRL_REFUSAL = (
     "--format trl cannot express a tree: TRL's packed rows hold disjoint sequences"
@@ -83,7 +88,7 @@ def file_groups(
         )
     if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
         wanted = {n for cols in TREE_COLUMNS for n in cols}
-        columns = {n: table.column(n).to_pylist() if n in wanted else [] for n in names}
+        columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
         return groups_from_columns(columns, binding)
     if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
         return _dpo_text(table, origin, tokenizer, binding)
@@ -99,6 +104,21 @@ def file_groups(
         )
     groups_from_columns({n: [] for n in names}, binding)  # raises, naming the columns
     raise AssertionError("unreachable")
+
+
+def _rows(col: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column's values per row: id lists as NumPy views of one buffer (a list of them for
+    ``list<list<int>>``), not Python ints (36 bytes an id); other columns as Python values."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count or not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        return arr.to_pylist()  # the groups' checks name what is wrong
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.flatten()
+    inner = _rows(values) if pa.types.is_list(values.type) else values.to_numpy(False)
+    if isinstance(inner, list) and len(inner) != len(values):
+        return arr.to_pylist()
+    offsets -= offsets[0]
+    return [inner[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
 def _encoded(
@@ -295,14 +315,20 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
             order = plan.row_order()
             starts = np.searchsorted(plan.row_of[order], np.arange(plan.num_rows + 1))
             cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows)
-            bounds = call_bounds(offsets_of(cells.astype(np.int64)), per_call, opts.shard_tokens)
+            shard_cells = max(1, opts.shard_tokens // CELL_TOKENS)
+            bounds = call_bounds(offsets_of(cells.astype(np.int64)), per_call, shard_cells)
             first = totals["rows"]
 
-            def gather(a: int, b: int) -> Any:
-                a, b = a - first, b - first  # noqa: B023 (called before the next block)
-                tries = order[starts[a] : starts[b]]  # noqa: B023
-                batch = materialize(groups, layout, plan, tries, a, b - a)  # noqa: B023
-                return dataclasses.replace(batch, seq_index=index[batch.seq_index])  # noqa: B023
+            def gather(a: int, b: int) -> pa.Table:
+                # one model call's padded cells at a time; the shard holds only used cells
+                tables = []
+                for c in range(a - first, b - first, per_call):  # noqa: B023 (this block's)
+                    d = min(c + per_call, b - first)  # noqa: B023
+                    tries = order[starts[c] : starts[d]]  # noqa: B023
+                    batch = materialize(groups, layout, plan, tries, c, d - c)  # noqa: B023
+                    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])  # noqa: B023
+                    tables.append(tree_table(batch, first + c))  # noqa: B023
+                return pa.concat_tables(tables)
 
             written = write_shards(gather, bounds + first, output, first_shard=len(shards))
             shards += written
