@@ -40,7 +40,7 @@ from exactpack.core.tree import (
     materialize,
 )
 from exactpack.io.atomic import Output
-from exactpack.io.columns import check_partition
+from exactpack.io.columns import check_split
 from exactpack.io.documents import Origin, make_binding
 from exactpack.io.readers import open_input
 from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
@@ -252,7 +252,7 @@ def tree_blocks(
                 on_read(table, nbytes)
             if not table.num_rows:
                 continue
-            check_partition(table, origin, opts.split)
+            check_split(table, origin, opts.split)
             name, shift, unit = origin.parts[0]
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
             tables.append(table)
@@ -279,6 +279,55 @@ def _receipt(hasher: Any, partition: Split) -> Any:
     return on_read
 
 
+def _write_block(
+    groups: SequenceGroups,
+    index: np.ndarray,
+    output: Output,
+    opts: PackOptions,
+    budget: StreamBudget,
+    totals: dict[str, int],
+    shards: list[dict[str, Any]],
+) -> None:
+    """Plan one block's tries, write its shards after ``shards`` and count it in ``totals``."""
+    capacity, per_call = opts.capacity, opts.max_rows_per_batch
+    layout = build_layout(groups, capacity)
+    budget.check(len(groups), int(layout.sizes.shape[0]),
+                 what=f"a block of {len(groups):,} sequences")  # fmt: skip
+    plan = plan_rows(layout.sizes, capacity, opts.policy, **opts.policy_options)
+    order = plan.row_order()
+    starts = np.searchsorted(plan.row_of[order], np.arange(plan.num_rows + 1))
+    cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows).astype(np.int64)
+    bounds = call_bounds(offsets_of(cells), per_call, max(1, opts.shard_tokens // CELL_TOKENS))
+    first = totals.get("rows", 0)
+
+    def gather(a: int, b: int) -> pa.Table:
+        # one model call's padded cells at a time; the shard holds only used cells
+        tables = []
+        for c in range(a - first, b - first, per_call):
+            d = min(c + per_call, b - first)
+            batch = materialize(groups, layout, plan, order[starts[c] : starts[d]], c, d - c)
+            batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
+            tables.append(tree_table(batch, first + c))
+        return pa.concat_tables(tables)
+
+    written = write_shards(gather, bounds + first, output, first_shard=len(shards))
+    shards += written
+    counts = {
+        "batches": sum(-(-e["rows"] // per_call) for e in written),
+        "sequences": len(groups),
+        "groups": int(np.unique(groups.group).shape[0]),
+        "tries": int(layout.sizes.shape[0]),
+        "nodes": int(layout.node_len.shape[0]),
+        "tokens_stored": int(layout.sizes.sum()),
+        "tokens_flat": int(layout.lengths.sum()),
+        "eligible_targets": int(groups.loss_mask.sum()),
+        "rows": plan.num_rows,
+        "blocks": 1,
+    }
+    for key, value in counts.items():
+        totals[key] = totals.get(key, 0) + value
+
+
 def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
     """Tree-pack ``source`` block by block into the held ``output`` and commit; the
     statistics (``sequences``, ``groups``, ``tries``, ``nodes``, ``tokens_stored``,
@@ -296,10 +345,7 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
     receipt = _receipt(hasher, opts.split)
     show = opts.show_progress(sys.stderr)
     status(show)(f"reading {source_input.name}")
-    per_call, capacity = opts.max_rows_per_batch, opts.capacity
-    counted = ("sequences", "groups", "tries", "nodes", "tokens_stored", "tokens_flat",
-               "eligible_targets", "rows", "batches", "blocks")  # fmt: skip
-    totals = dict.fromkeys(counted, 0)
+    totals: dict[str, int] = {}
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
 
@@ -308,47 +354,14 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
             bar.update(nbytes)
 
         for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
-            layout = build_layout(groups, capacity)
-            budget.check(len(groups), int(layout.sizes.shape[0]),
-                         what=f"a block of {len(groups):,} sequences")  # fmt: skip
-            plan = plan_rows(layout.sizes, capacity, opts.policy, **opts.policy_options)
-            order = plan.row_order()
-            starts = np.searchsorted(plan.row_of[order], np.arange(plan.num_rows + 1))
-            cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows)
-            shard_cells = max(1, opts.shard_tokens // CELL_TOKENS)
-            bounds = call_bounds(offsets_of(cells.astype(np.int64)), per_call, shard_cells)
-            first = totals["rows"]
-
-            def gather(a: int, b: int) -> pa.Table:
-                # one model call's padded cells at a time; the shard holds only used cells
-                tables = []
-                for c in range(a - first, b - first, per_call):  # noqa: B023 (this block's)
-                    d = min(c + per_call, b - first)  # noqa: B023
-                    tries = order[starts[c] : starts[d]]  # noqa: B023
-                    batch = materialize(groups, layout, plan, tries, c, d - c)  # noqa: B023
-                    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])  # noqa: B023
-                    tables.append(tree_table(batch, first + c))  # noqa: B023
-                return pa.concat_tables(tables)
-
-            written = write_shards(gather, bounds + first, output, first_shard=len(shards))
-            shards += written
-            totals["batches"] += sum(-(-e["rows"] // per_call) for e in written)
-            totals["sequences"] += len(groups)
-            totals["groups"] += int(np.unique(groups.group).shape[0])
-            totals["tries"] += int(layout.sizes.shape[0])
-            totals["nodes"] += int(layout.node_len.shape[0])
-            totals["tokens_stored"] += int(layout.sizes.sum())
-            totals["tokens_flat"] += int(layout.lengths.sum())
-            totals["eligible_targets"] += int(groups.loss_mask.sum())
-            totals["rows"] += plan.num_rows
-            totals["blocks"] += 1
+            _write_block(groups, index, output, opts, budget, totals, shards)
             bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
-    if not totals["sequences"]:
+    if not totals:
         raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
     flat = totals["tokens_flat"]
     stats = totals | {
         "stored_over_flat": totals["tokens_stored"] / flat if flat else 0.0,
-        "capacity": capacity,
+        "capacity": opts.capacity,
         "policy": opts.policy,
         "tree": opts.tree,
     }
@@ -358,19 +371,11 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
         tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
     final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
     manifest = manifest_record(
-        binding=final,
-        partition=opts.split,
-        config=fields["config"],
-        shards=shards,
-        kind=(FORMAT, VERSION),
-        layout="tree",
-        rows=totals["rows"],
-        occurrences=totals["sequences"],
-        policy=fields["policy"],
-        tree=tree_fields,
-        statistics=stats,
-        input={"source": source_input.name},
-    )
+        binding=final, partition=opts.split, config=fields["config"], shards=shards,
+        kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
+        occurrences=totals["sequences"], policy=fields["policy"], tree=tree_fields,
+        statistics=stats, input={"source": source_input.name},
+    )  # fmt: skip
     output.commit(manifest)
     return stats | {
         "shards": len(shards),
