@@ -191,7 +191,7 @@ def test_a_damaged_tree_row_read_by_index_is_refused(clean, tmp_path, field):
         store[first]  # model calls of one row: call i is row i
     assert store.shards[1]["file"] in str(err.value)  # the shard that holds the row
     first_file = pq.read_table(tmp_path / "out" / store.shards[0]["file"]).to_pylist()
-    assert store.shard_records(0) == first_file
+    assert store.shard_rows(0) == first_file
     assert store[0].shape == (1, 16) and store[0].tokens_stored == len(first_file[0]["input_ids"])
 
 
@@ -199,6 +199,6 @@ def test_the_undamaged_copy_loads(clean, tmp_path):
     _damage(clean, tmp_path, 0, lambda rec: None)  # rewritten, same values
     store = load_packed(tmp_path / "out", integrity="full")
     assert len(store) == store.num_rows  # one-row model calls
-    assert [r for k in range(len(store.shards)) for r in store.shard_records(k)] == [
+    assert [r for k in range(len(store.shards)) for r in store.shard_rows(k)] == [
         rec for s in store.shards for rec in pq.read_table(tmp_path / "out" / s["file"]).to_pylist()
     ]

@@ -154,7 +154,7 @@ class PackedStore:
     give :class:`PackedBatch` objects identical to :func:`exactpack.materialize`'s (a forest
     output, ``layout == "tree"``: :class:`~exactpack.core.tree.TreeBatch` objects, calls
     never straddling a shard); ``store.shard_rows(k)`` gives shard ``k`` as
-    :class:`CompactRows` (forest: :meth:`shard_records`, :meth:`records`). ``occurrences``
+    :class:`CompactRows` (forest: its records; :meth:`records`). ``occurrences``
     counts a forest's sequences."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
@@ -178,24 +178,11 @@ class PackedStore:
             return int(self._first_calls[-1])
         return -(-self.num_rows // self.max_rows_per_batch)
 
-    def _shard(self, k: int) -> Any:
+    def shard_rows(self, k: int) -> Any:
+        """Shard ``k`` checked: :class:`CompactRows`, or a forest's records (``row`` kept)."""
         if self._cached is None or self._cached[0] != k:
             self._cached = (k, read_shard(self.path / self.shards[k]["file"], self.shards[k], self))
         return self._cached[1]
-
-    def shard_rows(self, k: int) -> CompactRows:
-        if self.layout == "tree":
-            raise InvalidInput(
-                f"{self.path} holds forest rows (exactpack pack --tree) — read them with"
-                " store[i] (TreeBatch) or store.records()"
-            )
-        return self._shard(k)
-
-    def shard_records(self, k: int) -> list[dict[str, Any]]:
-        """Shard ``k``'s forest records (``row`` kept), each checked."""
-        if self.layout != "tree":
-            raise InvalidInput(f"{self.path} holds flat rows — read them with store.shard_rows(k)")
-        return self._shard(k)
 
     def __getitem__(self, i: int) -> Any:
         if not -len(self) <= i < len(self):
@@ -204,7 +191,7 @@ class PackedStore:
         if self.layout == "tree":
             k = int(np.searchsorted(self._first_calls, i, "right") - 1)
             local = (i - int(self._first_calls[k])) * self.max_rows_per_batch
-            rows = self.shard_records(k)[local : local + self.max_rows_per_batch]
+            rows = self.shard_rows(k)[local : local + self.max_rows_per_batch]
             batch = tree_batch_from_rows([_drop_row(r) for r in rows], self.capacity,
                                          self.binding.vocab_size)  # fmt: skip
             return dataclasses.replace(batch, binding=self.binding)
@@ -218,7 +205,7 @@ class PackedStore:
     def records(self) -> list[dict[str, Any]]:
         """Every forest row's record, in row order (``row`` dropped); the sequence indexes
         checked to number the input's sequences, each once."""
-        rows = [_drop_row(r) for k in range(len(self.shards)) for r in self.shard_records(k)]
+        rows = [_drop_row(r) for k in range(len(self.shards)) for r in self.shard_rows(k)]
         index = np.sort(np.array([i for r in rows for i in r["sequence_index"]], np.int64))
         if not np.array_equal(index, np.arange(self.occurrences)):
             raise bad_output(
@@ -267,7 +254,7 @@ def load_packed(
     if integrity:
         check_checksums(store.manifest, path)
     if integrity == "full":
-        check_contents(store.manifest, store._shard, path)
+        check_contents(store.manifest, store.shard_rows, path)
     require(store, expected_binding, expected_split)
     return store
 
