@@ -119,11 +119,8 @@ def _print_tree(s: dict) -> None:
         f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
         f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
         f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
-        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s"
-    )
-    print(
-        f"wrote {printable(s['out'])}: {s['shards']} shard(s), {s['batches']:,} model call(s),"
-        " forest rows (node columns)"
+        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s\nwrote {printable(s['out'])}:"
+        f" {s['shards']} shard(s), {s['batches']:,} model call(s), forest rows (node columns)"
     )
 
 
@@ -146,14 +143,19 @@ def report_input(command: str, stats: dict) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     source = _checked(args)
-    if args.tree:
-        from exactpack.cli.verify_tree import cmd_stats_tree
-
-        return cmd_stats_tree(args)
     from exactpack.pipeline.stats import oversized_line, stats_path
 
     options = from_arguments(args, "stats")
     report = stats_path(source, options, policies=args.policies, plot=args.plot)
+    if args.tree and not args.json:  # tree vs flat under one policy
+        r = report
+        print(
+            f"{r['groups']:,} groups, {r['sequences']:,} sequences, capacity {r['capacity']},"
+            f" {r['policy']}: tree stores {r['tokens_stored']:,} cells in {r['rows_tree']:,}"
+            f" rows; flat {r['tokens_flat']:,} in {r['rows_flat']:,} rows"
+            f" ({r['stored_over_flat']:.3f}x)"
+        )
+        return 0
     report_input(args.command, report)
     over = report.get("oversized")
     if over is not None:

@@ -543,10 +543,10 @@ def check_contents(manifest: Mapping, read: Callable[[int], Any], where: Path) -
             eligible += sum(sum(r["weights"]) for r in rows)
     seen = np.sort(np.concatenate([np.zeros(0, np.int64), *ordinals]))
     if not np.array_equal(seen, np.arange(seen.shape[0])):
-        what = "sequence_index values" if manifest.get("layout") == "tree" else "ordinals"
-        raise bad_output(
-            where / MANIFEST, f"the shards' {what} are not 0..{seen.shape[0] - 1:,} each once"
-        )
+        what = "ordinals are not 0..occurrences-1"
+        if manifest.get("layout") == "tree":
+            what = f"sequence_index values are not 0..{manifest['occurrences'] - 1:,}"
+        raise bad_output(where / MANIFEST, f"the shards' {what} each once")
     stats = manifest.get("statistics")
     if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
         raise bad_output(

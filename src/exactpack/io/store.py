@@ -18,11 +18,9 @@ import pyarrow as pa
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch, path_argument, type_argument
-from exactpack.core.tree import TreeBatch
 from exactpack.io.atomic import MANIFEST, Output, open_output
 from exactpack.io.integrity import (
     DEPTHS,
-    bad_output,
     check_checksums,
     check_contents,
     check_manifest,
@@ -36,23 +34,18 @@ from exactpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from exactpack.io.tree_rows import tree_batch_from_rows, tree_table
+from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.io.trl_schema import refuse_trl, trl_table
 
 #: Shards in memory at once while writing: one being gathered, the others compressing.
 SHARDS_IN_FLIGHT = 2
 
 
-def to_table(
-    rows: CompactRows | TreeBatch | pa.Table, format: str = "exactpack", first_row: int = 0
-) -> pa.Table:
-    """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table`, TRL's, or
-    forest rows (:func:`~exactpack.io.tree_rows.tree_table`, numbered from ``first_row``);
-    a table made already (forest rows built call by call) as it is."""
+def to_table(rows: CompactRows | pa.Table, format: str = "exactpack") -> pa.Table:
+    """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table` or TRL's; a
+    table made already (forest rows: :func:`~exactpack.io.tree_rows.tree_table`) as it is."""
     if isinstance(rows, pa.Table):
         return rows
-    if isinstance(rows, TreeBatch):
-        return tree_table(rows, first_row)
     return trl_table(rows) if format == "trl" else shard_table(rows)
 
 
@@ -79,7 +72,7 @@ def write_shards(
     entries: list[dict[str, Any]] = []
 
     def build(k: int) -> pa.Table:
-        return to_table(gather(*spans[k]), format, spans[k][0])
+        return to_table(gather(*spans[k]), format)
 
     def write(k: int, table: pa.Table) -> dict[str, Any]:
         return write_shard_file(table, output.path, output.shard(first_shard + k), spans[k][0])
@@ -203,16 +196,10 @@ class PackedStore:
         return rows.slice_rows(local, stop).to_batch()
 
     def records(self) -> list[dict[str, Any]]:
-        """Every forest row's record, in row order (``row`` dropped); the sequence indexes
-        checked to number the input's sequences, each once."""
-        rows = [_drop_row(r) for k in range(len(self.shards)) for r in self.shard_rows(k)]
-        index = np.sort(np.array([i for r in rows for i in r["sequence_index"]], np.int64))
-        if not np.array_equal(index, np.arange(self.occurrences)):
-            raise bad_output(
-                self.path / MANIFEST,
-                f"the rows' sequence_index values are not 0..{self.occurrences - 1:,} each once",
-            )
-        return rows
+        """Every forest row's record, in row order (``row`` dropped), each checked, and the
+        sequence indexes checked to number the input's sequences, each once."""
+        check_contents(self.manifest, self.shard_rows, self.path)
+        return [_drop_row(r) for k in range(len(self.shards)) for r in self.shard_rows(k)]
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exactpack.core.binding import INT32_MAX, Binding, Split
+from exactpack.core.binding import INT32_MAX, Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.examples import as_token_array, offsets_of
 from exactpack.core.policies import plan_rows
@@ -65,27 +65,20 @@ TRL_REFUSAL = (
 
 
 def file_groups(
-    table: pa.Table,
-    origin: Origin,
-    *,
-    binding: Binding,
-    tokenizer: Tokenizer | None = None,
-    mode: str = "on",
-    prefix: int = 16,
-    window: int = 4096,
+    table: pa.Table, origin: Origin, binding: Binding, tokenizer: Tokenizer | None, opts: Any
 ) -> tuple[SequenceGroups, np.ndarray]:
     """``table``'s groups under ``binding`` and each sequence's index among the sequences
     of ``table`` (int64 [S]), from the first that applies: the id columns of
     :data:`~exactpack.core.tree.TREE_COLUMNS` (rows of one ``group`` gathered in input
     order, wherever they are); TRL's DPO text ``prompt`` / ``chosen`` / ``rejected`` (prompt +
-    each answer read as an SFT prompt-completion row); with ``mode="auto"``, plain SFT rows
-    grouped by their first ``prefix`` tokens within windows of ``window`` rows."""
+    each answer read as an SFT prompt-completion row); with ``opts.tree == "auto"``, plain
+    SFT rows grouped by their first ``opts.tree_prefix`` tokens within windows of
+    ``opts.tree_block`` rows."""
     names = table.column_names
     where = origin.parts[0][0]
-    if mode == "auto":
-        return _auto_groups(
-            *_plain_rows(table, origin, tokenizer, binding), binding, prefix, window
-        )
+    if opts.tree == "auto":
+        seqs, masks = _plain_rows(table, origin, tokenizer, binding)
+        return _auto_groups(seqs, masks, binding, opts.tree_prefix, opts.tree_block)
     if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
         wanted = {n for cols in TREE_COLUMNS for n in cols}
         columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
@@ -238,11 +231,7 @@ def tree_blocks(
         tables[:], parts[:], rows, held = [table.slice(tail)], [], table.num_rows - tail, 0
         if not tail:
             return
-        groups, index = file_groups(
-            table.slice(0, tail), origin, binding=binding,
-            tokenizer=tokenizer, mode=opts.tree or "on", prefix=opts.tree_prefix,
-            window=opts.tree_block,
-        )  # fmt: skip
+        groups, index = file_groups(table.slice(0, tail), origin, binding, tokenizer, opts)
         base += len(groups)
         yield groups, index + (base - len(groups))
 
@@ -264,19 +253,6 @@ def tree_blocks(
             yield from block(last=True)
     finally:
         source_input.close()
-
-
-def _receipt(hasher: Any, partition: Split) -> Any:
-    """``on_read`` hashing each chunk's Arrow stream into ``hasher`` (the split receipt)."""
-    hasher.update(f"tree:{partition.value}:".encode())
-
-    def on_read(table: pa.Table, _: int) -> None:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        hasher.update(sink.getvalue())
-
-    return on_read
 
 
 def _write_block(
@@ -341,16 +317,18 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
     budget = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
     budget.check(what="one block of groups")  # the policy's look-ahead before anything is read
     binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
-    hasher = hashlib.sha256()
-    receipt = _receipt(hasher, opts.split)
+    hasher = hashlib.sha256(f"tree:{opts.split.value}:".encode())  # the split receipt
     show = opts.show_progress(sys.stderr)
     status(show)(f"reading {source_input.name}")
     totals: dict[str, int] = {}
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
 
-        def on_read(table: pa.Table, nbytes: int) -> None:
-            receipt(table, nbytes)
+        def on_read(table: pa.Table, nbytes: int) -> None:  # each chunk's Arrow stream
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            hasher.update(sink.getvalue())
             bar.update(nbytes)
 
         for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
@@ -385,16 +363,11 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
     }
 
 
-def tree_stats(
-    source: str | Path,
-    options: PackOptions,
-    policy: str = "best-fit-decreasing",
-    tokenizer: Any = None,
-) -> dict[str, Any]:
+def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[str, Any]:
     """Tree vs flat packing of the input ``source``'s groups (``options.tree``, None:
     ``"on"``) at ``options.capacity`` under ``policy``, read block by block as
     :func:`pack_tree_into` reads it (only the trie sizes and sequence lengths are kept)."""
-    capacity = options.capacity
+    capacity, tokenizer = options.capacity, options.load_tokenizer()
     vocab = options.vocab_size or getattr(tokenizer, "vocab_size", None) or INT32_MAX
     identity = getattr(tokenizer, "identity", "pre-tokenized")
     source_input = open_input(source, options.split, read_limits(options))
