@@ -9,6 +9,7 @@ exactly (tokens, supervision, multiplicities), flat outputs still load, and
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -692,3 +693,30 @@ def test_tree_packing_keeps_the_flat_input_policy(tmp_path, monkeypatch, capsys)
     stats = pack_path(tmp_path / "in.jsonl", tmp_path / "l", policy="stream-best-fit",
                       policy_options=huge, **opts)  # fmt: skip
     assert stats["sequences"] == 6 and stats["groups"] == 3
+
+
+def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path, chat_folder):
+    """Issue 37, class 1: a template that renders the prompt alone differently (here with a
+    marker it drops inside prompt + answer) would supervise the prompt's tokens silently."""
+    from support.sft_helpers import CHATS
+
+    rows = {
+        "prompt": [c[:-1] for c in CHATS[:2]],
+        "chosen": [c[-1:] for c in CHATS[:2]],
+        "rejected": [[{"role": "assistant", "content": "No idea."}] for _ in CHATS[:2]],
+    }
+    _write(rows, tmp_path / "dpo.jsonl")
+    opts = {"max_length": 256, "tokenizer": str(chat_folder), "tree": "on"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the template's own rendering agrees: no warning
+        pack_path(tmp_path / "dpo.jsonl", tmp_path / "ok", **opts)
+    odd = "{% if add_generation_prompt %}ALONE {% endif %}"
+    odd += "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    (tmp_path / "odd.jinja").write_text(odd)
+    with pytest.warns(UserWarning, match=r"dpo.jsonl line 1 \(and 1 more row\(s\)\): the prompt"):
+        pack_path(
+            tmp_path / "dpo.jsonl",
+            tmp_path / "odd",
+            chat_template=str(tmp_path / "odd.jinja"),
+            **opts,
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -176,7 +177,7 @@ def _chat_rows(
     ids = [e["input_ids"] for e in whole]
     if name is None:
         only = objective.completion_only(True)
-        masks = [_after_prefix(h["input_ids"], x, only) for h, x in zip(heads, ids, strict=True)]
+        masks = _after_prefix([h["input_ids"] for h in heads], ids, only, origin)
     else:
         masks = [np.ones(x.shape[0], dtype=bool) for x in ids]
     if assistant:
@@ -207,19 +208,35 @@ def _text_prompt_completion(
     completion_only = objective.completion_only(True)
     heads = [head_ids[a:b] for a, b in itertools.pairwise(head_offsets)]
     ids = [full_ids[a:b] for a, b in itertools.pairwise(full_offsets)]
-    return ids, [_after_prefix(h, f, completion_only) for h, f in zip(heads, ids, strict=True)]
+    return ids, _after_prefix(heads, ids, completion_only, origin)
 
 
-def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: bool) -> np.ndarray:
-    """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``),
-    everywhere unless ``completion_only``."""
-    head, full = np.asarray(head), np.asarray(full)
-    mask = np.ones(full.shape[0], dtype=bool)
-    if completion_only:
+def _after_prefix(
+    heads: Sequence[Any], fulls: Sequence[Any], completion_only: bool, origin: Origin
+) -> list[np.ndarray]:
+    """Per row, True from where ``full`` stops agreeing with ``head`` (TRL's
+    ``common_prefix_length``), everywhere unless ``completion_only``. A prompt that stops
+    agreeing before its last token (a template that renders it differently alone) is
+    warned about once, as TRL warns: its tokens from there on are supervised."""
+    masks, differs = [], []
+    for i, (head, full) in enumerate(zip(heads, fulls, strict=True)):
+        head, full = np.asarray(head), np.asarray(full)
         n = min(head.shape[0], full.shape[0])
         differ = np.flatnonzero(head[:n] != full[:n])
-        mask[: int(differ[0]) if differ.size else n] = False
-    return mask
+        agree = int(differ[0]) if differ.size else n
+        if agree < head.shape[0] - 1:  # the last may merge with the completion, or be EOS
+            differs.append(i)
+        masks.append(np.arange(full.shape[0]) >= (agree if completion_only else 0))
+    if differs and completion_only:
+        warnings.warn(
+            f"{origin.locate(differs[0])} (and {len(differs) - 1:,} more row(s)): the prompt"
+            " tokenized alone is not the start of prompt + completion, so the prompt's tokens"
+            " from the first difference on are supervised (TRL warns the same) — check the"
+            " chat template or the tokenizer's handling of the prompt's end",
+            UserWarning,
+            stacklevel=2,
+        )
+    return masks
 
 
 def chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:
