@@ -220,13 +220,10 @@ def _after_prefix(
     warned about once, as TRL warns: its tokens from there on are supervised."""
     masks, differs = [], []
     for i, (head, full) in enumerate(zip(heads, fulls, strict=True)):
-        head, full = np.asarray(head), np.asarray(full)
-        n = min(head.shape[0], full.shape[0])
-        differ = np.flatnonzero(head[:n] != full[:n])
-        agree = int(differ[0]) if differ.size else n
-        if agree < head.shape[0] - 1:  # the last may merge with the completion, or be EOS
-            differs.append(i)
-        masks.append(np.arange(full.shape[0]) >= (agree if completion_only else 0))
+        n = min(len(head), len(full))
+        agree = int(np.argmin(np.append(np.asarray(head[:n]) == np.asarray(full[:n]), False)))
+        differs += [i] * (agree < len(head) - 1)  # the last may merge, or be the EOS
+        masks.append(np.arange(len(full)) >= (agree if completion_only else 0))
     if differs and completion_only:
         warnings.warn(
             f"{origin.locate(differs[0])} (and {len(differs) - 1:,} more row(s)): the prompt"

@@ -201,9 +201,7 @@ def _group_tail(table: pa.Table) -> int:
     """Where the last ``group``'s run of rows starts (``num_rows`` without a group column)."""
     if "group" not in table.column_names or not table.num_rows:
         return table.num_rows
-    col = table.column("group")
-    same = pc.equal(col, col[-1]).to_numpy(zero_copy_only=False)
-    differs = np.flatnonzero(~same.astype(bool))
+    differs = np.flatnonzero(~pc.equal(table["group"], table["group"][-1]).to_numpy(False))
     return int(differs[-1]) + 1 if differs.size else 0
 
 
@@ -288,20 +286,17 @@ def _write_block(
 
     written = write_shards(gather, bounds + first, output, first_shard=len(shards))
     shards += written
-    counts = {
-        "batches": sum(-(-e["rows"] // per_call) for e in written),
-        "sequences": len(groups),
-        "groups": int(np.unique(groups.group).shape[0]),
-        "tries": int(layout.sizes.shape[0]),
-        "nodes": int(layout.node_len.shape[0]),
-        "tokens_stored": int(layout.sizes.sum()),
-        "tokens_flat": int(layout.lengths.sum()),
-        "eligible_targets": int(groups.loss_mask.sum()),
-        "rows": plan.num_rows,
-        "blocks": 1,
-    }
-    for key, value in counts.items():
+    counts = (sum(-(-e["rows"] // per_call) for e in written), len(groups),
+              int(np.unique(groups.group).shape[0]), int(layout.sizes.shape[0]),
+              int(layout.node_len.shape[0]), int(layout.sizes.sum()), int(layout.lengths.sum()),
+              int(groups.loss_mask.sum()), plan.num_rows, 1)  # fmt: skip
+    for key, value in zip(COUNTED, counts, strict=True):
         totals[key] = totals.get(key, 0) + value
+
+
+#: What ``pack --tree`` counts, block by block (:func:`_write_block`).
+COUNTED = ("batches", "sequences", "groups", "tries", "nodes", "tokens_stored", "tokens_flat",
+           "eligible_targets", "rows", "blocks")  # fmt: skip
 
 
 def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
