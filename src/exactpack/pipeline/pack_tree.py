@@ -2,8 +2,8 @@
 tries -> forest rows, written by the one writer.
 
 :func:`tree_blocks` reads the input through the flat reader
-(:meth:`~exactpack.io.readers.Input.chunks`, about ``chunk_bytes`` at a time) and
-makes each chunk's groups (:func:`file_groups`); rows of the last ``group`` of a chunk
+(:meth:`~exactpack.io.readers.Input.chunks`) in blocks of about ``chunk_bytes`` and
+makes each block's groups (:func:`file_groups`); rows of the last ``group`` of a block
 wait for the next, so a group is never split. :func:`pack_tree_into` tree-packs each
 block with the options' policy and writes its shards with
 :func:`~exactpack.io.store.write_shards`: memory holds one block and two shards, the
