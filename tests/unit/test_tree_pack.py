@@ -713,7 +713,7 @@ def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path, ch
     odd = "{% if add_generation_prompt %}ALONE {% endif %}"
     odd += "{% for m in messages %}{{ m.content }}\n{% endfor %}"
     (tmp_path / "odd.jinja").write_text(odd)
-    with pytest.warns(UserWarning, match=r"dpo.jsonl line 1 \(and 1 more row\(s\)\): the prompt"):
+    with pytest.warns(UserWarning, match=r"dpo.jsonl line 1: the tokenized prompt is not a prefix"):
         pack_path(
             tmp_path / "dpo.jsonl",
             tmp_path / "odd",

@@ -94,9 +94,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.tree is not None:
         _print_tree(stats)
         return 0
+    cut = stats.get("truncated_sources", 0)
+    cut = f", {cut:,} truncated ({stats['truncated_tokens']:,} tokens left out)" if cut else ""
     print(
         f"packed {stats['examples']:,} examples ({stats['tokens']:,} {_unit(options)},"
-        f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
+        f" {stats['split_sources']:,} sources split{cut}) with {stats['policy']} into"
         f" {stats['rows']:,} rows of {stats['capacity']} tokens:"
         f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
         f" {stats['seconds']:.2f} s"

@@ -66,7 +66,9 @@ class HFCollator:
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
         """A collator for the rows of ``packed`` (max_length, binding, split, pad id: its
-        metadata); ``options``: the other fields (``config=model.config``)."""
+        metadata): a :func:`~exactpack.hf.pack_dataset` Dataset, or the folder ``exactpack
+        pack`` wrote (its shards loaded with ``datasets.load_dataset("parquet", ...)``, one
+        item a row); ``options``: the other fields (``config=model.config``)."""
         from exactpack.hf.datasets_io import packed_metadata
 
         meta = packed_metadata(packed)

@@ -42,7 +42,7 @@ from exactpack.io.cells import column, first, flag_values, ints, lists, row_of, 
 from exactpack.io.documents import Documents, Origin, TokenChunk
 from exactpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
 from exactpack.io.shards import byte_buffers
-from exactpack.io.tokenizers import ByteTokenizer, Tokenizer
+from exactpack.io.tokenizers import MAX_TEXT_CHARS, ByteTokenizer, Tokenizer, too_long
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
 
@@ -131,6 +131,10 @@ def _texts(
     if isinstance(tokenizer, ByteTokenizer):
         offsets, data = byte_buffers(col)
         return tokenizer.encode_utf8(data, offsets)
+    chars = pc.utf8_length(col).to_numpy(zero_copy_only=False)
+    if chars.size and int(chars.max()) > MAX_TEXT_CHARS:
+        row = first(chars > MAX_TEXT_CHARS)
+        raise too_long(f"{origin.locate(row)}: {field}", int(chars[row]))
     return tokenizer.encode_batch(col.to_pylist())
 
 

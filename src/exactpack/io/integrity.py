@@ -335,6 +335,13 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         "eligible": int(np.count_nonzero(rows.loss_mask)),
     }
     _agree(got, entry, where)
+    check_rows(rows, occurrences, where)
+
+
+def check_rows(rows: CompactRows, occurrences: int, where: str) -> None:
+    """Rows against their binding and one another: every row holds an occurrence, ids
+    within the vocabulary, no two occurrences of a row overlap, ordinals within
+    ``0..occurrences-1`` and each once, provenance ranges their windows'."""
     if np.any(np.diff(rows.row_offsets) < 1):
         raise bad_output(where, "a row holds no occurrence")
     tokens = rows.tokens
