@@ -447,7 +447,7 @@ def test_pack_path_counts_every_member_and_the_last_line(tmp_path):
 
 
 def test_the_tree_door_reads_every_member_in_sorted_file_order(tmp_path):
-    """pack_tree_path reads through the same readers: a glob of two ``cat a.gz b.gz``
+    """pack_path(..., tree="on") reads through the same readers: a glob of two ``cat a.gz b.gz``
     files without a final newline, created last first; each sequence's input index is
     its place in the sorted files' rows (prompt + each completion, in order)."""
 
