@@ -18,6 +18,7 @@ into one record per row; :class:`TreeCollator` turns records into a model call.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ from exactpack.hf.kinds import TREE_NAMES, tree_kind
 from exactpack.hf.kinds import TREE_VARLEN as VARLEN_NAME
 from exactpack.hf.masks import block_mask, hf_allowed, layer_masks
 from exactpack.hf.mixers import PARENTS, cell_parents
-from exactpack.io.tree_store import max_id, tree_batch_from_rows, tree_records
+from exactpack.io.tree_rows import max_id, tree_batch_from_rows, tree_records
 from exactpack.nn.tree_attention import flash_plan, tree_plan
 
 #: The permission plus each padding cell attending to itself only, bool [R, T, T].
@@ -153,12 +154,15 @@ def pack_tree_dataset(
     vocab = vocab_size or 1 + max(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
-    groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    groups, index = groups_from_columns(
+        columns, Binding(int(vocab), "pretokenized", "tree-dataset")
+    )
     if model is not None:
         longest = int(groups.lengths.max()) if len(groups) else 0
         check_model(model, groups.binding, None, longest, max_length, tree=True)
     epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **policy_options)
-    (batch,) = epoch.batches
+    (batch,) = epoch.batches  # sequences named by their index in the input
+    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
     return datasets.Dataset.from_list(tree_records(batch))
 
 

@@ -138,7 +138,7 @@ def _texts(
     return tokenizer.encode_batch(col.to_pylist())
 
 
-def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
+def check_split(table: pa.Table, origin: Origin, partition: Split) -> None:
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
     col = column(table, "partition") if "partition" in table.column_names else pa.nulls(0)
     if pa.types.is_null(col.type):  # absent, or all null
@@ -310,7 +310,7 @@ def chunk_from_arrow(
     objective = objective or Objective()
     try:
         if partition is not None:
-            _check_partition(table, origin, Split.parse(partition))
+            check_split(table, origin, Split.parse(partition))
         names = set(table.column_names)
         sft = sft_columns(table.column_names)
         if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone

@@ -141,14 +141,14 @@ def pack_path(
     writer at ``out`` is refused while this one holds it.
     """
     opts = PackOptions.of(options, **overrides)
-    if opts.tree is not None:  # tree packing: the same options, its own writer (docs/tree.md)
-        from exactpack.pipeline.pack_tree import pack_tree_path
-
-        return pack_tree_path(source, out, opts)
     path_argument("out", out)  # its type; the value is checked where it is opened
     if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it
     with open_output(out, opts.overwrite, inputs=[source]) as output:
+        if opts.tree is not None:  # forest rows: the same reader, writer and store
+            from exactpack.pipeline.pack_tree import pack_tree_into
+
+            return pack_tree_into(source, output, opts)
         return pack_into(source, output, opts)
 
 
