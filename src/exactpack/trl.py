@@ -46,6 +46,7 @@ from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE_NAMES, tree_kind
+from exactpack.hf.mixers import packed_call, restart_mixers
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -121,6 +122,8 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
             " attn_implementation out to feed the tree's masks to the model's own attention"
         )
     arch = architecture_of(lm).check(tree_kind(impl), tree=True)
+    if arch.mixers:  # hybrids: each tree node's mixer state forks its parent's
+        restart_mixers(lm)
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
     inside = threading.local()
@@ -207,7 +210,8 @@ def _tree_forward(
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
     dtype = next(lm.parameters()).dtype
     inputs = build_inputs(tree, impl, arch, dtype=dtype, device=input_ids.device)
-    hidden = plain(**inputs).last_hidden_state  # (R, T, H)
+    with packed_call(lm, inputs):  # plain runs without the model's hooks
+        hidden = plain(**inputs).last_hidden_state  # (R, T, H)
     cells = np.asarray(tree.seq_cells, dtype=np.int64)
     bounds = np.asarray(tree.seq_bounds, dtype=np.int64)
     rows = np.asarray(order, dtype=np.int64)[np.asarray(tree.seq_index, dtype=np.int64)]

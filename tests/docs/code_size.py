@@ -25,14 +25,30 @@ PACKAGE = SRC / "exactpack"
 #: package, without ``.py``). One entry left per concept is the goal.
 CONCEPTS: dict[str, tuple[str, ...]] = {
     "batch type": ("core/batch:PackedBatch", "core/tree:TreeBatch"),
-    "compact form": ("core/compact:CompactRows", "io/tree_store:tree_records"),
+    "compact form": (
+        "core/compact:CompactRows",
+        "io/tree_store:tree_records",
+        "io/tree_rows:tree_records",
+    ),
     "gather": ("core/compact:gather_rows", "core/tree:materialize"),
-    "on-disk format": ("io/shards:shard_table", "io/tree_store:TREE_SCHEMA"),
+    "on-disk format": (
+        "io/shards:shard_table",
+        "io/tree_store:TREE_SCHEMA",
+        "io/tree_rows:tree_table",
+    ),
     "writer": ("io/store:write_shards", "io/tree_store:write_tree_shards"),
     "store": ("io/store:PackedStore", "io/tree_store:TreeStore"),
     "integrity check": ("io/integrity:check_shard", "io/integrity:check_tree_record"),
-    "reader": ("pipeline/corpus:read_corpus", "io/tree_store:file_groups"),
-    "pipeline": ("pipeline/local:pack_path", "pipeline/pack_tree:pack_tree_path"),
+    "reader": (
+        "pipeline/corpus:read_corpus",
+        "io/tree_store:file_groups",
+        "pipeline/pack_tree:file_groups",
+    ),
+    "pipeline": (
+        "pipeline/local:pack_path",
+        "pipeline/pack_tree:pack_tree_path",
+        "pipeline/pack_tree:pack_tree_into",
+    ),
     "pack_dataset": ("hf/datasets_io:pack_dataset", "hf/datasets_io:_pack_tree"),
     "HF input builder": ("hf/adapter:hf_inputs", "hf/tree_inputs:tree_inputs"),
     "registered attention function": (

@@ -287,7 +287,6 @@ USER_CALLS = (
     "exactpack.pipeline.local:pack_table",
     "exactpack.pipeline.stats:stats_path",
     "exactpack.pipeline.stats:plot_stats",
-    "exactpack.pipeline.pack_tree:pack_tree_path",
     "exactpack.training.stream:StreamDataset",
     "exactpack.training.packed_data:PackedBatches",
     "exactpack.io.store:load_packed",

@@ -150,7 +150,7 @@ def _tree_rows():
     """Tree records of groups (a shared prefix, two or three continuations, every target
     supervised: the prefix's weights count its sequences), 16 cells a row."""
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     from support.strategies import BINDING
 
@@ -167,7 +167,7 @@ def _tree_rows():
 
 
 def _tree_batch(records, rows):
-    from exactpack.io.tree_store import tree_batch_from_rows
+    from exactpack.io.tree_rows import tree_batch_from_rows
 
     return tree_batch_from_rows([records[r] for r in rows], 16, 266)
 

@@ -451,7 +451,7 @@ def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     documented ``hf_inputs(batch, attn, config=model.config)`` (and ``HFCollator(tree=True)``)
     feed the offset, so every sequence's logits equal its run alone; the depths without
     the offset (what a config-only check fed) are far off."""
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     from support.architecture_tiny import tiny_config, tree_model
 
@@ -539,7 +539,7 @@ def test_tree_batches_are_held_to_the_flat_conditions(
 ):
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capabilities import capability
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     from support.architecture_tiny import tiny_config
 

@@ -19,7 +19,7 @@ from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.collator import HFCollator
-from exactpack.io.tree_store import tree_records
+from exactpack.io.tree_rows import tree_records
 from exactpack.verify.fixture import fixture_batch
 
 #: The fixture's positions: rows A+B and C, padding 0 (verify/fixture.py's drawing).

@@ -17,10 +17,10 @@ BINDING = Binding(20, "ids", "test")
 
 
 def test_three_column_sets_make_the_same_groups():
-    grpo = groups_from_columns(
+    grpo, _ = groups_from_columns(
         {"prompt_ids": [[5, 6, 7]], "completion_ids": [[[8, 9], [8, 4]]]}, BINDING
     )
-    dpo = groups_from_columns(
+    dpo, _ = groups_from_columns(
         {
             "prompt_input_ids": [[5, 6, 7]],
             "chosen_input_ids": [[8, 9]],
@@ -28,7 +28,7 @@ def test_three_column_sets_make_the_same_groups():
         },
         BINDING,
     )
-    generic = groups_from_columns(
+    generic, index = groups_from_columns(
         {"input_ids": [[5, 6, 7, 8, 9], [1, 2], [5, 6, 7, 8, 4]], "group": ["a", "b", "a"]}, BINDING
     )
     for groups in (grpo, dpo):
@@ -36,6 +36,8 @@ def test_three_column_sets_make_the_same_groups():
         # the prompt's targets are not supervised; the pair 7 -> 8 (prompt -> completion) is
         assert groups.loss_mask.tolist() == [False, False, True, True] * 2
     assert generic.group.tolist() == [0, 0, 1] and generic.loss_mask.all()
+    # the rows of group "a" gathered in input order; the index says where each came from
+    assert index.tolist() == [0, 2, 1] and generic.sequence(2).tolist() == [1, 2]
     batch = pack_tree(grpo, 8).batches[0]
     assert batch.tokens_stored == 5 and batch.tokens_flat == 8  # 5->6, 6->7, 7->8 shared
     assert batch.weights.reshape(-1)[batch.input_valid.reshape(-1)].tolist() == [0, 0, 2, 1, 1]
@@ -70,7 +72,7 @@ def test_pack_dataset_tree_rows_round_trip():
     import torch
 
     from exactpack.hf import pack_dataset
-    from exactpack.io.tree_store import tree_batch_from_rows
+    from exactpack.io.tree_rows import tree_batch_from_rows
     from exactpack.nn.logprobs import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
@@ -83,7 +85,9 @@ def test_pack_dataset_tree_rows_round_trip():
     rows = pack_dataset(ds, 8, tree=True)
     assert len(rows) == 2 and set(rows.column_names) >= {"node_ids", "weights", "sequence_cells"}
     direct = pack_tree(
-        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x")), 8, policy="best-fit-decreasing"
+        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x"))[0],
+        8,
+        policy="best-fit-decreasing",
     ).batches[0]
     back = tree_batch_from_rows(list(rows), 8, 10)
     for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):

@@ -154,6 +154,10 @@ def _run_verify(args: argparse.Namespace) -> dict:
         )
         examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
         report = hf_verify.verify_hf(model, examples, mode=args.mode, max_length=layout.capacity)
+        positions = None if args.capacity else getattr(cfg, "max_position_embeddings", None)
+        report["architecture"]["condition_checks"] = condition_checks(
+            arch.conditions, max(report["lengths"]), layout.capacity, positions
+        )
     report["model"]["source"] = str(args.hf_config or args.hf_model)
     return report
 
@@ -189,6 +193,30 @@ def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> A
     return load_model(
         attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
     )
+
+
+def condition_checks(
+    conditions: Any, longest: int, max_length: int, positions: int | None
+) -> list[str]:
+    """One line per condition a PASS depends on: what this run checked, and whether the
+    ``max_length`` asked for (else any up to the model's ``positions``) could break it."""
+    out = []
+    for c in conditions:
+        example = c.what == "example"
+        size = f"{longest} pairs" if example else f"{max_length} columns"
+        line = f"PASS holds while {c.text()}; checked here at {size}"
+        reach = max_length if max_length > c.limit else None
+        if reach is None and positions is not None and positions > c.limit:
+            reach = positions
+        if reach is not None:
+            what = "an example longer" if example else "a row wider"
+            line += (
+                f"; at max_length {reach:,} {what} than {c.limit:,} breaks it — each batch is"
+                f" checked and such a batch refused: pack with --max-length {c.limit:,} or less"
+                + (" (or pre-split the longer examples)" if example else "")
+            )
+        out.append(line)
+    return out
 
 
 def finish_verify(args: argparse.Namespace, report: dict) -> int:
@@ -229,6 +257,8 @@ def _print_verify(r: dict) -> None:
         windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
         exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
         print(f"attention windows: {windows}{exercised}")
+        for line in arch.get("condition_checks", ()):
+            print(line)
     else:
         print(
             f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
@@ -239,9 +269,11 @@ def _print_verify(r: dict) -> None:
     diffs = ", ".join(f"{k} {v:.2e}" for k, v in r["max_abs_diff"].items())
     fails = ", ".join(f"{k} {v:,}/{r['comparisons'][k]:,}" for k, v in r["failures"].items())
     print(f"max abs diff vs separate: {diffs}")
+    own = tol.get("model_loss")  # transformers' own loss: float32's tolerance, said so
+    own = f"; model_loss: {own['abs']:g} + {own['rel']:g}*max, {own['why']}" if own else ""
     print(
         f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
-        f" {tol['why']})"
+        f" {tol['why']}{own})"
     )
     if r.get("widened"):
         print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")

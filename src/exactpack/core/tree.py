@@ -171,33 +171,41 @@ TREE_COLUMNS = (
 _TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 
 
-def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGroups:
-    """Groups from record columns (lists per row), by the first column set present:
+def groups_from_columns(
+    columns: dict[str, Any], binding: Binding
+) -> tuple[SequenceGroups, np.ndarray]:
+    """Groups from record columns (lists per row), by the first column set present, and
+    each sequence's index among the input's sequences (int64 [S]):
 
     * ``prompt_ids`` + ``completion_ids``: a row's completions (a list of id
       lists, GRPO) are one group; a single id list is a group of one;
     * ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL's
       DPO columns): each row is a group ``[chosen, rejected]``;
     * ``input_ids`` + ``group``: rows of equal ``group`` (in first-seen order)
-      form a group; every target supervised.
+      form a group, its rows in input order wherever they are (the index says
+      where); every target supervised.
 
     Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first.
     """
     names = set(columns)
     if {"prompt_ids", "completion_ids"} <= names:
         comps = [
-            c if c and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
+            c if len(c) and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
             for c in columns["completion_ids"]
         ]
-        return SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+        groups = SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+        return groups, np.arange(len(groups), dtype=np.int64)
     if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
         pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
-        return SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+        groups = SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+        return groups, np.arange(len(groups), dtype=np.int64)
     if {"input_ids", "group"} <= names:
-        members: dict[Any, list[Any]] = {}
-        for ids, g in zip(columns["input_ids"], columns["group"], strict=True):
-            members.setdefault(g, []).append(ids)
-        return SequenceGroups.from_lists(list(members.values()), binding)
+        members: dict[Any, list[int]] = {}
+        for i, g in enumerate(columns["group"]):
+            members.setdefault(g, []).append(i)
+        ids = columns["input_ids"]
+        groups = SequenceGroups.from_lists([[ids[i] for i in m] for m in members.values()], binding)
+        return groups, np.array([i for m in members.values() for i in m], dtype=np.int64)
     text = sorted(names & set(_TEXT))
     found = ", ".join(sorted(names)) or "none"
     hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""

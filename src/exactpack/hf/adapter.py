@@ -42,7 +42,7 @@ from exactpack.hf.kinds import (
     tree_kind,
 )
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
-from exactpack.hf.mixers import cell_seq_idx
+from exactpack.hf.mixers import PARENTS, cell_parents, cell_seq_idx
 from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.labels import model_labels, seq_idx, shift_labels
 from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
@@ -133,6 +133,10 @@ def build_inputs(
         from exactpack.hf.attention_impl import register
 
         register()
+    mixers = arch is not None and bool(arch.mixers)
+    if tree and mixers:  # each node's mixer state starts from its parent's
+        parents = cell_parents(batch.nodes, batch.node_parent, batch.node_col, batch.node_len)
+        out[PARENTS] = torch.as_tensor(parents, device=device)
     if tree and attn_implementation in TREE_NAMES:  # no mask: the plan, by keyword
         flash = attn_implementation == TREE_VARLEN  # the same plan, through a varlen kernel
         out[TREE] = dataclasses.replace(tree_plan(batch, device), flash=flash)
@@ -142,7 +146,7 @@ def build_inputs(
         out |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
         out |= {"max_length_q": longest, "max_length_k": longest}
         out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
-    elif arch is not None and arch.mixers:  # each cell's example: where mixers restart
+    elif mixers and not tree:  # each cell's example: where mixers restart
         index = out.pop("valid_index")
         ids = cell_seq_idx(rows.lengths, index, (rows.num_rows, rows.capacity))
         out["seq_idx"] = torch.as_tensor(ids, device=device)

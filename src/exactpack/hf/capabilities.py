@@ -28,7 +28,15 @@ from typing import Any
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
-from exactpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
+from exactpack.hf.architectures import (
+    ATTENTION_LAYERS,
+    CHUNKED,
+    FIX,
+    INDEXED,
+    WHY_KIND,
+    Architecture,
+    describe,
+)
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
 MIXER_CLASSES = (
@@ -301,6 +309,8 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         )
     if refusal is None and why is not None:
         refusal, kind = why, "positions"
+    if how == "none" and not attention and restarted:
+        how = "mixers"  # pure state-space models: nothing reads a position but the mixers
     padding = [
         (type(m).__name__, w)
         for m in (decoder, model)
@@ -320,12 +330,16 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
             " BERT-style models is_decoder=False), so no packed example would be causal"
             " — set is_decoder=True to train it as a causal LM"
         )
+    layer_types = arch.layer_types
+    if attention and layer_types and not set(layer_types) & {*ATTENTION_LAYERS, CHUNKED, INDEXED}:
+        layer_types = None  # falcon_h1's "hybrid" layers: attention beside a mixer, one mask
     sources = {type(m).__module__ for m in decoder.modules()}
     applies = arch.window is None or any(
         w in _module_source(n) for n in sources for w in WINDOW_WORDS
     )
     return dataclasses.replace(
         arch,
+        layer_types=layer_types,
         positions=how,
         position_offset=offset,
         refusal=refusal,

@@ -19,7 +19,7 @@ from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_collator, check_vocabulary
 from exactpack.hf.kinds import attention_kind, tree_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
-from exactpack.io.tree_store import tree_batch_from_rows
+from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split
 from exactpack.training.rows import concat_rows
 
@@ -78,7 +78,9 @@ class HFCollator:
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
         """A collator for the rows of ``packed`` (max_length, binding, split, pad id: its
-        metadata); ``options``: the other fields (``config=model.config``)."""
+        metadata): a :func:`~exactpack.hf.pack_dataset` Dataset, or the folder ``exactpack
+        pack`` wrote (its shards loaded with ``datasets.load_dataset("parquet", ...)``, one
+        item a row); ``options``: the other fields (``config=model.config``)."""
         from exactpack.hf.datasets_io import packed_metadata
 
         meta = packed_metadata(packed)

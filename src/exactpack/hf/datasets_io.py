@@ -37,6 +37,7 @@ from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
 from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
+from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -48,7 +49,7 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
-from exactpack.io.tree_store import max_id, tree_records
+from exactpack.io.tree_rows import max_id, tree_records
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
@@ -60,6 +61,7 @@ from exactpack.pipeline.writer import (
     layout_for,
     plan_corpus,
     shard_spans,
+    source_stats,
 )
 
 META_KEY = "exactpack"
@@ -155,9 +157,7 @@ def pack_dataset(
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
         _check_model(model, corpus.binding, pad, examples, opts)  # before any row
-        storage = plan_corpus(
-            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
-        )
+        storage = plan_corpus(examples, opts)
         columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
     finally:
@@ -170,7 +170,7 @@ def pack_dataset(
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         columns=columns,
         policy=fields["policy"],
-        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+        statistics=storage.plan.stats() | source_stats(corpus, examples),
     )
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
@@ -229,12 +229,14 @@ def _pack_tree(
     vocab = vocab or 1 + max(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
-    groups = groups_from_columns(columns, Binding(int(vocab), "pretokenized", "tree-dataset"))
+    binding = Binding(int(vocab), "pretokenized", "tree-dataset")
+    groups, index = groups_from_columns(columns, binding)
     if model is not None:
         longest = int(groups.lengths.max()) if len(groups) else 0
         check_model(model, groups.binding, None, longest, max_length, tree=True)
     epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **keywords)
-    (batch,) = epoch.batches
+    (batch,) = epoch.batches  # sequences named by their index in the input
+    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
     return datasets.Dataset.from_list(tree_records(batch))
 
 
@@ -315,15 +317,33 @@ def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | Non
 
 
 def packed_metadata(packed: Any) -> dict[str, Any]:
-    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
-    try:
-        meta = json.loads(packed.info.description or "")[META_KEY]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidInput(
-            "this dataset carries no exactpack metadata in info.description — was it made by"
-            " exactpack.hf.pack_dataset?"
-        ) from None
-    refuse_trl(meta, "this dataset")
+    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``, or
+    the manifest of the folder ``exactpack pack`` wrote (``packed`` a path; its shards'
+    sizes and sha256 checked as :func:`~exactpack.io.store.load_packed` does)."""
+    if isinstance(packed, (str, os.PathLike)):
+        from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+
+        path = Path(packed)
+        try:
+            meta = read_manifest(path)
+        except OSError:
+            raise InvalidInput(
+                f"{path} has no readable manifest.json: not a finished exactpack output — run"
+                " exactpack pack again"
+            ) from None
+        refuse_trl(meta, str(path))
+        check_manifest(meta, path)
+        check_checksums(meta, path)
+    else:
+        try:
+            meta = json.loads(packed.info.description or "")[META_KEY]
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(
+                "this dataset carries no exactpack metadata in info.description — was it made"
+                " by exactpack.hf.pack_dataset? For the shards of an `exactpack pack` folder"
+                " pass the folder instead: HFCollator.for_dataset('OUT', ...)"
+            ) from None
+        refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InvalidInput(
             f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
@@ -341,11 +361,22 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
 
 
 def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: Any) -> CompactRows:
+    """``table``'s rows, checked as a loaded shard's are (:func:`check_rows`) against the
+    occurrence count the metadata states (a stream's ordinals: only each once)."""
     partition = Split.parse(meta["partition"])
     capacity = int(meta["config"]["capacity"])
-    return arrow_to_rows(
+    rows = arrow_to_rows(
         table, capacity=capacity, partition=partition, binding=binding, where=where, **kw
     )
+    stats = meta.get("statistics")  # None for a stream: its count is not known
+    examples = stats.get("examples") if isinstance(stats, dict) else 1 << 62
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < len(rows):
+        raise InvalidInput(
+            f"{where}: its metadata's statistics.examples is {examples!r}, not the count of the"
+            f" {len(rows):,} or more examples it holds — the dataset was changed; pack it again"
+        )
+    check_rows(rows, examples, where)
+    return rows
 
 
 def to_batches(

@@ -99,7 +99,7 @@ class PackedBatches(Dataset):
             self.store = load_packed(
                 source, expected_binding, integrity=integrity, expected_split=expected_split
             )
-        if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
+        if self.store.layout == "tree":  # forest rows (exactpack pack --tree)
             raise InvalidInput(
                 f"{source} holds tree rows (exactpack pack --tree): read them with"
                 " load_packed(...).records() and exactpack.hf.HFCollator(..., tree=True)"

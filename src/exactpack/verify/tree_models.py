@@ -28,6 +28,7 @@ from exactpack.hf.attention_impl import register
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import tree_kind
+from exactpack.hf.mixers import restart_mixers
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import check_verify_tokens, model_facts, observed, running, tally
@@ -189,6 +190,8 @@ def verify_tree(
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
     attn = model.config._attn_implementation
     arch = architecture_of(model).check(tree_kind(attn), tree=True)
+    if arch.mixers:  # each node starts from its parent's state (the naive rows: a sibling's)
+        restart_mixers(model)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     if max_length is None:  # all tries in one row plus padding, within the model's positions
