@@ -575,3 +575,51 @@ def test_the_metadata_budget_applies_per_block(ray_instance, records, tmp_path, 
     assert len(err_lines) == 1 and err_lines[0].startswith("exactpack pack: error: block ")
     assert f"max_metadata_bytes is {limit - 1:,}" in err_lines[0]
     assert _no_output(tmp_path)
+
+
+def _trees(store):
+    """Each sequence (by index) as its cells: token, target, position, weight and the set of
+    sequences through the cell (its trie) — the same whatever row or block holds it."""
+    out = {}
+    for r in store.records():
+        through = {}
+        for s, cells in zip(r["sequence_index"], r["sequence_cells"], strict=True):
+            for c in cells:
+                through.setdefault(c, set()).add(s)
+        for s, cells in zip(r["sequence_index"], r["sequence_cells"], strict=True):
+            cols = ("input_ids", "target_ids", "position_ids", "weights")
+            out[s] = [(*(r[k][c] for k in cols), frozenset(through[c])) for c in cells]
+    return out
+
+
+def test_tree_packing_on_ray_equals_the_local_engine(ray_instance, tmp_path, capsys):
+    """--tree on Ray: blocks of whole groups (adjacent rows of one group), planned in tasks,
+    written in shards that straddle blocks; the local engine's rows when the blocks are its
+    blocks, its sequences and tries when they are not."""
+    rng = np.random.default_rng(34)
+    rows = []
+    for g in range(40):
+        prompt = rng.integers(0, VOCAB, rng.integers(1, 6)).tolist()
+        for _ in range(rng.integers(1, 5)):
+            rows.append({"input_ids": prompt + rng.integers(0, VOCAB, 4).tolist(), "group": g})
+    source = tmp_path / "groups.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from exactpack.ray import pack
+
+    kw = {"max_length": 16, "vocab_size": VOCAB, "tree": "on", "chunk_bytes": 600}
+    kw |= {"max_rows_per_batch": 2, "shard_tokens": 60, "progress": False}
+    local = pack_path(source, tmp_path / "local", **kw)
+    on_ray = pack(source, tmp_path / "ray", **kw)
+    assert on_ray["blocks"] == local["blocks"] > 1 and on_ray["shards"] > 1
+    want, got = load_packed(tmp_path / "local"), load_packed(tmp_path / "ray", integrity="full")
+    assert got.layout == "tree" and got.manifest["engine"]["name"] == "ray"
+    assert got.records() == want.records() and got.binding == want.binding
+    for key in ("sequences", "groups", "tries", "nodes", "tokens_stored", "eligible_targets"):
+        assert on_ray[key] == local[key], key
+    argv = ["pack", str(source), "--tree", "--engine", "ray", "--max-length", "16"]
+    argv += ["--vocab-size", str(VOCAB), "--chunk-bytes", "250", "--block-examples", "5"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "cli")]) == 0
+    assert "tree-packed" in capsys.readouterr().out
+    cli = load_packed(tmp_path / "cli", integrity="full")
+    assert cli.manifest["engine"]["blocks"] > local["blocks"]
+    assert _trees(cli) == _trees(want) and len(_trees(want)) == len(rows)

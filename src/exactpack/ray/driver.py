@@ -380,9 +380,11 @@ def pack(
     (``max_length=4096, block_examples=10_000``). Text is tokenized in the tasks with the
     tokenizer the driver loaded. Statistics: :func:`exactpack.pipeline.local.pack_path`'s
     plus ``blocks``, ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
-    (rows / the global lower bound) and ``nodes``. ``max_metadata_bytes`` applies to each
-    block alone. Without ``split_id`` the split receipt digests the blocks' digests in
-    order, so it depends on the block layout: pin it when several layouts must agree.
+    (rows / the global lower bound) and ``nodes`` (Ray nodes). ``max_metadata_bytes``
+    applies to each block alone. Without ``split_id`` the split receipt digests the blocks'
+    digests in order, so it depends on the block layout: pin it when several layouts must
+    agree. With ``tree=`` the driver reads blocks of whole groups and the output, statistics
+    (``nodes``: trie nodes) and split receipt are ``pack_path(..., tree=)``'s.
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
@@ -442,14 +444,14 @@ def pack_into(
         output.commit(manifest)
     meta = manifest["engine"]
     return (
-        manifest["statistics"]
+        {"nodes": len(meta["nodes"])}  # Ray nodes; --tree's statistics count trie nodes
+        | manifest["statistics"]
         | duplicates(blocks, results.ids)
         | {
             "blocks": meta["blocks"],
             "block_examples": block_examples,
             "block_lower_bound": meta["block_lower_bound"],
             "rows_over_lower_bound": meta["rows_over_lower_bound"],
-            "nodes": len(meta["nodes"]),
             "shards": len(results.entries),
             "out": str(output.path),
             "recovered": output.notes,
