@@ -623,3 +623,5 @@ def test_tree_packing_on_ray_equals_the_local_engine(ray_instance, tmp_path, cap
     cli = load_packed(tmp_path / "cli", integrity="full")
     assert cli.manifest["engine"]["blocks"] > local["blocks"]
     assert _trees(cli) == _trees(want) and len(_trees(want)) == len(rows)
+    with pytest.raises(InvalidInput, match=r"not a ray\.data\.Dataset .* write it out"):
+        pack(ray_instance.data.from_items(rows), tmp_path / "ds", **kw)

@@ -408,6 +408,11 @@ def group_blocks(
     about ``chunk_bytes``, or at least ``block_examples`` rows, a group never split), read
     here and put in Ray's object store; with the input's name and its split receipt (the
     local engine's)."""
+    if isinstance(source, ray.data.Dataset):
+        raise InvalidInput(
+            "--tree on Ray reads files or an in-memory table, not a ray.data.Dataset (its"
+            " blocks would split groups) — write it out (ds.write_parquet(folder)) and pack that"
+        )
     source_input = open_input(source, opts.split, read_limits(opts))
     hasher, digest = split_receipt(opts)
     blocks: list[Block] = []

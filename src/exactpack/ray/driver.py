@@ -28,7 +28,7 @@ from exactpack.io.documents import make_binding
 from exactpack.io.shards import manifest_record
 from exactpack.pipeline.local import duplicate_report
 from exactpack.pipeline.options import PackOptions, check_pad_id
-from exactpack.pipeline.pack_tree import COUNTED, tree_manifest
+from exactpack.pipeline.pack_tree import COUNTED, TRL_REFUSAL, tree_manifest
 from exactpack.pipeline.progress import status
 from exactpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks, group_blocks
 from exactpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
@@ -388,6 +388,8 @@ def pack(
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    if opts.format == "trl" and opts.tree is not None:
+        raise InvalidInput(TRL_REFUSAL)
     if opts.format != "exactpack":
         raise InvalidInput(
             f"--format {opts.format} is written by the local engine only — drop --engine ray"
