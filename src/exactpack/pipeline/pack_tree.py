@@ -239,7 +239,7 @@ def group_tables(
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
             tables.append(table)
             rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
-            if held >= opts.chunk_bytes or rows >= (block_rows or rows + 1):
+            if held >= opts.chunk_bytes or (block_rows is not None and rows >= block_rows):
                 yield from block(last=False)
                 source_input.release()
         if rows:
