@@ -187,13 +187,19 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
     assert load_packed(out).binding.split_id == PINNED
 
 
-def test_one_block_is_byte_identical_to_the_local_pipeline(ray_instance, shards, tmp_path):
-    ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED)
+@pytest.mark.parametrize("shard_tokens", [None, 50_000])
+def test_one_block_is_byte_identical_to_the_local_pipeline(
+    ray_instance, shards, tmp_path, shard_tokens
+):
+    sized = {} if shard_tokens is None else {"shard_tokens": shard_tokens}
+    ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED, **sized)
     local = pack_path(
-        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
-    )
+        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED,
+        **sized,
+    )  # fmt: skip
     a, b = _manifest(tmp_path / "ray"), _manifest(tmp_path / "local")
     assert a["shards"] == b["shards"] and a["binding"] == b["binding"]
+    assert len(a["shards"]) > 1 if shard_tokens else len(a["shards"]) == 1  # one block, cut
     assert a["statistics"] == b["statistics"]
     assert {k: ray_stats[k] for k in a["statistics"]} == a["statistics"]
     assert ray_stats["rows"] == local["rows"]
