@@ -187,13 +187,19 @@ def test_one_block_per_shard_equals_the_local_pipeline_per_shard(
     assert load_packed(out).binding.split_id == PINNED
 
 
-def test_one_block_is_byte_identical_to_the_local_pipeline(ray_instance, shards, tmp_path):
-    ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED)
+@pytest.mark.parametrize("shard_tokens", [None, 50_000])
+def test_one_block_is_byte_identical_to_the_local_pipeline(
+    ray_instance, shards, tmp_path, shard_tokens
+):
+    sized = {} if shard_tokens is None else {"shard_tokens": shard_tokens}
+    ray_stats = _pack(shards, tmp_path / "ray", block_examples=10**6, split_id=PINNED, **sized)
     local = pack_path(
-        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED
-    )
+        shards, tmp_path / "local", max_length=CAPACITY, vocab_size=VOCAB, split_id=PINNED,
+        **sized,
+    )  # fmt: skip
     a, b = _manifest(tmp_path / "ray"), _manifest(tmp_path / "local")
     assert a["shards"] == b["shards"] and a["binding"] == b["binding"]
+    assert len(a["shards"]) > 1 if shard_tokens else len(a["shards"]) == 1  # one block, cut
     assert a["statistics"] == b["statistics"]
     assert {k: ray_stats[k] for k in a["statistics"]} == a["statistics"]
     assert ray_stats["rows"] == local["rows"]
@@ -575,3 +581,53 @@ def test_the_metadata_budget_applies_per_block(ray_instance, records, tmp_path, 
     assert len(err_lines) == 1 and err_lines[0].startswith("exactpack pack: error: block ")
     assert f"max_metadata_bytes is {limit - 1:,}" in err_lines[0]
     assert _no_output(tmp_path)
+
+
+def _trees(store):
+    """Each sequence (by index) as its cells: token, target, position, weight and the set of
+    sequences through the cell (its trie) — the same whatever row or block holds it."""
+    out = {}
+    for r in store.records():
+        through = {}
+        for s, cells in zip(r["sequence_index"], r["sequence_cells"], strict=True):
+            for c in cells:
+                through.setdefault(c, set()).add(s)
+        for s, cells in zip(r["sequence_index"], r["sequence_cells"], strict=True):
+            cols = ("input_ids", "target_ids", "position_ids", "weights")
+            out[s] = [(*(r[k][c] for k in cols), frozenset(through[c])) for c in cells]
+    return out
+
+
+def test_tree_packing_on_ray_equals_the_local_engine(ray_instance, tmp_path, capsys):
+    """--tree on Ray: blocks of whole groups (adjacent rows of one group), planned in tasks,
+    written in shards that straddle blocks; the local engine's rows when the blocks are its
+    blocks, its sequences and tries when they are not."""
+    rng = np.random.default_rng(34)
+    rows = []
+    for g in range(40):
+        prompt = rng.integers(0, VOCAB, rng.integers(1, 6)).tolist()
+        for _ in range(rng.integers(1, 5)):
+            rows.append({"input_ids": prompt + rng.integers(0, VOCAB, 4).tolist(), "group": g})
+    source = tmp_path / "groups.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from exactpack.ray import pack
+
+    kw = {"max_length": 16, "vocab_size": VOCAB, "tree": "on", "chunk_bytes": 600}
+    kw |= {"max_rows_per_batch": 2, "shard_tokens": 60, "progress": False}
+    local = pack_path(source, tmp_path / "local", **kw)
+    on_ray = pack(source, tmp_path / "ray", **kw)
+    assert on_ray["blocks"] == local["blocks"] > 1 and on_ray["shards"] > 1
+    want, got = load_packed(tmp_path / "local"), load_packed(tmp_path / "ray", integrity="full")
+    assert got.layout == "tree" and got.manifest["engine"]["name"] == "ray"
+    assert got.records() == want.records() and got.binding == want.binding
+    for key in ("sequences", "groups", "tries", "nodes", "tokens_stored", "eligible_targets"):
+        assert on_ray[key] == local[key], key
+    argv = ["pack", str(source), "--tree", "--engine", "ray", "--max-length", "16"]
+    argv += ["--vocab-size", str(VOCAB), "--chunk-bytes", "250", "--block-examples", "5"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "cli")]) == 0
+    assert "tree-packed" in capsys.readouterr().out
+    cli = load_packed(tmp_path / "cli", integrity="full")
+    assert cli.manifest["engine"]["blocks"] > local["blocks"]
+    assert _trees(cli) == _trees(want) and len(_trees(want)) == len(rows)
+    with pytest.raises(InvalidInput, match=r"not a ray\.data\.Dataset .* write it out"):
+        pack(ray_instance.data.from_items(rows), tmp_path / "ds", **kw)

@@ -341,7 +341,7 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
         )
 
 
-def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
+def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path):
     from exactpack.training.packed_data import PackedBatches
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
@@ -350,20 +350,6 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
         InvalidInput, match=r"records\(\) and exactpack.hf.HFCollator\(\.\.\., tree=True\)"
     ):
         PackedBatches(tmp_path / "tree")
-    argv = [
-        "pack",
-        str(tmp_path / "t.jsonl"),
-        "--tree",
-        "--max-length",
-        "16",
-        "--vocab-size",
-        str(VOCAB),
-        "--engine",
-        "ray",
-        "--out",
-        str(tmp_path / "r"),
-    ]
-    assert main(argv) == 2 and "drop --engine ray" in capsys.readouterr().err
 
 
 def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):

@@ -73,8 +73,6 @@ def _unit(options: Any) -> str:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _checked(args)
     options = from_arguments(args, "pack")
-    if args.tree is not None and args.engine == "ray":
-        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     if args.engine == "ray":
         from exactpack import ray as ray_engine
         from exactpack.ray.ray_options import RayOptions

@@ -31,10 +31,12 @@ import pyarrow.compute as pc
 from exactpack.core.binding import INT32_MAX, Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.examples import as_token_array, offsets_of
+from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.core.tree import (
     TREE_COLUMNS,
     SequenceGroups,
+    TrieOrder,
     build_layout,
     groups_from_columns,
     materialize,
@@ -205,33 +207,26 @@ def _group_tail(table: pa.Table) -> int:
     return int(differs[-1]) + 1 if differs.size else 0
 
 
-def tree_blocks(
-    source_input: Any,
-    opts: PackOptions,
-    binding: Binding,
-    tokenizer: Tokenizer | None,
-    on_read: Any = None,
-) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) read chunk by chunk: each block's
-    groups and its sequences' indexes in the whole input (``source_input``:
+def group_tables(
+    source_input: Any, opts: PackOptions, on_read: Any = None, block_rows: int | None = None
+) -> Iterator[tuple[pa.Table, Origin]]:
+    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) or, with ``block_rows``, of at least
+    that many rows, read chunk by chunk, as (rows, :class:`Origin`) (``source_input``:
     :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
     chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
     the next block, so a group is never split; small chunks (small files) join one block."""
     tables: list[pa.Table] = []
     parts: list[tuple[str, int, str]] = []  # the block's Origin
-    rows, held, base = 0, 0, 0  # rows and Arrow bytes in the block; sequences before it
+    rows, held = 0, 0  # rows and Arrow bytes in the block
 
-    def block(last: bool) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-        nonlocal rows, held, base
+    def block(last: bool) -> Iterator[tuple[pa.Table, Origin]]:
+        nonlocal rows, held
         table = pa.concat_tables(tables, promote_options="permissive")
         origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
         tail = table.num_rows if last else _group_tail(table)  # its group may go on
         tables[:], parts[:], rows, held = [table.slice(tail)], [], table.num_rows - tail, 0
-        if not tail:
-            return
-        groups, index = file_groups(table.slice(0, tail), origin, binding, tokenizer, opts)
-        base += len(groups)
-        yield groups, index + (base - len(groups))
+        if tail:
+            yield table.slice(0, tail), origin
 
     try:
         for table, origin, nbytes in source_input.chunks(opts.chunk_bytes, "group"):
@@ -244,7 +239,7 @@ def tree_blocks(
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
             tables.append(table)
             rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
-            if held >= opts.chunk_bytes:
+            if held >= opts.chunk_bytes or (block_rows is not None and rows >= block_rows):
                 yield from block(last=False)
                 source_input.release()
         if rows:
@@ -253,50 +248,114 @@ def tree_blocks(
         source_input.close()
 
 
-def _write_block(
-    groups: SequenceGroups,
-    index: np.ndarray,
-    output: Output,
+def tree_blocks(
+    source_input: Any,
     opts: PackOptions,
-    budget: StreamBudget,
-    totals: dict[str, int],
-    shards: list[dict[str, Any]],
-) -> None:
-    """Plan one block's tries, write its shards after ``shards`` and count it in ``totals``."""
-    capacity, per_call = opts.capacity, opts.max_rows_per_batch
-    layout = build_layout(groups, capacity)
-    budget.check(len(groups), int(layout.sizes.shape[0]),
-                 what=f"a block of {len(groups):,} sequences")  # fmt: skip
-    plan = plan_rows(layout.sizes, capacity, opts.policy, **opts.policy_options)
-    order = plan.row_order()
-    starts = np.searchsorted(plan.row_of[order], np.arange(plan.num_rows + 1))
-    cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows).astype(np.int64)
-    bounds = call_bounds(offsets_of(cells), per_call, max(1, opts.shard_tokens // CELL_TOKENS))
-    first = totals.get("rows", 0)
+    binding: Binding,
+    tokenizer: Tokenizer | None,
+    on_read: Any = None,
+) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
+    """:func:`group_tables`' blocks as their groups and their sequences' indexes in the
+    whole input."""
+    base = 0
+    for table, origin in group_tables(source_input, opts, on_read):
+        groups, index = file_groups(table, origin, binding, tokenizer, opts)
+        yield groups, index + base
+        base += len(groups)
 
-    def gather(a: int, b: int) -> pa.Table:
-        # one model call's padded cells at a time; the shard holds only used cells
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBlock:
+    """One block's tries planned with the run's policy: its rows as forest tables on
+    demand (:meth:`table`), its shard bounds (local rows, whole model calls) and counts."""
+
+    groups: SequenceGroups
+    index: np.ndarray  # each sequence's index in the whole input (int64 [S])
+    layout: TrieOrder
+    plan: Plan
+    per_call: int
+    bounds: np.ndarray
+
+    @classmethod
+    def of(cls, groups: SequenceGroups, index: np.ndarray, opts: PackOptions,
+           budget: StreamBudget) -> PlannedBlock:  # fmt: skip
+        capacity = opts.capacity
+        layout = build_layout(groups, capacity)
+        budget.check(len(groups), int(layout.sizes.shape[0]),
+                     what=f"a block of {len(groups):,} sequences")  # fmt: skip
+        plan = plan_rows(layout.sizes, capacity, opts.policy, **opts.policy_options)
+        cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows).astype(np.int64)
+        shard_cells = max(1, opts.shard_tokens // CELL_TOKENS)
+        bounds = call_bounds(offsets_of(cells), opts.max_rows_per_batch, shard_cells)
+        return cls(groups, index, layout, plan, opts.max_rows_per_batch, bounds)
+
+    def table(self, a: int, b: int, first: int = 0) -> pa.Table:
+        """Rows ``[a, b)`` (numbered from ``first + a``), one model call's padded cells at a
+        time; the table holds only used cells."""
+        order = self.plan.row_order()
+        starts = np.searchsorted(self.plan.row_of[order], np.arange(self.plan.num_rows + 1))
         tables = []
-        for c in range(a - first, b - first, per_call):
-            d = min(c + per_call, b - first)
-            batch = materialize(groups, layout, plan, order[starts[c] : starts[d]], c, d - c)
-            batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
+        for c in range(a, b, self.per_call):
+            d = min(c + self.per_call, b)
+            batch = materialize(self.groups, self.layout, self.plan, order[starts[c] : starts[d]],
+                                c, d - c)  # fmt: skip
+            batch = dataclasses.replace(batch, seq_index=self.index[batch.seq_index])
             tables.append(tree_table(batch, first + c))
         return pa.concat_tables(tables)
 
-    written = write_shards(gather, bounds + first, output, first_shard=len(shards))
-    shards += written
-    counts = (sum(-(-e["rows"] // per_call) for e in written), len(groups),
-              int(np.unique(groups.group).shape[0]), int(layout.sizes.shape[0]),
-              int(layout.node_len.shape[0]), int(layout.sizes.sum()), int(layout.lengths.sum()),
-              int(groups.loss_mask.sum()), plan.num_rows, 1)  # fmt: skip
-    for key, value in zip(COUNTED, counts, strict=True):
-        totals[key] = totals.get(key, 0) + value
+    def counts(self) -> dict[str, int]:
+        """This block's :data:`COUNTED` (``batches``: its own model calls, shard by shard)."""
+        groups, layout, plan = self.groups, self.layout, self.plan
+        batches = sum(-(-int(n) // self.per_call) for n in np.diff(self.bounds))
+        counts = (batches, len(groups), int(np.unique(groups.group).shape[0]),
+                  int(layout.sizes.shape[0]), int(layout.node_len.shape[0]),
+                  int(layout.sizes.sum()), int(layout.lengths.sum()),
+                  int(groups.loss_mask.sum()), plan.num_rows, 1)  # fmt: skip
+        return dict(zip(COUNTED, counts, strict=True))
 
 
-#: What ``pack --tree`` counts, block by block (:func:`_write_block`).
+#: What ``pack --tree`` counts, block by block (:meth:`PlannedBlock.counts`).
 COUNTED = ("batches", "sequences", "groups", "tries", "nodes", "tokens_stored", "tokens_flat",
            "eligible_targets", "rows", "blocks")  # fmt: skip
+
+
+def split_receipt(opts: PackOptions) -> tuple[Any, Any]:
+    """The split receipt's hasher and ``update(table)``, which digests a chunk's Arrow stream
+    (the same on every engine)."""
+    hasher = hashlib.sha256(f"tree:{opts.split.value}:".encode())
+
+    def update(table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        hasher.update(sink.getvalue())
+
+    return hasher, update
+
+
+def tree_manifest(
+    opts: PackOptions, binding: Binding, totals: dict[str, int], shards: list[dict[str, Any]],
+    source: str, **sections: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """The forest output's manifest (``layout`` ``"tree"``) from the summed :data:`COUNTED`
+    (``binding``: with its split receipt); ``sections`` (``engine``) after ``input``."""
+    flat = totals["tokens_flat"]
+    stats = totals | {
+        "stored_over_flat": totals["tokens_stored"] / flat if flat else 0.0,
+        "capacity": opts.capacity,
+        "policy": opts.policy,
+        "tree": opts.tree,
+    }
+    fields = opts.manifest_fields()
+    tree_fields: dict[str, Any] = {"mode": opts.tree}
+    if opts.tree == "auto":
+        tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
+    return manifest_record(
+        binding=binding, partition=opts.split, config=fields["config"], shards=shards,
+        kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
+        occurrences=totals["sequences"], policy=fields["policy"], tree=tree_fields,
+        statistics=stats, input={"source": source}, **sections,
+    )  # fmt: skip
 
 
 def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
@@ -312,45 +371,31 @@ def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, 
     budget = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
     budget.check(what="one block of groups")  # the policy's look-ahead before anything is read
     binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
-    hasher = hashlib.sha256(f"tree:{opts.split.value}:".encode())  # the split receipt
+    hasher, digest = split_receipt(opts)
     show = opts.show_progress(sys.stderr)
     status(show)(f"reading {source_input.name}")
     totals: dict[str, int] = {}
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
 
-        def on_read(table: pa.Table, nbytes: int) -> None:  # each chunk's Arrow stream
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table)
-            hasher.update(sink.getvalue())
+        def on_read(table: pa.Table, nbytes: int) -> None:
+            digest(table)
             bar.update(nbytes)
 
         for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
-            _write_block(groups, index, output, opts, budget, totals, shards)
+            block = PlannedBlock.of(groups, index, opts, budget)
+            first = totals.get("rows", 0)
+            gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
+            shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))
+            for key, value in block.counts().items():
+                totals[key] = totals.get(key, 0) + value
             bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
     if not totals:
         raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
-    flat = totals["tokens_flat"]
-    stats = totals | {
-        "stored_over_flat": totals["tokens_stored"] / flat if flat else 0.0,
-        "capacity": opts.capacity,
-        "policy": opts.policy,
-        "tree": opts.tree,
-    }
-    fields = opts.manifest_fields()
-    tree_fields: dict[str, Any] = {"mode": opts.tree}
-    if opts.tree == "auto":
-        tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
     final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
-    manifest = manifest_record(
-        binding=final, partition=opts.split, config=fields["config"], shards=shards,
-        kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
-        occurrences=totals["sequences"], policy=fields["policy"], tree=tree_fields,
-        statistics=stats, input={"source": source_input.name},
-    )  # fmt: skip
+    manifest = tree_manifest(opts, final, totals, shards, source_input.name)
     output.commit(manifest)
-    return stats | {
+    return manifest["statistics"] | {
         "shards": len(shards),
         "out": str(output.path),
         "recovered": output.notes,
@@ -388,4 +433,15 @@ def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[st
     }
 
 
-__all__ = ["TRL_REFUSAL", "file_groups", "pack_tree_into", "tree_blocks", "tree_stats"]
+__all__ = [
+    "COUNTED",
+    "TRL_REFUSAL",
+    "PlannedBlock",
+    "file_groups",
+    "group_tables",
+    "pack_tree_into",
+    "split_receipt",
+    "tree_blocks",
+    "tree_manifest",
+    "tree_stats",
+]

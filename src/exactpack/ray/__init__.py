@@ -16,6 +16,10 @@ With the A/B/C fixture (capacity 6, next-fit) in blocks of 2 examples: block 0 =
 row 0 ``[0 99 100 1 | 0 101 1]``; block 1 = C -> row 1 ``[0 102 103 104 1]``, its
 ordinal 0 renumbered 2.
 
+With ``--tree`` the driver reads the input through the local tree reader in blocks of
+whole groups (:func:`exactpack.ray.blocks.group_blocks`); a plan task plans its block's
+tries and the write tasks write forest rows, under one ``"layout": "tree"`` manifest.
+
 The output depends only on the input, the block size and the policy (and its seed), never
 on the number of workers or the order tasks finish in; a retried task recomputes the same
 block or rewrites the same shard whole, and the driver checks that the shards it laid out

@@ -41,6 +41,10 @@ from exactpack.io.documents import Origin
 from exactpack.io.files import ReadLimits, data_kind, is_stdin, open_regular, resolve_files
 from exactpack.io.jsonl import line_blocks, read_jsonl
 from exactpack.io.parquet_guard import check_row_groups
+from exactpack.io.readers import open_input
+from exactpack.pipeline.budget import read_limits
+from exactpack.pipeline.options import PackOptions
+from exactpack.pipeline.pack_tree import group_tables, split_receipt
 
 if TYPE_CHECKING:
     import ray.data
@@ -180,12 +184,14 @@ class InputSlice:
 
 @dataclass(frozen=True)
 class Block:
-    """Examples ``first .. first + sum(piece rows) - 1`` of the input, in order."""
+    """Examples ``first .. first + sum(piece rows) - 1`` of the input, in order; ``origin``
+    names its rows where the driver read them (``--tree``: :func:`group_blocks`)."""
 
     index: int
     first: int
     pieces: tuple[InputSlice, ...]
     from_files: bool
+    origin: Origin | None = None
 
 
 def _unwrap(col: pa.ChunkedArray, name: str) -> pa.ChunkedArray:
@@ -269,6 +275,8 @@ def block_table(
 
 def block_origin(block: Block) -> Origin:
     """Names row ``i`` of the block by its file (or dataset) row; needs no reading."""
+    if block.origin is not None:
+        return block.origin
     origin, offset = [], 0
     for p in block.pieces:
         origin.append((p.name, offset - p.label_start, p.unit))
@@ -391,3 +399,30 @@ def dataset_blocks(
     inputs = [[refs[int(p.name)] for p in run] for run in pieces]
     runs = [tuple(InputSlice("dataset", p.start, p.stop, p.label_start) for p in r) for r in pieces]
     return _number_blocks(runs, from_files=False), inputs
+
+
+def group_blocks(
+    ray: Any, source: Any, opts: PackOptions, block_examples: int | None
+) -> tuple[list[Block], list[list[Any]], str, str]:
+    """``--tree`` blocks: the local reader's (:func:`~exactpack.pipeline.pack_tree.group_tables`:
+    about ``chunk_bytes``, or at least ``block_examples`` rows, a group never split), read
+    here and put in Ray's object store; with the input's name and its split receipt (the
+    local engine's)."""
+    if isinstance(source, ray.data.Dataset):
+        raise InvalidInput(
+            "--tree on Ray reads files or an in-memory table, not a ray.data.Dataset (its"
+            " blocks would split groups) — write it out (ds.write_parquet(folder)) and pack that"
+        )
+    source_input = open_input(source, opts.split, read_limits(opts))
+    hasher, digest = split_receipt(opts)
+    blocks: list[Block] = []
+    inputs: list[list[Any]] = []
+    first = 0
+    for table, origin in group_tables(source_input, opts, lambda t, _: digest(t), block_examples):
+        piece = InputSlice(source_input.name, 0, table.num_rows, 0)
+        blocks.append(Block(len(blocks), first, (piece,), from_files=False, origin=origin))
+        inputs.append([ray.put(table)])
+        first += table.num_rows
+    if not blocks:
+        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
+    return blocks, inputs, source_input.name, hasher.hexdigest()

@@ -28,8 +28,9 @@ from exactpack.io.documents import make_binding
 from exactpack.io.shards import manifest_record
 from exactpack.pipeline.local import duplicate_report
 from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.pack_tree import COUNTED, TRL_REFUSAL, tree_manifest
 from exactpack.pipeline.progress import status
-from exactpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks
+from exactpack.ray.blocks import Block, block_origin, dataset_blocks, file_blocks, group_blocks
 from exactpack.ray.ray_options import DEFAULT_BLOCK_EXAMPLES, RayOptions
 from exactpack.ray.shard_layout import (
     RayTaskFailed,
@@ -272,8 +273,9 @@ def run_tasks(
                     writes[ref] = len(shards)
                     pending.append(ref)
                     shards.append(shard)
-                    for j in range(layout.consumed):
-                        tables[j] = None  # the write tasks hold what they still need
+                # once every shard of this block is sent: its writers hold what they need
+                for j in range(layout.consumed):
+                    tables[j] = None
     except BaseException as err:
         # never ray.cancel (design notes): writers finish before the folder's cleanup
         ray.wait(list(writes), num_returns=len(writes), timeout=60)
@@ -309,16 +311,34 @@ def _manifest(
     source: str,
     block_examples: int | None,
     pad_token_id: int | None = None,
+    receipt: str | None = None,
 ) -> dict[str, Any]:
-    """The local pipeline's manifest, statistics merged over blocks, plus ``engine``."""
-    fields = options.manifest_fields(pad_token_id)
+    """The local pipeline's manifest (``--tree``: the local tree manifest, its split
+    ``receipt`` read by the driver), statistics merged over blocks, plus ``engine``."""
     layout, block_stats = results.layout, results.block_stats
+    lower = -(-sum(s["tokens"] for s in block_stats) // options.capacity)
+    blocks = per_block(layout, block_stats, results.shards, results.runs)
+    shards = per_shard(results.shards, results.runs)
+    engine = {
+        "name": "ray",
+        "block_examples": block_examples,
+        "blocks": len(layout.blocks),
+        "block_lower_bound": sum(-(-s["tokens"] // options.capacity) for s in block_stats),
+        "rows_over_lower_bound": layout.rows / lower,
+        "nodes": per_node(blocks, shards),
+        "per_block": blocks,
+        "per_shard": shards,
+    }
+    if options.tree is not None:
+        totals = {k: sum(s[k] for s in block_stats) for k in COUNTED}
+        totals["batches"] = -(-layout.rows // options.max_rows_per_batch)  # shards end on calls
+        final = Binding(binding.vocab_size, binding.tokenizer_id, options.split_id or receipt)
+        return tree_manifest(options, final, totals, results.entries, source, engine=engine)
+    fields = options.manifest_fields(pad_token_id)
     stats = merge_statistics(block_stats, layout, options.max_rows_per_batch)
     receipt = options.split_id or data_digest(
         "exactpack-split-blocks", options.split.value, *(s["split_id"] for s in block_stats)
     )
-    blocks = per_block(layout, block_stats, results.shards, results.runs)
-    shards = per_shard(results.shards, results.runs)
     return manifest_record(
         binding=Binding(binding.vocab_size, binding.tokenizer_id, receipt),
         partition=options.split,
@@ -329,16 +349,7 @@ def _manifest(
         policy=fields["policy"],
         statistics=stats,
         input={"source": source, "text_field": options.text_field},
-        engine={
-            "name": "ray",
-            "block_examples": block_examples,
-            "blocks": len(layout.blocks),
-            "block_lower_bound": sum(s["lower_bound"] for s in block_stats),
-            "rows_over_lower_bound": stats["rows"] / stats["lower_bound"],
-            "nodes": per_node(blocks, shards),
-            "per_block": blocks,
-            "per_shard": shards,
-        },
+        engine=engine,
     )
 
 
@@ -369,18 +380,20 @@ def pack(
     (``max_length=4096, block_examples=10_000``). Text is tokenized in the tasks with the
     tokenizer the driver loaded. Statistics: :func:`exactpack.pipeline.local.pack_path`'s
     plus ``blocks``, ``block_examples``, ``block_lower_bound``, ``rows_over_lower_bound``
-    (rows / the global lower bound) and ``nodes``. ``max_metadata_bytes`` applies to each
-    block alone. Without ``split_id`` the split receipt digests the blocks' digests in
-    order, so it depends on the block layout: pin it when several layouts must agree.
+    (rows / the global lower bound) and ``nodes`` (Ray nodes). ``max_metadata_bytes``
+    applies to each block alone. Without ``split_id`` the split receipt digests the blocks'
+    digests in order, so it depends on the block layout: pin it when several layouts must
+    agree. With ``tree=`` the driver reads blocks of whole groups and the output, statistics
+    (``nodes``: trie nodes) and split receipt are ``pack_path(..., tree=)``'s.
     """
     _ray()  # say how to install it before anything else
     opts, ray_opts = RayOptions.split(options, engine, **overrides)
+    if opts.format == "trl" and opts.tree is not None:
+        raise InvalidInput(TRL_REFUSAL)
     if opts.format != "exactpack":
         raise InvalidInput(
             f"--format {opts.format} is written by the local engine only — drop --engine ray"
         )
-    if opts.tree is not None:
-        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     if opts.truncation_mode is not None:
         raise InvalidInput(
             "--truncation-mode runs on the local engine only: drop --engine ray (or use --cut-long)"
@@ -398,21 +411,27 @@ def pack_into(
     say = status(show)
     binding, settings = _settings(opts, ray_opts)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
-    files = isinstance(source, (str, Path, list, tuple))
+    files = isinstance(source, (str, Path, list, tuple)) and opts.tree is None
+    receipt = None
     if files:  # laid out before Ray starts: a bad input fails fast
         say(f"laying out blocks of {source}")
         blocks = file_blocks(source, ray_opts.block_examples)
         if not blocks:
             raise InvalidInput(f"{source} holds no rows — nothing to pack")
-        inputs, block_examples = [[] for _ in blocks], ray_opts.block_examples
+        inputs, block_examples, name = [[] for _ in blocks], ray_opts.block_examples, str(source)
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
-        if not files:
+        if opts.tree is not None:  # read here, so a group never straddles two blocks
+            say(f"reading {source} in blocks of whole groups")
+            block_examples = ray_opts.block_examples
+            blocks, inputs, name, receipt = group_blocks(ray, source, opts, block_examples)
+        elif not files:
             if not isinstance(source, ray.data.Dataset):
                 raise InvalidInput(
                     "the ray engine reads a Parquet or JSON Lines file, a folder of such shards"
                     f" or a ray.data.Dataset, not a {type(source).__name__}"
                 )
             block_examples = ray_opts.block_examples or DEFAULT_BLOCK_EXAMPLES
+            name = "ray.data.Dataset"
             say("materialising the dataset in order")
             try:
                 blocks, inputs = dataset_blocks(
@@ -423,19 +442,18 @@ def pack_into(
         say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
         results = run_tasks(ray, blocks, inputs, settings, output, ray_opts, show)
         check_written(results.layout, results.entries, output.path)
-        name = str(source) if files else "ray.data.Dataset"
-        manifest = _manifest(opts, binding, results, name, block_examples, pad)
+        manifest = _manifest(opts, binding, results, name, block_examples, pad, receipt)
         output.commit(manifest)
     meta = manifest["engine"]
     return (
-        manifest["statistics"]
+        {"nodes": len(meta["nodes"])}  # Ray nodes; --tree's statistics count trie nodes
+        | manifest["statistics"]
         | duplicates(blocks, results.ids)
         | {
             "blocks": meta["blocks"],
             "block_examples": block_examples,
             "block_lower_bound": meta["block_lower_bound"],
             "rows_over_lower_bound": meta["rows_over_lower_bound"],
-            "nodes": len(meta["nodes"]),
             "shards": len(results.entries),
             "out": str(output.path),
             "recovered": output.notes,

@@ -19,21 +19,32 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from exactpack.core.binding import Binding, Split
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import SplitMismatch
-from exactpack.core.examples import example_label
+from exactpack.core.examples import example_label, offsets_of
 from exactpack.core.supervision import Objective
 from exactpack.io import store
 from exactpack.io.columns import documents_from_arrow
 from exactpack.io.documents import Documents
-from exactpack.io.shards import FULL, arrow_to_rows, shard_bounds, shard_table
+from exactpack.io.shards import (
+    FULL,
+    TREE_SCHEMA,
+    arrow_to_rows,
+    list_array,
+    numpy_array,
+    shard_bounds,
+    shard_table,
+    write_shard_file,
+)
 from exactpack.io.tokenizers import HFTokenizer, Tokenizer
-from exactpack.pipeline.budget import check_budget, read_limits
+from exactpack.pipeline.budget import StreamBudget, check_budget, read_limits
 from exactpack.pipeline.local import bind_examples, pack_table, run_statistics
 from exactpack.pipeline.options import PackOptions
-from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_table
+from exactpack.pipeline.pack_tree import PlannedBlock, file_groups
+from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_origin, block_table
 from exactpack.ray.ray_options import TaskHook
 
 
@@ -121,14 +132,34 @@ def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
 def plan_block(
     block: Block, settings: Settings, *tables: pa.Table
 ) -> tuple[dict[str, Any], pa.Table]:
-    """Task 1: the local pipeline on one block; its statistics and compact rows (Arrow).
+    """Task 1: the local pipeline on one block; its statistics and rows (Arrow): compact
+    rows, or forest rows with ``--tree`` (:func:`plan_tries`).
 
-    The statistics carry ``ids`` (the block's example ids, Arrow strings in row order),
-    the node, the read / tokenize / plan seconds and ``plan_cpu_seconds`` (all three).
+    The statistics carry ``examples``, ``rows``, ``tokens`` and ``cuts`` (the driver's
+    layout), ``ids`` (the block's example ids, Arrow strings in row order), the node, the
+    read / tokenize / plan seconds and ``plan_cpu_seconds`` (all three).
     """
     started, cpu = time.perf_counter(), time.process_time()
-    opts = settings.options
     limit_tokenizer_threads()
+    plan = plan_tries if settings.options.tree is not None else plan_examples
+    stats, out, read, tokenized = plan(block, settings, tables)
+    stats |= {
+        **node_of_task(),
+        "read_seconds": read - started,
+        "tokenize_seconds": tokenized - read,
+        "plan_seconds": time.perf_counter() - tokenized,
+        "plan_cpu_seconds": time.process_time() - cpu,
+    }
+    if settings.hook is not None:
+        settings.hook("plan", block.index)
+    return stats, out
+
+
+def plan_examples(
+    block: Block, settings: Settings, tables: Sequence[pa.Table]
+) -> tuple[dict[str, Any], pa.Table, float, float]:
+    """A flat block: (statistics, compact rows, when read, when tokenized)."""
+    opts = settings.options
     tokenizer = task_tokenizer(opts.load_tokenizer())
     table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
     read = time.perf_counter()
@@ -163,15 +194,31 @@ def plan_block(
         "split_id": examples.binding.split_id,
         "cuts": cuts.tolist(),
         "ids": pa.array(docs.ids, type=pa.string()),
-        **node_of_task(),
-        "read_seconds": read - started,
-        "tokenize_seconds": tokenized - read,
-        "plan_seconds": time.perf_counter() - tokenized,
-        "plan_cpu_seconds": time.process_time() - cpu,
     }
-    if settings.hook is not None:
-        settings.hook("plan", block.index)
-    return stats, out
+    return stats, out, read, tokenized
+
+
+def plan_tries(
+    block: Block, settings: Settings, tables: Sequence[pa.Table]
+) -> tuple[dict[str, Any], pa.Table, float, float]:
+    """A ``--tree`` block (read by the driver, its groups whole): its groups' tries planned
+    with the run's policy as the local engine plans a block (:class:`PlannedBlock`);
+    sequence indexes count from the block's first sequence."""
+    opts = settings.options
+    tokenizer = opts.load_tokenizer()
+    read = time.perf_counter()
+    groups, index = file_groups(tables[0], block_origin(block), settings.binding, tokenizer, opts)
+    tokenized = time.perf_counter()
+    budget = StreamBudget.of(opts, "text" if tokenizer is not None else "table")
+    planned = PlannedBlock.of(groups, index, opts, budget)
+    counts = planned.counts()
+    stats = counts | {
+        "examples": counts["sequences"],
+        "tokens": counts["tokens_stored"],
+        "cuts": planned.bounds[1:-1].tolist(),
+        "ids": pa.array([], type=pa.string()),
+    }
+    return stats, planned.table(0, planned.plan.num_rows), read, tokenized
 
 
 def write_shard(
@@ -188,6 +235,10 @@ def write_shard(
     started, cpu = time.perf_counter(), time.process_time()
     opts = settings.options
     parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
+    if "node_ids" in parts[0].column_names:
+        table = forest_rows(parts, [e for *_, e in spans], first_row)
+        entry = write_shard_file(table, folder, name, first_row)
+        return finished(entry, started, cpu, index, settings.hook)
     rows = arrow_to_rows(
         pa.concat_tables(parts).combine_chunks(), capacity=opts.capacity,
         partition=opts.split, binding=settings.binding, where=name, contiguous=False,
@@ -196,11 +247,32 @@ def write_shard(
     moved = np.repeat([e for *_, e in spans], np.diff(rows.row_offsets[part_rows]))
     rows = replace(rows, ordinals=rows.ordinals + moved.astype(np.int64), first_row=first_row)
     entry = store.write_shard(rows, folder, name)  # as every writer writes a shard
+    return finished(entry, started, cpu, index, settings.hook)
+
+
+def finished(
+    entry: dict[str, Any], started: float, cpu: float, index: int, hook: TaskHook | None
+) -> dict[str, Any]:
+    """A written shard's manifest entry plus where and how long its write task ran."""
     entry |= {
         **node_of_task(),
         "write_seconds": time.perf_counter() - started,
         "write_cpu_seconds": time.process_time() - cpu,
     }
-    if settings.hook is not None:
-        settings.hook("write", index)
+    if hook is not None:
+        hook("write", index)
     return entry
+
+
+def forest_rows(parts: list[pa.Table], firsts: list[int], first_row: int) -> pa.Table:
+    """Forest rows of several blocks as one shard: rows numbered from ``first_row``, each
+    block's sequence indexes moved up by its first sequence (``firsts``)."""
+    table = pa.concat_tables(parts).combine_chunks()
+    seq = table.column("sequence_index")
+    lengths = pc.list_value_length(seq).to_numpy(zero_copy_only=False).astype(np.int64)
+    moved = np.repeat(np.repeat(firsts, [p.num_rows for p in parts]), lengths)
+    columns = dict(zip(table.column_names, table.columns, strict=True))
+    columns["row"] = numpy_array(np.arange(table.num_rows, dtype=np.int64) + first_row, pa.int64())
+    values = pc.list_flatten(seq).to_numpy(zero_copy_only=False) + moved
+    columns["sequence_index"] = list_array(offsets_of(lengths), values, pa.int64())
+    return pa.Table.from_arrays(list(columns.values()), schema=TREE_SCHEMA)
