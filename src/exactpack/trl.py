@@ -44,7 +44,8 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.capabilities import architecture_of
-from exactpack.hf.kinds import TREE_NAMES, tree_kind
+from exactpack.hf.attention_impl import register
+from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.tree_inputs import tree_inputs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
@@ -54,11 +55,13 @@ _MODELS = ("model", "ref_model")
 _PACKED = "_exactpack_packed"
 
 
-def pack(trainer: Any, *, attn_implementation: str | None = None) -> Any:
+def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
     """Make ``trainer``'s log-probability forwards run on tree rows (in place); returns it.
 
-    ``attn_implementation``: how the tree rows are attended (default: the model's own,
-    ``sdpa`` / ``eager`` / ``flex_attention``, fed the tree's masks)."""
+    ``attn_implementation``: how the tree rows are attended — ``exactpack_tree`` (each node
+    against its path, one row without padding), ``exactpack_tree_varlen``, or ``sdpa`` /
+    ``eager`` / ``flex_attention`` fed the tree's masks. The model is switched to it for
+    the packed call (and its backward) only; every other call runs on its own attention."""
     import trl
 
     if not trl.__version__.startswith(CHECKED_TRL):
@@ -103,7 +106,7 @@ def _has_fused_head(forward: Any) -> bool:
     return False
 
 
-def _patch(lm: Any, attn_implementation: str | None) -> None:
+def _patch(lm: Any, impl: str) -> None:
     if getattr(lm, _PACKED, False):
         return
     config = lm.config.get_text_config()
@@ -112,23 +115,30 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
             f"{config.model_type} returns router logits for a load-balancing loss that reads"
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
-    own = getattr(lm.config, "_attn_implementation", None) or "sdpa"
-    impl = attn_implementation or own
-    if impl in TREE_NAMES and impl != own:  # its plan rides kwargs only that kernel reads
-        raise InvalidInput(
-            f"attn_implementation={impl!r} runs only where the model attends with it (it is on"
-            f" {own!r}): model.set_attn_implementation({impl!r}) first, or leave"
-            " attn_implementation out to feed the tree's masks to the model's own attention"
-        )
     arch = architecture_of(lm).check(tree_kind(impl), tree=True)
+    register()
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
+    own = [lm.config._attn_implementation or "sdpa"]  # what the model attends with itself
     inside = threading.local()
+
+    def attend_with(name: str) -> None:
+        if lm.config._attn_implementation != name:
+            lm.config._attn_implementation = name
+
+    def attend_own() -> None:
+        attend_with(own[0])
 
     @functools.wraps(fused)
     def forward(*args: Any, fused_lm_head: bool = False, **kwargs: Any) -> Any:
         if not fused_lm_head:
+            attend_own()
             return fused(*args, **kwargs)
+        if lm.config._attn_implementation != impl:
+            own[0] = lm.config._attn_implementation or "sdpa"
+        # the model stays on the tree kernel until its next other call: a checkpointed
+        # layer recomputes its forward in the backward, after this call has returned
+        attend_with(impl)
         inside.on = True
         try:
             return fused(*args, fused_lm_head=True, **kwargs)
@@ -138,6 +148,7 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
     @functools.wraps(plain)
     def backbone_forward(*args: Any, **kwargs: Any) -> Any:
         if not getattr(inside, "on", False):
+            attend_own()
             return plain(*args, **kwargs)
         return _tree_forward(plain, lm, arch, impl, *args, **kwargs)
 
@@ -203,7 +214,9 @@ def _tree_forward(
         group - 1,
         Binding(vocab_size=vocab, tokenizer_id="trl-batch", split_id="trl-batch"),
     )
-    width = int(build_layout(groups, int(counts.sum()) + batch).sizes.max())
+    sizes = build_layout(groups, int(counts.sum()) + batch).sizes
+    # the tree kernel attends node by node: one row, no padding; a mask kind, the widest trie
+    width = int(sizes.sum() if impl in TREE_NAMES else sizes.max())
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
     dtype = next(lm.parameters()).dtype
     inputs = tree_inputs(tree, impl, arch=arch, dtype=dtype, device=input_ids.device)

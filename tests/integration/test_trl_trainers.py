@@ -87,7 +87,7 @@ def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
         per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
         learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
         report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0,
-        dataloader_num_workers=0, logging_steps=1, gradient_checkpointing=False, **config,
+        dataloader_num_workers=0, logging_steps=1, **{"gradient_checkpointing": False, **config},
     )  # fmt: skip
     trainer = DPOTrainer(
         model=llama(), ref_model=llama(), args=args, train_dataset=Dataset.from_dict(PAIRS),
@@ -114,8 +114,10 @@ def test_a_dpo_step_on_tree_rows_equals_trls_own_step(tmp_path, loss_type, float
 
 
 def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
-    plain_grads, plain_logs = _dpo_step(tmp_path, False, wide=False)
-    packed_grads, packed_logs = _dpo_step(tmp_path, True, wide=False)
+    """TRL's defaults, gradient checkpointing included: the layers recompute in the
+    backward, after the packed call returned, and must still attend with the tree kernel."""
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, wide=False, gradient_checkpointing=True)
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, wide=False, gradient_checkpointing=True)
     # float32 tiles and norms: a gradient's relative error of a few float32 ulps (2**-23)
     for name, g in plain_grads.items():
         gap = float((packed_grads[name] - g).abs().max())
@@ -149,6 +151,8 @@ def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float
                                                    pad_token_id=0))  # fmt: skip
         labels = ids.masked_fill(mask == 0, -100)
         fused = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        again = model(input_ids=ids, attention_mask=mask).logits  # back on its own attention
+    assert torch.equal(again, want)
     alone = torch.log_softmax(reference(input_ids=ids[:1, 2:]).logits[0, :-1], -1)
     want_lp = alone.gather(1, ids[0, 3:, None])[:, 0]
     assert torch.allclose(fused.log_probs[0, 2:], want_lp, rtol=1e-12, atol=1e-12)
@@ -175,8 +179,8 @@ def test_refusals_are_up_front(tmp_path):
     other = llama()
     add_fused_lm_head(other)
     trainer.model = other
-    with pytest.raises(InvalidInput, match=r"set_attn_implementation\('exactpack_tree'\) first"):
-        exactpack.trl.pack(trainer, attn_implementation="exactpack_tree")
+    with pytest.raises(NotAvailable, match="cannot run tree-packed rows"):
+        exactpack.trl.pack(trainer, attn_implementation="flash_attention_2")
     with pytest.raises(NotAvailable, match="token ids only"):
         model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
 
