@@ -43,14 +43,14 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
-from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.attention_impl import register
+from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.tree_inputs import tree_inputs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
-#: Trainer attributes holding a model TRL calls with ``fused_lm_head=True``.
+#: Trainer attributes holding a model to pack (the policy or reward model, the reference).
 _MODELS = ("model", "ref_model")
 _PACKED = "_exactpack_packed"
 
@@ -74,22 +74,83 @@ def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
     for name in _MODELS:
         model = getattr(trainer, name, None)
         if model is not None:
-            _patch(_causal_lm(model), attn_implementation)
+            _patch(*_packed_module(model), attn_implementation)
             patched += 1
     if not patched:
         raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
+    if hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
+        _keep_groups_whole(trainer)
     return trainer
 
 
-def _causal_lm(model: Any) -> Any:
-    """The module whose ``forward`` TRL's fused head replaced (PEFT: the base model)."""
+#: The TRL modules whose ``_prepare_inputs`` shuffles a generation batch before splitting it.
+_SHUFFLING = ("trl.trainer.grpo_trainer", "trl.trainer.rloo_trainer")
+_grouping = threading.local()
+
+
+def _keep_groups_whole(trainer: Any) -> None:
+    """GRPO / RLOO shuffle a generation batch's rows before cutting it into micro-batches,
+    so a micro-batch holds parts of many groups and shares only their prompts. While the
+    packed trainer prepares inputs, the shuffle moves groups (runs of rows with one prompt)
+    whole: a micro-batch of ``k × num_generations`` rows holds ``k`` groups, each prompt
+    stored once, every column (ids, rewards, reference log-probs) moved with its row."""
+    import importlib
+
+    for name in _SHUFFLING:
+        module = importlib.import_module(name)
+        if not getattr(module.shuffle_sequence_dict, _PACKED, False):
+            module.shuffle_sequence_dict = _group_shuffle(module.shuffle_sequence_dict)
+    prepare = trainer._prepare_inputs
+
+    @functools.wraps(prepare)
+    def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
+        _grouping.on = True
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            _grouping.on = False
+
+    trainer._prepare_inputs = prepare_inputs
+
+
+def _group_shuffle(shuffle: Any) -> Any:
+    """``shuffle`` (TRL's ``shuffle_sequence_dict``), groups whole inside a packed trainer."""
+
+    @functools.wraps(shuffle)
+    def grouped(seqs: dict[str, Any]) -> dict[str, Any]:
+        ids = seqs.get("prompt_ids")
+        if not getattr(_grouping, "on", False) or not isinstance(ids, torch.Tensor):
+            return shuffle(seqs)
+        new = np.r_[True, ~(ids[1:] == ids[:-1]).all(-1).cpu().numpy()]  # a group's first row
+        bounds = np.r_[np.flatnonzero(new), len(ids)]
+        order = torch.randperm(len(bounds) - 1).numpy()  # TRL's generator, by group
+        perm = np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
+
+        def permute(v: Any) -> Any:
+            if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+                return v
+            if isinstance(v, torch.Tensor):
+                return v[torch.as_tensor(perm, device=v.device)]
+            return [v[i] for i in perm]
+
+        return {key: permute(value) for key, value in seqs.items()}
+
+    setattr(grouped, _PACKED, True)
+    return grouped
+
+
+def _packed_module(model: Any) -> tuple[Any, bool]:
+    """The module whose forward is packed (PEFT: the base model), and whether every call is
+    packed (a sequence-classification reward model) or only TRL's fused-head calls."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(base).__name__.endswith("ForSequenceClassification"):
+        return base, True
     if not _has_fused_head(vars(base).get("forward")) and not getattr(base, _PACKED, False):
         raise InvalidInput(
             f"{type(base).__name__} has no fused LM head: build the TRL trainer first, then"
             " call exactpack.trl.pack(trainer)"
         )
-    return base
+    return base, False
 
 
 def _has_fused_head(forward: Any) -> bool:
@@ -106,7 +167,7 @@ def _has_fused_head(forward: Any) -> bool:
     return False
 
 
-def _patch(lm: Any, impl: str) -> None:
+def _patch(lm: Any, every_call: bool, impl: str) -> None:
     if getattr(lm, _PACKED, False):
         return
     config = lm.config.get_text_config()
@@ -130,8 +191,8 @@ def _patch(lm: Any, impl: str) -> None:
         attend_with(own[0])
 
     @functools.wraps(fused)
-    def forward(*args: Any, fused_lm_head: bool = False, **kwargs: Any) -> Any:
-        if not fused_lm_head:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (every_call or kwargs.get("fused_lm_head")):
             attend_own()
             return fused(*args, **kwargs)
         if lm.config._attn_implementation != impl:
@@ -141,7 +202,7 @@ def _patch(lm: Any, impl: str) -> None:
         attend_with(impl)
         inside.on = True
         try:
-            return fused(*args, fused_lm_head=True, **kwargs)
+            return fused(*args, **kwargs)
         finally:
             inside.on = False
 
@@ -174,9 +235,7 @@ def _tree_forward(
     """The padded batch's hidden states ``(B, L, H)``, computed on tree rows."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    extra = sorted(
-        k for k, v in kwargs.items() if k not in _HARMLESS or v not in (None, _HARMLESS[k])
-    )
+    extra = sorted(k for k, v in kwargs.items() if v is not None and _HARMLESS.get(k, ...) != v)
     if input_ids is None or extra:
         what = ", ".join(extra) or "inputs_embeds instead of input_ids"
         raise NotAvailable(

@@ -228,3 +228,81 @@ def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(tmp_path
     assert torch.all((lp0 - lp1)[keep].abs() <= 1e-10 + 1e-9 * lp0[keep].abs())
     assert torch.all((en0 - en1)[keep].abs() <= 1e-10 + 1e-9 * en0[keep].abs())
     assert worst_ratio(g1, g0) <= 1.0
+
+
+def _reward_step(tmp_path, packed: bool):
+    """One RewardTrainer step (two micro-batches of two pairs, accumulated) of a float64
+    Llama reward model (``num_labels=1``): chosen and rejected rows in one forward."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from trl import RewardConfig, RewardTrainer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=0,
+        eos_token_id=2,
+    )  # fmt: skip
+    model = LlamaForSequenceClassification(config).to(torch.float64)
+    record, grads = grad_recorder()
+    args = RewardConfig(
+        output_dir=str(tmp_path / ("packed" if packed else "plain")),
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
+        learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
+        report_to=[], use_cpu=True, save_strategy="no", seed=0, logging_steps=1,
+        center_rewards_coefficient=0.1, gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = RewardTrainer(
+        model=model, args=args, train_dataset=Dataset.from_dict(PAIRS),
+        processing_class=word_tokenizer(), callbacks=[record],
+    )  # fmt: skip
+    if packed:
+        exactpack.trl.pack(trainer)
+        assert trainer.model.config._attn_implementation != "exactpack_tree"  # until called
+    with Float64Islands():
+        trainer.train()
+    assert (trainer.model.config._attn_implementation == "exactpack_tree") == packed  # it ran
+    return grads[0], trainer.state.log_history[0]
+
+
+def test_a_reward_step_on_tree_rows_equals_trls_own_step(tmp_path):
+    """Each pair's prompt computed once for both answers; the score at each sequence's
+    last token; the loss, the reward metrics and every gradient as TRL's (float64)."""
+    plain_grads, plain_logs = _reward_step(tmp_path, False)
+    packed_grads, packed_logs = _reward_step(tmp_path, True)
+    assert worst_ratio(packed_grads, plain_grads) <= 1.0
+    assert float(plain_grads["score.weight"].abs().max()) > 0
+    for key in ("loss", "mean_reward", "margin"):
+        a, b = packed_logs[key], plain_logs[key]
+        assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
+
+
+def test_grpo_micro_batches_hold_whole_groups(tmp_path):
+    """TRL shuffles a generation batch row by row before cutting it into micro-batches;
+    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once)
+    and every per-row column moves with its row."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+        gradient_accumulation_steps=3, max_completion_length=4, report_to=[], use_cpu=True,
+        bf16=False, save_strategy="no", gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=llama(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args, train_dataset=Dataset.from_dict({"prompt": ["t3 t4"] * 6}),
+        processing_class=word_tokenizer(),
+    )  # fmt: skip
+    prompts = torch.arange(6).repeat_interleave(2)[:, None] * torch.ones(1, 3, dtype=torch.long)
+    rows = {"prompt_ids": prompts, "row": torch.arange(12), "ids": [f"r{i}" for i in range(12)]}
+    trainer._generate_and_score_completions = lambda batch: dict(rows)
+    exactpack.trl.pack(trainer)
+    torch.manual_seed(1)
+    trainer.model.train()
+    micro = [trainer._prepare_inputs(None)]
+    micro += [trainer._buffered_inputs[i] for i in (1, 2)]
+    seen = torch.cat([m["row"] for m in micro])
+    assert sorted(seen.tolist()) == list(range(12)) and seen.tolist() != list(range(12))
+    for m in micro:  # two whole groups (rows 2g, 2g+1), the columns in step
+        assert torch.equal(m["row"].view(2, 2) % 2, torch.tensor([[0, 1], [0, 1]]))
+        assert m["ids"] == [f"r{i}" for i in m["row"].tolist()]
+        assert torch.equal(m["prompt_ids"][:, 0], m["row"] // 2)
