@@ -185,20 +185,25 @@ def test_refusals_are_up_front(tmp_path):
         model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
 
 
-def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(tmp_path, float64_head):
-    """GRPOTrainer's one log-probability call (left-padded prompts + right-padded
-    completions, groups of completions sharing a prompt): log-probs, entropies and the
-    gradient of a weighted sum, packed vs as shipped, float64."""
-    from trl import GRPOConfig, GRPOTrainer
+@pytest.mark.parametrize("name", ["GRPO", "RLOO"])
+def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(
+    tmp_path, name, float64_head
+):
+    """GRPOTrainer's / RLOOTrainer's one log-probability call (left-padded prompts +
+    right-padded completions, groups of completions sharing a prompt): log-probs,
+    entropies and the gradient of a weighted sum, packed vs as shipped, float64."""
+    import trl
+
+    config, trainer_class = getattr(trl, f"{name}Config"), getattr(trl, f"{name}Trainer")
 
     def build():
-        args = GRPOConfig(
+        args = config(
             output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
             max_completion_length=4, report_to=[], use_cpu=True, bf16=False,
             save_strategy="no", gradient_checkpointing=False, beta=0.0,
         )  # fmt: skip
         prompts = Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7"] * 2})
-        return GRPOTrainer(
+        return trainer_class(
             model=llama(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
             args=args, train_dataset=prompts, processing_class=word_tokenizer(),
         )  # fmt: skip
@@ -306,3 +311,48 @@ def test_grpo_micro_batches_hold_whole_groups(tmp_path):
         assert torch.equal(m["row"].view(2, 2) % 2, torch.tensor([[0, 1], [0, 1]]))
         assert m["ids"] == [f"r{i}" for i in m["row"].tolist()]
         assert torch.equal(m["prompt_ids"][:, 0], m["row"] // 2)
+
+
+@pytest.mark.parametrize("name", ["GRPO", "RLOO"])
+def test_a_grpo_step_on_tree_rows_equals_trls_own_step(tmp_path, name, float64_head):
+    """A whole step (fixed rollouts in place of sampling, reference model, two micro-batches
+    accumulated): every gradient as TRL's own step in float64. The packed step's
+    micro-batches hold whole groups where TRL's hold shuffled rows; the step's objective
+    (``loss_type="dapo"``: tokens over the generation batch; RLOO: sequences) is the same."""
+    import trl
+
+    completions = [[10, 11, 2], [12, 2], [13, 14, 15, 2], [16, 2], [17, 2], [18, 19, 2]] * 2
+    rewards = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5] * 2
+
+    path = tmp_path / "llama"  # GRPO loads its reference model from the policy's path
+    llama().save_pretrained(path)
+
+    def step(packed: bool):
+        record, grads = grad_recorder()
+        extra = {"loss_type": "dapo"} if name == "GRPO" else {}
+        args = getattr(trl, f"{name}Config")(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+            gradient_accumulation_steps=2, max_completion_length=4, max_steps=1, beta=0.1,
+            learning_rate=0.5, optim="sgd", max_grad_norm=0.0, report_to=[], use_cpu=True,
+            bf16=False, save_strategy="no", gradient_checkpointing=False, seed=0,
+            model_init_kwargs={"dtype": torch.float64}, **extra,
+        )  # fmt: skip
+        trainer = getattr(trl, f"{name}Trainer")(
+            model=str(path), reward_funcs=lambda completions, **kw: rewards[: len(completions)],
+            args=args, processing_class=word_tokenizer(), callbacks=[record],
+            train_dataset=Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7", "t8", "t9 t4"]}),
+        )  # fmt: skip
+        # fixed completions in place of sampling (GRPO also returns sampling log-probs)
+        fixed = (lambda ids, *a: (completions[: len(ids)], None)) if name == "GRPO" else (
+            lambda ids, *a: completions[: len(ids)]
+        )  # fmt: skip
+        trainer._generate_single_turn = fixed
+        if packed:
+            exactpack.trl.pack(trainer)
+        with Float64Islands():
+            trainer.train()
+        return grads[0]
+
+    plain, packed = step(False), step(True)
+    assert max(float(g.abs().max()) for g in plain.values()) > 0
+    assert worst_ratio(packed, plain) <= 1.0
