@@ -126,8 +126,9 @@ def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) 
                 output_dir=out, num_generations=8, gradient_accumulation_steps=4, beta=0.04,
                 max_completion_length=512, **common,
             )  # fmt: skip
+            model().save_pretrained(f"{out}/llama")  # GRPO loads its reference from the path
             trainer = GRPOTrainer(
-                model=model(), reward_funcs=lambda completions, **kw: [len(c) for c in completions],
+                model=f"{out}/llama", reward_funcs=lambda completions, **kw: [len(c) for c in completions],
                 args=args, train_dataset=dataset(groups, scale, ("prompt",)),
                 processing_class=tokenizer(), callbacks=[Clock()], rollout_func=rollout(scale),
             )  # fmt: skip

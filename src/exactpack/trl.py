@@ -181,7 +181,6 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
     own = [lm.config._attn_implementation or "sdpa"]  # what the model attends with itself
-    inside = threading.local()
 
     def attend_with(name: str) -> None:
         if lm.config._attn_implementation != name:
@@ -200,15 +199,15 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
         # the model stays on the tree kernel until its next other call: a checkpointed
         # layer recomputes its forward in the backward, after this call has returned
         attend_with(impl)
-        inside.on = True
+        _inside.on = True
         try:
             return fused(*args, **kwargs)
         finally:
-            inside.on = False
+            _inside.on = False
 
     @functools.wraps(plain)
     def backbone_forward(*args: Any, **kwargs: Any) -> Any:
-        if not getattr(inside, "on", False):
+        if not getattr(_inside, "on", False):
             attend_own()
             return plain(*args, **kwargs)
         return _tree_forward(plain, lm, arch, impl, *args, **kwargs)
@@ -216,6 +215,30 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
     lm.forward = forward
     backbone.forward = backbone_forward
     setattr(lm, _PACKED, True)
+    if not every_call:
+        _score_real_tokens_only()
+
+
+#: Set while a packed call runs (its backbone forward goes to the tree rows).
+_inside = threading.local()
+
+
+def _score_real_tokens_only() -> None:
+    """TRL's fused head scores only the positions with a label where Triton runs, and every
+    padded position elsewhere (fixed tile shapes for compilers): in a packed call it scores
+    the labelled positions only, everywhere — the padded ones are not computed at all."""
+    import trl.trainer.utils as utils
+
+    if getattr(utils._use_triton, _PACKED, False):
+        return
+    triton = utils._use_triton
+
+    @functools.wraps(triton)
+    def compact(device: torch.device) -> bool:
+        return getattr(_inside, "on", False) or triton(device)
+
+    setattr(compact, _PACKED, True)
+    utils._use_triton = compact
 
 
 #: Keywords TRL's fused call may pass the backbone that change nothing on tree rows.
