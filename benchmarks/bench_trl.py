@@ -50,6 +50,11 @@ def dataset(rows: int, scale: int, columns=("prompt", "chosen", "rejected"), see
     return Dataset.from_dict(out)
 
 
+def by_length(completions, **kwargs) -> list[float]:
+    """A reward: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+
+
 def rollout(scale: int, seed: int = 1):
     """A ``rollout_func`` that answers each prompt with 32–512 random tokens (eos last)."""
     import numpy as np
@@ -128,7 +133,7 @@ def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) 
             )  # fmt: skip
             model().save_pretrained(f"{out}/llama")  # GRPO loads its reference from the path
             trainer = GRPOTrainer(
-                model=f"{out}/llama", reward_funcs=lambda completions, **kw: [len(c) for c in completions],
+                model=f"{out}/llama", reward_funcs=by_length,
                 args=args, train_dataset=dataset(groups, scale, ("prompt",)),
                 processing_class=tokenizer(), callbacks=[Clock()], rollout_func=rollout(scale),
             )  # fmt: skip
