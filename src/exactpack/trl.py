@@ -22,10 +22,15 @@ batch, prompts ``P``/``Q``, answers ``a b`` / ``c`` and ``d`` / ``e f``::
     P P c .                       node 3: Q ; node 4: d ; node 5: e f (under 3)
     Q e f .
 
-TRL's head, loss types, metrics, reference model or PEFT adapter, accumulation,
-DDP and logging run unchanged on those hidden states. Every other call
-(generation, a plain forward, evaluation without the fused head) runs the model
-as it is, on its own attention. Refused up front, with the reason: a model the
+TRL's head (scoring the labelled positions only), loss types, metrics, reference
+model or PEFT adapter, accumulation, DDP and logging run unchanged on those hidden
+states. The tree rows run on ``exactpack_tree`` (one row, each node against its
+path); the model is switched to it for the packed call and its backward, and back
+at its next other call (generation, a plain forward), which runs on its own
+attention. ``RewardTrainer``'s sequence-classification model packs every forward
+(a pair's chosen and rejected share the prompt; the score at each last token).
+GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows).
+Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
 router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
 and at call time inputs other than token ids (images, ``inputs_embeds``).
