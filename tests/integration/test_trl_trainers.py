@@ -101,10 +101,15 @@ def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
     return grads[0], logs
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_a_dpo_step_on_tree_rows_equals_trls_own_step(tmp_path, loss_type, float64_head):
-    plain_grads, plain_logs = _dpo_step(tmp_path, False, loss_type=[loss_type])
-    packed_grads, packed_logs = _dpo_step(tmp_path, True, loss_type=[loss_type])
+@pytest.mark.parametrize("loss_type, precompute", [("sigmoid", False), ("ipo", True)])
+def test_a_dpo_step_on_tree_rows_equals_trls_own_step(
+    tmp_path, loss_type, precompute, float64_head
+):
+    """Two micro-batches accumulated; ``precompute_ref_log_probs``: the reference
+    log-probabilities computed (packed) before training and carried as columns."""
+    config = {"loss_type": [loss_type], "precompute_ref_log_probs": precompute}
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, **config)
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, **config)
     assert worst_ratio(packed_grads, plain_grads) <= 1.0
     assert max(float(g.abs().max()) for g in plain_grads.values()) > 0
     for key in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
