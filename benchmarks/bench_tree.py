@@ -126,10 +126,9 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
     from exactpack.core.compact import pack_examples
     from exactpack.core.config import PackConfig
     from exactpack.core.examples import SequenceExample
+    from exactpack.core.loss import token_weighted_loss
     from exactpack.hf.adapter import hf_inputs, hf_loss
     from exactpack.hf.attention_impl import register
-    from exactpack.hf.tree_inputs import tree_inputs
-    from exactpack.nn.tree_attention import tree_loss
 
     torch.set_num_threads(1)
     register()
@@ -172,8 +171,8 @@ def step_throughput(name: str, groups: int, repeats: int, scale: int) -> dict:
 
     def tree_step():
         model.set_attn_implementation("exactpack_tree")
-        out = model(**tree_inputs(tree_batch, "exactpack_tree", config=cfg))
-        tree_loss(out.logits, tree_batch).mean.backward()
+        out = model(**hf_inputs(tree_batch, "exactpack_tree", config=cfg))
+        token_weighted_loss(out.logits, tree_batch).mean.backward()
 
     times = {}
     for label, step in (("flat", flat_step), ("tree", tree_step)):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
-from exactpack.hf.tree_inputs import tree_inputs
+from exactpack.hf import hf_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.verify.models import load_model
 from exactpack.verify.tree_models import use_tree_attention
@@ -58,7 +58,7 @@ def tree_logprobs(model: torch.nn.Module, groups: SequenceGroups, capacity: int)
     """Summed completion log-probs of every sequence, in supplied order, from one forward."""
     (batch,) = pack_tree(groups, capacity, policy="best-fit-decreasing").batches
     dtype = next(model.parameters()).dtype
-    logits = model(**tree_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
+    logits = model(**hf_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
     sums = sequence_logprobs(logits, batch)
     return sums.new_zeros(len(groups)).index_copy(0, torch.as_tensor(batch.seq_index), sums)
 

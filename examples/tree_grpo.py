@@ -22,7 +22,7 @@ import torch
 
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
-from exactpack.hf.tree_inputs import tree_inputs
+from exactpack.hf import hf_inputs
 from exactpack.nn.logprobs import token_logprobs
 
 
@@ -65,7 +65,7 @@ def clipped_loss(
 def tree_grpo(model, groups, rewards, capacity=512) -> torch.Tensor:
     (batch,) = pack_tree(groups, capacity).batches
     dtype = next(model.parameters()).dtype
-    logits = model(**tree_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
+    logits = model(**hf_inputs(batch, "exactpack_tree", config=model.config, dtype=dtype)).logits
     per_seq = token_logprobs(logits, batch)
     by_index = {int(s): i for i, s in enumerate(batch.seq_index)}
     ordered = [per_seq[by_index[i]] for i in range(len(groups))]

@@ -51,7 +51,13 @@ most expensive kind. The rules:
   exactly), `tests/adversarial/test_fuzz_outputs.py` (any manifest edit fails the load or
   changes nothing; any shard edit, re-hashed, fails or keeps every
   invariant) and `tests/adversarial/test_fuzz_states.py` (damaged plan dicts, plan files
-  and stream states are refused or valid).
+  and stream states are refused or valid). What would abort the process in a
+  native library is refused before it gets there: a NUL byte in a text or
+  JSON file in the block it is read (600 MB of NULs reached 2.5 GB as
+  one line), a text of more than 16,777,216 characters before the Rust
+  tokenizer (~45 bytes a character; a 60 MB line aborted it), and a
+  tokenizer file holding a string over 1 MiB or over 128 MiB in all before
+  the Rust side parses it (an added token of 30 MB aborted it under 2 GB).
 - **The C kernels agree with their Python twins.** Arrays reach the C kernels
   through one border (`exactpack.core.engine.call`), which passes a strided,
   big-endian or other-dtype array as a C-contiguous int64 copy, so
@@ -85,6 +91,14 @@ most expensive kind. The rules:
   `trust_remote_code=False`, so a folder's own Python code (`auto_map`) is
   refused, never run, and nothing ever asks a question on stdin
   (`tests/integration/test_cli_usage.py` answers `y` and checks no marker file appears).
+  The cache of tokenizers transformers built (`$XDG_CACHE_HOME/exactpack/tokenizers`,
+  0.8 s instead of 4–5 s for a model-specific folder's first `pack`) is used
+  only when it is the user's own folder that no one else can write (else a
+  warning), a file only when its bytes hash to its name, and the vocabulary
+  size, EOS and PAD always come from the tokenizer and its folder. Rows
+  read back from a packed `datasets.Dataset` (`to_batches`,
+  `unpack_dataset`) are checked as a loaded shard's are: ids within the
+  vocabulary, no overlapping occurrences, ordinals in range and each once.
   A model's config is read only as a regular file within the tokenizer files'
   limit, and the model is sized from it before anything is built: parameters ×
   dtype bytes over `--max-model-bytes` (2 GiB) or more than 1,024 layers is one
@@ -93,7 +107,10 @@ most expensive kind. The rules:
 - **Accepted but reported:** duplicated ids are packed as separate
   occurrences, counted in the statistics (`duplicate_ids`, `--json`) and
   named in a warning line; an example longer than a row packs with
-  `--cut-long`.
+  `--cut-long`; a prompt that does not tokenize as a prefix of prompt +
+  completion (a chat template rendering it differently alone) is trained
+  from where they diverge, as TRL does, with a warning naming the row and
+  the prompt's end left out.
 """
 
 FAULTS = """\
@@ -123,7 +140,10 @@ file-system steps (mkdir, shard write, fsync, replace, unlink, truncate:
 about 30 points per run) into a fresh path and over an earlier output; the
 real command line is killed with SIGKILL and SIGTERM after random delays.
 SIGTERM unwinds like Ctrl-C: the files of the run and the folders it
-created are removed on the way out (exit code 143; 130 on Ctrl-C). A full
+created are removed on the way out (exit code 143; 130 on Ctrl-C). A
+SIGTERM whose `SystemExit` a library swallows (a `__del__`, an import
+catching `BaseException`) is still remembered: the manifest is never
+written after it and the exit code is 143, not 0. A full
 disk is one line naming the file being written (exit 1). The token spill is
 a `tempfile.TemporaryFile` (no name, freed by the kernel however the run
 ends); folders created for it are removed again.

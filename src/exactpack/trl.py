@@ -48,10 +48,10 @@ import torch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
-from exactpack.hf.attention_impl import register
+from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
-from exactpack.hf.tree_inputs import tree_inputs
+from exactpack.hf.mixers import packed_call, restart_mixers
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -182,7 +182,8 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
     arch = architecture_of(lm).check(tree_kind(impl), tree=True)
-    register()
+    if arch.mixers:  # hybrids: each tree node's mixer state forks its parent's
+        restart_mixers(lm)
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
     own = [lm.config._attn_implementation or "sdpa"]  # what the model attends with itself
@@ -306,8 +307,9 @@ def _tree_forward(
     width = int(sizes.sum() if impl in TREE_NAMES else sizes.max())
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
     dtype = next(lm.parameters()).dtype
-    inputs = tree_inputs(tree, impl, arch=arch, dtype=dtype, device=input_ids.device)
-    hidden = plain(**inputs).last_hidden_state  # (R, T, H)
+    inputs = build_inputs(tree, impl, arch, dtype=dtype, device=input_ids.device)
+    with packed_call(lm, inputs):  # plain runs without the model's hooks
+        hidden = plain(**inputs).last_hidden_state  # (R, T, H)
     cells = np.asarray(tree.seq_cells, dtype=np.int64)
     bounds = np.asarray(tree.seq_bounds, dtype=np.int64)
     rows = np.asarray(order, dtype=np.int64)[np.asarray(tree.seq_index, dtype=np.int64)]

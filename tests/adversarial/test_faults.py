@@ -365,3 +365,30 @@ def test_sigterm_swallowed_by_a_library_still_exits_as_terminated(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert proc.stderr == "exactpack pack: terminated\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
+def test_sigterm_swallowed_with_no_error_after_it_neither_publishes_nor_exits_0(tmp_path):
+    # The handler's SystemExit lands where a library swallows it (a __del__, a callback, an
+    # import catching BaseException) and the run goes on without an error: round 3 found
+    # such a `pack` exiting 0 with its output published.
+    script = (
+        "import os, signal, sys\n"
+        "import exactpack.io.shards as shards\n"
+        "real = shards._write_shard\n"
+        "def swallowing(*args, **kwargs):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    except BaseException:\n"
+        "        pass\n"
+        "    return real(*args, **kwargs)\n"
+        "shards._write_shard = swallowing\n"
+        "from exactpack.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    data = write_jsonl(tmp_path / "d.jsonl", [{"input_ids": [0, 5, 1]}])
+    args = ["pack", str(data), "--out", str(tmp_path / "out"), "--max-length", "4",
+            "--vocab-size", "10"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]

@@ -297,6 +297,7 @@ PACK_ARGS = {
     "chunk_bytes": 1 << 16,
     "pad_token_id": 0,
     "cut_long": False,
+    "truncation_mode": None,
     "max_metadata_bytes": 1 << 24,
     "partition": "train",
     "text_field": "text",

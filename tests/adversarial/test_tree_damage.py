@@ -10,7 +10,6 @@ written back into ``manifest.json`` with hashlib, and loading must raise one
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import shutil
@@ -20,9 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from exactpack.core.errors import InvalidInput
-from exactpack.io import tree_store
 from exactpack.io.store import load_packed
-from exactpack.pipeline.pack_tree import pack_tree_path
+from exactpack.pipeline import pack_path
 
 VOCAB = 30
 
@@ -40,13 +38,9 @@ def clean(tmp_path_factory):
         for g in range(6)
     ]
     (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    mp = pytest.MonkeyPatch()
-    mp.setattr(tree_store, "write_tree_shards",
-               functools.partial(tree_store.write_tree_shards, shard_rows=1))  # fmt: skip
-    try:
-        pack_tree_path(folder / "in.jsonl", folder / "out", max_length=16, vocab_size=VOCAB)
-    finally:
-        mp.undo()
+    # one-row model calls, a shard whenever a cell has been written: one row per shard
+    opts = {"max_length": 16, "vocab_size": VOCAB, "max_rows_per_batch": 1, "shard_tokens": 1}
+    pack_path(folder / "in.jsonl", folder / "out", tree="on", **opts)
     manifest = json.loads((folder / "out" / "manifest.json").read_text())
     assert len(manifest["shards"]) >= 3
     return folder / "out"
@@ -194,14 +188,17 @@ def test_a_damaged_tree_row_read_by_index_is_refused(clean, tmp_path, field):
     store = load_packed(tmp_path / "out")
     first = store.shards[1]["first_row"]
     with pytest.raises(InvalidInput, match="damaged") as err:
-        store[first]
+        store[first]  # model calls of one row: call i is row i
     assert store.shards[1]["file"] in str(err.value)  # the shard that holds the row
-    assert store[0] == pq.read_table(tmp_path / "out" / store.shards[0]["file"]).to_pylist()[0]
+    first_file = pq.read_table(tmp_path / "out" / store.shards[0]["file"]).to_pylist()
+    assert store.shard_rows(0) == first_file
+    assert store[0].shape == (1, 16) and store[0].tokens_stored == len(first_file[0]["input_ids"])
 
 
 def test_the_undamaged_copy_loads(clean, tmp_path):
     _damage(clean, tmp_path, 0, lambda rec: None)  # rewritten, same values
     store = load_packed(tmp_path / "out", integrity="full")
-    assert [store[i] for i in range(len(store))] == [
+    assert len(store) == store.num_rows  # one-row model calls
+    assert [r for k in range(len(store.shards)) for r in store.shard_rows(k)] == [
         rec for s in store.shards for rec in pq.read_table(tmp_path / "out" / s["file"]).to_pylist()
     ]

@@ -65,7 +65,7 @@ LANDED_KEYWORDS = (
             "exactpack.nn.flex:flex_attention",
             "exactpack.nn.flash:flash_attention",
             "exactpack.nn.auto:auto_attention",
-            "exactpack.nn.tree_attention:tree_attention",
+            "exactpack.nn.varlen:path_attention",
             "exactpack.hf.masks:additive_mask",
         ),
     ),
@@ -279,8 +279,6 @@ def test_landed_keywords_stay_landed():
 #: own ``capacity`` and the batches' on-disk ``partition`` stay inside the library).
 USER_CALLS = (
     "exactpack.hf.collator:HFCollator",
-    "exactpack.hf.tree_inputs:TreeCollator",
-    "exactpack.hf.tree_inputs:tree_inputs",
     "exactpack.hf.adapter:hf_inputs",
     "exactpack.hf.datasets_io:pack_dataset",
     "exactpack.verify.models:verify_hf",
@@ -289,7 +287,6 @@ USER_CALLS = (
     "exactpack.pipeline.local:pack_table",
     "exactpack.pipeline.stats:stats_path",
     "exactpack.pipeline.stats:plot_stats",
-    "exactpack.pipeline.pack_tree:pack_tree_path",
     "exactpack.training.stream:StreamDataset",
     "exactpack.training.packed_data:PackedBatches",
     "exactpack.io.store:load_packed",

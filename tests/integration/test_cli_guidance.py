@@ -131,7 +131,7 @@ def test_one_oversized_example_in_each_callers_words(tmp_path, capsys):
     from exactpack.pipeline import pack_path, stats_path
 
     data = _texts(tmp_path, [3, 40])
-    py = "raise max_length= or cut it with cut_long=True"
+    py = r"raise max_length= \(.*\), cut them with cut_long=True, or truncate them with trunc"
     with pytest.raises(OversizedExample, match=py):
         pack_path(data, tmp_path / "out", max_length=8, tokenizer="bytes")
     report = stats_path(data, max_length=8, tokenizer="bytes")
@@ -142,7 +142,11 @@ def test_one_oversized_example_in_each_callers_words(tmp_path, capsys):
     assert " --" not in str(err.value)
     argv = [str(data), "--tokenizer", "bytes", "--max-length", "8"]
     assert main(["pack", *argv, "--out", str(tmp_path / "out")]) == 2
-    assert _one_line(capsys).endswith(" — raise --max-length or cut it with --cut-long\n")
+    line = _one_line(capsys)
+    assert (
+        "— raise --max-length (the longest, 42 tokens, needs 41), cut them with --cut-long" in line
+    )
+    assert line.endswith("truncate them with --truncation-mode ('keep_start' or 'keep_end')\n")
     assert main(["stats", *argv]) == 0
     warning = capsys.readouterr().err
     assert warning.rstrip().endswith("— raise --max-length or pass --cut-long"), warning

@@ -122,7 +122,10 @@ def test_text_with_the_byte_tokenizer_and_overwrite(tmp_path):
     [
         ((), "pre-tokenized input needs --vocab-size"),
         (("--vocab-size", 10), "is not below the vocabulary size 10"),
-        (("--vocab-size", 1000, "--max-length", 8), "prediction pairs; capacity is 8"),
+        (
+            ("--vocab-size", 1000, "--max-length", 8),
+            "are longer than 9 tokens (max_length 8; a row holds 8 prediction pairs)",
+        ),
         (("--vocab-size", 1000, "--policy", "nope"), "unknown policy 'nope'"),
     ],
 )

@@ -132,6 +132,7 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
         "position_offset": 0,
         "conditions": [],
         "verdict": "exact",
+        "condition_checks": [],
     }
     if attn == "exactpack_varlen":
         return
@@ -149,13 +150,20 @@ def test_windowed_model_passes_with_its_own_lengths_and_the_naive_control_fails(
     ],
     ids=["lfm2", "mamba"],
 )
-def test_hybrids_pass_with_their_mixers_restarted(capsys, tmp_path, changes):
+def test_hybrids_pass_flat_and_as_trees_with_their_mixers_restarted(capsys, tmp_path, changes):
     config = write_config(tmp_path, **changes)
     code, out, _ = verify(capsys, "--hf-config", config, "--attn", "eager", "--json")
     report = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and report["pass"] is True, report
     assert "restarts its" in report["architecture"]["verdict"]
     assert report["failures"] == dict.fromkeys(report["failures"], 0)
+    # tree rows: each branch's mixer state forks its parent's; the naive rows (a branch
+    # starts from its sibling's state) fail
+    tree = ("--hf-config", config, "--attn", "eager", "--tree-lengths", "6:3,2;3:2", "--json")
+    code, out, _ = verify(capsys, *tree)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["pass"] is True
+    code, out, _ = verify(capsys, *tree, "--mode", "naive")
+    assert code == 1 and json.loads(out.strip().splitlines()[-1])["pass"] is False
 
 
 def test_default_examples_exercise_the_window(capsys, tmp_path):
@@ -166,6 +174,29 @@ def test_default_examples_exercise_the_window(capsys, tmp_path):
     assert code == 0 and out.strip().splitlines()[-1].startswith("PASS")
     assert "examples of [19, 3, 9, 10, 5, 2] pairs" in out
     assert "attention windows: full_attention unbounded, sliding_attention 8" in out
+
+
+def test_a_pass_states_its_conditions_and_where_max_length_breaks_them(capsys, tmp_path):
+    """LongRoPE picks its frequencies from the batch's largest position: exact only while
+    every example <= original_max_position_embeddings; the report says so, and whether the
+    max_length asked for (else the model's positions) can break it."""
+    phi3 = {"model_type": "phi3", "vocab_size": 266, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "max_position_embeddings": 128, "original_max_position_embeddings": 32,
+            "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 1,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
+                             "long_factor": [2.0] * 4}}  # fmt: skip
+    path = tmp_path / "phi3.json"
+    path.write_text(json.dumps(phi3))
+    condition = "PASS holds while every example <= 32 pairs (longrope RoPE"
+    for extra, reach in (((), 128), (("--max-length", "40"), 40), (("--max-length", "24"), None)):
+        code, out, _ = verify(capsys, "--hf-config", str(path), *extra)
+        assert code == 0 and out.strip().splitlines()[-1].startswith("PASS"), out
+        (line,) = [x for x in out.splitlines() if x.startswith(condition)]
+        breaks = f"at max_length {reach} an example longer than 32 breaks it"
+        assert (breaks in line) if reach else ("breaks" not in line), line
+    # model_loss is compared at float32's tolerance, and the line says so
+    assert "; model_loss: 1e-05 + 0.0001*max, transformers computes its loss in float32)" in out
 
 
 def test_unsupported_architectures_and_crashes_exit_2_with_one_line(capsys, tmp_path):
@@ -312,7 +343,7 @@ def test_a_config_that_is_no_regular_file_or_too_big_is_refused_unread(capsys, t
         f.truncate(600 << 20)  # sparse: 600 MB without writing them
     code, out, err = verify(capsys, "--hf-config", str(folder))
     assert code == 2 and err.count("\n") == 1
-    assert "holds 629,145,600 bytes, more than the 536,870,912 a config file may hold" in err
+    assert "holds 629,145,600 bytes, more than the 134,217,728 a config file may hold" in err
 
 
 def test_tree_lengths_past_the_positions_are_refused_before_any_id(capsys, monkeypatch):

@@ -5,7 +5,10 @@ gradient accumulation (``no_sync`` on all but the last micro-batch) and
 ``micro_batch_loss(world_size=2)``; DDP averages gradients over ranks. The
 gradients of every optimizer step must equal, within the float64 tolerance,
 those of the single-batch token-weighted mean computed here in one process
-over the same rows, and the per-micro-batch-mean control must not.
+over the same rows, and the per-micro-batch-mean control must not. The same
+processes then run tree rows (DPO-like groups, weights > 1 on shared prefixes)
+through the same RowSampler, PackedCollator and micro_batch_loss, against
+``token_weighted_loss`` (``Σ weight·nll / Σ weight``) over each step's rows in one process.
 
 This file is also the worker: ``python tests/integration/test_ddp.py RANK WORLD PORT DATA OUT``.
 """
@@ -110,11 +113,115 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
             running.zero_()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+    tree = _tree_epoch(world)
     torch.save(
-        {"steps": steps, "naive": naive, "logged": logged, "slots": len(features)},
+        {"steps": steps, "naive": naive, "logged": logged, "slots": len(features), "tree": tree},
         Path(out) / f"rank{rank}.pt",
     )
     dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- tree rows
+
+
+class TreeModel(torch.nn.Module):
+    """Embedding, one tree-attention layer (``tree_plan`` of the collated rows), a head;
+    float64: the smallest model whose logits depend on every ancestor's cells."""
+
+    def __init__(self, vocab: int = 266, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, width, dtype=torch.float64)
+        self.qkv = torch.nn.Linear(width, 3 * width, dtype=torch.float64)
+        self.head = torch.nn.Linear(width, vocab, dtype=torch.float64)
+
+    def forward(self, features) -> torch.Tensor:
+        from exactpack.nn.varlen import path_attention
+
+        x = self.embed(features["input_ids"])  # (R, T, C)
+        rows, width, c = x.shape
+        q, k, v = self.qkv(x).reshape(rows * width, 3, self.heads, c // self.heads).unbind(1)
+        mixed = path_attention(q, k, v, features["tree_plan"], (c // self.heads) ** -0.5)
+        return self.head(x + mixed.reshape(rows, width, c))  # (R, T, V)
+
+
+def _tree_rows():
+    """Tree records of groups (a shared prefix, two or three continuations, every target
+    supervised: the prefix's weights count its sequences), 16 cells a row."""
+    from exactpack.core.tree import SequenceGroups, pack_tree
+    from exactpack.io.tree_rows import tree_records
+
+    from support.strategies import BINDING
+
+    rng = np.random.default_rng(SEED)
+    prompts = [rng.integers(0, 266, int(rng.integers(1, 6))) for _ in range(26)]
+    groups = [
+        [np.r_[p, rng.integers(0, 266, int(rng.integers(1, 5)))] for _ in range(rng.integers(2, 4))]
+        for p in prompts
+    ]
+    groups = SequenceGroups.from_lists(groups, BINDING)
+    (batch,) = pack_tree(groups, 16, policy="best-fit-decreasing").batches
+    assert int(batch.weights.max()) > 1  # a shared prefix supervised by several sequences
+    return tree_records(batch)
+
+
+def _tree_batch(records, rows):
+    from exactpack.io.tree_rows import tree_batch_from_rows
+
+    return tree_batch_from_rows([records[r] for r in rows], 16, 266)
+
+
+def _tree_sampler(records, world_size, rank):
+    from exactpack.training.distributed import RowStats
+
+    stats = RowStats.from_batches([_tree_batch(records, range(len(records)))])
+    return _sampler(stats, world_size, rank)
+
+
+def _tree_epoch(world: int) -> list[dict[str, torch.Tensor]]:
+    """This rank's tree epoch under DDP: the gradients of each step."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from exactpack.training import PackedCollator, ScheduledBatch, micro_batch_loss
+
+    records = _tree_rows()
+    sampler = _tree_sampler(records, world, dist.get_rank())
+    collate = PackedCollator()
+    model = DistributedDataParallel(TreeModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    steps = []
+    for slot in sampler:
+        f = collate(ScheduledBatch(_tree_batch(records, slot.rows), slot))
+        with nullcontext() if slot.last_micro else model.no_sync():
+            loss = micro_batch_loss(model(f), f, world_size=world, parameters=model.parameters())
+            loss.backward()
+        if slot.last_micro:
+            steps.append(_grads(model.module))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return steps
+
+
+def _tree_reference():
+    """One process: per step, the gradient of token_weighted_loss over all the step's rows."""
+    from exactpack.core.loss import token_weighted_loss
+    from exactpack.training import PackedCollator
+
+    records = _tree_rows()
+    schedule = _tree_sampler(records, WORLD, 0).schedule
+    model = TreeModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    grads = []
+    for step in range(schedule.steps):
+        slots = [schedule.slot(step, r, m) for r in range(WORLD) for m in range(MICRO)]
+        batch = _tree_batch(records, np.sort(np.concatenate(slots)))
+        token_weighted_loss(model(PackedCollator()(batch)), batch).mean.backward()
+        grads.append(_grads(model))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return grads
 
 
 # ---------------------------------------------------------------- the test
@@ -197,6 +304,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
         for r in range(WORLD)
     ]
     want, means, empty, steps = _reference(data)
+    want_tree = _tree_reference()
     logs = []
     try:
         for p in procs:
@@ -220,6 +328,13 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
             assert abs(logged - mean) <= 1e-10 + 1e-9 * abs(mean)
     naive = ranks[0]["naive"]
     assert any(not bool(within_tolerance(naive[n], want[0][n]).all()) for n in want[0])
+    assert len(want_tree) >= 2
+    for rank in ranks:  # tree rows: the same sampler, collator and loss
+        assert len(rank["tree"]) == len(want_tree)
+        for got, ref in zip(rank["tree"], want_tree, strict=True):
+            for name, g in ref.items():
+                ok = within_tolerance(got[name], g)
+                assert bool(ok.all()), ("tree", name, float((got[name] - g).abs().max()))
 
 
 if __name__ == "__main__":

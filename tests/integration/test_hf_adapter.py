@@ -479,6 +479,8 @@ def test_importing_exactpack_hf_registers_exactpack_varlen_in_a_fresh_process():
         "cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16,"
         " num_hidden_layers=1, num_attention_heads=2)\n"
         "m = AutoModelForCausalLM.from_config(cfg, attn_implementation='exactpack_varlen')\n"
+        "from transformers.trainer import DEFAULT_CALLBACKS  # the first-batch check too\n"
+        "assert [c.__name__ for c in DEFAULT_CALLBACKS][-1] == 'CheckBatches'\n"
         "print(m.config._attn_implementation)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -9,7 +9,7 @@ from transformers import AttentionInterface, AutoConfig
 
 from exactpack import InvalidInput, NotAvailable
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.attention_impl import NAME, exactpack_varlen_attention, plan_of
+from exactpack.hf.attention_impl import NAME, exactpack_attention, plan_of
 from exactpack.verify.fixture import fixture_batch
 
 from support.reference import flat_spans, per_example_attention
@@ -56,7 +56,7 @@ def within(a, b):
 
 
 def test_registered_with_transformers():
-    assert AttentionInterface._global_mapping[NAME] is exactpack_varlen_attention
+    assert AttentionInterface._global_mapping[NAME] is exactpack_attention
 
 
 @settings(max_examples=40)
@@ -66,7 +66,7 @@ def test_matches_the_predicate_with_gqa_and_windows(case, window):
     batch = epoch.batches[0]
     q, k, v, kwargs = flattened(batch)
     config = AutoConfig.for_model("mistral", sliding_window=window, num_hidden_layers=1)
-    out, weights = exactpack_varlen_attention(
+    out, weights = exactpack_attention(
         Layer(config), q, k, v, None, scaling=0.25, sliding_window=window, **kwargs
     )
     assert weights is None and out.shape == (1, q.shape[2], 4, 8)
@@ -80,25 +80,25 @@ def test_matches_the_predicate_with_gqa_and_windows(case, window):
 def test_rows_without_cu_seqlens_are_one_example_each_and_packed_ones_are_refused():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    out, _ = exactpack_varlen_attention(Layer(), q, k, v, None, scaling=0.5)
+    out, _ = exactpack_attention(Layer(), q, k, v, None, scaling=0.5)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     assert within(out, want.transpose(1, 2))
     packed = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
     with pytest.raises(InvalidInput, match=r"packed position_ids .* would be joined"):
-        exactpack_varlen_attention(Layer(), q, k, v, None, position_ids=packed)
+        exactpack_attention(Layer(), q, k, v, None, position_ids=packed)
     with pytest.raises(InvalidInput, match="batch of 1"):
-        exactpack_varlen_attention(Layer(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 5]))
+        exactpack_attention(Layer(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 5]))
 
 
 def test_softcapping_sinks_and_bad_cu_seqlens_are_refused():
     q, k, v, kwargs = flattened(fixture_batch())
     with pytest.raises(NotAvailable, match=r"soft-caps .*eager"):
-        exactpack_varlen_attention(Layer(), q, k, v, None, softcap=50.0, **kwargs)
+        exactpack_attention(Layer(), q, k, v, None, softcap=50.0, **kwargs)
     with pytest.raises(NotAvailable, match="sinks"):
-        exactpack_varlen_attention(Layer(), q, k, v, None, s_aux=torch.zeros(4), **kwargs)
+        exactpack_attention(Layer(), q, k, v, None, s_aux=torch.zeros(4), **kwargs)
     bad = kwargs | {"cu_seq_lens_q": torch.tensor([0, 3, 4], dtype=torch.int32)}
     with pytest.raises(InvalidInput, match="does not split the 9 flattened tokens"):
-        exactpack_varlen_attention(Layer(), q, k, v, None, **bad)
+        exactpack_attention(Layer(), q, k, v, None, **bad)
 
 
 def test_the_window_comes_from_the_config_and_must_agree_with_the_layer():
@@ -107,12 +107,12 @@ def test_the_window_comes_from_the_config_and_must_agree_with_the_layer():
         "qwen2", use_sliding_window=True, sliding_window=2, max_window_layers=1,
         num_hidden_layers=2,
     )  # fmt: skip
-    full, _ = exactpack_varlen_attention(Layer(config, 0), q, k, v, None, scaling=0.25, **kwargs)
-    slide, _ = exactpack_varlen_attention(Layer(config, 1), q, k, v, None, scaling=0.25, **kwargs)
+    full, _ = exactpack_attention(Layer(config, 0), q, k, v, None, scaling=0.25, **kwargs)
+    slide, _ = exactpack_attention(Layer(config, 1), q, k, v, None, scaling=0.25, **kwargs)
     assert within(full[0], reference(q, k, v, fixture_batch(), None))
     assert within(slide[0], reference(q, k, v, fixture_batch(), 2))
     with pytest.raises(InvalidInput, match="passes sliding_window=3 but its config gives 2"):
-        exactpack_varlen_attention(Layer(config, 1), q, k, v, None, sliding_window=3, **kwargs)
+        exactpack_attention(Layer(config, 1), q, k, v, None, sliding_window=3, **kwargs)
 
 
 def test_one_plan_per_cu_seqlens_tensor():
@@ -120,7 +120,7 @@ def test_one_plan_per_cu_seqlens_tensor():
     plan = plan_of(cu, 9)
     assert plan_of(cu, 9) is plan  # every layer of one forward reuses it
     assert plan_of(cu.clone(), 9) is not plan
-    assert plan.groups == ((1, 4), (1, 3), (1, 2))
+    assert plan.groups == ((1, 4, 4), (1, 3, 3), (1, 2, 2))  # each segment its own path
     assert np.array_equal(plan.scatter.numpy(), np.arange(1, 10)[[4, 5, 6, 7, 8, 0, 1, 2, 3]])
 
 
@@ -162,16 +162,16 @@ def test_a_mask_exactpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
     import pytest as _pytest
 
     from exactpack.core.errors import NotAvailable
-    from exactpack.hf.attention_impl import exactpack_varlen_attention
+    from exactpack.hf.attention_impl import exactpack_attention
 
     module = torch.nn.Module()
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
     for mask in (torch.zeros(1, 2, 5, 5), torch.tensor([[0, 0, 1, 1, 1]])):
         with _pytest.raises(NotAvailable, match=r"hides keys.*set_attn_implementation"):
-            exactpack_varlen_attention(module, q, q, q, mask)
+            exactpack_attention(module, q, q, q, mask)
     want = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     for mask in (torch.ones(1, 5, dtype=torch.long), torch.tensor([[1, 1, 1, 0, 0]])):
-        out, _ = exactpack_varlen_attention(module, q, q, q, mask)
+        out, _ = exactpack_attention(module, q, q, q, mask)
         assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)
 
 

@@ -23,7 +23,7 @@ from transformers.utils import TransformersKwargs
 
 from exactpack import InvalidInput, PackConfig, Split, SplitMismatch, pack_examples
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.attention_impl import exactpack_varlen_attention
+from exactpack.hf.attention_impl import exactpack_attention
 from exactpack.hf.collator import HFCollator
 from exactpack.hf.kinds import KINDS, attention_kind
 from exactpack.training.packed_data import PackedCollator
@@ -80,7 +80,7 @@ def custom_implementations():
         return sdpa_attention_forward(*args, **kwargs)
 
     def my_varlen(*args, **kwargs):
-        return exactpack_varlen_attention(*args, **kwargs)
+        return exactpack_attention(*args, **kwargs)
 
     def unknown(*args, **kwargs):
         return sdpa_attention_forward(*args, **kwargs)

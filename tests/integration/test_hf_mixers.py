@@ -4,8 +4,11 @@ Tiny float64 models (width 16, 2 layers): LFM2's short convolutions, Mamba's sel
 scan, Bamba's Mamba-2 scan and Qwen3-Next's gated delta rule. The matrix
 (``tests/support/architecture_cases.py``) proves each exact on its implementations; here:
 the restart is what makes them exact (the control without it fails), the inputs carry
-``seq_idx``, a model whose mixers were not restarted is refused its inputs, tree rows are
-refused, and mixers exactpack does not know keep a refusal naming them.
+``seq_idx``, a model whose mixers were not restarted is refused its inputs, and mixers
+exactpack does not know keep a refusal naming them. On tree rows each node starts from its
+parent's final state: a slice of the families (LFM2's vectorised convolution, Qwen3-Next's
+forked gated delta rule, Jamba's replayed Mamba scan) is exact, and the controls (a
+sibling's state, or zero at every node) fail; ``scripts/sweep_tree.py`` runs every type.
 """
 
 from __future__ import annotations
@@ -17,10 +20,18 @@ import torch.nn.functional as F
 
 from exactpack import InvalidInput, PackConfig, pack_examples
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.architectures import UnsupportedArchitecture
 from exactpack.hf.capabilities import capability
 from exactpack.hf.collator import HFCollator
-from exactpack.hf.mixers import RESTARTABLE, cell_seq_idx, restart_mixers, runs, segment_conv1d
+from exactpack.hf.kinds import tree_kind
+from exactpack.hf.mixers import (
+    RESTARTABLE,
+    cell_parents,
+    cell_seq_idx,
+    path_conv1d,
+    restart_mixers,
+    runs,
+    seq_idx_parents,
+)
 from exactpack.verify.fixture import fixture_batch
 
 from support.architecture_cases import CASES, build, verify_default
@@ -51,6 +62,7 @@ def test_every_hybrid_type_is_exact_with_its_mixers_named(model_type):
     arch = capability(tiny_config(model_type))
     assert arch.refusal is None and arch.mixers, arch
     assert set(arch.mixers) <= set(RESTARTABLE) and "restarts its" in arch.verdict
+    arch.check(tree_kind("eager"), tree=True)  # tree rows too: each node forks its parent's
 
 
 def test_seq_idx_marks_each_example_and_the_padding():
@@ -60,7 +72,7 @@ def test_seq_idx_marks_each_example_and_the_padding():
     kwargs = hf_inputs(batch, "sdpa", config=model.config)
     ids = kwargs["seq_idx"].numpy()
     assert ids[0].tolist() == [0, 0, 0, 1, 1, -1]
-    assert runs(kwargs["seq_idx"])[0] == [(0, 3), (3, 5), (5, 6)]
+    assert runs(seq_idx_parents(kwargs["seq_idx"]))[0] == [(0, 3, -1), (3, 5, -1), (5, 6, -1)]
     cu = batch.cu_seqlens()
     want = cell_seq_idx(np.diff(cu.cu_seqlens), cu.valid_index, batch.shape)
     assert (ids == want).all()
@@ -95,21 +107,87 @@ def test_the_restart_is_what_makes_them_exact(model_type, monkeypatch):
     assert not naive["pass"] and naive["first_divergence"]["class"] in RESTARTABLE
 
 
-def test_the_vectorised_short_conv_is_the_convolution_of_each_example_alone():
+def test_the_vectorised_short_conv_is_the_convolution_of_each_path_alone():
+    """Flat rows (from seq_idx) and a tree row: each column's window is its own path's."""
     torch.manual_seed(0)
     x, weight, bias = torch.randn(2, 5, 9, dtype=torch.float64), torch.randn(5, 3), torch.randn(5)
     seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2], [3, 3, 3, 3, 3, 3, -1, -1, -1]])
-    got = segment_conv1d(x, weight.double(), bias.double(), seq_idx)
+    # row 2: a trie, prompt 0-2, branch 3-4 then its child 5, branch 6-7 from column 2
+    tree = torch.tensor([[-1, 0, 1, 2, 3, 4, 2, 6, -1]])
+    got = path_conv1d(x, weight.double(), bias.double(), seq_idx_parents(seq_idx))
+    got_tree = path_conv1d(x[:1], weight.double(), bias.double(), tree)
 
-    def alone(part):
-        w = weight.double()[:, None]
-        return F.conv1d(part, w, bias.double(), padding=2, groups=5)[..., : part.shape[-1]]
+    def alone(cols, row=0):
+        part, w = x[row : row + 1, :, cols], weight.double()[:, None]
+        return F.conv1d(part, w, bias.double(), padding=2, groups=5)[0, :, : len(cols)]
 
-    for row, spans in enumerate(runs(seq_idx)):
-        for s, e in spans:
-            assert torch.allclose(got[row, :, s:e], alone(x[row : row + 1, :, s:e])[0], 0, 1e-15)
-    joined = alone(x)  # no restart: column 3 reads columns 1 and 2 of the example before
-    assert not torch.allclose(got[0, :, 3], joined[0, :, 3])
+    for row, spans in enumerate(runs(seq_idx_parents(seq_idx))):
+        for s, e, parent in spans:
+            assert parent == -1
+            cols = list(range(s, e))
+            assert torch.allclose(got[row, :, s:e], alone(cols, row), 0, 1e-15)
+    for path in ([0, 1, 2, 3, 4, 5], [0, 1, 2, 6, 7]):
+        assert torch.allclose(got_tree[0, :, path], alone(path), 0, 1e-15)
+    joined = alone(
+        list(range(9))
+    )  # no restart: column 3 reads columns 1 and 2 of the example before
+    assert not torch.allclose(got[0, :, 3], joined[:, 3])
+    assert not torch.allclose(got_tree[0, :, 6], joined[:, 6])  # 6 reads 2 and 1, not 5 and 4
+
+
+def test_cell_parents_cut_runs_at_every_branch_point():
+    """A child laid right after its parent continues it in one run, but the run ends at the
+    parent's last cell when a later sibling starts from there too (that state is forked)."""
+    nodes = np.array([[0, 0, 1, 1, 2, 3, -1, -1]])  # 1 and 3 are children of 0, 2 of 1
+    parents = cell_parents(
+        nodes, np.array([-1, 0, 1, 0]), np.array([0, 2, 4, 5]), np.array([2, 2, 1, 1])
+    )
+    assert parents.tolist() == [[-1, 0, 1, 2, 3, 1, -1, 6]]
+    assert runs(torch.as_tensor(parents))[0] == [(0, 2, -1), (2, 5, 0), (5, 6, 0), (6, 8, -1)]
+    flat = seq_idx_parents(torch.tensor([[0, 0, 0, 1, 1, -1]]))
+    assert flat.tolist() == [[-1, 0, 1, -1, 3, -1]]
+
+
+#: The tree slice: a vectorised conv, a forked gated delta rule, a replayed Mamba-1 scan.
+TREE_SLICE = ["lfm2", "qwen3_next", "jamba"]
+
+
+@pytest.mark.parametrize("model_type", TREE_SLICE)
+def test_tree_rows_fork_each_node_from_its_parent_and_the_controls_fail(model_type, monkeypatch):
+    """Each sequence of a trie, run alone, equals its tree-packed cells (float64, the seed's
+    tolerance); a node that starts from its sibling's state (the naive rows) or from zero
+    (every node a new path) fails."""
+    from exactpack.verify.tree_models import tree_groups, verify_tree
+
+    case = CASE[model_type]
+    groups = tree_groups([(5, (3, 2, 1)), (3, (4,))], tiny_config(model_type).vocab_size, 0)
+    report = verify_tree(build(case, case.attns[0]), groups)
+    assert report["pass"] and report["max_abs_diff"]["gradients"] < 1e-12, report
+    sibling = verify_tree(build(case, case.attns[0]), groups, mode="naive")
+    assert not sibling["pass"] and sibling["max_abs_diff"]["logits"] > 1e-6
+
+    def zero_at_nodes(nodes, node_parent, node_col, node_len):
+        roots = np.full_like(node_parent, -1)  # each node restarts: the parent's state lost
+        return cell_parents(nodes, roots, node_col, node_len)
+
+    monkeypatch.setattr("exactpack.hf.adapter.cell_parents", zero_at_nodes)
+    zero = verify_tree(build(case, case.attns[0]), groups)
+    assert not zero["pass"] and zero["max_abs_diff"]["logits"] > 1e-6
+
+
+def test_tree_rows_refuse_gradient_checkpointing_up_front():
+    """The fork lives only inside the call: a recompute after it could not start a node
+    from its parent, so the call says so."""
+    from exactpack.core.tree import pack_tree
+    from exactpack.hf.adapter import hf_inputs
+    from exactpack.verify.tree_models import tree_groups
+
+    model = restart_mixers(build(CASE["lfm2"], "sdpa"))
+    model.activation_checkpointing_enable()
+    model.train()
+    (batch,) = pack_tree(tree_groups([(4, (2, 2))], model.config.vocab_size, 0), 12).batches
+    with pytest.raises(InvalidInput, match="turn checkpointing off for tree rows"):
+        model(**hf_inputs(batch, "sdpa", config=model.config))
 
 
 def test_a_restarted_mixer_runs_as_before_outside_packed_calls():
@@ -157,25 +235,6 @@ def _batch(model, lengths, capacity):
     examples = verification_examples(model.config.vocab_size, 0, layout=layout)
     config = PackConfig(capacity, len(examples))
     return pack_examples("train", examples, examples[0].binding, config).batches[0]
-
-
-@pytest.mark.parametrize(("model_type", "attn"), [("mamba", "eager"), ("lfm2", "sdpa")])
-def test_tree_rows_refuse_hybrids_up_front(model_type, attn):
-    from exactpack.hf.kinds import tree_kind
-
-    config = tiny_config(model_type)
-    with pytest.raises(UnsupportedArchitecture, match="parent's final state") as err:
-        capability(config).check(tree_kind(attn), tree=True)
-    assert "without --tree" in str(err.value) and "\n" not in str(err.value)
-
-
-def test_tree_verify_refuses_a_hybrid_before_any_forward():
-    from exactpack.verify.tree_models import tree_groups, verify_tree
-
-    model = build(CASE["lfm2"], "sdpa")
-    groups = tree_groups([(6, (3, 2)), (4, (2,))], model.config.vocab_size, 0)
-    with pytest.raises(UnsupportedArchitecture, match="Lfm2ShortConv carry state"):
-        verify_tree(model, groups)
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,10 @@ from exactpack.cli import main
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, pack_tree
+from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import describe
-from exactpack.hf.tree_inputs import TreeCollator, tree_allowed, tree_inputs, tree_layer_masks
+from exactpack.hf.collator import HFCollator
+from exactpack.hf.masks import hf_allowed, layer_masks
 from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
 from exactpack.verify.models import load_model
 from exactpack.verify.tree_models import (
@@ -170,6 +172,12 @@ def test_cli_exit_codes(capsys):
     assert main([*args, "--mode", "bool-mask"]) == 2
 
 
+def tree_collator(max_length, vocab_size, attn="exactpack_tree", **fields):
+    """The collator of tree records of ``max_length`` cells and ``vocab_size`` ids."""
+    binding = Binding(vocab_size, "tree-records", "tree-records")
+    return HFCollator(attn, max_length=max_length, binding=binding, tree=True, **fields)
+
+
 def small_batch(window_groups=((6, (3, 3, 2)), (3, (2,)))):
     return pack_tree(tree_groups(list(window_groups), 266, seed=1), 40).batches[0]
 
@@ -199,13 +207,14 @@ def test_layer_masks_per_layer_type_and_flattened_kinds_refused():
         vocab_size=266,
     )
     batch = small_batch()
-    masks = tree_layer_masks(batch, "sdpa", describe(cfg), torch.float64)
+    masks = layer_masks(batch, "sdpa", describe(cfg), dtype=torch.float64)
     assert set(masks) == {"full_attention", "sliding_attention"}
     for name, window in (("full_attention", None), ("sliding_attention", 2)):
         allowed = masks[name][:, 0] == 0
-        np.testing.assert_array_equal(allowed.numpy(), tree_allowed(batch, window))
-    with pytest.raises(NotAvailable, match="cu_seqlens"):
-        tree_inputs(batch, "flash_attention_2", config=cfg)
+        np.testing.assert_array_equal(allowed.numpy(), hf_allowed(batch, window))
+    for flattened in ("flash_attention_2", "exactpack_varlen"):  # one check refuses both
+        with pytest.raises(NotAvailable, match=r"cu_seqlens.*ancestor"):
+            hf_inputs(batch, flattened, config=cfg)
 
 
 def test_tree_inputs_and_the_tree_collator_require_the_config():
@@ -214,19 +223,19 @@ def test_tree_inputs_and_the_tree_collator_require_the_config():
 
     batch = small_batch()
     for attn in ("sdpa", "exactpack_tree"):
-        with pytest.raises(InvalidInput, match=r"tree_inputs\(\.\.\., config=model\.config\)"):
-            tree_inputs(batch, attn)
-        with pytest.raises(InvalidInput, match=r"TreeCollator\(\.\.\., config=model\.config\)"):
-            TreeCollator(batch.shape[1], batch.binding.vocab_size, attn)
+        with pytest.raises(InvalidInput, match=r"hf_inputs\(\.\.\., config=model\.config\)"):
+            hf_inputs(batch, attn, config=None)
+        with pytest.raises(InvalidInput, match=r"HFCollator\(\.\.\., config=model\.config\)"):
+            tree_collator(batch.shape[1], batch.binding.vocab_size, attn)
     cfg = Qwen2Config(
         num_hidden_layers=2, use_sliding_window=True, sliding_window=2, max_window_layers=1,
         vocab_size=batch.binding.vocab_size, hidden_size=16, intermediate_size=32,
         num_attention_heads=2, num_key_value_heads=1,
     )  # fmt: skip
-    masks = tree_inputs(batch, "sdpa", config=cfg)["attention_mask"]
+    masks = hf_inputs(batch, "sdpa", config=cfg)["attention_mask"]
     assert set(masks) == {"full_attention", "sliding_attention"}  # the window, from the config
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 3"):
-        tree_inputs(batch, "sdpa", config=Qwen2Config(vocab_size=3, num_hidden_layers=1))
+        hf_inputs(batch, "sdpa", config=Qwen2Config(vocab_size=3, num_hidden_layers=1))
 
 
 def test_backend_work_is_nodes_times_paths():
@@ -291,13 +300,13 @@ def test_refused_architectures_stay_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("window", [None, 2])
 def test_flex_block_mask_forward_matches_the_tree_backend(window):
-    """FlexAttention (forward only on CPU) under tree_block_mask == tree_attention, float32."""
+    """FlexAttention (forward only on CPU) under block_mask == path_attention, float32."""
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
-    from exactpack.hf.tree_inputs import tree_block_mask
-    from exactpack.nn.tree_attention import tree_attention
+    from exactpack.hf.masks import block_mask
+    from exactpack.nn.varlen import path_attention
 
     batch = small_batch()
     rows, width = batch.shape
@@ -305,12 +314,12 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
     q, k, v = (torch.randn(rows, 2, width, 8, generator=gen) for _ in range(3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the unfused path's "use torch.compile" warning
-        flex = flex_attention(q, k, v, block_mask=tree_block_mask(batch, "cpu", window), scale=0.25)
+        flex = flex_attention(q, k, v, block_mask=block_mask(batch, "cpu", window), scale=0.25)
 
     def tokens(x):
         return x.transpose(1, 2).reshape(rows * width, 2, 8)
 
-    ours = tree_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
+    ours = path_attention(tokens(q), tokens(k), tokens(v), tree_plan(batch), 0.25, window)
     ours = ours.view(rows, width, 2, 8).transpose(1, 2)
     real = torch.as_tensor(batch.input_valid)[:, None, :, None]
     # float32 softmax on two kernels: float32's tolerance
@@ -320,13 +329,9 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 @pytest.mark.parametrize(("window", "merge"), [(None, False), (2, False), (3, False), (None, True)])
 def test_flash_path_is_the_tree_backend(window, merge):
     """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
-    reference) == tree_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
-    from exactpack.nn.tree_attention import (
-        flash_plan,
-        tree_attention,
-        tree_flash_attention,
-        varlen_reference,
-    )
+    reference) == path_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
+    from exactpack.nn.tree_attention import tree_flash_attention, varlen_reference
+    from exactpack.nn.varlen import path_attention
 
     batch = small_batch()
     n = batch.shape[0] * batch.shape[1]
@@ -336,8 +341,8 @@ def test_flash_path_is_the_tree_backend(window, merge):
         torch.randn(n, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    ours = tree_flash_attention(q, k, v, flash_plan(batch), 0.3, window, merge=merge)
-    want = tree_attention(q, k, v, tree_plan(batch), 0.3, window)
+    ours = tree_flash_attention(q, k, v, tree_plan(batch), 0.3, window, merge=merge)
+    want = path_attention(q, k, v, tree_plan(batch), 0.3, window)
     torch.testing.assert_close(ours, want, rtol=0, atol=1e-14)
     seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
     for a, b in zip(
@@ -349,11 +354,11 @@ def test_flash_path_is_the_tree_backend(window, merge):
     if merge:  # flash-attn's backward drops the log-sum-exp's gradient: refused with grads
         with pytest.raises(NotAvailable, match="log-sum-exp"):
             tree_flash_attention(
-                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
+                q, k, v, tree_plan(batch), 0.3, merge=True, varlen=lambda *a, **kw: None
             )
         with torch.no_grad():
             forward = tree_flash_attention(
-                q, k, v, flash_plan(batch), 0.3, merge=True, varlen=varlen_reference
+                q, k, v, tree_plan(batch), 0.3, merge=True, varlen=varlen_reference
             )
         torch.testing.assert_close(forward, want.detach(), rtol=0, atol=1e-14)
 
@@ -401,11 +406,9 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("model_type", "extra", "tree_attn", "flat_attn", "why"), REFUSALS)
 def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn, flat_attn, why):
-    """``tree_inputs(..., config=)`` and ``TreeCollator`` run the flat path's capability
+    """``hf_inputs(..., config=)`` and ``HFCollator(tree=True)`` run the flat path's capability
     check (the config and the model's modules), not a config-only copy."""
-    from exactpack.hf.adapter import hf_inputs
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.tree_inputs import TreeCollator
 
     from support.architecture_tiny import tiny_config
 
@@ -414,9 +417,9 @@ def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn
     with pytest.raises(UnsupportedArchitecture, match=why):
         hf_inputs(flat, flat_attn, config=cfg)
     with pytest.raises(UnsupportedArchitecture, match=why):
-        tree_inputs(tree, tree_attn, config=cfg)
+        hf_inputs(tree, tree_attn, config=cfg)
     with pytest.raises(UnsupportedArchitecture, match=why):
-        TreeCollator(16, 266, tree_attn, config=cfg)
+        tree_collator(16, 266, tree_attn, config=cfg)
 
 
 @pytest.mark.parametrize(
@@ -431,7 +434,6 @@ def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn
 def test_tree_refusals_of_column_positions_from_the_config(model_type, extra, why):
     """Exact flat, refused as trees: found through ``config=`` alone (the model's modules
     are read from the config's model on the meta device, as the flat check reads them)."""
-    from exactpack.hf.adapter import hf_inputs
     from exactpack.hf.architectures import UnsupportedArchitecture
 
     from support.architecture_tiny import tiny_config
@@ -440,17 +442,16 @@ def test_tree_refusals_of_column_positions_from_the_config(model_type, extra, wh
     tree, flat = tree_and_flat([(4, (3, 2))], 16)
     hf_inputs(flat, "eager", config=cfg)  # flat: exact
     with pytest.raises(UnsupportedArchitecture, match="cannot run tree-packed rows: .*" + why):
-        tree_inputs(tree, "eager", config=cfg)
+        hf_inputs(tree, "eager", config=cfg)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "exactpack_tree"])
 def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     """RoBERTa numbers positions from ``padding_idx + 1``: only its modules say so. The
-    documented ``tree_inputs(batch, attn, config=model.config)`` (and ``TreeCollator``)
+    documented ``hf_inputs(batch, attn, config=model.config)`` (and ``HFCollator(tree=True)``)
     feed the offset, so every sequence's logits equal its run alone; the depths without
     the offset (what a config-only check fed) are far off."""
-    from exactpack.hf.tree_inputs import TreeCollator
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     from support.architecture_tiny import tiny_config, tree_model
 
@@ -458,12 +459,12 @@ def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     groups = tree_groups([(6, (4, 3, 3))], 266, seed=2)
     assert not (groups.tokens == model.config.pad_token_id).any()  # alone: numbered from 2
     batch = pack_tree(groups, 24).batches[0]
-    kwargs = tree_inputs(batch, attn, config=model.config, dtype=torch.float64)
+    kwargs = hf_inputs(batch, attn, config=model.config, dtype=torch.float64)
     assert int(kwargs["position_ids"][0, 0]) == model.config.pad_token_id + 1
-    collated = TreeCollator(24, 266, attn, config=model.config, dtype=torch.float64)(
+    collated = tree_collator(24, 266, attn, config=model.config, dtype=torch.float64)(
         tree_records(batch)
     )
-    torch.testing.assert_close(collated["inputs"]["position_ids"], kwargs["position_ids"])
+    torch.testing.assert_close(collated["position_ids"], kwargs["position_ids"])
 
     def cells(kw):
         with torch.no_grad():
@@ -536,11 +537,9 @@ CONDITIONS = [
 def test_tree_batches_are_held_to_the_flat_conditions(
     model_type, extra, beyond, capacity, within, why
 ):
-    from exactpack.hf.adapter import hf_inputs
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capabilities import capability
-    from exactpack.hf.tree_inputs import TreeCollator
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     from support.architecture_tiny import tiny_config
 
@@ -550,16 +549,16 @@ def test_tree_batches_are_held_to_the_flat_conditions(
     with pytest.raises(UnsupportedArchitecture, match=why):
         hf_inputs(flat, "sdpa", config=cfg)  # the same sequences, flat: refused alike
     with pytest.raises(UnsupportedArchitecture, match=why):
-        tree_inputs(tree, "sdpa", config=cfg)
-    collator = TreeCollator(capacity, 266, "sdpa", config=cfg)
+        hf_inputs(tree, "sdpa", config=cfg)
+    collator = tree_collator(capacity, 266, "sdpa", config=cfg)
     with pytest.raises(UnsupportedArchitecture, match=why):
         collator(tree_records(tree))
     if model_type == "llama4_text":  # a row condition: the same tree in 7 columns passes
         capacity = 7
     ok, _ = tree_and_flat(within, capacity)
     assert max(np.diff(ok.seq_bounds)) == ok.longest
-    tree_inputs(ok, "sdpa", config=cfg)
-    collator = TreeCollator(capacity, 266, "sdpa", config=cfg)
+    hf_inputs(ok, "sdpa", config=cfg)
+    collator = tree_collator(capacity, 266, "sdpa", config=cfg)
     collator(tree_records(ok))
 
 
@@ -590,27 +589,26 @@ def test_tree_attention_is_registered_on_import():
 
 
 def test_tree_collator_checks_what_hf_collator_checks():
-    """TreeCollator runs HFCollator's up-front check (check_collator): the mask kinds need
+    """HFCollator on tree rows runs its flat up-front check (check_collator): the mask kinds need
     the config, the vocabulary must fit the model's, and padding avoids a zero pad row
     (gemma3n, known from its modules only)."""
     from exactpack.core.errors import InvalidInput
     from exactpack.hf.capabilities import capability
-    from exactpack.hf.tree_inputs import TreeCollator
 
     from support.architecture_tiny import tiny_config
 
     with pytest.raises(
         InvalidInput,
-        match=r"TreeCollator needs the model's config .* pass TreeCollator\(..., config=",
+        match=r"HFCollator needs the model's config .* pass HFCollator\(..., config=",
     ):
-        TreeCollator(16, 266, "sdpa")
+        tree_collator(16, 266, "sdpa")
     llama = tiny_config("llama")
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 266"):
-        TreeCollator(16, 300, "exactpack_tree", config=llama)
+        tree_collator(16, 300, "exactpack_tree", config=llama)
     gemma = tiny_config("gemma3n_text")
     zero = capability(gemma).zero_pad
     assert zero is not None  # from its modules, not its config
     batch = small_batch()
     assert (~batch.input_valid).any()
-    ids = tree_inputs(batch, "sdpa", config=gemma, pad_token_id=zero)["input_ids"]
+    ids = hf_inputs(batch, "sdpa", config=gemma, pad_token_id=zero)["input_ids"]
     assert not bool((ids[torch.as_tensor(~batch.input_valid)] == zero).any())

@@ -361,3 +361,33 @@ def test_a_grpo_step_on_tree_rows_equals_trls_own_step(tmp_path, name, float64_h
     plain, packed = step(False), step(True)
     assert max(float(g.abs().max()) for g in plain.values()) > 0
     assert worst_ratio(packed, plain) <= 1.0
+
+
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next"])
+def test_a_hybrids_fused_log_probs_on_tree_rows_fork_each_branch(model_type, float64_head):
+    """exactpack.trl restarts a hybrid's mixers and runs the backbone inside packed_call:
+    two rows sharing a prompt (one trie, its mixer state forked) give the log-probs each
+    row gives alone."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from support.architecture_cases import CASES, build
+
+    case = next(c for c in CASES if c.model_type == model_type and c.restarts)
+    model = build(case, "sdpa")
+    reference = copy.deepcopy(model)
+    add_fused_lm_head(model)
+
+    class Trainer:  # the one attribute pack() reads
+        pass
+
+    trainer = Trainer()
+    trainer.model = model
+    exactpack.trl.pack(trainer)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 6, 10, 11, 12]])  # a shared prompt
+    fused = model(input_ids=ids, labels=ids, fused_lm_head=True)
+    for row in range(2):
+        with torch.no_grad():
+            alone = torch.log_softmax(reference(input_ids=ids[row : row + 1]).logits[0, :-1], -1)
+        want = alone.gather(1, ids[row, 1:, None])[:, 0]
+        got = fused.log_probs[row].detach()  # (L - 1,): the targets ids[row, 1:]
+        assert torch.allclose(got, want, rtol=1e-9, atol=1e-10), (row, (got - want).abs().max())

@@ -18,8 +18,8 @@ from transformers import LlamaConfig, RobertaConfig
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.tree_inputs import TreeCollator, tree_inputs
-from exactpack.io.tree_store import tree_records
+from exactpack.hf.collator import HFCollator
+from exactpack.io.tree_rows import tree_records
 from exactpack.verify.fixture import fixture_batch
 
 #: The fixture's positions: rows A+B and C, padding 0 (verify/fixture.py's drawing).
@@ -56,15 +56,15 @@ def test_roberta_flat_positions_by_hand():
 def test_roberta_tree_positions_by_hand():
     config = roberta(1)
     for attn in ("sdpa", "eager"):
-        got = tree_inputs(drawn_tree(), attn, config=config)["position_ids"].tolist()
+        got = hf_inputs(drawn_tree(), attn, config=config)["position_ids"].tolist()
         assert got == [[2, 3, 4, 5, 6, 7, 6, 5, 6, 2, 2, 2]], attn
 
 
 def test_the_tree_collator_passes_the_offset_on():
     records = tree_records(drawn_tree())
-    collate = TreeCollator(max_length=12, vocab_size=266, attn_implementation="sdpa",
-                           config=roberta(1))  # fmt: skip
-    got = collate(records)["inputs"]["position_ids"].tolist()
+    collate = HFCollator("sdpa", max_length=12, binding=Binding(266, "t", "sha256:t"),
+                         tree=True, config=roberta(1))  # fmt: skip
+    got = collate(records)["position_ids"].tolist()
     assert got == [[2, 3, 4, 5, 6, 7, 6, 5, 6, 2, 2, 2]]
 
 
@@ -72,7 +72,7 @@ def test_the_tree_collator_passes_the_offset_on():
 def test_the_offset_is_padding_idx_plus_one(pad, offset):
     config = roberta(pad)
     flat = hf_inputs(fixture_batch(), "sdpa", config=config)["position_ids"].tolist()
-    tree = tree_inputs(drawn_tree(), "sdpa", config=config)["position_ids"].tolist()
+    tree = hf_inputs(drawn_tree(), "sdpa", config=config)["position_ids"].tolist()
     assert flat == [[p + offset for p in row] for row in FLAT]
     assert tree == [[p + offset for p in row] for row in TREE]
 
@@ -81,4 +81,4 @@ def test_a_model_without_the_offset_gets_the_plain_positions():
     config = LlamaConfig(vocab_size=266, hidden_size=8, num_hidden_layers=1,
                          num_attention_heads=1, intermediate_size=8, pad_token_id=1)  # fmt: skip
     assert hf_inputs(fixture_batch(), "sdpa", config=config)["position_ids"].tolist() == FLAT
-    assert tree_inputs(drawn_tree(), "sdpa", config=config)["position_ids"].tolist() == TREE
+    assert hf_inputs(drawn_tree(), "sdpa", config=config)["position_ids"].tolist() == TREE

@@ -10,7 +10,6 @@ rows puts a shard boundary at every even row.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
@@ -18,11 +17,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from exactpack.core.tree import tree_loss_sum
-from exactpack.io import tree_store
+from exactpack.core.loss import token_weighted_sum
 from exactpack.io.store import load_packed
-from exactpack.io.tree_store import tree_batch_from_rows
-from exactpack.pipeline.pack_tree import pack_tree_path
+from exactpack.io.tree_rows import tree_batch_from_rows, tree_records
+from exactpack.pipeline import pack_path
 
 VOCAB = 40
 CAPACITY = 40
@@ -65,13 +63,10 @@ def packed(tmp_path_factory):
             for p, c in zip(columns["prompt_ids"], columns["completion_ids"], strict=True)
         )
     )
-    mp = pytest.MonkeyPatch()
-    small = functools.partial(tree_store.write_tree_shards, shard_rows=SHARD_ROWS)
-    mp.setattr(tree_store, "write_tree_shards", small)
-    try:
-        pack_tree_path(folder / "in.jsonl", folder / "out", max_length=CAPACITY, vocab_size=VOCAB)
-    finally:
-        mp.undo()
+    # model calls of SHARD_ROWS rows, a new shard after every call
+    opts = {"max_rows_per_batch": SHARD_ROWS, "shard_tokens": 1}
+    pack_path(folder / "in.jsonl", folder / "out", tree="on", max_length=CAPACITY,
+              vocab_size=VOCAB, **opts)  # fmt: skip
     return folder / "out", columns
 
 
@@ -101,10 +96,11 @@ def test_every_cell_of_every_shard_is_its_sequences_path_and_weight(packed):
     seqs, weight = _reference(columns)
     rows = _shard_rows(out)
     store = load_packed(out, integrity="full")
-    assert [rec["row"] for rec in rows] == list(range(len(store)))
+    assert [rec["row"] for rec in rows] == list(range(store.num_rows))
+    records = store.records()
     seen = []
     for rec in rows:
-        assert store[rec["row"]] == rec  # by index, whichever shard holds it
+        assert records[rec["row"]] == {n: v for n, v in rec.items() if n != "row"}
         for s, cells, mask in zip(
             rec["sequence_index"], rec["sequence_cells"], rec["sequence_mask"], strict=True
         ):
@@ -118,14 +114,22 @@ def test_every_cell_of_every_shard_is_its_sequences_path_and_weight(packed):
     assert sorted(seen) == list(range(len(seqs)))
 
 
-def test_rows_read_by_index_in_any_order_come_from_their_own_shard(packed):
+def test_model_calls_read_by_index_in_any_order_come_from_their_own_shard(packed):
     out, _ = packed
     rows = _shard_rows(out)
     store = load_packed(out)
-    firsts = list(range(0, len(rows), SHARD_ROWS))
-    for i in [*firsts[::-1], *range(len(rows)), *firsts]:  # boundaries first, out of order
-        assert store[i] == rows[i]
-    assert [store[i] for i in range(len(store))] == rows
+    calls = -(-len(rows) // SHARD_ROWS)  # one call per shard
+    assert len(store) == calls == len(store.shards)
+    for i in [*range(calls)[::-1], *range(calls)]:  # out of order, each shard re-read
+        part = [
+            {n: v for n, v in r.items() if n != "row"}
+            for r in rows[SHARD_ROWS * i : SHARD_ROWS * (i + 1)]
+        ]
+        want = tree_batch_from_rows(part, CAPACITY, VOCAB)
+        got = store[i]
+        for name in ("inputs", "targets", "nodes", "node_ends", "weights", "seq_index"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        assert got.binding == store.binding
     with pytest.raises(IndexError):
         store[len(store)]
 
@@ -156,7 +160,7 @@ def test_the_reloaded_batch_s_loss_is_the_per_sequence_sum(packed):
     seqs, _ = _reference(columns)
     batch = _reloaded(out)
     logits = np.random.default_rng(1).normal(size=(*batch.shape, VOCAB))
-    got = tree_loss_sum(logits, batch)
+    got = token_weighted_sum(logits, batch)
     want = []
     for rec in _shard_rows(out):
         r = rec["row"]
@@ -185,7 +189,7 @@ def test_the_reloaded_batch_is_the_in_memory_packing(packed):
         columns["prompt_ids"], columns["completion_ids"], binding
     )
     epoch = pack_tree(groups, CAPACITY, policy="best-fit-decreasing")
-    rows = [rec for b in epoch.batches for rec in tree_store.tree_records(b)]
+    rows = [rec for b in epoch.batches for rec in tree_records(b)]
     want = tree_batch_from_rows(rows, CAPACITY, VOCAB)
     got = _reloaded(out)
     for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "loss_mask"):

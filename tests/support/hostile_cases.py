@@ -494,8 +494,9 @@ CASES: list[Case] = [
         OversizedExample,
         (
             f"{DATA} line 1",
-            "example 0 ('long'[0:10]) has 9 prediction pairs; capacity is 4",
-            "raise max_length= or cut it with cut_long=True",  # the CLI: its flags
+            "1 of 1 examples are longer than 5 tokens (max_length 4",
+            "example 0 ('long'[0:10]), 10 tokens",
+            "raise max_length= (the longest, 10 tokens, needs 9), cut them with cut_long=True",
         ),
     ),
     Case(
@@ -1038,6 +1039,44 @@ CASES += [
         _pack_file("part-*.jsonl"),
         InvalidInput,
         ("input 'part-*.jsonl' matches no file",),
+    ),
+]  # fmt: skip
+
+
+# --- round four (issue 37): what round three left open ------------------------------------
+
+#: A tokenizer.json holding one 2 MiB string (an added token of 30 MB aborted the process in
+#: the Rust allocator; the check needs no valid tokenizer, it runs before one is built).
+_HUGE_TOKEN = json.dumps({"added_tokens": [{"id": 9, "content": "a" * (2 << 20)}]}).encode()
+
+CASES += [
+    Case(
+        "tokenizer-huge-string",
+        "a `tokenizer.json` holding a 2 MiB string (a 30 MB added token aborted the process"
+        " in the Rust allocator)",
+        {DATA: lines({"text": "hi"}), "tokenizer.json": _HUGE_TOKEN},
+        _pack_argv("--tokenizer", "tokenizer.json", vocab=None),
+        lambda: load_tokenizer("tokenizer.json"),
+        InvalidInput,
+        ("tokenizer.json holds a string of 2,097,", "more than the 1,048,576 a tokenizer file"),
+    ),
+    Case(
+        "nul-bytes",
+        "a `.jsonl` of NUL bytes (600 MB were refused only after ~2.5 GB of memory)",
+        {DATA: b"\0" * (1 << 16)},
+        _pack_argv(),
+        _pack,
+        InvalidInput,
+        ("data.jsonl line 1: holds a NUL byte — not a text or JSON file",),
+    ),
+    Case(
+        "text-nul-byte",
+        "a `.txt` whose third line holds a NUL byte",
+        {"d.txt": b"one\ntwo\nthr\0ee\n"},
+        _pack_argv("--tokenizer", "bytes", data="d.txt", vocab=None),
+        lambda: _pack(data="d.txt", vocab=None, tokenizer="bytes"),
+        InvalidInput,
+        ("d.txt line 3: holds a NUL byte",),
     ),
 ]  # fmt: skip
 

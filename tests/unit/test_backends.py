@@ -132,10 +132,11 @@ def plan_edges(plan, cells):
     ``L``-slot block, attends (causally) the block's slots ``0..i``, each the
     cell ``gather`` names.
     """
-    gather, scatter = plan.gather.numpy(), plan.scatter.numpy()
+    gather, scatter = plan.q_index.numpy(), plan.scatter.numpy()
+    assert np.array_equal(gather, plan.k_index.numpy())  # a flat segment is its own path
     block_start = np.zeros(gather.shape[0], dtype=np.int64)
     offset = 0
-    for n, size in plan.groups:
+    for n, size, _ in plan.groups:
         block_start[offset : offset + n * size] = offset + np.arange(n * size) // size * size
         offset += n * size
     edges = np.zeros((cells, cells), dtype=bool)
@@ -151,7 +152,7 @@ def test_varlen_plan_edges_are_the_dense_predicate(case, bucketing):
     _, _, epoch = case
     for batch in epoch.batches:
         plan = varlen_plan(AttentionLayout.from_batch(batch), bucketing)
-        assert plan.padded_slots == sum(n * size for n, size in plan.groups)
+        assert plan.padded_slots == sum(n * size for n, size, _ in plan.groups)
         rows, width = batch.shape
         edges = plan_edges(plan, rows * width).reshape(rows, width, rows, width)
         r = np.arange(rows)
@@ -210,13 +211,13 @@ def test_fixture_plan_groups_and_scatter():
     plan = varlen_plan(layout, "exact")
     assert varlen_plan(layout, "exact") is plan  # built once per layout, reused by every layer
     lengths = sorted(layout.lengths.tolist(), reverse=True)
-    assert plan.groups == tuple((1, n) for n in lengths)
+    assert plan.groups == tuple((1, n, n) for n in lengths)
     valid = layout.valid.reshape(-1)
     assert torch.all((plan.scatter == 0) == ~valid)
     # Every padded slot reads a cell of its own segment.
-    seg = layout.segments.reshape(-1)[plan.gather]
+    seg = layout.segments.reshape(-1)[plan.q_index]
     offset = 0
-    for n, size in plan.groups:
+    for n, size, _ in plan.groups:
         block = seg[offset : offset + n * size].view(n, size)
         assert torch.all(block == block[:, :1])
         offset += n * size

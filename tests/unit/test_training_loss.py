@@ -14,6 +14,7 @@ from exactpack import (
     Binding,
     EmptyObjective,
     InvalidInput,
+    NotAvailable,
     PackConfig,
     SequenceExample,
     pack_examples,
@@ -222,3 +223,24 @@ def test_train_tiny_example_smoke(tmp_path):
 
     curves = imread(out)[..., :3]  # the figure decodes, and has drawn lines on its canvas
     assert curves.ndim == 3 and len(np.unique(curves.reshape(-1, 3), axis=0)) > 2
+
+
+def test_tree_rows_collate_to_weighted_labels_and_refuse_flattening():
+    from exactpack.core.tree import SequenceGroups, pack_tree
+    from exactpack.verify.fixture import fixture_binding
+
+    groups = SequenceGroups.from_lists(
+        [[[0, 99, 100, 1], [0, 99, 101, 1]], [[0, 102, 1]]], fixture_binding()
+    )
+    (batch,) = pack_tree(groups, 8).batches
+    f = PackedCollator()(batch)
+    assert f["weights"].tolist() == batch.weights.tolist() and f["weights"].max() == 2
+    assert f["num_items_in_batch"] == batch.eligible_count == 8  # 3 + 3 + 2 targets
+    logits = torch.randn(
+        *batch.shape, 266, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    want = token_weighted_loss(logits, batch).mean
+    got = micro_batch_loss(logits, f)
+    assert abs(float(got) - float(want)) <= 1e-10 + 1e-9 * abs(float(want))
+    with pytest.raises(NotAvailable, match=r"flatten=True\) reads cu_seqlens.*flatten=False"):
+        PackedCollator(flatten=True)(batch)

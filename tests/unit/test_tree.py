@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.loss import token_weighted_loss
 from exactpack.core.permission import pairwise, permitted
 from exactpack.core.policies import POLICIES
-from exactpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most, tree_loss
+from exactpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most
 
 BINDING = Binding(50, "test-tokenizer", "sha256:test")
 
@@ -173,7 +174,7 @@ def test_weighted_loss_equals_flat_objective(groups, seed):
             for d, cell in enumerate(batch.sequence_cells(i)):
                 logits.reshape(-1, 50)[cell] = logits_of(seq[: d + 1])
         if batch.eligible_count:
-            result = tree_loss(logits, batch)
+            result = token_weighted_loss(logits, batch)
             tree_sum, tree_n = tree_sum + result.sum, tree_n + result.count
     assert tree_n == flat_n
     # float64, summation order only: the seed's tolerance

@@ -17,10 +17,10 @@ BINDING = Binding(20, "ids", "test")
 
 
 def test_three_column_sets_make_the_same_groups():
-    grpo = groups_from_columns(
+    grpo, _ = groups_from_columns(
         {"prompt_ids": [[5, 6, 7]], "completion_ids": [[[8, 9], [8, 4]]]}, BINDING
     )
-    dpo = groups_from_columns(
+    dpo, _ = groups_from_columns(
         {
             "prompt_input_ids": [[5, 6, 7]],
             "chosen_input_ids": [[8, 9]],
@@ -28,7 +28,7 @@ def test_three_column_sets_make_the_same_groups():
         },
         BINDING,
     )
-    generic = groups_from_columns(
+    generic, index = groups_from_columns(
         {"input_ids": [[5, 6, 7, 8, 9], [1, 2], [5, 6, 7, 8, 4]], "group": ["a", "b", "a"]}, BINDING
     )
     for groups in (grpo, dpo):
@@ -36,6 +36,8 @@ def test_three_column_sets_make_the_same_groups():
         # the prompt's targets are not supervised; the pair 7 -> 8 (prompt -> completion) is
         assert groups.loss_mask.tolist() == [False, False, True, True] * 2
     assert generic.group.tolist() == [0, 0, 1] and generic.loss_mask.all()
+    # the rows of group "a" gathered in input order; the index says where each came from
+    assert index.tolist() == [0, 2, 1] and generic.sequence(2).tolist() == [1, 2]
     batch = pack_tree(grpo, 8).batches[0]
     assert batch.tokens_stored == 5 and batch.tokens_flat == 8  # 5->6, 6->7, 7->8 shared
     assert batch.weights.reshape(-1)[batch.input_valid.reshape(-1)].tolist() == [0, 0, 2, 1, 1]
@@ -70,7 +72,7 @@ def test_pack_dataset_tree_rows_round_trip():
     import torch
 
     from exactpack.hf import pack_dataset
-    from exactpack.hf.tree_inputs import tree_batch_from_rows
+    from exactpack.io.tree_rows import tree_batch_from_rows
     from exactpack.nn.logprobs import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
@@ -83,7 +85,9 @@ def test_pack_dataset_tree_rows_round_trip():
     rows = pack_dataset(ds, 8, tree=True)
     assert len(rows) == 2 and set(rows.column_names) >= {"node_ids", "weights", "sequence_cells"}
     direct = pack_tree(
-        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x")), 8, policy="best-fit-decreasing"
+        groups_from_columns(ds.to_dict(), Binding(10, "ids", "x"))[0],
+        8,
+        policy="best-fit-decreasing",
     ).batches[0]
     back = tree_batch_from_rows(list(rows), 8, 10)
     for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):
@@ -104,9 +108,12 @@ def test_tree_collator_feeds_a_model():
     import datasets
     import torch
 
+    from exactpack.core.binding import Binding
+    from exactpack.core.loss import token_weighted_loss
     from exactpack.hf import pack_dataset
-    from exactpack.hf.tree_inputs import TreeCollator
-    from exactpack.nn.tree_attention import tree_loss
+    from exactpack.hf.collator import HFCollator
+    from exactpack.training import ScheduledBatch
+    from exactpack.training.distributed import Slot
     from exactpack.verify.models import load_model
     from exactpack.verify.tree_models import use_tree_attention
 
@@ -117,13 +124,20 @@ def test_tree_collator_feeds_a_model():
         {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
     )
     rows = pack_dataset(ds, 9, tree=True)
-    loader = torch.utils.data.DataLoader(
-        rows,
-        batch_size=2,
-        collate_fn=TreeCollator(9, 266, config=model.config, dtype=torch.float64),
+    collator = HFCollator(
+        "exactpack_tree",
+        max_length=9,
+        binding=Binding(266, "tree-records", "tree-records"),
+        tree=True,
+        config=model.config,
+        dtype=torch.float64,
     )
-    (out,) = list(loader)
-    loss = tree_loss(model(**out["inputs"]).logits, out["batch"]).mean
+    loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
+    (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
+    loss = token_weighted_loss(model(**collator(batch)).logits, batch).mean
+    slot = Slot(0, 0, 0, 0, 1, tuple(range(batch.shape[0])), batch.eligible_count, 0)
+    scheduled = collator(ScheduledBatch(batch, slot))  # a RowSampler slot of the same rows
+    assert torch.equal(scheduled["input_ids"], collator(batch)["input_ids"])
     total, count = 0.0, 0
     for prompt, comps in zip(ds["prompt_ids"], ds["completion_ids"], strict=True):
         for c in comps:

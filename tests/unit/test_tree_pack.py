@@ -1,4 +1,4 @@
-"""``exactpack pack --tree``: files -> version-3 packed directories -> load -> tree batches.
+"""``exactpack pack --tree``: files -> forest-row packed directories -> load -> tree batches.
 
 The written rows are held to the in-memory route (``pack_dataset(tree=True)``
 and the core layout), every sequence is recovered from the loaded rows
@@ -9,6 +9,7 @@ exactly (tokens, supervision, multiplicities), flat outputs still load, and
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -18,13 +19,11 @@ import pytest
 from exactpack.cli import main
 from exactpack.core.errors import InvalidInput
 from exactpack.io.store import PackedStore, load_packed
-from exactpack.io.tree_store import TreeStore
 from exactpack.pipeline import pack_path
-from exactpack.pipeline.pack_tree import pack_tree_path
 
 datasets = pytest.importorskip("datasets")
 from exactpack.hf import pack_dataset  # noqa: E402
-from exactpack.hf.tree_inputs import tree_batch_from_rows  # noqa: E402
+from exactpack.io.tree_rows import tree_batch_from_rows  # noqa: E402
 
 VOCAB = 40
 ARRAYS = (
@@ -133,9 +132,10 @@ def test_pack_load_collate_equals_the_in_memory_tree_rows(tmp_path, make, suffix
     columns = make(np.random.default_rng(7), 12)
     src = tmp_path / f"in{suffix}"
     _write(columns, src)
-    stats = pack_tree_path(src, tmp_path / "out", max_length=24, vocab_size=VOCAB)
+    stats = pack_path(src, tmp_path / "out", max_length=24, vocab_size=VOCAB, tree="on")
     store = load_packed(tmp_path / "out", integrity="full")
-    assert isinstance(store, TreeStore) and store.manifest["version"] == 3
+    assert isinstance(store, PackedStore) and store.layout == "tree"
+    assert store.manifest["version"] == 2 and store.manifest["layout"] == "tree"
     records = store.records()
     ref = list(pack_dataset(datasets.Dataset.from_dict(columns), 24, tree=True))
     assert records == ref
@@ -154,7 +154,7 @@ def test_every_sequence_round_trips_through_the_files(tmp_path, seed):
     _write(columns, tmp_path / "in.parquet")
     capacity = int(rng.integers(12, 40))
     opts = {"max_length": capacity, "vocab_size": VOCAB, "max_rows_per_batch": 3}
-    pack_tree_path(tmp_path / "in.parquet", tmp_path / "out", **opts)
+    pack_path(tmp_path / "in.parquet", tmp_path / "out", **opts, tree="on")
     records = load_packed(tmp_path / "out").records()
     want = _sequences(columns)
     got = _recovered(records)
@@ -172,19 +172,24 @@ def test_flat_outputs_still_load_and_other_versions_are_refused(tmp_path):
     assert isinstance(flat, PackedStore) and flat.manifest["version"] == 2
     assert len(flat) == 1 and flat[0].inputs.shape == (1, 4)  # one model call of one row
     _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB, tree="on")
     mpath = tmp_path / "tree" / "manifest.json"
     manifest = json.loads(mpath.read_text())
     mpath.write_text(json.dumps(manifest | {"version": 4}))
-    with pytest.raises(InvalidInput, match="reads tree outputs of version 3"):
+    with pytest.raises(InvalidInput, match=r"reads 'exactpack\.packed-rows' version 2"):
         load_packed(tmp_path / "tree")
 
 
 def test_format_trl_with_tree_is_refused_with_the_reason(tmp_path, capsys):
     _write(_grpo(np.random.default_rng(0), 2), tmp_path / "t.jsonl")
     with pytest.raises(InvalidInput, match="cannot express a tree"):
-        pack_tree_path(
-            tmp_path / "t.jsonl", tmp_path / "o", max_length=16, vocab_size=VOCAB, format="trl"
+        pack_path(
+            tmp_path / "t.jsonl",
+            tmp_path / "o",
+            max_length=16,
+            vocab_size=VOCAB,
+            format="trl",
+            tree="on",
         )
     argv = [
         "pack",
@@ -221,7 +226,7 @@ def test_cli_pack_tree_writes_what_the_library_writes(tmp_path, capsys):
     ]
     assert main(argv) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    pack_tree_path(tmp_path / "d.jsonl", tmp_path / "lib", max_length=20, vocab_size=VOCAB)
+    pack_path(tmp_path / "d.jsonl", tmp_path / "lib", max_length=20, vocab_size=VOCAB, tree="on")
     assert load_packed(tmp_path / "cli").records() == load_packed(tmp_path / "lib").records()
     assert stats["tokens_stored"] < stats["tokens_flat"]
 
@@ -236,7 +241,7 @@ def test_auto_groups_rows_sharing_their_first_tokens_within_a_window(tmp_path):
     _write({"input_ids": rows}, tmp_path / "sft.jsonl")
     out = {}
     for window in (20, 4):
-        stats = pack_tree_path(
+        stats = pack_path(
             tmp_path / "sft.jsonl",
             tmp_path / f"w{window}",
             tree="auto",
@@ -299,7 +304,9 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
     for k, rows in enumerate((text, chats)):
         src = tmp_path / f"dpo{k}.jsonl"
         _write(rows, src)
-        stats = pack_tree_path(src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder))
+        stats = pack_path(
+            src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
+        )
         got = _recovered(load_packed(tmp_path / f"o{k}").records())
         chosen = _sft_reading({"prompt": rows["prompt"], "completion": rows["chosen"]}, chat_folder)
         rejected = _sft_reading(
@@ -309,13 +316,15 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
         assert got == dict(enumerate(want))
         assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
     with pytest.raises(InvalidInput, match="no tokenizer was given"):
-        pack_tree_path(tmp_path / "dpo0.jsonl", tmp_path / "x", max_length=64, vocab_size=VOCAB)
+        pack_path(
+            tmp_path / "dpo0.jsonl", tmp_path / "x", max_length=64, vocab_size=VOCAB, tree="on"
+        )
 
 
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
     rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
     _write(rows, tmp_path / "sft.jsonl")
-    pack_tree_path(
+    pack_path(
         tmp_path / "sft.jsonl",
         tmp_path / "o",
         tree="auto",
@@ -327,16 +336,18 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
     want = dict(enumerate(_sft_reading(rows, "bytes")))
     assert got == want
     with pytest.raises(InvalidInput, match="pass --tree auto"):
-        pack_tree_path(tmp_path / "sft.jsonl", tmp_path / "p", max_length=64, tokenizer="bytes")
+        pack_path(
+            tmp_path / "sft.jsonl", tmp_path / "p", max_length=64, tokenizer="bytes", tree="on"
+        )
 
 
 def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, capsys):
     from exactpack.training.packed_data import PackedBatches
 
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB, tree="on")
     with pytest.raises(
-        InvalidInput, match=r"records\(\) and exactpack.hf.tree_inputs.TreeCollator"
+        InvalidInput, match=r"records\(\) and exactpack.hf.HFCollator\(\.\.\., tree=True\)"
     ):
         PackedBatches(tmp_path / "tree")
     argv = [
@@ -357,7 +368,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path, caps
 
 def test_a_damaged_tree_shard_is_refused_by_its_checksum(tmp_path):
     _write(_grpo(np.random.default_rng(2), 3), tmp_path / "t.jsonl")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB, tree="on")
     manifest = load_packed(tmp_path / "tree", integrity="full").manifest
     shard = tmp_path / "tree" / manifest["shards"][0]["file"]
     shard.write_bytes(shard.read_bytes()[:-9] + b"damaged!!")
@@ -400,14 +411,14 @@ def test_tree_inputs_take_the_flat_doors(tmp_path, monkeypatch, capsys):
         gzip.compress((tmp_path / "part-1.jsonl").read_bytes())
     )
     opts = {"max_length": 24, "vocab_size": VOCAB}
-    pack_tree_path(tmp_path / "whole.jsonl", tmp_path / "one", **opts)
+    pack_path(tmp_path / "whole.jsonl", tmp_path / "one", **opts, tree="on")
     want = load_packed(tmp_path / "one").records()
     sources = {
         "several": [str(tmp_path / "part-0.jsonl"), str(tmp_path / "part-1.jsonl.gz")],
         "glob": str(tmp_path / "part-?.jsonl"),
     }
     for name, source in sources.items():
-        pack_tree_path(source, tmp_path / name, **opts)
+        pack_path(source, tmp_path / name, **opts, tree="on")
         assert load_packed(tmp_path / name).records() == want, name
     stdin = io.TextIOWrapper(io.BytesIO((tmp_path / "whole.jsonl").read_bytes()))
     monkeypatch.setattr(sys, "stdin", stdin)
@@ -427,7 +438,7 @@ def test_records_of_many_rows_collate_to_the_packed_batch():
 
     from exactpack.core.binding import Binding
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, VOCAB, 8) for _ in range(12)]
@@ -491,12 +502,11 @@ DAMAGES = [
 def _damaged_output(tmp_path, edit, max_length=12, row=0):
     """A tree output of :data:`DAMAGE_ROWS` whose row ``row`` got ``edit``, the manifest's
     size and sha256 of the shard recomputed (only the content check can catch it)."""
-    from exactpack.io.shards import sha256_file
-    from exactpack.io.tree_store import TREE_SCHEMA
+    from exactpack.io.shards import TREE_SCHEMA, sha256_file
 
     _write({k: [r[k] for r in DAMAGE_ROWS] for k in DAMAGE_ROWS[0]}, tmp_path / "t.jsonl")
     out = tmp_path / "tree"
-    pack_tree_path(tmp_path / "t.jsonl", out, max_length=max_length, vocab_size=VOCAB)
+    pack_path(tmp_path / "t.jsonl", out, max_length=max_length, vocab_size=VOCAB, tree="on")
     manifest = json.loads((out / "manifest.json").read_text())
     entry = manifest["shards"][0]
     shard = out / entry["file"]
@@ -591,7 +601,7 @@ def test_tree_options_are_pack_options(tmp_path):
         PackOptions(max_length=8, tree="auto", tree_prefix=0)
     _write(_grpo(np.random.default_rng(5), 4), tmp_path / "t.jsonl")
     opts = PackOptions(max_length=24, vocab_size=VOCAB, tree="on")
-    pack_tree_path(tmp_path / "t.jsonl", tmp_path / "a", opts)
+    pack_path(tmp_path / "t.jsonl", tmp_path / "a", opts, tree="on")
     pack_path(tmp_path / "t.jsonl", tmp_path / "b", opts)  # the flat entry point, tree rows
     assert load_packed(tmp_path / "b").records() == load_packed(tmp_path / "a").records()
     report = stats_path(tmp_path / "t.jsonl", opts)
@@ -607,7 +617,7 @@ def test_parent_ids_are_held_to_the_nodes_by_hand():
     inside one node, a parent that is no earlier node, a root given a parent."""
     from exactpack.core.binding import Binding
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_store import tree_records
+    from exactpack.io.tree_rows import tree_records
 
     a, b, c, d, e, f = 20, 21, 22, 23, 30, 31
     groups = SequenceGroups.from_prompt_completions(
@@ -623,3 +633,90 @@ def test_parent_ids_are_held_to_the_nodes_by_hand():
         bad["parent_ids"][cell] = parent
         with pytest.raises(InvalidInput, match="parent"):
             tree_batch_from_rows([bad], 12, 64)
+
+
+def test_a_tree_input_is_packed_block_by_block_never_splitting_a_group(tmp_path):
+    """Small ``chunk_bytes``: several blocks, each planned on its own; a group's rows that
+    straddle a chunk stay one trie, sequence_index numbers the input's rows, and model calls
+    never straddle a shard."""
+    rng = np.random.default_rng(2)
+    rows = [(g, rng.integers(0, VOCAB, int(rng.integers(3, 9))).tolist()) for g in range(60)]
+    rows = [(g, [1 + g % 9, 2, 3, *tail[: 1 + k]]) for g, tail in rows for k in range(3)]
+    columns = {"input_ids": [ids for _, ids in rows], "group": [f"g{g}" for g, _ in rows]}
+    _write(columns, tmp_path / "in.jsonl")
+    opts = {"max_length": 40, "vocab_size": VOCAB, "max_rows_per_batch": 4, "tree": "on"}
+    stats = pack_path(tmp_path / "in.jsonl", tmp_path / "out", chunk_bytes=1500, **opts)
+    whole = pack_path(tmp_path / "in.jsonl", tmp_path / "one", **opts)
+    assert stats["blocks"] > 3 and whole["blocks"] == 1
+    assert stats["groups"] == whole["groups"] == 60  # no group split at a chunk boundary
+    assert stats["tokens_stored"] == whole["tokens_stored"]  # the same tries
+    store = load_packed(tmp_path / "out", integrity="full")
+    records = store.records()
+    assert _recovered(records) == dict(enumerate(_sequences(columns)))
+    for rec in records:  # every row holds whole groups
+        groups = {columns["group"][i] for i in rec["sequence_index"]}
+        for g in groups:
+            assert sum(columns["group"][i] == g for i in rec["sequence_index"]) == 3
+    calls = [store[i] for i in range(len(store))]
+    assert sum(c.shape[0] for c in calls) == store.num_rows == stats["rows"]
+    assert len(calls) == stats["batches"] == sum(-(-s["rows"] // 4) for s in store.shards)
+
+
+def test_tree_packing_keeps_the_flat_input_policy(tmp_path, monkeypatch, capsys):
+    """Issue 37, class 1: a budget too small is refused before reading, a row of another
+    split is a SplitMismatch, --tree auto never re-reads the file to name a row, and the
+    largest look-ahead plans the input it has (no allocation by its size)."""
+    from exactpack.core.errors import BudgetExceeded, SplitMismatch
+    from exactpack.io import documents
+
+    rows = [{"input_ids": [1, 2, 3 + k % 5], "group": k // 2} for k in range(6)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    opts = {"max_length": 16, "vocab_size": VOCAB, "tree": "on"}
+    with pytest.raises(BudgetExceeded, match="one block of groups"):
+        pack_path(tmp_path / "in.jsonl", tmp_path / "b", max_metadata_bytes=1 << 20, **opts)
+    argv = ["pack", str(tmp_path / "in.jsonl"), "--tree", "--max-length", "16", "--vocab-size",
+            str(VOCAB), "--max-metadata-bytes", "1MB", "--out", str(tmp_path / "c")]  # fmt: skip
+    assert main(argv) == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    split = [*rows, {"input_ids": [1, 2, 3], "group": 9, "partition": "test"}]
+    (tmp_path / "split.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split))
+    with pytest.raises(SplitMismatch, match="line 7: the row belongs to partition 'test'"):
+        pack_path(tmp_path / "split.jsonl", tmp_path / "s", **opts)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "b").exists()
+    calls = []
+    monkeypatch.setattr(documents, "_line_of", lambda *a: calls.append(a) or 0)
+    many = "".join(json.dumps({"input_ids": [k % 7, 1, 2, k % 11]}) + "\n" for k in range(3000))
+    (tmp_path / "auto.jsonl").write_text(many)
+    auto = pack_path(tmp_path / "auto.jsonl", tmp_path / "a", **opts | {"tree": "auto"},
+                     tree_prefix=2)  # fmt: skip
+    assert calls == [] and auto["sequences"] == 3000 and auto["groups"] == 7
+    huge = {"lookahead": 2**31 - 1, "max_open_rows": 2**31 - 1}
+    stats = pack_path(tmp_path / "in.jsonl", tmp_path / "l", policy="stream-best-fit",
+                      policy_options=huge, **opts)  # fmt: skip
+    assert stats["sequences"] == 6 and stats["groups"] == 3
+
+
+def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path, chat_folder):
+    """Issue 37, class 1: a template that renders the prompt alone differently (here with a
+    marker it drops inside prompt + answer) would supervise the prompt's tokens silently."""
+    from support.sft_helpers import CHATS
+
+    rows = {
+        "prompt": [c[:-1] for c in CHATS[:2]],
+        "chosen": [c[-1:] for c in CHATS[:2]],
+        "rejected": [[{"role": "assistant", "content": "No idea."}] for _ in CHATS[:2]],
+    }
+    _write(rows, tmp_path / "dpo.jsonl")
+    opts = {"max_length": 256, "tokenizer": str(chat_folder), "tree": "on"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the template's own rendering agrees: no warning
+        pack_path(tmp_path / "dpo.jsonl", tmp_path / "ok", **opts)
+    odd = "{% if add_generation_prompt %}ALONE {% endif %}"
+    odd += "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+    (tmp_path / "odd.jinja").write_text(odd)
+    with pytest.warns(UserWarning, match=r"dpo.jsonl line 1: the tokenized prompt is not a prefix"):
+        pack_path(
+            tmp_path / "dpo.jsonl",
+            tmp_path / "odd",
+            chat_template=str(tmp_path / "odd.jinja"),
+            **opts,
+        )

@@ -204,8 +204,68 @@ def test_named_format_columns_keep_the_rest_hidden():
 def test_overlong_example_is_an_error_naming_it():
     """TRL's bfd truncates ([1..5] at 4 keeps [1,2,3,4] and drops 5); exactpack never cuts."""
     ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13]]})
-    with pytest.raises(OversizedExample, match=r"row 0.*5 tokens; capacity is 4 tokens"):
+    with pytest.raises(
+        OversizedExample, match=r"1 of 4 examples are longer than 4 tokens .*row 0.*5 tok"
+    ):
         pack_dataset(ds, 4, format="trl")
+
+
+def test_every_overlong_example_is_counted_in_the_formats_unit_and_the_first_few_named():
+    lengths = [3, 9, 2, 7, 12, 8, 2]  # tokens
+    ds = Dataset.from_dict({"input_ids": [list(range(1, n + 1)) for n in lengths]})
+    for fmt, room in (("trl", 6), ("exactpack", 7)):  # max_length 6: 6 tokens / 6 pairs a row
+        over = [i for i, n in enumerate(lengths) if n > room]
+        with pytest.raises(OversizedExample) as err:
+            pack_dataset(ds, 6, format=fmt)
+        msg = str(err.value)
+        assert msg.startswith(f"{len(over)} of 7 examples are longer than {room} tokens"), msg
+        for i in over[:3]:  # named, with their length in tokens
+            assert f"row {i}: example {i} ('{i}'[0:{lengths[i]}]), {lengths[i]} tokens" in msg
+        assert f"and {len(over) - 3} more" in msg if len(over) > 3 else "more" not in msg
+        assert f"the longest, 12 tokens, needs {12 - room + 6})" in msg
+        assert "cut_long=True" in msg and "truncation_mode=" in msg and "--" not in msg
+
+
+def test_truncation_keeps_one_end_of_a_long_example_and_counts_what_it_left_out(tmp_path):
+    long, short = [1, 2, 3, 4, 5, 6, 7, 8], [9, 10]
+    ds = Dataset.from_dict({"input_ids": [long, short]})
+    for mode, kept in (("keep_start", long[:5]), ("keep_end", long[-5:])):
+        packed = pack_dataset(ds, 5, "next-fit", format="trl", truncation_mode=mode)
+        assert packed["input_ids"] == [kept, short]
+        assert packed["labels"][0] == [-100, *kept[1:]]
+        stats = json.loads(packed.info.description)["exactpack"]["statistics"]
+        assert (stats["truncated_sources"], stats["truncated_tokens"]) == (1, 3)
+    with pytest.raises(InvalidInput, match="pass one of them"):
+        pack_dataset(ds, 5, format="trl", truncation_mode="keep_start", cut_long=True)
+    with pytest.raises(InvalidInput, match="truncation_mode must be"):
+        pack_dataset(ds, 5, format="trl", truncation_mode="left")
+    # the exactpack format keeps max_length pairs (6 tokens); its statistics stay consistent
+    from exactpack.pipeline import pack_path
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in (long, short)))
+    stats = pack_path(
+        data, tmp_path / "out", max_length=5, vocab_size=16, truncation_mode="keep_end"
+    )
+    assert (stats["truncated_sources"], stats["truncated_tokens"]) == (1, 2)
+    assert stats["eligible_targets"] == 5 + 1  # the kept window's pairs and the short one's
+    rows = load_packed(tmp_path / "out").shard_rows(0)  # checked on load
+    assert rows.tokens[:6].tolist() == long[-6:]
+
+
+def test_an_sft_row_is_never_cut_into_pieces_that_lose_its_prompt():
+    """cut_long would train an SFT row's later pieces without their prompt: refused;
+    truncation_mode='keep_start' keeps the prompt and the answer's start."""
+    ds = Dataset.from_dict({"prompt": ["a long question " * 2], "completion": [" an answer"]})
+    with pytest.raises(InvalidInput, match="later pieces without their prompt"):
+        pack_dataset(ds, 16, format="trl", tokenizer="bytes", cut_long=True)
+    kept = pack_dataset(ds, 16, format="trl", tokenizer="bytes", truncation_mode="keep_start")
+    assert kept["seq_lengths"] == [[16]]
+    stream = ds.to_iterable_dataset()  # packed as read: the same refusal, and no truncation
+    with pytest.raises(InvalidInput, match="later pieces without their prompt"):
+        list(pack_dataset(stream, 16, tokenizer="bytes", cut_long=True))
+    with pytest.raises(InvalidInput, match="a stream is packed as it is read"):
+        list(pack_dataset(stream, 16, tokenizer="bytes", truncation_mode="keep_start"))
 
 
 def test_split_long_keeps_every_pair_with_right_labels():

@@ -19,6 +19,7 @@ from exactpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
 from exactpack.cli.show import add_show, cmd_show
 from exactpack.cli.verify import add_verify, cmd_verify
 from exactpack.core.errors import ExactpackError, did_you_mean
+from exactpack.io.atomic import SIGNALLED
 from exactpack.pipeline.progress import printable
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -86,13 +87,11 @@ def _one_line(err: BaseException) -> str:
     return printable(" ".join(str(err).split()))
 
 
-_TERMINATED: list[int] = []
-
-
 def _terminated(signum: int, frame: object) -> None:
-    # SystemExit unwinds (a half-written output is removed); remembered in case a
-    # third-party import swallows it and a later error must still read as termination
-    _TERMINATED.append(signum)
+    # SystemExit unwinds (a half-written output is removed); remembered in case a library
+    # swallows it (a __del__, an import catching BaseException): the output is then never
+    # committed, and a later error or a normal return still reads as termination
+    SIGNALLED.append(signum)
     raise SystemExit(128 + signum)
 
 
@@ -123,10 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, (_, run) = COMMANDS[args.command]
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
-    _TERMINATED.clear()
+    SIGNALLED.clear()
     try:
         with _warnings_as_lines(args.command):
-            return run(args)
+            code = run(args)
+        if SIGNALLED:  # swallowed on the way, and the run went on
+            print(f"exactpack {args.command}: terminated", file=sys.stderr)
+            return 128 + SIGNALLED[-1]
+        return code
     except BrokenPipeError:
         return 0
     except (ExactpackError, OSError) as err:
@@ -138,13 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exactpack {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception:
-        if not _TERMINATED:
+        if not SIGNALLED:
             raise
         print(f"exactpack {args.command}: terminated", file=sys.stderr)
-        return 128 + _TERMINATED[-1]
+        return 128 + SIGNALLED[-1]
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+        SIGNALLED.clear()  # a library call after this command commits as usual
 
 
 if __name__ == "__main__":

@@ -73,10 +73,8 @@ def _unit(options: Any) -> str:
 def cmd_pack(args: argparse.Namespace) -> int:
     args.input = _checked(args)
     options = from_arguments(args, "pack")
-    if args.tree is not None:
-        from exactpack.cli.verify_tree import cmd_pack_tree
-
-        return cmd_pack_tree(args, options)
+    if args.tree is not None and args.engine == "ray":
+        raise InvalidInput("--tree packs on the local engine: drop --engine ray")
     if args.engine == "ray":
         from exactpack import ray as ray_engine
         from exactpack.ray.ray_options import RayOptions
@@ -93,9 +91,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats))
         return 0
+    if args.tree is not None:
+        _print_tree(stats)
+        return 0
+    cut = stats.get("truncated_sources", 0)
+    cut = f", {cut:,} truncated ({stats['truncated_tokens']:,} tokens left out)" if cut else ""
     print(
         f"packed {stats['examples']:,} examples ({stats['tokens']:,} {_unit(options)},"
-        f" {stats['split_sources']:,} sources split) with {stats['policy']} into"
+        f" {stats['split_sources']:,} sources split{cut}) with {stats['policy']} into"
         f" {stats['rows']:,} rows of {stats['capacity']} tokens:"
         f" lower bound {stats['lower_bound']:,}, efficiency {stats['efficiency']:.2%},"
         f" {stats['seconds']:.2f} s"
@@ -111,6 +114,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
             f" {stats['block_lower_bound']:,})"
         )
     return 0
+
+
+def _print_tree(s: dict) -> None:
+    print(
+        f"tree-packed {s['sequences']:,} sequences in {s['groups']:,} groups as {s['tries']:,}"
+        f" tries with {s['policy']} into {s['rows']:,} rows of {s['capacity']}:"
+        f" {s['tokens_stored']:,} cells stored for {s['tokens_flat']:,} flat"
+        f" ({s['stored_over_flat']:.3f}x), {s['seconds']:.2f} s\nwrote {printable(s['out'])}:"
+        f" {s['shards']} shard(s), {s['batches']:,} model call(s), forest rows (node columns)"
+    )
 
 
 def report_input(command: str, stats: dict) -> None:
@@ -132,14 +145,19 @@ def report_input(command: str, stats: dict) -> None:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     source = _checked(args)
-    if args.tree:
-        from exactpack.cli.verify_tree import cmd_stats_tree
-
-        return cmd_stats_tree(args)
     from exactpack.pipeline.stats import oversized_line, stats_path
 
     options = from_arguments(args, "stats")
     report = stats_path(source, options, policies=args.policies, plot=args.plot)
+    if args.tree and not args.json:  # tree vs flat under one policy
+        r = report
+        print(
+            f"{r['groups']:,} groups, {r['sequences']:,} sequences, capacity {r['capacity']},"
+            f" {r['policy']}: tree stores {r['tokens_stored']:,} cells in {r['rows_tree']:,}"
+            f" rows; flat {r['tokens_flat']:,} in {r['rows_flat']:,} rows"
+            f" ({r['stored_over_flat']:.3f}x)"
+        )
+        return 0
     report_input(args.command, report)
     over = report.get("oversized")
     if over is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from exactpack.cli.flags import argparse_type, parse_byte_size, parse_int
 
@@ -85,10 +86,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from exactpack.verify.diagnose import ModelCrashed
 
     try:
-        if args.tree_lengths is not None:  # prints its own report; its exit code
-            from exactpack.cli.verify_tree import cmd_verify_tree
-
-            return cmd_verify_tree(args, finish_verify)
         return finish_verify(args, _run_verify(args))
     except (ExactpackError, KeyboardInterrupt):
         raise
@@ -103,7 +100,12 @@ def _run_verify(args: argparse.Namespace) -> dict:
     from exactpack.core.errors import InvalidInput
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
+    tree = args.tree_lengths is not None  # groups of sequences (flat: groups of one)
     if not (args.hf_config or args.hf_model):
+        if tree:
+            raise InvalidInput(
+                "--tree-lengths verifies a transformers model: pass --hf-config or --hf-model"
+            )
         if args.dtype != "float64" or args.device != "cpu":
             raise InvalidInput(
                 "the tiny decoder is verified in float64 on cpu with the seed's tolerance"
@@ -117,30 +119,104 @@ def _run_verify(args: argparse.Namespace) -> dict:
         from exactpack.verify.layouts import verify_tiny
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
-    from exactpack.cli.verify_tree import load_hf_model
     from exactpack.hf.capabilities import architecture_of
     from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models as hf_verify
+    from exactpack.verify import tree_models
 
-    if args.lengths:  # the budget, before the model is built
+    attn = args.attn or "sdpa"
+    if tree:
+        _check_tree_flags(args, attn)
+        spec = tree_models.parse_tree_lengths(args.tree_lengths)
+        tree_models.check_tree_lengths(spec)  # the budget, before the model is built
+    elif args.lengths:  # the budget, before the model is built
         hf_verify.check_verify_tokens(sum(n + 1 for n in args.lengths), "--lengths")
-    model = load_hf_model(args, args.attn or "sdpa", refuse=args.mode == "adapter")
-    arch = architecture_of(model)
-    if args.mode == "adapter":
-        arch.check(attention_kind(args.attn or "sdpa"))
+    built = ("sdpa" if attn == "sdpa" else "eager") if tree else attn
+    model = load_hf_model(args, built, refuse=args.mode == "adapter" or tree)
     cfg = model.config.get_text_config()
-    limits = [c.limit for c in arch.conditions if c.what == "example"]
-    layout = hf_verify.verification_layout(
-        arch.window,
-        getattr(cfg, "max_position_embeddings", None),
-        args.lengths,
-        args.capacity,
-        max_example=min(limits) if limits else None,
-    )
-    examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
-    report = hf_verify.verify_hf(model, examples, mode=args.mode, max_length=layout.capacity)
+    if tree:
+        if attn.startswith("exactpack_tree"):
+            tree_models.use_tree_attention(model, attn)
+        limit = getattr(cfg, "max_position_embeddings", None)
+        groups = tree_models.tree_groups(spec, cfg.vocab_size, args.seed, max_positions=limit)
+        report = tree_models.verify_tree(model, groups, mode=args.mode, max_length=args.capacity)
+    else:
+        arch = architecture_of(model)
+        if args.mode == "adapter":
+            arch.check(attention_kind(attn))
+        limits = [c.limit for c in arch.conditions if c.what == "example"]
+        layout = hf_verify.verification_layout(
+            arch.window,
+            getattr(cfg, "max_position_embeddings", None),
+            args.lengths,
+            args.capacity,
+            max_example=min(limits) if limits else None,
+        )
+        examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+        report = hf_verify.verify_hf(model, examples, mode=args.mode, max_length=layout.capacity)
+        positions = None if args.capacity else getattr(cfg, "max_position_embeddings", None)
+        report["architecture"]["condition_checks"] = condition_checks(
+            arch.conditions, max(report["lengths"]), layout.capacity, positions
+        )
     report["model"]["source"] = str(args.hf_config or args.hf_model)
     return report
+
+
+#: Implementations the tree verification feeds (the flattened kinds cannot express a tree).
+TREE_IMPLEMENTATIONS = ("eager", "sdpa", "exactpack_tree", "exactpack_tree_varlen")
+
+
+def _check_tree_flags(args: argparse.Namespace, attn: str) -> None:
+    from exactpack.core.errors import InvalidInput
+
+    if args.lengths:
+        raise InvalidInput("--tree-lengths and --lengths are two layouts: pass one of them")
+    if attn not in TREE_IMPLEMENTATIONS:
+        raise InvalidInput(
+            f"--attn {attn!r} cannot run tree-packed rows here; choose one of"
+            f" {', '.join(TREE_IMPLEMENTATIONS)} (cu_seqlens kinds cannot express a tree;"
+            " FlexAttention has no CPU backward)"
+        )
+    if args.mode not in ("adapter", "naive"):
+        raise InvalidInput(
+            f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
+        )
+
+
+def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> Any:
+    """The ``--hf-config`` / ``--hf-model`` model, in ``args``' dtype, seed and device."""
+    from exactpack.verify.models import DTYPES, load_model
+
+    where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
+    if args.max_model_bytes is not None:  # else load_model's default
+        where["max_model_bytes"] = args.max_model_bytes
+    return load_model(
+        attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
+    )
+
+
+def condition_checks(
+    conditions: Any, longest: int, max_length: int, positions: int | None
+) -> list[str]:
+    """One line per condition a PASS depends on: what this run checked, and whether the
+    ``max_length`` asked for (else any up to the model's ``positions``) could break it."""
+    out = []
+    for c in conditions:
+        example = c.what == "example"
+        size = f"{longest} pairs" if example else f"{max_length} columns"
+        line = f"PASS holds while {c.text()}; checked here at {size}"
+        reach = max_length if max_length > c.limit else None
+        if reach is None and positions is not None and positions > c.limit:
+            reach = positions
+        if reach is not None:
+            what = "an example longer" if example else "a row wider"
+            line += (
+                f"; at max_length {reach:,} {what} than {c.limit:,} breaks it — each batch is"
+                f" checked and such a batch refused: pack with --max-length {c.limit:,} or less"
+                + (" (or pre-split the longer examples)" if example else "")
+            )
+        out.append(line)
+    return out
 
 
 def finish_verify(args: argparse.Namespace, report: dict) -> int:
@@ -181,6 +257,8 @@ def _print_verify(r: dict) -> None:
         windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())
         exercised = "" if arch["window_exercised"] else " (no example is longer: not exercised)"
         print(f"attention windows: {windows}{exercised}")
+        for line in arch.get("condition_checks", ()):
+            print(line)
     else:
         print(
             f"tiny decoder ({m['profile']}, {m['parameters']:,} parameters, float64,"
@@ -191,9 +269,11 @@ def _print_verify(r: dict) -> None:
     diffs = ", ".join(f"{k} {v:.2e}" for k, v in r["max_abs_diff"].items())
     fails = ", ".join(f"{k} {v:,}/{r['comparisons'][k]:,}" for k, v in r["failures"].items())
     print(f"max abs diff vs separate: {diffs}")
+    own = tol.get("model_loss")  # transformers' own loss: float32's tolerance, said so
+    own = f"; model_loss: {own['abs']:g} + {own['rel']:g}*max, {own['why']}" if own else ""
     print(
         f"out of tolerance: {fails} (|a-b| <= {tol['abs']:g} + {tol['rel']:g}*max(|a|,|b|);"
-        f" {tol['why']})"
+        f" {tol['why']}{own})"
     )
     if r.get("widened"):
         print(f"float32 islands run in float64 for the check (casts: {', '.join(r['widened'])})")

@@ -99,11 +99,21 @@ def masked_nll_sum(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> L
     return LossSum(total, int(cells.shape[0]))
 
 
-def token_weighted_sum(logits: Any, batch: PackedBatch) -> LossSum:
-    """Raw NLL sum and eligible count of ``batch`` (``logits`` [rows, capacity, V]);
-    ``LossSum(0, 0)`` when none (in the graph for torch)."""
+def token_weighted_sum(logits: Any, batch: PackedBatch | Any) -> LossSum:
+    """``Σ weight·nll`` over the cells in the loss and ``N = Σ weight`` (``logits`` [rows,
+    capacity, V], NumPy float64 or torch; read only at those cells). A flat batch weighs
+    every eligible target 1; a tree batch (:class:`~exactpack.core.tree.TreeBatch`) by its
+    ``weights``: the sequences that supervise the target. ``LossSum(0, 0)`` when none (in
+    the graph for torch)."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
-    return masked_nll_sum(logits, batch.targets, batch.loss_mask)
+    weights = getattr(batch, "weights", None)  # tree rows only: flat weights are loss_mask
+    if weights is None:
+        return masked_nll_sum(logits, batch.targets, batch.loss_mask)
+    cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
+    w = weights.reshape(-1)[cells]
+    if isinstance(nll, np.ndarray):
+        return LossSum(float(np.sum(nll * w)), int(w.sum()))
+    return LossSum((nll * nll.new_tensor(w)).sum(), int(w.sum()))
 
 
 def divide(total: LossSum, count: int | None = None, what: str = "this batch") -> LossResult:
@@ -117,8 +127,11 @@ def divide(total: LossSum, count: int | None = None, what: str = "this batch") -
     return LossResult(total.sum, n, total.sum / n)
 
 
-def token_weighted_loss(logits: Any, batch: PackedBatch) -> LossResult:
-    """Token-weighted loss of ``batch``: raw sum over eligible targets divided once by N.
+def token_weighted_loss(
+    logits: Any, batch: PackedBatch | Any, count: int | None = None
+) -> LossResult:
+    """Token-weighted loss of ``batch``: ``Σ weight·nll`` divided once by N (``count``: the
+    global N under accumulation or data parallelism; default: this batch's ``Σ weight``).
 
     >>> from exactpack.verify.fixture import fixture_batch
     >>> batch = fixture_batch()
@@ -129,7 +142,8 @@ def token_weighted_loss(logits: Any, batch: PackedBatch) -> LossResult:
     (9, 5.583496, 5.583496)
     """
     rows, width = batch.shape
-    return divide(token_weighted_sum(logits, batch), what=f"batch of {rows}x{width} cells")
+    total = token_weighted_sum(logits, batch)
+    return divide(total, count, what=f"batch of {rows}x{width} cells")
 
 
 # The constructed probe and the weightings it warns about.

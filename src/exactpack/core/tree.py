@@ -41,9 +41,8 @@ from typing import Any
 import numpy as np
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.errors import InvalidInput, NotAvailable, OversizedExample
 from exactpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
-from exactpack.core.loss import LossResult, LossSum, check_logits, divide, eligible_nll
 from exactpack.core.permission import check_sliding_window, pairwise, position_ids
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
@@ -172,33 +171,41 @@ TREE_COLUMNS = (
 _TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 
 
-def groups_from_columns(columns: dict[str, Any], binding: Binding) -> SequenceGroups:
-    """Groups from record columns (lists per row), by the first column set present:
+def groups_from_columns(
+    columns: dict[str, Any], binding: Binding
+) -> tuple[SequenceGroups, np.ndarray]:
+    """Groups from record columns (lists per row), by the first column set present, and
+    each sequence's index among the input's sequences (int64 [S]):
 
     * ``prompt_ids`` + ``completion_ids``: a row's completions (a list of id
       lists, GRPO) are one group; a single id list is a group of one;
     * ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL's
       DPO columns): each row is a group ``[chosen, rejected]``;
     * ``input_ids`` + ``group``: rows of equal ``group`` (in first-seen order)
-      form a group; every target supervised.
+      form a group, its rows in input order wherever they are (the index says
+      where); every target supervised.
 
     Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first.
     """
     names = set(columns)
     if {"prompt_ids", "completion_ids"} <= names:
         comps = [
-            c if c and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
+            c if len(c) and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
             for c in columns["completion_ids"]
         ]
-        return SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+        groups = SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+        return groups, np.arange(len(groups), dtype=np.int64)
     if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
         pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
-        return SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+        groups = SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+        return groups, np.arange(len(groups), dtype=np.int64)
     if {"input_ids", "group"} <= names:
-        members: dict[Any, list[Any]] = {}
-        for ids, g in zip(columns["input_ids"], columns["group"], strict=True):
-            members.setdefault(g, []).append(ids)
-        return SequenceGroups.from_lists(list(members.values()), binding)
+        members: dict[Any, list[int]] = {}
+        for i, g in enumerate(columns["group"]):
+            members.setdefault(g, []).append(i)
+        ids = columns["input_ids"]
+        groups = SequenceGroups.from_lists([[ids[i] for i in m] for m in members.values()], binding)
+        return groups, np.array([i for m in members.values() for i in m], dtype=np.int64)
     text = sorted(names & set(_TEXT))
     found = ", ".join(sorted(names)) or "none"
     hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""
@@ -530,6 +537,16 @@ class TreeBatch:
         return self.seq_cells[self.seq_bounds[i] : self.seq_bounds[i + 1]]
 
 
+def refuse_flattened(what: str, fix: str) -> None:
+    """The one refusal of tree rows to a consumer of disjoint intervals (flash
+    ``cu_seqlens``, ``exactpack_varlen``, a flattened collator): it cannot say "this key is
+    my ancestor". ``what``: the consumer; ``fix``: what to use instead."""
+    raise NotAvailable(
+        f"{what} reads cu_seqlens, which describe disjoint intervals and cannot say 'this key"
+        f" is my ancestor', so it cannot run tree-packed rows — {fix}"
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class TreeEpoch:
     """Every model call of one tree packing, with the layout and the plan of its tries."""
@@ -644,22 +661,6 @@ def materialize(
     )
 
 
-def tree_loss_sum(logits: Any, batch: TreeBatch) -> LossSum:
-    """``Σ weight·nll`` over supervised cells and ``N = Σ weight``; ``logits`` (R, T, V),
-    NumPy (float64) or torch, read only at cells in the loss."""
-    check_logits(logits, batch.shape, batch.binding.vocab_size)
-    cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)
-    w = batch.weights.reshape(-1)[cells]
-    if isinstance(nll, np.ndarray):
-        return LossSum(float(np.sum(nll * w)), batch.eligible_count)
-    return LossSum((nll * nll.new_tensor(w)).sum(), batch.eligible_count)
-
-
-def tree_loss(logits: Any, batch: TreeBatch, count: int | None = None) -> LossResult:
-    """Token-weighted mean over the original sequences' supervised targets (``count``: global N)."""
-    return divide(tree_loss_sum(logits, batch), count, what="this tree batch")
-
-
 __all__ = [
     "TREE_COLUMNS",
     "SequenceGroups",
@@ -670,6 +671,5 @@ __all__ = [
     "groups_from_columns",
     "pack_tree",
     "plan_tries",
-    "tree_loss",
-    "tree_loss_sum",
+    "refuse_flattened",
 ]

@@ -3,7 +3,8 @@
 Names load on first use: ``import exactpack.hf`` imports neither ``transformers`` nor
 ``datasets``, and registers ``exactpack_varlen``, ``exactpack_tree`` and
 ``exactpack_tree_varlen`` (:mod:`exactpack.hf.attention_impl`) as soon as ``transformers``
-loads.
+loads, and adds :class:`CheckBatches` (:mod:`exactpack.hf.batch_check`) to every
+``Trainer``'s callbacks as soon as ``transformers.trainer`` loads.
 """
 
 from __future__ import annotations
@@ -26,13 +27,11 @@ _BY_MODULE = {
     "capabilities": "capability",
     "attention_impl": "register_attention",
     "mixers": "restart_mixers",
+    "batch_check": "check_batch CheckBatches",
 }
 _NAMES = {name: mod for mod, names in _BY_MODULE.items() for name in names.split()}
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
-
-#: Holds ``AttentionInterface``: exactpack's implementations are registered right after it has run.
-_TARGET = "transformers.modeling_utils"
 
 
 def _register() -> None:
@@ -41,15 +40,31 @@ def _register() -> None:
     register()
 
 
+def _add_check() -> None:
+    from exactpack.hf.batch_check import add_to_trainer_defaults
+
+    add_to_trainer_defaults()
+
+
+#: What runs right after a transformers module has executed: exactpack's attention
+#: implementations once ``AttentionInterface`` exists, the first-batch check
+#: (:class:`~exactpack.hf.batch_check.CheckBatches`) in ``Trainer``'s default callbacks.
+_AFTER = {"transformers.modeling_utils": _register, "transformers.trainer": _add_check}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds :data:`_TARGET` like the path finder and registers exactpack's attention
-    implementations once it has executed."""
+    """Finds the modules of :data:`_AFTER` like the path finder and runs each one's hook
+    once it has executed."""
+
+    def __init__(self, pending: dict[str, Any]) -> None:
+        self.pending = pending
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != _TARGET:
+        hook = self.pending.pop(name, None)
+        if hook is None:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # one shot, and no recursion below
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)  # done
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
@@ -57,18 +72,24 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            _register()
+            hook()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def _install() -> None:
-    """Register now if transformers is loaded, else when it loads (idempotent)."""
-    if _TARGET in sys.modules:
-        _register()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    """Run each hook now if its module is loaded, else when it loads (idempotent)."""
+    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        return
+    pending = {}
+    for name, hook in _AFTER.items():
+        if name in sys.modules:
+            hook()
+        else:
+            pending[name] = hook
+    if pending:
+        sys.meta_path.insert(0, _AfterImport(pending))
 
 
 _install()

@@ -19,19 +19,31 @@ for ``sdpa``::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import numpy as np
 import torch
 
 from exactpack.core.batch import IGNORE_INDEX, PackedBatch
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
-from exactpack.core.loss import LossResult, LossSum, divide, masked_nll_sum
+from exactpack.core.loss import LossResult, LossSum, divide, token_weighted_sum
+from exactpack.core.tree import TreeBatch
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_restarts, check_vocabulary, require_config
-from exactpack.hf.kinds import FLATTENED_KINDS, attention_kind
+from exactpack.hf.kinds import (
+    FLATTENED_KINDS,
+    REGISTERED,
+    TREE,
+    TREE_NAMES,
+    TREE_VARLEN,
+    attention_kind,
+    tree_kind,
+)
 from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
-from exactpack.hf.mixers import cell_seq_idx
+from exactpack.hf.mixers import PARENTS, cell_parents, cell_seq_idx
+from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.labels import model_labels, seq_idx, shift_labels
 from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
 
@@ -42,7 +54,7 @@ FLATTENED = ("flash_attention_2", "exactpack_varlen")
 
 
 def hf_inputs(
-    batch: PackedBatch,
+    batch: PackedBatch | TreeBatch,
     attn_implementation: str,
     *,
     config: Any,
@@ -60,9 +72,17 @@ def hf_inputs(
     ``shift_labels``) and ``num_items_in_batch`` (the step's global eligible count). Tensors
     are ``(R, T)``, or ``(1, N)`` of the valid cells for the flattened kinds
     (:func:`cell_logits`).
+
+    Tree rows (a :class:`~exactpack.core.tree.TreeBatch`, docs/tree.md): depth
+    ``position_ids``, the masks with the tree's node ends, or for ``exactpack_tree`` /
+    ``exactpack_tree_varlen`` no mask and the attention plan as the keyword
+    ``exactpack_tree``; no labels (a target's weight counts its sequences: ``token_weighted_loss``).
+    The capability check adds the tree's refusals (``Architecture.check(kind, tree=True)``);
+    the flattened kinds refuse it (:func:`~exactpack.hf.kinds.tree_kind`).
     """
-    kind = attention_kind(attn_implementation, kind)
-    arch = require_config(config, kind, "hf_inputs")
+    tree = isinstance(batch, TreeBatch)
+    kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
+    arch = require_config(config, kind, "hf_inputs", tree=tree)
     model_config = getattr(config, "config", config)
     check_vocabulary(model_config, batch.binding, options.get("pad_token_id", 0))
     check_restarts(arch, model_config)
@@ -70,7 +90,7 @@ def hf_inputs(
 
 
 def build_inputs(
-    batch: PackedBatch | CompactRows,
+    batch: PackedBatch | CompactRows | TreeBatch,
     attn_implementation: str,
     arch: Architecture | None,
     *,
@@ -83,57 +103,91 @@ def build_inputs(
     kind: str | None = None,
 ) -> dict[str, Any]:
     """:func:`hf_inputs` for a checked architecture; its batch conditions are checked on
-    every batch. Padded cells and masks are made only for the kinds that read a mask."""
-    kind = attention_kind(attn_implementation, kind)
-    rows = compact_of(batch)
-    flat = kind in FLATTENED_KINDS  # one flattened row of every valid cell
-    longest = int(rows.lengths.max()) if len(rows) else 0
+    every batch (a tree's with its refusals). Padded cells and masks are made only for the
+    kinds that read a mask."""
+    tree = isinstance(batch, TreeBatch)
+    kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
+    rows = batch if tree else compact_of(batch)
+    flat = kind in FLATTENED_KINDS and not tree  # one flattened row of every valid cell
+    if tree and arch is not None:  # every batch: the tree's refusals, then its conditions
+        arch.check(kind, tree=True)
+    longest = batch.longest if tree else int(rows.lengths.max()) if len(rows) else 0
+    width = batch.shape[1] if tree else int(rows.lengths.sum()) if flat else rows.capacity
     if arch is not None:
-        arch.check_batch(longest, int(rows.lengths.sum()) if flat else rows.capacity)
+        arch.check_batch(longest, width)
     vocab = rows.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
         raise InvalidInput(
             f"pad_token_id {pad_token_id!r} is not a token id of the batch's vocabulary"
             f" [0, {vocab}) — pass any real id (padding cells are never seen by real queries)"
         )
-    cells = flat_columns(rows)
-    index = cells.pop("valid_index")
     offset = 0 if arch is None else arch.position_offset  # RoBERTa family: padding_idx + 1
-    cells["position_ids"] = cells["position_ids"] + offset
-    names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
-    shape = (rows.num_rows, rows.capacity)
     if arch is not None:  # gemma3n: its pad id's zero embedding row gives NaN gradients
         pad_token_id = arch.padding_id(pad_token_id, vocab)
-    fill = (
-        PAD_FILL | {"input_ids": int(pad_token_id)} | ({"position_ids": offset} if offset else {})
+    out = (
+        _tree_cells(batch, int(pad_token_id), offset, device)
+        if tree
+        else _flat_cells(rows, flat, labels, int(pad_token_id), offset, device)
     )
-    out: dict[str, Any] = {}
-    for name in names:
-        value = cells[name][None] if flat else pad_cells(cells[name], index, shape, fill[name])
-        out[name] = torch.as_tensor(value, device=device)
-    if flat:
-        if attn_implementation == "exactpack_varlen":
-            from exactpack.hf.attention_impl import register
+    if attn_implementation in REGISTERED:
+        from exactpack.hf.attention_impl import register
 
-            register()
+        register()
+    mixers = arch is not None and bool(arch.mixers)
+    if tree and mixers:  # each node's mixer state starts from its parent's
+        parents = cell_parents(batch.nodes, batch.node_parent, batch.node_col, batch.node_len)
+        out[PARENTS] = torch.as_tensor(parents, device=device)
+    if tree and attn_implementation in TREE_NAMES:  # no mask: the plan, by keyword
+        flash = attn_implementation == TREE_VARLEN  # the same plan, through a varlen kernel
+        out[TREE] = dataclasses.replace(tree_plan(batch, device), flash=flash)
+    elif flat:
         cu = cu_seq_lens(rows)
         cu_t = torch.as_tensor(cu, device=device)
         out |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t}
         out |= {"max_length_q": longest, "max_length_k": longest}
         out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
-    elif arch is not None and arch.mixers:  # each cell's example: where mixers restart
-        ids = cell_seq_idx(rows.lengths, index, shape)
+    elif mixers and not tree:  # each cell's example: where mixers restart
+        index = out.pop("valid_index")
+        ids = cell_seq_idx(rows.lengths, index, (rows.num_rows, rows.capacity))
         out["seq_idx"] = torch.as_tensor(ids, device=device)
-    if not flat and (arch is None or not arch.mask_from_positions):
+    out.pop("valid_index", None)
+    if not flat and TREE not in out and (arch is None or not arch.mask_from_positions):
         # (falcon's ALiBi builds its own mask from the restarting position_ids)
-        padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
+        padded = batch if isinstance(batch, (PackedBatch, TreeBatch)) else rows.to_batch()
         masks = layer_masks(padded, kind, arch, mask=mask, dtype=dtype, device=device)
         if not isinstance(masks, dict) or any(m is not None for m in masks.values()):
             out["attention_mask"] = masks  # (Mamba: no attention layer, so no mask at all)
-    if labels and num_items_in_batch is not None:
+    if labels and not tree and num_items_in_batch is not None:
         out["num_items_in_batch"] = int(num_items_in_batch)
     out["use_cache"] = False
     return out
+
+
+def _flat_cells(
+    rows: CompactRows, flat: bool, labels: bool, pad_token_id: int, offset: int, device: Any
+) -> dict[str, Any]:
+    """``input_ids``, ``position_ids`` (+ ``labels``, ``shift_labels``) of flat rows, padded to
+    ``(R, T)`` or ``(1, N)`` (``flat``), and their ``valid_index`` (NumPy)."""
+    cells = flat_columns(rows)
+    index = cells.pop("valid_index")
+    cells["position_ids"] = cells["position_ids"] + offset
+    names = ("input_ids", "position_ids") + (("labels", "shift_labels") if labels else ())
+    shape = (rows.num_rows, rows.capacity)
+    fill = PAD_FILL | {"input_ids": pad_token_id} | ({"position_ids": offset} if offset else {})
+    out: dict[str, Any] = {"valid_index": index}
+    for name in names:
+        value = cells[name][None] if flat else pad_cells(cells[name], index, shape, fill[name])
+        out[name] = torch.as_tensor(value, device=device)
+    return out
+
+
+def _tree_cells(batch: TreeBatch, pad_token_id: int, offset: int, device: Any) -> dict[str, Any]:
+    """``input_ids`` and depth ``position_ids`` of tree rows, ``(R, T)``."""
+    ids = np.where(batch.input_valid, batch.inputs, pad_token_id).astype(np.int64)
+    return {
+        "input_ids": torch.as_tensor(ids, device=device),
+        "position_ids": torch.as_tensor(batch.position_ids() + offset, device=device),
+    }
 
 
 def cell_logits(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -162,7 +216,7 @@ def hf_loss_sum(logits: torch.Tensor, batch: PackedBatch) -> LossSum:
             f"the model has {cells.shape[-1]} vocabulary logits but the batch's binding has"
             f" vocab_size {batch.binding.vocab_size} — use a model whose vocabulary covers it"
         )
-    return masked_nll_sum(cells, batch.targets, batch.loss_mask)
+    return token_weighted_sum(cells, batch)
 
 
 def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) -> LossResult:

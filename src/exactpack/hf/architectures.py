@@ -106,7 +106,8 @@ class Architecture:
     ``layer_types``: one per decoder layer for a mask per layer type, else None.
     ``window``: ``sliding_window`` where applied. ``refusal`` (None: exact) and ``kind``, the
     layer kind that would mix examples. ``positions``: ``position_ids``, ``offset`` (by
-    ``position_offset``), ``relative``, ``columns`` or ``none``. ``varlen_refusal``: why
+    ``position_offset``), ``relative``, ``columns``, ``none`` or ``mixers`` (no attention:
+    only the restarted mixers mix positions). ``varlen_refusal``: why
     ``exactpack_varlen`` cannot run it. ``chunk``: ``attention_chunk_size``.
     ``mask_from_positions``: feed no 4-D mask (falcon's ALiBi). ``zero_pad``: an id padding
     cells must not carry (gemma3n: NaN gradients). ``mixers``: the classes of the layers that
@@ -187,13 +188,6 @@ class Architecture:
             raise UnsupportedArchitecture(
                 f"{self.model_type} cannot run attn_implementation='{name}':"
                 f" {self.varlen_refusal.removeprefix(self.model_type + ': ')}"
-            )
-        if tree and self.mixers:
-            raise UnsupportedArchitecture(
-                f"{self.model_type} cannot run tree-packed rows: its {', '.join(self.mixers)}"
-                " carry state along the row, and on a tree row a branch's state must start"
-                " from its parent's final state, which exactpack does not compute (it restarts"
-                " mixers per example on flat rows only) — pack it flat, without --tree"
             )
         if tree and self.tree_refusal is not None:
             raise UnsupportedArchitecture(

@@ -1,12 +1,14 @@
-"""``attn_implementation="exactpack_varlen"`` and ``"exactpack_tree"``: packed rows without a mask.
+"""``attn_implementation="exactpack_varlen"``, ``"exactpack_tree"``, ``"exactpack_tree_varlen"``:
+packed rows without a mask, through one attention function.
 
-``exactpack_varlen``: an ``AttentionInterface`` function over ``hf_inputs(batch,
-"exactpack_varlen")`` (the valid cells flattened into ``(1, N)`` with ``cu_seq_lens_q``), run
-by :func:`exactpack.nn.varlen.segment_attention` (CPU and CUDA, forward and backward) with the
-layer's window. ``exactpack_tree`` / ``exactpack_tree_varlen``: the same over tree rows
-(``tree_inputs(batch, "exactpack_tree")``: the plan as a keyword). Refused: soft-capping,
-sinks, packed ``position_ids`` without ``cu_seq_lens_q`` (or a tree plan). Importing this
-module (``exactpack.hf`` does as soon as ``transformers`` loads) registers all three::
+:func:`exactpack_attention` runs every query against its path
+(:func:`exactpack.nn.varlen.path_attention`; a flat example is its own path) with the layer's
+window, by the plan it is given: a tree's (``hf_inputs(tree_batch, "exactpack_tree")``: the
+plan as the keyword ``exactpack_tree``, run by a varlen kernel for ``exactpack_tree_varlen``), else
+``cu_seq_lens_q``'s (``hf_inputs(batch, "exactpack_varlen")``: the valid cells flattened into
+``(1, N)``), else one example a row. Refused: soft-capping, sinks, a mask that hides keys,
+packed ``position_ids`` without a plan. Importing this module (``exactpack.hf`` does as soon
+as ``transformers`` loads) registers all three names::
 
     import exactpack.hf.attention_impl  # registers "exactpack_varlen", "exactpack_tree", ...
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="exactpack_varlen")
@@ -25,25 +27,20 @@ import torch
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.kinds import TREE, TREE_VARLEN
-from exactpack.nn.tree_attention import (
-    FlashPlan,
-    TreePlan,
-    tree_attention,
-    tree_flash_attention,
-)
-from exactpack.nn.varlen import VarlenPlan, as_tokens, segment_attention, segment_plan
+from exactpack.nn.tree_attention import tree_flash_attention
+from exactpack.nn.varlen import PathPlan, as_tokens, path_attention, segment_plan
 
 NAME = "exactpack_varlen"
-#: Tree rows (``tree_inputs``): the plan as the keyword ``exactpack_tree``, SDPA per node,
-#: or through a varlen kernel (``exactpack_tree_varlen``).
+#: Tree rows (``hf_inputs`` of a ``TreeBatch``): the plan as the keyword ``exactpack_tree``,
+#: SDPA per node, or through a varlen kernel (``exactpack_tree_varlen``).
 TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 
 #: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
-_PLANS: OrderedDict[int, tuple[weakref.ref, VarlenPlan]] = OrderedDict()
+_PLANS: OrderedDict[int, tuple[weakref.ref, PathPlan]] = OrderedDict()
 _PLAN_CACHE_SIZE = 8
 
 
-def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> VarlenPlan:
+def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> PathPlan:
     """The varlen plan of ``cu_seqlens`` over ``tokens`` flattened cells, cached per tensor."""
     key = id(cu_seqlens)
     hit = _PLANS.get(key)
@@ -87,7 +84,7 @@ def layer_sliding_window(module: Any, passed: int | None) -> int | None:
     return window
 
 
-def exactpack_varlen_attention(
+def exactpack_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -101,25 +98,37 @@ def exactpack_varlen_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) -> ``(B, S, H, Dv)``, no
-    weights; with ``cu_seq_lens_q`` one flattened row (B = 1), without one example a row."""
+    weights, under the plan of the call (module docstring): the tree's (keyword
+    :data:`TREE_NAME`), ``cu_seq_lens_q``'s (one flattened row, B = 1), or one example a row."""
     name = type(module).__name__
-    refuse_unexpressible(NAME, name, softcap, s_aux, "")
-    refuse_mask(NAME, name, attention_mask, f"hf_inputs(batch, '{NAME}', config=model.config)")
+    plan = kwargs.get(TREE_NAME)
+    impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if impl not in (NAME, TREE_NAME, TREE_VARLEN_NAME):  # the name the model runs under
+        impl = NAME if plan is None else TREE_NAME
+    feed = f"hf_inputs(batch, '{impl}', config=model.config)"
+    refuse_unexpressible(impl, name, softcap, s_aux, f" with {feed}")
+    refuse_mask(impl, name, attention_mask, feed)
     rows, _, width, _ = query.shape
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
+    if plan is None and cu is None:  # one example a row (e.g. a sequence run alone)
         check_unpacked(kwargs.get("position_ids"), name)
-        cu = torch.arange(0, rows * width + 1, width, dtype=torch.int32)  # one example per row
-    elif rows != 1:
+        cu = torch.arange(0, rows * width + 1, width, dtype=torch.int32)
+    elif plan is None and rows != 1:
         raise InvalidInput(
             f"{NAME} takes cu_seq_lens_q with the flattened packed row (a batch of 1), got a"
-            f" batch of {rows} — feed the model hf_inputs(batch, '{NAME}', config=model.config)"
+            f" batch of {rows} — feed the model {feed}"
         )
-    plan = plan_of(cu, rows * width)
-    out = run_on_tokens(
-        segment_attention, module, query, key, value, plan, dropout, scaling, sliding_window
-    )
-    return out, None  # (B, S, H, Dv), no attention weights
+    plan = plan_of(cu, rows * width) if plan is None else plan
+    if not isinstance(plan, PathPlan) or rows * width != plan.cells:
+        raise InvalidInput(
+            f"{impl}: {name} got a plan that is not this call's — feed the model {feed}"
+        )
+    run = tree_flash_attention if plan.flash else path_attention
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window = layer_sliding_window(module, sliding_window)
+    q, k, v = (as_tokens(x) for x in (query, key, value))  # (B*S, H, D)
+    out = run(q, k, v, plan, scale, window, dropout=dropout if module.training else 0.0)
+    return out.view(rows, width, *out.shape[1:]), None  # (B, S, H, Dv), no weights
 
 
 def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: str) -> None:
@@ -135,27 +144,6 @@ def refuse_unexpressible(impl: str, name: str, softcap: Any, s_aux: Any, hint: s
             f"{impl}: {name} has attention sinks, which SDPA cannot express —"
             f" use attn_implementation='eager'{hint}"
         )
-
-
-def run_on_tokens(
-    fn: Any,
-    module: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    plan: Any,
-    dropout: float,
-    scaling: float | None,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """``fn(q, k, v, plan, scale, window, dropout=)`` on ``(B, H, S, D)`` inputs as
-    ``(B*S, H, D)`` tokens, the layer's window checked; returns ``(B, S, H, Dv)``."""
-    rows, _, width, _ = query.shape
-    window = layer_sliding_window(module, sliding_window)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    drop = dropout if module.training else 0.0
-    out = fn(as_tokens(query), as_tokens(key), as_tokens(value), plan, scale, window, dropout=drop)
-    return out.view(rows, width, *out.shape[1:])
 
 
 def _hides_no_key(mask: torch.Tensor) -> bool:
@@ -217,55 +205,8 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
         )
 
 
-def exactpack_tree_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    s_aux: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``transformers`` attention over tree rows: ``query`` (R, H, T, D) -> (R, T, H, Dv).
-    The plan (keyword :data:`TREE_NAME`, from ``tree_inputs``) decides the backend:
-    :func:`~exactpack.nn.tree_attention.tree_attention` or, for a ``FlashPlan``,
-    :func:`~exactpack.nn.tree_attention.tree_flash_attention`."""
-    name = type(module).__name__
-    refuse_unexpressible(TREE_NAME, name, softcap, s_aux, " with tree_inputs")
-    feed = f"tree_inputs(batch, '{TREE_NAME}', config=model.config)"
-    refuse_mask(TREE_NAME, name, attention_mask, feed)
-    plan = kwargs.get(TREE_NAME)
-    rows, _, width, _ = query.shape
-    feed = f"feed the model tree_inputs(batch, '{TREE_NAME}', config=model.config)"
-    if plan is None:  # no tree: each row is one sequence (e.g. a sequence run alone)
-        pos = kwargs.get("position_ids")
-        if pos is not None and not bool(
-            (pos == pos[..., :1] + torch.arange(width, device=pos.device)).all()
-        ):
-            raise InvalidInput(
-                f"{TREE_NAME}: {name} got position_ids that are not one sequence per row but no"
-                f" tree plan — {feed}"
-            )
-        index = torch.arange(rows * width, device=query.device)  # one root node per row
-        plan = TreePlan(((rows, width, width, index, index),), index + 1, rows * width, 0)
-    if not isinstance(plan, (TreePlan, FlashPlan)) or rows * width != plan.cells:
-        raise InvalidInput(f"{TREE_NAME}: {name} got a tree plan that is not this call's — {feed}")
-    run = tree_flash_attention if isinstance(plan, FlashPlan) else tree_attention
-    return run_on_tokens(
-        run, module, query, key, value, plan, dropout, scaling, sliding_window
-    ), None
-
-
 #: Every name this module registers, and its function.
-FUNCTIONS = {
-    NAME: exactpack_varlen_attention,
-    TREE_NAME: exactpack_tree_attention,
-    TREE_VARLEN_NAME: exactpack_tree_attention,
-}
+FUNCTIONS = dict.fromkeys((NAME, TREE_NAME, TREE_VARLEN_NAME), exactpack_attention)
 
 
 def register() -> str:
@@ -290,8 +231,7 @@ __all__ = [
     "NAME",
     "TREE_NAME",
     "TREE_VARLEN_NAME",
-    "exactpack_tree_attention",
-    "exactpack_varlen_attention",
+    "exactpack_attention",
     "padding_mask",
     "plan_of",
     "refuse_mask",

@@ -5,8 +5,8 @@ model's modules (the model given, else the config's model built on the ``meta`` 
 and returns an :class:`~exactpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
 :func:`check_runnable` are what ``pack_dataset(..., model=...)`` and the collators
-(:func:`check_collator`: :class:`exactpack.hf.HFCollator` and, on tree rows,
-``exactpack.hf.tree_inputs.TreeCollator``) run first; ``Architecture.check_batch`` then
+(:func:`check_collator`: :class:`exactpack.hf.HFCollator`, on flat or tree rows) run
+first; ``Architecture.check_batch`` then
 holds every batch, flat or tree, to the model's conditions.
 """
 
@@ -28,7 +28,15 @@ from typing import Any
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
-from exactpack.hf.architectures import FIX, WHY_KIND, Architecture, describe
+from exactpack.hf.architectures import (
+    ATTENTION_LAYERS,
+    CHUNKED,
+    FIX,
+    INDEXED,
+    WHY_KIND,
+    Architecture,
+    describe,
+)
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
 MIXER_CLASSES = (
@@ -301,6 +309,8 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
         )
     if refusal is None and why is not None:
         refusal, kind = why, "positions"
+    if how == "none" and not attention and restarted:
+        how = "mixers"  # pure state-space models: nothing reads a position but the mixers
     padding = [
         (type(m).__name__, w)
         for m in (decoder, model)
@@ -320,12 +330,16 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
             " BERT-style models is_decoder=False), so no packed example would be causal"
             " — set is_decoder=True to train it as a causal LM"
         )
+    layer_types = arch.layer_types
+    if attention and layer_types and not set(layer_types) & {*ATTENTION_LAYERS, CHUNKED, INDEXED}:
+        layer_types = None  # falcon_h1's "hybrid" layers: attention beside a mixer, one mask
     sources = {type(m).__module__ for m in decoder.modules()}
     applies = arch.window is None or any(
         w in _module_source(n) for n in sources for w in WINDOW_WORDS
     )
     return dataclasses.replace(
         arch,
+        layer_types=layer_types,
         positions=how,
         position_offset=offset,
         refusal=refusal,
@@ -490,8 +504,8 @@ def check_collator(
     *,
     tree: bool = False,
 ) -> Architecture:
-    """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`,
-    ``TreeCollator`` with ``tree``): the config (or the model) is required; a flash
+    """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`; ``tree``:
+    on tree rows): the config (or the model) is required; a flash
     implementation must run here; the capability for ``kind``; the vocabulary and pad id;
     a hybrid's mixers restarted. The architecture then checks every batch (``check_batch``)."""
     check_runnable(attn_implementation, kind)

@@ -13,11 +13,13 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
+from exactpack.core.tree import TreeBatch
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_collator, check_vocabulary
-from exactpack.hf.kinds import attention_kind
+from exactpack.hf.kinds import attention_kind, tree_kind
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
+from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.training.packed_data import ScheduledBatch, check_split
 from exactpack.training.rows import concat_rows
 
@@ -33,6 +35,12 @@ class HFCollator:
     (``model.config``, or the model; required) decides windows and refusals. ``split``
     (``"train"``; None: any) refuses other splits. ``use_cache=False`` is passed unless
     ``config.use_cache`` is already False.
+
+    ``tree=True``: tree rows (docs/tree.md) — a :class:`~exactpack.core.tree.TreeBatch`, or
+    records of ``pack_dataset(..., tree=True)`` / ``load_packed(...).records()`` (with
+    ``max_length`` and ``binding``: their vocabulary); the capability is checked with the
+    tree's refusals up front. :meth:`rows_of` gives the ``TreeBatch`` the loss and the
+    per-sequence views (:mod:`exactpack.nn.logprobs`) read.
     """
 
     attn_implementation: str
@@ -43,10 +51,13 @@ class HFCollator:
     split: Split | str | None = Split.TRAIN
     config: Any = None  # required (a field with a default only to keep the order above)
     kind: str | None = None
+    tree: bool = False
     arch: Architecture | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.kind = attention_kind(self.attn_implementation, self.kind)
+        self.kind = (tree_kind if self.tree else attention_kind)(
+            self.attn_implementation, self.kind
+        )
         if self.split is not None:
             self.split = Split.parse(self.split)
         self.arch = check_collator(
@@ -56,6 +67,7 @@ class HFCollator:
             self.config,
             self.binding,
             self.pad_token_id,
+            tree=self.tree,
         )
 
     @property
@@ -66,7 +78,9 @@ class HFCollator:
     @classmethod
     def for_dataset(cls, packed: Any, attn_implementation: str, **options: Any) -> HFCollator:
         """A collator for the rows of ``packed`` (max_length, binding, split, pad id: its
-        metadata); ``options``: the other fields (``config=model.config``)."""
+        metadata): a :func:`~exactpack.hf.pack_dataset` Dataset, or the folder ``exactpack
+        pack`` wrote (its shards loaded with ``datasets.load_dataset("parquet", ...)``, one
+        item a row); ``options``: the other fields (``config=model.config``)."""
         from exactpack.hf.datasets_io import packed_metadata
 
         meta = packed_metadata(packed)
@@ -85,8 +99,14 @@ class HFCollator:
         """The stacked rows of ``features`` as one padded :class:`PackedBatch`."""
         return self.rows_of(features).to_batch()
 
-    def rows_of(self, features: Sequence[Any]) -> CompactRows:
-        """The stacked rows of ``features``, compact."""
+    def rows_of(self, features: Sequence[Any]) -> CompactRows | TreeBatch:
+        """The stacked rows of ``features``, compact (tree rows: one ``TreeBatch``)."""
+        if isinstance(features, ScheduledBatch) and isinstance(features.rows, TreeBatch):
+            features = features.rows  # a RowSampler slot of tree rows (PackedCollator's item)
+        if isinstance(features, TreeBatch):
+            return features
+        if self.tree:
+            return self._tree_rows(features)
         if isinstance(features, (PackedBatch, CompactRows, ScheduledBatch)):
             features = [features]
         for f in features:
@@ -111,6 +131,15 @@ class HFCollator:
                 " packed dataset"
             )
         return self._rows(features)
+
+    def _tree_rows(self, features: Sequence[Any]) -> TreeBatch:
+        if self.max_length is None or self.binding is None:
+            raise InvalidInput(
+                "this collator does not know the tree rows' max_length and vocabulary — build"
+                " it with HFCollator(..., tree=True, max_length=N, binding=Binding(vocab_size,"
+                " ...))"
+            )
+        return tree_batch_from_rows(list(features), self.max_length, self.binding.vocab_size)
 
     def _rows(self, features: Sequence[Mapping[str, Any]]) -> CompactRows:
         names = list(features[0])

@@ -36,6 +36,8 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
+from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
+from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
@@ -47,6 +49,7 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
+from exactpack.io.tree_rows import max_id, tree_records
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
@@ -58,6 +61,7 @@ from exactpack.pipeline.writer import (
     layout_for,
     plan_corpus,
     shard_spans,
+    source_stats,
 )
 
 META_KEY = "exactpack"
@@ -123,8 +127,8 @@ def pack_dataset(
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
     ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
     returns a ``datasets.IterableDataset`` packed with ``stream-best-fit`` as it is read
-    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing
-    (:func:`exactpack.hf.tree_inputs.pack_tree_dataset`, docs/tree.md).
+    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing,
+    one record per row (docs/tree.md).
     """
     import datasets
 
@@ -153,9 +157,7 @@ def pack_dataset(
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
         _check_model(model, corpus.binding, pad, examples, opts)  # before any row
-        storage = plan_corpus(
-            examples, opts, lambda i: f"{corpus.locate(i)} (id {corpus.id_of(i)!r})"
-        )
+        storage = plan_corpus(examples, opts)
         columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
     finally:
@@ -168,7 +170,7 @@ def pack_dataset(
         kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
         columns=columns,
         policy=fields["policy"],
-        statistics=storage.plan.stats() | {"sources": len(corpus), "split_sources": examples.split},
+        statistics=storage.plan.stats() | source_stats(corpus, examples),
     )
     info = datasets.DatasetInfo(description=json.dumps({META_KEY: meta}))
     fingerprint = _fingerprint(fingerprint_in, meta)
@@ -184,8 +186,17 @@ def _pack_tree(
     options: PackOptions | None,
     keywords: dict,
 ) -> Any:
-    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md."""
-    from exactpack.hf.tree_inputs import pack_tree_dataset
+    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md.
+
+    The tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO ``prompt_input_ids`` /
+    ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` + ``group``) become a
+    ``datasets.Dataset`` of one record per row. ``model=`` is checked as flat
+    ``pack_dataset`` checks it (on tree rows): before reading, then with the longest
+    sequence and the vocabulary."""
+    import datasets
+
+    from exactpack.hf.capabilities import check_model
+    from exactpack.hf.streaming import is_stream
 
     if tree == "auto":
         raise InvalidInput(
@@ -195,7 +206,38 @@ def _pack_tree(
     if options is not None:  # its fields, where no keyword gives them
         max_length, policy = max_length or options.max_length, policy or options.policy
         keywords.setdefault("vocab_size", options.vocab_size)
-    return pack_tree_dataset(dataset, max_length, policy, **keywords)
+    if is_stream(dataset):
+        raise InvalidInput(
+            f"pack_dataset(..., tree=True) builds its tries from the whole input, so it takes"
+            f" a datasets.Dataset, not a stream ({type(dataset).__name__}) — materialise it"
+            " first (datasets.Dataset.from_list(list(stream))), or pack files with"
+            " exactpack pack --tree"
+        )
+    if keywords.pop("format", "exactpack") == "trl":
+        raise InvalidInput(
+            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
+            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
+            " default format with tree=True"
+        )
+    if max_length is None:
+        raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
+    model, vocab = keywords.pop("model", None), keywords.pop("vocab_size", None)
+    if model is not None:  # before any read, as flat pack_dataset
+        check_model(model, None, None, 0, max_length, tree=True)
+    wanted = {name for names in TREE_COLUMNS for name in names}
+    columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
+    vocab = vocab or 1 + max(
+        (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
+    )
+    binding = Binding(int(vocab), "pretokenized", "tree-dataset")
+    groups, index = groups_from_columns(columns, binding)
+    if model is not None:
+        longest = int(groups.lengths.max()) if len(groups) else 0
+        check_model(model, groups.binding, None, longest, max_length, tree=True)
+    epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **keywords)
+    (batch,) = epoch.batches  # sequences named by their index in the input
+    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
+    return datasets.Dataset.from_list(tree_records(batch))
 
 
 def _check_model(
@@ -275,15 +317,33 @@ def _as_dataset(table: pa.Table, info: Any, fingerprint: str, folder: Path | Non
 
 
 def packed_metadata(packed: Any) -> dict[str, Any]:
-    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``."""
-    try:
-        meta = json.loads(packed.info.description or "")[META_KEY]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidInput(
-            "this dataset carries no exactpack metadata in info.description — was it made by"
-            " exactpack.hf.pack_dataset?"
-        ) from None
-    refuse_trl(meta, "this dataset")
+    """The ``exactpack`` metadata :func:`pack_dataset` stored in ``info.description``, or
+    the manifest of the folder ``exactpack pack`` wrote (``packed`` a path; its shards'
+    sizes and sha256 checked as :func:`~exactpack.io.store.load_packed` does)."""
+    if isinstance(packed, (str, os.PathLike)):
+        from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
+
+        path = Path(packed)
+        try:
+            meta = read_manifest(path)
+        except OSError:
+            raise InvalidInput(
+                f"{path} has no readable manifest.json: not a finished exactpack output — run"
+                " exactpack pack again"
+            ) from None
+        refuse_trl(meta, str(path))
+        check_manifest(meta, path)
+        check_checksums(meta, path)
+    else:
+        try:
+            meta = json.loads(packed.info.description or "")[META_KEY]
+        except (ValueError, KeyError, TypeError):
+            raise InvalidInput(
+                "this dataset carries no exactpack metadata in info.description — was it made"
+                " by exactpack.hf.pack_dataset? For the shards of an `exactpack pack` folder"
+                " pass the folder instead: HFCollator.for_dataset('OUT', ...)"
+            ) from None
+        refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise InvalidInput(
             f"packed dataset format {meta.get('format')!r} version {meta.get('version')!r} is"
@@ -301,11 +361,22 @@ def packed_rows(packed: Any, *, contiguous: bool = True) -> CompactRows:
 
 
 def _rows_of(table: pa.Table, meta: dict, binding: Binding, where: str, **kw: Any) -> CompactRows:
+    """``table``'s rows, checked as a loaded shard's are (:func:`check_rows`) against the
+    occurrence count the metadata states (a stream's ordinals: only each once)."""
     partition = Split.parse(meta["partition"])
     capacity = int(meta["config"]["capacity"])
-    return arrow_to_rows(
+    rows = arrow_to_rows(
         table, capacity=capacity, partition=partition, binding=binding, where=where, **kw
     )
+    stats = meta.get("statistics")  # None for a stream: its count is not known
+    examples = stats.get("examples") if isinstance(stats, dict) else 1 << 62
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < len(rows):
+        raise InvalidInput(
+            f"{where}: its metadata's statistics.examples is {examples!r}, not the count of the"
+            f" {len(rows):,} or more examples it holds — the dataset was changed; pack it again"
+        )
+    check_rows(rows, examples, where)
+    return rows
 
 
 def to_batches(

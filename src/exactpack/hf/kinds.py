@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import re
 
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import InvalidInput
+from exactpack.core.tree import refuse_flattened
 
 FLASH, VARLEN, SDPA, EAGER, FLEX = "flash", "exactpack_varlen", "sdpa", "eager", "flex"
 #: Tree rows' own implementations (:mod:`exactpack.hf.attention_impl`): the tree plan as a
 #: keyword, SDPA per node / a varlen kernel per path ("flash" in a name goes to the hub).
 TREE, TREE_VARLEN = "exactpack_tree", "exactpack_tree_varlen"
 TREE_NAMES = (TREE, TREE_VARLEN)
+#: The names :mod:`exactpack.hf.attention_impl` registers with ``transformers``.
+REGISTERED = (VARLEN, *TREE_NAMES)
 #: Every kind, and the ones fed the flattened valid cells (no mask).
 KINDS = (FLASH, VARLEN, SDPA, EAGER, FLEX)
 FLATTENED_KINDS = (FLASH, VARLEN)
@@ -111,18 +114,16 @@ def attention_kind(attn_implementation: str, kind: str | None = None) -> str:
 
 
 def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
-    """The kind the capability check judges ``attn_implementation`` by on tree rows:
-    :data:`TREE_NAMES` are ``exactpack_varlen``'s (the plan rides the same attention
-    kwargs); the flattened kinds are refused (``cu_seqlens`` cannot say "ancestor")."""
+    """The kind the capability check judges ``attn_implementation`` by on tree rows, and the
+    one check that refuses a batch with parents to the flattened kinds (``cu_seqlens``
+    cannot say "ancestor"): :data:`TREE_NAMES` are ``exactpack_varlen``'s (the plan rides
+    the same attention kwargs)."""
     if attn_implementation in TREE_NAMES:
         return VARLEN
     kind = attention_kind(attn_implementation, kind)
     if kind in FLATTENED_KINDS:
-        raise NotAvailable(
-            f"{attn_implementation} reads cu_seqlens, which describe disjoint intervals and"
-            " cannot say 'this key is my ancestor', so it cannot run tree-packed rows — use"
-            f" attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
-        )
+        fix = f"use attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
+        refuse_flattened(attn_implementation, fix)
     return kind
 
 
@@ -134,6 +135,7 @@ __all__ = [
     "FLEX",
     "KINDS",
     "MASK_KINDS",
+    "REGISTERED",
     "SDPA",
     "TREE",
     "TREE_NAMES",

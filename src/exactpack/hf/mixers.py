@@ -21,14 +21,22 @@ before without one. The same code on the same columns with the same zero state: 
 by construction, in every dtype, on the model's own kernels where it has them. A mixer
 module's forward is ``forward(hidden_states, cache=None, attention_mask=None, **kwargs)
 -> (B, T, H)`` in every family below (transformers 5). LFM2's short convolutions
-(:data:`VECTORISED`) restart in one call instead, their window masked by ``seq_idx``
-(:func:`segment_conv1d`).
+(:data:`VECTORISED`) restart in one call instead (:func:`path_conv1d`).
+
+On tree rows (the keyword :data:`PARENTS`, :func:`cell_parents`) a node starts from its
+parent's final state instead of zero, forked at the branch point: the node's own forward
+from a :class:`ForkCache` (transformers' linear-attention cache interface) holding the
+parent's last conv inputs and scan state; :data:`REPLAYED` mixers, whose sequence form
+takes no initial state, replay the node's whole path. A flat row is a tree of one-node
+paths (:func:`seq_idx_parents`), so both run one loop (:func:`runs`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +64,8 @@ RESTARTABLE = {
     "Qwen3_5MoeGatedDeltaNet": "gated delta rule",
     "OlmoHybridGatedDeltaNet": "gated delta rule",
 }
+#: The model-call keyword of tree rows: each cell's parent cell (:func:`cell_parents`).
+PARENTS = "cell_parent"
 #: The attribute a restarted mixer (and its model) carries.
 _MARK = "_exactpack_restarts"
 #: ``id(config)`` -> config of every model whose mixers restart (hf_inputs checks it).
@@ -81,53 +91,192 @@ def cell_seq_idx(
     return out.reshape(shape)
 
 
-def segment_conv1d(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor
+def cell_parents(
+    nodes: np.ndarray, node_parent: np.ndarray, node_col: np.ndarray, node_len: np.ndarray
+) -> np.ndarray:
+    """Each cell's parent cell: the column of the token before it on its sequence's path,
+    ``-1`` where a path starts (a root node's first cell) and at the first padding cell of a
+    run, int64 ``nodes.shape``. ``nodes`` ``(R, T)``: each cell's node (``-1`` padding);
+    ``node_parent``, ``node_col``, ``node_len``: per node (a trie lies in one row, its nodes
+    depth-first). A flat row is the one-node trie per example.
+
+    A trie with a 2-cell prompt and two 1-cell completions, then padding::
+
+        column        0   1   2   3   4
+        node          0   0   1   2  -1
+        cell_parent  -1   0   1   1  -1     (column 3 continues column 1, not its sibling 2)
+
+    >>> cell_parents(np.array([[0, 0, 1, 2, -1]]), np.array([-1, 0, 0]),
+    ...              np.array([0, 2, 3]), np.array([2, 1, 1]))
+    array([[-1,  0,  1,  1, -1]])
+    """
+    cols = np.arange(nodes.shape[1])[None, :]
+    node = np.maximum(nodes, 0)
+    first = cols == node_col[node]
+    parent = node_parent[node]
+    parent_last = node_col[np.maximum(parent, 0)] + node_len[np.maximum(parent, 0)] - 1
+    out = np.where(first, np.where(parent >= 0, parent_last, -1), cols - 1)
+    pad = nodes < 0  # padding: one run from its first cell (its outputs are never read)
+    pad_first = pad & ~np.pad(pad, ((0, 0), (1, 0)))[:, :-1]
+    return np.where(pad, np.where(pad_first, -1, cols - 1), out).astype(np.int64)
+
+
+def seq_idx_parents(seq_idx: torch.Tensor) -> torch.Tensor:
+    """:func:`cell_parents` of a flat row from its ``seq_idx`` ``(B, T)``: the column before,
+    inside one example; ``-1`` at each example's first cell (and padding's)."""
+    cols = torch.arange(seq_idx.shape[-1], device=seq_idx.device).expand_as(seq_idx)
+    same = F.pad(seq_idx[..., 1:] == seq_idx[..., :-1], (1, 0), value=False)
+    return torch.where(same, cols - 1, -1)
+
+
+def path_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parents: torch.Tensor
 ) -> torch.Tensor:
     """The depthwise causal convolution of ``x`` ``(B, C, T)`` by ``weight`` ``(C, K)``
-    (``F.conv1d(..., groups=C, padding=K - 1)[..., :T]``), restarting at every change of
-    ``seq_idx`` ``(B, T)``: column ``t`` reads only its own example's columns among
-    ``t - K + 1 .. t``, zeros before the example's first, as the example alone does."""
+    (``F.conv1d(..., groups=C, padding=K - 1)[..., :T]``) along each cell's path:
+    column ``t`` reads itself and its ``K - 1`` ancestors by ``parents`` ``(B, T)``
+    (:func:`cell_parents`), zeros before the path's start, as its sequence alone does. On a
+    flat row (:func:`seq_idx_parents`) that is each example's window restarted; on a tree
+    row a branch's window continues its parent's last ``K - 1`` inputs, never a sibling's."""
     k = weight.shape[-1]
-    window = F.pad(x, (k - 1, 0)).unfold(-1, k, 1)  # (B, C, T, K): columns t-K+1 .. t
-    outside = torch.iinfo(torch.int64).min  # before column 0: nobody's example
-    ids = F.pad(seq_idx.long(), (k - 1, 0), value=outside).unfold(-1, k, 1)  # (B, T, K)
-    same = (ids == seq_idx.long()[..., None]).to(x.dtype)  # (B, T, K): own example only
-    out = torch.einsum("bctk,btk,ck->bct", window, same, weight.to(x.dtype))  # (B, C, T)
+    b, _, t = x.shape
+    taps = [torch.arange(t, device=x.device).expand(b, t)]  # (B, T) per tap: t, parent, ...
+    for _ in range(k - 1):
+        prev = taps[-1]
+        taps.append(torch.where(prev >= 0, parents.gather(1, prev.clamp(min=0)), -1))
+    idx = torch.stack(taps[::-1], dim=-1)  # (B, T, K): oldest tap first, as conv1d's weight
+    rows = torch.arange(b, device=x.device)[:, None, None]
+    window = x.transpose(1, 2)[rows, idx.clamp(min=0)]  # (B, T, K, C)
+    window = window * (idx >= 0)[..., None].to(x.dtype)  # before the path: zeros
+    out = torch.einsum("btkc,ck->bct", window, weight.to(x.dtype))  # (B, C, T)
     return out if bias is None else out + bias.to(x.dtype)[:, None]
 
 
-def _short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, seq_idx: torch.Tensor) -> Any:
-    """LFM2's ``ShortConv`` forward (no cache, no padding mask) with :func:`segment_conv1d`:
-    one call for the whole row, no loop over its examples."""
+def _short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, parents: torch.Tensor) -> Any:
+    """LFM2's ``ShortConv`` forward (no cache, no padding mask) with :func:`path_conv1d`:
+    one call for the whole row, no loop over its examples or nodes."""
     bcx = module.in_proj(hidden_states).transpose(-1, -2)  # (B, 3H, T)
     b, c, x = bcx.chunk(3, dim=-2)
-    conv = segment_conv1d(b * x, module.conv.weight.squeeze(1), module.conv.bias, seq_idx)
+    conv = path_conv1d(b * x, module.conv.weight.squeeze(1), module.conv.bias, parents)
     return module.out_proj((c * conv).to(hidden_states.dtype).transpose(-1, -2).contiguous())
 
 
-#: Mixers restarted in one vectorised call (the rest run per example): class -> forward.
+#: Mixers restarted in one vectorised call (the rest run per node): class -> forward.
 VECTORISED = {"Lfm2ShortConv": _short_conv, "Lfm2MoeShortConv": _short_conv}
+#: Mixers whose sequence form cannot start from a given state (transformers'
+#: ``mamba_selective_scan`` takes no initial state): a tree node replays its whole path.
+REPLAYED = {"MambaMixer", "FalconMambaMixer", "JambaMambaMixer"}
 
 
-def runs(seq_idx: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """Per row, the ``(start, end)`` column spans of equal ``seq_idx`` (each example, and the
-    padding): ``[[0, 0, 0, 1, 1, -1]]`` -> ``[[(0, 3), (3, 5), (5, 6)]]``."""
-    ids = seq_idx.detach().cpu().numpy()
+def runs(parents: torch.Tensor) -> list[list[tuple[int, int, int]]]:
+    """Per row, its runs in column order as ``(start, end, parent)``: the longest column
+    spans in which each cell continues the one before (``parents`` ``(B, T)``,
+    :func:`cell_parents`) and no cell but the last is a branch point (the parent of a cell
+    elsewhere), with the index of the run whose last cell comes before the first (``-1``: a
+    path starts there). A flat row ``[-1, 0, 1, -1, 3, -1]`` -> ``[[(0, 3, -1), (3, 5, -1),
+    (5, 6, -1)]]``; the trie ``[-1, 0, 1, 1]`` -> ``[[(0, 2, -1), (2, 3, 0), (3, 4, 0)]]``."""
     out = []
-    for row in ids:  # one loop per row; the spans come from one vectorised comparison
-        cut = np.flatnonzero(row[1:] != row[:-1]) + 1
-        edges = np.r_[0, cut, row.shape[0]]
-        out.append(list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True)))
+    for row in parents.detach().cpu().numpy():  # one loop per row; spans vectorised
+        cols = np.arange(row.shape[0])
+        jump = (row != cols - 1) & (row >= 0)  # continues a cell elsewhere: that one branches
+        cut = np.zeros(row.shape[0] + 1, dtype=bool)
+        cut[0] = True
+        cut[:-1][row != cols - 1] = True
+        cut[row[jump] + 1] = True
+        starts = np.flatnonzero(cut[:-1])
+        ends = np.r_[starts[1:], row.shape[0]]
+        up = row[starts]
+        holder = np.searchsorted(starts, up, side="right") - 1
+        parent = np.where(up >= 0, holder, -1)
+        out.append(list(zip(starts.tolist(), ends.tolist(), parent.tolist(), strict=True)))
     return out
+
+
+class ForkCache:
+    """A one-layer cache in transformers' linear-attention interface that starts a node from
+    its parent's final state and keeps its own: ``conv`` (the last ``k`` conv inputs of
+    the path so far, ``(1, C, k)``) and ``state`` (the recurrent state). Functional, so
+    autograd sees each fork: nothing is written in place, and ``is_recording_past`` keeps
+    the mixers off their in-place one-token conv update."""
+
+    def __init__(self, conv: torch.Tensor | None = None, state: torch.Tensor | None = None):
+        self.conv, self.state = conv, state
+
+    def fork(self) -> ForkCache:
+        return ForkCache(self.conv, self.state)
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.conv
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.state
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return True
+
+    def update_conv_state(
+        self,
+        x: torch.Tensor,
+        layer_idx: int,
+        state_idx: int = 0,
+        conv_kernel_size: int = 1,
+        **kw: Any,
+    ) -> torch.Tensor:
+        full = x if self.conv is None else torch.cat([self.conv, x], dim=-1)  # (1, C, k + L)
+        self.conv = F.pad(full, (max(conv_kernel_size - full.shape[-1], 0), 0))[
+            ..., -conv_kernel_size:
+        ]
+        return full
+
+    def update_recurrent_state(
+        self, state: torch.Tensor, layer_idx: int, state_idx: int = 0, **kw: Any
+    ) -> torch.Tensor:
+        self.state = state
+        return state
+
+
+def _row_nodes(
+    module: torch.nn.Module, own: Any, x: torch.Tensor, nodes: list[tuple[int, int, int]]
+) -> torch.Tensor:
+    """One row ``x`` ``(1, T, H)`` through ``own`` (the module's forward) node by node:
+    a root from zero (no cache), a child from its parent's final :class:`ForkCache`; a
+    one-column child reruns its parent too (a one-token call takes the mixers' in-place
+    decode step), and a :data:`REPLAYED` mixer's child reruns its whole path."""
+    has_child = {p for _, _, p in nodes if p >= 0}
+    replay = type(module).__name__ in REPLAYED
+    after: dict[int, ForkCache] = {}  # node -> the cache after it (its children's start)
+    before: dict[int, ForkCache] = {}  # node -> the cache it started from
+    out = []
+    for i, (s, e, p) in enumerate(nodes):
+        if p < 0 and i not in has_child:  # a flat example (or padding): as it runs alone
+            out.append(own(module, x[:, s:e]))
+            continue
+        if replay:  # the path's columns from the root: its state, recomputed
+            path, j = [(s, e)], p
+            while j >= 0:
+                path.append(nodes[j][:2])
+                j = nodes[j][2]
+            cols = torch.cat([x[:, a:b] for a, b in reversed(path)], dim=1)
+            out.append(own(module, cols)[:, -(e - s) :])
+            continue
+        cols = x[:, s:e]
+        before[i] = start = after[p] if p >= 0 else ForkCache()
+        if p >= 0 and e - s == 1:  # the parent's columns too, from the parent's start
+            ps, pe, _ = nodes[p]
+            cols, start = torch.cat([x[:, ps:pe], cols], dim=1), before[p]
+        cache = start.fork()
+        out.append(own(module, cols, cache=cache)[:, -(e - s) :])
+        after[i] = cache
+    return torch.cat(out, dim=1)
 
 
 @dataclass
 class _Call:
-    """The spans of the model call in progress (set by the root's pre-hook)."""
+    """The nodes of the model call in progress (set by the root's pre-hook)."""
 
-    spans: list[list[tuple[int, int]]] | None = None
-    seq_idx: torch.Tensor | None = None  # the tensor the spans were read from
+    nodes: list[list[tuple[int, int, int]]] | None = None
+    parents: torch.Tensor | None = None  # (B, T) cell parents (cell_parents)
+    seq_idx: torch.Tensor | None = None  # the seq_idx the nodes were read from (flat calls)
     checkpointing: bool = False
 
 
@@ -142,10 +291,12 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
         **kwargs: Any,
     ) -> torch.Tensor:
         seq_idx = kwargs.get("seq_idx")
-        spans = call.spans  # read once per call: runs() copies seq_idx to the host
+        nodes, parents = call.nodes, call.parents  # read once per call (a host copy)
         if isinstance(seq_idx, torch.Tensor) and seq_idx is not call.seq_idx:
-            spans = runs(seq_idx)  # a recompute after the call (checkpointing), or a layer alone
-        if spans is None:  # not a packed call: the module's own forward
+            # a recompute after the call (checkpointing), or a layer alone: flat rows
+            parents = seq_idx_parents(seq_idx)
+            nodes = runs(parents)
+        if nodes is None:  # not a packed call: the module's own forward
             return own(self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
         if seq_idx is None and call.checkpointing:
             raise InvalidInput(
@@ -154,29 +305,63 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
                 " where exactpack cannot restart it — turn checkpointing off for this model"
             )
         rows, width = hidden_states.shape[:2]
-        if len(spans) != rows or (spans and spans[0][-1][1] != width):
+        if len(nodes) != rows or (nodes and nodes[0][-1][1] != width):
             raise InvalidInput(
-                f"{name} got hidden states of {rows} x {width} columns but seq_idx of"
-                f" {len(spans)} rows — feed the model exactly hf_inputs(batch, ...)"
+                f"{name} got hidden states of {rows} x {width} columns but packed rows of"
+                f" {len(nodes)} rows — feed the model exactly hf_inputs(batch, ...)"
             )
         if cache is not None:
             raise InvalidInput(
                 f"{name} got a cache on a packed call; packed rows are for training"
                 " — pass use_cache=False (hf_inputs does)"
             )
-        ids = seq_idx if isinstance(seq_idx, torch.Tensor) else call.seq_idx
-        if type(self).__name__ in VECTORISED and ids is not None:
+        if type(self).__name__ in VECTORISED:
             return VECTORISED[type(self).__name__](
-                self, hidden_states, ids.to(hidden_states.device)
+                self, hidden_states, parents.to(hidden_states.device)
             )
-        # each example alone: (1, L, H) through the module's own forward, no cache, no mask
-        out = [
-            torch.cat([own(self, hidden_states[r : r + 1, s:e]) for s, e in row], dim=1)
-            for r, row in enumerate(spans)
-        ]
+        out = [_row_nodes(self, own, hidden_states[r : r + 1], row) for r, row in enumerate(nodes)]
         return torch.cat(out, dim=0)
 
     return types.MethodType(forward, module)
+
+
+def _begin(model: torch.nn.Module, call: _Call, kwargs: dict) -> None:
+    """Read the packed call's rows from ``kwargs`` (``seq_idx``, or :data:`PARENTS`, which
+    is popped: the model never sees it) into ``call``."""
+    seq_idx, parents = kwargs.get("seq_idx"), kwargs.pop(PARENTS, None)
+    training = model.training and bool(getattr(model, "is_activation_checkpointing", False))
+    call.checkpointing = training  # a recompute runs only in training
+    call.seq_idx = seq_idx if isinstance(seq_idx, torch.Tensor) else None
+    if isinstance(parents, torch.Tensor):
+        if training:
+            raise InvalidInput(
+                f"{type(model).__name__}'s mixers start each tree node from its parent's"
+                " state only inside the call, and gradient (activation) checkpointing"
+                " would recompute them after it — turn checkpointing off for tree rows"
+            )
+        call.parents = parents
+    elif call.seq_idx is not None:
+        call.parents = seq_idx_parents(call.seq_idx)
+    else:
+        call.parents = None
+    call.nodes = None if call.parents is None else runs(call.parents)
+
+
+@contextlib.contextmanager
+def packed_call(model: torch.nn.Module, kwargs: dict) -> Iterator[None]:
+    """What :func:`restart_mixers`' hooks do around ``model(**kwargs)``, for a caller that
+    runs a forward of ``model`` without its hooks (``exactpack.trl`` calls the backbone's
+    own forward); pops :data:`PARENTS` from ``kwargs``. Nothing where ``model`` was not
+    restarted."""
+    call = getattr(model, _MARK, None)
+    if call is None:
+        yield
+        return
+    _begin(model, call, kwargs)
+    try:
+        yield
+    finally:
+        call.nodes = call.parents = call.seq_idx = None
 
 
 def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
@@ -192,17 +377,12 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
         return model
     call = _Call()
 
-    def before(module: Any, args: tuple, kwargs: dict) -> None:
-        seq_idx = kwargs.get("seq_idx")
-        if isinstance(seq_idx, torch.Tensor):
-            call.spans, call.seq_idx = runs(seq_idx), seq_idx
-            checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
-            call.checkpointing = checkpointing and model.training  # recomputes only in training
-        else:
-            call.spans = call.seq_idx = None
+    def before(module: Any, args: tuple, kwargs: dict) -> Any:
+        _begin(model, call, kwargs)
+        return args, kwargs
 
     def after(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        call.spans = call.seq_idx = None  # a later direct call of a layer is not this one
+        call.nodes = call.parents = call.seq_idx = None  # a later direct layer call is not this
 
     for name, module in mixer_modules(model):
         if getattr(module, _MARK, None) is None:
@@ -225,12 +405,18 @@ def restarts(config: Any) -> bool:
 
 
 __all__ = [
+    "PARENTS",
+    "REPLAYED",
     "RESTARTABLE",
     "VECTORISED",
+    "ForkCache",
+    "cell_parents",
     "cell_seq_idx",
     "mixer_modules",
+    "packed_call",
+    "path_conv1d",
     "restart_mixers",
     "restarts",
     "runs",
-    "segment_conv1d",
+    "seq_idx_parents",
 ]

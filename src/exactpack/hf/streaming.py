@@ -43,6 +43,7 @@ from exactpack.io.documents import Origin, TokenChunk, make_binding
 from exactpack.io.shards import FORMAT, FULL, VERSION, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, trl_table
+from exactpack.pipeline.corpus import is_sft, refuse_cut_sft
 from exactpack.pipeline.options import PackOptions, check_pad_id
 
 #: Source rows read, checked and tokenized at a time.
@@ -141,6 +142,11 @@ def stream_binding(source: _Source, opts: PackOptions, tokenizer: Tokenizer | No
 
 
 def _packer_settings(opts: PackOptions) -> dict[str, Any]:
+    if opts.truncation_mode is not None:
+        raise InvalidInput(
+            "truncation_mode= truncates a dataset read whole (a Dataset, or a file):"
+            " a stream is packed as it is read — drop truncation_mode= or pass cut_long=True"
+        )
     if opts.policy not in STREAM_POLICIES:
         raise InvalidInput(
             f"a stream is packed with policy 'stream-best-fit' (it cannot be sorted or"
@@ -198,6 +204,10 @@ class _Packing:
                 objective=Objective.of(self.spec.opts),
             ).rebased(self.docs)
             chunk.check_vocabulary(self.spec.binding.vocab_size)
+            long = chunk.counts - 1 > self.spec.opts.pair_capacity
+            if self.spec.opts.cut_long and long.any() and is_sft(table):
+                i = int(np.argmax(long))
+                refuse_cut_sft(f"{chunk.origin.locate(i)} (id {chunk.id_of(i)!r})")
             lengths = self._push_examples(chunk)
             self.docs += len(chunk)
             yield from self._emit(self.packer.push(lengths))
@@ -220,7 +230,7 @@ class _Packing:
             size = int(counts[i]) if self.trl else int(counts[i]) - 1
             raise OversizedExample(
                 f"{chunk.origin.locate(i)} (id {chunk.id_of(i)!r}) has {size} {unit};"
-                f" capacity is {self.spec.opts.capacity} — raise capacity or pass"
+                f" capacity is {self.spec.opts.capacity} — raise max_length= or pass"
                 " cut_long=True"
             )
         doc, starts, ends = long_ranges(counts, cap)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ _PER_TOKEN = ("input_ids", "labels")
 
 def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: Any) -> Any:
     """The TRL-format packed directory ``path`` as a ``datasets.Dataset``, one row per
-    packed row (``input_ids``, ``labels``, ``seq_lengths``).
+    packed row (``input_ids``, ``labels``, ``seq_lengths``; the manifest in
+    ``info.description``, as :func:`~exactpack.hf.pack_dataset` leaves its metadata).
 
     ``integrity``: ``True`` / ``"full"``: the manifest, every shard's size and sha256, and
     every shard decoded against the format and the manifest; ``False``: the manifest only.
@@ -51,7 +53,11 @@ def load_trl(path: str | Path, *, integrity: bool | str = True, **load_kwargs: A
         check_checksums(manifest, path)
         check_trl_contents(manifest, path)
     files = [str(path / entry["file"]) for entry in manifest["shards"]]
-    return datasets.load_dataset("parquet", data_files=files, split="train", **load_kwargs)
+    rows = datasets.load_dataset("parquet", data_files=files, split="train", **load_kwargs)
+    # the manifest as pack_dataset's metadata: the first-batch check knows the rows by it
+    # even after a Trainer removed their seq_lengths (exactpack.hf.batch_check)
+    rows.info.description = json.dumps({"exactpack": manifest})
+    return rows
 
 
 class per_example:  # a wrapper used like a function: collator = per_example(collator)
@@ -77,7 +83,8 @@ def split_rows(features: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if "seq_lengths" not in row:
             raise InvalidInput(
                 f"feature {k} has no seq_lengths: per_example expects rows of"
-                " pack_dataset(..., format='trl') — pass unpacked examples to the collator"
+                " pack_dataset(..., format='trl') — under Trainer pass"
+                " TrainingArguments(remove_unused_columns=False), which keeps the column"
             )
         keys = [key for key in _PER_TOKEN if key in row]
         start = 0

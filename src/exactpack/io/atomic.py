@@ -43,6 +43,9 @@ from exactpack.core.errors import InvalidInput
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MANIFEST = "manifest.json"
 LOCK = ".exactpack-lock"
+#: The signals the command line's handler received this run: an output is never committed
+#: after one, even when a library swallowed the ``SystemExit`` the handler raised.
+SIGNALLED: list[int] = []
 #: A shard exactpack wrote: ``shard-GGGG-KKKKK.parquet`` (generation, then index).
 SHARD = re.compile(r"^shard-(?P<gen>\d{4,})-\d{5,}\.parquet$")
 
@@ -252,6 +255,8 @@ class Output:
     def commit(self, manifest: dict[str, Any]) -> None:
         """Replace ``manifest.json`` (the commit point), then remove the shards the previous
         one listed; a note names what else the folder holds."""
+        if SIGNALLED:  # a termination a library swallowed: unwind as the signal would have
+            raise SystemExit(128 + SIGNALLED[-1])
         data = json.dumps(manifest, indent=2).encode()
         _plain_file(self.path / MANIFEST, "manifest")
         part = f".manifest-{self.generation:04d}.json.{secrets.token_hex(4)}.part"

@@ -42,7 +42,7 @@ from exactpack.io.cells import column, first, flag_values, ints, lists, row_of, 
 from exactpack.io.documents import Documents, Origin, TokenChunk
 from exactpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
 from exactpack.io.shards import byte_buffers
-from exactpack.io.tokenizers import ByteTokenizer, Tokenizer
+from exactpack.io.tokenizers import MAX_TEXT_CHARS, ByteTokenizer, Tokenizer, too_long
 
 COLUMNS = ("input_ids", *SUPERVISION_COLUMNS, "id", "partition")
 
@@ -131,10 +131,14 @@ def _texts(
     if isinstance(tokenizer, ByteTokenizer):
         offsets, data = byte_buffers(col)
         return tokenizer.encode_utf8(data, offsets)
+    chars = pc.utf8_length(col).to_numpy(zero_copy_only=False)
+    if chars.size and int(chars.max()) > MAX_TEXT_CHARS:
+        row = first(chars > MAX_TEXT_CHARS)
+        raise too_long(f"{origin.locate(row)}: {field}", int(chars[row]))
     return tokenizer.encode_batch(col.to_pylist())
 
 
-def _check_partition(table: pa.Table, origin: Origin, partition: Split) -> None:
+def check_split(table: pa.Table, origin: Origin, partition: Split) -> None:
     """Every row's ``partition`` value, when the column exists, must be ``partition``."""
     col = column(table, "partition") if "partition" in table.column_names else pa.nulls(0)
     if pa.types.is_null(col.type):  # absent, or all null
@@ -306,7 +310,7 @@ def chunk_from_arrow(
     objective = objective or Objective()
     try:
         if partition is not None:
-            _check_partition(table, origin, Split.parse(partition))
+            check_split(table, origin, Split.parse(partition))
         names = set(table.column_names)
         sft = sft_columns(table.column_names)
         if "input_ids" in names:  # as TRL: tokenized rows are read as they are, text left alone

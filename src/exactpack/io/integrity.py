@@ -28,8 +28,9 @@ from exactpack.core.examples import offsets_of
 from exactpack.io.atomic import MANIFEST
 from exactpack.io.shards import (
     FORMAT,
-    REQUIRED,
-    SCHEMA,
+    LAYOUTS,
+    TREE_CELL_COLUMNS,
+    TREE_SEQUENCE_COLUMNS,
     VERSION,
     arrow_to_rows,
     flat_column,
@@ -60,8 +61,9 @@ class BindingRecord(msgspec.Struct):
     split_id: Text
 
 
-class TreeEntry(msgspec.Struct, kw_only=True):
-    """A shard entry of any output: its file, row span, size and sha256."""
+class ShardEntry(msgspec.Struct, kw_only=True):
+    """A shard's entry: its file, row span, size, sha256, occurrences (forest rows:
+    sequences), tokens (forest rows: stored cells) and eligible targets."""
 
     file: Annotated[str, msgspec.Meta(max_length=255)]  # a name the file system can hold
     first_row: Count
@@ -69,32 +71,23 @@ class TreeEntry(msgspec.Struct, kw_only=True):
     bytes: Count
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
     columns: list[str] | None = None
-
-
-class ShardEntry(TreeEntry, kw_only=True):
-    """A flat shard's entry: also its occurrences, tokens and (since 0.3) eligible targets."""
-
     occurrences: Count
     tokens: Count
     eligible: Count | None = None
 
 
-class TreeManifest(msgspec.Struct):
-    """What a loader relies on in ``manifest.json`` (other sections are informational)."""
+class Manifest(msgspec.Struct):
+    """What a loader relies on in ``manifest.json`` (other sections are informational);
+    ``layout`` says which columns the shards hold (:data:`~exactpack.io.shards.LAYOUTS`)."""
 
     config: ConfigRecord
     binding: BindingRecord
     partition: Literal["train", "validation", "test"]
     rows: Count
-    shards: list[TreeEntry]
-
-
-class Manifest(TreeManifest):
-    """A flat output's: also its occurrences, the shards' counts and the statistics."""
-
     shards: list[ShardEntry]
     occurrences: Count
     statistics: dict[str, Any] | None = None
+    layout: Literal["flat", "tree"] = "flat"
 
 
 def bad_output(where: Path | str, what: str) -> InvalidInput:
@@ -179,7 +172,7 @@ def check_manifest(manifest: Any, folder: Path) -> Manifest:
         if totals[key] != getattr(m, key):
             raise bad_output(where, f"shards hold {totals[key]:,} {key}, not {getattr(m, key):,}")
     if m.statistics is not None:
-        pairs = totals["tokens"] - (0 if trl else m.occurrences)  # TRL's unit: tokens
+        pairs = totals["tokens"] - (0 if trl or m.layout == "tree" else m.occurrences)
         _check_statistics(manifest, m, pairs, totals["eligible"], where)
     return m
 
@@ -203,13 +196,21 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
             raise bad_output(
                 where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}"
             )
-        if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call):
+        tree = (
+            m.layout == "tree"
+        )  # forest calls never straddle a shard; a shard's last may be short
+        if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call and not tree):
             raise bad_output(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
             )
-        # Every row holds 1..capacity occurrences; a window is len + 1 >= 2 tokens.
+        # Every row holds 1..capacity occurrences; a window is len + 1 >= 2 tokens. A forest
+        # row holds 1..capacity cells and at least one sequence (sequences may share cells).
         rows, occ, tokens = e.rows, e.occurrences, e.tokens
-        if not rows <= occ <= rows * capacity or not 2 * occ <= tokens <= rows * capacity + occ:
+        if tree:
+            fits = rows <= occ and rows <= tokens <= rows * capacity
+        else:
+            fits = rows <= occ <= rows * capacity and 2 * occ <= tokens <= rows * capacity + occ
+        if not fits:
             raise bad_output(
                 where,
                 f"shard {name} claims {rows:,} rows, {occ:,} occurrences and"
@@ -225,15 +226,18 @@ def _check_statistics(raw: Mapping, m: Manifest, tokens: int, known: int, where:
     """The statistics a pack recorded agree with the manifest's own numbers (``tokens``:
     prediction pairs; ``known``: the shards' eligible targets, -1 when not recorded)."""
     stats, rows, capacity = m.statistics or {}, m.rows, m.config.capacity
-    expected: dict[str, Any] = {
-        "capacity": capacity,
-        "rows": rows,
-        "examples": m.occurrences,
-        "tokens": tokens,
-        "lower_bound": -(-tokens // capacity),
-        "batches": -(-rows // m.config.max_rows_per_batch),
-        "efficiency": tokens / (rows * capacity) if rows else 0.0,
-    }
+    expected: dict[str, Any] = {"capacity": capacity, "rows": rows}
+    if m.layout == "tree":  # forest rows: ``tokens`` are the stored cells, Σ weights eligible
+        expected |= {"sequences": m.occurrences, "tokens_stored": tokens}
+        tokens = max(known, 0)
+    else:
+        expected |= {
+            "examples": m.occurrences,
+            "tokens": tokens,
+            "lower_bound": -(-tokens // capacity),
+            "batches": -(-rows // m.config.max_rows_per_batch),
+            "efficiency": tokens / (rows * capacity) if rows else 0.0,
+        }
     policy = raw.get("policy")
     if isinstance(policy, Mapping) and "name" in policy:
         expected["policy"] = policy["name"]
@@ -282,19 +286,23 @@ def _kind(kind: pa.DataType) -> str:
     return str(kind)
 
 
-def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) -> None:
-    """A shard's schema is the format's (the declared types, the required columns) and
-    has the columns its manifest ``entry`` lists."""
-    declared = SCHEMA
+def check_schema(
+    schema: pa.Schema, where: str, entry: Mapping | None = None, layout: str = "flat"
+) -> None:
+    """A shard's schema is the format's for its ``layout`` (the declared types, the
+    required columns) and has the columns its manifest ``entry`` lists."""
+    declared, required = LAYOUTS[layout]
     for f in schema:
         if f.name not in declared.names:
-            raise bad_output(where, f"column {f.name!r} is not a column of the packed-row format")
+            raise bad_output(
+                where, f"column {f.name!r} is not a column of the packed-row format ({layout} rows)"
+            )
         want = declared.field(f.name).type
         if _kind(f.type) != _kind(want):
             raise bad_output(
                 where, f"column {f.name!r} has type {_kind(f.type)}, not the format's {_kind(want)}"
             )
-    missing = [n for n in REQUIRED if n not in schema.names]
+    missing = [n for n in required if n not in schema.names]
     if missing:
         raise bad_output(where, f"the required columns {missing} are missing")
     if entry is not None and "columns" in entry and entry["columns"] != schema.names:
@@ -303,10 +311,12 @@ def check_schema(schema: pa.Schema, where: str, entry: Mapping | None = None) ->
         )
 
 
-def check_table(table: pa.Table, where: str, entry: Mapping | None = None) -> None:
+def check_table(
+    table: pa.Table, where: str, entry: Mapping | None = None, layout: str = "flat"
+) -> None:
     """:func:`check_schema`, and no null at any list depth (the row decoder would turn one
     into NaN and then into an arbitrary integer)."""
-    check_schema(table.schema, where, entry)
+    check_schema(table.schema, where, entry, layout)
     for name in table.column_names:
         chunks = table.column(name).chunks
         while chunks:
@@ -325,6 +335,13 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         "eligible": int(np.count_nonzero(rows.loss_mask)),
     }
     _agree(got, entry, where)
+    check_rows(rows, occurrences, where)
+
+
+def check_rows(rows: CompactRows, occurrences: int, where: str) -> None:
+    """Rows against their binding and one another: every row holds an occurrence, ids
+    within the vocabulary, no two occurrences of a row overlap, ordinals within
+    ``0..occurrences-1`` and each once, provenance ranges their windows'."""
     if np.any(np.diff(rows.row_offsets) < 1):
         raise bad_output(where, "a row holds no occurrence")
     tokens = rows.tokens
@@ -349,17 +366,6 @@ def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str)
         raise bad_output(where, "a provenance range [range_start, range_end) is not its window's")
 
 
-#: Columns of a tree record with one value per used cell, and with one per sequence.
-TREE_CELL_COLUMNS = (
-    "input_ids",
-    "target_ids",
-    "position_ids",
-    "node_ids",
-    "node_ends",
-    "parent_ids",
-    "weights",
-)
-TREE_SEQUENCE_COLUMNS = ("sequence_index", "sequence_cells", "sequence_mask")
 #: What a record's list values may be (Arrow's ``to_pylist``, or a NumPy-formatted dataset).
 LISTS = (list, tuple, np.ndarray)
 
@@ -465,7 +471,7 @@ def check_tree_record(
     fail: Callable[[str], Exception],
     sequences: int | None = None,
 ) -> None:
-    """One tree record (a packed row: :mod:`exactpack.io.tree_store`) is a forest the
+    """One tree record (a forest row: :mod:`exactpack.io.tree_rows`) is a forest the
     permission predicate can trust, else ``fail(what)`` is raised: 1..``capacity`` cells,
     token ids in ``[0, vocab_size)``, node ids 0, 1, ... in column order, parents earlier
     nodes, each node's end one past its subtree (nested, inside the row), positions the
@@ -529,19 +535,25 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
     return seq.astype(np.int64), occ, per_row
 
 
-def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where: Path) -> None:
-    """Decode every shard now (``read(k)`` checks each); then every ordinal exactly once,
-    and the eligible targets recorded."""
+def check_contents(manifest: Mapping, read: Callable[[int], Any], where: Path) -> None:
+    """Decode every shard now (``read(k)`` checks each: :class:`CompactRows` or forest
+    records); then every ordinal (forest rows: ``sequence_index``) exactly once, and the
+    eligible targets recorded."""
     ordinals, eligible = [], 0
     for k in range(len(manifest["shards"])):
         rows = read(k)
-        ordinals.append(rows.ordinals)
-        eligible += int(np.count_nonzero(rows.loss_mask))
+        if isinstance(rows, CompactRows):
+            ordinals.append(rows.ordinals)
+            eligible += int(np.count_nonzero(rows.loss_mask))
+        else:
+            ordinals.append(np.array([i for r in rows for i in r["sequence_index"]], np.int64))
+            eligible += sum(sum(r["weights"]) for r in rows)
     seen = np.sort(np.concatenate([np.zeros(0, np.int64), *ordinals]))
     if not np.array_equal(seen, np.arange(seen.shape[0])):
-        raise bad_output(
-            where / MANIFEST, "the shards' ordinals are not 0..occurrences-1 each once"
-        )
+        what = "ordinals are not 0..occurrences-1"
+        if manifest.get("layout") == "tree":
+            what = f"sequence_index values are not 0..{manifest['occurrences'] - 1:,}"
+        raise bad_output(where / MANIFEST, f"the shards' {what} each once")
     stats = manifest.get("statistics")
     if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
         raise bad_output(
@@ -551,15 +563,17 @@ def check_contents(manifest: Mapping, read: Callable[[int], CompactRows], where:
         )
 
 
-def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
+def read_shard(file: Path, entry: Mapping, store: Any) -> Any:
     """Decode one shard file of a :class:`~exactpack.io.store.PackedStore` into checked
-    :class:`CompactRows`."""
+    :class:`CompactRows` (forest rows: checked records, :func:`check_tree_record`)."""
     where = str(file)
     try:
         table = pq.read_table(file, memory_map=True)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise bad_output(file, f"cannot read the shard ({err})") from None
-    check_table(table, where, entry)
+    check_table(table, where, entry, store.layout)
+    if store.layout == "tree":
+        return _tree_shard(table, entry, store, where)
     rows = arrow_to_rows(
         table,
         capacity=store.capacity,
@@ -569,6 +583,29 @@ def read_shard(file: Path, entry: Mapping, store: Any) -> CompactRows:
     )
     check_shard(rows, entry, store.occurrences, where)
     return rows
+
+
+def _tree_shard(table: pa.Table, entry: Mapping, store: Any, where: str) -> list[dict]:
+    """A forest shard's records, each checked, and its counts against ``entry``."""
+    records = table.to_pylist()
+    first = int(entry["first_row"])
+    for i, rec in enumerate(records):
+        fail = _damaged_row(where, first + i)
+        if rec["row"] != first + i:
+            raise fail(f"it is numbered {rec['row']}")
+        check_tree_record(rec, store.capacity, store.binding.vocab_size, fail, store.occurrences)
+    got = {
+        "rows": len(records),
+        "occurrences": sum(len(r["sequence_index"]) for r in records),
+        "tokens": sum(len(r["input_ids"]) for r in records),
+        "eligible": sum(sum(r["weights"]) for r in records),
+    }
+    _agree(got, entry, where)
+    return records
+
+
+def _damaged_row(where: str, row: int) -> Callable[[str], Exception]:
+    return lambda what: bad_output(where, f"row {row:,}: {what}")
 
 
 def refuse_packed(path: Path) -> None:

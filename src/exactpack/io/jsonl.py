@@ -311,7 +311,8 @@ def duplicate_row(data: bytes, key: str) -> str:
 
 def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[memoryview]:
     """Whole lines of ``f`` in blocks of about ``size`` bytes (the last may lack a newline),
-    linear in the file size; a line over :data:`MAX_LINE_BYTES` is refused."""
+    linear in the file size; a line over :data:`MAX_LINE_BYTES` or a NUL byte is refused
+    as soon as it is read."""
     carry, carried, line = [], 0, 1
     charge = getattr(f, "charge_lines", None)  # a compressed file counts its lines as read
     while True:
@@ -322,6 +323,12 @@ def line_blocks(f: BinaryIO | InputStream, size: int, path: Path) -> Iterator[me
             if carried:
                 yield memoryview(b"".join(carry))
             return
+        if (nul := block.find(b"\0")) >= 0:  # neither JSON nor text: refused as it is read
+            line += block.count(b"\n", 0, nul)
+            raise InvalidInput(
+                f"{path} line {line}: holds a NUL byte — not a text"
+                " or JSON file; pass the file's text, or its data in a Parquet file"
+            )
         cut = block.rfind(b"\n") + 1
         if not cut:
             carry.append(block)

@@ -364,23 +364,6 @@ def _read_all(
     return out, Origin(tuple(parts) or ((source.name, 0, "row"),))
 
 
-def read_arrow(
-    source: str | Path | Any, partition: Split | str = "train", text_field: str = "text"
-) -> tuple[pa.Table, Origin]:
-    """Any supported input (see :func:`open_input`) as one Arrow table plus its :class:`Origin`."""
-    source_input = open_input(source, partition)
-    if source_input.table is not None:
-        return source_input.table, Origin(((source_input.name, 0, "row"),))
-    tables, origin = _read_all(source_input, DEFAULT_CHUNK_BYTES, text_field, lambda t, o, f: t)
-    if not tables:
-        return pa.table({}), origin
-    try:
-        return pa.concat_tables(tables, promote_options="permissive"), origin
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        why = f"{source_input.name}: shards disagree on their columns ({err})"
-        raise InvalidInput(why) from None
-
-
 def read_documents(
     source: str | Path | Any,
     *,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -175,8 +176,8 @@ def _chat_rows(
     whole = render(backend, template, chats, extras, origin, return_assistant_tokens_mask=assistant)
     ids = [e["input_ids"] for e in whole]
     if name is None:
-        only = objective.completion_only(True)
-        masks = [_after_prefix(h["input_ids"], x, only) for h, x in zip(heads, ids, strict=True)]
+        heads = [h["input_ids"] for h in heads]
+        masks = _completion_masks(heads, ids, objective.completion_only(True), origin, tokenizer)
     else:
         masks = [np.ones(x.shape[0], dtype=bool) for x in ids]
     if assistant:
@@ -204,22 +205,49 @@ def _text_prompt_completion(
     full_ids, full_offsets = tokenizer.encode_batch(
         [p + c for p, c in zip(prompts, completions, strict=True)]
     )
-    completion_only = objective.completion_only(True)
     heads = [head_ids[a:b] for a, b in itertools.pairwise(head_offsets)]
     ids = [full_ids[a:b] for a, b in itertools.pairwise(full_offsets)]
-    return ids, [_after_prefix(h, f, completion_only) for h, f in zip(heads, ids, strict=True)]
+    return ids, _completion_masks(heads, ids, objective.completion_only(True), origin, tokenizer)
 
 
-def _after_prefix(head: Sequence[int], full: Sequence[int], completion_only: bool) -> np.ndarray:
-    """True from where ``full`` stops agreeing with ``head`` (TRL's ``common_prefix_length``),
-    everywhere unless ``completion_only``."""
-    head, full = np.asarray(head), np.asarray(full)
-    mask = np.ones(full.shape[0], dtype=bool)
-    if completion_only:
-        n = min(head.shape[0], full.shape[0])
-        differ = np.flatnonzero(head[:n] != full[:n])
-        mask[: int(differ[0]) if differ.size else n] = False
-    return mask
+def _completion_masks(
+    heads: Sequence[np.ndarray], ids: Sequence[np.ndarray], completion_only: bool,
+    origin: Origin, tokenizer: Tokenizer
+) -> list[np.ndarray]:  # fmt: skip
+    """Per row, True from where ``ids`` (prompt + completion) stops agreeing with ``heads``
+    (the prompt alone; TRL's ``common_prefix_length``), everywhere unless
+    ``completion_only``. When the prompt is not a prefix (a chat template that renders it
+    differently alone, tokens merging across the boundary) the completion still starts
+    where they diverge, and a warning says so, as TRL's does."""
+    masks, bent = [], []
+    for row, (head, full) in enumerate(zip(heads, ids, strict=True)):
+        head, full = np.asarray(head), np.asarray(full)
+        mask = np.ones(full.shape[0], dtype=bool)
+        if completion_only:
+            n = min(head.shape[0], full.shape[0])
+            differ = np.flatnonzero(head[:n] != full[:n])
+            common = int(differ[0]) if differ.size else n
+            mask[:common] = False
+            # an end-of-text token the tokenizer appends to every text (the byte
+            # tokenizer's EOS) ends both: the prompt alone is a prefix but for it
+            suffix = common == head.shape[0] - 1 and head[-1] == full[-1]
+            if common < head.shape[0] and not suffix:
+                bent.append((row, head[common:]))
+        masks.append(mask)
+    if bent:
+        row, tail = bent[0]
+        warnings.warn(
+            f"{origin.locate(row)}: the tokenized prompt is not a prefix of the tokenized"
+            f" prompt + completion ({len(bent)} of {len(ids)} rows read together), usually"
+            " because the chat template renders the prompt alone differently or tokens merge"
+            " across the boundary; as in TRL, the completion is trained from where they"
+            f" diverge and the prompt's end {tokenizer.decode(tail)!r} is left out — use a"
+            " chat template that renders the prompt the same way in both, or end the prompt"
+            " on a token boundary",
+            UserWarning,
+            stacklevel=2,
+        )
+    return masks
 
 
 def chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any, str]:

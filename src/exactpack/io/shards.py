@@ -1,6 +1,6 @@
 """The packed-row Parquet format: one table row per packed row, written and read back.
 
-Version 2 (``K`` = occurrences in the row)::
+Flat rows (``layout`` ``"flat"``, ``K`` = occurrences in the row)::
 
     row           int64           global row index
     tokens        list<int32>     the occurrences' windows back to back (Σ(len+1))
@@ -18,6 +18,24 @@ Version 2 (``K`` = occurrences in the row)::
 decided from content; the manifest lists each shard's ``columns``). A shard
 holds whole model calls. :func:`arrow_to_rows` reads it back as
 :class:`CompactRows`, checked.
+
+Forest rows (``layout`` ``"tree"`` in the manifest: ``exactpack pack --tree``) keep
+``row`` and store the node columns instead, a row's used cells a prefix of the row
+(``T`` cells, ``K`` sequences; :mod:`exactpack.io.tree_rows`)::
+
+    input_ids       list<int32>        [T] input token of each cell
+    target_ids      list<int32>        [T] its target
+    position_ids    list<int32>        [T] depth along the path
+    node_ids        list<int32>        [T] row-local pre-order node id
+    node_ends       list<int32>        [T] the node's Euler-tour exit
+    parent_ids      list<int32>        [T] the node's parent (-1: a root)
+    weights         list<int32>        [T] sequences supervising the target
+    sequence_index  list<int64>        [K] each sequence's index in the input
+    sequence_cells  list<list<int32>>  [K][L] its cells, in depth order
+    sequence_mask   list<list<bool>>   [K][L] which of its targets it supervises
+
+A forest shard's manifest entry counts sequences as ``occurrences``, stored cells as
+``tokens`` and ``Σ weights`` as ``eligible``; its model calls never straddle a shard.
 """
 
 from __future__ import annotations
@@ -42,8 +60,6 @@ from exactpack.io.atomic import write_file
 
 FORMAT = "exactpack.packed-rows"
 VERSION = 2
-#: The version of tree outputs (:mod:`exactpack.io.tree_store`).
-TREE_VERSION = 3
 #: Target tokens per shard; shards always end on a model-call boundary.
 SHARD_TOKENS = 1 << 25
 #: How shards are written (``benchmarks/bench_format.py``).
@@ -68,8 +84,26 @@ FIELDS: dict[str, pa.DataType] = {
     "range_ends": pa.list_(pa.int64()),
 }
 REQUIRED = ("row", "tokens", "pair_counts", "seq_starts", "ordinals")
-#: Every version-2 column (a shard holds :data:`REQUIRED` and some of the others).
+#: Every flat column (a shard holds :data:`REQUIRED` and some of the others).
 SCHEMA = pa.schema(list(FIELDS.items()))
+_CELL = pa.list_(pa.int32())
+#: Columns of a forest row with one value per used cell, and with one per sequence.
+TREE_CELL_COLUMNS = ("input_ids", "target_ids", "position_ids", "node_ids", "node_ends",
+                     "parent_ids", "weights")  # fmt: skip
+TREE_SEQUENCE_COLUMNS = ("sequence_index", "sequence_cells", "sequence_mask")
+TREE_FIELDS: dict[str, pa.DataType] = {
+    "row": pa.int64(),
+    **dict.fromkeys(TREE_CELL_COLUMNS, _CELL),
+    "sequence_index": pa.list_(pa.int64()),
+    "sequence_cells": pa.list_(_CELL),
+    "sequence_mask": pa.list_(pa.list_(pa.bool_())),
+}
+TREE_SCHEMA = pa.schema(list(TREE_FIELDS.items()))
+#: Per layout: every column a shard may hold, and those it must.
+LAYOUTS = {
+    "flat": (SCHEMA, REQUIRED),
+    "tree": (TREE_SCHEMA, tuple(TREE_FIELDS)),
+}
 _PER_OCCURRENCE = (
     "seq_starts",
     "ordinals",
@@ -280,22 +314,29 @@ def _write_shard(table: pa.Table, path: Path) -> None:  # tests patch it to fail
     write_file(path, lambda f: pq.write_table(table, f, **PARQUET_OPTIONS))
 
 
+def _total(table: pa.Table, name: str) -> int:
+    """Values in a list column."""
+    return int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
+
+
 def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
-    """Write a shard table (version 2, 3 or TRL's) whole as ``directory/name``; its manifest
-    entry (occurrences, tokens and eligible targets for flat shards only)."""
+    """Write a shard table (flat, forest or TRL's) whole as ``directory/name``; its manifest
+    entry (occurrences, tokens and eligible targets: forest rows count sequences, stored
+    cells and ``Σ weights``)."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
-    counts = "pair_counts" if "pair_counts" in names else "seq_lengths"
-    tokens = "tokens" if "tokens" in names else "input_ids"
-    flat = "node_ids" not in names  # a tree shard (version 3) counts no occurrences
     entry: dict[str, Any] = {"file": name, "first_row": int(first_row), "rows": table.num_rows}
-    if flat:
-        entry["occurrences"] = int(pc.sum(pc.list_value_length(table.column(counts))).as_py() or 0)
-        entry["tokens"] = int(pc.sum(pc.list_value_length(table.column(tokens))).as_py() or 0)
+    if "node_ids" in names:
+        entry["occurrences"] = _total(table, "sequence_index")
+        entry["tokens"] = _total(table, "input_ids")
+    else:
+        entry["occurrences"] = _total(
+            table, "pair_counts" if "pair_counts" in names else "seq_lengths"
+        )
+        entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
     entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
-    if flat:
-        entry["eligible"] = eligible_targets(table)
+    entry["eligible"] = eligible_targets(table)
     return entry
 
 
@@ -311,7 +352,9 @@ def byte_buffers(col: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
 
 
 def eligible_targets(table: pa.Table) -> int:
-    """Supervised targets of a shard table (version 2 or TRL's)."""
+    """Supervised targets of a shard table (flat, forest: ``Σ weights``, or TRL's)."""
+    if "weights" in table.column_names:
+        return int(pc.sum(pc.list_flatten(table.column("weights"))).as_py() or 0)
     if "input_ids" in table.column_names and "labels" not in table.column_names:
         tokens = pc.sum(pc.list_value_length(table.column("input_ids"))).as_py() or 0
         return int(tokens) - int(

@@ -1,10 +1,11 @@
-"""The packed directory: Parquet shards (:mod:`exactpack.io.shards`; trees:
-:mod:`exactpack.io.tree_store`) plus ``manifest.json``, published by
-:mod:`exactpack.io.atomic`."""
+"""The packed directory: Parquet shards (:mod:`exactpack.io.shards`, flat or forest rows)
+plus ``manifest.json``, published by :mod:`exactpack.io.atomic`; one writer
+(:func:`write_shards`) and one store (:class:`PackedStore`) for both."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,7 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch, path_argument, type_argument
@@ -34,15 +34,18 @@ from exactpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from exactpack.io.tree_store import TreeStore
+from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.io.trl_schema import refuse_trl, trl_table
 
 #: Shards in memory at once while writing: one being gathered, the others compressing.
 SHARDS_IN_FLIGHT = 2
 
 
-def to_table(rows: CompactRows, format: str = "exactpack") -> pa.Table:
-    """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table` or TRL's."""
+def to_table(rows: CompactRows | pa.Table, format: str = "exactpack") -> pa.Table:
+    """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table` or TRL's; a
+    table made already (forest rows: :func:`~exactpack.io.tree_rows.tree_table`) as it is."""
+    if isinstance(rows, pa.Table):
+        return rows
     return trl_table(rows) if format == "trl" else shard_table(rows)
 
 
@@ -59,10 +62,12 @@ def write_shards(
     output: Output,
     format: str = "exactpack",
     on_shard: Callable[[dict[str, Any]], None] | None = None,
+    first_shard: int = 0,
 ) -> list[dict[str, Any]]:
-    """Shard ``k``, rows ``gather(bounds[k], bounds[k+1])``, written into ``output``; the
-    manifest entries, in order (``on_shard(entry)`` after each). At most
-    :data:`SHARDS_IN_FLIGHT` shards are in memory; a single one is written on this thread."""
+    """Shard ``first_shard + k``, rows ``gather(bounds[k], bounds[k+1])`` (flat or forest),
+    written into ``output``; the manifest entries, in order (``on_shard(entry)`` after each).
+    At most :data:`SHARDS_IN_FLIGHT` shards are in memory; a single one is written on this
+    thread."""
     spans = list(itertools.pairwise(np.asarray(bounds).tolist()))
     entries: list[dict[str, Any]] = []
 
@@ -70,7 +75,7 @@ def write_shards(
         return to_table(gather(*spans[k]), format)
 
     def write(k: int, table: pa.Table) -> dict[str, Any]:
-        return write_shard_file(table, output.path, output.shard(k), spans[k][0])
+        return write_shard_file(table, output.path, output.shard(first_shard + k), spans[k][0])
 
     def done(entry: dict[str, Any]) -> None:
         entries.append(entry)
@@ -125,7 +130,7 @@ def write_packed(
 def require(
     store: Any, expected_binding: Binding | None = None, expected_split: Split | str | None = None
 ) -> None:
-    """Raise BindingMismatch / SplitMismatch unless ``store`` (flat or tree) is expected."""
+    """Raise BindingMismatch / SplitMismatch unless ``store`` is expected."""
     if expected_binding is not None:
         expected_binding.require(store.binding, f"packed data {store.path}")
     if expected_split is not None:
@@ -139,40 +144,64 @@ def require(
 
 class PackedStore:
     """A packed directory read back: ``len(store)`` model calls; ``store[i]`` / iteration
-    give :class:`PackedBatch` objects identical to :func:`exactpack.materialize`'s;
-    ``store.shard_rows(k)`` gives shard ``k`` as :class:`CompactRows`."""
+    give :class:`PackedBatch` objects identical to :func:`exactpack.materialize`'s (a forest
+    output, ``layout == "tree"``: :class:`~exactpack.core.tree.TreeBatch` objects, calls
+    never straddling a shard); ``store.shard_rows(k)`` gives shard ``k`` as
+    :class:`CompactRows` (forest: its records; :meth:`records`). ``occurrences``
+    counts a forest's sequences."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         m = check_manifest(manifest, path)  # every number agrees with the others before use
         self.path, self.manifest, self.shards = path, manifest, manifest["shards"]
         self.binding = Binding.from_dict(manifest["binding"])
-        self.partition = Split(m.partition)
+        self.partition, self.layout = Split(m.partition), m.layout
         self.capacity, self.max_rows_per_batch = m.config.capacity, m.config.max_rows_per_batch
         self.num_rows, self.occurrences = m.rows, m.occurrences
         self._first_rows = np.array([s["first_row"] for s in self.shards], dtype=np.int64)
-        self._cached: tuple[int, CompactRows] | None = None
+        rows = np.array([s["rows"] for s in self.shards], dtype=np.int64)
+        # forest calls never straddle a shard: each shard's own -(-rows // per_call)
+        calls = -(-rows // self.max_rows_per_batch) if self.layout == "tree" else rows[:0]
+        self._first_calls = np.concatenate([[0], np.cumsum(calls)]).astype(np.int64)
+        self._cached: tuple[int, Any] | None = None
 
     require = require  # store.require(expected_binding, expected_split)
 
     def __len__(self) -> int:
+        if self.layout == "tree":
+            return int(self._first_calls[-1])
         return -(-self.num_rows // self.max_rows_per_batch)
 
-    def shard_rows(self, k: int) -> CompactRows:
+    def shard_rows(self, k: int) -> Any:
+        """Shard ``k`` checked: :class:`CompactRows`, or a forest's records (``row`` kept)."""
         if self._cached is None or self._cached[0] != k:
             self._cached = (k, read_shard(self.path / self.shards[k]["file"], self.shards[k], self))
         return self._cached[1]
 
-    def __getitem__(self, i: int) -> PackedBatch:
+    def __getitem__(self, i: int) -> Any:
         if not -len(self) <= i < len(self):
             raise IndexError(f"model call {i} outside 0..{len(self) - 1}")
-        first = (i % len(self)) * self.max_rows_per_batch
+        i %= len(self)
+        if self.layout == "tree":
+            k = int(np.searchsorted(self._first_calls, i, "right") - 1)
+            local = (i - int(self._first_calls[k])) * self.max_rows_per_batch
+            rows = self.shard_rows(k)[local : local + self.max_rows_per_batch]
+            batch = tree_batch_from_rows([_drop_row(r) for r in rows], self.capacity,
+                                         self.binding.vocab_size)  # fmt: skip
+            return dataclasses.replace(batch, binding=self.binding)
+        first = i * self.max_rows_per_batch
         k = int(np.searchsorted(self._first_rows, first, "right") - 1)
         rows = self.shard_rows(k)
         local = first - rows.first_row
         stop = min(local + self.max_rows_per_batch, rows.num_rows)
         return rows.slice_rows(local, stop).to_batch()
 
-    def __iter__(self) -> Iterator[PackedBatch]:
+    def records(self) -> list[dict[str, Any]]:
+        """Every forest row's record, in row order (``row`` dropped), each checked, and the
+        sequence indexes checked to number the input's sequences, each once."""
+        check_contents(self.manifest, self.shard_rows, self.path)
+        return [_drop_row(r) for k in range(len(self.shards)) for r in self.shard_rows(k)]
+
+    def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
             yield self[i]
 
@@ -184,8 +213,8 @@ def load_packed(
     integrity: bool | str = True,
     expected_split: Split | str | None = None,
 ) -> PackedStore:
-    """Open a packed directory (a tree output as a :class:`~exactpack.io.tree_store.TreeStore`),
-    reading only the files its manifest lists.
+    """Open a packed directory (flat or forest rows), reading only the files its manifest
+    lists.
 
     ``integrity`` (:mod:`exactpack.io.integrity`): ``False`` checks the manifest,
     ``True`` also every shard's size and sha256, ``"full"`` also decodes every
@@ -207,17 +236,15 @@ def load_packed(
             " leaves none) — run exactpack pack again"
         )
     manifest = read_manifest(path)
-    store: Any
-    if isinstance(manifest, dict) and manifest.get("layout") == "tree":
-        store = TreeStore(path, manifest)  # version 3: tree rows (exactpack pack --tree)
-    else:
-        refuse_trl(manifest, str(path))
-        store = PackedStore(path, manifest)
+    refuse_trl(manifest, str(path))
+    store = PackedStore(path, manifest)
     if integrity:
         check_checksums(store.manifest, path)
-    if integrity == "full" and isinstance(store, PackedStore):
+    if integrity == "full":
         check_contents(store.manifest, store.shard_rows, path)
-    elif integrity == "full":
-        store.records()
     require(store, expected_binding, expected_split)
     return store
+
+
+def _drop_row(record: dict[str, Any]) -> dict[str, Any]:
+    return {n: v for n, v in record.items() if n != "row"}

@@ -46,6 +46,10 @@ BYTES_IDENTITY = "exactpack/bytes-266"
 CHAT_MARK = "+chat-template@sha256:"
 #: Characters of text encoded per tokenizer call (its records take ~45 bytes a character).
 ENCODE_BATCH = 1 << 22
+#: The longest text a tokenizer is given (~4M tokens, longer than any context): the Rust
+#: side takes ~45 bytes a character and aborts the process when an allocation fails (a
+#: 60 MB line did under a 4 GB limit).
+MAX_TEXT_CHARS = 1 << 24
 #: Files whose bytes define a saved tokenizer; they make up its identity digest.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
@@ -53,7 +57,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 #: Files besides ``tokenizer.json`` from which transformers could build a (slow) tokenizer.
 SLOW_FILES = ("tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "spiece.model")
 #: The largest tokenizer file read (the largest hub ``tokenizer.json`` files are ~35 MB).
-MAX_TOKENIZER_FILE = 1 << 29
+MAX_TOKENIZER_FILE = 1 << 27
+#: The longest string a tokenizer's JSON file may hold, in bytes (hub files' longest is a
+#: normalizer's ``precompiled_charsmap``, ~0.3 MB): the Rust side builds ~40 bytes a byte
+#: of an added token and aborts the process when its allocation fails.
+MAX_TOKENIZER_STRING = 1 << 20
 #: The largest chat template read (hub templates are at most tens of kilobytes).
 MAX_TEMPLATE_FILE = 1 << 22
 #: Tokenizer classes that use ``tokenizer.json`` as it is.
@@ -131,9 +139,47 @@ def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
 
 
 def read_checked(path: Path, limit: int = MAX_TOKENIZER_FILE) -> bytes:
-    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``)."""
+    """The bytes of ``path`` after :func:`checked_file` (never more than ``limit``); a
+    ``.json`` file's strings at most :data:`MAX_TOKENIZER_STRING` bytes each."""
     checked_file(path, limit)
-    return read_limited(path, limit)
+    data = read_limited(path, limit)
+    if path.suffix == ".json" and (longest := longest_string(data)) > MAX_TOKENIZER_STRING:
+        raise InvalidInput(
+            f"{path} holds a string of {longest:,} bytes, more than the"
+            f" {MAX_TOKENIZER_STRING:,} a tokenizer file's string may hold — it is not a"
+            " tokenizer's; pass the tokenizer's own files"
+        )
+    return data
+
+
+def longest_string(data: bytes, block: int = 1 << 20) -> int:
+    """The most bytes between the quotes of one string of JSON text ``data`` (escapes
+    counted as written), scanned ``block`` bytes at a time: a quote after an odd run of
+    backslashes is inside a string."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    longest, opened, run = 0, -1, 0  # opened: where the open string began; run: backslashes
+    for start in range(0, raw.shape[0], block):
+        part = raw[start : start + block]
+        slash = part == 92
+        index = np.arange(part.shape[0], dtype=np.int64)
+        last = np.maximum.accumulate(np.where(slash, -1, index))  # last non-backslash
+        quotes = np.flatnonzero(part == 34)
+        prev = last[np.maximum(quotes - 1, 0)]  # backslashes before each quote: in this
+        before = np.where(quotes > 0, quotes - 1 - prev, 0)  # block, and the last block's
+        before += np.where((quotes == 0) | (prev < 0), run, 0)  # when they reach its start
+        ends = quotes[before % 2 == 0] + start
+        if opened >= 0 and ends.shape[0]:  # a string open from an earlier block
+            longest, opened, ends = max(longest, int(ends[0] - opened)), -1, ends[1:]
+        pairs = ends.shape[0] // 2
+        if pairs:
+            longest = max(longest, int((ends[1 : 2 * pairs : 2] - ends[: 2 * pairs : 2]).max()))
+        if ends.shape[0] % 2:
+            opened = int(ends[-1])
+        tail = part.shape[0] - 1 - int(last[-1])
+        run = run + tail if tail == part.shape[0] else tail
+    if opened >= 0:  # never closed: it runs to the end
+        longest = max(longest, raw.shape[0] - opened)
+    return longest
 
 
 def file_identity(kind: str, path: Path, files: Iterable[Path]) -> str:
@@ -243,20 +289,24 @@ def open_folder(path: Path) -> tuple[Any, str, int, Any]:
     direct = _direct(path) if has_json else None
     if direct is not None:
         rust, config = direct
-        pad = _content(config.get("pad_token"))
-        lazy = LazyTransformers(path, _content(config.get("eos_token")),
-                                None if pad is None else rust.token_to_id(pad))  # fmt: skip
-        return lazy, identity, rust.get_vocab_size(True), rust
+        return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
     cache = remembered_file(identity) if has_json else None
-    known = _recall(cache)
-    if known is not None:  # the tokenizer transformers built from this folder, kept
-        rust, meta = known
-        lazy = LazyTransformers(path, meta["eos_token"], meta["pad_token_id"])
-        return lazy, identity, int(meta["vocab_size"]), rust
+    rust = _recall(cache)
+    if rust is not None:  # the tokenizer transformers built from this folder, kept
+        config = json.loads(read_checked(path / "tokenizer_config.json"))
+        return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
     backend = auto_tokenizer(path, has_json)
     if cache is not None:
-        _remember(cache, backend)
+        _remember(cache, backend, path)
     return backend, identity, len(backend), None
+
+
+def _lazy(path: Path, rust: Any, config: dict[str, Any]) -> LazyTransformers:
+    """The folder's transformers tokenizer, unloaded: EOS and PAD from its own
+    ``tokenizer_config.json``, the PAD id from ``rust`` (never from a cache)."""
+    pad = _content(config.get("pad_token"))
+    eos = _content(config.get("eos_token"))
+    return LazyTransformers(path, eos, None if pad is None else rust.token_to_id(pad))
 
 
 #: Texts on which a remembered tokenizer must give transformers' own ids.
@@ -264,37 +314,76 @@ PROBES = ["Hello world!", "  two  spaces\n\ttab", "caf\u00e9 \u00fc\u00df \u4e2d
           "x<s>y</s> <pad><unk>", "1234567 + 89 = ?", "'s 're don't"]  # fmt: skip
 
 
+def cache_folder() -> Path:
+    """``$XDG_CACHE_HOME/exactpack/tokenizers`` (``~/.cache`` without it)."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(home) / "exactpack" / "tokenizers"
+
+
 def remembered_file(identity: str) -> Path | None:
-    """Where the tokenizer transformers builds from folder ``identity`` is kept, keyed by it
-    and the transformers and tokenizers versions (None without both installed)."""
+    """The name under which the tokenizer transformers builds from folder ``identity`` is
+    kept: ``KEY-`` + the SHA-256 of its bytes + ``.json`` (:func:`_recall` checks it), KEY
+    a digest of ``identity`` and the transformers and tokenizers versions; None without
+    both installed or without a cache folder only this user can write."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         versions = f"{version('transformers')}\0{version('tokenizers')}"
     except PackageNotFoundError:
         return None
-    key = hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(home) / "exactpack" / "tokenizers" / f"{key}.json"
-
-
-def _recall(file: Path | None) -> tuple[Any, dict[str, Any]] | None:
-    """The Rust tokenizer and facts :func:`_remember` kept in ``file``, or None."""
-    if file is None or not file.with_suffix(".meta").is_file():
+    folder = cache_folder()
+    try:  # each created for this user only (a parent's mode would follow the umask)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None  # no cache: transformers loads the folder every time
+    if not all(_private(p) for p in (folder.parent, folder)):
+        warnings.warn(
+            f"{folder} is not a folder only you can write (owned by another user, or group-"
+            " or world-writable), so exactpack does not use it as its tokenizer cache — a"
+            " file put there would decide the tokens; remove it or run `chmod go-w` on it",
+            UserWarning,
+            stacklevel=4,
+        )
         return None
+    return folder / hashlib.sha256(f"{identity}\0{versions}".encode()).hexdigest()[:32]
+
+
+def _private(path: Path) -> bool:
+    """Whether ``path`` (not followed) is this user's and no one else may write to it."""
     try:
-        from tokenizers import Tokenizer
+        info = os.lstat(path)
+    except OSError:
+        return False
+    owner = info.st_uid == os.getuid() if hasattr(os, "getuid") else True
+    return owner and not stat.S_ISLNK(info.st_mode) and not info.st_mode & 0o022
 
-        meta = json.loads(read_checked(file.with_suffix(".meta"), MAX_TEMPLATE_FILE))
-        checked_file(file)
-        return Tokenizer.from_file(str(file)), meta
-    except Exception:  # damaged or unreadable: transformers loads the folder again
+
+def _recall(key: Path | None) -> Any:
+    """The Rust tokenizer :func:`_remember` kept under ``key``, or None when there is none,
+    or the file is not this user's private one, or its bytes do not hash to its name."""
+    if key is None:
         return None
+    for file in key.parent.glob(f"{key.name}-*.json"):
+        try:
+            from tokenizers import Tokenizer
+
+            if not _private(file):
+                continue
+            data = read_checked(file)
+            if hashlib.sha256(data).hexdigest() != file.stem.split("-", 1)[1]:
+                continue  # damaged or edited: transformers loads the folder again
+            return Tokenizer.from_str(data.decode())
+        except Exception:  # unreadable or not a tokenizer: likewise
+            continue
+    return None
 
 
-def _remember(file: Path, backend: Any) -> None:
-    """Keep ``backend``'s Rust tokenizer in ``file`` when encoding with it is all transformers
-    does (no Python encoding or split special tokens, the same ids on :data:`PROBES`)."""
+def _remember(key: Path, backend: Any, path: Path) -> None:
+    """Keep ``backend``'s Rust tokenizer under ``key`` when encoding with it is all
+    transformers does (no Python encoding or split special tokens, the same ids on
+    :data:`PROBES`) and what :func:`open_folder` derives from it and the folder's config
+    (vocabulary size, EOS, PAD id) is transformers' own."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
     rust = getattr(backend, "backend_tokenizer", None)
@@ -305,15 +394,19 @@ def _remember(file: Path, backend: Any) -> None:
         return
     if [e.ids for e in rust.encode_batch(PROBES)] != backend(PROBES)["input_ids"]:
         return
-    meta = {"vocab_size": len(backend), "pad_token_id": backend.pad_token_id,
-            "eos_token": backend.eos_token}  # fmt: skip
+    try:
+        lazy = _lazy(path, rust, json.loads(read_checked(path / "tokenizer_config.json")))
+    except ValueError:
+        return
+    if (rust.get_vocab_size(True), lazy.eos_token, lazy.pad_token_id) != (
+        len(backend), backend.eos_token, backend.pad_token_id):  # fmt: skip
+        return
     from exactpack.io.atomic import write_file
 
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        write_file(file, lambda f: f.write(rust.to_str().encode()))
-        # the meta last: its presence says both are whole
-        write_file(file.with_suffix(".meta"), lambda f: f.write(json.dumps(meta).encode()))
+    data = rust.to_str().encode()
+    try:  # the name holds the digest of the bytes, so a whole file is one that hashes to it
+        write_file(key.with_name(f"{key.name}-{hashlib.sha256(data).hexdigest()}.json"),
+                   lambda f: f.write(data))  # fmt: skip
     except OSError:
         return  # no writable cache: the next process loads through transformers again
 
@@ -508,6 +601,9 @@ class HFTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids int32 [Σn] and offsets int64 [k+1], :data:`ENCODE_BATCH` characters a call."""
         texts = list(texts)
+        if max(map(len, texts), default=0) > MAX_TEXT_CHARS:
+            i = next(i for i, text in enumerate(texts) if len(text) > MAX_TEXT_CHARS)
+            raise too_long(f"text {i} of {len(texts)} given to the tokenizer", len(texts[i]))
         spans = text_spans(texts, ENCODE_BATCH)
         parts = []
         for i, (a, b) in enumerate(spans):
@@ -525,6 +621,14 @@ class HFTokenizer:
             return _flat(encodings, (e.ids for e in encodings))
         ids = self.backend(texts, add_special_tokens=True)["input_ids"]
         return _flat(ids, ids)
+
+
+def too_long(where: str, chars: int) -> InvalidInput:
+    """The refusal of a text over :data:`MAX_TEXT_CHARS` characters at ``where``."""
+    return InvalidInput(
+        f"{where} holds {chars:,} characters, more than the {MAX_TEXT_CHARS:,} exactpack gives"
+        " a tokenizer at once (it would take ~45 bytes a character) — split the document"
+    )
 
 
 def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
@@ -552,7 +656,8 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         from tokenizers import Tokenizer as RustTokenizer
     except ImportError as err:
         raise NotAvailable("loading tokenizer.json needs `pip install exactpack[hf]`") from err
-    checked_file(file)
+    # read and checked (sizes, strings) before the Rust side sees it
+    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
     try:
         backend = RustTokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a plain Exception
@@ -560,7 +665,6 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
             f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
             " a tokenizer saved with save_pretrained() or Tokenizer.save()"
         ) from None
-    identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
     return HFTokenizer(backend, "tokenizers", identity, backend.get_vocab_size(True),
                        where=str(file), owned=True)  # fmt: skip
 

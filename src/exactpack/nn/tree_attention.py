@@ -2,7 +2,8 @@
 
 A node of ``m`` cells whose path (its ancestors' cells, root first, then its own) holds
 ``P`` cells attends with one ``(m, P)`` block, its queries at path positions
-``P-m .. P-1`` (:func:`~exactpack.nn.varlen.grouped_attention`, shared with ``varlen``);
+``P-m .. P-1``: :func:`tree_plan` gives the :class:`~exactpack.nn.varlen.PathPlan` that
+:func:`~exactpack.nn.varlen.path_attention` runs (a flat segment is its own path);
 nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
 :mod:`exactpack.core.tree`::
 
@@ -12,13 +13,12 @@ nodes of the same ``(m, P)`` share one SDPA call. For the layout drawn in
     node 3 (col 6)     query 6      keys 0-3, 6       1 x 5
     node 4 (cols 7-8)  queries 7-8  keys 0-2, 7-8     2 x 5      (36 of 81 dense cells)
 
-Gather indices are built once per batch (:func:`tree_plan`); a shared prefix gets its
+Gather indices are built once per batch; a shared prefix gets its
 gradient once per consumer (``index_select``'s backward adds them): the flat gradient.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,28 +26,9 @@ import torch
 
 from exactpack.core.errors import NotAvailable
 from exactpack.core.examples import concat_ranges
-from exactpack.core.tree import TreeBatch, tree_loss, tree_loss_sum
+from exactpack.core.tree import TreeBatch
 from exactpack.nn.flex import permission_mod
-from exactpack.nn.varlen import grouped_attention
-
-
-@dataclass(frozen=True, eq=False)
-class TreePlan:
-    """Gather/scatter indices of one tree batch (flat cells ``R*T``), shared by all layers:
-    ``groups`` per call ``(n, m, P, q_index (n*m,), k_index (n*P,))``; ``scatter`` int64
-    (R*T,) ``1 +`` each stored cell's output slot (0: padding); ``score_cells`` ``Σ m × P``."""
-
-    groups: tuple[tuple[int, int, int, torch.Tensor, torch.Tensor], ...]
-    scatter: torch.Tensor
-    cells: int
-    score_cells: int
-    cache: dict = field(default_factory=dict, repr=False)
-
-    def gathers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All groups' query and key indices, concatenated (cached)."""
-        if "gathers" not in self.cache:
-            self.cache["gathers"] = tuple(torch.cat([g[i] for g in self.groups]) for i in (3, 4))
-        return self.cache["gathers"]
+from exactpack.nn.varlen import PathPlan
 
 
 def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -64,95 +45,28 @@ def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
     return concat_ranges(first[order], lens), np.r_[0, np.cumsum(path_len)].astype(np.int64)
 
 
-def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> TreePlan:
-    """The (m, P)-grouped gather/scatter plan of ``batch``."""
+def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> PathPlan:
+    """The :class:`~exactpack.nn.varlen.PathPlan` of ``batch``: one block a node, its queries
+    against its path, nodes of the same ``(m, P)`` in one group."""
     keys, bounds = node_keys(batch)
     first = batch.node_row * batch.shape[1] + batch.node_col
     m, p = batch.node_len.astype(np.int64), np.diff(bounds)
     shapes, inverse = np.unique(np.stack([m, p], axis=1), axis=0, return_inverse=True)
     scatter = np.zeros(batch.shape[0] * batch.shape[1], dtype=np.int64)
-    groups, slot = [], 0
+    groups, q_parts, k_parts, slot = [], [], [], 0
     for g, (mg, pg) in enumerate(shapes.tolist()):
         members = np.flatnonzero(inverse.reshape(-1) == g)
         q_index = (first[members][:, None] + np.arange(mg)).reshape(-1)
-        k_index = (bounds[members][:, None] + np.arange(pg)).reshape(-1)
+        q_parts.append(q_index)
+        k_parts.append(keys[(bounds[members][:, None] + np.arange(pg)).reshape(-1)])
         scatter[q_index] = slot + 1 + np.arange(q_index.shape[0])
         slot += q_index.shape[0]
-        q_t, k_t = (torch.as_tensor(x, device=device) for x in (q_index, keys[k_index]))
-        groups.append((int(members.shape[0]), int(mg), int(pg), q_t, k_t))
-    cells = int(scatter.shape[0])
-    return TreePlan(tuple(groups), torch.as_tensor(scatter, device=device), cells, int(m @ p))
-
-
-def tree_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    plan: TreePlan,
-    scale: float,
-    sliding_window: int | None = None,
-    dropout: float = 0.0,
-) -> torch.Tensor:
-    """Attention of tokens ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D) under ``plan``: (N, H, Dv)."""
-    groups = [(n, m, p) for n, m, p, _, _ in plan.groups]
-    q_index, k_index = plan.gathers()
-    return grouped_attention(
-        q, k, v, groups, q_index, k_index, plan.scatter, scale, sliding_window, dropout, plan.cache
+        groups.append((int(members.shape[0]), int(mg), int(pg)))
+    q_t, k_t = (
+        torch.as_tensor(np.concatenate(x) if x else np.zeros(0, np.int64), device=device)
+        for x in (q_parts, k_parts)
     )
-
-
-@dataclass(frozen=True, eq=False)
-class FlashPlan:
-    """The varlen calls of one tree batch (flat cells ``R*T``), shared by all layers.
-
-    Queries: the stored cells in node order (``stored``), one sequence a node (``cu_q``,
-    int32 [M+1]); keys: each node's path (``keys``, ``cu_k``), or for the merge each node's
-    own span (``cu_q``) and the ancestors' spans (``ancestors``, ``cu_a``) of the nodes
-    that have some (``inner_q``: their query slots, ``cu_inner``).
-    """
-
-    stored: torch.Tensor
-    cu_q: torch.Tensor
-    keys: torch.Tensor
-    cu_k: torch.Tensor
-    inner_q: torch.Tensor
-    cu_inner: torch.Tensor
-    ancestors: torch.Tensor
-    cu_a: torch.Tensor
-    max_q: int
-    max_k: int
-    cells: int
-
-
-def flash_plan(batch: TreeBatch, device: torch.device | str | None = None) -> FlashPlan:
-    """The :class:`FlashPlan` of ``batch`` (node spans lie in node order along the row)."""
-    keys, bounds = node_keys(batch)
-    m = batch.node_len.astype(np.int64)
-    first = batch.node_row * batch.shape[1] + batch.node_col
-    inner = np.flatnonzero(batch.node_parent >= 0)
-    starts = np.r_[0, np.cumsum(m)[:-1]]  # each node's first query slot
-    own = np.zeros(keys.shape[0], dtype=bool)
-    own[concat_ranges(bounds[1:] - m, m)] = True  # the path's last m keys: the node itself
-
-    def t(x: np.ndarray, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=dtype, device=device)
-
-    def cu(lengths: np.ndarray) -> torch.Tensor:
-        return t(np.r_[0, np.cumsum(lengths)], torch.int32)
-
-    return FlashPlan(
-        t(concat_ranges(first, m)),
-        cu(m),
-        t(keys),
-        cu(np.diff(bounds)),
-        t(concat_ranges(starts[inner], m[inner])),
-        cu(m[inner]),
-        t(keys[~own]),
-        cu(np.diff(bounds)[inner] - m[inner]),
-        int(m.max(initial=0)),
-        int(np.diff(bounds).max(initial=0)),
-        batch.shape[0] * batch.shape[1],
-    )
+    return PathPlan(tuple(groups), q_t, k_t, torch.as_tensor(scatter, device=device))
 
 
 def varlen_reference(
@@ -224,7 +138,7 @@ def tree_flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    plan: FlashPlan,
+    plan: PathPlan,
     scale: float,
     sliding_window: int | None = None,
     dropout: float = 0.0,
@@ -232,7 +146,8 @@ def tree_flash_attention(
     varlen: Any = None,
     merge: bool = False,
 ) -> torch.Tensor:
-    """Tree attention through a varlen kernel (``flash_attn_varlen_func``'s signature).
+    """``plan`` through a varlen kernel (``flash_attn_varlen_func``'s signature), one
+    sequence a block (:meth:`~exactpack.nn.varlen.PathPlan.varlen`).
 
     Tokens ``q`` (R*T, H, D), ``k``/``v`` (R*T, Hkv, D) -> (R*T, H, Dv), zeros at padding.
     Default: one causal bottom-right call, each node's queries against its gathered path.
@@ -240,17 +155,18 @@ def tree_flash_attention(
     merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
     """
     varlen = varlen or flash_varlen(q.device)
-    qs = q.index_select(0, plan.stored)
+    seq = plan.varlen()
+    qs = q.index_select(0, plan.q_index)
 
     def call(keys: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, **kw: Any) -> Any:
         return varlen(
             kw.pop("q", qs), k.index_select(0, keys), v.index_select(0, keys), cu_q, cu_k,
-            plan.max_q, plan.max_k, dropout_p=dropout, softmax_scale=scale, **kw,
+            seq["max_q"], seq["max_k"], dropout_p=dropout, softmax_scale=scale, **kw,
         )  # fmt: skip
 
     if not merge:
         left = -1 if sliding_window is None else sliding_window - 1
-        out = call(plan.keys, plan.cu_q, plan.cu_k, causal=True, window_size=(left, 0))
+        out = call(plan.k_index, seq["cu_q"], seq["cu_k"], causal=True, window_size=(left, 0))
     else:
         if sliding_window is not None:
             raise NotAvailable("the two-part merge serves full attention; use merge=False")
@@ -259,19 +175,20 @@ def tree_flash_attention(
                 "the two-part merge needs the log-sum-exp's gradient, which flash-attn's"
                 " backward drops: run it without gradients, or use merge=False"
             )
+        inner = seq["inner_q"]
         own, lse_own, _ = call(
-            plan.stored, plan.cu_q, plan.cu_q, causal=True, return_attn_probs=True
+            plan.q_index, seq["cu_q"], seq["cu_q"], causal=True, return_attn_probs=True
         )
         part, lse_part, _ = call(
-            plan.ancestors, plan.cu_inner, plan.cu_a, q=qs.index_select(0, plan.inner_q),
+            seq["ancestors"], seq["cu_inner"], seq["cu_a"], q=qs.index_select(0, inner),
             return_attn_probs=True,
         )  # fmt: skip
-        lse_own_inner = lse_own.index_select(1, plan.inner_q)
+        lse_own_inner = lse_own.index_select(1, inner)
         lse = torch.logaddexp(lse_own_inner, lse_part)  # (H, n): both parts' softmax
-        merged = own.index_select(0, plan.inner_q) * (lse_own_inner - lse).exp().T[..., None]
+        merged = own.index_select(0, inner) * (lse_own_inner - lse).exp().T[..., None]
         merged = merged + part * (lse_part - lse).exp().T[..., None]
-        out = own.index_copy(0, plan.inner_q, merged.to(own.dtype))
-    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.stored, out)
+        out = own.index_copy(0, inner, merged.to(own.dtype))
+    return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.q_index, out)
 
 
 def tree_mask_mod(
@@ -287,15 +204,9 @@ def tree_mask_mod(
 
 
 __all__ = [
-    "FlashPlan",
-    "TreePlan",
-    "flash_plan",
     "flash_varlen",
     "node_keys",
-    "tree_attention",
     "tree_flash_attention",
-    "tree_loss",
-    "tree_loss_sum",
     "tree_mask_mod",
     "tree_plan",
     "varlen_reference",

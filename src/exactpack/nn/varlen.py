@@ -17,9 +17,8 @@ A ``sliding_window`` shorter than ``L`` makes the call's mask the ``(L, L)`` ban
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from exactpack.core.errors import InvalidInput
+from exactpack.core.examples import concat_ranges
 from exactpack.core.permission import check_sliding_window, permitted
 from exactpack.nn.attention import AttentionLayout, register_backend
 
@@ -39,19 +39,71 @@ CALL_COST = 1024
 TOKEN_COST = 48
 
 
-@dataclass(frozen=True)
-class VarlenPlan:
-    """Gather/scatter indices of one layout, shared by all layers and heads: ``gather``
-    int64 (P,) the flat cell of each padded slot (per group ``n`` segments of ``L`` slots);
-    ``scatter`` int64 (R*T,) ``1 +`` each valid cell's slot (0: padding); ``groups`` ``(n, L)``."""
+@dataclass(frozen=True, eq=False)
+class PathPlan:
+    """The attention plan of one layout (flat cells ``R*T``), shared by all layers and heads:
+    one SDPA call per group ``(n, m, P)`` of ``n`` blocks of ``m`` queries at positions
+    ``P-m..P-1`` of their ``P`` keys — a query's path. A flat segment is its own path
+    (``m = P``, ``q_index = k_index``); a tree node's path is its ancestors' cells, root
+    first, then its own (:func:`exactpack.nn.tree_attention.tree_plan`). ``q_index`` int64
+    (Σ n·m) and ``k_index`` (Σ n·P): flat cells (a bucketed block repeats its last cell);
+    ``scatter`` int64 (R*T,): ``1 +`` each valid cell's query slot (0: padding)."""
 
-    gather: torch.Tensor
+    groups: tuple[tuple[int, int, int], ...]
+    q_index: torch.Tensor
+    k_index: torch.Tensor
     scatter: torch.Tensor
-    groups: tuple[tuple[int, int], ...]
+    #: run by a varlen (flash) kernel, one sequence a block (``exactpack_tree_varlen``)
+    flash: bool = False
+    cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def cells(self) -> int:
+        return int(self.scatter.shape[0])
 
     @property
     def padded_slots(self) -> int:
-        return int(self.gather.shape[0])
+        return int(self.q_index.shape[0])
+
+    @property
+    def score_cells(self) -> int:
+        """``Σ n·m·P``: the attention scores the plan computes (not ``R*T^2``)."""
+        return sum(n * m * p for n, m, p in self.groups)
+
+    def varlen(self) -> dict[str, Any]:
+        """The blocks as a varlen kernel's sequences (``flash_attn_varlen_func``'s, cached):
+        block ``b``'s ``m`` queries (``q_index``, ``cu_q``) against its ``P`` keys
+        (``k_index``, ``cu_k``), causal bottom-right; for the two-part merge, the blocks
+        with ancestors (their query slots ``inner_q``, ``cu_inner``) against the keys
+        before their own (``ancestors``, ``cu_a``); a block's own keys are its queries."""
+        if "varlen" not in self.cache:
+            n = [g[0] for g in self.groups]
+            m, p = (np.repeat([g[i] for g in self.groups], n).astype(np.int64) for i in (1, 2))
+            inner = np.flatnonzero(p > m)
+            q_at, k_at = np.r_[0, np.cumsum(m)], np.r_[0, np.cumsum(p)]
+            ancestors = concat_ranges(k_at[:-1][inner], (p - m)[inner])
+            device = self.q_index.device
+
+            def cu(lengths: np.ndarray) -> torch.Tensor:
+                return torch.as_tensor(
+                    np.r_[0, np.cumsum(lengths)], dtype=torch.int32, device=device
+                )
+
+            self.cache["varlen"] = {
+                "cu_q": cu(m),
+                "cu_k": cu(p),
+                "inner_q": torch.as_tensor(
+                    concat_ranges(q_at[:-1][inner], m[inner]), device=device
+                ),
+                "cu_inner": cu(m[inner]),
+                "ancestors": self.k_index.index_select(
+                    0, torch.as_tensor(ancestors, device=device)
+                ),
+                "cu_a": cu((p - m)[inner]),
+                "max_q": int(m.max(initial=0)),
+                "max_k": int(p.max(initial=0)),
+            }
+        return self.cache["varlen"]
 
 
 def group_segments(
@@ -100,8 +152,8 @@ def segment_plan(
     cells: int,
     device: torch.device | str | None = None,
     bucketing: str = "exact",
-) -> VarlenPlan:
-    """Gather/scatter plan of segments ``[starts[s], starts[s] + lengths[s])`` (int64 (S,),
+) -> PathPlan:
+    """The plan of segments ``[starts[s], starts[s] + lengths[s])`` (int64 (S,),
     positions ``0..l-1``) of ``cells`` flat cells; cells outside every segment read the zero
     row. :func:`varlen_plan` builds it once per layout, ``exactpack_varlen`` from ``cu_seqlens``."""
     starts = np.asarray(starts, dtype=np.int64)
@@ -117,17 +169,17 @@ def segment_plan(
         real = steps < seg_len  # (n, L)
         slot = offset + np.arange(n, dtype=np.int64)[:, None] * size + steps
         scatter[(first + steps)[real]] = slot[real] + 1
-        groups.append((n, size))
+        groups.append((n, size, size))
         offset += n * size
     gather = np.concatenate(gather_parts) if gather_parts else np.zeros(0, dtype=np.int64)
-    as_tensor = functools.partial(torch.as_tensor, device=device)
-    return VarlenPlan(as_tensor(gather), as_tensor(scatter), tuple(groups))
+    index = torch.as_tensor(gather, device=device)
+    return PathPlan(tuple(groups), index, index, torch.as_tensor(scatter, device=device))
 
 
-def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> VarlenPlan:
-    """The (cached) gather/scatter plan of ``layout`` under ``bucketing``."""
+def varlen_plan(layout: AttentionLayout, bucketing: str = "exact") -> PathPlan:
+    """The (cached) plan of ``layout`` under ``bucketing``."""
 
-    def build() -> VarlenPlan:
+    def build() -> PathPlan:
         cu = layout.cu_seqlens.cpu().numpy().astype(np.int64)
         starts = layout.valid_index.cpu().numpy()[cu[:-1]]  # flat cell of each position 0
         cells = layout.shape[0] * layout.shape[1]
@@ -195,21 +247,22 @@ def grouped_attention(
     return torch.cat(outs).index_select(0, scatter)
 
 
-def segment_attention(
+def path_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    plan: VarlenPlan,
+    plan: PathPlan,
     scale: float,
     sliding_window: int | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention inside each segment of ``plan``, over tokens: :func:`grouped_attention`
-    with ``m = P = L``. ``q`` (N, H, D), ``k``/``v`` (N, Hkv, D); returns ``(N, H, Dv)``."""
-    groups = [(n, size, size) for n, size in plan.groups]
+    """Attention of every query against its path under ``plan`` (a flat segment's causal
+    block, or a tree node's ancestors then itself): :func:`grouped_attention`. Tokens ``q``
+    (N, H, D), ``k``/``v`` (N, Hkv, D); returns ``(N, H, Dv)``."""
     return grouped_attention(
-        q, k, v, groups, plan.gather, plan.gather, plan.scatter, scale, sliding_window, dropout
-    )
+        q, k, v, plan.groups, plan.q_index, plan.k_index, plan.scatter, scale,
+        sliding_window, dropout, plan.cache,
+    )  # fmt: skip
 
 
 def varlen_attention(
@@ -225,7 +278,7 @@ def varlen_attention(
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
 
-    out = segment_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, sliding_window)
+    out = path_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, sliding_window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 
 

@@ -18,12 +18,13 @@ import numpy as np
 import pyarrow as pa
 
 from exactpack.core.binding import Binding
-from exactpack.core.errors import OPTIONS_FIX, InvalidInput, check_lengths
+from exactpack.core.errors import InvalidInput, OversizedExample
 from exactpack.core.examples import example_label
 from exactpack.core.supervision import Objective
 from exactpack.io.columns import chunk_from_arrow
 from exactpack.io.documents import DataDigest, Origin, TokenChunk, make_binding
 from exactpack.io.readers import Input, open_input
+from exactpack.io.sft import sft_columns
 from exactpack.io.shards import default_ids
 from exactpack.io.spill import Spill
 from exactpack.io.tokenizers import Tokenizer
@@ -125,6 +126,64 @@ def _labels(chunk: TokenChunk) -> Callable[[int], str]:
     return label
 
 
+#: How many of the examples longer than a row an error names (all are counted).
+NAMED_LONG = 3
+
+
+def is_sft(table: pa.Table) -> bool:
+    """Whether ``table``'s rows are rendered SFT rows (prompt/completion or messages)."""
+    return "input_ids" not in table.column_names and bool(sft_columns(table.column_names))
+
+
+def refuse_cut_sft(name: str) -> None:
+    """``cut_long`` on an SFT row longer than a row: its later pieces would lose the prompt
+    and earlier turns they answer, so it is refused (``truncation_mode`` keeps the start)."""
+    raise InvalidInput(
+        f"{name} is an SFT row (prompt/completion or messages) longer than a row: cut_long=True"
+        " would train its later pieces without their prompt — raise max_length=, or keep its"
+        " start with truncation_mode= ('keep_start')"
+    )
+
+
+@dataclass
+class _TooLong:
+    """The examples longer than a row, found chunk by chunk: counted, the first few named."""
+
+    count: int = 0
+    longest: int = 0  # tokens
+    named: tuple[str, ...] = ()
+
+    def take(self, chunk: TokenChunk, opts: PackOptions, sft: bool) -> None:
+        long = np.flatnonzero(chunk.counts - 1 > opts.pair_capacity)
+        if not long.size:
+            return
+        label = _labels(chunk)
+        if sft and opts.cut_long:
+            refuse_cut_sft(label(int(long[0])))
+        if opts.cut_long or opts.truncation_mode is not None:
+            return
+        self.count += int(long.size)
+        self.longest = max(self.longest, int(chunk.counts[long].max()))
+        more = [f"{label(int(i))}, {int(chunk.counts[i]):,} tokens" for i in long[:NAMED_LONG]]
+        self.named = (*self.named, *more)[:NAMED_LONG]
+
+    def check(self, documents: int, opts: PackOptions) -> None:
+        """One line for every example longer than a row, in the format's unit (tokens)."""
+        if not self.count:
+            return
+        room = opts.pair_capacity + 1
+        unit = "format trl: n tokens fill n cells" if opts.format == "trl" else (
+            f"a row holds {opts.max_length:,} prediction pairs")  # fmt: skip
+        rest = f"; and {self.count - len(self.named):,} more" if self.count > NAMED_LONG else ""
+        raise OversizedExample(
+            f"{self.count:,} of {documents:,} examples are longer than {room:,} tokens"
+            f" (max_length {opts.max_length:,}; {unit}): {'; '.join(self.named)}{rest} — raise"
+            f" max_length= (the longest, {self.longest:,} tokens, needs"
+            f" {self.longest - room + opts.max_length:,}), cut them with cut_long=True, or"
+            " truncate them with truncation_mode= ('keep_start' or 'keep_end')"
+        )
+
+
 #: Token bytes of a corpus kept in memory rather than spilled (without a budget): 32 M
 #: ids, a 100 MB text corpus; below it memory costs less than writing and mapping a spill.
 KEEP_BYTES = 128 << 20
@@ -144,18 +203,24 @@ class _Reading:
         self.documents = self.tokens = self.eligible = self.held = 0
         self.largest = -1
         self.flagged = self.named = False
+        self.too_long = _TooLong()
 
     def take(
-        self, chunk: TokenChunk, opts: PackOptions, vocab: int | None, digest: DataDigest | None
+        self,
+        chunk: TokenChunk,
+        opts: PackOptions,
+        vocab: int | None,
+        digest: DataDigest | None,
+        sft: bool,
     ) -> None:
-        """Check ``chunk`` against the options and keep what the corpus needs of it."""
+        """Check ``chunk`` against the options and keep what the corpus needs of it
+        (``sft``: its rows were rendered from prompt/completion or messages)."""
         if vocab is not None:
             chunk.check_vocabulary(vocab)
         elif chunk.tokens.size:
             largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
             self.largest = max(self.largest, largest)
-        if not opts.cut_long:
-            check_lengths(chunk.counts - 1, opts.capacity, _labels(chunk), OPTIONS_FIX)
+        self.too_long.take(chunk, opts, sft)
         chunk = _drop_default_ids(chunk)
         targets = chunk.tokens.shape[0] - len(chunk)
         self.counts.append(chunk.counts)
@@ -238,10 +303,11 @@ def read_corpus(
                             partition=opts.split, objective=Objective.of(opts),
                         ).rebased(state.documents)  # fmt: skip
                         budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                        state.take(chunk, opts, vocab, digest)
+                        state.take(chunk, opts, vocab, digest, is_sft(table))
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
+        state.too_long.check(state.documents, opts)
         chunks = state.chunks()
         flags = [n if n is not None else c.flags for n, c in zip(state.flags, chunks, strict=True)]
         split_id = given or digest.finish(state.counts, flags)  # type: ignore[union-attr]

@@ -16,7 +16,7 @@ import numpy as np
 from exactpack.core import config as budget
 from exactpack.core.compact import CompactRows, compact_rows
 from exactpack.core.errors import path_argument
-from exactpack.core.examples import ExampleTable, cut_long, example_label
+from exactpack.core.examples import ExampleTable, cut_long
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.io.atomic import Output, open_output
@@ -35,6 +35,7 @@ from exactpack.pipeline.writer import (
     layout_for,
     plan_corpus,
     shard_spans,
+    source_stats,
     write_corpus,
 )
 
@@ -140,14 +141,14 @@ def pack_path(
     writer at ``out`` is refused while this one holds it.
     """
     opts = PackOptions.of(options, **overrides)
-    if opts.tree is not None:  # tree packing: the same options, its own writer (docs/tree.md)
-        from exactpack.pipeline.pack_tree import pack_tree_path
-
-        return pack_tree_path(source, out, opts)
     path_argument("out", out)  # its type; the value is checked where it is opened
     if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it
     with open_output(out, opts.overwrite, inputs=[source]) as output:
+        if opts.tree is not None:  # forest rows: the same reader, writer and store
+            from exactpack.pipeline.pack_tree import pack_tree_into
+
+            return pack_tree_into(source, output, opts)
         return pack_into(source, output, opts)
 
 
@@ -194,24 +195,22 @@ def _pack_corpus(
     examples = corpus_examples(corpus, opts, budget_)
     say = status(show)
     say(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
-
-    def label(i: int) -> str:
-        return example_label(i, corpus.id_of(i), 0, int(corpus.counts[i]))
-
     with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
-        storage = plan_corpus(examples, opts, label)
+        storage = plan_corpus(examples, opts)
         bar.update(examples.lengths.shape[0])
     plan = storage.plan
     bounds = storage.row_offsets[shard_spans(storage, opts)]
     widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
     budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
     source_ = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
-    stats = plan.stats() | {
-        "sources": len(corpus),
-        "split_sources": examples.split,
-        "eligible_targets": corpus.eligible,
-        "batches": -(-plan.num_rows // opts.max_rows_per_batch),
-    }
+    stats = (
+        plan.stats()
+        | source_stats(corpus, examples)
+        | {
+            "eligible_targets": corpus.eligible,
+            "batches": -(-plan.num_rows // opts.max_rows_per_batch),
+        }
+    )
     written = {"rows": 0, "tokens": 0}
 
     def on_shard(entry: dict[str, Any]) -> None:
@@ -223,6 +222,8 @@ def _pack_corpus(
     total = 4 * int(storage.row_tokens[-1])
     with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
         shards = write_corpus(source_, storage, output, opts, on_shard)
+    if examples.truncated:  # what the kept windows supervise, counted as written
+        stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
     fields = opts.manifest_fields(pad)
     manifest = manifest_record(
         binding=corpus.binding,

@@ -63,6 +63,9 @@ DEFAULT_TREE_WINDOW = 4096
 #: Other tools' names of exactpack's policies (TRL's ``pack_dataset(strategy="bfd")``).
 POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 
+#: ``truncation_mode``: which end of a longer example is kept (TRL's ``truncation_mode``).
+TRUNCATION_MODES = ("keep_start", "keep_end")
+
 #: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
 PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
 
@@ -150,6 +153,13 @@ class PackOptions:
         "cut documents longer than a row into consecutive spans, every pair kept once",
         BOTH,
         action="store_true",
+    )
+    truncation_mode: str | None = _field(
+        None,
+        "--truncation-mode",
+        "keep only the first (keep_start, TRL's truncation) or the last (keep_end) tokens a"
+        " row holds of each longer example, counted in the report (default: refuse them)",
+        choices=TRUNCATION_MODES,
     )
     vocab_size: int | None = _field(
         None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
@@ -300,6 +310,17 @@ class PackOptions:
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
+        mode = self.truncation_mode
+        if mode is not None and (not isinstance(mode, str) or mode not in TRUNCATION_MODES):
+            raise InvalidInput(
+                f"truncation_mode must be 'keep_start', 'keep_end' or None, got"
+                f" {self.truncation_mode!r}"
+            )
+        if self.truncation_mode is not None and self.cut_long:
+            raise InvalidInput(
+                "cut_long=True and truncation_mode= both say what to do with a longer example"
+                " — pass one of them"
+            )
         if self.tree is not None and (
             not isinstance(self.tree, str) or self.tree not in TREE_MODES
         ):

@@ -1,155 +1,391 @@
-"""``exactpack pack --tree`` / ``stats --tree``: an input's groups -> tries -> rows or statistics.
+"""``exactpack pack --tree`` / ``stats --tree``: the flat reader's chunks -> groups ->
+tries -> forest rows, written by the one writer.
 
-:func:`pack_tree_path` writes a version-3 packed directory; :func:`tree_stats` compares
-tree with flat packing under one policy. The ``--tree*`` flags are fields of
+:func:`tree_blocks` reads the input through the flat reader
+(:meth:`~exactpack.io.readers.Input.chunks`) in blocks of about ``chunk_bytes`` and
+makes each block's groups (:func:`file_groups`); rows of the last ``group`` of a block
+wait for the next, so a group is never split. :func:`pack_tree_into` tree-packs each
+block with the options' policy and writes its shards with
+:func:`~exactpack.io.store.write_shards`: memory holds one block and two shards, the
+budget (``max_metadata_bytes``) is checked before each block is planned, and the output
+is the packed-row format with the node columns (``"layout": "tree"``), opened by
+``load_packed``. Tries are planned per block (like ``datasets.map`` batches); a model
+call never straddles a shard. The ``--tree*`` flags are fields of
 :class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``, ``tree_block``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from exactpack.core.binding import Binding
+from exactpack.core.binding import INT32_MAX, Binding
 from exactpack.core.errors import InvalidInput
+from exactpack.core.examples import as_token_array, offsets_of
 from exactpack.core.policies import plan_rows
-from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
+from exactpack.core.tree import (
+    TREE_COLUMNS,
+    SequenceGroups,
+    build_layout,
+    groups_from_columns,
+    materialize,
+)
+from exactpack.io.atomic import Output
+from exactpack.io.columns import check_split
+from exactpack.io.documents import Origin, make_binding
+from exactpack.io.readers import open_input
+from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
+from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record
+from exactpack.io.store import write_shards
+from exactpack.io.tokenizers import Tokenizer
+from exactpack.io.tree_rows import tree_table
+from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
+from exactpack.pipeline.progress import progress_bar, status
 
+#: A stored forest cell (7 int32 columns and its sequences' cells) is about this many flat
+#: tokens' bytes (6 each, :data:`~exactpack.pipeline.budget.SHARD_TOKEN_BYTES`): a forest
+#: shard holds ``shard_tokens / CELL_TOKENS`` cells, so both shards cost about the same.
+CELL_TOKENS = 6
 #: Why ``--format trl`` and ``--tree`` do not go together.
 TRL_REFUSAL = (
     "--format trl cannot express a tree: TRL's packed rows hold disjoint sequences"
     " (seq_lengths, restarting position_ids) and have no node / parent / weight columns —"
-    " drop --format trl (the tree output is exactpack's format version 3)"
+    " drop --format trl (the tree output is exactpack's packed-row format with node columns)"
 )
 
 
-def file_groups_of(
-    opts: PackOptions, table: Any, origin: Any, binding: Binding, tokenizer: Any
+def file_groups(
+    table: pa.Table, origin: Origin, binding: Binding, tokenizer: Tokenizer | None, opts: Any
 ) -> tuple[SequenceGroups, np.ndarray]:
-    """The groups of the input's ``table`` under ``opts.tree`` (None: ``"on"``) and each
-    sequence's index in it."""
-    from exactpack.io.tree_store import file_groups  # pyarrow: only when packing
+    """``table``'s groups under ``binding`` and each sequence's index among the sequences
+    of ``table`` (int64 [S]), from the first that applies: the id columns of
+    :data:`~exactpack.core.tree.TREE_COLUMNS` (rows of one ``group`` gathered in input
+    order, wherever they are); TRL's DPO text ``prompt`` / ``chosen`` / ``rejected`` (prompt +
+    each answer read as an SFT prompt-completion row); with ``opts.tree == "auto"``, plain
+    SFT rows grouped by their first ``opts.tree_prefix`` tokens within windows of
+    ``opts.tree_block`` rows."""
+    names = table.column_names
+    where = origin.parts[0][0]
+    if opts.tree == "auto":
+        seqs, masks = _plain_rows(table, origin, tokenizer, binding)
+        return _auto_groups(seqs, masks, binding, opts.tree_prefix, opts.tree_block)
+    if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
+        wanted = {n for cols in TREE_COLUMNS for n in cols}
+        columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
+        return groups_from_columns(columns, binding)
+    if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
+        return _dpo_text(table, origin, tokenizer, binding)
+    if "chosen" in names and "rejected" in names:
+        raise InvalidInput(
+            f"{where}: chosen / rejected rows without a prompt column (TRL's implicit prompt) —"
+            " split the shared prompt into a prompt column"
+        )
+    if "input_ids" in names or sft_columns(names) is not None:
+        raise InvalidInput(
+            f"{where}: rows with columns {', '.join(names)} have no groups — pass --tree auto"
+            " to group plain SFT rows by their first tokens, or add a group column"
+        )
+    groups_from_columns({n: [] for n in names}, binding)  # raises, naming the columns
+    raise AssertionError("unreachable")
 
-    return file_groups(
-        table,
-        origin,
-        binding=binding,
-        tokenizer=tokenizer,
-        mode=opts.tree or "on",
-        prefix=opts.tree_prefix,
-        window=opts.tree_block,
-    )
+
+def _rows(col: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column's values per row: id lists as NumPy views of one buffer (a list of them for
+    ``list<list<int>>``), not Python ints (36 bytes an id); other columns as Python values."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count or not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        return arr.to_pylist()  # the groups' checks name what is wrong
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.flatten()
+    inner = _rows(values) if pa.types.is_list(values.type) else values.to_numpy(False)
+    if isinstance(inner, list) and len(inner) != len(values):
+        return arr.to_pylist()
+    offsets -= offsets[0]
+    return [inner[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
-def pack_tree_path(
-    source: str | Path,
-    out: str | Path,
-    options: PackOptions | None = None,
-    /,
-    **overrides: Any,
-) -> dict[str, Any]:
-    """Tree-pack the input ``source`` (a path, a glob, ``-``, or a list of them) into the
-    packed directory ``out``; the statistics (``sequences``, ``tries``, ``nodes``,
-    ``tokens_stored``, ``tokens_flat``, ``stored_over_flat``, ``rows``, ``capacity``,
-    ``policy``, ``groups``, ``shards``, ``out``, ``seconds``). ``tree`` (a
-    :class:`PackOptions` field) defaults to ``"on"`` here."""
-    opts = PackOptions.of(options, **overrides)
-    opts = opts if opts.tree is not None else PackOptions.of(opts, tree="on")
+def _encoded(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, names: tuple[str, ...]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Sequences and their per-pair supervision (a target is supervised when its token is)."""
+    tokens, offsets, flags = encode_sft(table, origin, tokenizer, names)
+    _refuse_short(np.diff(offsets), origin)
+    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
+    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
+
+
+def _refuse_short(n: np.ndarray, origin: Origin) -> None:
+    """Refuse a row of fewer than 2 tokens (``n``: tokens per row)."""
+    if n.size and int(n.min()) < 2:
+        i = int(np.argmin(n))
+        raise InvalidInput(
+            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
+            " (one prediction pair) — drop the row"
+        )
+
+
+def _dpo_text(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
+) -> tuple[SequenceGroups, np.ndarray]:
+    if tokenizer is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: rows hold prompt / chosen / rejected text but no tokenizer"
+            " was given — pass --tokenizer with a local tokenizer folder, or tokenize them"
+            " (prompt_input_ids / chosen_input_ids / rejected_input_ids)"
+        )
+    extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
+    encoded = []
+    for answer in ("chosen", "rejected"):
+        cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
+        encoded.append(_encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion")))
+    (chosen, chosen_masks), (rejected, rejected_masks) = encoded
+    # chosen, rejected of row 0, then of row 1, ...
+    seqs = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
+    masks = [m for pair in zip(chosen_masks, rejected_masks, strict=True) for m in pair]
+    group = np.repeat(np.arange(len(seqs) // 2, dtype=np.int64), 2)
+    return SequenceGroups.of(seqs, masks, group, binding), np.arange(len(seqs), dtype=np.int64)
+
+
+def _plain_rows(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    names = table.column_names
+    if "input_ids" in names:
+        rows = table.column("input_ids").to_pylist()
+        _refuse_short(np.array([len(ids or []) for ids in rows], dtype=np.int64), origin)
+        seqs = []
+        for i, ids in enumerate(rows):  # the row is located (a file re-read) only on error
+            try:
+                seqs.append(as_token_array(ids, binding.vocab_size, "input_ids"))
+            except InvalidInput as err:
+                raise InvalidInput(f"{origin.locate(i)}: {err}") from None
+        return seqs, [np.ones(s.size - 1, bool) for s in seqs]
+    cols = sft_columns(names)
+    if cols is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: --tree auto groups plain SFT rows: input_ids, prompt /"
+            f" completion or messages; this input has columns {', '.join(names) or 'none'}"
+        )
+    return _encoded(table, origin, tokenizer, cols)
+
+
+def _auto_groups(
+    seqs: list[np.ndarray], masks: list[np.ndarray], binding: Binding, prefix: int, window: int
+) -> tuple[SequenceGroups, np.ndarray]:
+    """Rows whose first ``prefix`` tokens agree, within each window of rows, as one group
+    (groups in first-seen order; sequences reordered so groups are contiguous)."""
+    order: list[int] = []
+    group: list[int] = []
+    for start in range(0, len(seqs), window):
+        keys: dict[bytes, list[int]] = {}
+        for i in range(start, min(start + window, len(seqs))):
+            keys.setdefault(seqs[i][:prefix].tobytes(), []).append(i)
+        for members in keys.values():
+            group.extend([group[-1] + 1 if group else 0] * len(members))
+            order.extend(members)
+    picked = SequenceGroups.of([seqs[i] for i in order], [masks[i] for i in order], group, binding)
+    return picked, np.asarray(order, dtype=np.int64)
+
+
+def _group_tail(table: pa.Table) -> int:
+    """Where the last ``group``'s run of rows starts (``num_rows`` without a group column)."""
+    if "group" not in table.column_names or not table.num_rows:
+        return table.num_rows
+    differs = np.flatnonzero(~pc.equal(table["group"], table["group"][-1]).to_numpy(False))
+    return int(differs[-1]) + 1 if differs.size else 0
+
+
+def tree_blocks(
+    source_input: Any,
+    opts: PackOptions,
+    binding: Binding,
+    tokenizer: Tokenizer | None,
+    on_read: Any = None,
+) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
+    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) read chunk by chunk: each block's
+    groups and its sequences' indexes in the whole input (``source_input``:
+    :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
+    chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
+    the next block, so a group is never split; small chunks (small files) join one block."""
+    tables: list[pa.Table] = []
+    parts: list[tuple[str, int, str]] = []  # the block's Origin
+    rows, held, base = 0, 0, 0  # rows and Arrow bytes in the block; sequences before it
+
+    def block(last: bool) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
+        nonlocal rows, held, base
+        table = pa.concat_tables(tables, promote_options="permissive")
+        origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
+        tail = table.num_rows if last else _group_tail(table)  # its group may go on
+        tables[:], parts[:], rows, held = [table.slice(tail)], [], table.num_rows - tail, 0
+        if not tail:
+            return
+        groups, index = file_groups(table.slice(0, tail), origin, binding, tokenizer, opts)
+        base += len(groups)
+        yield groups, index + (base - len(groups))
+
+    try:
+        for table, origin, nbytes in source_input.chunks(opts.chunk_bytes, "group"):
+            if on_read is not None:
+                on_read(table, nbytes)
+            if not table.num_rows:
+                continue
+            check_split(table, origin, opts.split)
+            name, shift, unit = origin.parts[0]
+            parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
+            tables.append(table)
+            rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
+            if held >= opts.chunk_bytes:
+                yield from block(last=False)
+                source_input.release()
+        if rows:
+            yield from block(last=True)
+    finally:
+        source_input.close()
+
+
+def _write_block(
+    groups: SequenceGroups,
+    index: np.ndarray,
+    output: Output,
+    opts: PackOptions,
+    budget: StreamBudget,
+    totals: dict[str, int],
+    shards: list[dict[str, Any]],
+) -> None:
+    """Plan one block's tries, write its shards after ``shards`` and count it in ``totals``."""
+    capacity, per_call = opts.capacity, opts.max_rows_per_batch
+    layout = build_layout(groups, capacity)
+    budget.check(len(groups), int(layout.sizes.shape[0]),
+                 what=f"a block of {len(groups):,} sequences")  # fmt: skip
+    plan = plan_rows(layout.sizes, capacity, opts.policy, **opts.policy_options)
+    order = plan.row_order()
+    starts = np.searchsorted(plan.row_of[order], np.arange(plan.num_rows + 1))
+    cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows).astype(np.int64)
+    bounds = call_bounds(offsets_of(cells), per_call, max(1, opts.shard_tokens // CELL_TOKENS))
+    first = totals.get("rows", 0)
+
+    def gather(a: int, b: int) -> pa.Table:
+        # one model call's padded cells at a time; the shard holds only used cells
+        tables = []
+        for c in range(a - first, b - first, per_call):
+            d = min(c + per_call, b - first)
+            batch = materialize(groups, layout, plan, order[starts[c] : starts[d]], c, d - c)
+            batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
+            tables.append(tree_table(batch, first + c))
+        return pa.concat_tables(tables)
+
+    written = write_shards(gather, bounds + first, output, first_shard=len(shards))
+    shards += written
+    counts = (sum(-(-e["rows"] // per_call) for e in written), len(groups),
+              int(np.unique(groups.group).shape[0]), int(layout.sizes.shape[0]),
+              int(layout.node_len.shape[0]), int(layout.sizes.sum()), int(layout.lengths.sum()),
+              int(groups.loss_mask.sum()), plan.num_rows, 1)  # fmt: skip
+    for key, value in zip(COUNTED, counts, strict=True):
+        totals[key] = totals.get(key, 0) + value
+
+
+#: What ``pack --tree`` counts, block by block (:func:`_write_block`).
+COUNTED = ("batches", "sequences", "groups", "tries", "nodes", "tokens_stored", "tokens_flat",
+           "eligible_targets", "rows", "blocks")  # fmt: skip
+
+
+def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
+    """Tree-pack ``source`` block by block into the held ``output`` and commit; the
+    statistics (``sequences``, ``groups``, ``tries``, ``nodes``, ``tokens_stored``,
+    ``tokens_flat``, ``stored_over_flat``, ``eligible_targets``, ``rows``, ``batches``,
+    ``blocks``, ``capacity``, ``policy``, ``tree``, ``shards``, ``out``, ``seconds``)."""
     if opts.format == "trl":
         raise InvalidInput(TRL_REFUSAL)
-    from exactpack.io.atomic import open_output
-    from exactpack.io.files import is_stdin
-    from exactpack.io.tree_store import read_table, table_binding, tree_records, write_tree_shards
-
     started = time.perf_counter()
-    named = list(source) if isinstance(source, (list, tuple)) else [source]
-    inputs = [s for s in named if isinstance(s, (str, Path)) and not is_stdin(s)]
-    with open_output(out, opts.overwrite, inputs=inputs) as output:  # before reading
-        tok = opts.load_tokenizer()
-        table, origin = read_table(source, opts.split)
-        binding = table_binding(table, opts.split, **opts.binding_keywords(tok))
-        groups, index = file_groups_of(opts, table, origin, binding, tok)
-        epoch = pack_tree(
-            groups,
-            opts.capacity,
-            policy=opts.policy,
-            max_rows_per_batch=opts.max_rows_per_batch,
-            **opts.policy_options,
-        )
-        records = [rec for batch in epoch.batches for rec in tree_records(batch)]
-        for rec in records:  # sequences named by their index in the input
-            rec["sequence_index"] = index[np.asarray(rec["sequence_index"], np.int64)].tolist()
-        stats = epoch.stats() | {
-            "groups": int(np.unique(groups.group).shape[0]),
-            "policy": opts.policy,
-            "tree": opts.tree,
-            "eligible_targets": int(groups.loss_mask.sum()),
-        }
-        fields = opts.manifest_fields()
-        tree_fields = {"mode": opts.tree}
-        if opts.tree == "auto":
-            tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
-        manifest = write_tree_shards(
-            records,
-            output,
-            binding=binding,
-            partition=opts.split,
-            config=fields["config"],
-            policy=fields["policy"],
-            tree=tree_fields,
-            statistics=stats,
-            input={"source": origin.parts[0][0] if len(named) == 1 else [str(n) for n in named]},
-        )
-        output.commit(manifest)
+    tok = opts.load_tokenizer()
+    source_input = open_input(source, opts.split, read_limits(opts))
+    budget = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
+    budget.check(what="one block of groups")  # the policy's look-ahead before anything is read
+    binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
+    hasher = hashlib.sha256(f"tree:{opts.split.value}:".encode())  # the split receipt
+    show = opts.show_progress(sys.stderr)
+    status(show)(f"reading {source_input.name}")
+    totals: dict[str, int] = {}
+    shards: list[dict[str, Any]] = []
+    with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
+
+        def on_read(table: pa.Table, nbytes: int) -> None:  # each chunk's Arrow stream
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            hasher.update(sink.getvalue())
+            bar.update(nbytes)
+
+        for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
+            _write_block(groups, index, output, opts, budget, totals, shards)
+            bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
+    if not totals:
+        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
+    flat = totals["tokens_flat"]
+    stats = totals | {
+        "stored_over_flat": totals["tokens_stored"] / flat if flat else 0.0,
+        "capacity": opts.capacity,
+        "policy": opts.policy,
+        "tree": opts.tree,
+    }
+    fields = opts.manifest_fields()
+    tree_fields: dict[str, Any] = {"mode": opts.tree}
+    if opts.tree == "auto":
+        tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
+    final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
+    manifest = manifest_record(
+        binding=final, partition=opts.split, config=fields["config"], shards=shards,
+        kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
+        occurrences=totals["sequences"], policy=fields["policy"], tree=tree_fields,
+        statistics=stats, input={"source": source_input.name},
+    )  # fmt: skip
+    output.commit(manifest)
     return stats | {
-        "shards": len(manifest["shards"]),
+        "shards": len(shards),
         "out": str(output.path),
         "recovered": output.notes,
         "seconds": time.perf_counter() - started,
     }
 
 
-def tree_stats(
-    source: str | Path,
-    options: PackOptions,
-    policy: str = "best-fit-decreasing",
-    tokenizer: Any = None,
-) -> dict[str, Any]:
+def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[str, Any]:
     """Tree vs flat packing of the input ``source``'s groups (``options.tree``, None:
-    ``"on"``) at ``options.capacity`` under ``policy`` (without a tokenizer the
-    vocabulary is one past the largest id)."""
-    from exactpack.io.tree_store import max_id, read_table
-
-    capacity = options.capacity
-    table, origin = read_table(source)
-    if tokenizer is not None:
-        vocab = int(tokenizer.vocab_size)
-    else:
-        vocab = 1 + max(
-            (max_id(table.column(n).to_pylist()) for n in table.column_names if n.endswith("_ids")),
-            default=0,
-        )
+    ``"on"``) at ``options.capacity`` under ``policy``, read block by block as
+    :func:`pack_tree_into` reads it (only the trie sizes and sequence lengths are kept)."""
+    capacity, tokenizer = options.capacity, options.load_tokenizer()
+    vocab = options.vocab_size or getattr(tokenizer, "vocab_size", None) or INT32_MAX
     identity = getattr(tokenizer, "identity", "pre-tokenized")
-    binding = Binding(vocab, identity, f"input:{origin.parts[0][0]}")
-    groups, _ = file_groups_of(options, table, origin, binding, tokenizer)
-    layout = build_layout(groups, capacity)
-    stored, total = int(layout.sizes.sum()), int(groups.lengths.sum())
+    source_input = open_input(source, options.split, read_limits(options))
+    binding = Binding(int(vocab), identity, f"input:{source_input.name}")
+    sizes, lengths, groups = [], [], 0
+    for block, _ in tree_blocks(source_input, options, binding, tokenizer):
+        sizes.append(build_layout(block, capacity).sizes)
+        lengths.append(block.lengths)
+        groups += int(np.unique(block.group).shape[0])
+    size, length = (np.concatenate([np.zeros(0, np.int64), *x]) for x in (sizes, lengths))
+    stored, total = int(size.sum()), int(length.sum())
     return {
-        "groups": int(np.unique(groups.group).shape[0]),
-        "sequences": len(groups),
-        "tries": int(layout.sizes.shape[0]),
+        "groups": groups,
+        "sequences": int(length.shape[0]),
+        "tries": int(size.shape[0]),
         "capacity": int(capacity),
         "policy": policy,
         "tokens_stored": stored,
         "tokens_flat": total,
         "stored_over_flat": stored / total if total else 0.0,
-        "rows_tree": plan_rows(layout.sizes, capacity, policy).num_rows,
-        "rows_flat": plan_rows(groups.lengths, capacity, policy).num_rows,
+        "rows_tree": plan_rows(size, capacity, policy).num_rows,
+        "rows_flat": plan_rows(length, capacity, policy).num_rows,
     }
 
 
-__all__ = ["TRL_REFUSAL", "file_groups_of", "pack_tree_path", "tree_stats"]
+__all__ = ["TRL_REFUSAL", "file_groups", "pack_tree_into", "tree_blocks", "tree_stats"]

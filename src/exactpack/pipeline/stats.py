@@ -65,7 +65,7 @@ def stats_path(
         from exactpack.pipeline.pack_tree import tree_stats
 
         policy = policies[0] if policies else opts.policy
-        return tree_stats(source, opts, policy, opts.load_tokenizer())
+        return tree_stats(source, opts, policy)
     if plot is not None:
         check_plot_path(plot)
     capacity = opts.capacity

@@ -14,7 +14,6 @@ import pyarrow.compute as pc
 
 from exactpack.core.binding import Split
 from exactpack.core.compact import CompactRows, Storage, gather_into, gather_rows
-from exactpack.core.errors import OversizedExample
 from exactpack.core.examples import long_ranges
 from exactpack.core.policies import plan_lengths
 from exactpack.io.atomic import Output
@@ -29,12 +28,15 @@ from exactpack.pipeline.options import PackOptions
 class Examples:
     """What is planned: example ``i`` is the window of ``lengths[i] + 1`` tokens starting at
     token ``starts[i]`` of document ``docs[i]`` (None: example ``i`` is document ``i``
-    whole); ``split`` counts the documents cut by ``--cut-long``."""
+    whole); ``split`` counts the documents cut by ``--cut-long``, ``truncated`` those cut
+    to one window by ``--truncation-mode`` and ``dropped`` the tokens it left out."""
 
     lengths: np.ndarray
     docs: np.ndarray | None = None
     starts: np.ndarray | None = None
     split: int = 0
+    truncated: int = 0
+    dropped: int = 0
 
 
 def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> Examples:
@@ -43,36 +45,38 @@ def corpus_examples(corpus: Corpus, opts: PackOptions, budget: StreamBudget) -> 
     long = counts - 1 > capacity
     if not (opts.cut_long and long.any()):
         budget.check(len(corpus), len(corpus), what=f"{len(corpus):,} documents")
-        return Examples(counts - 1)
+        if opts.truncation_mode is None or not long.any():
+            return Examples(counts - 1)
+        # one window of capacity + 1 tokens: the first (keep_start) or the last (keep_end)
+        keep_end = opts.truncation_mode == "keep_end"
+        starts = np.where(long & keep_end, counts - capacity - 1, 0)
+        docs = np.arange(len(counts), dtype=np.int64)
+        dropped = int((counts[long] - capacity - 1).sum())
+        return Examples(np.minimum(counts - 1, capacity), docs, starts, 0, int(long.sum()), dropped)
     pieces = int(np.maximum(1, -(-(counts - 1) // capacity)).sum())
     budget.check(len(corpus), pieces, what=f"{pieces:,} pieces of {len(corpus):,} documents")
     docs, starts, ends = long_ranges(counts, capacity)
     return Examples(ends - starts - 1, docs, starts, int(long.sum()))
 
 
-def plan_corpus(examples: Examples, opts: PackOptions, label: Callable[[int], str]) -> Storage:
+def source_stats(corpus: Corpus, examples: Examples) -> dict[str, int]:
+    """The report's counts of sources: read, cut by ``cut_long``, cut short by
+    ``truncation_mode`` (and the tokens that left out)."""
+    out = {"sources": len(corpus), "split_sources": examples.split}
+    if examples.truncated:
+        out |= {"truncated_sources": examples.truncated, "truncated_tokens": examples.dropped}
+    return out
+
+
+def plan_corpus(examples: Examples, opts: PackOptions) -> Storage:
     """Plan every example at once with the options' policy; the plan in storage order.
 
-    With format trl the policy packs tokens (``pairs + 1`` per example), and an example
-    longer than ``capacity`` tokens is an :class:`~exactpack.core.errors.OversizedExample`."""
+    With format trl the policy packs tokens (``pairs + 1`` per example); every example
+    fits (:func:`~exactpack.pipeline.corpus.read_corpus` refused the corpus otherwise)."""
     trl = opts.format == "trl"
-    lengths = token_lengths(examples.lengths, opts.capacity, label) if trl else examples.lengths
+    lengths = examples.lengths + 1 if trl else examples.lengths
     plan = plan_lengths(lengths, opts.capacity, opts.policy, opts.policy_options)
     return Storage.of(plan, 0 if trl else 1)
-
-
-def token_lengths(pairs: np.ndarray, capacity: int, label: Callable[[int], str]) -> np.ndarray:
-    """Tokens per example (``pairs + 1``, TRL's unit), each checked against ``capacity``
-    tokens: an :class:`~exactpack.core.errors.OversizedExample` names the first too long."""
-    tokens = pairs + 1
-    if tokens.size and int(tokens.max()) > capacity:
-        i = int(np.argmax(tokens > capacity))
-        raise OversizedExample(
-            f"{label(i)} has {int(tokens[i])} tokens; capacity is {capacity} tokens"
-            " (format trl counts tokens, as TRL's max_length does) — raise max_length= or"
-            " split it with cut_long=True"
-        )
-    return tokens
 
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "exactpack") -> StoredColumns:
@@ -81,7 +85,7 @@ def layout_for(corpus: Corpus, examples: Examples, format: str = "exactpack") ->
         return StoredColumns(
             source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
         )
-    split = examples.split > 0
+    split = examples.split > 0 or examples.truncated > 0
     return StoredColumns(
         source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
     )

@@ -381,6 +381,10 @@ def pack(
         )
     if opts.tree is not None:
         raise InvalidInput("--tree packs on the local engine: drop --engine ray")
+    if opts.truncation_mode is not None:
+        raise InvalidInput(
+            "--truncation-mode runs on the local engine only: drop --engine ray (or use --cut-long)"
+        )
     with open_output(out, opts.overwrite, inputs=[source]) as output:
         return pack_into(source, output, opts, ray_opts)
 

@@ -51,10 +51,15 @@ def loss_factor(
 
 
 def labels_nll_sum(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    weights: torch.Tensor | None = None,
 ) -> LossSum:
     """Raw NLL sum over cells whose label (``[...]``, aligned with ``logits`` [..., V]) is
-    not ``ignore_index``; other cells are dropped first, so their NaN logits never count."""
+    not ``ignore_index``; other cells are dropped first, so their NaN logits never count.
+    ``weights`` (aligned with ``labels``; tree rows: the sequences that supervise a cell's
+    target): ``Σ weight·nll`` over ``Σ weight`` targets; None: every weight 1."""
     if tuple(logits.shape[:-1]) != tuple(labels.shape):
         raise InvalidInput(
             f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree"
@@ -73,7 +78,10 @@ def labels_nll_sum(
     if rows.dtype in (torch.float16, torch.bfloat16):
         rows = rows.float()
     nll = F.cross_entropy(rows, gold, reduction="none")
-    return LossSum(nll.sum(), int(cells.shape[0]))
+    if weights is None:
+        return LossSum(nll.sum(), int(cells.shape[0]))
+    w = weights.reshape(-1).to(nll.device).index_select(0, cells)
+    return LossSum((nll * w.to(nll.dtype)).sum(), int(w.sum()))
 
 
 def normalize(
@@ -106,7 +114,8 @@ def micro_batch_loss(
     """The loss to back-propagate for one collated micro-batch.
 
     ``features``: a :class:`~exactpack.training.packed_data.PackedCollator` dict (its
-    ``shift_labels`` select the cells, ``num_items_in_batch`` is the denominator)::
+    ``shift_labels`` select the cells, ``weights`` of tree rows weigh them,
+    ``num_items_in_batch`` is the denominator)::
 
         for features in step_micro_batches:              # K per rank
             logits = model(*decoder_inputs(features, device))
@@ -120,7 +129,8 @@ def micro_batch_loss(
             "micro_batch_loss needs the pre-shifted targets under 'shift_labels' (a PackedCollator"
             " dict); 'labels' are transformers' unshifted labels and would be scored one cell off"
         )
-    total = labels_nll_sum(logits, features["shift_labels"].to(logits.device), ignore_index)
+    labels = features["shift_labels"].to(logits.device)
+    total = labels_nll_sum(logits, labels, ignore_index, features.get("weights"))
     return normalize(
         total.sum,
         features["num_items_in_batch"],

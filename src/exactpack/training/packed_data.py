@@ -35,9 +35,11 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch
 from exactpack.core.permission import pairwise
+from exactpack.core.tree import TreeBatch, refuse_flattened
 from exactpack.io.integrity import read_row_stats
 from exactpack.io.store import PackedStore, load_packed
 from exactpack.nn.attention import AttentionLayout
+from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.distributed import RowStats, Slot
 from exactpack.training.labels import seq_idx
 from exactpack.training.rows import (
@@ -61,13 +63,15 @@ class ScheduledBatch:
     """Rows (compact or a :class:`PackedBatch`; ``batch`` pads them, on first use) for the
     :class:`Slot` they fill; ``world_size``: the ranks a stream was split over, or None."""
 
-    rows: Rows
+    rows: Rows | TreeBatch
     slot: Slot
     world_size: int | None = None
 
     @cached_property
-    def batch(self) -> PackedBatch:
-        return self.rows if isinstance(self.rows, PackedBatch) else self.rows.to_batch()
+    def batch(self) -> PackedBatch | TreeBatch:
+        if isinstance(self.rows, (PackedBatch, TreeBatch)):
+            return self.rows
+        return self.rows.to_batch()
 
 
 class PackedBatches(Dataset):
@@ -95,10 +99,10 @@ class PackedBatches(Dataset):
             self.store = load_packed(
                 source, expected_binding, integrity=integrity, expected_split=expected_split
             )
-        if not isinstance(self.store, PackedStore):  # a tree output (format version 3)
+        if self.store.layout == "tree":  # forest rows (exactpack pack --tree)
             raise InvalidInput(
                 f"{source} holds tree rows (exactpack pack --tree): read them with"
-                " load_packed(...).records() and exactpack.hf.tree_inputs.TreeCollator"
+                " load_packed(...).records() and exactpack.hf.HFCollator(..., tree=True)"
             )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
@@ -171,9 +175,11 @@ class PackedBatches(Dataset):
         return self._stats
 
 
-def _scheduled(item: Any) -> tuple[CompactRows, Slot | None]:
+def _scheduled(item: Any) -> tuple[CompactRows | TreeBatch, Slot | None]:
     if isinstance(item, ScheduledBatch):
-        return compact_of(item.rows), item.slot
+        return _scheduled(item.rows)[0], item.slot
+    if isinstance(item, TreeBatch):
+        return item, None
     if isinstance(item, (PackedBatch, CompactRows)):
         return compact_of(item), None
     if isinstance(item, (list, tuple)) and item:
@@ -223,6 +229,8 @@ class PackedCollator:
 
     def __call__(self, item: Any) -> dict[str, Any]:
         rows, slot = _scheduled(item)
+        if isinstance(rows, TreeBatch):
+            return self.tree_features(rows, slot)
         check_split(rows, self.partition, "PackedCollator")
         cells = flat_columns(rows, self.ignore_index)
         index = cells.pop("valid_index")
@@ -253,6 +261,34 @@ class PackedCollator:
         if self.permission_mask:
             seg, pos = cells["segment_ids"], cells["position_ids"]
             out["permission_mask"] = torch.as_tensor(pairwise(seg != NO_SEGMENT, seg, pos))[:, None]
+        if slot is not None:
+            out |= {"last_micro": slot.last_micro, "slot": slot}
+        return out
+
+    def tree_features(self, batch: TreeBatch, slot: Slot | None) -> dict[str, Any]:
+        """Tree rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
+        ``segment_ids`` (the nodes), ``weights`` (what :func:`micro_batch_loss` weighs each
+        target by), ``num_items_in_batch`` (``Σ weights``, or the step's) and ``tree_plan``
+        (:func:`~exactpack.nn.tree_attention.tree_plan`, for
+        :func:`~exactpack.nn.varlen.path_attention`)."""
+        if self.flatten:
+            refuse_flattened("PackedCollator(flatten=True)", "use flatten=False and its tree_plan")
+        eligible = batch.eligible_count
+        cells = {
+            "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
+            "shift_labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
+            "position_ids": batch.position_ids(),
+            "segment_ids": batch.nodes,
+            "weights": batch.weights,
+        }
+        out: dict[str, Any] = {k: torch.from_numpy(v.astype(np.int64)) for k, v in cells.items()}
+        out |= {
+            "num_eligible": eligible,
+            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
+            "tree_plan": tree_plan(batch),
+        }
+        if self.permission_mask:
+            out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
         if slot is not None:
             out |= {"last_micro": slot.last_micro, "slot": slot}
         return out

@@ -4,7 +4,7 @@
 and compares in the model's dtype (:mod:`exactpack.verify.tolerances`) every logit of every
 sequence, each sequence's supervised log-probability sum, the token-weighted loss and
 every parameter-gradient coordinate. ``mode``: ``adapter``
-(:func:`exactpack.hf.tree_inputs.tree_inputs`) or ``naive`` (each trie one causal sequence
+(:func:`exactpack.hf.hf_inputs` of the tree batch) or ``naive`` (each trie one causal sequence
 with column positions: siblings see each other; it must fail). :func:`tree_groups` draws
 groups from a spec such as ``"30:5,8,12;10:4,4"`` (prompt : completion lengths).
 """
@@ -21,13 +21,15 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
+from exactpack.core.loss import token_weighted_loss
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
+from exactpack.hf.adapter import build_inputs
 from exactpack.hf.attention_impl import register
 from exactpack.hf.capabilities import architecture_of
+from exactpack.hf.kinds import TREE as NAME
 from exactpack.hf.kinds import tree_kind
-from exactpack.hf.tree_inputs import NAME, tree_inputs
+from exactpack.hf.mixers import restart_mixers
 from exactpack.nn.logprobs import sequence_logprobs
-from exactpack.nn.tree_attention import tree_loss
 from exactpack.verify.diagnose import guarded
 from exactpack.verify.models import check_verify_tokens, model_facts, observed, running, tally
 from exactpack.verify.tolerances import compare, grad_vector, tolerance
@@ -188,6 +190,8 @@ def verify_tree(
         raise InvalidInput(f"--mode {mode!r} with --tree-lengths: choose one of {', '.join(MODES)}")
     attn = model.config._attn_implementation
     arch = architecture_of(model).check(tree_kind(attn), tree=True)
+    if arch.mixers:  # each node starts from its parent's state (the naive rows: a sibling's)
+        restart_mixers(model)
     param = next(model.parameters())
     dtype, device = param.dtype, param.device
     if max_length is None:  # all tries in one row plus padding, within the model's positions
@@ -195,7 +199,7 @@ def verify_tree(
         limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
         max_length = int(groups.lengths.sum()) + 2
         max_length = max(min(max_length, limit or max_length), int(groups.lengths.max()))
-    epoch = pack_tree(groups, max_length)  # tree_inputs holds the batch to arch's conditions
+    epoch = pack_tree(groups, max_length)  # build_inputs holds the batch to arch's conditions
     (batch,) = epoch.batches
     fed = naive_batch(batch) if mode == "naive" else batch
     params = [p for p in model.parameters() if p.requires_grad]
@@ -211,13 +215,13 @@ def verify_tree(
             )
         tol = tolerance(dtype, islands)
         sep_mean = sep_total / batch.eligible_count
-        kwargs = tree_inputs(
-            fed, attn, arch=arch, dtype=dtype, device=device, pad_token_id=pad_token_id
+        kwargs = build_inputs(
+            fed, attn, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
         )
         out = guarded(model, "forward", lambda: model(**kwargs)).logits  # (R, T, V)
         cells = torch.as_tensor(batch.seq_cells, device=device)
         tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
-        tree_mean = tree_loss(out, batch).mean
+        tree_mean = token_weighted_loss(out, batch).mean
         grads = [
             guarded(model, "backward", lambda m=m: grad_vector(m, params))
             for m in (sep_mean, tree_mean)
@@ -274,7 +278,7 @@ def _report(
 
 
 def use_tree_attention(model: torch.nn.Module, name: str = NAME) -> None:
-    """Switch ``model`` to ``name`` (:data:`exactpack.hf.tree_inputs.TREE_NAMES`), registered."""
+    """Switch ``model`` to ``name`` (:data:`exactpack.hf.kinds.TREE_NAMES`), registered."""
     register()
     architecture_of(model).check(tree_kind(name), tree=True)
     model.set_attn_implementation(name)
