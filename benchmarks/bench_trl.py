@@ -1,14 +1,20 @@
-"""TRL's DPOTrainer as shipped vs with ``exactpack.trl.pack``: step time, stored tokens, peak RSS.
+"""TRL's DPOTrainer / GRPOTrainer as shipped vs with ``exactpack.trl.pack``: step time,
+stored tokens, peak RSS.
 
     .venv/bin/python benchmarks/bench_trl.py                  # DPO, 1 thread, float32
-    .venv/bin/python benchmarks/bench_trl.py --pairs 64 --steps 4
+    .venv/bin/python benchmarks/bench_trl.py --trainer grpo   # GRPO, accumulation 4
+    .venv/bin/python benchmarks/bench_trl.py --quick          # lengths / 4, one round
 
 Each arm runs in a fresh process (its peak RSS is its own), the two arms alternated
 ``--rounds`` times: a tiny Llama (hidden 256, 4 layers, 8 heads, vocabulary 4,000)
-through transformers on one thread, float32, prompts 256–1024 tokens and
-chosen/rejected 32–256 (a word per token), ``per_device_train_batch_size`` 8, the
-first step (imports, dataset preparation) not timed. Stored tokens: TRL's padded
-``B × L`` cells of the log-probability forward against the tree rows' cells.
+through transformers on one thread, float32, the first step (imports, dataset
+preparation) not timed. DPO: prompts 256–1024 tokens, chosen/rejected 32–256 (a word
+per token), ``per_device_train_batch_size`` 8 pairs. GRPO: prompts 256–1024, groups of
+8 completions 32–512 (a fixed ``rollout_func`` in place of generation, so a step is the
+reference and policy log-probabilities and the backward), ``beta`` 0.04,
+``per_device_train_batch_size`` 8, ``gradient_accumulation_steps`` 4. Stored tokens:
+TRL's padded ``B × L`` cells of the log-probability forwards against the tree rows'
+cells.
 """
 
 from __future__ import annotations
@@ -25,21 +31,43 @@ import time
 VOCAB = 4000
 
 
-def dataset(pairs: int, seed: int = 0):
+def words(rng, low: int, high: int, scale: int) -> str:
+    """``low..high`` (divided by ``scale``) random word tokens."""
+    n = int(rng.integers(low // scale, high // scale + 1))
+    return " ".join(f"t{i}" for i in rng.integers(3, VOCAB, n))
+
+
+def dataset(rows: int, scale: int, columns=("prompt", "chosen", "rejected"), seed: int = 0):
     import numpy as np
     from datasets import Dataset
 
     rng = np.random.default_rng(seed)
+    out = {c: [] for c in columns}
+    for _ in range(rows):
+        out["prompt"].append(words(rng, 256, 1024, scale))
+        for answer in columns[1:]:
+            out[answer].append(" " + words(rng, 31, 255, scale) + " t2")
+    return Dataset.from_dict(out)
 
-    def words(n: int) -> str:
-        return " ".join(f"t{i}" for i in rng.integers(3, VOCAB, n))
 
-    rows = {"prompt": [], "chosen": [], "rejected": []}
-    for _ in range(pairs):
-        rows["prompt"].append(words(int(rng.integers(256, 1025))))
-        rows["chosen"].append(" " + words(int(rng.integers(31, 256))) + " t2")
-        rows["rejected"].append(" " + words(int(rng.integers(31, 256))) + " t2")
-    return Dataset.from_dict(rows)
+def by_length(completions, **kwargs) -> list[float]:
+    """A reward: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+
+
+def rollout(scale: int, seed: int = 1):
+    """A ``rollout_func`` that answers each prompt with 32–512 random tokens (eos last)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def func(prompts, trainer):
+        tok = trainer.processing_class
+        prompt_ids = tok(list(prompts))["input_ids"]
+        completions = [tok(words(rng, 31, 511, scale) + " t2")["input_ids"] for _ in prompts]
+        return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": None}
+
+    return func
 
 
 def tokenizer():
@@ -65,12 +93,11 @@ def model():
     return LlamaForCausalLM(config)
 
 
-def child(packed: bool, pairs: int, steps: int) -> dict:
+def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) -> dict:
     import resource
 
     import torch
     from transformers import TrainerCallback
-    from trl import DPOConfig, DPOTrainer
 
     torch.set_num_threads(1)
     times: list[float] = []
@@ -83,16 +110,33 @@ def child(packed: bool, pairs: int, steps: int) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             times.append(time.perf_counter() - self.t0)
 
+    common = dict(
+        per_device_train_batch_size=8, max_steps=steps + 1, learning_rate=1e-5,
+        report_to=[], use_cpu=True, save_strategy="no", seed=0, dataloader_num_workers=0,
+        logging_steps=1000, gradient_checkpointing=False,
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
-        args = DPOConfig(
-            output_dir=out, per_device_train_batch_size=8, max_steps=steps + 1,
-            learning_rate=1e-5, report_to=[], use_cpu=True, save_strategy="no", seed=0,
-            dataloader_num_workers=0, logging_steps=1000, gradient_checkpointing=False,
-        )  # fmt: skip
-        trainer = DPOTrainer(
-            model=model(), ref_model=model(), args=args, train_dataset=dataset(pairs),
-            processing_class=tokenizer(), callbacks=[Clock()],
-        )  # fmt: skip
+        if trainer_name == "dpo":
+            from trl import DPOConfig, DPOTrainer
+
+            trainer = DPOTrainer(
+                model=model(), ref_model=model(), args=DPOConfig(output_dir=out, **common),
+                train_dataset=dataset(groups, scale), processing_class=tokenizer(),
+                callbacks=[Clock()],
+            )  # fmt: skip
+        else:
+            from trl import GRPOConfig, GRPOTrainer
+
+            args = GRPOConfig(
+                output_dir=out, num_generations=8, gradient_accumulation_steps=4, beta=0.04,
+                max_completion_length=512, **common,
+            )  # fmt: skip
+            model().save_pretrained(f"{out}/llama")  # GRPO loads its reference from the path
+            trainer = GRPOTrainer(
+                model=f"{out}/llama", reward_funcs=by_length,
+                args=args, train_dataset=dataset(groups, scale, ("prompt",)),
+                processing_class=tokenizer(), callbacks=[Clock()], rollout_func=rollout(scale),
+            )  # fmt: skip
         if packed:
             import exactpack.trl
 
@@ -115,8 +159,9 @@ def count_cells(trainer, cells: dict) -> None:
         return epoch
 
     ours.pack_tree = counting
-    for lm in (trainer.model, trainer.ref_model):
-        lm.forward = _counted(lm.forward, cells)
+    for lm in (trainer.model, getattr(trainer, "ref_model", None)):
+        if lm is not None:
+            lm.forward = _counted(lm.forward, cells)
 
 
 def _counted(forward, cells: dict):
@@ -130,25 +175,34 @@ def _counted(forward, cells: dict):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--trainer", choices=("dpo", "grpo"), default="dpo")
+    ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="lengths / 4, one round, 2 steps")
     ap.add_argument("--child", choices=("plain", "packed"))
     args = ap.parse_args()
+    scale = 4 if args.quick else 1
+    steps, rounds = (2, 1) if args.quick else (args.steps, args.rounds)
+    # DPO: 8 pairs a step; GRPO: 4 groups (prompts) a step, 8 completions each
+    groups = (steps + 1) * (8 if args.trainer == "dpo" else 4)
     if args.child:
-        print(json.dumps(child(args.child == "packed", args.pairs, args.steps)))
+        print(json.dumps(child(args.trainer, args.child == "packed", groups, steps, scale)))
         return
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1"
+    }  # fmt: skip
     runs: dict[str, list[dict]] = {"plain": [], "packed": []}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for arm in ("plain", "packed"):
-            argv = [sys.executable, __file__, "--child", arm, "--pairs", str(args.pairs)]
-            argv += ["--steps", str(args.steps)]
+            argv = [sys.executable, __file__, "--child", arm, "--trainer", args.trainer]
+            argv += ["--steps", str(steps)] + (["--quick"] if args.quick else [])
             out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
             runs[arm].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {a: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for a, rs in runs.items()}
     p, q = med["plain"], med["packed"]
-    print("DPOTrainer (TRL 1.16), tiny Llama float32, 1 thread, batch 8 pairs, medians")
+    name = {"dpo": "DPOTrainer, 8 pairs", "grpo": "GRPOTrainer, 4 groups of 8, accumulation 4"}
+    print(f"{name[args.trainer]} a step (TRL 1.16), tiny Llama float32, 1 thread, lengths"
+          f" / {scale}, medians of {rounds}")  # fmt: skip
     print("| measure | as shipped | exactpack.trl.pack | ratio |")
     print("|---|---:|---:|---:|")
     print(

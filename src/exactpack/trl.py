@@ -22,10 +22,15 @@ batch, prompts ``P``/``Q``, answers ``a b`` / ``c`` and ``d`` / ``e f``::
     P P c .                       node 3: Q ; node 4: d ; node 5: e f (under 3)
     Q e f .
 
-TRL's head, loss types, metrics, reference model or PEFT adapter, accumulation,
-DDP and logging run unchanged on those hidden states. Every other call
-(generation, a plain forward, evaluation without the fused head) runs the model
-as it is, on its own attention. Refused up front, with the reason: a model the
+TRL's head (scoring the labelled positions only), loss types, metrics, reference
+model or PEFT adapter, accumulation, DDP and logging run unchanged on those hidden
+states. The tree rows run on ``exactpack_tree`` (one row, each node against its
+path); the model is switched to it for the packed call and its backward, and back
+at its next other call (generation, a plain forward), which runs on its own
+attention. ``RewardTrainer``'s sequence-classification model packs every forward
+(a pair's chosen and rejected share the prompt; the score at each last token).
+GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows).
+Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
 router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
 and at call time inputs other than token ids (images, ``inputs_embeds``).
@@ -45,21 +50,23 @@ from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import architecture_of
-from exactpack.hf.kinds import TREE_NAMES, tree_kind
+from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.mixers import packed_call, restart_mixers
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
-#: Trainer attributes holding a model TRL calls with ``fused_lm_head=True``.
+#: Trainer attributes holding a model to pack (the policy or reward model, the reference).
 _MODELS = ("model", "ref_model")
 _PACKED = "_exactpack_packed"
 
 
-def pack(trainer: Any, *, attn_implementation: str | None = None) -> Any:
+def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
     """Make ``trainer``'s log-probability forwards run on tree rows (in place); returns it.
 
-    ``attn_implementation``: how the tree rows are attended (default: the model's own,
-    ``sdpa`` / ``eager`` / ``flex_attention``, fed the tree's masks)."""
+    ``attn_implementation``: how the tree rows are attended — ``exactpack_tree`` (each node
+    against its path, one row without padding), ``exactpack_tree_varlen``, or ``sdpa`` /
+    ``eager`` / ``flex_attention`` fed the tree's masks. The model is switched to it for
+    the packed call (and its backward) only; every other call runs on its own attention."""
     import trl
 
     if not trl.__version__.startswith(CHECKED_TRL):
@@ -72,22 +79,83 @@ def pack(trainer: Any, *, attn_implementation: str | None = None) -> Any:
     for name in _MODELS:
         model = getattr(trainer, name, None)
         if model is not None:
-            _patch(_causal_lm(model), attn_implementation)
+            _patch(*_packed_module(model), attn_implementation)
             patched += 1
     if not patched:
         raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
+    if hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
+        _keep_groups_whole(trainer)
     return trainer
 
 
-def _causal_lm(model: Any) -> Any:
-    """The module whose ``forward`` TRL's fused head replaced (PEFT: the base model)."""
+#: The TRL modules whose ``_prepare_inputs`` shuffles a generation batch before splitting it.
+_SHUFFLING = ("trl.trainer.grpo_trainer", "trl.trainer.rloo_trainer")
+_grouping = threading.local()
+
+
+def _keep_groups_whole(trainer: Any) -> None:
+    """GRPO / RLOO shuffle a generation batch's rows before cutting it into micro-batches,
+    so a micro-batch holds parts of many groups and shares only their prompts. While the
+    packed trainer prepares inputs, the shuffle moves groups (runs of rows with one prompt)
+    whole: a micro-batch of ``k × num_generations`` rows holds ``k`` groups, each prompt
+    stored once, every column (ids, rewards, reference log-probs) moved with its row."""
+    import importlib
+
+    for name in _SHUFFLING:
+        module = importlib.import_module(name)
+        if not getattr(module.shuffle_sequence_dict, _PACKED, False):
+            module.shuffle_sequence_dict = _group_shuffle(module.shuffle_sequence_dict)
+    prepare = trainer._prepare_inputs
+
+    @functools.wraps(prepare)
+    def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
+        _grouping.on = True
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            _grouping.on = False
+
+    trainer._prepare_inputs = prepare_inputs
+
+
+def _group_shuffle(shuffle: Any) -> Any:
+    """``shuffle`` (TRL's ``shuffle_sequence_dict``), groups whole inside a packed trainer."""
+
+    @functools.wraps(shuffle)
+    def grouped(seqs: dict[str, Any]) -> dict[str, Any]:
+        ids = seqs.get("prompt_ids")
+        if not getattr(_grouping, "on", False) or not isinstance(ids, torch.Tensor):
+            return shuffle(seqs)
+        new = np.r_[True, ~(ids[1:] == ids[:-1]).all(-1).cpu().numpy()]  # a group's first row
+        bounds = np.r_[np.flatnonzero(new), len(ids)]
+        order = torch.randperm(len(bounds) - 1).numpy()  # TRL's generator, by group
+        perm = np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
+
+        def permute(v: Any) -> Any:
+            if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+                return v
+            if isinstance(v, torch.Tensor):
+                return v[torch.as_tensor(perm, device=v.device)]
+            return [v[i] for i in perm]
+
+        return {key: permute(value) for key, value in seqs.items()}
+
+    setattr(grouped, _PACKED, True)
+    return grouped
+
+
+def _packed_module(model: Any) -> tuple[Any, bool]:
+    """The module whose forward is packed (PEFT: the base model), and whether every call is
+    packed (a sequence-classification reward model) or only TRL's fused-head calls."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(base).__name__.endswith("ForSequenceClassification"):
+        return base, True
     if not _has_fused_head(vars(base).get("forward")) and not getattr(base, _PACKED, False):
         raise InvalidInput(
             f"{type(base).__name__} has no fused LM head: build the TRL trainer first, then"
             " call exactpack.trl.pack(trainer)"
         )
-    return base
+    return base, False
 
 
 def _has_fused_head(forward: Any) -> bool:
@@ -104,7 +172,7 @@ def _has_fused_head(forward: Any) -> bool:
     return False
 
 
-def _patch(lm: Any, attn_implementation: str | None) -> None:
+def _patch(lm: Any, every_call: bool, impl: str) -> None:
     if getattr(lm, _PACKED, False):
         return
     config = lm.config.get_text_config()
@@ -113,40 +181,70 @@ def _patch(lm: Any, attn_implementation: str | None) -> None:
             f"{config.model_type} returns router logits for a load-balancing loss that reads"
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
-    own = getattr(lm.config, "_attn_implementation", None) or "sdpa"
-    impl = attn_implementation or own
-    if impl in TREE_NAMES and impl != own:  # its plan rides kwargs only that kernel reads
-        raise InvalidInput(
-            f"attn_implementation={impl!r} runs only where the model attends with it (it is on"
-            f" {own!r}): model.set_attn_implementation({impl!r}) first, or leave"
-            " attn_implementation out to feed the tree's masks to the model's own attention"
-        )
     arch = architecture_of(lm).check(tree_kind(impl), tree=True)
     if arch.mixers:  # hybrids: each tree node's mixer state forks its parent's
         restart_mixers(lm)
     backbone = getattr(lm, lm.base_model_prefix)
     fused, plain = lm.forward, backbone.forward
-    inside = threading.local()
+    own = [lm.config._attn_implementation or "sdpa"]  # what the model attends with itself
+
+    def attend_with(name: str) -> None:
+        if lm.config._attn_implementation != name:
+            lm.config._attn_implementation = name
+
+    def attend_own() -> None:
+        attend_with(own[0])
 
     @functools.wraps(fused)
-    def forward(*args: Any, fused_lm_head: bool = False, **kwargs: Any) -> Any:
-        if not fused_lm_head:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (every_call or kwargs.get("fused_lm_head")):
+            attend_own()
             return fused(*args, **kwargs)
-        inside.on = True
+        if lm.config._attn_implementation != impl:
+            own[0] = lm.config._attn_implementation or "sdpa"
+        # the model stays on the tree kernel until its next other call: a checkpointed
+        # layer recomputes its forward in the backward, after this call has returned
+        attend_with(impl)
+        _inside.on = True
         try:
-            return fused(*args, fused_lm_head=True, **kwargs)
+            return fused(*args, **kwargs)
         finally:
-            inside.on = False
+            _inside.on = False
 
     @functools.wraps(plain)
     def backbone_forward(*args: Any, **kwargs: Any) -> Any:
-        if not getattr(inside, "on", False):
+        if not getattr(_inside, "on", False):
+            attend_own()
             return plain(*args, **kwargs)
         return _tree_forward(plain, lm, arch, impl, *args, **kwargs)
 
     lm.forward = forward
     backbone.forward = backbone_forward
     setattr(lm, _PACKED, True)
+    if not every_call:
+        _score_real_tokens_only()
+
+
+#: Set while a packed call runs (its backbone forward goes to the tree rows).
+_inside = threading.local()
+
+
+def _score_real_tokens_only() -> None:
+    """TRL's fused head scores only the positions with a label where Triton runs, and every
+    padded position elsewhere (fixed tile shapes for compilers): in a packed call it scores
+    the labelled positions only, everywhere — the padded ones are not computed at all."""
+    import trl.trainer.utils as utils
+
+    if getattr(utils._use_triton, _PACKED, False):
+        return
+    triton = utils._use_triton
+
+    @functools.wraps(triton)
+    def compact(device: torch.device) -> bool:
+        return getattr(_inside, "on", False) or triton(device)
+
+    setattr(compact, _PACKED, True)
+    utils._use_triton = compact
 
 
 #: Keywords TRL's fused call may pass the backbone that change nothing on tree rows.
@@ -166,9 +264,7 @@ def _tree_forward(
     """The padded batch's hidden states ``(B, L, H)``, computed on tree rows."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
-    extra = sorted(
-        k for k, v in kwargs.items() if k not in _HARMLESS or v not in (None, _HARMLESS[k])
-    )
+    extra = sorted(k for k, v in kwargs.items() if v is not None and _HARMLESS.get(k, ...) != v)
     if input_ids is None or extra:
         what = ", ".join(extra) or "inputs_embeds instead of input_ids"
         raise NotAvailable(
@@ -206,7 +302,9 @@ def _tree_forward(
         group - 1,
         Binding(vocab_size=vocab, tokenizer_id="trl-batch", split_id="trl-batch"),
     )
-    width = int(build_layout(groups, int(counts.sum()) + batch).sizes.max())
+    sizes = build_layout(groups, int(counts.sum()) + batch).sizes
+    # the tree kernel attends node by node: one row, no padding; a mask kind, the widest trie
+    width = int(sizes.sum() if impl in TREE_NAMES else sizes.max())
     tree = pack_tree(groups, width, policy="best-fit-decreasing").batches[0]
     dtype = next(lm.parameters()).dtype
     inputs = build_inputs(tree, impl, arch, dtype=dtype, device=input_ids.device)

@@ -87,7 +87,7 @@ def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
         per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
         learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
         report_to=[], use_cpu=True, bf16=False, save_strategy="no", seed=0,
-        dataloader_num_workers=0, logging_steps=1, gradient_checkpointing=False, **config,
+        dataloader_num_workers=0, logging_steps=1, **{"gradient_checkpointing": False, **config},
     )  # fmt: skip
     trainer = DPOTrainer(
         model=llama(), ref_model=llama(), args=args, train_dataset=Dataset.from_dict(PAIRS),
@@ -101,10 +101,15 @@ def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
     return grads[0], logs
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_a_dpo_step_on_tree_rows_equals_trls_own_step(tmp_path, loss_type, float64_head):
-    plain_grads, plain_logs = _dpo_step(tmp_path, False, loss_type=[loss_type])
-    packed_grads, packed_logs = _dpo_step(tmp_path, True, loss_type=[loss_type])
+@pytest.mark.parametrize("loss_type, precompute", [("sigmoid", False), ("ipo", True)])
+def test_a_dpo_step_on_tree_rows_equals_trls_own_step(
+    tmp_path, loss_type, precompute, float64_head
+):
+    """Two micro-batches accumulated; ``precompute_ref_log_probs``: the reference
+    log-probabilities computed (packed) before training and carried as columns."""
+    config = {"loss_type": [loss_type], "precompute_ref_log_probs": precompute}
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, **config)
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, **config)
     assert worst_ratio(packed_grads, plain_grads) <= 1.0
     assert max(float(g.abs().max()) for g in plain_grads.values()) > 0
     for key in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
@@ -114,8 +119,10 @@ def test_a_dpo_step_on_tree_rows_equals_trls_own_step(tmp_path, loss_type, float
 
 
 def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
-    plain_grads, plain_logs = _dpo_step(tmp_path, False, wide=False)
-    packed_grads, packed_logs = _dpo_step(tmp_path, True, wide=False)
+    """TRL's defaults, gradient checkpointing included: the layers recompute in the
+    backward, after the packed call returned, and must still attend with the tree kernel."""
+    plain_grads, plain_logs = _dpo_step(tmp_path, False, wide=False, gradient_checkpointing=True)
+    packed_grads, packed_logs = _dpo_step(tmp_path, True, wide=False, gradient_checkpointing=True)
     # float32 tiles and norms: a gradient's relative error of a few float32 ulps (2**-23)
     for name, g in plain_grads.items():
         gap = float((packed_grads[name] - g).abs().max())
@@ -149,6 +156,8 @@ def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float
                                                    pad_token_id=0))  # fmt: skip
         labels = ids.masked_fill(mask == 0, -100)
         fused = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        again = model(input_ids=ids, attention_mask=mask).logits  # back on its own attention
+    assert torch.equal(again, want)
     alone = torch.log_softmax(reference(input_ids=ids[:1, 2:]).logits[0, :-1], -1)
     want_lp = alone.gather(1, ids[0, 3:, None])[:, 0]
     assert torch.allclose(fused.log_probs[0, 2:], want_lp, rtol=1e-12, atol=1e-12)
@@ -175,26 +184,31 @@ def test_refusals_are_up_front(tmp_path):
     other = llama()
     add_fused_lm_head(other)
     trainer.model = other
-    with pytest.raises(InvalidInput, match=r"set_attn_implementation\('exactpack_tree'\) first"):
-        exactpack.trl.pack(trainer, attn_implementation="exactpack_tree")
+    with pytest.raises(NotAvailable, match="cannot run tree-packed rows"):
+        exactpack.trl.pack(trainer, attn_implementation="flash_attention_2")
     with pytest.raises(NotAvailable, match="token ids only"):
         model(input_ids=ids, labels=ids, fused_lm_head=True, inputs_embeds=torch.zeros(1, 3, 16))
 
 
-def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(tmp_path, float64_head):
-    """GRPOTrainer's one log-probability call (left-padded prompts + right-padded
-    completions, groups of completions sharing a prompt): log-probs, entropies and the
-    gradient of a weighted sum, packed vs as shipped, float64."""
-    from trl import GRPOConfig, GRPOTrainer
+@pytest.mark.parametrize("name", ["GRPO", "RLOO"])
+def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(
+    tmp_path, name, float64_head
+):
+    """GRPOTrainer's / RLOOTrainer's one log-probability call (left-padded prompts +
+    right-padded completions, groups of completions sharing a prompt): log-probs,
+    entropies and the gradient of a weighted sum, packed vs as shipped, float64."""
+    import trl
+
+    config, trainer_class = getattr(trl, f"{name}Config"), getattr(trl, f"{name}Trainer")
 
     def build():
-        args = GRPOConfig(
+        args = config(
             output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
             max_completion_length=4, report_to=[], use_cpu=True, bf16=False,
             save_strategy="no", gradient_checkpointing=False, beta=0.0,
         )  # fmt: skip
         prompts = Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7"] * 2})
-        return GRPOTrainer(
+        return trainer_class(
             model=llama(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
             args=args, train_dataset=prompts, processing_class=word_tokenizer(),
         )  # fmt: skip
@@ -224,6 +238,129 @@ def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(tmp_path
     assert torch.all((lp0 - lp1)[keep].abs() <= 1e-10 + 1e-9 * lp0[keep].abs())
     assert torch.all((en0 - en1)[keep].abs() <= 1e-10 + 1e-9 * en0[keep].abs())
     assert worst_ratio(g1, g0) <= 1.0
+
+
+def _reward_step(tmp_path, packed: bool):
+    """One RewardTrainer step (two micro-batches of two pairs, accumulated) of a float64
+    Llama reward model (``num_labels=1``): chosen and rejected rows in one forward."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from trl import RewardConfig, RewardTrainer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=0,
+        eos_token_id=2,
+    )  # fmt: skip
+    model = LlamaForSequenceClassification(config).to(torch.float64)
+    record, grads = grad_recorder()
+    args = RewardConfig(
+        output_dir=str(tmp_path / ("packed" if packed else "plain")),
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
+        learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", max_grad_norm=0.0,
+        report_to=[], use_cpu=True, save_strategy="no", seed=0, logging_steps=1,
+        center_rewards_coefficient=0.1, gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = RewardTrainer(
+        model=model, args=args, train_dataset=Dataset.from_dict(PAIRS),
+        processing_class=word_tokenizer(), callbacks=[record],
+    )  # fmt: skip
+    if packed:
+        exactpack.trl.pack(trainer)
+        assert trainer.model.config._attn_implementation != "exactpack_tree"  # until called
+    with Float64Islands():
+        trainer.train()
+    assert (trainer.model.config._attn_implementation == "exactpack_tree") == packed  # it ran
+    return grads[0], trainer.state.log_history[0]
+
+
+def test_a_reward_step_on_tree_rows_equals_trls_own_step(tmp_path):
+    """Each pair's prompt computed once for both answers; the score at each sequence's
+    last token; the loss, the reward metrics and every gradient as TRL's (float64)."""
+    plain_grads, plain_logs = _reward_step(tmp_path, False)
+    packed_grads, packed_logs = _reward_step(tmp_path, True)
+    assert worst_ratio(packed_grads, plain_grads) <= 1.0
+    assert float(plain_grads["score.weight"].abs().max()) > 0
+    for key in ("loss", "mean_reward", "margin"):
+        a, b = packed_logs[key], plain_logs[key]
+        assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
+
+
+def test_grpo_micro_batches_hold_whole_groups(tmp_path):
+    """TRL shuffles a generation batch row by row before cutting it into micro-batches;
+    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once)
+    and every per-row column moves with its row."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+        gradient_accumulation_steps=3, max_completion_length=4, report_to=[], use_cpu=True,
+        bf16=False, save_strategy="no", gradient_checkpointing=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=llama(), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args, train_dataset=Dataset.from_dict({"prompt": ["t3 t4"] * 6}),
+        processing_class=word_tokenizer(),
+    )  # fmt: skip
+    prompts = torch.arange(6).repeat_interleave(2)[:, None] * torch.ones(1, 3, dtype=torch.long)
+    rows = {"prompt_ids": prompts, "row": torch.arange(12), "ids": [f"r{i}" for i in range(12)]}
+    trainer._generate_and_score_completions = lambda batch: dict(rows)
+    exactpack.trl.pack(trainer)
+    torch.manual_seed(1)
+    trainer.model.train()
+    micro = [trainer._prepare_inputs(None)]
+    micro += [trainer._buffered_inputs[i] for i in (1, 2)]
+    seen = torch.cat([m["row"] for m in micro])
+    assert sorted(seen.tolist()) == list(range(12)) and seen.tolist() != list(range(12))
+    for m in micro:  # two whole groups (rows 2g, 2g+1), the columns in step
+        assert torch.equal(m["row"].view(2, 2) % 2, torch.tensor([[0, 1], [0, 1]]))
+        assert m["ids"] == [f"r{i}" for i in m["row"].tolist()]
+        assert torch.equal(m["prompt_ids"][:, 0], m["row"] // 2)
+
+
+@pytest.mark.parametrize("name", ["GRPO", "RLOO"])
+def test_a_grpo_step_on_tree_rows_equals_trls_own_step(tmp_path, name, float64_head):
+    """A whole step (fixed rollouts in place of sampling, reference model, two micro-batches
+    accumulated): every gradient as TRL's own step in float64. The packed step's
+    micro-batches hold whole groups where TRL's hold shuffled rows; the step's objective
+    (``loss_type="dapo"``: tokens over the generation batch; RLOO: sequences) is the same."""
+    import trl
+
+    completions = [[10, 11, 2], [12, 2], [13, 14, 15, 2], [16, 2], [17, 2], [18, 19, 2]] * 2
+    rewards = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5] * 2
+
+    path = tmp_path / "llama"  # GRPO loads its reference model from the policy's path
+    llama().save_pretrained(path)
+
+    def step(packed: bool):
+        record, grads = grad_recorder()
+        extra = {"loss_type": "dapo"} if name == "GRPO" else {}
+        args = getattr(trl, f"{name}Config")(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+            gradient_accumulation_steps=2, max_completion_length=4, max_steps=1, beta=0.1,
+            learning_rate=0.5, optim="sgd", max_grad_norm=0.0, report_to=[], use_cpu=True,
+            bf16=False, save_strategy="no", gradient_checkpointing=False, seed=0,
+            model_init_kwargs={"dtype": torch.float64}, **extra,
+        )  # fmt: skip
+        trainer = getattr(trl, f"{name}Trainer")(
+            model=str(path), reward_funcs=lambda completions, **kw: rewards[: len(completions)],
+            args=args, processing_class=word_tokenizer(), callbacks=[record],
+            train_dataset=Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7", "t8", "t9 t4"]}),
+        )  # fmt: skip
+        # fixed completions in place of sampling (GRPO also returns sampling log-probs)
+        fixed = (lambda ids, *a: (completions[: len(ids)], None)) if name == "GRPO" else (
+            lambda ids, *a: completions[: len(ids)]
+        )  # fmt: skip
+        trainer._generate_single_turn = fixed
+        if packed:
+            exactpack.trl.pack(trainer)
+        with Float64Islands():
+            trainer.train()
+        return grads[0]
+
+    plain, packed = step(False), step(True)
+    assert max(float(g.abs().max()) for g in plain.values()) > 0
+    assert worst_ratio(packed, plain) <= 1.0
 
 
 @pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next"])
