@@ -130,12 +130,10 @@ def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
     assert abs(packed_logs["loss"] - plain_logs["loss"]) <= 1e-6 * abs(plain_logs["loss"])
 
 
-def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float64_head):
-    """Only TRL's fused log-probability call is packed: a plain left-padded forward and
-    generate() run on the model's own attention, as before."""
+def _packed_with_reference(model):
+    """``model`` given TRL's fused head and packed as a trainer's model; an untouched copy."""
     from trl.trainer.utils import add_fused_lm_head
 
-    model = llama()
     reference = copy.deepcopy(model)
     add_fused_lm_head(model)
 
@@ -145,6 +143,15 @@ def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float
     trainer = Trainer()
     trainer.model = model
     exactpack.trl.pack(trainer)
+    return reference
+
+
+def test_the_packed_model_still_generates_and_runs_padded_batches_unpacked(float64_head):
+    """Only TRL's fused log-probability call is packed: a plain left-padded forward and
+    generate() run on the model's own attention, as before."""
+
+    model = llama()
+    reference = _packed_with_reference(model)
     ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     with torch.no_grad():
@@ -368,21 +375,12 @@ def test_a_hybrids_fused_log_probs_on_tree_rows_fork_each_branch(model_type, flo
     """exactpack.trl restarts a hybrid's mixers and runs the backbone inside packed_call:
     two rows sharing a prompt (one trie, its mixer state forked) give the log-probs each
     row gives alone."""
-    from trl.trainer.utils import add_fused_lm_head
 
     from support.architecture_cases import CASES, build
 
     case = next(c for c in CASES if c.model_type == model_type and c.restarts)
     model = build(case, "sdpa")
-    reference = copy.deepcopy(model)
-    add_fused_lm_head(model)
-
-    class Trainer:  # the one attribute pack() reads
-        pass
-
-    trainer = Trainer()
-    trainer.model = model
-    exactpack.trl.pack(trainer)
+    reference = _packed_with_reference(model)
     ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 6, 10, 11, 12]])  # a shared prompt
     fused = model(input_ids=ids, labels=ids, fused_lm_head=True)
     for row in range(2):
