@@ -706,3 +706,24 @@ def test_a_prompt_rendered_differently_alone_is_warned_as_trl_warns(tmp_path, ch
             chat_template=str(tmp_path / "odd.jinja"),
             **opts,
         )
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 26])  # a block per chunk / one block
+def test_a_bad_row_is_named_by_its_file_line_in_any_block(tmp_path, chunk_bytes):
+    """Errors name the file line, not a block-local group: also for a group carried from
+    one file's last chunk into the block that reads the next file."""
+    rows = [{"input_ids": [1, 2, 3, 4 + i], "group": i // 2} for i in range(6)]
+    _write_rows(tmp_path / "a.jsonl", [*rows, {"input_ids": [1], "group": 3}])
+    _write_rows(tmp_path / "b.jsonl", rows)
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    opts = {"max_length": 40, "vocab_size": VOCAB, "tree": "on", "chunk_bytes": chunk_bytes}
+    with pytest.raises(InvalidInput, match=r"a\.jsonl line 7: 1 token\(s\)"):
+        pack_path(files, tmp_path / "out", **opts)
+    _write_rows(tmp_path / "a.jsonl", rows)
+    _write_rows(tmp_path / "b.jsonl", [*rows, {"input_ids": [1, 2, VOCAB], "group": 9}])
+    with pytest.raises(InvalidInput, match=rf"b\.jsonl line 7: token id {VOCAB} at position 2"):
+        pack_path(files, tmp_path / "out2", **opts)
+
+
+def _write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))

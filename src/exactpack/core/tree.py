@@ -34,7 +34,7 @@ with any flat policy and keeps every sequence's cells (``seq_cells``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,18 +114,26 @@ class SequenceGroups:
         groups: Sequence[Sequence[Any]],
         binding: Binding,
         loss_masks: Sequence[Sequence[Any]] | None = None,
+        label: Callable[[int, int], str] | None = None,
     ) -> SequenceGroups:
         """From nested lists: ``groups[g][j]`` a token sequence; ``loss_masks[g][j]`` its
-        per-pair supervision (default: every target supervised)."""
+        per-pair supervision (default: every target supervised). ``label(g, j)`` names a
+        sequence in errors (default ``group g sequence j``; a file's reader: its line)."""
+        label = label or (lambda g, j: f"group {g} sequence {j}")
         seqs, masks, group = [], [], []
         for g, members in enumerate(groups):
             for j, seq in enumerate(members):
-                arr = as_token_array(seq, binding.vocab_size, f"group {g} sequence {j}")
-                pairs = max(arr.size - 1, 0)
+                arr = as_token_array(seq, binding.vocab_size, label(g, j))
+                if arr.size < 2:
+                    raise InvalidInput(
+                        f"{label(g, j)}: {arr.size} token(s); a sequence needs at least 2"
+                        " (one prediction pair) — drop it"
+                    )
+                pairs = arr.size - 1
                 m = np.ones(pairs, bool) if loss_masks is None else loss_masks[g][j]
                 if (m := np.asarray(m, dtype=bool)).shape != (pairs,):
                     raise InvalidInput(
-                        f"group {g} sequence {j}: loss mask has {m.size} entries for"
+                        f"{label(g, j)}: loss mask has {m.size} entries for"
                         f" {arr.size - 1} prediction pairs — give one per pair"
                     )
                 seqs.append(arr)
@@ -139,9 +147,12 @@ class SequenceGroups:
         prompts: Sequence[Any],
         completions: Sequence[Sequence[Any]],
         binding: Binding,
+        label: Callable[[int], str] | None = None,
     ) -> SequenceGroups:
         """Group ``g`` = ``prompts[g] + c`` for each ``c`` in ``completions[g]``; only the
-        completion's tokens are supervised (targets from the prompt's last token on)."""
+        completion's tokens are supervised (targets from the prompt's last token on).
+        ``label(g)`` names group ``g`` in errors (default ``group g``; a file: its line)."""
+        label = label or (lambda g: f"group {g}")
         if len(prompts) != len(completions):
             raise InvalidInput(
                 f"{len(prompts)} prompts but {len(completions)} completion lists — one list per"
@@ -149,13 +160,15 @@ class SequenceGroups:
             )
         seqs, masks, group = [], [], []
         for g, (prompt, members) in enumerate(zip(prompts, completions, strict=True)):
-            p = as_token_array(prompt, binding.vocab_size, f"prompt {g}")
+            p = as_token_array(prompt, binding.vocab_size, f"{label(g)} prompt")
             if p.size == 0:
-                raise InvalidInput(f"prompt {g} is empty — a completion needs a context token")
+                raise InvalidInput(
+                    f"{label(g)}: the prompt is empty — a completion needs a context token"
+                )
             for j, c in enumerate(members):
-                comp = as_token_array(c, binding.vocab_size, f"group {g} completion {j}")
+                comp = as_token_array(c, binding.vocab_size, f"{label(g)} completion {j}")
                 if comp.size == 0:
-                    raise InvalidInput(f"group {g} completion {j} is empty — drop it")
+                    raise InvalidInput(f"{label(g)} completion {j} is empty — drop it")
                 seqs.append(np.concatenate([p, comp]))
                 masks.append(np.arange(p.size + comp.size - 1) >= p.size - 1)
                 group.append(g)
@@ -172,7 +185,7 @@ _TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 
 
 def groups_from_columns(
-    columns: dict[str, Any], binding: Binding
+    columns: dict[str, Any], binding: Binding, where: Callable[[int], str] | None = None
 ) -> tuple[SequenceGroups, np.ndarray]:
     """Groups from record columns (lists per row), by the first column set present, and
     each sequence's index among the input's sequences (int64 [S]):
@@ -185,7 +198,8 @@ def groups_from_columns(
       form a group, its rows in input order wherever they are (the index says
       where); every target supervised.
 
-    Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first.
+    Text columns (``prompt`` / ``chosen`` / ...) are refused: tokenize first. ``where(row)``
+    names a row in errors (a file's reader passes its :meth:`Origin.locate`).
     """
     names = set(columns)
     if {"prompt_ids", "completion_ids"} <= names:
@@ -193,19 +207,26 @@ def groups_from_columns(
             c if len(c) and isinstance(c[0], (list, tuple, np.ndarray)) else [c]
             for c in columns["completion_ids"]
         ]
-        groups = SequenceGroups.from_prompt_completions(columns["prompt_ids"], comps, binding)
+        groups = SequenceGroups.from_prompt_completions(
+            columns["prompt_ids"], comps, binding, where
+        )
         return groups, np.arange(len(groups), dtype=np.int64)
     if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
         pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
-        groups = SequenceGroups.from_prompt_completions(columns["prompt_input_ids"], pairs, binding)
+        groups = SequenceGroups.from_prompt_completions(
+            columns["prompt_input_ids"], pairs, binding, where
+        )
         return groups, np.arange(len(groups), dtype=np.int64)
     if {"input_ids", "group"} <= names:
         members: dict[Any, list[int]] = {}
         for i, g in enumerate(columns["group"]):
             members.setdefault(g, []).append(i)
-        ids = columns["input_ids"]
-        groups = SequenceGroups.from_lists([[ids[i] for i in m] for m in members.values()], binding)
-        return groups, np.array([i for m in members.values() for i in m], dtype=np.int64)
+        ids, rows = columns["input_ids"], list(members.values())
+        label = None if where is None else (lambda g, j: where(rows[g][j]))
+        groups = SequenceGroups.from_lists(
+            [[ids[i] for i in m] for m in rows], binding, None, label
+        )
+        return groups, np.array([i for m in rows for i in m], dtype=np.int64)
     text = sorted(names & set(_TEXT))
     found = ", ".join(sorted(names)) or "none"
     hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""

@@ -84,7 +84,7 @@ def file_groups(
     if any(set(cols) <= set(names) for cols in TREE_COLUMNS):
         wanted = {n for cols in TREE_COLUMNS for n in cols}
         columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
-        return groups_from_columns(columns, binding)
+        return groups_from_columns(columns, binding, origin.locate)
     if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
         return _dpo_text(table, origin, tokenizer, binding)
     if "chosen" in names and "rejected" in names:
@@ -224,7 +224,10 @@ def group_tables(
         table = pa.concat_tables(tables, promote_options="permissive")
         origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
         tail = table.num_rows if last else _group_tail(table)  # its group may go on
-        tables[:], parts[:], rows, held = [table.slice(tail)], [], table.num_rows - tail, 0
+        # the rows carried on keep their names: the part covering row `tail` and those after
+        kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
+        tables[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
+        parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
         if tail:
             yield table.slice(0, tail), origin
 
