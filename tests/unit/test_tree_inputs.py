@@ -148,17 +148,43 @@ def test_tree_collator_feeds_a_model():
     assert abs(float(loss.detach()) - total / count) <= 1e-10 + 1e-9 * abs(total / count)
 
 
-def test_pack_dataset_tree_refuses_a_stream_in_one_line():
+def test_pack_dataset_tree_packs_a_stream_block_by_block():
+    """A stream (an ``IterableDataset`` or any iterator) is packed as read, in blocks of
+    ``tree_block`` rows: one block gives the ``Dataset``'s records; small blocks keep every
+    sequence, its supervision and its index in the input."""
     import datasets
 
     from exactpack.hf import pack_dataset
+    from exactpack.pipeline import PackOptions
 
-    rows = [{"prompt_ids": [5, 6, 7], "completion_ids": [[8, 9], [8, 4]]}]
+    rows = [{"prompt_ids": [5, 6 + g % 3], "completion_ids": [[8], [4], [2]]} for g in range(9)]
+    whole = list(pack_dataset(datasets.Dataset.from_list(rows), 16, tree=True, vocab_size=20))
     stream = datasets.Dataset.from_list(rows).to_iterable_dataset()
-    for source in (stream, iter(rows)):
-        with pytest.raises(InvalidInput, match="not a stream") as err:
-            pack_dataset(source, 8, tree=True)
-        assert "\n" not in str(err.value)
+    assert list(pack_dataset(stream, 16, tree=True, vocab_size=20)) == whole
+    opts = PackOptions(max_length=16, vocab_size=20, tree="on", tree_block=2)
+    small = list(pack_dataset(iter(rows), options=opts))
+    # blocks are packed alone: a row holds sequences of one block (2 rows, 6 sequences)
+    assert all(len({s // 6 for s in r["sequence_index"]}) == 1 for r in small)
+    assert not all(len({s // 6 for s in r["sequence_index"]}) == 1 for r in whole)
+
+    def sequences(records):
+        return {
+            s: ([r["input_ids"][c] for c in cells] + [r["target_ids"][cells[-1]]], list(mask))
+            for r in records
+            for s, cells, mask in zip(
+                r["sequence_index"], r["sequence_cells"], r["sequence_mask"], strict=True
+            )
+        }
+
+    assert sequences(small) == sequences(whole) and len(sequences(whole)) == 27
+    grouped = [{"input_ids": [5, 6 + g % 3, k + 2], "group": g} for g in range(5) for k in range(3)]
+    for r in pack_dataset(iter(grouped), options=opts):  # a block ends where a group does
+        assert all(
+            sum(s // 3 == g // 3 for s in r["sequence_index"]) == 3 for g in r["sequence_index"]
+        )
+    with pytest.raises(InvalidInput, match="needs vocab_size=") as err:
+        pack_dataset(iter(rows), 16, tree=True)
+    assert "\n" not in str(err.value)
     with pytest.raises(InvalidInput, match="needs max_length="):
         pack_dataset(datasets.Dataset.from_list(rows), tree=True)
 

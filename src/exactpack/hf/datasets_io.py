@@ -53,7 +53,7 @@ from exactpack.io.tree_rows import max_id, tree_records
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
-from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.options import DEFAULT_TREE_WINDOW, PackOptions, check_pad_id
 from exactpack.pipeline.writer import (
     CorpusSource,
     Examples,
@@ -206,13 +206,6 @@ def _pack_tree(
     if options is not None:  # its fields, where no keyword gives them
         max_length, policy = max_length or options.max_length, policy or options.policy
         keywords.setdefault("vocab_size", options.vocab_size)
-    if is_stream(dataset):
-        raise InvalidInput(
-            f"pack_dataset(..., tree=True) builds its tries from the whole input, so it takes"
-            f" a datasets.Dataset, not a stream ({type(dataset).__name__}) — materialise it"
-            " first (datasets.Dataset.from_list(list(stream))), or pack files with"
-            " exactpack pack --tree"
-        )
     if keywords.pop("format", "exactpack") == "trl":
         raise InvalidInput(
             "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
@@ -224,20 +217,65 @@ def _pack_tree(
     model, vocab = keywords.pop("model", None), keywords.pop("vocab_size", None)
     if model is not None:  # before any read, as flat pack_dataset
         check_model(model, None, None, 0, max_length, tree=True)
+    policy = policy or "best-fit-decreasing"
+    if is_stream(dataset):
+        if vocab is None:
+            raise InvalidInput(
+                "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
+                " to find its largest id)"
+            )
+        binding = Binding(int(vocab), "pretokenized", "tree-dataset")
+        block = options.tree_block if options is not None else DEFAULT_TREE_WINDOW
+        spec = (dataset, binding, max_length, policy, model, block, keywords)
+        return datasets.IterableDataset.from_generator(_stream_tries, gen_kwargs={"spec": spec})
     wanted = {name for names in TREE_COLUMNS for name in names}
     columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
     vocab = vocab or 1 + max(
         (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
     )
     binding = Binding(int(vocab), "pretokenized", "tree-dataset")
+    records, _ = _tries(columns, binding, max_length, policy, model, keywords, 0)
+    return datasets.Dataset.from_list(records)
+
+
+def _tries(
+    columns: dict, binding: Binding, max_length: int, policy: str, model: Any, keywords: dict,
+    first: int,
+) -> tuple[list[dict[str, list[Any]]], int]:  # fmt: skip
+    """The tree records of ``columns``' groups, sequences numbered from ``first``; how many."""
+    from exactpack.hf.capabilities import check_model
+
     groups, index = groups_from_columns(columns, binding)
     if model is not None:
         longest = int(groups.lengths.max()) if len(groups) else 0
         check_model(model, groups.binding, None, longest, max_length, tree=True)
-    epoch = pack_tree(groups, max_length, policy=policy or "best-fit-decreasing", **keywords)
-    (batch,) = epoch.batches  # sequences named by their index in the input
-    batch = dataclasses.replace(batch, seq_index=index[batch.seq_index])
-    return datasets.Dataset.from_list(tree_records(batch))
+    (batch,) = pack_tree(groups, max_length, policy=policy, **keywords).batches
+    batch = dataclasses.replace(batch, seq_index=first + index[batch.seq_index])
+    return tree_records(batch), len(index)
+
+
+def _stream_tries(spec: tuple) -> Any:
+    """A stream's tree records, block by block: ``block`` rows at least, then up to where the
+    ``group`` changes (a group's adjacent rows stay one trie), each block packed alone."""
+    dataset, binding, max_length, policy, model, block, keywords = spec
+    wanted = {name for names in TREE_COLUMNS for name in names}
+    rows: list[dict] = []
+    first = 0
+
+    def flush() -> Any:
+        nonlocal first
+        columns = {n: [r.get(n) for r in rows] for n in rows[0] if n in wanted}
+        records, count = _tries(columns, binding, max_length, policy, model, keywords, first)
+        yield from records
+        first += count
+        rows.clear()
+
+    for row in dataset:
+        if len(rows) >= block and ("group" not in row or row["group"] != rows[-1].get("group")):
+            yield from flush()
+        rows.append(row)
+    if rows:
+        yield from flush()
 
 
 def _check_model(
