@@ -116,3 +116,30 @@ def trl_prepared(dataset: Any, folder: Path, tmp: Path, **config: Any) -> dict[s
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     prepared = trainer.train_dataset
     return {"input_ids": prepared["input_ids"], "labels": prepared["labels"]}
+
+
+def trl_dpo_prepared(rows: dict[str, list], folder: Path, tmp: Path) -> list[tuple[list, list]]:
+    """TRL 1.16 ``DPOTrainer``'s own tokenization of DPO ``rows``: per pair, chosen then
+    rejected, the sequence ``prompt_ids + answer_ids`` and its per-target supervision
+    (the collator's completion mask, shifted by one)."""
+    import datasets
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), num_attention_heads=2, num_key_value_heads=2, **sizes
+    )
+    args = DPOConfig(output_dir=str(tmp / "trl"), report_to=[], use_cpu=True, max_length=None)
+    trainer = DPOTrainer(model=LlamaForCausalLM(config), ref_model=LlamaForCausalLM(config),
+                         args=args, train_dataset=datasets.Dataset.from_dict(rows),
+                         processing_class=tokenizer)  # fmt: skip
+    out = []
+    for row in trainer.train_dataset:
+        prompt = row["prompt_ids"]
+        for answer in (row["chosen_ids"], row["rejected_ids"]):
+            out.append((prompt + answer, [False] * (len(prompt) - 1) + [True] * len(answer)))
+    return out

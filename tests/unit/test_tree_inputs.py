@@ -215,3 +215,54 @@ def test_pack_dataset_tree_checks_the_model_as_flat_packing_does():
             ds, 32, tree=True, vocab_size=30, model=LlamaConfig(num_hidden_layers=1, **small)
         )
     assert len(pack_dataset(ds, 32, tree=True, model=LlamaConfig(num_hidden_layers=1, **small)))
+
+
+def test_pack_dataset_tree_reads_trl_dpo_columns_and_carries_per_pair_columns():
+    """TRL 1.16's prompt_ids / chosen_ids / rejected_ids: each pair one trie (the prompt
+    stored once), as the older column names; every scalar column (id, precomputed reference
+    log-probs) comes back per sequence, from a Dataset, a stream, and input_ids + group rows."""
+    import datasets
+
+    from exactpack.hf import pack_dataset
+    from exactpack.io.tree_rows import tree_batch_from_rows
+
+    trl = {
+        "prompt_ids": [[5, 6, 7], [1, 2]],
+        "chosen_ids": [[8, 9], [3, 3]],
+        "rejected_ids": [[8, 4, 4], [4]],
+    }
+    per_pair = {
+        "id": ["a", "b"],
+        "ref_chosen_logps": [-1.5, -2.5],
+        "ref_rejected_logps": [-3.0, -4.0],
+    }
+    rows = pack_dataset(datasets.Dataset.from_dict(trl | per_pair), 16, tree=True)
+    old = pack_dataset(
+        datasets.Dataset.from_dict({f"{k[:-4]}_input_ids": v for k, v in trl.items()}),
+        16,
+        tree=True,
+    )
+    assert [{k: r[k] for k in old.column_names} for r in rows] == list(old)
+    batch = tree_batch_from_rows(list(rows), 16, 10)
+    assert (batch.tokens_stored, batch.tokens_flat) == (10, 14)  # 5->6, 6->7, 1->2 once
+
+    def carried(records, names=tuple(per_pair)):
+        return {
+            s: vals
+            for r in records
+            for s, *vals in zip(r["sequence_index"], *(r[n] for n in names), strict=True)
+        }
+
+    want = {s: [v[s // 2] for v in per_pair.values()] for s in range(4)}  # both answers
+    assert carried(rows) == want
+    stream = datasets.Dataset.from_dict(trl | per_pair).to_iterable_dataset()
+    assert carried(pack_dataset(stream, 16, tree=True, vocab_size=10)) == want
+    grouped = {
+        "input_ids": [[1, 2, 3], [4, 5], [1, 2, 6]],
+        "group": [0, 1, 0],
+        "id": ["x", "y", "z"],
+    }
+    got = carried(pack_dataset(datasets.Dataset.from_dict(grouped), 16, tree=True), ("id",))
+    assert got == {0: ["x"], 1: ["y"], 2: ["z"]}  # a row's own value, whatever its group
+    with pytest.raises(InvalidInput, match=r"column 'weights' is carried .* rename it"):
+        pack_dataset(datasets.Dataset.from_dict(trl | {"weights": [1, 2]}), 16, tree=True)

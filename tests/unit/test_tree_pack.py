@@ -288,13 +288,17 @@ def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bo
     return out
 
 
-def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path, chat_folder):
-    from support.sft_helpers import CHATS
+def test_text_and_chat_dpo_rows_tokenize_as_trl_dpo_trainer_does(tmp_path, chat_folder):
+    """TRL 1.16's rule: prompt + answer tokenized whole, both answers cut at the shorter common
+    prefix with the prompt — "What col" merges into the chosen answer's "color", so the
+    rejected answer is supervised from "col"'s last piece too (SFT's per-answer cut would
+    not); files and pack_dataset(tree=True) read the same."""
+    from support.sft_helpers import CHATS, trl_dpo_prepared
 
     text = {
-        "prompt": ["What color is the sky?", "Hello there,"],
-        "chosen": [" It is blue.", " how are you?"],
-        "rejected": [" It is green.", " go away."],
+        "prompt": ["What color is the sky?", "Hello there,", "What col"],
+        "chosen": [" It is blue.", " how are you?</s>", "or is the sky?"],
+        "rejected": [" It is green.", " go away.", " It is green."],
     }
     chats = {
         "prompt": [c[:-1] for c in CHATS[:2]],
@@ -304,17 +308,23 @@ def test_text_and_chat_dpo_rows_tokenize_as_sft_prompt_completion_rows(tmp_path,
     for k, rows in enumerate((text, chats)):
         src = tmp_path / f"dpo{k}.jsonl"
         _write(rows, src)
-        stats = pack_path(
-            src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
-        )
-        got = _recovered(load_packed(tmp_path / f"o{k}").records())
-        chosen = _sft_reading({"prompt": rows["prompt"], "completion": rows["chosen"]}, chat_folder)
-        rejected = _sft_reading(
-            {"prompt": rows["prompt"], "completion": rows["rejected"]}, chat_folder
-        )
-        want = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
-        assert got == dict(enumerate(want))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the merged prompt, warned as TRL warns
+            stats = pack_path(
+                src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
+            )
+            rows_ds = pack_dataset(
+                datasets.Dataset.from_dict(rows), 256, tree=True, tokenizer=str(chat_folder)
+            )
+        want = dict(enumerate(trl_dpo_prepared(rows, chat_folder, tmp_path)))
+        assert _recovered(load_packed(tmp_path / f"o{k}").records()) == want
+        assert _recovered(list(rows_ds)) == want
         assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
+        if k == 0:  # SFT's reading of the merged row: the same tokens, one target fewer
+            (tokens, mask), *_ = _sft_reading(
+                {"prompt": ["What col"], "completion": [" It is green."]}, chat_folder
+            )
+            assert tokens == want[5][0] and sum(mask) == sum(want[5][1]) - 1
     with pytest.raises(InvalidInput, match="no tokenizer was given"):
         pack_path(
             tmp_path / "dpo0.jsonl", tmp_path / "x", max_length=64, vocab_size=VOCAB, tree="on"

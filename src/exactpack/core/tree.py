@@ -178,6 +178,7 @@ class SequenceGroups:
 #: Column sets tree packing reads, in the order they are looked for.
 TREE_COLUMNS = (
     ("prompt_ids", "completion_ids"),
+    ("prompt_ids", "chosen_ids", "rejected_ids"),
     ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids"),
     ("input_ids", "group"),
 )
@@ -192,8 +193,9 @@ def groups_from_columns(
 
     * ``prompt_ids`` + ``completion_ids``: a row's completions (a list of id
       lists, GRPO) are one group; a single id list is a group of one;
-    * ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL's
-      DPO columns): each row is a group ``[chosen, rejected]``;
+    * ``prompt_ids`` + ``chosen_ids`` + ``rejected_ids`` (TRL 1.16's DPO columns) or
+      ``prompt_input_ids`` + ``chosen_input_ids`` + ``rejected_input_ids`` (TRL < 1):
+      each row is a group ``[chosen, rejected]``;
     * ``input_ids`` + ``group``: rows of equal ``group`` (in first-seen order)
       form a group, its rows in input order wherever they are (the index says
       where); every target supervised.
@@ -211,12 +213,11 @@ def groups_from_columns(
             columns["prompt_ids"], comps, binding, where
         )
         return groups, np.arange(len(groups), dtype=np.int64)
-    if {"prompt_input_ids", "chosen_input_ids", "rejected_input_ids"} <= names:
-        pairs = list(zip(columns["chosen_input_ids"], columns["rejected_input_ids"], strict=True))
-        groups = SequenceGroups.from_prompt_completions(
-            columns["prompt_input_ids"], pairs, binding, where
-        )
-        return groups, np.arange(len(groups), dtype=np.int64)
+    for prompt, chosen, rejected in TREE_COLUMNS[1:3]:
+        if {prompt, chosen, rejected} <= names:
+            pairs = list(zip(columns[chosen], columns[rejected], strict=True))
+            groups = SequenceGroups.from_prompt_completions(columns[prompt], pairs, binding, where)
+            return groups, np.arange(len(groups), dtype=np.int64)
     if {"input_ids", "group"} <= names:
         members: dict[Any, list[int]] = {}
         for i, g in enumerate(columns["group"]):
@@ -231,8 +232,9 @@ def groups_from_columns(
     found = ", ".join(sorted(names)) or "none"
     hint = f"; {', '.join(text)} hold text — tokenize them first" if text else ""
     raise InvalidInput(
-        "tree packing reads prompt_ids + completion_ids, prompt_input_ids + chosen_input_ids +"
-        f" rejected_input_ids, or input_ids + group; this input has columns {found}{hint}"
+        "tree packing reads prompt_ids + completion_ids, prompt_ids + chosen_ids + rejected_ids"
+        " (or prompt_input_ids + chosen_input_ids + rejected_input_ids), or input_ids + group;"
+        f" this input has columns {found}{hint}"
     )
 
 

@@ -37,6 +37,7 @@ from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
 from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
+from exactpack.io.documents import Origin
 from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
@@ -50,7 +51,16 @@ from exactpack.io.shards import (
     union,
 )
 from exactpack.io.tree_rows import max_id, tree_records
-from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
+from exactpack.io.trl_schema import (
+    DPO_TEXT,
+    TRL_FORMAT,
+    TRL_SCHEMA,
+    TRL_VERSION,
+    carry_columns,
+    dpo_text_groups,
+    refuse_trl,
+    trl_table,
+)
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
 from exactpack.pipeline.options import DEFAULT_TREE_WINDOW, PackOptions, check_pad_id
@@ -215,57 +225,68 @@ def _pack_tree(
     if max_length is None:
         raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
     model, vocab = keywords.pop("model", None), keywords.pop("vocab_size", None)
+    texts = {k: keywords.pop(k) for k in ("tokenizer", "chat_template") if k in keywords}
+    tok = PackOptions.of(options, max_length=max_length, **texts).load_tokenizer()  # DPO text
+    vocab = vocab or getattr(tok, "vocab_size", None)
     if model is not None:  # before any read, as flat pack_dataset
         check_model(model, None, None, 0, max_length, tree=True)
     policy = policy or "best-fit-decreasing"
+    ident = getattr(tok, "identity", "pretokenized")
     if is_stream(dataset):
         if vocab is None:
             raise InvalidInput(
                 "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
                 " to find its largest id)"
             )
-        binding = Binding(int(vocab), "pretokenized", "tree-dataset")
+        binding = Binding(int(vocab), ident, "tree-dataset")
         block = options.tree_block if options is not None else DEFAULT_TREE_WINDOW
-        spec = (dataset, binding, max_length, policy, model, block, keywords)
+        spec = (dataset, binding, tok, max_length, policy, model, block, keywords)
         return datasets.IterableDataset.from_generator(_stream_tries, gen_kwargs={"spec": spec})
-    wanted = {name for names in TREE_COLUMNS for name in names}
-    columns = {n: dataset[n] if n in wanted else [] for n in dataset.column_names}
+    wanted = {name for names in TREE_COLUMNS for name in names} - {"group"}
+    table = dataset.with_format("arrow")[0 : len(dataset)]
     vocab = vocab or 1 + max(
-        (max_id(columns[n]) for n in columns if n in wanted and n != "group"), default=0
+        (max_id(table.column(n).to_pylist()) for n in table.column_names if n in wanted),
+        default=0,
     )
-    binding = Binding(int(vocab), "pretokenized", "tree-dataset")
-    records, _ = _tries(columns, binding, max_length, policy, model, keywords, 0)
+    binding = Binding(int(vocab), ident, "tree-dataset")
+    records, _ = _tries(table, binding, tok, max_length, policy, model, keywords, 0)
     return datasets.Dataset.from_list(records)
 
 
 def _tries(
-    columns: dict, binding: Binding, max_length: int, policy: str, model: Any, keywords: dict,
-    first: int,
+    table: pa.Table, binding: Binding, tok: Any, max_length: int, policy: str, model: Any,
+    keywords: dict, first: int,
 ) -> tuple[list[dict[str, list[Any]]], int]:  # fmt: skip
-    """The tree records of ``columns``' groups, sequences numbered from ``first``; how many."""
+    """The tree records of ``table``'s groups (its scalar columns carried), sequences
+    numbered from ``first``; how many."""
     from exactpack.hf.capabilities import check_model
 
-    groups, index = groups_from_columns(columns, binding)
+    names = table.column_names
+    if set(DPO_TEXT) <= set(names) and not any(set(c) <= set(names) for c in TREE_COLUMNS):
+        groups, index = dpo_text_groups(table, Origin((("dataset", -first, "row"),)), tok, binding)
+    else:
+        wanted = {name for names in TREE_COLUMNS for name in names}
+        columns = {n: table.column(n).to_pylist() if n in wanted else [] for n in names}
+        groups, index = groups_from_columns(columns, binding)
     if model is not None:
         longest = int(groups.lengths.max()) if len(groups) else 0
         check_model(model, groups.binding, None, longest, max_length, tree=True)
     (batch,) = pack_tree(groups, max_length, policy=policy, **keywords).batches
     batch = dataclasses.replace(batch, seq_index=first + index[batch.seq_index])
-    return tree_records(batch), len(index)
+    return carry_columns(tree_records(batch), table, groups, first), len(index)
 
 
 def _stream_tries(spec: tuple) -> Any:
     """A stream's tree records, block by block: ``block`` rows at least, then up to where the
     ``group`` changes (a group's adjacent rows stay one trie), each block packed alone."""
-    dataset, binding, max_length, policy, model, block, keywords = spec
-    wanted = {name for names in TREE_COLUMNS for name in names}
+    dataset, binding, tok, max_length, policy, model, block, keywords = spec
     rows: list[dict] = []
     first = 0
 
     def flush() -> Any:
         nonlocal first
-        columns = {n: [r.get(n) for r in rows] for n in rows[0] if n in wanted}
-        records, count = _tries(columns, binding, max_length, policy, model, keywords, first)
+        table = pa.Table.from_pylist(rows)
+        records, count = _tries(table, binding, tok, max_length, policy, model, keywords, first)
         yield from records
         first += count
         rows.clear()

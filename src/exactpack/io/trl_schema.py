@@ -1,4 +1,6 @@
-"""TRL's packed schema (``--format trl``): rows that TRL and transformers consume unchanged.
+"""TRL's data: its packed schema (``--format trl``), rows that TRL and transformers consume
+unchanged; its DPO tokenization (:func:`dpo_text_groups`); the per-pair columns tree rows
+carry (:func:`carry_columns`).
 
 One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
 
@@ -33,14 +35,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exactpack.core.binding import Binding
 from exactpack.core.compact import CompactRows, span_labels
 from exactpack.core.errors import InvalidInput
-from exactpack.io.shards import list_array, token_offsets
+from exactpack.core.tree import TREE_COLUMNS, SequenceGroups
+from exactpack.io.documents import Origin
+from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft
+from exactpack.io.shards import TREE_CELL_COLUMNS, TREE_SEQUENCE_COLUMNS, list_array, token_offsets
+from exactpack.io.tokenizers import Tokenizer
 
 TRL_FORMAT = "exactpack.trl-packed"
 TRL_VERSION = 2
@@ -140,6 +148,86 @@ def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file
         and bool(np.all(ignored[starts]))
     )
     return bool(ok) and entry.get("eligible", eligible) == eligible
+
+
+#: TRL's DPO text columns: strings, or lists of ``{role, content}`` messages.
+DPO_TEXT = ("prompt", "chosen", "rejected")
+
+
+def dpo_text_groups(
+    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
+) -> tuple[SequenceGroups, np.ndarray]:
+    """TRL 1.16 ``DPOTrainer``'s tokenization of ``prompt`` / ``chosen`` / ``rejected`` rows:
+    one group ``[chosen, rejected]`` per row (sequences ``2r``, ``2r + 1``; index int64 [2R]).
+
+    As ``DPOTrainer._prepare_dataset``: text answers get the tokenizer's EOS unless they
+    end with it; ``prompt``, ``prompt + chosen`` and ``prompt + rejected`` are tokenized
+    whole (special tokens added; conversations through the chat template, the prompt with
+    ``add_generation_prompt=True``, each row's ``tools`` / ``chat_template_kwargs``); both
+    answers start at ``p = min`` of the two common prefixes with the prompt alone
+    (``prompt_ids = prompt[:p]``, ``chosen_ids = (prompt + chosen)[p:]``). Where a BPE
+    token merges across one answer's boundary, the other answer is supervised from ``p``
+    too (the test tokenizer, prompt ``"What col"``)::
+
+        prompt alone       <s> What Ġcol
+        prompt + chosen    <s> What Ġcolor Ġis ...      diverges at 2
+        prompt + rejected  <s> What Ġcol ĠIt ...        diverges at 3
+        p = 2              chosen from Ġcolor, rejected from Ġcol (supervised)
+    """
+    if tokenizer is None:
+        raise InvalidInput(
+            f"{origin.parts[0][0]}: rows hold prompt / chosen / rejected text but no tokenizer"
+            " was given — pass --tokenizer (tokenizer=) with a local tokenizer folder, or"
+            " tokenize them (prompt_ids / chosen_ids / rejected_ids)"
+        )
+    extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
+    answers = []
+    for answer in DPO_TEXT[1:]:
+        cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
+        answers.append(encode_sft(pa.table(cols), origin, tokenizer, ("prompt", "completion")))
+    seqs, masks = [], []
+    for row in range(table.num_rows):
+        pair = [tokens[offsets[row] : offsets[row + 1]] for tokens, offsets, _ in answers]
+        # each answer's supervision starts at its first flagged token; TRL's p is the min
+        cut = min(int(np.argmax(f[o[row] : o[row + 1]])) for _, o, f in answers)
+        seqs += pair
+        masks += [np.arange(1, s.shape[0]) >= cut for s in pair]
+    group = np.repeat(np.arange(table.num_rows, dtype=np.int64), 2)
+    return SequenceGroups.of(seqs, masks, group, binding), np.arange(len(seqs), dtype=np.int64)
+
+
+#: Columns sequences are read from (never carried).
+_READ = {n for cols in TREE_COLUMNS for n in cols} | {*DPO_TEXT, *TEMPLATE_COLUMNS}
+
+
+def carry_columns(
+    records: list[dict[str, Any]], table: pa.Table, groups: SequenceGroups, first: int = 0
+) -> list[dict[str, Any]]:
+    """``records`` (tree rows of ``table``'s sequences, numbered from ``first``) with each
+    scalar column of ``table`` other than those sequences are read from (``id``, TRL's
+    ``ref_chosen_logps`` / ``ref_rejected_logps``, ...) as a list per record, one value per
+    sequence of ``sequence_index``: the value of the input row the sequence came from (a
+    DPO pair's columns on both its answers, a GRPO row's on each completion)::
+
+        input row 0   prompt_ids P, chosen_ids C, rejected_ids R, id "a", ref_chosen_logps -3.5
+        record        ..., sequence_index [0, 1], id ["a", "a"], ref_chosen_logps [-3.5, -3.5]
+    """
+    names = [f.name for f in table.schema if f.name not in _READ and not pa.types.is_nested(f.type)]
+    clash = sorted(set(names) & {"row", *TREE_CELL_COLUMNS, *TREE_SEQUENCE_COLUMNS})
+    if clash:
+        raise InvalidInput(
+            f"the input's column {clash[0]!r} is carried onto the tree rows, which have a column"
+            " of that name — rename it"
+        )
+    # the input row of each sequence: its group's (a pair, a GRPO row), but `input_ids` +
+    # `group` rows are sequences themselves (their index is their row)
+    used = next((c for c in TREE_COLUMNS if set(c) <= set(table.column_names)), None)
+    rows = np.arange(len(groups)) if used == TREE_COLUMNS[-1] else groups.group
+    for name in names:
+        values = table.column(name).to_pylist()
+        for rec in records:
+            rec[name] = [values[rows[i - first]] for i in rec["sequence_index"]]
+    return records
 
 
 def _nulls(column: pa.ChunkedArray) -> int:

@@ -45,11 +45,12 @@ from exactpack.io.atomic import Output
 from exactpack.io.columns import check_split
 from exactpack.io.documents import Origin, make_binding
 from exactpack.io.readers import open_input
-from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
+from exactpack.io.sft import encode_sft, sft_columns
 from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record
 from exactpack.io.store import write_shards
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.io.tree_rows import tree_table
+from exactpack.io.trl_schema import dpo_text_groups
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
 from exactpack.pipeline.progress import progress_bar, status
@@ -86,7 +87,7 @@ def file_groups(
         columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
         return groups_from_columns(columns, binding, origin.locate)
     if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
-        return _dpo_text(table, origin, tokenizer, binding)
+        return dpo_text_groups(table, origin, tokenizer, binding)
     if "chosen" in names and "rejected" in names:
         raise InvalidInput(
             f"{where}: chosen / rejected rows without a prompt column (TRL's implicit prompt) —"
@@ -134,28 +135,6 @@ def _refuse_short(n: np.ndarray, origin: Origin) -> None:
             f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
             " (one prediction pair) — drop the row"
         )
-
-
-def _dpo_text(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
-) -> tuple[SequenceGroups, np.ndarray]:
-    if tokenizer is None:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: rows hold prompt / chosen / rejected text but no tokenizer"
-            " was given — pass --tokenizer with a local tokenizer folder, or tokenize them"
-            " (prompt_input_ids / chosen_input_ids / rejected_input_ids)"
-        )
-    extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
-    encoded = []
-    for answer in ("chosen", "rejected"):
-        cols = {"prompt": table.column("prompt"), "completion": table.column(answer), **extras}
-        encoded.append(_encoded(pa.table(cols), origin, tokenizer, ("prompt", "completion")))
-    (chosen, chosen_masks), (rejected, rejected_masks) = encoded
-    # chosen, rejected of row 0, then of row 1, ...
-    seqs = [s for pair in zip(chosen, rejected, strict=True) for s in pair]
-    masks = [m for pair in zip(chosen_masks, rejected_masks, strict=True) for m in pair]
-    group = np.repeat(np.arange(len(seqs) // 2, dtype=np.int64), 2)
-    return SequenceGroups.of(seqs, masks, group, binding), np.arange(len(seqs), dtype=np.int64)
 
 
 def _plain_rows(
