@@ -5,6 +5,8 @@ dozen log-softmax terms, far inside it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -48,6 +50,8 @@ def test_flat_rows_give_each_example_its_own_log_probs():
     got = token_logprobs(logits, batch)
     assert len(got) == 3 and all(close(a, b) for a, b in zip(got, want_tokens, strict=True))
     assert close(sequence_logprobs(logits, batch), want_sums)
+    means = torch.stack([t.mean() for t in want_tokens])  # every target supervised
+    assert close(sequence_logprobs(logits, batch, mean=True), means)
 
 
 def _groups():
@@ -119,6 +123,33 @@ def test_the_head_of_a_transformers_model_gives_the_models_logits():
     assert close(got, want)
 
 
+@pytest.mark.parametrize("paired", [True, False])
+def test_sums_and_means_on_tree_rows_equal_each_sequence_computed_alone(paired):
+    """SimPO / ORPO (mean over supervised targets) and DPO / KTO (sums; KTO's unpaired rows
+    are groups of one) against each sequence run alone through a "model" whose logits at
+    a token depend on its token and depth only — what the tree's cells hold."""
+    groups = _groups() if paired else SequenceGroups.from_prompt_completions(
+        [[10, 11, 12], [10, 11], [40]], [[[20, 21]], [[22, 23, 24]], [[50]]], BINDING
+    )  # fmt: skip
+    batch = pack_tree(groups, 8).batches[0]
+    g = torch.Generator().manual_seed(2)
+    embed = torch.randn(64, 64, generator=g, dtype=torch.float64)
+    depth = torch.randn(16, 64, generator=g, dtype=torch.float64)
+    inputs = torch.as_tensor(np.maximum(batch.inputs, 0), dtype=torch.long)
+    logits = embed[inputs] + depth[torch.as_tensor(batch.positions, dtype=torch.long)]
+    sums, means = [], []
+    for i in batch.seq_index:  # layout order -> the input's sequence
+        seq = torch.as_tensor(groups.sequence(int(i)), dtype=torch.long)
+        a, b = groups.offsets[i] - i, groups.offsets[i + 1] - i - 1  # its targets' mask
+        mask = torch.as_tensor(groups.loss_mask[a:b])
+        alone = embed[seq[:-1]] + depth[: seq.shape[0] - 1]
+        per = torch.log_softmax(alone, -1).gather(1, seq[1:, None])[:, 0][mask]
+        sums.append(per.sum())
+        means.append(per.mean())
+    assert close(sequence_logprobs(logits, batch), torch.stack(sums))
+    assert close(sequence_logprobs(logits, batch, mean=True), torch.stack(means))
+
+
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
     with pytest.raises(InvalidInput, match="PackedBatch or a TreeBatch"):
@@ -129,3 +160,6 @@ def test_bad_arguments_are_refused():
         sequence_logprobs(torch.zeros(*batch.shape, 4), batch, LMHead(torch.zeros(50, 4)))
     with pytest.raises(InvalidInput, match="chunk"):
         LMHead(torch.zeros(3, 4), chunk=0)
+    unsupervised = dataclasses.replace(batch, loss_mask=np.zeros_like(batch.loss_mask))
+    with pytest.raises(InvalidInput, match="sequence 0 of the batch has no supervised target"):
+        sequence_logprobs(torch.zeros(*batch.shape, 300), unsupervised, mean=True)

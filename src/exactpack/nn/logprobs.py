@@ -11,12 +11,12 @@ order. On the fixture's first row ``[A A A B B .]`` (A: 3 pairs, B: 2)::
     B          3, 4                       T, T
 
 :func:`token_logprobs` gives each sequence's target log-probs (L,), the GRPO quantity;
-:func:`sequence_logprobs` the sum over its supervised targets (S,), the DPO / SimPO /
-reward-model quantity. Either takes logits ``(R, T, V)``, or hidden states ``(R, T, H)``
-with an :class:`LMHead`: then only the sequences' cells pass the head, ``chunk`` cells
-at a time, each chunk's ``(chunk, V)`` logits recomputed in the backward instead of
-kept (activation checkpointing), so a 150k vocabulary never materialises
-``(cells, V)``.
+:func:`sequence_logprobs` the sum over its supervised targets (S,), the DPO / KTO /
+reward-model quantity, or their mean (``mean=True``), SimPO's and ORPO's. Either takes
+logits ``(R, T, V)``, or hidden states ``(R, T, H)`` with an :class:`LMHead`: then only
+the sequences' cells pass the head, ``chunk`` cells at a time, each chunk's ``(chunk, V)``
+logits recomputed in the backward instead of kept (activation checkpointing), so a 150k
+vocabulary never materialises ``(cells, V)``.
 """
 
 from __future__ import annotations
@@ -153,14 +153,33 @@ def token_logprobs(
 
 
 def sequence_logprobs(
-    values: torch.Tensor, batch: PackedBatch | TreeBatch, head: LMHead | None = None
+    values: torch.Tensor,
+    batch: PackedBatch | TreeBatch,
+    head: LMHead | None = None,
+    *,
+    mean: bool = False,
 ) -> torch.Tensor:
-    """Sum of each sequence's supervised target log-probs (its own loss mask), (S,)."""
+    """Per sequence (S,): the sum of its supervised target log-probs (its own loss mask) —
+    DPO, reward models, KTO (unpaired rows: flat examples or groups of one) — or, with
+    ``mean=True``, their mean over its supervised targets: the length-normalised
+    log-prob of SimPO and ORPO (TRL's ``average_log_prob``)."""
     cells, bounds, supervised = sequence_cells(batch)
     flat = _cell_logprobs(values, batch, cells, head)
     flat = flat * torch.as_tensor(supervised, device=flat.device, dtype=flat.dtype)
-    owner = torch.as_tensor(np.repeat(np.arange(bounds.shape[0] - 1), np.diff(bounds)))
-    return flat.new_zeros(bounds.shape[0] - 1).index_add(0, owner.to(flat.device), flat)
+    owner = np.repeat(np.arange(bounds.shape[0] - 1), np.diff(bounds))
+    sums = flat.new_zeros(bounds.shape[0] - 1).index_add(
+        0, torch.as_tensor(owner, device=flat.device), flat
+    )
+    if not mean:
+        return sums
+    counts = np.bincount(owner, weights=supervised, minlength=bounds.shape[0] - 1)
+    if (counts == 0).any():
+        i = int(np.argmin(counts))
+        raise InvalidInput(
+            f"sequence {i} of the batch has no supervised target, so it has no mean log-prob —"
+            " supervise a token of it, or drop mean=True"
+        )
+    return sums / torch.as_tensor(counts, device=sums.device, dtype=sums.dtype)
 
 
 __all__ = ["LMHead", "sequence_cells", "sequence_logprobs", "token_logprobs"]
