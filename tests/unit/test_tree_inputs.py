@@ -264,5 +264,8 @@ def test_pack_dataset_tree_reads_trl_dpo_columns_and_carries_per_pair_columns():
     }
     got = carried(pack_dataset(datasets.Dataset.from_dict(grouped), 16, tree=True), ("id",))
     assert got == {0: ["x"], 1: ["y"], 2: ["z"]}  # a row's own value, whatever its group
+    kto = {"prompt_ids": [[5, 6], [5, 6]], "completion_ids": [[7], [8, 9]], "label": [True, False]}
+    got = carried(pack_dataset(datasets.Dataset.from_dict(kto), 16, tree=True), ("label",))
+    assert got == {0: [True], 1: [False]}  # TRL 1.16's KTO rows: unpaired, groups of one
     with pytest.raises(InvalidInput, match=r"column 'weights' is carried .* rename it"):
         pack_dataset(datasets.Dataset.from_dict(trl | {"weights": [1, 2]}), 16, tree=True)
