@@ -66,6 +66,11 @@ def _dpo(rng: np.random.Generator, groups: int) -> dict[str, list]:
     }
 
 
+def _dpo_trl(rng: np.random.Generator, groups: int) -> dict[str, list]:
+    """TRL 1.16's DPO columns (prompt_ids / chosen_ids / rejected_ids)."""
+    return {k.replace("_input", ""): v for k, v in _dpo(rng, groups).items()}
+
+
 def _generic(rng: np.random.Generator, groups: int) -> dict[str, list]:
     g = _grpo(rng, groups)
     rows = [(p + c, k) for k, (p, cs) in enumerate(zip(*g.values(), strict=True)) for c in cs]
@@ -126,7 +131,7 @@ def _recovered(records: list[dict]) -> dict[int, tuple[list[int], list[bool]]]:
     return out
 
 
-@pytest.mark.parametrize("make", [_grpo, _dpo, _generic])
+@pytest.mark.parametrize("make", [_grpo, _dpo, _dpo_trl, _generic])
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_pack_load_collate_equals_the_in_memory_tree_rows(tmp_path, make, suffix):
     columns = make(np.random.default_rng(7), 12)

@@ -198,9 +198,11 @@ def _pack_tree(
 ) -> Any:
     """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md.
 
-    The tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO ``prompt_input_ids`` /
-    ``chosen_input_ids`` / ``rejected_input_ids``, or ``input_ids`` + ``group``) become a
-    ``datasets.Dataset`` of one record per row. ``model=`` is checked as flat
+    The tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO ``prompt_ids`` /
+    ``chosen_ids`` / ``rejected_ids`` or its text ``prompt`` / ``chosen`` / ``rejected``
+    with ``tokenizer=``, or ``input_ids`` + ``group``) become a ``datasets.Dataset`` of one
+    record per row, scalar columns carried per sequence
+    (:func:`~exactpack.io.trl_schema.carry_columns`). ``model=`` is checked as flat
     ``pack_dataset`` checks it (on tree rows): before reading, then with the longest
     sequence and the vocabulary."""
     import datasets
