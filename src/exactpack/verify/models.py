@@ -231,7 +231,7 @@ def tree_groups(
     return SequenceGroups.from_prompt_completions(prompts, completions, binding)
 
 
-def check_available(attn_implementation: str, device: torch.device) -> None:
+def _check_available(attn_implementation: str, device: torch.device) -> None:
     """Raise :class:`NotAvailable` when ``attn_implementation`` cannot be verified here."""
     if attn_implementation not in IMPLEMENTATIONS:
         raise InvalidInput(
@@ -286,7 +286,7 @@ def load_model(
     if (config is None) == (model is None):
         raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
     device = torch.device(device)
-    check_available(attn_implementation, device)
+    _check_available(attn_implementation, device)
     path = Path(config if config is not None else model)
     if not path.exists():
         raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
@@ -297,9 +297,9 @@ def load_model(
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
-    check_config_files(path)
+    _check_config_files(path)
     cfg = _built(path, lambda: AutoConfig.from_pretrained(str(path), **local))
-    check_model_size(cfg, dtype, max_model_bytes, path, weights=model is not None)
+    _check_model_size(cfg, dtype, max_model_bytes, path, weights=model is not None)
     if refuse:  # the config's capability, from its modules built on the meta device
         capability(cfg).check(attention_kind(attn_implementation))
     auto = AutoModelForCausalLM
@@ -314,7 +314,7 @@ def load_model(
     return _built(path, build).to(device).eval()
 
 
-def check_config_files(path: Path) -> None:
+def _check_config_files(path: Path) -> None:
     """Refuse a config that is not a regular file within the tokenizer files' limit
     (:data:`~exactpack.io.tokenizers.MAX_TOKENIZER_FILE`) before transformers reads it."""
     files = [path / "config.json"] if path.is_dir() else [path]
@@ -347,7 +347,7 @@ def _config_int(cfg: Any, names: Sequence[str], default: int = 0) -> int:
     return default
 
 
-def parameter_estimate(cfg: Any) -> int:
+def _parameter_estimate(cfg: Any) -> int:
     """About how many parameters ``cfg``'s decoder holds, from its sizes alone: embeddings
     (and an untied head), then per layer attention (q, k, v, o), a gated MLP (times its
     experts) and norms. Python ints: a config's absurd sizes give an absurd count, never
@@ -364,21 +364,21 @@ def parameter_estimate(cfg: Any) -> int:
     attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim
     layer = attention + 3 * width * inner + 2 * width
     heads_out = 1 if getattr(text, "tie_word_embeddings", True) else 2
-    return _config_int(text, ("vocab_size",)) * width * heads_out + layer_count(cfg) * layer
+    return _config_int(text, ("vocab_size",)) * width * heads_out + _layer_count(cfg) * layer
 
 
-def layer_count(cfg: Any) -> int:
+def _layer_count(cfg: Any) -> int:
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return _config_int(text, _LAYERS)
 
 
-def check_model_size(
+def _check_model_size(
     cfg: Any, dtype: torch.dtype, max_bytes: int | None, path: Path, weights: bool = False
 ) -> None:
     """Refuse ``cfg``'s model before it is built: more than :data:`MAX_LAYERS` layers, or
     more than ``max_bytes`` (None: no limit) of parameters in ``dtype`` by
-    :func:`parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
-    layers = layer_count(cfg)
+    :func:`_parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
+    layers = _layer_count(cfg)
     if layers > MAX_LAYERS:
         raise InvalidInput(
             f"{path}: the config has {layers:,} layers, more than the {MAX_LAYERS:,} any"
@@ -386,7 +386,7 @@ def check_model_size(
         )
     if max_bytes is None:
         return
-    need = parameter_estimate(cfg) * dtype.itemsize
+    need = _parameter_estimate(cfg) * dtype.itemsize
     if weights and path.is_dir():
         need = max(need, sum(f.stat().st_size for f in path.glob("*.safetensors")))
     if need > max_bytes:
@@ -420,7 +420,7 @@ def _refuse_pickled_weights(folder: Path) -> None:
         )
 
 
-def packed_kwargs(
+def _packed_kwargs(
     batch: PackedBatch | TreeBatch,
     mode: str,
     attn_implementation: str,
@@ -431,7 +431,7 @@ def packed_kwargs(
 ) -> dict[str, Any]:
     """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
     if mode == "naive" and isinstance(batch, TreeBatch):  # siblings see each other
-        mode, batch = "adapter", naive_batch(batch)
+        mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
         return build_inputs(
             batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
@@ -450,7 +450,7 @@ def packed_kwargs(
     }
 
 
-def naive_batch(batch: TreeBatch) -> TreeBatch:
+def _naive_batch(batch: TreeBatch) -> TreeBatch:
     """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
     roots = np.flatnonzero(batch.node_parent < 0)
     root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
@@ -480,7 +480,7 @@ def _params(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def reference_implementation(model: torch.nn.Module, attn: str) -> str:
+def _reference_implementation(model: torch.nn.Module, attn: str) -> str:
     """The implementation the separate runs use: ``attn`` when it is the model's own (sdpa,
     eager, flex), else the model's sdpa, or its eager where it has no sdpa."""
     kind = attention_kind(attn) if isinstance(attn, str) else None
@@ -653,7 +653,7 @@ def _compare(
     pad = pad_token_id if pad_token_id is not None else getattr(model.config, "pad_token_id", None)
     vocab = batch.binding.vocab_size  # codegen, cpmant: no pad id at all
     pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
-    reference = reference_implementation(model, attn)
+    reference = _reference_implementation(model, attn)
     with running(model, reference):
         islands, widened = guarded(model, "forward", lambda: observed(model, seqs[0][0], gradients))
     with Float64Islands() if tree else nullcontext():
@@ -664,7 +664,7 @@ def _compare(
                 model, "forward", lambda: _separate(model, seqs)
             )
         tol = tolerance(param.dtype, islands)
-        kwargs = packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
+        kwargs = _packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
         out = _packed_forward(model, kwargs, mode)
         logits = cell_logits(out.logits, batch)  # (R, T, V)
         sep_mean = -sep_sums.sum() / eligible
@@ -723,7 +723,7 @@ def _report(
     lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
     report = {
         "target": "transformers",
-        "model": model_facts(model),
+        "model": _model_facts(model),
         "architecture": {
             "layer_types": list(arch.mask_types),
             "windows": {k or "all": v for k, v in arch.windows.items()},
@@ -743,7 +743,7 @@ def _report(
         "targets": sum(lengths),
         "eligible_targets": eligible,
         "tolerance": dict(tol),
-        **tally(compared),
+        **_tally(compared),
     }
     if tree:  # groups of sequences sharing prefixes (flat: groups of one)
         report |= {
@@ -757,7 +757,7 @@ def _report(
     return report
 
 
-def model_facts(model: torch.nn.Module) -> dict[str, Any]:
+def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
     """The report's ``model`` section: type, class, trainable parameters, dtype, attention."""
     param = next(model.parameters())
     return {
@@ -770,7 +770,7 @@ def model_facts(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
     keys = ("max_abs_diff", "comparisons", "failures")
     return {key: {name: c[key] for name, c in compared.items()} for key in keys}
