@@ -522,7 +522,9 @@ def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) 
     return found
 
 
-def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool, tree: bool):
+def _prepare(
+    model: torch.nn.Module, mode: str, allow_unsupported: bool, tree: bool
+) -> Architecture:
     modes = MODES[:2] if tree else MODES
     if mode not in modes:
         rows = " for tree rows (--tree-lengths)" if tree else ""
