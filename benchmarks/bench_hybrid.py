@@ -82,7 +82,7 @@ def tree_ratio(model, repeats: int) -> dict:
     from exactpack.core.loss import token_weighted_loss
     from exactpack.core.tree import pack_tree
     from exactpack.hf import hf_inputs
-    from exactpack.verify.tree_models import tree_groups
+    from exactpack.verify.models import tree_groups
 
     groups = tree_groups([(600, (150, 150))] * 4, model.config.vocab_size, 0)
     (batch,) = pack_tree(groups, CAPACITY).batches

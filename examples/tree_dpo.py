@@ -28,7 +28,6 @@ from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf import hf_inputs
 from exactpack.nn.logprobs import sequence_logprobs
 from exactpack.verify.models import load_model
-from exactpack.verify.tree_models import use_tree_attention
 
 TINY_GPT2 = {
     "model_type": "gpt2",
@@ -99,7 +98,7 @@ def tiny_models(config: Path | None = None) -> tuple[torch.nn.Module, torch.nn.M
             path.write_text(json.dumps(TINY_GPT2))
         models = tuple(load_model(config=path, dtype=torch.float64, seed=s) for s in (0, 1))
     for m in models:
-        use_tree_attention(m)
+        m.set_attn_implementation("exactpack_tree")  # registered by exactpack.hf
     return models
 
 

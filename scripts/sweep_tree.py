@@ -9,7 +9,7 @@ The types are those with a ``PASS`` cell in the flat sweep's table
 (``scripts/sweep_architectures.py``, ``docs/transformers.md``), built from
 the same tiny configs (``tests/support/architecture_tiny.py``: width 16,
 2 layers, window 4 where the model has one). Each type runs
-:func:`exactpack.verify.tree_models.verify_tree` in float64 on eager, sdpa,
+:func:`exactpack.verify.models.verify_hf` in float64 on eager, sdpa,
 ``exactpack_tree`` and ``exactpack_tree_varlen`` (the flash path, through its
 plain-torch reference on CPU), and the naive control on eager (it must
 FAIL), with the groups ``"30:5,8,12;10:4,4"`` (scaled down
@@ -55,10 +55,10 @@ def flat_passing() -> list[str]:
 
 def spec_for(limit: int | None) -> list[tuple[int, tuple[int, ...]]]:
     """:data:`SPEC`, or groups whose sequences stay within ``limit`` pairs."""
-    from exactpack.verify.tree_models import parse_tree_lengths
+    from exactpack.cli.verify import parse_tree_lengths
 
     if limit is None or limit >= 42:
-        return parse_tree_lengths(SPEC)
+        return parse_tree_lengths(SPEC, "--tree-lengths")
     p = max(1, limit // 2)
     return [(p, (limit - p, max(1, limit - p - 1), 2)), (max(1, p - 1), (2, 2))]
 
@@ -71,7 +71,7 @@ def run_one(attn: str, config, mode: str = "adapter") -> dict:
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capabilities import capability
     from exactpack.hf.kinds import tree_kind
-    from exactpack.verify.tree_models import tree_groups, verify_tree
+    from exactpack.verify.models import tree_groups, verify_hf
 
     from support.architecture_tiny import tree_model
 
@@ -94,7 +94,7 @@ def run_one(attn: str, config, mode: str = "adapter") -> dict:
     text = model.config.get_text_config()
     try:
         groups = tree_groups(spec_for(min(limits) if limits else None), text.vocab_size, 0)
-        report = verify_tree(model, groups, mode=mode)
+        report = verify_hf(model, groups, mode=mode)
     except (UnsupportedArchitecture, NotAvailable, InvalidInput) as err:  # up front or at layer 0
         return {"status": "refused", "detail": _line(err).split(": ", 1)[1]}
     except Exception as err:

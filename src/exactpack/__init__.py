@@ -18,15 +18,9 @@ layers are imported explicitly (``exactpack.nn`` needs PyTorch, ``exactpack.io``
 and ``exactpack.pipeline`` pyarrow, ``exactpack.hf`` transformers and datasets).
 """
 
-from exactpack.core.batch import NO_SEGMENT, PAD_CELL, Occurrences, PackedBatch
+from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split, data_digest
-from exactpack.core.compact import (
-    CompactRows,
-    PackedEpoch,
-    compact_rows,
-    materialize,
-    pack_examples,
-)
+from exactpack.core.compact import materialize, pack_examples
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import (
     BindingMismatch,
@@ -38,48 +32,35 @@ from exactpack.core.errors import (
     OversizedExample,
     SplitMismatch,
 )
-from exactpack.core.examples import ExampleTable, SequenceExample, cut_long, long_ranges
-from exactpack.core.permission import CuSeqlens, KeyRanges
-from exactpack.core.plan import Plan
+from exactpack.core.examples import ExampleTable, SequenceExample, cut_long
 from exactpack.core.policies import plan_rows
-from exactpack.core.stream_packer import Placements, StreamPacker
+from exactpack.core.stream_packer import StreamPacker
 from exactpack.io.tokenizers import ByteTokenizer, load_tokenizer
 from exactpack.pipeline.options import PackOptions
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "NO_SEGMENT",
-    "PAD_CELL",
     "Binding",
     "BindingMismatch",
     "BudgetExceeded",
     "ByteTokenizer",
-    "CompactRows",
-    "CuSeqlens",
     "EmptyObjective",
     "ExactpackError",
     "ExampleTable",
     "InvalidInput",
-    "KeyRanges",
     "NotAvailable",
-    "Occurrences",
     "OversizedExample",
     "PackConfig",
     "PackOptions",
     "PackedBatch",
-    "PackedEpoch",
-    "Placements",
-    "Plan",
     "SequenceExample",
     "Split",
     "SplitMismatch",
     "StreamPacker",
-    "compact_rows",
     "cut_long",
     "data_digest",
     "load_tokenizer",
-    "long_ranges",
     "materialize",
     "pack_examples",
     "plan_rows",

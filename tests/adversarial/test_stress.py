@@ -2,7 +2,7 @@
 
 ``benchmarks/stress.py`` runs the same checks on 10 million examples and
 100 million tokens; here random tables of a few thousand examples show that
-:func:`exactpack.pipeline.packing_bytes` bounds what :func:`pack_table`
+:func:`exactpack.pipeline.budget.packing_bytes` bounds what :func:`pack_table`
 allocates (tracemalloc sees NumPy's allocations) for every policy, and that a
 budget one byte short raises :class:`~exactpack.BudgetExceeded` having
 allocated nothing.

@@ -34,10 +34,8 @@ PACKAGES = (
 )
 
 #: Names that keep a retired word for now, and why (remove an entry when its rename lands).
-ALLOWED = {
-    # an input column is named partition (the data's own format: Ray's blocks read it)
-    "PARTITION_COLUMN": "the name of the input column, as the data spells it",
-}
+#: (``exactpack.ray.blocks.PARTITION_COLUMN``, the data's own column name, is no longer public.)
+ALLOWED: dict[str, str] = {}
 
 #: Renames that landed: each old public spelling is gone (no alias, no hidden flag), and
 #: its new spelling is there.
@@ -243,7 +241,7 @@ def test_every_allowed_name_still_exists():
         ("exactpack.core.errors", "check_tree_capacity", "check_max_length"),
         ("exactpack.verify.fixture", "FIXTURE_CAPACITY", "FIXTURE_MAX_LENGTH"),
         ("exactpack.training.packed_data", "PackedDataset", "PackedBatches"),
-        ("exactpack.hf", "hf_labels", "shift_labels"),
+        ("exactpack.training.labels", "hf_labels", "shift_labels"),
     ],
 )
 def test_old_names_are_gone(module, old, new):
@@ -282,7 +280,6 @@ USER_CALLS = (
     "exactpack.hf.adapter:hf_inputs",
     "exactpack.hf.datasets_io:pack_dataset",
     "exactpack.verify.models:verify_hf",
-    "exactpack.verify.tree_models:verify_tree",
     "exactpack.pipeline.local:pack_path",
     "exactpack.pipeline.local:pack_table",
     "exactpack.pipeline.stats:stats_path",

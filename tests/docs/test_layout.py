@@ -2,7 +2,8 @@
 
 - the layer contract in ``pyproject.toml`` holds (``lint-imports``, import-linter);
 - ``import exactpack`` loads none of the heavy dependencies;
-- no module imports another module's private name;
+- no module imports a private name of another package (its own package's it may);
+- the public packages export at most 100 names in all (the rest stay in their modules);
 - no two modules share a base name, no function over 80 lines;
 - no public name of a package is shadowed by a submodule of the same name;
 - every packing option is declared once, in ``PackOptions`` (and ``RayOptions``);
@@ -67,13 +68,16 @@ def test_the_core_runs_with_torch_missing():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_no_module_imports_a_private_name_of_another():
+def test_no_module_imports_a_private_name_of_another_package():
+    """A ``_private`` name is shared inside its subpackage (``exactpack.hf.*``), never across."""
     offences = []
     for path, tree in _modules():
+        own = ("exactpack", path.relative_to(SRC).with_suffix("").parts[0])
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exactpack"):
+                theirs = tuple(node.module.split(".")[:2])
                 for alias in node.names:
-                    if alias.name.startswith("_"):
+                    if alias.name.startswith("_") and theirs != own:
                         offences.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
     assert offences == []
 
@@ -120,6 +124,21 @@ def test_no_public_name_is_shadowed_by_a_submodule():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "", proc.stdout
+
+
+#: The most names the public packages export in all (issue 34): what a user needs; the
+#: rest stay in their modules (``from exactpack.core.plan import Plan``).
+MAX_PUBLIC_NAMES = 100
+
+
+def test_the_public_surface_stays_small():
+    import importlib
+
+    exported = {}
+    for name in PUBLIC_PACKAGES:
+        package = importlib.import_module(name)
+        exported[name] = getattr(package, "__all__", None) or dir(package)
+    assert sum(map(len, exported.values())) <= MAX_PUBLIC_NAMES, exported
 
 
 def test_functions_stay_small():

@@ -347,10 +347,10 @@ def test_a_config_that_is_no_regular_file_or_too_big_is_refused_unread(capsys, t
 
 
 def test_tree_lengths_past_the_positions_are_refused_before_any_id(capsys, monkeypatch):
-    from exactpack.verify import tree_models
+    from exactpack.verify import models
 
     drawn = []
-    monkeypatch.setattr(tree_models.np.random, "default_rng", lambda *a: drawn.append(a))
+    monkeypatch.setattr(models.np.random, "default_rng", lambda *a: drawn.append(a))
     code, out, err = verify(capsys, "--hf-config", CONFIG, "--tree-lengths", "10:60;3:4")
     assert code == 2 and out == "" and drawn == []
     assert "a sequence of 69 pairs is longer than the model's max_position_embeddings 64" in err

@@ -65,13 +65,8 @@ def worker(rank: int, world: int, port: int, data: str, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    from exactpack.training import (
-        PackedBatches,
-        PackedCollator,
-        decoder_inputs,
-        labels_nll_sum,
-        micro_batch_loss,
-    )
+    from exactpack.training import PackedBatches, PackedCollator, decoder_inputs, micro_batch_loss
+    from exactpack.training.global_loss import labels_nll_sum
 
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -157,13 +157,13 @@ def test_tree_rows_fork_each_node_from_its_parent_and_the_controls_fail(model_ty
     """Each sequence of a trie, run alone, equals its tree-packed cells (float64, the seed's
     tolerance); a node that starts from its sibling's state (the naive rows) or from zero
     (every node a new path) fails."""
-    from exactpack.verify.tree_models import tree_groups, verify_tree
+    from exactpack.verify.models import tree_groups, verify_hf
 
     case = CASE[model_type]
     groups = tree_groups([(5, (3, 2, 1)), (3, (4,))], tiny_config(model_type).vocab_size, 0)
-    report = verify_tree(build(case, case.attns[0]), groups)
+    report = verify_hf(build(case, case.attns[0]), groups)
     assert report["pass"] and report["max_abs_diff"]["gradients"] < 1e-12, report
-    sibling = verify_tree(build(case, case.attns[0]), groups, mode="naive")
+    sibling = verify_hf(build(case, case.attns[0]), groups, mode="naive")
     assert not sibling["pass"] and sibling["max_abs_diff"]["logits"] > 1e-6
 
     def zero_at_nodes(nodes, node_parent, node_col, node_len):
@@ -171,7 +171,7 @@ def test_tree_rows_fork_each_node_from_its_parent_and_the_controls_fail(model_ty
         return cell_parents(nodes, roots, node_col, node_len)
 
     monkeypatch.setattr("exactpack.hf.adapter.cell_parents", zero_at_nodes)
-    zero = verify_tree(build(case, case.attns[0]), groups)
+    zero = verify_hf(build(case, case.attns[0]), groups)
     assert not zero["pass"] and zero["max_abs_diff"]["logits"] > 1e-6
 
 
@@ -180,7 +180,7 @@ def test_tree_rows_refuse_gradient_checkpointing_up_front():
     from its parent, so the call says so."""
     from exactpack.core.tree import pack_tree
     from exactpack.hf.adapter import hf_inputs
-    from exactpack.verify.tree_models import tree_groups
+    from exactpack.verify.models import tree_groups
 
     model = restart_mixers(build(CASE["lfm2"], "sdpa"))
     model.activation_checkpointing_enable()

@@ -24,17 +24,11 @@ from exactpack.hf.architectures import describe
 from exactpack.hf.collator import HFCollator
 from exactpack.hf.masks import hf_allowed, layer_masks
 from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
-from exactpack.verify.models import load_model
-from exactpack.verify.tree_models import (
-    parse_tree_lengths,
-    tree_groups,
-    use_tree_attention,
-    verify_tree,
-)
+from exactpack.verify.models import load_model, tree_groups, verify_hf
 
 torch.set_num_threads(1)
 LLAMA = Path(__file__).parents[1] / "data" / "tiny_llama.json"
-SPEC = "30:5,8,12;10:4,4"
+SPEC = [(30, (5, 8, 12)), (10, (4, 4))]  # --tree-lengths "30:5,8,12;10:4,4"
 SEED_TOL = (1e-10, 1e-9)
 
 
@@ -63,10 +57,8 @@ def config(tmp_path: Path, model_type: str, **extra) -> Path:
 
 def verify(path: Path, attn: str, mode: str = "adapter") -> dict:
     model = load_model(config=path, attn_implementation="eager" if attn == "eager" else "sdpa")
-    if attn.startswith("exactpack_tree"):
-        use_tree_attention(model, attn)
-    groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
-    return verify_tree(model, groups, mode=mode)
+    model.set_attn_implementation(attn)
+    return verify_hf(model, tree_groups(SPEC, 266, seed=0), mode=mode)
 
 
 @pytest.mark.parametrize(
@@ -138,8 +130,8 @@ def test_sweep_slice(model_type, attn, refusal):
     model = tree_model(config, attn)
     arch = capability(config)
     short = [c.limit for c in arch.conditions if c.what == "example"]  # axk2: <= 8 pairs
-    spec = [(4, (4, 3, 2)), (3, (2, 2))] if short else parse_tree_lengths(SPEC)
-    report = verify_tree(model, tree_groups(spec, config.get_text_config().vocab_size, 0))
+    spec = [(4, (4, 3, 2)), (3, (2, 2))] if short else SPEC
+    report = verify_hf(model, tree_groups(spec, config.get_text_config().vocab_size, 0))
     assert report["pass"], report
     assert report["tolerance"]["abs"] == SEED_TOL[0]
 
@@ -280,9 +272,8 @@ def test_sequence_views_unpack_the_cells():
 def test_rows_and_sub_tries_still_exact(tmp_path):
     """Capacity 45 splits the 30-token prompt's trie into sub-tries over 3 rows."""
     model = load_model(config=config(tmp_path, "mistral", sliding_window=4))
-    use_tree_attention(model)
-    groups = tree_groups(parse_tree_lengths(SPEC), 266, seed=0)
-    report = verify_tree(model, groups, max_length=45)
+    model.set_attn_implementation("exactpack_tree")
+    report = verify_hf(model, tree_groups(SPEC, 266, seed=0), max_length=45)
     assert report["pass"], report
     assert report["rows"] == 3 and report["tokens_stored"] > 67  # the prompt stored twice
 
@@ -330,7 +321,8 @@ def test_flex_block_mask_forward_matches_the_tree_backend(window):
 def test_flash_path_is_the_tree_backend(window, merge):
     """The varlen path (flash_attn_varlen_func's signature; on CPU its plain-torch
     reference) == path_attention, outputs and gradients, float64, GQA (4 heads, 2 kv)."""
-    from exactpack.nn.tree_attention import tree_flash_attention, varlen_reference
+    from exactpack.nn.flash import varlen_reference
+    from exactpack.nn.tree_attention import tree_flash_attention
     from exactpack.nn.varlen import path_attention
 
     batch = small_batch()

@@ -23,7 +23,7 @@ from datasets import Dataset
 
 import exactpack.trl
 from exactpack.core.errors import InvalidInput, NotAvailable
-from exactpack.verify.tree_models import Float64Islands
+from exactpack.verify.tolerances import Float64Islands
 
 from support.trl_helpers import grad_recorder, llama, worst_ratio
 

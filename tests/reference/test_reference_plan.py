@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exactpack import InvalidInput, OversizedExample, Plan, plan_rows
+from exactpack import InvalidInput, OversizedExample, plan_rows
 from exactpack.cli.flags import parse_byte_size, parse_count, parse_option
 from exactpack.core.binding import INT32_MAX
 from exactpack.core.errors import (
@@ -26,7 +26,7 @@ from exactpack.core.errors import (
     check_max_length,
     positive_int,
 )
-from exactpack.core.plan import validate_plan
+from exactpack.core.plan import Plan, validate_plan
 from exactpack.core.policies import POLICIES, check_policy_options, decreasing_order
 from exactpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
 

@@ -289,8 +289,6 @@ def tree_model(config: Any, attn: str) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from exactpack.verify.tree_models import use_tree_attention
-
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
         config,
@@ -299,5 +297,5 @@ def tree_model(config: Any, attn: str) -> Any:
         experts_implementation="eager",
     ).eval()
     if attn.startswith("exactpack_tree"):
-        use_tree_attention(model, attn)
+        model.set_attn_implementation(attn)
     return model

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from exactpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
 from exactpack.nn import BACKENDS, AttentionLayout, attention
 from exactpack.nn.auto import choose_backend
-from exactpack.nn.flash import check_flash
+from exactpack.nn.flash import check_flash, flash_varlen, varlen_reference
 from exactpack.nn.flex import flex_block_mask
 from exactpack.nn.varlen import (
     BUCKETING,
@@ -328,6 +328,29 @@ def test_flash_is_not_available_without_cuda():
         attention(q, k, v, layout, "flash")
     with pytest.raises(NotAvailable, match="CUDA"):
         check_flash(q.to(torch.bfloat16))
+    with pytest.raises(NotAvailable, match="CUDA device"):
+        flash_varlen("cuda")
+
+
+def test_one_flash_lookup_for_flat_and_tree_rows(monkeypatch):
+    """CPU: the plain-torch reference. CUDA without flash-attn: torch's varlen_attn, which
+    runs each sequence on itself causally and refuses the tree path's gathered keys."""
+    import importlib.util
+
+    assert flash_varlen("cpu") is varlen_reference
+    find = importlib.util.find_spec
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "flash_attn" else find(n, *a)
+    )
+    flash_varlen.cache_clear()
+    try:
+        kernel = flash_varlen("cuda")
+    finally:
+        flash_varlen.cache_clear()
+    q, cu = torch.zeros(2, 1, 8), torch.tensor([0, 2])
+    with pytest.raises(NotAvailable, match="flash-attn"):
+        kernel(q, q, q, cu, cu.clone(), 2, 2, causal=True)
 
 
 #: bfloat16 keeps 8 significant bits: each of q, k, v and the output is rounded once

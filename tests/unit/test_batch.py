@@ -3,8 +3,6 @@ import pytest
 from hypothesis import given
 
 from exactpack import (
-    NO_SEGMENT,
-    PAD_CELL,
     BudgetExceeded,
     InvalidInput,
     OversizedExample,
@@ -14,6 +12,7 @@ from exactpack import (
     SplitMismatch,
     pack_examples,
 )
+from exactpack.core.batch import NO_SEGMENT, PAD_CELL
 from exactpack.core.config import check_segment_namespace
 from exactpack.verify.fixture import (
     FIXTURE_DOCUMENTS,

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exactpack import InvalidInput, OversizedExample, Plan, plan_rows
+from exactpack import InvalidInput, OversizedExample, plan_rows
 from exactpack.core import engine
 from exactpack.core.errors import MAX_TREE_CAPACITY, positive_int
-from exactpack.core.plan import validate_plan
+from exactpack.core.plan import Plan, validate_plan
 from exactpack.core.policies import POLICIES, decreasing_order
 
 from support.reference import (

@@ -115,11 +115,10 @@ def test_tree_collator_feeds_a_model():
     from exactpack.training import ScheduledBatch
     from exactpack.training.distributed import Slot
     from exactpack.verify.models import load_model
-    from exactpack.verify.tree_models import use_tree_attention
 
     config = Path(__file__).parents[1] / "data" / "tiny_llama.json"
     model = load_model(config=config, dtype=torch.float64)
-    use_tree_attention(model)
+    model.set_attn_implementation("exactpack_tree")
     ds = datasets.Dataset.from_dict(
         {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
     )
@@ -154,8 +153,8 @@ def test_pack_dataset_tree_packs_a_stream_block_by_block():
     sequence, its supervision and its index in the input."""
     import datasets
 
+    from exactpack import PackOptions
     from exactpack.hf import pack_dataset
-    from exactpack.pipeline import PackOptions
 
     rows = [{"prompt_ids": [5, 6 + g % 3], "completion_ids": [[8], [4], [2]]} for g in range(9)]
     whole = list(pack_dataset(datasets.Dataset.from_list(rows), 16, tree=True, vocab_size=20))

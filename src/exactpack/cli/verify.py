@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from exactpack.cli.flags import argparse_type, parse_byte_size, parse_int
+from exactpack.core.errors import InvalidInput
 
 #: Seeds numpy and torch both take.
 MAX_SEED = 2**63 - 1
@@ -21,7 +22,8 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         help="attention: eager|sdpa|flex_attention|flash_attention_2|exactpack_varlen (default"
         " sdpa) for transformers; a exactpack backend (default ranges) for the tiny decoder",
     )
-    p.add_argument(
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument(
         "--lengths",
         metavar="N,N,...",
         type=_lengths,
@@ -58,9 +60,10 @@ def add_verify(p: argparse.ArgumentParser) -> None:
         " exceed B before building it (default 2G: max_model_bytes of load_model)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (last line)")
-    p.add_argument(
+    layout.add_argument(
         "--tree-lengths",
         metavar="P:C,C;...",
+        type=argparse_type(parse_tree_lengths, "--tree-lengths"),
         help="verify tree packing instead: groups as prompt length : completion lengths"
         ' (e.g. "30:5,8,12;10:4,4"); --attn eager|sdpa|exactpack_tree|exactpack_tree_varlen'
         " (docs/tree.md)",
@@ -77,6 +80,24 @@ def _lengths(text: str) -> tuple[int, ...]:
     if not lengths or min(lengths) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every length must be a positive int")
     return lengths
+
+
+def parse_tree_lengths(text: str, flag: str) -> list[tuple[int, tuple[int, ...]]]:
+    """``"30:5,8,12;10:4,4"`` -> ``[(30, (5, 8, 12)), (10, (4, 4))]`` (positive ints)."""
+    groups = []
+    for part in text.split(";"):
+        prompt, sep, rest = part.partition(":")
+        try:
+            p, comps = int(prompt), tuple(int(c) for c in rest.split(","))
+        except ValueError:
+            comps, p = (), 0
+        if not sep or p < 1 or not comps or min(comps) < 1:
+            raise InvalidInput(
+                f"{flag} {text!r}: each group is PROMPT:COMPLETION,COMPLETION,... with"
+                ' positive token counts, groups separated by ";" (e.g. "30:5,8,12;10:4,4")'
+            )
+        groups.append((p, comps))
+    return groups
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -96,8 +117,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _run_verify(args: argparse.Namespace) -> dict:
     import os
-
-    from exactpack.core.errors import InvalidInput
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # never download: configs and weights are local
     tree = args.tree_lengths is not None  # groups of sequences (flat: groups of one)
@@ -121,66 +140,55 @@ def _run_verify(args: argparse.Namespace) -> dict:
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     from exactpack.hf.capabilities import architecture_of
     from exactpack.hf.kinds import attention_kind
-    from exactpack.verify import models as hf_verify
-    from exactpack.verify import tree_models
+    from exactpack.verify import models
 
     attn = args.attn or "sdpa"
-    if tree:
-        _check_tree_flags(args, attn)
-        spec = tree_models.parse_tree_lengths(args.tree_lengths)
-        tree_models.check_tree_lengths(spec)  # the budget, before the model is built
-    elif args.lengths:  # the budget, before the model is built
-        hf_verify.check_verify_tokens(sum(n + 1 for n in args.lengths), "--lengths")
+    if tree and attn not in TREE_IMPLEMENTATIONS:
+        raise InvalidInput(
+            f"--attn {attn!r} cannot run tree-packed rows here; choose one of"
+            f" {', '.join(TREE_IMPLEMENTATIONS)} (cu_seqlens kinds cannot express a tree;"
+            " FlexAttention has no CPU backward)"
+        )
+    if tree:  # the budget, before the model is built
+        models.check_verify_tokens(sum(p + sum(c) for p, c in args.tree_lengths), "--tree-lengths")
+    elif args.lengths:
+        models.check_verify_tokens(sum(n + 1 for n in args.lengths), "--lengths")
     built = ("sdpa" if attn == "sdpa" else "eager") if tree else attn
     model = load_hf_model(args, built, refuse=args.mode == "adapter" or tree)
+    if attn != built:  # the tree implementations, on top of eager
+        model.set_attn_implementation(attn)
     cfg = model.config.get_text_config()
+    positions = getattr(cfg, "max_position_embeddings", None)
+    arch = architecture_of(model)
     if tree:
-        if attn.startswith("exactpack_tree"):
-            tree_models.use_tree_attention(model, attn)
-        limit = getattr(cfg, "max_position_embeddings", None)
-        groups = tree_models.tree_groups(spec, cfg.vocab_size, args.seed, max_positions=limit)
-        report = tree_models.verify_tree(model, groups, mode=args.mode, max_length=args.capacity)
+        examples = models.tree_groups(args.tree_lengths, cfg.vocab_size, args.seed, positions)
+        capacity = args.capacity
     else:
-        arch = architecture_of(model)
         if args.mode == "adapter":
             arch.check(attention_kind(attn))
         limits = [c.limit for c in arch.conditions if c.what == "example"]
-        layout = hf_verify.verification_layout(
+        layout = models.verification_layout(
             arch.window,
-            getattr(cfg, "max_position_embeddings", None),
+            positions,
             args.lengths,
             args.capacity,
             max_example=min(limits) if limits else None,
         )
-        examples = hf_verify.verification_examples(cfg.vocab_size, args.seed, layout=layout)
-        report = hf_verify.verify_hf(model, examples, mode=args.mode, max_length=layout.capacity)
-        positions = None if args.capacity else getattr(cfg, "max_position_embeddings", None)
-        report["architecture"]["condition_checks"] = condition_checks(
-            arch.conditions, max(report["lengths"]), layout.capacity, positions
-        )
+        examples = models.verification_examples(cfg.vocab_size, args.seed, layout=layout)
+        capacity = layout.capacity
+    report = models.verify_hf(model, examples, mode=args.mode, max_length=capacity)
+    report["architecture"]["condition_checks"] = condition_checks(
+        arch.conditions,
+        max(report["lengths"]),
+        report["capacity"],
+        None if args.capacity else positions,
+    )
     report["model"]["source"] = str(args.hf_config or args.hf_model)
     return report
 
 
 #: Implementations the tree verification feeds (the flattened kinds cannot express a tree).
 TREE_IMPLEMENTATIONS = ("eager", "sdpa", "exactpack_tree", "exactpack_tree_varlen")
-
-
-def _check_tree_flags(args: argparse.Namespace, attn: str) -> None:
-    from exactpack.core.errors import InvalidInput
-
-    if args.lengths:
-        raise InvalidInput("--tree-lengths and --lengths are two layouts: pass one of them")
-    if attn not in TREE_IMPLEMENTATIONS:
-        raise InvalidInput(
-            f"--attn {attn!r} cannot run tree-packed rows here; choose one of"
-            f" {', '.join(TREE_IMPLEMENTATIONS)} (cu_seqlens kinds cannot express a tree;"
-            " FlexAttention has no CPU backward)"
-        )
-    if args.mode not in ("adapter", "naive"):
-        raise InvalidInput(
-            f"--mode {args.mode} does not apply to --tree-lengths: use adapter or naive"
-        )
 
 
 def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> Any:
@@ -230,28 +238,24 @@ def finish_verify(args: argparse.Namespace, report: dict) -> int:
         return 0
     if report.get("mixed", True):
         return 1
-    from exactpack.core.errors import InvalidInput
-
     raise InvalidInput(report["hint"])
 
 
 def _print_verify(r: dict) -> None:
     m, tree = r["model"], r.get("layout") == "tree"
-    if r["target"] == "transformers":  # the tree report's too
+    if r["target"] == "transformers":  # flat or tree (groups of one or more sequences)
         run = (
             f"{m['source']}: {m['model_type']} ({m['parameters']:,} parameters, {m['dtype']},"
             f" {m['attn_implementation']}, {m['device']}), mode {r['mode']}:"
         )
-    if tree:
+        rows = f"{r['rows']} row(s) of {r['capacity']}"
         print(
             f"{run} {r['groups']} groups, {r['sequences']} sequences of {r['lengths']} pairs as"
             f" tries of {r['nodes']} nodes: {r['tokens_stored']} cells stored for"
-            f" {r['tokens_flat']} flat, {r['rows']} row(s) of {r['capacity']}"
-        )
-    elif r["target"] == "transformers":
-        print(
-            f"{run} {r['examples']} examples of {r['lengths']} pairs packed into {r['rows']} rows"
-            f" of {r['capacity']}, {r['targets']} targets ({r['eligible_targets']} eligible)"
+            f" {r['tokens_flat']} flat, {rows}"
+            if tree
+            else f"{run} {r['examples']} examples of {r['lengths']} pairs packed into {rows},"
+            f" {r['targets']} targets ({r['eligible_targets']} eligible)"
         )
         arch = r["architecture"]
         windows = ", ".join(f"{k} {v or 'unbounded'}" for k, v in arch["windows"].items())

@@ -18,14 +18,12 @@ from exactpack._lazy import lazy_exports
 
 #: Submodule -> the names it exports here.
 _BY_MODULE = {
-    "datasets_io": "META_KEY pack_dataset packed_metadata packed_rows to_batches unpack_dataset",
-    "adapter": "hf_inputs model_labels shift_labels hf_loss hf_loss_sum cell_logits",
-    "kinds": "attention_kind",
+    "datasets_io": "pack_dataset packed_metadata to_batches unpack_dataset",
+    "adapter": "hf_inputs hf_loss",
     "collator": "HFCollator",
-    "trl_training": "load_trl per_example split_rows",
-    "architectures": "Architecture UnsupportedArchitecture describe",
+    "trl_training": "load_trl per_example",
+    "architectures": "UnsupportedArchitecture",
     "capabilities": "capability",
-    "attention_impl": "register_attention",
     "mixers": "restart_mixers",
     "batch_check": "check_batch CheckBatches",
 }

@@ -11,10 +11,7 @@ from __future__ import annotations
 from exactpack._lazy import lazy_exports
 
 _NAMES = {
-    **dict.fromkeys(("COLUMNS", "documents_from_arrow"), "columns"),
     **dict.fromkeys(("read_documents", "load_examples"), "readers"),
-    **dict.fromkeys(("Documents", "Origin", "resolve_binding"), "documents"),
-    **dict.fromkeys(("ByteTokenizer", "load_tokenizer"), "tokenizers"),
     **dict.fromkeys(("PackedStore", "load_packed", "write_packed"), "store"),
 }
 

@@ -27,6 +27,7 @@ import torch
 from exactpack.core.errors import NotAvailable
 from exactpack.core.examples import concat_ranges
 from exactpack.core.tree import TreeBatch
+from exactpack.nn.flash import flash_varlen, varlen_reference
 from exactpack.nn.flex import permission_mod
 from exactpack.nn.varlen import PathPlan
 
@@ -69,71 +70,6 @@ def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> Pat
     return PathPlan(tuple(groups), q_t, k_t, torch.as_tensor(scatter, device=device))
 
 
-def varlen_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    return_attn_probs: bool = False,
-    **_: Any,
-) -> Any:
-    """``flash_attn_varlen_func`` in plain torch (dense per call: for checks on CPU).
-
-    ``q`` (Nq, H, D), ``k``/``v`` (Nk, Hkv, D); sequence ``i`` is ``q[cu_q[i]:cu_q[i+1]]``
-    against ``k[cu_k[i]:cu_k[i+1]]``, causality and ``window_size`` bottom-right aligned
-    (query ``j`` of ``Lq`` at key ``j + Lk - Lq``). Returns ``out`` (Nq, H, Dv), or with
-    ``return_attn_probs`` ``(out, lse (H, Nq), None)`` (differentiable; no key: 0, -inf).
-    """
-    if dropout_p:
-        raise NotAvailable("varlen_reference has no dropout: it is the exact check")
-
-    def local(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:  # seq, index
-        seq = torch.searchsorted(cu.long(), torch.arange(n, device=cu.device), right=True) - 1
-        return seq, torch.arange(n, device=cu.device) - cu.long()[seq]
-
-    sq, iq = local(cu_seqlens_q, q.shape[0])
-    sk, ik = local(cu_seqlens_k, k.shape[0])
-    shift = (cu_seqlens_k.diff() - cu_seqlens_q.diff()).long()[sq]  # Lk - Lq per query
-    rel = (iq + shift)[:, None] - ik[None, :]  # (Nq, Nk): aligned key index - key index
-    allowed = sq[:, None] == sk[None, :]
-    left, right = window_size
-    if causal:
-        allowed &= rel >= 0
-    if left >= 0:
-        allowed &= rel <= left
-    if right >= 0:
-        allowed &= rel >= -right
-    heads = q.shape[1]
-    k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = scores.logsumexp(-1)  # (H, Nq)
-    probs = (scores - lse[..., None]).exp().nan_to_num(0.0)
-    out = torch.einsum("hqk,khd->qhd", probs, v)
-    return (out, lse, None) if return_attn_probs else out
-
-
-def flash_varlen(device: torch.device) -> Any:
-    """``flash_attn_varlen_func`` on CUDA, :func:`varlen_reference` on CPU."""
-    if device.type != "cuda":
-        return varlen_reference
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError as err:
-        raise NotAvailable(
-            "flash tree attention on CUDA needs the flash-attn package; use exactpack_tree"
-        ) from err
-    return flash_attn_varlen_func
-
-
 def tree_flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -154,7 +90,7 @@ def tree_flash_attention(
     ``merge``: a causal call over the node spans plus one over the ancestors' spans,
     merged by log-sum-exp (full attention; with flash-attn, forwards without gradients).
     """
-    varlen = varlen or flash_varlen(q.device)
+    varlen = varlen or flash_varlen(q.device.type)
     seq = plan.varlen()
     qs = q.index_select(0, plan.q_index)
 
@@ -203,11 +139,4 @@ def tree_mask_mod(
     return permission_mod(valid, nodes, positions, sliding_window, node_ends)
 
 
-__all__ = [
-    "flash_varlen",
-    "node_keys",
-    "tree_flash_attention",
-    "tree_mask_mod",
-    "tree_plan",
-    "varlen_reference",
-]
+__all__ = ["node_keys", "tree_flash_attention", "tree_mask_mod", "tree_plan"]

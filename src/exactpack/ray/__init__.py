@@ -31,11 +31,8 @@ from __future__ import annotations
 from exactpack._lazy import lazy_exports
 
 _NAMES = {
-    "PARTITION_COLUMN": "blocks",
-    "plain_columns": "blocks",
     "pack": "driver",
     "ray_session": "driver",
-    "DEFAULT_BLOCK_EXAMPLES": "ray_options",
     "RayOptions": "ray_options",
     "RayTaskFailed": "shard_layout",
 }

@@ -11,12 +11,9 @@ from __future__ import annotations
 from exactpack._lazy import lazy_exports
 
 _EXPORTS = {
-    "balance": "CostModel balanced_groups",
-    "distributed": "RowSampler RowStats Slot StepSchedule row_costs schedule_rows"
-    " step_eligible_counts",
-    "global_loss": "labels_nll_sum loss_factor micro_batch_loss normalize",
-    "packed_data": "PackedBatches PackedCollator ScheduledBatch concat_batches"
-    " decoder_inputs empty_batch layout_from_features move_features select_rows",
+    "distributed": "RowSampler RowStats",
+    "global_loss": "micro_batch_loss",
+    "packed_data": "PackedBatches PackedCollator ScheduledBatch decoder_inputs",
     "stream": "StreamDataset",
 }
 _NAMES = {name: module for module, names in _EXPORTS.items() for name in names.split()}

@@ -11,22 +11,13 @@ from exactpack._lazy import lazy_exports
 _NAMES = {
     "FIXTURE_MAX_LENGTH": "fixture",
     "fixture_batch": "fixture",
-    "fixture_binding": "fixture",
-    "fixture_epoch": "fixture",
-    "fixture_examples": "fixture",
     "demo_trace": "trace",
     "draw_batch": "figure",
     "draw_fixture": "figure",
-    "draw_row": "figure",
-    "PROFILES": "decoder",
-    "DecoderConfig": "decoder",
     "TinyDecoder": "decoder",
-    "three_way": "layouts",
     "verify_tiny": "layouts",
     "load_model": "models",
     "verify_hf": "models",
-    "tolerance": "tolerances",
-    "verify_tree": "tree_models",
 }
 __all__ = sorted(_NAMES)
 

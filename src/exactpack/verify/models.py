@@ -5,6 +5,9 @@
     separate  each example alone, ``model(input_ids (1, L), use_cache=False)``
     packed    all of them packed next-fit into rows of ``capacity`` (one call)
 
+An example is a group of one; groups of sequences that share prefixes (DPO pairs, GRPO
+groups, :func:`tree_groups`) are tree-packed instead, each sequence compared as an example.
+
 and compares every vocabulary logit at every real cell, the token-weighted loss (raw
 NLL sum over eligible targets / their count, :mod:`exactpack.core.loss`, in the model's
 dtype) and every parameter-gradient coordinate of that loss. The packed call is fed
@@ -13,7 +16,8 @@ as ``mode`` says:
 ``adapter``    :func:`exactpack.hf.adapter.hf_inputs` with the model's config; the
                model's own loss from its ``labels``/``shift_labels`` is checked too
 ``naive``      ``input_ids`` and ``position_ids`` only, default settings (a cache
-               exists, so the row attends across examples)
+               exists, so the row attends across examples); tree rows: each trie one
+               causal sequence with column positions (siblings see each other)
 ``bool-mask``  **boolean** 4-D block masks, ``use_cache=False``: right on ``sdpa``,
                silently wrong on ``eager``
 
@@ -25,6 +29,7 @@ dtype path (:mod:`exactpack.verify.tolerances`); ``model_loss`` always gets floa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import stat
@@ -44,21 +49,29 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import BudgetExceeded, InvalidInput, NotAvailable
 from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
+from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import architecture_of, capability
-from exactpack.hf.kinds import MASK_KINDS, attention_kind
+from exactpack.hf.kinds import MASK_KINDS, attention_kind, tree_kind
 from exactpack.hf.mixers import restart_mixers
 from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
+from exactpack.nn.logprobs import sequence_cells, sequence_logprobs
 from exactpack.verify.diagnose import (
     ModelCrashed,
     culprit,
-    example_tokens,
     guarded,
     hint,
     run_alone,
 )
-from exactpack.verify.tolerances import FLOAT32_TOLERANCE, compare, grad_vector, observe, tolerance
+from exactpack.verify.tolerances import (
+    FLOAT32_TOLERANCE,
+    Float64Islands,
+    compare,
+    grad_vector,
+    observe,
+    tolerance,
+)
 
 MODES = ("adapter", "naive", "bool-mask")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -78,6 +91,8 @@ DEFAULT_MAX_MODEL_BYTES = 2 << 30
 #: More layers than any released model: a config past it is refused before the meta build
 #: (a module per layer; a million took minutes and gigabytes before any weight).
 MAX_LAYERS = 1024
+#: Config fields that bound a row's positions (mpt's ALiBi table, big_bird's embeddings).
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 #: Parameter counts and layer counts by the names configs use for them.
 _WIDTH = ("hidden_size", "d_model", "n_embd", "dim")
 _LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -185,7 +200,38 @@ def verification_examples(
     return out
 
 
-def check_available(attn_implementation: str, device: torch.device) -> None:
+def tree_groups(
+    spec: list[tuple[int, tuple[int, ...]]],
+    vocab_size: int,
+    seed: int,
+    max_positions: int | None = None,
+) -> SequenceGroups:
+    """Random-id groups of ``spec`` (``[(prompt, (completion, ...)), ...]`` token counts);
+    each completion after the first repeats 0-2 of the previous one's first tokens (the
+    second always one). Refused before any id is drawn: more than :data:`MAX_VERIFY_TOKENS`
+    ids, or a sequence longer than ``max_positions``."""
+    check_verify_tokens(sum(p + sum(comps) for p, comps in spec), "--tree-lengths")
+    longest = max(p + max(comps) - 1 for p, comps in spec)  # pairs: tokens - 1
+    if max_positions is not None and longest > max_positions:
+        raise InvalidInput(
+            f"a sequence of {longest:,} pairs is longer than the model's"
+            f" max_position_embeddings {max_positions:,} — shorten --tree-lengths"
+        )
+    rng = np.random.default_rng(seed)
+    prompts, completions = [], []
+    for prompt_len, lens in spec:
+        prompts.append(rng.integers(0, vocab_size, prompt_len))
+        comps = [rng.integers(0, vocab_size, n) for n in lens]
+        for j in range(1, len(comps)):
+            share = 1 if j == 1 else int(rng.integers(0, 3))
+            share = min(share, len(comps[j]) - 1, len(comps[j - 1]))
+            comps[j][:share] = comps[j - 1][:share]
+        completions.append(comps)
+    binding = Binding(vocab_size, "exactpack/verify-random-ids", f"verify-tree-seed-{seed}")
+    return SequenceGroups.from_prompt_completions(prompts, completions, binding)
+
+
+def _check_available(attn_implementation: str, device: torch.device) -> None:
     """Raise :class:`NotAvailable` when ``attn_implementation`` cannot be verified here."""
     if attn_implementation not in IMPLEMENTATIONS:
         raise InvalidInput(
@@ -240,7 +286,7 @@ def load_model(
     if (config is None) == (model is None):
         raise InvalidInput("pass exactly one of config= (a config file or dir) or model= (a dir)")
     device = torch.device(device)
-    check_available(attn_implementation, device)
+    _check_available(attn_implementation, device)
     path = Path(config if config is not None else model)
     if not path.exists():
         raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
@@ -251,9 +297,9 @@ def load_model(
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
-    check_config_files(path)
+    _check_config_files(path)
     cfg = _built(path, lambda: AutoConfig.from_pretrained(str(path), **local))
-    check_model_size(cfg, dtype, max_model_bytes, path, weights=model is not None)
+    _check_model_size(cfg, dtype, max_model_bytes, path, weights=model is not None)
     if refuse:  # the config's capability, from its modules built on the meta device
         capability(cfg).check(attention_kind(attn_implementation))
     auto = AutoModelForCausalLM
@@ -268,7 +314,7 @@ def load_model(
     return _built(path, build).to(device).eval()
 
 
-def check_config_files(path: Path) -> None:
+def _check_config_files(path: Path) -> None:
     """Refuse a config that is not a regular file within the tokenizer files' limit
     (:data:`~exactpack.io.tokenizers.MAX_TOKENIZER_FILE`) before transformers reads it."""
     files = [path / "config.json"] if path.is_dir() else [path]
@@ -301,7 +347,7 @@ def _config_int(cfg: Any, names: Sequence[str], default: int = 0) -> int:
     return default
 
 
-def parameter_estimate(cfg: Any) -> int:
+def _parameter_estimate(cfg: Any) -> int:
     """About how many parameters ``cfg``'s decoder holds, from its sizes alone: embeddings
     (and an untied head), then per layer attention (q, k, v, o), a gated MLP (times its
     experts) and norms. Python ints: a config's absurd sizes give an absurd count, never
@@ -318,21 +364,21 @@ def parameter_estimate(cfg: Any) -> int:
     attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim
     layer = attention + 3 * width * inner + 2 * width
     heads_out = 1 if getattr(text, "tie_word_embeddings", True) else 2
-    return _config_int(text, ("vocab_size",)) * width * heads_out + layer_count(cfg) * layer
+    return _config_int(text, ("vocab_size",)) * width * heads_out + _layer_count(cfg) * layer
 
 
-def layer_count(cfg: Any) -> int:
+def _layer_count(cfg: Any) -> int:
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return _config_int(text, _LAYERS)
 
 
-def check_model_size(
+def _check_model_size(
     cfg: Any, dtype: torch.dtype, max_bytes: int | None, path: Path, weights: bool = False
 ) -> None:
     """Refuse ``cfg``'s model before it is built: more than :data:`MAX_LAYERS` layers, or
     more than ``max_bytes`` (None: no limit) of parameters in ``dtype`` by
-    :func:`parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
-    layers = layer_count(cfg)
+    :func:`_parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
+    layers = _layer_count(cfg)
     if layers > MAX_LAYERS:
         raise InvalidInput(
             f"{path}: the config has {layers:,} layers, more than the {MAX_LAYERS:,} any"
@@ -340,7 +386,7 @@ def check_model_size(
         )
     if max_bytes is None:
         return
-    need = parameter_estimate(cfg) * dtype.itemsize
+    need = _parameter_estimate(cfg) * dtype.itemsize
     if weights and path.is_dir():
         need = max(need, sum(f.stat().st_size for f in path.glob("*.safetensors")))
     if need > max_bytes:
@@ -374,8 +420,8 @@ def _refuse_pickled_weights(folder: Path) -> None:
         )
 
 
-def packed_kwargs(
-    batch: PackedBatch,
+def _packed_kwargs(
+    batch: PackedBatch | TreeBatch,
     mode: str,
     attn_implementation: str,
     dtype: torch.dtype,
@@ -384,6 +430,8 @@ def packed_kwargs(
     arch: Architecture | None = None,
 ) -> dict[str, Any]:
     """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
+    if mode == "naive" and isinstance(batch, TreeBatch):  # siblings see each other
+        mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
         return build_inputs(
             batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
@@ -402,12 +450,37 @@ def packed_kwargs(
     }
 
 
+def _naive_batch(batch: TreeBatch) -> TreeBatch:
+    """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
+    roots = np.flatnonzero(batch.node_parent < 0)
+    root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
+    nodes = batch.nodes.astype(np.int64)
+    cell_root = np.where(batch.input_valid, root_of[np.maximum(nodes, 0)], -1)
+    rank = np.searchsorted(roots, np.maximum(cell_root, 0))
+    cols = np.arange(batch.shape[1])[None, :]
+    positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
+    ends = np.zeros(roots.shape[0], dtype=np.int64)
+    np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
+    return dataclasses.replace(
+        batch,
+        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
+        positions=positions.astype(np.int32),
+        node_row=batch.node_row[roots],
+        node_col=batch.node_col[roots],
+        node_len=ends,
+        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
+        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
+    )
+
+
 def _params(model: torch.nn.Module) -> list[torch.Tensor]:
     """The model's own trainable set (roformer's sinusoidal table stays frozen)."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def reference_implementation(model: torch.nn.Module, attn: str) -> str:
+def _reference_implementation(model: torch.nn.Module, attn: str) -> str:
     """The implementation the separate runs use: ``attn`` when it is the model's own (sdpa,
     eager, flex), else the model's sdpa, or its eager where it has no sdpa."""
     kind = attention_kind(attn) if isinstance(attn, str) else None
@@ -449,12 +522,17 @@ def observed(model: torch.nn.Module, tokens: np.ndarray, backward: bool = True) 
     return found
 
 
-def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Architecture:
-    if mode not in MODES:
-        raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+def _prepare(
+    model: torch.nn.Module, mode: str, allow_unsupported: bool, tree: bool
+) -> Architecture:
+    modes = MODES[:2] if tree else MODES
+    if mode not in modes:
+        rows = " for tree rows (--tree-lengths)" if tree else ""
+        raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(modes)}{rows}")
     arch = architecture_of(model)
-    if mode == "adapter" and not allow_unsupported:
-        arch.check(attention_kind(model.config._attn_implementation))
+    if not allow_unsupported and (tree or mode == "adapter"):  # tree naive feeds hf inputs too
+        attn = model.config._attn_implementation
+        arch.check(tree_kind(attn) if tree else attention_kind(attn), tree=tree)
     experts = getattr(model.config, "_experts_implementation", None)
     if next(model.parameters()).dtype == torch.float64 and experts == "grouped_mm":
         model.set_experts_implementation("eager")  # grouped_mm has no float64 kernel
@@ -465,7 +543,7 @@ def _prepare(model: torch.nn.Module, mode: str, allow_unsupported: bool) -> Arch
 
 def verify_hf(
     model: torch.nn.Module,
-    examples: Sequence[SequenceExample],
+    examples: Sequence[SequenceExample] | SequenceGroups,
     *,
     mode: str = "adapter",
     max_length: int | None = None,
@@ -475,13 +553,19 @@ def verify_hf(
 ) -> dict[str, Any]:
     """Separate vs packed for a ``transformers`` causal LM; a report dict with ``pass``.
 
-    ``max_length``: the row width (default :data:`CAPACITY`, or the longest example + 3).
+    ``examples``: flat examples (each a group of one) packed next-fit, or
+    :class:`~exactpack.core.tree.SequenceGroups` tree-packed (the report's ``layout`` is
+    ``"tree"``; each sequence's supervised log-probability sum is compared too, and every
+    run is inside :class:`~exactpack.verify.tolerances.Float64Islands`, the report's
+    ``widened`` naming the casts it kept). ``max_length``: the row width (default
+    :data:`CAPACITY`, or the longest example + 3; for groups, every trie in one row).
     ``gradients=False`` compares logits and losses only. ``allow_unsupported`` runs a
     refused architecture anyway, to measure its leak (``"supported": False``, never passes).
     """
-    if not examples:
+    tree = isinstance(examples, SequenceGroups)
+    if not len(examples):
         raise InvalidInput("verify_hf needs at least one example")
-    arch = _prepare(model, mode, allow_unsupported)
+    arch = _prepare(model, mode, allow_unsupported, tree)
     with nullcontext() if gradients else torch.no_grad():
         report, kwargs, batch, tol = _compare(
             model, arch, examples, mode, max_length, pad_token_id, gradients
@@ -491,6 +575,7 @@ def verify_hf(
     report["pass"] = not any(report["failures"].values()) and arch.refusal is None
     # the model's own loss alone disagreeing is how it reads labels, not a leak
     report["mixed"] = any(n for k, n in report["failures"].items() if k != "model_loss")
+    attn = model.config._attn_implementation
     if any(report["failures"].values()) and not report["mixed"]:
         report["hint"] = (
             f"packed == separate (logits, loss and gradients agree), but {type(model).__name__}"
@@ -498,8 +583,13 @@ def verify_hf(
             " labels / shift_labels as causal LMs do) — train it with"
             " exactpack.hf.hf_loss(logits, batch), not the model's loss"
         )
+    elif report["mixed"] and tree:
+        report["hint"] = (
+            "the naive layout lets siblings see each other and restarts no branch positions"
+            if mode == "naive"
+            else f"{attn} mixed the branches of a trie: report this architecture"
+        )
     elif report["mixed"]:
-        attn = model.config._attn_implementation
         found = culprit(model, examples, kwargs, batch, attn, tol)
         report["first_divergence"] = found
         report["hint"] = hint(mode, attn, found)
@@ -513,7 +603,7 @@ def _packed_forward(model: torch.nn.Module, kwargs: dict[str, Any], mode: str) -
     try:
         return guarded(model, "forward", lambda: model(**kwargs))
     except ModelCrashed:
-        if mode != "adapter":
+        if mode != "adapter" or "labels" not in kwargs:
             raise
     unlabelled = {k: v for k, v in kwargs.items() if k not in ("labels", "shift_labels")}
     out = guarded(model, "forward", lambda: model(**unlabelled))
@@ -521,87 +611,121 @@ def _packed_forward(model: torch.nn.Module, kwargs: dict[str, Any], mode: str) -
     return out
 
 
+def _pack(
+    model: torch.nn.Module,
+    examples: Sequence[SequenceExample] | SequenceGroups,
+    capacity: int | None,
+) -> tuple[PackedBatch | TreeBatch, int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """One model call of ``examples`` in rows of ``capacity`` (default: see
+    :func:`verify_hf`), and each sequence's ``(inputs, targets, loss_mask)`` in the order
+    of its packed cells (:func:`~exactpack.nn.logprobs.sequence_cells`)."""
+    if isinstance(examples, SequenceGroups):
+        lengths = examples.lengths
+        if capacity is None:  # all tries in one row plus padding, within the model's positions
+            text = model.config.get_text_config()
+            limit = next((getattr(text, f) for f in POSITION_FIELDS if hasattr(text, f)), None)
+            capacity = max(min(int(lengths.sum()) + 2, limit or 1 << 62), int(lengths.max()))
+        (batch,) = pack_tree(examples, capacity).batches
+        seqs = [examples.sequence(i) for i in batch.seq_index.tolist()]
+        masks = [examples.pair_mask(np.array([i])) for i in batch.seq_index.tolist()]
+        return batch, capacity, [(s[:-1], s[1:], m) for s, m in zip(seqs, masks, strict=True)]
+    longest = max(len(ex) for ex in examples)
+    capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
+    first = examples[0]
+    config = PackConfig(capacity, len(examples))
+    (batch,) = pack_examples(first.partition, examples, first.binding, config).batches
+    stored = [examples[i] for i in batch.occurrences.ordinal.tolist()]
+    return batch, capacity, [(ex.inputs, ex.targets, ex.loss_mask) for ex in stored]
+
+
 def _compare(
     model: torch.nn.Module,
     arch: Architecture,
-    examples: Sequence[SequenceExample],
+    examples: Sequence[SequenceExample] | SequenceGroups,
     mode: str,
     capacity: int | None,
     pad_token_id: int | None,
     gradients: bool,
-) -> tuple[dict[str, Any], dict[str, Any], PackedBatch, dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], PackedBatch | TreeBatch, dict[str, Any]]:
     """The report's comparisons, and what the diagnosis reruns: kwargs, batch, tolerance."""
+    tree = isinstance(examples, SequenceGroups)
     attn = model.config._attn_implementation
     param = next(model.parameters())
+    batch, capacity, seqs = _pack(model, examples, capacity)
     pad = pad_token_id if pad_token_id is not None else getattr(model.config, "pad_token_id", None)
-    vocab = examples[0].binding.vocab_size  # codegen, cpmant: no pad id at all
+    vocab = batch.binding.vocab_size  # codegen, cpmant: no pad id at all
     pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
-    longest = max(len(ex) for ex in examples)
-    capacity = capacity or (CAPACITY if longest <= CAPACITY else longest + 3)
-    eligible = sum(int(ex.loss_mask.sum()) for ex in examples)
-    reference = reference_implementation(model, attn)
+    reference = _reference_implementation(model, attn)
     with running(model, reference):
-        islands, _ = guarded(
-            model, "forward", lambda: observed(model, examples[0].inputs, gradients)
-        )
-        sep_logits, total = guarded(model, "forward", lambda: _separate(model, examples))
-    tol = tolerance(param.dtype, islands)
-    first = examples[0]
-    config = PackConfig(capacity, len(examples))
-    (batch,) = pack_examples(first.partition, examples, first.binding, config).batches
-    kwargs = packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
-    out = _packed_forward(model, kwargs, mode)
-    sep_mean, packed_mean = total / eligible, hf_loss_sum(out.logits, batch).sum / eligible
-    cells = example_tokens(batch, flattened=False).to(param.device)
-    flat = cell_logits(out.logits, batch).reshape(-1, out.logits.shape[-1])
-    compared = {
-        "logits": compare(sep_logits, flat.index_select(0, cells), tol),
-        "loss": compare(sep_mean.reshape(1), packed_mean.reshape(1), tol),
-    }
-    if gradients:
-        params = _params(model)
-        sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
-        packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
-        compared["gradients"] = compare(sep_grads, packed_grads, tol)
+        islands, widened = guarded(model, "forward", lambda: observed(model, seqs[0][0], gradients))
+    with Float64Islands() if tree else nullcontext():
+        with running(model, reference):
+            if tree:  # what stays below float64 inside the islands
+                islands, _ = observed(model, seqs[0][0], gradients)
+            sep_logits, sep_sums, eligible = guarded(
+                model, "forward", lambda: _separate(model, seqs)
+            )
+        tol = tolerance(param.dtype, islands)
+        kwargs = _packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
+        out = _packed_forward(model, kwargs, mode)
+        logits = cell_logits(out.logits, batch)  # (R, T, V)
+        sep_mean = -sep_sums.sum() / eligible
+        packed_mean = hf_loss_sum(logits, batch).sum / eligible
+        cells = torch.as_tensor(sequence_cells(batch)[0], device=param.device)
+        compared = {"logits": compare(sep_logits, logits.flatten(0, 1).index_select(0, cells), tol)}
+        if tree:
+            compared["sequence_logprobs"] = compare(sep_sums, sequence_logprobs(logits, batch), tol)
+        compared["loss"] = compare(sep_mean.reshape(1), packed_mean.reshape(1), tol)
+        if gradients:
+            params = _params(model)
+            sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
+            packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
+            compared["gradients"] = compare(sep_grads, packed_grads, tol)
     (atol, rtol), why = FLOAT32_TOLERANCE, "transformers computes its loss in float32"
     f32 = {"abs": atol, "rel": rtol, "why": why}
-    if mode == "adapter":
+    if "labels" in kwargs:
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if mode == "adapter":
+    if "labels" in kwargs:
         report["tolerance"]["model_loss"] = f32
+    if tree:
+        report["widened"] = widened
     return report, kwargs, batch, tol
 
 
 def _separate(
-    model: torch.nn.Module, examples: Sequence[SequenceExample]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits of every example run alone, concatenated ``(Σl, V)``, and their loss sum."""
-    logits, total = [], 0
-    for ex in examples:
-        out = run_alone(model, ex.inputs).logits[0]  # (L, V)
+    model: torch.nn.Module, seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each sequence's ``(inputs, targets, loss_mask)`` run alone: the logits concatenated
+    ``(ΣL, V)``, each one's supervised log-probability sum ``(S,)`` and the targets in them."""
+    logits, sums, eligible = [], [], 0
+    for inputs, targets, mask in seqs:
+        out = run_alone(model, inputs).logits[0]  # (L, V)
+        nll = masked_nll_sum(out, targets, mask)
         logits.append(out)
-        total = total + masked_nll_sum(out, ex.targets, ex.loss_mask).sum
-    return torch.cat(logits), total
+        sums.append(-nll.sum)
+        eligible += nll.count
+    return torch.cat(logits), torch.stack(sums), eligible
 
 
 def _report(
     model: torch.nn.Module,
     arch: Architecture,
-    batch: PackedBatch,
-    examples: Sequence[SequenceExample],
+    batch: PackedBatch | TreeBatch,
+    examples: Sequence[SequenceExample] | SequenceGroups,
     mode: str,
     capacity: int,
     eligible: int,
     tol: dict[str, Any],
     compared: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    lengths = [len(ex) for ex in examples]
-    return {
+    tree = isinstance(examples, SequenceGroups)
+    lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
+    report = {
         "target": "transformers",
-        "model": model_facts(model),
+        "model": _model_facts(model),
         "architecture": {
             "layer_types": list(arch.mask_types),
             "windows": {k or "all": v for k, v in arch.windows.items()},
@@ -614,18 +738,28 @@ def _report(
             "verdict": arch.verdict,
         },
         "mode": mode,
-        "examples": len(examples),
+        "examples": len(lengths),
         "lengths": lengths,
         "rows": batch.shape[0],
         "capacity": capacity,
         "targets": sum(lengths),
         "eligible_targets": eligible,
         "tolerance": dict(tol),
-        **tally(compared),
+        **_tally(compared),
     }
+    if tree:  # groups of sequences sharing prefixes (flat: groups of one)
+        report |= {
+            "layout": "tree",
+            "groups": int(np.unique(examples.group).shape[0]),
+            "sequences": len(lengths),
+            "nodes": int(batch.node_len.shape[0]),
+            "tokens_stored": batch.tokens_stored,
+            "tokens_flat": batch.tokens_flat,
+        }
+    return report
 
 
-def model_facts(model: torch.nn.Module) -> dict[str, Any]:
+def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
     """The report's ``model`` section: type, class, trainable parameters, dtype, attention."""
     param = next(model.parameters())
     return {
@@ -638,10 +772,10 @@ def model_facts(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
     keys = ("max_abs_diff", "comparisons", "failures")
     return {key: {name: c[key] for name, c in compared.items()} for key in keys}
 
 
-__all__ = ["ModelCrashed", "load_model", "verification_examples", "verify_hf"]
+__all__ = ["ModelCrashed", "load_model", "tree_groups", "verification_examples", "verify_hf"]

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from exactpack.core.errors import InvalidInput
 
@@ -188,3 +189,40 @@ def grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
     """Every coordinate of ``d loss / d params``, flat (zeros for unused parameters)."""
     grads = torch.autograd.grad(loss, params, materialize_grads=True)
     return torch.cat([g.reshape(-1) for g in grads])
+
+
+LOW = (torch.float32, torch.float16, torch.bfloat16)
+WIDE = torch.float64
+
+
+class Float64Islands(TorchFunctionMode):
+    """Inside: float64 data the model casts to a lower float precision stays float64.
+
+    Casts (``.to``, ``.float()``, ``.type_as``, ``dtype=`` keywords) of float64 data keep
+    float64, and a lower-precision tensor meeting float64 data in an op is widened, so
+    the model's float32 islands run in float64 for the check. In-place ops and tensors
+    made without float64 inputs are left as they are.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        leaves = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") or "out" in kwargs or not any(x.dtype == WIDE for x in leaves):
+            return func(*args, **kwargs)
+        first = args[0]
+        casts = (torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16, torch.Tensor.type_as)
+        if func in casts and first.dtype == WIDE:
+            return first
+        if func is torch.Tensor.to and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            args = (first, args[1].device, *args[2:])  # .to(other): its device, not its dtype
+        args, kwargs = tree_map(_widen, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.dtype):
+        return WIDE if x in LOW else x
+    if isinstance(x, torch.Tensor) and x.dtype in LOW:
+        return x.to(WIDE)
+    return x
