@@ -58,7 +58,7 @@ LANDED_KEYWORDS = (
             "exactpack.core.permission:permitted",
             "exactpack.core.permission:dense_mask",
             "exactpack.core.batch:PackedBatch.dense_mask",
-            "exactpack.core.tree:TreeBatch.key_spans",
+            "exactpack.core.batch:PackedBatch.key_spans",
             "exactpack.nn.attention:attention",
             "exactpack.nn.attention:AttentionLayout.key_bounds",
             "exactpack.nn.varlen:varlen_attention",

@@ -23,7 +23,7 @@ from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import describe
 from exactpack.hf.collator import HFCollator
 from exactpack.hf.masks import hf_allowed, layer_masks
-from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
+from exactpack.nn.tree_attention import tree_mask_mod, tree_plan
 from exactpack.verify.models import load_model
 from exactpack.verify.tree_models import (
     parse_tree_lengths,
@@ -189,7 +189,7 @@ def test_flex_mask_mod_is_the_predicate(window):
     batch = small_batch()
     t = torch.as_tensor
     mod = tree_mask_mod(
-        t(batch.input_valid), t(batch.nodes), t(batch.node_ends), t(batch.positions), window
+        t(batch.input_valid), t(batch.segments), t(batch.node_ends), t(batch.positions), window
     )
     rows, width = batch.shape
     dense = create_mask(mod, rows, 1, width, width, device="cpu")[:, 0].numpy()
@@ -241,15 +241,16 @@ def test_tree_inputs_and_the_tree_collator_require_the_config():
 def test_backend_work_is_nodes_times_paths():
     batch = small_batch()
     plan = tree_plan(batch)
-    keys, bounds = node_keys(batch)
+    keys, bounds = batch.node_paths()
     paths = np.diff(bounds)
-    assert plan.score_cells == int((batch.node_len * paths).sum())
-    assert paths.tolist() == (batch.node_pos + batch.node_len).tolist()
+    occ, width = batch.occurrences, batch.shape[1]
+    assert plan.score_cells == int((occ.lengths * paths).sum())
+    node_pos = batch.positions[occ.row, occ.col_start]
+    assert paths.tolist() == (node_pos + occ.lengths).tolist()
     # each node's keys are exactly the cells the predicate permits its last query
-    width = batch.shape[1]
     dense = batch.dense_mask().reshape(-1, width)
-    for n in range(batch.node_len.shape[0]):
-        last = batch.node_row[n] * width + batch.node_col[n] + batch.node_len[n] - 1
+    for n in range(len(occ)):
+        last = occ.row[n] * width + occ.col_end[n] - 1
         got = np.sort(keys[bounds[n] : bounds[n + 1]] % width)
         np.testing.assert_array_equal(got, np.flatnonzero(dense[last]))
     assert plan.score_cells < batch.shape[0] * width * width
@@ -556,7 +557,7 @@ def test_tree_batches_are_held_to_the_flat_conditions(
     if model_type == "llama4_text":  # a row condition: the same tree in 7 columns passes
         capacity = 7
     ok, _ = tree_and_flat(within, capacity)
-    assert max(np.diff(ok.seq_bounds)) == ok.longest
+    assert max(np.diff(ok.sequences()[1])) == ok.longest
     hf_inputs(ok, "sdpa", config=cfg)
     collator = tree_collator(capacity, 266, "sdpa", config=cfg)
     collator(tree_records(ok))

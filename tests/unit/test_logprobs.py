@@ -121,7 +121,7 @@ def test_the_head_of_a_transformers_model_gives_the_models_logits():
 
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
-    with pytest.raises(InvalidInput, match="PackedBatch or a TreeBatch"):
+    with pytest.raises(InvalidInput, match="must be a PackedBatch"):
         sequence_cells("rows")
     with pytest.raises(InvalidInput, match="hidden states have shape"):
         sequence_logprobs(torch.zeros(2, 5, 4), batch, LMHead(torch.zeros(300, 4)))

@@ -90,7 +90,7 @@ def test_pack_dataset_tree_rows_round_trip():
         policy="best-fit-decreasing",
     ).batches[0]
     back = tree_batch_from_rows(list(rows), 8, 10)
-    for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):
+    for name in ("inputs", "targets", "positions", "segments", "node_ends", "weights", "input_valid"):
         np.testing.assert_array_equal(getattr(back, name), getattr(direct, name))
     np.testing.assert_array_equal(back.node_parent, direct.node_parent)
     np.testing.assert_array_equal(back.dense_mask(2), direct.dense_mask(2))
@@ -133,7 +133,7 @@ def test_tree_collator_feeds_a_model():
         dtype=torch.float64,
     )
     loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
-    (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
+    (batch,) = list(loader)  # the forest batch: the loss and the per-sequence views read it
     loss = token_weighted_loss(model(**collator(batch)).logits, batch).mean
     slot = Slot(0, 0, 0, 0, 1, tuple(range(batch.shape[0])), batch.eligible_count, 0)
     scheduled = collator(ScheduledBatch(batch, slot))  # a RowSampler slot of the same rows

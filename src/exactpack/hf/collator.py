@@ -13,7 +13,6 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
-from exactpack.core.tree import TreeBatch
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_collator, check_vocabulary
@@ -36,10 +35,10 @@ class HFCollator:
     (``"train"``; None: any) refuses other splits. ``use_cache=False`` is passed unless
     ``config.use_cache`` is already False.
 
-    ``tree=True``: tree rows (docs/tree.md) — a :class:`~exactpack.core.tree.TreeBatch`, or
+    ``tree=True``: forest rows (docs/tree.md) — a tree :class:`PackedBatch`, or
     records of ``pack_dataset(..., tree=True)`` / ``load_packed(...).records()`` (with
     ``max_length`` and ``binding``: their vocabulary); the capability is checked with the
-    tree's refusals up front. :meth:`rows_of` gives the ``TreeBatch`` the loss and the
+    tree's refusals up front. :meth:`rows_of` gives the batch the loss and the
     per-sequence views (:mod:`exactpack.nn.logprobs`) read.
     """
 
@@ -99,11 +98,11 @@ class HFCollator:
         """The stacked rows of ``features`` as one padded :class:`PackedBatch`."""
         return self.rows_of(features).to_batch()
 
-    def rows_of(self, features: Sequence[Any]) -> CompactRows | TreeBatch:
-        """The stacked rows of ``features``, compact (tree rows: one ``TreeBatch``)."""
-        if isinstance(features, ScheduledBatch) and isinstance(features.rows, TreeBatch):
-            features = features.rows  # a RowSampler slot of tree rows (PackedCollator's item)
-        if isinstance(features, TreeBatch):
+    def rows_of(self, features: Sequence[Any]) -> CompactRows | PackedBatch:
+        """The stacked rows of ``features``, compact (forest rows: one padded batch)."""
+        if isinstance(features, ScheduledBatch) and isinstance(features.rows, PackedBatch):
+            features = features.rows  # a RowSampler slot of forest rows (PackedCollator's item)
+        if isinstance(features, PackedBatch) and features.is_tree:
             return features
         if self.tree:
             return self._tree_rows(features)
@@ -132,7 +131,7 @@ class HFCollator:
             )
         return self._rows(features)
 
-    def _tree_rows(self, features: Sequence[Any]) -> TreeBatch:
+    def _tree_rows(self, features: Sequence[Any]) -> PackedBatch:
         if self.max_length is None or self.binding is None:
             raise InvalidInput(
                 "this collator does not know the tree rows' max_length and vocabulary — build"

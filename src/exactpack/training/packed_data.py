@@ -35,7 +35,7 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch
 from exactpack.core.permission import pairwise
-from exactpack.core.tree import TreeBatch, refuse_flattened
+from exactpack.core.tree import refuse_flattened
 from exactpack.io.integrity import read_row_stats
 from exactpack.io.store import PackedStore, load_packed
 from exactpack.nn.attention import AttentionLayout
@@ -63,13 +63,13 @@ class ScheduledBatch:
     """Rows (compact or a :class:`PackedBatch`; ``batch`` pads them, on first use) for the
     :class:`Slot` they fill; ``world_size``: the ranks a stream was split over, or None."""
 
-    rows: Rows | TreeBatch
+    rows: Rows
     slot: Slot
     world_size: int | None = None
 
     @cached_property
-    def batch(self) -> PackedBatch | TreeBatch:
-        if isinstance(self.rows, (PackedBatch, TreeBatch)):
+    def batch(self) -> PackedBatch:
+        if isinstance(self.rows, PackedBatch):
             return self.rows
         return self.rows.to_batch()
 
@@ -175,10 +175,10 @@ class PackedBatches(Dataset):
         return self._stats
 
 
-def _scheduled(item: Any) -> tuple[CompactRows | TreeBatch, Slot | None]:
+def _scheduled(item: Any) -> tuple[Rows, Slot | None]:
     if isinstance(item, ScheduledBatch):
         return _scheduled(item.rows)[0], item.slot
-    if isinstance(item, TreeBatch):
+    if isinstance(item, PackedBatch) and item.is_tree:
         return item, None
     if isinstance(item, (PackedBatch, CompactRows)):
         return compact_of(item), None
@@ -229,7 +229,7 @@ class PackedCollator:
 
     def __call__(self, item: Any) -> dict[str, Any]:
         rows, slot = _scheduled(item)
-        if isinstance(rows, TreeBatch):
+        if isinstance(rows, PackedBatch):  # forest rows stay padded
             return self.tree_features(rows, slot)
         check_split(rows, self.partition, "PackedCollator")
         cells = flat_columns(rows, self.ignore_index)
@@ -265,7 +265,7 @@ class PackedCollator:
             out |= {"last_micro": slot.last_micro, "slot": slot}
         return out
 
-    def tree_features(self, batch: TreeBatch, slot: Slot | None) -> dict[str, Any]:
+    def tree_features(self, batch: PackedBatch, slot: Slot | None) -> dict[str, Any]:
         """Tree rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
         ``segment_ids`` (the nodes), ``weights`` (what :func:`micro_batch_loss` weighs each
         target by), ``num_items_in_batch`` (``Σ weights``, or the step's) and ``tree_plan``
@@ -278,7 +278,7 @@ class PackedCollator:
             "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
             "shift_labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
             "position_ids": batch.position_ids(),
-            "segment_ids": batch.nodes,
+            "segment_ids": batch.segments,
             "weights": batch.weights,
         }
         out: dict[str, Any] = {k: torch.from_numpy(v.astype(np.int64)) for k, v in cells.items()}

@@ -19,10 +19,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from exactpack.core.batch import Occurrences, PackedBatch
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import token_weighted_loss
-from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
+from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.attention_impl import register
 from exactpack.hf.capabilities import architecture_of
@@ -99,28 +100,30 @@ def tree_groups(
     return SequenceGroups.from_prompt_completions(prompts, completions, binding)
 
 
-def naive_batch(batch: TreeBatch) -> TreeBatch:
+def naive_batch(batch: PackedBatch) -> PackedBatch:
     """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
-    roots = np.flatnonzero(batch.node_parent < 0)
-    root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
-    nodes = batch.nodes.astype(np.int64)
+    occ = batch.occurrences
+    roots = np.flatnonzero(batch.node_parent < 0)  # type: ignore[operator]
+    root_of = roots[np.searchsorted(roots, np.arange(len(occ)), side="right") - 1]
+    nodes = batch.segments.astype(np.int64)
     cell_root = np.where(batch.input_valid, root_of[np.maximum(nodes, 0)], -1)
     rank = np.searchsorted(roots, np.maximum(cell_root, 0))
     cols = np.arange(batch.shape[1])[None, :]
-    positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
+    positions = np.where(batch.input_valid, cols - occ.col_start[np.maximum(cell_root, 0)], 0)
     ends = np.zeros(roots.shape[0], dtype=np.int64)
-    np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
+    np.add.at(ends, np.searchsorted(roots, root_of), occ.lengths)
+    picked = {f.name: getattr(occ, f.name)[roots] for f in dataclasses.fields(occ)}
+    picked |= {
+        "col_end": occ.col_start[roots] + ends,
+        "segment": np.arange(roots.shape[0], dtype=np.int32),
+    }
     return dataclasses.replace(
         batch,
-        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        segments=np.where(batch.input_valid, rank, -1).astype(np.int32),
         node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
         positions=positions.astype(np.int32),
-        node_row=batch.node_row[roots],
-        node_col=batch.node_col[roots],
-        node_len=ends,
-        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        occurrences=Occurrences(**picked),
         node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
-        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
     )
 
 
@@ -219,7 +222,7 @@ def verify_tree(
             fed, attn, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
         )
         out = guarded(model, "forward", lambda: model(**kwargs)).logits  # (R, T, V)
-        cells = torch.as_tensor(batch.seq_cells, device=device)
+        cells = torch.as_tensor(batch.sequences()[0], device=device)
         tree_logits = out.reshape(-1, out.shape[-1]).index_select(0, cells)
         tree_mean = token_weighted_loss(out, batch).mean
         grads = [
@@ -268,7 +271,7 @@ def _report(
         "lengths": groups.lengths.tolist(),
         "rows": batch.shape[0],
         "capacity": capacity,
-        "nodes": int(batch.node_len.shape[0]),
+        "nodes": len(batch.occurrences),
         "tokens_stored": stats["tokens_stored"],
         "tokens_flat": stats["tokens_flat"],
         "eligible_targets": batch.eligible_count,
