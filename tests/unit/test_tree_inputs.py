@@ -90,7 +90,8 @@ def test_pack_dataset_tree_rows_round_trip():
         policy="best-fit-decreasing",
     ).batches[0]
     back = tree_batch_from_rows(list(rows), 8, 10)
-    for name in ("inputs", "targets", "positions", "segments", "node_ends", "weights", "input_valid"):
+    names = ("inputs", "targets", "positions", "segments", "node_ends", "weights", "input_valid")
+    for name in names:
         np.testing.assert_array_equal(getattr(back, name), getattr(direct, name))
     np.testing.assert_array_equal(back.node_parent, direct.node_parent)
     np.testing.assert_array_equal(back.dense_mask(2), direct.dense_mask(2))
