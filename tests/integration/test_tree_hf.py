@@ -21,7 +21,7 @@ from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import describe
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.hf.masks import hf_allowed, layer_masks
 from exactpack.nn.tree_attention import tree_mask_mod, tree_plan
 from exactpack.verify.models import load_model
@@ -175,7 +175,7 @@ def test_cli_exit_codes(capsys):
 def tree_collator(max_length, vocab_size, attn="exactpack_tree", **fields):
     """The collator of tree records of ``max_length`` cells and ``vocab_size`` ids."""
     binding = Binding(vocab_size, "tree-records", "tree-records")
-    return HFCollator(attn, max_length=max_length, binding=binding, tree=True, **fields)
+    return hf_collator(attn, max_length=max_length, binding=binding, tree=True, **fields)
 
 
 def small_batch(window_groups=((6, (3, 3, 2)), (3, (2,)))):
@@ -225,7 +225,7 @@ def test_tree_inputs_and_the_tree_collator_require_the_config():
     for attn in ("sdpa", "exactpack_tree"):
         with pytest.raises(InvalidInput, match=r"hf_inputs\(\.\.\., config=model\.config\)"):
             hf_inputs(batch, attn, config=None)
-        with pytest.raises(InvalidInput, match=r"HFCollator\(\.\.\., config=model\.config\)"):
+        with pytest.raises(InvalidInput, match=r"hf_collator\(\.\.\., config=model\.config\)"):
             tree_collator(batch.shape[1], batch.binding.vocab_size, attn)
     cfg = Qwen2Config(
         num_hidden_layers=2, use_sliding_window=True, sliding_window=2, max_window_layers=1,
@@ -407,7 +407,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("model_type", "extra", "tree_attn", "flat_attn", "why"), REFUSALS)
 def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn, flat_attn, why):
-    """``hf_inputs(..., config=)`` and ``HFCollator(tree=True)`` run the flat path's capability
+    """``hf_inputs(..., config=)`` and ``hf_collator(tree=True)`` run the flat path's capability
     check (the config and the model's modules), not a config-only copy."""
     from exactpack.hf.architectures import UnsupportedArchitecture
 
@@ -449,7 +449,7 @@ def test_tree_refusals_of_column_positions_from_the_config(model_type, extra, wh
 @pytest.mark.parametrize("attn", ["sdpa", "exactpack_tree"])
 def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     """RoBERTa numbers positions from ``padding_idx + 1``: only its modules say so. The
-    documented ``hf_inputs(batch, attn, config=model.config)`` (and ``HFCollator(tree=True)``)
+    documented ``hf_inputs(batch, attn, config=model.config)`` (and ``hf_collator(tree=True)``)
     feed the offset, so every sequence's logits equal its run alone; the depths without
     the offset (what a config-only check fed) are far off."""
     from exactpack.io.tree_rows import tree_records
@@ -590,7 +590,7 @@ def test_tree_attention_is_registered_on_import():
 
 
 def test_tree_collator_checks_what_hf_collator_checks():
-    """HFCollator on tree rows runs its flat up-front check (check_collator): the mask kinds need
+    """hf_collator on tree rows runs its flat up-front check (check_collator): the mask kinds need
     the config, the vocabulary must fit the model's, and padding avoids a zero pad row
     (gemma3n, known from its modules only)."""
     from exactpack.core.errors import InvalidInput
@@ -600,7 +600,7 @@ def test_tree_collator_checks_what_hf_collator_checks():
 
     with pytest.raises(
         InvalidInput,
-        match=r"HFCollator needs the model's config .* pass HFCollator\(..., config=",
+        match=r"hf_collator needs the model's config .* pass hf_collator\(..., config=",
     ):
         tree_collator(16, 266, "sdpa")
     llama = tiny_config("llama")

@@ -112,7 +112,7 @@ def test_tree_collator_feeds_a_model():
     from exactpack.core.binding import Binding
     from exactpack.core.loss import token_weighted_loss
     from exactpack.hf import pack_dataset
-    from exactpack.hf.collator import HFCollator
+    from exactpack.hf.collator import hf_collator
     from exactpack.training import ScheduledBatch
     from exactpack.training.distributed import Slot
     from exactpack.verify.models import load_model
@@ -125,7 +125,7 @@ def test_tree_collator_feeds_a_model():
         {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
     )
     rows = pack_dataset(ds, 9, tree=True)
-    collator = HFCollator(
+    collator = hf_collator(
         "exactpack_tree",
         max_length=9,
         binding=Binding(266, "tree-records", "tree-records"),

@@ -346,7 +346,7 @@ def test_flat_readers_refuse_a_tree_output_naming_the_tree_reader(tmp_path):
     _write(_grpo(np.random.default_rng(1), 3), tmp_path / "t.jsonl")
     pack_path(tmp_path / "t.jsonl", tmp_path / "tree", max_length=16, vocab_size=VOCAB, tree="on")
     with pytest.raises(
-        InvalidInput, match=r"records\(\) and exactpack.hf.HFCollator\(\.\.\., tree=True\)"
+        InvalidInput, match=r"records\(\) and exactpack.hf.hf_collator\(\.\.\., tree=True\)"
     ):
         PackedBatches(tmp_path / "tree")
 

@@ -21,7 +21,7 @@ _BY_MODULE = {
     "datasets_io": "META_KEY pack_dataset packed_metadata packed_rows to_batches unpack_dataset",
     "adapter": "hf_inputs model_labels shift_labels hf_loss hf_loss_sum cell_logits",
     "kinds": "attention_kind",
-    "collator": "HFCollator",
+    "collator": "HFInputs collator_for hf_collator",
     "trl_training": "load_trl per_example split_rows",
     "architectures": "Architecture UnsupportedArchitecture describe",
     "capabilities": "capability",
