@@ -65,7 +65,7 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "flash lookup": ("nn/flash:flash_kernel", "nn/tree_attention:flash_varlen"),
     "collator": (
         "training/packed_data:PackedCollator",
-        "hf/collator:hf_collator",
+        "hf/collator:HFCollator",
         "hf/tree_inputs:TreeCollator",
     ),
     "loss": ("core/loss:token_weighted_sum", "core/tree:tree_loss_sum"),

@@ -28,7 +28,7 @@ both valid, and ``0 <= pos[q] - pos[k] < sliding_window``: column 6 sees 0-3 and
 itself, never its sibling's 4-5. A cell's weight counts the sequences that
 supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
 (16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
-with any flat policy and keeps every sequence's cells (``seq_cells``).
+with any flat policy and keeps every sequence's cells (``batch.sequences()``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from exactpack.core.errors import InvalidInput, NotAvailable, OversizedExample
 from exactpack.core.examples import (
     as_token_array,
     concat_ranges,
-    next_at_most,
     offsets_of,
     pair_offsets,
     prev_at_most,
@@ -302,8 +301,8 @@ class TrieOrder:
     (trie-local column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
     ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order: ``node_trie``,
     ``node_col`` (trie-local), ``node_len``, ``node_pos`` (depth), ``node_parent`` (-1: a
-    root), ``node_end`` (``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``),
-    ``node_owner`` (the sequence whose tokens it holds).
+    root), ``node_owner`` (the sequence whose tokens it holds); their ends are derived
+    where the rows are gathered (:meth:`~exactpack.core.compact.CompactRows.to_batch`).
     """
 
     order: np.ndarray
@@ -319,7 +318,6 @@ class TrieOrder:
     node_len: np.ndarray
     node_pos: np.ndarray
     node_parent: np.ndarray
-    node_end: np.ndarray
     node_owner: np.ndarray
 
     def path_columns(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -364,8 +362,6 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     parent_node = np.searchsorted(node_start, np.maximum(parent_cell_of_node, 0), side="right") - 1
     node_trie = trie[node_owner]
     node_bounds = np.searchsorted(node_trie, np.arange(g + 1), side="left").astype(np.int64)
-    ids = np.arange(node_start.shape[0], dtype=np.int64)
-    limit = node_pos + node_len - 1  # a later node starting no deeper leaves the subtree
     return TrieOrder(
         order=np.arange(s, dtype=np.int64),
         lengths=lengths,
@@ -380,7 +376,6 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
         node_len=node_len,
         node_pos=node_pos,
         node_parent=np.where(node_pos > 0, parent_node, -1),
-        node_end=next_at_most(node_pos, limit, ids + 1, node_bounds[node_trie + 1]),
         node_owner=node_owner,
     )
 
