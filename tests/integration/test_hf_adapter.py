@@ -330,7 +330,7 @@ def test_collator_on_dataset_rows_and_on_batches():
     assert torch.equal(collate(halves)["attention_mask"], want["attention_mask"])
     with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
         collate([{"input_ids": packed[0]["tokens"]}])
-    with pytest.raises(InvalidInput, match="for_dataset"):
+    with pytest.raises(InvalidInput, match="collator_for"):
         hf_collator("sdpa", config=llama_config())([packed[0]])
     with pytest.raises(InvalidInput, match="width"):
         collate([fixture_batch(), halves[0]])
