@@ -279,12 +279,26 @@ class PackedCollator:
 
     def __call__(self, item: Any) -> dict[str, Any]:
         rows, slot, world_size = self._scheduled(item)
-        if not isinstance(rows, PackedBatch):  # forest rows carry no split
+        tree = isinstance(rows, PackedBatch)  # forest rows stay padded and carry no split
+        if not tree:
             check_split(rows, self.partition, "this collator")
         if self.model_inputs is not None:
             return self.model_inputs(rows, slot, world_size)
-        if isinstance(rows, PackedBatch):  # forest rows stay padded
-            return self.tree_features(rows, slot)
+        out = self.tree_features(rows) if tree else self._flat_features(rows)
+        eligible = rows.eligible_count if tree else int(rows.loss_mask.sum())
+        out |= {
+            "num_eligible": eligible,
+            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
+        }
+        if self.permission_mask:
+            seg, pos = out["segment_ids"].numpy(), out["position_ids"].numpy()
+            mask = rows.dense_mask() if tree else pairwise(seg != NO_SEGMENT, seg, pos)
+            out["permission_mask"] = torch.as_tensor(mask)[:, None]
+        if slot is not None:
+            out |= {"last_micro": slot.last_micro, "slot": slot}
+        return out
+
+    def _flat_features(self, rows: CompactRows) -> dict[str, Any]:
         cells = flat_columns(rows, self.ignore_index)
         index = cells.pop("valid_index")
         shape = (rows.num_rows, rows.capacity)
@@ -296,14 +310,11 @@ class PackedCollator:
         out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in cells.items()}
         cu = cu_seq_lens(rows)
         longest = int(rows.lengths.max()) if len(rows) else 0
-        eligible = int(rows.loss_mask.sum())
         out |= {
             "cu_seq_lens_q": torch.from_numpy(cu),
             "cu_seq_lens_k": torch.from_numpy(cu.copy()),
             "max_length_q": longest,
             "max_length_k": longest,
-            "num_eligible": eligible,
-            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
         }
         if self.flatten:
             out["seq_idx"] = torch.as_tensor(seq_idx(cu))
@@ -311,22 +322,16 @@ class PackedCollator:
             out["use_cache"] = False
         else:
             out["valid_index"] = torch.from_numpy(index)
-        if self.permission_mask:
-            seg, pos = cells["segment_ids"], cells["position_ids"]
-            out["permission_mask"] = torch.as_tensor(pairwise(seg != NO_SEGMENT, seg, pos))[:, None]
-        if slot is not None:
-            out |= {"last_micro": slot.last_micro, "slot": slot}
         return out
 
-    def tree_features(self, batch: PackedBatch, slot: Slot | None) -> dict[str, Any]:
-        """Tree rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
+    def tree_features(self, batch: PackedBatch) -> dict[str, Any]:
+        """Forest rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
         ``segment_ids`` (the nodes), ``weights`` (what :func:`micro_batch_loss` weighs each
-        target by), ``num_items_in_batch`` (``Σ weights``, or the step's) and ``tree_plan``
+        target by; ``num_items_in_batch``: ``Σ weights``, or the step's) and ``tree_plan``
         (:func:`~exactpack.nn.tree_attention.tree_plan`, for
         :func:`~exactpack.nn.varlen.path_attention`)."""
         if self.flatten:
             refuse_flattened("PackedCollator(flatten=True)", "use flatten=False and its tree_plan")
-        eligible = batch.eligible_count
         cells = {
             "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
             "shift_labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
@@ -335,16 +340,7 @@ class PackedCollator:
             "weights": batch.weights,
         }
         out: dict[str, Any] = {k: torch.from_numpy(v.astype(np.int64)) for k, v in cells.items()}
-        out |= {
-            "num_eligible": eligible,
-            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
-            "tree_plan": tree_plan(batch),
-        }
-        if self.permission_mask:
-            out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
-        if slot is not None:
-            out |= {"last_micro": slot.last_micro, "slot": slot}
-        return out
+        return out | {"tree_plan": tree_plan(batch)}
 
 
 def check_split(batch: Rows, expected: Split | None, who: str) -> None:
