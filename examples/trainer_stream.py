@@ -11,7 +11,7 @@ best fit as it is read; ``Trainer`` keeps accelerate's defaults
 exactpack shards nothing itself and pads the stream's end with empty rows to a
 multiple of ``world_size * max_rows_per_batch``, so with
 ``per_device_train_batch_size`` dividing ``max_rows_per_batch`` every example
-is trained on exactly once per epoch, on one rank. ``HFCollator`` builds each
+is trained on exactly once per epoch, on one rank. ``hf_collator`` builds each
 call's block-causal masks; with ``config.use_cache`` False (``Trainer`` sets
 it) every value is a tensor of rows, which dispatching needs.
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         learning_rate=0.1,
         optim="sgd",
         lr_scheduler_type="constant",
-        remove_unused_columns=False,  # HFCollator reads the packed columns
+        remove_unused_columns=False,  # hf_collator reads the packed columns
         report_to=[],
         use_cpu=True,
         save_strategy="no",
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         bos_token_id=0, eos_token_id=1, pad_token_id=2, attn_implementation="sdpa",
     )  # fmt: skip
     model = LlamaForCausalLM(config)
-    collate = exactpack.hf.HFCollator.for_dataset(packed, "sdpa", config=model.config)
+    collate = exactpack.hf.collator_for(packed, "sdpa", config=model.config)
     record: list[dict] = []
 
     class Recording(Trainer):

@@ -310,8 +310,7 @@ def _tree_forward(
     inputs = build_inputs(tree, impl, arch, dtype=dtype, device=input_ids.device)
     with packed_call(lm, inputs):  # plain runs without the model's hooks
         hidden = plain(**inputs).last_hidden_state  # (R, T, H)
-    cells = np.asarray(tree.seq_cells, dtype=np.int64)
-    bounds = np.asarray(tree.seq_bounds, dtype=np.int64)
+    cells, bounds, _ = tree.sequences()
     rows = np.asarray(order, dtype=np.int64)[np.asarray(tree.seq_index, dtype=np.int64)]
     dest = np.concatenate(
         [

@@ -56,7 +56,7 @@ LANDED_KEYWORDS = (
             "exactpack.core.permission:permitted",
             "exactpack.core.permission:dense_mask",
             "exactpack.core.batch:PackedBatch.dense_mask",
-            "exactpack.core.tree:TreeBatch.key_spans",
+            "exactpack.core.batch:PackedBatch.key_spans",
             "exactpack.nn.attention:attention",
             "exactpack.nn.attention:AttentionLayout.key_bounds",
             "exactpack.nn.varlen:varlen_attention",
@@ -276,7 +276,7 @@ def test_landed_keywords_stay_landed():
 #: What a user calls with keywords: none takes a retired word as a parameter (the packer's
 #: own ``capacity`` and the batches' on-disk ``partition`` stay inside the library).
 USER_CALLS = (
-    "exactpack.hf.collator:HFCollator",
+    "exactpack.hf.collator:hf_collator",
     "exactpack.hf.adapter:hf_inputs",
     "exactpack.hf.datasets_io:pack_dataset",
     "exactpack.verify.models:verify_hf",

@@ -28,7 +28,7 @@ from exactpack.hf.adapter import (
     model_labels,
     shift_labels,
 )
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import collator_for, hf_collator
 from exactpack.hf.datasets_io import pack_dataset, to_batches
 from exactpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
 from exactpack.verify.models import FLOAT32_TOLERANCE, verification_examples
@@ -262,7 +262,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(InvalidInput, match="floating"):
         additive_mask(batch, torch.int64)
     with pytest.raises(InvalidInput, match="paged cache"):
-        HFCollator("paged|sdpa", config=CFG)
+        hf_collator("paged|sdpa", config=CFG)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention", "exactpack_varlen"])
@@ -273,8 +273,8 @@ def test_every_entry_point_that_builds_inputs_requires_the_config(attn):
         hf_inputs(batch, attn, config=None)
     with pytest.raises(TypeError, match="config"):
         hf_inputs(batch, attn)  # a required keyword
-    with pytest.raises(InvalidInput, match=r"HFCollator\(\.\.\., config=model\.config\)"):
-        HFCollator(attn)
+    with pytest.raises(InvalidInput, match=r"hf_collator\(\.\.\., config=model\.config\)"):
+        hf_collator(attn)
     # The model itself does as well as its config; a vocabulary it cannot index is refused.
     model = tiny_llama("sdpa")
     assert hf_inputs(batch, attn, config=model)["input_ids"].shape[0] >= 1
@@ -319,7 +319,7 @@ def _packed_dataset():
 def test_collator_on_dataset_rows_and_on_batches():
     packed = _packed_dataset()
     (whole,) = to_batches(packed)
-    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64, config=llama_config())
+    collate = collator_for(packed, "sdpa", dtype=torch.float64, config=llama_config())
     got = collate([packed[2], packed[0]])  # Trainer's sampler reorders rows
     want = hf_inputs(whole, "sdpa", config=CFG, dtype=torch.float64)
     assert got.keys() == want.keys()
@@ -330,8 +330,8 @@ def test_collator_on_dataset_rows_and_on_batches():
     assert torch.equal(collate(halves)["attention_mask"], want["attention_mask"])
     with pytest.raises(InvalidInput, match="remove_unused_columns=False"):
         collate([{"input_ids": packed[0]["tokens"]}])
-    with pytest.raises(InvalidInput, match="for_dataset"):
-        HFCollator("sdpa", config=llama_config())([packed[0]])
+    with pytest.raises(InvalidInput, match="collator_for"):
+        hf_collator("sdpa", config=llama_config())([packed[0]])
     with pytest.raises(InvalidInput, match="width"):
         collate([fixture_batch(), halves[0]])
 
@@ -354,7 +354,7 @@ def test_trainer_step_is_the_token_weighted_gradient_of_the_whole_step(tmp_path)
     def rows(pair):
         return collate.batch_of([packed[i] for i in pair])
 
-    collate = HFCollator.for_dataset(packed, "sdpa", dtype=torch.float64, config=model.config)
+    collate = collator_for(packed, "sdpa", dtype=torch.float64, config=model.config)
     want = grad_of(whole)
     # Control: the mean of per-micro-batch means differs for every split into pairs.
     for a, b in (((0, 1), (2, 3)), ((0, 2), (1, 3)), ((0, 3), (1, 2))):
@@ -454,17 +454,17 @@ def test_a_collator_with_a_config_checks_the_vocabulary_and_pad_id_before_step_o
     packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": docs}), 12, vocab_size=1024)
     small = config_of("llama", vocab_size=400)
     with pytest.raises(InvalidInput, match=r"1,024 ids but the model's config.vocab_size is 400"):
-        HFCollator.for_dataset(packed, "sdpa", config=small)
+        collator_for(packed, "sdpa", config=small)
     with pytest.raises(InvalidInput, match=r"pad_token_id 400 .*config.vocab_size 400") as err:
-        HFCollator("sdpa", config=small, pad_token_id=400)
+        hf_collator("sdpa", config=small, pad_token_id=400)
     assert "\n" not in str(err.value)
-    HFCollator.for_dataset(packed, "sdpa", config=config_of("llama", vocab_size=1024))
+    collator_for(packed, "sdpa", config=config_of("llama", vocab_size=1024))
 
 
 def test_an_implementation_that_cannot_run_here_is_refused_at_construction(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(InvalidInput, match=r"flash_attention_2.*cannot run here: a CUDA device"):
-        HFCollator("flash_attention_2", config=llama_config())
+        hf_collator("flash_attention_2", config=llama_config())
 
 
 def test_importing_exactpack_hf_registers_exactpack_varlen_in_a_fresh_process():

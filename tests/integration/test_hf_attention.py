@@ -129,7 +129,7 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
     from transformers import AutoModelForCausalLM
 
     from exactpack import PackConfig, pack_examples
-    from exactpack.hf.collator import HFCollator
+    from exactpack.hf.collator import hf_collator
     from exactpack.verify.models import verification_examples, verification_layout
 
     config = AutoConfig.for_model(
@@ -147,7 +147,7 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
         "train", examples, examples[0].binding, PackConfig(layout.capacity, 6)
     ).batches
     with torch.no_grad():
-        packed = model(**HFCollator(NAME, config=config)([batch])).logits[
+        packed = model(**hf_collator(NAME, config=config)([batch])).logits[
             0
         ]  # (N, V): the valid cells
         alone = torch.cat([model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0]

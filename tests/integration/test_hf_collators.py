@@ -24,7 +24,7 @@ from transformers.utils import TransformersKwargs
 from exactpack import InvalidInput, PackConfig, Split, SplitMismatch, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.attention_impl import exactpack_attention
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.hf.kinds import KINDS, attention_kind
 from exactpack.training.packed_data import PackedCollator
 from exactpack.verify.fixture import fixture_batch, fixture_examples
@@ -116,7 +116,7 @@ def features_of(how, batch, attn, config):
     if how == "packed_collator_flatten":
         return PackedCollator(flatten=True)(batch)
     if how == "hf_collator":
-        return HFCollator(attn, dtype=torch.float64, config=config)([batch])
+        return hf_collator(attn, dtype=torch.float64, config=config)([batch])
     return hf_inputs(batch, attn, config=config, dtype=torch.float64)
 
 
@@ -221,7 +221,7 @@ def test_no_output_key_collides_with_a_transformers_argument_of_another_meaning(
         PackedCollator(flatten=True)(batch),
         PackedCollator(permission_mask=True)(batch),
         *(
-            HFCollator(attn, config=config)([batch])
+            hf_collator(attn, config=config)([batch])
             for attn in ("sdpa", "eager", "exactpack_varlen")
         ),
         hf_inputs(batch, "flash_attention_2", config=config),
@@ -247,13 +247,14 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
     assert attention_kind("kernels-community/flash-attn2") == "flash"
     assert attention_kind("kernels-community/vllm-flash-attn3@main") == "flash"
     assert attention_kind("flash_attention_3") == "flash"
-    collate = HFCollator("kernels-community/flash-attn2", config=llama_config())
+    collate = hf_collator("kernels-community/flash-attn2", config=llama_config())
     f = collate([fixture_batch()])
     assert "attention_mask" not in f and f["cu_seq_lens_q"].tolist() == [0, 3, 5, 9]
     # A registered function with no mask function: its kind must be stated.
     with pytest.raises(InvalidInput, match=r"'exactpack_test_unknown'.*no mask function.*flash"):
-        HFCollator("exactpack_test_unknown", config=llama_config())
-    assert HFCollator("exactpack_test_unknown", kind="sdpa", config=llama_config()).kind == "sdpa"
+        hf_collator("exactpack_test_unknown", config=llama_config())
+    collate = hf_collator("exactpack_test_unknown", kind="sdpa", config=llama_config())
+    assert collate.model_inputs.kind == "sdpa"
     with pytest.raises(InvalidInput, match=r"of kind 'flash'.*not kind='sdpa'"):
         attention_kind("kernels-community/flash-attn2", "sdpa")
     for name in (
@@ -262,7 +263,7 @@ def test_any_registered_implementation_is_accepted_by_its_kind(custom_implementa
         "paged|sdpa",
     ):
         with pytest.raises(InvalidInput, match=rf"{name}.*{', '.join(KINDS[2:])}"):
-            HFCollator(name, config=llama_config())
+            hf_collator(name, config=llama_config())
 
 
 def tiny_mistral(window: int):
@@ -279,14 +280,14 @@ def test_a_windowed_model_through_hf_collator_equals_separate_examples(attn):
     model = model_of(config, attn)
     want = separate_loss(model, examples)
     with torch.no_grad():
-        got = model(**HFCollator(attn, dtype=torch.float64, config=config)([batch])).loss
+        got = model(**hf_collator(attn, dtype=torch.float64, config=config)([batch])).loss
         assert close(got, want)
         if attn != "exactpack_varlen":
             # Control: what a config-less collator would build — unwindowed masks.
             unwindowed = hf_inputs(batch, attn, config=llama_config(), dtype=torch.float64)
             assert not close(model(**unwindowed).loss, want, 1e-3, 1e-3)
     with pytest.raises(InvalidInput, match=r"sliding windows.*config=model\.config"):
-        HFCollator(attn)
+        hf_collator(attn)
 
 
 def test_a_training_collator_refuses_validation_rows():
@@ -295,18 +296,18 @@ def test_a_training_collator_refuses_validation_rows():
 
     held_out = dataclasses.replace(batch, partition=Split.VALIDATION)
     config = llama_config()
-    collate = HFCollator("exactpack_varlen", config=config)
+    collate = hf_collator("exactpack_varlen", config=config)
     assert collate([batch])["input_ids"].shape == (1, 9)
     with pytest.raises(SplitMismatch, match="expects train rows but got a validation"):
         collate([held_out])
-    assert HFCollator("exactpack_varlen", split="validation", config=config)([held_out])[
+    assert hf_collator("exactpack_varlen", split="validation", config=config)([held_out])[
         "seq_idx"
     ].shape == (
         1,
         9,
     )
     assert np.array_equal(
-        HFCollator("exactpack_varlen", split=None, config=config)([held_out])["input_ids"][
+        hf_collator("exactpack_varlen", split=None, config=config)([held_out])["input_ids"][
             0
         ].numpy(),
         batch.inputs[batch.input_valid],

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from exactpack import InvalidInput, PackConfig, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.capabilities import capability
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.hf.kinds import tree_kind
 from exactpack.hf.mixers import (
     RESTARTABLE,
@@ -82,8 +82,8 @@ def test_seq_idx_marks_each_example_and_the_padding():
     with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
         hf_inputs(batch, "sdpa", config=config)
     with pytest.raises(InvalidInput, match=r"restart_mixers\(model\)"):
-        HFCollator("sdpa", config=config)
-    collated = HFCollator("sdpa", config=model.config)(batch)
+        hf_collator("sdpa", config=config)
+    collated = hf_collator("sdpa", config=model.config)(batch)
     assert torch.equal(collated["seq_idx"], kwargs["seq_idx"])
 
 

@@ -21,7 +21,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 import exactpack.hf.attention_impl  # noqa: F401  (registers exactpack_varlen: tests may run alone)
 from exactpack import InvalidInput, PackConfig, SequenceExample, pack_examples
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.training.packed_data import PackedCollator
 from exactpack.verify.models import FLOAT32_TOLERANCE
 
@@ -31,7 +31,7 @@ from support.strategies import BINDING, packed_epochs
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)
 CONFIG = pathlib.Path(__file__).parents[1] / "data" / "tiny_llama.json"
-#: The tiny Llama's config: what hf_inputs and HFCollator check the rows against.
+#: The tiny Llama's config: what hf_inputs and hf_collator check the rows against.
 CFG = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
 FLAT_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "max_length_q", "seq_idx")
 
@@ -105,9 +105,9 @@ def test_collating_leaves_its_inputs_unchanged():
     for collate in (
         PackedCollator(),
         PackedCollator(flatten=True),
-        HFCollator("exactpack_varlen", config=CFG),
+        hf_collator("exactpack_varlen", config=CFG),
     ):
-        collate([batch] if isinstance(collate, HFCollator) else batch)
+        collate([batch])  # one collator: a list of one is that batch
     for name, value in before.items():
         assert np.array_equal(getattr(batch, name), value), name
 
@@ -160,7 +160,7 @@ def test_padding_free_loss_equals_the_padded_batch_loss(attn):
         padded = model(**padded_kwargs).loss
         config = model.config
         for features in (
-            HFCollator(attn, dtype=torch.float64, config=config)([batch]),
+            hf_collator(attn, dtype=torch.float64, config=config)([batch]),
             PackedCollator(flatten=True)(batch) if attn == "exactpack_varlen" else None,
         ):
             if features is not None:
@@ -203,7 +203,7 @@ def test_rows_mode_pads_with_the_pad_id_and_ignores_padding_labels():
     config = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
     for f in (
         PackedCollator(pad_id=7)(batch),
-        HFCollator("sdpa", pad_token_id=7, config=config)([batch]),
+        hf_collator("sdpa", pad_token_id=7, config=config)([batch]),
     ):
         assert bool(pad.any()) and bool((f["input_ids"][pad] == 7).all())
         assert bool((f["labels"][pad] == -100).all()) and bool(
@@ -260,7 +260,7 @@ def test_a_packed_forward_equals_the_per_document_forward(attn):
     examples = [_example(i, n, seed=7) for i, n in enumerate([5, 4, 2, 6, 3])]
     batch = pack_examples("train", examples, BINDING, PackConfig(9, 3)).batches[0]
     model = _model(attn)
-    f = HFCollator(attn, dtype=torch.float64, config=model.config)([batch])
+    f = hf_collator(attn, dtype=torch.float64, config=model.config)([batch])
     # eager takes its softmax in float32 (an island): float32's tolerance; sdpa and
     # exactpack_varlen stay float64 and keep the seed's. Observed on the logits alone.
     atol, rtol = observed_tolerance(model, unlabelled(f))

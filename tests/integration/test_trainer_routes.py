@@ -1,6 +1,6 @@
 """The folder ``exactpack pack`` writes (exactpack's format) trains under ``Trainer`` and
 TRL's ``SFTTrainer``, one dataset item a packed row: the shards loaded with
-``datasets.load_dataset("parquet")``, collated by ``HFCollator.for_dataset(folder)``.
+``datasets.load_dataset("parquet")``, collated by ``collator_for(folder)``.
 
 (``format="trl"`` rows under both trainers: ``test_trl_train.py``.)
 """
@@ -19,7 +19,7 @@ from transformers import Trainer, TrainingArguments
 from trl import SFTConfig, SFTTrainer
 
 from exactpack.core.errors import InvalidInput
-from exactpack.hf import HFCollator, hf_loss
+from exactpack.hf import collator_for, hf_loss
 from exactpack.pipeline import pack_path
 from exactpack.verify.tolerances import FLOAT32_TOLERANCE
 
@@ -54,9 +54,9 @@ def test_a_packed_folder_trains_one_row_an_item(folder, trainer_class, tmp_path)
     model = llama()
     with torch.no_grad():  # spread the per-token losses, so that a lost target shows
         model.lm_head.weight.mul_(20.0)
-    with pytest.raises(InvalidInput, match=r"pass the folder instead: HFCollator\.for_dataset"):
-        HFCollator.for_dataset(train, "sdpa", config=model.config)
-    collate = HFCollator.for_dataset(folder, "sdpa", dtype=torch.float64, config=model.config)
+    with pytest.raises(InvalidInput, match=r"pass the folder instead: collator_for"):
+        collator_for(train, "sdpa", config=model.config)
+    collate = collator_for(folder, "sdpa", dtype=torch.float64, config=model.config)
     seen = []
 
     def spy(features):

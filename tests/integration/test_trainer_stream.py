@@ -1,5 +1,5 @@
 """Streams into pack_dataset and out to Trainer: IterableDataset in, IterableDataset of packed
-rows out (stream best fit), resumable, padded for torchrun; HFCollator over StreamDataset
+rows out (stream best fit), resumable, padded for torchrun; hf_collator over StreamDataset
 items; and a 2-process torchrun Trainer run where every example is trained on exactly once
 per epoch and the parameters equal one process's."""
 
@@ -134,7 +134,7 @@ def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monk
             assert row["pair_counts"] == [] and row["tokens"] == []
     if fmt == "exactpack":  # empty rows collate to padding only: no target, no key, no query
         packed = H.pack_dataset(docs, 12, vocab_size=266, max_rows_per_batch=3)
-        collate = H.HFCollator.for_dataset(packed, "sdpa", config=_llama().config)
+        collate = H.collator_for(packed, "sdpa", config=_llama().config)
         out = collate(ranked[-2:])
         assert (out["labels"] == -100).all() and (out["shift_labels"] == -100).all()
 
@@ -161,7 +161,7 @@ def test_hf_collator_takes_stream_dataset_items_and_text_mappings():
         t["id"] for t in texts
     }
     model = _llama()
-    collate = H.HFCollator("sdpa", config=model.config)
+    collate = H.hf_collator("sdpa", config=model.config)
     out = collate(items[:2])
     assert out["input_ids"].shape == (4, 32) and out["use_cache"] is False
     model.config.use_cache = False  # as Trainer sets it: then every value is a row tensor
@@ -261,7 +261,7 @@ def test_trainer_resumes_a_stream_from_its_checkpoint_exactly(tmp_path):
                 calls.append(inputs["input_ids"].tolist())
                 return super().compute_loss(model, inputs, *rest, **kw)
 
-        collate = H.HFCollator.for_dataset(packed, "sdpa", config=model.config)
+        collate = H.collator_for(packed, "sdpa", config=model.config)
         trainer = Recording(model=model, args=args, train_dataset=packed, data_collator=collate)
         trainer.train(resume_from_checkpoint=resume)
         return calls, torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -21,9 +21,9 @@ from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import describe
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.hf.masks import hf_allowed, layer_masks
-from exactpack.nn.tree_attention import node_keys, tree_mask_mod, tree_plan
+from exactpack.nn.tree_attention import tree_mask_mod, tree_plan
 from exactpack.verify.models import load_model, tree_groups, verify_hf
 
 torch.set_num_threads(1)
@@ -167,7 +167,7 @@ def test_cli_exit_codes(capsys):
 def tree_collator(max_length, vocab_size, attn="exactpack_tree", **fields):
     """The collator of tree records of ``max_length`` cells and ``vocab_size`` ids."""
     binding = Binding(vocab_size, "tree-records", "tree-records")
-    return HFCollator(attn, max_length=max_length, binding=binding, tree=True, **fields)
+    return hf_collator(attn, max_length=max_length, binding=binding, tree=True, **fields)
 
 
 def small_batch(window_groups=((6, (3, 3, 2)), (3, (2,)))):
@@ -181,7 +181,7 @@ def test_flex_mask_mod_is_the_predicate(window):
     batch = small_batch()
     t = torch.as_tensor
     mod = tree_mask_mod(
-        t(batch.input_valid), t(batch.nodes), t(batch.node_ends), t(batch.positions), window
+        t(batch.input_valid), t(batch.segments), t(batch.node_ends), t(batch.positions), window
     )
     rows, width = batch.shape
     dense = create_mask(mod, rows, 1, width, width, device="cpu")[:, 0].numpy()
@@ -217,7 +217,7 @@ def test_tree_inputs_and_the_tree_collator_require_the_config():
     for attn in ("sdpa", "exactpack_tree"):
         with pytest.raises(InvalidInput, match=r"hf_inputs\(\.\.\., config=model\.config\)"):
             hf_inputs(batch, attn, config=None)
-        with pytest.raises(InvalidInput, match=r"HFCollator\(\.\.\., config=model\.config\)"):
+        with pytest.raises(InvalidInput, match=r"hf_collator\(\.\.\., config=model\.config\)"):
             tree_collator(batch.shape[1], batch.binding.vocab_size, attn)
     cfg = Qwen2Config(
         num_hidden_layers=2, use_sliding_window=True, sliding_window=2, max_window_layers=1,
@@ -233,15 +233,16 @@ def test_tree_inputs_and_the_tree_collator_require_the_config():
 def test_backend_work_is_nodes_times_paths():
     batch = small_batch()
     plan = tree_plan(batch)
-    keys, bounds = node_keys(batch)
+    keys, bounds = batch.node_paths()
     paths = np.diff(bounds)
-    assert plan.score_cells == int((batch.node_len * paths).sum())
-    assert paths.tolist() == (batch.node_pos + batch.node_len).tolist()
+    occ, width = batch.occurrences, batch.shape[1]
+    assert plan.score_cells == int((occ.lengths * paths).sum())
+    node_pos = batch.positions[occ.row, occ.col_start]
+    assert paths.tolist() == (node_pos + occ.lengths).tolist()
     # each node's keys are exactly the cells the predicate permits its last query
-    width = batch.shape[1]
     dense = batch.dense_mask().reshape(-1, width)
-    for n in range(batch.node_len.shape[0]):
-        last = batch.node_row[n] * width + batch.node_col[n] + batch.node_len[n] - 1
+    for n in range(len(occ)):
+        last = occ.row[n] * width + occ.col_end[n] - 1
         got = np.sort(keys[bounds[n] : bounds[n + 1]] % width)
         np.testing.assert_array_equal(got, np.flatnonzero(dense[last]))
     assert plan.score_cells < batch.shape[0] * width * width
@@ -398,7 +399,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("model_type", "extra", "tree_attn", "flat_attn", "why"), REFUSALS)
 def test_tree_inputs_refuse_what_flat_inputs_refuse(model_type, extra, tree_attn, flat_attn, why):
-    """``hf_inputs(..., config=)`` and ``HFCollator(tree=True)`` run the flat path's capability
+    """``hf_inputs(..., config=)`` and ``hf_collator(tree=True)`` run the flat path's capability
     check (the config and the model's modules), not a config-only copy."""
     from exactpack.hf.architectures import UnsupportedArchitecture
 
@@ -440,7 +441,7 @@ def test_tree_refusals_of_column_positions_from_the_config(model_type, extra, wh
 @pytest.mark.parametrize("attn", ["sdpa", "exactpack_tree"])
 def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     """RoBERTa numbers positions from ``padding_idx + 1``: only its modules say so. The
-    documented ``hf_inputs(batch, attn, config=model.config)`` (and ``HFCollator(tree=True)``)
+    documented ``hf_inputs(batch, attn, config=model.config)`` (and ``hf_collator(tree=True)``)
     feed the offset, so every sequence's logits equal its run alone; the depths without
     the offset (what a config-only check fed) are far off."""
     from exactpack.io.tree_rows import tree_records
@@ -548,7 +549,7 @@ def test_tree_batches_are_held_to_the_flat_conditions(
     if model_type == "llama4_text":  # a row condition: the same tree in 7 columns passes
         capacity = 7
     ok, _ = tree_and_flat(within, capacity)
-    assert max(np.diff(ok.seq_bounds)) == ok.longest
+    assert max(np.diff(ok.sequences()[1])) == ok.longest
     hf_inputs(ok, "sdpa", config=cfg)
     collator = tree_collator(capacity, 266, "sdpa", config=cfg)
     collator(tree_records(ok))
@@ -581,7 +582,7 @@ def test_tree_attention_is_registered_on_import():
 
 
 def test_tree_collator_checks_what_hf_collator_checks():
-    """HFCollator on tree rows runs its flat up-front check (check_collator): the mask kinds need
+    """hf_collator on tree rows runs its flat up-front check (check_collator): the mask kinds need
     the config, the vocabulary must fit the model's, and padding avoids a zero pad row
     (gemma3n, known from its modules only)."""
     from exactpack.core.errors import InvalidInput
@@ -591,7 +592,7 @@ def test_tree_collator_checks_what_hf_collator_checks():
 
     with pytest.raises(
         InvalidInput,
-        match=r"HFCollator needs the model's config .* pass HFCollator\(..., config=",
+        match=r"hf_collator needs the model's config .* pass hf_collator\(..., config=",
     ):
         tree_collator(16, 266, "sdpa")
     llama = tiny_config("llama")

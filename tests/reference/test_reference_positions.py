@@ -18,7 +18,7 @@ from transformers import LlamaConfig, RobertaConfig
 from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.collator import HFCollator
+from exactpack.hf.collator import hf_collator
 from exactpack.io.tree_rows import tree_records
 from exactpack.verify.fixture import fixture_batch
 
@@ -62,7 +62,7 @@ def test_roberta_tree_positions_by_hand():
 
 def test_the_tree_collator_passes_the_offset_on():
     records = tree_records(drawn_tree())
-    collate = HFCollator("sdpa", max_length=12, binding=Binding(266, "t", "sha256:t"),
+    collate = hf_collator("sdpa", max_length=12, binding=Binding(266, "t", "sha256:t"),
                          tree=True, config=roberta(1))  # fmt: skip
     got = collate(records)["position_ids"].tolist()
     assert got == [[2, 3, 4, 5, 6, 7, 6, 5, 6, 2, 2, 2]]

@@ -127,7 +127,7 @@ def test_model_calls_read_by_index_in_any_order_come_from_their_own_shard(packed
         ]
         want = tree_batch_from_rows(part, CAPACITY, VOCAB)
         got = store[i]
-        for name in ("inputs", "targets", "nodes", "node_ends", "weights", "seq_index"):
+        for name in ("inputs", "targets", "segments", "node_ends", "weights", "seq_index"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
         assert got.binding == store.binding
     with pytest.raises(IndexError):
@@ -192,6 +192,6 @@ def test_the_reloaded_batch_is_the_in_memory_packing(packed):
     rows = [rec for b in epoch.batches for rec in tree_records(b)]
     want = tree_batch_from_rows(rows, CAPACITY, VOCAB)
     got = _reloaded(out)
-    for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "loss_mask"):
+    for name in ("inputs", "targets", "positions", "segments", "node_ends", "weights", "loss_mask"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
     assert int(got.weights.sum()) == int(want.weights.sum()) == int(groups.loss_mask.sum())

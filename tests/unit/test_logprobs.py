@@ -152,7 +152,7 @@ def test_sums_and_means_on_tree_rows_equal_each_sequence_computed_alone(paired):
 
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
-    with pytest.raises(InvalidInput, match="PackedBatch or a TreeBatch"):
+    with pytest.raises(InvalidInput, match="must be a PackedBatch"):
         sequence_cells("rows")
     with pytest.raises(InvalidInput, match="hidden states have shape"):
         sequence_logprobs(torch.zeros(2, 5, 4), batch, LMHead(torch.zeros(300, 4)))

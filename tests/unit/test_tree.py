@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, OversizedExample
+from exactpack.core.examples import next_at_most, prev_at_most
 from exactpack.core.loss import token_weighted_loss
 from exactpack.core.permission import pairwise, permitted
 from exactpack.core.policies import POLICIES
-from exactpack.core.tree import SequenceGroups, next_at_most, pack_tree, prev_at_most
+from exactpack.core.tree import SequenceGroups, pack_tree
 
 BINDING = Binding(50, "test-tokenizer", "sha256:test")
 
@@ -72,12 +73,12 @@ def test_drawn_layout_is_computed():
     (batch,) = epoch.batches
     row = {
         name: getattr(batch, name)[0, :9].tolist()
-        for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights")
+        for name in ("inputs", "targets", "positions", "segments", "node_ends", "weights")
     }
     assert row["inputs"] == [10, 11, 12, 13, 20, 21, 20, 13, 30]
     assert row["targets"] == [11, 12, 13, 20, 21, 22, 23, 30, 31]
     assert row["positions"] == [0, 1, 2, 3, 4, 5, 4, 3, 4]
-    assert row["nodes"] == [0, 0, 0, 1, 2, 2, 3, 4, 4]
+    assert row["segments"] == [0, 0, 0, 1, 2, 2, 3, 4, 4]
     assert row["node_ends"] == [5, 5, 5, 4, 3, 3, 4, 5, 5]
     assert row["weights"] == [0, 0, 0, 2, 1, 1, 1, 1, 1]
     assert batch.node_parent.tolist() == [-1, 0, 1, 1, 0]
@@ -139,7 +140,8 @@ def test_every_pair_once_per_sequence_and_weights(groups, slack, policy, rows_pe
             seen[s] += 1
         # weight of a cell = sequences through it that supervise its target
         expect = np.zeros(batch.inputs.size, dtype=int)
-        np.add.at(expect, batch.seq_cells[batch.seq_loss_mask], 1)
+        cells, _, supervised = batch.sequences()
+        np.add.at(expect, cells[supervised], 1)
         np.testing.assert_array_equal(batch.weights.reshape(-1), expect)
     assert (seen == 1).all()  # every sequence exactly once, whole
     assert stored <= int(groups.lengths.sum())

@@ -90,7 +90,8 @@ def test_pack_dataset_tree_rows_round_trip():
         policy="best-fit-decreasing",
     ).batches[0]
     back = tree_batch_from_rows(list(rows), 8, 10)
-    for name in ("inputs", "targets", "positions", "nodes", "node_ends", "weights", "input_valid"):
+    names = ("inputs", "targets", "positions", "segments", "node_ends", "weights", "input_valid")
+    for name in names:
         np.testing.assert_array_equal(getattr(back, name), getattr(direct, name))
     np.testing.assert_array_equal(back.node_parent, direct.node_parent)
     np.testing.assert_array_equal(back.dense_mask(2), direct.dense_mask(2))
@@ -111,7 +112,7 @@ def test_tree_collator_feeds_a_model():
     from exactpack.core.binding import Binding
     from exactpack.core.loss import token_weighted_loss
     from exactpack.hf import pack_dataset
-    from exactpack.hf.collator import HFCollator
+    from exactpack.hf.collator import hf_collator
     from exactpack.training import ScheduledBatch
     from exactpack.training.distributed import Slot
     from exactpack.verify.models import load_model
@@ -123,7 +124,7 @@ def test_tree_collator_feeds_a_model():
         {"prompt_ids": [[5, 6, 7, 9], [1, 2]], "completion_ids": [[[8, 9], [8, 4]], [[3], [4, 4]]]}
     )
     rows = pack_dataset(ds, 9, tree=True)
-    collator = HFCollator(
+    collator = hf_collator(
         "exactpack_tree",
         max_length=9,
         binding=Binding(266, "tree-records", "tree-records"),
@@ -132,7 +133,7 @@ def test_tree_collator_feeds_a_model():
         dtype=torch.float64,
     )
     loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator.rows_of)
-    (batch,) = list(loader)  # the TreeBatch: the loss and the per-sequence views read it
+    (batch,) = list(loader)  # the forest batch: the loss and the per-sequence views read it
     loss = token_weighted_loss(model(**collator(batch)).logits, batch).mean
     slot = Slot(0, 0, 0, 0, 1, tuple(range(batch.shape[0])), batch.eligible_count, 0)
     scheduled = collator(ScheduledBatch(batch, slot))  # a RowSampler slot of the same rows

@@ -21,7 +21,7 @@ import numpy as np
 
 from exactpack.core import permission
 from exactpack.core.binding import Binding, Split
-from exactpack.core.examples import spread
+from exactpack.core.examples import concat_ranges, offsets_of, spread
 
 PAD_CELL = -1
 NO_SEGMENT = -1
@@ -60,6 +60,11 @@ class Occurrences:
         return int(self.ordinal.shape[0])
 
     @property
+    def lengths(self) -> np.ndarray:
+        """Cells of each occurrence, int64 [k]."""
+        return (self.col_end - self.col_start).astype(np.int64)
+
+    @property
     def nbytes(self) -> int:
         ids = 8 * (self.source_ids.shape[0] + self.example_ids.shape[0])
         arrays = (self.ordinal, self.row, self.col_start, self.col_end, self.segment)
@@ -87,7 +92,17 @@ class PackedBatch:
     """One model call, cell arrays [rows, capacity]: ``inputs``/``targets`` int32
     (``PAD_CELL`` on padding), ``segments`` int32 (``NO_SEGMENT``), ``positions`` int32
     (local, 0 on padding), ``input_valid``/``target_valid``/``loss_mask`` bool;
-    ``first_row``: the global index of row 0 in its epoch."""
+    ``first_row``: the global index of row 0 in its epoch.
+
+    Forest rows (:mod:`exactpack.core.tree`) are the same batch with the node fields set;
+    ``None`` on flat rows, where every occurrence is a root node (``node_end = segment + 1``,
+    ``weight = loss_mask``). A node is an occurrence: ``segments`` hold its index [M] in
+    ``occurrences``; ``node_ends`` int32 [R, T] the exit of a cell's node in pre-order
+    (:func:`~exactpack.core.permission.permitted`), ``weights`` int32 [R, T] the sequences
+    that supervise a cell's target, ``node_parent`` int64 [M] (-1: a root). Sequences [S],
+    layout order: ``seq_index`` (index in the supplied sequences), ``seq_nodes`` (the node
+    each ends at) and ``seq_loss_mask`` bool [Σ L] (:meth:`sequences`).
+    """
 
     inputs: np.ndarray
     targets: np.ndarray
@@ -100,6 +115,12 @@ class PackedBatch:
     partition: Split
     binding: Binding
     first_row: int = 0
+    node_ends: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    node_parent: np.ndarray | None = None
+    seq_index: np.ndarray | None = None
+    seq_nodes: np.ndarray | None = None
+    seq_loss_mask: np.ndarray | None = None
 
     @classmethod
     def from_cells(
@@ -109,11 +130,18 @@ class PackedBatch:
         partition: Split,
         binding: Binding,
         first_row: int = 0,
+        **forest: Any,
     ) -> PackedBatch:
-        """A batch from :func:`fill_cells`' six arrays (target validity: input validity)."""
+        """A batch from :func:`fill_cells`' six arrays (target validity: input validity)
+        and, for forest rows, the node fields."""
         inputs, targets, segments, positions, valid, loss_mask = cells
         return cls(inputs, targets, segments, positions, valid, valid.copy(), loss_mask,
-                   occurrences, partition, binding, first_row)  # fmt: skip
+                   occurrences, partition, binding, first_row, **forest)  # fmt: skip
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether these are forest rows (a node may have a parent)."""
+        return self.node_parent is not None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -126,12 +154,59 @@ class PackedBatch:
 
     @property
     def eligible_count(self) -> int:
-        """N: targets that count in the loss."""
-        return int(self.loss_mask.sum())
+        """N: supervised targets of the examples (``Σ weights``; flat: ``Σ loss_mask``)."""
+        return int((self.loss_mask if self.weights is None else self.weights).sum())
+
+    @property
+    def longest(self) -> int:
+        """Pairs of the longest example (on forest rows: of the longest sequence, its path's
+        depth): the largest position + 1, for a model's conditions."""
+        return int(self.positions.max(initial=-1, where=self.input_valid)) + 1
+
+    @property
+    def tokens_stored(self) -> int:
+        return int(self.input_valid.sum())
+
+    @property
+    def tokens_flat(self) -> int:
+        """Cells flat packing would store for the same sequences."""
+        return int(self.sequences()[1][-1])
 
     @property
     def nbytes(self) -> int:
         return sum(getattr(self, n).nbytes for n in CELL_FIELDS) + self.occurrences.nbytes
+
+    def node_paths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node (occurrence): the flat cells ``row * T + column`` of its path (its
+        ancestors' cells root first, then its own) as ``(cells, bounds)``, int64 [Σ P] and
+        [M+1]; a flat row's node is its own path."""
+        occ, lens = self.occurrences, self.occurrences.lengths
+        first = occ.row.astype(np.int64) * self.shape[1] + occ.col_start
+        if not self.is_tree:
+            return concat_ranges(first, lens), offsets_of(lens)
+        paths: list[list[int]] = []
+        for n, parent in enumerate(self.node_parent.tolist()):  # type: ignore[union-attr]
+            paths.append([*paths[parent], n] if parent >= 0 else [n])  # parents come first
+        order = np.fromiter((a for path in paths for a in path), dtype=np.int64)
+        sizes = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+        path_len = np.add.reduceat(lens[order], offsets_of(sizes)[:-1]) if paths else lens
+        return concat_ranges(first[order], lens[order]), offsets_of(path_len)
+
+    def sequences(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(cells, bounds, supervised)``: every sequence's flat cells ``row * T + column``
+        int64 [Σ L] (depth order), ``bounds`` int64 [S + 1] into them, ``supervised`` bool
+        [Σ L]. A flat row's sequences are its occurrences, in storage order."""
+        cells, bounds = self.node_paths()
+        if not self.is_tree:
+            return cells, bounds, self.loss_mask.reshape(-1)[cells]
+        lo, hi = bounds[self.seq_nodes], bounds[self.seq_nodes + 1]  # type: ignore[index,operator]
+        seq_cells = cells[concat_ranges(lo, hi - lo)]
+        return seq_cells, offsets_of(hi - lo), self.seq_loss_mask  # type: ignore[return-value]
+
+    def sequence_cells(self, i: int) -> np.ndarray:
+        """Flat cell indices of sequence ``i`` (:meth:`sequences` order), int64 [L]."""
+        cells, bounds, _ = self.sequences()
+        return cells[bounds[i] : bounds[i + 1]]
 
     # Permission views (exactpack.core.permission); sliding_window None: unbounded.
     def allowed_key(
@@ -154,6 +229,29 @@ class PackedBatch:
     def edges(self, sliding_window: int | None = None) -> np.ndarray:
         return permission.edges(self, sliding_window)
 
+    def key_spans(
+        self, row: int, query: int, sliding_window: int | None = None
+    ) -> list[tuple[int, int]]:
+        """The keys of one query as column spans ``[start, end)``: its ancestors' nodes, root
+        first, then its own node up to itself, each clipped to the window; ``[]`` on padding."""
+        window = permission.check_sliding_window(sliding_window)
+        if not self.input_valid[row, query]:
+            return []
+        pos = int(self.positions[row, query])
+        lowest = -(2**62) if window is None else pos - window + 1
+        nodes = [(query - pos, query + 1)]  # a flat query's own node
+        if self.is_tree:
+            path, occ = [int(self.segments[row, query])], self.occurrences
+            while self.node_parent[path[-1]] >= 0:  # type: ignore[index]
+                path.append(int(self.node_parent[path[-1]]))  # type: ignore[index]
+            nodes = [(int(occ.col_start[n]), int(occ.col_end[n])) for n in reversed(path)]
+        spans = []
+        for col, end in nodes:  # ancestors lie before the query in the row
+            start = col + max(0, lowest - int(self.positions[row, col]))
+            if start < min(end, query + 1):
+                spans.append((start, min(end, query + 1)))
+        return spans
+
     def rows_as_dicts(self) -> list[dict[str, list[Any]]]:
         """Per row: inputs, targets, segments, positions and the three validity fields."""
         return [
@@ -170,14 +268,17 @@ def fill_cells(
     tokens: np.ndarray,
     token_starts: np.ndarray,
     flags: np.ndarray,
+    depths: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Padded cells ``inputs, targets, segments, positions, valid, loss_mask`` [rows,
     capacity]: occurrence ``i`` fills ``[start[i], start[i] + lens[i])`` of row ``row[i]``
-    from ``tokens[token_starts[i]:]``, segment ``segment[i]``, the next ``lens[i]`` flags."""
+    from ``tokens[token_starts[i]:]``, segment ``segment[i]``, positions from ``depths[i]``
+    (None: 0), the next ``lens[i]`` flags (``loss_mask`` takes their dtype: a forest's
+    weights)."""
     inputs, targets = np.full((2, *shape), PAD_CELL, dtype=np.int32)
     segments = np.full(shape, NO_SEGMENT, dtype=np.int32)
     positions = np.zeros(shape, dtype=np.int32)
-    valid, loss_mask = np.zeros((2, *shape), dtype=bool)
+    valid, loss_mask = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=flags.dtype)
     if int(lens.sum()):
         owner, local = spread(lens)  # occurrence and position of each cell
         dest = (row * shape[1] + start)[owner] + local  # flat cell index
@@ -185,7 +286,7 @@ def fill_cells(
         inputs.flat[dest] = tokens[src]
         targets.flat[dest] = tokens[src + 1]
         segments.flat[dest] = segment[owner]
-        positions.flat[dest] = local
+        positions.flat[dest] = local if depths is None else depths[owner] + local
         valid.flat[dest] = True
         loss_mask.flat[dest] = flags
     return inputs, targets, segments, positions, valid, loss_mask

@@ -25,7 +25,13 @@ from exactpack.core.batch import IGNORE_INDEX, Occurrences, PackedBatch, fill_ce
 from exactpack.core.binding import Binding, Split
 from exactpack.core.config import PackConfig, check_segment_namespace, enforce, plan_metadata_bytes
 from exactpack.core.errors import InvalidInput, SplitMismatch
-from exactpack.core.examples import ExampleTable, SequenceExample, concat_ranges, offsets_of
+from exactpack.core.examples import (
+    ExampleTable,
+    SequenceExample,
+    concat_ranges,
+    next_at_most,
+    offsets_of,
+)
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 
@@ -41,6 +47,13 @@ class CompactRows:
     None where derivable (:meth:`full`): ``loss_mask`` (all supervised), ``source_ids``
     (NumPy or Arrow; the ordinal's decimal), ``example_ids`` (the source ids),
     ``range_starts``/``range_ends`` (``[0, len + 1)``).
+
+    Forest rows (:mod:`exactpack.core.tree`) set the node arrays, None on flat rows: an
+    occurrence is a node (pre-order in its row), ``parents`` int64 [k] its parent's index
+    among these occurrences (-1: a root), ``depths`` int64 [k] its first cell's position,
+    ``weights`` int32 [Σ len] the sequences supervising each pair (``loss_mask``: > 0); per
+    sequence [S] ``seq_index``, ``seq_nodes`` (the occurrence it ends at, non-decreasing)
+    and ``seq_mask`` bool [Σ L] (its pairs' supervision, depth order).
     """
 
     tokens: np.ndarray
@@ -57,6 +70,12 @@ class CompactRows:
     range_starts: np.ndarray | None = None
     range_ends: np.ndarray | None = None
     first_row: int = 0
+    parents: np.ndarray | None = None
+    depths: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    seq_index: np.ndarray | None = None
+    seq_nodes: np.ndarray | None = None
+    seq_mask: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -85,9 +104,13 @@ class CompactRows:
         mask, starts, ends = self.loss_mask, self.range_starts, self.range_ends
         sources = _strings(self.source_ids, self.ordinals)
         same = self.example_ids is None or self.example_ids is self.source_ids
+        if mask is None:
+            mask = (
+                np.ones(int(self.lengths.sum()), bool) if self.weights is None else self.weights > 0
+            )
         return replace(
             self,
-            loss_mask=np.ones(int(self.lengths.sum()), bool) if mask is None else mask,
+            loss_mask=mask,
             source_ids=sources,
             example_ids=sources if same else _strings(self.example_ids, None),
             range_starts=np.zeros(len(self), np.int64) if starts is None else starts,
@@ -107,6 +130,19 @@ class CompactRows:
             return None if values is None else values[o0:o1]
 
         sources = cut(self.source_ids)
+        forest = {}
+        if self.parents is not None:  # a row's nodes and sequences stay together
+            s0, s1 = np.searchsorted(self.seq_nodes, [o0, o1])  # type: ignore[arg-type]
+            ends = self.depths[self.seq_nodes] + self.lengths[self.seq_nodes]  # type: ignore[index]
+            m0, m1 = offsets_of(ends)[[s0, s1]]
+            forest = {
+                "parents": np.where(self.parents[o0:o1] >= 0, self.parents[o0:o1] - o0, -1),
+                "depths": cut(self.depths),
+                "weights": self.weights[t0 - o0 : t1 - o1],  # type: ignore[index]
+                "seq_index": self.seq_index[s0:s1],  # type: ignore[index]
+                "seq_nodes": self.seq_nodes[s0:s1] - o0,  # type: ignore[index]
+                "seq_mask": self.seq_mask[m0:m1],  # type: ignore[index]
+            }
         return replace(
             self,
             tokens=self.tokens[t0:t1],
@@ -120,26 +156,45 @@ class CompactRows:
             range_starts=cut(self.range_starts),
             range_ends=cut(self.range_ends),
             first_row=self.first_row + start,
+            **forest,
         )
 
     def to_batch(self) -> PackedBatch:
-        """These rows as one padded model call, identical to :func:`materialize`'s."""
-        rows = self.full()
-        row_of = rows.row_of
+        """These rows as one padded model call, identical to :func:`materialize`'s (forest
+        rows: nodes numbered ``0..k-1``, their ends derived from ``parents``' pre-order)."""
+        rows, tree = self.full(), self.parents is not None
+        row_of, k = rows.row_of, len(self)
+        segment = np.arange(k, dtype=np.int64) if tree else rows.ordinals
         cells = fill_cells(
-            (rows.num_rows, rows.capacity), row_of, rows.starts, rows.lengths, rows.ordinals,
-            rows.tokens, rows.token_offsets, rows.loss_mask,
+            (rows.num_rows, rows.capacity), row_of, rows.starts, rows.lengths, segment,
+            rows.tokens, rows.token_offsets, rows.loss_mask if rows.weights is None else
+            rows.weights, rows.depths,
         )  # fmt: skip
+        forest = {}
+        if tree:  # a node's subtree ends at the next node of its row no deeper than it
+            last = rows.depths + rows.lengths - 1  # type: ignore[operator]
+            ids, ends = np.arange(k), rows.row_offsets[row_of + 1]
+            node_end = np.append(next_at_most(rows.depths, last, ids + 1, ends), -1)
+            weights = cells[5]
+            cells = (*cells[:5], weights > 0)
+            forest = {
+                "node_ends": node_end[cells[2]].astype(np.int32),
+                "weights": weights,
+                "node_parent": rows.parents,
+                "seq_index": rows.seq_index,
+                "seq_nodes": rows.seq_nodes,
+                "seq_loss_mask": rows.seq_mask,
+            }
         starts, int64 = rows.starts.astype(np.int64), {"dtype": np.int64, "copy": False}
         occurrences = Occurrences(
             ordinal=rows.ordinals.astype(np.int64), row=row_of, col_start=starts,
-            col_end=starts + rows.lengths, segment=rows.ordinals.astype(np.int32),
+            col_end=starts + rows.lengths, segment=segment.astype(np.int32),
             source_ids=rows.source_ids, example_ids=rows.example_ids,
             range_starts=rows.range_starts.astype(**int64),
             range_ends=rows.range_ends.astype(**int64),
         )  # fmt: skip
         return PackedBatch.from_cells(
-            cells, occurrences, rows.partition, rows.binding, rows.first_row
+            cells, occurrences, rows.partition, rows.binding, rows.first_row, **forest
         )
 
     def batches(self, max_rows_per_batch: int) -> Iterator[PackedBatch]:
@@ -310,7 +365,9 @@ class Storage:
 class TokenSource(Protocol):
     """What :func:`gather_rows` reads: ``lengths`` int64 [n] (pairs); ``take(ex,
     contiguous)``: the windows of examples ``ex`` back to back (int32 [Σ(len+1)]) and the
-    :class:`CompactRows` derivable fields it has (``contiguous``: ``ex`` is a run)."""
+    :class:`CompactRows` derivable fields it has (``contiguous``: ``ex`` is a run). A unit
+    of several occurrences (a trie: :class:`~exactpack.core.tree.TrieSource`) gives their
+    ``units`` (occurrences per unit), ``lengths`` and ``starts`` (from the unit's start)."""
 
     lengths: np.ndarray
     binding: Binding
@@ -324,16 +381,21 @@ def gather_rows(source: TokenSource, storage: Storage, a: int, b: int) -> Compac
     o0, o1 = int(storage.row_offsets[a]), int(storage.row_offsets[b])
     ex = storage.order[o0:o1]
     tokens, parts = source.take(ex, storage.kept)
+    starts, row_offsets = storage.plan.start_of[ex], storage.row_offsets[a : b + 1] - o0
+    fields = {"lengths": source.lengths[ex], "starts": starts, "ordinals": ex}
+    if "units" in parts:  # a unit of several occurrences (a trie's nodes), from its start on
+        unit = np.repeat(np.arange(ex.shape[0]), parts["units"])
+        row_offsets = offsets_of(parts.pop("units"))[row_offsets]
+        fields = {"lengths": parts.pop("lengths"), "starts": starts[unit] + parts.pop("starts"),
+                  "ordinals": ex[unit]}  # fmt: skip
     return CompactRows(
         tokens=tokens,
-        lengths=source.lengths[ex],
-        starts=storage.plan.start_of[ex],
-        row_offsets=storage.row_offsets[a : b + 1] - o0,
-        ordinals=ex,
+        row_offsets=row_offsets,
         capacity=storage.plan.capacity,
         partition=source.partition,
         binding=source.binding,
         first_row=a,
+        **fields,
         **parts,
     )
 

@@ -314,6 +314,38 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts.astype(np.int64), lengths) + step
 
 
+def next_at_most(
+    values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> np.ndarray:
+    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``
+    (``ends[i]`` when none); binary lifting over a sparse table of range minima."""
+    n = values.shape[0]
+    pos = np.asarray(starts, dtype=np.int64).copy()
+    if pos.size == 0 or n == 0:
+        return np.minimum(pos, ends)
+    levels = max(1, int(np.ceil(np.log2(int((ends - pos).max(initial=0)) + 1))))
+    table = [values]
+    for p in range(1, levels):
+        prev, step = table[-1], 1 << (p - 1)
+        nxt = prev.copy()
+        nxt[: max(n - step, 0)] = np.minimum(prev[: max(n - step, 0)], prev[step:])
+        table.append(nxt)
+    for p in range(levels - 1, -1, -1):
+        size = 1 << p
+        skip = (pos + size <= ends) & (table[p][np.minimum(pos, n - 1)] > limits)
+        pos = pos + size * skip
+    return np.minimum(pos, ends)
+
+
+def prev_at_most(
+    values: np.ndarray, limits: np.ndarray, lows: np.ndarray, highs: np.ndarray
+) -> np.ndarray:
+    """Per query ``i``: the largest ``k`` in ``[lows[i], highs[i]]``, ``values[k] <= limits[i]``
+    (``lows[i] - 1`` when there is none)."""
+    n = values.shape[0]
+    return n - 1 - next_at_most(values[::-1].copy(), limits, n - 1 - highs, n - lows)
+
+
 def long_ranges(
     token_counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

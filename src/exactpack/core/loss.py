@@ -102,11 +102,10 @@ def masked_nll_sum(logits: Any, targets: np.ndarray, loss_mask: np.ndarray) -> L
 def token_weighted_sum(logits: Any, batch: PackedBatch | Any) -> LossSum:
     """``Σ weight·nll`` over the cells in the loss and ``N = Σ weight`` (``logits`` [rows,
     capacity, V], NumPy float64 or torch; read only at those cells). A flat batch weighs
-    every eligible target 1; a tree batch (:class:`~exactpack.core.tree.TreeBatch`) by its
-    ``weights``: the sequences that supervise the target. ``LossSum(0, 0)`` when none (in
-    the graph for torch)."""
+    every eligible target 1; forest rows by their ``weights``: the sequences that supervise
+    the target. ``LossSum(0, 0)`` when none (in the graph for torch)."""
     check_logits(logits, batch.shape, batch.binding.vocab_size)
-    weights = getattr(batch, "weights", None)  # tree rows only: flat weights are loss_mask
+    weights = batch.weights  # None on flat rows: the weights are loss_mask
     if weights is None:
         return masked_nll_sum(logits, batch.targets, batch.loss_mask)
     cells, nll = eligible_nll(logits, batch.targets, batch.loss_mask)

@@ -108,7 +108,8 @@ def allowed_key(
             )
     v, s, p = batch.input_valid[row], batch.segments[row], batch.positions[row]
     w = check_sliding_window(sliding_window)
-    return bool(permitted(v[query], v[key], s[query], s[key], int(p[query]), int(p[key]), w))
+    end = None if batch.node_ends is None else batch.node_ends[row, key]
+    return bool(permitted(v[query], v[key], s[query], s[key], int(p[query]), int(p[key]), w, end))
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,11 @@ def position_ids(batch: PackedBatch) -> np.ndarray:
 def dense_mask(batch: PackedBatch, sliding_window: int | None = None) -> np.ndarray:
     """Boolean mask [R, T, T] (True = permitted), for SDPA and eager attention."""
     return pairwise(
-        batch.input_valid, batch.segments, batch.positions, check_sliding_window(sliding_window)
+        batch.input_valid,
+        batch.segments,
+        batch.positions,
+        check_sliding_window(sliding_window),
+        batch.node_ends,
     )
 
 

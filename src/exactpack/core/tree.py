@@ -28,7 +28,7 @@ both valid, and ``0 <= pos[q] - pos[k] < sliding_window``: column 6 sees 0-3 and
 itself, never its sibling's 4-5. A cell's weight counts the sequences that
 supervise its target, so ``Σ weight·nll / Σ weight`` is the flat objective
 (16 cells flat, 9 here, ``N = 7`` either way). :func:`pack_tree` places tries
-with any flat policy and keeps every sequence's cells (``seq_cells``).
+with any flat policy and keeps every sequence's cells (``batch.sequences()``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,18 @@ from typing import Any
 
 import numpy as np
 
-from exactpack.core.binding import Binding
+from exactpack.core.batch import PackedBatch
+from exactpack.core.binding import Binding, Split
+from exactpack.core.compact import Storage, gather_rows, gather_segments
 from exactpack.core.errors import InvalidInput, NotAvailable, OversizedExample
-from exactpack.core.examples import as_token_array, concat_ranges, offsets_of, pair_offsets, spread
-from exactpack.core.permission import check_sliding_window, pairwise, position_ids
+from exactpack.core.examples import (
+    as_token_array,
+    concat_ranges,
+    offsets_of,
+    pair_offsets,
+    prev_at_most,
+    spread,
+)
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 
@@ -241,38 +249,6 @@ def groups_from_columns(
 # Tries: integers only, vectorised.
 
 
-def next_at_most(
-    values: np.ndarray, limits: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> np.ndarray:
-    """Per query ``i``: the smallest ``m`` in ``[starts[i], ends[i])``, ``values[m] <= limits[i]``
-    (``ends[i]`` when none); binary lifting over a sparse table of range minima."""
-    n = values.shape[0]
-    pos = np.asarray(starts, dtype=np.int64).copy()
-    if pos.size == 0 or n == 0:
-        return np.minimum(pos, ends)
-    levels = max(1, int(np.ceil(np.log2(int((ends - pos).max(initial=0)) + 1))))
-    table = [values]
-    for p in range(1, levels):
-        prev, step = table[-1], 1 << (p - 1)
-        nxt = prev.copy()
-        nxt[: max(n - step, 0)] = np.minimum(prev[: max(n - step, 0)], prev[step:])
-        table.append(nxt)
-    for p in range(levels - 1, -1, -1):
-        size = 1 << p
-        skip = (pos + size <= ends) & (table[p][np.minimum(pos, n - 1)] > limits)
-        pos = pos + size * skip
-    return np.minimum(pos, ends)
-
-
-def prev_at_most(
-    values: np.ndarray, limits: np.ndarray, lows: np.ndarray, highs: np.ndarray
-) -> np.ndarray:
-    """Per query ``i``: the largest ``k`` in ``[lows[i], highs[i]]``, ``values[k] <= limits[i]``
-    (``lows[i] - 1`` when there is none)."""
-    n = values.shape[0]
-    return n - 1 - next_at_most(values[::-1].copy(), limits, n - 1 - highs, n - lows)
-
-
 def group_bounds(group: np.ndarray) -> np.ndarray:
     """Start of each run of equal ``group`` ids and the end, int64 [G+1] (groups contiguous)."""
     group = np.asarray(group, dtype=np.int64)
@@ -327,7 +303,8 @@ class TrieOrder:
     (trie-local column of its first owned cell). Per trie [G]: ``sizes`` (cells stored),
     ``seq_bounds`` / ``node_bounds`` [G+1]. Per node [M] in pre-order: ``node_trie``,
     ``node_col`` (trie-local), ``node_len``, ``node_pos`` (depth), ``node_parent`` (-1: a
-    root), ``node_end`` (``k`` is an ancestor-or-self of ``q`` iff ``k <= q < node_end[k]``).
+    root), ``node_owner`` (the sequence whose tokens it holds); their ends are derived
+    where the rows are gathered (:meth:`~exactpack.core.compact.CompactRows.to_batch`).
     """
 
     order: np.ndarray
@@ -343,7 +320,7 @@ class TrieOrder:
     node_len: np.ndarray
     node_pos: np.ndarray
     node_parent: np.ndarray
-    node_end: np.ndarray
+    node_owner: np.ndarray
 
     def path_columns(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Trie-local column of every cell of sequences ``seqs``, in depth order: int64 [Σ L]
@@ -387,8 +364,6 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
     parent_node = np.searchsorted(node_start, np.maximum(parent_cell_of_node, 0), side="right") - 1
     node_trie = trie[node_owner]
     node_bounds = np.searchsorted(node_trie, np.arange(g + 1), side="left").astype(np.int64)
-    ids = np.arange(node_start.shape[0], dtype=np.int64)
-    limit = node_pos + node_len - 1  # a later node starting no deeper leaves the subtree
     return TrieOrder(
         order=np.arange(s, dtype=np.int64),
         lengths=lengths,
@@ -403,7 +378,7 @@ def layout_tries(lengths: np.ndarray, lcp: np.ndarray, seq_bounds: np.ndarray) -
         node_len=node_len,
         node_pos=node_pos,
         node_parent=np.where(node_pos > 0, parent_node, -1),
-        node_end=next_at_most(node_pos, limit, ids + 1, node_bounds[node_trie + 1]),
+        node_owner=node_owner,
     )
 
 
@@ -454,110 +429,50 @@ def build_layout(groups: SequenceGroups, capacity: int) -> TrieOrder:
     return dataclasses.replace(layout, order=order)
 
 
-# Rows: one model call of tree-packed rows.
+# Rows: the tries as compact rows, gathered as flat rows are.
 
 
-@dataclass(frozen=True, eq=False)
-class TreeBatch:
-    """One model call of tree-packed rows. Cells [R, T]: ``inputs``/``targets`` int32
-    (-1 on padding), ``nodes`` int32 (pre-order node id, -1 on padding), ``node_ends``
-    int32 (the cell's node exit), ``positions`` int32 (depth along the path),
-    ``input_valid``/``loss_mask`` bool, ``weights`` int32 (sequences that supervise the
-    cell's target). Nodes [M]: ``node_row``, ``node_col``, ``node_len``, ``node_pos``,
-    ``node_parent`` (-1: root), ``node_end``. Sequences [S] in layout order: ``seq_index``
-    (index in the supplied sequences), ``seq_bounds`` [S+1] into ``seq_cells`` (flat cell
-    ``row * T + column`` of each cell, depth order) and ``seq_loss_mask``.
-    """
+class TrieSource:
+    """The tries of ``groups`` laid out by ``layout`` as a
+    :class:`~exactpack.core.compact.TokenSource` for :func:`gather_rows`: a unit is a trie,
+    its occurrences its nodes (a node's window: its owner's tokens from the node's depth);
+    ``index``: each sequence's number in the input (default: its index in ``groups``)."""
 
-    inputs: np.ndarray
-    targets: np.ndarray
-    nodes: np.ndarray
-    node_ends: np.ndarray
-    positions: np.ndarray
-    input_valid: np.ndarray
-    loss_mask: np.ndarray
-    weights: np.ndarray
-    node_row: np.ndarray
-    node_col: np.ndarray
-    node_len: np.ndarray
-    node_pos: np.ndarray
-    node_parent: np.ndarray
-    node_end: np.ndarray
-    seq_index: np.ndarray
-    seq_bounds: np.ndarray
-    seq_cells: np.ndarray
-    seq_loss_mask: np.ndarray
-    binding: Binding
+    def __init__(self, groups: SequenceGroups, layout: TrieOrder, index: Any = None) -> None:
+        self.groups, self.layout = groups, layout
+        self.index = np.arange(len(groups), dtype=np.int64) if index is None else index
+        self.lengths, self.binding, self.partition = layout.sizes, groups.binding, Split.TRAIN
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (int(self.inputs.shape[0]), int(self.inputs.shape[1]))
-
-    @property
-    def segments(self) -> np.ndarray:
-        """The node ids, by the flat batch's name (the masks of :mod:`exactpack.hf.masks`)."""
-        return self.nodes
-
-    @property
-    def eligible_count(self) -> int:
-        """N: supervised targets of the original sequences (``Σ weights``)."""
-        return int(self.weights.sum())
-
-    @property
-    def longest(self) -> int:
-        """Pairs of the longest sequence: its path's depth, the largest position + 1 (a flat
-        batch's longest example, for a model's conditions)."""
-        lengths = self.node_pos + self.node_len
-        return int(lengths.max()) if lengths.size else 0
-
-    @property
-    def tokens_stored(self) -> int:
-        return int(self.input_valid.sum())
-
-    @property
-    def tokens_flat(self) -> int:
-        """Cells flat packing would store for the same sequences."""
-        return int(self.seq_bounds[-1])
-
-    def position_ids(self) -> np.ndarray:
-        return position_ids(self)  # type: ignore[arg-type]
-
-    def dense_mask(self, sliding_window: int | None = None) -> np.ndarray:
-        """:func:`~exactpack.core.permission.permitted` over every pair, bool [R, T, T]."""
-        return pairwise(
-            self.input_valid,
-            self.nodes,
-            self.positions,
-            check_sliding_window(sliding_window),
-            self.node_ends,
-        )
-
-    def key_spans(
-        self, row: int, query: int, sliding_window: int | None = None
-    ) -> list[tuple[int, int]]:
-        """The keys of one query as column spans ``[start, end)``: its ancestors' nodes, root
-        first, then its own node up to itself, each clipped to the window; ``[]`` on padding."""
-        sliding_window = check_sliding_window(sliding_window)
-        node = int(self.nodes[row, query])
-        if node < 0 or not self.input_valid[row, query]:
-            return []
-        pos = int(self.positions[row, query])
-        lowest = -(2**62) if sliding_window is None else pos - sliding_window + 1
-        path = [node]
-        while self.node_parent[path[-1]] >= 0:
-            path.append(int(self.node_parent[path[-1]]))
-        spans = []
-        for n in reversed(path):
-            col = int(self.node_col[n])
-            end = query + 1 if n == node else col + int(self.node_len[n])
-            start = col + max(0, lowest - int(self.node_pos[n]))
-            if start < end:
-                spans.append((start, end))
-        return spans
-
-    def sequence_cells(self, i: int) -> np.ndarray:
-        """Flat cell indices of sequence ``i`` (layout order in this batch), int64 [L]."""
-        return self.seq_cells[self.seq_bounds[i] : self.seq_bounds[i + 1]]
+    def take(self, tries: np.ndarray, contiguous: bool) -> tuple[np.ndarray, dict[str, Any]]:
+        g, lay = self.groups, self.layout
+        lo = lay.node_bounds[tries]
+        units = lay.node_bounds[tries + 1] - lo
+        t_of, k = spread(units)
+        nodes = lo[t_of] + k  # layout ids, each trie's in pre-order (= column order)
+        start = g.offsets[lay.order[lay.node_owner[nodes]]] + lay.node_pos[nodes]
+        tokens = gather_segments(g.tokens, start, lay.node_len[nodes] + 1)
+        parent = lay.node_parent[nodes]
+        parent = np.where(parent >= 0, parent + (offsets_of(units)[:-1] - lo)[t_of], -1)
+        # every sequence's pairs among these tries' (a trie's nodes cover its columns in order)
+        s_lo = lay.seq_bounds[tries]
+        seqs = concat_ranges(s_lo, lay.seq_bounds[tries + 1] - s_lo)
+        cols, bounds = lay.path_columns(seqs)
+        base = np.repeat(offsets_of(lay.sizes[tries])[:-1], lay.seq_bounds[tries + 1] - s_lo)
+        pairs = np.repeat(base, lay.lengths[seqs]) + cols
+        mask = g.pair_mask(lay.order[seqs])
+        weights = np.bincount(pairs[mask], minlength=int(lay.sizes[tries].sum()))
+        node_first = offsets_of(lay.node_len[nodes])[:-1]
+        return tokens, {
+            "units": units,
+            "lengths": lay.node_len[nodes],
+            "starts": lay.node_col[nodes],
+            "parents": parent,
+            "depths": lay.node_pos[nodes],
+            "weights": weights.astype(np.int32),
+            "seq_index": self.index[lay.order[seqs]],
+            "seq_nodes": np.searchsorted(node_first, pairs[bounds[1:] - 1], side="right") - 1,
+            "seq_mask": mask,
+        }
 
 
 def refuse_flattened(what: str, fix: str) -> None:
@@ -574,7 +489,7 @@ def refuse_flattened(what: str, fix: str) -> None:
 class TreeEpoch:
     """Every model call of one tree packing, with the layout and the plan of its tries."""
 
-    batches: list[TreeBatch]
+    batches: list[PackedBatch]
     layout: TrieOrder
     plan: Plan
 
@@ -605,91 +520,21 @@ def pack_tree(
     in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
     layout = build_layout(groups, max_length)
     plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
-    rows_per = max_rows_per_batch or max(plan.num_rows, 1)
-    order = plan.row_order()
-    bounds = np.searchsorted(plan.row_of[order], np.arange(0, plan.num_rows + rows_per, rows_per))
-    batches = []
-    for b, first in enumerate(range(0, plan.num_rows, rows_per)):
-        rows = min(rows_per, plan.num_rows - first)
-        tries = order[bounds[b] : bounds[b + 1]]
-        batches.append(materialize(groups, layout, plan, tries, first, rows))
+    per = max_rows_per_batch or max(plan.num_rows, 1)
+    source, storage = TrieSource(groups, layout), Storage.of(plan)
+    batches = [
+        gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()
+        for a in range(0, plan.num_rows, per)
+    ]
     return TreeEpoch(batches, layout, plan)
-
-
-def materialize(
-    groups: SequenceGroups,
-    layout: TrieOrder,
-    plan: Plan,
-    tries: np.ndarray,
-    first_row: int,
-    rows: int,
-) -> TreeBatch:
-    """The cells of ``tries`` (placed by ``plan`` in rows ``first_row..+rows``), vectorised."""
-    width, cells = plan.capacity, rows * plan.capacity
-    tries = tries[np.lexsort((plan.start_of[tries], plan.row_of[tries]))]
-    base = (plan.row_of[tries] - first_row) * width + plan.start_of[tries]  # flat cell of col 0
-    base_of = np.zeros(layout.sizes.shape[0], dtype=np.int64)
-    base_of[tries] = base
-    lo = layout.seq_bounds[tries]
-    seqs = concat_ranges(lo, layout.seq_bounds[tries + 1] - lo)
-    # Owned spans: every stored cell, its token from the sequence that owns it.
-    owner, local = spread(layout.lengths[seqs] - layout.lcp[seqs])
-    dest = base_of[layout.trie[seqs]][owner] + layout.own_col[seqs][owner] + local
-    depth = layout.lcp[seqs][owner] + local
-    src = groups.offsets[layout.order[seqs]][owner] + depth
-    inputs, targets = np.full((2, cells), -1, dtype=np.int32)
-    positions = np.zeros(cells, dtype=np.int32)
-    valid = np.zeros(cells, dtype=bool)
-    inputs[dest], targets[dest] = groups.tokens[src], groups.tokens[src + 1]
-    positions[dest], valid[dest] = depth, True
-    # Nodes, renumbered in (row, column) order: each trie keeps one contiguous id range.
-    lo = layout.node_bounds[tries]
-    counts = layout.node_bounds[tries + 1] - lo
-    t_of, k = spread(counts)
-    gids = lo[t_of] + k
-    shift = (offsets_of(counts)[:-1] - lo)[t_of]
-    parent = layout.node_parent[gids]
-    node_end = layout.node_end[gids] + shift
-    node_flat = base[t_of] + layout.node_col[gids]
-    nodes, node_ends = np.full((2, cells), -1, dtype=np.int32)
-    n_of, off = spread(layout.node_len[gids])
-    nodes[node_flat[n_of] + off] = n_of
-    node_ends[node_flat[n_of] + off] = node_end[n_of]
-    # Every sequence's own cells, and the weights of the targets it supervises.
-    cols, seq_bounds = layout.path_columns(seqs)
-    seq_cells = np.repeat(base_of[layout.trie[seqs]], layout.lengths[seqs]) + cols
-    mask = groups.pair_mask(layout.order[seqs])
-    weights = np.bincount(seq_cells[mask], minlength=cells).astype(np.int32)
-    shape = (rows, width)
-    return TreeBatch(
-        inputs=inputs.reshape(shape),
-        targets=targets.reshape(shape),
-        nodes=nodes.reshape(shape),
-        node_ends=node_ends.reshape(shape),
-        positions=positions.reshape(shape),
-        input_valid=valid.reshape(shape),
-        loss_mask=(weights > 0).reshape(shape),
-        weights=weights.reshape(shape),
-        node_row=node_flat // width,
-        node_col=node_flat % width,
-        node_len=layout.node_len[gids],
-        node_pos=layout.node_pos[gids],
-        node_parent=np.where(parent >= 0, parent + shift, -1),
-        node_end=node_end,
-        seq_index=layout.order[seqs],
-        seq_bounds=seq_bounds,
-        seq_cells=seq_cells,
-        seq_loss_mask=mask,
-        binding=groups.binding,
-    )
 
 
 __all__ = [
     "TREE_COLUMNS",
     "SequenceGroups",
-    "TreeBatch",
     "TreeEpoch",
     "TrieOrder",
+    "TrieSource",
     "build_layout",
     "groups_from_columns",
     "pack_tree",

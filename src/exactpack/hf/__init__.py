@@ -20,7 +20,7 @@ from exactpack._lazy import lazy_exports
 _BY_MODULE = {
     "datasets_io": "pack_dataset packed_metadata to_batches unpack_dataset",
     "adapter": "hf_inputs hf_loss",
-    "collator": "HFCollator",
+    "collator": "HFInputs collator_for hf_collator",
     "trl_training": "load_trl per_example",
     "architectures": "UnsupportedArchitecture",
     "capabilities": "capability",

@@ -29,7 +29,6 @@ from exactpack.core.batch import IGNORE_INDEX, PackedBatch
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import LossResult, LossSum, divide, token_weighted_sum
-from exactpack.core.tree import TreeBatch
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import check_restarts, check_vocabulary, require_config
 from exactpack.hf.kinds import (
@@ -54,7 +53,7 @@ FLATTENED = ("flash_attention_2", "exactpack_varlen")
 
 
 def hf_inputs(
-    batch: PackedBatch | TreeBatch,
+    batch: PackedBatch,
     attn_implementation: str,
     *,
     config: Any,
@@ -73,14 +72,14 @@ def hf_inputs(
     are ``(R, T)``, or ``(1, N)`` of the valid cells for the flattened kinds
     (:func:`cell_logits`).
 
-    Tree rows (a :class:`~exactpack.core.tree.TreeBatch`, docs/tree.md): depth
+    Forest rows (``batch.is_tree``, docs/tree.md): depth
     ``position_ids``, the masks with the tree's node ends, or for ``exactpack_tree`` /
     ``exactpack_tree_varlen`` no mask and the attention plan as the keyword
     ``exactpack_tree``; no labels (a target's weight counts its sequences: ``token_weighted_loss``).
     The capability check adds the tree's refusals (``Architecture.check(kind, tree=True)``);
     the flattened kinds refuse it (:func:`~exactpack.hf.kinds.tree_kind`).
     """
-    tree = isinstance(batch, TreeBatch)
+    tree = isinstance(batch, PackedBatch) and batch.is_tree
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
     arch = require_config(config, kind, "hf_inputs", tree=tree)
     model_config = getattr(config, "config", config)
@@ -90,7 +89,7 @@ def hf_inputs(
 
 
 def build_inputs(
-    batch: PackedBatch | CompactRows | TreeBatch,
+    batch: PackedBatch | CompactRows,
     attn_implementation: str,
     arch: Architecture | None,
     *,
@@ -105,7 +104,7 @@ def build_inputs(
     """:func:`hf_inputs` for a checked architecture; its batch conditions are checked on
     every batch (a tree's with its refusals). Padded cells and masks are made only for the
     kinds that read a mask."""
-    tree = isinstance(batch, TreeBatch)
+    tree = isinstance(batch, PackedBatch) and batch.is_tree
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
     rows = batch if tree else compact_of(batch)
     flat = kind in FLATTENED_KINDS and not tree  # one flattened row of every valid cell
@@ -135,7 +134,8 @@ def build_inputs(
         register()
     mixers = arch is not None and bool(arch.mixers)
     if tree and mixers:  # each node's mixer state starts from its parent's
-        parents = cell_parents(batch.nodes, batch.node_parent, batch.node_col, batch.node_len)
+        occ = batch.occurrences
+        parents = cell_parents(batch.segments, batch.node_parent, occ.col_start, occ.lengths)
         out[PARENTS] = torch.as_tensor(parents, device=device)
     if tree and attn_implementation in TREE_NAMES:  # no mask: the plan, by keyword
         flash = attn_implementation == TREE_VARLEN  # the same plan, through a varlen kernel
@@ -153,7 +153,7 @@ def build_inputs(
     out.pop("valid_index", None)
     if not flat and TREE not in out and (arch is None or not arch.mask_from_positions):
         # (falcon's ALiBi builds its own mask from the restarting position_ids)
-        padded = batch if isinstance(batch, (PackedBatch, TreeBatch)) else rows.to_batch()
+        padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
         masks = layer_masks(padded, kind, arch, mask=mask, dtype=dtype, device=device)
         if not isinstance(masks, dict) or any(m is not None for m in masks.values()):
             out["attention_mask"] = masks  # (Mamba: no attention layer, so no mask at all)
@@ -181,7 +181,7 @@ def _flat_cells(
     return out
 
 
-def _tree_cells(batch: TreeBatch, pad_token_id: int, offset: int, device: Any) -> dict[str, Any]:
+def _tree_cells(batch: PackedBatch, pad_token_id: int, offset: int, device: Any) -> dict[str, Any]:
     """``input_ids`` and depth ``position_ids`` of tree rows, ``(R, T)``."""
     ids = np.where(batch.input_valid, batch.inputs, pad_token_id).astype(np.int64)
     return {

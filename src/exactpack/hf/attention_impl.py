@@ -31,7 +31,7 @@ from exactpack.nn.tree_attention import tree_flash_attention
 from exactpack.nn.varlen import PathPlan, as_tokens, path_attention, segment_plan
 
 NAME = "exactpack_varlen"
-#: Tree rows (``hf_inputs`` of a ``TreeBatch``): the plan as the keyword ``exactpack_tree``,
+#: Forest rows (``hf_inputs`` of tree rows): the plan as the keyword ``exactpack_tree``,
 #: SDPA per node, or through a varlen kernel (``exactpack_tree_varlen``).
 TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 

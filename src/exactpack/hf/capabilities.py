@@ -5,7 +5,7 @@ model's modules (the model given, else the config's model built on the ``meta`` 
 and returns an :class:`~exactpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
 :func:`check_runnable` are what ``pack_dataset(..., model=...)`` and the collators
-(:func:`check_collator`: :class:`exactpack.hf.HFCollator`, on flat or tree rows) run
+(:func:`check_collator`: :func:`exactpack.hf.hf_collator`, on flat or tree rows) run
 first; ``Architecture.check_batch`` then
 holds every batch, flat or tree, to the model's conditions.
 """
@@ -504,7 +504,7 @@ def check_collator(
     *,
     tree: bool = False,
 ) -> Architecture:
-    """A collator's check before its first batch (:class:`exactpack.hf.HFCollator`; ``tree``:
+    """A collator's check before its first batch (:func:`exactpack.hf.hf_collator`; ``tree``:
     on tree rows): the config (or the model) is required; a flash
     implementation must run here; the capability for ``kind``; the vocabulary and pad id;
     a hybrid's mixers restarted. The architecture then checks every batch (``check_batch``)."""

@@ -402,7 +402,7 @@ def packed_metadata(packed: Any) -> dict[str, Any]:
             raise InvalidInput(
                 "this dataset carries no exactpack metadata in info.description — was it made"
                 " by exactpack.hf.pack_dataset? For the shards of an `exactpack pack` folder"
-                " pass the folder instead: HFCollator.for_dataset('OUT', ...)"
+                " pass the folder instead: collator_for('OUT', ...)"
             ) from None
         refuse_trl(meta, "this dataset")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:

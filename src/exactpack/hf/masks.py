@@ -88,8 +88,7 @@ def block_mask(
     t = functools.partial(torch.as_tensor, device=device)
     valid = t(batch.input_valid)
     positions = t(batch.positions)
-    ends = getattr(batch, "node_ends", None)  # a tree batch: ancestor-or-self nodes
-    ends = None if ends is None else t(ends)
+    ends = None if batch.node_ends is None else t(batch.node_ends)  # forest: ancestor-or-self
     allowed = permission_mod(valid, t(batch.segments), positions, sliding_window, ends)
     part = positions // (chunk or (batch.shape[1] + 1))  # one chunk: no chunking
 

@@ -145,8 +145,8 @@ def require(
 class PackedStore:
     """A packed directory read back: ``len(store)`` model calls; ``store[i]`` / iteration
     give :class:`PackedBatch` objects identical to :func:`exactpack.materialize`'s (a forest
-    output, ``layout == "tree"``: :class:`~exactpack.core.tree.TreeBatch` objects, calls
-    never straddling a shard); ``store.shard_rows(k)`` gives shard ``k`` as
+    output, ``layout == "tree"``: forest rows, calls never straddling a shard);
+    ``store.shard_rows(k)`` gives shard ``k`` as
     :class:`CompactRows` (forest: its records; :meth:`records`). ``occurrences``
     counts a forest's sequences."""
 
@@ -187,7 +187,7 @@ class PackedStore:
             rows = self.shard_rows(k)[local : local + self.max_rows_per_batch]
             batch = tree_batch_from_rows([_drop_row(r) for r in rows], self.capacity,
                                          self.binding.vocab_size)  # fmt: skip
-            return dataclasses.replace(batch, binding=self.binding)
+            return dataclasses.replace(batch, binding=self.binding, partition=self.partition)
         first = i * self.max_rows_per_batch
         k = int(np.searchsorted(self._first_rows, first, "right") - 1)
         rows = self.shard_rows(k)

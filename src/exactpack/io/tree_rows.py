@@ -1,5 +1,5 @@
 """Forest rows as records: the node columns of the packed-row format
-(:mod:`exactpack.io.shards`) made from a :class:`~exactpack.core.tree.TreeBatch`
+(:mod:`exactpack.io.shards`) made from forest rows (a tree :class:`PackedBatch`)
 (:func:`tree_table`, :func:`tree_records`) and one model call made of any records
 (:func:`tree_batch_from_rows`). The same records are what
 ``pack_dataset(..., tree=True)`` returns and ``load_packed(...).records()`` reads back.
@@ -13,15 +13,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from exactpack.core.binding import INT32_MAX, Binding
+from exactpack.core.batch import PackedBatch
+from exactpack.core.binding import INT32_MAX, Binding, Split
+from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, positive_int
-from exactpack.core.examples import offsets_of
-from exactpack.core.tree import TreeBatch
+from exactpack.core.examples import offsets_of, spread
 from exactpack.io.integrity import check_tree_record
 from exactpack.io.shards import TREE_SCHEMA, list_array, numpy_array
 
 
-def tree_table(batch: TreeBatch, first_row: int = 0) -> pa.Table:
+def tree_table(batch: PackedBatch, first_row: int = 0) -> pa.Table:
     """One table row per row of ``batch`` (the forest columns of :mod:`exactpack.io.shards`,
     ``row`` numbered from ``first_row``): its used cells (a prefix of the row), node ids
     row-local, and its sequences; vectorised, no Python object per cell."""
@@ -29,8 +30,8 @@ def tree_table(batch: TreeBatch, first_row: int = 0) -> pa.Table:
     valid = batch.input_valid
     used = valid.sum(axis=1).astype(np.int64)  # [R]
     cell_offsets = offsets_of(used)
-    first = np.where(used > 0, batch.nodes[:, 0], 0).astype(np.int64)[:, None]  # [R, 1]
-    node = batch.nodes.astype(np.int64)
+    first = np.where(used > 0, batch.segments[:, 0], 0).astype(np.int64)[:, None]  # [R, 1]
+    node = batch.segments.astype(np.int64)
     parent = batch.node_parent[np.maximum(node, 0)]
     cells = {
         "input_ids": batch.inputs,
@@ -45,16 +46,17 @@ def tree_table(batch: TreeBatch, first_row: int = 0) -> pa.Table:
     for name, value in cells.items():
         columns[name] = list_array(cell_offsets, value[valid], pa.int32())
     # sequences in layout order, row by row; cells as columns of their row
-    seq_row = batch.seq_cells[batch.seq_bounds[:-1]] // width  # [S]
+    seq_cells, seq_bounds, seq_mask = batch.sequences()
+    seq_row = seq_cells[seq_bounds[:-1]] // width  # [S]
     order = np.argsort(seq_row, kind="stable")
-    lens = np.diff(batch.seq_bounds)[order]
-    take = np.repeat(batch.seq_bounds[:-1][order] - offsets_of(lens)[:-1], lens)
+    lens = np.diff(seq_bounds)[order]
+    take = np.repeat(seq_bounds[:-1][order] - offsets_of(lens)[:-1], lens)
     take += np.arange(take.shape[0])
     per_row = offsets_of(np.bincount(seq_row, minlength=rows).astype(np.int64))
     inner = numpy_array(offsets_of(lens), pa.int32())
     columns["sequence_index"] = list_array(per_row, batch.seq_index[order], pa.int64())
-    col32 = numpy_array(batch.seq_cells[take] % width, pa.int32())
-    flags = pa.array(batch.seq_loss_mask[take], pa.bool_())
+    col32 = numpy_array(seq_cells[take] % width, pa.int32())
+    flags = pa.array(seq_mask[take], pa.bool_())
     columns["sequence_cells"] = list_array(per_row, pa.ListArray.from_arrays(inner, col32), _CELLS)
     columns["sequence_mask"] = list_array(per_row, pa.ListArray.from_arrays(inner, flags), _FLAGS)
     return pa.Table.from_arrays(list(columns.values()), schema=TREE_SCHEMA)
@@ -63,15 +65,16 @@ def tree_table(batch: TreeBatch, first_row: int = 0) -> pa.Table:
 _CELLS, _FLAGS = pa.list_(pa.int32()), pa.list_(pa.bool_())
 
 
-def tree_records(batch: TreeBatch) -> list[dict[str, list[Any]]]:
+def tree_records(batch: PackedBatch) -> list[dict[str, list[Any]]]:
     """One record per row of ``batch``: :func:`tree_table`'s rows, less ``row``."""
     return tree_table(batch).drop_columns(["row"]).to_pylist()
 
 
-def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> TreeBatch:
+def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> PackedBatch:
     """Records of :func:`tree_records` (any subset, any order) as one model call, checked
     as a tree shard is checked on load
-    (:func:`~exactpack.io.integrity.check_tree_record`) before anything is allocated."""
+    (:func:`~exactpack.io.integrity.check_tree_record`) before anything is allocated, then
+    gathered as :class:`CompactRows` (a node a window) like any packed rows."""
     capacity = positive_int("capacity", capacity, INT32_MAX)
     binding = Binding(vocab_size, "pretokenized", "tree-dataset")  # checks vocab_size
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in rows):
@@ -81,51 +84,44 @@ def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: 
     index = [i for row in rows for i in row["sequence_index"]]
     if len(set(index)) != len(index):
         raise InvalidInput("two records hold the same sequence_index — pass each packed row once")
+
+    def flat(name: str, dtype: Any = np.int64) -> np.ndarray:  # every row's, back to back
+        return np.array([x for row in rows for x in row[name]], dtype=dtype)
+
     used = np.array([len(row["input_ids"]) for row in rows], dtype=np.int64)
-    valid = np.arange(capacity) < used[:, None]  # [R, T]: a row's cells are a prefix
-
-    def cells(name: str) -> np.ndarray:
-        out = np.full(valid.shape, -1, dtype=np.int64)
-        out[valid] = [x for row in rows for x in row[name]]
-        return out
-
-    def flat(name: str, dtype: Any) -> np.ndarray:
-        return np.array([x for row in rows for s in row[name] for x in s], dtype=dtype)
-
-    # row-local node ids -> batch ids: each row's ids follow the rows before it
-    shift = offsets_of(cells("node_ids").max(axis=1, initial=-1) + 1)[:-1, None]
-    nodes, node_ends, parents = (
-        np.where(x >= 0, x + shift, -1) for x in map(cells, ("node_ids", "node_ends", "parent_ids"))
-    )
-    lens = np.array([len(c) for row in rows for c in row["sequence_cells"]], dtype=np.int64)
+    cell_row, cell_col = np.repeat(np.arange(len(rows)), used), spread(used)[1]
+    node = flat("node_ids")  # row-local, 0, 1, 2, ... in column order
+    starts = cell_col == 0
+    starts[1:] |= node[1:] != node[:-1]
+    first = np.flatnonzero(starts)  # each node's first cell
+    lens = np.diff(np.append(first, node.shape[0]))
+    row_offsets = offsets_of(np.bincount(cell_row[first], minlength=len(rows)))
+    base = row_offsets[cell_row[first]]  # each node's row's first node
+    parent, depths = flat("parent_ids")[first], flat("position_ids")[first]
+    inputs, targets = flat("input_ids"), flat("target_ids")
+    # sequences: each ends where its node does (the node of its last cell)
+    cells = [c for row in rows for c in row["sequence_cells"]]
     seq_row = np.repeat(np.arange(len(rows)), [len(row["sequence_cells"]) for row in rows])
-    # Node ids run in (row, column) order, so node k starts at the k-th change of id.
-    first = valid & np.c_[np.ones((len(rows), 1), bool), nodes[:, 1:] != nodes[:, :-1]]
-    node_row, node_col = (x.astype(np.int64) for x in np.nonzero(first))
-    node_len = np.bincount(nodes[valid], minlength=node_row.shape[0]).astype(np.int64)
-    weights = np.where(valid, cells("weights"), 0).astype(np.int32)
-    positions = cells("position_ids")
-    return TreeBatch(
-        inputs=cells("input_ids").astype(np.int32),
-        targets=cells("target_ids").astype(np.int32),
-        nodes=nodes.astype(np.int32),
-        node_ends=node_ends.astype(np.int32),
-        positions=np.where(valid, positions, 0).astype(np.int32),
-        input_valid=valid,
-        loss_mask=weights > 0,
-        weights=weights,
-        node_row=node_row,
-        node_col=node_col,
-        node_len=node_len,
-        node_pos=positions[node_row, node_col],
-        node_parent=parents[node_row, node_col],
-        node_end=node_ends[node_row, node_col],
-        seq_index=np.array([i for row in rows for i in row["sequence_index"]], dtype=np.int64),
-        seq_bounds=offsets_of(lens),
-        seq_cells=flat("sequence_cells", np.int64) + np.repeat(seq_row * capacity, lens),
-        seq_loss_mask=flat("sequence_mask", bool),
+    last = offsets_of(used)[seq_row] + np.array([c[-1] for c in cells], dtype=np.int64)
+    seq_nodes = node[last] + row_offsets[seq_row]
+    if np.any(depths[seq_nodes] + lens[seq_nodes] != [len(c) for c in cells]):
+        raise InvalidInput("a sequence ends inside a node — pass the records of tree_records")
+    return CompactRows(
+        tokens=np.insert(inputs, first + lens, targets[first + lens - 1]).astype(np.int32),
+        lengths=lens,
+        starts=cell_col[first],
+        row_offsets=row_offsets,
+        ordinals=np.arange(first.shape[0], dtype=np.int64),
+        capacity=capacity,
+        partition=Split.TRAIN,
         binding=binding,
-    )
+        parents=np.where(parent >= 0, parent + base, -1),
+        depths=depths,
+        weights=flat("weights", np.int32),
+        seq_index=np.array(index, dtype=np.int64),
+        seq_nodes=seq_nodes,
+        seq_mask=np.array([x for row in rows for m in row["sequence_mask"] for x in m], bool),
+    ).to_batch()
 
 
 def _argument(r: int) -> Any:

@@ -2,9 +2,9 @@
 hidden states through the LM head in chunks.
 
 A sequence is a flat example (one occurrence of a :class:`~exactpack.core.batch.PackedBatch`,
-storage order) or an original sequence of a :class:`~exactpack.core.tree.TreeBatch`
-(layout order, ``batch.seq_index``); :func:`sequence_cells` lists each one's cells in
-order. On the fixture's first row ``[A A A B B .]`` (A: 3 pairs, B: 2)::
+storage order) or an original sequence of forest rows (layout order, ``batch.seq_index``);
+:meth:`PackedBatch.sequences` lists each one's cells in order. On the fixture's first row
+``[A A A B B .]`` (A: 3 pairs, B: 2)::
 
     sequence   cells (row * T + column)   supervised
     A          0, 1, 2                    T, T, T
@@ -31,29 +31,14 @@ from torch.utils.checkpoint import checkpoint
 
 from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import InvalidInput, positive_int
-from exactpack.core.examples import concat_ranges, offsets_of
 from exactpack.core.loss import check_logits
-from exactpack.core.tree import TreeBatch
 
 
-def sequence_cells(batch: PackedBatch | TreeBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(cells, bounds, supervised)``: every sequence's flat cells ``row * T + column``
-    int64 [Σ L] (depth order), ``bounds`` int64 [S + 1] into them, ``supervised`` bool [Σ L]."""
-    if isinstance(batch, TreeBatch):
-        return (
-            np.asarray(batch.seq_cells, dtype=np.int64),
-            np.asarray(batch.seq_bounds, dtype=np.int64),
-            np.asarray(batch.seq_loss_mask, dtype=bool),
-        )
+def sequence_cells(batch: PackedBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(cells, bounds, supervised)`` of :meth:`PackedBatch.sequences` (flat or forest)."""
     if not isinstance(batch, PackedBatch):
-        kind = type(batch).__name__
-        raise InvalidInput(f"batch must be a PackedBatch or a TreeBatch, got {kind}")
-    occ = batch.occurrences
-    width = batch.shape[1]
-    lengths = (occ.col_end - occ.col_start).astype(np.int64)
-    cells = concat_ranges(occ.row.astype(np.int64) * width + occ.col_start, lengths)
-    supervised = np.asarray(batch.loss_mask, dtype=bool).reshape(-1)[cells]
-    return cells, offsets_of(lengths), supervised
+        raise InvalidInput(f"batch must be a PackedBatch, got {type(batch).__name__}")
+    return batch.sequences()
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,7 +104,7 @@ def _gathered(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _cell_logprobs(
-    values: torch.Tensor, batch: PackedBatch | TreeBatch, cells: np.ndarray, head: LMHead | None
+    values: torch.Tensor, batch: PackedBatch, cells: np.ndarray, head: LMHead | None
 ) -> torch.Tensor:
     """``log p(target)`` of the flat ``cells`` [N] (N,), from logits or hidden states."""
     shape = batch.shape
@@ -145,7 +130,7 @@ def _cell_logprobs(
 
 
 def token_logprobs(
-    values: torch.Tensor, batch: PackedBatch | TreeBatch, head: LMHead | None = None
+    values: torch.Tensor, batch: PackedBatch, head: LMHead | None = None
 ) -> list[torch.Tensor]:
     """Per sequence (:func:`sequence_cells` order): its targets' log-probs, (L,) each."""
     cells, bounds, _ = sequence_cells(batch)
@@ -154,7 +139,7 @@ def token_logprobs(
 
 def sequence_logprobs(
     values: torch.Tensor,
-    batch: PackedBatch | TreeBatch,
+    batch: PackedBatch,
     head: LMHead | None = None,
     *,
     mean: bool = False,

@@ -24,34 +24,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import NotAvailable
-from exactpack.core.examples import concat_ranges
-from exactpack.core.tree import TreeBatch
 from exactpack.nn.flash import flash_varlen, varlen_reference
 from exactpack.nn.flex import permission_mod
 from exactpack.nn.varlen import PathPlan
 
 
-def node_keys(batch: TreeBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per node (pre-order): the flat cells of its path (ancestors' spans root first, then
-    its own) as ``(cells, bounds)``, int64 [Σ P] and [M+1]."""
-    first = batch.node_row * batch.shape[1] + batch.node_col
-    paths: list[list[int]] = []
-    for n, parent in enumerate(batch.node_parent.tolist()):
-        paths.append([*paths[parent], n] if parent >= 0 else [n])
-    order = np.fromiter((a for path in paths for a in path), dtype=np.int64)
-    lens = batch.node_len[order].astype(np.int64)
-    sizes = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
-    path_len = np.add.reduceat(lens, np.r_[0, np.cumsum(sizes)[:-1]]) if paths else lens
-    return concat_ranges(first[order], lens), np.r_[0, np.cumsum(path_len)].astype(np.int64)
-
-
-def tree_plan(batch: TreeBatch, device: torch.device | str | None = None) -> PathPlan:
+def tree_plan(batch: PackedBatch, device: torch.device | str | None = None) -> PathPlan:
     """The :class:`~exactpack.nn.varlen.PathPlan` of ``batch``: one block a node, its queries
-    against its path, nodes of the same ``(m, P)`` in one group."""
-    keys, bounds = node_keys(batch)
-    first = batch.node_row * batch.shape[1] + batch.node_col
-    m, p = batch.node_len.astype(np.int64), np.diff(bounds)
+    against its path (:meth:`PackedBatch.node_paths`), nodes of the same ``(m, P)`` in one
+    group."""
+    keys, bounds = batch.node_paths()
+    occ = batch.occurrences
+    first = occ.row.astype(np.int64) * batch.shape[1] + occ.col_start
+    m, p = occ.lengths, np.diff(bounds)
     shapes, inverse = np.unique(np.stack([m, p], axis=1), axis=0, return_inverse=True)
     scatter = np.zeros(batch.shape[0] * batch.shape[1], dtype=np.int64)
     groups, q_parts, k_parts, slot = [], [], [], 0
@@ -139,4 +126,4 @@ def tree_mask_mod(
     return permission_mod(valid, nodes, positions, sliding_window, node_ends)
 
 
-__all__ = ["node_keys", "tree_flash_attention", "tree_mask_mod", "tree_plan"]
+__all__ = ["tree_flash_attention", "tree_mask_mod", "tree_plan"]

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from exactpack.core.binding import INT32_MAX, Binding
+from exactpack.core.compact import Storage, gather_rows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.examples import as_token_array, offsets_of
 from exactpack.core.plan import Plan
@@ -37,9 +38,9 @@ from exactpack.core.tree import (
     TREE_COLUMNS,
     SequenceGroups,
     TrieOrder,
+    TrieSource,
     build_layout,
     groups_from_columns,
-    materialize,
 )
 from exactpack.io.atomic import Output
 from exactpack.io.columns import check_split
@@ -274,14 +275,11 @@ class PlannedBlock:
     def table(self, a: int, b: int, first: int = 0) -> pa.Table:
         """Rows ``[a, b)`` (numbered from ``first + a``), one model call's padded cells at a
         time; the table holds only used cells."""
-        order = self.plan.row_order()
-        starts = np.searchsorted(self.plan.row_of[order], np.arange(self.plan.num_rows + 1))
+        source, storage = TrieSource(self.groups, self.layout, self.index), Storage.of(self.plan)
         tables = []
         for c in range(a, b, self.per_call):
             d = min(c + self.per_call, b)
-            batch = materialize(self.groups, self.layout, self.plan, order[starts[c] : starts[d]],
-                                c, d - c)  # fmt: skip
-            batch = dataclasses.replace(batch, seq_index=self.index[batch.seq_index])
+            batch = gather_rows(source, storage, c, d).to_batch()
             tables.append(tree_table(batch, first + c))
         return pa.concat_tables(tables)
 

@@ -23,7 +23,6 @@ import numpy as np
 
 from exactpack.core.binding import INT32_MAX
 from exactpack.core.errors import BudgetExceeded, InvalidInput, positive_int, state_int, state_value
-from exactpack.core.tree import TreeBatch
 from exactpack.training.balance import CostModel, balanced_groups, greedy_groups
 
 Balance = Literal["tokens", "attention", "none"]
@@ -199,16 +198,13 @@ class RowStats:
 
     @classmethod
     def from_batches(cls, batches: Any) -> RowStats:
-        """Rows of ``batches`` (PackedBatch or TreeBatch objects) numbered consecutively in
-        order; a tree row's segments are its nodes and its eligible count ``Σ weights``."""
+        """Rows of ``batches`` (:class:`PackedBatch` objects) numbered consecutively in
+        order; a forest row's segments are its nodes and its eligible count ``Σ weights``."""
         parts, first = [], 0
         for batch in batches:
-            if isinstance(batch, TreeBatch):
-                lengths, row, eligible = batch.node_len, batch.node_row, batch.weights
-            else:
-                occ, eligible = batch.occurrences, batch.loss_mask
-                lengths, row = occ.col_end - occ.col_start, occ.row
-            parts.append((lengths, row + first, eligible.sum(axis=1, dtype=np.int64)))
+            occ = batch.occurrences
+            eligible = batch.loss_mask if batch.weights is None else batch.weights
+            parts.append((occ.lengths, occ.row + first, eligible.sum(axis=1, dtype=np.int64)))
             first += batch.shape[0]
         return cls.stacked(parts)
 

@@ -20,13 +20,14 @@ loss-eligible; ``labels``: ``transformers``' unshifted ones (:mod:`exactpack.tra
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
@@ -35,9 +36,11 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, SplitMismatch
 from exactpack.core.permission import pairwise
-from exactpack.core.tree import TreeBatch, refuse_flattened
+from exactpack.core.tree import refuse_flattened
 from exactpack.io.integrity import read_row_stats
+from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
 from exactpack.io.store import PackedStore, load_packed
+from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.nn.attention import AttentionLayout
 from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.distributed import RowStats, Slot
@@ -63,13 +66,13 @@ class ScheduledBatch:
     """Rows (compact or a :class:`PackedBatch`; ``batch`` pads them, on first use) for the
     :class:`Slot` they fill; ``world_size``: the ranks a stream was split over, or None."""
 
-    rows: Rows | TreeBatch
+    rows: Rows
     slot: Slot
     world_size: int | None = None
 
     @cached_property
-    def batch(self) -> PackedBatch | TreeBatch:
-        if isinstance(self.rows, (PackedBatch, TreeBatch)):
+    def batch(self) -> PackedBatch:
+        if isinstance(self.rows, PackedBatch):
             return self.rows
         return self.rows.to_batch()
 
@@ -102,7 +105,7 @@ class PackedBatches(Dataset):
         if self.store.layout == "tree":  # forest rows (exactpack pack --tree)
             raise InvalidInput(
                 f"{source} holds tree rows (exactpack pack --tree): read them with"
-                " load_packed(...).records() and exactpack.hf.HFCollator(..., tree=True)"
+                " load_packed(...).records() and exactpack.hf.hf_collator(..., tree=True)"
             )
         if cache_shards < 1:
             raise InvalidInput(f"cache_shards must be at least 1, got {cache_shards}")
@@ -175,24 +178,6 @@ class PackedBatches(Dataset):
         return self._stats
 
 
-def _scheduled(item: Any) -> tuple[CompactRows | TreeBatch, Slot | None]:
-    if isinstance(item, ScheduledBatch):
-        return _scheduled(item.rows)[0], item.slot
-    if isinstance(item, TreeBatch):
-        return item, None
-    if isinstance(item, (PackedBatch, CompactRows)):
-        return compact_of(item), None
-    if isinstance(item, (list, tuple)) and item:
-        if len(item) == 1:
-            return _scheduled(item[0])
-        if all(isinstance(b, (PackedBatch, CompactRows)) for b in item):
-            return concat_rows(item), None
-    raise InvalidInput(
-        f"cannot collate {type(item).__name__}; pass a PackedBatch, a ScheduledBatch, or a list"
-        " of PackedBatch (use DataLoader(batch_size=None) with a RowSampler)"
-    )
-
-
 class PackedCollator:
     """Tensors for one model call (the module docstring draws the fixture's).
 
@@ -203,9 +188,15 @@ class PackedCollator:
     step's, plus ``last_micro`` and ``slot``).
     Rows mode (default): ``[R, T]`` plus ``valid_index`` int64 [N]; ``permission_mask=True``
     adds bool ``[R, 1, T, T]`` (True = may attend). ``flatten=True``: ``[1, N]``, no
-    padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s;
-    for Hugging Face models, or :class:`exactpack.hf.HFCollator`). ``partition="train"``
-    refuses other partitions.
+    padding, plus ``seq_idx`` int32 and ``use_cache=False`` (``DataCollatorWithFlattening``'s).
+    ``partition="train"`` refuses other partitions. Forest rows: :meth:`tree_features`.
+
+    An item is a :class:`PackedBatch` or :class:`CompactRows`, a :class:`ScheduledBatch`, a
+    list of these (stacked), or records of a packed dataset (``pack_dataset``,
+    ``load_packed(...).records()``: tree records too), read with ``max_length`` and
+    ``binding`` (their packing's). ``model_inputs(rows, slot, world_size)`` makes a model's
+    keyword arguments instead of these tensors (:func:`exactpack.hf.hf_collator`: a
+    ``transformers`` model's, through ``hf_inputs``).
     """
 
     def __init__(
@@ -216,6 +207,9 @@ class PackedCollator:
         flatten: bool = False,
         permission_mask: bool = False,
         partition: Split | str | None = None,
+        max_length: int | None = None,
+        binding: Binding | None = None,
+        model_inputs: Callable[[Rows, Slot | None, int], dict[str, Any]] | None = None,
     ) -> None:
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or pad_id < 0:
             raise InvalidInput(f"pad_id must be a non-negative vocabulary id, got {pad_id!r}")
@@ -226,12 +220,85 @@ class PackedCollator:
         self.flatten = flatten
         self.permission_mask = permission_mask
         self.partition = None if partition is None else Split.parse(partition)
+        self.max_length, self.binding, self.model_inputs = max_length, binding, model_inputs
+
+    def _scheduled(self, item: Any) -> tuple[Rows, Slot | None, int]:
+        """The rows of ``item``, its slot and the ranks its stream was split over."""
+        if isinstance(item, ScheduledBatch):
+            return self._scheduled(item.rows)[0], item.slot, item.world_size or 1
+        if isinstance(item, PackedBatch) and item.is_tree:
+            return item, None, 1
+        if isinstance(item, (PackedBatch, CompactRows)):
+            return compact_of(item), None, 1
+        if isinstance(item, (list, tuple)) and item and all(isinstance(f, Mapping) for f in item):
+            return self._records(item), None, 1
+        if isinstance(item, (list, tuple)) and len(item) == 1:
+            return self._scheduled(item[0])
+        if isinstance(item, (list, tuple)) and item:  # Trainer's lists: the rows stacked
+            parts = [self._scheduled(f) for f in item]
+            if not any(isinstance(rows, PackedBatch) for rows, _, _ in parts):
+                return concat_rows([rows for rows, _, _ in parts]), None, max(w for *_, w in parts)
+        raise InvalidInput(
+            f"cannot collate {type(item).__name__}; pass a PackedBatch, a ScheduledBatch, a list"
+            " of PackedBatch (use DataLoader(batch_size=None) with a RowSampler) or records of a"
+            " packed dataset"
+        )
+
+    def _records(self, features: Sequence[Mapping[str, Any]]) -> Rows:
+        """Records of a packed dataset as rows (tree records: forest rows, padded)."""
+        if self.max_length is None or self.binding is None:
+            raise InvalidInput(
+                "this collator does not know the records' max_length and binding — build it"
+                " with exactpack.hf.collator_for(packed, attn_implementation), or pass"
+                " max_length=N, binding=Binding(vocab_size, ...)"
+            )
+        if "node_ids" in features[0]:
+            return tree_batch_from_rows(list(features), self.max_length, self.binding.vocab_size)
+        missing = [n for n in REQUIRED if n not in features[0]]
+        if missing:
+            raise InvalidInput(
+                f"collator features lack the packed columns {missing} — keep them with"
+                " TrainingArguments(remove_unused_columns=False)"
+            )
+        if self.partition is None:
+            raise InvalidInput("this collator does not know the records' split — pass partition=")
+        schema = pa.schema([(n, FIELDS[n]) for n in FIELDS if n in features[0]])
+        table = pa.Table.from_pylist([{n: f[n] for n in schema.names} for f in features], schema)
+        where = "collator features"
+        return arrow_to_rows(table, capacity=self.max_length, partition=self.partition,
+                             binding=self.binding, where=where, contiguous=False)  # fmt: skip
+
+    def rows_of(self, item: Any) -> Rows:
+        """The rows of ``item``: compact, or forest rows (one padded :class:`PackedBatch`)."""
+        return self._scheduled(item)[0]
+
+    def batch_of(self, item: Any) -> PackedBatch:
+        """The rows of ``item`` as one padded :class:`PackedBatch`."""
+        rows = self.rows_of(item)
+        return rows if isinstance(rows, PackedBatch) else rows.to_batch()
 
     def __call__(self, item: Any) -> dict[str, Any]:
-        rows, slot = _scheduled(item)
-        if isinstance(rows, TreeBatch):
-            return self.tree_features(rows, slot)
-        check_split(rows, self.partition, "PackedCollator")
+        rows, slot, world_size = self._scheduled(item)
+        tree = isinstance(rows, PackedBatch)  # forest rows stay padded and carry no split
+        if not tree:
+            check_split(rows, self.partition, "this collator")
+        if self.model_inputs is not None:
+            return self.model_inputs(rows, slot, world_size)
+        out = self.tree_features(rows) if tree else self._flat_features(rows)
+        eligible = rows.eligible_count if tree else int(rows.loss_mask.sum())
+        out |= {
+            "num_eligible": eligible,
+            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
+        }
+        if self.permission_mask:
+            seg, pos = out["segment_ids"].numpy(), out["position_ids"].numpy()
+            mask = rows.dense_mask() if tree else pairwise(seg != NO_SEGMENT, seg, pos)
+            out["permission_mask"] = torch.as_tensor(mask)[:, None]
+        if slot is not None:
+            out |= {"last_micro": slot.last_micro, "slot": slot}
+        return out
+
+    def _flat_features(self, rows: CompactRows) -> dict[str, Any]:
         cells = flat_columns(rows, self.ignore_index)
         index = cells.pop("valid_index")
         shape = (rows.num_rows, rows.capacity)
@@ -243,14 +310,11 @@ class PackedCollator:
         out: dict[str, Any] = {k: torch.from_numpy(v) for k, v in cells.items()}
         cu = cu_seq_lens(rows)
         longest = int(rows.lengths.max()) if len(rows) else 0
-        eligible = int(rows.loss_mask.sum())
         out |= {
             "cu_seq_lens_q": torch.from_numpy(cu),
             "cu_seq_lens_k": torch.from_numpy(cu.copy()),
             "max_length_q": longest,
             "max_length_k": longest,
-            "num_eligible": eligible,
-            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
         }
         if self.flatten:
             out["seq_idx"] = torch.as_tensor(seq_idx(cu))
@@ -258,40 +322,25 @@ class PackedCollator:
             out["use_cache"] = False
         else:
             out["valid_index"] = torch.from_numpy(index)
-        if self.permission_mask:
-            seg, pos = cells["segment_ids"], cells["position_ids"]
-            out["permission_mask"] = torch.as_tensor(pairwise(seg != NO_SEGMENT, seg, pos))[:, None]
-        if slot is not None:
-            out |= {"last_micro": slot.last_micro, "slot": slot}
         return out
 
-    def tree_features(self, batch: TreeBatch, slot: Slot | None) -> dict[str, Any]:
-        """Tree rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
+    def tree_features(self, batch: PackedBatch) -> dict[str, Any]:
+        """Forest rows, ``[R, T]``: ``input_ids``, ``shift_labels``, depth ``position_ids``,
         ``segment_ids`` (the nodes), ``weights`` (what :func:`micro_batch_loss` weighs each
-        target by), ``num_items_in_batch`` (``Σ weights``, or the step's) and ``tree_plan``
+        target by; ``num_items_in_batch``: ``Σ weights``, or the step's) and ``tree_plan``
         (:func:`~exactpack.nn.tree_attention.tree_plan`, for
         :func:`~exactpack.nn.varlen.path_attention`)."""
         if self.flatten:
             refuse_flattened("PackedCollator(flatten=True)", "use flatten=False and its tree_plan")
-        eligible = batch.eligible_count
         cells = {
             "input_ids": np.where(batch.input_valid, batch.inputs, self.pad_id),
             "shift_labels": np.where(batch.loss_mask, batch.targets, self.ignore_index),
             "position_ids": batch.position_ids(),
-            "segment_ids": batch.nodes,
+            "segment_ids": batch.segments,
             "weights": batch.weights,
         }
         out: dict[str, Any] = {k: torch.from_numpy(v.astype(np.int64)) for k, v in cells.items()}
-        out |= {
-            "num_eligible": eligible,
-            "num_items_in_batch": eligible if slot is None else slot.step_eligible,
-            "tree_plan": tree_plan(batch),
-        }
-        if self.permission_mask:
-            out["permission_mask"] = torch.as_tensor(batch.dense_mask())[:, None]
-        if slot is not None:
-            out |= {"last_micro": slot.last_micro, "slot": slot}
-        return out
+        return out | {"tree_plan": tree_plan(batch)}
 
 
 def check_split(batch: Rows, expected: Split | None, who: str) -> None:

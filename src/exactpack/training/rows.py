@@ -25,10 +25,17 @@ Rows = CompactRows | PackedBatch
 # Compact rows: the one form the read path carries.
 
 
+_FOREST = (
+    "forest rows are one padded batch: select or stack their records (tree_batch_from_rows) instead"
+)
+
+
 def compact_of(rows: Rows) -> CompactRows:
     """``rows`` as :class:`CompactRows` (a :class:`PackedBatch`'s cells gathered back)."""
     if isinstance(rows, CompactRows):
         return rows
+    if rows.is_tree:
+        raise InvalidInput(_FOREST)
     occ, width = rows.occurrences, rows.shape[1]
     lengths = occ.col_end - occ.col_start
     index = concat_ranges(occ.row * width + occ.col_start, lengths)
@@ -67,6 +74,8 @@ def concat_rows(parts: Sequence[Rows]) -> CompactRows:
         head.binding.require(p.binding, "a stacked batch")
     if len(parts) == 1:
         return head
+    if any(p.parents is not None for p in parts):
+        raise InvalidInput(_FOREST)
     per_occ = ("tokens", "loss_mask", "lengths", "starts", "ordinals", "source_ids")
     per_occ += ("example_ids", "range_starts", "range_ends")
     cat = {n: np.concatenate([getattr(p, n) for p in parts]) for n in per_occ}

@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from exactpack.core.batch import PackedBatch
+from exactpack.core.batch import Occurrences, PackedBatch
 from exactpack.core.binding import Binding
 from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import BudgetExceeded, InvalidInput, NotAvailable
 from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
-from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
+from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
 from exactpack.hf.capabilities import architecture_of, capability
@@ -421,7 +421,7 @@ def _refuse_pickled_weights(folder: Path) -> None:
 
 
 def _packed_kwargs(
-    batch: PackedBatch | TreeBatch,
+    batch: PackedBatch,
     mode: str,
     attn_implementation: str,
     dtype: torch.dtype,
@@ -430,7 +430,7 @@ def _packed_kwargs(
     arch: Architecture | None = None,
 ) -> dict[str, Any]:
     """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
-    if mode == "naive" and isinstance(batch, TreeBatch):  # siblings see each other
+    if mode == "naive" and batch.is_tree:  # siblings see each other
         mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
         return build_inputs(
@@ -450,28 +450,30 @@ def _packed_kwargs(
     }
 
 
-def _naive_batch(batch: TreeBatch) -> TreeBatch:
+def _naive_batch(batch: PackedBatch) -> PackedBatch:
     """Each root's subtree as one flat causal sequence: positions count columns (the control)."""
-    roots = np.flatnonzero(batch.node_parent < 0)
-    root_of = roots[np.searchsorted(roots, np.arange(batch.node_len.shape[0]), side="right") - 1]
-    nodes = batch.nodes.astype(np.int64)
+    occ = batch.occurrences
+    roots = np.flatnonzero(batch.node_parent < 0)  # type: ignore[operator]
+    root_of = roots[np.searchsorted(roots, np.arange(len(occ)), side="right") - 1]
+    nodes = batch.segments.astype(np.int64)
     cell_root = np.where(batch.input_valid, root_of[np.maximum(nodes, 0)], -1)
     rank = np.searchsorted(roots, np.maximum(cell_root, 0))
     cols = np.arange(batch.shape[1])[None, :]
-    positions = np.where(batch.input_valid, cols - batch.node_col[np.maximum(cell_root, 0)], 0)
+    positions = np.where(batch.input_valid, cols - occ.col_start[np.maximum(cell_root, 0)], 0)
     ends = np.zeros(roots.shape[0], dtype=np.int64)
-    np.add.at(ends, np.searchsorted(roots, root_of), batch.node_len)
+    np.add.at(ends, np.searchsorted(roots, root_of), occ.lengths)
+    picked = {f.name: getattr(occ, f.name)[roots] for f in dataclasses.fields(occ)}
+    picked |= {
+        "col_end": occ.col_start[roots] + ends,
+        "segment": np.arange(roots.shape[0], dtype=np.int32),
+    }
     return dataclasses.replace(
         batch,
-        nodes=np.where(batch.input_valid, rank, -1).astype(np.int32),
+        segments=np.where(batch.input_valid, rank, -1).astype(np.int32),
         node_ends=np.where(batch.input_valid, rank + 1, -1).astype(np.int32),
         positions=positions.astype(np.int32),
-        node_row=batch.node_row[roots],
-        node_col=batch.node_col[roots],
-        node_len=ends,
-        node_pos=np.zeros(roots.shape[0], dtype=np.int64),
+        occurrences=Occurrences(**picked),
         node_parent=np.full(roots.shape[0], -1, dtype=np.int64),
-        node_end=np.arange(1, roots.shape[0] + 1, dtype=np.int64),
     )
 
 
@@ -615,7 +617,7 @@ def _pack(
     model: torch.nn.Module,
     examples: Sequence[SequenceExample] | SequenceGroups,
     capacity: int | None,
-) -> tuple[PackedBatch | TreeBatch, int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+) -> tuple[PackedBatch, int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """One model call of ``examples`` in rows of ``capacity`` (default: see
     :func:`verify_hf`), and each sequence's ``(inputs, targets, loss_mask)`` in the order
     of its packed cells (:func:`~exactpack.nn.logprobs.sequence_cells`)."""
@@ -646,7 +648,7 @@ def _compare(
     capacity: int | None,
     pad_token_id: int | None,
     gradients: bool,
-) -> tuple[dict[str, Any], dict[str, Any], PackedBatch | TreeBatch, dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any], PackedBatch, dict[str, Any]]:
     """The report's comparisons, and what the diagnosis reruns: kwargs, batch, tolerance."""
     tree = isinstance(examples, SequenceGroups)
     attn = model.config._attn_implementation
@@ -713,7 +715,7 @@ def _separate(
 def _report(
     model: torch.nn.Module,
     arch: Architecture,
-    batch: PackedBatch | TreeBatch,
+    batch: PackedBatch,
     examples: Sequence[SequenceExample] | SequenceGroups,
     mode: str,
     capacity: int,
@@ -752,7 +754,7 @@ def _report(
             "layout": "tree",
             "groups": int(np.unique(examples.group).shape[0]),
             "sequences": len(lengths),
-            "nodes": int(batch.node_len.shape[0]),
+            "nodes": len(batch.occurrences),
             "tokens_stored": batch.tokens_stored,
             "tokens_flat": batch.tokens_flat,
         }
