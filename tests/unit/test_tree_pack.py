@@ -528,12 +528,13 @@ def test_a_damaged_tree_field_is_refused_on_load(tmp_path, what, edit, match):
 
 
 def test_sequence_indexes_across_rows_are_a_permutation(tmp_path):
-    """Two rows (capacity 8): each row's indexes are distinct, but row 1 repeats row 0's."""
+    """Two rows (capacity 8): each row's indexes are distinct, but row 1 repeats row 0's —
+    refused by the shard's check, as two flat occurrences sharing an ordinal are."""
     out = _damaged_output(tmp_path, lambda rec: None, max_length=8)
     first = load_packed(out).records()[0]["sequence_index"][0]
     (tmp_path / "d").mkdir()
     out = _damaged_output(tmp_path / "d", _set("sequence_index", 0, first), 8, row=1)
-    with pytest.raises(InvalidInput, match=r"sequence_index values are not 0\.\.4 each once"):
+    with pytest.raises(InvalidInput, match=r"row 1: it holds the same sequence_index as an earl"):
         load_packed(out, integrity="full")
 
 

@@ -1,26 +1,26 @@
-"""``exactpack pack --tree`` / ``stats --tree``: the flat reader's chunks -> groups ->
-tries -> forest rows, written by the one writer.
+"""``exactpack pack --tree`` / ``stats --tree``: the one reader's chunks -> blocks of
+whole groups -> tries -> units planned -> forest rows, written by the one writer.
 
-:func:`tree_blocks` reads the input through the flat reader
-(:meth:`~exactpack.io.readers.Input.chunks`) in blocks of about ``chunk_bytes`` and
-makes each block's groups (:func:`file_groups`); rows of the last ``group`` of a block
-wait for the next, so a group is never split. :func:`pack_tree_into` tree-packs each
-block with the options' policy and writes its shards with
-:func:`~exactpack.io.store.write_shards`: memory holds one block and two shards, the
-budget (``max_metadata_bytes``) is checked before each block is planned, and the output
-is the packed-row format with the node columns (``"layout": "tree"``), opened by
-``load_packed``. Tries are planned per block (like ``datasets.map`` batches); a model
-call never straddles a shard. The ``--tree*`` flags are fields of
-:class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``, ``tree_block``).
+:func:`group_reader` is the one reader (:func:`~exactpack.pipeline.corpus.read_tables`)
+through a block adapter (:func:`whole_groups`: blocks of about ``chunk_bytes``; rows of
+the last ``group`` of a block wait for the next, so a group is never split), and
+:func:`block_groups` makes a block's groups. :class:`PlannedBlock` plans a block's tries
+as units, as flat examples are planned (a flat example is a one-node trie:
+``plan_rows(layout.sizes)``) and makes its shards' tables
+(:func:`~exactpack.io.shards.shard_table`). ``pack_path(..., tree=...)``
+(:mod:`exactpack.pipeline.local`) runs it block by block: memory holds one block and two
+shards, the budget (``max_metadata_bytes``) is checked before each block is planned, and
+the output is the packed-row format with the node columns (``"layout": "tree"``), opened
+by ``load_packed``. A model call never straddles a shard. The ``--tree*`` flags are
+fields of :class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``,
+``tree_block``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,15 @@ from exactpack.core.tree import (
     groups_from_columns,
     materialize,
 )
-from exactpack.io.atomic import Output
 from exactpack.io.columns import check_split
-from exactpack.io.documents import Origin, make_binding
+from exactpack.io.documents import Origin
 from exactpack.io.readers import open_input
 from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
-from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record
-from exactpack.io.store import write_shards
+from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
-from exactpack.io.tree_rows import tree_table
 from exactpack.pipeline.budget import StreamBudget, read_limits
+from exactpack.pipeline.corpus import read_tables
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.progress import progress_bar, status
 
 #: A stored forest cell (7 int32 columns and its sequences' cells) is about this many flat
 #: tokens' bytes (6 each, :data:`~exactpack.pipeline.budget.SHARD_TOKEN_BYTES`): a forest
@@ -66,7 +63,7 @@ TRL_REFUSAL = (
 )
 
 
-def file_groups(
+def block_groups(
     table: pa.Table, origin: Origin, binding: Binding, tokenizer: Tokenizer | None, opts: Any
 ) -> tuple[SequenceGroups, np.ndarray]:
     """``table``'s groups under ``binding`` and each sequence's index among the sequences
@@ -199,50 +196,53 @@ def _auto_groups(
     return picked, np.asarray(order, dtype=np.int64)
 
 
-def _group_tail(table: pa.Table) -> int:
-    """Where the last ``group``'s run of rows starts (``num_rows`` without a group column)."""
+def _group_tail(table: pa.Table, opts: PackOptions) -> int:
+    """Where the rows that wait for the next block start: the last ``group``'s run, the
+    last partial window of ``--tree auto``, none without either."""
+    if opts.tree == "auto":
+        return table.num_rows - table.num_rows % opts.tree_block
     if "group" not in table.column_names or not table.num_rows:
         return table.num_rows
     differs = np.flatnonzero(~pc.equal(table["group"], table["group"][-1]).to_numpy(False))
     return int(differs[-1]) + 1 if differs.size else 0
 
 
-def group_tables(
-    source_input: Any, opts: PackOptions, on_read: Any = None, block_rows: int | None = None
-) -> Iterator[tuple[pa.Table, Origin]]:
-    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) or, with ``block_rows``, of at least
-    that many rows, read chunk by chunk, as (rows, :class:`Origin`) (``source_input``:
-    :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
-    chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
-    the next block, so a group is never split; small chunks (small files) join one block."""
-    tables: list[pa.Table] = []
+def whole_groups(
+    tables: Iterable[tuple[pa.Table, Origin]], source_input: Any, opts: PackOptions,
+    block_rows: int | None = None,
+) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
+    """The reader's chunks (:func:`~exactpack.pipeline.corpus.read_tables` of
+    ``source_input``, closed at the end) as blocks, each cut once it holds
+    ``opts.chunk_bytes`` (Arrow bytes) or ``block_rows`` rows (default ``opts.tree_block``).
+    The rows of a block's last ``group`` wait for the next block, so a group is never
+    split; with ``--tree auto`` a block ends on a multiple of ``tree_block`` rows (its
+    grouping windows are the input's). Small chunks (small files) join one block."""
+    tables_: list[pa.Table] = []
     parts: list[tuple[str, int, str]] = []  # the block's Origin
     rows, held = 0, 0  # rows and Arrow bytes in the block
 
     def block(last: bool) -> Iterator[tuple[pa.Table, Origin]]:
         nonlocal rows, held
-        table = pa.concat_tables(tables, promote_options="permissive")
+        table = pa.concat_tables(tables_, promote_options="permissive")
         origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
-        tail = table.num_rows if last else _group_tail(table)  # its group may go on
+        tail = table.num_rows if last else _group_tail(table, opts)  # its group may go on
         # the rows carried on keep their names: the part covering row `tail` and those after
         kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
-        tables[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
+        tables_[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
         parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
         if tail:
             yield table.slice(0, tail), origin
 
     try:
-        for table, origin, nbytes in source_input.chunks(opts.chunk_bytes, "group"):
-            if on_read is not None:
-                on_read(table, nbytes)
+        for table, origin in tables:
             if not table.num_rows:
                 continue
             check_split(table, origin, opts.split)
             name, shift, unit = origin.parts[0]
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
-            tables.append(table)
+            tables_.append(table)
             rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
-            if held >= opts.chunk_bytes or (block_rows is not None and rows >= block_rows):
+            if held >= opts.chunk_bytes or rows >= (block_rows or opts.tree_block):
                 yield from block(last=False)
                 source_input.release()
         if rows:
@@ -251,18 +251,28 @@ def group_tables(
         source_input.close()
 
 
+def group_reader(
+    source_input: Any, opts: PackOptions, bar: Any = None, digest: Any = None,
+    block_rows: int | None = None,
+) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
+    """The one reader (:func:`~exactpack.pipeline.corpus.read_tables`, ``bar`` its
+    progress) through :func:`whole_groups`; ``digest(table)`` sees every chunk as read
+    (the split receipt)."""
+    tables = read_tables(source_input, opts.chunk_bytes, "group", bar, digest)
+    return whole_groups(tables, source_input, opts, block_rows)
+
+
 def tree_blocks(
-    source_input: Any,
+    blocks: Iterable[tuple[pa.Table, Origin]],
     opts: PackOptions,
     binding: Binding,
     tokenizer: Tokenizer | None,
-    on_read: Any = None,
 ) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """:func:`group_tables`' blocks as their groups and their sequences' indexes in the
-    whole input."""
+    """Blocks of whole groups (:func:`group_reader`) as their groups
+    (:func:`block_groups`) and their sequences' indexes in the whole input."""
     base = 0
-    for table, origin in group_tables(source_input, opts, on_read):
-        groups, index = file_groups(table, origin, binding, tokenizer, opts)
+    for table, origin in blocks:
+        groups, index = block_groups(table, origin, binding, tokenizer, opts)
         yield groups, index + base
         base += len(groups)
 
@@ -303,7 +313,7 @@ class PlannedBlock:
             batch = materialize(self.groups, self.layout, self.plan, order[starts[c] : starts[d]],
                                 c, d - c)  # fmt: skip
             batch = dataclasses.replace(batch, seq_index=self.index[batch.seq_index])
-            tables.append(tree_table(batch, first + c))
+            tables.append(shard_table(batch, first_row=first + c))
         return pa.concat_tables(tables)
 
     def counts(self) -> dict[str, int]:
@@ -361,62 +371,18 @@ def tree_manifest(
     )  # fmt: skip
 
 
-def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
-    """Tree-pack ``source`` block by block into the held ``output`` and commit; the
-    statistics (``sequences``, ``groups``, ``tries``, ``nodes``, ``tokens_stored``,
-    ``tokens_flat``, ``stored_over_flat``, ``eligible_targets``, ``rows``, ``batches``,
-    ``blocks``, ``capacity``, ``policy``, ``tree``, ``shards``, ``out``, ``seconds``)."""
-    if opts.format == "trl":
-        raise InvalidInput(TRL_REFUSAL)
-    started = time.perf_counter()
-    tok = opts.load_tokenizer()
-    source_input = open_input(source, opts.split, read_limits(opts))
-    budget = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
-    budget.check(what="one block of groups")  # the policy's look-ahead before anything is read
-    binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
-    hasher, digest = split_receipt(opts)
-    show = opts.show_progress(sys.stderr)
-    status(show)(f"reading {source_input.name}")
-    totals: dict[str, int] = {}
-    shards: list[dict[str, Any]] = []
-    with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
-
-        def on_read(table: pa.Table, nbytes: int) -> None:
-            digest(table)
-            bar.update(nbytes)
-
-        for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
-            block = PlannedBlock.of(groups, index, opts, budget)
-            first = totals.get("rows", 0)
-            gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
-            shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))
-            for key, value in block.counts().items():
-                totals[key] = totals.get(key, 0) + value
-            bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
-    if not totals:
-        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
-    final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
-    manifest = tree_manifest(opts, final, totals, shards, source_input.name)
-    output.commit(manifest)
-    return manifest["statistics"] | {
-        "shards": len(shards),
-        "out": str(output.path),
-        "recovered": output.notes,
-        "seconds": time.perf_counter() - started,
-    }
-
-
 def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[str, Any]:
     """Tree vs flat packing of the input ``source``'s groups (``options.tree``, None:
     ``"on"``) at ``options.capacity`` under ``policy``, read block by block as
-    :func:`pack_tree_into` reads it (only the trie sizes and sequence lengths are kept)."""
+    :func:`~exactpack.pipeline.local.pack_path` reads it (only the trie sizes and sequence
+    lengths are kept)."""
     capacity, tokenizer = options.capacity, options.load_tokenizer()
     vocab = options.vocab_size or getattr(tokenizer, "vocab_size", None) or INT32_MAX
     identity = getattr(tokenizer, "identity", "pre-tokenized")
     source_input = open_input(source, options.split, read_limits(options))
     binding = Binding(int(vocab), identity, f"input:{source_input.name}")
     sizes, lengths, groups = [], [], 0
-    for block, _ in tree_blocks(source_input, options, binding, tokenizer):
+    for block, _ in tree_blocks(group_reader(source_input, options), options, binding, tokenizer):
         sizes.append(build_layout(block, capacity).sizes)
         lengths.append(block.lengths)
         groups += int(np.unique(block.group).shape[0])
@@ -440,11 +406,11 @@ __all__ = [
     "COUNTED",
     "TRL_REFUSAL",
     "PlannedBlock",
-    "file_groups",
-    "group_tables",
-    "pack_tree_into",
+    "block_groups",
+    "group_reader",
     "split_receipt",
     "tree_blocks",
     "tree_manifest",
     "tree_stats",
+    "whole_groups",
 ]
