@@ -198,7 +198,7 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
             )
         tree = (
             m.layout == "tree"
-        )  # forest calls never straddle a shard; a shard's last may be short
+        )  # forest calls never straddle a shard: a shard's last may be short
         if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call and not tree):
             raise bad_output(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"

@@ -364,14 +364,9 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_ro
     _write_shard(table, path)
     names = table.column_names
     entry: dict[str, Any] = {"file": name, "first_row": int(first_row), "rows": table.num_rows}
-    if "node_ids" in names:
-        entry["occurrences"] = _total(table, "sequence_index")
-        entry["tokens"] = _total(table, "input_ids")
-    else:
-        entry["occurrences"] = _total(
-            table, "pair_counts" if "pair_counts" in names else "seq_lengths"
-        )
-        entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
+    counted = next(n for n in ("sequence_index", "pair_counts", "seq_lengths") if n in names)
+    entry["occurrences"] = _total(table, counted)
+    entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
     entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
     entry["eligible"] = eligible_targets(table)
     return entry

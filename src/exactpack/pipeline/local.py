@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -29,15 +30,15 @@ from exactpack.io.store import write_shards
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_VERSION
 from exactpack.pipeline.budget import StreamBudget, packing_bytes, read_limits, split_bytes
-from exactpack.pipeline.corpus import Corpus, read_corpus
+from exactpack.pipeline.corpus import read_corpus
 from exactpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
 from exactpack.pipeline.pack_tree import (
     TRL_REFUSAL,
     PlannedBlock,
-    group_reader,
     split_receipt,
     tree_blocks,
     tree_manifest,
+    whole_groups,
 )
 from exactpack.pipeline.progress import progress_bar, status
 from exactpack.pipeline.writer import (
@@ -192,7 +193,7 @@ def _pack_forest(
     totals: dict[str, int] = {}
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
-        blocks = group_reader(source_input, opts, bar, digest)
+        blocks = whole_groups(source_input, opts, bar, digest)
         for groups, index in tree_blocks(blocks, opts, binding, tok):
             block = PlannedBlock.of(groups, index, opts, budget_)
             first = totals.get("rows", 0)
@@ -216,73 +217,59 @@ def _pack_corpus(
     ``output`` and commit; the statistics."""
     spill_dir = Path(opts.spill_dir) if opts.spill_dir else output.path.absolute().parent
     corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
-    try:
-        stats, manifest = _plan_and_write(corpus, output, opts, tok, show, str(source))
+    with contextlib.closing(corpus):
+        pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
+        budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
+        examples = corpus_examples(corpus, opts, budget_)
+        status(show)(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
+        with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
+            storage = plan_corpus(examples, opts)
+            bar.update(examples.lengths.shape[0])
+        plan = storage.plan
+        bounds = storage.row_offsets[shard_spans(storage, opts)]
+        widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
+        budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
+        source_ = CorpusSource(
+            corpus, examples, layout_for(corpus, examples, opts.format), opts.split
+        )
+        stats = (
+            plan.stats()
+            | source_stats(corpus, examples)
+            | {
+                "eligible_targets": corpus.eligible,
+                "batches": -(-plan.num_rows // opts.max_rows_per_batch),
+            }
+        )
+        written = {"rows": 0, "tokens": 0}
+
+        def on_shard(entry: dict[str, Any]) -> None:
+            written["rows"] += entry["rows"]
+            written["tokens"] += entry["tokens"]
+            bar.update(4 * entry["tokens"])
+            bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
+
+        total = 4 * int(storage.row_tokens[-1])
+        with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
+            shards = write_corpus(source_, storage, output, opts, on_shard)
+        if examples.truncated:  # what the kept windows supervise, counted as written
+            stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
+        fields = opts.manifest_fields(pad)
+        manifest = manifest_record(
+            binding=corpus.binding,
+            partition=opts.split,
+            config=fields["config"],
+            shards=shards,
+            kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
+            rows=plan.num_rows,
+            occurrences=len(examples.lengths),
+            policy=fields["policy"],
+            statistics=stats,
+            input={"source": str(source), "text_field": opts.text_field},
+        )
+        output.commit(manifest)
         report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
-    finally:
-        corpus.close()
     return (
         stats
         | ({"duplicate_ids": 0} | report)
-        | {"shards": len(manifest["shards"]), "input_tokens": corpus.tokens}
+        | {"shards": len(shards), "input_tokens": corpus.tokens}
     )
-
-
-def _plan_and_write(
-    corpus: Corpus,
-    output: Output,
-    opts: PackOptions,
-    tok: Tokenizer | None,
-    show: bool,
-    source: str,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan ``corpus``, write its shards into ``output`` and commit: (statistics, manifest)."""
-    pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
-    budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
-    examples = corpus_examples(corpus, opts, budget_)
-    say = status(show)
-    say(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
-    with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
-        storage = plan_corpus(examples, opts)
-        bar.update(examples.lengths.shape[0])
-    plan = storage.plan
-    bounds = storage.row_offsets[shard_spans(storage, opts)]
-    widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
-    budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
-    source_ = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
-    stats = (
-        plan.stats()
-        | source_stats(corpus, examples)
-        | {
-            "eligible_targets": corpus.eligible,
-            "batches": -(-plan.num_rows // opts.max_rows_per_batch),
-        }
-    )
-    written = {"rows": 0, "tokens": 0}
-
-    def on_shard(entry: dict[str, Any]) -> None:
-        written["rows"] += entry["rows"]
-        written["tokens"] += entry["tokens"]
-        bar.update(4 * entry["tokens"])
-        bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
-
-    total = 4 * int(storage.row_tokens[-1])
-    with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
-        shards = write_corpus(source_, storage, output, opts, on_shard)
-    if examples.truncated:  # what the kept windows supervise, counted as written
-        stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
-    fields = opts.manifest_fields(pad)
-    manifest = manifest_record(
-        binding=corpus.binding,
-        partition=opts.split,
-        config=fields["config"],
-        shards=shards,
-        kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
-        rows=plan.num_rows,
-        occurrences=len(examples.lengths),
-        policy=fields["policy"],
-        statistics=stats,
-        input={"source": source, "text_field": opts.text_field},
-    )
-    output.commit(manifest)
-    return stats, manifest

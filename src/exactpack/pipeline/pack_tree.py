@@ -1,8 +1,8 @@
 """``exactpack pack --tree`` / ``stats --tree``: the one reader's chunks -> blocks of
 whole groups -> tries -> units planned -> forest rows, written by the one writer.
 
-:func:`group_reader` is the one reader (:func:`~exactpack.pipeline.corpus.read_tables`)
-through a block adapter (:func:`whole_groups`: blocks of about ``chunk_bytes``; rows of
+:func:`whole_groups` is the one reader (:func:`~exactpack.pipeline.corpus.read_tables`)
+through a block adapter (blocks of ``tree_block`` rows or ``chunk_bytes``; rows of
 the last ``group`` of a block wait for the next, so a group is never split), and
 :func:`block_groups` makes a block's groups. :class:`PlannedBlock` plans a block's tries
 as units, as flat examples are planned (a flat example is a one-node trie:
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from exactpack.core.binding import INT32_MAX, Binding
 from exactpack.core.errors import InvalidInput
-from exactpack.core.examples import as_token_array, offsets_of
+from exactpack.core.examples import offsets_of
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.core.tree import (
@@ -41,7 +41,7 @@ from exactpack.core.tree import (
     groups_from_columns,
     materialize,
 )
-from exactpack.io.columns import check_split
+from exactpack.io.columns import check_split, chunk_from_arrow
 from exactpack.io.documents import Origin
 from exactpack.io.readers import open_input
 from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft, sft_columns
@@ -158,24 +158,23 @@ def _dpo_text(
 def _plain_rows(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Plain SFT rows read as flat packing reads them (``chunk_from_arrow``: ids, labels and
+    masks, templates checked): the sequences and their per-pair supervision."""
     names = table.column_names
-    if "input_ids" in names:
-        rows = table.column("input_ids").to_pylist()
-        _refuse_short(np.array([len(ids or []) for ids in rows], dtype=np.int64), origin)
-        seqs = []
-        for i, ids in enumerate(rows):  # the row is located (a file re-read) only on error
-            try:
-                seqs.append(as_token_array(ids, binding.vocab_size, "input_ids"))
-            except InvalidInput as err:
-                raise InvalidInput(f"{origin.locate(i)}: {err}") from None
-        return seqs, [np.ones(s.size - 1, bool) for s in seqs]
-    cols = sft_columns(names)
-    if cols is None:
+    if "input_ids" not in names and sft_columns(names) is None:
         raise InvalidInput(
             f"{origin.parts[0][0]}: --tree auto groups plain SFT rows: input_ids, prompt /"
             f" completion or messages; this input has columns {', '.join(names) or 'none'}"
         )
-    return _encoded(table, origin, tokenizer, cols)
+    chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer)
+    chunk.check_vocabulary(binding.vocab_size)
+    _refuse_short(np.diff(chunk.offsets), origin)
+    flags = np.ones(chunk.tokens.size, bool) if chunk.flags is None else chunk.flags
+    starts, ends = chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()
+    seqs = [chunk.tokens[a:b] for a, b in zip(starts, ends, strict=True)]
+    return seqs, [
+        flags[a - i : b - i - 1] for i, (a, b) in enumerate(zip(starts, ends, strict=True))
+    ]
 
 
 def _auto_groups(
@@ -208,11 +207,12 @@ def _group_tail(table: pa.Table, opts: PackOptions) -> int:
 
 
 def whole_groups(
-    tables: Iterable[tuple[pa.Table, Origin]], source_input: Any, opts: PackOptions,
+    source_input: Any, opts: PackOptions, bar: Any = None, digest: Any = None,
     block_rows: int | None = None,
 ) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
-    """The reader's chunks (:func:`~exactpack.pipeline.corpus.read_tables` of
-    ``source_input``, closed at the end) as blocks, each cut once it holds
+    """The one reader's chunks (:func:`~exactpack.pipeline.corpus.read_tables` of
+    ``source_input``, closed at the end; ``bar``: its progress; ``digest(table)`` sees each
+    chunk as read, the split receipt) as blocks, each cut once it holds
     ``opts.chunk_bytes`` (Arrow bytes) or ``block_rows`` rows (default ``opts.tree_block``).
     The rows of a block's last ``group`` wait for the next block, so a group is never
     split; with ``--tree auto`` a block ends on a multiple of ``tree_block`` rows (its
@@ -234,7 +234,7 @@ def whole_groups(
             yield table.slice(0, tail), origin
 
     try:
-        for table, origin in tables:
+        for table, origin in read_tables(source_input, opts.chunk_bytes, "group", bar, digest):
             if not table.num_rows:
                 continue
             check_split(table, origin, opts.split)
@@ -251,24 +251,13 @@ def whole_groups(
         source_input.close()
 
 
-def group_reader(
-    source_input: Any, opts: PackOptions, bar: Any = None, digest: Any = None,
-    block_rows: int | None = None,
-) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
-    """The one reader (:func:`~exactpack.pipeline.corpus.read_tables`, ``bar`` its
-    progress) through :func:`whole_groups`; ``digest(table)`` sees every chunk as read
-    (the split receipt)."""
-    tables = read_tables(source_input, opts.chunk_bytes, "group", bar, digest)
-    return whole_groups(tables, source_input, opts, block_rows)
-
-
 def tree_blocks(
     blocks: Iterable[tuple[pa.Table, Origin]],
     opts: PackOptions,
     binding: Binding,
     tokenizer: Tokenizer | None,
 ) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """Blocks of whole groups (:func:`group_reader`) as their groups
+    """Blocks of whole groups (:func:`whole_groups`) as their groups
     (:func:`block_groups`) and their sequences' indexes in the whole input."""
     base = 0
     for table, origin in blocks:
@@ -360,9 +349,7 @@ def tree_manifest(
         "tree": opts.tree,
     }
     fields = opts.manifest_fields()
-    tree_fields: dict[str, Any] = {"mode": opts.tree}
-    if opts.tree == "auto":
-        tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
+    tree_fields = {"mode": opts.tree, "prefix": opts.tree_prefix, "block": opts.tree_block}
     return manifest_record(
         binding=binding, partition=opts.split, config=fields["config"], shards=shards,
         kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
@@ -382,7 +369,7 @@ def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[st
     source_input = open_input(source, options.split, read_limits(options))
     binding = Binding(int(vocab), identity, f"input:{source_input.name}")
     sizes, lengths, groups = [], [], 0
-    for block, _ in tree_blocks(group_reader(source_input, options), options, binding, tokenizer):
+    for block, _ in tree_blocks(whole_groups(source_input, options), options, binding, tokenizer):
         sizes.append(build_layout(block, capacity).sizes)
         lengths.append(block.lengths)
         groups += int(np.unique(block.group).shape[0])
@@ -407,7 +394,6 @@ __all__ = [
     "TRL_REFUSAL",
     "PlannedBlock",
     "block_groups",
-    "group_reader",
     "split_receipt",
     "tree_blocks",
     "tree_manifest",

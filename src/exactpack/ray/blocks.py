@@ -44,7 +44,7 @@ from exactpack.io.parquet_guard import check_row_groups
 from exactpack.io.readers import open_input
 from exactpack.pipeline.budget import read_limits
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.pack_tree import group_reader, split_receipt
+from exactpack.pipeline.pack_tree import split_receipt, whole_groups
 
 if TYPE_CHECKING:
     import ray.data
@@ -405,7 +405,7 @@ def group_blocks(
     ray: Any, source: Any, opts: PackOptions, block_examples: int | None
 ) -> tuple[Iterator[tuple[Block, list[Any]]], str, Any]:
     """``--tree`` blocks streamed from the local reader
-    (:func:`~exactpack.pipeline.pack_tree.group_reader`: about ``chunk_bytes``, or at least
+    (:func:`~exactpack.pipeline.pack_tree.whole_groups`: about ``chunk_bytes``, or at least
     ``block_examples`` rows, a group never split), each put in Ray's object store as it is
     read; with the input's name and the split receipt's hasher (the local engine's, whole
     once every block is read)."""
@@ -419,7 +419,7 @@ def group_blocks(
 
     def blocks() -> Iterator[tuple[Block, list[Any]]]:
         first = 0
-        tables = group_reader(source_input, opts, None, digest, block_examples)
+        tables = whole_groups(source_input, opts, None, digest, block_examples)
         for k, (table, origin) in enumerate(tables):
             piece = InputSlice(source_input.name, 0, table.num_rows, 0)
             yield Block(k, first, (piece,), from_files=False, origin=origin), [ray.put(table)]

@@ -253,8 +253,7 @@ def run_tasks(
     position: dict[Any, int] = {}
     pending: list[Any] = []
     layout = ShardCuts(None, settings.options.max_rows_per_batch)
-    stats: dict[int, dict[str, Any]] = {}
-    ids: dict[int, Any] = {}
+    stats: dict[int, dict[str, Any]] = {}  # a plan task's statistics and ids, by block
     writes: dict[Any, int] = {}  # a write task's ref: its shard's place in ``shards``
     written: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     shards: list[Shard] = []
@@ -287,7 +286,6 @@ def run_tasks(
                 if ref in writes:
                     written[writes[ref]] = split_entry(value)
                     continue
-                ids[position[ref]] = value.pop("ids")
                 stats[position[ref]] = value
                 bar.update(1)
             # a block is laid out once it is known whether it is the last
@@ -306,10 +304,9 @@ def run_tasks(
         raise mapped from (None if mapped is getattr(err, "cause", None) else err)
     finally:
         bar.close()
-    merged = pa.concat_arrays([ids[k] for k in range(len(started))])
+    merged = pa.concat_arrays([stats[k].pop("ids") for k in range(len(started))])
+    entries, runs = ([written[k][i] for k in range(len(shards))] for i in (0, 1))
     block_stats = [stats[k] for k in range(len(started))]
-    entries = [written[k][0] for k in range(len(shards))]
-    runs = [written[k][1] for k in range(len(shards))]
     return TaskResults(started, block_stats, layout, entries, shards, runs, merged)
 
 
