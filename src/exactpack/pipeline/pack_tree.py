@@ -195,15 +195,19 @@ def _auto_groups(
     return picked, np.asarray(order, dtype=np.int64)
 
 
-def _group_tail(table: pa.Table, opts: PackOptions) -> int:
-    """Where the rows that wait for the next block start: the last ``group``'s run, the
-    last partial window of ``--tree auto``, none without either."""
+def _group_tail(table: pa.Table, opts: PackOptions, limit: int) -> int:
+    """Where the rows that wait for the next block start: the first ``group`` change at or
+    after ``limit`` rows, else the last group's run (``--tree auto``: the last multiple of
+    ``tree_block`` up to ``limit``; without a group column: ``limit``)."""
+    n = min(table.num_rows, limit)
     if opts.tree == "auto":
-        return table.num_rows - table.num_rows % opts.tree_block
+        return n - n % opts.tree_block
     if "group" not in table.column_names or not table.num_rows:
-        return table.num_rows
-    differs = np.flatnonzero(~pc.equal(table["group"], table["group"][-1]).to_numpy(False))
-    return int(differs[-1]) + 1 if differs.size else 0
+        return n
+    group = table["group"]
+    starts = np.flatnonzero(pc.not_equal(group[1:], group[:-1]).to_numpy(False)) + 1
+    after = starts[starts >= limit]
+    return int(after[0]) if after.size else int(starts[-1]) if starts.size else 0
 
 
 def whole_groups(
@@ -212,25 +216,29 @@ def whole_groups(
 ) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
     """The one reader's chunks (:func:`~exactpack.pipeline.corpus.read_tables` of
     ``source_input``, closed at the end; ``bar``: its progress; ``digest(table)`` sees each
-    chunk as read, the split receipt) as blocks, each cut once it holds
-    ``opts.chunk_bytes`` (Arrow bytes) or ``block_rows`` rows (default ``opts.tree_block``).
-    The rows of a block's last ``group`` wait for the next block, so a group is never
-    split; with ``--tree auto`` a block ends on a multiple of ``tree_block`` rows (its
-    grouping windows are the input's). Small chunks (small files) join one block."""
+    chunk as read, the split receipt) as blocks of about ``block_rows`` rows (default
+    ``opts.tree_block``; a chunk is cut into several) or ``opts.chunk_bytes`` Arrow bytes.
+    A block ends at a ``group`` change, so a group is never split; with ``--tree auto`` on
+    a multiple of ``tree_block`` rows (its grouping windows are the input's). Small chunks
+    (small files) join one block."""
     tables_: list[pa.Table] = []
     parts: list[tuple[str, int, str]] = []  # the block's Origin
     rows, held = 0, 0  # rows and Arrow bytes in the block
 
     def block(last: bool) -> Iterator[tuple[pa.Table, Origin]]:
         nonlocal rows, held
-        table = pa.concat_tables(tables_, promote_options="permissive")
-        origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
-        tail = table.num_rows if last else _group_tail(table, opts)  # its group may go on
-        # the rows carried on keep their names: the part covering row `tail` and those after
-        kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
-        tables_[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
-        parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
-        if tail:
+        limit = block_rows or opts.tree_block
+        while rows and (last or rows >= limit or held >= opts.chunk_bytes):
+            table = pa.concat_tables(tables_, promote_options="permissive")
+            origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
+            tail = rows if last and rows <= limit else _group_tail(table, opts, limit)
+            tail = tail or (rows if last else 0)  # a group longer than a block waits whole
+            # the rows carried on keep their names: the part covering row `tail` and those after
+            kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
+            tables_[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
+            parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
+            if not tail:
+                return
             yield table.slice(0, tail), origin
 
     try:
@@ -242,9 +250,8 @@ def whole_groups(
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
             tables_.append(table)
             rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
-            if held >= opts.chunk_bytes or rows >= (block_rows or opts.tree_block):
-                yield from block(last=False)
-                source_input.release()
+            yield from block(last=False)
+            source_input.release()
         if rows:
             yield from block(last=True)
     finally:
