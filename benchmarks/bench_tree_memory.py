@@ -6,7 +6,8 @@ A DPO-like corpus (TRL's ``prompt_input_ids`` / ``chosen_input_ids`` /
 (``--pairs``) and 4x its size, and each is packed by the CLI in a fresh
 process (``python -m exactpack.cli pack --tree``); the child's peak RSS
 (``getrusage(RUSAGE_CHILDREN)``) is printed against the input's bytes. The
-tree path reads in blocks of ``--chunk-bytes``, so 4x the input should cost
+tree path reads in blocks of ``--tree-block`` rows (default 4096) or
+``--chunk-bytes``, so once the input holds a few blocks, 4x the input costs
 about the same memory, not 4x.
 
     .venv/bin/python benchmarks/bench_tree_memory.py --pairs 20000
@@ -57,14 +58,17 @@ def write_corpus(path: Path, pairs: int, seed: int) -> int:
 
 
 def pack_fresh(
-    src: Path, out: Path, capacity: int, chunk_bytes: int | None, package: str | None = None
-) -> dict:
+    src: Path, out: Path, capacity: int, chunk_bytes: int | None, package: str | None = None,
+    tree_block: int | None = None,
+) -> dict:  # fmt: skip
     """Pack ``src`` with the CLI in a fresh process (``package``: the ``src`` folder of another
     checkout, e.g. the commit before); its statistics, seconds and peak RSS."""
     cmd = [sys.executable, "-m", "exactpack.cli", "pack", str(src), "--tree", "--max-length",
            str(capacity), "--vocab-size", str(VOCAB), "--out", str(out), "--json"]  # fmt: skip
     if chunk_bytes is not None:
         cmd += ["--chunk-bytes", str(chunk_bytes)]
+    if tree_block is not None:
+        cmd += ["--tree-block", str(tree_block)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     if package is not None:
         env["PYTHONPATH"] = package
@@ -87,6 +91,7 @@ def main() -> None:
     ap.add_argument("--scales", default="1,4", help="input sizes, as multiples of --pairs")
     ap.add_argument("--capacity", type=int, default=4096)
     ap.add_argument("--chunk-bytes", type=int, default=None, help="the pack's --chunk-bytes")
+    ap.add_argument("--tree-block", type=int, default=None, help="the pack's --tree-block")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--package", help="another checkout's src folder to pack with (a baseline)")
     args = ap.parse_args()
@@ -98,7 +103,7 @@ def main() -> None:
             src = Path(tmp) / f"dpo-{scale}x.jsonl"
             size = write_corpus(src, args.pairs * scale, args.seed)
             out = Path(tmp) / f"out-{scale}x"
-            s = pack_fresh(src, out, args.capacity, args.chunk_bytes, args.package)
+            s = pack_fresh(src, out, args.capacity, args.chunk_bytes, args.package, args.tree_block)
             print(
                 f"| {scale}x | {args.pairs * scale:,} | {size / 2**20:,.0f}"
                 f" | {s.get('blocks', 1)} | {s['rows']:,} | {s['stored_over_flat']:.3f}"

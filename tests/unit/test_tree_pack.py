@@ -543,12 +543,13 @@ def test_a_damaged_tree_field_is_refused_on_load(tmp_path, what, edit, match):
 
 
 def test_sequence_indexes_across_rows_are_a_permutation(tmp_path):
-    """Two rows (capacity 8): each row's indexes are distinct, but row 1 repeats row 0's."""
+    """Two rows (capacity 8): each row's indexes are distinct, but row 1 repeats row 0's —
+    refused by the shard's check, as two flat occurrences sharing an ordinal are."""
     out = _damaged_output(tmp_path, lambda rec: None, max_length=8)
     first = load_packed(out).records()[0]["sequence_index"][0]
     (tmp_path / "d").mkdir()
     out = _damaged_output(tmp_path / "d", _set("sequence_index", 0, first), 8, row=1)
-    with pytest.raises(InvalidInput, match=r"sequence_index values are not 0\.\.4 each once"):
+    with pytest.raises(InvalidInput, match=r"row 1: it holds the same sequence_index as an earl"):
         load_packed(out, integrity="full")
 
 
@@ -742,3 +743,20 @@ def test_a_bad_row_is_named_by_its_file_line_in_any_block(tmp_path, chunk_bytes)
 
 def _write_rows(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_tree_block_cuts_a_chunk_into_blocks_of_whole_groups(tmp_path):
+    """One chunk of 12 rows in groups of 3, --tree-block 4: blocks end at the first group
+    change after 4 rows (rows 0-5, 6-8, 9-11); no group is split, so the tries are the
+    one-block run's."""
+    _write_rows(
+        tmp_path / "g.jsonl", [{"input_ids": [1, 2, 3, 4 + i], "group": i // 3} for i in range(12)]
+    )
+    opts = {"max_length": 40, "vocab_size": VOCAB, "tree": "on"}
+    one = pack_path(tmp_path / "g.jsonl", tmp_path / "one", **opts)
+    cut = pack_path(tmp_path / "g.jsonl", tmp_path / "cut", **opts, tree_block=4)
+    assert (one["blocks"], cut["blocks"]) == (1, 3)
+    assert cut["groups"] == cut["tries"] == one["tries"] == 4
+    assert _recovered(load_packed(tmp_path / "cut").records()) == _recovered(
+        load_packed(tmp_path / "one").records()
+    )

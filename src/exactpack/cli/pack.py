@@ -60,8 +60,10 @@ def add_stats(p: argparse.ArgumentParser) -> None:
 
 def _checked(args: argparse.Namespace) -> Any:
     """The input (a path, or the list of several), with the tree flags checked."""
-    if args.tree != "auto" and (args.tree_prefix, args.tree_block) != (None, None):
-        raise InvalidInput("--tree-prefix and --tree-block group documents for --tree auto: add it")
+    if args.tree != "auto" and args.tree_prefix is not None:
+        raise InvalidInput("--tree-prefix groups documents for --tree auto: add it")
+    if args.tree is None and args.tree_block is not None:
+        raise InvalidInput("--tree-block bounds the blocks of tree packing: add --tree")
     return args.input[0] if len(args.input) == 1 else list(args.input)
 
 

@@ -131,7 +131,7 @@ class SequenceGroups:
         seqs, masks, group = [], [], []
         for g, members in enumerate(groups):
             for j, seq in enumerate(members):
-                arr = as_token_array(seq, binding.vocab_size, label(g, j))
+                arr = _token_array(seq, binding.vocab_size, lambda g=g, j=j: label(g, j))
                 if arr.size < 2:
                     raise InvalidInput(
                         f"{label(g, j)}: {arr.size} token(s); a sequence needs at least 2"
@@ -168,19 +168,30 @@ class SequenceGroups:
             )
         seqs, masks, group = [], [], []
         for g, (prompt, members) in enumerate(zip(prompts, completions, strict=True)):
-            p = as_token_array(prompt, binding.vocab_size, f"{label(g)} prompt")
+            p = _token_array(prompt, binding.vocab_size, lambda g=g: f"{label(g)} prompt")
             if p.size == 0:
                 raise InvalidInput(
                     f"{label(g)}: the prompt is empty — a completion needs a context token"
                 )
             for j, c in enumerate(members):
-                comp = as_token_array(c, binding.vocab_size, f"{label(g)} completion {j}")
+                comp = _token_array(
+                    c, binding.vocab_size, lambda g=g, j=j: f"{label(g)} completion {j}"
+                )
                 if comp.size == 0:
                     raise InvalidInput(f"{label(g)} completion {j} is empty — drop it")
                 seqs.append(np.concatenate([p, comp]))
                 masks.append(np.arange(p.size + comp.size - 1) >= p.size - 1)
                 group.append(g)
         return cls.of(seqs, masks, group, binding)
+
+
+def _token_array(values: Any, vocab_size: int, name: Callable[[], str]) -> np.ndarray:
+    """:func:`as_token_array`, naming the sequence (``name()``: a file's line, found by
+    reading the file again) only on error."""
+    try:
+        return as_token_array(values, vocab_size, "")
+    except InvalidInput as err:
+        raise InvalidInput(f"{name()}{err}") from None
 
 
 #: Column sets tree packing reads, in the order they are looked for.

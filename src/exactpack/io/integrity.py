@@ -198,7 +198,7 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
             )
         tree = (
             m.layout == "tree"
-        )  # forest calls never straddle a shard; a shard's last may be short
+        )  # forest calls never straddle a shard: a shard's last may be short
         if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call and not tree):
             raise bad_output(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
@@ -325,17 +325,43 @@ def check_table(
             chunks = [c.flatten() for c in chunks if pa.types.is_list(c.type)]
 
 
-def check_shard(rows: CompactRows, entry: Mapping, occurrences: int, where: str) -> None:
-    """Shard content against its manifest ``entry``, the binding and ``occurrences``."""
+def check_shard(
+    rows: CompactRows | list[Mapping[str, Any]],
+    entry: Mapping,
+    occurrences: int | None,
+    where: str,
+    *,
+    capacity: int = 0,
+    vocab_size: int = 0,
+    fail: Callable[[int], Callable[[str], Exception]] | None = None,
+) -> None:
+    """Shard content against its manifest ``entry``, the binding and ``occurrences``: flat
+    rows (:class:`CompactRows`: :func:`check_rows`) or forest records (node columns, rows
+    of ``capacity`` cells and ids below ``vocab_size``: :func:`check_record`, then each
+    ``sequence_index`` once in the shard); ``fail(r)`` makes record ``r``'s error (default:
+    row ``first_row + r`` of ``where`` is damaged)."""
+    if isinstance(rows, CompactRows):
+        got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
+               "tokens": int(rows.tokens.shape[0]),
+               "eligible": int(np.count_nonzero(rows.loss_mask))}  # fmt: skip
+        _agree(got, entry, where)
+        check_rows(rows, occurrences or 0, where)
+        return
+    first = int(entry.get("first_row", 0))
+    fail = fail or (lambda r: lambda what: bad_output(where, f"row {first + r:,}: {what}"))
+    seen: set[int] = set()
+    for r, rec in enumerate(rows):
+        check_record(rec, capacity, vocab_size, fail(r), occurrences)
+        if seen.intersection(rec["sequence_index"]):
+            raise fail(r)("it holds the same sequence_index as an earlier row")
+        seen.update(rec["sequence_index"])
     got = {
-        "rows": rows.num_rows,
-        "first_row": rows.first_row,
-        "occurrences": len(rows),
-        "tokens": int(rows.tokens.shape[0]),
-        "eligible": int(np.count_nonzero(rows.loss_mask)),
+        "rows": len(rows),
+        "occurrences": len(seen),
+        "tokens": sum(len(r["input_ids"]) for r in rows),
+        "eligible": sum(sum(r["weights"]) for r in rows),
     }
     _agree(got, entry, where)
-    check_rows(rows, occurrences, where)
 
 
 def check_rows(rows: CompactRows, occurrences: int, where: str) -> None:
@@ -344,12 +370,8 @@ def check_rows(rows: CompactRows, occurrences: int, where: str) -> None:
     ``0..occurrences-1`` and each once, provenance ranges their windows'."""
     if np.any(np.diff(rows.row_offsets) < 1):
         raise bad_output(where, "a row holds no occurrence")
-    tokens = rows.tokens
-    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= rows.binding.vocab_size):
-        bad = int(tokens[(tokens < 0) | (tokens >= rows.binding.vocab_size)][0])
-        raise bad_output(
-            where, f"token id {bad} is outside [0, {rows.binding.vocab_size}) (binding.vocab_size)"
-        )
+    if outside := _outside(rows.tokens, rows.binding.vocab_size):
+        raise bad_output(where, outside)
     starts, lengths = rows.starts, rows.lengths  # each inside its row: arrow_to_rows checked
     same_row = np.ones(max(lengths.shape[0] - 1, 0), dtype=bool)
     same_row[rows.row_offsets[1:-1] - 1] = False
@@ -364,6 +386,14 @@ def check_rows(rows: CompactRows, occurrences: int, where: str) -> None:
         rows.range_ends - rows.range_starts, rows.lengths + 1
     ):
         raise bad_output(where, "a provenance range [range_start, range_end) is not its window's")
+
+
+def _outside(tokens: np.ndarray, vocab_size: int) -> str | None:
+    """What is wrong with the first token id outside the vocabulary (None: none is)."""
+    if not tokens.size or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
+        return None
+    bad = int(tokens[(tokens < 0) | (tokens >= vocab_size)][0])
+    return f"token id {bad} is outside [0, {vocab_size}) (binding.vocab_size)"
 
 
 #: What a record's list values may be (Arrow's ``to_pylist``, or a NumPy-formatted dataset).
@@ -384,7 +414,7 @@ def _ints(values: Any, what: str, fail: Callable[[str], Exception]) -> np.ndarra
 
 
 def _check_nodes(col: dict[str, np.ndarray], used: int, fail: Callable[[str], Exception]) -> Any:
-    """The node columns of one tree record (:func:`check_tree_record`); each cell's
+    """The node columns of one tree record (:func:`check_record`); each cell's
     predecessor on its path (-1 at a root's first cell), int64 [used]."""
     node, pos = col["node_ids"], col["position_ids"]
     if node[0] != 0 or np.any((np.diff(node) != 0) & (np.diff(node) != 1)):
@@ -429,7 +459,7 @@ def _check_sequences(
     fail: Callable[[str], Exception],
     sequences: int | None,
 ) -> np.ndarray:
-    """The sequence columns of one tree record (:func:`check_tree_record`): each sequence
+    """The sequence columns of one tree record (:func:`check_record`): each sequence
     one path from a root in depth order; how many sequences supervise each cell, [used]."""
     used = pos.shape[0]
     index = _ints(rec["sequence_index"], "sequence_index", fail)
@@ -443,6 +473,8 @@ def _check_sequences(
         raise fail(f"a sequence_index lies outside 0..{high:,}")
     if np.unique(index).shape[0] != index.shape[0]:
         raise fail("two sequences share a sequence_index")
+    if not index.size:
+        raise fail("it holds no sequence")
     lens = np.array([len(c) if isinstance(c, LISTS) else -1 for c in cells_in], np.int64)
     if any(not isinstance(m, LISTS) or len(m) != n for m, n in zip(masks_in, lens, strict=True)):
         raise fail("a sequence's sequence_mask is not one flag per cell")
@@ -464,14 +496,14 @@ def _check_sequences(
     return np.bincount(cells[mask.astype(bool)], minlength=used)
 
 
-def check_tree_record(
+def check_record(
     rec: Mapping[str, Any],
     capacity: int,
     vocab_size: int,
     fail: Callable[[str], Exception],
     sequences: int | None = None,
 ) -> None:
-    """One tree record (a forest row: :mod:`exactpack.io.tree_rows`) is a forest the
+    """One forest record (a row of :func:`~exactpack.io.shards.shard_table`) is a forest the
     permission predicate can trust, else ``fail(what)`` is raised: 1..``capacity`` cells,
     token ids in ``[0, vocab_size)``, node ids 0, 1, ... in column order, parents earlier
     nodes, each node's end one past its subtree (nested, inside the row), positions the
@@ -488,11 +520,8 @@ def check_tree_record(
     for name, values in col.items():
         if values.shape[0] != used:
             raise fail(f"{name} holds {values.shape[0]:,} values for {used:,} cells")
-    for name in ("input_ids", "target_ids"):
-        ids = col[name]
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-            bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
-            raise fail(f"token id {bad} is outside [0, {vocab_size}) (binding.vocab_size)")
+    if outside := _outside(np.r_[col["input_ids"], col["target_ids"]], vocab_size):
+        raise fail(outside)
     before = _check_nodes(col, used, fail)
     supervised = _check_sequences(rec, col["position_ids"], before, fail, sequences)
     weights = col["weights"]
@@ -565,7 +594,7 @@ def check_contents(manifest: Mapping, read: Callable[[int], Any], where: Path) -
 
 def read_shard(file: Path, entry: Mapping, store: Any) -> Any:
     """Decode one shard file of a :class:`~exactpack.io.store.PackedStore` into checked
-    :class:`CompactRows` (forest rows: checked records, :func:`check_tree_record`)."""
+    :class:`CompactRows` (forest rows: records), both checked by :func:`check_shard`."""
     where = str(file)
     try:
         table = pq.read_table(file, memory_map=True)
@@ -573,7 +602,14 @@ def read_shard(file: Path, entry: Mapping, store: Any) -> Any:
         raise bad_output(file, f"cannot read the shard ({err})") from None
     check_table(table, where, entry, store.layout)
     if store.layout == "tree":
-        return _tree_shard(table, entry, store, where)
+        records = table.to_pylist()
+        first = int(entry["first_row"])
+        for i, rec in enumerate(records):
+            if rec["row"] != first + i:
+                raise bad_output(where, f"row {first + i:,}: it is numbered {rec['row']}")
+        check_shard(records, entry, store.occurrences, where, capacity=store.capacity,
+                    vocab_size=store.binding.vocab_size)  # fmt: skip
+        return records
     rows = arrow_to_rows(
         table,
         capacity=store.capacity,
@@ -583,29 +619,6 @@ def read_shard(file: Path, entry: Mapping, store: Any) -> Any:
     )
     check_shard(rows, entry, store.occurrences, where)
     return rows
-
-
-def _tree_shard(table: pa.Table, entry: Mapping, store: Any, where: str) -> list[dict]:
-    """A forest shard's records, each checked, and its counts against ``entry``."""
-    records = table.to_pylist()
-    first = int(entry["first_row"])
-    for i, rec in enumerate(records):
-        fail = _damaged_row(where, first + i)
-        if rec["row"] != first + i:
-            raise fail(f"it is numbered {rec['row']}")
-        check_tree_record(rec, store.capacity, store.binding.vocab_size, fail, store.occurrences)
-    got = {
-        "rows": len(records),
-        "occurrences": sum(len(r["sequence_index"]) for r in records),
-        "tokens": sum(len(r["input_ids"]) for r in records),
-        "eligible": sum(sum(r["weights"]) for r in records),
-    }
-    _agree(got, entry, where)
-    return records
-
-
-def _damaged_row(where: str, row: int) -> Callable[[str], Exception]:
-    return lambda what: bad_output(where, f"row {row:,}: {what}")
 
 
 def refuse_packed(path: Path) -> None:

@@ -21,7 +21,7 @@ holds whole model calls. :func:`arrow_to_rows` reads it back as
 
 Forest rows (``layout`` ``"tree"`` in the manifest: ``exactpack pack --tree``) keep
 ``row`` and store the node columns instead, a row's used cells a prefix of the row
-(``T`` cells, ``K`` sequences; :mod:`exactpack.io.tree_rows`)::
+(``T`` cells, ``K`` sequences; :func:`shard_table` of a tree batch)::
 
     input_ids       list<int32>        [T] input token of each cell
     target_ids      list<int32>        [T] its target
@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import INT32_MAX, Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
@@ -252,9 +253,15 @@ def token_offsets(cols: CompactRows) -> tuple[np.ndarray, np.ndarray]:
     return tok, row_tok
 
 
-def shard_table(cols: CompactRows, layout: StoredColumns | None = None) -> pa.Table:
+def shard_table(
+    cols: CompactRows | PackedBatch, layout: StoredColumns | None = None, first_row: int = 0
+) -> pa.Table:
     """``cols`` as a Parquet-ready table (version 2, one table row per packed row) with
-    ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`)."""
+    ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`);
+    forest rows (a tree batch: node columns) as the forest columns, ``row`` numbered from
+    ``first_row``: a row's used cells (a prefix of it), node ids row-local, its sequences."""
+    if not isinstance(cols, CompactRows):
+        return _forest_table(cols, first_row)
     cols = arrow_ids(cols)
     layout = layout_of(cols) if layout is None else layout
     _, row_tok = token_offsets(cols)
@@ -285,6 +292,38 @@ def shard_table(cols: CompactRows, layout: StoredColumns | None = None) -> pa.Ta
         columns["range_starts"] = list_array(occ, starts, pa.int64())
         columns["range_ends"] = list_array(occ, ends, pa.int64())
     return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
+
+
+def _forest_table(batch: PackedBatch, first_row: int) -> pa.Table:
+    """:func:`shard_table` of a tree batch (vectorised, no Python object per cell)."""
+    rows, width = batch.shape
+    valid = batch.input_valid
+    cell_offsets = offsets_of(valid.sum(axis=1).astype(np.int64))  # [R+1]
+    first = np.where(valid[:, 0], batch.segments[:, 0], 0).astype(np.int64)[:, None]  # [R, 1]
+    node = batch.segments.astype(np.int64)
+    parent = batch.node_parent[np.maximum(node, 0)]
+    parents = np.where(parent >= 0, parent - first, -1)
+    cells = (batch.inputs, batch.targets, batch.positions, node - first,
+             batch.node_ends - first, parents, batch.weights)  # fmt: skip
+    columns = [numpy_array(np.arange(rows, dtype=np.int64) + first_row, pa.int64())]
+    columns += [list_array(cell_offsets, value[valid], pa.int32()) for value in cells]
+    # sequences in layout order, row by row; cells as columns of their row
+    seq_cells, seq_bounds, seq_mask = batch.sequences()
+    seq_row = seq_cells[seq_bounds[:-1]] // width  # [S]
+    order = np.argsort(seq_row, kind="stable")
+    lens = np.diff(seq_bounds)[order]
+    take = np.repeat(seq_bounds[:-1][order] - offsets_of(lens)[:-1], lens)
+    take += np.arange(take.shape[0])
+    per_row = offsets_of(np.bincount(seq_row, minlength=rows).astype(np.int64))
+    inner = numpy_array(offsets_of(lens), pa.int32())
+    col32 = numpy_array(seq_cells[take] % width, pa.int32())
+    flags = pa.array(seq_mask[take], pa.bool_())
+    columns += [
+        list_array(per_row, batch.seq_index[order], pa.int64()),
+        list_array(per_row, pa.ListArray.from_arrays(inner, col32), _CELL),
+        list_array(per_row, pa.ListArray.from_arrays(inner, flags), pa.list_(pa.bool_())),
+    ]
+    return pa.Table.from_arrays(columns, schema=TREE_SCHEMA)
 
 
 def shard_bounds(rows: CompactRows, max_rows_per_batch: int, shard_tokens: int) -> np.ndarray:
@@ -327,14 +366,9 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_ro
     _write_shard(table, path)
     names = table.column_names
     entry: dict[str, Any] = {"file": name, "first_row": int(first_row), "rows": table.num_rows}
-    if "node_ids" in names:
-        entry["occurrences"] = _total(table, "sequence_index")
-        entry["tokens"] = _total(table, "input_ids")
-    else:
-        entry["occurrences"] = _total(
-            table, "pair_counts" if "pair_counts" in names else "seq_lengths"
-        )
-        entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
+    counted = next(n for n in ("sequence_index", "pair_counts", "seq_lengths") if n in names)
+    entry["occurrences"] = _total(table, counted)
+    entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
     entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
     entry["eligible"] = eligible_targets(table)
     return entry

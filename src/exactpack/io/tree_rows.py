@@ -1,6 +1,6 @@
 """Forest rows as records: the node columns of the packed-row format
-(:mod:`exactpack.io.shards`) made from forest rows (a tree :class:`PackedBatch`)
-(:func:`tree_table`, :func:`tree_records`) and one model call made of any records
+(:func:`~exactpack.io.shards.shard_table`) made from forest rows (a tree :class:`PackedBatch`)
+(:func:`tree_records`) and one model call made of any records
 (:func:`tree_batch_from_rows`). The same records are what
 ``pack_dataset(..., tree=True)`` returns and ``load_packed(...).records()`` reads back.
 """
@@ -11,79 +11,34 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from exactpack.core.batch import PackedBatch
 from exactpack.core.binding import INT32_MAX, Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput, positive_int
 from exactpack.core.examples import offsets_of, spread
-from exactpack.io.integrity import check_tree_record
-from exactpack.io.shards import TREE_SCHEMA, list_array, numpy_array
-
-
-def tree_table(batch: PackedBatch, first_row: int = 0) -> pa.Table:
-    """One table row per row of ``batch`` (the forest columns of :mod:`exactpack.io.shards`,
-    ``row`` numbered from ``first_row``): its used cells (a prefix of the row), node ids
-    row-local, and its sequences; vectorised, no Python object per cell."""
-    rows, width = batch.shape
-    valid = batch.input_valid
-    used = valid.sum(axis=1).astype(np.int64)  # [R]
-    cell_offsets = offsets_of(used)
-    first = np.where(used > 0, batch.segments[:, 0], 0).astype(np.int64)[:, None]  # [R, 1]
-    node = batch.segments.astype(np.int64)
-    parent = batch.node_parent[np.maximum(node, 0)]
-    cells = {
-        "input_ids": batch.inputs,
-        "target_ids": batch.targets,
-        "position_ids": batch.positions,
-        "node_ids": node - first,
-        "node_ends": batch.node_ends - first,
-        "parent_ids": np.where(parent >= 0, parent - first, -1),
-        "weights": batch.weights,
-    }
-    columns = {"row": numpy_array(np.arange(rows, dtype=np.int64) + first_row, pa.int64())}
-    for name, value in cells.items():
-        columns[name] = list_array(cell_offsets, value[valid], pa.int32())
-    # sequences in layout order, row by row; cells as columns of their row
-    seq_cells, seq_bounds, seq_mask = batch.sequences()
-    seq_row = seq_cells[seq_bounds[:-1]] // width  # [S]
-    order = np.argsort(seq_row, kind="stable")
-    lens = np.diff(seq_bounds)[order]
-    take = np.repeat(seq_bounds[:-1][order] - offsets_of(lens)[:-1], lens)
-    take += np.arange(take.shape[0])
-    per_row = offsets_of(np.bincount(seq_row, minlength=rows).astype(np.int64))
-    inner = numpy_array(offsets_of(lens), pa.int32())
-    columns["sequence_index"] = list_array(per_row, batch.seq_index[order], pa.int64())
-    col32 = numpy_array(seq_cells[take] % width, pa.int32())
-    flags = pa.array(seq_mask[take], pa.bool_())
-    columns["sequence_cells"] = list_array(per_row, pa.ListArray.from_arrays(inner, col32), _CELLS)
-    columns["sequence_mask"] = list_array(per_row, pa.ListArray.from_arrays(inner, flags), _FLAGS)
-    return pa.Table.from_arrays(list(columns.values()), schema=TREE_SCHEMA)
-
-
-_CELLS, _FLAGS = pa.list_(pa.int32()), pa.list_(pa.bool_())
+from exactpack.io.integrity import check_shard
+from exactpack.io.shards import shard_table
 
 
 def tree_records(batch: PackedBatch) -> list[dict[str, list[Any]]]:
-    """One record per row of ``batch``: :func:`tree_table`'s rows, less ``row``."""
-    return tree_table(batch).drop_columns(["row"]).to_pylist()
+    """One record per row of ``batch``: :func:`~exactpack.io.shards.shard_table`'s rows, less
+    ``row``."""
+    return shard_table(batch).drop_columns(["row"]).to_pylist()
 
 
 def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> PackedBatch:
     """Records of :func:`tree_records` (any subset, any order) as one model call, checked
     as a tree shard is checked on load
-    (:func:`~exactpack.io.integrity.check_tree_record`) before anything is allocated, then
+    (:func:`~exactpack.io.integrity.check_shard`) before anything is allocated, then
     gathered as :class:`CompactRows` (a node a window) like any packed rows."""
     capacity = positive_int("capacity", capacity, INT32_MAX)
     binding = Binding(vocab_size, "pretokenized", "tree-dataset")  # checks vocab_size
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in rows):
         raise InvalidInput("rows must be a list of tree records (dicts: tree_records)")
-    for r, row in enumerate(rows):
-        check_tree_record(row, capacity, binding.vocab_size, _argument(r))
+    check_shard(rows, {}, None, "tree records", capacity=capacity, vocab_size=binding.vocab_size,
+                fail=_argument)  # fmt: skip
     index = [i for row in rows for i in row["sequence_index"]]
-    if len(set(index)) != len(index):
-        raise InvalidInput("two records hold the same sequence_index — pass each packed row once")
 
     def flat(name: str, dtype: Any = np.int64) -> np.ndarray:  # every row's, back to back
         return np.array([x for row in rows for x in row[name]], dtype=dtype)
@@ -143,4 +98,4 @@ def max_id(values: list[Any]) -> int:
     return out
 
 
-__all__ = ["max_id", "tree_batch_from_rows", "tree_records", "tree_table"]
+__all__ = ["max_id", "tree_batch_from_rows", "tree_records"]

@@ -1,5 +1,8 @@
 """A corpus read out of core: chunk by chunk, tokenized, spilled; only the lengths in memory.
 
+:func:`read_tables` is the one reader of every pipeline (flat and ``--tree``, local and the
+Ray driver's ``--tree`` blocks): an input's chunks in order, read ahead, with progress.
+
 :func:`read_corpus` checks and tokenizes each chunk of ``chunk_bytes`` and appends it to a
 :class:`~exactpack.io.spill.Spill` (Arrow inputs are not spilled: their chunks are views);
 the split receipt is computed on the way (:class:`~exactpack.io.documents.DataDigest`).
@@ -30,7 +33,7 @@ from exactpack.io.spill import Spill
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.progress import counts, progress_bar
+from exactpack.pipeline.progress import Progress, counts, progress_bar
 
 
 @dataclass(eq=False)
@@ -294,16 +297,14 @@ def read_corpus(
     state = _Reading(source_input.persistent, spill_dir or ".", keep)
     try:
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
-            chunks_in = source_input.chunks(opts.chunk_bytes, opts.text_field)
-            for table, origin, size in read_ahead(chunks_in):
-                with bar.chunk(size):  # moves as the chunk is tokenized
-                    if table.num_rows:
-                        chunk = chunk_from_arrow(
-                            table, origin, tokenizer=tokenizer, text_field=opts.text_field,
-                            partition=opts.split, objective=Objective.of(opts),
-                        ).rebased(state.documents)  # fmt: skip
-                        budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                        state.take(chunk, opts, vocab, digest, is_sft(table))
+            for table, origin in read_tables(source_input, opts.chunk_bytes, opts.text_field, bar):
+                if table.num_rows:
+                    chunk = chunk_from_arrow(
+                        table, origin, tokenizer=tokenizer, text_field=opts.text_field,
+                        partition=opts.split, objective=Objective.of(opts),
+                    ).rebased(state.documents)  # fmt: skip
+                    budget.check(documents=state.documents + len(chunk), what=source_input.name)
+                    state.take(chunk, opts, vocab, digest, is_sft(table))
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
@@ -327,6 +328,22 @@ def read_corpus(
         source_input, chunks, first_rows, np.concatenate(state.counts), binding,
         state.flagged, state.named, state.eligible, state.spill,
     )  # fmt: skip
+
+
+def read_tables(
+    source_input: Input, chunk_bytes: int, field: str, bar: Progress | None = None,
+    on_read: Callable[[pa.Table], Any] | None = None,
+) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
+    """The one reader: ``source_input``'s chunks of about ``chunk_bytes`` in input order
+    (``field``: a column to read besides the known ones), each read ahead on a helper thread
+    while the one before is used, as (rows, :class:`Origin`); ``bar`` counts a chunk's input
+    bytes as its consumer moves (:meth:`Progress.chunk`); ``on_read(table)`` sees each
+    chunk first (a split receipt). Chunks may be empty."""
+    for table, origin, size in read_ahead(source_input.chunks(chunk_bytes, field)):
+        if on_read is not None:
+            on_read(table)
+        with bar.chunk(size) if bar is not None else contextlib.nullcontext():
+            yield table, origin  # the bar moves as the chunk is tokenized
 
 
 _END = object()

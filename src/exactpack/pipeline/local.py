@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -14,20 +15,31 @@ from typing import Any
 import numpy as np
 
 from exactpack.core import config as budget
+from exactpack.core.binding import Binding
 from exactpack.core.compact import CompactRows, compact_rows
-from exactpack.core.errors import path_argument
+from exactpack.core.errors import InvalidInput, path_argument
 from exactpack.core.examples import ExampleTable, cut_long
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.io.atomic import Output, open_output
-from exactpack.io.documents import Documents, resolve_binding
+from exactpack.io.documents import Documents, make_binding, resolve_binding
 from exactpack.io.integrity import refuse_packed
+from exactpack.io.readers import open_input
 from exactpack.io.shards import FORMAT, VERSION, manifest_record
+from exactpack.io.store import write_shards
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_VERSION
-from exactpack.pipeline.budget import StreamBudget, packing_bytes, split_bytes
-from exactpack.pipeline.corpus import Corpus, read_corpus
+from exactpack.pipeline.budget import StreamBudget, packing_bytes, read_limits, split_bytes
+from exactpack.pipeline.corpus import read_corpus
 from exactpack.pipeline.options import DEFAULT_POLICY, PackOptions, check_pad_id
+from exactpack.pipeline.pack_tree import (
+    TRL_REFUSAL,
+    PlannedBlock,
+    split_receipt,
+    tree_blocks,
+    tree_manifest,
+    whole_groups,
+)
 from exactpack.pipeline.progress import progress_bar, status
 from exactpack.pipeline.writer import (
     CorpusSource,
@@ -145,97 +157,119 @@ def pack_path(
     if isinstance(source, (str, Path)) and os.path.exists(source):
         refuse_packed(Path(source))  # before any other complaint about it
     with open_output(out, opts.overwrite, inputs=[source]) as output:
-        if opts.tree is not None:  # forest rows: the same reader, writer and store
-            from exactpack.pipeline.pack_tree import pack_tree_into
-
-            return pack_tree_into(source, output, opts)
         return pack_into(source, output, opts)
 
 
 def pack_into(source: str | Path | Any, output: Output, opts: PackOptions) -> dict[str, Any]:
-    """:func:`pack_path`'s work into the held ``output`` (see :func:`open_output`)."""
+    """:func:`pack_path`'s work into the held ``output`` (see :func:`open_output`): the one
+    pipeline, flat (:func:`_pack_corpus`) or tree (``opts.tree``: :func:`_pack_forest`)."""
     started = time.perf_counter()
-    out = output.path
     tok = opts.load_tokenizer()
-    spill_dir = Path(opts.spill_dir) if opts.spill_dir else out.absolute().parent
     show = opts.show_progress(sys.stderr)
     status(show)(f"reading {source}")
-    corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
-    try:
-        stats, manifest = _pack_corpus(corpus, output, opts, tok, show, str(source))
-        report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
-    finally:
-        corpus.close()
+    pack = _pack_corpus if opts.tree is None else _pack_forest
+    stats = pack(source, output, opts, tok, show)
     seconds = time.perf_counter() - started
-    return (
-        stats
-        | ({"duplicate_ids": 0} | report)
-        | {
-            "shards": len(manifest["shards"]),
-            "out": str(out),
-            "recovered": output.notes,
-            "input_tokens": corpus.tokens,
-            "seconds": seconds,
-            "tokens_per_s": corpus.tokens / seconds if seconds > 0 else 0.0,
-        }
-    )
+    if "input_tokens" in stats:
+        stats["tokens_per_s"] = stats["input_tokens"] / seconds if seconds > 0 else 0.0
+    return stats | {"out": str(output.path), "recovered": output.notes, "seconds": seconds}
+
+
+def _pack_forest(
+    source: str | Path | Any, output: Output, opts: PackOptions, tok: Tokenizer | None, show: bool
+) -> dict[str, Any]:
+    """Tree-pack ``source`` block by block (:mod:`exactpack.pipeline.pack_tree`: blocks of
+    whole groups from the one reader, each block's tries planned as units) into ``output``
+    and commit; the statistics (``sequences``, ``groups``, ``tries``, ``nodes``,
+    ``tokens_stored``, ``tokens_flat``, ``stored_over_flat``, ``eligible_targets``, ``rows``,
+    ``batches``, ``blocks``, ``capacity``, ``policy``, ``tree``, ``shards``)."""
+    if opts.format == "trl":
+        raise InvalidInput(TRL_REFUSAL)
+    source_input = open_input(source, opts.split, read_limits(opts))
+    budget_ = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
+    budget_.check(what="one block of groups")  # the policy's look-ahead before anything is read
+    binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
+    hasher, digest = split_receipt(opts)
+    totals: dict[str, int] = {}
+    shards: list[dict[str, Any]] = []
+    with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
+        blocks = whole_groups(source_input, opts, bar, digest)
+        for groups, index in tree_blocks(blocks, opts, binding, tok):
+            block = PlannedBlock.of(groups, index, opts, budget_)
+            first = totals.get("rows", 0)
+            gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
+            shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))
+            for key, value in block.counts().items():
+                totals[key] = totals.get(key, 0) + value
+            bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
+    if not totals:
+        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
+    final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
+    manifest = tree_manifest(opts, final, totals, shards, source_input.name)
+    output.commit(manifest)
+    return manifest["statistics"] | {"shards": len(shards)}
 
 
 def _pack_corpus(
-    corpus: Corpus,
-    output: Output,
-    opts: PackOptions,
-    tok: Tokenizer | None,
-    show: bool,
-    source: str,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan ``corpus``, write its shards into ``output`` and commit: (statistics, manifest)."""
-    pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
-    budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
-    examples = corpus_examples(corpus, opts, budget_)
-    say = status(show)
-    say(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
-    with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
-        storage = plan_corpus(examples, opts)
-        bar.update(examples.lengths.shape[0])
-    plan = storage.plan
-    bounds = storage.row_offsets[shard_spans(storage, opts)]
-    widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
-    budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
-    source_ = CorpusSource(corpus, examples, layout_for(corpus, examples, opts.format), opts.split)
-    stats = (
-        plan.stats()
-        | source_stats(corpus, examples)
-        | {
-            "eligible_targets": corpus.eligible,
-            "batches": -(-plan.num_rows // opts.max_rows_per_batch),
-        }
-    )
-    written = {"rows": 0, "tokens": 0}
+    source: str | Path | Any, output: Output, opts: PackOptions, tok: Tokenizer | None, show: bool
+) -> dict[str, Any]:
+    """Read ``source`` out of core (:func:`read_corpus`), plan it whole, write its shards into
+    ``output`` and commit; the statistics."""
+    spill_dir = Path(opts.spill_dir) if opts.spill_dir else output.path.absolute().parent
+    corpus = read_corpus(source, opts, tok, show=show, spill_dir=spill_dir)
+    with contextlib.closing(corpus):
+        pad = check_pad_id(opts, corpus.binding.vocab_size, tok)  # before anything is planned
+        budget_ = StreamBudget.of(opts, "text" if tok is not None else corpus.source.kind)
+        examples = corpus_examples(corpus, opts, budget_)
+        status(show)(f"planning {examples.lengths.shape[0]:,} examples with {opts.policy}")
+        with progress_bar(examples.lengths.shape[0], "planning", "example", show) as bar:
+            storage = plan_corpus(examples, opts)
+            bar.update(examples.lengths.shape[0])
+        plan = storage.plan
+        bounds = storage.row_offsets[shard_spans(storage, opts)]
+        widest = int(np.diff(bounds).max()) if bounds.shape[0] > 1 else 0
+        budget_.check(len(corpus), len(examples.lengths), widest, what=f"{len(corpus):,} documents")
+        source_ = CorpusSource(
+            corpus, examples, layout_for(corpus, examples, opts.format), opts.split
+        )
+        stats = (
+            plan.stats()
+            | source_stats(corpus, examples)
+            | {
+                "eligible_targets": corpus.eligible,
+                "batches": -(-plan.num_rows // opts.max_rows_per_batch),
+            }
+        )
+        written = {"rows": 0, "tokens": 0}
 
-    def on_shard(entry: dict[str, Any]) -> None:
-        written["rows"] += entry["rows"]
-        written["tokens"] += entry["tokens"]
-        bar.update(4 * entry["tokens"])
-        bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
+        def on_shard(entry: dict[str, Any]) -> None:
+            written["rows"] += entry["rows"]
+            written["tokens"] += entry["tokens"]
+            bar.update(4 * entry["tokens"])
+            bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
 
-    total = 4 * int(storage.row_tokens[-1])
-    with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
-        shards = write_corpus(source_, storage, output, opts, on_shard)
-    if examples.truncated:  # what the kept windows supervise, counted as written
-        stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
-    fields = opts.manifest_fields(pad)
-    manifest = manifest_record(
-        binding=corpus.binding,
-        partition=opts.split,
-        config=fields["config"],
-        shards=shards,
-        kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
-        rows=plan.num_rows,
-        occurrences=len(examples.lengths),
-        policy=fields["policy"],
-        statistics=stats,
-        input={"source": source, "text_field": opts.text_field},
+        total = 4 * int(storage.row_tokens[-1])
+        with progress_bar(total, "writing", "B", show, unit_scale=True) as bar:
+            shards = write_corpus(source_, storage, output, opts, on_shard)
+        if examples.truncated:  # what the kept windows supervise, counted as written
+            stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
+        fields = opts.manifest_fields(pad)
+        manifest = manifest_record(
+            binding=corpus.binding,
+            partition=opts.split,
+            config=fields["config"],
+            shards=shards,
+            kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
+            rows=plan.num_rows,
+            occurrences=len(examples.lengths),
+            policy=fields["policy"],
+            statistics=stats,
+            input={"source": str(source), "text_field": opts.text_field},
+        )
+        output.commit(manifest)
+        report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
+    return (
+        stats
+        | ({"duplicate_ids": 0} | report)
+        | {"shards": len(shards), "input_tokens": corpus.tokens}
     )
-    output.commit(manifest)
-    return stats, manifest

@@ -259,7 +259,9 @@ class PackOptions:
     tree_block: int = _field(
         DEFAULT_TREE_WINDOW,
         "--tree-block",
-        "--tree auto: documents are grouped within consecutive blocks of this many"
+        "rows read and planned together (memory), a group never split: --tree ends a block"
+        " at the first group change after this many rows, --tree auto groups documents only"
+        " within consecutive blocks of this many; chunk-bytes may end a block sooner"
         f" (default {DEFAULT_TREE_WINDOW})",
         BOTH,
         metavar="DOCUMENTS",

@@ -1,26 +1,26 @@
-"""``exactpack pack --tree`` / ``stats --tree``: the flat reader's chunks -> groups ->
-tries -> forest rows, written by the one writer.
+"""``exactpack pack --tree`` / ``stats --tree``: the one reader's chunks -> blocks of
+whole groups -> tries -> units planned -> forest rows, written by the one writer.
 
-:func:`tree_blocks` reads the input through the flat reader
-(:meth:`~exactpack.io.readers.Input.chunks`) in blocks of about ``chunk_bytes`` and
-makes each block's groups (:func:`file_groups`); rows of the last ``group`` of a block
-wait for the next, so a group is never split. :func:`pack_tree_into` tree-packs each
-block with the options' policy and writes its shards with
-:func:`~exactpack.io.store.write_shards`: memory holds one block and two shards, the
-budget (``max_metadata_bytes``) is checked before each block is planned, and the output
-is the packed-row format with the node columns (``"layout": "tree"``), opened by
-``load_packed``. Tries are planned per block (like ``datasets.map`` batches); a model
-call never straddles a shard. The ``--tree*`` flags are fields of
-:class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``, ``tree_block``).
+:func:`whole_groups` is the one reader (:func:`~exactpack.pipeline.corpus.read_tables`)
+through a block adapter (blocks of ``tree_block`` rows or ``chunk_bytes``; rows of
+the last ``group`` of a block wait for the next, so a group is never split), and
+:func:`block_groups` makes a block's groups. :class:`PlannedBlock` plans a block's tries
+as units, as flat examples are planned (a flat example is a one-node trie:
+``plan_rows(layout.sizes)``) and makes its shards' tables
+(:func:`~exactpack.io.shards.shard_table`). ``pack_path(..., tree=...)``
+(:mod:`exactpack.pipeline.local`) runs it block by block: memory holds one block and two
+shards, the budget (``max_metadata_bytes``) is checked before each block is planned, and
+the output is the packed-row format with the node columns (``"layout": "tree"``), opened
+by ``load_packed``. A model call never straddles a shard. The ``--tree*`` flags are
+fields of :class:`~exactpack.pipeline.options.PackOptions` (``tree``, ``tree_prefix``,
+``tree_block``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from exactpack.core.binding import INT32_MAX, Binding
 from exactpack.core.compact import Storage, gather_rows
 from exactpack.core.errors import InvalidInput
-from exactpack.core.examples import as_token_array, offsets_of
+from exactpack.core.examples import offsets_of
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.core.tree import (
@@ -42,19 +42,16 @@ from exactpack.core.tree import (
     build_layout,
     groups_from_columns,
 )
-from exactpack.io.atomic import Output
-from exactpack.io.columns import check_split
-from exactpack.io.documents import Origin, make_binding
+from exactpack.io.columns import check_split, chunk_from_arrow
+from exactpack.io.documents import Origin
 from exactpack.io.readers import open_input
 from exactpack.io.sft import encode_sft, sft_columns
-from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record
-from exactpack.io.store import write_shards
+from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
-from exactpack.io.tree_rows import tree_table
 from exactpack.io.trl_schema import dpo_text_groups
 from exactpack.pipeline.budget import StreamBudget, read_limits
+from exactpack.pipeline.corpus import read_tables
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.progress import progress_bar, status
 
 #: A stored forest cell (7 int32 columns and its sequences' cells) is about this many flat
 #: tokens' bytes (6 each, :data:`~exactpack.pipeline.budget.SHARD_TOKEN_BYTES`): a forest
@@ -68,7 +65,7 @@ TRL_REFUSAL = (
 )
 
 
-def file_groups(
+def block_groups(
     table: pa.Table, origin: Origin, binding: Binding, tokenizer: Tokenizer | None, opts: Any
 ) -> tuple[SequenceGroups, np.ndarray]:
     """``table``'s groups under ``binding`` and each sequence's index among the sequences
@@ -141,24 +138,23 @@ def _refuse_short(n: np.ndarray, origin: Origin) -> None:
 def _plain_rows(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Plain SFT rows read as flat packing reads them (``chunk_from_arrow``: ids, labels and
+    masks, templates checked): the sequences and their per-pair supervision."""
     names = table.column_names
-    if "input_ids" in names:
-        rows = table.column("input_ids").to_pylist()
-        _refuse_short(np.array([len(ids or []) for ids in rows], dtype=np.int64), origin)
-        seqs = []
-        for i, ids in enumerate(rows):  # the row is located (a file re-read) only on error
-            try:
-                seqs.append(as_token_array(ids, binding.vocab_size, "input_ids"))
-            except InvalidInput as err:
-                raise InvalidInput(f"{origin.locate(i)}: {err}") from None
-        return seqs, [np.ones(s.size - 1, bool) for s in seqs]
-    cols = sft_columns(names)
-    if cols is None:
+    if "input_ids" not in names and sft_columns(names) is None:
         raise InvalidInput(
             f"{origin.parts[0][0]}: --tree auto groups plain SFT rows: input_ids, prompt /"
             f" completion or messages; this input has columns {', '.join(names) or 'none'}"
         )
-    return _encoded(table, origin, tokenizer, cols)
+    chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer)
+    chunk.check_vocabulary(binding.vocab_size)
+    _refuse_short(np.diff(chunk.offsets), origin)
+    flags = np.ones(chunk.tokens.size, bool) if chunk.flags is None else chunk.flags
+    starts, ends = chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()
+    seqs = [chunk.tokens[a:b] for a, b in zip(starts, ends, strict=True)]
+    return seqs, [
+        flags[a - i : b - i - 1] for i, (a, b) in enumerate(zip(starts, ends, strict=True))
+    ]
 
 
 def _auto_groups(
@@ -179,52 +175,63 @@ def _auto_groups(
     return picked, np.asarray(order, dtype=np.int64)
 
 
-def _group_tail(table: pa.Table) -> int:
-    """Where the last ``group``'s run of rows starts (``num_rows`` without a group column)."""
+def _group_tail(table: pa.Table, opts: PackOptions, limit: int) -> int:
+    """Where the rows that wait for the next block start: the first ``group`` change at or
+    after ``limit`` rows, else the last group's run (``--tree auto``: the last multiple of
+    ``tree_block`` up to ``limit``; without a group column: ``limit``)."""
+    n = min(table.num_rows, limit)
+    if opts.tree == "auto":
+        return n - n % opts.tree_block
     if "group" not in table.column_names or not table.num_rows:
-        return table.num_rows
-    differs = np.flatnonzero(~pc.equal(table["group"], table["group"][-1]).to_numpy(False))
-    return int(differs[-1]) + 1 if differs.size else 0
+        return n
+    group = table["group"]
+    starts = np.flatnonzero(pc.not_equal(group[1:], group[:-1]).to_numpy(False)) + 1
+    after = starts[starts >= limit]
+    return int(after[0]) if after.size else int(starts[-1]) if starts.size else 0
 
 
-def group_tables(
-    source_input: Any, opts: PackOptions, on_read: Any = None, block_rows: int | None = None
-) -> Iterator[tuple[pa.Table, Origin]]:
-    """Blocks of about ``opts.chunk_bytes`` (Arrow bytes) or, with ``block_rows``, of at least
-    that many rows, read chunk by chunk, as (rows, :class:`Origin`) (``source_input``:
-    :func:`open_input`'s, closed at the end); ``on_read(table, input bytes)`` sees every
-    chunk as read (the receipt, progress). The rows of a block's last ``group`` wait for
-    the next block, so a group is never split; small chunks (small files) join one block."""
-    tables: list[pa.Table] = []
+def whole_groups(
+    source_input: Any, opts: PackOptions, bar: Any = None, digest: Any = None,
+    block_rows: int | None = None,
+) -> Iterator[tuple[pa.Table, Origin]]:  # fmt: skip
+    """The one reader's chunks (:func:`~exactpack.pipeline.corpus.read_tables` of
+    ``source_input``, closed at the end; ``bar``: its progress; ``digest(table)`` sees each
+    chunk as read, the split receipt) as blocks of about ``block_rows`` rows (default
+    ``opts.tree_block``; a chunk is cut into several) or ``opts.chunk_bytes`` Arrow bytes.
+    A block ends at a ``group`` change, so a group is never split; with ``--tree auto`` on
+    a multiple of ``tree_block`` rows (its grouping windows are the input's). Small chunks
+    (small files) join one block."""
+    tables_: list[pa.Table] = []
     parts: list[tuple[str, int, str]] = []  # the block's Origin
     rows, held = 0, 0  # rows and Arrow bytes in the block
 
     def block(last: bool) -> Iterator[tuple[pa.Table, Origin]]:
         nonlocal rows, held
-        table = pa.concat_tables(tables, promote_options="permissive")
-        origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
-        tail = table.num_rows if last else _group_tail(table)  # its group may go on
-        # the rows carried on keep their names: the part covering row `tail` and those after
-        kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
-        tables[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
-        parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
-        if tail:
+        limit = block_rows or opts.tree_block
+        while rows and (last or rows >= limit or held >= opts.chunk_bytes):
+            table = pa.concat_tables(tables_, promote_options="permissive")
+            origin = Origin(tuple(parts) or ((source_input.name, 0, "row"),))
+            tail = rows if last and rows <= limit else _group_tail(table, opts, limit)
+            tail = tail or (rows if last else 0)  # a group longer than a block waits whole
+            # the rows carried on keep their names: the part covering row `tail` and those after
+            kept = [p for p in parts if p[1] <= tail][-1:] + [p for p in parts if p[1] > tail]
+            tables_[:], rows, held = [table.slice(tail)], table.num_rows - tail, 0
+            parts[:] = [(name, first - tail, unit) for name, first, unit in kept]
+            if not tail:
+                return
             yield table.slice(0, tail), origin
 
     try:
-        for table, origin, nbytes in source_input.chunks(opts.chunk_bytes, "group"):
-            if on_read is not None:
-                on_read(table, nbytes)
+        for table, origin in read_tables(source_input, opts.chunk_bytes, "group", bar, digest):
             if not table.num_rows:
                 continue
             check_split(table, origin, opts.split)
             name, shift, unit = origin.parts[0]
             parts.append((name, rows + shift, unit))  # the chunk's rows, numbered in the block
-            tables.append(table)
+            tables_.append(table)
             rows, held = rows + table.num_rows, held + table.nbytes  # bytes held, not read
-            if held >= opts.chunk_bytes or (block_rows is not None and rows >= block_rows):
-                yield from block(last=False)
-                source_input.release()
+            yield from block(last=False)
+            source_input.release()
         if rows:
             yield from block(last=True)
     finally:
@@ -232,17 +239,16 @@ def group_tables(
 
 
 def tree_blocks(
-    source_input: Any,
+    blocks: Iterable[tuple[pa.Table, Origin]],
     opts: PackOptions,
     binding: Binding,
     tokenizer: Tokenizer | None,
-    on_read: Any = None,
 ) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
-    """:func:`group_tables`' blocks as their groups and their sequences' indexes in the
-    whole input."""
+    """Blocks of whole groups (:func:`whole_groups`) as their groups
+    (:func:`block_groups`) and their sequences' indexes in the whole input."""
     base = 0
-    for table, origin in group_tables(source_input, opts, on_read):
-        groups, index = file_groups(table, origin, binding, tokenizer, opts)
+    for table, origin in blocks:
+        groups, index = block_groups(table, origin, binding, tokenizer, opts)
         yield groups, index + base
         base += len(groups)
 
@@ -280,7 +286,7 @@ class PlannedBlock:
         for c in range(a, b, self.per_call):
             d = min(c + self.per_call, b)
             batch = gather_rows(source, storage, c, d).to_batch()
-            tables.append(tree_table(batch, first + c))
+            tables.append(shard_table(batch, first_row=first + c))
         return pa.concat_tables(tables)
 
     def counts(self) -> dict[str, int]:
@@ -327,9 +333,7 @@ def tree_manifest(
         "tree": opts.tree,
     }
     fields = opts.manifest_fields()
-    tree_fields: dict[str, Any] = {"mode": opts.tree}
-    if opts.tree == "auto":
-        tree_fields |= {"prefix": opts.tree_prefix, "window": opts.tree_block}
+    tree_fields = {"mode": opts.tree, "prefix": opts.tree_prefix, "block": opts.tree_block}
     return manifest_record(
         binding=binding, partition=opts.split, config=fields["config"], shards=shards,
         kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
@@ -338,62 +342,18 @@ def tree_manifest(
     )  # fmt: skip
 
 
-def pack_tree_into(source: Any, output: Output, opts: PackOptions) -> dict[str, Any]:
-    """Tree-pack ``source`` block by block into the held ``output`` and commit; the
-    statistics (``sequences``, ``groups``, ``tries``, ``nodes``, ``tokens_stored``,
-    ``tokens_flat``, ``stored_over_flat``, ``eligible_targets``, ``rows``, ``batches``,
-    ``blocks``, ``capacity``, ``policy``, ``tree``, ``shards``, ``out``, ``seconds``)."""
-    if opts.format == "trl":
-        raise InvalidInput(TRL_REFUSAL)
-    started = time.perf_counter()
-    tok = opts.load_tokenizer()
-    source_input = open_input(source, opts.split, read_limits(opts))
-    budget = StreamBudget.of(opts, "text" if tok is not None else source_input.kind)
-    budget.check(what="one block of groups")  # the policy's look-ahead before anything is read
-    binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
-    hasher, digest = split_receipt(opts)
-    show = opts.show_progress(sys.stderr)
-    status(show)(f"reading {source_input.name}")
-    totals: dict[str, int] = {}
-    shards: list[dict[str, Any]] = []
-    with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
-
-        def on_read(table: pa.Table, nbytes: int) -> None:
-            digest(table)
-            bar.update(nbytes)
-
-        for groups, index in tree_blocks(source_input, opts, binding, tok, on_read):
-            block = PlannedBlock.of(groups, index, opts, budget)
-            first = totals.get("rows", 0)
-            gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
-            shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))
-            for key, value in block.counts().items():
-                totals[key] = totals.get(key, 0) + value
-            bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
-    if not totals:
-        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
-    final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
-    manifest = tree_manifest(opts, final, totals, shards, source_input.name)
-    output.commit(manifest)
-    return manifest["statistics"] | {
-        "shards": len(shards),
-        "out": str(output.path),
-        "recovered": output.notes,
-        "seconds": time.perf_counter() - started,
-    }
-
-
 def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[str, Any]:
     """Tree vs flat packing of the input ``source``'s groups (``options.tree``, None:
     ``"on"``) at ``options.capacity`` under ``policy``, read block by block as
-    :func:`pack_tree_into` reads it (only the trie sizes and sequence lengths are kept)."""
+    :func:`~exactpack.pipeline.local.pack_path` reads it (only the trie sizes and sequence
+    lengths are kept)."""
     capacity, tokenizer = options.capacity, options.load_tokenizer()
     vocab = options.vocab_size or getattr(tokenizer, "vocab_size", None) or INT32_MAX
     identity = getattr(tokenizer, "identity", "pre-tokenized")
     source_input = open_input(source, options.split, read_limits(options))
     binding = Binding(int(vocab), identity, f"input:{source_input.name}")
     sizes, lengths, groups = [], [], 0
-    for block, _ in tree_blocks(source_input, options, binding, tokenizer):
+    for block, _ in tree_blocks(whole_groups(source_input, options), options, binding, tokenizer):
         sizes.append(build_layout(block, capacity).sizes)
         lengths.append(block.lengths)
         groups += int(np.unique(block.group).shape[0])
@@ -417,11 +377,10 @@ __all__ = [
     "COUNTED",
     "TRL_REFUSAL",
     "PlannedBlock",
-    "file_groups",
-    "group_tables",
-    "pack_tree_into",
+    "block_groups",
     "split_receipt",
     "tree_blocks",
     "tree_manifest",
     "tree_stats",
+    "whole_groups",
 ]

@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,7 @@ from exactpack.io.parquet_guard import check_row_groups
 from exactpack.io.readers import open_input
 from exactpack.pipeline.budget import read_limits
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.pack_tree import group_tables, split_receipt
+from exactpack.pipeline.pack_tree import split_receipt, whole_groups
 
 if TYPE_CHECKING:
     import ray.data
@@ -403,11 +403,12 @@ def dataset_blocks(
 
 def group_blocks(
     ray: Any, source: Any, opts: PackOptions, block_examples: int | None
-) -> tuple[list[Block], list[list[Any]], str, str]:
-    """``--tree`` blocks: the local reader's (:func:`~exactpack.pipeline.pack_tree.group_tables`:
-    about ``chunk_bytes``, or at least ``block_examples`` rows, a group never split), read
-    here and put in Ray's object store; with the input's name and its split receipt (the
-    local engine's)."""
+) -> tuple[Iterator[tuple[Block, list[Any]]], str, Any]:
+    """``--tree`` blocks streamed from the local reader
+    (:func:`~exactpack.pipeline.pack_tree.whole_groups`: about ``chunk_bytes``, or at least
+    ``block_examples`` rows, a group never split), each put in Ray's object store as it is
+    read; with the input's name and the split receipt's hasher (the local engine's, whole
+    once every block is read)."""
     if isinstance(source, ray.data.Dataset):
         raise InvalidInput(
             "--tree on Ray reads files or an in-memory table, not a ray.data.Dataset (its"
@@ -415,14 +416,15 @@ def group_blocks(
         )
     source_input = open_input(source, opts.split, read_limits(opts))
     hasher, digest = split_receipt(opts)
-    blocks: list[Block] = []
-    inputs: list[list[Any]] = []
-    first = 0
-    for table, origin in group_tables(source_input, opts, lambda t, _: digest(t), block_examples):
-        piece = InputSlice(source_input.name, 0, table.num_rows, 0)
-        blocks.append(Block(len(blocks), first, (piece,), from_files=False, origin=origin))
-        inputs.append([ray.put(table)])
-        first += table.num_rows
-    if not blocks:
-        raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
-    return blocks, inputs, source_input.name, hasher.hexdigest()
+
+    def blocks() -> Iterator[tuple[Block, list[Any]]]:
+        first = 0
+        tables = whole_groups(source_input, opts, None, digest, block_examples)
+        for k, (table, origin) in enumerate(tables):
+            piece = InputSlice(source_input.name, 0, table.num_rows, 0)
+            yield Block(k, first, (piece,), from_files=False, origin=origin), [ray.put(table)]
+            first += table.num_rows
+        if not first:
+            raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
+
+    return blocks(), source_input.name, hasher

@@ -12,7 +12,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +167,7 @@ def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
 class TaskResults:
     """What the tasks returned, in input order."""
 
+    blocks: list[Block]
     block_stats: list[dict[str, Any]]
     layout: ShardCuts
     entries: list[dict[str, Any]]
@@ -222,17 +223,23 @@ def wait_some(ray: Any, pending: list[Any], timeout: float, since: float) -> tup
     return ready, pending
 
 
+def in_flight(ray: Any) -> int:
+    """Blocks sent to plan and not yet laid out into shards at once: two per CPU of the
+    cluster, so the object store holds a bounded share of the input however large it is."""
+    return max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+
+
 def run_tasks(
     ray: Any,
-    blocks: list[Block],
-    inputs: list[list[Any]],
+    blocks: Iterable[tuple[Block, list[Any]]],
     settings: Settings,
     output: Output,
     ray_opts: RayOptions,
     show: bool,
 ) -> TaskResults:
-    """Plan every block, write shards as their rows become known. A task's exactpack error is
-    re-raised unchanged; any other failure, or no task finishing for ``task_timeout``
+    """Plan the ``(block, its input refs)`` as they come, at most :func:`in_flight` planned
+    and not yet laid out; write shards as their rows become known. A task's exactpack error
+    is re-raised unchanged; any other failure, or no task finishing for ``task_timeout``
     seconds, is :class:`RayTaskFailed` naming the cause (:func:`lost_task`)."""
     from tqdm import tqdm
 
@@ -240,42 +247,54 @@ def run_tasks(
     plan_args, write_args = task_options(dict(ray_opts.remote_args))
     plan = ray.remote(plan_block).options(num_returns=2, **plan_args)
     write = ray.remote(write_shard).options(**write_args)
-    shared = ray.put(settings)
-    planned = [plan.remote(b, shared, *refs) for b, refs in zip(blocks, inputs, strict=True)]
-    tables: list[Any] = [p[1] for p in planned]
-    position = {p[0]: k for k, p in enumerate(planned)}
-    pending = [p[0] for p in planned]
-    layout = ShardCuts(len(blocks), settings.options.max_rows_per_batch)
-    stats: dict[int, dict[str, Any]] = {}
-    ids: dict[int, Any] = {}
+    shared, window, source = ray.put(settings), in_flight(ray), iter(blocks)
+    started: list[Block] = []
+    tables: list[Any] = []  # each block's planned rows, dropped once its shards are sent
+    position: dict[Any, int] = {}
+    pending: list[Any] = []
+    layout = ShardCuts(None, settings.options.max_rows_per_batch)
+    stats: dict[int, dict[str, Any]] = {}  # a plan task's statistics and ids, by block
     writes: dict[Any, int] = {}  # a write task's ref: its shard's place in ``shards``
     written: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
     shards: list[Shard] = []
-    bar = tqdm(total=len(blocks), desc="exactpack: blocks", unit="block", disable=not show)
+    more, bar = True, tqdm(desc="exactpack: blocks", unit="block", disable=not show)
+
+    def send(shard: Shard) -> None:
+        spans = tuple((a, b, e) for _, a, b, e in shard.spans)
+        args = (str(output.path), output.shard(shard.index), shard.index, shard.first_row)
+        ref = write.remote(*args, spans, shared, *[tables[j] for j, *_ in shard.spans])
+        writes[ref] = len(shards)
+        pending.append(ref)
+        shards.append(shard)
+
     since = time.monotonic()
     try:
-        while pending:  # plan and write tasks alike: any one finishing is progress
-            ready, pending = wait_some(ray, pending, timeout, since)
+        while more or pending:  # plan and write tasks alike: any one finishing is progress
+            while more and len(started) - len(layout.blocks) < window:
+                block, refs = next(source, (None, None))
+                if block is None:
+                    more, layout.num_blocks = False, len(started)
+                    break
+                done, table = plan.remote(block, shared, *refs)
+                position[done] = len(started)
+                started.append(block)
+                tables.append(table)
+                pending.append(done)
+            ready, pending = wait_some(ray, pending, timeout, since) if pending else ([], [])
             since = time.monotonic() if ready else since
             for ref, value in zip(ready, ray.get(ready, timeout=timeout), strict=True):
                 if ref in writes:
                     written[writes[ref]] = split_entry(value)
                     continue
-                ids[position[ref]] = value.pop("ids")
                 stats[position[ref]] = value
                 bar.update(1)
-            while len(layout.blocks) in stats:
-                for shard in layout.add(stats[len(layout.blocks)]):
-                    spans = tuple((a, b, e) for _, a, b, e in shard.spans)
-                    name = output.shard(shard.index)
-                    args = (str(output.path), name, shard.index, shard.first_row, spans, shared)
-                    ref = write.remote(*args, *[tables[j] for j, *_ in shard.spans])
-                    writes[ref] = len(shards)
-                    pending.append(ref)
-                    shards.append(shard)
-                # once every shard of this block is sent: its writers hold what they need
-                for j in range(layout.consumed):
-                    tables[j] = None
+            # a block is laid out once it is known whether it is the last
+            while (j := len(layout.blocks)) in stats and (not more or j + 1 < len(started)):
+                for shard in layout.add(stats[j]):
+                    send(shard)
+            # once every shard of a block is sent: its writers hold what they need
+            for j in range(layout.consumed):
+                tables[j] = None
     except BaseException as err:
         # never ray.cancel (design notes): writers finish before the folder's cleanup
         ray.wait(list(writes), num_returns=len(writes), timeout=60)
@@ -285,11 +304,10 @@ def run_tasks(
         raise mapped from (None if mapped is getattr(err, "cause", None) else err)
     finally:
         bar.close()
-    merged = pa.concat_arrays([ids[k] for k in range(len(blocks))])
-    block_stats = [stats[k] for k in range(len(blocks))]
-    entries = [written[k][0] for k in range(len(shards))]
-    runs = [written[k][1] for k in range(len(shards))]
-    return TaskResults(block_stats, layout, entries, shards, runs, merged)
+    merged = pa.concat_arrays([stats[k].pop("ids") for k in range(len(started))])
+    entries, runs = ([written[k][i] for k in range(len(shards))] for i in (0, 1))
+    block_stats = [stats[k] for k in range(len(started))]
+    return TaskResults(started, block_stats, layout, entries, shards, runs, merged)
 
 
 def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
@@ -412,18 +430,18 @@ def pack_into(
     binding, settings = _settings(opts, ray_opts)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
     files = isinstance(source, (str, Path, list, tuple)) and opts.tree is None
-    receipt = None
+    hasher, block_examples = None, ray_opts.block_examples
     if files:  # laid out before Ray starts: a bad input fails fast
         say(f"laying out blocks of {source}")
-        blocks = file_blocks(source, ray_opts.block_examples)
-        if not blocks:
+        laid = file_blocks(source, ray_opts.block_examples)
+        if not laid:
             raise InvalidInput(f"{source} holds no rows — nothing to pack")
-        inputs, block_examples, name = [[] for _ in blocks], ray_opts.block_examples, str(source)
+        blocks: Iterable[tuple[Block, list[Any]]] = ((b, []) for b in laid)
+        name = str(source)
     with ray_session(ray_opts.address, ray_opts.num_cpus) as ray:
-        if opts.tree is not None:  # read here, so a group never straddles two blocks
+        if opts.tree is not None:  # read here as planned, so a group never straddles blocks
             say(f"reading {source} in blocks of whole groups")
-            block_examples = ray_opts.block_examples
-            blocks, inputs, name, receipt = group_blocks(ray, source, opts, block_examples)
+            blocks, name, hasher = group_blocks(ray, source, opts, block_examples)
         elif not files:
             if not isinstance(source, ray.data.Dataset):
                 raise InvalidInput(
@@ -434,21 +452,23 @@ def pack_into(
             name = "ray.data.Dataset"
             say("materialising the dataset in order")
             try:
-                blocks, inputs = dataset_blocks(
+                laid, inputs = dataset_blocks(
                     ray, source, block_examples, opts.text_field, show, ray_opts.task_timeout
                 )
             except ray.exceptions.RayError as err:
                 raise lost_task(ray, err, ray_opts.task_timeout) from None
-        say(f"reading, tokenizing and planning {len(blocks):,} block(s) on Ray")
-        results = run_tasks(ray, blocks, inputs, settings, output, ray_opts, show)
+            blocks = zip(laid, inputs, strict=True)
+        say("reading, tokenizing and planning the blocks on Ray")
+        results = run_tasks(ray, blocks, settings, output, ray_opts, show)
         check_written(results.layout, results.entries, output.path)
+        receipt = None if hasher is None else hasher.hexdigest()
         manifest = _manifest(opts, binding, results, name, block_examples, pad, receipt)
         output.commit(manifest)
     meta = manifest["engine"]
     return (
         {"nodes": len(meta["nodes"])}  # Ray nodes; --tree's statistics count trie nodes
         | manifest["statistics"]
-        | duplicates(blocks, results.ids)
+        | duplicates(results.blocks, results.ids)
         | {
             "blocks": meta["blocks"],
             "block_examples": block_examples,

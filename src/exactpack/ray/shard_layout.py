@@ -40,12 +40,14 @@ class Shard:
 class ShardCuts:
     """The blocks' rows end to end in block order, cut into shards on model-call boundaries.
 
-    A shard is handed out once all its rows are known (writing overlaps planning). Cuts:
+    A shard is handed out once all its rows are known (writing overlaps planning);
+    ``num_blocks`` may be set (from None) once blocks streamed end, before the last is
+    added. Cuts:
     each block's own shard bounds and its end, rounded down to a multiple of
     ``max_rows_per_batch``; one block gives exactly the local pipeline's cuts.
     """
 
-    def __init__(self, num_blocks: int, max_rows_per_batch: int) -> None:
+    def __init__(self, num_blocks: int | None, max_rows_per_batch: int) -> None:
         self.num_blocks = num_blocks
         self.step = max_rows_per_batch
         self.blocks: list[dict[str, Any]] = []

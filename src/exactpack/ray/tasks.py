@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,10 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import SplitMismatch
 from exactpack.core.examples import example_label, offsets_of
 from exactpack.core.supervision import Objective
-from exactpack.io import store
 from exactpack.io.columns import documents_from_arrow
 from exactpack.io.documents import Documents
 from exactpack.io.shards import (
     FULL,
-    TREE_SCHEMA,
     arrow_to_rows,
     list_array,
     numpy_array,
@@ -43,7 +41,7 @@ from exactpack.io.tokenizers import HFTokenizer, Tokenizer
 from exactpack.pipeline.budget import StreamBudget, check_budget, read_limits
 from exactpack.pipeline.local import bind_examples, pack_table, run_statistics
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.pack_tree import PlannedBlock, file_groups
+from exactpack.pipeline.pack_tree import PlannedBlock, block_groups
 from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_origin, block_table
 from exactpack.ray.ray_options import TaskHook
 
@@ -207,7 +205,7 @@ def plan_tries(
     opts = settings.options
     tokenizer = opts.load_tokenizer()
     read = time.perf_counter()
-    groups, index = file_groups(tables[0], block_origin(block), settings.binding, tokenizer, opts)
+    groups, index = block_groups(tables[0], block_origin(block), settings.binding, tokenizer, opts)
     tokenized = time.perf_counter()
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else "table")
     planned = PlannedBlock.of(groups, index, opts, budget)
@@ -235,18 +233,11 @@ def write_shard(
     started, cpu = time.perf_counter(), time.process_time()
     opts = settings.options
     parts = [t.slice(a, b - a) for (a, b, _), t in zip(spans, tables, strict=True)]
-    if "node_ids" in parts[0].column_names:
-        table = forest_rows(parts, [e for *_, e in spans], first_row)
-        entry = write_shard_file(table, folder, name, first_row)
-        return finished(entry, started, cpu, index, settings.hook)
-    rows = arrow_to_rows(
-        pa.concat_tables(parts).combine_chunks(), capacity=opts.capacity,
-        partition=opts.split, binding=settings.binding, where=name, contiguous=False,
-    )  # fmt: skip
-    part_rows = np.cumsum([0] + [b - a for a, b, _ in spans])
-    moved = np.repeat([e for *_, e in spans], np.diff(rows.row_offsets[part_rows]))
-    rows = replace(rows, ordinals=rows.ordinals + moved.astype(np.int64), first_row=first_row)
-    entry = store.write_shard(rows, folder, name)  # as every writer writes a shard
+    table = renumbered(parts, [e for *_, e in spans], first_row)
+    if "node_ids" not in table.column_names:  # flat rows: checked, stored as every writer stores
+        table = shard_table(arrow_to_rows(table, capacity=opts.capacity, partition=opts.split,
+                                          binding=settings.binding, where=name))  # fmt: skip
+    entry = write_shard_file(table, folder, name, first_row)
     return finished(entry, started, cpu, index, settings.hook)
 
 
@@ -264,15 +255,16 @@ def finished(
     return entry
 
 
-def forest_rows(parts: list[pa.Table], firsts: list[int], first_row: int) -> pa.Table:
-    """Forest rows of several blocks as one shard: rows numbered from ``first_row``, each
-    block's sequence indexes moved up by its first sequence (``firsts``)."""
+def renumbered(parts: list[pa.Table], firsts: list[int], first_row: int) -> pa.Table:
+    """Rows of several blocks as one shard: rows numbered from ``first_row``, each block's
+    ordinals (forest rows: ``sequence_index``) moved up by its first example (``firsts``)."""
     table = pa.concat_tables(parts).combine_chunks()
-    seq = table.column("sequence_index")
-    lengths = pc.list_value_length(seq).to_numpy(zero_copy_only=False).astype(np.int64)
+    name = "sequence_index" if "node_ids" in table.column_names else "ordinals"
+    lengths = pc.list_value_length(table[name]).to_numpy(zero_copy_only=False).astype(np.int64)
     moved = np.repeat(np.repeat(firsts, [p.num_rows for p in parts]), lengths)
-    columns = dict(zip(table.column_names, table.columns, strict=True))
-    columns["row"] = numpy_array(np.arange(table.num_rows, dtype=np.int64) + first_row, pa.int64())
-    values = pc.list_flatten(seq).to_numpy(zero_copy_only=False) + moved
-    columns["sequence_index"] = list_array(offsets_of(lengths), values, pa.int64())
-    return pa.Table.from_arrays(list(columns.values()), schema=TREE_SCHEMA)
+    values = pc.list_flatten(table[name]).to_numpy(zero_copy_only=False) + moved
+    table = table.set_column(
+        0, "row", numpy_array(np.arange(table.num_rows) + first_row, pa.int64())
+    )
+    at = table.column_names.index(name)
+    return table.set_column(at, name, list_array(offsets_of(lengths), values, pa.int64()))
