@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import filelock
 import msgspec
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 
 #: Never follow a link when opening (POSIX; other systems have no such flag).
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -90,10 +90,8 @@ def output_path(out: str | os.PathLike[str]) -> Path:
             f"--out {text!r} names an existing folder by '.', '..' or '/', not a new output"
             f" folder — name one inside it, e.g. --out {os.path.join(text, 'packed')}"
         )
-    try:
+    with foreign(f"cannot use --out {text!r}"):
         linked = path.is_symlink()
-    except OSError as err:
-        raise InvalidInput(f"cannot use --out {text!r} ({err.strerror or err})") from None
     if linked:
         target = Path(os.path.realpath(path))
         if target.is_symlink() or target.name in ("", ".", ".."):
@@ -339,13 +337,8 @@ def open_output(
     path = output_path(out)
     _refuse_overlap(path, inputs)
     _check_target(path, overwrite)
-    try:
+    with foreign(f"cannot create the output folder {path}", "choose a writable --out"):
         made = make_folders(path)
-    except OSError as err:
-        raise InvalidInput(
-            f"cannot create the output folder {path} ({err.strerror or err}) — choose a writable"
-            " --out"
-        ) from None
     try:
         lock, fd, previous = _take_lock(path)
     except BaseException:
