@@ -99,6 +99,18 @@ def foreign(
         raise InvalidInput(f"{where} ({why(err)})" + (f" — {fix}" if fix else "")) from None
 
 
+@contextlib.contextmanager
+def naming(where: str) -> Iterator[None]:
+    """An OS error raised inside that names no file (Arrow's, fsync's, an unnamed file's)
+    names ``where``: a full disk says which file or folder (it stays an ``OSError``, exit 1)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), where) from None
+
+
 # ------------------------------------------------------------ checks at the border
 
 

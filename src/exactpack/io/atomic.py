@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import filelock
 import msgspec
 
-from exactpack.core.errors import InvalidInput, foreign
+from exactpack.core.errors import InvalidInput, foreign, naming
 
 #: Never follow a link when opening (POSIX; other systems have no such flag).
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -63,16 +63,13 @@ def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None =
     rename. A full disk names the file (``OSError`` with its path)."""
     tmp = path.with_name(part or f".{path.name}.{secrets.token_hex(4)}.part")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        if err.filename is None:  # Arrow's and fsync's errors name no file
-            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
-        raise
+        with naming(str(path)):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
