@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
 
@@ -52,23 +51,19 @@ class NotAvailable(ExactpackError, RuntimeError):
 # ------------------------------------------------------------ the border for foreign errors
 
 #: What other code raises on bad input: the OS's errors, decoding's (json, UTF-8 and
-#: Arrow's ArrowInvalid are ValueErrors), a truncated stream's, a too-deep value's, msgspec's.
-FOREIGN: tuple[type[BaseException], ...] = (
-    OSError,
-    ValueError,
-    EOFError,
-    RecursionError,
-    msgspec.DecodeError,
-)
+#: Arrow's ArrowInvalid are ValueErrors), a truncated stream's, a too-deep value's.
+FOREIGN: tuple[type[BaseException], ...] = (OSError, ValueError, EOFError, RecursionError)
+#: Libraries every error of which is foreign (known by module: the core imports neither).
+FOREIGN_MODULES = ("pyarrow", "msgspec")
 
 
 def is_foreign(err: BaseException, kinds: tuple[type[BaseException], ...] = FOREIGN) -> bool:
-    """Whether the border translates ``err``: one of ``kinds``, or any pyarrow error (its
-    ArrowTypeError, ArrowNotImplementedError...: the core never imports pyarrow), never
+    """Whether the border translates ``err``: one of ``kinds``, or any error of
+    :data:`FOREIGN_MODULES` (Arrow's ArrowTypeError, msgspec's DecodeError...), never
     exactpack's own."""
     if isinstance(err, ExactpackError):
         return False
-    return isinstance(err, kinds) or type(err).__module__.startswith("pyarrow")
+    return isinstance(err, kinds) or type(err).__module__.split(".")[0] in FOREIGN_MODULES
 
 
 def why(err: BaseException) -> str:
