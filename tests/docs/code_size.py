@@ -74,6 +74,7 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "stream engine": ("training/stream:StreamDataset", "hf/streaming:pack_stream"),
     "options class": ("pipeline/options:PackOptions",),
     "per-sequence views": ("nn/logprobs:sequence_logprobs",),
+    "border for foreign errors": ("core/errors:foreign",),
 }
 
 

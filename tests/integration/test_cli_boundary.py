@@ -122,3 +122,39 @@ def test_control_characters_of_a_file_name_are_escaped_on_the_terminal(tmp_path)
     for proc in (refused, packed, stats):
         assert b"\x1b" not in proc.stdout + proc.stderr and b"\x07" not in proc.stderr
     assert Path(tmp_path / out / "manifest.json").is_file()  # the name itself is kept as given
+
+
+def test_one_border_translates_foreign_errors_and_lets_bugs_through(tmp_path, monkeypatch, capsys):
+    """``foreign`` turns an OS, json, msgspec or any pyarrow error into one InvalidInput line
+    naming the input and the fix; the command line's border makes one no reader translated
+    one line, exit 2. A bug (a TypeError) stays a traceback."""
+    import msgspec
+    import pyarrow as pa
+
+    from exactpack import cli
+    from exactpack.core.errors import InvalidInput, foreign
+
+    arrow = r"^x: cannot read \(no\) — redo$"
+    with pytest.raises(InvalidInput, match=arrow), foreign("x: cannot read", "redo", kinds=()):
+        raise pa.ArrowNotImplementedError("no")  # pyarrow's, though kinds lists none
+    with (
+        pytest.raises(InvalidInput, match=r"^y \(No such file or directory\)$"),
+        foreign(lambda: "y"),
+    ):
+        (tmp_path / "absent").read_bytes()
+    with pytest.raises(TypeError), foreign("z"):
+        raise TypeError("a bug")
+    help_text, (add, _) = cli.COMMANDS["stats"]
+    for error in (msgspec.DecodeError("torn"), TypeError("a bug")):
+
+        def run(args, error=error):
+            raise error
+
+        monkeypatch.setitem(cli.COMMANDS, "stats", (help_text, (add, run)))
+        try:
+            code = cli.main(["stats", "d.jsonl", "--max-length", "4"])
+        except TypeError:
+            assert isinstance(error, TypeError)
+            continue
+        assert code == 2, error
+        assert capsys.readouterr().err == "exactpack stats: error: DecodeError: torn\n"

@@ -18,7 +18,7 @@ from exactpack.cli.flags import in_flags
 from exactpack.cli.pack import add_pack, add_stats, cmd_pack, cmd_stats
 from exactpack.cli.show import add_show, cmd_show
 from exactpack.cli.verify import add_verify, cmd_verify
-from exactpack.core.errors import ExactpackError, did_you_mean
+from exactpack.core.errors import ExactpackError, did_you_mean, is_foreign, why
 from exactpack.io.atomic import SIGNALLED
 from exactpack.pipeline.progress import printable
 
@@ -109,8 +109,10 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Usage and library errors: one line, exit 2; other OS errors: one
-    line, exit 1; SIGTERM and Ctrl-C unwind, removing temporary output (143, 130)."""
+    """Run one command. Usage and library errors, and a foreign error no reader translated
+    (json, Arrow, msgspec: :func:`~exactpack.core.errors.is_foreign`): one line, exit 2; OS
+    errors (the machine's, not the input's: a full disk): one line, exit 1; SIGTERM and
+    Ctrl-C unwind, removing temporary output (143, 130)."""
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -132,19 +134,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return 0
-    except (ExactpackError, OSError) as err:
-        # the library speaks Python keywords (cut_long=True); here, their flags (--cut-long)
-        text = in_flags(str(err)) if isinstance(err, ExactpackError) else str(err)
-        print(f"exactpack {args.command}: error: {_one_line(Exception(text))}", file=sys.stderr)
-        return 2 if isinstance(err, ExactpackError) else 1
     except KeyboardInterrupt:
         print(f"exactpack {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception:
-        if not SIGNALLED:
+    except Exception as err:
+        if SIGNALLED:
+            print(f"exactpack {args.command}: terminated", file=sys.stderr)
+            return 128 + SIGNALLED[-1]
+        if not isinstance(err, ExactpackError) and not is_foreign(err):
             raise
-        print(f"exactpack {args.command}: terminated", file=sys.stderr)
-        return 128 + SIGNALLED[-1]
+        # the library speaks Python keywords (cut_long=True); here, their flags (--cut-long);
+        # an OS error names its file
+        text = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {why(err)}"
+        text = in_flags(str(err)) if isinstance(err, ExactpackError) else text
+        print(f"exactpack {args.command}: error: {_one_line(Exception(text))}", file=sys.stderr)
+        return 1 if isinstance(err, OSError) else 2
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)

@@ -6,9 +6,10 @@ pairs; capacity is 8192 — raise --max-length or cut it with --cut-long``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,64 @@ class EmptyObjective(ExactpackError):
 
 class NotAvailable(ExactpackError, RuntimeError):
     """A backend or optional dependency is missing on this machine."""
+
+
+# ------------------------------------------------------------ the border for foreign errors
+
+#: What other code raises on bad input: the OS's errors, decoding's (json, UTF-8 and
+#: Arrow's ArrowInvalid are ValueErrors), a truncated stream's, a too-deep value's.
+FOREIGN: tuple[type[BaseException], ...] = (OSError, ValueError, EOFError, RecursionError)
+#: Libraries every error of which is foreign (known by module: the core imports neither).
+FOREIGN_MODULES = ("pyarrow", "msgspec")
+
+
+def is_foreign(err: BaseException, kinds: tuple[type[BaseException], ...] = FOREIGN) -> bool:
+    """Whether the border translates ``err``: one of ``kinds``, or any error of
+    :data:`FOREIGN_MODULES` (Arrow's ArrowTypeError, msgspec's DecodeError...), never
+    exactpack's own."""
+    if isinstance(err, ExactpackError):
+        return False
+    return isinstance(err, kinds) or type(err).__module__.split(".")[0] in FOREIGN_MODULES
+
+
+def why(err: BaseException) -> str:
+    """A foreign error's reason on one line: an OS error's ``strerror``, else its text (its
+    type when it has none), at most 300 characters."""
+    text = (err.strerror if isinstance(err, OSError) else None) or str(err) or type(err).__name__
+    return " ".join(text.split())[:300]
+
+
+@contextlib.contextmanager
+def foreign(
+    what: str | Callable[[], str], fix: str = "", kinds: tuple[type[BaseException], ...] = FOREIGN
+) -> Iterator[None]:
+    """The one border for foreign errors: one raised inside (:func:`is_foreign`) becomes one
+    :class:`InvalidInput` line ``{what} ({why}) — {fix}``; exactpack's own pass as they are.
+    ``what`` may be a function, called only on error (a row located by re-reading a file)::
+
+        with foreign(f"{path}: cannot read as Parquet", "write it again"):
+            pq.ParquetFile(f)  # "d.parquet: cannot read as Parquet (Parquet magic bytes
+                               #  not found in footer...) — write it again"
+    """
+    try:
+        yield
+    except Exception as err:
+        if not is_foreign(err, kinds):
+            raise
+        where = what() if callable(what) else what
+        raise InvalidInput(f"{where} ({why(err)})" + (f" — {fix}" if fix else "")) from None
+
+
+@contextlib.contextmanager
+def naming(where: str) -> Iterator[None]:
+    """An OS error raised inside that names no file (Arrow's, fsync's, an unnamed file's)
+    names ``where``: a full disk says which file or folder (it stays an ``OSError``, exit 1)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), where) from None
 
 
 # ------------------------------------------------------------ checks at the border

@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from exactpack.core.binding import INT32_MAX
-from exactpack.core.errors import BudgetExceeded, InvalidInput, is_int
+from exactpack.core.errors import FOREIGN, BudgetExceeded, InvalidInput, foreign, is_int
 
 ARRAYS = ("lengths", "row_of", "start_of")
 #: What zipfile, zlib and the .npy header parser raise on a damaged archive (an encrypted
 #: or unknown-compression member is a RuntimeError / NotImplementedError).
-_DAMAGED = (OSError, EOFError, ValueError, KeyError, RecursionError, RuntimeError,
-            zipfile.BadZipFile, zlib.error, struct.error)  # fmt: skip
+_DAMAGED = (*FOREIGN, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error, struct.error)
 #: The most examples a plan may place (segment ids are int32 downstream).
 MAX_PLAN_EXAMPLES = 1 << 31
 
@@ -99,7 +98,7 @@ class Plan:
         """Read a plan written by :meth:`save`, validated; array sizes are checked against the
         file and ``max_bytes`` before allocating."""
         where = os.fspath(path)
-        try:
+        with foreign(f"{where}: not a exactpack plan", "save it again with Plan.save", _DAMAGED):
             with zipfile.ZipFile(path) as archive:
                 header = _read_npy(archive, "header", np.uint8, 1 << 20)
                 need = sum(_npy_bytes(archive, name) for name in ARRAYS)
@@ -110,10 +109,6 @@ class Plan:
                     )
                 arrays = {k: _read_npy(archive, k, np.integer, need) for k in ARRAYS}
             meta = json.loads(header.tobytes().decode())
-        except _DAMAGED as err:
-            raise InvalidInput(
-                f"{where}: not a exactpack plan ({err}) — save it again with Plan.save"
-            ) from None
         if not isinstance(meta, dict):
             raise InvalidInput(f"{where}: the plan header is not a JSON object")
         return cls.from_dict({**meta, **arrays})
@@ -131,10 +126,9 @@ def _plan_array(value: Any, name: str) -> np.ndarray:
     """``value`` as int64 [n]; floats, bools, objects and integers beyond int64 refused."""
     if isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
         raise InvalidInput(f"plan {name} must hold integers, got a bool")
-    try:
+    ragged = (ValueError, TypeError, OverflowError)  # ragged or odd nesting
+    with foreign(f"plan {name} is not an array of integers", kinds=ragged):
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-    except (ValueError, TypeError, OverflowError) as err:  # ragged or odd nesting
-        raise InvalidInput(f"plan {name} is not an array of integers ({err})") from None
     if arr.ndim != 1:
         raise InvalidInput(f"plan {name} must be 1-D, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 import filelock
 import msgspec
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign, naming
 
 #: Never follow a link when opening (POSIX; other systems have no such flag).
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -63,16 +63,13 @@ def write_file(path: Path, write: Callable[[BinaryIO], None], part: str | None =
     rename. A full disk names the file (``OSError`` with its path)."""
     tmp = path.with_name(part or f".{path.name}.{secrets.token_hex(4)}.part")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        if err.filename is None:  # Arrow's and fsync's errors name no file
-            raise OSError(err.errno, err.strerror or str(err), str(path)) from None
-        raise
+        with naming(str(path)):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -90,10 +87,8 @@ def output_path(out: str | os.PathLike[str]) -> Path:
             f"--out {text!r} names an existing folder by '.', '..' or '/', not a new output"
             f" folder — name one inside it, e.g. --out {os.path.join(text, 'packed')}"
         )
-    try:
+    with foreign(f"cannot use --out {text!r}"):
         linked = path.is_symlink()
-    except OSError as err:
-        raise InvalidInput(f"cannot use --out {text!r} ({err.strerror or err})") from None
     if linked:
         target = Path(os.path.realpath(path))
         if target.is_symlink() or target.name in ("", ".", ".."):
@@ -339,13 +334,8 @@ def open_output(
     path = output_path(out)
     _refuse_overlap(path, inputs)
     _check_target(path, overwrite)
-    try:
+    with foreign(f"cannot create the output folder {path}", "choose a writable --out"):
         made = make_folders(path)
-    except OSError as err:
-        raise InvalidInput(
-            f"cannot create the output folder {path} ({err.strerror or err}) — choose a writable"
-            " --out"
-        ) from None
     try:
         lock, fd, previous = _take_lock(path)
     except BaseException:

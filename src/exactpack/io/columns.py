@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from exactpack.core.batch import IGNORE_INDEX
 from exactpack.core.binding import INT32_MAX, Split
 from exactpack.core.compact import value_range
-from exactpack.core.errors import InvalidInput, SplitMismatch
+from exactpack.core.errors import InvalidInput, SplitMismatch, foreign
 from exactpack.core.supervision import (
     CHECKED,
     NOT_CONVERSATIONAL,
@@ -308,7 +308,8 @@ def chunk_from_arrow(
     ``partition``, a ``partition`` column must name it on every row; ``objective``
     (default TRL's) says which tokens SFT rows train."""
     objective = objective or Objective()
-    try:
+    # pyarrow's errors only (kinds=()): a column Arrow cannot convert as asked
+    with foreign(f"{origin.parts[0][0]}: cannot convert the columns", kinds=()):
         if partition is not None:
             check_split(table, origin, Split.parse(partition))
         names = set(table.column_names)
@@ -341,6 +342,4 @@ def chunk_from_arrow(
                 " messages) with --tokenizer"
             )
         ids = _ids(table, origin)
-    except pa.ArrowException as err:  # a column Arrow cannot convert as asked
-        raise InvalidInput(f"{origin.parts[0][0]}: cannot convert the columns ({err})") from None
     return TokenChunk(tokens, offsets, flags, ids, origin, largest=largest)

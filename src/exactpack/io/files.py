@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 
 _KINDS = {stat.S_IFIFO: "FIFO (named pipe)", stat.S_IFCHR: "character device", stat.S_IFDIR:
           "folder", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}  # fmt: skip
@@ -103,15 +103,13 @@ def open_regular(
     ``max_bytes``); checked before and after the open, so a FIFO never blocks it and a
     file swapped in between is caught."""
     path = Path(path)
-    try:
+    with foreign(f"{path}: cannot read it"):  # unreadable, a symlink loop, gone
         before = os.stat(path)
         _refuse_kind(path, stat.S_IFMT(before.st_mode))
         if root is not None:
             _check_root(path, root)
         _refuse_size(path, before.st_size, max_bytes)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as err:  # unreadable, a symlink loop, gone
-        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
     try:
         after = os.fstat(fd)
         _refuse_kind(path, stat.S_IFMT(after.st_mode))
@@ -171,10 +169,8 @@ def folder_files(folder: Path) -> tuple[str, tuple[Path, ...]]:
     Metadata beside shards (``dataset_info.json``, ``*.md``, hidden files) is ignored."""
     found: dict[str, list[Path]] = {}
     stray: list[str] = []
-    try:
+    with foreign(f"{folder}: cannot list it"):
         entries = sorted(folder.iterdir(), key=lambda p: p.name)
-    except OSError as err:
-        raise InvalidInput(f"{folder}: cannot list it ({err.strerror or err})") from None
     if os.path.lexists(folder / "manifest.json") and any(
         data_kind(e.name)[0] == "parquet" for e in entries
     ):
@@ -280,13 +276,9 @@ class InputStream:
             return self.out
 
     def _read(self, n: int) -> bytes:
-        try:
+        what = f"{self.name}: cannot decompress it as {self.codec}"
+        with foreign(what, "the file is damaged or not what its suffix says"):
             data = bytes(self._stream.read(n))
-        except (OSError, EOFError, ValueError) as err:  # a damaged compressed stream
-            raise InvalidInput(
-                f"{self.name}: cannot decompress it as {self.codec} ({err}) — the file is damaged"
-                " or not what its suffix says"
-            ) from None
         self.out += len(data)
         self._check()
         return data

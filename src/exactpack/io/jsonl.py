@@ -481,12 +481,11 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
         raise InvalidInput(
             f"{path}{at}: key {err.args[0]!r} appears twice in one object — keep one"
         ) from None
-    except json.JSONDecodeError as e:
-        raise InvalidInput(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
     except RecursionError:
         raise too_deep(str(path)) from None
-    except ValueError as e:  # not UTF-8 (or UTF-16/32) text
-        raise InvalidInput(f"{path}: not JSON text ({e}) — save it as UTF-8") from None
+    except ValueError as err:  # not JSON, or not UTF-8 (or UTF-16/32) text
+        line = f" line {err.lineno}" if isinstance(err, json.JSONDecodeError) else ""
+        raise not_json(f"{path}{line}", err) from None
     if not isinstance(rows, list):
         raise InvalidInput(f"{path}: a .json file must hold a list of objects or JSON Lines")
     if not rows:

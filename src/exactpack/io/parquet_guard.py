@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from typing import Any, BinaryIO
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 from exactpack.io.files import ReadLimits
 
 #: Decoded bytes per value by Parquet physical type (plus one for levels and validity).
@@ -161,16 +161,12 @@ def check_row_groups(
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         decoded = compressed = 0
-        try:
+        what = f"{path}: row group {g} cannot be read as Parquet"
+        with foreign(what, "the file is damaged; write it again"):
             for c in range(group.num_columns):
                 if (column := group.column(c)).path_in_schema.split(".")[0] in wanted:
                     d, z = _chunk_bytes(f, column)
                     decoded, compressed = decoded + d, compressed + z
-        except (ValueError, OSError) as err:
-            raise InvalidInput(
-                f"{path}: row group {g} cannot be read as Parquet ({err}) — the file is damaged;"
-                " write it again"
-            ) from None
         if decoded > limits.floor and decoded > limits.ratio * max(1, compressed):
             raise InvalidInput(
                 f"{path}: row group {g} would decode to {decoded:,} bytes,"

@@ -7,18 +7,18 @@ in chunks of about ``chunk_bytes`` of input, each with the :class:`Origin` namin
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactpack.core.binding import Split
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 from exactpack.core.examples import ExampleTable
 from exactpack.core.supervision import Objective
 from exactpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
@@ -35,13 +35,7 @@ from exactpack.io.files import (
     resolve_inside,
 )
 from exactpack.io.integrity import refuse_packed
-from exactpack.io.jsonl import (
-    DuplicateKey,
-    iter_jsonl,
-    line_blocks,
-    read_json_array,
-    unique_keys,
-)
+from exactpack.io.jsonl import iter_jsonl, line_blocks, read_json_array
 from exactpack.io.parquet_guard import check_row_groups
 from exactpack.io.spill import MappedFile
 from exactpack.io.tokenizers import Tokenizer
@@ -88,13 +82,9 @@ class Input:
             if self.kind == "datasets":
                 mapped = MappedFile(path, open_regular(path, root=self.root_of(k)))
                 self.mapped.append(mapped)
-                try:
+                what = f"{path}: cannot read this datasets Arrow file"
+                with foreign(what, "save the dataset again with save_to_disk"):
                     table = pa.ipc.open_stream(pa.BufferReader(mapped.buffer)).read_all()
-                except pa.ArrowException as err:
-                    raise InvalidInput(
-                        f"{path}: cannot read this datasets Arrow file ({err}) — save the"
-                        " dataset again with save_to_disk"
-                    ) from None
                 yield from _table_chunks(table, self.name, chunk_bytes, first)
                 first += table.num_rows
             else:
@@ -182,7 +172,8 @@ def _named(
 def _parquet_chunks(
     f: BinaryIO, path: Path, chunk_bytes: int, text_field: str, limits: ReadLimits
 ) -> Iterator[tuple[pa.Table, int]]:
-    try:
+    fix = "the file is damaged or not Parquet; write it again"
+    with foreign(f"{path}: cannot read as Parquet", fix):
         pf = pq.ParquetFile(f)
         meta = pf.metadata
         columns = wanted_columns(pf.schema_arrow.names, text_field)
@@ -192,46 +183,41 @@ def _parquet_chunks(
         share = os.fstat(f.fileno()).st_size / max(1, meta.num_rows)
         for batch in pf.iter_batches(batch_size=max(1, chunk_bytes // per_row), columns=columns):
             yield pa.Table.from_batches([batch]), int(batch.num_rows * share)
-    except InvalidInput:
-        raise  # the row groups' bound: already one line naming the file
-    except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as err:
-        raise InvalidInput(
-            f"{path}: cannot read as Parquet ({err}) — the file is damaged or not Parquet;"
-            " write it again"
-        ) from None
 
 
 # -- datasets save_to_disk folders, checked before datasets reads them (docs/design-notes.md)
 
 
-def _damaged(folder: Path, what: str) -> InvalidInput:
-    return InvalidInput(
-        f"{folder}: cannot load as a datasets save_to_disk folder ({what}) — save it again with"
-        " Dataset.save_to_disk"
+class _DataFile(msgspec.Struct):
+    filename: str
+
+
+class _State(msgspec.Struct):
+    """``state.json``: a split's Arrow files (datasets' other keys are not read)."""
+
+    names: Annotated[list[_DataFile], msgspec.Meta(min_length=1)] = msgspec.field(
+        name="_data_files"
     )
 
 
-def _listed(path: Path, root: Path, key: str, field: str | None) -> list[str]:
-    """The names ``path``'s JSON lists under ``key`` (each entry's ``field``), checked."""
-    try:
-        doc = json.loads(read_limited(path, MAX_METADATA_FILE, root=root),
-                         object_pairs_hook=unique_keys)  # fmt: skip
-    except DuplicateKey as err:
-        raise _damaged(path.parent, f"{path.name}: key {err.args[0]!r} appears twice") from None
-    except (ValueError, RecursionError) as err:
-        raise _damaged(path.parent, f"{path.name}: not valid JSON: {err}") from None
-    items = doc.get(key) if isinstance(doc, dict) else None
-    if not isinstance(items, list) or not items:
-        raise _damaged(path.parent, f"{path.name}: {key!r} is not a non-empty list")
-    names = [item.get(field) if field and isinstance(item, dict) else item for item in items]
-    if not all(isinstance(n, str) for n in names):
-        raise _damaged(path.parent, f"{path.name}: an entry of {key!r} names no file")
-    return names
+class _Splits(msgspec.Struct):
+    """``dataset_dict.json``: the split folders."""
+
+    names: Annotated[list[str], msgspec.Meta(min_length=1)] = msgspec.field(name="splits")
+
+
+def _listed(path: Path, root: Path, schema: type[_State | _Splits]) -> list[Any]:
+    """The names ``path``'s JSON lists (``schema``), decoded as the json module would (a key
+    twice: the last), or one line naming the file."""
+    what = f"{path.parent}: cannot load as a datasets save_to_disk folder: {path.name}"
+    with foreign(what, "save it again with Dataset.save_to_disk"):
+        data = read_limited(path, MAX_METADATA_FILE, root=root)
+        return msgspec.json.decode(data, type=schema).names
 
 
 def _check_split(folder: Path, root: Path) -> list[Path]:
-    names = _listed(folder / "state.json", root, "_data_files", "filename")
-    files = [resolve_inside(folder, name, "a data file") for name in names]
+    names = _listed(folder / "state.json", root, _State)
+    files = [resolve_inside(folder, name.filename, "a data file") for name in names]
     for file in files:
         open_regular(file, root=root).close()
     if os.path.lexists(info := folder / "dataset_info.json"):
@@ -243,7 +229,7 @@ def check_folder(path: Path) -> list[Path]:
     """Every data file ``path`` names (all splits), each checked by the input policy."""
     if not os.path.lexists(path / "dataset_dict.json"):
         return _check_split(path, path)
-    splits = _listed(path / "dataset_dict.json", path, "splits", None)
+    splits = _listed(path / "dataset_dict.json", path, _Splits)
     folders = [resolve_inside(path, split, "a split folder") for split in splits]
     return [file for folder in folders for file in _check_split(folder, path)]
 
@@ -254,10 +240,9 @@ def load_folder(path: Path) -> Any:
     import datasets
 
     check_folder(path)
-    try:
+    what = f"{path}: cannot load as a datasets save_to_disk folder"  # datasets raises many kinds
+    with foreign(what, "save it again with Dataset.save_to_disk", (Exception,)):
         loaded = datasets.load_from_disk(str(path))
-    except Exception as err:  # datasets raises many kinds on a damaged folder
-        raise _damaged(path, f"{type(err).__name__}: {err}") from None
     for part in loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]:
         for cache in part.cache_files:
             open_regular(cache["filename"], root=path).close()

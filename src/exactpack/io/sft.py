@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 from exactpack.core.examples import offsets_of
 from exactpack.core.supervision import NOT_CONVERSATIONAL, Objective
 from exactpack.io.cells import column, first
@@ -258,13 +258,9 @@ def chat_tokenizer(tokenizer: Tokenizer, origin: Origin, what: str) -> tuple[Any
             " pass --tokenizer with a save_pretrained folder (tokenizer_config.json), and"
             " --chat-template FILE if it has no template"
         )
-    try:
+    none = f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none"
+    with foreign(none, "pass --chat-template FILE (a Jinja template)", (ValueError,)):
         template = tokenizer.backend.get_chat_template(tokenizer.chat_template)
-    except ValueError:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: {what} need a chat template, and the tokenizer has none —"
-            " pass --chat-template FILE (a Jinja template)"
-        ) from None
     return tokenizer.backend, template
 
 
@@ -277,10 +273,9 @@ def template_extras(table: pa.Table, origin: Origin) -> list[dict[str, Any]] | N
     for name in present:
         for row, value in enumerate(column(table, name).to_pylist()):
             if name == "tools":
-                try:
+                # the row is located (a file re-read) only on error
+                with foreign(lambda row=row: f"{origin.locate(row)}: tools is not JSON"):
                     out[row]["tools"] = json.loads(value) if isinstance(value, str) else value
-                except ValueError as err:
-                    raise InvalidInput(f"{origin.locate(row)}: tools is not JSON ({err})") from None
             elif value is not None:
                 out[row].update(_template_kwargs(value, origin, row))
     return out
@@ -348,17 +343,13 @@ def _render_one(
 ) -> dict[str, np.ndarray]:
     from exactpack.io.templates import TemplateLimit
 
-    try:
-        enc = backend.apply_chat_template(chat, chat_template=template, tokenize=True,
-                                          return_dict=True, **kwargs)  # fmt: skip
+    refused = f"{where}: the chat template refuses this conversation"
+    try:  # Jinja raises TemplateError and the template's own errors
+        with foreign(refused, "fix the row or the template", (Exception,)):
+            enc = backend.apply_chat_template(chat, chat_template=template, tokenize=True,
+                                              return_dict=True, **kwargs)  # fmt: skip
     except TemplateLimit as err:
         raise TemplateLimit(f"{where}: {err}") from None
-    except Exception as err:  # Jinja raises TemplateError and the template's own errors
-        why = " ".join(str(err).split())
-        raise InvalidInput(
-            f"{where}: the chat template refuses this conversation"
-            f" ({type(err).__name__}: {why[:300]}) — fix the row or the template"
-        ) from None
     return _arrays(enc)
 
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import mmap
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, naming
 from exactpack.io.atomic import make_folders, remove_folders
 from exactpack.io.documents import Origin, TokenChunk
 from exactpack.io.shards import numpy_array
@@ -85,7 +84,7 @@ class Spill:
                 " writable --spill-dir with room for the corpus's tokens"
             ) from None
         self.path = folder
-        with self._naming_errors():
+        with naming(f"{self.path} (--spill-dir)"):
             self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(self._file, SCHEMA)
         self._mapped: MappedFile | None = None
 
@@ -103,13 +102,13 @@ class Spill:
             flags = pa.LargeListArray.from_arrays(numpy_array(targets, pa.int64()), values)
         ids = pa.nulls(k, pa.string()) if chunk.ids is None else chunk.ids.cast(pa.string())
         batch = pa.record_batch([tokens, flags, ids], schema=SCHEMA)
-        with self._naming_errors():
+        with naming(f"{self.path} (--spill-dir)"):
             self._writer.write_batch(batch)
 
     def open(self, origins: list[Origin], first_rows: list[int]) -> list[TokenChunk]:
         """Finish writing and map the file: every chunk, in order, as views of the map."""
         assert self._writer is not None, "the spill is already open"
-        with self._naming_errors():
+        with naming(f"{self.path} (--spill-dir)"):
             self._writer.close()
             self._writer = None
             self._file.flush()
@@ -145,12 +144,3 @@ class Spill:
         else:
             self._file.close()
         remove_folders(self._made)
-
-    @contextlib.contextmanager
-    def _naming_errors(self) -> Iterator[None]:
-        """An OS error of the spill (a full disk) names where the spill is."""
-        try:
-            yield
-        except OSError as err:
-            where = f"{self.path} (--spill-dir)"
-            raise OSError(err.errno, err.strerror or str(err), where) from None

@@ -28,7 +28,7 @@ from jinja2.nodes import EvalContext
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 
 #: Steps one conversation's rendering may take (a real template takes a few thousand).
 MAX_STEPS = 1 << 22
@@ -307,11 +307,8 @@ def bounded(template: str, name: str) -> Iterator[None]:
     """Within the block, transformers renders ``template`` (only in this thread or task)
     with :func:`compile_bounded`'s limits; ``name`` names it in a limit's message."""
     _install()
-    try:
-        compiled = compile_bounded(template, name)
-    except TemplateError as err:  # a syntax error: one line naming the template
-        why = " ".join(str(err).split())[:300]
-        raise InvalidInput(f"{name} does not compile ({why}) — fix the template") from None
+    with foreign(f"{name} does not compile", "fix the template", (TemplateError,)):
+        compiled = compile_bounded(template, name)  # a syntax error: one line naming it
     token = _ACTIVE.set({**(_ACTIVE.get() or {}), template: compiled})
     count = RENDERED.set([0])
     try:

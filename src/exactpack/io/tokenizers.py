@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from exactpack.core import meter
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import FOREIGN, InvalidInput, NotAvailable, foreign
 from exactpack.core.examples import offsets_of
 from exactpack.io.files import read_limited
 
@@ -125,10 +125,8 @@ class ByteTokenizer:
 
 def checked_file(path: Path, limit: int = MAX_TOKENIZER_FILE) -> None:
     """Refuse ``path`` unless a regular file of at most ``limit`` bytes (before opening it)."""
-    try:
+    with foreign(f"cannot read {path}"):
         info = os.stat(path)
-    except OSError as err:
-        raise InvalidInput(f"cannot read {path} ({err.strerror})") from None
     if not stat.S_ISREG(info.st_mode):
         raise InvalidInput(f"{path} is not a regular file — exactpack reads tokenizer files only")
     if info.st_size > limit:
@@ -490,23 +488,17 @@ def auto_tokenizer(path: Path, has_json: bool) -> Any:
         raise NotAvailable(
             "loading a transformers tokenizer needs `pip install exactpack[hf]`"
         ) from err
-    try:
-        # trust_remote_code=False: no folder code, and no question on stdin (asked if unset)
+    what, fix = f"cannot load the tokenizer in {path}", "save it again with save_pretrained()"
+    if not has_json:
+        what = f"{path} has no tokenizer.json, and transformers cannot build the tokenizer from"
+        what += " its other files"
+        fix = "save the tokenizer with save_pretrained() from a fast tokenizer (it writes"
+        fix += " tokenizer.json)"
+    # transformers raises many kinds on a damaged folder; trust_remote_code=False: no folder
+    # code, and no question on stdin (asked if unset)
+    with foreign(what, fix, (Exception,)):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                              trust_remote_code=False)  # fmt: skip
-    except Exception as err:  # transformers raises many kinds on a damaged folder
-        why = " ".join(str(err).split())
-        if not has_json:
-            raise InvalidInput(
-                f"{path} has no tokenizer.json, and transformers cannot build the tokenizer"
-                f" from its other files ({type(err).__name__}: {why[:200]}) — save the"
-                " tokenizer with save_pretrained() from a fast tokenizer (it writes"
-                " tokenizer.json)"
-            ) from None
-        raise InvalidInput(
-            f"cannot load the tokenizer in {path} ({type(err).__name__}: {why}) — save it"
-            " again with save_pretrained()"
-        ) from None
 
 
 def _flat(items: Sequence[Any], ids: Iterable[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -658,13 +650,9 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> ByteTokenizer | HFTokenizer:
         raise NotAvailable("loading tokenizer.json needs `pip install exactpack[hf]`") from err
     # read and checked (sizes, strings) before the Rust side sees it
     identity = file_identity("tokenizers", path if path.is_dir() else file, [file])
-    try:
-        backend = RustTokenizer.from_file(str(file))
-    except Exception as err:  # the Rust side raises a plain Exception
-        raise InvalidInput(
-            f"cannot load {file} as a tokenizers tokenizer ({err}) — pass --tokenizer bytes or"
-            " a tokenizer saved with save_pretrained() or Tokenizer.save()"
-        ) from None
+    fix = "pass --tokenizer bytes or a tokenizer saved with save_pretrained() or Tokenizer.save()"
+    with foreign(f"cannot load {file} as a tokenizers tokenizer", fix, (Exception,)):
+        backend = RustTokenizer.from_file(str(file))  # the Rust side raises a plain Exception
     return HFTokenizer(backend, "tokenizers", identity, backend.get_vocab_size(True),
                        where=str(file), owned=True)  # fmt: skip
 
@@ -682,10 +670,9 @@ def read_chat_template(spec: str | os.PathLike[str]) -> str:
         )
     if path.suffix != ".json":
         return read_checked(path, MAX_TEMPLATE_FILE).decode("utf-8", errors="replace")
-    try:
+    missing = (*FOREIGN, LookupError, TypeError)  # not JSON, not an object, no such key
+    with foreign(f"{path} holds no chat_template", "pass a Jinja file", missing):
         text = json.loads(read_checked(path).decode("utf-8", errors="replace"))["chat_template"]
-    except (ValueError, KeyError, TypeError):
-        raise InvalidInput(f"{path} holds no chat_template — pass a Jinja file") from None
     if not isinstance(text, str):
         raise InvalidInput(f"{path}: chat_template is not one template — pass a Jinja file")
     return text

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from exactpack.core.binding import Binding
 from exactpack.core.compact import CompactRows, span_labels
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 from exactpack.core.tree import TREE_COLUMNS, SequenceGroups
 from exactpack.io.documents import Origin
 from exactpack.io.sft import TEMPLATE_COLUMNS, encode_sft
@@ -104,10 +104,8 @@ def check_trl_contents(manifest: Mapping, folder: Path) -> None:
     vocab = int(manifest["binding"]["vocab_size"])
     for entry in manifest["shards"]:
         file = folder / entry["file"]
-        try:
+        with foreign(f"{file}: cannot read the shard", _DAMAGED):
             table = pq.read_table(file)
-        except (pa.ArrowException, OSError) as err:
-            raise _damaged(file, f"cannot read the shard ({err})") from None
         if not table.schema.equals(TRL_SCHEMA):
             raise _damaged(file, f"schema {table.schema} is not TRL's {TRL_SCHEMA}")
         if any(_nulls(table.column(n)) for n in table.column_names):
@@ -234,7 +232,8 @@ def _nulls(column: pa.ChunkedArray) -> int:
     return sum(c.null_count + c.flatten().null_count for c in column.chunks)
 
 
+_DAMAGED = "the packed directory was changed or damaged; pack again"
+
+
 def _damaged(where: Path, what: str) -> InvalidInput:
-    return InvalidInput(
-        f"{where}: {what} — the packed directory was changed or damaged; pack again"
-    )
+    return InvalidInput(f"{where}: {what} — {_DAMAGED}")

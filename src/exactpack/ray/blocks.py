@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, foreign
 from exactpack.io.columns import wanted_columns
 from exactpack.io.documents import Origin
 from exactpack.io.files import ReadLimits, data_kind, is_stdin, open_regular, resolve_files
@@ -94,27 +94,24 @@ def scan_jsonl(path: Path, every: int | None = None, first: int = 0) -> LineInde
     records = lines = size = 0
     marks: dict[int, tuple[int, int]] = {}
     first_byte = b""
-    try:
-        with open_regular(path) as f:  # a FIFO or /dev/zero is refused, never read
-            for chunk in line_blocks(f, SCAN_BYTES, path):  # whole lines
-                data = np.frombuffer(chunk, dtype=np.uint8)
-                if size == 0 and bytes(chunk[:3]) == _BOM:  # the reader reads it as no content
-                    data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)
-                solid = ~_BLANK[data]
-                if not first_byte and solid.any():
-                    first_byte = bytes([data[int(np.argmax(solid))]])
-                ends = np.flatnonzero(data == 10)
-                count = ends.shape[0] + int(data[-1] != 10)
-                starts = np.concatenate(([0], ends + 1))[:count]
-                # a line (with its newline, which is blank) has content when any byte is not
-                full = np.logical_or.reduceat(solid, starts)
-                if every is not None:
-                    record = records + np.cumsum(full) - 1
-                    for k in np.flatnonzero(full & ((first + record) % every == 0)).tolist():
-                        marks[int(record[k])] = (size + int(starts[k]), lines + k + 1)
-                records, lines, size = records + int(full.sum()), lines + count, size + len(chunk)
-    except OSError as err:
-        raise InvalidInput(f"{path}: cannot read it ({err.strerror or err})") from None
+    with foreign(f"{path}: cannot read it"), open_regular(path) as f:  # a FIFO is never read
+        for chunk in line_blocks(f, SCAN_BYTES, path):  # whole lines
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            if size == 0 and bytes(chunk[:3]) == _BOM:  # the reader reads it as no content
+                data = np.concatenate([[32] * 3, data[3:]]).astype(np.uint8)
+            solid = ~_BLANK[data]
+            if not first_byte and solid.any():
+                first_byte = bytes([data[int(np.argmax(solid))]])
+            ends = np.flatnonzero(data == 10)
+            count = ends.shape[0] + int(data[-1] != 10)
+            starts = np.concatenate(([0], ends + 1))[:count]
+            # a line (with its newline, which is blank) has content when any byte is not
+            full = np.logical_or.reduceat(solid, starts)
+            if every is not None:
+                record = records + np.cumsum(full) - 1
+                for k in np.flatnonzero(full & ((first + record) % every == 0)).tolist():
+                    marks[int(record[k])] = (size + int(starts[k]), lines + k + 1)
+            records, lines, size = records + int(full.sum()), lines + count, size + len(chunk)
     return LineIndex(path, records, size, marks, first_byte)
 
 
@@ -129,7 +126,7 @@ def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
     """The ``records`` records in ``lines`` of a JSON Lines file as an Arrow table (a range is
     read from a private temporary copy, its messages naming the original file and lines)."""
     file = Path(path)
-    try:
+    with foreign(f"{file}: cannot read it"):
         size = file.stat().st_size
         if size != lines.file_bytes:
             raise _changed(
@@ -148,8 +145,6 @@ def read_jsonl_range(path: str, lines: LineRange, records: int) -> pa.Table:
                     table = read_jsonl(part)
                 except InvalidInput as err:
                     raise InvalidInput(_relabel(str(err), part, file, lines.line)) from None
-    except OSError as err:
-        raise InvalidInput(f"{file}: cannot read it ({err.strerror or err})") from None
     if table.num_rows != records:
         raise _changed(
             file,
@@ -233,7 +228,7 @@ def read_slice(piece: InputSlice, text_field: str, limits: ReadLimits | None = N
 
 
 def _read_row_groups(f: Any, piece: InputSlice, text_field: str, limits: ReadLimits) -> pa.Table:
-    try:
+    with foreign(f"{piece.name}: cannot read as Parquet"):
         pf = pq.ParquetFile(f)
         columns = wanted_columns(pf.schema_arrow.names, text_field)
         check_row_groups(f, piece.name, pf.metadata, columns, limits)
@@ -245,8 +240,6 @@ def _read_row_groups(f: Any, piece: InputSlice, text_field: str, limits: ReadLim
         begins = ends - sizes
         groups = np.flatnonzero((begins < piece.stop) & (ends > piece.start)).tolist()
         table = pf.read_row_groups(groups, columns=columns)
-    except (pa.ArrowInvalid, OSError) as err:
-        raise InvalidInput(f"{piece.name}: cannot read as Parquet ({err})") from None
     first = int(begins[groups[0]]) if groups else 0
     return plain_columns(table.slice(piece.start - first, piece.stop - piece.start), text_field)
 
@@ -262,11 +255,9 @@ def block_table(
         parts = [
             t.slice(p.start, p.stop - p.start) for p, t in zip(block.pieces, tables, strict=True)
         ]
-    try:
+    names = ", ".join(p.name for p in block.pieces)
+    with foreign(f"{names}: shards disagree on their columns"):
         table = pa.concat_tables(parts, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        names = ", ".join(p.name for p in block.pieces)
-        raise InvalidInput(f"{names}: shards disagree on their columns ({err})") from None
     if "id" not in table.column_names:
         ids = np.arange(block.first, block.first + table.num_rows, dtype=np.int64)
         table = table.append_column("id", pa.array(ids))
@@ -311,11 +302,8 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
         return _number_blocks(jsonl_pieces(files, block_examples), from_files=True)
     counts = []
     for file in files:
-        try:
-            with open_regular(file) as f:
-                counts.append(pq.ParquetFile(f).metadata.num_rows)
-        except (pa.ArrowInvalid, OSError) as err:
-            raise InvalidInput(f"{file}: cannot read as Parquet ({err})") from None
+        with foreign(f"{file}: cannot read as Parquet"), open_regular(file) as f:
+            counts.append(pq.ParquetFile(f).metadata.num_rows)
     return _number_blocks(_runs([str(f) for f in files], counts, block_examples), from_files=True)
 
 

@@ -46,7 +46,7 @@ from exactpack.core.batch import Occurrences, PackedBatch
 from exactpack.core.binding import Binding
 from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
-from exactpack.core.errors import BudgetExceeded, InvalidInput, NotAvailable
+from exactpack.core.errors import FOREIGN, BudgetExceeded, InvalidInput, NotAvailable, foreign
 from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
 from exactpack.core.tree import SequenceGroups, pack_tree
@@ -400,11 +400,8 @@ def _check_model_size(
 
 def _built(path: Path, build: Callable[[], Any]) -> Any:
     """``build()``, its errors turned into one :class:`InvalidInput` line naming ``path``."""
-    try:
+    with foreign(f"cannot build a causal LM from {path}", kinds=(*FOREIGN, KeyError, TypeError)):
         return build()
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InvalidInput(f"cannot build a causal LM from {path}: {first}") from err
 
 
 def _refuse_pickled_weights(folder: Path) -> None:
