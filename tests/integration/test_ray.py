@@ -600,14 +600,15 @@ def _trees(store):
 
 def test_tree_packing_on_ray_equals_the_local_engine(ray_instance, tmp_path, capsys):
     """--tree on Ray: blocks of whole groups (adjacent rows of one group), planned in tasks,
-    written in shards that straddle blocks; the local engine's rows when the blocks are its
-    blocks, its sequences and tries when they are not."""
+    written in shards that straddle blocks; the local engine's rows (carried ``id`` too) when
+    the blocks are its blocks, its sequences and tries when they are not."""
     rng = np.random.default_rng(34)
     rows = []
     for g in range(40):
         prompt = rng.integers(0, VOCAB, rng.integers(1, 6)).tolist()
         for _ in range(rng.integers(1, 5)):
-            rows.append({"input_ids": prompt + rng.integers(0, VOCAB, 4).tolist(), "group": g})
+            ids = prompt + rng.integers(0, VOCAB, 4).tolist()
+            rows.append({"input_ids": ids, "group": g, "id": f"r{len(rows)}"})  # id: carried
     source = tmp_path / "groups.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     from exactpack.ray import pack

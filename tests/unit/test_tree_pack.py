@@ -346,9 +346,10 @@ def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_
         max_length=64,
         tokenizer="bytes",
     )
-    got = _recovered(load_packed(tmp_path / "o").records())
+    records = load_packed(tmp_path / "o").records()
+    assert "completion" not in records[0]  # --tree auto carries no column
     want = dict(enumerate(_sft_reading(rows, "bytes")))
-    assert got == want
+    assert _recovered(records) == want
     with pytest.raises(InvalidInput, match="pass --tree auto"):
         pack_path(
             tmp_path / "sft.jsonl", tmp_path / "p", max_length=64, tokenizer="bytes", tree="on"
@@ -551,6 +552,47 @@ def test_sequence_indexes_across_rows_are_a_permutation(tmp_path):
     out = _damaged_output(tmp_path / "d", _set("sequence_index", 0, first), 8, row=1)
     with pytest.raises(InvalidInput, match=r"row 1: it holds the same sequence_index as an earl"):
         load_packed(out, integrity="full")
+
+
+def test_pack_tree_carries_per_pair_columns_to_the_shards(tmp_path):
+    """A DPO JSONL with id and precomputed reference log-probs, packed by ``pack --tree`` in
+    blocks of 3 pairs and calls of 2 rows: each sequence's values are its input pair's; in one
+    block the records are pack_dataset(tree=True)'s; the types are in the manifest; a shard whose
+    carried column has a value too many (size and sha256 recomputed) is refused on load."""
+    from exactpack.io.shards import sha256_file
+
+    columns = _dpo_trl(np.random.default_rng(3), 7)
+    columns |= {"id": [f"p{i}" for i in range(7)], "ref_chosen_logps": [-i - 0.5 for i in range(7)],
+                "ref_rejected_logps": [-2.0 * i for i in range(7)]}  # fmt: skip
+    _write(columns, tmp_path / "dpo.jsonl")
+    out = tmp_path / "out"
+    opts = {"max_length": 16, "vocab_size": VOCAB, "max_rows_per_batch": 2, "tree_block": 3}
+    pack_path(tmp_path / "dpo.jsonl", out, tree="on", **opts)
+    records = load_packed(out, integrity="full").records()
+    for rec in records:
+        for s, *vals in zip(rec["sequence_index"], rec["id"], rec["ref_chosen_logps"],
+                            rec["ref_rejected_logps"], strict=True):  # fmt: skip
+            assert vals == [columns[n][s // 2] for n in ("id", "ref_chosen_logps",
+                                                          "ref_rejected_logps")]  # fmt: skip
+    pack_path(tmp_path / "dpo.jsonl", tmp_path / "one", tree="on", max_length=16, vocab_size=VOCAB)
+    want = list(pack_dataset(datasets.Dataset.from_dict(columns), 16, tree=True))
+    assert load_packed(tmp_path / "one").records() == want  # one block: the same rows
+    manifest = json.loads((out / "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    assert entry["carried"] == {"id": "string", "ref_chosen_logps": "double",
+                                "ref_rejected_logps": "double"}  # fmt: skip
+    shard = out / entry["file"]
+    table = pq.read_table(shard)
+    rows = table.to_pylist()
+    rows[0]["id"] = [*rows[0]["id"], "extra"]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
+    entry |= {"bytes": shard.stat().st_size, "sha256": sha256_file(shard)}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InvalidInput, match=r"row 0: carried column 'id' holds 3 values for 2 seq"):
+        load_packed(out).records()
+    _write(columns | {"weights": [1] * 7}, tmp_path / "clash.jsonl")
+    with pytest.raises(InvalidInput, match=r"column 'weights' is carried .* rename it"):
+        pack_path(tmp_path / "clash.jsonl", tmp_path / "clash", tree="on", **opts)
 
 
 def test_tree_rows_constructor_checks_its_arguments_as_the_loader_does():

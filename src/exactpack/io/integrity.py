@@ -71,6 +71,7 @@ class ShardEntry(msgspec.Struct, kw_only=True):
     bytes: Count
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
     columns: list[str] | None = None
+    carried: dict[str, str] | None = None  # a forest's carried columns: value type
     occurrences: Count
     tokens: Count
     eligible: Count | None = None
@@ -290,9 +291,18 @@ def check_schema(
     schema: pa.Schema, where: str, entry: Mapping | None = None, layout: str = "flat"
 ) -> None:
     """A shard's schema is the format's for its ``layout`` (the declared types, the
-    required columns) and has the columns its manifest ``entry`` lists."""
+    required columns; a forest's carried columns the types its ``entry`` names) and has the
+    columns its manifest ``entry`` lists."""
     declared, required = LAYOUTS[layout]
+    carried = (entry or {}).get("carried") or {} if layout == "tree" else {}
     for f in schema:
+        if f.name in carried and f.name not in declared.names:
+            if _kind(f.type) != f"list<{carried[f.name]}>":
+                raise bad_output(
+                    where, f"carried column {f.name!r} has type {_kind(f.type)}, but the"
+                    f" manifest says list<{carried[f.name]}>",
+                )  # fmt: skip
+            continue
         if f.name not in declared.names:
             raise bad_output(
                 where, f"column {f.name!r} is not a column of the packed-row format ({layout} rows)"
@@ -315,13 +325,16 @@ def check_table(
     table: pa.Table, where: str, entry: Mapping | None = None, layout: str = "flat"
 ) -> None:
     """:func:`check_schema`, and no null at any list depth (the row decoder would turn one
-    into NaN and then into an arbitrary integer)."""
+    into NaN and then into an arbitrary integer; a carried column's values may be null)."""
     check_schema(table.schema, where, entry, layout)
+    carried = (entry or {}).get("carried") or {}
     for name in table.column_names:
         chunks = table.column(name).chunks
         while chunks:
             if any(chunk.null_count for chunk in chunks):
                 raise bad_output(where, f"a value of column {name!r} is missing (null)")
+            if name in carried:  # its values may be null, not its lists
+                break
             chunks = [c.flatten() for c in chunks if pa.types.is_list(c.type)]
 
 
@@ -338,7 +351,8 @@ def check_shard(
     """Shard content against its manifest ``entry``, the binding and ``occurrences``: flat
     rows (:class:`CompactRows`: :func:`check_rows`) or forest records (node columns, rows
     of ``capacity`` cells and ids below ``vocab_size``: :func:`check_record`, then each
-    ``sequence_index`` once in the shard); ``fail(r)`` makes record ``r``'s error (default:
+    ``sequence_index`` once in the shard, and each carried column of ``entry`` a value per
+    sequence); ``fail(r)`` makes record ``r``'s error (default:
     row ``first_row + r`` of ``where`` is damaged)."""
     if isinstance(rows, CompactRows):
         got = {"rows": rows.num_rows, "first_row": rows.first_row, "occurrences": len(rows),
@@ -352,6 +366,12 @@ def check_shard(
     seen: set[int] = set()
     for r, rec in enumerate(rows):
         check_record(rec, capacity, vocab_size, fail(r), occurrences)
+        for name in entry.get("carried") or {}:
+            if len(rec[name]) != len(rec["sequence_index"]):
+                raise fail(r)(
+                    f"carried column {name!r} holds {len(rec[name]):,} values for"
+                    f" {len(rec['sequence_index']):,} sequences"
+                )
         if seen.intersection(rec["sequence_index"]):
             raise fail(r)("it holds the same sequence_index as an earlier row")
         seen.update(rec["sequence_index"])

@@ -34,8 +34,13 @@ Forest rows (``layout`` ``"tree"`` in the manifest: ``exactpack pack --tree``) k
     sequence_cells  list<list<int32>>  [K][L] its cells, in depth order
     sequence_mask   list<list<bool>>   [K][L] which of its targets it supervises
 
+    <carried>       list<scalar>       [K] the input's scalar columns (``id``,
+                                       ``ref_chosen_logps``, ...), a value per sequence
+                                       (:func:`~exactpack.io.trl_schema.carried_columns`)
+
 A forest shard's manifest entry counts sequences as ``occurrences``, stored cells as
-``tokens`` and ``Σ weights`` as ``eligible``; its model calls never straddle a shard.
+``tokens`` and ``Σ weights`` as ``eligible``, and names the carried columns' value types
+(``carried``); its model calls never straddle a shard.
 """
 
 from __future__ import annotations
@@ -361,7 +366,8 @@ def _total(table: pa.Table, name: str) -> int:
 def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_row: int) -> dict:
     """Write a shard table (flat, forest or TRL's) whole as ``directory/name``; its manifest
     entry (occurrences, tokens and eligible targets: forest rows count sequences, stored
-    cells and ``Σ weights``)."""
+    cells and ``Σ weights``; ``carried``: a forest's carried columns and their value types,
+    ``{"id": "string"}``)."""
     path = Path(directory) / name
     _write_shard(table, path)
     names = table.column_names
@@ -370,6 +376,8 @@ def write_shard_file(table: pa.Table, directory: str | Path, name: str, first_ro
     entry["occurrences"] = _total(table, counted)
     entry["tokens"] = _total(table, "tokens" if "tokens" in names else "input_ids")
     entry |= {"bytes": path.stat().st_size, "sha256": sha256_file(path), "columns": names}
+    if "node_ids" in names and (carried := [f for f in table.schema if f.name not in TREE_FIELDS]):
+        entry["carried"] = {f.name: str(f.type.value_type) for f in carried}
     entry["eligible"] = eligible_targets(table)
     return entry
 

@@ -1,6 +1,6 @@
 """TRL's data: its packed schema (``--format trl``), rows that TRL and transformers consume
 unchanged; its DPO tokenization (:func:`dpo_text_groups`); the per-pair columns tree rows
-carry (:func:`carry_columns`).
+carry (:func:`carried_columns`, :func:`carry_columns`).
 
 One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
 
@@ -198,18 +198,12 @@ def dpo_text_groups(
 _READ = {n for cols in TREE_COLUMNS for n in cols} | {*DPO_TEXT, *TEMPLATE_COLUMNS}
 
 
-def carry_columns(
-    records: list[dict[str, Any]], table: pa.Table, groups: SequenceGroups, first: int = 0
-) -> list[dict[str, Any]]:
-    """``records`` (tree rows of ``table``'s sequences, numbered from ``first``) with each
-    scalar column of ``table`` other than those sequences are read from (``id``, TRL's
-    ``ref_chosen_logps`` / ``ref_rejected_logps``, ...) as a list per record, one value per
-    sequence of ``sequence_index``: the value of the input row the sequence came from (a
-    DPO pair's columns on both its answers, a GRPO row's on each completion)::
-
-        input row 0   prompt_ids P, chosen_ids C, rejected_ids R, id "a", ref_chosen_logps -3.5
-        record        ..., sequence_index [0, 1], id ["a", "a"], ref_chosen_logps [-3.5, -3.5]
-    """
+def carried_columns(table: pa.Table, groups: SequenceGroups) -> pa.Table:
+    """``table``'s scalar columns other than those its sequences are read from (``id``,
+    TRL's ``ref_chosen_logps`` / ``ref_rejected_logps``, ...), one row per sequence
+    (``[S]``, in the order of the sequences' indexes among ``table``'s): the value of the
+    input row the sequence came from (a DPO pair's on both its answers, a GRPO row's on each
+    completion). Refused where a name is a tree record's column."""
     names = [f.name for f in table.schema if f.name not in _READ and not pa.types.is_nested(f.type)]
     clash = sorted(set(names) & {"row", *TREE_CELL_COLUMNS, *TREE_SEQUENCE_COLUMNS})
     if clash:
@@ -221,10 +215,22 @@ def carry_columns(
     # `group` rows are sequences themselves (their index is their row)
     used = next((c for c in TREE_COLUMNS if set(c) <= set(table.column_names)), None)
     rows = np.arange(len(groups)) if used == TREE_COLUMNS[-1] else groups.group
-    for name in names:
-        values = table.column(name).to_pylist()
+    return table.select(names).take(pa.array(rows, pa.int64()))
+
+
+def carry_columns(
+    records: list[dict[str, Any]], table: pa.Table, groups: SequenceGroups, first: int = 0
+) -> list[dict[str, Any]]:
+    """``records`` (tree rows of ``table``'s sequences, numbered from ``first``) with each
+    :func:`carried_columns` column as a list per record, one value per sequence of
+    ``sequence_index``::
+
+        input row 0   prompt_ids P, chosen_ids C, rejected_ids R, id "a", ref_chosen_logps -3.5
+        record        ..., sequence_index [0, 1], id ["a", "a"], ref_chosen_logps [-3.5, -3.5]
+    """
+    for name, values in carried_columns(table, groups).to_pydict().items():
         for rec in records:
-            rec[name] = [values[rows[i - first]] for i in rec["sequence_index"]]
+            rec[name] = [values[i - first] for i in rec["sequence_index"]]
     return records
 
 

@@ -194,8 +194,8 @@ def _pack_forest(
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
         blocks = whole_groups(source_input, opts, bar, digest)
-        for groups, index in tree_blocks(blocks, opts, binding, tok):
-            block = PlannedBlock.of(groups, index, opts, budget_)
+        for groups, index, carried in tree_blocks(blocks, opts, binding, tok):
+            block = PlannedBlock.of(groups, index, carried, opts, budget_)
             first = totals.get("rows", 0)
             gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
             shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))

@@ -48,7 +48,7 @@ from exactpack.io.readers import open_input
 from exactpack.io.sft import encode_sft, sft_columns
 from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
-from exactpack.io.trl_schema import dpo_text_groups
+from exactpack.io.trl_schema import carried_columns, dpo_text_groups
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.corpus import read_tables
 from exactpack.pipeline.options import PackOptions
@@ -243,13 +243,16 @@ def tree_blocks(
     opts: PackOptions,
     binding: Binding,
     tokenizer: Tokenizer | None,
-) -> Iterator[tuple[SequenceGroups, np.ndarray]]:
+) -> Iterator[tuple[SequenceGroups, np.ndarray, pa.Table]]:
     """Blocks of whole groups (:func:`whole_groups`) as their groups
-    (:func:`block_groups`) and their sequences' indexes in the whole input."""
+    (:func:`block_groups`), their sequences' indexes in the whole input and their carried
+    columns (:func:`~exactpack.io.trl_schema.carried_columns`, a row per sequence; none
+    for ``--tree auto``'s plain SFT rows)."""
     base = 0
     for table, origin in blocks:
         groups, index = block_groups(table, origin, binding, tokenizer, opts)
-        yield groups, index + base
+        carried = pa.table({}) if opts.tree == "auto" else carried_columns(table, groups)
+        yield groups, index + base, carried
         base += len(groups)
 
 
@@ -260,13 +263,14 @@ class PlannedBlock:
 
     groups: SequenceGroups
     index: np.ndarray  # each sequence's index in the whole input (int64 [S])
+    carried: pa.Table  # [S] rows: its sequences' carried columns, in index order
     layout: TrieOrder
     plan: Plan
     per_call: int
     bounds: np.ndarray
 
     @classmethod
-    def of(cls, groups: SequenceGroups, index: np.ndarray, opts: PackOptions,
+    def of(cls, groups: SequenceGroups, index: np.ndarray, carried: pa.Table, opts: PackOptions,
            budget: StreamBudget) -> PlannedBlock:  # fmt: skip
         capacity = opts.capacity
         layout = build_layout(groups, capacity)
@@ -276,18 +280,26 @@ class PlannedBlock:
         cells = np.bincount(plan.row_of, layout.sizes, minlength=plan.num_rows).astype(np.int64)
         shard_cells = max(1, opts.shard_tokens // CELL_TOKENS)
         bounds = call_bounds(offsets_of(cells), opts.max_rows_per_batch, shard_cells)
-        return cls(groups, index, layout, plan, opts.max_rows_per_batch, bounds)
+        return cls(groups, index, carried, layout, plan, opts.max_rows_per_batch, bounds)
 
     def table(self, a: int, b: int, first: int = 0) -> pa.Table:
         """Rows ``[a, b)`` (numbered from ``first + a``), one model call's padded cells at a
-        time; the table holds only used cells."""
+        time; the table holds only used cells, then the carried columns (a list per row, one
+        value per sequence of ``sequence_index``)."""
         source, storage = TrieSource(self.groups, self.layout, self.index), Storage.of(self.plan)
         tables = []
         for c in range(a, b, self.per_call):
             d = min(c + self.per_call, b)
             batch = gather_rows(source, storage, c, d).to_batch()
             tables.append(shard_table(batch, first_row=first + c))
-        return pa.concat_tables(tables)
+        table = pa.concat_tables(tables)
+        seq = table.column("sequence_index").combine_chunks()
+        offsets = np.asarray(seq.offsets) - seq.offsets[0].as_py()
+        take = seq.flatten().to_numpy() - (int(self.index.min()) if self.index.size else 0)
+        for name, column in zip(self.carried.column_names, self.carried.columns, strict=True):
+            values = pa.ListArray.from_arrays(offsets, column.take(take).combine_chunks())
+            table = table.append_column(name, values)
+        return table
 
     def counts(self) -> dict[str, int]:
         """This block's :data:`COUNTED` (``batches``: its own model calls, shard by shard)."""
@@ -353,7 +365,7 @@ def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[st
     source_input = open_input(source, options.split, read_limits(options))
     binding = Binding(int(vocab), identity, f"input:{source_input.name}")
     sizes, lengths, groups = [], [], 0
-    for block, _ in tree_blocks(whole_groups(source_input, options), options, binding, tokenizer):
+    for block, *_ in tree_blocks(whole_groups(source_input, options), options, binding, tokenizer):
         sizes.append(build_layout(block, capacity).sizes)
         lengths.append(block.lengths)
         groups += int(np.unique(block.group).shape[0])

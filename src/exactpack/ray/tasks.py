@@ -41,7 +41,7 @@ from exactpack.io.tokenizers import HFTokenizer, Tokenizer
 from exactpack.pipeline.budget import StreamBudget, check_budget, read_limits
 from exactpack.pipeline.local import bind_examples, pack_table, run_statistics
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.pack_tree import PlannedBlock, block_groups
+from exactpack.pipeline.pack_tree import PlannedBlock, tree_blocks
 from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_origin, block_table
 from exactpack.ray.ray_options import TaskHook
 
@@ -205,10 +205,11 @@ def plan_tries(
     opts = settings.options
     tokenizer = opts.load_tokenizer()
     read = time.perf_counter()
-    groups, index = block_groups(tables[0], block_origin(block), settings.binding, tokenizer, opts)
+    blocks = [(tables[0], block_origin(block))]
+    groups, index, carried = next(tree_blocks(blocks, opts, settings.binding, tokenizer))
     tokenized = time.perf_counter()
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else "table")
-    planned = PlannedBlock.of(groups, index, opts, budget)
+    planned = PlannedBlock.of(groups, index, carried, opts, budget)
     counts = planned.counts()
     stats = counts | {
         "examples": counts["sequences"],
