@@ -37,7 +37,6 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
-from exactpack.core.stream_packer import DEFAULT_LOOKAHEAD, DEFAULT_MAX_OPEN_ROWS
 from exactpack.core.supervision import Objective
 from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
 from exactpack.io.documents import make_binding
@@ -136,7 +135,7 @@ def pack_dataset(
 
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
     ``with_format`` is carried over. A stream (:func:`is_stream`) returns a
-    ``datasets.IterableDataset`` packed as it is read (:mod:`exactpack.training.stream`;
+    ``datasets.IterableDataset`` packed as it is read (:mod:`exactpack.pipeline.stream_engine`;
     ``vocab_size`` or a tokenizer required). ``tree=True`` (or ``options.tree``): tree
     packing, one record per row (docs/tree.md); a stream is tree-packed in blocks of
     ``tree_block`` rows, each ending where the ``group`` changes.
@@ -237,7 +236,7 @@ def _as_stream(generate: Any, spec: Any, info: Any = None) -> Any:
 
 
 def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
-    """A stream packed by the engine of :mod:`exactpack.training.stream` as it is read: each
+    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine`: each
     chunk's closed rows an Arrow table; under torchrun the end padded with empty rows to a
     multiple of ``world_size * max_rows_per_batch``. The metadata as a ``Dataset``'s."""
     import datasets
@@ -268,15 +267,8 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
             f" revisited), not {opts.policy!r} — drop policy= or read the data into a"
             " datasets.Dataset first"
         )
-    packer = {"lookahead": DEFAULT_LOOKAHEAD, "max_open_rows": DEFAULT_MAX_OPEN_ROWS, "seed": 0}
-    unknown = sorted(set(opts.policy_options) - set(packer))
-    if unknown:
-        raise InvalidInput(
-            f"stream-best-fit has no option {unknown[0]!r} — its options are {sorted(packer)}"
-        )
-    packer |= {k: v for k, v in opts.policy_options.items() if v is not None}
     settings = StreamSettings(
-        opts.capacity, opts.pair_capacity, **packer, cut_long=opts.cut_long,
+        opts.capacity, opts.pair_capacity, **opts.policy_options, cut_long=opts.cut_long,
         tokenizer=tokenizer, text_field=opts.text_field, partition=opts.split,
         objective=Objective.of(opts), chunk=STREAM_CHUNK,
     )  # fmt: skip
@@ -289,7 +281,7 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
         config=opts.manifest_fields(pad)["config"],
         kind=(TRL_FORMAT, TRL_VERSION) if trl else (FORMAT, VERSION),
         columns=schema.names,
-        policy={"name": "stream-best-fit", "options": packer},
+        policy={"name": "stream-best-fit", "options": settings.packer()},
         statistics=None,
         input={"kind": "stream"},
     )
@@ -342,21 +334,21 @@ def _pack_tree(dataset: Any, opts: PackOptions, model: Any, stream: bool) -> Any
             " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
             " default format with tree=True"
         )
-    if stream:
-        if opts.vocab_size is None:
-            raise InvalidInput(
-                "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
-                " to find its largest id)"
-            )
-        binding = Binding(opts.vocab_size, "pretokenized", "tree-dataset")
-        return _as_stream(_stream_tries, (_source(dataset, opts), binding, opts, model))
-    columns = {n: dataset[n] if n in _TREE else [] for n in dataset.column_names}
+    if stream and opts.vocab_size is None:
+        raise InvalidInput(
+            "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
+            " to find its largest id)"
+        )
     vocab = opts.vocab_size or 1 + max(
-        (max_id(columns[n]) for n in columns if n in _TREE and n != "group"), default=0
+        (max_id(dataset[n]) for n in dataset.column_names if n in _TREE and n != "group"),
+        default=0,
     )
     binding = Binding(int(vocab), "pretokenized", "tree-dataset")
-    records, _ = _tries(columns, binding, opts, model, 0)
-    return datasets.Dataset.from_list(records)
+    block = opts.tree_block if stream else sys.maxsize  # a Dataset: one block
+    spec = (_source(dataset, opts), binding, opts, model, block)
+    if stream:
+        return _as_stream(_stream_tries, spec)
+    return datasets.Dataset.from_list([r for _, t in _stream_tries(spec) for r in t.to_pylist()])
 
 
 def _tries(
@@ -373,16 +365,16 @@ def _tries(
 
 
 def _stream_tries(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
-    """A stream's tree records, block by block: ``tree_block`` rows at least, then up to
-    where the ``group`` changes (a group's adjacent rows stay one trie), each block packed
-    alone; read by the stream engine's source."""
-    source, binding, opts, model = spec
+    """Tree records, block by block (read by the stream engine's source): ``block`` rows at
+    least, then up to where the ``group`` changes (a group's adjacent rows stay one trie),
+    each block packed alone; a ``Dataset`` is one block."""
+    source, binding, opts, model, block = spec
     rows: list[dict] = []
     first = done = 0
 
     def flush() -> Iterator[tuple[int, pa.Table]]:
         nonlocal first, done
-        columns = {n: [r.get(n) for r in rows] for n in rows[0] if n in _TREE}
+        columns = {n: [r.get(n) for r in rows] if n in _TREE else [] for n in rows[0]}
         records, count = _tries(columns, binding, opts, model, first)
         first, done = first + count, done + len(records)
         rows.clear()
@@ -390,7 +382,7 @@ def _stream_tries(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
 
     for table in source.tables(0, STREAM_CHUNK):
         for row in table.to_pylist():
-            if len(rows) >= opts.tree_block and row.get("group", rows) != rows[-1].get("group"):
+            if len(rows) >= block and row.get("group", rows) != rows[-1].get("group"):
                 yield from flush()
             rows.append(row)
     if rows:

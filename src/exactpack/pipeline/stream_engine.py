@@ -142,6 +142,7 @@ class StreamSettings:
     lookahead: int = DEFAULT_LOOKAHEAD
     max_open_rows: int = DEFAULT_MAX_OPEN_ROWS
     seed: int = 0
+    kernels: str = "auto"
     cut_long: bool = False
     tokenizer: Tokenizer | None = None
     text_field: str = "text"
@@ -150,6 +151,10 @@ class StreamSettings:
     chunk: int = 1024
     name: str = "stream"  # what an error calls a document: "stream row 3"
     rows_per_step: int = 1  # closed rows held at once (StreamDataset: one step)
+
+    def packer(self) -> dict[str, int]:
+        """The packer's settings, as a manifest records them."""
+        return {"lookahead": self.lookahead, "max_open_rows": self.max_open_rows, "seed": self.seed}
 
     @property
     def count_tokens(self) -> bool:
@@ -185,7 +190,7 @@ class StreamPass:
         self.source, self.binding, self.s = source, binding, settings
         self.packer = StreamPacker(
             settings.capacity, lookahead=settings.lookahead, max_open_rows=settings.max_open_rows,
-            seed=settings.seed, stream=binding.split_id,
+            seed=settings.seed, kernels=settings.kernels, stream=binding.split_id,
         )  # fmt: skip
         self.pending: dict[int, Example] = {}
         self.docs_read = 0

@@ -137,7 +137,8 @@ class StreamDataset(IterableDataset):
         self.cut_long = bool(cut_long)
         self.settings = StreamSettings(
             self.capacity, self.capacity, self.lookahead, self.max_open_rows, self.seed,
-            self.cut_long, tokenizer, text_field, Split.parse(split),
+            cut_long=self.cut_long, tokenizer=tokenizer, text_field=text_field,
+            partition=Split.parse(split),
             chunk=positive_int("read_chunk", read_chunk, MAX_READ_CHUNK), name="document",
             rows_per_step=self.rows_per_step,
         )  # fmt: skip
