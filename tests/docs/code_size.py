@@ -71,7 +71,10 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "loss": ("core/loss:token_weighted_sum", "core/tree:tree_loss_sum"),
     "verifier": ("verify/models:verify_hf",),
     "verify command": ("cli/verify:cmd_verify", "cli/verify_tree:cmd_verify_tree"),
-    "stream engine": ("training/stream:StreamDataset", "hf/streaming:pack_stream"),
+    "stream engine": (
+        "pipeline/stream_engine:StreamPass",
+        "hf/datasets_io:_stream_tries",
+    ),
     "options class": ("pipeline/options:PackOptions",),
     "per-sequence views": ("nn/logprobs:sequence_logprobs",),
     "border for foreign errors": ("core/errors:foreign",),

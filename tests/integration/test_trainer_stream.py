@@ -112,7 +112,7 @@ def test_a_stream_resumes_from_its_state_dict():
 
 @pytest.mark.parametrize("fmt", ["exactpack", "trl"])
 def test_under_torchrun_the_end_is_padded_with_rows_that_train_nothing(fmt, monkeypatch):
-    import exactpack.hf.streaming as streaming
+    import exactpack.hf.datasets_io as streaming
 
     docs = rows(37)
     alone = list(H.pack_dataset(docs, 12, vocab_size=266, format=fmt, max_rows_per_batch=3))

@@ -406,7 +406,7 @@ def test_streamed_mappings_follow_the_same_rule():
         ({"assistant_mask": [1] * 5}, "did you mean assistant_masks"),
         ({"attention_mask": [1, 1, 1, 1, 0]}, "padded or masked tokens"),
         ({"labels": [0, 5, 6, 9, 1]}, "the token itself or -100"),
-        ({"completion_mask": [0, 1, 1, 1], "prompt": "p", "completion": "c"}, "one per token"),
+        ({"completion_mask": [0, 1, 1, 1], "prompt": "p", "completion": "c"}, "per input_ids"),
     ]:
         with pytest.raises(InvalidInput, match=message):
             first_mask({"input_ids": ids} | bad)

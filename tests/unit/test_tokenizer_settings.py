@@ -249,7 +249,7 @@ def test_text_mistakes_name_the_flag_that_fixes_them(tmp_path, capsys):
     stream = StreamDataset(items, binding=binding, max_length=16, rows_per_micro_batch=1,
                            tokenizer=load_tokenizer("bytes"))  # fmt: skip
     assert next(iter(stream)).batch.loss_mask.sum() == 6 + 3
-    with pytest.raises(InvalidInput, match=r"document 0 has neither input_ids nor 'text'"):
+    with pytest.raises(InvalidInput, match=r"document row 0 has neither input_ids nor 'text'"):
         next(iter(StreamDataset([{"id": "a"}], binding=binding, max_length=16,
                                 rows_per_micro_batch=1)))  # fmt: skip
 

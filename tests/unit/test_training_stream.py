@@ -120,11 +120,11 @@ def test_text_and_mapping_documents_and_errors():
     batch = next(iter(make(mapped))).batch
     assert batch.loss_mask[0, :3].tolist() == [False, True, True]
     assert batch.occurrences.source_ids.tolist() == ["m"]
-    with pytest.raises(OversizedExample, match="document 0"):
+    with pytest.raises(OversizedExample, match="document row 0"):
         list(make([list(range(20))]))
     with pytest.raises(InvalidInput, match="tokenizer"):
         list(make(["text"]))
-    with pytest.raises(InvalidInput, match="needs 2"):
+    with pytest.raises(InvalidInput, match="needs at least 2"):
         list(make([[5]]))
 
 

@@ -185,7 +185,7 @@ def test_pack_dataset_tree_packs_a_stream_block_by_block():
     with pytest.raises(InvalidInput, match="needs vocab_size=") as err:
         pack_dataset(iter(rows), 16, tree=True)
     assert "\n" not in str(err.value)
-    with pytest.raises(InvalidInput, match="needs max_length="):
+    with pytest.raises(InvalidInput, match="pass max_length="):
         pack_dataset(datasets.Dataset.from_list(rows), tree=True)
 
 

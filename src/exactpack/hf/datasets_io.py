@@ -22,7 +22,8 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,14 @@ from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
+from exactpack.core.supervision import Objective
 from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
-from exactpack.io.documents import Origin
+from exactpack.io.documents import Origin, make_binding
 from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
 from exactpack.io.shards import (
     FORMAT,
+    FULL,
     VERSION,
     arrow_to_rows,
     layout_of,
@@ -63,7 +66,8 @@ from exactpack.io.trl_schema import (
 )
 from exactpack.pipeline.budget import StreamBudget
 from exactpack.pipeline.corpus import Corpus, read_corpus
-from exactpack.pipeline.options import DEFAULT_TREE_WINDOW, PackOptions, check_pad_id
+from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.stream_engine import NO_PLACEMENTS, StreamPass, StreamSettings, StreamSource
 from exactpack.pipeline.writer import (
     CorpusSource,
     Examples,
@@ -75,6 +79,10 @@ from exactpack.pipeline.writer import (
 )
 
 META_KEY = "exactpack"
+#: Stream rows read, checked and tokenized at a time.
+STREAM_CHUNK = 1024
+#: The columns tree packing reads (:data:`~exactpack.core.tree.TREE_COLUMNS`).
+_TREE = {name for names in TREE_COLUMNS for name in names}
 
 
 def _options(
@@ -135,26 +143,29 @@ def pack_dataset(
     (:func:`exactpack.hf.capabilities.check_model`).
 
     ``format="trl"``: TRL's packed schema (:mod:`exactpack.io.trl_schema`). The input's
-    ``with_format`` is carried over. A stream (:func:`exactpack.hf.streaming.is_stream`)
-    returns a ``datasets.IterableDataset`` packed with ``stream-best-fit`` as it is read
-    (``vocab_size`` or a tokenizer required). ``tree=True``: tree packing,
-    one record per row (docs/tree.md).
+    ``with_format`` is carried over. A stream (:func:`is_stream`) returns a
+    ``datasets.IterableDataset`` packed as it is read (:mod:`exactpack.pipeline.stream_engine`;
+    ``vocab_size`` or a tokenizer required). ``tree=True`` (or ``options.tree``): tree
+    packing, one record per row (docs/tree.md); a stream is tree-packed in blocks of
+    ``tree_block`` rows, each ending where the ``group`` changes.
     """
     import datasets
 
-    from exactpack.hf.streaming import is_stream, pack_stream
-
     tree = keywords.pop("tree", None)
-    if tree or (tree is None and isinstance(options, PackOptions) and options.tree):
-        return _pack_tree(dataset, tree or options.tree, max_length, policy, options, keywords)
+    tree = "on" if tree is True else None if tree is False else tree
+    if tree is not None:
+        keywords["tree"] = tree
+    tree = tree or (options.tree if isinstance(options, PackOptions) else None)
     stream = is_stream(dataset)
-    if stream and policy is None and options is None and "policy" not in keywords:
+    if stream and not tree and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
     model = keywords.pop("model", None)
     opts = _options(max_length, policy, options, keywords)
-    _check_model(model, None, None, None, opts)  # its capability and rows, before any read
+    _check_model(model, None, None, 0, opts)  # its capability and rows, before any read
+    if opts.tree:
+        return _pack_tree(dataset, opts, model, stream)
     if stream:
-        return pack_stream(dataset, opts, META_KEY)
+        return _pack_stream(dataset, opts)
     tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
         dataset,
@@ -166,7 +177,8 @@ def pack_dataset(
     try:
         pad = check_pad_id(opts, corpus.binding.vocab_size, tokenizer)
         examples = corpus_examples(corpus, opts, StreamBudget.of(opts, corpus.source.kind))
-        _check_model(model, corpus.binding, pad, examples, opts)  # before any row
+        longest = int(max(examples.lengths)) if len(examples.lengths) else 0
+        _check_model(model, corpus.binding, pad, longest, opts)  # before any row
         storage = plan_corpus(examples, opts)
         columns, table = _tables(corpus, examples, storage, opts)
         fingerprint_in = corpus.source.fingerprint
@@ -188,130 +200,224 @@ def pack_dataset(
     return carry_format(dataset, packed)
 
 
-def _pack_tree(
-    dataset: Any,
-    tree: Any,
-    max_length: int | None,
-    policy: str | None,
-    options: PackOptions | None,
-    keywords: dict,
-) -> Any:
-    """``pack_dataset(..., tree=True)`` (or ``options.tree``): tree packing, docs/tree.md.
-
-    The tree columns (``prompt_ids`` + ``completion_ids``, TRL's DPO ``prompt_ids`` /
-    ``chosen_ids`` / ``rejected_ids`` or its text ``prompt`` / ``chosen`` / ``rejected``
-    with ``tokenizer=``, or ``input_ids`` + ``group``) become a ``datasets.Dataset`` of one
-    record per row, scalar columns carried per sequence
-    (:func:`~exactpack.io.trl_schema.carry_columns`). ``model=`` is checked as flat
-    ``pack_dataset`` checks it (on tree rows): before reading, then with the longest
-    sequence and the vocabulary."""
+def is_stream(dataset: Any) -> bool:
+    """Whether ``dataset`` is a stream: an ``IterableDataset`` (or its dict), a function, or
+    an iterable that is no in-memory input (``Dataset``, Arrow table, path, mapping)."""
     import datasets
 
-    from exactpack.hf.capabilities import check_model
-    from exactpack.hf.streaming import is_stream
+    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        return True
+    in_memory = (datasets.Dataset, datasets.DatasetDict, pa.Table, str, bytes, os.PathLike, Mapping)
+    return not isinstance(dataset, in_memory) and (
+        callable(dataset) or isinstance(dataset, Iterable)
+    )
 
-    if tree == "auto":
+
+def stream_world() -> int:
+    """The world size of an initialised ``torch.distributed`` group, else 1."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def _source(dataset: Any, opts: PackOptions) -> StreamSource:
+    """A stream's source: an ``IterableDatasetDict``'s split ``opts.split``."""
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDatasetDict):
+        if opts.split.value not in dataset:
+            raise InvalidInput(
+                f"the stream has splits {sorted(dataset)}, not {opts.split.value!r} —"
+                " pass split= with one of them"
+            )
+        dataset = dataset[opts.split.value]
+    return StreamSource(dataset, text_field=opts.text_field)
+
+
+def _as_stream(generate: Any, spec: Any, info: Any = None) -> Any:
+    """A ``datasets.IterableDataset`` of the Arrow tables ``generate(spec)`` yields (a pass
+    each: it re-reads the source), resumable by ``datasets``' own ``state_dict``."""
+    import datasets
+    from datasets.iterable_dataset import ArrowExamplesIterable
+
+    return datasets.IterableDataset(ArrowExamplesIterable(generate, {"spec": spec}), info=info)
+
+
+def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
+    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine`: each
+    chunk's closed rows an Arrow table; under torchrun the end padded with empty rows to a
+    multiple of ``world_size * max_rows_per_batch``. The metadata as a ``Dataset``'s."""
+    import datasets
+
+    source = _source(dataset, opts)
+    tokenizer = opts.load_tokenizer()
+    if opts.vocab_size is None and tokenizer is None:
+        raise InvalidInput(
+            "a stream's largest token id is not known before it is read — pass"
+            " vocab_size= (the model's vocabulary size) or a tokenizer= that defines it"
+        )
+    info = getattr(source.documents, "info", None)
+    parts = [type(source.documents).__name__]
+    if info is not None:
+        parts += [str(info.dataset_name), str(info.config_name), str(info.splits)]
+    text = "\0".join(["exactpack-split", opts.split.value, "stream", *parts])
+    receipt = "stream:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    binding = make_binding(lambda: receipt, **opts.binding_keywords(tokenizer))
+    pad = check_pad_id(opts, binding.vocab_size, tokenizer)
+    if opts.truncation_mode is not None:
+        raise InvalidInput(
+            "truncation_mode= truncates a dataset read whole (a Dataset, or a file):"
+            " a stream is packed as it is read — drop truncation_mode= or pass cut_long=True"
+        )
+    if opts.policy not in ("best-fit-decreasing", "stream-best-fit"):
+        raise InvalidInput(
+            f"a stream is packed with policy 'stream-best-fit' (it cannot be sorted or"
+            f" revisited), not {opts.policy!r} — drop policy= or read the data into a"
+            " datasets.Dataset first"
+        )
+    settings = StreamSettings(
+        opts.capacity, opts.pair_capacity, **opts.policy_options, cut_long=opts.cut_long,
+        tokenizer=tokenizer, text_field=opts.text_field, partition=opts.split,
+        objective=Objective.of(opts), chunk=STREAM_CHUNK,
+    )  # fmt: skip
+    settings.check_memory()
+    trl = opts.format == "trl"
+    schema = TRL_SCHEMA if trl else FULL.schema()  # fixed before a row is read
+    meta = manifest_record(
+        binding=binding,
+        partition=opts.split,
+        config=opts.manifest_fields(pad)["config"],
+        kind=(TRL_FORMAT, TRL_VERSION) if trl else (FORMAT, VERSION),
+        columns=schema.names,
+        policy={"name": "stream-best-fit", "options": settings.packer()},
+        statistics=None,
+        input={"kind": "stream"},
+    )
+    info = datasets.DatasetInfo(
+        description=json.dumps({META_KEY: meta}),
+        features=datasets.Features.from_arrow_schema(schema),
+    )
+    spec = (source, binding, settings, trl, pad or 0, opts.max_rows_per_batch)
+    return _as_stream(_stream_tables, spec, info)
+
+
+def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
+    """One pass of a flat stream: the closed rows of each chunk as an Arrow table."""
+    source, binding, settings, trl, pad, per_batch = spec
+    engine = StreamPass(source, binding, settings)
+    done = 0
+    while not engine.source_done:
+        placed = engine.push()
+        rows = np.unique(placed[1])
+        if rows.size:
+            cols = engine.rows(placed, rows, done)
+            for e in placed[0].tolist():
+                del engine.pending[e]
+            yield done, trl_table(cols) if trl else shard_table(cols, FULL)
+            done += rows.size
+    world = stream_world()
+    missing = (-done) % (world * per_batch) if world > 1 else 0
+    if missing and trl:  # a 2-token row of the pad id, nothing supervised (TRL needs tokens)
+        empty = {"input_ids": [[pad] * 2], "labels": [[-100] * 2], "seq_lengths": [[2]]}
+        yield done, pa.Table.from_pydict({k: v * missing for k, v in empty.items()}, TRL_SCHEMA)
+    elif missing:
+        yield done, shard_table(engine.rows(NO_PLACEMENTS, np.arange(missing), done), FULL)
+
+
+def _pack_tree(dataset: Any, opts: PackOptions, model: Any, stream: bool) -> Any:
+    """``pack_dataset(..., tree=True)`` (docs/tree.md): the tree columns (``prompt_ids`` +
+    ``completion_ids``, TRL's DPO ``prompt_ids`` / ``chosen_ids`` / ``rejected_ids`` or its
+    text ``prompt`` / ``chosen`` / ``rejected`` with ``tokenizer=``, or ``input_ids`` +
+    ``group``) as one record per row, scalar columns carried per sequence
+    (:func:`~exactpack.io.trl_schema.carry_columns`): a ``Dataset`` (or, for a stream, an
+    ``IterableDataset`` packed block by block)."""
+    import datasets
+
+    if opts.tree == "auto":
         raise InvalidInput(
             "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
             " (exactpack pack --tree auto) — pass tree=True with group columns"
         )
-    if options is not None:  # its fields, where no keyword gives them
-        max_length, policy = max_length or options.max_length, policy or options.policy
-        keywords.setdefault("vocab_size", options.vocab_size)
-    if keywords.pop("format", "exactpack") == "trl":
+    if opts.format == "trl":
         raise InvalidInput(
             "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
             " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
             " default format with tree=True"
         )
-    if max_length is None:
-        raise InvalidInput("pack_dataset(..., tree=True) needs max_length= (cells per row)")
-    model, vocab = keywords.pop("model", None), keywords.pop("vocab_size", None)
-    texts = {k: keywords.pop(k) for k in ("tokenizer", "chat_template") if k in keywords}
-    tok = PackOptions.of(options, max_length=max_length, **texts).load_tokenizer()  # DPO text
-    vocab = vocab or getattr(tok, "vocab_size", None)
-    if model is not None:  # before any read, as flat pack_dataset
-        check_model(model, None, None, 0, max_length, tree=True)
-    policy = policy or "best-fit-decreasing"
-    ident = getattr(tok, "identity", "pretokenized")
-    if is_stream(dataset):
-        if vocab is None:
-            raise InvalidInput(
-                "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
-                " to find its largest id)"
-            )
-        binding = Binding(int(vocab), ident, "tree-dataset")
-        block = options.tree_block if options is not None else DEFAULT_TREE_WINDOW
-        spec = (dataset, binding, tok, max_length, policy, model, block, keywords)
-        return datasets.IterableDataset.from_generator(_stream_tries, gen_kwargs={"spec": spec})
-    wanted = {name for names in TREE_COLUMNS for name in names} - {"group"}
-    table = dataset.with_format("arrow")[0 : len(dataset)]
+    tok = opts.load_tokenizer()  # DPO text rows are tokenized as TRL's DPOTrainer does
+    vocab = opts.vocab_size or getattr(tok, "vocab_size", None)
+    if stream and vocab is None:
+        raise InvalidInput(
+            "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
+            " to find its largest id)"
+        )
     vocab = vocab or 1 + max(
-        (max_id(table.column(n).to_pylist()) for n in table.column_names if n in wanted),
+        (max_id(dataset[n]) for n in dataset.column_names if n in _TREE and n != "group"),
         default=0,
     )
-    binding = Binding(int(vocab), ident, "tree-dataset")
-    records, _ = _tries(table, binding, tok, max_length, policy, model, keywords, 0)
-    return datasets.Dataset.from_list(records)
+    binding = Binding(int(vocab), getattr(tok, "identity", "pretokenized"), "tree-dataset")
+    block = opts.tree_block if stream else sys.maxsize  # a Dataset: one block
+    spec = (_source(dataset, opts), binding, tok, opts, model, block)
+    if stream:
+        return _as_stream(_stream_tries, spec)
+    return datasets.Dataset.from_list([r for _, t in _stream_tries(spec) for r in t.to_pylist()])
 
 
 def _tries(
-    table: pa.Table, binding: Binding, tok: Any, max_length: int, policy: str, model: Any,
-    keywords: dict, first: int,
-) -> tuple[list[dict[str, list[Any]]], int]:  # fmt: skip
+    table: pa.Table, binding: Binding, tok: Any, opts: PackOptions, model: Any, first: int
+) -> tuple[list[dict[str, list[Any]]], int]:
     """The tree records of ``table``'s groups (its scalar columns carried), sequences
     numbered from ``first``; how many."""
-    from exactpack.hf.capabilities import check_model
-
     names = table.column_names
     if set(DPO_TEXT) <= set(names) and not any(set(c) <= set(names) for c in TREE_COLUMNS):
         groups, index = dpo_text_groups(table, Origin((("dataset", -first, "row"),)), tok, binding)
     else:
-        wanted = {name for names in TREE_COLUMNS for name in names}
-        columns = {n: table.column(n).to_pylist() if n in wanted else [] for n in names}
+        columns = {n: table.column(n).to_pylist() if n in _TREE else [] for n in names}
         groups, index = groups_from_columns(columns, binding)
-    if model is not None:
-        longest = int(groups.lengths.max()) if len(groups) else 0
-        check_model(model, groups.binding, None, longest, max_length, tree=True)
-    (batch,) = pack_tree(groups, max_length, policy=policy, **keywords).batches
+    longest = int(groups.lengths.max()) if len(groups) else 0
+    _check_model(model, groups.binding, None, longest, opts)
+    policy = {"policy": opts.policy, **opts.policy_options}
+    (batch,) = pack_tree(groups, opts.capacity, **policy).batches
     batch = dataclasses.replace(batch, seq_index=first + index[batch.seq_index])
     return carry_columns(tree_records(batch), table, groups, first), len(index)
 
 
-def _stream_tries(spec: tuple) -> Any:
-    """A stream's tree records, block by block: ``block`` rows at least, then up to where the
-    ``group`` changes (a group's adjacent rows stay one trie), each block packed alone."""
-    dataset, binding, tok, max_length, policy, model, block, keywords = spec
+def _stream_tries(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
+    """Tree records, block by block (read by the stream engine's source): ``block`` rows at
+    least, then up to where the ``group`` changes (a group's adjacent rows stay one trie),
+    each block packed alone; a ``Dataset`` is one block."""
+    source, binding, tok, opts, model, block = spec
     rows: list[dict] = []
-    first = 0
+    first = done = 0
 
-    def flush() -> Any:
-        nonlocal first
-        table = pa.Table.from_pylist(rows)
-        records, count = _tries(table, binding, tok, max_length, policy, model, keywords, first)
-        yield from records
-        first += count
+    def flush() -> Iterator[tuple[int, pa.Table]]:
+        nonlocal first, done
+        keys = dict.fromkeys(k for r in rows for k in r)  # every row's columns, in order
+        table = pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
+        records, count = _tries(table, binding, tok, opts, model, first)
+        first, done = first + count, done + len(records)
         rows.clear()
+        yield done, pa.Table.from_pylist(records)
 
-    for row in dataset:
-        if len(rows) >= block and ("group" not in row or row["group"] != rows[-1].get("group")):
-            yield from flush()
-        rows.append(row)
+    for table in source.tables(0, STREAM_CHUNK):
+        for row in table.to_pylist():
+            if len(rows) >= block and row.get("group", rows) != rows[-1].get("group"):
+                yield from flush()
+            rows.append(row)
     if rows:
         yield from flush()
 
 
 def _check_model(
-    model: Any, binding: Binding | None, pad: int | None, examples: Any, opts: PackOptions
+    model: Any, binding: Binding | None, pad: int | None, longest: int, opts: PackOptions
 ) -> None:
     """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if given."""
     if model is None:
         return
     from exactpack.hf.capabilities import check_model
 
-    lengths = examples.lengths if examples is not None else ()
-    longest = int(max(lengths)) if len(lengths) else 0
-    check_model(model, binding, pad, longest, opts.capacity)
+    check_model(model, binding, pad, longest, opts.capacity, tree=opts.tree is not None)
 
 
 def _tables(

@@ -229,10 +229,12 @@ def supervised_targets(
     ``objective`` (default TRL's) applies, or None when every target is supervised."""
     names = [n for n in table.column_names if not pa.types.is_null(table.schema.field(n).type)]
     names = (objective or Objective()).applied(names, origin.parts[0][0])
-    if "labels" in names and "loss_mask" in names:
-        raise InvalidInput(
-            f"{origin.parts[0][0]}: has both labels and loss_mask — keep one of them"
-        )
+    if "labels" in names and "loss_mask" in names:  # each row one of them (a stream's may differ)
+        both = pc.and_(pc.is_valid(table["labels"]), pc.is_valid(table["loss_mask"]))
+        if pc.any(both).as_py():
+            row = first(both.to_numpy(zero_copy_only=False))
+            where = origin.locate(row)
+            raise InvalidInput(f"{where}: has both labels and loss_mask — keep one of them")
     counts = np.diff(offsets)
     flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
     for name in names:
