@@ -256,10 +256,6 @@ def _check_available(attn_implementation: str, device: torch.device) -> None:
                 f" {'present' if is_flash_attn_2_available() else 'missing'}) — run with"
                 " --device cuda where flash-attn is installed, or verify --attn sdpa here"
             )
-    if attn_implementation == "exactpack_varlen":
-        from exactpack.hf.attention_impl import register
-
-        register()
 
 
 def load_model(
@@ -347,12 +343,11 @@ def _config_int(cfg: Any, names: Sequence[str], default: int = 0) -> int:
     return default
 
 
-def _parameter_estimate(cfg: Any) -> int:
+def _parameter_estimate(text: Any, layers: int) -> int:
     """About how many parameters ``cfg``'s decoder holds, from its sizes alone: embeddings
     (and an untied head), then per layer attention (q, k, v, o), a gated MLP (times its
     experts) and norms. Python ints: a config's absurd sizes give an absurd count, never
     an overflow."""
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     width = _config_int(text, _WIDTH)
     heads = _config_int(text, ("num_attention_heads", "n_head"), 1)
     kv_heads = _config_int(text, ("num_key_value_heads",), heads)
@@ -364,12 +359,7 @@ def _parameter_estimate(cfg: Any) -> int:
     attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim
     layer = attention + 3 * width * inner + 2 * width
     heads_out = 1 if getattr(text, "tie_word_embeddings", True) else 2
-    return _config_int(text, ("vocab_size",)) * width * heads_out + _layer_count(cfg) * layer
-
-
-def _layer_count(cfg: Any) -> int:
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return _config_int(text, _LAYERS)
+    return _config_int(text, ("vocab_size",)) * width * heads_out + layers * layer
 
 
 def _check_model_size(
@@ -378,7 +368,8 @@ def _check_model_size(
     """Refuse ``cfg``'s model before it is built: more than :data:`MAX_LAYERS` layers, or
     more than ``max_bytes`` (None: no limit) of parameters in ``dtype`` by
     :func:`_parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
-    layers = _layer_count(cfg)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers = _config_int(text, _LAYERS)
     if layers > MAX_LAYERS:
         raise InvalidInput(
             f"{path}: the config has {layers:,} layers, more than the {MAX_LAYERS:,} any"
@@ -386,7 +377,7 @@ def _check_model_size(
         )
     if max_bytes is None:
         return
-    need = _parameter_estimate(cfg) * dtype.itemsize
+    need = _parameter_estimate(text, layers) * dtype.itemsize
     if weights and path.is_dir():
         need = max(need, sum(f.stat().st_size for f in path.glob("*.safetensors")))
     if need > max_bytes:
