@@ -52,7 +52,7 @@ from exactpack.core.loss import masked_nll_sum
 from exactpack.core.tree import SequenceGroups, TreeBatch, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capabilities import architecture_of, capability
+from exactpack.hf.capabilities import capability
 from exactpack.hf.kinds import MASK_KINDS, attention_kind, tree_kind
 from exactpack.hf.mixers import restart_mixers
 from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
@@ -520,7 +520,7 @@ def _prepare(
     if mode not in modes:
         rows = " for tree rows (--tree-lengths)" if tree else ""
         raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(modes)}{rows}")
-    arch = architecture_of(model)
+    arch = capability(model)
     if not allow_unsupported and (tree or mode == "adapter"):  # tree naive feeds hf inputs too
         attn = model.config._attn_implementation
         arch.check(tree_kind(attn) if tree else attention_kind(attn), tree=tree)
@@ -676,11 +676,32 @@ def _compare(
     f32 = {"abs": atol, "rel": rtol, "why": why}
     if "labels" in kwargs:
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
-    report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
+    lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
+    report = {
+        "target": "transformers",
+        "model": _model_facts(model),
+        "architecture": _architecture_facts(arch, lengths),
+        "mode": mode,
+        "examples": len(lengths),
+        "lengths": lengths,
+        "rows": batch.shape[0],
+        "capacity": capacity,
+        "targets": sum(lengths),
+        "eligible_targets": eligible,
+        "tolerance": dict(tol) | ({"model_loss": f32} if "labels" in kwargs else {}),
+        **_tally(compared),
+    }
+    if tree:  # groups of sequences sharing prefixes (flat: groups of one)
+        report |= {
+            "layout": "tree",
+            "groups": int(np.unique(examples.group).shape[0]),
+            "sequences": len(lengths),
+            "nodes": int(batch.node_len.shape[0]),
+            "tokens_stored": batch.tokens_stored,
+            "tokens_flat": batch.tokens_flat,
+        }
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if "labels" in kwargs:
-        report["tolerance"]["model_loss"] = f32
     if tree:
         report["widened"] = widened
     return report, kwargs, batch, tol
@@ -701,55 +722,6 @@ def _separate(
     return torch.cat(logits), torch.stack(sums), eligible
 
 
-def _report(
-    model: torch.nn.Module,
-    arch: Architecture,
-    batch: PackedBatch | TreeBatch,
-    examples: Sequence[SequenceExample] | SequenceGroups,
-    mode: str,
-    capacity: int,
-    eligible: int,
-    tol: dict[str, Any],
-    compared: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    tree = isinstance(examples, SequenceGroups)
-    lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
-    report = {
-        "target": "transformers",
-        "model": _model_facts(model),
-        "architecture": {
-            "layer_types": list(arch.mask_types),
-            "windows": {k or "all": v for k, v in arch.windows.items()},
-            "window_exercised": arch.window is None or max(lengths) > arch.window,
-            "supported": arch.refusal is None,
-            "refusal": arch.refusal,
-            "positions": arch.positions,
-            "position_offset": arch.position_offset,
-            "conditions": [c.text() for c in arch.conditions],
-            "verdict": arch.verdict,
-        },
-        "mode": mode,
-        "examples": len(lengths),
-        "lengths": lengths,
-        "rows": batch.shape[0],
-        "capacity": capacity,
-        "targets": sum(lengths),
-        "eligible_targets": eligible,
-        "tolerance": dict(tol),
-        **_tally(compared),
-    }
-    if tree:  # groups of sequences sharing prefixes (flat: groups of one)
-        report |= {
-            "layout": "tree",
-            "groups": int(np.unique(examples.group).shape[0]),
-            "sequences": len(lengths),
-            "nodes": int(batch.node_len.shape[0]),
-            "tokens_stored": batch.tokens_stored,
-            "tokens_flat": batch.tokens_flat,
-        }
-    return report
-
-
 def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
     """The report's ``model`` section: type, class, trainable parameters, dtype, attention."""
     param = next(model.parameters())
@@ -760,6 +732,21 @@ def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
         "dtype": str(param.dtype).removeprefix("torch."),
         "attn_implementation": model.config._attn_implementation,
         "device": str(param.device),
+    }
+
+
+def _architecture_facts(arch: Architecture, lengths: list[int]) -> dict[str, Any]:
+    """The report's ``architecture`` section, for examples of ``lengths``."""
+    return {
+        "layer_types": list(arch.mask_types),
+        "windows": {k or "all": v for k, v in arch.windows.items()},
+        "window_exercised": arch.window is None or max(lengths) > arch.window,
+        "supported": arch.refusal is None,
+        "refusal": arch.refusal,
+        "positions": arch.positions,
+        "position_offset": arch.position_offset,
+        "conditions": [c.text() for c in arch.conditions],
+        "verdict": arch.verdict,
     }
 
 
