@@ -412,29 +412,23 @@ def _refuse_pickled_weights(folder: Path) -> None:
 
 
 def _packed_kwargs(
-    batch: PackedBatch | TreeBatch,
-    mode: str,
-    attn_implementation: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    pad_token_id: int = 0,
-    arch: Architecture | None = None,
-) -> dict[str, Any]:
-    """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
+    batch: Any, mode: str, attn: str, param: torch.Tensor, pad: int, arch: Any
+) -> dict:
+    """What ``mode`` feeds the model for ``batch`` (see the module docstring), on the
+    dtype and device of the model's parameter ``param``, padding cells ``pad``."""
+    device = param.device
     if mode == "naive" and isinstance(batch, TreeBatch):  # siblings see each other
         mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
-        return build_inputs(
-            batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
-        )
+        return build_inputs(batch, attn, arch, dtype=param.dtype, device=device, pad_token_id=pad)
     if mode == "bool-mask":
-        if attn_implementation not in ("eager", "sdpa"):
+        if attn not in ("eager", "sdpa"):
             raise InvalidInput("--mode bool-mask feeds 4-D masks: use --attn eager or sdpa")
         # The sdpa form (boolean) handed to whichever implementation runs: the control.
         return build_inputs(
-            batch, "sdpa", arch, mask="bool", device=device, pad_token_id=pad_token_id, labels=False
+            batch, "sdpa", arch, mask="bool", device=device, pad_token_id=pad, labels=False
         )
-    ids = np.where(batch.input_valid, batch.inputs, pad_token_id).astype(np.int64)
+    ids = np.where(batch.input_valid, batch.inputs, pad).astype(np.int64)
     return {
         "input_ids": torch.as_tensor(ids, device=device),
         "position_ids": torch.as_tensor(batch.position_ids(), device=device),
@@ -657,7 +651,7 @@ def _compare(
                 model, "forward", lambda: _separate(model, seqs)
             )
         tol = tolerance(param.dtype, islands)
-        kwargs = _packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
+        kwargs = _packed_kwargs(batch, mode, attn, param, pad, arch)
         out = _packed_forward(model, kwargs, mode)
         logits = cell_logits(out.logits, batch)  # (R, T, V)
         sep_mean = -sep_sums.sum() / eligible
