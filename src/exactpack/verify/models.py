@@ -412,11 +412,13 @@ def _refuse_pickled_weights(folder: Path) -> None:
 
 
 def _packed_kwargs(
-    batch: Any, mode: str, attn: str, param: torch.Tensor, pad: int, arch: Any
+    batch: Any, mode: str, attn: str, param: torch.Tensor, pad: int | None, arch: Any
 ) -> dict:
     """What ``mode`` feeds the model for ``batch`` (see the module docstring), on the
-    dtype and device of the model's parameter ``param``, padding cells ``pad``."""
+    dtype and device of the model's parameter ``param``, padding cells ``pad`` (0 where it
+    is no id of the vocabulary: codegen, cpmant have no pad id at all)."""
     device = param.device
+    pad = int(pad) if isinstance(pad, int) and 0 <= pad < batch.binding.vocab_size else 0
     if mode == "naive" and isinstance(batch, TreeBatch):  # siblings see each other
         mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
@@ -638,8 +640,6 @@ def _compare(
     param = next(model.parameters())
     batch, capacity, seqs = _pack(model, examples, capacity)
     pad = pad_token_id if pad_token_id is not None else getattr(model.config, "pad_token_id", None)
-    vocab = batch.binding.vocab_size  # codegen, cpmant: no pad id at all
-    pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
     reference = _reference_implementation(model, attn)
     with running(model, reference):
         islands, widened = guarded(model, "forward", lambda: observed(model, seqs[0][0], gradients))
