@@ -89,7 +89,7 @@ def run_one(model_type: str, attn: str, config) -> dict:
     import torch
 
     from exactpack.hf.architectures import UnsupportedArchitecture
-    from exactpack.hf.capabilities import architecture_of, capability
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.kinds import attention_kind
 
     from support.architecture_cases import verify_default
@@ -108,7 +108,7 @@ def run_one(model_type: str, attn: str, config) -> dict:
         # the model's own float64 forward fails (xglm: finfo(float64).min into float32)
         model, cell = float32, {"dtype": "float32", "float64": why}
     try:
-        architecture_of(model).check(attention_kind(attn))
+        capability(model).check(attention_kind(attn))
         report = verify_default(model)
     except UnsupportedArchitecture as err:
         return {"status": "refused", "detail": str(err)}

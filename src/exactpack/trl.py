@@ -49,7 +49,7 @@ from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.core.tree import SequenceGroups, build_layout, pack_tree
 from exactpack.hf.adapter import build_inputs
-from exactpack.hf.capabilities import architecture_of
+from exactpack.hf.capabilities import capability
 from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.mixers import packed_call, restart_mixers
 
@@ -181,7 +181,7 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
             f"{config.model_type} returns router logits for a load-balancing loss that reads"
             " TRL's padded attention_mask; set model.config.output_router_logits=False to pack"
         )
-    arch = architecture_of(lm).check(tree_kind(impl), tree=True)
+    arch = capability(lm).check(tree_kind(impl), tree=True)
     if arch.mixers:  # hybrids: each tree node's mixer state forks its parent's
         restart_mixers(lm)
     backbone = getattr(lm, lm.base_model_prefix)

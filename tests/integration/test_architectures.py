@@ -18,7 +18,7 @@ import torch
 from exactpack import PackConfig, pack_examples
 from exactpack.hf.adapter import build_inputs, cell_logits, hf_inputs
 from exactpack.hf.architectures import UnsupportedArchitecture, describe
-from exactpack.hf.capabilities import architecture_of, capability
+from exactpack.hf.capabilities import capability
 from exactpack.verify.diagnose import example_tokens
 from exactpack.verify.models import ModelCrashed, verify_hf
 
@@ -110,7 +110,7 @@ def _examples(config):
 @pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.name)
 def test_refused_cases_are_refused_up_front_and_really_leak(case):
     model = build(case, case.attns[0])
-    arch = architecture_of(model)
+    arch = capability(model)
     assert arch.refusal and arch.kind == case.refused, arch
     assert capability(model.config).refusal == arch.refusal  # config alone: the same answer
     with pytest.raises(UnsupportedArchitecture, match=re.escape(case.model_type)) as err:
@@ -350,7 +350,7 @@ def test_verify_of_exactpack_varlen_is_held_against_the_models_own_attention(mon
 
     case = next(c for c in CASES if c.model_type == "moshi")
     model = build(case, "exactpack_varlen")
-    arch = architecture_of(model)
+    arch = capability(model)
     assert arch.window is None
     report = run(case, "exactpack_varlen")
     assert report["pass"] and report["reference"] == "sdpa"

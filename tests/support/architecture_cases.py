@@ -306,11 +306,11 @@ def run(case: Case, attn: str, mode: str = "adapter", **verify_options: Any) -> 
 
 def verify_default(model: Any, **verify_options: Any) -> dict[str, Any]:
     """``verify_hf`` of ``model`` on the default examples for its window and conditions."""
-    from exactpack.hf.capabilities import architecture_of
+    from exactpack.hf.capabilities import capability
     from exactpack.verify.models import verification_examples, verification_layout, verify_hf
 
     config = model.config.get_text_config()
-    arch = architecture_of(model)
+    arch = capability(model)
     limits = [c.limit for c in arch.conditions if c.what == "example"]
     layout = verification_layout(
         arch.window,

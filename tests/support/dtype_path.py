@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from exactpack.verify.tolerances import float32_islands, tolerance
+from exactpack.verify.tolerances import observe, tolerance
 
 
 def observed_tolerance(model, kwargs) -> tuple[float, float]:
@@ -15,7 +15,7 @@ def observed_tolerance(model, kwargs) -> tuple[float, float]:
     ``logits.float()`` when ``kwargs`` carry labels) takes float32's
     (:mod:`exactpack.verify.tolerances`, which follows the data through one forward and backward).
     """
-    islands = float32_islands(lambda: model(**kwargs)[0].sum().backward())
+    islands, _ = observe(lambda: model(**kwargs)[0].sum().backward())
     model.zero_grad(set_to_none=True)
     tol = tolerance(torch.float64, islands)
     return tol["abs"], tol["rel"]

@@ -138,7 +138,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
         from exactpack.verify.layouts import verify_tiny
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
-    from exactpack.hf.capabilities import architecture_of
+    from exactpack.hf.capabilities import capability
     from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models
 
@@ -159,7 +159,7 @@ def _run_verify(args: argparse.Namespace) -> dict:
         model.set_attn_implementation(attn)
     cfg = model.config.get_text_config()
     positions = getattr(cfg, "max_position_embeddings", None)
-    arch = architecture_of(model)
+    arch = capability(model)
     if tree:
         examples = models.tree_groups(args.tree_lengths, cfg.vocab_size, args.seed, positions)
         capacity = args.capacity

@@ -295,8 +295,10 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
     attention = _attention_modules(decoder)
     refusal, kind = arch.refusal, arch.kind
     restarted, foreign = restart_plan(decoder, mixing_modules(decoder))
-    if foreign:
-        refusal, kind = mixing_reason(decoder, foreign[0])
+    if foreign:  # a mixer exactpack does not restart
+        name, kind = foreign[0]
+        cls = type(decoder.get_submodule(name)).__name__
+        refusal = f"its {kind} layer {name} ({cls}): {WHY_KIND[kind]}; {FIX}"
     elif arch.kind in ("linear attention", "convolution") and refusal is not None:
         # layer-type words, but every such layer built restarts per example (or none was built)
         refusal, kind = None, (arch.kind if restarted else "attention")
@@ -351,11 +353,12 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
     )
 
 
-def capability(config: Any, model: Any = None) -> Architecture:
-    """What ``config``'s model (``model`` itself when given, else the config's model built on
-    the ``meta`` device; unbuildable: the config alone) needs to be exact on packed rows."""
-    if model is not None and config is None:
-        config = model.config
+def capability(config: Any) -> Architecture:
+    """What a model needs to be exact on packed rows: ``config`` a model (its own modules
+    read) or its config (the config's model built on the ``meta`` device; unbuildable: the
+    config alone)."""
+    model = config if hasattr(config, "config") else None
+    config = getattr(config, "config", config)
     arch = describe(config)
     if model is None:
         model = meta_model(getattr(config, "get_text_config", lambda: config)())
@@ -373,8 +376,7 @@ def capability_once(config: Any) -> Architecture:
     hit = _SEEN.get(id(config))
     if hit is not None and hit[0]() is config:
         return hit[1]
-    model = config if hasattr(config, "config") else None
-    arch = capability(getattr(config, "config", config), model)
+    arch = capability(config)
     with contextlib.suppress(TypeError):  # not weakly referenceable: not kept
         _SEEN[id(config)] = (weakref.ref(config), arch)
     return arch
@@ -432,19 +434,7 @@ def restart_plan(
     return classes, rest
 
 
-def mixing_reason(model: Any, mixer: tuple[str, str]) -> tuple[str, str]:
-    """``(why, kind)`` of the refusal for one ``(module name, kind)`` of :func:`mixing_modules`."""
-    name, kind = mixer
-    cls = type(model.get_submodule(name)).__name__
-    return f"its {kind} layer {name} ({cls}): {WHY_KIND[kind]}; {FIX}", kind
-
-
-def architecture_of(model: Any) -> Architecture:
-    """The capability of ``model`` from its config and its modules."""
-    return capability(model.config, model)
-
-
-def check_runnable(attn_implementation: str, kind: str | None) -> None:
+def check_runnable(attn_implementation: str) -> None:
     """Refuse a flash implementation that cannot run on this machine (no CUDA or no flash-attn)."""
     if attn_implementation not in ("flash_attention_2", "flash_attention_3"):
         return
@@ -508,7 +498,7 @@ def check_collator(
     on tree rows): the config (or the model) is required; a flash
     implementation must run here; the capability for ``kind``; the vocabulary and pad id;
     a hybrid's mixers restarted. The architecture then checks every batch (``check_batch``)."""
-    check_runnable(attn_implementation, kind)
+    check_runnable(attn_implementation)
     arch = require_config(config, kind, owner, tree=tree)
     model_config = getattr(config, "config", config)
     check_vocabulary(model_config, binding, pad_token_id)
@@ -532,7 +522,7 @@ def check_model(
     from exactpack.hf.kinds import TREE_NAMES, derived_kind, tree_kind
 
     config = getattr(model, "config", model)
-    arch = capability(config, model if hasattr(model, "config") else None)
+    arch = capability(model)
     attn = getattr(config, "_attn_implementation", None)
     kind = derived_kind(attn) if isinstance(attn, str) else None
     if tree and isinstance(attn, str):
@@ -544,7 +534,6 @@ def check_model(
 
 
 __all__ = [
-    "architecture_of",
     "capability",
     "capability_once",
     "causal_lm",
@@ -555,7 +544,6 @@ __all__ = [
     "from_modules",
     "meta_model",
     "mixing_modules",
-    "mixing_reason",
     "require_config",
     "restart_plan",
 ]

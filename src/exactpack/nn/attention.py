@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from exactpack.core.batch import NO_SEGMENT, PackedBatch
-from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.core.errors import InvalidInput
 from exactpack.core.permission import check_sliding_window, key_bounds, pairwise
 
 
@@ -235,16 +235,13 @@ def attention(
         )
     fn = resolve_backend(backend)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    sliding_window = check_sliding_window(sliding_window)
-    if sliding_window is None:  # backends without windows take (q, k, v, layout, scale)
-        return fn(q, k, v, layout, scale)
-    return fn(q, k, v, layout, scale, sliding_window=sliding_window)
+    window = check_sliding_window(sliding_window)  # backends without windows: none passed
+    return fn(q, k, v, layout, scale, **({} if window is None else {"sliding_window": window}))
 
 
 __all__ = [
     "BACKENDS",
     "AttentionLayout",
-    "NotAvailable",
     "attention",
     "dense_attention",
     "ranges_attention",

@@ -17,7 +17,6 @@ A ``sliding_window`` shorter than ``L`` makes the call's mask the ``(L, L)`` ban
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,48 +204,6 @@ def band_mask(m: int, p: int, sliding_window: int | None, device: Any = None) ->
     )
 
 
-def grouped_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    groups: Sequence[tuple[int, int, int]],
-    q_index: torch.Tensor,
-    k_index: torch.Tensor,
-    scatter: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    dropout: float = 0.0,
-    masks: dict | None = None,
-) -> torch.Tensor:
-    """One SDPA call per group ``(n, m, P)``: ``n`` blocks of ``m`` queries (``q_index``,
-    Σ n·m) at positions ``P-m..P-1`` of their ``P`` keys (``k_index``, Σ n·P). Tokens ``q``
-    (N, H, D), ``k``/``v`` (N, Hkv, D), ``Hkv`` dividing ``H``; returns ``(N, H, Dv)``, cell
-    ``i`` reading slot ``scatter[i]`` (0: zeros). ``masks`` caches the band masks.
-    """
-    sliding_window = check_sliding_window(sliding_window)
-    heads, dim_v = q.shape[1], v.shape[-1]
-    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
-    masks = {} if masks is None else masks
-    # One gather per tensor, split into groups (split's backward is one cat).
-    qs = q.index_select(0, q_index).split([n * m for n, m, _ in groups])
-    ks, vs = (x.index_select(0, k_index).split([n * p for n, _, p in groups]) for x in (k, v))
-    outs = [v.new_zeros(1, heads, dim_v)]  # the zero row read by cells outside every block
-    for (n, m, p), qg, kg, vg in zip(groups, qs, ks, vs, strict=True):
-        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
-        kg, vg = (x.view(n, p, x.shape[1], -1).transpose(1, 2) for x in (kg, vg))  # (n, Hkv, P, D)
-        mask: dict[str, Any] = {"is_causal": True}  # a whole segment (or root node)
-        if m != p or (sliding_window is not None and p > sliding_window):
-            key = (m, p, sliding_window, q.device)
-            if key not in masks:
-                masks[key] = band_mask(m, p, sliding_window, q.device)
-            mask = {"attn_mask": masks[key]}
-        o = F.scaled_dot_product_attention(
-            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
-        )
-        outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))  # (n*m, H, Dv)
-    return torch.cat(outs).index_select(0, scatter)
-
-
 def path_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,12 +214,33 @@ def path_attention(
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention of every query against its path under ``plan`` (a flat segment's causal
-    block, or a tree node's ancestors then itself): :func:`grouped_attention`. Tokens ``q``
-    (N, H, D), ``k``/``v`` (N, Hkv, D); returns ``(N, H, Dv)``."""
-    return grouped_attention(
-        q, k, v, plan.groups, plan.q_index, plan.k_index, plan.scatter, scale,
-        sliding_window, dropout, plan.cache,
-    )  # fmt: skip
+    block, or a tree node's ancestors then itself), one SDPA call per group ``(n, m, P)``:
+    ``n`` blocks of ``m`` queries (``plan.q_index``, Σ n·m) at positions ``P-m..P-1`` of
+    their ``P`` keys (``plan.k_index``, Σ n·P). Tokens ``q`` (N, H, D), ``k``/``v``
+    (N, Hkv, D), ``Hkv`` dividing ``H``; returns ``(N, H, Dv)``, cell ``i`` reading slot
+    ``plan.scatter[i]`` (0: zeros). The band masks are cached in ``plan.cache``.
+    """
+    sliding_window = check_sliding_window(sliding_window)
+    heads, dim_v, groups = q.shape[1], v.shape[-1], plan.groups
+    gqa = {"enable_gqa": True} if k.shape[1] != heads else {}
+    # One gather per tensor, split into groups (split's backward is one cat).
+    qs = q.index_select(0, plan.q_index).split([n * m for n, m, _ in groups])
+    ks, vs = (x.index_select(0, plan.k_index).split([n * p for n, _, p in groups]) for x in (k, v))
+    outs = [v.new_zeros(1, heads, dim_v)]  # the zero row read by cells outside every block
+    for (n, m, p), qg, kg, vg in zip(groups, qs, ks, vs, strict=True):
+        qg = qg.view(n, m, heads, -1).transpose(1, 2)  # (n, H, m, D)
+        kg, vg = (x.view(n, p, x.shape[1], -1).transpose(1, 2) for x in (kg, vg))  # (n, Hkv, P, D)
+        mask: dict[str, Any] = {"is_causal": True}  # a whole segment (or root node)
+        if m != p or (sliding_window is not None and p > sliding_window):
+            key = (m, p, sliding_window, q.device)
+            if key not in plan.cache:
+                plan.cache[key] = band_mask(m, p, sliding_window, q.device)
+            mask = {"attn_mask": plan.cache[key]}
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, dropout_p=dropout, scale=scale, **mask, **gqa
+        )
+        outs.append(o.transpose(1, 2).reshape(n * m, heads, dim_v))  # (n*m, H, Dv)
+    return torch.cat(outs).index_select(0, plan.scatter)
 
 
 def varlen_attention(
@@ -277,7 +255,6 @@ def varlen_attention(
     """Block-causal attention computed per segment group; ``q, k, v, out`` (R, H, T, D)."""
     rows, heads, width, _ = q.shape
     plan = varlen_plan(layout, bucketing)
-
     out = path_attention(as_tokens(q), as_tokens(k), as_tokens(v), plan, scale, sliding_window)
     return out.view(rows, width, heads, v.shape[-1]).transpose(1, 2)
 

@@ -100,46 +100,6 @@ def _excess(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> float:
     return float(((a - b).abs() / scale).max()) if a.numel() else 0.0
 
 
-def first_divergence(
-    model: torch.nn.Module,
-    separate: Sequence[Callable[[], Any]],
-    lengths: Sequence[int],
-    packed: Callable[[], Any],
-    tokens: torch.Tensor,
-    packed_count: int,
-    tol: dict[str, Any],
-) -> dict[str, str] | None:
-    """``{"module", "class", "kind"}`` of the first module that mixes examples, or ``None``.
-
-    ``separate[i]()`` runs example ``i`` (``lengths[i]`` tokens); ``packed()`` the packed
-    rows, whose token axis of ``packed_count`` holds the examples' tokens at ``tokens``.
-    """
-    per_example = [capture(model, run)[0] for run in separate]
-    packed_calls, order = capture(model, packed)
-    measured = []  # (name, excess of the input, excess of the output), in completion order
-    for name in order:
-        got = packed_calls[name]
-        if any(len(calls.get(name, ())) != len(got) for calls in per_example):
-            continue
-        for k, (x_p, y_p) in enumerate(got):
-            pairs = [
-                (_tokens(calls[name][k][0], n), _tokens(calls[name][k][1], n))
-                for calls, n in zip(per_example, lengths, strict=True)
-            ]
-            x_p, y_p = _tokens(x_p, packed_count), _tokens(y_p, packed_count)
-            if x_p is None or y_p is None or any(x is None or y is None for x, y in pairs):
-                continue
-            at = tokens.to(y_p.device)
-            x_s, y_s = (torch.cat(side) for side in zip(*pairs, strict=True))
-            measured.append((name, _excess(x_p[at], x_s, tol), _excess(y_p[at], y_s, tol)))
-    # a mixer whose output moves >= 1% of the tolerance and 10x its input: a leak, even
-    # below the tolerance; else the first module leaving the tolerance on agreeing input
-    found = [_culprit(model, name) for name, x, y in measured if y >= 1e-2 and y > 10 * x]
-    found = [c for c in found if not c["kind"].startswith("layer ")]
-    found += [_culprit(model, name) for name, x, y in measured if x <= 1 < y]
-    return found[0] if found else None
-
-
 def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
     cls = type(model.get_submodule(name)).__name__
     return {"module": name, "class": cls, "kind": layer_kind(cls)}
@@ -175,17 +135,41 @@ def culprit(
     attn: str,
     tol: dict[str, Any],
 ) -> dict[str, str] | None:
-    """The first module whose output diverged (see :mod:`exactpack.verify.diagnose`)."""
+    """``{"module", "class", "kind"}`` of the first module that mixed examples, or ``None``:
+    each example run alone and ``model(**kwargs)`` (``batch``) captured (module docstring)."""
     flattened = "cu_seq_lens_q" in kwargs and attn in FLATTENED
-    runs = [lambda ex=ex: run_alone(model, ex.inputs) for ex in examples]
-    lengths = [len(ex) for ex in examples]
-    tokens = example_tokens(batch, flattened)
+    tokens = example_tokens(batch, flattened)  # the examples' cells on the packed token axis
     count = int(kwargs["input_ids"].numel())
-    return guarded(
-        model,
-        "forward",
-        lambda: first_divergence(model, runs, lengths, lambda: model(**kwargs), tokens, count, tol),
-    )
+
+    def find() -> dict[str, str] | None:
+        per_example = [
+            capture(model, lambda ex=ex: run_alone(model, ex.inputs))[0] for ex in examples
+        ]
+        packed_calls, order = capture(model, lambda: model(**kwargs))
+        measured = []  # (name, excess of the input, excess of the output), in completion order
+        for name in order:
+            got = packed_calls[name]
+            if any(len(calls.get(name, ())) != len(got) for calls in per_example):
+                continue
+            for k, (x_p, y_p) in enumerate(got):
+                pairs = [
+                    (_tokens(calls[name][k][0], len(ex)), _tokens(calls[name][k][1], len(ex)))
+                    for calls, ex in zip(per_example, examples, strict=True)
+                ]
+                x_p, y_p = _tokens(x_p, count), _tokens(y_p, count)
+                if x_p is None or y_p is None or any(x is None or y is None for x, y in pairs):
+                    continue
+                at = tokens.to(y_p.device)
+                x_s, y_s = (torch.cat(side) for side in zip(*pairs, strict=True))
+                measured.append((name, _excess(x_p[at], x_s, tol), _excess(y_p[at], y_s, tol)))
+        # a mixer whose output moves >= 1% of the tolerance and 10x its input: a leak, even
+        # below the tolerance; else the first module leaving the tolerance on agreeing input
+        found = [_culprit(model, name) for name, x, y in measured if y >= 1e-2 and y > 10 * x]
+        found = [c for c in found if not c["kind"].startswith("layer ")]
+        found += [_culprit(model, name) for name, x, y in measured if x <= 1 < y]
+        return found[0] if found else None
+
+    return guarded(model, "forward", find)
 
 
 def hint(mode: str, attn_implementation: str, culprit: dict[str, str] | None) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import InvalidInput, NotAvailable
+from exactpack.io.atomic import write_file
 
 FORMATS = {".png": "png", ".svg": "svg"}
 _NO_STAMP = {"png": {"Software": None}, "svg": {"Date": None}}
@@ -42,7 +43,9 @@ MAX_COLUMNS = 48
 CENTRED = {"ha": "center", "va": "center", "fontsize": 9}
 
 
-def _format_of(path: Path) -> str:
+def _figure(path: str | os.PathLike[str], figsize: tuple[float, float]) -> tuple[Any, Path]:
+    """A constrained-layout matplotlib figure on the Agg canvas for ``path`` (checked first)."""
+    path = Path(path)
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise InvalidInput(
@@ -50,11 +53,6 @@ def _format_of(path: Path) -> str:
         )
     if not path.parent.is_dir():
         raise InvalidInput(f"folder {str(path.parent)!r} for the figure does not exist — create it")
-    return fmt
-
-
-def _figure(figsize: tuple[float, float]) -> Any:
-    """A constrained-layout matplotlib figure on the Agg canvas."""
     os.environ.setdefault("MPLCONFIGDIR", str(Path(tempfile.gettempdir()) / "exactpack-matplotlib"))
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -65,14 +63,16 @@ def _figure(figsize: tuple[float, float]) -> Any:
         ) from None
     fig = Figure(figsize=figsize, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig
+    return fig, path
 
 
-def _segment_colors(batch: PackedBatch) -> dict[int, tuple[float, float, float]]:
+def _cell_colors(batch: PackedBatch, row: int) -> np.ndarray:
+    """RGB (T, 3) of row ``row``'s cells: one colour per occurrence, padding grey."""
     from matplotlib import colormaps
 
     palette = colormaps["tab10"]
-    return {int(s): palette(i % 10)[:3] for i, s in enumerate(batch.occurrences.segment)}
+    colors = {int(s): palette(i % 10)[:3] for i, s in enumerate(batch.occurrences.segment)}
+    return np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in batch.segments[row]])
 
 
 def _tint(rgb: np.ndarray, strength: float) -> np.ndarray:
@@ -94,14 +94,13 @@ def _cell_text(value: Any) -> str:
     return str(int(value))
 
 
-def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: dict) -> None:
+def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int) -> None:
     fields_ax, matrix_ax = fig_axes
     width = batch.shape[1]
     seg = batch.segments[row]
     occ = batch.occurrences
     names = {int(s): str(n) for s, n in zip(occ.segment, occ.source_ids, strict=True)}
-    cell_rgb = np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in seg])  # (T, 3)
-
+    cell_rgb = _cell_colors(batch, row)  # (T, 3)
     fields_ax.imshow(np.broadcast_to(_tint(cell_rgb, 0.35), (len(FIELDS), width, 3)))
     for line, (_, attr) in enumerate(FIELDS):
         for col in range(width):
@@ -138,8 +137,6 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int, colors: d
 
 def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | None = None) -> Path:
     """Draw every row of ``batch`` (fields above permission matrix) to ``path`` (.png/.svg)."""
-    target = Path(path)
-    fmt = _format_of(target)
     rows, width = batch.shape
     if rows > MAX_ROWS or width > MAX_COLUMNS:
         raise InvalidInput(
@@ -148,12 +145,11 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
         )
     panel_w = CELL_INCHES * width + 2.4
     panel_h = CELL_INCHES * (len(FIELDS) + width) + 1.6
-    fig = _figure((max(panel_w * rows, 8.0), panel_h + 0.9))
-    colors = _segment_colors(batch)
+    fig, target = _figure(path, (max(panel_w * rows, 8.0), panel_h + 0.9))
     grid = fig.add_gridspec(2, rows, height_ratios=[len(FIELDS), width])
     for r in range(rows):
         axes = (fig.add_subplot(grid[0, r]), fig.add_subplot(grid[1, r]))
-        _draw_row(axes, batch, r, colors)
+        _draw_row(axes, batch, r)
     fig.suptitle(
         title or "packed rows: cell fields aligned with each row's permission matrix",
         fontsize=12,
@@ -163,7 +159,7 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
         " (both valid, same occurrence, key position ≤ query position)",
         fontsize=9,
     )
-    return _save(fig, target, fmt)
+    return _save(fig, target)
 
 
 #: Bins across a wide row's permission image (columns sampled evenly, one pixel each).
@@ -181,21 +177,17 @@ def draw_row(batch: PackedBatch, path: str | os.PathLike[str], title: str | None
         raise InvalidInput(f"draw_row draws one row; this batch has {batch.shape[0]}")
     if batch.shape[1] <= MAX_COLUMNS:
         return draw_batch(batch, path, title)
-    target = Path(path)
-    fmt = _format_of(target)
-    fig = _figure((11, 13))
+    fig, target = _figure(path, (11, 13))
     grid = fig.add_gridspec(3, 1, height_ratios=[1.1, 1.6, 7])
     _draw_wide(batch, [fig.add_subplot(grid[i, 0]) for i in range(3)])
     fig.suptitle(title or f"packed row {batch.first_row}", fontsize=12)
-    return _save(fig, target, fmt)
+    return _save(fig, target)
 
 
 def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
     strip_ax, pos_ax, matrix_ax = axes
     width = batch.shape[1]
-    seg, pos = batch.segments[0], batch.positions[0]
-    colors = _segment_colors(batch)
-    cell_rgb = np.array([colors[int(s)] if s >= 0 else PAD_COLOR for s in seg])  # (T, 3)
+    pos, cell_rgb = batch.positions[0], _cell_colors(batch, 0)  # (T,), (T, 3)
     occ = batch.occurrences
     strip_ax.imshow(cell_rgb[None], aspect="auto", interpolation="nearest")
     for a, b, name in zip(occ.col_start, occ.col_end, occ.source_ids, strict=True):
@@ -234,17 +226,13 @@ def _draw_wide(batch: PackedBatch, axes: list[Any]) -> None:
     )
 
 
-def _save(fig: Any, target: Path, fmt: str) -> Path:
-    """Write ``fig`` to ``target`` whole or not at all (temporary file, then rename)."""
+def _save(fig: Any, target: Path) -> Path:
+    """Write ``fig`` to ``target`` whole or not at all (:func:`~exactpack.io.atomic.write_file`)."""
     from matplotlib import rc_context
 
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with rc_context({"svg.fonttype": "none", "svg.hashsalt": "exactpack"}):
-            fig.savefig(tmp, format=fmt, dpi=150, metadata=_NO_STAMP[fmt])
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    fmt = FORMATS[target.suffix.lower()]
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "exactpack"}):
+        write_file(target, lambda f: fig.savefig(f, format=fmt, dpi=150, metadata=_NO_STAMP[fmt]))
     return target
 
 

@@ -52,7 +52,7 @@ from exactpack.core.loss import masked_nll_sum
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capabilities import architecture_of, capability
+from exactpack.hf.capabilities import capability
 from exactpack.hf.kinds import MASK_KINDS, attention_kind, tree_kind
 from exactpack.hf.mixers import restart_mixers
 from exactpack.io.tokenizers import MAX_TOKENIZER_FILE
@@ -256,10 +256,6 @@ def _check_available(attn_implementation: str, device: torch.device) -> None:
                 f" {'present' if is_flash_attn_2_available() else 'missing'}) — run with"
                 " --device cuda where flash-attn is installed, or verify --attn sdpa here"
             )
-    if attn_implementation == "exactpack_varlen":
-        from exactpack.hf.attention_impl import register
-
-        register()
 
 
 def load_model(
@@ -347,12 +343,11 @@ def _config_int(cfg: Any, names: Sequence[str], default: int = 0) -> int:
     return default
 
 
-def _parameter_estimate(cfg: Any) -> int:
+def _parameter_estimate(text: Any, layers: int) -> int:
     """About how many parameters ``cfg``'s decoder holds, from its sizes alone: embeddings
     (and an untied head), then per layer attention (q, k, v, o), a gated MLP (times its
     experts) and norms. Python ints: a config's absurd sizes give an absurd count, never
     an overflow."""
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     width = _config_int(text, _WIDTH)
     heads = _config_int(text, ("num_attention_heads", "n_head"), 1)
     kv_heads = _config_int(text, ("num_key_value_heads",), heads)
@@ -364,12 +359,7 @@ def _parameter_estimate(cfg: Any) -> int:
     attention = 2 * width * heads * head_dim + 2 * width * kv_heads * head_dim
     layer = attention + 3 * width * inner + 2 * width
     heads_out = 1 if getattr(text, "tie_word_embeddings", True) else 2
-    return _config_int(text, ("vocab_size",)) * width * heads_out + _layer_count(cfg) * layer
-
-
-def _layer_count(cfg: Any) -> int:
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return _config_int(text, _LAYERS)
+    return _config_int(text, ("vocab_size",)) * width * heads_out + layers * layer
 
 
 def _check_model_size(
@@ -378,7 +368,8 @@ def _check_model_size(
     """Refuse ``cfg``'s model before it is built: more than :data:`MAX_LAYERS` layers, or
     more than ``max_bytes`` (None: no limit) of parameters in ``dtype`` by
     :func:`_parameter_estimate` or (``weights``) of ``.safetensors`` files in ``path``."""
-    layers = _layer_count(cfg)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layers = _config_int(text, _LAYERS)
     if layers > MAX_LAYERS:
         raise InvalidInput(
             f"{path}: the config has {layers:,} layers, more than the {MAX_LAYERS:,} any"
@@ -386,7 +377,7 @@ def _check_model_size(
         )
     if max_bytes is None:
         return
-    need = _parameter_estimate(cfg) * dtype.itemsize
+    need = _parameter_estimate(text, layers) * dtype.itemsize
     if weights and path.is_dir():
         need = max(need, sum(f.stat().st_size for f in path.glob("*.safetensors")))
     if need > max_bytes:
@@ -418,29 +409,25 @@ def _refuse_pickled_weights(folder: Path) -> None:
 
 
 def _packed_kwargs(
-    batch: PackedBatch,
-    mode: str,
-    attn_implementation: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    pad_token_id: int = 0,
-    arch: Architecture | None = None,
-) -> dict[str, Any]:
-    """What ``mode`` feeds the model for ``batch`` (see the module docstring)."""
+    batch: PackedBatch, mode: str, attn: str, param: torch.Tensor, pad: int | None, arch: Any
+) -> dict:
+    """What ``mode`` feeds the model for ``batch`` (see the module docstring), on the
+    dtype and device of the model's parameter ``param``, padding cells ``pad`` (0 where it
+    is no id of the vocabulary: codegen, cpmant have no pad id at all)."""
+    device = param.device
+    pad = int(pad) if isinstance(pad, int) and 0 <= pad < batch.binding.vocab_size else 0
     if mode == "naive" and batch.is_tree:  # siblings see each other
         mode, batch = "adapter", _naive_batch(batch)
     if mode == "adapter":
-        return build_inputs(
-            batch, attn_implementation, arch, dtype=dtype, device=device, pad_token_id=pad_token_id
-        )
+        return build_inputs(batch, attn, arch, dtype=param.dtype, device=device, pad_token_id=pad)
     if mode == "bool-mask":
-        if attn_implementation not in ("eager", "sdpa"):
+        if attn not in ("eager", "sdpa"):
             raise InvalidInput("--mode bool-mask feeds 4-D masks: use --attn eager or sdpa")
         # The sdpa form (boolean) handed to whichever implementation runs: the control.
         return build_inputs(
-            batch, "sdpa", arch, mask="bool", device=device, pad_token_id=pad_token_id, labels=False
+            batch, "sdpa", arch, mask="bool", device=device, pad_token_id=pad, labels=False
         )
-    ids = np.where(batch.input_valid, batch.inputs, pad_token_id).astype(np.int64)
+    ids = np.where(batch.input_valid, batch.inputs, pad).astype(np.int64)
     return {
         "input_ids": torch.as_tensor(ids, device=device),
         "position_ids": torch.as_tensor(batch.position_ids(), device=device),
@@ -528,7 +515,7 @@ def _prepare(
     if mode not in modes:
         rows = " for tree rows (--tree-lengths)" if tree else ""
         raise InvalidInput(f"--mode {mode!r} is not one of {', '.join(modes)}{rows}")
-    arch = architecture_of(model)
+    arch = capability(model)
     if not allow_unsupported and (tree or mode == "adapter"):  # tree naive feeds hf inputs too
         attn = model.config._attn_implementation
         arch.check(tree_kind(attn) if tree else attention_kind(attn), tree=tree)
@@ -652,8 +639,6 @@ def _compare(
     param = next(model.parameters())
     batch, capacity, seqs = _pack(model, examples, capacity)
     pad = pad_token_id if pad_token_id is not None else getattr(model.config, "pad_token_id", None)
-    vocab = batch.binding.vocab_size  # codegen, cpmant: no pad id at all
-    pad = int(pad) if isinstance(pad, int) and 0 <= pad < vocab else 0
     reference = _reference_implementation(model, attn)
     with running(model, reference):
         islands, widened = guarded(model, "forward", lambda: observed(model, seqs[0][0], gradients))
@@ -665,7 +650,7 @@ def _compare(
                 model, "forward", lambda: _separate(model, seqs)
             )
         tol = tolerance(param.dtype, islands)
-        kwargs = _packed_kwargs(batch, mode, attn, param.dtype, param.device, pad, arch)
+        kwargs = _packed_kwargs(batch, mode, attn, param, pad, arch)
         out = _packed_forward(model, kwargs, mode)
         logits = cell_logits(out.logits, batch)  # (R, T, V)
         sep_mean = -sep_sums.sum() / eligible
@@ -684,11 +669,32 @@ def _compare(
     f32 = {"abs": atol, "rel": rtol, "why": why}
     if "labels" in kwargs:
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
-    report = _report(model, arch, batch, examples, mode, capacity, eligible, tol, compared)
+    lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
+    report = {
+        "target": "transformers",
+        "model": _model_facts(model),
+        "architecture": _architecture_facts(arch, lengths),
+        "mode": mode,
+        "examples": len(lengths),
+        "lengths": lengths,
+        "rows": batch.shape[0],
+        "capacity": capacity,
+        "targets": sum(lengths),
+        "eligible_targets": eligible,
+        "tolerance": dict(tol) | ({"model_loss": f32} if "labels" in kwargs else {}),
+        **_tally(compared),
+    }
+    if tree:  # groups of sequences sharing prefixes (flat: groups of one)
+        report |= {
+            "layout": "tree",
+            "groups": int(np.unique(examples.group).shape[0]),
+            "sequences": len(lengths),
+            "nodes": len(batch.occurrences),
+            "tokens_stored": batch.tokens_stored,
+            "tokens_flat": batch.tokens_flat,
+        }
     report["reference"] = reference
     report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if "labels" in kwargs:
-        report["tolerance"]["model_loss"] = f32
     if tree:
         report["widened"] = widened
     return report, kwargs, batch, tol
@@ -709,55 +715,6 @@ def _separate(
     return torch.cat(logits), torch.stack(sums), eligible
 
 
-def _report(
-    model: torch.nn.Module,
-    arch: Architecture,
-    batch: PackedBatch,
-    examples: Sequence[SequenceExample] | SequenceGroups,
-    mode: str,
-    capacity: int,
-    eligible: int,
-    tol: dict[str, Any],
-    compared: dict[str, dict[str, Any]],
-) -> dict[str, Any]:
-    tree = isinstance(examples, SequenceGroups)
-    lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
-    report = {
-        "target": "transformers",
-        "model": _model_facts(model),
-        "architecture": {
-            "layer_types": list(arch.mask_types),
-            "windows": {k or "all": v for k, v in arch.windows.items()},
-            "window_exercised": arch.window is None or max(lengths) > arch.window,
-            "supported": arch.refusal is None,
-            "refusal": arch.refusal,
-            "positions": arch.positions,
-            "position_offset": arch.position_offset,
-            "conditions": [c.text() for c in arch.conditions],
-            "verdict": arch.verdict,
-        },
-        "mode": mode,
-        "examples": len(lengths),
-        "lengths": lengths,
-        "rows": batch.shape[0],
-        "capacity": capacity,
-        "targets": sum(lengths),
-        "eligible_targets": eligible,
-        "tolerance": dict(tol),
-        **_tally(compared),
-    }
-    if tree:  # groups of sequences sharing prefixes (flat: groups of one)
-        report |= {
-            "layout": "tree",
-            "groups": int(np.unique(examples.group).shape[0]),
-            "sequences": len(lengths),
-            "nodes": len(batch.occurrences),
-            "tokens_stored": batch.tokens_stored,
-            "tokens_flat": batch.tokens_flat,
-        }
-    return report
-
-
 def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
     """The report's ``model`` section: type, class, trainable parameters, dtype, attention."""
     param = next(model.parameters())
@@ -768,6 +725,21 @@ def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
         "dtype": str(param.dtype).removeprefix("torch."),
         "attn_implementation": model.config._attn_implementation,
         "device": str(param.device),
+    }
+
+
+def _architecture_facts(arch: Architecture, lengths: list[int]) -> dict[str, Any]:
+    """The report's ``architecture`` section, for examples of ``lengths``."""
+    return {
+        "layer_types": list(arch.mask_types),
+        "windows": {k or "all": v for k, v in arch.windows.items()},
+        "window_exercised": arch.window is None or max(lengths) > arch.window,
+        "supported": arch.refusal is None,
+        "refusal": arch.refusal,
+        "positions": arch.positions,
+        "position_offset": arch.position_offset,
+        "conditions": [c.text() for c in arch.conditions],
+        "verdict": arch.verdict,
     }
 
 

@@ -143,11 +143,6 @@ def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
     return islands, list(recorder.casts)
 
 
-def float32_islands(run: Callable[[], Any]) -> dict[str, list[str]]:
-    """The islands of :func:`observe`."""
-    return observe(run)[0]
-
-
 def lowest_dtype(dtype: torch.dtype, islands: dict[str, list[str]]) -> torch.dtype:
     """The lowest floating precision on the path: the model's, or its lowest island's."""
     lowest = dtype

@@ -27,15 +27,7 @@ def layout_section(batch: PackedBatch) -> dict[str, Any]:
     """Rows, occurrences, permitted keys, key ranges and counts of one batch."""
     rows, width = batch.shape
     ranges = batch.key_ranges()
-    allowed = [
-        [
-            [k for k in range(width) if batch.allowed_key(r, q, k)]
-            if batch.input_valid[r, q]
-            else []
-            for q in range(width)
-        ]
-        for r in range(rows)
-    ]
+    allowed = [[np.flatnonzero(keys).tolist() for keys in row] for row in batch.dense_mask()]
     query_edges = batch.edges()
     tiled = permission.tiled_edges(batch, tile_width=2)
     tiled_sorted = tiled[np.lexsort(tiled.T[::-1])]
