@@ -159,15 +159,7 @@ def path_conv1d(
     return out if bias is None else out + bias.to(x.dtype)[:, None]
 
 
-def _conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Any = None,
-    activation: Any = None,
-    *,
-    parents: torch.Tensor,
-    **kw: Any,
-) -> torch.Tensor:
+def _conv(x, weight, bias=None, activation=None, *, parents, **kw) -> torch.Tensor:
     """transformers' ``causal_conv1d_fn`` (``x`` ``(B, C, T)``) along each cell's path."""
     from transformers.activations import ACT2FN
 
@@ -176,31 +168,21 @@ def _conv(
 
 
 def selective_scan(
-    hidden_states: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: Any = None,
-    z: Any = None,
-    delta_bias: Any = None,
-    delta_softplus: bool = False,
-    *,
-    parents: torch.Tensor,
-    **kw: Any,
+    u, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, *, parents, **kw
 ) -> torch.Tensor:
-    """transformers' ``mamba_selective_scan`` (its per-token loop, the same ops; ``hidden_states``,
-    ``dt``, ``z`` ``(B, D, T)``, ``B``, ``C`` ``(B, N, T)``, ``A`` ``(D, N)``) along each cell's
-    path: a cell's state continues its parent cell's (``parents`` ``(B, T)``), zero where a
-    path starts: each example restarted, each tree node forked from its parent's final state."""
-    dtype, b = hidden_states.dtype, hidden_states.shape[0]
+    """transformers' ``mamba_selective_scan`` (its per-token loop, the same ops; ``u`` (the
+    hidden states), ``dt``, ``z`` ``(B, D, T)``, ``B``, ``C`` ``(B, N, T)``, ``A`` ``(D, N)``)
+    along each cell's path: a cell's state continues its parent cell's (``parents``
+    ``(B, T)``), zero where a path starts: each example restarted, each tree node forked from
+    its parent's final state."""
+    dtype, b = u.dtype, u.shape[0]
     if delta_bias is not None:
         dt = dt + delta_bias.to(dt.dtype)[..., None]
     if delta_softplus:
         dt = F.softplus(dt)
     B, C = B.transpose(1, 2), C.transpose(1, 2)  # (B, T, N)
     decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (B, D, T, N)
-    inflow = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
+    inflow = dt[:, :, :, None] * B[:, None, :, :].float() * u[:, :, :, None].float()
     zero = torch.zeros(b, *decay.shape[1:2], A.shape[-1], dtype=dtype, device=dt.device)
     states: list[torch.Tensor] = []
     out = []
@@ -214,21 +196,12 @@ def selective_scan(
         out.append(torch.matmul(states[-1].to(dtype), c_i.unsqueeze(-1))[:, :, 0])
     out = torch.stack(out, dim=-1)  # (B, D, T)
     if D is not None:
-        out = out + hidden_states * D[None, :, None]
+        out = out + u * D[None, :, None]
     return out if z is None else out * F.silu(z)
 
 
 def chunk_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    chunk_size: int = 64,
-    use_qk_l2norm_in_kernel: bool = False,
-    *,
-    parents: torch.Tensor,
-    **kw: Any,
+    query, key, value, g, beta, chunk_size=64, use_qk_l2norm_in_kernel=False, *, parents, **kw
 ) -> tuple[torch.Tensor, None]:
     """transformers' ``torch_chunk_gated_delta_rule`` (``query``, ``key`` ``(B, T, Hk, Dk)``,
     ``value`` ``(B, T, Hv, Dv)``, ``g``, ``beta`` ``(B, T, Hv)``; float32 inside, as there) over
@@ -258,18 +231,16 @@ def chunk_gated_delta_rule(
     before = F.pad(seg[..., :-1, -1], (1, 0), value=-2)  # the example the state holds
     carried = (seg == before[..., None]).float()  # (B, 1, N, C): began before the chunk
     with_last = (seg == seg[..., -1:]).float()  # the chunk's last example: the state out
-    same = (seg[..., :, None] == seg[..., None, :]) & torch.ones(
-        chunk_size, chunk_size, dtype=torch.bool, device=seg.device
-    ).tril()
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=seg.device).tril()
+    same = (seg[..., :, None] == seg[..., None, :]) & causal  # (B, 1, N, C, C)
     cum = g.reshape(b, hv, -1, chunk_size).cumsum(-1)  # (B, H, N, C)
     decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~same, float("-inf")).exp()
     ut_system = (k_beta @ key.transpose(-1, -2)) * decay
     intra = (query @ key.transpose(-1, -2)) * decay
     read = cum.exp() * carried
     new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
-    k_cumdecay = torch.linalg.solve_triangular(
-        ut_system, k_beta * read.unsqueeze(-1), upper=False, unitriangular=True
-    )
+    k_read = k_beta * read.unsqueeze(-1)
+    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_read, upper=False, unitriangular=True)
     query = query * read.unsqueeze(-1)
     key = key * ((cum[..., -1:] - cum).exp() * with_last).unsqueeze(-1)
     chunk_decay = (cum[..., -1].exp() * carried[..., -1])[..., None, None]
@@ -284,19 +255,13 @@ def chunk_gated_delta_rule(
     return core.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), None
 
 
-def _no_fused(*args: Any, **kwargs: Any) -> None:
-    """transformers' fused Mamba kernels (``mamba_inner_fn``) stood in for: none, so the
-    forward takes its unfused steps (each stood in for itself)."""
-    return None
-
-
 #: The kernels a mixer's forward calls by name from its module (transformers' hub-kernel
 #: functions) -> their path-aware stand-ins, given the call's ``parents``.
 STAND_INS = {
     "causal_conv1d_fn": _conv,
     "mamba_selective_scan": selective_scan,
     "torch_chunk_gated_delta_rule": chunk_gated_delta_rule,
-    "mamba_inner_fn": _no_fused,
+    "mamba_inner_fn": lambda *args, **kwargs: None,  # fused: none, so the unfused steps run
 }
 #: The families (:data:`RESTARTABLE`) whose forward runs once per packed call with
 #: :data:`STAND_INS` swapped in, on tree rows too (the rest of them: flat rows only; the
