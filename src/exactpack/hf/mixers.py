@@ -37,8 +37,8 @@ A flat row is a tree of one-node paths (:func:`seq_idx_parents`), so both run on
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Iterator
@@ -269,18 +269,37 @@ STAND_INS = {
 WHOLE_CALL = {"short convolution": True, "Mamba selective scan": True, "gated delta rule": False}
 
 
+_CURRENT = threading.local()  # .parents: the packed mixer call's in this thread, or None
+
+
+def _dispatching(name: str, original: Any) -> Any:
+    """``original`` (a kernel of :data:`STAND_INS`), or its stand-in inside :func:`stand_ins`."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        parents = getattr(_CURRENT, "parents", None)
+        if parents is None:
+            return original(*args, **kwargs)
+        return STAND_INS[name](*args, parents=parents, **kwargs)
+
+    setattr(kernel, _MARK, True)
+    return kernel
+
+
 @contextlib.contextmanager
 def stand_ins(module: torch.nn.Module, parents: torch.Tensor) -> Iterator[None]:
-    """Inside, the :data:`STAND_INS` that ``module``'s forward calls (looked up by name in its
-    class's module at call time, as transformers' hub-kernel fallbacks are) follow ``parents``
-    ``(B, T)``; restored after."""
+    """Inside, in this thread, the :data:`STAND_INS` that ``module``'s forward calls (by name
+    from its class's module, at call time, as transformers' hub-kernel functions are looked
+    up) follow ``parents`` ``(B, T)``. The names are rebound once per module to a dispatcher
+    that runs the originals outside (and in other threads)."""
     space = vars(sys.modules[type(module).__module__])
-    saved = {name: space[name] for name in STAND_INS if name in space}
-    space.update({n: functools.partial(STAND_INS[n], parents=parents) for n in saved})
+    for name in STAND_INS.keys() & space.keys():
+        if not getattr(space[name], _MARK, False):
+            space[name] = _dispatching(name, space[name])
+    outer, _CURRENT.parents = getattr(_CURRENT, "parents", None), parents
     try:
         yield
     finally:
-        space.update(saved)
+        _CURRENT.parents = outer
 
 
 def runs(parents: torch.Tensor) -> list[list[tuple[int, int, int]]]:
