@@ -254,7 +254,7 @@ def foreign_kernels(x: dict, ours: dict) -> None:
         from causal_conv1d import causal_conv1d_fn
 
         cl = x["conv_x"].float().transpose(1, 2).contiguous().transpose(1, 2)  # channel-last
-        got = causal_conv1d_fn(cl, x["w"].float(), None, seq_idx=x["seq_idx"].clamp(min=0).int(),
+        got = causal_conv1d_fn(cl, x["w"].float(), None, seq_idx=x["seq_idx"].where(valid, 5).int(),
                                activation="silu")  # fmt: skip
         err = scaled_error(got[..., valid[0]][:1], ours["conv flat"][..., valid[0]][:1])
         check("causal_conv1d seq_idx", err <= 1e-4, f"scaled error {err:.1e} (tol 1e-04)")
@@ -302,7 +302,7 @@ def foreign_kernels(x: dict, ours: dict) -> None:
     hs = x["q"].float().reshape(2, 300, 4, 8)
     dt, A = F.softplus(x["g"].float().repeat(1, 1, 2)), -torch.rand(4, device=hs.device)
     B, C = x["k"].float()[:, :, :1], x["v"].float()[:, :, :1]  # one group, state 16
-    got = mamba_chunk_scan_combined(hs, dt, A, B, C, 64, seq_idx=x["seq_idx"].clamp(min=0).int())
+    got = mamba_chunk_scan_combined(hs, dt, A, B, C, 64, seq_idx=x["seq_idx"].where(valid, 5).int())
     torch_scan = inspect.unwrap(mamba2_chunk_scan)
     worst = 0.0
     for row, values in enumerate(x["seq_idx"].tolist()):
