@@ -4,7 +4,8 @@ A tiny Qwen3.5 (gated delta rule + attention, 3:1 as the real model; width 256, 
 vocabulary 4096, float32, one thread, CPU, transformers' torch fallbacks) trains on examples
 of W1-like lengths (W1 in the design notes: lognormal, median ~212, mean ~350, clipped to
 the capacity 2048), random ids. Two ratios, measured in one process, medians of ``--repeats``
-forward + backward steps each:
+forward + backward steps each, the steps taken in turn and timed in CPU seconds
+(``time.process_time``: one thread, so a shared machine's load moves them little):
 
 (a) **boundary cost** = packed rows (``restart_mixers`` + ``hf_inputs``; ``--attn``
     ``exactpack_varlen``: the valid cells flattened, SDPA per example; ``sdpa``: one dense
@@ -65,14 +66,17 @@ def tiny_qwen3_5():
     return transformers.Qwen3_5ForCausalLM(config).train()
 
 
-def timed(step, repeats: int) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(steps: dict, repeats: int) -> dict[str, float]:
+    """Median CPU seconds (this process's, one thread: steady on a shared machine where wall
+    time is not) of each step, the steps taken in turn ``repeats`` times after a warm-up."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(repeats + 1):
+        for name, step in steps.items():
+            start = time.process_time()
+            step()
+            if i:
+                times[name].append(time.process_time() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def tree_ratio(model, repeats: int) -> dict:
@@ -101,7 +105,8 @@ def tree_ratio(model, repeats: int) -> dict:
         for x in seqs:
             model(input_ids=x, labels=x, use_cache=False).loss.backward()
 
-    t_tree, t_alone = timed(step_tree, repeats), timed(step_alone, repeats)
+    t = timed({"tree": step_tree, "alone": step_alone}, repeats)
+    t_tree, t_alone = t["tree"], t["alone"]
     return {
         "tree": {"rows": batch.shape[0], "cells": int(batch.input_valid.sum()),
                  "sequence_tokens": int(sum(x.shape[1] for x in seqs)),
@@ -171,9 +176,10 @@ def main() -> None:
         with profile() as prof:
             step_packed()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-    t_packed = timed(step_packed, args.repeats)
-    t_unpacked = timed(step_unpacked, args.repeats)
-    t_padded = timed(step_padded, args.repeats)
+    t = timed(
+        {"packed": step_packed, "unpacked": step_unpacked, "padded": step_padded}, args.repeats
+    )
+    t_packed, t_unpacked, t_padded = t["packed"], t["unpacked"], t["padded"]
     tokens = int(sum(x.shape[1] for x in ids))
     padded_cells = sum(
         len(ids[i : i + args.padded_rows]) * max(x.shape[1] for x in ids[i : i + args.padded_rows])

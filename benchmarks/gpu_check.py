@@ -18,11 +18,23 @@ where installed. Timings: one layer's attention, forward and forward+backward,
 on W1 rows (``--rows`` x ``--capacity``), CUDA events, median of 10 after
 warm-up (the warm-up includes FlexAttention's compile). Exit code 1 when a
 check fails.
+
+Hybrids (:func:`hybrid_check`, ``--hybrids`` runs only this, about a minute): exactpack's
+boundary-aware kernels (``exactpack.hf.mixers``: the path convolution, the Mamba scan, the
+gated delta rule over whole rows) on CUDA in float32 and bfloat16 against themselves on CPU in
+float64 (proven exact there by ``tests/integration/test_hf_mixers.py``), on rows whose
+examples cross the 64-cell chunks and on a trie; where installed, the CUDA packages'
+varlen routes that transformers takes (``causal_conv1d_fn(seq_idx=)``, fla's
+``chunk_gated_delta_rule(cu_seqlens=)``, mamba-ssm's ``mamba_chunk_scan_combined(seq_idx=)``
+against transformers' torch Mamba-2 scan per example, ``selective_scan_fn`` per example)
+against them; then tiny LFM2, Mamba, Bamba and Qwen3.5 models: packed logits on CUDA
+against CPU float64, and ``verify_hf`` on CUDA in float32.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -30,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from exactpack import Binding, NotAvailable, PackConfig, SequenceExample, pack_examples
 from exactpack.nn import AttentionLayout, attention
@@ -37,6 +50,7 @@ from exactpack.nn.auto import choose_backend
 from exactpack.verify.fixture import fixture_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "support"))
 from bench_attention import layouts
 
 CHECKS = [  # (backend, dtype, scaled tolerance)
@@ -184,6 +198,173 @@ def transformers_check() -> None:
             check(name, ok, f"pass {report['pass']}: {diffs}")
 
 
+#: Scaled tolerances of the hybrid kernels on CUDA against CPU float64.
+HYBRID_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
+def hybrid_inputs(device: str, seed: int = 0) -> dict:
+    """Two rows of 300 cells (examples of 70, 3, 130, 40 cells then padding; one of 300), a
+    trie row (prompt 100, branches 90 and 60 from it), and random kernel inputs, float64."""
+    from exactpack.hf.mixers import seq_idx_parents
+
+    gen = torch.Generator().manual_seed(seed)
+    first = torch.arange(-1, 5).repeat_interleave(torch.tensor([57, 70, 3, 130, 40, 0])).roll(-57)
+    seq_idx = torch.stack([first, torch.full((300,), 4)])  # (2, 300)
+    trie = list(range(-1, 189)) + [99] + list(range(190, 249)) + [-1] * 50  # 100 + 90, 100 + 60
+    x = {n: torch.randn(2, *shape, generator=gen, dtype=torch.float64) for n, shape in [
+        ("conv_x", (24, 300)), ("q", (300, 2, 16)), ("k", (300, 2, 16)), ("v", (300, 2, 16)),
+        ("u", (8, 300)), ("dt", (8, 300)), ("B", (4, 300)), ("C", (4, 300)), ("z", (8, 300)),
+    ]}  # fmt: skip
+    x |= {
+        "w": torch.randn(24, 4, generator=gen, dtype=torch.float64) / 2,
+        "A": -torch.rand(8, 4, generator=gen),
+    }
+    x |= {
+        "g": -torch.rand(2, 300, 2, generator=gen, dtype=torch.float64),
+        "D": torch.randn(8, generator=gen),
+    }
+    x |= {
+        "beta": torch.rand(2, 300, 2, generator=gen, dtype=torch.float64),
+        "bias": torch.randn(8, generator=gen),
+    }
+    x |= {"seq_idx": seq_idx, "flat": seq_idx_parents(seq_idx), "trie": torch.tensor([trie] * 2)}
+    return {k: v.to(device) for k, v in x.items()}
+
+
+def hybrid_kernels(x: dict) -> dict:
+    """Each boundary-aware kernel on ``x`` (flat rows; the scan and conv on the trie too)."""
+    from exactpack.hf.mixers import _conv, chunk_gated_delta_rule, selective_scan
+
+    scan = (x["u"], x["dt"], x["A"], x["B"], x["C"], x["D"], x["z"], x["bias"], True)
+    return {
+        "conv flat": _conv(x["conv_x"], x["w"], None, "silu", parents=x["flat"]),
+        "conv trie": _conv(x["conv_x"], x["w"], None, "silu", parents=x["trie"]),
+        "mamba scan flat": selective_scan(*scan, parents=x["flat"]),
+        "mamba scan trie": selective_scan(*scan, parents=x["trie"]),
+        "gated delta rule": chunk_gated_delta_rule(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], 64, True, parents=x["flat"]
+        )[0],
+    }
+
+
+def foreign_kernels(x: dict, ours: dict) -> None:
+    """The CUDA packages' varlen routes (float32) against exactpack's kernels, where installed."""
+    valid = x["seq_idx"] >= 0
+    try:
+        from causal_conv1d import causal_conv1d_fn
+
+        cl = x["conv_x"].float().transpose(1, 2).contiguous().transpose(1, 2)  # channel-last
+        got = causal_conv1d_fn(cl, x["w"].float(), None, seq_idx=x["seq_idx"].where(valid, 5).int(),
+                               activation="silu")  # fmt: skip
+        err = scaled_error(got[..., valid[0]][:1], ours["conv flat"][..., valid[0]][:1])
+        check("causal_conv1d seq_idx", err <= 1e-4, f"scaled error {err:.1e} (tol 1e-04)")
+    except ImportError as err:
+        print(f"  skip causal_conv1d: {err}")
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        lengths = torch.unique_consecutive(x["seq_idx"][valid], return_counts=True)[1]
+        cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        q, k, v, g, beta = (
+            t[valid][None].float() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        )
+        got, _ = chunk_gated_delta_rule(
+            q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+        )
+        err = scaled_error(got[0], ours["gated delta rule"][valid])
+        check(
+            "fla chunk_gated_delta_rule cu_seqlens",
+            err <= 1e-3,
+            f"scaled error {err:.1e} (tol 1e-03)",
+        )
+    except ImportError as err:
+        print(f"  skip fla: {err}")
+    try:
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+        from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
+    except ImportError as err:
+        print(f"  skip mamba_ssm: {err}")
+        return
+    worst = 0.0
+    for row, values in enumerate(x["seq_idx"].tolist()):
+        for i in sorted(set(values) - {-1}):
+            cols = x["seq_idx"][row] == i
+            part = [t[row : row + 1][..., cols].float() for t in (x["u"], x["dt"])]
+            part += [x["A"].float()] + [
+                t[row : row + 1][..., cols].float() for t in (x["B"], x["C"])
+            ]
+            got = selective_scan_fn(*part, x["D"].float(), x["z"][row : row + 1][..., cols].float(),
+                                    x["bias"].float(), delta_softplus=True)  # fmt: skip
+            worst = max(worst, scaled_error(got, ours["mamba scan flat"][row : row + 1][..., cols]))
+    check("mamba_ssm selective_scan_fn per example", worst <= 1e-4, f"scaled error {worst:.1e}")
+    # Mamba-2 (run per example by exactpack): the seq_idx kernel against transformers' torch scan
+    hs = x["q"].float().reshape(2, 300, 4, 8)
+    dt, A = F.softplus(x["g"].float().repeat(1, 1, 2)), -torch.rand(4, device=hs.device)
+    B, C = x["k"].float()[:, :, :1], x["v"].float()[:, :, :1]  # one group, state 16
+    got = mamba_chunk_scan_combined(hs, dt, A, B, C, 64, seq_idx=x["seq_idx"].where(valid, 5).int())
+    torch_scan = inspect.unwrap(mamba2_chunk_scan)
+    worst = 0.0
+    for row, values in enumerate(x["seq_idx"].tolist()):
+        for i in sorted(set(values) - {-1}):
+            cols = x["seq_idx"][row] == i
+            want = torch_scan(*(t[row : row + 1, cols] for t in (hs, dt)), A,
+                              *(t[row : row + 1, cols] for t in (B, C)), 64)  # fmt: skip
+            want = want[0] if isinstance(want, tuple) else want
+            worst = max(worst, scaled_error(got[row : row + 1, cols], want.double()))
+    check("mamba_ssm mamba_chunk_scan_combined seq_idx", worst <= 1e-3, f"scaled error {worst:.1e}")
+
+
+def hybrid_models(device: str) -> None:
+    """Tiny LFM2, Mamba, Bamba, Qwen3.5: packed logits on ``device`` (float32, bfloat16)
+    against CPU float64, and ``verify_hf`` (packed == separate) on ``device`` in float32."""
+    from architecture_tiny import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    from exactpack.hf import hf_inputs, restart_mixers
+    from exactpack.verify.models import VerifyCase, verification_examples, verify_hf
+
+    examples = verification_examples(266, 0, layout=VerifyCase((30, 3, 20, 9, 40), 64))
+    (batch,) = pack_examples("train", examples, examples[0].binding, PackConfig(64, 2)).batches
+    for model_type in ("lfm2", "mamba", "bamba", "qwen3_5"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float64)
+        model = restart_mixers(model.eval())
+        with torch.no_grad():
+            ref = model(**hf_inputs(batch, "sdpa", config=model.config, dtype=torch.float64)).logits
+            for dtype, tol in HYBRID_TOL.items():
+                inputs = hf_inputs(batch, "sdpa", config=model.config, dtype=dtype, device=device)
+                got = model.to(device, dtype)(**inputs).logits.cpu()
+                err = scaled_error(got[batch.input_valid], ref[batch.input_valid])
+                check(
+                    f"{model_type} packed {str(dtype)[6:]}",
+                    err <= tol,
+                    f"logits scaled error {err:.1e} vs CPU float64",
+                )
+        report = verify_hf(model.to(device, torch.float32), examples, max_length=64)
+        diffs = " ".join(f"{k} {v:.1e}" for k, v in report["max_abs_diff"].items())
+        check(f"{model_type} verify_hf float32", report["pass"], diffs)
+
+
+def hybrid_check(device: str = "cuda") -> None:
+    print(f"\nhybrids: boundary-aware kernels on {device} against CPU float64")
+    ref = hybrid_kernels(hybrid_inputs("cpu"))
+    for dtype, tol in HYBRID_TOL.items():
+        x = {
+            k: v.to(dtype) if v.is_floating_point() else v for k, v in hybrid_inputs(device).items()
+        }
+        for name, out in hybrid_kernels(x).items():
+            err, finite = scaled_error(out.cpu(), ref[name]), bool(torch.isfinite(out).all())
+            check(
+                f"{name} {str(dtype)[6:]}",
+                err <= tol and finite,
+                f"scaled error {err:.1e} (tol {tol:.0e})",
+            )
+    x = {k: v.float() if v.is_floating_point() else v for k, v in hybrid_inputs(device).items()}
+    foreign_kernels(x, hybrid_kernels(x))
+    hybrid_models(device)
+
+
 def cuda_ms(fn, iters: int = 10) -> float:
     for _ in range(3):
         fn()
@@ -247,12 +428,17 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--budget", type=float, default=240.0, help="seconds before timings stop")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--hybrids", action="store_true", help="only the hybrid section")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA: nothing to check here (flash needs CUDA; run this on a GPU machine)")
         return
     args.deadline = time.monotonic() + args.budget
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.hybrids:
+        hybrid_check()
+        print(f"\n{len(failures)} failure(s)" + "".join(f"\n  {f}" for f in failures))
+        sys.exit(1 if failures else 0)
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         pick = choose_backend(torch.zeros(1, 1, 1, 64, device="cuda", dtype=dtype))
         print(f"auto picks {pick} for {dtype}")
@@ -263,6 +449,7 @@ def main() -> None:
     for i, (label, batch) in enumerate(cases):
         agreement(label, AttentionLayout.from_batch(batch, "cuda"), heads=2, dim=64, seed=i)
     transformers_check()
+    hybrid_check()
     if not args.quick:
         timings(args)
     print(f"\n{len(failures)} failure(s)" + "".join(f"\n  {f}" for f in failures))

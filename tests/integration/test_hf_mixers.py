@@ -27,9 +27,11 @@ from exactpack.hf.mixers import (
     RESTARTABLE,
     cell_parents,
     cell_seq_idx,
+    chunk_gated_delta_rule,
     path_conv1d,
     restart_mixers,
     runs,
+    selective_scan,
     seq_idx_parents,
 )
 from exactpack.verify.fixture import fixture_batch
@@ -133,6 +135,40 @@ def test_the_vectorised_short_conv_is_the_convolution_of_each_path_alone():
     )  # no restart: column 3 reads columns 1 and 2 of the example before
     assert not torch.allclose(got[0, :, 3], joined[:, 3])
     assert not torch.allclose(got_tree[0, :, 6], joined[:, 6])  # 6 reads 2 and 1, not 5 and 4
+
+
+def test_the_scan_stand_ins_restart_each_example_and_fork_each_branch():
+    """The gated delta rule over whole rows (examples crossing its 64-cell chunks) equals
+    transformers' own run of each example alone (float32 inside, as there); the Mamba scan
+    on a trie equals transformers' scan of each path alone (float64, to the last bits)."""
+    from transformers.models.mamba.modeling_mamba import mamba_selective_scan
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    torch.manual_seed(0)
+    seq_idx = torch.tensor([[0] * 70 + [1] * 3 + [2] * 64 + [-1] * 13, [3] * 150])
+    q, k = (torch.randn(2, 150, 2, 8, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 150, 4, 8, dtype=torch.float64)
+    g, beta = -3 * torch.rand(2, 150, 4, dtype=torch.float64), torch.rand(2, 150, 4)
+    got, _ = chunk_gated_delta_rule(q, k, v, g, beta, 64, True, parents=seq_idx_parents(seq_idx))
+    joined, _ = chunk_gated_delta_rule(
+        q, k, v, g, beta, 64, True, parents=seq_idx_parents(0 * seq_idx)
+    )
+    for row, spans in enumerate(runs(seq_idx_parents(seq_idx))):
+        for s, e, _ in spans:
+            part = [x[row : row + 1, s:e] for x in (q, k, v, g, beta)]
+            want, _ = torch_chunk_gated_delta_rule(*part, use_qk_l2norm_in_kernel=True)
+            assert torch.allclose(got[row : row + 1, s:e], want, 1e-4, 1e-5)
+    assert not torch.allclose(joined[0, 70:], got[0, 70:], 1e-2, 1e-2)  # no restart: a leak
+
+    tree = torch.tensor([[-1, 0, 1, 2, 3, 4, 2, 6, -1]])  # prompt 0-2, branches 3-5 and 6-7
+    x, dt, z = (torch.randn(1, 5, 9, dtype=torch.float64) for _ in range(3))
+    A, B, C = -torch.rand(5, 3), *(torch.randn(1, 3, 9, dtype=torch.float64) for _ in range(2))
+    D, bias = torch.randn(5), torch.randn(5)
+    scan = selective_scan(x, dt, A, B, C, D, z, bias, True, parents=tree)
+    for path in ([0, 1, 2, 3, 4, 5], [0, 1, 2, 6, 7], [8]):
+        part = [t[..., path] for t in (x, dt)] + [A] + [t[..., path] for t in (B, C)]
+        alone = mamba_selective_scan(*part, D, z[..., path], bias, delta_softplus=True)
+        assert torch.allclose(scan[..., path], alone, 0, 1e-14)
 
 
 def test_cell_parents_cut_runs_at_every_branch_point():

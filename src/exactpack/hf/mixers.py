@@ -13,27 +13,32 @@ B = 3-4, padding at 5), a width-3 convolution and a scan::
                                        0 -> s(B0) -> s(B0..1)    (not s(A0..2))
                                        ^ the boundary: conv history and state reset
 
-:func:`restart_mixers` makes a model's mixers do that: each mixer module (a class in
-:data:`RESTARTABLE`) runs its own forward on each example's columns alone, ``(1, L, H)``
-with no cache, whenever the call carries ``seq_idx`` (the per-cell example index
-:func:`exactpack.hf.hf_inputs` gives: ``(R, T)`` padded, ``(1, N)`` flattened), and as
-before without one. The same code on the same columns with the same zero state: exact
-by construction, in every dtype, on the model's own kernels where it has them. A mixer
-module's forward is ``forward(hidden_states, cache=None, attention_mask=None, **kwargs)
--> (B, T, H)`` in every family below (transformers 5). LFM2's short convolutions
-(:data:`VECTORISED`) restart in one call instead (:func:`path_conv1d`).
+:func:`restart_mixers` makes a model's mixers do that whenever the call carries ``seq_idx``
+(the per-cell example index :func:`exactpack.hf.hf_inputs` gives: ``(R, T)`` padded, ``(1, N)``
+flattened), and run as before without one. Every mixer below calls its kernels by name from
+its module (transformers' hub-kernel functions: ``causal_conv1d_fn``, ``mamba_selective_scan``,
+``torch_chunk_gated_delta_rule``, the names the CUDA packages' ``seq_idx`` / ``cu_seqlens``
+routes fill); a :data:`WHOLE_CALL` mixer runs its own forward once for the whole call with
+path-aware stand-ins for them (:data:`STAND_INS`: :func:`path_conv1d`, :func:`selective_scan`,
+:func:`chunk_gated_delta_rule`). The rest (Mamba-2 scans, and gated delta rules on tree rows)
+run their own forward on each example's columns alone, ``(1, L, H)`` with no cache: the same
+code on the same columns from the same zero state. A mixer module's forward is
+``forward(hidden_states, cache=None, attention_mask=None, **kwargs) -> (B, T, H)`` in every
+family below (transformers 5).
 
 On tree rows (the keyword :data:`PARENTS`, :func:`cell_parents`) a node starts from its
-parent's final state instead of zero, forked at the branch point: the node's own forward
-from a :class:`ForkCache` (transformers' linear-attention cache interface) holding the
-parent's last conv inputs and scan state; :data:`REPLAYED` mixers, whose sequence form
-takes no initial state, replay the node's whole path. A flat row is a tree of one-node
-paths (:func:`seq_idx_parents`), so both run one loop (:func:`runs`).
+parent's final state instead of zero, forked at the branch point: the stand-ins follow each
+cell's parent cell; a mixer run per node starts from a :class:`ForkCache` (transformers'
+linear-attention cache interface) holding the parent's last conv inputs and scan state.
+A flat row is a tree of one-node paths (:func:`seq_idx_parents`), so both run one loop
+(:func:`runs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import types
 import weakref
 from collections.abc import Iterator
@@ -138,34 +143,163 @@ def path_conv1d(
     (:func:`cell_parents`), zeros before the path's start, as its sequence alone does. On a
     flat row (:func:`seq_idx_parents`) that is each example's window restarted; on a tree
     row a branch's window continues its parent's last ``K - 1`` inputs, never a sibling's."""
-    k = weight.shape[-1]
-    b, _, t = x.shape
-    taps = [torch.arange(t, device=x.device).expand(b, t)]  # (B, T) per tap: t, parent, ...
-    for _ in range(k - 1):
-        prev = taps[-1]
-        taps.append(torch.where(prev >= 0, parents.gather(1, prev.clamp(min=0)), -1))
-    idx = torch.stack(taps[::-1], dim=-1)  # (B, T, K): oldest tap first, as conv1d's weight
-    rows = torch.arange(b, device=x.device)[:, None, None]
-    window = x.transpose(1, 2)[rows, idx.clamp(min=0)]  # (B, T, K, C)
-    window = window * (idx >= 0)[..., None].to(x.dtype)  # before the path: zeros
-    out = torch.einsum("btkc,ck->bct", window, weight.to(x.dtype))  # (B, C, T)
+    k, (b, c, t) = weight.shape[-1], x.shape
+    cols = torch.arange(t, device=x.device).expand(b, t)
+    tap, out = cols, None  # tap: (B, T) the cell j steps up each cell's path, -1 before it
+    for j in range(k):
+        if j:
+            tap = torch.where(tap >= 0, parents.gather(1, tap.clamp(min=0)), -1)
+        src = F.pad(x, (j, 0))[..., :t]  # the cell j columns before: a flat row's tap
+        jump = (tap >= 0) & (tap != cols - j)
+        if bool(jump.any()):  # a tree branch reads its parent's path: gather those cells
+            far = x.gather(2, tap.clamp(min=0)[:, None].expand(b, c, t))
+            src = torch.where(jump[:, None], far, src)
+        term = src * (tap >= 0)[:, None].to(x.dtype) * weight[:, k - 1 - j, None].to(x.dtype)
+        out = term if out is None else out + term
     return out if bias is None else out + bias.to(x.dtype)[:, None]
 
 
-def _short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, parents: torch.Tensor) -> Any:
-    """LFM2's ``ShortConv`` forward (no cache, no padding mask) with :func:`path_conv1d`:
-    one call for the whole row, no loop over its examples or nodes."""
-    bcx = module.in_proj(hidden_states).transpose(-1, -2)  # (B, 3H, T)
-    b, c, x = bcx.chunk(3, dim=-2)
-    conv = path_conv1d(b * x, module.conv.weight.squeeze(1), module.conv.bias, parents)
-    return module.out_proj((c * conv).to(hidden_states.dtype).transpose(-1, -2).contiguous())
+def _conv(x, weight, bias=None, activation=None, *, parents, **kw) -> torch.Tensor:
+    """transformers' ``causal_conv1d_fn`` (``x`` ``(B, C, T)``) along each cell's path."""
+    from transformers.activations import ACT2FN
+
+    out = path_conv1d(x.to(weight.dtype), weight, bias, parents)
+    return (out if activation is None else ACT2FN[activation](out)).to(x.dtype)
 
 
-#: Mixers restarted in one vectorised call (the rest run per node): class -> forward.
-VECTORISED = {"Lfm2ShortConv": _short_conv, "Lfm2MoeShortConv": _short_conv}
-#: Mixers whose sequence form cannot start from a given state (transformers'
-#: ``mamba_selective_scan`` takes no initial state): a tree node replays its whole path.
-REPLAYED = {"MambaMixer", "FalconMambaMixer", "JambaMambaMixer"}
+def selective_scan(
+    u, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, *, parents, **kw
+) -> torch.Tensor:
+    """transformers' ``mamba_selective_scan`` (its per-token loop, the same ops; ``u`` (the
+    hidden states), ``dt``, ``z`` ``(B, D, T)``, ``B``, ``C`` ``(B, N, T)``, ``A`` ``(D, N)``)
+    along each cell's path: a cell's state continues its parent cell's (``parents``
+    ``(B, T)``), zero where a path starts: each example restarted, each tree node forked from
+    its parent's final state."""
+    dtype, b = u.dtype, u.shape[0]
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    B, C = B.transpose(1, 2), C.transpose(1, 2)  # (B, T, N)
+    decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (B, D, T, N)
+    inflow = dt[:, :, :, None] * B[:, None, :, :].float() * u[:, :, :, None].float()
+    zero = torch.zeros(b, *decay.shape[1:2], A.shape[-1], dtype=dtype, device=dt.device)
+    states: list[torch.Tensor] = []
+    out = []
+    steps = zip(parents.T.tolist(), decay.unbind(2), inflow.unbind(2), C.unbind(1), strict=True)
+    for i, (col, decay_i, inflow_i, c_i) in enumerate(steps):  # unbound: one backward each
+        if i and all(p == i - 1 for p in col):
+            prev = states[-1]
+        else:  # a path starts (zero) or a branch continues its parent's state
+            prev = torch.stack([states[p][r] if p >= 0 else zero[r] for r, p in enumerate(col)])
+        states.append(decay_i * prev + inflow_i)
+        out.append(torch.matmul(states[-1].to(dtype), c_i.unsqueeze(-1))[:, :, 0])
+    out = torch.stack(out, dim=-1)  # (B, D, T)
+    if D is not None:
+        out = out + u * D[None, :, None]
+    return out if z is None else out * F.silu(z)
+
+
+def chunk_gated_delta_rule(
+    query, key, value, g, beta, chunk_size=64, use_qk_l2norm_in_kernel=False, *, parents, **kw
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``torch_chunk_gated_delta_rule`` (``query``, ``key`` ``(B, T, Hk, Dk)``,
+    ``value`` ``(B, T, Hv, Dv)``, ``g``, ``beta`` ``(B, T, Hv)``; float32 inside, as there) over
+    whole flat rows, the state zeroed where an example starts (``parents`` ``(B, T)`` ``-1``,
+    :func:`seq_idx_parents`): inside a chunk, pairs of cells of different examples are
+    masked; a cell reads the chunk's incoming state only if its example began before the
+    chunk, and the outgoing state holds only the chunk's last example -> ``(B, T, Hv, Dv)``,
+    ``None``."""
+    dtype, (b, t, hk, _), hv = query.dtype, key.shape, value.shape[-2]
+    if hk != hv:
+        query, key = (x.repeat_interleave(hv // hk, dim=2) for x in (query, key))
+    query, key, value, beta, g = (
+        x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+        for x in (query, key, value, beta, g)
+    )  # (B, H, T, ...)
+    if use_qk_l2norm_in_kernel:
+        query, key = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (query, key))
+    query = query * query.shape[-1] ** -0.5
+    pad = (chunk_size - t % chunk_size) % chunk_size
+    query, key, value = (F.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    v_beta, k_beta = value * beta.unsqueeze(-1), key * beta.unsqueeze(-1)
+    query, key, k_beta, v_beta = (
+        x.reshape(b, hv, -1, chunk_size, x.shape[-1]) for x in (query, key, k_beta, v_beta)
+    )  # (B, H, N, C, D)
+    seg = F.pad((parents < 0).cumsum(-1), (0, pad), value=-1).reshape(b, 1, -1, chunk_size)
+    before = F.pad(seg[..., :-1, -1], (1, 0), value=-2)  # the example the state holds
+    carried = (seg == before[..., None]).float()  # (B, 1, N, C): began before the chunk
+    with_last = (seg == seg[..., -1:]).float()  # the chunk's last example: the state out
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=seg.device).tril()
+    same = (seg[..., :, None] == seg[..., None, :]) & causal  # (B, 1, N, C, C)
+    cum = g.reshape(b, hv, -1, chunk_size).cumsum(-1)  # (B, H, N, C)
+    decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~same, float("-inf")).exp()
+    ut_system = (k_beta @ key.transpose(-1, -2)) * decay
+    intra = (query @ key.transpose(-1, -2)) * decay
+    read = cum.exp() * carried
+    new_values = torch.linalg.solve_triangular(ut_system, v_beta, upper=False, unitriangular=True)
+    k_read = k_beta * read.unsqueeze(-1)
+    k_cumdecay = torch.linalg.solve_triangular(ut_system, k_read, upper=False, unitriangular=True)
+    query = query * read.unsqueeze(-1)
+    key = key * ((cum[..., -1:] - cum).exp() * with_last).unsqueeze(-1)
+    chunk_decay = (cum[..., -1].exp() * carried[..., -1])[..., None, None]
+    state = query.new_zeros(b, hv, query.shape[-1], v_beta.shape[-1])
+    out = []
+    per_chunk = (x.unbind(2) for x in (query, key, new_values, k_cumdecay, intra, chunk_decay))
+    for q, k, values, k_decay, attn, keep in zip(*per_chunk, strict=True):  # unbound: one backward
+        v_new = values - k_decay @ state
+        out.append(q @ state + attn @ v_new)
+        state = state * keep + k.transpose(-1, -2) @ v_new
+    core = torch.stack(out, dim=2).reshape(b, hv, -1, v_beta.shape[-1])[:, :, :t]
+    return core.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), None
+
+
+#: The kernels a mixer's forward calls by name from its module (transformers' hub-kernel
+#: functions) -> their path-aware stand-ins, given the call's ``parents``.
+STAND_INS = {
+    "causal_conv1d_fn": _conv,
+    "mamba_selective_scan": selective_scan,
+    "torch_chunk_gated_delta_rule": chunk_gated_delta_rule,
+    "mamba_inner_fn": lambda *args, **kwargs: None,  # fused: none, so the unfused steps run
+}
+#: The families (:data:`RESTARTABLE`) whose forward runs once per packed call with
+#: :data:`STAND_INS` swapped in, on tree rows too (the rest of them: flat rows only; the
+#: other families, and those on tree rows, run per node: :func:`runs`).
+WHOLE_CALL = {"short convolution": True, "Mamba selective scan": True, "gated delta rule": False}
+
+
+_CURRENT = threading.local()  # .parents: the packed mixer call's in this thread, or None
+
+
+def _dispatching(name: str, original: Any) -> Any:
+    """``original`` (a kernel of :data:`STAND_INS`), or its stand-in inside :func:`stand_ins`."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        parents = getattr(_CURRENT, "parents", None)
+        if parents is None:
+            return original(*args, **kwargs)
+        return STAND_INS[name](*args, parents=parents, **kwargs)
+
+    setattr(kernel, _MARK, True)
+    return kernel
+
+
+@contextlib.contextmanager
+def stand_ins(module: torch.nn.Module, parents: torch.Tensor) -> Iterator[None]:
+    """Inside, in this thread, the :data:`STAND_INS` that ``module``'s forward calls (by name
+    from its class's module, at call time, as transformers' hub-kernel functions are looked
+    up) follow ``parents`` ``(B, T)``. The names are rebound once per module to a dispatcher
+    that runs the originals outside (and in other threads)."""
+    space = vars(sys.modules[type(module).__module__])
+    for name in STAND_INS.keys() & space.keys():
+        if not getattr(space[name], _MARK, False):
+            space[name] = _dispatching(name, space[name])
+    outer, _CURRENT.parents = getattr(_CURRENT, "parents", None), parents
+    try:
+        yield
+    finally:
+        _CURRENT.parents = outer
 
 
 def runs(parents: torch.Tensor) -> list[list[tuple[int, int, int]]]:
@@ -241,23 +375,14 @@ def _row_nodes(
     """One row ``x`` ``(1, T, H)`` through ``own`` (the module's forward) node by node:
     a root from zero (no cache), a child from its parent's final :class:`ForkCache`; a
     one-column child reruns its parent too (a one-token call takes the mixers' in-place
-    decode step), and a :data:`REPLAYED` mixer's child reruns its whole path."""
+    decode step)."""
     has_child = {p for _, _, p in nodes if p >= 0}
-    replay = type(module).__name__ in REPLAYED
     after: dict[int, ForkCache] = {}  # node -> the cache after it (its children's start)
     before: dict[int, ForkCache] = {}  # node -> the cache it started from
     out = []
     for i, (s, e, p) in enumerate(nodes):
         if p < 0 and i not in has_child:  # a flat example (or padding): as it runs alone
             out.append(own(module, x[:, s:e]))
-            continue
-        if replay:  # the path's columns from the root: its state, recomputed
-            path, j = [(s, e)], p
-            while j >= 0:
-                path.append(nodes[j][:2])
-                j = nodes[j][2]
-            cols = torch.cat([x[:, a:b] for a, b in reversed(path)], dim=1)
-            out.append(own(module, cols)[:, -(e - s) :])
             continue
         cols = x[:, s:e]
         before[i] = start = after[p] if p >= 0 else ForkCache()
@@ -315,10 +440,12 @@ def _restarted_forward(module: torch.nn.Module, call: _Call, name: str) -> Any:
                 f"{name} got a cache on a packed call; packed rows are for training"
                 " — pass use_cache=False (hf_inputs does)"
             )
-        if type(self).__name__ in VECTORISED:
-            return VECTORISED[type(self).__name__](
-                self, hidden_states, parents.to(hidden_states.device)
-            )
+        family = RESTARTABLE[type(self).__name__]
+        if WHOLE_CALL.get(family) or (
+            family in WHOLE_CALL and all(p < 0 for row in nodes for _, _, p in row)
+        ):  # one call, its kernels path-aware (a gated delta rule: flat rows only)
+            with stand_ins(self, parents.to(hidden_states.device)):
+                return own(self, hidden_states)
         out = [_row_nodes(self, own, hidden_states[r : r + 1], row) for r, row in enumerate(nodes)]
         return torch.cat(out, dim=0)
 
@@ -406,17 +533,20 @@ def restarts(config: Any) -> bool:
 
 __all__ = [
     "PARENTS",
-    "REPLAYED",
     "RESTARTABLE",
-    "VECTORISED",
+    "STAND_INS",
+    "WHOLE_CALL",
     "ForkCache",
     "cell_parents",
     "cell_seq_idx",
+    "chunk_gated_delta_rule",
     "mixer_modules",
     "packed_call",
     "path_conv1d",
     "restart_mixers",
     "restarts",
     "runs",
+    "selective_scan",
     "seq_idx_parents",
+    "stand_ins",
 ]
