@@ -253,6 +253,19 @@ def test_tiny_llama_packed_equals_separate_and_model_loss_is_token_weighted(attn
     assert close(hf_loss(out.logits, batch, count=100).mean, total / 100)
 
 
+def test_the_mask_dtype_defaults_to_the_model_s():
+    # float64 model, no dtype= given: the masks are built as with dtype=float64 (a float32
+    # mask on a float64 sdpa call moved the logits by 0.12), from the model or its config.
+    model = tiny_llama("sdpa")
+    examples = verification_examples(266, seed=3)
+    batch = pack_examples("train", examples, examples[0].binding, PackConfig(12, 6)).batches[0]
+    want = model(**hf_inputs(batch, "sdpa", config=model, dtype=torch.float64)).logits
+    for config in (model, model.config):
+        kwargs = hf_inputs(batch, "sdpa", config=config, labels=False)
+        assert kwargs["attention_mask"].dtype == torch.float64
+        assert torch.equal(model(**kwargs).logits, want)
+
+
 def test_bad_arguments_are_refused():
     batch = fixture_batch()
     with pytest.raises(InvalidInput, match=r"'flash_attention_9' is of no kind.*flash_attention_2"):

@@ -66,7 +66,8 @@ def hf_inputs(
     per-layer-type masks, raises ``UnsupportedArchitecture`` where the model cannot be exact,
     and refuses a vocabulary or pad id its embedding cannot index. ``kind=``: the kind of a
     name exactpack cannot tell (:mod:`exactpack.hf.kinds`). ``options``
-    (:func:`build_inputs`): ``dtype`` (the model's), ``device``, ``mask`` (``"float"``;
+    (:func:`build_inputs`): ``dtype`` (default: the model's — its parameters' when
+    ``config`` is the model, else ``config.dtype``, else float32), ``device``, ``mask`` (``"float"``;
     ``"bool"``: sdpa only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and
     ``shift_labels``) and ``num_items_in_batch`` (the step's global eligible count). Tensors
     are ``(R, T)``, or ``(1, N)`` of the valid cells for the flattened kinds
@@ -85,6 +86,10 @@ def hf_inputs(
     model_config = getattr(config, "config", config)
     check_vocabulary(model_config, batch.binding, options.get("pad_token_id", 0))
     check_restarts(arch, model_config)
+    if "dtype" not in options:  # the mask in the model's dtype, not float32's
+        param = next(config.parameters(), None) if isinstance(config, torch.nn.Module) else None
+        dtype = param.dtype if param is not None else getattr(model_config, "dtype", None)
+        options["dtype"] = dtype if isinstance(dtype, torch.dtype) else torch.float32
     return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
 
 
