@@ -67,8 +67,8 @@ def hf_inputs(
     and refuses a vocabulary or pad id its embedding cannot index. ``kind=``: the kind of a
     name exactpack cannot tell (:mod:`exactpack.hf.kinds`). ``options``
     (:func:`build_inputs`): ``dtype`` (default: the model's — its parameters' when
-    ``config`` is the model, else ``config.dtype``, else float32), ``device``, ``mask`` (``"float"``;
-    ``"bool"``: sdpa only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and
+    ``config`` is the model, else ``config.dtype``, else float32), ``device``, ``mask``
+    (``"float"``; ``"bool"``: sdpa only), ``pad_token_id`` (0), ``labels`` (True: ``labels`` and
     ``shift_labels``) and ``num_items_in_batch`` (the step's global eligible count). Tensors
     are ``(R, T)``, or ``(1, N)`` of the valid cells for the flattened kinds
     (:func:`cell_logits`).
