@@ -29,7 +29,8 @@ path); the model is switched to it for the packed call and its backward, and bac
 at its next other call (generation, a plain forward), which runs on its own
 attention. ``RewardTrainer``'s sequence-classification model packs every forward
 (a pair's chosen and rejected share the prompt; the score at each last token).
-GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows).
+GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows),
+split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config).
 Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
 router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
@@ -52,6 +53,7 @@ from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import architecture_of
 from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.mixers import packed_call, restart_mixers
+from exactpack.training.balance import CostModel, balanced_groups, causal_pairs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -98,7 +100,9 @@ def _keep_groups_whole(trainer: Any) -> None:
     so a micro-batch holds parts of many groups and shares only their prompts. While the
     packed trainer prepares inputs, the shuffle moves groups (runs of rows with one prompt)
     whole: a micro-batch of ``k × num_generations`` rows holds ``k`` groups, each prompt
-    stored once, every column (ids, rewards, reference log-probs) moved with its row."""
+    stored once, every column (ids, rewards, reference log-probabilities) moved with its
+    row — and the groups are split into the ``steps_per_generation`` micro-batches by
+    their compute (:func:`_balanced_order`), not at random."""
     import importlib
 
     for name in _SHUFFLING:
@@ -106,14 +110,15 @@ def _keep_groups_whole(trainer: Any) -> None:
         if not getattr(module.shuffle_sequence_dict, _PACKED, False):
             module.shuffle_sequence_dict = _group_shuffle(module.shuffle_sequence_dict)
     prepare = trainer._prepare_inputs
+    split = (CostModel.from_config(trainer.model.config), trainer.args.steps_per_generation)
 
     @functools.wraps(prepare)
     def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
-        _grouping.on = True
+        _grouping.split = split
         try:
             return prepare(*args, **kwargs)
         finally:
-            _grouping.on = False
+            _grouping.split = None
 
     trainer._prepare_inputs = prepare_inputs
 
@@ -123,13 +128,12 @@ def _group_shuffle(shuffle: Any) -> Any:
 
     @functools.wraps(shuffle)
     def grouped(seqs: dict[str, Any]) -> dict[str, Any]:
-        ids = seqs.get("prompt_ids")
-        if not getattr(_grouping, "on", False) or not isinstance(ids, torch.Tensor):
+        ids, split = seqs.get("prompt_ids"), getattr(_grouping, "split", None)
+        if split is None or not isinstance(ids, torch.Tensor):
             return shuffle(seqs)
         new = np.r_[True, ~(ids[1:] == ids[:-1]).all(-1).cpu().numpy()]  # a group's first row
         bounds = np.r_[np.flatnonzero(new), len(ids)]
-        order = torch.randperm(len(bounds) - 1).numpy()  # TRL's generator, by group
-        perm = np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
+        perm = _balanced_order(seqs, bounds, *split)
 
         def permute(v: Any) -> Any:
             if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
@@ -142,6 +146,26 @@ def _group_shuffle(shuffle: Any) -> Any:
 
     setattr(grouped, _PACKED, True)
     return grouped
+
+
+def _balanced_order(seqs: dict[str, Any], bounds: np.ndarray, cost: CostModel, parts: int):
+    """The rows' order (int [rows]): groups ``bounds[g]:bounds[g+1]`` in random order
+    (TRL's generator) — and, where the groups are of one size and fill the ``parts``
+    micro-batches evenly, placed so that each micro-batch's compute (a group's trie: the
+    prompt once, each completion under it, :class:`~exactpack.training.balance.CostModel`)
+    is balanced (:func:`~exactpack.training.balance.balanced_groups`)."""
+    sizes = np.diff(bounds)
+    order = torch.randperm(len(sizes)).numpy()
+    even = parts > 1 and len(sizes) % parts == 0 and (sizes == sizes[0]).all()
+    if even and "completion_mask" in seqs:
+        p = seqs["prompt_mask"].sum(-1).cpu().numpy()  # (rows,) real tokens
+        c = seqs["completion_mask"].sum(-1).cpu().numpy()
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        pairs = causal_pairs(p[bounds[:-1]]) + np.bincount(group, causal_pairs(c, p))
+        loads = cost.costs(p[bounds[:-1]] + np.bincount(group, c), pairs)[order]
+        slots = balanced_groups(loads, parts, len(sizes) // parts)
+        order = np.concatenate([order[slots[k]] for k in torch.randperm(parts).tolist()])
+    return np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
 
 
 def _packed_module(model: Any) -> tuple[Any, bool]:

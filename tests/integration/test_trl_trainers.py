@@ -262,11 +262,17 @@ def test_a_reward_step_on_tree_rows_equals_trls_own_step(tmp_path):
         assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
 
 
-def test_grpo_micro_batches_hold_whole_groups(tmp_path):
+def test_grpo_micro_batches_hold_whole_groups_balanced_by_compute(tmp_path):
     """TRL shuffles a generation batch row by row before cutting it into micro-batches;
-    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once)
-    and every per-row column moves with its row."""
+    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once),
+    every per-row column moves with its row, and the groups are placed so that the
+    largest micro-batch's compute (tokens and attention pairs of its tries) is the
+    least any split into whole groups reaches."""
+    import itertools
+
     from trl import GRPOConfig, GRPOTrainer
+
+    from exactpack.training.balance import CostModel, causal_pairs
 
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
@@ -279,7 +285,12 @@ def test_grpo_micro_batches_hold_whole_groups(tmp_path):
         processing_class=word_tokenizer(),
     )  # fmt: skip
     prompts = torch.arange(6).repeat_interleave(2)[:, None] * torch.ones(1, 3, dtype=torch.long)
-    rows = {"prompt_ids": prompts, "row": torch.arange(12), "ids": [f"r{i}" for i in range(12)]}
+    done = torch.tensor([9, 1, 7, 8, 1, 1, 6, 2, 3, 3, 5, 1])  # completion tokens per row
+    rows = {
+        "prompt_ids": prompts, "prompt_mask": torch.ones(12, 3, dtype=torch.long),
+        "completion_mask": (torch.arange(9) < done[:, None]).long(), "row": torch.arange(12),
+        "ids": [f"r{i}" for i in range(12)],
+    }  # fmt: skip
     trainer._generate_and_score_completions = lambda batch: dict(rows)
     exactpack.trl.pack(trainer)
     torch.manual_seed(1)
@@ -292,6 +303,15 @@ def test_grpo_micro_batches_hold_whole_groups(tmp_path):
         assert torch.equal(m["row"].view(2, 2) % 2, torch.tensor([[0, 1], [0, 1]]))
         assert m["ids"] == [f"r{i}" for i in m["row"].tolist()]
         assert torch.equal(m["prompt_ids"][:, 0], m["row"] // 2)
+    cost = CostModel.from_config(trainer.model.config)
+    pairs = causal_pairs(3) + causal_pairs(done, 3).reshape(6, 2).sum(1)
+    group = cost.costs(3 + done.view(6, 2).sum(1).numpy(), pairs)  # (6,) each group's trie
+    got = max(sum(group[g] for g in set((m["row"] // 2).tolist())) for m in micro)
+    splits = (
+        max(group[list(p[i : i + 2])].sum() for i in (0, 2, 4))
+        for p in itertools.permutations(range(6))
+    )
+    assert got == pytest.approx(min(splits), rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["GRPO", "RLOO"])
