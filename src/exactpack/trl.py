@@ -87,7 +87,78 @@ def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
         raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
     if hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
         _keep_groups_whole(trainer)
+    else:  # DPO, reward
+        _deal_pairs(trainer)
     return trainer
+
+
+def _deal_pairs(trainer: Any) -> None:
+    """DPO / reward: each step's pairs (TRL's own draw, ``ranks × micro-batches ×
+    per_device_train_batch_size`` of them) dealt by compute instead of in drawn order —
+    to the ranks, then to each rank's micro-batches (:func:`_deal`), each keeping its
+    number of pairs, so the step's objective is TRL's. A pair costs its trie: the prompt
+    once, each answer under it (``CostModel`` of the model's config)."""
+    ds = getattr(trainer, "train_dataset", None)
+    names = set(getattr(ds, "column_names", None) or ())
+    if not {"chosen_ids", "rejected_ids"} <= names:
+        return
+    n = {k: np.array([len(x) for x in ds[k]]) for k in ("prompt_ids", "chosen_ids", "rejected_ids")
+         if k in names}  # fmt: skip
+    p, c, r = n.get("prompt_ids", 0), n["chosen_ids"], n["rejected_ids"]
+    pairs = causal_pairs(p) + causal_pairs(c, p) + causal_pairs(r, p)
+    loads = CostModel.from_config(trainer.model.config).costs(p + c + r, pairs)
+    loader_of = trainer.get_train_dataloader
+
+    @functools.wraps(loader_of)
+    def get_train_dataloader(*args: Any, **kwargs: Any) -> Any:
+        loader = loader_of(*args, **kwargs)
+        batches = loader.batch_sampler  # accelerate's shard of TRL's batches, or them
+        batches = getattr(batches, "batch_sampler", batches)
+        if isinstance(getattr(batches, "batch_size", None), int):
+            ranks, micro = (
+                trainer.accelerator.num_processes,
+                trainer.args.gradient_accumulation_steps,
+            )
+            batches.sampler = _Dealt(batches.sampler, loads, ranks, micro, batches.batch_size)
+        return loader
+
+    trainer.get_train_dataloader = get_train_dataloader
+
+
+class _Dealt(torch.utils.data.Sampler):
+    """``inner``'s indices, each full step of ``ranks·micro·rows`` reordered so that
+    accelerate's shards (batch ``k`` to rank ``k % ranks``) give rank ``r`` its dealt
+    micro-batches in turn; a short last step as drawn. Anything else is ``inner``'s."""
+
+    def __init__(self, inner: Any, loads: np.ndarray, ranks: int, micro: int, rows: int):
+        self.inner, self.loads, self.shape = inner, loads, (ranks, micro, rows)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:  # set_epoch, epoch, generator, ...
+        return getattr(self.__dict__["inner"], name)
+
+    def __iter__(self) -> Any:
+        step, chunk = int(np.prod(self.shape)), []
+        for i in self.inner:
+            chunk.append(int(i))
+            if len(chunk) == step:
+                yield from _deal(np.asarray(chunk), self.loads, *self.shape)
+                chunk = []
+        yield from chunk
+
+
+def _deal(chunk: np.ndarray, loads: np.ndarray, ranks: int, micro: int, rows: int) -> list:
+    """``chunk`` (int [ranks·micro·rows]) in the order micro-batch 0 of each rank, then
+    micro-batch 1, ...: the ranks' shares balanced first (a step waits for its slowest
+    rank), then each rank's micro-batches; each micro-batch in drawn order."""
+    slots = [[] for _ in range(micro * ranks)]
+    for r, share in enumerate(balanced_groups(loads[chunk], ranks, micro * rows)):
+        share = np.asarray(share)
+        for m, part in enumerate(balanced_groups(loads[chunk[share]], micro, rows)):
+            slots[m * ranks + r] = chunk[np.sort(share[part])].tolist()
+    return [i for slot in slots for i in slot]
 
 
 #: The TRL modules whose ``_prepare_inputs`` shuffles a generation batch before splitting it.

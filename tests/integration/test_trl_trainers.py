@@ -75,16 +75,61 @@ def test_a_dpo_step_on_tree_rows_equals_trls_own_step(
     tmp_path, loss_type, precompute, float64_head
 ):
     """Two micro-batches accumulated; ``precompute_ref_log_probs``: the reference
-    log-probabilities computed (packed) before training and carried as columns."""
+    log-probabilities computed (packed) before training and carried as columns. The
+    packed step deals its pairs to the micro-batches by compute, so the logged loss —
+    summed over micro-batches in ``Trainer``'s float32 accumulator — agrees to float32
+    rounding; the metrics (float64 means) and every gradient to the seed's tolerance."""
     config = {"loss_type": [loss_type], "precompute_ref_log_probs": precompute}
     plain_grads, plain_logs = _dpo_step(tmp_path, False, **config)
     packed_grads, packed_logs = _dpo_step(tmp_path, True, **config)
     assert worst_ratio(packed_grads, plain_grads) <= 1.0
     assert max(float(g.abs().max()) for g in plain_grads.values()) > 0
-    for key in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
+    a, b = packed_logs["loss"], plain_logs["loss"]
+    assert abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    for key in ("logps/chosen", "logps/rejected", "rewards/margins"):
         if key in plain_logs:
             a, b = packed_logs[key], plain_logs[key]
             assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
+
+
+def test_a_dpo_steps_pairs_are_dealt_to_micro_batches_by_compute(tmp_path):
+    """Packed, each step's pairs (TRL's own draw) go to the micro-batches so that the
+    largest one's compute (each pair's trie) is the least any split reaches; every
+    micro-batch keeps its number of pairs."""
+    import itertools
+
+    from trl import DPOConfig, DPOTrainer
+
+    from exactpack.training.balance import CostModel, causal_pairs
+
+    def batches():
+        args = DPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2,
+            gradient_accumulation_steps=2, report_to=[], use_cpu=True, seed=1,
+            gradient_checkpointing=False,
+        )  # fmt: skip
+        trainer = DPOTrainer(
+            model=llama(), ref_model=llama(), args=args, processing_class=word_tokenizer(),
+            train_dataset=Dataset.from_dict(PAIRS),
+        )  # fmt: skip
+        exactpack.trl.pack(trainer)
+        return trainer, [list(b) for b in trainer.get_train_dataloader().batch_sampler]
+
+    trainer, dealt = batches()
+    assert [len(b) for b in dealt] == [2, 2] and sorted(i for b in dealt for i in b) == [0, 1, 2, 3]
+    ds, cost = trainer.train_dataset, CostModel.from_config(trainer.model.config)
+
+    def load(i):
+        p, c, r = (len(ds[i][k]) for k in ("prompt_ids", "chosen_ids", "rejected_ids"))
+        return float(
+            cost.costs(p + c + r, causal_pairs(p) + causal_pairs(c, p) + causal_pairs(r, p))
+        )
+
+    splits = [max(sum(map(load, s)), sum(map(load, set(range(4)) - set(s))))
+              for s in itertools.combinations(range(4), 2)]  # fmt: skip
+    assert max(sum(map(load, b)) for b in dealt) == pytest.approx(min(splits), rel=1e-12)
+    drawn = list(trainer.get_train_dataloader().batch_sampler.sampler.inner)  # TRL's order
+    assert max(sum(map(load, drawn[:2])), sum(map(load, drawn[2:]))) > min(splits) * (1 + 1e-6)
 
 
 def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
