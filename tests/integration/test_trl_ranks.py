@@ -145,6 +145,9 @@ def worker(rank: int, port: int, out: str, names: list[str]) -> None:
             with Float64Islands():
                 trainer.train()
             assert (trainer.model.config._attn_implementation == "exactpack_tree") == packed
+            if packed and name in ("dpo", "reward"):  # the pairs were dealt by compute
+                sampler = trainer.get_train_dataloader().batch_sampler.batch_sampler.sampler
+                assert type(sampler).__name__ == "_Dealt"
             params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
             results[f"{name}-{'packed' if packed else 'plain'}"] = (grads, params)
     torch.save(results, Path(out) / f"rank{rank}.pt")
