@@ -30,7 +30,8 @@ at its next other call (generation, a plain forward), which runs on its own
 attention. ``RewardTrainer``'s sequence-classification model packs every forward
 (a pair's chosen and rejected share the prompt; the score at each last token).
 GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows),
-split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config).
+split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config); DPO and
+reward steps' pairs (TRL's own draw) are dealt to ranks and micro-batches the same way.
 Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
 router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
