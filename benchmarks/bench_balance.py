@@ -75,7 +75,8 @@ def main() -> None:
     stats = flat_rows()
     tree_tokens, tree_pairs = tree_rows()
     print(f"W1: {len(stats):,} rows of 4096; tree rows: {len(tree_tokens):,} rows of 16384")
-    print(f"{WORLD} ranks x {MICRO} micro-batches; figure = sum of step max / sum of step mean")
+    print(f"{WORLD} ranks x {MICRO} micro-batches; largest share / mean (target <= 1.05):"
+          " sum over steps of the largest slot's FLOPs / sum of the mean slot's")  # fmt: skip
     print("| model | rows | rows/micro | by tokens | by compute | seconds (compute) |")
     print("|---|---|---:|---:|---:|---:|")
     for name, config in CONFIGS.items():

@@ -4,11 +4,14 @@ stored tokens, peak RSS.
     .venv/bin/python benchmarks/bench_trl.py                  # DPO, 1 thread, float32
     .venv/bin/python benchmarks/bench_trl.py --trainer grpo   # GRPO, accumulation 4
     .venv/bin/python benchmarks/bench_trl.py --quick          # lengths / 4, one round
+    .venv/bin/python benchmarks/bench_trl.py --trainer grpo --steps 1 --rounds 1 --warmup 0
 
 Each arm runs in a fresh process (its peak RSS is its own), the two arms alternated
 ``--rounds`` times: a tiny Llama (hidden 256, 4 layers, 8 heads, vocabulary 4,000)
 through transformers on one thread, float32, the first step (imports, dataset
-preparation) not timed. DPO: prompts 256–1024 tokens, chosen/rejected 32–256 (a word
+preparation) not timed (``--warmup``). A step's wall time and the process's CPU time
+(one thread: the same on a quiet machine; on a shared one the CPU time is the fairer
+ratio). DPO: prompts 256–1024 tokens, chosen/rejected 32–256 (a word
 per token), ``per_device_train_batch_size`` 8 pairs. GRPO: prompts 256–1024, groups of
 8 completions 32–512 (a fixed ``rollout_func`` in place of generation, so a step is the
 reference and policy log-probabilities and the backward), ``beta`` 0.04,
@@ -93,7 +96,9 @@ def model():
     return LlamaForCausalLM(config)
 
 
-def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) -> dict:
+def child(
+    trainer_name: str, packed: bool, groups: int, steps: int, scale: int, warmup: int = 1
+) -> dict:
     import resource
 
     import torch
@@ -101,17 +106,19 @@ def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) 
 
     torch.set_num_threads(1)
     times: list[float] = []
+    cpu: list[float] = []
     cells = {"padded": 0, "tree": 0}
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             times.append(time.perf_counter() - self.t0)
+            cpu.append(time.process_time() - self.c0)
 
     common = dict(
-        per_device_train_batch_size=8, max_steps=steps + 1, learning_rate=1e-5,
+        per_device_train_batch_size=8, max_steps=steps + warmup, learning_rate=1e-5,
         report_to=[], use_cpu=True, save_strategy="no", seed=0, dataloader_num_workers=0,
         logging_steps=1000, gradient_checkpointing=False,
     )  # fmt: skip
@@ -144,7 +151,8 @@ def child(trainer_name: str, packed: bool, groups: int, steps: int, scale: int) 
         count_cells(trainer, cells)
         trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"step_s": statistics.median(times[1:]), "peak_rss": peak, **cells}
+    timed = {"step_s": statistics.median(times[warmup:]), "cpu_s": statistics.median(cpu[warmup:])}
+    return {**timed, "peak_rss": peak, **cells}
 
 
 def count_cells(trainer, cells: dict) -> None:
@@ -179,14 +187,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="lengths / 4, one round, 2 steps")
+    ap.add_argument("--scale", type=int, default=1, help="lengths divided by this")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed first steps (0: time all)")
     ap.add_argument("--child", choices=("plain", "packed"))
     args = ap.parse_args()
-    scale = 4 if args.quick else 1
+    scale = 4 if args.quick else args.scale
     steps, rounds = (2, 1) if args.quick else (args.steps, args.rounds)
     # DPO: 8 pairs a step; GRPO: 4 groups (prompts) a step, 8 completions each
-    groups = (steps + 1) * (8 if args.trainer == "dpo" else 4)
+    groups = (steps + args.warmup) * (8 if args.trainer == "dpo" else 4)
     if args.child:
-        print(json.dumps(child(args.trainer, args.child == "packed", groups, steps, scale)))
+        packed = args.child == "packed"
+        print(json.dumps(child(args.trainer, packed, groups, steps, scale, args.warmup)))
         return
     env = os.environ | {
         "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1"
@@ -195,19 +206,19 @@ def main() -> None:
     for _ in range(rounds):
         for arm in ("plain", "packed"):
             argv = [sys.executable, __file__, "--child", arm, "--trainer", args.trainer]
-            argv += ["--steps", str(steps)] + (["--quick"] if args.quick else [])
+            argv += ["--steps", str(steps), "--scale", str(scale), "--warmup", str(args.warmup)]
+            argv += ["--quick"] if args.quick else []
             out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
             runs[arm].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {a: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for a, rs in runs.items()}
     p, q = med["plain"], med["packed"]
     name = {"dpo": "DPOTrainer, 8 pairs", "grpo": "GRPOTrainer, 4 groups of 8, accumulation 4"}
     print(f"{name[args.trainer]} a step (TRL 1.16), tiny Llama float32, 1 thread, lengths"
-          f" / {scale}, medians of {rounds}")  # fmt: skip
+          f" / {scale}, {groups} groups, medians of {rounds}")  # fmt: skip
     print("| measure | as shipped | exactpack.trl.pack | ratio |")
     print("|---|---:|---:|---:|")
-    print(
-        f"| step (s) | {p['step_s']:.2f} | {q['step_s']:.2f} | {p['step_s'] / q['step_s']:.2f}x |"
-    )
+    for key, what in (("step_s", "step (s, wall)"), ("cpu_s", "step (s, CPU of the process)")):
+        print(f"| {what} | {p[key]:.2f} | {q[key]:.2f} | {p[key] / q[key]:.2f}x |")
     stored = q["tree"] / max(q["padded"], 1)
     row = f"| stored tokens (log-prob forwards) | {q['padded']:,.0f} | {q['tree']:,.0f}"
     print(f"{row} | {stored:.2f} |")

@@ -29,7 +29,9 @@ path); the model is switched to it for the packed call and its backward, and bac
 at its next other call (generation, a plain forward), which runs on its own
 attention. ``RewardTrainer``'s sequence-classification model packs every forward
 (a pair's chosen and rejected share the prompt; the score at each last token).
-GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows).
+GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows),
+split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config); DPO and
+reward steps' pairs (TRL's own draw) are dealt to ranks and micro-batches the same way.
 Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
 router logits (their load-balancing loss reads TRL's padded ``attention_mask``),
@@ -52,6 +54,7 @@ from exactpack.hf.adapter import build_inputs
 from exactpack.hf.capabilities import capability
 from exactpack.hf.kinds import TREE, TREE_NAMES, tree_kind
 from exactpack.hf.mixers import packed_call, restart_mixers
+from exactpack.training.balance import CostModel, balanced_groups, causal_pairs
 
 #: The TRL releases whose trainers :func:`pack` was checked against (tests/integration).
 CHECKED_TRL = ("1.16",)
@@ -85,7 +88,78 @@ def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
         raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
     if hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
         _keep_groups_whole(trainer)
+    else:  # DPO, reward
+        _deal_pairs(trainer)
     return trainer
+
+
+def _deal_pairs(trainer: Any) -> None:
+    """DPO / reward: each step's pairs (TRL's own draw, ``ranks × micro-batches ×
+    per_device_train_batch_size`` of them) dealt by compute instead of in drawn order —
+    to the ranks, then to each rank's micro-batches (:func:`_deal`), each keeping its
+    number of pairs, so the step's objective is TRL's. A pair costs its trie: the prompt
+    once, each answer under it (``CostModel`` of the model's config)."""
+    ds = getattr(trainer, "train_dataset", None)
+    names = set(getattr(ds, "column_names", None) or ())
+    if not {"chosen_ids", "rejected_ids"} <= names:
+        return
+    n = {k: np.array([len(x) for x in ds[k]]) for k in ("prompt_ids", "chosen_ids", "rejected_ids")
+         if k in names}  # fmt: skip
+    p, c, r = n.get("prompt_ids", 0), n["chosen_ids"], n["rejected_ids"]
+    pairs = causal_pairs(p) + causal_pairs(c, p) + causal_pairs(r, p)
+    loads = CostModel.from_config(trainer.model.config).costs(p + c + r, pairs)
+    loader_of = trainer.get_train_dataloader
+
+    @functools.wraps(loader_of)
+    def get_train_dataloader(*args: Any, **kwargs: Any) -> Any:
+        loader = loader_of(*args, **kwargs)
+        batches = loader.batch_sampler  # accelerate's shard of TRL's batches, or them
+        batches = getattr(batches, "batch_sampler", batches)
+        if isinstance(getattr(batches, "batch_size", None), int):
+            ranks, micro = (
+                trainer.accelerator.num_processes,
+                trainer.args.gradient_accumulation_steps,
+            )
+            batches.sampler = _Dealt(batches.sampler, loads, ranks, micro, batches.batch_size)
+        return loader
+
+    trainer.get_train_dataloader = get_train_dataloader
+
+
+class _Dealt(torch.utils.data.Sampler):
+    """``inner``'s indices, each full step of ``ranks·micro·rows`` reordered so that
+    accelerate's shards (batch ``k`` to rank ``k % ranks``) give rank ``r`` its dealt
+    micro-batches in turn; a short last step as drawn. Anything else is ``inner``'s."""
+
+    def __init__(self, inner: Any, loads: np.ndarray, ranks: int, micro: int, rows: int):
+        self.inner, self.loads, self.shape = inner, loads, (ranks, micro, rows)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:  # set_epoch, epoch, generator, ...
+        return getattr(self.__dict__["inner"], name)
+
+    def __iter__(self) -> Any:
+        step, chunk = int(np.prod(self.shape)), []
+        for i in self.inner:
+            chunk.append(int(i))
+            if len(chunk) == step:
+                yield from _deal(np.asarray(chunk), self.loads, *self.shape)
+                chunk = []
+        yield from chunk
+
+
+def _deal(chunk: np.ndarray, loads: np.ndarray, ranks: int, micro: int, rows: int) -> list:
+    """``chunk`` (int [ranks·micro·rows]) in the order micro-batch 0 of each rank, then
+    micro-batch 1, ...: the ranks' shares balanced first (a step waits for its slowest
+    rank), then each rank's micro-batches; each micro-batch in drawn order."""
+    slots = [[] for _ in range(micro * ranks)]
+    for r, share in enumerate(balanced_groups(loads[chunk], ranks, micro * rows)):
+        share = np.asarray(share)
+        for m, part in enumerate(balanced_groups(loads[chunk[share]], micro, rows)):
+            slots[m * ranks + r] = chunk[np.sort(share[part])].tolist()
+    return [i for slot in slots for i in slot]
 
 
 #: The TRL modules whose ``_prepare_inputs`` shuffles a generation batch before splitting it.
@@ -98,7 +172,9 @@ def _keep_groups_whole(trainer: Any) -> None:
     so a micro-batch holds parts of many groups and shares only their prompts. While the
     packed trainer prepares inputs, the shuffle moves groups (runs of rows with one prompt)
     whole: a micro-batch of ``k × num_generations`` rows holds ``k`` groups, each prompt
-    stored once, every column (ids, rewards, reference log-probs) moved with its row."""
+    stored once, every column (ids, rewards, reference log-probabilities) moved with its
+    row — and the groups are split into the ``steps_per_generation`` micro-batches by
+    their compute (:func:`_balanced_order`), not at random."""
     import importlib
 
     for name in _SHUFFLING:
@@ -106,14 +182,15 @@ def _keep_groups_whole(trainer: Any) -> None:
         if not getattr(module.shuffle_sequence_dict, _PACKED, False):
             module.shuffle_sequence_dict = _group_shuffle(module.shuffle_sequence_dict)
     prepare = trainer._prepare_inputs
+    split = (CostModel.from_config(trainer.model.config), trainer.args.steps_per_generation)
 
     @functools.wraps(prepare)
     def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
-        _grouping.on = True
+        _grouping.split = split
         try:
             return prepare(*args, **kwargs)
         finally:
-            _grouping.on = False
+            _grouping.split = None
 
     trainer._prepare_inputs = prepare_inputs
 
@@ -123,13 +200,12 @@ def _group_shuffle(shuffle: Any) -> Any:
 
     @functools.wraps(shuffle)
     def grouped(seqs: dict[str, Any]) -> dict[str, Any]:
-        ids = seqs.get("prompt_ids")
-        if not getattr(_grouping, "on", False) or not isinstance(ids, torch.Tensor):
+        ids, split = seqs.get("prompt_ids"), getattr(_grouping, "split", None)
+        if split is None or not isinstance(ids, torch.Tensor):
             return shuffle(seqs)
         new = np.r_[True, ~(ids[1:] == ids[:-1]).all(-1).cpu().numpy()]  # a group's first row
         bounds = np.r_[np.flatnonzero(new), len(ids)]
-        order = torch.randperm(len(bounds) - 1).numpy()  # TRL's generator, by group
-        perm = np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
+        perm = _balanced_order(seqs, bounds, *split)
 
         def permute(v: Any) -> Any:
             if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
@@ -142,6 +218,26 @@ def _group_shuffle(shuffle: Any) -> Any:
 
     setattr(grouped, _PACKED, True)
     return grouped
+
+
+def _balanced_order(seqs: dict[str, Any], bounds: np.ndarray, cost: CostModel, parts: int):
+    """The rows' order (int [rows]): groups ``bounds[g]:bounds[g+1]`` in random order
+    (TRL's generator) — and, where the groups are of one size and fill the ``parts``
+    micro-batches evenly, placed so that each micro-batch's compute (a group's trie: the
+    prompt once, each completion under it, :class:`~exactpack.training.balance.CostModel`)
+    is balanced (:func:`~exactpack.training.balance.balanced_groups`)."""
+    sizes = np.diff(bounds)
+    order = torch.randperm(len(sizes)).numpy()
+    even = parts > 1 and len(sizes) % parts == 0 and (sizes == sizes[0]).all()
+    if even and "completion_mask" in seqs:
+        p = seqs["prompt_mask"].sum(-1).cpu().numpy()  # (rows,) real tokens
+        c = seqs["completion_mask"].sum(-1).cpu().numpy()
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        pairs = causal_pairs(p[bounds[:-1]]) + np.bincount(group, causal_pairs(c, p))
+        loads = cost.costs(p[bounds[:-1]] + np.bincount(group, c), pairs)[order]
+        slots = balanced_groups(loads, parts, len(sizes) // parts)
+        order = np.concatenate([order[slots[k]] for k in torch.randperm(parts).tolist()])
+    return np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
 
 
 def _packed_module(model: Any) -> tuple[Any, bool]:

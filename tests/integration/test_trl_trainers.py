@@ -25,28 +25,16 @@ import exactpack.trl
 from exactpack.core.errors import InvalidInput, NotAvailable
 from exactpack.verify.tolerances import Float64Islands
 
-from support.trl_helpers import grad_recorder, llama, worst_ratio
+from support.trl_helpers import (
+    PAIRS,
+    Float64Head,
+    grad_recorder,
+    llama,
+    word_tokenizer,
+    worst_ratio,
+)
 
 torch.set_num_threads(1)
-
-
-class Float64Head(torch.autograd.Function):
-    """TRL's ``ChunkedLogProbFunction`` contract in the input dtype, by autograd."""
-
-    @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk, softcap, scale, outputs):
-        logits = torch.nn.functional.linear(hidden, weight, bias) * scale
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        logits = logits / temperature
-        log_p = torch.log_softmax(logits, dim=-1)
-        entropy = -(log_p.exp() * log_p).sum(-1)
-        extra = (
-            torch.logsumexp(2 * log_p, dim=-1).detach(),
-            logits.mean(-1).detach(),
-            logits.argmax(-1) == targets,
-        )
-        return log_p.gather(1, targets[:, None])[:, 0], entropy, *extra
 
 
 @pytest.fixture
@@ -54,25 +42,6 @@ def float64_head(monkeypatch):
     import trl.trainer.utils
 
     monkeypatch.setattr(trl.trainer.utils, "_ChunkedLogProbFunction", Float64Head)
-
-
-def word_tokenizer():
-    """``t0..t47`` split on spaces (pad ``<pad>`` = 0, eos ``t2``)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"t{i}": i for i in range(1, 48)} | {"<pad>": 0}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="t2")
-
-
-#: Four pairs; two share a prompt, answers of different lengths (right padding differs).
-PAIRS = {
-    "prompt": ["t3 t4 t5 t6", "t7 t8", "t3 t4 t5 t6", "t9 t10 t11"],
-    "chosen": [" t12 t13 t2", " t14 t2", " t15 t16 t17 t18 t2", " t19 t2"],
-    "rejected": [" t20 t2", " t21 t22 t23 t2", " t24 t2", " t25 t26 t2"],
-}
 
 
 def _dpo_step(tmp_path, packed: bool, wide: bool = True, **config):
@@ -106,16 +75,61 @@ def test_a_dpo_step_on_tree_rows_equals_trls_own_step(
     tmp_path, loss_type, precompute, float64_head
 ):
     """Two micro-batches accumulated; ``precompute_ref_log_probs``: the reference
-    log-probabilities computed (packed) before training and carried as columns."""
+    log-probabilities computed (packed) before training and carried as columns. The
+    packed step deals its pairs to the micro-batches by compute, so the logged loss —
+    summed over micro-batches in ``Trainer``'s float32 accumulator — agrees to float32
+    rounding; the metrics (float64 means) and every gradient to the seed's tolerance."""
     config = {"loss_type": [loss_type], "precompute_ref_log_probs": precompute}
     plain_grads, plain_logs = _dpo_step(tmp_path, False, **config)
     packed_grads, packed_logs = _dpo_step(tmp_path, True, **config)
     assert worst_ratio(packed_grads, plain_grads) <= 1.0
     assert max(float(g.abs().max()) for g in plain_grads.values()) > 0
-    for key in ("loss", "logps/chosen", "logps/rejected", "rewards/margins"):
+    a, b = packed_logs["loss"], plain_logs["loss"]
+    assert abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+    for key in ("logps/chosen", "logps/rejected", "rewards/margins"):
         if key in plain_logs:
             a, b = packed_logs[key], plain_logs[key]
             assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
+
+
+def test_a_dpo_steps_pairs_are_dealt_to_micro_batches_by_compute(tmp_path):
+    """Packed, each step's pairs (TRL's own draw) go to the micro-batches so that the
+    largest one's compute (each pair's trie) is the least any split reaches; every
+    micro-batch keeps its number of pairs."""
+    import itertools
+
+    from trl import DPOConfig, DPOTrainer
+
+    from exactpack.training.balance import CostModel, causal_pairs
+
+    def batches():
+        args = DPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2,
+            gradient_accumulation_steps=2, report_to=[], use_cpu=True, seed=1,
+            gradient_checkpointing=False,
+        )  # fmt: skip
+        trainer = DPOTrainer(
+            model=llama(), ref_model=llama(), args=args, processing_class=word_tokenizer(),
+            train_dataset=Dataset.from_dict(PAIRS),
+        )  # fmt: skip
+        exactpack.trl.pack(trainer)
+        return trainer, [list(b) for b in trainer.get_train_dataloader().batch_sampler]
+
+    trainer, dealt = batches()
+    assert [len(b) for b in dealt] == [2, 2] and sorted(i for b in dealt for i in b) == [0, 1, 2, 3]
+    ds, cost = trainer.train_dataset, CostModel.from_config(trainer.model.config)
+
+    def load(i):
+        p, c, r = (len(ds[i][k]) for k in ("prompt_ids", "chosen_ids", "rejected_ids"))
+        return float(
+            cost.costs(p + c + r, causal_pairs(p) + causal_pairs(c, p) + causal_pairs(r, p))
+        )
+
+    splits = [max(sum(map(load, s)), sum(map(load, set(range(4)) - set(s))))
+              for s in itertools.combinations(range(4), 2)]  # fmt: skip
+    assert max(sum(map(load, b)) for b in dealt) == pytest.approx(min(splits), rel=1e-12)
+    drawn = list(trainer.get_train_dataloader().batch_sampler.sampler.inner)  # TRL's order
+    assert max(sum(map(load, drawn[:2])), sum(map(load, drawn[2:]))) > min(splits) * (1 + 1e-6)
 
 
 def test_with_trls_float32_head_the_runs_agree_to_its_rounding(tmp_path):
@@ -293,11 +307,17 @@ def test_a_reward_step_on_tree_rows_equals_trls_own_step(tmp_path):
         assert abs(a - b) <= 1e-10 + 1e-9 * max(abs(a), abs(b)), key
 
 
-def test_grpo_micro_batches_hold_whole_groups(tmp_path):
+def test_grpo_micro_batches_hold_whole_groups_balanced_by_compute(tmp_path):
     """TRL shuffles a generation batch row by row before cutting it into micro-batches;
-    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once)
-    and every per-row column moves with its row."""
+    packed, it moves groups whole (each micro-batch: whole groups, a prompt stored once),
+    every per-row column moves with its row, and the groups are placed so that the
+    largest micro-batch's compute (tokens and attention pairs of its tries) is the
+    least any split into whole groups reaches."""
+    import itertools
+
     from trl import GRPOConfig, GRPOTrainer
+
+    from exactpack.training.balance import CostModel, causal_pairs
 
     args = GRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
@@ -310,7 +330,12 @@ def test_grpo_micro_batches_hold_whole_groups(tmp_path):
         processing_class=word_tokenizer(),
     )  # fmt: skip
     prompts = torch.arange(6).repeat_interleave(2)[:, None] * torch.ones(1, 3, dtype=torch.long)
-    rows = {"prompt_ids": prompts, "row": torch.arange(12), "ids": [f"r{i}" for i in range(12)]}
+    done = torch.tensor([9, 1, 7, 8, 1, 1, 6, 2, 3, 3, 5, 1])  # completion tokens per row
+    rows = {
+        "prompt_ids": prompts, "prompt_mask": torch.ones(12, 3, dtype=torch.long),
+        "completion_mask": (torch.arange(9) < done[:, None]).long(), "row": torch.arange(12),
+        "ids": [f"r{i}" for i in range(12)],
+    }  # fmt: skip
     trainer._generate_and_score_completions = lambda batch: dict(rows)
     exactpack.trl.pack(trainer)
     torch.manual_seed(1)
@@ -323,6 +348,15 @@ def test_grpo_micro_batches_hold_whole_groups(tmp_path):
         assert torch.equal(m["row"].view(2, 2) % 2, torch.tensor([[0, 1], [0, 1]]))
         assert m["ids"] == [f"r{i}" for i in m["row"].tolist()]
         assert torch.equal(m["prompt_ids"][:, 0], m["row"] // 2)
+    cost = CostModel.from_config(trainer.model.config)
+    pairs = causal_pairs(3) + causal_pairs(done, 3).reshape(6, 2).sum(1)
+    group = cost.costs(3 + done.view(6, 2).sum(1).numpy(), pairs)  # (6,) each group's trie
+    got = max(sum(group[g] for g in set((m["row"] // 2).tolist())) for m in micro)
+    splits = (
+        max(group[list(p[i : i + 2])].sum() for i in (0, 2, 4))
+        for p in itertools.permutations(range(6))
+    )
+    assert got == pytest.approx(min(splits), rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["GRPO", "RLOO"])

@@ -146,3 +146,41 @@ def parameters(model: Any) -> dict[str, torch.Tensor]:
 
 
 Loss = Callable[..., Any]
+
+
+class Float64Head(torch.autograd.Function):
+    """TRL's ``ChunkedLogProbFunction`` contract in the input dtype, by autograd."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk, softcap, scale, outputs):
+        logits = torch.nn.functional.linear(hidden, weight, bias) * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
+        log_p = torch.log_softmax(logits, dim=-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)
+        extra = (
+            torch.logsumexp(2 * log_p, dim=-1).detach(),
+            logits.mean(-1).detach(),
+            logits.argmax(-1) == targets,
+        )
+        return log_p.gather(1, targets[:, None])[:, 0], entropy, *extra
+
+
+def word_tokenizer():
+    """``t0..t47`` split on spaces (pad ``<pad>`` = 0, eos ``t2``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(1, 48)} | {"<pad>": 0}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="t2")
+
+
+#: Four pairs; two share a prompt, answers of different lengths (right padding differs).
+PAIRS = {
+    "prompt": ["t3 t4 t5 t6", "t7 t8", "t3 t4 t5 t6", "t9 t10 t11"],
+    "chosen": [" t12 t13 t2", " t14 t2", " t15 t16 t17 t18 t2", " t19 t2"],
+    "rejected": [" t20 t2", " t21 t22 t23 t2", " t24 t2", " t25 t26 t2"],
+}
