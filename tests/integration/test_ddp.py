@@ -15,9 +15,6 @@ This file is also the worker: ``python tests/integration/test_ddp.py RANK WORLD 
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from contextlib import nullcontext
 from datetime import timedelta
@@ -222,12 +219,6 @@ def _tree_reference():
 # ---------------------------------------------------------------- the test
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _write_data(path: Path) -> None:
     from exactpack import ExampleTable, SequenceExample, plan_rows
     from exactpack.core.compact import compact_rows
@@ -284,32 +275,16 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     torch.set_num_threads(1)
     data = tmp_path / "packed"
     _write_data(data)
-    port = _free_port()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    tests = str(Path(__file__).parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(WORLD), str(port), str(data), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
+    from support.ranks import free_port, start_ranks, wait_ranks
+
+    port = free_port()
+    argvs = [
+        [__file__, str(r), str(WORLD), str(port), str(data), str(tmp_path)] for r in range(WORLD)
     ]
+    procs = start_ranks(argvs)
     want, means, empty, steps = _reference(data)
     want_tree = _tree_reference()
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    wait_ranks(procs, TIMEOUT_S)
     assert steps >= 2 and empty >= 1  # a short last step with an explicitly empty slot
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     assert ranks[0]["slots"] == ranks[1]["slots"] == steps * MICRO

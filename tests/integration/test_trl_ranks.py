@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -91,18 +89,11 @@ def _rl(name: str, out: str, callback):
 
 def _reward(out: str, callback):
     from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    from support.trl_helpers import word_tokenizer
+    from support.trl_helpers import reward_llama, word_tokenizer
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=0,
-        eos_token_id=2,
-    )  # fmt: skip
-    model = LlamaForSequenceClassification(config).to(torch.float64)
+    model = reward_llama()
     return RewardTrainer(
         model=model, args=RewardConfig(**_common(out), center_rewards_coefficient=0.1),
         train_dataset=Dataset.from_dict(DPO), processing_class=word_tokenizer(),
@@ -128,7 +119,7 @@ def worker(rank: int, port: int, out: str, names: list[str]) -> None:
     import trl.trainer.utils
 
     import exactpack.trl
-    from exactpack.verify.tree_models import Float64Islands
+    from exactpack.verify.tolerances import Float64Islands
 
     from support.trl_helpers import Float64Head, grad_recorder, llama
 
@@ -154,43 +145,16 @@ def worker(rank: int, port: int, out: str, names: list[str]) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(out: Path, names: list[str]) -> dict[str, float]:
     """Two worker processes, each running ``names``; the worst gradient / parameter
     ratio to the tolerance of each trainer, packed against plain (<= 1 passes)."""
+    from support.ranks import free_port, start_ranks, wait_ranks
     from support.trl_helpers import worst_ratio
 
-    port = _free_port()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    env |= {"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    tests = str(Path(__file__).parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
-    argv = [sys.executable, __file__, str(port), str(out), ",".join(names)]
-    procs = [
-        subprocess.Popen(
-            [*argv[:2], str(r), *argv[2:]],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    argv = [str(free_port()), str(out), ",".join(names)]
+    silence = {"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    procs = start_ranks([[__file__, str(r), *argv] for r in range(WORLD)], **silence)
+    wait_ranks(procs, TIMEOUT_S)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     worst = {}
     for name in names:

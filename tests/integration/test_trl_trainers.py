@@ -30,6 +30,7 @@ from support.trl_helpers import (
     Float64Head,
     grad_recorder,
     llama,
+    reward_llama,
     word_tokenizer,
     worst_ratio,
 )
@@ -264,16 +265,9 @@ def test_grpo_per_token_log_probs_and_entropies_on_tree_rows_equal_trls(
 def _reward_step(tmp_path, packed: bool):
     """One RewardTrainer step (two micro-batches of two pairs, accumulated) of a float64
     Llama reward model (``num_labels=1``): chosen and rejected rows in one forward."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
     from trl import RewardConfig, RewardTrainer
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=0,
-        eos_token_id=2,
-    )  # fmt: skip
-    model = LlamaForSequenceClassification(config).to(torch.float64)
+    model = reward_llama()
     record, grads = grad_recorder()
     args = RewardConfig(
         output_dir=str(tmp_path / ("packed" if packed else "plain")),

@@ -25,6 +25,19 @@ def tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="t2")
 
 
+def reward_llama() -> Any:
+    """A 2-layer Llama reward model (``num_labels=1``) in float64, seeded 0."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, num_labels=1, pad_token_id=0,
+        eos_token_id=2,
+    )  # fmt: skip
+    return LlamaForSequenceClassification(config).to(torch.float64)
+
+
 def llama(seed: int = 0) -> Any:
     """A 2-layer Llama in float64 (2 heads of width 8), seeded."""
     from transformers import LlamaConfig, LlamaForCausalLM
