@@ -10,6 +10,15 @@ tokens (greedy, the default) and once by a :class:`~exactpack.training.balance.C
 is ``Σ_steps max slot / Σ_steps mean slot`` of the FLOPs (1.0: no rank waits).
 Tree rows: groups of a prompt (256–1024 tokens) and 8 completions (32–512), each
 completion scoring ``c·p + c(c+1)/2`` pairs (:func:`~exactpack.training.balance.causal_pairs`).
+
+Online GRPO (``exactpack.trl``'s exchange after generation): each step every rank generates
+its own groups (a prompt and 8 completions, lengths drawn from W1), 4 micro-batches of
+``--groups-per-micro-batch`` groups a rank. As generated (TRL: each rank trains what it
+generated, its micro-batches balanced by compute among themselves) against the ranks
+exchanging whole groups — dealt by tokens or by compute
+(:func:`~exactpack.training.balance.balanced_groups` over the ranks, then over each rank's
+micro-batches, as ``exactpack.trl`` deals them). The figure at the rank (the step waits for
+its slowest rank) and at the micro-batch (the 32 slots), in FLOPs and in tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import time
 import numpy as np
 
 from exactpack import plan_rows
-from exactpack.training.balance import CostModel, causal_pairs
+from exactpack.training.balance import CostModel, balanced_groups, causal_pairs
 from exactpack.training.distributed import RowSampler, RowStats, schedule_rows
 from workloads import w1_sft
 
@@ -68,10 +77,45 @@ def tree_rows(groups: int = 4000, capacity: int = 16384) -> tuple[np.ndarray, np
     return row_tokens, row_pairs
 
 
+def online_grpo(cost: CostModel, per_micro: int, steps: int = 40) -> np.ndarray:
+    """``Σ max / Σ mean`` over ``steps`` (float [method, measure, level]): methods as
+    generated / exchanged by tokens / by compute; measures FLOPs / tokens; levels rank /
+    micro-batch."""
+    rng, w1 = np.random.default_rng(11), w1_sft().lengths
+    k = per_micro * MICRO  # groups a rank
+    sums = np.zeros((3, 2, 2, 2))  # method, measure, level, (max, mean)
+    drawn = np.arange(WORLD * k).reshape(WORLD, k)  # each rank's own groups
+    for _ in range(steps):
+        p, c = rng.choice(w1, WORLD * k), rng.choice(w1, (WORLD * k, 8))
+        tokens = (p + c.sum(1)).astype(np.float64)
+        flops = cost.costs(tokens, causal_pairs(p) + causal_pairs(c, p[:, None]).sum(1))
+        for m, by in enumerate((flops, tokens, flops)):
+            shares = drawn if m == 0 else np.array(balanced_groups(by, WORLD, k))
+            if by[shares].sum(1).max() >= by[drawn].sum(1).max():
+                shares = drawn  # the exchange never makes the largest rank heavier
+            slots = [s[g] for s in shares for g in balanced_groups(by[s], MICRO, per_micro)]
+            for j, measure in enumerate((flops, tokens)):
+                for level, parts in enumerate((shares, slots)):
+                    loads = np.array([measure[q].sum() for q in parts])
+                    sums[m, j, level] += loads.max(), loads.mean()
+    return sums[..., 0] / sums[..., 1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows-per-micro-batch", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--groups-per-micro-batch", type=int, nargs="+", default=[1, 2, 4])
     args = ap.parse_args()
+    print(f"Online GRPO: {WORLD} ranks x {MICRO} micro-batches, groups of 8 (W1 lengths);"
+          " largest share / mean at the rank and at the micro-batch")  # fmt: skip
+    print("| model | groups/micro | measured in | as generated | by tokens | by compute |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name, config in CONFIGS.items():
+        for g in args.groups_per_micro_batch:
+            fig = online_grpo(CostModel.from_config(config), g)
+            for j, measure in enumerate(("FLOPs", "tokens")):
+                cells = " | ".join(f"{fig[m, j, 0]:.4f} / {fig[m, j, 1]:.4f}" for m in range(3))
+                print(f"| {name} | {g} | {measure} | {cells} |")
     stats = flat_rows()
     tree_tokens, tree_pairs = tree_rows()
     print(f"W1: {len(stats):,} rows of 4096; tree rows: {len(tree_tokens):,} rows of 16384")

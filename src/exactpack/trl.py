@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -165,6 +166,14 @@ def _deal(chunk: np.ndarray, loads: np.ndarray, ranks: int, micro: int, rows: in
 #: The TRL modules whose ``_prepare_inputs`` shuffles a generation batch before splitting it.
 _SHUFFLING = ("trl.trainer.grpo_trainer", "trl.trainer.rloo_trainer")
 _grouping = threading.local()
+#: How each per-row column of a GRPO / RLOO generation batch is padded (``(rows, ...)``):
+#: prompts on the left, completion-aligned columns on the right, per-row values not at all.
+_LAYOUT = (
+    dict.fromkeys(("prompt_ids", "prompt_mask"), "left")
+    | dict.fromkeys(("advantages", "old_logps"), "row")
+    | dict.fromkeys(("completion_ids", "completion_mask", "tool_mask", "old_per_token_logps",
+                     "ref_per_token_logps", "sampling_per_token_logps"), "right")
+)  # fmt: skip
 
 
 def _keep_groups_whole(trainer: Any) -> None:
@@ -174,7 +183,8 @@ def _keep_groups_whole(trainer: Any) -> None:
     whole: a micro-batch of ``k × num_generations`` rows holds ``k`` groups, each prompt
     stored once, every column (ids, rewards, reference log-probabilities) moved with its
     row — and the groups are split into the ``steps_per_generation`` micro-batches by
-    their compute (:func:`_balanced_order`), not at random."""
+    their compute (:func:`_balanced_order`), not at random. On several ranks the ranks'
+    groups are first exchanged so that each rank's compute is balanced (:func:`_exchange`)."""
     import importlib
 
     for name in _SHUFFLING:
@@ -182,15 +192,14 @@ def _keep_groups_whole(trainer: Any) -> None:
         if not getattr(module.shuffle_sequence_dict, _PACKED, False):
             module.shuffle_sequence_dict = _group_shuffle(module.shuffle_sequence_dict)
     prepare = trainer._prepare_inputs
-    split = (CostModel.from_config(trainer.model.config), trainer.args.steps_per_generation)
 
     @functools.wraps(prepare)
     def prepare_inputs(*args: Any, **kwargs: Any) -> Any:
-        _grouping.split = split
+        _grouping.trainer = trainer
         try:
             return prepare(*args, **kwargs)
         finally:
-            _grouping.split = None
+            _grouping.trainer = None
 
     trainer._prepare_inputs = prepare_inputs
 
@@ -200,12 +209,14 @@ def _group_shuffle(shuffle: Any) -> Any:
 
     @functools.wraps(shuffle)
     def grouped(seqs: dict[str, Any]) -> dict[str, Any]:
-        ids, split = seqs.get("prompt_ids"), getattr(_grouping, "split", None)
-        if split is None or not isinstance(ids, torch.Tensor):
+        trainer = getattr(_grouping, "trainer", None)
+        if trainer is None or not isinstance(seqs.get("prompt_ids"), torch.Tensor):
             return shuffle(seqs)
-        new = np.r_[True, ~(ids[1:] == ids[:-1]).all(-1).cpu().numpy()]  # a group's first row
-        bounds = np.r_[np.flatnonzero(new), len(ids)]
-        perm = _balanced_order(seqs, bounds, *split)
+        cost = CostModel.from_config(trainer.model.config)
+        if trainer.accelerator.num_processes > 1:
+            seqs = _exchange(seqs, trainer, cost)
+        bounds = _group_bounds(seqs, trainer.num_generations)
+        perm = _balanced_order(seqs, bounds, cost, trainer.args.steps_per_generation)
 
         def permute(v: Any) -> Any:
             if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
@@ -220,24 +231,110 @@ def _group_shuffle(shuffle: Any) -> Any:
     return grouped
 
 
+def _group_bounds(seqs: dict[str, Any], size: int) -> np.ndarray:
+    """The groups' row bounds (int [groups + 1]): runs of rows with one prompt (its real
+    tokens), each cut every ``size`` rows (two groups of one prompt drawn side by side)."""
+    mask = seqs["prompt_mask"]
+    key = torch.cat([seqs["prompt_ids"] * mask, mask], -1)  # (rows, 2P), padding ignored
+    new = np.r_[True, ~(key[1:] == key[:-1]).all(-1).cpu().numpy()]  # a run's first row
+    at = np.arange(len(new))
+    return np.r_[
+        np.flatnonzero((at - np.maximum.accumulate(np.where(new, at, 0))) % size == 0), len(new)
+    ]
+
+
+def _group_loads(seqs: dict[str, Any], bounds: np.ndarray, cost: CostModel) -> np.ndarray:
+    """Each group's compute (float [groups]) as its trie runs: the prompt once, each
+    completion under it (:class:`~exactpack.training.balance.CostModel`)."""
+    p = seqs["prompt_mask"].sum(-1).cpu().numpy()  # (rows,) real tokens
+    c = seqs["completion_mask"].sum(-1).cpu().numpy()
+    group = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    pairs = causal_pairs(p[bounds[:-1]]) + np.bincount(group, causal_pairs(c, p))
+    return cost.costs(p[bounds[:-1]] + np.bincount(group, c), pairs)
+
+
 def _balanced_order(seqs: dict[str, Any], bounds: np.ndarray, cost: CostModel, parts: int):
     """The rows' order (int [rows]): groups ``bounds[g]:bounds[g+1]`` in random order
     (TRL's generator) — and, where the groups are of one size and fill the ``parts``
-    micro-batches evenly, placed so that each micro-batch's compute (a group's trie: the
-    prompt once, each completion under it, :class:`~exactpack.training.balance.CostModel`)
+    micro-batches evenly, placed so that each micro-batch's compute (:func:`_group_loads`)
     is balanced (:func:`~exactpack.training.balance.balanced_groups`)."""
     sizes = np.diff(bounds)
     order = torch.randperm(len(sizes)).numpy()
     even = parts > 1 and len(sizes) % parts == 0 and (sizes == sizes[0]).all()
     if even and "completion_mask" in seqs:
-        p = seqs["prompt_mask"].sum(-1).cpu().numpy()  # (rows,) real tokens
-        c = seqs["completion_mask"].sum(-1).cpu().numpy()
-        group = np.repeat(np.arange(len(sizes)), sizes)
-        pairs = causal_pairs(p[bounds[:-1]]) + np.bincount(group, causal_pairs(c, p))
-        loads = cost.costs(p[bounds[:-1]] + np.bincount(group, c), pairs)[order]
+        loads = _group_loads(seqs, bounds, cost)[order]
         slots = balanced_groups(loads, parts, len(sizes) // parts)
         order = np.concatenate([order[slots[k]] for k in torch.randperm(parts).tolist()])
     return np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in order])
+
+
+def _exchange(seqs: dict[str, Any], trainer: Any, cost: CostModel) -> dict[str, Any]:
+    """This rank's share of every rank's generation batch (each rank generated and scored
+    its own rows, so a step would wait for its slowest rank): every per-row column padded
+    to the ranks' common width and gathered, the groups dealt to the ranks by compute
+    (:func:`_rank_rows`, the same on every rank), this rank's rows kept and trimmed to its
+    widest; scalars (``num_items_in_batch``) as they were. Every rank keeps as many rows
+    as it generated, and TRL splits them into equal micro-batches, so the step's objective
+    is TRL's exactly for every ``loss_type`` that averages over sequences or micro-batches
+    of equal rows (``grpo``, ``sapo``, ``luspo``, ``dr_grpo``, RLOO) or divides by the whole
+    batch's tokens (``dapo``, ``cispo``, ``vespo``); what a micro-batch normalises by its
+    own tokens (``bnpo``) or its own statistics (``top_entropy_quantile`` < 1) follows the
+    micro-batch's rows, as under TRL's random shuffle. Columns of unknown layout (images,
+    lists), ranks of unequal rows, or groups that cannot fill the ranks evenly: each rank
+    keeps its own rows, with a warning."""
+    acc, ids = trainer.accelerator, seqs["prompt_ids"]
+    mode = str(getattr(trainer.args, "vllm_importance_sampling_mode", ""))
+    layout = _LAYOUT | {"importance_sampling_ratio": "right" if mode[:5] == "token" else "row"}
+    rows = {k: v for k, v in seqs.items() if v is not None and getattr(v, "ndim", 1) > 0}
+    unknown = sorted(k for k, v in rows.items() if k not in layout or not torch.is_tensor(v))
+    agree = acc.gather(torch.tensor([[len(unknown), len(ids)]], device=ids.device)).cpu()
+    share = None
+    if not agree[:, 0].any() and (agree[:, 1] == len(ids)).all():  # every rank decides alike
+        every = {
+            k: acc.gather(acc.pad_across_processes(v, dim=1, pad_first=layout[k] == "left"))
+            for k, v in rows.items()
+        }  # (ranks·rows, width)
+        share = _rank_rows(every, acc.num_processes, trainer.num_generations, cost)
+    if share is None:  # said once, by the first rank
+        why = f"columns of unknown layout: {', '.join(unknown)}" if unknown else (
+            "ranks of unequal rows, or groups that cannot fill the ranks evenly"
+        )  # fmt: skip
+        if acc.process_index == 0:
+            warnings.warn(
+                f"exactpack.trl: the ranks keep their own generated rows ({why}); each"
+                " rank's micro-batches are balanced, the ranks are not",
+                stacklevel=2,
+            )
+        return seqs
+    mine = torch.as_tensor(share[acc.process_index], device=ids.device)
+    out = {k: v[mine] for k, v in every.items()}
+    widest = {side: max(int(out[f"{name}_mask"].sum(-1).max()), 1)
+              for side, name in (("left", "prompt"), ("right", "completion"))}  # fmt: skip
+    for k, v in out.items():
+        if layout[k] == "left":
+            out[k] = v[:, v.shape[1] - widest["left"] :]
+        elif layout[k] == "right":
+            out[k] = v[:, : widest["right"]]
+    return seqs | out
+
+
+def _rank_rows(seqs: dict[str, Any], ranks: int, size: int, cost: CostModel):
+    """Each rank's rows of the gathered batch (int [ranks, rows / ranks], ascending): whole
+    groups (:func:`_group_bounds`) dealt so that the largest rank's compute is minimal
+    (:func:`~exactpack.training.balance.balanced_groups`) — or in drawn order (the groups'
+    contiguous split) where that is no worse; ``None`` where the groups differ in size or
+    do not fill the ranks evenly."""
+    bounds = _group_bounds(seqs, size)
+    sizes, loads = np.diff(bounds), _group_loads(seqs, bounds, cost)
+    if (sizes != sizes[0]).any() or len(sizes) % ranks:
+        return None
+    shares = balanced_groups(loads, ranks, len(sizes) // ranks)
+    drawn = np.arange(len(sizes)).reshape(ranks, -1)
+    if max(loads[s].sum() for s in shares) >= loads[drawn].sum(1).max():
+        shares = drawn
+    return np.stack(
+        [np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in s]) for s in shares]
+    )
 
 
 def _packed_module(model: Any) -> tuple[Any, bool]:

@@ -3,7 +3,9 @@ processes on 127.0.0.1, ``accelerate`` on CPU) equal TRL's own step on the same 
 every parameter gradient (averaged over the ranks by DDP) and every parameter after the
 step, float64, within ``1e-10 + 1e-9*max(|a|,|b|)``. Each rank holds 2 micro-batches
 (accumulated); DPO's micro-batches share a prompt between pairs, GRPO's are whole groups
-on tree rows where TRL's are shuffled rows — the step's objective is the same.
+on tree rows where TRL's are shuffled rows — the step's objective is the same. GRPO's
+and RLOO's ranks generate completions of different lengths (rank 1's longer): packed, the
+ranks exchange whole groups after generation so that their compute is balanced.
 
 The suite runs GRPO; ``scripts/trl_ranks.py`` runs DPO, GRPO, RLOO and RewardTrainer.
 This file is also the worker: ``python tests/integration/test_trl_ranks.py RANK PORT OUT
@@ -34,8 +36,12 @@ DPO = {
     "chosen": [" t12 t13 t2", " t14 t2", " t15 t16 t17 t18 t2", " t19 t2"] * 2,
     "rejected": [*REJECTED, " t29 t30 t2", " t31 t32 t33 t2"],
 }
-#: GRPO: fixed completions (in place of sampling) and rewards, per rank's generation batch.
-COMPLETIONS = [[10, 11, 2], [12, 2], [13, 14, 15, 2], [16, 2], [17, 2], [18, 19, 2]] * 2
+#: GRPO: fixed completions (in place of sampling) and rewards, per rank's generation batch;
+#: rank 1's are longer, so the ranks' compute is imbalanced until they exchange groups.
+COMPLETIONS = (
+    [[10, 2], [2], [12, 2], [16, 2], [2], [18, 2], [11, 2], [2]],
+    [[10, 11, 2], [12, 13, 14, 2], [13, 14, 15, 2], [16, 17, 2], [17, 18, 19, 2]] * 2,
+)
 REWARDS = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5] * 2
 
 
@@ -79,7 +85,7 @@ def _rl(name: str, out: str, callback):
         processing_class=word_tokenizer(),
         train_dataset=Dataset.from_dict({"prompt": ["t3 t4 t5", "t6 t7", "t8", "t9 t4"] * 2}),
     )  # fmt: skip
-    fixed = COMPLETIONS.__getitem__
+    fixed = COMPLETIONS[int(os.environ["RANK"])].__getitem__
     trainer._generate_single_turn = (
         (lambda ids, *a: (fixed(slice(len(ids))), None))  # GRPO: sampling log-probs too
         if name == "GRPO" else lambda ids, *a: fixed(slice(len(ids)))
@@ -140,14 +146,20 @@ def worker(rank: int, port: int, out: str, names: list[str]) -> None:
                 sampler = trainer.get_train_dataloader().batch_sampler.batch_sampler.sampler
                 assert type(sampler).__name__ == "_Dealt"
             params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-            results[f"{name}-{'packed' if packed else 'plain'}"] = (grads, params)
+            # GRPO / RLOO: the completion tokens this rank trained on (its rows after generation)
+            held = [
+                int(b["completion_mask"].sum())
+                for b in getattr(trainer, "_buffered_inputs", None) or ()
+            ]
+            results[f"{name}-{'packed' if packed else 'plain'}"] = (grads, params, sum(held))
     torch.save(results, Path(out) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
 def run_ranks(out: Path, names: list[str]) -> dict[str, float]:
     """Two worker processes, each running ``names``; the worst gradient / parameter
-    ratio to the tolerance of each trainer, packed against plain (<= 1 passes)."""
+    ratio to the tolerance of each trainer, packed against plain (<= 1 passes). GRPO and
+    RLOO: the ranks' completion tokens, imbalanced as generated, are balanced packed."""
     from support.ranks import free_port, start_ranks, wait_ranks
     from support.trl_helpers import worst_ratio
 
@@ -158,11 +170,16 @@ def run_ranks(out: Path, names: list[str]) -> dict[str, float]:
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     worst = {}
     for name in names:
-        (plain_grads,), plain_params = ranks[0][f"{name}-plain"]
+        (plain_grads,), plain_params, _ = ranks[0][f"{name}-plain"]
+        if name in ("grpo", "rloo"):
+            held = {
+                run: [rank[f"{name}-{run}"][2] for rank in ranks] for run in ("plain", "packed")
+            }
+            assert held == {"plain": [13, 29], "packed": [21, 21]}, held
         assert max(float(g.abs().max()) for g in plain_grads.values()) > 0, name
         worst[name] = 0.0
         for rank in ranks:  # DDP: each rank holds the gradient averaged over both
-            (grads,), params = rank[f"{name}-packed"]
+            (grads,), params, _ = rank[f"{name}-packed"]
             ratios = worst_ratio(grads, plain_grads), worst_ratio(params, plain_params)
             worst[name] = max(worst[name], *ratios)
     return worst
