@@ -30,7 +30,8 @@ at its next other call (generation, a plain forward), which runs on its own
 attention. ``RewardTrainer``'s sequence-classification model packs every forward
 (a pair's chosen and rejected share the prompt; the score at each last token).
 GRPO / RLOO micro-batches hold whole groups (TRL's shuffle moves groups, not rows),
-split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config); DPO and
+split by compute (``a·Σl + b·Σ`` attention pairs, from the model's config), after the
+ranks exchange their generated groups so that each rank's compute is balanced; DPO and
 reward steps' pairs (TRL's own draw) are dealt to ranks and micro-batches the same way.
 Refused up front, with the reason: a model the
 capability check refuses on tree rows, a TRL other than the version checked, MoE
@@ -79,14 +80,11 @@ def pack(trainer: Any, *, attn_implementation: str = TREE) -> Any:
             f" {trl.__version__}: its log-probability call may differ — install trl=="
             f"{CHECKED_TRL[-1]}.0"
         )
-    patched = 0
-    for name in _MODELS:
-        model = getattr(trainer, name, None)
-        if model is not None:
-            _patch(*_packed_module(model), attn_implementation)
-            patched += 1
-    if not patched:
+    models = [m for m in (getattr(trainer, name, None) for name in _MODELS) if m is not None]
+    if not models:
         raise InvalidInput(f"{type(trainer).__name__} has no model to pack")
+    for model in models:
+        _patch(*_packed_module(model), attn_implementation)
     if hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
         _keep_groups_whole(trainer)
     else:  # DPO, reward
@@ -238,9 +236,8 @@ def _group_bounds(seqs: dict[str, Any], size: int) -> np.ndarray:
     key = torch.cat([seqs["prompt_ids"] * mask, mask], -1)  # (rows, 2P), padding ignored
     new = np.r_[True, ~(key[1:] == key[:-1]).all(-1).cpu().numpy()]  # a run's first row
     at = np.arange(len(new))
-    return np.r_[
-        np.flatnonzero((at - np.maximum.accumulate(np.where(new, at, 0))) % size == 0), len(new)
-    ]
+    cut = (at - np.maximum.accumulate(np.where(new, at, 0))) % size == 0
+    return np.r_[np.flatnonzero(cut), len(new)]
 
 
 def _group_loads(seqs: dict[str, Any], bounds: np.ndarray, cost: CostModel) -> np.ndarray:
@@ -295,27 +292,23 @@ def _exchange(seqs: dict[str, Any], trainer: Any, cost: CostModel) -> dict[str, 
             for k, v in rows.items()
         }  # (ranks·rows, width)
         share = _rank_rows(every, acc.num_processes, trainer.num_generations, cost)
-    if share is None:  # said once, by the first rank
-        why = f"columns of unknown layout: {', '.join(unknown)}" if unknown else (
-            "ranks of unequal rows, or groups that cannot fill the ranks evenly"
-        )  # fmt: skip
-        if acc.process_index == 0:
+    if share is None:
+        if acc.process_index == 0:  # said once, by the first rank
+            why = f"columns of unknown layout: {', '.join(unknown)}" if unknown else (
+                "another rank's columns, unequal rows, or groups that cannot fill the ranks evenly"
+            )  # fmt: skip
             warnings.warn(
-                f"exactpack.trl: the ranks keep their own generated rows ({why}); each"
-                " rank's micro-batches are balanced, the ranks are not",
+                f"exactpack.trl: the ranks keep their own generated rows ({why}); each rank's"
+                " micro-batches are balanced, the ranks are not",
                 stacklevel=2,
             )
         return seqs
     mine = torch.as_tensor(share[acc.process_index], device=ids.device)
-    out = {k: v[mine] for k, v in every.items()}
-    widest = {side: max(int(out[f"{name}_mask"].sum(-1).max()), 1)
-              for side, name in (("left", "prompt"), ("right", "completion"))}  # fmt: skip
-    for k, v in out.items():
-        if layout[k] == "left":
-            out[k] = v[:, v.shape[1] - widest["left"] :]
-        elif layout[k] == "right":
-            out[k] = v[:, : widest["right"]]
-    return seqs | out
+    p, c = (max(int(every[f"{n}_mask"][mine].sum(-1).max()), 1) for n in ("prompt", "completion"))
+    cut = {"left": slice(-p, None), "right": slice(c), "row": slice(None)}  # its widest row
+    return seqs | {
+        k: v[mine][:, cut[layout[k]]] if v.ndim > 1 else v[mine] for k, v in every.items()
+    }
 
 
 def _rank_rows(seqs: dict[str, Any], ranks: int, size: int, cost: CostModel):
@@ -332,9 +325,8 @@ def _rank_rows(seqs: dict[str, Any], ranks: int, size: int, cost: CostModel):
     drawn = np.arange(len(sizes)).reshape(ranks, -1)
     if max(loads[s].sum() for s in shares) >= loads[drawn].sum(1).max():
         shares = drawn
-    return np.stack(
-        [np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in s]) for s in shares]
-    )
+    rows = [np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in s]) for s in shares]
+    return np.stack(rows)
 
 
 def _packed_module(model: Any) -> tuple[Any, bool]:
@@ -385,13 +377,10 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
         if lm.config._attn_implementation != name:
             lm.config._attn_implementation = name
 
-    def attend_own() -> None:
-        attend_with(own[0])
-
     @functools.wraps(fused)
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not (every_call or kwargs.get("fused_lm_head")):
-            attend_own()
+            attend_with(own[0])
             return fused(*args, **kwargs)
         if lm.config._attn_implementation != impl:
             own[0] = lm.config._attn_implementation or "sdpa"
@@ -407,7 +396,7 @@ def _patch(lm: Any, every_call: bool, impl: str) -> None:
     @functools.wraps(plain)
     def backbone_forward(*args: Any, **kwargs: Any) -> Any:
         if not getattr(_inside, "on", False):
-            attend_own()
+            attend_with(own[0])
             return plain(*args, **kwargs)
         return _tree_forward(plain, lm, arch, impl, *args, **kwargs)
 
@@ -505,12 +494,9 @@ def _tree_forward(
         hidden = plain(**inputs).last_hidden_state  # (R, T, H)
     cells, bounds, _ = tree.sequences()
     rows = np.asarray(order, dtype=np.int64)[np.asarray(tree.seq_index, dtype=np.int64)]
-    dest = np.concatenate(
-        [
-            rows[i] * length + first[rows[i]] + np.arange(bounds[i + 1] - bounds[i])
-            for i in range(len(rows))
-        ]
-    )
+    # sequence i's cells go to its row's real tokens, from its first one on (bounds[0] = 0)
+    dest = np.repeat(rows * length + first[rows] - bounds[:-1], np.diff(bounds))
+    dest += np.arange(bounds[-1])
     src = torch.as_tensor(cells, device=hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, src)
     out = flat.new_zeros(batch * length, flat.shape[-1])
