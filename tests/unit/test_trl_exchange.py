@@ -1,7 +1,8 @@
 """GRPO / RLOO rows balanced across data-parallel ranks (``exactpack.trl._exchange``), on a
 fake 2-rank gather (two threads): groups whole, as many rows per rank as each generated,
 every column in step with its row and trimmed to the rank's widest, scalars as they were,
-and the largest rank's compute the least any deal of whole groups reaches."""
+and the largest rank's compute the least any deal of whole groups reaches; on random
+batches (``_rank_rows``) never heavier than the ranks' own split."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exactpack.training.balance import CostModel
-from exactpack.trl import _exchange, _group_bounds, _group_loads
+from exactpack.trl import _exchange, _group_bounds, _group_loads, _rank_rows
 
 COST = CostModel(linear=1.0, quadratic=1.0)
 
@@ -123,3 +126,30 @@ def test_what_cannot_be_exchanged_safely_stays_on_its_rank_with_a_warning():
         with pytest.warns(UserWarning, match=why):
             out = exchange(batches, generations=4)
         assert all(o is s for o, s in zip(out, batches, strict=True))
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=40)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(1, 3), st.data())
+def test_every_deal_keeps_groups_whole_and_never_makes_the_largest_rank_heavier(
+    ranks, per_rank, size, data
+):
+    groups = ranks * per_rank
+    p = np.repeat(data.draw(st.lists(st.integers(1, 6), min_size=groups, max_size=groups)), size)
+    c = np.array(
+        data.draw(st.lists(st.integers(0, 6), min_size=groups * size, max_size=groups * size))
+    )
+    cols = torch.arange(6)
+    seqs = {
+        "prompt_ids": torch.as_tensor(np.arange(groups * size) // size + 1)[:, None].expand(-1, 6),
+        "prompt_mask": (cols >= 6 - torch.as_tensor(p)[:, None]).long(),
+        "completion_mask": (cols < torch.as_tensor(c)[:, None]).long(),
+    }
+    rows = _rank_rows(seqs, ranks, size, COST)
+    assert rows.shape == (ranks, per_rank * size)
+    assert sorted(rows.ravel().tolist()) == list(range(groups * size))
+    loads = _group_loads(seqs, np.arange(0, groups * size + 1, size), COST)
+    for share in rows:  # whole groups: each group's rows together
+        assert (np.bincount(share // size, minlength=groups) % size == 0).all()
+    largest = max(loads[np.unique(share // size)].sum() for share in rows)
+    assert largest <= loads.reshape(ranks, per_rank).sum(1).max()
