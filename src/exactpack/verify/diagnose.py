@@ -20,7 +20,6 @@ from exactpack.core.errors import ExactpackError
 from exactpack.core.examples import SequenceExample
 from exactpack.hf.adapter import FLATTENED
 from exactpack.hf.mixers import RESTARTABLE
-from exactpack.verify.layouts import occurrence_cells
 
 _LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "Lightning", "Recurrent", "Rwkv", "Mixer")
 #: Class-name words -> layer kind, first match wins.
@@ -34,11 +33,6 @@ KINDS = (
 Calls = dict[str, list[tuple[torch.Tensor | None, torch.Tensor | None]]]
 
 
-def layer_kind(cls: str) -> str:
-    """``attention``, ``convolution`` or ``linear attention`` for a module class name."""
-    return next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
-
-
 def run_alone(model: torch.nn.Module, tokens: np.ndarray) -> Any:
     """``model`` on ``tokens`` alone: one row ``(1, L)``, no cache (the separate side)."""
     device = next(model.parameters()).device
@@ -50,8 +44,7 @@ def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
     """Index of every example cell into a packed run's token axis (the ``R*T`` cells, or the
     ``N`` valid cells of a flattened row), examples in ordinal order."""
     occ = batch.occurrences
-    order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
-    cells = occurrence_cells(batch)[order]
+    cells = batch.sequences()[0][np.argsort(np.repeat(occ.ordinal, occ.lengths), kind="stable")]
     if flattened:  # the rank of each (valid) cell among the sorted valid cells
         cells = np.searchsorted(batch.cu_seqlens().valid_index, cells)
     return torch.as_tensor(cells)
@@ -101,8 +94,10 @@ def _excess(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> float:
 
 
 def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
+    """Module ``name``, its class and the layer kind of :data:`KINDS` its class name says."""
     cls = type(model.get_submodule(name)).__name__
-    return {"module": name, "class": cls, "kind": layer_kind(cls)}
+    kind = next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
+    return {"module": name, "class": cls, "kind": kind}
 
 
 class ModelCrashed(ExactpackError):

@@ -70,6 +70,7 @@ from exactpack.verify.tolerances import (
     compare,
     grad_vector,
     observe,
+    tally,
     tolerance,
 )
 
@@ -682,7 +683,7 @@ def _compare(
         "targets": sum(lengths),
         "eligible_targets": eligible,
         "tolerance": dict(tol) | ({"model_loss": f32} if "labels" in kwargs else {}),
-        **_tally(compared),
+        **tally(compared),
     }
     if tree:  # groups of sequences sharing prefixes (flat: groups of one)
         report |= {
@@ -741,12 +742,6 @@ def _architecture_facts(arch: Architecture, lengths: list[int]) -> dict[str, Any
         "conditions": [c.text() for c in arch.conditions],
         "verdict": arch.verdict,
     }
-
-
-def _tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
-    keys = ("max_abs_diff", "comparisons", "failures")
-    return {key: {name: c[key] for name, c in compared.items()} for key in keys}
 
 
 __all__ = ["ModelCrashed", "load_model", "tree_groups", "verification_examples", "verify_hf"]
