@@ -65,7 +65,6 @@ from exactpack.verify.diagnose import (
     run_alone,
 )
 from exactpack.verify.tolerances import (
-    FLOAT32_TOLERANCE,
     Float64Islands,
     compare,
     grad_vector,
@@ -181,11 +180,9 @@ def verification_examples(
     *,
     layout: VerifyCase | None = None,
 ) -> list[SequenceExample]:
-    """Examples of random ids with ``layout``'s lengths; example 2 has a 3-target prompt."""
+    """Examples of random ids with ``layout``'s lengths (default: :func:`verification_layout`
+    for ``max_positions``, which checks it); example 2 has a 3-target prompt."""
     layout = layout or verification_layout(None, max_positions)
-    check_verify_tokens(sum(n + 1 for n in layout.lengths), "--lengths")
-    if max_positions is not None and layout.capacity > max_positions:
-        verification_layout(layout.window, max_positions, layout.lengths, layout.capacity)
     rng = np.random.default_rng(seed)
     binding = Binding(vocab_size, "exactpack/verify-random-ids", f"verify-seed-{seed}")
     out = []
@@ -289,8 +286,9 @@ def load_model(
         raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # an unset trust_remote_code asks on stdin
     options: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": dtype}
-    options["trust_remote_code"] = False  # an unset one asks on stdin
+    options["trust_remote_code"] = False
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
@@ -666,8 +664,7 @@ def _compare(
             sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
             packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
             compared["gradients"] = compare(sep_grads, packed_grads, tol)
-    (atol, rtol), why = FLOAT32_TOLERANCE, "transformers computes its loss in float32"
-    f32 = {"abs": atol, "rel": rtol, "why": why}
+    f32 = tolerance(torch.float32) | {"why": "transformers computes its loss in float32"}
     if "labels" in kwargs:
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
@@ -684,6 +681,8 @@ def _compare(
         "eligible_targets": eligible,
         "tolerance": dict(tol) | ({"model_loss": f32} if "labels" in kwargs else {}),
         **tally(compared),
+        "reference": reference,
+        "loss": {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())},
     }
     if tree:  # groups of sequences sharing prefixes (flat: groups of one)
         report |= {
@@ -693,11 +692,8 @@ def _compare(
             "nodes": len(batch.occurrences),
             "tokens_stored": batch.tokens_stored,
             "tokens_flat": batch.tokens_flat,
+            "widened": widened,
         }
-    report["reference"] = reference
-    report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if tree:
-        report["widened"] = widened
     return report, kwargs, batch, tol
 
 
