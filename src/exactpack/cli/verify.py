@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from exactpack.cli.flags import argparse_type, parse_byte_size, parse_int
+from exactpack.cli.flags import argparse_type, parse_byte_size, parse_count, parse_int
 from exactpack.core.errors import InvalidInput
 
 #: Seeds numpy and torch both take.
@@ -33,7 +33,7 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-length",
         dest="capacity",
-        type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
+        type=argparse_type(parse_count, "--max-length"),
         metavar="N",
         help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
     )

@@ -21,7 +21,7 @@ without ``--hf-*``: the fixture and random layouts (:func:`tiny_layouts`) throug
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,14 +50,25 @@ def _finish(model: torch.nn.Module, logits: torch.Tensor, total: torch.Tensor) -
     }
 
 
+def separate(forward: Callable, seqs: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each ``(input, targets, loss_mask)`` of ``seqs`` run alone, ``forward(input) -> (L, V)``:
+    the logits concatenated ``(ΣL, V)``, each one's supervised log-probability sum ``(S,)``
+    and the targets in them (the separate side of every verifier)."""
+    logits, sums, eligible = [], [], 0
+    for inputs, targets, mask in seqs:
+        out = forward(inputs)  # (L, V)
+        nll = masked_nll_sum(out, targets, mask)
+        logits.append(out)
+        sums.append(-nll.sum)
+        eligible += nll.count
+    return torch.cat(logits), torch.stack(sums), eligible
+
+
 def run_separate(model: torch.nn.Module, examples: Sequence[SequenceExample]) -> dict:
     """Each example in its own model call; loss = Σ per-example raw NLL sums."""
-    logits, sums = [], []
-    for ex in examples:
-        out = model.forward_separate(ex)  # (L, V)
-        logits.append(out)
-        sums.append(masked_nll_sum(out, ex.targets, ex.loss_mask).sum)
-    return _finish(model, torch.cat(logits), torch.stack(sums).sum())
+    seqs = [(ex, ex.targets, ex.loss_mask) for ex in examples]
+    logits, sums, _ = separate(model.forward_separate, seqs)
+    return _finish(model, logits, -sums.sum())
 
 
 def run_epoch(

@@ -48,7 +48,6 @@ from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import FOREIGN, BudgetExceeded, InvalidInput, NotAvailable, foreign
 from exactpack.core.examples import SequenceExample
-from exactpack.core.loss import masked_nll_sum
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
@@ -64,6 +63,7 @@ from exactpack.verify.diagnose import (
     hint,
     run_alone,
 )
+from exactpack.verify.layouts import separate
 from exactpack.verify.tolerances import (
     Float64Islands,
     compare,
@@ -158,7 +158,7 @@ def verification_layout(
         raise InvalidInput(
             f"the model has max_position_embeddings {max_positions}; the verification packs"
             f" rows of {layout.capacity} positions — use a config with at least"
-            f" {layout.capacity}, or pass --lengths/--capacity that fit"
+            f" {layout.capacity}, or pass --lengths/--max-length that fit"
         )
     return layout
 
@@ -646,7 +646,7 @@ def _compare(
             if tree:  # what stays below float64 inside the islands
                 islands, _ = observed(model, seqs[0][0], gradients)
             sep_logits, sep_sums, eligible = guarded(
-                model, "forward", lambda: _separate(model, seqs)
+                model, "forward", lambda: separate(lambda x: run_alone(model, x).logits[0], seqs)
             )
         tol = tolerance(param.dtype, islands)
         kwargs = _packed_kwargs(batch, mode, attn, param, pad, arch)
@@ -695,21 +695,6 @@ def _compare(
             "widened": widened,
         }
     return report, kwargs, batch, tol
-
-
-def _separate(
-    model: torch.nn.Module, seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Each sequence's ``(inputs, targets, loss_mask)`` run alone: the logits concatenated
-    ``(ΣL, V)``, each one's supervised log-probability sum ``(S,)`` and the targets in them."""
-    logits, sums, eligible = [], [], 0
-    for inputs, targets, mask in seqs:
-        out = run_alone(model, inputs).logits[0]  # (L, V)
-        nll = masked_nll_sum(out, targets, mask)
-        logits.append(out)
-        sums.append(-nll.sum)
-        eligible += nll.count
-    return torch.cat(logits), torch.stack(sums), eligible
 
 
 def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
