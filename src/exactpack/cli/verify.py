@@ -103,16 +103,9 @@ def parse_tree_lengths(text: str, flag: str) -> list[tuple[int, tuple[int, ...]]
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0: packed == separate; 1: the model mixed examples. A refusal, bad input or a
     crash anywhere (loading, the model, exactpack) is one line and exit 2."""
-    from exactpack.core.errors import ExactpackError
-    from exactpack.verify.diagnose import ModelCrashed
+    from exactpack.verify.diagnose import guarded
 
-    try:
-        return finish_verify(args, _run_verify(args))
-    except (ExactpackError, KeyboardInterrupt):
-        raise
-    except Exception as err:
-        first = " ".join(str(err).split())[:300] or type(err).__name__
-        raise ModelCrashed(f"verify crashed: {type(err).__name__}: {first}") from err
+    return guarded(None, "", lambda: finish_verify(args, _run_verify(args)))
 
 
 def _run_verify(args: argparse.Namespace) -> dict:
