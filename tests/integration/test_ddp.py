@@ -270,7 +270,7 @@ def _reference(data: Path):
 
 
 def test_two_gloo_ranks_match_one_process(tmp_path):
-    from exactpack.verify.layouts import within_tolerance
+    from exactpack.verify.tolerances import within_tolerance
 
     torch.set_num_threads(1)
     data = tmp_path / "packed"

@@ -31,7 +31,8 @@ from exactpack.hf.adapter import (
 from exactpack.hf.collator import collator_for, hf_collator
 from exactpack.hf.datasets_io import pack_dataset, to_batches
 from exactpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
-from exactpack.verify.models import FLOAT32_TOLERANCE, verification_examples
+from exactpack.verify.models import verification_examples
+from exactpack.verify.tolerances import FLOAT32_TOLERANCE
 
 from support.dtype_path import observed_tolerance, unlabelled
 from support.mask_helpers import block_mask_cells

@@ -10,10 +10,9 @@ import torch
 from exactpack import InvalidInput, NotAvailable, PackConfig, pack_examples
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import describe
-from exactpack.verify.layouts import ATOL, RTOL, tiny_layouts, verify_tiny
+from exactpack.verify.layouts import tiny_layouts, verify_tiny
 from exactpack.verify.models import (
     CAPACITY,
-    FLOAT32_TOLERANCE,
     LENGTHS,
     ModelCrashed,
     load_model,
@@ -22,7 +21,7 @@ from exactpack.verify.models import (
     verification_layout,
     verify_hf,
 )
-from exactpack.verify.tolerances import observe
+from exactpack.verify.tolerances import ATOL, FLOAT32_TOLERANCE, RTOL, observe
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)

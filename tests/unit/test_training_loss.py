@@ -30,7 +30,7 @@ from exactpack.training.packed_data import (
 )
 from exactpack.verify.decoder import TinyDecoder
 from exactpack.verify.fixture import fixture_batch
-from exactpack.verify.layouts import within_tolerance
+from exactpack.verify.tolerances import within_tolerance
 
 BINDING = Binding(266, "test-tokenizer", "sha256:test")
 COLLATE = PackedCollator()

@@ -50,33 +50,33 @@ def load_row(packed: Any, row: int) -> Any:
     return store, rows.slice_rows(local, local + 1).to_batch()
 
 
-def row_record(batch: Any) -> dict[str, Any]:
-    """What :func:`cmd_show` prints: the row's cells and its occupants."""
-    occ = batch.occurrences
+def _example(segment: int, columns: list[int], text: dict, ids: tuple, span: list[int]) -> dict:
+    """One occupant as :func:`cmd_show` prints it; ``text``: its tokens and whether each is
+    a supervised target (the first never is), ``ids``: its source and example id."""
+    pairs, supervised = len(text["tokens"]) - 1, sum(text["supervised"])
+    return {"segment": segment, "columns": columns, "pairs": pairs, "supervised": supervised,
+            "source_id": ids[0], "example_id": ids[1], "range": span}  # fmt: skip
+
+
+def row_record(batch: Any) -> tuple[dict[str, Any], list[dict]]:
+    """What :func:`cmd_show` prints of a one-row batch: its cells and occupants, and each
+    occupant's window tokens (inputs, then the last target) with their supervised flags."""
+    occ, examples, texts = batch.occurrences, [], []
+    for i, (a, b) in enumerate(zip(occ.col_start.tolist(), occ.col_end.tolist(), strict=True)):
+        tokens = [*batch.inputs[0, a:b].tolist(), int(batch.targets[0, b - 1])]
+        texts.append({"tokens": tokens, "supervised": [False, *batch.loss_mask[0, a:b].tolist()]})
+        ids = (str(occ.source_ids[i]), str(occ.example_ids[i]))
+        span = [int(occ.range_starts[i]), int(occ.range_ends[i])]
+        examples.append(_example(int(occ.segment[i]), [a, b], texts[-1], ids, span))
     used = int(batch.input_valid[0].sum())
-    return {
-        "row": batch.first_row,
-        "cells": int(batch.shape[1]),
-        "used": used,
-        "examples": [
-            {
-                "segment": int(occ.segment[i]),
-                "columns": [int(occ.col_start[i]), int(occ.col_end[i])],
-                "pairs": int(occ.col_end[i] - occ.col_start[i]),
-                "supervised": int(batch.loss_mask[0, occ.col_start[i] : occ.col_end[i]].sum()),
-                "source_id": str(occ.source_ids[i]),
-                "example_id": str(occ.example_ids[i]),
-                "range": [int(occ.range_starts[i]), int(occ.range_ends[i])],
-            }
-            for i in range(len(occ))
-        ],
-    }
+    record = {"row": batch.first_row, "cells": int(batch.shape[1]), "used": used}
+    return record | {"examples": examples}, texts
 
 
 def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]]:
-    """Row ``row`` of a TRL-format folder: its folder, row count, :func:`row_record` and each
-    example's tokens and supervised flags. The manifest is checked, and the one shard the
-    row is in as ``load_trl`` checks every shard (its sha256, its decoded contents)."""
+    """Row ``row`` of a TRL-format folder: its folder, row count and :func:`row_record`'s
+    two parts. The manifest is checked, and the one shard the row is in as ``load_trl``
+    checks every shard (its sha256, its decoded contents)."""
     import pyarrow.parquet as pq
 
     from exactpack.io.integrity import check_checksums, check_manifest, read_manifest
@@ -97,29 +97,16 @@ def trl_row(folder: Any, row: int) -> tuple[str, int, dict[str, Any], list[dict]
     check_checksums(one, path)
     check_trl_contents(one, path)
     table = pq.read_table(path / entry["file"]).slice(local, 1).to_pylist()[0]
-    ids, lengths = table["input_ids"], table["seq_lengths"]
-    labels = table.get("labels")
-    cells, examples, texts, start = int(manifest["config"]["capacity"]), [], [], 0
+    ids, lengths, labels = table["input_ids"], table["seq_lengths"], table.get("labels")
+    examples, texts, start = [], [], 0
     for k, n in enumerate(lengths):
-        window = ids[start : start + n]
         flags = [j > 0 and (labels is None or labels[start + j] != -100) for j in range(n)]
-        examples.append({"segment": k, "columns": [start, start + n], "pairs": n - 1,
-                         "supervised": sum(flags), "source_id": "-", "example_id": "-",
-                         "range": [0, n]})  # fmt: skip
-        texts.append({"tokens": window, "supervised": flags})
+        texts.append({"tokens": ids[start : start + n], "supervised": flags})
+        examples.append(_example(k, [start, start + n], texts[-1], ("-", "-"), [0, n]))
         start += n
+    cells = int(manifest["config"]["capacity"])
     record = {"row": row, "cells": cells, "used": start, "examples": examples}
     return str(path), total, record, texts
-
-
-def example_tokens(batch: Any) -> list[dict]:
-    """Each example of a one-row batch: its window's tokens (inputs, then the last target)
-    and whether each token is a supervised target (the first never is)."""
-    occ, out = batch.occurrences, []
-    for a, b in zip(occ.col_start.tolist(), occ.col_end.tolist(), strict=True):
-        tokens = [*batch.inputs[0, a:b].tolist(), int(batch.targets[0, b - 1])]
-        out.append({"tokens": tokens, "supervised": [False, *batch.loss_mask[0, a:b].tolist()]})
-    return out
 
 
 def marked_text(tokens: list[int], supervised: list[bool], tokenizer: Any) -> str:
@@ -154,8 +141,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         where, total, record, texts = trl_row(folder, args.row)
     else:
         store, batch = load_row(folder, args.row)
-        where, total, record = str(store.path), store.num_rows, row_record(batch)
-        texts = example_tokens(batch)
+        (where, total), (record, texts) = (str(store.path), store.num_rows), row_record(batch)
     if args.text:
         for e, t in zip(record["examples"], texts, strict=True):
             e["text"] = marked_text(t["tokens"], t["supervised"], tokenizer)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from exactpack.cli.flags import argparse_type, parse_byte_size, parse_int
+from exactpack.cli.flags import argparse_type, parse_byte_size, parse_count, parse_int
 from exactpack.core.errors import InvalidInput
 
 #: Seeds numpy and torch both take.
@@ -33,7 +33,7 @@ def add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-length",
         dest="capacity",
-        type=argparse_type(lambda text, flag: parse_int(text, flag, 1), "--max-length"),
+        type=argparse_type(parse_count, "--max-length"),
         metavar="N",
         help="tokens per row (default 12, or the sum of --lengths where the model allows it)",
     )
@@ -77,7 +77,7 @@ def _lengths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of ints"
         ) from None
-    if not lengths or min(lengths) < 1:
+    if min(lengths) < 1:  # split gives at least one part
         raise argparse.ArgumentTypeError(f"{text!r}: every length must be a positive int")
     return lengths
 
@@ -103,16 +103,9 @@ def parse_tree_lengths(text: str, flag: str) -> list[tuple[int, tuple[int, ...]]
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit 0: packed == separate; 1: the model mixed examples. A refusal, bad input or a
     crash anywhere (loading, the model, exactpack) is one line and exit 2."""
-    from exactpack.core.errors import ExactpackError
-    from exactpack.verify.diagnose import ModelCrashed
+    from exactpack.verify.diagnose import guarded
 
-    try:
-        return finish_verify(args, _run_verify(args))
-    except (ExactpackError, KeyboardInterrupt):
-        raise
-    except Exception as err:
-        first = " ".join(str(err).split())[:300] or type(err).__name__
-        raise ModelCrashed(f"verify crashed: {type(err).__name__}: {first}") from err
+    return guarded(None, "", lambda: finish_verify(args, _run_verify(args)))
 
 
 def _run_verify(args: argparse.Namespace) -> dict:
@@ -139,7 +132,6 @@ def _run_verify(args: argparse.Namespace) -> dict:
 
         return verify_tiny(args.attn or "ranges", mode=args.mode, seed=args.seed)
     from exactpack.hf.capabilities import capability
-    from exactpack.hf.kinds import attention_kind
     from exactpack.verify import models
 
     attn = args.attn or "sdpa"
@@ -154,7 +146,13 @@ def _run_verify(args: argparse.Namespace) -> dict:
     elif args.lengths:
         models.check_verify_tokens(sum(n + 1 for n in args.lengths), "--lengths")
     built = ("sdpa" if attn == "sdpa" else "eager") if tree else attn
-    model = load_hf_model(args, built, refuse=args.mode == "adapter" or tree)
+    where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
+    if args.max_model_bytes is not None:  # else load_model's default
+        where["max_model_bytes"] = args.max_model_bytes
+    dtype, refuse = models.DTYPES[args.dtype], args.mode == "adapter" or tree
+    model = models.load_model(
+        attn_implementation=built, dtype=dtype, seed=args.seed, refuse=refuse, **where
+    )
     if attn != built:  # the tree implementations, on top of eager
         model.set_attn_implementation(attn)
     cfg = model.config.get_text_config()
@@ -163,16 +161,10 @@ def _run_verify(args: argparse.Namespace) -> dict:
     if tree:
         examples = models.tree_groups(args.tree_lengths, cfg.vocab_size, args.seed, positions)
         capacity = args.capacity
-    else:
-        if args.mode == "adapter":
-            arch.check(attention_kind(attn))
+    else:  # verify_hf refuses the model's own capability (adapter mode) before it runs
         limits = [c.limit for c in arch.conditions if c.what == "example"]
         layout = models.verification_layout(
-            arch.window,
-            positions,
-            args.lengths,
-            args.capacity,
-            max_example=min(limits) if limits else None,
+            arch.window, positions, args.lengths, args.capacity, min(limits, default=None)
         )
         examples = models.verification_examples(cfg.vocab_size, args.seed, layout=layout)
         capacity = layout.capacity
@@ -189,18 +181,6 @@ def _run_verify(args: argparse.Namespace) -> dict:
 
 #: Implementations the tree verification feeds (the flattened kinds cannot express a tree).
 TREE_IMPLEMENTATIONS = ("eager", "sdpa", "exactpack_tree", "exactpack_tree_varlen")
-
-
-def load_hf_model(args: argparse.Namespace, attn: str, refuse: bool = True) -> Any:
-    """The ``--hf-config`` / ``--hf-model`` model, in ``args``' dtype, seed and device."""
-    from exactpack.verify.models import DTYPES, load_model
-
-    where = {"config": args.hf_config, "model": args.hf_model, "device": args.device}
-    if args.max_model_bytes is not None:  # else load_model's default
-        where["max_model_bytes"] = args.max_model_bytes
-    return load_model(
-        attn_implementation=attn, dtype=DTYPES[args.dtype], seed=args.seed, refuse=refuse, **where
-    )
 
 
 def condition_checks(

@@ -20,7 +20,6 @@ from exactpack.core.errors import ExactpackError
 from exactpack.core.examples import SequenceExample
 from exactpack.hf.adapter import FLATTENED
 from exactpack.hf.mixers import RESTARTABLE
-from exactpack.verify.layouts import occurrence_cells
 
 _LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "Lightning", "Recurrent", "Rwkv", "Mixer")
 #: Class-name words -> layer kind, first match wins.
@@ -34,11 +33,6 @@ KINDS = (
 Calls = dict[str, list[tuple[torch.Tensor | None, torch.Tensor | None]]]
 
 
-def layer_kind(cls: str) -> str:
-    """``attention``, ``convolution`` or ``linear attention`` for a module class name."""
-    return next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
-
-
 def run_alone(model: torch.nn.Module, tokens: np.ndarray) -> Any:
     """``model`` on ``tokens`` alone: one row ``(1, L)``, no cache (the separate side)."""
     device = next(model.parameters()).device
@@ -50,8 +44,7 @@ def example_tokens(batch: PackedBatch, flattened: bool) -> torch.Tensor:
     """Index of every example cell into a packed run's token axis (the ``R*T`` cells, or the
     ``N`` valid cells of a flattened row), examples in ordinal order."""
     occ = batch.occurrences
-    order = np.argsort(np.repeat(occ.ordinal, occ.col_end - occ.col_start), kind="stable")
-    cells = occurrence_cells(batch)[order]
+    cells = batch.sequences()[0][np.argsort(np.repeat(occ.ordinal, occ.lengths), kind="stable")]
     if flattened:  # the rank of each (valid) cell among the sorted valid cells
         cells = np.searchsorted(batch.cu_seqlens().valid_index, cells)
     return torch.as_tensor(cells)
@@ -64,8 +57,9 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None if found is None else found.detach()
 
 
-def capture(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Calls, list[str]]:
-    """Each module's ``(first input, first output)`` per call of ``run()``, and completion order."""
+def capture(model: torch.nn.Module, run: Callable[[], Any]) -> Calls:
+    """Each module's ``(first input, first output)`` per call of ``run()``, the modules in
+    completion order (dicts keep first insertion)."""
     calls: Calls = {}
 
     def hook(mod: Any, args: tuple, kwargs: dict, out: Any, name: str) -> None:
@@ -83,7 +77,7 @@ def capture(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Calls, list
     finally:
         for h in handles:
             h.remove()
-    return calls, list(calls)  # dicts keep first-insertion (completion) order
+    return calls
 
 
 def _tokens(x: torch.Tensor | None, count: int) -> torch.Tensor | None:
@@ -101,16 +95,19 @@ def _excess(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> float:
 
 
 def _culprit(model: torch.nn.Module, name: str) -> dict[str, str]:
+    """Module ``name``, its class and the layer kind of :data:`KINDS` its class name says."""
     cls = type(model.get_submodule(name)).__name__
-    return {"module": name, "class": cls, "kind": layer_kind(cls)}
+    kind = next((kind for word, kind in KINDS if word in cls), f"layer {cls}")
+    return {"module": name, "class": cls, "kind": kind}
 
 
 class ModelCrashed(ExactpackError):
     """The model raised inside its forward or backward (named, on one line)."""
 
 
-def guarded(model: torch.nn.Module, what: str, fn: Any) -> Any:
-    """``fn()``, with any exception from inside the model turned into one clear line."""
+def guarded(model: torch.nn.Module | None, what: str, fn: Any) -> Any:
+    """``fn()``, with any exception from inside the model (its ``what``: forward, backward)
+    turned into one clear line; ``model=None``: from anywhere in ``exactpack verify``."""
     try:
         return fn()
     except ExactpackError:
@@ -120,11 +117,11 @@ def guarded(model: torch.nn.Module, what: str, fn: Any) -> Any:
         hint = ""
         if "grouped_mm" in first or "mat_a to be Float32" in first:
             hint = " — MoE experts: load with experts_implementation='eager' for float64"
-        name = getattr(model.config, "model_type", type(model).__name__)
-        attn = model.config._attn_implementation
-        raise ModelCrashed(
-            f"{name} ({attn}) crashed in its {what}: {type(err).__name__}: {first}{hint}"
-        ) from err
+        where = "verify crashed"
+        if model is not None:
+            name = getattr(model.config, "model_type", type(model).__name__)
+            where = f"{name} ({model.config._attn_implementation}) crashed in its {what}"
+        raise ModelCrashed(f"{where}: {type(err).__name__}: {first}{hint}") from err
 
 
 def culprit(
@@ -142,13 +139,9 @@ def culprit(
     count = int(kwargs["input_ids"].numel())
 
     def find() -> dict[str, str] | None:
-        per_example = [
-            capture(model, lambda ex=ex: run_alone(model, ex.inputs))[0] for ex in examples
-        ]
-        packed_calls, order = capture(model, lambda: model(**kwargs))
+        per_example = [capture(model, lambda ex=ex: run_alone(model, ex.inputs)) for ex in examples]
         measured = []  # (name, excess of the input, excess of the output), in completion order
-        for name in order:
-            got = packed_calls[name]
+        for name, got in capture(model, lambda: model(**kwargs)).items():
             if any(len(calls.get(name, ())) != len(got) for calls in per_example):
                 continue
             for k, (x_p, y_p) in enumerate(got):

@@ -88,12 +88,6 @@ def _permission_image(allowed: np.ndarray, valid: np.ndarray, query_rgb: np.ndar
     return image
 
 
-def _cell_text(value: Any) -> str:
-    if isinstance(value, (bool, np.bool_)):
-        return "✓" if value else "✗"
-    return str(int(value))
-
-
 def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int) -> None:
     fields_ax, matrix_ax = fig_axes
     width = batch.shape[1]
@@ -103,8 +97,9 @@ def _draw_row(fig_axes: tuple[Any, Any], batch: PackedBatch, row: int) -> None:
     cell_rgb = _cell_colors(batch, row)  # (T, 3)
     fields_ax.imshow(np.broadcast_to(_tint(cell_rgb, 0.35), (len(FIELDS), width, 3)))
     for line, (_, attr) in enumerate(FIELDS):
-        for col in range(width):
-            fields_ax.text(col, line, _cell_text(getattr(batch, attr)[row, col]), **CENTRED)
+        for col, value in enumerate(getattr(batch, attr)[row].tolist()):  # bool: ✓ / ✗
+            text = ("✓" if value else "✗") if isinstance(value, bool) else str(value)
+            fields_ax.text(col, line, text, **CENTRED)
     fields_ax.set_yticks(range(len(FIELDS)), [label for label, _ in FIELDS], fontsize=9)
     occupant = [names.get(int(s), "pad") for s in seg]
     fields_ax.set_xticks(range(width), [f"{c}\n{o}" for c, o in enumerate(occupant)], fontsize=9)
@@ -148,8 +143,7 @@ def draw_batch(batch: PackedBatch, path: str | os.PathLike[str], title: str | No
     fig, target = _figure(path, (max(panel_w * rows, 8.0), panel_h + 0.9))
     grid = fig.add_gridspec(2, rows, height_ratios=[len(FIELDS), width])
     for r in range(rows):
-        axes = (fig.add_subplot(grid[0, r]), fig.add_subplot(grid[1, r]))
-        _draw_row(axes, batch, r)
+        _draw_row((fig.add_subplot(grid[0, r]), fig.add_subplot(grid[1, r])), batch, r)
     fig.suptitle(
         title or "packed rows: cell fields aligned with each row's permission matrix",
         fontsize=12,

@@ -21,38 +21,23 @@ without ``--hf-*``: the fixture and random layouts (:func:`tiny_layouts`) throug
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from exactpack.core.batch import PackedBatch
 from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import InvalidInput
-from exactpack.core.examples import SequenceExample, concat_ranges
+from exactpack.core.examples import SequenceExample
 from exactpack.core.loss import masked_nll_sum
 from exactpack.verify.decoder import TinyDecoder
 from exactpack.verify.fixture import FIXTURE_MAX_LENGTH, fixture_binding, fixture_examples
 from exactpack.verify.probes import unguarded_causal_attention
-from exactpack.verify.tolerances import compare, grad_vector
+from exactpack.verify.tolerances import SEED_TOLERANCE, combine, compare, grad_vector, tally
 
-ATOL = 1e-10
-RTOL = 1e-9
-SEED_TOLERANCE = {"abs": ATOL, "rel": RTOL, "why": "float64 throughout: the seed's tolerance"}
 QUANTITIES = ("logits", "loss_sum", "gradients")
-
-
-def within_tolerance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise ``|a-b| <= ATOL + RTOL*max(|a|,|b|)`` (bool, same shape)."""
-    return (a - b).abs() <= ATOL + RTOL * torch.maximum(a.abs(), b.abs())
-
-
-def occurrence_cells(batch: PackedBatch) -> np.ndarray:
-    """Flat cell indices of every occurrence's cells, occurrence by occurrence, int64."""
-    occ = batch.occurrences
-    return concat_ranges(occ.row * batch.shape[1] + occ.col_start, occ.col_end - occ.col_start)
 
 
 def _finish(model: torch.nn.Module, logits: torch.Tensor, total: torch.Tensor) -> dict:
@@ -65,14 +50,25 @@ def _finish(model: torch.nn.Module, logits: torch.Tensor, total: torch.Tensor) -
     }
 
 
+def separate(forward: Callable, seqs: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each ``(input, targets, loss_mask)`` of ``seqs`` run alone, ``forward(input) -> (L, V)``:
+    the logits concatenated ``(ΣL, V)``, each one's supervised log-probability sum ``(S,)``
+    and the targets in them (the separate side of every verifier)."""
+    logits, sums, eligible = [], [], 0
+    for inputs, targets, mask in seqs:
+        out = forward(inputs)  # (L, V)
+        nll = masked_nll_sum(out, targets, mask)
+        logits.append(out)
+        sums.append(-nll.sum)
+        eligible += nll.count
+    return torch.cat(logits), torch.stack(sums), eligible
+
+
 def run_separate(model: torch.nn.Module, examples: Sequence[SequenceExample]) -> dict:
     """Each example in its own model call; loss = Σ per-example raw NLL sums."""
-    logits, sums = [], []
-    for ex in examples:
-        out = model.forward_separate(ex)  # (L, V)
-        logits.append(out)
-        sums.append(masked_nll_sum(out, ex.targets, ex.loss_mask).sum)
-    return _finish(model, torch.cat(logits), torch.stack(sums).sum())
+    seqs = [(ex, ex.targets, ex.loss_mask) for ex in examples]
+    logits, sums, _ = separate(model.forward_separate, seqs)
+    return _finish(model, logits, -sums.sum())
 
 
 def run_epoch(
@@ -86,7 +82,7 @@ def run_epoch(
     for batch in epoch.batches:
         out = forward(batch)  # (R, T, V)
         sums.append(masked_nll_sum(out, batch.targets, batch.loss_mask).sum)
-        cells = torch.as_tensor(occurrence_cells(batch), device=out.device)
+        cells = torch.as_tensor(batch.sequences()[0], device=out.device)  # by occurrence
         chunks.append(out.reshape(-1, out.shape[-1]).index_select(0, cells))
         occ = batch.occurrences
         ordinals.append(np.repeat(occ.ordinal, occ.col_end - occ.col_start))
@@ -123,21 +119,16 @@ def three_way(
         name: {q: compare(sep[q], runs[name][q], SEED_TOLERANCE) for q in QUANTITIES}
         for name in ("padded", "packed")
     }
-    total = {
-        key: {q: sum(p[q][key] for p in pairs.values()) for q in QUANTITIES}
-        for key in ("comparisons", "failures")
-    }
+    totals = combine([tally(p) for p in pairs.values()], {q: q for q in QUANTITIES})
     return {
         "examples": len(examples),
         "targets": int(sum(len(ex) for ex in examples)),
         "eligible_targets": int(sum(int(ex.loss_mask.sum()) for ex in examples)),
-        "tolerance": {"abs": ATOL, "rel": RTOL},
+        "tolerance": {k: SEED_TOLERANCE[k] for k in ("abs", "rel")},
         "loss_sum": {name: float(run["loss_sum"]) for name, run in runs.items()},
-        "max_abs_diff": {q: max(p[q]["max_abs_diff"] for p in pairs.values()) for q in QUANTITIES},
-        "comparisons": total["comparisons"],
-        "failures": total["failures"],
+        **totals,
         "against_separate": pairs,
-        "passed": not any(total["failures"].values()),
+        "passed": not any(totals["failures"].values()),
     }
 
 
@@ -200,7 +191,6 @@ def verify_tiny(
         three_way(model, examples, capacity, max_rows_per_batch=rows)
         for examples, capacity, rows in tiny_layouts(seed, layouts, model.config.max_len)
     ]
-    names = {"logits": "logits", "loss": "loss_sum", "gradients": "gradients"}
     report = {
         "target": "tiny-decoder",
         "model": describe(model) | {"attention": attention},
@@ -209,9 +199,7 @@ def verify_tiny(
         "examples": sum(r["examples"] for r in runs),
         "targets": sum(r["targets"] for r in runs),
         "tolerance": dict(SEED_TOLERANCE),
-        "max_abs_diff": {n: max(r["max_abs_diff"][q] for r in runs) for n, q in names.items()},
-        "comparisons": {n: sum(r["comparisons"][q] for r in runs) for n, q in names.items()},
-        "failures": {n: sum(r["failures"][q] for r in runs) for n, q in names.items()},
+        **combine(runs, {"logits": "logits", "loss": "loss_sum", "gradients": "gradients"}),
         "pass": all(r["passed"] for r in runs),
     }
     if not report["pass"]:

@@ -48,7 +48,6 @@ from exactpack.core.compact import pack_examples
 from exactpack.core.config import PackConfig
 from exactpack.core.errors import FOREIGN, BudgetExceeded, InvalidInput, NotAvailable, foreign
 from exactpack.core.examples import SequenceExample
-from exactpack.core.loss import masked_nll_sum
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import IMPLEMENTATIONS, build_inputs, cell_logits, hf_loss_sum
 from exactpack.hf.architectures import Architecture
@@ -64,12 +63,13 @@ from exactpack.verify.diagnose import (
     hint,
     run_alone,
 )
+from exactpack.verify.layouts import separate
 from exactpack.verify.tolerances import (
-    FLOAT32_TOLERANCE,
     Float64Islands,
     compare,
     grad_vector,
     observe,
+    tally,
     tolerance,
 )
 
@@ -158,7 +158,7 @@ def verification_layout(
         raise InvalidInput(
             f"the model has max_position_embeddings {max_positions}; the verification packs"
             f" rows of {layout.capacity} positions — use a config with at least"
-            f" {layout.capacity}, or pass --lengths/--capacity that fit"
+            f" {layout.capacity}, or pass --lengths/--max-length that fit"
         )
     return layout
 
@@ -180,11 +180,9 @@ def verification_examples(
     *,
     layout: VerifyCase | None = None,
 ) -> list[SequenceExample]:
-    """Examples of random ids with ``layout``'s lengths; example 2 has a 3-target prompt."""
+    """Examples of random ids with ``layout``'s lengths (default: :func:`verification_layout`
+    for ``max_positions``, which checks it); example 2 has a 3-target prompt."""
     layout = layout or verification_layout(None, max_positions)
-    check_verify_tokens(sum(n + 1 for n in layout.lengths), "--lengths")
-    if max_positions is not None and layout.capacity > max_positions:
-        verification_layout(layout.window, max_positions, layout.lengths, layout.capacity)
     rng = np.random.default_rng(seed)
     binding = Binding(vocab_size, "exactpack/verify-random-ids", f"verify-seed-{seed}")
     out = []
@@ -288,8 +286,9 @@ def load_model(
         raise InvalidInput(f"{path} does not exist — pass a local config.json or model folder")
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # an unset trust_remote_code asks on stdin
     options: dict[str, Any] = {"attn_implementation": attn_implementation, "dtype": dtype}
-    options["trust_remote_code"] = False  # an unset one asks on stdin
+    options["trust_remote_code"] = False
     if dtype == torch.float64:
         options["experts_implementation"] = "eager"
     local = {"local_files_only": True, "trust_remote_code": False}
@@ -647,7 +646,7 @@ def _compare(
             if tree:  # what stays below float64 inside the islands
                 islands, _ = observed(model, seqs[0][0], gradients)
             sep_logits, sep_sums, eligible = guarded(
-                model, "forward", lambda: _separate(model, seqs)
+                model, "forward", lambda: separate(lambda x: run_alone(model, x).logits[0], seqs)
             )
         tol = tolerance(param.dtype, islands)
         kwargs = _packed_kwargs(batch, mode, attn, param, pad, arch)
@@ -665,8 +664,7 @@ def _compare(
             sep_grads = guarded(model, "backward", lambda: grad_vector(sep_mean, params))
             packed_grads = guarded(model, "backward", lambda: grad_vector(packed_mean, params))
             compared["gradients"] = compare(sep_grads, packed_grads, tol)
-    (atol, rtol), why = FLOAT32_TOLERANCE, "transformers computes its loss in float32"
-    f32 = {"abs": atol, "rel": rtol, "why": why}
+    f32 = tolerance(torch.float32) | {"why": "transformers computes its loss in float32"}
     if "labels" in kwargs:
         compared["model_loss"] = compare(sep_mean.reshape(1), out.loss.reshape(1), f32)
     lengths = examples.lengths.tolist() if tree else [len(ex) for ex in examples]
@@ -682,7 +680,9 @@ def _compare(
         "targets": sum(lengths),
         "eligible_targets": eligible,
         "tolerance": dict(tol) | ({"model_loss": f32} if "labels" in kwargs else {}),
-        **_tally(compared),
+        **tally(compared),
+        "reference": reference,
+        "loss": {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())},
     }
     if tree:  # groups of sequences sharing prefixes (flat: groups of one)
         report |= {
@@ -692,27 +692,9 @@ def _compare(
             "nodes": len(batch.occurrences),
             "tokens_stored": batch.tokens_stored,
             "tokens_flat": batch.tokens_flat,
+            "widened": widened,
         }
-    report["reference"] = reference
-    report["loss"] = {"separate": float(sep_mean.detach()), "packed": float(packed_mean.detach())}
-    if tree:
-        report["widened"] = widened
     return report, kwargs, batch, tol
-
-
-def _separate(
-    model: torch.nn.Module, seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Each sequence's ``(inputs, targets, loss_mask)`` run alone: the logits concatenated
-    ``(ΣL, V)``, each one's supervised log-probability sum ``(S,)`` and the targets in them."""
-    logits, sums, eligible = [], [], 0
-    for inputs, targets, mask in seqs:
-        out = run_alone(model, inputs).logits[0]  # (L, V)
-        nll = masked_nll_sum(out, targets, mask)
-        logits.append(out)
-        sums.append(-nll.sum)
-        eligible += nll.count
-    return torch.cat(logits), torch.stack(sums), eligible
 
 
 def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
@@ -741,12 +723,6 @@ def _architecture_facts(arch: Architecture, lengths: list[int]) -> dict[str, Any
         "conditions": [c.text() for c in arch.conditions],
         "verdict": arch.verdict,
     }
-
-
-def _tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
-    keys = ("max_abs_diff", "comparisons", "failures")
-    return {key: {name: c[key] for name, c in compared.items()} for key in keys}
 
 
 __all__ = ["ModelCrashed", "load_model", "tree_groups", "verification_examples", "verify_hf"]

@@ -16,7 +16,7 @@ from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import masked_nll_sum
 from exactpack.nn.attention import AttentionLayout, Backend
-from exactpack.verify.tolerances import compare
+from exactpack.verify.tolerances import SEED_TOLERANCE, compare
 
 
 def unguarded_causal_attention(
@@ -30,9 +30,12 @@ def unguarded_causal_attention(
     return torch.softmax(scores, dim=-1) @ v  # (R, H, T, D)
 
 
-def _probe_setup(model: torch.nn.Module, batch: PackedBatch, segment: int) -> tuple:
-    """``(ids, layout, own cells, deltas)``: one zero (R, T, W) leaf per residual-stream
-    site (each block's input and the final norm's), and ``segment``'s cells (R, T)."""
+def _probe_setup(
+    model: torch.nn.Module, batch: PackedBatch, segment: int, attention: str | Backend | None
+) -> tuple:
+    """``(own cells, deltas, forward)``: ``segment``'s cells (R, T), one zero (R, T, W) leaf
+    per residual-stream site (each block's input and the final norm's), and
+    ``forward(ds)``, the logits with ``ds[i]`` added to the activations entering site ``i``."""
     cells = batch.input_valid & (batch.segments == segment)
     if not cells.any():
         raise InvalidInput(f"segment {segment} has no cell in this batch")
@@ -43,28 +46,20 @@ def _probe_setup(model: torch.nn.Module, batch: PackedBatch, segment: int) -> tu
         torch.zeros(shape, dtype=weight.dtype, device=weight.device, requires_grad=True)
         for _ in range(len(model.blocks) + 1)
     ]
-    return ids, layout, cells, deltas
 
+    def forward(ds: list[torch.Tensor]) -> torch.Tensor:
+        def adder(delta: torch.Tensor):
+            return lambda _module, args: (args[0] + delta, *args[1:])
 
-def _forward_with(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    layout: AttentionLayout,
-    deltas: list[torch.Tensor],
-    attention: str | Backend | None,
-) -> torch.Tensor:
-    """Forward with ``deltas[i]`` added to the activations entering site ``i``."""
+        sites = [*model.blocks, model.norm]
+        handles = [m.register_forward_pre_hook(adder(d)) for m, d in zip(sites, ds, strict=True)]
+        try:
+            return model(ids, layout, attention=attention)
+        finally:
+            for h in handles:
+                h.remove()
 
-    def adder(delta: torch.Tensor):
-        return lambda _module, args: (args[0] + delta, *args[1:])
-
-    modules = [*model.blocks, model.norm]
-    handles = [m.register_forward_pre_hook(adder(d)) for m, d in zip(modules, deltas, strict=True)]
-    try:
-        return model(ids, layout, attention=attention)
-    finally:
-        for h in handles:
-            h.remove()
+    return cells, deltas, forward
 
 
 def isolation_probe(
@@ -81,38 +76,31 @@ def isolation_probe(
     ``segment``'s logits, its raw NLL sum and all parameter gradients must stay within
     tolerance; that loss's derivative into every other cell, at every site, must be 0.
     """
-    ids, layout, own, deltas = _probe_setup(model, batch, segment)
+    own, deltas, forward = _probe_setup(model, batch, segment, attention)
     other = ~own
-    own_t = torch.as_tensor(own, device=ids.device)
+    own_t, other_t = (torch.as_tensor(m, device=deltas[0].device) for m in (own, other))
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-        logits = _forward_with(model, ids, layout, ds, attention)
+    def run(ds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple]:
+        """Logits, ``segment``'s loss, its parameter gradients (flat) and its sites' ones."""
+        logits = forward(ds)
         loss = masked_nll_sum(logits, batch.targets, batch.loss_mask & own).sum
-        return logits, loss, torch.autograd.grad(loss, params + ds, materialize_grads=True)
+        grads = torch.autograd.grad(loss, params + ds, materialize_grads=True)
+        flat = torch.cat([g.reshape(-1) for g in grads[: len(params)]])
+        return logits, loss, flat, grads[len(params) :]
 
-    base_logits, base_loss, base_grads = run(deltas)
+    base_logits, base_loss, base_grads, base_sites = run(deltas)
     gen = torch.Generator().manual_seed(seed)
-    other_t = torch.as_tensor(other, device=ids.device)
-    perturbed = [
-        (torch.randn(d.shape, generator=gen, dtype=torch.float64).to(d) * scale)
-        .mul(other_t[..., None])
-        .detach()
-        .requires_grad_(True)
+    noise = [
+        torch.randn(d.shape, generator=gen, dtype=torch.float64).to(d) * scale * other_t[..., None]
         for d in deltas
     ]
-    logits, loss, grads = run(perturbed)
-    n = len(params)
-    into = torch.stack(base_grads[n:]).abs().amax(dim=-1)  # (sites, R, T)
-    seed_tol = {"abs": 1e-10, "rel": 1e-9}
+    logits, loss, grads, _ = run([n.detach().requires_grad_(True) for n in noise])
+    into = torch.stack(base_sites).abs().amax(dim=-1)  # (sites, R, T)
     compared = {
-        "logits": compare(base_logits[own_t], logits[own_t], seed_tol),
-        "loss": compare(base_loss, loss, seed_tol),
-        "gradients": compare(
-            torch.cat([g.reshape(-1) for g in base_grads[:n]]),
-            torch.cat([g.reshape(-1) for g in grads[:n]]),
-            seed_tol,
-        ),
+        "logits": compare(base_logits[own_t], logits[own_t], SEED_TOLERANCE),
+        "loss": compare(base_loss, loss, SEED_TOLERANCE),
+        "gradients": compare(base_grads, grads, SEED_TOLERANCE),
     }
     derivative = {
         "other_segments": _largest(into, batch.input_valid & other),
@@ -147,10 +135,10 @@ def first_query_probe(
 ) -> dict[str, Any]:
     """Derivatives of ``segment``'s first query's loss into every site's activations: its
     future cells, padding and other segments must get exactly zero."""
-    ids, layout, own, deltas = _probe_setup(model, batch, segment)
+    own, deltas, forward = _probe_setup(model, batch, segment, attention)
     first = own & (batch.positions == 0)
     row, col = (int(x[0]) for x in np.nonzero(first))
-    logits = _forward_with(model, ids, layout, deltas, attention)
+    logits = forward(deltas)
     target = int(batch.targets[row, col])
     loss = -torch.log_softmax(logits[row, col], dim=-1)[target]
     grads = torch.stack(torch.autograd.grad(loss, deltas)).abs().amax(dim=-1)  # (sites, R, T)

@@ -28,6 +28,8 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1e-2, 5e-2),
 }
 FLOAT32_TOLERANCE = TOLERANCES[torch.float32]
+ATOL, RTOL = TOLERANCES[torch.float64]
+SEED_TOLERANCE = {"abs": ATOL, "rel": RTOL, "why": "float64 throughout: the seed's tolerance"}
 
 
 #: Ops that reduce over a varying extent (keys of a row, tokens of a batch) or contract
@@ -143,25 +145,16 @@ def observe(run: Callable[[], Any]) -> tuple[dict[str, list[str]], list[str]]:
     return islands, list(recorder.casts)
 
 
-def lowest_dtype(dtype: torch.dtype, islands: dict[str, list[str]]) -> torch.dtype:
-    """The lowest floating precision on the path: the model's, or its lowest island's."""
-    lowest = dtype
-    for ops in islands.values():
-        for op in ops:
-            name = op[op.rindex("(") + 1 : -1]
-            island = getattr(torch, name)
-            if island.itemsize < lowest.itemsize or island == torch.bfloat16:
-                lowest = island
-    return lowest
-
-
 def tolerance(dtype: torch.dtype, islands: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """``abs``/``rel`` of the comparison for a model of ``dtype`` with these islands, and why."""
+    """``abs``/``rel`` of the comparison for a model of ``dtype`` with these islands, and why:
+    the lowest floating precision on the path (the model's, or its lowest island's; an
+    island reads ``op (dtype)``; bfloat16 is the lowest)."""
     islands = islands or {}
-    lowest = lowest_dtype(dtype, islands)
+    found = [getattr(torch, op[op.rindex("(") + 1 : -1]) for ops in islands.values() for op in ops]
+    lowest = min([dtype, *found], key=lambda d: (d != torch.bfloat16, d.itemsize))
     atol, rtol = TOLERANCES.get(lowest, FLOAT32_TOLERANCE)
     if lowest == torch.float64:
-        why = "float64 throughout: the seed's tolerance"
+        why = SEED_TOLERANCE["why"]
     elif not islands:
         why = f"{_name(dtype)} model: its own rounding"
     else:
@@ -175,9 +168,34 @@ def compare(a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any]) -> dict[str, 
     if a.numel() != b.numel():
         raise InvalidInput(f"shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
     a, b = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
-    ok = (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
+    ok = within_tolerance(a, b, tol)
     diff = float((a - b).abs().max()) if a.numel() else 0.0
     return {"comparisons": int(ok.numel()), "failures": int((~ok).sum()), "max_abs_diff": diff}
+
+
+def within_tolerance(
+    a: torch.Tensor, b: torch.Tensor, tol: dict[str, Any] = SEED_TOLERANCE
+) -> torch.Tensor:
+    """Elementwise ``|a-b| <= abs + rel*max(|a|,|b|)`` (bool, same shape; the seed's by default)."""
+    return (a - b).abs() <= tol["abs"] + tol["rel"] * torch.maximum(a.abs(), b.abs())
+
+
+def tally(compared: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``max_abs_diff``, ``comparisons`` and ``failures``, each per compared quantity."""
+    return {key: {name: c[key] for name, c in compared.items()} for key in TOTALS}
+
+
+#: How :func:`combine` joins tallies: the largest difference, the summed counts.
+TOTALS = {"max_abs_diff": max, "comparisons": sum, "failures": sum}
+
+
+def combine(tallies: list[dict[str, Any]], names: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """:func:`tally` sections joined over ``tallies`` (:data:`TOTALS`); quantity ``names[out]``
+    of the result is quantity ``out`` of each tally's."""
+    return {
+        key: {out: join(t[key][name] for t in tallies) for out, name in names.items()}
+        for key, join in TOTALS.items()
+    }
 
 
 def grad_vector(loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
