@@ -147,8 +147,7 @@ def check_split(table: pa.Table, origin: Origin, partition: Split, ids: Any = No
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
     names = [p.value for p in Split]
-    same = [v for v in pc.unique(col).to_pylist() if v is not None and v.lower() == partition.value]
-    fine = pc.or_(pc.is_in(col, value_set=pa.array(same, col.type)), pc.is_null(col))
+    fine = pc.fill_null(pc.equal(pc.utf8_lower(col), partition.value), True)
     fine = fine.to_numpy(zero_copy_only=False)
     if fine.all():
         return

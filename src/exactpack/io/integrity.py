@@ -450,12 +450,9 @@ def _check_nodes(col: dict[str, np.ndarray], used: int, fail: Callable[[str], Ex
         raise fail("position_ids are not the depth along each path")
     before = np.arange(used) - 1  # the cell before each cell on its path
     before[first] = np.where(parent < 0, -1, last[np.maximum(parent, 0)])
-    inner = before >= 0
-    if np.any(col["input_ids"][inner] != col["target_ids"][before[inner]]):
-        c = int(
-            np.flatnonzero(inner)[col["input_ids"][inner] != col["target_ids"][before[inner]]][0]
-        )
-        raise fail(f"cell {c}'s input is not the target before it on its path")
+    wrong = (before >= 0) & (col["input_ids"] != col["target_ids"][np.maximum(before, 0)])
+    if wrong.any():
+        raise fail(f"cell {int(np.argmax(wrong))}'s input is not the target before it on its path")
     return before
 
 
@@ -590,10 +587,10 @@ def check_contents(manifest: Mapping, read: Callable[[int], Any], where: Path) -
         raise bad_output(where / MANIFEST, f"the shards' {what} each once")
     stats = manifest.get("statistics")
     if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
+        got = stats["eligible_targets"]
         raise bad_output(
             where / MANIFEST,
-            f"statistics.eligible_targets is"
-            f" {stats['eligible_targets']!r} but the shards hold {eligible:,}",
+            f"statistics.eligible_targets is {got!r} but the shards hold {eligible:,}",
         )
 
 
