@@ -136,13 +136,15 @@ def _plain_file(path: Path, what: str) -> os.stat_result | None:
 
 
 def listed_shards(folder: Path) -> list[str] | None:
-    """The file names the manifest of ``folder`` lists (None: no readable manifest)."""
-    if _plain_file(folder / MANIFEST, "manifest") is None:
-        return None
-    try:  # not a link (checked above): reading it follows none
+    """The file names the manifest of ``folder`` lists (None: no readable manifest, or a
+    link: not ours to read)."""
+    try:
+        if _plain_file(folder / MANIFEST, "manifest") is None:
+            return None
+        # not a link (checked above): reading it follows none
         shards = json.loads((folder / MANIFEST).read_bytes())["shards"]
         return [s["file"] for s in shards if isinstance(s["file"], str)]
-    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+    except (InvalidInput, OSError, ValueError, RecursionError, KeyError, TypeError):
         return None
 
 
@@ -160,13 +162,13 @@ def _check_target(path: Path, overwrite: bool) -> None:
             raise InvalidInput(f"{path} already exists — pass --overwrite to replace it")
         return
     ours = (LOCK, MANIFEST)  # and shards and part files: what exactpack writes there
-    foreign = sorted(
+    others = sorted(
         n for n in os.listdir(path) if not (n in ours or SHARD.match(n) or n.endswith(".part"))
     )
-    if foreign:
+    if others:
         raise InvalidInput(
             f"{path} exists and is not a exactpack output; refusing to replace it (it holds"
-            f" {foreign[0]!r}) — choose another --out"
+            f" {others[0]!r}) — choose another --out"
         )
 
 
@@ -303,10 +305,7 @@ def _take_lock(path: Path) -> tuple[filelock.BaseFileLock, int, _Record]:
 def _clean(path: Path, generation: int, replaces: Iterable[str]) -> int:
     """Remove (and count) what a run of ``generation`` left that no manifest lists: its own
     files and, once a manifest stops listing them, the shards it replaces."""
-    try:
-        listed = listed_shards(path)
-    except InvalidInput:  # the manifest became a link: not ours to read
-        listed = None
+    listed = listed_shards(path)
     g = f"{generation:04d}"  # its shards, their part files and its manifest's part file
     mine = re.compile(
         rf"^(shard-{g}-\d{{5,}}\.parquet|\.shard-{g}-\d{{5,}}\.parquet\.[0-9a-f]{{8}}\.part"

@@ -39,7 +39,7 @@ from exactpack.core.supervision import (
     wrong_labels,
 )
 from exactpack.io.cells import column, first, flag_values, ints, lists, row_of, target_flags
-from exactpack.io.documents import Documents, Origin, TokenChunk
+from exactpack.io.documents import Origin, TokenChunk
 from exactpack.io.sft import SFT_COLUMNS, TEMPLATE_COLUMNS, encode_sft, sft_columns
 from exactpack.io.shards import byte_buffers
 from exactpack.io.tokenizers import MAX_TEXT_CHARS, ByteTokenizer, Tokenizer, too_long
@@ -138,16 +138,16 @@ def _texts(
     return tokenizer.encode_batch(col.to_pylist())
 
 
-def check_split(table: pa.Table, origin: Origin, partition: Split) -> None:
-    """Every row's ``partition`` value, when the column exists, must be ``partition``."""
+def check_split(table: pa.Table, origin: Origin, partition: Split, ids: Any = None) -> None:
+    """Every row's ``partition`` value, when the column exists, must be ``partition``; an
+    error names the row's id too when ``ids`` (one per row) are given."""
     col = column(table, "partition") if "partition" in table.column_names else pa.nulls(0)
     if pa.types.is_null(col.type):  # absent, or all null
         return
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise origin.type_error(f"partition has type {col.type}; use train, validation or test")
     names = [p.value for p in Split]
-    same = [v for v in pc.unique(col).to_pylist() if v is not None and v.lower() == partition.value]
-    fine = pc.or_(pc.is_in(col, value_set=pa.array(same, col.type)), pc.is_null(col))
+    fine = pc.fill_null(pc.equal(pc.utf8_lower(col), partition.value), True)
     fine = fine.to_numpy(zero_copy_only=False)
     if fine.all():
         return
@@ -156,8 +156,9 @@ def check_split(table: pa.Table, origin: Origin, partition: Split) -> None:
     where = origin.locate(row)
     if value.lower() not in names:
         raise InvalidInput(f"{where}: partition {value!r} is not one of {', '.join(names)}")
+    the_row = ": the row" if ids is None else f" (id {str(ids[row])!r})"
     raise SplitMismatch(
-        f"{where}: the row belongs to partition {value!r} but {partition.value!r} is being"
+        f"{where}{the_row} belongs to partition {value!r} but {partition.value!r} is being"
         f" packed — a pack holds one partition only; pack those rows separately with"
         f" --split {value.lower()}"
     )
@@ -238,62 +239,44 @@ def supervised_targets(
     counts = np.diff(offsets)
     flags = np.ones(tokens.shape[0] - counts.shape[0], dtype=bool)
     for name in names:
-        if name == "labels":
-            part, present = _label_flags(table, tokens, counts, origin)
-        else:
-            part, present = _mask_flags(table, name, counts, origin)
+        part, present = _flags(table, name, tokens, counts, origin)
         flags[np.repeat(present, counts - 1)] &= part
     return None if flags.all() else flags
 
 
-def _label_flags(
-    table: pa.Table, tokens: np.ndarray, counts: np.ndarray, origin: Origin
+def _flags(
+    table: pa.Table, name: str, tokens: np.ndarray, counts: np.ndarray, origin: Origin
 ) -> tuple[np.ndarray, np.ndarray]:
-    labels, loffsets, present = lists(table, "labels", origin, optional=True)
-    labels = ints(labels, loffsets, "labels", origin)
-    bad = present & (np.diff(loffsets) != counts)
-    if bad.any():
-        row = first(bad)
-        raise InvalidInput(
-            f"{origin.locate(row)}: labels has {int(np.diff(loffsets)[row])} entries but"
-            f" input_ids has {int(counts[row])} — labels align with input_ids"
-        )
-    wrong = wrong_labels(labels, tokens[np.repeat(present, counts)])
-    if wrong.any():
-        pos = first(wrong)
-        row = row_of(loffsets, pos)
-        raise InvalidInput(
-            f"{origin.locate(row)}: labels[{pos - int(loffsets[row])}] = {int(labels[pos])}"
-            f" differs from its input_ids token — a label must be the token itself"
-            f" or {IGNORE_INDEX} (unshifted; exactpack forms the pairs)"
-        )
-    return target_flags(labels != IGNORE_INDEX, loffsets[:-1][present]), present
-
-
-def _mask_flags(
-    table: pa.Table, name: str, counts: np.ndarray, origin: Origin
-) -> tuple[np.ndarray, np.ndarray]:
-    """``loss_mask`` (per token or per target) or a TRL mask (per token) as target flags."""
-    per_target = name == "loss_mask"
+    """``labels`` (each the token itself or :data:`IGNORE_INDEX`), ``loss_mask`` (per token or
+    per target) or a TRL mask (per token) as target flags; the rows that hold it."""
+    labels, per_target = name == "labels", name == "loss_mask"
     how = "one per token or one per target" if per_target else "one 0/1 per input_ids token"
-    mask, moffsets, present = lists(table, name, origin, optional=True)
-    mask = flag_values(mask, moffsets, name, origin, how)
-    mcounts = np.diff(moffsets)
-    aligned = present & (mcounts == counts)
-    bad = present & ~aligned & ((mcounts != counts - 1) | (not per_target))
+    values, offsets, present = lists(table, name, origin, optional=True)
+    if labels:
+        values = ints(values, offsets, name, origin)
+    else:
+        values = flag_values(values, offsets, name, origin, how)
+    n = np.diff(offsets)
+    aligned = present & (n == counts)
+    bad = present & ~aligned & ((n != counts - 1) | (not per_target))
     if bad.any():
         row = first(bad)
-        raise InvalidInput(
-            f"{origin.locate(row)}: {name} has {int(mcounts[row])} entries for"
-            f" {int(counts[row])} tokens — give {how}"
-        )
-    return target_flags(mask, moffsets[:-1][aligned]), present
-
-
-def documents_from_arrow(table: pa.Table, origin: Origin, **options: Any) -> Documents:
-    """Convert an Arrow table with the columns above into :class:`Documents` (in memory);
-    ``options`` are :func:`chunk_from_arrow`'s keywords."""
-    return Documents.from_chunks([chunk_from_arrow(table, origin, **options)], origin)
+        got, want = f"{origin.locate(row)}: {name} has {int(n[row])} entries", int(counts[row])
+        if labels:
+            raise InvalidInput(f"{got} but input_ids has {want} — labels align with input_ids")
+        raise InvalidInput(f"{got} for {want} tokens — give {how}")
+    if labels:
+        wrong = wrong_labels(values, tokens[np.repeat(present, counts)])
+        if wrong.any():
+            pos = first(wrong)
+            row = row_of(offsets, pos)
+            raise InvalidInput(
+                f"{origin.locate(row)}: labels[{pos - int(offsets[row])}] = {int(values[pos])}"
+                f" differs from its input_ids token — a label must be the token itself"
+                f" or {IGNORE_INDEX} (unshifted; exactpack forms the pairs)"
+            )
+        values = values != IGNORE_INDEX
+    return target_flags(values, offsets[:-1][aligned]), present
 
 
 def chunk_from_arrow(

@@ -113,16 +113,6 @@ def read_manifest(folder: Path) -> Any:
         raise InvalidInput(f"{where}: not valid JSON ({err}) — pack again") from None
 
 
-def decode(raw: Any, schema: type[msgspec.Struct], where: Path) -> Any:
-    """``raw`` (a parsed manifest) as ``schema``; a misfit field is named (value, bounds)."""
-    if not isinstance(raw, Mapping):
-        raise bad_output(where, f"holds a {type(raw).__name__}, not a manifest object")
-    try:
-        return msgspec.convert(raw, schema)
-    except msgspec.ValidationError as err:
-        raise _schema_error(str(err), raw, where) from None
-
-
 def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
     """msgspec's ``Expected `int`, got `str` - at `$.shards[0].rows``` in exactpack's words."""
     what, _, at = text.partition(" - at `$")
@@ -154,20 +144,22 @@ def _schema_error(text: str, raw: Any, where: Path) -> InvalidInput:
 
 
 def check_manifest(manifest: Any, folder: Path) -> Manifest:
-    """Check the parsed ``manifest.json`` of ``folder`` on its own; return it decoded."""
+    """Check the parsed ``manifest.json`` of ``folder`` on its own; return it decoded (a
+    misfit field is named with its value and bounds)."""
     where = folder / MANIFEST
+    if not isinstance(manifest, Mapping):
+        raise bad_output(where, f"holds a {type(manifest).__name__}, not a manifest object")
     trl = is_trl(manifest)
-    if (
-        isinstance(manifest, Mapping)
-        and not trl
-        and (manifest.get("format") != FORMAT or manifest.get("version") != VERSION)
-    ):
+    if not trl and (manifest.get("format") != FORMAT or manifest.get("version") != VERSION):
         raise InvalidInput(
             f"{where}: format {manifest.get('format')!r} version {manifest.get('version')!r};"
             f" this exactpack reads {FORMAT!r} version {VERSION} — pack it again with this"
             " version"
         )
-    m: Manifest = decode(manifest, Manifest, where)
+    try:
+        m = msgspec.convert(manifest, Manifest)
+    except msgspec.ValidationError as err:
+        raise _schema_error(str(err), manifest, where) from None
     totals = _check_entries(m, where)
     for key in ("rows", "occurrences"):
         if totals[key] != getattr(m, key):
@@ -183,6 +175,7 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
     their totals (eligible -1: not recorded for every shard)."""
     capacity, per_call = m.config.capacity, m.config.max_rows_per_batch
     names: set[str] = set()
+    tree = m.layout == "tree"
     totals = {"rows": 0, "occurrences": 0, "tokens": 0, "eligible": 0}
     for k, e in enumerate(m.shards):
         name = e.file
@@ -197,9 +190,7 @@ def _check_entries(m: Manifest, where: Path) -> dict[str, int]:
             raise bad_output(
                 where, f"shard {name} starts at row {e.first_row:,}, not {totals['rows']:,}"
             )
-        tree = (
-            m.layout == "tree"
-        )  # forest calls never straddle a shard: a shard's last may be short
+        # forest calls never straddle a shard: a shard's last may be short
         if e.rows < 1 or (k < len(m.shards) - 1 and e.rows % per_call and not tree):
             raise bad_output(
                 where, f"shard {name} holds {e.rows:,} rows, not whole model calls of {per_call:,}"
@@ -296,21 +287,17 @@ def check_schema(
     declared, required = LAYOUTS[layout]
     carried = (entry or {}).get("carried") or {} if layout == "tree" else {}
     for f in schema:
-        if f.name in carried and f.name not in declared.names:
-            if _kind(f.type) != f"list<{carried[f.name]}>":
-                raise bad_output(
-                    where, f"carried column {f.name!r} has type {_kind(f.type)}, but the"
-                    f" manifest says list<{carried[f.name]}>",
-                )  # fmt: skip
-            continue
-        if f.name not in declared.names:
+        if f.name in declared.names:
+            want, whose = _kind(declared.field(f.name).type), "the format's"
+        elif f.name in carried:
+            want, whose = f"list<{carried[f.name]}>", "the manifest's (a carried column)"
+        else:
             raise bad_output(
                 where, f"column {f.name!r} is not a column of the packed-row format ({layout} rows)"
             )
-        want = declared.field(f.name).type
-        if _kind(f.type) != _kind(want):
+        if _kind(f.type) != want:
             raise bad_output(
-                where, f"column {f.name!r} has type {_kind(f.type)}, not the format's {_kind(want)}"
+                where, f"column {f.name!r} has type {_kind(f.type)}, not {whose} {want}"
             )
     missing = [n for n in required if n not in schema.names]
     if missing:
@@ -463,12 +450,9 @@ def _check_nodes(col: dict[str, np.ndarray], used: int, fail: Callable[[str], Ex
         raise fail("position_ids are not the depth along each path")
     before = np.arange(used) - 1  # the cell before each cell on its path
     before[first] = np.where(parent < 0, -1, last[np.maximum(parent, 0)])
-    inner = before >= 0
-    if np.any(col["input_ids"][inner] != col["target_ids"][before[inner]]):
-        c = int(
-            np.flatnonzero(inner)[col["input_ids"][inner] != col["target_ids"][before[inner]]][0]
-        )
-        raise fail(f"cell {c}'s input is not the target before it on its path")
+    wrong = (before >= 0) & (col["input_ids"] != col["target_ids"][np.maximum(before, 0)])
+    if wrong.any():
+        raise fail(f"cell {int(np.argmax(wrong))}'s input is not the target before it on its path")
     return before
 
 
@@ -566,11 +550,9 @@ def read_row_stats(file: Path, entry: Mapping) -> tuple[np.ndarray, np.ndarray, 
     """Of one shard (only the columns needed; checked against ``entry``): pairs per
     occurrence int64 [K], occurrence offsets int64 [R+1], eligible targets per row [R]."""
     try:
-        schema = pq.read_schema(file)
-        check_schema(schema, str(file), entry)
+        check_schema(schema := pq.read_schema(file), str(file), entry)
         names = schema.names
-        wanted = ("pair_counts", "loss_bits")
-        table = pq.read_table(file, columns=[n for n in names if n in wanted])
+        table = pq.read_table(file, columns=[n for n in names if n in ("pair_counts", "loss_bits")])
         seq, occ = flat_column(table, "pair_counts")
         pairs = offsets_of(seq.astype(np.int64))
         per_row = np.diff(pairs[occ])
@@ -605,10 +587,10 @@ def check_contents(manifest: Mapping, read: Callable[[int], Any], where: Path) -
         raise bad_output(where / MANIFEST, f"the shards' {what} each once")
     stats = manifest.get("statistics")
     if isinstance(stats, Mapping) and stats.get("eligible_targets", eligible) != eligible:
+        got = stats["eligible_targets"]
         raise bad_output(
             where / MANIFEST,
-            f"statistics.eligible_targets is"
-            f" {stats['eligible_targets']!r} but the shards hold {eligible:,}",
+            f"statistics.eligible_targets is {got!r} but the shards hold {eligible:,}",
         )
 
 

@@ -49,9 +49,6 @@ from exactpack.pipeline.pack_tree import split_receipt, whole_groups
 if TYPE_CHECKING:
     import ray.data
 
-#: Optional input column: every row must name the partition being packed.
-PARTITION_COLUMN = "partition"
-
 SCAN_BYTES = 1 << 24  # per read of the driver's line scan
 #: What ``bytes.strip()`` removes: a line of only these is blank (the reader skips it).
 _BLANK = np.zeros(256, dtype=bool)
@@ -171,11 +168,6 @@ class InputSlice:
     label_start: int
     lines: LineRange | None = None
 
-    @property
-    def unit(self) -> str:
-        """How errors count this piece's rows: file ``line`` or ``row``."""
-        return "row" if self.lines is None else "line"
-
 
 @dataclass(frozen=True)
 class Block:
@@ -223,15 +215,10 @@ def read_slice(piece: InputSlice, text_field: str, limits: ReadLimits | None = N
         return plain_columns(table, text_field)
     with contextlib.suppress(ImportError):
         import ray.data  # noqa: F401
-    with open_regular(piece.name) as f:
-        return _read_row_groups(f, piece, text_field, limits or ReadLimits())
-
-
-def _read_row_groups(f: Any, piece: InputSlice, text_field: str, limits: ReadLimits) -> pa.Table:
-    with foreign(f"{piece.name}: cannot read as Parquet"):
+    with open_regular(piece.name) as f, foreign(f"{piece.name}: cannot read as Parquet"):
         pf = pq.ParquetFile(f)
         columns = wanted_columns(pf.schema_arrow.names, text_field)
-        check_row_groups(f, piece.name, pf.metadata, columns, limits)
+        check_row_groups(f, piece.name, pf.metadata, columns, limits or ReadLimits())
         sizes = np.array(
             [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)],
             dtype=np.int64,
@@ -270,7 +257,7 @@ def block_origin(block: Block) -> Origin:
         return block.origin
     origin, offset = [], 0
     for p in block.pieces:
-        origin.append((p.name, offset - p.label_start, p.unit))
+        origin.append((p.name, offset - p.label_start, "row" if p.lines is None else "line"))
         offset += p.stop - p.start
     return Origin(tuple(origin))
 
@@ -304,7 +291,9 @@ def file_blocks(source: Path | Sequence[str | Path], block_examples: int | None)
     for file in files:
         with foreign(f"{file}: cannot read as Parquet"), open_regular(file) as f:
             counts.append(pq.ParquetFile(f).metadata.num_rows)
-    return _number_blocks(_runs([str(f) for f in files], counts, block_examples), from_files=True)
+    return _number_blocks(
+        cut_pieces([str(f) for f in files], counts, block_examples), from_files=True
+    )
 
 
 def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tuple[InputSlice, ...]]:
@@ -323,24 +312,21 @@ def jsonl_pieces(files: Sequence[Path], block_examples: int | None) -> list[tupl
             raise InvalidInput(f"{file} is empty: it holds no rows — nothing to pack")
         indexes[str(file)] = index
         total += index.records
-    runs = _runs(list(indexes), [ix.records for ix in indexes.values()], block_examples)
+    runs = cut_pieces(list(indexes), [ix.records for ix in indexes.values()], block_examples)
     return [
         tuple(dataclasses.replace(p, lines=indexes[p.name].range(p.start, p.stop)) for p in run)
         for run in runs
     ]
 
 
-def _runs(names: list[str], counts: list[int], size: int | None) -> list[tuple[InputSlice, ...]]:
-    """One piece per non-empty input (``size`` None), else :func:`cut_pieces` by file row."""
+def cut_pieces(
+    names: Sequence[str], counts: Sequence[int], size: int | None, local_labels: bool = True
+) -> list[tuple[InputSlice, ...]]:
+    """Consecutive runs of ``size`` rows across inputs of ``counts`` rows (the last shorter;
+    ``size`` None: one run per non-empty input), labelled by the input's row
+    (``local_labels``) or the global row."""
     if size is None:
         return [(InputSlice(n, 0, c, 0),) for n, c in zip(names, counts, strict=True) if c]
-    return cut_pieces(names, counts, size, local_labels=True)
-
-
-def cut_pieces(
-    names: Sequence[str], counts: Sequence[int], size: int, local_labels: bool
-) -> list[tuple[InputSlice, ...]]:
-    """Consecutive runs of ``size`` rows across inputs of ``counts`` rows (the last shorter)."""
     starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
     total = int(starts[-1])
     out = []
@@ -361,10 +347,6 @@ def _number_blocks(pieces: list[tuple[InputSlice, ...]], from_files: bool) -> li
     return [Block(k, firsts[k], run, from_files) for k, run in enumerate(pieces)]
 
 
-def _num_rows(table: pa.Table) -> int:
-    return table.num_rows
-
-
 def dataset_blocks(
     ray: Any,
     dataset: ray.data.Dataset,
@@ -380,7 +362,7 @@ def dataset_blocks(
     ds.context.execution_options.preserve_order = True
     ds.context.enable_progress_bars = show
     refs = ds.to_arrow_refs()
-    rows = ray.remote(_num_rows)
+    rows = ray.remote(lambda table: table.num_rows)
     counts = ray.get([rows.remote(r) for r in refs], timeout=timeout)
     names = [str(k) for k in range(len(refs))]
     pieces = cut_pieces(names, counts, block_examples, local_labels=False)

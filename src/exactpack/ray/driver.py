@@ -50,11 +50,6 @@ WRITE_TIMES = ("write_seconds", "write_cpu_seconds")
 WHERE = ("node", "node_ip")
 
 
-def split_entry(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A write task's result as (the shard's manifest entry, where and how long it ran)."""
-    return entry, {k: entry.pop(k) for k in (*WHERE, *WRITE_TIMES)}
-
-
 def per_block(
     layout: ShardCuts,
     block_stats: list[dict[str, Any]],
@@ -72,11 +67,6 @@ def per_block(
         laid | {k: stats[k] for k in WHERE} | {k: stats[k] for k in PLAN_TIMES} | write[j]
         for j, (laid, stats) in enumerate(zip(layout.blocks, block_stats, strict=True))
     ]
-
-
-def per_shard(shards: list[Shard], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each shard's writer: shard index, node, node IP, seconds."""
-    return [{"shard": s.index} | run for s, run in zip(shards, runs, strict=True)]
 
 
 def per_node(blocks: list[dict[str, Any]], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -176,12 +166,6 @@ class TaskResults:
     ids: pa.Array
 
 
-def task_options(remote_args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``.options`` of the plan tasks (``SPREAD`` unless ``remote_args`` names a
-    ``scheduling_strategy``) and of the write tasks (Ray's default, near their rows)."""
-    return {"scheduling_strategy": "SPREAD"} | remote_args, dict(remote_args)
-
-
 def lost_task(ray: Any, err: BaseException, timeout: float) -> BaseException:
     """A Ray failure as one line naming its cause (:class:`RayTaskFailed`); a task's own
     exactpack error unchanged; anything else (``KeyboardInterrupt``) as it is."""
@@ -215,18 +199,15 @@ POLL_SECONDS = 0.1
 
 
 def wait_some(ray: Any, pending: list[Any], timeout: float, since: float) -> tuple[list, list]:
-    """The refs of ``pending`` finished now and those still running; Ray's
-    ``GetTimeoutError`` once none has finished for ``timeout`` seconds after ``since``."""
+    """The refs of ``pending`` finished now and those still running (every
+    :data:`POLL_SECONDS`); Ray's ``GetTimeoutError`` once none has finished for ``timeout``
+    seconds after ``since``."""
+    if not pending:
+        return [], []
     ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
     if not ready and time.monotonic() - since > timeout:
         raise ray.exceptions.GetTimeoutError(f"no task finished in {timeout:g} s")
     return ready, pending
-
-
-def in_flight(ray: Any) -> int:
-    """Blocks sent to plan and not yet laid out into shards at once: two per CPU of the
-    cluster, so the object store holds a bounded share of the input however large it is."""
-    return max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
 
 
 def run_tasks(
@@ -237,17 +218,19 @@ def run_tasks(
     ray_opts: RayOptions,
     show: bool,
 ) -> TaskResults:
-    """Plan the ``(block, its input refs)`` as they come, at most :func:`in_flight` planned
-    and not yet laid out; write shards as their rows become known. A task's exactpack error
-    is re-raised unchanged; any other failure, or no task finishing for ``task_timeout``
-    seconds, is :class:`RayTaskFailed` naming the cause (:func:`lost_task`)."""
+    """Plan the ``(block, its input refs)`` as they come, at most two per CPU planned and not
+    yet laid out (a bounded share of the input in the object store); write shards as their
+    rows become known. A task's exactpack error is re-raised unchanged; any other failure,
+    or no task finishing for ``task_timeout`` s, is :class:`RayTaskFailed` (:func:`lost_task`)."""
     from tqdm import tqdm
 
     timeout = ray_opts.task_timeout
-    plan_args, write_args = task_options(dict(ray_opts.remote_args))
-    plan = ray.remote(plan_block).options(num_returns=2, **plan_args)
-    write = ray.remote(write_shard).options(**write_args)
-    shared, window, source = ray.put(settings), in_flight(ray), iter(blocks)
+    # plan tasks SPREAD over the nodes unless remote_args says otherwise; writes near their rows
+    spread = {"scheduling_strategy": "SPREAD"} | dict(ray_opts.remote_args)
+    plan = ray.remote(plan_block).options(num_returns=2, **spread)
+    write = ray.remote(write_shard).options(**ray_opts.remote_args)
+    window = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    shared, source, since = ray.put(settings), iter(blocks), time.monotonic()
     started: list[Block] = []
     tables: list[Any] = []  # each block's planned rows, dropped once its shards are sent
     position: dict[Any, int] = {}
@@ -267,7 +250,6 @@ def run_tasks(
         pending.append(ref)
         shards.append(shard)
 
-    since = time.monotonic()
     try:
         while more or pending:  # plan and write tasks alike: any one finishing is progress
             while more and len(started) - len(layout.blocks) < window:
@@ -280,11 +262,11 @@ def run_tasks(
                 started.append(block)
                 tables.append(table)
                 pending.append(done)
-            ready, pending = wait_some(ray, pending, timeout, since) if pending else ([], [])
+            ready, pending = wait_some(ray, pending, timeout, since)
             since = time.monotonic() if ready else since
             for ref, value in zip(ready, ray.get(ready, timeout=timeout), strict=True):
                 if ref in writes:
-                    written[writes[ref]] = split_entry(value)
+                    written[writes[ref]] = value, {k: value.pop(k) for k in (*WHERE, *WRITE_TIMES)}
                     continue
                 stats[position[ref]] = value
                 bar.update(1)
@@ -310,18 +292,6 @@ def run_tasks(
     return TaskResults(started, block_stats, layout, entries, shards, runs, merged)
 
 
-def duplicates(blocks: list[Block], ids: pa.Array) -> dict[str, Any]:
-    """The local pipeline's ``duplicate_ids`` / ``duplicate_first`` over every block's ``ids``
-    (in input order): repeats within and across blocks count."""
-    starts = np.array([b.first for b in blocks], dtype=np.int64)
-
-    def locate(global_row: int) -> str:
-        block = blocks[int(np.searchsorted(starts, global_row, side="right")) - 1]
-        return block_origin(block).locate(global_row - block.first)
-
-    return duplicate_report(ids, locate)
-
-
 def _manifest(
     options: PackOptions,
     binding: Binding,
@@ -336,7 +306,7 @@ def _manifest(
     layout, block_stats = results.layout, results.block_stats
     lower = -(-sum(s["tokens"] for s in block_stats) // options.capacity)
     blocks = per_block(layout, block_stats, results.shards, results.runs)
-    shards = per_shard(results.shards, results.runs)
+    shards = [{"shard": s.index} | run for s, run in zip(results.shards, results.runs, strict=True)]
     engine = {
         "name": "ray",
         "block_examples": block_examples,
@@ -369,17 +339,6 @@ def _manifest(
         input={"source": source, "text_field": options.text_field},
         engine=engine,
     )
-
-
-def _settings(opts: PackOptions, ray_opts: RayOptions) -> tuple[Binding, Settings]:
-    """The binding (its split receipt pending) and what every task gets: the options with
-    the tokenizer loaded."""
-    tok = opts.load_tokenizer()
-    binding = make_binding(
-        lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tok,
-        tokenizer_id=opts.tokenizer_id, split_id=opts.split_id,
-    )  # fmt: skip
-    return binding, Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook, binding)
 
 
 def pack(
@@ -427,7 +386,12 @@ def pack_into(
     started = time.perf_counter()
     show = opts.show_progress(sys.stderr)
     say = status(show)
-    binding, settings = _settings(opts, ray_opts)
+    tok = opts.load_tokenizer()  # the binding's split receipt pending; every task gets tok
+    binding = make_binding(
+        lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tok,
+        tokenizer_id=opts.tokenizer_id, split_id=opts.split_id,
+    )  # fmt: skip
+    settings = Settings(PackOptions.of(opts, tokenizer=tok), ray_opts.task_hook, binding)
     pad = check_pad_id(opts, binding.vocab_size, settings.options.tokenizer)
     files = isinstance(source, (str, Path, list, tuple)) and opts.tree is None
     hasher, block_examples = None, ray_opts.block_examples
@@ -464,11 +428,16 @@ def pack_into(
         receipt = None if hasher is None else hasher.hexdigest()
         manifest = _manifest(opts, binding, results, name, block_examples, pad, receipt)
         output.commit(manifest)
-    meta = manifest["engine"]
+    meta, starts = manifest["engine"], np.array([b.first for b in results.blocks])
+
+    def locate(row: int) -> str:  # a global row: repeats within and across blocks count
+        block = results.blocks[int(np.searchsorted(starts, row, side="right")) - 1]
+        return block_origin(block).locate(row - block.first)
+
     return (
         {"nodes": len(meta["nodes"])}  # Ray nodes; --tree's statistics count trie nodes
         | manifest["statistics"]
-        | duplicates(results.blocks, results.ids)
+        | duplicate_report(results.ids, locate)
         | {
             "blocks": meta["blocks"],
             "block_examples": block_examples,

@@ -111,24 +111,24 @@ def check_written(layout: ShardCuts, shards: list[dict[str, Any]], tmp: Path) ->
         )
 
 
+#: The block statistics that add up as they are.
+SUMMED = ("sources", "split_sources", "eligible_targets")
+
+
 def merge_statistics(
     block_stats: list[dict[str, Any]], layout: ShardCuts, max_rows_per_batch: int
 ) -> dict[str, Any]:
     """One statistics record for all blocks, against the global lower bound."""
-    tokens = sum(s["tokens"] for s in block_stats)
-    rows = layout.rows
-    capacity = block_stats[0]["capacity"]
-    lower = -(-tokens // capacity)
+    total = {k: sum(s[k] for s in block_stats) for k in ("tokens", *SUMMED)}
+    tokens, rows, capacity = total.pop("tokens"), layout.rows, block_stats[0]["capacity"]
     return {
         "policy": block_stats[0]["policy"],
         "capacity": capacity,
         "examples": layout.examples,
         "tokens": tokens,
         "rows": rows,
-        "lower_bound": lower,
+        "lower_bound": -(-tokens // capacity),
         "efficiency": tokens / (rows * capacity) if rows else 0.0,
-        "sources": sum(s["sources"] for s in block_stats),
-        "split_sources": sum(s["split_sources"] for s in block_stats),
-        "eligible_targets": sum(s["eligible_targets"] for s in block_stats),
+        **total,
         "batches": -(-rows // max_rows_per_batch),
     }

@@ -21,12 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from exactpack.core.binding import Binding, Split
+from exactpack.core.binding import Binding
 from exactpack.core.config import PackConfig
-from exactpack.core.errors import SplitMismatch
 from exactpack.core.examples import example_label, offsets_of
 from exactpack.core.supervision import Objective
-from exactpack.io.columns import documents_from_arrow
+from exactpack.io.columns import check_split, chunk_from_arrow
 from exactpack.io.documents import Documents
 from exactpack.io.shards import (
     FULL,
@@ -37,12 +36,11 @@ from exactpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from exactpack.io.tokenizers import HFTokenizer, Tokenizer
 from exactpack.pipeline.budget import StreamBudget, check_budget, read_limits
 from exactpack.pipeline.local import bind_examples, pack_table, run_statistics
 from exactpack.pipeline.options import PackOptions
 from exactpack.pipeline.pack_tree import PlannedBlock, tree_blocks
-from exactpack.ray.blocks import PARTITION_COLUMN, Block, block_origin, block_table
+from exactpack.ray.blocks import Block, block_origin, block_table
 from exactpack.ray.ray_options import TaskHook
 
 
@@ -73,34 +71,6 @@ def limit_tokenizer_threads() -> None:
     os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cpus)))
 
 
-class FastTokenizer:
-    """The :class:`~exactpack.io.tokenizers.HFTokenizer` it wraps (same ids and identity),
-    encoding with ``encode_batch_fast`` (no per-token offsets and strings)."""
-
-    def __init__(self, wrapped: HFTokenizer) -> None:
-        self.backend = wrapped.backend
-        self.identity = wrapped.identity
-        self.vocab_size = wrapped.vocab_size
-
-    def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Flat ids int32 [Σn] and offsets int64 [k+1] (BOS/EOS as the post-processor adds)."""
-        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=True)
-        ids = pa.array([e.ids for e in encodings], type=pa.large_list(pa.int32()))
-        offsets = ids.offsets.to_numpy()
-        return ids.values.to_numpy(zero_copy_only=False), offsets
-
-
-def task_tokenizer(tokenizer: Tokenizer | None) -> Tokenizer | None:
-    """The tokenizer a task encodes with: :class:`FastTokenizer` where it applies."""
-    if (
-        isinstance(tokenizer, HFTokenizer)
-        and tokenizer.kind == "tokenizers"
-        and hasattr(tokenizer.backend, "encode_batch_fast")
-    ):
-        return FastTokenizer(tokenizer)
-    return tokenizer
-
-
 @dataclass(frozen=True)
 class Settings:
     """What every task gets, once, through the object store: the options (the tokenizer
@@ -110,21 +80,6 @@ class Settings:
     options: PackOptions
     hook: TaskHook | None = None
     binding: Binding | None = None
-
-
-def check_split(table: pa.Table, docs: Documents, partition: Split) -> None:
-    if PARTITION_COLUMN not in table.column_names:
-        return
-    values = table.column(PARTITION_COLUMN).to_numpy(zero_copy_only=False).astype(object)
-    bad = values != partition.value
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise SplitMismatch(
-            f"{docs.origin.locate(row)} (id {docs.ids[row]!r}) belongs to partition"
-            f" {values[row]!r} but this run packs {partition.value!r} — a row never enters"
-            " another partition's rows; filter the input or pack it with"
-            f" --split {values[row]}"
-        )
 
 
 def plan_block(
@@ -158,13 +113,14 @@ def plan_examples(
 ) -> tuple[dict[str, Any], pa.Table, float, float]:
     """A flat block: (statistics, compact rows, when read, when tokenized)."""
     opts = settings.options
-    tokenizer = task_tokenizer(opts.load_tokenizer())
+    tokenizer = opts.load_tokenizer()
     table, origin = block_table(block, opts.text_field, tables, read_limits(opts))
     read = time.perf_counter()
-    docs = documents_from_arrow(
+    chunk = chunk_from_arrow(
         table, origin, tokenizer=tokenizer, text_field=opts.text_field, objective=Objective.of(opts)
     )
-    check_split(table, docs, opts.split)
+    docs = Documents.from_chunks([chunk], origin)
+    check_split(table, origin, opts.split, docs.ids)
     tokenized = time.perf_counter()
     examples, split = bind_examples(docs, opts, tokenizer)
     names = ", ".join(dict.fromkeys(p.name for p in block.pieces))
@@ -238,21 +194,13 @@ def write_shard(
     if "node_ids" not in table.column_names:  # flat rows: checked, stored as every writer stores
         table = shard_table(arrow_to_rows(table, capacity=opts.capacity, partition=opts.split,
                                           binding=settings.binding, where=name))  # fmt: skip
-    entry = write_shard_file(table, folder, name, first_row)
-    return finished(entry, started, cpu, index, settings.hook)
-
-
-def finished(
-    entry: dict[str, Any], started: float, cpu: float, index: int, hook: TaskHook | None
-) -> dict[str, Any]:
-    """A written shard's manifest entry plus where and how long its write task ran."""
-    entry |= {
+    entry = write_shard_file(table, folder, name, first_row) | {
         **node_of_task(),
         "write_seconds": time.perf_counter() - started,
         "write_cpu_seconds": time.process_time() - cpu,
     }
-    if hook is not None:
-        hook("write", index)
+    if settings.hook is not None:
+        settings.hook("write", index)
     return entry
 
 
