@@ -228,7 +228,8 @@ def make_binding(
     split_id: str | None = None,
 ) -> Binding:
     """The binding of a read: vocabulary from ``vocab_size`` (at least the tokenizer's) or
-    the tokenizer; ``split_id`` defaults to ``receipt()``."""
+    the tokenizer; ``split_id`` defaults to ``receipt()`` (for a whole input in memory,
+    ``lambda: docs.digest(partition)``: :meth:`Documents.digest`)."""
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
             "no --tokenizer given: text input needs --tokenizer (bytes or a local tokenizer"
@@ -243,19 +244,3 @@ def make_binding(
     size = vocab_size if vocab_size is not None else tokenizer.vocab_size  # type: ignore[union-attr]
     name = tokenizer_id or (tokenizer.identity if tokenizer is not None else "pretokenized")
     return Binding(size, name, split_id or receipt())
-
-
-def resolve_binding(
-    docs: Documents,
-    partition: Split | str,
-    *,
-    vocab_size: int | None = None,
-    tokenizer: Tokenizer | None = None,
-    tokenizer_id: str | None = None,
-    split_id: str | None = None,
-) -> Binding:
-    """The binding for ``docs`` (:func:`make_binding`); the receipt is :meth:`Documents.digest`."""
-    return make_binding(
-        lambda: docs.digest(partition), vocab_size=vocab_size, tokenizer=tokenizer,
-        tokenizer_id=tokenizer_id, split_id=split_id
-    )  # fmt: skip
