@@ -390,7 +390,7 @@ def _mixed(path: Path, key: str, values: list[tuple[int, Any]]) -> InvalidInput:
 def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
     """``block`` through the json module, one Arrow array per key (see :func:`_parse`)."""
     lines = enumerate(bytes(block).split(b"\n"), first_line)
-    numbered = [(n, json.loads(line)) for n, line in lines if line.strip(JSON_SPACE)]
+    numbered = [(n, obj) for n, line in lines if (obj := check_line(path, line, n)) is not None]
     rows = [row for _, row in numbered]
     keys = list(dict.fromkeys(k for row in rows for k in row))
     columns = {}
@@ -406,12 +406,10 @@ def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_lin
     return pa.table(columns)
 
 
-#: Columns whose Arrow type must agree between blocks (the json module names the line).
-_KINDS = {"id": ("string", "integer")} | {name: ("boolean", "integer") for name in FLAGS}
-
-
 def _check_kinds(path: Path, table: pa.Table, seen: dict[str, str]) -> None:
-    for name in _KINDS.keys() & set(table.column_names):
+    """``id`` and the flag columns keep one Arrow type between blocks (the json module
+    names the line where they do not)."""
+    for name in {"id", *FLAGS} & set(table.column_names):
         kind = _arrow_kind(table.schema.field(name).type)
         if kind is not None and seen.setdefault(name, kind) != kind:
             raise first_bad_line(path) or InvalidInput(
