@@ -159,6 +159,17 @@ def test_a_column_exactpack_does_not_read_may_mix_types(tmp_path, chunk):
     ]
 
 
+def test_a_byte_order_mark_alone_on_line_one_is_blank_when_the_json_module_reads_the_block(
+    tmp_path,
+):
+    """Found by the grammar fuzzer: the block Arrow refuses (a column of mixed types) is
+    read line by line, where a first line holding only the byte-order mark is blank."""
+    path = tmp_path / "d.jsonl"
+    rows = b'{"input_ids": [0, 1], "x": 1}\n{"input_ids": [2, 3], "x": "s"}\n'
+    path.write_bytes(b"\xef\xbb\xbf\n" + rows)
+    assert read_documents(path).tokens.tolist() == [0, 1, 2, 3]
+
+
 def test_a_column_exactpack_reads_with_mixed_types_is_named_by_its_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "ok"}\n\n{"text": "ok too"}\n{"text": 5}\n')

@@ -8,7 +8,7 @@ import pytest
 
 from exactpack import Binding
 from exactpack.core.errors import InvalidInput
-from exactpack.io.documents import resolve_binding
+from exactpack.io.documents import make_binding
 from exactpack.io.readers import load_examples, read_documents
 from exactpack.io.tokenizers import ByteTokenizer
 
@@ -120,8 +120,8 @@ def test_binding_from_vocab_size_or_tokenizer(tmp_path):
     assert table.binding.split_id.startswith("sha256:")
     docs = read_documents(path)
     assert (
-        resolve_binding(docs, "train", vocab_size=300).split_id
-        != resolve_binding(docs, "validation", vocab_size=300).split_id
+        make_binding(lambda: docs.digest("train"), vocab_size=300).split_id
+        != make_binding(lambda: docs.digest("validation"), vocab_size=300).split_id
     )
     tok = load_examples(path, tokenizer=ByteTokenizer()).binding
     assert tok == Binding(266, "exactpack/bytes-266", table.binding.split_id)

@@ -175,24 +175,22 @@ class Documents:
     @classmethod
     def from_chunks(cls, chunks: Sequence[TokenChunk], origin: Origin) -> Documents:
         """The chunks of one input in order, as one in-memory table (int32 tokens)."""
-        if not chunks:
-            none = np.zeros(0, np.int64)
-            return cls(np.zeros(0, np.int32), np.zeros(1, np.int64), none > 0, none, origin)
-        tokens = np.concatenate([c.tokens.astype(np.int32, copy=False) for c in chunks])
-        offsets = offsets_of(np.concatenate([c.counts for c in chunks]))
-        flags = [
+        tokens = [np.zeros(0, np.int32), *(c.tokens.astype(np.int32, copy=False) for c in chunks)]
+        counts = [np.zeros(0, np.int64), *(c.counts for c in chunks)]
+        flags = [np.zeros(0, bool)] + [
             np.ones(c.tokens.shape[0] - len(c), bool) if c.flags is None else c.flags
             for c in chunks
         ]
-        ids = [
+        ids = [np.zeros(0, object)] + [
             np.arange(c.first_row, c.first_row + len(c)).astype(str)
             if c.ids is None
             else c.ids.to_numpy(zero_copy_only=False)
             for c in chunks
         ]
         return cls(
-            tokens, offsets, np.concatenate(flags), np.concatenate(ids).astype(object), origin
-        )
+            np.concatenate(tokens), offsets_of(np.concatenate(counts)), np.concatenate(flags),
+            np.concatenate(ids), origin
+        )  # fmt: skip
 
     def digest(self, partition: Split | str) -> str:
         """Split-receipt identity of exactly these tokens, flags and partition."""
@@ -228,7 +226,8 @@ def make_binding(
     split_id: str | None = None,
 ) -> Binding:
     """The binding of a read: vocabulary from ``vocab_size`` (at least the tokenizer's) or
-    the tokenizer; ``split_id`` defaults to ``receipt()``."""
+    the tokenizer; ``split_id`` defaults to ``receipt()`` (for a whole input in memory,
+    ``lambda: docs.digest(partition)``: :meth:`Documents.digest`)."""
     if vocab_size is None and tokenizer is None:
         raise InvalidInput(
             "no --tokenizer given: text input needs --tokenizer (bytes or a local tokenizer"
@@ -243,19 +242,3 @@ def make_binding(
     size = vocab_size if vocab_size is not None else tokenizer.vocab_size  # type: ignore[union-attr]
     name = tokenizer_id or (tokenizer.identity if tokenizer is not None else "pretokenized")
     return Binding(size, name, split_id or receipt())
-
-
-def resolve_binding(
-    docs: Documents,
-    partition: Split | str,
-    *,
-    vocab_size: int | None = None,
-    tokenizer: Tokenizer | None = None,
-    tokenizer_id: str | None = None,
-    split_id: str | None = None,
-) -> Binding:
-    """The binding for ``docs`` (:func:`make_binding`); the receipt is :meth:`Documents.digest`."""
-    return make_binding(
-        lambda: docs.digest(partition), vocab_size=vocab_size, tokenizer=tokenizer,
-        tokenizer_id=tokenizer_id, split_id=split_id
-    )  # fmt: skip

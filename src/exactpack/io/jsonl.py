@@ -12,6 +12,7 @@ type, :func:`first_bad_line` names the first bad line (the json module)::
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
@@ -62,14 +63,16 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def not_json(where: str, err: ValueError) -> InvalidInput:
+def not_json(
+    where: str, err: ValueError, fix: str = "write one JSON object per line, UTF-8 encoded"
+) -> InvalidInput:
     if isinstance(err, json.JSONDecodeError):
         what = f"not valid JSON ({err.msg}, column {err.colno})"
     elif isinstance(err, UnicodeDecodeError):
         what = f"not UTF-8 text (byte {err.object[err.start]:#04x})"
     else:
         what = f"not JSON text ({err})"
-    return InvalidInput(f"{where}: {what} — write one JSON object per line, UTF-8 encoded")
+    return InvalidInput(f"{where}: {what} — {fix}")
 
 
 #: A decoded JSON value's kind, for messages.
@@ -254,21 +257,21 @@ def first_bad_in(path: Path, lines: Iterable[bytes], first_line: int) -> Invalid
         where = f"{path} line {number}"
         if (found := check_record(where, obj, seen)) is not None:
             return found
-        if (key := lone_surrogate(obj)) is not None:
-            return InvalidInput(
-                f"{where}: {key} holds an unpaired surrogate escape (a lone \\ud800-\\udfff)"
-                " — it is not a Unicode character, so the text cannot be read as UTF-8;"
-                " fix the writer (escape whole characters) or drop the line"
-            )
+        if (found := lone_surrogate(where, obj)) is not None:
+            return found
     return None
 
 
-def lone_surrogate(obj: dict[str, Any]) -> str | None:
-    """The first key (``repr``) whose field holds an unpaired surrogate, or None."""
+def lone_surrogate(where: str, obj: dict[str, Any]) -> InvalidInput | None:
+    """The refusal of the first field of ``obj`` holding an unpaired surrogate, or None."""
     for key, value in obj.items():
         text = json.dumps([key, value], ensure_ascii=False)
         if any("\ud800" <= ch <= "\udfff" for ch in text):
-            return repr(key)
+            return InvalidInput(
+                f"{where}: {key!r} holds an unpaired surrogate escape (a lone \\ud800-\\udfff)"
+                " — it is not a Unicode character, so the text cannot be read as UTF-8;"
+                f" fix the writer (escape whole characters) or drop the {where.split()[-2]}"
+            )
     return None
 
 
@@ -289,23 +292,16 @@ def excerpt(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def duplicate_row(data: bytes, key: str) -> str:
-    """`` row N`` of the array where ``key`` appears twice (only on the error path)."""
-    try:
-        rows = json.loads(data, object_pairs_hook=lambda pairs: pairs)
-    except ValueError:
-        return ""
-    for i, row in enumerate(rows if isinstance(rows, list) else []):
-        stack = [row]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list) and all(isinstance(p, tuple) for p in item):
-                names = [k for k, _ in item]
-                if names.count(key) > 1:
-                    return f" row {i}"
-                stack.extend(v for _, v in item)
-            elif isinstance(item, list):
-                stack.extend(item)
+def duplicate_row(data: bytes) -> str:
+    """`` row N`` of the array where a key appears twice in one object (only on the error
+    path: each row decoded alone)."""
+    with contextlib.suppress(msgspec.DecodeError, RecursionError):
+        rows = msgspec.json.decode(data.removeprefix(b"\xef\xbb\xbf"), type=list[msgspec.Raw])
+        for i, row in enumerate(rows):
+            try:
+                json.loads(bytes(row), object_pairs_hook=unique_keys)
+            except DuplicateKey:
+                return f" row {i}"
     return ""
 
 
@@ -394,7 +390,7 @@ def _mixed(path: Path, key: str, values: list[tuple[int, Any]]) -> InvalidInput:
 def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_line: int) -> pa.Table:
     """``block`` through the json module, one Arrow array per key (see :func:`_parse`)."""
     lines = enumerate(bytes(block).split(b"\n"), first_line)
-    numbered = [(n, json.loads(line)) for n, line in lines if line.strip(JSON_SPACE)]
+    numbered = [(n, obj) for n, line in lines if (obj := check_line(path, line, n)) is not None]
     rows = [row for _, row in numbered]
     keys = list(dict.fromkeys(k for row in rows for k in row))
     columns = {}
@@ -410,12 +406,10 @@ def _parse_lines(path: Path, block: memoryview, used: Collection[str], first_lin
     return pa.table(columns)
 
 
-#: Columns whose Arrow type must agree between blocks (the json module names the line).
-_KINDS = {"id": ("string", "integer")} | {name: ("boolean", "integer") for name in FLAGS}
-
-
 def _check_kinds(path: Path, table: pa.Table, seen: dict[str, str]) -> None:
-    for name in _KINDS.keys() & set(table.column_names):
+    """``id`` and the flag columns keep one Arrow type between blocks (the json module
+    names the line where they do not)."""
+    for name in {"id", *FLAGS} & set(table.column_names):
         kind = _arrow_kind(table.schema.field(name).type)
         if kind is not None and seen.setdefault(name, kind) != kind:
             raise first_bad_line(path) or InvalidInput(
@@ -477,7 +471,7 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
     try:
         rows = json.loads(data, object_pairs_hook=unique_keys)
     except DuplicateKey as err:
-        at = duplicate_row(data, err.args[0])
+        at = duplicate_row(data)
         raise InvalidInput(
             f"{path}{at}: key {err.args[0]!r} appears twice in one object — keep one"
         ) from None
@@ -497,13 +491,10 @@ def read_json_array(f: BinaryIO | InputStream, path: Path) -> pa.Table:
         if depth(row) > MAX_JSON_DEPTH:
             raise too_deep(f"{path} row {i}")
     try:
-        return pa.Table.from_pylist(rows)
+        return pa.Table.from_struct_array(pa.array(rows))  # every row's keys (not the first's)
     except UnicodeEncodeError:
-        row = next((i for i, r in enumerate(rows) if lone_surrogate(r) is not None), 0)
-        raise InvalidInput(
-            f"{path} row {row}: {lone_surrogate(rows[row])} holds an unpaired surrogate escape"
-            " (a lone \\ud800-\\udfff), not a Unicode character — fix the writer or drop the row"
-        ) from None
+        found = (lone_surrogate(f"{path} row {i}", row) for i, row in enumerate(rows))
+        raise next(filter(None, found)) from None
     except (pa.ArrowException, OverflowError) as err:
         raise InvalidInput(
             f"{path}: inconsistent rows ({err}) — give a column one type in every row"

@@ -8,7 +8,7 @@ in chunks of about ``chunk_bytes`` of input, each with the :class:`Origin` namin
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
@@ -22,7 +22,7 @@ from exactpack.core.errors import InvalidInput, foreign
 from exactpack.core.examples import ExampleTable
 from exactpack.core.supervision import Objective
 from exactpack.io.columns import ReadColumns, chunk_from_arrow, wanted_columns
-from exactpack.io.documents import Documents, Origin, resolve_binding
+from exactpack.io.documents import Documents, Origin, make_binding
 from exactpack.io.files import (
     InputStream,
     ReadLimits,
@@ -35,7 +35,7 @@ from exactpack.io.files import (
     resolve_inside,
 )
 from exactpack.io.integrity import refuse_packed
-from exactpack.io.jsonl import iter_jsonl, line_blocks, read_json_array
+from exactpack.io.jsonl import iter_jsonl, line_blocks, not_json, read_json_array
 from exactpack.io.parquet_guard import check_row_groups
 from exactpack.io.spill import MappedFile
 from exactpack.io.tokenizers import Tokenizer
@@ -51,9 +51,10 @@ Chunks = Iterator[tuple[pa.Table, Origin, int]]
 @dataclass
 class Input:
     """One input source, read in chunks: ``kind`` (jsonl, parquet, datasets, table), its
-    ``files`` (each inside ``roots[k]`` unless None), total input ``bytes`` (0 when
-    unknown), ``rows`` when known before reading, and whether its chunks' buffers stay
-    valid after reading (``persistent``: in-memory or memory-mapped Arrow, no spill)."""
+    ``files`` (each inside its ``roots`` entry unless None: a file named by the user),
+    total input ``bytes`` (0 when unknown), ``rows`` when known before reading, and
+    whether its chunks' buffers stay valid after reading (``persistent``: in-memory or
+    memory-mapped Arrow, no spill)."""
 
     name: str
     kind: str
@@ -67,10 +68,6 @@ class Input:
     roots: tuple[Path | None, ...] = ()
     limits: ReadLimits = field(default_factory=ReadLimits)
 
-    def root_of(self, k: int) -> Path | None:
-        """The folder file ``k`` must stay inside (None: a file named by the user)."""
-        return self.roots[k] if k < len(self.roots) else None
-
     def chunks(self, chunk_bytes: int, text_field: str = "text") -> Chunks:
         """``(table, origin, input bytes)`` per chunk, in input order; ``origin`` names the
         chunk's rows from 0. Chunks may be empty (a block of blank lines)."""
@@ -78,9 +75,9 @@ class Input:
             yield from _table_chunks(self.table, self.name, chunk_bytes)
             return
         first = 0
-        for k, path in enumerate(self.files):
+        for path, root in zip(self.files, self.roots, strict=True):
             if self.kind == "datasets":
-                mapped = MappedFile(path, open_regular(path, root=self.root_of(k)))
+                mapped = MappedFile(path, open_regular(path, root=root))
                 self.mapped.append(mapped)
                 what = f"{path}: cannot read this datasets Arrow file"
                 with foreign(what, "save the dataset again with save_to_disk"):
@@ -88,8 +85,8 @@ class Input:
                 yield from _table_chunks(table, self.name, chunk_bytes, first)
                 first += table.num_rows
             else:
-                yield from _file_chunks(path, self.root_of(k), self.kind, chunk_bytes,
-                                        text_field, self.limits)  # fmt: skip
+                yield from _file_chunks(path, root, self.kind, chunk_bytes, text_field,
+                                        self.limits)  # fmt: skip
 
     def release(self) -> None:
         """Drop the memory-mapped pages read so far from this process (kept on disk)."""
@@ -142,11 +139,8 @@ def _text_tables(
         try:
             text = str(block, "utf-8")
         except UnicodeDecodeError as err:
-            where = rows + 1 + bytes(block[: err.start]).count(b"\n")
-            raise InvalidInput(
-                f"{path} line {where}: not UTF-8 text (byte {block[err.start]:#04x}) — save the"
-                " file as UTF-8"
-            ) from None
+            line = rows + 1 + bytes(block[: err.start]).count(b"\n")
+            raise not_json(f"{path} line {line}", err, "save the file as UTF-8") from None
         lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
         if lines[-1] == "":
             lines.pop()  # the newline ends the last line; it starts none
@@ -330,25 +324,6 @@ def open_input(
     return Input(name, kind, files, bytes=size, roots=roots, limits=limits)
 
 
-def _read_all(
-    source: Input, chunk_bytes: int, text_field: str, convert: Callable[..., Any]
-) -> tuple[list[Any], Origin]:
-    """``convert(table, origin, first row)`` of every non-empty chunk, and the whole's origin."""
-    out, parts, first = [], [], 0
-    try:
-        for table, origin, _ in source.chunks(chunk_bytes, text_field):
-            if not table.num_rows:
-                continue
-            name, shift, unit = origin.parts[0]
-            if not parts or parts[-1][0] != name:
-                parts.append((name, first + shift, unit))
-            out.append(convert(table, origin, first))
-            first += table.num_rows
-    finally:
-        source.close()
-    return out, Origin(tuple(parts) or ((source.name, 0, "row"),))
-
-
 def read_documents(
     source: str | Path | Any,
     *,
@@ -360,14 +335,22 @@ def read_documents(
 ) -> Documents:
     """Read ``source`` (see :func:`open_input`) chunk by chunk into one :class:`Documents`
     (``objective``: what SFT rows train, default TRL's)."""
-
-    def convert(table: pa.Table, origin: Origin, first: int) -> Any:
-        chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer, text_field=text_field,
-                                 partition=partition, objective=objective)  # fmt: skip
-        return chunk.rebased(first)
-
-    chunks, origin = _read_all(open_input(source, partition), chunk_bytes, text_field, convert)
-    return Documents.from_chunks(chunks, origin)
+    source = open_input(source, partition)
+    chunks, parts, first = [], [], 0
+    try:
+        for table, origin, _ in source.chunks(chunk_bytes, text_field):
+            if not table.num_rows:
+                continue
+            name, shift, unit = origin.parts[0]
+            if not parts or parts[-1][0] != name:
+                parts.append((name, first + shift, unit))
+            chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer, text_field=text_field,
+                                     partition=partition, objective=objective)  # fmt: skip
+            chunks.append(chunk.rebased(first))
+            first += table.num_rows
+    finally:
+        source.close()
+    return Documents.from_chunks(chunks, Origin(tuple(parts) or ((source.name, 0, "row"),)))
 
 
 def load_examples(
@@ -382,6 +365,8 @@ def load_examples(
 ) -> ExampleTable:
     """Read ``source`` and bind it: the :class:`ExampleTable` the packer consumes."""
     docs = read_documents(source, tokenizer=tokenizer, text_field=text_field, partition=partition)
-    binding = resolve_binding(docs, partition, vocab_size=vocab_size, tokenizer=tokenizer,
-                              tokenizer_id=tokenizer_id, split_id=split_id)  # fmt: skip
+    binding = make_binding(
+        lambda: docs.digest(partition), vocab_size=vocab_size, tokenizer=tokenizer,
+        tokenizer_id=tokenizer_id, split_id=split_id
+    )  # fmt: skip
     return docs.to_table(binding, partition)

@@ -52,6 +52,9 @@ SETTINGS = frozenset(
      "padding_side", "is_split_into_words", "text", "text_target", "verbose")
 )  # fmt: skip
 
+#: A template error's words (the row and the error's own come with them).
+REFUSED = "the chat template refuses this conversation"
+
 Encoded = tuple[list[np.ndarray], list[np.ndarray]]
 
 
@@ -307,28 +310,33 @@ def render(
     origin: Origin,
     **kwargs: Any,
 ) -> list[dict[str, np.ndarray]]:
-    """``apply_chat_template`` per conversation (batched when no row has extras) under
-    :mod:`exactpack.io.templates`' limits: ids int32 and the assistant mask bool each."""
+    """``apply_chat_template`` on the conversations in order under
+    :mod:`exactpack.io.templates`' limits: :data:`CHAT_BATCH` a call when no row has
+    extras, else (and again after a batch's error, to name the row) one a call; ids int32
+    and the assistant mask bool each."""
     from exactpack.io.templates import TemplateLimit, bounded, rendered  # jinja2 only here
 
+    size = CHAT_BATCH if extras is None else 1
+    extras = extras or [{}] * len(chats)
+    settings = {"chat_template": template, "tokenize": True, "return_dict": True, **kwargs}
+    out: list[dict[str, np.ndarray]] = []
     with bounded(template, _template_name(backend, template)):
-        if extras is None:
-            try:
-                out = []
-                for lo in range(0, len(chats), CHAT_BATCH):
-                    part = chats[lo : lo + CHAT_BATCH]
-                    enc = backend.apply_chat_template(part, chat_template=template, tokenize=True,
-                                                      return_dict=True, **kwargs)  # fmt: skip
-                    out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
-                return out
+        while (lo := len(out)) < len(chats):
+            part = chats[lo : lo + size]
+            try:  # Jinja raises TemplateError and the template's own errors
+                with foreign(lambda lo=lo: f"{origin.locate(lo)}: {REFUSED}",
+                             "fix the row or the template", (Exception,)):  # fmt: skip
+                    enc = backend.apply_chat_template(part, **extras[lo], **settings)
             except TemplateLimit as err:  # conversations render in order: the last one
-                raise TemplateLimit(f"{origin.locate(rendered() - 1)}: {err}") from None
-            except Exception:  # a template error: row by row, to name the row
-                extras = [{} for _ in chats]
-        return [
-            _render_one(backend, template, chat, {**extra, **kwargs}, origin.locate(row))
-            for row, (chat, extra) in enumerate(zip(chats, extras, strict=True))
-        ]
+                at = rendered() - 1 if size > 1 else lo
+                raise TemplateLimit(f"{origin.locate(at)}: {err}") from None
+            except InvalidInput:
+                if size == 1:
+                    raise
+                size = 1
+                continue
+            out.extend(_arrays({k: enc[k][i] for k in enc}) for i in range(len(part)))
+    return out
 
 
 def _template_name(backend: Any, template: str) -> str:
@@ -336,21 +344,6 @@ def _template_name(backend: Any, template: str) -> str:
     source = getattr(own, "name_or_path", None) or getattr(backend, "_path", "the tokenizer")
     kind = "its own" if template == getattr(own, "chat_template", None) else "--chat-template"
     return f"the chat template ({kind}, tokenizer {source})"
-
-
-def _render_one(
-    backend: Any, template: str, chat: list[dict[str, Any]], kwargs: dict[str, Any], where: str
-) -> dict[str, np.ndarray]:
-    from exactpack.io.templates import TemplateLimit
-
-    refused = f"{where}: the chat template refuses this conversation"
-    try:  # Jinja raises TemplateError and the template's own errors
-        with foreign(refused, "fix the row or the template", (Exception,)):
-            enc = backend.apply_chat_template(chat, chat_template=template, tokenize=True,
-                                              return_dict=True, **kwargs)  # fmt: skip
-    except TemplateLimit as err:
-        raise TemplateLimit(f"{where}: {err}") from None
-    return _arrays(enc)
 
 
 def _arrays(enc: Any) -> dict[str, np.ndarray]:

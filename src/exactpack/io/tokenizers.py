@@ -285,13 +285,12 @@ def open_folder(path: Path) -> tuple[Any, str, int, Any]:
             " folder that holds its tokenizer.json"
         )
     direct = _direct(path) if has_json else None
+    cache = remembered_file(identity) if has_json and direct is None else None
+    if direct is None and (rust := _recall(cache)) is not None:
+        # the tokenizer transformers built from this folder, kept
+        direct = rust, json.loads(read_checked(path / "tokenizer_config.json"))
     if direct is not None:
         rust, config = direct
-        return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
-    cache = remembered_file(identity) if has_json else None
-    rust = _recall(cache)
-    if rust is not None:  # the tokenizer transformers built from this folder, kept
-        config = json.loads(read_checked(path / "tokenizer_config.json"))
         return _lazy(path, rust, config), identity, rust.get_vocab_size(True), rust
     backend = auto_tokenizer(path, has_json)
     if cache is not None:
@@ -516,9 +515,7 @@ def rust_backend(backend: Any, kind: str, where: str = "the tokenizer") -> Any:
     rust = getattr(backend, "backend_tokenizer", None) if fast else None
     if rust is None or getattr(backend, "split_special_tokens", False):
         return None
-    rust, _ = sanitized(rust, where, owned=False)
-    # nothing to turn off: still never share it
-    return copy.deepcopy(rust) if rust is backend.backend_tokenizer else rust
+    return sanitized(copy.deepcopy(rust), where, owned=True)[0]  # never shared
 
 
 def text_spans(texts: list[str], size: int) -> list[tuple[int, int]]:
@@ -554,18 +551,6 @@ class HFTokenizer:
             self._rust = sanitized(rust, where, owned=True)[0]
         else:
             self._rust = rust_backend(backend, kind, where)
-
-    def with_chat_template(self, template: str) -> HFTokenizer:
-        """This (transformers) tokenizer rendering chats with ``template``; its identity says
-        so (the template decides the tokens), unless it is the tokenizer's own."""
-        if template == self.chat_template:  # already applied (a Ray task's shipped copy)
-            return self
-        out = copy.copy(self)
-        out.chat_template = template
-        out.identity = self.identity.split(CHAT_MARK)[0]
-        if template != getattr(self.backend, "chat_template", None):
-            out.identity += f"{CHAT_MARK}{hashlib.sha256(template.encode()).hexdigest()[:16]}"
-        return out
 
     @property
     def pad_token_id(self) -> int | None:
@@ -679,15 +664,21 @@ def read_chat_template(spec: str | os.PathLike[str]) -> str:
 
 
 def with_chat_template(tokenizer: Tokenizer | None, template: str | None) -> Tokenizer | None:
-    """``tokenizer`` rendering chats with ``template`` (None: as it is)."""
-    if template is None:
-        return tokenizer
+    """``tokenizer`` rendering chats with ``template`` (None: as it is); its identity says so
+    (the template decides the tokens), unless it is the tokenizer's own."""
+    if template is None or template == getattr(tokenizer, "chat_template", None):
+        return tokenizer  # nothing, or already applied (a Ray task's shipped copy)
     if not isinstance(tokenizer, HFTokenizer) or tokenizer.kind != "transformers":
         raise InvalidInput(
             "--chat-template needs a transformers tokenizer: pass --tokenizer with a"
             " save_pretrained folder (tokenizer_config.json), not a tokenizer.json"
         )
-    return tokenizer.with_chat_template(template)
+    out = copy.copy(tokenizer)
+    out.chat_template = template
+    out.identity = tokenizer.identity.split(CHAT_MARK)[0]
+    if template != getattr(tokenizer.backend, "chat_template", None):
+        out.identity += f"{CHAT_MARK}{hashlib.sha256(template.encode()).hexdigest()[:16]}"
+    return out
 
 
 def loaded_tokenizer(backend: Any) -> HFTokenizer | None:

@@ -110,42 +110,30 @@ def check_trl_contents(manifest: Mapping, folder: Path) -> None:
             raise _damaged(file, f"schema {table.schema} is not TRL's {TRL_SCHEMA}")
         if any(_nulls(table.column(n)) for n in table.column_names):
             raise _damaged(file, "a value is missing (null)")
-        if not _consistent(table, entry, capacity, vocab, file):
+        ids, labels, lens = (table.column(n).combine_chunks() for n in TRL_SCHEMA.names)
+        tokens, targets = ids.flatten().to_numpy(), labels.flatten().to_numpy()
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise _damaged(file, f"a token id is outside [0, {vocab}) (binding.vocab_size)")
+        row_len = np.diff(ids.offsets.to_numpy())
+        seq = lens.flatten().to_numpy().astype(np.int64)
+        per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
+        ignored = targets == -100
+        if not (
+            table.num_rows == entry["rows"]
+            and len(seq) == entry["occurrences"]
+            and int(row_len.sum()) == entry["tokens"]
+            and np.array_equal(per_row, row_len)
+            and not (seq.size and (int(seq.min()) < 2 or int(row_len.max()) > capacity))
+            and np.array_equal(np.diff(labels.offsets.to_numpy()), row_len)
+            and np.all(ignored | (targets == tokens))
+            and np.all(ignored[np.cumsum(seq) - seq])  # each example's first token
+            and entry.get("eligible", int((~ignored).sum())) == int((~ignored).sum())
+        ):
             raise _damaged(
                 file,
                 "rows, seq_lengths or labels disagree with each other, the"
                 f" manifest entry or capacity {capacity:,}",
             )
-
-
-def _consistent(table: pa.Table, entry: Mapping, capacity: int, vocab: int, file: Path) -> bool:
-    """Whether one shard's columns agree with each other, its entry and ``capacity``."""
-    ids, lens = (table.column(n).combine_chunks() for n in ("input_ids", "seq_lengths"))
-    tokens = ids.flatten().to_numpy()
-    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise _damaged(file, f"a token id is outside [0, {vocab}) (binding.vocab_size)")
-    row_len = np.diff(ids.offsets.to_numpy())
-    seq = lens.flatten().to_numpy().astype(np.int64)
-    per_row = np.add.reduceat(seq, lens.offsets.to_numpy()[:-1]) if seq.size else seq
-    starts = np.cumsum(seq) - seq
-    ok = (
-        table.num_rows == entry["rows"]
-        and len(seq) == entry["occurrences"]
-        and int(row_len.sum()) == entry["tokens"]
-        and np.array_equal(per_row, row_len)
-        and not (seq.size and (int(seq.min()) < 2 or int(row_len.max()) > capacity))
-    )
-    labels = table.column("labels").combine_chunks()
-    targets = labels.flatten().to_numpy()
-    ignored = targets == -100
-    eligible = int((~ignored).sum())
-    ok = (
-        ok
-        and np.array_equal(np.diff(labels.offsets.to_numpy()), row_len)
-        and bool(np.all(ignored | (targets == tokens)))
-        and bool(np.all(ignored[starts]))
-    )
-    return bool(ok) and entry.get("eligible", eligible) == eligible
 
 
 #: TRL's DPO text columns: strings, or lists of ``{role, content}`` messages.

@@ -22,7 +22,7 @@ from exactpack.core.examples import ExampleTable, cut_long
 from exactpack.core.plan import Plan
 from exactpack.core.policies import plan_rows
 from exactpack.io.atomic import Output, open_output
-from exactpack.io.documents import Documents, make_binding, resolve_binding
+from exactpack.io.documents import Documents, make_binding
 from exactpack.io.integrity import refuse_packed
 from exactpack.io.readers import open_input
 from exactpack.io.shards import FORMAT, VERSION, manifest_record
@@ -112,7 +112,9 @@ def bind_examples(
     docs: Documents, options: PackOptions, tokenizer: Tokenizer | None
 ) -> tuple[ExampleTable, int]:
     """``docs`` bound as ``options`` say, long sources cut with ``cut_long``; (examples, splits)."""
-    binding = resolve_binding(docs, options.split, **options.binding_keywords(tokenizer))
+    binding = make_binding(
+        lambda: docs.digest(options.split), **options.binding_keywords(tokenizer)
+    )
     table = docs.to_table(binding, options.split)
     if not options.cut_long:
         return table, 0

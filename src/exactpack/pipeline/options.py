@@ -371,7 +371,7 @@ class PackOptions:
         return with_chat_template(as_tokenizer(self.tokenizer), self.chat_template)
 
     def binding_keywords(self, tokenizer: Tokenizer | None) -> dict[str, Any]:
-        """:func:`exactpack.io.documents.resolve_binding`'s keywords for these options."""
+        """:func:`exactpack.io.documents.make_binding`'s keywords for these options."""
         ids = {"tokenizer_id": self.tokenizer_id, "split_id": self.split_id}
         return {"vocab_size": self.vocab_size, "tokenizer": tokenizer} | ids
 
