@@ -122,7 +122,7 @@ def _texts(
     col = column(table, field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise InvalidInput(
-            f"{origin.parts[0][0]}: {field!r} has type {col.type}, not text — pass"
+            f"{origin.parts[0][0]}: {field!r} has type {str(col.type)!r}, not text — pass"
             " --text-field with the column that holds the text"
         )
     if col.null_count:
@@ -319,7 +319,8 @@ def chunk_from_arrow(
         else:
             strings = {n for n in names if pa.types.is_string(table.schema.field(n).type)}
             texts = sorted(strings - {"id", "partition"}, key=lambda n: (n != "text", n))
-            hint = f" (e.g. --text-field {texts[0]})" if texts else ""
+            names_shown = [n if n.isidentifier() else repr(n) for n in texts[:1]]  # no raw newline
+            hint = f" (e.g. --text-field {names_shown[0]})" if texts else ""
             raise InvalidInput(
                 f"{origin.parts[0][0]}: no 'input_ids' or {text_field!r} column (found"
                 f" {sorted(names)}) — pass --text-field NAME for the column that holds the"
