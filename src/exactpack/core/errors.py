@@ -157,9 +157,6 @@ def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
 
 #: What an oversized example's error tells a caller of the core (``PackConfig``) to do.
 CORE_FIX = "raise --max-length or cut it with --cut-long"
-#: The same for a caller of :class:`~exactpack.pipeline.options.PackOptions` (the command
-#: line shows its flags: ``exactpack.cli.flags.in_flags``).
-OPTIONS_FIX = "raise max_length= or cut it with cut_long=True"
 
 
 def check_lengths(

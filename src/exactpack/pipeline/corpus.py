@@ -66,17 +66,9 @@ class Corpus:
         """The chunk holding each document, int64 [k]."""
         return np.searchsorted(self.first_rows, docs, "right") - 1
 
-    def _where(self, doc: int) -> tuple[TokenChunk, int]:
-        c = int(self.chunk_of(np.array([doc]))[0])
-        return self.chunks[c], doc - int(self.first_rows[c])
-
     def locate(self, doc: int) -> str:
-        chunk, i = self._where(doc)
-        return chunk.origin.locate(i)
-
-    def id_of(self, doc: int) -> str:
-        chunk, i = self._where(doc)
-        return chunk.id_of(i)
+        c = int(self.chunk_of(np.array([doc]))[0])
+        return self.chunks[c].origin.locate(doc - int(self.first_rows[c]))
 
     def ids(self) -> pa.ChunkedArray:
         """Every document's id in order (the row number where the input has none)."""
@@ -280,13 +272,9 @@ def read_corpus(
     unless ``default_vocab`` (then the vocabulary is the largest id + 1). The budget
     (:class:`StreamBudget`) is checked before the first chunk and as documents are counted.
     """
-    known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
     binding = None
-    if known:
-        binding = make_binding(
-            lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tokenizer,
-            tokenizer_id=opts.tokenizer_id,
-        )  # fmt: skip
+    if opts.vocab_size is not None or tokenizer is not None or not default_vocab:
+        binding = make_binding(lambda: "pending", **opts.binding_keywords(tokenizer))
     vocab = None if binding is None else binding.vocab_size
     source_input = open_input(source, opts.split, read_limits(opts))
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)

@@ -253,20 +253,12 @@ def _pack_corpus(
             shards = write_corpus(source_, storage, output, opts, on_shard)
         if examples.truncated:  # what the kept windows supervise, counted as written
             stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
-        fields = opts.manifest_fields(pad)
-        manifest = manifest_record(
-            binding=corpus.binding,
-            partition=opts.split,
-            config=fields["config"],
-            shards=shards,
+        output.commit(manifest_record(
+            binding=corpus.binding, partition=opts.split, shards=shards,
             kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
-            rows=plan.num_rows,
-            occurrences=len(examples.lengths),
-            policy=fields["policy"],
-            statistics=stats,
-            input={"source": str(source), "text_field": opts.text_field},
-        )
-        output.commit(manifest)
+            rows=plan.num_rows, occurrences=len(examples.lengths), **opts.manifest_fields(pad),
+            statistics=stats, input={"source": str(source), "text_field": opts.text_field},
+        ))  # fmt: skip
         report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
     return (
         stats

@@ -29,20 +29,9 @@ from typing import Any
 from exactpack.core import config as budget
 from exactpack.core.binding import INT32_MAX, Split
 from exactpack.core.errors import InvalidInput, did_you_mean, positive_int, type_argument
-from exactpack.core.policies import POLICIES, check_policy_options
+from exactpack.core.policies import check_policy_options
 from exactpack.core.supervision import Objective
 from exactpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
-
-__all__ = [
-    "DEFAULT_TREE_PREFIX",
-    "DEFAULT_TREE_WINDOW",
-    "POLICY_ALIASES",
-    "TREE_MODES",
-    "PackOptions",
-    "check_pad_id",
-    "parse_pad",
-    "policy_name",
-]
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -100,6 +89,9 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 _COUNTS = {"max_rows_per_batch": INT32_MAX, "max_metadata_bytes": budget.MAX_BYTES}
 _COUNTS |= {"vocab_size": INT32_MAX, "shard_tokens": INT32_MAX, "chunk_bytes": MAX_CHUNK_BYTES}
 _COUNTS |= {"tree_prefix": INT32_MAX, "tree_block": INT32_MAX}
+#: Fields that take one of a few values (None among them: optional).
+_CHOICES = {"format": OUTPUT_FORMATS, "truncation_mode": (*TRUNCATION_MODES, None)}
+_CHOICES |= {"tree": (*TREE_MODES, None)}
 _REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes", "tree_prefix", "tree_block")
 
 
@@ -286,10 +278,6 @@ class PackOptions:
             raise InvalidInput("max_length is required: pass max_length=N (tokens a row holds)")
         put(self, "max_length", positive_int("max_length", self.max_length, INT32_MAX))
         put(self, "policy", policy_name(self.policy))
-        if self.policy not in POLICIES:
-            raise InvalidInput(
-                f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
-            )
         options = MappingProxyType(dict(self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
@@ -302,32 +290,21 @@ class PackOptions:
             put(self, "chat_template", read_chat_template(self.chat_template))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InvalidInput(f"text_field must be a column name, got {self.text_field!r}")
-        if self.format not in OUTPUT_FORMATS:
-            raise InvalidInput(
-                f"unknown format {self.format!r}; choose one of {', '.join(OUTPUT_FORMATS)}"
-            )
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if not isinstance(value, (str, _NONE)) or value not in choices:
+                shown = ", ".join(c for c in choices if c) + (" or None" if None in choices else "")
+                raise InvalidInput(f"{name} must be one of {shown}, got {value!r}")
         if self.format == "trl" and self.max_length < 2:
             raise InvalidInput(
                 "with format trl a row needs at least 2 tokens (one pair): raise max_length"
             )
         if self.pad_token_id is not None:
             put(self, "pad_token_id", parse_pad(self.pad_token_id))
-        mode = self.truncation_mode
-        if mode is not None and (not isinstance(mode, str) or mode not in TRUNCATION_MODES):
-            raise InvalidInput(
-                f"truncation_mode must be 'keep_start', 'keep_end' or None, got"
-                f" {self.truncation_mode!r}"
-            )
         if self.truncation_mode is not None and self.cut_long:
             raise InvalidInput(
                 "cut_long=True and truncation_mode= both say what to do with a longer example"
                 " — pass one of them"
-            )
-        if self.tree is not None and (
-            not isinstance(self.tree, str) or self.tree not in TREE_MODES
-        ):
-            raise InvalidInput(
-                f"tree must be one of {', '.join(TREE_MODES)} or None, got {self.tree!r}"
             )
 
     @classmethod

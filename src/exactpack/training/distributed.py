@@ -49,12 +49,13 @@ def check_schedule(
     micro = positive_int("micro_batches", micro_batches, INT32_MAX)
     per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
     slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
-    bound(
-        slots * SLOT_BYTES + int(rows) * ROW_BYTES,
-        max_bytes,
-        f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}",
-        "check world_size and micro_batches (each slot is allocated, even when empty)",
-    )
+    need = slots * SLOT_BYTES + int(rows) * ROW_BYTES
+    if max_bytes is not None and need > max_bytes:
+        raise BudgetExceeded(
+            f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}"
+            f" would take {need:,} bytes, over the {max_bytes:,}-byte bound — check world_size"
+            " and micro_batches (each slot is allocated, even when empty)"
+        )
 
 
 def check_balance(balance: str) -> None:
@@ -85,14 +86,6 @@ class StepSchedule:
         """For one rank: per step, its ``micro_batches`` row-id arrays."""
         micros = range(self.micro_batches)
         return [[self.slot(s, rank, m) for m in micros] for s in range(self.steps)]
-
-
-def row_costs(row_lengths: list[np.ndarray] | np.ndarray, balance: Balance) -> np.ndarray:
-    """Per-row load from per-row segment lengths: Σl (tokens) or Σl² (attention)."""
-    if balance == "none":
-        return np.zeros(len(row_lengths), dtype=np.float64)
-    power = 1 if balance == "tokens" else 2
-    return np.array([float((np.asarray(s, np.float64) ** power).sum()) for s in row_lengths])
 
 
 def schedule_rows(
@@ -182,12 +175,9 @@ class RowStats:
     ) -> RowStats:
         """From per-occurrence ``lengths`` and ``row_of`` (int [k]) and per-row ``eligible``."""
         eligible = np.asarray(eligible, dtype=np.int64)
-        row_of = np.asarray(row_of, dtype=np.int64)
-        lengths = np.asarray(lengths, dtype=np.int64)
-        tokens = np.zeros(eligible.shape[0], dtype=np.int64)
-        np.add.at(tokens, row_of, lengths)
-        attention = np.zeros(eligible.shape[0], dtype=np.float64)
-        np.add.at(attention, row_of, lengths.astype(np.float64) ** 2)
+        row_of, lengths = np.asarray(row_of, np.int64), np.asarray(lengths, np.float64)
+        tokens = np.bincount(row_of, lengths, minlength=eligible.shape[0]).astype(np.int64)
+        attention = np.bincount(row_of, lengths**2, minlength=eligible.shape[0])
         return cls(tokens=tokens, eligible=eligible, attention=attention)
 
     @classmethod
@@ -224,38 +214,23 @@ def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.nda
     per_step = schedule.world_size * schedule.micro_batches
     sizes = np.diff(schedule.slot_offsets)
     step_of_row = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) // per_step, sizes)
-    out = np.zeros(schedule.steps, dtype=np.int64)
-    np.add.at(out, step_of_row, np.asarray(eligible, dtype=np.int64)[schedule.row_ids])
-    return out
-
-
-def bound(need: int, limit: int | None, what: str, fix: str) -> None:
-    """Refuse ``need`` bytes over ``limit`` (:class:`BudgetExceeded` naming both and ``fix``)."""
-    if limit is not None and need > limit:
-        raise BudgetExceeded(
-            f"{what} would take {need:,} bytes, over the {limit:,}-byte bound — {fix}"
-        )
-
-
-def default_world() -> tuple[int, int]:
-    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+    counts = np.asarray(eligible, dtype=np.int64)[schedule.row_ids]
+    return np.bincount(step_of_row, counts, minlength=schedule.steps).astype(np.int64)
 
 
 def check_world(world_size: Any, rank: Any) -> tuple[int, int]:
     """``(world_size, rank)``: the given ones checked (integers, ``0 <= rank < world_size``),
-    a missing one from :func:`default_world`."""
-    world, rank0 = default_world()
+    a missing one from an initialised ``torch.distributed`` group (else 1 and 0)."""
+    world, rank0 = 1, 0
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        world, rank0 = dist.get_world_size(), dist.get_rank()
     world = world if world_size is None else positive_int("world_size", world_size, INT32_MAX)
-    if rank is None:
-        rank = rank0
-    elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+    rank = rank0 if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
         raise InvalidInput(f"rank must be an integer, got {rank!r}")
     if not 0 <= rank < world:
         raise InvalidInput(f"rank {rank} outside 0..{world - 1} — pass a rank below world_size")
@@ -306,17 +281,8 @@ class Slot:
 
 
 SAMPLER_FORMAT = "exactpack.row-sampler/1"
-_SAMPLER_CONFIG = (
-    "rows",
-    "world_size",
-    "rank",
-    "micro_batches",
-    "rows_per_micro_batch",
-    "seed",
-    "balance",
-    "cost",
-    "shuffle",
-)
+_SAMPLER_CONFIG = ("rows", "world_size", "rank", "micro_batches", "rows_per_micro_batch", "seed")
+_SAMPLER_CONFIG += ("balance", "cost", "shuffle")
 
 
 class RowSampler:
