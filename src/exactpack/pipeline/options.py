@@ -55,8 +55,8 @@ POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 #: ``truncation_mode``: which end of a longer example is kept (TRL's ``truncation_mode``).
 TRUNCATION_MODES = ("keep_start", "keep_end")
 
-#: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
-PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
+#: Commands whose parser gets a field's flag: ``pack`` or both ``pack`` and ``stats``.
+PACK, BOTH = ("pack",), ("pack", "stats")
 
 
 def flag(
@@ -83,6 +83,7 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "split_id": ((str, _NONE), "a string or None"),
     "chat_template": ((*_PATH, _NONE), "a template file, the template text or None"),
     "spill_dir": ((*_PATH, _NONE), "a folder path or None"),
+    "pad_token_id": ((int, _NONE), "a non-negative token id or None"),
 }
 
 #: Count fields and their largest value (``max_length`` is checked first, by its own name).
@@ -299,8 +300,10 @@ class PackOptions:
             raise InvalidInput(
                 "with format trl a row needs at least 2 tokens (one pair): raise max_length"
             )
-        if self.pad_token_id is not None:
-            put(self, "pad_token_id", parse_pad(self.pad_token_id))
+        if self.pad_token_id is not None and self.pad_token_id < 0:  # its bound: check_pad_id
+            raise InvalidInput(
+                f"pad_token_id must be a non-negative token id, got {self.pad_token_id}"
+            )
         if self.truncation_mode is not None and self.cut_long:
             raise InvalidInput(
                 "cut_long=True and truncation_mode= both say what to do with a longer example"
@@ -327,10 +330,7 @@ class PackOptions:
                 f"options must be a {cls.__name__} (or its fields as keywords), got"
                 f" {type(options).__name__} — pass {cls.__name__}(**options) or **options"
             )
-        if not overrides:
-            return options
-        fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}
-        return cls(**(fields | overrides))
+        return dataclasses.replace(options, **overrides) if overrides else options
 
     @property
     def capacity(self) -> int:
@@ -364,27 +364,17 @@ class PackOptions:
             config["capacity_unit"] = "tokens"
         if pad_token_id is not None:
             config["pad_token_id"] = pad_token_id
+        # policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)
+        stored = {"window" if k == "lookahead" else k: v for k, v in self.policy_options.items()}
         return {
             "config": config,
-            "policy": {"name": self.policy, "options": stored_options(self.policy_options)},
+            "policy": {"name": self.policy, "options": stored},
         }
-
-
-def stored_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)."""
-    return {"window" if k == "lookahead" else k: v for k, v in options.items()}
 
 
 def policy_name(name: Any) -> Any:
     """``name``, or the policy another tool's name (``bfd``) stands for."""
     return POLICY_ALIASES.get(name, name) if isinstance(name, str) else name
-
-
-def parse_pad(value: Any) -> int:
-    """A pad id: a non-negative integer (its bound is the vocabulary, :func:`check_pad_id`)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"pad_token_id must be a non-negative token id, got {value!r}")
-    return int(value)
 
 
 def check_pad_id(opts: Any, vocab_size: int, tokenizer: Tokenizer | None) -> int | None:

@@ -93,6 +93,7 @@ def stats_path(
         lengths = lengths[keep]
         labels = lambda i: named(int(keep[i]))  # noqa: E731
     results = compare_policies(lengths, capacity, policies, labels)
+    lower = -(-int(lengths.sum()) // capacity)
     report: dict[str, Any] = {
         "source": str(source),
         "format": opts.format,
@@ -101,11 +102,12 @@ def stats_path(
         "split_sources": split,
         "examples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
-        "lower_bound": -(-int(lengths.sum()) // capacity),
+        "lower_bound": lower,
         **({"oversized": over} if over is not None else {}),
         **duplicate_report(docs.ids, docs.origin.locate),
         "policies": [
-            plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
+            plan.stats()
+            | {"rows_over_lower_bound": plan.num_rows / max(lower, 1), "seconds": seconds}
             for plan, seconds in results
         ],
     }
@@ -151,11 +153,6 @@ def oversized_line(found: dict, capacity: int) -> str:
         f" longest {found['longest']:,}): capacity {found['capacity_99']:,} fits 99% of the"
         f" examples, {found['capacity_100']:,} fits all — raise max_length= or pass cut_long=True"
     )
-
-
-def _ratio(plan: Plan) -> float:
-    lower = plan.stats()["lower_bound"]
-    return plan.num_rows / lower if lower else 0.0
 
 
 def check_plot_path(path: str | os.PathLike[str]) -> Path:

@@ -36,24 +36,18 @@ SLOT_BYTES = 8 + 8 + 144
 ROW_BYTES = 3 * 8 + 40
 
 
-def check_schedule(
-    rows: int,
-    world_size: Any,
-    micro_batches: Any,
-    rows_per_micro_batch: Any,
-    max_bytes: int | None = SCHEDULE_BYTES,
-) -> None:
-    """:class:`BudgetExceeded` for a schedule over ``max_bytes`` (every slot counts, even
-    empty), after checking the three sizes are integers in ``[1, 2**31-1]``."""
+def check_schedule(rows: int, world_size: Any, micro_batches: Any, rows_per_micro_batch: Any):
+    """:class:`BudgetExceeded` for a schedule over :data:`SCHEDULE_BYTES` (every slot counts,
+    even empty), after checking the three sizes are integers in ``[1, 2**31-1]``."""
     world = positive_int("world_size", world_size, INT32_MAX)
     micro = positive_int("micro_batches", micro_batches, INT32_MAX)
     per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
     slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
     need = slots * SLOT_BYTES + int(rows) * ROW_BYTES
-    if max_bytes is not None and need > max_bytes:
+    if need > SCHEDULE_BYTES:
         raise BudgetExceeded(
             f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}"
-            f" would take {need:,} bytes, over the {max_bytes:,}-byte bound — check world_size"
+            f" would take {need:,} bytes, over the {SCHEDULE_BYTES:,}-byte bound — check world_size"
             " and micro_batches (each slot is allocated, even when empty)"
         )
 
@@ -81,11 +75,6 @@ class StepSchedule:
         """Row ids of one micro-batch (possibly empty), int64."""
         i = (step * self.world_size + rank) * self.micro_batches + micro
         return self.row_ids[self.slot_offsets[i] : self.slot_offsets[i + 1]]
-
-    def rank_slots(self, rank: int) -> list[list[np.ndarray]]:
-        """For one rank: per step, its ``micro_batches`` row-id arrays."""
-        micros = range(self.micro_batches)
-        return [[self.slot(s, rank, m) for m in micros] for s in range(self.steps)]
 
 
 def schedule_rows(
@@ -316,20 +305,15 @@ class RowSampler:
         self.world_size, self.rank = check_world(world_size, rank)
         check_schedule(len(stats), self.world_size, micro_batches, rows_per_micro_batch)
         check_flag("shuffle", shuffle)
-        self.stats = stats
-        self.rows = len(stats)
-        self.micro_batches = micro_batches
-        self.rows_per_micro_batch = rows_per_micro_batch
-        self.seed = seed
-        self.shuffle = shuffle
+        self.stats, self.rows, self.seed, self.shuffle = stats, len(stats), seed, shuffle
+        self.micro_batches, self.rows_per_micro_batch = micro_batches, rows_per_micro_batch
         if isinstance(balance, CostModel):
             self.balance, self.cost = "compute", [balance.linear, balance.quadratic]
             self._costs = balance.row_costs(stats)
         else:
             self.balance, self.cost = balance, None
             self._costs = stats.costs(balance)
-        self.epoch = 0
-        self.position = 0
+        self.epoch, self.position = 0, 0
         self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
         self._scheduled()  # validates the arguments now
 
