@@ -62,12 +62,14 @@ PACK, BOTH = ("pack",), ("pack", "stats")
 def flag(
     flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
-    """Field metadata: the flag (None: not on the command line), help and argparse keywords."""
+    """Field metadata: the flag (None: not on the command line; ``""``: ``--`` and the
+    field's name with hyphens, :func:`exactpack.cli.flags.flag_of`), help and argparse
+    keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
 
 
 def _field(default: Any, *args: Any, **kwargs: Any) -> Any:
-    return field(default=default, metadata=flag(*args, **kwargs))
+    return field(default=default, metadata=flag("", *args, **kwargs))
 
 
 _PATH = (str, os.PathLike)
@@ -107,7 +109,6 @@ class PackOptions:
 
     max_length: int = _field(
         None,
-        "--max-length",
         "tokens per row: the width of the input_ids a model sees, for every --format"
         " (TRL's max_length)",
         BOTH,
@@ -115,7 +116,7 @@ class PackOptions:
         type=int,
     )
     policy: str = _field(
-        DEFAULT_POLICY, "--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
+        DEFAULT_POLICY, f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -127,49 +128,37 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = _field(
-        DEFAULT_ROWS_PER_BATCH, "--max-rows-per-batch", "rows per model call", type=int
-    )
+    max_rows_per_batch: int = _field(DEFAULT_ROWS_PER_BATCH, "rows per model call", type=int)
     max_metadata_bytes: int | None = _field(
         None,
-        "--max-metadata-bytes",
         "refuse (before planning) to pack when the plan, rows and one model call need more"
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
     split: Split = _field(  # noqa: RUF009
-        Split.TRAIN, "--split", "the split the data is: train, validation or test", BOTH
+        Split.TRAIN, "the split the data is: train, validation or test", BOTH
     )
     cut_long: bool = _field(
         False,
-        "--cut-long",
         "cut documents longer than a row into consecutive spans, every pair kept once",
         BOTH,
         action="store_true",
     )
     truncation_mode: str | None = _field(
         None,
-        "--truncation-mode",
         "keep only the first (keep_start, TRL's truncation) or the last (keep_end) tokens a"
         " row holds of each longer example, counted in the report (default: refuse them)",
         choices=TRUNCATION_MODES,
     )
-    vocab_size: int | None = _field(
-        None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
-    )
+    vocab_size: int | None = _field(None, "vocabulary size of pre-tokenized input", type=int)
     tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
-        None, "--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
+        None, "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
     )
-    tokenizer_id: str | None = _field(
-        None, "--tokenizer-id", "tokenizer identity recorded in the binding"
-    )
-    split_id: str | None = _field(
-        None, "--split-id", "split-receipt identity (default: digest of the data)"
-    )
-    text_field: str = _field("text", "--text-field", "text column when there is no input_ids", BOTH)
+    tokenizer_id: str | None = _field(None, "tokenizer identity recorded in the binding")
+    split_id: str | None = _field(None, "split-receipt identity (default: digest of the data)")
+    text_field: str = _field("text", "text column when there is no input_ids", BOTH)
     chat_template: str | None = _field(
         None,
-        "--chat-template",
         "Jinja chat template for messages / conversational prompt-completion rows (a file;"
         " default: the --tokenizer folder's own)",
         BOTH,
@@ -178,7 +167,6 @@ class PackOptions:
     # TRL 1.16 SFTConfig's two switches, same names and defaults (core.supervision.Objective)
     assistant_only_loss: bool = _field(
         False,
-        "--assistant-only-loss",
         "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
         " default: the whole conversation, as TRL; needs generation markers in the template)",
         BOTH,
@@ -186,38 +174,31 @@ class PackOptions:
     )
     completion_only_loss: bool | None = _field(
         None,
-        "--completion-only-loss",
         "true: train only the completion of prompt-completion rows (and completion_mask);"
         " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
         " for prompt-completion rows only, as TRL)",
         BOTH,
         metavar="{true,false}",
     )
-    overwrite: bool = _field(
-        False, "--overwrite", "replace an existing output", action="store_true"
-    )
+    overwrite: bool = _field(False, "replace an existing output", action="store_true")
     progress: bool | None = _field(
         None,
-        "--progress",
         "progress bars on stderr (default: when stderr is a terminal)",
         action=argparse.BooleanOptionalAction,
     )
     shard_tokens: int = _field(
         DEFAULT_SHARD_TOKENS,
-        "--shard-tokens",
         "target tokens per output shard (two shards are built at a time; default 2**25)",
         metavar="N",
     )
     chunk_bytes: int = _field(
         DEFAULT_CHUNK_BYTES,
-        "--chunk-bytes",
         "input read, parsed and tokenized this many bytes at a time (default 32M)",
         BOTH,
         metavar="BYTES",
     )
     format: str = _field(
         "exactpack",
-        "--format",
         "output columns: exactpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
         " input_ids, seq_lengths in tokens, labels where the input masks some)",
         BOTH,
@@ -225,7 +206,6 @@ class PackOptions:
     )
     pad_token_id: int | None = _field(
         None,
-        "--pad-token-id",
         "the id collators pad with, checked against the vocabulary before packing and"
         " recorded (default: the tokenizer's pad token)",
         type=int,
@@ -233,7 +213,6 @@ class PackOptions:
     # tree packing (docs/tree.md): None packs flat; pipeline.pack_tree reads the rest
     tree: str | None = _field(
         None,
-        "--tree",
         "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
         " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
         BOTH,
@@ -243,7 +222,6 @@ class PackOptions:
     )
     tree_prefix: int = _field(
         DEFAULT_TREE_PREFIX,
-        "--tree-prefix",
         f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
         BOTH,
         metavar="K",
@@ -251,7 +229,6 @@ class PackOptions:
     )
     tree_block: int = _field(
         DEFAULT_TREE_WINDOW,
-        "--tree-block",
         "rows read and planned together (memory), a group never split: --tree ends a block"
         " at the first group change after this many rows, --tree auto groups documents only"
         " within consecutive blocks of this many; chunk-bytes may end a block sooner"
@@ -262,7 +239,6 @@ class PackOptions:
     )
     spill_dir: str | None = _field(
         None,
-        "--spill-dir",
         "folder for the temporary token spill of a corpus read chunk by chunk (default:"
         " beside --out; it needs room for 4 bytes a token)",
     )

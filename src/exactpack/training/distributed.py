@@ -109,9 +109,7 @@ def schedule_rows(
             raise InvalidInput(f"{name} must be a non-negative integer, got {v!r}")
     if method not in ("greedy", "balanced"):
         raise InvalidInput(f"unknown method {method!r}; use 'greedy' or 'balanced'")
-    order = np.arange(n, dtype=np.int64)
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     slots_per_step = world_size * micro_batches
     per_step = slots_per_step * rows_per_micro_batch
     steps = -(-n // per_step)
@@ -124,8 +122,7 @@ def schedule_rows(
         )
         groups.extend(step_groups)
         slot_loads[step] = step_loads.reshape(world_size, micro_batches)
-    sizes = np.array([len(g) for g in groups], dtype=np.int64)
-    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    offsets = np.r_[0, np.cumsum([len(g) for g in groups], dtype=np.int64)]
     flat = np.array([r for g in groups for r in g], dtype=np.int64)
     return StepSchedule(flat, offsets, steps, world_size, micro_batches, slot_loads)
 
@@ -328,11 +325,6 @@ class RowSampler:
     def schedule(self) -> StepSchedule:
         """The whole epoch's schedule (every rank), computed once per epoch."""
         return self._scheduled()[0]
-
-    @property
-    def step_eligible(self) -> np.ndarray:
-        """Eligible targets per optimizer step over all ranks, int64 [steps]."""
-        return self._scheduled()[1]
 
     def _scheduled(self) -> tuple[StepSchedule, np.ndarray]:
         if self._cache is None or self._cache[0] != self.epoch:
