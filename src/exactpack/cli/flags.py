@@ -100,7 +100,7 @@ def parse_option(item: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), parsed
 
 
-#: How a field's text becomes its value (``type=int`` flags: :func:`parse_int`).
+#: How a field's text becomes its value (other ``int`` fields: :func:`parse_int`).
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_metadata_bytes": parse_byte_size,
     "chunk_bytes": parse_byte_size,
@@ -140,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
     """Add every flag of ``cls`` (default :class:`PackOptions`) that ``command`` takes."""
     for f in _flagged(cls, command):
         kwargs = dict(f.metadata["argparse"])
-        parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
+        parse = _PARSERS.get(f.name, parse_int if str(f.type).startswith("int") else None)
         if parse is not None:
             kwargs["type"] = argparse_type(parse, flag_of(f))
         parser.add_argument(flag_of(f), dest=f.name, help=f.metadata["help"], **kwargs)

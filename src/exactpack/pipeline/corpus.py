@@ -87,11 +87,9 @@ class Corpus:
     def release_chunk(self, c: int) -> None:
         """Hand back the mapped pages of chunk ``c`` (its windows were just gathered)."""
         maps = (self.spill.mapped if self.spill is not None else []) + self.source.mapped
-        if not maps:
-            return
         chunk = self.chunks[c]
         for array in (chunk.tokens, chunk.offsets, chunk.flags):
-            if array is not None and array.size:
+            if maps and array is not None and array.size:
                 address = array.__array_interface__["data"][0]
                 for mapped in maps:
                     mapped.release_span(address, array.nbytes)
@@ -110,15 +108,6 @@ def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
     rows = default_ids(np.arange(chunk.first_row, chunk.first_row + len(chunk)))
     same = len(chunk.ids) == len(rows) and chunk.ids.cast(pa.string()).equals(rows)
     return replace(chunk, ids=None) if same else chunk
-
-
-def _labels(chunk: TokenChunk) -> Callable[[int], str]:
-    def label(i: int) -> str:
-        n = int(chunk.offsets[i + 1] - chunk.offsets[i])
-        name = example_label(chunk.first_row + i, chunk.id_of(i), 0, n)
-        return f"{chunk.origin.locate(i)}: {name}"
-
-    return label
 
 
 #: How many of the examples longer than a row an error names (all are counted).
@@ -152,7 +141,11 @@ class _TooLong:
         long = np.flatnonzero(chunk.counts - 1 > opts.pair_capacity)
         if not long.size:
             return
-        label = _labels(chunk)
+
+        def label(i: int) -> str:
+            name = example_label(chunk.first_row + i, chunk.id_of(i), 0, int(chunk.counts[i]))
+            return f"{chunk.origin.locate(i)}: {name}"
+
         if sft and opts.cut_long:
             refuse_cut_sft(label(int(long[0])))
         if opts.cut_long or opts.truncation_mode is not None:

@@ -113,7 +113,6 @@ class PackOptions:
         " (TRL's max_length)",
         BOTH,
         metavar="N",
-        type=int,
     )
     policy: str = _field(
         DEFAULT_POLICY, f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
@@ -128,7 +127,7 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = _field(DEFAULT_ROWS_PER_BATCH, "rows per model call", type=int)
+    max_rows_per_batch: int = _field(DEFAULT_ROWS_PER_BATCH, "rows per model call")
     max_metadata_bytes: int | None = _field(
         None,
         "refuse (before planning) to pack when the plan, rows and one model call need more"
@@ -150,7 +149,7 @@ class PackOptions:
         " row holds of each longer example, counted in the report (default: refuse them)",
         choices=TRUNCATION_MODES,
     )
-    vocab_size: int | None = _field(None, "vocabulary size of pre-tokenized input", type=int)
+    vocab_size: int | None = _field(None, "vocabulary size of pre-tokenized input")
     tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
         None, "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
     )
@@ -208,7 +207,6 @@ class PackOptions:
         None,
         "the id collators pad with, checked against the vocabulary before packing and"
         " recorded (default: the tokenizer's pad token)",
-        type=int,
     )
     # tree packing (docs/tree.md): None packs flat; pipeline.pack_tree reads the rest
     tree: str | None = _field(
@@ -225,7 +223,6 @@ class PackOptions:
         f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
         BOTH,
         metavar="K",
-        type=int,
     )
     tree_block: int = _field(
         DEFAULT_TREE_WINDOW,
@@ -235,7 +232,6 @@ class PackOptions:
         f" (default {DEFAULT_TREE_WINDOW})",
         BOTH,
         metavar="DOCUMENTS",
-        type=int,
     )
     spill_dir: str | None = _field(
         None,

@@ -115,16 +115,6 @@ def _rows(col: pa.ChunkedArray | pa.Array) -> list[Any]:
     return [inner[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
-def _refuse_short(n: np.ndarray, origin: Origin) -> None:
-    """Refuse a row of fewer than 2 tokens (``n``: tokens per row)."""
-    if n.size and int(n.min()) < 2:
-        i = int(np.argmin(n))
-        raise InvalidInput(
-            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
-            " (one prediction pair) — drop the row"
-        )
-
-
 def _plain_rows(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -138,7 +128,12 @@ def _plain_rows(
         )
     chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer)
     chunk.check_vocabulary(binding.vocab_size)
-    _refuse_short(np.diff(chunk.offsets), origin)
+    if (n := np.diff(chunk.offsets)).size and int(n.min()) < 2:  # tokens per row
+        i = int(np.argmin(n))
+        raise InvalidInput(
+            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
+            " (one prediction pair) — drop the row"
+        )
     flags = np.ones(chunk.tokens.size, bool) if chunk.flags is None else chunk.flags
     starts, ends = chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()
     seqs = [chunk.tokens[a:b] for a, b in zip(starts, ends, strict=True)]

@@ -81,13 +81,10 @@ def plan_corpus(examples: Examples, opts: PackOptions) -> Storage:
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "exactpack") -> StoredColumns:
     """What a shard may need gathered besides its required columns (for TRL: the flags)."""
-    if format == "trl":
-        return StoredColumns(
-            source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
-        )
-    split = examples.split > 0 or examples.truncated > 0
+    split = format != "trl" and (examples.split > 0 or examples.truncated > 0)
+    named = format != "trl" and (corpus.named or split)  # TRL's schema has no id columns
     return StoredColumns(
-        source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
+        source_ids=named, loss_bits=corpus.flagged, example_ids=split, ranges=split
     )
 
 

@@ -198,10 +198,8 @@ def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.nda
     """Eligible targets of every optimizer step over all ranks and micro-batches, int64 [steps]:
     the denominator of the step's token-weighted mean, known before any forward pass."""
     per_step = schedule.world_size * schedule.micro_batches
-    sizes = np.diff(schedule.slot_offsets)
-    step_of_row = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) // per_step, sizes)
-    counts = np.asarray(eligible, dtype=np.int64)[schedule.row_ids]
-    return np.bincount(step_of_row, counts, minlength=schedule.steps).astype(np.int64)
+    cum = np.r_[0, np.cumsum(np.asarray(eligible, dtype=np.int64)[schedule.row_ids])]
+    return np.diff(cum[schedule.slot_offsets[::per_step]])  # a step's rows are contiguous
 
 
 def check_world(world_size: Any, rank: Any) -> tuple[int, int]:
