@@ -2,8 +2,9 @@
 
 ``exactpack pack`` / ``stats``, :func:`exactpack.pipeline.local.pack_path`,
 :func:`exactpack.ray.pack` and :func:`exactpack.hf.pack_dataset` all take this frozen object;
-each field's ``metadata`` carries its flag and help (:mod:`exactpack.cli.flags` builds the
-parser from it)::
+each field's ``metadata`` carries its help and commands, its flag is its name with hyphens
+(``cut_long``: ``--cut-long``; ``policy_options`` is ``--option``) and
+:mod:`exactpack.cli.flags` builds the parser from them::
 
     options = PackOptions(max_length=4096, policy="best-fit-decreasing", vocab_size=32000)
     pack_path("shards/", "packed/", options)
