@@ -180,45 +180,40 @@ KEEP_BYTES = 128 << 20
 class _Reading:
     """What :func:`read_corpus` accumulates: chunks kept up to ``keep_bytes``, then spilled."""
 
-    def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
-        self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
+    def __init__(self, opts: PackOptions, vocab: int | None, digest: DataDigest | None,
+                 persistent: bool, spill_dir: str | Path) -> None:  # fmt: skip
+        self.opts, self.vocab, self.digest, self.persistent = opts, vocab, digest, persistent
+        # kept in memory up to KEEP_BYTES, none under a budget (a budget counts no corpus)
+        self.spill_dir, self.keep_bytes = spill_dir, 0 if opts.max_metadata_bytes else KEEP_BYTES
         self.counts: list[np.ndarray] = []
-        self.flags: list[Any] = []
+        self.flags: list[Any] = []  # per chunk: its target count, None when it has flags
         self.origins: list[Origin] = []
         self.firsts: list[int] = []
         self.kept: list[TokenChunk] = []
         self.spill: Spill | None = None
         self.documents = self.tokens = self.eligible = self.held = 0
         self.largest = -1
-        self.flagged = self.named = False
+        self.named = False
         self.too_long = _TooLong()
 
-    def take(
-        self,
-        chunk: TokenChunk,
-        opts: PackOptions,
-        vocab: int | None,
-        digest: DataDigest | None,
-        sft: bool,
-    ) -> None:
+    def take(self, chunk: TokenChunk, sft: bool) -> None:
         """Check ``chunk`` against the options and keep what the corpus needs of it
         (``sft``: its rows were rendered from prompt/completion or messages)."""
-        if vocab is not None:
-            chunk.check_vocabulary(vocab)
+        if self.vocab is not None:
+            chunk.check_vocabulary(self.vocab)
         elif chunk.tokens.size:
             largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
             self.largest = max(self.largest, largest)
-        self.too_long.take(chunk, opts, sft)
+        self.too_long.take(chunk, self.opts, sft)
         chunk = _drop_default_ids(chunk)
         targets = chunk.tokens.shape[0] - len(chunk)
         self.counts.append(chunk.counts)
         self.flags.append(targets if chunk.flags is None else None)
-        self.flagged |= chunk.flags is not None
         self.named |= chunk.ids is not None
         self.origins.append(chunk.origin)
         self.firsts.append(chunk.first_row)
-        if digest is not None:
-            digest.tokens(chunk.tokens)
+        if self.digest is not None:
+            self.digest.tokens(chunk.tokens)
         self._hold(chunk)
         self.documents += len(chunk)
         self.tokens += int(chunk.tokens.shape[0])
@@ -274,8 +269,7 @@ def read_corpus(
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else DataDigest(opts.split)
-    keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
-    state = _Reading(source_input.persistent, spill_dir or ".", keep)
+    state = _Reading(opts, vocab, digest, source_input.persistent, spill_dir or ".")
     try:
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
             for table, origin in read_tables(source_input, opts.chunk_bytes, opts.text_field, bar):
@@ -285,7 +279,7 @@ def read_corpus(
                         partition=opts.split, objective=Objective.of(opts),
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                    state.take(chunk, opts, vocab, digest, is_sft(table))
+                    state.take(chunk, is_sft(table))
                 bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
@@ -307,7 +301,7 @@ def read_corpus(
     first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
     return Corpus(
         source_input, chunks, first_rows, np.concatenate(state.counts), binding,
-        state.flagged, state.named, state.eligible, state.spill,
+        None in state.flags, state.named, state.eligible, state.spill,
     )  # fmt: skip
 
 

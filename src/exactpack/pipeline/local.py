@@ -240,11 +240,10 @@ def _pack_corpus(
                 "batches": -(-plan.num_rows // opts.max_rows_per_batch),
             }
         )
-        written = {"rows": 0, "tokens": 0}
+        written: Counter[str] = Counter()
 
         def on_shard(entry: dict[str, Any]) -> None:
-            written["rows"] += entry["rows"]
-            written["tokens"] += entry["tokens"]
+            written.update(rows=entry["rows"], tokens=entry["tokens"])
             bar.update(4 * entry["tokens"])
             bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
 
