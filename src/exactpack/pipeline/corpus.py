@@ -33,7 +33,7 @@ from exactpack.io.spill import Spill
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.progress import Progress, counts, progress_bar
+from exactpack.pipeline.progress import Progress, progress_bar
 
 
 @dataclass(eq=False)
@@ -280,7 +280,8 @@ def read_corpus(
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
                     state.take(chunk, is_sft(table))
-                bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
+                done = f"{state.documents:,} docs, {state.tokens:,} tokens"
+                bar.set_postfix_str(done, refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
         state.too_long.check(state.documents, opts)

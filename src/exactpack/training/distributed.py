@@ -36,12 +36,13 @@ SLOT_BYTES = 8 + 8 + 144
 ROW_BYTES = 3 * 8 + 40
 
 
-def check_schedule(rows: int, world_size: Any, micro_batches: Any, rows_per_micro_batch: Any):
+def check_schedule(rows: int, world_size: Any, micro_batches: Any, per_micro: Any) -> None:
     """:class:`BudgetExceeded` for a schedule over :data:`SCHEDULE_BYTES` (every slot counts,
-    even empty), after checking the three sizes are integers in ``[1, 2**31-1]``."""
+    even empty), after checking the three sizes (``per_micro``: rows per micro-batch) are
+    integers in ``[1, 2**31-1]``."""
     world = positive_int("world_size", world_size, INT32_MAX)
     micro = positive_int("micro_batches", micro_batches, INT32_MAX)
-    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
+    per = positive_int("rows_per_micro_batch", per_micro, INT32_MAX)
     slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
     need = slots * SLOT_BYTES + int(rows) * ROW_BYTES
     if need > SCHEDULE_BYTES:
