@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exactpack import InvalidInput
-from exactpack.training.distributed import RowSampler, RowStats, row_costs, schedule_rows
+from exactpack.training.distributed import RowSampler, RowStats, schedule_rows
 from exactpack.verify.fixture import fixture_batch
 
 
@@ -26,9 +26,8 @@ def test_every_row_once_and_every_rank_same_number_of_slots(n, world, micro, per
     assert np.array_equal(got, np.arange(n))  # none dropped, none duplicated
     assert s.steps == -(-n // (world * micro * per))
     for rank in range(world):
-        slots = s.rank_slots(rank)
-        assert len(slots) == s.steps and all(len(step) == micro for step in slots)
-        assert all(len(m) <= per for step in slots for m in step)
+        slots = [s.slot(step, rank, m) for step in range(s.steps) for m in range(micro)]
+        assert all(len(m) <= per for m in slots)
     # Only the last step may be short.
     for step in range(s.steps - 1):
         assert sum(len(s.slot(step, r, m)) for r in range(world) for m in range(micro)) == (
@@ -68,9 +67,10 @@ def test_short_final_step_is_explicitly_empty_not_dropped():
 
 
 def test_attention_cost_balancing_uses_squared_lengths():
-    rows = [np.array([4]), np.array([2, 2]), np.array([1, 1, 1, 1])]
-    assert row_costs(rows, "tokens").tolist() == [4, 4, 4]
-    assert row_costs(rows, "attention").tolist() == [16, 8, 4]
+    # rows [4], [2, 2] and [1, 1, 1, 1]
+    rows = RowStats.from_segments([4, 2, 2, 1, 1, 1, 1], [0, 1, 1, 2, 2, 2, 2], [4, 4, 4])
+    assert rows.costs("tokens").tolist() == [4, 4, 4]
+    assert rows.costs("attention").tolist() == [16, 8, 4]
 
 
 def test_bad_arguments():

@@ -100,7 +100,7 @@ def parse_option(item: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), parsed
 
 
-#: How a field's text becomes its value (``type=int`` flags: :func:`parse_int`).
+#: How a field's text becomes its value (other ``int`` fields: :func:`parse_int`).
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_metadata_bytes": parse_byte_size,
     "chunk_bytes": parse_byte_size,
@@ -122,6 +122,12 @@ def argparse_type(parse: Callable[[str, str], Any], flag: str) -> Callable[[str]
     return convert
 
 
+def flag_of(f: dataclasses.Field) -> str:
+    """A field's flag: its own, or ``--`` and its name with hyphens (``cut_long``:
+    ``--cut-long``)."""
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
 def _flagged(cls: type, command: str) -> list[dataclasses.Field]:
     return [
         f
@@ -134,10 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser, command: str, cls: type = Pac
     """Add every flag of ``cls`` (default :class:`PackOptions`) that ``command`` takes."""
     for f in _flagged(cls, command):
         kwargs = dict(f.metadata["argparse"])
-        parse = _PARSERS.get(f.name, parse_int if kwargs.get("type") is int else None)
+        parse = _PARSERS.get(f.name, parse_int if str(f.type).startswith("int") else None)
         if parse is not None:
-            kwargs["type"] = argparse_type(parse, f.metadata["flag"])
-        parser.add_argument(f.metadata["flag"], dest=f.name, help=f.metadata["help"], **kwargs)
+            kwargs["type"] = argparse_type(parse, flag_of(f))
+        parser.add_argument(flag_of(f), dest=f.name, help=f.metadata["help"], **kwargs)
 
 
 def from_arguments(args: argparse.Namespace, command: str, cls: type = PackOptions) -> Any:
@@ -161,7 +167,7 @@ def in_flags(message: str) -> str:
     """A library message in the command line's words: each option keyword it names with no
     value (``max_length=``) or ``=True`` (``cut_long=True``) as its flag."""
     flags = {
-        f.name: f.metadata["flag"]
+        f.name: flag_of(f)
         for f in dataclasses.fields(PackOptions)
         if f.metadata.get("flag") is not None
     }
@@ -170,4 +176,4 @@ def in_flags(message: str) -> str:
 
 def cli_flags(command: str) -> list[str]:
     """The flags :func:`add_arguments` adds for ``command`` (for docs and tests)."""
-    return [f.metadata["flag"] for f in _flagged(PackOptions, command)]
+    return [flag_of(f) for f in _flagged(PackOptions, command)]

@@ -93,27 +93,19 @@ def check_segment_namespace(count: int) -> None:
 
 
 def plan_metadata_bytes(plan: Plan, config: PackConfig) -> int:
-    """Bytes :func:`materialize` allocates for ``plan``, before allocating
-    (:class:`BudgetExceeded` when a model call would exceed ``max_cells``)."""
-    n = plan.lengths.shape[0]
-    total = checked_mul(n, PLAN_BYTES)
-    largest = 0
-    rows_per = config.max_rows_per_batch
-    counts = np.bincount(plan.row_of, minlength=plan.num_rows) if n else np.zeros(0, np.int64)
-    cells_per_row = np.bincount(plan.row_of, weights=plan.lengths, minlength=plan.num_rows)
-    for first in range(0, plan.num_rows, rows_per):
-        rows = min(rows_per, plan.num_rows - first)
-        cells = checked_mul(rows, config.capacity)
-        if cells > config.max_cells:
-            raise BudgetExceeded(
-                f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
-                f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
-            )
-        occ = int(counts[first : first + rows].sum())
-        total = checked_add(
-            total,
-            checked_mul(cells, CELL_BYTES),
-            checked_mul(occ, OCCURRENCE_BYTES),
+    """Bytes :func:`materialize` allocates for ``plan``, before allocating: the plan's arrays
+    and every occurrence record, every call's cells and the largest call's gather indices
+    (:class:`BudgetExceeded` when a model call, the first the widest, exceeds ``max_cells``)."""
+    n, rows_per = plan.lengths.shape[0], config.max_rows_per_batch
+    rows = min(rows_per, plan.num_rows)
+    if (cells := checked_mul(rows, config.capacity)) > config.max_cells:
+        raise BudgetExceeded(
+            f"model call of {rows} rows x {config.capacity} columns = {cells:,} cells"
+            f" exceeds max_cells {config.max_cells:,} — lower max_rows_per_batch"
         )
-        largest = max(largest, int(cells_per_row[first : first + rows].sum()))
-    return checked_add(total, checked_mul(largest, GATHER_BYTES))
+    real = np.bincount(plan.row_of // rows_per, weights=plan.lengths) if n else np.zeros(1)
+    return checked_add(
+        checked_mul(n, PLAN_BYTES + OCCURRENCE_BYTES),
+        checked_mul(checked_mul(plan.num_rows, config.capacity), CELL_BYTES),
+        checked_mul(int(real.max()), GATHER_BYTES),
+    )

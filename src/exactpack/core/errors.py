@@ -155,21 +155,11 @@ def positive_int(name: str, value: Any, maximum: int | None = None) -> int:
     return int(value)
 
 
-#: What an oversized example's error tells a caller of the core (``PackConfig``) to do.
-CORE_FIX = "raise --max-length or cut it with --cut-long"
-#: The same for a caller of :class:`~exactpack.pipeline.options.PackOptions` (the command
-#: line shows its flags: ``exactpack.cli.flags.in_flags``).
-OPTIONS_FIX = "raise max_length= or cut it with cut_long=True"
-
-
 def check_lengths(
-    lengths: Any,
-    capacity: int,
-    labels: Callable[[int], str] | None = None,
-    fix: str = CORE_FIX,
+    lengths: Any, capacity: int, labels: Callable[[int], str] | None = None
 ) -> np.ndarray:
-    """Validate lengths against ``capacity``; return int64 [n]. ``fix``: what an oversized
-    example's error tells the caller to do, in the caller's words."""
+    """Validate lengths against ``capacity``; return int64 [n] (``labels(i)`` names example
+    ``i``)."""
     positive_int("capacity", capacity)
     name = labels or (lambda i: f"example {i}")
     arr = np.asarray(lengths)
@@ -185,7 +175,8 @@ def check_lengths(
         if arr.max() > capacity:
             i = int(np.argmax(arr > capacity))
             raise OversizedExample(
-                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity} — {fix}"
+                f"{name(i)} has {int(arr[i])} prediction pairs; capacity is {capacity}"
+                " — raise --max-length or cut it with --cut-long"
             )
     return arr
 

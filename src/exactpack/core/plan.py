@@ -179,8 +179,7 @@ def validate_plan(plan: Plan) -> None:
     n = plan.lengths.shape[0]
     if plan.row_of.shape != (n,) or plan.start_of.shape != (n,):
         raise InvalidInput("plan arrays must have one entry per example")
-    positive_cap = isinstance(plan.capacity, (int, np.integer)) and 1 <= plan.capacity <= INT32_MAX
-    if not positive_cap:
+    if not (is_int(plan.capacity) and 1 <= plan.capacity <= INT32_MAX):
         raise InvalidInput(f"plan capacity {plan.capacity!r} lies outside [1, {INT32_MAX:,}]")
     if n == 0:
         if plan.num_rows:

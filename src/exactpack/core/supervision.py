@@ -23,12 +23,11 @@ from typing import Any
 import numpy as np
 
 from exactpack.core.batch import IGNORE_INDEX
-from exactpack.core.errors import InvalidInput
+from exactpack.core.errors import InvalidInput, type_argument
 
-#: TRL's per-token masks (0/1 per ``input_ids`` token).
-MASK_COLUMNS = ("completion_mask", "assistant_masks")
-#: Every supervision column exactpack reads, in the order they are applied.
-SUPERVISION_COLUMNS = ("labels", "loss_mask", *MASK_COLUMNS)
+#: Every supervision column exactpack reads, in the order they are applied (the last two:
+#: TRL's per-token masks, 0/1 per ``input_ids`` token).
+SUPERVISION_COLUMNS = ("labels", "loss_mask", "completion_mask", "assistant_masks")
 
 _PACKED = (
     "these rows are already packed (TRL pack_dataset or exactpack output): packing them again"
@@ -71,15 +70,11 @@ class Objective:
     completion_only_loss: bool | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.assistant_only_loss, bool):
-            raise InvalidInput(
-                f"assistant_only_loss must be True or False, got {self.assistant_only_loss!r}"
-            )
-        if not isinstance(self.completion_only_loss, (bool, type(None))):
-            raise InvalidInput(
-                "completion_only_loss must be True, False or None (TRL's default), got"
-                f" {self.completion_only_loss!r}"
-            )
+        type_argument("assistant_only_loss", self.assistant_only_loss, (bool,), "True or False")
+        type_argument(
+            "completion_only_loss", self.completion_only_loss, (bool, type(None)),
+            "True, False or None (TRL's default)",
+        )  # fmt: skip
 
     @classmethod
     def of(cls, options: Any) -> Objective:

@@ -33,7 +33,7 @@ from exactpack.io.spill import Spill
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.options import PackOptions
-from exactpack.pipeline.progress import Progress, counts, progress_bar
+from exactpack.pipeline.progress import Progress, progress_bar
 
 
 @dataclass(eq=False)
@@ -66,17 +66,9 @@ class Corpus:
         """The chunk holding each document, int64 [k]."""
         return np.searchsorted(self.first_rows, docs, "right") - 1
 
-    def _where(self, doc: int) -> tuple[TokenChunk, int]:
-        c = int(self.chunk_of(np.array([doc]))[0])
-        return self.chunks[c], doc - int(self.first_rows[c])
-
     def locate(self, doc: int) -> str:
-        chunk, i = self._where(doc)
-        return chunk.origin.locate(i)
-
-    def id_of(self, doc: int) -> str:
-        chunk, i = self._where(doc)
-        return chunk.id_of(i)
+        c = int(self.chunk_of(np.array([doc]))[0])
+        return self.chunks[c].origin.locate(doc - int(self.first_rows[c]))
 
     def ids(self) -> pa.ChunkedArray:
         """Every document's id in order (the row number where the input has none)."""
@@ -95,11 +87,9 @@ class Corpus:
     def release_chunk(self, c: int) -> None:
         """Hand back the mapped pages of chunk ``c`` (its windows were just gathered)."""
         maps = (self.spill.mapped if self.spill is not None else []) + self.source.mapped
-        if not maps:
-            return
         chunk = self.chunks[c]
         for array in (chunk.tokens, chunk.offsets, chunk.flags):
-            if array is not None and array.size:
+            if maps and array is not None and array.size:
                 address = array.__array_interface__["data"][0]
                 for mapped in maps:
                     mapped.release_span(address, array.nbytes)
@@ -118,15 +108,6 @@ def _drop_default_ids(chunk: TokenChunk) -> TokenChunk:
     rows = default_ids(np.arange(chunk.first_row, chunk.first_row + len(chunk)))
     same = len(chunk.ids) == len(rows) and chunk.ids.cast(pa.string()).equals(rows)
     return replace(chunk, ids=None) if same else chunk
-
-
-def _labels(chunk: TokenChunk) -> Callable[[int], str]:
-    def label(i: int) -> str:
-        n = int(chunk.offsets[i + 1] - chunk.offsets[i])
-        name = example_label(chunk.first_row + i, chunk.id_of(i), 0, n)
-        return f"{chunk.origin.locate(i)}: {name}"
-
-    return label
 
 
 #: How many of the examples longer than a row an error names (all are counted).
@@ -160,7 +141,11 @@ class _TooLong:
         long = np.flatnonzero(chunk.counts - 1 > opts.pair_capacity)
         if not long.size:
             return
-        label = _labels(chunk)
+
+        def label(i: int) -> str:
+            name = example_label(chunk.first_row + i, chunk.id_of(i), 0, int(chunk.counts[i]))
+            return f"{chunk.origin.locate(i)}: {name}"
+
         if sft and opts.cut_long:
             refuse_cut_sft(label(int(long[0])))
         if opts.cut_long or opts.truncation_mode is not None:
@@ -195,45 +180,40 @@ KEEP_BYTES = 128 << 20
 class _Reading:
     """What :func:`read_corpus` accumulates: chunks kept up to ``keep_bytes``, then spilled."""
 
-    def __init__(self, persistent: bool, spill_dir: str | Path, keep_bytes: int) -> None:
-        self.persistent, self.spill_dir, self.keep_bytes = persistent, spill_dir, keep_bytes
+    def __init__(self, opts: PackOptions, vocab: int | None, digest: DataDigest | None,
+                 persistent: bool, spill_dir: str | Path) -> None:  # fmt: skip
+        self.opts, self.vocab, self.digest, self.persistent = opts, vocab, digest, persistent
+        # kept in memory up to KEEP_BYTES, none under a budget (a budget counts no corpus)
+        self.spill_dir, self.keep_bytes = spill_dir, 0 if opts.max_metadata_bytes else KEEP_BYTES
         self.counts: list[np.ndarray] = []
-        self.flags: list[Any] = []
+        self.flags: list[Any] = []  # per chunk: its target count, None when it has flags
         self.origins: list[Origin] = []
         self.firsts: list[int] = []
         self.kept: list[TokenChunk] = []
         self.spill: Spill | None = None
         self.documents = self.tokens = self.eligible = self.held = 0
         self.largest = -1
-        self.flagged = self.named = False
+        self.named = False
         self.too_long = _TooLong()
 
-    def take(
-        self,
-        chunk: TokenChunk,
-        opts: PackOptions,
-        vocab: int | None,
-        digest: DataDigest | None,
-        sft: bool,
-    ) -> None:
+    def take(self, chunk: TokenChunk, sft: bool) -> None:
         """Check ``chunk`` against the options and keep what the corpus needs of it
         (``sft``: its rows were rendered from prompt/completion or messages)."""
-        if vocab is not None:
-            chunk.check_vocabulary(vocab)
+        if self.vocab is not None:
+            chunk.check_vocabulary(self.vocab)
         elif chunk.tokens.size:
             largest = chunk.largest if chunk.largest >= 0 else int(chunk.tokens.max())
             self.largest = max(self.largest, largest)
-        self.too_long.take(chunk, opts, sft)
+        self.too_long.take(chunk, self.opts, sft)
         chunk = _drop_default_ids(chunk)
         targets = chunk.tokens.shape[0] - len(chunk)
         self.counts.append(chunk.counts)
         self.flags.append(targets if chunk.flags is None else None)
-        self.flagged |= chunk.flags is not None
         self.named |= chunk.ids is not None
         self.origins.append(chunk.origin)
         self.firsts.append(chunk.first_row)
-        if digest is not None:
-            digest.tokens(chunk.tokens)
+        if self.digest is not None:
+            self.digest.tokens(chunk.tokens)
         self._hold(chunk)
         self.documents += len(chunk)
         self.tokens += int(chunk.tokens.shape[0])
@@ -280,21 +260,16 @@ def read_corpus(
     unless ``default_vocab`` (then the vocabulary is the largest id + 1). The budget
     (:class:`StreamBudget`) is checked before the first chunk and as documents are counted.
     """
-    known = opts.vocab_size is not None or tokenizer is not None or not default_vocab
     binding = None
-    if known:
-        binding = make_binding(
-            lambda: "pending", vocab_size=opts.vocab_size, tokenizer=tokenizer,
-            tokenizer_id=opts.tokenizer_id,
-        )  # fmt: skip
+    if opts.vocab_size is not None or tokenizer is not None or not default_vocab:
+        binding = make_binding(lambda: "pending", **opts.binding_keywords(tokenizer))
     vocab = None if binding is None else binding.vocab_size
     source_input = open_input(source, opts.split, read_limits(opts))
     budget = StreamBudget.of(opts, "text" if tokenizer is not None else source_input.kind)
     budget.check(documents=source_input.rows or 0, what=f"{source_input.name}")
     given = (receipt(source_input) if receipt else None) or opts.split_id
     digest = None if given else DataDigest(opts.split)
-    keep = KEEP_BYTES if opts.max_metadata_bytes is None else 0  # a budget counts no corpus
-    state = _Reading(source_input.persistent, spill_dir or ".", keep)
+    state = _Reading(opts, vocab, digest, source_input.persistent, spill_dir or ".")
     try:
         with progress_bar(source_input.bytes or None, "reading", "B", show, unit_scale=True) as bar:
             for table, origin in read_tables(source_input, opts.chunk_bytes, opts.text_field, bar):
@@ -304,8 +279,9 @@ def read_corpus(
                         partition=opts.split, objective=Objective.of(opts),
                     ).rebased(state.documents)  # fmt: skip
                     budget.check(documents=state.documents + len(chunk), what=source_input.name)
-                    state.take(chunk, opts, vocab, digest, is_sft(table))
-                bar.set_postfix_str(counts(state.documents, state.tokens), refresh=False)
+                    state.take(chunk, is_sft(table))
+                done = f"{state.documents:,} docs, {state.tokens:,} tokens"
+                bar.set_postfix_str(done, refresh=False)
         if not state.documents:
             raise InvalidInput(f"{source_input.name} holds no rows — nothing to pack")
         state.too_long.check(state.documents, opts)
@@ -326,7 +302,7 @@ def read_corpus(
     first_rows = np.array([*state.firsts, state.documents], dtype=np.int64)
     return Corpus(
         source_input, chunks, first_rows, np.concatenate(state.counts), binding,
-        state.flagged, state.named, state.eligible, state.spill,
+        None in state.flags, state.named, state.eligible, state.spill,
     )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,22 +193,21 @@ def _pack_forest(
     budget_.check(what="one block of groups")  # the policy's look-ahead before anything is read
     binding = make_binding(lambda: "pending", **opts.binding_keywords(tok))
     hasher, digest = split_receipt(opts)
-    totals: dict[str, int] = {}
+    totals: Counter[str] = Counter()
     shards: list[dict[str, Any]] = []
     with progress_bar(source_input.bytes or None, "packing", "B", show, unit_scale=True) as bar:
         blocks = whole_groups(source_input, opts, bar, digest)
         for groups, index, carried in tree_blocks(blocks, opts, binding, tok):
             block = PlannedBlock.of(groups, index, carried, opts, budget_)
-            first = totals.get("rows", 0)
+            first = totals["rows"]
             gather = lambda a, b, f=first, k=block: k.table(a - f, b - f, f)  # noqa: E731
             shards += write_shards(gather, block.bounds + first, output, first_shard=len(shards))
-            for key, value in block.counts().items():
-                totals[key] = totals.get(key, 0) + value
+            totals.update(block.counts())
             bar.set_postfix_str(f"{totals['rows']:,} rows, {totals['sequences']:,} sequences")
     if not totals:
         raise InvalidInput(f"{source_input.name}: holds no rows — nothing to pack")
     final = Binding(binding.vocab_size, binding.tokenizer_id, opts.split_id or hasher.hexdigest())
-    manifest = tree_manifest(opts, final, totals, shards, source_input.name)
+    manifest = tree_manifest(opts, final, dict(totals), shards, source_input.name)
     output.commit(manifest)
     return manifest["statistics"] | {"shards": len(shards)}
 
@@ -242,11 +242,10 @@ def _pack_corpus(
                 "batches": -(-plan.num_rows // opts.max_rows_per_batch),
             }
         )
-        written = {"rows": 0, "tokens": 0}
+        written: Counter[str] = Counter()
 
         def on_shard(entry: dict[str, Any]) -> None:
-            written["rows"] += entry["rows"]
-            written["tokens"] += entry["tokens"]
+            written.update(rows=entry["rows"], tokens=entry["tokens"])
             bar.update(4 * entry["tokens"])
             bar.set_postfix_str(f"{written['rows']:,} rows, {written['tokens']:,} tokens")
 
@@ -255,20 +254,12 @@ def _pack_corpus(
             shards = write_corpus(source_, storage, output, opts, on_shard)
         if examples.truncated:  # what the kept windows supervise, counted as written
             stats["eligible_targets"] = sum(entry["eligible"] for entry in shards)
-        fields = opts.manifest_fields(pad)
-        manifest = manifest_record(
-            binding=corpus.binding,
-            partition=opts.split,
-            config=fields["config"],
-            shards=shards,
+        output.commit(manifest_record(
+            binding=corpus.binding, partition=opts.split, shards=shards,
             kind=(TRL_FORMAT, TRL_VERSION) if opts.format == "trl" else (FORMAT, VERSION),
-            rows=plan.num_rows,
-            occurrences=len(examples.lengths),
-            policy=fields["policy"],
-            statistics=stats,
-            input={"source": str(source), "text_field": opts.text_field},
-        )
-        output.commit(manifest)
+            rows=plan.num_rows, occurrences=len(examples.lengths), **opts.manifest_fields(pad),
+            statistics=stats, input={"source": str(source), "text_field": opts.text_field},
+        ))  # fmt: skip
         report = duplicate_report(corpus.ids(), corpus.locate) if corpus.named else {}
     return (
         stats

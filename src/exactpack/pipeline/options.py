@@ -2,8 +2,9 @@
 
 ``exactpack pack`` / ``stats``, :func:`exactpack.pipeline.local.pack_path`,
 :func:`exactpack.ray.pack` and :func:`exactpack.hf.pack_dataset` all take this frozen object;
-each field's ``metadata`` carries its flag and help (:mod:`exactpack.cli.flags` builds the
-parser from it)::
+each field's ``metadata`` carries its help and commands, its flag is its name with hyphens
+(``cut_long``: ``--cut-long``; ``policy_options`` is ``--option``) and
+:mod:`exactpack.cli.flags` builds the parser from them::
 
     options = PackOptions(max_length=4096, policy="best-fit-decreasing", vocab_size=32000)
     pack_path("shards/", "packed/", options)
@@ -29,20 +30,9 @@ from typing import Any
 from exactpack.core import config as budget
 from exactpack.core.binding import INT32_MAX, Split
 from exactpack.core.errors import InvalidInput, did_you_mean, positive_int, type_argument
-from exactpack.core.policies import POLICIES, check_policy_options
+from exactpack.core.policies import check_policy_options
 from exactpack.core.supervision import Objective
 from exactpack.io.tokenizers import Tokenizer, as_tokenizer, read_chat_template, with_chat_template
-
-__all__ = [
-    "DEFAULT_TREE_PREFIX",
-    "DEFAULT_TREE_WINDOW",
-    "POLICY_ALIASES",
-    "TREE_MODES",
-    "PackOptions",
-    "check_pad_id",
-    "parse_pad",
-    "policy_name",
-]
 
 DEFAULT_POLICY = "best-fit-decreasing"
 DEFAULT_ROWS_PER_BATCH = 8
@@ -66,19 +56,21 @@ POLICY_ALIASES = {"bfd": "best-fit-decreasing"}
 #: ``truncation_mode``: which end of a longer example is kept (TRL's ``truncation_mode``).
 TRUNCATION_MODES = ("keep_start", "keep_end")
 
-#: Commands whose parser gets a field's flag: ``pack``, ``stats`` or both.
-PACK, STATS, BOTH = ("pack",), ("stats",), ("pack", "stats")
+#: Commands whose parser gets a field's flag: ``pack`` or both ``pack`` and ``stats``.
+PACK, BOTH = ("pack",), ("pack", "stats")
 
 
 def flag(
     flag: str | None, help: str, commands: tuple[str, ...] = PACK, **argparse_kwargs: Any
 ) -> dict[str, Any]:
-    """Field metadata: the flag (None: not on the command line), help and argparse keywords."""
+    """Field metadata: the flag (None: not on the command line; ``""``: ``--`` and the
+    field's name with hyphens, :func:`exactpack.cli.flags.flag_of`), help and argparse
+    keywords."""
     return {"flag": flag, "help": help, "commands": commands, "argparse": argparse_kwargs}
 
 
 def _field(default: Any, *args: Any, **kwargs: Any) -> Any:
-    return field(default=default, metadata=flag(*args, **kwargs))
+    return field(default=default, metadata=flag("", *args, **kwargs))
 
 
 _PATH = (str, os.PathLike)
@@ -94,12 +86,16 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "split_id": ((str, _NONE), "a string or None"),
     "chat_template": ((*_PATH, _NONE), "a template file, the template text or None"),
     "spill_dir": ((*_PATH, _NONE), "a folder path or None"),
+    "pad_token_id": ((int, _NONE), "a non-negative token id or None"),
 }
 
 #: Count fields and their largest value (``max_length`` is checked first, by its own name).
 _COUNTS = {"max_rows_per_batch": INT32_MAX, "max_metadata_bytes": budget.MAX_BYTES}
 _COUNTS |= {"vocab_size": INT32_MAX, "shard_tokens": INT32_MAX, "chunk_bytes": MAX_CHUNK_BYTES}
 _COUNTS |= {"tree_prefix": INT32_MAX, "tree_block": INT32_MAX}
+#: Fields that take one of a few values (None among them: optional).
+_CHOICES = {"format": OUTPUT_FORMATS, "truncation_mode": (*TRUNCATION_MODES, None)}
+_CHOICES |= {"tree": (*TREE_MODES, None)}
 _REQUIRED = ("max_rows_per_batch", "shard_tokens", "chunk_bytes", "tree_prefix", "tree_block")
 
 
@@ -114,15 +110,13 @@ class PackOptions:
 
     max_length: int = _field(
         None,
-        "--max-length",
         "tokens per row: the width of the input_ids a model sees, for every --format"
         " (TRL's max_length)",
         BOTH,
         metavar="N",
-        type=int,
     )
     policy: str = _field(
-        DEFAULT_POLICY, "--policy", f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
+        DEFAULT_POLICY, f"packing policy (default: {DEFAULT_POLICY}; or TRL's bfd)"
     )
     policy_options: Mapping[str, Any] = field(
         default_factory=dict,
@@ -134,49 +128,37 @@ class PackOptions:
             metavar="KEY=VALUE",
         ),
     )
-    max_rows_per_batch: int = _field(
-        DEFAULT_ROWS_PER_BATCH, "--max-rows-per-batch", "rows per model call", type=int
-    )
+    max_rows_per_batch: int = _field(DEFAULT_ROWS_PER_BATCH, "rows per model call")
     max_metadata_bytes: int | None = _field(
         None,
-        "--max-metadata-bytes",
         "refuse (before planning) to pack when the plan, rows and one model call need more"
         " memory than this (e.g. 2G; with --engine ray, per block)",
         metavar="BYTES",
     )
     split: Split = _field(  # noqa: RUF009
-        Split.TRAIN, "--split", "the split the data is: train, validation or test", BOTH
+        Split.TRAIN, "the split the data is: train, validation or test", BOTH
     )
     cut_long: bool = _field(
         False,
-        "--cut-long",
         "cut documents longer than a row into consecutive spans, every pair kept once",
         BOTH,
         action="store_true",
     )
     truncation_mode: str | None = _field(
         None,
-        "--truncation-mode",
         "keep only the first (keep_start, TRL's truncation) or the last (keep_end) tokens a"
         " row holds of each longer example, counted in the report (default: refuse them)",
         choices=TRUNCATION_MODES,
     )
-    vocab_size: int | None = _field(
-        None, "--vocab-size", "vocabulary size of pre-tokenized input", type=int
-    )
+    vocab_size: int | None = _field(None, "vocabulary size of pre-tokenized input")
     tokenizer: str | Tokenizer | None = _field(  # noqa: RUF009
-        None, "--tokenizer", "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
+        None, "'bytes' (built-in, 266 ids) or a local tokenizer path", BOTH
     )
-    tokenizer_id: str | None = _field(
-        None, "--tokenizer-id", "tokenizer identity recorded in the binding"
-    )
-    split_id: str | None = _field(
-        None, "--split-id", "split-receipt identity (default: digest of the data)"
-    )
-    text_field: str = _field("text", "--text-field", "text column when there is no input_ids", BOTH)
+    tokenizer_id: str | None = _field(None, "tokenizer identity recorded in the binding")
+    split_id: str | None = _field(None, "split-receipt identity (default: digest of the data)")
+    text_field: str = _field("text", "text column when there is no input_ids", BOTH)
     chat_template: str | None = _field(
         None,
-        "--chat-template",
         "Jinja chat template for messages / conversational prompt-completion rows (a file;"
         " default: the --tokenizer folder's own)",
         BOTH,
@@ -185,7 +167,6 @@ class PackOptions:
     # TRL 1.16 SFTConfig's two switches, same names and defaults (core.supervision.Objective)
     assistant_only_loss: bool = _field(
         False,
-        "--assistant-only-loss",
         "train only the assistant turns of chat rows (TRL SFTConfig's assistant_only_loss;"
         " default: the whole conversation, as TRL; needs generation markers in the template)",
         BOTH,
@@ -193,38 +174,31 @@ class PackOptions:
     )
     completion_only_loss: bool | None = _field(
         None,
-        "--completion-only-loss",
         "true: train only the completion of prompt-completion rows (and completion_mask);"
         " false: the whole sequence (TRL SFTConfig's completion_only_loss; default: true"
         " for prompt-completion rows only, as TRL)",
         BOTH,
         metavar="{true,false}",
     )
-    overwrite: bool = _field(
-        False, "--overwrite", "replace an existing output", action="store_true"
-    )
+    overwrite: bool = _field(False, "replace an existing output", action="store_true")
     progress: bool | None = _field(
         None,
-        "--progress",
         "progress bars on stderr (default: when stderr is a terminal)",
         action=argparse.BooleanOptionalAction,
     )
     shard_tokens: int = _field(
         DEFAULT_SHARD_TOKENS,
-        "--shard-tokens",
         "target tokens per output shard (two shards are built at a time; default 2**25)",
         metavar="N",
     )
     chunk_bytes: int = _field(
         DEFAULT_CHUNK_BYTES,
-        "--chunk-bytes",
         "input read, parsed and tokenized this many bytes at a time (default 32M)",
         BOTH,
         metavar="BYTES",
     )
     format: str = _field(
         "exactpack",
-        "--format",
         "output columns: exactpack (tokens, pair_counts, ...) or trl (TRL's packed schema:"
         " input_ids, seq_lengths in tokens, labels where the input masks some)",
         BOTH,
@@ -232,15 +206,12 @@ class PackOptions:
     )
     pad_token_id: int | None = _field(
         None,
-        "--pad-token-id",
         "the id collators pad with, checked against the vocabulary before packing and"
         " recorded (default: the tokenizer's pad token)",
-        type=int,
     )
     # tree packing (docs/tree.md): None packs flat; pipeline.pack_tree reads the rest
     tree: str | None = _field(
         None,
-        "--tree",
         "tree packing (docs/tree.md): shared prefixes stored once; --tree auto groups plain"
         " SFT rows whose first --tree-prefix tokens agree (give it after the input)",
         BOTH,
@@ -250,26 +221,21 @@ class PackOptions:
     )
     tree_prefix: int = _field(
         DEFAULT_TREE_PREFIX,
-        "--tree-prefix",
         f"--tree auto: tokens that must agree to share a trie (default {DEFAULT_TREE_PREFIX})",
         BOTH,
         metavar="K",
-        type=int,
     )
     tree_block: int = _field(
         DEFAULT_TREE_WINDOW,
-        "--tree-block",
         "rows read and planned together (memory), a group never split: --tree ends a block"
         " at the first group change after this many rows, --tree auto groups documents only"
         " within consecutive blocks of this many; chunk-bytes may end a block sooner"
         f" (default {DEFAULT_TREE_WINDOW})",
         BOTH,
         metavar="DOCUMENTS",
-        type=int,
     )
     spill_dir: str | None = _field(
         None,
-        "--spill-dir",
         "folder for the temporary token spill of a corpus read chunk by chunk (default:"
         " beside --out; it needs room for 4 bytes a token)",
     )
@@ -286,10 +252,6 @@ class PackOptions:
             raise InvalidInput("max_length is required: pass max_length=N (tokens a row holds)")
         put(self, "max_length", positive_int("max_length", self.max_length, INT32_MAX))
         put(self, "policy", policy_name(self.policy))
-        if self.policy not in POLICIES:
-            raise InvalidInput(
-                f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
-            )
         options = MappingProxyType(dict(self.policy_options))
         check_policy_options(self.policy, options, self.capacity)
         put(self, "policy_options", options)
@@ -302,32 +264,23 @@ class PackOptions:
             put(self, "chat_template", read_chat_template(self.chat_template))
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InvalidInput(f"text_field must be a column name, got {self.text_field!r}")
-        if self.format not in OUTPUT_FORMATS:
-            raise InvalidInput(
-                f"unknown format {self.format!r}; choose one of {', '.join(OUTPUT_FORMATS)}"
-            )
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if not isinstance(value, (str, _NONE)) or value not in choices:
+                shown = ", ".join(c for c in choices if c) + (" or None" if None in choices else "")
+                raise InvalidInput(f"{name} must be one of {shown}, got {value!r}")
         if self.format == "trl" and self.max_length < 2:
             raise InvalidInput(
                 "with format trl a row needs at least 2 tokens (one pair): raise max_length"
             )
-        if self.pad_token_id is not None:
-            put(self, "pad_token_id", parse_pad(self.pad_token_id))
-        mode = self.truncation_mode
-        if mode is not None and (not isinstance(mode, str) or mode not in TRUNCATION_MODES):
+        if self.pad_token_id is not None and self.pad_token_id < 0:  # its bound: check_pad_id
             raise InvalidInput(
-                f"truncation_mode must be 'keep_start', 'keep_end' or None, got"
-                f" {self.truncation_mode!r}"
+                f"pad_token_id must be a non-negative token id, got {self.pad_token_id}"
             )
         if self.truncation_mode is not None and self.cut_long:
             raise InvalidInput(
                 "cut_long=True and truncation_mode= both say what to do with a longer example"
                 " — pass one of them"
-            )
-        if self.tree is not None and (
-            not isinstance(self.tree, str) or self.tree not in TREE_MODES
-        ):
-            raise InvalidInput(
-                f"tree must be one of {', '.join(TREE_MODES)} or None, got {self.tree!r}"
             )
 
     @classmethod
@@ -350,10 +303,7 @@ class PackOptions:
                 f"options must be a {cls.__name__} (or its fields as keywords), got"
                 f" {type(options).__name__} — pass {cls.__name__}(**options) or **options"
             )
-        if not overrides:
-            return options
-        fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(cls)}
-        return cls(**(fields | overrides))
+        return dataclasses.replace(options, **overrides) if overrides else options
 
     @property
     def capacity(self) -> int:
@@ -387,27 +337,17 @@ class PackOptions:
             config["capacity_unit"] = "tokens"
         if pad_token_id is not None:
             config["pad_token_id"] = pad_token_id
+        # policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)
+        stored = {"window" if k == "lookahead" else k: v for k, v in self.policy_options.items()}
         return {
             "config": config,
-            "policy": {"name": self.policy, "options": stored_options(self.policy_options)},
+            "policy": {"name": self.policy, "options": stored},
         }
-
-
-def stored_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Policy options as a manifest records them (``lookahead`` under its 0.2 key ``window``)."""
-    return {"window" if k == "lookahead" else k: v for k, v in options.items()}
 
 
 def policy_name(name: Any) -> Any:
     """``name``, or the policy another tool's name (``bfd``) stands for."""
     return POLICY_ALIASES.get(name, name) if isinstance(name, str) else name
-
-
-def parse_pad(value: Any) -> int:
-    """A pad id: a non-negative integer (its bound is the vocabulary, :func:`check_pad_id`)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"pad_token_id must be a non-negative token id, got {value!r}")
-    return int(value)
 
 
 def check_pad_id(opts: Any, vocab_size: int, tokenizer: Tokenizer | None) -> int | None:

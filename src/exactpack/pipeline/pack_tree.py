@@ -45,7 +45,7 @@ from exactpack.core.tree import (
 from exactpack.io.columns import check_split, chunk_from_arrow
 from exactpack.io.documents import Origin
 from exactpack.io.readers import open_input
-from exactpack.io.sft import encode_sft, sft_columns
+from exactpack.io.sft import sft_columns
 from exactpack.io.shards import FORMAT, VERSION, call_bounds, manifest_record, shard_table
 from exactpack.io.tokenizers import Tokenizer
 from exactpack.io.trl_schema import carried_columns, dpo_text_groups
@@ -115,26 +115,6 @@ def _rows(col: pa.ChunkedArray | pa.Array) -> list[Any]:
     return [inner[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
-def _encoded(
-    table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, names: tuple[str, ...]
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Sequences and their per-pair supervision (a target is supervised when its token is)."""
-    tokens, offsets, flags = encode_sft(table, origin, tokenizer, names)
-    _refuse_short(np.diff(offsets), origin)
-    bounds = list(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
-    return [tokens[a:b] for a, b in bounds], [flags[a + 1 : b] for a, b in bounds]
-
-
-def _refuse_short(n: np.ndarray, origin: Origin) -> None:
-    """Refuse a row of fewer than 2 tokens (``n``: tokens per row)."""
-    if n.size and int(n.min()) < 2:
-        i = int(np.argmin(n))
-        raise InvalidInput(
-            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
-            " (one prediction pair) — drop the row"
-        )
-
-
 def _plain_rows(
     table: pa.Table, origin: Origin, tokenizer: Tokenizer | None, binding: Binding
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -148,7 +128,12 @@ def _plain_rows(
         )
     chunk = chunk_from_arrow(table, origin, tokenizer=tokenizer)
     chunk.check_vocabulary(binding.vocab_size)
-    _refuse_short(np.diff(chunk.offsets), origin)
+    if (n := np.diff(chunk.offsets)).size and int(n.min()) < 2:  # tokens per row
+        i = int(np.argmin(n))
+        raise InvalidInput(
+            f"{origin.locate(i)}: {int(n[i])} token(s); a sequence needs at least 2"
+            " (one prediction pair) — drop the row"
+        )
     flags = np.ones(chunk.tokens.size, bool) if chunk.flags is None else chunk.flags
     starts, ends = chunk.offsets[:-1].tolist(), chunk.offsets[1:].tolist()
     seqs = [chunk.tokens[a:b] for a, b in zip(starts, ends, strict=True)]
@@ -344,13 +329,12 @@ def tree_manifest(
         "policy": opts.policy,
         "tree": opts.tree,
     }
-    fields = opts.manifest_fields()
     tree_fields = {"mode": opts.tree, "prefix": opts.tree_prefix, "block": opts.tree_block}
     return manifest_record(
-        binding=binding, partition=opts.split, config=fields["config"], shards=shards,
-        kind=(FORMAT, VERSION), layout="tree", rows=totals["rows"],
-        occurrences=totals["sequences"], policy=fields["policy"], tree=tree_fields,
-        statistics=stats, input={"source": source}, **sections,
+        binding=binding, partition=opts.split, shards=shards, kind=(FORMAT, VERSION),
+        layout="tree", rows=totals["rows"], occurrences=totals["sequences"],
+        **opts.manifest_fields(), tree=tree_fields, statistics=stats, input={"source": source},
+        **sections,
     )  # fmt: skip
 
 
@@ -383,16 +367,3 @@ def tree_stats(source: str | Path, options: PackOptions, policy: str) -> dict[st
         "rows_tree": plan_rows(size, capacity, policy).num_rows,
         "rows_flat": plan_rows(length, capacity, policy).num_rows,
     }
-
-
-__all__ = [
-    "COUNTED",
-    "TRL_REFUSAL",
-    "PlannedBlock",
-    "block_groups",
-    "split_receipt",
-    "tree_blocks",
-    "tree_manifest",
-    "tree_stats",
-    "whole_groups",
-]

@@ -174,8 +174,3 @@ def progress_bar(
         yield progress
     finally:
         progress.close()
-
-
-def counts(documents: int, tokens: int) -> str:
-    """The postfix of a bar: ``1,234 docs, 5,678,901 tokens``."""
-    return f"{documents:,} docs, {tokens:,} tokens"

@@ -16,20 +16,10 @@ from exactpack.core.examples import long_ranges
 from exactpack.core.plan import Plan
 from exactpack.core.policies import POLICIES, plan_rows
 from exactpack.core.supervision import Objective
-from exactpack.io.documents import Documents
 from exactpack.io.integrity import refuse_packed
 from exactpack.io.readers import read_documents
 from exactpack.pipeline.local import duplicate_report
 from exactpack.pipeline.options import PackOptions, policy_name
-
-
-def example_lengths(docs: Documents, capacity: int, split: bool) -> tuple[np.ndarray, int]:
-    """Prediction lengths as packed (after ``--cut-long`` when ``split``), and sources split."""
-    counts = np.diff(docs.offsets)
-    if not split:
-        return counts - 1, 0
-    _, starts, ends = long_ranges(counts, capacity)
-    return ends - starts - 1, int(np.count_nonzero(counts - 1 > capacity))
 
 
 def compare_policies(
@@ -80,7 +70,11 @@ def stats_path(
     )
     if not len(docs):
         raise InvalidInput(f"{source} holds no rows — nothing to plan")
-    lengths, split = example_lengths(docs, opts.pair_capacity, opts.cut_long)
+    counts = np.diff(docs.offsets)
+    lengths, split = counts - 1, 0
+    if opts.cut_long:  # lengths as packed: the pieces of the longer ones
+        _, starts, ends = long_ranges(counts, opts.pair_capacity)
+        lengths, split = ends - starts - 1, int(np.count_nonzero(lengths > opts.pair_capacity))
     shift = 1 if opts.format == "trl" else 0  # TRL's unit: tokens (pairs + 1) per example
     lengths = lengths + shift
     located = lambda i: f"{docs.origin.locate(i)} (id {docs.ids[i]!r})"  # noqa: E731
@@ -93,6 +87,7 @@ def stats_path(
         lengths = lengths[keep]
         labels = lambda i: named(int(keep[i]))  # noqa: E731
     results = compare_policies(lengths, capacity, policies, labels)
+    lower = -(-int(lengths.sum()) // capacity)
     report: dict[str, Any] = {
         "source": str(source),
         "format": opts.format,
@@ -101,11 +96,12 @@ def stats_path(
         "split_sources": split,
         "examples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
-        "lower_bound": -(-int(lengths.sum()) // capacity),
+        "lower_bound": lower,
         **({"oversized": over} if over is not None else {}),
         **duplicate_report(docs.ids, docs.origin.locate),
         "policies": [
-            plan.stats() | {"rows_over_lower_bound": _ratio(plan), "seconds": seconds}
+            plan.stats()
+            | {"rows_over_lower_bound": plan.num_rows / max(lower, 1), "seconds": seconds}
             for plan, seconds in results
         ],
     }
@@ -151,11 +147,6 @@ def oversized_line(found: dict, capacity: int) -> str:
         f" longest {found['longest']:,}): capacity {found['capacity_99']:,} fits 99% of the"
         f" examples, {found['capacity_100']:,} fits all — raise max_length= or pass cut_long=True"
     )
-
-
-def _ratio(plan: Plan) -> float:
-    lower = plan.stats()["lower_bound"]
-    return plan.num_rows / lower if lower else 0.0
 
 
 def check_plot_path(path: str | os.PathLike[str]) -> Path:

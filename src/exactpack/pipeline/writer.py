@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from exactpack.core.binding import Split
 from exactpack.core.compact import CompactRows, Storage, gather_into, gather_rows
-from exactpack.core.examples import long_ranges
+from exactpack.core.examples import long_ranges, offsets_of
 from exactpack.core.policies import plan_lengths
 from exactpack.io.atomic import Output
 from exactpack.io.shards import StoredColumns, call_bounds, default_ids
@@ -81,13 +81,10 @@ def plan_corpus(examples: Examples, opts: PackOptions) -> Storage:
 
 def layout_for(corpus: Corpus, examples: Examples, format: str = "exactpack") -> StoredColumns:
     """What a shard may need gathered besides its required columns (for TRL: the flags)."""
-    if format == "trl":
-        return StoredColumns(
-            source_ids=False, loss_bits=corpus.flagged, example_ids=False, ranges=False
-        )
-    split = examples.split > 0 or examples.truncated > 0
+    split = format != "trl" and (examples.split > 0 or examples.truncated > 0)
+    named = format != "trl" and (corpus.named or split)  # TRL's schema has no id columns
     return StoredColumns(
-        source_ids=corpus.named or split, loss_bits=corpus.flagged, example_ids=split, ranges=split
+        source_ids=named, loss_bits=corpus.flagged, example_ids=split, ranges=split
     )
 
 
@@ -116,8 +113,7 @@ class CorpusSource:
         cuts = np.flatnonzero(np.diff(chunk[by_chunk])) + 1
         groups = [(int(chunk[g[0]]), g) for g in np.split(by_chunk, cuts) if g.size]
         windows = lengths + 1
-        out_tok = np.zeros(ex.shape[0] + 1, dtype=np.int64)
-        np.cumsum(windows, out=out_tok[1:])
+        out_tok = offsets_of(windows)
         tokens = np.empty(int(out_tok[-1]), dtype=np.int32)
         mask = np.ones(int(lengths.sum()), dtype=bool) if layout.loss_bits else None
         ids = []
@@ -138,8 +134,7 @@ class CorpusSource:
         parts: dict[str, Any] = {"loss_mask": mask}
         if not layout.source_ids:
             return tokens, parts
-        placed = np.empty(docs.shape[0], dtype=np.int64)
-        placed[np.concatenate([g for _, g in groups] or [placed[:0]])] = np.arange(docs.shape[0])
+        placed = np.argsort(by_chunk)  # the groups' documents back in the examples' order
         sources = pa.concat_arrays(ids).take(_arrow(placed)) if ids else pa.array([], pa.string())
         parts["source_ids"] = sources
         if not layout.ranges:

@@ -36,25 +36,21 @@ SLOT_BYTES = 8 + 8 + 144
 ROW_BYTES = 3 * 8 + 40
 
 
-def check_schedule(
-    rows: int,
-    world_size: Any,
-    micro_batches: Any,
-    rows_per_micro_batch: Any,
-    max_bytes: int | None = SCHEDULE_BYTES,
-) -> None:
-    """:class:`BudgetExceeded` for a schedule over ``max_bytes`` (every slot counts, even
-    empty), after checking the three sizes are integers in ``[1, 2**31-1]``."""
+def check_schedule(rows: int, world_size: Any, micro_batches: Any, per_micro: Any) -> None:
+    """:class:`BudgetExceeded` for a schedule over :data:`SCHEDULE_BYTES` (every slot counts,
+    even empty), after checking the three sizes (``per_micro``: rows per micro-batch) are
+    integers in ``[1, 2**31-1]``."""
     world = positive_int("world_size", world_size, INT32_MAX)
     micro = positive_int("micro_batches", micro_batches, INT32_MAX)
-    per = positive_int("rows_per_micro_batch", rows_per_micro_batch, INT32_MAX)
+    per = positive_int("rows_per_micro_batch", per_micro, INT32_MAX)
     slots = max(1, -(-int(rows) // (world * micro * per))) * world * micro
-    bound(
-        slots * SLOT_BYTES + int(rows) * ROW_BYTES,
-        max_bytes,
-        f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}",
-        "check world_size and micro_batches (each slot is allocated, even when empty)",
-    )
+    need = slots * SLOT_BYTES + int(rows) * ROW_BYTES
+    if need > SCHEDULE_BYTES:
+        raise BudgetExceeded(
+            f"a schedule of {rows:,} rows over world_size {world:,} x micro_batches {micro:,}"
+            f" would take {need:,} bytes, over the {SCHEDULE_BYTES:,}-byte bound — check world_size"
+            " and micro_batches (each slot is allocated, even when empty)"
+        )
 
 
 def check_balance(balance: str) -> None:
@@ -80,19 +76,6 @@ class StepSchedule:
         """Row ids of one micro-batch (possibly empty), int64."""
         i = (step * self.world_size + rank) * self.micro_batches + micro
         return self.row_ids[self.slot_offsets[i] : self.slot_offsets[i + 1]]
-
-    def rank_slots(self, rank: int) -> list[list[np.ndarray]]:
-        """For one rank: per step, its ``micro_batches`` row-id arrays."""
-        micros = range(self.micro_batches)
-        return [[self.slot(s, rank, m) for m in micros] for s in range(self.steps)]
-
-
-def row_costs(row_lengths: list[np.ndarray] | np.ndarray, balance: Balance) -> np.ndarray:
-    """Per-row load from per-row segment lengths: Σl (tokens) or Σl² (attention)."""
-    if balance == "none":
-        return np.zeros(len(row_lengths), dtype=np.float64)
-    power = 1 if balance == "tokens" else 2
-    return np.array([float((np.asarray(s, np.float64) ** power).sum()) for s in row_lengths])
 
 
 def schedule_rows(
@@ -127,9 +110,7 @@ def schedule_rows(
             raise InvalidInput(f"{name} must be a non-negative integer, got {v!r}")
     if method not in ("greedy", "balanced"):
         raise InvalidInput(f"unknown method {method!r}; use 'greedy' or 'balanced'")
-    order = np.arange(n, dtype=np.int64)
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     slots_per_step = world_size * micro_batches
     per_step = slots_per_step * rows_per_micro_batch
     steps = -(-n // per_step)
@@ -142,8 +123,7 @@ def schedule_rows(
         )
         groups.extend(step_groups)
         slot_loads[step] = step_loads.reshape(world_size, micro_batches)
-    sizes = np.array([len(g) for g in groups], dtype=np.int64)
-    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    offsets = np.r_[0, np.cumsum([len(g) for g in groups], dtype=np.int64)]
     flat = np.array([r for g in groups for r in g], dtype=np.int64)
     return StepSchedule(flat, offsets, steps, world_size, micro_batches, slot_loads)
 
@@ -182,12 +162,9 @@ class RowStats:
     ) -> RowStats:
         """From per-occurrence ``lengths`` and ``row_of`` (int [k]) and per-row ``eligible``."""
         eligible = np.asarray(eligible, dtype=np.int64)
-        row_of = np.asarray(row_of, dtype=np.int64)
-        lengths = np.asarray(lengths, dtype=np.int64)
-        tokens = np.zeros(eligible.shape[0], dtype=np.int64)
-        np.add.at(tokens, row_of, lengths)
-        attention = np.zeros(eligible.shape[0], dtype=np.float64)
-        np.add.at(attention, row_of, lengths.astype(np.float64) ** 2)
+        row_of, lengths = np.asarray(row_of, np.int64), np.asarray(lengths, np.float64)
+        tokens = np.bincount(row_of, lengths, minlength=eligible.shape[0]).astype(np.int64)
+        attention = np.bincount(row_of, lengths**2, minlength=eligible.shape[0])
         return cls(tokens=tokens, eligible=eligible, attention=attention)
 
     @classmethod
@@ -222,40 +199,23 @@ def step_eligible_counts(schedule: StepSchedule, eligible: np.ndarray) -> np.nda
     """Eligible targets of every optimizer step over all ranks and micro-batches, int64 [steps]:
     the denominator of the step's token-weighted mean, known before any forward pass."""
     per_step = schedule.world_size * schedule.micro_batches
-    sizes = np.diff(schedule.slot_offsets)
-    step_of_row = np.repeat(np.arange(sizes.shape[0], dtype=np.int64) // per_step, sizes)
-    out = np.zeros(schedule.steps, dtype=np.int64)
-    np.add.at(out, step_of_row, np.asarray(eligible, dtype=np.int64)[schedule.row_ids])
-    return out
-
-
-def bound(need: int, limit: int | None, what: str, fix: str) -> None:
-    """Refuse ``need`` bytes over ``limit`` (:class:`BudgetExceeded` naming both and ``fix``)."""
-    if limit is not None and need > limit:
-        raise BudgetExceeded(
-            f"{what} would take {need:,} bytes, over the {limit:,}-byte bound — {fix}"
-        )
-
-
-def default_world() -> tuple[int, int]:
-    """(world_size, rank) of an initialised ``torch.distributed`` group, else (1, 0)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 1, 0
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+    cum = np.r_[0, np.cumsum(np.asarray(eligible, dtype=np.int64)[schedule.row_ids])]
+    return np.diff(cum[schedule.slot_offsets[::per_step]])  # a step's rows are contiguous
 
 
 def check_world(world_size: Any, rank: Any) -> tuple[int, int]:
     """``(world_size, rank)``: the given ones checked (integers, ``0 <= rank < world_size``),
-    a missing one from :func:`default_world`."""
-    world, rank0 = default_world()
+    a missing one from an initialised ``torch.distributed`` group (else 1 and 0)."""
+    world, rank0 = 1, 0
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        world, rank0 = dist.get_world_size(), dist.get_rank()
     world = world if world_size is None else positive_int("world_size", world_size, INT32_MAX)
-    if rank is None:
-        rank = rank0
-    elif isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+    rank = rank0 if rank is None else rank
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
         raise InvalidInput(f"rank must be an integer, got {rank!r}")
     if not 0 <= rank < world:
         raise InvalidInput(f"rank {rank} outside 0..{world - 1} — pass a rank below world_size")
@@ -306,17 +266,8 @@ class Slot:
 
 
 SAMPLER_FORMAT = "exactpack.row-sampler/1"
-_SAMPLER_CONFIG = (
-    "rows",
-    "world_size",
-    "rank",
-    "micro_batches",
-    "rows_per_micro_batch",
-    "seed",
-    "balance",
-    "cost",
-    "shuffle",
-)
+_SAMPLER_CONFIG = ("rows", "world_size", "rank", "micro_batches", "rows_per_micro_batch", "seed")
+_SAMPLER_CONFIG += ("balance", "cost", "shuffle")
 
 
 class RowSampler:
@@ -350,20 +301,15 @@ class RowSampler:
         self.world_size, self.rank = check_world(world_size, rank)
         check_schedule(len(stats), self.world_size, micro_batches, rows_per_micro_batch)
         check_flag("shuffle", shuffle)
-        self.stats = stats
-        self.rows = len(stats)
-        self.micro_batches = micro_batches
-        self.rows_per_micro_batch = rows_per_micro_batch
-        self.seed = seed
-        self.shuffle = shuffle
+        self.stats, self.rows, self.seed, self.shuffle = stats, len(stats), seed, shuffle
+        self.micro_batches, self.rows_per_micro_batch = micro_batches, rows_per_micro_batch
         if isinstance(balance, CostModel):
             self.balance, self.cost = "compute", [balance.linear, balance.quadratic]
             self._costs = balance.row_costs(stats)
         else:
             self.balance, self.cost = balance, None
             self._costs = stats.costs(balance)
-        self.epoch = 0
-        self.position = 0
+        self.epoch, self.position = 0, 0
         self._cache: tuple[int, StepSchedule, np.ndarray] | None = None
         self._scheduled()  # validates the arguments now
 
@@ -378,11 +324,6 @@ class RowSampler:
     def schedule(self) -> StepSchedule:
         """The whole epoch's schedule (every rank), computed once per epoch."""
         return self._scheduled()[0]
-
-    @property
-    def step_eligible(self) -> np.ndarray:
-        """Eligible targets per optimizer step over all ranks, int64 [steps]."""
-        return self._scheduled()[1]
 
     def _scheduled(self) -> tuple[StepSchedule, np.ndarray]:
         if self._cache is None or self._cache[0] != self.epoch:
