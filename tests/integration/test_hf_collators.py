@@ -28,7 +28,7 @@ from exactpack.hf.collator import hf_collator
 from exactpack.hf.kinds import KINDS, attention_kind
 from exactpack.training.packed_data import PackedCollator
 from exactpack.verify.fixture import fixture_batch, fixture_examples
-from exactpack.verify.models import FLOAT32_TOLERANCE
+from exactpack.verify.tolerances import FLOAT32_TOLERANCE
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 torch.set_num_threads(1)

@@ -23,7 +23,7 @@ from exactpack import InvalidInput, PackConfig, SequenceExample, pack_examples
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.collator import hf_collator
 from exactpack.training.packed_data import PackedCollator
-from exactpack.verify.models import FLOAT32_TOLERANCE
+from exactpack.verify.tolerances import FLOAT32_TOLERANCE
 
 from support.dtype_path import observed_tolerance, unlabelled
 from support.strategies import BINDING, packed_epochs
