@@ -186,7 +186,7 @@ def test_pack_dataset_tree_packs_a_stream_through_the_stream_engine():
         assert all(
             sum(s // 3 == g // 3 for s in r["sequence_index"]) == 3 for g in r["sequence_index"]
         )
-    with pytest.raises(InvalidInput, match="needs vocab_size=") as err:
+    with pytest.raises(InvalidInput, match="pass vocab_size=") as err:
         pack_dataset(iter(rows), 16, tree=True)
     assert "\n" not in str(err.value)
     with pytest.raises(InvalidInput, match="pass max_length="):

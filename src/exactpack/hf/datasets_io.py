@@ -254,8 +254,8 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
     tokenizer = opts.load_tokenizer()
     if opts.vocab_size is None and tokenizer is None:
         raise InvalidInput(
-            "a stream needs vocab_size= (the model's vocabulary size) or a tokenizer= that"
-            " defines it: its largest token id is not known before it is read"
+            "a stream's largest token id is not known before it is read — pass"
+            " vocab_size= (the model's vocabulary size) or a tokenizer= that defines it"
         )
     info = getattr(source.documents, "info", None)
     parts = [type(source.documents).__name__]

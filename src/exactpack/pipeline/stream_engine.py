@@ -222,8 +222,6 @@ class StreamPass:
         group) as units numbered from ``first_example``; how many documents were read."""
         if self._tables is None:
             self._tables = self.source.tables(self.docs_read, self.s.chunk)
-            if self.s.tree:
-                self._tables = _whole_groups(self._tables)
         out: list[Example] = []
         start = self.docs_read
         while self.docs_read - start < count:
@@ -231,9 +229,14 @@ class StreamPass:
             if table is None:
                 break
             want = count - (self.docs_read - start)
-            if self.s.tree and "group" in table.column_names:  # a group's rows: one trie
-                after = _group_starts(table)
-                want = int(next(iter(after[after >= want]), table.num_rows))
+            while self.s.tree and "group" in table.column_names:  # a group's rows: one trie
+                group = table["group"]
+                after = np.flatnonzero(pc.not_equal(group[1:], group[:-1]).to_numpy(False)) + 1
+                more = None if (after >= want).any() else next(self._tables, None)
+                if more is None:
+                    want = int(next(iter(after[after >= want]), table.num_rows))
+                    break
+                table = pa.concat_tables([table, more], promote_options="permissive")
             self._left = table.slice(want) if table.num_rows > want else None
             units = self._tries if self.s.tree else self._examples
             out += units(table.slice(0, want), first_example + len(out))
@@ -244,17 +247,26 @@ class StreamPass:
         first, origin = self.docs_read, Origin(((self.s.name, -self.docs_read, "row"),))
         check_split(table, origin, self.s.partition)
         groups, index = block_groups(table, origin, self.binding, self.s.tokenizer, self.s)
-        carried = carried_columns(table, groups)
-        source = TrieSource(groups, build_layout(groups, self.s.capacity), index)
+        lay = build_layout(groups, self.s.capacity)
+        tokens, parts = TrieSource(groups, lay, index).take(np.arange(len(lay.sizes)), True)
+        carried = carried_columns(table, groups).take(pa.array(parts["seq_index"]))
+        k, seqs = parts.pop("units"), np.diff(lay.seq_bounds)  # nodes, sequences per trie
+        node0, seq0 = offsets_of(k), offsets_of(seqs)
+        parents = parts["parents"]  # numbered in its trie
+        parts["parents"] = np.where(parents >= 0, parents - np.repeat(node0[:-1], k), -1)
+        parts["seq_nodes"] -= np.repeat(node0[:-1], seqs)
+        parts["seq_index"] += self.seqs_read
+        sizes = {"weights": lay.sizes, "seq_index": seqs, "seq_nodes": seqs,
+                 "seq_mask": np.diff(offsets_of(lay.lengths)[lay.seq_bounds])}  # fmt: skip
+        cut = {n: np.split(v, np.cumsum(sizes.get(n, k))[:-1]) for n, v in parts.items()}
+        windows = np.split(tokens, np.cumsum(lay.sizes + k)[:-1])
         self.docs_read += table.num_rows
-        out = []
-        for t in range(source.lengths.shape[0]):
-            tokens, nodes = source.take(np.array([t]), False)
-            nodes["carried"] = carried.take(pa.array(nodes["seq_index"]))
-            nodes["seq_index"] = nodes["seq_index"] + self.seqs_read
-            out.append(Example(tokens, nodes.pop("weights"), "", 0, first, first_example, nodes))
         self.seqs_read += len(groups)
-        return out
+        return [
+            Example(windows[t], cut["weights"][t], "", 0, first, first_example,
+                    {n: v[t] for n, v in cut.items()} | {"carried": carried[seq0[t] : seq0[t + 1]]})
+            for t in range(len(lay.sizes))
+        ]  # fmt: skip
 
     def _examples(self, table: pa.Table, first_example: int) -> list[Example]:
         """The examples of ``table``'s documents (one each, or its ``long_ranges`` pieces)."""
@@ -377,28 +389,3 @@ def _forest(exs: list[Example], starts: np.ndarray, offsets: np.ndarray, ordinal
         "seq_nodes": cat("seq_nodes") + np.repeat(base[:-1], seqs),
         "seq_mask": cat("seq_mask", bool),
     }
-
-
-def _group_starts(table: pa.Table) -> np.ndarray:
-    """Rows of ``table`` where its ``group`` changes, int64 ascending."""
-    group = table["group"]
-    return np.flatnonzero(pc.not_equal(group[1:], group[:-1]).to_numpy(False)) + 1
-
-
-def _whole_groups(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """``tables`` cut where their ``group`` changes: a table's last group waits for the
-    next table (a group's rows are one trie, wherever the source's tables end)."""
-    held = None
-    for table in tables:
-        if held is not None:
-            table = pa.concat_tables([held, table], promote_options="permissive")
-        if "group" not in table.column_names or not table.num_rows:
-            held = None
-            yield table
-            continue
-        last = int(next(iter(_group_starts(table)[::-1]), 0))
-        held = table.slice(last)
-        if last:
-            yield table.slice(0, last)
-    if held is not None:
-        yield held
