@@ -214,6 +214,8 @@ def test_pack_dataset_tree_checks_the_model_as_flat_packing_does():
     )
     with pytest.raises(UnsupportedArchitecture, match="every example <= 16 pairs"):
         pack_dataset(ds, 32, tree=True, model=dynamic)  # prompt 10 + completion 8: 17 pairs
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 16 pairs"):  # a stream
+        list(pack_dataset(ds.to_iterable_dataset(), 32, tree=True, vocab_size=20, model=dynamic))
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 20"):
         pack_dataset(
             ds, 32, tree=True, vocab_size=30, model=LlamaConfig(num_hidden_layers=1, **small)

@@ -71,10 +71,10 @@ from exactpack.pipeline.writer import (
 )
 
 META_KEY = "exactpack"
-#: Stream rows read, checked and tokenized at a time.
-STREAM_CHUNK = 1024
 #: The columns tree packing reads (:data:`~exactpack.core.tree.TREE_COLUMNS`).
 _TREE = {name for names in TREE_COLUMNS for name in names}
+#: Stream rows read, checked and tokenized at a time.
+STREAM_CHUNK = 1024
 
 
 def _options(
@@ -138,8 +138,9 @@ def pack_dataset(
     ``with_format`` is carried over. A stream (:func:`is_stream`) returns a
     ``datasets.IterableDataset`` packed as it is read (:mod:`exactpack.pipeline.stream_engine`;
     ``vocab_size`` or a tokenizer required). ``tree=True`` (or ``options.tree``): tree
-    packing, one record per row (docs/tree.md); a stream is tree-packed in blocks of
-    ``tree_block`` rows, each ending where the ``group`` changes.
+    packing, one record per row (docs/tree.md): a ``Dataset`` as ``pack --tree`` packs a
+    file, a stream by the same engine as flat rows, each group's trie one unit (read
+    ``tree_block`` rows at a time, on to the end of the last one's ``group``).
     """
     import datasets
 
@@ -163,7 +164,7 @@ def pack_dataset(
             " default format with tree=True"
         )
     if stream:
-        return _pack_stream(dataset, opts)
+        return _pack_stream(dataset, opts, model)
     if opts.tree:
         return _pack_forest(dataset, opts, model)
     tokenizer = opts.load_tokenizer()
@@ -235,19 +236,12 @@ def _source(dataset: Any, opts: PackOptions) -> StreamSource:
     return StreamSource(dataset, text_field=opts.text_field)
 
 
-def _as_stream(generate: Any, spec: Any, info: Any = None) -> Any:
-    """A ``datasets.IterableDataset`` of the Arrow tables ``generate(spec)`` yields (a pass
-    each: it re-reads the source), resumable by ``datasets``' own ``state_dict``."""
-    import datasets
-    from datasets.iterable_dataset import ArrowExamplesIterable
-
-    return datasets.IterableDataset(ArrowExamplesIterable(generate, {"spec": spec}), info=info)
-
-
-def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
-    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine`: each
-    chunk's closed rows an Arrow table; under torchrun the end padded with empty rows to a
-    multiple of ``world_size * max_rows_per_batch``. The metadata as a ``Dataset``'s."""
+def _pack_stream(dataset: Any, opts: PackOptions, model: Any) -> Any:
+    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine` (a unit: an
+    example or, with ``opts.tree``, a group's trie): each chunk's closed rows an Arrow
+    table, ``model``'s conditions checked on them; under torchrun flat rows end padded with
+    empty rows to a multiple of ``world_size * max_rows_per_batch``. The metadata as a
+    ``Dataset``'s (tree records: none, their carried columns are known once read)."""
     import datasets
 
     source = _source(dataset, opts)
@@ -301,14 +295,18 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
     )
     if opts.tree:  # records (docs/tree.md): their carried columns are known once read
         info = None
-    spec = (source, binding, settings, trl, pad or 0, opts.max_rows_per_batch)
-    return _as_stream(_stream_tables, spec, info)
+    spec = (source, binding, settings, opts, pad or 0, _check_model(model, binding, pad, 0, opts))
+    from datasets.iterable_dataset import ArrowExamplesIterable
+
+    # a pass each (it re-reads the source), resumable by datasets' own state_dict
+    return datasets.IterableDataset(ArrowExamplesIterable(_stream_tables, {"spec": spec}), info)
 
 
 def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
     """One pass of a stream: the closed rows of each chunk as an Arrow table (tree records:
     a forest shard's rows less ``row``, with the sequences' carried columns)."""
-    source, binding, settings, trl, pad, per_batch = spec
+    source, binding, settings, opts, pad, arch = spec
+    trl = opts.format == "trl"
     engine = StreamPass(source, binding, settings)
     done = 0
     while not engine.source_done:
@@ -317,6 +315,9 @@ def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
         if rows.size:
             cols = engine.rows(placed, rows, done)
             units = [engine.pending.pop(e) for e in placed[0].tolist()]
+            if arch is not None:  # the longest example (or sequence: its deepest node end)
+                depths = 0 if cols.depths is None else cols.depths
+                arch.check_batch(int((cols.lengths + depths).max()), settings.capacity)
             if settings.tree:
                 carried = pa.concat_tables([u.nodes["carried"] for u in units])
                 records = shard_table(cols.to_batch()).drop_columns(["row"])
@@ -325,7 +326,7 @@ def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
                 yield done, trl_table(cols) if trl else shard_table(cols, FULL)
             done += rows.size
     world = stream_world()
-    missing = (-done) % (world * per_batch) if world > 1 and not settings.tree else 0
+    missing = (-done) % (world * opts.max_rows_per_batch) if world > 1 and not opts.tree else 0
     if missing and trl:  # a 2-token row of the pad id, nothing supervised (TRL needs tokens)
         empty = {"input_ids": [[pad] * 2], "labels": [[-100] * 2], "seq_lengths": [[2]]}
         yield done, pa.Table.from_pydict({k: v * missing for k, v in empty.items()}, TRL_SCHEMA)
@@ -339,17 +340,10 @@ def _pack_forest(dataset: Any, opts: PackOptions, model: Any) -> Any:
     ``tree_block`` rows of whole groups, each block's tries planned by the policy), one
     record per row: a forest shard's rows less ``row``, the carried columns
     (:func:`~exactpack.io.trl_schema.carried_columns`) a list per row."""
-
     tok = opts.load_tokenizer()  # DPO text rows are tokenized as TRL's DPOTrainer does
-    vocab = (
-        opts.vocab_size
-        or getattr(tok, "vocab_size", None)
-        or 1
-        + max(
-            (max_id(dataset[n]) for n in dataset.column_names if n in _TREE and n != "group"),
-            default=0,
-        )
-    )
+    read = [n for n in dataset.column_names if n in _TREE and n != "group"]  # default: max + 1
+    vocab = opts.vocab_size or getattr(tok, "vocab_size", None)
+    vocab = vocab or 1 + max((max_id(dataset[n]) for n in read), default=0)
     binding = Binding(int(vocab), getattr(tok, "identity", "pretokenized"), "tree-dataset")
     source = open_input(dataset, opts.split, read_limits(opts))
     budget = StreamBudget.of(opts, source.kind)
@@ -368,13 +362,14 @@ def _pack_forest(dataset: Any, opts: PackOptions, model: Any) -> Any:
 
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, longest: int, opts: PackOptions
-) -> None:
-    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if given."""
+) -> Any:
+    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if
+    given: its :class:`~exactpack.hf.architectures.Architecture` (None without a model)."""
     if model is None:
-        return
+        return None
     from exactpack.hf.capabilities import check_model
 
-    check_model(model, binding, pad, longest, opts.capacity, tree=opts.tree is not None)
+    return check_model(model, binding, pad, longest, opts.capacity, tree=opts.tree is not None)
 
 
 def _tables(
