@@ -49,7 +49,7 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
         "pipeline/pack_tree:pack_tree_path",
         "pipeline/pack_tree:pack_tree_into",
     ),
-    "pack_dataset": ("hf/datasets_io:pack_dataset", "hf/datasets_io:_pack_tree"),
+    "pack_dataset": ("hf/datasets_io:pack_dataset",),
     "HF input builder": ("hf/adapter:hf_inputs", "hf/tree_inputs:tree_inputs"),
     "registered attention function": (
         "hf/attention_impl:exactpack_varlen_attention",
@@ -71,10 +71,7 @@ CONCEPTS: dict[str, tuple[str, ...]] = {
     "loss": ("core/loss:token_weighted_sum", "core/tree:tree_loss_sum"),
     "verifier": ("verify/models:verify_hf",),
     "verify command": ("cli/verify:cmd_verify", "cli/verify_tree:cmd_verify_tree"),
-    "stream engine": (
-        "pipeline/stream_engine:StreamPass",
-        "hf/datasets_io:_stream_tries",
-    ),
+    "stream engine": ("pipeline/stream_engine:StreamPass",),
     "options class": ("pipeline/options:PackOptions",),
     "per-sequence views": ("nn/logprobs:sequence_logprobs",),
     "border for foreign errors": ("core/errors:foreign",),

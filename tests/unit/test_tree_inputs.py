@@ -148,10 +148,11 @@ def test_tree_collator_feeds_a_model():
     assert abs(float(loss.detach()) - total / count) <= 1e-10 + 1e-9 * abs(total / count)
 
 
-def test_pack_dataset_tree_packs_a_stream_block_by_block():
-    """A stream (an ``IterableDataset`` or any iterator) is packed as read, in blocks of
-    ``tree_block`` rows: one block gives the ``Dataset``'s records; small blocks keep every
-    sequence, its supervision and its index in the input."""
+def test_pack_dataset_tree_packs_a_stream_through_the_stream_engine():
+    """A stream (an ``IterableDataset`` or any iterator) is packed as read by the one stream
+    engine, a trie its unit: the Dataset's tries, rows and sequences; under next-fit
+    (``lookahead=1, max_open_rows=1``) the tries in input order; read ``tree_block`` rows at a
+    time, a group's rows still one trie; every sequence keeps its supervision and index."""
     import datasets
 
     from exactpack import PackOptions
@@ -160,12 +161,12 @@ def test_pack_dataset_tree_packs_a_stream_block_by_block():
     rows = [{"prompt_ids": [5, 6 + g % 3], "completion_ids": [[8], [4], [2]]} for g in range(9)]
     whole = list(pack_dataset(datasets.Dataset.from_list(rows), 16, tree=True, vocab_size=20))
     stream = datasets.Dataset.from_list(rows).to_iterable_dataset()
-    assert list(pack_dataset(stream, 16, tree=True, vocab_size=20)) == whole
+    streamed = list(pack_dataset(stream, 16, tree=True, vocab_size=20))
+    small = list(pack_dataset(iter(rows), 16, tree=True, vocab_size=20, lookahead=1,
+                              max_open_rows=1))  # fmt: skip
+    assert [s for r in small for s in sorted(r["sequence_index"])] == list(range(27))
+    assert len(streamed) == len(small) == len(whole) == 3
     opts = PackOptions(max_length=16, vocab_size=20, tree="on", tree_block=2)
-    small = list(pack_dataset(iter(rows), options=opts))
-    # blocks are packed alone: a row holds sequences of one block (2 rows, 6 sequences)
-    assert all(len({s // 6 for s in r["sequence_index"]}) == 1 for r in small)
-    assert not all(len({s // 6 for s in r["sequence_index"]}) == 1 for r in whole)
 
     def sequences(records):
         return {
@@ -176,13 +177,16 @@ def test_pack_dataset_tree_packs_a_stream_block_by_block():
             )
         }
 
-    assert sequences(small) == sequences(whole) and len(sequences(whole)) == 27
+    assert sequences(small) == sequences(streamed) == sequences(whole)
+    assert len(sequences(whole)) == 27
     grouped = [{"input_ids": [5, 6 + g % 3, k + 2], "group": g} for g in range(5) for k in range(3)]
-    for r in pack_dataset(iter(grouped), options=opts):  # a block ends where a group does
+    packed = list(pack_dataset(iter(grouped), options=opts))  # groups cross the 2-row reads
+    assert sorted(s for r in packed for s in r["sequence_index"]) == list(range(15))
+    for r in packed:
         assert all(
             sum(s // 3 == g // 3 for s in r["sequence_index"]) == 3 for g in r["sequence_index"]
         )
-    with pytest.raises(InvalidInput, match="needs vocab_size=") as err:
+    with pytest.raises(InvalidInput, match="pass vocab_size=") as err:
         pack_dataset(iter(rows), 16, tree=True)
     assert "\n" not in str(err.value)
     with pytest.raises(InvalidInput, match="pass max_length="):
@@ -210,6 +214,8 @@ def test_pack_dataset_tree_checks_the_model_as_flat_packing_does():
     )
     with pytest.raises(UnsupportedArchitecture, match="every example <= 16 pairs"):
         pack_dataset(ds, 32, tree=True, model=dynamic)  # prompt 10 + completion 8: 17 pairs
+    with pytest.raises(UnsupportedArchitecture, match="every example <= 16 pairs"):  # a stream
+        list(pack_dataset(ds.to_iterable_dataset(), 32, tree=True, vocab_size=20, model=dynamic))
     with pytest.raises(InvalidInput, match=r"config\.vocab_size is 20"):
         pack_dataset(
             ds, 32, tree=True, vocab_size=30, model=LlamaConfig(num_hidden_layers=1, **small)

@@ -38,10 +38,10 @@ from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
 from exactpack.core.supervision import Objective
-from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
-from exactpack.io.documents import Origin, make_binding
+from exactpack.core.tree import TREE_COLUMNS
+from exactpack.io.documents import make_binding
 from exactpack.io.integrity import check_rows
-from exactpack.io.readers import Input
+from exactpack.io.readers import Input, open_input
 from exactpack.io.shards import (
     FORMAT,
     FULL,
@@ -53,20 +53,12 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
-from exactpack.io.tree_rows import max_id, tree_records
-from exactpack.io.trl_schema import (
-    DPO_TEXT,
-    TRL_FORMAT,
-    TRL_SCHEMA,
-    TRL_VERSION,
-    carry_columns,
-    dpo_text_groups,
-    refuse_trl,
-    trl_table,
-)
-from exactpack.pipeline.budget import StreamBudget
+from exactpack.io.tree_rows import max_id
+from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
+from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.corpus import Corpus, read_corpus
 from exactpack.pipeline.options import PackOptions, check_pad_id
+from exactpack.pipeline.pack_tree import PlannedBlock, tree_blocks, whole_groups, with_carried
 from exactpack.pipeline.stream_engine import NO_PLACEMENTS, StreamPass, StreamSettings, StreamSource
 from exactpack.pipeline.writer import (
     CorpusSource,
@@ -79,10 +71,10 @@ from exactpack.pipeline.writer import (
 )
 
 META_KEY = "exactpack"
-#: Stream rows read, checked and tokenized at a time.
-STREAM_CHUNK = 1024
 #: The columns tree packing reads (:data:`~exactpack.core.tree.TREE_COLUMNS`).
 _TREE = {name for names in TREE_COLUMNS for name in names}
+#: Stream rows read, checked and tokenized at a time.
+STREAM_CHUNK = 1024
 
 
 def _options(
@@ -146,26 +138,35 @@ def pack_dataset(
     ``with_format`` is carried over. A stream (:func:`is_stream`) returns a
     ``datasets.IterableDataset`` packed as it is read (:mod:`exactpack.pipeline.stream_engine`;
     ``vocab_size`` or a tokenizer required). ``tree=True`` (or ``options.tree``): tree
-    packing, one record per row (docs/tree.md); a stream is tree-packed in blocks of
-    ``tree_block`` rows, each ending where the ``group`` changes.
+    packing, one record per row (docs/tree.md): a ``Dataset`` as ``pack --tree`` packs a
+    file, a stream by the same engine as flat rows, each group's trie one unit (read
+    ``tree_block`` rows at a time, on to the end of the last one's ``group``).
     """
     import datasets
 
-    tree = keywords.pop("tree", None)
-    tree = "on" if tree is True else None if tree is False else tree
-    if tree is not None:
-        keywords["tree"] = tree
-    tree = tree or (options.tree if isinstance(options, PackOptions) else None)
+    if isinstance(keywords.get("tree"), bool):
+        keywords["tree"] = "on" if keywords["tree"] else None
     stream = is_stream(dataset)
-    if stream and not tree and policy is None and options is None and "policy" not in keywords:
+    if stream and policy is None and options is None and "policy" not in keywords:
         policy = "stream-best-fit"  # a stream cannot be sorted: its policy, and its options
     model = keywords.pop("model", None)
     opts = _options(max_length, policy, options, keywords)
     _check_model(model, None, None, 0, opts)  # its capability and rows, before any read
-    if opts.tree:
-        return _pack_tree(dataset, opts, model, stream)
+    if opts.tree == "auto":
+        raise InvalidInput(
+            "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
+            " (exactpack pack --tree auto) — pass tree=True with group columns"
+        )
+    if opts.tree and opts.format == "trl":
+        raise InvalidInput(
+            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
+            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
+            " default format with tree=True"
+        )
     if stream:
-        return _pack_stream(dataset, opts)
+        return _pack_stream(dataset, opts, model)
+    if opts.tree:
+        return _pack_forest(dataset, opts, model)
     tokenizer = opts.load_tokenizer()
     corpus = read_corpus(
         dataset,
@@ -235,19 +236,12 @@ def _source(dataset: Any, opts: PackOptions) -> StreamSource:
     return StreamSource(dataset, text_field=opts.text_field)
 
 
-def _as_stream(generate: Any, spec: Any, info: Any = None) -> Any:
-    """A ``datasets.IterableDataset`` of the Arrow tables ``generate(spec)`` yields (a pass
-    each: it re-reads the source), resumable by ``datasets``' own ``state_dict``."""
-    import datasets
-    from datasets.iterable_dataset import ArrowExamplesIterable
-
-    return datasets.IterableDataset(ArrowExamplesIterable(generate, {"spec": spec}), info=info)
-
-
-def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
-    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine`: each
-    chunk's closed rows an Arrow table; under torchrun the end padded with empty rows to a
-    multiple of ``world_size * max_rows_per_batch``. The metadata as a ``Dataset``'s."""
+def _pack_stream(dataset: Any, opts: PackOptions, model: Any) -> Any:
+    """A stream packed as it is read by :mod:`exactpack.pipeline.stream_engine` (a unit: an
+    example or, with ``opts.tree``, a group's trie): each chunk's closed rows an Arrow
+    table, ``model``'s conditions checked on them; under torchrun flat rows end padded with
+    empty rows to a multiple of ``world_size * max_rows_per_batch``. The metadata as a
+    ``Dataset``'s (tree records: none, their carried columns are known once read)."""
     import datasets
 
     source = _source(dataset, opts)
@@ -279,7 +273,8 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
     settings = StreamSettings(
         opts.capacity, opts.pair_capacity, **opts.policy_options, cut_long=opts.cut_long,
         tokenizer=tokenizer, text_field=opts.text_field, partition=opts.split,
-        objective=Objective.of(opts), chunk=STREAM_CHUNK,
+        objective=Objective.of(opts), tree=opts.tree,
+        chunk=opts.tree_block if opts.tree else STREAM_CHUNK,
     )  # fmt: skip
     settings.check_memory()
     trl = opts.format == "trl"
@@ -298,13 +293,20 @@ def _pack_stream(dataset: Any, opts: PackOptions) -> Any:
         description=json.dumps({META_KEY: meta}),
         features=datasets.Features.from_arrow_schema(schema),
     )
-    spec = (source, binding, settings, trl, pad or 0, opts.max_rows_per_batch)
-    return _as_stream(_stream_tables, spec, info)
+    if opts.tree:  # records (docs/tree.md): their carried columns are known once read
+        info = None
+    spec = (source, binding, settings, opts, pad or 0, _check_model(model, binding, pad, 0, opts))
+    from datasets.iterable_dataset import ArrowExamplesIterable
+
+    # a pass each (it re-reads the source), resumable by datasets' own state_dict
+    return datasets.IterableDataset(ArrowExamplesIterable(_stream_tables, {"spec": spec}), info)
 
 
 def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
-    """One pass of a flat stream: the closed rows of each chunk as an Arrow table."""
-    source, binding, settings, trl, pad, per_batch = spec
+    """One pass of a stream: the closed rows of each chunk as an Arrow table (tree records:
+    a forest shard's rows less ``row``, with the sequences' carried columns)."""
+    source, binding, settings, opts, pad, arch = spec
+    trl = opts.format == "trl"
     engine = StreamPass(source, binding, settings)
     done = 0
     while not engine.source_done:
@@ -312,12 +314,19 @@ def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
         rows = np.unique(placed[1])
         if rows.size:
             cols = engine.rows(placed, rows, done)
-            for e in placed[0].tolist():
-                del engine.pending[e]
-            yield done, trl_table(cols) if trl else shard_table(cols, FULL)
+            units = [engine.pending.pop(e) for e in placed[0].tolist()]
+            if arch is not None:  # the longest example (or sequence: its deepest node end)
+                depths = 0 if cols.depths is None else cols.depths
+                arch.check_batch(int((cols.lengths + depths).max()), settings.capacity)
+            if settings.tree:
+                carried = pa.concat_tables([u.nodes["carried"] for u in units])
+                records = shard_table(cols.to_batch()).drop_columns(["row"])
+                yield done, with_carried(records, carried, cols.seq_index)
+            else:
+                yield done, trl_table(cols) if trl else shard_table(cols, FULL)
             done += rows.size
     world = stream_world()
-    missing = (-done) % (world * per_batch) if world > 1 else 0
+    missing = (-done) % (world * opts.max_rows_per_batch) if world > 1 and not opts.tree else 0
     if missing and trl:  # a 2-token row of the pad id, nothing supervised (TRL needs tokens)
         empty = {"input_ids": [[pad] * 2], "labels": [[-100] * 2], "seq_lengths": [[2]]}
         yield done, pa.Table.from_pydict({k: v * missing for k, v in empty.items()}, TRL_SCHEMA)
@@ -325,99 +334,42 @@ def _stream_tables(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
         yield done, shard_table(engine.rows(NO_PLACEMENTS, np.arange(missing), done), FULL)
 
 
-def _pack_tree(dataset: Any, opts: PackOptions, model: Any, stream: bool) -> Any:
-    """``pack_dataset(..., tree=True)`` (docs/tree.md): the tree columns (``prompt_ids`` +
-    ``completion_ids``, TRL's DPO ``prompt_ids`` / ``chosen_ids`` / ``rejected_ids`` or its
-    text ``prompt`` / ``chosen`` / ``rejected`` with ``tokenizer=``, or ``input_ids`` +
-    ``group``) as one record per row, scalar columns carried per sequence
-    (:func:`~exactpack.io.trl_schema.carry_columns`): a ``Dataset`` (or, for a stream, an
-    ``IterableDataset`` packed block by block)."""
-    import datasets
-
-    if opts.tree == "auto":
-        raise InvalidInput(
-            "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
-            " (exactpack pack --tree auto) — pass tree=True with group columns"
-        )
-    if opts.format == "trl":
-        raise InvalidInput(
-            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
-            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
-            " default format with tree=True"
-        )
+def _pack_forest(dataset: Any, opts: PackOptions, model: Any) -> Any:
+    """``pack_dataset(Dataset, tree=True)`` (docs/tree.md): ``dataset`` tree-packed as
+    ``exactpack pack --tree`` packs a file (:mod:`exactpack.pipeline.pack_tree`: blocks of
+    ``tree_block`` rows of whole groups, each block's tries planned by the policy), one
+    record per row: a forest shard's rows less ``row``, the carried columns
+    (:func:`~exactpack.io.trl_schema.carried_columns`) a list per row."""
     tok = opts.load_tokenizer()  # DPO text rows are tokenized as TRL's DPOTrainer does
+    read = [n for n in dataset.column_names if n in _TREE and n != "group"]  # default: max + 1
     vocab = opts.vocab_size or getattr(tok, "vocab_size", None)
-    if stream and vocab is None:
-        raise InvalidInput(
-            "pack_dataset(stream, tree=True) needs vocab_size= (a stream is not read twice"
-            " to find its largest id)"
-        )
-    vocab = vocab or 1 + max(
-        (max_id(dataset[n]) for n in dataset.column_names if n in _TREE and n != "group"),
-        default=0,
-    )
+    vocab = vocab or 1 + max((max_id(dataset[n]) for n in read), default=0)
     binding = Binding(int(vocab), getattr(tok, "identity", "pretokenized"), "tree-dataset")
-    block = opts.tree_block if stream else sys.maxsize  # a Dataset: one block
-    spec = (_source(dataset, opts), binding, tok, opts, model, block)
-    if stream:
-        return _as_stream(_stream_tries, spec)
-    return datasets.Dataset.from_list([r for _, t in _stream_tries(spec) for r in t.to_pylist()])
-
-
-def _tries(
-    table: pa.Table, binding: Binding, tok: Any, opts: PackOptions, model: Any, first: int
-) -> tuple[list[dict[str, list[Any]]], int]:
-    """The tree records of ``table``'s groups (its scalar columns carried), sequences
-    numbered from ``first``; how many."""
-    names = table.column_names
-    if set(DPO_TEXT) <= set(names) and not any(set(c) <= set(names) for c in TREE_COLUMNS):
-        groups, index = dpo_text_groups(table, Origin((("dataset", -first, "row"),)), tok, binding)
-    else:
-        columns = {n: table.column(n).to_pylist() if n in _TREE else [] for n in names}
-        groups, index = groups_from_columns(columns, binding)
-    longest = int(groups.lengths.max()) if len(groups) else 0
-    _check_model(model, groups.binding, None, longest, opts)
-    policy = {"policy": opts.policy, **opts.policy_options}
-    (batch,) = pack_tree(groups, opts.capacity, **policy).batches
-    batch = dataclasses.replace(batch, seq_index=first + index[batch.seq_index])
-    return carry_columns(tree_records(batch), table, groups, first), len(index)
-
-
-def _stream_tries(spec: tuple) -> Iterator[tuple[int, pa.Table]]:
-    """Tree records, block by block (read by the stream engine's source): ``block`` rows at
-    least, then up to where the ``group`` changes (a group's adjacent rows stay one trie),
-    each block packed alone; a ``Dataset`` is one block."""
-    source, binding, tok, opts, model, block = spec
-    rows: list[dict] = []
-    first = done = 0
-
-    def flush() -> Iterator[tuple[int, pa.Table]]:
-        nonlocal first, done
-        keys = dict.fromkeys(k for r in rows for k in r)  # every row's columns, in order
-        table = pa.Table.from_pydict({k: [r.get(k) for r in rows] for k in keys})
-        records, count = _tries(table, binding, tok, opts, model, first)
-        first, done = first + count, done + len(records)
-        rows.clear()
-        yield done, pa.Table.from_pylist(records)
-
-    for table in source.tables(0, STREAM_CHUNK):
-        for row in table.to_pylist():
-            if len(rows) >= block and row.get("group", rows) != rows[-1].get("group"):
-                yield from flush()
-            rows.append(row)
-    if rows:
-        yield from flush()
+    source = open_input(dataset, opts.split, read_limits(opts))
+    budget = StreamBudget.of(opts, source.kind)
+    tables = []
+    for groups, index, carried in tree_blocks(whole_groups(source, opts), opts, binding, tok):
+        _check_model(model, binding, None, int(groups.lengths.max(initial=0)), opts)
+        block = PlannedBlock.of(groups, index, carried, opts, budget)
+        tables.append(block.table(0, block.plan.num_rows).drop_columns(["row"]))
+    if not tables:
+        raise InvalidInput(f"{source.name}: holds no rows — nothing to pack")
+    fingerprint = _fingerprint(
+        getattr(dataset, "_fingerprint", None), {"tree": opts.manifest_fields()}
+    )
+    return _as_dataset(pa.concat_tables(tables), None, fingerprint, None)
 
 
 def _check_model(
     model: Any, binding: Binding | None, pad: int | None, longest: int, opts: PackOptions
-) -> None:
-    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if given."""
+) -> Any:
+    """:func:`exactpack.hf.capabilities.check_model` of ``pack_dataset(..., model=)``, if
+    given: its :class:`~exactpack.hf.architectures.Architecture` (None without a model)."""
     if model is None:
-        return
+        return None
     from exactpack.hf.capabilities import check_model
 
-    check_model(model, binding, pad, longest, opts.capacity, tree=opts.tree is not None)
+    return check_model(model, binding, pad, longest, opts.capacity, tree=opts.tree is not None)
 
 
 def _tables(

@@ -1,6 +1,6 @@
 """TRL's data: its packed schema (``--format trl``), rows that TRL and transformers consume
 unchanged; its DPO tokenization (:func:`dpo_text_groups`); the per-pair columns tree rows
-carry (:func:`carried_columns`, :func:`carry_columns`).
+carry (:func:`carried_columns`).
 
 One table row per packed row (``K`` examples in it, ``n_i`` tokens each)::
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -204,22 +203,6 @@ def carried_columns(table: pa.Table, groups: SequenceGroups) -> pa.Table:
     used = next((c for c in TREE_COLUMNS if set(c) <= set(table.column_names)), None)
     rows = np.arange(len(groups)) if used == TREE_COLUMNS[-1] else groups.group
     return table.select(names).take(pa.array(rows, pa.int64()))
-
-
-def carry_columns(
-    records: list[dict[str, Any]], table: pa.Table, groups: SequenceGroups, first: int = 0
-) -> list[dict[str, Any]]:
-    """``records`` (tree rows of ``table``'s sequences, numbered from ``first``) with each
-    :func:`carried_columns` column as a list per record, one value per sequence of
-    ``sequence_index``::
-
-        input row 0   prompt_ids P, chosen_ids C, rejected_ids R, id "a", ref_chosen_logps -3.5
-        record        ..., sequence_index [0, 1], id ["a", "a"], ref_chosen_logps [-3.5, -3.5]
-    """
-    for name, values in carried_columns(table, groups).to_pydict().items():
-        for rec in records:
-            rec[name] = [values[i - first] for i in rec["sequence_index"]]
-    return records
 
 
 def _nulls(column: pa.ChunkedArray) -> int:

@@ -277,14 +277,7 @@ class PlannedBlock:
             d = min(c + self.per_call, b)
             batch = gather_rows(source, storage, c, d).to_batch()
             tables.append(shard_table(batch, first_row=first + c))
-        table = pa.concat_tables(tables)
-        seq = table.column("sequence_index").combine_chunks()
-        offsets = np.asarray(seq.offsets) - seq.offsets[0].as_py()
-        take = seq.flatten().to_numpy() - (int(self.index.min()) if self.index.size else 0)
-        for name, column in zip(self.carried.column_names, self.carried.columns, strict=True):
-            values = pa.ListArray.from_arrays(offsets, column.take(take).combine_chunks())
-            table = table.append_column(name, values)
-        return table
+        return with_carried(pa.concat_tables(tables), self.carried, np.sort(self.index))
 
     def counts(self) -> dict[str, int]:
         """This block's :data:`COUNTED` (``batches``: its own model calls, shard by shard)."""
@@ -295,6 +288,19 @@ class PlannedBlock:
                   int(layout.sizes.sum()), int(layout.lengths.sum()),
                   int(groups.loss_mask.sum()), plan.num_rows, 1)  # fmt: skip
         return dict(zip(COUNTED, counts, strict=True))
+
+
+def with_carried(table: pa.Table, carried: pa.Table, index: np.ndarray) -> pa.Table:
+    """``table`` (forest rows) with ``carried``'s columns (row ``i``: sequence ``index[i]``'s
+    values) as a list per row, one value per sequence of its ``sequence_index``."""
+    seq = table.column("sequence_index").combine_chunks()
+    offsets = np.asarray(seq.offsets) - seq.offsets[0].as_py()
+    order = np.argsort(index)
+    take = order[np.searchsorted(index[order], seq.flatten().to_numpy())]
+    for name, column in zip(carried.column_names, carried.columns, strict=True):
+        values = pa.ListArray.from_arrays(offsets, column.take(take).combine_chunks())
+        table = table.append_column(name, values)
+    return table
 
 
 #: What ``pack --tree`` counts, block by block (:meth:`PlannedBlock.counts`).

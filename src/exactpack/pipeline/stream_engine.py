@@ -3,8 +3,12 @@
 ::
 
     source ──StreamSource.tables──▶ chunk_from_arrow (columns checked, tokenized, vocabulary)
-        ──▶ examples (long ones cut) ──StreamPacker.push──▶ placements of closed rows
-        ──StreamPass.rows──▶ CompactRows
+        ──▶ units (examples, long ones cut; or tries) ──StreamPacker.push──▶ placements of
+        closed rows ──StreamPass.rows──▶ CompactRows (forest rows for tries)
+
+A unit is what the packer places whole: a flat example (a one-node trie) or, with
+``tree``, a group's trie (a DPO pair, a GRPO group, ``input_ids`` rows of one ``group``:
+:func:`~exactpack.pipeline.pack_tree.block_groups`), the rows of one group read together.
 
 One pass reads ``chunk`` documents at a time; memory is the packer's ``lookahead`` and
 ``max_open_rows`` (:func:`~exactpack.core.stream_packer.stream_bytes`), one chunk, and the
@@ -30,7 +34,7 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.compact import CompactRows
 from exactpack.core.config import check_segment_namespace
 from exactpack.core.errors import BudgetExceeded, InvalidInput, OversizedExample
-from exactpack.core.examples import long_ranges
+from exactpack.core.examples import long_ranges, offsets_of
 from exactpack.core.stream_packer import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_OPEN_ROWS,
@@ -39,10 +43,13 @@ from exactpack.core.stream_packer import (
     stream_bytes,
 )
 from exactpack.core.supervision import Objective
-from exactpack.io.columns import chunk_from_arrow, sft_columns
+from exactpack.core.tree import TrieSource, build_layout
+from exactpack.io.columns import check_split, chunk_from_arrow, sft_columns
 from exactpack.io.documents import Origin
 from exactpack.io.tokenizers import Tokenizer
+from exactpack.io.trl_schema import carried_columns
 from exactpack.pipeline.corpus import is_sft, refuse_cut_sft
+from exactpack.pipeline.pack_tree import block_groups
 
 #: Bytes a closed row waiting for its step holds per cell: its token (int32) and flag.
 WAITING_CELL_BYTES = 4 + 1
@@ -123,12 +130,23 @@ class StreamSource:
 
 @dataclass(frozen=True, eq=False)
 class Example:
-    window: np.ndarray  # int32 [len + 1]
-    loss_mask: np.ndarray  # bool [len]
+    """A unit: an example's ``window`` int32 [len + 1] and ``loss_mask`` bool [len]; a trie
+    (``nodes``: :class:`~exactpack.core.tree.TrieSource`'s parts of it, trie-local, and its
+    sequences' ``carried`` columns) its nodes' windows back to back and its cells' weights
+    int32 [size]."""
+
+    window: np.ndarray
+    loss_mask: np.ndarray
     source_id: str
     start: int
     doc: int
     doc_first_example: int
+    nodes: dict[str, Any] | None = None
+
+    @property
+    def size(self) -> int:
+        """Cells it takes in a row (an example's prediction pairs)."""
+        return int(self.loss_mask.shape[0])
 
 
 @dataclass(frozen=True)
@@ -151,6 +169,7 @@ class StreamSettings:
     chunk: int = 1024
     name: str = "stream"  # what an error calls a document: "stream row 3"
     rows_per_step: int = 1  # closed rows held at once (StreamDataset: one step)
+    tree: str | None = None  # "on": a unit is a group's trie
 
     def packer(self) -> dict[str, int]:
         """The packer's settings, as a manifest records them."""
@@ -193,14 +212,14 @@ class StreamPass:
             seed=settings.seed, kernels=settings.kernels, stream=binding.split_id,
         )  # fmt: skip
         self.pending: dict[int, Example] = {}
-        self.docs_read = 0
+        self.docs_read = self.seqs_read = 0
         self.source_done = False
         self._tables: Iterator[pa.Table] | None = None
         self._left: pa.Table | None = None
 
     def read(self, count: int, first_example: int) -> tuple[list[Example], int]:
-        """Up to ``count`` next documents as examples numbered from ``first_example``; how
-        many documents were read."""
+        """Up to ``count`` next documents (with ``tree``: on to the end of the last one's
+        group) as units numbered from ``first_example``; how many documents were read."""
         if self._tables is None:
             self._tables = self.source.tables(self.docs_read, self.s.chunk)
         out: list[Example] = []
@@ -210,9 +229,44 @@ class StreamPass:
             if table is None:
                 break
             want = count - (self.docs_read - start)
+            while self.s.tree and "group" in table.column_names:  # a group's rows: one trie
+                group = table["group"]
+                after = np.flatnonzero(pc.not_equal(group[1:], group[:-1]).to_numpy(False)) + 1
+                more = None if (after >= want).any() else next(self._tables, None)
+                if more is None:
+                    want = int(next(iter(after[after >= want]), table.num_rows))
+                    break
+                table = pa.concat_tables([table, more], promote_options="permissive")
             self._left = table.slice(want) if table.num_rows > want else None
-            out += self._examples(table.slice(0, want), first_example + len(out))
+            units = self._tries if self.s.tree else self._examples
+            out += units(table.slice(0, want), first_example + len(out))
         return out, self.docs_read - start
+
+    def _tries(self, table: pa.Table, first_example: int) -> list[Example]:
+        """The tries of ``table``'s groups, their sequences numbered on from the last's."""
+        first, origin = self.docs_read, Origin(((self.s.name, -self.docs_read, "row"),))
+        check_split(table, origin, self.s.partition)
+        groups, index = block_groups(table, origin, self.binding, self.s.tokenizer, self.s)
+        lay = build_layout(groups, self.s.capacity)
+        tokens, parts = TrieSource(groups, lay, index).take(np.arange(len(lay.sizes)), True)
+        carried = carried_columns(table, groups).take(pa.array(parts["seq_index"]))
+        k, seqs = parts.pop("units"), np.diff(lay.seq_bounds)  # nodes, sequences per trie
+        node0, seq0 = offsets_of(k), offsets_of(seqs)
+        parents = parts["parents"]  # numbered in its trie
+        parts["parents"] = np.where(parents >= 0, parents - np.repeat(node0[:-1], k), -1)
+        parts["seq_nodes"] -= np.repeat(node0[:-1], seqs)
+        parts["seq_index"] += self.seqs_read
+        sizes = {"weights": lay.sizes, "seq_index": seqs, "seq_nodes": seqs,
+                 "seq_mask": np.diff(offsets_of(lay.lengths)[lay.seq_bounds])}  # fmt: skip
+        cut = {n: np.split(v, np.cumsum(sizes.get(n, k))[:-1]) for n, v in parts.items()}
+        windows = np.split(tokens, np.cumsum(lay.sizes + k)[:-1])
+        self.docs_read += table.num_rows
+        self.seqs_read += len(groups)
+        return [
+            Example(windows[t], cut["weights"][t], "", 0, first, first_example,
+                    {n: v[t] for n, v in cut.items()} | {"carried": carried[seq0[t] : seq0[t + 1]]})
+            for t in range(len(lay.sizes))
+        ]  # fmt: skip
 
     def _examples(self, table: pa.Table, first_example: int) -> list[Example]:
         """The examples of ``table``'s documents (one each, or its ``long_ranges`` pieces)."""
@@ -263,7 +317,7 @@ class StreamPass:
         check_segment_namespace(first + len(examples))
         placed = NO_PLACEMENTS
         if examples:
-            pieces = np.array([e.window.shape[0] - 1 for e in examples], dtype=np.int64)
+            pieces = np.array([e.size for e in examples], dtype=np.int64)
             placed = tuple(self.packer.push(pieces + int(self.s.count_tokens)))
             self.pending.update(zip(range(first, first + len(examples)), examples, strict=True))
         if read < self.s.chunk:
@@ -273,30 +327,65 @@ class StreamPass:
         return placed
 
     def rows(self, placed: tuple, rows: np.ndarray, first_row: int) -> CompactRows:
-        """Global ``rows`` (ascending) of the placements ``placed``, as compact rows."""
+        """Global ``rows`` (ascending) of the placements ``placed``, as compact rows (forest
+        rows where a unit is a trie: its nodes the occurrences, as
+        :func:`~exactpack.core.compact.gather_rows` lays a trie out)."""
         example, row, start = placed
         take = np.flatnonzero(np.isin(row, rows))  # already in (row, start) order
         local = np.searchsorted(rows, row[take])
         exs = [self.pending[e] for e in example[take].tolist()]
         offsets = np.searchsorted(local, np.arange(rows.size + 1, dtype=np.int64))
-        lengths = np.array([e.window.shape[0] - 1 for e in exs], dtype=np.int64)
-        ids = np.array([e.source_id for e in exs], dtype=object)
-        range_starts = np.array([e.start for e in exs], dtype=np.int64)
-        range_ends = range_starts + lengths + 1
-        names = [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)]
+        fields = (_forest if self.s.tree else _flat)(exs, start[take], offsets, example[take])
         return CompactRows(
             tokens=np.concatenate([np.zeros(0, np.int32)] + [e.window for e in exs]),
-            loss_mask=np.concatenate([np.zeros(0, bool)] + [e.loss_mask for e in exs]),
-            lengths=lengths,
-            starts=start[take],
-            row_offsets=offsets.astype(np.int64),
-            ordinals=example[take],
-            source_ids=ids,
-            example_ids=np.array(names, dtype=object),
-            range_starts=range_starts,
-            range_ends=range_ends,
             capacity=self.s.capacity,
             partition=self.s.partition,
             binding=self.binding,
             first_row=first_row,
+            **fields,
         )
+
+
+def _flat(exs: list[Example], starts: np.ndarray, offsets: np.ndarray, ordinals: np.ndarray):
+    """:class:`CompactRows` fields of examples placed at ``starts``."""
+    lengths = np.array([e.size for e in exs], dtype=np.int64)
+    ids = np.array([e.source_id for e in exs], dtype=object)
+    range_starts = np.array([e.start for e in exs], dtype=np.int64)
+    range_ends = range_starts + lengths + 1
+    names = [f"{s}[{a}:{b}]" for s, a, b in zip(ids, range_starts, range_ends, strict=True)]
+    return {
+        "loss_mask": np.concatenate([np.zeros(0, bool)] + [e.loss_mask for e in exs]),
+        "lengths": lengths,
+        "starts": starts,
+        "row_offsets": offsets.astype(np.int64),
+        "ordinals": ordinals,
+        "source_ids": ids,
+        "example_ids": np.array(names, dtype=object),
+        "range_starts": range_starts,
+        "range_ends": range_ends,
+    }
+
+
+def _forest(exs: list[Example], starts: np.ndarray, offsets: np.ndarray, ordinals: np.ndarray):
+    """:class:`CompactRows` fields of tries placed at ``starts``: their nodes numbered on."""
+    nodes = [e.nodes for e in exs]
+    k = np.array([len(n["lengths"]) for n in nodes], dtype=np.int64)  # nodes per trie
+    base = offsets_of(k)
+
+    def cat(name: str, dtype: Any = np.int64) -> np.ndarray:
+        return np.concatenate([np.zeros(0, dtype)] + [n[name] for n in nodes])
+
+    parents = cat("parents")
+    seqs = [len(n["seq_index"]) for n in nodes]
+    return {
+        "lengths": cat("lengths"),
+        "starts": np.repeat(starts, k) + cat("starts"),
+        "row_offsets": base[offsets],
+        "ordinals": np.repeat(ordinals, k),
+        "parents": np.where(parents >= 0, parents + np.repeat(base[:-1], k), -1),
+        "depths": cat("depths"),
+        "weights": np.concatenate([np.zeros(0, np.int32)] + [e.loss_mask for e in exs]),
+        "seq_index": cat("seq_index"),
+        "seq_nodes": cat("seq_nodes") + np.repeat(base[:-1], seqs),
+        "seq_mask": cat("seq_mask", bool),
+    }
