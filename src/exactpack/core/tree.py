@@ -204,6 +204,17 @@ TREE_COLUMNS = (
 _TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 
 
+def max_id(values: Any) -> int:
+    """The largest int in nested lists of the tree columns (0 when there is none)."""
+    out = 0
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out = max(out, max_id(v))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            out = max(out, int(v))
+    return out
+
+
 def groups_from_columns(
     columns: dict[str, Any], binding: Binding, where: Callable[[int], str] | None = None
 ) -> tuple[SequenceGroups, np.ndarray]:
@@ -548,6 +559,7 @@ __all__ = [
     "TrieSource",
     "build_layout",
     "groups_from_columns",
+    "max_id",
     "pack_tree",
     "plan_tries",
     "refuse_flattened",

@@ -38,7 +38,7 @@ from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
 from exactpack.core.supervision import Objective
-from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, pack_tree
+from exactpack.core.tree import TREE_COLUMNS, groups_from_columns, max_id, pack_tree
 from exactpack.io.documents import Origin, make_binding
 from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input
@@ -50,10 +50,10 @@ from exactpack.io.shards import (
     layout_of,
     list_array,
     manifest_record,
+    row_records,
     shard_table,
     union,
 )
-from exactpack.io.tree_rows import max_id, tree_records
 from exactpack.io.trl_schema import (
     DPO_TEXT,
     TRL_FORMAT,
@@ -380,7 +380,7 @@ def _tries(
     policy = {"policy": opts.policy, **opts.policy_options}
     (batch,) = pack_tree(groups, opts.capacity, **policy).batches
     batch = dataclasses.replace(batch, seq_index=first + index[batch.seq_index])
-    return carry_columns(tree_records(batch), table, groups, first), len(index)
+    return carry_columns(row_records(batch), table, groups, first), len(index)
 
 
 def _stream_tries(spec: tuple) -> Iterator[tuple[int, pa.Table]]:

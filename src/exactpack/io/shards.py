@@ -265,6 +265,8 @@ def shard_table(
     ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`);
     forest rows (a tree batch: node columns) as the forest columns, ``row`` numbered from
     ``first_row``: a row's used cells (a prefix of it), node ids row-local, its sequences."""
+    if isinstance(cols, CompactRows) and cols.parents is not None:
+        cols = cols.to_batch()
     if not isinstance(cols, CompactRows):
         return _forest_table(cols, first_row)
     cols = arrow_ids(cols)
@@ -297,6 +299,14 @@ def shard_table(
         columns["range_starts"] = list_array(occ, starts, pa.int64())
         columns["range_ends"] = list_array(occ, ends, pa.int64())
     return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
+
+
+def row_records(rows: CompactRows | PackedBatch) -> list[dict[str, Any]]:
+    """The records view of packed rows, flat or forest: one dict per row, the columns of
+    :func:`shard_table` less ``row`` (what ``pack_dataset`` returns and
+    ``load_packed(...).records()`` reads back; forest rows' node columns are absent on flat
+    rows)."""
+    return shard_table(rows).drop_columns(["row"]).to_pylist()
 
 
 def _forest_table(batch: PackedBatch, first_row: int) -> pa.Table:
