@@ -542,13 +542,8 @@ def pack_tree(
     in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
     layout = build_layout(groups, max_length)
     plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
-    per = max_rows_per_batch or max(plan.num_rows, 1)
-    source, storage = TrieSource(groups, layout), Storage.of(plan)
-    batches = [
-        gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()
-        for a in range(0, plan.num_rows, per)
-    ]
-    return TreeEpoch(batches, layout, plan)
+    rows = gather_rows(TrieSource(groups, layout), Storage.of(plan), 0, plan.num_rows)
+    return TreeEpoch(list(rows.batches(max_rows_per_batch or max(plan.num_rows, 1))), layout, plan)
 
 
 __all__ = [
