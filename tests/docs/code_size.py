@@ -25,11 +25,7 @@ PACKAGE = SRC / "exactpack"
 #: package, without ``.py``). One entry left per concept is the goal.
 CONCEPTS: dict[str, tuple[str, ...]] = {
     "batch type": ("core/batch:PackedBatch", "core/tree:TreeBatch"),
-    "compact form": (
-        "core/compact:CompactRows",
-        "io/tree_store:tree_records",
-        "io/tree_rows:tree_records",
-    ),
+    "compact form": ("core/compact:CompactRows",),
     "gather": ("core/compact:gather_rows", "core/tree:materialize"),
     "on-disk format": (
         "io/shards:shard_table",

@@ -142,7 +142,7 @@ def _tree_rows():
     """Tree records of groups (a shared prefix, two or three continuations, every target
     supervised: the prefix's weights count its sequences), 16 cells a row."""
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_rows import tree_records
+    from exactpack.io.shards import row_records
 
     from support.strategies import BINDING
 
@@ -155,11 +155,11 @@ def _tree_rows():
     groups = SequenceGroups.from_lists(groups, BINDING)
     (batch,) = pack_tree(groups, 16, policy="best-fit-decreasing").batches
     assert int(batch.weights.max()) > 1  # a shared prefix supervised by several sequences
-    return tree_records(batch)
+    return row_records(batch)
 
 
 def _tree_batch(records, rows):
-    from exactpack.io.tree_rows import tree_batch_from_rows
+    from exactpack.io.store import tree_batch_from_rows
 
     return tree_batch_from_rows([records[r] for r in rows], 16, 266)
 

@@ -444,7 +444,7 @@ def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     documented ``hf_inputs(batch, attn, config=model.config)`` (and ``hf_collator(tree=True)``)
     feed the offset, so every sequence's logits equal its run alone; the depths without
     the offset (what a config-only check fed) are far off."""
-    from exactpack.io.tree_rows import tree_records
+    from exactpack.io.shards import row_records
 
     from support.architecture_tiny import tiny_config, tree_model
 
@@ -455,7 +455,7 @@ def test_roberta_position_offset_on_tree_inputs_is_exact(attn):
     kwargs = hf_inputs(batch, attn, config=model.config, dtype=torch.float64)
     assert int(kwargs["position_ids"][0, 0]) == model.config.pad_token_id + 1
     collated = tree_collator(24, 266, attn, config=model.config, dtype=torch.float64)(
-        tree_records(batch)
+        row_records(batch)
     )
     torch.testing.assert_close(collated["position_ids"], kwargs["position_ids"])
 
@@ -532,7 +532,7 @@ def test_tree_batches_are_held_to_the_flat_conditions(
 ):
     from exactpack.hf.architectures import UnsupportedArchitecture
     from exactpack.hf.capabilities import capability
-    from exactpack.io.tree_rows import tree_records
+    from exactpack.io.shards import row_records
 
     from support.architecture_tiny import tiny_config
 
@@ -545,14 +545,14 @@ def test_tree_batches_are_held_to_the_flat_conditions(
         hf_inputs(tree, "sdpa", config=cfg)
     collator = tree_collator(capacity, 266, "sdpa", config=cfg)
     with pytest.raises(UnsupportedArchitecture, match=why):
-        collator(tree_records(tree))
+        collator(row_records(tree))
     if model_type == "llama4_text":  # a row condition: the same tree in 7 columns passes
         capacity = 7
     ok, _ = tree_and_flat(within, capacity)
     assert max(np.diff(ok.sequences()[1])) == ok.longest
     hf_inputs(ok, "sdpa", config=cfg)
     collator = tree_collator(capacity, 266, "sdpa", config=cfg)
-    collator(tree_records(ok))
+    collator(row_records(ok))
 
 
 def test_tree_attention_is_registered_on_import():

@@ -19,7 +19,7 @@ from exactpack.core.binding import Binding
 from exactpack.core.tree import SequenceGroups, pack_tree
 from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.collator import hf_collator
-from exactpack.io.tree_rows import tree_records
+from exactpack.io.shards import row_records
 from exactpack.verify.fixture import fixture_batch
 
 #: The fixture's positions: rows A+B and C, padding 0 (verify/fixture.py's drawing).
@@ -61,7 +61,7 @@ def test_roberta_tree_positions_by_hand():
 
 
 def test_the_tree_collator_passes_the_offset_on():
-    records = tree_records(drawn_tree())
+    records = row_records(drawn_tree())
     collate = hf_collator("sdpa", max_length=12, binding=Binding(266, "t", "sha256:t"),
                          tree=True, config=roberta(1))  # fmt: skip
     got = collate(records)["position_ids"].tolist()

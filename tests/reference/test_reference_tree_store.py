@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from exactpack.core.loss import token_weighted_sum
-from exactpack.io.store import load_packed
-from exactpack.io.tree_rows import tree_batch_from_rows, tree_records
+from exactpack.io.shards import row_records
+from exactpack.io.store import load_packed, tree_batch_from_rows
 from exactpack.pipeline import pack_path
 
 VOCAB = 40
@@ -189,7 +189,7 @@ def test_the_reloaded_batch_is_the_in_memory_packing(packed):
         columns["prompt_ids"], columns["completion_ids"], binding
     )
     epoch = pack_tree(groups, CAPACITY, policy="best-fit-decreasing")
-    rows = [rec for b in epoch.batches for rec in tree_records(b)]
+    rows = [rec for b in epoch.batches for rec in row_records(b)]
     want = tree_batch_from_rows(rows, CAPACITY, VOCAB)
     got = _reloaded(out)
     for name in ("inputs", "targets", "positions", "segments", "node_ends", "weights", "loss_mask"):

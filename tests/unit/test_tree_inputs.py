@@ -72,7 +72,7 @@ def test_pack_dataset_tree_rows_round_trip():
     import torch
 
     from exactpack.hf import pack_dataset
-    from exactpack.io.tree_rows import tree_batch_from_rows
+    from exactpack.io.store import tree_batch_from_rows
     from exactpack.nn.logprobs import sequence_logprobs
 
     ds = datasets.Dataset.from_dict(
@@ -230,7 +230,7 @@ def test_pack_dataset_tree_reads_trl_dpo_columns_and_carries_per_pair_columns():
     import datasets
 
     from exactpack.hf import pack_dataset
-    from exactpack.io.tree_rows import tree_batch_from_rows
+    from exactpack.io.store import tree_batch_from_rows
 
     trl = {
         "prompt_ids": [[5, 6, 7], [1, 2]],

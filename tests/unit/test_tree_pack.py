@@ -23,7 +23,7 @@ from exactpack.pipeline import pack_path
 
 datasets = pytest.importorskip("datasets")
 from exactpack.hf import pack_dataset  # noqa: E402
-from exactpack.io.tree_rows import tree_batch_from_rows  # noqa: E402
+from exactpack.io.store import tree_batch_from_rows  # noqa: E402
 
 VOCAB = 40
 ARRAYS = (
@@ -439,7 +439,7 @@ def test_records_of_many_rows_collate_to_the_packed_batch():
 
     from exactpack.core.binding import Binding
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_rows import tree_records
+    from exactpack.io.shards import row_records
 
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, VOCAB, 8) for _ in range(12)]
@@ -447,7 +447,7 @@ def test_records_of_many_rows_collate_to_the_packed_batch():
     groups = SequenceGroups.from_prompt_completions(prompts, comps, Binding(VOCAB, "t", "s"))
     (want,) = pack_tree(groups, 24).batches
     assert want.shape[0] >= 3
-    got = tree_batch_from_rows(tree_records(want), 24, VOCAB)
+    got = tree_batch_from_rows(row_records(want), 24, VOCAB)
     for field in dataclasses.fields(want):
         if field.name not in ("occurrences", "partition", "binding", "first_row"):
             np.testing.assert_array_equal(
@@ -661,13 +661,13 @@ def test_parent_ids_are_held_to_the_nodes_by_hand():
     inside one node, a parent that is no earlier node, a root given a parent."""
     from exactpack.core.binding import Binding
     from exactpack.core.tree import SequenceGroups, pack_tree
-    from exactpack.io.tree_rows import tree_records
+    from exactpack.io.shards import row_records
 
     a, b, c, d, e, f = 20, 21, 22, 23, 30, 31
     groups = SequenceGroups.from_prompt_completions(
         [[10, 11, 12, 13]], [[[a, b, c], [a, d], [e, f]]], Binding(64, "t", "s")
     )
-    (record,) = tree_records(pack_tree(groups, 12).batches[0])
+    (record,) = row_records(pack_tree(groups, 12).batches[0])
     # nodes 0 (cols 0-2), 1 (col 3), 2 (cols 4-5), 3 (col 6), 4 (cols 7-8)
     assert record["node_ids"] == [0, 0, 0, 1, 2, 2, 3, 4, 4]
     assert record["parent_ids"] == [-1, -1, -1, 0, 1, 1, 1, 0, 0]

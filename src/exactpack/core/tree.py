@@ -204,6 +204,17 @@ TREE_COLUMNS = (
 _TEXT = ("prompt", "chosen", "rejected", "completion", "text", "messages")
 
 
+def max_id(values: Any) -> int:
+    """The largest int in nested lists of the tree columns (0 when there is none)."""
+    out = 0
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out = max(out, max_id(v))
+        elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            out = max(out, int(v))
+    return out
+
+
 def groups_from_columns(
     columns: dict[str, Any], binding: Binding, where: Callable[[int], str] | None = None
 ) -> tuple[SequenceGroups, np.ndarray]:
@@ -531,13 +542,8 @@ def pack_tree(
     in calls of at most ``max_rows_per_batch`` rows (default: one call)."""
     layout = build_layout(groups, max_length)
     plan = plan_rows(layout.sizes, max_length, policy, **policy_options)
-    per = max_rows_per_batch or max(plan.num_rows, 1)
-    source, storage = TrieSource(groups, layout), Storage.of(plan)
-    batches = [
-        gather_rows(source, storage, a, min(a + per, plan.num_rows)).to_batch()
-        for a in range(0, plan.num_rows, per)
-    ]
-    return TreeEpoch(batches, layout, plan)
+    rows = gather_rows(TrieSource(groups, layout), Storage.of(plan), 0, plan.num_rows)
+    return TreeEpoch(list(rows.batches(max_rows_per_batch or max(plan.num_rows, 1))), layout, plan)
 
 
 __all__ = [
@@ -548,6 +554,7 @@ __all__ = [
     "TrieSource",
     "build_layout",
     "groups_from_columns",
+    "max_id",
     "pack_tree",
     "plan_tries",
     "refuse_flattened",

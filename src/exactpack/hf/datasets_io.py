@@ -38,7 +38,7 @@ from exactpack.core.errors import InvalidInput, did_you_mean
 from exactpack.core.examples import offsets_of
 from exactpack.core.policies import policy_option_names
 from exactpack.core.supervision import Objective
-from exactpack.core.tree import TREE_COLUMNS
+from exactpack.core.tree import TREE_COLUMNS, max_id
 from exactpack.io.documents import make_binding
 from exactpack.io.integrity import check_rows
 from exactpack.io.readers import Input, open_input
@@ -53,7 +53,6 @@ from exactpack.io.shards import (
     shard_table,
     union,
 )
-from exactpack.io.tree_rows import max_id
 from exactpack.io.trl_schema import TRL_FORMAT, TRL_SCHEMA, TRL_VERSION, refuse_trl, trl_table
 from exactpack.pipeline.budget import StreamBudget, read_limits
 from exactpack.pipeline.corpus import Corpus, read_corpus

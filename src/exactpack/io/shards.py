@@ -265,6 +265,8 @@ def shard_table(
     ``layout``'s columns (default: the leanest that keeps everything, :func:`layout_of`);
     forest rows (a tree batch: node columns) as the forest columns, ``row`` numbered from
     ``first_row``: a row's used cells (a prefix of it), node ids row-local, its sequences."""
+    if isinstance(cols, CompactRows) and cols.parents is not None:
+        cols = cols.to_batch()
     if not isinstance(cols, CompactRows):
         return _forest_table(cols, first_row)
     cols = arrow_ids(cols)
@@ -297,6 +299,14 @@ def shard_table(
         columns["range_starts"] = list_array(occ, starts, pa.int64())
         columns["range_ends"] = list_array(occ, ends, pa.int64())
     return pa.Table.from_arrays(list(columns.values()), schema=layout.schema())
+
+
+def row_records(rows: CompactRows | PackedBatch) -> list[dict[str, Any]]:
+    """The records view of packed rows, flat or forest: one dict per row, the columns of
+    :func:`shard_table` less ``row`` (what ``pack_dataset`` returns and
+    ``load_packed(...).records()`` reads back; forest rows' node columns are absent on flat
+    rows)."""
+    return shard_table(rows).drop_columns(["row"]).to_pylist()
 
 
 def _forest_table(batch: PackedBatch, first_row: int) -> pa.Table:
@@ -440,12 +450,6 @@ def unpack_bits(col: pa.Array, row_pairs: np.ndarray, where: str) -> np.ndarray:
     return bits[valid]
 
 
-def _columns(table: pa.Table, names: Iterable[str], where: str) -> None:
-    missing = [n for n in names if n not in table.column_names]
-    if missing:
-        raise InvalidInput(f"{where}: missing columns {missing} — not exactpack packed rows")
-
-
 def _per_occurrence(table: pa.Table, occ: np.ndarray, name: str) -> np.ndarray | None:
     """A per-occurrence list column's values (None when absent); its lists must be ``occ``'s."""
     if name not in table.column_names:
@@ -454,48 +458,6 @@ def _per_occurrence(table: pa.Table, occ: np.ndarray, name: str) -> np.ndarray |
     if not np.array_equal(offsets, occ):
         raise ValueError(name)
     return values
-
-
-def _v2(table: pa.Table, where: str) -> tuple[dict[str, Any], np.ndarray]:
-    """The :class:`CompactRows` fields of a version-2 table (derived parts filled) and
-    where each row starts in its tokens."""
-    _columns(table, REQUIRED, where)
-    tokens, row_tok = flat_column(table, "tokens")
-    lengths, occ = flat_column(table, "pair_counts")
-    lengths = lengths.astype(np.int64)
-    col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
-    if (col["range_starts"] is None) != (col["range_ends"] is None):
-        raise ValueError("range columns")
-    if lengths.size and (lengths.min() < 0 or int(lengths.sum()) + lengths.size > tokens.size):
-        raise ValueError("pair_counts")  # before allocating from them: a claimed 2**31 is 2 GiB
-    pairs = offsets_of(lengths)
-    if "loss_bits" in table.column_names:
-        mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
-    else:
-        mask = np.ones(int(pairs[-1]), dtype=bool)
-    return _fields(tokens, lengths, occ, mask, col), row_tok
-
-
-def _fields(
-    tokens: np.ndarray, lengths: np.ndarray, occ: np.ndarray, mask: np.ndarray, col: dict
-) -> dict[str, Any]:
-    """The :class:`CompactRows` fields, the columns a shard does not store derived."""
-    ordinals = col["ordinals"].astype(np.int64)
-    sources = ordinals.astype(str) if col["source_ids"] is None else col["source_ids"]
-    sources = sources.astype(object)
-    whole = col["range_starts"] is None
-    return {
-        "tokens": tokens.astype(np.int32, copy=False),
-        "lengths": lengths,
-        "starts": col["seq_starts"].astype(np.int64),
-        "row_offsets": occ,
-        "ordinals": ordinals,
-        "loss_mask": mask,
-        "source_ids": sources,
-        "example_ids": sources if col["example_ids"] is None else col["example_ids"].astype(object),
-        "range_starts": np.zeros_like(lengths) if whole else col["range_starts"].astype(np.int64),
-        "range_ends": lengths + 1 if whole else col["range_ends"].astype(np.int64),
-    }
 
 
 def arrow_to_rows(
@@ -507,19 +469,34 @@ def arrow_to_rows(
     where: str,
     contiguous: bool = True,
 ) -> CompactRows:
-    """Read packed-row rows back, checked to describe whole, in-row
-    occurrences (``contiguous``: and consecutive ``row`` values)."""
+    """Read packed-row rows back (the columns a shard does not store derived), checked to
+    describe whole, in-row occurrences (``contiguous``: and consecutive ``row`` values)."""
+    missing = [n for n in REQUIRED if n not in table.column_names]
+    if missing:
+        raise InvalidInput(f"{where}: missing columns {missing} — not exactpack packed rows")
     damaged = f"{where}: rows are inconsistent — the file is damaged; pack again"
     try:
-        fields, row_tok = _v2(table, where)
+        tokens, row_tok = flat_column(table, "tokens")
+        lengths, occ = flat_column(table, "pair_counts")
+        lengths = lengths.astype(np.int64)
+        col = {n: _per_occurrence(table, occ, n) for n in _PER_OCCURRENCE}
+        if (col["range_starts"] is None) != (col["range_ends"] is None):
+            raise ValueError("range columns")
+        if lengths.size and (lengths.min() < 0 or int(lengths.sum()) + lengths.size > tokens.size):
+            raise ValueError("pair_counts")  # before allocating from them: a claimed 2**31 is 2 GiB
+        pairs = offsets_of(lengths)
+        if "loss_bits" in table.column_names:
+            mask = unpack_bits(table.column("loss_bits"), np.diff(pairs[occ]), where)
+        else:
+            mask = np.ones(int(pairs[-1]), dtype=bool)
     except (ValueError, pa.ArrowException):
         raise InvalidInput(damaged) from None
-    lengths, starts = fields["lengths"], fields["starts"]
     row_ids = table.column("row").to_numpy()
     first_row = int(row_ids[0]) if row_ids.size else 0
+    starts = col["seq_starts"].astype(np.int64)
     consistent = (
-        np.array_equal(offsets_of(lengths + 1)[fields["row_offsets"]], row_tok)
-        and fields["loss_mask"].shape[0] == int(lengths.sum())
+        np.array_equal(offsets_of(lengths + 1)[occ], row_tok)
+        and mask.shape[0] == int(lengths.sum())
         and (lengths.size == 0 or (lengths.min() >= 1 and starts.min() >= 0))
         and bool(np.all(starts + lengths <= capacity))
         and (
@@ -530,5 +507,8 @@ def arrow_to_rows(
     if not consistent:
         raise InvalidInput(damaged)
     return CompactRows(
-        **fields, capacity=capacity, partition=partition, binding=binding, first_row=first_row
-    )
+        tokens=tokens.astype(np.int32, copy=False), lengths=lengths, starts=starts,
+        row_offsets=occ, ordinals=col["ordinals"].astype(np.int64), capacity=capacity,
+        partition=partition, binding=binding, loss_mask=mask, first_row=first_row,
+        **{n: col[n] for n in ("source_ids", "example_ids", "range_starts", "range_ends")},
+    ).full()  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,15 +15,24 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from exactpack.core.binding import Binding, Split
+from exactpack.core.batch import PackedBatch
+from exactpack.core.binding import INT32_MAX, Binding, Split
 from exactpack.core.compact import CompactRows
-from exactpack.core.errors import InvalidInput, SplitMismatch, path_argument, type_argument
+from exactpack.core.errors import (
+    InvalidInput,
+    SplitMismatch,
+    path_argument,
+    positive_int,
+    type_argument,
+)
+from exactpack.core.examples import offsets_of, spread
 from exactpack.io.atomic import MANIFEST, Output, open_output
 from exactpack.io.integrity import (
     DEPTHS,
     check_checksums,
     check_contents,
     check_manifest,
+    check_shard,
     read_manifest,
     read_shard,
 )
@@ -34,7 +43,6 @@ from exactpack.io.shards import (
     shard_table,
     write_shard_file,
 )
-from exactpack.io.tree_rows import tree_batch_from_rows
 from exactpack.io.trl_schema import refuse_trl, trl_table
 
 #: Shards in memory at once while writing: one being gathered, the others compressing.
@@ -43,7 +51,8 @@ SHARDS_IN_FLIGHT = 2
 
 def to_table(rows: CompactRows | pa.Table, format: str = "exactpack") -> pa.Table:
     """``rows`` as one shard's table: :func:`~exactpack.io.shards.shard_table` or TRL's; a
-    table made already (forest rows: :func:`~exactpack.io.tree_rows.tree_table`) as it is."""
+    table made already (forest rows: :func:`~exactpack.io.shards.shard_table` of a tree
+    batch) as it is."""
     if isinstance(rows, pa.Table):
         return rows
     return trl_table(rows) if format == "trl" else shard_table(rows)
@@ -147,8 +156,9 @@ class PackedStore:
     give :class:`PackedBatch` objects identical to :func:`exactpack.materialize`'s (a forest
     output, ``layout == "tree"``: forest rows, calls never straddling a shard);
     ``store.shard_rows(k)`` gives shard ``k`` as
-    :class:`CompactRows` (forest: its records; :meth:`records`). ``occurrences``
-    counts a forest's sequences."""
+    :class:`CompactRows` (forest: its records; :meth:`records`; any records back as a
+    model call: :func:`tree_batch_from_rows`). ``occurrences`` counts a forest's
+    sequences."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         m = check_manifest(manifest, path)  # every number agrees with the others before use
@@ -244,6 +254,66 @@ def load_packed(
         check_contents(store.manifest, store.shard_rows, path)
     require(store, expected_binding, expected_split)
     return store
+
+
+def tree_batch_from_rows(rows: list[dict[str, Any]], capacity: int, vocab_size: int) -> PackedBatch:
+    """Forest records (:func:`~exactpack.io.shards.row_records`; any subset, any order) as
+    one model call, checked as a tree shard is checked on load
+    (:func:`~exactpack.io.integrity.check_shard`) before anything is allocated, then
+    gathered as :class:`CompactRows` (a node a window) like any packed rows."""
+    capacity = positive_int("capacity", capacity, INT32_MAX)
+    binding = Binding(vocab_size, "pretokenized", "tree-dataset")  # checks vocab_size
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, Mapping) for r in rows):
+        raise InvalidInput("rows must be a list of tree records (dicts: shards.row_records)")
+    check_shard(rows, {}, None, "tree records", capacity=capacity, vocab_size=binding.vocab_size,
+                fail=_argument)  # fmt: skip
+    index = [i for row in rows for i in row["sequence_index"]]
+
+    def flat(name: str, dtype: Any = np.int64) -> np.ndarray:  # every row's, back to back
+        return np.array([x for row in rows for x in row[name]], dtype=dtype)
+
+    used = np.array([len(row["input_ids"]) for row in rows], dtype=np.int64)
+    cell_row, cell_col = np.repeat(np.arange(len(rows)), used), spread(used)[1]
+    node = flat("node_ids")  # row-local, 0, 1, 2, ... in column order
+    starts = cell_col == 0
+    starts[1:] |= node[1:] != node[:-1]
+    first = np.flatnonzero(starts)  # each node's first cell
+    lens = np.diff(np.append(first, node.shape[0]))
+    row_offsets = offsets_of(np.bincount(cell_row[first], minlength=len(rows)))
+    base = row_offsets[cell_row[first]]  # each node's row's first node
+    parent, depths = flat("parent_ids")[first], flat("position_ids")[first]
+    inputs, targets = flat("input_ids"), flat("target_ids")
+    # sequences: each ends where its node does (the node of its last cell)
+    cells = [c for row in rows for c in row["sequence_cells"]]
+    seq_row = np.repeat(np.arange(len(rows)), [len(row["sequence_cells"]) for row in rows])
+    last = offsets_of(used)[seq_row] + np.array([c[-1] for c in cells], dtype=np.int64)
+    seq_nodes = node[last] + row_offsets[seq_row]
+    if np.any(depths[seq_nodes] + lens[seq_nodes] != [len(c) for c in cells]):
+        raise InvalidInput("a sequence ends inside a node — pass the records of shards.row_records")
+    return CompactRows(
+        tokens=np.insert(inputs, first + lens, targets[first + lens - 1]).astype(np.int32),
+        lengths=lens,
+        starts=cell_col[first],
+        row_offsets=row_offsets,
+        ordinals=np.arange(first.shape[0], dtype=np.int64),
+        capacity=capacity,
+        partition=Split.TRAIN,
+        binding=binding,
+        parents=np.where(parent >= 0, parent + base, -1),
+        depths=depths,
+        weights=flat("weights", np.int32),
+        seq_index=np.array(index, dtype=np.int64),
+        seq_nodes=seq_nodes,
+        seq_mask=np.array([x for row in rows for m in row["sequence_mask"] for x in m], bool),
+    ).to_batch()
+
+
+def _argument(r: int) -> Any:
+    """The constructor's ``fail``: an argument error naming the record."""
+    return lambda what: InvalidInput(
+        f"tree record {r}: {what} — pass the records of shards.row_records, pack_dataset(...,"
+        " tree=True) or load_packed(...).records() unchanged"
+    )
 
 
 def _drop_row(record: dict[str, Any]) -> dict[str, Any]:

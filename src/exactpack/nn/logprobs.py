@@ -109,15 +109,12 @@ def _cell_logprobs(
     """``log p(target)`` of the flat ``cells`` [N] (N,), from logits or hidden states."""
     shape = batch.shape
     targets = np.asarray(batch.targets).reshape(-1)[cells].astype(np.int64)
-    width = values.shape[-1]
-    if head is None:
-        width = check_logits(values, shape, batch.binding.vocab_size)
-    elif values.ndim != 3 or tuple(values.shape[:2]) != shape:
+    if head is not None and (values.ndim != 3 or tuple(values.shape[:2]) != shape):
         raise InvalidInput(
             f"hidden states have shape {tuple(values.shape)}; expected {(*shape, 'H')}"
         )
-    else:
-        width = int(head.weight.shape[0])
+    vocab = batch.binding.vocab_size
+    width = check_logits(values, shape, vocab) if head is None else int(head.weight.shape[0])
     if targets.size and (int(targets.min()) < 0 or int(targets.max()) >= width):
         raise InvalidInput(
             f"a sequence's target {int(targets.min())}..{int(targets.max())} is outside the"

@@ -39,8 +39,7 @@ from exactpack.core.permission import pairwise
 from exactpack.core.tree import refuse_flattened
 from exactpack.io.integrity import read_row_stats
 from exactpack.io.shards import FIELDS, REQUIRED, arrow_to_rows
-from exactpack.io.store import PackedStore, load_packed
-from exactpack.io.tree_rows import tree_batch_from_rows
+from exactpack.io.store import PackedStore, load_packed, tree_batch_from_rows
 from exactpack.nn.attention import AttentionLayout
 from exactpack.nn.tree_attention import tree_plan
 from exactpack.training.distributed import RowStats, Slot
