@@ -346,7 +346,7 @@ def test_verify_of_exactpack_varlen_is_held_against_the_models_own_attention(mon
     """The old vacuous PASS: varlen applying moshi's unused window passed against itself."""
     import dataclasses
 
-    import exactpack.hf.attention_impl as varlen
+    import exactpack.hf.capabilities as capabilities
 
     case = next(c for c in CASES if c.model_type == "moshi")
     model = build(case, "exactpack_varlen")
@@ -355,7 +355,7 @@ def test_verify_of_exactpack_varlen_is_held_against_the_models_own_attention(mon
     report = run(case, "exactpack_varlen")
     assert report["pass"] and report["reference"] == "sdpa"
     wrong = dataclasses.replace(arch, window=WINDOW)  # what the config alone would say
-    monkeypatch.setattr(varlen, "_architecture", lambda config: wrong)
+    monkeypatch.setattr(capabilities, "capability_once", lambda config: wrong)
     report = run(case, "exactpack_varlen")
     assert not report["pass"] and report["max_abs_diff"]["logits"] > 1e-3
 

@@ -15,21 +15,13 @@ from hypothesis import strategies as st
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from exactpack import InvalidInput, PackConfig, pack_examples
+from exactpack.core.batch import IGNORE_INDEX
 from exactpack.core.loss import token_weighted_loss
-from exactpack.hf.adapter import (
-    IGNORE_INDEX,
-    additive_mask,
-    block_mask,
-    bool_mask,
-    cell_logits,
-    hf_allowed,
-    hf_inputs,
-    hf_loss,
-    model_labels,
-    shift_labels,
-)
+from exactpack.hf.adapter import cell_logits, hf_inputs, hf_loss
 from exactpack.hf.collator import collator_for, hf_collator
 from exactpack.hf.datasets_io import pack_dataset, to_batches
+from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed
+from exactpack.training.labels import model_labels, shift_labels
 from exactpack.verify.fixture import fixture_batch, fixture_epoch, fixture_examples
 from exactpack.verify.models import verification_examples
 from exactpack.verify.tolerances import FLOAT32_TOLERANCE

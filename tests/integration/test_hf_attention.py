@@ -9,7 +9,8 @@ from transformers import AttentionInterface, AutoConfig
 
 from exactpack import InvalidInput, NotAvailable
 from exactpack.hf.adapter import hf_inputs
-from exactpack.hf.attention_impl import NAME, exactpack_attention, plan_of
+from exactpack.hf.attention_impl import exactpack_attention, plan_of
+from exactpack.hf.kinds import VARLEN
 from exactpack.verify.fixture import fixture_batch
 
 from support.reference import flat_spans, per_example_attention
@@ -40,7 +41,7 @@ def flattened(batch, heads=4, kv_heads=2, dim=8, seed=0):
         torch.randn(1, kv_heads, n, dim, generator=gen, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    kwargs = hf_inputs(batch, NAME, config=CFG, labels=False)
+    kwargs = hf_inputs(batch, VARLEN, config=CFG, labels=False)
     return q, k, v, {name: kwargs[name] for name in ("cu_seq_lens_q", "position_ids")}
 
 
@@ -56,7 +57,7 @@ def within(a, b):
 
 
 def test_registered_with_transformers():
-    assert AttentionInterface._global_mapping[NAME] is exactpack_attention
+    assert AttentionInterface._global_mapping[VARLEN] is exactpack_attention
 
 
 @settings(max_examples=40)
@@ -139,7 +140,7 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
     )  # fmt: skip
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
-        config, attn_implementation=NAME, dtype=torch.float64
+        config, attn_implementation=VARLEN, dtype=torch.float64
     ).eval()
     layout = verification_layout(4, 64)
     examples = verification_examples(266, 0, layout=layout)
@@ -147,7 +148,7 @@ def test_the_trainer_collator_is_window_exact_on_exactpack_varlen():
         "train", examples, examples[0].binding, PackConfig(layout.capacity, 6)
     ).batches
     with torch.no_grad():
-        packed = model(**hf_collator(NAME, config=config)([batch])).logits[
+        packed = model(**hf_collator(VARLEN, config=config)([batch])).logits[
             0
         ]  # (N, V): the valid cells
         alone = torch.cat([model(input_ids=torch.as_tensor(ex.inputs[None]).long()).logits[0]
@@ -175,7 +176,7 @@ def test_a_mask_exactpack_varlen_would_drop_is_refused_an_all_ones_one_is_not():
         assert torch.allclose(out, want.transpose(1, 2), atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", [NAME, "exactpack_tree", "exactpack_tree_varlen"])
+@pytest.mark.parametrize("impl", [VARLEN, "exactpack_tree", "exactpack_tree_varlen"])
 def test_a_left_padded_batch_is_refused_not_ignored_by_exactpacks_kinds(impl):
     """A left-padded batch (generation, a padded eval) through a whole model: transformers
     drops the padding mask of a kind with no mask function, which gave logits off by ~0.07

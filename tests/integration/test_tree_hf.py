@@ -23,7 +23,8 @@ from exactpack.hf.adapter import hf_inputs
 from exactpack.hf.architectures import describe
 from exactpack.hf.collator import hf_collator
 from exactpack.hf.masks import hf_allowed, layer_masks
-from exactpack.nn.tree_attention import tree_mask_mod, tree_plan
+from exactpack.nn.flex import permission_mod
+from exactpack.nn.tree_attention import tree_plan
 from exactpack.verify.models import load_model, tree_groups, verify_hf
 
 torch.set_num_threads(1)
@@ -180,8 +181,8 @@ def test_flex_mask_mod_is_the_predicate(window):
 
     batch = small_batch()
     t = torch.as_tensor
-    mod = tree_mask_mod(
-        t(batch.input_valid), t(batch.segments), t(batch.node_ends), t(batch.positions), window
+    mod = permission_mod(
+        t(batch.input_valid), t(batch.segments), t(batch.positions), window, t(batch.node_ends)
     )
     rows, width = batch.shape
     dense = create_mask(mod, rows, 1, width, width, device="cpu")[:, 0].numpy()
@@ -582,7 +583,7 @@ def test_tree_attention_is_registered_on_import():
 
 
 def test_tree_collator_checks_what_hf_collator_checks():
-    """hf_collator on tree rows runs its flat up-front check (check_collator): the mask kinds need
+    """hf_collator on tree rows runs its flat up-front check (check_config): the mask kinds need
     the config, the vocabulary must fit the model's, and padding avoids a zero pad row
     (gemma3n, known from its modules only)."""
     from exactpack.core.errors import InvalidInput

@@ -25,25 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from exactpack.core.batch import IGNORE_INDEX, PackedBatch
+from exactpack.core.batch import PackedBatch
 from exactpack.core.compact import CompactRows
 from exactpack.core.errors import InvalidInput
 from exactpack.core.loss import LossResult, LossSum, divide, token_weighted_sum
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capabilities import check_restarts, check_vocabulary, require_config
-from exactpack.hf.kinds import (
-    FLATTENED_KINDS,
-    REGISTERED,
-    TREE,
-    TREE_NAMES,
-    TREE_VARLEN,
-    attention_kind,
-    tree_kind,
-)
-from exactpack.hf.masks import additive_mask, block_mask, bool_mask, hf_allowed, layer_masks
+from exactpack.hf.capabilities import check_config
+from exactpack.hf.kinds import FLATTENED_KINDS, TREE, TREE_NAMES, attention_kind, tree_kind
+from exactpack.hf.masks import layer_masks
 from exactpack.hf.mixers import PARENTS, cell_parents, cell_seq_idx
 from exactpack.nn.tree_attention import tree_plan
-from exactpack.training.labels import model_labels, seq_idx, shift_labels
+from exactpack.training.labels import seq_idx
 from exactpack.training.rows import PAD_FILL, compact_of, cu_seq_lens, flat_columns, pad_cells
 
 #: The built-in implementations ``exactpack verify`` runs (any registered one is fed by kind).
@@ -82,12 +74,11 @@ def hf_inputs(
     """
     tree = isinstance(batch, PackedBatch) and batch.is_tree
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
-    arch = require_config(config, kind, "hf_inputs", tree=tree)
-    model_config = getattr(config, "config", config)
-    check_vocabulary(model_config, batch.binding, options.get("pad_token_id", 0))
-    check_restarts(arch, model_config)
+    pad = options.get("pad_token_id", 0)
+    arch = check_config(config, kind, "hf_inputs", batch.binding, pad, tree=tree)
     if "dtype" not in options:  # the mask in the model's dtype, not float32's
         param = next(config.parameters(), None) if isinstance(config, torch.nn.Module) else None
+        model_config = getattr(config, "config", config)
         dtype = param.dtype if param is not None else getattr(model_config, "dtype", None)
         options["dtype"] = dtype if isinstance(dtype, torch.dtype) else torch.float32
     return build_inputs(batch, attn_implementation, arch, kind=kind, **options)
@@ -113,11 +104,11 @@ def build_inputs(
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
     rows = batch if tree else compact_of(batch)
     flat = kind in FLATTENED_KINDS and not tree  # one flattened row of every valid cell
-    if tree and arch is not None:  # every batch: the tree's refusals, then its conditions
-        arch.check(kind, tree=True)
     longest = batch.longest if tree else int(rows.lengths.max()) if len(rows) else 0
     width = batch.shape[1] if tree else int(rows.lengths.sum()) if flat else rows.capacity
-    if arch is not None:
+    if arch is not None:  # every batch: a tree's refusals, then the conditions
+        if tree:
+            arch.check(kind, tree=True)
         arch.check_batch(longest, width)
     vocab = rows.binding.vocab_size
     if isinstance(pad_token_id, bool) or not 0 <= int(pad_token_id) < vocab:
@@ -133,17 +124,14 @@ def build_inputs(
         if tree
         else _flat_cells(rows, flat, labels, int(pad_token_id), offset, device)
     )
-    if attn_implementation in REGISTERED:
-        from exactpack.hf.attention_impl import register
-
-        register()
+    index = out.pop("valid_index", None)  # flat rows' valid cells (NumPy)
     mixers = arch is not None and bool(arch.mixers)
     if tree and mixers:  # each node's mixer state starts from its parent's
         occ = batch.occurrences
         parents = cell_parents(batch.segments, batch.node_parent, occ.col_start, occ.lengths)
         out[PARENTS] = torch.as_tensor(parents, device=device)
     if tree and attn_implementation in TREE_NAMES:  # no mask: the plan, by keyword
-        flash = attn_implementation == TREE_VARLEN  # the same plan, through a varlen kernel
+        flash = attn_implementation != TREE  # exactpack_tree_varlen: a varlen kernel
         out[TREE] = dataclasses.replace(tree_plan(batch, device), flash=flash)
     elif flat:
         cu = cu_seq_lens(rows)
@@ -152,10 +140,8 @@ def build_inputs(
         out |= {"max_length_q": longest, "max_length_k": longest}
         out["seq_idx"] = torch.as_tensor(seq_idx(cu), device=device)
     elif mixers and not tree:  # each cell's example: where mixers restart
-        index = out.pop("valid_index")
         ids = cell_seq_idx(rows.lengths, index, (rows.num_rows, rows.capacity))
         out["seq_idx"] = torch.as_tensor(ids, device=device)
-    out.pop("valid_index", None)
     if not flat and TREE not in out and (arch is None or not arch.mask_from_positions):
         # (falcon's ALiBi builds its own mask from the restarting position_ids)
         padded = batch if isinstance(batch, PackedBatch) else rows.to_batch()
@@ -214,35 +200,12 @@ def cell_logits(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
 
 
 def hf_loss_sum(logits: torch.Tensor, batch: PackedBatch) -> LossSum:
-    """Raw NLL sum over the eligible targets and their count, from a model's logits."""
-    cells = cell_logits(logits, batch)
-    if cells.shape[-1] < batch.binding.vocab_size:
-        raise InvalidInput(
-            f"the model has {cells.shape[-1]} vocabulary logits but the batch's binding has"
-            f" vocab_size {batch.binding.vocab_size} — use a model whose vocabulary covers it"
-        )
-    return token_weighted_sum(cells, batch)
+    """Raw NLL sum over the eligible targets and their count, from a model's logits (refused
+    when they cover less than the batch's vocabulary)."""
+    return token_weighted_sum(cell_logits(logits, batch), batch)
 
 
 def hf_loss(logits: torch.Tensor, batch: PackedBatch, count: int | None = None) -> LossResult:
     """Token-weighted loss from a model's logits: raw sum / ``count`` (default: this batch's N;
     pass the step's global eligible count under accumulation or data parallelism)."""
     return divide(hf_loss_sum(logits, batch), count)
-
-
-__all__ = [
-    "FLATTENED",
-    "IGNORE_INDEX",
-    "IMPLEMENTATIONS",
-    "additive_mask",
-    "block_mask",
-    "bool_mask",
-    "build_inputs",
-    "cell_logits",
-    "hf_allowed",
-    "hf_inputs",
-    "hf_loss",
-    "hf_loss_sum",
-    "model_labels",
-    "shift_labels",
-]

@@ -24,6 +24,8 @@ ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 CHUNKED = "chunked_attention"
 #: Layer type of DeepSeek-V3.2-style attention over the keys a top-k indexer selects.
 INDEXED = "indexed_attention"
+#: Layer types exactpack builds a mask for.
+MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED, INDEXED)
 #: Layer types that mix no positions at all (position-wise blocks of hybrid patterns).
 POSITIONWISE_LAYERS = ("mlp", "moe")
 #: Layer-type words and the kind of position mixing they stand for.
@@ -48,9 +50,7 @@ REFUSED_TYPES: dict[str, tuple[str, str]] = {
         " train it on unpacked rows",
     ),
     "rwkv": ("linear attention", "its recurrent time-mixing carries state across the whole row"),
-    "mamba": ("linear attention", _SCAN),
-    "mamba2": ("linear attention", _SCAN),
-    "falcon_mamba": ("linear attention", "its state-space scan carries state across the row"),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), ("linear attention", _SCAN)),
 }
 WHY_KIND = {
     "convolution": "short convolutions mix neighbouring columns of the row",
@@ -359,14 +359,3 @@ def conditions(config: Any, model_type: str) -> tuple[Condition, ...]:
             Condition("row", 256, "its ALiBi bias is built in bfloat16, exact for 256 columns")
         )
     return tuple(out)
-
-
-__all__ = [
-    "CHUNKED",
-    "INDEXED",
-    "Architecture",
-    "Condition",
-    "UnsupportedArchitecture",
-    "conditions",
-    "describe",
-]

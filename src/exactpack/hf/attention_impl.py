@@ -25,15 +25,9 @@ import numpy as np
 import torch
 
 from exactpack.core.errors import InvalidInput, NotAvailable
-from exactpack.hf.architectures import Architecture
-from exactpack.hf.kinds import TREE, TREE_VARLEN
+from exactpack.hf.kinds import TREE, TREE_NAMES, VARLEN
 from exactpack.nn.tree_attention import tree_flash_attention
 from exactpack.nn.varlen import PathPlan, as_tokens, path_attention, segment_plan
-
-NAME = "exactpack_varlen"
-#: Forest rows (``hf_inputs`` of tree rows): the plan as the keyword ``exactpack_tree``,
-#: SDPA per node, or through a varlen kernel (``exactpack_tree_varlen``).
-TREE_NAME, TREE_VARLEN_NAME = TREE, TREE_VARLEN
 
 #: Plans of the last few ``cu_seq_lens_q`` tensors (one per forward, shared by every layer).
 _PLANS: OrderedDict[int, tuple[weakref.ref, PathPlan]] = OrderedDict()
@@ -62,19 +56,16 @@ def plan_of(cu_seqlens: torch.Tensor, tokens: int) -> PathPlan:
     return plan
 
 
-def _architecture(config: Any) -> Architecture:
-    """:func:`exactpack.hf.capabilities.capability` of ``config`` checked for :data:`NAME`."""
+def layer_sliding_window(module: Any, passed: int | None) -> int | None:
+    """The window of ``module``'s layer by its capability (checked for ``exactpack_varlen``);
+    must agree with ``passed``."""
     from exactpack.hf.capabilities import capability_once
 
-    return capability_once(config).check(NAME)
-
-
-def layer_sliding_window(module: Any, passed: int | None) -> int | None:
-    """The window of ``module``'s layer by its capability; must agree with ``passed``."""
     config = getattr(module, "config", None)
     if config is None:
         return passed
-    window = _architecture(config).layer_sliding_window(getattr(module, "layer_idx", None))
+    arch = capability_once(config).check(VARLEN)
+    window = arch.layer_sliding_window(getattr(module, "layer_idx", None))
     if passed is not None and passed != window:
         raise InvalidInput(
             f"{type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) passes"
@@ -98,13 +89,14 @@ def exactpack_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``query`` (B, H, S, D), ``key``/``value`` (B, Hkv, S, D) -> ``(B, S, H, Dv)``, no
-    weights, under the plan of the call (module docstring): the tree's (keyword
-    :data:`TREE_NAME`), ``cu_seq_lens_q``'s (one flattened row, B = 1), or one example a row."""
+    weights, under the plan of the call (module docstring): the tree's (the keyword
+    ``exactpack_tree``), ``cu_seq_lens_q``'s (one flattened row, B = 1), or one example a
+    row."""
     name = type(module).__name__
-    plan = kwargs.get(TREE_NAME)
+    plan = kwargs.get(TREE)
     impl = getattr(getattr(module, "config", None), "_attn_implementation", None)
-    if impl not in (NAME, TREE_NAME, TREE_VARLEN_NAME):  # the name the model runs under
-        impl = NAME if plan is None else TREE_NAME
+    if impl not in (VARLEN, *TREE_NAMES):  # the name the model runs under
+        impl = VARLEN if plan is None else TREE
     feed = f"hf_inputs(batch, '{impl}', config=model.config)"
     refuse_unexpressible(impl, name, softcap, s_aux, f" with {feed}")
     refuse_mask(impl, name, attention_mask, feed)
@@ -115,7 +107,7 @@ def exactpack_attention(
         cu = torch.arange(0, rows * width + 1, width, dtype=torch.int32)
     elif plan is None and rows != 1:
         raise InvalidInput(
-            f"{NAME} takes cu_seq_lens_q with the flattened packed row (a batch of 1), got a"
+            f"{VARLEN} takes cu_seq_lens_q with the flattened packed row (a batch of 1), got a"
             f" batch of {rows} — feed the model {feed}"
         )
     plan = plan_of(cu, rows * width) if plan is None else plan
@@ -198,43 +190,23 @@ def check_unpacked(position_ids: torch.Tensor | None, name: str) -> None:
     steps = torch.arange(position_ids.shape[-1], device=position_ids.device)
     if not bool((position_ids == position_ids[..., :1] + steps).all()):
         raise InvalidInput(
-            f"{NAME}: {name} got packed position_ids (they restart inside a row) but no"
+            f"{VARLEN}: {name} got packed position_ids (they restart inside a row) but no"
             f" cu_seq_lens_q, so the examples would be joined — build the inputs with"
-            f" hf_inputs(batch, '{NAME}', config=model.config); if you did, this model's"
+            f" hf_inputs(batch, '{VARLEN}', config=model.config); if you did, this model's"
             " layers drop the attention kwargs before attention: use sdpa or eager for it"
         )
 
 
-#: Every name this module registers, and its function.
-FUNCTIONS = dict.fromkeys((NAME, TREE_NAME, TREE_VARLEN_NAME), exactpack_attention)
-
-
-def register() -> str:
-    """Register :data:`FUNCTIONS` (``exactpack_varlen``, ``exactpack_tree``,
-    ``exactpack_tree_varlen``) with ``transformers.AttentionInterface``, each with
-    :func:`padding_mask` in ``AttentionMaskInterface`` (idempotent); return :data:`NAME`."""
+def register() -> None:
+    """Register :func:`exactpack_attention` as ``exactpack_varlen``, ``exactpack_tree`` and
+    ``exactpack_tree_varlen`` with ``transformers.AttentionInterface``, each with
+    :func:`padding_mask` in ``AttentionMaskInterface`` (idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    for name, function in FUNCTIONS.items():
-        AttentionInterface.register(name, function)
+    for name in (VARLEN, *TREE_NAMES):
+        AttentionInterface.register(name, exactpack_attention)
         AttentionMaskInterface.register(name, padding_mask)
-    return NAME
 
 
 register()
-#: The name ``exactpack.hf`` exports :func:`register` under.
-register_attention = register
-
-__all__ = [
-    "FUNCTIONS",
-    "NAME",
-    "TREE_NAME",
-    "TREE_VARLEN_NAME",
-    "exactpack_attention",
-    "padding_mask",
-    "plan_of",
-    "refuse_mask",
-    "register",
-    "register_attention",
-]

@@ -5,7 +5,7 @@ model's modules (the model given, else the config's model built on the ``meta`` 
 and returns an :class:`~exactpack.hf.architectures.Architecture`: exact, exact under stated
 conditions, or refused with the reason. :func:`check_model`, :func:`check_vocabulary` and
 :func:`check_runnable` are what ``pack_dataset(..., model=...)`` and the collators
-(:func:`check_collator`: :func:`exactpack.hf.hf_collator`, on flat or tree rows) run
+(:func:`check_config`: :func:`exactpack.hf.hf_collator`, on flat or tree rows) run
 first; ``Architecture.check_batch`` then
 holds every batch, flat or tree, to the model's conditions.
 """
@@ -28,32 +28,12 @@ from typing import Any
 
 from exactpack.core.binding import Binding
 from exactpack.core.errors import InvalidInput
-from exactpack.hf.architectures import (
-    ATTENTION_LAYERS,
-    CHUNKED,
-    FIX,
-    INDEXED,
-    WHY_KIND,
-    Architecture,
-    describe,
-)
+from exactpack.hf.architectures import FIX, MASKED_LAYERS, WHY_KIND, Architecture, describe
 
 #: Class-name words of mixers (checked before a plain ``Conv1d`` inside them).
-MIXER_CLASSES = (
-    ("ShortConv", "convolution"),
-    *(
-        (w, "linear attention")
-        for w in (
-            "Mamba",
-            "GatedDeltaNet",
-            "LinearAttention",
-            "LightningAttention",
-            "Rwkv",
-            "xLSTM",
-            "mLSTM",
-            "sLSTM",
-        )
-    ),
+_LINEAR = ("Mamba", "GatedDeltaNet", "LinearAttention", "LightningAttention", "Rwkv", "xLSTM")
+MIXER_CLASSES = {"ShortConv": "convolution"} | dict.fromkeys(
+    (*_LINEAR, "mLSTM", "sLSTM"), "linear attention"
 )
 #: Source words of a forward that dispatches through transformers' attention interface.
 INTERFACE_WORDS = ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface")
@@ -294,7 +274,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
     how, offset, why = _positions(model, decoder)
     attention = _attention_modules(decoder)
     refusal, kind = arch.refusal, arch.kind
-    restarted, foreign = restart_plan(decoder, mixing_modules(decoder))
+    restarted, foreign = mixers_of(decoder)
     if foreign:  # a mixer exactpack does not restart
         name, kind = foreign[0]
         cls = type(decoder.get_submodule(name)).__name__
@@ -333,7 +313,7 @@ def from_modules(arch: Architecture, model: Any) -> Architecture:
             " — set is_decoder=True to train it as a causal LM"
         )
     layer_types = arch.layer_types
-    if attention and layer_types and not set(layer_types) & {*ATTENTION_LAYERS, CHUNKED, INDEXED}:
+    if attention and layer_types and not set(layer_types) & set(MASKED_LAYERS):
         layer_types = None  # falcon_h1's "hybrid" layers: attention beside a mixer, one mask
     sources = {type(m).__module__ for m in decoder.modules()}
     applies = arch.window is None or any(
@@ -382,54 +362,54 @@ def capability_once(config: Any) -> Architecture:
     return arch
 
 
-def require_config(
-    config: Any, kind: str | None, caller: str, *, tree: bool = False
+def check_config(
+    config: Any,
+    kind: str | None,
+    caller: str,
+    binding: Binding | None,
+    pad_token_id: int,
+    *,
+    tree: bool = False,
 ) -> Architecture:
-    """The capability of ``config`` checked for ``kind``; no config refused, since without it a
-    model's sliding windows and refusals are unknown and its inputs could be silently wrong."""
+    """What :func:`exactpack.hf.hf_inputs` and :func:`exactpack.hf.hf_collator` check first:
+    the capability of ``config`` (``model.config``, or the model) for ``kind`` (``tree``: on
+    tree rows), the vocabulary and pad id, a hybrid's mixers restarted. No config is refused:
+    without it a model's sliding windows and refusals are unknown and its inputs could be
+    silently wrong. The architecture then checks every batch (``check_batch``)."""
     if config is None:
         raise InvalidInput(
             f"{caller} needs the model's config to know its sliding windows and refusals"
             f" — pass {caller}(..., config=model.config)"
         )
-    return capability_once(config).check(kind, tree=tree)
+    arch = capability_once(config).check(kind, tree=tree)
+    model_config = getattr(config, "config", config)
+    check_vocabulary(model_config, binding, pad_token_id)
+    check_restarts(arch, model_config)  # hybrids: restart_mixers(model) first
+    return arch
 
 
-def mixing_modules(model: Any) -> list[tuple[str, str]]:
-    """``(module name, kind)`` of every layer of ``model`` that mixes positions besides
-    attention: a ``Conv1d`` wider than one column, or a class named as a mixer."""
+def mixers_of(model: Any) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    """``(restarted classes, the rest)``: the classes of every
+    :data:`~exactpack.hf.mixers.RESTARTABLE` mixer of ``model``'s text part, and
+    ``(module name, kind)`` of every other layer that mixes positions besides attention (a
+    ``Conv1d`` wider than one column, or a class named as a mixer) unless it is inside a
+    restartable mixer (its conv), around one (its block) or a normalization named after its
+    family (position-wise)."""
     import torch
 
-    found = []
+    from exactpack.hf.mixers import RESTARTABLE
+
+    ours = [n for n, m in text_modules(model) if type(m).__name__ in RESTARTABLE]
+    rest = []
     for name, module in text_modules(model):
-        if not name:  # the model itself (``MambaModel``) is no layer
-            continue
         cls = type(module).__name__
-        kind = next((k for word, k in MIXER_CLASSES if word in cls), None)
+        kind = next((k for word, k in MIXER_CLASSES.items() if word in cls), None)
         if kind is None and isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
             kind = "convolution"
-        if kind is not None:
-            found.append((name, kind))
-    return found
-
-
-def restart_plan(
-    model: Any, mixers: list[tuple[str, str]]
-) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
-    """``(restarted classes, the rest)`` of :func:`mixing_modules`' ``mixers``: a layer is
-    covered when it is a :data:`~exactpack.hf.mixers.RESTARTABLE` mixer, inside one (its
-    conv), around one (its block) or a normalization named after its family (position-wise);
-    the restarted classes are every restartable mixer of ``model``'s text part."""
-    from exactpack.hf.mixers import mixer_modules
-
-    ours = [n for n, m in mixer_modules(model) if not any(w in n for w in TOWER_WORDS)]
-    rest = [
-        (n, kind)
-        for n, kind in mixers
-        if n not in ours
-        and not any(n.startswith(o + ".") or o.startswith(n + ".") for o in ours)
-        and "Norm" not in type(model.get_submodule(n)).__name__
-    ]
+        covered = any(name.startswith(o + ".") or o.startswith(name + ".") for o in ours)
+        # the model itself (``MambaModel``) is no layer
+        if kind and name and name not in ours and not covered and "Norm" not in cls:
+            rest.append((name, kind))
     classes = tuple(dict.fromkeys(type(model.get_submodule(n)).__name__ for n in ours))
     return classes, rest
 
@@ -484,28 +464,6 @@ def check_restarts(arch: Architecture, config: Any) -> None:
         )
 
 
-def check_collator(
-    owner: str,
-    attn_implementation: str,
-    kind: str,
-    config: Any,
-    binding: Binding | None,
-    pad_token_id: int,
-    *,
-    tree: bool = False,
-) -> Architecture:
-    """A collator's check before its first batch (:func:`exactpack.hf.hf_collator`; ``tree``:
-    on tree rows): the config (or the model) is required; a flash
-    implementation must run here; the capability for ``kind``; the vocabulary and pad id;
-    a hybrid's mixers restarted. The architecture then checks every batch (``check_batch``)."""
-    check_runnable(attn_implementation)
-    arch = require_config(config, kind, owner, tree=tree)
-    model_config = getattr(config, "config", config)
-    check_vocabulary(model_config, binding, pad_token_id)
-    check_restarts(arch, model_config)  # hybrids: restart_mixers(model) first
-    return arch
-
-
 def check_model(
     model: Any,
     binding: Binding | None,
@@ -531,19 +489,3 @@ def check_model(
     arch.check_batch(longest, capacity)
     check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
     return arch
-
-
-__all__ = [
-    "capability",
-    "capability_once",
-    "causal_lm",
-    "check_collator",
-    "check_model",
-    "check_runnable",
-    "check_vocabulary",
-    "from_modules",
-    "meta_model",
-    "mixing_modules",
-    "require_config",
-    "restart_plan",
-]

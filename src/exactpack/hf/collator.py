@@ -13,7 +13,7 @@ from exactpack.core.binding import Binding, Split
 from exactpack.core.errors import InvalidInput
 from exactpack.hf.adapter import build_inputs
 from exactpack.hf.architectures import Architecture
-from exactpack.hf.capabilities import check_collator, check_vocabulary
+from exactpack.hf.capabilities import check_config, check_runnable, check_vocabulary
 from exactpack.hf.kinds import attention_kind, tree_kind
 from exactpack.training.distributed import Slot
 from exactpack.training.packed_data import PackedCollator
@@ -81,8 +81,8 @@ def hf_collator(
     (:mod:`exactpack.nn.logprobs`) read.
     """
     kind = (tree_kind if tree else attention_kind)(attn_implementation, kind)
-    arch = check_collator("hf_collator", attn_implementation, kind, config, binding,
-                          pad_token_id, tree=tree)  # fmt: skip
+    check_runnable(attn_implementation)  # a flash implementation must run here
+    arch = check_config(config, kind, "hf_collator", binding, pad_token_id, tree=tree)
     model_config = getattr(config, "config", config)  # config may be the model
     inputs = HFInputs(attn_implementation, arch, kind, dtype, pad_token_id, model_config,
                       binding is None)  # fmt: skip

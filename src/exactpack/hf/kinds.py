@@ -21,8 +21,6 @@ FLASH, VARLEN, SDPA, EAGER, FLEX = "flash", "exactpack_varlen", "sdpa", "eager",
 #: keyword, SDPA per node / a varlen kernel per path ("flash" in a name goes to the hub).
 TREE, TREE_VARLEN = "exactpack_tree", "exactpack_tree_varlen"
 TREE_NAMES = (TREE, TREE_VARLEN)
-#: The names :mod:`exactpack.hf.attention_impl` registers with ``transformers``.
-REGISTERED = (VARLEN, *TREE_NAMES)
 #: Every kind, and the ones fed the flattened valid cells (no mask).
 KINDS = (FLASH, VARLEN, SDPA, EAGER, FLEX)
 FLATTENED_KINDS = (FLASH, VARLEN)
@@ -125,23 +123,3 @@ def tree_kind(attn_implementation: str, kind: str | None = None) -> str:
         fix = f"use attn_implementation='{TREE}', 'sdpa', 'eager' or 'flex_attention'"
         refuse_flattened(attn_implementation, fix)
     return kind
-
-
-__all__ = [
-    "BUILTIN",
-    "EAGER",
-    "FLASH",
-    "FLATTENED_KINDS",
-    "FLEX",
-    "KINDS",
-    "MASK_KINDS",
-    "REGISTERED",
-    "SDPA",
-    "TREE",
-    "TREE_NAMES",
-    "TREE_VARLEN",
-    "VARLEN",
-    "attention_kind",
-    "derived_kind",
-    "tree_kind",
-]

@@ -27,12 +27,10 @@ import torch
 
 from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import InvalidInput
-from exactpack.hf.architectures import ATTENTION_LAYERS, CHUNKED, INDEXED, Architecture
+from exactpack.hf.architectures import CHUNKED, MASKED_LAYERS, Architecture
 from exactpack.hf.kinds import FLEX, SDPA
 from exactpack.nn.flex import permission_mod
 
-#: Layer types exactpack builds a mask for.
-MASKED_LAYERS = (*ATTENTION_LAYERS, CHUNKED, INDEXED)
 #: Forms of the 4-D mask for ``eager`` / ``sdpa``.
 MASKS = ("float", "bool")
 
@@ -82,7 +80,8 @@ def block_mask(
     sliding_window: int | None = None,
     chunk: int | None = None,
 ) -> Any:
-    """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``."""
+    """:func:`hf_allowed` as a FlexAttention ``BlockMask`` over ``(R, 1, T, T)``: its
+    ``mask_mod`` is the predicate itself (compiled flex kernels read it per cell)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     t = functools.partial(torch.as_tensor, device=device)
@@ -127,39 +126,22 @@ def layer_masks(
     check_mask(mask, kind)
 
     @functools.cache  # layer types of one reach share one mask
-    def one(window: int | None, chunk: int | None = None) -> Any:
+    def one(window: int | None, chunk: int | None) -> Any:
         if kind == FLEX:
             return block_mask(batch, device, window, chunk)
         if mask == "bool":
             return bool_mask(batch, device, window, chunk)
         return additive_mask(batch, dtype, device, window, chunk)
 
-    if arch is None:
-        return one(None)
-    width = batch.shape[1]
-
-    def reach(name: str, window: int | None) -> tuple[int | None, int | None]:
+    def reach(window: int | None, chunk: int | None = None) -> Any:
         # a window (or chunk) no shorter than the row is none
-        chunk = arch.chunk if name == CHUNKED else None
-        return (
-            None if window is None or window >= width else window,
-            None if chunk is None or chunk >= width else chunk,
-        )
+        return one(*(None if x is None or x >= batch.shape[1] else x for x in (window, chunk)))
 
-    if not arch.mask_types:
-        return one(*reach("", arch.window))
+    if arch is None or not arch.mask_types:
+        return reach(None if arch is None else arch.window)
     return {
-        name: one(*reach(name, window)) if name in MASKED_LAYERS else None
+        name: reach(window, arch.chunk if name == CHUNKED else None)
+        if name in MASKED_LAYERS
+        else None
         for name, window in arch.windows.items()
     }
-
-
-__all__ = [
-    "MASKS",
-    "additive_mask",
-    "block_mask",
-    "bool_mask",
-    "check_mask",
-    "hf_allowed",
-    "layer_masks",
-]

@@ -529,24 +529,3 @@ def restart_mixers(model: torch.nn.Module) -> torch.nn.Module:
 def restarts(config: Any) -> bool:
     """True when ``config`` belongs to a model :func:`restart_mixers` has prepared."""
     return _PREPARED.get(id(config)) is config
-
-
-__all__ = [
-    "PARENTS",
-    "RESTARTABLE",
-    "STAND_INS",
-    "WHOLE_CALL",
-    "ForkCache",
-    "cell_parents",
-    "cell_seq_idx",
-    "chunk_gated_delta_rule",
-    "mixer_modules",
-    "packed_call",
-    "path_conv1d",
-    "restart_mixers",
-    "restarts",
-    "runs",
-    "selective_scan",
-    "seq_idx_parents",
-    "stand_ins",
-]

@@ -31,16 +31,14 @@ from exactpack.core.permission import check_sliding_window, key_bounds, pairwise
 class AttentionLayout:
     """Torch views of one batch's permission, built once and shared by all layers.
 
-    ``valid`` bool (R, T); ``segments``, ``positions``, ``key_starts``, ``key_ends`` int64
-    (R, T) (``[key_starts, key_ends)``: each query's keys); ``cu_seqlens`` int32 (S+1,),
+    ``valid`` bool (R, T); ``segments``, ``positions`` int64 (R, T) (each query's keys:
+    :meth:`key_bounds`); ``cu_seqlens`` int32 (S+1,),
     ``max_seqlen``, ``valid_index`` int64 (N,) valid cells' flat indices, ``lengths`` (S,).
     """
 
     valid: torch.Tensor
     segments: torch.Tensor
     positions: torch.Tensor
-    key_starts: torch.Tensor
-    key_ends: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
     valid_index: torch.Tensor
@@ -79,8 +77,6 @@ class AttentionLayout:
             return out.reshape(rows_n, width)
 
         valid, positions = cells(True, 0, bool), cells(local, 0, np.int64)
-        cols = np.broadcast_to(np.arange(width, dtype=np.int64), (rows_n, width))
-        key_starts, key_ends = key_bounds(valid, positions, cols)
 
         def t(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
@@ -89,8 +85,6 @@ class AttentionLayout:
             valid=t(valid, torch.bool),
             segments=t(cells(segments[owner], NO_SEGMENT, np.int64), torch.int64),
             positions=t(positions, torch.int64),
-            key_starts=t(key_starts, torch.int64),
-            key_ends=t(key_ends, torch.int64),
             cu_seqlens=t(cu, torch.int32),
             max_seqlen=int(lengths.max()) if lengths.size else 0,
             valid_index=t(index, torch.int64),
@@ -115,8 +109,6 @@ class AttentionLayout:
     def key_bounds(self, sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's permitted key columns ``[starts, ends)``, int64 (R, T) (cached)."""
         sliding_window = check_sliding_window(sliding_window)
-        if sliding_window is None:
-            return self.key_starts, self.key_ends
 
         def build() -> tuple[torch.Tensor, torch.Tensor]:
             cols = torch.arange(self.shape[1], device=self.valid.device).expand_as(self.positions)
@@ -237,13 +229,3 @@ def attention(
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     window = check_sliding_window(sliding_window)  # backends without windows: none passed
     return fn(q, k, v, layout, scale, **({} if window is None else {"sliding_window": window}))
-
-
-__all__ = [
-    "BACKENDS",
-    "AttentionLayout",
-    "attention",
-    "dense_attention",
-    "ranges_attention",
-    "register_backend",
-]

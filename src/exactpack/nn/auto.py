@@ -13,21 +13,17 @@ import torch
 from exactpack.core.errors import NotAvailable
 from exactpack.nn.attention import BACKENDS, AttentionLayout, register_backend
 from exactpack.nn.flash import check_flash
-from exactpack.nn.flex import COMPILED_DTYPES, check_flex
+from exactpack.nn.flex import COMPILED_DTYPES
 
 
 def choose_backend(q: torch.Tensor) -> str:
     """Name of the backend ``auto`` uses for ``q`` (its device and dtype)."""
     if q.device.type != "cuda":
         return "varlen"
-    checks = {"flash": lambda: check_flash(q)}
-    if q.dtype in COMPILED_DTYPES:
-        checks["flex"] = lambda: check_flex(q, q, q)
-    for name, check in checks.items():
-        with contextlib.suppress(NotAvailable):
-            check()
-            return name
-    return "varlen"
+    with contextlib.suppress(NotAvailable):
+        check_flash(q)
+        return "flash"
+    return "flex" if q.dtype in COMPILED_DTYPES else "varlen"  # flex runs every CUDA input
 
 
 def auto_attention(

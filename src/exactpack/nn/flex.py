@@ -24,14 +24,9 @@ COMPILED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _flex_module() -> Any:
-    try:
-        from torch.nn.attention import flex_attention as flex
-    except ImportError as err:  # torch < 2.5
-        raise NotAvailable(
-            f"FlexAttention needs torch >= 2.5 (found {torch.__version__});"
-            " upgrade torch or use backend='varlen'"
-        ) from err
-    return flex
+    from torch.nn.attention import flex_attention  # torch >= 2.5 (pyproject), on first use
+
+    return flex_attention
 
 
 @functools.cache
@@ -83,7 +78,6 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
 
 def check_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise :class:`NotAvailable` when FlexAttention cannot serve these inputs here."""
-    _flex_module()
     if q.device.type == "cpu" and needs_grad(q, k, v):
         raise NotAvailable(
             "FlexAttention has no backward on CPU (inputs require grad); use"

@@ -27,7 +27,6 @@ import torch
 from exactpack.core.batch import PackedBatch
 from exactpack.core.errors import NotAvailable
 from exactpack.nn.flash import flash_varlen, varlen_reference
-from exactpack.nn.flex import permission_mod
 from exactpack.nn.varlen import PathPlan
 
 
@@ -112,18 +111,3 @@ def tree_flash_attention(
         merged = merged + part * (lse_part - lse).exp().T[..., None]
         out = own.index_copy(0, inner, merged.to(own.dtype))
     return out.new_zeros(plan.cells, *out.shape[1:]).index_copy(0, plan.q_index, out)
-
-
-def tree_mask_mod(
-    valid: torch.Tensor,
-    nodes: torch.Tensor,
-    node_ends: torch.Tensor,
-    positions: torch.Tensor,
-    sliding_window: int | None = None,
-) -> Any:
-    """:func:`~exactpack.core.permission.permitted` on a tree row as a FlexAttention
-    ``mask_mod`` over (R, T): :func:`~exactpack.nn.flex.permission_mod` with node ends."""
-    return permission_mod(valid, nodes, positions, sliding_window, node_ends)
-
-
-__all__ = ["tree_flash_attention", "tree_mask_mod", "tree_plan"]
