@@ -151,17 +151,7 @@ def pack_dataset(
     model = keywords.pop("model", None)
     opts = _options(max_length, policy, options, keywords)
     _check_model(model, None, None, 0, opts)  # its capability and rows, before any read
-    if opts.tree == "auto":
-        raise InvalidInput(
-            "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
-            " (exactpack pack --tree auto) — pass tree=True with group columns"
-        )
-    if opts.tree and opts.format == "trl":
-        raise InvalidInput(
-            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
-            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
-            " default format with tree=True"
-        )
+    _refuse_tree_options(opts)
     if stream:
         return _pack_stream(dataset, opts, model)
     if opts.tree:
@@ -198,6 +188,21 @@ def pack_dataset(
     fingerprint = _fingerprint(fingerprint_in, meta)
     packed = _as_dataset(table, info, fingerprint, _cache_folder(dataset))
     return carry_format(dataset, packed)
+
+
+def _refuse_tree_options(opts: PackOptions) -> None:
+    """The tree options ``pack_dataset`` cannot honour, refused before any read."""
+    if opts.tree == "auto":
+        raise InvalidInput(
+            "pack_dataset(..., tree='auto') is not available: prefix grouping reads files"
+            " (exactpack pack --tree auto) — pass tree=True with group columns"
+        )
+    if opts.tree and opts.format == "trl":
+        raise InvalidInput(
+            "format='trl' cannot express a tree: TRL's packed rows hold disjoint sequences"
+            " (seq_lengths, restarting position_ids) and no node/parent columns — use the"
+            " default format with tree=True"
+        )
 
 
 def is_stream(dataset: Any) -> bool:
