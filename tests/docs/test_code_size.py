@@ -10,9 +10,9 @@ import importlib.util
 from pathlib import Path
 
 #: Code lines of src/ (tokens only) may not grow past this.
-CODE_LINES_CEILING = 17481
+CODE_LINES_CEILING = 16908
 #: Concepts implemented more than once (code_size.CONCEPTS) may not grow past this.
-TWICE_CEILING = 3
+TWICE_CEILING = 0
 
 _spec = importlib.util.spec_from_file_location(
     "code_size", Path(__file__).with_name("code_size.py")
