@@ -335,6 +335,34 @@ def test_text_and_chat_dpo_rows_tokenize_as_trl_dpo_trainer_does(tmp_path, chat_
         )
 
 
+@pytest.mark.timeout(120)
+def test_rows_with_an_implicit_prompt_tokenize_as_trl_dpo_trainer_does(tmp_path, chat_folder):
+    """No prompt column: TRL 1.16's extract_prompt (the answers' common leading characters
+    or messages, a space before the difference left to the answers), then the DPO rule —
+    what DPOTrainer itself trains on the same rows."""
+    from support.sft_helpers import CHATS, trl_dpo_prepared
+
+    text = {"chosen": ["Sky? It is blue.", "Hi! go"], "rejected": ["Sky? It is green.", "Hi! gone"]}
+    chats = {
+        "chosen": CHATS[:2],
+        "rejected": [[*c[:-1], {"role": "assistant", "content": "No idea."}] for c in CHATS[:2]],
+    }
+    for k, rows in enumerate((text, chats)):
+        src = tmp_path / f"implicit{k}.jsonl"
+        _write(rows, src)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a merged prompt is warned as TRL warns
+            pack_path(
+                src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
+            )
+            rows_ds = pack_dataset(
+                datasets.Dataset.from_dict(rows), 256, tree=True, tokenizer=str(chat_folder)
+            )
+        want = dict(enumerate(trl_dpo_prepared(rows, chat_folder, tmp_path)))
+        assert _recovered(load_packed(tmp_path / f"o{k}").records()) == want
+        assert _recovered(list(rows_ds)) == want
+
+
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
     rows = {"prompt": ["2+2=", "2+2=", "3+3="], "completion": ["4", "four", "6"]}
     _write(rows, tmp_path / "sft.jsonl")

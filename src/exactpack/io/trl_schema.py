@@ -165,6 +165,8 @@ def dpo_text_groups(
             " was given — pass --tokenizer (tokenizer=) with a local tokenizer folder, or"
             " tokenize them (prompt_ids / chosen_ids / rejected_ids)"
         )
+    if "prompt" not in table.column_names:
+        table = _extract_prompt(table, origin)
     extras = {n: table.column(n) for n in TEMPLATE_COLUMNS if n in table.column_names}
     answers = []
     for answer in DPO_TEXT[1:]:
@@ -179,6 +181,36 @@ def dpo_text_groups(
         masks += [np.arange(1, s.shape[0]) >= cut for s in pair]
     group = np.repeat(np.arange(table.num_rows, dtype=np.int64), 2)
     return SequenceGroups.of(seqs, masks, group, binding), np.arange(len(seqs), dtype=np.int64)
+
+
+def _extract_prompt(table: pa.Table, origin: Origin) -> pa.Table:
+    """Rows without a ``prompt`` column (TRL's implicit prompt) as ``DPOTrainer`` reads
+    them: TRL 1.16's ``extract_prompt`` takes ``chosen``'s leading part before its first
+    difference from ``rejected`` (characters of a text, messages of a conversation) as the
+    prompt, a space just before the difference staying with the answers (and, where one
+    answer is a prefix of the other, the prompt stops one short of the shorter)::
+
+        chosen "Sky? It is blue."   rejected "Sky? It is green."
+        prompt "Sky? It is"         chosen " blue."   rejected " green."
+    """
+    columns = {n: table.column(n) for n in table.column_names}
+    prompts, chosen, rejected = [], [], []
+    for row, (c, r) in enumerate(
+        zip(columns["chosen"].to_pylist(), columns["rejected"].to_pylist(), strict=True)
+    ):
+        size = min(len(c or ()), len(r or ()))
+        if size == 0:
+            raise InvalidInput(
+                f"{origin.locate(row)}: chosen or rejected is empty, so no prompt can be"
+                " extracted from them — give a prompt column, or non-empty answers"
+            )
+        cut = next((i for i in range(size) if c[i] != r[i]), None)
+        cut = size - 1 if cut is None else cut - (c[cut - 1] == " ")  # as TRL's loop ends
+        prompts.append(c[:cut])
+        chosen.append(c[cut:])
+        rejected.append(r[cut:])
+    columns.update(prompt=prompts, chosen=chosen, rejected=rejected)
+    return pa.table(columns)
 
 
 #: Columns sequences are read from (never carried).

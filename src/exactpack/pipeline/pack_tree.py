@@ -84,13 +84,8 @@ def block_groups(
         wanted = {n for cols in TREE_COLUMNS for n in cols}
         columns = {n: _rows(table.column(n)) if n in wanted else [] for n in names}
         return groups_from_columns(columns, binding, origin.locate)
-    if {"prompt", "chosen", "rejected"} <= set(names):  # TRL's DPO text
+    if {"chosen", "rejected"} <= set(names):  # TRL's DPO text, its prompt implicit or not
         return dpo_text_groups(table, origin, tokenizer, binding)
-    if "chosen" in names and "rejected" in names:
-        raise InvalidInput(
-            f"{where}: chosen / rejected rows without a prompt column (TRL's implicit prompt) —"
-            " split the shared prompt into a prompt column"
-        )
     if "input_ids" in names or sft_columns(names) is not None:
         raise InvalidInput(
             f"{where}: rows with columns {', '.join(names)} have no groups — pass --tree auto"
