@@ -121,6 +121,7 @@ def child(
         per_device_train_batch_size=8, max_steps=steps + warmup, learning_rate=1e-5,
         report_to=[], use_cpu=True, save_strategy="no", seed=0, dataloader_num_workers=0,
         logging_steps=1000, gradient_checkpointing=False,
+        bf16=False,  # TRL's configs default to bf16=True: CPU autocast, ~25x slower matmuls (#36)
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as out:
         if trainer_name == "dpo":
