@@ -165,19 +165,13 @@ def refuse_mask(impl: str, name: str, attention_mask: Any, feed: str) -> None:
 
 
 def padding_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: int = 0,
-    kv_offset: int = 0,
-    mask_function: Any = None,
-    attention_mask: torch.Tensor | None = None,
-    **kwargs: Any,
+    *args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any
 ) -> torch.Tensor | None:
     """``transformers``' mask function for exactpack's kinds: the caller's 2-D padding mask
     when it hides a key from a real query (so the attention sees it and refuses it), else
     None. Without a registered mask function ``transformers`` drops the padding mask before
-    attention, and a left-padded batch would run as if unpadded."""
+    attention, and a left-padded batch would run as if unpadded. (transformers passes every
+    argument by keyword; only ``attention_mask`` is read.)"""
     if attention_mask is None or _hides_no_key(attention_mask):
         return None
     return attention_mask

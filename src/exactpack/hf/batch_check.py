@@ -78,10 +78,11 @@ def check_batch(batch: Mapping[str, Any], features: Sequence[Any]) -> None:
         return
     flat = [n for lens in per_feature for n in lens]
     ids = _array(batch["input_ids"])
-    mask = batch.get("attention_mask")
-    mask = None if mask is None or np.ndim(_array(mask)) != 2 else _array(mask)
-    pos = None if batch.get("position_ids") is None else _array(batch["position_ids"])
-    labels = None if batch.get("labels") is None else _array(batch["labels"])
+    mask, pos, labels = (
+        None if batch.get(k) is None else _array(batch[k])
+        for k in ("attention_mask", "position_ids", "labels")
+    )
+    mask = None if mask is None or mask.ndim != 2 else mask  # only a 2-D padding mask
     if len(ids) == 1:
         rows = [flat]
     elif len(ids) == len(per_feature):

@@ -483,8 +483,8 @@ def check_model(
     arch = capability(model)
     attn = getattr(config, "_attn_implementation", None)
     kind = derived_kind(attn) if isinstance(attn, str) else None
-    if tree and isinstance(attn, str):
-        kind = tree_kind(attn) if kind is not None or attn in TREE_NAMES else None
+    if tree and (kind is not None or attn in TREE_NAMES):
+        kind = tree_kind(attn)
     arch.check(kind, tree=tree)
     arch.check_batch(longest, capacity)
     check_vocabulary(config, binding, 0 if pad_token_id is None else pad_token_id)
