@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 #: Code lines of src/ (tokens only) may not grow past this.
-CODE_LINES_CEILING = 16924
+CODE_LINES_CEILING = 16918
 #: Concepts implemented more than once (code_size.CONCEPTS) may not grow past this.
 TWICE_CEILING = 0
 
