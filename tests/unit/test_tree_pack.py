@@ -292,12 +292,32 @@ def _sft_reading(rows: dict[str, list], folder) -> list[tuple[list[int], list[bo
     return out
 
 
+def _packed_as_trl(rows: dict[str, list], out, folder) -> tuple[dict, dict]:
+    """``rows`` tree-packed from a file (``out``) and by ``pack_dataset``, both checked
+    against DPOTrainer's own tokenization of them; the pack's stats and TRL's reading."""
+    from support.sft_helpers import trl_dpo_prepared
+
+    _write(rows, out.with_suffix(".jsonl"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a merged prompt, warned as TRL warns
+        stats = pack_path(
+            out.with_suffix(".jsonl"), out, max_length=256, tokenizer=str(folder), tree="on"
+        )
+        rows_ds = pack_dataset(
+            datasets.Dataset.from_dict(rows), 256, tree=True, tokenizer=str(folder)
+        )
+    want = dict(enumerate(trl_dpo_prepared(rows, folder, out.parent)))
+    assert _recovered(load_packed(out).records()) == want
+    assert _recovered(list(rows_ds)) == want
+    return stats, want
+
+
 def test_text_and_chat_dpo_rows_tokenize_as_trl_dpo_trainer_does(tmp_path, chat_folder):
     """TRL 1.16's rule: prompt + answer tokenized whole, both answers cut at the shorter common
     prefix with the prompt — "What col" merges into the chosen answer's "color", so the
     rejected answer is supervised from "col"'s last piece too (SFT's per-answer cut would
     not); files and pack_dataset(tree=True) read the same."""
-    from support.sft_helpers import CHATS, trl_dpo_prepared
+    from support.sft_helpers import CHATS
 
     text = {
         "prompt": ["What color is the sky?", "Hello there,", "What col"],
@@ -310,19 +330,7 @@ def test_text_and_chat_dpo_rows_tokenize_as_trl_dpo_trainer_does(tmp_path, chat_
         "rejected": [[{"role": "assistant", "content": "No idea."}] for _ in CHATS[:2]],
     }
     for k, rows in enumerate((text, chats)):
-        src = tmp_path / f"dpo{k}.jsonl"
-        _write(rows, src)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the merged prompt, warned as TRL warns
-            stats = pack_path(
-                src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
-            )
-            rows_ds = pack_dataset(
-                datasets.Dataset.from_dict(rows), 256, tree=True, tokenizer=str(chat_folder)
-            )
-        want = dict(enumerate(trl_dpo_prepared(rows, chat_folder, tmp_path)))
-        assert _recovered(load_packed(tmp_path / f"o{k}").records()) == want
-        assert _recovered(list(rows_ds)) == want
+        stats, want = _packed_as_trl(rows, tmp_path / f"dpo{k}", chat_folder)
         assert stats["tokens_stored"] < stats["tokens_flat"]  # the prompt is stored once
         if k == 0:  # SFT's reading of the merged row: the same tokens, one target fewer
             (tokens, mask), *_ = _sft_reading(
@@ -340,7 +348,7 @@ def test_rows_with_an_implicit_prompt_tokenize_as_trl_dpo_trainer_does(tmp_path,
     """No prompt column: TRL 1.16's extract_prompt (the answers' common leading characters
     or messages, a space before the difference left to the answers), then the DPO rule —
     what DPOTrainer itself trains on the same rows."""
-    from support.sft_helpers import CHATS, trl_dpo_prepared
+    from support.sft_helpers import CHATS
 
     text = {"chosen": ["Sky? It is blue.", "Hi! go"], "rejected": ["Sky? It is green.", "Hi! gone"]}
     chats = {
@@ -348,19 +356,7 @@ def test_rows_with_an_implicit_prompt_tokenize_as_trl_dpo_trainer_does(tmp_path,
         "rejected": [[*c[:-1], {"role": "assistant", "content": "No idea."}] for c in CHATS[:2]],
     }
     for k, rows in enumerate((text, chats)):
-        src = tmp_path / f"implicit{k}.jsonl"
-        _write(rows, src)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a merged prompt is warned as TRL warns
-            pack_path(
-                src, tmp_path / f"o{k}", max_length=256, tokenizer=str(chat_folder), tree="on"
-            )
-            rows_ds = pack_dataset(
-                datasets.Dataset.from_dict(rows), 256, tree=True, tokenizer=str(chat_folder)
-            )
-        want = dict(enumerate(trl_dpo_prepared(rows, chat_folder, tmp_path)))
-        assert _recovered(load_packed(tmp_path / f"o{k}").records()) == want
-        assert _recovered(list(rows_ds)) == want
+        _packed_as_trl(rows, tmp_path / f"implicit{k}", chat_folder)
 
 
 def test_auto_reads_sft_text_through_the_tokenizer_and_plain_rows_need_auto(tmp_path):
