@@ -150,10 +150,11 @@ def child(
 
             exactpack.trl.pack(trainer)
         count_cells(trainer, cells)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # models, data
         trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     timed = {"step_s": statistics.median(times[warmup:]), "cpu_s": statistics.median(cpu[warmup:])}
-    return {**timed, "peak_rss": peak, **cells}
+    return {**timed, "peak_rss": peak, "training_rss": peak - before, **cells}
 
 
 def count_cells(trainer, cells: dict) -> None:
@@ -225,6 +226,11 @@ def main() -> None:
     print(f"{row} | {stored:.2f} |")
     peak = q["peak_rss"] / p["peak_rss"]
     print(f"| peak RSS (MB) | {p['peak_rss'] / 1e6:.0f} | {q['peak_rss'] / 1e6:.0f} | {peak:.2f} |")
+    grown = q["training_rss"] / max(p["training_rss"], 1)
+    print(
+        f"| peak RSS grown in training (MB) | {p['training_rss'] / 1e6:.0f} |"
+        f" {q['training_rss'] / 1e6:.0f} | {grown:.2f} |"
+    )
 
 
 if __name__ == "__main__":
